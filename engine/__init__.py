@@ -1,0 +1,1 @@
+"""Baton's shared engine: model, weights, paged KV blocks, scheduler, sampler."""

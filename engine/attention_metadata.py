@@ -1,0 +1,28 @@
+"""What attention needs to know about a flattened batch of tokens."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Tokens [start, end) of the batch: one sequence's chunk after `context_len` computed tokens."""
+
+    start: int
+    end: int
+    context_len: int
+    block_table: torch.Tensor  # [num_blocks_of_seq] int64
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """The batch is ordered decodes first: tokens [0, num_decode_tokens) are one
+    new token each of a decoding sequence; prefill chunks follow."""
+
+    slot_mapping: torch.Tensor  # [T] int64: where each token's K/V is written
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] int64
+    decode_context_lens: torch.Tensor | None  # [Bd] int64, counting the new token
+    prefills: tuple[PrefillChunk, ...]

@@ -1,0 +1,52 @@
+"""The paged KV pool: one tensor carved once at start-up, viewed per layer."""
+from __future__ import annotations
+
+import torch
+
+from engine.model_config import ModelConfig
+
+
+def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block across all layers, K and V."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+
+
+def available_memory_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str, fraction: float) -> int:
+    return max(1, int(available_memory_bytes(device) * fraction) // kv_block_bytes(config, block_size, dtype))
+
+
+class KVPool:
+    """K and V pages for every layer.
+
+    `tensor` is `[L, 2, Hkv, N, bs, D]`: one allocation, so it can later live in
+    shared memory or be exported as one CUDA IPC handle.
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.tensor = torch.zeros(
+            config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim,
+            dtype=dtype, device=device,
+        )
+        self.layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(config.num_layers)]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.tensor.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.tensor.device)
+        # Block dim is 3 of [L, 2, Hkv, N, bs, D].
+        self.tensor[:, :, :, dst] = self.tensor[:, :, :, src]

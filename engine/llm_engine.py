@@ -1,0 +1,143 @@
+"""`LLMEngine`: add_request → step → outputs, over one model directory."""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.kv_pool import num_blocks_for_budget
+from engine.model_config import load_model_config
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.weights import checkpoint_files, checkpoint_fingerprint
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        start = time.perf_counter()
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        model_dir = Path(config.model)
+        self.model_config = load_model_config(model_dir)
+        self.fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.runner = ModelRunner(
+            config.model, self.model_config, config.torch_dtype, config.device,
+            max_positions=self.max_model_len, show_progress=config.show_progress,
+        )
+        self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
+            self.model_config, config.block_size, config.torch_dtype, config.device, config.kv_memory_fraction
+        )
+        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, config.torch_dtype)
+        self.block_manager = BlockManager(
+            self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching
+        )
+        self.eos_token_ids = self.model_config.eos_token_ids
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+            self.max_model_len, self.eos_token_ids,
+        )
+        self.tokenizer = _load_tokenizer(model_dir)
+        self._seqs: dict[str, Sequence] = {}
+        self._num_emitted: dict[str, int] = {}
+        self._aborted: list[Sequence] = []
+        self._request_counter = itertools.count()
+        self.init_seconds = time.perf_counter() - start
+
+    # --- requests ----------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+        """Queues a request; raises ValueError for one that can never be served."""
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")
+        max_tokens_total = min(n + sampling_params.max_tokens, self.max_model_len)
+        bs = self.config.block_size
+        if (max_tokens_total + bs - 1) // bs > self.num_kv_blocks:
+            raise ValueError(
+                f"request needs up to {max_tokens_total} tokens of KV, more than the pool's "
+                f"{self.num_kv_blocks * bs}"
+            )
+        seq = Sequence(request_id, prompt_token_ids, sampling_params, bs)
+        self._seqs[request_id] = seq
+        self._num_emitted[request_id] = 0
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        seq = self.scheduler.abort(request_id)
+        if seq is not None:
+            self._aborted.append(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or bool(self._aborted)
+
+    # --- the loop ----------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedules, runs and samples one batch; returns a diff per request that moved."""
+        outputs = [self._output(seq) for seq in self._aborted]
+        self._aborted.clear()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return outputs
+        sampled, sampler_output = self.runner.execute(batch)
+        self.scheduler.postprocess(batch, sampled, sampler_output)
+        outputs += [self._output(seq) for seq in sampled]
+        return outputs
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        start = self._num_emitted[seq.request_id]
+        out_ids = seq.output_token_ids
+        self._num_emitted[seq.request_id] = len(out_ids)
+        if seq.is_finished:
+            del self._seqs[seq.request_id], self._num_emitted[seq.request_id]
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            new_token_ids=out_ids[start:],
+            token_ids=out_ids,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            new_logprobs=seq.output_logprobs[start:],
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], sampling_params: SamplingParams | list[SamplingParams]
+    ) -> Iterator[RequestOutput]:
+        """Adds every prompt and streams outputs until all are finished."""
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = [f"gen-{next(self._request_counter)}" for _ in prompts]
+        for request_id, prompt, p in zip(ids, prompts, params):
+            self.add_request(request_id, prompt, p)
+        pending = set(ids)
+        while pending:
+            for out in self.step():
+                if out.request_id in pending:
+                    if out.finished:
+                        pending.discard(out.request_id)
+                    yield out
+
+
+def _load_tokenizer(model_dir: Path) -> Tokenizer | None:
+    path = model_dir / "tokenizer.json"
+    return Tokenizer.from_file(str(path)) if path.is_file() else None

@@ -1,0 +1,136 @@
+"""What Baton needs to know of a Hugging Face `config.json`."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels.rotary import SUPPORTED_ROPE_TYPES
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+class ModelConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    sliding_window: int | None
+    weights_dtype: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelConfigError(f"{path}: not found (a model directory needs config.json)")
+    raw = path.read_bytes()
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ModelConfigError(
+            f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} (only silu)")
+    try:
+        hidden = int(cfg["hidden_size"])
+        num_heads = int(cfg["num_attention_heads"])
+        num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
+        head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+        config = ModelConfig(
+            architecture=arch,
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(cfg),
+            rope_scaling=_rope_scaling(cfg, path),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            sliding_window=_sliding_window(cfg, arch, path),
+            weights_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=_eos_ids(model_dir, cfg),
+        )
+    except KeyError as e:
+        raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
+    if num_heads % num_kv_heads:
+        raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by num_key_value_heads {num_kv_heads}")
+    return config
+
+
+def _rope_theta(cfg: dict) -> float:
+    params = cfg.get("rope_parameters") or {}
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def _rope_scaling(cfg: dict, path: Path) -> dict | None:
+    # transformers 5 writes `rope_parameters`; older configs `rope_scaling` with "type" or "rope_type".
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
+    if not scaling:
+        return None
+    scaling = dict(scaling)
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelConfigError(f"{path}: unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
+    scaling["rope_type"] = rope_type
+    return None if rope_type == "default" else scaling
+
+
+def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
+    if arch == "MistralForCausalLM":
+        return cfg.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" and cfg.get("use_sliding_window"):
+        raise ModelConfigError(f"{path}: Qwen2 use_sliding_window=true is not supported")
+    return None
+
+
+def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:
+    # generation_config.json is what HF generate() stops on; config.json is the fallback.
+    eos = cfg.get("eos_token_id")
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        try:
+            eos = json.loads(gen_path.read_text()).get("eos_token_id", eos)
+        except json.JSONDecodeError as e:
+            raise ModelConfigError(f"{gen_path}: invalid JSON: {e}") from e
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)

@@ -1,0 +1,134 @@
+"""Executes a ScheduledBatch: builds the flat token batch, runs the model, samples."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from tqdm import tqdm
+
+from engine.attention_metadata import AttentionMetadata, PrefillChunk
+from engine.batch import ScheduledBatch
+from engine.kv_pool import KVPool
+from engine.model_config import ModelConfig
+from engine.models import MODEL_REGISTRY
+from engine.sampler import Sampler, SamplerOutput
+from engine.sequence import Sequence
+from engine.weights import checkpoint_files, iter_tensors
+from kernels.registry import select_kernels
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str,
+        model_config: ModelConfig,
+        dtype: torch.dtype,
+        device: str,
+        max_positions: int,
+        show_progress: bool = False,
+    ) -> None:
+        self.model_config = model_config
+        self.device = device
+        self.kernels = select_kernels(device)
+        arch = MODEL_REGISTRY[model_config.architecture]
+        with torch.device(device):
+            self.model = arch(model_config, self.kernels, dtype, max_positions)
+        start = time.perf_counter()
+        self._load_weights(model_dir, show_progress)
+        self.weight_loading_seconds = time.perf_counter() - start
+        self.sampler = Sampler()
+        self.kv_pool: KVPool | None = None
+
+    def _load_weights(self, model_dir: str, show_progress: bool) -> None:
+        files = checkpoint_files(model_dir)
+        names = self.model.checkpoint_names()
+        tensors = iter_tensors(files, names)
+        if show_progress:
+            tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
+        with torch.no_grad():
+            self.model.load_weights(tensors)
+
+    def allocate_kv_pool(self, num_blocks: int, block_size: int, dtype: torch.dtype) -> KVPool:
+        self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device)
+        return self.kv_pool
+
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
+        """Runs one step; returns the sequences that were sampled and their tokens."""
+        sampled_seqs, logits = self.forward(batch)
+        if not sampled_seqs:
+            return [], None
+        return sampled_seqs, self.sampler(logits, sampled_seqs)
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor | None]:
+        """Runs the model over the batch; returns the sequences whose chunk ended
+        at their last token, and their next-token logits [S, V]."""
+        pool = self.kv_pool
+        pool.copy_blocks(batch.block_copies)
+        input_ids, positions, meta, sample_rows, sampled_seqs = self._prepare(batch, pool.block_size)
+        hidden = self.model(input_ids, positions, meta, pool.layers)
+        if not sampled_seqs:
+            return [], None
+        return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+
+    def _prepare(self, batch: ScheduledBatch, block_size: int):
+        decodes: list[Sequence] = []
+        prefills: list[tuple[Sequence, int]] = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if n == 1:
+                decodes.append(seq)
+            else:
+                prefills.append((seq, n))
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sampled_seqs: list[Sequence] = []
+        # Decode rows first: one token each.
+        context_lens: list[int] = []
+        for row, seq in enumerate(decodes):
+            pos = seq.num_computed_tokens
+            input_ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+            context_lens.append(pos + 1)
+            if pos + 1 == seq.num_tokens:
+                sample_rows.append(row)
+                sampled_seqs.append(seq)
+        decode_tables = decode_lens = None
+        if decodes:
+            max_blocks = (max(context_lens) + block_size - 1) // block_size
+            decode_tables = torch.tensor(
+                [(s.block_table + [0] * max_blocks)[:max_blocks] for s in decodes], dtype=torch.int64
+            )
+            decode_lens = torch.tensor(context_lens, dtype=torch.int64)
+        chunks: list[PrefillChunk] = []
+        start = len(decodes)
+        for seq, n in prefills:
+            c = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[c : c + n])
+            positions.extend(range(c, c + n))
+            table = seq.block_table
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(c, c + n))
+            chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64)))
+            start += n
+            if c + n == seq.num_tokens:
+                sample_rows.append(start - 1)
+                sampled_seqs.append(seq)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=decode_tables,
+            decode_context_lens=decode_lens,
+            prefills=tuple(chunks),
+        )
+        return (
+            torch.tensor(input_ids, dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64),
+            meta,
+            torch.tensor(sample_rows, dtype=torch.int64),
+            sampled_seqs,
+        )

@@ -1,0 +1,187 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over paged KV.
+
+The forward is pure apart from writing the new tokens' K/V into the pages it is
+handed: token ids, positions and attention metadata in, hidden states out.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.model_config import ModelConfig
+from kernels.registry import Kernels
+from kernels.rotary import build_rope_cache
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    # Uninitialised: every parameter is overwritten by load_weights.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.kernels = kernels
+        self.scale = config.head_dim**-0.5
+        # q, k and v projections fused into one matmul; load_weights fills the slices.
+        self.qkv_weight = _param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
+        self.qkv_bias = _param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
+        self.o_weight = _param(config.hidden_size, config.q_size, dtype=dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        cfg, ops = self.config, self.kernels
+        num_tokens = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        q, k = ops.apply_rope(q, k, cos, sin)
+        k_cache, v_cache = kv_cache
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        num_decode = meta.num_decode_tokens
+        if num_decode == num_tokens:
+            out = ops.decode_attention(
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, cfg.sliding_window
+            )
+        else:
+            out = torch.empty_like(q)
+            if num_decode:
+                out[:num_decode] = ops.decode_attention(
+                    q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
+                    meta.decode_context_lens, self.scale, cfg.sliding_window,
+                )
+            for chunk in meta.prefills:
+                s, e = chunk.start, chunk.end
+                out[s:e] = ops.prefill_attention(
+                    q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
+                    chunk.context_len, self.scale, cfg.sliding_window,
+                )
+        return F.linear(out.view(num_tokens, cfg.q_size), self.o_weight)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_weight = _param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
+        self.down_weight = _param(config.hidden_size, config.intermediate_size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = config.rms_norm_eps
+        self.rms_norm = kernels.rms_norm
+        self.input_norm = _param(config.hidden_size, dtype=dtype)
+        self.post_attention_norm = _param(config.hidden_size, dtype=dtype)
+        self.attn = Attention(config, kernels, dtype)
+        self.mlp = MLP(config, dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), cos, sin, kv_cache, meta)
+        return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.kernels = kernels
+        self.embed = _param(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, kernels, dtype) for _ in range(config.num_layers))
+        self.norm = _param(config.hidden_size, dtype=dtype)
+        self.lm_head = self.embed if config.tie_word_embeddings else _param(config.vocab_size, config.hidden_size, dtype=dtype)
+        cos, sin = build_rope_cache(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        # input_ids, positions: [T]; returns hidden states [T, H].
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = layer(h, cos, sin, kv_cache, meta)
+        return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [N, H] → logits [N, V] in float32 for the sampler.
+        return F.linear(hidden, self.lm_head).float()
+
+    # --- weights -----------------------------------------------------------------
+
+    def checkpoint_names(self) -> list[str]:
+        """Every tensor name this model reads from a Hugging Face checkpoint."""
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if not self.config.tie_word_embeddings:
+            names.append("lm_head.weight")
+        for i in range(self.config.num_layers):
+            p = f"model.layers.{i}."
+            names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+            if self.config.qkv_bias:
+                names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+            names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        return names
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies checkpoint tensors into place, fusing q/k/v and gate/up; checks shapes."""
+        for name, tensor in tensors:
+            target = self._target(name)
+            if target.shape != tensor.shape:
+                raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+            target.copy_(tensor)
+
+    def _target(self, name: str) -> torch.Tensor:
+        cfg = self.config
+        if name == "model.embed_tokens.weight":
+            return self.embed.data
+        if name == "model.norm.weight":
+            return self.norm.data
+        if name == "lm_head.weight":
+            return self.lm_head.data
+        parts = name.split(".")
+        layer = self.layers[int(parts[2])]
+        module, leaf = parts[3], ".".join(parts[4:])
+        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+        if module == "self_attn":
+            proj, kind = parts[4], parts[5]
+            if proj == "o_proj":
+                return layer.attn.o_weight.data
+            lo, hi = qkv_rows[proj]
+            return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
+        if module == "mlp":
+            proj = parts[4]
+            if proj == "down_proj":
+                return layer.mlp.down_weight.data
+            return layer.mlp.gate_up_weight.data[: inter] if proj == "gate_proj" else layer.mlp.gate_up_weight.data[inter:]
+        if module == "input_layernorm":
+            return layer.input_norm.data
+        if module == "post_attention_layernorm":
+            return layer.post_attention_norm.data
+        raise KeyError(f"unexpected checkpoint tensor {name!r} ({leaf})")

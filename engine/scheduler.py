@@ -1,0 +1,131 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Each step spends a token budget: running sequences first (one token for a
+decode, the next chunk for a prompt still being prefilled), then waiting ones,
+oldest first. When a running sequence needs a page and none is free, the most
+recently admitted sequence is preempted: its pages are freed and it waits to be
+recomputed from its tokens, so the pool never deadlocks.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from engine.batch import ScheduledBatch
+from engine.block_manager import BlockManager
+from engine.sampler import SamplerOutput
+from engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...],
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Finishes the request wherever it is and frees its pages; None if unknown."""
+        for queue in (self.running, self.waiting):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    self._finish(seq, "abort")
+                    return seq
+        return None
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            while not bm.can_append_slot(seq):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                batch.block_copies += bm.append_slot(seq)
+                num_new = min(seq.num_uncomputed_tokens, budget)
+                batch.add(seq, num_new)
+                budget -= num_new
+                i += 1
+        # Admitting new work while pages are short would only preempt it again.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not bm.can_allocate(seq):
+                break
+            bm.allocate(seq)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            batch.add(seq, num_new)
+            budget -= num_new
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def postprocess(
+        self, batch: ScheduledBatch, sampled: list[Sequence], output: SamplerOutput | None
+    ) -> list[Sequence]:
+        """Advances every scheduled sequence, appends sampled tokens, and finishes
+        the sequences that hit a stop condition. Returns the finished ones."""
+        bm = self.block_manager
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += num_new
+            bm.cache_computed_blocks(seq)
+        finished: list[Sequence] = []
+        if output is None:
+            return finished
+        for seq, token, logprobs in zip(sampled, output.token_ids, output.logprobs):
+            seq.append_token(token)
+            if logprobs is not None:
+                seq.output_logprobs.append(logprobs)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.running.remove(seq)
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.sampling_params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

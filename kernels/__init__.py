@@ -1,0 +1,1 @@
+"""Compute entry points the model calls; a torch reference for each."""

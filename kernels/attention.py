@@ -1,0 +1,80 @@
+"""Attention over paged KV: prefill (one sequence's chunk) and decode (a batch).
+
+Both read keys and values from pages laid out `[Hkv, N, bs, D]` (see kv_cache.py)
+and handle grouped-query attention, causal masking with a cached prefix, and an
+optional sliding window (Mistral).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def prefill_attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """One sequence's chunk of `n` new tokens after `context_len` cached ones.
+
+    q: [n, Hq, D]; k, v: [n, Hkv, D] (already written to the pages);
+    block_table: [num_blocks_of_seq] int64. Returns [n, Hq, D].
+    """
+    n = q.shape[0]
+    num_kv_heads, _, block_size, head_dim = k_cache.shape
+    total = context_len + n
+    qh = q.transpose(0, 1)  # [Hq, n, D]
+    if context_len == 0 and (sliding_window is None or n <= sliding_window):
+        out = F.scaled_dot_product_attention(
+            qh, k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+        )
+        return out.transpose(0, 1)
+    num_blocks = (total + block_size - 1) // block_size
+    blocks = block_table[:num_blocks]
+    keys = k_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total]
+    values = v_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total]
+    q_pos = torch.arange(context_len, total).unsqueeze(1)  # [n, 1]
+    k_pos = torch.arange(total).unsqueeze(0)  # [1, total]
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def decode_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """One new token per sequence over its pages.
+
+    q: [B, Hq, D]; block_tables: [B, max_blocks] int64 (padding may be any valid
+    block id: it is masked); context_lens: [B] int64, counting the new token.
+    Returns [B, Hq, D].
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, _, block_size, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    max_len = block_tables.shape[1] * block_size
+    flat = block_tables.reshape(-1)
+    keys = k_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim)
+    values = v_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim)
+    # Heads lead, so each (kv head, sequence) slice is contiguous and no K/V copy is needed.
+    qh = q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, B, g, D]
+    k_pos = torch.arange(max_len).unsqueeze(0)  # [1, L]
+    mask = k_pos < context_lens.unsqueeze(1)  # [B, L]
+    if sliding_window is not None:
+        mask &= k_pos >= (context_lens - sliding_window).unsqueeze(1)
+    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
+    return out.transpose(0, 1).reshape(batch, num_heads, head_dim)

@@ -1,0 +1,80 @@
+"""Tiny Hugging Face checkpoints made by `transformers` itself, one per architecture.
+
+Wide random init (std 0.2) plus noisy norm weights and biases, so a wrong RoPE
+pairing, an ignored norm weight, a dropped bias or a wrong GQA head mapping
+each change the greedy tokens.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+SHARED_MODELS = Path(__file__).resolve().parents[3] / "shared" / "models"
+
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=1024,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# name → (config class name, extra config, save options)
+TINY_MODELS = {
+    "llama-gqa-untied": ("LlamaConfig", dict(tie_word_embeddings=False), {}),
+    "llama3-rope-tied": (
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+            },
+        ),
+        {},
+    ),
+    "llama-linear-rope-bf16": (
+        "LlamaConfig",
+        dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, num_key_value_heads=1),
+        {"dtype": torch.bfloat16},
+    ),
+    "mistral-sharded": ("MistralConfig", dict(sliding_window=None), {"max_shard_size": "100KB"}),
+    "mistral-window": ("MistralConfig", dict(sliding_window=48), {}),
+    "qwen2-bias": ("Qwen2Config", dict(tie_word_embeddings=False), {}),
+}
+
+
+def make_tiny_model(path: Path, name: str) -> Path:
+    config_cls, extra, save = TINY_MODELS[name]
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra})
+    torch.manual_seed(sum(map(ord, name)))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname or pname.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.2)
+    if "dtype" in save:
+        model = model.to(save["dtype"])
+    model.save_pretrained(path, max_shard_size=save.get("max_shard_size", "2GB"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {name: make_tiny_model(root / name, name) for name in TINY_MODELS}
+
+
+def shared_model_dirs() -> list[Path]:
+    if not SHARED_MODELS.is_dir():
+        return []
+    return sorted(p for p in SHARED_MODELS.iterdir() if (p / "config.json").is_file())

@@ -1,0 +1,131 @@
+"""Baton's forward against `transformers` on the same weights: logits and greedy tokens."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.batch import ScheduledBatch
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from tests.parity.conftest import TINY_MODELS, shared_model_dirs, transformers
+
+PROMPT_LENGTHS = (1, 17, 300)
+SHARED = shared_model_dirs()
+
+
+def _hf_model(model_dir: Path):
+    # float32 compute whatever the stored dtype, as the engine below is configured.
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # The engine runs with ignore_eos; HF's min_new_tokens would instead forbid EOS.
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def _random_prompt(n: int, vocab: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def _engine(model_dir: Path, **overrides) -> LLMEngine:
+    cfg = dict(model=str(model_dir), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=512)
+    return LLMEngine(EngineConfig(**{**cfg, **overrides}))
+
+
+def _prefill_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
+    """Last-position logits of one prompt, through the paged path (chunked by the budget)."""
+    seq = Sequence("logits", prompt, SamplingParams(max_tokens=1), engine.config.block_size)
+    engine.block_manager.allocate(seq)
+    budget = engine.config.max_num_batched_tokens
+    logits = None
+    while seq.num_computed_tokens < seq.num_tokens:
+        batch = ScheduledBatch()
+        batch.add(seq, min(budget, seq.num_uncomputed_tokens))
+        _, logits = engine.runner.forward(batch)
+        seq.num_computed_tokens += batch.num_new_tokens[0]
+    engine.block_manager.free(seq)
+    return logits[0]
+
+
+def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512) -> None:
+    engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens)
+    hf = _hf_model(model_dir)
+    vocab = engine.model_config.vocab_size
+    for n in PROMPT_LENGTHS:
+        prompt = _random_prompt(n, vocab, seed=n)
+        ours = _prefill_logits(engine, prompt)
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0, -1].float()
+        diff = (ours - ref).abs().max().item()
+        assert diff < 1e-4, f"{model_dir.name}: prompt of {n} tokens, max |logit diff| {diff}"
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def _mixed_prompts(vocab: int) -> list[list[int]]:
+    lengths = (1, 17, 300, 45, 3, 77, 130, 60)
+    prompts = [_random_prompt(n, vocab, seed=100 + i) for i, n in enumerate(lengths)]
+    # Requests 3 and 7 share a 40-token prefix with request 2.
+    prompts[3] = prompts[2][:40] + prompts[3][40:]
+    prompts[7] = prompts[2][:40] + prompts[7][40:]
+    return prompts
+
+
+def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64) -> None:
+    engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens)
+    hf = _hf_model(model_dir)
+    prompts = _mixed_prompts(engine.model_config.vocab_size)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+    # Request 2 goes first so that its prefix blocks are cached when 3 and 7 arrive.
+    engine.add_request("r2", prompts[2], params)
+    first = engine.scheduler.waiting[0]
+    while first.num_computed_tokens < 48:
+        engine.step()
+    for i, p in enumerate(prompts):
+        if i != 2:
+            engine.add_request(f"r{i}", p, params)
+    results: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.token_ids
+    assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+            )[0, len(prompt):].tolist()
+        assert results[f"r{i}"] == ref, f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_logits_match_transformers(tiny_model_dirs, name):
+    _check_logits(tiny_model_dirs[name])
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_logits_match_transformers_chunked(tiny_model_dirs, name):
+    _check_logits(tiny_model_dirs[name], max_num_batched_tokens=32)
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+@pytest.mark.parametrize("budget", [512, 32])
+def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
+    _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=budget)
+
+
+@pytest.mark.skipif(not SHARED, reason="../shared/models is not present")
+@pytest.mark.parametrize("model_dir", SHARED, ids=lambda p: p.name)
+def test_shared_models_logits(model_dir):
+    _check_logits(model_dir)
+
+
+@pytest.mark.skipif(not SHARED, reason="../shared/models is not present")
+@pytest.mark.parametrize("model_dir", SHARED, ids=lambda p: p.name)
+def test_shared_models_greedy_chunked(model_dir):
+    _check_greedy(model_dir, max_num_batched_tokens=32)
