@@ -1,6 +1,7 @@
 """Baton's forward against `transformers` on the same weights: logits and greedy tokens."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -74,9 +75,20 @@ def _mixed_prompts(vocab: int) -> list[list[int]]:
     return prompts
 
 
+@functools.cache
+def _hf_greedy(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
+    """transformers.generate's greedy continuation of each mixed prompt, run alone."""
+    hf = _hf_model(model_dir)
+    refs = []
+    for prompt in _mixed_prompts(hf.config.vocab_size):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+        refs.append(out[0, len(prompt):].tolist())
+    return refs
+
+
 def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64) -> None:
     engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens)
-    hf = _hf_model(model_dir)
     prompts = _mixed_prompts(engine.model_config.vocab_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     # Request 2 goes first so that its prefix blocks are cached when 3 and 7 arrive.
@@ -95,12 +107,9 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
     assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    refs = _hf_greedy(model_dir, max_new_tokens)
     for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf.generate(
-                torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-            )[0, len(prompt):].tolist()
-        assert results[f"r{i}"] == ref, f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
+        assert results[f"r{i}"] == refs[i], f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))

@@ -1,0 +1,179 @@
+"""The engine end to end in-process: batching, preemption, abort, stop conditions."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+def make_engine(model_dir, **overrides) -> LLMEngine:
+    cfg = dict(model=str(model_dir), num_kv_blocks=256, max_num_batched_tokens=256)
+    return LLMEngine(EngineConfig(**{**cfg, **overrides}))
+
+
+def prompts(n: int, length: int = 30) -> list[list[int]]:
+    return [[(7 * i + 13 * j) % 1000 + 3 for j in range(length + 3 * i)] for i in range(n)]
+
+
+def run_all(engine: LLMEngine, reqs: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, object]:
+    for rid, (p, sp) in reqs.items():
+        engine.add_request(rid, p, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
+def assert_pool_clean(engine: LLMEngine) -> None:
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_preemption_by_recompute_gives_the_same_tokens(tiny_demo_model):
+    reqs = {f"r{i}": (p, GREEDY) for i, p in enumerate(prompts(8))}
+    roomy = make_engine(tiny_demo_model)
+    expected = {k: v.token_ids for k, v in run_all(roomy, reqs).items()}
+    # 8 requests of ~70 tokens need ~40 blocks at once; 14 forces preemption.
+    tight = make_engine(tiny_demo_model, num_kv_blocks=14, max_num_batched_tokens=64)
+    got = {k: v.token_ids for k, v in run_all(tight, reqs).items()}
+    assert tight.scheduler.num_preemptions > 0
+    assert got == expected
+    assert_pool_clean(tight)
+
+
+def test_request_joining_mid_run_matches_running_alone(tiny_demo_model):
+    p0, p1 = prompts(2)
+    alone = make_engine(tiny_demo_model)
+    expected = run_all(alone, {"late": (p1, GREEDY)})["late"].token_ids
+    engine = make_engine(tiny_demo_model)
+    engine.add_request("early", p0, GREEDY)
+    for _ in range(5):
+        engine.step()
+    engine.add_request("late", p1, GREEDY)
+    batch_sizes, done = [], {}
+    while engine.has_unfinished_requests():
+        batch_sizes.append(len(engine.scheduler.running))
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert max(batch_sizes) == 2, "the late request never ran beside the early one"
+    assert done["late"].token_ids == expected
+    assert_pool_clean(engine)
+
+
+def test_abort_while_waiting_prefilling_and_decoding(tiny_demo_model):
+    engine = make_engine(tiny_demo_model, max_num_batched_tokens=16, max_num_seqs=2)
+    long_prompt = prompts(1, length=60)[0]
+    engine.add_request("decoding", prompts(1)[0][:5], GREEDY)
+    engine.add_request("prefilling", long_prompt, GREEDY)
+    engine.add_request("waiting", long_prompt, GREEDY)
+    engine.step()
+    engine.step()
+    running = {s.request_id: s for s in engine.scheduler.running}
+    assert running["decoding"].num_output_tokens >= 1
+    assert 0 < running["prefilling"].num_computed_tokens < len(long_prompt)
+    assert engine.scheduler.waiting[0].request_id == "waiting"
+    for rid in ("waiting", "prefilling", "decoding"):
+        engine.abort(rid)
+    outs = engine.step()
+    assert {o.request_id: o.finish_reason for o in outs} == {
+        "waiting": "abort", "prefilling": "abort", "decoding": "abort",
+    }
+    assert not engine.has_unfinished_requests()
+    assert_pool_clean(engine)
+    engine.abort("no-such-request")  # unknown ids are ignored
+
+
+def test_stop_token_ids_and_max_tokens(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    p = prompts(1)[0]
+    free_run = run_all(engine, {"a": (p, GREEDY)})["a"].token_ids
+    stop_at = free_run[5]
+    first = free_run.index(stop_at)
+    stopped = run_all(engine, {"b": (p, SamplingParams(max_tokens=40, temperature=0, stop_token_ids=(stop_at,)))})["b"]
+    assert stopped.token_ids == free_run[: first + 1]
+    assert stopped.finish_reason == "stop"
+    short = run_all(engine, {"c": (p, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))})["c"]
+    assert short.token_ids == free_run[:3] and short.finish_reason == "length"
+    assert_pool_clean(engine)
+
+
+def test_eos_stops_unless_ignored(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    p = prompts(1)[0]
+    free_run = run_all(engine, {"a": (p, GREEDY)})["a"].token_ids
+    engine.scheduler.eos_token_ids = frozenset({free_run[2]})
+    out = run_all(engine, {"b": (p, SamplingParams(max_tokens=40, temperature=0))})["b"]
+    assert out.token_ids == free_run[: free_run.index(free_run[2]) + 1] and out.finish_reason == "stop"
+    out = run_all(engine, {"c": (p, GREEDY)})["c"]
+    assert out.token_ids == free_run
+
+
+def test_context_limit_ends_with_length(tiny_demo_model):
+    engine = make_engine(tiny_demo_model, max_model_len=40)
+    out = run_all(engine, {"a": (prompts(1)[0], GREEDY)})["a"]
+    assert len(out.prompt_token_ids) + len(out.token_ids) == 40
+    assert out.finish_reason == "length"
+
+
+def test_seeded_sampling_is_independent_of_the_batch(tiny_demo_model):
+    seeded = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    p = prompts(3)
+    alone = run_all(make_engine(tiny_demo_model), {"s": (p[0], seeded)})["s"].token_ids
+    crowd = run_all(
+        make_engine(tiny_demo_model),
+        {
+            "x": (p[1], SamplingParams(max_tokens=25, temperature=0.7, ignore_eos=True)),
+            "s": (p[0], seeded),
+            "y": (p[2], SamplingParams(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True)),
+        },
+    )
+    assert crowd["s"].token_ids == alone
+    other_seed = run_all(make_engine(tiny_demo_model), {"s": (p[0], SamplingParams(**{**seeded.__dict__, "seed": 99}))})
+    assert other_seed["s"].token_ids != alone
+
+
+def test_logprobs_are_returned_per_token(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    outs = list(engine.generate([prompts(1)[0]], SamplingParams(max_tokens=5, temperature=0, logprobs=3)))
+    logprobs = [lp for out in outs for lp in out.new_logprobs]
+    assert len(logprobs) == 5
+    for token, lp in zip(outs[-1].token_ids, logprobs):
+        assert token in lp and len(lp) >= 3
+        assert max(lp.values()) == lp[token]  # greedy picks the most likely token
+        assert all(v <= 0 for v in lp.values())
+
+
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ([], GREEDY, "at least one token"),
+        ([5, 10**6], GREEDY, "outside the vocabulary"),
+        ([5] * 3000, GREEDY, "does not fit the context"),
+        ([5] * 10, SamplingParams(max_tokens=2000), "more than the pool"),
+    ],
+)
+def test_requests_that_cannot_be_served_are_refused(tiny_demo_model, prompt, params, message):
+    engine = make_engine(tiny_demo_model, num_kv_blocks=64)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request("bad", prompt, params)
+    assert not engine.has_unfinished_requests()
+
+
+def test_duplicate_request_id_is_refused(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    engine.add_request("same", [5, 6, 7], GREEDY)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("same", [5, 6, 7], GREEDY)
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5)])
+def test_sampling_params_validation(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})

@@ -1,0 +1,309 @@
+"""Sampler tests: each stage against a plain per-row formula, plus seeding,
+distribution and logprob checks. CPU only, exact where the math allows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.sampler import (
+    Sampler,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k,
+    apply_top_k_top_p,
+    token_counts,
+)
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+NEG_INF = float("-inf")
+
+
+def make_seq(prompt=(1, 2, 3), output=(), request_id="r", **params) -> Sequence:
+    seq = Sequence(request_id, list(prompt), SamplingParams(**params), block_size=4)
+    for t in output:
+        seq.append_token(t)
+    return seq
+
+
+def random_logits(batch: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+# ---- reference formulas, one row at a time ----------------------------------
+
+
+def ref_top_k(row: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= row.numel():
+        return row.clone()
+    kth_largest = sorted(row.tolist(), reverse=True)[k - 1]
+    return torch.where(row >= kth_largest, row, NEG_INF)
+
+
+def ref_top_p(row: torch.Tensor, p: float) -> torch.Tensor:
+    probs = row.softmax(-1)
+    order = probs.argsort(descending=True).tolist()
+    kept, cum = [], 0.0
+    for token in order:  # smallest prefix whose mass reaches p
+        kept.append(token)
+        cum += probs[token].item()
+        if cum >= p:
+            break
+    out = torch.full_like(row, NEG_INF)
+    out[kept] = row[kept]
+    return out
+
+
+def ref_min_p(row: torch.Tensor, min_p: float) -> torch.Tensor:
+    probs = row.softmax(-1)
+    return torch.where(probs >= min_p * probs.max(), row, NEG_INF)
+
+
+def race_token(logits_row: torch.Tensor, q_row: torch.Tensor) -> int:
+    return int((logits_row.softmax(-1) / q_row).argmax())
+
+
+# ---- masking stages ----------------------------------------------------------
+
+TOP_K = [0, 1, 3, 10, 49, 50, 5, 7]
+TOP_P = [1.0, 0.9, 0.5, 0.99, 0.1, 1.0, 0.75, 0.3]
+MIN_P = [0.0, 0.1, 0.5, 0.01, 0.0, 0.2, 0.05, 1.0]
+
+
+def test_top_k_matches_formula():
+    logits = random_logits(8, 50, seed=0)
+    k = torch.tensor([kk if kk > 0 else 50 for kk in TOP_K])
+    partial = apply_top_k(logits, k, max_k=49)  # the largest k below V
+    by_sort = apply_top_k_top_p(logits, k, torch.ones(8))  # top_p = 1 is off
+    for i, kk in enumerate(TOP_K):
+        assert torch.equal(partial[i], ref_top_k(logits[i], kk)), i
+        assert torch.equal(by_sort[i], ref_top_k(logits[i], kk)), i
+
+
+def test_top_p_matches_formula():
+    logits = random_logits(8, 50, seed=1)
+    out = apply_top_k_top_p(logits, None, torch.tensor(TOP_P))
+    for i, p in enumerate(TOP_P):
+        assert torch.equal(out[i], ref_top_p(logits[i], p)), i
+
+
+def test_top_k_then_top_p_matches_formula():
+    logits = random_logits(8, 50, seed=2)
+    k = torch.tensor([kk if kk > 0 else 50 for kk in TOP_K])
+    out = apply_top_k_top_p(logits, k, torch.tensor(TOP_P))
+    for i in range(8):
+        expected = ref_top_p(ref_top_k(logits[i], TOP_K[i]), TOP_P[i])
+        assert torch.equal(out[i], expected), i
+
+
+def test_top_p_always_keeps_top_token():
+    logits = torch.tensor([[10.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    out = apply_top_k_top_p(logits, None, torch.tensor([1e-9, 1e-9]))  # 1 - p rounds to 1 in fp32
+    assert (out != NEG_INF).sum(-1).tolist() == [1, 1]
+    assert out[0].tolist() == [10.0, NEG_INF, NEG_INF]
+
+
+def test_min_p_matches_formula():
+    logits = random_logits(8, 50, seed=3)
+    out = apply_min_p(logits, torch.tensor(MIN_P))
+    for i, m in enumerate(MIN_P):
+        assert torch.equal(out[i], ref_min_p(logits[i], m)), i
+    assert torch.equal(out[0], logits[0])  # min_p = 0 is off
+
+
+# ---- penalties ---------------------------------------------------------------
+
+
+def test_token_counts():
+    counts = token_counts([[0, 2, 2], [], [3, 3, 3, 1]], vocab_size=4, device=torch.device("cpu"))
+    assert counts.tolist() == [[1, 0, 2, 0], [0, 0, 0, 0], [0, 1, 0, 3]]
+
+
+def test_penalties_match_hand_computed():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]])
+    prompt = token_counts([[0, 1]], 6, torch.device("cpu"))  # tokens 0, 1 in the prompt
+    output = token_counts([[1, 2, 2]], 6, torch.device("cpu"))  # token 1 once, token 2 twice
+    out = apply_penalties(
+        logits, prompt, output,
+        repetition_penalty=torch.tensor([2.0]),
+        presence_penalty=torch.tensor([0.5]),
+        frequency_penalty=torch.tensor([0.25]),
+    )
+    expected = [
+        2.0 / 2,  # prompt only: repetition divides a positive logit
+        -1.0 * 2 - 0.5 - 0.25 * 1,  # prompt + output: multiplies a negative one, then presence + frequency
+        0.5 / 2 - 0.5 - 0.25 * 2,  # output twice
+        3.0,  # unseen tokens are untouched
+        -2.0,
+        1.0,
+    ]
+    assert out[0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert logits[0, 0].item() == 2.0  # input untouched
+
+
+def test_penalties_leave_other_rows_alone_in_sampler():
+    logits = torch.tensor([[5.0, 4.0, 0.0], [5.0, 4.0, 0.0]])
+    # Row 0 has said token 0 twice; a frequency penalty of 1 makes token 1 win.
+    penalized = make_seq(prompt=[2], output=[0, 0], temperature=0.0, frequency_penalty=1.0)
+    plain = make_seq(prompt=[2], output=[0, 0], temperature=0.0)
+    assert Sampler()(logits, [penalized, plain]).token_ids == [1, 0]
+    # Repetition penalty counts prompt tokens too: 5 / 1.5 < 4.
+    rep = make_seq(prompt=[0], temperature=0.0, repetition_penalty=1.5)
+    assert Sampler()(logits[:1], [rep]).token_ids == [1]
+
+
+# ---- greedy, temperature, the exponential race -------------------------------
+
+
+def test_all_greedy_is_argmax():
+    logits = random_logits(16, 100, seed=4)
+    seqs = [make_seq(temperature=0.0) for _ in range(16)]
+    out = Sampler()(logits, seqs)
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert out.logprobs == [None] * 16
+
+
+def test_mixed_greedy_and_random_rows():
+    logits = random_logits(8, 100, seed=5)
+    seqs = [make_seq(temperature=0.0 if i % 2 == 0 else 1.0, top_k=3) for i in range(8)]
+    torch.manual_seed(0)
+    out = Sampler()(logits, seqs)
+    argmax = logits.argmax(-1).tolist()
+    top3 = logits.topk(3, dim=-1).indices.tolist()
+    for i, token in enumerate(out.token_ids):
+        if i % 2 == 0:
+            assert token == argmax[i]
+        else:
+            assert token in top3[i]
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
+def test_seeded_token_is_the_race_formula(temperature):
+    """The whole random path equals argmax(softmax(masked(logits / T)) / q),
+    with q drawn from the request's own seeded stream."""
+    logits = random_logits(1, 64, seed=6)
+    params = dict(temperature=temperature, top_k=20, top_p=0.9, min_p=0.02, seed=123)
+    seq = make_seq(**params)
+    got = [Sampler()(logits, [seq]).token_ids[0] for _ in range(10)]
+
+    gen = torch.Generator().manual_seed(123)
+    row = logits[0] / temperature
+    row = ref_top_p(ref_top_k(ref_min_p(row, 0.02), 20), 0.9)
+    expected = [race_token(row, torch.empty(64).exponential_(generator=gen)) for _ in range(10)]
+    assert got == expected
+
+
+def test_temperature_sharpens_and_flattens():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    for temperature in (0.5, 2.0):
+        seq = make_seq(temperature=temperature, seed=7)
+        gen = torch.Generator().manual_seed(7)
+        for _ in range(20):
+            q = torch.empty(4).exponential_(generator=gen)
+            assert Sampler()(logits, [seq]).token_ids[0] == race_token(logits[0] / temperature, q)
+
+
+def test_seeded_request_is_independent_of_batch():
+    vocab, steps = 200, 20
+    step_logits = random_logits(steps, vocab, seed=8)  # the seeded request's logits per step
+    target_params = dict(temperature=0.8, top_k=50, top_p=0.95, seed=42, presence_penalty=0.5)
+
+    def run(batch_mates) -> list[int]:
+        target = make_seq(request_id="target", **target_params)
+        others = [make_seq(request_id=f"o{j}", **p) for j, p in enumerate(batch_mates)]
+        noise = torch.Generator().manual_seed(len(batch_mates))
+        tokens = []
+        for step in range(steps):
+            pos = step % (len(others) + 1)
+            seqs = others[:pos] + [target] + others[pos:]
+            logits = torch.randn(len(seqs), vocab, generator=noise) * 3
+            logits[pos] = step_logits[step]
+            token = Sampler()(logits, seqs).token_ids[pos]
+            target.append_token(token)
+            tokens.append(token)
+        return tokens
+
+    alone = run([])
+    assert len(set(alone)) > 1  # actually random, not collapsed to argmax
+    assert run([dict(temperature=1.0), dict(temperature=0.0)]) == alone
+    assert run([dict(temperature=1.0, seed=42), dict(temperature=0.5, seed=7, top_p=0.5)]) == alone
+    assert run([dict(temperature=0.0, logprobs=2), dict(), dict(seed=1, min_p=0.1), dict(top_k=5)]) == alone
+
+
+# ---- distribution ------------------------------------------------------------
+
+
+def chi_square(counts: list[int], probs: list[float]) -> float:
+    n = sum(counts)
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_unseeded_sampling_follows_the_distribution(temperature):
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    num_samples = 20000
+    logits = probs.log().expand(num_samples, 4).contiguous()
+    seqs = [make_seq(temperature=temperature)] * num_samples
+    torch.manual_seed(0)
+    tokens = torch.tensor(Sampler()(logits, seqs).token_ids)
+    expected = (probs.log() / temperature).softmax(-1).tolist()
+    # df = 3: chi2 > 30 has probability ~1e-6 under the null.
+    assert chi_square(torch.bincount(tokens, minlength=4).tolist(), expected) < 30
+
+
+def test_seeded_sampling_follows_the_distribution():
+    probs = [0.1, 0.2, 0.3, 0.4]
+    logits = torch.tensor([probs]).log()
+    seq = make_seq(seed=2024)
+    counts = [0] * 4
+    for _ in range(4000):
+        counts[Sampler()(logits, [seq]).token_ids[0]] += 1
+    assert chi_square(counts, probs) < 30
+
+
+# ---- logprobs ----------------------------------------------------------------
+
+
+def test_logprobs_come_from_raw_logits():
+    logits = random_logits(4, 30, seed=9)
+    seqs = [
+        make_seq(temperature=0.7, top_k=5, repetition_penalty=1.3, output=[4, 5], logprobs=3, seed=1),
+        make_seq(temperature=0.0, logprobs=0),
+        make_seq(temperature=1.0),
+        make_seq(temperature=2.0, min_p=0.1, logprobs=20),
+    ]
+    out = Sampler()(logits, seqs)
+    raw = logits.log_softmax(-1)
+    assert out.logprobs[2] is None
+    for i, n in [(0, 3), (1, 0), (3, 20)]:
+        entry, token = out.logprobs[i], out.token_ids[i]
+        assert entry[token] == pytest.approx(raw[i, token].item(), abs=1e-6)
+        top = sorted(range(30), key=lambda t: -raw[i, t].item())[:n]
+        assert list(entry)[:n] == top  # top-n first, best first
+        assert [entry[t] for t in top] == pytest.approx([raw[i, t].item() for t in top], abs=1e-6)
+        assert set(entry) == set(top) | {token}
+    assert out.logprobs[1] == {out.token_ids[1]: pytest.approx(raw[1].max().item(), abs=1e-6)}
+
+
+def test_logprobs_include_sampled_token_outside_top_n():
+    logits = torch.tensor([[5.0, 4.0, 0.0]])
+    seq = make_seq(prompt=[0], temperature=0.0, repetition_penalty=2.0, logprobs=1)
+    out = Sampler()(logits, [seq])
+    assert out.token_ids == [1]  # 5 / 2 < 4
+    raw = logits.log_softmax(-1)[0]
+    assert list(out.logprobs[0]) == [0, 1]
+    assert out.logprobs[0][1] == pytest.approx(raw[1].item())  # raw, not penalized
+
+
+def test_input_logits_are_not_modified():
+    logits = random_logits(3, 40, seed=10)
+    before = logits.clone()
+    seqs = [
+        make_seq(temperature=0.5, top_k=3, top_p=0.8, min_p=0.1, repetition_penalty=1.2, output=[1]),
+        make_seq(temperature=0.0, frequency_penalty=1.0, output=[2, 2]),
+        make_seq(seed=3, logprobs=2),
+    ]
+    Sampler()(logits, seqs)
+    assert torch.equal(logits, before)

@@ -1,0 +1,80 @@
+"""Checkpoint problems are errors that name the file and the tensor."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_config import ModelConfigError, load_model_config
+from engine.weights import WeightsError, checkpoint_files
+
+
+@pytest.fixture
+def model_copy(tiny_demo_model, tmp_path):
+    return shutil.copytree(tiny_demo_model, tmp_path / "model")
+
+
+def load(model_dir):
+    return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=8))
+
+
+def test_unsupported_architecture_is_named(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match=r"config\.json: unsupported architecture .*GPTNeoXForCausalLM"):
+        load_model_config(model_copy)
+
+
+def test_unsupported_rope_scaling_is_named(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="yarn"):
+        load_model_config(model_copy)
+
+
+def test_missing_tensor_is_named(model_copy):
+    path = model_copy / "model.safetensors"
+    tensors = load_file(path)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, path)
+    with pytest.raises(WeightsError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' not found in model\.safetensors"):
+        load(model_copy)
+
+
+def test_truncated_file_is_named(model_copy):
+    path = model_copy / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(WeightsError, match=r"model\.safetensors: truncated: tensor '[\w.]+' needs"):
+        checkpoint_files(model_copy)
+
+
+def test_wrong_shape_is_named(model_copy):
+    path = model_copy / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][:-1].clone()
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match=r"'model\.norm\.weight' has shape"):
+        load(model_copy)
+
+
+def test_sharded_checkpoint_with_missing_shard(model_copy):
+    tensors = load_file(model_copy / "model.safetensors")
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for fname, part in halves.items():
+        save_file({n: tensors[n] for n in part}, model_copy / fname)
+    (model_copy / "model.safetensors").unlink()
+    index = {"weight_map": {n: f for f, part in halves.items() for n in part}}
+    (model_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    engine = load(model_copy)  # loads from shards
+    assert engine.model_config.num_layers == 2
+    (model_copy / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(WeightsError, match="shard model-00002-of-00002.safetensors is missing"):
+        load(model_copy)
