@@ -1,0 +1,130 @@
+"""Each kernel against a plain dense formula (and HF's RoPE init where it exists)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.attention import decode_attention_torch, prefill_attention_torch
+from kernels.kv_cache import write_kv_torch
+from kernels.registry import select_kernels
+from kernels.rms_norm import rms_norm_torch
+from kernels.rotary import apply_rope_torch, build_rope_cache, rope_inv_freq
+
+HKV, HQ, D, BS, NBLOCKS = 2, 4, 8, 4, 32
+
+
+def dense_attention(q, k, v, q_positions, window=None):
+    """q: [n, Hq, D] at q_positions; k, v: [L, Hkv, D] for positions 0..L-1."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q, k) / math.sqrt(q.shape[-1])
+    k_pos = torch.arange(k.shape[0])
+    allowed = k_pos[None, :] <= q_positions[:, None]
+    if window is not None:
+        allowed &= k_pos[None, :] > q_positions[:, None] - window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
+
+
+def paged(seq_len: int, blocks: list[int], gen: torch.Generator):
+    """A sequence's K/V written into scattered pages; returns caches and dense K/V."""
+    k_cache = torch.zeros(HKV, NBLOCKS, BS, D)
+    v_cache = torch.zeros(HKV, NBLOCKS, BS, D)
+    k = torch.randn(seq_len, HKV, D, generator=gen)
+    v = torch.randn(seq_len, HKV, D, generator=gen)
+    slots = torch.tensor([blocks[p // BS] * BS + p % BS for p in range(seq_len)])
+    write_kv_torch(k, v, k_cache, v_cache, slots)
+    return k_cache, v_cache, k, v
+
+
+def test_write_kv_places_tokens_in_their_slots():
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache, k, v = paged(6, [5, 2], gen)
+    assert torch.equal(k_cache[:, 5, 3], k[3]) and torch.equal(v_cache[:, 2, 1], v[5])
+    assert k_cache[:, [0, 1, 3, 4]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("context_len, n, window", [(0, 7, None), (5, 6, None), (9, 1, None), (6, 8, 5), (0, 9, 4)])
+def test_prefill_attention_with_cached_prefix(context_len, n, window):
+    gen = torch.Generator().manual_seed(context_len * 10 + n)
+    blocks = [7, 3, 11, 0]
+    k_cache, v_cache, k, v = paged(context_len + n, blocks, gen)
+    q = torch.randn(n, HQ, D, generator=gen)
+    out = prefill_attention_torch(
+        q, k[context_len:], v[context_len:], k_cache, v_cache, torch.tensor(blocks), context_len, D**-0.5, window
+    )
+    ref = dense_attention(q, k, v, torch.arange(context_len, context_len + n), window)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_decode_attention_over_ragged_batch(window):
+    gen = torch.Generator().manual_seed(1)
+    lengths, tables = [1, 6, 13], [[4], [9, 1], [2, 8, 6, 12]]
+    k_cache = torch.zeros(HKV, NBLOCKS, BS, D)
+    v_cache = torch.zeros(HKV, NBLOCKS, BS, D)
+    dense = []
+    for length, table in zip(lengths, tables):
+        k = torch.randn(length, HKV, D, generator=gen)
+        v = torch.randn(length, HKV, D, generator=gen)
+        write_kv_torch(k, v, k_cache, v_cache, torch.tensor([table[p // BS] * BS + p % BS for p in range(length)]))
+        dense.append((k, v))
+    q = torch.randn(3, HQ, D, generator=gen)
+    padded = torch.tensor([t + [0] * (4 - len(t)) for t in tables])
+    out = decode_attention_torch(q, k_cache, v_cache, padded, torch.tensor(lengths), D**-0.5, window)
+    for i, (k, v) in enumerate(dense):
+        ref = dense_attention(q[i : i + 1], k, v, torch.tensor([lengths[i] - 1]), window)
+        torch.testing.assert_close(out[i : i + 1], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rms_norm_formula():
+    x = torch.randn(3, 16)
+    w = torch.randn(16)
+    ref = w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(rms_norm_torch(x, w, 1e-6), ref)
+
+
+def test_rope_rotates_pairs_half_apart():
+    cos, sin = build_rope_cache(4, 8, 10000.0, None)
+    q = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])  # [T=1, H=1, D=4]
+    pos = 3
+    out_q, _ = apply_rope_torch(q, q.clone(), cos[pos : pos + 1], sin[pos : pos + 1])
+    inv = 1.0 / 10000.0 ** (torch.arange(0, 4, 2).float() / 4)
+    angle = pos * inv
+    x1, x2 = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()])
+    torch.testing.assert_close(out_q[0, 0], expected)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 64},
+    ],
+)
+def test_scaled_inv_freq_matches_transformers(scaling):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=128, num_attention_heads=2, max_position_embeddings=512,
+        rope_parameters={**scaling, "rope_theta": 10000.0},
+    )
+    ref, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    torch.testing.assert_close(rope_inv_freq(64, 10000.0, scaling), ref.float())
+
+
+def test_unknown_rope_type_is_refused():
+    with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):
+        rope_inv_freq(8, 10000.0, {"rope_type": "yarn"})
+
+
+def test_kernel_bundle_is_chosen_once_and_unknown_backends_refused():
+    assert select_kernels("cpu").name == "torch"
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        select_kernels("cpu", backend="cuda-graphs")
