@@ -1,0 +1,222 @@
+"""The `baton` command.
+
+`baton generate` runs one prompt through an in-process engine and streams the
+text (or prints one JSON object); `baton make-demo-model` writes the random-weight
+demo model. Every failure is one line on stderr and exit status 2; set
+BATON_DEBUG=1 to see the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import NoReturn, Sequence
+
+DTYPES = ("float32", "bfloat16", "float16")
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad argument or input, reported as one line without a traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the whole usage block on error; one line is the contract.
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output piped into `head` and closed: not an error. Point stdout at
+        # devnull so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the CLI's contract: one line, never a traceback
+        if os.environ.get("BATON_DEBUG"):
+            raise
+        # Bad input explains itself; anything else keeps its type as a clue.
+        message = str(exc) if isinstance(exc, (UsageError, ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
+        print(f"baton: error: {' '.join(message.split())}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="baton", description="Baton: disaggregated prefill/decode LLM serving.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt in-process",
+                         description="Generate a completion for one prompt with an in-process engine. "
+                                     "Sampling is greedy unless --temperature is above 0.")
+    gen.add_argument("--model", metavar="DIR",
+                     help="Hugging Face model directory (default: the demo model, made on first use "
+                          "in $BATON_DEMO_MODEL or ~/.cache/baton/demo-model)")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the model's tokenizer (bos added)")
+    prompt.add_argument("--prompt-ids", metavar="IDS", type=_token_ids, help="prompt token ids, e.g. 1,2,3")
+    gen.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate at most (default 32)")
+    # Greedy by default (unlike vLLM's API default of 1.0): a command run twice should print the same text.
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default 0)")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1 = off)")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="sample from the K likeliest (default 0 = off)")
+    gen.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                     help="drop tokens below P x the top probability (default 0 = off)")
+    gen.add_argument("--seed", type=int, metavar="S", help="per-request sampling seed")
+    gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    gen.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
+                          "instead of streaming text")
+    gen.set_defaults(run=_generate)
+
+    demo = sub.add_parser("make-demo-model", help="write a tiny random-weight Llama model directory",
+                          description="Write a random-weight LlamaForCausalLM directory with a locally "
+                                      "trained byte-level BPE tokenizer.")
+    demo.add_argument("dir", metavar="DIR", help="output directory (created; same-named files are overwritten)")
+    demo.add_argument("--hidden-size", type=int, default=256)
+    demo.add_argument("--num-layers", type=int, default=4)
+    demo.add_argument("--num-heads", type=int, default=4)
+    demo.add_argument("--num-kv-heads", type=int, default=2)
+    demo.add_argument("--intermediate-size", type=int, help="default: 8/3 x hidden size, rounded up to 64")
+    demo.add_argument("--vocab-size", type=int, default=8192)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the stored weights")
+    demo.set_defaults(run=_make_demo_model)
+    return parser
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"expected one or more non-negative token ids, got {text!r}")
+    return ids
+
+
+def _make_demo_model(args: argparse.Namespace) -> int:
+    from engine.demo_model import make_demo_model
+
+    start = time.perf_counter()
+    path = make_demo_model(
+        args.dir, hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads, intermediate_size=args.intermediate_size,
+        vocab_size=args.vocab_size, seed=args.seed, dtype=args.dtype,
+    )
+    print(f"wrote demo model to {path} in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    # Imported here so `baton --help` and argument errors stay instant.
+    from engine.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
+        )
+    except ValueError as exc:  # checked before the model loads, so a typo fails fast
+        raise UsageError(str(exc)) from None
+
+    model_dir = args.model or _demo_model_dir()
+    if not os.path.isdir(model_dir):
+        raise UsageError(f"model directory not found: {model_dir}")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise UsageError(f"not a model directory (no config.json): {model_dir}")
+
+    from tokenizers import Tokenizer
+
+    # The tokenizer is loaded before the engine, so a bad prompt fails before
+    # the slow part and the KV pool can be sized to this one request.
+    tokenizer_path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(tokenizer_path):
+        raise UsageError(f"no tokenizer.json in {model_dir}")
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    if args.prompt is not None:
+        prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=True).ids
+    else:
+        prompt_ids = args.prompt_ids
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty())
+    # One request needs only its own pages; a pool carved from a fraction of
+    # free memory takes seconds to zero on a CPU. One spare block of slack.
+    num_tokens = len(prompt_ids) + args.max_tokens
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        num_tokens = min(num_tokens, json.load(f).get("max_position_embeddings", num_tokens))
+    num_blocks = -(-num_tokens // config.block_size) + 1
+    engine = LLMEngine(dataclasses.replace(config, num_kv_blocks=num_blocks))
+
+    start = time.perf_counter()
+    text = _StreamingText(tokenizer, sys.stdout if not args.json else None)
+    last = None
+    for last in engine.generate([prompt_ids], params):
+        text.update(last.token_ids)
+    text.finish()
+    elapsed = time.perf_counter() - start
+
+    token_ids = list(last.token_ids) if last is not None else []
+    finish_reason = last.finish_reason if last is not None else None
+    if args.json:
+        print(json.dumps({"prompt_token_ids": list(prompt_ids), "token_ids": token_ids,
+                          "text": text.text, "finish_reason": finish_reason}))
+    elif sys.stderr.isatty():
+        rate = len(token_ids) / elapsed if elapsed > 0 else 0.0
+        print(f"[{len(token_ids)} tokens, finish_reason={finish_reason}, {rate:.1f} tokens/s]", file=sys.stderr)
+    return 0
+
+
+def _demo_model_dir() -> str:
+    from engine.demo_model import default_demo_model_dir, ensure_demo_model, is_demo_model_dir
+
+    if not is_demo_model_dir(default_demo_model_dir()):
+        print(f"baton: making the demo model in {default_demo_model_dir()} (first run only)", file=sys.stderr)
+    return str(ensure_demo_model())
+
+
+class _StreamingText:
+    """Decodes a growing list of output ids and writes only the new text.
+
+    The whole output is re-decoded each time, because a byte-level token may end
+    mid-character; text ending in U+FFFD (an incomplete UTF-8 sequence) is held
+    back until the next token completes it, or until `finish`.
+    """
+
+    def __init__(self, tokenizer, stream) -> None:
+        self.tokenizer = tokenizer
+        self.stream = stream
+        self.text = ""
+        self.num_written = 0
+
+    def update(self, token_ids: Sequence[int]) -> None:
+        self.text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        self._write(self.text.rstrip("\ufffd"))
+
+    def finish(self) -> None:
+        self._write(self.text)
+        if self.stream is not None and self.num_written:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _write(self, stable: str) -> None:
+        if self.stream is None or len(stable) <= self.num_written:
+            return
+        self.stream.write(stable[self.num_written:])
+        self.stream.flush()
+        self.num_written = len(stable)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
