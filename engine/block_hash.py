@@ -1,0 +1,43 @@
+"""Block identity: the one chained hash that prefill, decode, kvstore and the router share.
+
+A full block of KV is named by h_i = H(h_{i-1}, tokens of block i, extra), so a
+hash names the whole prefix up to and including its block, not just the block.
+The encoding is fixed byte for byte (blake2b, little-endian integers, no Python
+`hash()`), so every process on every host computes the same value.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+# The parent of a prompt's first block. Any fixed 8 bytes would do; a real
+# parent equals it with probability 2**-64, the same as any hash collision,
+# and a hit also compares tokens.
+NO_PARENT = b"\x00" * 8
+
+
+def block_hash(parent_hash: int | None, token_ids: Sequence[int], extra: bytes = b"") -> int:
+    """The unsigned 64-bit hash of one block given the hash of the block before it.
+
+    Bytes hashed: parent (u64 LE, or `NO_PARENT`), token count (u32 LE),
+    tokens (u32 LE each), then `extra` (the model fingerprint). The count
+    keeps the token/extra boundary unambiguous. Token ids must fit in u32.
+    """
+    h = hashlib.blake2b(digest_size=8)
+    h.update(NO_PARENT if parent_hash is None else parent_hash.to_bytes(8, "little"))
+    # struct with an explicit '<' is little-endian on every host and rejects
+    # out-of-range ids instead of wrapping them.
+    h.update(struct.pack(f"<I{len(token_ids)}I", len(token_ids), *token_ids))
+    h.update(extra)
+    return int.from_bytes(h.digest(), "little")
+
+
+def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b"") -> list[int]:
+    """Chained hashes of every full block of `token_ids`; a partial tail block has none."""
+    hashes: list[int] = []
+    parent: int | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size], extra)
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,277 @@
+"""`BlockManager`: owns the KV pages, their reference counts and the prefix-cache map."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence as TokenIds
+from dataclasses import dataclass
+
+from engine.block_hash import block_hash
+from engine.sequence import Sequence
+
+# (src_block, dst_block) page copies the runner must do before the next forward.
+CopyPairs = list[tuple[int, int]]
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """One page of KV.
+
+    `hash` is set only while this block is the registered holder of a full,
+    computed block whose tokens are `token_ids`; it survives the block being
+    freed and is dropped when the page is reused (lazy eviction).
+    """
+
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    """Hands out pages to sequences and shares identical full blocks between them.
+
+    Contract: a sequence gets pages from `allocate` (or `fork`), grows them with
+    `append_slot` and gives them back with `free`; callers ask the paired
+    `can_*` first, and an act that cannot be satisfied raises RuntimeError
+    before changing anything. Every block is either referenced (ref_count > 0)
+    or in the free queue, whose head is evicted first (least recently freed).
+    Pages that are shared are never written: `append_slot` and `fork` return
+    the copies that keep it so. Never touches a tensor.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        hash_extra: bytes = b"",
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.block_size = block_size
+        self.hash_extra = hash_extra
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # OrderedDict as the free queue: O(1) pop at the head, push at the tail,
+        # and removal from the middle when a prefix hit revives a cached block.
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+        # Sequences holding blocks, and the chain hashes of their leading full
+        # blocks that were already matched or registered (to continue the chain).
+        self._seqs: dict[str, Sequence] = {}
+        self._seq_hashes: dict[str, list[int]] = {}
+        # Prefix-cache stats in tokens, as vLLM counts them.
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks nobody references, cached ones included: they are evictable."""
+        return len(self.free_block_ids)
+
+    # ---- prefix cache ---------------------------------------------------------
+
+    def _match(self, token_ids: TokenIds[int], max_blocks: int) -> tuple[list[int], list[int]]:
+        """Block ids and chain hashes of the longest cached prefix (at most `max_blocks`)."""
+        block_ids: list[int] = []
+        hashes: list[int] = []
+        if not self.enable_prefix_caching:
+            return block_ids, hashes
+        bs = self.block_size
+        parent: int | None = None
+        for i in range(max_blocks):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            parent = block_hash(parent, tokens, self.hash_extra)
+            block_id = self.hash_to_block_id.get(parent)
+            # Equal hashes may still collide: a hit must hold the same tokens.
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            block_ids.append(block_id)
+            hashes.append(parent)
+        return block_ids, hashes
+
+    def _max_cached_blocks(self, num_tokens: int) -> int:
+        # At least one token must be computed to produce the next token's logits.
+        return max(0, (num_tokens - 1) // self.block_size)
+
+    def num_cached_prefix_tokens(self, token_ids: TokenIds[int]) -> int:
+        """Leading tokens of `token_ids` that `allocate` would take from the cache now."""
+        block_ids, _ = self._match(token_ids, self._max_cached_blocks(len(token_ids)))
+        return len(block_ids) * self.block_size
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register every full, computed block of `seq` that is not registered yet.
+
+        Called once the KV of the first `seq.num_computed_tokens` tokens is in
+        the pages. If identical content is already registered to another block,
+        the map keeps pointing there and this page stays an unnamed copy.
+        """
+        hashes = self._seq_hashes.get(seq.request_id)
+        if not self.enable_prefix_caching or hashes is None:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_full):
+            tokens = tuple(seq.block_tokens(i))
+            parent = block_hash(parent, tokens, self.hash_extra)
+            hashes.append(parent)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and parent not in self.hash_to_block_id:
+                block.hash = parent
+                block.token_ids = tokens
+                self.hash_to_block_id[parent] = block.block_id
+
+    # ---- allocation -----------------------------------------------------------
+
+    def _take_free_block(self) -> int:
+        if not self.free_block_ids:
+            raise RuntimeError("no free KV block: check can_allocate/can_append_slot/can_fork first")
+        block_id, _ = self.free_block_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            # Lazy eviction: the cached content is forgotten only now that the page is reused.
+            del self.hash_to_block_id[block.hash]
+            block.hash = None
+            block.token_ids = ()
+        block.ref_count = 1
+        return block_id
+
+    def _num_revived(self, block_ids: list[int]) -> int:
+        """Matched blocks that sit in the free queue: they need no fresh block but leave the pool."""
+        return sum(1 for b in block_ids if self.blocks[b].ref_count == 0)
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        matched, _ = self._match(seq.token_ids, self._max_cached_blocks(seq.num_tokens))
+        return seq.num_blocks - len(matched) <= self.num_free_blocks - self._num_revived(matched)
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give a sequence without pages (new or preempted) its cached prefix plus fresh blocks.
+
+        Sets `block_table`, and `num_cached_tokens = num_computed_tokens` to the matched tokens.
+        """
+        if seq.block_table or seq.request_id in self._seqs:
+            raise ValueError(f"{seq.request_id!r} already holds blocks")
+        matched, hashes = self._match(seq.token_ids, self._max_cached_blocks(seq.num_tokens))
+        num_fresh = seq.num_blocks - len(matched)
+        if num_fresh > self.num_free_blocks - self._num_revived(matched):
+            raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")
+        # Claim the matched blocks before taking fresh ones, so no fresh
+        # allocation can evict a block this sequence is about to share.
+        for block_id in matched:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_block_ids[block_id]
+            block.ref_count += 1
+        seq.block_table = matched + [self._take_free_block() for _ in range(num_fresh)]
+        seq.num_cached_tokens = seq.num_computed_tokens = len(matched) * self.block_size
+        self._seqs[seq.request_id] = seq
+        self._seq_hashes[seq.request_id] = hashes
+        self.num_prefix_query_tokens += seq.num_tokens
+        self.num_prefix_hit_tokens += seq.num_cached_tokens
+
+    def _num_append_blocks(self, seq: Sequence) -> int:
+        # Shared blocks about to be written need a private copy; missing slots need a block.
+        to_write = seq.block_table[seq.num_computed_tokens // self.block_size :]
+        num_shared = sum(1 for b in to_write if self.blocks[b].ref_count > 1)
+        return num_shared + max(0, seq.num_blocks - len(seq.block_table))
+
+    def can_append_slot(self, seq: Sequence) -> bool:
+        return self._num_append_blocks(seq) <= self.num_free_blocks
+
+    def append_slot(self, seq: Sequence) -> CopyPairs:
+        """Make every uncomputed token of `seq` writable: a slot for each, none shared.
+
+        Returns the (src, dst) copies for blocks that were shared (after a fork)
+        and are now private to `seq`; usually empty.
+        """
+        if seq.request_id not in self._seqs:
+            raise ValueError(f"{seq.request_id!r} holds no blocks: allocate it first")
+        if self._num_append_blocks(seq) > self.num_free_blocks:
+            raise RuntimeError(f"not enough free KV blocks to append to {seq.request_id!r}")
+        table = seq.block_table
+        copies: CopyPairs = []
+        for i in range(seq.num_computed_tokens // self.block_size, len(table)):
+            src = self.blocks[table[i]]
+            if src.ref_count > 1:  # copy-on-write
+                src.ref_count -= 1
+                table[i] = self._take_free_block()
+                copies.append((src.block_id, table[i]))
+        while len(table) < seq.num_blocks:
+            table.append(self._take_free_block())
+        return copies
+
+    def can_fork(self, parent: Sequence) -> bool:
+        # Only the partially filled tail needs a fresh block.
+        return max(0, len(parent.block_table) - parent.num_full_blocks) <= self.num_free_blocks
+
+    def fork(self, parent: Sequence, child: Sequence) -> CopyPairs:
+        """Give `child` (same tokens as `parent`, no pages) the parent's KV.
+
+        Full blocks are shared; the partially filled tail is copied into a
+        fresh block. Returns the (src, dst) copies.
+        """
+        if parent.request_id not in self._seqs:
+            raise ValueError(f"{parent.request_id!r} holds no blocks")
+        if child.block_table or child.request_id in self._seqs:
+            raise ValueError(f"{child.request_id!r} already holds blocks")
+        if child.token_ids != parent.token_ids:
+            raise ValueError("a forked child must start with its parent's tokens")
+        if not self.can_fork(parent):
+            raise RuntimeError(f"not enough free KV blocks to fork {parent.request_id!r}")
+        num_shared = min(parent.num_full_blocks, len(parent.block_table))
+        table = parent.block_table[:num_shared]
+        for block_id in table:
+            self.blocks[block_id].ref_count += 1
+        copies: CopyPairs = []
+        for src in parent.block_table[num_shared:]:
+            table.append(self._take_free_block())
+            copies.append((src, table[-1]))
+        child.block_table = table
+        child.num_computed_tokens = parent.num_computed_tokens
+        self._seqs[child.request_id] = child
+        self._seq_hashes[child.request_id] = self._seq_hashes[parent.request_id][:num_shared]
+        return copies
+
+    def free(self, seq: Sequence) -> None:
+        """Release a sequence's pages; a no-op for one that holds none."""
+        held = self._seqs.pop(seq.request_id, None)
+        if held is None:
+            return
+        del self._seq_hashes[seq.request_id]
+        # Reverse order: a prefix's tail is evicted before its head, which more
+        # requests share.
+        for block_id in reversed(held.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+        held.block_table = []
+
+    # ---- checking -------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first inconsistency between pages, tables and map."""
+        held_by = [0] * self.num_blocks
+        assert self._seq_hashes.keys() == self._seqs.keys(), "hash chains and held sequences disagree"
+        for rid, seq in self._seqs.items():
+            table, hashes = seq.block_table, self._seq_hashes[rid]
+            assert len(set(table)) == len(table), f"{rid!r} holds a block twice: {table}"
+            assert len(hashes) <= len(table), f"{rid!r}: {len(hashes)} hashes for {len(table)} blocks"
+            for block_id, h in zip(table, hashes):
+                assert self.blocks[block_id].hash in (None, h), f"{rid!r}: block {block_id} has another hash"
+            for block_id in table:
+                held_by[block_id] += 1
+        for block in self.blocks:
+            b, ref, is_free = block.block_id, block.ref_count, block.block_id in self.free_block_ids
+            assert ref == held_by[b], f"block {b}: ref_count {ref} but held by {held_by[b]} tables"
+            assert (ref == 0) == is_free, f"block {b}: ref_count {ref} but in free queue: {is_free}"
+            if block.hash is not None:
+                assert self.hash_to_block_id.get(block.hash) == b, f"block {b}: its hash maps elsewhere"
+        # OrderedDict keys are unique, so no id is queued twice; the count rules out unknown ids.
+        assert len(self.free_block_ids) == held_by.count(0), "free queue holds unknown block ids"
+        for h, b in self.hash_to_block_id.items():
+            assert self.blocks[b].hash == h, f"hash {h:#x} maps to block {b}, which has {self.blocks[b].hash}"

@@ -1,0 +1,118 @@
+"""`block_hash`: a fixed encoding, the same value in every process."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.block_hash import block_hash, hash_block_chain
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Pinned once. If this changes, every stored KV block and every router's view
+# of the cache is invalidated: change it only on purpose.
+PINNED_ROOT = 0x8542C625A2BBE747  # block_hash(None, [1, 2, 3, 4])
+PINNED_CHILD = 0x5EE39F848F8E6E99  # block_hash(PINNED_ROOT, [5, 6, 7, 8], b"model")
+
+
+def test_pinned_values():
+    assert block_hash(None, [1, 2, 3, 4]) == PINNED_ROOT
+    assert block_hash(PINNED_ROOT, [5, 6, 7, 8], b"model") == PINNED_CHILD
+
+
+def test_encoding_is_the_documented_bytes():
+    parent = 0x0102030405060708
+    payload = (
+        parent.to_bytes(8, "little")
+        + (3).to_bytes(4, "little")
+        + b"".join(t.to_bytes(4, "little") for t in (7, 70000, 2**32 - 1))
+        + b"fp"
+    )
+    want = int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
+    assert block_hash(parent, [7, 70000, 2**32 - 1], b"fp") == want
+    root = b"\x00" * 8 + (1).to_bytes(4, "little") + (9).to_bytes(4, "little")
+    assert block_hash(None, [9]) == int.from_bytes(hashlib.blake2b(root, digest_size=8).digest(), "little")
+
+
+def test_unsigned_64_bit():
+    for i in range(200):
+        h = block_hash(None, [i])
+        assert 0 <= h < 2**64
+
+
+def test_accepts_any_int_sequence():
+    assert block_hash(None, (1, 2, 3, 4)) == block_hash(None, [1, 2, 3, 4]) == PINNED_ROOT
+
+
+@pytest.mark.parametrize(
+    "parent, tokens, extra",
+    [
+        (None, [1, 2, 3, 5], b""),  # a token differs
+        (None, [4, 3, 2, 1], b""),  # order matters
+        (None, [1, 2, 3], b""),  # length differs
+        (None, [1, 2, 3, 4], b"x"),  # model fingerprint differs
+        (1, [1, 2, 3, 4], b""),  # parent differs
+    ],
+)
+def test_every_input_changes_the_hash(parent, tokens, extra):
+    assert block_hash(parent, tokens, extra) != PINNED_ROOT
+
+
+def test_no_parent_is_the_zero_sentinel():
+    # Documented: None encodes as eight zero bytes, like a parent hash of 0
+    # (probability 2**-64, and a hit also compares tokens).
+    assert block_hash(0, [1, 2, 3, 4]) == PINNED_ROOT
+
+
+def test_token_count_separates_tokens_from_extra():
+    # Without the count, token 1 and an extra of its four bytes would collide.
+    assert block_hash(None, [5, 1]) != block_hash(None, [5], (1).to_bytes(4, "little"))
+
+
+def test_rejects_token_ids_outside_u32():
+    with pytest.raises(Exception):
+        block_hash(None, [-1])
+    with pytest.raises(Exception):
+        block_hash(None, [2**32])
+
+
+def test_chain_hashes_full_blocks_only():
+    tokens = list(range(10))
+    h0 = block_hash(None, [0, 1, 2, 3])
+    h1 = block_hash(h0, [4, 5, 6, 7])
+    assert hash_block_chain(tokens, 4) == [h0, h1]
+    assert hash_block_chain(tokens[:8], 4) == [h0, h1]
+    assert hash_block_chain(tokens[:3], 4) == []
+    assert hash_block_chain([], 4) == []
+    assert hash_block_chain(tokens, 4, b"m") == [
+        block_hash(None, [0, 1, 2, 3], b"m"),
+        block_hash(block_hash(None, [0, 1, 2, 3], b"m"), [4, 5, 6, 7], b"m"),
+    ]
+
+
+def test_chain_names_the_whole_prefix():
+    # The same block after different prefixes gets different hashes.
+    a = hash_block_chain([1, 1, 9, 9], 2)
+    b = hash_block_chain([2, 2, 9, 9], 2)
+    assert a[1] != b[1]
+
+
+def test_same_value_in_another_process_with_another_hash_seed():
+    code = (
+        "from engine.block_hash import block_hash, hash_block_chain;"
+        "print(block_hash(None, [1, 2, 3, 4]));"
+        "print(hash_block_chain(list(range(40)), 16, b'fp'))"
+    )
+    outputs = []
+    for seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO_ROOT)}
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        )
+        outputs.append(result.stdout.split("\n"))
+    here = [str(PINNED_ROOT), str(hash_block_chain(list(range(40)), 16, b"fp")), ""]
+    assert outputs[0] == outputs[1] == here

@@ -1,0 +1,308 @@
+"""`BlockManager`: exact block ids, reference counts, eviction order and prefix hits."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.block_hash import hash_block_chain
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+BS = 4
+
+
+def make_seq(rid: str, tokens) -> Sequence:
+    return Sequence(rid, list(tokens), SamplingParams(), BS)
+
+
+def compute(mgr: BlockManager, seq: Sequence, num_computed: int | None = None) -> None:
+    """What the engine does after a step: the KV is in the pages, so register it."""
+    seq.num_computed_tokens = seq.num_tokens if num_computed is None else num_computed
+    mgr.cache_computed_blocks(seq)
+
+
+def admitted(mgr: BlockManager, rid: str, tokens, computed: bool = False) -> Sequence:
+    seq = make_seq(rid, tokens)
+    mgr.allocate(seq)
+    if computed:
+        compute(mgr, seq)
+    return seq
+
+
+def refs(mgr: BlockManager) -> list[int]:
+    return [b.ref_count for b in mgr.blocks]
+
+
+def test_blocks_are_handed_out_in_order_and_freed_in_reverse_to_the_tail():
+    mgr = BlockManager(8, BS)
+    a, b = admitted(mgr, "a", range(10)), admitted(mgr, "b", [100])
+    assert (a.block_table, b.block_table, mgr.num_free_blocks) == ([0, 1, 2], [3], 4)
+    assert (a.num_cached_tokens, a.num_computed_tokens) == (0, 0)
+    mgr.free(a)
+    assert (list(mgr.free_block_ids), a.block_table) == ([4, 5, 6, 7, 2, 1, 0], [])
+    mgr.free(b)
+    assert list(mgr.free_block_ids) == [4, 5, 6, 7, 2, 1, 0, 3]
+    mgr.free(b)  # already freed: no-op
+    mgr.free(make_seq("never", [1]))  # unknown: no-op
+    assert mgr.num_free_blocks == 8
+    mgr.check_integrity()
+    mgr.blocks[0].ref_count += 1
+    with pytest.raises(AssertionError, match="block 0"):
+        mgr.check_integrity()
+
+
+def test_prefix_hit_shares_blocks_and_counts_tokens():
+    mgr = BlockManager(8, BS)
+    a = admitted(mgr, "a", range(12), computed=True)
+    assert [mgr.blocks[i].hash for i in range(3)] == hash_block_chain(a.token_ids, BS)
+    b = admitted(mgr, "b", list(range(8)) + [50, 51, 52, 53])
+    assert (b.block_table, b.num_cached_tokens, b.num_computed_tokens) == ([0, 1, 3], 8, 8)
+    assert refs(mgr) == [2, 2, 1, 1, 0, 0, 0, 0]
+    assert (mgr.num_prefix_query_tokens, mgr.num_prefix_hit_tokens) == (24, 8)
+    mgr.check_integrity()
+
+
+def test_at_least_one_token_is_left_to_compute():
+    mgr = BlockManager(8, BS)
+    admitted(mgr, "a", range(8), computed=True)
+    same = admitted(mgr, "same", range(8))  # (8 - 1) // 4 = 1 block may match
+    assert (same.block_table, same.num_cached_tokens) == ([0, 2], 4)
+    longer = admitted(mgr, "longer", range(9))  # (9 - 1) // 4 = 2 blocks may match
+    assert (longer.block_table, longer.num_cached_tokens) == ([0, 1, 3], 8)
+    assert mgr.num_cached_prefix_tokens(list(range(8))) == 4
+    assert mgr.num_cached_prefix_tokens(list(range(9))) == 8
+    assert mgr.num_cached_prefix_tokens([]) == 0
+
+
+def test_freed_blocks_stay_cached_and_count_against_the_pool():
+    mgr = BlockManager(4, BS)
+    a, x = admitted(mgr, "a", range(12), computed=True), admitted(mgr, "x", [9])
+    mgr.free(a)
+    mgr.free(x)
+    assert list(mgr.free_block_ids) == [2, 1, 0, 3]
+    assert mgr.num_cached_prefix_tokens(list(range(13))) == 12
+    # 5 blocks, 2 of them cached but free: 3 fresh > 4 free - 2 revived.
+    assert not mgr.can_allocate(make_seq("c", list(range(8)) + [60] * 12))
+    b = make_seq("b", list(range(8)) + [60] * 8)  # 2 cached + 2 fresh: fits exactly
+    assert mgr.can_allocate(b)
+    mgr.allocate(b)
+    # The matched blocks leave the queue before fresh ones are taken from its head.
+    assert (b.block_table, mgr.num_free_blocks) == ([0, 1, 2, 3], 0)
+    assert mgr.num_cached_prefix_tokens(list(range(13))) == 8  # block 2 was reused
+    mgr.check_integrity()
+
+
+def test_lru_eviction_drops_the_hash_on_reuse():
+    mgr = BlockManager(4, BS)
+    a = admitted(mgr, "a", range(9), computed=True)
+    h1 = mgr.blocks[1].hash
+    mgr.free(a)
+    assert list(mgr.free_block_ids) == [3, 2, 1, 0]
+    assert admitted(mgr, "x", [70] * 12).block_table == [3, 2, 1]
+    assert h1 not in mgr.hash_to_block_id
+    assert (mgr.blocks[1].hash, mgr.blocks[1].token_ids) == (None, ())
+    assert mgr.num_cached_prefix_tokens(list(range(9))) == 4  # block 0 survives
+    mgr.check_integrity()
+
+
+def test_a_hash_hit_with_other_tokens_is_a_miss():
+    mgr = BlockManager(8, BS)
+    admitted(mgr, "a", range(9), computed=True)
+    mgr.blocks[0].token_ids = (9, 9, 9, 9)  # as if another block had collided on this hash
+    assert mgr.num_cached_prefix_tokens(list(range(9))) == 0
+    b = admitted(mgr, "b", range(9))
+    assert (b.block_table, b.num_cached_tokens) == ([3, 4, 5], 0)
+
+
+def test_only_full_computed_blocks_are_registered_including_decoded_ones():
+    mgr = BlockManager(8, BS)
+    a = admitted(mgr, "a", range(10))
+    compute(mgr, a, 6)
+    assert [b.hash is not None for b in mgr.blocks[:3]] == [True, False, False]
+    compute(mgr, a)
+    assert [b.hash is not None for b in mgr.blocks[:3]] == [True, True, False]
+    for token in (10, 11, 12):
+        a.append_token(token)
+        assert mgr.can_append_slot(a)
+        assert mgr.append_slot(a) == []
+        compute(mgr, a)
+    assert a.block_table == [0, 1, 2, 3]  # a block is added only on the boundary
+    assert [mgr.blocks[i].hash for i in a.block_table[:3]] == hash_block_chain(list(range(12)), BS)
+    assert (mgr.blocks[2].token_ids, mgr.blocks[3].hash) == ((8, 9, 10, 11), None)
+    mgr.check_integrity()
+
+
+def test_identical_content_keeps_the_first_registration():
+    mgr = BlockManager(8, BS)
+    a, b = admitted(mgr, "a", range(9)), admitted(mgr, "b", range(9))
+    assert b.block_table == [3, 4, 5]  # nothing cached yet: fresh blocks
+    compute(mgr, a)
+    compute(mgr, b)
+    assert sorted(mgr.hash_to_block_id.values()) == [0, 1]
+    assert [mgr.blocks[i].hash for i in b.block_table] == [None, None, None]
+    mgr.check_integrity()
+
+
+def test_fork_shares_full_blocks_and_copies_the_tail():
+    mgr = BlockManager(8, BS)
+    parent = admitted(mgr, "p", range(6), computed=True)
+    child = make_seq("c", range(6))
+    assert mgr.fork(parent, child) == [(1, 2)]
+    assert (child.block_table, child.num_computed_tokens) == ([0, 2], 6)
+    assert refs(mgr)[:3] == [2, 1, 1]
+    mgr.free(parent)
+    assert refs(mgr)[:3] == [1, 0, 1]
+    mgr.check_integrity()
+
+
+def test_copy_on_write_when_a_shared_block_is_written():
+    mgr = BlockManager(8, BS)
+    parent = admitted(mgr, "p", range(8))
+    compute(mgr, parent, 7)  # block 1 is full but its last slot is not written yet
+    child = make_seq("c", range(8))
+    assert mgr.fork(parent, child) == []
+    assert (child.block_table, refs(mgr)[:2]) == ([0, 1], [2, 2])
+    assert mgr.append_slot(parent) == [(1, 2)]
+    assert (parent.block_table, refs(mgr)[:3]) == ([0, 2], [2, 1, 1])
+    assert mgr.append_slot(child) == []  # block 1 is the child's alone now
+    assert child.block_table == [0, 1]
+    mgr.check_integrity()
+
+
+def test_out_of_blocks_raises_before_changing_anything():
+    mgr = BlockManager(2, BS)
+    a = make_seq("a", range(12))
+    assert not mgr.can_allocate(a)
+    with pytest.raises(RuntimeError):
+        mgr.allocate(a)
+    assert (a.block_table, mgr.num_free_blocks) == ([], 2)
+    b = admitted(mgr, "b", range(8))
+    b.append_token(8)
+    assert not mgr.can_append_slot(b)
+    with pytest.raises(RuntimeError):
+        mgr.append_slot(b)
+    mgr.check_integrity()
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random admit / step / fork / free / preempt against a model of what each page holds.
+
+    `pages` keeps stale tokens when a block is reused, as GPU memory would;
+    every computed token of a live sequence and every cached block must be
+    found in its page.
+    """
+
+    enable_prefix_caching = True
+    num_blocks = 12
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mgr = BlockManager(self.num_blocks, BS, b"fp", self.enable_prefix_caching)
+        self.pages: list[list[int | None]] = [[None] * BS for _ in range(self.num_blocks)]
+        self.live: dict[str, Sequence] = {}
+        self.preempted: list[Sequence] = []
+        self.ids = itertools.count()
+
+    def _admit(self, seq: Sequence) -> bool:
+        if not self.mgr.can_allocate(seq):
+            return False
+        self.mgr.allocate(seq)
+        assert seq.num_computed_tokens == seq.num_cached_tokens
+        assert seq.num_cached_tokens % BS == 0 and seq.num_cached_tokens < seq.num_tokens
+        assert len(seq.block_table) == seq.num_blocks
+        assert self.enable_prefix_caching or seq.num_cached_tokens == 0
+        self.live[seq.request_id] = seq
+        return True
+
+    def _copy(self, copies) -> None:
+        for src, dst in copies:
+            self.pages[dst] = list(self.pages[src])
+
+    # Common prefixes and a three-token alphabet make hits and duplicate blocks likely.
+    @rule(
+        prefix=st.sampled_from([[], [0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 2, 2, 2, 2, 1]]),
+        suffix=st.lists(st.integers(0, 2), min_size=1, max_size=6),
+    )
+    def admit(self, prefix, suffix):
+        self._admit(make_seq(f"r{next(self.ids)}", prefix + suffix))
+
+    @precondition(lambda self: self.preempted)
+    @rule(data=st.data())
+    def readmit(self, data):
+        seq = data.draw(st.sampled_from(self.preempted))
+        if self._admit(seq):
+            self.preempted.remove(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), token=st.integers(0, 2))
+    def step(self, data, token):
+        """Prefill a chunk, or decode: sample a token, then compute it."""
+        seq = data.draw(st.sampled_from(list(self.live.values())))
+        if not seq.num_uncomputed_tokens:
+            seq.append_token(token)
+        if not self.mgr.can_append_slot(seq):
+            return
+        self._copy(self.mgr.append_slot(seq))
+        num_new = data.draw(st.integers(1, seq.num_uncomputed_tokens))
+        for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + num_new):
+            block = self.mgr.blocks[seq.block_table[pos // BS]]
+            assert block.ref_count == 1 and block.hash is None, f"{seq} writes a shared or cached page"
+            self.pages[block.block_id][pos % BS] = seq.token_ids[pos]
+        seq.num_computed_tokens += num_new
+        self.mgr.cache_computed_blocks(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(list(self.live.values())))
+        if not self.mgr.can_fork(parent):
+            return
+        child = make_seq(f"r{next(self.ids)}", parent.token_ids)
+        self._copy(self.mgr.fork(parent, child))
+        assert child.block_table[: parent.num_full_blocks] == parent.block_table[: parent.num_full_blocks]
+        self.live[child.request_id] = child
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), preempt=st.booleans())
+    def free(self, data, preempt):
+        """Finish, abort (possibly mid-prefill) or preempt a sequence."""
+        seq = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
+        self.mgr.free(seq)
+        self.mgr.free(seq)  # a second free is a no-op
+        if preempt:
+            seq.num_computed_tokens = 0
+            self.preempted.append(seq)
+
+    @invariant()
+    def consistent(self):
+        self.mgr.check_integrity()
+        for seq in self.live.values():
+            for pos in range(seq.num_computed_tokens):
+                page = self.pages[seq.block_table[pos // BS]]
+                assert page[pos % BS] == seq.token_ids[pos], f"{seq}: wrong KV at position {pos}"
+        for block in self.mgr.blocks:
+            if block.hash is not None:
+                assert tuple(self.pages[block.block_id]) == block.token_ids, f"block {block.block_id} lies"
+        if not self.enable_prefix_caching:
+            assert not self.mgr.hash_to_block_id
+
+    def teardown(self):
+        for seq in self.live.values():
+            self.mgr.free(seq)
+        self.mgr.check_integrity()
+        assert self.mgr.num_free_blocks == self.num_blocks
+
+
+class NoPrefixCachingMachine(BlockManagerMachine):
+    enable_prefix_caching = False
+
+
+TestBlockManagerStateful = BlockManagerMachine.TestCase
+TestBlockManagerStateful.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+TestNoPrefixCachingStateful = NoPrefixCachingMachine.TestCase
+TestNoPrefixCachingStateful.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
