@@ -1,6 +1,9 @@
 """The paged KV pool: one tensor carved once at start-up, viewed per layer."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from engine.model_config import ModelConfig
@@ -37,10 +40,8 @@ class KVPool:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.tensor = torch.zeros(
-            config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim,
-            dtype=dtype, device=device,
-        )
+        shape = (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim)
+        self.tensor = _zeros(shape, dtype, device)
         self.layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(config.num_layers)]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -50,3 +51,14 @@ class KVPool:
         dst = torch.tensor([d for _, d in pairs], device=self.tensor.device)
         # Block dim is 3 of [L, 2, Hkv, N, bs, D].
         self.tensor[:, :, :, dst] = self.tensor[:, :, :, src]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    # Pages must start finite (masked padding still flows through P @ V), but
+    # torch.zeros would touch every byte of a multi-GiB pool at start-up.
+    # calloc'd memory is zeroed by the OS page by page on first use instead.
+    if device != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)

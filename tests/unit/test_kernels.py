@@ -125,6 +125,25 @@ def test_unknown_rope_type_is_refused():
 
 
 def test_kernel_bundle_is_chosen_once_and_unknown_backends_refused():
-    assert select_kernels("cpu").name == "torch"
+    assert select_kernels("cpu", backend="torch").name == "torch"
+    assert select_kernels("cpu").name in ("cpu", "torch")
     with pytest.raises(ValueError, match="unknown kernel backend"):
         select_kernels("cpu", backend="cuda-graphs")
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 2), (4, 4), (8, 1)])
+def test_cpu_decode_kernel_matches_torch_reference(window, num_heads, num_kv_heads):
+    from kernels.cpu_decode_attention import decode_attention_cpu, load_library
+
+    if load_library() is None:
+        pytest.skip("no C compiler: the cpu kernel is not built here")
+    gen = torch.Generator().manual_seed(num_heads * 10 + num_kv_heads)
+    k_cache = torch.randn(num_kv_heads, NBLOCKS, BS, D, generator=gen)
+    v_cache = torch.randn(num_kv_heads, NBLOCKS, BS, D, generator=gen)
+    lengths = torch.tensor([1, 4, 5, 17, 30])
+    tables = torch.randint(0, NBLOCKS, (5, 8), generator=gen)
+    q = torch.randn(5, num_heads, D, generator=gen)
+    ref = decode_attention_torch(q, k_cache, v_cache, tables, lengths, D**-0.5, window)
+    out = decode_attention_cpu(q, k_cache, v_cache, tables, lengths, D**-0.5, window)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
