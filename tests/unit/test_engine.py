@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -177,3 +178,25 @@ def test_duplicate_request_id_is_refused(tiny_demo_model):
 def test_sampling_params_validation(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_compute_tracks_float32(tiny_demo_model, dtype):
+    from engine.batch import ScheduledBatch
+    from engine.sequence import Sequence
+
+    def last_logits(engine):
+        seq = Sequence("x", prompts(1)[0], GREEDY, engine.config.block_size)
+        engine.block_manager.allocate(seq)
+        batch = ScheduledBatch()
+        batch.add(seq, seq.num_tokens)
+        _, logits = engine.runner.forward(batch)
+        return logits[0]
+
+    ref = last_logits(make_engine(tiny_demo_model))
+    half = make_engine(tiny_demo_model, dtype=dtype)
+    got = last_logits(half)
+    assert got.dtype == ref.dtype == torch.float32
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+    out = run_all(half, {"a": (prompts(1)[0], GREEDY)})["a"]
+    assert len(out.token_ids) == GREEDY.max_tokens

@@ -1,0 +1,45 @@
+"""`baton generate` as a user runs it: a real subprocess."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+BATON = [sys.executable, str(Path(__file__).resolve().parents[2] / "cli.py")]
+
+
+def baton(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*BATON, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_generate_json_matches_the_engine(tiny_demo_model):
+    result = baton("generate", "--model", str(tiny_demo_model), "--prompt-ids", "5,6,7,8", "--max-tokens", "6",
+                   "--ignore-eos", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) >= {"prompt_token_ids", "token_ids", "text", "finish_reason"}
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=16))
+    expected = list(engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)))[-1]
+    assert out["prompt_token_ids"] == [5, 6, 7, 8]
+    assert out["token_ids"] == expected.token_ids
+    assert out["finish_reason"] == "length"
+    assert out["text"] == engine.tokenizer.decode(expected.token_ids)
+
+
+def test_generate_text_prompt_streams_text(tiny_demo_model):
+    result = baton("generate", "--model", str(tiny_demo_model), "--prompt", "hello there", "--max-tokens", "4")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path):
+    result = baton("generate", "--model", str(tmp_path / "nope"), "--prompt", "x")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "not found" in result.stderr
+    result = baton("generate", "--prompt", "x", "--temperature", "-1")
+    assert result.returncode == 2 and "temperature" in result.stderr
