@@ -53,11 +53,9 @@ def apply_rope_torch(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # q: [T, Hq, D], k: [T, Hkv, D]; cos, sin: [T, D] already gathered at the positions.
-    cos = cos.unsqueeze(1).to(q.dtype)
-    sin = sin.unsqueeze(1).to(q.dtype)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    # q and k are rotated in one pass over [T, Hq + Hkv, D]: half the small ops.
+    qk = torch.cat((q, k), dim=1)
+    half = qk.shape[-1] // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    qk = qk * cos.unsqueeze(1).to(q.dtype) + rotated * sin.unsqueeze(1).to(q.dtype)
+    return qk.split((q.shape[1], k.shape[1]), dim=1)
