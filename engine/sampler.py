@@ -120,6 +120,17 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim (first index on ties). x: [B, V] → [B] int64.
+
+    On CPU numpy's vectorized argmax is 5-10x faster than torch's here, and it
+    runs on every decode step.
+    """
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(x.detach().numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
+
+
 class Sampler:
     """Stateless; per-request randomness lives in each `Sequence.generator`.
 
@@ -135,18 +146,18 @@ class Sampler:
         needs_logprobs = any(p.logprobs is not None for p in params)
         # Decode-step fast path: nothing but argmax.
         if all(is_greedy) and not needs_penalties and not needs_logprobs:
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(seqs))
+            return SamplerOutput(row_argmax(logits).tolist(), [None] * len(seqs))
 
         raw_logits = logits
         if needs_penalties:
             logits = _penalize(logits, seqs, params)
         if all(is_greedy):
-            token_ids = logits.argmax(dim=-1)  # [B]
+            token_ids = row_argmax(logits)  # [B]
         else:
             token_ids = _sample_random(logits, seqs, params)
             if any(is_greedy):
                 greedy_mask = torch.tensor(is_greedy).to(logits.device)
-                token_ids = torch.where(greedy_mask, logits.argmax(dim=-1), token_ids)
+                token_ids = torch.where(greedy_mask, row_argmax(logits), token_ids)
         logprobs = _logprobs(raw_logits, token_ids, params) if needs_logprobs else [None] * len(seqs)
         return SamplerOutput(token_ids.tolist(), logprobs)
 
@@ -203,7 +214,7 @@ def _sample_random(logits: torch.Tensor, seqs: list[Sequence], params: list[Samp
         # where the previous step left it.
         draws = torch.stack([torch.empty(vocab_size).exponential_(generator=seqs[i].generator) for i in seeded])
         q[torch.tensor(seeded).to(device)] = draws.to(device)
-    return probs.div_(q).argmax(dim=-1)
+    return row_argmax(probs.div_(q))
 
 
 def _logprobs(
