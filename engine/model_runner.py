@@ -1,7 +1,6 @@
 """Executes a ScheduledBatch: builds the flat token batch, runs the model, samples."""
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -16,8 +15,6 @@ from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
 from engine.weights import checkpoint_files, iter_tensors
 from kernels.registry import select_kernels
-
-logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -102,9 +99,9 @@ class ModelRunner:
         if decodes:
             max_blocks = (max(context_lens) + block_size - 1) // block_size
             decode_tables = torch.tensor(
-                [(s.block_table + [0] * max_blocks)[:max_blocks] for s in decodes], dtype=torch.int64
+                [(s.block_table + [0] * max_blocks)[:max_blocks] for s in decodes], dtype=torch.int64, device=self.device
             )
-            decode_lens = torch.tensor(context_lens, dtype=torch.int64)
+            decode_lens = torch.tensor(context_lens, dtype=torch.int64, device=self.device)
         chunks: list[PrefillChunk] = []
         start = len(decodes)
         for seq, n in prefills:
@@ -113,22 +110,22 @@ class ModelRunner:
             positions.extend(range(c, c + n))
             table = seq.block_table
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(c, c + n))
-            chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64)))
+            chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64, device=self.device)))
             start += n
             if c + n == seq.num_tokens:
                 sample_rows.append(start - 1)
                 sampled_seqs.append(seq)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(decodes),
             decode_block_tables=decode_tables,
             decode_context_lens=decode_lens,
             prefills=tuple(chunks),
         )
         return (
-            torch.tensor(input_ids, dtype=torch.int64),
-            torch.tensor(positions, dtype=torch.int64),
+            torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            torch.tensor(positions, dtype=torch.int64, device=self.device),
             meta,
-            torch.tensor(sample_rows, dtype=torch.int64),
+            torch.tensor(sample_rows, dtype=torch.int64, device=self.device),
             sampled_seqs,
         )

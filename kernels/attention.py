@@ -42,8 +42,8 @@ def prefill_attention_torch(
     blocks = block_table[:num_blocks]
     keys = k_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total]
     values = v_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total]
-    q_pos = torch.arange(context_len, total).unsqueeze(1)  # [n, 1]
-    k_pos = torch.arange(total).unsqueeze(0)  # [1, total]
+    q_pos = torch.arange(context_len, total, device=q.device).unsqueeze(1)  # [n, 1]
+    k_pos = torch.arange(total, device=q.device).unsqueeze(0)  # [1, total]
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
@@ -77,7 +77,7 @@ def decode_attention_torch(
     values = v_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim)
     # Heads lead, so each (kv head, sequence) slice is contiguous and no K/V copy is needed.
     qh = q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, B, g, D]
-    k_pos = torch.arange(max_len).unsqueeze(0)  # [1, L]
+    k_pos = torch.arange(max_len, device=q.device).unsqueeze(0)  # [1, L]
     mask = k_pos < context_lens.unsqueeze(1)  # [B, L]
     if sliding_window is not None:
         mask &= k_pos >= (context_lens - sliding_window).unsqueeze(1)

@@ -5,7 +5,7 @@ handed: token ids, positions and attention metadata in, hidden states out.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
