@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -98,9 +99,12 @@ class ModelRunner:
         decode_tables = decode_lens = None
         if decodes:
             max_blocks = (max(context_lens) + block_size - 1) // block_size
-            decode_tables = torch.tensor(
-                [(s.block_table + [0] * max_blocks)[:max_blocks] for s in decodes], dtype=torch.int64, device=self.device
-            )
+            # Filled row by row through numpy: torch.tensor on nested lists costs ~4x more, every step.
+            tables = np.zeros((len(decodes), max_blocks), dtype=np.int64)
+            for row, seq in enumerate(decodes):
+                used = seq.block_table[:max_blocks]
+                tables[row, : len(used)] = used
+            decode_tables = torch.from_numpy(tables).to(self.device)
             decode_lens = torch.tensor(context_lens, dtype=torch.int64, device=self.device)
         chunks: list[PrefillChunk] = []
         start = len(decodes)
