@@ -1,0 +1,72 @@
+from protos import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("request_id", "num_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("reservation_id", "block_ids", "lease_ms", "layout", "shm_name", "transports", "host_id", "cuda_ipc_handle")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    lease_ms: int
+    layout: _common_pb2.KVLayout
+    shm_name: str
+    transports: _containers.RepeatedScalarFieldContainer[_common_pb2.KVTransport]
+    host_id: str
+    cuda_ipc_handle: bytes
+    def __init__(self, reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., shm_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KVTransport, str]]] = ..., host_id: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ...) -> None: ...
+
+class DecodeRequest(_message.Message):
+    __slots__ = ("request_id", "reservation_id", "prompt_token_ids", "first_token_id", "sampling")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    reservation_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    first_token_id: int
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, request_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., first_token_id: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class DecodeChunk(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "finish_reason")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopLogprobs]
+    finish_reason: _common_pb2.FinishReason
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,64 @@
+from protos import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class KVTarget(_message.Message):
+    __slots__ = ("decode_address", "reservation_id", "block_ids", "transport", "shm_name", "layout", "cuda_ipc_handle")
+    DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    decode_address: str
+    reservation_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    transport: _common_pb2.KVTransport
+    shm_name: str
+    layout: _common_pb2.KVLayout
+    cuda_ipc_handle: bytes
+    def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ...) -> None: ...
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("request_id", "token_ids", "sampling", "target")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _common_pb2.SamplingParams
+    target: KVTarget
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., target: _Optional[_Union[KVTarget, _Mapping]] = ...) -> None: ...
+
+class PrefillTimings(_message.Message):
+    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes")
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    queue_seconds: float
+    prefill_seconds: float
+    kv_transfer_seconds: float
+    kv_transfer_bytes: int
+    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ...) -> None: ...
+
+class PrefillResponse(_message.Message):
+    __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason")
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    first_token_id: int
+    logprobs: _common_pb2.TopLogprobs
+    num_cached_tokens: int
+    timings: PrefillTimings
+    finish_reason: _common_pb2.FinishReason
+    def __init__(self, first_token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TopLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...

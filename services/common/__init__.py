@@ -1,0 +1,1 @@
+"""What every Baton service shares: the gRPC server factory, client channels, limits."""

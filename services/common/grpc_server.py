@@ -1,0 +1,97 @@
+"""The one way a Baton service builds its gRPC server.
+
+Every server gets, whatever it serves:
+- `grpc.health.v1` health checking, per service name and for "" (the whole
+  server), so `baton up`, compose and Kubernetes probe every service alike;
+- server reflection, so `grpcurl` and debugging clients need no .proto files;
+- message-size limits on sends and receives (limits.py), matching make_channel.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+
+# A generated `add_<Service>Servicer_to_server` function and the servicer it adds.
+AddServicer = Callable[[Any, grpc.aio.Server], None]
+
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def make_server(
+    servicers: Sequence[tuple[AddServicer, Any]],
+    service_names: Iterable[str],
+    *,
+    address: str = "127.0.0.1:0",
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_workers: int | None = None,
+    health_servicer: health.aio.HealthServicer | None = None,
+    is_serving: bool = True,
+) -> tuple[grpc.aio.Server, int]:
+    """Build a grpc.aio server with `servicers` added and bound to `address`; return it and its port.
+
+    `service_names` are the full names of the services added (e.g.
+    `tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name`); health
+    and reflection report exactly these. The server is not started: the caller
+    runs `await server.start()` and, at exit, `await stop_server(...)`.
+
+    Health is SERVING for each name and "" when `is_serving`, else NOT_SERVING;
+    a service that must warm up first passes its own `health_servicer` and
+    `is_serving=False`, then calls `set_serving(health_servicer, names, True)`.
+
+    `max_workers` sizes a thread pool for servicer methods that are plain `def`
+    (not `async def`); None leaves them to the event loop's default executor.
+
+    Raises RuntimeError if the address cannot be bound (for example, taken).
+    Must be awaited inside the event loop that will run the server.
+    """
+    service_names = list(service_names)
+    options = [
+        *message_size_options(max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default on Linux, so a second server on a
+        # taken fixed port binds "successfully" and steals half the calls.
+        ("grpc.so_reuseport", 0),
+    ]
+    pool = ThreadPoolExecutor(max_workers=max_workers) if max_workers else None
+    server = grpc.aio.server(migration_thread_pool=pool, options=options)
+    for add_servicer, servicer in servicers:
+        add_servicer(servicer, server)
+
+    health_servicer = health_servicer or health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    await set_serving(health_servicer, service_names, is_serving)
+    reflection.enable_server_reflection(
+        [*service_names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+
+    port = server.add_insecure_port(address)
+    if port == 0:  # older grpcio reported a failed bind as port 0 rather than raising
+        raise RuntimeError(f"could not bind gRPC server to {address}")
+    return server, port
+
+
+async def set_serving(
+    health_servicer: health.aio.HealthServicer, service_names: Iterable[str], is_serving: bool
+) -> None:
+    """Report every name in `service_names`, and "" (the whole server), as SERVING or NOT_SERVING."""
+    status = SERVING if is_serving else NOT_SERVING
+    for name in ["", *service_names]:
+        await health_servicer.set(name, status)
+
+
+async def stop_server(
+    server: grpc.aio.Server, health_servicer: health.aio.HealthServicer | None = None, grace_s: float = 5.0
+) -> None:
+    """Stop gracefully: health turns NOT_SERVING first (so routers stop sending new
+    work), then in-flight calls get `grace_s` seconds before being cancelled."""
+    if health_servicer is not None:
+        await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace_s)
