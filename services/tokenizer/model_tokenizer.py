@@ -1,0 +1,214 @@
+"""A model directory's tokenizer: encode, decode, chat template, context length.
+
+Reads what a Hugging Face model directory holds (`tokenizer.json`,
+`tokenizer_config.json`, `chat_template.jinja`, `chat_templates/*.jinja`,
+`generation_config.json`, `config.json`) with the Rust `tokenizers` library and
+Jinja, never with `transformers`, which stays a test-only dependency. Where a
+choice exists it is made as `transformers` 5.x makes it, so that a prompt
+tokenized here equals the one `AutoTokenizer` gives.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
+
+# The named special tokens transformers passes to every chat template (its
+# SPECIAL_TOKENS_ATTRIBUTES), as strings, when set.
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# config.json keys that bound the positions a model can attend over, first found wins.
+CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
+# transformers writes this huge sentinel as model_max_length when it means "no limit".
+_NO_LIMIT = int(1e29)
+
+
+class ContextLengthError(ValueError):
+    """A request's prompt plus its completion budget does not fit the model's context."""
+
+
+class ModelTokenizer:
+    """Tokenization and chat formatting for one model.
+
+    Contract: `encode` / `decode` equal `tokenizers.Tokenizer.encode(...).ids` /
+    `.decode(...)` on the model's tokenizer.json (which is what transformers'
+    fast tokenizers call); `apply_chat_template` equals
+    `AutoTokenizer.apply_chat_template(..., tokenize=True)`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        special_tokens: Mapping[str, str] | None = None,
+        chat_templates: Mapping[str, str] | None = None,
+        eos_token_ids: Sequence[int] = (),
+        max_model_len: int | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.special_tokens = dict(special_tokens or {})
+        self._chat_template_sources = dict(chat_templates or {})
+        self._compiled: dict[str, ChatTemplate] = {}
+        self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))  # ordered, no repeats
+        self.max_model_len = max_model_len
+
+    @classmethod
+    def from_dir(cls, model_dir: str | os.PathLike, *, max_model_len: int | None = None) -> ModelTokenizer:
+        """Load a Hugging Face model directory. `max_model_len` overrides the context
+        length found in config.json (and may only shorten it)."""
+        path = Path(model_dir)
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer.json (only fast tokenizers are supported)")
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        tok_config = _read_json(path / "tokenizer_config.json")
+        model_config = _read_json(path / "config.json")
+        gen_config = _read_json(path / "generation_config.json")
+
+        special_tokens = _special_tokens(tok_config)
+        eos_ids = _eos_token_ids(tokenizer, special_tokens, model_config, gen_config)
+        context = _context_length(model_config, tok_config)
+        if max_model_len is not None:
+            if max_model_len < 1 or (context is not None and max_model_len > context):
+                raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {path}")
+            context = max_model_len
+        return cls(tokenizer, special_tokens=special_tokens, chat_templates=_chat_templates(path, tok_config),
+                   eos_token_ids=eos_ids, max_model_len=context)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._chat_template_sources)
+
+    def chat_template(self, tools: Sequence[Any] | None = None) -> ChatTemplate:
+        """The template transformers would pick: the only one, else "tool_use" when
+        tools are given and one exists, else "default"."""
+        sources = self._chat_template_sources
+        if not sources:
+            raise ChatTemplateError("this model has no chat template; send a plain prompt instead")
+        if len(sources) == 1:
+            name = next(iter(sources))
+        elif tools is not None and "tool_use" in sources:
+            name = "tool_use"
+        elif "default" in sources:
+            name = "default"
+        else:
+            raise ChatTemplateError(f"this model has several chat templates and none is named 'default': "
+                                    f"{sorted(sources)}")
+        if name not in self._compiled:
+            self._compiled[name] = ChatTemplate(sources[name])
+        return self._compiled[name]
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> tuple[str, list[int]]:
+        """Render `messages` and encode the text without adding special tokens (the
+        template writes bos itself, as transformers assumes). Returns (text, ids).
+        Raises `ChatTemplateError` (a ValueError) when the template rejects them."""
+        text = self.chat_template(tools).render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                                special_tokens=self.special_tokens, **kwargs)
+        return text, self.encode(text, add_special_tokens=False)
+
+    def check_context(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise `ContextLengthError` unless prompt + `max_tokens` fits the model's context."""
+        if self.max_model_len is None:
+            return
+        if num_prompt_tokens + max_tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+                f"completion). Please reduce the length of the prompt or the completion.")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_content(value: Any) -> str | None:
+    # tokenizer_config.json writes a special token as a string or as a serialized
+    # AddedToken ({"content": "<s>", "__type": "AddedToken", ...}).
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _special_tokens(tok_config: Mapping[str, Any]) -> dict[str, str]:
+    names = list(SPECIAL_TOKEN_NAMES)
+    # transformers 5 adds the names of a dict of extra special tokens (e.g. image_token)
+    # to the named ones, so templates see them too.
+    extra = tok_config.get("extra_special_tokens")
+    if isinstance(extra, Mapping):
+        names += [name for name in extra if name not in names]
+    tokens = {}
+    for name in names:
+        value = _token_content(tok_config.get(name, extra.get(name) if isinstance(extra, Mapping) else None))
+        if value is not None:
+            tokens[name] = value
+    return tokens
+
+
+def _chat_templates(path: Path, tok_config: Mapping[str, Any]) -> dict[str, str]:
+    """Named templates; files (as transformers 5 saves them) win over tokenizer_config."""
+    templates: dict[str, str] = {}
+    configured = tok_config.get("chat_template")
+    if isinstance(configured, str):
+        templates["default"] = configured
+    elif isinstance(configured, list):  # [{"name": ..., "template": ...}, ...]
+        templates.update({t["name"]: t["template"] for t in configured})
+    from_files = {}
+    if (path / "chat_template.jinja").is_file():
+        from_files["default"] = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    if (path / "chat_templates").is_dir():
+        for file in sorted((path / "chat_templates").glob("*.jinja")):
+            from_files[file.name.removesuffix(".jinja")] = file.read_text(encoding="utf-8")
+    return from_files or templates
+
+
+def _eos_token_ids(tokenizer: Tokenizer, special_tokens: Mapping[str, str], model_config: Mapping[str, Any],
+                   gen_config: Mapping[str, Any]) -> list[int]:
+    # generation_config first: it lists every id that ends a turn (e.g. <|im_end|> and
+    # <|endoftext|>), where tokenizer_config names only one.
+    ids: list[int] = []
+    for config in (gen_config, model_config):
+        value = config.get("eos_token_id")
+        ids += [value] if isinstance(value, int) else list(value or [])
+    if "eos_token" in special_tokens and (eos := tokenizer.token_to_id(special_tokens["eos_token"])) is not None:
+        ids.append(eos)
+    return list(dict.fromkeys(ids))
+
+
+def _context_length(model_config: Mapping[str, Any], tok_config: Mapping[str, Any]) -> int | None:
+    for config in (model_config, model_config.get("text_config") or {}):
+        for key in CONTEXT_LENGTH_KEYS:
+            if isinstance(config.get(key), int):
+                return config[key]
+    limit = tok_config.get("model_max_length")
+    if isinstance(limit, (int, float)) and 0 < limit < _NO_LIMIT:
+        return int(limit)
+    return None

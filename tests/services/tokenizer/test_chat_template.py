@@ -1,0 +1,117 @@
+"""Chat prompts must be the very ids transformers' apply_chat_template gives."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
+from tests.services.tokenizer.conftest import load_hf_tokenizer, load_tokenizer, shared_model_dir
+
+CONVERSATIONS = {
+    "single user": [{"role": "user", "content": "Hello, who are you?"}],
+    "system + user": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime number."},
+    ],
+    "multi-turn": [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Japan?"},
+        {"role": "assistant", "content": " Tokyo. "},
+        {"role": "user", "content": "Thanks!"},
+    ],
+    "unicode": [
+        {"role": "user", "content": "Ça va? 你好，世界 🌍🚀 naïve café — “quotes” ñ 日本語 👩‍👩‍👧"},
+        {"role": "assistant", "content": "Très bien 😀"},
+        {"role": "user", "content": "  leading and trailing spaces\n\nand newlines  "},
+    ],
+    "none-valued keys": [{"role": "user", "content": "hi", "name": None, "tool_calls": None}],
+}
+
+
+def _hf_ids(model_dir, messages, **kwargs) -> list[int]:
+    out = load_hf_tokenizer(model_dir).apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+    # transformers 5 returns a BatchEncoding by default (return_dict=True).
+    return list(out["input_ids"]) if hasattr(out, "keys") else list(out)
+
+
+@pytest.mark.parametrize("name", list(CONVERSATIONS))
+def test_ids_equal_transformers(model_dir, tok, name):
+    messages = CONVERSATIONS[name]
+    text, ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert ids == _hf_ids(model_dir, messages)
+    assert ids == tok.encode(text, add_special_tokens=False)
+
+
+def test_text_equals_transformers(model_dir, tok):
+    hf = load_hf_tokenizer(model_dir)
+    for messages in CONVERSATIONS.values():
+        for add_generation_prompt in (True, False):
+            expected = hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+            assert tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)[0] == expected
+
+
+def test_qwen_tools_render_like_transformers():
+    model_dir = shared_model_dir("tiny-qwen2.5-bpe")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather <now> & 'later' in a city, e.g. Zürich",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}]},
+        {"role": "tool", "content": "{\"temp\": 21}"},
+    ]
+    tok = load_tokenizer(model_dir)
+    text, ids = tok.apply_chat_template(messages, tools=tools)
+    assert ids == _hf_ids(model_dir, messages, tools=tools)
+    assert "Zürich" in text and "<now> & 'later'" in text  # tojson neither escapes HTML nor ASCII
+
+
+def test_llama2_alternation_error_is_a_clear_value_error():
+    tok = load_tokenizer(shared_model_dir("tiny-llama2-spm"))
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(ValueError, match="Conversation roles must alternate user/assistant"):
+        tok.apply_chat_template(messages)
+    with pytest.raises(ChatTemplateError):
+        tok.apply_chat_template(messages)
+
+
+def test_raise_exception_from_any_template():
+    template = ChatTemplate("{{ raise_exception('only user messages, please') }}")
+    with pytest.raises(ChatTemplateError, match="only user messages, please"):
+        template.render([{"role": "user", "content": "x"}])
+
+
+def test_empty_conversation_rejected(demo_model_dir):
+    with pytest.raises(ValueError, match="empty conversation"):
+        load_tokenizer(demo_model_dir).apply_chat_template([])
+
+
+def test_tojson_options_match_transformers():
+    template = ChatTemplate("{{ x | tojson }}|{{ x | tojson(indent=2, sort_keys=True) }}|"
+                            "{{ x | tojson(separators=(',', ':'), ensure_ascii=True) }}")
+    x = {"b": "<é>", "a": [1, 2]}
+    expected = "|".join([json.dumps(x, ensure_ascii=False), json.dumps(x, ensure_ascii=False, indent=2, sort_keys=True),
+                         json.dumps(x, separators=(",", ":"), ensure_ascii=True)])
+    assert template.render([{"role": "user", "content": ""}], x=x) == expected
+
+
+def test_trim_blocks_loopcontrols_namespace_and_strftime():
+    source = ("{% set ns = namespace(n=0) %}\n"
+              "{% for m in messages %}\n"
+              "    {% if m.role == 'skip' %}{% continue %}{% endif %}\n"
+              "{% set ns.n = ns.n + 1 %}{{ m.content }};\n"
+              "{% endfor %}\n"
+              "{{ ns.n }} {{ strftime_now('%Y') | length }}")
+    out = ChatTemplate(source).render([{"role": "user", "content": "a"}, {"role": "skip", "content": "b"},
+                                       {"role": "user", "content": "c"}])
+    assert out == "a;\nc;\n2 4"
+
+
+def test_sandbox_refuses_python_internals():
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}").render(
+            [{"role": "user", "content": "x"}])
