@@ -1,0 +1,113 @@
+"""The Tokenizer gRPC service (protos/tokenizer.proto) over one model's `ModelTokenizer`.
+
+Bad input is refused with INVALID_ARGUMENT and a message safe to show the client;
+calls that arrive while the tokenizer is still loading get UNAVAILABLE. Tokenizing
+a long text takes milliseconds of CPU, so long inputs are encoded in a worker
+thread (HF `tokenizers` releases the GIL) and never stall the event loop for the
+short requests behind them; short ones run inline, where a thread hop would cost
+more than the work.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from protos import tokenizer_pb2, tokenizer_pb2_grpc
+from services.tokenizer.chat_template import ChatTemplateError
+from services.tokenizer.converters import chat_messages_from_proto
+from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
+
+SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
+# Inputs longer than this (characters, or token ids to decode) go to a worker thread.
+INLINE_LIMIT = 2048
+
+T = TypeVar("T")
+
+
+class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
+    """Every RPC of baton.tokenizer.v1.Tokenizer. `tokenizer` may be set after the
+    server starts (`__main__` loads it while health reports NOT_SERVING)."""
+
+    def __init__(self, tokenizer: ModelTokenizer | None = None):
+        self.tokenizer = tokenizer
+
+    async def Encode(self, request, context):
+        tokenizer = await self._ready(context)
+        ids = await _run(len(request.text) > INLINE_LIMIT, tokenizer.encode, request.text,
+                         request.add_special_tokens)
+        return tokenizer_pb2.EncodeResponse(token_ids=ids)
+
+    async def ApplyChatTemplate(self, request, context):
+        tokenizer = await self._ready(context)
+        if not request.messages:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "messages must not be empty")
+        for i, message in enumerate(request.messages):
+            if not message.role:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"messages[{i}] has no role")
+        messages = chat_messages_from_proto(request.messages)
+        num_chars = sum(len(m["content"]) for m in messages)
+        try:
+            # Rendering is Jinja (Python, holds the GIL) but encoding the result is not.
+            text, ids = await _run(num_chars > INLINE_LIMIT, tokenizer.apply_chat_template, messages,
+                                   request.add_generation_prompt)
+        except ChatTemplateError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)
+
+    async def Decode(self, request, context):
+        tokenizer = await self._ready(context)
+        vocab_size = tokenizer.vocab_size
+        # tokenizers silently drops unknown ids; a caller sending them has a bug worth hearing about.
+        bad = next((i for i in request.token_ids if not 0 <= i < vocab_size), None)
+        if bad is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        text = await _run(len(request.token_ids) > INLINE_LIMIT, tokenizer.decode, request.token_ids,
+                          request.skip_special_tokens)
+        return tokenizer_pb2.DecodeResponse(text=text)
+
+    async def CheckContext(self, request, context):
+        """fits=false (with the message to show) when the prompt plus the budget exceeds
+        the context; INVALID_ARGUMENT only for a request that is malformed in itself.
+        With no known context length (max_model_len 0) everything fits, and a request
+        without max_tokens gets max_tokens 0 (unbounded)."""
+        tokenizer = await self._ready(context)
+        num_prompt = request.num_prompt_tokens
+        if num_prompt == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty (num_prompt_tokens is 0)")
+        has_budget = request.HasField("max_tokens")
+        if has_budget and request.max_tokens == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be at least 1")
+        limit = tokenizer.max_model_len
+        if limit is None:
+            return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=0,
+                                                      max_tokens=request.max_tokens if has_budget else 0)
+        if has_budget:
+            try:
+                tokenizer.check_context(num_prompt, request.max_tokens)
+            except ContextLengthError as e:
+                return tokenizer_pb2.CheckContextResponse(fits=False, max_model_len=limit,
+                                                          max_tokens=request.max_tokens, message=str(e))
+            return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=limit, max_tokens=request.max_tokens)
+        if num_prompt >= limit:  # a prompt that fills the context leaves no room for even one token
+            return tokenizer_pb2.CheckContextResponse(fits=False, max_model_len=limit, max_tokens=0,
+                                                      message=_no_room_message(limit, num_prompt))
+        return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=limit, max_tokens=limit - num_prompt)
+
+    async def _ready(self, context) -> ModelTokenizer:
+        if self.tokenizer is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the tokenizer is still loading")
+        return self.tokenizer
+
+
+def _no_room_message(max_model_len: int, num_prompt: int) -> str:
+    # The wording of ModelTokenizer.check_context (OpenAI's and vLLM's), for a request without max_tokens.
+    return (f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+            f"{num_prompt} tokens, which leaves no room for the completion. Please reduce the length of the prompt.")
+
+
+async def _run(in_thread: bool, fn: Callable[..., T], *args) -> T:
+    return await asyncio.to_thread(fn, *args) if in_thread else fn(*args)
