@@ -60,6 +60,9 @@ class BlockManager:
         # blocks that were already matched or registered (to continue the chain).
         self._seqs: dict[str, Sequence] = {}
         self._seq_hashes: dict[str, list[int]] = {}
+        # Pages set aside for a request whose KV another worker writes (disaggregated
+        # prefill): held by id until a sequence adopts them or they are released.
+        self._reservations: dict[str, list[int]] = {}
         # Prefix-cache stats in tokens, as vLLM counts them.
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
@@ -251,6 +254,50 @@ class BlockManager:
                 self.free_block_ids[block_id] = None
         held.block_table = []
 
+    # ---- reservations -----------------------------------------------------------
+
+    def can_reserve(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks
+
+    def reserve(self, reservation_id: str, num_blocks: int) -> list[int]:
+        """Set `num_blocks` fresh pages aside under `reservation_id`; returns their ids."""
+        if reservation_id in self._reservations or reservation_id in self._seqs:
+            raise ValueError(f"{reservation_id!r} already holds blocks")
+        if not self.can_reserve(num_blocks):
+            raise RuntimeError(f"not enough free KV blocks to reserve {num_blocks} for {reservation_id!r}")
+        block_ids = [self._take_free_block() for _ in range(num_blocks)]
+        self._reservations[reservation_id] = block_ids
+        return block_ids
+
+    def release(self, reservation_id: str) -> bool:
+        """Give back reserved pages nobody adopted (lease expiry, abort). False if unknown."""
+        block_ids = self._reservations.pop(reservation_id, None)
+        if block_ids is None:
+            return False
+        for block_id in reversed(block_ids):
+            self.blocks[block_id].ref_count = 0
+            self.free_block_ids[block_id] = None
+        return True
+
+    def adopt(self, reservation_id: str, seq: Sequence) -> None:
+        """Make the reserved pages `seq`'s leading blocks, their KV already written for
+        its first `seq.num_computed_tokens` tokens. Full blocks join the prefix cache."""
+        if seq.block_table or seq.request_id in self._seqs:
+            raise ValueError(f"{seq.request_id!r} already holds blocks")
+        block_ids = self._reservations.get(reservation_id)
+        if block_ids is None:
+            raise ValueError(f"no reservation {reservation_id!r}")
+        if len(block_ids) * self.block_size < seq.num_computed_tokens:
+            raise ValueError(
+                f"reservation {reservation_id!r} holds {len(block_ids)} blocks, too few for "
+                f"{seq.num_computed_tokens} computed tokens"
+            )
+        del self._reservations[reservation_id]
+        seq.block_table = block_ids
+        self._seqs[seq.request_id] = seq
+        self._seq_hashes[seq.request_id] = []
+        self.cache_computed_blocks(seq)
+
     # ---- checking -------------------------------------------------------------
 
     def check_integrity(self) -> None:
@@ -264,6 +311,10 @@ class BlockManager:
             for block_id, h in zip(table, hashes):
                 assert self.blocks[block_id].hash in (None, h), f"{rid!r}: block {block_id} has another hash"
             for block_id in table:
+                held_by[block_id] += 1
+        for rid, block_ids in self._reservations.items():
+            assert rid not in self._seqs, f"{rid!r} is both reserved and held by a sequence"
+            for block_id in block_ids:
                 held_by[block_id] += 1
         for block in self.blocks:
             b, ref, is_free = block.block_id, block.ref_count, block.block_id in self.free_block_ids

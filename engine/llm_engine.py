@@ -56,8 +56,29 @@ class LLMEngine:
 
     # --- requests ----------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
-        """Queues a request; raises ValueError for one that can never be served."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        prefill_only: bool = False,
+    ) -> None:
+        """Queues a request; raises ValueError for one that can never be served.
+
+        `prefill_only`: stop after the first token; unless that token already
+        ends the request, it finishes as "prefilled" and keeps its pages until
+        `release` (another worker decodes the rest from a copy of them).
+        """
+        self._check_new_request(request_id, prompt_token_ids, sampling_params)
+        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
+                       is_prefill_only=prefill_only)
+        self._seqs[request_id] = seq
+        self._num_emitted[request_id] = 0
+        self.scheduler.add(seq)
+
+    def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.model_config.vocab_size
@@ -74,10 +95,51 @@ class LLMEngine:
                 f"request needs up to {max_tokens_total} tokens of KV, more than the pool's "
                 f"{self.num_kv_blocks * bs}"
             )
-        seq = Sequence(request_id, prompt_token_ids, sampling_params, bs)
+
+    # --- disaggregated serving: pages handed from a prefill engine to a decode engine ---
+
+    def held_block_ids(self, request_id: str) -> list[int]:
+        """The pages of a "prefilled" request, in order; its KV covers the prompt."""
+        return list(self.scheduler.held[request_id].block_table)
+
+    def release(self, request_id: str) -> bool:
+        """Frees a "prefilled" request's pages once they were copied out."""
+        return self.scheduler.release(request_id)
+
+    def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
+        """Sets aside pages for a prompt whose KV another worker will write; returns their ids."""
+        if not 0 < num_prompt_tokens < self.max_model_len:
+            raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of {self.max_model_len} tokens")
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        num_blocks = -(-num_prompt_tokens // self.config.block_size)
+        if not self.block_manager.can_reserve(num_blocks):
+            raise RuntimeError(f"no room for {num_blocks} KV blocks now ({self.block_manager.num_free_blocks} free)")
+        return self.block_manager.reserve(request_id, num_blocks)
+
+    def release_reservation(self, request_id: str) -> bool:
+        return self.block_manager.release(request_id)
+
+    def add_prefilled_request(
+        self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams
+    ) -> None:
+        """Continues a request whose prompt KV was written into the pages reserved under
+        `request_id` and whose first token was sampled elsewhere. It joins the running
+        batch at once: the reservation, not max_num_seqs, admitted it."""
+        self._check_new_request(request_id, prompt_token_ids, sampling_params)
+        if not 0 <= first_token_id < self.model_config.vocab_size:
+            raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
+        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size)
+        seq.num_computed_tokens = len(prompt_token_ids)
+        self.block_manager.adopt(request_id, seq)
+        seq.append_token(first_token_id)
+        if seq.generator is not None and sampling_params.temperature > 0:
+            # The prefill worker's sampler drew once from the same seed for the first
+            # token; skip that draw so the stream goes on exactly as in one engine.
+            torch.empty(self.model_config.vocab_size).exponential_(generator=seq.generator)
         self._seqs[request_id] = seq
-        self._num_emitted[request_id] = 0
-        self.scheduler.add(seq)
+        self._num_emitted[request_id] = 1
+        self.scheduler.add_running(seq)
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)

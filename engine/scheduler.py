@@ -32,6 +32,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Finished prefill-only sequences whose pages wait to be copied out.
+        self.held: dict[str, Sequence] = {}
         self.num_preemptions = 0
 
     @property
@@ -41,8 +43,23 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def add_running(self, seq: Sequence) -> None:
+        """Adds a sequence that already holds its pages (adopted from a reservation)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def release(self, request_id: str) -> bool:
+        """Frees the pages of a finished prefill-only sequence; False if none are held."""
+        seq = self.held.pop(request_id, None)
+        if seq is None:
+            return False
+        self.block_manager.free(seq)
+        return True
+
     def abort(self, request_id: str) -> Sequence | None:
         """Finishes the request wherever it is and frees its pages; None if unknown."""
+        if self.release(request_id):
+            return None
         for queue in (self.running, self.waiting):
             for seq in queue:
                 if seq.request_id == request_id:
@@ -123,9 +140,12 @@ class Scheduler:
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
-        return None
+        return "prefilled" if seq.is_prefill_only else None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.block_manager.free(seq)
+        if reason == "prefilled":
+            self.held[seq.request_id] = seq
+        else:
+            self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

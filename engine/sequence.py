@@ -9,7 +9,9 @@ import torch
 
 from engine.sampling_params import SamplingParams
 
-FinishReason = Literal["stop", "length", "abort"]
+# "prefilled": a prefill-only request whose first token is out and whose pages
+# wait for another worker to take them over (disaggregated serving).
+FinishReason = Literal["stop", "length", "abort", "prefilled"]
 
 
 class SequenceStatus(enum.Enum):
@@ -34,6 +36,7 @@ class Sequence:
         sampling_params: SamplingParams,
         block_size: int,
         arrival_time: float | None = None,
+        is_prefill_only: bool = False,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -42,6 +45,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.sampling_params = sampling_params
         self.block_size = block_size
+        self.is_prefill_only = is_prefill_only
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None

@@ -1,0 +1,90 @@
+"""Prefill in one engine, decode in another from a copy of the pages: the same tokens as one engine."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+PARAMS = {
+    "greedy": SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+    "seeded": SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True),
+    "penalties": SamplingParams(max_tokens=24, temperature=0.0, repetition_penalty=1.3,
+                                frequency_penalty=0.5, ignore_eos=True),
+}
+
+
+def make_engine(model_dir) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_batched_tokens=64))
+
+
+def finish(engine: LLMEngine) -> dict:
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+    return outs
+
+
+def assert_clean(engine: LLMEngine) -> None:
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+@pytest.mark.parametrize("kind", sorted(PARAMS))
+def test_handoff_gives_the_colocated_tokens(tiny_demo_model, kind):
+    params = PARAMS[kind]
+    prompt = [(17 * j) % 900 + 5 for j in range(70)]
+    colocated = make_engine(tiny_demo_model)
+    colocated.add_request("r", prompt, params)
+    expected = finish(colocated)["r"].token_ids
+
+    prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
+    prefill.add_request("r", prompt, params, prefill_only=True)
+    first = finish(prefill)["r"]
+    assert first.finish_reason == "prefilled" and len(first.token_ids) == 1
+    src = prefill.held_block_ids("r")
+    dst = decode.reserve("r", len(prompt))
+    assert len(dst) == len(src) == 5  # 70 tokens in blocks of 16
+    decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]
+    assert prefill.release("r")
+    assert_clean(prefill)
+
+    decode.add_prefilled_request("r", prompt, first.token_ids[0], params)
+    out = finish(decode)["r"]
+    assert out.token_ids == expected
+    assert_clean(decode)
+
+
+def test_prefill_only_request_that_ends_at_its_first_token_keeps_no_pages(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    engine.add_request("one", [5, 6, 7], SamplingParams(max_tokens=1, temperature=0), prefill_only=True)
+    assert finish(engine)["one"].finish_reason == "length"
+    assert not engine.release("one")
+    assert_clean(engine)
+
+
+def test_reservations_are_released_and_refused_cleanly(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    blocks = engine.reserve("a", 40)
+    assert len(blocks) == 3 and engine.block_manager.num_free_blocks == 125
+    engine.block_manager.check_integrity()
+    with pytest.raises(ValueError, match="already holds blocks"):
+        engine.reserve("a", 10)
+    with pytest.raises(RuntimeError, match="no room"):
+        engine.reserve("huge", 126 * 16)
+    with pytest.raises(ValueError, match="no reservation"):
+        engine.add_prefilled_request("never-reserved", [5, 6], 7, PARAMS["greedy"])
+    assert engine.release_reservation("a") and not engine.release_reservation("a")
+    assert_clean(engine)
+
+
+def test_abort_frees_held_pages(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    engine.add_request("r", list(range(5, 45)), PARAMS["greedy"], prefill_only=True)
+    finish(engine)
+    assert engine.block_manager.num_free_blocks < engine.num_kv_blocks
+    engine.abort("r")
+    assert_clean(engine)
