@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from engine.model_config import ModelConfig
+
+# (shape, dtype, device) → a zero-filled contiguous tensor that will hold the pool.
+TensorFactory = Callable[[tuple[int, ...], torch.dtype, str], torch.Tensor]
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -37,11 +41,23 @@ class KVPool:
     shared memory or be exported as one CUDA IPC handle.
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str,
+        tensor_factory: TensorFactory | None = None,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim)
-        self.tensor = _zeros(shape, dtype, device)
+        # A decode worker passes a factory that places the pool in shared memory,
+        # so a prefill worker on the same host can write pages into it directly.
+        self.tensor = (tensor_factory or _zeros)(shape, dtype, device)
+        if self.tensor.shape != shape or self.tensor.dtype != dtype or not self.tensor.is_contiguous():
+            raise ValueError(f"KV pool tensor must be contiguous {dtype} {shape}, got {self.tensor.dtype} {tuple(self.tensor.shape)}")
         self.layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(config.num_layers)]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.kv_pool import num_blocks_for_budget
+from engine.kv_pool import TensorFactory, num_blocks_for_budget
 from engine.model_config import load_model_config
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput
@@ -22,7 +22,9 @@ from engine.weights import checkpoint_files, checkpoint_fingerprint
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, kv_tensor_factory: TensorFactory | None = None) -> None:
+        """`kv_tensor_factory` places the KV pool's one tensor (shared memory for a
+        decode worker); by default it is private, zero-filled memory."""
         start = time.perf_counter()
         self.config = config
         if config.num_threads:
@@ -38,7 +40,7 @@ class LLMEngine:
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.model_config, config.block_size, config.torch_dtype, config.device, config.kv_memory_fraction
         )
-        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, config.torch_dtype)
+        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, config.torch_dtype, kv_tensor_factory)
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching
         )

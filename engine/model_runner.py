@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
-from engine.kv_pool import KVPool
+from engine.kv_pool import KVPool, TensorFactory
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.sampler import Sampler, SamplerOutput
@@ -49,8 +49,10 @@ class ModelRunner:
         with torch.no_grad():
             self.model.load_weights(tensors)
 
-    def allocate_kv_pool(self, num_blocks: int, block_size: int, dtype: torch.dtype) -> KVPool:
-        self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device)
+    def allocate_kv_pool(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None
+    ) -> KVPool:
+        self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device, tensor_factory)
         return self.kv_pool
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
