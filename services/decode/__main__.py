@@ -1,0 +1,162 @@
+"""`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
+[--max-num-seqs N] [--lease-ms MS]`
+
+Binds first and prints `decode listening on HOST:PORT` (the line `baton up` reads),
+then, while health reports NOT_SERVING, loads the engine with its KV pool in a
+shared-memory segment this process owns, and warms it up with dummy requests
+through reserve → add_prefilled_request → decode; then SERVING.
+SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a grace period,
+the segment is unlinked, exit code 0. A bad setting, an address that cannot be
+bound or an unloadable model exits 2 with one line on stderr.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from grpc_health.v1 import health
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.weights import checkpoint_files, checkpoint_fingerprint
+from protos import decode_pb2_grpc
+from services.common.grpc_server import make_server, set_serving, stop_server
+from services.decode.config import ConfigError, DecodeServiceConfig
+from services.decode.engine_loop import EngineLoop
+from services.decode.servicer import SERVICE_NAME, DecodeServicer
+from services.kvstore.layout import PageLayout
+from services.kvstore.shared_memory import SharedKVPool
+
+log = logging.getLogger("baton.decode")
+
+# Every sampler path a request can take: greedy, and seeded sampling with filters,
+# penalties and logprobs; run side by side, then alone once the short one ends.
+WARMUP_PARAMS = (
+    SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=5, temperature=0.8, top_p=0.9, top_k=20, min_p=0.01, repetition_penalty=1.1,
+                   presence_penalty=0.1, frequency_penalty=0.1, seed=0, ignore_eos=True, logprobs=2),
+)
+
+
+def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
+    """The engine, its KV pool placed in a new shared-memory segment (owned, unlinked on failure)."""
+    model_dir = config.model_dir
+    fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+    pools: list[SharedKVPool] = []
+
+    def shared_tensor(shape, dtype, device):
+        if device != "cpu":
+            raise ValueError(f"the shared-memory KV pool is host memory; device {device!r} is not supported")
+        # shape: [L, 2, Hkv, N, bs, D]
+        layout = PageLayout(num_layers=shape[0], num_kv_heads=shape[2], num_blocks=shape[3], block_size=shape[4],
+                            head_dim=shape[5], dtype=str(dtype).removeprefix("torch."), fingerprint=fingerprint)
+        pools.append(SharedKVPool.create(layout))
+        return pools[-1].tensor
+
+    engine_config = EngineConfig(model=str(model_dir), num_kv_blocks=config.num_kv_blocks,
+                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len)
+    try:
+        engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
+    except BaseException:
+        gc.collect()
+        for pool in pools:
+            _close_pool(pool)
+        raise
+    return engine, pools[0]
+
+
+async def warm_up(engine_loop: EngineLoop, block_size: int) -> None:
+    """Dummy requests through reserve → add_prefilled_request → decode (the pages hold zeros)."""
+    prompt = [1] * (block_size + 1)
+    streams = []
+    for i, params in enumerate(WARMUP_PARAMS):
+        request_id = f"warmup-{i}"
+        await engine_loop.reserve(request_id, len(prompt))
+        streams.append(await engine_loop.start_prefilled(request_id, prompt, 1, params))
+    for outputs in streams:
+        while not (await outputs.get()).finished:
+            pass
+
+
+def _close_pool(pool: SharedKVPool) -> None:
+    try:
+        pool.close()
+    except BufferError as e:  # a view outlived the engine; the name is unlinked all the same
+        log.warning("%s", e)
+
+
+async def serve(config: DecodeServiceConfig) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    servicer = DecodeServicer(lease_ms=config.lease_ms)
+    health_servicer = health.aio.HealthServicer()
+    try:
+        server, port = await make_server([(decode_pb2_grpc.add_DecodeServicer_to_server, servicer)],
+                                         [SERVICE_NAME], address=config.address,
+                                         max_message_bytes=config.max_message_bytes,
+                                         health_servicer=health_servicer, is_serving=False)
+    except RuntimeError as e:  # the address is taken or cannot be bound
+        print(f"decode: {e}", file=sys.stderr, flush=True)
+        return 2
+    await server.start()
+    print(f"decode listening on {config.host}:{port}", flush=True)
+    engine_loop: EngineLoop | None = None
+    pool: SharedKVPool | None = None
+    try:
+        # Loading runs to the end even when a signal comes first, so its segment is not leaked.
+        load = asyncio.create_task(asyncio.to_thread(load_engine, config))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([load, stopping], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            engine, pool = await load
+            load = None  # a done task holds its result: the engine, and so views of the pool
+        except (OSError, ValueError) as e:
+            print(f"decode: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
+            return 2
+        engine_loop = EngineLoop(engine)
+        del engine
+        engine_loop.start()
+        if stop.is_set():
+            return 0
+        servicer.attach(engine_loop, pool.layout, pool.name)
+        await warm_up(engine_loop, pool.layout.block_size)
+        await set_serving(health_servicer, [SERVICE_NAME], True)
+        log.info("serving %s: %d KV blocks in shared memory %s", config.model_dir, pool.num_blocks, pool.name)
+        await stopping
+        return 0
+    finally:
+        await stop_server(server, health_servicer, grace_s=config.grace_s)
+        servicer.close()
+        if engine_loop is not None:
+            await asyncio.to_thread(engine_loop.stop)
+            servicer.engine_loop = None
+            engine_loop = None
+        gc.collect()  # the engine's views of the pool must be gone before it is unmapped
+        if pool is not None:
+            _close_pool(pool)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = DecodeServiceConfig.from_args(argv)
+    except ConfigError as e:
+        print(f"decode: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # optional: faster event loop where installed
+    except ImportError:
+        return asyncio.run(serve(config))
+    return uvloop.run(serve(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

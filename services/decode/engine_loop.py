@@ -1,0 +1,150 @@
+"""One thread owns the engine: it runs every engine call and every `step()`.
+
+The engine is not thread-safe, so asyncio code never touches it directly: it
+submits a command (a function of the engine) that the thread runs between steps,
+and reads a request's outputs from an asyncio.Queue the thread fills through
+`loop.call_soon_threadsafe`. With nothing running, the thread blocks on the
+command queue (no busy loop).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("baton.decode.engine_loop")
+T = TypeVar("T")
+_STOP = object()
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        # request id -> (its consumer's loop, its output queue); touched only by the engine thread
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish the command in hand, then end the thread. Outputs still pending are dropped."""
+        if self._thread.is_alive():
+            self._commands.put(_STOP)
+            self._thread.join(timeout_s)
+
+    # --- called from asyncio -------------------------------------------------------
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
+        """Fire and forget (from any thread): for cleanup that must happen even if no one awaits it."""
+        self._commands.put((fn, None))
+
+    async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
+        return await self.call(lambda engine: engine.reserve(request_id, num_tokens))
+
+    async def release_reservation(self, request_id: str) -> bool:
+        return await self.call(lambda engine: engine.release_reservation(request_id))
+
+    async def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
+                              params: SamplingParams) -> asyncio.Queue:
+        """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs.
+
+        A refused request (ValueError) has its reservation released: the claim consumed it."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def add(engine: LLMEngine) -> None:
+            try:
+                engine.add_prefilled_request(request_id, prompt_token_ids, first_token_id, params)
+            except BaseException:
+                engine.release_reservation(request_id)
+                raise
+            self._streams[request_id] = (loop, outputs)
+
+        await self.call(add)
+        return outputs
+
+    async def abort(self, request_id: str) -> bool:
+        """Stop `request_id` wherever it is and free its pages. False if nothing was held."""
+        return await self.call(lambda engine: self._abort(engine, request_id))
+
+    def abort_soon(self, request_id: str) -> None:
+        """Abort without waiting: from a cancelled stream, which cannot await any more."""
+        self.submit(lambda engine: self._abort(engine, request_id))
+
+    # --- the engine thread -----------------------------------------------------------
+
+    def _abort(self, engine: LLMEngine, request_id: str) -> bool:
+        if engine.release_reservation(request_id):
+            return True
+        if request_id not in self._streams:
+            return False
+        engine.abort(request_id)  # its last output (finish_reason "abort") comes from the next step
+        return True
+
+    def _run(self) -> None:
+        while True:
+            # Idle: block for work. Busy: take whatever arrived and go on stepping.
+            block = not self.engine.has_unfinished_requests()
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                if command is _STOP:
+                    return
+                self._execute(*command)
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if self.engine.has_unfinished_requests():
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # the engine's state is unknown now: end every stream, then die loudly
+                    log.exception("engine step failed")
+                    for loop, outputs_queue in self._streams.values():
+                        loop.call_soon_threadsafe(outputs_queue.put_nowait, e)
+                    self._streams.clear()
+                    raise
+                self._deliver(outputs)
+
+    def _execute(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | None) -> None:
+        if future is not None and not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(self.engine)
+        except BaseException as e:
+            if future is None:
+                log.exception("engine command failed")
+            else:
+                future.set_exception(e)
+            return
+        if future is not None:
+            future.set_result(result)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            loop, outputs_queue = stream
+            try:
+                loop.call_soon_threadsafe(outputs_queue.put_nowait, out)
+            except RuntimeError:  # the consumer's loop is closed (shutdown)
+                pass

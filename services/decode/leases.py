@@ -1,0 +1,69 @@
+"""Reservations held under a lease: pages prefill will fill, freed if Decode never claims them.
+
+Lives on the event loop (single-threaded): grant, claim, revoke and expiry never race.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class Lease:
+    reservation_id: str
+    request_id: str
+    timer: asyncio.TimerHandle
+
+
+class LeaseTable:
+    """`on_expire(request_id)` is called (on the loop) for a lease nobody claimed in `lease_s`."""
+
+    def __init__(self, lease_s: float, on_expire: Callable[[str], None]) -> None:
+        self.lease_s = lease_s
+        self._on_expire = on_expire
+        self._by_reservation: dict[str, Lease] = {}
+        self._by_request: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_reservation)
+
+    def grant(self, request_id: str) -> str:
+        """Start the lease on pages already reserved under `request_id`; returns the reservation id."""
+        reservation_id = secrets.token_hex(8)
+        timer = asyncio.get_running_loop().call_later(self.lease_s, self._expire, reservation_id)
+        self._by_reservation[reservation_id] = Lease(reservation_id, request_id, timer)
+        self._by_request[request_id] = reservation_id
+        return reservation_id
+
+    def claim(self, reservation_id: str, request_id: str) -> bool:
+        """End the lease because Decode took the pages. False if unknown, expired or someone else's."""
+        lease = self._by_reservation.get(reservation_id)
+        if lease is None or lease.request_id != request_id:
+            return False
+        self._drop(lease)
+        return True
+
+    def revoke(self, request_id: str) -> bool:
+        """End the lease of `request_id` (Abort); the caller frees the pages. False if none."""
+        reservation_id = self._by_request.get(request_id)
+        if reservation_id is None:
+            return False
+        self._drop(self._by_reservation[reservation_id])
+        return True
+
+    def close(self) -> None:
+        for lease in list(self._by_reservation.values()):
+            self._drop(lease)
+
+    def _drop(self, lease: Lease) -> None:
+        lease.timer.cancel()
+        del self._by_reservation[lease.reservation_id]
+        del self._by_request[lease.request_id]
+
+    def _expire(self, reservation_id: str) -> None:
+        lease = self._by_reservation.get(reservation_id)
+        if lease is not None:
+            self._drop(lease)
+            self._on_expire(lease.request_id)

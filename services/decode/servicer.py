@@ -1,0 +1,113 @@
+"""The Decode gRPC service (protos/decode.proto) over one EngineLoop.
+
+Status codes:
+- INVALID_ARGUMENT: bad input (empty request id, zero tokens, a prompt longer than
+  the context, sampling values out of range, a request id already in use).
+- NOT_FOUND: Decode names a reservation that is unknown, expired, already claimed
+  or held for another request id.
+- RESOURCE_EXHAUSTED: Reserve finds too few free pages now (retry later or elsewhere).
+- UNAVAILABLE: the engine is still loading and warming up.
+
+Pages are freed on finish, Abort, lease expiry and client cancellation of Decode.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+
+import grpc
+
+from protos import common_pb2, decode_pb2, decode_pb2_grpc
+from services.decode.converters import chunk_from_output, layout_to_proto, sampling_params_from_proto
+from services.decode.engine_loop import EngineLoop
+from services.decode.leases import LeaseTable
+from services.kvstore.layout import PageLayout
+
+SERVICE_NAME = decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
+log = logging.getLogger("baton.decode")
+
+
+class DecodeServicer(decode_pb2_grpc.DecodeServicer):
+    """`attach` is called once the engine is loaded; until then every call is UNAVAILABLE."""
+
+    def __init__(self, lease_ms: int) -> None:
+        self.lease_ms = lease_ms
+        self.engine_loop: EngineLoop | None = None
+        self.leases: LeaseTable | None = None
+        self.layout: PageLayout | None = None
+        self.shm_name = ""
+        self.host_id = socket.gethostname()
+
+    def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str) -> None:
+        """Must run on the server's event loop (the lease timers live there)."""
+        self.engine_loop = engine_loop
+        self.layout = layout
+        self.shm_name = shm_name
+        self.leases = LeaseTable(self.lease_ms / 1000, self._on_lease_expired)
+
+    def close(self) -> None:
+        if self.leases is not None:
+            self.leases.close()
+
+    async def _ready(self, context) -> EngineLoop:
+        if self.engine_loop is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the decode engine is still loading")
+        return self.engine_loop
+
+    def _on_lease_expired(self, request_id: str) -> None:
+        log.info("reservation for %r expired unclaimed; its pages are freed", request_id)
+        self.engine_loop.submit(lambda engine: engine.release_reservation(request_id))
+
+    async def Reserve(self, request, context):
+        engine_loop = await self._ready(context)
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+        if request.num_tokens < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_tokens must be >= 1")
+        try:
+            block_ids = await engine_loop.reserve(request.request_id, request.num_tokens)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except RuntimeError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        reservation_id = self.leases.grant(request.request_id)
+        return decode_pb2.Reservation(
+            reservation_id=reservation_id, block_ids=block_ids, lease_ms=self.lease_ms,
+            layout=layout_to_proto(self.layout), shm_name=self.shm_name,
+            transports=[common_pb2.KV_TRANSPORT_SHARED_MEMORY], host_id=self.host_id,
+        )
+
+    async def Decode(self, request, context):
+        engine_loop = await self._ready(context)
+        try:
+            params = sampling_params_from_proto(request.sampling)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not self.leases.claim(request.reservation_id, request.request_id):
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no reservation {request.reservation_id!r} for request {request.request_id!r} "
+                                "(unknown, expired or already claimed)")
+        try:
+            outputs = await engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
+                                                        request.first_token_id, params)
+        except ValueError as e:  # the reservation was released with the refusal
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        is_finished = False
+        try:
+            while not is_finished:
+                out = await outputs.get()
+                if isinstance(out, Exception):
+                    await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
+                is_finished = out.finished
+                yield chunk_from_output(out, params.logprobs)
+        finally:
+            if not is_finished:  # the client went away (or the server is stopping): free the pages
+                engine_loop.abort_soon(request.request_id)
+
+    async def Abort(self, request, context):
+        engine_loop = await self._ready(context)
+        if self.leases.revoke(request.request_id):
+            found = await engine_loop.release_reservation(request.request_id)
+        else:
+            found = await engine_loop.abort(request.request_id)
+        return decode_pb2.AbortResponse(found=found)

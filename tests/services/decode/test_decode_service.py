@@ -1,0 +1,296 @@
+"""The decode service as a real process (`python -m services.decode`) over real gRPC,
+with this test process as the prefill worker: it prefills in its own engine, reserves
+pages, writes them through the shared-memory pool and streams the rest from Decode.
+Tokens must equal a colocated engine's; pages must come back on finish, Abort, lease
+expiry and client cancellation; SIGTERM exits 0 and removes the segment."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from protos import common_pb2, decode_pb2, decode_pb2_grpc
+from services.decode.converters import layout_from_proto
+from services.decode.servicer import SERVICE_NAME
+from services.kvstore.page_copy import copy_pages
+from services.kvstore.shared_memory import SharedKVPool
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+NUM_KV_BLOCKS = 128
+BLOCK_SIZE = 16
+WHOLE_POOL_TOKENS = NUM_KV_BLOCKS * BLOCK_SIZE - 1  # 128 blocks; the context (2048) refuses one more token
+LEASE_MS = 1500
+PROMPT = [(31 * j) % 1000 + 3 for j in range(53)]
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True)
+
+
+class Service:
+    """One `python -m services.decode` process and a sync channel to it."""
+
+    def __init__(self, model_dir: Path, *extra_args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.decode", "--model", str(model_dir), "--port", "0", *extra_args],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.address = _read_listening_line(self.proc, timeout_s=30)
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = decode_pb2_grpc.DecodeStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.wait_serving()
+
+    def wait_serving(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5).status \
+                != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, "the decode service never reported SERVING"
+            time.sleep(0.05)
+
+    def terminate(self) -> int:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.returncode
+
+
+def _read_listening_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not lines or not lines[0].startswith("decode listening on "):
+        proc.kill()
+        pytest.fail(f"no listening line (got {lines!r}); stderr:\n{proc.stderr.read()}")
+    return lines[0].removeprefix("decode listening on ").strip()
+
+
+def _sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
+    proto = common_pb2.SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                                      ignore_eos=p.ignore_eos)
+    if p.seed is not None:
+        proto.seed = p.seed
+    return proto
+
+
+@pytest.fixture(scope="module")
+def service(tiny_demo_model):
+    svc = Service(tiny_demo_model, "--kv-blocks", str(NUM_KV_BLOCKS), "--lease-ms", str(LEASE_MS),
+                  "--max-num-seqs", "8")
+    yield svc
+    assert svc.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def prefill_engine(tiny_demo_model):
+    return LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=512))
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_demo_model):
+    return LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=512))
+
+
+def _run_to_end(engine: LLMEngine, request_id: str) -> list[int]:
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id and out.finished:
+                tokens = out.token_ids
+    return tokens
+
+
+_prefill_lock = threading.Lock()
+
+
+def prefill_and_reserve(service: Service, engine: LLMEngine, request_id: str, params: SamplingParams
+                        ) -> tuple[decode_pb2.Reservation, int]:
+    """What a prefill worker does: prefill, Reserve, write the pages into the decode pool."""
+    with _prefill_lock:  # the in-process engine is not thread-safe
+        engine.add_request(request_id, PROMPT, params, prefill_only=True)
+        first = _run_to_end(engine, request_id)[0]
+        reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id=request_id,
+                                                                     num_tokens=len(PROMPT)), timeout=10)
+        target = SharedKVPool.attach(reservation.shm_name, layout_from_proto(reservation.layout, num_blocks=1))
+        try:
+            copy_pages(engine.runner.kv_pool.tensor, engine.held_block_ids(request_id), target.tensor,
+                       list(reservation.block_ids))
+        finally:
+            target.close()
+            engine.release(request_id)
+    return reservation, first
+
+
+def decode_stream(service: Service, request_id: str, reservation, first: int, params: SamplingParams):
+    return service.stub.Decode(decode_pb2.DecodeRequest(
+        request_id=request_id, reservation_id=reservation.reservation_id, prompt_token_ids=PROMPT,
+        first_token_id=first, sampling=_sampling_to_proto(params)), timeout=30)
+
+
+def decode_all(service, engine, request_id: str, params: SamplingParams) -> list[int]:
+    reservation, first = prefill_and_reserve(service, engine, request_id, params)
+    tokens = [first]
+    chunks = list(decode_stream(service, request_id, reservation, first, params))
+    for chunk in chunks:
+        tokens += chunk.token_ids
+    assert [c.finish_reason for c in chunks[:-1]] == [common_pb2.FINISH_REASON_UNSPECIFIED] * (len(chunks) - 1)
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    return tokens
+
+
+def assert_whole_pool_free(service: Service, within_s: float) -> None:
+    """Reserving every page succeeds (retried for `within_s`), then is aborted again."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            service.stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS),
+                                 timeout=5)
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            assert time.monotonic() < deadline, "the pool did not become free in time"
+            time.sleep(0.02)
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_decode_matches_colocated_engine(service, prefill_engine, colocated, params):
+    rid = f"match-{params.temperature}"
+    colocated.add_request(rid, PROMPT, params)
+    expected = _run_to_end(colocated, rid)
+    assert decode_all(service, prefill_engine, rid, params) == expected
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_reservation_carries_layout_and_transport(service, prefill_engine):
+    reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="shape", num_tokens=33), timeout=5)
+    assert len(reservation.block_ids) == 3
+    assert reservation.lease_ms == LEASE_MS
+    assert reservation.layout.model_fingerprint == prefill_engine.fingerprint
+    assert reservation.layout.block_size == BLOCK_SIZE
+    assert list(reservation.transports) == [common_pb2.KV_TRANSPORT_SHARED_MEMORY]
+    assert reservation.host_id and reservation.shm_name
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="shape"), timeout=5).found
+
+
+def test_four_concurrent_streams(service, prefill_engine, colocated):
+    params = [SamplingParams(max_tokens=12 + i, temperature=0.7, seed=100 + i, ignore_eos=True) for i in range(4)]
+    expected = []
+    for i, p in enumerate(params):
+        colocated.add_request(f"conc-ref-{i}", PROMPT, p)
+        expected.append(_run_to_end(colocated, f"conc-ref-{i}"))
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = decode_all(service, prefill_engine, f"conc-{i}", params[i])
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert [results[i] for i in range(4)] == expected
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_unclaimed_reservation_is_released_after_its_lease(service, prefill_engine):
+    reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="lease", num_tokens=WHOLE_POOL_TOKENS),
+                                       timeout=5)
+    with pytest.raises(grpc.RpcError) as e:
+        service.stub.Reserve(decode_pb2.ReserveRequest(request_id="other", num_tokens=1), timeout=5)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    time.sleep(LEASE_MS / 1000)
+    assert_whole_pool_free(service, within_s=1)
+    with pytest.raises(grpc.RpcError) as e:  # the expired reservation cannot be claimed any more
+        list(decode_stream(service, "lease", reservation, 5, GREEDY))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_abort_frees_a_reservation_and_is_idempotent(service):
+    service.stub.Reserve(decode_pb2.ReserveRequest(request_id="ab", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="ab"), timeout=5).found
+    assert not service.stub.Abort(decode_pb2.AbortRequest(request_id="ab"), timeout=5).found
+    assert not service.stub.Abort(decode_pb2.AbortRequest(request_id="never-seen"), timeout=5).found
+    assert_whole_pool_free(service, within_s=0)
+
+
+def test_abort_of_a_running_decode_ends_its_stream(service, prefill_engine):
+    params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+    reservation, first = prefill_and_reserve(service, prefill_engine, "ab-run", params)
+    stream = decode_stream(service, "ab-run", reservation, first, params)
+    next(stream)
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="ab-run"), timeout=5).found
+    chunks = list(stream)
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_cancelled_stream_frees_its_pages(service, prefill_engine):
+    params = SamplingParams(max_tokens=1900, temperature=0.0, ignore_eos=True)  # 123 of the 128 pages
+    reservation, first = prefill_and_reserve(service, prefill_engine, "cancel", params)
+    stream = decode_stream(service, "cancel", reservation, first, params)
+    received = sum(len(next(stream).token_ids) for _ in range(3))
+    stream.cancel()
+    assert received < params.max_tokens - 1
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_bad_input(service):
+    cases = [
+        (lambda: service.stub.Reserve(decode_pb2.ReserveRequest(request_id="x", num_tokens=0), timeout=5),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: service.stub.Reserve(decode_pb2.ReserveRequest(request_id="", num_tokens=3), timeout=5),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: service.stub.Reserve(decode_pb2.ReserveRequest(request_id="x", num_tokens=5000), timeout=5),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: list(service.stub.Decode(decode_pb2.DecodeRequest(request_id="x", reservation_id="nope",
+                                                                   prompt_token_ids=[1]), timeout=5)),
+         grpc.StatusCode.NOT_FOUND),
+        (lambda: list(service.stub.Decode(decode_pb2.DecodeRequest(
+            request_id="x", reservation_id="nope", prompt_token_ids=[1],
+            sampling=common_pb2.SamplingParams(temperature=-1)), timeout=5)),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for call, code in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == code, e.value.details()
+    # A refused Decode (bad prompt) after a valid claim still frees the reservation.
+    reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="badtok", num_tokens=3), timeout=5)
+    with pytest.raises(grpc.RpcError) as e:
+        list(service.stub.Decode(decode_pb2.DecodeRequest(
+            request_id="badtok", reservation_id=reservation.reservation_id, prompt_token_ids=[1, 2, 10**6],
+            first_token_id=1, sampling=common_pb2.SamplingParams(max_tokens=4)), timeout=5))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_whole_pool_free(service, within_s=0)
+
+
+def test_sigterm_exits_zero_and_removes_the_segment(tiny_demo_model):
+    svc = Service(tiny_demo_model, "--kv-blocks", "16")
+    reservation = svc.stub.Reserve(decode_pb2.ReserveRequest(request_id="held", num_tokens=20), timeout=5)
+    segment = Path("/dev/shm") / reservation.shm_name
+    assert segment.exists()
+    assert svc.terminate() == 0  # with a reservation still held
+    assert not segment.exists()
+    assert not os.path.exists(segment)
