@@ -52,7 +52,8 @@ class LLMEngine:
         self.tokenizer = _load_tokenizer(model_dir)
         self._seqs: dict[str, Sequence] = {}
         self._num_emitted: dict[str, int] = {}
-        self._aborted: list[Sequence] = []
+        # Sequences that finished outside a step (aborted, or done at their first token).
+        self._finished_outside_step: list[Sequence] = []
         self._request_counter = itertools.count()
         self.init_seconds = time.perf_counter() - start
 
@@ -141,22 +142,23 @@ class LLMEngine:
             torch.empty(self.model_config.vocab_size).exponential_(generator=seq.generator)
         self._seqs[request_id] = seq
         self._num_emitted[request_id] = 1
-        self.scheduler.add_running(seq)
+        if not self.scheduler.add_running(seq):
+            self._finished_outside_step.append(seq)
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)
         if seq is not None:
-            self._aborted.append(seq)
+            self._finished_outside_step.append(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._aborted)
+        return self.scheduler.num_unfinished > 0 or bool(self._finished_outside_step)
 
     # --- the loop ----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Schedules, runs and samples one batch; returns a diff per request that moved."""
-        outputs = [self._output(seq) for seq in self._aborted]
-        self._aborted.clear()
+        outputs = [self._output(seq) for seq in self._finished_outside_step]
+        self._finished_outside_step.clear()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return outputs

@@ -43,10 +43,19 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """Adds a sequence that already holds its pages (adopted from a reservation)."""
+    def add_running(self, seq: Sequence) -> bool:
+        """Adds a sequence that already holds its pages (adopted from a reservation).
+
+        Its last token was sampled elsewhere; if that token already ends it, the
+        sequence is finished (pages freed) instead, and False is returned.
+        """
+        reason = self._finish_reason(seq, seq.last_token_id)
+        if reason is not None:
+            self._finish(seq, reason)
+            return False
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        return True
 
     def release(self, request_id: str) -> bool:
         """Frees the pages of a finished prefill-only sequence; False if none are held."""

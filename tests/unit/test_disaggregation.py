@@ -88,3 +88,18 @@ def test_abort_frees_held_pages(tiny_demo_model):
     assert engine.block_manager.num_free_blocks < engine.num_kv_blocks
     engine.abort("r")
     assert_clean(engine)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=9, temperature=0, stop_token_ids=(42,))],
+)
+def test_first_token_that_ends_the_request_finishes_without_a_step(tiny_demo_model, params):
+    engine = make_engine(tiny_demo_model)
+    engine.reserve("r", 20)
+    engine.add_prefilled_request("r", list(range(5, 25)), 42, params)
+    outs = engine.step()
+    assert [(o.request_id, o.finished, o.new_token_ids) for o in outs] == [("r", True, [])]
+    assert outs[0].token_ids == [42] and outs[0].finish_reason in ("length", "stop")
+    assert not engine.has_unfinished_requests()
+    assert_clean(engine)
