@@ -27,7 +27,7 @@ from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc
 from services.common.grpc_server import make_server, set_serving, stop_server
 from services.decode.config import ConfigError, DecodeServiceConfig
-from services.decode.engine_loop import EngineLoop
+from services.common.engine_loop import EngineLoop
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
 from services.kvstore.layout import PageLayout
 from services.kvstore.shared_memory import SharedKVPool

@@ -20,7 +20,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
-log = logging.getLogger("baton.decode.engine_loop")
+log = logging.getLogger("baton.engine_loop")
 T = TypeVar("T")
 _STOP = object()
 
