@@ -79,6 +79,37 @@ class EngineLoop:
         await self.call(add)
         return outputs
 
+    async def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prefill_only: bool = False) -> asyncio.Queue:
+        """Queue a new request in the engine; returns the queue of its RequestOutputs.
+
+        Raises ValueError (from `LLMEngine.add_request`) for a request the engine refuses. A
+        `prefill_only` request that finishes "prefilled" holds its pages until
+        `release` (or `cancel_soon`)."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def add(engine: LLMEngine) -> None:
+            engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only)
+            self._streams[request_id] = (loop, outputs)
+
+        await self.call(add)
+        return outputs
+
+    async def held_block_ids(self, request_id: str) -> list[int]:
+        """The pages a "prefilled" request holds, in prompt order (KeyError if none)."""
+        return await self.call(lambda engine: engine.held_block_ids(request_id))
+
+    async def release(self, request_id: str) -> bool:
+        """Free a "prefilled" request's held pages. False if nothing was held."""
+        return await self.call(lambda engine: engine.release(request_id))
+
+    def cancel_soon(self, request_id: str) -> None:
+        """Without waiting, end a request added with `add_request` wherever it is: queued or
+        running (aborted), finished "prefilled" (its held pages released), or already
+        gone (nothing happens). Runs after every command submitted before it."""
+        self.submit(lambda engine: engine.abort(request_id))
+
     async def abort(self, request_id: str) -> bool:
         """Stop `request_id` wherever it is and free its pages. False if nothing was held."""
         return await self.call(lambda engine: self._abort(engine, request_id))

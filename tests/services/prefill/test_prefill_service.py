@@ -1,0 +1,273 @@
+"""The prefill service and the decode service as real processes over real gRPC, with
+this test process as the gateway: Reserve on decode → Prefill (pages written into the
+decode pool through shared memory) → Decode from the first token. Three processes
+must produce exactly a colocated engine's tokens; failures must leave no page held."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DECODE_KV_BLOCKS = 128
+PREFILL_KV_BLOCKS = 64
+BLOCK_SIZE = 16
+BIG_PROMPT_TOKENS = 60 * BLOCK_SIZE  # 60 of the prefill worker's 64 pages: fits only if the others are free
+PROMPT = [(31 * j) % 1000 + 3 for j in range(53)]
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True)
+
+
+class Service:
+    """One `python -m services.<name>` process and a sync channel to it."""
+
+    def __init__(self, name: str, service_name: str, model_dir: Path, *extra_args: str):
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}", "--model", str(model_dir), "--port", "0", *extra_args],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.address = self._read_listening_line(timeout_s=30)
+        self.channel = grpc.insecure_channel(self.address)
+        health = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.monotonic() + 30
+        while health.Check(health_pb2.HealthCheckRequest(service=service_name), timeout=5).status \
+                != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, f"the {name} service never reported SERVING"
+            time.sleep(0.05)
+
+    def _read_listening_line(self, timeout_s: float) -> str:
+        prefix = f"{self.name} listening on "
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not lines or not lines[0].startswith(prefix):
+            self.proc.kill()
+            pytest.fail(f"no listening line (got {lines!r}); stderr:\n{self.proc.stderr.read()}")
+        return lines[0].removeprefix(prefix).strip()
+
+    def terminate(self) -> int:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def decode(tiny_demo_model):
+    svc = Service("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS))
+    svc.stub = decode_pb2_grpc.DecodeStub(svc.channel)
+    yield svc
+    shm_name = svc.stub.Reserve(decode_pb2.ReserveRequest(request_id="shm", num_tokens=1), timeout=5).shm_name
+    assert svc.terminate() == 0
+    assert not (Path("/dev/shm") / shm_name).exists()
+
+
+@pytest.fixture(scope="module")
+def prefill(tiny_demo_model):
+    # A small step budget, so every prompt over 64 tokens is chunked.
+    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", str(PREFILL_KV_BLOCKS),
+                  "--max-num-batched-tokens", "64", "--max-num-seqs", "8")
+    svc.stub = prefill_pb2_grpc.PrefillStub(svc.channel)
+    yield svc
+    assert svc.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_demo_model):
+    return LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=512))
+
+
+def _sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
+    proto = common_pb2.SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                                      ignore_eos=p.ignore_eos)
+    if p.seed is not None:
+        proto.seed = p.seed
+    if p.logprobs is not None:
+        proto.logprobs = p.logprobs
+    return proto
+
+
+def _colocated_run(engine: LLMEngine, request_id: str, prompt: list[int], params: SamplingParams):
+    engine.add_request(request_id, prompt, params)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id:
+                final = out if final is None else _merge(final, out)
+    return final
+
+
+def _merge(a, b):
+    b.new_logprobs = a.new_logprobs + b.new_logprobs
+    return b
+
+
+def _target(reservation: decode_pb2.Reservation, **overrides) -> prefill_pb2.KVTarget:
+    target = prefill_pb2.KVTarget(reservation_id=reservation.reservation_id, block_ids=reservation.block_ids,
+                                  transport=common_pb2.KV_TRANSPORT_SHARED_MEMORY, shm_name=reservation.shm_name,
+                                  layout=reservation.layout)
+    for name, value in overrides.items():
+        if name == "layout":
+            target.layout.CopyFrom(value)
+        elif name == "block_ids":
+            target.ClearField("block_ids")
+            target.block_ids.extend(value)
+        else:
+            setattr(target, name, value)
+    return target
+
+
+def reserve(decode, request_id: str, prompt: list[int]) -> decode_pb2.Reservation:
+    return decode.stub.Reserve(decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(prompt)), timeout=5)
+
+
+def do_prefill(prefill, request_id: str, prompt: list[int], params: SamplingParams, target
+               ) -> prefill_pb2.PrefillResponse:
+    return prefill.stub.Prefill(prefill_pb2.PrefillRequest(request_id=request_id, token_ids=prompt,
+                                                           sampling=_sampling_to_proto(params), target=target),
+                                timeout=20)
+
+
+def generate(decode, prefill, request_id: str, prompt: list[int], params: SamplingParams) -> list[int]:
+    """What the gateway does: Reserve → Prefill → Decode."""
+    reservation = reserve(decode, request_id, prompt)
+    response = do_prefill(prefill, request_id, prompt, params, _target(reservation))
+    assert response.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED
+    assert response.timings.kv_transfer_bytes > 0
+    tokens = [response.first_token_id]
+    chunks = list(decode.stub.Decode(decode_pb2.DecodeRequest(
+        request_id=request_id, reservation_id=reservation.reservation_id, prompt_token_ids=prompt,
+        first_token_id=response.first_token_id, sampling=_sampling_to_proto(params)), timeout=20))
+    for chunk in chunks:
+        tokens += chunk.token_ids
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    return tokens
+
+
+@pytest.mark.parametrize("prompt, params", [
+    (PROMPT, GREEDY), (PROMPT, SEEDED), ([7], GREEDY), ([(13 * j) % 1000 + 2 for j in range(200)], SEEDED),
+], ids=["greedy", "seeded", "one-token", "200-tokens"])
+def test_three_processes_match_a_colocated_engine(decode, prefill, colocated, prompt, params):
+    rid = f"match-{len(prompt)}-{params.temperature}"
+    expected = _colocated_run(colocated, rid, prompt, params).token_ids
+    assert generate(decode, prefill, rid, prompt, params) == expected
+
+
+def test_first_token_logprobs_and_timings(decode, prefill, colocated):
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=2)
+    expected = _colocated_run(colocated, "lp-ref", PROMPT, params)
+    reservation = reserve(decode, "lp", PROMPT)
+    response = do_prefill(prefill, "lp", PROMPT, params, _target(reservation))
+    assert response.first_token_id == expected.token_ids[0]
+    assert response.logprobs.sampled.token_id == expected.token_ids[0]
+    assert response.logprobs.sampled.logprob == pytest.approx(expected.new_logprobs[0][expected.token_ids[0]],
+                                                              abs=1e-4)
+    assert len(response.logprobs.top) == 2
+    timings = response.timings
+    assert timings.kv_transfer_bytes == len(reservation.block_ids) * 2 * 2 * 2 * 16 * 16 * 4  # L, K/V, Hkv, bs, D, f32
+    assert timings.queue_seconds >= 0 and timings.prefill_seconds > 0 and timings.kv_transfer_seconds > 0
+    # The same prompt again comes (mostly) from the prefix cache: every full block of it.
+    again = do_prefill(prefill, "lp2", PROMPT, params, _target(reservation))
+    assert again.num_cached_tokens == len(PROMPT) // BLOCK_SIZE * BLOCK_SIZE
+    assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="lp"), timeout=5).found
+
+
+def test_max_tokens_one_finishes_at_prefill(decode, prefill):
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    reservation = reserve(decode, "one", PROMPT)
+    response = do_prefill(prefill, "one", PROMPT, params, _target(reservation))
+    assert response.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert response.timings.kv_transfer_bytes == 0  # nothing held, nothing written
+    assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="one"), timeout=5).found  # as the gateway does
+
+
+def test_layout_mismatch_is_refused_and_holds_nothing(decode, prefill):
+    reservation = reserve(decode, "mismatch", PROMPT)
+    wrong = common_pb2.KVLayout()
+    wrong.CopyFrom(reservation.layout)
+    wrong.model_fingerprint = b"another model"
+    with pytest.raises(grpc.RpcError) as e:
+        do_prefill(prefill, "mismatch", PROMPT, GREEDY, _target(reservation, layout=wrong))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "fingerprint" in e.value.details()
+    assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="mismatch"), timeout=5).found
+    assert_prefill_pool_free(decode, prefill)
+
+
+def assert_prefill_pool_free(decode, prefill) -> None:
+    """Two prompts one after the other that each need nearly the whole prefill pool: the second
+    would wait forever (and time out) if the first, or any earlier request, still held pages."""
+    for i in range(2):
+        big = [(11 * j + i) % 1000 + 1 for j in range(BIG_PROMPT_TOKENS)]
+        reservation = reserve(decode, f"big-{i}", big)
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        assert do_prefill(prefill, f"big-{i}", big, params, _target(reservation)).timings.kv_transfer_bytes > 0
+        assert decode.stub.Abort(decode_pb2.AbortRequest(request_id=f"big-{i}"), timeout=5).found
+
+
+def test_cancelled_prefill_releases_its_pages(decode, prefill):
+    big = [(17 * j) % 1000 + 1 for j in range(BIG_PROMPT_TOKENS)]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for i, delay_s in enumerate([0.0, 0.005, 0.02, 0.05]):  # cancelled while queued, computing or copying
+        reservation = reserve(decode, f"cancel-{i}", big)
+        call = prefill.stub.Prefill.future(prefill_pb2.PrefillRequest(
+            request_id=f"cancel-{i}", token_ids=big, sampling=_sampling_to_proto(params), target=_target(reservation)),
+            timeout=20)
+        time.sleep(delay_s)
+        call.cancel()
+        assert decode.stub.Abort(decode_pb2.AbortRequest(request_id=f"cancel-{i}"), timeout=5).found
+    assert_prefill_pool_free(decode, prefill)
+
+
+def test_bad_input(decode, prefill):
+    reservation = reserve(decode, "bad", PROMPT)
+    ok = _target(reservation)
+    cases = [
+        ([], GREEDY, ok, grpc.StatusCode.INVALID_ARGUMENT),
+        ([1, 2, 10**6], GREEDY, ok, grpc.StatusCode.INVALID_ARGUMENT),
+        (PROMPT, SamplingParams(temperature=0.0), _target(reservation, block_ids=[1]),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (PROMPT, GREEDY, _target(reservation, transport=common_pb2.KV_TRANSPORT_GRPC_STREAM),
+         grpc.StatusCode.UNIMPLEMENTED),
+        (PROMPT, GREEDY, _target(reservation, shm_name="baton_kv_nonexistent"), grpc.StatusCode.FAILED_PRECONDITION),
+    ]
+    for prompt, params, target, code in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            do_prefill(prefill, "bad", prompt, params, target)
+        assert e.value.code() == code, e.value.details()
+    with pytest.raises(grpc.RpcError) as e:  # temperature < 0
+        prefill.stub.Prefill(prefill_pb2.PrefillRequest(
+            request_id="bad", token_ids=PROMPT, sampling=common_pb2.SamplingParams(temperature=-1), target=ok),
+            timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="bad"), timeout=5).found
+
+
+def test_sigterm_exits_zero(tiny_demo_model):
+    segments_before = {p for p in os.listdir("/dev/shm") if p.startswith("baton_kv_")}
+    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16")
+    assert svc.terminate() == 0
+    assert {p for p in os.listdir("/dev/shm") if p.startswith("baton_kv_")} <= segments_before
