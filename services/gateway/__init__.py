@@ -1,0 +1,1 @@
+"""The gateway: the public API in front of the mesh, and the pipeline behind it."""

@@ -1,0 +1,284 @@
+"""One request's path through the mesh, as the gateway drives it:
+
+    Encode / ApplyChatTemplate (tokenizer)
+      → CheckContext (tokenizer) ∥ Reserve (decode D)      independent, so concurrent
+      → Prefill (prefill P, writes KV into D's reserved pages; first token)
+      → Decode (D, a stream of token ids)
+      → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
+
+and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this.
+
+Pages are never left held: a prompt that does not fit, a prefill that fails or
+finishes by itself, a stop string, and a consumer that goes away (cancels the task
+or closes the generator, e.g. with `contextlib.aclosing`) all cancel the in-flight
+calls and Abort the request on D. Every gRPC call carries a deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
+from services.gateway.workers import Worker, WorkerPool
+from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
+from services.tokenizer.stop_strings import StopStringMatcher
+
+FINISH_REASONS = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_ABORT: "abort",
+    common_pb2.FINISH_REASON_ERROR: "error",
+}
+
+
+class InvalidRequestError(ValueError):
+    """The request itself is bad (HTTP 400); the message is safe to show the client."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt plus the completion budget exceeds the model's context (HTTP 400)."""
+
+
+class OverloadedError(RuntimeError):
+    """No decode worker has the pages for this request now (HTTP 429; retry later)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens served from prefill's prefix cache
+
+
+@dataclass
+class Delta:
+    """What one step of a request adds: new text (never a partial character, never past
+    a stop string) and the new token ids. The last delta has `finish_reason` and `usage`."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)  # one per token when requested
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error" on the last delta
+    matched_stop: str | None = None   # the stop string that ended the text, when one did
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Seconds each call may take before it fails with DEADLINE_EXCEEDED."""
+
+    tokenizer_s: float = 10.0
+    reserve_s: float = 10.0
+    prefill_s: float = 120.0
+    decode_s: float = 3600.0  # the whole stream
+    abort_s: float = 5.0
+
+
+class _TextOutput:
+    """Generated token ids → text deltas: incremental detokenization, then stop strings."""
+
+    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[str],
+                 include_stop_str_in_output: bool):
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self.stops = StopStringMatcher(stop, include_stop_str_in_output)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.detokenizer.output_token_ids)
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        return self.stops.add(self.detokenizer.add(token_ids))[0]
+
+    def finish(self) -> str:
+        return self.stops.add(self.detokenizer.finish())[0] + self.stops.finish()
+
+
+class RequestPipeline:
+    """Drives requests through a tokenizer, N prefill and M decode workers.
+
+    `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`),
+    used only to detokenize the output; encoding goes through the tokenizer service.
+    """
+
+    def __init__(self, tokenizer_stub, tokenizer: Decoder, prefill: WorkerPool, decode: WorkerPool,
+                 deadlines: Deadlines = Deadlines()):
+        self.tokenizer_stub = tokenizer_stub
+        self.tokenizer = tokenizer
+        self.prefill = prefill
+        self.decode = decode
+        self.deadlines = deadlines
+        self._aborts: set[asyncio.Task] = set()
+
+    async def aclose(self) -> None:
+        """Wait for the Aborts still in flight (call before closing the channels)."""
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_text: str | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        sampling: common_pb2.SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
+    ) -> AsyncIterator[Delta]:
+        """Exactly one of `prompt_text`, `prompt_token_ids`, `messages`. Raises
+        `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
+        when no pages are free, `grpc.aio.AioRpcError` for a worker that failed."""
+        if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
+            raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
+        if any(not s for s in stop):
+            raise InvalidRequestError("stop strings must be non-empty")
+        params = common_pb2.SamplingParams()
+        if sampling is not None:
+            params.CopyFrom(sampling)
+        try:
+            prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages)
+            with self.decode.hold() as decode_worker:
+                async for delta in self._run(request_id, prompt, params, decode_worker, stop,
+                                             include_stop_str_in_output):
+                    yield delta
+        except grpc.aio.AioRpcError as e:
+            mapped = _from_rpc_error(e)
+            if mapped is e:
+                raise
+            raise mapped from e
+
+    async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> list[int]:
+        timeout = self.deadlines.tokenizer_s
+        if prompt_token_ids is not None:
+            prompt = list(prompt_token_ids)
+        elif prompt_text is not None:
+            prompt = list((await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
+                request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids)
+        else:
+            chat = [common_pb2.ChatMessage(role=m["role"], content=m.get("content", "")) for m in messages]
+            prompt = list((await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
+                request_id=request_id, messages=chat, add_generation_prompt=True), timeout=timeout)).token_ids)
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        return prompt
+
+    async def _check_context(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams) -> None:
+        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none."""
+        request = tokenizer_pb2.CheckContextRequest(request_id=request_id, num_prompt_tokens=len(prompt))
+        if params.HasField("max_tokens"):
+            request.max_tokens = params.max_tokens
+        response = await self.tokenizer_stub.CheckContext(request, timeout=self.deadlines.tokenizer_s)
+        if not response.fits:
+            raise ContextLengthError(response.message)
+        if not params.HasField("max_tokens") and response.max_tokens > 0:
+            params.max_tokens = response.max_tokens
+
+    async def _reserve(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+                       decode_worker: Worker) -> decode_pb2.Reservation:
+        """CheckContext and Reserve, concurrently; a reservation for a prompt that does not
+        fit (or whose caller went away meanwhile) is aborted again."""
+        check = asyncio.ensure_future(self._check_context(request_id, prompt, params))
+        reserve = asyncio.ensure_future(decode_worker.stub.Reserve(
+            decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(prompt)),
+            timeout=self.deadlines.reserve_s))
+        try:
+            checked, reservation = await asyncio.gather(check, reserve, return_exceptions=True)
+        except BaseException:  # cancelled: the Reserve may have landed all the same
+            self._abort_soon(decode_worker, request_id)
+            raise
+        if isinstance(checked, BaseException):
+            if not isinstance(reservation, BaseException):
+                self._abort_soon(decode_worker, request_id)
+            raise checked
+        if isinstance(reservation, BaseException):
+            raise reservation
+        return reservation
+
+    async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+                   decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool
+                   ) -> AsyncIterator[Delta]:
+        reservation = await self._reserve(request_id, prompt, params, decode_worker)
+        is_released = False  # True once decode has freed the pages by itself (the stream finished)
+        output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
+        try:
+            with self.prefill.hold() as prefill_worker:
+                response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
+                    request_id=request_id, token_ids=prompt, sampling=params,
+                    target=_kv_target(decode_worker, reservation)), timeout=self.deadlines.prefill_s)
+            usage = lambda: Usage(len(prompt), output.num_tokens, response.num_cached_tokens)  # noqa: E731
+            first = [response.first_token_id]
+            logprobs = [response.logprobs] if response.HasField("logprobs") else []
+            text = output.add(first)
+            reason = FINISH_REASONS.get(response.finish_reason)
+            if output.stops.is_stopped or reason is not None:
+                # The reservation is aborted in `finally`; prefill wrote nothing into it.
+                if not output.stops.is_stopped:
+                    text += output.finish()
+                yield _final(text, first, logprobs, reason, output, usage())
+                return
+            # Started before the first delta is yielded: a slow consumer does not delay decode.
+            call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
+                request_id=request_id, reservation_id=reservation.reservation_id, prompt_token_ids=prompt,
+                first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
+            try:
+                yield Delta(text, first, logprobs)
+                async for chunk in call:
+                    ids, reason = list(chunk.token_ids), FINISH_REASONS.get(chunk.finish_reason)
+                    is_released = reason is not None
+                    text = output.add(ids)
+                    if output.stops.is_stopped or reason is not None:
+                        if not output.stops.is_stopped:
+                            text += output.finish()
+                        yield _final(text, ids, list(chunk.logprobs), reason, output, usage())
+                        return
+                    yield Delta(text, ids, list(chunk.logprobs))
+                raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
+                                   "without a finish reason")
+            finally:
+                call.cancel()  # no-op when the stream is done
+        finally:
+            if not is_released:
+                self._abort_soon(decode_worker, request_id)
+
+    def _abort_soon(self, worker: Worker, request_id: str) -> None:
+        """Abort on decode in the background: it must run even when the caller was
+        cancelled, and the consumer need not wait for it."""
+        task = asyncio.ensure_future(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id),
+                                                       timeout=self.deadlines.abort_s))
+        self._aborts.add(task)
+        task.add_done_callback(_forget(self._aborts))
+
+
+def _forget(tasks: set[asyncio.Task]):
+    def done(task: asyncio.Task) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed Abort is logged by the lease expiry, not here
+    return done
+
+
+def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, output: _TextOutput,
+           usage: Usage) -> Delta:
+    matched = output.stops.matched_stop
+    return Delta(text, token_ids, logprobs, finish_reason="stop" if matched is not None else reason,
+                 matched_stop=matched, usage=usage)
+
+
+def _kv_target(worker: Worker, reservation: decode_pb2.Reservation) -> prefill_pb2.KVTarget:
+    """Shared memory when the decode worker offers it (same host), else its gRPC page stream."""
+    shm = common_pb2.KV_TRANSPORT_SHARED_MEMORY
+    transport = shm if shm in reservation.transports and reservation.shm_name else common_pb2.KV_TRANSPORT_GRPC_STREAM
+    return prefill_pb2.KVTarget(decode_address=worker.address, reservation_id=reservation.reservation_id,
+                                block_ids=reservation.block_ids, transport=transport, shm_name=reservation.shm_name,
+                                layout=reservation.layout, cuda_ipc_handle=reservation.cuda_ipc_handle)
+
+
+def _from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
+    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(e.details())
+    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return OverloadedError(e.details())
+    return e

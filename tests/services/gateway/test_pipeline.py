@@ -1,0 +1,256 @@
+"""The gateway's request pipeline over a real mesh: a tokenizer, two prefill and two
+decode processes on 127.0.0.1, driven as the HTTP layer will drive it. Output must equal
+an in-process engine's; stop strings, early exits and refused prompts leave no page held.
+
+Each test drives its own event loop with asyncio.run (the aio channels belong to it)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import aclosing
+
+import grpc
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc, tokenizer_pb2_grpc
+from services.common.channel import make_channel
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.gateway.pipeline import ContextLengthError, Delta, InvalidRequestError, RequestPipeline
+from services.gateway.workers import Worker, WorkerPool
+from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from services.tokenizer.model_tokenizer import ModelTokenizer
+from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
+from tests.services.prefill.test_prefill_service import Service
+
+DECODE_KV_BLOCKS = 128
+BLOCK_SIZE = 16
+WHOLE_POOL_TOKENS = DECODE_KV_BLOCKS * BLOCK_SIZE - 1  # the context (2048) refuses one more token
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
+
+
+def greedy(max_tokens: int) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def mesh(tiny_demo_model):
+    services = []
+    try:
+        services.append(Service("tokenizer", TOKENIZER_SERVICE, tiny_demo_model))
+        for _ in range(2):
+            services.append(Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "64"))
+        for _ in range(2):
+            services.append(Service("decode", DECODE_SERVICE, tiny_demo_model,
+                                    "--kv-blocks", str(DECODE_KV_BLOCKS)))
+        tokenizer, prefills, decodes = services[0], services[1:3], services[3:5]
+        yield tokenizer.address, [s.address for s in prefills], decodes
+    finally:
+        for svc in services:
+            assert svc.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def model_tokenizer(tiny_demo_model):
+    return ModelTokenizer.from_dir(tiny_demo_model)
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_demo_model):
+    return LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=512))
+
+
+def colocated_ids(engine: LLMEngine, request_id: str, prompt: list[int], max_tokens: int) -> list[int]:
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    ids: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id:
+                ids = out.token_ids
+    return list(ids)
+
+
+def run_with_pipeline(mesh, model_tokenizer, body):
+    """asyncio.run(body(pipeline)) with a pipeline over fresh channels to the mesh."""
+    tokenizer_address, prefill_addresses, decodes = mesh
+
+    async def main():
+        tokenizer_channel = make_channel(tokenizer_address)
+        prefill = WorkerPool.connect(prefill_addresses, prefill_pb2_grpc.PrefillStub)
+        decode = WorkerPool.connect([d.address for d in decodes], decode_pb2_grpc.DecodeStub)
+        pipeline = RequestPipeline(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel), model_tokenizer,
+                                   prefill, decode)
+        try:
+            return await body(pipeline)
+        finally:
+            await pipeline.aclose()
+            await asyncio.gather(tokenizer_channel.close(), prefill.close(), decode.close())
+            assert all(w.num_in_flight == 0 for w in prefill.workers + decode.workers)
+
+    return asyncio.run(main())
+
+
+async def collect(stream) -> list[Delta]:
+    async with aclosing(stream) as deltas:
+        return [d async for d in deltas]
+
+
+def joined(deltas: list[Delta]) -> tuple[str, list[int]]:
+    return "".join(d.text for d in deltas), [t for d in deltas for t in d.token_ids]
+
+
+def assert_pools_free(mesh, within_s: float = 1.0) -> None:
+    """Reserving every page of every decode worker succeeds (retried for `within_s`)."""
+    for svc in mesh[2]:
+        stub = decode_pb2_grpc.DecodeStub(svc.channel)
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert time.monotonic() < deadline, f"{svc.address}: the pool did not become free in time"
+                time.sleep(0.02)
+        assert stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
+
+
+async def pools_free_soon(pipeline: RequestPipeline, mesh) -> None:
+    """Within 0.5 s of the consumer leaving, with the channels still open. The requests that
+    use it ask for 900 tokens (~2 s here), so free pages mean they were aborted."""
+    await pipeline.aclose()  # the Aborts sent on the way out
+    await asyncio.to_thread(assert_pools_free, mesh, 0.5)
+
+
+def expected_text(tok: ModelTokenizer, prompt: list[int], output: list[int]) -> str:
+    # IncrementalDetokenizer's contract: what the output adds to the decoded prompt.
+    return tok.decode(prompt + output)[len(tok.decode(prompt)):]
+
+
+def test_greedy_text_matches_a_colocated_engine(mesh, model_tokenizer, colocated):
+    prompt = model_tokenizer.encode(PROMPT)
+    expected = colocated_ids(colocated, "ref-text", prompt, 24)
+    deltas = run_with_pipeline(mesh, model_tokenizer, lambda p: collect(
+        p.generate("text", prompt_text=PROMPT, sampling=greedy(24))))
+    text, ids = joined(deltas)
+    assert ids == expected
+    assert text == expected_text(model_tokenizer, prompt, expected)
+    assert [d.finish_reason for d in deltas[:-1]] == [None] * (len(deltas) - 1)
+    assert deltas[-1].finish_reason == "length" and deltas[-1].matched_stop is None
+    assert deltas[-1].usage.prompt_tokens == len(prompt) and deltas[-1].usage.completion_tokens == 24
+    assert_pools_free(mesh)
+
+
+def test_chat_messages_use_the_chat_template(mesh, model_tokenizer, colocated):
+    _, prompt = model_tokenizer.apply_chat_template(MESSAGES)
+    expected = colocated_ids(colocated, "ref-chat", prompt, 12)
+    deltas = run_with_pipeline(mesh, model_tokenizer, lambda p: collect(
+        p.generate("chat", messages=MESSAGES, sampling=greedy(12))))
+    text, ids = joined(deltas)
+    assert ids == expected
+    assert text == expected_text(model_tokenizer, prompt, expected)
+    assert deltas[-1].usage.prompt_tokens == len(prompt)
+
+
+def test_token_ids_in_and_max_tokens_one_finishes_at_prefill(mesh, model_tokenizer, colocated):
+    prompt = model_tokenizer.encode(PROMPT)
+    expected = colocated_ids(colocated, "ref-one", prompt, 1)
+    deltas = run_with_pipeline(mesh, model_tokenizer, lambda p: collect(
+        p.generate("one", prompt_token_ids=prompt, sampling=greedy(1))))
+    assert len(deltas) == 1 and deltas[0].token_ids == expected and deltas[0].finish_reason == "length"
+    assert deltas[0].usage.completion_tokens == 1
+    assert_pools_free(mesh)  # the reservation was aborted
+
+
+def test_stop_string_ends_the_text_before_it_and_frees_the_pages(mesh, model_tokenizer, colocated):
+    prompt = model_tokenizer.encode(PROMPT)
+    full = expected_text(model_tokenizer, prompt, colocated_ids(colocated, "ref-stop", prompt, 40))
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    assert stop.strip(), f"pick another stop string from {full!r}"
+    cut = full.find(stop)
+    for include in (False, True):
+        async def body(pipeline):
+            deltas = await collect(pipeline.generate(
+                f"stop-{include}", prompt_text=PROMPT, sampling=greedy(900), stop=["never appears", stop],
+                include_stop_str_in_output=include))
+            await pools_free_soon(pipeline, mesh)  # before the channels close (which cancels any call)
+            return deltas
+
+        deltas = run_with_pipeline(mesh, model_tokenizer, body)
+        text, ids = joined(deltas)
+        assert text == full[:cut + (len(stop) if include else 0)]
+        assert deltas[-1].finish_reason == "stop" and deltas[-1].matched_stop == stop
+        assert deltas[-1].usage.completion_tokens == len(ids) <= 40
+
+
+def test_eight_concurrent_requests_complete_with_correct_usage(mesh, model_tokenizer):
+    prompts = [f"Request number {i}: " + "tell me a story " * (i + 1) for i in range(8)]
+
+    async def body(pipeline):
+        return await asyncio.gather(*(collect(pipeline.generate(
+            f"many-{i}", prompt_text=text, sampling=greedy(8 + 3 * i))) for i, text in enumerate(prompts)))
+
+    results = run_with_pipeline(mesh, model_tokenizer, body)
+    for i, deltas in enumerate(results):
+        prompt = model_tokenizer.encode(prompts[i])
+        text, ids = joined(deltas)
+        assert deltas[-1].finish_reason == "length"
+        assert deltas[-1].usage.prompt_tokens == len(prompt)
+        assert deltas[-1].usage.completion_tokens == len(ids) == 8 + 3 * i
+        assert text == expected_text(model_tokenizer, prompt, ids)
+    assert_pools_free(mesh)
+
+
+def test_a_consumer_that_stops_early_frees_the_decode_pages(mesh, model_tokenizer):
+    async def body(pipeline):
+        async with aclosing(pipeline.generate("early", prompt_text=PROMPT, sampling=greedy(900))) as stream:
+            async for delta in stream:
+                if delta.token_ids and delta.finish_reason is None:
+                    break
+        await pools_free_soon(pipeline, mesh)
+
+        async def consume():  # a task cancelled mid-stream (the HTTP client went away)
+            async for _ in pipeline.generate("cancelled", prompt_text=PROMPT, sampling=greedy(900)):
+                pass
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await pools_free_soon(pipeline, mesh)
+
+    run_with_pipeline(mesh, model_tokenizer, body)
+
+
+def test_context_overflow_and_bad_input_are_invalid_requests(mesh, model_tokenizer):
+    async def body(pipeline):
+        with pytest.raises(ContextLengthError, match="maximum context length is 2048"):
+            await collect(pipeline.generate("over", prompt_text=PROMPT, sampling=greedy(2040)))
+        with pytest.raises(ContextLengthError):
+            await collect(pipeline.generate("long", prompt_token_ids=[5] * 2048))
+        with pytest.raises(InvalidRequestError):
+            await collect(pipeline.generate("none"))
+        with pytest.raises(InvalidRequestError):
+            await collect(pipeline.generate("empty-stop", prompt_text=PROMPT, stop=[""]))
+        with pytest.raises(InvalidRequestError):  # the tokenizer refuses it
+            await collect(pipeline.generate("no-messages", messages=[]))
+        with pytest.raises(InvalidRequestError):  # prefill refuses it
+            await collect(pipeline.generate("bad-temp", prompt_text=PROMPT,
+                                            sampling=common_pb2.SamplingParams(temperature=-1)))
+
+    run_with_pipeline(mesh, model_tokenizer, body)
+    assert_pools_free(mesh)
+
+
+def test_worker_pool_picks_the_least_loaded_round_robin_on_ties():
+    pool = WorkerPool([Worker(f"w{i}", channel=None, stub=None) for i in range(3)])
+    assert [pool.pick().address for _ in range(4)] == ["w0", "w1", "w2", "w0"]
+    with pool.hold() as a, pool.hold() as b:
+        assert {a.address, b.address} == {"w1", "w2"}  # the turn moved on after w0
+        assert pool.pick().address == "w0"
+        with pool.hold() as c:
+            assert c.address == "w0" and c.num_in_flight == 1
+    assert [w.num_in_flight for w in pool.workers] == [0, 0, 0]
