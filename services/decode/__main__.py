@@ -1,10 +1,11 @@
 """`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
 [--max-num-seqs N] [--lease-ms MS]`
 
-Binds first and prints `decode listening on HOST:PORT` (the line `baton up` reads),
-then, while health reports NOT_SERVING, loads the engine with its KV pool in a
-shared-memory segment this process owns, and warms it up with dummy requests
-through reserve → add_prefilled_request → decode; then SERVING.
+Runs through services/common/entrypoint.py: binds and prints `decode listening on
+HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
+loads the engine with its KV pool in a shared-memory segment this process owns,
+and warms it up with dummy requests through reserve → add_prefilled_request →
+decode; then SERVING.
 SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a grace period,
 the segment is unlinked, exit code 0. A bad setting, an address that cannot be
 bound or an unloadable model exits 2 with one line on stderr.
@@ -14,20 +15,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
 import sys
 from collections.abc import Sequence
-
-from grpc_health.v1 import health
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc
-from services.common.grpc_server import make_server, set_serving, stop_server
-from services.decode.config import ConfigError, DecodeServiceConfig
 from services.common.engine_loop import EngineLoop
+from services.common.entrypoint import load_in_thread, run_service
+from services.decode.config import DecodeServiceConfig
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
 from services.kvstore.layout import PageLayout
 from services.kvstore.shared_memory import SharedKVPool
@@ -90,72 +88,43 @@ def _close_pool(pool: SharedKVPool) -> None:
         log.warning("%s", e)
 
 
-async def serve(config: DecodeServiceConfig) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+class DecodeService:
+    """The decode servicer, and the engine loop and shared-memory pool it serves once loaded."""
 
-    servicer = DecodeServicer(lease_ms=config.lease_ms)
-    health_servicer = health.aio.HealthServicer()
-    try:
-        server, port = await make_server([(decode_pb2_grpc.add_DecodeServicer_to_server, servicer)],
-                                         [SERVICE_NAME], address=config.address,
-                                         max_message_bytes=config.max_message_bytes,
-                                         health_servicer=health_servicer, is_serving=False)
-    except RuntimeError as e:  # the address is taken or cannot be bound
-        print(f"decode: {e}", file=sys.stderr, flush=True)
-        return 2
-    await server.start()
-    print(f"decode listening on {config.host}:{port}", flush=True)
-    engine_loop: EngineLoop | None = None
-    pool: SharedKVPool | None = None
-    try:
+    service_names = [SERVICE_NAME]
+
+    def __init__(self, config: DecodeServiceConfig):
+        self.config = config
+        self.servicer = DecodeServicer(lease_ms=config.lease_ms)
+        self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer)]
+        self.engine_loop: EngineLoop | None = None
+        self.pool: SharedKVPool | None = None
+
+    async def start(self, stop: asyncio.Event) -> str | None:
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
-        load = asyncio.create_task(asyncio.to_thread(load_engine, config))
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait([load, stopping], return_when=asyncio.FIRST_COMPLETED)
-        try:
-            engine, pool = await load
-            load = None  # a done task holds its result: the engine, and so views of the pool
-        except (OSError, ValueError) as e:
-            print(f"decode: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
-            return 2
-        engine_loop = EngineLoop(engine)
+        engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True)
+        self.engine_loop = EngineLoop(engine)
         del engine
-        engine_loop.start()
+        self.engine_loop.start()
         if stop.is_set():
-            return 0
-        servicer.attach(engine_loop, pool.layout, pool.name)
-        await warm_up(engine_loop, pool.layout.block_size)
-        await set_serving(health_servicer, [SERVICE_NAME], True)
-        log.info("serving %s: %d KV blocks in shared memory %s", config.model_dir, pool.num_blocks, pool.name)
-        await stopping
-        return 0
-    finally:
-        await stop_server(server, health_servicer, grace_s=config.grace_s)
-        servicer.close()
-        if engine_loop is not None:
-            await asyncio.to_thread(engine_loop.stop)
-            servicer.engine_loop = None
-            engine_loop = None
+            return None
+        self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name)
+        await warm_up(self.engine_loop, self.pool.layout.block_size)
+        return f"serving {self.config.model_dir}: {self.pool.num_blocks} KV blocks in shared memory {self.pool.name}"
+
+    async def close(self) -> None:
+        self.servicer.close()
+        if self.engine_loop is not None:
+            await asyncio.to_thread(self.engine_loop.stop)
+            self.servicer.engine_loop = None
+            self.engine_loop = None
         gc.collect()  # the engine's views of the pool must be gone before it is unmapped
-        if pool is not None:
-            _close_pool(pool)
+        if self.pool is not None:
+            _close_pool(self.pool)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = DecodeServiceConfig.from_args(argv)
-    except ConfigError as e:
-        print(f"decode: {e}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop  # optional: faster event loop where installed
-    except ImportError:
-        return asyncio.run(serve(config))
-    return uvloop.run(serve(config))
+    return run_service("decode", DecodeServiceConfig.from_args, DecodeService, argv)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """`python -m services.prefill --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
 [--max-num-batched-tokens N] [--max-num-seqs N]`
 
-Binds first and prints `prefill listening on HOST:PORT` (the line `baton up` reads),
-then, while health reports NOT_SERVING, loads the engine (its own private KV pool:
-the prompts in flight and the local prefix cache) and warms it up with dummy
-prefill-only requests of several lengths, whose held pages are then released;
-then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a
+Runs through services/common/entrypoint.py: binds and prints `prefill listening on
+HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
+loads the engine (its own private KV pool: the prompts in flight and the local
+prefix cache) and warms it up with dummy prefill-only requests of several
+lengths, whose held pages are then released; then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a
 grace period, the decode pools it attached are unmapped, exit code 0. A bad
 setting, an address that cannot be bound or an unloadable model exits 2 with one
 line on stderr.
@@ -13,24 +13,18 @@ line on stderr.
 from __future__ import annotations
 
 import asyncio
-import logging
-import signal
 import sys
 from collections.abc import Sequence
-
-from grpc_health.v1 import health
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop
-from services.common.grpc_server import make_server, set_serving, stop_server
+from services.common.entrypoint import load_in_thread, run_service
 from services.kvstore.layout import PageLayout
-from services.prefill.config import ConfigError, PrefillServiceConfig
+from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME, PrefillServicer
-
-log = logging.getLogger("baton.prefill")
 
 # The sampler paths a first token can take: greedy, and seeded sampling with filters,
 # penalties and logprobs.
@@ -68,69 +62,40 @@ async def warm_up(engine_loop: EngineLoop, lengths: list[int]) -> None:
             await engine_loop.release(request_id)
 
 
-async def serve(config: PrefillServiceConfig) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+class PrefillService:
+    """The prefill servicer, and the engine loop it serves once loaded."""
 
-    servicer = PrefillServicer()
-    health_servicer = health.aio.HealthServicer()
-    try:
-        server, port = await make_server([(prefill_pb2_grpc.add_PrefillServicer_to_server, servicer)],
-                                         [SERVICE_NAME], address=config.address,
-                                         max_message_bytes=config.max_message_bytes,
-                                         health_servicer=health_servicer, is_serving=False)
-    except RuntimeError as e:  # the address is taken or cannot be bound
-        print(f"prefill: {e}", file=sys.stderr, flush=True)
-        return 2
-    await server.start()
-    print(f"prefill listening on {config.host}:{port}", flush=True)
-    engine_loop: EngineLoop | None = None
-    try:
-        load = asyncio.create_task(asyncio.to_thread(load_engine, config))
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait([load, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
-            load.cancel()  # the thread finishes loading on its own; nothing it makes outlives the process
-            return 0
-        try:
-            engine = await load
-        except (OSError, ValueError) as e:
-            print(f"prefill: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
-            return 2
+    service_names = [SERVICE_NAME]
+
+    def __init__(self, config: PrefillServiceConfig):
+        self.config = config
+        self.servicer = PrefillServicer()
+        self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer)]
+        self.engine_loop: EngineLoop | None = None
+
+    async def start(self, stop: asyncio.Event) -> str | None:
+        engine = await load_in_thread(stop, load_engine, self.config)
+        if engine is None:
+            return None
         pool_tensor = engine.runner.kv_pool.tensor
         layout = PageLayout.of_tensor(pool_tensor, engine.fingerprint)
         lengths = warmup_lengths(engine)
-        servicer.attach(EngineLoop(engine), pool_tensor, layout, engine.model_config.vocab_size)
-        engine_loop = servicer.engine_loop
+        self.servicer.attach(EngineLoop(engine), pool_tensor, layout, engine.model_config.vocab_size)
+        self.engine_loop = self.servicer.engine_loop
         del engine
-        engine_loop.start()
-        await warm_up(engine_loop, lengths)
-        await set_serving(health_servicer, [SERVICE_NAME], True)
-        log.info("serving %s: %d local KV blocks; warmed up on prompts of %s tokens",
-                 config.model_dir, layout.num_blocks, lengths)
-        await stopping
-        return 0
-    finally:
-        await stop_server(server, health_servicer, grace_s=config.grace_s)
-        if engine_loop is not None:
-            await asyncio.to_thread(engine_loop.stop)
-        servicer.close()
+        self.engine_loop.start()
+        await warm_up(self.engine_loop, lengths)
+        return (f"serving {self.config.model_dir}: {layout.num_blocks} local KV blocks; "
+                f"warmed up on prompts of {lengths} tokens")
+
+    async def close(self) -> None:
+        if self.engine_loop is not None:
+            await asyncio.to_thread(self.engine_loop.stop)
+        self.servicer.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = PrefillServiceConfig.from_args(argv)
-    except ConfigError as e:
-        print(f"prefill: {e}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop  # optional: faster event loop where installed
-    except ImportError:
-        return asyncio.run(serve(config))
-    return uvloop.run(serve(config))
+    return run_service("prefill", PrefillServiceConfig.from_args, PrefillService, argv)
 
 
 if __name__ == "__main__":

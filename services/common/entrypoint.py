@@ -1,0 +1,127 @@
+"""The one way a Baton service process runs: `python -m services.<name>` calls `run_service`.
+
+Binds first and prints `<name> listening on HOST:PORT` (the line `baton up` reads),
+then starts the service (loads its model, warms up) while health reports
+NOT_SERVING, then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight
+calls get a grace period, the service releases what it holds, exit code 0. A bad
+setting, an address that cannot be bound or an unloadable model exits 2 with one
+line on stderr.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from grpc_health.v1 import health
+
+from services.common.grpc_server import AddServicer, make_server, set_serving, stop_server
+from services.common.settings import ConfigError
+
+T = TypeVar("T")
+C = TypeVar("C", bound="ServiceConfig")
+
+
+class ServiceConfig(Protocol):
+    """What the entry point reads from a service's config dataclass."""
+    model_dir: Path
+    host: str
+    max_message_bytes: int
+    grace_s: float
+
+    @property
+    def address(self) -> str: ...
+
+
+class Service(Protocol):
+    """A service's own part of the process: its servicers, start-up and shutdown."""
+    servicers: Sequence[tuple[AddServicer, Any]]  # registered on the server before it binds
+    service_names: Sequence[str]  # what health and reflection report
+
+    async def start(self, stop: asyncio.Event) -> str | None:
+        """Load and warm up while health is NOT_SERVING. Return the line to log once SERVING,
+        or None when `stop` came first (exit 0 without serving). Raise ModelLoadError when
+        the model cannot be loaded (exit 2)."""
+
+    async def close(self) -> None:
+        """Release what `start` made; runs after the server stopped, whether `start` finished or not."""
+
+
+class ModelLoadError(Exception):
+    """The model cannot be loaded; printed as `<name>: cannot load MODEL_DIR: <message>`."""
+
+
+async def load_in_thread(stop: asyncio.Event, fn: Callable[..., T], /, *args: Any, finish_on_stop: bool = False,
+                         **kwargs: Any) -> T | None:
+    """`fn(*args, **kwargs)` in a worker thread, racing `stop`.
+
+    Returns None when `stop` is set first: the thread finishes loading on its own
+    and nothing it makes outlives the process. With `finish_on_stop` the load runs
+    to the end all the same and its result is returned, for a caller that must
+    release what it made (a shared-memory segment). OSError and ValueError from
+    `fn` become ModelLoadError."""
+    load = asyncio.create_task(asyncio.to_thread(fn, *args, **kwargs))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([load, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if stop.is_set() and not finish_on_stop:
+        load.cancel()
+        return None
+    try:
+        return await load
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(str(e)) from e
+
+
+async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    service = make_service(config)  # inside the loop: servicers may make asyncio objects
+    health_servicer = health.aio.HealthServicer()
+    try:
+        server, port = await make_server(service.servicers, service.service_names, address=config.address,
+                                         max_message_bytes=config.max_message_bytes,
+                                         health_servicer=health_servicer, is_serving=False)
+    except RuntimeError as e:  # the address is taken or cannot be bound
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
+        return 2
+    await server.start()
+    print(f"{name} listening on {config.host}:{port}", flush=True)
+    try:
+        try:
+            serving_line = await service.start(stop)
+        except ModelLoadError as e:
+            print(f"{name}: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
+            return 2
+        if serving_line is not None:
+            await set_serving(health_servicer, service.service_names, True)
+            logging.getLogger(f"baton.{name}").info("%s", serving_line)
+            await stop.wait()
+        return 0
+    finally:
+        await stop_server(server, health_servicer, grace_s=config.grace_s)
+        await service.close()
+
+
+def run_service(name: str, config_from_args: Callable[[Sequence[str] | None], C],
+                make_service: Callable[[C], Service], argv: Sequence[str] | None = None) -> int:
+    """Parse the config from `argv` (ConfigError: one line on stderr, exit 2), build the
+    service from it, and serve until SIGTERM or SIGINT; returns the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = config_from_args(argv)
+    except ConfigError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # optional: faster event loop where installed
+    except ImportError:
+        return asyncio.run(serve(name, config, make_service))
+    return uvloop.run(serve(name, config, make_service))

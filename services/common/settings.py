@@ -1,0 +1,94 @@
+"""The settings every Baton service shares: its flags and `BATON_*` variables, and their checks.
+
+Each service keeps one frozen config dataclass (validated in `__post_init__`, built
+in `from_args`); this module supplies the parts they have in common, so the same
+flag reads the same variable, defaults alike and fails with the same message in
+every service. A flag wins over its environment variable, which wins over the
+default. Host and port carry the service's name (`BATON_DECODE_PORT`) so that a
+variable set for one service of a local mesh is not inherited by its neighbours;
+the model, the context override and the message limit are shared on purpose.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+
+from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
+
+ENV_MODEL = "BATON_MODEL"
+ENV_MAX_MODEL_LEN = "BATON_MAX_MODEL_LEN"
+ENV_MAX_MESSAGE_BYTES = "BATON_MAX_MESSAGE_BYTES"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or out of range; the message names the flag and its variable.
+    The service's entry point prints it on one line and exits 2."""
+
+
+def env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """`env[name]` as an int; `default` when unset or empty."""
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"${name} must be an integer, got {value!r}") from None
+
+
+def new_parser(name: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"python -m services.{name}", description=f"Baton's {name} service (gRPC).")
+
+
+def add_bind_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_host: str, env_port: str,
+                   model_help: str = "model directory") -> None:
+    """--model, --host and --port, each defaulting to its variable."""
+    parser.add_argument("--model", default=env.get(ENV_MODEL), help=f"{model_help} (${ENV_MODEL})")
+    parser.add_argument("--host", default=env.get(env_host, "127.0.0.1"), help=f"bind host (${env_host})")
+    parser.add_argument("--port", type=int, default=env_int(env, env_port, 0),
+                        help=f"bind port, 0 for any free one (${env_port})")
+
+
+def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--max-model-len and --max-message-bytes, each defaulting to its (shared) variable."""
+    parser.add_argument("--max-model-len", type=int, default=env_int(env, ENV_MAX_MODEL_LEN, None),
+                        help=f"shorten the model's context length (${ENV_MAX_MODEL_LEN})")
+    parser.add_argument("--max-message-bytes", type=int,
+                        default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
+                        help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
+
+
+def model_arg(args: argparse.Namespace) -> Path:
+    """The parsed --model as a path; ConfigError when neither the flag nor the variable gave one."""
+    if not args.model:
+        raise ConfigError(f"no model: pass --model DIR or set ${ENV_MODEL}")
+    return Path(args.model).expanduser()
+
+
+def check_model_dir(model_dir: Path | str, required_file: str) -> Path:
+    """`model_dir` as a Path, once it holds `required_file`."""
+    model_dir = Path(model_dir)
+    if not (model_dir / required_file).is_file():
+        raise ConfigError(f"--model {model_dir}: no {required_file} there (set --model or ${ENV_MODEL})")
+    return model_dir
+
+
+def check_bind(host: str, port: int, env_host: str) -> None:
+    if not host:
+        raise ConfigError(f"--host must not be empty (or ${env_host})")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be in [0, 65535], got {port}")
+
+
+def check_positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{flag} must be >= 1, got {value}")
+
+
+def check_limits(max_model_len: int | None, max_message_bytes: int, grace_s: float) -> None:
+    if max_model_len is not None:
+        check_positive("--max-model-len", max_model_len)
+    check_positive("--max-message-bytes", max_message_bytes)
+    if grace_s < 0:
+        raise ConfigError(f"grace_s must be >= 0, got {grace_s}")
