@@ -65,7 +65,10 @@ class ModelTokenizer:
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise FileNotFoundError(f"{path} has no tokenizer.json (only fast tokenizers are supported)")
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as e:  # the Rust library raises a bare Exception for a corrupt file
+            raise ValueError(f"{tokenizer_file}: not a valid tokenizer.json ({e})") from e
         tok_config = _read_json(path / "tokenizer_config.json")
         model_config = _read_json(path / "config.json")
         gen_config = _read_json(path / "generation_config.json")

@@ -104,3 +104,10 @@ def test_max_model_len_override(demo_model_dir):
 def test_missing_tokenizer_json(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         ModelTokenizer.from_dir(tmp_path)
+
+
+def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not a valid tokenizer\.json"):
+        ModelTokenizer.from_dir(tmp_path)
