@@ -6,16 +6,12 @@ expiry and client cancellation; SIGTERM exits 0 and removes the segment."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -25,8 +21,8 @@ from services.decode.converters import layout_from_proto
 from services.decode.servicer import SERVICE_NAME
 from services.kvstore.page_copy import copy_pages
 from services.kvstore.shared_memory import SharedKVPool
+from tests.services.service_process import ServiceProcess
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 NUM_KV_BLOCKS = 128
 BLOCK_SIZE = 16
 WHOLE_POOL_TOKENS = NUM_KV_BLOCKS * BLOCK_SIZE - 1  # 128 blocks; the context (2048) refuses one more token
@@ -36,49 +32,11 @@ GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True)
 
 
-class Service:
-    """One `python -m services.decode` process and a sync channel to it."""
-
-    def __init__(self, model_dir: Path, *extra_args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.decode", "--model", str(model_dir), "--port", "0", *extra_args],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.address = _read_listening_line(self.proc, timeout_s=30)
-        self.channel = grpc.insecure_channel(self.address)
-        self.stub = decode_pb2_grpc.DecodeStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.wait_serving()
-
-    def wait_serving(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5).status \
-                != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, "the decode service never reported SERVING"
-            time.sleep(0.05)
-
-    def terminate(self) -> int:
-        self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return self.proc.returncode
-
-
-def _read_listening_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not lines or not lines[0].startswith("decode listening on "):
-        proc.kill()
-        pytest.fail(f"no listening line (got {lines!r}); stderr:\n{proc.stderr.read()}")
-    return lines[0].removeprefix("decode listening on ").strip()
+def Service(model_dir: Path, *extra_args: str) -> ServiceProcess:
+    """One `python -m services.decode` process, SERVING, with a sync stub."""
+    svc = ServiceProcess("decode", SERVICE_NAME, model_dir, *extra_args)
+    svc.stub = decode_pb2_grpc.DecodeStub(svc.channel)
+    return svc
 
 
 def _sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:

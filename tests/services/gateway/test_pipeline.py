@@ -23,7 +23,7 @@ from services.gateway.workers import Worker, WorkerPool
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
-from tests.services.prefill.test_prefill_service import Service
+from tests.services.service_process import ServiceProcess as Service
 
 DECODE_KV_BLOCKS = 128
 BLOCK_SIZE = 16

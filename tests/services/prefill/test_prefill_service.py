@@ -5,16 +5,11 @@ must produce exactly a colocated engine's tokens; failures must leave no page he
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -22,8 +17,8 @@ from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from tests.services.service_process import ServiceProcess as Service
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DECODE_KV_BLOCKS = 128
 PREFILL_KV_BLOCKS = 64
 BLOCK_SIZE = 16
@@ -31,48 +26,6 @@ BIG_PROMPT_TOKENS = 60 * BLOCK_SIZE  # 60 of the prefill worker's 64 pages: fits
 PROMPT = [(31 * j) % 1000 + 3 for j in range(53)]
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True)
-
-
-class Service:
-    """One `python -m services.<name>` process and a sync channel to it."""
-
-    def __init__(self, name: str, service_name: str, model_dir: Path, *extra_args: str):
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}", "--model", str(model_dir), "--port", "0", *extra_args],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.address = self._read_listening_line(timeout_s=30)
-        self.channel = grpc.insecure_channel(self.address)
-        health = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + 30
-        while health.Check(health_pb2.HealthCheckRequest(service=service_name), timeout=5).status \
-                != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, f"the {name} service never reported SERVING"
-            time.sleep(0.05)
-
-    def _read_listening_line(self, timeout_s: float) -> str:
-        prefix = f"{self.name} listening on "
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not lines or not lines[0].startswith(prefix):
-            self.proc.kill()
-            pytest.fail(f"no listening line (got {lines!r}); stderr:\n{self.proc.stderr.read()}")
-        return lines[0].removeprefix(prefix).strip()
-
-    def terminate(self) -> int:
-        self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
