@@ -2,55 +2,14 @@
 from __future__ import annotations
 
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from protos import common_pb2, decode_pb2
-from services.kvstore.layout import PageLayout
-
-FINISH_REASONS = {
-    None: common_pb2.FINISH_REASON_UNSPECIFIED,
-    "stop": common_pb2.FINISH_REASON_STOP,
-    "length": common_pb2.FINISH_REASON_LENGTH,
-    "abort": common_pb2.FINISH_REASON_ABORT,
-}
-
-
-def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
-    """Absent optional fields take the engine's defaults. Raises ValueError on a value out of range."""
-    kwargs = {}
-    for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs"):
-        if p.HasField(name):
-            kwargs[name] = getattr(p, name)
-    return SamplingParams(
-        top_k=p.top_k, min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, **kwargs,
-    )
-
-
-def layout_to_proto(layout: PageLayout) -> common_pb2.KVLayout:
-    return common_pb2.KVLayout(num_layers=layout.num_layers, block_size=layout.block_size,
-                               num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim, dtype=layout.dtype,
-                               model_fingerprint=layout.fingerprint)
-
-
-def layout_from_proto(layout: common_pb2.KVLayout, num_blocks: int) -> PageLayout:
-    """The proto carries no block count (two compatible pools may differ in it): the caller names one."""
-    return PageLayout(num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads, block_size=layout.block_size,
-                      head_dim=layout.head_dim, dtype=layout.dtype, num_blocks=num_blocks,
-                      fingerprint=layout.model_fingerprint)
-
-
-def _top_logprobs(token_id: int, logprobs: dict[int, float], n: int) -> common_pb2.TopLogprobs:
-    best = sorted(logprobs.items(), key=lambda kv: kv[1], reverse=True)[:n]
-    return common_pb2.TopLogprobs(
-        sampled=common_pb2.TokenLogprob(token_id=token_id, logprob=logprobs.get(token_id, float("nan"))),
-        top=[common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in best],
-    )
+from protos import decode_pb2
+from services.common.converters import FINISH_REASONS, top_logprobs
 
 
 def chunk_from_output(out: RequestOutput, num_logprobs: int | None) -> decode_pb2.DecodeChunk:
     chunk = decode_pb2.DecodeChunk(token_ids=out.new_token_ids,
                                    finish_reason=FINISH_REASONS[out.finish_reason if out.finished else None])
     if num_logprobs is not None:
-        chunk.logprobs.extend(_top_logprobs(t, lp, num_logprobs)
+        chunk.logprobs.extend(top_logprobs(t, lp, num_logprobs)
                               for t, lp in zip(out.new_token_ids, out.new_logprobs))
     return chunk

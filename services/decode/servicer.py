@@ -18,8 +18,9 @@ import socket
 import grpc
 
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
-from services.decode.converters import chunk_from_output, layout_to_proto, sampling_params_from_proto
+from services.common.converters import layout_to_proto, sampling_params_from_proto
 from services.common.engine_loop import EngineLoop
+from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
 from services.kvstore.layout import PageLayout
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from engine.outputs import RequestOutput
 from protos import prefill_pb2
-from services.decode.converters import FINISH_REASONS, _top_logprobs, layout_from_proto, sampling_params_from_proto
+from services.common.converters import (
+    FINISH_REASONS,
+    layout_from_proto,
+    sampling_params_from_proto,
+    top_logprobs,
+)
 
 __all__ = ["layout_from_proto", "response_from_output", "sampling_params_from_proto"]
 
@@ -21,6 +26,6 @@ def response_from_output(out: RequestOutput, num_logprobs: int | None,
     response = prefill_pb2.PrefillResponse(first_token_id=first, num_cached_tokens=out.num_cached_tokens,
                                            timings=timings, finish_reason=FINISH_REASONS[reason])
     if num_logprobs is not None and out.new_logprobs:
-        response.logprobs.CopyFrom(_top_logprobs(first, out.new_logprobs[0], num_logprobs))
+        response.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
     return response
 

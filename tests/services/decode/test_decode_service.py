@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
-from services.decode.converters import layout_from_proto
+from services.common.converters import layout_from_proto
 from services.decode.servicer import SERVICE_NAME
 from services.kvstore.page_copy import copy_pages
 from services.kvstore.shared_memory import SharedKVPool
