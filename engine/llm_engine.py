@@ -112,7 +112,8 @@ class LLMEngine:
     def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
         """Sets aside pages for a prompt whose KV another worker will write; returns their ids."""
         if not 0 < num_prompt_tokens < self.max_model_len:
-            raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of {self.max_model_len} tokens")
+            raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of "
+                             f"{self.max_model_len} tokens")
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         num_blocks = -(-num_prompt_tokens // self.config.block_size)
@@ -136,6 +137,10 @@ class LLMEngine:
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.adopt(request_id, seq)
         seq.append_token(first_token_id)
+        if sampling_params.logprobs is not None:
+            # Prefill reported the first token's logprobs; this entry only keeps
+            # output_logprobs aligned with output_token_ids and is never emitted.
+            seq.output_logprobs.append({})
         if seq.generator is not None and sampling_params.temperature > 0:
             # The prefill worker's sampler drew once from the same seed for the first
             # token; skip that draw so the stream goes on exactly as in one engine.

@@ -58,6 +58,40 @@ def test_handoff_gives_the_colocated_tokens(tiny_demo_model, kind):
     assert_clean(decode)
 
 
+def test_decode_emits_a_logprob_for_every_token_after_the_first(tiny_demo_model):
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2)
+    prompt = [(13 * j) % 900 + 5 for j in range(20)]
+    expected = _colocated_logprobs(tiny_demo_model, prompt, params)
+    assert len(expected) == 6
+
+    prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
+    prefill.add_request("r", prompt, params, prefill_only=True)
+    first = finish(prefill)["r"]
+    dst = decode.reserve("r", len(prompt))
+    decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, prefill.held_block_ids("r")]
+    prefill.release("r")
+    decode.add_prefilled_request("r", prompt, first.token_ids[0], params)
+    emitted = []
+    while decode.has_unfinished_requests():
+        for out in decode.step():
+            assert len(out.new_logprobs) == len(out.new_token_ids)
+            emitted += out.new_logprobs
+    assert len(emitted) == 5
+    for got, want in zip(emitted, expected[1:]):
+        assert got.keys() == want.keys()
+        assert all(abs(got[k] - want[k]) < 1e-4 for k in got)
+
+
+def _colocated_logprobs(model_dir, prompt, params):
+    engine = make_engine(model_dir)
+    engine.add_request("r", prompt, params)
+    logprobs = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            logprobs += out.new_logprobs
+    return logprobs
+
+
 def test_prefill_only_request_that_ends_at_its_first_token_keeps_no_pages(tiny_demo_model):
     engine = make_engine(tiny_demo_model)
     engine.add_request("one", [5, 6, 7], SamplingParams(max_tokens=1, temperature=0), prefill_only=True)
