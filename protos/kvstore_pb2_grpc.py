@@ -54,14 +54,17 @@ class KVStoreServicer:
     def WritePages(self, request_iterator, context):
         """Write pages, chunk by chunk (layer by layer, so transfer overlaps compute).
         Layout or fingerprint mismatch: FAILED_PRECONDITION; checksum mismatch:
-        DATA_LOSS; unknown or expired reservation: NOT_FOUND.
+        DATA_LOSS; unknown or expired reservation: NOT_FOUND; block ids outside the
+        reservation, a bad layer range or a data length that does not fit: INVALID_ARGUMENT.
+        A kvstore node keeps a stream's blocks only if the whole stream succeeds.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReadPages(self, request, context):
-        """Read pages held in the host tier, named by block hash.
+        """Read pages held in the host tier, named by block hash (kvstore nodes only:
+        decode workers answer UNIMPLEMENTED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KVTarget(_message.Message):
-    __slots__ = ("decode_address", "reservation_id", "block_ids", "transport", "shm_name", "layout", "cuda_ipc_handle")
+    __slots__ = ("decode_address", "reservation_id", "block_ids", "transport", "shm_name", "layout", "cuda_ipc_handle", "decode_host_id", "transports")
     DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,8 @@ class KVTarget(_message.Message):
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     decode_address: str
     reservation_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -23,7 +25,9 @@ class KVTarget(_message.Message):
     shm_name: str
     layout: _common_pb2.KVLayout
     cuda_ipc_handle: bytes
-    def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ...) -> None: ...
+    decode_host_id: str
+    transports: _containers.RepeatedScalarFieldContainer[_common_pb2.KVTransport]
+    def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ..., decode_host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KVTransport, str]]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "target")
@@ -38,16 +42,18 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., target: _Optional[_Union[KVTarget, _Mapping]] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes")
+    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport")
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     queue_seconds: float
     prefill_seconds: float
     kv_transfer_seconds: float
     kv_transfer_bytes: int
-    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ...) -> None: ...
+    kv_transport: _common_pb2.KVTransport
+    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason")

@@ -28,7 +28,7 @@ C = TypeVar("C", bound="ServiceConfig")
 
 class ServiceConfig(Protocol):
     """What the entry point reads from a service's config dataclass."""
-    model_dir: Path
+    model_dir: Path | None  # None: the service loads no model (kvstore)
     host: str
     max_message_bytes: int
     grace_s: float
@@ -53,6 +53,11 @@ class Service(Protocol):
 
 class ModelLoadError(Exception):
     """The model cannot be loaded; printed as `<name>: cannot load MODEL_DIR: <message>`."""
+
+
+class StartError(Exception):
+    """The service cannot start for another reason (a second port that cannot be bound);
+    printed as `<name>: <message>`, exit 2."""
 
 
 async def load_in_thread(stop: asyncio.Event, fn: Callable[..., T], /, *args: Any, finish_on_stop: bool = False,
@@ -99,6 +104,9 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
             serving_line = await service.start(stop)
         except ModelLoadError as e:
             print(f"{name}: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
+            return 2
+        except StartError as e:
+            print(f"{name}: {e}", file=sys.stderr, flush=True)
             return 2
         if serving_line is not None:
             await set_serving(health_servicer, service.service_names, True)

@@ -42,9 +42,11 @@ def new_parser(name: str) -> argparse.ArgumentParser:
 
 
 def add_bind_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_host: str, env_port: str,
-                   model_help: str = "model directory") -> None:
-    """--model, --host and --port, each defaulting to its variable."""
-    parser.add_argument("--model", default=env.get(ENV_MODEL), help=f"{model_help} (${ENV_MODEL})")
+                   model_help: str | None = "model directory") -> None:
+    """--model, --host and --port, each defaulting to its variable; no --model when `model_help`
+    is None (a service that serves any model's pages and loads none: kvstore)."""
+    if model_help is not None:
+        parser.add_argument("--model", default=env.get(ENV_MODEL), help=f"{model_help} (${ENV_MODEL})")
     parser.add_argument("--host", default=env.get(env_host, "127.0.0.1"), help=f"bind host (${env_host})")
     parser.add_argument("--port", type=int, default=env_int(env, env_port, 0),
                         help=f"bind port, 0 for any free one (${env_port})")

@@ -1,6 +1,9 @@
 """`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
 [--max-num-seqs N] [--lease-ms MS]`
 
+Serves Decode, and beside it on the same port KVStore (kv_receiver.py), through which
+a prefill worker on another host streams pages into the reservations.
+
 Runs through services/common/entrypoint.py: binds and prints `decode listening on
 HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
 loads the engine with its KV pool in a shared-memory segment this process owns,
@@ -22,10 +25,11 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.weights import checkpoint_files, checkpoint_fingerprint
-from protos import decode_pb2_grpc
+from protos import decode_pb2_grpc, kvstore_pb2_grpc
 from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
 from services.decode.config import DecodeServiceConfig
+from services.decode.kv_receiver import SERVICE_NAME as KVSTORE_SERVICE_NAME, KVReceiver
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
 from services.kvstore.layout import PageLayout
 from services.kvstore.shared_memory import SharedKVPool
@@ -89,14 +93,16 @@ def _close_pool(pool: SharedKVPool) -> None:
 
 
 class DecodeService:
-    """The decode servicer, and the engine loop and shared-memory pool it serves once loaded."""
+    """The decode and KV receiver servicers, and the engine loop and shared-memory pool they serve once loaded."""
 
-    service_names = [SERVICE_NAME]
+    service_names = [SERVICE_NAME, KVSTORE_SERVICE_NAME]
 
     def __init__(self, config: DecodeServiceConfig):
         self.config = config
         self.servicer = DecodeServicer(lease_ms=config.lease_ms)
-        self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer)]
+        self.receiver = KVReceiver()
+        self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer),
+                          (kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.receiver)]
         self.engine_loop: EngineLoop | None = None
         self.pool: SharedKVPool | None = None
 
@@ -109,11 +115,13 @@ class DecodeService:
         if stop.is_set():
             return None
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name)
+        self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         await warm_up(self.engine_loop, self.pool.layout.block_size)
         return f"serving {self.config.model_dir}: {self.pool.num_blocks} KV blocks in shared memory {self.pool.name}"
 
     async def close(self) -> None:
         self.servicer.close()
+        self.receiver.close()
         if self.engine_loop is not None:
             await asyncio.to_thread(self.engine_loop.stop)
             self.servicer.engine_loop = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 class Lease:
     reservation_id: str
     request_id: str
+    block_ids: frozenset[int]  # the reserved pages: the only ones a transfer may write
     timer: asyncio.TimerHandle
 
 
@@ -29,13 +30,17 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._by_reservation)
 
-    def grant(self, request_id: str) -> str:
-        """Start the lease on pages already reserved under `request_id`; returns the reservation id."""
+    def grant(self, request_id: str, block_ids: list[int]) -> str:
+        """Start the lease on `block_ids`, already reserved under `request_id`; returns the reservation id."""
         reservation_id = secrets.token_hex(8)
         timer = asyncio.get_running_loop().call_later(self.lease_s, self._expire, reservation_id)
-        self._by_reservation[reservation_id] = Lease(reservation_id, request_id, timer)
+        self._by_reservation[reservation_id] = Lease(reservation_id, request_id, frozenset(block_ids), timer)
         self._by_request[request_id] = reservation_id
         return reservation_id
+
+    def get(self, reservation_id: str) -> Lease | None:
+        """The live lease (pages still reserved, not yet claimed by Decode), or None."""
+        return self._by_reservation.get(reservation_id)
 
     def claim(self, reservation_id: str, request_id: str) -> bool:
         """End the lease because Decode took the pages. False if unknown, expired or someone else's."""

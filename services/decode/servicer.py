@@ -13,7 +13,6 @@ Pages are freed on finish, Abort, lease expiry and client cancellation of Decode
 from __future__ import annotations
 
 import logging
-import socket
 
 import grpc
 
@@ -22,6 +21,7 @@ from services.common.converters import layout_to_proto, sampling_params_from_pro
 from services.common.engine_loop import EngineLoop
 from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
+from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
 
 SERVICE_NAME = decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
@@ -37,7 +37,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.leases: LeaseTable | None = None
         self.layout: PageLayout | None = None
         self.shm_name = ""
-        self.host_id = socket.gethostname()
+        self.host_id = host_id()
 
     def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str) -> None:
         """Must run on the server's event loop (the lease timers live there)."""
@@ -71,11 +71,12 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except RuntimeError as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        reservation_id = self.leases.grant(request.request_id)
+        reservation_id = self.leases.grant(request.request_id, block_ids)
         return decode_pb2.Reservation(
             reservation_id=reservation_id, block_ids=block_ids, lease_ms=self.lease_ms,
             layout=layout_to_proto(self.layout), shm_name=self.shm_name,
-            transports=[common_pb2.KV_TRANSPORT_SHARED_MEMORY], host_id=self.host_id,
+            transports=[common_pb2.KV_TRANSPORT_SHARED_MEMORY, common_pb2.KV_TRANSPORT_GRPC_STREAM],
+            host_id=self.host_id,
         )
 
     async def Decode(self, request, context):

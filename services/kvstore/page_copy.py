@@ -12,6 +12,7 @@ GPU tensors take the single index_select/index_copy_ call instead.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import torch
 
@@ -29,7 +30,7 @@ def _check_blocks(name: str, blocks: list[int], num_blocks: int) -> None:
             raise ValueError(f"{name}: block id {b} out of range [0, {num_blocks})")
 
 
-def _runs(src_blocks: list[int], dst_blocks: list[int]) -> list[tuple[int, int, int]]:
+def block_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[tuple[int, int, int]]:
     """(src_start, dst_start, length) for maximal runs consecutive on both sides."""
     runs: list[tuple[int, int, int]] = []
     for s, d in zip(src_blocks, dst_blocks):
@@ -77,7 +78,7 @@ def copy_pages(src: torch.Tensor, src_blocks: list[int], dst: torch.Tensor, dst_
     block_nbytes = src.numel() // src.shape[_BLOCK_DIM] * src.element_size()
     if src.device.type == "cpu" and dst.device.type == "cpu":
         src_rows, dst_rows = _as_rows_of_bytes(src), _as_rows_of_bytes(dst)
-        for s, d, n in _runs(src_blocks, dst_blocks):
+        for s, d, n in block_runs(src_blocks, dst_blocks):
             dst_rows[:, d : d + n].copy_(src_rows[:, s : s + n])
     else:
         src_idx = torch.tensor(src_blocks, device=src.device)

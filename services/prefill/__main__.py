@@ -1,12 +1,12 @@
 """`python -m services.prefill --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
-[--max-num-batched-tokens N] [--max-num-seqs N]`
+[--max-num-batched-tokens N] [--max-num-seqs N] [--no-kv-checksum]`
 
 Runs through services/common/entrypoint.py: binds and prints `prefill listening on
 HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
 loads the engine (its own private KV pool: the prompts in flight and the local
 prefix cache) and warms it up with dummy prefill-only requests of several
 lengths, whose held pages are then released; then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a
-grace period, the decode pools it attached are unmapped, exit code 0. A bad
+grace period, the decode pools it attached are unmapped and its KV channels closed, exit code 0. A bad
 setting, an address that cannot be bound or an unloadable model exits 2 with one
 line on stderr.
 """
@@ -69,7 +69,7 @@ class PrefillService:
 
     def __init__(self, config: PrefillServiceConfig):
         self.config = config
-        self.servicer = PrefillServicer()
+        self.servicer = PrefillServicer(kv_checksum=config.kv_checksum)
         self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer)]
         self.engine_loop: EngineLoop | None = None
 
@@ -91,7 +91,7 @@ class PrefillService:
     async def close(self) -> None:
         if self.engine_loop is not None:
             await asyncio.to_thread(self.engine_loop.stop)
-        self.servicer.close()
+        await self.servicer.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,7 @@ ENV_PORT = "BATON_PREFILL_PORT"
 ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
+ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
 
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # the token budget of one step: longer prompts are chunked
@@ -50,6 +51,7 @@ class PrefillServiceConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
 
     def __post_init__(self):
@@ -79,9 +81,12 @@ class PrefillServiceConfig:
                             help=f"tokens per step; longer prompts are chunked (${ENV_MAX_NUM_BATCHED_TOKENS})")
         parser.add_argument("--max-num-seqs", type=int, default=env_int(env, ENV_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS),
                             help=f"most prompts in one batch (${ENV_MAX_NUM_SEQS})")
+        parser.add_argument("--no-kv-checksum", dest="kv_checksum", action="store_false",
+                            default=env.get(ENV_KV_CHECKSUM, "1") != "0",
+                            help=f"send GRPC_STREAM page chunks without a CRC-32 (${ENV_KV_CHECKSUM}=0)")
         add_limit_flags(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                   max_message_bytes=args.max_message_bytes)
+                   max_message_bytes=args.max_message_bytes, kv_checksum=args.kv_checksum)

@@ -6,15 +6,23 @@ so they are reused from there rather than written twice.
 from __future__ import annotations
 
 from engine.outputs import RequestOutput
-from protos import prefill_pb2
+from protos import common_pb2, prefill_pb2
 from services.common.converters import (
     FINISH_REASONS,
     layout_from_proto,
     sampling_params_from_proto,
     top_logprobs,
 )
+from services.kvstore.transport import KVDestination, TransportKind
 
-__all__ = ["layout_from_proto", "response_from_output", "sampling_params_from_proto"]
+__all__ = ["destination_from_proto", "layout_from_proto", "response_from_output", "sampling_params_from_proto",
+           "transport_from_proto", "transport_to_proto"]
+
+TRANSPORTS = {
+    common_pb2.KV_TRANSPORT_SHARED_MEMORY: TransportKind.SHARED_MEMORY,
+    common_pb2.KV_TRANSPORT_GRPC_STREAM: TransportKind.GRPC_STREAM,
+    common_pb2.KV_TRANSPORT_CUDA_IPC: TransportKind.CUDA_IPC,
+}
 
 
 def response_from_output(out: RequestOutput, num_logprobs: int | None,
@@ -29,3 +37,25 @@ def response_from_output(out: RequestOutput, num_logprobs: int | None,
         response.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
     return response
 
+
+def transport_from_proto(transport: int) -> TransportKind | None:
+    """None for UNSPECIFIED (prefill chooses). Raises ValueError for a value this build does not know."""
+    if transport == common_pb2.KV_TRANSPORT_UNSPECIFIED:
+        return None
+    if transport not in TRANSPORTS:
+        raise ValueError(f"target.transport {transport} is not a known KV transport")
+    return TRANSPORTS[transport]
+
+
+def transport_to_proto(kind: TransportKind) -> int:
+    return next(value for value, k in TRANSPORTS.items() if k is kind)
+
+
+def destination_from_proto(target: prefill_pb2.KVTarget, num_blocks: int) -> KVDestination:
+    """The target's first `num_blocks` pages (the prompt's) and the ways to reach them;
+    transports this build does not know are left out of what it offers. (Its layout is
+    not part of it: the servicer compares that with ours first.)"""
+    return KVDestination(
+        reservation_id=target.reservation_id, block_ids=tuple(target.block_ids[:num_blocks]),
+        address=target.decode_address, shm_name=target.shm_name, cuda_ipc_handle=target.cuda_ipc_handle, host_id=target.decode_host_id,
+        offered=frozenset(TRANSPORTS[t] for t in target.transports if t in TRANSPORTS))

@@ -1,51 +1,44 @@
-"""Writing a prefilled request's pages into a decode worker's pool in shared memory.
+"""The prefill side of the KV transports: pick one for a target, open it before
+computing, write the held pages with it afterwards.
 
-`SharedMemoryTargets` owns this process's attachments to decode pools, one per
-segment name, kept for the life of the service: attaching maps the segment (a
-syscall and a header check), which is not worth repeating per request.
+The transports live as long as the service: each keeps what is worth reusing across
+requests (mapped segments, opened IPC handles, gRPC channels).
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 
+from services.kvstore.cuda_ipc import CudaIpcTransport
+from services.kvstore.grpc_stream import GrpcStreamTransport
 from services.kvstore.layout import PageLayout
-from services.kvstore.page_copy import copy_pages
-from services.kvstore.shared_memory import SharedKVPool
-
-log = logging.getLogger("baton.prefill")
+from services.kvstore.shm_transport import SharedMemoryTransport
+from services.kvstore.transport import KVDestination, PageTransport, TransportKind, choose_transport
 
 
-class SharedMemoryTargets:
-    """Attachments to decode workers' shared-memory pools, by segment name."""
+class KVWriter:
+    def __init__(self, pool: torch.Tensor, layout: PageLayout, host_id: str, *, checksum: bool = True) -> None:
+        self.pool = pool  # our KV pool [L, 2, Hkv, N, bs, D]
+        self.host_id = host_id
+        transports = (SharedMemoryTransport(layout), GrpcStreamTransport(layout, checksum=checksum),
+                      CudaIpcTransport(layout))
+        self._transports: dict[TransportKind, PageTransport] = {t.kind: t for t in transports}
 
-    def __init__(self, layout: PageLayout) -> None:
-        self.layout = layout  # this worker's own; every target must match it but for num_blocks
-        self._pools: dict[str, SharedKVPool] = {}
+    def open(self, dest: KVDestination, kind: TransportKind | None) -> PageTransport:
+        """The transport `kind` (None: the fastest that reaches `dest`), opened on `dest`.
+        Raises what `choose_transport` and `PageTransport.open` raise."""
+        if kind is None:
+            kind = choose_transport(dest, own_host_id=self.host_id, is_cuda_pool=self.pool.device.type == "cuda")
+        transport = self._transports[kind]
+        transport.open(dest)
+        return transport
 
-    def attach(self, shm_name: str) -> SharedKVPool:
-        """The attached pool named `shm_name` (mapped on first use). Raises FileNotFoundError for
-        no such segment, LayoutMismatchError for one whose header disagrees with our layout."""
-        pool = self._pools.get(shm_name)
-        if pool is None:
-            pool = self._pools[shm_name] = SharedKVPool.attach(shm_name, self.layout)
-        return pool
+    async def write(self, transport: PageTransport, request_id: str, src_blocks: list[int],
+                    dest: KVDestination) -> int:
+        """Our held `src_blocks` into `dest.block_ids` (as many); returns the bytes moved."""
+        return await transport.write(request_id, self.pool, src_blocks, dest, dest.block_ids)
 
-    def close(self) -> None:
-        """Unmap every attachment (never unlinks: the decode workers own the segments)."""
-        for pool in self._pools.values():
-            try:
-                pool.close()
-            except BufferError as e:  # a copy's view outlived the server; the mapping stays until exit
-                log.warning("%s", e)
-        self._pools.clear()
-
-
-def write_pages(src: torch.Tensor, src_blocks: list[int], target: SharedKVPool, dst_blocks: list[int]) -> int:
-    """Copy `src_blocks` of our pool into `dst_blocks` of the target pool; returns the bytes written.
-
-    Safe off the engine thread while the source pages are held: held pages are never
-    reallocated, and full (prefix-cached) ones are never written, until release.
-    """
-    return copy_pages(src, src_blocks, target.tensor, dst_blocks)
+    async def close(self) -> None:
+        """After the server stopped (no write in flight)."""
+        for transport in self._transports.values():
+            await transport.close()
+        self.pool = None

@@ -1,17 +1,21 @@
 """The Prefill gRPC service (protos/prefill.proto) over one EngineLoop.
 
-One call: validate, run the prompt as a prefill-only request (the engine chunks it
-and batches it with others), then write its held pages into the KV target and
-release them. The pages are released on every path: success, a failed write, an
-error and client cancellation (which also aborts a prompt still computing).
+One call: validate, open the KV target's transport (the one the target names, or
+with none named the fastest that reaches it: kv_writer.py), run the prompt as a
+prefill-only request (the engine chunks it and batches it with others), then write
+its held pages into the target and release them. The pages are released on every
+path: success, a failed write, an error and client cancellation (which also aborts
+a prompt still computing).
 
 Status codes:
 - INVALID_ARGUMENT: empty request id, no tokens, a token outside the vocabulary, a
   prompt longer than the context, sampling values out of range, a request id in use,
-  a target missing its shm name or layout, or too few (or bad) target blocks.
+  a target missing its layout or what its transport needs (shm name, address, IPC
+  handle), or too few (or bad) target blocks.
 - FAILED_PRECONDITION: the target's layout or model fingerprint is not ours, or its
-  segment does not exist or disagrees with its layout (checked before computing).
-- UNIMPLEMENTED: a transport other than SHARED_MEMORY (for now).
+  segment (IPC handle) does not exist or disagrees with its layout (checked before computing).
+- The decode worker's own code when it refuses pages sent over GRPC_STREAM
+  (FAILED_PRECONDITION, DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE).
 - UNAVAILABLE: the engine is still loading and warming up.
 - ABORTED: the request was aborted in the engine.
 
@@ -19,11 +23,11 @@ Timings: `queue_seconds` runs from the call's arrival until the engine thread to
 the request (validation, attaching, waiting out the step in progress);
 `prefill_seconds` from then until the first token (it includes any wait for a batch
 slot: the engine does not report when a request was first scheduled);
-`kv_transfer_seconds` is the page copy.
+`kv_transfer_seconds` is the page write, by the transport named in `kv_transport`.
 
-The copy runs on a worker thread, not the engine thread: held pages are neither
-reallocated nor written until `release`, so the copy is safe there, and the engine
-keeps stepping other requests meanwhile instead of stalling the batch for it.
+The write runs off the engine thread (a copy on a worker thread, or a gRPC stream):
+held pages are neither reallocated nor written until `release`, so reading them is
+safe there, and the engine keeps stepping other requests meanwhile.
 """
 from __future__ import annotations
 
@@ -34,45 +38,47 @@ import time
 import grpc
 import torch
 
-from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
+from protos import prefill_pb2, prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop
+from services.kvstore.host_id import host_id
 from services.kvstore.layout import LayoutMismatchError, PageLayout
-from services.kvstore.shared_memory import SharedKVPool
-from services.prefill.converters import layout_from_proto, response_from_output, sampling_params_from_proto
-from services.prefill.kv_writer import SharedMemoryTargets, write_pages
+from services.kvstore.transport import KVDestination, PageTransport
+from services.prefill.converters import (
+    destination_from_proto,
+    layout_from_proto,
+    response_from_output,
+    sampling_params_from_proto,
+    transport_from_proto,
+    transport_to_proto,
+)
+from services.prefill.kv_writer import KVWriter
 
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
 log = logging.getLogger("baton.prefill")
-
-_LATER_TRANSPORTS = {
-    common_pb2.KV_TRANSPORT_GRPC_STREAM: "GRPC_STREAM",
-    common_pb2.KV_TRANSPORT_CUDA_IPC: "CUDA_IPC",
-}
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     """`attach` is called once the engine is loaded; until then every call is UNAVAILABLE."""
 
-    def __init__(self) -> None:
+    def __init__(self, kv_checksum: bool = True) -> None:
+        self.kv_checksum = kv_checksum  # on GRPC_STREAM page chunks
         self.engine_loop: EngineLoop | None = None
         self.layout: PageLayout | None = None
         self.vocab_size = 0
-        self._pool_tensor: torch.Tensor | None = None  # our KV pool [L, 2, Hkv, N, bs, D]
-        self._targets: SharedMemoryTargets | None = None
+        self._writer: KVWriter | None = None
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
                vocab_size: int) -> None:
+        """`pool_tensor`: our KV pool [L, 2, Hkv, N, bs, D]."""
         self.engine_loop = engine_loop
-        self._pool_tensor = pool_tensor
         self.layout = layout
         self.vocab_size = vocab_size
-        self._targets = SharedMemoryTargets(layout)
+        self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
 
-    def close(self) -> None:
-        """Unmap the decode pools; after the server stopped (no copy in flight)."""
-        if self._targets is not None:
-            self._targets.close()
-        self._pool_tensor = None
+    async def close(self) -> None:
+        """Unmap the decode pools and close channels; after the server stopped (no write in flight)."""
+        if self._writer is not None:
+            await self._writer.close()
 
     async def _ready(self, context) -> EngineLoop:
         if self.engine_loop is None:
@@ -97,7 +103,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         num_blocks = -(-len(prompt) // self.layout.block_size)
-        target, dst_blocks = await self._target(request.target, num_blocks, context)
+        transport, dest = await self._open_target(request.target, num_blocks, context)
 
         is_added = True  # unknown until `add_request` returns: cancelled meanwhile, it may have run
         pending_copy: asyncio.Future | None = None
@@ -114,41 +120,39 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.INTERNAL, f"the prefill engine failed: {out}")
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
-            num_bytes = 0
+            timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted)
             if out.finish_reason == "prefilled":
                 src_blocks = (await engine_loop.held_block_ids(request_id))[:num_blocks]
-                # Shielded: a cancelled call must not release the pages while the thread still reads them.
-                pending_copy = asyncio.get_running_loop().run_in_executor(
-                    None, write_pages, self._pool_tensor, src_blocks, target, dst_blocks)
+                # Shielded: a cancelled call must not release the pages while the write still reads them.
+                pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
                 try:
-                    num_bytes = await asyncio.shield(pending_copy)
+                    timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
                 except ValueError as e:  # refused before writing anything (copy_pages checks first)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
-            done = time.perf_counter()
-            timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted,
-                                                 kv_transfer_seconds=done - computed, kv_transfer_bytes=num_bytes)
+                except grpc.aio.AioRpcError as e:
+                    await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
+                timings.kv_transport = transport_to_proto(transport.kind)
+                timings.kv_transfer_seconds = time.perf_counter() - computed
             return response_from_output(out, params.logprobs, timings)
         finally:
             if is_added:
                 self._release_after(request_id, pending_copy)
 
     def _release_after(self, request_id: str, pending_copy: asyncio.Future | None) -> None:
-        """Abort or release `request_id` in the engine, once no copy reads its pages any more."""
-        if pending_copy is None or pending_copy.done():
+        """Abort or release `request_id` in the engine, once no write reads its pages any more."""
+        def release(_=None) -> None:
+            if pending_copy is not None and not pending_copy.cancelled():
+                pending_copy.exception()  # retrieved: the call (if still there) reported it
             self.engine_loop.cancel_soon(request_id)
-        else:
-            pending_copy.add_done_callback(lambda _: self.engine_loop.cancel_soon(request_id))
 
-    async def _target(self, target: prefill_pb2.KVTarget, num_blocks: int, context
-                      ) -> tuple[SharedKVPool, list[int]]:
-        """The attached target pool and the first `num_blocks` target block ids; aborts the call if unusable."""
-        if target.transport in _LATER_TRANSPORTS:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                                f"KV transport {_LATER_TRANSPORTS[target.transport]} is not implemented yet; "
-                                "use SHARED_MEMORY")
-        if target.transport != common_pb2.KV_TRANSPORT_SHARED_MEMORY:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"target.transport must be set, got {target.transport}")
+        if pending_copy is None or pending_copy.done():
+            release()
+        else:
+            pending_copy.add_done_callback(release)
+
+    async def _open_target(self, target: prefill_pb2.KVTarget, num_blocks: int, context
+                           ) -> tuple[PageTransport, KVDestination]:
+        """The opened transport to the target's first `num_blocks` pages; aborts the call if unusable."""
         if not target.HasField("layout"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.layout must be set")
         try:
@@ -156,20 +160,15 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         except ValueError as e:  # LayoutMismatchError, or a layout that is not one at all
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"the KV target does not match this prefill worker: {e}")
-        if not target.shm_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.shm_name must be set for SHARED_MEMORY")
         if len(target.block_ids) < num_blocks:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the prompt needs {num_blocks} KV blocks, the target has {len(target.block_ids)}")
-        dst_blocks = list(target.block_ids[:num_blocks])
-        if len(set(dst_blocks)) != len(dst_blocks):
+        dest = destination_from_proto(target, num_blocks)
+        if len(set(dest.block_ids)) != len(dest.block_ids):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.block_ids has duplicates")
         try:
-            pool = self._targets.attach(target.shm_name)
+            return self._writer.open(dest, transport_from_proto(target.transport)), dest
         except (FileNotFoundError, LayoutMismatchError) as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot attach the KV target: {e}")
-        bad = next((b for b in dst_blocks if not 0 <= b < pool.num_blocks), None)
-        if bad is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"target block id {bad} is outside the target pool [0, {pool.num_blocks})")
-        return pool, dst_blocks
+        except ValueError as e:  # DestinationError, or a transport this build does not know
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}")

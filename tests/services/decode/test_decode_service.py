@@ -142,7 +142,7 @@ def test_reservation_carries_layout_and_transport(service, prefill_engine):
     assert reservation.lease_ms == LEASE_MS
     assert reservation.layout.model_fingerprint == prefill_engine.fingerprint
     assert reservation.layout.block_size == BLOCK_SIZE
-    assert list(reservation.transports) == [common_pb2.KV_TRANSPORT_SHARED_MEMORY]
+    assert list(reservation.transports) == [common_pb2.KV_TRANSPORT_SHARED_MEMORY, common_pb2.KV_TRANSPORT_GRPC_STREAM]
     assert reservation.host_id and reservation.shm_name
     assert service.stub.Abort(decode_pb2.AbortRequest(request_id="shape"), timeout=5).found
 

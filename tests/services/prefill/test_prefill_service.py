@@ -203,8 +203,8 @@ def test_bad_input(decode, prefill):
         ([1, 2, 10**6], GREEDY, ok, grpc.StatusCode.INVALID_ARGUMENT),
         (PROMPT, SamplingParams(temperature=0.0), _target(reservation, block_ids=[1]),
          grpc.StatusCode.INVALID_ARGUMENT),
-        (PROMPT, GREEDY, _target(reservation, transport=common_pb2.KV_TRANSPORT_GRPC_STREAM),
-         grpc.StatusCode.UNIMPLEMENTED),
+        (PROMPT, GREEDY, _target(reservation, transport=common_pb2.KV_TRANSPORT_GRPC_STREAM),  # no decode_address
+         grpc.StatusCode.INVALID_ARGUMENT),
         (PROMPT, GREEDY, _target(reservation, shm_name="baton_kv_nonexistent"), grpc.StatusCode.FAILED_PRECONDITION),
     ]
     for prompt, params, target, code in cases:

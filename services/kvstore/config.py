@@ -1,0 +1,66 @@
+"""The kvstore node's settings: one frozen dataclass, built from CLI flags and
+`BATON_*` environment variables in one place (`from_args`).
+
+A node loads no model: it stores any model's pages, keyed by its fingerprint.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
+from services.common.settings import (
+    ENV_MAX_MESSAGE_BYTES,
+    ConfigError as ConfigError,
+    add_bind_flags,
+    check_bind,
+    check_positive,
+    env_int,
+    new_parser,
+)
+
+ENV_HOST = "BATON_KVSTORE_HOST"
+ENV_PORT = "BATON_KVSTORE_PORT"
+ENV_CAPACITY_BYTES = "BATON_KVSTORE_CAPACITY_BYTES"
+
+DEFAULT_CAPACITY_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class KVStoreNodeConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (the listening line says which)
+    capacity_bytes: int = DEFAULT_CAPACITY_BYTES  # host memory for pages; least recently used go first
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    model_dir: None = None  # no model (the entry point's contract)
+
+    def __post_init__(self):
+        check_bind(self.host, self.port, ENV_HOST)
+        check_positive("--capacity-bytes", self.capacity_bytes)
+        check_positive("--max-message-bytes", self.max_message_bytes)
+        if self.grace_s < 0:
+            raise ConfigError(f"grace_s must be >= 0, got {self.grace_s}")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+                  ) -> KVStoreNodeConfig:
+        """Parse `argv` (default: sys.argv[1:]) over `env` (default: os.environ).
+        Raises ConfigError for an invalid setting; argparse exits on a malformed flag."""
+        env = os.environ if env is None else env
+        parser = new_parser("kvstore")
+        add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT, model_help=None)
+        parser.add_argument("--capacity-bytes", type=int,
+                            default=env_int(env, ENV_CAPACITY_BYTES, DEFAULT_CAPACITY_BYTES),
+                            help=f"host memory for pages (${ENV_CAPACITY_BYTES})")
+        parser.add_argument("--max-message-bytes", type=int,
+                            default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
+                            help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
+        args = parser.parse_args(argv)
+        return cls(host=args.host, port=args.port, capacity_bytes=args.capacity_bytes,
+                   max_message_bytes=args.max_message_bytes)

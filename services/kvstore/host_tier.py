@@ -1,0 +1,63 @@
+"""A host-memory tier of KV pages, named by block hash, bounded in bytes, LRU-evicted.
+
+A block hash names its whole prefix (engine/block_hash.py chains each block onto its
+parent and the model fingerprint), so the tier needs no tree: the longest stored
+prefix of a list of hashes is read by walking it until the first miss. Keys carry
+the model fingerprint too, so two models' pages never answer for each other; each
+block keeps its layout, and a reader expecting another one is refused.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+import torch
+
+from services.kvstore.layout import PageLayout
+
+
+class StoredBlock(NamedTuple):
+    layout: PageLayout   # num_blocks = 1
+    pages: torch.Tensor  # uint8 [L, 2*Hkv, bs*D*itemsize]: one block, every layer
+
+
+class HostPageTier:
+    """Not thread-safe: the node's event loop owns it."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 1:
+            raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.num_bytes = 0
+        self._blocks: OrderedDict[tuple[bytes, int], StoredBlock] = OrderedDict()  # least recently used first
+
+    def put(self, block_hash: int, block: StoredBlock) -> list[int]:
+        """Store (or replace) a block as the most recently used, evicting the least recently
+        used until it fits; returns the evicted hashes (for the prefix index to forget).
+        Raises ValueError for a block larger than the whole capacity (nothing is evicted then)."""
+        size = block.pages.numel()
+        if size > self.capacity_bytes:
+            raise ValueError(f"a block of {size} bytes does not fit a tier of {self.capacity_bytes}")
+        key = (block.layout.fingerprint, block_hash)
+        old = self._blocks.pop(key, None)
+        if old is not None:
+            self.num_bytes -= old.pages.numel()
+        evicted = []
+        while self.num_bytes + size > self.capacity_bytes:
+            (_, evicted_hash), gone = self._blocks.popitem(last=False)
+            self.num_bytes -= gone.pages.numel()
+            evicted.append(evicted_hash)
+        self._blocks[key] = block
+        self.num_bytes += size
+        return evicted
+
+    def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:
+        """The stored blocks of `block_hashes` up to the first one missing, each marked used."""
+        found = []
+        for h in block_hashes:
+            block = self._blocks.get((fingerprint, h))
+            if block is None:
+                break
+            self._blocks.move_to_end((fingerprint, h))
+            found.append(block)
+        return found

@@ -1,0 +1,43 @@
+"""The SHARED_MEMORY transport: same host, CPU pools. Prefill maps the decode worker's
+pool segment and copies its pages straight into the reserved blocks (one copy).
+
+Attachments are kept per segment name for the life of the transport: attaching maps
+the segment (a syscall and a header check), which is not worth repeating per request.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from services.kvstore.shared_memory import SharedKVPool
+from services.kvstore.transport import CopyTransport, DestinationError, KVDestination, TransportKind
+
+log = logging.getLogger("baton.kvstore")
+
+
+class SharedMemoryTransport(CopyTransport):
+    kind = TransportKind.SHARED_MEMORY
+
+    def __init__(self, layout) -> None:
+        super().__init__(layout)  # our own; every target must match it but for num_blocks
+        self._pools: dict[str, SharedKVPool] = {}
+
+    def target_pool(self, dest: KVDestination) -> torch.Tensor:
+        """Maps the segment on first use. Raises FileNotFoundError for no such segment,
+        LayoutMismatchError for one whose header disagrees with our layout."""
+        if not dest.shm_name:
+            raise DestinationError("target.shm_name must be set for SHARED_MEMORY")
+        pool = self._pools.get(dest.shm_name)
+        if pool is None:
+            pool = self._pools[dest.shm_name] = SharedKVPool.attach(dest.shm_name, self.layout)
+        return pool.tensor
+
+    async def close(self) -> None:
+        """Unmap every attachment (never unlinks: the decode workers own the segments)."""
+        for pool in self._pools.values():
+            try:
+                pool.close()
+            except BufferError as e:  # a copy's view outlived the server; the mapping stays until exit
+                log.warning("%s", e)
+        self._pools.clear()

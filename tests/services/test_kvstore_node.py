@@ -1,0 +1,165 @@
+"""A kvstore node (`python -m services.kvstore`) as a real process: blocks written by
+hash read back byte-exact as the longest stored prefix, least recently used blocks
+evicted under the capacity, and a layout that is not the stored one refused."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos import kvstore_pb2, kvstore_pb2_grpc
+from services.common.converters import layout_to_proto
+from services.kvstore.converters import chunk_from_proto, chunk_to_proto
+from services.kvstore.grpc_stream import GrpcStreamSender
+from services.kvstore.layout import PageLayout
+from services.kvstore.page_chunks import layer_block_nbytes, plan_chunks, scatter_chunk
+from services.kvstore.servicer import SERVICE_NAME
+from tests.services.service_process import REPO_ROOT, ServiceProcess
+
+# One layer of one block is 32 KiB (f32), a block 128 KiB; the sender's chunks hold 3 layer-blocks.
+LAYOUT = PageLayout(num_layers=4, num_kv_heads=4, block_size=16, head_dim=64, dtype="float32", num_blocks=24,
+                    fingerprint=b"\x07" * 32)
+BLOCK_NBYTES = LAYOUT.block_nbytes  # 256 KiB
+CAPACITY_BLOCKS = 10
+
+
+class KVStoreProcess(ServiceProcess):
+    """ServiceProcess without --model: a kvstore node loads none."""
+
+    def __init__(self, *extra_args: str):
+        self.name = "kvstore"
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.kvstore", "--port", "0", *extra_args],
+                                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.address = self._read_listening_line(timeout_s=30)
+        self.channel = grpc.insecure_channel(self.address)
+        health = health_pb2_grpc.HealthStub(self.channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING  # nothing to load: serving at once
+
+
+@pytest.fixture(scope="module")
+def node():
+    svc = KVStoreProcess("--capacity-bytes", str(CAPACITY_BLOCKS * BLOCK_NBYTES))
+    svc.stub = kvstore_pb2_grpc.KVStoreStub(svc.channel)
+    yield svc
+    assert svc.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return torch.randn(LAYOUT.shape, generator=torch.Generator().manual_seed(3))
+
+
+def _store(node, pool, blocks: list[int], hashes: list[int]) -> int:
+    async def send() -> int:
+        sender = GrpcStreamSender(LAYOUT, max_chunk_bytes=3 * layer_block_nbytes(LAYOUT))
+        try:
+            return await sender.write(node.address, pool, blocks, request_id="w", block_hashes=hashes)
+        finally:
+            await sender.close()
+
+    return asyncio.run(send())
+
+
+def _read(node, hashes: list[int], layout: PageLayout = LAYOUT, layer_start: int = 0, layer_end: int = 0
+          ) -> tuple[list[int], torch.Tensor]:
+    """The hashes the node returned, and their pages as a pool `[L, 2, Hkv, len, bs, D]`."""
+    chunks = list(node.stub.ReadPages(kvstore_pb2.PageQuery(
+        request_id="r", layout=layout_to_proto(layout), block_hashes=hashes, layer_start=layer_start,
+        layer_end=layer_end), timeout=10))
+    returned = list(dict.fromkeys(h for c in chunks for h in c.block_hashes))
+    out = torch.zeros(layout.with_num_blocks(max(len(returned), 1)).shape, dtype=layout.torch_dtype)
+    position = {h: i for i, h in enumerate(returned)}
+    for chunk in chunks:
+        assert len(chunk.data) <= 2 * 1024 * 1024 and chunk.HasField("checksum")
+        received = chunk_from_proto(chunk, layout)
+        scatter_chunk(out, [position[h] for h in received.block_hashes], received.layer_start, received.pages)
+    return returned, out
+
+
+def test_store_and_read_back_the_longest_prefix(node, pool):
+    blocks, hashes = [3, 9, 4, 20], [101, 102, 103, 104]
+    assert _store(node, pool, blocks, hashes) == 4 * BLOCK_NBYTES
+    returned, pages = _read(node, hashes)
+    assert returned == hashes
+    assert torch.equal(pages, pool[:, :, :, blocks])
+    # Stops at the first block it does not hold, even when later ones are held.
+    returned, pages = _read(node, [101, 102, 999, 104])
+    assert returned == [101, 102] and torch.equal(pages, pool[:, :, :, [3, 9]])
+    assert _read(node, [999, 101])[0] == []
+    # A layer range: only those layers come back.
+    chunks = list(node.stub.ReadPages(kvstore_pb2.PageQuery(
+        layout=layout_to_proto(LAYOUT), block_hashes=hashes, layer_start=1, layer_end=3), timeout=10))
+    assert {(c.layer_start, c.layer_end) for c in chunks} <= {(1, 2), (2, 3), (1, 3)}
+    assert sum(len(c.data) for c in chunks) == 2 * 4 * layer_block_nbytes(LAYOUT)
+
+
+def test_least_recently_used_blocks_are_evicted(node, pool):
+    _store(node, pool, list(range(CAPACITY_BLOCKS)), [200 + i for i in range(CAPACITY_BLOCKS)])
+    assert _read(node, [200])[0] == [200]  # 200 is now the most recently used
+    _store(node, pool, [20, 21], [300, 301])  # two blocks over the capacity: the two least recent go
+    assert _read(node, [201])[0] == [] and _read(node, [202])[0] == []
+    returned, pages = _read(node, [200, 203, 209, 300, 301])
+    assert returned == [200, 203, 209, 300, 301]
+    assert torch.equal(pages, pool[:, :, :, [0, 3, 9, 20, 21]])
+    with pytest.raises(grpc.RpcError) as e:  # a stream over the whole capacity is refused, nothing stored
+        _store(node, pool, list(range(CAPACITY_BLOCKS + 1)), [400 + i for i in range(CAPACITY_BLOCKS + 1)])
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _read(node, [300])[0] == [300]
+
+
+def test_a_layout_mismatch_is_refused(node, pool):
+    _store(node, pool, [5], [500])
+    for wrong in (PageLayout(4, 4, 16, 64, "bfloat16", 1, LAYOUT.fingerprint),
+                  PageLayout(4, 2, 16, 128, "float32", 1, LAYOUT.fingerprint)):
+        with pytest.raises(grpc.RpcError) as e:
+            _read(node, [500], layout=wrong)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    # Another model's fingerprint names other blocks: nothing held for it.
+    other_model = PageLayout(4, 4, 16, 64, "float32", 1, b"another model")
+    assert _read(node, [500], layout=other_model)[0] == []
+    with pytest.raises(grpc.RpcError) as e:  # a stream that changes layout midway
+        def chunks():
+            yield from _chunk_protos(pool, LAYOUT, [600])
+            yield from _chunk_protos(pool.to(torch.bfloat16), PageLayout(4, 4, 16, 64, "bfloat16", 24,
+                                                                         LAYOUT.fingerprint), [601])
+        node.stub.WritePages(chunks(), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert _read(node, [600])[0] == []  # the refused stream stored nothing
+
+
+def _chunk_protos(pool, layout, hashes):
+    return [chunk_to_proto(pool, layout, spec, list(range(len(hashes))), request_id="w", block_hashes=hashes)
+            for spec in plan_chunks(layout, len(hashes))]
+
+
+def test_incomplete_and_corrupt_streams_store_nothing(node, pool):
+    partial = [c for c in _chunk_protos(pool, LAYOUT, [700]) if c.layer_start == 0]
+    partial[0].layer_end = 1
+    partial[0].data = partial[0].data[: layer_block_nbytes(LAYOUT)]
+    partial[0].ClearField("checksum")
+    with pytest.raises(grpc.RpcError) as e:
+        node.stub.WritePages(iter(partial), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "missing layers" in e.value.details()
+    corrupt = _chunk_protos(pool, LAYOUT, [701])
+    corrupt[0].checksum ^= 1
+    with pytest.raises(grpc.RpcError) as e:
+        node.stub.WritePages(iter(corrupt), timeout=10)
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    assert _read(node, [700])[0] == [] and _read(node, [701])[0] == []
+
+
+def test_bad_flags_exit_2_and_sigterm_exits_0():
+    bad = subprocess.run([sys.executable, "-m", "services.kvstore", "--capacity-bytes", "0"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--capacity-bytes" in bad.stderr
+    svc = KVStoreProcess()
+    svc.proc.send_signal(signal.SIGTERM)
+    assert svc.proc.wait(timeout=15) == 0
+    svc.terminate()

@@ -1,0 +1,76 @@
+"""The CUDA_IPC transport: without CUDA it imports and refuses cleanly; with CUDA, pages
+written through another process's exported pool land byte-exact in its blocks."""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from services.kvstore.cuda_ipc import CudaIpcTransport, export_handle, open_handle
+from services.kvstore.layout import PageLayout
+from services.kvstore.transport import DestinationError, KVDestination, TransportKind, choose_transport
+
+LAYOUT = PageLayout(2, 2, 16, 16, "float16", 32, b"\x05" * 32)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA IPC needs a CUDA device; torch.cuda.is_available() is False here")
+
+
+def _dest(**fields) -> KVDestination:
+    return KVDestination(reservation_id="r", block_ids=(4, 5, 9), **fields)
+
+
+def test_chosen_only_between_two_cuda_pools_on_one_host():
+    dest = _dest(cuda_ipc_handle=b"{}", shm_name="seg", address="h:1", host_id="A",
+                 offered=frozenset(TransportKind))
+    assert choose_transport(dest, own_host_id="A", is_cuda_pool=True) is TransportKind.CUDA_IPC
+    assert choose_transport(dest, own_host_id="A", is_cuda_pool=False) is TransportKind.SHARED_MEMORY
+    assert choose_transport(dest, own_host_id="B", is_cuda_pool=True) is TransportKind.GRPC_STREAM
+
+
+def test_refused_cleanly_without_a_usable_handle():
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        export_handle(torch.zeros(LAYOUT.shape, dtype=torch.float16))
+    with pytest.raises(ValueError, match="not a CUDA IPC pool handle"):
+        open_handle(b"not json", LAYOUT)
+    with pytest.raises(ValueError, match="not a CUDA IPC pool handle"):
+        open_handle(b'{"format": "something else"}', LAYOUT)
+    transport = CudaIpcTransport(LAYOUT)
+    with pytest.raises(DestinationError, match="cuda_ipc_handle"):
+        transport.open(_dest())
+    if not torch.cuda.is_available():
+        with pytest.raises(DestinationError, match="needs CUDA"):
+            transport.open(_dest(cuda_ipc_handle=b"{}"))
+
+
+def _owner(handles: mp.Queue, results: mp.Queue, done: mp.Event) -> None:
+    pool = torch.zeros(LAYOUT.shape, dtype=torch.float16, device="cuda")
+    handles.put(export_handle(pool))
+    done.wait(60)
+    results.put(pool.cpu())
+
+
+@needs_cuda
+def test_pages_land_in_the_other_process_pool():
+    ctx = mp.get_context("spawn")
+    handles, results, done = ctx.Queue(), ctx.Queue(), ctx.Event()
+    owner = ctx.Process(target=_owner, args=(handles, results, done))
+    owner.start()
+    try:
+        handle = handles.get(timeout=60)
+        src = torch.randn(LAYOUT.shape, device="cuda").to(torch.float16)
+        transport = CudaIpcTransport(LAYOUT)
+        dest = _dest(cuda_ipc_handle=handle)
+        transport.open(dest)
+        num_bytes = asyncio.run(transport.write("r", src, [1, 2, 3], dest, list(dest.block_ids)))
+        assert num_bytes == 3 * LAYOUT.block_nbytes
+        asyncio.run(transport.close())
+        done.set()
+        written = results.get(timeout=60)
+        expected = torch.zeros(LAYOUT.shape, dtype=torch.float16)
+        expected[:, :, :, [4, 5, 9]] = src[:, :, :, [1, 2, 3]].cpu()
+        assert torch.equal(written, expected)
+    finally:
+        done.set()
+        owner.join(60)
