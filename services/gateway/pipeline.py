@@ -1,7 +1,8 @@
 """One request's path through the mesh, as the gateway drives it:
 
-    Encode / ApplyChatTemplate (tokenizer)
-      → CheckContext (tokenizer) ∥ Reserve (decode D)      independent, so concurrent
+    Encode / ApplyChatTemplate (tokenizer), or token ids as given
+      → the context check, here (arithmetic on the model's context length)
+      → Reserve (decode D)
       → Prefill (prefill P, writes KV into D's reserved pages; first token)
       → Decode (D, a stream of token ids)
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
@@ -25,6 +27,13 @@ from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.gateway.workers import Worker, WorkerPool
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
+
+
+class ModelText(Decoder, Protocol):
+    """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
+
+    def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
+
 
 FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -99,17 +108,20 @@ class _TextOutput:
 class RequestPipeline:
     """Drives requests through a tokenizer, N prefill and M decode workers.
 
-    `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`),
-    used only to detokenize the output; encoding goes through the tokenizer service.
+    `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`), used
+    to check the context and detokenize the output; encoding goes through the tokenizer
+    service.
     """
 
-    def __init__(self, tokenizer_stub, tokenizer: Decoder, prefill: WorkerPool, decode: WorkerPool,
-                 deadlines: Deadlines = Deadlines()):
+    def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool, decode: WorkerPool,
+                 deadlines: Deadlines = Deadlines(),
+                 kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill
         self.decode = decode
         self.deadlines = deadlines
+        self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
         self._aborts: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
@@ -165,49 +177,38 @@ class RequestPipeline:
             raise InvalidRequestError("the prompt is empty")
         return prompt
 
-    async def _check_context(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams) -> None:
-        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none."""
-        request = tokenizer_pb2.CheckContextRequest(request_id=request_id, num_prompt_tokens=len(prompt))
-        if params.HasField("max_tokens"):
-            request.max_tokens = params.max_tokens
-        response = await self.tokenizer_stub.CheckContext(request, timeout=self.deadlines.tokenizer_s)
-        if not response.fits:
-            raise ContextLengthError(response.message)
-        if not params.HasField("max_tokens") and response.max_tokens > 0:
-            params.max_tokens = response.max_tokens
-
-    async def _reserve(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
-                       decode_worker: Worker) -> decode_pb2.Reservation:
-        """CheckContext and Reserve, concurrently; a reservation for a prompt that does not
-        fit (or whose caller went away meanwhile) is aborted again."""
-        check = asyncio.ensure_future(self._check_context(request_id, prompt, params))
-        reserve = asyncio.ensure_future(decode_worker.stub.Reserve(
-            decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(prompt)),
-            timeout=self.deadlines.reserve_s))
+    def _check_context(self, prompt: list[int], params: common_pb2.SamplingParams) -> None:
+        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none.
+        Here, not by the tokenizer service: it is arithmetic, and an RPC on every request's path."""
         try:
-            checked, reservation = await asyncio.gather(check, reserve, return_exceptions=True)
-        except BaseException:  # cancelled: the Reserve may have landed all the same
+            budget = self.tokenizer.completion_budget(len(prompt),
+                                                      params.max_tokens if params.HasField("max_tokens") else None)
+        except ValueError as e:
+            raise ContextLengthError(str(e)) from None
+        if budget is not None:
+            params.max_tokens = budget
+
+    async def _reserve(self, request_id: str, prompt: list[int], decode_worker: Worker) -> decode_pb2.Reservation:
+        try:
+            return await decode_worker.stub.Reserve(
+                decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(prompt)),
+                timeout=self.deadlines.reserve_s)
+        except BaseException:  # failed or cancelled: the Reserve may have landed all the same
             self._abort_soon(decode_worker, request_id)
             raise
-        if isinstance(checked, BaseException):
-            if not isinstance(reservation, BaseException):
-                self._abort_soon(decode_worker, request_id)
-            raise checked
-        if isinstance(reservation, BaseException):
-            raise reservation
-        return reservation
 
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool
                    ) -> AsyncIterator[Delta]:
-        reservation = await self._reserve(request_id, prompt, params, decode_worker)
+        self._check_context(prompt, params)
+        reservation = await self._reserve(request_id, prompt, decode_worker)
         is_released = False  # True once decode has freed the pages by itself (the stream finished)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
         try:
             with self.prefill.hold() as prefill_worker:
                 response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
                     request_id=request_id, token_ids=prompt, sampling=params,
-                    target=_kv_target(decode_worker, reservation)), timeout=self.deadlines.prefill_s)
+                    target=_kv_target(decode_worker, reservation, self.kv_transport)), timeout=self.deadlines.prefill_s)
             usage = lambda: Usage(len(prompt), output.num_tokens, response.num_cached_tokens)  # noqa: E731
             first = [response.first_token_id]
             logprobs = [response.logprobs] if response.HasField("logprobs") else []
@@ -267,13 +268,14 @@ def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, 
                  matched_stop=matched, usage=usage)
 
 
-def _kv_target(worker: Worker, reservation: decode_pb2.Reservation) -> prefill_pb2.KVTarget:
-    """Shared memory when the decode worker offers it (same host), else its gRPC page stream."""
-    shm = common_pb2.KV_TRANSPORT_SHARED_MEMORY
-    transport = shm if shm in reservation.transports and reservation.shm_name else common_pb2.KV_TRANSPORT_GRPC_STREAM
+def _kv_target(worker: Worker, reservation: decode_pb2.Reservation,
+               transport: common_pb2.KVTransport) -> prefill_pb2.KVTarget:
+    """Everything prefill needs to reach the reserved pages by any transport the decode
+    worker accepts; `transport` UNSPECIFIED lets prefill pick by comparing host ids."""
     return prefill_pb2.KVTarget(decode_address=worker.address, reservation_id=reservation.reservation_id,
                                 block_ids=reservation.block_ids, transport=transport, shm_name=reservation.shm_name,
-                                layout=reservation.layout, cuda_ipc_handle=reservation.cuda_ipc_handle)
+                                layout=reservation.layout, cuda_ipc_handle=reservation.cuda_ipc_handle,
+                                decode_host_id=reservation.host_id, transports=reservation.transports)
 
 
 def _from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:

@@ -1,15 +1,27 @@
-"""The gateway's channels to N workers of one kind, and least-loaded selection among them."""
+"""The gateway's channels to N workers of one kind, their health, and least-loaded selection."""
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.channel import make_channel
+
+log = logging.getLogger("baton.gateway")
+
+WATCH_RETRY_S = 0.5  # how soon a worker whose health stream broke is watched again
+
+
+class NoHealthyWorkerError(RuntimeError):
+    """No worker of a kind reports SERVING now (HTTP 503)."""
 
 
 @dataclass(eq=False)
@@ -20,34 +32,46 @@ class Worker:
     channel: grpc.aio.Channel
     stub: Any
     num_in_flight: int = field(default=0)
+    is_serving: bool = True  # kept current by WorkerPool.watch_health where that runs
 
 
 class WorkerPool:
     """Workers of one kind (all prefill or all decode).
 
-    `pick()` returns the worker with the fewest in-flight requests, round-robin among
-    ties, so an idle mesh spreads requests evenly instead of piling onto worker 0.
-    A request counts as in flight from `pick()` until its `hold` context exits.
+    `pick()` returns the serving worker with the fewest in-flight requests,
+    round-robin among ties, so an idle mesh spreads requests evenly instead of piling
+    onto worker 0. A request counts as in flight from `pick()` until its `hold`
+    context exits.
     """
 
-    def __init__(self, workers: Sequence[Worker]):
+    def __init__(self, workers: Sequence[Worker], kind: str = "worker"):
         if not workers:
             raise ValueError("a worker pool needs at least one worker")
         self.workers = list(workers)
+        self.kind = kind
         self._turn = itertools.count()
+        self._watchers: list[asyncio.Task] = []
 
     @classmethod
-    def connect(cls, addresses: Sequence[str], stub_class: Callable[[grpc.aio.Channel], Any]) -> WorkerPool:
+    def connect(cls, addresses: Sequence[str], stub_class: Callable[[grpc.aio.Channel], Any],
+                kind: str = "worker", max_message_bytes: int | None = None) -> WorkerPool:
         """Channels (made here, closed by `close`) to every address, with `stub_class` stubs."""
         workers = []
         for address in addresses:
-            channel = make_channel(address)
+            channel = make_channel(address) if max_message_bytes is None else make_channel(address, max_message_bytes)
             workers.append(Worker(address, channel, stub_class(channel)))
-        return cls(workers)
+        return cls(workers, kind)
+
+    @property
+    def num_serving(self) -> int:
+        return sum(w.is_serving for w in self.workers)
 
     def pick(self) -> Worker:
-        least = min(w.num_in_flight for w in self.workers)
-        tied = [w for w in self.workers if w.num_in_flight == least]
+        serving = [w for w in self.workers if w.is_serving]
+        if not serving:
+            raise NoHealthyWorkerError(f"no {self.kind} worker is serving ({len(self.workers)} known)")
+        least = min(w.num_in_flight for w in serving)
+        tied = [w for w in serving if w.num_in_flight == least]
         return tied[next(self._turn) % len(tied)]
 
     @contextmanager
@@ -60,6 +84,54 @@ class WorkerPool:
         finally:
             worker.num_in_flight -= 1
 
+    def watch_health(self, service_name: str) -> None:
+        """Keep every worker's `is_serving` current from its grpc.health.v1 Watch stream;
+        a worker whose stream breaks (it died) is out of routing until it serves again."""
+        for worker in self.workers:
+            worker.is_serving = False
+            self._watchers.append(asyncio.ensure_future(_watch(worker, service_name, self.kind)))
+
     async def close(self) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         for worker in self.workers:
             await worker.channel.close()
+
+
+async def _watch(worker: Worker, service_name: str, kind: str) -> None:
+    stub = health_pb2_grpc.HealthStub(worker.channel)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    while True:
+        try:
+            async for response in stub.Watch(health_pb2.HealthCheckRequest(service=service_name)):
+                is_serving = response.status == serving
+                if is_serving != worker.is_serving:
+                    log.info("%s %s is %s", kind, worker.address, "serving" if is_serving else "not serving")
+                worker.is_serving = is_serving
+        except grpc.aio.AioRpcError:
+            pass
+        if worker.is_serving:
+            log.warning("%s %s stopped answering health checks; out of routing", kind, worker.address)
+        worker.is_serving = False
+        await asyncio.sleep(WATCH_RETRY_S)
+
+
+def expand_addresses(addresses: Sequence[str]) -> list[str]:
+    """Each "host:port", with a host name that resolves to several addresses (a compose
+    service with replicas) expanded to one "ip:port" per address; others as given."""
+    expanded: list[str] = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            # IPv4 only: "localhost" must stay one worker, not ::1 and 127.0.0.1 as two.
+            infos = socket.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
+        except (socket.gaierror, ValueError):
+            expanded.append(address)  # let the channel report it
+            continue
+        ips = list(dict.fromkeys(info[4][0] for info in infos))
+        if len(ips) <= 1:
+            expanded.append(address)
+        else:
+            expanded.extend(f"{ip}:{port}" for ip in sorted(ips))
+    return list(dict.fromkeys(expanded))

@@ -135,13 +135,28 @@ class ModelTokenizer:
 
     def check_context(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Raise `ContextLengthError` unless prompt + `max_tokens` fits the model's context."""
-        if self.max_model_len is None:
-            return
-        if num_prompt_tokens + max_tokens > self.max_model_len:
+        self.completion_budget(num_prompt_tokens, max_tokens)
+
+    def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None:
+        """How many tokens the completion may have: `max_tokens` when prompt + `max_tokens`
+        fits, or what the context leaves when `max_tokens` is None (None: no known context,
+        so no limit). Raises `ContextLengthError`, worded as OpenAI and vLLM word it."""
+        limit = self.max_model_len
+        if limit is None:
+            return max_tokens
+        if max_tokens is None:
+            if num_prompt_tokens >= limit:  # a prompt that fills the context leaves no room for even one token
+                raise ContextLengthError(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                    f"{num_prompt_tokens} tokens, which leaves no room for the completion. Please reduce the "
+                    f"length of the prompt.")
+            return limit - num_prompt_tokens
+        if num_prompt_tokens + max_tokens > limit:
             raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
                 f"completion). Please reduce the length of the prompt or the completion.")
+        return max_tokens
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -82,31 +82,17 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         if has_budget and request.max_tokens == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be at least 1")
         limit = tokenizer.max_model_len
-        if limit is None:
-            return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=0,
-                                                      max_tokens=request.max_tokens if has_budget else 0)
-        if has_budget:
-            try:
-                tokenizer.check_context(num_prompt, request.max_tokens)
-            except ContextLengthError as e:
-                return tokenizer_pb2.CheckContextResponse(fits=False, max_model_len=limit,
-                                                          max_tokens=request.max_tokens, message=str(e))
-            return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=limit, max_tokens=request.max_tokens)
-        if num_prompt >= limit:  # a prompt that fills the context leaves no room for even one token
-            return tokenizer_pb2.CheckContextResponse(fits=False, max_model_len=limit, max_tokens=0,
-                                                      message=_no_room_message(limit, num_prompt))
-        return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=limit, max_tokens=limit - num_prompt)
+        try:
+            budget = tokenizer.completion_budget(num_prompt, request.max_tokens if has_budget else None)
+        except ContextLengthError as e:
+            return tokenizer_pb2.CheckContextResponse(fits=False, max_model_len=limit or 0,
+                                                      max_tokens=request.max_tokens, message=str(e))
+        return tokenizer_pb2.CheckContextResponse(fits=True, max_model_len=limit or 0, max_tokens=budget or 0)
 
     async def _ready(self, context) -> ModelTokenizer:
         if self.tokenizer is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the tokenizer is still loading")
         return self.tokenizer
-
-
-def _no_room_message(max_model_len: int, num_prompt: int) -> str:
-    # The wording of ModelTokenizer.check_context (OpenAI's and vLLM's), for a request without max_tokens.
-    return (f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
-            f"{num_prompt} tokens, which leaves no room for the completion. Please reduce the length of the prompt.")
 
 
 async def _run(in_thread: bool, fn: Callable[..., T], *args) -> T:

@@ -1,0 +1,149 @@
+"""`python -m services.gateway --model DIR --tokenizer HOST:PORT --prefill HOST:PORT[,...]
+--decode HOST:PORT[,...] [--host 127.0.0.1] [--port 0] [--http-port 8000]`
+
+Runs through services/common/entrypoint.py: binds the public gRPC API and prints
+`gateway listening on HOST:PORT`, then binds the OpenAI HTTP API and prints
+`gateway http listening on HOST:PORT` (the lines `baton up` reads). It loads the
+model's tokenizer (to detokenize), connects to every worker and watches their
+health; gRPC health turns SERVING, and HTTP `/health` 200, once the tokenizer and at
+least one prefill and one decode worker serve. SIGTERM or SIGINT: both APIs stop
+taking requests, in-flight ones get a grace period, exit code 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from protos import (
+    common_pb2,
+    decode_pb2,
+    decode_pb2_grpc,
+    gateway_pb2_grpc,
+    prefill_pb2,
+    prefill_pb2_grpc,
+    tokenizer_pb2,
+    tokenizer_pb2_grpc,
+)
+from services.common.entrypoint import StartError, load_in_thread, run_service
+from services.gateway.config import GatewayConfig
+from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
+from services.gateway.http_app import GatewayState, create_app
+from services.gateway.pipeline import RequestPipeline
+from services.gateway.workers import WorkerPool, expand_addresses
+from services.tokenizer.model_tokenizer import ModelTokenizer
+
+log = logging.getLogger("baton.gateway")
+
+# The workers' service names, for their health; from the protos, so the gateway does not
+# import the workers' code (and the engine behind it).
+TOKENIZER_SERVICE = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
+PREFILL_SERVICE = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
+DECODE_SERVICE = decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
+
+KV_TRANSPORTS = {
+    "auto": common_pb2.KV_TRANSPORT_UNSPECIFIED,
+    "shared-memory": common_pb2.KV_TRANSPORT_SHARED_MEMORY,
+    "grpc-stream": common_pb2.KV_TRANSPORT_GRPC_STREAM,
+    "cuda-ipc": common_pb2.KV_TRANSPORT_CUDA_IPC,
+}
+READY_POLL_S = 0.05
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our event loop: the process's signal handlers stay ours."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class GatewayService:
+    service_names = [SERVICE_NAME]
+
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.servicer = GenerateServicer(config.served_model_name)
+        self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
+        self.pools: dict[str, WorkerPool] = {}
+        self.pipeline: RequestPipeline | None = None
+        self.http: _EmbeddedServer | None = None
+        self.http_task: asyncio.Task | None = None
+
+    def readiness(self) -> str | None:
+        missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
+        if not self.pools or missing:
+            return f"not ready: no {' or '.join(missing) or 'worker'} serving"
+        return None
+
+    async def start(self, stop: asyncio.Event) -> str | None:
+        config = self.config
+        tokenizer = await load_in_thread(stop, ModelTokenizer.from_dir, config.model_dir,
+                                         max_model_len=config.max_model_len)
+        if tokenizer is None:
+            return None
+        limit = config.max_message_bytes
+        self.pools = {
+            "tokenizer": WorkerPool.connect([config.tokenizer_address], tokenizer_pb2_grpc.TokenizerStub,
+                                            "tokenizer", limit),
+            "prefill": WorkerPool.connect(expand_addresses(config.prefill_addresses), prefill_pb2_grpc.PrefillStub,
+                                          "prefill", limit),
+            "decode": WorkerPool.connect(expand_addresses(config.decode_addresses), decode_pb2_grpc.DecodeStub,
+                                         "decode", limit),
+        }
+        for kind, service in (("tokenizer", TOKENIZER_SERVICE), ("prefill", PREFILL_SERVICE),
+                              ("decode", DECODE_SERVICE)):
+            self.pools[kind].watch_health(service)
+        self.pipeline = RequestPipeline(self.pools["tokenizer"].workers[0].stub, tokenizer, self.pools["prefill"],
+                                        self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport])
+        self.servicer.pipeline = self.pipeline
+
+        token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
+        app = create_app(GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
+                                      self.readiness, config.max_body_bytes))
+        try:
+            sock = _bind(config.host, config.http_port)
+        except OSError as e:
+            raise StartError(f"cannot bind HTTP to {config.host}:{config.http_port}: {e}") from e
+        self.http = _EmbeddedServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                   timeout_graceful_shutdown=max(1, int(config.grace_s))))
+        self.http_task = asyncio.ensure_future(self.http.serve(sockets=[sock]))
+        print(f"gateway http listening on {config.host}:{sock.getsockname()[1]}", flush=True)
+
+        while self.readiness() is not None:
+            if stop.is_set():
+                return None
+            await asyncio.sleep(READY_POLL_S)
+        counts = {kind: len(pool.workers) for kind, pool in self.pools.items()}
+        return (f"serving {config.served_model_name}: {counts['prefill']} prefill and {counts['decode']} decode "
+                f"workers, KV transport {config.kv_transport}")
+
+    async def close(self) -> None:
+        if self.http is not None:
+            self.http.should_exit = True
+            await asyncio.gather(self.http_task, return_exceptions=True)
+        if self.pipeline is not None:
+            await self.pipeline.aclose()
+        for pool in self.pools.values():
+            await pool.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_service("gateway", GatewayConfig.from_args, GatewayService, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The gateway's settings: one frozen dataclass, built from CLI flags and `BATON_*`
+environment variables in one place (`from_args`).
+
+`--port` is the public gRPC API's (with health and reflection, like every service);
+`--http-port` the OpenAI HTTP API's. Worker addresses are comma-separated lists; a
+host name that resolves to several addresses (a compose service with replicas)
+stands for all of them.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
+from services.common.settings import (
+    ConfigError,
+    add_bind_flags,
+    add_limit_flags,
+    check_bind,
+    check_limits,
+    check_model_dir,
+    check_positive,
+    env_int,
+    model_arg,
+    new_parser,
+)
+from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
+
+ENV_HOST = "BATON_GATEWAY_HOST"
+ENV_PORT = "BATON_GATEWAY_PORT"
+ENV_HTTP_PORT = "BATON_GATEWAY_HTTP_PORT"
+ENV_TOKENIZER = "BATON_TOKENIZER_ADDRESS"
+ENV_PREFILL = "BATON_PREFILL_ADDRESSES"
+ENV_DECODE = "BATON_DECODE_ADDRESSES"
+ENV_SERVED_MODEL_NAME = "BATON_SERVED_MODEL_NAME"
+ENV_MAX_BODY_BYTES = "BATON_GATEWAY_MAX_BODY_BYTES"
+ENV_KV_TRANSPORT = "BATON_KV_TRANSPORT"
+
+# "auto": prefill picks by where the decode worker is (shared memory on the same host,
+# else the gRPC page stream); the others force one, for tests and benchmarks.
+KV_TRANSPORTS = ("auto", "shared-memory", "grpc-stream", "cuda-ipc")
+
+DEFAULT_HTTP_PORT = 8000
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model_dir: Path
+    tokenizer_address: str
+    prefill_addresses: tuple[str, ...]
+    decode_addresses: tuple[str, ...]
+    served_model_name: str = ""  # "": the model directory's name
+    host: str = "127.0.0.1"
+    port: int = 0  # the gRPC API; 0: any free port, printed on the listening line
+    http_port: int = DEFAULT_HTTP_PORT  # 0: any free port, printed on the http listening line
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_model_len: int | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_s: float = 5.0
+    kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
+
+    def __post_init__(self):
+        object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
+        if not self.served_model_name:
+            object.__setattr__(self, "served_model_name", self.model_dir.resolve().name)
+        check_bind(self.host, self.port, ENV_HOST)
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"--http-port must be in [0, 65535], got {self.http_port}")
+        if not self.tokenizer_address:
+            raise ConfigError(f"no tokenizer: pass --tokenizer HOST:PORT or set ${ENV_TOKENIZER}")
+        for flag, addresses, env in (("--prefill", self.prefill_addresses, ENV_PREFILL),
+                                     ("--decode", self.decode_addresses, ENV_DECODE)):
+            if not addresses:
+                raise ConfigError(f"no {flag[2:]} workers: pass {flag} HOST:PORT[,HOST:PORT...] or set ${env}")
+            for address in addresses:
+                _check_address(flag, address)
+        _check_address("--tokenizer", self.tokenizer_address)
+        check_positive("--max-body-bytes", self.max_body_bytes)
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
+        check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
+        env = os.environ if env is None else env
+        parser = new_parser("gateway")
+        parser.description = "Baton's gateway: the OpenAI HTTP API and the public gRPC Generate API."
+        add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT,
+                       model_help="model directory (its tokenizer detokenizes the output)")
+        parser.add_argument("--http-port", type=int, default=env_int(env, ENV_HTTP_PORT, DEFAULT_HTTP_PORT),
+                            help=f"OpenAI HTTP API port, 0 for any free one (${ENV_HTTP_PORT})")
+        parser.add_argument("--tokenizer", default=env.get(ENV_TOKENIZER, ""),
+                            help=f"the tokenizer service, HOST:PORT (${ENV_TOKENIZER})")
+        parser.add_argument("--prefill", default=env.get(ENV_PREFILL, ""),
+                            help=f"prefill workers, HOST:PORT[,HOST:PORT...] (${ENV_PREFILL})")
+        parser.add_argument("--decode", default=env.get(ENV_DECODE, ""),
+                            help=f"decode workers, HOST:PORT[,HOST:PORT...] (${ENV_DECODE})")
+        parser.add_argument("--served-model-name", default=env.get(ENV_SERVED_MODEL_NAME, ""),
+                            help=f"the model name clients send; default: the model directory's name "
+                                 f"(${ENV_SERVED_MODEL_NAME})")
+        parser.add_argument("--max-body-bytes", type=int,
+                            default=env_int(env, ENV_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES),
+                            help=f"largest HTTP request body accepted; larger gets 413 (${ENV_MAX_BODY_BYTES})")
+        parser.add_argument("--kv-transport", default=env.get(ENV_KV_TRANSPORT, "auto"),
+                            help=f"how prefill sends KV pages to decode: {', '.join(KV_TRANSPORTS)} "
+                                 f"(${ENV_KV_TRANSPORT})")
+        add_limit_flags(parser, env)
+        args = parser.parse_args(argv)
+        return cls(model_dir=model_arg(args), tokenizer_address=args.tokenizer,
+                   prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
+                   served_model_name=args.served_model_name, host=args.host, port=args.port,
+                   http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
+                   max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport)
+
+
+def _split(addresses: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in addresses.split(",") if a.strip())
+
+
+def _check_address(flag: str, address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{flag}: {address!r} is not HOST:PORT")

@@ -1,0 +1,60 @@
+"""Every failure the gateway reports, as one `APIError` with an HTTP status and OpenAI's
+error object; the public gRPC API sends the same object (common.proto `Error`)."""
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from services.gateway.pipeline import ContextLengthError, InvalidRequestError, OverloadedError
+from services.gateway.workers import NoHealthyWorkerError
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def type(self) -> str:
+        return ERROR_TYPES.get(self.status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def model_not_found(model: str, served: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist. This server serves `{served}`.", param="model",
+                    code="model_not_found")
+
+
+def to_api_error(e: Exception, prompt_param: str) -> APIError:
+    """The APIError for an exception from the request pipeline; `prompt_param` names the
+    request field a too-long or invalid prompt came in ("prompt" or "messages")."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ContextLengthError):
+        return APIError(400, str(e), param=prompt_param, code="context_length_exceeded")
+    if isinstance(e, InvalidRequestError):
+        return APIError(400, str(e), param=prompt_param)
+    if isinstance(e, OverloadedError):
+        return APIError(429, f"The server is at capacity, retry later ({e})", code="overloaded")
+    if isinstance(e, NoHealthyWorkerError):
+        return APIError(503, str(e), code="unavailable")
+    if isinstance(e, grpc.aio.AioRpcError):
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return APIError(503, f"a worker is unavailable: {e.code().name}: {e.details()}", code="unavailable")
+        return APIError(500, f"a worker failed: {e.code().name}: {e.details()}", code="internal_error")
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")

@@ -1,0 +1,85 @@
+"""The public gRPC API (protos/gateway.proto `Generate`) over the same request pipeline
+as the HTTP API. A failure is the stream's last message (`error`, carrying the HTTP
+status it maps to), not a gRPC status, so a client reads one shape for everything a
+request can end with. A client that cancels the call cancels the request on the mesh.
+"""
+from __future__ import annotations
+
+import uuid
+from contextlib import aclosing
+
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.gateway.errors import APIError, model_not_found, to_api_error
+from services.gateway.pipeline import Delta, RequestPipeline
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
+
+FINISH_REASONS = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+    "error": common_pb2.FINISH_REASON_ERROR,
+}
+
+
+class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
+    """`pipeline` is attached once the gateway's workers are connected."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.pipeline: RequestPipeline | None = None
+
+    async def Generate(self, request: gateway_pb2.GenerateRequest, context):
+        request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
+        try:
+            async with aclosing(self._deltas(request, request_id)) as deltas:
+                async for response in _responses(request_id, deltas, stream=request.stream_options.stream):
+                    yield response
+        except Exception as e:
+            error = to_api_error(e, _input_field(request))
+            yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
+                code=error.status, message=error.message, type=error.type, param=error.param or ""))
+
+    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str):
+        if self.pipeline is None:
+            raise APIError(503, "the gateway is starting", code="unavailable")
+        if request.model and request.model != self.model_name:
+            raise model_not_found(request.model, self.model_name)
+        given = request.WhichOneof("input")
+        if given is None:
+            raise APIError(400, "one of text, chat or token_ids is required", param="input")
+        inputs = {"text": lambda: {"prompt_text": request.text},
+                  "chat": lambda: {"messages": [{"role": m.role, "content": m.content}
+                                                for m in request.chat.messages]},
+                  "token_ids": lambda: {"prompt_token_ids": list(request.token_ids.token_ids)}}[given]()
+        return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop))
+
+
+async def _responses(request_id: str, deltas, stream: bool):
+    text, token_ids, logprobs = [], [], []
+    async for delta in deltas:
+        if stream:
+            if delta.text or delta.token_ids:
+                yield gateway_pb2.GenerateResponse(request_id=request_id, chunk=gateway_pb2.GenerateChunk(
+                    text=delta.text, token_ids=delta.token_ids, logprobs=delta.logprobs))
+        else:
+            text.append(delta.text)
+            token_ids += delta.token_ids
+            logprobs += delta.logprobs
+        if delta.finish_reason is not None:
+            yield gateway_pb2.GenerateResponse(request_id=request_id, complete=_complete(
+                delta, "".join(text), token_ids, logprobs))
+            return
+
+
+def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list) -> gateway_pb2.GenerateComplete:
+    usage = last.usage
+    return gateway_pb2.GenerateComplete(
+        finish_reason=FINISH_REASONS.get(last.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
+        usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                               cached_tokens=usage.cached_tokens) if usage else None,
+        matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs)
+
+
+def _input_field(request: gateway_pb2.GenerateRequest) -> str:
+    return request.WhichOneof("input") or "input"

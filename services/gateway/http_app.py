@@ -1,0 +1,286 @@
+"""The OpenAI-compatible HTTP API: `/v1/models`, `/v1/completions`, `/v1/chat/completions`
+(whole or streamed as server-sent events ending in `data: [DONE]`), `/health` and `/live`.
+
+Errors are OpenAI's error object with the status OpenAI uses: 400 for a bad body
+(malformed JSON, a missing or out-of-range field, a prompt over the context), 404 for
+an unknown model, 413 for a body over the limit, 429 when no decode worker has the
+pages, 503 when no worker of a kind is serving.
+
+A stream's first chunk is awaited before the response starts, so a request that
+fails before its first token still gets its real status, not a 200 with an error
+event. A client that goes away cancels its request wherever it is (prefill or
+decode), which frees its pages; see `_unless_disconnected`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.gateway.choices import merge_choices
+from services.gateway.errors import APIError, model_not_found, to_api_error
+from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
+from services.gateway.openai_responses import ResponseBuilder, TokenText
+from services.gateway.pipeline import Delta, RequestPipeline
+
+T = TypeVar("T")
+log = logging.getLogger("baton.gateway")
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+
+
+@dataclass
+class GatewayState:
+    pipeline: RequestPipeline
+    model_name: str
+    max_model_len: int | None
+    token_text: TokenText
+    readiness: Callable[[], str | None]  # None when every kind of worker has one serving, else why not
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its response was ready."""
+
+
+def create_app(state: GatewayState) -> FastAPI:
+    app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:  # unknown path, wrong method
+        return api_error_response(APIError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return api_error_response(to_api_error(e, "input"))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
+        return api_error_response(validation_error(e))
+
+    @app.get("/live")
+    async def live() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        reason = state.readiness()
+        if reason is not None:
+            return api_error_response(APIError(503, reason, code="unavailable"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(state)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        if model != state.model_name:
+            raise model_not_found(model, state.model_name)
+        return model_card(state)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(state, body.model)
+        response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        prompts = body.prompts
+        streams, prompt_of_choice = [], []
+        for p, prompt in enumerate(prompts):
+            for j in range(body.n):
+                choice = len(streams)
+                given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+                streams.append(state.pipeline.generate(
+                    _choice_id(response_id, choice, len(prompts) * body.n), **given,
+                    sampling=body.sampling(body.max_tokens, body.logprobs, j), stop=body.stop_strings,
+                    include_stop_str_in_output=body.include_stop_str_in_output))
+                prompt_of_choice.append(p)
+        builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
+                                  num_choices=len(streams), prompt_of_choice=prompt_of_choice,
+                                  token_text=state.token_text, want_logprobs=body.logprobs is not None)
+        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        check_model(state, body.model)
+        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+        messages = body.chat_messages()
+        streams = [state.pipeline.generate(
+            _choice_id(response_id, j, body.n), messages=messages,
+            sampling=body.sampling(body.completion_budget, body.num_logprobs, j), stop=body.stop_strings,
+            include_stop_str_in_output=body.include_stop_str_in_output) for j in range(body.n)]
+        builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
+                                  num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
+                                  want_logprobs=body.logprobs)
+        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages")
+
+    return app
+
+
+def model_card(state: GatewayState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "baton",
+            "max_model_len": state.max_model_len}
+
+
+def check_model(state: GatewayState, model: str) -> None:
+    if model != state.model_name:
+        raise model_not_found(model, state.model_name)
+
+
+def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
+    """The mesh request id of one choice: the response id itself when it is the only one."""
+    return response_id if num_choices == 1 else f"{response_id}-{choice}"
+
+
+async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
+                  stream: bool, include_usage: bool, prompt_param: str):
+    try:
+        if not stream:
+            async def collect() -> None:
+                async for index, delta in choices:
+                    builder.add(index, delta)
+            await _unless_disconnected(request, collect())
+            return JSONResponse(builder.whole(), headers={"x-request-id": builder.id})
+        try:
+            first = await _unless_disconnected(request, anext(choices))
+        except StopAsyncIteration:
+            raise APIError(500, "the request ended without output", code="internal_error") from None
+    except ClientDisconnected:
+        await choices.aclose()
+        return JSONResponse({}, status_code=499)  # nobody reads it; what access logs expect
+    except Exception as e:
+        await choices.aclose()
+        raise to_api_error(e, prompt_param) from e
+    return StreamingResponse(_events(first, choices, builder, include_usage, prompt_param),
+                             media_type="text/event-stream",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no",
+                                      "x-request-id": builder.id})
+
+
+async def _events(first: tuple[int, Delta], choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
+                  include_usage: bool, prompt_param: str) -> AsyncIterator[bytes]:
+    """The SSE body. Starlette cancels this when the client disconnects; the cancellation
+    reaches every choice's pipeline, which aborts its request on the mesh."""
+    try:
+        yield _event(builder.chunk(*first, include_usage))
+        async for index, delta in choices:
+            yield _event(builder.chunk(index, delta, include_usage))
+        if include_usage:
+            yield _event(builder.usage_chunk())
+    except Exception as e:  # after the 200 went out: the error travels as an event, as vLLM sends it
+        yield _event(to_api_error(e, prompt_param).body())
+    finally:
+        await choices.aclose()
+    yield b"data: [DONE]\n\n"
+
+
+def _event(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`await work`, cancelled as soon as the client disconnects (ClientDisconnected).
+
+    The body has been read by now, so the next ASGI message can only be the
+    disconnect; waiting for it costs nothing while the client stays."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def api_error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def validation_error(e: RequestValidationError) -> APIError:
+    """One 400 naming the first bad field, in OpenAI's words where it has them."""
+    errors = e.errors()
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"We could not parse the JSON body of your request: {first.get('msg')}")
+    if first.get("type") == "missing" and not location:
+        return APIError(400, "the request needs a JSON body")
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return APIError(400, message, param=param)
+
+
+class BodySizeLimit:
+    """Refuses a request body over `max_bytes` with 413 before the app sees it: by its
+    Content-Length when it gives one, else by counting while it is read in full here
+    (request bodies are small JSON, which the app would read whole anyway)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left while sending
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                return await self._refuse(send)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # after the body, only the disconnect can come
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send) -> None:
+        error = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes).",
+                         code="request_too_large")
+        payload = json.dumps(error.body()).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,183 @@
+"""The OpenAI request bodies the gateway accepts, as pydantic models.
+
+Field names, defaults and ranges follow OpenAI's API and vLLM's extras
+(`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
+`include_stop_str_in_output`). A value out of range fails validation here, so the
+client gets a 400 that names the field before any worker is called. Unknown fields
+are ignored, as OpenAI's own server does for fields a model does not use.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protos import common_pb2
+
+MAX_CHOICES = 16  # n × prompts per request; more is one client hogging every worker
+MAX_LOGPROBS = 20  # the engine's limit
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
+
+
+class _SamplingFields(BaseModel):
+    """The fields completions and chat share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _check_stop(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop strings must be non-empty")
+        return self
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int | None, logprobs: int | None, choice: int) -> common_pb2.SamplingParams:
+        """The engine's sampling parameters for choice `choice` of `n`: each choice of a
+        seeded request gets its own seed, so n choices differ yet repeat run to run."""
+        params = common_pb2.SamplingParams(
+            top_k=self.top_k or 0, min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0, stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos)
+        if max_tokens is not None:
+            params.max_tokens = max_tokens
+        if self.temperature is not None:
+            params.temperature = self.temperature
+        if self.top_p is not None:
+            params.top_p = self.top_p
+        if self.repetition_penalty is not None:
+            params.repetition_penalty = self.repetition_penalty
+        if self.seed is not None:
+            params.seed = (self.seed + choice) % 2**64
+        if logprobs is not None:
+            params.logprobs = logprobs
+        return params
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _check_supported(self):
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of not in (None, 1, self.n):
+            raise ValueError("best_of must equal n (beam search and best_of sampling are not supported)")
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts × n)")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]
+        return list(prompt)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | dict[str, Any]] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The message's text; content given as parts is joined, as chat templates expect."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if not isinstance(part, TextPart):
+                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+            texts.append(part.text)
+        return "\n".join(texts)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # deprecated by OpenAI, still sent by most clients
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_supported(self):
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("response_format other than text is not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        self.chat_messages()  # raises for content parts other than text
+        return self
+
+    @property
+    def completion_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text} for m in self.messages]

@@ -1,0 +1,154 @@
+"""OpenAI response bodies built from pipeline `Delta`s: completions and chat, whole or
+as stream chunks, with usage and logprobs in the shapes the `openai` client parses."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protos import common_pb2
+from services.gateway.pipeline import Delta, Usage
+
+TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
+
+
+def usage_body(usages: Sequence[Usage], prompt_of_choice: Sequence[int]) -> dict[str, Any]:
+    """Usage over every choice: each prompt's tokens once (as OpenAI counts n > 1), every
+    choice's completion tokens."""
+    first_of_prompt: dict[int, Usage] = {}
+    for usage, prompt in zip(usages, prompt_of_choice):
+        first_of_prompt.setdefault(prompt, usage)
+    prompt_tokens = sum(u.prompt_tokens for u in first_of_prompt.values())
+    completion_tokens = sum(u.completion_tokens for u in usages)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens for u in first_of_prompt.values())}}
+
+
+def completion_logprobs(entries: Sequence[common_pb2.TopLogprobs], token_text: TokenText,
+                        text_offset: int) -> dict[str, Any]:
+    """The legacy completions shape: parallel lists, `text_offset` counted from `text_offset`."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for entry in entries:
+        text = token_text(entry.sampled.token_id)
+        tokens.append(text)
+        token_logprobs.append(entry.sampled.logprob)
+        top.append({token_text(t.token_id): t.logprob for t in entry.top})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def chat_logprobs(entries: Sequence[common_pb2.TopLogprobs], token_text: TokenText) -> dict[str, Any]:
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**one(e.sampled.token_id, e.sampled.logprob),
+                         "top_logprobs": [one(t.token_id, t.logprob) for t in e.top]} for e in entries],
+            "refusal": None}
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    usage: Usage | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.matched_stop
+            self.usage = delta.usage
+
+
+class ResponseBuilder:
+    """Bodies for one request's response: chunks while streaming, or the whole object."""
+
+    def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int, prompt_of_choice: Sequence[int],
+                 token_text: TokenText, want_logprobs: bool):
+        self.kind = kind  # "completion" or "chat"
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self.choices = [ChoiceState() for _ in range(num_choices)]
+        self.prompt_of_choice = list(prompt_of_choice)
+        self.token_text = token_text
+        self.want_logprobs = want_logprobs
+        self._sent_role = [False] * num_choices
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        usages = [c.usage or Usage(0, len(c.token_ids), 0) for c in self.choices]
+        return usage_body(usages, self.prompt_of_choice)
+
+    def _head(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
+
+    # ---- streaming -------------------------------------------------------------------
+
+    def chunk(self, index: int, delta: Delta, include_usage: bool) -> dict[str, Any]:
+        """The stream chunk for one delta of choice `index` (also recorded for usage)."""
+        state = self.choices[index]
+        text_offset = len(state.text)
+        state.add(delta)
+        logprobs = None
+        if self.kind == "completion":
+            if self.want_logprobs:
+                logprobs = completion_logprobs(delta.logprobs, self.token_text, text_offset)
+            choice = {"index": index, "text": delta.text, "logprobs": logprobs,
+                      "finish_reason": delta.finish_reason, "stop_reason": state.stop_reason}
+            body = self._head("text_completion")
+        else:
+            if self.want_logprobs:
+                logprobs = chat_logprobs(delta.logprobs, self.token_text)
+            message: dict[str, Any] = {"content": delta.text}
+            if not self._sent_role[index]:
+                message["role"] = "assistant"
+                self._sent_role[index] = True
+            choice = {"index": index, "delta": message, "logprobs": logprobs,
+                      "finish_reason": delta.finish_reason, "stop_reason": state.stop_reason}
+            body = self._head("chat.completion.chunk")
+        body["choices"] = [choice]
+        if include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self) -> dict[str, Any]:
+        """The last chunk when `stream_options.include_usage`: no choices, the whole usage."""
+        body = self._head("text_completion" if self.kind == "completion" else "chat.completion.chunk")
+        body["choices"] = []
+        body["usage"] = self.usage
+        return body
+
+    # ---- whole -----------------------------------------------------------------------
+
+    def add(self, index: int, delta: Delta) -> None:
+        self.choices[index].add(delta)
+
+    def whole(self) -> dict[str, Any]:
+        choices = []
+        for index, state in enumerate(self.choices):
+            if self.kind == "completion":
+                logprobs = completion_logprobs(state.logprobs, self.token_text, 0) if self.want_logprobs else None
+                choices.append({"index": index, "text": state.text, "logprobs": logprobs,
+                                "finish_reason": state.finish_reason, "stop_reason": state.stop_reason})
+            else:
+                logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
+                choices.append({"index": index, "message": {"role": "assistant", "content": state.text,
+                                                            "refusal": None, "tool_calls": []},
+                                "logprobs": logprobs, "finish_reason": state.finish_reason,
+                                "stop_reason": state.stop_reason})
+        body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
+        body["choices"] = choices
+        body["usage"] = self.usage
+        return body

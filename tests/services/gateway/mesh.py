@@ -1,0 +1,129 @@
+"""A whole mesh for end-to-end tests: the tokenizer, N prefill and M decode workers and
+the gateway, each a real `python -m services.<name>` process on 127.0.0.1."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from protos import decode_pb2, decode_pb2_grpc
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
+from tests.services.service_process import REPO_ROOT, ServiceProcess
+
+DECODE_KV_BLOCKS = 128
+BLOCK_SIZE = 16
+WHOLE_POOL_TOKENS = DECODE_KV_BLOCKS * BLOCK_SIZE - 1  # the context (2048) refuses one more token
+
+
+class GatewayProcess:
+    """`python -m services.gateway` with its two listening lines (gRPC, then HTTP)."""
+
+    def __init__(self, model_dir: Path, tokenizer: str, prefill: list[str], decode: list[str], *extra_args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.gateway", "--model", str(model_dir), "--tokenizer", tokenizer,
+             "--prefill", ",".join(prefill), "--decode", ",".join(decode), "--port", "0", "--http-port", "0",
+             *extra_args],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.grpc_address = self._line("gateway listening on ")
+        self.http_address = self._line("gateway http listening on ")
+        self.base_url = f"http://{self.http_address}"
+        self.stderr_lines: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{self.base_url}/health", timeout=5).status_code != 200:
+            assert self.proc.poll() is None, "the gateway exited"
+            assert time.monotonic() < deadline, "the gateway never became ready"
+            time.sleep(0.05)
+
+    def _line(self, prefix: str) -> str:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        if not lines or not lines[0].startswith(prefix):
+            self.proc.kill()
+            pytest.fail(f"expected {prefix!r}, got {lines!r}; stderr:\n{self.proc.stderr.read()}")
+        return lines[0].removeprefix(prefix).strip()
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line)
+
+    def terminate(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        return self.proc.returncode
+
+
+@dataclass
+class Mesh:
+    model_dir: Path
+    tokenizer: ServiceProcess
+    prefill: list[ServiceProcess]
+    decode: list[ServiceProcess]
+    gateway: GatewayProcess
+    extra: list = field(default_factory=list)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_dir.name
+
+    def assert_decode_pools_free(self, within_s: float = 1.0) -> None:
+        """Reserving every page of every decode worker succeeds (retried for `within_s`)."""
+        for svc in self.decode:
+            stub = decode_pb2_grpc.DecodeStub(svc.channel)
+            deadline = time.monotonic() + within_s
+            while True:
+                try:
+                    stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS),
+                                 timeout=5)
+                    break
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                    assert time.monotonic() < deadline, f"{svc.address}: the pool did not become free in time"
+                    time.sleep(0.02)
+            assert stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
+
+
+def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = ()) -> Mesh:
+    started: list = []
+    try:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir)
+        started.append(tokenizer)
+        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128")
+                   for _ in range(num_prefill)]
+        started += prefill
+        decode = [ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS))
+                  for _ in range(num_decode)]
+        started += decode
+        gateway = GatewayProcess(model_dir, tokenizer.address, [p.address for p in prefill],
+                                 [d.address for d in decode], *gateway_args)
+    except BaseException:
+        for svc in started:
+            svc.terminate()
+        raise
+    return Mesh(model_dir, tokenizer, prefill, decode, gateway)
+
+
+def stop_mesh(mesh: Mesh) -> dict[str, int]:
+    """Exit codes by process, gateway first (it stops taking requests before the workers go)."""
+    codes = {"gateway": mesh.gateway.terminate()}
+    for i, svc in enumerate([mesh.tokenizer, *mesh.prefill, *mesh.decode]):
+        codes[f"{svc.name}-{i}"] = svc.terminate()
+    return codes

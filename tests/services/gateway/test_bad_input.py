@@ -1,0 +1,169 @@
+"""Bad input through real HTTP: each gets OpenAI's error object with the right status, and
+none leaves a decode page reserved. Clients that go away free their pages within a second."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from protos import decode_pb2, decode_pb2_grpc
+from tests.services.gateway.mesh import WHOLE_POOL_TOKENS
+
+LONG_PROMPT = "word " * 3000  # well over the 2048-token context
+
+
+def post(mesh, path: str, body, **kwargs) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{mesh.gateway.base_url}{path}", content=content,
+                      headers={"content-type": "application/json"}, timeout=30, **kwargs)
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None, code: str | None = None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+CASES = [
+    # (name, path, body, status, param)
+    ("malformed json", "/v1/completions", b'{"model": "x", "prompt": ', 400, None),
+    ("not an object", "/v1/completions", b"[1, 2]", 400, None),
+    ("no body", "/v1/completions", b"", 400, None),
+    ("missing prompt", "/v1/completions", {"model": "MODEL"}, 400, "prompt"),
+    ("missing model", "/v1/completions", {"prompt": "hi"}, 400, "model"),
+    ("missing messages", "/v1/chat/completions", {"model": "MODEL"}, 400, "messages"),
+    ("empty messages", "/v1/chat/completions", {"model": "MODEL", "messages": []}, 400, "messages"),
+    ("bad role", "/v1/chat/completions", {"model": "MODEL", "messages": [{"role": "wizard", "content": "x"}]},
+     400, None),
+    ("max_tokens 0", "/v1/completions", {"model": "MODEL", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("max_completion_tokens -1", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, 400,
+     "max_completion_tokens"),
+    ("temperature < 0", "/v1/completions", {"model": "MODEL", "prompt": "hi", "temperature": -0.5}, 400,
+     "temperature"),
+    ("top_p 0", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("top_p 1.5", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("top_k -2", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_k": -2}, 400, "top_k"),
+    ("presence_penalty 3", "/v1/completions", {"model": "MODEL", "prompt": "hi", "presence_penalty": 3}, 400,
+     "presence_penalty"),
+    ("logprobs 21", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("empty stop", "/v1/completions", {"model": "MODEL", "prompt": "hi", "stop": [""]}, 400, None),
+    ("n 100", "/v1/completions", {"model": "MODEL", "prompt": "hi", "n": 100}, 400, "n"),
+    ("token id past the vocabulary", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, 10**6]}, 400, None),
+    ("empty prompt list", "/v1/completions", {"model": "MODEL", "prompt": []}, 400, None),
+    ("image content", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, None),
+    ("stream_options without stream", "/v1/completions",
+     {"model": "MODEL", "prompt": "hi", "stream_options": {"include_usage": True}}, 400, None),
+]
+
+
+@pytest.mark.parametrize("name,path,body,status,param", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_an_openai_error(mesh, name, path, body, status, param):
+    if isinstance(body, dict) and body.get("model") == "MODEL":
+        body = {**body, "model": mesh.model_name}
+    assert_openai_error(post(mesh, path, body), status, param)
+
+
+def test_unknown_model_is_404_through_the_openai_client(mesh):
+    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.NotFoundError) as e:
+            client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+        assert e.value.body["code"] == "model_not_found"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("no-such-model")
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content": LONG_PROMPT}])
+        assert e.value.body["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_over_the_context_is_400(mesh, stream):
+    error = assert_openai_error(post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": LONG_PROMPT,
+                                                               "stream": stream}),
+                                400, "prompt", "context_length_exceeded")
+    assert "maximum context length" in error["message"]
+    prompt = [5] * 2000  # fits alone, not with the 100 tokens asked for
+    assert_openai_error(post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": prompt,
+                                                       "max_tokens": 100}), 400, "prompt", "context_length_exceeded")
+
+
+def test_a_body_over_the_limit_is_413(mesh):
+    big = {"model": mesh.model_name, "prompt": "x" * (9 * 2**20)}  # the default limit is 8 MiB
+    assert_openai_error(post(mesh, "/v1/completions", big), 413, code="request_too_large")
+
+    def chunks():  # no Content-Length: counted as it arrives
+        yield b'{"model": "m", "prompt": "'
+        for _ in range(10):
+            yield b"x" * 2**20
+        yield b'"}'
+    response = httpx.post(f"{mesh.gateway.base_url}/v1/completions", content=chunks(),
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert_openai_error(response, 413)
+
+
+def test_no_free_pages_is_429_and_then_serving_resumes(mesh):
+    stubs = [decode_pb2_grpc.DecodeStub(svc.channel) for svc in mesh.decode]
+    for i, stub in enumerate(stubs):  # every page of every decode worker held
+        stub.Reserve(decode_pb2.ReserveRequest(request_id=f"hog-{i}", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    try:
+        assert_openai_error(post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi"}), 429,
+                            code="overloaded")
+    finally:
+        for i, stub in enumerate(stubs):
+            stub.Abort(decode_pb2.AbortRequest(request_id=f"hog-{i}"), timeout=5)
+    assert post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_bad_input_leaves_no_page_reserved(mesh):
+    for name, path, body, _, _ in CASES:
+        if isinstance(body, dict) and body.get("model") == "MODEL":
+            body = {**body, "model": mesh.model_name}
+        post(mesh, path, body)
+    post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": LONG_PROMPT})
+    mesh.assert_decode_pools_free()
+
+
+def _raw_stream_request(mesh, body: dict) -> socket.socket:
+    """A streaming POST on a raw socket, so the test decides exactly when the client vanishes."""
+    host, port = mesh.gateway.http_address.rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    return sock
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_pages_within_a_second(mesh):
+    body = {"model": mesh.model_name, "prompt": "A long story begins", "max_tokens": 1900, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    socks = [_raw_stream_request(mesh, body) for _ in range(4)]
+    for sock in socks:
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")  # streaming has begun
+    for sock in socks:
+        sock.close()
+    closed = time.monotonic()
+    mesh.assert_decode_pools_free(within_s=1.0)
+    assert time.monotonic() - closed < 1.0
+
+
+def test_a_client_that_disconnects_before_its_first_token_frees_its_pages(mesh):
+    # A near-context prompt: the client is gone while it is tokenized, reserved or prefilled.
+    body = {"model": mesh.model_name, "prompt": "many words " * 900, "max_tokens": 8, "stream": True}
+    for delay_s in (0.0, 0.02, 0.1):
+        sock = _raw_stream_request(mesh, body)
+        time.sleep(delay_s)
+        sock.close()
+    mesh.assert_decode_pools_free(within_s=1.0)
+    assert post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi", "max_tokens": 2}).status_code == 200

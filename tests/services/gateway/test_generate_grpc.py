@@ -1,0 +1,98 @@
+"""The public gRPC `Generate` API from a plain grpcio client: text, chat and token ids in;
+chunks then the completion out; errors as the stream's last message; cancellation frees pages."""
+from __future__ import annotations
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+
+
+@pytest.fixture(scope="module")
+def stub(mesh):
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        yield gateway_pb2_grpc.GenerateStub(channel)
+
+
+def greedy(max_tokens: int, **kwargs) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+def http_text(mesh, prompt: str, max_tokens: int) -> str:
+    response = httpx.post(f"{mesh.gateway.base_url}/v1/completions", timeout=30, json={
+        "model": mesh.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+    return response.json()["choices"][0]["text"]
+
+
+def test_streamed_and_whole_outputs_agree_with_the_http_api(stub, mesh):
+    request = gateway_pb2.GenerateRequest(request_id="grpc-1", model=mesh.model_name, text=PROMPT,
+                                          sampling=greedy(12), stream_options=gateway_pb2.StreamOptions(stream=True))
+    responses = list(stub.Generate(request, timeout=30))
+    assert all(r.request_id == "grpc-1" for r in responses)
+    chunks, last = responses[:-1], responses[-1]
+    assert all(r.WhichOneof("response") == "chunk" for r in chunks)
+    assert last.WhichOneof("response") == "complete"
+    assert last.complete.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert last.complete.usage.completion_tokens == 12
+    assert sum(len(r.chunk.token_ids) for r in chunks) == 12
+    text = "".join(r.chunk.text for r in chunks)
+    assert text == http_text(mesh, PROMPT, 12)
+
+    whole = list(stub.Generate(gateway_pb2.GenerateRequest(request_id="grpc-2", text=PROMPT, sampling=greedy(12)),
+                               timeout=30))
+    assert len(whole) == 1 and whole[0].complete.text == text
+    assert len(whole[0].complete.token_ids) == 12
+
+
+def test_chat_and_token_ids_inputs_with_logprobs_and_stop(stub, mesh):
+    chat = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", content="Hello")])
+    [response] = stub.Generate(gateway_pb2.GenerateRequest(chat=chat, sampling=greedy(6, logprobs=2)), timeout=30)
+    assert len(response.complete.logprobs) == 6
+    assert all(len(entry.top) == 2 for entry in response.complete.logprobs)
+    assert response.request_id  # one was made for the request
+
+    ids = gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[5, 6, 7, 8]), sampling=greedy(20))
+    [free] = stub.Generate(ids, timeout=30)
+    stop = free.complete.text[4:7]
+    ids.stop.append(stop)
+    [stopped] = stub.Generate(ids, timeout=30)
+    assert stopped.complete.text == free.complete.text[: free.complete.text.index(stop)]
+    assert stopped.complete.finish_reason == common_pb2.FINISH_REASON_STOP
+    assert stopped.complete.matched_stop == stop
+
+
+def test_errors_end_the_stream_with_an_error_message(stub, mesh):
+    cases = [
+        (gateway_pb2.GenerateRequest(model="nope", text="hi"), 404),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(temperature=-1)), 400),
+        (gateway_pb2.GenerateRequest(text="word " * 3000), 400),
+        (gateway_pb2.GenerateRequest(), 400),
+    ]
+    for request, code in cases:
+        [response] = stub.Generate(request, timeout=30)
+        assert response.WhichOneof("response") == "error", response
+        assert response.error.code == code and response.error.message
+    mesh.assert_decode_pools_free()
+
+
+def test_a_cancelled_call_frees_its_pages(stub, mesh):
+    call = stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=greedy(1900),
+                                                     stream_options=gateway_pb2.StreamOptions(stream=True)))
+    next(call)
+    call.cancel()
+    mesh.assert_decode_pools_free(within_s=1.0)
+
+
+def test_health_and_reflection_list_the_generate_service(mesh):
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service="baton.gateway.v1.Generate"), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        [reply] = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        assert "baton.gateway.v1.Generate" in {s.name for s in reply.list_services_response.service}

@@ -1,0 +1,185 @@
+"""The OpenAI API end to end: the real `openai` client against the gateway in front of a
+tokenizer, 2 prefill and 2 decode processes. Greedy output must equal `transformers`,
+`baton generate` and an in-process engine on the same model."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import openai
+import pytest
+import torch
+
+from services.tokenizer.model_tokenizer import ModelTokenizer
+from tests.services.service_process import REPO_ROOT
+
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def client(mesh):
+    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_demo_model) -> ModelTokenizer:
+    return ModelTokenizer.from_dir(tiny_demo_model)
+
+
+def continuation(tokenizer: ModelTokenizer, prompt: list[int], output: list[int]) -> str:
+    """The text `output` adds after `prompt`, as the gateway's detokenizer produces it."""
+    return tokenizer.decode(prompt + output)[len(tokenizer.decode(prompt)):]
+
+
+def transformers_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        # An explicit mask: generate would otherwise take the bos token (id 0 = pad here) for padding.
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=0)
+    ids = out[0, len(prompt):].tolist()
+    eos = set(model.generation_config.eos_token_id or [])
+    for i, token in enumerate(ids):  # generate stops at eos; keep the eos token, as the engine counts it
+        if token in eos:
+            return ids[: i + 1]
+    return ids
+
+
+def test_models_lists_the_served_model(client, mesh):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [mesh.model_name]
+    assert client.models.retrieve(mesh.model_name).id == mesh.model_name
+
+
+def test_greedy_completion_equals_transformers_and_baton_generate(client, mesh, tokenizer):
+    prompt = tokenizer.encode(PROMPT)
+    expected_ids = transformers_greedy(mesh.model_dir, prompt, 24)
+    response = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=24, temperature=0)
+    choice = response.choices[0]
+    assert choice.text == continuation(tokenizer, prompt, expected_ids)
+    assert choice.finish_reason == ("length" if len(expected_ids) == 24 else "stop")
+    assert response.usage.prompt_tokens == len(prompt)
+    assert response.usage.completion_tokens == len(expected_ids)
+    assert response.usage.total_tokens == len(prompt) + len(expected_ids)
+
+    cli = subprocess.run([sys.executable, "-m", "cli", "generate", "--model", str(mesh.model_dir),
+                          "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "24", "--json"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout.strip().splitlines()[-1])["token_ids"] == expected_ids
+
+
+def test_streamed_completion_equals_the_whole_one_and_reports_usage(client, mesh, tokenizer):
+    whole = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=20, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == len(tokenizer.encode(PROMPT))
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_whole_and_streamed_use_the_chat_template(client, mesh, tokenizer):
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1]
+    expected = continuation(tokenizer, prompt, transformers_greedy(mesh.model_dir, prompt, 16))
+    whole = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_completion_tokens=16,
+                                           temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == expected
+    assert whole.usage.prompt_tokens == len(prompt)
+    stream = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=16, temperature=0,
+                                            stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_strings_end_the_text_before_them(client, mesh):
+    free = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = free[10:13]
+    assert stop and stop not in free[:12]
+    for stops in (stop, [stop, "\x00never"]):
+        for stream in (False, True):
+            kwargs = dict(model=mesh.model_name, prompt=PROMPT, max_tokens=40, temperature=0, stop=stops,
+                          extra_body={"ignore_eos": True})
+            if stream:
+                chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+                text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+            else:
+                choice = client.completions.create(**kwargs).choices[0]
+                text, reason = choice.text, choice.finish_reason
+            assert (text, reason) == (free[: free.index(stop)], "stop")
+    mesh.assert_decode_pools_free()
+
+
+def test_a_seed_repeats_its_sample_and_n_choices_differ(client, mesh):
+    kwargs = dict(model=mesh.model_name, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95, seed=1234,
+                  extra_body={"ignore_eos": True, "top_k": 50, "min_p": 0.01, "repetition_penalty": 1.1})
+    first = client.completions.create(**kwargs).choices[0].text
+    assert client.completions.create(**kwargs).choices[0].text == first
+    assert client.completions.create(**{**kwargs, "seed": 99}).choices[0].text != first
+    several = client.completions.create(n=3, **kwargs)
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert several.choices[0].text == first
+    assert len({c.text for c in several.choices}) == 3
+    assert several.usage.completion_tokens == 48
+
+
+def test_logprobs_for_every_token(client, mesh):
+    response = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=6, temperature=0,
+                                         logprobs=3, extra_body={"ignore_eos": True})
+    logprobs = response.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) <= 3 and logprob <= 0
+        assert max(top.values()) == pytest.approx(logprob, abs=1e-5)  # greedy takes the best
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=5, temperature=0,
+                                          logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(entry.top_logprobs) == 2 for entry in content)
+
+
+def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
+    by_ids = client.completions.create(model=mesh.model_name, prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    batch = client.completions.create(model=mesh.model_name, prompt=[PROMPT, "Another prompt"], max_tokens=8,
+                                      temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == by_text.choices[0].text
+
+
+def test_thirty_two_concurrent_streams_complete_with_correct_usage(mesh, tokenizer):
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, object]:
+        prompt = f"Request number {i} asks about"
+        stream = await client.completions.create(
+            model=mesh.model_name, prompt=prompt, max_tokens=12 + i % 5, temperature=0.7, seed=i, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        chunks = [chunk async for chunk in stream]
+        return prompt, chunks
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused",
+                                      max_retries=0) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
+
+    results = asyncio.run(main())
+    for i, (prompt, chunks) in enumerate(results):
+        usage = chunks[-1].usage
+        assert usage.completion_tokens == 12 + i % 5
+        assert usage.prompt_tokens == len(tokenizer.encode(prompt))
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    mesh.assert_decode_pools_free()
