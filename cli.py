@@ -1,9 +1,10 @@
 """The `baton` command.
 
 `baton generate` runs one prompt through an in-process engine and streams the
-text (or prints one JSON object); `baton make-demo-model` writes the random-weight
-demo model. Every failure is one line on stderr and exit status 2; set
-BATON_DEBUG=1 to see the traceback instead.
+text (or prints one JSON object); `baton up` runs every service as a local process
+and prints where the API listens; `baton make-demo-model` writes the random-weight
+demo model. Every failure is one line on stderr and exit status 2 (`baton up`:
+1 when a service it runs fails); set BATON_DEBUG=1 to see the traceback instead.
 """
 from __future__ import annotations
 
@@ -76,6 +77,32 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
                           "instead of streaming text")
     gen.set_defaults(run=_generate)
+
+    up = sub.add_parser("up", help="run every service as a local process (the whole mesh on this host)",
+                        description="Start the tokenizer, N prefill and M decode workers (and a kvstore node) as "
+                                    "local processes, then the gateway with their addresses; print where the "
+                                    "OpenAI API listens and every process's output, prefixed with its name. "
+                                    "Ctrl-C or SIGTERM stops the gateway, then the workers (exit 0); a process "
+                                    "that exits or does not become healthy stops everything (exit 1).")
+    up.add_argument("--model", metavar="DIR",
+                    help="Hugging Face model directory (default: the demo model, made on first use "
+                         "in $BATON_DEMO_MODEL or ~/.cache/baton/demo-model)")
+    up.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
+    up.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
+    up.add_argument("--host", default="127.0.0.1", help="the gateway's bind host (default 127.0.0.1); "
+                                                        "workers bind 127.0.0.1")
+    up.add_argument("--port", type=int, default=8000, help="OpenAI HTTP API port, 0 for any free one (default 8000)")
+    up.add_argument("--grpc-port", type=int, default=0,
+                    help="the gateway's gRPC Generate port (default 0: any free one)")
+    up.add_argument("--kvstore", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run a kvstore node, the host-memory KV page tier (default: on)")
+    up.add_argument("--no-gateway", dest="gateway", action="store_false",
+                    help="start only the workers and print their addresses")
+    up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
+                    help="seconds each process may take to become healthy (default 300)")
+    up.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
+                    help="seconds each process may take to exit after SIGTERM before SIGKILL (default 15)")
+    up.set_defaults(run=_up)
 
     demo = sub.add_parser("make-demo-model", help="write a tiny random-weight Llama model directory",
                           description="Write a random-weight LlamaForCausalLM directory with a locally "
@@ -176,6 +203,29 @@ def _generate(args: argparse.Namespace) -> int:
         rate = len(token_ids) / elapsed if elapsed > 0 else 0.0
         print(f"[{len(token_ids)} tokens, finish_reason={finish_reason}, {rate:.1f} tokens/s]", file=sys.stderr)
     return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from services.launcher.mesh import Mesh, MeshConfig
+
+    model_dir = Path(args.model).expanduser().resolve() if args.model else Path(_demo_model_dir())
+    if not model_dir.is_dir():
+        raise UsageError(f"model directory not found: {model_dir}")
+    try:
+        config = MeshConfig(model_dir=model_dir, num_prefill=args.prefill, num_decode=args.decode, host=args.host,
+                            http_port=args.port, grpc_port=args.grpc_port, with_gateway=args.gateway,
+                            with_kvstore=args.kvstore,
+                            start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+    async def run() -> int:
+        return await Mesh(config).run()
+
+    return asyncio.run(run())
 
 
 def _demo_model_dir() -> str:

@@ -1,0 +1,266 @@
+"""The one-host mesh of `baton up`: start order, supervision and shutdown.
+
+Start: tokenizer, N prefill and M decode workers (and a kvstore node) at once,
+since loading is the slow part; once every one is listening and SERVING, the
+gateway with their addresses; then the banner. Supervision: a child that exits,
+or is not ready within the start timeout, is reported with its last stderr lines
+and everything stops with exit code 1. SIGINT or SIGTERM: the gateway gets
+SIGTERM first, then the workers, each SIGKILLed after the stop timeout; exit code
+0 (a second signal SIGKILLs everything at once). Shared-memory segments of decode
+workers that could not unlink their own (SIGKILLed) are removed at the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.launcher.console import Console, process_table
+from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit, probe_address
+from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
+
+# grpc.health.v1 names, as the servicers register them (`<proto package>.<service>`);
+# written out so that starting the mesh imports neither torch nor generated code.
+HEALTH_NAMES = {
+    "tokenizer": "baton.tokenizer.v1.Tokenizer",
+    "prefill": "baton.prefill.v1.Prefill",
+    "decode": "baton.decode.v1.Decode",
+    "kvstore": "baton.kvstore.v1.KVStore",
+    "gateway": "baton.gateway.v1.Generate",
+}
+SERVICES_ROOT = Path(__file__).resolve().parents[2]  # where `python -m services.<name>` resolves
+EXIT_FAILED = 1
+SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
+# The gateway is on this host: an http_proxy variable must not reroute the probe.
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    model_dir: Path
+    num_prefill: int = 1
+    num_decode: int = 1
+    host: str = "127.0.0.1"  # the gateway's; workers bind loopback only
+    http_port: int = 8000
+    grpc_port: int = 0
+    with_gateway: bool = True
+    with_kvstore: bool = False
+    start_timeout_s: float = 300.0  # per child: spawn to health SERVING
+    stop_timeout_s: float = 15.0  # per child: SIGTERM to exit, then SIGKILL
+    python: str = field(default=sys.executable)
+
+    def __post_init__(self) -> None:
+        if self.num_prefill < 1 or self.num_decode < 1:
+            raise ValueError("--prefill and --decode must each be at least 1")
+        for flag, port in (("--port", self.http_port), ("--grpc-port", self.grpc_port)):
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{flag} must be in 0..65535, got {port}")
+        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        if not (self.model_dir / "config.json").is_file():
+            raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
+
+
+def worker_specs(config: MeshConfig) -> list[ChildSpec]:
+    """Every child but the gateway, each bound to a free loopback port."""
+    def spec(name: str, kind: str, *args: str) -> ChildSpec:
+        return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, "--host", "127.0.0.1", "--port", "0"),
+                         f"{kind} listening on ", HEALTH_NAMES[kind])
+
+    model = ("--model", str(config.model_dir))
+    specs = [spec("tokenizer", "tokenizer", *model)]
+    specs += [spec(f"prefill-{i}", "prefill", *model) for i in range(config.num_prefill)]
+    specs += [spec(f"decode-{i}", "decode", *model) for i in range(config.num_decode)]
+    if config.with_kvstore:
+        specs.append(spec("kvstore", "kvstore"))
+    return specs
+
+
+def gateway_spec(config: MeshConfig, workers: dict[str, str]) -> ChildSpec:
+    """The gateway, given the workers' addresses by name."""
+    def addresses(kind: str) -> str:
+        return ",".join(address for name, address in workers.items() if name.startswith(f"{kind}-"))
+
+    argv = (config.python, "-m", "services.gateway", "--model", str(config.model_dir),
+            "--tokenizer", workers["tokenizer"], "--prefill", addresses("prefill"), "--decode", addresses("decode"),
+            "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port))
+    return ChildSpec("gateway", argv, "gateway listening on ", HEALTH_NAMES["gateway"])
+
+
+class Mesh:
+    """Runs the mesh until a signal or a failure; `await run()` returns the exit code."""
+
+    def __init__(self, config: MeshConfig, console: Console | None = None):
+        self.config = config
+        specs = worker_specs(config)
+        self.console = console or Console([*(spec.name for spec in specs), "gateway"])
+        self.workers = [self._child(spec) for spec in specs]
+        self.gateway: ChildProcess | None = None
+        self.addresses: dict[str, str] = {}  # shown in the table; the gateway's lists both ports
+        self.segments: dict[str, str] = {}  # decode worker name → its shared-memory segment
+        self._segment_lines: dict[str, asyncio.Future[re.Match[str]]] = {}
+        self.failure: ChildFailed | None = None
+        self.stop_signal: int | None = None
+        self.is_stopping = False
+        self.is_up = False
+        self._done = asyncio.Event()
+
+    @property
+    def children(self) -> list[ChildProcess]:
+        return [*self.workers, *([self.gateway] if self.gateway else [])]
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        startup = asyncio.create_task(self._start())
+        startup.add_done_callback(lambda _: self._done.set() if not self.is_up else None)
+        try:
+            await self._done.wait()
+        finally:
+            self.is_stopping = True
+            startup.cancel()
+            await asyncio.gather(startup, return_exceptions=True)
+            await self._stop_all()
+            self._remove_leftover_segments()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        if not startup.cancelled() and startup.exception() is not None:
+            raise startup.exception()  # a bug or an unstartable command (OSError): the CLI reports it
+        if self.failure is not None:
+            self.console.note(f"stopped because {self.failure}")
+            return EXIT_FAILED
+        self.console.note("stopped")
+        return 0
+
+    async def _start(self) -> None:
+        try:
+            deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
+            for worker in self.workers:
+                if worker.name.startswith("decode-"):
+                    self._segment_lines[worker.name] = worker.expect(SEGMENT_LINE, "stderr")
+                await worker.start()
+                self._supervise(worker)
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the other waits
+                ready = [group.create_task(worker.wait_ready(deadline)) for worker in self.workers]
+            self.addresses = {worker.name: task.result() for worker, task in zip(self.workers, ready, strict=True)}
+            await self._learn_segments()
+            if not self.config.with_gateway:
+                self.is_up = True
+                self.console.print("Baton workers are up (no gateway):")
+                self.console.print(process_table(self.children, self.addresses))
+                return
+            self.gateway = self._child(gateway_spec(self.config, self.addresses))
+            http_line = self.gateway.expect(r"^gateway http listening on (\S+)$")
+            await self.gateway.start()
+            self._supervise(self.gateway)
+            deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
+            grpc_address = await self.gateway.wait_ready(deadline)
+            http_address = (await self.gateway.wait_for(http_line, "serving HTTP", deadline)).group(1)
+            model = await self.gateway.wait_for(_http_model_name(http_address), "answering HTTP GET /health",
+                                                deadline)
+            self.addresses["gateway"] = f"{grpc_address} (gRPC), {http_address} (HTTP)"
+            self.is_up = True
+            self.console.print(f"Baton is up: OpenAI API at http://{http_address}/v1 "
+                               f"(model {model or self.config.model_dir.name}); gRPC Generate at {grpc_address}")
+            self.console.print(process_table(self.children, self.addresses))
+            self.console.print("Stop with Ctrl-C.")
+        except* ChildFailed as group:
+            self._fail(group.exceptions[0])
+
+    async def _learn_segments(self) -> None:
+        """Each decode worker's segment, from its log line or else from what it has mapped."""
+        lines = self._segment_lines
+        if lines:
+            await asyncio.wait(lines.values(), timeout=SEGMENT_LINE_WAIT_S)
+        for worker in self.workers:
+            if worker.name not in lines:
+                continue
+            line = lines[worker.name]
+            names = [line.result()[1]] if line.done() and not line.cancelled() else mapped_segments(worker.pid)
+            if names:
+                self.segments[worker.name] = names[0]
+            else:
+                self.console.note(f"cannot tell {worker.name}'s shared-memory segment; "
+                                  f"if it is killed, its segment may stay in /dev/shm")
+
+    def _child(self, spec: ChildSpec) -> ChildProcess:
+        # Each child's stdout is a pipe, so unbuffered output keeps its lines prompt.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
+
+    def _supervise(self, child: ChildProcess) -> None:
+        def on_exit(exited: asyncio.Task[int]) -> None:
+            if not self.is_stopping and not exited.cancelled():
+                self._fail(ChildFailed(child, describe_exit(exited.result())))
+        child.exited.add_done_callback(on_exit)
+
+    def _fail(self, failure: ChildFailed) -> None:
+        if self.failure is not None or self.is_stopping:
+            return
+        self.failure = failure
+        self.is_stopping = True
+        self.console.note(f"{failure}; stopping everything")
+        if failure.child.tail:
+            self.console.note(f"last lines {failure.child.name} wrote to stderr:")
+            for line in failure.child.tail:
+                self.console.note(f"  {line}")
+        self._done.set()
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stop_signal is not None or self.is_stopping:
+            self.console.note(f"{signal.Signals(sig).name} again: killing every process now")
+            for child in self.children:
+                child.kill()
+            return
+        self.stop_signal = sig
+        self.is_stopping = True
+        self.console.note(f"{signal.Signals(sig).name}: stopping every process"
+                          + (", the gateway first" if self.gateway is not None else ""))
+        self._done.set()
+
+    async def _stop_all(self) -> None:
+        timeout_s = self.config.stop_timeout_s
+        if self.gateway is not None:
+            await self._stop(self.gateway, timeout_s)
+        await asyncio.gather(*(self._stop(worker, timeout_s) for worker in self.workers))
+
+    async def _stop(self, child: ChildProcess, timeout_s: float) -> None:
+        returncode = await child.stop(timeout_s)
+        if child.was_killed:
+            self.console.note(f"{child.name} did not stop within {timeout_s:g}s of SIGTERM; killed it")
+        elif returncode not in (0, None) and (self.failure is None or child is not self.failure.child):
+            self.console.note(f"{child.name} {describe_exit(returncode)}")
+
+    def _remove_leftover_segments(self) -> None:
+        """Unlink what a decode worker logged as its segment and could not unlink itself."""
+        for name, segment in self.segments.items():
+            if remove_segment(segment):
+                self.console.note(f"removed shared-memory segment {segment} left by {name}")
+
+
+async def _http_model_name(address: str) -> str | None:
+    """Polls GET /health until 200, then reads the first id of GET /v1/models (None if it has none)."""
+    base = f"http://{probe_address(address)}"
+    while await asyncio.to_thread(_http_get, f"{base}/health") is None:
+        await asyncio.sleep(0.1)
+    try:
+        models = json.loads(await asyncio.to_thread(_http_get, f"{base}/v1/models") or "{}").get("data") or []
+        return str(models[0]["id"]) if models else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _http_get(url: str) -> bytes | None:
+    """The body of a 200 answer to GET `url`, else None."""
+    try:
+        with _NO_PROXY_OPENER.open(url, timeout=2.0) as response:
+            return response.read() if response.status == 200 else None
+    except OSError:
+        return None

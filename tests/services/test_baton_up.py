@@ -1,0 +1,267 @@
+"""`baton up` as a user runs it: a real process that starts the whole mesh, prints
+where it listens, and leaves nothing behind however it is stopped."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.services.service_process import REPO_ROOT
+
+HAS_GATEWAY = (REPO_ROOT / "services" / "gateway" / "__main__.py").is_file()
+HAS_KVSTORE = (REPO_ROOT / "services" / "kvstore" / "__main__.py").is_file()
+UP_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+TABLE_ROW = re.compile(r"^  (\S+)\s+(\d+)\s+(\S.*)$")
+SEGMENT = re.compile(r"^\[(decode-\d+)\]\s.*KV blocks in shared memory (\S+)$")
+
+
+class BatonUp:
+    """`python -m cli up ...` (what the `baton up` script runs), its output read as it comes."""
+
+    def __init__(self, model_dir: Path, *args: str, kvstore: bool = False):
+        """Without a kvstore node unless `kvstore` (then: as `baton up` defaults, where there is one)."""
+        gateway_args = ("--port", "0") if HAS_GATEWAY else ("--no-gateway",)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "up", "--model", str(model_dir), *gateway_args,
+             *(() if kvstore else ("--no-kvstore",)), "--stop-timeout", "10", *args],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.changed = threading.Condition()
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.stdout), daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stderr, self.stderr), daemon=True)]
+        for reader in self.readers:
+            reader.start()
+        self.pids: dict[str, int] = {}  # from the table: every child it started
+        self.addresses: dict[str, str] = {}
+
+    def _read(self, stream, lines: list[str]) -> None:
+        for line in stream:
+            with self.changed:
+                lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait_up(self) -> str:
+        """The banner line, once the table under it is complete."""
+        banner = "Baton is up: " if HAS_GATEWAY else "Baton workers are up"
+        end = "Stop with Ctrl-C." if HAS_GATEWAY else None
+        with self.changed:
+            ok = self.changed.wait_for(
+                lambda: self.proc.poll() is not None or self._table_done(banner, end), timeout=UP_TIMEOUT_S)
+        assert ok and self.proc.poll() is None, f"baton up did not come up:\n{self.output()}"
+        start = next(i for i, line in enumerate(self.stdout) if line.startswith(banner))
+        for line in self.stdout[start + 2:]:
+            if match := TABLE_ROW.match(line):
+                self.pids[match[1]] = int(match[2])
+                self.addresses[match[1]] = match[3]
+            else:
+                break
+        return self.stdout[start]
+
+    def _table_done(self, banner: str, end: str | None) -> bool:
+        starts = [i for i, line in enumerate(self.stdout) if line.startswith(banner)]
+        if not starts:
+            return False
+        if end is not None:
+            return end in self.stdout[starts[0]:]
+        rows = self.stdout[starts[0] + 2:]
+        return any(not TABLE_ROW.match(line) for line in rows)  # a forwarded line ends the table
+
+    def wait_for(self, predicate, timeout_s: float = 5.0) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout=timeout_s)
+
+    def segments(self) -> dict[str, str]:
+        """Decode worker name → the shared-memory segment it logged."""
+        return {m[1]: m[2] for line in self.stderr if (m := SEGMENT.match(line))}
+
+    def wait_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        try:
+            returncode = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"baton up did not exit within {timeout_s}s:\n{self.output()}")
+        for reader in self.readers:
+            reader.join(5)
+        return returncode
+
+    def output(self) -> str:
+        return "\n".join(["--- stdout", *self.stdout, "--- stderr", *self.stderr])
+
+    def cleanup(self) -> None:
+        """Whatever a failed test left running: the launcher, its children, their segments."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.pids.values():
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for segment in self.segments().values():
+            Path("/dev/shm", segment).unlink(missing_ok=True)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def is_alive(pid: int) -> bool:
+    """A process that is not a zombie (psutil is not installed: /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_all_dead(pids, timeout_s: float) -> list[int]:
+    """The pids still alive after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (alive := [pid for pid in pids if is_alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def leftover_segments(up: BatonUp) -> list[str]:
+    return [name for name in up.segments().values() if Path("/dev/shm", name).exists()]
+
+
+@pytest.fixture
+def start_up(tiny_demo_model):
+    started: list[BatonUp] = []
+
+    def start(*args: str, kvstore: bool = False) -> BatonUp:
+        started.append(BatonUp(tiny_demo_model, *args, kvstore=kvstore))
+        return started[-1]
+
+    yield start
+    for up in started:
+        up.cleanup()
+
+
+def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = False) -> None:
+    banner = up.wait_up()
+    names = {"tokenizer", *(f"prefill-{i}" for i in range(num_prefill)), *(f"decode-{i}" for i in range(num_decode)),
+             *(["kvstore"] if kvstore else [])}
+    if HAS_GATEWAY:
+        names.add("gateway")
+        match = re.match(r"Baton is up: OpenAI API at (http://\S+/v1) \(model (\S+)\); gRPC Generate at (\S+)$",
+                         banner)
+        assert match, banner
+        import httpx
+
+        assert httpx.get(match[1].removesuffix("/v1") + "/health", timeout=5).status_code == 200
+    assert set(up.pids) == names, up.output()
+    assert all(is_alive(pid) for pid in up.pids.values())
+    # baton up knows every segment before its banner; the test reads stderr on another thread.
+    assert up.wait_for(lambda: set(up.segments()) == {f"decode-{i}" for i in range(num_decode)}), up.output()
+    assert all(Path("/dev/shm", name).exists() for name in up.segments().values())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_process_and_exits_0(start_up, sig):
+    if sig == signal.SIGTERM:
+        up = start_up("--prefill", "2", "--decode", "2")
+        check_up(up, 2, 2)
+    else:  # the defaults: a kvstore node where there is one
+        up = start_up(kvstore=True)
+        check_up(up, 1, 1, kvstore=HAS_KVSTORE)
+
+    up.proc.send_signal(sig)
+    assert up.wait_exit() == 0, up.output()
+    assert wait_all_dead(up.pids.values(), 1.0) == []
+    assert leftover_segments(up) == []
+    assert up.stderr[-1] == "baton: stopped"
+
+
+def test_a_killed_decode_worker_is_reported_and_stops_the_mesh(start_up):
+    up = start_up()
+    check_up(up, 1, 1)
+
+    # Its whole process group, as the OOM killer or `kill -9 -PGID` would: with the worker's
+    # multiprocessing resource tracker gone too, nothing but baton up removes its segment.
+    os.killpg(up.pids["decode-0"], signal.SIGKILL)
+    assert up.wait_exit() == 1, up.output()
+    assert "baton: decode-0 was killed by SIGKILL; stopping everything" in up.stderr
+    assert wait_all_dead(up.pids.values(), 1.0) == []
+    segment = up.segments()["decode-0"]
+    assert f"baton: removed shared-memory segment {segment} left by decode-0" in up.stderr
+    assert leftover_segments(up) == []
+    assert up.stderr[-1] == "baton: stopped because decode-0 was killed by SIGKILL"
+
+
+def test_a_killed_launcher_leaves_no_orphans(start_up):
+    up = start_up()
+    check_up(up, 1, 1)
+
+    up.proc.kill()
+    up.wait_exit()
+    # The kernel sends each child SIGTERM (PR_SET_PDEATHSIG): they stop as on Ctrl-C.
+    assert wait_all_dead(up.pids.values(), 5.0) == []
+    assert leftover_segments(up) == []
+
+
+def test_a_worker_that_cannot_load_is_reported_with_its_stderr(tiny_demo_model, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_demo_model, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    up = BatonUp(broken, "--start-timeout", "60")
+    try:
+        returncode = up.wait_exit(UP_TIMEOUT_S)
+    finally:
+        up.cleanup()
+    assert returncode == 1, up.output()
+    failure = next(line for line in up.stderr if line.endswith("; stopping everything"))
+    assert re.match(r"baton: (prefill|decode)-0 exited with code 2", failure), up.output()
+    assert any("cannot load" in line for line in up.stderr if line.startswith("baton:   ")), up.output()
+    assert not any(line.startswith("Baton is up") for line in up.stdout)
+
+
+def test_health_names_and_segment_pattern_match_the_services():
+    from protos import gateway_pb2, kvstore_pb2
+    from services.decode.servicer import SERVICE_NAME as DECODE
+    from services.kvstore.shared_memory import NAME_PREFIX
+    from services.launcher.mesh import HEALTH_NAMES
+    from services.launcher.segments import SEGMENT_LINE
+    from services.prefill.servicer import SERVICE_NAME as PREFILL
+    from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER
+
+    assert HEALTH_NAMES == {
+        "tokenizer": TOKENIZER, "prefill": PREFILL, "decode": DECODE,
+        "kvstore": kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name,
+        "gateway": gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name,
+    }
+    line = f"serving /m: 64 KV blocks in shared memory {NAME_PREFIX}0123abcd"
+    assert SEGMENT_LINE.search(line)[1] == f"{NAME_PREFIX}0123abcd"
+
+
+def test_a_start_timeout_stops_everything(tiny_demo_model):
+    up = BatonUp(tiny_demo_model, "--start-timeout", "0.5")
+    try:
+        returncode = up.wait_exit(STOP_TIMEOUT_S)
+    finally:
+        up.cleanup()
+    assert returncode == 1, up.output()
+    failure = next(line for line in up.stderr if line.endswith("; stopping everything"))
+    assert re.match(r"baton: \S+ was not (listening|healthy \(gRPC health SERVING\)) in time", failure), up.output()
+
+
+def test_a_decode_workers_segment_is_found_in_its_memory_map():
+    from multiprocessing import resource_tracker, shared_memory
+
+    from services.kvstore.shared_memory import NAME_PREFIX
+    from services.launcher.segments import mapped_segments, remove_segment
+
+    name = f"{NAME_PREFIX}test{os.getpid()}"
+    segment = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    resource_tracker.unregister(segment._name, "shared_memory")  # unlinked below, not by the tracker
+    try:
+        assert name in mapped_segments(os.getpid())
+    finally:
+        segment.close()
+    assert remove_segment(name) and not remove_segment(name)
