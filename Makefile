@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/baton generate --prompt "The baton passes from prefill to decode" --max-tokens 32
+	$(BIN)/baton up
 
 test: $(STAMP)
+	bash scripts/install-system-packages.sh
 	$(BIN)/python -m pytest -q
 
 clean:

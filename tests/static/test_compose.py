@@ -1,0 +1,173 @@
+"""compose.yaml checked without a Docker engine: `docker-compose config` must accept it,
+and every service must start with an entry point and flags the code really has.
+
+Needs the `docker-compose` command (Debian's package; scripts/install-system-packages.sh
+installs it); skips without it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO_ROOT / "compose.yaml"
+# gRPC services and the port each listens on inside its container.
+GRPC_PORTS = {"tokenizer": 50051, "prefill": 50052, "decode": 50053, "kvstore": 50054, "gateway": 50050}
+BATON_SERVICES = ["model-init", *GRPC_PORTS]
+# Variables compose.yaml reads: cleared so the caller's shell cannot change the results.
+COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "BATON_PORT", "BATON_GRPC_PORT",
+                "DECODE_SHM_SIZE", "KVSTORE_CAPACITY_BYTES", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME"]
+
+
+def compose_config(**env: str) -> dict:
+    """The resolved configuration, as `docker-compose config` prints it, under `env`."""
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not on PATH (scripts/install-system-packages.sh installs it as root)")
+    full_env = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARS} | env
+    result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "config"], cwd=REPO_ROOT, env=full_env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
+    return yaml.safe_load(result.stdout)
+
+
+@functools.cache
+def default_config() -> dict:
+    return compose_config()
+
+
+def command_of(service: dict) -> list[str]:
+    command = service["command"]
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def flags_in(argv: list[str]) -> list[str]:
+    return [arg.split("=", 1)[0] for arg in argv if arg.startswith("--")]
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    assert flag in argv, f"{flag} missing from {shlex.join(argv)}"
+    return argv[argv.index(flag) + 1]
+
+
+@functools.cache
+def help_flags(module: str) -> frozenset[str]:
+    """Every --flag `python -m <module> --help` lists."""
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"python -m {module} --help failed:\n{result.stderr}"
+    return frozenset(re.findall(r"--[a-z0-9][a-z0-9-]*", result.stdout))
+
+
+def test_config_is_valid_and_has_every_service():
+    services = default_config()["services"]
+    assert {"redis", *BATON_SERVICES} <= services.keys()
+    assert default_config()["volumes"].keys() >= {"models"}
+
+
+def test_redis_is_the_official_image_with_a_ping_healthcheck():
+    redis = default_config()["services"]["redis"]
+    assert redis["image"].split(":")[0] in ("redis", "docker.io/library/redis")
+    assert redis["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+
+
+@pytest.mark.parametrize("name", BATON_SERVICES)
+def test_baton_services_share_one_image_built_from_the_dockerfile(name):
+    service = default_config()["services"][name]
+    assert service["image"] == "baton:latest"
+    assert Path(service["build"]["context"]).resolve() == REPO_ROOT
+    assert "models:/models" in " ".join(str(v) for v in service["volumes"])
+
+
+@pytest.mark.parametrize("name", GRPC_PORTS)
+def test_command_is_the_service_entry_point(name):
+    argv = command_of(default_config()["services"][name])
+    assert argv[:3] == ["python", "-m", f"services.{name}"], f"{name}: {shlex.join(argv)}"
+    assert (REPO_ROOT / "services" / name / "__main__.py").is_file(), f"services/{name}/__main__.py does not exist"
+    assert flag_value(argv, "--host") == "0.0.0.0"
+    assert int(flag_value(argv, "--port")) == GRPC_PORTS[name]
+
+
+@pytest.mark.parametrize("name", GRPC_PORTS)
+def test_every_flag_is_accepted_by_the_service(name):
+    argv = command_of(default_config()["services"][name])
+    unknown = [flag for flag in flags_in(argv) if flag not in help_flags(f"services.{name}")]
+    assert not unknown, f"python -m services.{name} does not accept {unknown}"
+
+
+@pytest.mark.parametrize("name", GRPC_PORTS)
+def test_healthcheck_probes_the_service_port(name):
+    service = default_config()["services"][name]
+    test = service["healthcheck"]["test"]
+    assert test[:4] == ["CMD", "python", "-m", "services.common.healthcheck"]
+    target = test[4]
+    expected = "http://127.0.0.1:8000/health" if name == "gateway" else f"127.0.0.1:{GRPC_PORTS[name]}"
+    assert target == expected
+
+
+def test_model_services_wait_for_the_model_and_use_baton_model():
+    config = compose_config(BATON_MODEL="/models/other")
+    services = config["services"]
+    for name in ("tokenizer", "prefill", "decode", "gateway"):
+        assert flag_value(command_of(services[name]), "--model") == "/models/other"
+    for name in ("tokenizer", "prefill", "decode"):
+        assert services[name]["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
+    init = services["model-init"]
+    assert init["environment"]["BATON_MODEL"] == "/models/other"
+    assert "baton make-demo-model" in " ".join(command_of(init))
+    assert init["restart"] == "no"
+
+
+def test_default_model_is_the_demo_model_in_the_volume():
+    argv = command_of(default_config()["services"]["prefill"])
+    assert flag_value(argv, "--model") == "/models/demo-model"
+
+
+def test_gateway_starts_after_every_worker_is_healthy():
+    depends_on = default_config()["services"]["gateway"]["depends_on"]
+    for name in ("redis", "tokenizer", "prefill", "decode", "kvstore"):
+        assert depends_on[name]["condition"] == "service_healthy", name
+
+
+def test_gateway_reaches_workers_by_service_name_and_port():
+    services = default_config()["services"]
+    argv = command_of(services["gateway"])
+    for name in ("tokenizer", "prefill", "decode"):
+        assert flag_value(argv, f"--{name}") == f"{name}:{GRPC_PORTS[name]}"
+    assert flag_value(argv, "--http-port") == "8000"
+
+
+@pytest.mark.parametrize("env, published", [({}, 8000), ({"BATON_PORT": "18000"}, 18000)])
+def test_gateway_publishes_http(env, published):
+    ports = compose_config(**env)["services"]["gateway"]["ports"]
+    assert {"published": published, "target": 8000} in [
+        {"published": int(p["published"]), "target": int(p["target"])} for p in ports]
+
+
+def test_only_the_gateway_publishes_ports():
+    services = default_config()["services"]
+    assert [name for name, service in services.items() if service.get("ports")] == ["gateway"]
+
+
+@pytest.mark.parametrize("env, prefill, decode", [
+    ({}, 1, 1),
+    ({"PREFILL_REPLICAS": "3"}, 3, 1),
+    ({"PREFILL_REPLICAS": "2", "DECODE_REPLICAS": "4"}, 2, 4),
+])
+def test_replicas_come_from_the_environment(env, prefill, decode):
+    services = compose_config(**env)["services"]
+    assert int(services["prefill"]["deploy"]["replicas"]) == prefill
+    assert int(services["decode"]["deploy"]["replicas"]) == decode
+
+
+def test_decode_has_room_for_its_shared_memory_pool():
+    # Docker's default /dev/shm (64 MiB) is smaller than the demo model's default pool.
+    assert default_config()["services"]["decode"].get("shm_size")
