@@ -2,8 +2,8 @@
 
     Encode / ApplyChatTemplate (tokenizer), or token ids as given
       → the context check, here (arithmetic on the model's context length)
-      → Reserve (decode D)
-      → Prefill (prefill P, writes KV into D's reserved pages; first token)
+      → Prefill (prefill P: reserves pages on D while it computes, writes the KV into
+        them, returns the first token and the reservation)
       → Decode (D, a stream of token ids)
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
 
@@ -188,41 +188,32 @@ class RequestPipeline:
         if budget is not None:
             params.max_tokens = budget
 
-    async def _reserve(self, request_id: str, prompt: list[int], decode_worker: Worker) -> decode_pb2.Reservation:
-        try:
-            return await decode_worker.stub.Reserve(
-                decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(prompt)),
-                timeout=self.deadlines.reserve_s)
-        except BaseException:  # failed or cancelled: the Reserve may have landed all the same
-            self._abort_soon(decode_worker, request_id)
-            raise
-
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool
                    ) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
-        reservation = await self._reserve(request_id, prompt, decode_worker)
         is_released = False  # True once decode has freed the pages by itself (the stream finished)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
         try:
             with self.prefill.hold() as prefill_worker:
                 response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
                     request_id=request_id, token_ids=prompt, sampling=params,
-                    target=_kv_target(decode_worker, reservation, self.kv_transport)), timeout=self.deadlines.prefill_s)
+                    target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
+                    timeout=self.deadlines.prefill_s)
             usage = lambda: Usage(len(prompt), output.num_tokens, response.num_cached_tokens)  # noqa: E731
             first = [response.first_token_id]
             logprobs = [response.logprobs] if response.HasField("logprobs") else []
             text = output.add(first)
             reason = FINISH_REASONS.get(response.finish_reason)
             if output.stops.is_stopped or reason is not None:
-                # The reservation is aborted in `finally`; prefill wrote nothing into it.
+                # Whatever prefill handed on is aborted in `finally`.
                 if not output.stops.is_stopped:
                     text += output.finish()
                 yield _final(text, first, logprobs, reason, output, usage())
                 return
             # Started before the first delta is yielded: a slow consumer does not delay decode.
             call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
-                request_id=request_id, reservation_id=reservation.reservation_id, prompt_token_ids=prompt,
+                request_id=request_id, reservation_id=response.reservation_id, prompt_token_ids=prompt,
                 first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
             try:
                 yield Delta(text, first, logprobs)
@@ -266,16 +257,6 @@ def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, 
     matched = output.stops.matched_stop
     return Delta(text, token_ids, logprobs, finish_reason="stop" if matched is not None else reason,
                  matched_stop=matched, usage=usage)
-
-
-def _kv_target(worker: Worker, reservation: decode_pb2.Reservation,
-               transport: common_pb2.KVTransport) -> prefill_pb2.KVTarget:
-    """Everything prefill needs to reach the reserved pages by any transport the decode
-    worker accepts; `transport` UNSPECIFIED lets prefill pick by comparing host ids."""
-    return prefill_pb2.KVTarget(decode_address=worker.address, reservation_id=reservation.reservation_id,
-                                block_ids=reservation.block_ids, transport=transport, shm_name=reservation.shm_name,
-                                layout=reservation.layout, cuda_ipc_handle=reservation.cuda_ipc_handle,
-                                decode_host_id=reservation.host_id, transports=reservation.transports)
 
 
 def _from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:

@@ -54,7 +54,9 @@ class _UntrackedMapping:
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
             self.size = os.fstat(fd).st_size
-            self._mmap = mmap.mmap(fd, self.size) if self.size else None
+            # MAP_POPULATE: the pages are mapped here once, at attach, not one fault at a
+            # time in the middle of a request's first copy into them.
+            self._mmap = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE) if self.size else None
         finally:
             os.close(fd)
         self.buf = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
@@ -72,6 +74,19 @@ def _attach_segment(name: str):
         return _UntrackedMapping(name)
     except FileNotFoundError:
         raise FileNotFoundError(f"no shared KV pool segment named {name!r} (is the decode worker running?)") from None
+
+
+def _allocate(name: str, size: int) -> None:
+    import _posixshmem  # the module SharedMemory itself uses on POSIX
+
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot allocate a {size}-byte KV pool in shared memory (/dev/shm): {e.strerror}"
+                      ) from None
+    finally:
+        os.close(fd)
 
 
 def _pack_header(layout: PageLayout) -> bytes:
@@ -119,13 +134,19 @@ class SharedKVPool:
 
     @classmethod
     def create(cls, layout: PageLayout, name: str | None = None) -> SharedKVPool:
-        """Create the segment (zero-filled by the OS, page by page on first touch) and own it."""
+        """Create the segment and own it. Its memory is allocated and mapped now, as a GPU
+        pool is carved at start-up: /dev/shm too small fails here with OSError (not SIGBUS
+        mid-request), and no request pays the page faults of a first write."""
         name = name or NAME_PREFIX + secrets.token_hex(8)
         header = _pack_header(layout)
-        segment = shared_memory.SharedMemory(name=name, create=True, size=DATA_OFFSET + layout.nbytes)
+        size = DATA_OFFSET + layout.nbytes
+        segment = shared_memory.SharedMemory(name=name, create=True, size=size)
         try:
+            _allocate(name, size)
             segment.buf[: len(header)] = header
-            return cls(segment, name, layout, is_owner=True)
+            pool = cls(segment, name, layout, is_owner=True)
+            pool.tensor.zero_()  # maps every page in this process (already zero: allocated by fallocate)
+            return pool
         except BaseException:
             segment.close()
             segment.unlink()

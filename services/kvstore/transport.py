@@ -80,8 +80,12 @@ class PageTransport(ABC):
 
 
 class CopyTransport(PageTransport):
-    """Transports whose destination pool this process maps: a copy on a worker thread
-    (it releases the GIL, so the event loop and the engine go on meanwhile)."""
+    """Transports whose destination pool this process maps. A small copy runs inline:
+    a hop to a worker thread costs more than it (0.33 ms against 0.1 ms for a 512-token
+    prompt of the demo model here). A large one runs on a worker thread (the copy
+    releases the GIL, so the event loop and the engine go on meanwhile)."""
+
+    inline_max_bytes = 8 * 2**20
 
     @abstractmethod
     def target_pool(self, dest: KVDestination) -> torch.Tensor:
@@ -94,4 +98,8 @@ class CopyTransport(PageTransport):
             raise DestinationError(f"target block id {bad} is outside the target pool [0, {pool.shape[3]})")
 
     async def write(self, request_id, src, src_blocks, dest, dst_blocks) -> int:
-        return await asyncio.to_thread(copy_pages, src, list(src_blocks), self.target_pool(dest), list(dst_blocks))
+        args = (src, list(src_blocks), self.target_pool(dest), list(dst_blocks))
+        block_bytes = src[:, :, :, 0].numel() * src.element_size()
+        if len(src_blocks) * block_bytes <= self.inline_max_bytes:
+            return copy_pages(*args)
+        return await asyncio.to_thread(copy_pages, *args)

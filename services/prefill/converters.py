@@ -6,7 +6,7 @@ so they are reused from there rather than written twice.
 from __future__ import annotations
 
 from engine.outputs import RequestOutput
-from protos import common_pb2, prefill_pb2
+from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common.converters import (
     FINISH_REASONS,
     layout_from_proto,
@@ -15,8 +15,8 @@ from services.common.converters import (
 )
 from services.kvstore.transport import KVDestination, TransportKind
 
-__all__ = ["destination_from_proto", "layout_from_proto", "response_from_output", "sampling_params_from_proto",
-           "transport_from_proto", "transport_to_proto"]
+__all__ = ["destination_from_proto", "layout_from_proto", "reserved_target", "response_from_output",
+           "sampling_params_from_proto", "transport_from_proto", "transport_to_proto"]
 
 TRANSPORTS = {
     common_pb2.KV_TRANSPORT_SHARED_MEMORY: TransportKind.SHARED_MEMORY,
@@ -59,3 +59,17 @@ def destination_from_proto(target: prefill_pb2.KVTarget, num_blocks: int) -> KVD
         reservation_id=target.reservation_id, block_ids=tuple(target.block_ids[:num_blocks]),
         address=target.decode_address, shm_name=target.shm_name, cuda_ipc_handle=target.cuda_ipc_handle, host_id=target.decode_host_id,
         offered=frozenset(TRANSPORTS[t] for t in target.transports if t in TRANSPORTS))
+
+
+def reserved_target(target: prefill_pb2.KVTarget, reservation: decode_pb2.Reservation) -> prefill_pb2.KVTarget:
+    """`target` (a decode address and maybe a transport) completed by the reservation made there."""
+    completed = prefill_pb2.KVTarget()
+    completed.CopyFrom(target)
+    completed.reservation_id = reservation.reservation_id
+    completed.block_ids[:] = reservation.block_ids
+    completed.shm_name = reservation.shm_name
+    completed.layout.CopyFrom(reservation.layout)
+    completed.cuda_ipc_handle = reservation.cuda_ipc_handle
+    completed.decode_host_id = reservation.host_id
+    completed.transports[:] = reservation.transports
+    return completed

@@ -3,7 +3,9 @@
 One call: validate, open the KV target's transport (the one the target names, or
 with none named the fastest that reaches it: kv_writer.py), run the prompt as a
 prefill-only request (the engine chunks it and batches it with others), then write
-its held pages into the target and release them. The pages are released on every
+its held pages into the target and release them. A target with only a decode
+address gets its pages reserved here, by a Reserve call that runs while the prompt
+computes (decode_reservations.py); the response names the reservation for Decode. The pages are released on every
 path: success, a failed write, an error and client cancellation (which also aborts
 a prompt still computing).
 
@@ -15,7 +17,8 @@ Status codes:
 - FAILED_PRECONDITION: the target's layout or model fingerprint is not ours, or its
   segment (IPC handle) does not exist or disagrees with its layout (checked before computing).
 - The decode worker's own code when it refuses pages sent over GRPC_STREAM
-  (FAILED_PRECONDITION, DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE).
+  (FAILED_PRECONDITION, DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE), or
+  cannot reserve them (RESOURCE_EXHAUSTED: no free pages; INVALID_ARGUMENT).
 - UNAVAILABLE: the engine is still loading and warming up.
 - ABORTED: the request was aborted in the engine.
 
@@ -46,11 +49,13 @@ from services.kvstore.transport import KVDestination, PageTransport
 from services.prefill.converters import (
     destination_from_proto,
     layout_from_proto,
+    reserved_target,
     response_from_output,
     sampling_params_from_proto,
     transport_from_proto,
     transport_to_proto,
 )
+from services.prefill.decode_reservations import DecodeReservations
 from services.prefill.kv_writer import KVWriter
 
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
@@ -66,6 +71,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.layout: PageLayout | None = None
         self.vocab_size = 0
         self._writer: KVWriter | None = None
+        self._reservations = DecodeReservations()
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
                vocab_size: int) -> None:
@@ -79,6 +85,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         """Unmap the decode pools and close channels; after the server stopped (no write in flight)."""
         if self._writer is not None:
             await self._writer.close()
+        await self._reservations.close()
 
     async def _ready(self, context) -> EngineLoop:
         if self.engine_loop is None:
@@ -103,9 +110,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         num_blocks = -(-len(prompt) // self.layout.block_size)
-        transport, dest = await self._open_target(request.target, num_blocks, context)
+        target = request.target
+        reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
+        if target.reservation_id:
+            transport, dest = await self._open_target(target, num_blocks, context)
+        elif target.decode_address:
+            reservation = self._reservations.reserve(target.decode_address, request_id, len(prompt))
+        else:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "target needs a reservation_id, or a decode_address to reserve on")
 
         is_added = True  # unknown until `add_request` returns: cancelled meanwhile, it may have run
+        is_handed_on = False  # the decode worker now owns the reservation we made
         pending_copy: asyncio.Future | None = None
         try:
             try:
@@ -121,22 +137,35 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
             timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted)
-            if out.finish_reason == "prefilled":
-                src_blocks = (await engine_loop.held_block_ids(request_id))[:num_blocks]
-                # Shielded: a cancelled call must not release the pages while the write still reads them.
-                pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
+            if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
+                return response_from_output(out, params.logprobs, timings)
+            if reservation is not None:
                 try:
-                    timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
-                except ValueError as e:  # refused before writing anything (copy_pages checks first)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
+                    made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
                 except grpc.aio.AioRpcError as e:
-                    await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
-                timings.kv_transport = transport_to_proto(transport.kind)
-                timings.kv_transfer_seconds = time.perf_counter() - computed
-            return response_from_output(out, params.logprobs, timings)
+                    await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}")
+                target = reserved_target(target, made)
+                transport, dest = await self._open_target(target, num_blocks, context)
+            src_blocks = (await engine_loop.held_block_ids(request_id))[:num_blocks]
+            # Shielded: a cancelled call must not release the pages while the write still reads them.
+            pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
+            try:
+                timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
+            except ValueError as e:  # refused before writing anything (copy_pages checks first)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
+            except grpc.aio.AioRpcError as e:
+                await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
+            timings.kv_transport = transport_to_proto(transport.kind)
+            timings.kv_transfer_seconds = time.perf_counter() - computed
+            response = response_from_output(out, params.logprobs, timings)
+            response.reservation_id = target.reservation_id
+            is_handed_on = True
+            return response
         finally:
             if is_added:
                 self._release_after(request_id, pending_copy)
+            if reservation is not None and not is_handed_on:
+                self._reservations.abort_after(reservation, request.target.decode_address, request_id)
 
     def _release_after(self, request_id: str, pending_copy: asyncio.Future | None) -> None:
         """Abort or release `request_id` in the engine, once no write reads its pages any more."""

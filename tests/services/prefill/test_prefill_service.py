@@ -195,6 +195,67 @@ def test_cancelled_prefill_releases_its_pages(decode, prefill):
     assert_prefill_pool_free(decode, prefill)
 
 
+def assert_decode_pool_free(decode, within_s: float = 1.0) -> None:
+    """Reserving every page of the decode pool succeeds (retried for `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            reserve(decode, "whole-pool", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, e
+            time.sleep(0.02)
+    assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="whole-pool"), timeout=5).found
+
+
+def test_a_target_with_only_an_address_is_reserved_by_prefill(decode, prefill, colocated):
+    expected = _colocated_run(colocated, "self-ref", PROMPT, GREEDY).token_ids
+    target = prefill_pb2.KVTarget(decode_address=decode.address)
+    response = do_prefill(prefill, "self", PROMPT, GREEDY, target)
+    assert response.reservation_id and response.timings.kv_transfer_bytes > 0
+    assert response.timings.kv_transport == common_pb2.KV_TRANSPORT_SHARED_MEMORY  # same host: auto picks it
+    chunks = list(decode.stub.Decode(decode_pb2.DecodeRequest(
+        request_id="self", reservation_id=response.reservation_id, prompt_token_ids=PROMPT,
+        first_token_id=response.first_token_id, sampling=_sampling_to_proto(GREEDY)), timeout=20))
+    assert [response.first_token_id] + [t for c in chunks for t in c.token_ids] == expected
+
+    # Ended by its first token: the reservation prefill made is not handed on, and is freed.
+    one = do_prefill(prefill, "self-one", PROMPT, SamplingParams(max_tokens=1, temperature=0.0), target)
+    assert one.finish_reason == common_pb2.FINISH_REASON_LENGTH and not one.reservation_id
+    assert_decode_pool_free(decode)
+
+
+def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(decode, prefill):
+    reserve(decode, "hog", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            do_prefill(prefill, "starved", PROMPT, GREEDY, prefill_pb2.KVTarget(decode_address=decode.address))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+    assert_prefill_pool_free(decode, prefill)
+    with pytest.raises(grpc.RpcError) as e:
+        do_prefill(prefill, "nowhere", PROMPT, GREEDY, prefill_pb2.KVTarget())
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_cancelled_prefill_frees_the_reservation_it_made(decode, prefill):
+    """A call cancelled before it hands its reservation on aborts it itself, once its Reserve
+    answered (the caller's Abort may well reach decode before that Reserve); one cancelled after
+    (the response was on its way) is the caller's to abort, as the gateway does by request id."""
+    big = [(19 * j) % 1000 + 1 for j in range(BIG_PROMPT_TOKENS)]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for i, delay_s in enumerate([0.0, 0.002, 0.005, 0.02, 0.05]):
+        call = prefill.stub.Prefill.future(prefill_pb2.PrefillRequest(
+            request_id=f"self-cancel-{i}", token_ids=big, sampling=_sampling_to_proto(params),
+            target=prefill_pb2.KVTarget(decode_address=decode.address)), timeout=20)
+        time.sleep(delay_s)
+        call.cancel()
+        decode.stub.Abort(decode_pb2.AbortRequest(request_id=f"self-cancel-{i}"), timeout=5)
+    assert_decode_pool_free(decode)
+    assert_prefill_pool_free(decode, prefill)
+
+
 def test_bad_input(decode, prefill):
     reservation = reserve(decode, "bad", PROMPT)
     ok = _target(reservation)
