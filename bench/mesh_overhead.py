@@ -1,0 +1,257 @@
+"""What the mesh costs: TTFT through `baton up` against the in-process engine, and KV
+transfer speed by shared memory and by the gRPC page stream.
+
+    .venv/bin/python bench/mesh_overhead.py [--model DIR] [--prompt-tokens 512] [--requests 50]
+
+- TTFT: the same kind of 512-token prompt (token ids, each request a different one,
+  so no prefix-cache hits on either side) through the OpenAI HTTP API of a real mesh
+  (gateway, tokenizer, 1 prefill, 1 decode, each its own process) and through an
+  `LLMEngine` in this process, alternating request by request so both see the same
+  machine. overhead_ms = p50(mesh) − p50(in-process); overhead_rtt_units divides
+  it by the p50 of an empty gRPC round trip (a health Check) measured in the same run.
+- KV transfer: the pages of a context-long prompt (8 MiB on the demo model) copied
+  from a private pool into a real reservation in the mesh decode worker's
+  shared-memory pool, as prefill writes them, against a plain memcpy of the same
+  bytes between two buffers of this process (shm_vs_memcpy); and the same pages
+  streamed into that reservation over gRPC (WritePages, 2 MiB chunks, CRC-32 on).
+  Best of --repeats each, in GB/s.
+
+The last line of output is one JSON object with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import asyncio
+
+import grpc
+import httpx
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.demo_model import ensure_demo_model  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from protos import decode_pb2, decode_pb2_grpc  # noqa: E402
+from services.common.converters import layout_from_proto  # noqa: E402
+from services.kvstore.grpc_stream import GrpcStreamSender  # noqa: E402
+from services.kvstore.page_copy import copy_pages  # noqa: E402
+from services.kvstore.shared_memory import SharedKVPool  # noqa: E402
+
+KV_BLOCKS = 1024  # both sides: what the prefill and decode workers default to
+SETTLE_S = 0.3
+
+
+def log(message: str) -> None:
+    print(f"{message}  [load {os.getloadavg()[0]:.2f}]", flush=True)
+
+
+def p50_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+class LocalMesh:
+    """`baton up` as a subprocess; its addresses from the banner and process table."""
+
+    def __init__(self, model_dir: Path):
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "up", "--model", str(model_dir), "--port", "0"],
+                                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.addresses: dict[str, str] = {}
+        deadline = time.monotonic() + 300
+        for line in self.proc.stdout:
+            if match := re.match(r"Baton is up: OpenAI API at http://(\S+)/v1 \(model (.+)\); gRPC Generate at (\S+)",
+                                 line):
+                self.http, self.model_name, self.grpc = match.groups()
+            elif match := re.match(r"\s+(\S+)\s+\d+\s+(\d+\.\d+\.\d+\.\d+:\d+)", line):
+                self.addresses[match.group(1)] = match.group(2)
+            elif line.startswith("Stop with Ctrl-C"):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("baton up did not come up in 300 s")
+        else:
+            raise RuntimeError(f"baton up exited with {self.proc.wait()}")
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def measure_rtt(address: str, n: int = 500) -> float:
+    """p50 seconds of an empty unary gRPC call (health Check) from this process."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest()
+        for _ in range(50):
+            stub.Check(request)
+        samples = []
+        for _ in range(n):
+            start = time.perf_counter()
+            stub.Check(request)
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def mesh_ttft(client: httpx.Client, mesh: LocalMesh, prompt: list[int]) -> float:
+    """Seconds from sending the request to the first streamed chunk."""
+    body = {"model": mesh.model_name, "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    start = time.perf_counter()
+    first = None
+    with client.stream("POST", f"http://{mesh.http}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.perf_counter() - start
+    return first
+
+
+def inprocess_ttft(engine: LLMEngine, request_id: str, prompt: list[int]) -> float:
+    start = time.perf_counter()
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    first = None
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        if first is None and any(out.new_token_ids for out in outputs):
+            first = time.perf_counter() - start
+    return first
+
+
+def random_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, vocab_size) for _ in range(length)] for _ in range(n)]
+
+
+def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=KV_BLOCKS))
+    vocab = engine.model_config.vocab_size
+    warmup = args.warmup
+    mesh_prompts = random_prompts(args.requests + warmup, args.prompt_tokens, vocab, seed=1)
+    local_prompts = random_prompts(args.requests + warmup, args.prompt_tokens, vocab, seed=2)
+    mesh_samples, local_samples = [], []
+    with httpx.Client(timeout=120) as client:
+        for i in range(args.requests + warmup):
+            # A pause before each: OpenMP threads spin for a while after a parallel region, and
+            # one side's spinning threads would steal the cores the other side computes on.
+            time.sleep(SETTLE_S)
+            t_mesh = mesh_ttft(client, mesh, mesh_prompts[i])
+            time.sleep(SETTLE_S)
+            t_local = inprocess_ttft(engine, f"local-{i}", local_prompts[i])
+            if i >= warmup:
+                mesh_samples.append(t_mesh)
+                local_samples.append(t_local)
+    return {"ttft_mesh_p50_ms": p50_ms(mesh_samples), "ttft_inprocess_p50_ms": p50_ms(local_samples)}
+
+
+def best_seconds(fn, repeats: int) -> float:
+    fn()  # warm: first-touch costs are not bandwidth
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return min(samples)
+
+
+def bench_transfer(mesh: LocalMesh, args) -> dict:
+    """Pages into a real reservation on the mesh's decode worker: by shared memory (this
+    process maps its pool, as prefill does) and by the gRPC page stream."""
+    decode_address = mesh.addresses["decode-0"]
+    with grpc.insecure_channel(decode_address) as channel:
+        stub = decode_pb2_grpc.DecodeStub(channel)
+        probe = stub.Reserve(decode_pb2.ReserveRequest(request_id="bench-probe", num_tokens=1), timeout=10)
+        stub.Abort(decode_pb2.AbortRequest(request_id="bench-probe"), timeout=10)
+        block_bytes = layout_from_proto(probe.layout, num_blocks=1).nbytes
+        block_size = probe.layout.block_size
+        # One reservation holds at most a context's worth of pages: the largest prompt's KV.
+        max_model_len = httpx.get(f"http://{mesh.http}/v1/models").json()["data"][0]["max_model_len"]
+        num_blocks = max(1, min(args.kv_mib * 2**20 // block_bytes, (max_model_len - 1) // block_size))
+        reservation = stub.Reserve(decode_pb2.ReserveRequest(request_id="bench-kv", num_tokens=num_blocks * block_size),
+                                   timeout=10)
+        try:
+            layout = layout_from_proto(reservation.layout, num_blocks=num_blocks)
+            src = torch.randn(layout.shape).to(layout.torch_dtype)
+            src_blocks, dst_blocks = list(range(num_blocks)), list(reservation.block_ids)
+            nbytes = src.numel() * src.element_size()
+
+            target = SharedKVPool.attach(reservation.shm_name, layout)
+            try:
+                shm_s = best_seconds(lambda: copy_pages(src, src_blocks, target.tensor, dst_blocks), args.repeats)
+                # The same bytes between two plain buffers of this process, both already touched.
+                flat_src = src.view(-1).view(torch.uint8)
+                flat_dst = torch.empty_like(flat_src)
+                flat_dst.zero_()
+                memcpy_s = best_seconds(lambda: flat_dst.copy_(flat_src), args.repeats)
+            finally:
+                target.close()
+
+            async def stream_once() -> None:
+                sender = GrpcStreamSender(layout, checksum=True)
+                try:
+                    await sender.write(decode_address, src, src_blocks, request_id="bench-kv",
+                                       reservation_id=reservation.reservation_id, dst_blocks=dst_blocks)
+                finally:
+                    await sender.close()
+            stream_s = best_seconds(lambda: asyncio.run(stream_once()), args.repeats)
+        finally:
+            stub.Abort(decode_pb2.AbortRequest(request_id="bench-kv"), timeout=10)
+    gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
+    return {"kv_bytes": nbytes, "shm_gbps": gbps(shm_s), "memcpy_gbps": gbps(memcpy_s),
+            "shm_vs_memcpy": memcpy_s / shm_s, "grpc_stream_gbps": gbps(stream_s)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--kv-mib", type=int, default=64,
+                        help="KV bytes per transfer, in MiB (at most one full context's pages)")
+    parser.add_argument("--repeats", type=int, default=5, help="transfers timed (the best counts)")
+    args = parser.parse_args(argv)
+    model_dir = args.model or ensure_demo_model()
+    log(f"model {model_dir}; torch threads {torch.get_num_threads()}")
+
+    mesh = LocalMesh(model_dir)
+    try:
+        log(f"mesh up: HTTP {mesh.http}, gRPC {mesh.grpc}; {mesh.addresses}")
+        rtt = measure_rtt(mesh.grpc)
+        log(f"empty gRPC round trip p50 {rtt * 1e3:.3f} ms")
+        ttft = bench_ttft(mesh, model_dir, args)
+        overhead_ms = ttft["ttft_mesh_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
+        log(f"TTFT p50 of {args.requests}, {args.prompt_tokens}-token prompts: mesh {ttft['ttft_mesh_p50_ms']:.2f} ms, "
+            f"in-process {ttft['ttft_inprocess_p50_ms']:.2f} ms; overhead {overhead_ms:.2f} ms "
+            f"= {overhead_ms / (rtt * 1e3):.2f} empty round trips (target <= 2)")
+        kv = bench_transfer(mesh, args)
+        log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
+            f"{kv['shm_gbps']:.2f} GB/s, plain memcpy {kv['memcpy_gbps']:.2f} GB/s, ratio {kv['shm_vs_memcpy']:.2f} "
+            f"(target >= 0.7); gRPC stream (2 MiB chunks, CRC-32) {kv['grpc_stream_gbps']:.3f} GB/s")
+    finally:
+        mesh.stop()
+    figures = {"overhead_ms": round(overhead_ms, 3), "overhead_rtt_units": round(overhead_ms / (rtt * 1e3), 2),
+               "shm_vs_memcpy": round(kv["shm_vs_memcpy"], 3), "grpc_stream_gbps": round(kv["grpc_stream_gbps"], 3),
+               "shm_gbps": round(kv["shm_gbps"], 2), "memcpy_gbps": round(kv["memcpy_gbps"], 2),
+               "kv_bytes": kv["kv_bytes"], "rtt_ms": round(rtt * 1e3, 4), **{k: round(v, 3) for k, v in ttft.items()},
+               "prompt_tokens": args.prompt_tokens, "requests": args.requests}
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
