@@ -4,11 +4,14 @@ transfer speed by shared memory and by the gRPC page stream.
     .venv/bin/python bench/mesh_overhead.py [--model DIR] [--prompt-tokens 512] [--requests 50]
 
 - TTFT: the same kind of 512-token prompt (token ids, each request a different one,
-  so no prefix-cache hits on either side) through the OpenAI HTTP API of a real mesh
-  (gateway, tokenizer, 1 prefill, 1 decode, each its own process) and through an
-  `LLMEngine` in this process, alternating request by request so both see the same
-  machine. overhead_ms = p50(mesh) − p50(in-process); overhead_rtt_units divides
-  it by the p50 of an empty gRPC round trip (a health Check) measured in the same run.
+  so no prefix-cache hits anywhere) through a real mesh (gateway, tokenizer, 1
+  prefill, 1 decode, each its own process) by its public gRPC API and by its OpenAI
+  HTTP API, and through an `LLMEngine` in this process, alternating request by
+  request so all three see the same machine. overhead_ms = p50(mesh, gRPC API) −
+  p50(in-process): what the split into services costs; http_overhead_ms adds the
+  HTTP front end, which a colocated server pays as well. The *_rtt_units figures
+  divide them by the p50 of an empty gRPC round trip (a health Check) measured in
+  the same run.
 - KV transfer: the pages of a context-long prompt (8 MiB on the demo model) copied
   from a private pool into a real reservation in the mesh decode worker's
   shared-memory pool, as prefill writes them, against a plain memcpy of the same
@@ -47,7 +50,7 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from protos import decode_pb2, decode_pb2_grpc  # noqa: E402
+from protos import common_pb2, decode_pb2, decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common.converters import layout_from_proto  # noqa: E402
 from services.kvstore.grpc_stream import GrpcStreamSender  # noqa: E402
 from services.kvstore.page_copy import copy_pages  # noqa: E402
@@ -121,6 +124,21 @@ def mesh_ttft(client: httpx.Client, mesh: LocalMesh, prompt: list[int]) -> float
     return first
 
 
+def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int]) -> float:
+    """The same through the gateway's public gRPC API: seconds to the first chunk."""
+    request = gateway_pb2.GenerateRequest(
+        token_ids=common_pb2.TokenIds(token_ids=prompt),
+        sampling=common_pb2.SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+        stream_options=gateway_pb2.StreamOptions(stream=True))
+    start = time.perf_counter()
+    call = stub.Generate(request, timeout=120)
+    next(call)
+    first = time.perf_counter() - start
+    for _ in call:
+        pass
+    return first
+
+
 def inprocess_ttft(engine: LLMEngine, request_id: str, prompt: list[int]) -> float:
     start = time.perf_counter()
     engine.add_request(request_id, prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
@@ -138,24 +156,26 @@ def random_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list
 
 
 def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
+    """p50 TTFT through the HTTP API, through the gRPC API and in-process, the three
+    alternating request by request; every prompt is new (no prefix-cache hits)."""
     engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=KV_BLOCKS))
     vocab = engine.model_config.vocab_size
-    warmup = args.warmup
-    mesh_prompts = random_prompts(args.requests + warmup, args.prompt_tokens, vocab, seed=1)
-    local_prompts = random_prompts(args.requests + warmup, args.prompt_tokens, vocab, seed=2)
-    mesh_samples, local_samples = [], []
-    with httpx.Client(timeout=120) as client:
-        for i in range(args.requests + warmup):
-            # A pause before each: OpenMP threads spin for a while after a parallel region, and
-            # one side's spinning threads would steal the cores the other side computes on.
-            time.sleep(SETTLE_S)
-            t_mesh = mesh_ttft(client, mesh, mesh_prompts[i])
-            time.sleep(SETTLE_S)
-            t_local = inprocess_ttft(engine, f"local-{i}", local_prompts[i])
-            if i >= warmup:
-                mesh_samples.append(t_mesh)
-                local_samples.append(t_local)
-    return {"ttft_mesh_p50_ms": p50_ms(mesh_samples), "ttft_inprocess_p50_ms": p50_ms(local_samples)}
+    rounds = args.requests + args.warmup
+    prompts = iter(random_prompts(3 * rounds, args.prompt_tokens, vocab, seed=1))
+    samples: dict[str, list[float]] = {"http": [], "grpc": [], "inprocess": []}
+    with httpx.Client(timeout=120) as client, grpc.insecure_channel(mesh.grpc) as channel:
+        stub = gateway_pb2_grpc.GenerateStub(channel)
+        measure = {"http": lambda p: mesh_ttft(client, mesh, p), "grpc": lambda p: grpc_ttft(stub, p),
+                   "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p)}
+        for i in range(rounds):
+            for name, fn in measure.items():
+                # A pause before each: OpenMP threads spin for a while after a parallel region,
+                # and one side's spinning threads would steal the cores the other computes on.
+                time.sleep(SETTLE_S)
+                seconds = fn(next(prompts))
+                if i >= args.warmup:
+                    samples[name].append(seconds)
+    return {f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -223,7 +243,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--kv-mib", type=int, default=64,
                         help="KV bytes per transfer, in MiB (at most one full context's pages)")
-    parser.add_argument("--repeats", type=int, default=5, help="transfers timed (the best counts)")
+    parser.add_argument("--repeats", type=int, default=20, help="transfers timed (the best counts)")
     args = parser.parse_args(argv)
     model_dir = args.model or ensure_demo_model()
     log(f"model {model_dir}; torch threads {torch.get_num_threads()}")
@@ -234,17 +254,23 @@ def main(argv=None) -> int:
         rtt = measure_rtt(mesh.grpc)
         log(f"empty gRPC round trip p50 {rtt * 1e3:.3f} ms")
         ttft = bench_ttft(mesh, model_dir, args)
-        overhead_ms = ttft["ttft_mesh_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
-        log(f"TTFT p50 of {args.requests}, {args.prompt_tokens}-token prompts: mesh {ttft['ttft_mesh_p50_ms']:.2f} ms, "
-            f"in-process {ttft['ttft_inprocess_p50_ms']:.2f} ms; overhead {overhead_ms:.2f} ms "
-            f"= {overhead_ms / (rtt * 1e3):.2f} empty round trips (target <= 2)")
+        rtt_ms = rtt * 1e3
+        overhead_ms = ttft["ttft_grpc_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
+        http_overhead_ms = ttft["ttft_http_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
+        log(f"TTFT p50 of {args.requests}, {args.prompt_tokens}-token prompts: in-process "
+            f"{ttft['ttft_inprocess_p50_ms']:.2f} ms; through the mesh by the gRPC API {ttft['ttft_grpc_p50_ms']:.2f} ms "
+            f"(overhead {overhead_ms:.2f} ms = {overhead_ms / rtt_ms:.2f} empty round trips, target <= 2), "
+            f"by the HTTP API {ttft['ttft_http_p50_ms']:.2f} ms (overhead {http_overhead_ms:.2f} ms = "
+            f"{http_overhead_ms / rtt_ms:.2f} round trips)")
         kv = bench_transfer(mesh, args)
         log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
             f"{kv['shm_gbps']:.2f} GB/s, plain memcpy {kv['memcpy_gbps']:.2f} GB/s, ratio {kv['shm_vs_memcpy']:.2f} "
             f"(target >= 0.7); gRPC stream (2 MiB chunks, CRC-32) {kv['grpc_stream_gbps']:.3f} GB/s")
     finally:
         mesh.stop()
-    figures = {"overhead_ms": round(overhead_ms, 3), "overhead_rtt_units": round(overhead_ms / (rtt * 1e3), 2),
+    figures = {"overhead_ms": round(overhead_ms, 3), "overhead_rtt_units": round(overhead_ms / rtt_ms, 2),
+               "http_overhead_ms": round(http_overhead_ms, 3),
+               "http_overhead_rtt_units": round(http_overhead_ms / rtt_ms, 2),
                "shm_vs_memcpy": round(kv["shm_vs_memcpy"], 3), "grpc_stream_gbps": round(kv["grpc_stream_gbps"], 3),
                "shm_gbps": round(kv["shm_gbps"], 2), "memcpy_gbps": round(kv["memcpy_gbps"], 2),
                "kv_bytes": kv["kv_bytes"], "rtt_ms": round(rtt * 1e3, 4), **{k: round(v, 3) for k, v in ttft.items()},
