@@ -175,6 +175,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
                 seconds = fn(next(prompts))
                 if i >= args.warmup:
                     samples[name].append(seconds)
+    del engine
     return {f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}
 
 
@@ -262,6 +263,7 @@ def main(argv=None) -> int:
             f"(overhead {overhead_ms:.2f} ms = {overhead_ms / rtt_ms:.2f} empty round trips, target <= 2), "
             f"by the HTTP API {ttft['ttft_http_p50_ms']:.2f} ms (overhead {http_overhead_ms:.2f} ms = "
             f"{http_overhead_ms / rtt_ms:.2f} round trips)")
+        time.sleep(1.0)  # the in-process engine's OpenMP threads stop spinning first
         kv = bench_transfer(mesh, args)
         log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
             f"{kv['shm_gbps']:.2f} GB/s, plain memcpy {kv['memcpy_gbps']:.2f} GB/s, ratio {kv['shm_vs_memcpy']:.2f} "
