@@ -143,6 +143,13 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
+    def _take_free_blocks(self, n: int) -> list[int]:
+        """`n` free blocks in ascending id order. Which pages a prompt gets does not matter to
+        the cache; their order does to copies of them: a request's pages are freed tail first,
+        so they come back descending, and ascending ids on both ends of a KV transfer make
+        runs that copy as one slice each instead of one small copy per block and layer."""
+        return sorted(self._take_free_block() for _ in range(n))
+
     def _num_revived(self, block_ids: list[int]) -> int:
         """Matched blocks that sit in the free queue: they need no fresh block but leave the pool."""
         return sum(1 for b in block_ids if self.blocks[b].ref_count == 0)
@@ -169,7 +176,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
             block.ref_count += 1
-        seq.block_table = matched + [self._take_free_block() for _ in range(num_fresh)]
+        seq.block_table = matched + self._take_free_blocks(num_fresh)
         seq.num_cached_tokens = seq.num_computed_tokens = len(matched) * self.block_size
         self._seqs[seq.request_id] = seq
         self._seq_hashes[seq.request_id] = hashes
@@ -265,7 +272,7 @@ class BlockManager:
             raise ValueError(f"{reservation_id!r} already holds blocks")
         if not self.can_reserve(num_blocks):
             raise RuntimeError(f"not enough free KV blocks to reserve {num_blocks} for {reservation_id!r}")
-        block_ids = [self._take_free_block() for _ in range(num_blocks)]
+        block_ids = self._take_free_blocks(num_blocks)
         self._reservations[reservation_id] = block_ids
         return block_ids
 

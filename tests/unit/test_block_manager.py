@@ -103,7 +103,8 @@ def test_lru_eviction_drops_the_hash_on_reuse():
     h1 = mgr.blocks[1].hash
     mgr.free(a)
     assert list(mgr.free_block_ids) == [3, 2, 1, 0]
-    assert admitted(mgr, "x", [70] * 12).block_table == [3, 2, 1]
+    # The three least recently freed (3, 2, 1), handed out in ascending order.
+    assert admitted(mgr, "x", [70] * 12).block_table == [1, 2, 3]
     assert h1 not in mgr.hash_to_block_id
     assert (mgr.blocks[1].hash, mgr.blocks[1].token_ids) == (None, ())
     assert mgr.num_cached_prefix_tokens(list(range(9))) == 4  # block 0 survives
