@@ -50,6 +50,11 @@ class DecodeStub:
                 request_serializer=protos_dot_decode__pb2.AbortRequest.SerializeToString,
                 response_deserializer=protos_dot_decode__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.GenerateLocally = channel.unary_stream(
+                '/baton.decode.v1.Decode/GenerateLocally',
+                request_serializer=protos_dot_decode__pb2.GenerateLocallyRequest.SerializeToString,
+                response_deserializer=protos_dot_decode__pb2.DecodeChunk.FromString,
+                _registered_method=True)
 
 
 class DecodeServicer:
@@ -79,6 +84,16 @@ class DecodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateLocally(self, request, context):
+        """Prefill here too, then decode: for a prompt whose uncached part is short enough that
+        computing it in the running batch costs less than a prefill worker and a KV
+        transfer (conditional disaggregation). The first chunk carries the first token.
+        Cancelling the call frees the pages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +111,11 @@ def add_DecodeServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=protos_dot_decode__pb2.AbortRequest.FromString,
                     response_serializer=protos_dot_decode__pb2.AbortResponse.SerializeToString,
+            ),
+            'GenerateLocally': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateLocally,
+                    request_deserializer=protos_dot_decode__pb2.GenerateLocallyRequest.FromString,
+                    response_serializer=protos_dot_decode__pb2.DecodeChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +200,33 @@ class Decode:
             '/baton.decode.v1.Decode/Abort',
             protos_dot_decode__pb2.AbortRequest.SerializeToString,
             protos_dot_decode__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateLocally(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.decode.v1.Decode/GenerateLocally',
+            protos_dot_decode__pb2.GenerateLocallyRequest.SerializeToString,
+            protos_dot_decode__pb2.DecodeChunk.FromString,
             options,
             channel_credentials,
             insecure,

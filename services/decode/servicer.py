@@ -8,7 +8,8 @@ Status codes:
 - RESOURCE_EXHAUSTED: Reserve finds too few free pages now (retry later or elsewhere).
 - UNAVAILABLE: the engine is still loading and warming up.
 
-Pages are freed on finish, Abort, lease expiry and client cancellation of Decode.
+Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
+GenerateLocally (which prefills a short prompt here instead of on a prefill worker).
 """
 from __future__ import annotations
 
@@ -90,21 +91,27 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                                 f"no reservation {request.reservation_id!r} for request {request.request_id!r} "
                                 "(unknown, expired or already claimed)")
         try:
-            outputs = await engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
-                                                        request.first_token_id, params)
-        except ValueError as e:  # the reservation was released with the refusal
+            started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
+                                                  request.first_token_id, params)
+            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context):
+                yield chunk
+        except ValueError as e:  # refused: the reservation was released with the refusal
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        is_finished = False
+
+    async def GenerateLocally(self, request, context):
+        engine_loop = await self._ready(context)
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         try:
-            while not is_finished:
-                out = await outputs.get()
-                if isinstance(out, Exception):
-                    await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
-                is_finished = out.finished
-                yield chunk_from_output(out, params.logprobs)
-        finally:
-            if not is_finished:  # the client went away (or the server is stopping): free the pages
-                engine_loop.abort_soon(request.request_id)
+            params = sampling_params_from_proto(request.sampling)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params)
+            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context):
+                yield chunk
+        except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     async def Abort(self, request, context):
         engine_loop = await self._ready(context)
@@ -113,3 +120,30 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         else:
             found = await engine_loop.abort(request.request_id)
         return decode_pb2.AbortResponse(found=found)
+
+
+async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context):
+    """The DecodeChunks of a request the engine has just been given (`started` awaits that);
+    ValueError when the engine refuses it. A call that ends early (the client went away,
+    the server stops) aborts the request, which frees its pages; the abort is queued
+    behind the add, so it finds the request even when the add is still in flight."""
+    is_finished = False
+    try:
+        outputs = await started
+        first = True
+        while not is_finished:
+            out = await outputs.get()
+            if isinstance(out, Exception):
+                await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
+            is_finished = out.finished
+            chunk = chunk_from_output(out, num_logprobs)
+            if first:
+                chunk.num_cached_tokens = out.num_cached_tokens
+                first = False
+            yield chunk
+    except ValueError:
+        is_finished = True  # refused: nothing was added
+        raise
+    finally:
+        if not is_finished:
+            engine_loop.abort_soon(request_id)

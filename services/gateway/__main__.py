@@ -18,7 +18,11 @@ import socket
 import sys
 from collections.abc import Sequence
 
+import redis.asyncio
 import uvicorn
+
+from engine.config import EngineConfig
+from engine.weights import checkpoint_files, checkpoint_fingerprint
 
 from protos import (
     common_pb2,
@@ -31,10 +35,11 @@ from protos import (
     tokenizer_pb2_grpc,
 )
 from services.common.entrypoint import StartError, load_in_thread, run_service
-from services.gateway.config import GatewayConfig
+from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
 from services.gateway.pipeline import RequestPipeline
+from services.gateway.router import PrefixRouter, RouterConfig
 from services.gateway.workers import WorkerPool, expand_addresses
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
@@ -72,6 +77,7 @@ class GatewayService:
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
+        self.router: PrefixRouter | None = None
         self.http: _EmbeddedServer | None = None
         self.http_task: asyncio.Task | None = None
 
@@ -99,8 +105,12 @@ class GatewayService:
         for kind, service in (("tokenizer", TOKENIZER_SERVICE), ("prefill", PREFILL_SERVICE),
                               ("decode", DECODE_SERVICE)):
             self.pools[kind].watch_health(service)
+        self.router = make_router(config, self.pools["prefill"])
         self.pipeline = RequestPipeline(self.pools["tokenizer"].workers[0].stub, tokenizer, self.pools["prefill"],
-                                        self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport])
+                                        self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport],
+                                        prefill_router=self.router,
+                                        local_prefill_max_tokens=local_prefill_limit(config.local_prefill_max_tokens,
+                                                                                     tokenizer.max_model_len))
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
@@ -120,8 +130,10 @@ class GatewayService:
                 return None
             await asyncio.sleep(READY_POLL_S)
         counts = {kind: len(pool.workers) for kind, pool in self.pools.items()}
+        routing = f"prefix-aware routing (index at {config.redis_url})" if self.router else "load-only routing"
         return (f"serving {config.served_model_name}: {counts['prefill']} prefill and {counts['decode']} decode "
-                f"workers, KV transport {config.kv_transport}")
+                f"workers, KV transport {config.kv_transport}, {routing}, decode prefills prompts of up to "
+                f"{self.pipeline.local_prefill_max_tokens} tokens itself")
 
     async def close(self) -> None:
         if self.http is not None:
@@ -129,8 +141,28 @@ class GatewayService:
             await asyncio.gather(self.http_task, return_exceptions=True)
         if self.pipeline is not None:
             await self.pipeline.aclose()
+        if self.router is not None:
+            await self.router.close()
         for pool in self.pools.values():
             await pool.close()
+
+
+def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | None:
+    """The prefix-aware router over the index in Redis, started; None without --redis."""
+    if not config.redis_url:
+        return None
+    from services.common.registry import InstanceRegistry
+    from services.kvstore.prefix_index import PrefixIndex
+
+    # Short timeouts: a Redis that hangs must cost a request milliseconds, not seconds.
+    client = redis.asyncio.Redis.from_url(config.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    model_dir = config.model_dir
+    fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+    router = PrefixRouter(prefill, PrefixIndex(client, fingerprint.hex()), InstanceRegistry(client),
+                          fingerprint=fingerprint, block_size=EngineConfig.block_size,
+                          config=RouterConfig(overlap_weight=config.overlap_weight), redis=client)
+    router.start()
+    return router
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -37,6 +37,12 @@ ENV_DECODE = "BATON_DECODE_ADDRESSES"
 ENV_SERVED_MODEL_NAME = "BATON_SERVED_MODEL_NAME"
 ENV_MAX_BODY_BYTES = "BATON_GATEWAY_MAX_BODY_BYTES"
 ENV_KV_TRANSPORT = "BATON_KV_TRANSPORT"
+ENV_REDIS = "BATON_REDIS_URL"
+ENV_LOCAL_PREFILL = "BATON_LOCAL_PREFILL_MAX_TOKENS"
+# Dynamo's default for prefilling on the decode worker is prompts under 1000 tokens; a
+# model with a short context gets a proportionally shorter limit (an eighth of it).
+LOCAL_PREFILL_AUTO = -1
+ENV_OVERLAP_WEIGHT = "BATON_ROUTER_OVERLAP_WEIGHT"
 
 # "auto": prefill picks by where the decode worker is (shared memory on the same host,
 # else the gRPC page stream); the others force one, for tests and benchmarks.
@@ -60,6 +66,9 @@ class GatewayConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0
     kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
+    redis_url: str = ""  # the prefix index and instance registry; "": route by load only
+    overlap_weight: float = 1.0  # router: a block to compute against a block already queued
+    local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -78,6 +87,11 @@ class GatewayConfig:
                 _check_address(flag, address)
         _check_address("--tokenizer", self.tokenizer_address)
         check_positive("--max-body-bytes", self.max_body_bytes)
+        if self.local_prefill_max_tokens < LOCAL_PREFILL_AUTO:
+            raise ConfigError(f"--local-prefill-max-tokens must be >= 0 (or -1: auto), got "
+                              f"{self.local_prefill_max_tokens}")
+        if self.overlap_weight < 0:
+            raise ConfigError(f"--router-overlap-weight must be >= 0, got {self.overlap_weight}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
@@ -110,13 +124,26 @@ class GatewayConfig:
         parser.add_argument("--kv-transport", default=env.get(ENV_KV_TRANSPORT, "auto"),
                             help=f"how prefill sends KV pages to decode: {', '.join(KV_TRANSPORTS)} "
                                  f"(${ENV_KV_TRANSPORT})")
+        parser.add_argument("--redis", default=env.get(ENV_REDIS, ""),
+                            help=f"Redis URL of the prefix index and instance registry; empty: route prefill by "
+                                 f"load only (${ENV_REDIS})")
+        parser.add_argument("--router-overlap-weight", type=float,
+                            default=float(env.get(ENV_OVERLAP_WEIGHT) or 1.0),
+                            help=f"prefix routing: the cost of a prompt block to compute, against one block of "
+                                 f"queued work (${ENV_OVERLAP_WEIGHT})")
+        parser.add_argument("--local-prefill-max-tokens", type=int,
+                            default=env_int(env, ENV_LOCAL_PREFILL, LOCAL_PREFILL_AUTO),
+                            help=f"conditional disaggregation: the decode worker prefills prompts up to this many "
+                                 f"tokens itself (no prefill worker, no KV transfer); 0: never; -1 (default): "
+                                 f"min(1000, context length / 8) (${ENV_LOCAL_PREFILL})")
         add_limit_flags(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), tokenizer_address=args.tokenizer,
                    prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
                    served_model_name=args.served_model_name, host=args.host, port=args.port,
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
-                   max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport)
+                   max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
+                   overlap_weight=args.router_overlap_weight, local_prefill_max_tokens=args.local_prefill_max_tokens)
 
 
 def _split(addresses: str) -> tuple[str, ...]:
@@ -127,3 +154,10 @@ def _check_address(flag: str, address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ConfigError(f"{flag}: {address!r} is not HOST:PORT")
+
+
+def local_prefill_limit(configured: int, max_model_len: int | None) -> int:
+    """The flag's value, or for auto Dynamo's 1000 tokens, shortened for a short context."""
+    if configured != LOCAL_PREFILL_AUTO:
+        return configured
+    return min(1000, (max_model_len or 8000) // 8)

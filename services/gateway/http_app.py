@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.choices import merge_choices
@@ -72,6 +73,10 @@ def create_app(state: GatewayState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
         return api_error_response(validation_error(e))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/live")
     async def live() -> dict[str, str]:

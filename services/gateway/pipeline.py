@@ -2,10 +2,15 @@
 
     Encode / ApplyChatTemplate (tokenizer), or token ids as given
       → the context check, here (arithmetic on the model's context length)
+      → the prefill worker: where the prompt's prefix is cached, against load (router.py)
       → Prefill (prefill P: reserves pages on D while it computes, writes the KV into
         them, returns the first token and the reservation)
       → Decode (D, a stream of token ids)
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
+
+or, for a prompt of at most `local_prefill_max_tokens` when D has room (conditional
+disaggregation, as Dynamo does it): GenerateLocally on D, which prefills it in its own
+running batch; no prefill worker and no KV transfer.
 
 and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this.
 
@@ -18,10 +23,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
+from prometheus_client import Counter
 
 from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.gateway.workers import Worker, WorkerPool
@@ -34,6 +41,10 @@ class ModelText(Decoder, Protocol):
 
     def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
 
+
+PREFILL_PLACES = Counter("baton_gateway_prefills_total",
+                         "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
+                         ["place"])
 
 FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -115,13 +126,16 @@ class RequestPipeline:
 
     def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool, decode: WorkerPool,
                  deadlines: Deadlines = Deadlines(),
-                 kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED):
+                 kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
+                 prefill_router=None, local_prefill_max_tokens: int = 0):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill
         self.decode = decode
         self.deadlines = deadlines
         self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
+        self.prefill_router = prefill_router  # a PrefixRouter; None: the least loaded prefill worker
+        self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
         self._aborts: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
@@ -188,52 +202,85 @@ class RequestPipeline:
         if budget is not None:
             params.max_tokens = budget
 
+    def _prefills_locally(self, prompt: list[int], decode_worker: Worker) -> bool:
+        """Conditional disaggregation: a prompt this short is cheaper to prefill in the decode
+        worker's running batch than on a prefill worker plus a KV transfer, as long as the
+        decode worker is not already prefilling that much (its decode steps would stall)."""
+        limit = self.local_prefill_max_tokens
+        return len(prompt) <= limit and decode_worker.queued_tokens + len(prompt) <= limit
+
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool
                    ) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
-        is_released = False  # True once decode has freed the pages by itself (the stream finished)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
+        progress = _Progress()
+        is_local = self._prefills_locally(prompt, decode_worker)
+        PREFILL_PLACES.labels("decode" if is_local else "prefill").inc()
+        steps = (self._local_steps if is_local else self._disaggregated_steps)(
+            request_id, prompt, params, decode_worker, progress)
         try:
-            with self.prefill.hold() as prefill_worker:
-                response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
-                    request_id=request_id, token_ids=prompt, sampling=params,
-                    target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
-                    timeout=self.deadlines.prefill_s)
-            usage = lambda: Usage(len(prompt), output.num_tokens, response.num_cached_tokens)  # noqa: E731
-            first = [response.first_token_id]
-            logprobs = [response.logprobs] if response.HasField("logprobs") else []
-            text = output.add(first)
-            reason = FINISH_REASONS.get(response.finish_reason)
-            if output.stops.is_stopped or reason is not None:
-                # Whatever prefill handed on is aborted in `finally`.
-                if not output.stops.is_stopped:
-                    text += output.finish()
-                yield _final(text, first, logprobs, reason, output, usage())
-                return
-            # Started before the first delta is yielded: a slow consumer does not delay decode.
-            call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
-                request_id=request_id, reservation_id=response.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
-            try:
-                yield Delta(text, first, logprobs)
-                async for chunk in call:
-                    ids, reason = list(chunk.token_ids), FINISH_REASONS.get(chunk.finish_reason)
-                    is_released = reason is not None
-                    text = output.add(ids)
-                    if output.stops.is_stopped or reason is not None:
+            async with aclosing(steps):
+                async for step in steps:
+                    text = output.add(step.token_ids)
+                    if output.stops.is_stopped or step.finish_reason is not None:
                         if not output.stops.is_stopped:
                             text += output.finish()
-                        yield _final(text, ids, list(chunk.logprobs), reason, output, usage())
+                        usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
+                        yield _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
                         return
-                    yield Delta(text, ids, list(chunk.logprobs))
-                raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
-                                   "without a finish reason")
-            finally:
-                call.cancel()  # no-op when the stream is done
+                    yield Delta(text, step.token_ids, step.logprobs)
+            raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
+                               "without a finish reason")
         finally:
-            if not is_released:
+            if not progress.is_released:
                 self._abort_soon(decode_worker, request_id)
+
+    async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+                                   decode_worker: Worker, progress: _Progress) -> AsyncIterator[_Step]:
+        """The first token from a prefill worker (which writes the KV into pages it reserves
+        on the decode worker), then the rest from the decode worker."""
+        chosen = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
+        with self.prefill.hold(chosen, len(prompt)) as prefill_worker:
+            response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
+                request_id=request_id, token_ids=prompt, sampling=params,
+                target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
+                timeout=self.deadlines.prefill_s)
+        progress.num_cached_tokens = response.num_cached_tokens
+        first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
+                      FINISH_REASONS.get(response.finish_reason))
+        if first.finish_reason is not None:  # ended at prefill: whatever it handed on is aborted by `_run`
+            yield first
+            return
+        # Started before the first token is yielded: a slow consumer does not delay decode.
+        call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
+            request_id=request_id, reservation_id=response.reservation_id, prompt_token_ids=prompt,
+            first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
+        try:
+            yield first
+            async for chunk in _decode_steps(call, progress):
+                yield chunk
+        finally:
+            call.cancel()  # no-op when the stream is done
+
+    async def _local_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+                           decode_worker: Worker, progress: _Progress) -> AsyncIterator[_Step]:
+        """Every token from the decode worker, which prefills the prompt itself: no prefill
+        worker, no transfer. Its prompt counts against the worker's room until the first token."""
+        decode_worker.queued_tokens += len(prompt)
+        is_counted = True
+        call = decode_worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
+            request_id=request_id, prompt_token_ids=prompt, sampling=params), timeout=self.deadlines.decode_s)
+        try:
+            async for step in _decode_steps(call, progress):
+                if is_counted:
+                    decode_worker.queued_tokens -= len(prompt)
+                    is_counted = False
+                yield step
+        finally:
+            if is_counted:
+                decode_worker.queued_tokens -= len(prompt)
+            call.cancel()
 
     def _abort_soon(self, worker: Worker, request_id: str) -> None:
         """Abort on decode in the background: it must run even when the caller was
@@ -250,6 +297,31 @@ def _forget(tasks: set[asyncio.Task]):
         if not task.cancelled():
             task.exception()  # retrieved: a failed Abort is logged by the lease expiry, not here
     return done
+
+
+@dataclass
+class _Progress:
+    """What a request's steps learned on the way, for its usage and its clean-up."""
+    num_cached_tokens: int = 0
+    is_released: bool = False  # the decode worker finished the request and freed its pages itself
+
+
+@dataclass
+class _Step:
+    token_ids: list[int]
+    logprobs: list
+    finish_reason: str | None
+
+
+async def _decode_steps(call, progress: _Progress) -> AsyncIterator[_Step]:
+    first = True
+    async for chunk in call:
+        if first:
+            progress.num_cached_tokens = progress.num_cached_tokens or chunk.num_cached_tokens
+            first = False
+        reason = FINISH_REASONS.get(chunk.finish_reason)
+        progress.is_released = reason is not None
+        yield _Step(list(chunk.token_ids), list(chunk.logprobs), reason)
 
 
 def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, output: _TextOutput,

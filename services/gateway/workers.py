@@ -32,16 +32,16 @@ class Worker:
     channel: grpc.aio.Channel
     stub: Any
     num_in_flight: int = field(default=0)
+    queued_tokens: int = field(default=0)  # prompt tokens of the requests in flight on it
     is_serving: bool = True  # kept current by WorkerPool.watch_health where that runs
 
 
 class WorkerPool:
     """Workers of one kind (all prefill or all decode).
 
-    `pick()` returns the serving worker with the fewest in-flight requests,
-    round-robin among ties, so an idle mesh spreads requests evenly instead of piling
-    onto worker 0. A request counts as in flight from `pick()` until its `hold`
-    context exits.
+    `pick()` returns the serving worker with the least queued work, in turn among
+    ties, so an idle mesh spreads requests evenly instead of piling onto worker 0. A
+    request counts as in flight while its `hold` context lasts.
     """
 
     def __init__(self, workers: Sequence[Worker], kind: str = "worker"):
@@ -66,23 +66,36 @@ class WorkerPool:
     def num_serving(self) -> int:
         return sum(w.is_serving for w in self.workers)
 
-    def pick(self) -> Worker:
+    def serving(self) -> list[Worker]:
         serving = [w for w in self.workers if w.is_serving]
         if not serving:
             raise NoHealthyWorkerError(f"no {self.kind} worker is serving ({len(self.workers)} known)")
-        least = min(w.num_in_flight for w in serving)
-        tied = [w for w in serving if w.num_in_flight == least]
+        return serving
+
+    def in_turn(self, tied: Sequence[Worker]) -> Worker:
+        """One of `tied`, taking turns, so equals share the work instead of piling onto the first."""
         return tied[next(self._turn) % len(tied)]
 
+    def least_loaded(self, workers: Sequence[Worker]) -> Worker:
+        """Fewest queued prompt tokens, then fewest requests in flight; ties in turn."""
+        least = min((w.queued_tokens, w.num_in_flight) for w in workers)
+        return self.in_turn([w for w in workers if (w.queued_tokens, w.num_in_flight) == least])
+
+    def pick(self) -> Worker:
+        return self.least_loaded(self.serving())
+
     @contextmanager
-    def hold(self) -> Iterator[Worker]:
-        """The least-loaded worker, counted as busy for the duration of the block."""
-        worker = self.pick()
+    def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> Iterator[Worker]:
+        """`worker` (default: the least loaded), counted as busy with `num_tokens` prompt
+        tokens for the duration of the block."""
+        worker = worker or self.pick()
         worker.num_in_flight += 1
+        worker.queued_tokens += num_tokens
         try:
             yield worker
         finally:
             worker.num_in_flight -= 1
+            worker.queued_tokens -= num_tokens
 
     def watch_health(self, service_name: str) -> None:
         """Keep every worker's `is_serving` current from its grpc.health.v1 Watch stream;

@@ -8,7 +8,8 @@ from tests.services.gateway.mesh import start_mesh, stop_mesh
 @pytest.fixture(scope="package")
 def mesh(tiny_demo_model):
     """One mesh (a tokenizer, 2 prefill, 2 decode, the gateway) for the gateway's end-to-end tests."""
-    mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=2)
+    # Every prompt through a prefill worker and a KV transfer: the path these tests are about.
+    mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=2, gateway_args=("--local-prefill-max-tokens", "0"))
     try:
         yield mesh
     finally:

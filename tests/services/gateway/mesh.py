@@ -101,16 +101,17 @@ class Mesh:
             assert stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
 
 
-def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = ()) -> Mesh:
+def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = (),
+               worker_args: tuple[str, ...] = ()) -> Mesh:
     started: list = []
     try:
         tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir)
         started.append(tokenizer)
-        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128")
+        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128", *worker_args)
                    for _ in range(num_prefill)]
         started += prefill
-        decode = [ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS))
-                  for _ in range(num_decode)]
+        decode = [ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),
+                                 *worker_args) for _ in range(num_decode)]
         started += decode
         gateway = GatewayProcess(model_dir, tokenizer.address, [p.address for p in prefill],
                                  [d.address for d in decode], *gateway_args)
