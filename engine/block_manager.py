@@ -66,6 +66,11 @@ class BlockManager:
         # Prefix-cache stats in tokens, as vLLM counts them.
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
+        # Net changes to the set of cached hashes since the last drain (hash -> True: added,
+        # False: removed), recorded only once `enable_cache_events` is called. Bounded even
+        # if nobody drains: an added hash is cached now, a removed one was at the last drain,
+        # so it holds at most 2 * num_blocks entries.
+        self._cache_events: dict[int, bool] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -127,6 +132,37 @@ class BlockManager:
                 block.hash = parent
                 block.token_ids = tokens
                 self.hash_to_block_id[parent] = block.block_id
+                self._record(parent, True)
+
+    # ---- cache events: what a prefix index outside this process must learn -----------
+
+    def enable_cache_events(self) -> None:
+        """Start recording hashes that enter and leave the prefix cache (for `drain_cache_events`)."""
+        if self._cache_events is None:
+            self._cache_events = {}
+
+    def _record(self, h: int, is_added: bool) -> None:
+        if self._cache_events is None:
+            return
+        # A hash enters the map only when absent and leaves only when present, so its events
+        # alternate: a second one in the same window undoes the first.
+        if self._cache_events.pop(h, None) is None:
+            self._cache_events[h] = is_added
+
+    def drain_cache_events(self) -> tuple[list[int], list[int]]:
+        """(hashes added, hashes removed) since the last drain, as net changes: a hash added
+        and evicted in between is in neither list. Empty until `enable_cache_events`."""
+        events = self._cache_events
+        if not events:
+            return [], []
+        self._cache_events = {}
+        added = [h for h, is_added in events.items() if is_added]
+        removed = [h for h, is_added in events.items() if not is_added]
+        return added, removed
+
+    def cached_hashes(self) -> list[int]:
+        """Every hash the prefix cache holds now, in use or evictable (for a full republish)."""
+        return list(self.hash_to_block_id)
 
     # ---- allocation -----------------------------------------------------------
 
@@ -138,6 +174,7 @@ class BlockManager:
         if block.hash is not None:
             # Lazy eviction: the cached content is forgotten only now that the page is reused.
             del self.hash_to_block_id[block.hash]
+            self._record(block.hash, False)
             block.hash = None
             block.token_ids = ()
         block.ref_count = 1

@@ -41,6 +41,7 @@ class Service(Protocol):
     """A service's own part of the process: its servicers, start-up and shutdown."""
     servicers: Sequence[tuple[AddServicer, Any]]  # registered on the server before it binds
     service_names: Sequence[str]  # what health and reflection report
+    port: int  # set by the entry point once the server is bound, before `start`
 
     async def start(self, stop: asyncio.Event) -> str | None:
         """Load and warm up while health is NOT_SERVING. Return the line to log once SERVING,
@@ -101,6 +102,7 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
     print(f"{name} listening on {config.host}:{port}", flush=True)
     try:
         try:
+            service.port = port
             serving_line = await service.start(stop)
         except ModelLoadError as e:
             print(f"{name}: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 ENV_MODEL = "BATON_MODEL"
 ENV_MAX_MODEL_LEN = "BATON_MAX_MODEL_LEN"
 ENV_MAX_MESSAGE_BYTES = "BATON_MAX_MESSAGE_BYTES"
+ENV_REDIS_URL = "BATON_REDIS_URL"
 
 
 class ConfigError(ValueError):
@@ -59,6 +60,24 @@ def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> 
     parser.add_argument("--max-message-bytes", type=int,
                         default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
                         help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
+
+
+def add_registry_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_instance_id: str) -> None:
+    """--redis (the prefix index and instance registry; shared by every service of a mesh on
+    purpose) and --instance-id (per service, like host and port)."""
+    parser.add_argument("--redis", metavar="URL", default=env.get(ENV_REDIS_URL, ""),
+                        help=f"Redis URL (redis://HOST:PORT/DB) to heartbeat into and publish the prefix cache "
+                             f"to; empty: none (${ENV_REDIS_URL})")
+    parser.add_argument("--instance-id", metavar="ID", default=env.get(env_instance_id, ""),
+                        help=f"this worker's id in Redis; default KIND-HOST-PORT once bound (${env_instance_id})")
+
+
+def check_registry(redis_url: str, registry_ttl_s: float, index_ttl_s: float) -> None:
+    if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"--redis must be a redis://, rediss:// or unix:// URL (or ${ENV_REDIS_URL}), "
+                          f"got {redis_url!r}")
+    if registry_ttl_s <= 0 or index_ttl_s <= 0:
+        raise ConfigError(f"registry_ttl_s and index_ttl_s must be > 0, got {registry_ttl_s}, {index_ttl_s}")
 
 
 def model_arg(args: argparse.Namespace) -> Path:

@@ -1,5 +1,5 @@
 """`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
-[--max-num-seqs N] [--lease-ms MS]`
+[--max-num-seqs N] [--lease-ms MS] [--redis URL] [--instance-id ID]`
 
 Serves Decode, and beside it on the same port KVStore (kv_receiver.py), through which
 a prefill worker on another host streams pages into the reservations.
@@ -8,8 +8,9 @@ Runs through services/common/entrypoint.py: binds and prints `decode listening o
 HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
 loads the engine with its KV pool in a shared-memory segment this process owns,
 and warms it up with dummy requests through reserve → add_prefilled_request →
-decode; then SERVING.
-SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a grace period,
+decode; then SERVING. With --redis it then heartbeats its load and free pages into
+the instance registry (services/common/index_publisher.py).
+SIGTERM or SIGINT: it leaves the registry, health turns NOT_SERVING, in-flight calls get a grace period,
 the segment is unlinked, exit code 0. A bad setting, an address that cannot be
 bound or an unloadable model exits 2 with one line on stderr.
 """
@@ -28,6 +29,7 @@ from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc, kvstore_pb2_grpc
 from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
+from services.common.index_publisher import InstancePublisher, publisher_for
 from services.decode.config import DecodeServiceConfig
 from services.decode.kv_receiver import SERVICE_NAME as KVSTORE_SERVICE_NAME, KVReceiver
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
@@ -101,10 +103,12 @@ class DecodeService:
         self.config = config
         self.servicer = DecodeServicer(lease_ms=config.lease_ms)
         self.receiver = KVReceiver()
+        self.port = 0  # the bound one, set by the entry point before `start`
         self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer),
                           (kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.receiver)]
         self.engine_loop: EngineLoop | None = None
         self.pool: SharedKVPool | None = None
+        self.publisher: InstancePublisher | None = None
 
     async def start(self, stop: asyncio.Event) -> str | None:
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
@@ -117,9 +121,18 @@ class DecodeService:
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         await warm_up(self.engine_loop, self.pool.layout.block_size)
+        # Heartbeats only (load and free pages): the router finds decode workers by the registry,
+        # and decode pages are not a prefix cache anyone routes to.
+        self.publisher = publisher_for("decode", self.config, self.port, self.engine_loop,
+                                       model_key=self.pool.layout.fingerprint.hex(),
+                                       block_size=self.pool.layout.block_size, publish_blocks=False)
+        if self.publisher is not None:
+            await self.publisher.start(stop)
         return f"serving {self.config.model_dir}: {self.pool.num_blocks} KV blocks in shared memory {self.pool.name}"
 
     async def close(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.close()
         self.servicer.close()
         self.receiver.close()
         if self.engine_loop is not None:

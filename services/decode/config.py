@@ -17,13 +17,16 @@ from services.common.settings import (
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
     ENV_MAX_MODEL_LEN as ENV_MAX_MODEL_LEN,
     ENV_MODEL as ENV_MODEL,
+    ENV_REDIS_URL as ENV_REDIS_URL,
     ConfigError as ConfigError,
     add_bind_flags,
     add_limit_flags,
+    add_registry_flags,
     check_bind,
     check_limits,
     check_model_dir,
     check_positive,
+    check_registry,
     env_int,
     model_arg,
     new_parser,
@@ -31,6 +34,7 @@ from services.common.settings import (
 
 ENV_HOST = "BATON_DECODE_HOST"
 ENV_PORT = "BATON_DECODE_PORT"
+ENV_INSTANCE_ID = "BATON_DECODE_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_LEASE_MS = "BATON_DECODE_LEASE_MS"
@@ -49,6 +53,10 @@ class DecodeServiceConfig:
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    redis_url: str = ""  # "": no Redis, nothing heartbeated or published
+    instance_id: str = ""  # "": KIND-HOST-PORT once bound
+    registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
+    index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while held
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
 
     def __post_init__(self):
@@ -58,6 +66,7 @@ class DecodeServiceConfig:
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
+        check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
 
     @property
     def address(self) -> str:
@@ -78,7 +87,9 @@ class DecodeServiceConfig:
         parser.add_argument("--lease-ms", type=int, default=env_int(env, ENV_LEASE_MS, DEFAULT_LEASE_MS),
                             help=f"how long an unclaimed reservation holds its pages (${ENV_LEASE_MS})")
         add_limit_flags(parser, env)
+        add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
-                   max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes)
+                   max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
+                   redis_url=args.redis, instance_id=args.instance_id)

@@ -1,12 +1,15 @@
 """`python -m services.prefill --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
-[--max-num-batched-tokens N] [--max-num-seqs N] [--no-kv-checksum]`
+[--max-num-batched-tokens N] [--max-num-seqs N] [--no-kv-checksum] [--redis URL] [--instance-id ID]`
 
 Runs through services/common/entrypoint.py: binds and prints `prefill listening on
 HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
 loads the engine (its own private KV pool: the prompts in flight and the local
 prefix cache) and warms it up with dummy prefill-only requests of several
-lengths, whose held pages are then released; then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight calls get a
-grace period, the decode pools it attached are unmapped and its KV channels closed, exit code 0. A bad
+lengths, whose held pages are then released; then SERVING. With --redis it then
+heartbeats into the instance registry and publishes its prefix cache
+(services/common/index_publisher.py). SIGTERM or SIGINT: it leaves the registry and
+the index, health turns NOT_SERVING, in-flight calls get a grace period, the decode
+pools it attached are unmapped and its KV channels closed, exit code 0. A bad
 setting, an address that cannot be bound or an unloadable model exits 2 with one
 line on stderr.
 """
@@ -22,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from protos import prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
+from services.common.index_publisher import InstancePublisher, publisher_for
 from services.kvstore.layout import PageLayout
 from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME, PrefillServicer
@@ -70,8 +74,10 @@ class PrefillService:
     def __init__(self, config: PrefillServiceConfig):
         self.config = config
         self.servicer = PrefillServicer(kv_checksum=config.kv_checksum)
+        self.port = 0  # the bound one, set by the entry point before `start`
         self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer)]
         self.engine_loop: EngineLoop | None = None
+        self.publisher: InstancePublisher | None = None
 
     async def start(self, stop: asyncio.Event) -> str | None:
         engine = await load_in_thread(stop, load_engine, self.config)
@@ -85,10 +91,18 @@ class PrefillService:
         del engine
         self.engine_loop.start()
         await warm_up(self.engine_loop, lengths)
+        # Only once warm: a heartbeat puts this worker into routing.
+        self.publisher = publisher_for("prefill", self.config, self.port, self.engine_loop,
+                                       model_key=layout.fingerprint.hex(), block_size=layout.block_size,
+                                       publish_blocks=True)
+        if self.publisher is not None:
+            await self.publisher.start(stop)
         return (f"serving {self.config.model_dir}: {layout.num_blocks} local KV blocks; "
                 f"warmed up on prompts of {lengths} tokens")
 
     async def close(self) -> None:
+        if self.publisher is not None:  # first: leaving the index reads the engine's cache
+            await self.publisher.close()
         if self.engine_loop is not None:
             await asyncio.to_thread(self.engine_loop.stop)
         await self.servicer.close()

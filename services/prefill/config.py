@@ -17,13 +17,16 @@ from services.common.settings import (
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
     ENV_MAX_MODEL_LEN as ENV_MAX_MODEL_LEN,
     ENV_MODEL as ENV_MODEL,
+    ENV_REDIS_URL as ENV_REDIS_URL,
     ConfigError as ConfigError,
     add_bind_flags,
     add_limit_flags,
+    add_registry_flags,
     check_bind,
     check_limits,
     check_model_dir,
     check_positive,
+    check_registry,
     env_int,
     model_arg,
     new_parser,
@@ -31,6 +34,7 @@ from services.common.settings import (
 
 ENV_HOST = "BATON_PREFILL_HOST"
 ENV_PORT = "BATON_PREFILL_PORT"
+ENV_INSTANCE_ID = "BATON_PREFILL_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
@@ -52,6 +56,10 @@ class PrefillServiceConfig:
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
+    redis_url: str = ""  # "": no Redis, nothing heartbeated or published
+    instance_id: str = ""  # "": KIND-HOST-PORT once bound
+    registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
+    index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while held
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
 
     def __post_init__(self):
@@ -61,6 +69,7 @@ class PrefillServiceConfig:
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
+        check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
 
     @property
     def address(self) -> str:
@@ -85,8 +94,10 @@ class PrefillServiceConfig:
                             default=env.get(ENV_KV_CHECKSUM, "1") != "0",
                             help=f"send GRPC_STREAM page chunks without a CRC-32 (${ENV_KV_CHECKSUM}=0)")
         add_limit_flags(parser, env)
+        add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                   max_message_bytes=args.max_message_bytes, kv_checksum=args.kv_checksum)
+                   max_message_bytes=args.max_message_bytes,
+                   redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum)

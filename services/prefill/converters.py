@@ -57,7 +57,8 @@ def destination_from_proto(target: prefill_pb2.KVTarget, num_blocks: int) -> KVD
     not part of it: the servicer compares that with ours first.)"""
     return KVDestination(
         reservation_id=target.reservation_id, block_ids=tuple(target.block_ids[:num_blocks]),
-        address=target.decode_address, shm_name=target.shm_name, cuda_ipc_handle=target.cuda_ipc_handle, host_id=target.decode_host_id,
+        address=target.decode_address, shm_name=target.shm_name, cuda_ipc_handle=target.cuda_ipc_handle,
+        host_id=target.decode_host_id,
         offered=frozenset(TRANSPORTS[t] for t in target.transports if t in TRANSPORTS))
 
 

@@ -1,0 +1,199 @@
+"""`InstancePublisher`: a worker's background task that keeps Redis told what it is and holds.
+
+Every `interval_s` (0.25 s, at most a third of the registry TTL) it reads a small
+snapshot on the engine thread (load figures, and the prefix cache's hashes added and
+evicted since the last read), heartbeats its `InstanceInfo` (services/common/registry.py)
+and publishes or removes those hashes (services/kvstore/prefix_index.py): routers see
+fresh load and a new prefix within a fraction of a second. Every `index_ttl_s / 3` it
+also refreshes every hash it holds, so none lapses while held. An eviction therefore
+leaves the index within one interval; a worker that dies leaves entries that lapse
+within one index TTL and drops out of the registry within one registry TTL.
+
+Redis is an optimization, never a dependency: when it cannot be reached the worker
+logs one warning, keeps serving and tries again each interval; once it answers
+again, everything held is republished (a restarted Redis starts empty: the index is
+rebuilt from the workers), as it is when a heartbeat finds Redis no longer knew this
+instance (flushed, or failed over to an empty replica). Evictions during the outage
+are not replayed: their entries lapse within one index TTL, and a stale entry only
+costs a recomputation.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from engine.llm_engine import LLMEngine
+from services.common.engine_loop import EngineLoop
+from services.common.redis_client import connect_redis
+from services.common.registry import InstanceInfo, InstanceRegistry
+from services.kvstore.prefix_index import PrefixIndex
+
+log = logging.getLogger("baton.index_publisher")
+
+# Wildcard bind hosts: other machines reach such a worker at its host's address.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def advertised_address(host: str, port: int) -> str:
+    """host:port as other machines reach it. A wildcard bind advertises the IPv4 address its host
+    name resolves to (a container's own address), as the gateway resolves a service name with
+    several replicas into their addresses (services/gateway/workers.py)."""
+    if host not in WILDCARD_HOSTS:
+        return f"{host}:{port}"
+    name = socket.gethostname()
+    try:
+        return f"{socket.gethostbyname(name)}:{port}"
+    except OSError:
+        return f"{name}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one tick reads on the engine thread."""
+
+    queued_tokens: int
+    free_pages: int
+    total_pages: int
+    running: int
+    waiting: int
+    added: list[int]
+    removed: list[int]
+    held: list[int] | None  # every cached hash, when a full refresh is due
+
+
+def read_snapshot(engine: LLMEngine, with_held: bool) -> Snapshot:
+    """On the engine thread: O(requests queued and running) plus, with `with_held`, one
+    copy of the cached hashes."""
+    scheduler, blocks = engine.scheduler, engine.block_manager
+    added, removed = blocks.drain_cache_events()
+    return Snapshot(
+        queued_tokens=sum(seq.num_uncomputed_tokens for seq in (*scheduler.waiting, *scheduler.running)),
+        free_pages=blocks.num_free_blocks, total_pages=blocks.num_blocks,
+        running=len(scheduler.running), waiting=len(scheduler.waiting),
+        added=added, removed=removed, held=blocks.cached_hashes() if with_held else None,
+    )
+
+
+class InstancePublisher:
+    """Heartbeats `identity` (its load fields filled in each tick) and, with `publish_blocks`,
+    publishes the engine's prefix cache. `start` once the engine loop runs (and the worker is
+    warm: a heartbeat puts it into routing); `close` before the engine loop stops."""
+
+    def __init__(self, redis: Redis, engine_loop: EngineLoop, identity: InstanceInfo, *,
+                 publish_blocks: bool, registry_ttl_s: float = 3.0, index_ttl_s: float = 30.0,
+                 interval_s: float = 0.25) -> None:
+        self.redis = redis
+        self.engine_loop = engine_loop
+        self.identity = identity
+        self.publish_blocks = publish_blocks
+        self.registry = InstanceRegistry(redis, registry_ttl_s)
+        self.index = PrefixIndex(redis, identity.model_key, index_ttl_s)
+        self.interval_s = min(interval_s, registry_ttl_s / 3)
+        self.refresh_s = index_ttl_s / 3
+        self._last_refresh = float("-inf")
+        self._is_down = False
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
+
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        """Heartbeat from now on. Once `stop` is set (the service's SIGTERM), leave the registry
+        and the index at once, before in-flight calls drain, so routers stop choosing this worker."""
+        if self.publish_blocks:
+            await self.engine_loop.call(lambda engine: engine.block_manager.enable_cache_events())
+        self._task = asyncio.create_task(self._run(), name=f"publisher-{self.identity.instance_id}")
+        if stop is not None:
+            self._watch = asyncio.create_task(self._close_on(stop))
+
+    async def close(self) -> None:
+        """Stop heartbeating and leave (if `stop` did not already), then close the client."""
+        self._closing.set()
+        if self._task is not None:
+            await self._task
+        if self._watch is not None:
+            self._watch.cancel()
+        await self.redis.aclose()
+
+    async def _close_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._closing.set()
+
+    async def _run(self) -> None:
+        while not self._closing.is_set():
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except Exception:  # an engine-side surprise: keep the worker serving, try again next tick
+                log.exception("publishing %s failed", self.identity.instance_id)
+            try:
+                await asyncio.wait_for(self._closing.wait(), max(0.0, self.interval_s - (time.monotonic() - started)))
+            except TimeoutError:
+                pass
+        await self._leave()
+
+    async def _leave(self, timeout_s: float = 1.0) -> None:
+        """Best effort: an instance that cannot be removed lapses within one TTL anyway."""
+        instance_id = self.identity.instance_id
+
+        async def leave() -> None:
+            await self.registry.remove(self.identity.kind, instance_id)
+            if self.publish_blocks:
+                held = await self.engine_loop.call(lambda engine: engine.block_manager.cached_hashes())
+                await self.index.remove(instance_id, held)
+
+        try:
+            await asyncio.wait_for(leave(), timeout_s)
+        except (RedisError, OSError, TimeoutError) as e:
+            log.warning("could not remove %s from Redis (its entries will lapse): %r", instance_id, e)
+
+    async def tick(self) -> None:
+        """One heartbeat: read the engine, then tell Redis (one pipelined call per part)."""
+        is_refresh = self.publish_blocks and (self._is_down or time.monotonic() - self._last_refresh >= self.refresh_s)
+        snap = await self.engine_loop.call(lambda engine: read_snapshot(engine, is_refresh))
+        info = dataclasses.replace(self.identity, queued_tokens=snap.queued_tokens, free_pages=snap.free_pages,
+                                   total_pages=snap.total_pages, running=snap.running, waiting=snap.waiting)
+        instance_id = info.instance_id
+        try:
+            is_unknown = await self.registry.heartbeat(info)
+            if self.publish_blocks:
+                held = snap.held
+                if held is None and is_unknown:  # Redis lost our entries without our noticing (a flush)
+                    held = await self.engine_loop.call(lambda engine: engine.block_manager.cached_hashes())
+                    is_refresh = True
+                await self.index.remove(instance_id, snap.removed)
+                await self.index.publish(instance_id, snap.added if held is None else held)
+        except (RedisError, OSError) as e:
+            if not self._is_down:
+                log.warning("Redis unreachable (%s): %s keeps serving and retries every %.1f s",
+                            e, instance_id, self.interval_s)
+            self._is_down = True  # what this tick drained is covered by the full republish on recovery
+            return
+        if is_refresh:
+            self._last_refresh = time.monotonic()
+        if self._is_down:
+            log.info("Redis reachable again: %s heartbeats again and republished its prefix cache", instance_id)
+            self._is_down = False
+
+
+def publisher_for(kind: str, config: Any, port: int | None, engine_loop: EngineLoop, *, model_key: str,
+                  block_size: int, publish_blocks: bool) -> InstancePublisher | None:
+    """The publisher a worker's config asks for (`redis_url`, `instance_id`, `host`, `registry_ttl_s`,
+    `index_ttl_s`), bound to `port`; None without --redis."""
+    if not config.redis_url:
+        return None
+    if port is None:
+        raise RuntimeError("the server's port is not known yet: start publishing once it is bound")
+    address = advertised_address(config.host, port)
+    instance_id = config.instance_id or f"{kind}-{address.replace(':', '-')}"
+    identity = InstanceInfo(instance_id=instance_id, kind=kind, address=address, model_key=model_key,
+                            block_size=block_size)
+    return InstancePublisher(connect_redis(config.redis_url), engine_loop, identity, publish_blocks=publish_blocks,
+                             registry_ttl_s=config.registry_ttl_s, index_ttl_s=config.index_ttl_s)

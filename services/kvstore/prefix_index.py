@@ -1,0 +1,139 @@
+"""`PrefixIndex`: which instances hold which KV blocks, in Redis, for prefix-aware routing.
+
+A block hash (engine/block_hash.py) names its whole prefix, so the set of hashes an
+instance holds is a radix tree of the prompts it can serve from cache; asking how
+many leading hashes of a prompt's chain an instance holds is a longest-prefix match.
+
+Layout, one sorted set per block hash per model:
+
+    baton:{model_key}:blk:{hash:016x}   member: instance id   score: expiry (unix seconds)
+
+- A member counts only while its score is in the future: a worker refreshes what it
+  holds (`publish`) well within the TTL and removes what it evicts (`remove`); one
+  that stops (SIGKILL) leaves entries that lapse at most one TTL after its last
+  refresh. A lapsed member is only skipped by `match`; it is deleted by the next
+  `publish` of that block, or with the whole key.
+- Every `publish` also sets the key's own expiry to one TTL, so a key nobody
+  refreshes disappears with all its members (Redis frees it; no sweeper needed).
+  Publishers of one model should share a TTL: a shorter one may expire a key early,
+  which only costs a recomputation until the next refresh.
+- Scores use the client's clock (hosts are assumed NTP-synchronized; skew well below
+  the TTL only shifts expiry by the skew). The key's expiry uses Redis's clock.
+- `model_key` (the hex model fingerprint) is in every key, so two models never share
+  an entry even when their token ids and block size agree.
+
+`match` is one pipelined round trip (no MULTI: entries are independent), whatever
+the number of blocks. `publish` and `remove` run a server-side script per chunk of
+`CHUNK` blocks: a worker refreshes every block it holds every TTL/3, and one command
+per chunk costs its event loop several times less than three commands per block
+(20k blocks: ~60 ms of client CPU). The scripts touch many keys at once, so this
+assumes a standalone Redis (or a replicated one), not Redis Cluster.
+
+A stale entry is harmless: a worker that no longer holds a promised block recomputes it.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from redis.asyncio import Redis
+
+KEY_PREFIX = "baton"
+# Blocks per script call: a script blocks the Redis server while it runs (~10 µs per block),
+# so chunks keep a refresh of many blocks from delaying routers' lookups by more than ~10 ms.
+CHUNK = 1024
+
+# KEYS: the block keys. ARGV: member, expiry score, now, key TTL in ms.
+_PUBLISH = """
+for _, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[3])
+  redis.call('ZADD', key, ARGV[2], ARGV[1])
+  redis.call('PEXPIRE', key, ARGV[4])
+end
+"""
+# KEYS: the block keys. ARGV: member.
+_REMOVE = """
+for _, key in ipairs(KEYS) do
+  redis.call('ZREM', key, ARGV[1])
+end
+"""
+
+
+class PrefixIndex:
+    def __init__(self, redis: Redis, model_key: str, ttl_s: float = 30.0) -> None:
+        if not model_key:
+            raise ValueError("model_key must not be empty")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.redis = redis
+        self.model_key = model_key
+        self.ttl_s = ttl_s
+        self._publish = redis.register_script(_PUBLISH)
+        self._remove = redis.register_script(_REMOVE)
+
+    def key(self, block_hash: int) -> str:
+        return f"{KEY_PREFIX}:{self.model_key}:blk:{block_hash:016x}"
+
+    async def publish(self, instance_id: str, block_hashes: Iterable[int]) -> None:
+        """Record (or refresh) that `instance_id` holds these blocks, until one TTL from now.
+        Lapsed members of other instances are deleted on the way, so sets stay small."""
+        keys = [self.key(h) for h in block_hashes]
+        now = time.time()
+        args = [instance_id, repr(now + self.ttl_s), repr(now), max(1, int(self.ttl_s * 1000))]
+        for start in range(0, len(keys), CHUNK):
+            await self._publish(keys=keys[start : start + CHUNK], args=args)
+
+    async def remove(self, instance_id: str, block_hashes: Iterable[int]) -> None:
+        """Forget that `instance_id` holds these blocks (it evicted them, or is shutting down)."""
+        keys = [self.key(h) for h in block_hashes]
+        for start in range(0, len(keys), CHUNK):
+            await self._remove(keys=keys[start : start + CHUNK], args=[instance_id])
+
+    async def match(self, block_hashes: Sequence[int], instance_ids: Sequence[str]) -> dict[str, int]:
+        """For each of `instance_ids`: how many leading blocks of `block_hashes` (a prompt's
+        chain, in order) it holds now. A block it lacks ends its count, even if it holds
+        later ones (their KV is useless without the prefix)."""
+        counts = dict.fromkeys(instance_ids, 0)
+        if not block_hashes or not counts:
+            return counts
+        ids = list(counts)
+        pipe = self.redis.pipeline(transaction=False)
+        for h in block_hashes:
+            pipe.zmscore(self.key(h), ids)
+        rows = await pipe.execute()
+        now = time.time()
+        for j, instance_id in enumerate(ids):
+            n = 0
+            for scores in rows:
+                score = scores[j]
+                if score is None or score <= now:
+                    break
+                n += 1
+            counts[instance_id] = n
+        return counts
+
+    async def match_any(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Like `match`, for every instance holding at least the first block (none listed: 0s omitted)."""
+        if not block_hashes:
+            return {}
+        now = time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        for h in block_hashes:
+            pipe.zrangebyscore(self.key(h), f"({now}", "+inf")
+        rows = await pipe.execute()
+        counts: dict[str, int] = {}
+        alive = {_text(m) for m in rows[0]}
+        for depth, members in enumerate(rows):
+            holders = {_text(m) for m in members}
+            for instance_id in alive - holders:
+                counts[instance_id] = depth
+            alive &= holders
+            if not alive:
+                break
+        for instance_id in alive:
+            counts[instance_id] = len(rows)
+        return counts
+
+
+def _text(member: bytes | str) -> str:
+    return member.decode() if isinstance(member, bytes) else member
