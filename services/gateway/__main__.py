@@ -18,12 +18,10 @@ import socket
 import sys
 from collections.abc import Sequence
 
-import redis.asyncio
 import uvicorn
 
 from engine.config import EngineConfig
 from engine.weights import checkpoint_files, checkpoint_fingerprint
-
 from protos import (
     common_pb2,
     decode_pb2,
@@ -35,12 +33,15 @@ from protos import (
     tokenizer_pb2_grpc,
 )
 from services.common.entrypoint import StartError, load_in_thread, run_service
+from services.common.redis_client import connect_redis
+from services.common.registry import InstanceRegistry
 from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.router import PrefixRouter, RouterConfig
 from services.gateway.workers import WorkerPool, expand_addresses
+from services.kvstore.prefix_index import PrefixIndex
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
 log = logging.getLogger("baton.gateway")
@@ -151,11 +152,7 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | No
     """The prefix-aware router over the index in Redis, started; None without --redis."""
     if not config.redis_url:
         return None
-    from services.common.registry import InstanceRegistry
-    from services.kvstore.prefix_index import PrefixIndex
-
-    # Short timeouts: a Redis that hangs must cost a request milliseconds, not seconds.
-    client = redis.asyncio.Redis.from_url(config.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    client = connect_redis(config.redis_url)
     model_dir = config.model_dir
     fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
     router = PrefixRouter(prefill, PrefixIndex(client, fingerprint.hex()), InstanceRegistry(client),

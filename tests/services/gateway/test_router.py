@@ -1,0 +1,121 @@
+"""The prefix-aware router against a real Redis: where the prefix is, against load; the
+imbalance guard; Redis gone → load only, and back → prefix routing again."""
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio
+import redis.exceptions
+from prometheus_client import REGISTRY
+
+from engine.block_hash import hash_block_chain
+from services.common.redis_client import connect_redis
+from services.common.registry import InstanceInfo, InstanceRegistry
+from services.gateway.router import PrefixRouter, RouterConfig
+from services.gateway.workers import Worker, WorkerPool
+from services.kvstore.prefix_index import PrefixIndex
+
+FINGERPRINT = b"router-test-fp16"
+BLOCK_SIZE = 16
+PROMPT = list(range(100, 100 + 10 * BLOCK_SIZE))  # ten full blocks
+
+
+def workers(n: int) -> WorkerPool:
+    # Routing reads addresses and load only; no channel is needed to choose.
+    return WorkerPool([Worker(f"10.0.0.{i}:50052", channel=None, stub=None) for i in range(n)], "prefill")
+
+
+async def register(registry: InstanceRegistry, pool: WorkerPool) -> None:
+    """What each worker's heartbeat does."""
+    for i, worker in enumerate(pool.workers):
+        await registry.heartbeat(InstanceInfo(instance_id=f"prefill-{i}", kind="prefill", address=worker.address,
+                                              model_key=FINGERPRINT.hex(), block_size=BLOCK_SIZE, queued_tokens=0,
+                                              free_pages=100, running=0, waiting=0))
+
+
+async def retrying(fn, attempts: int = 20):
+    """`await fn()`, again after a connection error: the first command on a pooled connection
+    to a restarted Redis fails."""
+    for attempt in range(attempts):
+        try:
+            return await fn()
+        except redis.exceptions.ConnectionError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def make_router(url: str, pool: WorkerPool, **config) -> tuple[PrefixRouter, PrefixIndex, InstanceRegistry]:
+    client = connect_redis(url)
+    index = PrefixIndex(client, FINGERPRINT.hex(), ttl_s=30)
+    registry = InstanceRegistry(client)
+    await register(registry, pool)
+    router = PrefixRouter(pool, index, registry, fingerprint=FINGERPRINT, block_size=BLOCK_SIZE,
+                          config=RouterConfig(instances_refresh_s=0.05, redis_retry_s=0.2, **config), redis=client)
+    router.start()
+    for _ in range(100):  # until the instance map is read
+        if len(router._instance_ids) == len(pool.workers):
+            break
+        await asyncio.sleep(0.02)
+    return router, index, registry
+
+
+def test_a_prompt_goes_where_its_prefix_is_unless_that_worker_is_swamped(redis_server, redis_client):
+    async def main():
+        pool = workers(3)
+        router, index, _ = await make_router(redis_server.url, pool, balance_abs_tokens=4096, balance_rel=2.0)
+        try:
+            hashes = hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)
+            await index.publish("prefill-2", hashes[:8])
+            await index.publish("prefill-1", hashes[:3])
+            assert [(await router.pick(PROMPT)).address for _ in range(4)] == [pool.workers[2].address] * 4
+            # A prompt nobody holds: the least loaded, in turn.
+            pool.workers[0].queued_tokens = 500
+            other = list(range(5000, 5000 + 4 * BLOCK_SIZE))
+            assert {(await router.pick(other)).address for _ in range(4)} == {pool.workers[1].address,
+                                                                             pool.workers[2].address}
+            # Worth 8 blocks of compute, but 10000 tokens queued: another worker wins.
+            pool.workers[0].queued_tokens = 0
+            pool.workers[2].queued_tokens = 10_000
+            assert (await router.pick(PROMPT)).address != pool.workers[2].address
+        finally:
+            await router.close()
+    asyncio.run(main())
+
+
+def test_redis_down_routes_by_load_and_prefix_routing_resumes_when_it_returns(redis_server, redis_client):
+    async def main():
+        pool = workers(2)
+        router, index, registry = await make_router(redis_server.url, pool)
+        try:
+            hashes = hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)
+            await index.publish("prefill-1", hashes)
+            assert (await router.pick(PROMPT)).address == pool.workers[1].address
+            redis_server.stop()
+            picks = {(await router.pick(PROMPT)).address for _ in range(4)}  # load only: in turn
+            assert picks == {w.address for w in pool.workers}
+            assert REGISTRY.get_sample_value("baton_router_redis_up") == 0
+            redis_server.start()  # empty again: the workers register and publish anew
+            await retrying(lambda: register(registry, pool))
+            await retrying(lambda: index.publish("prefill-1", hashes))
+            for _ in range(50):  # retried every redis_retry_s; a stale pooled connection may fail once more
+                await asyncio.sleep(0.1)
+                await router.pick(PROMPT)
+                if REGISTRY.get_sample_value("baton_router_redis_up") == 1:
+                    break
+            assert REGISTRY.get_sample_value("baton_router_redis_up") == 1
+            assert [(await router.pick(PROMPT)).address for _ in range(4)] == [pool.workers[1].address] * 4
+        finally:
+            await router.close()
+    asyncio.run(main())
+
+
+def test_one_worker_needs_no_lookup(redis_server):
+    async def main():
+        pool = workers(1)
+        router, _, _ = await make_router(redis_server.url, pool)
+        try:
+            assert (await router.pick(PROMPT)) is pool.workers[0]
+        finally:
+            await router.close()
+    asyncio.run(main())
