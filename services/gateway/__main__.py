@@ -39,7 +39,7 @@ from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
 from services.gateway.pipeline import RequestPipeline
-from services.gateway.router import PrefixRouter, RouterConfig
+from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
 from services.gateway.workers import WorkerPool, expand_addresses
 from services.kvstore.prefix_index import PrefixIndex
 from services.tokenizer.model_tokenizer import ModelTokenizer
@@ -78,7 +78,7 @@ class GatewayService:
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
-        self.router: PrefixRouter | None = None
+        self.router: PrefixRouter | RandomRouter | None = None
         self.http: _EmbeddedServer | None = None
         self.http_task: asyncio.Task | None = None
 
@@ -131,7 +131,8 @@ class GatewayService:
                 return None
             await asyncio.sleep(READY_POLL_S)
         counts = {kind: len(pool.workers) for kind, pool in self.pools.items()}
-        routing = f"prefix-aware routing (index at {config.redis_url})" if self.router else "load-only routing"
+        routing = {PrefixRouter: f"prefix-aware routing (index at {config.redis_url})",
+                   RandomRouter: "random routing"}.get(type(self.router), "load-only routing")
         return (f"serving {config.served_model_name}: {counts['prefill']} prefill and {counts['decode']} decode "
                 f"workers, KV transport {config.kv_transport}, {routing}, decode prefills prompts of up to "
                 f"{self.pipeline.local_prefill_max_tokens} tokens itself")
@@ -148,9 +149,12 @@ class GatewayService:
             await pool.close()
 
 
-def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | None:
-    """The prefix-aware router over the index in Redis, started; None without --redis."""
-    if not config.redis_url:
+def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | RandomRouter | None:
+    """The router `--routing` names, started; None for load only (the pool's own choice),
+    which is also what prefix routing is without --redis."""
+    if config.routing == "random":
+        return RandomRouter(prefill)
+    if config.routing == "load" or not config.redis_url:
         return None
     client = connect_redis(config.redis_url)
     model_dir = config.model_dir

@@ -38,6 +38,10 @@ ENV_SERVED_MODEL_NAME = "BATON_SERVED_MODEL_NAME"
 ENV_MAX_BODY_BYTES = "BATON_GATEWAY_MAX_BODY_BYTES"
 ENV_KV_TRANSPORT = "BATON_KV_TRANSPORT"
 ENV_REDIS = "BATON_REDIS_URL"
+ENV_ROUTING = "BATON_ROUTING"
+# prefix: where the prompt's prefix is cached, against load (needs --redis); load: least
+# queued work; random: uniformly (a baseline for benchmarks).
+ROUTING_POLICIES = ("prefix", "load", "random")
 ENV_LOCAL_PREFILL = "BATON_LOCAL_PREFILL_MAX_TOKENS"
 # Dynamo's default for prefilling on the decode worker is prompts under 1000 tokens; a
 # model with a short context gets a proportionally shorter limit (an eighth of it).
@@ -67,6 +71,7 @@ class GatewayConfig:
     grace_s: float = 5.0
     kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
     redis_url: str = ""  # the prefix index and instance registry; "": route by load only
+    routing: str = "prefix"  # see ROUTING_POLICIES; prefix without --redis routes by load
     overlap_weight: float = 1.0  # router: a block to compute against a block already queued
     local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
 
@@ -90,6 +95,8 @@ class GatewayConfig:
         if self.local_prefill_max_tokens < LOCAL_PREFILL_AUTO:
             raise ConfigError(f"--local-prefill-max-tokens must be >= 0 (or -1: auto), got "
                               f"{self.local_prefill_max_tokens}")
+        if self.routing not in ROUTING_POLICIES:
+            raise ConfigError(f"--routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
         if self.overlap_weight < 0:
             raise ConfigError(f"--router-overlap-weight must be >= 0, got {self.overlap_weight}")
         if self.kv_transport not in KV_TRANSPORTS:
@@ -127,6 +134,8 @@ class GatewayConfig:
         parser.add_argument("--redis", default=env.get(ENV_REDIS, ""),
                             help=f"Redis URL of the prefix index and instance registry; empty: route prefill by "
                                  f"load only (${ENV_REDIS})")
+        parser.add_argument("--routing", default=env.get(ENV_ROUTING, "prefix"),
+                            help=f"how prefill workers are chosen: {', '.join(ROUTING_POLICIES)} (${ENV_ROUTING})")
         parser.add_argument("--router-overlap-weight", type=float,
                             default=float(env.get(ENV_OVERLAP_WEIGHT) or 1.0),
                             help=f"prefix routing: the cost of a prompt block to compute, against one block of "
@@ -143,7 +152,8 @@ class GatewayConfig:
                    served_model_name=args.served_model_name, host=args.host, port=args.port,
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
-                   overlap_weight=args.router_overlap_weight, local_prefill_max_tokens=args.local_prefill_max_tokens)
+                   routing=args.routing, overlap_weight=args.router_overlap_weight,
+                   local_prefill_max_tokens=args.local_prefill_max_tokens)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

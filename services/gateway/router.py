@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,3 +157,19 @@ class PrefixRouter:
             except Exception as e:  # Redis down: keep the last map; lookups fail over on their own
                 log.debug("cannot list prefill instances: %s", e)
             await asyncio.sleep(self.config.instances_refresh_s)
+
+
+class RandomRouter:
+    """A prefill worker chosen uniformly among the serving ones: the baseline that prefix
+    routing is measured against (`--routing random`)."""
+
+    def __init__(self, pool: WorkerPool, seed: int | None = None):
+        self.pool = pool
+        self._random = random.Random(seed)
+
+    async def pick(self, prompt: Sequence[int]) -> Worker:
+        ROUTED.labels("random").inc()
+        return self._random.choice(self.pool.serving())
+
+    async def close(self) -> None:
+        pass

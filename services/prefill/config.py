@@ -39,6 +39,7 @@ ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
+ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
 
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # the token budget of one step: longer prompts are chunked
@@ -56,6 +57,7 @@ class PrefillServiceConfig:
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
+    prefix_caching: bool = True  # off: every prompt computed whole (for measuring what the cache saves)
     redis_url: str = ""  # "": no Redis, nothing heartbeated or published
     instance_id: str = ""  # "": KIND-HOST-PORT once bound
     registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
@@ -93,6 +95,9 @@ class PrefillServiceConfig:
         parser.add_argument("--no-kv-checksum", dest="kv_checksum", action="store_false",
                             default=env.get(ENV_KV_CHECKSUM, "1") != "0",
                             help=f"send GRPC_STREAM page chunks without a CRC-32 (${ENV_KV_CHECKSUM}=0)")
+        parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                            default=env.get(ENV_PREFIX_CACHING, "1") != "0",
+                            help=f"compute every prompt whole, reusing no cached prefix (${ENV_PREFIX_CACHING}=0)")
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         args = parser.parse_args(argv)
@@ -100,4 +105,5 @@ class PrefillServiceConfig:
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes,
-                   redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum)
+                   redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
+                   prefix_caching=args.prefix_caching)
