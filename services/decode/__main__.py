@@ -74,14 +74,22 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
     return engine, pools[0]
 
 
-async def warm_up(engine_loop: EngineLoop, block_size: int) -> None:
-    """Dummy requests through reserve → add_prefilled_request → decode (the pages hold zeros)."""
+async def warm_up(engine_loop: EngineLoop, block_size: int, max_model_len: int, num_blocks: int) -> None:
+    """Dummy requests through both ways in: reserve → add_prefilled_request → decode (the pages
+    hold zeros), and, beside them, whole prompts prefilled here (GenerateLocally: chunked
+    prefill mixed with decode steps), of a token, a block and a bit, and a few hundred."""
     prompt = [1] * (block_size + 1)
     streams = []
     for i, params in enumerate(WARMUP_PARAMS):
         request_id = f"warmup-{i}"
         await engine_loop.reserve(request_id, len(prompt))
         streams.append(await engine_loop.start_prefilled(request_id, prompt, 1, params))
+    # Every warm-up request at once must fit the pool: a small pool warms up on shorter prompts.
+    longest = min(384, max_model_len - 8, num_blocks // (3 * len(WARMUP_PARAMS)) * block_size)
+    for n in sorted({1, block_size + 1, longest} - {0}):
+        for j, params in enumerate(WARMUP_PARAMS):
+            local = [(7 * k + j) % 97 + 1 for k in range(n)]
+            streams.append(await engine_loop.add_request(f"warmup-local-{n}-{j}", local, params))
     for outputs in streams:
         while not (await outputs.get()).finished:
             pass
@@ -114,13 +122,14 @@ class DecodeService:
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
         engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True)
         self.engine_loop = EngineLoop(engine)
+        max_model_len = engine.max_model_len
         del engine
         self.engine_loop.start()
         if stop.is_set():
             return None
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
-        await warm_up(self.engine_loop, self.pool.layout.block_size)
+        await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
         # Heartbeats only (load and free pages): the router finds decode workers by the registry,
         # and decode pages are not a prefix cache anyone routes to.
         self.publisher = publisher_for("decode", self.config, self.port, self.engine_loop,
