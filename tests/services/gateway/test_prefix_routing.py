@@ -6,6 +6,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.services.gateway.mesh import start_mesh, stop_mesh
 
@@ -39,3 +40,37 @@ def test_requests_sharing_a_prefix_land_where_it_is_cached(routed_mesh):
             for i in range(3) for k, system in enumerate(SYSTEM_PROMPTS)]
     # Load-only routing would alternate workers and miss about half of these.
     assert all(hit >= PREFIX_TOKENS for hit in hits), hits
+
+
+def router_metrics(mesh) -> dict[str, float]:
+    text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "baton_router_requests_total":
+                values[sample.labels["decision"]] = sample.value
+            elif sample.name == "baton_router_redis_up":
+                values["redis_up"] = sample.value
+    return values
+
+
+def test_redis_stopped_mid_run_serving_goes_on_and_prefix_routing_resumes_after(routed_mesh, redis_server):
+    before = router_metrics(routed_mesh)
+    redis_server.stop()
+    try:
+        for k, system in enumerate(SYSTEM_PROMPTS):  # every request still succeeds
+            cached_tokens(routed_mesh, system + [970 + k])
+        during = router_metrics(routed_mesh)
+        assert during["redis_up"] == 0
+        assert during.get("load", 0) >= before.get("load", 0) + len(SYSTEM_PROMPTS) - 1  # the first may time out
+    finally:
+        redis_server.start()  # empty: the workers notice and republish everything they hold
+    deadline = time.monotonic() + 10
+    while True:
+        hits = [cached_tokens(routed_mesh, system + [980 + k]) for k, system in enumerate(SYSTEM_PROMPTS)]
+        after = router_metrics(routed_mesh)
+        if after["redis_up"] == 1 and after.get("prefix", 0) >= during.get("prefix", 0) + len(SYSTEM_PROMPTS) \
+                and all(hit >= PREFIX_TOKENS for hit in hits):
+            break
+        assert time.monotonic() < deadline, f"prefix routing did not resume: {after}, hits {hits}"
+        time.sleep(0.3)
