@@ -47,9 +47,11 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
 
 
 def warmup_lengths(engine: LLMEngine) -> list[int]:
-    """One token, one block and a bit, and a prompt longer than one step's budget (chunked), where they fit."""
-    limit = min(engine.max_model_len - 3, (engine.num_kv_blocks - 1) * engine.config.block_size)
-    lengths = [1, engine.config.block_size + 1, engine.config.max_num_batched_tokens + 1]
+    """One token, one block and a bit, a few hundred, and a prompt longer than one step's budget
+    (chunked), where they fit: the requests of one length run together and hold their pages."""
+    per_request_blocks = engine.num_kv_blocks // len(WARMUP_PARAMS) - 1
+    limit = min(engine.max_model_len - 3, per_request_blocks * engine.config.block_size)
+    lengths = [1, engine.config.block_size + 1, 512, engine.config.max_num_batched_tokens + 1]
     return sorted({n for n in lengths if n <= limit} | {1})
 
 
