@@ -240,8 +240,10 @@ class RequestPipeline:
                                    decode_worker: Worker, progress: _Progress) -> AsyncIterator[_Step]:
         """The first token from a prefill worker (which writes the KV into pages it reserves
         on the decode worker), then the rest from the decode worker."""
-        chosen = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
-        with self.prefill.hold(chosen, len(prompt)) as prefill_worker:
+        # The worker counts as busy with what it has to compute: its cached prefix costs it little.
+        route = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
+        chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
+        with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
             response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
                 request_id=request_id, token_ids=prompt, sampling=params,
                 target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),

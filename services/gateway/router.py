@@ -20,6 +20,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,12 @@ REDIS_FAILURES = Counter("baton_router_redis_failures_total",
 
 
 @dataclass(frozen=True)
+class Route:
+    worker: Worker
+    num_cached_tokens: int  # of the prompt, as the index says the worker holds them
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     overlap_weight: float = 1.0      # Dynamo's default: a block to compute costs as much as a queued one
     balance_abs_tokens: int = 4096   # the imbalance guard: queues this many tokens apart...
@@ -49,6 +56,8 @@ class RouterConfig:
     redis_timeout_s: float = 0.05    # a lookup slower than this is treated as Redis being down
     redis_retry_s: float = 1.0       # how long to route by load alone after a failed lookup
     instances_refresh_s: float = 1.0  # how often the worker → instance-id map is re-read
+    recent_s: float = 2.0            # a routed prompt's blocks count as on its worker this long...
+    recent_max_blocks: int = 100_000  # ...for at most this many blocks, least recent forgotten first
 
 
 class PrefixRouter:
@@ -66,6 +75,7 @@ class PrefixRouter:
         self.block_size = block_size
         self.config = config
         self._instance_ids: dict[str, str] = {}  # worker address -> instance id
+        self._recent: OrderedDict[int, tuple[str, float]] = OrderedDict()  # block hash -> (address, expiry)
         self._redis_down_until = 0.0
         self._is_redis_up = index is not None
         self._refresher: asyncio.Task | None = None
@@ -82,34 +92,63 @@ class PrefixRouter:
         if self.redis is not None:
             await self.redis.aclose()
 
-    async def pick(self, prompt: Sequence[int]) -> Worker:
-        """The prefill worker for `prompt` (not yet counted as busy: hold it with the pool)."""
+    async def pick(self, prompt: Sequence[int]) -> Route:
+        """The prefill worker for `prompt`, and how many of its tokens it is thought to hold
+        (not yet counted as busy: hold it with the pool, for the tokens left to compute)."""
         candidates = self.pool.serving()
         hashes = hash_block_chain(prompt, self.block_size, self.fingerprint)
         PROMPT_BLOCKS.inc(len(hashes))
+        matched = await self._matched_blocks(hashes, candidates) if hashes and len(candidates) > 1 else None
+        if matched is not None:
+            for address, n in self._recently_routed(hashes).items():
+                matched[address] = max(matched.get(address, 0), n)
+        held = (lambda w: matched.get(w.address, 0)) if matched else (lambda w: 0)  # noqa: E731
         if len(candidates) == 1:
-            ROUTED.labels("only").inc()
-            return candidates[0]
-        if self._is_imbalanced(candidates):
-            ROUTED.labels("balance").inc()
-            return self.pool.least_loaded(candidates)
-        matched = await self._matched_blocks(hashes, candidates) if hashes else None
-        if matched is None:
-            ROUTED.labels("load").inc()
-            return self.pool.least_loaded(candidates)
-        bs = self.block_size
-        num_blocks = -(-len(prompt) // bs)
+            decision, chosen = "only", candidates[0]
+        elif self._is_imbalanced(candidates):
+            decision, chosen = "balance", self.pool.least_loaded(candidates)
+        elif matched is None:
+            decision, chosen = "load", self.pool.least_loaded(candidates)
+        else:
+            bs = self.block_size
+            num_blocks = -(-len(prompt) // bs)
 
-        def cost(worker: Worker) -> float:
-            to_compute = num_blocks - matched.get(worker.address, 0)
-            return self.config.overlap_weight * to_compute + worker.queued_tokens / bs
+            def cost(worker: Worker) -> float:
+                # Queued work counts what is left to compute, not whole prompts: a request whose
+                # prefix is cached costs its worker almost nothing, and must not push the next
+                # request for that prefix onto a worker that would compute all of it.
+                return self.config.overlap_weight * (num_blocks - held(worker)) + worker.queued_tokens / bs
 
-        best = min(cost(w) for w in candidates)
-        chosen = self.pool.in_turn([w for w in candidates if cost(w) == best])
-        hit = matched.get(chosen.address, 0)
-        MATCHED_BLOCKS.inc(hit)
-        ROUTED.labels("prefix" if hit else "load").inc()
-        return chosen
+            best = min(cost(w) for w in candidates)
+            chosen = self.pool.in_turn([w for w in candidates if cost(w) == best])
+            decision = "prefix" if held(chosen) else "load"
+        MATCHED_BLOCKS.inc(held(chosen))
+        ROUTED.labels(decision).inc()
+        self._remember(hashes, chosen.address)
+        return Route(chosen, min(len(prompt), held(chosen) * self.block_size))
+
+    def _remember(self, hashes: list[int], address: str) -> None:
+        """Where this prompt's blocks are about to be: the index learns it only once they are
+        computed and published, and requests for the same prefix arriving meanwhile (a burst)
+        should follow the first instead of scattering (SGLang's router keeps such a tree)."""
+        expiry = time.monotonic() + self.config.recent_s
+        for h in hashes:
+            self._recent[h] = (address, expiry)
+            self._recent.move_to_end(h)
+        while len(self._recent) > self.config.recent_max_blocks:
+            self._recent.popitem(last=False)
+
+    def _recently_routed(self, hashes: list[int]) -> dict[str, int]:
+        """Leading blocks of `hashes` this router sent somewhere within `recent_s`, by worker."""
+        now = time.monotonic()
+        counts: dict[str, int] = {}
+        for i, h in enumerate(hashes):
+            entry = self._recent.get(h)
+            if entry is None or entry[1] < now:
+                break
+            if i == counts.get(entry[0], 0):  # still a leading run for that worker
+                counts[entry[0]] = i + 1
+        return counts
 
     def _is_imbalanced(self, workers: Sequence[Worker]) -> bool:
         queued = [w.queued_tokens for w in workers]
@@ -167,9 +206,9 @@ class RandomRouter:
         self.pool = pool
         self._random = random.Random(seed)
 
-    async def pick(self, prompt: Sequence[int]) -> Worker:
+    async def pick(self, prompt: Sequence[int]) -> Route:
         ROUTED.labels("random").inc()
-        return self._random.choice(self.pool.serving())
+        return Route(self._random.choice(self.pool.serving()), 0)
 
     async def close(self) -> None:
         pass

@@ -68,16 +68,18 @@ def test_a_prompt_goes_where_its_prefix_is_unless_that_worker_is_swamped(redis_s
             hashes = hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)
             await index.publish("prefill-2", hashes[:8])
             await index.publish("prefill-1", hashes[:3])
-            assert [(await router.pick(PROMPT)).address for _ in range(4)] == [pool.workers[2].address] * 4
-            # A prompt nobody holds: the least loaded, in turn.
+            assert [(await router.pick(PROMPT)).worker.address for _ in range(4)] == [pool.workers[2].address] * 4
+            # A prompt nobody holds: the least loaded, in turn...
             pool.workers[0].queued_tokens = 500
-            other = list(range(5000, 5000 + 4 * BLOCK_SIZE))
-            assert {(await router.pick(other)).address for _ in range(4)} == {pool.workers[1].address,
-                                                                             pool.workers[2].address}
+            others = [list(range(5000 + 1000 * k, 5000 + 1000 * k + 4 * BLOCK_SIZE)) for k in range(4)]
+            firsts = [(await router.pick(other)).worker.address for other in others]
+            assert set(firsts) == {pool.workers[1].address, pool.workers[2].address}
+            # ...and the same prompt again, before its blocks can be in the index, follows the first.
+            assert [(await router.pick(other)).worker.address for other in others] == firsts
             # Worth 8 blocks of compute, but 10000 tokens queued: another worker wins.
             pool.workers[0].queued_tokens = 0
             pool.workers[2].queued_tokens = 10_000
-            assert (await router.pick(PROMPT)).address != pool.workers[2].address
+            assert (await router.pick(PROMPT)).worker.address != pool.workers[2].address
         finally:
             await router.close()
     asyncio.run(main())
@@ -90,9 +92,9 @@ def test_redis_down_routes_by_load_and_prefix_routing_resumes_when_it_returns(re
         try:
             hashes = hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)
             await index.publish("prefill-1", hashes)
-            assert (await router.pick(PROMPT)).address == pool.workers[1].address
+            assert (await router.pick(PROMPT)).worker.address == pool.workers[1].address
             redis_server.stop()
-            picks = {(await router.pick(PROMPT)).address for _ in range(4)}  # load only: in turn
+            picks = {(await router.pick(PROMPT)).worker.address for _ in range(4)}  # load only: in turn
             assert picks == {w.address for w in pool.workers}
             assert REGISTRY.get_sample_value("baton_router_redis_up") == 0
             redis_server.start()  # empty again: the workers register and publish anew
@@ -104,7 +106,7 @@ def test_redis_down_routes_by_load_and_prefix_routing_resumes_when_it_returns(re
                 if REGISTRY.get_sample_value("baton_router_redis_up") == 1:
                     break
             assert REGISTRY.get_sample_value("baton_router_redis_up") == 1
-            assert [(await router.pick(PROMPT)).address for _ in range(4)] == [pool.workers[1].address] * 4
+            assert [(await router.pick(PROMPT)).worker.address for _ in range(4)] == [pool.workers[1].address] * 4
         finally:
             await router.close()
     asyncio.run(main())
@@ -115,7 +117,7 @@ def test_one_worker_needs_no_lookup(redis_server):
         pool = workers(1)
         router, _, _ = await make_router(redis_server.url, pool)
         try:
-            assert (await router.pick(PROMPT)) is pool.workers[0]
+            assert (await router.pick(PROMPT)).worker is pool.workers[0]
         finally:
             await router.close()
     asyncio.run(main())
