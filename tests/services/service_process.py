@@ -34,25 +34,39 @@ class ServiceProcess:
             time.sleep(0.05)
 
     def _read_listening_line(self, timeout_s: float) -> str:
-        prefix = f"{self.name} listening on "
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not lines or not lines[0].startswith(prefix):
-            self.proc.kill()
-            pytest.fail(f"no listening line (got {lines!r}); stderr:\n{self.proc.stderr.read()}")
-        return lines[0].removeprefix(prefix).strip()
+        return read_line(self.proc, f"{self.name} listening on ", timeout_s)
 
     def terminate(self) -> int:
         self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        return stop_process(self.proc)
+
+
+def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 30) -> str:
+    """The rest of `proc`'s next stdout line, which must start with `prefix` (else the test fails
+    with its stderr, and the process is killed)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not lines or not lines[0].startswith(prefix):
+        proc.kill()
+        pytest.fail(f"expected {prefix!r}, got {lines!r}; stderr:\n{proc.stderr.read()}")
+    return lines[0].removeprefix(prefix).strip()
+
+
+def stop_process(proc: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL after 15 s; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None and not pipe.closed:
             try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return self.proc.returncode
+                pipe.close()
+            except OSError:  # a reader thread may still hold it
+                pass
+    return proc.returncode

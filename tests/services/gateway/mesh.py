@@ -2,7 +2,6 @@
 the gateway, each a real `python -m services.<name>` process on 127.0.0.1."""
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import threading
@@ -12,13 +11,12 @@ from pathlib import Path
 
 import grpc
 import httpx
-import pytest
 
 from protos import decode_pb2, decode_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
-from tests.services.service_process import REPO_ROOT, ServiceProcess
+from tests.services.service_process import REPO_ROOT, ServiceProcess, read_line, stop_process
 
 DECODE_KV_BLOCKS = 128
 BLOCK_SIZE = 16
@@ -34,8 +32,8 @@ class GatewayProcess:
              "--prefill", ",".join(prefill), "--decode", ",".join(decode), "--port", "0", "--http-port", "0",
              *extra_args],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.grpc_address = self._line("gateway listening on ")
-        self.http_address = self._line("gateway http listening on ")
+        self.grpc_address = read_line(self.proc, "gateway listening on ")
+        self.http_address = read_line(self.proc, "gateway http listening on ")
         self.base_url = f"http://{self.http_address}"
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
@@ -45,30 +43,12 @@ class GatewayProcess:
             assert time.monotonic() < deadline, "the gateway never became ready"
             time.sleep(0.05)
 
-    def _line(self, prefix: str) -> str:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(30)
-        if not lines or not lines[0].startswith(prefix):
-            self.proc.kill()
-            pytest.fail(f"expected {prefix!r}, got {lines!r}; stderr:\n{self.proc.stderr.read()}")
-        return lines[0].removeprefix(prefix).strip()
-
     def _drain(self) -> None:
         for line in self.proc.stderr:
             self.stderr_lines.append(line)
 
     def terminate(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 @dataclass
@@ -85,20 +65,23 @@ class Mesh:
         return self.model_dir.name
 
     def assert_decode_pools_free(self, within_s: float = 1.0) -> None:
-        """Reserving every page of every decode worker succeeds (retried for `within_s`)."""
-        for svc in self.decode:
-            stub = decode_pb2_grpc.DecodeStub(svc.channel)
-            deadline = time.monotonic() + within_s
-            while True:
-                try:
-                    stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS),
-                                 timeout=5)
-                    break
-                except grpc.RpcError as e:
-                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
-                    assert time.monotonic() < deadline, f"{svc.address}: the pool did not become free in time"
-                    time.sleep(0.02)
-            assert stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
+        assert_decode_pools_free(self.decode, within_s)
+
+
+def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0) -> None:
+    """Reserving every page of every decode worker succeeds (retried for `within_s`)."""
+    for svc in decode:
+        stub = decode_pb2_grpc.DecodeStub(svc.channel)
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert time.monotonic() < deadline, f"{svc.address}: the pool did not become free in time"
+                time.sleep(0.02)
+        assert stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
 
 
 def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = (),

@@ -6,16 +6,14 @@ Each test drives its own event loop with asyncio.run (the aio channels belong to
 from __future__ import annotations
 
 import asyncio
-import time
 from contextlib import aclosing
 
-import grpc
 import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc, tokenizer_pb2_grpc
+from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc, tokenizer_pb2_grpc
 from services.common.channel import make_channel
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.gateway.pipeline import ContextLengthError, Delta, InvalidRequestError, RequestPipeline
@@ -23,11 +21,9 @@ from services.gateway.workers import Worker, WorkerPool
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
+from tests.services.gateway.mesh import DECODE_KV_BLOCKS, assert_decode_pools_free
 from tests.services.service_process import ServiceProcess as Service
 
-DECODE_KV_BLOCKS = 128
-BLOCK_SIZE = 16
-WHOLE_POOL_TOKENS = DECODE_KV_BLOCKS * BLOCK_SIZE - 1  # the context (2048) refuses one more token
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
 
@@ -103,19 +99,7 @@ def joined(deltas: list[Delta]) -> tuple[str, list[int]]:
 
 
 def assert_pools_free(mesh, within_s: float = 1.0) -> None:
-    """Reserving every page of every decode worker succeeds (retried for `within_s`)."""
-    for svc in mesh[2]:
-        stub = decode_pb2_grpc.DecodeStub(svc.channel)
-        deadline = time.monotonic() + within_s
-        while True:
-            try:
-                stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
-                break
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
-                assert time.monotonic() < deadline, f"{svc.address}: the pool did not become free in time"
-                time.sleep(0.02)
-        assert stub.Abort(decode_pb2.AbortRequest(request_id="probe"), timeout=5).found
+    assert_decode_pools_free(mesh[2], within_s)
 
 
 async def pools_free_soon(pipeline: RequestPipeline, mesh) -> None:
