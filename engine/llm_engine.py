@@ -187,6 +187,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             new_logprobs=seq.output_logprobs[start:],
             num_cached_tokens=seq.num_cached_tokens,
+            held_block_ids=self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else [],
         )
 
     def generate(

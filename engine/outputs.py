@@ -18,3 +18,6 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # A "prefilled" request's pages, in prompt order, held until `release`: handed out with
+    # the output so whoever copies them needs no second call into the engine.
+    held_block_ids: list[int] = field(default_factory=list)

@@ -96,10 +96,6 @@ class EngineLoop:
         await self.call(add)
         return outputs
 
-    async def held_block_ids(self, request_id: str) -> list[int]:
-        """The pages a "prefilled" request holds, in prompt order (KeyError if none)."""
-        return await self.call(lambda engine: engine.held_block_ids(request_id))
-
     async def release(self, request_id: str) -> bool:
         """Free a "prefilled" request's held pages. False if nothing was held."""
         return await self.call(lambda engine: engine.release(request_id))

@@ -146,7 +146,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}")
                 target = reserved_target(target, made)
                 transport, dest = await self._open_target(target, num_blocks, context)
-            src_blocks = (await engine_loop.held_block_ids(request_id))[:num_blocks]
+            src_blocks = out.held_block_ids[:num_blocks]
             # Shielded: a cancelled call must not release the pages while the write still reads them.
             pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
             try:

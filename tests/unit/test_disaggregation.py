@@ -46,6 +46,7 @@ def test_handoff_gives_the_colocated_tokens(tiny_demo_model, kind):
     first = finish(prefill)["r"]
     assert first.finish_reason == "prefilled" and len(first.token_ids) == 1
     src = prefill.held_block_ids("r")
+    assert first.held_block_ids == src  # handed out with the output too
     dst = decode.reserve("r", len(prompt))
     assert len(dst) == len(src) == 5  # 70 tokens in blocks of 16
     decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]
