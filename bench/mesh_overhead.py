@@ -24,19 +24,13 @@ The last line of output is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import os
 import random
-import re
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-
-import asyncio
 
 import grpc
 import httpx
@@ -46,6 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.local_mesh import LocalMesh, log  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -60,39 +55,8 @@ KV_BLOCKS = 1024  # both sides: what the prefill and decode workers default to
 SETTLE_S = 0.3
 
 
-def log(message: str) -> None:
-    print(f"{message}  [load {os.getloadavg()[0]:.2f}]", flush=True)
-
-
 def p50_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
-
-
-class LocalMesh:
-    """`baton up` as a subprocess; its addresses from the banner and process table."""
-
-    def __init__(self, model_dir: Path):
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "up", "--model", str(model_dir), "--port", "0"],
-                                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.addresses: dict[str, str] = {}
-        deadline = time.monotonic() + 300
-        for line in self.proc.stdout:
-            if match := re.match(r"Baton is up: OpenAI API at http://(\S+)/v1 \(model (.+)\); gRPC Generate at (\S+)",
-                                 line):
-                self.http, self.model_name, self.grpc = match.groups()
-            elif match := re.match(r"\s+(\S+)\s+\d+\s+(\d+\.\d+\.\d+\.\d+:\d+)", line):
-                self.addresses[match.group(1)] = match.group(2)
-            elif line.startswith("Stop with Ctrl-C"):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("baton up did not come up in 300 s")
-        else:
-            raise RuntimeError(f"baton up exited with {self.proc.wait()}")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
 
 
 def measure_rtt(address: str, n: int = 500) -> float:

@@ -38,14 +38,10 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import re
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +51,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.local_mesh import LocalMesh, log  # noqa: E402
 from engine.demo_model import ensure_demo_model
 
 POLICIES = ("prefix", "load", "random")
@@ -66,49 +63,19 @@ PUBLISH_WAIT_S = 1.0  # > the publisher's 0.25 s interval and the router's 1 s i
 SETTLE_S = 0.3
 
 
-def log(message: str) -> None:
-    print(f"{message}  [load {os.getloadavg()[0]:.2f}]", flush=True)
-
-
 def percentile_ms(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] * 1e3
 
 
-class LocalMesh:
-    """`baton up` as a subprocess, configured through BATON_* variables in `env`; its
-    OpenAI address and model name from the banner."""
-
-    def __init__(self, model_dir: Path, num_prefill: int, env: dict[str, str]):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "up", "--model", str(model_dir), "--prefill", str(num_prefill),
-             "--decode", "1", "--port", "0", "--no-kvstore"],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env})
-        deadline = time.monotonic() + 300
-        for line in self.proc.stdout:
-            if match := re.match(r"Baton is up: OpenAI API at http://(\S+)/v1 \(model (.+)\);", line):
-                self.http, self.model_name = match.groups()
-            elif line.startswith("Stop with Ctrl-C"):
-                break
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("baton up did not come up in 300 s")
-        else:
-            raise RuntimeError(f"baton up exited with {self.proc.wait()}")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-
-    def router_metrics(self) -> dict[str, float]:
-        """The gateway's routing counters (decisions by kind, matched and routed blocks)."""
-        text = httpx.get(f"http://{self.http}/metrics", timeout=10).text
-        figures = {}
-        for match in re.finditer(r'^baton_router_(requests_total\{decision="(\w+)"\}|matched_blocks_total|'
-                                 r'prompt_blocks_total) (\S+)$', text, re.MULTILINE):
-            figures[match.group(2) or match.group(1)] = float(match.group(3))
-        return figures
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+def router_metrics(mesh: LocalMesh) -> dict[str, float]:
+    """The gateway's routing counters (decisions by kind, matched and routed blocks)."""
+    text = httpx.get(f"http://{mesh.http}/metrics", timeout=10).text
+    figures = {}
+    for match in re.finditer(r'^baton_router_(requests_total\{decision="(\w+)"\}|matched_blocks_total|'
+                             r'prompt_blocks_total) (\S+)$', text, re.MULTILINE):
+        figures[match.group(2) or match.group(1)] = float(match.group(3))
+    return figures
 
 
 @dataclass
@@ -186,15 +153,15 @@ def bench_policy(policy: str, model_dir: Path, num_prefill: int, kv_blocks: int,
     if args.overlap_weight is not None:
         env["BATON_ROUTER_OVERLAP_WEIGHT"] = str(args.overlap_weight)
     started = time.perf_counter()
-    mesh = LocalMesh(model_dir, num_prefill, env)
+    mesh = LocalMesh(model_dir, "--prefill", str(num_prefill), "--decode", "1", "--no-kvstore", env=env)
     try:
         log(f"[{policy}] mesh up in {time.perf_counter() - started:.1f} s at {mesh.http}")
         asyncio.run(warm_up(mesh, vocab_size, args.warmup))
         time.sleep(PUBLISH_WAIT_S)  # the router knows both workers' instance ids
-        before = mesh.router_metrics()
+        before = router_metrics(mesh)
         results, firsts, wall_s = asyncio.run(run_workload(mesh, systems, requests, args.concurrency))
         time.sleep(0.1)
-        after = mesh.router_metrics()
+        after = router_metrics(mesh)
     except BaseException:
         mesh.stop()
         raise
@@ -277,8 +244,9 @@ def main(argv=None) -> int:
         finally:
             mesh.stop()
 
-    off_mesh = LocalMesh(model_dir, 2, {"BATON_LOCAL_PREFILL_MAX_TOKENS": "0", "BATON_PREFILL_PREFIX_CACHING": "0",
-                                        "BATON_PREFILL_KV_BLOCKS": str(kv_blocks)})
+    off_mesh = LocalMesh(model_dir, "--prefill", "2", "--decode", "1", "--no-kvstore",
+                         env={"BATON_LOCAL_PREFILL_MAX_TOKENS": "0", "BATON_PREFILL_PREFIX_CACHING": "0",
+                              "BATON_PREFILL_KV_BLOCKS": str(kv_blocks)})
     try:
         asyncio.run(warm_up(off_mesh, vocab_size, args.warmup))
         cache_off = shared_prompt_ttft(off_mesh, vocab_size, args, seed=args.seed + 1)

@@ -1,0 +1,52 @@
+"""`baton up` as a subprocess for benchmarks: started, read until it is up, stopped."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 300
+
+
+def log(message: str) -> None:
+    # The load average says how much a neighbour may have skewed what was just measured.
+    print(f"{message}  [load {os.getloadavg()[0]:.2f}]", flush=True)
+
+
+class LocalMesh:
+    """`baton up --model DIR --port 0 *up_args`, its services configured further through
+    BATON_* variables in `env`. Its OpenAI address, gRPC address and model name come from
+    the banner, every process's address from the table after it."""
+
+    def __init__(self, model_dir: Path, *up_args: str, env: dict[str, str] | None = None):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "up", "--model", str(model_dir), "--port", "0", *up_args],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, **(env or {})})
+        self.addresses: dict[str, str] = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for line in self.proc.stdout:
+            if match := re.match(r"Baton is up: OpenAI API at http://(\S+)/v1 \(model (.+)\); gRPC Generate at (\S+)",
+                                 line):
+                self.http, self.model_name, self.grpc = match.groups()
+            elif match := re.match(r"\s+(\S+)\s+\d+\s+(\d+\.\d+\.\d+\.\d+:\d+)", line):
+                self.addresses[match.group(1)] = match.group(2)
+            elif line.startswith("Stop with Ctrl-C"):
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"baton up did not come up in {START_TIMEOUT_S} s")
+        else:
+            raise RuntimeError(f"baton up exited with {self.proc.wait()}")
+        # Keep reading its output, so a full pipe never stalls the services.
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
