@@ -17,8 +17,8 @@ import torch
 
 from protos import kvstore_pb2, kvstore_pb2_grpc
 from services.decode.leases import LeaseTable
-from services.kvstore.converters import ChecksumError, chunk_from_proto
-from services.kvstore.layout import LayoutMismatchError, PageLayout
+from services.kvstore.converters import chunk_or_abort
+from services.kvstore.layout import PageLayout
 from services.kvstore.page_chunks import scatter_chunk
 
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
@@ -44,15 +44,8 @@ class KVReceiver(kvstore_pb2_grpc.KVStoreServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the decode worker is still loading")
         num_chunks = num_bytes = 0
         async for chunk in request_iterator:
-            try:
-                received = chunk_from_proto(chunk, self.layout)
-            except LayoutMismatchError as e:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                    f"the pages do not fit this decode worker's pool: {e}")
-            except ChecksumError as e:
-                await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
-            except ValueError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            received = await chunk_or_abort(chunk, self.layout, context,
+                                            "the pages do not fit this decode worker's pool")
             if received.block_hashes:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "a decode worker takes pages into a reservation (block_ids), not by block hash")

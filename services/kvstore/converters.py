@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import grpc
 import torch
 
 from protos import kvstore_pb2
@@ -84,3 +85,17 @@ def chunk_from_proto(chunk: kvstore_pb2.PageChunk, expected: PageLayout | None) 
     pages = chunk_view(chunk.data, layout, chunk.layer_end - chunk.layer_start, num_blocks)
     return ReceivedChunk(layout, chunk.layer_start, chunk.layer_end, list(chunk.block_ids),
                          list(chunk.block_hashes), pages)
+
+
+async def chunk_or_abort(chunk: kvstore_pb2.PageChunk, expected: PageLayout | None, context,
+                         mismatch: str) -> ReceivedChunk:
+    """`chunk_from_proto` for a servicer: a refused chunk ends the call with the status
+    kvstore.proto names (FAILED_PRECONDITION prefixed by `mismatch`, DATA_LOSS, INVALID_ARGUMENT)."""
+    try:
+        return chunk_from_proto(chunk, expected)
+    except LayoutMismatchError as e:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{mismatch}: {e}")
+    except ChecksumError as e:
+        await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
+    except ValueError as e:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

@@ -23,7 +23,7 @@ import torch
 
 from protos import kvstore_pb2, kvstore_pb2_grpc
 from services.common.converters import layout_from_proto
-from services.kvstore.converters import ChecksumError, chunk_from_proto, pages_to_proto
+from services.kvstore.converters import chunk_or_abort, pages_to_proto
 from services.kvstore.host_tier import HostPageTier, StoredBlock
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.page_chunks import plan_chunks
@@ -52,14 +52,7 @@ class KVStoreNodeServicer(kvstore_pb2_grpc.KVStoreServicer):
         staged: dict[int, _StagedBlock] = {}
         num_chunks = num_bytes = 0
         async for chunk in request_iterator:
-            try:
-                received = chunk_from_proto(chunk, layout)
-            except LayoutMismatchError as e:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"refused KV layout: {e}")
-            except ChecksumError as e:
-                await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
-            except ValueError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            received = await chunk_or_abort(chunk, layout, context, "refused KV layout")
             if received.block_ids:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "a kvstore node stores pages by block hash, not reservation block ids")
