@@ -190,6 +190,78 @@ def test_out_of_blocks_raises_before_changing_anything():
     mgr.check_integrity()
 
 
+def interleaved(mgr: BlockManager, rids, num_blocks: int) -> list[Sequence]:
+    """Sequences decoding side by side, each taking one page per step: their pages interleave."""
+    seqs = [admitted(mgr, rid, [7]) for rid in rids]
+    for _ in range(num_blocks - 1):
+        for seq in seqs:
+            compute(mgr, seq)
+            seq.append_token(7)
+            seq.token_ids[len(seq.token_ids):] = [7] * (BS - 1)  # up to the next block's first slot
+            mgr.append_slot(seq)
+    return seqs
+
+
+def test_a_reservation_after_interleaved_decoding_is_one_run():
+    mgr = BlockManager(8, BS, enable_prefix_caching=False)
+    a, b = interleaved(mgr, ["a", "b"], 4)
+    assert (a.block_table, b.block_table) == ([0, 2, 4, 6], [1, 3, 5, 7])
+    mgr.free(a)
+    mgr.free(b)
+    assert list(mgr.free_block_ids) == [6, 4, 2, 0, 7, 5, 3, 1]
+    # Strict LRU would give [0, 2, 4, 6]: four runs, four small copies per (layer, K/V, head)
+    # row. Of the 8 least recently freed, the 4-long stretch freed earliest.
+    assert mgr.reserve("r", 4) == [4, 5, 6, 7]
+    assert list(mgr.free_block_ids) == [2, 0, 3, 1]
+    assert mgr.reserve("s", 4) == [0, 1, 2, 3]
+    mgr.check_integrity()
+
+
+def test_runs_are_taken_only_among_the_2n_least_recently_freed():
+    mgr = BlockManager(16, BS)
+    a, _ = interleaved(mgr, ["a", "b"], 4)
+    c = admitted(mgr, "c", range(100, 132), computed=True)
+    assert c.block_table == list(range(8, 16))
+    mgr.free(a)
+    mgr.free(c)  # the freshest: a long run, but its cached prefix is the last to go
+    assert list(mgr.free_block_ids) == [6, 4, 2, 0, *range(15, 7, -1)]
+    # No two of the 4 oldest are consecutive: the LRU head, as strict LRU takes it.
+    assert mgr.reserve("r", 2) == [4, 6]
+    assert mgr.num_cached_prefix_tokens(list(range(100, 133))) == 32
+    # 6 blocks: candidates 2, 0 and the 10 oldest of c's pages (15 .. 6 of them): the run.
+    assert mgr.reserve("s", 6) == list(range(10, 16))
+    assert mgr.num_cached_prefix_tokens(list(range(100, 133))) == 8  # c's blocks 8, 9 survive
+    mgr.check_integrity()
+
+
+def test_unconsecutive_candidates_are_taken_in_lru_order():
+    mgr = BlockManager(16, BS)
+    a, _, c, _ = seqs = interleaved(mgr, ["a", "b", "c", "d"], 4)
+    for seq in seqs:
+        compute(mgr, seq)
+    mgr.free(c)
+    mgr.free(a)
+    assert list(mgr.free_block_ids) == [14, 10, 6, 2, 12, 8, 4, 0]
+    # No two of the 6 oldest are consecutive: the 3 oldest, as strict LRU takes them.
+    assert mgr.reserve("r", 3) == [6, 10, 14]
+    assert list(mgr.free_block_ids) == [2, 12, 8, 4, 0]
+    mgr.check_integrity()
+
+
+def test_take_free_blocks_spares_the_queue_tail_and_raises_before_changing_anything():
+    mgr = BlockManager(8, BS)
+    a = admitted(mgr, "a", range(16), computed=True)  # 0..3, cached
+    mgr.free(a)
+    assert list(mgr.free_block_ids) == [4, 5, 6, 7, 3, 2, 1, 0]
+    with pytest.raises(RuntimeError):
+        mgr._take_free_blocks(5, keep_last=4)
+    assert mgr.num_free_blocks == 8
+    # Without keep_last the 8 candidates would hold a run of 5 ending in a's pages.
+    assert mgr._take_free_blocks(4, keep_last=4) == [4, 5, 6, 7]
+    assert list(mgr.free_block_ids) == [3, 2, 1, 0]
+    assert mgr.num_cached_prefix_tokens(list(range(17))) == 16
+
+
 class BlockManagerMachine(RuleBasedStateMachine):
     """Random admit / step / fork / free / preempt against a model of what each page holds.
 
@@ -207,6 +279,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.pages: list[list[int | None]] = [[None] * BS for _ in range(self.num_blocks)]
         self.live: dict[str, Sequence] = {}
         self.preempted: list[Sequence] = []
+        self.reserved: dict[str, list[int]] = {}
         self.ids = itertools.count()
 
     def _admit(self, seq: Sequence) -> bool:
@@ -257,6 +330,34 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq.num_computed_tokens += num_new
         self.mgr.cache_computed_blocks(seq)
 
+    @rule(n=st.integers(1, 4))
+    def reserve(self, n):
+        if not self.mgr.can_reserve(n):
+            return
+        rid = f"r{next(self.ids)}"
+        block_ids = self.mgr.reserve(rid, n)
+        assert block_ids == sorted(set(block_ids)) and len(block_ids) == n
+        for block_id in block_ids:
+            assert (self.mgr.blocks[block_id].ref_count, self.mgr.blocks[block_id].hash) == (1, None)
+        self.reserved[rid] = block_ids
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data(), adopt=st.booleans())
+    def settle(self, data, adopt):
+        """Adopt a reservation whose KV another worker wrote, or release it."""
+        rid = data.draw(st.sampled_from(sorted(self.reserved)))
+        block_ids = self.reserved.pop(rid)
+        if not adopt:
+            assert self.mgr.release(rid)
+            return
+        n = data.draw(st.integers((len(block_ids) - 1) * BS + 1, len(block_ids) * BS))
+        seq = make_seq(rid, data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
+        seq.num_computed_tokens = n
+        for pos, token in enumerate(seq.token_ids):
+            self.pages[block_ids[pos // BS]][pos % BS] = token
+        self.mgr.adopt(rid, seq)
+        self.live[rid] = seq
+
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def fork(self, data):
@@ -295,6 +396,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def teardown(self):
         for seq in self.live.values():
             self.mgr.free(seq)
+        for rid in self.reserved:
+            self.mgr.release(rid)
         self.mgr.check_integrity()
         assert self.mgr.num_free_blocks == self.num_blocks
 
