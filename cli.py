@@ -2,7 +2,8 @@
 
 `baton generate` runs one prompt through an in-process engine and streams the
 text (or prints one JSON object); `baton up` runs every service as a local process
-and prints where the API listens; `baton make-demo-model` writes the random-weight
+and prints where the API listens; `baton bench` measures any OpenAI-compatible
+server under load; `baton make-demo-model` writes the random-weight
 demo model. Every failure is one line on stderr and exit status 2 (`baton up`:
 1 when a service it runs fails); set BATON_DEBUG=1 to see the traceback instead.
 """
@@ -112,6 +113,13 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
                     help="seconds each process may take to exit after SIGTERM before SIGKILL (default 15)")
     up.set_defaults(run=_up)
+
+    from loadgen.command import DESCRIPTION as BENCH_DESCRIPTION, add_bench_arguments
+
+    bench = sub.add_parser("bench", help="measure any OpenAI-compatible server under load",
+                           description=BENCH_DESCRIPTION)
+    add_bench_arguments(bench)
+    bench.set_defaults(run=_bench)
 
     demo = sub.add_parser("make-demo-model", help="write a tiny random-weight Llama model directory",
                           description="Write a random-weight LlamaForCausalLM directory with a locally "
@@ -236,6 +244,12 @@ def _up(args: argparse.Namespace) -> int:
         return await Mesh(config).run()
 
     return asyncio.run(run())
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from loadgen.command import run_bench
+
+    return run_bench(args)
 
 
 def _demo_model_dir() -> str:
