@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/prefill.proto\x12\x10\x62\x61ton.prefill.v1\x1a\x13protos/common.proto\"\x9e\x02\n\x08KVTarget\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\x05\x12/\n\ttransport\x18\x04 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12)\n\x06layout\x18\x06 \x01(\x0b\x32\x19.baton.common.v1.KVLayout\x12\x17\n\x0f\x63uda_ipc_handle\x18\x07 \x01(\x0c\x12\x16\n\x0e\x64\x65\x63ode_host_id\x18\x08 \x01(\t\x12\x30\n\ntransports\x18\t \x03(\x0e\x32\x1c.baton.common.v1.KVTransport\"\x96\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12*\n\x06target\x18\x04 \x01(\x0b\x32\x1a.baton.prefill.v1.KVTarget\"\xac\x01\n\x0ePrefillTimings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x1b\n\x13kv_transfer_seconds\x18\x03 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x04 \x01(\x04\x12\x32\n\x0ckv_transport\x18\x05 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\"\xf5\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12.\n\x08logprobs\x18\x02 \x01(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x31\n\x07timings\x18\x04 \x01(\x0b\x32 .baton.prefill.v1.PrefillTimings\x12\x34\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12\x16\n\x0ereservation_id\x18\x06 \x01(\t2Y\n\x07Prefill\x12N\n\x07Prefill\x12 .baton.prefill.v1.PrefillRequest\x1a!.baton.prefill.v1.PrefillResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/prefill.proto\x12\x10\x62\x61ton.prefill.v1\x1a\x13protos/common.proto\"\x9e\x02\n\x08KVTarget\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\x05\x12/\n\ttransport\x18\x04 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12)\n\x06layout\x18\x06 \x01(\x0b\x32\x19.baton.common.v1.KVLayout\x12\x17\n\x0f\x63uda_ipc_handle\x18\x07 \x01(\x0c\x12\x16\n\x0e\x64\x65\x63ode_host_id\x18\x08 \x01(\t\x12\x30\n\ntransports\x18\t \x03(\x0e\x32\x1c.baton.common.v1.KVTransport\"\xcb\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12*\n\x06target\x18\x04 \x01(\x0b\x32\x1a.baton.prefill.v1.KVTarget\x12\x33\n\thost_tier\x18\x05 \x01(\x0b\x32 .baton.prefill.v1.HostTierSource\"5\n\x0eHostTierSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"\xcc\x01\n\x0ePrefillTimings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x1b\n\x13kv_transfer_seconds\x18\x03 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x04 \x01(\x04\x12\x32\n\x0ckv_transport\x18\x05 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x1e\n\x16host_tier_read_seconds\x18\x06 \x01(\x01\"\x93\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12.\n\x08logprobs\x18\x02 \x01(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x31\n\x07timings\x18\x04 \x01(\x0b\x32 .baton.prefill.v1.PrefillTimings\x12\x34\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12\x16\n\x0ereservation_id\x18\x06 \x01(\t\x12\x1c\n\x14num_host_tier_tokens\x18\x07 \x01(\r2Y\n\x07Prefill\x12N\n\x07Prefill\x12 .baton.prefill.v1.PrefillRequest\x1a!.baton.prefill.v1.PrefillResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVTARGET']._serialized_start=64
   _globals['_KVTARGET']._serialized_end=350
   _globals['_PREFILLREQUEST']._serialized_start=353
-  _globals['_PREFILLREQUEST']._serialized_end=503
-  _globals['_PREFILLTIMINGS']._serialized_start=506
-  _globals['_PREFILLTIMINGS']._serialized_end=678
-  _globals['_PREFILLRESPONSE']._serialized_start=681
-  _globals['_PREFILLRESPONSE']._serialized_end=926
-  _globals['_PREFILL']._serialized_start=928
-  _globals['_PREFILL']._serialized_end=1017
+  _globals['_PREFILLREQUEST']._serialized_end=556
+  _globals['_HOSTTIERSOURCE']._serialized_start=558
+  _globals['_HOSTTIERSOURCE']._serialized_end=611
+  _globals['_PREFILLTIMINGS']._serialized_start=614
+  _globals['_PREFILLTIMINGS']._serialized_end=818
+  _globals['_PREFILLRESPONSE']._serialized_start=821
+  _globals['_PREFILLRESPONSE']._serialized_end=1096
+  _globals['_PREFILL']._serialized_start=1098
+  _globals['_PREFILL']._serialized_end=1187
 # @@protoc_insertion_point(module_scope)

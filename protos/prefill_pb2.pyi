@@ -30,43 +30,57 @@ class KVTarget(_message.Message):
     def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ..., decode_host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KVTransport, str]]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "target")
+    __slots__ = ("request_id", "token_ids", "sampling", "target", "host_tier")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    HOST_TIER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     target: KVTarget
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., target: _Optional[_Union[KVTarget, _Mapping]] = ...) -> None: ...
+    host_tier: HostTierSource
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., target: _Optional[_Union[KVTarget, _Mapping]] = ..., host_tier: _Optional[_Union[HostTierSource, _Mapping]] = ...) -> None: ...
+
+class HostTierSource(_message.Message):
+    __slots__ = ("address", "num_blocks")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    num_blocks: int
+    def __init__(self, address: _Optional[str] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport")
+    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds")
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    HOST_TIER_READ_SECONDS_FIELD_NUMBER: _ClassVar[int]
     queue_seconds: float
     prefill_seconds: float
     kv_transfer_seconds: float
     kv_transfer_bytes: int
     kv_transport: _common_pb2.KVTransport
-    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ...) -> None: ...
+    host_tier_read_seconds: float
+    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id")
+    __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id", "num_host_tier_tokens")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOST_TIER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     logprobs: _common_pb2.TopLogprobs
     num_cached_tokens: int
     timings: PrefillTimings
     finish_reason: _common_pb2.FinishReason
     reservation_id: str
-    def __init__(self, first_token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TopLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., reservation_id: _Optional[str] = ...) -> None: ...
+    num_host_tier_tokens: int
+    def __init__(self, first_token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TopLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., reservation_id: _Optional[str] = ..., num_host_tier_tokens: _Optional[int] = ...) -> None: ...

@@ -1,7 +1,8 @@
 """The one way a Baton service process runs: `python -m services.<name>` calls `run_service`.
 
-Binds first and prints `<name> listening on HOST:PORT` (the line `baton up` reads),
-then starts the service (loads its model, warms up) while health reports
+Binds first and prints `<name> listening on HOST:PORT` (the line `baton up` reads);
+a worker whose config has `metrics_port` (not -1) then serves Prometheus' /metrics there
+and prints `<name> metrics on HOST:PORT`. Then it starts the service (loads its model, warms up) while health reports
 NOT_SERVING, then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight
 calls get a grace period, the service releases what it holds, exit code 0. A bad
 setting, an address that cannot be bound or an unloadable model exits 2 with one
@@ -20,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 from grpc_health.v1 import health
 
 from services.common.grpc_server import AddServicer, make_server, set_serving, stop_server
+from services.common.metrics import ServiceMetrics
 from services.common.settings import ConfigError
 
 T = TypeVar("T")
@@ -27,7 +29,9 @@ C = TypeVar("C", bound="ServiceConfig")
 
 
 class ServiceConfig(Protocol):
-    """What the entry point reads from a service's config dataclass."""
+    """What the entry point reads from a service's config dataclass. Read too when present:
+    `metrics_port` (-1: none; absent: the service serves its metrics itself, as the gateway
+    on its HTTP port), `instance_id` and `served_model_name` (the metrics' labels)."""
     model_dir: Path | None  # None: the service loads no model (kvstore)
     host: str
     max_message_bytes: int
@@ -42,6 +46,7 @@ class Service(Protocol):
     servicers: Sequence[tuple[AddServicer, Any]]  # registered on the server before it binds
     service_names: Sequence[str]  # what health and reflection report
     port: int  # set by the entry point once the server is bound, before `start`
+    metrics: ServiceMetrics  # set by the entry point once the server is bound, before `start`
 
     async def start(self, stop: asyncio.Event) -> str | None:
         """Load and warm up while health is NOT_SERVING. Return the line to log once SERVING,
@@ -100,9 +105,18 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
         return 2
     await server.start()
     print(f"{name} listening on {config.host}:{port}", flush=True)
+    metrics = service_metrics(name, config, port)
     try:
         try:
+            metrics_port = getattr(config, "metrics_port", -1)
+            if metrics_port != -1:
+                try:
+                    metrics_port = metrics.serve_http(config.host, metrics_port)
+                except OSError as e:
+                    raise StartError(f"cannot serve metrics on {config.host}:{metrics_port}: {e}") from e
+                print(f"{name} metrics on {config.host}:{metrics_port}", flush=True)
             service.port = port
+            service.metrics = metrics
             serving_line = await service.start(stop)
         except ModelLoadError as e:
             print(f"{name}: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
@@ -116,8 +130,18 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
             await stop.wait()
         return 0
     finally:
+        closing_metrics = asyncio.create_task(asyncio.to_thread(metrics.close))  # meanwhile: it polls
         await stop_server(server, health_servicer, grace_s=config.grace_s)
         await service.close()
+        await closing_metrics
+
+
+def service_metrics(name: str, config: ServiceConfig, port: int) -> ServiceMetrics:
+    """Labelled with the served model's name (the model directory's by default), and the
+    instance id (`NAME-HOST-PORT` by default, as the instance registry names a worker)."""
+    model = getattr(config, "served_model_name", "") or (config.model_dir.name if config.model_dir else "")
+    instance = getattr(config, "instance_id", "") or f"{name}-{config.host}-{port}"
+    return ServiceMetrics(name, model=model, instance=instance)
 
 
 def run_service(name: str, config_from_args: Callable[[Sequence[str] | None], C],

@@ -1,8 +1,9 @@
-"""`InstancePublisher`: a worker's background task that keeps Redis told what it is and holds.
+"""`InstancePublisher`: an instance's background task that keeps Redis told what it is and holds.
 
 Every `interval_s` (0.25 s, at most a third of the registry TTL) it reads a small
-snapshot on the engine thread (load figures, and the prefix cache's hashes added and
-evicted since the last read), heartbeats its `InstanceInfo` (services/common/registry.py)
+snapshot of its `Holdings` (load figures, and the block hashes added and evicted
+since the last read: a worker's prefix cache, read on its engine thread, or a kvstore
+node's host tier), heartbeats its `InstanceInfo` (services/common/registry.py)
 and publishes or removes those hashes (services/kvstore/prefix_index.py): routers see
 fresh load and a new prefix within a fraction of a second. Every `index_ttl_s / 3` it
 also refreshes every hash it holds, so none lapses while held. An eviction therefore
@@ -25,7 +26,7 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -55,47 +56,83 @@ def advertised_address(host: str, port: int) -> str:
         return f"{name}:{port}"
 
 
+# Block hashes by model key (the hex model fingerprint): a kvstore node holds any model's pages.
+HashesByModel = dict[str, list[int]]
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What one tick reads on the engine thread."""
+    """What one tick reads."""
 
     queued_tokens: int
     free_pages: int
     total_pages: int
     running: int
     waiting: int
-    added: list[int]
-    removed: list[int]
-    held: list[int] | None  # every cached hash, when a full refresh is due
+    added: HashesByModel
+    removed: HashesByModel
+    held: HashesByModel | None  # every held hash, when a full refresh is due
 
 
-def read_snapshot(engine: LLMEngine, with_held: bool) -> Snapshot:
-    """On the engine thread: O(requests queued and running) plus, with `with_held`, one
-    copy of the cached hashes."""
-    scheduler, blocks = engine.scheduler, engine.block_manager
-    added, removed = blocks.drain_cache_events()
-    return Snapshot(
-        queued_tokens=sum(seq.num_uncomputed_tokens for seq in (*scheduler.waiting, *scheduler.running)),
-        free_pages=blocks.num_free_blocks, total_pages=blocks.num_blocks,
-        running=len(scheduler.running), waiting=len(scheduler.waiting),
-        added=added, removed=removed, held=blocks.cached_hashes() if with_held else None,
-    )
+class Holdings(Protocol):
+    """What an instance holds and how loaded it is, as its publisher reads them."""
+
+    async def start_recording(self) -> None:
+        """From now on, record the hashes added and evicted (for `snapshot`)."""
+
+    async def snapshot(self, with_held: bool) -> Snapshot:
+        """Load figures and the changes since the last snapshot; with `with_held`, everything held."""
+
+    async def held(self) -> HashesByModel:
+        """Every hash held now."""
+
+
+class EngineHoldings:
+    """A worker's prefix cache and scheduler, read on its engine thread."""
+
+    def __init__(self, engine_loop: EngineLoop, model_key: str) -> None:
+        self.engine_loop = engine_loop
+        self.model_key = model_key
+
+    async def start_recording(self) -> None:
+        await self.engine_loop.call(lambda engine: engine.block_manager.enable_cache_events())
+
+    async def snapshot(self, with_held: bool) -> Snapshot:
+        return await self.engine_loop.call(lambda engine: self._read(engine, with_held))
+
+    async def held(self) -> HashesByModel:
+        return {self.model_key: await self.engine_loop.call(lambda engine: engine.block_manager.cached_hashes())}
+
+    def _read(self, engine: LLMEngine, with_held: bool) -> Snapshot:
+        """On the engine thread: O(requests queued and running) plus, with `with_held`, one
+        copy of the cached hashes."""
+        scheduler, blocks = engine.scheduler, engine.block_manager
+        added, removed = blocks.drain_cache_events()
+        return Snapshot(
+            queued_tokens=sum(seq.num_uncomputed_tokens for seq in (*scheduler.waiting, *scheduler.running)),
+            free_pages=blocks.num_free_blocks, total_pages=blocks.num_blocks,
+            running=len(scheduler.running), waiting=len(scheduler.waiting),
+            added={self.model_key: added}, removed={self.model_key: removed},
+            held={self.model_key: blocks.cached_hashes()} if with_held else None,
+        )
 
 
 class InstancePublisher:
-    """Heartbeats `identity` (its load fields filled in each tick) and, with `publish_blocks`,
-    publishes the engine's prefix cache. `start` once the engine loop runs (and the worker is
-    warm: a heartbeat puts it into routing); `close` before the engine loop stops."""
+    """Heartbeats `identity` (its load fields filled in each tick from `holdings`) and, with
+    `publish_blocks`, publishes the hashes `holdings` holds. `start` once the instance serves
+    (a worker: once warm, since a heartbeat puts it into routing); `close` before what
+    `holdings` reads stops (a worker's engine loop)."""
 
-    def __init__(self, redis: Redis, engine_loop: EngineLoop, identity: InstanceInfo, *,
+    def __init__(self, redis: Redis, holdings: Holdings, identity: InstanceInfo, *,
                  publish_blocks: bool, registry_ttl_s: float = 3.0, index_ttl_s: float = 30.0,
                  interval_s: float = 0.25) -> None:
         self.redis = redis
-        self.engine_loop = engine_loop
+        self.holdings = holdings
         self.identity = identity
         self.publish_blocks = publish_blocks
         self.registry = InstanceRegistry(redis, registry_ttl_s)
-        self.index = PrefixIndex(redis, identity.model_key, index_ttl_s)
+        self.index_ttl_s = index_ttl_s
+        self._indexes: dict[str, PrefixIndex] = {}
         self.interval_s = min(interval_s, registry_ttl_s / 3)
         self.refresh_s = index_ttl_s / 3
         self._last_refresh = float("-inf")
@@ -108,7 +145,7 @@ class InstancePublisher:
         """Heartbeat from now on. Once `stop` is set (the service's SIGTERM), leave the registry
         and the index at once, before in-flight calls drain, so routers stop choosing this worker."""
         if self.publish_blocks:
-            await self.engine_loop.call(lambda engine: engine.block_manager.enable_cache_events())
+            await self.holdings.start_recording()
         self._task = asyncio.create_task(self._run(), name=f"publisher-{self.identity.instance_id}")
         if stop is not None:
             self._watch = asyncio.create_task(self._close_on(stop))
@@ -121,6 +158,21 @@ class InstancePublisher:
         if self._watch is not None:
             self._watch.cancel()
         await self.redis.aclose()
+
+    def _index(self, model_key: str) -> PrefixIndex:
+        if model_key not in self._indexes:
+            self._indexes[model_key] = PrefixIndex(self.redis, model_key, self.index_ttl_s)
+        return self._indexes[model_key]
+
+    async def _publish(self, added: HashesByModel) -> None:
+        for model_key, hashes in added.items():
+            if hashes:
+                await self._index(model_key).publish(self.identity.instance_id, hashes)
+
+    async def _remove(self, removed: HashesByModel) -> None:
+        for model_key, hashes in removed.items():
+            if hashes:
+                await self._index(model_key).remove(self.identity.instance_id, hashes)
 
     async def _close_on(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -146,8 +198,7 @@ class InstancePublisher:
         async def leave() -> None:
             await self.registry.remove(self.identity.kind, instance_id)
             if self.publish_blocks:
-                held = await self.engine_loop.call(lambda engine: engine.block_manager.cached_hashes())
-                await self.index.remove(instance_id, held)
+                await self._remove(await self.holdings.held())
 
         try:
             await asyncio.wait_for(leave(), timeout_s)
@@ -155,9 +206,9 @@ class InstancePublisher:
             log.warning("could not remove %s from Redis (its entries will lapse): %r", instance_id, e)
 
     async def tick(self) -> None:
-        """One heartbeat: read the engine, then tell Redis (one pipelined call per part)."""
+        """One heartbeat: read the holdings, then tell Redis (one pipelined call per part)."""
         is_refresh = self.publish_blocks and (self._is_down or time.monotonic() - self._last_refresh >= self.refresh_s)
-        snap = await self.engine_loop.call(lambda engine: read_snapshot(engine, is_refresh))
+        snap = await self.holdings.snapshot(is_refresh)
         info = dataclasses.replace(self.identity, queued_tokens=snap.queued_tokens, free_pages=snap.free_pages,
                                    total_pages=snap.total_pages, running=snap.running, waiting=snap.waiting)
         instance_id = info.instance_id
@@ -166,10 +217,10 @@ class InstancePublisher:
             if self.publish_blocks:
                 held = snap.held
                 if held is None and is_unknown:  # Redis lost our entries without our noticing (a flush)
-                    held = await self.engine_loop.call(lambda engine: engine.block_manager.cached_hashes())
+                    held = await self.holdings.held()
                     is_refresh = True
-                await self.index.remove(instance_id, snap.removed)
-                await self.index.publish(instance_id, snap.added if held is None else held)
+                await self._remove(snap.removed)
+                await self._publish(snap.added if held is None else held)
         except (RedisError, OSError) as e:
             if not self._is_down:
                 log.warning("Redis unreachable (%s): %s keeps serving and retries every %.1f s",
@@ -187,6 +238,13 @@ def publisher_for(kind: str, config: Any, port: int | None, engine_loop: EngineL
                   block_size: int, publish_blocks: bool) -> InstancePublisher | None:
     """The publisher a worker's config asks for (`redis_url`, `instance_id`, `host`, `registry_ttl_s`,
     `index_ttl_s`), bound to `port`; None without --redis."""
+    return holdings_publisher(kind, config, port, EngineHoldings(engine_loop, model_key), model_key=model_key,
+                              block_size=block_size, publish_blocks=publish_blocks)
+
+
+def holdings_publisher(kind: str, config: Any, port: int | None, holdings: Holdings, *, model_key: str,
+                       block_size: int, publish_blocks: bool) -> InstancePublisher | None:
+    """`publisher_for` over any `Holdings` (a kvstore node's: model_key "", block_size 0)."""
     if not config.redis_url:
         return None
     if port is None:
@@ -195,5 +253,5 @@ def publisher_for(kind: str, config: Any, port: int | None, engine_loop: EngineL
     instance_id = config.instance_id or f"{kind}-{address.replace(':', '-')}"
     identity = InstanceInfo(instance_id=instance_id, kind=kind, address=address, model_key=model_key,
                             block_size=block_size)
-    return InstancePublisher(connect_redis(config.redis_url), engine_loop, identity, publish_blocks=publish_blocks,
+    return InstancePublisher(connect_redis(config.redis_url), holdings, identity, publish_blocks=publish_blocks,
                              registry_ttl_s=config.registry_ttl_s, index_ttl_s=config.index_ttl_s)

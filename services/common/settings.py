@@ -62,6 +62,18 @@ def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> 
                         help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
 
 
+def add_metrics_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_metrics_port: str) -> None:
+    """--metrics-port, per service like the port: where the worker serves Prometheus' /metrics."""
+    parser.add_argument("--metrics-port", type=int, default=env_int(env, env_metrics_port, 0),
+                        help=f"port of the Prometheus /metrics endpoint, on --host; 0 for any free one, "
+                             f"-1 for none (${env_metrics_port})")
+
+
+def check_metrics_port(port: int) -> None:
+    if not -1 <= port <= 65535:
+        raise ConfigError(f"--metrics-port must be in [-1, 65535] (-1: none), got {port}")
+
+
 def add_registry_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_instance_id: str) -> None:
     """--redis (the prefix index and instance registry; shared by every service of a mesh on
     purpose) and --instance-id (per service, like host and port)."""

@@ -1,11 +1,12 @@
-"""`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
+"""`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--kv-blocks N]
 [--max-num-seqs N] [--lease-ms MS] [--redis URL] [--instance-id ID]`
 
 Serves Decode, and beside it on the same port KVStore (kv_receiver.py), through which
 a prefill worker on another host streams pages into the reservations.
 
 Runs through services/common/entrypoint.py: binds and prints `decode listening on
-HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
+HOST:PORT` (the line `baton up` reads) and `decode metrics on HOST:PORT` (Prometheus'
+/metrics: services/common/metrics/), then, while health reports NOT_SERVING,
 loads the engine with its KV pool in a shared-memory segment this process owns,
 and warms it up with dummy requests through reserve → add_prefilled_request →
 decode; then SERVING. With --redis it then heartbeats its load and free pages into
@@ -30,6 +31,7 @@ from protos import decode_pb2_grpc, kvstore_pb2_grpc
 from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
+from services.common.metrics import ServiceMetrics
 from services.decode.config import DecodeServiceConfig
 from services.decode.kv_receiver import SERVICE_NAME as KVSTORE_SERVICE_NAME, KVReceiver
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
@@ -112,6 +114,7 @@ class DecodeService:
         self.servicer = DecodeServicer(lease_ms=config.lease_ms)
         self.receiver = KVReceiver()
         self.port = 0  # the bound one, set by the entry point before `start`
+        self.metrics = ServiceMetrics("decode")  # the entry point's, labelled and served, replaces it
         self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer),
                           (kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.receiver)]
         self.engine_loop: EngineLoop | None = None
@@ -122,14 +125,16 @@ class DecodeService:
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
         engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True)
         self.engine_loop = EngineLoop(engine)
+        self.metrics.watch_engine(engine)
         max_model_len = engine.max_model_len
         del engine
         self.engine_loop.start()
         if stop.is_set():
             return None
-        self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name)
+        self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name, self.metrics)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
-        await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
+        with self.metrics.time_warmup():
+            await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
         # Heartbeats only (load and free pages): the router finds decode workers by the registry,
         # and decode pages are not a prefix cache anyone routes to.
         self.publisher = publisher_for("decode", self.config, self.port, self.engine_loop,

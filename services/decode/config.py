@@ -20,10 +20,12 @@ from services.common.settings import (
     ENV_REDIS_URL as ENV_REDIS_URL,
     ConfigError as ConfigError,
     add_bind_flags,
+    add_metrics_flag,
     add_limit_flags,
     add_registry_flags,
     check_bind,
     check_limits,
+    check_metrics_port,
     check_model_dir,
     check_positive,
     check_registry,
@@ -34,6 +36,7 @@ from services.common.settings import (
 
 ENV_HOST = "BATON_DECODE_HOST"
 ENV_PORT = "BATON_DECODE_PORT"
+ENV_METRICS_PORT = "BATON_DECODE_METRICS_PORT"
 ENV_INSTANCE_ID = "BATON_DECODE_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
@@ -48,6 +51,7 @@ class DecodeServiceConfig:
     model_dir: Path
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port, printed on the listening line
+    metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the shared-memory pool's size in pages
     max_num_seqs: int = 128
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
@@ -62,6 +66,7 @@ class DecodeServiceConfig:
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
         check_bind(self.host, self.port, ENV_HOST)
+        check_metrics_port(self.metrics_port)
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_positive("--lease-ms", self.lease_ms)
@@ -86,10 +91,11 @@ class DecodeServiceConfig:
                             help=f"most requests decoding at once (${ENV_MAX_NUM_SEQS})")
         parser.add_argument("--lease-ms", type=int, default=env_int(env, ENV_LEASE_MS, DEFAULT_LEASE_MS),
                             help=f"how long an unclaimed reservation holds its pages (${ENV_LEASE_MS})")
+        add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         args = parser.parse_args(argv)
-        return cls(model_dir=model_arg(args), host=args.host, port=args.port,
+        return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    redis_url=args.redis, instance_id=args.instance_id)

@@ -10,6 +10,11 @@ Status codes:
 
 Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
 GenerateLocally (which prefills a short prompt here instead of on a prefill worker).
+
+Metrics: requests finished by finish reason, and errors by reason: `unavailable`,
+`invalid_argument`, `no_free_pages` (Reserve refused), `reservation_not_found`,
+`lease_expired`, `aborted` (an Abort ended a running request), `cancelled` (its caller
+went away), `engine_failed`.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import grpc
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common.converters import layout_to_proto, sampling_params_from_proto
 from services.common.engine_loop import EngineLoop
+from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
 from services.kvstore.host_id import host_id
@@ -39,12 +45,14 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.layout: PageLayout | None = None
         self.shm_name = ""
         self.host_id = host_id()
+        self.metrics = ServiceMetrics("decode")  # until `attach` gives the service's
 
-    def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str) -> None:
+    def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str, metrics: ServiceMetrics) -> None:
         """Must run on the server's event loop (the lease timers live there)."""
         self.engine_loop = engine_loop
         self.layout = layout
         self.shm_name = shm_name
+        self.metrics = metrics
         self.leases = LeaseTable(self.lease_ms / 1000, self._on_lease_expired)
 
     def close(self) -> None:
@@ -53,25 +61,31 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def _ready(self, context) -> EngineLoop:
         if self.engine_loop is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the decode engine is still loading")
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the decode engine is still loading")
         return self.engine_loop
+
+    async def _abort(self, context, code: grpc.StatusCode, details: str, reason: str | None = None) -> None:
+        """`context.abort`, counted as an error under `reason` (default: the code's name)."""
+        self.metrics.count_error(reason or code.name.lower())
+        await context.abort(code, details)
 
     def _on_lease_expired(self, request_id: str) -> None:
         log.info("reservation for %r expired unclaimed; its pages are freed", request_id)
+        self.metrics.count_error("lease_expired")
         self.engine_loop.submit(lambda engine: engine.release_reservation(request_id))
 
     async def Reserve(self, request, context):
         engine_loop = await self._ready(context)
         if not request.request_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         if request.num_tokens < 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_tokens must be >= 1")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "num_tokens must be >= 1")
         try:
             block_ids = await engine_loop.reserve(request.request_id, request.num_tokens)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except RuntimeError as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), "no_free_pages")
         reservation_id = self.leases.grant(request.request_id, block_ids)
         return decode_pb2.Reservation(
             reservation_id=reservation_id, block_ids=block_ids, lease_ms=self.lease_ms,
@@ -85,33 +99,35 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         try:
             params = sampling_params_from_proto(request.sampling)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if not self.leases.claim(request.reservation_id, request.request_id):
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no reservation {request.reservation_id!r} for request {request.request_id!r} "
-                                "(unknown, expired or already claimed)")
+            await self._abort(context, grpc.StatusCode.NOT_FOUND,
+                              f"no reservation {request.reservation_id!r} for request {request.request_id!r} "
+                              "(unknown, expired or already claimed)", "reservation_not_found")
         try:
             started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
                                                   request.first_token_id, params)
-            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context):
+            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
+                                       self.metrics):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     async def GenerateLocally(self, request, context):
         engine_loop = await self._ready(context)
         if not request.request_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         try:
             params = sampling_params_from_proto(request.sampling)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
             started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params)
-            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context):
+            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
+                                       self.metrics):
                 yield chunk
         except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     async def Abort(self, request, context):
         engine_loop = await self._ready(context)
@@ -122,20 +138,28 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         return decode_pb2.AbortResponse(found=found)
 
 
-async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context):
+async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context,
+                  metrics: ServiceMetrics):
     """The DecodeChunks of a request the engine has just been given (`started` awaits that);
     ValueError when the engine refuses it. A call that ends early (the client went away,
     the server stops) aborts the request, which frees its pages; the abort is queued
     behind the add, so it finds the request even when the add is still in flight."""
-    is_finished = False
+    is_finished = is_counted = False
     try:
         outputs = await started
         first = True
         while not is_finished:
             out = await outputs.get()
             if isinstance(out, Exception):
+                metrics.count_error("engine_failed")
+                is_counted = True
                 await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
             is_finished = out.finished
+            if is_finished:
+                if out.finish_reason == "abort":
+                    metrics.count_error("aborted")
+                else:
+                    metrics.count_success(out.finish_reason)
             chunk = chunk_from_output(out, num_logprobs)
             if first:
                 chunk.num_cached_tokens = out.num_cached_tokens
@@ -146,4 +170,6 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
         raise
     finally:
         if not is_finished:
+            if not is_counted:
+                metrics.count_error("cancelled")
             engine_loop.abort_soon(request_id)

@@ -111,7 +111,8 @@ class GatewayService:
                                         self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport],
                                         prefill_router=self.router,
                                         local_prefill_max_tokens=local_prefill_limit(config.local_prefill_max_tokens,
-                                                                                     tokenizer.max_model_len))
+                                                                                     tokenizer.max_model_len),
+                                        metrics=self.metrics)
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731

@@ -2,6 +2,8 @@
 as the HTTP API. A failure is the stream's last message (`error`, carrying the HTTP
 status it maps to), not a gRPC status, so a client reads one shape for everything a
 request can end with. A client that cancels the call cancels the request on the mesh.
+The pipeline counts each request it is given (services/gateway/pipeline.py); a request
+refused before it gets there is counted here, by reason.
 """
 from __future__ import annotations
 
@@ -32,7 +34,13 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         try:
-            async with aclosing(self._deltas(request, request_id)) as deltas:
+            try:
+                deltas = self._deltas(request, request_id)
+            except APIError as e:  # refused before the pipeline saw it
+                if self.pipeline is not None:
+                    self.pipeline.metrics.count_error(e.code or "invalid_request")
+                raise
+            async with aclosing(deltas):
                 async for response in _responses(request_id, deltas, stream=request.stream_options.stream):
                     yield response
         except Exception as e:

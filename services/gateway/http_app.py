@@ -10,6 +10,12 @@ A stream's first chunk is awaited before the response starts, so a request that
 fails before its first token still gets its real status, not a 200 with an error
 event. A client that goes away cancels its request wherever it is (prefill or
 decode), which frees its pages; see `_unless_disconnected`.
+
+`/metrics` serves the process's default registry (the router's figures) and the
+gateway's own (`RequestPipeline.metrics`: per-request latencies, tokens, errors by
+reason). The pipeline counts what happens to each request it is given; this layer
+counts the requests refused before they reach it (a bad body, an unknown model, a
+body over the limit).
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.choices import merge_choices
@@ -55,7 +61,9 @@ class ClientDisconnected(Exception):
 
 def create_app(state: GatewayState) -> FastAPI:
     app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes)
+    metrics = state.pipeline.metrics
+    app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes,
+                       on_refuse=lambda: metrics.count_error("request_too_large"))
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
@@ -68,15 +76,17 @@ def create_app(state: GatewayState) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected(_: Request, e: Exception) -> JSONResponse:
         log.exception("unexpected error")
+        metrics.count_error("internal_error")
         return api_error_response(to_api_error(e, "input"))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
+        metrics.count_error("invalid_request")
         return api_error_response(validation_error(e))
 
     @app.get("/metrics")
-    async def metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus_metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it
+        return Response(generate_latest(REGISTRY) + metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/live")
     async def live() -> dict[str, str]:
@@ -143,6 +153,7 @@ def model_card(state: GatewayState) -> dict[str, Any]:
 
 def check_model(state: GatewayState, model: str) -> None:
     if model != state.model_name:
+        state.pipeline.metrics.count_error("model_not_found")
         raise model_not_found(model, state.model_name)
 
 
@@ -248,11 +259,13 @@ def validation_error(e: RequestValidationError) -> APIError:
 class BodySizeLimit:
     """Refuses a request body over `max_bytes` with 413 before the app sees it: by its
     Content-Length when it gives one, else by counting while it is read in full here
-    (request bodies are small JSON, which the app would read whole anyway)."""
+    (request bodies are small JSON, which the app would read whole anyway). `on_refuse`
+    is called for each refusal."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, on_refuse: Callable[[], None] = lambda: None):
         self.app = app
         self.max_bytes = max_bytes
+        self.on_refuse = on_refuse
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -282,6 +295,7 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send) -> None:
+        self.on_refuse()
         error = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes).",
                          code="request_too_large")
         payload = json.dumps(error.body()).encode()

@@ -18,6 +18,10 @@ Pages are never left held: a prompt that does not fit, a prefill that fails or
 finishes by itself, a stop string, and a consumer that goes away (cancels the task
 or closes the generator, e.g. with `contextlib.aclosing`) all cancel the in-flight
 calls and Abort the request on D. Every gRPC call carries a deadline.
+
+Each request is timed from its arrival here (services/common/metrics/requests.py): time
+to first token, between tokens and end to end, its tokens, and how it ended (a finish
+reason, or an error by reason: `error_reason`).
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ import grpc
 from prometheus_client import Counter
 
 from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
-from services.gateway.workers import Worker, WorkerPool
+from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
+from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
 
@@ -121,13 +126,14 @@ class RequestPipeline:
 
     `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`), used
     to check the context and detokenize the output; encoding goes through the tokenizer
-    service.
+    service. `metrics`: the gateway's (its registry is served on `/metrics`); by default
+    a registry of its own, unlabelled.
     """
 
     def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool, decode: WorkerPool,
                  deadlines: Deadlines = Deadlines(),
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
-                 prefill_router=None, local_prefill_max_tokens: int = 0):
+                 prefill_router=None, local_prefill_max_tokens: int = 0, metrics: ServiceMetrics | None = None):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill
@@ -136,6 +142,8 @@ class RequestPipeline:
         self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
         self.prefill_router = prefill_router  # a PrefixRouter; None: the least loaded prefill worker
         self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
+        self.metrics = metrics or ServiceMetrics("gateway")
+        self.requests = RequestMetrics(self.metrics)
         self._aborts: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
@@ -157,24 +165,30 @@ class RequestPipeline:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages`. Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
         when no pages are free, `grpc.aio.AioRpcError` for a worker that failed."""
-        if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
-            raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
-        if any(not s for s in stop):
-            raise InvalidRequestError("stop strings must be non-empty")
-        params = common_pb2.SamplingParams()
-        if sampling is not None:
-            params.CopyFrom(sampling)
+        timer = self.requests.start()
         try:
+            if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
+                raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
+            if any(not s for s in stop):
+                raise InvalidRequestError("stop strings must be non-empty")
+            params = common_pb2.SamplingParams()
+            if sampling is not None:
+                params.CopyFrom(sampling)
             prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages)
+            timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:
                 async for delta in self._run(request_id, prompt, params, decode_worker, stop,
-                                             include_stop_str_in_output):
+                                             include_stop_str_in_output, timer):
                     yield delta
         except grpc.aio.AioRpcError as e:
             mapped = _from_rpc_error(e)
+            timer.fail(error_reason(mapped))
             if mapped is e:
                 raise
             raise mapped from e
+        except BaseException as e:  # GeneratorExit and CancelledError too: the consumer went away
+            timer.fail(error_reason(e))
+            raise
 
     async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> list[int]:
         timeout = self.deadlines.tokenizer_s
@@ -210,8 +224,8 @@ class RequestPipeline:
         return len(prompt) <= limit and decode_worker.queued_tokens + len(prompt) <= limit
 
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
-                   decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool
-                   ) -> AsyncIterator[Delta]:
+                   decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
+                   timer: RequestTimer) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
         progress = _Progress()
@@ -222,12 +236,15 @@ class RequestPipeline:
         try:
             async with aclosing(steps):
                 async for step in steps:
+                    timer.add_tokens(len(step.token_ids))
                     text = output.add(step.token_ids)
                     if output.stops.is_stopped or step.finish_reason is not None:
                         if not output.stops.is_stopped:
                             text += output.finish()
                         usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
-                        yield _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
+                        final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
+                        timer.finish(final.finish_reason)
+                        yield final
                         return
                     yield Delta(text, step.token_ids, step.logprobs)
             raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
@@ -243,12 +260,15 @@ class RequestPipeline:
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
         route = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
+        host_tier = (prefill_pb2.HostTierSource(address=route.host_tier_address, num_blocks=route.host_tier_blocks)
+                     if route is not None and route.host_tier_blocks else None)
         with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
             response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
-                request_id=request_id, token_ids=prompt, sampling=params,
+                request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
                 target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
                 timeout=self.deadlines.prefill_s)
         progress.num_cached_tokens = response.num_cached_tokens
+        _observe_prefill(self.requests, response.timings)
         first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
                       FINISH_REASONS.get(response.finish_reason))
         if first.finish_reason is not None:  # ended at prefill: whatever it handed on is aborted by `_run`
@@ -331,6 +351,32 @@ def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, 
     matched = output.stops.matched_stop
     return Delta(text, token_ids, logprobs, finish_reason="stop" if matched is not None else reason,
                  matched_stop=matched, usage=usage)
+
+
+def _observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimings) -> None:
+    moved = timings.kv_transport != common_pb2.KV_TRANSPORT_UNSPECIFIED
+    transport = common_pb2.KVTransport.Name(timings.kv_transport).removeprefix("KV_TRANSPORT_").lower()
+    requests.observe_prefill(timings.queue_seconds, transport if moved else None, timings.kv_transfer_seconds,
+                             timings.kv_transfer_bytes)
+
+
+def error_reason(e: BaseException) -> str:
+    """The `reason` a failed request is counted under: as the HTTP API's error codes name
+    it where they do (`context_length_exceeded`, `overloaded`, `unavailable`), else the
+    failed call's gRPC code, `cancelled` when the consumer went away, `internal_error`."""
+    if isinstance(e, (GeneratorExit, asyncio.CancelledError)):
+        return "cancelled"
+    if isinstance(e, ContextLengthError):
+        return "context_length_exceeded"
+    if isinstance(e, InvalidRequestError):
+        return "invalid_request"
+    if isinstance(e, OverloadedError):
+        return "overloaded"
+    if isinstance(e, NoHealthyWorkerError):
+        return "unavailable"
+    if isinstance(e, grpc.aio.AioRpcError):
+        return e.code().name.lower()
+    return "internal_error"
 
 
 def _from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:

@@ -9,6 +9,12 @@ sits in front: when the queues differ by more than `balance_abs_tokens` and by a
 factor over `balance_rel`, the least loaded worker wins whatever it holds, so one
 hot prefix cannot pile every request onto one worker.
 
+kvstore nodes publish the blocks they store into the same index, so the same round
+trip also says how many leading blocks the host tier holds. Routing still weighs only
+what each worker holds itself (the tier is as near to one worker as to another); when
+the tier holds more than the chosen worker, the route names the node, and the worker
+reads those blocks from it instead of computing them (services/prefill/host_tier.py).
+
 Redis is an optimisation, never a dependency: when it does not answer (within
 `redis_timeout_s`), routing falls back to load only, a counter and a log line
 say so, and Redis is tried again after `redis_retry_s`. The workers republish
@@ -38,6 +44,8 @@ MATCHED_BLOCKS = Counter("baton_router_matched_blocks_total",
                          "Prompt blocks the chosen prefill worker already held, per the prefix index")
 PROMPT_BLOCKS = Counter("baton_router_prompt_blocks_total", "Full prompt blocks routed")
 REDIS_UP = Gauge("baton_router_redis_up", "1 while the prefix index in Redis answers, 0 while routing is load-only")
+TIER_BLOCKS = Counter("baton_router_host_tier_blocks_total",
+                      "Prompt blocks a prefill worker was told to read from a kvstore node instead of computing")
 REDIS_FAILURES = Counter("baton_router_redis_failures_total",
                          "Prefix-index lookups that failed (routing fell back to load only)")
 
@@ -46,6 +54,8 @@ REDIS_FAILURES = Counter("baton_router_redis_failures_total",
 class Route:
     worker: Worker
     num_cached_tokens: int  # of the prompt, as the index says the worker holds them
+    host_tier_address: str = ""  # a kvstore node holding more of the prompt's leading blocks...
+    host_tier_blocks: int = 0  # ...this many, than the worker does
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class PrefixRouter:
         self.block_size = block_size
         self.config = config
         self._instance_ids: dict[str, str] = {}  # worker address -> instance id
+        self._kvstores: dict[str, str] = {}  # kvstore node instance id -> address
         self._recent: OrderedDict[int, tuple[str, float]] = OrderedDict()  # block hash -> (address, expiry)
         self._redis_down_until = 0.0
         self._is_redis_up = index is not None
@@ -98,7 +109,9 @@ class PrefixRouter:
         candidates = self.pool.serving()
         hashes = hash_block_chain(prompt, self.block_size, self.fingerprint)
         PROMPT_BLOCKS.inc(len(hashes))
-        matched = await self._matched_blocks(hashes, candidates) if hashes and len(candidates) > 1 else None
+        is_tier_known = bool(self._kvstores)
+        matched, tier = (await self._matched_blocks(hashes, candidates)
+                         if hashes and (len(candidates) > 1 or is_tier_known) else (None, None))
         if matched is not None:
             for address, n in self._recently_routed(hashes).items():
                 matched[address] = max(matched.get(address, 0), n)
@@ -125,7 +138,11 @@ class PrefixRouter:
         MATCHED_BLOCKS.inc(held(chosen))
         ROUTED.labels(decision).inc()
         self._remember(hashes, chosen.address)
-        return Route(chosen, min(len(prompt), held(chosen) * self.block_size))
+        route = Route(chosen, min(len(prompt), held(chosen) * self.block_size))
+        if tier is not None and tier[1] > held(chosen):
+            TIER_BLOCKS.inc(tier[1] - held(chosen))
+            route = Route(chosen, route.num_cached_tokens, host_tier_address=tier[0], host_tier_blocks=tier[1])
+        return route
 
     def _remember(self, hashes: list[int], address: str) -> None:
         """Where this prompt's blocks are about to be: the index learns it only once they are
@@ -155,20 +172,26 @@ class PrefixRouter:
         most, least = max(queued), min(queued)
         return most - least > self.config.balance_abs_tokens and most > self.config.balance_rel * max(least, 1)
 
-    async def _matched_blocks(self, hashes: list[int], workers: Sequence[Worker]) -> dict[str, int] | None:
-        """Leading blocks held, by worker address; None when the index cannot say (routing by load)."""
+    async def _matched_blocks(self, hashes: list[int], workers: Sequence[Worker]
+                              ) -> tuple[dict[str, int] | None, tuple[str, int] | None]:
+        """Leading blocks held, by worker address (None when the index cannot say: routing by
+        load), and the kvstore node holding the most of them with its count (None: none holds any)."""
         if self.index is None or time.monotonic() < self._redis_down_until:
-            return None
+            return None, None
         by_instance = {self._instance_ids[w.address]: w.address for w in workers if w.address in self._instance_ids}
-        if not by_instance:
-            return {}
+        kvstores = dict(self._kvstores)
+        if not by_instance and not kvstores:
+            return {}, None
         try:
-            held = await asyncio.wait_for(self.index.match(hashes, list(by_instance)), self.config.redis_timeout_s)
+            held = await asyncio.wait_for(self.index.match(hashes, [*by_instance, *kvstores]),
+                                          self.config.redis_timeout_s)
         except (RedisError, OSError, asyncio.TimeoutError) as e:
             self._redis_failed(e)
-            return None
+            return None, None
         self._redis_answered()
-        return {by_instance[instance]: n for instance, n in held.items() if instance in by_instance}
+        tier = max(((kvstores[i], n) for i, n in held.items() if i in kvstores and n > 0),
+                   key=lambda entry: entry[1], default=None)
+        return {by_instance[instance]: n for instance, n in held.items() if instance in by_instance}, tier
 
     def _redis_failed(self, e: Exception) -> None:
         REDIS_FAILURES.inc()
@@ -186,13 +209,15 @@ class PrefixRouter:
             log.info("the prefix index in Redis answers again; routing by prefix")
 
     async def _refresh_instances(self) -> None:
-        """Keep the address → instance id map current from the registry's live instances."""
+        """Keep the address → instance id maps current from the registry's live instances."""
         while True:
             try:
                 live = await asyncio.wait_for(self.registry.instances("prefill"), 1.0)
                 self._instance_ids = {info.address: info.instance_id for info in live}
                 if live:  # the workers' page size is the one their hashes are made with
                     self.block_size = live[0].block_size
+                nodes = await asyncio.wait_for(self.registry.instances("kvstore"), 1.0)
+                self._kvstores = {info.instance_id: info.address for info in nodes}
             except Exception as e:  # Redis down: keep the last map; lookups fail over on their own
                 log.debug("cannot list prefill instances: %s", e)
             await asyncio.sleep(self.config.instances_refresh_s)

@@ -1,10 +1,14 @@
-"""`python -m services.kvstore [--host 127.0.0.1] [--port 0] [--capacity-bytes N]`
+"""`python -m services.kvstore [--host 127.0.0.1] [--port 0] [--capacity-bytes N] [--redis URL]
+[--instance-id ID]`
 
 A kvstore node: the host-memory page tier (servicer.py) behind KVStore. Runs through
 services/common/entrypoint.py like every service: prints `kvstore listening on
-HOST:PORT`, is SERVING at once (nothing to load), and on SIGTERM or SIGINT stops
-with a grace period and exits 0. A bad setting or an address that cannot be bound
-exits 2 with one line on stderr.
+HOST:PORT`, is SERVING at once (nothing to load). With --redis it heartbeats into the
+instance registry (kind "kvstore") and publishes the blocks it stores to the prefix
+index, and removes those it evicts, as prefill workers do with their caches
+(services/common/index_publisher.py, tier_holdings.py). On SIGTERM or SIGINT it leaves
+Redis, stops with a grace period and exits 0. A bad setting or an address that
+cannot be bound exits 2 with one line on stderr.
 """
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ from collections.abc import Sequence
 
 from protos import kvstore_pb2_grpc
 from services.common.entrypoint import run_service
+from services.common.index_publisher import InstancePublisher, holdings_publisher
 from services.kvstore.config import KVStoreNodeConfig
 from services.kvstore.servicer import SERVICE_NAME, KVStoreNodeServicer
+from services.kvstore.tier_holdings import TierHoldings
 
 
 class KVStoreNode:
@@ -25,12 +31,21 @@ class KVStoreNode:
         self.config = config
         self.servicer = KVStoreNodeServicer(config.capacity_bytes)
         self.servicers = [(kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.servicer)]
+        self.port = 0  # the bound one, set by the entry point before `start`
+        self.publisher: InstancePublisher | None = None
 
     async def start(self, stop: asyncio.Event) -> str | None:
+        # A node serves any model: its registry entry names none, its index entries each name theirs.
+        self.publisher = holdings_publisher("kvstore", self.config, self.port, TierHoldings(self.servicer.tier),
+                                            model_key="", block_size=0, publish_blocks=True)
+        if self.publisher is not None:
+            await self.publisher.start(stop)
         return f"serving a host page tier of {self.config.capacity_bytes} bytes"
 
     async def close(self) -> None:
-        """The pages live in this process's memory: they go with it."""
+        """Leave Redis; the pages live in this process's memory: they go with it."""
+        if self.publisher is not None:
+            await self.publisher.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

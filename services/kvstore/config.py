@@ -14,8 +14,12 @@ from services.common.settings import (
     ENV_MAX_MESSAGE_BYTES,
     ConfigError as ConfigError,
     add_bind_flags,
+    add_metrics_flag,
+    add_registry_flags,
     check_bind,
+    check_metrics_port,
     check_positive,
+    check_registry,
     env_int,
     new_parser,
 )
@@ -23,6 +27,8 @@ from services.common.settings import (
 ENV_HOST = "BATON_KVSTORE_HOST"
 ENV_PORT = "BATON_KVSTORE_PORT"
 ENV_CAPACITY_BYTES = "BATON_KVSTORE_CAPACITY_BYTES"
+ENV_INSTANCE_ID = "BATON_KVSTORE_INSTANCE_ID"
+ENV_METRICS_PORT = "BATON_KVSTORE_METRICS_PORT"
 
 DEFAULT_CAPACITY_BYTES = 1 << 30
 
@@ -34,12 +40,19 @@ class KVStoreNodeConfig:
     capacity_bytes: int = DEFAULT_CAPACITY_BYTES  # host memory for pages; least recently used go first
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    redis_url: str = ""  # "": no Redis; else the stored blocks go into the prefix index
+    instance_id: str = ""  # "": kvstore-HOST-PORT once bound
+    registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
+    index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while stored
+    metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     model_dir: None = None  # no model (the entry point's contract)
 
     def __post_init__(self):
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--capacity-bytes", self.capacity_bytes)
         check_positive("--max-message-bytes", self.max_message_bytes)
+        check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
+        check_metrics_port(self.metrics_port)
         if self.grace_s < 0:
             raise ConfigError(f"grace_s must be >= 0, got {self.grace_s}")
 
@@ -61,6 +74,9 @@ class KVStoreNodeConfig:
         parser.add_argument("--max-message-bytes", type=int,
                             default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
                             help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
+        add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
+        add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         args = parser.parse_args(argv)
         return cls(host=args.host, port=args.port, capacity_bytes=args.capacity_bytes,
-                   max_message_bytes=args.max_message_bytes)
+                   max_message_bytes=args.max_message_bytes, redis_url=args.redis, instance_id=args.instance_id,
+                   metrics_port=args.metrics_port)

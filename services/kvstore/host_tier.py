@@ -5,6 +5,10 @@ parent and the model fingerprint), so the tier needs no tree: the longest stored
 prefix of a list of hashes is read by walking it until the first miss. Keys carry
 the model fingerprint too, so two models' pages never answer for each other; each
 block keeps its layout, and a reader expecting another one is refused.
+
+Like a worker's prefix cache (BlockManager), the tier records which blocks entered
+and left it once `enable_events` is called, as net changes between drains, for the
+node to publish to the prefix index.
 """
 from __future__ import annotations
 
@@ -30,6 +34,40 @@ class HostPageTier:
         self.capacity_bytes = capacity_bytes
         self.num_bytes = 0
         self._blocks: OrderedDict[tuple[bytes, int], StoredBlock] = OrderedDict()  # least recently used first
+        # (fingerprint, hash) -> True: stored, False: evicted, since the last drain. A key's
+        # events alternate, so a second one in a window undoes the first: at most one per key
+        # stored now or at the last drain.
+        self._events: dict[tuple[bytes, int], bool] | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks)
+
+    def enable_events(self) -> None:
+        if self._events is None:
+            self._events = {}
+
+    def _record(self, key: tuple[bytes, int], is_added: bool) -> None:
+        if self._events is not None and self._events.pop(key, None) is None:
+            self._events[key] = is_added
+
+    def drain_events(self) -> tuple[dict[bytes, list[int]], dict[bytes, list[int]]]:
+        """(hashes stored, hashes evicted) by model fingerprint since the last drain, as net changes."""
+        if not self._events:
+            return {}, {}
+        events, self._events = self._events, {}
+        added: dict[bytes, list[int]] = {}
+        removed: dict[bytes, list[int]] = {}
+        for (fingerprint, h), is_added in events.items():
+            (added if is_added else removed).setdefault(fingerprint, []).append(h)
+        return added, removed
+
+    def held(self) -> dict[bytes, list[int]]:
+        """Every stored hash, by model fingerprint."""
+        held: dict[bytes, list[int]] = {}
+        for fingerprint, h in self._blocks:
+            held.setdefault(fingerprint, []).append(h)
+        return held
 
     def put(self, block_hash: int, block: StoredBlock) -> list[int]:
         """Store (or replace) a block as the most recently used, evicting the least recently
@@ -44,11 +82,14 @@ class HostPageTier:
             self.num_bytes -= old.pages.numel()
         evicted = []
         while self.num_bytes + size > self.capacity_bytes:
-            (_, evicted_hash), gone = self._blocks.popitem(last=False)
+            evicted_key, gone = self._blocks.popitem(last=False)
             self.num_bytes -= gone.pages.numel()
-            evicted.append(evicted_hash)
+            evicted.append(evicted_key[1])
+            self._record(evicted_key, False)
         self._blocks[key] = block
         self.num_bytes += size
+        if old is None:
+            self._record(key, True)
         return evicted
 
     def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:

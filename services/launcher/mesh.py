@@ -43,13 +43,15 @@ HEALTH_NAMES = {
 # The services whose command line takes `--redis URL` (the prefix index and instance
 # registry); the others are started without it. Kept equal to what their --help lists
 # by tests/services/test_baton_up.py.
-REDIS_CLIENTS = frozenset({"prefill", "decode", "gateway"})
+REDIS_CLIENTS = frozenset({"prefill", "decode", "kvstore", "gateway"})
 REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
 REDIS_URL_VARIABLE = "BATON_REDIS_URL"  # what the services (and `baton up --redis`) read
 REDIS_START_TIMEOUT_S = 10.0  # it answers PING within milliseconds; bounded by --start-timeout
 SERVICES_ROOT = Path(__file__).resolve().parents[2]  # where `python -m services.<name>` resolves
 EXIT_FAILED = 1
 SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
+# A worker prints where it serves Prometheus' /metrics right after its listening line.
+METRICS_LINE = r"^\S+ metrics on (\S+)$"
 # The gateway is on this host: an http_proxy variable must not reroute the probe.
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -92,19 +94,28 @@ def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
     return ("--redis", redis_url) if redis_url is not None and kind in REDIS_CLIENTS else ()
 
 
-def worker_specs(config: MeshConfig, redis_url: str | None = None) -> list[ChildSpec]:
-    """Every service but the gateway, each bound to a free loopback port."""
-    def spec(name: str, kind: str, *args: str) -> ChildSpec:
-        return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
-                                "--host", "127.0.0.1", "--port", "0"),
-                         f"{kind} listening on ", HEALTH_NAMES[kind])
+def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str) -> ChildSpec:
+    """A service bound to a free loopback port."""
+    return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
+                            "--host", "127.0.0.1", "--port", "0"),
+                     f"{kind} listening on ", HEALTH_NAMES[kind])
 
+
+def kvstore_spec(config: MeshConfig, redis_url: str | None = None) -> ChildSpec:
+    """The kvstore node: started first, since prefill workers are given its address."""
+    return _worker_spec(config, redis_url, "kvstore", "kvstore")
+
+
+def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_address: str | None = None
+                 ) -> list[ChildSpec]:
+    """Every service but the gateway and the kvstore node; with `kvstore_address`, prefill
+    workers store the prefix blocks they compute there."""
     model = ("--model", str(config.model_dir))
-    specs = [spec("tokenizer", "tokenizer", *model)]
-    specs += [spec(f"prefill-{i}", "prefill", *model) for i in range(config.num_prefill)]
-    specs += [spec(f"decode-{i}", "decode", *model) for i in range(config.num_decode)]
-    if config.with_kvstore:
-        specs.append(spec("kvstore", "kvstore"))
+    tier = ("--kvstore", kvstore_address) if kvstore_address else ()
+    specs = [_worker_spec(config, redis_url, "tokenizer", "tokenizer", *model)]
+    specs += [_worker_spec(config, redis_url, f"prefill-{i}", "prefill", *model, *tier)
+              for i in range(config.num_prefill)]
+    specs += [_worker_spec(config, redis_url, f"decode-{i}", "decode", *model) for i in range(config.num_decode)]
     return specs
 
 
@@ -133,6 +144,8 @@ class Mesh:
         self.addresses: dict[str, str] = {}  # shown in the table; the gateway's lists both ports
         self.segments: dict[str, str] = {}  # decode worker name → its shared-memory segment
         self._segment_lines: dict[str, asyncio.Future[re.Match[str]]] = {}
+        self._metrics_lines: dict[str, asyncio.Future[re.Match[str]]] = {}
+        self.metrics_addresses: dict[str, str] = {}  # worker name -> host:port of its /metrics
         self.failure: ChildFailed | None = None
         self.stop_signal: int | None = None
         self.is_stopping = False
@@ -171,21 +184,32 @@ class Mesh:
         try:
             if self.config.with_redis and self.config.redis_url is None:
                 await self._start_redis()
-            self.workers = [self._child(spec) for spec in worker_specs(self.config, self.redis_url)]
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
-            for worker in self.workers:
+            kvstore_address = None
+            if self.config.with_kvstore:
+                kvstore = self._child(kvstore_spec(self.config, self.redis_url))
+                self.workers.append(kvstore)
+                self._metrics_lines["kvstore"] = kvstore.expect(METRICS_LINE)
+                await kvstore.start()
+                self._supervise(kvstore)
+                kvstore_address = self.addresses["kvstore"] = await kvstore.wait_ready(deadline)
+            starting = [self._child(spec) for spec in worker_specs(self.config, self.redis_url, kvstore_address)]
+            self.workers += starting
+            for worker in starting:
                 if worker.name.startswith("decode-"):
                     self._segment_lines[worker.name] = worker.expect(SEGMENT_LINE, "stderr")
+                self._metrics_lines[worker.name] = worker.expect(METRICS_LINE)
                 await worker.start()
                 self._supervise(worker)
             async with asyncio.TaskGroup() as group:  # the first failure cancels the other waits
-                ready = [group.create_task(worker.wait_ready(deadline)) for worker in self.workers]
-            self.addresses |= {worker.name: task.result() for worker, task in zip(self.workers, ready, strict=True)}
+                ready = [group.create_task(worker.wait_ready(deadline)) for worker in starting]
+            self.addresses |= {worker.name: task.result() for worker, task in zip(starting, ready, strict=True)}
+            self._add_metrics_addresses()
             await self._learn_segments()
             if not self.config.with_gateway:
                 self.is_up = True
                 self.console.print("Baton workers are up (no gateway):")
-                self.console.print(process_table(self.children, self.addresses))
+                self.console.print(self._table())
                 self._print_redis_line()
                 return
             self.gateway = self._child(gateway_spec(self.config, self.addresses, self.redis_url))
@@ -201,7 +225,7 @@ class Mesh:
             self.is_up = True
             self.console.print(f"Baton is up: OpenAI API at http://{http_address}/v1 "
                                f"(model {model or self.config.model_dir.name}); gRPC Generate at {grpc_address}")
-            self.console.print(process_table(self.children, self.addresses))
+            self.console.print(self._table())
             self._print_redis_line()
             self.console.print("Stop with Ctrl-C.")
         except* ChildFailed as group:
@@ -227,6 +251,18 @@ class Mesh:
             self.console.print(f"Redis: {_without_password(self.redis_url)} (given with --redis)")
         else:
             self.console.print("Redis: none (routing by load only)")
+
+    def _add_metrics_addresses(self) -> None:
+        """Each worker's /metrics address, shown beside its gRPC one (the gateway serves its
+        metrics on its HTTP port)."""
+        for name, line in self._metrics_lines.items():
+            if line.done() and not line.cancelled():
+                self.metrics_addresses[name] = line.result()[1]
+
+    def _table(self) -> str:
+        shown = {name: f"{address}, {self.metrics_addresses[name]} (metrics)" if name in self.metrics_addresses
+                 else address for name, address in self.addresses.items()}
+        return process_table(self.children, shown)
 
     async def _learn_segments(self) -> None:
         """Each decode worker's segment, from its log line or else from what it has mapped."""

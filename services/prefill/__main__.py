@@ -1,13 +1,16 @@
-"""`python -m services.prefill --model DIR [--host 127.0.0.1] [--port 0] [--kv-blocks N]
-[--max-num-batched-tokens N] [--max-num-seqs N] [--no-kv-checksum] [--redis URL] [--instance-id ID]`
+"""`python -m services.prefill --model DIR [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--kv-blocks N]
+[--max-num-batched-tokens N] [--max-num-seqs N] [--no-kv-checksum] [--kvstore HOST:PORT] [--redis URL]
+[--instance-id ID]`
 
 Runs through services/common/entrypoint.py: binds and prints `prefill listening on
-HOST:PORT` (the line `baton up` reads), then, while health reports NOT_SERVING,
+HOST:PORT` (the line `baton up` reads) and `prefill metrics on HOST:PORT` (Prometheus'
+/metrics: services/common/metrics/), then, while health reports NOT_SERVING,
 loads the engine (its own private KV pool: the prompts in flight and the local
 prefix cache) and warms it up with dummy prefill-only requests of several
 lengths, whose held pages are then released; then SERVING. With --redis it then
 heartbeats into the instance registry and publishes its prefix cache
-(services/common/index_publisher.py). SIGTERM or SIGINT: it leaves the registry and
+(services/common/index_publisher.py). With --kvstore it stores the prefix blocks it
+computes on that kvstore node (services/prefill/host_tier.py). SIGTERM or SIGINT: it leaves the registry and
 the index, health turns NOT_SERVING, in-flight calls get a grace period, the decode
 pools it attached are unmapped and its KV channels closed, exit code 0. A bad
 setting, an address that cannot be bound or an unloadable model exits 2 with one
@@ -26,6 +29,7 @@ from protos import prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
+from services.common.metrics import ServiceMetrics
 from services.kvstore.layout import PageLayout
 from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME, PrefillServicer
@@ -81,6 +85,7 @@ class PrefillService:
         self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer)]
         self.engine_loop: EngineLoop | None = None
         self.publisher: InstancePublisher | None = None
+        self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
 
     async def start(self, stop: asyncio.Event) -> str | None:
         engine = await load_in_thread(stop, load_engine, self.config)
@@ -89,11 +94,14 @@ class PrefillService:
         pool_tensor = engine.runner.kv_pool.tensor
         layout = PageLayout.of_tensor(pool_tensor, engine.fingerprint)
         lengths = warmup_lengths(engine)
-        self.servicer.attach(EngineLoop(engine), pool_tensor, layout, engine.model_config.vocab_size)
+        self.metrics.watch_engine(engine)
+        self.servicer.attach(EngineLoop(engine), pool_tensor, layout, engine.model_config.vocab_size,
+                             kvstore_address=self.config.kvstore_address, metrics=self.metrics)
         self.engine_loop = self.servicer.engine_loop
         del engine
         self.engine_loop.start()
-        await warm_up(self.engine_loop, lengths)
+        with self.metrics.time_warmup():
+            await warm_up(self.engine_loop, lengths)
         # Only once warm: a heartbeat puts this worker into routing.
         self.publisher = publisher_for("prefill", self.config, self.port, self.engine_loop,
                                        model_key=layout.fingerprint.hex(), block_size=layout.block_size,

@@ -21,9 +21,11 @@ from services.common.settings import (
     ConfigError as ConfigError,
     add_bind_flags,
     add_limit_flags,
+    add_metrics_flag,
     add_registry_flags,
     check_bind,
     check_limits,
+    check_metrics_port,
     check_model_dir,
     check_positive,
     check_registry,
@@ -40,6 +42,8 @@ ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
 ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
+ENV_KVSTORE = "BATON_PREFILL_KVSTORE"
+ENV_METRICS_PORT = "BATON_PREFILL_METRICS_PORT"
 
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # the token budget of one step: longer prompts are chunked
@@ -58,6 +62,8 @@ class PrefillServiceConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
     prefix_caching: bool = True  # off: every prompt computed whole (for measuring what the cache saves)
+    kvstore_address: str = ""  # host:port of the kvstore node computed prefix blocks are stored on; "": none
+    metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     redis_url: str = ""  # "": no Redis, nothing heartbeated or published
     instance_id: str = ""  # "": KIND-HOST-PORT once bound
     registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
@@ -72,6 +78,7 @@ class PrefillServiceConfig:
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
+        check_metrics_port(self.metrics_port)
 
     @property
     def address(self) -> str:
@@ -98,12 +105,17 @@ class PrefillServiceConfig:
         parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                             default=env.get(ENV_PREFIX_CACHING, "1") != "0",
                             help=f"compute every prompt whole, reusing no cached prefix (${ENV_PREFIX_CACHING}=0)")
+        parser.add_argument("--kvstore", default=env.get(ENV_KVSTORE, ""), metavar="HOST:PORT",
+                            help="kvstore node to store the prefix blocks this worker computes on, for other "
+                                 f"workers to read instead of computing (${ENV_KVSTORE}; default: none)")
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
+        add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
-                   prefix_caching=args.prefix_caching)
+                   prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,
+                   metrics_port=args.metrics_port)

@@ -25,14 +25,15 @@ TRANSPORTS = {
 }
 
 
-def response_from_output(out: RequestOutput, num_logprobs: int | None,
-                         timings: prefill_pb2.PrefillTimings) -> prefill_pb2.PrefillResponse:
+def response_from_output(out: RequestOutput, num_logprobs: int | None, timings: prefill_pb2.PrefillTimings,
+                         num_host_tier_tokens: int = 0) -> prefill_pb2.PrefillResponse:
     """The first token of a finished prefill-only output. "prefilled" (pages handed on,
     decode continues) leaves finish_reason UNSPECIFIED; "stop"/"length" set it."""
     first = out.token_ids[0]
     reason = None if out.finish_reason == "prefilled" else out.finish_reason
     response = prefill_pb2.PrefillResponse(first_token_id=first, num_cached_tokens=out.num_cached_tokens,
-                                           timings=timings, finish_reason=FINISH_REASONS[reason])
+                                           timings=timings, finish_reason=FINISH_REASONS[reason],
+                                           num_host_tier_tokens=num_host_tier_tokens)
     if num_logprobs is not None and out.new_logprobs:
         response.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
     return response

@@ -23,10 +23,16 @@ Status codes:
 - ABORTED: the request was aborted in the engine.
 
 Timings: `queue_seconds` runs from the call's arrival until the engine thread took
-the request (validation, attaching, waiting out the step in progress);
+the request (validation, attaching, reading from the host tier, waiting out the step
+in progress), `host_tier_read_seconds` is the part spent reading from the host tier;
 `prefill_seconds` from then until the first token (it includes any wait for a batch
 slot: the engine does not report when a request was first scheduled);
 `kv_transfer_seconds` is the page write, by the transport named in `kv_transport`.
+
+With a HostTierSource (the router found more of the prompt's prefix on a kvstore node
+than here), the blocks this worker lacks are read from that node into its prefix cache
+before the prompt is queued; after the handoff, the full blocks it computed are stored
+on its own kvstore node (`--kvstore`) before their pages are released (host_tier.py).
 
 The write runs off the engine thread (a copy on a worker thread, or a gRPC stream):
 held pages are neither reallocated nor written until `release`, so reading them is
@@ -41,8 +47,9 @@ import time
 import grpc
 import torch
 
-from protos import prefill_pb2, prefill_pb2_grpc
+from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop
+from services.common.metrics import ServiceMetrics
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.transport import KVDestination, PageTransport
@@ -56,6 +63,7 @@ from services.prefill.converters import (
     transport_to_proto,
 )
 from services.prefill.decode_reservations import DecodeReservations
+from services.prefill.host_tier import PrefillHostTier
 from services.prefill.kv_writer import KVWriter
 
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
@@ -72,17 +80,24 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.vocab_size = 0
         self._writer: KVWriter | None = None
         self._reservations = DecodeReservations()
+        self._host_tier: PrefillHostTier | None = None
+        self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
-               vocab_size: int) -> None:
-        """`pool_tensor`: our KV pool [L, 2, Hkv, N, bs, D]."""
+               vocab_size: int, kvstore_address: str = "", metrics: ServiceMetrics | None = None) -> None:
+        """`pool_tensor`: our KV pool [L, 2, Hkv, N, bs, D]. `kvstore_address`: the kvstore node
+        that computed prefix blocks are stored on ("": none)."""
         self.engine_loop = engine_loop
         self.layout = layout
         self.vocab_size = vocab_size
+        self.metrics = metrics or self.metrics
         self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
+        self._host_tier = PrefillHostTier(pool_tensor, layout, kvstore_address, checksum=self.kv_checksum)
 
     async def close(self) -> None:
         """Unmap the decode pools and close channels; after the server stopped (no write in flight)."""
+        if self._host_tier is not None:
+            await self._host_tier.close()
         if self._writer is not None:
             await self._writer.close()
         await self._reservations.close()
@@ -93,6 +108,25 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         return self.engine_loop
 
     async def Prefill(self, request, context):
+        """`_prefill`, counted: successes by finish reason ("prefilled": handed on to decode),
+        failures by the status the call ended with."""
+        try:
+            response = await self._prefill(request, context)
+        except asyncio.CancelledError:
+            self.metrics.count_error("cancelled")
+            raise
+        except BaseException:
+            code = context.code()
+            self.metrics.count_error(code.name.lower() if code is not None else "internal")
+            raise
+        if response.reservation_id:
+            self.metrics.count_success("prefilled")
+        else:  # the first token ended it
+            self.metrics.count_success(common_pb2.FinishReason.Name(response.finish_reason)
+                                       .removeprefix("FINISH_REASON_").lower())
+        return response
+
+    async def _prefill(self, request, context):
         arrival = time.perf_counter()
         engine_loop = await self._ready(context)
         request_id = request.request_id
@@ -123,7 +157,15 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         is_added = True  # unknown until `add_request` returns: cancelled meanwhile, it may have run
         is_handed_on = False  # the decode worker now owns the reservation we made
         pending_copy: asyncio.Future | None = None
+        held = None  # the "prefilled" output, while its pages are held
+        tier_tokens, tier_seconds = 0, 0.0
         try:
+            if request.host_tier.num_blocks and request.host_tier.address:
+                read_start = time.perf_counter()
+                tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
+                                                                request.host_tier.address,
+                                                                request.host_tier.num_blocks)
+                tier_seconds = time.perf_counter() - read_start
             try:
                 outputs = await engine_loop.add_request(request_id, prompt, params, prefill_only=True)
             except ValueError as e:
@@ -136,9 +178,11 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.INTERNAL, f"the prefill engine failed: {out}")
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
-            timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted)
+            timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted,
+                                                 host_tier_read_seconds=tier_seconds)
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
-                return response_from_output(out, params.logprobs, timings)
+                return response_from_output(out, params.logprobs, timings, tier_tokens)
+            held = out
             if reservation is not None:
                 try:
                     made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
@@ -157,13 +201,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
             timings.kv_transport = transport_to_proto(transport.kind)
             timings.kv_transfer_seconds = time.perf_counter() - computed
-            response = response_from_output(out, params.logprobs, timings)
+            response = response_from_output(out, params.logprobs, timings, tier_tokens)
             response.reservation_id = target.reservation_id
             is_handed_on = True
             return response
         finally:
             if is_added:
-                self._release_after(request_id, pending_copy)
+                def release() -> None:
+                    self._release_after(request_id, pending_copy)
+
+                if held is None or not self._host_tier.store_then(request_id, prompt, held.num_cached_tokens,
+                                                                   held.held_block_ids, release):
+                    release()
             if reservation is not None and not is_handed_on:
                 self._reservations.abort_after(reservation, request.target.decode_address, request_id)
 

@@ -19,9 +19,11 @@ from services.common.settings import (
     ENV_MODEL as ENV_MODEL,
     ConfigError as ConfigError,
     add_bind_flags,
+    add_metrics_flag,
     add_limit_flags,
     check_bind,
     check_limits,
+    check_metrics_port,
     check_model_dir,
     model_arg,
     new_parser,
@@ -29,6 +31,7 @@ from services.common.settings import (
 
 ENV_HOST = "BATON_TOKENIZER_HOST"
 ENV_PORT = "BATON_TOKENIZER_PORT"
+ENV_METRICS_PORT = "BATON_TOKENIZER_METRICS_PORT"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class TokenizerServiceConfig:
     model_dir: Path
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port, printed on the listening line
+    metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
@@ -43,6 +47,7 @@ class TokenizerServiceConfig:
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
         check_bind(self.host, self.port, ENV_HOST)
+        check_metrics_port(self.metrics_port)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
 
     @property
@@ -58,7 +63,8 @@ class TokenizerServiceConfig:
         parser = new_parser("tokenizer")
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT,
                        model_help="model directory holding tokenizer.json")
+        add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_limit_flags(parser, env)
         args = parser.parse_args(argv)
-        return cls(model_dir=model_arg(args), host=args.host, port=args.port,
+        return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes)

@@ -5,7 +5,7 @@ calls that arrive while the tokenizer is still loading get UNAVAILABLE. Tokenizi
 a long text takes milliseconds of CPU, so long inputs are encoded in a worker
 thread (HF `tokenizers` releases the GIL) and never stall the event loop for the
 short requests behind them; short ones run inline, where a thread hop would cost
-more than the work.
+more than the work. Each refusal is counted as an error, by its code's name.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 
 from protos import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common.metrics import ServiceMetrics
 from services.tokenizer.chat_template import ChatTemplateError
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
@@ -31,8 +32,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     """Every RPC of baton.tokenizer.v1.Tokenizer. `tokenizer` may be set after the
     server starts (`__main__` loads it while health reports NOT_SERVING)."""
 
-    def __init__(self, tokenizer: ModelTokenizer | None = None):
+    def __init__(self, tokenizer: ModelTokenizer | None = None, metrics: ServiceMetrics | None = None):
         self.tokenizer = tokenizer
+        self.metrics = metrics or ServiceMetrics("tokenizer")
 
     async def Encode(self, request, context):
         tokenizer = await self._ready(context)
@@ -43,10 +45,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     async def ApplyChatTemplate(self, request, context):
         tokenizer = await self._ready(context)
         if not request.messages:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "messages must not be empty")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "messages must not be empty")
         for i, message in enumerate(request.messages):
             if not message.role:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"messages[{i}] has no role")
+                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"messages[{i}] has no role")
         messages = chat_messages_from_proto(request.messages)
         num_chars = sum(len(m["content"]) for m in messages)
         try:
@@ -54,7 +56,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             text, ids = await _run(num_chars > INLINE_LIMIT, tokenizer.apply_chat_template, messages,
                                    request.add_generation_prompt)
         except ChatTemplateError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)
 
     async def Decode(self, request, context):
@@ -63,8 +65,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         # tokenizers silently drops unknown ids; a caller sending them has a bug worth hearing about.
         bad = next((i for i in request.token_ids if not 0 <= i < vocab_size), None)
         if bad is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                              f"token id {bad} is outside the vocabulary [0, {vocab_size})")
         text = await _run(len(request.token_ids) > INLINE_LIMIT, tokenizer.decode, request.token_ids,
                           request.skip_special_tokens)
         return tokenizer_pb2.DecodeResponse(text=text)
@@ -77,10 +79,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         tokenizer = await self._ready(context)
         num_prompt = request.num_prompt_tokens
         if num_prompt == 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty (num_prompt_tokens is 0)")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty (num_prompt_tokens is 0)")
         has_budget = request.HasField("max_tokens")
         if has_budget and request.max_tokens == 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be at least 1")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be at least 1")
         limit = tokenizer.max_model_len
         try:
             budget = tokenizer.completion_budget(num_prompt, request.max_tokens if has_budget else None)
@@ -91,8 +93,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def _ready(self, context) -> ModelTokenizer:
         if self.tokenizer is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the tokenizer is still loading")
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the tokenizer is still loading")
         return self.tokenizer
+
+    async def _abort(self, context, code: grpc.StatusCode, details: str) -> None:
+        self.metrics.count_error(code.name.lower())
+        await context.abort(code, details)
 
 
 async def _run(in_thread: bool, fn: Callable[..., T], *args) -> T:

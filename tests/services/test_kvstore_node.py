@@ -163,3 +163,52 @@ def test_bad_flags_exit_2_and_sigterm_exits_0():
     svc.proc.send_signal(signal.SIGTERM)
     assert svc.proc.wait(timeout=15) == 0
     svc.terminate()
+
+
+def test_stored_blocks_enter_the_prefix_index_and_evicted_ones_leave(redis_server, redis_client, pool):
+    """With --redis a node publishes what it stores under the model's key, removes what it
+    evicts within a heartbeat, heartbeats as a "kvstore" instance and leaves on SIGTERM."""
+    import redis.asyncio
+
+    from services.common.registry import InstanceRegistry
+    from services.kvstore.prefix_index import PrefixIndex
+
+    node = KVStoreProcess("--capacity-bytes", str(3 * BLOCK_NBYTES), "--redis", redis_server.url,
+                          "--instance-id", "tier-1")
+
+    async def held(hashes: list[int], want: int, timeout_s: float = 3.0) -> int:
+        r = redis.asyncio.Redis.from_url(redis_server.url)
+        index = PrefixIndex(r, LAYOUT.fingerprint.hex())
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            while True:
+                n = (await index.match(hashes, ["tier-1"]))["tier-1"]
+                if n == want or asyncio.get_running_loop().time() > deadline:
+                    return n
+                await asyncio.sleep(0.05)
+        finally:
+            await r.aclose()
+
+    async def kinds(want: list[str], timeout_s: float = 3.0) -> list[str]:
+        r = redis.asyncio.Redis.from_url(redis_server.url)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            while True:  # the first heartbeat follows SERVING by up to one interval
+                live = [i.instance_id for i in await InstanceRegistry(r).instances("kvstore")]
+                if live == want or asyncio.get_running_loop().time() > deadline:
+                    return live
+                await asyncio.sleep(0.05)
+        finally:
+            await r.aclose()
+
+    try:
+        assert asyncio.run(kinds(["tier-1"])) == ["tier-1"]
+        _store(node, pool, [0, 1, 2], [700, 701, 702])
+        assert asyncio.run(held([700, 701, 702], 3)) == 3
+        _store(node, pool, [3, 4], [703, 704])  # evicts 700 and 701
+        assert asyncio.run(held([700], 0)) == 0
+        assert asyncio.run(held([702, 703, 704], 3)) == 3
+    finally:
+        assert node.terminate() == 0
+    assert asyncio.run(kinds([], timeout_s=0)) == []
+    assert asyncio.run(held([702], 0, timeout_s=0)) == 0

@@ -25,7 +25,8 @@ GRPC_PORTS = {"tokenizer": 50051, "prefill": 50052, "decode": 50053, "kvstore": 
 BATON_SERVICES = ["model-init", *GRPC_PORTS]
 # Variables compose.yaml reads: cleared so the caller's shell cannot change the results.
 COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "BATON_PORT", "BATON_GRPC_PORT",
-                "DECODE_SHM_SIZE", "KVSTORE_CAPACITY_BYTES", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME"]
+                "DECODE_SHM_SIZE", "KVSTORE_CAPACITY_BYTES", "GRAFANA_PORT", "PROMETHEUS_PORT", "JAEGER_UI_PORT",
+                "COMPOSE_FILE", "COMPOSE_PROJECT_NAME"]
 
 
 def compose_config(**env: str) -> dict:
@@ -161,9 +162,10 @@ def test_gateway_publishes_http(env, published):
         {"published": int(p["published"]), "target": int(p["target"])} for p in ports]
 
 
-def test_only_the_gateway_publishes_ports():
+def test_only_the_gateway_and_the_dashboards_publish_ports():
     services = default_config()["services"]
-    assert [name for name, service in services.items() if service.get("ports")] == ["gateway"]
+    published = {name for name, service in services.items() if service.get("ports")}
+    assert published == {"gateway", "grafana", "prometheus", "jaeger"}
 
 
 @pytest.mark.parametrize("env, prefill, decode", [

@@ -85,12 +85,14 @@ def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0
 
 
 def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = (),
-               worker_args: tuple[str, ...] = ()) -> Mesh:
+               worker_args: tuple[str, ...] = (), prefill_args: tuple[str, ...] = ()) -> Mesh:
+    """`worker_args` go to prefill and decode workers, `prefill_args` to prefill workers only."""
     started: list = []
     try:
         tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir)
         started.append(tokenizer)
-        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128", *worker_args)
+        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128", *worker_args,
+                                  *prefill_args)
                    for _ in range(num_prefill)]
         started += prefill
         decode = [ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),

@@ -1,0 +1,102 @@
+"""`RequestMetrics`: per-request latencies and token counts, as the gateway sees a request
+from arrival to its last token (as vLLM's frontend counts them).
+
+- time to first token: arrival → the first generated token;
+- inter-token latency: between consecutive steps that brought tokens;
+- time per output token: (last token − first token) / (tokens − 1), once per finished
+  request of at least two tokens;
+- end to end: arrival → the last token, once per finished request;
+- queue: how long the prefill worker's engine took to pick the request up (its
+  reported `queue_seconds`), and the KV transfer it then made, by transport.
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Histogram
+
+from services.common.metrics.service import LABELS, LATENCY_BUCKETS, ServiceMetrics
+
+
+class RequestMetrics:
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+        registry, labels = metrics.registry, metrics.labels
+
+        def histogram(name: str, documentation: str):
+            return Histogram(name, documentation, LABELS, buckets=LATENCY_BUCKETS, registry=registry).labels(**labels)
+
+        def counter(name: str, documentation: str):
+            return Counter(name, documentation, LABELS, registry=registry).labels(**labels)
+
+        self.queue = histogram("baton_request_queue_duration_seconds",
+                               "Waiting for an engine to take the request (prefill worker's queue)")
+        self.time_to_first_token = histogram("baton_time_to_first_token_seconds", "Arrival to the first token")
+        self.time_per_output_token = histogram("baton_time_per_output_token_seconds",
+                                               "Mean time per token after the first, per finished request")
+        self.inter_token_latency = histogram("baton_inter_token_latency_seconds",
+                                             "Time between consecutive steps that brought tokens")
+        self.e2e_latency = histogram("baton_e2e_request_latency_seconds", "Arrival to the last token")
+        self.prompt_tokens = counter("baton_prompt_tokens", "Prompt tokens of requests that got a first token")
+        self.generation_tokens = counter("baton_generation_tokens", "Tokens generated")
+        self._kv_duration = Histogram("baton_kv_transfer_duration_seconds", "Writing a prompt's KV pages to decode",
+                                      [*LABELS, "transport"], buckets=LATENCY_BUCKETS, registry=registry)
+        self._kv_bytes = Counter("baton_kv_transfer_bytes", "KV bytes written from prefill to decode",
+                                 [*LABELS, "transport"], registry=registry)
+
+    def start(self) -> RequestTimer:
+        """A request arrives now."""
+        return RequestTimer(self, time.perf_counter())
+
+    def observe_prefill(self, queue_s: float, transport: str | None, transfer_s: float, transfer_bytes: int) -> None:
+        """What a prefill worker reported; `transport` None when no pages moved."""
+        self.queue.observe(queue_s)
+        if transport is not None:
+            self._kv_duration.labels(**self.metrics.labels, transport=transport).observe(transfer_s)
+            self._kv_bytes.labels(**self.metrics.labels, transport=transport).inc(transfer_bytes)
+
+
+class RequestTimer:
+    """One request's timestamps, observed into `RequestMetrics` as they happen. Ends with
+    exactly one of `finish` (counted a success) or `fail` (an error, by reason)."""
+
+    __slots__ = ("metrics", "arrival", "first_token_time", "last_token_time", "num_generated", "num_prompt_tokens",
+                 "is_done")
+
+    def __init__(self, metrics: RequestMetrics, arrival: float) -> None:
+        self.metrics = metrics
+        self.arrival = arrival
+        self.first_token_time: float | None = None
+        self.last_token_time = arrival
+        self.num_generated = 0
+        self.num_prompt_tokens = 0  # set once the prompt is known; counted at the first token
+        self.is_done = False
+
+    def add_tokens(self, num_tokens: int) -> None:
+        if num_tokens == 0:
+            return
+        now = time.perf_counter()
+        m = self.metrics
+        if self.first_token_time is None:
+            self.first_token_time = now
+            m.time_to_first_token.observe(now - self.arrival)
+            m.prompt_tokens.inc(self.num_prompt_tokens)
+        else:
+            m.inter_token_latency.observe(now - self.last_token_time)
+        self.last_token_time = now
+        self.num_generated += num_tokens
+        m.generation_tokens.inc(num_tokens)
+
+    def finish(self, finish_reason: str) -> None:
+        m = self.metrics
+        m.e2e_latency.observe(time.perf_counter() - self.arrival)
+        if self.num_generated > 1:
+            m.time_per_output_token.observe((self.last_token_time - self.first_token_time) / (self.num_generated - 1))
+        m.metrics.count_success(finish_reason)
+        self.is_done = True
+
+    def fail(self, reason: str) -> None:
+        """Counts the error unless the request already finished (a consumer closing after the last delta)."""
+        if not self.is_done:
+            self.metrics.metrics.count_error(reason)
+            self.is_done = True

@@ -1,0 +1,82 @@
+"""`ServiceMetrics`: one service's Prometheus registry, the labels every metric carries, and what
+every service counts (requests finished, errors by reason, start-up durations).
+
+Every name starts `baton_`; every metric carries `model`, `service` and `instance` (a
+worker's instance id, `KIND-HOST-PORT` by default, as in the instance registry). A gRPC
+worker serves its registry on its own port (`serve_http`, prometheus-client's own server
+on a daemon thread); the gateway serves it on its HTTP port beside the router's.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+
+from services.common.metrics.engine import EngineCollector
+
+LABELS = ("model", "service", "instance")
+# Seconds, 1-2-5 per decade from 1 ms to a minute: an inter-token latency of a few
+# milliseconds lands in its own bucket, and so does a long request end to end.
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
+
+
+class ServiceMetrics:
+    """A service's registry and the labels of its metrics. A metric family is registered once
+    per registry: make one `ServiceMetrics` per service, and hand it to what counts."""
+
+    def __init__(self, service: str, model: str = "", instance: str = "") -> None:
+        self.registry = CollectorRegistry()
+        self.labels: Mapping[str, str] = {"model": model, "service": service, "instance": instance}
+        self._success = Counter("baton_request_success", "Requests finished, by finish reason",
+                                [*LABELS, "finish_reason"], registry=self.registry)
+        self._errors = Counter("baton_request_errors", "Requests that failed or were refused, by reason",
+                               [*LABELS, "reason"], registry=self.registry)
+        # Set once per process; no sample until set (a tokenizer has no engine).
+        self._engine_init = self.gauge("baton_engine_init_duration_seconds",
+                                       "Building the engine: model, weights and KV pool")
+        self._weight_loading = self.gauge("baton_weight_loading_duration_seconds",
+                                          "Reading the checkpoint into the model")
+        self._warmup = self.gauge("baton_warmup_duration_seconds", "Warming up the engine with dummy requests")
+        self._http: WSGIServer | None = None
+
+    def gauge(self, name: str, documentation: str) -> Gauge:
+        """A gauge with this service's labels, in its registry; `.labels(**metrics.labels)` gives the child."""
+        return Gauge(name, documentation, LABELS, registry=self.registry)
+
+    def count_success(self, finish_reason: str) -> None:
+        self._success.labels(**self.labels, finish_reason=finish_reason).inc()
+
+    def count_error(self, reason: str) -> None:
+        self._errors.labels(**self.labels, reason=reason).inc()
+
+    def watch_engine(self, engine: Any) -> None:
+        """Export an `LLMEngine`'s start-up durations, and from now on its pages, running and
+        waiting requests and prefix-cache counters (read on each scrape, not each step).
+        Holds the scheduler and block manager only: never a view of the KV pool."""
+        self._engine_init.labels(**self.labels).set(engine.init_seconds)
+        self._weight_loading.labels(**self.labels).set(engine.runner.weight_loading_seconds)
+        self.registry.register(EngineCollector(engine.scheduler, engine.block_manager, self.labels))
+
+    def time_warmup(self) -> AbstractContextManager:
+        """`with metrics.time_warmup(): await warm_up(...)` sets `baton_warmup_duration_seconds`."""
+        return self._warmup.labels(**self.labels).time()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Serve `/metrics` on `host:port` (0: any free port) from a daemon thread; returns the
+        bound port. Raises OSError when it cannot bind."""
+        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._http.server_port
+
+    def close(self) -> None:
+        """Stop the HTTP server, if one runs (waits up to its half-second poll)."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

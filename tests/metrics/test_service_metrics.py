@@ -1,0 +1,95 @@
+"""`ServiceMetrics`, `RequestMetrics` and `EngineCollector` in-process: what each records,
+exactly, and that two services in one process keep separate registries."""
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from services.common.metrics import RequestMetrics, ServiceMetrics
+
+
+def samples(metrics: ServiceMetrics) -> dict[tuple[str, frozenset], float]:
+    text = metrics.exposition().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(metrics: ServiceMetrics, name: str, **extra: str) -> float:
+    return samples(metrics).get((name, frozenset({**metrics.labels, **extra}.items())), 0.0)
+
+
+def test_a_request_is_timed_once_and_ends_once():
+    metrics = ServiceMetrics("gateway", model="m", instance="gw-0")
+    requests = RequestMetrics(metrics)
+    timer = requests.start()
+    timer.num_prompt_tokens = 7
+    timer.add_tokens(1)
+    timer.add_tokens(0)  # a step without tokens is no step
+    timer.add_tokens(2)
+    timer.finish("stop")
+    timer.fail("cancelled")  # the consumer closing after the last delta is no error
+    requests.start().fail("overloaded")
+    requests.observe_prefill(0.004, "grpc_stream", 0.003, 1000)
+    requests.observe_prefill(0.004, None, 0.0, 0)  # no pages moved: queue only
+    assert value(metrics, "baton_time_to_first_token_seconds_count") == 1
+    assert value(metrics, "baton_inter_token_latency_seconds_count") == 1
+    assert value(metrics, "baton_time_per_output_token_seconds_count") == 1
+    assert value(metrics, "baton_e2e_request_latency_seconds_count") == 1
+    assert value(metrics, "baton_prompt_tokens_total") == 7
+    assert value(metrics, "baton_generation_tokens_total") == 3
+    assert value(metrics, "baton_request_success_total", finish_reason="stop") == 1
+    assert value(metrics, "baton_request_errors_total", reason="overloaded") == 1
+    assert value(metrics, "baton_request_errors_total", reason="cancelled") == 0
+    assert value(metrics, "baton_request_queue_duration_seconds_count") == 2
+    assert value(metrics, "baton_request_queue_duration_seconds_bucket", le="0.005") == 2
+    assert value(metrics, "baton_request_queue_duration_seconds_bucket", le="0.002") == 0
+    assert value(metrics, "baton_kv_transfer_duration_seconds_count", transport="grpc_stream") == 1
+    assert value(metrics, "baton_kv_transfer_bytes_total", transport="grpc_stream") == 1000
+
+
+def test_two_services_in_one_process_keep_their_own_registries():
+    a, b = ServiceMetrics("decode", "m", "decode-a"), ServiceMetrics("decode", "m", "decode-b")
+    RequestMetrics(a), RequestMetrics(b)  # the same families, registered twice without a clash
+    a.count_error("lease_expired")
+    assert value(a, "baton_request_errors_total", reason="lease_expired") == 1
+    assert value(b, "baton_request_errors_total", reason="lease_expired") == 0
+
+
+def test_the_engine_is_read_on_each_scrape(tiny_demo_model):
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=16))
+    metrics = ServiceMetrics("prefill", "tiny", "prefill-0")
+    metrics.watch_engine(engine)
+    assert value(metrics, "baton_engine_init_duration_seconds") == engine.init_seconds > 0
+    assert value(metrics, "baton_weight_loading_duration_seconds") == engine.runner.weight_loading_seconds > 0
+    assert value(metrics, "baton_kv_pages_free") == 16 and value(metrics, "baton_kv_pages_used") == 0
+    prompt = list(range(1, 41))  # two full blocks of 16 and a bit
+    engine.add_request("a", prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert value(metrics, "baton_requests_waiting") == 1 and value(metrics, "baton_requests_running") == 0
+    engine.step()
+    assert value(metrics, "baton_requests_running") == 1
+    assert value(metrics, "baton_kv_pages_used") == 3
+    while engine.has_unfinished_requests():
+        engine.step()
+    list(engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True)))
+    assert value(metrics, "baton_kv_pages_used") == 0 and value(metrics, "baton_requests_running") == 0
+    assert value(metrics, "baton_prefix_cache_queries_total") == 80
+    assert value(metrics, "baton_prefix_cache_hits_total") == 32  # the second prompt's two full blocks
+    with metrics.time_warmup():
+        pass
+    assert value(metrics, "baton_warmup_duration_seconds") >= 0
+
+
+def test_a_worker_serves_its_registry_over_http():
+    metrics = ServiceMetrics("tokenizer", "m", "tokenizer-0")
+    metrics.count_error("invalid_argument")
+    port = metrics.serve_http("127.0.0.1", 0)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        metrics.close()
+    assert 'baton_request_errors_total{instance="tokenizer-0",model="m",reason="invalid_argument",' \
+           'service="tokenizer"} 1.0' in text
