@@ -9,8 +9,8 @@ loads the engine (its own private KV pool: the prompts in flight and the local
 prefix cache) and warms it up with dummy prefill-only requests of several
 lengths, whose held pages are then released; then SERVING. With --redis it then
 heartbeats into the instance registry and publishes its prefix cache
-(services/common/index_publisher.py). With --kvstore it stores the prefix blocks it
-computes on that kvstore node (services/prefill/host_tier.py). SIGTERM or SIGINT: it leaves the registry and
+(services/common/index_publisher.py). With --kvstore it stores the prefixes it reuses
+on that kvstore node (services/prefill/host_tier.py). SIGTERM or SIGINT: it leaves the registry and
 the index, health turns NOT_SERVING, in-flight calls get a grace period, the decode
 pools it attached are unmapped and its KV channels closed, exit code 0. A bad
 setting, an address that cannot be bound or an unloadable model exits 2 with one

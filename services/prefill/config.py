@@ -62,7 +62,7 @@ class PrefillServiceConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
     prefix_caching: bool = True  # off: every prompt computed whole (for measuring what the cache saves)
-    kvstore_address: str = ""  # host:port of the kvstore node computed prefix blocks are stored on; "": none
+    kvstore_address: str = ""  # host:port of the kvstore node reused prefix blocks are stored on; "": none
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     redis_url: str = ""  # "": no Redis, nothing heartbeated or published
     instance_id: str = ""  # "": KIND-HOST-PORT once bound
@@ -106,7 +106,7 @@ class PrefillServiceConfig:
                             default=env.get(ENV_PREFIX_CACHING, "1") != "0",
                             help=f"compute every prompt whole, reusing no cached prefix (${ENV_PREFIX_CACHING}=0)")
         parser.add_argument("--kvstore", default=env.get(ENV_KVSTORE, ""), metavar="HOST:PORT",
-                            help="kvstore node to store the prefix blocks this worker computes on, for other "
+                            help="kvstore node to store the prefixes this worker reuses on, for other "
                                  f"workers to read instead of computing (${ENV_KVSTORE}; default: none)")
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)

@@ -31,7 +31,7 @@ slot: the engine does not report when a request was first scheduled);
 
 With a HostTierSource (the router found more of the prompt's prefix on a kvstore node
 than here), the blocks this worker lacks are read from that node into its prefix cache
-before the prompt is queued; after the handoff, the full blocks it computed are stored
+before the prompt is queued; after the handoff, the cached blocks it reused are stored
 on its own kvstore node (`--kvstore`) before their pages are released (host_tier.py).
 
 The write runs off the engine thread (a copy on a worker thread, or a gRPC stream):

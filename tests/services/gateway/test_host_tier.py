@@ -1,4 +1,4 @@
-"""The host page tier end to end: prefill workers store the prefix blocks they compute on
+"""The host page tier end to end: prefill workers store the prefix blocks they reuse on
 a kvstore node, which publishes them into the prefix index; when the worker that holds a
 prefix is gone, the router sends the next request for it to another worker together
 with the node's address, and that worker reads the prefix instead of computing it."""
@@ -69,6 +69,9 @@ def test_a_prefix_outlives_the_worker_that_computed_it(tier_mesh, redis_server):
     hashes = hash_block_chain(PROMPT, BLOCK_SIZE, fingerprint)
     text, cached = complete(tier_mesh, PROMPT)
     assert cached == 0
+    time.sleep(0.5)  # published: the next request for it goes to the same worker, which reuses and stores it
+    again, cached = complete(tier_mesh, PROMPT)
+    assert cached == len(hashes) * BLOCK_SIZE and again == text
 
     deadline = time.monotonic() + 5
     while True:  # the worker publishes its cache; it stores the blocks on the node, which publishes them

@@ -1,5 +1,6 @@
 """The host page tier between prefill workers, as real processes: worker A computes a
-prompt and stores its full blocks on a kvstore node; worker B, told by the request
+prompt, and once the prompt is used again stores its reused blocks on a kvstore node (a
+prompt used once is never stored); worker B, told by the request
 that the node holds the prefix, reads those blocks instead of computing them, and the
 tokens decoded from B's KV equal a colocated engine's."""
 from __future__ import annotations
@@ -96,6 +97,10 @@ def test_a_prefix_computed_by_one_worker_is_read_by_another(decode, workers, kvs
     response, tokens = generate(decode, a, "on-a", PROMPT)
     assert tokens == colocated_tokens
     assert response.num_host_tier_tokens == 0 and response.num_cached_tokens == 0
+    time.sleep(0.3)
+    assert stored_blocks(kvstore, layout, hashes) == 0  # used once: not stored
+    response, tokens = generate(decode, a, "on-a-again", PROMPT)  # reused from A's cache: now stored
+    assert response.num_cached_tokens == 10 * BLOCK_SIZE and tokens == colocated_tokens
     deadline = time.monotonic() + 5
     while stored_blocks(kvstore, layout, hashes) < len(hashes):  # stored after the handoff, in the background
         assert time.monotonic() < deadline, "worker A never stored the prompt's blocks"
