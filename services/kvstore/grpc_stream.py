@@ -36,7 +36,8 @@ class GrpcStreamSender:
         self.max_message_bytes = max_message_bytes
         self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KVStoreStub]] = {}
 
-    def _stub(self, address: str) -> kvstore_pb2_grpc.KVStoreStub:
+    def stub(self, address: str) -> kvstore_pb2_grpc.KVStoreStub:
+        """The KVStore stub on this sender's channel to `address` (opened on first use)."""
         if address not in self._stubs:
             channel = make_channel(address, self.max_message_bytes)
             self._stubs[address] = (channel, kvstore_pb2_grpc.KVStoreStub(channel))
@@ -58,7 +59,7 @@ class GrpcStreamSender:
                     reservation_id=reservation_id, dst_blocks=dst_blocks, block_hashes=block_hashes,
                     checksum=self.checksum, staging=staging)
 
-        ack = await self._stub(address).WritePages(chunks(), timeout=timeout_s)
+        ack = await self.stub(address).WritePages(chunks(), timeout=timeout_s)
         return ack.num_bytes
 
     async def close(self) -> None:

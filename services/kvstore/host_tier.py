@@ -69,9 +69,9 @@ class HostPageTier:
             held.setdefault(fingerprint, []).append(h)
         return held
 
-    def put(self, block_hash: int, block: StoredBlock) -> list[int]:
+    def put(self, block_hash: int, block: StoredBlock) -> None:
         """Store (or replace) a block as the most recently used, evicting the least recently
-        used until it fits; returns the evicted hashes (for the prefix index to forget).
+        used until it fits (the events say which, for the prefix index to forget).
         Raises ValueError for a block larger than the whole capacity (nothing is evicted then)."""
         size = block.pages.numel()
         if size > self.capacity_bytes:
@@ -80,17 +80,14 @@ class HostPageTier:
         old = self._blocks.pop(key, None)
         if old is not None:
             self.num_bytes -= old.pages.numel()
-        evicted = []
         while self.num_bytes + size > self.capacity_bytes:
             evicted_key, gone = self._blocks.popitem(last=False)
             self.num_bytes -= gone.pages.numel()
-            evicted.append(evicted_key[1])
             self._record(evicted_key, False)
         self._blocks[key] = block
         self.num_bytes += size
         if old is None:
             self._record(key, True)
-        return evicted
 
     def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:
         """The stored blocks of `block_hashes` up to the first one missing, each marked used."""

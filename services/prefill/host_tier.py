@@ -92,8 +92,9 @@ class PrefillHostTier:
         local = await engine_loop.call(lambda engine: engine.block_manager.num_cached_prefix_tokens(prompt)) // bs
         if local >= num_blocks:
             return 0
+        wanted = self.hashes(prompt, num_blocks)[local:]
         try:
-            pages = await self.client.read(address, self.hashes(prompt, num_blocks)[local:], request_id)
+            pages = await self.client.read(address, wanted, request_id)
         except (grpc.aio.AioRpcError, ValueError) as e:
             log.warning("reading %d prefix blocks of %s from the kvstore node %s failed; computing them: %s",
                         num_blocks - local, request_id, address, _describe(e))
@@ -101,7 +102,7 @@ class PrefillHostTier:
         if pages.shape[3] == 0:
             return 0
         imported = await engine_loop.call(lambda engine: import_pages(engine, prompt, local, pages))
-        self._remember(self.hashes(prompt, local + pages.shape[3])[local:])
+        self._remember(wanted[: pages.shape[3]])
         return imported * bs
 
     def store_then(self, request_id: str, prompt: list[int], num_cached_tokens: int, held_block_ids: list[int],

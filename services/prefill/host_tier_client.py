@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
 import torch
 
-from protos import kvstore_pb2, kvstore_pb2_grpc
-from services.common.channel import make_channel
+from protos import kvstore_pb2
 from services.common.converters import layout_to_proto
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.kvstore.converters import chunk_from_proto
@@ -22,23 +20,15 @@ from services.kvstore.page_chunks import scatter_chunk
 
 
 class HostTierClient:
-    """Channels to kvstore nodes, one per address, kept for the worker's life. `close` on the
-    event loop that used it."""
+    """Channels to kvstore nodes, one per address (reads and writes share it), kept for the
+    worker's life. `close` on the event loop that used it."""
 
     def __init__(self, layout: PageLayout, *, checksum: bool = True, read_timeout_s: float = 2.0,
                  write_timeout_s: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.layout = layout  # of our pool: what we read must match it, what we write carries it
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
-        self.max_message_bytes = max_message_bytes
         self._sender = GrpcStreamSender(layout, checksum=checksum, max_message_bytes=max_message_bytes)
-        self._channels: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KVStoreStub]] = {}
-
-    def _stub(self, address: str) -> kvstore_pb2_grpc.KVStoreStub:
-        if address not in self._channels:
-            channel = make_channel(address, self.max_message_bytes)
-            self._channels[address] = (channel, kvstore_pb2_grpc.KVStoreStub(channel))
-        return self._channels[address][1]
 
     async def read(self, address: str, block_hashes: Sequence[int], request_id: str) -> torch.Tensor:
         """The longest prefix of `block_hashes` the node holds, as a pool `[L, 2, Hkv, n, bs, D]`
@@ -50,7 +40,7 @@ class HostTierClient:
         pages = torch.empty(self.layout.with_num_blocks(max(1, len(block_hashes))).shape,
                             dtype=self.layout.torch_dtype)
         filled = torch.zeros((self.layout.num_layers, len(block_hashes)), dtype=torch.bool)
-        call = self._stub(address).ReadPages(query, timeout=self.read_timeout_s)
+        call = self._sender.stub(address).ReadPages(query, timeout=self.read_timeout_s)
         async for chunk in call:
             received = chunk_from_proto(chunk, self.layout.with_num_blocks(1))
             try:
@@ -73,6 +63,3 @@ class HostTierClient:
 
     async def close(self) -> None:
         await self._sender.close()
-        for channel, _ in self._channels.values():
-            await channel.close()
-        self._channels.clear()
