@@ -2,11 +2,11 @@
 
 Binds first and prints `<name> listening on HOST:PORT` (the line `baton up` reads);
 a worker whose config has `metrics_port` (not -1) then serves Prometheus' /metrics there
-and prints `<name> metrics on HOST:PORT`. Then it starts the service (loads its model, warms up) while health reports
-NOT_SERVING, then SERVING. SIGTERM or SIGINT: health turns NOT_SERVING, in-flight
-calls get a grace period, the service releases what it holds, exit code 0. A bad
-setting, an address that cannot be bound or an unloadable model exits 2 with one
-line on stderr.
+and prints `<name> metrics on HOST:PORT`. Then it starts the service (loads its model,
+warms up) while health reports NOT_SERVING, then SERVING. SIGTERM or SIGINT: health
+turns NOT_SERVING, in-flight calls get a grace period, the service releases what it
+holds, exit code 0. A bad setting, an address that cannot be bound or an unloadable
+model exits 2 with one line on stderr.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from grpc_health.v1 import health
 
+from services.common.addresses import advertised_address, instance_id
 from services.common.grpc_server import AddServicer, make_server, set_serving, stop_server
 from services.common.metrics import ServiceMetrics
 from services.common.settings import ConfigError
@@ -138,9 +139,9 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
 
 def service_metrics(name: str, config: ServiceConfig, port: int) -> ServiceMetrics:
     """Labelled with the served model's name (the model directory's by default), and the
-    instance id (`NAME-HOST-PORT` by default, as the instance registry names a worker)."""
+    instance id the instance registry knows it by."""
     model = getattr(config, "served_model_name", "") or (config.model_dir.name if config.model_dir else "")
-    instance = getattr(config, "instance_id", "") or f"{name}-{config.host}-{port}"
+    instance = instance_id(name, advertised_address(config.host, port), getattr(config, "instance_id", ""))
     return ServiceMetrics(name, model=model, instance=instance)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,28 +31,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine.llm_engine import LLMEngine
+from services.common.addresses import advertised_address, instance_id
 from services.common.engine_loop import EngineLoop
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceInfo, InstanceRegistry
 from services.kvstore.prefix_index import PrefixIndex
 
 log = logging.getLogger("baton.index_publisher")
-
-# Wildcard bind hosts: other machines reach such a worker at its host's address.
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
-
-
-def advertised_address(host: str, port: int) -> str:
-    """host:port as other machines reach it. A wildcard bind advertises the IPv4 address its host
-    name resolves to (a container's own address), as the gateway resolves a service name with
-    several replicas into their addresses (services/gateway/workers.py)."""
-    if host not in WILDCARD_HOSTS:
-        return f"{host}:{port}"
-    name = socket.gethostname()
-    try:
-        return f"{socket.gethostbyname(name)}:{port}"
-    except OSError:
-        return f"{name}:{port}"
 
 
 # Block hashes by model key (the hex model fingerprint): a kvstore node holds any model's pages.
@@ -250,8 +234,7 @@ def holdings_publisher(kind: str, config: Any, port: int | None, holdings: Holdi
     if port is None:
         raise RuntimeError("the server's port is not known yet: start publishing once it is bound")
     address = advertised_address(config.host, port)
-    instance_id = config.instance_id or f"{kind}-{address.replace(':', '-')}"
-    identity = InstanceInfo(instance_id=instance_id, kind=kind, address=address, model_key=model_key,
-                            block_size=block_size)
+    identity = InstanceInfo(instance_id=instance_id(kind, address, config.instance_id), kind=kind, address=address,
+                            model_key=model_key, block_size=block_size)
     return InstancePublisher(connect_redis(config.redis_url), holdings, identity, publish_blocks=publish_blocks,
                              registry_ttl_s=config.registry_ttl_s, index_ttl_s=config.index_ttl_s)

@@ -22,6 +22,8 @@ from typing import Literal
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.addresses import WILDCARD_HOSTS
+
 Stream = Literal["stdout", "stderr"]
 # forward(child name, stream, line): where a child's output goes.
 Forward = Callable[[str, Stream, str], None]
@@ -31,7 +33,6 @@ NUM_TAIL_LINES = 20
 HEALTH_POLL_S = 0.1
 DRAIN_TIMEOUT_S = 2.0  # a grandchild holding the pipes open must not stall the exit report
 PR_SET_PDEATHSIG = 1
-WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
 
 @dataclass(frozen=True)
