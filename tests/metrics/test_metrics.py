@@ -46,8 +46,9 @@ def metrics_address(svc: ServiceProcess) -> str:
 
 @pytest.fixture(scope="module")
 def worker_metrics(mesh) -> dict[str, str]:
-    """The base URL of the tokenizer's and the decode worker's /metrics."""
-    return {svc.name: f"http://{metrics_address(svc)}/metrics" for svc in (mesh.tokenizer, mesh.decode[0])}
+    """The base URL of the tokenizer's, the prefill worker's and the decode worker's /metrics."""
+    return {svc.name: f"http://{metrics_address(svc)}/metrics"
+            for svc in (mesh.tokenizer, mesh.prefill[0], mesh.decode[0])}
 
 
 def scrape(url: str) -> Samples:
@@ -109,8 +110,9 @@ def test_after_n_requests_the_gateway_counts_match_them(mesh, client):
     assert delta("baton_time_to_first_token_seconds_bucket", le="+Inf") == n
     bounds = {labels["le"] for labels in labels_of(after, "baton_inter_token_latency_seconds_bucket")}
     assert {"0.001", "0.002", "0.005", "60.0", "+Inf"} <= bounds
+    instance = f"gateway-{mesh.gateway.grpc_address.replace(':', '-')}"
     for labels in labels_of(after, "baton_time_to_first_token_seconds_count"):
-        assert {"model", "service", "instance"} <= labels.keys() and labels["service"] == "gateway"
+        assert (labels["model"], labels["service"], labels["instance"]) == (mesh.model_name, "gateway", instance)
     # The router's and the placement counter are still served beside them.
     assert delta("baton_gateway_prefills_total", place="prefill") == n
 
@@ -174,6 +176,26 @@ def test_the_decode_worker_exports_its_pages_load_and_start_up(mesh, client, wor
     instance = f"decode-{mesh.decode[0].address.replace(':', '-')}"
     for labels in labels_of(after, "baton_kv_pages_used") + labels_of(after, "baton_request_success_total"):
         assert (labels["model"], labels["service"], labels["instance"]) == (mesh.model_name, "decode", instance)
+
+
+def test_the_prefill_worker_exports_its_handoffs_pages_and_start_up(mesh, client, worker_metrics):
+    url = worker_metrics["prefill"]
+    before = scrape(url)
+    n = 3
+    for i in range(n):
+        client.completions.create(model=mesh.model_name, prompt=f"Prefill {i}", max_tokens=3, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    after = scrape(url)
+    assert total(after, "baton_request_success_total", finish_reason="prefilled") \
+        - total(before, "baton_request_success_total", finish_reason="prefilled") == n
+    assert total(after, "baton_prefix_cache_queries_total") > total(before, "baton_prefix_cache_queries_total")
+    assert total(after, "baton_kv_pages_used") + total(after, "baton_kv_pages_free") > 0
+    for name in ("baton_engine_init_duration_seconds", "baton_weight_loading_duration_seconds",
+                 "baton_warmup_duration_seconds"):
+        assert total(after, name) > 0, name
+    instance = f"prefill-{mesh.prefill[0].address.replace(':', '-')}"
+    for labels in labels_of(after, "baton_request_success_total") + labels_of(after, "baton_kv_pages_used"):
+        assert (labels["model"], labels["service"], labels["instance"]) == (mesh.model_name, "prefill", instance)
 
 
 def test_the_tokenizer_counts_refusals_by_reason(mesh, worker_metrics):

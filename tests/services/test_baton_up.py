@@ -202,12 +202,26 @@ def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = Fal
         assert httpx.get(match[1].removesuffix("/v1") + "/health", timeout=5).status_code == 200
     assert set(up.pids) == names, up.output()
     assert all(is_alive(pid) for pid in up.pids.values())
+    check_metrics_listed(up, names - {"gateway", "redis"})
     # baton up knows every segment before its banner; the test reads stderr on another thread.
     assert up.wait_for(lambda: set(up.segments()) == {f"decode-{i}" for i in range(num_decode)}), up.output()
     assert all(Path("/dev/shm", name).exists() for name in up.segments().values())
     if redis:
         assert answers_ping(redis_port(up))
         check_redis_given(up, up.addresses["redis"])
+
+
+def check_metrics_listed(up: BatonUp, workers: set[str]) -> None:
+    """Each worker's row names its Prometheus /metrics address beside its gRPC one, and it answers."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for name in workers:
+        match = re.fullmatch(r"\S+, (\S+) \(metrics\)", up.addresses[name])
+        assert match, (name, up.addresses[name])
+        response = httpx.get(f"http://{match[1]}/metrics", timeout=5)
+        assert response.status_code == 200, name
+        assert any(f.name.startswith("baton_") for f in text_string_to_metric_families(response.text)), name
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
