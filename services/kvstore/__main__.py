@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from protos import kvstore_pb2_grpc
 from services.common.entrypoint import run_service
 from services.common.index_publisher import InstancePublisher, holdings_publisher
+from services.common.metrics import ServiceMetrics
 from services.kvstore.config import KVStoreNodeConfig
 from services.kvstore.servicer import SERVICE_NAME, KVStoreNodeServicer
 from services.kvstore.tier_holdings import TierHoldings
+from services.kvstore.tier_metrics import TierCollector
 
 
 class KVStoreNode:
@@ -33,8 +35,10 @@ class KVStoreNode:
         self.servicers = [(kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.servicer)]
         self.port = 0  # the bound one, set by the entry point before `start`
         self.publisher: InstancePublisher | None = None
+        self.metrics = ServiceMetrics("kvstore")  # the entry point's, labelled and served, replaces it
 
     async def start(self, stop: asyncio.Event) -> str | None:
+        self.metrics.registry.register(TierCollector(self.servicer.tier, self.metrics.labels))
         # A node serves any model: its registry entry names none, its index entries each name theirs.
         self.publisher = holdings_publisher("kvstore", self.config, self.port, TierHoldings(self.servicer.tier),
                                             model_key="", block_size=0, publish_blocks=True)

@@ -33,6 +33,8 @@ class HostPageTier:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.num_bytes = 0
+        self.num_queried_blocks = 0  # by readers, for the node's metrics
+        self.num_hit_blocks = 0
         self._blocks: OrderedDict[tuple[bytes, int], StoredBlock] = OrderedDict()  # least recently used first
         # (fingerprint, hash) -> True: stored, False: evicted, since the last drain. A key's
         # events alternate, so a second one in a window undoes the first: at most one per key
@@ -92,10 +94,12 @@ class HostPageTier:
     def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:
         """The stored blocks of `block_hashes` up to the first one missing, each marked used."""
         found = []
+        self.num_queried_blocks += len(block_hashes)
         for h in block_hashes:
             block = self._blocks.get((fingerprint, h))
             if block is None:
                 break
             self._blocks.move_to_end((fingerprint, h))
             found.append(block)
+        self.num_hit_blocks += len(found)
         return found

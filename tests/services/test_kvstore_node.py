@@ -212,3 +212,26 @@ def test_stored_blocks_enter_the_prefix_index_and_evicted_ones_leave(redis_serve
         assert node.terminate() == 0
     assert asyncio.run(kinds([], timeout_s=0)) == []
     assert asyncio.run(held([702], 0, timeout_s=0)) == 0
+
+
+def test_the_node_exports_what_its_tier_holds_and_serves(pool):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    node = KVStoreProcess("--capacity-bytes", str(CAPACITY_BLOCKS * BLOCK_NBYTES))
+    node.stub = kvstore_pb2_grpc.KVStoreStub(node.channel)
+    try:
+        line = node.proc.stdout.readline()
+        assert line.startswith("kvstore metrics on "), line
+        url = f"http://{line.removeprefix('kvstore metrics on ').strip()}/metrics"
+        _store(node, pool, [0, 1, 2], [800, 801, 802])
+        assert _read(node, [800, 801, 999])[0] == [800, 801]
+        samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url, timeout=5).text)
+                   for s in f.samples}
+        assert samples["baton_kv_tier_blocks"] == 3
+        assert samples["baton_kv_tier_bytes_used"] == 3 * BLOCK_NBYTES
+        assert samples["baton_kv_tier_capacity_bytes"] == CAPACITY_BLOCKS * BLOCK_NBYTES
+        assert samples["baton_kv_tier_queried_blocks_total"] == 3
+        assert samples["baton_kv_tier_hit_blocks_total"] == 2
+    finally:
+        assert node.terminate() == 0
