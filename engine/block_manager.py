@@ -220,35 +220,36 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
-    def _take_free_blocks(self, n: int, keep_last: int = 0, seek_runs: bool = False) -> list[int]:
-        """`n` free blocks in ascending id order, in few runs of consecutive ids, none of them
-        among the last `keep_last` of the free queue.
+    def _take_free_blocks(self, n: int) -> list[int]:
+        """The `n` least recently freed blocks, in ascending id order. Which pages a prompt gets
+        does not matter to the cache; their order does to copies of them: ascending ids on both
+        ends of a KV transfer make runs that copy as one slice each."""
+        return sorted(self._take_free_block() for _ in range(n))
 
-        Why runs: a KV transfer copies one slice per run consecutive on both ends
-        (`page_copy.block_runs`), and in the `[L, 2, Hkv, N, bs, D]` pool a block is only
-        bs*D*itemsize bytes per (layer, K/V, head) row, so a scattered list becomes many
-        small copies. Strict LRU scatters them: requests free their pages at different
-        times, so the queue head mixes ids from everywhere (bench/mesh_overhead.py, after
-        its TTFT traffic: 64 MiB into 9 decode reservations took 61 runs; this policy: 34.
-        Copying 1024 demo-model blocks into a shared-memory pool, 61 runs measured
-        0.58-0.73 of a memcpy against 0.73-0.87 for one run, on a quiet host).
+    def _take_free_runs(self, n: int) -> list[int]:
+        """`n` free blocks in few runs of consecutive ids, ascending: for a reservation, which a
+        KV transfer fills.
 
-        Policy: the candidates are the 2n least recently freed blocks; of them, whole
-        runs are taken longest first, then the shortest run that covers the rest (ties:
-        the run holding the older block). So every cached block evicted is one that strict
-        LRU would evict for a request of at most 2n blocks, and when no two candidates
-        are consecutive this is exactly the LRU head. `n` = 1 takes the head: O(1) per
-        decode step. Cost: O(n log n) for n blocks, as the sort before was.
+        Why: a transfer copies one slice per run consecutive on both ends (`page_copy.block_runs`),
+        and in the `[L, 2, Hkv, N, bs, D]` pool a block is only bs*D*itemsize bytes per (layer,
+        K/V, head) row, so a scattered list becomes many small copies. Strict LRU scatters them:
+        requests free their pages at different times, so the queue head mixes ids from everywhere
+        (bench/mesh_overhead.py, after its TTFT traffic: 64 MiB into 9 decode reservations took
+        61 runs, 46 this way. Copying 1024 demo-model blocks into a shared-memory pool, 61 runs
+        measured 0.58-0.73 of a memcpy against 0.73-0.87 for one run, on a quiet host).
+
+        Policy: the candidates are the 2n least recently freed blocks; of them, whole runs are
+        taken longest first, then the shortest run that covers the rest (ties: the run holding
+        the older block); when no two candidates are consecutive this is exactly the LRU head.
+        Only reservations look this deep: for a prompt's own pages on a prefill worker it evicted
+        hot prefixes (bench/prefix_routing.py: hit rate 0.70 against 0.89 with strict LRU).
+        Raises RuntimeError, changing nothing, when fewer than `n` blocks are free.
         """
-        available = len(self.free_block_ids) - keep_last
-        if n > available:
-            raise RuntimeError(f"{n} free KV blocks wanted, {available} can be taken: check can_* first")
-        if n <= 1 or not seek_runs:
-            # Strict LRU: a prompt's own pages may evict only the least recently freed. Looking 2n
-            # deep for runs evicted hot prefixes on prefill (bench/prefix_routing.py: hit rate 0.70
-            # against 0.89), so only reservations, whose copy the runs speed up, seek them.
-            return sorted(self._take_free_block() for _ in range(n))
-        candidates = list(islice(self.free_block_ids, min(2 * n, available)))
+        if n > self.num_free_blocks:
+            raise RuntimeError(f"{n} free KV blocks wanted, {self.num_free_blocks} free: check can_reserve first")
+        if n <= 1:
+            return self._take_free_blocks(n)
+        candidates = list(islice(self.free_block_ids, 2 * n))
         chosen = set(_fewest_runs(candidates, n))
         # Evicted least recently freed first, as strict LRU would record them.
         return sorted(self._claim(b) for b in candidates if b in chosen)
@@ -375,7 +376,7 @@ class BlockManager:
             raise ValueError(f"{reservation_id!r} already holds blocks")
         if not self.can_reserve(num_blocks):
             raise RuntimeError(f"not enough free KV blocks to reserve {num_blocks} for {reservation_id!r}")
-        block_ids = self._take_free_blocks(num_blocks, seek_runs=True)
+        block_ids = self._take_free_runs(num_blocks)
         self._reservations[reservation_id] = block_ids
         return block_ids
 
@@ -442,7 +443,7 @@ class BlockManager:
             if parent not in self.hash_to_block_id:
                 wanted.append((i, parent, tokens))
         wanted = wanted[: max(0, self.num_free_blocks - len(revived))]
-        named = list(zip((i for i, _, _ in wanted), self._take_free_blocks(len(wanted), keep_last=len(revived))))
+        named = list(zip((i for i, _, _ in wanted), self._take_free_blocks(len(wanted))))
         for (_, h, tokens), (_, block_id) in zip(wanted, named):
             block = self.blocks[block_id]
             block.hash, block.token_ids, block.ref_count = h, tokens, 0

@@ -248,17 +248,14 @@ def test_unconsecutive_candidates_are_taken_in_lru_order():
     mgr.check_integrity()
 
 
-def test_take_free_blocks_spares_the_queue_tail_and_raises_before_changing_anything():
+def test_a_run_request_over_the_free_pool_raises_before_changing_anything():
     mgr = BlockManager(8, BS)
     a = admitted(mgr, "a", range(16), computed=True)  # 0..3, cached
     mgr.free(a)
     assert list(mgr.free_block_ids) == [4, 5, 6, 7, 3, 2, 1, 0]
     with pytest.raises(RuntimeError):
-        mgr._take_free_blocks(5, keep_last=4)
-    assert mgr.num_free_blocks == 8
-    # Without keep_last the 8 candidates would hold a run of 5 ending in a's pages.
-    assert mgr._take_free_blocks(4, keep_last=4) == [4, 5, 6, 7]
-    assert list(mgr.free_block_ids) == [3, 2, 1, 0]
+        mgr._take_free_runs(9)
+    assert list(mgr.free_block_ids) == [4, 5, 6, 7, 3, 2, 1, 0]
     assert mgr.num_cached_prefix_tokens(list(range(17))) == 16
 
 
