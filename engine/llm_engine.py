@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
@@ -26,6 +27,7 @@ class LLMEngine:
         """`kv_tensor_factory` places the KV pool's one tensor (shared memory for a
         decode worker); by default it is private, zero-filled memory."""
         start = time.perf_counter()
+        start_ns = time.time_ns()
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -40,7 +42,9 @@ class LLMEngine:
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.model_config, config.block_size, config.torch_dtype, config.device, config.kv_memory_fraction
         )
+        kv_pool_start_ns = time.time_ns()
         self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, config.torch_dtype, kv_tensor_factory)
+        kv_pool_end_ns = time.time_ns()
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching
         )
@@ -56,6 +60,12 @@ class LLMEngine:
         self._finished_outside_step: list[Sequence] = []
         self._request_counter = itertools.count()
         self.init_seconds = time.perf_counter() - start
+        # Start-up phases as wall-clock (start_ns, end_ns): "engine_init" holds the other two.
+        self.boot_times: dict[str, tuple[int, int]] = {
+            "engine_init": (start_ns, time.time_ns()),
+            "weights": self.runner.weight_loading_ns,
+            "kv_pool": (kv_pool_start_ns, kv_pool_end_ns),
+        }
 
     # --- requests ----------------------------------------------------------------
 
@@ -167,10 +177,22 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return outputs
+        start_ns = time.time_ns()
         sampled, sampler_output = self.runner.execute(batch)
+        self._record_step_times(batch, start_ns, time.time_ns())
         self.scheduler.postprocess(batch, sampled, sampler_output)
         outputs += [self._output(seq) for seq in sampled]
         return outputs
+
+    @staticmethod
+    def _record_step_times(batch: ScheduledBatch, start_ns: int, end_ns: int) -> None:
+        """Before postprocess: a sequence with no output token yet ran a prompt chunk.
+        Once its first token is out and its first step known, a sequence costs two comparisons."""
+        num_seqs = len(batch.seqs)
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            is_prefill = seq.num_tokens == seq.num_prompt_tokens
+            if is_prefill or seq.step_times.first_step_start_ns is None:
+                seq.step_times.record(start_ns, end_ns, num_new, num_seqs, is_prefill)
 
     def _output(self, seq: Sequence) -> RequestOutput:
         start = self._num_emitted[seq.request_id]
@@ -188,6 +210,7 @@ class LLMEngine:
             new_logprobs=seq.output_logprobs[start:],
             num_cached_tokens=seq.num_cached_tokens,
             held_block_ids=self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else [],
+            step_times=seq.step_times,
         )
 
     def generate(

@@ -34,9 +34,11 @@ class ModelRunner:
         arch = MODEL_REGISTRY[model_config.architecture]
         with torch.device(device):
             self.model = arch(model_config, self.kernels, dtype, max_positions)
+        start_ns = time.time_ns()
         start = time.perf_counter()
         self._load_weights(model_dir, show_progress)
         self.weight_loading_seconds = time.perf_counter() - start
+        self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler()
         self.kv_pool: KVPool | None = None
 

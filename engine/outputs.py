@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.sequence import FinishReason
+from engine.step_times import StepTimes
 
 
 @dataclass
@@ -21,3 +22,6 @@ class RequestOutput:
     # A "prefilled" request's pages, in prompt order, held until `release`: handed out with
     # the output so whoever copies them needs no second call into the engine.
     held_block_ids: list[int] = field(default_factory=list)
+    # The request's own record (not a copy): its first step and prompt chunks are final once
+    # its first token is out.
+    step_times: StepTimes | None = field(default=None, compare=False, repr=False)

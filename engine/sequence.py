@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.step_times import StepTimes
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
 # wait for another worker to take them over (disaggregated serving).
@@ -53,6 +54,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        self.step_times = StepTimes()
         # Per-token logprob records for the output tokens, when asked for.
         self.output_logprobs: list[dict[int, float]] = []
         # Stateful per-request RNG: seeded requests draw from their own stream,

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import grpc
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+from services.common.tracing import client_interceptors
 
 
 def make_channel(
@@ -21,10 +22,12 @@ def make_channel(
     `options` are extra gRPC channel arguments; one naming a limit overrides it.
     The caller closes the channel (`await channel.close()` or `async with`).
     Insecure on purpose: the mesh runs on a private network; TLS is the
-    orchestrator's (or a later option's) job.
+    orchestrator's (or a later option's) job. With tracing on (services/common/tracing.py),
+    each call carries the current trace context in its metadata.
     """
     # A dict, so an override replaces the limit rather than relying on which
     # of two duplicate channel arguments gRPC core honours.
     merged = dict(message_size_options(max_message_bytes))
     merged.update(options)
-    return grpc.aio.insecure_channel(address, options=list(merged.items()))
+    return grpc.aio.insecure_channel(address, options=list(merged.items()),
+                                     interceptors=client_interceptors() or None)

@@ -7,13 +7,20 @@ warms up) while health reports NOT_SERVING, then SERVING. SIGTERM or SIGINT: hea
 turns NOT_SERVING, in-flight calls get a grace period, the service releases what it
 holds, exit code 0. A bad setting, an address that cannot be bound or an unloadable
 model exits 2 with one line on stderr.
+
+Tracing (services/common/tracing.py) is set up before the server is built, from the
+config's `otlp_endpoint` (`--otlp-endpoint`) or the standard `OTEL_*` variables; start-up
+is one `boot` span (the service's own phases beneath it), and batched spans are flushed at exit.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -24,6 +31,7 @@ from services.common.addresses import advertised_address, instance_id
 from services.common.grpc_server import AddServicer, make_server, set_serving, stop_server
 from services.common.metrics import ServiceMetrics
 from services.common.settings import ConfigError
+from services.common.tracing import BATON_INSTANCE_ID, setup_tracing, shutdown_tracing, tracer
 
 T = TypeVar("T")
 C = TypeVar("C", bound="ServiceConfig")
@@ -32,7 +40,8 @@ C = TypeVar("C", bound="ServiceConfig")
 class ServiceConfig(Protocol):
     """What the entry point reads from a service's config dataclass. Read too when present:
     `metrics_port` (-1: none; absent: the service serves its metrics itself, as the gateway
-    on its HTTP port), `instance_id` and `served_model_name` (the metrics' labels)."""
+    on its HTTP port), `instance_id` and `served_model_name` (the metrics' labels), and
+    `otlp_endpoint` (tracing.py; "" or absent: as the OTEL_* variables say)."""
     model_dir: Path | None  # None: the service loads no model (kvstore)
     host: str
     max_message_bytes: int
@@ -90,6 +99,7 @@ async def load_in_thread(stop: asyncio.Event, fn: Callable[..., T], /, *args: An
 
 
 async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> int:
+    boot_start_ns = time.time_ns()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -118,7 +128,9 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
                 print(f"{name} metrics on {config.host}:{metrics_port}", flush=True)
             service.port = port
             service.metrics = metrics
-            serving_line = await service.start(stop)
+            with tracer().start_as_current_span("boot", start_time=boot_start_ns,
+                                                attributes={BATON_INSTANCE_ID: metrics.labels["instance"]}):
+                serving_line = await service.start(stop)
         except ModelLoadError as e:
             print(f"{name}: cannot load {config.model_dir}: {e}", file=sys.stderr, flush=True)
             return 2
@@ -140,9 +152,25 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
 def service_metrics(name: str, config: ServiceConfig, port: int) -> ServiceMetrics:
     """Labelled with the served model's name (the model directory's by default), and the
     instance id the instance registry knows it by."""
-    model = getattr(config, "served_model_name", "") or (config.model_dir.name if config.model_dir else "")
     instance = instance_id(name, advertised_address(config.host, port), getattr(config, "instance_id", ""))
-    return ServiceMetrics(name, model=model, instance=instance)
+    return ServiceMetrics(name, model=served_model(config), instance=instance)
+
+
+def served_model(config: ServiceConfig) -> str:
+    return getattr(config, "served_model_name", "") or (config.model_dir.name if config.model_dir else "")
+
+
+def start_tracing(name: str, config: ServiceConfig) -> bool:
+    """`setup_tracing` for this service. Its instance id is the registry's when known before
+    binding (--instance-id, or a fixed port), else KIND-HOSTNAME-PID; the `boot` span carries
+    the registry's id all the same."""
+    configured = getattr(config, "instance_id", "")
+    if configured or config.port:
+        instance = instance_id(name, advertised_address(config.host, config.port), configured)
+    else:
+        instance = f"{name}-{socket.gethostname()}-{os.getpid()}"
+    return setup_tracing(name, instance=instance, model=served_model(config),
+                         endpoint=getattr(config, "otlp_endpoint", "") or None)
 
 
 def run_service(name: str, config_from_args: Callable[[Sequence[str] | None], C],
@@ -155,8 +183,12 @@ def run_service(name: str, config_from_args: Callable[[Sequence[str] | None], C]
     except ConfigError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
+    start_tracing(name, config)
     try:
-        import uvloop  # optional: faster event loop where installed
-    except ImportError:
-        return asyncio.run(serve(name, config, make_service))
-    return uvloop.run(serve(name, config, make_service))
+        try:
+            import uvloop  # optional: faster event loop where installed
+        except ImportError:
+            return asyncio.run(serve(name, config, make_service))
+        return uvloop.run(serve(name, config, make_service))
+    finally:
+        shutdown_tracing()

@@ -4,7 +4,8 @@ Every server gets, whatever it serves:
 - `grpc.health.v1` health checking, per service name and for "" (the whole
   server), so `baton up`, compose and Kubernetes probe every service alike;
 - server reflection, so `grpcurl` and debugging clients need no .proto files;
-- message-size limits on sends and receives (limits.py), matching make_channel.
+- message-size limits on sends and receives (limits.py), matching make_channel;
+- with tracing on (tracing.py), a server span per call that continues the caller's trace.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+from services.common.tracing import server_interceptors
 
 # A generated `add_<Service>Servicer_to_server` function and the servicer it adds.
 AddServicer = Callable[[Any, grpc.aio.Server], None]
@@ -61,7 +63,7 @@ async def make_server(
         ("grpc.so_reuseport", 0),
     ]
     pool = ThreadPoolExecutor(max_workers=max_workers) if max_workers else None
-    server = grpc.aio.server(migration_thread_pool=pool, options=options)
+    server = grpc.aio.server(migration_thread_pool=pool, options=options, interceptors=server_interceptors() or None)
     for add_servicer, servicer in servicers:
         add_servicer(servicer, server)
 

@@ -84,6 +84,14 @@ def add_registry_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], 
                         help=f"this worker's id in Redis; default KIND-HOST-PORT once bound (${env_instance_id})")
 
 
+def add_tracing_flag(parser: argparse.ArgumentParser) -> None:
+    """--otlp-endpoint: where OpenTelemetry spans go. Without it the standard variables decide
+    (`OTEL_EXPORTER_OTLP_ENDPOINT` and the rest: services/common/tracing.py)."""
+    parser.add_argument("--otlp-endpoint", metavar="URL", default="",
+                        help="send trace spans to this OTLP gRPC collector (http://HOST:4317); default: "
+                             "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
+
+
 def check_registry(redis_url: str, registry_ttl_s: float, index_ttl_s: float) -> None:
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"--redis must be a redis://, rediss:// or unix:// URL (or ${ENV_REDIS_URL}), "

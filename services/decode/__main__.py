@@ -32,6 +32,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
+from services.common.tracing import record_engine_boot, tracer
 from services.decode.config import DecodeServiceConfig
 from services.decode.kv_receiver import SERVICE_NAME as KVSTORE_SERVICE_NAME, KVReceiver
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
@@ -126,6 +127,7 @@ class DecodeService:
         engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True)
         self.engine_loop = EngineLoop(engine)
         self.metrics.watch_engine(engine)
+        record_engine_boot(engine.boot_times)
         max_model_len = engine.max_model_len
         del engine
         self.engine_loop.start()
@@ -133,7 +135,7 @@ class DecodeService:
             return None
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name, self.metrics)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
-        with self.metrics.time_warmup():
+        with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
         # Heartbeats only (load and free pages): the router finds decode workers by the registry,
         # and decode pages are not a prefix cache anyone routes to.

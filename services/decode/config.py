@@ -21,6 +21,7 @@ from services.common.settings import (
     ConfigError as ConfigError,
     add_bind_flags,
     add_metrics_flag,
+    add_tracing_flag,
     add_limit_flags,
     add_registry_flags,
     check_bind,
@@ -62,6 +63,7 @@ class DecodeServiceConfig:
     registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
     index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while held
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
@@ -94,8 +96,9 @@ class DecodeServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
+        add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
-                   redis_url=args.redis, instance_id=args.instance_id)
+                   redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)

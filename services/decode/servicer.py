@@ -15,14 +15,23 @@ Metrics: requests finished by finish reason, and errors by reason: `unavailable`
 `invalid_argument`, `no_free_pages` (Reserve refused), `reservation_not_found`,
 `lease_expired`, `aborted` (an Abort ended a running request), `cancelled` (its caller
 went away), `engine_failed`.
+
+The first chunk of Decode and GenerateLocally carries DecodeTimings: the queue from the
+call's arrival to the engine's first step with the request, and GenerateLocally's local
+prefill. Spans (services/common/tracing.py), children of the call's server span:
+`decode.queue`, then `decode.first_step` (Decode) or `decode.prefill` with a
+`prefill.chunk` per forward pass (GenerateLocally); the server span gets the token usage.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 
+from engine.outputs import RequestOutput
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
+from services.common import request_spans, tracing
 from services.common.converters import layout_to_proto, sampling_params_from_proto
 from services.common.engine_loop import EngineLoop
 from services.common.metrics import ServiceMetrics
@@ -95,6 +104,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         )
 
     async def Decode(self, request, context):
+        arrival_ns = time.time_ns()
         engine_loop = await self._ready(context)
         try:
             params = sampling_params_from_proto(request.sampling)
@@ -107,13 +117,16 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         try:
             started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
                                                   request.first_token_id, params)
+            phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
+                             is_local=False)
             async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
-                                       self.metrics):
+                                       self.metrics, phases):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     async def GenerateLocally(self, request, context):
+        arrival_ns = time.time_ns()
         engine_loop = await self._ready(context)
         if not request.request_id:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
@@ -123,8 +136,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
             started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params)
+            phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
+                             is_local=True)
             async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
-                                       self.metrics):
+                                       self.metrics, phases):
                 yield chunk
         except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -138,8 +153,36 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         return decode_pb2.AbortResponse(found=found)
 
 
+class _Phases:
+    """A call's timings and spans: the first output's go on the first chunk, the last's usage on the span."""
+
+    def __init__(self, request_id: str, arrival_ns: int, num_prompt_tokens: int, max_tokens: int,
+                 is_local: bool) -> None:
+        self.arrival_ns = arrival_ns
+        self.is_local = is_local  # GenerateLocally: the prompt is prefilled here
+        self.attrs = tracing.request_attributes(request_id) if tracing.is_enabled() else {}
+        tracing.set_current_attributes({**self.attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
+                                        tracing.GEN_AI_USAGE_INPUT_TOKENS: num_prompt_tokens})
+
+    def first(self, out: RequestOutput) -> decode_pb2.DecodeTimings:
+        times = out.step_times
+        queue_seconds = (request_spans.queue_end_ns(times) - self.arrival_ns) / 1e9
+        request_spans.record_queue("decode.queue", self.arrival_ns, times, self.attrs)
+        if self.is_local:
+            request_spans.record_local_prefill(times, self.attrs)
+        else:
+            request_spans.record_first_step("decode.first_step", times, self.attrs)
+        tracing.set_current_attributes({tracing.BATON_CACHED_TOKENS: out.num_cached_tokens})
+        return decode_pb2.DecodeTimings(queue_seconds=max(queue_seconds, 0.0),
+                                        prefill_seconds=times.prefill_seconds if times is not None else 0.0)
+
+    def last(self, out: RequestOutput) -> None:
+        tracing.set_current_attributes({tracing.GEN_AI_USAGE_OUTPUT_TOKENS: len(out.token_ids),
+                                        tracing.GEN_AI_RESPONSE_FINISH_REASONS: [out.finish_reason or ""]})
+
+
 async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context,
-                  metrics: ServiceMetrics):
+                  metrics: ServiceMetrics, phases: _Phases):
     """The DecodeChunks of a request the engine has just been given (`started` awaits that);
     ValueError when the engine refuses it. A call that ends early (the client went away,
     the server stops) aborts the request, which frees its pages; the abort is queued
@@ -156,6 +199,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
                 await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
             is_finished = out.finished
             if is_finished:
+                phases.last(out)
                 if out.finish_reason == "abort":
                     metrics.count_error("aborted")
                 else:
@@ -163,6 +207,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
             chunk = chunk_from_output(out, num_logprobs)
             if first:
                 chunk.num_cached_tokens = out.num_cached_tokens
+                chunk.timings.CopyFrom(phases.first(out))
                 first = False
             yield chunk
     except ValueError:

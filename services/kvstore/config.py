@@ -15,6 +15,7 @@ from services.common.settings import (
     ConfigError as ConfigError,
     add_bind_flags,
     add_metrics_flag,
+    add_tracing_flag,
     add_registry_flags,
     check_bind,
     check_metrics_port,
@@ -40,6 +41,7 @@ class KVStoreNodeConfig:
     capacity_bytes: int = DEFAULT_CAPACITY_BYTES  # host memory for pages; least recently used go first
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
     redis_url: str = ""  # "": no Redis; else the stored blocks go into the prefix index
     instance_id: str = ""  # "": kvstore-HOST-PORT once bound
     registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
@@ -76,7 +78,8 @@ class KVStoreNodeConfig:
                             help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
+        add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(host=args.host, port=args.port, capacity_bytes=args.capacity_bytes,
                    max_message_bytes=args.max_message_bytes, redis_url=args.redis, instance_id=args.instance_id,
-                   metrics_port=args.metrics_port)
+                   metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)

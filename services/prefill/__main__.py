@@ -30,6 +30,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
+from services.common.tracing import record_engine_boot, tracer
 from services.kvstore.layout import PageLayout
 from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME, PrefillServicer
@@ -91,6 +92,7 @@ class PrefillService:
         engine = await load_in_thread(stop, load_engine, self.config)
         if engine is None:
             return None
+        record_engine_boot(engine.boot_times)
         pool_tensor = engine.runner.kv_pool.tensor
         layout = PageLayout.of_tensor(pool_tensor, engine.fingerprint)
         lengths = warmup_lengths(engine)
@@ -100,7 +102,7 @@ class PrefillService:
         self.engine_loop = self.servicer.engine_loop
         del engine
         self.engine_loop.start()
-        with self.metrics.time_warmup():
+        with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, lengths)
         # Only once warm: a heartbeat puts this worker into routing.
         self.publisher = publisher_for("prefill", self.config, self.port, self.engine_loop,

@@ -29,6 +29,10 @@ in progress), `host_tier_read_seconds` is the part spent reading from the host t
 slot: the engine does not report when a request was first scheduled);
 `kv_transfer_seconds` is the page write, by the transport named in `kv_transport`.
 
+Spans (services/common/tracing.py), children of the call's server span: `host_tier.read`,
+`prefill.queue` (arrival until the engine's first step with the request), one
+`prefill.chunk` per forward pass over the prompt, and `kv.transfer`.
+
 With a HostTierSource (the router found more of the prompt's prefix on a kvstore node
 than here), the blocks this worker lacks are read from that node into its prefix cache
 before the prompt is queued; after the handoff, the cached blocks it reused are stored
@@ -48,6 +52,7 @@ import grpc
 import torch
 
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
+from services.common import request_spans, tracing
 from services.common.engine_loop import EngineLoop
 from services.common.metrics import ServiceMetrics
 from services.kvstore.host_id import host_id
@@ -128,6 +133,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     async def _prefill(self, request, context):
         arrival = time.perf_counter()
+        arrival_ns = time.time_ns()
         engine_loop = await self._ready(context)
         request_id = request.request_id
         prompt = list(request.token_ids)
@@ -143,6 +149,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             params = sampling_params_from_proto(request.sampling)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        attrs = tracing.request_attributes(request_id) if tracing.is_enabled() else {}
+        tracing.set_current_attributes({**attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+                                        tracing.GEN_AI_USAGE_INPUT_TOKENS: len(prompt)})
         num_blocks = -(-len(prompt) // self.layout.block_size)
         target = request.target
         reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
@@ -162,9 +171,11 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         try:
             if request.host_tier.num_blocks and request.host_tier.address:
                 read_start = time.perf_counter()
-                tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
-                                                                request.host_tier.address,
-                                                                request.host_tier.num_blocks)
+                with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
+                    tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
+                                                                    request.host_tier.address,
+                                                                    request.host_tier.num_blocks)
+                    span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
                 tier_seconds = time.perf_counter() - read_start
             try:
                 outputs = await engine_loop.add_request(request_id, prompt, params, prefill_only=True)
@@ -176,6 +187,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             computed = time.perf_counter()
             if isinstance(out, Exception):
                 await context.abort(grpc.StatusCode.INTERNAL, f"the prefill engine failed: {out}")
+            request_spans.record_queue("prefill.queue", arrival_ns, out.step_times, attrs)
+            request_spans.record_prefill_chunks(out.step_times, attrs)
+            tracing.set_current_attributes({tracing.BATON_CACHED_TOKENS: out.num_cached_tokens,
+                                            tracing.BATON_HOST_TIER_TOKENS: tier_tokens})
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
             timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted,
@@ -191,14 +206,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 target = reserved_target(target, made)
                 transport, dest = await self._open_target(target, num_blocks, context)
             src_blocks = out.held_block_ids[:num_blocks]
-            # Shielded: a cancelled call must not release the pages while the write still reads them.
-            pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
-            try:
-                timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
-            except ValueError as e:  # refused before writing anything (copy_pages checks first)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
-            except grpc.aio.AioRpcError as e:
-                await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
+            with tracing.tracer().start_as_current_span(
+                    "kv.transfer", attributes={**attrs, tracing.BATON_KV_TRANSPORT: transport.kind.value,
+                                               tracing.BATON_KV_BLOCKS: len(src_blocks)}) as span:
+                # Shielded: a cancelled call must not release the pages while the write still reads them.
+                pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
+                try:
+                    timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
+                except ValueError as e:  # refused before writing anything (copy_pages checks first)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
+                except grpc.aio.AioRpcError as e:
+                    await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
+                span.set_attribute(tracing.BATON_KV_BYTES, timings.kv_transfer_bytes)
             timings.kv_transport = transport_to_proto(transport.kind)
             timings.kv_transfer_seconds = time.perf_counter() - computed
             response = response_from_output(out, params.logprobs, timings, tier_tokens)

@@ -20,6 +20,7 @@ from services.common.settings import (
     ConfigError as ConfigError,
     add_bind_flags,
     add_metrics_flag,
+    add_tracing_flag,
     add_limit_flags,
     check_bind,
     check_limits,
@@ -43,6 +44,7 @@ class TokenizerServiceConfig:
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -65,6 +67,8 @@ class TokenizerServiceConfig:
                        model_help="model directory holding tokenizer.json")
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_limit_flags(parser, env)
+        add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
-                   max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes)
+                   max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
+                   otlp_endpoint=args.otlp_endpoint)

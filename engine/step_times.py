@@ -1,0 +1,41 @@
+"""When the engine ran a request: its first step, and each chunk of its prompt before the first token.
+
+Wall-clock nanoseconds (`time.time_ns()`), so a service can turn them into trace spans and
+queue times after the fact; the engine itself never reads them. Recording costs two clock
+reads per step and, per scheduled request, one comparison once its first token is out.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class PrefillChunk(NamedTuple):
+    """One forward pass over part of a prompt (or all of it)."""
+    start_ns: int
+    end_ns: int
+    num_tokens: int  # prompt tokens computed in this pass
+    num_seqs: int    # requests in the same batch (this one included)
+
+
+class StepTimes:
+    """Filled by `LLMEngine.step` on the engine thread; read once the request's first output is out."""
+
+    __slots__ = ("first_step_end_ns", "first_step_start_ns", "prefill_chunks")
+
+    def __init__(self) -> None:
+        self.first_step_start_ns: int | None = None  # None: never scheduled (finished outside a step)
+        self.first_step_end_ns: int | None = None
+        self.prefill_chunks: list[PrefillChunk] = []
+
+    def record(self, start_ns: int, end_ns: int, num_tokens: int, num_seqs: int, is_prefill: bool) -> None:
+        if self.first_step_start_ns is None:
+            self.first_step_start_ns, self.first_step_end_ns = start_ns, end_ns
+        if is_prefill:
+            self.prefill_chunks.append(PrefillChunk(start_ns, end_ns, num_tokens, num_seqs))
+
+    @property
+    def prefill_seconds(self) -> float:
+        """From the first prompt chunk's start to the last one's end (0 without any)."""
+        if not self.prefill_chunks:
+            return 0.0
+        return (self.prefill_chunks[-1].end_ns - self.prefill_chunks[0].start_ns) / 1e9
