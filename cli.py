@@ -84,21 +84,29 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "a kvstore node) as local processes, then the gateway with their addresses; "
                                     "print where the "
                                     "OpenAI API listens and every process's output, prefixed with its name. "
+                                    "--colocated runs M workers that each prefill and decode instead (no prefill "
+                                    "workers, no KV transfer), the layout to compare disaggregation against. "
                                     "Ctrl-C or SIGTERM stops the gateway, then the workers, then Redis (exit 0); "
                                     "a service that exits or does not become healthy stops everything (exit 1). "
                                     "Redis is optional: without it, routing is by load only.")
     up.add_argument("--model", metavar="DIR",
                     help="Hugging Face model directory (default: the demo model, made on first use "
                          "in $BATON_DEMO_MODEL or ~/.cache/baton/demo-model)")
-    up.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
-    up.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
+    layout = up.add_mutually_exclusive_group()
+    # None: not given, so that --colocated with any --prefill is refused.
+    layout.add_argument("--prefill", type=int, metavar="N", help="prefill workers (default 1)")
+    layout.add_argument("--colocated", action="store_true",
+                        help="no prefill workers: each of the M workers prefills and decodes in one engine, and "
+                             "the gateway sends it every prompt whole (no KV transfer; no kvstore node)")
+    up.add_argument("--decode", type=int, default=1, metavar="M",
+                    help="decode workers, or with --colocated the workers that do both (default 1)")
     up.add_argument("--host", default="127.0.0.1", help="the gateway's bind host (default 127.0.0.1); "
                                                         "workers bind 127.0.0.1")
     up.add_argument("--port", type=int, default=8000, help="OpenAI HTTP API port, 0 for any free one (default 8000)")
     up.add_argument("--grpc-port", type=int, default=0,
                     help="the gateway's gRPC Generate port (default 0: any free one)")
-    up.add_argument("--kvstore", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run a kvstore node, the host-memory KV page tier (default: on)")
+    up.add_argument("--kvstore", action=argparse.BooleanOptionalAction,
+                    help="also run a kvstore node, the host-memory KV page tier (default: on, off with --colocated)")
     redis = up.add_mutually_exclusive_group()
     redis.add_argument("--redis", metavar="URL", default=os.environ.get("BATON_REDIS_URL") or None,
                        help="use this Redis (redis://HOST:PORT/DB) for the prefix index and instance registry "
@@ -226,15 +234,19 @@ def _up(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
 
-    from services.launcher.mesh import Mesh, MeshConfig
+    from services.launcher.mesh import Mesh
+    from services.launcher.specs import MeshConfig
 
     model_dir = Path(args.model).expanduser().resolve() if args.model else Path(_demo_model_dir())
     if not model_dir.is_dir():
         raise UsageError(f"model directory not found: {model_dir}")
     try:
-        config = MeshConfig(model_dir=model_dir, num_prefill=args.prefill, num_decode=args.decode, host=args.host,
-                            http_port=args.port, grpc_port=args.grpc_port, with_gateway=args.gateway,
-                            with_kvstore=args.kvstore, with_redis=args.with_redis,
+        num_prefill = 0 if args.colocated else (1 if args.prefill is None else args.prefill)
+        with_kvstore = args.kvstore if args.kvstore is not None else not args.colocated
+        config = MeshConfig(model_dir=model_dir, num_prefill=num_prefill, num_decode=args.decode,
+                            is_colocated=args.colocated, host=args.host, http_port=args.port,
+                            grpc_port=args.grpc_port, with_gateway=args.gateway,
+                            with_kvstore=with_kvstore, with_redis=args.with_redis,
                             redis_url=args.redis if args.with_redis else None,
                             start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout)
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""`python -m services.gateway --model DIR --tokenizer HOST:PORT --prefill HOST:PORT[,...]
+"""`python -m services.gateway --model DIR --tokenizer HOST:PORT (--prefill HOST:PORT[,...] | --colocated)
 --decode HOST:PORT[,...] [--host 127.0.0.1] [--port 0] [--http-port 8000]`
 
 Runs through services/common/entrypoint.py: binds the public gRPC API and prints
@@ -6,13 +6,14 @@ Runs through services/common/entrypoint.py: binds the public gRPC API and prints
 `gateway http listening on HOST:PORT` (the lines `baton up` reads). It loads the
 model's tokenizer (to detokenize), connects to every worker and watches their
 health; gRPC health turns SERVING, and HTTP `/health` 200, once the tokenizer and at
-least one prefill and one decode worker serve. SIGTERM or SIGINT: both APIs stop
-taking requests, in-flight ones get a grace period, exit code 0.
+least one prefill (none with --colocated) and one decode worker serve. SIGTERM or
+SIGINT: both APIs stop taking requests, in-flight ones get a grace period, exit code 0.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import socket
 import sys
@@ -48,9 +49,11 @@ log = logging.getLogger("baton.gateway")
 
 # The workers' service names, for their health; from the protos, so the gateway does not
 # import the workers' code (and the engine behind it).
-TOKENIZER_SERVICE = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
-PREFILL_SERVICE = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
-DECODE_SERVICE = decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
+HEALTH_SERVICES = {
+    "tokenizer": tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name,
+    "prefill": prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name,
+    "decode": decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name,
+}
 
 KV_TRANSPORTS = {
     "auto": common_pb2.KV_TRANSPORT_UNSPECIFIED,
@@ -95,23 +98,23 @@ class GatewayService:
         if tokenizer is None:
             return None
         limit = config.max_message_bytes
-        self.pools = {
-            "tokenizer": WorkerPool.connect([config.tokenizer_address], tokenizer_pb2_grpc.TokenizerStub,
-                                            "tokenizer", limit),
-            "prefill": WorkerPool.connect(expand_addresses(config.prefill_addresses), prefill_pb2_grpc.PrefillStub,
-                                          "prefill", limit),
-            "decode": WorkerPool.connect(expand_addresses(config.decode_addresses), decode_pb2_grpc.DecodeStub,
-                                         "decode", limit),
-        }
-        for kind, service in (("tokenizer", TOKENIZER_SERVICE), ("prefill", PREFILL_SERVICE),
-                              ("decode", DECODE_SERVICE)):
-            self.pools[kind].watch_health(service)
-        self.router = make_router(config, self.pools["prefill"])
-        self.pipeline = RequestPipeline(self.pools["tokenizer"].workers[0].stub, tokenizer, self.pools["prefill"],
+        self.pools = {"tokenizer": WorkerPool.connect([config.tokenizer_address], tokenizer_pb2_grpc.TokenizerStub,
+                                                      "tokenizer", limit)}
+        if not config.is_colocated:
+            self.pools["prefill"] = WorkerPool.connect(expand_addresses(config.prefill_addresses),
+                                                       prefill_pb2_grpc.PrefillStub, "prefill", limit)
+        self.pools["decode"] = WorkerPool.connect(expand_addresses(config.decode_addresses),
+                                                  decode_pb2_grpc.DecodeStub, "decode", limit)
+        for kind, pool in self.pools.items():
+            pool.watch_health(HEALTH_SERVICES[kind])
+        prefill = self.pools.get("prefill")
+        self.router = make_router(config, prefill) if prefill is not None else None
+        # Colocated there is no prefill pool: every prompt goes to the decode worker.
+        self.pipeline = RequestPipeline(self.pools["tokenizer"].workers[0].stub, tokenizer, prefill,
                                         self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport],
                                         prefill_router=self.router,
-                                        local_prefill_max_tokens=local_prefill_limit(config.local_prefill_max_tokens,
-                                                                                     tokenizer.max_model_len),
+                                        local_prefill_max_tokens=local_prefill_limit(
+                                            config.local_prefill_max_tokens, tokenizer.max_model_len),
                                         metrics=self.metrics)
         self.servicer.pipeline = self.pipeline
 
@@ -124,7 +127,10 @@ class GatewayService:
             raise StartError(f"cannot bind HTTP to {config.host}:{config.http_port}: {e}") from e
         self.http = _EmbeddedServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                    timeout_graceful_shutdown=max(1, int(config.grace_s))))
-        self.http_task = asyncio.ensure_future(self.http.serve(sockets=[sock]))
+        # In a context of its own, not start()'s (where the `boot` span is current): OpenTelemetry's
+        # ASGI middleware continues the current span, if any, instead of the caller's traceparent.
+        self.http_task = asyncio.get_running_loop().create_task(self.http.serve(sockets=[sock]),
+                                                                context=contextvars.Context())
         print(f"gateway http listening on {config.host}:{sock.getsockname()[1]}", flush=True)
 
         while self.readiness() is not None:
@@ -132,6 +138,9 @@ class GatewayService:
                 return None
             await asyncio.sleep(READY_POLL_S)
         counts = {kind: len(pool.workers) for kind, pool in self.pools.items()}
+        if config.is_colocated:
+            return (f"serving {config.served_model_name} colocated: {counts['decode']} decode workers prefill "
+                    f"every prompt themselves")
         routing = {PrefixRouter: f"prefix-aware routing (index at {config.redis_url})",
                    RandomRouter: "random routing"}.get(type(self.router), "load-only routing")
         return (f"serving {config.served_model_name}: {counts['prefill']} prefill and {counts['decode']} decode "

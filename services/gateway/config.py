@@ -4,7 +4,8 @@ environment variables in one place (`from_args`).
 `--port` is the public gRPC API's (with health and reflection, like every service);
 `--http-port` the OpenAI HTTP API's. Worker addresses are comma-separated lists; a
 host name that resolves to several addresses (a compose service with replicas)
-stands for all of them.
+stands for all of them. `--colocated` takes no prefill workers: the decode workers
+prefill every prompt themselves (the layout disaggregation is measured against).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from services.common.settings import (
     ConfigError,
     add_bind_flags,
     add_limit_flags,
+    add_tracing_flag,
     check_bind,
     check_limits,
     check_model_dir,
@@ -47,6 +49,7 @@ ENV_LOCAL_PREFILL = "BATON_LOCAL_PREFILL_MAX_TOKENS"
 # model with a short context gets a proportionally shorter limit (an eighth of it).
 LOCAL_PREFILL_AUTO = -1
 ENV_OVERLAP_WEIGHT = "BATON_ROUTER_OVERLAP_WEIGHT"
+ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 
 # "auto": prefill picks by where the decode worker is (shared memory on the same host,
 # else the gRPC page stream); the others force one, for tests and benchmarks.
@@ -74,6 +77,8 @@ class GatewayConfig:
     routing: str = "prefix"  # see ROUTING_POLICIES; prefix without --redis routes by load
     overlap_weight: float = 1.0  # router: a block to compute against a block already queued
     local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
+    is_colocated: bool = False  # no prefill workers: decode prefills every prompt itself
+    otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -84,10 +89,10 @@ class GatewayConfig:
             raise ConfigError(f"--http-port must be in [0, 65535], got {self.http_port}")
         if not self.tokenizer_address:
             raise ConfigError(f"no tokenizer: pass --tokenizer HOST:PORT or set ${ENV_TOKENIZER}")
-        for flag, addresses, env in (("--prefill", self.prefill_addresses, ENV_PREFILL),
-                                     ("--decode", self.decode_addresses, ENV_DECODE)):
-            if not addresses:
-                raise ConfigError(f"no {flag[2:]} workers: pass {flag} HOST:PORT[,HOST:PORT...] or set ${env}")
+        _check_layout(self.prefill_addresses, self.is_colocated, self.local_prefill_max_tokens)
+        if not self.decode_addresses:
+            raise ConfigError(f"no decode workers: pass --decode HOST:PORT[,HOST:PORT...] or set ${ENV_DECODE}")
+        for flag, addresses in (("--prefill", self.prefill_addresses), ("--decode", self.decode_addresses)):
             for address in addresses:
                 _check_address(flag, address)
         _check_address("--tokenizer", self.tokenizer_address)
@@ -120,6 +125,10 @@ class GatewayConfig:
                             help=f"the tokenizer service, HOST:PORT (${ENV_TOKENIZER})")
         parser.add_argument("--prefill", default=env.get(ENV_PREFILL, ""),
                             help=f"prefill workers, HOST:PORT[,HOST:PORT...] (${ENV_PREFILL})")
+        parser.add_argument("--colocated", action="store_true",
+                            default=env.get(ENV_COLOCATED, "") not in ("", "0"),
+                            help=f"no prefill workers: the decode workers prefill every prompt themselves "
+                                 f"(${ENV_COLOCATED}=1)")
         parser.add_argument("--decode", default=env.get(ENV_DECODE, ""),
                             help=f"decode workers, HOST:PORT[,HOST:PORT...] (${ENV_DECODE})")
         parser.add_argument("--served-model-name", default=env.get(ENV_SERVED_MODEL_NAME, ""),
@@ -146,6 +155,7 @@ class GatewayConfig:
                                  f"tokens itself (no prefill worker, no KV transfer); 0: never; -1 (default): "
                                  f"min(1000, context length / 8) (${ENV_LOCAL_PREFILL})")
         add_limit_flags(parser, env)
+        add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), tokenizer_address=args.tokenizer,
                    prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
@@ -153,11 +163,25 @@ class GatewayConfig:
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
                    routing=args.routing, overlap_weight=args.router_overlap_weight,
-                   local_prefill_max_tokens=args.local_prefill_max_tokens)
+                   local_prefill_max_tokens=args.local_prefill_max_tokens, is_colocated=args.colocated,
+                   otlp_endpoint=args.otlp_endpoint)
 
 
 def _split(addresses: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in addresses.split(",") if a.strip())
+
+
+def _check_layout(prefill_addresses: tuple[str, ...], is_colocated: bool, local_prefill_max_tokens: int) -> None:
+    """Prefill workers, or --colocated (which prefills everything on decode), never both."""
+    if is_colocated:
+        if prefill_addresses:
+            raise ConfigError(f"--colocated runs no prefill workers: drop --prefill (and ${ENV_PREFILL})")
+        if local_prefill_max_tokens != LOCAL_PREFILL_AUTO:
+            raise ConfigError(f"--colocated prefills every prompt on the decode workers: drop "
+                              f"--local-prefill-max-tokens (and ${ENV_LOCAL_PREFILL})")
+    elif not prefill_addresses:
+        raise ConfigError(f"no prefill workers: pass --prefill HOST:PORT[,HOST:PORT...] or set ${ENV_PREFILL}, "
+                          f"or --colocated to prefill every prompt on the decode workers")
 
 
 def _check_address(flag: str, address: str) -> None:

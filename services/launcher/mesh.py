@@ -1,8 +1,9 @@
 """The one-host mesh of `baton up`: start order, supervision and shutdown.
 
 Start: a Redis server first (unless one is given, or none is wanted), which takes
-milliseconds; then tokenizer, N prefill and M decode workers (and a kvstore node)
-at once, since loading is the slow part; once every one is listening and SERVING,
+milliseconds; then the workers of the layout (specs.py: tokenizer, N prefill and M
+decode workers and a kvstore node, or tokenizer and M colocated workers) at once,
+since loading is the slow part; once every one is listening and SERVING,
 the gateway with their addresses; then the banner. The services in REDIS_CLIENTS
 get the Redis URL. Supervision: a child that exits, or is not ready within the
 start timeout, is reported with its last stderr lines and everything stops with
@@ -10,8 +11,8 @@ exit code 1; Redis alone is optional (routing falls back to load only), so a
 redis-server that is missing, fails to start or exits is reported and the rest
 goes on. SIGINT or SIGTERM: the gateway gets SIGTERM first, then the workers,
 then Redis, each SIGKILLed after the stop timeout; exit code 0 (a second signal
-SIGKILLs everything at once). Shared-memory segments of decode workers that could
-not unlink their own (SIGKILLed) are removed at the end.
+SIGKILLs everything at once). Shared-memory segments of decode (and colocated) workers
+that could not unlink their own (SIGKILLed) are removed at the end.
 """
 from __future__ import annotations
 
@@ -20,9 +21,7 @@ import json
 import os
 import re
 import signal
-import sys
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,21 +29,8 @@ from services.launcher.console import Console, process_table
 from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit, probe_address
 from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
+from services.launcher.specs import DECODE_NAME_PREFIXES, MeshConfig, gateway_spec, kvstore_spec, worker_specs
 
-# grpc.health.v1 names, as the servicers register them (`<proto package>.<service>`);
-# written out so that starting the mesh imports neither torch nor generated code.
-HEALTH_NAMES = {
-    "tokenizer": "baton.tokenizer.v1.Tokenizer",
-    "prefill": "baton.prefill.v1.Prefill",
-    "decode": "baton.decode.v1.Decode",
-    "kvstore": "baton.kvstore.v1.KVStore",
-    "gateway": "baton.gateway.v1.Generate",
-}
-# The services whose command line takes `--redis URL` (the prefix index and instance
-# registry); the others are started without it. Kept equal to what their --help lists
-# by tests/services/test_baton_up.py.
-REDIS_CLIENTS = frozenset({"prefill", "decode", "kvstore", "gateway"})
-REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
 REDIS_URL_VARIABLE = "BATON_REDIS_URL"  # what the services (and `baton up --redis`) read
 REDIS_START_TIMEOUT_S = 10.0  # it answers PING within milliseconds; bounded by --start-timeout
 SERVICES_ROOT = Path(__file__).resolve().parents[2]  # where `python -m services.<name>` resolves
@@ -54,81 +40,6 @@ SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
 METRICS_LINE = r"^\S+ metrics on (\S+)$"
 # The gateway is on this host: an http_proxy variable must not reroute the probe.
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    model_dir: Path
-    num_prefill: int = 1
-    num_decode: int = 1
-    host: str = "127.0.0.1"  # the gateway's; workers bind loopback only
-    http_port: int = 8000
-    grpc_port: int = 0
-    with_gateway: bool = True
-    with_kvstore: bool = False
-    with_redis: bool = True  # False: no Redis at all, the services route by load only
-    redis_url: str | None = None  # an existing Redis to use; None: start one (if with_redis)
-    start_timeout_s: float = 300.0  # per child: spawn to health SERVING
-    stop_timeout_s: float = 15.0  # per child: SIGTERM to exit, then SIGKILL
-    python: str = field(default=sys.executable)
-
-    def __post_init__(self) -> None:
-        if self.num_prefill < 1 or self.num_decode < 1:
-            raise ValueError("--prefill and --decode must each be at least 1")
-        for flag, port in (("--port", self.http_port), ("--grpc-port", self.grpc_port)):
-            if not 0 <= port <= 65535:
-                raise ValueError(f"{flag} must be in 0..65535, got {port}")
-        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
-            raise ValueError("timeouts must be positive")
-        if self.redis_url is not None:
-            if not self.with_redis:
-                raise ValueError("--redis and --no-redis exclude each other")
-            if urlsplit(self.redis_url).scheme not in REDIS_URL_SCHEMES:
-                raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
-        if not (self.model_dir / "config.json").is_file():
-            raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
-
-
-def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
-    """`--redis URL` for a service that takes it, when there is a Redis."""
-    return ("--redis", redis_url) if redis_url is not None and kind in REDIS_CLIENTS else ()
-
-
-def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str) -> ChildSpec:
-    """A service bound to a free loopback port."""
-    return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
-                            "--host", "127.0.0.1", "--port", "0"),
-                     f"{kind} listening on ", HEALTH_NAMES[kind])
-
-
-def kvstore_spec(config: MeshConfig, redis_url: str | None = None) -> ChildSpec:
-    """The kvstore node: started first, since prefill workers are given its address."""
-    return _worker_spec(config, redis_url, "kvstore", "kvstore")
-
-
-def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_address: str | None = None
-                 ) -> list[ChildSpec]:
-    """Every service but the gateway and the kvstore node; with `kvstore_address`, prefill
-    workers store the prefix blocks they compute there."""
-    model = ("--model", str(config.model_dir))
-    tier = ("--kvstore", kvstore_address) if kvstore_address else ()
-    specs = [_worker_spec(config, redis_url, "tokenizer", "tokenizer", *model)]
-    specs += [_worker_spec(config, redis_url, f"prefill-{i}", "prefill", *model, *tier)
-              for i in range(config.num_prefill)]
-    specs += [_worker_spec(config, redis_url, f"decode-{i}", "decode", *model) for i in range(config.num_decode)]
-    return specs
-
-
-def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | None = None) -> ChildSpec:
-    """The gateway, given the workers' addresses by name."""
-    def addresses(kind: str) -> str:
-        return ",".join(address for name, address in workers.items() if name.startswith(f"{kind}-"))
-
-    argv = (config.python, "-m", "services.gateway", "--model", str(config.model_dir),
-            "--tokenizer", workers["tokenizer"], "--prefill", addresses("prefill"), "--decode", addresses("decode"),
-            "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port),
-            *redis_args("gateway", redis_url))
-    return ChildSpec("gateway", argv, "gateway listening on ", HEALTH_NAMES["gateway"])
 
 
 class Mesh:
@@ -196,7 +107,7 @@ class Mesh:
             starting = [self._child(spec) for spec in worker_specs(self.config, self.redis_url, kvstore_address)]
             self.workers += starting
             for worker in starting:
-                if worker.name.startswith("decode-"):
+                if worker.name.startswith(DECODE_NAME_PREFIXES):
                     self._segment_lines[worker.name] = worker.expect(SEGMENT_LINE, "stderr")
                 self._metrics_lines[worker.name] = worker.expect(METRICS_LINE)
                 await worker.start()

@@ -23,7 +23,7 @@ HAS_KVSTORE = (REPO_ROOT / "services" / "kvstore" / "__main__.py").is_file()
 UP_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 30
 TABLE_ROW = re.compile(r"^  (\S+)\s+(\d+)\s+(\S.*)$")
-SEGMENT = re.compile(r"^\[(decode-\d+)\]\s.*KV blocks in shared memory (\S+)$")
+SEGMENT = re.compile(r"^\[((?:decode|colocated)-\d+)\]\s.*KV blocks in shared memory (\S+)$")
 REDIS_URL = re.compile(r"^redis://127\.0\.0\.1:(\d+)/0$")
 
 
@@ -84,7 +84,7 @@ class BatonUp:
             return self.changed.wait_for(predicate, timeout=timeout_s)
 
     def segments(self) -> dict[str, str]:
-        """Decode worker name → the shared-memory segment it logged."""
+        """Decode (or colocated) worker name → the shared-memory segment it logged."""
         return {m[1]: m[2] for line in self.stderr if (m := SEGMENT.match(line))}
 
     def wait_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
@@ -157,7 +157,7 @@ def redis_port(up: BatonUp) -> int:
 
 def check_redis_given(up: BatonUp, url: str | None) -> None:
     """The services that take `--redis` were given `url` (none: without the flag); the others were not."""
-    from services.launcher.mesh import REDIS_CLIENTS
+    from services.launcher.specs import REDIS_CLIENTS
 
     for name, pid in up.pids.items():
         if name == "redis":
@@ -338,7 +338,7 @@ def test_redis_clients_are_the_services_that_accept_redis():
     import importlib
     import io
 
-    from services.launcher.mesh import REDIS_CLIENTS
+    from services.launcher.specs import REDIS_CLIENTS
 
     accepting = set()
     for kind in ("tokenizer", "prefill", "decode", "kvstore", "gateway"):
@@ -350,7 +350,7 @@ def test_redis_clients_are_the_services_that_accept_redis():
         assert "--port" in help_text.getvalue(), f"services.{kind} printed no help"
         if re.search(r"--redis\b", help_text.getvalue()):
             accepting.add(kind)
-    assert REDIS_CLIENTS == accepting, "services.launcher.mesh.REDIS_CLIENTS must name the services taking --redis"
+    assert REDIS_CLIENTS == accepting, "services.launcher.specs.REDIS_CLIENTS must name the services taking --redis"
 
 
 def test_the_redis_server_fixture_restarts_on_the_same_port(redis_server, redis_client):
@@ -385,7 +385,7 @@ def test_health_names_and_segment_pattern_match_the_services():
     from protos import gateway_pb2, kvstore_pb2
     from services.decode.servicer import SERVICE_NAME as DECODE
     from services.kvstore.shared_memory import NAME_PREFIX
-    from services.launcher.mesh import HEALTH_NAMES
+    from services.launcher.specs import HEALTH_NAMES
     from services.launcher.segments import SEGMENT_LINE
     from services.prefill.servicer import SERVICE_NAME as PREFILL
     from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER

@@ -1,0 +1,130 @@
+"""What `baton up` runs: the mesh's settings and each child's command line.
+
+Two layouts. Disaggregated (the default): a tokenizer, N prefill and M decode workers
+(and a kvstore node, the prefill workers' host-memory tier), and a gateway that sends
+each prompt to a prefill worker, which hands its KV pages to a decode worker; the
+gateway's conditional disaggregation still lets decode prefill short prompts itself.
+Colocated (`--colocated`): a tokenizer and M workers that each prefill and decode in
+one engine (the decode service, every prompt through GenerateLocally), and a gateway
+with no prefill pool: the baseline that disaggregation is measured against.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from services.launcher.process import ChildSpec
+
+# grpc.health.v1 names, as the servicers register them (`<proto package>.<service>`);
+# written out so that starting the mesh imports neither torch nor generated code.
+HEALTH_NAMES = {
+    "tokenizer": "baton.tokenizer.v1.Tokenizer",
+    "prefill": "baton.prefill.v1.Prefill",
+    "decode": "baton.decode.v1.Decode",
+    "kvstore": "baton.kvstore.v1.KVStore",
+    "gateway": "baton.gateway.v1.Generate",
+}
+# The services whose command line takes `--redis URL` (the prefix index and instance
+# registry); the others are started without it. Kept equal to what their --help lists
+# by tests/services/test_baton_up.py.
+REDIS_CLIENTS = frozenset({"prefill", "decode", "kvstore", "gateway"})
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
+# Name prefixes of the children that run the decode service (each owns a shared-memory
+# KV segment): decode workers, and colocated workers, which are decode workers too.
+DECODE_NAME_PREFIXES = ("decode-", "colocated-")
+# A colocated worker holds what the two pools of the disaggregated layout hold (each
+# 1024 pages by default): the prompts it prefills and their prefix cache, which a prefill
+# worker would keep, beside the sequences it decodes. Equal memory for both layouts.
+COLOCATED_KV_BLOCKS = 2048
+DECODE_KV_BLOCKS_VARIABLE = "BATON_DECODE_KV_BLOCKS"  # still sizes the pool where it is set
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    model_dir: Path
+    num_prefill: int = 1  # 0 when colocated
+    num_decode: int = 1  # colocated: the workers that prefill and decode
+    is_colocated: bool = False
+    host: str = "127.0.0.1"  # the gateway's; workers bind loopback only
+    http_port: int = 8000
+    grpc_port: int = 0
+    with_gateway: bool = True
+    with_kvstore: bool = False
+    with_redis: bool = True  # False: no Redis at all, the services route by load only
+    redis_url: str | None = None  # an existing Redis to use; None: start one (if with_redis)
+    start_timeout_s: float = 300.0  # per child: spawn to health SERVING
+    stop_timeout_s: float = 15.0  # per child: SIGTERM to exit, then SIGKILL
+    python: str = field(default=sys.executable)
+
+    def __post_init__(self) -> None:
+        if self.is_colocated:
+            if self.num_prefill:
+                raise ValueError("--colocated runs no prefill workers: drop --prefill")
+            if self.with_kvstore:
+                raise ValueError("--colocated runs no prefill workers to fill a kvstore node: drop --kvstore")
+        elif self.num_prefill < 1:
+            raise ValueError("--prefill must be at least 1 (or --colocated for none)")
+        if self.num_decode < 1:
+            raise ValueError("--decode must be at least 1")
+        for flag, port in (("--port", self.http_port), ("--grpc-port", self.grpc_port)):
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{flag} must be in 0..65535, got {port}")
+        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.redis_url is not None:
+            if not self.with_redis:
+                raise ValueError("--redis and --no-redis exclude each other")
+            if urlsplit(self.redis_url).scheme not in REDIS_URL_SCHEMES:
+                raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
+        if not (self.model_dir / "config.json").is_file():
+            raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
+
+
+def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
+    """`--redis URL` for a service that takes it, when there is a Redis."""
+    return ("--redis", redis_url) if redis_url is not None and kind in REDIS_CLIENTS else ()
+
+
+def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str) -> ChildSpec:
+    """A service bound to a free loopback port."""
+    return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
+                            "--host", "127.0.0.1", "--port", "0"),
+                     f"{kind} listening on ", HEALTH_NAMES[kind])
+
+
+def kvstore_spec(config: MeshConfig, redis_url: str | None = None) -> ChildSpec:
+    """The kvstore node: started first, since prefill workers are given its address."""
+    return _worker_spec(config, redis_url, "kvstore", "kvstore")
+
+
+def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_address: str | None = None
+                 ) -> list[ChildSpec]:
+    """Every service but the gateway and the kvstore node; with `kvstore_address`, prefill
+    workers store the prefix blocks they compute there."""
+    model = ("--model", str(config.model_dir))
+    tier = ("--kvstore", kvstore_address) if kvstore_address else ()
+    specs = [_worker_spec(config, redis_url, "tokenizer", "tokenizer", *model)]
+    if config.is_colocated:
+        pool = () if DECODE_KV_BLOCKS_VARIABLE in os.environ else ("--kv-blocks", str(COLOCATED_KV_BLOCKS))
+        return specs + [_worker_spec(config, redis_url, f"colocated-{i}", "decode", *model, *pool)
+                        for i in range(config.num_decode)]
+    specs += [_worker_spec(config, redis_url, f"prefill-{i}", "prefill", *model, *tier)
+              for i in range(config.num_prefill)]
+    specs += [_worker_spec(config, redis_url, f"decode-{i}", "decode", *model) for i in range(config.num_decode)]
+    return specs
+
+
+def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | None = None) -> ChildSpec:
+    """The gateway, given the workers' addresses by name."""
+    def addresses(*prefixes: str) -> str:
+        return ",".join(address for name, address in workers.items() if name.startswith(prefixes))
+
+    layout = (("--colocated",) if config.is_colocated else ("--prefill", addresses("prefill-")))
+    argv = (config.python, "-m", "services.gateway", "--model", str(config.model_dir),
+            "--tokenizer", workers["tokenizer"], *layout, "--decode", addresses(*DECODE_NAME_PREFIXES),
+            "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port),
+            *redis_args("gateway", redis_url))
+    return ChildSpec("gateway", argv, "gateway listening on ", HEALTH_NAMES["gateway"])
