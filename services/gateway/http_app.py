@@ -11,6 +11,15 @@ fails before its first token still gets its real status, not a 200 with an error
 event. A client that goes away cancels its request wherever it is (prefill or
 decode), which frees its pages; see `_unless_disconnected`.
 
+Every request's ledger (timeline.py: where its time went, phase by phase) is kept for
+the most recent requests and served from `GET /v1/requests/{id}/timeline`, `id` being
+the response's `id`; a request with `"return_timeline": true` or the header
+`X-Baton-Timeline: 1` also gets it in the response (`timeline`; when streaming, in one
+last chunk with no choices, before `data: [DONE]`).
+
+With tracing on (services/common/tracing.py), each HTTP request is a span, continuing the
+caller's W3C `traceparent`; the pipeline's spans (request_trace.py) go beneath it.
+
 `/metrics` serves the process's default registry (the router's figures) and the
 gateway's own (`RequestPipeline.metrics`: per-request latencies, tokens, errors by
 reason). The pipeline counts what happens to each request it is given; this layer
@@ -22,9 +31,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -33,11 +43,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common import tracing
 from services.gateway.choices import merge_choices
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
+from services.gateway.timeline import ResponseTimeline, TimelineStore
 
 T = TypeVar("T")
 log = logging.getLogger("baton.gateway")
@@ -53,6 +65,7 @@ class GatewayState:
     token_text: TokenText
     readiness: Callable[[], str | None]  # None when every kind of worker has one serving, else why not
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    timelines: TimelineStore = field(default_factory=TimelineStore)
 
 
 class ClientDisconnected(Exception):
@@ -64,6 +77,13 @@ def create_app(state: GatewayState) -> FastAPI:
     metrics = state.pipeline.metrics
     app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes,
                        on_refuse=lambda: metrics.count_error("request_too_large"))
+    if tracing.is_enabled():
+        # The request's span, continuing an incoming `traceparent`; one span per request, not per
+        # ASGI message, and none for the endpoints scraped and probed all day.
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+        app.add_middleware(OpenTelemetryMiddleware, excluded_urls="/metrics,/health,/live",
+                           exclude_spans=["receive", "send"])
+    app.add_middleware(ArrivalTime)  # outermost: the ledger's ingress starts before the body is read
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
@@ -109,39 +129,53 @@ def create_app(state: GatewayState) -> FastAPI:
             raise model_not_found(model, state.model_name)
         return model_card(state)
 
+    @app.get("/v1/requests/{response_id}/timeline")
+    async def timeline(response_id: str) -> dict[str, Any]:
+        found = state.timelines.get(response_id)
+        if found is None:
+            raise APIError(404, f"No timeline for request `{response_id}`: the gateway keeps the last "
+                                f"{state.timelines.capacity} requests' timelines.", code="timeline_not_found")
+        return found.to_json()
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        timeline = start_timeline(state, request, response_id)
         prompts = body.prompts
         streams, prompt_of_choice = [], []
         for p, prompt in enumerate(prompts):
             for j in range(body.n):
                 choice = len(streams)
                 given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+                request_id = _choice_id(response_id, choice, len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
-                    _choice_id(response_id, choice, len(prompts) * body.n), **given,
-                    sampling=body.sampling(body.max_tokens, body.logprobs, j), stop=body.stop_strings,
-                    include_stop_str_in_output=body.include_stop_str_in_output))
+                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j),
+                    stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+                    clock=timeline.clock(request_id)))
                 prompt_of_choice.append(p)
         builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
                                   num_choices=len(streams), prompt_of_choice=prompt_of_choice,
                                   token_text=state.token_text, want_logprobs=body.logprobs is not None)
-        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt")
+        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
+                             timeline if wants_timeline(request, body.return_timeline) else None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+        timeline = start_timeline(state, request, response_id)
         messages = body.chat_messages()
+        request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         streams = [state.pipeline.generate(
-            _choice_id(response_id, j, body.n), messages=messages,
-            sampling=body.sampling(body.completion_budget, body.num_logprobs, j), stop=body.stop_strings,
-            include_stop_str_in_output=body.include_stop_str_in_output) for j in range(body.n)]
+            request_id, messages=messages, sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
+            stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+            clock=timeline.clock(request_id)) for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs)
-        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages")
+        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
+                             timeline if wants_timeline(request, body.return_timeline) else None)
 
     return app
 
@@ -157,20 +191,36 @@ def check_model(state: GatewayState, model: str) -> None:
         raise model_not_found(model, state.model_name)
 
 
+def start_timeline(state: GatewayState, request: Request, response_id: str) -> ResponseTimeline:
+    """The request's ledger, from its arrival (stamped by `ArrivalTime`), kept for the timeline endpoint."""
+    arrival = request.scope.get("state", {}).get(ARRIVAL_KEY, time.perf_counter())
+    timeline = ResponseTimeline(response_id, arrival, int(time.time()))
+    state.timelines.add(timeline)
+    return timeline
+
+
+def wants_timeline(request: Request, asked_in_body: bool) -> bool:
+    return asked_in_body or request.headers.get("x-baton-timeline", "").lower() in ("1", "true", "yes")
+
+
 def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
     """The mesh request id of one choice: the response id itself when it is the only one."""
     return response_id if num_choices == 1 else f"{response_id}-{choice}"
 
 
 async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
-                  stream: bool, include_usage: bool, prompt_param: str):
+                  stream: bool, include_usage: bool, prompt_param: str, timeline: ResponseTimeline | None = None):
+    """`timeline`: the request's ledger, when it is to be sent with the response."""
     try:
         if not stream:
             async def collect() -> None:
                 async for index, delta in choices:
                     builder.add(index, delta)
             await _unless_disconnected(request, collect())
-            return JSONResponse(builder.whole(), headers={"x-request-id": builder.id})
+            body = builder.whole()
+            if timeline is not None:
+                body["timeline"] = timeline.to_json()
+            return JSONResponse(body, headers={"x-request-id": builder.id})
         try:
             first = await _unless_disconnected(request, anext(choices))
         except StopAsyncIteration:
@@ -181,14 +231,14 @@ async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], b
     except Exception as e:
         await choices.aclose()
         raise to_api_error(e, prompt_param) from e
-    return StreamingResponse(_events(first, choices, builder, include_usage, prompt_param),
+    return StreamingResponse(_events(first, choices, builder, include_usage, prompt_param, timeline),
                              media_type="text/event-stream",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no",
                                       "x-request-id": builder.id})
 
 
 async def _events(first: tuple[int, Delta], choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
-                  include_usage: bool, prompt_param: str) -> AsyncIterator[bytes]:
+                  include_usage: bool, prompt_param: str, timeline: ResponseTimeline | None) -> AsyncIterator[bytes]:
     """The SSE body. Starlette cancels this when the client disconnects; the cancellation
     reaches every choice's pipeline, which aborts its request on the mesh."""
     try:
@@ -197,6 +247,8 @@ async def _events(first: tuple[int, Delta], choices: AsyncIterator[tuple[int, De
             yield _event(builder.chunk(index, delta, include_usage))
         if include_usage:
             yield _event(builder.usage_chunk())
+        if timeline is not None:
+            yield _event(builder.timeline_chunk(timeline.to_json()))
     except Exception as e:  # after the 200 went out: the error travels as an event, as vLLM sends it
         yield _event(to_api_error(e, prompt_param).body())
     finally:
@@ -254,6 +306,22 @@ def validation_error(e: RequestValidationError) -> APIError:
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return APIError(400, message, param=param)
+
+
+ARRIVAL_KEY = "baton_arrival"
+
+
+class ArrivalTime:
+    """Stamps each HTTP request's arrival (`time.perf_counter()`) in its ASGI scope's state,
+    where the request's ledger starts."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVAL_KEY] = time.perf_counter()
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimit:

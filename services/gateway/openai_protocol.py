@@ -2,7 +2,7 @@
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras
 (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
-`include_stop_str_in_output`). A value out of range fails validation here, so the
+`include_stop_str_in_output`), plus Baton's `return_timeline`. A value out of range fails validation here, so the
 client gets a 400 that names the field before any worker is called. Unknown fields
 are ignored, as OpenAI's own server does for fields a model does not use.
 """
@@ -45,6 +45,7 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     user: str | None = None
+    return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
 
     @model_validator(mode="after")
     def _check_stop(self):

@@ -130,6 +130,13 @@ class ResponseBuilder:
         body["usage"] = self.usage
         return body
 
+    def timeline_chunk(self, timeline: dict[str, Any]) -> dict[str, Any]:
+        """The chunk that carries the request's ledger, when asked for: no choices."""
+        body = self._head("text_completion" if self.kind == "completion" else "chat.completion.chunk")
+        body["choices"] = []
+        body["timeline"] = timeline
+        return body
+
     # ---- whole -----------------------------------------------------------------------
 
     def add(self, index: int, delta: Delta) -> None:

@@ -21,12 +21,13 @@ calls and Abort the request on D. Every gRPC call carries a deadline.
 
 Each request is timed from its arrival here (services/common/metrics/requests.py): time
 to first token, between tokens and end to end, its tokens, and how it ended (a finish
-reason, or an error by reason: `error_reason`).
+reason, or an error by reason: `error_reason`). Its ledger (timeline.py) is marked on
+the way: where each millisecond went, from the HTTP request's arrival to its last token.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,7 +36,10 @@ import grpc
 from prometheus_client import Counter
 
 from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
+from services.common import tracing
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
+from services.gateway.request_trace import RequestTrace
+from services.gateway.timeline import PhaseClock
 from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
@@ -130,13 +134,13 @@ class RequestPipeline:
     a registry of its own, unlabelled.
     """
 
-    def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool, decode: WorkerPool,
+    def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool | None, decode: WorkerPool,
                  deadlines: Deadlines = Deadlines(),
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, metrics: ServiceMetrics | None = None):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
-        self.prefill = prefill
+        self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
         self.decode = decode
         self.deadlines = deadlines
         self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
@@ -144,12 +148,12 @@ class RequestPipeline:
         self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
-        self._aborts: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
-        """Wait for the Aborts still in flight (call before closing the channels)."""
-        if self._aborts:
-            await asyncio.gather(*self._aborts, return_exceptions=True)
+        """Wait for the Aborts and stream reads still in flight (call before closing the channels)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def generate(
         self,
@@ -161,34 +165,46 @@ class RequestPipeline:
         sampling: common_pb2.SamplingParams | None = None,
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
+        clock: PhaseClock | None = None,
     ) -> AsyncIterator[Delta]:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages`. Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
-        when no pages are free, `grpc.aio.AioRpcError` for a worker that failed."""
+        when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `clock`:
+        the request's ledger, started at its arrival (by default, now)."""
         timer = self.requests.start()
+        clock = clock or PhaseClock(request_id, timer.arrival)
+        clock.mark("ingress")
+        params = common_pb2.SamplingParams()
+        if sampling is not None:
+            params.CopyFrom(sampling)
+        spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         try:
             if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
                 raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
             if any(not s for s in stop):
                 raise InvalidRequestError("stop strings must be non-empty")
-            params = common_pb2.SamplingParams()
-            if sampling is not None:
-                params.CopyFrom(sampling)
-            prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages)
+            with spans.phase("tokenize"):
+                prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages)
+            clock.mark("tokenize")
             timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:
                 async for delta in self._run(request_id, prompt, params, decode_worker, stop,
-                                             include_stop_str_in_output, timer):
+                                             include_stop_str_in_output, timer, clock, spans):
                     yield delta
         except grpc.aio.AioRpcError as e:
             mapped = _from_rpc_error(e)
+            clock.end(error_reason(mapped))
             timer.fail(error_reason(mapped))
             if mapped is e:
                 raise
             raise mapped from e
         except BaseException as e:  # GeneratorExit and CancelledError too: the consumer went away
+            # Closed after its last delta, it had finished (the timer is done only by then).
+            clock.end("finished" if timer.is_done else error_reason(e))
             timer.fail(error_reason(e))
             raise
+        finally:
+            spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
     async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> list[int]:
         timeout = self.deadlines.tokenizer_s
@@ -220,19 +236,23 @@ class RequestPipeline:
         """Conditional disaggregation: a prompt this short is cheaper to prefill in the decode
         worker's running batch than on a prefill worker plus a KV transfer, as long as the
         decode worker is not already prefilling that much (its decode steps would stall)."""
+        if self.prefill is None:
+            return True
         limit = self.local_prefill_max_tokens
         return len(prompt) <= limit and decode_worker.queued_tokens + len(prompt) <= limit
 
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
-                   timer: RequestTimer) -> AsyncIterator[Delta]:
+                   timer: RequestTimer, clock: PhaseClock, spans: RequestTrace) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
         progress = _Progress()
         is_local = self._prefills_locally(prompt, decode_worker)
         PREFILL_PLACES.labels("decode" if is_local else "prefill").inc()
+        clock.prefilled_on = "decode" if is_local else "prefill"
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
-            request_id, prompt, params, decode_worker, progress)
+            request_id, prompt, params, decode_worker, progress, clock, spans)
+        is_past_first = False
         try:
             async with aclosing(steps):
                 async for step in steps:
@@ -244,9 +264,16 @@ class RequestPipeline:
                         usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
                         final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
                         timer.finish(final.finish_reason)
+                        spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
                         yield final
+                        clock.mark("detokenize_egress" if is_past_first else "first_token")
+                        clock.end("finished")
                         return
+                    if not is_past_first:
+                        spans.first_token()
                     yield Delta(text, step.token_ids, step.logprobs)
+                    clock.mark("detokenize_egress" if is_past_first else "first_token")
+                    is_past_first = True
             raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
                                "without a finish reason")
         finally:
@@ -254,47 +281,60 @@ class RequestPipeline:
                 self._abort_soon(decode_worker, request_id)
 
     async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
-                                   decode_worker: Worker, progress: _Progress) -> AsyncIterator[_Step]:
+                                   decode_worker: Worker, progress: _Progress, clock: PhaseClock,
+                                   spans: RequestTrace) -> AsyncIterator[_Step]:
         """The first token from a prefill worker (which writes the KV into pages it reserves
         on the decode worker), then the rest from the decode worker."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
-        route = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
+        with spans.phase("route"):
+            route = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
         host_tier = (prefill_pb2.HostTierSource(address=route.host_tier_address, num_blocks=route.host_tier_blocks)
                      if route is not None and route.host_tier_blocks else None)
         with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
-            response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
-                request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
-                timeout=self.deadlines.prefill_s)
+            clock.mark("route")
+            with spans.calls():
+                response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
+                    request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
+                    target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
+                    timeout=self.deadlines.prefill_s)
         progress.num_cached_tokens = response.num_cached_tokens
         _observe_prefill(self.requests, response.timings)
+        timings = response.timings
+        clock.mark_split([("prefill_queue", timings.queue_seconds - timings.host_tier_read_seconds),
+                          ("host_tier_read", timings.host_tier_read_seconds),
+                          ("prefill_compute", timings.prefill_seconds), ("kv_transfer", timings.kv_transfer_seconds)],
+                         rest="rpc")
         first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
                       FINISH_REASONS.get(response.finish_reason))
         if first.finish_reason is not None:  # ended at prefill: whatever it handed on is aborted by `_run`
             yield first
             return
         # Started before the first token is yielded: a slow consumer does not delay decode.
-        call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
-            request_id=request_id, reservation_id=response.reservation_id, prompt_token_ids=prompt,
-            first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
+        with spans.calls():
+            call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
+                request_id=request_id, reservation_id=response.reservation_id, prompt_token_ids=prompt,
+                first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
         try:
             yield first
-            async for chunk in _decode_steps(call, progress):
+            async for chunk in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
                 yield chunk
         finally:
-            call.cancel()  # no-op when the stream is done
+            self._close_soon(call, progress)
 
     async def _local_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
-                           decode_worker: Worker, progress: _Progress) -> AsyncIterator[_Step]:
+                           decode_worker: Worker, progress: _Progress, clock: PhaseClock,
+                           spans: RequestTrace) -> AsyncIterator[_Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
         worker, no transfer. Its prompt counts against the worker's room until the first token."""
         decode_worker.queued_tokens += len(prompt)
         is_counted = True
-        call = decode_worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
-            request_id=request_id, prompt_token_ids=prompt, sampling=params), timeout=self.deadlines.decode_s)
+        clock.mark("route")
+        with spans.calls():
+            call = decode_worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
+                request_id=request_id, prompt_token_ids=prompt, sampling=params), timeout=self.deadlines.decode_s)
         try:
-            async for step in _decode_steps(call, progress):
+            async for step in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
                 if is_counted:
                     decode_worker.queued_tokens -= len(prompt)
                     is_counted = False
@@ -302,15 +342,46 @@ class RequestPipeline:
         finally:
             if is_counted:
                 decode_worker.queued_tokens -= len(prompt)
+            self._close_soon(call, progress)
+
+    def _mark_decode_chunks(self, clock: PhaseClock, is_local: bool) -> Callable[[decode_pb2.DecodeChunk], None]:
+        """What each chunk from the decode worker marks on the ledger as it arrives. The first
+        carries the worker's queue time (and a local prefill's compute); with a local prefill
+        it brings the first token, so the rest of its wait is the call's (`rpc`)."""
+        is_first = True
+
+        def mark(chunk: decode_pb2.DecodeChunk) -> None:
+            nonlocal is_first
+            if not is_first:
+                clock.mark("decode_steps")
+                return
+            is_first = False
+            timings = chunk.timings
+            if is_local:
+                self.requests.queue.observe(timings.queue_seconds)
+                clock.mark_split([("decode_queue", timings.queue_seconds),
+                                  ("prefill_compute", timings.prefill_seconds)], rest="rpc")
+            else:
+                clock.mark_split([("decode_queue", timings.queue_seconds)], rest="decode_steps")
+        return mark
+
+    def _close_soon(self, call, progress: _Progress) -> None:
+        """Cancel a decode stream cut short. One that ended is read to its end in the background
+        when tracing: its client span ends only there (the pipeline stops at the last chunk)."""
+        if not progress.is_released:
             call.cancel()
+        elif tracing.is_enabled():
+            task = asyncio.ensure_future(_read_to_end(call))
+            self._background.add(task)
+            task.add_done_callback(_forget(self._background))
 
     def _abort_soon(self, worker: Worker, request_id: str) -> None:
         """Abort on decode in the background: it must run even when the caller was
         cancelled, and the consumer need not wait for it."""
         task = asyncio.ensure_future(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id),
                                                        timeout=self.deadlines.abort_s))
-        self._aborts.add(task)
-        task.add_done_callback(_forget(self._aborts))
+        self._background.add(task)
+        task.add_done_callback(_forget(self._background))
 
 
 def _forget(tasks: set[asyncio.Task]):
@@ -335,9 +406,16 @@ class _Step:
     finish_reason: str | None
 
 
-async def _decode_steps(call, progress: _Progress) -> AsyncIterator[_Step]:
+async def _read_to_end(call) -> None:
+    async for _ in call:
+        pass
+
+
+async def _decode_steps(call, progress: _Progress,
+                        on_chunk: Callable[[decode_pb2.DecodeChunk], None]) -> AsyncIterator[_Step]:
     first = True
     async for chunk in call:
+        on_chunk(chunk)
         if first:
             progress.num_cached_tokens = progress.num_cached_tokens or chunk.num_cached_tokens
             first = False
