@@ -78,6 +78,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--requests", type=int, default=100, help="timed requests per mesh")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--traced-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="another variable for the traced mesh (e.g. OTEL_TRACES_SAMPLER=traceidratio)")
     args = parser.parse_args(argv)
     model_dir = args.model or ensure_demo_model()
     vocab = load_model_config(model_dir).vocab_size
@@ -91,7 +93,9 @@ def main(argv=None) -> int:
     meshes: dict[str, LocalMesh] = {}
     try:
         meshes["off"] = LocalMesh(model_dir, env={"OTEL_TRACES_EXPORTER": "none"})
-        meshes["on"] = LocalMesh(model_dir, env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_port}"})
+        traced_env = dict(item.split("=", 1) for item in args.traced_env)
+        meshes["on"] = LocalMesh(model_dir, env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_port}",
+                                                 **traced_env})
         log(f"meshes up: tracing off at {meshes['off'].http}, on at {meshes['on'].http} "
             f"(spans to 127.0.0.1:{receiver_port})")
         rng = random.Random(1)

@@ -2,7 +2,8 @@
 
 The engine thread only stamps times (engine/step_times.py); these turn them into children
 of the current span (the RPC's server span), so tracing adds nothing to the engine's steps.
-Each returns at once while tracing is off.
+They are recorded a little later (`tracing.soon`), after the response in hand has gone on
+its way. Each returns at once while tracing is off.
 """
 from __future__ import annotations
 
@@ -24,13 +25,16 @@ def queue_end_ns(times: StepTimes | None) -> int:
 def record_queue(name: str, arrival_ns: int, times: StepTimes | None, attributes: Mapping[str, Any]) -> None:
     """`name` from the call's arrival to the engine's first step that included the request."""
     if tracing.is_enabled():
-        tracing.record_span(name, arrival_ns, queue_end_ns(times), attributes)
+        tracing.soon(tracing.record_span, name, arrival_ns, queue_end_ns(times), attributes)
 
 
 def record_prefill_chunks(times: StepTimes | None, attributes: Mapping[str, Any], parent=None) -> None:
     """One `prefill.chunk` per forward pass over the prompt, before the first token."""
-    if not tracing.is_enabled() or times is None:
-        return
+    if tracing.is_enabled() and times is not None:
+        tracing.soon(_record_prefill_chunks, times, attributes, parent)
+
+
+def _record_prefill_chunks(times: StepTimes, attributes: Mapping[str, Any], parent) -> None:
     for i, chunk in enumerate(times.prefill_chunks):
         tracing.record_span("prefill.chunk", chunk.start_ns, chunk.end_ns,
                             {**attributes, tracing.BATON_CHUNK_INDEX: i, tracing.BATON_CHUNK_TOKENS: chunk.num_tokens,
@@ -39,14 +43,17 @@ def record_prefill_chunks(times: StepTimes | None, attributes: Mapping[str, Any]
 
 def record_local_prefill(times: StepTimes | None, attributes: Mapping[str, Any]) -> None:
     """`decode.prefill` over a prompt prefilled on the decode worker, its chunks beneath it."""
-    if not tracing.is_enabled() or times is None or not times.prefill_chunks:
-        return
+    if tracing.is_enabled() and times is not None and times.prefill_chunks:
+        tracing.soon(_record_local_prefill, times, attributes)
+
+
+def _record_local_prefill(times: StepTimes, attributes: Mapping[str, Any]) -> None:
     chunks = times.prefill_chunks
     span = tracing.record_span("decode.prefill", chunks[0].start_ns, chunks[-1].end_ns, attributes)
-    record_prefill_chunks(times, attributes, parent=span)
+    _record_prefill_chunks(times, attributes, parent=span)
 
 
 def record_first_step(name: str, times: StepTimes | None, attributes: Mapping[str, Any]) -> None:
     """`name` over the engine's first step that included the request (its first token there)."""
     if tracing.is_enabled() and times is not None and times.first_step_start_ns is not None:
-        tracing.record_span(name, times.first_step_start_ns, times.first_step_end_ns, attributes)
+        tracing.soon(tracing.record_span, name, times.first_step_start_ns, times.first_step_end_ns, attributes)

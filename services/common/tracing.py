@@ -12,16 +12,17 @@ at once, so a request pays for a few no-op calls at most.
 
 One trace per request: every gRPC server span continues the caller's W3C `traceparent` from
 the call's metadata (`server_interceptors`), and every client call carries the current
-span's (`client_interceptors`). Phases measured on an engine thread, known only afterwards
+span's (`client_interceptors`; both in grpc_tracing.py). Phases measured on an engine thread, known only afterwards
 (queue time, each prefill chunk), are recorded with explicit times by `record_span`.
 Health and reflection calls are not traced.
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -126,13 +127,13 @@ def shutdown_tracing() -> None:
 
 
 def client_interceptors() -> list:
-    """For `grpc.aio` channels: a client span per call, its context in the call's metadata.
+    """For `grpc.aio` channels: the current span's context in every call's metadata.
     Empty while tracing is off."""
     if _provider is None:
         return []
-    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+    from services.common import grpc_tracing
 
-    return aio_client_interceptors(tracer_provider=_provider, filter_=_traced_filter())
+    return grpc_tracing.client_interceptors()
 
 
 def server_interceptors() -> list:
@@ -140,15 +141,9 @@ def server_interceptors() -> list:
     call's metadata and current while the servicer runs. Empty while tracing is off."""
     if _provider is None:
         return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    from services.common.grpc_tracing import ServerSpanInterceptor
 
-    return [aio_server_interceptor(tracer_provider=_provider, filter_=_traced_filter())]
-
-
-def _traced_filter():
-    from opentelemetry.instrumentation.grpc import filters
-
-    return filters.negate(filters.any_of(*(filters.service_name(s) for s in _UNTRACED_SERVICES)))
+    return [ServerSpanInterceptor(tracer(), untraced=_UNTRACED_SERVICES)]
 
 
 def record_span(name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None,
@@ -163,6 +158,23 @@ def record_span(name: str, start_ns: int, end_ns: int, attributes: Mapping[str, 
     span = tracer().start_span(name, context=parent, attributes=attributes, start_time=start_ns)
     span.end(end_time=max(end_ns, start_ns))
     return span
+
+
+# How long `soon` waits: past the response in hand (a unary call's reply, a first token) going
+# out. A span costs 50-150 µs of Python on a small host, and the request should not wait
+# for the spans that describe it.
+RECORD_DELAY_S = 0.02
+
+
+def soon(record: Callable[..., Any], *args: Any) -> None:
+    """`record(*args)` RECORD_DELAY_S from now on the running loop, in a copy of the current
+    context (so the current span is still the parent); at once outside an event loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        record(*args)
+        return
+    loop.call_later(RECORD_DELAY_S, record, *args)
 
 
 def request_attributes(request_id: str, attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:

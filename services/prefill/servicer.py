@@ -206,18 +206,19 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 target = reserved_target(target, made)
                 transport, dest = await self._open_target(target, num_blocks, context)
             src_blocks = out.held_block_ids[:num_blocks]
-            with tracing.tracer().start_as_current_span(
-                    "kv.transfer", attributes={**attrs, tracing.BATON_KV_TRANSPORT: transport.kind.value,
-                                               tracing.BATON_KV_BLOCKS: len(src_blocks)}) as span:
-                # Shielded: a cancelled call must not release the pages while the write still reads them.
-                pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
-                try:
-                    timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
-                except ValueError as e:  # refused before writing anything (copy_pages checks first)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
-                except grpc.aio.AioRpcError as e:
-                    await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
-                span.set_attribute(tracing.BATON_KV_BYTES, timings.kv_transfer_bytes)
+            write_start_ns = time.time_ns()
+            # Shielded: a cancelled call must not release the pages while the write still reads them.
+            pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
+            try:
+                timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
+            except ValueError as e:  # refused before writing anything (copy_pages checks first)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
+            except grpc.aio.AioRpcError as e:
+                await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
+            if attrs:
+                tracing.soon(tracing.record_span, "kv.transfer", write_start_ns, time.time_ns(), {
+                    **attrs, tracing.BATON_KV_TRANSPORT: transport.kind.value,
+                    tracing.BATON_KV_BLOCKS: len(src_blocks), tracing.BATON_KV_BYTES: timings.kv_transfer_bytes})
             timings.kv_transport = transport_to_proto(transport.kind)
             timings.kv_transfer_seconds = time.perf_counter() - computed
             response = response_from_output(out, params.logprobs, timings, tier_tokens)
