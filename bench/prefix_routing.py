@@ -21,7 +21,8 @@ against off.
   worker can hold only about half the system prompts: the regime routing is for. With
   pools that hold every prompt, every policy ends up hitting after the first round.
   The router counters printed per policy are the gateway's baton_router_* metrics over
-  the run (decisions: prefix = the chosen worker held part of the prompt, load = it
+  the run (decisions: prefix = the chosen worker held part of the prompt, spread = no worker
+  held half of it and the one with the fewest blocks routed lately took it, load = it
   held none, balance = the imbalance guard chose; none are kept for load-only).
 - Cache on against off: TTFT of a prompt that shares its first 90 % with a prompt sent
   just before it, through a mesh with prefill's prefix cache on (the prefix-routing
@@ -69,11 +70,12 @@ def percentile_ms(samples: list[float], q: float) -> float:
 
 
 def router_metrics(mesh: LocalMesh) -> dict[str, float]:
-    """The gateway's routing counters (decisions by kind, matched and routed blocks)."""
+    """The gateway's routing counters (decisions by kind, matched and routed blocks, failed
+    prefix-index lookups)."""
     text = httpx.get(f"http://{mesh.http}/metrics", timeout=10).text
     figures = {}
     for match in re.finditer(r'^baton_router_(requests_total\{decision="(\w+)"\}|matched_blocks_total|'
-                             r'prompt_blocks_total) (\S+)$', text, re.MULTILINE):
+                             r'prompt_blocks_total|redis_failures_total) (\S+)$', text, re.MULTILINE):
         figures[match.group(2) or match.group(1)] = float(match.group(3))
     return figures
 

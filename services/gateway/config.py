@@ -75,7 +75,7 @@ class GatewayConfig:
     kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
     redis_url: str = ""  # the prefix index and instance registry; "": route by load only
     routing: str = "prefix"  # see ROUTING_POLICIES; prefix without --redis routes by load
-    overlap_weight: float = 1.0  # router: a block to compute against a block already queued
+    overlap_weight: float = 4.0  # router: a block to compute against a block already queued (router.py)
     local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
     is_colocated: bool = False  # no prefill workers: decode prefills every prompt itself
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
@@ -146,7 +146,7 @@ class GatewayConfig:
         parser.add_argument("--routing", default=env.get(ENV_ROUTING, "prefix"),
                             help=f"how prefill workers are chosen: {', '.join(ROUTING_POLICIES)} (${ENV_ROUTING})")
         parser.add_argument("--router-overlap-weight", type=float,
-                            default=float(env.get(ENV_OVERLAP_WEIGHT) or 1.0),
+                            default=float(env.get(ENV_OVERLAP_WEIGHT) or 4.0),
                             help=f"prefix routing: the cost of a prompt block to compute, against one block of "
                                  f"queued work (${ENV_OVERLAP_WEIGHT})")
         parser.add_argument("--local-prefill-max-tokens", type=int,

@@ -7,7 +7,10 @@ Dynamo's form, in blocks: `overlap_weight × blocks it would compute + blocks of
 prompts queued on it`; the cheapest wins, ties in turn. SGLang's imbalance guard
 sits in front: when the queues differ by more than `balance_abs_tokens` and by a
 factor over `balance_rel`, the least loaded worker wins whatever it holds, so one
-hot prefix cannot pile every request onto one worker.
+hot prefix cannot pile every request onto one worker. And as SGLang's router does, a
+prompt of which no worker holds `cache_threshold` of its blocks goes where the fewest
+blocks were routed lately (`RoutedBlocks`; the least loaded of equals): new prefixes
+spread evenly over the workers' caches instead of crowding whichever was idle.
 
 kvstore nodes publish the blocks they store into the same index, so the same round
 trip also says how many leading blocks the host tier holds. Routing still weighs only
@@ -15,10 +18,12 @@ what each worker holds itself (the tier is as near to one worker as to another);
 the tier holds more than the chosen worker, the route names the node, and the worker
 reads those blocks from it instead of computing them (services/prefill/host_tier.py).
 
-Redis is an optimisation, never a dependency: when it does not answer (within
-`redis_timeout_s`), routing falls back to load only, a counter and a log line
-say so, and Redis is tried again after `redis_retry_s`. The workers republish
-what they hold once it is back, so the index rebuilds itself.
+Redis is an optimisation, never a dependency: a lookup that fails or takes over
+`redis_timeout_s` routes its request by load; when Redis cannot be reached (or
+`redis_down_after_timeouts` lookups in a row were too slow), routing falls back to
+load only, a counter and a log line say so, and Redis is tried again after
+`redis_retry_s`. The workers republish what they hold once it is back, so the index
+rebuilds itself.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from engine.block_hash import hash_block_chain
+from services.gateway.routed_blocks import RoutedBlocks
 from services.gateway.workers import Worker, WorkerPool
 
 log = logging.getLogger("baton.gateway.router")
@@ -60,14 +66,25 @@ class Route:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    overlap_weight: float = 1.0      # Dynamo's default: a block to compute costs as much as a queued one
+    # A block to compute costs as much as this many queued blocks. Dynamo's default is 1; here
+    # queued prompts are batched (chunked prefill runs them together) and a prefix computed
+    # again on another worker also evicts that worker's own prefixes. bench/prefix_routing.py:
+    # 1 sends a burst's second request for a new prefix to the idle worker (a second copy;
+    # hit rate 0.74-0.87), 4 keeps every prefix on one worker (0.92).
+    overlap_weight: float = 4.0
     balance_abs_tokens: int = 4096   # the imbalance guard: queues this many tokens apart...
     balance_rel: float = 2.0         # ...and this many times apart route by load alone
-    redis_timeout_s: float = 0.05    # a lookup slower than this is treated as Redis being down
-    redis_retry_s: float = 1.0       # how long to route by load alone after a failed lookup
+    # A lookup slower than this routes its request by load... Not much less: on a busy host the
+    # event loop or Redis can be starved for tens of milliseconds, and a prefix recomputed
+    # elsewhere costs more than the wait (and a copy of it in another worker's cache).
+    redis_timeout_s: float = 0.25
+    redis_down_after_timeouts: int = 3  # ...and this many in a row count as Redis being down
+    redis_retry_s: float = 1.0       # how long to route by load alone once Redis is down
     instances_refresh_s: float = 1.0  # how often the worker → instance-id map is re-read
     recent_s: float = 2.0            # a routed prompt's blocks count as on its worker this long...
     recent_max_blocks: int = 100_000  # ...for at most this many blocks, least recent forgotten first
+    cache_threshold: float = 0.5     # SGLang's: held by no worker in this share, a prompt spreads...
+    routed_window_s: float = 60.0    # ...by the blocks routed to each worker within this long
 
 
 class PrefixRouter:
@@ -87,7 +104,9 @@ class PrefixRouter:
         self._instance_ids: dict[str, str] = {}  # worker address -> instance id
         self._kvstores: dict[str, str] = {}  # kvstore node instance id -> address
         self._recent: OrderedDict[int, tuple[str, float]] = OrderedDict()  # block hash -> (address, expiry)
+        self._routed = RoutedBlocks(config.routed_window_s, config.recent_max_blocks)
         self._redis_down_until = 0.0
+        self._timeouts_in_a_row = 0
         self._is_redis_up = index is not None
         self._refresher: asyncio.Task | None = None
         REDIS_UP.set(1 if self._is_redis_up else 0)
@@ -122,6 +141,11 @@ class PrefixRouter:
             decision, chosen = "balance", self.pool.least_loaded(candidates)
         elif matched is None:
             decision, chosen = "load", self.pool.least_loaded(candidates)
+        elif max(held(w) for w in candidates) < self.config.cache_threshold * len(hashes):
+            # Cache balance, not load, places a new prefix (load has the imbalance guard): by
+            # queues, the worker that happens to be idle now would take one prefix after another.
+            decision = "spread"
+            chosen = min(candidates, key=lambda w: (self._routed.count(w.address), w.queued_tokens))
         else:
             bs = self.block_size
             num_blocks = -(-len(prompt) // bs)
@@ -138,6 +162,7 @@ class PrefixRouter:
         MATCHED_BLOCKS.inc(held(chosen))
         ROUTED.labels(decision).inc()
         self._remember(hashes, chosen.address)
+        self._routed.add(chosen.address, hashes)
         route = Route(chosen, min(len(prompt), held(chosen) * self.block_size))
         if tier is not None and tier[1] > held(chosen):
             TIER_BLOCKS.inc(tier[1] - held(chosen))
@@ -194,7 +219,16 @@ class PrefixRouter:
         return {by_instance[instance]: n for instance, n in held.items() if instance in by_instance}, tier
 
     def _redis_failed(self, e: Exception) -> None:
+        """A connection error means Redis is down; a slow answer only costs its request the
+        prefix match, unless they keep coming: one lookup held up on a busy host (the event
+        loop or Redis starved for CPU) must not send a whole second of requests by load alone,
+        scattering prefixes over workers that then evict each other's."""
         REDIS_FAILURES.inc()
+        if isinstance(e, asyncio.TimeoutError):
+            self._timeouts_in_a_row += 1
+            if self._timeouts_in_a_row < self.config.redis_down_after_timeouts:
+                return
+        self._timeouts_in_a_row = 0
         self._redis_down_until = time.monotonic() + self.config.redis_retry_s
         if self._is_redis_up:
             self._is_redis_up = False
@@ -203,6 +237,7 @@ class PrefixRouter:
                         "retrying every %.1f s", type(e).__name__, e, self.config.redis_retry_s)
 
     def _redis_answered(self) -> None:
+        self._timeouts_in_a_row = 0
         if not self._is_redis_up:
             self._is_redis_up = True
             REDIS_UP.set(1)

@@ -65,21 +65,23 @@ def test_a_match_is_one_round_trip_whatever_the_number_of_blocks(redis_server):
     async def main():
         r = client(redis_server.url)
         hashes = list(range(1, 501))
-        await PrefixIndex(r, "m-rtt").publish("a", hashes[:300])
-        pipelines = []
-        make_pipeline = r.pipeline
+        index = PrefixIndex(r, "m-rtt")
+        await index.publish("a", hashes[:300])
+        await index.match(hashes[:1], ["a"])  # the script is loaded into Redis on first use
+        commands = []
+        execute_command = r.execute_command
 
-        def counted(*args, **kwargs):
-            pipelines.append(make_pipeline(*args, **kwargs))
-            return pipelines[-1]
+        async def counted(*args, **kwargs):
+            commands.append(args[0])
+            return await execute_command(*args, **kwargs)
 
-        async def no_direct_command(*args, **kwargs):
-            raise AssertionError(f"a command outside the pipeline: {args}")
+        def no_pipeline(*args, **kwargs):
+            raise AssertionError("a pipeline of commands, where one script call does")
 
-        r.pipeline, r.execute_command = counted, no_direct_command
-        assert await PrefixIndex(r, "m-rtt").match(hashes, ["a", "b"]) == {"a": 300, "b": 0}
-        assert len(pipelines) == 1 and not pipelines[0].is_transaction
-        del r.pipeline, r.execute_command
+        r.execute_command, r.pipeline = counted, no_pipeline
+        assert await index.match(hashes, ["a", "b"]) == {"a": 300, "b": 0}
+        assert commands == ["EVALSHA"]
+        del r.execute_command, r.pipeline
         await r.aclose()
 
     asyncio.run(main())

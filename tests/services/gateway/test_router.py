@@ -69,11 +69,12 @@ def test_a_prompt_goes_where_its_prefix_is_unless_that_worker_is_swamped(redis_s
             await index.publish("prefill-2", hashes[:8])
             await index.publish("prefill-1", hashes[:3])
             assert [(await router.pick(PROMPT)).worker.address for _ in range(4)] == [pool.workers[2].address] * 4
-            # A prompt nobody holds: the least loaded, in turn...
-            pool.workers[0].queued_tokens = 500
+            # Prompts nobody holds: where the fewest blocks went lately (worker 2 has had PROMPT's
+            # 10), the least loaded of equals...
+            pool.workers[0].queued_tokens = 48  # 3 blocks: less than computing a 4-block prompt anew
             others = [list(range(5000 + 1000 * k, 5000 + 1000 * k + 4 * BLOCK_SIZE)) for k in range(4)]
             firsts = [(await router.pick(other)).worker.address for other in others]
-            assert set(firsts) == {pool.workers[1].address, pool.workers[2].address}
+            assert firsts == [pool.workers[i].address for i in (1, 0, 1, 0)]
             # ...and the same prompt again, before its blocks can be in the index, follows the first.
             assert [(await router.pick(other)).worker.address for other in others] == firsts
             # Worth 8 blocks of compute, but 10000 tokens queued: another worker wins.
@@ -119,5 +120,44 @@ def test_one_worker_needs_no_lookup(redis_server):
         try:
             assert (await router.pick(PROMPT)).worker is pool.workers[0]
         finally:
+            await router.close()
+    asyncio.run(main())
+
+
+def test_new_prefixes_spread_evenly_whatever_the_queues(redis_server, redis_client):
+    async def main():
+        pool = workers(2)
+        router, index, _ = await make_router(redis_server.url, pool)
+        try:
+            pool.workers[1].queued_tokens = 3000  # busy now: load alone would send every new prefix to 0
+            systems = [list(range(10_000 * (k + 1), 10_000 * (k + 1) + 20 * BLOCK_SIZE)) for k in range(8)]
+            placed = [(await router.pick(system)).worker.address for system in systems]
+            assert placed.count(pool.workers[0].address) == placed.count(pool.workers[1].address) == 4
+            assert REGISTRY.get_sample_value("baton_router_requests_total", {"decision": "spread"}) >= 8
+        finally:
+            await router.close()
+    asyncio.run(main())
+
+
+def test_one_slow_lookup_routes_its_request_by_load_but_does_not_turn_redis_off(redis_server, redis_client):
+    async def main():
+        pool = workers(2)
+        router, index, _ = await make_router(redis_server.url, pool, redis_timeout_s=0.05,
+                                             redis_down_after_timeouts=3)
+        try:
+            hashes = hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)
+            await index.publish("prefill-1", hashes)
+            assert (await router.pick(PROMPT)).num_cached_tokens == len(PROMPT)
+            redis_client.execute_command("CLIENT", "PAUSE", "300", "ALL")  # Redis stalls, as on a starved host
+            assert (await router.pick(PROMPT)).num_cached_tokens == 0  # timed out: this one by load
+            assert REGISTRY.get_sample_value("baton_router_redis_up") == 1
+            await asyncio.sleep(0.4)
+            assert (await router.pick(PROMPT)).num_cached_tokens == len(PROMPT)  # the next lookup is used
+            redis_client.execute_command("CLIENT", "PAUSE", "600", "ALL")
+            for _ in range(3):  # three slow lookups in a row: Redis counts as down
+                await router.pick(PROMPT)
+            assert REGISTRY.get_sample_value("baton_router_redis_up") == 0
+        finally:
+            redis_client.execute_command("CLIENT", "UNPAUSE")
             await router.close()
     asyncio.run(main())
