@@ -1,6 +1,6 @@
 """What tracing costs: TTFT through a mesh with OpenTelemetry on against the same mesh with it off.
 
-    .venv/bin/python bench/tracing_overhead.py [--model DIR] [--prompt-tokens 512] [--requests 100]
+    .venv/bin/python bench/tracing_overhead.py [--model DIR] [--prompt-tokens 512] [--requests 200]
 
 Two `baton up` meshes (gateway, tokenizer, 1 prefill, 1 decode each) run side by side:
 one with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at an OTLP gRPC receiver in this process
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=100, help="timed requests per mesh")
+    parser.add_argument("--requests", type=int, default=200, help="timed requests per mesh (fewer: the p50s swing by ~1 ms)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--traced-env", action="append", default=[], metavar="NAME=VALUE",
                         help="another variable for the traced mesh (e.g. OTEL_TRACES_SAMPLER=traceidratio)")
