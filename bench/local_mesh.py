@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
 
@@ -50,3 +52,17 @@ class LocalMesh:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
+
+
+def streamed_ttft(client: httpx.Client, mesh: LocalMesh, prompt: list[int], max_tokens: int = 2) -> float:
+    """Seconds from sending a streamed greedy completion of `prompt` to its first chunk (read to the end)."""
+    body = {"model": mesh.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    start = time.perf_counter()
+    first = None
+    with client.stream("POST", f"http://{mesh.http}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.perf_counter() - start
+    return first

@@ -40,7 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.local_mesh import LocalMesh, log  # noqa: E402
+from bench.local_mesh import LocalMesh, log, streamed_ttft  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -72,20 +72,6 @@ def measure_rtt(address: str, n: int = 500) -> float:
             stub.Check(request)
             samples.append(time.perf_counter() - start)
     return statistics.median(samples)
-
-
-def mesh_ttft(client: httpx.Client, mesh: LocalMesh, prompt: list[int]) -> float:
-    """Seconds from sending the request to the first streamed chunk."""
-    body = {"model": mesh.model_name, "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    start = time.perf_counter()
-    first = None
-    with client.stream("POST", f"http://{mesh.http}/v1/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if first is None and line.startswith("data: {"):
-                first = time.perf_counter() - start
-    return first
 
 
 def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int]) -> float:
@@ -129,7 +115,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     samples: dict[str, list[float]] = {"http": [], "grpc": [], "inprocess": []}
     with httpx.Client(timeout=120) as client, grpc.insecure_channel(mesh.grpc) as channel:
         stub = gateway_pb2_grpc.GenerateStub(channel)
-        measure = {"http": lambda p: mesh_ttft(client, mesh, p), "grpc": lambda p: grpc_ttft(stub, p),
+        measure = {"http": lambda p: streamed_ttft(client, mesh, p), "grpc": lambda p: grpc_ttft(stub, p),
                    "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p)}
         for i in range(rounds):
             for name, fn in measure.items():

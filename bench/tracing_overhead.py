@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.local_mesh import LocalMesh, log  # noqa: E402
+from bench.local_mesh import LocalMesh, log, streamed_ttft  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
 from engine.model_config import load_model_config  # noqa: E402
 
@@ -52,19 +52,6 @@ class SpanCounter(trace_service_pb2_grpc.TraceServiceServicer):
         with self._lock:
             self.num_spans += count
         return trace_service_pb2.ExportTraceServiceResponse()
-
-
-def ttft_seconds(client: httpx.Client, mesh: LocalMesh, prompt: list[int], max_tokens: int) -> float:
-    body = {"model": mesh.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    start = time.perf_counter()
-    first = None
-    with client.stream("POST", f"http://{mesh.http}/v1/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if first is None and line.startswith("data: {"):
-                first = time.perf_counter() - start
-    return first
 
 
 def p50_ms(samples: list[float]) -> float:
@@ -110,7 +97,7 @@ def main(argv=None) -> int:
                 for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
                     time.sleep(SETTLE_S)
                     prompt = [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)]
-                    seconds = ttft_seconds(client, meshes[name], prompt, args.max_tokens)
+                    seconds = streamed_ttft(client, meshes[name], prompt, args.max_tokens)
                     if i >= args.warmup:
                         samples[name].append(seconds)
         time.sleep(6.0)  # the last batch is exported
