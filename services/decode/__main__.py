@@ -10,7 +10,7 @@ HOST:PORT` (the line `baton up` reads) and `decode metrics on HOST:PORT` (Promet
 loads the engine with its KV pool in a shared-memory segment this process owns,
 and warms it up with dummy requests through reserve → add_prefilled_request →
 decode; then SERVING. With --redis it then heartbeats its load and free pages into
-the instance registry (services/common/index_publisher.py).
+the instance registry and publishes its prefix cache (services/common/index_publisher.py).
 SIGTERM or SIGINT: it leaves the registry, health turns NOT_SERVING, in-flight calls get a grace period,
 the segment is unlinked, exit code 0. A bad setting, an address that cannot be
 bound or an unloadable model exits 2 with one line on stderr.
@@ -137,11 +137,11 @@ class DecodeService:
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
-        # Heartbeats only (load and free pages): the router finds decode workers by the registry,
-        # and decode pages are not a prefix cache anyone routes to.
+        # Its load and free pages, and its prefix cache (prompts handed in by prefill join it):
+        # the gateway weighs the part of a prompt this worker lacks when it may prefill it here.
         self.publisher = publisher_for("decode", self.config, self.port, self.engine_loop,
                                        model_key=self.pool.layout.fingerprint.hex(),
-                                       block_size=self.pool.layout.block_size, publish_blocks=False)
+                                       block_size=self.pool.layout.block_size, publish_blocks=True)
         if self.publisher is not None:
             await self.publisher.start(stop)
         return f"serving {self.config.model_dir}: {self.pool.num_blocks} KV blocks in shared memory {self.pool.name}"

@@ -8,9 +8,10 @@
       → Decode (D, a stream of token ids)
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
 
-or, for a prompt of at most `local_prefill_max_tokens` when D has room (conditional
-disaggregation, as Dynamo does it): GenerateLocally on D, which prefills it in its own
-running batch; no prefill worker and no KV transfer.
+or, for a prompt whose part D does not already hold (the prefix index says, in the
+router's one round trip) is at most `local_prefill_max_tokens`, when D has room
+(conditional disaggregation, as Dynamo does it): GenerateLocally on D, which prefills it
+in its own running batch; no prefill worker and no KV transfer.
 
 and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this.
 
@@ -39,6 +40,7 @@ from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.common import tracing
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.request_trace import RequestTrace
+from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
 from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
@@ -232,14 +234,17 @@ class RequestPipeline:
         if budget is not None:
             params.max_tokens = budget
 
-    def _prefills_locally(self, prompt: list[int], decode_worker: Worker) -> bool:
-        """Conditional disaggregation: a prompt this short is cheaper to prefill in the decode
-        worker's running batch than on a prefill worker plus a KV transfer, as long as the
-        decode worker is not already prefilling that much (its decode steps would stall)."""
+    def _prefills_locally(self, prompt: list[int], decode_worker: Worker, num_cached: int) -> bool:
+        """Conditional disaggregation: a prompt whose part the decode worker does not hold
+        (`num_cached` tokens it does, per the prefix index) is this short is cheaper to prefill
+        in the decode worker's running batch than on a prefill worker plus a KV transfer, as
+        long as the decode worker is not already prefilling that much (its decode steps would
+        stall)."""
         if self.prefill is None:
             return True
         limit = self.local_prefill_max_tokens
-        return len(prompt) <= limit and decode_worker.queued_tokens + len(prompt) <= limit
+        uncached = len(prompt) - num_cached
+        return uncached <= limit and decode_worker.queued_tokens + uncached <= limit
 
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
@@ -247,11 +252,18 @@ class RequestPipeline:
         self._check_context(prompt, params)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
         progress = _Progress()
-        is_local = self._prefills_locally(prompt, decode_worker)
+        lookup = NO_LOOKUP
+        with spans.phase("route"):
+            if self.prefill_router is not None and self.prefill is not None:
+                # One round trip for both questions: where the prefix is among the prefill workers,
+                # and how much of it this decode worker holds (asked only when it may prefill).
+                lookup = await self.prefill_router.lookup(
+                    prompt, decode_worker.address if self.local_prefill_max_tokens > 0 else None)
+        is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)
         PREFILL_PLACES.labels("decode" if is_local else "prefill").inc()
         clock.prefilled_on = "decode" if is_local else "prefill"
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
-            request_id, prompt, params, decode_worker, progress, clock, spans)
+            request_id, prompt, params, decode_worker, progress, clock, spans, lookup)
         is_past_first = False
         try:
             async with aclosing(steps):
@@ -282,12 +294,11 @@ class RequestPipeline:
 
     async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                                   spans: RequestTrace) -> AsyncIterator[_Step]:
+                                   spans: RequestTrace, lookup: Lookup) -> AsyncIterator[_Step]:
         """The first token from a prefill worker (which writes the KV into pages it reserves
         on the decode worker), then the rest from the decode worker."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
-        with spans.phase("route"):
-            route = await self.prefill_router.pick(prompt) if self.prefill_router is not None else None
+        route = self.prefill_router.choose(prompt, lookup) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
         host_tier = (prefill_pb2.HostTierSource(address=route.host_tier_address, num_blocks=route.host_tier_blocks)
                      if route is not None and route.host_tier_blocks else None)
@@ -324,10 +335,11 @@ class RequestPipeline:
 
     async def _local_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                            decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                           spans: RequestTrace) -> AsyncIterator[_Step]:
+                           spans: RequestTrace, lookup: Lookup) -> AsyncIterator[_Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
-        worker, no transfer. Its prompt counts against the worker's room until the first token."""
-        decode_worker.queued_tokens += len(prompt)
+        worker, no transfer. The part it does not hold counts against its room until the first token."""
+        uncached = len(prompt) - lookup.decode_cached_tokens
+        decode_worker.queued_tokens += uncached
         is_counted = True
         clock.mark("route")
         with spans.calls():
@@ -336,12 +348,12 @@ class RequestPipeline:
         try:
             async for step in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
                 if is_counted:
-                    decode_worker.queued_tokens -= len(prompt)
+                    decode_worker.queued_tokens -= uncached
                     is_counted = False
                 yield step
         finally:
             if is_counted:
-                decode_worker.queued_tokens -= len(prompt)
+                decode_worker.queued_tokens -= uncached
             self._close_soon(call, progress)
 
     def _mark_decode_chunks(self, clock: PhaseClock, is_local: bool) -> Callable[[decode_pb2.DecodeChunk], None]:

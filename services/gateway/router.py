@@ -13,7 +13,9 @@ blocks were routed lately (`RoutedBlocks`; the least loaded of equals): new pref
 spread evenly over the workers' caches instead of crowding whichever was idle.
 
 kvstore nodes publish the blocks they store into the same index, so the same round
-trip also says how many leading blocks the host tier holds. Routing still weighs only
+trip also says how many leading blocks the host tier holds, and so do decode workers:
+the one the request will decode on is asked about too, so that conditional
+disaggregation weighs the part of the prompt it does not hold (`lookup`, then `choose`). Routing still weighs only
 what each worker holds itself (the tier is as near to one worker as to another); when
 the tier holds more than the chosen worker, the route names the node, and the worker
 reads those blocks from it instead of computing them (services/prefill/host_tier.py).
@@ -33,7 +35,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
@@ -62,6 +64,18 @@ class Route:
     num_cached_tokens: int  # of the prompt, as the index says the worker holds them
     host_tier_address: str = ""  # a kvstore node holding more of the prompt's leading blocks...
     host_tier_blocks: int = 0  # ...this many, than the worker does
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the prefix index said of a prompt, in one round trip (`PrefixRouter.lookup`)."""
+    hashes: list[int]
+    matched: dict[str, int] | None  # leading blocks held, by prefill worker address; None: routing by load
+    tier: tuple[str, int] | None = None  # the kvstore node holding the most of them, and how many
+    decode_cached_tokens: int = 0  # of the prompt, as the index says the decode worker asked about holds
+
+
+NO_LOOKUP = Lookup([], None)
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,8 @@ class PrefixRouter:
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.config = config
-        self._instance_ids: dict[str, str] = {}  # worker address -> instance id
+        self._instance_ids: dict[str, str] = {}  # prefill worker address -> instance id
+        self._decode_ids: dict[str, str] = {}  # decode worker address -> instance id
         self._kvstores: dict[str, str] = {}  # kvstore node instance id -> address
         self._recent: OrderedDict[int, tuple[str, float]] = OrderedDict()  # block hash -> (address, expiry)
         self._routed = RoutedBlocks(config.routed_window_s, config.recent_max_blocks)
@@ -125,12 +140,25 @@ class PrefixRouter:
     async def pick(self, prompt: Sequence[int]) -> Route:
         """The prefill worker for `prompt`, and how many of its tokens it is thought to hold
         (not yet counted as busy: hold it with the pool, for the tokens left to compute)."""
+        return self.choose(prompt, await self.lookup(prompt))
+
+    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
+        """How many of `prompt`'s leading blocks each prefill worker, each kvstore node and the
+        decode worker at `decode_address` hold: one round trip, made only when there is a choice
+        to make (several prefill workers, a kvstore node, or a decode worker that may prefill)."""
         candidates = self.pool.serving()
         hashes = hash_block_chain(prompt, self.block_size, self.fingerprint)
+        decode_id = self._decode_ids.get(decode_address) if decode_address else None
+        if not hashes or not (len(candidates) > 1 or self._kvstores or decode_id):
+            return Lookup(hashes, None)
+        lookup = await self._matched_blocks(hashes, candidates, decode_id)
+        return replace(lookup, decode_cached_tokens=min(len(prompt), lookup.decode_cached_tokens * self.block_size))
+
+    def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:
+        """The prefill worker for `prompt` given what `lookup` found (see `pick`)."""
+        candidates = self.pool.serving()
+        hashes, matched, tier = lookup.hashes, lookup.matched, lookup.tier
         PROMPT_BLOCKS.inc(len(hashes))
-        is_tier_known = bool(self._kvstores)
-        matched, tier = (await self._matched_blocks(hashes, candidates)
-                         if hashes and (len(candidates) > 1 or is_tier_known) else (None, None))
         if matched is not None:
             for address, n in self._recently_routed(hashes).items():
                 matched[address] = max(matched.get(address, 0), n)
@@ -197,26 +225,27 @@ class PrefixRouter:
         most, least = max(queued), min(queued)
         return most - least > self.config.balance_abs_tokens and most > self.config.balance_rel * max(least, 1)
 
-    async def _matched_blocks(self, hashes: list[int], workers: Sequence[Worker]
-                              ) -> tuple[dict[str, int] | None, tuple[str, int] | None]:
-        """Leading blocks held, by worker address (None when the index cannot say: routing by
-        load), and the kvstore node holding the most of them with its count (None: none holds any)."""
+    async def _matched_blocks(self, hashes: list[int], workers: Sequence[Worker], decode_id: str | None) -> Lookup:
+        """Leading blocks held, by prefill worker address (`matched` None when the index cannot
+        say: routing by load), the kvstore node holding the most of them (None: none holds any),
+        and what decode instance `decode_id` holds."""
         if self.index is None or time.monotonic() < self._redis_down_until:
-            return None, None
+            return Lookup(hashes, None)
         by_instance = {self._instance_ids[w.address]: w.address for w in workers if w.address in self._instance_ids}
         kvstores = dict(self._kvstores)
-        if not by_instance and not kvstores:
-            return {}, None
+        asked = [*by_instance, *kvstores, *([decode_id] if decode_id else [])]
+        if not asked:
+            return Lookup(hashes, {})
         try:
-            held = await asyncio.wait_for(self.index.match(hashes, [*by_instance, *kvstores]),
-                                          self.config.redis_timeout_s)
+            held = await asyncio.wait_for(self.index.match(hashes, asked), self.config.redis_timeout_s)
         except (RedisError, OSError, asyncio.TimeoutError) as e:
             self._redis_failed(e)
-            return None, None
+            return Lookup(hashes, None)
         self._redis_answered()
         tier = max(((kvstores[i], n) for i, n in held.items() if i in kvstores and n > 0),
                    key=lambda entry: entry[1], default=None)
-        return {by_instance[instance]: n for instance, n in held.items() if instance in by_instance}, tier
+        return Lookup(hashes, {by_instance[instance]: n for instance, n in held.items() if instance in by_instance},
+                      tier, held.get(decode_id, 0) if decode_id else 0)  # blocks, made tokens by `lookup`
 
     def _redis_failed(self, e: Exception) -> None:
         """A connection error means Redis is down; a slow answer only costs its request the
@@ -253,6 +282,8 @@ class PrefixRouter:
                     self.block_size = live[0].block_size
                 nodes = await asyncio.wait_for(self.registry.instances("kvstore"), 1.0)
                 self._kvstores = {info.instance_id: info.address for info in nodes}
+                decoders = await asyncio.wait_for(self.registry.instances("decode"), 1.0)
+                self._decode_ids = {info.address: info.instance_id for info in decoders}
             except Exception as e:  # Redis down: keep the last map; lookups fail over on their own
                 log.debug("cannot list prefill instances: %s", e)
             await asyncio.sleep(self.config.instances_refresh_s)
@@ -267,6 +298,12 @@ class RandomRouter:
         self._random = random.Random(seed)
 
     async def pick(self, prompt: Sequence[int]) -> Route:
+        return self.choose(prompt, NO_LOOKUP)
+
+    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
+        return NO_LOOKUP
+
+    def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:
         ROUTED.labels("random").inc()
         return Route(self._random.choice(self.pool.serving()), 0)
 

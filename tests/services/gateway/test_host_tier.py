@@ -27,7 +27,10 @@ PROMPT = SYSTEM + [901, 902, 903]
 def tier_mesh(tiny_demo_model, redis_server):
     node = KVStoreProcess("--redis", redis_server.url, "--instance-id", "tier")
     try:
-        mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=1, gateway_args=("--redis", redis_server.url),
+        # Every prompt through a prefill worker: decode, which holds what it decoded, would
+        # otherwise prefill the repeated prompts itself.
+        mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=1,
+                          gateway_args=("--redis", redis_server.url, "--local-prefill-max-tokens", "0"),
                           worker_args=("--redis", redis_server.url), prefill_args=("--kvstore", node.address))
     except BaseException:
         node.terminate()

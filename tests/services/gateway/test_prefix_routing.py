@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services.gateway.mesh import start_mesh, stop_mesh
+from tests.services.gateway.mesh import BLOCK_SIZE, GatewayProcess, start_mesh, stop_mesh
 
 PREFIX_TOKENS = 320  # 20 blocks
 SYSTEM_PROMPTS = [[(37 * j + 11 * k) % 900 + 5 for j in range(PREFIX_TOKENS)] for k in range(4)]
@@ -16,7 +16,10 @@ SYSTEM_PROMPTS = [[(37 * j + 11 * k) % 900 + 5 for j in range(PREFIX_TOKENS)] fo
 
 @pytest.fixture(scope="module")
 def routed_mesh(tiny_demo_model, redis_server):
-    mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=1, gateway_args=("--redis", redis_server.url),
+    # Every prompt through a prefill worker (the routing under test): decode publishes what it
+    # holds too, and would prefill a repeated prompt itself.
+    mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=1,
+                      gateway_args=("--redis", redis_server.url, "--local-prefill-max-tokens", "0"),
                       worker_args=("--redis", redis_server.url))
     try:
         yield mesh
@@ -74,3 +77,37 @@ def test_redis_stopped_mid_run_serving_goes_on_and_prefix_routing_resumes_after(
             break
         assert time.monotonic() < deadline, f"prefix routing did not resume: {after}, hits {hits}"
         time.sleep(0.3)
+
+
+def test_decode_prefills_a_prompt_whose_uncached_part_is_short(routed_mesh, redis_server):
+    """Conditional disaggregation weighs what the decode worker does not hold: a prompt far over
+    the local limit whose prefix it decoded before is prefilled there, from its cache."""
+    local = GatewayProcess(routed_mesh.model_dir, routed_mesh.tokenizer.address,
+                           [p.address for p in routed_mesh.prefill], [d.address for d in routed_mesh.decode],
+                           "--redis", redis_server.url, "--local-prefill-max-tokens", "64")
+    try:
+        prompt = [(13 * j) % 900 + 7 for j in range(300)]
+        follow_up = prompt + [901 + j for j in range(20)]
+
+        def complete(gateway, tokens):
+            body = httpx.post(f"{gateway.base_url}/v1/completions", timeout=30, json={
+                "model": routed_mesh.model_name, "prompt": tokens, "max_tokens": 6, "temperature": 0,
+                "ignore_eos": True, "return_timeline": True}).json()
+            choice = body["timeline"]["choices"][0]
+            return body["choices"][0]["text"], body["usage"]["prompt_tokens_details"]["cached_tokens"], choice
+
+        _, _, first = complete(local, prompt)
+        assert first["prefilled_on"] == "prefill"  # 300 tokens, none on decode: over the limit
+        deadline = time.monotonic() + 5
+        while True:  # decode publishes the pages prefill handed it; the gateway learns decode's id
+            text, cached, again = complete(local, follow_up)
+            if again["prefilled_on"] == "decode":
+                break
+            assert time.monotonic() < deadline, again
+            time.sleep(0.3)
+        assert cached >= len(prompt) // BLOCK_SIZE * BLOCK_SIZE  # from decode's own prefix cache
+        assert again["phases_ms"]["kv_transfer"] == 0.0
+        expected, _, disaggregated = complete(routed_mesh.gateway, follow_up)  # the main gateway: limit 0
+        assert disaggregated["prefilled_on"] == "prefill" and text == expected
+    finally:
+        assert local.terminate() == 0
