@@ -124,6 +124,7 @@ class PrefixRouter:
         self._timeouts_in_a_row = 0
         self._is_redis_up = index is not None
         self._refresher: asyncio.Task | None = None
+        self._is_closing = False
         REDIS_UP.set(1 if self._is_redis_up else 0)
 
     def start(self) -> None:
@@ -132,6 +133,9 @@ class PrefixRouter:
 
     async def close(self) -> None:
         if self._refresher is not None:
+            # The flag as well as the cancel: Python 3.11's wait_for can swallow a cancellation
+            # that lands as its inner call completes, and the loop would then run forever.
+            self._is_closing = True
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
         if self.redis is not None:
@@ -274,7 +278,7 @@ class PrefixRouter:
 
     async def _refresh_instances(self) -> None:
         """Keep the address → instance id maps current from the registry's live instances."""
-        while True:
+        while not self._is_closing:
             try:
                 live = await asyncio.wait_for(self.registry.instances("prefill"), 1.0)
                 self._instance_ids = {info.address: info.instance_id for info in live}
