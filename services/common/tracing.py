@@ -113,6 +113,11 @@ def is_enabled() -> bool:
     return _provider is not None
 
 
+def served_model() -> str:
+    """The `gen_ai.request.model` given to `setup_tracing` ("" while tracing is off)."""
+    return _model
+
+
 def tracer() -> trace.Tracer:
     """Baton's tracer: the SDK's while tracing is on, else the API's no-op one."""
     return _tracer if _tracer is not None else _NO_OP_TRACER

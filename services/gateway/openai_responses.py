@@ -125,16 +125,16 @@ class ResponseBuilder:
 
     def usage_chunk(self) -> dict[str, Any]:
         """The last chunk when `stream_options.include_usage`: no choices, the whole usage."""
-        body = self._head("text_completion" if self.kind == "completion" else "chat.completion.chunk")
-        body["choices"] = []
-        body["usage"] = self.usage
-        return body
+        return self._chunk_without_choices("usage", self.usage)
 
     def timeline_chunk(self, timeline: dict[str, Any]) -> dict[str, Any]:
         """The chunk that carries the request's ledger, when asked for: no choices."""
+        return self._chunk_without_choices("timeline", timeline)
+
+    def _chunk_without_choices(self, key: str, value: dict[str, Any]) -> dict[str, Any]:
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion.chunk")
         body["choices"] = []
-        body["timeline"] = timeline
+        body[key] = value
         return body
 
     # ---- whole -----------------------------------------------------------------------

@@ -40,8 +40,8 @@ class RequestTrace:
         """`operation`: "chat" or "text_completion"; the current span (the HTTP request's) is the parent."""
         if not tracing.is_enabled():
             return NO_TRACE
-        model = tracing.request_attributes(request_id).get(tracing.GEN_AI_REQUEST_MODEL, "")
-        span = tracing.tracer().start_span(f"{operation} {model}".strip(), kind=trace.SpanKind.INTERNAL)
+        span = tracing.tracer().start_span(f"{operation} {tracing.served_model()}".strip(),
+                                           kind=trace.SpanKind.INTERNAL)
         return cls(span, request_id, operation, params)
 
     @contextmanager

@@ -2,6 +2,10 @@
 approximation of what each worker's prefix cache holds (SGLang's router keeps one such
 approximate tree per worker).
 
+The last seconds of it say where a prompt's blocks are about to be: the index learns that
+only once they are computed and published, and requests for the same prefix arriving
+meanwhile (a burst) should follow the first instead of scattering (`leading`).
+
 The router places a prompt that no worker holds much of on the worker with the fewest
 blocks routed to it lately, so distinct prefixes spread evenly over the workers' caches.
 Placing it by queue length instead piles prefixes onto whichever worker is idle at the
@@ -36,6 +40,18 @@ class RoutedBlocks:
             self._blocks[h] = (address, now)
             self._counts[address] = self._counts.get(address, 0) + 1
         self._forget(now)
+
+    def leading(self, hashes: Sequence[int], within_s: float) -> dict[str, int]:
+        """Leading blocks of `hashes` routed within the last `within_s` seconds, by worker."""
+        horizon = time.monotonic() - within_s
+        counts: dict[str, int] = {}
+        for i, h in enumerate(hashes):
+            entry = self._blocks.get(h)
+            if entry is None or entry[1] < horizon:
+                break
+            if i == counts.get(entry[0], 0):  # still a leading run for that worker
+                counts[entry[0]] = i + 1
+        return counts
 
     def count(self, address: str) -> int:
         """Blocks routed to `address` within the window (and not routed elsewhere since)."""

@@ -33,7 +33,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -118,7 +117,6 @@ class PrefixRouter:
         self._instance_ids: dict[str, str] = {}  # prefill worker address -> instance id
         self._decode_ids: dict[str, str] = {}  # decode worker address -> instance id
         self._kvstores: dict[str, str] = {}  # kvstore node instance id -> address
-        self._recent: OrderedDict[int, tuple[str, float]] = OrderedDict()  # block hash -> (address, expiry)
         self._routed = RoutedBlocks(config.routed_window_s, config.recent_max_blocks)
         self._redis_down_until = 0.0
         self._timeouts_in_a_row = 0
@@ -164,7 +162,7 @@ class PrefixRouter:
         hashes, matched, tier = lookup.hashes, lookup.matched, lookup.tier
         PROMPT_BLOCKS.inc(len(hashes))
         if matched is not None:
-            for address, n in self._recently_routed(hashes).items():
+            for address, n in self._routed.leading(hashes, self.config.recent_s).items():
                 matched[address] = max(matched.get(address, 0), n)
         held = (lambda w: matched.get(w.address, 0)) if matched else (lambda w: 0)  # noqa: E731
         if len(candidates) == 1:
@@ -193,36 +191,12 @@ class PrefixRouter:
             decision = "prefix" if held(chosen) else "load"
         MATCHED_BLOCKS.inc(held(chosen))
         ROUTED.labels(decision).inc()
-        self._remember(hashes, chosen.address)
         self._routed.add(chosen.address, hashes)
         route = Route(chosen, min(len(prompt), held(chosen) * self.block_size))
         if tier is not None and tier[1] > held(chosen):
             TIER_BLOCKS.inc(tier[1] - held(chosen))
             route = Route(chosen, route.num_cached_tokens, host_tier_address=tier[0], host_tier_blocks=tier[1])
         return route
-
-    def _remember(self, hashes: list[int], address: str) -> None:
-        """Where this prompt's blocks are about to be: the index learns it only once they are
-        computed and published, and requests for the same prefix arriving meanwhile (a burst)
-        should follow the first instead of scattering (SGLang's router keeps such a tree)."""
-        expiry = time.monotonic() + self.config.recent_s
-        for h in hashes:
-            self._recent[h] = (address, expiry)
-            self._recent.move_to_end(h)
-        while len(self._recent) > self.config.recent_max_blocks:
-            self._recent.popitem(last=False)
-
-    def _recently_routed(self, hashes: list[int]) -> dict[str, int]:
-        """Leading blocks of `hashes` this router sent somewhere within `recent_s`, by worker."""
-        now = time.monotonic()
-        counts: dict[str, int] = {}
-        for i, h in enumerate(hashes):
-            entry = self._recent.get(h)
-            if entry is None or entry[1] < now:
-                break
-            if i == counts.get(entry[0], 0):  # still a leading run for that worker
-                counts[entry[0]] = i + 1
-        return counts
 
     def _is_imbalanced(self, workers: Sequence[Worker]) -> bool:
         queued = [w.queued_tokens for w in workers]

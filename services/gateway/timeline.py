@@ -107,7 +107,7 @@ class ResponseTimeline:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.response_id, "object": "baton.request.timeline", "created": self.created,
-                "e2e_ms": max((c.to_json()["e2e_ms"] for c in self.choices), default=0.0),
+                "e2e_ms": _ms(max((c.e2e_seconds for c in self.choices), default=0.0)),
                 "choices": [{"index": i, **c.to_json()} for i, c in enumerate(self.choices)]}
 
 

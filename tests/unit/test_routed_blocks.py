@@ -25,3 +25,12 @@ def test_blocks_are_forgotten_after_the_window_and_past_the_cap():
     capped.add("a", [1, 2, 3])
     capped.add("b", [4, 5])
     assert (capped.count("a"), capped.count("b")) == (1, 2)  # the least recently routed went first
+
+
+def test_leading_counts_the_run_each_worker_was_sent_lately():
+    routed = RoutedBlocks(window_s=60)
+    routed.add("a", [1, 2, 3])
+    routed.add("b", [3])  # block 3 went elsewhere last: a's run stops at 2
+    assert routed.leading([1, 2, 3, 4], within_s=2) == {"a": 2}
+    time.sleep(0.06)
+    assert routed.leading([1, 2], within_s=0.05) == {}
