@@ -4,13 +4,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence as TokenIds
 from dataclasses import dataclass
-from itertools import islice
 
 from engine.block_hash import block_hash
 from engine.sequence import Sequence
 
 # (src_block, dst_block) page copies the runner must do before the next forward.
 CopyPairs = list[tuple[int, int]]
+
+# How many passes of the free queue a block that keeps serving prefix hits survives unhit
+# (GCLOCK's counter cap): enough for a prefix hit every few requests to stay cached while
+# the one-off blocks around it go, few enough that a prefix gone cold leaves within a few passes.
+MAX_CHANCES = 3
 
 
 def _fewest_runs(candidates: list[int], n: int) -> list[int]:
@@ -53,13 +57,16 @@ class Block:
 
     `hash` is set only while this block is the registered holder of a full,
     computed block whose tokens are `token_ids`; it survives the block being
-    freed and is dropped when the page is reused (lazy eviction).
+    freed and is dropped when the page is reused (lazy eviction). `chances` is
+    how many more times eviction passes the block over: each prefix hit adds one
+    (up to MAX_CHANCES), each pass takes one.
     """
 
     block_id: int
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    chances: int = 0
 
 
 class BlockManager:
@@ -69,7 +76,8 @@ class BlockManager:
     `append_slot` and gives them back with `free`; callers ask the paired
     `can_*` first, and an act that cannot be satisfied raises RuntimeError
     before changing anything. Every block is either referenced (ref_count > 0)
-    or in the free queue, whose head is evicted first (least recently freed).
+    or in the free queue, whose head is evicted first (least recently freed),
+    with more chances (GCLOCK) for a cached block that served prefix hits.
     Pages that are shared are never written: `append_slot` and `fork` return
     the copies that keep it so. Never touches a tensor.
     """
@@ -201,11 +209,43 @@ class BlockManager:
 
     # ---- allocation -----------------------------------------------------------
 
+    def _eviction_candidates(self, n: int) -> list[int]:
+        """The first `n` free blocks in eviction order (at most the free count): least recently
+        freed first, except that a block with chances left is passed over, losing one and going
+        to the back of the queue.
+
+        Why: under strict LRU a hot prefix that no request holds at the moment sits behind the
+        fresh blocks of newer requests, most of which (a user's own suffix, a partial block) are
+        never hit again, and near a full pool it is evicted before them (bench/prefix_routing.py:
+        two prefill pools that each hold about half the system prompts). Counting hits (up to
+        MAX_CHANCES) rather than one bit matters there: one pass over a pool full of hot prefixes
+        would clear every bit, and the next evict them in plain LRU order. A block hit once
+        survives at most MAX_CHANCES passes without another hit, so no prefix pins its pages.
+        """
+        chosen: list[int] = []
+        taken: set[int] = set()
+        while len(chosen) < n:  # a pass that chose too few left every other block a chance less
+            spared: list[int] = []
+            for block_id in self.free_block_ids:
+                if len(chosen) == n:
+                    break
+                if block_id in taken:
+                    continue
+                if self.blocks[block_id].chances:
+                    spared.append(block_id)
+                else:
+                    chosen.append(block_id)
+                    taken.add(block_id)
+            for block_id in spared:
+                self.blocks[block_id].chances -= 1
+                self.free_block_ids.move_to_end(block_id)
+        return chosen
+
     def _take_free_block(self) -> int:
-        """The least recently freed block: a single page has no run to keep."""
+        """The next block to evict: a single page has no run to keep."""
         if not self.free_block_ids:
             raise RuntimeError("no free KV block: check can_allocate/can_append_slot/can_fork first")
-        return self._claim(next(iter(self.free_block_ids)))
+        return self._claim(self._eviction_candidates(1)[0])
 
     def _claim(self, block_id: int) -> int:
         """Take free `block_id` out of the queue as a page held once."""
@@ -217,14 +257,17 @@ class BlockManager:
             self._record(block.hash, False)
             block.hash = None
             block.token_ids = ()
+        block.chances = 0
         block.ref_count = 1
         return block_id
 
     def _take_free_blocks(self, n: int) -> list[int]:
-        """The `n` least recently freed blocks, in ascending id order. Which pages a prompt gets
+        """The next `n` blocks to evict, in ascending id order. Which pages a prompt gets
         does not matter to the cache; their order does to copies of them: ascending ids on both
         ends of a KV transfer make runs that copy as one slice each."""
-        return sorted(self._take_free_block() for _ in range(n))
+        if n > self.num_free_blocks:
+            raise RuntimeError("no free KV block: check can_allocate/can_append_slot/can_fork first")
+        return sorted(self._claim(b) for b in self._eviction_candidates(n))
 
     def _take_free_runs(self, n: int) -> list[int]:
         """`n` free blocks in few runs of consecutive ids, ascending: for a reservation, which a
@@ -238,20 +281,18 @@ class BlockManager:
         61 runs, 46 this way. Copying 1024 demo-model blocks into a shared-memory pool, 61 runs
         measured 0.58-0.73 of a memcpy against 0.73-0.87 for one run, on a quiet host).
 
-        Policy: the candidates are the 2n least recently freed blocks; of them, whole runs are
+        Policy: the candidates are the next 2n blocks in eviction order; of them, whole runs are
         taken longest first, then the shortest run that covers the rest (ties: the run holding
-        the older block); when no two candidates are consecutive this is exactly the LRU head.
-        Only reservations look this deep: a prompt's own pages come strictly from the LRU head,
-        so the prefix cache never loses a block that strict LRU would keep. (Looking 2n deep there
-        would evict cached blocks up to 2n from the head; bench/prefix_routing.py swings between
-        0.63 and 0.89 hit rate from run to run either way, so no measured cost is claimed.)
+        the older block); when no two candidates are consecutive this is exactly the next n.
+        Only reservations look this deep: a prompt's own pages come strictly from the head, so the
+        prefix cache never loses a block that the eviction order would keep.
         Raises RuntimeError, changing nothing, when fewer than `n` blocks are free.
         """
         if n > self.num_free_blocks:
             raise RuntimeError(f"{n} free KV blocks wanted, {self.num_free_blocks} free: check can_reserve first")
         if n <= 1:
             return self._take_free_blocks(n)
-        candidates = list(islice(self.free_block_ids, 2 * n))
+        candidates = self._eviction_candidates(min(2 * n, self.num_free_blocks))
         chosen = set(_fewest_runs(candidates, n))
         # Evicted least recently freed first, as strict LRU would record them.
         return sorted(self._claim(b) for b in candidates if b in chosen)
@@ -282,6 +323,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
             block.ref_count += 1
+            block.chances = min(MAX_CHANCES, block.chances + 1)
         seq.block_table = matched + self._take_free_blocks(num_fresh)
         seq.num_cached_tokens = seq.num_computed_tokens = len(matched) * self.block_size
         self._seqs[seq.request_id] = seq
@@ -431,11 +473,11 @@ class BlockManager:
         matched, hashes = self._match(token_ids, first_block)
         if len(matched) < first_block:
             return []
-        # The prefix these blocks extend goes to the back of the queue: taking fresh pages
-        # from the front must not evict it.
+        # The prefix these blocks extend leaves the queue while fresh pages are taken (so none of
+        # it is evicted for them), then goes back to its tail.
         revived = [b for b in matched if self.blocks[b].ref_count == 0]
         for block_id in revived:
-            self.free_block_ids.move_to_end(block_id)
+            del self.free_block_ids[block_id]
         bs = self.block_size
         parent = hashes[-1] if hashes else None
         wanted: list[tuple[int, int, tuple[int, ...]]] = []  # (block index, hash, tokens)
@@ -444,8 +486,10 @@ class BlockManager:
             parent = block_hash(parent, tokens, self.hash_extra)
             if parent not in self.hash_to_block_id:
                 wanted.append((i, parent, tokens))
-        wanted = wanted[: max(0, self.num_free_blocks - len(revived))]
+        wanted = wanted[: self.num_free_blocks]
         named = list(zip((i for i, _, _ in wanted), self._take_free_blocks(len(wanted))))
+        for block_id in revived:
+            self.free_block_ids[block_id] = None
         for (_, h, tokens), (_, block_id) in zip(wanted, named):
             block = self.blocks[block_id]
             block.hash, block.token_ids, block.ref_count = h, tokens, 0

@@ -158,8 +158,9 @@ def is_demo_model_dir(path: str | os.PathLike) -> bool:
     return all((Path(path) / name).is_file() for name in REQUIRED_FILES)
 
 
-def ensure_demo_model(path: str | os.PathLike | None = None) -> Path:
-    """Return the demo model directory, making it with the defaults on first use.
+def ensure_demo_model(path: str | os.PathLike | None = None, **dims) -> Path:
+    """Return the demo model directory, making it on first use with the defaults, or with
+    `dims` (`make_demo_model`'s keyword arguments; a directory of other dims is not checked).
 
     The model is written to a temporary sibling and renamed into place, so a
     crash never leaves half a model, and processes racing to make it all end
@@ -174,7 +175,7 @@ def ensure_demo_model(path: str | os.PathLike | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        make_demo_model(tmp)
+        make_demo_model(tmp, **dims)
         tmp.chmod(0o755)  # mkdtemp makes it 0700
         try:
             os.rename(tmp, target)  # replaces an empty directory too (POSIX)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.block_hash import hash_block_chain
-from engine.block_manager import BlockManager
+from engine.block_manager import MAX_CHANCES, BlockManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -108,6 +108,69 @@ def test_lru_eviction_drops_the_hash_on_reuse():
     assert h1 not in mgr.hash_to_block_id
     assert (mgr.blocks[1].hash, mgr.blocks[1].token_ids) == (None, ())
     assert mgr.num_cached_prefix_tokens(list(range(9))) == 4  # block 0 survives
+    mgr.check_integrity()
+
+
+def test_a_block_that_served_a_hit_outlives_newer_blocks_never_hit():
+    mgr = BlockManager(6, BS)
+    system = list(range(8))  # two full blocks every request shares
+    mgr.free(admitted(mgr, "first", system + [50], computed=True))  # blocks 0, 1 and partial 2
+    again = admitted(mgr, "again", system + [60])  # hits 0 and 1
+    assert again.block_table == [0, 1, 3]
+    mgr.free(again)
+    mgr.free(admitted(mgr, "other", [70] * 5, computed=True))  # a prompt nobody repeats: 4, 5
+    assert list(mgr.free_block_ids) == [2, 3, 1, 0, 5, 4]
+    # Strict LRU would take 2, 3 and the system prompt's 1; the second chance moves 1 and 0
+    # to the back and takes `other`'s 5, never hit.
+    assert admitted(mgr, "new", [80] * 12).block_table == [2, 3, 5]
+    assert list(mgr.free_block_ids) == [4, 1, 0]
+    assert mgr.num_cached_prefix_tokens(system + [90]) == 8
+    mgr.check_integrity()
+
+
+def test_a_prefix_hit_once_and_not_again_within_one_pass_is_evicted():
+    mgr = BlockManager(6, BS)
+    mgr.free(admitted(mgr, "hot", range(9), computed=True))
+    hit = admitted(mgr, "hit", range(9))  # blocks 0 and 1 hit once
+    cold = admitted(mgr, "cold", [70] * 8)
+    mgr.free(hit)
+    mgr.free(cold)
+    assert list(mgr.free_block_ids) == [2, 3, 1, 0, 5, 4]
+    mgr.free(admitted(mgr, "x", [71] * 12))  # passes over 0 and 1: spared, bits cleared
+    assert mgr.num_cached_prefix_tokens(range(9)) == 8
+    assert not any(b.chances for b in mgr.blocks)
+    assert list(mgr.free_block_ids) == [4, 1, 0, 5, 3, 2]
+    # Not hit since: the next pass evicts them like any block; a cold prefix pins nothing.
+    assert admitted(mgr, "y", [72] * 16).block_table == [0, 1, 4, 5]
+    assert mgr.num_cached_prefix_tokens(range(9)) == 0
+    mgr.check_integrity()
+
+
+def test_when_every_block_passed_has_chances_the_next_pass_goes_in_queue_order():
+    mgr = BlockManager(3, BS)
+    mgr.free(admitted(mgr, "a", range(12), computed=True))
+    b = admitted(mgr, "b", range(12), computed=True)  # hits blocks 0 and 1, takes 2 afresh
+    mgr.free(b)
+    assert (list(mgr.free_block_ids), [blk.chances for blk in mgr.blocks]) == ([2, 1, 0], [1, 1, 0])
+    assert admitted(mgr, "c", [99] * 8).block_table == [1, 2]
+    assert (list(mgr.free_block_ids), mgr.blocks[0].chances) == ([0], 0)
+    assert mgr.num_cached_prefix_tokens(range(12)) == 4
+    mgr.check_integrity()
+
+
+def test_each_hit_buys_one_more_pass_up_to_max_chances():
+    mgr = BlockManager(4, BS)
+    mgr.free(admitted(mgr, "hot", range(5), computed=True))  # block 0 cached
+    for i in range(MAX_CHANCES + 2):
+        mgr.free(admitted(mgr, f"hit-{i}", range(5)))
+    assert mgr.blocks[0].chances == MAX_CHANCES
+    mgr.free(admitted(mgr, "fill", [79] * 12))  # the three blocks ahead of block 0: no pass
+    assert (next(iter(mgr.free_block_ids)), mgr.blocks[0].chances) == (0, MAX_CHANCES)
+    for i in range(MAX_CHANCES):  # each takes every block but 0, passing it at the head
+        mgr.free(admitted(mgr, f"pass-{i}", [80 + i] * 12))
+        assert (mgr.num_cached_prefix_tokens(range(5)), mgr.blocks[0].chances) == (4, MAX_CHANCES - 1 - i)
+    mgr.free(admitted(mgr, "last", [90] * 4))
+    assert mgr.num_cached_prefix_tokens(range(5)) == 0
     mgr.check_integrity()
 
 
