@@ -84,3 +84,19 @@ class PrefillResponse(_message.Message):
     reservation_id: str
     num_host_tier_tokens: int
     def __init__(self, first_token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TopLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., reservation_id: _Optional[str] = ..., num_host_tier_tokens: _Optional[int] = ...) -> None: ...
+
+class PrefillEvent(_message.Message):
+    __slots__ = ("first_token", "handoff")
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_FIELD_NUMBER: _ClassVar[int]
+    first_token: PrefillResponse
+    handoff: KVHandoff
+    def __init__(self, first_token: _Optional[_Union[PrefillResponse, _Mapping]] = ..., handoff: _Optional[_Union[KVHandoff, _Mapping]] = ...) -> None: ...
+
+class KVHandoff(_message.Message):
+    __slots__ = ("reservation_id", "timings")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    timings: PrefillTimings
+    def __init__(self, reservation_id: _Optional[str] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ...) -> None: ...

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class PrefillStub:
-    """Served by services/prefill; called by the gateway once a decode worker has reserved pages.
+    """Served by services/prefill; called by the gateway.
     """
 
     def __init__(self, channel):
@@ -40,14 +40,30 @@ class PrefillStub:
                 request_serializer=protos_dot_prefill__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=protos_dot_prefill__pb2.PrefillResponse.FromString,
                 _registered_method=True)
+        self.PrefillStream = channel.unary_stream(
+                '/baton.prefill.v1.Prefill/PrefillStream',
+                request_serializer=protos_dot_prefill__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=protos_dot_prefill__pb2.PrefillEvent.FromString,
+                _registered_method=True)
 
 
 class PrefillServicer:
-    """Served by services/prefill; called by the gateway once a decode worker has reserved pages.
+    """Served by services/prefill; called by the gateway.
     """
 
     def Prefill(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One answer once the pages are in the target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrefillStream(self, request, context):
+        """The same work answered in two messages, so the first token is not held back by the
+        KV write: `first_token` as soon as it is sampled and the target is known (the
+        response without `reservation_id` and the kv_transfer timings), then `handoff` once
+        the pages are in the target. A first token that ends the request comes alone.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -60,6 +76,11 @@ def add_PrefillServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_prefill__pb2.PrefillRequest.FromString,
                     response_serializer=protos_dot_prefill__pb2.PrefillResponse.SerializeToString,
             ),
+            'PrefillStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.PrefillStream,
+                    request_deserializer=protos_dot_prefill__pb2.PrefillRequest.FromString,
+                    response_serializer=protos_dot_prefill__pb2.PrefillEvent.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'baton.prefill.v1.Prefill', rpc_method_handlers)
@@ -69,7 +90,7 @@ def add_PrefillServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Prefill:
-    """Served by services/prefill; called by the gateway once a decode worker has reserved pages.
+    """Served by services/prefill; called by the gateway.
     """
 
     @staticmethod
@@ -89,6 +110,33 @@ class Prefill:
             '/baton.prefill.v1.Prefill/Prefill',
             protos_dot_prefill__pb2.PrefillRequest.SerializeToString,
             protos_dot_prefill__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefillStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.prefill.v1.Prefill/PrefillStream',
+            protos_dot_prefill__pb2.PrefillRequest.SerializeToString,
+            protos_dot_prefill__pb2.PrefillEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -295,8 +295,8 @@ class RequestPipeline:
     async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
                                    spans: RequestTrace, lookup: Lookup) -> AsyncIterator[_Step]:
-        """The first token from a prefill worker (which writes the KV into pages it reserves
-        on the decode worker), then the rest from the decode worker."""
+        """The first token from a prefill worker, which then writes the KV into pages it reserved
+        on the decode worker; then the rest from the decode worker, once the pages are there."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
         route = self.prefill_router.choose(prompt, lookup) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
@@ -305,29 +305,42 @@ class RequestPipeline:
         with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
             clock.mark("route")
             with spans.calls():
-                response = await prefill_worker.stub.Prefill(prefill_pb2.PrefillRequest(
+                prefill_call = prefill_worker.stub.PrefillStream(prefill_pb2.PrefillRequest(
                     request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
                     target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
                     timeout=self.deadlines.prefill_s)
-        progress.num_cached_tokens = response.num_cached_tokens
-        _observe_prefill(self.requests, response.timings)
-        timings = response.timings
-        clock.mark_split([("prefill_queue", timings.queue_seconds - timings.host_tier_read_seconds),
-                          ("host_tier_read", timings.host_tier_read_seconds),
-                          ("prefill_compute", timings.prefill_seconds), ("kv_transfer", timings.kv_transfer_seconds)],
-                         rest="rpc")
-        first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
-                      FINISH_REASONS.get(response.finish_reason))
-        if first.finish_reason is not None:  # ended at prefill: whatever it handed on is aborted by `_run`
+            try:
+                response = (await _next_event(prefill_call, "first_token")).first_token
+            except BaseException:
+                prefill_call.cancel()
+                raise
+        try:
+            progress.num_cached_tokens = response.num_cached_tokens
+            timings = response.timings
+            clock.mark_split([("prefill_queue", timings.queue_seconds - timings.host_tier_read_seconds),
+                              ("host_tier_read", timings.host_tier_read_seconds),
+                              ("prefill_compute", timings.prefill_seconds)], rest="rpc")
+            first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
+                          FINISH_REASONS.get(response.finish_reason))
+            if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
+                _observe_prefill(self.requests, timings)
+                yield first
+                return
             yield first
-            return
-        # Started before the first token is yielded: a slow consumer does not delay decode.
+            # The prefill worker writes the pages while the first token goes out.
+            handoff = (await _next_event(prefill_call, "handoff")).handoff
+        except BaseException:  # cut short (an error, or the consumer went away): prefill stops too
+            prefill_call.cancel()
+            raise
+        clock.mark("kv_transfer")
+        _observe_prefill(self.requests, handoff.timings)
         with spans.calls():
             call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
-                request_id=request_id, reservation_id=response.reservation_id, prompt_token_ids=prompt,
+                request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
                 first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
         try:
-            yield first
+            # Its status follows the handoff: read, the call ends as a success on both sides.
+            await prefill_call.code()
             async for chunk in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
                 yield chunk
         finally:
@@ -416,6 +429,15 @@ class _Step:
     token_ids: list[int]
     logprobs: list
     finish_reason: str | None
+
+
+async def _next_event(call, kind: str) -> prefill_pb2.PrefillEvent:
+    """The next event of a PrefillStream call, which must be a `kind` one."""
+    event = await call.read()
+    if event is grpc.aio.EOF or event.WhichOneof("event") != kind:
+        got = "the end of the stream" if event is grpc.aio.EOF else f"a {event.WhichOneof('event')} event"
+        raise RuntimeError(f"the prefill worker sent {got} where a {kind} event was due")
+    return event
 
 
 async def _read_to_end(call) -> None:

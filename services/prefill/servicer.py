@@ -5,9 +5,11 @@ with none named the fastest that reaches it: kv_writer.py), run the prompt as a
 prefill-only request (the engine chunks it and batches it with others), then write
 its held pages into the target and release them. A target with only a decode
 address gets its pages reserved here, by a Reserve call that runs while the prompt
-computes (decode_reservations.py); the response names the reservation for Decode. The pages are released on every
-path: success, a failed write, an error and client cancellation (which also aborts
-a prompt still computing).
+computes (decode_reservations.py); the handoff names the reservation for Decode.
+PrefillStream sends the first token before writing the pages (the gateway's first
+token then does not wait on the write) and the handoff after; Prefill answers once,
+with both. The pages are released on every path: success, a failed write, an error
+and client cancellation (which also aborts a prompt still computing).
 
 Status codes:
 - INVALID_ARGUMENT: empty request id, no tokens, a token outside the vocabulary, a
@@ -47,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import aclosing
 
 import grpc
 import torch
@@ -113,25 +116,46 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         return self.engine_loop
 
     async def Prefill(self, request, context):
-        """`_prefill`, counted: successes by finish reason ("prefilled": handed on to decode),
+        """`_events` answered once: the first token's response, completed by the handoff."""
+        response = None
+        async for event in self._counted(request, context):
+            if event.HasField("first_token"):
+                response = event.first_token
+            else:
+                response.reservation_id = event.handoff.reservation_id
+                response.timings.CopyFrom(event.handoff.timings)
+        return response
+
+    async def PrefillStream(self, request, context):
+        async for event in self._counted(request, context):
+            yield event
+
+    async def _counted(self, request, context):
+        """`_events`, counted: successes by finish reason ("prefilled": handed on to decode),
         failures by the status the call ended with."""
+        first = None
         try:
-            response = await self._prefill(request, context)
-        except asyncio.CancelledError:
+            async with aclosing(self._events(request, context)) as events:
+                async for event in events:
+                    if event.HasField("first_token"):
+                        first = event.first_token
+                    yield event
+        except (asyncio.CancelledError, GeneratorExit):
             self.metrics.count_error("cancelled")
             raise
         except BaseException:
             code = context.code()
             self.metrics.count_error(code.name.lower() if code is not None else "internal")
             raise
-        if response.reservation_id:
+        if first.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
             self.metrics.count_success("prefilled")
         else:  # the first token ended it
-            self.metrics.count_success(common_pb2.FinishReason.Name(response.finish_reason)
+            self.metrics.count_success(common_pb2.FinishReason.Name(first.finish_reason)
                                        .removeprefix("FINISH_REASON_").lower())
-        return response
 
-    async def _prefill(self, request, context):
+    async def _events(self, request, context):
+        """The first token (a `first_token` event), then, when the prompt goes on to decode, the
+        pages written into the target (a `handoff` event)."""
         arrival = time.perf_counter()
         arrival_ns = time.time_ns()
         engine_loop = await self._ready(context)
@@ -196,7 +220,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted,
                                                  host_tier_read_seconds=tier_seconds)
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
-                return response_from_output(out, params.logprobs, timings, tier_tokens)
+                yield prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
+                                                                                tier_tokens))
+                return
             held = out
             if reservation is not None:
                 try:
@@ -205,6 +231,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}")
                 target = reserved_target(target, made)
                 transport, dest = await self._open_target(target, num_blocks, context)
+            # The target is known good: the first token goes out before the pages do.
+            yield prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
+                                                                            tier_tokens))
             src_blocks = out.held_block_ids[:num_blocks]
             write_start_ns = time.time_ns()
             # Shielded: a cancelled call must not release the pages while the write still reads them.
@@ -221,10 +250,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     tracing.BATON_KV_BLOCKS: len(src_blocks), tracing.BATON_KV_BYTES: timings.kv_transfer_bytes})
             timings.kv_transport = transport_to_proto(transport.kind)
             timings.kv_transfer_seconds = time.perf_counter() - computed
-            response = response_from_output(out, params.logprobs, timings, tier_tokens)
-            response.reservation_id = target.reservation_id
             is_handed_on = True
-            return response
+            yield prefill_pb2.PrefillEvent(handoff=prefill_pb2.KVHandoff(reservation_id=target.reservation_id,
+                                                                         timings=timings))
         finally:
             if is_added:
                 def release() -> None:

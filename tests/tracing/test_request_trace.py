@@ -88,14 +88,17 @@ def test_a_streamed_chat_is_one_tree_from_http_to_the_last_token(traced_mesh, re
     tokenizer_call = child_of("/baton.tokenizer.v1.Tokenizer/ApplyChatTemplate", request, "baton-tokenizer")
     assert tokenize.start_ns <= tokenizer_call.start_ns and tokenizer_call.end_ns <= tokenize.end_ns
     child_of("route", request)
-    prefill_server = child_of("/baton.prefill.v1.Prefill/Prefill", request, "baton-prefill")
-    for name in ("prefill.queue", "kv.transfer"):
-        child_of(name, prefill_server)
+    prefill_server = child_of("/baton.prefill.v1.Prefill/PrefillStream", request, "baton-prefill")
+    child_of("prefill.queue", prefill_server)
+    kv_transfer = child_of("kv.transfer", prefill_server)
     assert [s.parent_id for s in spans if s.name == "prefill.chunk"] == [prefill_server.span_id]
     decode_server = child_of("/baton.decode.v1.Decode/Decode", request, "baton-decode")
     child_of("/baton.decode.v1.Decode/Reserve", prefill_server, "baton-decode")
     for name in ("decode.queue", "decode.first_step"):
         child_of(name, decode_server)
-    # In order on the wall clock (each host's clock is this machine's).
-    assert tokenize.end_ns <= prefill_server.start_ns and prefill_server.end_ns <= first_token <= decode_server.end_ns
+    # In order on the wall clock (each host's clock is this machine's): the first token goes out
+    # once computed, before the pages are written; decode starts once they are.
+    computed = max(s.end_ns for s in spans if s.name == "prefill.chunk")
+    assert tokenize.end_ns <= prefill_server.start_ns and computed <= first_token <= decode_server.end_ns
+    assert kv_transfer.end_ns <= decode_server.start_ns
     assert request.end_ns <= http.end_ns

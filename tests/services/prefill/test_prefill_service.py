@@ -225,6 +225,32 @@ def test_a_target_with_only_an_address_is_reserved_by_prefill(decode, prefill, c
     assert_decode_pool_free(decode)
 
 
+def test_prefill_stream_sends_the_first_token_before_the_handoff(decode, prefill, colocated):
+    expected = _colocated_run(colocated, "stream-ref", PROMPT, GREEDY).token_ids
+    request = prefill_pb2.PrefillRequest(request_id="stream", token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
+                                         target=prefill_pb2.KVTarget(decode_address=decode.address))
+    first, handoff = list(prefill.stub.PrefillStream(request, timeout=20))
+    assert first.WhichOneof("event") == "first_token" and handoff.WhichOneof("event") == "handoff"
+    token = first.first_token
+    # The first token's answer knows no pages yet; the handoff names them and times the write.
+    assert token.first_token_id == expected[0] and token.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED
+    assert not token.reservation_id and token.timings.kv_transfer_bytes == 0 and token.timings.prefill_seconds > 0
+    timings = handoff.handoff.timings
+    assert handoff.handoff.reservation_id and timings.kv_transfer_bytes > 0 and timings.kv_transfer_seconds > 0
+    assert timings.prefill_seconds == token.timings.prefill_seconds
+    chunks = list(decode.stub.Decode(decode_pb2.DecodeRequest(
+        request_id="stream", reservation_id=handoff.handoff.reservation_id, prompt_token_ids=PROMPT,
+        first_token_id=token.first_token_id, sampling=_sampling_to_proto(GREEDY)), timeout=20))
+    assert [token.first_token_id] + [t for c in chunks for t in c.token_ids] == expected
+
+    # A first token that ends the request comes alone, and nothing stays reserved.
+    request.request_id, request.sampling.max_tokens = "stream-one", 1
+    (only,) = list(prefill.stub.PrefillStream(request, timeout=20))
+    assert only.first_token.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert_decode_pool_free(decode)
+    assert_prefill_pool_free(decode, prefill)
+
+
 def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(decode, prefill):
     reserve(decode, "hog", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
     try:
@@ -252,6 +278,21 @@ def test_cancelled_prefill_frees_the_reservation_it_made(decode, prefill):
         time.sleep(delay_s)
         call.cancel()
         decode.stub.Abort(decode_pb2.AbortRequest(request_id=f"self-cancel-{i}"), timeout=5)
+    assert_decode_pool_free(decode)
+    assert_prefill_pool_free(decode, prefill)
+
+
+def test_a_stream_cancelled_after_its_first_token_holds_nothing(decode, prefill):
+    """What a client that leaves after the first token costs: the gateway cancels the stream and
+    aborts on decode by request id; the write in flight finishes before its pages are released."""
+    big = [(23 * j) % 1000 + 1 for j in range(BIG_PROMPT_TOKENS)]
+    for i in range(3):
+        call = prefill.stub.PrefillStream(prefill_pb2.PrefillRequest(
+            request_id=f"stream-cancel-{i}", token_ids=big, sampling=_sampling_to_proto(GREEDY),
+            target=prefill_pb2.KVTarget(decode_address=decode.address)), timeout=20)
+        assert next(call).WhichOneof("event") == "first_token"
+        call.cancel()
+        decode.stub.Abort(decode_pb2.AbortRequest(request_id=f"stream-cancel-{i}"), timeout=5)
     assert_decode_pool_free(decode)
     assert_prefill_pool_free(decode, prefill)
 
