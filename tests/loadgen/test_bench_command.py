@@ -57,7 +57,9 @@ def test_bench_a_mesh_with_a_shared_prefix(mesh, tmp_path):
         # One prefix of 32 tokens (two blocks of 16) for all: every request after the first finds it cached.
         assert (NUM_REQUESTS - 1) * PROMPT_LEN // 2 <= run["total_cached_tokens"] < run["total_input_tokens"]
         assert run["slo_attainment"] == 1.0 and run["goodput_rps"] == pytest.approx(run["request_throughput"])
-    assert doc["goodput"] == {"attainment_target": 0.9, "request_rate": 50.0}
+    # Every run met the SLO: goodput is the highest rate, the run at "inf" counting at the rate it reached.
+    unbounded = doc["runs"][0]["request_throughput"]
+    assert doc["goodput"] == {"attainment_target": 0.9, "request_rate": max(50.0, unbounded)}
     if plot_dir is not None:
         names = sorted(p.name for p in plot_dir.iterdir())
         assert names == ["e2e.png", "itl.png", "tpot.png", "ttft.png"]
