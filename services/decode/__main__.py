@@ -149,6 +149,7 @@ class DecodeService:
     async def close(self) -> None:
         if self.publisher is not None:
             await self.publisher.close()
+            self.publisher = None  # it holds the engine loop, and so the pool's views
         self.servicer.close()
         self.receiver.close()
         if self.engine_loop is not None:

@@ -121,6 +121,8 @@ def test_sigterm_stops_every_process_and_exits_0(up):
     assert up.wait_exit() == 0, up.output()
     assert wait_all_dead(up.pids.values(), 1.0) == []
     assert set(up.segments()) == {"colocated-0"} and leftover_segments(up) == []
+    # Unmapped cleanly: nothing (the Redis publisher once) kept the engine's views of the pool alive.
+    assert not [line for line in up.stderr if "still alive" in line or "BufferError" in line], up.output()
     assert up.stderr[-1] == "baton: stopped"
 
 
