@@ -14,9 +14,10 @@ Redis is an optimization, never a dependency: when it cannot be reached the work
 logs one warning, keeps serving and tries again each interval; once it answers
 again, everything held is republished (a restarted Redis starts empty: the index is
 rebuilt from the workers), as it is when a heartbeat finds Redis no longer knew this
-instance (flushed, or failed over to an empty replica). Evictions during the outage
-are not replayed: their entries lapse within one index TTL, and a stale entry only
-costs a recomputation.
+instance (flushed, or failed over to an empty replica). Evictions during an outage
+(a partition, a stalled Redis that kept its data) are removed then too: they are kept
+while Redis is away, but only for one index TTL, after which every entry the worker
+did not refresh has lapsed anyway (which bounds what is kept by the churn of one TTL).
 """
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ class InstancePublisher:
         self.refresh_s = index_ttl_s / 3
         self._last_refresh = float("-inf")
         self._is_down = False
+        # Evicted while Redis was away, by model key, and since when it is away (monotonic).
+        self._unsent_removed: dict[str, set[int]] = {}
+        self._down_since = 0.0
         self._closing = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
@@ -203,19 +207,43 @@ class InstancePublisher:
                 if held is None and is_unknown:  # Redis lost our entries without our noticing (a flush)
                     held = await self.holdings.held()
                     is_refresh = True
-                await self._remove(snap.removed)
+                await self._remove(self._with_unsent(snap.removed, held))
                 await self._publish(snap.added if held is None else held)
         except (RedisError, OSError) as e:
             if not self._is_down:
                 log.warning("Redis unreachable (%s): %s keeps serving and retries every %.1f s",
                             e, instance_id, self.interval_s)
-            self._is_down = True  # what this tick drained is covered by the full republish on recovery
+                self._is_down, self._down_since = True, time.monotonic()
+            # What this tick added is covered by the full republish on recovery; what it evicted is kept.
+            if self.publish_blocks:
+                self._keep_unsent(snap)
             return
         if is_refresh:
             self._last_refresh = time.monotonic()
+        self._unsent_removed.clear()
         if self._is_down:
             log.info("Redis reachable again: %s heartbeats again and republished its prefix cache", instance_id)
             self._is_down = False
+
+    def _keep_unsent(self, snap: Snapshot) -> None:
+        if time.monotonic() - self._down_since >= self.index_ttl_s:
+            self._unsent_removed.clear()  # away a whole TTL: whatever this worker published has lapsed
+            return
+        for model_key, hashes in snap.removed.items():
+            self._unsent_removed.setdefault(model_key, set()).update(hashes)
+        for model_key, hashes in snap.added.items():  # evicted, then cached again: not to remove
+            self._unsent_removed.get(model_key, set()).difference_update(hashes)
+
+    def _with_unsent(self, removed: HashesByModel, held: HashesByModel | None) -> HashesByModel:
+        """This tick's evictions and those kept from an outage, less anything held now."""
+        if not self._unsent_removed:
+            return removed
+        merged = {model_key: set(hashes) for model_key, hashes in removed.items()}
+        for model_key, hashes in self._unsent_removed.items():
+            merged.setdefault(model_key, set()).update(hashes)
+        for model_key, hashes in (held or {}).items():
+            merged.get(model_key, set()).difference_update(hashes)
+        return {model_key: list(hashes) for model_key, hashes in merged.items()}
 
 
 def publisher_for(kind: str, config: Any, port: int | None, engine_loop: EngineLoop, *, model_key: str,

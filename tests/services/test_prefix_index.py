@@ -252,6 +252,35 @@ def test_a_prefilled_prompt_is_published_and_leaves_the_index_once_evicted(redis
     asyncio.run(main())
 
 
+def test_an_eviction_while_redis_is_away_leaves_the_index_once_it_answers(redis_server, prefill, decode,
+                                                                          fingerprint):
+    """Redis stalls but keeps its data (a partition, a starved host): the worker's eviction meanwhile
+    cannot be sent, and is sent on its first heartbeat after, not left to lapse one TTL (30 s) later."""
+    prompt = prompt_of(4, 2 * BLOCK_SIZE + 3)
+    chain = hash_block_chain(prompt, BLOCK_SIZE, fingerprint)
+    evictor = prompt_of(5, (PREFILL_KV_BLOCKS - 1) * BLOCK_SIZE + 1)
+
+    async def main():
+        r = client(redis_server.url)
+        index = PrefixIndex(r, fingerprint.hex())
+        await asyncio.to_thread(prefill_once, prefill, decode, "before-the-stall", prompt)
+        assert await until(lambda: _held(index, chain, "prefill-under-test", 2), timeout_s=3)
+        # Writes wait 2.5 s: the worker's heartbeats time out after 1 s, so it takes Redis for gone.
+        await r.execute_command("CLIENT", "PAUSE", "2500", "WRITE")
+        paused_at = time.monotonic()
+        await asyncio.to_thread(prefill_once, prefill, decode, "evictor-in-the-stall", evictor)
+        assert time.monotonic() - paused_at < 2.0, "the eviction must happen while Redis is away"
+        for h in chain:  # plain reads still answer (a match is a script: it waits): not removed yet
+            assert await r.zscore(index.key(h), "prefill-under-test") is not None
+        await asyncio.sleep(max(0.0, 2.5 - (time.monotonic() - paused_at)))
+        assert await until(lambda: _held(index, chain, "prefill-under-test", 0), timeout_s=2)
+        for h in chain:  # removed, not lapsed
+            assert await r.zscore(index.key(h), "prefill-under-test") is None
+        await r.aclose()
+
+    asyncio.run(main())
+
+
 async def _held(index: PrefixIndex, chain, instance_id: str, n: int) -> bool:
     return (await index.match(chain, [instance_id]))[instance_id] == n
 
