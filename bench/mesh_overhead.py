@@ -13,7 +13,7 @@ transfer speed by shared memory and by the gRPC page stream.
   divide them by the p50 of an empty gRPC round trip (a health Check on the
   gateway's gRPC port) measured in the same rounds, after the same pause as each
   TTFT sample (rtt_ms). Why the pause: a round trip into processes that have been
-  idle costs 1.5-2x one made back to back (the host's and gRPC's poller wake-ups),
+  idle costs 3-4x one made back to back here (the host's and gRPC's poller wake-ups),
   and every hop of a TTFT sample is made into an idle process; the back-to-back
   figure is printed too (rtt_back_to_back_ms, *_back_to_back_rtt_units).
 - KV transfer: --kv-mib of pages (64 MiB: nearly the demo decode pool, over several

@@ -221,20 +221,18 @@ def shared_prompt_ttft(mesh: LocalMesh, vocab_size: int, args, seed: int) -> lis
     return asyncio.run(pairs())
 
 
-def cache_on_off_ttfts(model_dir: Path, kv_blocks: int, args) -> tuple[list[float], list[float]]:
-    """Shared-prompt TTFTs through a mesh on `model_dir` with the prefix cache on, then one with it off."""
+def shared_prompt_ttft_on_fresh_mesh(model_dir: Path, num_prefill: int, caching: bool, kv_blocks: int,
+                                     args) -> list[float]:
+    """`shared_prompt_ttft` through a mesh of its own on `model_dir`, prefix cache on or off."""
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    samples = []
-    for caching in ("1", "0"):
-        mesh = LocalMesh(model_dir, "--prefill", "1", "--decode", "1", "--no-kvstore",
-                         env={"BATON_LOCAL_PREFILL_MAX_TOKENS": "0", "BATON_PREFILL_PREFIX_CACHING": caching,
-                              "BATON_PREFILL_KV_BLOCKS": str(kv_blocks)})
-        try:
-            asyncio.run(warm_up(mesh, vocab_size, args.warmup))
-            samples.append(shared_prompt_ttft(mesh, vocab_size, args, seed=args.seed + 1))
-        finally:
-            mesh.stop()
-    return samples[0], samples[1]
+    mesh = LocalMesh(model_dir, "--prefill", str(num_prefill), "--decode", "1", "--no-kvstore",
+                     env={"BATON_LOCAL_PREFILL_MAX_TOKENS": "0", "BATON_PREFILL_PREFIX_CACHING": str(int(caching)),
+                          "BATON_PREFILL_KV_BLOCKS": str(kv_blocks)})
+    try:
+        asyncio.run(warm_up(mesh, vocab_size, args.warmup))
+        return shared_prompt_ttft(mesh, vocab_size, args, seed=args.seed + 1)
+    finally:
+        mesh.stop()
 
 
 def main(argv=None) -> int:
@@ -281,18 +279,12 @@ def main(argv=None) -> int:
         finally:
             mesh.stop()
 
-    off_mesh = LocalMesh(model_dir, "--prefill", "2", "--decode", "1", "--no-kvstore",
-                         env={"BATON_LOCAL_PREFILL_MAX_TOKENS": "0", "BATON_PREFILL_PREFIX_CACHING": "0",
-                              "BATON_PREFILL_KV_BLOCKS": str(kv_blocks)})
-    try:
-        asyncio.run(warm_up(off_mesh, vocab_size, args.warmup))
-        demo_off = shared_prompt_ttft(off_mesh, vocab_size, args, seed=args.seed + 1)
-    finally:
-        off_mesh.stop()
+    demo_off = shared_prompt_ttft_on_fresh_mesh(model_dir, 2, False, kv_blocks, args)
     demo_on_ms, demo_off_ms = statistics.median(demo_on) * 1e3, statistics.median(demo_off) * 1e3
     shared_model = args.shared_model or ensure_demo_model(SHARED_MODEL_DIR.expanduser(), **SHARED_MODEL_DIMS)
     log(f"cache on against off on {shared_model}")
-    cache_on, cache_off = cache_on_off_ttfts(shared_model, kv_blocks, args)
+    cache_on, cache_off = (shared_prompt_ttft_on_fresh_mesh(shared_model, 1, caching, kv_blocks, args)
+                           for caching in (True, False))
     on_ms, off_ms = statistics.median(cache_on) * 1e3, statistics.median(cache_off) * 1e3
 
     prefix, load, rand = (by_policy[p] for p in POLICIES)

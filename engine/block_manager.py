@@ -243,9 +243,7 @@ class BlockManager:
 
     def _take_free_block(self) -> int:
         """The next block to evict: a single page has no run to keep."""
-        if not self.free_block_ids:
-            raise RuntimeError("no free KV block: check can_allocate/can_append_slot/can_fork first")
-        return self._claim(self._eviction_candidates(1)[0])
+        return self._take_free_blocks(1)[0]
 
     def _claim(self, block_id: int) -> int:
         """Take free `block_id` out of the queue as a page held once."""

@@ -219,9 +219,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
             timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted,
                                                  host_tier_read_seconds=tier_seconds)
+            first_token = prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
+                                                                                    tier_tokens))
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
-                yield prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
-                                                                                tier_tokens))
+                yield first_token
                 return
             held = out
             if reservation is not None:
@@ -232,8 +233,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 target = reserved_target(target, made)
                 transport, dest = await self._open_target(target, num_blocks, context)
             # The target is known good: the first token goes out before the pages do.
-            yield prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
-                                                                            tier_tokens))
+            yield first_token
             src_blocks = out.held_block_ids[:num_blocks]
             write_start_ns = time.time_ns()
             # Shielded: a cancelled call must not release the pages while the write still reads them.
