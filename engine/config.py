@@ -36,6 +36,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     show_progress: bool = False
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # On the CPU, keep freed host memory for the next step instead of faulting it in again
+    # (engine/host_memory.py); it sets the process's malloc.
+    retain_freed_host_memory: bool = True
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):

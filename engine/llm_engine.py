@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
 from engine.model_config import load_model_config
 from engine.model_runner import ModelRunner
@@ -31,6 +32,8 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if config.device == "cpu" and config.retain_freed_host_memory:
+            retain_freed_memory()
         model_dir = Path(config.model)
         self.model_config = load_model_config(model_dir)
         self.fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
