@@ -179,11 +179,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         num_blocks = -(-len(prompt) // self.layout.block_size)
         target = request.target
         reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
+        opening: asyncio.Future | None = None  # ...and the target it makes, opened when it answers
         if target.reservation_id:
             transport, dest = await self._open_target(target, num_blocks, context)
-        elif target.decode_address:
-            reservation = self._reservations.reserve(target.decode_address, request_id, len(prompt))
-        else:
+        elif not target.decode_address:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "target needs a reservation_id, or a decode_address to reserve on")
 
@@ -207,6 +206,11 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 is_added = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             accepted = time.perf_counter()
+            if not target.reservation_id:
+                # Started once the prompt is in the engine (its first step is not kept waiting
+                # on this), it and the target's opening run while the prompt computes.
+                reservation = self._reservations.reserve(target.decode_address, request_id, len(prompt))
+                opening = asyncio.ensure_future(self._open_reserved(reservation, target, num_blocks))
             out = await outputs.get()
             computed = time.perf_counter()
             if isinstance(out, Exception):
@@ -225,13 +229,11 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 yield first_token
                 return
             held = out
-            if reservation is not None:
+            if opening is not None:
                 try:
-                    made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
-                except grpc.aio.AioRpcError as e:
-                    await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}")
-                target = reserved_target(target, made)
-                transport, dest = await self._open_target(target, num_blocks, context)
+                    target, transport, dest = await opening
+                except _TargetRefused as e:
+                    await context.abort(e.code, e.message)
             # The target is known good: the first token goes out before the pages do.
             yield first_token
             src_blocks = out.held_block_ids[:num_blocks]
@@ -263,6 +265,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     release()
             if reservation is not None and not is_handed_on:
                 self._reservations.abort_after(reservation, request.target.decode_address, request_id)
+            if opening is not None:
+                opening.cancel()  # when the first token ended the request, or the call failed early
+                opening.add_done_callback(_retrieve)
 
     def _release_after(self, request_id: str, pending_copy: asyncio.Future | None) -> None:
         """Abort or release `request_id` in the engine, once no write reads its pages any more."""
@@ -279,22 +284,51 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     async def _open_target(self, target: prefill_pb2.KVTarget, num_blocks: int, context
                            ) -> tuple[PageTransport, KVDestination]:
         """The opened transport to the target's first `num_blocks` pages; aborts the call if unusable."""
+        try:
+            return self._opened(target, num_blocks)
+        except _TargetRefused as e:
+            await context.abort(e.code, e.message)
+
+    async def _open_reserved(self, reservation: asyncio.Future, target: prefill_pb2.KVTarget, num_blocks: int
+                             ) -> tuple[prefill_pb2.KVTarget, PageTransport, KVDestination]:
+        """`target` completed by the reservation our Reserve makes, and opened."""
+        try:
+            made = await asyncio.shield(reservation)  # cancelled, the reservation is still aborted once made
+        except grpc.aio.AioRpcError as e:
+            raise _TargetRefused(e.code(), f"the decode worker could not reserve pages: {e.details()}") from None
+        target = reserved_target(target, made)
+        return target, *self._opened(target, num_blocks)
+
+    def _opened(self, target: prefill_pb2.KVTarget, num_blocks: int) -> tuple[PageTransport, KVDestination]:
+        """Raises _TargetRefused with the status a target that cannot take the pages earns."""
         if not target.HasField("layout"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.layout must be set")
+            raise _TargetRefused(grpc.StatusCode.INVALID_ARGUMENT, "target.layout must be set")
         try:
             self.layout.check_compatible(layout_from_proto(target.layout, num_blocks=1))
         except ValueError as e:  # LayoutMismatchError, or a layout that is not one at all
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"the KV target does not match this prefill worker: {e}")
+            raise _TargetRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"the KV target does not match this prefill worker: {e}") from None
         if len(target.block_ids) < num_blocks:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the prompt needs {num_blocks} KV blocks, the target has {len(target.block_ids)}")
+            raise _TargetRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"the prompt needs {num_blocks} KV blocks, the target has {len(target.block_ids)}")
         dest = destination_from_proto(target, num_blocks)
         if len(set(dest.block_ids)) != len(dest.block_ids):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.block_ids has duplicates")
+            raise _TargetRefused(grpc.StatusCode.INVALID_ARGUMENT, "target.block_ids has duplicates")
         try:
             return self._writer.open(dest, transport_from_proto(target.transport)), dest
         except (FileNotFoundError, LayoutMismatchError) as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot attach the KV target: {e}")
+            raise _TargetRefused(grpc.StatusCode.FAILED_PRECONDITION, f"cannot attach the KV target: {e}") from None
         except ValueError as e:  # DestinationError, or a transport this build does not know
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}")
+            raise _TargetRefused(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}") from None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # reported by the call already, or of no interest once it ended
+
+
+class _TargetRefused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
