@@ -1,8 +1,9 @@
 """Choosing the prefill worker for a prompt: where its prefix's KV pages already are,
 weighed against how much work each worker has queued.
 
-One pipelined Redis round trip per request (`PrefixIndex.match`) says how many of
-the prompt's leading blocks each prefill worker holds. The cost of a worker is
+The prefix index says how many of the prompt's leading blocks each prefill worker
+holds: its copy in this process (`IndexMirror`, kept current from Redis), or while
+that is not following Redis, one Redis round trip per request (`PrefixIndex.match`). The cost of a worker is
 Dynamo's form, in blocks: `overlap_weight × blocks it would compute + blocks of
 prompts queued on it`; the cheapest wins, ties in turn. SGLang's imbalance guard
 sits in front: when the queues differ by more than `balance_abs_tokens` and by a
@@ -40,6 +41,7 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from engine.block_hash import hash_block_chain
+from services.gateway.index_mirror import IndexMirror
 from services.gateway.routed_blocks import RoutedBlocks
 from services.gateway.workers import Worker, WorkerPool
 
@@ -106,10 +108,12 @@ class PrefixRouter:
     With `index` None it routes by load alone."""
 
     def __init__(self, pool: WorkerPool, index, registry, *, fingerprint: bytes, block_size: int,
-                 config: RouterConfig = RouterConfig(), redis=None):
+                 config: RouterConfig = RouterConfig(), redis=None, mirror: IndexMirror | None = None):
         self.pool = pool
         self.redis = redis  # the client behind index and registry, closed with the router
         self.index = index
+        self.mirror = mirror  # the index in this process, asked instead of Redis while it follows it
+        self._mirroring: asyncio.Task | None = None
         self.registry = registry
         self.fingerprint = fingerprint
         self.block_size = block_size
@@ -128,8 +132,13 @@ class PrefixRouter:
     def start(self) -> None:
         if self.registry is not None:
             self._refresher = asyncio.ensure_future(self._refresh_instances())
+        if self.mirror is not None:
+            self._mirroring = asyncio.ensure_future(self.mirror.run())
 
     async def close(self) -> None:
+        if self._mirroring is not None:
+            self._mirroring.cancel()
+            await asyncio.gather(self._mirroring, return_exceptions=True)
         if self._refresher is not None:
             # The flag as well as the cancel: Python 3.11's wait_for can swallow a cancellation
             # that lands as its inner call completes, and the loop would then run forever.
@@ -207,18 +216,23 @@ class PrefixRouter:
         """Leading blocks held, by prefill worker address (`matched` None when the index cannot
         say: routing by load), the kvstore node holding the most of them (None: none holds any),
         and what decode instance `decode_id` holds."""
-        if self.index is None or time.monotonic() < self._redis_down_until:
+        if self.index is None:
             return Lookup(hashes, None)
         by_instance = {self._instance_ids[w.address]: w.address for w in workers if w.address in self._instance_ids}
         kvstores = dict(self._kvstores)
         asked = [*by_instance, *kvstores, *([decode_id] if decode_id else [])]
         if not asked:
             return Lookup(hashes, {})
-        try:
-            held = await asyncio.wait_for(self.index.match(hashes, asked), self.config.redis_timeout_s)
-        except (RedisError, OSError, asyncio.TimeoutError) as e:
-            self._redis_failed(e)
+        if self.mirror is not None and self.mirror.is_synced:  # it follows Redis, so Redis answers
+            held = self.mirror.match(hashes, asked)
+        elif time.monotonic() < self._redis_down_until:
             return Lookup(hashes, None)
+        else:
+            try:
+                held = await asyncio.wait_for(self.index.match(hashes, asked), self.config.redis_timeout_s)
+            except (RedisError, OSError, asyncio.TimeoutError) as e:
+                self._redis_failed(e)
+                return Lookup(hashes, None)
         self._redis_answered()
         tier = max(((kvstores[i], n) for i, n in held.items() if i in kvstores and n > 0),
                    key=lambda entry: entry[1], default=None)

@@ -22,6 +22,13 @@ Layout, one sorted set per block hash per model:
 - `model_key` (the hex model fingerprint) is in every key, so two models never share
   an entry even when their token ids and block size agree.
 
+Every `publish` and `remove` also announces itself on the model's channel,
+`baton:{model_key}:index`, in the same script (so a change and its announcement cannot
+part): JSON `{"op": "+", "member", "expiry", "hashes"}` or `{"op": "-", "member", "hashes"}`,
+`hashes` in hex, separated by spaces.
+A router keeps its own copy of the index from it (services/gateway/index_mirror.py) and
+matches prompts without a round trip.
+
 `match` is one round trip whatever the number of blocks: a script that walks the
 prompt's chain on the server and stops at the first block nobody asked about holds.
 (A pipeline of one ZMSCORE per block cost the router ~2 ms of client CPU for a
@@ -35,6 +42,7 @@ A stale entry is harmless: a worker that no longer holds a promised block recomp
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 
@@ -45,13 +53,14 @@ KEY_PREFIX = "baton"
 # so chunks keep a refresh of many blocks from delaying routers' lookups by more than ~10 ms.
 CHUNK = 1024
 
-# KEYS: the block keys. ARGV: member, expiry score, now, key TTL in ms.
+# KEYS: the block keys. ARGV: member, expiry score, now, key TTL in ms, channel, announcement.
 _PUBLISH = """
 for _, key in ipairs(KEYS) do
   redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[3])
   redis.call('ZADD', key, ARGV[2], ARGV[1])
   redis.call('PEXPIRE', key, ARGV[4])
 end
+redis.call('PUBLISH', ARGV[5], ARGV[6])
 """
 # KEYS: the prompt's block keys, in order. ARGV: now, then the members asked about.
 # Returns, per member, how many leading blocks it holds unexpired.
@@ -78,11 +87,12 @@ for i, key in ipairs(KEYS) do
 end
 return counts
 """
-# KEYS: the block keys. ARGV: member.
+# KEYS: the block keys. ARGV: member, channel, announcement.
 _REMOVE = """
 for _, key in ipairs(KEYS) do
   redis.call('ZREM', key, ARGV[1])
 end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 """
 
 
@@ -100,22 +110,37 @@ class PrefixIndex:
         self._match = redis.register_script(_MATCH)
 
     def key(self, block_hash: int) -> str:
-        return f"{KEY_PREFIX}:{self.model_key}:blk:{block_hash:016x}"
+        return f"{self.key_prefix}{block_hash:016x}"
+
+    @property
+    def key_prefix(self) -> str:
+        return f"{KEY_PREFIX}:{self.model_key}:blk:"
+
+    @property
+    def channel(self) -> str:
+        return f"{KEY_PREFIX}:{self.model_key}:index"
 
     async def publish(self, instance_id: str, block_hashes: Iterable[int]) -> None:
         """Record (or refresh) that `instance_id` holds these blocks, until one TTL from now.
         Lapsed members of other instances are deleted on the way, so sets stay small."""
-        keys = [self.key(h) for h in block_hashes]
+        hashes = [f"{h:016x}" for h in block_hashes]
         now = time.time()
-        args = [instance_id, repr(now + self.ttl_s), repr(now), max(1, int(self.ttl_s * 1000))]
-        for start in range(0, len(keys), CHUNK):
-            await self._publish(keys=keys[start : start + CHUNK], args=args)
+        expiry = repr(now + self.ttl_s)
+        args = [instance_id, expiry, repr(now), max(1, int(self.ttl_s * 1000)), self.channel]
+        for start in range(0, len(hashes), CHUNK):
+            chunk = hashes[start : start + CHUNK]
+            await self._publish(keys=[self.key_prefix + h for h in chunk],
+                                args=[*args, json.dumps({"op": "+", "member": instance_id, "expiry": now + self.ttl_s,
+                                                         "hashes": " ".join(chunk)})])
 
     async def remove(self, instance_id: str, block_hashes: Iterable[int]) -> None:
         """Forget that `instance_id` holds these blocks (it evicted them, or is shutting down)."""
-        keys = [self.key(h) for h in block_hashes]
-        for start in range(0, len(keys), CHUNK):
-            await self._remove(keys=keys[start : start + CHUNK], args=[instance_id])
+        hashes = [f"{h:016x}" for h in block_hashes]
+        for start in range(0, len(hashes), CHUNK):
+            chunk = hashes[start : start + CHUNK]
+            await self._remove(keys=[self.key_prefix + h for h in chunk],
+                               args=[instance_id, self.channel,
+                                     json.dumps({"op": "-", "member": instance_id, "hashes": " ".join(chunk)})])
 
     async def match(self, block_hashes: Sequence[int], instance_ids: Sequence[str]) -> dict[str, int]:
         """For each of `instance_ids`: how many leading blocks of `block_hashes` (a prompt's

@@ -3,6 +3,7 @@ imbalance guard; Redis gone → load only, and back → prefix routing again."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis.asyncio
 import redis.exceptions
@@ -11,6 +12,7 @@ from prometheus_client import REGISTRY
 from engine.block_hash import hash_block_chain
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceInfo, InstanceRegistry
+from services.gateway.index_mirror import IndexMirror
 from services.gateway.router import PrefixRouter, RouterConfig
 from services.gateway.workers import Worker, WorkerPool
 from services.kvstore.prefix_index import PrefixIndex
@@ -45,16 +47,20 @@ async def retrying(fn, attempts: int = 20):
             await asyncio.sleep(0.05)
 
 
-async def make_router(url: str, pool: WorkerPool, **config) -> tuple[PrefixRouter, PrefixIndex, InstanceRegistry]:
+async def make_router(url: str, pool: WorkerPool, *, is_mirrored: bool = False,
+                      **config) -> tuple[PrefixRouter, PrefixIndex, InstanceRegistry]:
+    """Without `is_mirrored`, every lookup asks Redis (what a router does while its mirror is not synced)."""
     client = connect_redis(url)
     index = PrefixIndex(client, FINGERPRINT.hex(), ttl_s=30)
     registry = InstanceRegistry(client)
     await register(registry, pool)
+    mirror = IndexMirror(client, index, retry_s=0.1) if is_mirrored else None
     router = PrefixRouter(pool, index, registry, fingerprint=FINGERPRINT, block_size=BLOCK_SIZE,
-                          config=RouterConfig(instances_refresh_s=0.05, redis_retry_s=0.2, **config), redis=client)
+                          config=RouterConfig(instances_refresh_s=0.05, redis_retry_s=0.2, **config), redis=client,
+                          mirror=mirror)
     router.start()
-    for _ in range(100):  # until the instance map is read
-        if len(router._instance_ids) == len(pool.workers):
+    for _ in range(100):  # until the instance map is read (and the index mirrored)
+        if len(router._instance_ids) == len(pool.workers) and (mirror is None or mirror.is_synced):
             break
         await asyncio.sleep(0.02)
     return router, index, registry
@@ -157,6 +163,46 @@ def test_one_slow_lookup_routes_its_request_by_load_but_does_not_turn_redis_off(
             for _ in range(3):  # three slow lookups in a row: Redis counts as down
                 await router.pick(PROMPT)
             assert REGISTRY.get_sample_value("baton_router_redis_up") == 0
+        finally:
+            redis_client.execute_command("CLIENT", "UNPAUSE")
+            await router.close()
+    asyncio.run(main())
+
+
+def test_a_mirrored_router_routes_by_prefix_without_asking_redis(redis_server, redis_client):
+    async def main():
+        pool = workers(2)
+        router, index, registry = await make_router(redis_server.url, pool, is_mirrored=True)
+        try:
+            hashes = hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)
+            await index.publish("prefill-1", hashes)
+            for _ in range(100):  # the announcement reaches the mirror
+                if router.mirror.match(hashes, ["prefill-1"])["prefill-1"]:
+                    break
+                await asyncio.sleep(0.02)
+            redis_client.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+            start = time.monotonic()
+            routes = [await router.pick(PROMPT) for _ in range(4)]
+            assert time.monotonic() - start < 0.2  # asking Redis would wait out the pause (or time out)
+            assert [(r.worker.address, r.num_cached_tokens) for r in routes] == [(pool.workers[1].address,
+                                                                                   len(PROMPT))] * 4
+            redis_client.execute_command("CLIENT", "UNPAUSE")
+            redis_server.stop()  # the mirror loses Redis: lookups ask it, fail, and route by load
+            for _ in range(100):
+                if not router.mirror.is_synced:
+                    break
+                await asyncio.sleep(0.02)
+            picks = {(await router.pick(PROMPT)).worker.address for _ in range(4)}
+            assert picks == {w.address for w in pool.workers}
+            redis_server.start()
+            await retrying(lambda: register(registry, pool))
+            await retrying(lambda: index.publish("prefill-1", hashes))
+            for _ in range(100):
+                if router.mirror.is_synced and (await router.pick(PROMPT)).num_cached_tokens:
+                    break
+                await asyncio.sleep(0.05)
+            assert [(await router.pick(PROMPT)).worker.address for _ in range(4)] == [pool.workers[1].address] * 4
+            assert REGISTRY.get_sample_value("baton_router_redis_up") == 1
         finally:
             redis_client.execute_command("CLIENT", "UNPAUSE")
             await router.close()
