@@ -7,9 +7,16 @@ transfer speed by shared memory and by the gRPC page stream.
   so no prefix-cache hits anywhere) through a real mesh (gateway, tokenizer, 1
   prefill, 1 decode, each its own process) by its public gRPC API and by its OpenAI
   HTTP API, and through an `LLMEngine` in this process, alternating request by
-  request so all three see the same machine. overhead_ms = p50(mesh, gRPC API) −
-  p50(in-process): what the split into services costs; http_overhead_ms adds the
-  HTTP front end, which a colocated server pays as well. The *_rtt_units figures
+  request so all three see the same machine. overhead_ms is the p50, over the gRPC
+  requests, of each one's TTFT minus the engine's own time to its first token in the
+  prefill worker (`prefill_compute` in its ledger at the gateway's
+  /v1/requests/{id}/timeline): the in-process engine's TTFT for that very prompt at
+  that very moment. Why paired: one forward pass of the same prompt takes anywhere
+  from 26 to 45 ms on this VM from one second to the next, and the difference of two
+  p50s (p50(mesh, gRPC API) − p50(in-process), printed as overhead_unpaired_ms)
+  moved by ±4 ms between runs of the same code, more than the overhead itself.
+  http_overhead_ms is the unpaired figure for the HTTP API, whose front end a
+  colocated server pays as well. The *_rtt_units figures
   divide them by the p50 of an empty gRPC round trip (a health Check on the
   gateway's gRPC port) measured in the same rounds, after the same pause as each
   TTFT sample (rtt_ms). Why the pause: a round trip into processes that have been
@@ -78,10 +85,10 @@ def measure_rtt(address: str, n: int = 500) -> float:
     return statistics.median(samples)
 
 
-def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int]) -> float:
+def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int], request_id: str) -> float:
     """The same through the gateway's public gRPC API: seconds to the first chunk."""
     request = gateway_pb2.GenerateRequest(
-        token_ids=common_pb2.TokenIds(token_ids=prompt),
+        request_id=request_id, token_ids=common_pb2.TokenIds(token_ids=prompt),
         sampling=common_pb2.SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
         stream_options=gateway_pb2.StreamOptions(stream=True))
     start = time.perf_counter()
@@ -126,7 +133,13 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     with httpx.Client(timeout=120) as client, grpc.insecure_channel(mesh.grpc) as channel:
         stub = gateway_pb2_grpc.GenerateStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
-        measure = {"http": lambda p: streamed_ttft(client, mesh, p), "grpc": lambda p: grpc_ttft(stub, p),
+        grpc_ids: list[str] = []
+
+        def grpc_sample(prompt: list[int]) -> float:
+            grpc_ids.append(f"mesh-overhead-{len(grpc_ids)}")
+            return grpc_ttft(stub, prompt, grpc_ids[-1])
+
+        measure = {"http": lambda p: streamed_ttft(client, mesh, p), "grpc": grpc_sample,
                    "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p),
                    "rtt": lambda _: empty_round_trip(health)}
         for i in range(rounds):
@@ -137,8 +150,13 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
                 seconds = fn(next(prompts))
                 if i >= args.warmup:
                     samples[name].append(seconds)
+        # The prefill worker's engine time for each gRPC sample, from the gateway's ledger.
+        engine_s = [client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline").json()
+                    ["choices"][0]["phases_ms"]["prefill_compute"] / 1e3 for request_id in grpc_ids[args.warmup:]]
     rtt = samples.pop("rtt")
-    return {"rtt_ms": p50_ms(rtt), **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
+    paired = [ttft - engine for ttft, engine in zip(samples["grpc"], engine_s, strict=True)]
+    return {"rtt_ms": p50_ms(rtt), "overhead_paired_ms": p50_ms(paired), "ttft_prefill_engine_p50_ms": p50_ms(engine_s),
+            **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -234,23 +252,28 @@ def main(argv=None) -> int:
         log(f"empty gRPC round trip back to back p50 {rtt_back_to_back_ms:.3f} ms")
         ttft = bench_ttft(mesh, model_dir, args)
         rtt_ms = ttft.pop("rtt_ms")
-        overhead_ms = ttft["ttft_grpc_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
+        overhead_ms = ttft.pop("overhead_paired_ms")
+        unpaired_ms = ttft["ttft_grpc_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
         http_overhead_ms = ttft["ttft_http_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
-        log(f"TTFT p50 of {args.requests}, {args.prompt_tokens}-token prompts: in-process "
-            f"{ttft['ttft_inprocess_p50_ms']:.2f} ms; through the mesh by the gRPC API "
-            f"{ttft['ttft_grpc_p50_ms']:.2f} ms (overhead {overhead_ms:.2f} ms = {overhead_ms / rtt_ms:.2f} empty "
-            f"round trips of {rtt_ms:.3f} ms after the same pause, target <= 2; "
-            f"{overhead_ms / rtt_back_to_back_ms:.2f} back-to-back ones), by the HTTP API "
-            f"{ttft['ttft_http_p50_ms']:.2f} ms (overhead {http_overhead_ms:.2f} ms = "
+        log(f"TTFT p50 of {args.requests}, {args.prompt_tokens}-token prompts through the mesh by the gRPC API "
+            f"{ttft['ttft_grpc_p50_ms']:.2f} ms, the prefill worker's engine {ttft['ttft_prefill_engine_p50_ms']:.2f} "
+            f"ms of it: overhead {overhead_ms:.2f} ms (p50 per request) = {overhead_ms / rtt_ms:.2f} empty round "
+            f"trips of {rtt_ms:.3f} ms after the same pause, target <= 2; {overhead_ms / rtt_back_to_back_ms:.2f} "
+            f"back-to-back ones. In-process engine {ttft['ttft_inprocess_p50_ms']:.2f} ms: unpaired overhead "
+            f"{unpaired_ms:.2f} ms = {unpaired_ms / rtt_ms:.2f} round trips. By the HTTP API "
+            f"{ttft['ttft_http_p50_ms']:.2f} ms (unpaired overhead {http_overhead_ms:.2f} ms = "
             f"{http_overhead_ms / rtt_ms:.2f} round trips)")
         time.sleep(1.0)  # the in-process engine's OpenMP threads stop spinning first
         kv = bench_transfer(mesh, args)
         log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
             f"{kv['shm_gbps']:.2f} GB/s, plain memcpy {kv['memcpy_gbps']:.2f} GB/s, ratio {kv['shm_vs_memcpy']:.2f} "
-            f"(target >= 0.7; {kv['kv_runs']} runs of consecutive blocks); gRPC stream (2 MiB chunks, CRC-32) {kv['grpc_stream_gbps']:.3f} GB/s")
+            f"(target >= 0.7; {kv['kv_runs']} runs of consecutive blocks); gRPC stream (2 MiB chunks, CRC-32) "
+            f"{kv['grpc_stream_gbps']:.3f} GB/s")
     finally:
         mesh.stop()
     figures = {"overhead_ms": round(overhead_ms, 3), "overhead_rtt_units": round(overhead_ms / rtt_ms, 2),
+               "overhead_unpaired_ms": round(unpaired_ms, 3),
+               "overhead_unpaired_rtt_units": round(unpaired_ms / rtt_ms, 2),
                "http_overhead_ms": round(http_overhead_ms, 3),
                "http_overhead_rtt_units": round(http_overhead_ms / rtt_ms, 2),
                "shm_vs_memcpy": round(kv["shm_vs_memcpy"], 3), "grpc_stream_gbps": round(kv["grpc_stream_gbps"], 3),

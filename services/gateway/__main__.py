@@ -39,8 +39,10 @@ from services.common.registry import InstanceRegistry
 from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
+from services.gateway.index_mirror import IndexMirror
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
+from services.gateway.timeline import TimelineStore
 from services.gateway.workers import WorkerPool, expand_addresses
 from services.kvstore.prefix_index import PrefixIndex
 from services.tokenizer.model_tokenizer import ModelTokenizer
@@ -77,7 +79,8 @@ class GatewayService:
 
     def __init__(self, config: GatewayConfig):
         self.config = config
-        self.servicer = GenerateServicer(config.served_model_name)
+        self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
+        self.servicer = GenerateServicer(config.served_model_name, self.timelines)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
@@ -120,7 +123,7 @@ class GatewayService:
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         app = create_app(GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
-                                      self.readiness, config.max_body_bytes))
+                                      self.readiness, config.max_body_bytes, self.timelines))
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:
@@ -169,9 +172,10 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
     client = connect_redis(config.redis_url)
     model_dir = config.model_dir
     fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
-    router = PrefixRouter(prefill, PrefixIndex(client, fingerprint.hex()), InstanceRegistry(client),
-                          fingerprint=fingerprint, block_size=EngineConfig.block_size,
-                          config=RouterConfig(overlap_weight=config.overlap_weight), redis=client)
+    index = PrefixIndex(client, fingerprint.hex())
+    router = PrefixRouter(prefill, index, InstanceRegistry(client), fingerprint=fingerprint,
+                          block_size=EngineConfig.block_size, config=RouterConfig(overlap_weight=config.overlap_weight),
+                          redis=client, mirror=IndexMirror(client, index))
     router.start()
     return router
 

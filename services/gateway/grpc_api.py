@@ -3,16 +3,20 @@ as the HTTP API. A failure is the stream's last message (`error`, carrying the H
 status it maps to), not a gRPC status, so a client reads one shape for everything a
 request can end with. A client that cancels the call cancels the request on the mesh.
 The pipeline counts each request it is given (services/gateway/pipeline.py); a request
-refused before it gets there is counted here, by reason.
+refused before it gets there is counted here, by reason. Each request's ledger goes into
+the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where
+its time went (services/gateway/timeline.py).
 """
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import aclosing
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.pipeline import Delta, RequestPipeline
+from services.gateway.timeline import ResponseTimeline, TimelineStore
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 
@@ -27,15 +31,17 @@ FINISH_REASONS = {
 class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     """`pipeline` is attached once the gateway's workers are connected."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, timelines: TimelineStore | None = None):
         self.model_name = model_name
         self.pipeline: RequestPipeline | None = None
+        self.timelines = timelines if timelines is not None else TimelineStore()
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
+        arrival = time.perf_counter()
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         try:
             try:
-                deltas = self._deltas(request, request_id)
+                deltas = self._deltas(request, request_id, arrival)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
@@ -48,7 +54,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
-    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str):
+    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         if request.model and request.model != self.model_name:
@@ -60,7 +66,10 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                   "chat": lambda: {"messages": [{"role": m.role, "content": m.content}
                                                 for m in request.chat.messages]},
                   "token_ids": lambda: {"prompt_token_ids": list(request.token_ids.token_ids)}}[given]()
-        return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop))
+        timeline = ResponseTimeline(request_id, arrival, int(time.time()))
+        self.timelines.add(timeline)
+        return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
+                                      clock=timeline.clock(request_id))
 
 
 async def _responses(request_id: str, deltas, stream: bool):

@@ -49,6 +49,18 @@ def test_streamed_and_whole_outputs_agree_with_the_http_api(stub, mesh):
     assert len(whole[0].complete.token_ids) == 12
 
 
+def test_a_grpc_request_ledger_is_served_by_its_request_id(stub, mesh):
+    list(stub.Generate(gateway_pb2.GenerateRequest(request_id="grpc-ledger", text=PROMPT, sampling=greedy(4),
+                                                   stream_options=gateway_pb2.StreamOptions(stream=True)), timeout=30))
+    ledger = httpx.get(f"{mesh.gateway.base_url}/v1/requests/grpc-ledger/timeline", timeout=10).json()
+    (choice,) = ledger["choices"]
+    assert choice["request_id"] == "grpc-ledger" and choice["status"] == "finished"
+    assert choice["prefilled_on"] in ("prefill", "decode")
+    phases = choice["phases_ms"]
+    assert phases["prefill_compute"] > 0 and phases["first_token"] > 0
+    assert abs(sum(phases.values()) - choice["e2e_ms"]) < 1.0
+
+
 def test_chat_and_token_ids_inputs_with_logprobs_and_stop(stub, mesh):
     chat = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", content="Hello")])
     [response] = stub.Generate(gateway_pb2.GenerateRequest(chat=chat, sampling=greedy(6, logprobs=2)), timeout=30)
