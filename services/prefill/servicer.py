@@ -24,12 +24,14 @@ Status codes:
 - UNAVAILABLE: the engine is still loading and warming up.
 - ABORTED: the request was aborted in the engine.
 
-Timings: `queue_seconds` runs from the call's arrival until the engine thread took
-the request (validation, attaching, reading from the host tier, waiting out the step
-in progress), `host_tier_read_seconds` is the part spent reading from the host tier;
-`prefill_seconds` from then until the first token (it includes any wait for a batch
-slot: the engine does not report when a request was first scheduled);
-`kv_transfer_seconds` is the page write, by the transport named in `kv_transport`.
+Timings: `queue_seconds` runs from the call's arrival until the engine's first step
+with the request began (validation, reading from the host tier, waiting out the step in
+progress or for a batch slot), `host_tier_read_seconds` is the part spent reading from
+the host tier; `prefill_seconds` from then until the end of the step that sampled the
+first token, as the engine thread stamped them (the engine's own time to the first
+token; the hand-offs between this call and the engine thread are not in it);
+`kv_transfer_seconds` runs from the first token's arrival on this call to the end of
+the page write, by the transport named in `kv_transport`.
 
 Spans (services/common/tracing.py), children of the call's server span: `host_tier.read`,
 `prefill.queue` (arrival until the engine's first step with the request), one
@@ -205,7 +207,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             except ValueError as e:
                 is_added = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            accepted = time.perf_counter()
             if not target.reservation_id:
                 # Started once the prompt is in the engine (its first step is not kept waiting
                 # on this), it and the target's opening run while the prompt computes.
@@ -221,7 +222,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                             tracing.BATON_HOST_TIER_TOKENS: tier_tokens})
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
-            timings = prefill_pb2.PrefillTimings(queue_seconds=accepted - arrival, prefill_seconds=computed - accepted,
+            queue_seconds, prefill_seconds = _engine_seconds(out.step_times, arrival_ns, arrival, computed)
+            timings = prefill_pb2.PrefillTimings(queue_seconds=queue_seconds, prefill_seconds=prefill_seconds,
                                                  host_tier_read_seconds=tier_seconds)
             first_token = prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
                                                                                     tier_tokens))
@@ -320,6 +322,16 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             raise _TargetRefused(grpc.StatusCode.FAILED_PRECONDITION, f"cannot attach the KV target: {e}") from None
         except ValueError as e:  # DestinationError, or a transport this build does not know
             raise _TargetRefused(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}") from None
+
+
+def _engine_seconds(times, arrival_ns: int, arrival: float, computed: float) -> tuple[float, float]:
+    """(queue, prefill) seconds by the engine's step stamps; for a request no step ran (it
+    finished outside one), all of it is queue."""
+    if times is None or times.first_step_start_ns is None:
+        return computed - arrival, 0.0
+    first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
+    return ((times.first_step_start_ns - arrival_ns) / 1e9,
+            (first_token_ns - times.first_step_start_ns) / 1e9)
 
 
 def _retrieve(future: asyncio.Future) -> None:
