@@ -4,12 +4,14 @@ One call: validate, open the KV target's transport (the one the target names, or
 with none named the fastest that reaches it: kv_writer.py), run the prompt as a
 prefill-only request (the engine chunks it and batches it with others), then write
 its held pages into the target and release them. A target with only a decode
-address gets its pages reserved here, by a Reserve call that runs while the prompt
-computes (decode_reservations.py); the handoff names the reservation for Decode.
-PrefillStream sends the first token before writing the pages (the gateway's first
-token then does not wait on the write) and the handoff after; Prefill answers once,
-with both. The pages are released on every path: success, a failed write, an error
-and client cancellation (which also aborts a prompt still computing).
+address gets its pages reserved here, by a Reserve call made once the first token is
+out (decode_reservations.py); the handoff names the reservation for Decode.
+PrefillStream sends the first token before reserving and writing the pages (the
+gateway's first token then waits on neither) and the handoff after; Prefill answers
+once, with both. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
+therefore ends a PrefillStream after its first token. The pages are released on
+every path: success, a failed write, an error and client cancellation (which also
+aborts a prompt still computing).
 
 Status codes:
 - INVALID_ARGUMENT: empty request id, no tokens, a token outside the vocabulary, a
@@ -181,7 +183,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         num_blocks = -(-len(prompt) // self.layout.block_size)
         target = request.target
         reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
-        opening: asyncio.Future | None = None  # ...and the target it makes, opened when it answers
         if target.reservation_id:
             transport, dest = await self._open_target(target, num_blocks, context)
         elif not target.decode_address:
@@ -207,11 +208,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             except ValueError as e:
                 is_added = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            if not target.reservation_id:
-                # Started once the prompt is in the engine (its first step is not kept waiting
-                # on this), it and the target's opening run while the prompt computes.
-                reservation = self._reservations.reserve(target.decode_address, request_id, len(prompt))
-                opening = asyncio.ensure_future(self._open_reserved(reservation, target, num_blocks))
             out = await outputs.get()
             computed = time.perf_counter()
             if isinstance(out, Exception):
@@ -231,13 +227,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 yield first_token
                 return
             held = out
-            if opening is not None:
+            if target.reservation_id:  # known good since before computing
+                yield first_token
+            else:
+                # The first token needs no pages, so it goes out before they are reserved: a
+                # Reserve call made while the prompt computes slowed its forward pass by more
+                # than the call's round trip (two vCPUs shared with the decode worker).
+                yield first_token
+                reservation = self._reservations.reserve(target.decode_address, request_id, len(prompt))
                 try:
-                    target, transport, dest = await opening
+                    target, transport, dest = await self._open_reserved(reservation, target, num_blocks)
                 except _TargetRefused as e:
                     await context.abort(e.code, e.message)
-            # The target is known good: the first token goes out before the pages do.
-            yield first_token
             src_blocks = out.held_block_ids[:num_blocks]
             write_start_ns = time.time_ns()
             # Shielded: a cancelled call must not release the pages while the write still reads them.
@@ -267,9 +268,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     release()
             if reservation is not None and not is_handed_on:
                 self._reservations.abort_after(reservation, request.target.decode_address, request_id)
-            if opening is not None:
-                opening.cancel()  # when the first token ended the request, or the call failed early
-                opening.add_done_callback(_retrieve)
 
     def _release_after(self, request_id: str, pending_copy: asyncio.Future | None) -> None:
         """Abort or release `request_id` in the engine, once no write reads its pages any more."""
@@ -332,11 +330,6 @@ def _engine_seconds(times, arrival_ns: int, arrival: float, computed: float) -> 
     first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
     return ((times.first_step_start_ns - arrival_ns) / 1e9,
             (first_token_ns - times.first_step_start_ns) / 1e9)
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()  # reported by the call already, or of no interest once it ended
 
 
 class _TargetRefused(Exception):

@@ -265,6 +265,23 @@ def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(dec
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_a_prefill_stream_that_cannot_reserve_ends_after_its_first_token(decode, prefill):
+    reserve(decode, "hog", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
+    try:
+        call = prefill.stub.PrefillStream(prefill_pb2.PrefillRequest(
+            request_id="starved-stream", token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
+            target=prefill_pb2.KVTarget(decode_address=decode.address)), timeout=20)
+        first = next(call)  # the first token needs no pages: it is not held back
+        assert first.WhichOneof("event") == "first_token" and first.first_token.first_token_id >= 0
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+    assert_decode_pool_free(decode)
+    assert_prefill_pool_free(decode, prefill)
+
+
 def test_cancelled_prefill_frees_the_reservation_it_made(decode, prefill):
     """A call cancelled before it hands its reservation on aborts it itself, once its Reserve
     answered (the caller's Abort may well reach decode before that Reserve); one cancelled after
