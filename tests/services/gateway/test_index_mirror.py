@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-
-import redis.asyncio
+from contextlib import asynccontextmanager
 
 from services.common.redis_client import connect_redis
 from services.gateway.index_mirror import IndexMirror
@@ -19,8 +18,20 @@ H = [0x2000 + i for i in range(6)]  # stand-ins for a prompt's chained block has
 WHO = ["a", "b", "c", "nobody"]
 
 
-def client(url: str) -> redis.asyncio.Redis:
-    return connect_redis(url)  # as the gateway and workers connect (one retry after a restart)
+@asynccontextmanager
+async def mirrored(url: str, model_key: str, **index_args):
+    """An index on its own client (as workers publish) and a mirror of it, following it meanwhile."""
+    publisher, follower = connect_redis(url), connect_redis(url)  # as the gateway and workers connect
+    index = PrefixIndex(publisher, model_key, **index_args)
+    mirror = IndexMirror(follower, PrefixIndex(follower, model_key, **index_args), retry_s=0.1)
+    task = asyncio.ensure_future(mirror.run())
+    try:
+        yield index, mirror
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await follower.aclose()
+        await publisher.aclose()
 
 
 async def until(check, timeout_s: float = 5.0, poll_s: float = 0.02):
@@ -39,12 +50,11 @@ async def agrees(mirror: IndexMirror, index: PrefixIndex, hashes=H, who=WHO) -> 
 
 def test_the_mirror_starts_from_redis_and_follows_publishes_and_removals(redis_client, redis_server):
     async def main():
-        r = client(redis_server.url)
-        index, other_model = PrefixIndex(r, "mirror-a"), PrefixIndex(r, "mirror-a-other")
-        await index.publish("a", H[:4])  # before the mirror starts: it reads these from Redis
-        mirror = IndexMirror(client(redis_server.url), index)
-        task = asyncio.ensure_future(mirror.run())
-        try:
+        earlier = PrefixIndex(connect_redis(redis_server.url), "mirror-a")
+        await earlier.publish("a", H[:4])  # before the mirror starts: it reads these from Redis
+        await earlier.redis.aclose()
+        async with mirrored(redis_server.url, "mirror-a") as (index, mirror):
+            other_model = PrefixIndex(index.redis, "mirror-a-other")
             assert await agrees(mirror, index)
             assert mirror.match(H, WHO) == {"a": 4, "b": 0, "c": 0, "nobody": 0}
             await index.publish("b", [H[0], H[2]])  # lacks H[1]: only its first block counts
@@ -57,22 +67,13 @@ def test_the_mirror_starts_from_redis_and_follows_publishes_and_removals(redis_c
             assert await agrees(mirror, index)
             assert mirror.match(H, WHO) == {"a": 0, "b": 1, "c": 3, "nobody": 0}
             assert mirror.match([], WHO) == dict.fromkeys(WHO, 0)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await mirror.redis.aclose()
-            await r.aclose()
 
     asyncio.run(main())
 
 
 def test_entries_lapse_at_their_expiry_and_purging_forgets_them(redis_client, redis_server):
     async def main():
-        r = client(redis_server.url)
-        index = PrefixIndex(r, "mirror-ttl", ttl_s=0.5)
-        mirror = IndexMirror(client(redis_server.url), index)
-        task = asyncio.ensure_future(mirror.run())
-        try:
+        async with mirrored(redis_server.url, "mirror-ttl", ttl_s=0.5) as (index, mirror):
             await until(lambda: mirror.is_synced)
             await index.publish("a", H)
             assert await until(lambda: mirror.match(H, ["a"]) == {"a": 6})
@@ -80,22 +81,13 @@ def test_entries_lapse_at_their_expiry_and_purging_forgets_them(redis_client, re
             assert mirror.match(H, ["a"]) == {"a": 0}  # as Redis's match: no longer held
             mirror.purge()
             assert mirror.num_blocks == 0
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await mirror.redis.aclose()
-            await r.aclose()
 
     asyncio.run(main())
 
 
 def test_after_a_redis_restart_the_mirror_reads_the_index_again(redis_client, redis_server):
     async def main():
-        index_client = client(redis_server.url)
-        index = PrefixIndex(index_client, "mirror-restart")
-        mirror = IndexMirror(client(redis_server.url), index, retry_s=0.1)
-        task = asyncio.ensure_future(mirror.run())
-        try:
+        async with mirrored(redis_server.url, "mirror-restart") as (index, mirror):
             await index.publish("a", H)
             assert await agrees(mirror, index)
             redis_server.stop()  # the index is gone with it (no persistence)
@@ -104,34 +96,22 @@ def test_after_a_redis_restart_the_mirror_reads_the_index_again(redis_client, re
             await index.publish("b", H[:2])  # republished, as workers do once Redis is back
             assert await agrees(mirror, index)
             assert mirror.match(H, ["a", "b"]) == {"a": 0, "b": 2}
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await mirror.redis.aclose()
-            await index_client.aclose()
 
     asyncio.run(main())
 
 
 def test_the_mirror_answers_while_redis_does_not(redis_client, redis_server):
     async def main():
-        r = client(redis_server.url)
-        index = PrefixIndex(r, "mirror-paused")
-        mirror = IndexMirror(client(redis_server.url), index)
-        task = asyncio.ensure_future(mirror.run())
-        try:
+        async with mirrored(redis_server.url, "mirror-paused") as (index, mirror):
             await index.publish("a", H[:3])
             assert await agrees(mirror, index)
             redis_client.execute_command("CLIENT", "PAUSE", 1500, "ALL")
-            start = time.monotonic()
-            assert mirror.match(H, ["a"]) == {"a": 3}
-            assert time.monotonic() - start < 0.1
-            assert mirror.is_synced
-        finally:
-            redis_client.execute_command("CLIENT", "UNPAUSE")
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await mirror.redis.aclose()
-            await r.aclose()
+            try:
+                start = time.monotonic()
+                assert mirror.match(H, ["a"]) == {"a": 3}
+                assert time.monotonic() - start < 0.1
+                assert mirror.is_synced
+            finally:
+                redis_client.execute_command("CLIENT", "UNPAUSE")
 
     asyncio.run(main())
