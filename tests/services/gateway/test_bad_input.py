@@ -126,6 +126,26 @@ def test_no_free_pages_is_429_and_then_serving_resumes(mesh):
     assert post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
+def test_a_stream_whose_pages_cannot_be_reserved_sends_its_first_token_then_an_overloaded_error(mesh):
+    stubs = [decode_pb2_grpc.DecodeStub(svc.channel) for svc in mesh.decode]
+    for i, stub in enumerate(stubs):
+        stub.Reserve(decode_pb2.ReserveRequest(request_id=f"hog-stream-{i}", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    try:
+        # The prefill worker sends the first token before it reserves pages; the Reserve then fails.
+        with httpx.stream("POST", f"{mesh.gateway.base_url}/v1/completions", timeout=30, json={
+                "model": mesh.model_name, "prompt": "hi there", "max_tokens": 4, "stream": True}) as response:
+            assert response.status_code == 200
+            data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    finally:
+        for i, stub in enumerate(stubs):
+            stub.Abort(decode_pb2.AbortRequest(request_id=f"hog-stream-{i}"), timeout=5)
+    assert data[-1] == "[DONE]"
+    first, error = json.loads(data[0]), json.loads(data[-2])
+    assert first["choices"][0]["text"] is not None and "error" not in first
+    assert error["error"]["code"] == "overloaded" and error["error"]["message"], error
+    mesh.assert_decode_pools_free()
+
+
 def test_bad_input_leaves_no_page_reserved(mesh):
     for name, path, body, _, _ in CASES:
         if isinstance(body, dict) and body.get("model") == "MODEL":
