@@ -3,8 +3,8 @@ weighed against how much work each worker has queued.
 
 The prefix index says how many of the prompt's leading blocks each prefill worker
 holds: its copy in this process (`IndexMirror`, kept current from Redis), or while
-that is not following Redis, one Redis round trip per request (`PrefixIndex.match`). The cost of a worker is
-Dynamo's form, in blocks: `overlap_weight × blocks it would compute + blocks of
+that is not following Redis, one Redis round trip per request (`PrefixIndex.match`).
+The cost of a worker is Dynamo's form, in blocks: `overlap_weight × blocks it would compute + blocks of
 prompts queued on it`; the cheapest wins, ties in turn. SGLang's imbalance guard
 sits in front: when the queues differ by more than `balance_abs_tokens` and by a
 factor over `balance_rel`, the least loaded worker wins whatever it holds, so one

@@ -1,9 +1,9 @@
 """Reserving pages on decode workers from prefill, for targets that name no reservation.
 
 The Reserve call is made once the prompt's first token is out, so its round trip
-costs the first token nothing (the page write waits for it instead); a reservation that is not handed on (the call failed or was
-cancelled, the first token ended the request) is aborted again once its Reserve
-has answered, so it never waits out its lease.
+costs the first token nothing (the page write waits for it instead). A reservation
+that is not handed on (the call failed or was cancelled) is aborted again once its
+Reserve has answered, so it never waits out its lease.
 """
 from __future__ import annotations
 
