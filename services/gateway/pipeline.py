@@ -3,13 +3,13 @@
     Encode / ApplyChatTemplate (tokenizer), or token ids as given
       → the context check, here (arithmetic on the model's context length)
       → the prefill worker: where the prompt's prefix is cached, against load (router.py)
-      → Prefill (prefill P: reserves pages on D while it computes, writes the KV into
-        them, returns the first token and the reservation)
+      → PrefillStream (prefill P: streams the first token, then reserves pages on D,
+        writes the KV into them and names the reservation)
       → Decode (D, a stream of token ids)
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
 
-or, for a prompt whose part D does not already hold (the prefix index says, in the
-router's one round trip) is at most `local_prefill_max_tokens`, when D has room
+or, for a prompt whose part D does not already hold (the prefix index says, from the
+router's copy of it) is at most `local_prefill_max_tokens`, when D has room
 (conditional disaggregation, as Dynamo does it): GenerateLocally on D, which prefills it
 in its own running batch; no prefill worker and no KV transfer.
 
