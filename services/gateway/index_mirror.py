@@ -6,7 +6,8 @@ memory from the workers' KV events the same way; Redis stays the record that a n
 router, or one that lost its connection, starts from.
 
 Kept current: subscribed first, then every index key read (`resync`), then each
-announced change applied in order. A change announced while the keys are being read
+announced change applied in order; read again whenever the client resubscribes after
+a reconnection of its own. A change announced while the keys are being read
 is applied again after them; a change per (block, instance) is a set or a delete, so
 replaying a suffix of them over a state that already has them ends in the same state.
 
@@ -81,12 +82,20 @@ class IndexMirror:
             self.is_synced = True
             log.info("prefix index mirrored: %d blocks", len(self._held))
             last_heard = last_purge = time.monotonic()
+            subscriptions = 0
             while True:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                message = await pubsub.get_message(timeout=1.0)
                 now = time.monotonic()
                 if message is not None:
                     if message["type"] == "message":
                         self._apply_or_skip(message["data"])
+                    elif message["type"] == "subscribe":
+                        subscriptions += 1
+                        if subscriptions > 1:
+                            # redis-py reconnected and subscribed again by itself: what was
+                            # announced meanwhile is lost, so the copy is read again.
+                            log.info("the prefix index's channel reconnected; reading the index again")
+                            await self._resync()
                     last_heard = now
                 elif now - last_heard > self.ping_s:
                     await pubsub.ping()

@@ -115,3 +115,20 @@ def test_the_mirror_answers_while_redis_does_not(redis_client, redis_server):
                 redis_client.execute_command("CLIENT", "UNPAUSE")
 
     asyncio.run(main())
+
+
+def test_a_reconnection_the_client_makes_by_itself_is_followed_by_a_fresh_read(redis_client, redis_server):
+    async def main():
+        async with mirrored(redis_server.url, "mirror-reconnect") as (index, mirror):
+            await index.publish("a", H)
+            assert await agrees(mirror, index)
+            # One transaction: the mirror's subscription is dropped, then "a" leaves the index and
+            # the announcement reaches nobody. redis-py reconnects and subscribes again by itself.
+            transaction = redis_client.pipeline(transaction=True)
+            transaction.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            for h in H:
+                transaction.zrem(index.key(h), "a")
+            transaction.execute()
+            assert await until(lambda: mirror.match(H, ["a"]) == {"a": 0})
+
+    asyncio.run(main())
