@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +14,23 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Prefills of new prompts, then the minor page faults each later one took.
+# Prefills of new prompts, then the minor page faults each later one took. "off" pins glibc's
+# default thresholds (128 KiB), which it would otherwise raise by itself after some frees,
+# sooner or later depending on the order of allocations: the comparison must not depend on that.
+# The pool is small, so that every page of it has been written before the faults are counted.
 PREFILL_FAULTS = """
-import json, random, resource, sys
+import ctypes, json, random, resource, sys
 from engine.config import EngineConfig
+from engine.host_memory import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
-engine = LLMEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=256, retain_freed_host_memory=sys.argv[2] == "on"))
+retain = sys.argv[2] == "on"
+if not retain:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+    libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+engine = LLMEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, retain_freed_host_memory=retain))
 rng = random.Random(0)
 faults = []
 for i in range(10):
@@ -52,6 +62,6 @@ def model_dir(tmp_path_factory):
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="needs glibc's mallopt")
 def test_prefills_after_the_first_reuse_the_memory_freed_by_the_last(model_dir):
     default, retained = prefill_faults(model_dir, False), prefill_faults(model_dir, True)
-    # glibc's default: freed activations go back to the kernel, about 3,000 pages a prefill. Kept,
-    # what is left is first touches of KV pool pages that no earlier prompt used.
-    assert sum(retained) * 10 < sum(default), (default, retained)
+    assert min(default) > 500, default  # freed activations went back to the kernel, and came again
+    # Kept: next to nothing (a dict or list of the engine's growing by a few pages now and then).
+    assert statistics.median(retained) < 50, retained
