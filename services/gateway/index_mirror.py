@@ -139,11 +139,12 @@ class IndexMirror:
                 self._held.setdefault(int(h, 16), {})[member] = expiry
         else:
             for h in hashes:
-                holders = self._held.get(int(h, 16))
+                block_hash = int(h, 16)
+                holders = self._held.get(block_hash)
                 if holders is not None:
                     holders.pop(member, None)
                     if not holders:
-                        del self._held[int(h, 16)]
+                        del self._held[block_hash]
 
     def purge(self) -> None:
         """Drop lapsed members, and blocks nobody holds any more."""

@@ -14,15 +14,16 @@ Phases (milliseconds in the JSON), in the order a request meets them:
 
 - `ingress`: the HTTP request's arrival → the pipeline has it (body read, parsed, checked);
 - `tokenize`: the tokenizer service's Encode or ApplyChatTemplate;
-- `route`: the context check, choosing the workers (the prefix index's Redis round trip);
+- `route`: the context check, choosing the workers (the router's copy of the prefix index,
+  or a Redis round trip while it has none);
 - `prefill_queue`, `host_tier_read`, `prefill_compute`: as the prefill worker reported
   them (for a prompt prefilled on the decode worker, its local prefill is
   `prefill_compute` and its wait `decode_queue`);
 - `rpc`: the rest of the time spent waiting on prefill's first token (or on a local
   prefill's);
 - `first_token`: detokenizing the first token and handing it to the client;
-- `kv_transfer`: after that, waiting for the prefill worker's handoff (it writes the
-  pages into the decode worker's while the first token goes out);
+- `kv_transfer`: after that, waiting for the prefill worker's handoff (it reserves pages
+  on the decode worker and writes the KV into them while the first token goes out);
 - `decode_queue`: waiting for the decode worker to take the request into its batch;
 - `decode_steps`: waiting for the following tokens;
 - `detokenize_egress`: detokenizing, stop strings and handing each later token out;

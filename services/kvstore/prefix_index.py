@@ -104,6 +104,8 @@ class PrefixIndex:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         self.redis = redis
         self.model_key = model_key
+        self.key_prefix = f"{KEY_PREFIX}:{model_key}:blk:"  # + the block hash in hex
+        self.channel = f"{KEY_PREFIX}:{model_key}:index"  # where publish and remove announce themselves
         self.ttl_s = ttl_s
         self._publish = redis.register_script(_PUBLISH)
         self._remove = redis.register_script(_REMOVE)
@@ -112,25 +114,17 @@ class PrefixIndex:
     def key(self, block_hash: int) -> str:
         return f"{self.key_prefix}{block_hash:016x}"
 
-    @property
-    def key_prefix(self) -> str:
-        return f"{KEY_PREFIX}:{self.model_key}:blk:"
-
-    @property
-    def channel(self) -> str:
-        return f"{KEY_PREFIX}:{self.model_key}:index"
-
     async def publish(self, instance_id: str, block_hashes: Iterable[int]) -> None:
         """Record (or refresh) that `instance_id` holds these blocks, until one TTL from now.
         Lapsed members of other instances are deleted on the way, so sets stay small."""
         hashes = [f"{h:016x}" for h in block_hashes]
         now = time.time()
-        expiry = repr(now + self.ttl_s)
-        args = [instance_id, expiry, repr(now), max(1, int(self.ttl_s * 1000)), self.channel]
+        expiry = now + self.ttl_s
+        args = [instance_id, repr(expiry), repr(now), max(1, int(self.ttl_s * 1000)), self.channel]
         for start in range(0, len(hashes), CHUNK):
             chunk = hashes[start : start + CHUNK]
             await self._publish(keys=[self.key_prefix + h for h in chunk],
-                                args=[*args, json.dumps({"op": "+", "member": instance_id, "expiry": now + self.ttl_s,
+                                args=[*args, json.dumps({"op": "+", "member": instance_id, "expiry": expiry,
                                                          "hashes": " ".join(chunk)})])
 
     async def remove(self, instance_id: str, block_hashes: Iterable[int]) -> None:
