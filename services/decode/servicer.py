@@ -10,11 +10,13 @@ Status codes:
 
 Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
 GenerateLocally (which prefills a short prompt here instead of on a prefill worker).
+An Abort that names a finish reason (the gateway matched a stop string) ends the request
+as finished for that reason: its stream's last chunk carries it, and it is counted so.
 
 Metrics: requests finished by finish reason, and errors by reason: `unavailable`,
 `invalid_argument`, `no_free_pages` (Reserve refused), `reservation_not_found`,
-`lease_expired`, `aborted` (an Abort ended a running request), `cancelled` (its caller
-went away), `engine_failed`.
+`lease_expired`, `aborted` (an Abort without a finish reason ended a running request),
+`cancelled` (its caller went away), `engine_failed`.
 
 The first chunk of Decode and GenerateLocally carries DecodeTimings: the queue from the
 call's arrival to the engine's first step with the request, and GenerateLocally's local
@@ -55,6 +57,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.shm_name = ""
         self.host_id = host_id()
         self.metrics = ServiceMetrics("decode")  # until `attach` gives the service's
+        self._streaming: dict[str, _Phases] = {}  # request id -> its Decode or GenerateLocally call, while it runs
 
     def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str, metrics: ServiceMetrics) -> None:
         """Must run on the server's event loop (the lease timers live there)."""
@@ -120,7 +123,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
             async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
-                                       self.metrics, phases):
+                                       self.metrics, phases, self._streaming):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -139,7 +142,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=True)
             async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
-                                       self.metrics, phases):
+                                       self.metrics, phases, self._streaming):
                 yield chunk
         except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -149,6 +152,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         if self.leases.revoke(request.request_id):
             found = await engine_loop.release_reservation(request.request_id)
         else:
+            call = self._streaming.get(request.request_id)
+            if call is not None:  # noted first: the call may read the aborted output before this resumes
+                call.finished_by_caller = request.finish_reason
             found = await engine_loop.abort(request.request_id)
         return decode_pb2.AbortResponse(found=found)
 
@@ -160,6 +166,7 @@ class _Phases:
                  is_local: bool) -> None:
         self.arrival_ns = arrival_ns
         self.is_local = is_local  # GenerateLocally: the prompt is prefilled here
+        self.finished_by_caller = common_pb2.FINISH_REASON_UNSPECIFIED  # set by an Abort that names a reason
         self.attrs = tracing.request_attributes(request_id) if tracing.is_enabled() else {}
         tracing.set_current_attributes({**self.attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
                                         tracing.GEN_AI_USAGE_INPUT_TOKENS: num_prompt_tokens})
@@ -182,14 +189,16 @@ class _Phases:
 
 
 async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context,
-                  metrics: ServiceMetrics, phases: _Phases):
+                  metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases]):
     """The DecodeChunks of a request the engine has just been given (`started` awaits that);
     ValueError when the engine refuses it. A call that ends early (the client went away,
     the server stops) aborts the request, which frees its pages; the abort is queued
-    behind the add, so it finds the request even when the add is still in flight."""
+    behind the add, so it finds the request even when the add is still in flight. While
+    it runs, the call is in `streaming`, where an Abort finds it."""
     is_finished = is_counted = False
     try:
         outputs = await started
+        streaming[request_id] = phases  # after the engine took it: a refused duplicate id is never here
         first = True
         while not is_finished:
             out = await outputs.get()
@@ -198,13 +207,16 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
                 is_counted = True
                 await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
             is_finished = out.finished
+            chunk = chunk_from_output(out, num_logprobs)
             if is_finished:
                 phases.last(out)
-                if out.finish_reason == "abort":
-                    metrics.count_error("aborted")
-                else:
+                if out.finish_reason != "abort":
                     metrics.count_success(out.finish_reason)
-            chunk = chunk_from_output(out, num_logprobs)
+                elif phases.finished_by_caller != common_pb2.FINISH_REASON_UNSPECIFIED:
+                    chunk.finish_reason = phases.finished_by_caller
+                    metrics.count_success(_reason_name(phases.finished_by_caller))
+                else:
+                    metrics.count_error("aborted")
             if first:
                 chunk.num_cached_tokens = out.num_cached_tokens
                 chunk.timings.CopyFrom(phases.first(out))
@@ -214,7 +226,16 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
         is_finished = True  # refused: nothing was added
         raise
     finally:
+        if streaming.get(request_id) is phases:
+            del streaming[request_id]
         if not is_finished:
-            if not is_counted:
+            if phases.finished_by_caller != common_pb2.FINISH_REASON_UNSPECIFIED:
+                metrics.count_success(_reason_name(phases.finished_by_caller))
+            elif not is_counted:
                 metrics.count_error("cancelled")
             engine_loop.abort_soon(request_id)
+
+
+def _reason_name(reason: int) -> str:
+    """A FinishReason as the engine names it ("stop")."""
+    return common_pb2.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()

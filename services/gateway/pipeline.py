@@ -273,6 +273,7 @@ class RequestPipeline:
                     if output.stops.is_stopped or step.finish_reason is not None:
                         if not output.stops.is_stopped:
                             text += output.finish()
+                        progress.is_stopped_here = step.finish_reason is None
                         usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
                         final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
                         timer.finish(final.finish_reason)
@@ -290,7 +291,8 @@ class RequestPipeline:
                                "without a finish reason")
         finally:
             if not progress.is_released:
-                self._abort_soon(decode_worker, request_id)
+                self._abort_soon(decode_worker, request_id, common_pb2.FINISH_REASON_STOP if progress.is_stopped_here
+                                 else common_pb2.FINISH_REASON_UNSPECIFIED)
 
     async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
@@ -391,22 +393,30 @@ class RequestPipeline:
         return mark
 
     def _close_soon(self, call, progress: _Progress) -> None:
-        """Cancel a decode stream cut short. One that ended is read to its end in the background
-        when tracing: its client span ends only there (the pipeline stops at the last chunk)."""
-        if not progress.is_released:
+        """Cancel a decode stream cut short. One that ended, or that a stop string ended here (the
+        Abort naming the stop ends it on the decode worker, which counts it as finished, not
+        cancelled), is read to its end in the background: when tracing, its client span ends
+        only there (the pipeline stops at the last chunk)."""
+        if progress.is_stopped_here and not progress.is_released:
+            self._in_background(_read_to_end(call, within_s=self.deadlines.abort_s))
+        elif not progress.is_released:
             call.cancel()
         elif tracing.is_enabled():
-            task = asyncio.ensure_future(_read_to_end(call))
-            self._background.add(task)
-            task.add_done_callback(_forget(self._background))
+            self._in_background(_read_to_end(call))
 
-    def _abort_soon(self, worker: Worker, request_id: str) -> None:
-        """Abort on decode in the background: it must run even when the caller was
-        cancelled, and the consumer need not wait for it."""
-        task = asyncio.ensure_future(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id),
-                                                       timeout=self.deadlines.abort_s))
+    def _in_background(self, work) -> None:
+        """Run `work` to its end even when the caller is cancelled; `aclose` waits for it."""
+        task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(_forget(self._background))
+
+    def _abort_soon(self, worker: Worker, request_id: str, finish_reason: int) -> None:
+        """Abort on decode in the background: it must run even when the caller was
+        cancelled, and the consumer need not wait for it. `finish_reason`: why the request
+        ended here when it finished (a stop string), UNSPECIFIED when it was cut short."""
+        self._in_background(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id,
+                                                                      finish_reason=finish_reason),
+                                              timeout=self.deadlines.abort_s))
 
 
 def _forget(tasks: set[asyncio.Task]):
@@ -422,6 +432,7 @@ class _Progress:
     """What a request's steps learned on the way, for its usage and its clean-up."""
     num_cached_tokens: int = 0
     is_released: bool = False  # the decode worker finished the request and freed its pages itself
+    is_stopped_here: bool = False  # a stop string ended it before the decode worker did
 
 
 @dataclass
@@ -440,7 +451,15 @@ async def _next_event(call, kind: str) -> prefill_pb2.PrefillEvent:
     return event
 
 
-async def _read_to_end(call) -> None:
+async def _read_to_end(call, within_s: float | None = None) -> None:
+    """Read `call` to its end; cancelled if that takes longer than `within_s`."""
+    try:
+        await asyncio.wait_for(_drain(call), within_s)
+    except asyncio.TimeoutError:
+        call.cancel()
+
+
+async def _drain(call) -> None:
     async for _ in call:
         pass
 

@@ -178,6 +178,29 @@ def test_the_decode_worker_exports_its_pages_load_and_start_up(mesh, client, wor
         assert (labels["model"], labels["service"], labels["instance"]) == (mesh.model_name, "decode", instance)
 
 
+def test_a_stop_string_the_gateway_matched_counts_as_stopped_on_the_decode_worker(mesh, client, worker_metrics):
+    """Not as a cancelled (failed) request: the gateway ends it with an Abort naming the stop."""
+    url = worker_metrics["decode"]
+    kwargs = dict(model=mesh.model_name, prompt="Stop somewhere", temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(max_tokens=40, **kwargs).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    assert stop.strip(), f"pick another stop string from {full!r}"
+    before = scrape(url)
+    choice = client.completions.create(max_tokens=40, stop=[stop], **kwargs).choices[0]
+    assert (choice.text, choice.finish_reason) == (full[:full.find(stop)], "stop")
+
+    def delta(samples: Samples, name: str, **labels: str) -> float:
+        return total(samples, name, **labels) - total(before, name, **labels)
+
+    deadline = time.monotonic() + 2  # the Abort reaches the decode worker after the response
+    while delta(after := scrape(url), "baton_request_success_total", finish_reason="stop") != 1:
+        assert time.monotonic() < deadline, "the stopped request was not counted as stopped"
+        time.sleep(0.05)
+    assert delta(after, "baton_request_errors_total") == 0
+    assert delta(after, "baton_request_success_total") == 1
+    assert total(after, "baton_kv_pages_used") == 0
+
+
 def test_the_prefill_worker_exports_its_handoffs_pages_and_start_up(mesh, client, worker_metrics):
     url = worker_metrics["prefill"]
     before = scrape(url)

@@ -204,6 +204,20 @@ def test_abort_of_a_running_decode_ends_its_stream(service, prefill_engine):
     assert_whole_pool_free(service, within_s=1)
 
 
+def test_an_abort_naming_a_finish_reason_ends_the_stream_with_it(service, prefill_engine):
+    """The gateway matched a stop string: the request ends as stopped, not aborted."""
+    params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+    reservation, first = prefill_and_reserve(service, prefill_engine, "ab-stop", params)
+    stream = decode_stream(service, "ab-stop", reservation, first, params)
+    next(stream)
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="ab-stop",
+                                                      finish_reason=common_pb2.FINISH_REASON_STOP), timeout=5).found
+    chunks = list(stream)
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_STOP
+    assert sum(len(c.token_ids) for c in chunks) < params.max_tokens - 2
+    assert_whole_pool_free(service, within_s=1)
+
+
 def test_cancelled_stream_frees_its_pages(service, prefill_engine):
     params = SamplingParams(max_tokens=1900, temperature=0.0, ignore_eos=True)  # 123 of the 128 pages
     reservation, first = prefill_and_reserve(service, prefill_engine, "cancel", params)
