@@ -19,6 +19,8 @@ from typing import NoReturn, Sequence
 
 DTYPES = ("float32", "bfloat16", "float16")
 EXIT_USAGE = 2
+# `baton up --KIND-args`: the services whose command lines take more flags from its user.
+SERVICE_KINDS_WITH_ARGS = ("prefill", "decode", "kvstore", "gateway")
 
 
 class UsageError(Exception):
@@ -116,6 +118,13 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="run without Redis: routing by load only")
     up.add_argument("--no-gateway", dest="gateway", action="store_false",
                     help="start only the workers and print their addresses")
+    for kind, which in zip(SERVICE_KINDS_WITH_ARGS, (
+            "every prefill worker", "every decode worker (with --colocated, every colocated worker)",
+            "the kvstore node", "the gateway"), strict=True):
+        up.add_argument(f"--{kind}-args", default="", metavar="FLAGS",
+                        help=f"more flags for {which}, in one string split as a shell splits it, given "
+                             f"with '=': --{kind}-args='--flag value ...' (python -m services.{kind} --help "
+                             "lists them)")
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
     up.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
@@ -248,7 +257,8 @@ def _up(args: argparse.Namespace) -> int:
                             grpc_port=args.grpc_port, with_gateway=args.gateway,
                             with_kvstore=with_kvstore, with_redis=args.with_redis,
                             redis_url=args.redis if args.with_redis else None,
-                            start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout)
+                            start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
+                            service_args=_service_args(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -256,6 +266,19 @@ def _up(args: argparse.Namespace) -> int:
         return await Mesh(config).run()
 
     return asyncio.run(run())
+
+
+def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    """`--KIND-args` strings, split as a shell splits them."""
+    import shlex
+
+    flags = {}
+    for kind in SERVICE_KINDS_WITH_ARGS:
+        try:
+            flags[kind] = tuple(shlex.split(getattr(args, f"{kind}_args")))
+        except ValueError as exc:  # an unclosed quotation
+            raise UsageError(f"--{kind}-args: {exc}") from None
+    return flags
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -40,6 +41,14 @@ DECODE_NAME_PREFIXES = ("decode-", "colocated-")
 # worker would keep, beside the sequences it decodes. Equal memory for both layouts.
 COLOCATED_KV_BLOCKS = 2048
 DECODE_KV_BLOCKS_VARIABLE = "BATON_DECODE_KV_BLOCKS"  # still sizes the pool where it is set
+# The flags the launcher gives each kind of service itself: `--KIND-args` may not set them.
+_BIND_FLAGS = ("--model", "--host", "--port", "--redis")
+LAUNCHER_FLAGS = {
+    "prefill": frozenset({*_BIND_FLAGS, "--kvstore"}),
+    "decode": frozenset(_BIND_FLAGS),
+    "kvstore": frozenset(_BIND_FLAGS),
+    "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port"}),
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class MeshConfig:
     start_timeout_s: float = 300.0  # per child: spawn to health SERVING
     stop_timeout_s: float = 15.0  # per child: SIGTERM to exit, then SIGKILL
     python: str = field(default=sys.executable)
+    # More flags by service kind ("prefill", "decode", "kvstore", "gateway"), after the launcher's own.
+    service_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -81,6 +92,12 @@ class MeshConfig:
                 raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
         if not (self.model_dir / "config.json").is_file():
             raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
+        for kind, args in self.service_args.items():
+            if kind not in LAUNCHER_FLAGS:
+                raise ValueError(f"no {kind} service to give flags to")
+            for arg in args:
+                if arg.partition("=")[0] in LAUNCHER_FLAGS[kind]:
+                    raise ValueError(f"--{kind}-args cannot set {arg.partition('=')[0]}: baton up sets it itself")
 
 
 def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
@@ -91,7 +108,7 @@ def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
 def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str) -> ChildSpec:
     """A service bound to a free loopback port."""
     return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
-                            "--host", "127.0.0.1", "--port", "0"),
+                            "--host", "127.0.0.1", "--port", "0", *config.service_args.get(kind, ())),
                      f"{kind} listening on ", HEALTH_NAMES[kind])
 
 
@@ -126,5 +143,5 @@ def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | N
     argv = (config.python, "-m", "services.gateway", "--model", str(config.model_dir),
             "--tokenizer", workers["tokenizer"], *layout, "--decode", addresses(*DECODE_NAME_PREFIXES),
             "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port),
-            *redis_args("gateway", redis_url))
+            *redis_args("gateway", redis_url), *config.service_args.get("gateway", ()))
     return ChildSpec("gateway", argv, "gateway listening on ", HEALTH_NAMES["gateway"])

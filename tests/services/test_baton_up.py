@@ -302,6 +302,27 @@ def test_no_redis_runs_without_one(start_up):
     assert up.wait_exit() == 0, up.output()
 
 
+def test_flags_given_per_kind_of_service_reach_those_services(start_up):
+    up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80")
+    check_up(up, 1, 1, redis=False)
+    assert up.wait_for(lambda: any(line.startswith("[decode-0]") and ": 96 KV blocks in shared memory" in line
+                                   for line in up.stderr)), up.output()
+    assert any(line.startswith("[prefill-0]") and ": 80 local KV blocks" in line for line in up.stderr), up.output()
+
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0, up.output()
+
+
+@pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
+                                   "--prefill-args=--kv-blocks '64"])
+def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
+    done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("baton: error: ") and done.stdout == "", done.stderr
+    assert flags.partition("=")[0] in done.stderr, done.stderr
+
+
 def test_a_given_redis_is_used_and_none_is_started(start_up, redis_server):
     up = start_up("--redis", redis_server.url)
     check_up(up, 1, 1, redis=False)
