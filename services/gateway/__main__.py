@@ -118,6 +118,7 @@ class GatewayService:
                                         prefill_router=self.router,
                                         local_prefill_max_tokens=local_prefill_limit(
                                             config.local_prefill_max_tokens, tokenizer.max_model_len),
+                                        local_tokenize_max_chars=config.local_tokenize_max_chars,
                                         metrics=self.metrics)
         self.servicer.pipeline = self.pipeline
 

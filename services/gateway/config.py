@@ -49,6 +49,10 @@ ENV_LOCAL_PREFILL = "BATON_LOCAL_PREFILL_MAX_TOKENS"
 # model with a short context gets a proportionally shorter limit (an eighth of it).
 LOCAL_PREFILL_AUTO = -1
 ENV_OVERLAP_WEIGHT = "BATON_ROUTER_OVERLAP_WEIGHT"
+ENV_LOCAL_TOKENIZE = "BATON_LOCAL_TOKENIZE_MAX_CHARS"
+# The tokenizer service's own limit for encoding inline, on its event loop: shorter prompts
+# cost less to encode than a round trip to it, so the gateway encodes them itself.
+DEFAULT_LOCAL_TOKENIZE_MAX_CHARS = 2048
 ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 
 # "auto": prefill picks by where the decode worker is (shared memory on the same host,
@@ -77,6 +81,7 @@ class GatewayConfig:
     routing: str = "prefix"  # see ROUTING_POLICIES; prefix without --redis routes by load
     overlap_weight: float = 4.0  # router: a block to compute against a block already queued (router.py)
     local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
+    local_tokenize_max_chars: int = DEFAULT_LOCAL_TOKENIZE_MAX_CHARS  # encoded here, not by the tokenizer service
     is_colocated: bool = False  # no prefill workers: decode prefills every prompt itself
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
@@ -100,6 +105,8 @@ class GatewayConfig:
         if self.local_prefill_max_tokens < LOCAL_PREFILL_AUTO:
             raise ConfigError(f"--local-prefill-max-tokens must be >= 0 (or -1: auto), got "
                               f"{self.local_prefill_max_tokens}")
+        if self.local_tokenize_max_chars < 0:
+            raise ConfigError(f"--local-tokenize-max-chars must be >= 0, got {self.local_tokenize_max_chars}")
         if self.routing not in ROUTING_POLICIES:
             raise ConfigError(f"--routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
         if self.overlap_weight < 0:
@@ -154,6 +161,12 @@ class GatewayConfig:
                             help=f"conditional disaggregation: the decode worker prefills prompts up to this many "
                                  f"tokens itself (no prefill worker, no KV transfer); 0: never; -1 (default): "
                                  f"min(1000, context length / 8) (${ENV_LOCAL_PREFILL})")
+        parser.add_argument("--local-tokenize-max-chars", type=int,
+                            default=env_int(env, ENV_LOCAL_TOKENIZE, DEFAULT_LOCAL_TOKENIZE_MAX_CHARS),
+                            help=f"prompts (or chat messages' content) up to this many characters are encoded here, "
+                                 f"with the same tokenizer and chat template, instead of by the tokenizer service: "
+                                 f"a round trip off their path; 0: the tokenizer service encodes every prompt "
+                                 f"(${ENV_LOCAL_TOKENIZE})")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -163,7 +176,8 @@ class GatewayConfig:
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
                    routing=args.routing, overlap_weight=args.router_overlap_weight,
-                   local_prefill_max_tokens=args.local_prefill_max_tokens, is_colocated=args.colocated,
+                   local_prefill_max_tokens=args.local_prefill_max_tokens,
+                   local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
                    otlp_endpoint=args.otlp_endpoint)
 
 

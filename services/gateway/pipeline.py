@@ -1,6 +1,6 @@
 """One request's path through the mesh, as the gateway drives it:
 
-    Encode / ApplyChatTemplate (tokenizer), or token ids as given
+    Encode / ApplyChatTemplate (tokenizer), or here for a short prompt, or token ids as given
       → the context check, here (arithmetic on the model's context length)
       → the prefill worker: where the prompt's prefix is cached, against load (router.py)
       → PrefillStream (prefill P: streams the first token, then reserves pages on D,
@@ -43,6 +43,7 @@ from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
 from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
+from services.tokenizer.chat_template import ChatTemplateError, check_messages
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
 
@@ -51,6 +52,11 @@ class ModelText(Decoder, Protocol):
     """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
 
     def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
+                            add_generation_prompt: bool = True) -> tuple[str, list[int]]: ...
 
 
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
@@ -131,15 +137,19 @@ class RequestPipeline:
     """Drives requests through a tokenizer, N prefill and M decode workers.
 
     `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`), used
-    to check the context and detokenize the output; encoding goes through the tokenizer
-    service. `metrics`: the gateway's (its registry is served on `/metrics`); by default
-    a registry of its own, unlabelled.
+    to check the context and detokenize the output. A prompt (or chat messages' content)
+    of at most `local_tokenize_max_chars` characters is encoded with it too, inline: the
+    same tokenizer and template give the same ids, and a short prompt encodes in less time
+    than a call to the tokenizer service takes. Longer ones go to the tokenizer service,
+    which encodes them off its event loop (0: every one does). `metrics`: the gateway's (its
+    registry is served on `/metrics`); by default a registry of its own, unlabelled.
     """
 
     def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool | None, decode: WorkerPool,
                  deadlines: Deadlines = Deadlines(),
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
-                 prefill_router=None, local_prefill_max_tokens: int = 0, metrics: ServiceMetrics | None = None):
+                 prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
+                 metrics: ServiceMetrics | None = None):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -148,6 +158,7 @@ class RequestPipeline:
         self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
         self.prefill_router = prefill_router  # a PrefixRouter; None: the least loaded prefill worker
         self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
+        self.local_tokenize_max_chars = local_tokenize_max_chars  # 0: the tokenizer service encodes every prompt
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
         self._background: set[asyncio.Task] = set()
@@ -213,12 +224,24 @@ class RequestPipeline:
         if prompt_token_ids is not None:
             prompt = list(prompt_token_ids)
         elif prompt_text is not None:
-            prompt = list((await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
-                request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids)
+            if len(prompt_text) <= self.local_tokenize_max_chars:
+                prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)
+            else:
+                prompt = list((await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
+                    request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids)
         else:
-            chat = [common_pb2.ChatMessage(role=m["role"], content=m.get("content", "")) for m in messages]
-            prompt = list((await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
-                request_id=request_id, messages=chat, add_generation_prompt=True), timeout=timeout)).token_ids)
+            # As the tokenizer service reads them (services/tokenizer/converters.py).
+            chat = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+            if sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
+                try:
+                    check_messages(chat)
+                    prompt = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True)[1]
+                except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
+                    raise InvalidRequestError(str(e)) from None
+            else:
+                prompt = list((await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
+                    request_id=request_id, messages=[common_pb2.ChatMessage(**m) for m in chat],
+                    add_generation_prompt=True), timeout=timeout)).token_ids)
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt

@@ -76,6 +76,15 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed on these messages: {e!r}") from e
 
 
+def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Raise ChatTemplateError for what no template can render: no messages, or one without a role."""
+    if not messages:
+        raise ChatTemplateError("messages must not be empty")
+    for i, message in enumerate(messages):
+        if not message.get("role"):
+            raise ChatTemplateError(f"messages[{i}] has no role")
+
+
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Plain-dict copies of `messages` with None-valued keys dropped.
 

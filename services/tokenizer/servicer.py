@@ -17,7 +17,7 @@ import grpc
 
 from protos import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.metrics import ServiceMetrics
-from services.tokenizer.chat_template import ChatTemplateError
+from services.tokenizer.chat_template import ChatTemplateError, check_messages
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
 
@@ -44,14 +44,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def ApplyChatTemplate(self, request, context):
         tokenizer = await self._ready(context)
-        if not request.messages:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "messages must not be empty")
-        for i, message in enumerate(request.messages):
-            if not message.role:
-                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"messages[{i}] has no role")
         messages = chat_messages_from_proto(request.messages)
         num_chars = sum(len(m["content"]) for m in messages)
         try:
+            check_messages(messages)
             # Rendering is Jinja (Python, holds the GIL) but encoding the result is not.
             text, ids = await _run(num_chars > INLINE_LIMIT, tokenizer.apply_chat_template, messages,
                                    request.add_generation_prompt)

@@ -30,8 +30,10 @@ def traced_mesh(tiny_demo_model, receiver):
     with mock.patch.dict(os.environ, env):
         for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME"):
             os.environ.pop(name, None)
+        # Every prompt through a prefill worker, and encoded by the tokenizer service (not in the
+        # gateway, as a short one is by default): the trace must cross every service.
         mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1,
-                          gateway_args=("--local-prefill-max-tokens", "0"))
+                          gateway_args=("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0"))
     yield mesh
     assert all(code == 0 for code in stop_mesh(mesh).values())
 

@@ -6,8 +6,10 @@ Each test drives its own event loop with asyncio.run (the aio channels belong to
 from __future__ import annotations
 
 import asyncio
+import socket
 from contextlib import aclosing
 
+import grpc
 import pytest
 
 from engine.config import EngineConfig
@@ -69,16 +71,18 @@ def colocated_ids(engine: LLMEngine, request_id: str, prompt: list[int], max_tok
     return list(ids)
 
 
-def run_with_pipeline(mesh, model_tokenizer, body):
-    """asyncio.run(body(pipeline)) with a pipeline over fresh channels to the mesh."""
-    tokenizer_address, prefill_addresses, decodes = mesh
+def run_with_pipeline(mesh, model_tokenizer, body, *, tokenizer_address: str | None = None,
+                      local_tokenize_max_chars: int = 0):
+    """asyncio.run(body(pipeline)) with a pipeline over fresh channels to the mesh (to another
+    tokenizer service at `tokenizer_address`); by default the tokenizer service encodes every prompt."""
+    mesh_tokenizer, prefill_addresses, decodes = mesh
 
     async def main():
-        tokenizer_channel = make_channel(tokenizer_address)
+        tokenizer_channel = make_channel(tokenizer_address or mesh_tokenizer)
         prefill = WorkerPool.connect(prefill_addresses, prefill_pb2_grpc.PrefillStub)
         decode = WorkerPool.connect([d.address for d in decodes], decode_pb2_grpc.DecodeStub)
         pipeline = RequestPipeline(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel), model_tokenizer,
-                                   prefill, decode)
+                                   prefill, decode, local_tokenize_max_chars=local_tokenize_max_chars)
         try:
             return await body(pipeline)
         finally:
@@ -137,6 +141,43 @@ def test_chat_messages_use_the_chat_template(mesh, model_tokenizer, colocated):
     assert ids == expected
     assert text == expected_text(model_tokenizer, prompt, expected)
     assert deltas[-1].usage.prompt_tokens == len(prompt)
+
+
+def test_short_prompts_are_encoded_here_and_long_ones_by_the_tokenizer_service(mesh, model_tokenizer, colocated):
+    with socket.socket() as sock:  # a port nothing listens on: no tokenizer service to ask
+        sock.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{sock.getsockname()[1]}"
+    prompt = model_tokenizer.encode(PROMPT)
+    expected = colocated_ids(colocated, "ref-local", prompt, 6)
+    _, chat_prompt = model_tokenizer.apply_chat_template(MESSAGES)
+    long_text = PROMPT * 5
+    assert len(PROMPT) <= 200 and sum(len(m["content"]) for m in MESSAGES) <= 200 < len(long_text)
+
+    async def body(pipeline):
+        text = await collect(pipeline.generate("local-text", prompt_text=PROMPT, sampling=greedy(6)))
+        chat = await collect(pipeline.generate("local-chat", messages=MESSAGES, sampling=greedy(2)))
+        with pytest.raises(grpc.aio.AioRpcError) as unreachable:
+            await collect(pipeline.generate("long-text", prompt_text=long_text, sampling=greedy(2)))
+        return text, chat, unreachable.value.code()
+
+    text, chat, code = run_with_pipeline(mesh, model_tokenizer, body, tokenizer_address=nowhere,
+                                         local_tokenize_max_chars=200)
+    assert joined(text)[1] == expected and text[-1].usage.prompt_tokens == len(prompt)
+    assert chat[-1].usage.prompt_tokens == len(chat_prompt)
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert_pools_free(mesh)
+
+
+@pytest.mark.parametrize("messages", [[], [{"role": "", "content": "hi"}]], ids=["none", "no-role"])
+def test_chat_messages_are_refused_alike_here_and_by_the_tokenizer_service(mesh, model_tokenizer, messages):
+    def refusal(local_tokenize_max_chars: int) -> str:
+        async def body(pipeline):
+            with pytest.raises(InvalidRequestError) as refused:
+                await collect(pipeline.generate("bad-chat", messages=messages, sampling=greedy(2)))
+            return str(refused.value)
+        return run_with_pipeline(mesh, model_tokenizer, body, local_tokenize_max_chars=local_tokenize_max_chars)
+
+    assert refusal(1000) == refusal(0) != ""
 
 
 def test_token_ids_in_and_max_tokens_one_finishes_at_prefill(mesh, model_tokenizer, colocated):
