@@ -8,9 +8,10 @@ are ignored, as OpenAI's own server does for fields a model does not use.
 """
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from protos import common_pb2
 
@@ -90,12 +91,23 @@ class _SamplingFields(BaseModel):
 class CompletionRequest(_SamplingFields):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Tried in this order, ids strictly: pydantic's default (smart) union validated a 512-id
+    # prompt against every member, 0.13 ms of the gateway's time before the request starts.
+    prompt: Annotated[str | list[StrictInt] | list[str] | list[list[StrictInt]], Field(union_mode="left_to_right")]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _one_prompt_shape(cls, value: Any, handler):
+        try:
+            return handler(value)
+        except ValidationError:  # one error naming the field, not one per shape it is not
+            raise ValueError("must be a string, a list of strings, a list of token ids (integers) "
+                             "or a list of such lists") from None
 
     @model_validator(mode="after")
     def _check_supported(self):
@@ -109,7 +121,7 @@ class CompletionRequest(_SamplingFields):
             raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts × n)")
         return self
 
-    @property
+    @cached_property
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
         prompt = self.prompt
@@ -117,8 +129,8 @@ class CompletionRequest(_SamplingFields):
             return [prompt]
         if not prompt:
             raise ValueError("prompt must not be empty")
-        if all(isinstance(p, int) for p in prompt):
-            return [list(prompt)]
+        if isinstance(prompt[0], int):  # list[StrictInt] matched: all of them are
+            return [prompt]
         return list(prompt)
 
 
