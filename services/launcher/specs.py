@@ -96,8 +96,10 @@ class MeshConfig:
             if kind not in LAUNCHER_FLAGS:
                 raise ValueError(f"no {kind} service to give flags to")
             for arg in args:
-                if arg.partition("=")[0] in LAUNCHER_FLAGS[kind]:
-                    raise ValueError(f"--{kind}-args cannot set {arg.partition('=')[0]}: baton up sets it itself")
+                name = arg.partition("=")[0]
+                # A prefix too: argparse takes `--po` for `--port`.
+                if name.startswith("--") and len(name) > 2 and any(f.startswith(name) for f in LAUNCHER_FLAGS[kind]):
+                    raise ValueError(f"--{kind}-args cannot set {name}: baton up sets it itself")
 
 
 def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:

@@ -314,7 +314,7 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up):
 
 
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
-                                   "--prefill-args=--kv-blocks '64"])
+                                   "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64"])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
