@@ -197,11 +197,19 @@ def test_a_mirrored_router_routes_by_prefix_without_asking_redis(redis_server, r
             redis_server.start()
             await retrying(lambda: register(registry, pool))
             await retrying(lambda: index.publish("prefill-1", hashes))
-            for _ in range(100):
-                if router.mirror.is_synced and (await router.pick(PROMPT)).num_cached_tokens:
+            # Until the mirror has read the index again and a lookup has found Redis up. A pooled
+            # connection that the restart closed may fail a direct lookup first (Redis counts as
+            # down for redis_retry_s then), so the state is waited for, not assumed.
+            for _ in range(200):
+                if (router.mirror.is_synced and (await router.pick(PROMPT)).num_cached_tokens
+                        and REGISTRY.get_sample_value("baton_router_redis_up") == 1):
                     break
                 await asyncio.sleep(0.05)
-            assert [(await router.pick(PROMPT)).worker.address for _ in range(4)] == [pool.workers[1].address] * 4
+            assert router.mirror.is_synced, "the mirror did not read the index again within 10 s"
+            assert REGISTRY.get_sample_value("baton_router_redis_up") == 1, "no lookup found Redis up within 10 s"
+            routes = [await router.pick(PROMPT) for _ in range(4)]
+            assert [(r.worker.address, r.num_cached_tokens) for r in routes] == [(pool.workers[1].address,
+                                                                                   len(PROMPT))] * 4
             assert REGISTRY.get_sample_value("baton_router_redis_up") == 1
         finally:
             redis_client.execute_command("CLIENT", "UNPAUSE")
