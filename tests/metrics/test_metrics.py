@@ -186,7 +186,8 @@ def test_a_stop_string_the_gateway_matched_counts_as_stopped_on_the_decode_worke
     stop = full[len(full) // 2:len(full) // 2 + 3]
     assert stop.strip(), f"pick another stop string from {full!r}"
     before = scrape(url)
-    choice = client.completions.create(max_tokens=40, stop=[stop], **kwargs).choices[0]
+    # Room for 900 tokens (~1 s here): the decode worker cannot finish by itself before the Abort.
+    choice = client.completions.create(max_tokens=900, stop=[stop], **kwargs).choices[0]
     assert (choice.text, choice.finish_reason) == (full[:full.find(stop)], "stop")
 
     def delta(samples: Samples, name: str, **labels: str) -> float:
