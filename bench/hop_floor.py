@@ -15,13 +15,16 @@ pause as mesh_overhead's.
 Two ways for the relay to reach the worker are measured, alternating request by request:
 - `call`: a new server-streaming call per request, as the gateway calls PrefillStream;
 - `stream`: a message on one bidirectional stream the relay keeps open to the worker,
-  replies matched to requests by number (a multiplexed session).
+  replies matched to requests by number (a multiplexed session). A request's leg is
+  then what it is on a call the gateway opened ahead of it (PrefillPreopened), as it
+  sends most prompts.
 
 Each figure is the p50 over requests of (time to the reply − the engine's time for that
 request, add_request to the first token), in ms and in units of an empty gRPC round trip
 (a health Check on the relay after the same pause: mesh_overhead's unit). mesh_overhead's
-overhead less hops_call is what Baton's own code on the path costs. The last line of
-output is one JSON object with every figure.
+overhead less hops_stream is what Baton's own code on the path costs (less hops_call
+with the gateway's `--prefill-calls new`). The last line of output is one JSON object
+with every figure.
 """
 from __future__ import annotations
 

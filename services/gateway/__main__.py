@@ -119,6 +119,7 @@ class GatewayService:
                                         local_prefill_max_tokens=local_prefill_limit(
                                             config.local_prefill_max_tokens, tokenizer.max_model_len),
                                         local_tokenize_max_chars=config.local_tokenize_max_chars,
+                                        preopen_prefill_calls=config.prefill_calls == "preopened",
                                         metrics=self.metrics)
         self.servicer.pipeline = self.pipeline
 

@@ -54,6 +54,10 @@ ENV_LOCAL_TOKENIZE = "BATON_LOCAL_TOKENIZE_MAX_CHARS"
 # cost less to encode than a round trip to it, so the gateway encodes them itself.
 DEFAULT_LOCAL_TOKENIZE_MAX_CHARS = 2048
 ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
+ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
+# preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
+# is (services/gateway/prefill_calls.py); new: on a new call each.
+PREFILL_CALLS = ("preopened", "new")
 
 # "auto": prefill picks by where the decode worker is (shared memory on the same host,
 # else the gRPC page stream); the others force one, for tests and benchmarks.
@@ -83,6 +87,7 @@ class GatewayConfig:
     local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
     local_tokenize_max_chars: int = DEFAULT_LOCAL_TOKENIZE_MAX_CHARS  # encoded here, not by the tokenizer service
     is_colocated: bool = False  # no prefill workers: decode prefills every prompt itself
+    prefill_calls: str = "preopened"  # see PREFILL_CALLS
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
     def __post_init__(self):
@@ -111,6 +116,8 @@ class GatewayConfig:
             raise ConfigError(f"--routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
         if self.overlap_weight < 0:
             raise ConfigError(f"--router-overlap-weight must be >= 0, got {self.overlap_weight}")
+        if self.prefill_calls not in PREFILL_CALLS:
+            raise ConfigError(f"--prefill-calls must be one of {', '.join(PREFILL_CALLS)}, got {self.prefill_calls!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
@@ -167,6 +174,10 @@ class GatewayConfig:
                                  f"with the same tokenizer and chat template, instead of by the tokenizer service: "
                                  f"a round trip off their path; 0: the tokenizer service encodes every prompt "
                                  f"(${ENV_LOCAL_TOKENIZE})")
+        parser.add_argument("--prefill-calls", default=env.get(ENV_PREFILL_CALLS, "preopened"),
+                            help=f"how prompts reach the prefill workers: preopened (on a call kept open to each "
+                                 f"worker ahead of the next request, where one is; not while tracing), new (a new "
+                                 f"call each) (${ENV_PREFILL_CALLS})")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -178,7 +189,7 @@ class GatewayConfig:
                    routing=args.routing, overlap_weight=args.router_overlap_weight,
                    local_prefill_max_tokens=args.local_prefill_max_tokens,
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
-                   otlp_endpoint=args.otlp_endpoint)
+                   prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

@@ -4,7 +4,8 @@
       → the context check, here (arithmetic on the model's context length)
       → the prefill worker: where the prompt's prefix is cached, against load (router.py)
       → PrefillStream (prefill P: streams the first token, then reserves pages on D,
-        writes the KV into them and names the reservation)
+        writes the KV into them and names the reservation), on a call kept open to P
+        ahead of the request where there is one (prefill_calls.py)
       → Decode (D, a stream of token ids)
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
 
@@ -39,6 +40,7 @@ from prometheus_client import Counter
 from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.common import tracing
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
+from services.gateway.prefill_calls import PrefillCalls
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
@@ -141,15 +143,17 @@ class RequestPipeline:
     of at most `local_tokenize_max_chars` characters is encoded with it too, inline: the
     same tokenizer and template give the same ids, and a short prompt encodes in less time
     than a call to the tokenizer service takes. Longer ones go to the tokenizer service,
-    which encodes them off its event loop (0: every one does). `metrics`: the gateway's (its
-    registry is served on `/metrics`); by default a registry of its own, unlabelled.
+    which encodes them off its event loop (0: every one does). `preopen_prefill_calls`: a
+    prompt goes to its prefill worker on a call opened ahead of it where one is kept
+    (prefill_calls.py), else on a new call. `metrics`: the gateway's (its registry is served
+    on `/metrics`); by default a registry of its own, unlabelled.
     """
 
     def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool | None, decode: WorkerPool,
                  deadlines: Deadlines = Deadlines(),
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
-                 metrics: ServiceMetrics | None = None):
+                 preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -161,10 +165,13 @@ class RequestPipeline:
         self.local_tokenize_max_chars = local_tokenize_max_chars  # 0: the tokenizer service encodes every prompt
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
+        self.prefill_calls = PrefillCalls(deadlines.prefill_s, preopen=preopen_prefill_calls)
         self._background: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
-        """Wait for the Aborts and stream reads still in flight (call before closing the channels)."""
+        """End the prefill calls kept open, and wait for the Aborts and stream reads still in flight
+        (call before closing the channels)."""
+        self.prefill_calls.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -330,10 +337,9 @@ class RequestPipeline:
         with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
             clock.mark("route")
             with spans.calls():
-                prefill_call = prefill_worker.stub.PrefillStream(prefill_pb2.PrefillRequest(
+                prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
                     request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                    target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)),
-                    timeout=self.deadlines.prefill_s)
+                    target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)))
             try:
                 response = (await _next_event(prefill_call, "first_token")).first_token
             except BaseException:
@@ -350,6 +356,7 @@ class RequestPipeline:
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
                 _observe_prefill(self.requests, timings)
                 yield first
+                self.prefill_calls.replenish(prefill_worker)
                 return
             yield first
             # The prefill worker writes the pages while the first token goes out.
@@ -363,6 +370,9 @@ class RequestPipeline:
             call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
                 first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
+        # Once this request is done with the prefill worker: the next request's call is opened
+        # off both this one's first token and its handoff.
+        self.prefill_calls.replenish(prefill_worker)
         try:
             # Its status follows the handoff: read, the call ends as a success on both sides.
             await prefill_call.code()

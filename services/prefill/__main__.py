@@ -89,6 +89,7 @@ class PrefillService:
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
 
     async def start(self, stop: asyncio.Event) -> str | None:
+        self.servicer.end_idle_calls_when(stop)
         engine = await load_in_thread(stop, load_engine, self.config)
         if engine is None:
             return None

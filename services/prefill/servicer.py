@@ -8,7 +8,8 @@ address gets its pages reserved here, by a Reserve call made once the first toke
 out (decode_reservations.py); the handoff names the reservation for Decode.
 PrefillStream sends the first token before reserving and writing the pages (the
 gateway's first token then waits on neither) and the handoff after; Prefill answers
-once, with both. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
+once, with both. PrefillPreopened is PrefillStream on a call the gateway opened ahead of
+its request, which is the call's first message. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
 therefore ends a PrefillStream after its first token. The pages are released on
 every path: success, a failed write, an error and client cancellation (which also
 aborts a prompt still computing).
@@ -93,6 +94,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self._writer: KVWriter | None = None
         self._reservations = DecodeReservations()
         self._host_tier: PrefillHostTier | None = None
+        self._stopping: asyncio.Future | None = None  # done once the worker stops serving
         self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
@@ -108,6 +110,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     async def close(self) -> None:
         """Unmap the decode pools and close channels; after the server stopped (no write in flight)."""
+        if self._stopping is not None:
+            self._stopping.cancel()
         if self._host_tier is not None:
             await self._host_tier.close()
         if self._writer is not None:
@@ -133,6 +137,36 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     async def PrefillStream(self, request, context):
         async for event in self._counted(request, context):
             yield event
+
+    async def PrefillPreopened(self, request_iterator, context):
+        """PrefillStream for the call's first message, whenever it comes."""
+        request = await self._first_request(context)
+        if request is not None:
+            async for event in self._counted(request, context):
+                yield event
+
+    def end_idle_calls_when(self, stop: asyncio.Event) -> None:
+        """PrefillPreopened calls still waiting for their request when `stop` is set end
+        UNAVAILABLE then: a caller keeps one open to every worker, and the server's graceful
+        stop would otherwise wait its whole grace period for them."""
+        self._stopping = asyncio.ensure_future(stop.wait())
+
+    async def _first_request(self, context) -> prefill_pb2.PrefillRequest | None:
+        """The call's first message; None when the caller half-closed without sending one."""
+        if self._stopping is None:
+            request = await context.read()
+        else:
+            reading = asyncio.ensure_future(context.read())
+            try:
+                await asyncio.wait([reading, self._stopping], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                is_stopped_first = not reading.done()
+                if is_stopped_first:
+                    reading.cancel()
+            if is_stopped_first:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill worker is shutting down")
+            request = reading.result()
+        return None if request is grpc.aio.EOF else request
 
     async def _counted(self, request, context):
         """`_events`, counted: successes by finish reason ("prefilled": handed on to decode),

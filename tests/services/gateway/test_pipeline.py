@@ -11,14 +11,18 @@ from contextlib import aclosing
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc, tokenizer_pb2_grpc
 from services.common.channel import make_channel
+from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.gateway.config import GatewayConfig
 from services.gateway.pipeline import ContextLengthError, Delta, InvalidRequestError, RequestPipeline
+from services.gateway.prefill_calls import MAX_IDLE_S
 from services.gateway.workers import Worker, WorkerPool
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.model_tokenizer import ModelTokenizer
@@ -211,6 +215,33 @@ def test_stop_string_ends_the_text_before_it_and_frees_the_pages(mesh, model_tok
         assert deltas[-1].usage.completion_tokens == len(ids) <= 40
 
 
+def prefill_calls_made() -> dict[str, float]:
+    return {call: REGISTRY.get_sample_value("baton_gateway_prefill_calls_total", {"call": call}) or 0.0
+            for call in ("preopened", "new")}
+
+
+def test_prompts_after_a_workers_first_go_on_calls_opened_ahead(mesh, model_tokenizer, colocated):
+    """After its first prompt the gateway keeps a call open to each prefill worker, and the
+    worker's next prompt is that call's request. A kept call too old for its deadline is
+    dropped for a new call. Either way the output is the same and no page stays held."""
+    prompts = [[(7 * j + i) % 900 + 3 for j in range(40 + i)] for i in range(6)]
+    expected = [colocated_ids(colocated, f"kept-ref-{i}", prompt, 6) for i, prompt in enumerate(prompts)]
+    # Six prompts one after another take turns on the two idle workers: each worker's first
+    # goes on a new call, the other four on kept ones; with no kept call young enough, none.
+    for max_idle_s, calls in ((MAX_IDLE_S, {"preopened": 4, "new": 2}), (0.0, {"preopened": 0, "new": 6})):
+        async def body(pipeline):
+            pipeline.prefill_calls.max_idle_s = max_idle_s
+            return [joined(await collect(pipeline.generate(f"kept-{max_idle_s}-{i}", prompt_token_ids=prompt,
+                                                           sampling=greedy(6))))[1]
+                    for i, prompt in enumerate(prompts)]
+
+        before = prefill_calls_made()
+        assert run_with_pipeline(mesh, model_tokenizer, body) == expected
+        after = prefill_calls_made()
+        assert {call: after[call] - before[call] for call in after} == calls
+    assert_pools_free(mesh)
+
+
 def test_eight_concurrent_requests_complete_with_correct_usage(mesh, model_tokenizer):
     prompts = [f"Request number {i}: " + "tell me a story " * (i + 1) for i in range(8)]
 
@@ -279,3 +310,12 @@ def test_worker_pool_picks_the_least_loaded_round_robin_on_ties():
         with pool.hold() as c:
             assert c.address == "w0" and c.num_in_flight == 1
     assert [w.num_in_flight for w in pool.workers] == [0, 0, 0]
+
+
+def test_prefill_calls_are_preopened_unless_set_to_new(tiny_demo_model):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    assert GatewayConfig.from_args(common, {}).prefill_calls == "preopened"
+    assert GatewayConfig.from_args(common, {"BATON_PREFILL_CALLS": "new"}).prefill_calls == "new"
+    with pytest.raises(ConfigError, match="--prefill-calls must be one of preopened, new, got 'sometimes'"):
+        GatewayConfig.from_args([*common, "--prefill-calls", "sometimes"], {})

@@ -5,6 +5,7 @@ must produce exactly a colocated engine's tokens; failures must leave no page he
 from __future__ import annotations
 
 import os
+import queue
 import time
 from pathlib import Path
 
@@ -251,6 +252,30 @@ def test_prefill_stream_sends_the_first_token_before_the_handoff(decode, prefill
     assert_prefill_pool_free(decode, prefill)
 
 
+def test_a_preopened_call_answers_the_request_it_is_sent_later_as_prefill_stream_does(decode, prefill, colocated):
+    """The gateway opens the call ahead and sends the request when one comes: the answer is
+    PrefillStream's; a call half-closed without a request ends OK with nothing."""
+    expected = _colocated_run(colocated, "preopened-ref", PROMPT, GREEDY).token_ids
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    call = prefill.stub.PrefillPreopened(iter(requests.get, None), timeout=20)
+    time.sleep(0.3)  # open and idle: the worker waits for the request
+    requests.put(prefill_pb2.PrefillRequest(request_id="preopened", token_ids=PROMPT,
+                                            sampling=_sampling_to_proto(GREEDY),
+                                            target=prefill_pb2.KVTarget(decode_address=decode.address)))
+    first, handoff = next(call), next(call)
+    requests.put(None)
+    assert list(call) == [] and call.code() == grpc.StatusCode.OK
+    assert first.first_token.first_token_id == expected[0] and handoff.handoff.timings.kv_transfer_bytes > 0
+    chunks = list(decode.stub.Decode(decode_pb2.DecodeRequest(
+        request_id="preopened", reservation_id=handoff.handoff.reservation_id, prompt_token_ids=PROMPT,
+        first_token_id=first.first_token.first_token_id, sampling=_sampling_to_proto(GREEDY)), timeout=20))
+    assert [first.first_token.first_token_id] + [t for c in chunks for t in c.token_ids] == expected
+
+    assert list(prefill.stub.PrefillPreopened(iter([]), timeout=5)) == []
+    assert_decode_pool_free(decode)
+    assert_prefill_pool_free(decode, prefill)
+
+
 def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(decode, prefill):
     reserve(decode, "hog", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
     try:
@@ -336,6 +361,23 @@ def test_bad_input(decode, prefill):
             timeout=5)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="bad"), timeout=5).found
+
+
+def test_a_preopened_call_still_waiting_ends_unavailable_at_shutdown_without_holding_it_up(tiny_demo_model):
+    """The gateway keeps such a call open to every worker; a graceful stop waiting out its
+    grace period (5 s) for them would make every shutdown that slow."""
+    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16")
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    with grpc.insecure_channel(svc.address) as channel:  # the helper's own closes with `terminate`
+        call = prefill_pb2_grpc.PrefillStub(channel).PrefillPreopened(iter(requests.get, None), timeout=30)
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert svc.terminate() == 0
+        assert time.monotonic() - start < 4.0
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+        requests.put(None)
 
 
 def test_sigterm_exits_zero(tiny_demo_model):
