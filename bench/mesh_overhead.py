@@ -10,8 +10,9 @@ transfer speed by shared memory and by the gRPC page stream.
   request so all three see the same machine. overhead_ms is the p50, over the gRPC
   requests, of each one's TTFT minus the engine's own time to its first token in the
   prefill worker (`prefill_compute` in its ledger at the gateway's
-  /v1/requests/{id}/timeline): the in-process engine's TTFT for that very prompt at
-  that very moment. Why paired: one forward pass of the same prompt takes anywhere
+  /v1/requests/{id}/timeline: its engine steps, from scheduling to their outputs): the
+  in-process engine's TTFT for that very prompt at that very moment, but for
+  `add_request` (about 0.1 ms, left in the overhead). Why paired: one forward pass of the same prompt takes anywhere
   from 26 to 45 ms on this VM from one second to the next, and the difference of two
   p50s (p50(mesh, gRPC API) − p50(in-process), printed as overhead_unpaired_ms)
   moved by ±4 ms between runs of the same code, more than the overhead itself.

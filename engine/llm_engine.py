@@ -174,28 +174,36 @@ class LLMEngine:
     # --- the loop ----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedules, runs and samples one batch; returns a diff per request that moved."""
+        """Schedules, runs and samples one batch; returns a diff per request that moved.
+
+        Its requests' step times run from before scheduling to their outputs: all of the step
+        is engine time, as a caller waiting on `step` for a first token sees it."""
         outputs = [self._output(seq) for seq in self._finished_outside_step]
         self._finished_outside_step.clear()
+        start_ns = time.time_ns()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return outputs
-        start_ns = time.time_ns()
         sampled, sampler_output = self.runner.execute(batch)
-        self._record_step_times(batch, start_ns, time.time_ns())
+        timed = self._to_time(batch)
         self.scheduler.postprocess(batch, sampled, sampler_output)
         outputs += [self._output(seq) for seq in sampled]
+        end_ns = time.time_ns()
+        for seq, num_new, is_prefill in timed:
+            seq.step_times.record(start_ns, end_ns, num_new, len(batch.seqs), is_prefill)
         return outputs
 
     @staticmethod
-    def _record_step_times(batch: ScheduledBatch, start_ns: int, end_ns: int) -> None:
-        """Before postprocess: a sequence with no output token yet ran a prompt chunk.
-        Once its first token is out and its first step known, a sequence costs two comparisons."""
-        num_seqs = len(batch.seqs)
+    def _to_time(batch: ScheduledBatch) -> list[tuple[Sequence, int, bool]]:
+        """The sequences whose step times this step adds to, and whether each ran a prompt chunk
+        (it has no output token before postprocess). Once its first token is out and its first
+        step known, a sequence costs two comparisons."""
+        timed = []
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             is_prefill = seq.num_tokens == seq.num_prompt_tokens
             if is_prefill or seq.step_times.first_step_start_ns is None:
-                seq.step_times.record(start_ns, end_ns, num_new, num_seqs, is_prefill)
+                timed.append((seq, num_new, is_prefill))
+        return timed
 
     def _output(self, seq: Sequence) -> RequestOutput:
         start = self._num_emitted[seq.request_id]

@@ -10,7 +10,8 @@ from typing import NamedTuple
 
 
 class PrefillChunk(NamedTuple):
-    """One forward pass over part of a prompt (or all of it)."""
+    """One engine step that computed part of a prompt (or all of it): its forward pass, with
+    the scheduling before it and the bookkeeping after, up to its outputs."""
     start_ns: int
     end_ns: int
     num_tokens: int  # prompt tokens computed in this pass

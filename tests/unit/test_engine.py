@@ -1,6 +1,8 @@
 """The engine end to end in-process: batching, preemption, abort, stop conditions."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -200,3 +202,27 @@ def test_half_precision_compute_tracks_float32(tiny_demo_model, dtype):
     assert (got - ref).abs().max() < 0.05 * ref.abs().max()
     out = run_all(half, {"a": (prompts(1)[0], GREEDY)})["a"]
     assert len(out.token_ids) == GREEDY.max_tokens
+
+
+def test_step_times_hold_the_whole_step_from_scheduling_to_the_outputs(tiny_demo_model, monkeypatch):
+    """A caller waiting on `step` for its first token waits for scheduling and bookkeeping too:
+    a service subtracts these times as the engine's own, so none of it may fall outside them."""
+    engine = make_engine(tiny_demo_model)
+    pause_s = 0.05
+
+    def slowed(fn):
+        def run(*args, **kwargs):
+            time.sleep(pause_s)
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(engine.scheduler, "schedule", slowed(engine.scheduler.schedule))
+    monkeypatch.setattr(engine.scheduler, "postprocess", slowed(engine.scheduler.postprocess))
+    engine.add_request("timed", prompts(1)[0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    before_ns = time.time_ns()
+    (out,) = engine.step()
+    after_ns = time.time_ns()
+    times = out.step_times
+    assert before_ns <= times.first_step_start_ns and times.first_step_end_ns <= after_ns
+    assert times.prefill_seconds >= 2 * pause_s
+    assert (after_ns - before_ns) / 1e9 - times.prefill_seconds < pause_s / 2
