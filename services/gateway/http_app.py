@@ -187,11 +187,11 @@ def create_app(state: GatewayState) -> FastAPI:
 async def parsed_body(request: Request, model: type[M]) -> M:
     """The request's JSON body as `model`, decoded and validated by pydantic in one pass.
 
-    Not a FastAPI body parameter: FastAPI decodes the JSON with `json.loads` and then
-    validates the objects, and resolves the parameter through its dependency machinery,
-    which together took 0.28 ms of a streamed completion's 0.49 ms in the gateway (warm, a
-    512-id prompt); this takes 0.03 ms. A failure is the same RequestValidationError, so
-    it gets the same 400."""
+    Not a FastAPI body parameter, which is decoded with `json.loads` (45 us for a body with
+    a 512-id prompt), then validated as Python objects (13 us), and resolved through
+    FastAPI's dependency machinery: pydantic decodes and validates it in 30 us, and the time
+    from a request's arrival to its handler fell by about a fifth (warm). A failure is the
+    same RequestValidationError, so it gets the same 400."""
     raw = await request.body()
     if not raw.strip():
         raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
