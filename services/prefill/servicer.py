@@ -8,11 +8,11 @@ address gets its pages reserved here, by a Reserve call made once the first toke
 out (decode_reservations.py); the handoff names the reservation for Decode.
 PrefillStream sends the first token before reserving and writing the pages (the
 gateway's first token then waits on neither) and the handoff after; Prefill answers
-once, with both. PrefillPreopened is PrefillStream on a call the gateway opened ahead of
-its request, which is the call's first message. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
+once, with both. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
 therefore ends a PrefillStream after its first token. The pages are released on
 every path: success, a failed write, an error and client cancellation (which also
-aborts a prompt still computing).
+aborts a prompt still computing). PrefillPreopened is PrefillStream on a call the
+gateway opened ahead of its request, which is the call's first message.
 
 Status codes:
 - INVALID_ARGUMENT: empty request id, no tokens, a token outside the vocabulary, a
