@@ -54,13 +54,16 @@ class LocalMesh:
         self.proc.wait(timeout=60)
 
 
-def streamed_ttft(client: httpx.Client, mesh: LocalMesh, prompt: list[int], max_tokens: int = 2) -> float:
-    """Seconds from sending a streamed greedy completion of `prompt` to its first chunk (read to the end)."""
+def streamed_ttft(client: httpx.Client, mesh: LocalMesh, prompt: list[int], max_tokens: int = 2,
+                  request_id: str | None = None) -> float:
+    """Seconds from sending a streamed greedy completion of `prompt` to its first chunk (read to the end).
+    `request_id`: the id the gateway gives the request (its `x-request-id`), e.g. to read its ledger."""
     body = {"model": mesh.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
+    headers = {"x-request-id": request_id} if request_id else None
     start = time.perf_counter()
     first = None
-    with client.stream("POST", f"http://{mesh.http}/v1/completions", json=body) as response:
+    with client.stream("POST", f"http://{mesh.http}/v1/completions", json=body, headers=headers) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if first is None and line.startswith("data: {"):

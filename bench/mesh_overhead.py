@@ -16,8 +16,9 @@ transfer speed by shared memory and by the gRPC page stream.
   from 26 to 45 ms on this VM from one second to the next, and the difference of two
   p50s (p50(mesh, gRPC API) − p50(in-process), printed as overhead_unpaired_ms)
   moved by ±4 ms between runs of the same code, more than the overhead itself.
-  http_overhead_ms is the unpaired figure for the HTTP API, whose front end a
-  colocated server pays as well. The *_rtt_units figures
+  http_overhead_ms is the same paired figure for the OpenAI HTTP API (streamed
+  completions; http_overhead_unpaired_ms against the in-process engine), whose front
+  end a colocated server pays as well. The *_rtt_units figures
   divide them by the p50 of an empty gRPC round trip (a health Check on the
   gateway's gRPC port) measured in the same rounds, after the same pause as each
   TTFT sample (rtt_ms). Why the pause: a round trip into processes that have been
@@ -137,13 +138,17 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     with httpx.Client(timeout=120) as client, grpc.insecure_channel(mesh.grpc) as channel:
         stub = gateway_pb2_grpc.GenerateStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
-        grpc_ids: list[str] = []
+        request_ids: dict[str, list[str]] = {"http": [], "grpc": []}
 
         def grpc_sample(prompt: list[int]) -> float:
-            grpc_ids.append(f"mesh-overhead-{len(grpc_ids)}")
-            return grpc_ttft(stub, prompt, grpc_ids[-1])
+            request_ids["grpc"].append(f"mesh-overhead-{len(request_ids['grpc'])}")
+            return grpc_ttft(stub, prompt, request_ids["grpc"][-1])
 
-        measure = {"http": lambda p: streamed_ttft(client, mesh, p), "grpc": grpc_sample,
+        def http_sample(prompt: list[int]) -> float:
+            request_ids["http"].append(f"mesh-overhead-http-{len(request_ids['http'])}")
+            return streamed_ttft(client, mesh, prompt, request_id=request_ids["http"][-1])
+
+        measure = {"http": http_sample, "grpc": grpc_sample,
                    "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p),
                    "rtt": lambda _: empty_round_trip(health)}
         for i in range(rounds):
@@ -154,12 +159,15 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
                 seconds = fn(next(prompts))
                 if i >= args.warmup:
                     samples[name].append(seconds)
-        # The prefill worker's engine time for each gRPC sample, from the gateway's ledger.
-        engine_s = [client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline").json()
-                    ["choices"][0]["phases_ms"]["prefill_compute"] / 1e3 for request_id in grpc_ids[args.warmup:]]
+        # The prefill worker's engine time for each sample, from the gateway's ledger.
+        engine_s = {api: [client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline").json()
+                          ["choices"][0]["phases_ms"]["prefill_compute"] / 1e3 for request_id in ids[args.warmup:]]
+                    for api, ids in request_ids.items()}
     rtt = samples.pop("rtt")
-    paired = [ttft - engine for ttft, engine in zip(samples["grpc"], engine_s, strict=True)]
-    return {"rtt_ms": p50_ms(rtt), "overhead_paired_ms": p50_ms(paired), "ttft_prefill_engine_p50_ms": p50_ms(engine_s),
+    paired = {api: [ttft - engine for ttft, engine in zip(samples[api], engine_s[api], strict=True)]
+              for api in request_ids}
+    return {"rtt_ms": p50_ms(rtt), "overhead_paired_ms": p50_ms(paired["grpc"]),
+            "http_overhead_paired_ms": p50_ms(paired["http"]), "ttft_prefill_engine_p50_ms": p50_ms(engine_s["grpc"]),
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
 
 
@@ -267,16 +275,17 @@ def main(argv=None) -> int:
         ttft = bench_ttft(mesh, model_dir, args)
         rtt_ms = ttft.pop("rtt_ms")
         overhead_ms = ttft.pop("overhead_paired_ms")
+        http_overhead_ms = ttft.pop("http_overhead_paired_ms")
         unpaired_ms = ttft["ttft_grpc_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
-        http_overhead_ms = ttft["ttft_http_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
+        http_unpaired_ms = ttft["ttft_http_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
         log(f"TTFT p50 of {args.requests}, {args.prompt_tokens}-token prompts through the mesh by the gRPC API "
             f"{ttft['ttft_grpc_p50_ms']:.2f} ms, the prefill worker's engine {ttft['ttft_prefill_engine_p50_ms']:.2f} "
             f"ms of it: overhead {overhead_ms:.2f} ms (p50 per request) = {overhead_ms / rtt_ms:.2f} empty round "
             f"trips of {rtt_ms:.3f} ms after the same pause, target <= 2; {overhead_ms / rtt_back_to_back_ms:.2f} "
             f"back-to-back ones. In-process engine {ttft['ttft_inprocess_p50_ms']:.2f} ms: unpaired overhead "
             f"{unpaired_ms:.2f} ms = {unpaired_ms / rtt_ms:.2f} round trips. By the HTTP API "
-            f"{ttft['ttft_http_p50_ms']:.2f} ms (unpaired overhead {http_overhead_ms:.2f} ms = "
-            f"{http_overhead_ms / rtt_ms:.2f} round trips)")
+            f"{ttft['ttft_http_p50_ms']:.2f} ms: overhead {http_overhead_ms:.2f} ms (p50 per request) = "
+            f"{http_overhead_ms / rtt_ms:.2f} round trips; unpaired {http_unpaired_ms:.2f} ms)")
         time.sleep(1.0)  # the in-process engine's OpenMP threads stop spinning first
         kv = bench_transfer(mesh, args)
         log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
@@ -290,6 +299,7 @@ def main(argv=None) -> int:
                "overhead_unpaired_rtt_units": round(unpaired_ms / rtt_ms, 2),
                "http_overhead_ms": round(http_overhead_ms, 3),
                "http_overhead_rtt_units": round(http_overhead_ms / rtt_ms, 2),
+               "http_overhead_unpaired_ms": round(http_unpaired_ms, 3),
                "shm_vs_memcpy": round(kv["shm_vs_memcpy"], 3), "grpc_stream_gbps": round(kv["grpc_stream_gbps"], 3),
                "shm_gbps": round(kv["shm_gbps"], 2), "memcpy_gbps": round(kv["memcpy_gbps"], 2),
                "kv_bytes": kv["kv_bytes"], "kv_runs": kv["kv_runs"], "rtt_ms": round(rtt_ms, 4),
