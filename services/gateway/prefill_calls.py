@@ -2,14 +2,15 @@
 
 A new gRPC call costs both ends its set-up before the request is even read: the
 client's call and headers, the server's call matching and a handler started for it.
-bench/hop_floor.py measures that leg as a new call against a message on a call already
-open: about 0.5 ms (0.3 of an empty round trip) of every request's time to first token
-on this VM. So the gateway keeps one Prefill.PrefillPreopened call open to each prefill
-worker it sends prompts to; a request takes it and sends its PrefillRequest as the
-call's first message, and the next one is opened once that request's first token is
-out, off its critical path (`replenish`). A request that finds none (several at once on
-one worker, or the first to it) makes a new PrefillStream call, as every request did
-before. Both answer alike, so nothing after the call's start tells them apart.
+On this VM that is about 0.4 ms of every request's time to first token
+(bench/prefill_calls.py; bench/hop_floor.py finds about 0.5 ms with no service code
+around it). So the gateway keeps one Prefill.PrefillPreopened call open to each
+prefill worker it sends prompts to; a request takes it and sends its PrefillRequest as
+the call's first message, and the next one is opened once that request is done with
+the worker (its pages handed on, or its first token ending it), off the critical path
+of both (`replenish`). A request that finds none (several at once on one worker, or the
+first to it) makes a new PrefillStream call, as every request did before. Both answer
+alike, so nothing after the call's start tells them apart.
 
 A kept call is dropped for a new one when:
 - it has ended: the worker shut down (it ends waiting calls UNAVAILABLE) or a proxy
