@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,18 @@ def test_chain_hashes_full_blocks_only():
         block_hash(None, [0, 1, 2, 3], b"m"),
         block_hash(block_hash(None, [0, 1, 2, 3], b"m"), [4, 5, 6, 7], b"m"),
     ]
+
+
+def test_chain_of_a_long_prompt_is_block_hash_block_after_block():
+    rng = random.Random(5)
+    tokens = [rng.randrange(2**32) for _ in range(16 * 32 + 7)]
+    expected, parent = [], None
+    for start in range(0, 16 * 32, 16):
+        parent = block_hash(parent, tokens[start:start + 16], b"fingerprint")
+        expected.append(parent)
+    assert hash_block_chain(tokens, 16, b"fingerprint") == expected
+    with pytest.raises(Exception):
+        hash_block_chain([1, 2, -3, 4], 2)
 
 
 def test_chain_names_the_whole_prefix():
