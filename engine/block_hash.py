@@ -33,12 +33,14 @@ def block_hash(parent_hash: int | None, token_ids: Sequence[int], extra: bytes =
     return int.from_bytes(h.digest(), "little")
 
 
-def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b"") -> list[int]:
+def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b"",
+                     parent_hash: int | None = None) -> list[int]:
     """Chained hashes of every full block of `token_ids`; a partial tail block has none.
+    `parent_hash`: the hash of the block before the first (None: they start a prompt).
 
     The same bytes as `block_hash` block after block, with the ids packed once and the
     parent carried as its digest: 34 us instead of 48 for a 512-token prompt, on the
-    router's path of every request."""
+    router's path of every request and the engine's after every prefill."""
     num_tokens = len(token_ids) // block_size * block_size
     if num_tokens == 0:
         return []
@@ -46,7 +48,7 @@ def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b
     count = struct.pack("<I", block_size)
     step = 4 * block_size
     hashes: list[int] = []
-    parent = NO_PARENT
+    parent = NO_PARENT if parent_hash is None else parent_hash.to_bytes(8, "little")
     for start in range(0, 4 * num_tokens, step):
         h = hashlib.blake2b(parent, digest_size=8)
         h.update(count)

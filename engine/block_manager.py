@@ -5,7 +5,7 @@ from collections import OrderedDict
 from collections.abc import Sequence as TokenIds
 from dataclasses import dataclass
 
-from engine.block_hash import block_hash
+from engine.block_hash import block_hash, hash_block_chain
 from engine.sequence import Sequence
 
 # (src_block, dst_block) page copies the runner must do before the next forward.
@@ -164,11 +164,13 @@ class BlockManager:
         hashes = self._seq_hashes.get(seq.request_id)
         if not self.enable_prefix_caching or hashes is None:
             return
-        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
-        parent = hashes[-1] if hashes else None
-        for i in range(len(hashes), num_full):
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // bs
+        first = len(hashes)
+        new_hashes = hash_block_chain(seq.token_ids[first * bs : num_full * bs], bs, self.hash_extra,
+                                      hashes[-1] if hashes else None)
+        for i, parent in enumerate(new_hashes, start=first):
             tokens = tuple(seq.block_tokens(i))
-            parent = block_hash(parent, tokens, self.hash_extra)
             hashes.append(parent)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and parent not in self.hash_to_block_id:

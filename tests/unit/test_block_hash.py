@@ -103,6 +103,7 @@ def test_chain_of_a_long_prompt_is_block_hash_block_after_block():
         parent = block_hash(parent, tokens[start:start + 16], b"fingerprint")
         expected.append(parent)
     assert hash_block_chain(tokens, 16, b"fingerprint") == expected
+    assert hash_block_chain(tokens[16 * 5:], 16, b"fingerprint", parent_hash=expected[4]) == expected[5:]
     with pytest.raises(Exception):
         hash_block_chain([1, 2, -3, 4], 2)
 
