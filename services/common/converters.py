@@ -13,6 +13,11 @@ FINISH_REASONS = {
 }
 
 
+def finish_reason_name(reason: int) -> str:
+    """A FinishReason as the engine and the metrics name it ("stop")."""
+    return common_pb2.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()
+
+
 def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
     """Absent optional fields take the engine's defaults. Raises ValueError on a value out of range."""
     kwargs = {}

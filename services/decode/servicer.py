@@ -34,7 +34,7 @@ import grpc
 from engine.outputs import RequestOutput
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
-from services.common.converters import layout_to_proto, sampling_params_from_proto
+from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
 from services.common.engine_loop import EngineLoop
 from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
@@ -214,7 +214,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
                     metrics.count_success(out.finish_reason)
                 elif phases.finished_by_caller != common_pb2.FINISH_REASON_UNSPECIFIED:
                     chunk.finish_reason = phases.finished_by_caller
-                    metrics.count_success(_reason_name(phases.finished_by_caller))
+                    metrics.count_success(finish_reason_name(phases.finished_by_caller))
                 else:
                     metrics.count_error("aborted")
             if first:
@@ -230,12 +230,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
             del streaming[request_id]
         if not is_finished:
             if phases.finished_by_caller != common_pb2.FINISH_REASON_UNSPECIFIED:
-                metrics.count_success(_reason_name(phases.finished_by_caller))
+                metrics.count_success(finish_reason_name(phases.finished_by_caller))
             elif not is_counted:
                 metrics.count_error("cancelled")
             engine_loop.abort_soon(request_id)
-
-
-def _reason_name(reason: int) -> str:
-    """A FinishReason as the engine names it ("stop")."""
-    return common_pb2.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()

@@ -61,6 +61,7 @@ import torch
 
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
+from services.common.converters import finish_reason_name
 from services.common.engine_loop import EngineLoop
 from services.common.metrics import ServiceMetrics
 from services.kvstore.host_id import host_id
@@ -188,8 +189,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         if first.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
             self.metrics.count_success("prefilled")
         else:  # the first token ended it
-            self.metrics.count_success(common_pb2.FinishReason.Name(first.finish_reason)
-                                       .removeprefix("FINISH_REASON_").lower())
+            self.metrics.count_success(finish_reason_name(first.finish_reason))
 
     async def _events(self, request, context):
         """The first token (a `first_token` event), then, when the prompt goes on to decode, the
