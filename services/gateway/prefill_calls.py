@@ -17,9 +17,10 @@ A kept call is dropped for a new one when:
   between them closed it;
 - it is older than `max_idle_s`: its deadline was set when it was opened, to the
   request deadline plus `max_idle_s`, so each request's deadline stays within that much
-  of the configured one;
-- tracing is on: a call's trace context is fixed when it is opened, so a kept call's
-  spans would join no request's trace.
+  of the configured one.
+
+None is kept while tracing: a call's trace context is fixed when it is opened, so a
+kept call's spans would join no request's trace.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from services.gateway.workers import Worker
 PREFILL_CALLS = Counter("baton_gateway_prefill_calls_total",
                         "Prompts sent to prefill workers, by the call that carried them: one opened ahead "
                         "(preopened) or a new one (new)", ["call"])
+ON_PREOPENED, ON_NEW = PREFILL_CALLS.labels("preopened"), PREFILL_CALLS.labels("new")
 
 MAX_IDLE_S = 30.0
 
@@ -53,9 +55,9 @@ class PrefillCalls:
         """The call answering `request` with PrefillEvents (read with `read()`, ended with `code()`)."""
         call = self._take(worker)
         if call is None:
-            PREFILL_CALLS.labels("new").inc()
+            ON_NEW.inc()
             return worker.stub.PrefillStream(request, timeout=self.timeout_s)
-        PREFILL_CALLS.labels("preopened").inc()
+        ON_PREOPENED.inc()
         try:
             await call.write(request)
         except BaseException:
@@ -81,7 +83,7 @@ class PrefillCalls:
         if kept is None:
             return None
         call, opened_at = kept
-        if call.done() or time.monotonic() - opened_at > self.max_idle_s or tracing.is_enabled():
+        if call.done() or time.monotonic() - opened_at > self.max_idle_s:
             call.cancel()
             return None
         return call
