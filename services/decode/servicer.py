@@ -23,6 +23,8 @@ call's arrival to the engine's first step with the request, and GenerateLocally'
 prefill. Spans (services/common/tracing.py), children of the call's server span:
 `decode.queue`, then `decode.first_step` (Decode) or `decode.prefill` with a
 `prefill.chunk` per forward pass (GenerateLocally); the server span gets the token usage.
+Both streams send their response headers ahead of the first chunk
+(services/common/grpc_server.EarlyHeaders).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
 from services.common.engine_loop import EngineLoop
+from services.common.grpc_server import EarlyHeaders
 from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
@@ -196,6 +199,8 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
     behind the add, so it finds the request even when the add is still in flight. While
     it runs, the call is in `streaming`, where an Abort finds it."""
     is_finished = is_counted = False
+    headers = EarlyHeaders(context)
+    headers.send_soon()  # at the next await: the request is with the engine by then
     try:
         outputs = await started
         streaming[request_id] = phases  # after the engine took it: a refused duplicate id is never here
@@ -205,6 +210,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
             if isinstance(out, Exception):
                 metrics.count_error("engine_failed")
                 is_counted = True
+                await headers.sent()
                 await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
             is_finished = out.finished
             chunk = chunk_from_output(out, num_logprobs)
@@ -221,9 +227,11 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
                 chunk.num_cached_tokens = out.num_cached_tokens
                 chunk.timings.CopyFrom(phases.first(out))
                 first = False
+            await headers.sent()
             yield chunk
     except ValueError:
         is_finished = True  # refused: nothing was added
+        await headers.sent()  # the caller aborts the call, which would send them too
         raise
     finally:
         if streaming.get(request_id) is phases:

@@ -5,7 +5,8 @@ request can end with. A client that cancels the call cancels the request on the 
 The pipeline counts each request it is given (services/gateway/pipeline.py); a request
 refused before it gets there is counted here, by reason. Each request's ledger goes into
 the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where
-its time went (services/gateway/timeline.py).
+its time went (services/gateway/timeline.py). The response headers go out once the prompt is
+on its way to a worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import uuid
 from contextlib import aclosing
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common.grpc_server import EarlyHeaders
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
@@ -39,22 +41,25 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         arrival = time.perf_counter()
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
+        headers = EarlyHeaders(context)
         try:
             try:
-                deltas = self._deltas(request, request_id, arrival)
+                deltas = self._deltas(request, request_id, arrival, headers.send_soon)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
                 raise
             async with aclosing(deltas):
                 async for response in _responses(request_id, deltas, stream=request.stream_options.stream):
+                    await headers.sent()
                     yield response
         except Exception as e:
             error = to_api_error(e, _input_field(request))
+            await headers.sent()
             yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
-    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float):
+    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float, on_dispatch):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         if request.model and request.model != self.model_name:
@@ -69,7 +74,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
         return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
-                                      clock=timeline.clock(request_id))
+                                      clock=timeline.clock(request_id), on_dispatch=on_dispatch)
 
 
 async def _responses(request_id: str, deltas, stream: bool):

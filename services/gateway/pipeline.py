@@ -186,11 +186,14 @@ class RequestPipeline:
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         clock: PhaseClock | None = None,
+        on_dispatch: Callable[[], None] | None = None,
     ) -> AsyncIterator[Delta]:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages`. Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
         when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `clock`:
-        the request's ledger, started at its arrival (by default, now)."""
+        the request's ledger, started at its arrival (by default, now). `on_dispatch` is
+        called once the prompt is on its way to the worker that computes its first token
+        (at least a forward pass before the first delta)."""
         timer = self.requests.start()
         clock = clock or PhaseClock(request_id, timer.arrival)
         clock.mark("ingress")
@@ -209,7 +212,7 @@ class RequestPipeline:
             timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:
                 async for delta in self._run(request_id, prompt, params, decode_worker, stop,
-                                             include_stop_str_in_output, timer, clock, spans):
+                                             include_stop_str_in_output, timer, clock, spans, on_dispatch):
                     yield delta
         except grpc.aio.AioRpcError as e:
             mapped = _from_rpc_error(e)
@@ -278,7 +281,8 @@ class RequestPipeline:
 
     async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
-                   timer: RequestTimer, clock: PhaseClock, spans: RequestTrace) -> AsyncIterator[Delta]:
+                   timer: RequestTimer, clock: PhaseClock, spans: RequestTrace,
+                   on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
         output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
         progress = _Progress()
@@ -293,7 +297,7 @@ class RequestPipeline:
         PREFILL_PLACES.labels("decode" if is_local else "prefill").inc()
         clock.prefilled_on = "decode" if is_local else "prefill"
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
-            request_id, prompt, params, decode_worker, progress, clock, spans, lookup)
+            request_id, prompt, params, decode_worker, progress, clock, spans, lookup, on_dispatch or _nothing)
         is_past_first = False
         try:
             async with aclosing(steps):
@@ -326,7 +330,8 @@ class RequestPipeline:
 
     async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                                   spans: RequestTrace, lookup: Lookup) -> AsyncIterator[_Step]:
+                                   spans: RequestTrace, lookup: Lookup,
+                                   on_dispatch: Callable[[], None]) -> AsyncIterator[_Step]:
         """The first token from a prefill worker, which then writes the KV into pages it reserved
         on the decode worker; then the rest from the decode worker, once the pages are there."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
@@ -340,6 +345,7 @@ class RequestPipeline:
                 prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
                     request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
                     target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)))
+            on_dispatch()
             try:
                 response = (await _next_event(prefill_call, "first_token")).first_token
             except BaseException:
@@ -383,7 +389,8 @@ class RequestPipeline:
 
     async def _local_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
                            decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                           spans: RequestTrace, lookup: Lookup) -> AsyncIterator[_Step]:
+                           spans: RequestTrace, lookup: Lookup,
+                           on_dispatch: Callable[[], None]) -> AsyncIterator[_Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
         worker, no transfer. The part it does not hold counts against its room until the first token."""
         uncached = len(prompt) - lookup.decode_cached_tokens
@@ -393,6 +400,7 @@ class RequestPipeline:
         with spans.calls():
             call = decode_worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
                 request_id=request_id, prompt_token_ids=prompt, sampling=params), timeout=self.deadlines.decode_s)
+        on_dispatch()
         try:
             async for step in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
                 if is_counted:
@@ -450,6 +458,10 @@ class RequestPipeline:
         self._in_background(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id,
                                                                       finish_reason=finish_reason),
                                               timeout=self.deadlines.abort_s))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _forget(tasks: set[asyncio.Task]):

@@ -12,7 +12,9 @@ once, with both. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
 therefore ends a PrefillStream after its first token. The pages are released on
 every path: success, a failed write, an error and client cancellation (which also
 aborts a prompt still computing). PrefillPreopened is PrefillStream on a call the
-gateway opened ahead of its request, which is the call's first message.
+gateway opened ahead of its request, which is the call's first message; it sends its
+response headers as soon as it is opened, so the first token later goes out without them
+(services/common/grpc_server.EarlyHeaders says what that saves).
 
 Status codes:
 - INVALID_ARGUMENT: empty request id, no tokens, a token outside the vocabulary, a
@@ -141,6 +143,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     async def PrefillPreopened(self, request_iterator, context):
         """PrefillStream for the call's first message, whenever it comes."""
+        await context.send_initial_metadata(())
         request = await self._first_request(context)
         if request is not None:
             async for event in self._counted(request, context):

@@ -242,6 +242,35 @@ def test_prompts_after_a_workers_first_go_on_calls_opened_ahead(mesh, model_toke
     assert_pools_free(mesh)
 
 
+def test_on_dispatch_is_called_once_the_prompt_is_with_its_worker_before_the_first_delta(mesh, model_tokenizer,
+                                                                                        colocated):
+    """The gRPC API sends its response headers then: once per request, before any delta, whether
+    a prefill worker or the decode worker computes the first token; never for a refused request."""
+    prompt = [(5 * j) % 900 + 3 for j in range(40)]
+    expected = colocated_ids(colocated, "dispatch-ref", prompt, 4)
+
+    async def body(pipeline):
+        events = {}
+        for where, local_max in (("prefill", 0), ("decode", 1000)):
+            pipeline.local_prefill_max_tokens = local_max
+            seen = events[where] = []
+            async for delta in pipeline.generate(f"dispatch-{where}", prompt_token_ids=prompt, sampling=greedy(4),
+                                                 on_dispatch=lambda seen=seen: seen.append("dispatched")):
+                seen.append(delta.token_ids)
+        refused = []
+        with pytest.raises(InvalidRequestError):
+            await collect(pipeline.generate("dispatch-refused", prompt_text=PROMPT, stop=[""],
+                                            on_dispatch=lambda: refused.append("dispatched")))
+        return events, refused
+
+    events, refused = run_with_pipeline(mesh, model_tokenizer, body)
+    for seen in events.values():
+        assert seen[0] == "dispatched" and seen.count("dispatched") == 1
+        assert [t for ids in seen[1:] for t in ids] == expected
+    assert refused == []
+    assert_pools_free(mesh)
+
+
 def test_eight_concurrent_requests_complete_with_correct_usage(mesh, model_tokenizer):
     prompts = [f"Request number {i}: " + "tell me a story " * (i + 1) for i in range(8)]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 import time
 from pathlib import Path
 
@@ -274,6 +275,18 @@ def test_a_preopened_call_answers_the_request_it_is_sent_later_as_prefill_stream
     assert list(prefill.stub.PrefillPreopened(iter([]), timeout=5)) == []
     assert_decode_pool_free(decode)
     assert_prefill_pool_free(decode, prefill)
+
+
+def test_a_preopened_call_sends_its_response_headers_before_its_request(prefill):
+    """Opened ahead, the call's headers go out at once: its first token later carries none."""
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    call = prefill.stub.PrefillPreopened(iter(requests.get, None), timeout=20)
+    headers = []
+    reader = threading.Thread(target=lambda: headers.append(call.initial_metadata()), daemon=True)
+    reader.start()
+    reader.join(5)  # before, they came with the first token: never, here
+    requests.put(None)
+    assert headers and list(call) == [] and call.code() == grpc.StatusCode.OK
 
 
 def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(decode, prefill):
