@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import aclosing
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -59,7 +60,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
-    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float, on_dispatch):
+    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float,
+                on_dispatch: Callable[[], None]):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         if request.model and request.model != self.model_name:
