@@ -15,6 +15,9 @@ is one `boot` span (the service's own phases beneath it), and batched spans are 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import logging
 import os
 import signal
@@ -77,15 +80,16 @@ class StartError(Exception):
 
 
 async def load_in_thread(stop: asyncio.Event, fn: Callable[..., T], /, *args: Any, finish_on_stop: bool = False,
-                         **kwargs: Any) -> T | None:
-    """`fn(*args, **kwargs)` in a worker thread, racing `stop`.
+                         thread: concurrent.futures.Executor | None = None, **kwargs: Any) -> T | None:
+    """`fn(*args, **kwargs)` in a worker thread (in `thread`: an EngineThread), racing `stop`.
 
     Returns None when `stop` is set first: the thread finishes loading on its own
     and nothing it makes outlives the process. With `finish_on_stop` the load runs
     to the end all the same and its result is returned, for a caller that must
     release what it made (a shared-memory segment). OSError and ValueError from
     `fn` become ModelLoadError."""
-    load = asyncio.create_task(asyncio.to_thread(fn, *args, **kwargs))
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)  # as asyncio.to_thread
+    load = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(thread, call))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([load, stopping], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()

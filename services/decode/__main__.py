@@ -23,12 +23,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
+import services.common.openmp_env  # noqa: F401  (first: before torch loads OpenMP)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc, kvstore_pb2_grpc
-from services.common.engine_loop import EngineLoop
+from services.common.engine_loop import EngineLoop, EngineThread
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
@@ -124,13 +125,14 @@ class DecodeService:
 
     async def start(self, stop: asyncio.Event) -> str | None:
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
-        engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True)
-        self.engine_loop = EngineLoop(engine)
+        thread = EngineThread()  # the engine is built on the thread that will step it
+        engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True, thread=thread)
+        self.engine_loop = EngineLoop(engine, thread)
         self.metrics.watch_engine(engine)
         record_engine_boot(engine.boot_times)
         max_model_len = engine.max_model_len
         del engine
-        self.engine_loop.start()
+        self.engine_loop.start(sole_parallel_thread=True)
         if stop.is_set():
             return None
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name, self.metrics)

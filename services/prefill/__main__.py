@@ -22,11 +22,12 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+import services.common.openmp_env  # noqa: F401  (first: before torch loads OpenMP)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import prefill_pb2_grpc
-from services.common.engine_loop import EngineLoop
+from services.common.engine_loop import EngineLoop, EngineThread
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
@@ -90,7 +91,8 @@ class PrefillService:
 
     async def start(self, stop: asyncio.Event) -> str | None:
         self.servicer.end_idle_calls_when(stop)
-        engine = await load_in_thread(stop, load_engine, self.config)
+        thread = EngineThread()  # the engine is built on the thread that will step it
+        engine = await load_in_thread(stop, load_engine, self.config, thread=thread)
         if engine is None:
             return None
         record_engine_boot(engine.boot_times)
@@ -98,11 +100,11 @@ class PrefillService:
         layout = PageLayout.of_tensor(pool_tensor, engine.fingerprint)
         lengths = warmup_lengths(engine)
         self.metrics.watch_engine(engine)
-        self.servicer.attach(EngineLoop(engine), pool_tensor, layout, engine.model_config.vocab_size,
+        self.servicer.attach(EngineLoop(engine, thread), pool_tensor, layout, engine.model_config.vocab_size,
                              kvstore_address=self.config.kvstore_address, metrics=self.metrics)
         self.engine_loop = self.servicer.engine_loop
         del engine
-        self.engine_loop.start()
+        self.engine_loop.start(sole_parallel_thread=True)
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, lengths)
         # Only once warm: a heartbeat puts this worker into routing.

@@ -1,0 +1,77 @@
+"""A worker's engine thread is its process's only OpenMP team: its prefills are not slowed by
+OpenMP threads that sleep between a forward pass's parallel regions.
+
+GNU OpenMP keeps a team for every thread that has run a parallel op; once the teams' threads
+outnumber the cores, idle team threads stop spinning and sleep at once, and each region starts
+with a wake-up (services/common/engine_loop.py). Each case runs in a fresh process: OpenMP's
+state is the process's."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# The engine is built on its thread and stepped there, as the services do; then another thread
+# copies a large tensor, as a prefill worker's KV writer does. Voluntary context switches
+# of the process, per 512-token prefill, and each thread's torch thread count.
+PREFILL_SWITCHES = """
+import json, random, resource, sys, asyncio
+import torch
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from services.common.engine_loop import EngineLoop, EngineThread
+
+async def main():
+    thread = EngineThread()
+    loop = asyncio.get_running_loop()
+    engine = await loop.run_in_executor(thread, lambda: LLMEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64)))
+    engine_loop = EngineLoop(engine, thread)
+    engine_loop.start(sole_parallel_thread=sys.argv[2] == "sole")
+    # On the default executor, whose threads live on, as the KV writer's copies run.
+    await loop.run_in_executor(None, lambda: torch.empty(4096, 4096).copy_(torch.ones(4096, 4096)))
+    counts = {"engine": await engine_loop.call(lambda _: torch.get_num_threads()), "main": torch.get_num_threads()}
+    rng = random.Random(0)
+    switches = []
+    for i in range(10):
+        prompt = [rng.randrange(4, engine.model_config.vocab_size) for _ in range(512)]
+        await asyncio.sleep(0.05)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+        outputs = await engine_loop.add_request(f"r{i}", prompt, SamplingParams(max_tokens=1, temperature=0))
+        await outputs.get()
+        switches.append(resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before)
+    engine_loop.stop()
+    print(json.dumps({"switches": switches[2:], "threads": counts}))
+
+asyncio.run(main())
+"""
+
+
+def prefill_switches(model_dir: Path, sole: bool) -> dict:
+    done = subprocess.run([sys.executable, "-c", PREFILL_SWITCHES, str(model_dir), "sole" if sole else "shared"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """Wide enough that a prefill's ops run as parallel regions."""
+    from engine.demo_model import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("engine-thread") / "model", hidden_size=256, num_layers=4,
+                           vocab_size=1024, seed=1)
+
+
+def test_the_engine_thread_keeps_its_cores_and_is_the_only_openmp_team(model_dir):
+    sole, shared = prefill_switches(model_dir, sole=True), prefill_switches(model_dir, sole=False)
+    if shared["threads"]["engine"] < 2:
+        pytest.skip("one core: torch runs no parallel regions here")
+    assert sole["threads"] == {"engine": shared["threads"]["engine"], "main": 1}
+    # Measured here: 2-3 against about 200 with a second team.
+    assert statistics.median(sole["switches"]) * 4 < statistics.median(shared["switches"]), (sole, shared)
