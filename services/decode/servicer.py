@@ -227,7 +227,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
                 chunk.num_cached_tokens = out.num_cached_tokens
                 chunk.timings.CopyFrom(phases.first(out))
                 first = False
-            await headers.sent()
+                await headers.sent()  # once: sent, they stay sent
             yield chunk
     except ValueError:
         is_finished = True  # refused: nothing was added
