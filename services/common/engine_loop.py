@@ -58,13 +58,27 @@ class EngineThread(concurrent.futures.Executor):
             self._thread.join()
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
             future, fn, args, kwargs = job
+            del job
+            result = error = None
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn(*args, **kwargs))
+                    result = fn(*args, **kwargs)
                 except BaseException as e:
-                    future.set_exception(e)
+                    error = e
+            # Let go of the job before its caller hears it is done, not once the next job comes: the
+            # caller may free what the job held then (a decode worker unmaps the shared-memory pool its
+            # engine's tensors view, which fails while any of them is alive).
+            del fn, args, kwargs
+            if error is not None:
+                future.set_exception(error)
+            elif not future.cancelled():
+                future.set_result(result)
+            del future, result, error
 
 
 class EngineLoop:
