@@ -64,6 +64,7 @@ class ModelText(Decoder, Protocol):
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
                          "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
                          ["place"])
+PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
 
 FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -294,8 +295,8 @@ class RequestPipeline:
                 lookup = await self.prefill_router.lookup(
                     prompt, decode_worker.address if self.local_prefill_max_tokens > 0 else None)
         is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)
-        PREFILL_PLACES.labels("decode" if is_local else "prefill").inc()
         clock.prefilled_on = "decode" if is_local else "prefill"
+        PREFILLED_ON[clock.prefilled_on].inc()
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
             request_id, prompt, params, decode_worker, progress, clock, spans, lookup, on_dispatch or _nothing)
         is_past_first = False
@@ -346,6 +347,8 @@ class RequestPipeline:
                     request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
                     target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)))
             on_dispatch()
+            if route is not None:
+                self.prefill_router.record(route, lookup)
             try:
                 response = (await _next_event(prefill_call, "first_token")).first_token
             except BaseException:

@@ -65,6 +65,7 @@ class Route:
     num_cached_tokens: int  # of the prompt, as the index says the worker holds them
     host_tier_address: str = ""  # a kvstore node holding more of the prompt's leading blocks...
     host_tier_blocks: int = 0  # ...this many, than the worker does
+    decision: str = ""  # how the worker was chosen: the label it is counted under
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,12 @@ class PrefixRouter:
 
     async def pick(self, prompt: Sequence[int]) -> Route:
         """The prefill worker for `prompt`, and how many of its tokens it is thought to hold
-        (not yet counted as busy: hold it with the pool, for the tokens left to compute)."""
-        return self.choose(prompt, await self.lookup(prompt))
+        (not yet counted as busy: hold it with the pool, for the tokens left to compute),
+        recorded as routed there."""
+        lookup = await self.lookup(prompt)
+        route = self.choose(prompt, lookup)
+        self.record(route, lookup)
+        return route
 
     async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
         """How many of `prompt`'s leading blocks each prefill worker, each kvstore node and the
@@ -166,10 +171,10 @@ class PrefixRouter:
         return replace(lookup, decode_cached_tokens=min(len(prompt), lookup.decode_cached_tokens * self.block_size))
 
     def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:
-        """The prefill worker for `prompt` given what `lookup` found (see `pick`)."""
+        """The prefill worker for `prompt` given what `lookup` found (see `pick`); `record` it
+        once the prompt is on its way (the bookkeeping is off the request's critical path)."""
         candidates = self.pool.serving()
         hashes, matched, tier = lookup.hashes, lookup.matched, lookup.tier
-        PROMPT_BLOCKS.inc(len(hashes))
         if matched is not None:
             for address, n in self._routed.leading(hashes, self.config.recent_s).items():
                 matched[address] = max(matched.get(address, 0), n)
@@ -198,14 +203,21 @@ class PrefixRouter:
             best = min(cost(w) for w in candidates)
             chosen = self.pool.in_turn([w for w in candidates if cost(w) == best])
             decision = "prefix" if held(chosen) else "load"
-        MATCHED_BLOCKS.inc(held(chosen))
-        ROUTED.labels(decision).inc()
-        self._routed.add(chosen.address, hashes)
-        route = Route(chosen, min(len(prompt), held(chosen) * self.block_size))
-        if tier is not None and tier[1] > held(chosen):
-            TIER_BLOCKS.inc(tier[1] - held(chosen))
-            route = Route(chosen, route.num_cached_tokens, host_tier_address=tier[0], host_tier_blocks=tier[1])
-        return route
+        num_held = held(chosen)
+        if tier is not None and tier[1] > num_held:
+            return Route(chosen, min(len(prompt), num_held * self.block_size), tier[0], tier[1], decision)
+        return Route(chosen, min(len(prompt), num_held * self.block_size), decision=decision)
+
+    def record(self, route: Route, lookup: Lookup) -> None:
+        """Count `route` and remember its blocks as routed to its worker (`RoutedBlocks`): what
+        the next prompts are routed by."""
+        PROMPT_BLOCKS.inc(len(lookup.hashes))
+        num_held = route.num_cached_tokens // self.block_size
+        MATCHED_BLOCKS.inc(num_held)
+        ROUTED.labels(route.decision).inc()
+        if route.host_tier_blocks:
+            TIER_BLOCKS.inc(route.host_tier_blocks - num_held)
+        self._routed.add(route.worker.address, lookup.hashes)
 
     def _is_imbalanced(self, workers: Sequence[Worker]) -> bool:
         queued = [w.queued_tokens for w in workers]
@@ -290,14 +302,18 @@ class RandomRouter:
         self._random = random.Random(seed)
 
     async def pick(self, prompt: Sequence[int]) -> Route:
-        return self.choose(prompt, NO_LOOKUP)
+        route = self.choose(prompt, NO_LOOKUP)
+        self.record(route, NO_LOOKUP)
+        return route
 
     async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
         return NO_LOOKUP
 
     def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:
-        ROUTED.labels("random").inc()
-        return Route(self._random.choice(self.pool.serving()), 0)
+        return Route(self._random.choice(self.pool.serving()), 0, decision="random")
+
+    def record(self, route: Route, lookup: Lookup) -> None:
+        ROUTED.labels(route.decision).inc()
 
     async def close(self) -> None:
         pass
