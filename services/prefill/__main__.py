@@ -100,7 +100,7 @@ class PrefillService:
         layout = PageLayout.of_tensor(pool_tensor, engine.fingerprint)
         lengths = warmup_lengths(engine)
         self.metrics.watch_engine(engine)
-        self.servicer.attach(EngineLoop(engine, thread), pool_tensor, layout, engine.model_config.vocab_size,
+        self.servicer.attach(EngineLoop(engine, thread), pool_tensor, layout,
                              kvstore_address=self.config.kvstore_address, metrics=self.metrics)
         self.engine_loop = self.servicer.engine_loop
         del engine

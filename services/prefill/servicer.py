@@ -17,10 +17,10 @@ response headers as soon as it is opened, so the first token later goes out with
 (services/common/grpc_server.EarlyHeaders says what that saves).
 
 Status codes:
-- INVALID_ARGUMENT: empty request id, no tokens, a token outside the vocabulary, a
-  prompt longer than the context, sampling values out of range, a request id in use,
-  a target missing its layout or what its transport needs (shm name, address, IPC
-  handle), or too few (or bad) target blocks.
+- INVALID_ARGUMENT: empty request id, no tokens, sampling values out of range, a token
+  outside the vocabulary, a prompt longer than the context or a request id in use (the
+  last three as the engine refuses them), a target missing its layout or what its
+  transport needs (shm name, address, IPC handle), or too few (or bad) target blocks.
 - FAILED_PRECONDITION: the target's layout or model fingerprint is not ours, or its
   segment (IPC handle) does not exist or disagrees with its layout (checked before computing).
 - The decode worker's own code when it refuses pages sent over GRPC_STREAM
@@ -93,7 +93,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.kv_checksum = kv_checksum  # on GRPC_STREAM page chunks
         self.engine_loop: EngineLoop | None = None
         self.layout: PageLayout | None = None
-        self.vocab_size = 0
         self._writer: KVWriter | None = None
         self._reservations = DecodeReservations()
         self._host_tier: PrefillHostTier | None = None
@@ -101,12 +100,11 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
-               vocab_size: int, kvstore_address: str = "", metrics: ServiceMetrics | None = None) -> None:
+               kvstore_address: str = "", metrics: ServiceMetrics | None = None) -> None:
         """`pool_tensor`: our KV pool [L, 2, Hkv, N, bs, D]. `kvstore_address`: the kvstore node
         that computed prefix blocks are stored on ("": none)."""
         self.engine_loop = engine_loop
         self.layout = layout
-        self.vocab_size = vocab_size
         self.metrics = metrics or self.metrics
         self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
         self._host_tier = PrefillHostTier(pool_tensor, layout, kvstore_address, checksum=self.kv_checksum)
@@ -206,10 +204,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         if not prompt:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
-        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         try:
             params = sampling_params_from_proto(request.sampling)
         except ValueError as e:
