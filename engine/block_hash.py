@@ -57,3 +57,48 @@ def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b
         parent = h.digest()
         hashes.append(int.from_bytes(parent, "little"))
     return hashes
+
+
+class BlockHashChain(Sequence[int]):
+    """`hash_block_chain(token_ids, block_size, extra)`, computed as far as it is read.
+
+    A prefix match stops at the first block no one holds, so a router that looks a prompt up
+    this way hashes its held blocks and one more, not all of them: for a new 512-token prompt,
+    one block of 32 before it is sent anywhere. The rest is hashed when read, which its
+    bookkeeping does once the prompt is on its way. Reading block i computes up to twice as
+    many as are computed already (at least i + 1), so reading all of it costs a few calls of
+    `hash_block_chain`, not one per block."""
+
+    def __init__(self, token_ids: Sequence[int], block_size: int, extra: bytes = b"") -> None:
+        self._token_ids = token_ids
+        self._block_size = block_size
+        self._extra = extra
+        self._num_blocks = len(token_ids) // block_size
+        self._hashes: list[int] = []
+
+    @property
+    def num_computed(self) -> int:
+        return len(self._hashes)
+
+    def __len__(self) -> int:
+        return self._num_blocks
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._num_blocks))]
+        if index < 0:
+            index += self._num_blocks
+        if not 0 <= index < self._num_blocks:
+            raise IndexError("block index out of range")
+        if index >= len(self._hashes):
+            self._compute(min(self._num_blocks, max(index + 1, 2 * len(self._hashes))))
+        return self._hashes[index]
+
+    def __iter__(self):
+        for index in range(self._num_blocks):
+            yield self[index]
+
+    def _compute(self, num_blocks: int) -> None:
+        bs, done = self._block_size, len(self._hashes)
+        self._hashes += hash_block_chain(self._token_ids[done * bs:num_blocks * bs], bs, self._extra,
+                                         parent_hash=self._hashes[-1] if self._hashes else None)

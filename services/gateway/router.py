@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
-from engine.block_hash import hash_block_chain
+from engine.block_hash import BlockHashChain
 from services.gateway.index_mirror import IndexMirror
 from services.gateway.routed_blocks import RoutedBlocks
 from services.gateway.workers import Worker, WorkerPool
@@ -71,7 +71,7 @@ class Route:
 @dataclass(frozen=True)
 class Lookup:
     """What the prefix index said of a prompt, in one round trip (`PrefixRouter.lookup`)."""
-    hashes: list[int]
+    hashes: Sequence[int]  # the prompt's block chain (a BlockHashChain: hashed as far as it is read)
     matched: dict[str, int] | None  # leading blocks held, by prefill worker address; None: routing by load
     tier: tuple[str, int] | None = None  # the kvstore node holding the most of them, and how many
     decode_cached_tokens: int = 0  # of the prompt, as the index says the decode worker asked about holds
@@ -161,9 +161,11 @@ class PrefixRouter:
     async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
         """How many of `prompt`'s leading blocks each prefill worker, each kvstore node and the
         decode worker at `decode_address` hold: one round trip, made only when there is a choice
-        to make (several prefill workers, a kvstore node, or a decode worker that may prefill)."""
+        to make (several prefill workers, a kvstore node, or a decode worker that may prefill).
+        The prompt is hashed only as far as the match reads (up to the first block no one holds):
+        `record` hashes the rest, after the prompt is sent."""
         candidates = self.pool.serving()
-        hashes = hash_block_chain(prompt, self.block_size, self.fingerprint)
+        hashes = BlockHashChain(prompt, self.block_size, self.fingerprint)
         decode_id = self._decode_ids.get(decode_address) if decode_address else None
         if not hashes or not (len(candidates) > 1 or self._kvstores or decode_id):
             return Lookup(hashes, None)
@@ -224,7 +226,7 @@ class PrefixRouter:
         most, least = max(queued), min(queued)
         return most - least > self.config.balance_abs_tokens and most > self.config.balance_rel * max(least, 1)
 
-    async def _matched_blocks(self, hashes: list[int], workers: Sequence[Worker], decode_id: str | None) -> Lookup:
+    async def _matched_blocks(self, hashes: Sequence[int], workers: Sequence[Worker], decode_id: str | None) -> Lookup:
         """Leading blocks held, by prefill worker address (`matched` None when the index cannot
         say: routing by load), the kvstore node holding the most of them (None: none holds any),
         and what decode instance `decode_id` holds."""

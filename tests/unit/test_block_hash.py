@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.block_hash import block_hash, hash_block_chain
+from engine.block_hash import BlockHashChain, block_hash, hash_block_chain
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,3 +130,25 @@ def test_same_value_in_another_process_with_another_hash_seed():
         outputs.append(result.stdout.split("\n"))
     here = [str(PINNED_ROOT), str(hash_block_chain(list(range(40)), 16, b"fp")), ""]
     assert outputs[0] == outputs[1] == here
+
+
+@pytest.mark.parametrize("num_tokens", [0, 15, 16, 17, 100, 512, 519])
+def test_a_lazy_chain_reads_as_the_whole_chain_in_any_order(num_tokens):
+    tokens = [random.Random(num_tokens).randrange(2**32) for _ in range(num_tokens)]
+    whole = hash_block_chain(tokens, 16, b"fp")
+    assert list(BlockHashChain(tokens, 16, b"fp")) == whole
+    backwards = BlockHashChain(tokens, 16, b"fp")
+    assert len(backwards) == len(whole)
+    assert [backwards[i] for i in reversed(range(len(whole)))] == whole[::-1]
+    assert BlockHashChain(tokens, 16, b"fp")[1:-1:2] == whole[1:-1:2]
+    with pytest.raises(IndexError):
+        BlockHashChain(tokens, 16, b"fp")[len(whole)]
+
+
+def test_a_lazy_chain_hashes_only_what_is_read():
+    chain = BlockHashChain(list(range(512)), 16)
+    for block, _ in zip(range(3), chain):
+        pass
+    assert chain.num_computed <= 4  # read three: computed at most twice the two before the third
+    first = BlockHashChain(list(range(512)), 16)
+    assert first[0] == hash_block_chain(list(range(16)), 16)[0] and first.num_computed == 1

@@ -215,3 +215,31 @@ def test_a_mirrored_router_routes_by_prefix_without_asking_redis(redis_server, r
             redis_client.execute_command("CLIENT", "UNPAUSE")
             await router.close()
     asyncio.run(main())
+
+
+def test_a_lookup_hashes_the_prompt_only_as_far_as_some_worker_holds_it(redis_server, redis_client):
+    """The rest of the chain is hashed by the route's bookkeeping, once the prompt is sent."""
+    async def main():
+        pool = workers(2)
+        router, index, _ = await make_router(redis_server.url, pool, is_mirrored=True)
+        try:
+            new = await router.lookup([7] * len(PROMPT))
+            assert new.hashes.num_computed == 1 and new.matched == {pool.workers[0].address: 0,
+                                                                     pool.workers[1].address: 0}
+            await index.publish("prefill-1", hash_block_chain(PROMPT, BLOCK_SIZE, FINGERPRINT)[:6])
+            for _ in range(100):  # until the mirror has the blocks
+                lookup = await router.lookup(PROMPT)
+                if lookup.matched[pool.workers[1].address] == 6:
+                    break
+                await asyncio.sleep(0.02)
+            assert lookup.matched[pool.workers[1].address] == 6
+            # Read: the six held and the one that ended the match (computed: twice as many as before, at most).
+            assert lookup.hashes.num_computed == 8 < len(lookup.hashes) == len(PROMPT) // BLOCK_SIZE
+            route = router.choose(PROMPT, lookup)
+            assert route.worker is pool.workers[1] and route.num_cached_tokens == 6 * BLOCK_SIZE
+            router.record(route, lookup)
+            assert lookup.hashes.num_computed == len(PROMPT) // BLOCK_SIZE
+        finally:
+            await router.close()
+
+    asyncio.run(main())
