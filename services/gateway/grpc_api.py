@@ -72,7 +72,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         inputs = {"text": lambda: {"prompt_text": request.text},
                   "chat": lambda: {"messages": [{"role": m.role, "content": m.content}
                                                 for m in request.chat.messages]},
-                  "token_ids": lambda: {"prompt_token_ids": list(request.token_ids.token_ids)}}[given]()
+                  "token_ids": lambda: {"prompt_token_ids": request.token_ids.token_ids}}[given]()
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
         return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop),

@@ -230,16 +230,19 @@ class RequestPipeline:
         finally:
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
-    async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> list[int]:
+    async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> Sequence[int]:
         timeout = self.deadlines.tokenizer_s
         if prompt_token_ids is not None:
-            prompt = list(prompt_token_ids)
+            # As given, not copied: nothing changes a prompt, and one from a gRPC request stays the
+            # request's repeated field, which a worker's request is built from in 1 us instead of the
+            # 17 it takes from a list of 512 ids (as long as the list takes to make of it).
+            prompt = prompt_token_ids
         elif prompt_text is not None:
             if len(prompt_text) <= self.local_tokenize_max_chars:
                 prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)
             else:
-                prompt = list((await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
-                    request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids)
+                prompt = (await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
+                    request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
@@ -250,14 +253,14 @@ class RequestPipeline:
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
-                prompt = list((await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
+                prompt = (await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
                     request_id=request_id, messages=[common_pb2.ChatMessage(**m) for m in chat],
-                    add_generation_prompt=True), timeout=timeout)).token_ids)
+                    add_generation_prompt=True), timeout=timeout)).token_ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt
 
-    def _check_context(self, prompt: list[int], params: common_pb2.SamplingParams) -> None:
+    def _check_context(self, prompt: Sequence[int], params: common_pb2.SamplingParams) -> None:
         """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none.
         Here, not by the tokenizer service: it is arithmetic, and an RPC on every request's path."""
         try:
@@ -268,7 +271,7 @@ class RequestPipeline:
         if budget is not None:
             params.max_tokens = budget
 
-    def _prefills_locally(self, prompt: list[int], decode_worker: Worker, num_cached: int) -> bool:
+    def _prefills_locally(self, prompt: Sequence[int], decode_worker: Worker, num_cached: int) -> bool:
         """Conditional disaggregation: a prompt whose part the decode worker does not hold
         (`num_cached` tokens it does, per the prefix index) is this short is cheaper to prefill
         in the decode worker's running batch than on a prefill worker plus a KV transfer, as
@@ -280,7 +283,7 @@ class RequestPipeline:
         uncached = len(prompt) - num_cached
         return uncached <= limit and decode_worker.queued_tokens + uncached <= limit
 
-    async def _run(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+    async def _run(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
@@ -329,7 +332,7 @@ class RequestPipeline:
                 self._abort_soon(decode_worker, request_id, common_pb2.FINISH_REASON_STOP if progress.is_stopped_here
                                  else common_pb2.FINISH_REASON_UNSPECIFIED)
 
-    async def _disaggregated_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+    async def _disaggregated_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
                                    spans: RequestTrace, lookup: Lookup,
                                    on_dispatch: Callable[[], None]) -> AsyncIterator[_Step]:
@@ -390,7 +393,7 @@ class RequestPipeline:
         finally:
             self._close_soon(call, progress)
 
-    async def _local_steps(self, request_id: str, prompt: list[int], params: common_pb2.SamplingParams,
+    async def _local_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                            decode_worker: Worker, progress: _Progress, clock: PhaseClock,
                            spans: RequestTrace, lookup: Lookup,
                            on_dispatch: Callable[[], None]) -> AsyncIterator[_Step]:
