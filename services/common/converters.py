@@ -5,12 +5,14 @@ from engine.sampling_params import SamplingParams
 from protos import common_pb2
 from services.kvstore.layout import PageLayout
 
-FINISH_REASONS = {
+FINISH_REASONS = {  # as the engine and the OpenAI API name them
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
     "stop": common_pb2.FINISH_REASON_STOP,
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
+    "error": common_pb2.FINISH_REASON_ERROR,
 }
+FINISH_REASON_NAMES = {reason: name for name, reason in FINISH_REASONS.items() if name is not None}
 
 
 def finish_reason_name(reason: int) -> str:

@@ -16,19 +16,13 @@ from collections.abc import Callable
 from contextlib import aclosing
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
-
-FINISH_REASONS = {
-    "stop": common_pb2.FINISH_REASON_STOP,
-    "length": common_pb2.FINISH_REASON_LENGTH,
-    "abort": common_pb2.FINISH_REASON_ABORT,
-    "error": common_pb2.FINISH_REASON_ERROR,
-}
 
 
 class GenerateServicer(gateway_pb2_grpc.GenerateServicer):

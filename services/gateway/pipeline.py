@@ -39,6 +39,7 @@ from prometheus_client import Counter
 
 from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.common import tracing
+from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.prefill_calls import PrefillCalls
 from services.gateway.request_trace import RequestTrace
@@ -65,13 +66,6 @@ PREFILL_PLACES = Counter("baton_gateway_prefills_total",
                          "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
                          ["place"])
 PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
-
-FINISH_REASONS = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_ABORT: "abort",
-    common_pb2.FINISH_REASON_ERROR: "error",
-}
 
 
 class InvalidRequestError(ValueError):
@@ -364,7 +358,7 @@ class RequestPipeline:
                               ("host_tier_read", timings.host_tier_read_seconds),
                               ("prefill_compute", timings.prefill_seconds)], rest="rpc")
             first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
-                          FINISH_REASONS.get(response.finish_reason))
+                          FINISH_REASON_NAMES.get(response.finish_reason))
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
                 _observe_prefill(self.requests, timings)
                 yield first
@@ -523,7 +517,7 @@ async def _decode_steps(call, progress: _Progress,
         if first:
             progress.num_cached_tokens = progress.num_cached_tokens or chunk.num_cached_tokens
             first = False
-        reason = FINISH_REASONS.get(chunk.finish_reason)
+        reason = FINISH_REASON_NAMES.get(chunk.finish_reason)
         progress.is_released = reason is not None
         yield _Step(list(chunk.token_ids), list(chunk.logprobs), reason)
 
