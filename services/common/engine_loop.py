@@ -37,6 +37,10 @@ T = TypeVar("T")
 _STOP = object()
 
 
+class EngineDeadError(RuntimeError):
+    """The engine loop has ended on a failed step: nothing more runs on this engine."""
+
+
 class EngineThread(concurrent.futures.Executor):
     """One thread that runs what is submitted to it, in turn: an engine's build
     (`loop.run_in_executor`), then the EngineLoop given it. A daemon, as the loop's thread
@@ -92,6 +96,7 @@ class EngineLoop:
         self._thread = thread or EngineThread()
         self._running: concurrent.futures.Future | None = None
         self._is_threaded = threading.Event()
+        self.failure: BaseException | None = None  # what ended the loop, once a step failed
 
     def start(self, sole_parallel_thread: bool = False) -> None:
         """Start stepping. With `sole_parallel_thread` (a worker process, whose engine was built on
@@ -105,6 +110,20 @@ class EngineLoop:
             # the engine thread's is settled by now, the other threads take this one.
             torch.set_num_threads(1)
 
+    def on_failure(self, fn: Callable[[BaseException], None]) -> None:
+        """Call `fn(error)` on the calling thread's event loop if the engine loop ends on a failed
+        step (a worker then stops: its engine's state is unknown)."""
+        loop = asyncio.get_running_loop()
+
+        def ended(running: concurrent.futures.Future) -> None:
+            if not running.cancelled() and running.exception() is not None:
+                try:
+                    loop.call_soon_threadsafe(fn, running.exception())
+                except RuntimeError:  # the loop is closed: the process is stopping anyway
+                    pass
+
+        self._running.add_done_callback(ended)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Finish the command in hand, then end the thread. Outputs still pending are dropped."""
         if self._running is not None and not self._running.done():
@@ -115,9 +134,14 @@ class EngineLoop:
     # --- called from asyncio -------------------------------------------------------
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back."""
+        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back.
+        Raises EngineDeadError, at once, once a step has failed."""
+        if self.failure is not None:
+            raise EngineDeadError(f"the engine failed: {self.failure!r}")
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put((fn, future))
+        if self.failure is not None:  # it failed as this was queued: no one is left to run it
+            self._fail_queued()
         return await asyncio.wrap_future(future)
 
     def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
@@ -217,13 +241,24 @@ class EngineLoop:
             if self.engine.has_unfinished_requests():
                 try:
                     outputs = self.engine.step()
-                except Exception as e:  # the engine's state is unknown now: end every stream, then die loudly
-                    log.exception("engine step failed")
+                except Exception as e:  # the engine's state is unknown now: end every stream and call, then die loudly
+                    self.failure = e
                     for loop, outputs_queue in self._streams.values():
                         loop.call_soon_threadsafe(outputs_queue.put_nowait, e)
                     self._streams.clear()
+                    self._fail_queued()
                     raise
                 self._deliver(outputs)
+
+    def _fail_queued(self) -> None:
+        """Fail every call still queued with EngineDeadError (from either thread: each takes its own)."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command is not _STOP and command[1] is not None and command[1].set_running_or_notify_cancel():
+                command[1].set_exception(EngineDeadError(f"the engine failed: {self.failure!r}"))
 
     def _execute(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | None) -> None:
         if future is not None and not future.set_running_or_notify_cancel():
@@ -252,5 +287,6 @@ class EngineLoop:
 
 
 def _log_failure(running: concurrent.futures.Future) -> None:
+    """The one log line (with its traceback) of a failed step, or of any other failure that ends the loop."""
     if not running.cancelled() and running.exception() is not None:
         log.error("the engine loop ended", exc_info=running.exception())

@@ -6,7 +6,9 @@ and prints `<name> metrics on HOST:PORT`. Then it starts the service (loads its 
 warms up) while health reports NOT_SERVING, then SERVING. SIGTERM or SIGINT: health
 turns NOT_SERVING, in-flight calls get a grace period, the service releases what it
 holds, exit code 0. A bad setting, an address that cannot be bound or an unloadable
-model exits 2 with one line on stderr.
+model exits 2 with one line on stderr. A service that can no longer serve (a worker whose
+engine failed) stops the same way, with exit code 1 (`Stop.fail`): `baton up` then stops
+the mesh, an orchestrator restarts the process.
 
 Tracing (services/common/tracing.py) is set up before the server is built, from the
 config's `otlp_endpoint` (`--otlp-endpoint`) or the standard `OTEL_*` variables; start-up
@@ -54,6 +56,17 @@ class ServiceConfig(Protocol):
     def address(self) -> str: ...
 
 
+class Stop(asyncio.Event):
+    """Set to stop the process: by SIGTERM or SIGINT (exit code 0), or by `fail` (exit code 1)."""
+
+    exit_code = 0
+
+    def fail(self, name: str, reason: str) -> None:
+        logging.getLogger(f"baton.{name}").error("stopping: %s", reason)
+        self.exit_code = 1
+        self.set()
+
+
 class Service(Protocol):
     """A service's own part of the process: its servicers, start-up and shutdown."""
     servicers: Sequence[tuple[AddServicer, Any]]  # registered on the server before it binds
@@ -61,7 +74,7 @@ class Service(Protocol):
     port: int  # set by the entry point once the server is bound, before `start`
     metrics: ServiceMetrics  # set by the entry point once the server is bound, before `start`
 
-    async def start(self, stop: asyncio.Event) -> str | None:
+    async def start(self, stop: Stop) -> str | None:
         """Load and warm up while health is NOT_SERVING. Return the line to log once SERVING,
         or None when `stop` came first (exit 0 without serving). Raise ModelLoadError when
         the model cannot be loaded (exit 2)."""
@@ -104,7 +117,7 @@ async def load_in_thread(stop: asyncio.Event, fn: Callable[..., T], /, *args: An
 
 async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> int:
     boot_start_ns = time.time_ns()
-    stop = asyncio.Event()
+    stop = Stop()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -145,7 +158,7 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
             await set_serving(health_servicer, service.service_names, True)
             logging.getLogger(f"baton.{name}").info("%s", serving_line)
             await stop.wait()
-        return 0
+        return stop.exit_code
     finally:
         closing_metrics = asyncio.create_task(asyncio.to_thread(metrics.close))  # meanwhile: it polls
         await stop_server(server, health_servicer, grace_s=config.grace_s)

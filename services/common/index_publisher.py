@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from engine.llm_engine import LLMEngine
 from services.common.addresses import advertised_address, instance_id
-from services.common.engine_loop import EngineLoop
+from services.common.engine_loop import EngineDeadError, EngineLoop
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceInfo, InstanceRegistry
 from services.kvstore.prefix_index import PrefixIndex
@@ -190,7 +190,7 @@ class InstancePublisher:
 
         try:
             await asyncio.wait_for(leave(), timeout_s)
-        except (RedisError, OSError, TimeoutError) as e:
+        except (RedisError, OSError, TimeoutError, EngineDeadError) as e:
             log.warning("could not remove %s from Redis (its entries will lapse): %r", instance_id, e)
 
     async def tick(self) -> None:

@@ -30,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc, kvstore_pb2_grpc
 from services.common.engine_loop import EngineLoop, EngineThread
-from services.common.entrypoint import load_in_thread, run_service
+from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
 from services.common.tracing import record_engine_boot, tracer
@@ -123,7 +123,7 @@ class DecodeService:
         self.pool: SharedKVPool | None = None
         self.publisher: InstancePublisher | None = None
 
-    async def start(self, stop: asyncio.Event) -> str | None:
+    async def start(self, stop: Stop) -> str | None:
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
         thread = EngineThread()  # the engine is built on the thread that will step it
         engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True, thread=thread)
@@ -133,6 +133,7 @@ class DecodeService:
         max_model_len = engine.max_model_len
         del engine
         self.engine_loop.start(sole_parallel_thread=True)
+        self.engine_loop.on_failure(lambda e: stop.fail("decode", f"its engine failed: {e!r}"))
         if stop.is_set():
             return None
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name, self.metrics)

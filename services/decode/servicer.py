@@ -6,7 +6,7 @@ Status codes:
 - NOT_FOUND: Decode names a reservation that is unknown, expired, already claimed
   or held for another request id.
 - RESOURCE_EXHAUSTED: Reserve finds too few free pages now (retry later or elsewhere).
-- UNAVAILABLE: the engine is still loading and warming up.
+- UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping).
 
 Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
 GenerateLocally (which prefills a short prompt here instead of on a prefill worker).
@@ -77,6 +77,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def _ready(self, context) -> EngineLoop:
         if self.engine_loop is None:
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the decode engine is still loading")
+        if self.engine_loop.failure is not None:
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the decode engine failed; the worker is stopping")
         return self.engine_loop
 
     async def _abort(self, context, code: grpc.StatusCode, details: str, reason: str | None = None) -> None:

@@ -28,7 +28,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop, EngineThread
-from services.common.entrypoint import load_in_thread, run_service
+from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
 from services.common.tracing import record_engine_boot, tracer
@@ -89,7 +89,7 @@ class PrefillService:
         self.publisher: InstancePublisher | None = None
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
 
-    async def start(self, stop: asyncio.Event) -> str | None:
+    async def start(self, stop: Stop) -> str | None:
         self.servicer.end_idle_calls_when(stop)
         thread = EngineThread()  # the engine is built on the thread that will step it
         engine = await load_in_thread(stop, load_engine, self.config, thread=thread)
@@ -105,6 +105,7 @@ class PrefillService:
         self.engine_loop = self.servicer.engine_loop
         del engine
         self.engine_loop.start(sole_parallel_thread=True)
+        self.engine_loop.on_failure(lambda e: stop.fail("prefill", f"its engine failed: {e!r}"))
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, lengths)
         # Only once warm: a heartbeat puts this worker into routing.

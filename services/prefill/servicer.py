@@ -26,7 +26,7 @@ Status codes:
 - The decode worker's own code when it refuses pages sent over GRPC_STREAM
   (FAILED_PRECONDITION, DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE), or
   cannot reserve them (RESOURCE_EXHAUSTED: no free pages; INVALID_ARGUMENT).
-- UNAVAILABLE: the engine is still loading and warming up.
+- UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping).
 - ABORTED: the request was aborted in the engine.
 
 Timings: `queue_seconds` runs from the call's arrival until the engine's first step
@@ -122,6 +122,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     async def _ready(self, context) -> EngineLoop:
         if self.engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill engine is still loading")
+        if self.engine_loop.failure is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill engine failed; the worker is stopping")
         return self.engine_loop
 
     async def Prefill(self, request, context):

@@ -75,3 +75,41 @@ def test_the_engine_thread_keeps_its_cores_and_is_the_only_openmp_team(model_dir
     assert sole["threads"] == {"engine": shared["threads"]["engine"], "main": 1}
     # Measured here: 2-3 against about 200 with a second team.
     assert statistics.median(sole["switches"]) * 4 < statistics.median(shared["switches"]), (sole, shared)
+
+
+def test_a_failed_step_ends_every_stream_and_call_and_is_logged_once(tiny_demo_model, caplog):
+    """The engine's state is unknown after a step raised: the request waiting on it gets the error,
+    so does any later call (at once, not never), the worker hears of it (`on_failure`), and the
+    failure is one log record with its traceback."""
+    import asyncio
+    import logging
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+    from services.common.engine_loop import EngineDeadError, EngineLoop
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=32))
+
+    def failing_step():
+        raise RuntimeError("the device fell off the bus")
+    engine.step = failing_step  # a fault injected: nothing makes a real engine fail on demand
+
+    async def main():
+        engine_loop = EngineLoop(engine)
+        engine_loop.start()
+        heard = asyncio.get_running_loop().create_future()
+        engine_loop.on_failure(heard.set_result)
+        stream = await engine_loop.add_request("r0", [5, 6, 7], SamplingParams(max_tokens=2))
+        end = await asyncio.wait_for(stream.get(), 10)
+        with pytest.raises(EngineDeadError, match="fell off"):
+            await asyncio.wait_for(engine_loop.add_request("r1", [5, 6, 7], SamplingParams(max_tokens=2)), 10)
+        engine_loop.stop()
+        return end, await asyncio.wait_for(heard, 10)
+
+    with caplog.at_level(logging.ERROR, logger="baton.engine_loop"):
+        end, heard = asyncio.run(main())
+    assert isinstance(end, RuntimeError) and "fell off" in str(end)
+    assert heard is end
+    failures = [r for r in caplog.records if r.exc_info]
+    assert len(failures) == 1 and failures[0].exc_info[1] is end

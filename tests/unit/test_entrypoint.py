@@ -1,0 +1,56 @@
+"""`serve`: a service that can no longer serve stops the process as a signal does, but exits 1."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.entrypoint import serve
+from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass
+class Config:
+    model_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_s: float = 1.0
+    metrics_port: int = -1
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class BreaksAfterServing:
+    """Serves, then fails as a worker does when its engine fails (`Stop.fail`)."""
+    servicers = ()
+    service_names = ()
+
+    def __init__(self, config: Config) -> None:
+        self.is_closed = False
+        self.failed_while_serving = False
+
+    async def start(self, stop) -> str:
+        asyncio.get_running_loop().call_later(0.2, self._break, stop)
+        return "serving"
+
+    def _break(self, stop) -> None:
+        self.failed_while_serving = not stop.is_set()
+        stop.fail("test", "its engine failed")
+
+    async def close(self) -> None:
+        self.is_closed = True
+
+
+def test_a_service_that_fails_while_serving_stops_gracefully_with_exit_code_1(caplog):
+    made: list[BreaksAfterServing] = []
+
+    def make(config: Config) -> BreaksAfterServing:
+        made.append(BreaksAfterServing(config))
+        return made[-1]
+
+    assert asyncio.run(asyncio.wait_for(serve("test", Config(), make), 30)) == 1
+    assert made[0].failed_while_serving and made[0].is_closed
+    assert any("stopping: its engine failed" in r.getMessage() for r in caplog.records)
