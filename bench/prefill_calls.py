@@ -4,7 +4,7 @@
 
 Two meshes by `baton up` (1 prefill, 1 decode each), up at the same time: one as it
 starts by default (the gateway keeps a call open to the prefill worker and sends each
-prompt as that call's request: services/gateway/prefill_calls.py) and one with
+prompt as that call's request: services/gateway/kept_calls.py) and one with
 `--prefill-calls new` (a new PrefillStream call per prompt). The same kind of
 --prompt-tokens-token prompts (token ids, each new, so no prefix-cache hits) alternate
 between the two by the public gRPC API, after bench/mesh_overhead.py's pause, and an

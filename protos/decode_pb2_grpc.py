@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DecodeStub:
-    """Served by services/decode; called by the gateway (Reserve, Decode, Abort).
+    """Served by services/decode; called by the gateway (Reserve, Decode or DecodePreopened, Abort).
     """
 
     def __init__(self, channel):
@@ -45,6 +45,11 @@ class DecodeStub:
                 request_serializer=protos_dot_decode__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=protos_dot_decode__pb2.DecodeChunk.FromString,
                 _registered_method=True)
+        self.DecodePreopened = channel.stream_stream(
+                '/baton.decode.v1.Decode/DecodePreopened',
+                request_serializer=protos_dot_decode__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=protos_dot_decode__pb2.DecodeChunk.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/baton.decode.v1.Decode/Abort',
                 request_serializer=protos_dot_decode__pb2.AbortRequest.SerializeToString,
@@ -58,7 +63,7 @@ class DecodeStub:
 
 
 class DecodeServicer:
-    """Served by services/decode; called by the gateway (Reserve, Decode, Abort).
+    """Served by services/decode; called by the gateway (Reserve, Decode or DecodePreopened, Abort).
     """
 
     def Reserve(self, request, context):
@@ -72,6 +77,18 @@ class DecodeServicer:
     def Decode(self, request, context):
         """Generate from the reserved, now filled, pages. Streams from the second
         output token on (the first came from prefill). Cancelling the call frees the pages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecodePreopened(self, request_iterator, context):
+        """Decode on a call opened before its request is known: the request is the first
+        message the caller sends (any later ones are not read), the answer is Decode's. The
+        gateway keeps one such call open to each decode worker, so a handed-off prompt
+        reaches it as one message on a call already set up, not as a new call (as
+        Prefill.PrefillPreopened). A call whose request has not come yet ends UNAVAILABLE
+        when the worker shuts down; one that half-closes without a request ends OK, empty.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,6 +124,11 @@ def add_DecodeServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_decode__pb2.DecodeRequest.FromString,
                     response_serializer=protos_dot_decode__pb2.DecodeChunk.SerializeToString,
             ),
+            'DecodePreopened': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodePreopened,
+                    request_deserializer=protos_dot_decode__pb2.DecodeRequest.FromString,
+                    response_serializer=protos_dot_decode__pb2.DecodeChunk.SerializeToString,
+            ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
                     request_deserializer=protos_dot_decode__pb2.AbortRequest.FromString,
@@ -126,7 +148,7 @@ def add_DecodeServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Decode:
-    """Served by services/decode; called by the gateway (Reserve, Decode, Abort).
+    """Served by services/decode; called by the gateway (Reserve, Decode or DecodePreopened, Abort).
     """
 
     @staticmethod
@@ -171,6 +193,33 @@ class Decode:
             request,
             target,
             '/baton.decode.v1.Decode/Decode',
+            protos_dot_decode__pb2.DecodeRequest.SerializeToString,
+            protos_dot_decode__pb2.DecodeChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecodePreopened(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/baton.decode.v1.Decode/DecodePreopened',
             protos_dot_decode__pb2.DecodeRequest.SerializeToString,
             protos_dot_decode__pb2.DecodeChunk.FromString,
             options,

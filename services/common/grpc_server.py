@@ -8,7 +8,7 @@ Every server gets, whatever it serves:
 - with tracing on (tracing.py), a server span per call that continues the caller's trace.
 
 `EarlyHeaders` lets a server-streaming handler send its response headers ahead of its
-first message.
+first message; `OpenedAhead` serves calls a client opens before it has their request.
 """
 from __future__ import annotations
 
@@ -130,3 +130,41 @@ class EarlyHeaders:
     async def sent(self) -> None:
         if self._sending is not None and not self._sending.done():
             await asyncio.wait([self._sending])
+
+
+class OpenedAhead:
+    """Calls a client opens before it has their request (Prefill.PrefillPreopened,
+    Decode.DecodePreopened): the request is the call's first message, whenever it comes.
+    A caller keeps one open to every worker, so `end_idle_when(stop)` ends those still
+    waiting for theirs UNAVAILABLE when `stop` is set: the server's graceful stop would
+    otherwise wait its whole grace period for them."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # "the prefill worker": how the UNAVAILABLE message names this side
+        self._stopping: asyncio.Future | None = None  # done once the worker stops serving
+
+    def end_idle_when(self, stop: asyncio.Event) -> None:
+        self._stopping = asyncio.ensure_future(stop.wait())
+
+    def close(self) -> None:
+        if self._stopping is not None:
+            self._stopping.cancel()
+
+    async def first_request(self, context: grpc.aio.ServicerContext) -> Any:
+        """The call's first message (its response headers sent first: the call is opened ahead,
+        so they go out off any request's path); None when the caller half-closed without one."""
+        await context.send_initial_metadata(())
+        if self._stopping is None:
+            request = await context.read()
+        else:
+            reading = asyncio.ensure_future(context.read())
+            try:
+                await asyncio.wait([reading, self._stopping], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                is_stopped_first = not reading.done()
+                if is_stopped_first:
+                    reading.cancel()
+            if is_stopped_first:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.what} is shutting down")
+            request = reading.result()
+        return None if request is grpc.aio.EOF else request

@@ -24,7 +24,9 @@ prefill. Spans (services/common/tracing.py), children of the call's server span:
 `decode.queue`, then `decode.first_step` (Decode) or `decode.prefill` with a
 `prefill.chunk` per forward pass (GenerateLocally); the server span gets the token usage.
 Both streams send their response headers ahead of the first chunk
-(services/common/grpc_server.EarlyHeaders).
+(services/common/grpc_server.EarlyHeaders). DecodePreopened is Decode on a call the gateway
+opened ahead of its request, which is the call's first message (its headers went out as it
+was opened: services/common/grpc_server.OpenedAhead).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
 from services.common.engine_loop import EngineLoop
-from services.common.grpc_server import EarlyHeaders
+from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
@@ -61,6 +63,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.host_id = host_id()
         self.metrics = ServiceMetrics("decode")  # until `attach` gives the service's
         self._streaming: dict[str, _Phases] = {}  # request id -> its Decode or GenerateLocally call, while it runs
+        self.opened_ahead = OpenedAhead("the decode worker")  # DecodePreopened's calls
 
     def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str, metrics: ServiceMetrics) -> None:
         """Must run on the server's event loop (the lease timers live there)."""
@@ -71,6 +74,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.leases = LeaseTable(self.lease_ms / 1000, self._on_lease_expired)
 
     def close(self) -> None:
+        self.opened_ahead.close()
         if self.leases is not None:
             self.leases.close()
 
@@ -111,7 +115,18 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             host_id=self.host_id,
         )
 
+    async def DecodePreopened(self, request_iterator, context):
+        """Decode for the call's first message, whenever it comes."""
+        request = await self.opened_ahead.first_request(context)
+        if request is not None:
+            async for chunk in self._decode(request, context, are_headers_sent=True):
+                yield chunk
+
     async def Decode(self, request, context):
+        async for chunk in self._decode(request, context):
+            yield chunk
+
+    async def _decode(self, request, context, are_headers_sent: bool = False):
         arrival_ns = time.time_ns()
         engine_loop = await self._ready(context)
         try:
@@ -128,7 +143,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
             async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
-                                       self.metrics, phases, self._streaming):
+                                       self.metrics, phases, self._streaming, are_headers_sent):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -194,7 +209,8 @@ class _Phases:
 
 
 async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context,
-                  metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases]):
+                  metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases],
+                  are_headers_sent: bool = False):
     """The DecodeChunks of a request the engine has just been given (`started` awaits that);
     ValueError when the engine refuses it. A call that ends early (the client went away,
     the server stops) aborts the request, which frees its pages; the abort is queued
@@ -202,7 +218,8 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
     it runs, the call is in `streaming`, where an Abort finds it."""
     is_finished = is_counted = False
     headers = EarlyHeaders(context)
-    headers.send_soon()  # at the next await: the request is with the engine by then
+    if not are_headers_sent:
+        headers.send_soon()  # at the next await: the request is with the engine by then
     try:
         outputs = await started
         streaming[request_id] = phases  # after the engine took it: a refused duplicate id is never here

@@ -56,7 +56,7 @@ DEFAULT_LOCAL_TOKENIZE_MAX_CHARS = 2048
 ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
-# is (services/gateway/prefill_calls.py); new: on a new call each.
+# is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
 
 # "auto": prefill picks by where the decode worker is (shared memory on the same host,

@@ -5,8 +5,8 @@
       → the prefill worker: where the prompt's prefix is cached, against load (router.py)
       → PrefillStream (prefill P: streams the first token, then reserves pages on D,
         writes the KV into them and names the reservation), on a call kept open to P
-        ahead of the request where there is one (prefill_calls.py)
-      → Decode (D, a stream of token ids)
+        ahead of the request where there is one (kept_calls.py)
+      → Decode (D, a stream of token ids), on a call kept open to D likewise
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
 
 or, for a prompt whose part D does not already hold (the prefix index says, from the
@@ -41,7 +41,7 @@ from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
-from services.gateway.prefill_calls import PrefillCalls
+from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
@@ -140,8 +140,9 @@ class RequestPipeline:
     than a call to the tokenizer service takes. Longer ones go to the tokenizer service,
     which encodes them off its event loop (0: every one does). `preopen_prefill_calls`: a
     prompt goes to its prefill worker on a call opened ahead of it where one is kept
-    (prefill_calls.py), else on a new call. `metrics`: the gateway's (its registry is served
-    on `/metrics`); by default a registry of its own, unlabelled.
+    (kept_calls.py), else on a new call; a handed-off prompt goes to its decode worker so
+    either way. `metrics`: the gateway's (its registry is served on `/metrics`); by
+    default a registry of its own, unlabelled.
     """
 
     def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool | None, decode: WorkerPool,
@@ -160,13 +161,16 @@ class RequestPipeline:
         self.local_tokenize_max_chars = local_tokenize_max_chars  # 0: the tokenizer service encodes every prompt
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
-        self.prefill_calls = PrefillCalls(deadlines.prefill_s, preopen=preopen_prefill_calls)
+        self.prefill_calls = KeptCalls("PrefillStream", "PrefillPreopened", PREFILL_CALLS, deadlines.prefill_s,
+                                       preopen=preopen_prefill_calls)
+        self.decode_calls = KeptCalls("Decode", "DecodePreopened", DECODE_CALLS, deadlines.decode_s)
         self._background: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
         """End the prefill calls kept open, and wait for the Aborts and stream reads still in flight
         (call before closing the channels)."""
         self.prefill_calls.close()
+        self.decode_calls.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -373,17 +377,21 @@ class RequestPipeline:
         clock.mark("kv_transfer")
         _observe_prefill(self.requests, handoff.timings)
         with spans.calls():
-            call = decode_worker.stub.Decode(decode_pb2.DecodeRequest(
+            call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=params), timeout=self.deadlines.decode_s)
+                first_token_id=response.first_token_id, sampling=params))
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)
+        is_replenished = False
         try:
             # Its status follows the handoff: read, the call ends as a success on both sides.
             await prefill_call.code()
             async for chunk in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
                 yield chunk
+                if not is_replenished:  # the next request's, once this one's second token is out
+                    self.decode_calls.replenish(decode_worker)
+                    is_replenished = True
         finally:
             self._close_soon(call, progress)
 

@@ -90,7 +90,7 @@ class PrefillService:
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
 
     async def start(self, stop: Stop) -> str | None:
-        self.servicer.end_idle_calls_when(stop)
+        self.servicer.opened_ahead.end_idle_when(stop)
         thread = EngineThread()  # the engine is built on the thread that will step it
         engine = await load_in_thread(stop, load_engine, self.config, thread=thread)
         if engine is None:

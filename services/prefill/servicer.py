@@ -65,6 +65,7 @@ from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name
 from services.common.engine_loop import EngineLoop
+from services.common.grpc_server import OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import LayoutMismatchError, PageLayout
@@ -96,7 +97,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self._writer: KVWriter | None = None
         self._reservations = DecodeReservations()
         self._host_tier: PrefillHostTier | None = None
-        self._stopping: asyncio.Future | None = None  # done once the worker stops serving
+        self.opened_ahead = OpenedAhead("the prefill worker")  # PrefillPreopened's calls
         self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
@@ -111,8 +112,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     async def close(self) -> None:
         """Unmap the decode pools and close channels; after the server stopped (no write in flight)."""
-        if self._stopping is not None:
-            self._stopping.cancel()
+        self.opened_ahead.close()
         if self._host_tier is not None:
             await self._host_tier.close()
         if self._writer is not None:
@@ -143,34 +143,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     async def PrefillPreopened(self, request_iterator, context):
         """PrefillStream for the call's first message, whenever it comes."""
-        await context.send_initial_metadata(())
-        request = await self._first_request(context)
+        request = await self.opened_ahead.first_request(context)
         if request is not None:
             async for event in self._counted(request, context):
                 yield event
-
-    def end_idle_calls_when(self, stop: asyncio.Event) -> None:
-        """PrefillPreopened calls still waiting for their request when `stop` is set end
-        UNAVAILABLE then: a caller keeps one open to every worker, and the server's graceful
-        stop would otherwise wait its whole grace period for them."""
-        self._stopping = asyncio.ensure_future(stop.wait())
-
-    async def _first_request(self, context) -> prefill_pb2.PrefillRequest | None:
-        """The call's first message; None when the caller half-closed without sending one."""
-        if self._stopping is None:
-            request = await context.read()
-        else:
-            reading = asyncio.ensure_future(context.read())
-            try:
-                await asyncio.wait([reading, self._stopping], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                is_stopped_first = not reading.done()
-                if is_stopped_first:
-                    reading.cancel()
-            if is_stopped_first:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill worker is shutting down")
-            request = reading.result()
-        return None if request is grpc.aio.EOF else request
 
     async def _counted(self, request, context):
         """`_events`, counted: successes by finish reason ("prefilled": handed on to decode),

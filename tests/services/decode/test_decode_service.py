@@ -6,6 +6,7 @@ expiry and client cancellation; SIGTERM exits 0 and removes the segment."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from pathlib import Path
@@ -134,6 +135,52 @@ def test_decode_matches_colocated_engine(service, prefill_engine, colocated, par
     expected = _run_to_end(colocated, rid)
     assert decode_all(service, prefill_engine, rid, params) == expected
     assert_whole_pool_free(service, within_s=1)
+
+
+def test_a_preopened_call_answers_the_request_it_is_sent_later_as_decode_does(service, prefill_engine, colocated):
+    """The gateway opens the call ahead (its headers come back at once) and sends the handed-off
+    request when one comes: the answer is Decode's. A call half-closed without a request ends
+    OK with nothing."""
+    rid = "preopened"
+    colocated.add_request(rid, PROMPT, GREEDY)
+    expected = _run_to_end(colocated, rid)
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    call = service.stub.DecodePreopened(iter(requests.get, None), timeout=30)
+    headers = []
+    reader = threading.Thread(target=lambda: headers.append(call.initial_metadata()), daemon=True)
+    reader.start()
+    reader.join(5)  # sent with the first chunk instead, they would not be here before a request
+    assert headers, "the preopened call's headers did not come ahead of its request"
+    reservation, first = prefill_and_reserve(service, prefill_engine, rid, GREEDY)
+    requests.put(decode_pb2.DecodeRequest(request_id=rid, reservation_id=reservation.reservation_id,
+                                          prompt_token_ids=PROMPT, first_token_id=first,
+                                          sampling=_sampling_to_proto(GREEDY)))
+    chunks = []
+    for chunk in call:
+        chunks.append(chunk)
+        if chunk.finish_reason:
+            requests.put(None)
+    assert call.code() == grpc.StatusCode.OK
+    assert [first] + [t for c in chunks for t in c.token_ids] == expected
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert list(service.stub.DecodePreopened(iter([]), timeout=5)) == []
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_a_preopened_call_still_waiting_ends_unavailable_at_shutdown_without_holding_it_up(tiny_demo_model):
+    """The gateway keeps such a call open to every decode worker, as to every prefill worker."""
+    svc = Service(tiny_demo_model, "--kv-blocks", "16")
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    with grpc.insecure_channel(svc.address) as channel:  # the helper's own closes with `terminate`
+        call = decode_pb2_grpc.DecodeStub(channel).DecodePreopened(iter(requests.get, None), timeout=30)
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert svc.terminate() == 0
+        assert time.monotonic() - start < 4.0
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+        requests.put(None)
 
 
 def test_reservation_carries_layout_and_transport(service, prefill_engine):

@@ -21,8 +21,13 @@ from services.common.channel import make_channel
 from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.gateway.config import GatewayConfig
-from services.gateway.pipeline import ContextLengthError, Delta, InvalidRequestError, RequestPipeline
-from services.gateway.prefill_calls import MAX_IDLE_S
+from services.gateway.kept_calls import MAX_IDLE_S
+from services.gateway.pipeline import (
+    ContextLengthError,
+    Delta,
+    InvalidRequestError,
+    RequestPipeline,
+)
 from services.gateway.workers import Worker, WorkerPool
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.model_tokenizer import ModelTokenizer
@@ -215,30 +220,33 @@ def test_stop_string_ends_the_text_before_it_and_frees_the_pages(mesh, model_tok
         assert deltas[-1].usage.completion_tokens == len(ids) <= 40
 
 
-def prefill_calls_made() -> dict[str, float]:
-    return {call: REGISTRY.get_sample_value("baton_gateway_prefill_calls_total", {"call": call}) or 0.0
-            for call in ("preopened", "new")}
+def calls_made() -> dict[tuple[str, str], float]:
+    return {(worker, call): REGISTRY.get_sample_value(f"baton_gateway_{worker}_calls_total", {"call": call}) or 0.0
+            for worker in ("prefill", "decode") for call in ("preopened", "new")}
 
 
 def test_prompts_after_a_workers_first_go_on_calls_opened_ahead(mesh, model_tokenizer, colocated):
-    """After its first prompt the gateway keeps a call open to each prefill worker, and the
-    worker's next prompt is that call's request. A kept call too old for its deadline is
-    dropped for a new call. Either way the output is the same and no page stays held."""
+    """After its first prompt the gateway keeps a call open to each prefill worker and to each
+    decode worker, and the worker's next prompt is that call's request. A kept call too old for
+    its deadline is dropped for a new call. Either way the output is the same and no page
+    stays held."""
     prompts = [[(7 * j + i) % 900 + 3 for j in range(40 + i)] for i in range(6)]
     expected = [colocated_ids(colocated, f"kept-ref-{i}", prompt, 6) for i, prompt in enumerate(prompts)]
-    # Six prompts one after another take turns on the two idle workers: each worker's first
-    # goes on a new call, the other four on kept ones; with no kept call young enough, none.
+    # Six prompts one after another take turns on the two idle workers of each kind: each
+    # worker's first goes on a new call, the other four on kept ones; with no kept call young
+    # enough, none.
     for max_idle_s, calls in ((MAX_IDLE_S, {"preopened": 4, "new": 2}), (0.0, {"preopened": 0, "new": 6})):
         async def body(pipeline):
-            pipeline.prefill_calls.max_idle_s = max_idle_s
+            pipeline.prefill_calls.max_idle_s = pipeline.decode_calls.max_idle_s = max_idle_s
             return [joined(await collect(pipeline.generate(f"kept-{max_idle_s}-{i}", prompt_token_ids=prompt,
                                                            sampling=greedy(6))))[1]
                     for i, prompt in enumerate(prompts)]
 
-        before = prefill_calls_made()
+        before = calls_made()
         assert run_with_pipeline(mesh, model_tokenizer, body) == expected
-        after = prefill_calls_made()
-        assert {call: after[call] - before[call] for call in after} == calls
+        after = calls_made()
+        assert {key: after[key] - before[key] for key in after} == {
+            (worker, call): n for worker in ("prefill", "decode") for call, n in calls.items()}
     assert_pools_free(mesh)
 
 
