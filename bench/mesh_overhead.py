@@ -26,7 +26,9 @@ transfer speed by shared memory and by the gRPC page stream.
   TTFT sample (rtt_ms). Why the pause: a round trip into processes that have been
   idle costs 3-4x one made back to back here (the host's and gRPC's poller wake-ups),
   and every hop of a TTFT sample is made into an idle process; the back-to-back
-  figure is printed too (rtt_back_to_back_ms, *_back_to_back_rtt_units).
+  figure is printed too (rtt_back_to_back_ms, *_back_to_back_rtt_units). ttst_grpc_p50_ms:
+  from the first chunk to the second of the same gRPC requests (the KV handoff, the
+  decode worker's first step and the hops between), p50.
 - KV transfer: --kv-mib of pages (64 MiB: nearly the demo decode pool, over several
   context-long reservations) copied from a private pool into real reservations in
   the mesh decode worker's shared-memory pool, as prefill writes them, against a
@@ -94,8 +96,9 @@ def measure_rtt(address: str, n: int = 500) -> float:
     return statistics.median(samples)
 
 
-def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int], request_id: str) -> float:
-    """The same through the gateway's public gRPC API: seconds to the first chunk."""
+def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int], request_id: str) -> tuple[float, float]:
+    """The same through the gateway's public gRPC API: seconds to the first chunk, and from it
+    to the second (the second token: the decode worker's first)."""
     request = gateway_pb2.GenerateRequest(
         request_id=request_id, token_ids=common_pb2.TokenIds(token_ids=prompt),
         sampling=common_pb2.SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
@@ -103,10 +106,12 @@ def grpc_ttft(stub: gateway_pb2_grpc.GenerateStub, prompt: list[int], request_id
     start = time.perf_counter()
     call = stub.Generate(request, timeout=120)
     next(call)
-    first = time.perf_counter() - start
+    first = time.perf_counter()
+    next(call)
+    second = time.perf_counter()
     for _ in call:
         pass
-    return first
+    return first - start, second - first
 
 
 def inprocess_ttft(engine: LLMEngine, request_id: str, prompt: list[int]) -> float:
@@ -145,10 +150,14 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
         stub = gateway_pb2_grpc.GenerateStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         request_ids: dict[str, list[str]] = {"http": [], "grpc": []}
+        ttst: list[float] = []
 
         def grpc_sample(prompt: list[int]) -> float:
             request_ids["grpc"].append(f"mesh-overhead-{len(request_ids['grpc'])}")
-            return grpc_ttft(stub, prompt, request_ids["grpc"][-1])
+            first, second = grpc_ttft(stub, prompt, request_ids["grpc"][-1])
+            if len(request_ids["grpc"]) > args.warmup:
+                ttst.append(second)
+            return first
 
         def http_sample(prompt: list[int]) -> float:
             request_ids["http"].append(f"mesh-overhead-http-{len(request_ids['http'])}")
@@ -174,6 +183,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
               for api in request_ids}
     return {"rtt_ms": p50_ms(rtt), "overhead_paired_ms": p50_ms(paired["grpc"]),
             "http_overhead_paired_ms": p50_ms(paired["http"]), "ttft_prefill_engine_p50_ms": p50_ms(engine_s["grpc"]),
+            "ttst_grpc_p50_ms": p50_ms(ttst),
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
 
 
@@ -291,7 +301,8 @@ def main(argv=None) -> int:
             f"back-to-back ones. In-process engine {ttft['ttft_inprocess_p50_ms']:.2f} ms: unpaired overhead "
             f"{unpaired_ms:.2f} ms = {unpaired_ms / rtt_ms:.2f} round trips. By the HTTP API "
             f"{ttft['ttft_http_p50_ms']:.2f} ms: overhead {http_overhead_ms:.2f} ms (p50 per request) = "
-            f"{http_overhead_ms / rtt_ms:.2f} round trips; unpaired {http_unpaired_ms:.2f} ms)")
+            f"{http_overhead_ms / rtt_ms:.2f} round trips; unpaired {http_unpaired_ms:.2f} ms). The second token "
+            f"{ttft['ttst_grpc_p50_ms']:.2f} ms after the first (gRPC API, p50)")
         time.sleep(1.0)  # the in-process engine's OpenMP threads stop spinning first
         kv = bench_transfer(mesh, args)
         log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
