@@ -70,3 +70,22 @@ def stop_process(proc: subprocess.Popen) -> int:
             except OSError:  # a reader thread may still hold it
                 pass
     return proc.returncode
+
+
+def assert_a_call_opened_ahead_ends_unavailable_at_shutdown(svc: ServiceProcess, open_call) -> None:
+    """A worker's gateway keeps a call open to it before it has a request for it (`open_call(channel,
+    requests)` opens one); a graceful stop waiting out its grace period (5 s) for such calls would
+    make every shutdown that slow, so they end UNAVAILABLE at once."""
+    import queue
+
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    with grpc.insecure_channel(svc.address) as channel:  # the helper's own closes with `terminate`
+        call = open_call(channel, iter(requests.get, None))
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert svc.terminate() == 0
+        assert time.monotonic() - start < 4.0
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+        requests.put(None)

@@ -22,7 +22,7 @@ from services.common.converters import layout_from_proto
 from services.decode.servicer import SERVICE_NAME
 from services.kvstore.page_copy import copy_pages
 from services.kvstore.shared_memory import SharedKVPool
-from tests.services.service_process import ServiceProcess
+from tests.services.service_process import ServiceProcess, assert_a_call_opened_ahead_ends_unavailable_at_shutdown
 
 NUM_KV_BLOCKS = 128
 BLOCK_SIZE = 16
@@ -168,19 +168,9 @@ def test_a_preopened_call_answers_the_request_it_is_sent_later_as_decode_does(se
 
 
 def test_a_preopened_call_still_waiting_ends_unavailable_at_shutdown_without_holding_it_up(tiny_demo_model):
-    """The gateway keeps such a call open to every decode worker, as to every prefill worker."""
-    svc = Service(tiny_demo_model, "--kv-blocks", "16")
-    requests: queue.SimpleQueue = queue.SimpleQueue()
-    with grpc.insecure_channel(svc.address) as channel:  # the helper's own closes with `terminate`
-        call = decode_pb2_grpc.DecodeStub(channel).DecodePreopened(iter(requests.get, None), timeout=30)
-        time.sleep(0.3)
-        start = time.monotonic()
-        assert svc.terminate() == 0
-        assert time.monotonic() - start < 4.0
-        with pytest.raises(grpc.RpcError) as e:
-            next(call)
-        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
-        requests.put(None)
+    assert_a_call_opened_ahead_ends_unavailable_at_shutdown(
+        Service(tiny_demo_model, "--kv-blocks", "16"),
+        lambda channel, requests: decode_pb2_grpc.DecodeStub(channel).DecodePreopened(requests, timeout=30))
 
 
 def test_reservation_carries_layout_and_transport(service, prefill_engine):

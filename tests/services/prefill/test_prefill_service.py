@@ -20,6 +20,7 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.services.service_process import ServiceProcess as Service
+from tests.services.service_process import assert_a_call_opened_ahead_ends_unavailable_at_shutdown
 
 DECODE_KV_BLOCKS = 128
 PREFILL_KV_BLOCKS = 64
@@ -377,20 +378,9 @@ def test_bad_input(decode, prefill):
 
 
 def test_a_preopened_call_still_waiting_ends_unavailable_at_shutdown_without_holding_it_up(tiny_demo_model):
-    """The gateway keeps such a call open to every worker; a graceful stop waiting out its
-    grace period (5 s) for them would make every shutdown that slow."""
-    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16")
-    requests: queue.SimpleQueue = queue.SimpleQueue()
-    with grpc.insecure_channel(svc.address) as channel:  # the helper's own closes with `terminate`
-        call = prefill_pb2_grpc.PrefillStub(channel).PrefillPreopened(iter(requests.get, None), timeout=30)
-        time.sleep(0.3)
-        start = time.monotonic()
-        assert svc.terminate() == 0
-        assert time.monotonic() - start < 4.0
-        with pytest.raises(grpc.RpcError) as e:
-            next(call)
-        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
-        requests.put(None)
+    assert_a_call_opened_ahead_ends_unavailable_at_shutdown(
+        Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16"),
+        lambda channel, requests: prefill_pb2_grpc.PrefillStub(channel).PrefillPreopened(requests, timeout=30))
 
 
 def test_sigterm_exits_zero(tiny_demo_model):
