@@ -383,17 +383,19 @@ class RequestPipeline:
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)
-        is_replenished = False
+        is_answered = False
         try:
             # Its status follows the handoff: read, the call ends as a success on both sides.
             await prefill_call.code()
             async for chunk in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
+                is_answered = True
                 yield chunk
-                if not is_replenished:  # the next request's, once this one's second token is out
-                    self.decode_calls.replenish(decode_worker)
-                    is_replenished = True
+                # The next request's call, once this one's token is out (none is opened while one is kept).
+                self.decode_calls.replenish(decode_worker)
         finally:
             self._close_soon(call, progress)
+            if is_answered:  # a stream whose first chunk was its last is closed at that yield
+                self.decode_calls.replenish(decode_worker)
 
     async def _local_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                            decode_worker: Worker, progress: _Progress, clock: PhaseClock,
