@@ -17,12 +17,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServiceProcess:
-    """One `python -m services.<name>` process and a sync channel to it."""
+    """One `python -m services.<name>` process (or `command`, given the same arguments) and a sync
+    channel to it."""
 
-    def __init__(self, name: str, service_name: str, model_dir: Path, *extra_args: str):
+    def __init__(self, name: str, service_name: str, model_dir: Path, *extra_args: str,
+                 command: list[str] | None = None):
         self.name = name
+        command = command or [sys.executable, "-m", f"services.{name}"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}", "--model", str(model_dir), "--port", "0", *extra_args],
+            [*command, "--model", str(model_dir), "--port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.address = self._read_listening_line(timeout_s=30)
         self.channel = grpc.insecure_channel(self.address)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,9 +34,9 @@ GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True)
 
 
-def Service(model_dir: Path, *extra_args: str) -> ServiceProcess:
-    """One `python -m services.decode` process, SERVING, with a sync stub."""
-    svc = ServiceProcess("decode", SERVICE_NAME, model_dir, *extra_args)
+def Service(model_dir: Path, *extra_args: str, command: list[str] | None = None) -> ServiceProcess:
+    """One `python -m services.decode` process (or `command`), SERVING, with a sync stub."""
+    svc = ServiceProcess("decode", SERVICE_NAME, model_dir, *extra_args, command=command)
     svc.stub = decode_pb2_grpc.DecodeStub(svc.channel)
     return svc
 
@@ -303,3 +304,42 @@ def test_sigterm_exits_zero_and_removes_the_segment(tiny_demo_model):
     assert svc.terminate() == 0  # with a reservation still held
     assert not segment.exists()
     assert not os.path.exists(segment)
+
+
+# The decode worker, with a fault injected in this copy of it (nothing makes a real engine fail on
+# demand): a step fails once a request whose id starts with "fail-" has been added.
+FAILING_STEP_WORKER = """
+import sys
+from engine.llm_engine import LLMEngine
+step, add_request = LLMEngine.step, LLMEngine.add_request
+
+def failing_step(self):
+    if getattr(self, "fail_next_step", False):
+        raise RuntimeError("injected: the device fell off the bus")
+    return step(self)
+
+def arming_add_request(self, request_id, *args, **kwargs):
+    self.fail_next_step = request_id.startswith("fail-")
+    return add_request(self, request_id, *args, **kwargs)
+
+LLMEngine.step, LLMEngine.add_request = failing_step, arming_add_request
+from services.decode.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_worker_whose_engine_fails_fails_its_request_exits_1_and_removes_the_segment(tiny_demo_model):
+    """Its engine's state is unknown after a failed step: it stops (an orchestrator restarts it)
+    instead of serving on, and releases its shared-memory pool as a SIGTERM would."""
+    svc = Service(tiny_demo_model, "--kv-blocks", "16", command=[sys.executable, "-c", FAILING_STEP_WORKER])
+    reservation = svc.stub.Reserve(decode_pb2.ReserveRequest(request_id="held", num_tokens=20), timeout=5)
+    segment = Path("/dev/shm") / reservation.shm_name
+    assert segment.exists()
+    with pytest.raises(grpc.RpcError) as e:
+        list(svc.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
+            request_id="fail-1", prompt_token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY)), timeout=10))
+    assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
+    assert svc.proc.wait(timeout=30) == 1
+    assert not segment.exists()
+    assert "stopping: its engine failed" in svc.proc.stderr.read()
+    svc.terminate()
