@@ -92,3 +92,30 @@ def assert_a_call_opened_ahead_ends_unavailable_at_shutdown(svc: ServiceProcess,
             next(call)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
         requests.put(None)
+
+
+# A worker's entry point with a fault injected in this copy of it (nothing makes a real engine fail
+# on demand): an engine step fails once a request whose id starts with "fail-" has been added.
+_FAILING_STEP_WORKER = """
+import sys
+from engine.llm_engine import LLMEngine
+step, add_request = LLMEngine.step, LLMEngine.add_request
+
+def failing_step(self):
+    if getattr(self, "fail_next_step", False):
+        raise RuntimeError("injected: the device fell off the bus")
+    return step(self)
+
+def arming_add_request(self, request_id, *args, **kwargs):
+    self.fail_next_step = request_id.startswith("fail-")
+    return add_request(self, request_id, *args, **kwargs)
+
+LLMEngine.step, LLMEngine.add_request = failing_step, arming_add_request
+from services.{name}.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def failing_step_worker(name: str) -> list[str]:
+    """The command of `python -m services.<name>` (a worker) whose engine fails as said above."""
+    return [sys.executable, "-c", _FAILING_STEP_WORKER.replace("{name}", name)]

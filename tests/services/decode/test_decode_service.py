@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,11 @@ from services.common.converters import layout_from_proto
 from services.decode.servicer import SERVICE_NAME
 from services.kvstore.page_copy import copy_pages
 from services.kvstore.shared_memory import SharedKVPool
-from tests.services.service_process import ServiceProcess, assert_a_call_opened_ahead_ends_unavailable_at_shutdown
+from tests.services.service_process import (
+    ServiceProcess,
+    assert_a_call_opened_ahead_ends_unavailable_at_shutdown,
+    failing_step_worker,
+)
 
 NUM_KV_BLOCKS = 128
 BLOCK_SIZE = 16
@@ -306,32 +309,11 @@ def test_sigterm_exits_zero_and_removes_the_segment(tiny_demo_model):
     assert not os.path.exists(segment)
 
 
-# The decode worker, with a fault injected in this copy of it (nothing makes a real engine fail on
-# demand): a step fails once a request whose id starts with "fail-" has been added.
-FAILING_STEP_WORKER = """
-import sys
-from engine.llm_engine import LLMEngine
-step, add_request = LLMEngine.step, LLMEngine.add_request
-
-def failing_step(self):
-    if getattr(self, "fail_next_step", False):
-        raise RuntimeError("injected: the device fell off the bus")
-    return step(self)
-
-def arming_add_request(self, request_id, *args, **kwargs):
-    self.fail_next_step = request_id.startswith("fail-")
-    return add_request(self, request_id, *args, **kwargs)
-
-LLMEngine.step, LLMEngine.add_request = failing_step, arming_add_request
-from services.decode.__main__ import main
-sys.exit(main(sys.argv[1:]))
-"""
-
 
 def test_a_worker_whose_engine_fails_fails_its_request_exits_1_and_removes_the_segment(tiny_demo_model):
     """Its engine's state is unknown after a failed step: it stops (an orchestrator restarts it)
     instead of serving on, and releases its shared-memory pool as a SIGTERM would."""
-    svc = Service(tiny_demo_model, "--kv-blocks", "16", command=[sys.executable, "-c", FAILING_STEP_WORKER])
+    svc = Service(tiny_demo_model, "--kv-blocks", "16", command=failing_step_worker("decode"))
     reservation = svc.stub.Reserve(decode_pb2.ReserveRequest(request_id="held", num_tokens=20), timeout=5)
     segment = Path("/dev/shm") / reservation.shm_name
     assert segment.exists()

@@ -20,7 +20,7 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.services.service_process import ServiceProcess as Service
-from tests.services.service_process import assert_a_call_opened_ahead_ends_unavailable_at_shutdown
+from tests.services.service_process import assert_a_call_opened_ahead_ends_unavailable_at_shutdown, failing_step_worker
 
 DECODE_KV_BLOCKS = 128
 PREFILL_KV_BLOCKS = 64
@@ -388,3 +388,19 @@ def test_sigterm_exits_zero(tiny_demo_model):
     svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16")
     assert svc.terminate() == 0
     assert {p for p in os.listdir("/dev/shm") if p.startswith("baton_kv_")} <= segments_before
+
+
+def test_a_worker_whose_engine_fails_fails_its_request_and_exits_1(tiny_demo_model):
+    """Its engine's state is unknown after a failed step: it stops (an orchestrator restarts it)
+    instead of serving on."""
+    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16",
+                  command=failing_step_worker("prefill"))
+    stub = prefill_pb2_grpc.PrefillStub(svc.channel)
+    with pytest.raises(grpc.RpcError) as e:  # it fails before any decode worker is asked for pages
+        list(stub.PrefillStream(prefill_pb2.PrefillRequest(
+            request_id="fail-1", token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
+            target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9")), timeout=10))
+    assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
+    assert svc.proc.wait(timeout=30) == 1
+    assert "stopping: its engine failed" in svc.proc.stderr.read()
+    svc.terminate()
