@@ -137,7 +137,7 @@ class EngineLoop:
         """Run `fn(engine)` on the engine thread between steps; its result or exception comes back.
         Raises EngineDeadError, at once, once a step has failed."""
         if self.failure is not None:
-            raise EngineDeadError(f"the engine failed: {self.failure!r}")
+            raise self._dead()
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put((fn, future))
         if self.failure is not None:  # it failed as this was queued: no one is left to run it
@@ -258,7 +258,10 @@ class EngineLoop:
             except queue.Empty:
                 return
             if command is not _STOP and command[1] is not None and command[1].set_running_or_notify_cancel():
-                command[1].set_exception(EngineDeadError(f"the engine failed: {self.failure!r}"))
+                command[1].set_exception(self._dead())
+
+    def _dead(self) -> EngineDeadError:
+        return EngineDeadError(f"the engine failed: {self.failure!r}")
 
     def _execute(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | None) -> None:
         if future is not None and not future.set_running_or_notify_cancel():

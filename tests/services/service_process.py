@@ -2,6 +2,7 @@
 listening line, health SERVING, and a clean SIGTERM."""
 from __future__ import annotations
 
+import queue
 import signal
 import subprocess
 import sys
@@ -79,8 +80,6 @@ def assert_a_call_opened_ahead_ends_unavailable_at_shutdown(svc: ServiceProcess,
     """A worker's gateway keeps a call open to it before it has a request for it (`open_call(channel,
     requests)` opens one); a graceful stop waiting out its grace period (5 s) for such calls would
     make every shutdown that slow, so they end UNAVAILABLE at once."""
-    import queue
-
     requests: queue.SimpleQueue = queue.SimpleQueue()
     with grpc.insecure_channel(svc.address) as channel:  # the helper's own closes with `terminate`
         call = open_call(channel, iter(requests.get, None))

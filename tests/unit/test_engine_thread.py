@@ -7,13 +7,20 @@ with a wake-up (services/common/engine_loop.py). Each case runs in a fresh proce
 state is the process's."""
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from services.common.engine_loop import EngineDeadError, EngineLoop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,14 +88,6 @@ def test_a_failed_step_ends_every_stream_and_call_and_is_logged_once(tiny_demo_m
     """The engine's state is unknown after a step raised: the request waiting on it gets the error,
     so does any later call (at once, not never), the worker hears of it (`on_failure`), and the
     failure is one log record with its traceback."""
-    import asyncio
-    import logging
-
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
-    from services.common.engine_loop import EngineDeadError, EngineLoop
-
     engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=32))
 
     def failing_step():
