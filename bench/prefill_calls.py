@@ -33,9 +33,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.local_mesh import LocalMesh, log  # noqa: E402
-from bench.mesh_overhead import SETTLE_S, empty_round_trip, grpc_ttft, random_prompts  # noqa: E402
-from engine.model_config import load_model_config  # noqa: E402
+from bench.mesh_overhead import (  # noqa: E402
+    SETTLE_S,
+    empty_round_trip,
+    engine_ttft_seconds,
+    grpc_ttft,
+    random_prompts,
+)
 from engine.demo_model import ensure_demo_model  # noqa: E402
+from engine.model_config import load_model_config  # noqa: E402
 from protos import gateway_pb2_grpc  # noqa: E402
 
 
@@ -75,7 +81,7 @@ def main(argv=None) -> int:
                         ttft = grpc_ttft(stubs[name], next(prompts), request_id)
                         timeline = client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline").json()
                         if i >= args.warmup:
-                            overhead[name].append(ttft - timeline["choices"][0]["phases_ms"]["prefill_compute"] / 1e3)
+                            overhead[name].append(ttft - engine_ttft_seconds(timeline))
                     time.sleep(SETTLE_S)
                     seconds = empty_round_trip(health)
                     if i >= args.warmup:

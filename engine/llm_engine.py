@@ -85,12 +85,14 @@ class LLMEngine:
         ends the request, it finishes as "prefilled" and keeps its pages until
         `release` (another worker decodes the rest from a copy of them).
         """
+        start_ns = time.time_ns()
         self._check_new_request(request_id, prompt_token_ids, sampling_params)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        is_prefill_only=prefill_only)
         self._seqs[request_id] = seq
         self._num_emitted[request_id] = 0
         self.scheduler.add(seq)
+        seq.step_times.admit_ns = (start_ns, time.time_ns())
 
     def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
         if not prompt_token_ids:

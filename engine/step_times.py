@@ -21,9 +21,10 @@ class PrefillChunk(NamedTuple):
 class StepTimes:
     """Filled by `LLMEngine.step` on the engine thread; read once the request's first output is out."""
 
-    __slots__ = ("first_step_end_ns", "first_step_start_ns", "prefill_chunks")
+    __slots__ = ("admit_ns", "first_step_end_ns", "first_step_start_ns", "prefill_chunks")
 
     def __init__(self) -> None:
+        self.admit_ns: tuple[int, int] | None = None  # `LLMEngine.add_request`'s start and end
         self.first_step_start_ns: int | None = None  # None: never scheduled (finished outside a step)
         self.first_step_end_ns: int | None = None
         self.prefill_chunks: list[PrefillChunk] = []

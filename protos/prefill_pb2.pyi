@@ -52,20 +52,22 @@ class HostTierSource(_message.Message):
     def __init__(self, address: _Optional[str] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds")
+    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds", "admit_seconds")
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     HOST_TIER_READ_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     queue_seconds: float
     prefill_seconds: float
     kv_transfer_seconds: float
     kv_transfer_bytes: int
     kv_transport: _common_pb2.KVTransport
     host_tier_read_seconds: float
-    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ...) -> None: ...
+    admit_seconds: float
+    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ..., admit_seconds: _Optional[float] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id", "num_host_tier_tokens")

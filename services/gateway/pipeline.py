@@ -358,8 +358,10 @@ class RequestPipeline:
         try:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings
-            clock.mark_split([("prefill_queue", timings.queue_seconds - timings.host_tier_read_seconds),
+            clock.mark_split([("prefill_queue", timings.queue_seconds - timings.host_tier_read_seconds
+                               - timings.admit_seconds),
                               ("host_tier_read", timings.host_tier_read_seconds),
+                              ("prefill_admit", timings.admit_seconds),
                               ("prefill_compute", timings.prefill_seconds)], rest="rpc")
             first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
                           FINISH_REASON_NAMES.get(response.finish_reason))

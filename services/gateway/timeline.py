@@ -16,8 +16,10 @@ Phases (milliseconds in the JSON), in the order a request meets them:
 - `tokenize`: the tokenizer service's Encode or ApplyChatTemplate;
 - `route`: the context check, choosing the workers (the router's copy of the prefix index,
   or a Redis round trip while it has none);
-- `prefill_queue`, `host_tier_read`, `prefill_compute`: as the prefill worker reported
-  them (for a prompt prefilled on the decode worker, its local prefill is
+- `prefill_queue`, `host_tier_read`, `prefill_admit`, `prefill_compute`: as the prefill
+  worker reported them: its wait, reading prefix blocks from a kvstore node, its engine
+  taking the request in (`add_request`: checks and queueing), and its engine's steps to
+  the first token (for a prompt prefilled on the decode worker, its local prefill is
   `prefill_compute` and its wait `decode_queue`);
 - `rpc`: the rest of the time spent waiting on prefill's first token (or on a local
   prefill's);
@@ -36,8 +38,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-PHASES = ("ingress", "tokenize", "route", "prefill_queue", "host_tier_read", "prefill_compute", "rpc", "first_token",
-          "kv_transfer", "decode_queue", "decode_steps", "detokenize_egress", "failed")
+PHASES = ("ingress", "tokenize", "route", "prefill_queue", "host_tier_read", "prefill_admit", "prefill_compute", "rpc",
+          "first_token", "kv_transfer", "decode_queue", "decode_steps", "detokenize_egress", "failed")
 
 DEFAULT_HISTORY = 1000
 

@@ -32,9 +32,10 @@ Status codes:
 Timings: `queue_seconds` runs from the call's arrival until the engine's first step
 with the request began (validation, reading from the host tier, waiting out the step in
 progress or for a batch slot), `host_tier_read_seconds` is the part spent reading from
-the host tier; `prefill_seconds` from then until the end of the step that sampled the
-first token, as the engine thread stamped them (the engine's own time to the first
-token; the hand-offs between this call and the engine thread are not in it);
+the host tier and `admit_seconds` the part in the engine's `add_request`; `prefill_seconds`
+from then until the end of the step that sampled the first token. The engine thread stamps
+the last two: with them, what a caller of an in-process engine waits for its first token
+(the hand-offs between this call and the engine thread are not in them);
 `kv_transfer_seconds` runs from the first token's arrival on this call to the end of
 the page write, by the transport named in `kv_transport`.
 
@@ -229,7 +230,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
             queue_seconds, prefill_seconds = _engine_seconds(out.step_times, arrival_ns, arrival, computed)
             timings = prefill_pb2.PrefillTimings(queue_seconds=queue_seconds, prefill_seconds=prefill_seconds,
-                                                 host_tier_read_seconds=tier_seconds)
+                                                 host_tier_read_seconds=tier_seconds,
+                                                 admit_seconds=_admit_seconds(out.step_times))
             first_token = prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
                                                                                     tier_tokens))
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
@@ -322,3 +324,11 @@ def _engine_seconds(times, arrival_ns: int, arrival: float, computed: float) -> 
     first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
     return ((times.first_step_start_ns - arrival_ns) / 1e9,
             (first_token_ns - times.first_step_start_ns) / 1e9)
+
+
+def _admit_seconds(times) -> float:
+    """The engine's `add_request` for this request, as the engine thread stamped it (0 unknown)."""
+    if times is None or times.admit_ns is None:
+        return 0.0
+    start_ns, end_ns = times.admit_ns
+    return (end_ns - start_ns) / 1e9

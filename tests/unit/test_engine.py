@@ -204,7 +204,8 @@ def test_half_precision_compute_tracks_float32(tiny_demo_model, dtype):
     assert len(out.token_ids) == GREEDY.max_tokens
 
 
-def test_step_times_hold_the_whole_step_from_scheduling_to_the_outputs(tiny_demo_model, monkeypatch):
+def test_step_times_hold_add_request_and_the_whole_step_from_scheduling_to_the_outputs(tiny_demo_model,
+                                                                                         monkeypatch):
     """A caller waiting on `step` for its first token waits for scheduling and bookkeeping too:
     a service subtracts these times as the engine's own, so none of it may fall outside them."""
     engine = make_engine(tiny_demo_model)
@@ -218,11 +219,17 @@ def test_step_times_hold_the_whole_step_from_scheduling_to_the_outputs(tiny_demo
 
     monkeypatch.setattr(engine.scheduler, "schedule", slowed(engine.scheduler.schedule))
     monkeypatch.setattr(engine.scheduler, "postprocess", slowed(engine.scheduler.postprocess))
+    monkeypatch.setattr(engine.scheduler, "add", slowed(engine.scheduler.add))
+    added_ns = time.time_ns()
     engine.add_request("timed", prompts(1)[0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     before_ns = time.time_ns()
     (out,) = engine.step()
     after_ns = time.time_ns()
     times = out.step_times
+    # add_request too: what an in-process caller's time to first token holds besides the steps.
+    admit_start_ns, admit_end_ns = times.admit_ns
+    assert added_ns <= admit_start_ns and admit_end_ns <= before_ns
+    assert (admit_end_ns - admit_start_ns) / 1e9 >= pause_s
     assert before_ns <= times.first_step_start_ns and times.first_step_end_ns <= after_ns
     assert times.prefill_seconds >= 2 * pause_s
     assert (after_ns - before_ns) / 1e9 - times.prefill_seconds < pause_s / 2

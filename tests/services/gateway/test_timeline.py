@@ -38,8 +38,8 @@ def test_a_disaggregated_request_gets_its_ledger_and_can_read_it_again(mesh):
     assert choice["status"] == "finished" and choice["prefilled_on"] == "prefill"
     assert choice["request_id"] == body["id"]
     phases = choice["phases_ms"]
-    for phase in ("ingress", "tokenize", "route", "prefill_compute", "kv_transfer", "rpc", "first_token",
-                  "decode_steps", "detokenize_egress"):
+    for phase in ("ingress", "tokenize", "route", "prefill_admit", "prefill_compute", "kv_transfer", "rpc",
+                  "first_token", "decode_steps", "detokenize_egress"):
         assert phases[phase] > 0.0, (phase, phases)
     assert phases["host_tier_read"] == 0.0 and phases["failed"] == 0.0
     assert ledger["e2e_ms"] < wall_ms

@@ -145,6 +145,7 @@ def test_first_token_logprobs_and_timings(decode, prefill, colocated):
     timings = response.timings
     assert timings.kv_transfer_bytes == len(reservation.block_ids) * 2 * 2 * 2 * 16 * 16 * 4  # L, K/V, Hkv, bs, D, f32
     assert timings.queue_seconds >= 0 and timings.prefill_seconds > 0 and timings.kv_transfer_seconds > 0
+    assert 0 < timings.admit_seconds <= timings.queue_seconds  # the engine's add_request, within the wait
     # The same prompt again comes (mostly) from the prefix cache: every full block of it.
     again = do_prefill(prefill, "lp2", PROMPT, params, _target(reservation))
     assert again.num_cached_tokens == len(PROMPT) // BLOCK_SIZE * BLOCK_SIZE
