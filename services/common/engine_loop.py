@@ -4,7 +4,11 @@ The engine is not thread-safe, so asyncio code never touches it directly: it
 submits a command (a function of the engine) that the thread runs between steps,
 and reads a request's outputs from an asyncio.Queue the thread fills through
 `loop.call_soon_threadsafe`. With nothing running, the thread blocks on the
-command queue (no busy loop).
+command queue (no busy loop). A request is started without waiting for the engine to
+take it: its outputs say that, and a refusal comes the same way (`RequestRefusedError`).
+Waiting would wake the caller's thread once more, from the engine thread as it begins the
+request's first step: 20 us more before that step (the wake-up's write), and a thread
+competing for the cores while it computes.
 
 A worker process gives the engine its cores as well (`start(sole_parallel_thread=True)`):
 its engine is built on the thread that then steps it, and every other thread runs torch
@@ -39,6 +43,34 @@ _STOP = object()
 
 class EngineDeadError(RuntimeError):
     """The engine loop has ended on a failed step: nothing more runs on this engine."""
+
+
+class RequestRefusedError(ValueError):
+    """The engine refused a request it was given (its ValueError's message): the one item of that
+    request's output queue. Not a failure of the engine: its outputs' other errors are."""
+
+
+class _IntoQueue:
+    """What a command that starts a request reports to: as a concurrent Future to the engine
+    thread, but only a failure is news (the request's outputs say the rest), and it goes into the
+    request's output queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue) -> None:
+        self._loop = loop
+        self._outputs = outputs
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return True
+
+    def set_result(self, result: Any) -> None:
+        pass
+
+    def set_exception(self, error: BaseException) -> None:
+        item = RequestRefusedError(str(error)) if isinstance(error, ValueError) else error
+        try:
+            self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed (shutdown)
+            pass
 
 
 class EngineThread(concurrent.futures.Executor):
@@ -154,13 +186,11 @@ class EngineLoop:
     async def release_reservation(self, request_id: str) -> bool:
         return await self.call(lambda engine: engine.release_reservation(request_id))
 
-    async def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
-                              params: SamplingParams) -> asyncio.Queue:
-        """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs.
-
-        A refused request (ValueError) has its reservation released: the claim consumed it."""
-        outputs: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+    def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
+                        params: SamplingParams) -> asyncio.Queue:
+        """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
+        (see `add_request`). A refused request has its reservation released: the claim consumed it."""
+        stream = self._new_stream()
 
         def add(engine: LLMEngine) -> None:
             try:
@@ -168,27 +198,39 @@ class EngineLoop:
             except BaseException:
                 engine.release_reservation(request_id)
                 raise
-            self._streams[request_id] = (loop, outputs)
+            self._streams[request_id] = stream
 
-        await self.call(add)
-        return outputs
+        return self._start(add, stream)
 
-    async def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prefill_only: bool = False) -> asyncio.Queue:
-        """Queue a new request in the engine; returns the queue of its RequestOutputs.
+        """Queue a new request in the engine; returns the queue of its RequestOutputs at once.
 
-        Raises ValueError (from `LLMEngine.add_request`) for a request the engine refuses. A
-        `prefill_only` request that finishes "prefilled" holds its pages until
-        `release` (or `cancel_soon`)."""
-        outputs: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        Their first item is a `RequestRefusedError` for a request the engine refuses (the
+        ValueError of `LLMEngine.add_request`), and then the only one; an `EngineDeadError`
+        for one queued as the engine died (raised at once once it is dead). A `prefill_only`
+        request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`)."""
+        stream = self._new_stream()
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only)
-            self._streams[request_id] = (loop, outputs)
+            self._streams[request_id] = stream
 
-        await self.call(add)
-        return outputs
+        return self._start(add, stream)
+
+    def _new_stream(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
+        """A request's (consumer's loop, output queue); raises EngineDeadError once a step has failed."""
+        if self.failure is not None:
+            raise self._dead()
+        return asyncio.get_running_loop(), asyncio.Queue()
+
+    def _start(self, add: Callable[[LLMEngine], None], stream: tuple[asyncio.AbstractEventLoop, asyncio.Queue]
+               ) -> asyncio.Queue:
+        """Queue `add`, a command that starts a request streaming into `stream`; its output queue."""
+        self._commands.put((add, _IntoQueue(*stream)))
+        if self.failure is not None:  # it failed as this was queued: no one is left to run it
+            self._fail_queued()
+        return stream[1]
 
     async def release(self, request_id: str) -> bool:
         """Free a "prefilled" request's held pages. False if nothing was held."""
@@ -263,7 +305,7 @@ class EngineLoop:
     def _dead(self) -> EngineDeadError:
         return EngineDeadError(f"the engine failed: {self.failure!r}")
 
-    def _execute(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | None) -> None:
+    def _execute(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | _IntoQueue | None) -> None:
         if future is not None and not future.set_running_or_notify_cancel():
             return
         try:
@@ -287,6 +329,16 @@ class EngineLoop:
                 loop.call_soon_threadsafe(outputs_queue.put_nowait, out)
             except RuntimeError:  # the consumer's loop is closed (shutdown)
                 pass
+
+
+async def finished(outputs: asyncio.Queue) -> RequestOutput:
+    """A request's last output, read off its queue; raises the error that came instead."""
+    while True:
+        out = await outputs.get()
+        if isinstance(out, BaseException):
+            raise out
+        if out.finished:
+            return out
 
 
 def _log_failure(running: concurrent.futures.Future) -> None:

@@ -29,7 +29,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc, kvstore_pb2_grpc
-from services.common.engine_loop import EngineLoop, EngineThread
+from services.common.engine_loop import EngineLoop, EngineThread, finished
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
@@ -87,16 +87,15 @@ async def warm_up(engine_loop: EngineLoop, block_size: int, max_model_len: int, 
     for i, params in enumerate(WARMUP_PARAMS):
         request_id = f"warmup-{i}"
         await engine_loop.reserve(request_id, len(prompt))
-        streams.append(await engine_loop.start_prefilled(request_id, prompt, 1, params))
+        streams.append(engine_loop.start_prefilled(request_id, prompt, 1, params))
     # Every warm-up request at once must fit the pool: a small pool warms up on shorter prompts.
     longest = min(384, max_model_len - 8, num_blocks // (3 * len(WARMUP_PARAMS)) * block_size)
     for n in sorted({1, block_size + 1, longest} - {0}):
         for j, params in enumerate(WARMUP_PARAMS):
             local = [(7 * k + j) % 97 + 1 for k in range(n)]
-            streams.append(await engine_loop.add_request(f"warmup-local-{n}-{j}", local, params))
+            streams.append(engine_loop.add_request(f"warmup-local-{n}-{j}", local, params))
     for outputs in streams:
-        while not (await outputs.get()).finished:
-            pass
+        await finished(outputs)
 
 
 def _close_pool(pool: SharedKVPool) -> None:

@@ -30,6 +30,7 @@ was opened: services/common/grpc_server.OpenedAhead).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -39,7 +40,7 @@ from engine.outputs import RequestOutput
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
-from services.common.engine_loop import EngineLoop
+from services.common.engine_loop import EngineLoop, RequestRefusedError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
@@ -208,24 +209,26 @@ class _Phases:
                                         tracing.GEN_AI_RESPONSE_FINISH_REASONS: [out.finish_reason or ""]})
 
 
-async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprobs: int | None, context,
-                  metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases],
+async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Queue, num_logprobs: int | None,
+                  context, metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases],
                   are_headers_sent: bool = False):
-    """The DecodeChunks of a request the engine has just been given (`started` awaits that);
+    """The DecodeChunks of a request just given to the engine (`started`: its output queue);
     ValueError when the engine refuses it. A call that ends early (the client went away,
     the server stops) aborts the request, which frees its pages; the abort is queued
-    behind the add, so it finds the request even when the add is still in flight. While
-    it runs, the call is in `streaming`, where an Abort finds it."""
+    behind the add, so it finds the request even when the add is still in flight. Once it
+    has an output, the call is in `streaming`, where an Abort finds it."""
     is_finished = is_counted = False
     headers = EarlyHeaders(context)
     if not are_headers_sent:
         headers.send_soon()  # at the next await: the request is with the engine by then
     try:
-        outputs = await started
-        streaming[request_id] = phases  # after the engine took it: a refused duplicate id is never here
         first = True
         while not is_finished:
-            out = await outputs.get()
+            out = await started.get()
+            if isinstance(out, RequestRefusedError):
+                raise out
+            if first:  # the engine took it: a refused duplicate id is never here
+                streaming[request_id] = phases
             if isinstance(out, Exception):
                 metrics.count_error("engine_failed")
                 is_counted = True
@@ -248,8 +251,8 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started, num_logprob
                 first = False
                 await headers.sent()  # once: sent, they stay sent
             yield chunk
-    except ValueError:
-        is_finished = True  # refused: nothing was added
+    except RequestRefusedError:
+        is_finished = True  # nothing was added
         await headers.sent()  # the caller aborts the call, which would send them too
         raise
     finally:

@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import prefill_pb2_grpc
-from services.common.engine_loop import EngineLoop, EngineThread
+from services.common.engine_loop import EngineLoop, EngineThread, finished
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.metrics import ServiceMetrics
@@ -68,10 +68,9 @@ async def warm_up(engine_loop: EngineLoop, lengths: list[int]) -> None:
         for j, params in enumerate(WARMUP_PARAMS):
             request_id = f"warmup-{i}-{j}"
             prompt = [(7 * k + j) % 97 + 1 for k in range(n)]
-            streams.append((request_id, await engine_loop.add_request(request_id, prompt, params, prefill_only=True)))
+            streams.append((request_id, engine_loop.add_request(request_id, prompt, params, prefill_only=True)))
         for request_id, outputs in streams:
-            while not (await outputs.get()).finished:
-                pass
+            await finished(outputs)
             await engine_loop.release(request_id)
 
 

@@ -65,7 +65,7 @@ import torch
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name
-from services.common.engine_loop import EngineLoop
+from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError
 from services.common.grpc_server import OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.kvstore.host_id import host_id
@@ -86,6 +86,7 @@ from services.prefill.kv_writer import KVWriter
 
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
 log = logging.getLogger("baton.prefill")
+ENGINE_DEAD = "the prefill engine failed; the worker is stopping"
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
@@ -124,7 +125,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         if self.engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill engine is still loading")
         if self.engine_loop.failure is not None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill engine failed; the worker is stopping")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
         return self.engine_loop
 
     async def Prefill(self, request, context):
@@ -199,27 +200,30 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "target needs a reservation_id, or a decode_address to reserve on")
 
-        is_added = True  # unknown until `add_request` returns: cancelled meanwhile, it may have run
+        is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
         is_handed_on = False  # the decode worker now owns the reservation we made
         pending_copy: asyncio.Future | None = None
         held = None  # the "prefilled" output, while its pages are held
         tier_tokens, tier_seconds = 0, 0.0
         try:
-            if request.host_tier.num_blocks and request.host_tier.address:
-                read_start = time.perf_counter()
-                with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
-                    tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
-                                                                    request.host_tier.address,
-                                                                    request.host_tier.num_blocks)
-                    span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
-                tier_seconds = time.perf_counter() - read_start
             try:
-                outputs = await engine_loop.add_request(request_id, prompt, params, prefill_only=True)
-            except ValueError as e:
+                if request.host_tier.num_blocks and request.host_tier.address:
+                    read_start = time.perf_counter()
+                    with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
+                        tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
+                                                                        request.host_tier.address,
+                                                                        request.host_tier.num_blocks)
+                        span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
+                    tier_seconds = time.perf_counter() - read_start
+                outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True)
+            except EngineDeadError:  # it failed since `_ready`
                 is_added = False
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
             out = await outputs.get()
             computed = time.perf_counter()
+            if isinstance(out, RequestRefusedError):
+                is_added = False
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(out))
             if isinstance(out, Exception):
                 await context.abort(grpc.StatusCode.INTERNAL, f"the prefill engine failed: {out}")
             request_spans.record_queue("prefill.queue", arrival_ns, out.step_times, attrs)

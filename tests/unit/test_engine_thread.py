@@ -13,6 +13,7 @@ import logging
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from services.common.engine_loop import EngineDeadError, EngineLoop
+from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError, finished
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ async def main():
         prompt = [rng.randrange(4, engine.model_config.vocab_size) for _ in range(512)]
         await asyncio.sleep(0.05)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-        outputs = await engine_loop.add_request(f"r{i}", prompt, SamplingParams(max_tokens=1, temperature=0))
+        outputs = engine_loop.add_request(f"r{i}", prompt, SamplingParams(max_tokens=1, temperature=0))
         await outputs.get()
         switches.append(resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before)
     engine_loop.stop()
@@ -99,10 +100,10 @@ def test_a_failed_step_ends_every_stream_and_call_and_is_logged_once(tiny_demo_m
         engine_loop.start()
         heard = asyncio.get_running_loop().create_future()
         engine_loop.on_failure(heard.set_result)
-        stream = await engine_loop.add_request("r0", [5, 6, 7], SamplingParams(max_tokens=2))
+        stream = engine_loop.add_request("r0", [5, 6, 7], SamplingParams(max_tokens=2))
         end = await asyncio.wait_for(stream.get(), 10)
         with pytest.raises(EngineDeadError, match="fell off"):
-            await asyncio.wait_for(engine_loop.add_request("r1", [5, 6, 7], SamplingParams(max_tokens=2)), 10)
+            engine_loop.add_request("r1", [5, 6, 7], SamplingParams(max_tokens=2))
         engine_loop.stop()
         return end, await asyncio.wait_for(heard, 10)
 
@@ -112,3 +113,55 @@ def test_a_failed_step_ends_every_stream_and_call_and_is_logged_once(tiny_demo_m
     assert heard is end
     failures = [r for r in caplog.records if r.exc_info]
     assert len(failures) == 1 and failures[0].exc_info[1] is end
+
+
+def test_a_request_is_started_without_a_wait_and_a_refused_one_hears_it_on_its_queue(tiny_demo_model):
+    """`add_request` returns at once; a request the engine refuses gets a RequestRefusedError as its
+    queue's one item, and a duplicate id leaves the request already holding it running."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=32))
+    vocab = engine.model_config.vocab_size
+
+    async def main():
+        engine_loop = EngineLoop(engine)
+        engine_loop.start()
+        try:
+            running = engine_loop.add_request("r0", [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+            duplicate = engine_loop.add_request("r0", [5, 6, 7], SamplingParams(max_tokens=3))
+            outside = engine_loop.add_request("r1", [5, vocab], SamplingParams(max_tokens=3))
+            refusals = [await asyncio.wait_for(q.get(), 10) for q in (duplicate, outside)]
+            last = await asyncio.wait_for(finished(running), 10)
+            return refusals, last, duplicate.empty() and outside.empty()
+        finally:
+            engine_loop.stop()
+
+    (duplicate, outside), last, nothing_more = asyncio.run(main())
+    assert isinstance(duplicate, RequestRefusedError) and "already in use" in str(duplicate)
+    assert isinstance(outside, RequestRefusedError) and "outside the vocabulary" in str(outside)
+    assert nothing_more and len(last.token_ids) == 3 and last.finish_reason == "length"
+
+
+def test_a_request_queued_behind_a_failing_step_hears_the_engine_died(tiny_demo_model):
+    """A start still queued when a step fails is not lost: its queue gets the EngineDeadError."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=32))
+    stepping, go_on = threading.Event(), threading.Event()
+
+    def failing_step():
+        stepping.set()
+        go_on.wait(10)
+        raise RuntimeError("the device fell off the bus")
+    engine.step = failing_step
+
+    async def main():
+        engine_loop = EngineLoop(engine)
+        engine_loop.start()
+        first = engine_loop.add_request("r0", [5, 6, 7], SamplingParams(max_tokens=2))
+        await asyncio.get_running_loop().run_in_executor(None, stepping.wait, 10)
+        queued = engine_loop.add_request("r1", [5, 6, 7], SamplingParams(max_tokens=2))  # behind the failing step
+        go_on.set()
+        got = [await asyncio.wait_for(q.get(), 10) for q in (first, queued)]
+        engine_loop.stop()
+        return got
+
+    first, queued = asyncio.run(main())
+    assert isinstance(first, RuntimeError) and "fell off" in str(first)
+    assert isinstance(queued, EngineDeadError) and "fell off" in str(queued)
