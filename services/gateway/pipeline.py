@@ -286,7 +286,14 @@ class RequestPipeline:
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
-        output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
+        output: _TextOutput | None = None  # made once the prompt is on its way: not on its critical path
+
+        def dispatched() -> None:
+            nonlocal output
+            output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
+            if on_dispatch is not None:
+                on_dispatch()
+
         progress = _Progress()
         lookup = NO_LOOKUP
         with spans.phase("route"):
@@ -299,7 +306,7 @@ class RequestPipeline:
         clock.prefilled_on = "decode" if is_local else "prefill"
         PREFILLED_ON[clock.prefilled_on].inc()
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
-            request_id, prompt, params, decode_worker, progress, clock, spans, lookup, on_dispatch or _nothing)
+            request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
         try:
             async with aclosing(steps):
@@ -470,10 +477,6 @@ class RequestPipeline:
         self._in_background(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id,
                                                                       finish_reason=finish_reason),
                                               timeout=self.deadlines.abort_s))
-
-
-def _nothing() -> None:
-    pass
 
 
 def _forget(tasks: set[asyncio.Task]):

@@ -35,7 +35,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
@@ -169,8 +169,7 @@ class PrefixRouter:
         decode_id = self._decode_ids.get(decode_address) if decode_address else None
         if not hashes or not (len(candidates) > 1 or self._kvstores or decode_id):
             return Lookup(hashes, None)
-        lookup = await self._matched_blocks(hashes, candidates, decode_id)
-        return replace(lookup, decode_cached_tokens=min(len(prompt), lookup.decode_cached_tokens * self.block_size))
+        return await self._matched_blocks(hashes, candidates, decode_id, len(prompt))
 
     def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:
         """The prefill worker for `prompt` given what `lookup` found (see `pick`); `record` it
@@ -226,10 +225,11 @@ class PrefixRouter:
         most, least = max(queued), min(queued)
         return most - least > self.config.balance_abs_tokens and most > self.config.balance_rel * max(least, 1)
 
-    async def _matched_blocks(self, hashes: Sequence[int], workers: Sequence[Worker], decode_id: str | None) -> Lookup:
+    async def _matched_blocks(self, hashes: Sequence[int], workers: Sequence[Worker], decode_id: str | None,
+                              num_tokens: int) -> Lookup:
         """Leading blocks held, by prefill worker address (`matched` None when the index cannot
         say: routing by load), the kvstore node holding the most of them (None: none holds any),
-        and what decode instance `decode_id` holds."""
+        and how many of the prompt's `num_tokens` decode instance `decode_id` holds."""
         if self.index is None:
             return Lookup(hashes, None)
         by_instance = {self._instance_ids[w.address]: w.address for w in workers if w.address in self._instance_ids}
@@ -250,8 +250,9 @@ class PrefixRouter:
         self._redis_answered()
         tier = max(((kvstores[i], n) for i, n in held.items() if i in kvstores and n > 0),
                    key=lambda entry: entry[1], default=None)
+        decode_blocks = held.get(decode_id, 0) if decode_id else 0
         return Lookup(hashes, {by_instance[instance]: n for instance, n in held.items() if instance in by_instance},
-                      tier, held.get(decode_id, 0) if decode_id else 0)  # blocks, made tokens by `lookup`
+                      tier, min(num_tokens, decode_blocks * self.block_size))
 
     def _redis_failed(self, e: Exception) -> None:
         """A connection error means Redis is down; a slow answer only costs its request the
