@@ -183,14 +183,16 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
                 if i >= args.warmup:
                     samples[name].append(seconds)
         # The prefill worker's engine time for each sample, from the gateway's ledger.
-        engine_s = {api: [engine_ttft_seconds(client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline")
-                                              .json()) for request_id in ids[args.warmup:]]
-                    for api, ids in request_ids.items()}
+        timelines = {api: [client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline").json()
+                           for request_id in ids[args.warmup:]] for api, ids in request_ids.items()}
+    engine_s = {api: [engine_ttft_seconds(timeline) for timeline in kept] for api, kept in timelines.items()}
+    admit_s = [timeline["choices"][0]["phases_ms"]["prefill_admit"] / 1e3 for timeline in timelines["grpc"]]
     rtt = samples.pop("rtt")
     paired = {api: [ttft - engine for ttft, engine in zip(samples[api], engine_s[api], strict=True)]
               for api in request_ids}
     return {"rtt_ms": p50_ms(rtt), "overhead_paired_ms": p50_ms(paired["grpc"]),
             "http_overhead_paired_ms": p50_ms(paired["http"]), "ttft_prefill_engine_p50_ms": p50_ms(engine_s["grpc"]),
+            "prefill_admit_p50_ms": p50_ms(admit_s),
             "ttst_grpc_p50_ms": p50_ms(ttst),
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
 
