@@ -66,11 +66,8 @@ class _IntoQueue:
         pass
 
     def set_exception(self, error: BaseException) -> None:
-        item = RequestRefusedError(str(error)) if isinstance(error, ValueError) else error
-        try:
-            self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
-        except RuntimeError:  # the consumer's loop is closed (shutdown)
-            pass
+        refused = isinstance(error, ValueError)
+        _hand_over(self._loop, self._outputs, RequestRefusedError(str(error)) if refused else error)
 
 
 class EngineThread(concurrent.futures.Executor):
@@ -168,12 +165,8 @@ class EngineLoop:
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps; its result or exception comes back.
         Raises EngineDeadError, at once, once a step has failed."""
-        if self.failure is not None:
-            raise self._dead()
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put((fn, future))
-        if self.failure is not None:  # it failed as this was queued: no one is left to run it
-            self._fail_queued()
+        self._queue(fn, future)
         return await asyncio.wrap_future(future)
 
     def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
@@ -190,7 +183,7 @@ class EngineLoop:
                         params: SamplingParams) -> asyncio.Queue:
         """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
         (see `add_request`). A refused request has its reservation released: the claim consumed it."""
-        stream = self._new_stream()
+        stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             try:
@@ -200,7 +193,8 @@ class EngineLoop:
                 raise
             self._streams[request_id] = stream
 
-        return self._start(add, stream)
+        self._queue(add, _IntoQueue(*stream))
+        return stream[1]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prefill_only: bool = False) -> asyncio.Queue:
@@ -210,27 +204,23 @@ class EngineLoop:
         ValueError of `LLMEngine.add_request`), and then the only one; an `EngineDeadError`
         for one queued as the engine died (raised at once once it is dead). A `prefill_only`
         request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`)."""
-        stream = self._new_stream()
+        stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only)
             self._streams[request_id] = stream
 
-        return self._start(add, stream)
+        self._queue(add, _IntoQueue(*stream))
+        return stream[1]
 
-    def _new_stream(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
-        """A request's (consumer's loop, output queue); raises EngineDeadError once a step has failed."""
+    def _queue(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | _IntoQueue) -> None:
+        """Queue `fn` for the engine thread, which tells `future` how it went; raises EngineDeadError
+        at once once a step has failed."""
         if self.failure is not None:
             raise self._dead()
-        return asyncio.get_running_loop(), asyncio.Queue()
-
-    def _start(self, add: Callable[[LLMEngine], None], stream: tuple[asyncio.AbstractEventLoop, asyncio.Queue]
-               ) -> asyncio.Queue:
-        """Queue `add`, a command that starts a request streaming into `stream`; its output queue."""
-        self._commands.put((add, _IntoQueue(*stream)))
+        self._commands.put((fn, future))
         if self.failure is not None:  # it failed as this was queued: no one is left to run it
             self._fail_queued()
-        return stream[1]
 
     async def release(self, request_id: str) -> bool:
         """Free a "prefilled" request's held pages. False if nothing was held."""
@@ -324,11 +314,15 @@ class EngineLoop:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is None:
                 continue
-            loop, outputs_queue = stream
-            try:
-                loop.call_soon_threadsafe(outputs_queue.put_nowait, out)
-            except RuntimeError:  # the consumer's loop is closed (shutdown)
-                pass
+            _hand_over(*stream, out)
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue, item: Any) -> None:
+    """Put `item` into a consumer's output queue, from the engine thread."""
+    try:
+        loop.call_soon_threadsafe(outputs.put_nowait, item)
+    except RuntimeError:  # the consumer's loop is closed (shutdown)
+        pass
 
 
 async def finished(outputs: asyncio.Queue) -> RequestOutput:

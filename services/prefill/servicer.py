@@ -232,10 +232,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                             tracing.BATON_HOST_TIER_TOKENS: tier_tokens})
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
-            queue_seconds, prefill_seconds = _engine_seconds(out.step_times, arrival_ns, arrival, computed)
+            queue_seconds, admit_seconds, prefill_seconds = _engine_seconds(out.step_times, arrival_ns, arrival,
+                                                                            computed)
             timings = prefill_pb2.PrefillTimings(queue_seconds=queue_seconds, prefill_seconds=prefill_seconds,
-                                                 host_tier_read_seconds=tier_seconds,
-                                                 admit_seconds=_admit_seconds(out.step_times))
+                                                 host_tier_read_seconds=tier_seconds, admit_seconds=admit_seconds)
             first_token = prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
                                                                                     tier_tokens))
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
@@ -320,19 +320,14 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}")
 
 
-def _engine_seconds(times, arrival_ns: int, arrival: float, computed: float) -> tuple[float, float]:
-    """(queue, prefill) seconds by the engine's step stamps; for a request no step ran (it
-    finished outside one), all of it is queue."""
-    if times is None or times.first_step_start_ns is None:
-        return computed - arrival, 0.0
+def _engine_seconds(times, arrival_ns: int, arrival: float, computed: float) -> tuple[float, float, float]:
+    """(queue, admit, prefill) seconds by the engine thread's stamps, admit (its `add_request`)
+    being part of queue; for a request no step ran (it finished outside one), all of it is queue."""
+    if times is None:
+        return computed - arrival, 0.0, 0.0
+    admit = (times.admit_ns[1] - times.admit_ns[0]) / 1e9 if times.admit_ns is not None else 0.0
+    if times.first_step_start_ns is None:
+        return computed - arrival, admit, 0.0
     first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
-    return ((times.first_step_start_ns - arrival_ns) / 1e9,
+    return ((times.first_step_start_ns - arrival_ns) / 1e9, admit,
             (first_token_ns - times.first_step_start_ns) / 1e9)
-
-
-def _admit_seconds(times) -> float:
-    """The engine's `add_request` for this request, as the engine thread stamped it (0 unknown)."""
-    if times is None or times.admit_ns is None:
-        return 0.0
-    start_ns, end_ns = times.admit_ns
-    return (end_ns - start_ns) / 1e9
