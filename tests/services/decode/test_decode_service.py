@@ -309,7 +309,6 @@ def test_sigterm_exits_zero_and_removes_the_segment(tiny_demo_model):
     assert not os.path.exists(segment)
 
 
-
 def test_a_worker_whose_engine_fails_fails_its_request_exits_1_and_removes_the_segment(tiny_demo_model):
     """Its engine's state is unknown after a failed step: it stops (an orchestrator restarts it)
     instead of serving on, and releases its shared-memory pool as a SIGTERM would."""
