@@ -255,21 +255,18 @@ class EngineLoop:
         # one set anywhere): fixed now, before `start` may set the other threads' to one.
         torch.get_num_threads()
         self._is_threaded.set()
+        commands = self._commands
         while True:
-            # Idle: block for work. Busy: take whatever arrived and go on stepping.
-            block = not self.engine.has_unfinished_requests()
-            try:
-                command = self._commands.get(block=block)
-            except queue.Empty:
-                command = None
+            # Idle: block for work. Busy: take whatever arrived and go on stepping. While it runs, only
+            # this thread takes commands, so one seen waiting is there to take: no queue.Empty raised
+            # and caught between a request's arrival and its first step.
+            is_busy = self.engine.has_unfinished_requests()
+            command = None if is_busy and commands.empty() else commands.get()
             while command is not None:
                 if command is _STOP:
                     return
                 self._execute(*command)
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    command = None
+                command = None if commands.empty() else commands.get()
             if self.engine.has_unfinished_requests():
                 try:
                     outputs = self.engine.step()

@@ -15,7 +15,7 @@ from services.common.converters import (
 )
 from services.kvstore.transport import KVDestination, TransportKind
 
-__all__ = ["destination_from_proto", "layout_from_proto", "reserved_target", "response_from_output",
+__all__ = ["destination_from_proto", "layout_from_proto", "first_token_event", "reserved_target",
            "sampling_params_from_proto", "transport_from_proto", "transport_to_proto"]
 
 TRANSPORTS = {
@@ -25,18 +25,20 @@ TRANSPORTS = {
 }
 
 
-def response_from_output(out: RequestOutput, num_logprobs: int | None, timings: prefill_pb2.PrefillTimings,
-                         num_host_tier_tokens: int = 0) -> prefill_pb2.PrefillResponse:
-    """The first token of a finished prefill-only output. "prefilled" (pages handed on,
-    decode continues) leaves finish_reason UNSPECIFIED; "stop"/"length" set it."""
+def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dict[str, float],
+                      num_host_tier_tokens: int = 0) -> prefill_pb2.PrefillEvent:
+    """The first token of a finished prefill-only output, and `timings` (PrefillTimings' fields).
+    "prefilled" (pages handed on, decode continues) leaves finish_reason UNSPECIFIED;
+    "stop"/"length" set it. Built in one go, not from nested messages each copied into the next:
+    it is on the first token's way out."""
     first = out.token_ids[0]
     reason = None if out.finish_reason == "prefilled" else out.finish_reason
-    response = prefill_pb2.PrefillResponse(first_token_id=first, num_cached_tokens=out.num_cached_tokens,
-                                           timings=timings, finish_reason=FINISH_REASONS[reason],
-                                           num_host_tier_tokens=num_host_tier_tokens)
+    event = prefill_pb2.PrefillEvent(first_token={
+        "first_token_id": first, "num_cached_tokens": out.num_cached_tokens, "timings": timings,
+        "finish_reason": FINISH_REASONS[reason], "num_host_tier_tokens": num_host_tier_tokens})
     if num_logprobs is not None and out.new_logprobs:
-        response.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
-    return response
+        event.first_token.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
+    return event
 
 
 def transport_from_proto(transport: int) -> TransportKind | None:

@@ -57,14 +57,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import aclosing
+from functools import partialmethod
 
 import grpc
 import torch
 
-from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
+from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
-from services.common.converters import finish_reason_name
 from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError
 from services.common.grpc_server import OpenedAhead
 from services.common.metrics import ServiceMetrics
@@ -73,9 +72,9 @@ from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.transport import KVDestination, PageTransport
 from services.prefill.converters import (
     destination_from_proto,
+    first_token_event,
     layout_from_proto,
     reserved_target,
-    response_from_output,
     sampling_params_from_proto,
     transport_from_proto,
     transport_to_proto,
@@ -131,7 +130,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     async def Prefill(self, request, context):
         """`_events` answered once: the first token's response, completed by the handoff."""
         response = None
-        async for event in self._counted(request, context):
+        async for event in self._events(request, context):
             if event.HasField("first_token"):
                 response = event.first_token
             else:
@@ -139,73 +138,49 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 response.timings.CopyFrom(event.handoff.timings)
         return response
 
-    async def PrefillStream(self, request, context):
-        async for event in self._counted(request, context):
-            yield event
-
-    async def PrefillPreopened(self, request_iterator, context):
-        """PrefillStream for the call's first message, whenever it comes."""
-        request = await self.opened_ahead.first_request(context)
-        if request is not None:
-            async for event in self._counted(request, context):
-                yield event
-
-    async def _counted(self, request, context):
-        """`_events`, counted: successes by finish reason ("prefilled": handed on to decode),
-        failures by the status the call ended with."""
-        first = None
-        try:
-            async with aclosing(self._events(request, context)) as events:
-                async for event in events:
-                    if event.HasField("first_token"):
-                        first = event.first_token
-                    yield event
-        except (asyncio.CancelledError, GeneratorExit):
-            self.metrics.count_error("cancelled")
-            raise
-        except BaseException:
-            code = context.code()
-            self.metrics.count_error(code.name.lower() if code is not None else "internal")
-            raise
-        if first.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
-            self.metrics.count_success("prefilled")
-        else:  # the first token ended it
-            self.metrics.count_success(finish_reason_name(first.finish_reason))
-
-    async def _events(self, request, context):
+    async def _events(self, request, context, is_preopened: bool = False):
         """The first token (a `first_token` event), then, when the prompt goes on to decode, the
-        pages written into the target (a `handoff` event)."""
-        arrival = time.perf_counter()
-        arrival_ns = time.time_ns()
-        engine_loop = await self._ready(context)
-        request_id = request.request_id
-        prompt = list(request.token_ids)
-        if not request_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
-        if not prompt:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
-        try:
-            params = sampling_params_from_proto(request.sampling)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        attrs = tracing.request_attributes(request_id) if tracing.is_enabled() else {}
-        tracing.set_current_attributes({**attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
-                                        tracing.GEN_AI_USAGE_INPUT_TOKENS: len(prompt)})
-        num_blocks = -(-len(prompt) // self.layout.block_size)
-        target = request.target
-        reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
-        if target.reservation_id:
-            transport, dest = await self._open_target(target, num_blocks, context)
-        elif not target.decode_address:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "target needs a reservation_id, or a decode_address to reserve on")
-
-        is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
+        pages written into the target (a `handoff` event). `is_preopened`: `request` is the call's
+        request stream, and its first message the request. Counted: successes by finish reason
+        ("prefilled": handed on to decode), failures by the status the call ended with."""
+        if is_preopened:  # not a request until it comes: an idle call that ends is not counted
+            request = await self.opened_ahead.first_request(context)
+            if request is None:
+                return
+        is_added = False  # the engine may have the request: from just before it is handed over
         is_handed_on = False  # the decode worker now owns the reservation we made
+        reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
         pending_copy: asyncio.Future | None = None
         held = None  # the "prefilled" output, while its pages are held
-        tier_tokens, tier_seconds = 0, 0.0
         try:
+            arrival = time.perf_counter()
+            arrival_ns = time.time_ns()
+            engine_loop = await self._ready(context)
+            request_id = request.request_id
+            prompt = request.token_ids[:]  # a list: slicing makes it in one go, faster than list()
+            if not request_id:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+            if not prompt:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
+            try:
+                params = sampling_params_from_proto(request.sampling)
+            except ValueError as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            attrs = {}
+            if tracing.is_enabled():
+                attrs = tracing.request_attributes(request_id)
+                tracing.set_current_attributes({**attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+                                                tracing.GEN_AI_USAGE_INPUT_TOKENS: len(prompt)})
+            num_blocks = -(-len(prompt) // self.layout.block_size)
+            target = request.target
+            if target.reservation_id:
+                transport, dest = await self._open_target(target, num_blocks, context)
+            elif not target.decode_address:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "target needs a reservation_id, or a decode_address to reserve on")
+
+            is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
+            tier_tokens, tier_seconds = 0, 0.0
             try:
                 if request.host_tier.num_blocks and request.host_tier.address:
                     read_start = time.perf_counter()
@@ -226,20 +201,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(out))
             if isinstance(out, Exception):
                 await context.abort(grpc.StatusCode.INTERNAL, f"the prefill engine failed: {out}")
-            request_spans.record_queue("prefill.queue", arrival_ns, out.step_times, attrs)
-            request_spans.record_prefill_chunks(out.step_times, attrs)
-            tracing.set_current_attributes({tracing.BATON_CACHED_TOKENS: out.num_cached_tokens,
-                                            tracing.BATON_HOST_TIER_TOKENS: tier_tokens})
+            if attrs:
+                request_spans.record_queue("prefill.queue", arrival_ns, out.step_times, attrs)
+                request_spans.record_prefill_chunks(out.step_times, attrs)
+                tracing.set_current_attributes({tracing.BATON_CACHED_TOKENS: out.num_cached_tokens,
+                                                tracing.BATON_HOST_TIER_TOKENS: tier_tokens})
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
-            queue_seconds, admit_seconds, prefill_seconds = _engine_seconds(out.step_times, arrival_ns, arrival,
-                                                                            computed)
-            timings = prefill_pb2.PrefillTimings(queue_seconds=queue_seconds, prefill_seconds=prefill_seconds,
-                                                 host_tier_read_seconds=tier_seconds, admit_seconds=admit_seconds)
-            first_token = prefill_pb2.PrefillEvent(first_token=response_from_output(out, params.logprobs, timings,
-                                                                                    tier_tokens))
+            timings = _first_token_timings(out.step_times, arrival_ns, arrival, computed, tier_seconds)
+            first_token = first_token_event(out, params.logprobs, timings, tier_tokens)
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
                 yield first_token
+                self.metrics.count_success(out.finish_reason)
                 return
             held = out
             # The first token needs no pages, so it goes out before any are reserved: a Reserve
@@ -258,6 +231,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             write_start_ns = time.time_ns()
             # Shielded: a cancelled call must not release the pages while the write still reads them.
             pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
+            timings = prefill_pb2.PrefillTimings(**timings)
             try:
                 timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
             except ValueError as e:  # refused before writing anything (copy_pages checks first)
@@ -273,6 +247,14 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             is_handed_on = True
             yield prefill_pb2.PrefillEvent(handoff=prefill_pb2.KVHandoff(reservation_id=target.reservation_id,
                                                                          timings=timings))
+            self.metrics.count_success("prefilled")
+        except (asyncio.CancelledError, GeneratorExit):
+            self.metrics.count_error("cancelled")
+            raise
+        except BaseException:
+            code = context.code()
+            self.metrics.count_error(code.name.lower() if code is not None else "internal")
+            raise
         finally:
             if is_added:
                 def release() -> None:
@@ -283,6 +265,12 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     release()
             if reservation is not None and not is_handed_on:
                 self._reservations.abort_after(reservation, request.target.decode_address, request_id)
+
+    # gRPC iterates `_events` itself, not a generator passing its events on: each layer between them
+    # is code run cold (the worker was idle) on the request's way in and the first token's way out.
+    PrefillStream = partialmethod(_events)
+    # PrefillStream for the call's first message, whenever it comes.
+    PrefillPreopened = partialmethod(_events, is_preopened=True)
 
     def _release_after(self, request_id: str, pending_copy: asyncio.Future | None) -> None:
         """Abort or release `request_id` in the engine, once no write reads its pages any more."""
@@ -320,14 +308,19 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}")
 
 
-def _engine_seconds(times, arrival_ns: int, arrival: float, computed: float) -> tuple[float, float, float]:
-    """(queue, admit, prefill) seconds by the engine thread's stamps, admit (its `add_request`)
-    being part of queue; for a request no step ran (it finished outside one), all of it is queue."""
-    if times is None:
-        return computed - arrival, 0.0, 0.0
-    admit = (times.admit_ns[1] - times.admit_ns[0]) / 1e9 if times.admit_ns is not None else 0.0
-    if times.first_step_start_ns is None:
-        return computed - arrival, admit, 0.0
-    first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
-    return ((times.first_step_start_ns - arrival_ns) / 1e9, admit,
-            (first_token_ns - times.first_step_start_ns) / 1e9)
+def _first_token_timings(times, arrival_ns: int, arrival: float, computed: float,
+                         host_tier_read_seconds: float) -> dict[str, float]:
+    """PrefillTimings' fields for the first token, by the engine thread's stamps: queue (of which
+    the host tier's read and admit, its `add_request`) and prefill; for a request no step ran (it
+    finished outside one), all of it is queue."""
+    admit = queue = prefill = 0.0
+    if times is not None and times.admit_ns is not None:
+        admit = (times.admit_ns[1] - times.admit_ns[0]) / 1e9
+    if times is None or times.first_step_start_ns is None:
+        queue = computed - arrival
+    else:
+        first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
+        queue = (times.first_step_start_ns - arrival_ns) / 1e9
+        prefill = (first_token_ns - times.first_step_start_ns) / 1e9
+    return {"queue_seconds": queue, "admit_seconds": admit, "prefill_seconds": prefill,
+            "host_tier_read_seconds": host_tier_read_seconds}
