@@ -137,14 +137,26 @@ class OpenedAhead:
     Decode.DecodePreopened): the request is the call's first message, whenever it comes.
     A caller keeps one open to every worker, so `end_idle_when(stop)` ends those still
     waiting for theirs UNAVAILABLE when `stop` is set: the server's graceful stop would
-    otherwise wait its whole grace period for them."""
+    otherwise wait its whole grace period for them.
+
+    A waiting call's handler reads its message itself, and `stop` cancels it: waiting on both
+    the read and `stop` (asyncio.wait, a task for the read) cost the request about 50 us more
+    between its arrival and its handler, each step of that machinery run cold in a worker that
+    had been idle (bench/mesh_overhead.py, timestamped)."""
 
     def __init__(self, what: str) -> None:
         self.what = what  # "the prefill worker": how the UNAVAILABLE message names this side
         self._stopping: asyncio.Future | None = None  # done once the worker stops serving
+        self._is_stopped = False
+        self._waiting: set[asyncio.Task] = set()  # the handlers of calls still waiting for their message
 
     def end_idle_when(self, stop: asyncio.Event) -> None:
-        self._stopping = asyncio.ensure_future(stop.wait())
+        async def end_idle() -> None:
+            await stop.wait()
+            self._is_stopped = True
+            for handler in self._waiting:
+                handler.cancel()
+        self._stopping = asyncio.ensure_future(end_idle())
 
     def close(self) -> None:
         if self._stopping is not None:
@@ -154,17 +166,17 @@ class OpenedAhead:
         """The call's first message (its response headers sent first: the call is opened ahead,
         so they go out off any request's path); None when the caller half-closed without one."""
         await context.send_initial_metadata(())
-        if self._stopping is None:
-            request = await context.read()
-        else:
-            reading = asyncio.ensure_future(context.read())
+        handler = asyncio.current_task()
+        if not self._is_stopped:
+            self._waiting.add(handler)
             try:
-                await asyncio.wait([reading, self._stopping], return_when=asyncio.FIRST_COMPLETED)
+                request = await context.read()
+            except asyncio.CancelledError:
+                if not self._is_stopped:  # the call itself was cancelled
+                    raise
+                handler.uncancel()
+            else:
+                return None if request is grpc.aio.EOF else request
             finally:
-                is_stopped_first = not reading.done()
-                if is_stopped_first:
-                    reading.cancel()
-            if is_stopped_first:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.what} is shutting down")
-            request = reading.result()
-        return None if request is grpc.aio.EOF else request
+                self._waiting.discard(handler)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.what} is shutting down")
