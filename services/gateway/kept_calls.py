@@ -66,12 +66,12 @@ class KeptCalls:
         if call is None:
             self._on_new.inc()
             return getattr(worker.stub, self.new_method)(request, timeout=self.timeout_s)
-        self._on_preopened.inc()
         try:
             await call.write(request)
         except BaseException:
             call.cancel()
             raise
+        self._on_preopened.inc()  # once the request is on its way
         return call
 
     def replenish(self, worker: Worker) -> None:

@@ -29,6 +29,7 @@ the way: where each millisecond went, from the HTTP request's arrival to its las
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -291,6 +292,7 @@ class RequestPipeline:
         def dispatched() -> None:
             nonlocal output
             output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
+            PREFILLED_ON[clock.prefilled_on].inc()
             if on_dispatch is not None:
                 on_dispatch()
 
@@ -304,16 +306,16 @@ class RequestPipeline:
                     prompt, decode_worker.address if self.local_prefill_max_tokens > 0 else None)
         is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)
         clock.prefilled_on = "decode" if is_local else "prefill"
-        PREFILLED_ON[clock.prefilled_on].inc()
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
             request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
         try:
             async with aclosing(steps):
                 async for step in steps:
-                    timer.add_tokens(len(step.token_ids))
+                    arrived = time.perf_counter()
                     text = output.add(step.token_ids)
                     if output.stops.is_stopped or step.finish_reason is not None:
+                        timer.add_tokens(len(step.token_ids), arrived)
                         if not output.stops.is_stopped:
                             text += output.finish()
                         progress.is_stopped_here = step.finish_reason is None
@@ -328,6 +330,8 @@ class RequestPipeline:
                     if not is_past_first:
                         spans.first_token()
                     yield Delta(text, step.token_ids, step.logprobs)
+                    # Counted once handed out, as they arrived: the histograms are not on their way.
+                    timer.add_tokens(len(step.token_ids), arrived)
                     clock.mark("detokenize_egress" if is_past_first else "first_token")
                     is_past_first = True
             raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "

@@ -59,7 +59,9 @@ REDIS_FAILURES = Counter("baton_router_redis_failures_total",
                          "Prefix-index lookups that failed (routing fell back to load only)")
 
 
-@dataclass(frozen=True)
+# Route and Lookup: made on every request's path, so plain slotted records (a frozen
+# dataclass sets each field through object.__setattr__).
+@dataclass(slots=True)
 class Route:
     worker: Worker
     num_cached_tokens: int  # of the prompt, as the index says the worker holds them
@@ -68,7 +70,7 @@ class Route:
     decision: str = ""  # how the worker was chosen: the label it is counted under
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Lookup:
     """What the prefix index said of a prompt, in one round trip (`PrefixRouter.lookup`)."""
     hashes: Sequence[int]  # the prompt's block chain (a BlockHashChain: hashed as far as it is read)

@@ -5,8 +5,7 @@ import asyncio
 import itertools
 import logging
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,18 +83,10 @@ class WorkerPool:
     def pick(self) -> Worker:
         return self.least_loaded(self.serving())
 
-    @contextmanager
-    def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> Iterator[Worker]:
+    def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> _Held:
         """`worker` (default: the least loaded), counted as busy with `num_tokens` prompt
         tokens for the duration of the block."""
-        worker = worker or self.pick()
-        worker.num_in_flight += 1
-        worker.queued_tokens += num_tokens
-        try:
-            yield worker
-        finally:
-            worker.num_in_flight -= 1
-            worker.queued_tokens -= num_tokens
+        return _Held(worker or self.pick(), num_tokens)
 
     def watch_health(self, service_name: str) -> None:
         """Keep every worker's `is_serving` current from its grpc.health.v1 Watch stream;
@@ -110,6 +101,26 @@ class WorkerPool:
         await asyncio.gather(*self._watchers, return_exceptions=True)
         for worker in self.workers:
             await worker.channel.close()
+
+
+class _Held:
+    """A worker counted as busy while the block runs (a class, not a generator: it is on the
+    path of every request, twice)."""
+
+    __slots__ = ("worker", "num_tokens")
+
+    def __init__(self, worker: Worker, num_tokens: int) -> None:
+        self.worker = worker
+        self.num_tokens = num_tokens
+
+    def __enter__(self) -> Worker:
+        self.worker.num_in_flight += 1
+        self.worker.queued_tokens += self.num_tokens
+        return self.worker
+
+    def __exit__(self, *exc_info) -> None:
+        self.worker.num_in_flight -= 1
+        self.worker.queued_tokens -= self.num_tokens
 
 
 async def _watch(worker: Worker, service_name: str, kind: str) -> None:

@@ -72,10 +72,11 @@ class RequestTimer:
         self.num_prompt_tokens = 0  # set once the prompt is known; counted at the first token
         self.is_done = False
 
-    def add_tokens(self, num_tokens: int) -> None:
+    def add_tokens(self, num_tokens: int, now: float | None = None) -> None:
+        """`num_tokens` more, generated at `now` (a `time.perf_counter()`; by default, now)."""
         if num_tokens == 0:
             return
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         m = self.metrics
         if self.first_token_time is None:
             self.first_token_time = now
