@@ -44,17 +44,17 @@ def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b
     num_tokens = len(token_ids) // block_size * block_size
     if num_tokens == 0:
         return []
-    packed = memoryview(struct.pack(f"<{num_tokens}I", *token_ids[:num_tokens]))
+    packed = struct.pack(f"<{num_tokens}I", *token_ids[:num_tokens])
     count = struct.pack("<I", block_size)
     step = 4 * block_size
     hashes: list[int] = []
     parent = NO_PARENT if parent_hash is None else parent_hash.to_bytes(8, "little")
     for start in range(0, 4 * num_tokens, step):
-        h = hashlib.blake2b(parent, digest_size=8)
-        h.update(count)
-        h.update(packed[start : start + step])
-        h.update(extra)
-        parent = h.digest()
+        # One call with the block's bytes joined, not update() for each part: a router's first
+        # block is hashed cold (the gateway was idle) on the request's path, and each call into
+        # hashlib counts there.
+        parent = hashlib.blake2b(b"".join((parent, count, packed[start : start + step], extra)),
+                                 digest_size=8).digest()
         hashes.append(int.from_bytes(parent, "little"))
     return hashes
 

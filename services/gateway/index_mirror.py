@@ -49,6 +49,8 @@ class IndexMirror:
         """As `PrefixIndex.match`: for each of `instance_ids`, how many leading blocks of
         `block_hashes` it holds unexpired."""
         counts = dict.fromkeys(instance_ids, 0)
+        if not block_hashes or block_hashes[0] not in self._held:  # a new prefix: no walk
+            return counts
         now = time.time()
         alive = list(counts)
         for depth, block_hash in enumerate(block_hashes, start=1):

@@ -81,7 +81,8 @@ class WorkerPool:
         return self.in_turn([w for w in workers if (w.queued_tokens, w.num_in_flight) == least])
 
     def pick(self) -> Worker:
-        return self.least_loaded(self.serving())
+        serving = self.serving()
+        return serving[0] if len(serving) == 1 else self.least_loaded(serving)
 
     def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> _Held:
         """`worker` (default: the least loaded), counted as busy with `num_tokens` prompt
