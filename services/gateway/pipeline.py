@@ -324,13 +324,16 @@ class RequestPipeline:
                         timer.finish(final.finish_reason)
                         spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
                         yield final
+                        step.settle(clock, arrived)
                         clock.mark("detokenize_egress" if is_past_first else "first_token")
                         clock.end("finished")
                         return
                     if not is_past_first:
                         spans.first_token()
                     yield Delta(text, step.token_ids, step.logprobs)
-                    # Counted once handed out, as they arrived: the histograms are not on their way.
+                    # Counted and marked once handed out, as they arrived: the histograms and the
+                    # worker's figures are not on their way.
+                    step.settle(clock, arrived)
                     timer.add_tokens(len(step.token_ids), arrived)
                     clock.mark("detokenize_egress" if is_past_first else "first_token")
                     is_past_first = True
@@ -357,7 +360,7 @@ class RequestPipeline:
             with spans.calls():
                 prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
                     request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                    target=prefill_pb2.KVTarget(decode_address=decode_worker.address, transport=self.kv_transport)))
+                    target={"decode_address": decode_worker.address, "transport": self.kv_transport}))
             on_dispatch()
             if route is not None:
                 self.prefill_router.record(route, lookup)
@@ -369,13 +372,8 @@ class RequestPipeline:
         try:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings
-            clock.mark_split([("prefill_queue", timings.queue_seconds - timings.host_tier_read_seconds
-                               - timings.admit_seconds),
-                              ("host_tier_read", timings.host_tier_read_seconds),
-                              ("prefill_admit", timings.admit_seconds),
-                              ("prefill_compute", timings.prefill_seconds)], rest="rpc")
             first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
-                          FINISH_REASON_NAMES.get(response.finish_reason))
+                          FINISH_REASON_NAMES.get(response.finish_reason), timings)
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
                 _observe_prefill(self.requests, timings)
                 yield first
@@ -504,6 +502,18 @@ class _Step:
     token_ids: list[int]
     logprobs: list
     finish_reason: str | None
+    prefill_timings: prefill_pb2.PrefillTimings | None = None  # the first token's, from a prefill worker
+
+    def settle(self, clock: PhaseClock, arrived: float) -> None:
+        """Mark the wait for a prefill worker's first token on the ledger, up to `arrived` (a
+        perf_counter()), as the worker's timings cut it up: once the token is out, not on its
+        way. (A decode worker's steps are marked as they arrive.)"""
+        t = self.prefill_timings
+        if t is not None:
+            clock.mark_split([("prefill_queue", t.queue_seconds - t.host_tier_read_seconds - t.admit_seconds),
+                              ("host_tier_read", t.host_tier_read_seconds),
+                              ("prefill_admit", t.admit_seconds),
+                              ("prefill_compute", t.prefill_seconds)], rest="rpc", at=arrived)
 
 
 async def _next_event(call, kind: str) -> prefill_pb2.PrefillEvent:

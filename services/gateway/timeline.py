@@ -63,10 +63,11 @@ class PhaseClock:
         self.seconds[phase] += now - self.last
         self.last = now
 
-    def mark_split(self, reported: Sequence[tuple[str, float]], rest: str) -> None:
-        """Charge the time since the last mark to the phases a worker `reported`, in order,
-        each cut to what is left of the interval, and what remains to `rest`."""
-        now = time.perf_counter()
+    def mark_split(self, reported: Sequence[tuple[str, float]], rest: str, at: float | None = None) -> None:
+        """Charge the time since the last mark, up to `at` (a `time.perf_counter()`; by default
+        now), to the phases a worker `reported`, in order, each cut to what is left of the
+        interval, and what remains to `rest`."""
+        now = time.perf_counter() if at is None else at
         left = now - self.last
         for phase, seconds in reported:
             charged = min(max(seconds, 0.0), left)
