@@ -323,8 +323,9 @@ class RequestPipeline:
                         final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
                         timer.finish(final.finish_reason)
                         spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
-                        yield final
+                        # Before the last yield: a consumer may close the stream there.
                         step.settle(clock, arrived)
+                        yield final
                         clock.mark("detokenize_egress" if is_past_first else "first_token")
                         clock.end("finished")
                         return

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import time
 
+import grpc
 import httpx
 import openai
 import pytest
 
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.timeline import PHASES
 from tests.services.gateway.mesh import GatewayProcess
 
@@ -89,6 +91,26 @@ def test_a_failed_request_is_kept_with_its_reason_and_an_unknown_id_is_404(mesh)
     missing = httpx.get(f"{mesh.gateway.base_url}/v1/requests/cmpl-never/timeline", timeout=10)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "timeline_not_found"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_request_whose_only_token_is_the_prefill_workers_keeps_its_phases(mesh, stream):
+    """Its last delta is its first: the gRPC API closes the stream right after it, and the
+    prefill worker's split of the wait must be on the ledger by then."""
+    request_id = f"grpc-one-token-{stream}"
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        responses = list(gateway_pb2_grpc.GenerateStub(channel).Generate(gateway_pb2.GenerateRequest(
+            request_id=request_id, token_ids=common_pb2.TokenIds(token_ids=[11, 12, 13] * 30),
+            sampling=common_pb2.SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
+            stream_options=gateway_pb2.StreamOptions(stream=stream)), timeout=30))
+    assert responses[-1].HasField("complete"), responses[-1]
+    ledger = httpx.get(f"{mesh.gateway.base_url}/v1/requests/{request_id}/timeline", timeout=10).json()
+    (choice,) = ledger["choices"]
+    assert choice["status"] == "finished" and choice["prefilled_on"] == "prefill"
+    phases = choice["phases_ms"]
+    assert phases["prefill_admit"] > 0.0 and phases["prefill_compute"] > 0.0 and phases["rpc"] > 0.0, phases
+    assert phases["kv_transfer"] == 0.0 and phases["decode_steps"] == 0.0
+    assert_adds_up(ledger)
 
 
 @pytest.fixture(scope="module")
