@@ -313,7 +313,7 @@ def _first_token_timings(times, arrival_ns: int, arrival: float, computed: float
     """PrefillTimings' fields for the first token, by the engine thread's stamps: queue (of which
     the host tier's read and admit, its `add_request`) and prefill; for a request no step ran (it
     finished outside one), all of it is queue."""
-    admit = queue = prefill = 0.0
+    admit = prefill = 0.0
     if times is not None and times.admit_ns is not None:
         admit = (times.admit_ns[1] - times.admit_ns[0]) / 1e9
     if times is None or times.first_step_start_ns is None:
