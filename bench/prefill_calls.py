@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                     for name, mesh in meshes.items():
                         time.sleep(SETTLE_S)
                         request_id = f"prefill-calls-{name}-{i}"
-                        ttft = grpc_ttft(stubs[name], next(prompts), request_id)
+                        ttft, _ = grpc_ttft(stubs[name], next(prompts), request_id)
                         timeline = client.get(f"http://{mesh.http}/v1/requests/{request_id}/timeline").json()
                         if i >= args.warmup:
                             overhead[name].append(ttft - engine_ttft_seconds(timeline))

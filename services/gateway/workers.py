@@ -77,12 +77,13 @@ class WorkerPool:
 
     def least_loaded(self, workers: Sequence[Worker]) -> Worker:
         """Fewest queued prompt tokens, then fewest requests in flight; ties in turn."""
+        if len(workers) == 1:  # no choice to make (every request's path asks, for its decode worker)
+            return workers[0]
         least = min((w.queued_tokens, w.num_in_flight) for w in workers)
         return self.in_turn([w for w in workers if (w.queued_tokens, w.num_in_flight) == least])
 
     def pick(self) -> Worker:
-        serving = self.serving()
-        return serving[0] if len(serving) == 1 else self.least_loaded(serving)
+        return self.least_loaded(self.serving())
 
     def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> _Held:
         """`worker` (default: the least loaded), counted as busy with `num_tokens` prompt

@@ -268,7 +268,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     # gRPC iterates `_events` itself, not a generator passing its events on: each layer between them
     # is code run cold (the worker was idle) on the request's way in and the first token's way out.
-    PrefillStream = partialmethod(_events)
+    PrefillStream = _events
     # PrefillStream for the call's first message, whenever it comes.
     PrefillPreopened = partialmethod(_events, is_preopened=True)
 
