@@ -46,7 +46,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.mesh_overhead import KV_BLOCKS, random_prompts  # noqa: E402
+from bench.mesh_overhead import KV_BLOCKS, client_channel, random_prompts  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -162,7 +162,7 @@ def start(*args: str) -> tuple[subprocess.Popen, str]:
 
 def measure(relay_address: str, requests: int, warmup: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"rtt": [], "call": [], "stream": []}
-    with grpc.insecure_channel(relay_address) as channel:
+    with client_channel(relay_address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         relays = {"call": channel.unary_stream(f"/{SERVICE}/ByCall"),
                   "stream": channel.unary_stream(f"/{SERVICE}/ByStream")}
