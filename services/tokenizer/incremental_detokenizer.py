@@ -44,6 +44,10 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0  # start of the decoded window
         self._read_offset = len(self._ids)  # tokens before this have been emitted
         self.output_token_ids: list[int] = []
+        # The window's already-emitted part, decoded: the same until the next emit. The first one
+        # (the prompt's tail) is decoded here, before any token comes: the gateway makes this while
+        # the prompt computes, and the first token's way out then decodes once, not twice.
+        self._prefix_text = tokenizer.decode(self._ids, skip_special_tokens=skip_special_tokens)
 
     def add(self, token_ids: Iterable[int]) -> str:
         """Append generated tokens; return the text they complete (may be "")."""
@@ -66,18 +70,20 @@ class IncrementalDetokenizer:
         prefix_text, window_text = self._decode_window()
         if len(window_text) <= len(prefix_text):
             self._read_offset = len(self._ids)
+            self._prefix_text = None
             return ""
         return self._emit(prefix_text, window_text)
 
     def _decode_window(self) -> tuple[str, str]:
         decode, skip = self._tokenizer.decode, self._skip_special_tokens
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip)
-        window_text = decode(self._ids[self._prefix_offset:], skip_special_tokens=skip)
-        return prefix_text, window_text
+        if self._prefix_text is None:
+            self._prefix_text = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip)
+        return self._prefix_text, decode(self._ids[self._prefix_offset:], skip_special_tokens=skip)
 
     def _emit(self, prefix_text: str, window_text: str) -> str:
         # The emitted tokens become the next window's context; older ids are no
         # longer decoded, so they are dropped to keep each step O(window).
         del self._ids[:self._read_offset]
         self._prefix_offset, self._read_offset = 0, len(self._ids)
+        self._prefix_text = None
         return window_text[len(prefix_text):]

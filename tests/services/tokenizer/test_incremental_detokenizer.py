@@ -140,3 +140,30 @@ def test_output_token_ids_and_empty_add(demo_model_dir):
     ids = tok.encode(" ok", add_special_tokens=False)
     detok.add(ids)
     assert detok.output_token_ids == ids
+
+
+class _CountingDecoder:
+    """A real tokenizer whose decode calls are counted."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.calls = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.calls += 1
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_the_first_token_decodes_once_the_prompts_tail_having_been_decoded_ahead(tok):
+    # The gateway makes the detokenizer while the prompt computes: the first token's way out then
+    # decodes only its window, and text held back (an unfinished character) is not decoded again.
+    prompt = tok.encode("The answer is:")
+    ids = tok.encode(" 😀 and more", add_special_tokens=False)
+    counting = _CountingDecoder(tok)
+    detok = IncrementalDetokenizer(counting, prompt)
+    made = counting.calls
+    chunks = [detok.add(ids[:1])]
+    assert counting.calls == made + 1
+    chunks += [detok.add([i]) for i in ids[1:]]
+    chunks.append(detok.finish())
+    assert "".join(chunks) == _expected(tok, prompt, ids)
