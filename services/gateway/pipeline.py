@@ -325,8 +325,9 @@ class RequestPipeline:
                         spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
                         # Before the last yield: a consumer may close the stream there.
                         step.settle(clock, arrived)
+                        if not is_past_first:
+                            clock.handing_out = "first_token"
                         yield final
-                        clock.mark("detokenize_egress" if is_past_first else "first_token")
                         clock.end("finished")
                         return
                     if not is_past_first:

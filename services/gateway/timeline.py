@@ -47,7 +47,7 @@ DEFAULT_HISTORY = 1000
 class PhaseClock:
     """One request's (one choice's) consecutive phases, from `start` (a `time.perf_counter()`)."""
 
-    __slots__ = ("request_id", "start", "last", "seconds", "prefilled_on", "status")
+    __slots__ = ("request_id", "start", "last", "seconds", "prefilled_on", "status", "handing_out")
 
     def __init__(self, request_id: str, start: float) -> None:
         self.request_id = request_id
@@ -56,6 +56,9 @@ class PhaseClock:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.prefilled_on: str | None = None  # "prefill" (a prefill worker) or "decode" (the decode worker itself)
         self.status = "running"
+        # What handing out the last output is charged to when the request ends as it goes out (its
+        # consumer may close the stream there, before anything after it runs): set as it goes.
+        self.handing_out = "detokenize_egress"
 
     def mark(self, phase: str) -> None:
         """Charge the time since the last mark to `phase`."""
@@ -78,10 +81,11 @@ class PhaseClock:
 
     def end(self, status: str) -> None:
         """The request finished ("finished") or failed (anything else, the reason); the time
-        since the last mark goes to `failed` when it failed, else to handing the output out."""
+        since the last mark goes to `failed` when it failed, else to handing the output out
+        (`handing_out`: `first_token` when that output is the first)."""
         if self.status != "running":
             return
-        self.mark("detokenize_egress" if status == "finished" else "failed")
+        self.mark(self.handing_out if status == "finished" else "failed")
         self.status = status
 
     @property

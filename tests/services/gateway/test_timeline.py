@@ -110,6 +110,8 @@ def test_a_request_whose_only_token_is_the_prefill_workers_keeps_its_phases(mesh
     phases = choice["phases_ms"]
     assert phases["prefill_admit"] > 0.0 and phases["prefill_compute"] > 0.0 and phases["rpc"] > 0.0, phases
     assert phases["kv_transfer"] == 0.0 and phases["decode_steps"] == 0.0
+    # Its one token's way out is the first token's, however its consumer ended the stream.
+    assert phases["first_token"] > 0.0 and phases["detokenize_egress"] == 0.0, phases
     assert_adds_up(ledger)
 
 
