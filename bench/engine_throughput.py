@@ -278,7 +278,8 @@ def bench_throughput(name: str, model_dir: Path, workloads: list[list[Request]],
     if args.sweep:
         log(f"[{name}] sweep: best max_num_batched_tokens={max(sweep, key=sweep.get)}")
     return {"baton_tokens_per_s": round(best_tps, 1), "transformers_tokens_per_s": round(best_hf_tps, 1),
-            "ratio_vs_transformers": round(ratio, 3), "ratio_per_repeat": ratios, "cpu_overhead_us_per_step": steps["overhead"],
+            "ratio_vs_transformers": round(ratio, 3), "ratio_per_repeat": ratios,
+            "cpu_overhead_us_per_step": steps["overhead"],
             "decode_cpu_overhead_us_per_step": decode_steps["overhead"], "step_us": steps,
             "decode_step_us": decode_steps, "num_steps": len(best_recs), "sweep_tokens_per_s": sweep}
 
@@ -323,7 +324,8 @@ def bench_model(name: str, args) -> dict:
         f"{sum(len(r.prompt) for r in workload)} prompt tokens, {sum(r.output_len for r in workload)} output tokens")
     hf = load_hf(model_dir)
     hf_generate(hf, [[1] * 40, [2] * 70], 8)  # warm-up
-    return ({"params": num_params, "kernels": kernels} | bench_throughput(name, model_dir, workloads, profiler, hf, args)
+    return ({"params": num_params, "kernels": kernels}
+            | bench_throughput(name, model_dir, workloads, profiler, hf, args)
             | bench_batch1(name, vocab, profiler, hf, args))
 
 

@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=200, help="timed requests per mesh (fewer: the p50s swing by ~1 ms)")
+    parser.add_argument("--requests", type=int, default=200,
+                        help="timed requests per mesh (fewer: the p50s swing by ~1 ms)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--traced-env", action="append", default=[], metavar="NAME=VALUE",
                         help="another variable for the traced mesh (e.g. OTEL_TRACES_SAMPLER=traceidratio)")

@@ -30,7 +30,8 @@ def available_memory_bytes(device: str) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
-def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str, fraction: float) -> int:
+def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str,
+                          fraction: float) -> int:
     return max(1, int(available_memory_bytes(device) * fraction) // kv_block_bytes(config, block_size, dtype))
 
 
@@ -57,7 +58,8 @@ class KVPool:
         # so a prefill worker on the same host can write pages into it directly.
         self.tensor = (tensor_factory or _zeros)(shape, dtype, device)
         if self.tensor.shape != shape or self.tensor.dtype != dtype or not self.tensor.is_contiguous():
-            raise ValueError(f"KV pool tensor must be contiguous {dtype} {shape}, got {self.tensor.dtype} {tuple(self.tensor.shape)}")
+            raise ValueError(f"KV pool tensor must be contiguous {dtype} {shape}, "
+                             f"got {self.tensor.dtype} {tuple(self.tensor.shape)}")
         self.layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(config.num_layers)]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -92,7 +92,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
     if num_heads % num_kv_heads:
-        raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by num_key_value_heads {num_kv_heads}")
+        raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
+                               f"num_key_value_heads {num_kv_heads}")
     return config
 
 
@@ -109,7 +110,8 @@ def _rope_scaling(cfg: dict, path: Path) -> dict | None:
     scaling = dict(scaling)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelConfigError(f"{path}: unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
+        raise ModelConfigError(f"{path}: unsupported rope_scaling type {rope_type!r}; "
+                               f"supported: {SUPPORTED_ROPE_TYPES}")
     scaling["rope_type"] = rope_type
     return None if rope_type == "default" else scaling
 

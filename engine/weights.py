@@ -68,7 +68,8 @@ def iter_tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str
     missing = [n for n in names if n not in files]
     if missing:
         where = ", ".join(sorted({p.name for p in files.values()}))
-        raise WeightsError(f"tensor {missing[0]!r} not found in {where}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightsError(f"tensor {missing[0]!r} not found in {where}{more}")
     by_file: dict[Path, list[str]] = {}
     for name in names:
         by_file.setdefault(files[name], []).append(name)

@@ -41,7 +41,8 @@ def load_library() -> ctypes.CDLL | None:
         logger.warning("no C compiler found: decode attention uses the torch reference")
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + platform.machine().encode() + _cpu_flags()).hexdigest()[:16]
+    built_for = " ".join(CFLAGS).encode() + platform.machine().encode() + _cpu_flags()
+    key = hashlib.sha256(source + built_for).hexdigest()[:16]
     target = _cache_dir() / f"paged_decode_attention-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)

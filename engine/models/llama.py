@@ -109,7 +109,8 @@ class LlamaForCausalLM(nn.Module):
         self.embed = _param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(DecoderLayer(config, kernels, dtype) for _ in range(config.num_layers))
         self.norm = _param(config.hidden_size, dtype=dtype)
-        self.lm_head = self.embed if config.tie_word_embeddings else _param(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.lm_head = (self.embed if config.tie_word_embeddings
+                        else _param(config.vocab_size, config.hidden_size, dtype=dtype))
         cos, sin = build_rope_cache(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -179,7 +180,8 @@ class LlamaForCausalLM(nn.Module):
             proj = parts[4]
             if proj == "down_proj":
                 return layer.mlp.down_weight.data
-            return layer.mlp.gate_up_weight.data[: inter] if proj == "gate_proj" else layer.mlp.gate_up_weight.data[inter:]
+            gate_up = layer.mlp.gate_up_weight.data
+            return gate_up[:inter] if proj == "gate_proj" else gate_up[inter:]
         if module == "input_layernorm":
             return layer.input_norm.data
         if module == "post_attention_layernorm":

@@ -109,7 +109,8 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
     refs = _hf_greedy(model_dir, max_new_tokens)
     for i, prompt in enumerate(prompts):
-        assert results[f"r{i}"] == refs[i], f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
+        assert results[f"r{i}"] == refs[i], \
+            f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))

@@ -32,7 +32,8 @@ CONVERSATIONS = {
 
 
 def _hf_ids(model_dir, messages, **kwargs) -> list[int]:
-    out = load_hf_tokenizer(model_dir).apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+    out = load_hf_tokenizer(model_dir).apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           **kwargs)
     # transformers 5 returns a BatchEncoding by default (return_dict=True).
     return list(out["input_ids"]) if hasattr(out, "keys") else list(out)
 

@@ -80,7 +80,8 @@ def _random_ids(tok, rng, n) -> list[int]:
     already streamed; a model only emits valid runs, so whole characters are drawn.
     """
     chars = "😀🚀🌍👍🏽中文你好世界日本語한국어éñçøß…—“”"
-    byte_tokens = {i for i in range(tok.vocab_size) if BYTE_FALLBACK_TOKEN.fullmatch(tok.tokenizer.id_to_token(i) or "")}
+    byte_tokens = {i for i in range(tok.vocab_size)
+                   if BYTE_FALLBACK_TOKEN.fullmatch(tok.tokenizer.id_to_token(i) or "")}
     pieces = sorted({i for c in chars for i in tok.encode(c, add_special_tokens=False)})
     ids: list[int] = []
     while len(ids) < n:
