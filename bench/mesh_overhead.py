@@ -31,6 +31,13 @@ transfer speed by shared memory and by the gRPC page stream.
   (rtt_back_to_back_ms, *_back_to_back_rtt_units). ttst_grpc_p50_ms: from the first
   chunk to the second of the same gRPC requests (the KV handoff, the decode worker's
   first step and the hops between), p50.
+- The floor under it, in the same rounds: bench/hop_floor.py's client → relay → worker
+  (an engine thread) → relay → client, a message on an open stream, with no service
+  code on the way (floor_ms: beyond its engine's time, p50; floor_rtt_units). The
+  mesh's overhead less the floor of the same round, p50 over rounds
+  (beyond_floor_ms, beyond_floor_rtt_units), is what Baton's own code on the path
+  costs: on this VM the floor moves with the machine as the overhead does, the
+  difference much less.
 - KV transfer: --kv-mib of pages (64 MiB: nearly the demo decode pool, over several
   context-long reservations) copied from a private pool into real reservations in
   the mesh decode worker's shared-memory pool, as prefill writes them, against a
@@ -51,9 +58,10 @@ import http.client
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import grpc
@@ -155,20 +163,34 @@ def empty_round_trip(stub: health_pb2_grpc.HealthStub) -> float:
 
 
 def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
-    """p50 TTFT through the HTTP API, through the gRPC API and in-process, and of an empty
-    gRPC round trip, the four alternating; every prompt is new (no prefix-cache hits)."""
+    """p50 TTFT through the HTTP API, through the gRPC API and in-process, of an empty gRPC
+    round trip, and beyond the engine through bench/hop_floor.py's relay and worker (the
+    same hops with no service code on them), the five alternating; every prompt is new
+    (no prefix-cache hits)."""
+    from bench import hop_floor  # here: it imports this module
+
     engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=KV_BLOCKS))
     vocab = engine.model_config.vocab_size
     rounds = args.requests + args.warmup
-    samples: dict[str, list[float]] = {"http": [], "grpc": [], "inprocess": [], "rtt": []}
+    samples: dict[str, list[float]] = {"http": [], "grpc": [], "inprocess": [], "rtt": [], "floor": []}
     prompts = iter(random_prompts(len(samples) * rounds, args.prompt_tokens, vocab, seed=1))
     host, port = mesh.http.rsplit(":", 1)
     http_conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    with httpx.Client(timeout=120) as client, client_channel(mesh.grpc) as channel, closing(http_conn):
+    floor_worker, floor_worker_address = hop_floor.start("--role", "worker", "--model", str(model_dir),
+                                                         "--prompt-tokens", str(args.prompt_tokens))
+    floor_relay, floor_relay_address = hop_floor.start("--role", "relay", "--worker", floor_worker_address)
+    with httpx.Client(timeout=120) as client, client_channel(mesh.grpc) as channel, closing(http_conn), \
+            client_channel(floor_relay_address) as floor_channel, _ending(floor_relay, floor_worker):
         stub = gateway_pb2_grpc.GenerateStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
+        floor_hops = floor_channel.unary_stream(f"/{hop_floor.SERVICE}/ByStream")
         request_ids: dict[str, list[str]] = {"http": [], "grpc": []}
         ttst: list[float] = []
+
+        def floor_sample(number: int) -> float:
+            start = time.perf_counter()
+            reply = next(floor_hops(hop_floor.REPLY.pack(number, 0.0)))
+            return time.perf_counter() - start - hop_floor.REPLY.unpack(reply)[1]
 
         def grpc_sample(prompt: list[int]) -> float:
             request_ids["grpc"].append(f"mesh-overhead-{len(request_ids['grpc'])}")
@@ -183,7 +205,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
 
         measure = {"http": http_sample, "grpc": grpc_sample,
                    "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p),
-                   "rtt": lambda _: empty_round_trip(health)}
+                   "rtt": lambda _: empty_round_trip(health), "floor": lambda _: floor_sample(i)}
         for i in range(rounds):
             for name, fn in measure.items():
                 # A pause before each: OpenMP threads spin for a while after a parallel region,
@@ -198,13 +220,26 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     engine_s = {api: [engine_ttft_seconds(timeline) for timeline in kept] for api, kept in timelines.items()}
     admit_s = [timeline["choices"][0]["phases_ms"]["prefill_admit"] / 1e3 for timeline in timelines["grpc"]]
     rtt = samples.pop("rtt")
+    floor = samples.pop("floor")
     paired = {api: [ttft - engine for ttft, engine in zip(samples[api], engine_s[api], strict=True)]
               for api in request_ids}
     return {"rtt_ms": p50_ms(rtt), "overhead_paired_ms": p50_ms(paired["grpc"]),
+            "floor_ms": p50_ms(floor),
+            "beyond_floor_ms": p50_ms([mesh - hops for mesh, hops in zip(paired["grpc"], floor, strict=True)]),
             "http_overhead_paired_ms": p50_ms(paired["http"]), "ttft_prefill_engine_p50_ms": p50_ms(engine_s["grpc"]),
             "prefill_admit_p50_ms": p50_ms(admit_s),
             "ttst_grpc_p50_ms": p50_ms(ttst),
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
+
+
+@contextmanager
+def _ending(*procs: subprocess.Popen):
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -311,6 +346,7 @@ def main(argv=None) -> int:
         ttft = bench_ttft(mesh, model_dir, args)
         rtt_ms = ttft.pop("rtt_ms")
         overhead_ms = ttft.pop("overhead_paired_ms")
+        floor_ms, beyond_floor_ms = ttft.pop("floor_ms"), ttft.pop("beyond_floor_ms")
         http_overhead_ms = ttft.pop("http_overhead_paired_ms")
         unpaired_ms = ttft["ttft_grpc_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
         http_unpaired_ms = ttft["ttft_http_p50_ms"] - ttft["ttft_inprocess_p50_ms"]
@@ -323,6 +359,10 @@ def main(argv=None) -> int:
             f"{ttft['ttft_http_p50_ms']:.2f} ms: overhead {http_overhead_ms:.2f} ms (p50 per request) = "
             f"{http_overhead_ms / rtt_ms:.2f} round trips; unpaired {http_unpaired_ms:.2f} ms). The second token "
             f"{ttft['ttst_grpc_p50_ms']:.2f} ms after the first (gRPC API, p50)")
+        log(f"The same hops with no service code on them (bench/hop_floor.py, a message on an open stream): "
+            f"{floor_ms:.2f} ms beyond their engine = {floor_ms / rtt_ms:.2f} round trips; the mesh's overhead "
+            f"beyond them, paired round by round: {beyond_floor_ms:.2f} ms = {beyond_floor_ms / rtt_ms:.2f} "
+            f"round trips (what Baton's own code on the path costs)")
         time.sleep(1.0)  # the in-process engine's OpenMP threads stop spinning first
         kv = bench_transfer(mesh, args)
         log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
@@ -332,6 +372,9 @@ def main(argv=None) -> int:
     finally:
         mesh.stop()
     figures = {"overhead_ms": round(overhead_ms, 3), "overhead_rtt_units": round(overhead_ms / rtt_ms, 2),
+               "floor_ms": round(floor_ms, 3), "floor_rtt_units": round(floor_ms / rtt_ms, 2),
+               "beyond_floor_ms": round(beyond_floor_ms, 3),
+               "beyond_floor_rtt_units": round(beyond_floor_ms / rtt_ms, 2),
                "overhead_unpaired_ms": round(unpaired_ms, 3),
                "overhead_unpaired_rtt_units": round(unpaired_ms / rtt_ms, 2),
                "http_overhead_ms": round(http_overhead_ms, 3),
