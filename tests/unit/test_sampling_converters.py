@@ -1,0 +1,42 @@
+"""Sampling parameters from their protobuf message: as the engine's defaults fill them, refused
+as the engine refuses them, and memoized by the message's bytes."""
+from __future__ import annotations
+
+import pytest
+
+from engine.sampling_params import SamplingParams
+from protos import common_pb2
+from services.common import converters
+from services.common.converters import sampling_params_from_proto
+
+
+def test_absent_fields_take_the_engines_defaults_and_set_ones_are_kept():
+    assert sampling_params_from_proto(common_pb2.SamplingParams()) == SamplingParams()
+    given = common_pb2.SamplingParams(max_tokens=7, temperature=0.0, top_p=0.5, top_k=3, seed=11, logprobs=2,
+                                      stop_token_ids=[5, 6], ignore_eos=True)
+    assert sampling_params_from_proto(given) == SamplingParams(max_tokens=7, temperature=0.0, top_p=0.5, top_k=3,
+                                                               seed=11, logprobs=2, stop_token_ids=(5, 6),
+                                                               ignore_eos=True)
+    # A temperature set to 0 is not an absent one (the default is 1).
+    assert sampling_params_from_proto(common_pb2.SamplingParams(temperature=0.0)).temperature == 0.0
+
+
+def test_equal_messages_share_params_and_a_refused_one_is_refused_every_time():
+    first = sampling_params_from_proto(common_pb2.SamplingParams(max_tokens=3, temperature=0.0))
+    again = sampling_params_from_proto(common_pb2.SamplingParams(temperature=0.0, max_tokens=3))
+    assert again is first
+    other = sampling_params_from_proto(common_pb2.SamplingParams(max_tokens=4, temperature=0.0))
+    assert other is not first and other.max_tokens == 4
+    for _ in range(2):
+        with pytest.raises(ValueError, match="top_p"):
+            sampling_params_from_proto(common_pb2.SamplingParams(top_p=1.5))
+
+
+def test_the_memo_keeps_at_most_its_size_oldest_dropped_first():
+    first = common_pb2.SamplingParams(max_tokens=100_000)
+    remembered = sampling_params_from_proto(first)
+    for n in range(converters.SAMPLING_MEMO_SIZE):
+        sampling_params_from_proto(common_pb2.SamplingParams(max_tokens=100_001 + n))
+    assert len(converters._sampling_memo) <= converters.SAMPLING_MEMO_SIZE
+    assert sampling_params_from_proto(first) == remembered  # made again: the same values
+    assert sampling_params_from_proto(first) is not remembered
