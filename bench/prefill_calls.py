@@ -25,7 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 from grpc_health.v1 import health_pb2_grpc
 
@@ -35,6 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.local_mesh import LocalMesh, log  # noqa: E402
 from bench.mesh_overhead import (  # noqa: E402
     SETTLE_S,
+    client_channel,
     empty_round_trip,
     engine_ttft_seconds,
     grpc_ttft,
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         overhead: dict[str, list[float]] = {name: [] for name in meshes}
         rtt: list[float] = []
         with httpx.Client(timeout=120) as client:
-            channels = {name: grpc.insecure_channel(mesh.grpc) for name, mesh in meshes.items()}
+            channels = {name: client_channel(mesh.grpc) for name, mesh in meshes.items()}
             try:
                 stubs = {name: gateway_pb2_grpc.GenerateStub(channel) for name, channel in channels.items()}
                 health = health_pb2_grpc.HealthStub(channels["new"])
