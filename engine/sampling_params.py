@@ -1,7 +1,10 @@
 """Per-request sampling parameters, validated once at the door."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,11 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per sampled token; None = off
 
     def __post_init__(self) -> None:
+        # First: NaN passes every range check below (each comparison is False), and a NaN or
+        # infinite temperature or penalty turns the logits into NaN: token 0, every time.
+        for name in FLOAT_FIELDS:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:

@@ -27,7 +27,8 @@ class StreamOptions(BaseModel):
 class _SamplingFields(BaseModel):
     """The fields completions and chat share."""
 
-    model_config = ConfigDict(extra="ignore")
+    # Python's json reads NaN and Infinity, which pass every bound below: refused here instead.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1

@@ -176,7 +176,10 @@ def test_duplicate_request_id_is_refused(tiny_demo_model):
         engine.add_request("same", [5, 6, 7], GREEDY)
 
 
-@pytest.mark.parametrize("field, value", [("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5)])
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5),
+    ("temperature", float("nan")), ("temperature", float("inf")), ("repetition_penalty", float("nan")),
+    ("repetition_penalty", float("inf")), ("min_p", float("nan")), ("presence_penalty", float("-inf"))])
 def test_sampling_params_validation(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

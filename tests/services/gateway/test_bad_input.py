@@ -51,6 +51,10 @@ CASES = [
      "max_completion_tokens"),
     ("temperature < 0", "/v1/completions", {"model": "MODEL", "prompt": "hi", "temperature": -0.5}, 400,
      "temperature"),
+    ("temperature Infinity", "/v1/completions", b'{"model": "MODEL", "prompt": "hi", "temperature": Infinity}', 400,
+     "temperature"),
+    ("repetition_penalty NaN", "/v1/completions",
+     b'{"model": "MODEL", "prompt": "hi", "repetition_penalty": NaN}', 400, "repetition_penalty"),
     ("top_p 0", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("top_p 1.5", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
     ("top_k -2", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_k": -2}, 400, "top_k"),
@@ -76,6 +80,8 @@ CASES = [
 def test_bad_input_gets_an_openai_error(mesh, name, path, body, status, param):
     if isinstance(body, dict) and body.get("model") == "MODEL":
         body = {**body, "model": mesh.model_name}
+    elif isinstance(body, bytes):
+        body = body.replace(b'"MODEL"', json.dumps(mesh.model_name).encode())
     assert_openai_error(post(mesh, path, body), status, param)
 
 

@@ -82,6 +82,9 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
     cases = [
         (gateway_pb2.GenerateRequest(model="nope", text="hi"), 404),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(temperature=-1)), 400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(temperature=float("nan"))), 400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(repetition_penalty=float("inf"))),
+         400),
         (gateway_pb2.GenerateRequest(text="word " * 3000), 400),
         (gateway_pb2.GenerateRequest(), 400),
     ]
