@@ -69,6 +69,9 @@ PREFILL_PLACES = Counter("baton_gateway_prefills_total",
 PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
 
 
+MAX_TOKEN_ID = 2**31 - 1  # the protos' int32
+
+
 class InvalidRequestError(ValueError):
     """The request itself is bad (HTTP 400); the message is safe to show the client."""
 
@@ -236,6 +239,11 @@ class RequestPipeline:
             # request's repeated field, which a worker's request is built from in 1 us; from a list
             # of 512 ids it takes 17, and making the list 20 more.
             prompt = prompt_token_ids
+            # Here, not only by the worker that would refuse it: the gateway hashes the prompt and
+            # decodes its tail before then, and neither takes a negative id, nor the protos one past int32.
+            if prompt and (min(prompt) < 0 or max(prompt) > MAX_TOKEN_ID):
+                bad = next(t for t in prompt if not 0 <= t <= MAX_TOKEN_ID)
+                raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary")
         elif prompt_text is not None:
             if len(prompt_text) <= self.local_tokenize_max_chars:
                 prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)

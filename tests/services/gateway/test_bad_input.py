@@ -64,6 +64,8 @@ CASES = [
     ("empty stop", "/v1/completions", {"model": "MODEL", "prompt": "hi", "stop": [""]}, 400, None),
     ("n 100", "/v1/completions", {"model": "MODEL", "prompt": "hi", "n": 100}, 400, "n"),
     ("token id past the vocabulary", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, 10**6]}, 400, None),
+    ("negative token id", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, -1]}, 400, "prompt"),
+    ("token id past int32", "/v1/completions", {"model": "MODEL", "prompt": [5, 2**40]}, 400, "prompt"),
     ("empty prompt list", "/v1/completions", {"model": "MODEL", "prompt": []}, 400, None),
     ("fractional token ids", "/v1/completions", {"model": "MODEL", "prompt": [5, 6.5]}, 400, "prompt"),
     ("boolean token ids", "/v1/completions", {"model": "MODEL", "prompt": [True, 6]}, 400, "prompt"),

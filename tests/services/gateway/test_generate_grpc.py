@@ -86,6 +86,8 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(repetition_penalty=float("inf"))),
          400),
         (gateway_pb2.GenerateRequest(text="word " * 3000), 400),
+        (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[5, 6, -1])), 400),
+        (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[*range(100, 140), -7, 5])), 400),
         (gateway_pb2.GenerateRequest(), 400),
     ]
     for request, code in cases:
