@@ -28,7 +28,7 @@ def block_hash(parent_hash: int | None, token_ids: Sequence[int], extra: bytes =
     h.update(NO_PARENT if parent_hash is None else parent_hash.to_bytes(8, "little"))
     # struct with an explicit '<' is little-endian on every host and rejects
     # out-of-range ids instead of wrapping them.
-    h.update(struct.pack(f"<I{len(token_ids)}I", len(token_ids), *token_ids))
+    h.update(_packed(f"<I{len(token_ids)}I", len(token_ids), *token_ids))
     h.update(extra)
     return int.from_bytes(h.digest(), "little")
 
@@ -44,7 +44,7 @@ def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b
     num_tokens = len(token_ids) // block_size * block_size
     if num_tokens == 0:
         return []
-    packed = struct.pack(f"<{num_tokens}I", *token_ids[:num_tokens])
+    packed = _packed(f"<{num_tokens}I", *token_ids[:num_tokens])
     count = struct.pack("<I", block_size)
     step = 4 * block_size
     hashes: list[int] = []
@@ -102,3 +102,11 @@ class BlockHashChain(Sequence[int]):
         bs, done = self._block_size, len(self._hashes)
         self._hashes += hash_block_chain(self._token_ids[done * bs:num_blocks * bs], bs, self._extra,
                                          parent_hash=self._hashes[-1] if self._hashes else None)
+
+
+def _packed(fmt: str, *values: int) -> bytes:
+    try:
+        return struct.pack(fmt, *values)
+    except struct.error:
+        bad = next(v for v in values if not 0 <= v < 2**32)
+        raise ValueError(f"token id {bad} is outside the vocabulary (not a u32)") from None

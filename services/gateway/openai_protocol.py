@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from protos import common_pb2
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 16  # n × prompts per request; more is one client hogging every worker
 MAX_LOGPROBS = 20  # the engine's limit
 
@@ -95,7 +96,7 @@ class CompletionRequest(_SamplingFields):
 
     # Tried in this order, ids strictly: pydantic's default (smart) union validated a 512-id
     # prompt against every member, 0.13 ms of the gateway's time before the request starts.
-    prompt: Annotated[str | list[StrictInt] | list[str] | list[list[StrictInt]], Field(union_mode="left_to_right")]
+    prompt: Annotated[str | list[TokenId] | list[str] | list[list[TokenId]], Field(union_mode="left_to_right")]
     max_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = 16  # OpenAI's default for completions
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
@@ -108,8 +109,8 @@ class CompletionRequest(_SamplingFields):
         try:
             return handler(value)
         except ValidationError:  # one error naming the field, not one per shape it is not
-            raise ValueError("must be a string, a list of strings, a list of token ids (integers) "
-                             "or a list of such lists") from None
+            raise ValueError("must be a string, a list of strings, a list of token ids (integers in "
+                             "[0, 2**31)) or a list of such lists") from None
 
     @model_validator(mode="after")
     def _check_supported(self):

@@ -91,7 +91,12 @@ class ModelTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """Raises ValueError for an id no u32 holds (the library's OverflowError)."""
+        try:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        except OverflowError:
+            bad = next(i for i in ids if not 0 <= i < 2**32)
+            raise ValueError(f"token id {bad} is outside the vocabulary (not a u32)") from None
 
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)

@@ -152,3 +152,11 @@ def test_a_lazy_chain_hashes_only_what_is_read():
     assert chain.num_computed <= 4  # read three: computed at most twice the two before the third
     first = BlockHashChain(list(range(512)), 16)
     assert first[0] == hash_block_chain(list(range(16)), 16)[0] and first.num_computed == 1
+
+
+def test_a_token_id_no_u32_holds_is_a_value_error_naming_it():
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError, match=f"token id {bad} "):
+            hash_block_chain([1, 2, bad, 4], 4)
+        with pytest.raises(ValueError, match=f"token id {bad} "):
+            block_hash(None, [1, bad])

@@ -87,7 +87,12 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
          400),
         (gateway_pb2.GenerateRequest(text="word " * 3000), 400),
         (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[5, 6, -1])), 400),
+        # A negative id where the gateway reads the ids itself: the prompt's tail (decoded ahead), its first
+        # block (hashed to route it), a later block (hashed once it is sent).
         (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[*range(100, 140), -7, 5])), 400),
+        (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[-1, *range(100, 140)])), 400),
+        (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[*range(100, 120), -2,
+                                                                             *range(100, 130)])), 400),
         (gateway_pb2.GenerateRequest(), 400),
     ]
     for request, code in cases:
