@@ -64,6 +64,7 @@ KV_TRANSPORTS = {
     "cuda-ipc": common_pb2.KV_TRANSPORT_CUDA_IPC,
 }
 READY_POLL_S = 0.05
+HTTP_BACKLOG = 2048  # uvicorn's own default
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -183,9 +184,13 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """Bound and listening: the address is printed before uvicorn's task first runs, and a client
+    that connects in between must wait in the backlog, not be refused (uvicorn listens again, as
+    it does on any socket it is given)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(HTTP_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
