@@ -235,9 +235,9 @@ class RequestPipeline:
             # As given, not copied: nothing changes a prompt. One from a gRPC request stays the
             # request's repeated field, which a worker's request is built from in 1 us; from a list
             # of 512 ids it takes 17, and making the list 20 more.
-            # Not scanned here (~0.1 ms of a 512-id prompt, run cold): the worker refuses an id outside
-            # the vocabulary, and where the gateway reads the ids first, a negative one is refused
-            # there (`_not_token_ids`). The OpenAI API's ids are bounded by its schema.
+            # Nor scanned (~0.1 ms of a 512-id prompt, run cold): the worker refuses an id outside the
+            # vocabulary, and where the gateway reads the ids first (hashing a block, decoding the
+            # tail) a negative one is refused there. The OpenAI API's ids are bounded by its schema.
             prompt = prompt_token_ids
         elif prompt_text is not None:
             if len(prompt_text) <= self.local_tokenize_max_chars:
