@@ -38,6 +38,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -160,6 +162,24 @@ def start(*args: str) -> tuple[subprocess.Popen, str]:
     return proc, proc.stdout.readline().strip()
 
 
+@contextmanager
+def running(model_dir: Path, prompt_tokens: int) -> Iterator[str]:
+    """A worker and a relay in front of it, each its own process; yields the relay's address and
+    stops both."""
+    procs = []
+    try:
+        worker, worker_address = start("--role", "worker", "--model", str(model_dir),
+                                       "--prompt-tokens", str(prompt_tokens))
+        procs.append(worker)
+        relay, relay_address = start("--role", "relay", "--worker", worker_address)
+        procs.append(relay)
+        yield relay_address
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(10)
+
+
 def measure(relay_address: str, requests: int, warmup: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"rtt": [], "call": [], "stream": []}
     with client_channel(relay_address) as channel:
@@ -200,15 +220,8 @@ def main(argv=None) -> int:
         return 0
 
     model_dir = args.model or ensure_demo_model()
-    worker, worker_address = start("--role", "worker", "--model", str(model_dir),
-                                   "--prompt-tokens", str(args.prompt_tokens))
-    relay, relay_address = start("--role", "relay", "--worker", worker_address)
-    try:
+    with running(model_dir, args.prompt_tokens) as relay_address:
         samples = measure(relay_address, args.requests, args.warmup)
-    finally:
-        for proc in (relay, worker):
-            proc.terminate()
-            proc.wait(10)
     p50_ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     rtt_ms = p50_ms.pop("rtt")
     for name, what in (("call", "a new call per request"), ("stream", "a message on an open stream")):

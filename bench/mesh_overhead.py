@@ -55,13 +55,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import itertools
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
 import grpc
@@ -176,20 +176,20 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     prompts = iter(random_prompts(len(samples) * rounds, args.prompt_tokens, vocab, seed=1))
     host, port = mesh.http.rsplit(":", 1)
     http_conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    floor_worker, floor_worker_address = hop_floor.start("--role", "worker", "--model", str(model_dir),
-                                                         "--prompt-tokens", str(args.prompt_tokens))
-    floor_relay, floor_relay_address = hop_floor.start("--role", "relay", "--worker", floor_worker_address)
     with httpx.Client(timeout=120) as client, client_channel(mesh.grpc) as channel, closing(http_conn), \
-            client_channel(floor_relay_address) as floor_channel, _ending(floor_relay, floor_worker):
+            hop_floor.running(model_dir, args.prompt_tokens) as floor_relay_address, \
+            client_channel(floor_relay_address) as floor_channel:
         stub = gateway_pb2_grpc.GenerateStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         floor_hops = floor_channel.unary_stream(f"/{hop_floor.SERVICE}/ByStream")
         request_ids: dict[str, list[str]] = {"http": [], "grpc": []}
         ttst: list[float] = []
 
-        def floor_sample(number: int) -> float:
+        floor_numbers = itertools.count()  # the relay matches each reply to its request by number
+
+        def floor_sample() -> float:
             start = time.perf_counter()
-            reply = next(floor_hops(hop_floor.REPLY.pack(number, 0.0)))
+            reply = next(floor_hops(hop_floor.REPLY.pack(next(floor_numbers), 0.0)))
             return time.perf_counter() - start - hop_floor.REPLY.unpack(reply)[1]
 
         def grpc_sample(prompt: list[int]) -> float:
@@ -205,7 +205,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
 
         measure = {"http": http_sample, "grpc": grpc_sample,
                    "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p),
-                   "rtt": lambda _: empty_round_trip(health), "floor": lambda _: floor_sample(i)}
+                   "rtt": lambda _: empty_round_trip(health), "floor": lambda _: floor_sample()}
         for i in range(rounds):
             for name, fn in measure.items():
                 # A pause before each: OpenMP threads spin for a while after a parallel region,
@@ -230,16 +230,6 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
             "prefill_admit_p50_ms": p50_ms(admit_s),
             "ttst_grpc_p50_ms": p50_ms(ttst),
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
-
-
-@contextmanager
-def _ending(*procs: subprocess.Popen):
-    try:
-        yield
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
 
 
 def best_seconds(fn, repeats: int) -> float:
