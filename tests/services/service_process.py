@@ -28,14 +28,18 @@ class ServiceProcess:
         self.proc = subprocess.Popen(
             [*command, "--model", str(model_dir), "--port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.address = self._read_listening_line(timeout_s=30)
-        self.channel = grpc.insecure_channel(self.address)
-        health = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + 30
-        while health.Check(health_pb2.HealthCheckRequest(service=service_name), timeout=5).status \
-                != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, f"the {name} service never reported SERVING"
-            time.sleep(0.05)
+        try:
+            self.address = self._read_listening_line(timeout_s=30)
+            self.channel = grpc.insecure_channel(self.address)
+            health = health_pb2_grpc.HealthStub(self.channel)
+            deadline = time.monotonic() + 30
+            while health.Check(health_pb2.HealthCheckRequest(service=service_name), timeout=5).status \
+                    != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, f"the {name} service never reported SERVING"
+                time.sleep(0.05)
+        except BaseException:  # no one holds it to terminate it: it would outlive the tests
+            stop_process(self.proc)
+            raise
 
     def _read_listening_line(self, timeout_s: float) -> str:
         return read_line(self.proc, f"{self.name} listening on ", timeout_s)

@@ -32,16 +32,20 @@ class GatewayProcess:
              "--prefill", ",".join(prefill), "--decode", ",".join(decode), "--port", "0", "--http-port", "0",
              *extra_args],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.grpc_address = read_line(self.proc, "gateway listening on ")
-        self.http_address = read_line(self.proc, "gateway http listening on ")
-        self.base_url = f"http://{self.http_address}"
-        self.stderr_lines: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{self.base_url}/health", timeout=5).status_code != 200:
-            assert self.proc.poll() is None, "the gateway exited"
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.05)
+        try:
+            self.grpc_address = read_line(self.proc, "gateway listening on ")
+            self.http_address = read_line(self.proc, "gateway http listening on ")
+            self.base_url = f"http://{self.http_address}"
+            self.stderr_lines: list[str] = []
+            threading.Thread(target=self._drain, daemon=True).start()
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{self.base_url}/health", timeout=5).status_code != 200:
+                assert self.proc.poll() is None, "the gateway exited"
+                assert time.monotonic() < deadline, "the gateway never became ready"
+                time.sleep(0.05)
+        except BaseException:  # no one holds it to terminate it: it would outlive the tests
+            stop_process(self.proc)
+            raise
 
     def _drain(self) -> None:
         for line in self.proc.stderr:
