@@ -6,7 +6,9 @@ Status codes:
 - NOT_FOUND: Decode names a reservation that is unknown, expired, already claimed
   or held for another request id.
 - RESOURCE_EXHAUSTED: Reserve finds too few free pages now (retry later or elsewhere).
-- UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping).
+- UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping),
+  also for a call whose engine work was still queued behind the step that failed: it never ran.
+- INTERNAL: the engine failed in a step that was running the request.
 
 Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
 GenerateLocally (which prefills a short prompt here instead of on a prefill worker).
@@ -40,7 +42,7 @@ from engine.outputs import RequestOutput
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
-from services.common.engine_loop import EngineLoop, RequestRefusedError
+from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
@@ -49,6 +51,7 @@ from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
 
 SERVICE_NAME = decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
+ENGINE_DEAD = "the decode engine failed; the worker is stopping"
 log = logging.getLogger("baton.decode")
 
 
@@ -83,7 +86,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         if self.engine_loop is None:
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the decode engine is still loading")
         if self.engine_loop.failure is not None:
-            await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the decode engine failed; the worker is stopping")
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
         return self.engine_loop
 
     async def _abort(self, context, code: grpc.StatusCode, details: str, reason: str | None = None) -> None:
@@ -106,6 +109,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             block_ids = await engine_loop.reserve(request.request_id, request.num_tokens)
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineDeadError:  # before the RuntimeError it is: a dead engine is not out of pages
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
         except RuntimeError as e:
             await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), "no_free_pages")
         reservation_id = self.leases.grant(request.request_id, block_ids)
@@ -148,6 +153,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineDeadError:  # it failed since `_ready`
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
 
     async def GenerateLocally(self, request, context):
         arrival_ns = time.time_ns()
@@ -167,16 +174,21 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 yield chunk
         except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineDeadError:  # it failed since `_ready`
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
 
     async def Abort(self, request, context):
         engine_loop = await self._ready(context)
-        if self.leases.revoke(request.request_id):
-            found = await engine_loop.release_reservation(request.request_id)
-        else:
-            call = self._streaming.get(request.request_id)
-            if call is not None:  # noted first: the call may read the aborted output before this resumes
-                call.finished_by_caller = request.finish_reason
-            found = await engine_loop.abort(request.request_id)
+        try:
+            if self.leases.revoke(request.request_id):
+                found = await engine_loop.release_reservation(request.request_id)
+            else:
+                call = self._streaming.get(request.request_id)
+                if call is not None:  # noted first: the call may read the aborted output before this resumes
+                    call.finished_by_caller = request.finish_reason
+                found = await engine_loop.abort(request.request_id)
+        except EngineDeadError:
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
         return decode_pb2.AbortResponse(found=found)
 
 
@@ -226,6 +238,10 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Que
         while not is_finished:
             out = await started.get()
             if isinstance(out, RequestRefusedError):
+                raise out
+            if isinstance(out, EngineDeadError):  # queued behind the step that failed: it never ran
+                is_finished = True  # nothing to abort
+                await headers.sent()
                 raise out
             if first:  # the engine took it: a refused duplicate id is never here
                 streaming[request_id] = phases

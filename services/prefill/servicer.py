@@ -26,7 +26,9 @@ Status codes:
 - The decode worker's own code when it refuses pages sent over GRPC_STREAM
   (FAILED_PRECONDITION, DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE), or
   cannot reserve them (RESOURCE_EXHAUSTED: no free pages; INVALID_ARGUMENT).
-- UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping).
+- UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping),
+  also for a prompt still queued behind the step that failed: it never ran.
+- INTERNAL: the engine failed in a step that was computing the prompt.
 - ABORTED: the request was aborted in the engine.
 
 Timings: `queue_seconds` runs from the call's arrival until the engine's first step
@@ -199,6 +201,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             if isinstance(out, RequestRefusedError):
                 is_added = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(out))
+            if isinstance(out, EngineDeadError):  # queued behind the step that failed: it never ran
+                is_added = False
+                await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
             if isinstance(out, Exception):
                 await context.abort(grpc.StatusCode.INTERNAL, f"the prefill engine failed: {out}")
             if attrs:

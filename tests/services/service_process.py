@@ -98,19 +98,25 @@ def assert_a_call_opened_ahead_ends_unavailable_at_shutdown(svc: ServiceProcess,
 
 
 # A worker's entry point with a fault injected in this copy of it (nothing makes a real engine fail
-# on demand): an engine step fails once a request whose id starts with "fail-" has been added.
+# on demand): an engine step fails once a request whose id starts with "fail-" has been added, and
+# after SLOW_FAILING_STEP_S once one whose id starts with "slowfail-" has (calls made meanwhile queue
+# their engine work behind that step).
+SLOW_FAILING_STEP_S = 2.0
 _FAILING_STEP_WORKER = """
 import sys
+import time
 from engine.llm_engine import LLMEngine
 step, add_request = LLMEngine.step, LLMEngine.add_request
 
 def failing_step(self):
-    if getattr(self, "fail_next_step", False):
+    if getattr(self, "fail_next_step", None) is not None:
+        time.sleep(self.fail_next_step)
         raise RuntimeError("injected: the device fell off the bus")
     return step(self)
 
 def arming_add_request(self, request_id, *args, **kwargs):
-    self.fail_next_step = request_id.startswith("fail-")
+    delays = {"fail-": 0.0, "slowfail-": {slow_s}}
+    self.fail_next_step = next((s for prefix, s in delays.items() if request_id.startswith(prefix)), None)
     return add_request(self, request_id, *args, **kwargs)
 
 LLMEngine.step, LLMEngine.add_request = failing_step, arming_add_request
@@ -121,4 +127,5 @@ sys.exit(main(sys.argv[1:]))
 
 def failing_step_worker(name: str) -> list[str]:
     """The command of `python -m services.<name>` (a worker) whose engine fails as said above."""
-    return [sys.executable, "-c", _FAILING_STEP_WORKER.replace("{name}", name)]
+    return [sys.executable, "-c",
+            _FAILING_STEP_WORKER.replace("{name}", name).replace("{slow_s}", str(SLOW_FAILING_STEP_S))]

@@ -9,6 +9,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -19,10 +20,11 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common.converters import layout_from_proto
-from services.decode.servicer import SERVICE_NAME
+from services.decode.servicer import ENGINE_DEAD, SERVICE_NAME
 from services.kvstore.page_copy import copy_pages
 from services.kvstore.shared_memory import SharedKVPool
 from tests.services.service_process import (
+    SLOW_FAILING_STEP_S,
     ServiceProcess,
     assert_a_call_opened_ahead_ends_unavailable_at_shutdown,
     failing_step_worker,
@@ -323,4 +325,37 @@ def test_a_worker_whose_engine_fails_fails_its_request_exits_1_and_removes_the_s
     assert svc.proc.wait(timeout=30) == 1
     assert not segment.exists()
     assert "stopping: its engine failed" in svc.proc.stderr.read()
+    svc.terminate()
+
+
+def test_calls_whose_engine_work_queued_behind_a_failing_step_end_unavailable(tiny_demo_model):
+    """A Reserve, an Abort and the start of a Decode or a GenerateLocally that wait for the engine
+    while a step fails never ran there: the worker is stopping, so UNAVAILABLE (the gateway's
+    503, another worker may take them), not a Reserve's "no free pages" (429), the INTERNAL of
+    the request the step was running, or an unknown error."""
+    svc = Service(tiny_demo_model, "--kv-blocks", "16", command=failing_step_worker("decode"))
+    stub, sampling = svc.stub, _sampling_to_proto(GREEDY)
+    claimable = stub.Reserve(decode_pb2.ReserveRequest(request_id="claimed", num_tokens=len(PROMPT)), timeout=5)
+    with ThreadPoolExecutor(5) as pool:
+        running = pool.submit(lambda: list(stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
+            request_id="slowfail-1", prompt_token_ids=PROMPT, sampling=sampling), timeout=10)))
+        time.sleep(SLOW_FAILING_STEP_S / 4)  # its step is running (and will fail)
+        queued = {
+            "Reserve": pool.submit(stub.Reserve, decode_pb2.ReserveRequest(request_id="more", num_tokens=4),
+                                   timeout=10),
+            "Abort": pool.submit(stub.Abort, decode_pb2.AbortRequest(request_id="someone"), timeout=10),
+            "Decode": pool.submit(lambda: list(stub.Decode(decode_pb2.DecodeRequest(
+                request_id="claimed", reservation_id=claimable.reservation_id, prompt_token_ids=PROMPT,
+                first_token_id=7, sampling=sampling), timeout=10))),
+            "GenerateLocally": pool.submit(lambda: list(stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
+                request_id="behind", prompt_token_ids=PROMPT, sampling=sampling), timeout=10))),
+        }
+        with pytest.raises(grpc.RpcError) as e:
+            running.result()
+        assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
+        for method, call in queued.items():
+            with pytest.raises(grpc.RpcError) as e:
+                call.result()
+            assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD), method
+    assert svc.proc.wait(timeout=30) == 1
     svc.terminate()

@@ -8,6 +8,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -18,9 +19,14 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.prefill.servicer import ENGINE_DEAD
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from tests.services.service_process import (
+    SLOW_FAILING_STEP_S,
+    assert_a_call_opened_ahead_ends_unavailable_at_shutdown,
+    failing_step_worker,
+)
 from tests.services.service_process import ServiceProcess as Service
-from tests.services.service_process import assert_a_call_opened_ahead_ends_unavailable_at_shutdown, failing_step_worker
 
 DECODE_KV_BLOCKS = 128
 PREFILL_KV_BLOCKS = 64
@@ -404,4 +410,30 @@ def test_a_worker_whose_engine_fails_fails_its_request_and_exits_1(tiny_demo_mod
     assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
     assert svc.proc.wait(timeout=30) == 1
     assert "stopping: its engine failed" in svc.proc.stderr.read()
+    svc.terminate()
+
+
+def test_a_prompt_queued_behind_a_failing_step_ends_unavailable(tiny_demo_model):
+    """A prompt that waited for the engine while a step failed never ran: UNAVAILABLE (the worker
+    is stopping; another may take it), not the INTERNAL of the prompt the step was computing."""
+    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16",
+                  command=failing_step_worker("prefill"))
+    stub = prefill_pb2_grpc.PrefillStub(svc.channel)
+
+    def prefill(request_id: str) -> list:
+        return list(stub.PrefillStream(prefill_pb2.PrefillRequest(
+            request_id=request_id, token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
+            target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9")), timeout=10))
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(prefill, "slowfail-1")
+        time.sleep(SLOW_FAILING_STEP_S / 4)  # its step is running (and will fail)
+        queued = pool.submit(prefill, "behind")
+        with pytest.raises(grpc.RpcError) as e:
+            running.result()
+        assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            queued.result()
+        assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
+    assert svc.proc.wait(timeout=30) == 1
     svc.terminate()
