@@ -7,10 +7,11 @@ transfer speed by shared memory and by the gRPC page stream.
   so no prefix-cache hits anywhere) through a real mesh (gateway, tokenizer, 1
   prefill, 1 decode, each its own process) by its public gRPC API and by its OpenAI
   HTTP API, and through an `LLMEngine` in this process, alternating request by
-  request so all three see the same machine. overhead_ms is the p50, over the gRPC
-  requests, of each one's TTFT minus the engine's own time to its first token in the
-  prefill worker (`engine_ttft_seconds`: `prefill_admit` + `prefill_compute` in its ledger
-  at the gateway's /v1/requests/{id}/timeline, its engine's `add_request` and its steps
+  request (each round starting one later in the order) so all three see the same
+  machine. overhead_ms is the p50, over the gRPC requests, of each one's TTFT minus
+  the engine's own time to its first token in the prefill worker
+  (`engine_ttft_seconds`: `prefill_admit` + `prefill_compute` in its ledger at the
+  gateway's /v1/requests/{id}/timeline, its engine's `add_request` and its steps
   from scheduling to their outputs, as the engine thread stamped them): the in-process
   engine's TTFT, which times the same two calls, for that very prompt at that very
   moment. Why paired: one forward pass of the same prompt takes anywhere
@@ -206,12 +207,16 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
         measure = {"http": http_sample, "grpc": grpc_sample,
                    "inprocess": lambda p: inprocess_ttft(engine, f"local-{time.perf_counter_ns()}", p),
                    "rtt": lambda _: empty_round_trip(health), "floor": lambda _: floor_sample()}
+        names = list(measure)
         for i in range(rounds):
-            for name, fn in measure.items():
+            # Each round starts one later in the order, so no API always follows the same neighbour:
+            # with a fixed order, the API sampled first had its prefill 12-20 ms longer in some runs
+            # (cause not found), which the unpaired figures carried for that API alone.
+            for name in names[i % len(names):] + names[:i % len(names)]:
                 # A pause before each: OpenMP threads spin for a while after a parallel region,
                 # and one side's spinning threads would steal the cores the other computes on.
                 time.sleep(SETTLE_S)
-                seconds = fn(next(prompts))
+                seconds = measure[name](next(prompts))
                 if i >= args.warmup:
                     samples[name].append(seconds)
         # The prefill worker's engine time for each sample, from the gateway's ledger.
