@@ -13,8 +13,9 @@ therefore ends a PrefillStream after its first token. The pages are released on
 every path: success, a failed write, an error and client cancellation (which also
 aborts a prompt still computing). PrefillPreopened is PrefillStream on a call the
 gateway opened ahead of its request, which is the call's first message; it sends its
-response headers as soon as it is opened, so the first token later goes out without them
-(services/common/grpc_server.EarlyHeaders says what that saves).
+response headers as soon as it is opened, and PrefillStream while the prompt computes, so
+the first token later goes out without them (services/common/grpc_server.EarlyHeaders says
+what that saves).
 
 Status codes:
 - INVALID_ARGUMENT: empty request id, no tokens, sampling values out of range, a token
@@ -67,7 +68,7 @@ import torch
 from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError
-from services.common.grpc_server import OpenedAhead
+from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import LayoutMismatchError, PageLayout
@@ -196,8 +197,12 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             except EngineDeadError:  # it failed since `_ready`
                 is_added = False
                 await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
+            headers = EarlyHeaders(context)
+            if not is_preopened:  # a preopened call sent them as it was opened
+                headers.send_soon()  # while the prompt computes: the first token goes without them
             out = await outputs.get()
             computed = time.perf_counter()
+            await headers.sent()  # long since, as a rule: a message or an abort may follow now
             if isinstance(out, RequestRefusedError):
                 is_added = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(out))

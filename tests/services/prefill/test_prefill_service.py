@@ -297,6 +297,24 @@ def test_a_preopened_call_sends_its_response_headers_before_its_request(prefill)
     assert headers and list(call) == [] and call.code() == grpc.StatusCode.OK
 
 
+def test_a_new_call_sends_its_response_headers_while_its_prompt_computes(tiny_demo_model):
+    """Its first token then carries none. The step here takes SLOW_FAILING_STEP_S (and then
+    fails): headers sent with the first message, or with the error, would come only after it."""
+    svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16",
+                  command=failing_step_worker("prefill"))
+    call = prefill_pb2_grpc.PrefillStub(svc.channel).PrefillStream(prefill_pb2.PrefillRequest(
+        request_id="slowfail-1", token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
+        target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9")), timeout=10)
+    sent = time.monotonic()
+    call.initial_metadata()
+    assert time.monotonic() - sent < SLOW_FAILING_STEP_S / 2
+    with pytest.raises(grpc.RpcError) as e:
+        list(call)
+    assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
+    assert svc.proc.wait(timeout=30) == 1
+    svc.terminate()
+
+
 def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(decode, prefill):
     reserve(decode, "hog", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
     try:
