@@ -6,10 +6,11 @@ Errors are OpenAI's error object with the status OpenAI uses: 400 for a bad body
 an unknown model, 413 for a body over the limit, 429 when no decode worker has the
 pages, 503 when no worker of a kind is serving.
 
-A stream's first chunk is awaited before the response starts, so a request that
-fails before its first token still gets its real status, not a 200 with an error
-event. A client that goes away cancels its request wherever it is (prefill or
-decode), which frees its pages; see `_unless_disconnected`.
+A stream's first chunk is awaited before the response starts (first_event_response.py),
+so a request that fails before its first token still gets its real status, not a 200
+with an error event. A client that goes away cancels its request wherever it is (prefill
+or decode), which frees its pages: Starlette cancels a stream's body, and a whole
+response waits `_unless_disconnected`.
 
 Every request's ledger (timeline.py: where its time went, phase by phase) is kept for
 the most recent requests and served from `GET /v1/requests/{id}/timeline`, `id` being
@@ -39,7 +40,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -47,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.common import tracing
 from services.gateway.choices import merge_choices
 from services.gateway.errors import APIError, model_not_found, to_api_error
+from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
@@ -145,6 +147,7 @@ def create_app(state: GatewayState) -> FastAPI:
         check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
+        dispatched, on_dispatch = _dispatch_signal()
         prompts = body.prompts
         streams, prompt_of_choice = [], []
         for p, prompt in enumerate(prompts):
@@ -155,13 +158,13 @@ def create_app(state: GatewayState) -> FastAPI:
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-                    clock=timeline.clock(request_id)))
+                    clock=timeline.clock(request_id), on_dispatch=on_dispatch))
                 prompt_of_choice.append(p)
         builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
                                   num_choices=len(streams), prompt_of_choice=prompt_of_choice,
                                   token_text=state.token_text, want_logprobs=body.logprobs is not None)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
-                             timeline if wants_timeline(request, body.return_timeline) else None)
+                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -169,17 +172,18 @@ def create_app(state: GatewayState) -> FastAPI:
         check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
+        dispatched, on_dispatch = _dispatch_signal()
         messages = body.chat_messages()
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         streams = [state.pipeline.generate(
             request_id, messages=messages, sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-            clock=timeline.clock(request_id)) for j, request_id in enumerate(request_ids)]
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
-                             timeline if wants_timeline(request, body.return_timeline) else None)
+                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 
     return app
 
@@ -224,54 +228,74 @@ def wants_timeline(request: Request, asked_in_body: bool) -> bool:
     return asked_in_body or request.headers.get("x-baton-timeline", "").lower() in ("1", "true", "yes")
 
 
+def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
+    """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
+    dispatched = asyncio.get_running_loop().create_future()
+    return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
+
+
 def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
     """The mesh request id of one choice: the response id itself when it is the only one."""
     return response_id if num_choices == 1 else f"{response_id}-{choice}"
 
 
 async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
-                  stream: bool, include_usage: bool, prompt_param: str, timeline: ResponseTimeline | None = None):
-    """`timeline`: the request's ledger, when it is to be sent with the response."""
-    try:
-        if not stream:
-            async def collect() -> None:
-                async for index, delta in choices:
-                    builder.add(index, delta)
-            await _unless_disconnected(request, collect())
-            body = builder.whole()
-            if timeline is not None:
-                body["timeline"] = timeline.to_json()
-            return JSONResponse(body, headers={"x-request-id": builder.id})
+                  stream: bool, include_usage: bool, prompt_param: str, dispatched: asyncio.Future,
+                  timeline: ResponseTimeline | None = None):
+    """`timeline`: the request's ledger, when it is to be sent with the response. `dispatched` is
+    done once a choice's prompt is on its way to a worker: a stream is returned then, its first
+    event still to come (FirstEventResponse)."""
+    if stream:
+        events = _events(choices, builder, include_usage, prompt_param, timeline)
+        first = asyncio.ensure_future(anext(events))
         try:
-            first = await _unless_disconnected(request, anext(choices))
-        except StopAsyncIteration:
-            raise APIError(500, "the request ended without output", code="internal_error") from None
+            await asyncio.wait([first, dispatched], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            first.cancel()
+            raise
+        return FirstEventResponse(first, events, media_type="text/event-stream",
+                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no",
+                                           "x-request-id": builder.id})
+
+    async def collect() -> None:
+        async for index, delta in choices:
+            builder.add(index, delta)
+    try:
+        await _unless_disconnected(request, collect())
     except ClientDisconnected:
         await choices.aclose()
         return JSONResponse({}, status_code=499)  # nobody reads it; what access logs expect
     except Exception as e:
         await choices.aclose()
         raise to_api_error(e, prompt_param) from e
-    return StreamingResponse(_events(first, choices, builder, include_usage, prompt_param, timeline),
-                             media_type="text/event-stream",
-                             headers={"cache-control": "no-cache", "x-accel-buffering": "no",
-                                      "x-request-id": builder.id})
+    body = builder.whole()
+    if timeline is not None:
+        body["timeline"] = timeline.to_json()
+    return JSONResponse(body, headers={"x-request-id": builder.id})
 
 
-async def _events(first: tuple[int, Delta], choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
-                  include_usage: bool, prompt_param: str, timeline: ResponseTimeline | None) -> AsyncIterator[bytes]:
-    """The SSE body. Starlette cancels this when the client disconnects; the cancellation
-    reaches every choice's pipeline, which aborts its request on the mesh."""
+async def _events(choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder, include_usage: bool,
+                  prompt_param: str, timeline: ResponseTimeline | None) -> AsyncIterator[bytes]:
+    """The SSE body: APIError before the first event (the response's status then), an error event
+    after it. Starlette cancels this when the client disconnects; the cancellation reaches every
+    choice's pipeline, which aborts its request on the mesh."""
     try:
+        try:
+            first = await anext(choices)
+        except StopAsyncIteration:
+            raise APIError(500, "the request ended without output", code="internal_error") from None
+        except Exception as e:
+            raise to_api_error(e, prompt_param) from e
         yield _event(builder.chunk(*first, include_usage))
-        async for index, delta in choices:
-            yield _event(builder.chunk(index, delta, include_usage))
-        if include_usage:
-            yield _event(builder.usage_chunk())
-        if timeline is not None:
-            yield _event(builder.timeline_chunk(timeline.to_json()))
-    except Exception as e:  # after the 200 went out: the error travels as an event, as vLLM sends it
-        yield _event(to_api_error(e, prompt_param).body())
+        try:
+            async for index, delta in choices:
+                yield _event(builder.chunk(index, delta, include_usage))
+            if include_usage:
+                yield _event(builder.usage_chunk())
+            if timeline is not None:
+                yield _event(builder.timeline_chunk(timeline.to_json()))
+        except Exception as e:  # after the 200 went out: the error travels as an event, as vLLM sends it
+            yield _event(to_api_error(e, prompt_param).body())
     finally:
         await choices.aclose()
     yield b"data: [DONE]\n\n"
