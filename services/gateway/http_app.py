@@ -108,6 +108,55 @@ def create_app(state: GatewayState) -> FastAPI:
         metrics.count_error("invalid_request")
         return api_error_response(validation_error(e))
 
+    # The two routes every request takes: plain Starlette routes, first in the table. The router
+    # tries routes in turn, and FastAPI's parameter handling has nothing to do for an endpoint that
+    # takes the Request: together about 50 calls of Python on every request's way in, run cold
+    # (the gateway idles between requests).
+    async def completions(request: Request):
+        body = await parsed_body(request, CompletionRequest)
+        check_model(state, body.model)
+        response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        timeline = start_timeline(state, request, response_id)
+        dispatched, on_dispatch = _dispatch_signal()
+        prompts = body.prompts
+        streams, prompt_of_choice = [], []
+        for p, prompt in enumerate(prompts):
+            for j in range(body.n):
+                choice = len(streams)
+                given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+                request_id = _choice_id(response_id, choice, len(prompts) * body.n)
+                streams.append(state.pipeline.generate(
+                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j),
+                    stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+                    clock=timeline.clock(request_id), on_dispatch=on_dispatch))
+                prompt_of_choice.append(p)
+        builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
+                                  num_choices=len(streams), prompt_of_choice=prompt_of_choice,
+                                  token_text=state.token_text, want_logprobs=body.logprobs is not None)
+        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
+                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
+
+    async def chat_completions(request: Request):
+        body = await parsed_body(request, ChatCompletionRequest)
+        check_model(state, body.model)
+        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+        timeline = start_timeline(state, request, response_id)
+        dispatched, on_dispatch = _dispatch_signal()
+        messages = body.chat_messages()
+        request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
+        streams = [state.pipeline.generate(
+            request_id, messages=messages, sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
+            stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
+        builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
+                                  num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
+                                  want_logprobs=body.logprobs)
+        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
+                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
+
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it
         return Response(generate_latest(REGISTRY) + metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
@@ -140,50 +189,6 @@ def create_app(state: GatewayState) -> FastAPI:
             raise APIError(404, f"No timeline for request `{response_id}`: the gateway keeps the last "
                                 f"{state.timelines.capacity} requests' timelines.", code="timeline_not_found")
         return found.to_json()
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await parsed_body(request, CompletionRequest)
-        check_model(state, body.model)
-        response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
-        timeline = start_timeline(state, request, response_id)
-        dispatched, on_dispatch = _dispatch_signal()
-        prompts = body.prompts
-        streams, prompt_of_choice = [], []
-        for p, prompt in enumerate(prompts):
-            for j in range(body.n):
-                choice = len(streams)
-                given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
-                request_id = _choice_id(response_id, choice, len(prompts) * body.n)
-                streams.append(state.pipeline.generate(
-                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j),
-                    stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-                    clock=timeline.clock(request_id), on_dispatch=on_dispatch))
-                prompt_of_choice.append(p)
-        builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
-                                  num_choices=len(streams), prompt_of_choice=prompt_of_choice,
-                                  token_text=state.token_text, want_logprobs=body.logprobs is not None)
-        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
-                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await parsed_body(request, ChatCompletionRequest)
-        check_model(state, body.model)
-        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
-        timeline = start_timeline(state, request, response_id)
-        dispatched, on_dispatch = _dispatch_signal()
-        messages = body.chat_messages()
-        request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
-        streams = [state.pipeline.generate(
-            request_id, messages=messages, sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
-            stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
-        builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
-                                  num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
-                                  want_logprobs=body.logprobs)
-        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
-                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 
     return app
 
