@@ -297,14 +297,19 @@ def test_a_preopened_call_sends_its_response_headers_before_its_request(prefill)
     assert headers and list(call) == [] and call.code() == grpc.StatusCode.OK
 
 
+def _reserving_nowhere(request_id: str) -> prefill_pb2.PrefillRequest:
+    """PROMPT, greedy, its pages to be reserved on a decode worker that is not there: for a worker
+    whose engine fails (failing_step_worker) before it would ask for them."""
+    return prefill_pb2.PrefillRequest(request_id=request_id, token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
+                                      target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9"))
+
+
 def test_a_new_call_sends_its_response_headers_while_its_prompt_computes(tiny_demo_model):
     """Its first token then carries none. The step here takes SLOW_FAILING_STEP_S (and then
     fails): headers sent with the first message, or with the error, would come only after it."""
     svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "16",
                   command=failing_step_worker("prefill"))
-    call = prefill_pb2_grpc.PrefillStub(svc.channel).PrefillStream(prefill_pb2.PrefillRequest(
-        request_id="slowfail-1", token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
-        target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9")), timeout=10)
+    call = prefill_pb2_grpc.PrefillStub(svc.channel).PrefillStream(_reserving_nowhere("slowfail-1"), timeout=10)
     sent = time.monotonic()
     call.initial_metadata()
     assert time.monotonic() - sent < SLOW_FAILING_STEP_S / 2
@@ -422,9 +427,7 @@ def test_a_worker_whose_engine_fails_fails_its_request_and_exits_1(tiny_demo_mod
                   command=failing_step_worker("prefill"))
     stub = prefill_pb2_grpc.PrefillStub(svc.channel)
     with pytest.raises(grpc.RpcError) as e:  # it fails before any decode worker is asked for pages
-        list(stub.PrefillStream(prefill_pb2.PrefillRequest(
-            request_id="fail-1", token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
-            target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9")), timeout=10))
+        list(stub.PrefillStream(_reserving_nowhere("fail-1"), timeout=10))
     assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
     assert svc.proc.wait(timeout=30) == 1
     assert "stopping: its engine failed" in svc.proc.stderr.read()
@@ -439,9 +442,7 @@ def test_a_prompt_queued_behind_a_failing_step_ends_unavailable(tiny_demo_model)
     stub = prefill_pb2_grpc.PrefillStub(svc.channel)
 
     def prefill(request_id: str) -> list:
-        return list(stub.PrefillStream(prefill_pb2.PrefillRequest(
-            request_id=request_id, token_ids=PROMPT, sampling=_sampling_to_proto(GREEDY),
-            target=prefill_pb2.KVTarget(decode_address="127.0.0.1:9")), timeout=10))
+        return list(stub.PrefillStream(_reserving_nowhere(request_id), timeout=10))
 
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(prefill, "slowfail-1")
