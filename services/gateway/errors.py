@@ -12,6 +12,7 @@ from services.gateway.workers import NoHealthyWorkerError
 ERROR_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",

@@ -34,7 +34,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -95,7 +95,7 @@ def create_app(state: GatewayState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:  # unknown path, wrong method
-        return api_error_response(APIError(e.status_code, str(e.detail)))
+        return api_error_response(APIError(e.status_code, str(e.detail)), headers=e.headers)  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, e: Exception) -> JSONResponse:
@@ -334,8 +334,8 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def api_error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def api_error_response(e: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def validation_error(e: RequestValidationError) -> APIError:

@@ -108,6 +108,15 @@ def test_unknown_model_is_404_through_the_openai_client(mesh):
         assert e.value.body["code"] == "context_length_exceeded"
 
 
+def test_a_wrong_method_is_405_naming_the_allowed_one_and_an_unknown_path_404(mesh):
+    response = httpx.get(f"{mesh.gateway.base_url}/v1/completions", timeout=30)
+    error = assert_openai_error(response, 405)
+    assert error["type"] == "invalid_request_error"
+    assert response.headers["allow"] == "POST"
+    error = assert_openai_error(httpx.post(f"{mesh.gateway.base_url}/v1/nowhere", json={}, timeout=30), 404)
+    assert error["type"] == "not_found_error"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_prompt_over_the_context_is_400(mesh, stream):
     error = assert_openai_error(post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": LONG_PROMPT,
