@@ -25,8 +25,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import context as otel_context, trace
 
 log = logging.getLogger("baton.tracing")
 

@@ -406,8 +406,8 @@ def test_health_names_and_segment_pattern_match_the_services():
     from protos import gateway_pb2, kvstore_pb2
     from services.decode.servicer import SERVICE_NAME as DECODE
     from services.kvstore.shared_memory import NAME_PREFIX
-    from services.launcher.specs import HEALTH_NAMES
     from services.launcher.segments import SEGMENT_LINE
+    from services.launcher.specs import HEALTH_NAMES
     from services.prefill.servicer import SERVICE_NAME as PREFILL
     from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER
 

@@ -13,8 +13,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from protos import generate as protogen
-from protos import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
+from protos import common_pb2, generate as protogen, tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.channel import make_channel
 from services.common.grpc_server import make_server, set_serving, stop_server
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.block_hash import hash_block_chain

@@ -2,7 +2,6 @@
 distribution and logprob checks. CPU only, exact where the math allows."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 

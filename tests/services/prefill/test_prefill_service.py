@@ -19,14 +19,13 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
-from services.prefill.servicer import ENGINE_DEAD
-from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from services.prefill.servicer import ENGINE_DEAD, SERVICE_NAME as PREFILL_SERVICE
 from tests.services.service_process import (
     SLOW_FAILING_STEP_S,
+    ServiceProcess as Service,
     assert_a_call_opened_ahead_ends_unavailable_at_shutdown,
     failing_step_worker,
 )
-from tests.services.service_process import ServiceProcess as Service
 
 DECODE_KV_BLOCKS = 128
 PREFILL_KV_BLOCKS = 64
