@@ -5,14 +5,16 @@ client's call and headers, the server's call matching and a handler started for 
 On this VM that is about 0.4 ms of every request's time to first token
 (bench/prefill_calls.py; bench/hop_floor.py finds about 0.5 ms with no service code
 around it), and as much of its time to the second token, when the decode worker's
-call is made. So the gateway keeps one call open to each worker it sends requests to
-(Prefill.PrefillPreopened, Decode.DecodePreopened); a request takes it and sends its
-request as the call's first message, and the next one is opened off the critical path
-(`replenish`): a prefill worker's once the request is done with it (its pages handed
-on, or its first token ending it), a decode worker's once its first tokens are out. A
-request that finds none (several at once on one worker, or the first to it) makes a
-new call (PrefillStream, Decode), as every request did before. Both answer alike, so
-nothing after the call's start tells them apart.
+call is made. So the gateway keeps calls open to each worker it sends requests to
+(Prefill.PrefillPreopened, Decode.DecodePreopened); a request takes one and sends its
+request as the call's first message, and a call for a next one is opened off the critical
+path (`replenish`): a prefill worker's once the request is done with it (its pages handed
+on, or its first token ending it), a decode worker's once its first tokens are out. Each
+request that was sent to a worker opens one, up to `per_worker` kept: as many as came at
+once, so the next such burst finds a call for each of its requests. A request that finds
+none (more at once than came before, or the first to a worker) makes a new call
+(PrefillStream, Decode), as every request did before. Both answer alike, so nothing after
+the call's start tells them apart.
 
 A kept call is dropped for a new one when:
 - it has ended: the worker shut down (it ends waiting calls UNAVAILABLE) or a proxy
@@ -27,6 +29,7 @@ kept call's spans would join no request's trace.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import grpc
 from prometheus_client import Counter
@@ -42,6 +45,7 @@ DECODE_CALLS = Counter("baton_gateway_decode_calls_total",
                        "ahead (preopened) or a new one (new)", ["call"])
 
 MAX_IDLE_S = 30.0
+PER_WORKER = 8  # kept calls: an idle one costs a worker a waiting handler, and its connection a stream
 
 
 class KeptCalls:
@@ -50,14 +54,16 @@ class KeptCalls:
     `counter`: counts each by the call that carried it."""
 
     def __init__(self, new_method: str, preopened_method: str, counter: Counter, timeout_s: float,
-                 preopen: bool = True, max_idle_s: float = MAX_IDLE_S):
+                 preopen: bool = True, max_idle_s: float = MAX_IDLE_S, per_worker: int = PER_WORKER):
         self.new_method = new_method
         self.preopened_method = preopened_method
         self.timeout_s = timeout_s  # each request's deadline
         self.preopen = preopen
         self.max_idle_s = max_idle_s
+        self.per_worker = per_worker
         self._on_preopened, self._on_new = counter.labels("preopened"), counter.labels("new")
-        self._kept: dict[Worker, tuple[grpc.aio.StreamStreamCall, float]] = {}  # the call, when it was opened
+        # Per worker, newest last: each call, and when it was opened.
+        self._kept: dict[Worker, deque[tuple[grpc.aio.StreamStreamCall, float]]] = {}
         self._is_closed = False
 
     async def start(self, worker: Worker, request):
@@ -75,24 +81,30 @@ class KeptCalls:
         return call
 
     def replenish(self, worker: Worker) -> None:
-        """Open `worker` a call for its next request, unless one is kept already."""
-        if self.preopen and not self._is_closed and worker not in self._kept and not tracing.is_enabled():
-            call = getattr(worker.stub, self.preopened_method)(timeout=self.timeout_s + self.max_idle_s)
-            self._kept[worker] = (call, time.monotonic())
+        """Open `worker` a call for a next request, unless `per_worker` are kept already."""
+        if not self.preopen or self._is_closed or tracing.is_enabled():
+            return
+        kept = self._kept.setdefault(worker, deque())
+        if len(kept) < self.per_worker:
+            kept.append((getattr(worker.stub, self.preopened_method)(timeout=self.timeout_s + self.max_idle_s),
+                         time.monotonic()))
 
     def close(self) -> None:
         """End every kept call; none is opened after."""
         self._is_closed = True
-        for call, _ in self._kept.values():
-            call.cancel()
+        for kept in self._kept.values():
+            for call, _ in kept:
+                call.cancel()
         self._kept.clear()
 
     def _take(self, worker: Worker) -> grpc.aio.StreamStreamCall | None:
-        kept = self._kept.pop(worker, None)
-        if kept is None:
-            return None
-        call, opened_at = kept
-        if call.done() or time.monotonic() - opened_at > self.max_idle_s:
+        """The newest of `worker`'s kept calls, if still open and young enough (else the next, and so
+        on). Newest first: after a burst, sparser requests reuse the few most recent calls while the
+        rest wait for the next burst, rather than each finding the oldest expired."""
+        kept = self._kept.get(worker)
+        while kept:
+            call, opened_at = kept.pop()
+            if not call.done() and time.monotonic() - opened_at <= self.max_idle_s:
+                return call
             call.cancel()
-            return None
-        return call
+        return None

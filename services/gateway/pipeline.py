@@ -408,18 +408,20 @@ class RequestPipeline:
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)
-        is_answered = False
+        # A call for a next request, once this one's first tokens are out: one per request.
+        is_answered = is_replenished = False
         try:
             # Its status follows the handoff: read, the call ends as a success on both sides.
             await prefill_call.code()
             async for chunk in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
                 is_answered = True
                 yield chunk
-                # The next request's call, once this one's token is out (none is opened while one is kept).
-                self.decode_calls.replenish(decode_worker)
+                if not is_replenished:
+                    self.decode_calls.replenish(decode_worker)
+                    is_replenished = True
         finally:
             self._close_soon(call, progress)
-            if is_answered:  # a stream whose first chunk was its last is closed at that yield
+            if is_answered and not is_replenished:  # a stream whose first chunk was its last is closed at that yield
                 self.decode_calls.replenish(decode_worker)
 
     async def _local_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,

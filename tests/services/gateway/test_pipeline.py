@@ -253,6 +253,34 @@ def test_prompts_after_a_workers_first_go_on_calls_opened_ahead(mesh, model_toke
     assert_pools_free(mesh)
 
 
+def test_a_burst_of_prompts_finds_as_many_calls_kept_as_the_one_before_it(mesh, model_tokenizer, colocated):
+    """Three prompts at once to one prefill worker: the first burst opens new calls, and each of its
+    prompts leaves one kept, so all of the next burst's go on kept calls. (Their decode calls are
+    made as each handoff comes, and the ones made later may take a call an earlier one left.)"""
+    one_of_each = (mesh[0], mesh[1][:1], mesh[2][:1])
+    prompts = [[(11 * j + i) % 900 + 3 for j in range(30 + i)] for i in range(3)]
+    expected = [colocated_ids(colocated, f"burst-ref-{i}", prompt, 4) for i, prompt in enumerate(prompts)]
+    made = []
+
+    async def body(pipeline):
+        outputs = []
+        for burst in range(2):
+            before = calls_made()
+            outputs.append(await asyncio.gather(*(
+                collect(pipeline.generate(f"burst-{burst}-{i}", prompt_token_ids=prompt, sampling=greedy(4)))
+                for i, prompt in enumerate(prompts))))
+            after = calls_made()
+            made.append({key: after[key] - before[key] for key in after})
+        return outputs
+
+    for outputs in run_with_pipeline(one_of_each, model_tokenizer, body):
+        assert [joined(deltas)[1] for deltas in outputs] == expected
+    assert [{call: burst["prefill", call] for call in ("preopened", "new")} for burst in made] == [
+        {"preopened": 0, "new": 3}, {"preopened": 3, "new": 0}]
+    assert all(burst["decode", "preopened"] + burst["decode", "new"] == 3 for burst in made)
+    assert_pools_free(mesh)
+
+
 def test_on_dispatch_is_called_once_the_prompt_is_with_its_worker_before_the_first_delta(mesh, model_tokenizer,
                                                                                         colocated):
     """The gRPC API sends its response headers then: once per request, before any delta, whether
