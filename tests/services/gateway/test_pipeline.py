@@ -281,6 +281,36 @@ def test_a_burst_of_prompts_finds_as_many_calls_kept_as_the_one_before_it(mesh, 
     assert_pools_free(mesh)
 
 
+def test_prompts_whose_clients_left_still_leave_calls_kept_for_the_next(mesh, model_tokenizer, colocated):
+    """A client that goes away while its prompt computes frees the call it took (cancelled), and
+    leaves one opened for a next prompt all the same: the worker did nothing wrong."""
+    one_of_each = (mesh[0], mesh[1][:1], mesh[2][:1])
+    prompts = [[(13 * j + i) % 900 + 3 for j in range(30 + i)] for i in range(3)]
+    expected = [colocated_ids(colocated, f"left-ref-{i}", prompt, 4) for i, prompt in enumerate(prompts)]
+
+    async def body(pipeline):
+        leaving = []
+        for i, prompt in enumerate(prompts):
+            dispatched = asyncio.Event()
+            leaving.append((asyncio.ensure_future(collect(pipeline.generate(
+                f"left-{i}", prompt_token_ids=prompt, sampling=greedy(4), on_dispatch=dispatched.set))), dispatched))
+        for task, dispatched in leaving:
+            await dispatched.wait()
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in leaving), return_exceptions=True)
+        before = calls_made()
+        outputs = await asyncio.gather(*(
+            collect(pipeline.generate(f"after-left-{i}", prompt_token_ids=prompt, sampling=greedy(4)))
+            for i, prompt in enumerate(prompts)))
+        after = calls_made()
+        return outputs, {call: after["prefill", call] - before["prefill", call] for call in ("preopened", "new")}
+
+    outputs, prefill_calls = run_with_pipeline(one_of_each, model_tokenizer, body)
+    assert [joined(deltas)[1] for deltas in outputs] == expected
+    assert prefill_calls == {"preopened": 3, "new": 0}
+    assert_pools_free(mesh)
+
+
 def test_on_dispatch_is_called_once_the_prompt_is_with_its_worker_before_the_first_delta(mesh, model_tokenizer,
                                                                                         colocated):
     """The gRPC API sends its response headers then: once per request, before any delta, whether
