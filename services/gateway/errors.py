@@ -2,9 +2,11 @@
 error object; the public gRPC API sends the same object (common.proto `Error`)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from fastapi.responses import JSONResponse
 
 from services.gateway.pipeline import ContextLengthError, InvalidRequestError, OverloadedError
 from services.gateway.workers import NoHealthyWorkerError
@@ -34,6 +36,11 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def api_error_response(e: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """`e` as the HTTP API answers it: its status, OpenAI's error object as the body."""
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def model_not_found(model: str, served: str) -> APIError:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.gateway.errors import APIError
+from services.gateway.errors import APIError, api_error_response
 
 
 class FirstEventResponse(StreamingResponse):
@@ -40,7 +40,7 @@ class FirstEventResponse(StreamingResponse):
         try:
             first = await self.first
         except APIError as e:
-            error = JSONResponse(e.body(), status_code=e.status)
+            error = api_error_response(e)
             await send({"type": "http.response.start", "status": error.status_code, "headers": error.raw_headers})
             await send({"type": "http.response.body", "body": error.body})
             return

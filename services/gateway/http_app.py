@@ -34,7 +34,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
 from services.gateway.choices import merge_choices
-from services.gateway.errors import APIError, model_not_found, to_api_error
+from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
 from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openai_responses import ResponseBuilder, TokenText
@@ -91,7 +91,7 @@ def create_app(state: GatewayState) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return api_error_response(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:  # unknown path, wrong method
@@ -332,10 +332,6 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def api_error_response(e: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def validation_error(e: RequestValidationError) -> APIError:
