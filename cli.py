@@ -107,6 +107,9 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000, help="OpenAI HTTP API port, 0 for any free one (default 8000)")
     up.add_argument("--grpc-port", type=int, default=0,
                     help="the gateway's gRPC Generate port (default 0: any free one)")
+    up.add_argument("--api-key", metavar="KEY", default=os.environ.get("BATON_API_KEY") or None,
+                    help="clients must send this key (Authorization: Bearer KEY; gRPC: authorization metadata) "
+                         "to use the APIs; /health and /metrics stay open ($BATON_API_KEY; default: no key)")
     up.add_argument("--kvstore", action=argparse.BooleanOptionalAction,
                     help="also run a kvstore node, the host-memory KV page tier (default: on, off with --colocated)")
     redis = up.add_mutually_exclusive_group()
@@ -258,7 +261,7 @@ def _up(args: argparse.Namespace) -> int:
                             with_kvstore=with_kvstore, with_redis=args.with_redis,
                             redis_url=args.redis if args.with_redis else None,
                             start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
-                            service_args=_service_args(args))
+                            service_args=_service_args(args), api_key=args.api_key)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -36,6 +36,7 @@ from protos import (
 from services.common.entrypoint import StartError, load_in_thread, run_service
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceRegistry
+from services.gateway.api_keys import ApiKeys
 from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
@@ -81,7 +82,8 @@ class GatewayService:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
-        self.servicer = GenerateServicer(config.served_model_name, self.timelines)
+        self.api_keys = ApiKeys(config.api_keys) if config.api_keys else None
+        self.servicer = GenerateServicer(config.served_model_name, self.timelines, self.api_keys)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
@@ -126,7 +128,7 @@ class GatewayService:
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         app = create_app(GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
-                                      self.readiness, config.max_body_bytes, self.timelines))
+                                      self.readiness, config.max_body_bytes, self.timelines, self.api_keys))
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:
@@ -144,14 +146,15 @@ class GatewayService:
                 return None
             await asyncio.sleep(READY_POLL_S)
         counts = {kind: len(pool.workers) for kind, pool in self.pools.items()}
+        keyed = f", {len(config.api_keys)} API key(s) asked for" if config.api_keys else ""
         if config.is_colocated:
             return (f"serving {config.served_model_name} colocated: {counts['decode']} decode workers prefill "
-                    f"every prompt themselves")
+                    f"every prompt themselves{keyed}")
         routing = {PrefixRouter: f"prefix-aware routing (index at {config.redis_url})",
                    RandomRouter: "random routing"}.get(type(self.router), "load-only routing")
         return (f"serving {config.served_model_name}: {counts['prefill']} prefill and {counts['decode']} decode "
                 f"workers, KV transport {config.kv_transport}, {routing}, decode prefills prompts of up to "
-                f"{self.pipeline.local_prefill_max_tokens} tokens itself")
+                f"{self.pipeline.local_prefill_max_tokens} tokens itself{keyed}")
 
     async def close(self) -> None:
         if self.http is not None:

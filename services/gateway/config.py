@@ -6,12 +6,14 @@ environment variables in one place (`from_args`).
 host name that resolves to several addresses (a compose service with replicas)
 stands for all of them. `--colocated` takes no prefill workers: the decode workers
 prefill every prompt themselves (the layout disaggregation is measured against).
+`--api-key` (or `$BATON_API_KEY`, better: not in the process list) makes both APIs ask
+for a key (api_keys.py).
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -55,6 +57,7 @@ ENV_LOCAL_TOKENIZE = "BATON_LOCAL_TOKENIZE_MAX_CHARS"
 DEFAULT_LOCAL_TOKENIZE_MAX_CHARS = 2048
 ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
+ENV_API_KEY = "BATON_API_KEY"
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
 # is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
@@ -89,6 +92,7 @@ class GatewayConfig:
     is_colocated: bool = False  # no prefill workers: decode prefills every prompt itself
     prefill_calls: str = "preopened"  # see PREFILL_CALLS
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # (): no key asked for; repr: not in a log line
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -121,6 +125,10 @@ class GatewayConfig:
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
+        for key in self.api_keys:
+            # A header value is trimmed, so a key with spaces or none at all could never match.
+            if not key or key != "".join(key.split()):
+                raise ConfigError(f"--api-key (or ${ENV_API_KEY}) must be non-empty, without spaces")
 
     @property
     def address(self) -> str:
@@ -178,9 +186,14 @@ class GatewayConfig:
                             help=f"how prompts reach the prefill workers: preopened (on a call kept open to each "
                                  f"worker ahead of the next request, where one is; not while tracing), new (a new "
                                  f"call each) (${ENV_PREFILL_CALLS})")
+        parser.add_argument("--api-key", action="append", metavar="KEY",
+                            help=f"require this key of HTTP /v1/ requests (Authorization: Bearer KEY) and of gRPC "
+                                 f"Generate calls (authorization metadata); repeat it to accept several (while "
+                                 f"rotating one); default ${ENV_API_KEY}, else no key is asked for")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
+        api_keys = args.api_key if args.api_key is not None else [env[ENV_API_KEY]] if env.get(ENV_API_KEY) else []
         return cls(model_dir=model_arg(args), tokenizer_address=args.tokenizer,
                    prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
                    served_model_name=args.served_model_name, host=args.host, port=args.port,
@@ -189,7 +202,7 @@ class GatewayConfig:
                    routing=args.routing, overlap_weight=args.router_overlap_weight,
                    local_prefill_max_tokens=args.local_prefill_max_tokens,
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
-                   prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint)
+                   prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys))
 
 
 def _split(addresses: str) -> tuple[str, ...]:

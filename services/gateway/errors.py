@@ -13,6 +13,7 @@ from services.gateway.workers import NoHealthyWorkerError
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # OpenAI's, with code invalid_api_key
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",

@@ -7,6 +7,8 @@ refused before it gets there is counted here, by reason. Each request's ledger g
 the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where
 its time went (services/gateway/timeline.py). The response headers go out once the prompt is
 on its way to a worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders).
+With `--api-key`, a call without one of the keys in its `authorization` metadata ends
+UNAUTHENTICATED before its request is looked at (api_keys.py): refusing the caller, not the request.
 """
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ import uuid
 from collections.abc import Callable
 from contextlib import aclosing
 
+import grpc
+
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
+from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
@@ -28,13 +33,20 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     """`pipeline` is attached once the gateway's workers are connected."""
 
-    def __init__(self, model_name: str, timelines: TimelineStore | None = None):
+    def __init__(self, model_name: str, timelines: TimelineStore | None = None, api_keys: ApiKeys | None = None):
         self.model_name = model_name
+        self.api_keys = api_keys
         self.pipeline: RequestPipeline | None = None
         self.timelines = timelines if timelines is not None else TimelineStore()
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         arrival = time.perf_counter()
+        if self.api_keys is not None:
+            authorization = dict(context.invocation_metadata()).get("authorization")
+            if not self.api_keys.admits(authorization):
+                if self.pipeline is not None:
+                    self.pipeline.metrics.count_error("unauthorized")
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal(authorization).message)
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         headers = EarlyHeaders(context)
         try:

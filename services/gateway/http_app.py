@@ -4,7 +4,8 @@
 Errors are OpenAI's error object with the status OpenAI uses: 400 for a bad body
 (malformed JSON, a missing or out-of-range field, a prompt over the context), 404 for
 an unknown model, 413 for a body over the limit, 429 when no decode worker has the
-pages, 503 when no worker of a kind is serving.
+pages, 503 when no worker of a kind is serving; with `--api-key`, 401 for a request under
+`/v1/` without one of the keys (api_keys.py).
 
 A stream's first chunk is awaited before the response starts (first_event_response.py),
 so a request that fails before its first token still gets its real status, not a 200
@@ -46,6 +47,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
+from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.choices import merge_choices
 from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
 from services.gateway.first_event_response import FirstEventResponse
@@ -70,6 +72,7 @@ class GatewayState:
     readiness: Callable[[], str | None]  # None when every kind of worker has one serving, else why not
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     timelines: TimelineStore = field(default_factory=TimelineStore)
+    api_keys: ApiKeys | None = None  # None: no key asked for
 
 
 class ClientDisconnected(Exception):
@@ -81,6 +84,8 @@ def create_app(state: GatewayState) -> FastAPI:
     metrics = state.pipeline.metrics
     app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes,
                        on_refuse=lambda: metrics.count_error("request_too_large"))
+    if state.api_keys is not None:  # outside the size limit: an unknown caller's body is not read
+        app.add_middleware(RequireApiKey, keys=state.api_keys, on_refuse=lambda: metrics.count_error("unauthorized"))
     if tracing.is_enabled():
         # The request's span, continuing an incoming `traceparent`; one span per request, not per
         # ASGI message, and none for the endpoints scraped and probed all day.

@@ -12,7 +12,9 @@ redis-server that is missing, fails to start or exits is reported and the rest
 goes on. SIGINT or SIGTERM: the gateway gets SIGTERM first, then the workers,
 then Redis, each SIGKILLed after the stop timeout; exit code 0 (a second signal
 SIGKILLs everything at once). Shared-memory segments of decode (and colocated) workers
-that could not unlink their own (SIGKILLed) are removed at the end.
+that could not unlink their own (SIGKILLed) are removed at the end. An API key
+(`--api-key`) reaches the gateway in its environment, not on its command line, where
+every user of the host could read it.
 """
 from __future__ import annotations
 
@@ -29,7 +31,14 @@ from services.launcher.console import Console, process_table
 from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit, probe_address
 from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
-from services.launcher.specs import DECODE_NAME_PREFIXES, MeshConfig, gateway_spec, kvstore_spec, worker_specs
+from services.launcher.specs import (
+    API_KEY_VARIABLE,
+    DECODE_NAME_PREFIXES,
+    MeshConfig,
+    gateway_spec,
+    kvstore_spec,
+    worker_specs,
+)
 
 REDIS_URL_VARIABLE = "BATON_REDIS_URL"  # what the services (and `baton up --redis`) read
 REDIS_START_TIMEOUT_S = 10.0  # it answers PING within milliseconds; bounded by --start-timeout
@@ -130,12 +139,13 @@ class Mesh:
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
             grpc_address = await self.gateway.wait_ready(deadline)
             http_address = (await self.gateway.wait_for(http_line, "serving HTTP", deadline)).group(1)
-            model = await self.gateway.wait_for(_http_model_name(http_address), "answering HTTP GET /health",
-                                                deadline)
+            model = await self.gateway.wait_for(_http_model_name(http_address, self.config.api_key),
+                                                "answering HTTP GET /health", deadline)
             self.addresses["gateway"] = f"{grpc_address} (gRPC), {http_address} (HTTP)"
             self.is_up = True
+            keyed = "; API key required" if self.config.api_key else ""
             self.console.print(f"Baton is up: OpenAI API at http://{http_address}/v1 "
-                               f"(model {model or self.config.model_dir.name}); gRPC Generate at {grpc_address}")
+                               f"(model {model or self.config.model_dir.name}{keyed}); gRPC Generate at {grpc_address}")
             self.console.print(self._table())
             self._print_redis_line()
             self.console.print("Stop with Ctrl-C.")
@@ -193,9 +203,13 @@ class Mesh:
 
     def _child(self, spec: ChildSpec) -> ChildProcess:
         # Each child's stdout is a pipe, so unbuffered output keeps its lines prompt. The
-        # services are given Redis by --redis alone, never by an inherited variable.
+        # services are given Redis by --redis alone, never by an inherited variable; the API
+        # key goes to the gateway alone, which is what asks for it.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop(REDIS_URL_VARIABLE, None)
+        env.pop(API_KEY_VARIABLE, None)
+        if spec.name == "gateway" and self.config.api_key:
+            env[API_KEY_VARIABLE] = self.config.api_key
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:
@@ -258,22 +272,23 @@ def _without_password(url: str) -> str:
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
-async def _http_model_name(address: str) -> str | None:
+async def _http_model_name(address: str, api_key: str | None = None) -> str | None:
     """Polls GET /health until 200, then reads the first id of GET /v1/models (None if it has none)."""
     base = f"http://{probe_address(address)}"
     while await asyncio.to_thread(_http_get, f"{base}/health") is None:
         await asyncio.sleep(0.1)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        models = json.loads(await asyncio.to_thread(_http_get, f"{base}/v1/models") or "{}").get("data") or []
+        models = json.loads(await asyncio.to_thread(_http_get, f"{base}/v1/models", headers) or "{}").get("data") or []
         return str(models[0]["id"]) if models else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _http_get(url: str) -> bytes | None:
+def _http_get(url: str, headers: dict[str, str] | None = None) -> bytes | None:
     """The body of a 200 answer to GET `url`, else None."""
     try:
-        with _NO_PROXY_OPENER.open(url, timeout=2.0) as response:
+        with _NO_PROXY_OPENER.open(urllib.request.Request(url, headers=headers or {}), timeout=2.0) as response:
             return response.read() if response.status == 200 else None
     except OSError:
         return None

@@ -47,8 +47,10 @@ LAUNCHER_FLAGS = {
     "prefill": frozenset({*_BIND_FLAGS, "--kvstore"}),
     "decode": frozenset(_BIND_FLAGS),
     "kvstore": frozenset(_BIND_FLAGS),
-    "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port"}),
+    "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port",
+                          "--api-key"}),
 }
+API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class MeshConfig:
     python: str = field(default=sys.executable)
     # More flags by service kind ("prefill", "decode", "kvstore", "gateway"), after the launcher's own.
     service_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)  # the gateway asks clients for it; None: for none
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -90,6 +93,8 @@ class MeshConfig:
                 raise ValueError("--redis and --no-redis exclude each other")
             if urlsplit(self.redis_url).scheme not in REDIS_URL_SCHEMES:
                 raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
+        if self.api_key is not None and (not self.api_key or self.api_key != "".join(self.api_key.split())):
+            raise ValueError("--api-key must be non-empty, without spaces")
         if not (self.model_dir / "config.json").is_file():
             raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
         for kind, args in self.service_args.items():

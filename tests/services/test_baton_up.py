@@ -194,8 +194,8 @@ def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = Fal
              *(["kvstore"] if kvstore else []), *(["redis"] if redis else [])}
     if HAS_GATEWAY:
         names.add("gateway")
-        match = re.match(r"Baton is up: OpenAI API at (http://\S+/v1) \(model (\S+)\); gRPC Generate at (\S+)$",
-                         banner)
+        match = re.match(r"Baton is up: OpenAI API at (http://\S+/v1) \(model ([^\s;]+)(; API key required)?\); "
+                         r"gRPC Generate at (\S+)$", banner)
         assert match, banner
         import httpx
 
@@ -303,11 +303,20 @@ def test_no_redis_runs_without_one(start_up):
 
 
 def test_flags_given_per_kind_of_service_reach_those_services(start_up):
-    up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80")
+    up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
+                  *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     assert up.wait_for(lambda: any(line.startswith("[decode-0]") and ": 96 KV blocks in shared memory" in line
                                    for line in up.stderr)), up.output()
     assert any(line.startswith("[prefill-0]") and ": 80 local KV blocks" in line for line in up.stderr), up.output()
+    if HAS_GATEWAY:  # the key: asked of clients, known to baton up (which read the served name with it), never in argv
+        import httpx
+
+        assert "(model served-x; API key required)" in up.wait_up()
+        base = up.wait_up().split(" at ", 1)[1].split(" ", 1)[0]
+        assert httpx.get(f"{base}/models", timeout=5).status_code == 401
+        assert httpx.get(f"{base}/models", headers={"Authorization": "Bearer sk-up"}, timeout=5).status_code == 200
+        assert all("sk-up" not in " ".join(command_line(pid)) for pid in up.pids.values())
 
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0, up.output()

@@ -1,0 +1,78 @@
+"""API keys (`--api-key`, as vLLM's): who may use the gateway's APIs.
+
+With keys configured, every HTTP request under `/v1/` must carry one as
+`Authorization: Bearer KEY`, and every call of the public gRPC `Generate` as `authorization`
+metadata of the same form. A request without a key, or with another, gets HTTP 401 with
+OpenAI's error object (code `invalid_api_key`) and `WWW-Authenticate: Bearer`, or gRPC
+UNAUTHENTICATED, before its body is read. What probes and scrapers call stays open (`/health`,
+`/live`, `/metrics`, gRPC health and reflection): a load balancer or Prometheus carries no key.
+The workers behind the gateway take none: they listen on the mesh's private network.
+
+Several keys may be valid at once, so that one can be rotated without downtime. Each is
+compared in constant time (hmac.compare_digest), so response times do not tell how much of
+a guess was right.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable, Sequence
+
+from services.gateway.errors import APIError
+
+PROTECTED_HTTP_PREFIX = "/v1/"
+BEARER = b"bearer "  # the scheme is case-insensitive (RFC 9110 section 11.1)
+
+
+class ApiKeys:
+    def __init__(self, keys: Sequence[str]):
+        if not keys:
+            raise ValueError("ApiKeys needs at least one key")
+        self._keys = [key.encode() for key in keys]
+
+    def admits(self, authorization: str | bytes | None) -> bool:
+        """Whether an `Authorization` header value carries one of the keys."""
+        if authorization is None:
+            return False
+        if isinstance(authorization, str):
+            authorization = authorization.encode()
+        if authorization[:len(BEARER)].lower() != BEARER:
+            return False
+        given = authorization[len(BEARER):].strip()
+        matched = False
+        for key in self._keys:  # every key, matched or not: the time taken does not tell which one
+            matched |= hmac.compare_digest(given, key)
+        return matched
+
+
+def refusal(authorization: str | bytes | None) -> APIError:
+    """The 401 for a request whose `Authorization` header (None: none) `ApiKeys.admits` refused."""
+    if authorization is None:
+        return APIError(401, "No API key was provided: send it as the header `Authorization: Bearer KEY`.",
+                        code="invalid_api_key")
+    return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+class RequireApiKey:
+    """ASGI middleware: refuses an HTTP request under `/v1/` that `keys` does not admit, with
+    401 before its body is read (and closes the connection, whose unread body would otherwise
+    be taken for the next request). `on_refuse` is called for each refusal."""
+
+    def __init__(self, app, keys: ApiKeys, on_refuse: Callable[[], None] = lambda: None):
+        self.app = app
+        self.keys = keys
+        self.on_refuse = on_refuse
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_HTTP_PREFIX):
+            return await self.app(scope, receive, send)
+        authorization = dict(scope.get("headers") or ()).get(b"authorization")
+        if self.keys.admits(authorization):
+            return await self.app(scope, receive, send)
+        self.on_refuse()
+        payload = json.dumps(refusal(authorization).body()).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()),
+                                (b"www-authenticate", b"Bearer"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})
