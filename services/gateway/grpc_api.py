@@ -24,6 +24,7 @@ from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.errors import APIError, model_not_found, to_api_error
+from services.gateway.openai_protocol import CHAT_ROLES
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 
@@ -95,7 +96,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         elif given == "text":
             inputs = {"prompt_text": request.text}
         else:
-            inputs = {"messages": [{"role": m.role, "content": m.content} for m in request.chat.messages]}
+            inputs = {"messages": _chat_messages(request.chat)}
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
         return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
@@ -109,6 +110,18 @@ def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list) -> g
         usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                cached_tokens=usage.cached_tokens) if usage else None,
         matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs)
+
+
+def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, str]]:
+    """The messages as the pipeline takes them, held to what the HTTP API accepts: at least one, each
+    with a role OpenAI's API knows (a template fed another may fail, or render what its author did not mean)."""
+    if not chat.messages:
+        raise APIError(400, "chat.messages must not be empty", param="chat.messages")
+    for i, message in enumerate(chat.messages):
+        if message.role not in CHAT_ROLES:
+            raise APIError(400, f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got "
+                                f"{message.role!r}", param=f"chat.messages[{i}].role")
+    return [{"role": m.role, "content": m.content} for m in chat.messages]
 
 
 def _input_field(request: gateway_pb2.GenerateRequest) -> str:

@@ -9,7 +9,7 @@ are ignored, as OpenAI's own server does for fields a model does not use.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
@@ -143,10 +143,14 @@ class TextPart(BaseModel):
     text: str
 
 
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+CHAT_ROLES = frozenset(get_args(ChatRole))  # the gRPC API's chat messages are held to them too
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: ChatRole
     content: str | list[TextPart | dict[str, Any]] | None = None
     name: str | None = None
 

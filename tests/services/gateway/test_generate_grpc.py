@@ -94,6 +94,11 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
         (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[*range(100, 120), -2,
                                                                              *range(100, 130)])), 400),
         (gateway_pb2.GenerateRequest(), 400),
+        # Chat held to what the HTTP API takes: a role OpenAI's API knows, at least one message.
+        (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages(messages=[
+            common_pb2.ChatMessage(role="user", content="hi"), common_pb2.ChatMessage(role="narrator", content="x")])),
+         400),
+        (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages()), 400),
     ]
     for request, code in cases:
         [response] = stub.Generate(request, timeout=30)
