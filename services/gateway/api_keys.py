@@ -1,11 +1,12 @@
 """API keys (`--api-key`, as vLLM's): who may use the gateway's APIs.
 
-With keys configured, every HTTP request under `/v1/` must carry one as
-`Authorization: Bearer KEY`, and every call of the public gRPC `Generate` as `authorization`
-metadata of the same form. A request without a key, or with another, gets HTTP 401 with
-OpenAI's error object (code `invalid_api_key`) and `WWW-Authenticate: Bearer`, or gRPC
-UNAUTHENTICATED, before its body is read. What probes and scrapers call stays open (`/health`,
-`/live`, `/metrics`, gRPC health and reflection): a load balancer or Prometheus carries no key.
+With keys configured, every HTTP request must carry one as `Authorization: Bearer KEY`,
+and every call of the public gRPC `Generate` as `authorization` metadata of the same form.
+A request without a key, or with another, gets HTTP 401 with OpenAI's error object (code
+`invalid_api_key`) and `WWW-Authenticate: Bearer`, or gRPC UNAUTHENTICATED, before its body is
+read. What probes and scrapers call stays open (`/health`, `/live`, `/metrics`, gRPC health and
+reflection): a load balancer or Prometheus carries no key. (vLLM asks only under `/v1`, which
+leaves its `/tokenize` open; here nothing but those is.)
 The workers behind the gateway take none: they listen on the mesh's private network.
 
 Several keys may be valid at once, so that one can be rotated without downtime. Each is
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from services.gateway.errors import APIError
 
-PROTECTED_HTTP_PREFIX = "/v1/"
+OPEN_HTTP_PATHS = frozenset({"/health", "/live", "/metrics"})
 BEARER = b"bearer "  # the scheme is case-insensitive (RFC 9110 section 11.1)
 
 
@@ -54,7 +55,7 @@ def refusal(authorization: str | bytes | None) -> APIError:
 
 
 class RequireApiKey:
-    """ASGI middleware: refuses an HTTP request under `/v1/` that `keys` does not admit, with
+    """ASGI middleware: refuses an HTTP request that `keys` does not admit (but to OPEN_HTTP_PATHS), with
     401 before its body is read (and closes the connection, whose unread body would otherwise
     be taken for the next request). `on_refuse` is called for each refusal."""
 
@@ -64,7 +65,7 @@ class RequireApiKey:
         self.on_refuse = on_refuse
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_HTTP_PREFIX):
+        if scope["type"] != "http" or scope["path"] in OPEN_HTTP_PATHS:
             return await self.app(scope, receive, send)
         authorization = dict(scope.get("headers") or ()).get(b"authorization")
         if self.keys.admits(authorization):

@@ -1,11 +1,12 @@
 """The OpenAI-compatible HTTP API: `/v1/models`, `/v1/completions`, `/v1/chat/completions`
-(whole or streamed as server-sent events ending in `data: [DONE]`), `/health` and `/live`.
+(whole or streamed as server-sent events ending in `data: [DONE]`), vLLM's `/tokenize` and
+`/detokenize` (tokenize_api.py), `/health` and `/live`.
 
 Errors are OpenAI's error object with the status OpenAI uses: 400 for a bad body
 (malformed JSON, a missing or out-of-range field, a prompt over the context), 404 for
 an unknown model, 413 for a body over the limit, 429 when no decode worker has the
-pages, 503 when no worker of a kind is serving; with `--api-key`, 401 for a request under
-`/v1/` without one of the keys (api_keys.py).
+pages, 503 when no worker of a kind is serving; with `--api-key`, 401 for a request
+without one of the keys, but to the probes' and scrapers' paths (api_keys.py).
 
 A stream's first chunk is awaited before the response starts (first_event_response.py),
 so a request that fails before its first token still gets its real status, not a 200
@@ -55,6 +56,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
+from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -161,6 +163,21 @@ def create_app(state: GatewayState) -> FastAPI:
 
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
+    @app.post("/tokenize")
+    async def tokenize_prompt(request: Request) -> dict[str, Any]:
+        body = await parsed_body(request, TokenizeRequest)
+        if body.model is not None:
+            check_model(state, body.model)
+        tokens = await tokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s)
+        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize_tokens(request: Request) -> dict[str, str]:
+        body = await parsed_body(request, DetokenizeRequest)
+        if body.model is not None:
+            check_model(state, body.model)
+        return {"prompt": await detokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s)}
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it

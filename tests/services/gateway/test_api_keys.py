@@ -63,11 +63,16 @@ def test_a_request_without_a_key_is_refused_before_its_body_is_read(mesh, keyed)
         assert "Authorization: Bearer" in response.json()["error"]["message"]
 
 
-def test_every_v1_path_asks_for_a_key_and_probes_and_scrapes_do_not(keyed):
+def test_every_path_asks_for_a_key_but_the_probes_and_scrapes(keyed):
     for path in ("/v1/models", "/v1/requests/none/timeline"):
         assert httpx.get(f"{keyed.base_url}{path}", timeout=10).status_code == 401
         assert httpx.get(f"{keyed.base_url}{path}", headers={"Authorization": "Basic sk-current"},
                          timeout=10).status_code == 401
+    for path in ("/tokenize", "/detokenize"):  # vLLM leaves these open; they are API too
+        assert httpx.post(f"{keyed.base_url}{path}", json={"prompt": "x"}, timeout=10).status_code == 401
+    tokenized = httpx.post(f"{keyed.base_url}/tokenize", json={"prompt": "x"},
+                           headers={"Authorization": f"Bearer {KEYS[0]}"}, timeout=10)
+    assert tokenized.status_code == 200 and tokenized.json()["count"] > 0
     lowercase_scheme = httpx.get(f"{keyed.base_url}/v1/models", headers={"Authorization": f"bearer {KEYS[1]}"},
                                  timeout=10)
     assert lowercase_scheme.status_code == 200 and lowercase_scheme.json()["data"]

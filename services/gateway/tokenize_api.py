@@ -1,0 +1,90 @@
+"""vLLM's `POST /tokenize` and `POST /detokenize`: a prompt to the ids the model would be given
+for it, and ids back to text, so a client can count tokens or budget a context without a
+tokenizer of its own.
+
+`/tokenize` takes a `prompt` (encoded with special tokens unless `add_special_tokens` is false)
+or chat `messages` (rendered by the model's chat template as `/v1/chat/completions` renders them,
+with the generation prompt unless `add_generation_prompt` is false; the rendered text encoded
+again with special tokens only if `add_special_tokens` is true, as vLLM does) and answers
+`{"count", "max_model_len", "tokens"}`. `/detokenize` takes `tokens` and answers `{"prompt"}`,
+special tokens included. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
+Decode), so a long prompt is not encoded on the gateway's event loop; what it refuses
+(a template that cannot render the messages, an id outside the vocabulary) is a 400.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protos import common_pb2, tokenizer_pb2
+from services.gateway.errors import APIError, to_api_error
+from services.gateway.openai_protocol import ChatMessage, TokenId
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # None: vLLM's defaults, true for a prompt and false for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
+        if self.continue_final_message:
+            raise ValueError("continue_final_message is not supported")
+        if self.return_token_strs:
+            raise ValueError("return_token_strs is not supported")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: Annotated[list[TokenId], Field(min_length=1)]
+
+
+async def tokenize(stub, body: TokenizeRequest, timeout_s: float) -> list[int]:
+    """The prompt's token ids, by the tokenizer service behind `stub`."""
+    try:
+        if body.prompt is not None:
+            return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, timeout_s))
+        rendered = await stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
+            messages=[common_pb2.ChatMessage(role=m.role, content=m.text) for m in body.messages],
+            add_generation_prompt=body.add_generation_prompt), timeout=timeout_s)
+        if body.add_special_tokens:
+            return list(await _encode(stub, rendered.text, True, timeout_s))
+        return list(rendered.token_ids)
+    except grpc.aio.AioRpcError as e:
+        raise _refused(e, "prompt" if body.prompt is not None else "messages") from None
+
+
+async def detokenize(stub, body: DetokenizeRequest, timeout_s: float) -> str:
+    try:
+        reply = await stub.Decode(tokenizer_pb2.DecodeRequest(token_ids=body.tokens, skip_special_tokens=False),
+                                  timeout=timeout_s)
+    except grpc.aio.AioRpcError as e:
+        raise _refused(e, "tokens") from None
+    return reply.text
+
+
+async def _encode(stub, text: str, add_special_tokens: bool, timeout_s: float):
+    reply = await stub.Encode(tokenizer_pb2.EncodeRequest(text=text, add_special_tokens=add_special_tokens),
+                              timeout=timeout_s)
+    return reply.token_ids
+
+
+def _refused(e: grpc.aio.AioRpcError, param: str) -> APIError:
+    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return APIError(400, e.details(), param=param)
+    return to_api_error(e, param)

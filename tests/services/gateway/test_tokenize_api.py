@@ -1,0 +1,86 @@
+"""vLLM's `/tokenize` and `/detokenize` through the gateway: the ids are the ones generation is
+given for the same prompt or messages (its usage counts them), the ids decode back to the
+text, and bad input is a 400 (or 404) naming the field."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from services.tokenizer.model_tokenizer import ModelTokenizer
+
+PROMPT = "The quick brown fox jumps over the lazy dog"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def client(mesh):
+    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(mesh) -> Tokenizer:
+    return Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json"))
+
+
+def post(mesh, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}{path}", json=body, timeout=30)
+
+
+def tokenized(mesh, **body) -> dict:
+    response = post(mesh, "/tokenize", body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_prompts_ids_are_the_ones_generation_counts(mesh, client, hf_tokenizer):
+    answer = tokenized(mesh, model=mesh.model_name, prompt=PROMPT)
+    assert answer["tokens"] == hf_tokenizer.encode(PROMPT, add_special_tokens=True).ids
+    assert answer["count"] == len(answer["tokens"])
+    assert answer["max_model_len"] == 2048 and answer["token_strs"] is None
+    usage = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=1).usage
+    assert usage.prompt_tokens == answer["count"]
+    bare = tokenized(mesh, prompt=PROMPT, add_special_tokens=False)["tokens"]  # no model: this one's
+    assert bare == hf_tokenizer.encode(PROMPT, add_special_tokens=False).ids and len(bare) < answer["count"]
+
+
+def test_messages_are_rendered_as_chat_completions_renders_them(mesh, client, hf_tokenizer):
+    answer = tokenized(mesh, model=mesh.model_name, messages=MESSAGES)
+    usage = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1).usage
+    assert usage.prompt_tokens == answer["count"]
+    without_generation_prompt = tokenized(mesh, messages=MESSAGES, add_generation_prompt=False)["tokens"]
+    assert without_generation_prompt == answer["tokens"][:len(without_generation_prompt)]
+    assert len(without_generation_prompt) < answer["count"]
+    # As vLLM: the rendered text encoded again, special tokens added (a second BOS where the template has one).
+    rendered, ids = ModelTokenizer.from_dir(mesh.model_dir).apply_chat_template(MESSAGES, add_generation_prompt=True)
+    assert ids == answer["tokens"]
+    doubled = tokenized(mesh, messages=MESSAGES, add_special_tokens=True)["tokens"]
+    assert doubled == hf_tokenizer.encode(rendered, add_special_tokens=True).ids
+
+
+def test_ids_detokenize_back_to_the_prompt(mesh):
+    ids = tokenized(mesh, prompt=PROMPT, add_special_tokens=False)["tokens"]
+    response = post(mesh, "/detokenize", {"model": mesh.model_name, "tokens": ids})
+    assert response.status_code == 200, response.text
+    assert response.json() == {"prompt": PROMPT}
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), [
+    ("/tokenize", {"prompt": "x", "messages": MESSAGES}, 400, None),
+    ("/tokenize", {"model": "x"}, 400, None),
+    ("/tokenize", {"messages": []}, 400, None),
+    ("/tokenize", {"messages": [{"role": "narrator", "content": "x"}]}, 400, "messages.0.role"),
+    ("/tokenize", {"prompt": "x", "return_token_strs": True}, 400, None),
+    ("/tokenize", {"prompt": "x", "model": "nope"}, 404, "model"),
+    ("/detokenize", {"tokens": [5, 1024]}, 400, "tokens"),  # the vocabulary is 1024 ids
+    ("/detokenize", {"tokens": [5, -1]}, 400, "tokens.1"),
+    ("/detokenize", {"tokens": []}, 400, "tokens"),
+    ("/detokenize", {"tokens": [5], "model": "nope"}, 404, "model"),
+])
+def test_bad_input_is_an_openai_error_naming_the_field(mesh, path, body, status, param):
+    response = post(mesh, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["param"] == param, error
