@@ -2,8 +2,9 @@
 
 Every request carries its own `SamplingParams`, so each stage works on per-row
 parameter tensors built once per call, and a stage no row uses is skipped.
-The order is vLLM's: penalties → greedy argmax → temperature → min-p →
-top-k → top-p → sample. Stop tokens and max_tokens are the scheduler's job.
+The order is vLLM's: logit bias → penalties → greedy argmax → temperature →
+min-p → top-k → top-p → sample. Logprobs are of the raw logits, as vLLM's by
+default. Stop tokens and max_tokens are the scheduler's job.
 
 The masking and penalty stages are module-level functions so tests can hold
 them against a plain per-row formula.
@@ -70,6 +71,15 @@ def apply_penalties(
     logits = torch.where(seen, penalized, logits)
     logits = logits - frequency_penalty.unsqueeze(1) * output_counts
     return logits - presence_penalty.unsqueeze(1) * (output_counts > 0)
+
+
+def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[tuple[int, float], ...]]) -> torch.Tensor:
+    """Add row i's (token id, bias) pairs to row i; returns new logits, the input is untouched."""
+    rows = [i for i, pairs in enumerate(biases) for _ in pairs]
+    ids = [t for pairs in biases for t, _ in pairs]
+    values = torch.tensor([b for pairs in biases for _, b in pairs], dtype=logits.dtype).to(logits.device)
+    index = (torch.tensor(rows).to(logits.device), torch.tensor(ids).to(logits.device))
+    return logits.index_put(index, values, accumulate=True)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -144,11 +154,14 @@ class Sampler:
         is_greedy = [p.temperature == 0.0 for p in params]
         needs_penalties = any(p.has_penalties for p in params)
         needs_logprobs = any(p.logprobs is not None for p in params)
+        needs_bias = any(p.logit_bias for p in params)
         # Decode-step fast path: nothing but argmax.
-        if all(is_greedy) and not needs_penalties and not needs_logprobs:
+        if all(is_greedy) and not needs_penalties and not needs_logprobs and not needs_bias:
             return SamplerOutput(row_argmax(logits).tolist(), [None] * len(seqs))
 
         raw_logits = logits
+        if needs_bias:
+            logits = apply_logit_bias(logits, [p.logit_bias for p in params])
         if needs_penalties:
             logits = _penalize(logits, seqs, params)
         if all(is_greedy):

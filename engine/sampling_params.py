@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound: -100 bans a token, +100 all but forces it
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per sampled token; None = off
+    # Added to the logits of these token ids before any other stage, as OpenAI's and vLLM's
+    # logit_bias: (token id, bias) pairs in id order (a mapping is accepted and ordered here).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or
@@ -47,6 +52,13 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        for token_id, value in self.logit_bias:
+            if token_id < 0:
+                raise ValueError(f"logit_bias: token id {token_id} is negative")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # False for NaN too
+                raise ValueError(f"logit_bias: the bias of token {token_id} must be in [-100, 100], got {value}")
 
     @property
     def is_greedy(self) -> bool:

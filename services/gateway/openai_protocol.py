@@ -46,10 +46,20 @@ class _SamplingFields(BaseModel):
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
+    # OpenAI's: token ids (as JSON object keys, so strings) to a bias added to their logits.
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or ():
+            if not key.isdecimal() or int(key) > INT32_MAX:  # the rest of the vocabulary check is the worker's
+                raise ValueError(f"keys must be token ids (integers in [0, 2**31)), got {key!r}")
+        return bias
 
     @model_validator(mode="after")
     def _check_stop(self):
@@ -88,6 +98,8 @@ class _SamplingFields(BaseModel):
             params.seed = (self.seed + choice) % 2**64
         if logprobs is not None:
             params.logprobs = logprobs
+        if self.logit_bias:
+            params.logit_bias.update({int(token_id): bias for token_id, bias in self.logit_bias.items()})
         return params
 
 

@@ -7,6 +7,7 @@ import torch
 
 from engine.sampler import (
     Sampler,
+    apply_logit_bias,
     apply_min_p,
     apply_penalties,
     apply_top_k,
@@ -305,3 +306,52 @@ def test_input_logits_are_not_modified():
     ]
     Sampler()(logits, seqs)
     assert torch.equal(logits, before)
+
+
+# ---- logit bias --------------------------------------------------------------
+
+
+def test_logit_bias_adds_to_its_rows_only_before_penalties():
+    logits = random_logits(3, 20, seed=11)
+    biased = apply_logit_bias(logits, [((2, 5.0), (7, -3.5)), (), ((0, 1.25),)])
+    expected = logits.clone()
+    expected[0, 2] += 5.0
+    expected[0, 7] -= 3.5
+    expected[2, 0] += 1.25
+    assert torch.equal(biased, expected)
+    # Bias first, then the repetition penalty divides the biased (positive) logit: vLLM's order.
+    logits = torch.tensor([[1.0, 2.0, 0.0]])
+    seq = make_seq(prompt=[0], temperature=0.0, repetition_penalty=5.0, logit_bias={0: 7.0})
+    assert Sampler()(logits, [seq]).token_ids == [1]  # (1 + 7) / 5 < 2, where 1 / 5 + 7 would not be
+
+
+def test_logit_bias_bans_and_forces_tokens_greedy_and_sampled():
+    logits = random_logits(4, 30, seed=12)
+    greedy_top = logits.argmax(-1).tolist()
+    seqs = [
+        make_seq(temperature=0.0, logit_bias={greedy_top[0]: -100.0}),
+        make_seq(temperature=0.0, logit_bias={3: 100.0}),
+        make_seq(temperature=1.5, seed=4, logit_bias={9: 100.0}),
+        make_seq(temperature=0.0),  # no bias: argmax as ever
+    ]
+    out = Sampler()(logits, seqs)
+    assert out.token_ids[0] == logits[0].topk(2).indices[1].item()  # the runner-up
+    assert out.token_ids[1:] == [3, 9, greedy_top[3]]
+
+
+def test_logprobs_of_a_biased_row_are_the_raw_ones():
+    logits = torch.tensor([[3.0, 0.0, 1.0]])
+    seq = make_seq(prompt=[0], temperature=0.0, logit_bias={1: 50.0}, logprobs=1)
+    out = Sampler()(logits, [seq])
+    raw = logits.log_softmax(-1)[0]
+    assert out.token_ids == [1]
+    assert out.logprobs[0] == {0: pytest.approx(raw[0].item()), 1: pytest.approx(raw[1].item())}
+
+
+@pytest.mark.parametrize(("bias", "message"), [
+    ({1: 100.5}, r"in \[-100, 100\]"), ({1: float("nan")}, r"in \[-100, 100\]"), ({-1: 1.0}, "negative"),
+])
+def test_a_logit_bias_out_of_range_is_refused(bias, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={5: 1, 2: -100}).logit_bias == ((2, -100.0), (5, 1.0))

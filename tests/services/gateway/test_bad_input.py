@@ -82,6 +82,12 @@ CASES = [
     ("image content", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, None),
+    ("logit_bias key not a token id", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logit_bias": {"a": 1}},
+     400, "logit_bias"),
+    ("logit_bias 101", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logit_bias": {"5": 101}}, 400,
+     "logit_bias.5"),
+    ("logit_bias past the vocabulary", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"5000": -100}}, 400, None),
     ("stream_options without stream", "/v1/completions",
      {"model": "MODEL", "prompt": "hi", "stream_options": {"include_usage": True}}, 400, None),
 ]

@@ -78,6 +78,15 @@ def test_chat_and_token_ids_inputs_with_logprobs_and_stop(stub, mesh):
     assert stopped.complete.matched_stop == stop
 
 
+def test_logit_bias_bans_tokens_throughout(stub):
+    prompt = common_pb2.TokenIds(token_ids=[5, 6, 7, 8, 9])
+    [plain] = stub.Generate(gateway_pb2.GenerateRequest(token_ids=prompt, sampling=greedy(6)), timeout=30)
+    banned_ids = set(plain.complete.token_ids)
+    [banned] = stub.Generate(gateway_pb2.GenerateRequest(
+        token_ids=prompt, sampling=greedy(6, logit_bias={t: -100.0 for t in banned_ids})), timeout=30)
+    assert len(banned.complete.token_ids) == 6 and banned_ids.isdisjoint(banned.complete.token_ids)
+
+
 def test_errors_end_the_stream_with_an_error_message(stub, mesh):
     cases = [
         (gateway_pb2.GenerateRequest(model="nope", text="hi"), 404),
@@ -99,6 +108,9 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
             common_pb2.ChatMessage(role="user", content="hi"), common_pb2.ChatMessage(role="narrator", content="x")])),
          400),
         (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages()), 400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={5: 100.5})), 400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={-3: 1})), 400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={99999: 1})), 400),
     ]
     for request, code in cases:
         [response] = stub.Generate(request, timeout=30)

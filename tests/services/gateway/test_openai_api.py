@@ -151,6 +151,18 @@ def test_logprobs_for_every_token(client, mesh):
     assert len(content) == 5 and all(len(entry.top_logprobs) == 2 for entry in content)
 
 
+def test_logit_bias_forces_a_token_on_prefill_and_decode_alike(client, mesh, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    expected = continuation(tokenizer, ids, [300] * 4)  # the first token is prefill's, the rest decode's
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 5}):
+        forced = client.completions.create(model=mesh.model_name, prompt=ids, max_tokens=4, logit_bias={"300": 100},
+                                           extra_body={"ignore_eos": True}, **sampling)
+        assert forced.choices[0].text == expected, sampling
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=3, temperature=0,
+                                          logit_bias={"300": 100}, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == tokenizer.decode([300] * 3)
+
+
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
