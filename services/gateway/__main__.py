@@ -123,7 +123,7 @@ class GatewayService:
                                             config.local_prefill_max_tokens, tokenizer.max_model_len),
                                         local_tokenize_max_chars=config.local_tokenize_max_chars,
                                         preopen_prefill_calls=config.prefill_calls == "preopened",
-                                        metrics=self.metrics)
+                                        metrics=self.metrics, max_num_requests=config.max_num_requests)
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731

@@ -58,6 +58,7 @@ DEFAULT_LOCAL_TOKENIZE_MAX_CHARS = 2048
 ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
 ENV_API_KEY = "BATON_API_KEY"
+ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
 # is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
@@ -93,6 +94,7 @@ class GatewayConfig:
     prefill_calls: str = "preopened"  # see PREFILL_CALLS
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # (): no key asked for; repr: not in a log line
+    max_num_requests: int = 0  # requests (choices) held at once, more get 429; 0: no limit
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -125,6 +127,8 @@ class GatewayConfig:
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
+        if self.max_num_requests < 0:
+            raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
         for key in self.api_keys:
             # A header value is trimmed, so a key with spaces or none at all could never match.
             if not key or key != "".join(key.split()):
@@ -190,6 +194,9 @@ class GatewayConfig:
                             help=f"require this key of HTTP /v1/ requests (Authorization: Bearer KEY) and of gRPC "
                                  f"Generate calls (authorization metadata); repeat it to accept several (while "
                                  f"rotating one); default ${ENV_API_KEY}, else no key is asked for")
+        parser.add_argument("--max-num-requests", type=int, default=env_int(env, ENV_MAX_NUM_REQUESTS, 0),
+                            help=f"admission control: the most requests (each choice of n counts) the gateway "
+                                 f"holds at once; more get 429 with Retry-After; 0: no limit (${ENV_MAX_NUM_REQUESTS})")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -202,7 +209,8 @@ class GatewayConfig:
                    routing=args.routing, overlap_weight=args.router_overlap_weight,
                    local_prefill_max_tokens=args.local_prefill_max_tokens,
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
-                   prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys))
+                   prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
+                   max_num_requests=args.max_num_requests)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

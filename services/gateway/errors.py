@@ -39,8 +39,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+RETRY_AFTER_S = 1  # told to a client refused for load; the openai client waits that long, then retries
+
+
 def api_error_response(e: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """`e` as the HTTP API answers it: its status, OpenAI's error object as the body."""
+    """`e` as the HTTP API answers it: its status, OpenAI's error object as the body, and when the
+    server is too busy for it (429, 503) the `Retry-After` clients honour."""
+    if e.status in (429, 503):
+        headers = {"retry-after": str(RETRY_AFTER_S), **(headers or {})}
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 

@@ -5,7 +5,8 @@
 Errors are OpenAI's error object with the status OpenAI uses: 400 for a bad body
 (malformed JSON, a missing or out-of-range field, a prompt over the context), 404 for
 an unknown model, 413 for a body over the limit, 429 when no decode worker has the
-pages, 503 when no worker of a kind is serving; with `--api-key`, 401 for a request
+pages or the gateway holds `--max-num-requests` requests, 503 when no worker of a kind is
+serving (both with `Retry-After`); with `--api-key`, 401 for a request
 without one of the keys, but to the probes' and scrapers' paths (api_keys.py).
 
 A stream's first chunk is awaited before the response starts (first_event_response.py),

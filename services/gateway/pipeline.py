@@ -78,7 +78,8 @@ class ContextLengthError(InvalidRequestError):
 
 
 class OverloadedError(RuntimeError):
-    """No decode worker has the pages for this request now (HTTP 429; retry later)."""
+    """No decode worker has the pages for this request now, or the gateway holds as many
+    requests as it takes (HTTP 429; retry later)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ class RequestPipeline:
                  deadlines: Deadlines = Deadlines(),
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
-                 preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None):
+                 preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
+                 max_num_requests: int = 0):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -162,6 +164,8 @@ class RequestPipeline:
         self.local_tokenize_max_chars = local_tokenize_max_chars  # 0: the tokenizer service encodes every prompt
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
+        self.max_num_requests = max_num_requests  # 0: no limit
+        self.num_requests = 0  # being generated now (each choice of a request counts)
         self.prefill_calls = KeptCalls("PrefillStream", "PrefillPreopened", PREFILL_CALLS, deadlines.prefill_s,
                                        preopen=preopen_prefill_calls)
         self.decode_calls = KeptCalls("Decode", "DecodePreopened", DECODE_CALLS, deadlines.decode_s)
@@ -201,7 +205,15 @@ class RequestPipeline:
         if sampling is not None:
             params.CopyFrom(sampling)
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
+        is_admitted = False
         try:
+            # Admission control, before any worker hears of it: past the limit a request would only
+            # queue behind the others on the workers, its time to first token growing with the queue.
+            if self.max_num_requests and self.num_requests >= self.max_num_requests:
+                raise OverloadedError(f"{self.num_requests} requests in progress, the gateway's limit "
+                                      f"(--max-num-requests)")
+            self.num_requests += 1
+            is_admitted = True
             if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
                 raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
             if any(not s for s in stop):
@@ -227,6 +239,8 @@ class RequestPipeline:
             timer.fail(error_reason(e))
             raise
         finally:
+            if is_admitted:
+                self.num_requests -= 1
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
     async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> Sequence[int]:
