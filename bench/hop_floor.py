@@ -9,8 +9,8 @@ services/common/engine_loop.py does), which prefills a new prompt of --prompt-to
 ids and samples its first token; the worker sends back one message, which the relay
 forwards to the client. No tokenizing, routing, validation, ledger or metrics. Each
 process builds its server and channels as Baton's services do
-(services/common/grpc_server.py, channel.py; uvloop), and every sample follows the same
-pause as mesh_overhead's.
+(services/common/grpc_server.py, channel.py; uvloop; gRPC's I/O path as grpc_env.py sets it),
+and every sample follows the same pause as mesh_overhead's.
 
 Two ways for the relay to reach the worker are measured, alternating request by request:
 - `call`: a new server-streaming call per request, as the gateway calls PrefillStream;
@@ -48,6 +48,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+# Sets GRPC_EXPERIMENTS for the relay and worker processes this starts (this process's gRPC read it
+# on `import grpc`, above): the floor's hops take the I/O path the services' take.
+import services.common.grpc_env  # noqa: E402, F401
 from bench.mesh_overhead import KV_BLOCKS, client_channel, random_prompts  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402

@@ -19,6 +19,9 @@ import socket
 import sys
 from collections.abc import Sequence
 
+import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
+
+# isort: split
 import uvicorn
 
 from engine.config import EngineConfig

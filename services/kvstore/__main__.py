@@ -16,6 +16,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
 from protos import kvstore_pb2_grpc
 from services.common.entrypoint import run_service
 from services.common.index_publisher import InstancePublisher, holdings_publisher

@@ -22,6 +22,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
 import services.common.openmp_env  # noqa: F401  (first: before torch loads OpenMP)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine

@@ -12,6 +12,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
 from protos import tokenizer_pb2_grpc
 from services.common.entrypoint import load_in_thread, run_service
 from services.common.metrics import ServiceMetrics
