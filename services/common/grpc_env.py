@@ -9,9 +9,10 @@ Each hand-off is a thread waking, and in a service idle between requests, a core
 too. With the EventEngine's client and listener turned off (`-event_engine_client`,
 `-event_engine_listener`: gRPC's documented switches for its experiments) the thread that
 reads the completion queue polls the sockets itself: fewer hand-offs on every message in and
-out. bench/mesh_overhead.py: about 0.3 ms off the mesh's overhead per request (2.73-2.76 ms,
-2.23-2.27 round trips, against 2.39-2.51 ms, 2.09-2.11); an empty round trip into an idle
-server (bench's unit), from 1.21-1.25 ms to 1.05-1.10 here.
+out. bench/mesh_overhead.py, four runs each: the mesh's overhead per request 2.35-2.51 ms
+against 2.73-2.76 ms, 2.09-2.15 round trips against 2.21-2.31 (the unit, a round trip into
+the gateway, got faster too: 1.12-1.20 ms against 1.20-1.25). Turning more of the
+EventEngine off (its callback completion queue, its other endpoints) added nothing.
 
 An operator's own GRPC_EXPERIMENTS is kept. The names are grpcio 1.85's (pinned);
 tests/services/test_grpc_env.py checks that the pinned grpcio still knows them.
