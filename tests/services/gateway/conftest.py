@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import openai
 import pytest
 
 from tests.services.gateway.mesh import start_mesh, stop_mesh
@@ -15,3 +16,10 @@ def mesh(tiny_demo_model):
     finally:
         codes = stop_mesh(mesh)
     assert all(code == 0 for code in codes.values()), codes
+
+
+@pytest.fixture(scope="module")
+def client(mesh):
+    """The `openai` client of the mesh's OpenAI API; it does not retry."""
+    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client

@@ -20,12 +20,6 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 
 @pytest.fixture(scope="module")
-def client(mesh):
-    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def tokenizer(tiny_demo_model) -> ModelTokenizer:
     return ModelTokenizer.from_dir(tiny_demo_model)
 

@@ -4,7 +4,6 @@ text, and bad input is a 400 (or 404) naming the field."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 from tokenizers import Tokenizer
 
@@ -12,12 +11,6 @@ from services.tokenizer.model_tokenizer import ModelTokenizer
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
-
-
-@pytest.fixture(scope="module")
-def client(mesh):
-    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")
