@@ -166,6 +166,9 @@ class RequestPipeline:
         self.requests = RequestMetrics(self.metrics)
         self.max_num_requests = max_num_requests  # 0: no limit
         self.num_requests = 0  # being generated now (each choice of a request counts)
+        self.metrics.gauge("baton_gateway_requests_in_progress",
+                           "Requests the gateway holds now, each choice of n counting (what --max-num-requests "
+                           "limits)").labels(**self.metrics.labels).set_function(lambda: self.num_requests)
         self.prefill_calls = KeptCalls("PrefillStream", "PrefillPreopened", PREFILL_CALLS, deadlines.prefill_s,
                                        preopen=preopen_prefill_calls)
         self.decode_calls = KeptCalls("Decode", "DecodePreopened", DECODE_CALLS, deadlines.decode_s)

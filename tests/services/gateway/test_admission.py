@@ -44,6 +44,12 @@ class LongStream:
         self.stream.__exit__(None, None, None)
 
 
+def in_progress(gateway: GatewayProcess) -> float:
+    metrics = httpx.get(f"{gateway.base_url}/metrics", timeout=10).text
+    [line] = [line for line in metrics.splitlines() if line.startswith("baton_gateway_requests_in_progress{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
 def test_past_the_limit_a_request_gets_429_and_once_one_ends_it_is_served(mesh, limited):
     with httpx.Client() as client:
         held = [LongStream(mesh, client, limited) for _ in range(LIMIT)]
@@ -55,6 +61,7 @@ def test_past_the_limit_a_request_gets_429_and_once_one_ends_it_is_served(mesh, 
             error = refused.json()["error"]
             assert (error["type"], error["code"]) == ("rate_limit_error", "overloaded")
             assert "--max-num-requests" in error["message"]
+            assert in_progress(limited) == LIMIT
             with openai.OpenAI(base_url=f"{limited.base_url}/v1", api_key="unused", max_retries=0) as api:
                 with pytest.raises(openai.RateLimitError):
                     api.chat.completions.create(model=mesh.model_name, max_tokens=2,
@@ -71,6 +78,10 @@ def test_past_the_limit_a_request_gets_429_and_once_one_ends_it_is_served(mesh, 
         assert served.status_code == 200, served.text
         for stream in held[1:]:
             stream.close()
+    deadline = time.monotonic() + 5  # a hang-up is seen by the gateway a moment after it
+    while in_progress(limited) != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_progress(limited) == 0
     metrics = httpx.get(f"{limited.base_url}/metrics", timeout=10).text
     assert any('reason="overloaded"' in line and not line.endswith(" 0.0") for line in metrics.splitlines()
                if line.startswith("baton_request_errors_total"))
