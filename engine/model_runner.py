@@ -39,7 +39,7 @@ class ModelRunner:
         self._load_weights(model_dir, show_progress)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
-        self.sampler = Sampler()
+        self.sampler = Sampler(model_config.eos_token_ids)
         self.kv_pool: KVPool | None = None
 
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:

@@ -2,8 +2,8 @@
 
 Every request carries its own `SamplingParams`, so each stage works on per-row
 parameter tensors built once per call, and a stage no row uses is skipped.
-The order is vLLM's: logit bias → penalties → greedy argmax → temperature →
-min-p → top-k → top-p → sample. Logprobs are of the raw logits, as vLLM's by
+The order is vLLM's: logit bias → min tokens → penalties → greedy argmax →
+temperature → min-p → top-k → top-p → sample. Logprobs are of the raw logits, as vLLM's by
 default. Stop tokens and max_tokens are the scheduler's job.
 
 The masking and penalty stages are module-level functions so tests can hold
@@ -82,6 +82,15 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[tuple[int, float],
     return logits.index_put(index, values, accumulate=True)
 
 
+def ban_tokens(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> torch.Tensor:
+    """Row i can no longer sample the ids in `banned[i]`; returns new logits, the input is untouched."""
+    rows = [i for i, ids in enumerate(banned) for _ in ids]
+    ids = [t for row_ids in banned for t in row_ids]
+    device = logits.device
+    index = (torch.tensor(rows, dtype=torch.long).to(device), torch.tensor(ids, dtype=torch.long).to(device))
+    return logits.index_put(index, torch.tensor(float("-inf"), dtype=logits.dtype).to(device))
+
+
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Mask tokens whose prob is below min_p × the row's top prob.
 
@@ -146,8 +155,12 @@ class Sampler:
 
     Contract: logits is [B, V] float, row i belongs to seqs[i], and is not
     modified. Seeded rows draw from their own generator, so their tokens do not
-    depend on the rest of the batch.
+    depend on the rest of the batch. `eos_token_ids`: the model's, which a row
+    short of its `min_tokens` may not sample (unless it ignores EOS).
     """
+
+    def __init__(self, eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         params = [seq.sampling_params for seq in seqs]
@@ -155,13 +168,17 @@ class Sampler:
         needs_penalties = any(p.has_penalties for p in params)
         needs_logprobs = any(p.logprobs is not None for p in params)
         needs_bias = any(p.logit_bias for p in params)
+        banned = [self._stops_banned(seq) for seq in seqs]
+        needs_ban = any(banned)
         # Decode-step fast path: nothing but argmax.
-        if all(is_greedy) and not needs_penalties and not needs_logprobs and not needs_bias:
+        if all(is_greedy) and not needs_penalties and not needs_logprobs and not needs_bias and not needs_ban:
             return SamplerOutput(row_argmax(logits).tolist(), [None] * len(seqs))
 
         raw_logits = logits
         if needs_bias:
             logits = apply_logit_bias(logits, [p.logit_bias for p in params])
+        if needs_ban:
+            logits = ban_tokens(logits, banned)
         if needs_penalties:
             logits = _penalize(logits, seqs, params)
         if all(is_greedy):
@@ -173,6 +190,13 @@ class Sampler:
                 token_ids = torch.where(greedy_mask, row_argmax(logits), token_ids)
         logprobs = _logprobs(raw_logits, token_ids, params) if needs_logprobs else [None] * len(seqs)
         return SamplerOutput(token_ids.tolist(), logprobs)
+
+    def _stops_banned(self, seq: Sequence) -> tuple[int, ...]:
+        """The tokens that would end `seq` while it is short of its `min_tokens`: none once it is not."""
+        params = seq.sampling_params
+        if seq.num_output_tokens >= params.min_tokens:
+            return ()
+        return params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams]) -> torch.Tensor:

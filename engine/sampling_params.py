@@ -26,6 +26,8 @@ class SamplingParams:
     # Added to the logits of these token ids before any other stage, as OpenAI's and vLLM's
     # logit_bias: (token id, bias) pairs in id order (a mapping is accepted and ordered here).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: no EOS (unless ignored) and no stop token id is sampled before this many output tokens.
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or
@@ -35,6 +37,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -49,6 +49,8 @@ class _SamplingFields(BaseModel):
     # OpenAI's: token ids (as JSON object keys, so strings) to a bias added to their logits.
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False
+    # vLLM's: at least this many tokens before EOS, a stop token id or a stop string ends the output.
+    min_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] = 0
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
@@ -85,7 +87,7 @@ class _SamplingFields(BaseModel):
         params = common_pb2.SamplingParams(
             top_k=self.top_k or 0, min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos)
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens)
         if max_tokens is not None:
             params.max_tokens = max_tokens
         if self.temperature is not None:

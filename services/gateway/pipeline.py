@@ -38,6 +38,7 @@ from typing import Protocol
 import grpc
 from prometheus_client import Counter
 
+from engine.sampling_params import SamplingParams as EngineSamplingParams
 from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
@@ -114,19 +115,27 @@ class Deadlines:
 
 
 class _TextOutput:
-    """Generated token ids → text deltas: incremental detokenization, then stop strings."""
+    """Generated token ids → text deltas: incremental detokenization, then stop strings. The text
+    of the first `min_tokens` tokens goes out as it is, as vLLM's does: stop strings are looked
+    for in what follows it."""
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[str],
-                 include_stop_str_in_output: bool):
+                 include_stop_str_in_output: bool, min_tokens: int = 0):
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
         self.stops = StopStringMatcher(stop, include_stop_str_in_output)
+        self.min_tokens = min_tokens
 
     @property
     def num_tokens(self) -> int:
         return len(self.detokenizer.output_token_ids)
 
     def add(self, token_ids: Sequence[int]) -> str:
-        return self.stops.add(self.detokenizer.add(token_ids))[0]
+        unmatched = min(len(token_ids), self.min_tokens - self.num_tokens)
+        if unmatched <= 0:
+            return self.stops.add(self.detokenizer.add(token_ids))[0]
+        text = self.detokenizer.add(token_ids[:unmatched])
+        rest = token_ids[unmatched:]
+        return text + self.stops.add(self.detokenizer.add(rest))[0] if rest else text
 
     def finish(self) -> str:
         return self.stops.add(self.detokenizer.finish())[0] + self.stops.finish()
@@ -280,7 +289,8 @@ class RequestPipeline:
         return prompt
 
     def _check_context(self, prompt: Sequence[int], params: common_pb2.SamplingParams) -> None:
-        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none.
+        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none, and
+        refuses a min_tokens over it.
         Here, not by the tokenizer service: it is arithmetic, and an RPC on every request's path."""
         try:
             budget = self.tokenizer.completion_budget(len(prompt),
@@ -289,6 +299,10 @@ class RequestPipeline:
             raise ContextLengthError(str(e)) from None
         if budget is not None:
             params.max_tokens = budget
+        max_tokens = params.max_tokens if params.HasField("max_tokens") else EngineSamplingParams.max_tokens
+        if params.min_tokens > max_tokens:
+            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) must not be more than max_tokens "
+                                      f"({max_tokens})")
 
     def _prefills_locally(self, prompt: Sequence[int], decode_worker: Worker, num_cached: int) -> bool:
         """Conditional disaggregation: a prompt whose part the decode worker does not hold
@@ -312,7 +326,7 @@ class RequestPipeline:
         def dispatched() -> None:
             nonlocal output
             try:
-                output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output)
+                output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens)
             except ValueError as e:  # the prompt's tail holds a negative id
                 raise InvalidRequestError(f"prompt {e}") from None
             PREFILLED_ON[clock.prefilled_on].inc()

@@ -12,6 +12,9 @@ PARAMS = {
     "seeded": SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True),
     "penalties": SamplingParams(max_tokens=24, temperature=0.0, repetition_penalty=1.3,
                                 frequency_penalty=0.5, ignore_eos=True),
+    # Half the vocabulary would stop it, not before 7 tokens are out: the decode engine counts the first one.
+    "min_tokens": SamplingParams(max_tokens=24, temperature=0.0, min_tokens=7, stop_token_ids=tuple(range(4, 1024, 2)),
+                                 ignore_eos=True),
 }
 
 
@@ -56,6 +59,10 @@ def test_handoff_gives_the_colocated_tokens(tiny_demo_model, kind):
     decode.add_prefilled_request("r", prompt, first.token_ids[0], params)
     out = finish(decode)["r"]
     assert out.token_ids == expected
+    if params.min_tokens:  # none of the stop ids before it, then one ended it
+        stops = set(params.stop_token_ids)
+        assert len(out.token_ids) > params.min_tokens and out.token_ids[-1] in stops
+        assert not set(out.token_ids[:-1]) & stops
     assert_clean(decode)
 
 

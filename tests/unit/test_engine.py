@@ -107,6 +107,20 @@ def test_stop_token_ids_and_max_tokens(tiny_demo_model):
     assert_pool_clean(engine)
 
 
+def test_min_tokens_holds_stop_token_ids_off_until_that_many_tokens_are_out(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    p = prompts(1)[0]
+    stop_at = run_all(engine, {"a": (p, GREEDY)})["a"].token_ids[0]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=(stop_at,))
+    assert run_all(engine, {"b": (p, params)})["b"].token_ids == [stop_at]
+    # Every other id stops it too: none of them in the first 5 tokens, then the first one ends it.
+    stops = {stop_at, *range(4, 1024, 2)}
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, min_tokens=5, stop_token_ids=tuple(stops))
+    held = run_all(engine, {"c": (p, params)})["c"].token_ids
+    assert len(held) > 5 and held[-1] in stops and not set(held[:-1]) & stops
+    assert_pool_clean(engine)
+
+
 def test_eos_stops_unless_ignored(tiny_demo_model):
     engine = make_engine(tiny_demo_model)
     p = prompts(1)[0]
@@ -160,6 +174,7 @@ def test_logprobs_are_returned_per_token(tiny_demo_model):
         ([5, 10**6], GREEDY, "outside the vocabulary"),
         ([5] * 3000, GREEDY, "does not fit the context"),
         ([5] * 10, SamplingParams(max_tokens=2000), "more than the pool"),
+        ([5] * 10, SamplingParams(stop_token_ids=(3, 1024)), "stop_token_ids: token id 1024 is outside"),
     ],
 )
 def test_requests_that_cannot_be_served_are_refused(tiny_demo_model, prompt, params, message):

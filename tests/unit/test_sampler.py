@@ -12,6 +12,7 @@ from engine.sampler import (
     apply_penalties,
     apply_top_k,
     apply_top_k_top_p,
+    ban_tokens,
     token_counts,
 )
 from engine.sampling_params import SamplingParams
@@ -355,3 +356,46 @@ def test_a_logit_bias_out_of_range_is_refused(bias, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(logit_bias=bias)
     assert SamplingParams(logit_bias={5: 1, 2: -100}).logit_bias == ((2, -100.0), (5, 1.0))
+
+
+# ---- min_tokens --------------------------------------------------------------
+
+EOS = (5, 6)
+
+
+def test_ban_tokens_masks_its_rows_ids_only():
+    logits = random_logits(3, 10, seed=13)
+    banned = ban_tokens(logits, [(1, 4), (), (9,)])
+    expected = logits.clone()
+    expected[0, 1] = expected[0, 4] = expected[2, 9] = NEG_INF
+    assert torch.equal(banned, expected)
+
+
+def test_short_of_min_tokens_eos_and_stop_ids_are_not_sampled_then_they_are():
+    # Greedy would pick EOS (5), then the stop id 7; a row short of min_tokens takes the runner-up.
+    logits = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 9.0, 0.0, 8.0],
+                           [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 8.0]])
+    sampler = Sampler(eos_token_ids=EOS)
+    short = make_seq(output=[2], temperature=0.0, min_tokens=2, stop_token_ids=(7,))
+    assert sampler(logits, [short, short]).token_ids == [1, 1]
+    done = make_seq(output=[2, 3], temperature=0.0, min_tokens=2, stop_token_ids=(7,))
+    assert sampler(logits, [done, done]).token_ids == [5, 7]
+    # EOS it ignores stays allowed; its stop ids do not.
+    ignoring = make_seq(temperature=0.0, min_tokens=1, stop_token_ids=(7,), ignore_eos=True)
+    assert sampler(logits, [ignoring, ignoring]).token_ids == [5, 1]
+
+
+def test_min_tokens_bans_in_sampled_rows_and_leaves_other_rows_and_logprobs_alone():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 30.0, 29.0, 0.0]] * 2)
+    sampler = Sampler(eos_token_ids=EOS)
+    rows = [make_seq(temperature=1.0, seed=3, min_tokens=4, logprobs=1), make_seq(temperature=1.0, seed=3)]
+    out = sampler(logits, rows)
+    assert out.token_ids[0] not in EOS
+    assert out.token_ids[1] in EOS
+    assert set(out.logprobs[0]) == {5, out.token_ids[0]}  # the raw logits' top token, as with logit_bias
+
+
+def test_min_tokens_over_max_tokens_is_refused():
+    with pytest.raises(ValueError, match=r"min_tokens must be in \[0, max_tokens=4\]"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    assert SamplingParams(max_tokens=4, min_tokens=4).min_tokens == 4

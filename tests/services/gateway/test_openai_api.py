@@ -157,6 +157,33 @@ def test_logit_bias_forces_a_token_on_prefill_and_decode_alike(client, mesh, tok
     assert chat.choices[0].message.content == tokenizer.decode([300] * 3)
 
 
+def test_min_tokens_holds_off_stop_token_ids_and_stop_strings_on_prefill_and_decode(client, mesh, tokenizer):
+    # Token 300 is forced at every step (the first is prefill's, the rest decode's) and stops the text,
+    # except where min_tokens bans it: the 3 tokens before it are each the best of the rest.
+    ids = tokenizer.encode(PROMPT)
+    forced = dict(model=mesh.model_name, prompt=ids, max_tokens=8, temperature=0, logit_bias={"300": 100})
+    at_once = client.completions.create(**forced, extra_body={"ignore_eos": True, "stop_token_ids": [300]})
+    assert (at_once.usage.completion_tokens, at_once.choices[0].finish_reason) == (1, "stop")
+    held = client.completions.create(**forced, extra_body={"ignore_eos": True, "stop_token_ids": [300],
+                                                           "min_tokens": 3})
+    assert (held.usage.completion_tokens, held.choices[0].finish_reason) == (4, "stop")
+    # A stop string: looked for only after the first 3 tokens' text.
+    text = continuation(tokenizer, ids, [300] * 4)
+    first_three = continuation(tokenizer, ids, [300] * 3)
+    stop = text[len(first_three):]
+    assert stop and stop in first_three
+    for stream in (False, True):
+        kwargs = dict(**forced, stop=stop, extra_body={"ignore_eos": True, "min_tokens": 3})
+        if stream:
+            chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+            got = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+        else:
+            choice = client.completions.create(**kwargs).choices[0]
+            got = choice.text, choice.finish_reason
+        assert got == (first_three, "stop")
+    mesh.assert_decode_pools_free()
+
+
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
