@@ -149,6 +149,10 @@ class BlockManager:
         # At least one token must be computed to produce the next token's logits.
         return max(0, (num_tokens - 1) // self.block_size)
 
+    def _max_blocks_read(self, seq: Sequence) -> int:
+        """A sequence that wants its prompt's logprobs computes every token: it reads no prefix."""
+        return 0 if seq.prompt_logprobs is not None else self._max_cached_blocks(seq.num_tokens)
+
     def num_cached_prefix_tokens(self, token_ids: TokenIds[int]) -> int:
         """Leading tokens of `token_ids` that `allocate` would take from the cache now."""
         block_ids, _ = self._match(token_ids, self._max_cached_blocks(len(token_ids)))
@@ -302,7 +306,7 @@ class BlockManager:
         return sum(1 for b in block_ids if self.blocks[b].ref_count == 0)
 
     def can_allocate(self, seq: Sequence) -> bool:
-        matched, _ = self._match(seq.token_ids, self._max_cached_blocks(seq.num_tokens))
+        matched, _ = self._match(seq.token_ids, self._max_blocks_read(seq))
         return seq.num_blocks - len(matched) <= self.num_free_blocks - self._num_revived(matched)
 
     def allocate(self, seq: Sequence) -> None:
@@ -312,7 +316,7 @@ class BlockManager:
         """
         if seq.block_table or seq.request_id in self._seqs:
             raise ValueError(f"{seq.request_id!r} already holds blocks")
-        matched, hashes = self._match(seq.token_ids, self._max_cached_blocks(seq.num_tokens))
+        matched, hashes = self._match(seq.token_ids, self._max_blocks_read(seq))
         num_fresh = seq.num_blocks - len(matched)
         if num_fresh > self.num_free_blocks - self._num_revived(matched):
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")

@@ -227,6 +227,7 @@ class LLMEngine:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             new_logprobs=seq.output_logprobs[start:],
+            prompt_logprobs=seq.prompt_logprobs if start == 0 else None,
             num_cached_tokens=seq.num_cached_tokens,
             held_block_ids=self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else [],
             step_times=seq.step_times,

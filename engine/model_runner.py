@@ -17,6 +17,10 @@ from engine.sequence import Sequence
 from engine.weights import checkpoint_files, iter_tensors
 from kernels.registry import select_kernels
 
+# Prompt rows whose logits are made at once when a prompt's logprobs are asked for: a chunk's worth
+# of full-vocabulary rows (2048 x 150k floats) would take more than a gigabyte.
+PROMPT_LOGPROB_ROWS = 256
+
 
 class ModelRunner:
     def __init__(
@@ -72,9 +76,37 @@ class ModelRunner:
         pool.copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sampled_seqs = self._prepare(batch, pool.block_size)
         hidden = self.model(input_ids, positions, meta, pool.layers)
+        # Rows as `_prepare` lays them out: one-token chunks first, then the longer ones.
+        one_token_row, chunk_row = 0, meta.num_decode_tokens
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            row = one_token_row if n == 1 else chunk_row
+            if n == 1:
+                one_token_row += 1
+            else:
+                chunk_row += n
+            if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
+                self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
         if not sampled_seqs:
             return [], None
         return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+
+    def _record_prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor, first_position: int) -> None:
+        """Append the records of the prompt tokens this chunk predicts (row i, at position p, predicts
+        the token at p + 1) and `seq` has none for yet: a chunk run again after a preemption adds none."""
+        num_prompt = seq.num_prompt_tokens
+        first = len(seq.prompt_logprobs) - 1 - first_position  # the first row whose token has no record
+        last = min(hidden.shape[0], num_prompt - 1 - first_position)  # rows past it predict output tokens
+        num_top = seq.sampling_params.prompt_logprobs
+        for lo in range(max(first, 0), last, PROMPT_LOGPROB_ROWS):
+            hi = min(lo + PROMPT_LOGPROB_ROWS, last)
+            logprobs = self.model.compute_logits(hidden[lo:hi]).log_softmax(dim=-1)  # [R, V]
+            targets = seq.token_ids[first_position + lo + 1:first_position + hi + 1]
+            chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
+            top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+            for r, (target, logprob) in enumerate(zip(targets, chosen)):
+                record = dict(zip(top_ids[r].tolist(), top_values[r].tolist())) if num_top else {}
+                record.setdefault(target, logprob)
+                seq.prompt_logprobs.append(record)
 
     def _prepare(self, batch: ScheduledBatch, block_size: int):
         decodes: list[Sequence] = []

@@ -18,6 +18,8 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None = None
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # With the request's first token, when asked for: one per prompt token, None for the first.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     num_cached_tokens: int = 0
     # A "prefilled" request's pages, in prompt order, held until `release`: handed out with
     # the output so whoever copies them needs no second call into the engine.

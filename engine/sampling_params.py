@@ -23,6 +23,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per sampled token; None = off
+    # vLLM's: each prompt token's logprob given the tokens before it, with the top-n there; None = off.
+    # Such a prompt is computed whole: its prefix is not read from the prefix cache.
+    prompt_logprobs: int | None = None
     # Added to the logits of these token ids before any other stage, as OpenAI's and vLLM's
     # logit_bias: (token id, bias) pairs in id order (a mapping is accepted and ordered here).
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -55,6 +58,8 @@ class SamplingParams:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise ValueError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))

@@ -57,6 +57,10 @@ class Sequence:
         self.step_times = StepTimes()
         # Per-token logprob records for the output tokens, when asked for.
         self.output_logprobs: list[dict[int, float]] = []
+        # Per prompt position when asked for: None for the first token (nothing predicts it),
+        # then each token's record given the ones before it, filled in chunk by chunk.
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            [None] if sampling_params.prompt_logprobs is not None else None)
         # Stateful per-request RNG: seeded requests draw from their own stream,
         # so the batch around them cannot change their tokens.
         self.generator: torch.Generator | None = None

@@ -139,3 +139,42 @@ def test_shared_models_logits(model_dir):
 @pytest.mark.parametrize("model_dir", SHARED, ids=lambda p: p.name)
 def test_shared_models_greedy_chunked(model_dir):
     _check_greedy(model_dir, max_num_batched_tokens=32)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
+@pytest.mark.parametrize("budget", [512, 33])
+def test_prompt_logprobs_match_transformers(tiny_model_dirs, name, budget):
+    """Each prompt token's logprob and the top 3 there, as `transformers`' log-softmaxed logits give
+    them; chunked (a budget of 33 leaves one-token chunks between longer ones), batched with other
+    requests, and whole again for a prompt whose blocks the prefix cache holds."""
+    model_dir = tiny_model_dirs[name]
+    engine = _engine(model_dir, max_num_batched_tokens=budget)
+    hf = _hf_model(model_dir)
+    vocab = engine.model_config.vocab_size
+    prompts = [_random_prompt(n, vocab, seed=200 + n) for n in (1, 40, 130)]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=3)
+    plain = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for round_ in range(2):  # the second finds every prompt's blocks cached, and must not read them
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"p{round_}-{i}", prompt, params)
+            engine.add_request(f"other{round_}-{i}", prompt[::-1], plain)
+        firsts = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id.startswith("p") and out.prompt_logprobs is not None:
+                    firsts[out.request_id] = out.prompt_logprobs
+        for i, prompt in enumerate(prompts):
+            records = firsts[f"p{round_}-{i}"]
+            assert len(records) == len(prompt) and records[0] is None
+            with torch.no_grad():
+                ref = hf(torch.tensor([prompt])).logits[0].float().log_softmax(-1)  # row p predicts token p + 1
+            for position in range(1, len(prompt)):
+                record, row = records[position], ref[position - 1]
+                target = prompt[position]
+                assert record[target] == pytest.approx(row[target].item(), abs=1e-4)
+                top = row.topk(3)
+                assert set(top.indices.tolist()) <= set(record) <= {*top.indices.tolist(), target}
+                for token_id, value in zip(top.indices.tolist(), top.values.tolist()):
+                    assert record[token_id] == pytest.approx(value, abs=1e-4)
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
