@@ -1,6 +1,8 @@
 """Protobuf ↔ engine types shared by the services (only converters and servicers import protos)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.sampling_params import SamplingParams
 from protos import common_pb2
 from services.kvstore.layout import PageLayout
@@ -44,7 +46,7 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
 
 def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
     kwargs = {}
-    for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs"):
+    for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs", "prompt_logprobs"):
         if p.HasField(name):
             kwargs[name] = getattr(p, name)
     return SamplingParams(
@@ -73,3 +75,9 @@ def top_logprobs(token_id: int, logprobs: dict[int, float], n: int) -> common_pb
         sampled=common_pb2.TokenLogprob(token_id=token_id, logprob=logprobs.get(token_id, float("nan"))),
         top=[common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in best],
     )
+
+
+def prompt_logprobs_to_proto(prompt_token_ids: Sequence[int], records: Sequence[dict[int, float] | None],
+                             n: int) -> list[common_pb2.TopLogprobs]:
+    """An engine's prompt logprobs (None first) as the wire carries them: one per token after the first."""
+    return [top_logprobs(token_id, record, n) for token_id, record in zip(prompt_token_ids[1:], records[1:])]

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
 from protos import decode_pb2
-from services.common.converters import FINISH_REASONS, top_logprobs
+from services.common.converters import FINISH_REASONS, prompt_logprobs_to_proto, top_logprobs
 
 
-def chunk_from_output(out: RequestOutput, num_logprobs: int | None) -> decode_pb2.DecodeChunk:
+def chunk_from_output(out: RequestOutput, params: SamplingParams) -> decode_pb2.DecodeChunk:
     chunk = decode_pb2.DecodeChunk(token_ids=out.new_token_ids,
                                    finish_reason=FINISH_REASONS[out.finish_reason if out.finished else None])
-    if num_logprobs is not None:
-        chunk.logprobs.extend(top_logprobs(t, lp, num_logprobs)
+    if params.logprobs is not None:
+        chunk.logprobs.extend(top_logprobs(t, lp, params.logprobs)
                               for t, lp in zip(out.new_token_ids, out.new_logprobs))
+    if out.prompt_logprobs is not None:  # a local prefill's first output, asked for
+        chunk.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_token_ids, out.prompt_logprobs,
+                                                              params.prompt_logprobs))
     return chunk

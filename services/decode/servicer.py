@@ -39,6 +39,7 @@ import time
 import grpc
 
 from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
@@ -148,7 +149,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                                                   request.first_token_id, params)
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
-            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
+            async for chunk in _stream(engine_loop, request.request_id, started, params, context,
                                        self.metrics, phases, self._streaming, are_headers_sent):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
@@ -169,7 +170,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params)
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=True)
-            async for chunk in _stream(engine_loop, request.request_id, started, params.logprobs, context,
+            async for chunk in _stream(engine_loop, request.request_id, started, params, context,
                                        self.metrics, phases, self._streaming):
                 yield chunk
         except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
@@ -221,7 +222,7 @@ class _Phases:
                                         tracing.GEN_AI_RESPONSE_FINISH_REASONS: [out.finish_reason or ""]})
 
 
-async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Queue, num_logprobs: int | None,
+async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Queue, params: SamplingParams,
                   context, metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases],
                   are_headers_sent: bool = False):
     """The DecodeChunks of a request just given to the engine (`started`: its output queue);
@@ -251,7 +252,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Que
                 await headers.sent()
                 await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
             is_finished = out.finished
-            chunk = chunk_from_output(out, num_logprobs)
+            chunk = chunk_from_output(out, params)
             if is_finished:
                 phases.last(out)
                 if out.finish_reason != "abort":

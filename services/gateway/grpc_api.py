@@ -58,7 +58,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
                 raise
             stream = request.stream_options.stream
-            text, token_ids, logprobs = [], [], []
+            text, token_ids, logprobs, prompt_logprobs = [], [], [], []
             async with aclosing(deltas):
                 # Here, not in a generator of responses: one layer less on the first token's way out.
                 async for delta in deltas:
@@ -66,15 +66,17 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                         if delta.text or delta.token_ids:
                             await headers.sent()
                             yield gateway_pb2.GenerateResponse(request_id=request_id, chunk=gateway_pb2.GenerateChunk(
-                                text=delta.text, token_ids=delta.token_ids, logprobs=delta.logprobs))
+                                text=delta.text, token_ids=delta.token_ids, logprobs=delta.logprobs,
+                                prompt_logprobs=delta.prompt_logprobs))
                     else:
                         text.append(delta.text)
                         token_ids += delta.token_ids
                         logprobs += delta.logprobs
+                        prompt_logprobs += delta.prompt_logprobs
                     if delta.finish_reason is not None:
                         await headers.sent()
                         yield gateway_pb2.GenerateResponse(request_id=request_id, complete=_complete(
-                            delta, "".join(text), token_ids, logprobs))
+                            delta, "".join(text), token_ids, logprobs, prompt_logprobs))
                         return
         except Exception as e:
             error = to_api_error(e, _input_field(request))
@@ -103,13 +105,15 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                                       clock=timeline.clock(request_id), on_dispatch=on_dispatch)
 
 
-def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list) -> gateway_pb2.GenerateComplete:
+def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list,
+              prompt_logprobs: list) -> gateway_pb2.GenerateComplete:
     usage = last.usage
     return gateway_pb2.GenerateComplete(
         finish_reason=FINISH_REASONS.get(last.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
         usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                cached_tokens=usage.cached_tokens) if usage else None,
-        matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs)
+        matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs)
 
 
 def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, str]]:

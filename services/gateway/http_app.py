@@ -138,9 +138,14 @@ def create_app(state: GatewayState) -> FastAPI:
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
                 prompt_of_choice.append(p)
+        # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
+        echo_of_prompt = [p if isinstance(p, str) else state.pipeline.tokenizer.decode(p, skip_special_tokens=False)
+                          for p in prompts] if body.echo else None
         builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
                                   num_choices=len(streams), prompt_of_choice=prompt_of_choice,
-                                  token_text=state.token_text, want_logprobs=body.logprobs is not None)
+                                  token_text=state.token_text, want_logprobs=body.logprobs is not None,
+                                  num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
+                                  num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 
@@ -158,7 +163,7 @@ def create_app(state: GatewayState) -> FastAPI:
             clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
-                                  want_logprobs=body.logprobs)
+                                  want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 

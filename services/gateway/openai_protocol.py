@@ -1,10 +1,10 @@
 """The OpenAI request bodies the gateway accepts, as pydantic models.
 
-Field names, defaults and ranges follow OpenAI's API and vLLM's extras
-(`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
-`include_stop_str_in_output`), plus Baton's `return_timeline`. A value out of range fails validation here, so the
-client gets a 400 that names the field before any worker is called. Unknown fields
-are ignored, as OpenAI's own server does for fields a model does not use.
+Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
+`repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
+`min_tokens`, `prompt_logprobs`), plus Baton's `return_timeline`. A value out of range fails
+validation here, so the client gets a 400 that names the field before any worker is called.
+Unknown fields are ignored, as OpenAI's own server does for fields a model does not use.
 """
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     # vLLM's: at least this many tokens before EOS, a stop token id or a stop string ends the output.
     min_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] = 0
+    # vLLM's: each prompt token's logprob (after the first) and the top-n there, with the response.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
@@ -102,7 +104,14 @@ class _SamplingFields(BaseModel):
             params.logprobs = logprobs
         if self.logit_bias:
             params.logit_bias.update({int(token_id): bias for token_id, bias in self.logit_bias.items()})
+        if self.num_prompt_logprobs is not None:
+            params.prompt_logprobs = self.num_prompt_logprobs
         return params
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """How many candidates the engine records per prompt token; None: no prompt logprobs."""
+        return self.prompt_logprobs
 
 
 class CompletionRequest(_SamplingFields):
@@ -128,8 +137,6 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check_supported(self):
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of not in (None, 1, self.n):
@@ -137,6 +144,13 @@ class CompletionRequest(_SamplingFields):
         if len(self.prompts) * self.n > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts × n)")
         return self
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Echoed with logprobs, the prompt's tokens are listed with theirs (`logprobs` candidates each)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     @cached_property
     def prompts(self) -> list[str | list[int]]:

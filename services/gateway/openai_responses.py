@@ -1,5 +1,12 @@
 """OpenAI response bodies built from pipeline `Delta`s: completions and chat, whole or
-as stream chunks, with usage and logprobs in the shapes the `openai` client parses."""
+as stream chunks, with usage and logprobs in the shapes the `openai` client parses.
+
+A completion with `echo` starts with its prompt (the text as given, or the ids decoded), and
+with `logprobs` its prompt's tokens come first in them, the first with none (nothing predicts
+it), as OpenAI's legacy API and vLLM list them: what evaluation harnesses score a text by.
+vLLM's `prompt_logprobs` go in each completion choice (a chat's at the top of its response):
+None for the first token, then per token its id → `{logprob, rank, decoded_token}` for the
+top-n and the prompt's own token (its rank null when it is not among them)."""
 from __future__ import annotations
 
 import time
@@ -40,6 +47,31 @@ def completion_logprobs(entries: Sequence[common_pb2.TopLogprobs], token_text: T
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
+def echoed_logprobs(prompt_token_ids: Sequence[int], entries: Sequence[common_pb2.TopLogprobs], n: int,
+                    token_text: TokenText) -> dict[str, Any]:
+    """The prompt's part of an echoed completion's logprobs, `text_offset` counted from 0."""
+    texts = [token_text(t) for t in prompt_token_ids]
+    offsets = [0]
+    for text in texts[:-1]:
+        offsets.append(offsets[-1] + len(text))
+    return {"tokens": texts, "token_logprobs": [None, *(e.sampled.logprob for e in entries)],
+            "top_logprobs": [None, *({token_text(t.token_id): t.logprob for t in e.top[:n]} for e in entries)],
+            "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(entries: Sequence[common_pb2.TopLogprobs], n: int,
+                         token_text: TokenText) -> list[dict[str, Any] | None]:
+    out: list[dict[str, Any] | None] = [None]
+    for entry in entries:
+        record = {str(t.token_id): {"logprob": t.logprob, "rank": rank, "decoded_token": token_text(t.token_id)}
+                  for rank, t in enumerate(entry.top[:n], start=1)}
+        sampled = entry.sampled
+        record.setdefault(str(sampled.token_id), {"logprob": sampled.logprob, "rank": None,
+                                                  "decoded_token": token_text(sampled.token_id)})
+        out.append(record)
+    return out
+
+
 def chat_logprobs(entries: Sequence[common_pb2.TopLogprobs], token_text: TokenText) -> dict[str, Any]:
     def one(token_id: int, logprob: float) -> dict[str, Any]:
         text = token_text(token_id)
@@ -60,8 +92,12 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     usage: Usage | None = None
+    prompt_token_ids: Sequence[int] = ()
+    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
 
     def add(self, delta: Delta) -> None:
+        if delta.prompt_token_ids:
+            self.prompt_token_ids, self.prompt_logprobs = delta.prompt_token_ids, delta.prompt_logprobs
         self.text += delta.text
         self.token_ids += delta.token_ids
         self.logprobs += delta.logprobs
@@ -75,7 +111,8 @@ class ResponseBuilder:
     """Bodies for one request's response: chunks while streaming, or the whole object."""
 
     def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int, prompt_of_choice: Sequence[int],
-                 token_text: TokenText, want_logprobs: bool):
+                 token_text: TokenText, want_logprobs: bool, num_logprobs: int = 0,
+                 echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -84,6 +121,9 @@ class ResponseBuilder:
         self.prompt_of_choice = list(prompt_of_choice)
         self.token_text = token_text
         self.want_logprobs = want_logprobs
+        self.num_logprobs = num_logprobs  # candidates per echoed prompt token
+        self.echo_of_prompt = echo_of_prompt  # completions with `echo`: each prompt's text
+        self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
         self._sent_role = [False] * num_choices
 
     @property
@@ -97,16 +137,26 @@ class ResponseBuilder:
     # ---- streaming -------------------------------------------------------------------
 
     def chunk(self, index: int, delta: Delta, include_usage: bool) -> dict[str, Any]:
-        """The stream chunk for one delta of choice `index` (also recorded for usage)."""
+        """The stream chunk for one delta of choice `index` (also recorded for usage). A choice's
+        first chunk brings its echoed prompt and its prompt logprobs."""
         state = self.choices[index]
+        is_first = not state.prompt_token_ids
+        echoed = ""
+        if is_first and self.echo_of_prompt is not None:
+            echoed = self.echo_of_prompt[self.prompt_of_choice[index]]
+            state.text = echoed
         text_offset = len(state.text)
         state.add(delta)
         logprobs = None
         if self.kind == "completion":
             if self.want_logprobs:
                 logprobs = completion_logprobs(delta.logprobs, self.token_text, text_offset)
-            choice = {"index": index, "text": delta.text, "logprobs": logprobs,
+                if is_first and self.echo_of_prompt is not None:
+                    logprobs = _joined(self._echoed_logprobs(state), logprobs)
+            choice = {"index": index, "text": echoed + delta.text, "logprobs": logprobs,
                       "finish_reason": delta.finish_reason, "stop_reason": state.stop_reason}
+            if is_first and self.num_prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self._prompt_logprobs(state)
             body = self._head("text_completion")
         else:
             if self.want_logprobs:
@@ -118,6 +168,8 @@ class ResponseBuilder:
             choice = {"index": index, "delta": message, "logprobs": logprobs,
                       "finish_reason": delta.finish_reason, "stop_reason": state.stop_reason}
             body = self._head("chat.completion.chunk")
+            if is_first and self.num_prompt_logprobs is not None:
+                body["prompt_logprobs"] = self._prompt_logprobs(state)
         body["choices"] = [choice]
         if include_usage:
             body["usage"] = None
@@ -146,9 +198,17 @@ class ResponseBuilder:
         choices = []
         for index, state in enumerate(self.choices):
             if self.kind == "completion":
-                logprobs = completion_logprobs(state.logprobs, self.token_text, 0) if self.want_logprobs else None
-                choices.append({"index": index, "text": state.text, "logprobs": logprobs,
-                                "finish_reason": state.finish_reason, "stop_reason": state.stop_reason})
+                echoed = "" if self.echo_of_prompt is None else self.echo_of_prompt[self.prompt_of_choice[index]]
+                logprobs = None
+                if self.want_logprobs:
+                    logprobs = completion_logprobs(state.logprobs, self.token_text, len(echoed))
+                    if self.echo_of_prompt is not None:
+                        logprobs = _joined(self._echoed_logprobs(state), logprobs)
+                choice = {"index": index, "text": echoed + state.text, "logprobs": logprobs,
+                          "finish_reason": state.finish_reason, "stop_reason": state.stop_reason}
+                if self.num_prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = self._prompt_logprobs(state)
+                choices.append(choice)
             else:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
                 choices.append({"index": index, "message": {"role": "assistant", "content": state.text,
@@ -157,5 +217,18 @@ class ResponseBuilder:
                                 "stop_reason": state.stop_reason})
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
         body["choices"] = choices
+        if self.kind == "chat" and self.num_prompt_logprobs is not None:  # every choice has the same prompt
+            body["prompt_logprobs"] = self._prompt_logprobs(self.choices[0])
         body["usage"] = self.usage
         return body
+
+    def _echoed_logprobs(self, state: ChoiceState) -> dict[str, Any]:
+        return echoed_logprobs(state.prompt_token_ids, state.prompt_logprobs, self.num_logprobs, self.token_text)
+
+    def _prompt_logprobs(self, state: ChoiceState) -> list[dict[str, Any] | None]:
+        return vllm_prompt_logprobs(state.prompt_logprobs, self.num_prompt_logprobs, self.token_text)
+
+
+def _joined(first: dict[str, list], then: dict[str, list]) -> dict[str, list]:
+    """Two legacy logprobs objects as one: each of their parallel lists, one after the other."""
+    return {key: first[key] + then[key] for key in first}

@@ -101,6 +101,10 @@ class Delta:
     finish_reason: str | None = None  # "stop", "length", "abort" or "error" on the last delta
     matched_stop: str | None = None   # the stop string that ended the text, when one did
     usage: Usage | None = None
+    # The first delta's: the prompt's token ids, and when sampling.prompt_logprobs asks, one record
+    # per prompt token after the first.
+    prompt_token_ids: Sequence[int] = ()
+    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
 
 
 @dataclass(frozen=True)
@@ -361,6 +365,8 @@ class RequestPipeline:
                         progress.is_stopped_here = step.finish_reason is None
                         usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
                         final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
+                        if not is_past_first:
+                            final.prompt_token_ids, final.prompt_logprobs = prompt, step.prompt_logprobs
                         timer.finish(final.finish_reason)
                         spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
                         # Before the last yield: a consumer may close the stream there.
@@ -370,9 +376,12 @@ class RequestPipeline:
                         yield final
                         clock.end("finished")
                         return
-                    if not is_past_first:
+                    if is_past_first:
+                        yield Delta(text, step.token_ids, step.logprobs)
+                    else:
                         spans.first_token()
-                    yield Delta(text, step.token_ids, step.logprobs)
+                        yield Delta(text, step.token_ids, step.logprobs, prompt_token_ids=prompt,
+                                    prompt_logprobs=step.prompt_logprobs)
                     # Counted and marked once handed out, as they arrived: the histograms and the
                     # worker's figures are not on their way.
                     step.settle(clock, arrived)
@@ -419,7 +428,7 @@ class RequestPipeline:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings
             first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
-                          FINISH_REASON_NAMES.get(response.finish_reason), timings)
+                          FINISH_REASON_NAMES.get(response.finish_reason), timings, response.prompt_logprobs)
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
                 _observe_prefill(self.requests, timings)
                 yield first
@@ -553,6 +562,7 @@ class _Step:
     logprobs: list
     finish_reason: str | None
     prefill_timings: prefill_pb2.PrefillTimings | None = None  # the first token's, from a prefill worker
+    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()  # the first step's, when asked for
 
     def settle(self, clock: PhaseClock, arrived: float) -> None:
         """Mark the wait for a prefill worker's first token on the ledger, up to `arrived` (a
@@ -598,7 +608,7 @@ async def _decode_steps(call, progress: _Progress,
             first = False
         reason = FINISH_REASON_NAMES.get(chunk.finish_reason)
         progress.is_released = reason is not None
-        yield _Step(list(chunk.token_ids), list(chunk.logprobs), reason)
+        yield _Step(list(chunk.token_ids), list(chunk.logprobs), reason, prompt_logprobs=chunk.prompt_logprobs)
 
 
 def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, output: _TextOutput,

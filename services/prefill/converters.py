@@ -10,6 +10,7 @@ from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common.converters import (
     FINISH_REASONS,
     layout_from_proto,
+    prompt_logprobs_to_proto,
     sampling_params_from_proto,
     top_logprobs,
 )
@@ -26,7 +27,8 @@ TRANSPORTS = {
 
 
 def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dict[str, float],
-                      num_host_tier_tokens: int = 0) -> prefill_pb2.PrefillEvent:
+                      num_host_tier_tokens: int = 0,
+                      num_prompt_logprobs: int | None = None) -> prefill_pb2.PrefillEvent:
     """The first token of a finished prefill-only output, and `timings` (PrefillTimings' fields).
     "prefilled" (pages handed on, decode continues) leaves finish_reason UNSPECIFIED;
     "stop"/"length" set it. Built in one go, not from nested messages each copied into the next:
@@ -38,6 +40,9 @@ def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dic
         "finish_reason": FINISH_REASONS[reason], "num_host_tier_tokens": num_host_tier_tokens})
     if num_logprobs is not None and out.new_logprobs:
         event.first_token.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
+    if out.prompt_logprobs is not None:
+        event.first_token.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_token_ids, out.prompt_logprobs,
+                                                                          num_prompt_logprobs))
     return event
 
 

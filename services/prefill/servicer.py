@@ -185,7 +185,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
             tier_tokens, tier_seconds = 0, 0.0
             try:
-                if request.host_tier.num_blocks and request.host_tier.address:
+                # A prompt whose logprobs are asked for reads no prefix: none is worth fetching for it.
+                if request.host_tier.num_blocks and request.host_tier.address and params.prompt_logprobs is None:
                     read_start = time.perf_counter()
                     with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
                         tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
@@ -219,7 +220,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
             timings = _first_token_timings(out.step_times, arrival_ns, arrival, computed, tier_seconds)
-            first_token = first_token_event(out, params.logprobs, timings, tier_tokens)
+            first_token = first_token_event(out, params.logprobs, timings, tier_tokens, params.prompt_logprobs)
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
                 yield first_token
                 self.metrics.count_success(out.finish_reason)

@@ -71,6 +71,8 @@ CASES = [
      {"model": "MODEL", "prompt": "hi", "stop_token_ids": [10**6]}, 400, None),
     ("min_tokens over max_tokens", "/v1/completions",
      {"model": "MODEL", "prompt": "hi", "max_tokens": 2, "min_tokens": 3}, 400, None),
+    ("prompt_logprobs 21", "/v1/completions", {"model": "MODEL", "prompt": "hi", "prompt_logprobs": 21}, 400,
+     "prompt_logprobs"),
     ("min_tokens negative", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "min_tokens": -1}, 400, "min_tokens"),
     ("presence_penalty 3", "/v1/completions", {"model": "MODEL", "prompt": "hi", "presence_penalty": 3}, 400,

@@ -61,3 +61,15 @@ def test_a_locally_prefilled_stream_cancelled_frees_its_pages(mesh, local_gatewa
     assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     sock.close()
     mesh.assert_decode_pools_free(within_s=1.0)
+
+
+def test_a_local_prefill_gives_the_prompt_logprobs_a_prefill_worker_gives(mesh, local_gateway):
+    short = [(5 * j) % 900 + 5 for j in range(30)]
+    local = complete(local_gateway, mesh.model_name, short, prompt_logprobs=1)["choices"][0]["prompt_logprobs"]
+    remote = complete(mesh.gateway, mesh.model_name, short, prompt_logprobs=1)["choices"][0]["prompt_logprobs"]
+    assert len(local) == len(short) and local[0] is None
+    assert [set(r) for r in local[1:]] == [set(r) for r in remote[1:]]
+    for mine, theirs in zip(local[1:], remote[1:]):
+        for token_id, entry in mine.items():
+            assert entry["logprob"] == pytest.approx(theirs[token_id]["logprob"], abs=1e-4)
+    mesh.assert_decode_pools_free()

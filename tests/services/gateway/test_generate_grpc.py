@@ -135,3 +135,23 @@ def test_health_and_reflection_list_the_generate_service(mesh):
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
         [reply] = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         assert "baton.gateway.v1.Generate" in {s.name for s in reply.list_services_response.service}
+
+
+def test_prompt_logprobs_come_with_the_first_chunk_as_the_http_api_gives_them(mesh, stub):
+    ids = [(13 * j) % 900 + 5 for j in range(50)]
+    request = gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=ids), sampling=greedy(
+        3, prompt_logprobs=2), stream_options=gateway_pb2.StreamOptions(stream=True))
+    responses = list(stub.Generate(request, timeout=60))
+    first = responses[0].chunk.prompt_logprobs
+    assert [e.sampled.token_id for e in first] == ids[1:]
+    assert all(len(e.top) == 2 for e in first)
+    assert not any(r.chunk.prompt_logprobs for r in responses[1:-1])
+    whole = next(iter(stub.Generate(gateway_pb2.GenerateRequest(
+        token_ids=common_pb2.TokenIds(token_ids=ids), sampling=greedy(3, prompt_logprobs=2)), timeout=60)))
+    assert list(whole.complete.prompt_logprobs) == list(first)
+    http = httpx.post(f"{mesh.gateway.base_url}/v1/completions", timeout=30, json={
+        "model": mesh.model_name, "prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+        "prompt_logprobs": 2}).json()["choices"][0]["prompt_logprobs"]
+    assert [record[str(e.sampled.token_id)]["logprob"] for record, e in zip(http[1:], first)] == pytest.approx(
+        [e.sampled.logprob for e in first], abs=1e-6)
+    mesh.assert_decode_pools_free()

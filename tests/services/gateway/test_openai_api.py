@@ -184,6 +184,70 @@ def test_min_tokens_holds_off_stop_token_ids_and_stop_strings_on_prefill_and_dec
     mesh.assert_decode_pools_free()
 
 
+def transformers_prompt_logprobs(model_dir, prompt: list[int]) -> torch.Tensor:
+    """Row p: the log-softmaxed logits after prompt[:p + 1], which score prompt[p + 1]."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(client, mesh, tokenizer):
+    # What evaluation harnesses send to score a text: echo, logprobs, one token.
+    ids = tokenizer.encode(PROMPT)
+    ref = transformers_prompt_logprobs(mesh.model_dir, ids)
+    kwargs = dict(model=mesh.model_name, prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=2)
+    whole = client.completions.create(**kwargs).choices[0]
+    chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+    streamed_text = "".join(c.choices[0].text for c in chunks)
+    streamed_logprobs = {key: sum((getattr(c.choices[0].logprobs, key) for c in chunks), [])
+                         for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert chunks[0].choices[0].text.startswith(PROMPT)  # the prompt comes first, in the first chunk
+    for text, logprobs in ((whole.text, whole.logprobs.model_dump()), (streamed_text, streamed_logprobs)):
+        assert text.startswith(PROMPT) and len(text) > len(PROMPT)
+        assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(ids) + 1
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        for position in range(1, len(ids)):
+            assert logprobs["token_logprobs"][position] == pytest.approx(ref[position - 1, ids[position]].item(),
+                                                                         abs=1e-4)
+            assert sorted(logprobs["top_logprobs"][position].values(), reverse=True) == pytest.approx(
+                ref[position - 1].topk(2).values.tolist(), abs=1e-4)
+        assert logprobs["tokens"][:len(ids)] == [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+        assert logprobs["text_offset"][len(ids)] == len(PROMPT)  # the generated token's, after the prompt
+    # Token ids are echoed as they decode.
+    echoed = client.completions.create(**{**kwargs, "prompt": ids, "logprobs": None}).choices[0]
+    assert echoed.text.startswith(tokenizer.decode(ids, skip_special_tokens=False)) and echoed.logprobs is None
+
+
+def test_prompt_logprobs_of_completions_and_chat_match_transformers(client, mesh, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    ref = transformers_prompt_logprobs(mesh.model_dir, ids)
+
+    def check(records: list) -> None:
+        assert len(records) == len(ids) and records[0] is None
+        for position in range(1, len(ids)):
+            record = records[position]
+            assert record[str(ids[position])]["logprob"] == pytest.approx(ref[position - 1, ids[position]].item(),
+                                                                          abs=1e-4)
+            best = ref[position - 1].argmax().item()
+            assert record[str(best)]["rank"] == 1
+            assert record[str(best)]["decoded_token"] == tokenizer.decode([best], skip_special_tokens=False)
+
+    for stream in (False, True):
+        response = client.completions.create(model=mesh.model_name, prompt=ids, max_tokens=2, temperature=0,
+                                             stream=stream, extra_body={"prompt_logprobs": 1})
+        choice = next(iter(response)).choices[0] if stream else response.choices[0]
+        check(choice.model_extra["prompt_logprobs"])
+    chat_ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1]
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=2, temperature=0,
+                                          extra_body={"prompt_logprobs": 0})
+    records = chat.model_extra["prompt_logprobs"]
+    assert len(records) == len(chat_ids) and all(len(r) == 1 for r in records[1:])  # the prompt's own tokens
+    assert [int(next(iter(r))) for r in records[1:]] == chat_ids[1:]
+    mesh.assert_decode_pools_free()
+
+
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
