@@ -158,7 +158,8 @@ def create_app(state: GatewayState) -> FastAPI:
         messages = body.chat_messages()
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         streams = [state.pipeline.generate(
-            request_id, messages=messages, sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
+            request_id, messages=messages, chat_options=body.chat_options(),
+            sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from protos import common_pb2
+from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
@@ -208,6 +209,10 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+    # vLLM's: how the messages become the prompt.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. {"enable_thinking": false}
 
     @model_validator(mode="after")
     def _check_supported(self):
@@ -217,6 +222,10 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("response_format other than text is not supported")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: the reply "
+                             "continues the last message, or starts a new one")
+        check_template_kwargs(self.chat_template_kwargs or {})
         self.chat_messages()  # raises for content parts other than text
         return self
 
@@ -227,6 +236,9 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def chat_options(self) -> ChatOptions:
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {})
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text} for m in self.messages]

@@ -29,6 +29,7 @@ the way: where each millisecond went, from the HTTP request's arrival to its las
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
@@ -48,7 +49,7 @@ from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
 from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
-from services.tokenizer.chat_template import ChatTemplateError, check_messages
+from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
 
@@ -60,8 +61,8 @@ class ModelText(Decoder, Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
-                            add_generation_prompt: bool = True) -> tuple[str, list[int]]: ...
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False, **template_kwargs) -> tuple[str, list[int]]: ...
 
 
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
@@ -202,13 +203,14 @@ class RequestPipeline:
         prompt_text: str | None = None,
         prompt_token_ids: Sequence[int] | None = None,
         messages: Sequence[Mapping[str, str]] | None = None,
+        chat_options: ChatOptions = ChatOptions(),
         sampling: common_pb2.SamplingParams | None = None,
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         clock: PhaseClock | None = None,
         on_dispatch: Callable[[], None] | None = None,
     ) -> AsyncIterator[Delta]:
-        """Exactly one of `prompt_text`, `prompt_token_ids`, `messages`. Raises
+        """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say). Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
         when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `clock`:
         the request's ledger, started at its arrival (by default, now). `on_dispatch` is
@@ -235,7 +237,7 @@ class RequestPipeline:
             if any(not s for s in stop):
                 raise InvalidRequestError("stop strings must be non-empty")
             with spans.phase("tokenize"):
-                prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages)
+                prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages, chat_options)
             clock.mark("tokenize")
             timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:
@@ -259,7 +261,8 @@ class RequestPipeline:
                 self.num_requests -= 1
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
-    async def _encode(self, request_id, prompt_text, prompt_token_ids, messages) -> Sequence[int]:
+    async def _encode(self, request_id, prompt_text, prompt_token_ids, messages,
+                      chat_options: ChatOptions) -> Sequence[int]:
         timeout = self.deadlines.tokenizer_s
         if prompt_token_ids is not None:
             # As given, not copied: nothing changes a prompt. One from a gRPC request stays the
@@ -281,13 +284,18 @@ class RequestPipeline:
             if sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
                 try:
                     check_messages(chat)
-                    prompt = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True)[1]
+                    prompt = self.tokenizer.apply_chat_template(
+                        chat, add_generation_prompt=chat_options.add_generation_prompt,
+                        continue_final_message=chat_options.continue_final_message, **chat_options.template_kwargs)[1]
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
+                kwargs = chat_options.template_kwargs
                 prompt = (await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
                     request_id=request_id, messages=[common_pb2.ChatMessage(**m) for m in chat],
-                    add_generation_prompt=True), timeout=timeout)).token_ids
+                    add_generation_prompt=chat_options.add_generation_prompt,
+                    continue_final_message=chat_options.continue_final_message,
+                    chat_template_kwargs_json=json.dumps(kwargs) if kwargs else ""), timeout=timeout)).token_ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt

@@ -4,7 +4,8 @@ tokenizer of its own.
 
 `/tokenize` takes a `prompt` (encoded with special tokens unless `add_special_tokens` is false)
 or chat `messages` (rendered by the model's chat template as `/v1/chat/completions` renders them,
-with the generation prompt unless `add_generation_prompt` is false; the rendered text encoded
+with the generation prompt unless `add_generation_prompt` is false, `continue_final_message` and
+`chat_template_kwargs` as chat takes them; the rendered text encoded
 again with special tokens only if `add_special_tokens` is true, as vLLM does) and answers
 `{"count", "max_model_len", "tokens"}`. `/detokenize` takes `tokens` and answers `{"prompt"}`,
 special tokens included. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
@@ -13,7 +14,8 @@ Decode), so a long prompt is not encoded on the gateway's event loop; what it re
 """
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from protos import common_pb2, tokenizer_pb2
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatMessage, TokenId
+from services.tokenizer.chat_template import check_template_kwargs
 
 
 class TokenizeRequest(BaseModel):
@@ -32,6 +35,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # None: vLLM's defaults, true for a prompt and false for messages
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -40,8 +44,9 @@ class TokenizeRequest(BaseModel):
             raise ValueError("give either prompt or messages")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
-        if self.continue_final_message:
-            raise ValueError("continue_final_message is not supported")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        check_template_kwargs(self.chat_template_kwargs or {})
         if self.return_token_strs:
             raise ValueError("return_token_strs is not supported")
         return self
@@ -61,7 +66,9 @@ async def tokenize(stub, body: TokenizeRequest, timeout_s: float) -> list[int]:
             return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, timeout_s))
         rendered = await stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
             messages=[common_pb2.ChatMessage(role=m.role, content=m.text) for m in body.messages],
-            add_generation_prompt=body.add_generation_prompt), timeout=timeout_s)
+            add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
+            chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""),
+            timeout=timeout_s)
         if body.add_special_tokens:
             return list(await _encode(stub, rendered.text, True, timeout_s))
         return list(rendered.token_ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -22,9 +23,25 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 # templates read `thinking`. transformers fills both from whichever is present.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
+# Appended to the message to continue, then found in the text and everything from it cut:
+# what comes after it is the template's end of that turn. transformers' own marker.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+# What a template is given by name: extra variables may not take these.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})
+
 
 class ChatTemplateError(ValueError):
     """The template refused the conversation (`raise_exception`) or failed to render it."""
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How a conversation becomes a prompt beyond its messages: vLLM's chat request extras."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # extra template variables
 
 
 class ChatTemplate:
@@ -46,6 +63,7 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
         documents: Sequence[Mapping[str, Any]] | None = None,
         special_tokens: Mapping[str, str] | None = None,
@@ -53,16 +71,26 @@ class ChatTemplate:
     ) -> str:
         """Render `messages` (dicts with at least "role") into the prompt text.
 
-        `special_tokens` maps names such as "bos_token" to their strings; explicit
-        `template_kwargs` override them, as in transformers. Raises
-        `ChatTemplateError` when the template rejects the conversation.
+        `continue_final_message`: the text ends inside the last message, which the reply then
+        continues (a prefilled assistant turn), as transformers cuts it. `special_tokens` maps
+        names such as "bos_token" to their strings; explicit `template_kwargs` override them,
+        as in transformers. Raises `ChatTemplateError` when the template rejects the conversation.
         """
         if not messages:
             raise ChatTemplateError("cannot apply a chat template to an empty conversation")
         chat = _alias_reasoning_fields(normalize_messages(messages))
+        final = None
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set: the "
+                                        "reply continues the last message, or starts a new one")
+            final = chat[-1].get("content")
+            if not isinstance(final, str):
+                raise ChatTemplateError("continue_final_message is set but the last message has no text to continue")
+            chat[-1] = {**chat[-1], "content": final + _CONTINUE_TAG}
         variables = {**(special_tokens or {}), **_plain_data(template_kwargs)}
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=chat,
                 tools=_plain_data(list(tools)) if tools is not None else None,
                 documents=_plain_data(list(documents)) if documents is not None else None,
@@ -74,6 +102,39 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             # A template doing arithmetic or indexing on a malformed message.
             raise ChatTemplateError(f"chat template failed on these messages: {e!r}") from e
+        return text if final is None else _cut_at_continuation(text, final)
+
+
+def _cut_at_continuation(text: str, final: str) -> str:
+    """The rendered text up to the end of the last message's content (marked by `_CONTINUE_TAG`)."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in text or tag not in text:
+        raise ChatTemplateError("continue_final_message is set but the chat template does not render the last "
+                                "message's text: there is nothing to continue")
+    at = text.rindex(tag)
+    # A template that strips a message's trailing space also took the tag's: cut that side of it too.
+    return text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
+
+
+def template_kwargs_from_json(text: str) -> dict[str, Any]:
+    """Extra template variables sent as a JSON object ("" for none). Raises ChatTemplateError for
+    anything else, or for a name the template is given already."""
+    if not text:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ChatTemplateError(f"chat_template_kwargs is not JSON: {e}") from None
+    if not isinstance(kwargs, dict):
+        raise ChatTemplateError("chat_template_kwargs must be a JSON object")
+    check_template_kwargs(kwargs)
+    return kwargs
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    taken = sorted(RESERVED_VARIABLES & set(kwargs))
+    if taken:
+        raise ChatTemplateError(f"chat_template_kwargs cannot set {', '.join(taken)}: the request's own fields do")
 
 
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:

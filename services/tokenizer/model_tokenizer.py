@@ -129,12 +129,14 @@ class ModelTokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> tuple[str, list[int]]:
         """Render `messages` and encode the text without adding special tokens (the
         template writes bos itself, as transformers assumes). Returns (text, ids).
         Raises `ChatTemplateError` (a ValueError) when the template rejects them."""
         text = self.chat_template(tools).render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                                continue_final_message=continue_final_message,
                                                 special_tokens=self.special_tokens, **kwargs)
         return text, self.encode(text, add_special_tokens=False)
 

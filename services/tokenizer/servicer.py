@@ -10,6 +10,7 @@ more than the work. Each refusal is counted as an error, by its code's name.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,7 +18,7 @@ import grpc
 
 from protos import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.metrics import ServiceMetrics
-from services.tokenizer.chat_template import ChatTemplateError, check_messages
+from services.tokenizer.chat_template import ChatTemplateError, check_messages, template_kwargs_from_json
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
 
@@ -48,9 +49,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         num_chars = sum(len(m["content"]) for m in messages)
         try:
             check_messages(messages)
+            kwargs = template_kwargs_from_json(request.chat_template_kwargs_json)
             # Rendering is Jinja (Python, holds the GIL) but encoding the result is not.
-            text, ids = await _run(num_chars > INLINE_LIMIT, tokenizer.apply_chat_template, messages,
-                                   request.add_generation_prompt)
+            text, ids = await _run(num_chars > INLINE_LIMIT, functools.partial(
+                tokenizer.apply_chat_template, continue_final_message=request.continue_final_message, **kwargs),
+                messages, request.add_generation_prompt)
         except ChatTemplateError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)

@@ -53,6 +53,24 @@ def test_messages_are_rendered_as_chat_completions_renders_them(mesh, client, hf
     assert doubled == hf_tokenizer.encode(rendered, add_special_tokens=True).ids
 
 
+def test_a_continued_assistant_turn_is_rendered_as_transformers_renders_it(mesh, client):
+    # The reply continues a prefilled assistant message: by the tokenizer service (/tokenize) and by
+    # chat completions (the gateway renders a conversation this short itself), the same ids.
+    messages = [*MESSAGES, {"role": "assistant", "content": "Red, green and"}]
+    expected = ModelTokenizer.from_dir(mesh.model_dir).apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True)[1]
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(mesh.model_dir).apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True, tokenize=True)
+    assert expected == list(hf["input_ids"] if hasattr(hf, "keys") else hf)
+    options = {"add_generation_prompt": False, "continue_final_message": True,
+               "chat_template_kwargs": {"enable_thinking": False}}  # a variable this template does not read
+    assert tokenized(mesh, messages=messages, **options)["tokens"] == expected
+    usage = client.chat.completions.create(model=mesh.model_name, messages=messages, max_tokens=1,
+                                           extra_body=options).usage
+    assert usage.prompt_tokens == len(expected)
+
+
 def test_ids_detokenize_back_to_the_prompt(mesh):
     ids = tokenized(mesh, prompt=PROMPT, add_special_tokens=False)["tokens"]
     response = post(mesh, "/detokenize", {"model": mesh.model_name, "tokens": ids})
@@ -66,6 +84,8 @@ def test_ids_detokenize_back_to_the_prompt(mesh):
     ("/tokenize", {"messages": []}, 400, None),
     ("/tokenize", {"messages": [{"role": "narrator", "content": "x"}]}, 400, "messages.0.role"),
     ("/tokenize", {"prompt": "x", "return_token_strs": True}, 400, None),
+    ("/tokenize", {"messages": MESSAGES, "continue_final_message": True}, 400, None),  # and a generation prompt
+    ("/tokenize", {"messages": MESSAGES, "chat_template_kwargs": {"messages": []}}, 400, None),
     ("/tokenize", {"prompt": "x", "model": "nope"}, 404, "model"),
     ("/detokenize", {"tokens": [5, 1024]}, 400, "tokens"),  # the vocabulary is 1024 ids
     ("/detokenize", {"tokens": [5, -1]}, 400, "tokens.1"),

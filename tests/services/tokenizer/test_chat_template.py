@@ -32,8 +32,8 @@ CONVERSATIONS = {
 
 
 def _hf_ids(model_dir, messages, **kwargs) -> list[int]:
-    out = load_hf_tokenizer(model_dir).apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                           **kwargs)
+    out = load_hf_tokenizer(model_dir).apply_chat_template(messages, tokenize=True,
+                                                           **{"add_generation_prompt": True, **kwargs})
     # transformers 5 returns a BatchEncoding by default (return_dict=True).
     return list(out["input_ids"]) if hasattr(out, "keys") else list(out)
 
@@ -52,6 +52,37 @@ def test_text_equals_transformers(model_dir, tok):
         for add_generation_prompt in (True, False):
             expected = hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
             assert tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)[0] == expected
+
+
+@pytest.mark.parametrize("name", ["multi-turn", "unicode"])
+def test_continue_final_message_cuts_as_transformers_does(model_dir, tok, name):
+    # The reply continues a prefilled assistant turn (one with trailing spaces the template may strip).
+    for partial in ("The answer is", "Well,  "):
+        messages = [*CONVERSATIONS[name], {"role": "assistant", "content": partial}]
+        hf = load_hf_tokenizer(model_dir).apply_chat_template(messages, add_generation_prompt=False,
+                                                              continue_final_message=True, tokenize=False)
+        text, ids = tok.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+        assert text == hf
+        assert text.rstrip().endswith(partial.rstrip())
+        assert ids == _hf_ids(model_dir, messages, continue_final_message=True, add_generation_prompt=False)
+
+
+def test_continue_final_message_refusals(demo_model_dir):
+    tok = load_tokenizer(demo_model_dir)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    with pytest.raises(ChatTemplateError, match="cannot both be set"):
+        tok.apply_chat_template(messages, add_generation_prompt=True, continue_final_message=True)
+    no_text = ChatTemplate("{% for m in messages %}{{ m.role }}{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="nothing to continue"):
+        no_text.render(messages, add_generation_prompt=False, continue_final_message=True)
+
+
+def test_template_kwargs_reach_the_template_as_in_transformers(demo_model_dir):
+    template = ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}"
+                            "{% for m in messages %}{{ m.content }}{% endfor %}{{ budget | default(0) + 1 }}")
+    messages = [{"role": "user", "content": "hi"}]
+    assert template.render(messages, enable_thinking=False, budget=41) == "<no_think>hi42"
+    assert template.render(messages) == "hi1"
 
 
 def test_qwen_tools_render_like_transformers():

@@ -164,6 +164,14 @@ def test_bad_input_is_invalid_argument(service):
     assert_invalid(stub.ApplyChatTemplate, tokenizer_pb2.ApplyChatTemplateRequest(), "messages must not be empty")
     assert_invalid(stub.ApplyChatTemplate, chat_request([{"role": "user", "content": "hi"}, {"content": "x"}]),
                    "messages[1] has no role")
+    hi = chat_request([{"role": "user", "content": "hi"}])
+    for kwargs, words in (("{not json", ("not JSON",)), ("[1]", ("JSON object",)),
+                          ('{"tools": []}', ("cannot set", "tools"))):
+        hi.chat_template_kwargs_json = kwargs
+        assert_invalid(stub.ApplyChatTemplate, hi, *words)
+    hi.chat_template_kwargs_json = ""
+    hi.continue_final_message = True  # with the generation prompt chat_request asks for
+    assert_invalid(stub.ApplyChatTemplate, hi, "cannot both be set")
     assert_invalid(stub.Decode, tokenizer_pb2.DecodeRequest(token_ids=[1, 2, 999_999]), "999999", "vocabulary")
     assert_invalid(stub.Decode, tokenizer_pb2.DecodeRequest(token_ids=[-1]), "-1")
     assert_invalid(stub.CheckContext, tokenizer_pb2.CheckContextRequest(num_prompt_tokens=0), "empty")
