@@ -2,8 +2,8 @@
 
 Every request carries its own `SamplingParams`, so each stage works on per-row
 parameter tensors built once per call, and a stage no row uses is skipped.
-The order is vLLM's: logit bias → min tokens → penalties → greedy argmax →
-temperature → min-p → top-k → top-p → sample. Logprobs are of the raw logits, as vLLM's by
+The order is vLLM's: allowed token ids → logit bias → min tokens → penalties →
+greedy argmax → temperature → min-p → top-k → top-p → sample. Logprobs are of the raw logits, as vLLM's by
 default. Stop tokens and max_tokens are the scheduler's job.
 
 The masking and penalty stages are module-level functions so tests can hold
@@ -80,6 +80,17 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[tuple[int, float],
     values = torch.tensor([b for pairs in biases for _, b in pairs], dtype=logits.dtype).to(logits.device)
     index = (torch.tensor(rows).to(logits.device), torch.tensor(ids).to(logits.device))
     return logits.index_put(index, values, accumulate=True)
+
+
+def keep_only(logits: torch.Tensor, allowed: list[tuple[int, ...]]) -> torch.Tensor:
+    """Row i keeps only the ids in `allowed[i]` (all of them when it is empty); returns new logits."""
+    device = logits.device
+    restricted = torch.tensor([bool(ids) for ids in allowed]).to(device)  # [B]
+    masked = restricted.unsqueeze(1).expand_as(logits).clone()  # [B, V]
+    rows = [i for i, ids in enumerate(allowed) for _ in ids]
+    ids = [t for row_ids in allowed for t in row_ids]
+    masked[torch.tensor(rows, dtype=torch.long).to(device), torch.tensor(ids, dtype=torch.long).to(device)] = False
+    return logits.masked_fill(masked, float("-inf"))
 
 
 def ban_tokens(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> torch.Tensor:
@@ -168,13 +179,16 @@ class Sampler:
         needs_penalties = any(p.has_penalties for p in params)
         needs_logprobs = any(p.logprobs is not None for p in params)
         needs_bias = any(p.logit_bias for p in params)
+        needs_allowed = any(p.allowed_token_ids for p in params)
         banned = [self._stops_banned(seq) for seq in seqs]
         needs_ban = any(banned)
         # Decode-step fast path: nothing but argmax.
-        if all(is_greedy) and not needs_penalties and not needs_logprobs and not needs_bias and not needs_ban:
+        if all(is_greedy) and not (needs_penalties or needs_logprobs or needs_bias or needs_allowed or needs_ban):
             return SamplerOutput(row_argmax(logits).tolist(), [None] * len(seqs))
 
         raw_logits = logits
+        if needs_allowed:
+            logits = keep_only(logits, [p.allowed_token_ids for p in params])
         if needs_bias:
             logits = apply_logit_bias(logits, [p.logit_bias for p in params])
         if needs_ban:

@@ -31,6 +31,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # vLLM's: no EOS (unless ignored) and no stop token id is sampled before this many output tokens.
     min_tokens: int = 0
+    # vLLM's: when given, only these ids can be sampled (logprobs stay those of the raw logits).
+    allowed_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or
@@ -61,6 +63,9 @@ class SamplingParams:
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise ValueError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if any(t < 0 for t in self.allowed_token_ids):
+            raise ValueError("allowed_token_ids must not be negative")
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         for token_id, value in self.logit_bias:

@@ -2,7 +2,7 @@
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-`min_tokens`, `prompt_logprobs`), plus Baton's `return_timeline`. A value out of range fails
+`min_tokens`, `prompt_logprobs`, `allowed_token_ids`), plus Baton's `return_timeline`. A value out of range fails
 validation here, so the client gets a 400 that names the field before any worker is called.
 Unknown fields are ignored, as OpenAI's own server does for fields a model does not use.
 """
@@ -54,6 +54,7 @@ class _SamplingFields(BaseModel):
     min_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] = 0
     # vLLM's: each prompt token's logprob (after the first) and the top-n there, with the response.
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # vLLM's: only these sampled
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
@@ -90,7 +91,7 @@ class _SamplingFields(BaseModel):
         params = common_pb2.SamplingParams(
             top_k=self.top_k or 0, min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens)
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, allowed_token_ids=self.allowed_token_ids or [])
         if max_tokens is not None:
             params.max_tokens = max_tokens
         if self.temperature is not None:

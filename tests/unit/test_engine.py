@@ -175,6 +175,7 @@ def test_logprobs_are_returned_per_token(tiny_demo_model):
         ([5] * 3000, GREEDY, "does not fit the context"),
         ([5] * 10, SamplingParams(max_tokens=2000), "more than the pool"),
         ([5] * 10, SamplingParams(stop_token_ids=(3, 1024)), "stop_token_ids: token id 1024 is outside"),
+        ([5] * 10, SamplingParams(allowed_token_ids=(3, 1024)), "allowed_token_ids: token id 1024 is outside"),
     ],
 )
 def test_requests_that_cannot_be_served_are_refused(tiny_demo_model, prompt, params, message):

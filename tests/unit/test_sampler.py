@@ -13,6 +13,7 @@ from engine.sampler import (
     apply_top_k,
     apply_top_k_top_p,
     ban_tokens,
+    keep_only,
     token_counts,
 )
 from engine.sampling_params import SamplingParams
@@ -399,3 +400,31 @@ def test_min_tokens_over_max_tokens_is_refused():
     with pytest.raises(ValueError, match=r"min_tokens must be in \[0, max_tokens=4\]"):
         SamplingParams(max_tokens=4, min_tokens=5)
     assert SamplingParams(max_tokens=4, min_tokens=4).min_tokens == 4
+
+
+# ---- allowed_token_ids -------------------------------------------------------
+
+
+def test_keep_only_masks_all_but_its_rows_ids_and_leaves_unrestricted_rows():
+    logits = random_logits(3, 12, seed=14)
+    kept = keep_only(logits, [(2, 7), (), (11,)])
+    expected = torch.full_like(logits, NEG_INF)
+    expected[0, [2, 7]] = logits[0, [2, 7]]
+    expected[1] = logits[1]
+    expected[2, 11] = logits[2, 11]
+    assert torch.equal(kept, expected)
+
+
+def test_allowed_token_ids_bound_greedy_and_sampled_rows_and_logprobs_stay_raw():
+    logits = random_logits(3, 40, seed=15)
+    allowed = (3, 17, 29)
+    seqs = [make_seq(temperature=0.0, allowed_token_ids=allowed, logprobs=1),
+            make_seq(temperature=1.3, seed=9, allowed_token_ids=allowed), make_seq(temperature=0.0)]
+    out = Sampler()(logits, seqs)
+    assert out.token_ids[0] == max(allowed, key=lambda t: logits[0, t].item())
+    assert out.token_ids[1] in allowed
+    assert out.token_ids[2] == logits[2].argmax().item()
+    raw = logits[0].log_softmax(-1)
+    assert out.logprobs[0][out.token_ids[0]] == pytest.approx(raw[out.token_ids[0]].item())
+    with pytest.raises(ValueError, match="negative"):
+        SamplingParams(allowed_token_ids=(-1,))

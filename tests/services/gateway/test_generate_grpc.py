@@ -155,3 +155,13 @@ def test_prompt_logprobs_come_with_the_first_chunk_as_the_http_api_gives_them(me
     assert [record[str(e.sampled.token_id)]["logprob"] for record, e in zip(http[1:], first)] == pytest.approx(
         [e.sampled.logprob for e in first], abs=1e-6)
     mesh.assert_decode_pools_free()
+
+
+def test_allowed_token_ids_bound_every_token_on_prefill_and_decode(mesh, stub):
+    for sampling in (greedy(8, allowed_token_ids=[300, 301]),
+                     common_pb2.SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True,
+                                               allowed_token_ids=[300, 301])):
+        responses = list(stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=sampling), timeout=60))
+        tokens = responses[-1].complete.token_ids
+        assert len(tokens) == 8 and set(tokens) <= {300, 301}
+    mesh.assert_decode_pools_free()
