@@ -2,9 +2,10 @@
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-`min_tokens`, `prompt_logprobs`, `allowed_token_ids`), plus Baton's `return_timeline`. A value out of range fails
-validation here, so the client gets a 400 that names the field before any worker is called.
-Unknown fields are ignored, as OpenAI's own server does for fields a model does not use.
+`min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, and chat's
+template options), plus Baton's `return_timeline`. A value out of range fails validation
+here, so the client gets a 400 that names the field before any worker is called. Unknown
+fields are ignored, as OpenAI's own server does for fields a model does not use.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class _SamplingFields(BaseModel):
     # vLLM's: each prompt token's logprob (after the first) and the top-n there, with the response.
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # vLLM's: only these sampled
+    skip_special_tokens: bool = True  # vLLM's: the text leaves the tokenizer's special tokens out
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)

@@ -125,8 +125,8 @@ class _TextOutput:
     for in what follows it."""
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[str],
-                 include_stop_str_in_output: bool, min_tokens: int = 0):
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+                 include_stop_str_in_output: bool, min_tokens: int = 0, skip_special_tokens: bool = True):
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
         self.stops = StopStringMatcher(stop, include_stop_str_in_output)
         self.min_tokens = min_tokens
 
@@ -207,13 +207,15 @@ class RequestPipeline:
         sampling: common_pb2.SamplingParams | None = None,
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
         clock: PhaseClock | None = None,
         on_dispatch: Callable[[], None] | None = None,
     ) -> AsyncIterator[Delta]:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say). Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
         when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `clock`:
-        the request's ledger, started at its arrival (by default, now). `on_dispatch` is
+        the request's ledger, started at its arrival (by default, now). `skip_special_tokens`: the
+        text leaves the tokenizer's special tokens out (vLLM's default). `on_dispatch` is
         called once the prompt is on its way to the worker that computes its first token
         (at least a forward pass before the first delta)."""
         timer = self.requests.start()
@@ -242,7 +244,8 @@ class RequestPipeline:
             timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:
                 async for delta in self._run(request_id, prompt, params, decode_worker, stop,
-                                             include_stop_str_in_output, timer, clock, spans, on_dispatch):
+                                             include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
+                                             on_dispatch):
                     yield delta
         except grpc.aio.AioRpcError as e:
             mapped = _from_rpc_error(e)
@@ -330,6 +333,7 @@ class RequestPipeline:
 
     async def _run(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
+                   skip_special_tokens: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
         self._check_context(prompt, params)
@@ -338,7 +342,8 @@ class RequestPipeline:
         def dispatched() -> None:
             nonlocal output
             try:
-                output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens)
+                output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
+                                     skip_special_tokens)
             except ValueError as e:  # the prompt's tail holds a negative id
                 raise InvalidRequestError(f"prompt {e}") from None
             PREFILLED_ON[clock.prefilled_on].inc()

@@ -248,6 +248,18 @@ def test_prompt_logprobs_of_completions_and_chat_match_transformers(client, mesh
     mesh.assert_decode_pools_free()
 
 
+def test_special_tokens_are_left_out_of_the_text_unless_asked_for(client, mesh, tokenizer):
+    eos = tokenizer.eos_token_ids[0]  # forced, with EOS ignored: three of them
+    kwargs = dict(model=mesh.model_name, prompt=PROMPT, max_tokens=3, temperature=0, logit_bias={str(eos): 100})
+    assert client.completions.create(**kwargs, extra_body={"ignore_eos": True}).choices[0].text == ""
+    kept = client.completions.create(**kwargs, extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert kept.choices[0].text == tokenizer.decode([eos] * 3, skip_special_tokens=False) != ""
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=2, temperature=0,
+                                          logit_bias={str(eos): 100},
+                                          extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert chat.choices[0].message.content == tokenizer.decode([eos] * 2, skip_special_tokens=False)
+
+
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
