@@ -33,6 +33,7 @@ body over the limit).
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import time
@@ -77,6 +78,11 @@ class GatewayState:
     timelines: TimelineStore = field(default_factory=TimelineStore)
     api_keys: ApiKeys | None = None  # None: no key asked for
 
+
+try:
+    BATON_VERSION = importlib.metadata.version("baton")
+except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+    BATON_VERSION = "unknown"
 
 class ClientDisconnected(Exception):
     """The HTTP client went away before its response was ready."""
@@ -195,6 +201,10 @@ def create_app(state: GatewayState) -> FastAPI:
     @app.get("/live")
     async def live() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:  # vLLM's: which build answers
+        return {"version": BATON_VERSION}
 
     @app.get("/health")
     async def health() -> JSONResponse:

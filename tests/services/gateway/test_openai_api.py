@@ -4,10 +4,12 @@ tokenizer, 2 prefill and 2 decode processes. Greedy output must equal `transform
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import subprocess
 import sys
 
+import httpx
 import openai
 import pytest
 import torch
@@ -50,6 +52,8 @@ def test_models_lists_the_served_model(client, mesh):
     models = client.models.list()
     assert [m.id for m in models.data] == [mesh.model_name]
     assert client.models.retrieve(mesh.model_name).id == mesh.model_name
+    version = httpx.get(f"{mesh.gateway.base_url}/version", timeout=10).json()
+    assert version == {"version": importlib.metadata.version("baton")}
 
 
 def test_greedy_completion_equals_transformers_and_baton_generate(client, mesh, tokenizer):
