@@ -27,6 +27,7 @@ from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.openai_protocol import CHAT_ROLES
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
+from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, template_kwargs_from_json
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 
@@ -98,11 +99,14 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         elif given == "text":
             inputs = {"prompt_text": request.text}
         else:
-            inputs = {"messages": _chat_messages(request.chat)}
+            inputs = {"messages": _chat_messages(request.chat), "chat_options": _chat_options(request.chat_options)}
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
-        return self.pipeline.generate(request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
-                                      clock=timeline.clock(request_id), on_dispatch=on_dispatch)
+        return self.pipeline.generate(
+            request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens if request.HasField("skip_special_tokens") else True,
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch)
 
 
 def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list,
@@ -126,6 +130,18 @@ def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, str]]:
             raise APIError(400, f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got "
                                 f"{message.role!r}", param=f"chat.messages[{i}].role")
     return [{"role": m.role, "content": m.content} for m in chat.messages]
+
+
+def _chat_options(options: gateway_pb2.ChatOptions) -> ChatOptions:
+    add_generation_prompt = options.add_generation_prompt if options.HasField("add_generation_prompt") else True
+    if add_generation_prompt and options.continue_final_message:
+        raise APIError(400, "chat_options: continue_final_message and add_generation_prompt cannot both be true "
+                            "(add_generation_prompt is true unless set false)", param="chat_options")
+    try:
+        kwargs = template_kwargs_from_json(options.chat_template_kwargs_json)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="chat_options.chat_template_kwargs_json") from None
+    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs)
 
 
 def _input_field(request: gateway_pb2.GenerateRequest) -> str:

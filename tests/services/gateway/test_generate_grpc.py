@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.tokenizer.model_tokenizer import ModelTokenizer
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
@@ -111,6 +112,13 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={5: 100.5})), 400),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={-3: 1})), 400),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={99999: 1})), 400),
+        # A continued last message, with the generation prompt on by default; template variables not JSON.
+        (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages(messages=[
+            common_pb2.ChatMessage(role="user", content="hi")]), chat_options=gateway_pb2.ChatOptions(
+                continue_final_message=True)), 400),
+        (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages(messages=[
+            common_pb2.ChatMessage(role="user", content="hi")]), chat_options=gateway_pb2.ChatOptions(
+                chat_template_kwargs_json="{oops")), 400),
     ]
     for request, code in cases:
         [response] = stub.Generate(request, timeout=30)
@@ -164,4 +172,34 @@ def test_allowed_token_ids_bound_every_token_on_prefill_and_decode(mesh, stub):
         responses = list(stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=sampling), timeout=60))
         tokens = responses[-1].complete.token_ids
         assert len(tokens) == 8 and set(tokens) <= {300, 301}
+    mesh.assert_decode_pools_free()
+
+
+def test_the_http_apis_text_and_chat_options(mesh, stub):
+    messages = [{"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green and"}]
+    http = httpx.post(f"{mesh.gateway.base_url}/v1/chat/completions", timeout=30, json={
+        "model": mesh.model_name, "messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+        "add_generation_prompt": False, "continue_final_message": True}).json()
+    chat = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in messages])
+    [continued] = stub.Generate(gateway_pb2.GenerateRequest(chat=chat, sampling=greedy(4), chat_options=(
+        gateway_pb2.ChatOptions(add_generation_prompt=False, continue_final_message=True))), timeout=30)
+    assert continued.complete.usage.prompt_tokens == http["usage"]["prompt_tokens"]
+    assert continued.complete.text == http["choices"][0]["message"]["content"]
+    [started] = stub.Generate(gateway_pb2.GenerateRequest(chat=chat, sampling=greedy(4)), timeout=30)
+    assert started.complete.usage.prompt_tokens != continued.complete.usage.prompt_tokens
+
+    ids = gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[5, 6, 7, 8]), sampling=greedy(20))
+    [free] = stub.Generate(ids, timeout=30)
+    stop = free.complete.text[4:7]
+    ids.stop.append(stop)
+    ids.include_stop_str_in_output = True
+    [stopped] = stub.Generate(ids, timeout=30)
+    assert stopped.complete.text == free.complete.text[: free.complete.text.index(stop) + len(stop)]
+
+    eos = ModelTokenizer.from_dir(mesh.model_dir).eos_token_ids[0]  # forced three times, EOS ignored
+    forced = gateway_pb2.GenerateRequest(text=PROMPT, sampling=greedy(3, logit_bias={eos: 100.0}))
+    [skipped] = stub.Generate(forced, timeout=30)
+    forced.skip_special_tokens = False
+    [kept] = stub.Generate(forced, timeout=30)
+    assert list(kept.complete.token_ids) == [eos] * 3 and skipped.complete.text == "" and kept.complete.text
     mesh.assert_decode_pools_free()
