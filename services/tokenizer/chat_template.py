@@ -27,8 +27,10 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # what comes after it is the template's end of that turn. transformers' own marker.
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
-# What a template is given by name: extra variables may not take these.
-RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})
+# What a template is given by name, and `ChatTemplate.render`'s own parameters: extra variables
+# may not take these.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                "special_tokens", "self"})
 
 
 class ChatTemplateError(ValueError):

@@ -166,7 +166,8 @@ def test_bad_input_is_invalid_argument(service):
                    "messages[1] has no role")
     hi = chat_request([{"role": "user", "content": "hi"}])
     for kwargs, words in (("{not json", ("not JSON",)), ("[1]", ("JSON object",)),
-                          ('{"tools": []}', ("cannot set", "tools"))):
+                          ('{"tools": []}', ("cannot set", "tools")),
+                          ('{"special_tokens": 1}', ("cannot set", "special_tokens"))):
         hi.chat_template_kwargs_json = kwargs
         assert_invalid(stub.ApplyChatTemplate, hi, *words)
     hi.chat_template_kwargs_json = ""
