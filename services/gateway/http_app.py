@@ -185,7 +185,8 @@ def create_app(state: GatewayState) -> FastAPI:
         if body.model is not None:
             check_model(state, body.model)
         tokens = await tokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s)
-        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": None}
+        token_strs = [state.pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
+        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": token_strs}
 
     @app.post("/detokenize")
     async def detokenize_tokens(request: Request) -> dict[str, str]:

@@ -7,7 +7,8 @@ or chat `messages` (rendered by the model's chat template as `/v1/chat/completio
 with the generation prompt unless `add_generation_prompt` is false, `continue_final_message` and
 `chat_template_kwargs` as chat takes them; the rendered text encoded
 again with special tokens only if `add_special_tokens` is true, as vLLM does) and answers
-`{"count", "max_model_len", "tokens"}`. `/detokenize` takes `tokens` and answers `{"prompt"}`,
+`{"count", "max_model_len", "tokens", "token_strs"}` (the vocabulary's strings of the ids with
+`return_token_strs`, else null). `/detokenize` takes `tokens` and answers `{"prompt"}`,
 special tokens included. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
 Decode), so a long prompt is not encoded on the gateway's event loop; what it refuses
 (a template that cannot render the messages, an id outside the vocabulary) is a 400.
@@ -47,8 +48,6 @@ class TokenizeRequest(BaseModel):
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         check_template_kwargs(self.chat_template_kwargs or {})
-        if self.return_token_strs:
-            raise ValueError("return_token_strs is not supported")
         return self
 
 

@@ -101,6 +101,10 @@ class ModelTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's own string for `token_id` (e.g. "Ġthe"), not its decoded text."""
+        return self.tokenizer.id_to_token(token_id)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(self._chat_template_sources)

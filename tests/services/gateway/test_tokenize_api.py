@@ -35,6 +35,9 @@ def test_a_prompts_ids_are_the_ones_generation_counts(mesh, client, hf_tokenizer
     assert answer["max_model_len"] == 2048 and answer["token_strs"] is None
     usage = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=1).usage
     assert usage.prompt_tokens == answer["count"]
+    with_strs = tokenized(mesh, prompt=PROMPT, return_token_strs=True)
+    assert with_strs["token_strs"] == [hf_tokenizer.id_to_token(t) for t in answer["tokens"]]
+    assert "".join(with_strs["token_strs"]) != PROMPT  # the vocabulary's strings, not decoded text
     bare = tokenized(mesh, prompt=PROMPT, add_special_tokens=False)["tokens"]  # no model: this one's
     assert bare == hf_tokenizer.encode(PROMPT, add_special_tokens=False).ids and len(bare) < answer["count"]
 
@@ -83,7 +86,6 @@ def test_ids_detokenize_back_to_the_prompt(mesh):
     ("/tokenize", {"model": "x"}, 400, None),
     ("/tokenize", {"messages": []}, 400, None),
     ("/tokenize", {"messages": [{"role": "narrator", "content": "x"}]}, 400, "messages.0.role"),
-    ("/tokenize", {"prompt": "x", "return_token_strs": True}, 400, None),
     ("/tokenize", {"messages": MESSAGES, "continue_final_message": True}, 400, None),  # and a generation prompt
     ("/tokenize", {"messages": MESSAGES, "chat_template_kwargs": {"messages": []}}, 400, None),
     ("/tokenize", {"prompt": "x", "model": "nope"}, 404, "model"),
