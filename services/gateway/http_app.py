@@ -142,7 +142,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-                    skip_special_tokens=body.skip_special_tokens,
+                    skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
                 prompt_of_choice.append(p)
         # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
@@ -168,7 +168,7 @@ def create_app(state: GatewayState) -> FastAPI:
             request_id, messages=messages, chat_options=body.chat_options(),
             sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-            skip_special_tokens=body.skip_special_tokens,
+            skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,

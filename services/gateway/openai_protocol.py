@@ -2,7 +2,8 @@
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-`min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, and chat's
+`min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
+`truncate_prompt_tokens`, and chat's
 template options), plus Baton's `return_timeline`. A value out of range fails validation
 here, so the client gets a 400 that names the field before any worker is called. Unknown
 fields are ignored, as OpenAI's own server does for fields a model does not use.
@@ -57,6 +58,8 @@ class _SamplingFields(BaseModel):
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # vLLM's: only these sampled
     skip_special_tokens: bool = True  # vLLM's: the text leaves the tokenizer's special tokens out
+    # vLLM's: only the prompt's last k tokens go to the model (left truncation); -1: the context's worth.
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=UINT32_MAX)] | None = None
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
@@ -70,7 +73,9 @@ class _SamplingFields(BaseModel):
         return bias
 
     @model_validator(mode="after")
-    def _check_stop(self):
+    def _check_fields(self):
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens must be -1 (the context's worth) or at least 1")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         if any(not s for s in self.stop_strings):
@@ -143,6 +148,8 @@ class CompletionRequest(_SamplingFields):
     def _check_supported(self):
         if self.suffix:
             raise ValueError("suffix is not supported")
+        if self.echo and self.truncate_prompt_tokens is not None:
+            raise ValueError("echo with truncate_prompt_tokens is not supported")
         if self.best_of not in (None, 1, self.n):
             raise ValueError("best_of must equal n (beam search and best_of sampling are not supported)")
         if len(self.prompts) * self.n > MAX_CHOICES:

@@ -57,6 +57,8 @@ from services.tokenizer.stop_strings import StopStringMatcher
 class ModelText(Decoder, Protocol):
     """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
 
+    max_model_len: int | None
+
     def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
@@ -210,6 +212,7 @@ class RequestPipeline:
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
+        truncate_prompt_tokens: int | None = None,
         clock: PhaseClock | None = None,
         on_dispatch: Callable[[], None] | None = None,
     ) -> AsyncIterator[Delta]:
@@ -217,7 +220,8 @@ class RequestPipeline:
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
         when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `clock`:
         the request's ledger, started at its arrival (by default, now). `skip_special_tokens`: the
-        text leaves the tokenizer's special tokens out (vLLM's default). `on_dispatch` is
+        text leaves the tokenizer's special tokens out (vLLM's default). `truncate_prompt_tokens`: only
+        the prompt's last that many tokens are given to the model (-1: as many as its context holds). `on_dispatch` is
         called once the prompt is on its way to the worker that computes its first token
         (at least a forward pass before the first delta)."""
         timer = self.requests.start()
@@ -242,6 +246,8 @@ class RequestPipeline:
                 raise InvalidRequestError("stop strings must be non-empty")
             with spans.phase("tokenize"):
                 prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages, chat_options)
+                if truncate_prompt_tokens is not None:
+                    prompt = self._truncated(prompt, truncate_prompt_tokens)
             clock.mark("tokenize")
             timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:
@@ -304,6 +310,14 @@ class RequestPipeline:
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt
+
+    def _truncated(self, prompt: Sequence[int], keep: int) -> Sequence[int]:
+        """The prompt's last `keep` tokens (-1: the context's worth; unknown context, all of them)."""
+        if keep == -1:
+            keep = self.tokenizer.max_model_len or len(prompt)
+        if keep < 1:
+            raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or at least 1, got {keep}")
+        return prompt[-keep:] if len(prompt) > keep else prompt
 
     def _check_context(self, prompt: Sequence[int], params: common_pb2.SamplingParams) -> None:
         """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none, and

@@ -264,6 +264,21 @@ def test_special_tokens_are_left_out_of_the_text_unless_asked_for(client, mesh, 
     assert chat.choices[0].message.content == tokenizer.decode([eos] * 2, skip_special_tokens=False)
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, mesh, tokenizer):
+    ids = [(7 * j) % 900 + 5 for j in range(40)]
+    kwargs = dict(model=mesh.model_name, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(prompt=ids[-10:], **kwargs)
+    cut = client.completions.create(prompt=ids, **{**kwargs, "extra_body": {"ignore_eos": True,
+                                                                          "truncate_prompt_tokens": 10}})
+    assert cut.usage.prompt_tokens == 10 and cut.choices[0].text == whole.choices[0].text
+    # A prompt past the context fits once cut; chat's rendered prompt is cut the same way.
+    long = client.completions.create(prompt="word " * 3000, **{**kwargs, "extra_body": {"truncate_prompt_tokens": 100}})
+    assert long.usage.prompt_tokens == 100
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": 3})
+    assert chat.usage.prompt_tokens == 3
+
+
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
