@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from tokenizers import Tokenizer
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
 from engine.model_config import load_model_config
@@ -57,6 +59,8 @@ class LLMEngine:
             self.max_model_len, self.eos_token_ids,
         )
         self.tokenizer = _load_tokenizer(model_dir)
+        self._guides: GuideFactory | None = None
+        self._guides_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}
         self._num_emitted: dict[str, int] = {}
         # Sequences that finished outside a step (aborted, or done at their first token).
@@ -89,10 +93,23 @@ class LLMEngine:
         self._check_new_request(request_id, prompt_token_ids, sampling_params)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        is_prefill_only=prefill_only)
+        if sampling_params.guided_regex is not None:
+            seq.guide = self.guides.guide(sampling_params.guided_regex)
         self._seqs[request_id] = seq
         self._num_emitted[request_id] = 0
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
+
+    @property
+    def guides(self) -> GuideFactory:
+        """Guides over this model's vocabulary, made on first use (any thread: the services compile
+        a request's index before they add it). ValueError for a model without a tokenizer.json."""
+        with self._guides_lock:
+            if self._guides is None:
+                if self.tokenizer is None:
+                    raise ValueError("guided decoding needs the model's tokenizer.json")
+                self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0], self.model_config.vocab_size)
+            return self._guides
 
     def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
         if not prompt_token_ids:
@@ -158,6 +175,13 @@ class LLMEngine:
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size)
+        if sampling_params.guided_regex is not None:
+            seq.guide = self.guides.guide(sampling_params.guided_regex)
+            if first_token_id not in self.eos_token_ids:
+                try:  # the prefill worker sampled it under the same guide
+                    seq.guide.advance(first_token_id, return_tokens=False)
+                except ValueError:
+                    raise ValueError(f"first token id {first_token_id} does not follow guided_regex") from None
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.adopt(request_id, seq)
         seq.append_token(first_token_id)

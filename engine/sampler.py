@@ -2,9 +2,10 @@
 
 Every request carries its own `SamplingParams`, so each stage works on per-row
 parameter tensors built once per call, and a stage no row uses is skipped.
-The order is vLLM's: allowed token ids → logit bias → min tokens → penalties →
-greedy argmax → temperature → min-p → top-k → top-p → sample. Logprobs are of the raw logits, as vLLM's by
-default. Stop tokens and max_tokens are the scheduler's job.
+The order is vLLM's: allowed token ids and guided decoding's grammar → logit bias → min
+tokens → penalties → greedy argmax → temperature → min-p → top-k → top-p → sample.
+Logprobs are of the raw logits, as vLLM's by default. Stop tokens and max_tokens are the
+scheduler's job.
 
 The masking and penalty stages are module-level functions so tests can hold
 them against a plain per-row formula.
@@ -17,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from engine.guided_decoding import allowed_mask
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -180,15 +182,19 @@ class Sampler:
         needs_logprobs = any(p.logprobs is not None for p in params)
         needs_bias = any(p.logit_bias for p in params)
         needs_allowed = any(p.allowed_token_ids for p in params)
+        guided = [i for i, seq in enumerate(seqs) if seq.guide is not None]
         banned = [self._stops_banned(seq) for seq in seqs]
         needs_ban = any(banned)
         # Decode-step fast path: nothing but argmax.
-        if all(is_greedy) and not (needs_penalties or needs_logprobs or needs_bias or needs_allowed or needs_ban):
+        if all(is_greedy) and not (needs_penalties or needs_logprobs or needs_bias or needs_allowed or needs_ban
+                                   or guided):
             return SamplerOutput(row_argmax(logits).tolist(), [None] * len(seqs))
 
         raw_logits = logits
         if needs_allowed:
             logits = keep_only(logits, [p.allowed_token_ids for p in params])
+        if guided:
+            logits = _guide(logits, [seqs[i].guide for i in guided], guided)
         if needs_bias:
             logits = apply_logit_bias(logits, [p.logit_bias for p in params])
         if needs_ban:
@@ -211,6 +217,14 @@ class Sampler:
         if seq.num_output_tokens >= params.min_tokens:
             return ()
         return params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
+
+
+def _guide(logits: torch.Tensor, guides: list, rows: list[int]) -> torch.Tensor:
+    """Rows `rows` keep only what their guide's state allows; the others pass through."""
+    allowed = allowed_mask(guides, logits.shape[-1], logits.device)  # [R, V]
+    mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    mask[torch.tensor(rows).to(logits.device)] = ~allowed
+    return logits.masked_fill(mask, float("-inf"))
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams]) -> torch.Tensor:

@@ -33,6 +33,9 @@ class SamplingParams:
     min_tokens: int = 0
     # vLLM's: when given, only these ids can be sampled (logprobs stay those of the raw logits).
     allowed_token_ids: tuple[int, ...] = ()
+    # The output is held to this regular expression (engine/guided_decoding.py); EOS ends it once
+    # the text is complete, even with ignore_eos.
+    guided_regex: str | None = None
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or

@@ -136,16 +136,29 @@ class Scheduler:
             seq.append_token(token)
             if logprobs is not None:
                 seq.output_logprobs.append(logprobs)
-            reason = self._finish_reason(seq, token)
+            reason = self._advance_guide(seq, token) or self._finish_reason(seq, token)
             if reason is not None:
                 self.running.remove(seq)
                 self._finish(seq, reason)
                 finished.append(seq)
         return finished
 
+    def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Move a guided sequence's guide past `token`. "stop" when it cannot: the sampler had
+        nothing the grammar allows left (min_tokens banning the EOS it required, say)."""
+        if seq.guide is None or token in self.eos_token_ids:
+            return None
+        try:
+            seq.guide.advance(token, return_tokens=False)
+        except ValueError:
+            return "stop"
+        return None
+
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.sampling_params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        is_eos = token in self.eos_token_ids
+        # A guided text is complete when its guide lets EOS through: ignore_eos cannot go on past it.
+        if token in params.stop_token_ids or (is_eos and (not params.ignore_eos or seq.guide is not None)):
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"

@@ -61,6 +61,8 @@ class Sequence:
         # then each token's record given the ones before it, filled in chunk by chunk.
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)
+        # Where its output stands in its guided_regex (an outlines-core Guide), when it has one.
+        self.guide = None
         # Stateful per-request RNG: seeded requests draw from their own stream,
         # so the batch around them cannot change their tokens.
         self.generator: torch.Generator | None = None

@@ -1,0 +1,110 @@
+"""Guided decoding: every output a guided regex allows, greedy or sampled, colocated or handed
+from a prefill engine to a decode engine; the vocabulary's bytes as the tokenizer decodes them."""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+from outlines_core.json_schema import build_regex_from_schema
+from tokenizers import Tokenizer
+
+from engine.config import EngineConfig
+from engine.guided_decoding import token_bytes
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.parity.conftest import shared_model_dirs
+
+PROMPT = [(17 * j) % 900 + 5 for j in range(30)]
+DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0}}, "required": ["name", "age"]}
+
+
+def make_engine(model_dir) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=256, max_num_batched_tokens=64))
+
+
+def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+    return outs
+
+
+def text(engine: LLMEngine, token_ids: list[int]) -> str:
+    return engine.tokenizer.decode([t for t in token_ids if t not in engine.eos_token_ids])
+
+
+@pytest.mark.parametrize("model_dir", ["demo", *shared_model_dirs()], ids=lambda d: getattr(d, "name", d))
+def test_token_bytes_are_what_the_tokenizer_decodes(model_dir, tiny_demo_model):
+    tokenizer = Tokenizer.from_file(str((tiny_demo_model if model_dir == "demo" else model_dir) / "tokenizer.json"))
+    table = token_bytes(tokenizer)
+    rng = random.Random(3)
+    ids = sorted(table)
+    for _ in range(50):
+        sample = [rng.choice(ids) for _ in range(12)]
+        joined = b"".join(table[t] for t in sample).decode(errors="replace")
+        # SentencePiece's decoder drops the text's one leading space; a lone byte may not be whole UTF-8.
+        assert tokenizer.decode(sample) in (joined, joined.removeprefix(" "))
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, seed=7)])
+def test_guided_output_matches_its_regex_and_ends_there(tiny_demo_model, sampling):
+    engine = make_engine(tiny_demo_model)
+    person = build_regex_from_schema(json.dumps(PERSON))
+    outs = run(engine, {
+        "date": (PROMPT, SamplingParams(max_tokens=40, guided_regex=DATE, ignore_eos=True, **sampling)),
+        "person": (PROMPT, SamplingParams(max_tokens=60, guided_regex=person, **sampling)),
+        "free": (PROMPT, SamplingParams(max_tokens=8, ignore_eos=True, **sampling)),
+    })
+    date = outs["date"]
+    assert re.fullmatch(DATE, text(engine, date.token_ids)) and date.finish_reason == "stop"  # ignore_eos or not
+    parsed = json.loads(text(engine, outs["person"].token_ids))
+    assert isinstance(parsed["name"], str) and isinstance(parsed["age"], int) and parsed["age"] >= 0
+    alone = run(make_engine(tiny_demo_model), {"free": (PROMPT, SamplingParams(max_tokens=8, ignore_eos=True,
+                                                                              **sampling))})
+    assert outs["free"].token_ids == alone["free"].token_ids  # batched with guided rows, untouched
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_a_handed_off_guided_request_goes_on_as_in_one_engine(tiny_demo_model):
+    params = SamplingParams(max_tokens=40, temperature=0.8, seed=5, guided_regex=DATE)
+    expected = run(make_engine(tiny_demo_model), {"r": (PROMPT, params)})["r"].token_ids
+    prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
+    prefill.add_request("r", PROMPT, params, prefill_only=True)
+    while prefill.has_unfinished_requests():
+        [first] = [out for out in prefill.step() if out.finished] or [None]
+    src = prefill.held_block_ids("r")
+    dst = decode.reserve("r", len(PROMPT))
+    decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]
+    prefill.release("r")
+    decode.add_prefilled_request("r", PROMPT, first.token_ids[0], params)
+    outs = {}
+    while decode.has_unfinished_requests():
+        outs.update({out.request_id: out for out in decode.step() if out.finished})
+    assert outs["r"].token_ids == expected and re.fullmatch(DATE, text(decode, expected))
+
+
+def test_a_regex_that_does_not_compile_and_a_first_token_it_forbids_are_refused(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    with pytest.raises(ValueError, match="guided_regex cannot be compiled"):
+        engine.add_request("bad", PROMPT, SamplingParams(guided_regex="(unclosed"))
+    digit = engine.tokenizer.token_to_id("7")
+    letter = engine.tokenizer.token_to_id("x")
+    engine.reserve("first", len(PROMPT))
+    with pytest.raises(ValueError, match="does not follow guided_regex"):
+        engine.add_prefilled_request("first", PROMPT, letter, SamplingParams(guided_regex=DATE))
+    engine.release_reservation("first")
+    engine.reserve("ok", len(PROMPT))
+    engine.add_prefilled_request("ok", PROMPT, digit, SamplingParams(guided_regex=DATE, temperature=0.0))
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({out.request_id: out for out in engine.step() if out.finished})
+    assert outs["ok"].token_ids[0] == digit and re.fullmatch(DATE, text(engine, outs["ok"].token_ids))
