@@ -46,7 +46,8 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
 
 def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
     kwargs = {}
-    for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs", "prompt_logprobs"):
+    for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs", "prompt_logprobs",
+                 "guided_regex"):
         if p.HasField(name):
             kwargs[name] = getattr(p, name)
     return SamplingParams(

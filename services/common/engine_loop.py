@@ -173,6 +173,12 @@ class EngineLoop:
         """Fire and forget (from any thread): for cleanup that must happen even if no one awaits it."""
         self._commands.put((fn, None))
 
+    async def compile_guide(self, regex: str) -> None:
+        """Compile `regex`'s index for a guided request, unless it is cached, on a worker thread: up to
+        seconds for a large vocabulary, which neither the engine's thread nor the event loop may wait
+        out (outlines-core lets go of the GIL meanwhile). ValueError if it does not compile."""
+        await asyncio.to_thread(self.engine.guides.index, regex)
+
     async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
         return await self.call(lambda engine: engine.reserve(request_id, num_tokens))
 

@@ -3,7 +3,7 @@
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
 `min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
-`truncate_prompt_tokens`, and chat's
+`truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, and chat's
 template options), plus Baton's `return_timeline`. A value out of range fails validation
 here, so the client gets a 400 that names the field before any worker is called. Unknown
 fields are ignored, as OpenAI's own server does for fields a model does not use.
@@ -13,9 +13,19 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from protos import common_pb2
+from services.gateway.structured_output import guided_regex
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
@@ -60,6 +70,12 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True  # vLLM's: the text leaves the tokenizer's special tokens out
     # vLLM's: only the prompt's last k tokens go to the model (left truncation); -1: the context's worth.
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=UINT32_MAX)] | None = None
+    # Structured output (structured_output.py): OpenAI's, and vLLM's extras.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    _output_regex: str | None = PrivateAttr(default=None)  # what the fields above ask for, as one regex
     include_stop_str_in_output: bool = False
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
@@ -74,6 +90,7 @@ class _SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _check_fields(self):
+        self._output_regex = guided_regex(self.response_format, self.guided_json, self.guided_regex, self.guided_choice)
         if self.truncate_prompt_tokens == 0:
             raise ValueError("truncate_prompt_tokens must be -1 (the context's worth) or at least 1")
         if self.stream_options is not None and not self.stream:
@@ -115,6 +132,8 @@ class _SamplingFields(BaseModel):
             params.logit_bias.update({int(token_id): bias for token_id, bias in self.logit_bias.items()})
         if self.num_prompt_logprobs is not None:
             params.prompt_logprobs = self.num_prompt_logprobs
+        if self._output_regex is not None:
+            params.guided_regex = self._output_regex
         return params
 
     @property
@@ -218,7 +237,6 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
     # vLLM's: how the messages become the prompt.
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
@@ -228,8 +246,6 @@ class ChatCompletionRequest(_SamplingFields):
     def _check_supported(self):
         if self.tools:
             raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("response_format other than text is not supported")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 
@@ -277,6 +278,40 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, mesh, toke
     chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=2,
                                           extra_body={"truncate_prompt_tokens": 3})
     assert chat.usage.prompt_tokens == 3
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                           "age": {"type": "integer", "minimum": 0}}, "required": ["name", "age"]}
+
+
+def test_structured_output_holds_the_text_to_a_schema_a_regex_or_a_choice(client, mesh):
+    # Guided on the prefill worker (the first token) and the decode worker (the rest) alike.
+    json_schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 11}):
+        kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=80, response_format=json_schema,
+                      **sampling)
+        whole = client.chat.completions.create(**kwargs).choices[0]
+        person = json.loads(whole.message.content)
+        assert set(person) == {"name", "age"} and isinstance(person["age"], int) and whole.finish_reason == "stop"
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True,
+                                                                                                     **kwargs))
+        assert streamed == whole.message.content
+    # Any object: this random model may run out of tokens inside a string, never outside JSON.
+    anything = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=120,
+                                              temperature=0, response_format={"type": "json_object"}).choices[0]
+    assert anything.message.content.startswith("{")
+    if anything.finish_reason == "stop":
+        assert isinstance(json.loads(anything.message.content), dict)
+    date = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
+    dated = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=30, temperature=0,
+                                      extra_body={"guided_regex": date, "ignore_eos": True}).choices[0]
+    assert re.fullmatch(date, dated.text) and dated.finish_reason == "stop"
+    colours = ["red", "green", "light blue"]
+    for seed in range(3):
+        picked = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=10, temperature=1.0,
+                                           seed=seed, extra_body={"guided_choice": colours}).choices[0].text
+        assert picked in colours
+    mesh.assert_decode_pools_free()
 
 
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):

@@ -1,0 +1,59 @@
+"""Structured output: what a request asks its text to be, as the one regular expression the
+workers guide decoding by (engine/guided_decoding.py).
+
+OpenAI's `response_format` (`json_object`: a JSON object; `json_schema`: one its schema
+allows) and vLLM's extras `guided_json` (a schema), `guided_regex` and `guided_choice` (one
+of the strings given). A JSON schema becomes a regex by outlines-core, as vLLM's outlines
+backend does it: the JSON it allows has a bounded nesting depth and single spaces at most
+between tokens. One request may ask for one of them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from outlines_core.json_schema import build_regex_from_schema
+
+# Nested objects the `json_object` format allows, as outlines-core writes an open object.
+ANY_JSON_OBJECT = {"type": "object"}
+
+
+def guided_regex(response_format: dict[str, Any] | None, guided_json: dict[str, Any] | str | None,
+                 regex: str | None, choice: list[str] | None) -> str | None:
+    """The regex the output must match; None when nothing is asked. ValueError for an ask that
+    cannot be met, worded for the client."""
+    asks = [name for name, value in (("response_format", _structured(response_format)), ("guided_json", guided_json),
+                                     ("guided_regex", regex), ("guided_choice", choice)) if value is not None]
+    if len(asks) > 1:
+        raise ValueError(f"ask for one structured output at most, not {' and '.join(asks)}")
+    if regex is not None:
+        return regex
+    if choice is not None:
+        if not choice or any(not c for c in choice):
+            raise ValueError("guided_choice must be a list of non-empty strings")
+        return "(" + "|".join(re.escape(c) for c in choice) + ")"
+    schema = guided_json if guided_json is not None else _structured(response_format)
+    if schema is None:
+        return None
+    try:
+        return build_regex_from_schema(schema if isinstance(schema, str) else json.dumps(schema))
+    except (ValueError, TypeError) as e:  # outlines-core's words, e.g. "Unsupported type: nonsense"
+        raise ValueError(f"the JSON schema cannot be used: {e}") from None
+
+
+def _structured(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The schema OpenAI's `response_format` asks for; None for plain text."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return ANY_JSON_OBJECT
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs json_schema.schema, a JSON schema object")
+        return schema
+    raise ValueError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
