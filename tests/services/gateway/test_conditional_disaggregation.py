@@ -4,6 +4,7 @@ worker involved, and long prompts still go to prefill."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import httpx
@@ -72,4 +73,14 @@ def test_a_local_prefill_gives_the_prompt_logprobs_a_prefill_worker_gives(mesh, 
     for mine, theirs in zip(local[1:], remote[1:]):
         for token_id, entry in mine.items():
             assert entry["logprob"] == pytest.approx(theirs[token_id]["logprob"], abs=1e-4)
+    mesh.assert_decode_pools_free()
+
+
+def test_a_local_prefill_is_guided_as_a_prefill_worker_guides_it(mesh, local_gateway):
+    short = [(3 * j) % 900 + 5 for j in range(20)]
+    regex = r"(yes|no|maybe), [0-9]{2}"
+    local = complete(local_gateway, mesh.model_name, short, guided_regex=regex)["choices"][0]
+    remote = complete(mesh.gateway, mesh.model_name, short, guided_regex=regex)["choices"][0]
+    assert re.fullmatch(regex, local["text"]) and local["text"] == remote["text"]
+    assert local["finish_reason"] == "stop"
     mesh.assert_decode_pools_free()
