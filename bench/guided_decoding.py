@@ -1,0 +1,109 @@
+"""What structured output costs: decode throughput of guided requests against the same
+requests unguided, and the time to compile a JSON schema over each tokenizer's vocabulary.
+
+    .venv/bin/python bench/guided_decoding.py [--model DIR] [--batch 16] [--max-tokens 64] [--rounds 5]
+
+- Throughput: --batch requests of the same kind of prompt, greedy, run to the end through an
+  `LLMEngine` in this process, once held to a regex (`guided_regex`, the lower-case words of
+  a sentence: never finished early, so every guided request asks for a mask at each of its
+  tokens) and once free, alternating round by round so both see the same machine; output
+  tokens per second of engine time, best round of each. guided_vs_unguided is the guided
+  figure over the free one; mask_ms_per_step is the difference in time per step.
+- Compile: the index of a JSON schema with a string, an integer, an enum and an array,
+  over the model's vocabulary and each of ../shared/models' (cold, once each: the
+  workers cache what they compile), in ms.
+
+The last line of output is one JSON object with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from outlines_core.json_schema import build_regex_from_schema
+from tokenizers import Tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.local_mesh import log  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.demo_model import ensure_demo_model  # noqa: E402
+from engine.guided_decoding import GuideFactory  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+
+WORDS = r"([a-z]+ )+"
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"}, "colour": {"enum": ["red", "green", "blue"]},
+    "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "age", "colour", "tags"]}
+SHARED_MODELS = REPO_ROOT.parent / "shared" / "models"
+
+
+def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> tuple[int, float, int]:
+    """Output tokens, seconds of engine time and steps for the whole batch, run to the end."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{time.perf_counter_ns()}-{i}", prompt, params)
+    tokens = steps = 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
+        steps += 1
+    return tokens, time.perf_counter() - start, steps
+
+
+def compile_ms(tokenizer_path: Path, regex: str) -> float:
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    factory = GuideFactory(tokenizer, 0, tokenizer.get_vocab_size())
+    start = time.perf_counter()
+    factory.index(regex)
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    model_dir = args.model or ensure_demo_model()
+    engine = LLMEngine(EngineConfig(model=str(model_dir)))
+    vocab = engine.model_config.vocab_size
+    prompts = [[(31 * i + 7 * j) % (vocab - 10) + 5 for j in range(args.prompt_tokens)] for i in range(args.batch)]
+    free = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    guided = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, guided_regex=WORDS)
+    engine.guides.index(WORDS)  # compiled once, as a worker does before it adds the request
+    run_batch(engine, prompts, free)  # warm-up
+    run_batch(engine, prompts, guided)
+    best: dict[str, tuple[float, float]] = {}
+    for round_ in range(args.rounds):
+        for name, params in (("free", free), ("guided", guided))[:: 1 if round_ % 2 == 0 else -1]:
+            tokens, seconds, steps = run_batch(engine, prompts, params)
+            rate = tokens / seconds
+            log(f"round {round_} {name}: {tokens} tokens in {seconds * 1e3:.0f} ms over {steps} steps, "
+                f"{rate:.0f} tok/s")
+            if name not in best or rate > best[name][0]:
+                best[name] = (rate, seconds / steps)
+    ratio = best["guided"][0] / best["free"][0]
+    mask_ms = (best["guided"][1] - best["free"][1]) * 1e3
+    log(f"guided {best['guided'][0]:.0f} tok/s against free {best['free'][0]:.0f}: {ratio:.2f}x; "
+        f"{mask_ms:.2f} ms more per step of {args.batch} guided rows")
+    regex = build_regex_from_schema(json.dumps(SCHEMA))
+    compiles = {"model": compile_ms(Path(model_dir) / "tokenizer.json", regex)}
+    for shared in sorted(SHARED_MODELS.glob("*/tokenizer.json")) if SHARED_MODELS.is_dir() else ():
+        compiles[shared.parent.name] = compile_ms(shared, regex)
+    for name, ms in compiles.items():
+        log(f"JSON schema compiled over {name}'s vocabulary in {ms:.0f} ms")
+    print(json.dumps({"guided_tok_s": round(best["guided"][0], 1), "unguided_tok_s": round(best["free"][0], 1),
+                      "guided_vs_unguided": round(ratio, 3), "mask_ms_per_step": round(mask_ms, 3),
+                      "batch": args.batch, "max_tokens": args.max_tokens,
+                      "schema_compile_ms": {k: round(v, 1) for k, v in compiles.items()}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
