@@ -172,7 +172,8 @@ def create_app(state: GatewayState) -> FastAPI:
             clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
-                                  want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs)
+                                  want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
+                                  forced_tool_call=body.forced_tool_call)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 

@@ -10,6 +10,7 @@ fields are ignored, as OpenAI's own server does for fields a model does not use.
 """
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
@@ -26,6 +27,7 @@ from pydantic import (
 
 from protos import common_pb2
 from services.gateway.structured_output import guided_regex
+from services.gateway.tool_calls import ForcedToolCall, forced_tool_call
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
@@ -211,6 +213,20 @@ class ChatMessage(BaseModel):
     role: ChatRole
     content: str | list[TextPart | dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
+    tool_call_id: str | None = None  # a tool message answers this call
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates read it: its text, and its tool calls with their arguments
+        as objects (templates write them with `tojson`; OpenAI sends them as JSON text)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [_with_parsed_arguments(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
     @property
     def text(self) -> str:
@@ -231,12 +247,14 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    _forced_tool_call: ForcedToolCall | None = PrivateAttr(default=None)
     # Deprecated by OpenAI, still sent by most clients.
     max_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # tool_calls.py: "none", "required" or a named function
     # vLLM's: how the messages become the prompt.
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
@@ -244,8 +262,11 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check_supported(self):
-        if self.tools:
-            raise ValueError("tools are not supported")
+        self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice)
+        if self._forced_tool_call is not None:
+            if self._output_regex is not None:
+                raise ValueError("a forced tool call and a structured output cannot both be asked for")
+            self._output_regex = self._forced_tool_call.regex
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:
@@ -263,8 +284,24 @@ class ChatCompletionRequest(_SamplingFields):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat_options(self) -> ChatOptions:
-        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {})
+    @property
+    def forced_tool_call(self) -> ForcedToolCall | None:
+        return self._forced_tool_call
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text} for m in self.messages]
+    def chat_options(self) -> ChatOptions:
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {},
+                           self.tools or None)
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_input() for m in self.messages]
+
+
+def _with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}

@@ -16,6 +16,7 @@ from typing import Any
 
 from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
+from services.gateway.tool_calls import ForcedToolCall, new_call_id
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 
@@ -112,7 +113,8 @@ class ResponseBuilder:
 
     def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int, prompt_of_choice: Sequence[int],
                  token_text: TokenText, want_logprobs: bool, num_logprobs: int = 0,
-                 echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None):
+                 echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
+                 forced_tool_call: ForcedToolCall | None = None):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -124,7 +126,9 @@ class ResponseBuilder:
         self.num_logprobs = num_logprobs  # candidates per echoed prompt token
         self.echo_of_prompt = echo_of_prompt  # completions with `echo`: each prompt's text
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
+        self.forced_tool_call = forced_tool_call  # chat: the text is a tool call's, sent as `tool_calls`
         self._sent_role = [False] * num_choices
+        self._call_ids = [new_call_id() for _ in range(num_choices)]  # a named function's call, per choice
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -161,12 +165,14 @@ class ResponseBuilder:
         else:
             if self.want_logprobs:
                 logprobs = chat_logprobs(delta.logprobs, self.token_text)
-            message: dict[str, Any] = {"content": delta.text}
+            message: dict[str, Any] = {"content": delta.text} if self.forced_tool_call is None else \
+                self._tool_call_delta(index, delta, state)
             if not self._sent_role[index]:
                 message["role"] = "assistant"
                 self._sent_role[index] = True
             choice = {"index": index, "delta": message, "logprobs": logprobs,
-                      "finish_reason": delta.finish_reason, "stop_reason": state.stop_reason}
+                      "finish_reason": self._finish_reason(state) if delta.finish_reason else None,
+                      "stop_reason": state.stop_reason}
             body = self._head("chat.completion.chunk")
             if is_first and self.num_prompt_logprobs is not None:
                 body["prompt_logprobs"] = self._prompt_logprobs(state)
@@ -211,16 +217,51 @@ class ResponseBuilder:
                 choices.append(choice)
             else:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
-                choices.append({"index": index, "message": {"role": "assistant", "content": state.text,
-                                                            "refusal": None, "tool_calls": []},
-                                "logprobs": logprobs, "finish_reason": state.finish_reason,
-                                "stop_reason": state.stop_reason})
+                calls = self._tool_calls(index, state)
+                choices.append({"index": index, "message": {
+                    "role": "assistant", "content": state.text if calls is None else None, "refusal": None,
+                    "tool_calls": calls or []}, "logprobs": logprobs, "finish_reason": self._finish_reason(state),
+                    "stop_reason": state.stop_reason})
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
         body["choices"] = choices
         if self.kind == "chat" and self.num_prompt_logprobs is not None:  # every choice has the same prompt
             body["prompt_logprobs"] = self._prompt_logprobs(self.choices[0])
         body["usage"] = self.usage
         return body
+
+    def _tool_calls(self, index: int, state: ChoiceState) -> list[dict[str, Any]] | None:
+        """A choice's forced tool calls; None when there are none, or its text is cut short (then sent as is)."""
+        if self.forced_tool_call is None:
+            return None
+        calls = self.forced_tool_call.calls(state.text)
+        if calls is not None and self.forced_tool_call.name is not None:
+            calls[0]["id"] = self._call_ids[index]  # the id its stream's first chunk gave it
+        return calls
+
+    def _finish_reason(self, state: ChoiceState) -> str | None:
+        """"tool_calls" for calls the model chose ("required"), as vLLM says it; a named function's
+        calls end as their text did ("stop"), as OpenAI's forced calls do."""
+        if (self.forced_tool_call is not None and self.forced_tool_call.name is None and state.finish_reason == "stop"
+                and self.forced_tool_call.calls(state.text) is not None):
+            return "tool_calls"
+        return state.finish_reason
+
+    def _tool_call_delta(self, index: int, delta: Delta, state: ChoiceState) -> dict[str, Any]:
+        """A stream chunk's delta for a forced tool call: a named function's arguments as they come;
+        "required"'s calls all at once at the end, once their JSON is whole."""
+        name = self.forced_tool_call.name
+        if name is not None:
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": delta.text}}
+            if not self._sent_role[index]:  # the call's first piece names it
+                call.update(id=self._call_ids[index], type="function")
+                call["function"]["name"] = name
+            return {"tool_calls": [call]}
+        if delta.finish_reason is None:
+            return {}
+        calls = self.forced_tool_call.calls(state.text)
+        if calls is None:  # cut short: what there is, as text
+            return {"content": state.text}
+        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
 
     def _echoed_logprobs(self, state: ChoiceState) -> dict[str, Any]:
         return echoed_logprobs(state.prompt_token_ids, state.prompt_logprobs, self.num_logprobs, self.token_text)

@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from prometheus_client import Counter
@@ -50,6 +50,7 @@ from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
 from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
+from services.tokenizer.converters import chat_message_to_proto
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
 
@@ -65,8 +66,9 @@ class ModelText(Decoder, Protocol):
 
     def id_to_token(self, token_id: int) -> str | None: ...
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False, **template_kwargs) -> tuple[str, list[int]]: ...
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None, continue_final_message: bool = False,
+                            **template_kwargs) -> tuple[str, list[int]]: ...
 
 
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
@@ -291,22 +293,24 @@ class RequestPipeline:
                     request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
-            chat = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+            chat = [{**m, "content": m.get("content") or ""} for m in messages]
+            tools = chat_options.tools
             if sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
                 try:
                     check_messages(chat)
                     prompt = self.tokenizer.apply_chat_template(
-                        chat, add_generation_prompt=chat_options.add_generation_prompt,
+                        chat, add_generation_prompt=chat_options.add_generation_prompt, tools=tools,
                         continue_final_message=chat_options.continue_final_message, **chat_options.template_kwargs)[1]
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
                 kwargs = chat_options.template_kwargs
                 prompt = (await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
-                    request_id=request_id, messages=[common_pb2.ChatMessage(**m) for m in chat],
+                    request_id=request_id, messages=[chat_message_to_proto(m) for m in chat],
                     add_generation_prompt=chat_options.add_generation_prompt,
                     continue_final_message=chat_options.continue_final_message,
-                    chat_template_kwargs_json=json.dumps(kwargs) if kwargs else ""), timeout=timeout)).token_ids
+                    chat_template_kwargs_json=json.dumps(kwargs) if kwargs else "",
+                    tools_json=json.dumps(tools) if tools else ""), timeout=timeout)).token_ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt

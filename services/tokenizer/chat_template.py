@@ -44,6 +44,7 @@ class ChatOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # extra template variables
+    tools: Sequence[Mapping[str, Any]] | None = None  # OpenAI's tool list, for templates that show it
 
 
 class ChatTemplate:
@@ -131,6 +132,19 @@ def template_kwargs_from_json(text: str) -> dict[str, Any]:
         raise ChatTemplateError("chat_template_kwargs must be a JSON object")
     check_template_kwargs(kwargs)
     return kwargs
+
+
+def tools_from_json(text: str) -> list[dict[str, Any]] | None:
+    """The tools a request lists for the model, sent as OpenAI's JSON list ("" for none)."""
+    if not text:
+        return None
+    try:
+        tools = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ChatTemplateError(f"tools are not JSON: {e}") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ChatTemplateError("tools must be a JSON list of objects")
+    return tools
 
 
 def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:

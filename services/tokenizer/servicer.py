@@ -18,7 +18,7 @@ import grpc
 
 from protos import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.metrics import ServiceMetrics
-from services.tokenizer.chat_template import ChatTemplateError, check_messages, template_kwargs_from_json
+from services.tokenizer.chat_template import check_messages, template_kwargs_from_json, tools_from_json
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
 
@@ -45,16 +45,17 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def ApplyChatTemplate(self, request, context):
         tokenizer = await self._ready(context)
-        messages = chat_messages_from_proto(request.messages)
-        num_chars = sum(len(m["content"]) for m in messages)
         try:
+            messages = chat_messages_from_proto(request.messages)
             check_messages(messages)
             kwargs = template_kwargs_from_json(request.chat_template_kwargs_json)
+            tools = tools_from_json(request.tools_json)
+            num_chars = sum(len(m["content"]) for m in messages)
             # Rendering is Jinja (Python, holds the GIL) but encoding the result is not.
             text, ids = await _run(num_chars > INLINE_LIMIT, functools.partial(
-                tokenizer.apply_chat_template, continue_final_message=request.continue_final_message, **kwargs),
-                messages, request.add_generation_prompt)
-        except ChatTemplateError as e:
+                tokenizer.apply_chat_template, tools=tools, continue_final_message=request.continue_final_message,
+                **kwargs), messages, request.add_generation_prompt)
+        except ValueError as e:  # ChatTemplateError among them: a template's refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)
 

@@ -314,6 +314,64 @@ def test_structured_output_holds_the_text_to_a_schema_a_regex_or_a_choice(client
     mesh.assert_decode_pools_free()
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}},
+]
+
+
+def streamed_tool_calls(client, **kwargs) -> tuple[dict[int, dict], str]:
+    """The tool calls a stream makes, put together from its deltas, and its finish reason."""
+    calls: dict[int, dict] = {}
+    reason = None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        assert not choice.delta.content
+        for delta in choice.delta.tool_calls or ():
+            call = calls.setdefault(delta.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = call["id"] or delta.id
+            call["name"] = call["name"] or delta.function.name
+            call["arguments"] += delta.function.arguments or ""
+        reason = choice.finish_reason or reason
+    return calls, reason
+
+
+def test_forced_tool_calls_come_as_tool_calls_whole_and_streamed(client, mesh):
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=80, temperature=0, tools=TOOLS)
+    named = client.chat.completions.create(
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kwargs).choices[0]
+    assert named.message.content is None and named.finish_reason == "stop"
+    [call] = named.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    streamed, reason = streamed_tool_calls(
+        client, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kwargs)
+    assert reason == "stop" and [(c["name"], c["arguments"]) for c in streamed.values()] == [
+        ("get_weather", call.function.arguments)]
+
+    required = client.chat.completions.create(tool_choice="required", **kwargs).choices[0]
+    assert required.finish_reason == "tool_calls" and required.message.content is None
+    made = [(c.function.name, json.loads(c.function.arguments)) for c in required.message.tool_calls]
+    assert made and all(name in ("get_weather", "get_time") for name, _ in made)
+    streamed, reason = streamed_tool_calls(client, tool_choice="required", **kwargs)
+    assert reason == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == made
+
+    # The conversation goes on with the call and the tool's answer in it; "none" answers in text.
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "21 degrees"}]
+    answer = client.chat.completions.create(model=mesh.model_name, messages=history, max_tokens=4, tools=TOOLS,
+                                            tool_choice="none").choices[0]
+    assert answer.message.content and not answer.message.tool_calls
+    with pytest.raises(openai.BadRequestError, match="auto"):
+        client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=4, tools=TOOLS)
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(tool_choice={"type": "function", "function": {"name": "nope"}}, **kwargs)
+    mesh.assert_decode_pools_free()
+
+
 def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     by_text = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0)

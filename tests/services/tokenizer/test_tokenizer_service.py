@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from protos import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.channel import make_channel
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from services.tokenizer.config import ConfigError, TokenizerServiceConfig
+from services.tokenizer.converters import chat_message_to_proto
 from services.tokenizer.servicer import SERVICE_NAME
 from tests.services.tokenizer.conftest import SHARED_MODEL_NAMES, shared_model_dir
 
@@ -245,3 +247,30 @@ def test_shared_models_chat_template_parity(name):
     finally:
         svc.close()
 
+
+
+def test_tools_and_tool_call_turns_render_as_transformers_renders_them():
+    # A template that shows tools (Qwen2.5's): the tool list, an assistant's call and the tool's answer.
+    model_dir = shared_model_dir("tiny-qwen2.5-bpe")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "{\"temp\": 21}", "tool_call_id": "call_1"},
+    ]
+    svc = Service(model_dir)
+    try:
+        request = tokenizer_pb2.ApplyChatTemplateRequest(
+            request_id="r", messages=[chat_message_to_proto(m) for m in messages], add_generation_prompt=True,
+            tools_json=json.dumps(tools))
+        reply = svc.stub.ApplyChatTemplate(request, timeout=10)
+        expected = auto_tokenizer(model_dir).apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                                 tokenize=True)["input_ids"]
+        assert list(reply.token_ids) == list(expected) and "get_weather" in reply.text
+        request.tools_json = '{"not": "a list"}'
+        assert_invalid(svc.stub.ApplyChatTemplate, request, "tools must be a JSON list")
+    finally:
+        svc.close()

@@ -1,0 +1,86 @@
+"""Forced tool calls for chat: `tool_choice` naming a function, or `"required"`, as vLLM serves
+them without a tool-call parser. The text is guided (engine/guided_decoding.py) to the named
+function's arguments, or to a JSON list of `{"name", "parameters"}` calls of the request's
+tools, and the response carries it as `tool_calls` instead of content. `"none"` lists the
+tools to the model (its chat template shows them) and returns plain text. `"auto"` needs a
+parser for the model's own tool-call syntax, which Baton does not have: refused, as vLLM
+refuses it without `--enable-auto-tool-choice`.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from outlines_core.json_schema import build_regex_from_schema
+
+ANY_ARGUMENTS = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ForcedToolCall:
+    """`name`: the function every answer calls; None for "required", any of `tools`, one or more."""
+
+    name: str | None
+    tools: tuple[dict[str, Any], ...]
+
+    @property
+    def regex(self) -> str:
+        return build_regex_from_schema(json.dumps(self._schema()))
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The tool calls the guided text makes, as OpenAI's message lists them; None when it is not
+        whole JSON (cut short by max_tokens)."""
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        # A named function's arguments as the model wrote them (what its stream sent); each of
+        # "required"'s calls cut out of the list, as JSON again.
+        made = [(self.name, text)] if self.name is not None else [
+            (c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in parsed]
+        return [{"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+                for name, arguments in made]
+
+    def _schema(self) -> dict[str, Any]:
+        if self.name is not None:
+            return _parameters(next(t for t in self.tools if t["function"]["name"] == self.name))
+        return {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                                              "parameters": _parameters(t)}, "required": ["name", "parameters"]}
+            for t in self.tools]}}
+
+
+def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
+                     ) -> ForcedToolCall | None:
+    """What `tool_choice` forces, given `tools`; None for plain text. ValueError, worded for the
+    client, for a choice that cannot be served."""
+    for i, tool in enumerate(tools or ()):
+        if tool.get("type") != "function" or not isinstance((tool.get("function") or {}).get("name"), str):
+            raise ValueError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+    choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+    if choice == "none":
+        return None
+    if not tools:
+        raise ValueError("tool_choice needs tools to choose from")
+    if choice == "auto":
+        raise ValueError('tool_choice "auto" needs a parser of the model\'s tool-call syntax, which this server '
+                         'does not have: use "required", a named function or "none"')
+    if choice == "required":
+        return ForcedToolCall(None, tuple(tools))
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(name, str):
+        raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                         '"function": {"name": ...}}')
+    if name not in {t["function"]["name"] for t in tools}:
+        raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+    return ForcedToolCall(name, tuple(tools))
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or ANY_ARGUMENTS
