@@ -77,6 +77,7 @@ class GatewayState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     timelines: TimelineStore = field(default_factory=TimelineStore)
     api_keys: ApiKeys | None = None  # None: no key asked for
+    tool_call_parser: str | None = None  # None: tool_choice "auto" is refused
 
 
 try:
@@ -159,6 +160,10 @@ def create_app(state: GatewayState) -> FastAPI:
     async def chat_completions(request: Request):
         body = await parsed_body(request, ChatCompletionRequest)
         check_model(state, body.model)
+        if body.lets_the_model_call_tools and state.tool_call_parser is None:
+            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the gateway started with '
+                                '--tool-call-parser, to read the model\'s own calls: use "required", a named '
+                                'function or "none"', param="tool_choice")
         response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
@@ -173,7 +178,8 @@ def create_app(state: GatewayState) -> FastAPI:
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
-                                  forced_tool_call=body.forced_tool_call)
+                                  forced_tool_call=body.forced_tool_call,
+                                  reads_tool_calls=body.lets_the_model_call_tools)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 

@@ -27,7 +27,7 @@ from pydantic import (
 
 from protos import common_pb2
 from services.gateway.structured_output import guided_regex
-from services.gateway.tool_calls import ForcedToolCall, forced_tool_call
+from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
@@ -287,6 +287,11 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def forced_tool_call(self) -> ForcedToolCall | None:
         return self._forced_tool_call
+
+    @property
+    def lets_the_model_call_tools(self) -> bool:
+        """tool_choice "auto" with tools: the model's own calls are read out of its text."""
+        return bool(self.tools) and effective_tool_choice(self.tools, self.tool_choice) == "auto"
 
     def chat_options(self) -> ChatOptions:
         return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {},

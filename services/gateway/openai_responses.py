@@ -17,6 +17,7 @@ from typing import Any
 from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
+from services.gateway.tool_parsers import StreamedCalls, parse_hermes
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 
@@ -114,7 +115,7 @@ class ResponseBuilder:
     def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int, prompt_of_choice: Sequence[int],
                  token_text: TokenText, want_logprobs: bool, num_logprobs: int = 0,
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
-                 forced_tool_call: ForcedToolCall | None = None):
+                 forced_tool_call: ForcedToolCall | None = None, reads_tool_calls: bool = False):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -129,6 +130,8 @@ class ResponseBuilder:
         self.forced_tool_call = forced_tool_call  # chat: the text is a tool call's, sent as `tool_calls`
         self._sent_role = [False] * num_choices
         self._call_ids = [new_call_id() for _ in range(num_choices)]  # a named function's call, per choice
+        # tool_choice "auto": each choice's text through the tool-call parser (tool_parsers.py)
+        self._streamed_calls = [StreamedCalls() for _ in range(num_choices)] if reads_tool_calls else None
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -165,8 +168,12 @@ class ResponseBuilder:
         else:
             if self.want_logprobs:
                 logprobs = chat_logprobs(delta.logprobs, self.token_text)
-            message: dict[str, Any] = {"content": delta.text} if self.forced_tool_call is None else \
-                self._tool_call_delta(index, delta, state)
+            if self.forced_tool_call is not None:
+                message = self._tool_call_delta(index, delta, state)
+            elif self._streamed_calls is not None:
+                message = self._parsed_delta(index, delta)
+            else:
+                message = {"content": delta.text}
             if not self._sent_role[index]:
                 message["role"] = "assistant"
                 self._sent_role[index] = True
@@ -218,8 +225,11 @@ class ResponseBuilder:
             else:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
                 calls = self._tool_calls(index, state)
+                content = state.text
+                if calls is not None:  # what a model says before the calls it chose stays its content
+                    content = parse_hermes(state.text)[0] if self._streamed_calls is not None else None
                 choices.append({"index": index, "message": {
-                    "role": "assistant", "content": state.text if calls is None else None, "refusal": None,
+                    "role": "assistant", "content": content, "refusal": None,
                     "tool_calls": calls or []}, "logprobs": logprobs, "finish_reason": self._finish_reason(state),
                     "stop_reason": state.stop_reason})
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
@@ -230,7 +240,10 @@ class ResponseBuilder:
         return body
 
     def _tool_calls(self, index: int, state: ChoiceState) -> list[dict[str, Any]] | None:
-        """A choice's forced tool calls; None when there are none, or its text is cut short (then sent as is)."""
+        """A choice's tool calls; None when there are none, or a forced call's text is cut short (then sent
+        as is)."""
+        if self._streamed_calls is not None:
+            return parse_hermes(state.text)[1] or None
         if self.forced_tool_call is None:
             return None
         calls = self.forced_tool_call.calls(state.text)
@@ -241,10 +254,13 @@ class ResponseBuilder:
     def _finish_reason(self, state: ChoiceState) -> str | None:
         """"tool_calls" for calls the model chose ("required"), as vLLM says it; a named function's
         calls end as their text did ("stop"), as OpenAI's forced calls do."""
-        if (self.forced_tool_call is not None and self.forced_tool_call.name is None and state.finish_reason == "stop"
-                and self.forced_tool_call.calls(state.text) is not None):
+        if state.finish_reason != "stop":
+            return state.finish_reason
+        if self.forced_tool_call is not None and self.forced_tool_call.name is None:
+            return "tool_calls" if self.forced_tool_call.calls(state.text) is not None else "stop"
+        if self._streamed_calls is not None and parse_hermes(state.text)[1]:
             return "tool_calls"
-        return state.finish_reason
+        return "stop"
 
     def _tool_call_delta(self, index: int, delta: Delta, state: ChoiceState) -> dict[str, Any]:
         """A stream chunk's delta for a forced tool call: a named function's arguments as they come;
@@ -262,6 +278,19 @@ class ResponseBuilder:
         if calls is None:  # cut short: what there is, as text
             return {"content": state.text}
         return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+
+    def _parsed_delta(self, index: int, delta: Delta) -> dict[str, Any]:
+        """A stream chunk's delta under tool_choice "auto": the text before any call as it comes, the
+        calls at the end."""
+        calls = self._streamed_calls[index]
+        text = calls.add(delta.text)
+        if delta.finish_reason is None:
+            return {"content": text}
+        text += calls.finish()
+        message: dict[str, Any] = {"content": text}
+        if calls.calls:
+            message["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls.calls)]
+        return message
 
     def _echoed_logprobs(self, state: ChoiceState) -> dict[str, Any]:
         return echoed_logprobs(state.prompt_token_ids, state.prompt_logprobs, self.num_logprobs, self.token_text)

@@ -2,9 +2,10 @@
 them without a tool-call parser. The text is guided (engine/guided_decoding.py) to the named
 function's arguments, or to a JSON list of `{"name", "parameters"}` calls of the request's
 tools, and the response carries it as `tool_calls` instead of content. `"none"` lists the
-tools to the model (its chat template shows them) and returns plain text. `"auto"` needs a
-parser for the model's own tool-call syntax, which Baton does not have: refused, as vLLM
-refuses it without `--enable-auto-tool-choice`.
+tools to the model (its chat template shows them) and returns plain text. `"auto"` (the
+default when tools are given) lets the model choose, which needs a parser of its own
+tool-call syntax (tool_parsers.py, `--tool-call-parser`): without one the gateway refuses it,
+as vLLM does without `--enable-auto-tool-choice`.
 """
 from __future__ import annotations
 
@@ -54,19 +55,18 @@ class ForcedToolCall:
 
 def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
                      ) -> ForcedToolCall | None:
-    """What `tool_choice` forces, given `tools`; None for plain text. ValueError, worded for the
-    client, for a choice that cannot be served."""
+    """What `tool_choice` forces, given `tools`; None for plain text or the model's own choice
+    ("auto"). ValueError, worded for the client, for a choice that cannot be served."""
     for i, tool in enumerate(tools or ()):
         if tool.get("type") != "function" or not isinstance((tool.get("function") or {}).get("name"), str):
             raise ValueError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
-    choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+    choice = effective_tool_choice(tools, tool_choice)
     if choice == "none":
         return None
     if not tools:
         raise ValueError("tool_choice needs tools to choose from")
     if choice == "auto":
-        raise ValueError('tool_choice "auto" needs a parser of the model\'s tool-call syntax, which this server '
-                         'does not have: use "required", a named function or "none"')
+        return None
     if choice == "required":
         return ForcedToolCall(None, tuple(tools))
     name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
@@ -76,6 +76,12 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict
     if name not in {t["function"]["name"] for t in tools}:
         raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
     return ForcedToolCall(name, tuple(tools))
+
+
+def effective_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
+                          ) -> str | dict[str, Any]:
+    """OpenAI's default: "auto" when there are tools, "none" when there are not."""
+    return tool_choice if tool_choice is not None else ("auto" if tools else "none")
 
 
 def new_call_id() -> str:

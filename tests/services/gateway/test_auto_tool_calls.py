@@ -1,0 +1,63 @@
+"""tool_choice "auto" through a gateway started with `--tool-call-parser hermes`: the calls the
+model writes in Hermes' syntax come back as `tool_calls`, whole and streamed. This random model
+writes one only when its text is guided to it, which a `guided_regex` does here."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from services.common.settings import ConfigError
+from services.gateway.config import GatewayConfig
+from tests.services.gateway.mesh import GatewayProcess
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+CALL = r'Checking\. <tool_call>\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}</tool_call>'
+MESSAGES = [{"role": "user", "content": "What time is it?"}]
+
+
+@pytest.fixture(scope="module")
+def hermes(mesh):
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], "--tool-call-parser", "hermes")
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        assert gateway.terminate() == 0
+
+
+def test_the_models_own_calls_come_back_as_tool_calls(mesh, hermes):
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=300, temperature=0, tools=TOOLS,
+                  extra_body={"guided_regex": CALL})
+    whole = hermes.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
+    [call] = whole.message.tool_calls
+    assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
+
+    content, calls, reason = "", [], None
+    for chunk in hermes.chat.completions.create(stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        calls += delta.tool_calls or []
+        reason = chunk.choices[0].finish_reason or reason
+    assert "<" not in content and content.strip() == "Checking." and reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_time", call.function.arguments)]
+
+    plain = hermes.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=5, temperature=0,
+                                           tools=TOOLS, extra_body={"guided_regex": "[a-z ]+"}).choices[0]
+    assert plain.message.content and not plain.message.tool_calls and plain.finish_reason in ("stop", "length")
+    mesh.assert_decode_pools_free()
+
+
+def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    assert GatewayConfig.from_args(common, {}).tool_call_parser is None
+    assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
+    with pytest.raises(ConfigError, match="--tool-call-parser must be one of hermes, got 'pythonic'"):
+        GatewayConfig.from_args([*common, "--tool-call-parser", "pythonic"], {})
+    with pytest.raises(ConfigError, match="--tool-call-parser"):
+        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "pythonic"})
