@@ -127,7 +127,7 @@ class GatewayConfig:
             raise ConfigError(f"--router-overlap-weight must be >= 0, got {self.overlap_weight}")
         if self.prefill_calls not in PREFILL_CALLS:
             raise ConfigError(f"--prefill-calls must be one of {', '.join(PREFILL_CALLS)}, got {self.prefill_calls!r}")
-        if self.tool_call_parser not in (None, *PARSERS):
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
             raise ConfigError(f"--tool-call-parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")

@@ -59,6 +59,7 @@ from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from services.gateway.tool_parsers import PARSERS
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -179,7 +180,8 @@ def create_app(state: GatewayState) -> FastAPI:
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call,
-                                  reads_tool_calls=body.lets_the_model_call_tools)
+                                  tool_call_syntax=PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools
+                                  else None)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 

@@ -17,7 +17,7 @@ from typing import Any
 from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
-from services.gateway.tool_parsers import StreamedCalls, parse_hermes
+from services.gateway.tool_parsers import StreamedCalls, ToolCallSyntax
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 
@@ -115,7 +115,7 @@ class ResponseBuilder:
     def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int, prompt_of_choice: Sequence[int],
                  token_text: TokenText, want_logprobs: bool, num_logprobs: int = 0,
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
-                 forced_tool_call: ForcedToolCall | None = None, reads_tool_calls: bool = False):
+                 forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -130,8 +130,10 @@ class ResponseBuilder:
         self.forced_tool_call = forced_tool_call  # chat: the text is a tool call's, sent as `tool_calls`
         self._sent_role = [False] * num_choices
         self._call_ids = [new_call_id() for _ in range(num_choices)]  # a named function's call, per choice
-        # tool_choice "auto": each choice's text through the tool-call parser (tool_parsers.py)
-        self._streamed_calls = [StreamedCalls() for _ in range(num_choices)] if reads_tool_calls else None
+        # tool_choice "auto": each choice's text read for the calls the model made (tool_parsers.py)
+        self.tool_call_syntax = tool_call_syntax
+        self._streamed_calls = ([StreamedCalls(tool_call_syntax) for _ in range(num_choices)]
+                                if tool_call_syntax is not None else None)
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -227,7 +229,7 @@ class ResponseBuilder:
                 calls = self._tool_calls(index, state)
                 content = state.text
                 if calls is not None:  # what a model says before the calls it chose stays its content
-                    content = parse_hermes(state.text)[0] if self._streamed_calls is not None else None
+                    content = self.tool_call_syntax.parse(state.text)[0] if self._streamed_calls is not None else None
                 choices.append({"index": index, "message": {
                     "role": "assistant", "content": content, "refusal": None,
                     "tool_calls": calls or []}, "logprobs": logprobs, "finish_reason": self._finish_reason(state),
@@ -243,7 +245,7 @@ class ResponseBuilder:
         """A choice's tool calls; None when there are none, or a forced call's text is cut short (then sent
         as is)."""
         if self._streamed_calls is not None:
-            return parse_hermes(state.text)[1] or None
+            return self.tool_call_syntax.parse(state.text)[1] or None
         if self.forced_tool_call is None:
             return None
         calls = self.forced_tool_call.calls(state.text)
@@ -258,7 +260,7 @@ class ResponseBuilder:
             return state.finish_reason
         if self.forced_tool_call is not None and self.forced_tool_call.name is None:
             return "tool_calls" if self.forced_tool_call.calls(state.text) is not None else "stop"
-        if self._streamed_calls is not None and parse_hermes(state.text)[1]:
+        if self._streamed_calls is not None and self.tool_call_syntax.parse(state.text)[1]:
             return "tool_calls"
         return "stop"
 

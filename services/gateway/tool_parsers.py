@@ -1,57 +1,107 @@
 """Tool calls a model chose to make (`tool_choice: "auto"`), read out of its text.
 
 Models write calls in their own syntax; `--tool-call-parser` names the one the served model
-uses. `hermes` (Qwen2.5 and Qwen3, Hermes, many fine-tunes): each call a JSON object
-`{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>`, after any text
-the model says first. A text whose calls are not whole JSON is answered as text, as vLLM's
-parser does.
+uses:
+- `hermes` (Qwen2.5 and Qwen3, Hermes, many fine-tunes): each call a JSON object
+  `{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>`, after any
+  text the model says first;
+- `llama3_json` (Llama 3.1 to 3.3): the whole answer is the calls, JSON objects
+  `{"name": ..., "parameters": {...}}` separated by `;` (after `<|python_tag|>`, a special
+  token the text leaves out).
+A text whose calls are not whole JSON is answered as text, as vLLM's parsers do.
 
-Streaming: text goes out as it comes until a call starts; what could be the start of
-`<tool_call>` is held back until the next delta says, as stop strings are; from the first
-call on, the rest is held and its calls are sent at the end, parsed whole.
+Streaming: text goes out as it comes until a call starts; what could be the start of one is
+held back until the next delta says, as stop strings are; from the first call on, the rest
+is held and its calls are sent at the end, parsed whole.
 """
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from services.gateway.tool_calls import new_call_id
 
-PARSERS = ("hermes",)
-CALL_START, CALL_END = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(CALL_START) + r"\s*(.*?)\s*(?:" + re.escape(CALL_END) + r"|$)", re.DOTALL)
+Calls = list[dict[str, Any]]
 
 
-def parse_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(the text before the calls, or None when there is none; the calls, OpenAI's shape)."""
-    start = text.find(CALL_START)
-    if start == -1:
-        return text, []
-    calls = []
-    for body in _CALL.findall(text, start):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
+class ToolCallSyntax(Protocol):
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        """(the text before the calls, None when there is none; the calls, OpenAI's shape)."""
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        """Where in `text` calls begin, if they do; `at_start`: nothing was sent before it."""
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        """How many of `text`'s last characters could still turn out to begin a call."""
+
+
+class Hermes:
+    START, END = "<tool_call>", "</tool_call>"
+    _CALL = re.compile(re.escape(START) + r"\s*(.*?)\s*(?:" + re.escape(END) + r"|$)", re.DOTALL)
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        start = text.find(self.START)
+        if start == -1:
             return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        calls = []
+        for body in self._CALL.findall(text, start):
+            call = _call(body, "arguments")
+            if call is None:
+                return text, []
+            calls.append(call)
+        return text[:start].strip() or None, calls
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        start = text.find(self.START)
+        return None if start == -1 else start
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return next((n for n in range(min(len(self.START) - 1, len(text)), 0, -1)
+                     if text.endswith(self.START[:n])), 0)
+
+
+class Llama3Json:
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        body = text.strip()
+        if not body.startswith("{"):
             return text, []
-        arguments = call.get("arguments", {})
-        calls.append({"id": new_call_id(), "type": "function", "function": {
-            "name": call["name"],
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)}})
-    content = text[:start].strip()
-    return content or None, calls
+        decoder, calls, at = json.JSONDecoder(), [], 0
+        while at < len(body):
+            try:
+                value, end = decoder.raw_decode(body, at)
+            except json.JSONDecodeError:
+                return text, []
+            call = _call(value, "parameters")
+            if call is None:
+                return text, []
+            calls.append(call)
+            at = end
+            while at < len(body) and body[at] in "; \n\t":
+                at += 1
+        return None, calls
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if at_start and stripped.startswith("{") else None
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return len(text) if at_start and not text.strip() else 0  # blank so far: a call may still come
+
+
+PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json()}
 
 
 @dataclass
 class StreamedCalls:
-    """One choice's stream through the parser: `add` each text delta, `finish` at the end."""
+    """One choice's stream through `syntax`: `add` each text delta, `finish` at the end."""
 
+    syntax: ToolCallSyntax
     _held: str = ""  # text not sent yet: a possible start of a call, or everything from one on
     _in_calls: bool = False
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    _sent_any: bool = False
+    calls: Calls = field(default_factory=list)
 
     def add(self, delta: str) -> str:
         """The text to send now."""
@@ -59,19 +109,38 @@ class StreamedCalls:
             self._held += delta
             return ""
         text = self._held + delta
-        start = text.find(CALL_START)
-        if start != -1:
+        at_start = not self._sent_any
+        start = self.syntax.call_start(text, at_start)
+        if start is not None:
             self._in_calls, self._held = True, text[start:]
-            return text[:start]
-        keep = next((n for n in range(min(len(CALL_START) - 1, len(text)), 0, -1)
-                     if text.endswith(CALL_START[:n])), 0)
+            return self._sent(text[:start])
+        keep = self.syntax.held_back(text, at_start)
         self._held = text[len(text) - keep:]
-        return text[:len(text) - keep]
+        return self._sent(text[:len(text) - keep])
 
     def finish(self) -> str:
         """The text still to send; `calls` holds the calls, if the held text made whole ones."""
         held, self._held = self._held, ""
         if not self._in_calls:
             return held
-        content, self.calls = parse_hermes(held)
+        content, self.calls = self.syntax.parse(held)
         return "" if self.calls else (content or "")
+
+    def _sent(self, text: str) -> str:
+        self._sent_any = self._sent_any or bool(text)
+        return text
+
+
+def _call(body: str | Any, arguments_key: str) -> dict[str, Any] | None:
+    """One call in OpenAI's shape from its JSON (text or parsed); None when it is not one."""
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        return None
+    arguments = body.get(arguments_key, body.get("arguments", {}))
+    return {"id": new_call_id(), "type": "function", "function": {
+        "name": body["name"],
+        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)}}
