@@ -373,7 +373,9 @@ class RequestPipeline:
         progress = _Progress()
         lookup = NO_LOOKUP
         with spans.phase("route"):
-            if self.prefill_router is not None and self.prefill is not None:
+            # A prompt whose logprobs are asked for is computed whole: no cached prefix or host-tier
+            # block is worth anything to it, so it is placed by load alone.
+            if self.prefill_router is not None and self.prefill is not None and not params.HasField("prompt_logprobs"):
                 # One round trip for both questions: where the prefix is among the prefill workers,
                 # and how much of it this decode worker holds (asked only when it may prefill).
                 try:

@@ -45,6 +45,22 @@ def test_requests_sharing_a_prefix_land_where_it_is_cached(routed_mesh):
     assert all(hit >= PREFIX_TOKENS for hit in hits), hits
 
 
+def test_a_prompt_whose_logprobs_are_asked_for_is_placed_by_load(routed_mesh):
+    # Its prefix is cached (the test above), but it is computed whole: routing by prefix would only
+    # pile such prompts onto the worker that holds it.
+    before = router_metrics(routed_mesh)
+    response = httpx.post(f"{routed_mesh.gateway.base_url}/v1/completions", timeout=30, json={
+        "model": routed_mesh.model_name, "prompt": SYSTEM_PROMPTS[0] + [970], "max_tokens": 2, "temperature": 0,
+        "prompt_logprobs": 0})
+    assert response.status_code == 200, response.text
+    choice, usage = response.json()["choices"][0], response.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0 and len(choice["prompt_logprobs"]) == PREFIX_TOKENS + 1
+    after = router_metrics(routed_mesh)
+    assert after.get("prefix", 0) == before.get("prefix", 0)
+    assert sum(after.values()) == sum(before.values()) + 1  # routed once, by load
+    assert cached_tokens(routed_mesh, SYSTEM_PROMPTS[0] + [971]) >= PREFIX_TOKENS  # the others still by prefix
+
+
 def router_metrics(mesh) -> dict[str, float]:
     text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
     values = {}
