@@ -57,7 +57,7 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
 
 def compile_ms(tokenizer_path: Path, regex: str) -> float:
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    factory = GuideFactory(tokenizer, 0, tokenizer.get_vocab_size())
+    factory = GuideFactory(tokenizer, 0)
     start = time.perf_counter()
     factory.index(regex)
     return (time.perf_counter() - start) * 1e3

@@ -66,14 +66,12 @@ class GuideFactory:
     (a model's other EOS ids are never allowed under a guide). Thread-safe: services compile
     on worker threads while the engine's thread takes guides."""
 
-    def __init__(self, tokenizer: Tokenizer, eos_token_id: int, vocab_size: int):
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int):
         by_bytes: dict[bytes, list[int]] = {}
         for token_id, raw in token_bytes(tokenizer).items():
             if token_id != eos_token_id and raw:
                 by_bytes.setdefault(raw, []).append(token_id)
         self.vocabulary = Vocabulary(eos_token_id, by_bytes)
-        self.eos_token_id = eos_token_id
-        self.vocab_size = vocab_size
         self._indexes: OrderedDict[str, Index] = OrderedDict()
         self._lock = threading.Lock()
 

@@ -108,7 +108,7 @@ class LLMEngine:
             if self._guides is None:
                 if self.tokenizer is None:
                     raise ValueError("guided decoding needs the model's tokenizer.json")
-                self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0], self.model_config.vocab_size)
+                self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0])
             return self._guides
 
     def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:

@@ -74,18 +74,10 @@ class ModelRunner:
         at their last token, and their next-token logits [S, V]."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
-        input_ids, positions, meta, sample_rows, sampled_seqs = self._prepare(batch, pool.block_size)
+        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows = self._prepare(batch, pool.block_size)
         hidden = self.model(input_ids, positions, meta, pool.layers)
-        # Rows as `_prepare` lays them out: one-token chunks first, then the longer ones.
-        one_token_row, chunk_row = 0, meta.num_decode_tokens
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            row = one_token_row if n == 1 else chunk_row
-            if n == 1:
-                one_token_row += 1
-            else:
-                chunk_row += n
-            if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
-                self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
+        for seq, row, n in prompt_rows:
+            self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
         if not sampled_seqs:
             return [], None
         return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
@@ -121,6 +113,8 @@ class ModelRunner:
         slots: list[int] = []
         sample_rows: list[int] = []
         sampled_seqs: list[Sequence] = []
+        # (sequence, first row, rows) of each chunk that predicts prompt tokens whose logprobs are asked for
+        prompt_rows: list[tuple[Sequence, int, int]] = []
         # Decode rows first: one token each.
         context_lens: list[int] = []
         for row, seq in enumerate(decodes):
@@ -132,6 +126,8 @@ class ModelRunner:
             if pos + 1 == seq.num_tokens:
                 sample_rows.append(row)
                 sampled_seqs.append(seq)
+            elif seq.prompt_logprobs is not None and pos < seq.num_prompt_tokens - 1:  # a one-token prompt chunk
+                prompt_rows.append((seq, row, 1))
         decode_tables = decode_lens = None
         if decodes:
             max_blocks = (max(context_lens) + block_size - 1) // block_size
@@ -151,6 +147,8 @@ class ModelRunner:
             table = seq.block_table
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(c, c + n))
             chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64, device=self.device)))
+            if seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:
+                prompt_rows.append((seq, start, n))
             start += n
             if c + n == seq.num_tokens:
                 sample_rows.append(start - 1)
@@ -168,4 +166,5 @@ class ModelRunner:
             meta,
             torch.tensor(sample_rows, dtype=torch.int64, device=self.device),
             sampled_seqs,
+            prompt_rows,
         )

@@ -183,7 +183,7 @@ class Sampler:
         needs_bias = any(p.logit_bias for p in params)
         needs_allowed = any(p.allowed_token_ids for p in params)
         guided = [i for i, seq in enumerate(seqs) if seq.guide is not None]
-        banned = [self._stops_banned(seq) for seq in seqs]
+        banned = [self._stops_banned(seq) for seq in seqs] if any(p.min_tokens for p in params) else []
         needs_ban = any(banned)
         # Decode-step fast path: nothing but argmax.
         if all(is_greedy) and not (needs_penalties or needs_logprobs or needs_bias or needs_allowed or needs_ban

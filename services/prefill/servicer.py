@@ -187,8 +187,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
             tier_tokens, tier_seconds = 0, 0.0
             try:
-                # A prompt whose logprobs are asked for reads no prefix: none is worth fetching for it.
-                if request.host_tier.num_blocks and request.host_tier.address and params.prompt_logprobs is None:
+                if request.host_tier.num_blocks and request.host_tier.address:
                     read_start = time.perf_counter()
                     with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
                         tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
