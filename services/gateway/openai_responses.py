@@ -171,16 +171,16 @@ class ResponseBuilder:
             if self.want_logprobs:
                 logprobs = chat_logprobs(delta.logprobs, self.token_text)
             if self.forced_tool_call is not None:
-                message = self._tool_call_delta(index, delta, state)
+                message, calls = self._tool_call_delta(index, delta, state)
             elif self._streamed_calls is not None:
-                message = self._parsed_delta(index, delta)
+                message, calls = self._parsed_delta(index, delta)
             else:
-                message = {"content": delta.text}
+                message, calls = {"content": delta.text}, None
             if not self._sent_role[index]:
                 message["role"] = "assistant"
                 self._sent_role[index] = True
             choice = {"index": index, "delta": message, "logprobs": logprobs,
-                      "finish_reason": self._finish_reason(state) if delta.finish_reason else None,
+                      "finish_reason": self._finish_reason(state, calls) if delta.finish_reason else None,
                       "stop_reason": state.stop_reason}
             body = self._head("chat.completion.chunk")
             if is_first and self.num_prompt_logprobs is not None:
@@ -226,14 +226,10 @@ class ResponseBuilder:
                 choices.append(choice)
             else:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
-                calls = self._tool_calls(index, state)
-                content = state.text
-                if calls is not None:  # what a model says before the calls it chose stays its content
-                    content = self.tool_call_syntax.parse(state.text)[0] if self._streamed_calls is not None else None
-                choices.append({"index": index, "message": {
-                    "role": "assistant", "content": content, "refusal": None,
-                    "tool_calls": calls or []}, "logprobs": logprobs, "finish_reason": self._finish_reason(state),
-                    "stop_reason": state.stop_reason})
+                content, calls = self._answer(index, state)
+                message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or []}
+                choices.append({"index": index, "message": message, "logprobs": logprobs,
+                                "finish_reason": self._finish_reason(state, calls), "stop_reason": state.stop_reason})
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
         body["choices"] = choices
         if self.kind == "chat" and self.num_prompt_logprobs is not None:  # every choice has the same prompt
@@ -241,58 +237,57 @@ class ResponseBuilder:
         body["usage"] = self.usage
         return body
 
-    def _tool_calls(self, index: int, state: ChoiceState) -> list[dict[str, Any]] | None:
-        """A choice's tool calls; None when there are none, or a forced call's text is cut short (then sent
-        as is)."""
-        if self._streamed_calls is not None:
-            return self.tool_call_syntax.parse(state.text)[1] or None
-        if self.forced_tool_call is None:
-            return None
-        calls = self.forced_tool_call.calls(state.text)
-        if calls is not None and self.forced_tool_call.name is not None:
-            calls[0]["id"] = self._call_ids[index]  # the id its stream's first chunk gave it
-        return calls
+    def _answer(self, index: int, state: ChoiceState) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """A whole chat choice's content and tool calls, its text read once. A forced call's text cut
+        short goes out as content; what a model says before the calls it chose stays its content."""
+        if self.forced_tool_call is not None:
+            calls = self.forced_tool_call.calls(state.text)
+            if calls is None:
+                return state.text, None
+            if self.forced_tool_call.name is not None:
+                calls[0]["id"] = self._call_ids[index]  # the id its stream's first chunk gave it
+            return None, calls
+        if self.tool_call_syntax is not None:
+            content, calls = self.tool_call_syntax.parse(state.text)
+            if calls:
+                return content, calls
+        return state.text, None
 
-    def _finish_reason(self, state: ChoiceState) -> str | None:
-        """"tool_calls" for calls the model chose ("required"), as vLLM says it; a named function's
-        calls end as their text did ("stop"), as OpenAI's forced calls do."""
-        if state.finish_reason != "stop":
-            return state.finish_reason
-        if self.forced_tool_call is not None and self.forced_tool_call.name is None:
-            return "tool_calls" if self.forced_tool_call.calls(state.text) is not None else "stop"
-        if self._streamed_calls is not None and self.tool_call_syntax.parse(state.text)[1]:
-            return "tool_calls"
-        return "stop"
+    def _finish_reason(self, state: ChoiceState, calls: list[dict[str, Any]] | None) -> str | None:
+        """"tool_calls" for calls the model chose ("required", "auto"), as vLLM says it; a named
+        function's calls end as their text did ("stop"), as OpenAI's forced calls do."""
+        is_named = self.forced_tool_call is not None and self.forced_tool_call.name is not None
+        return "tool_calls" if state.finish_reason == "stop" and calls and not is_named else state.finish_reason
 
-    def _tool_call_delta(self, index: int, delta: Delta, state: ChoiceState) -> dict[str, Any]:
-        """A stream chunk's delta for a forced tool call: a named function's arguments as they come;
-        "required"'s calls all at once at the end, once their JSON is whole."""
+    def _tool_call_delta(self, index: int, delta: Delta, state: ChoiceState
+                         ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """A stream chunk's delta for a forced tool call, and the calls it completes: a named function's
+        arguments as they come; "required"'s calls all at once at the end, once their JSON is whole."""
         name = self.forced_tool_call.name
         if name is not None:
             call: dict[str, Any] = {"index": 0, "function": {"arguments": delta.text}}
             if not self._sent_role[index]:  # the call's first piece names it
                 call.update(id=self._call_ids[index], type="function")
                 call["function"]["name"] = name
-            return {"tool_calls": [call]}
+            return {"tool_calls": [call]}, None
         if delta.finish_reason is None:
-            return {}
-        calls = self.forced_tool_call.calls(state.text)
+            return {}, None
+        content, calls = self._answer(index, state)
         if calls is None:  # cut short: what there is, as text
-            return {"content": state.text}
-        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+            return {"content": content}, None
+        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, calls
 
-    def _parsed_delta(self, index: int, delta: Delta) -> dict[str, Any]:
-        """A stream chunk's delta under tool_choice "auto": the text before any call as it comes, the
-        calls at the end."""
-        calls = self._streamed_calls[index]
-        text = calls.add(delta.text)
+    def _parsed_delta(self, index: int, delta: Delta) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """A stream chunk's delta under tool_choice "auto", and the calls it completes: the text before
+        any call as it comes, the calls at the end."""
+        stream = self._streamed_calls[index]
+        text = stream.add(delta.text)
         if delta.finish_reason is None:
-            return {"content": text}
-        text += calls.finish()
-        message: dict[str, Any] = {"content": text}
-        if calls.calls:
-            message["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls.calls)]
-        return message
+            return {"content": text}, None
+        message: dict[str, Any] = {"content": text + stream.finish()}
+        if stream.calls:
+            message["tool_calls"] = [{"index": i, **call} for i, call in enumerate(stream.calls)]
+        return message, stream.calls or None
 
     def _echoed_logprobs(self, state: ChoiceState) -> dict[str, Any]:
         return echoed_logprobs(state.prompt_token_ids, state.prompt_logprobs, self.num_logprobs, self.token_text)

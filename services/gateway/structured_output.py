@@ -15,7 +15,8 @@ from typing import Any
 
 from outlines_core.json_schema import build_regex_from_schema
 
-# Nested objects the `json_object` format allows, as outlines-core writes an open object.
+# What `json_object` allows, and a function without parameters takes: an open object (with the
+# nesting depth outlines-core writes one to).
 ANY_JSON_OBJECT = {"type": "object"}
 
 
@@ -23,7 +24,8 @@ def guided_regex(response_format: dict[str, Any] | None, guided_json: dict[str, 
                  regex: str | None, choice: list[str] | None) -> str | None:
     """The regex the output must match; None when nothing is asked. ValueError for an ask that
     cannot be met, worded for the client."""
-    asks = [name for name, value in (("response_format", _structured(response_format)), ("guided_json", guided_json),
+    formatted = _structured(response_format)
+    asks = [name for name, value in (("response_format", formatted), ("guided_json", guided_json),
                                      ("guided_regex", regex), ("guided_choice", choice)) if value is not None]
     if len(asks) > 1:
         raise ValueError(f"ask for one structured output at most, not {' and '.join(asks)}")
@@ -33,9 +35,12 @@ def guided_regex(response_format: dict[str, Any] | None, guided_json: dict[str, 
         if not choice or any(not c for c in choice):
             raise ValueError("guided_choice must be a list of non-empty strings")
         return "(" + "|".join(re.escape(c) for c in choice) + ")"
-    schema = guided_json if guided_json is not None else _structured(response_format)
-    if schema is None:
-        return None
+    schema = guided_json if guided_json is not None else formatted
+    return None if schema is None else schema_regex(schema)
+
+
+def schema_regex(schema: dict[str, Any] | str) -> str:
+    """The regex of the JSON a schema allows; ValueError when outlines-core cannot use it."""
     try:
         return build_regex_from_schema(schema if isinstance(schema, str) else json.dumps(schema))
     except (ValueError, TypeError) as e:  # outlines-core's words, e.g. "Unsupported type: nonsense"

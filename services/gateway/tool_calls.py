@@ -14,9 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from outlines_core.json_schema import build_regex_from_schema
-
-ANY_ARGUMENTS = {"type": "object"}
+from services.gateway.structured_output import ANY_JSON_OBJECT, schema_regex
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,7 @@ class ForcedToolCall:
 
     @property
     def regex(self) -> str:
-        return build_regex_from_schema(json.dumps(self._schema()))
+        return schema_regex(self._schema())
 
     def calls(self, text: str) -> list[dict[str, Any]] | None:
         """The tool calls the guided text makes, as OpenAI's message lists them; None when it is not
@@ -39,10 +37,9 @@ class ForcedToolCall:
             return None
         # A named function's arguments as the model wrote them (what its stream sent); each of
         # "required"'s calls cut out of the list, as JSON again.
-        made = [(self.name, text)] if self.name is not None else [
-            (c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in parsed]
-        return [{"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-                for name, arguments in made]
+        if self.name is not None:
+            return [tool_call(self.name, text)]
+        return [tool_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in parsed]
 
     def _schema(self) -> dict[str, Any]:
         if self.name is not None:
@@ -84,9 +81,14 @@ def effective_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str |
     return tool_choice if tool_choice is not None else ("auto" if tools else "none")
 
 
+def tool_call(name: str, arguments: str) -> dict[str, Any]:
+    """One call as OpenAI's message lists it; `arguments`: JSON text."""
+    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
-    return tool["function"].get("parameters") or ANY_ARGUMENTS
+    return tool["function"].get("parameters") or ANY_JSON_OBJECT

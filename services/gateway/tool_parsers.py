@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.gateway.tool_calls import new_call_id
+from services.gateway.tool_calls import tool_call
 
 Calls = list[dict[str, Any]]
 
@@ -141,6 +141,6 @@ def _call(body: str | Any, arguments_key: str) -> dict[str, Any] | None:
     if not isinstance(body, dict) or not isinstance(body.get("name"), str):
         return None
     arguments = body.get(arguments_key, body.get("arguments", {}))
-    return {"id": new_call_id(), "type": "function", "function": {
-        "name": body["name"],
-        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)}}
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return tool_call(body["name"], arguments)

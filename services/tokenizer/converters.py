@@ -1,4 +1,4 @@
-"""Protobuf ↔ plain Python for the tokenizer service (only here and in the servicer)."""
+"""Protobuf ↔ plain Python for the tokenizer service: its servicer, and its clients building requests."""
 from __future__ import annotations
 
 import json
