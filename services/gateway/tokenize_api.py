@@ -21,10 +21,11 @@ from typing import Annotated, Any
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protos import common_pb2, tokenizer_pb2
+from protos import tokenizer_pb2
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatMessage, TokenId
 from services.tokenizer.chat_template import check_template_kwargs
+from services.tokenizer.converters import chat_message_to_proto
 
 
 class TokenizeRequest(BaseModel):
@@ -64,7 +65,7 @@ async def tokenize(stub, body: TokenizeRequest, timeout_s: float) -> list[int]:
         if body.prompt is not None:
             return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, timeout_s))
         rendered = await stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
-            messages=[common_pb2.ChatMessage(role=m.role, content=m.text) for m in body.messages],
+            messages=[chat_message_to_proto(m.as_template_input()) for m in body.messages],
             add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
             chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""),
             timeout=timeout_s)

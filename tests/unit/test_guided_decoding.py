@@ -15,6 +15,8 @@ from engine.guided_decoding import token_bytes
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import shared_model_dirs
+from tests.unit.test_disaggregation import assert_clean, finish
+from tests.unit.test_engine import run_all
 
 PROMPT = [(17 * j) % 900 + 5 for j in range(30)]
 DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
@@ -24,17 +26,6 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 def make_engine(model_dir) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=256, max_num_batched_tokens=64))
-
-
-def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
-    for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                outs[out.request_id] = out
-    return outs
 
 
 def text(engine: LLMEngine, token_ids: list[int]) -> str:
@@ -58,7 +49,7 @@ def test_token_bytes_are_what_the_tokenizer_decodes(model_dir, tiny_demo_model):
 def test_guided_output_matches_its_regex_and_ends_there(tiny_demo_model, sampling):
     engine = make_engine(tiny_demo_model)
     person = build_regex_from_schema(json.dumps(PERSON))
-    outs = run(engine, {
+    outs = run_all(engine, {
         "date": (PROMPT, SamplingParams(max_tokens=40, guided_regex=DATE, ignore_eos=True, **sampling)),
         "person": (PROMPT, SamplingParams(max_tokens=60, guided_regex=person, **sampling)),
         "free": (PROMPT, SamplingParams(max_tokens=8, ignore_eos=True, **sampling)),
@@ -67,28 +58,24 @@ def test_guided_output_matches_its_regex_and_ends_there(tiny_demo_model, samplin
     assert re.fullmatch(DATE, text(engine, date.token_ids)) and date.finish_reason == "stop"  # ignore_eos or not
     parsed = json.loads(text(engine, outs["person"].token_ids))
     assert isinstance(parsed["name"], str) and isinstance(parsed["age"], int) and parsed["age"] >= 0
-    alone = run(make_engine(tiny_demo_model), {"free": (PROMPT, SamplingParams(max_tokens=8, ignore_eos=True,
+    alone = run_all(make_engine(tiny_demo_model), {"free": (PROMPT, SamplingParams(max_tokens=8, ignore_eos=True,
                                                                               **sampling))})
     assert outs["free"].token_ids == alone["free"].token_ids  # batched with guided rows, untouched
-    engine.block_manager.check_integrity()
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    assert_clean(engine)
 
 
 def test_a_handed_off_guided_request_goes_on_as_in_one_engine(tiny_demo_model):
     params = SamplingParams(max_tokens=40, temperature=0.8, seed=5, guided_regex=DATE)
-    expected = run(make_engine(tiny_demo_model), {"r": (PROMPT, params)})["r"].token_ids
+    expected = run_all(make_engine(tiny_demo_model), {"r": (PROMPT, params)})["r"].token_ids
     prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
     prefill.add_request("r", PROMPT, params, prefill_only=True)
-    while prefill.has_unfinished_requests():
-        [first] = [out for out in prefill.step() if out.finished] or [None]
+    first = finish(prefill)["r"]
     src = prefill.held_block_ids("r")
     dst = decode.reserve("r", len(PROMPT))
     decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]
     prefill.release("r")
     decode.add_prefilled_request("r", PROMPT, first.token_ids[0], params)
-    outs = {}
-    while decode.has_unfinished_requests():
-        outs.update({out.request_id: out for out in decode.step() if out.finished})
+    outs = finish(decode)
     assert outs["r"].token_ids == expected and re.fullmatch(DATE, text(decode, expected))
 
 
@@ -104,7 +91,5 @@ def test_a_regex_that_does_not_compile_and_a_first_token_it_forbids_are_refused(
     engine.release_reservation("first")
     engine.reserve("ok", len(PROMPT))
     engine.add_prefilled_request("ok", PROMPT, digit, SamplingParams(guided_regex=DATE, temperature=0.0))
-    outs = {}
-    while engine.has_unfinished_requests():
-        outs.update({out.request_id: out for out in engine.step() if out.finished})
+    outs = finish(engine)
     assert outs["ok"].token_ids[0] == digit and re.fullmatch(DATE, text(engine, outs["ok"].token_ids))
