@@ -132,7 +132,7 @@ class GatewayService:
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         app = create_app(GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
                                       self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
-                                      config.tool_call_parser))
+                                      config.tool_call_parser, config.reasoning_parser))
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:

@@ -31,6 +31,7 @@ from services.common.settings import (
     new_parser,
 )
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
+from services.gateway.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.gateway.tool_parsers import PARSERS
 
 ENV_HOST = "BATON_GATEWAY_HOST"
@@ -61,6 +62,7 @@ ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
 ENV_API_KEY = "BATON_API_KEY"
 ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
 ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
+ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
 # is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
@@ -98,6 +100,7 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # (): no key asked for; repr: not in a log line
     max_num_requests: int = 0  # requests (choices) held at once, more get 429; 0: no limit
     tool_call_parser: str | None = None  # tool_parsers.py: reads the model's own tool calls; None: "auto" refused
+    reasoning_parser: str | None = None  # reasoning_parsers.py: reads a reasoning model's thinking; None: all content
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -129,6 +132,9 @@ class GatewayConfig:
             raise ConfigError(f"--prefill-calls must be one of {', '.join(PREFILL_CALLS)}, got {self.prefill_calls!r}")
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
             raise ConfigError(f"--tool-call-parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
+                              f"got {self.reasoning_parser!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
@@ -205,6 +211,10 @@ class GatewayConfig:
         parser.add_argument("--tool-call-parser", default=env.get(ENV_TOOL_CALL_PARSER) or None,
                             help=f"the served model's tool-call syntax, read out of its text for tool_choice "
                                  f"\"auto\" (without it, \"auto\" is refused) (${ENV_TOOL_CALL_PARSER})")
+        parser.add_argument("--reasoning-parser", default=env.get(ENV_REASONING_PARSER) or None,
+                            help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
+                                 f"replies give its thinking as `reasoning`, apart from the answer "
+                                 f"(${ENV_REASONING_PARSER})")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -218,7 +228,8 @@ class GatewayConfig:
                    local_prefill_max_tokens=args.local_prefill_max_tokens,
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
-                   max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser)
+                   max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
+                   reasoning_parser=args.reasoning_parser)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

@@ -57,6 +57,7 @@ from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
+from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import PARSERS
@@ -79,6 +80,7 @@ class GatewayState:
     timelines: TimelineStore = field(default_factory=TimelineStore)
     api_keys: ApiKeys | None = None  # None: no key asked for
     tool_call_parser: str | None = None  # None: tool_choice "auto" is refused
+    reasoning_parser: str | None = None  # None: a chat reply's text is all content
 
 
 try:
@@ -181,7 +183,8 @@ def create_app(state: GatewayState) -> FastAPI:
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call,
                                   tool_call_syntax=PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools
-                                  else None)
+                                  else None, reasoning=_reasoning_reader(state, body),
+                                  include_reasoning=body.include_reasoning)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 
@@ -282,6 +285,14 @@ def start_timeline(state: GatewayState, request: Request, response_id: str) -> R
 
 def wants_timeline(request: Request, asked_in_body: bool) -> bool:
     return asked_in_body or request.headers.get("x-baton-timeline", "").lower() in ("1", "true", "yes")
+
+
+def _reasoning_reader(state: GatewayState, body: ChatCompletionRequest) -> ReasoningReader | None:
+    if state.reasoning_parser is None:
+        return None
+    tokenizer = state.pipeline.tokenizer
+    return ReasoningReader(state.reasoning_parser, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                           body.is_guided)
 
 
 def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:

@@ -215,6 +215,10 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
     tool_call_id: str | None = None  # a tool message answers this call
+    # An assistant's thinking, as this API returned it (`reasoning`; `reasoning_content`, vLLM's and
+    # DeepSeek's older name): templates that show it read `reasoning_content`.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as chat templates read it: its text, and its tool calls with their arguments
@@ -226,6 +230,9 @@ class ChatMessage(BaseModel):
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             message["name"] = self.name
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         return message
 
     @property
@@ -259,6 +266,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. {"enable_thinking": false}
+    include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out of the reply
 
     @model_validator(mode="after")
     def _check_supported(self):
@@ -287,6 +295,11 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def forced_tool_call(self) -> ForcedToolCall | None:
         return self._forced_tool_call
+
+    @property
+    def is_guided(self) -> bool:
+        """The text is held to a pattern from its first token (structured output, a forced tool call)."""
+        return self._output_regex is not None
 
     @property
     def lets_the_model_call_tools(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
+from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning, split_reasoning
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
 from services.gateway.tool_parsers import StreamedCalls, ToolCallSyntax
 
@@ -115,7 +116,8 @@ class ResponseBuilder:
     def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int, prompt_of_choice: Sequence[int],
                  token_text: TokenText, want_logprobs: bool, num_logprobs: int = 0,
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
-                 forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None):
+                 forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
+                 reasoning: ReasoningReader | None = None, include_reasoning: bool = True):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -134,6 +136,10 @@ class ResponseBuilder:
         self.tool_call_syntax = tool_call_syntax
         self._streamed_calls = ([StreamedCalls(tool_call_syntax) for _ in range(num_choices)]
                                 if tool_call_syntax is not None else None)
+        # chat with --reasoning-parser: each choice's thinking read out of its text (reasoning_parsers.py)
+        self.reasoning = reasoning if forced_tool_call is None else None
+        self.include_reasoning = include_reasoning
+        self._streamed_reasoning: list[StreamedReasoning | None] = [None] * num_choices
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -170,12 +176,18 @@ class ResponseBuilder:
         else:
             if self.want_logprobs:
                 logprobs = chat_logprobs(delta.logprobs, self.token_text)
+            thought, text = self._split_delta(index, delta, state) if self.reasoning is not None else ("", delta.text)
             if self.forced_tool_call is not None:
                 message, calls = self._tool_call_delta(index, delta, state)
             elif self._streamed_calls is not None:
-                message, calls = self._parsed_delta(index, delta)
+                message, calls = self._parsed_delta(index, text, delta.finish_reason is not None)
             else:
-                message, calls = {"content": delta.text}, None
+                message, calls = {"content": text}, None
+            if thought:
+                if self.include_reasoning:
+                    message.update(reasoning=thought, reasoning_content=thought)
+                if not message.get("content"):
+                    message.pop("content", None)
             if not self._sent_role[index]:
                 message["role"] = "assistant"
                 self._sent_role[index] = True
@@ -226,8 +238,10 @@ class ResponseBuilder:
                 choices.append(choice)
             else:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
-                content, calls = self._answer(index, state)
+                reasoning, content, calls = self._answer(index, state)
                 message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or []}
+                if reasoning is not None and self.include_reasoning:
+                    message.update(reasoning=reasoning, reasoning_content=reasoning)
                 choices.append({"index": index, "message": message, "logprobs": logprobs,
                                 "finish_reason": self._finish_reason(state, calls), "stop_reason": state.stop_reason})
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
@@ -237,21 +251,26 @@ class ResponseBuilder:
         body["usage"] = self.usage
         return body
 
-    def _answer(self, index: int, state: ChoiceState) -> tuple[str | None, list[dict[str, Any]] | None]:
-        """A whole chat choice's content and tool calls, its text read once. A forced call's text cut
-        short goes out as content; what a model says before the calls it chose stays its content."""
+    def _answer(self, index: int, state: ChoiceState
+                ) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
+        """A whole chat choice's reasoning, content and tool calls, its text read once. A forced call's
+        text cut short goes out as content; what a model says before the calls it chose stays its
+        content; the calls are read from the answer after its thinking."""
         if self.forced_tool_call is not None:
             calls = self.forced_tool_call.calls(state.text)
             if calls is None:
-                return state.text, None
+                return None, state.text, None
             if self.forced_tool_call.name is not None:
                 calls[0]["id"] = self._call_ids[index]  # the id its stream's first chunk gave it
-            return None, calls
-        if self.tool_call_syntax is not None:
-            content, calls = self.tool_call_syntax.parse(state.text)
+            return None, None, calls
+        reasoning, text = None, state.text
+        if self.reasoning is not None:
+            reasoning, text = split_reasoning(state.text, self.reasoning.start(state.prompt_token_ids))
+        if self.tool_call_syntax is not None and text is not None:
+            content, calls = self.tool_call_syntax.parse(text)
             if calls:
-                return content, calls
-        return state.text, None
+                return reasoning, content, calls
+        return reasoning, text, None
 
     def _finish_reason(self, state: ChoiceState, calls: list[dict[str, Any]] | None) -> str | None:
         """"tool_calls" for calls the model chose ("required", "auto"), as vLLM says it; a named
@@ -272,17 +291,29 @@ class ResponseBuilder:
             return {"tool_calls": [call]}, None
         if delta.finish_reason is None:
             return {}, None
-        content, calls = self._answer(index, state)
+        _, content, calls = self._answer(index, state)
         if calls is None:  # cut short: what there is, as text
             return {"content": content}, None
         return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, calls
 
-    def _parsed_delta(self, index: int, delta: Delta) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    def _split_delta(self, index: int, delta: Delta, state: ChoiceState) -> tuple[str, str]:
+        """A chat delta's (thinking, answer) text; the choice's first delta says how its reply starts."""
+        stream = self._streamed_reasoning[index]
+        if stream is None:
+            stream = self._streamed_reasoning[index] = StreamedReasoning(self.reasoning.start(state.prompt_token_ids))
+        thought, text = stream.add(delta.text)
+        if delta.finish_reason is not None:
+            more_thought, more_text = stream.finish()
+            thought, text = thought + more_thought, text + more_text
+        return thought, text
+
+    def _parsed_delta(self, index: int, delta_text: str, is_last: bool
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
         """A stream chunk's delta under tool_choice "auto", and the calls it completes: the text before
         any call as it comes, the calls at the end."""
         stream = self._streamed_calls[index]
-        text = stream.add(delta.text)
-        if delta.finish_reason is None:
+        text = stream.add(delta_text)
+        if not is_last:
             return {"content": text}, None
         message: dict[str, Any] = {"content": text + stream.finish()}
         if stream.calls:

@@ -20,7 +20,8 @@ def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
     tool_calls = message.get("tool_calls")
     return common_pb2.ChatMessage(role=message["role"], content=message.get("content") or "",
                                   tool_calls_json=json.dumps(tool_calls) if tool_calls else "",
-                                  tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "")
+                                  tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "",
+                                  reasoning_content=message.get("reasoning_content") or "")
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:
@@ -33,4 +34,6 @@ def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:
         message["tool_call_id"] = m.tool_call_id
     if m.name:
         message["name"] = m.name
+    if m.reasoning_content:
+        message["reasoning_content"] = m.reasoning_content
     return message

@@ -1,0 +1,80 @@
+"""Chat through a gateway started with `--reasoning-parser qwen3`: a reply's thinking comes back as
+`reasoning` (and `reasoning_content`), its answer as the content, whole and streamed. This
+random model thinks only where its text is guided to `<think>` tags, or where the prompt opens
+a think block, which a continued assistant turn does here."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from services.common.settings import ConfigError
+from services.gateway.config import GatewayConfig
+from tests.services.gateway.mesh import GatewayProcess
+
+THINK_THEN_ANSWER = r"<think>[a-z ]{1,12}</think>\n\n[a-z]{1,12}"
+MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen3(mesh):
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], "--reasoning-parser", "qwen3")
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        assert gateway.terminate() == 0
+
+
+def streamed(client: openai.OpenAI, **kwargs) -> tuple[str, str, str | None]:
+    """(reasoning, content, finish reason) of a streamed reply, its deltas joined."""
+    reasoning, content, reason = "", "", None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        extra = delta.model_extra or {}
+        assert extra.get("reasoning") == extra.get("reasoning_content")
+        reasoning += extra.get("reasoning") or ""
+        content += delta.content or ""
+        reason = chunk.choices[0].finish_reason or reason
+    return reasoning, content, reason
+
+
+def test_the_thinking_comes_apart_from_the_answer(mesh, qwen3, client):
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=60, temperature=0,
+                  extra_body={"guided_regex": THINK_THEN_ANSWER})
+    raw = client.chat.completions.create(**kwargs).choices[0].message.content  # the gateway without a parser
+    thought, answer = raw.removeprefix("<think>").split("</think>")
+    whole = qwen3.chat.completions.create(**kwargs).choices[0]
+    assert whole.message.reasoning == whole.message.reasoning_content == thought
+    assert whole.message.content == answer and whole.finish_reason == "stop"
+    assert streamed(qwen3, **kwargs) == (thought, answer, "stop")
+
+    hidden = qwen3.chat.completions.create(**{**kwargs, "extra_body": {**kwargs["extra_body"],
+                                                                        "include_reasoning": False}}).choices[0]
+    assert hidden.message.content == answer and "reasoning" not in (hidden.message.model_extra or {})
+    mesh.assert_decode_pools_free()
+
+
+def test_a_prompt_that_opens_a_think_block_starts_the_reply_thinking(mesh, qwen3, client):
+    kwargs = dict(model=mesh.model_name, max_tokens=8, temperature=0, messages=[
+        *MESSAGES, {"role": "assistant", "content": "<think>\n"}],
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    raw = client.chat.completions.create(**kwargs).choices[0].message.content
+    whole = qwen3.chat.completions.create(**kwargs).choices[0]
+    assert "</think>" not in raw and whole.message.reasoning == raw and whole.message.content is None
+    assert streamed(qwen3, **kwargs) == (raw, "", "length")
+    # Without the opened block the same model's reply is all answer, and an earlier turn's thinking is taken.
+    plain = qwen3.chat.completions.create(model=mesh.model_name, max_tokens=8, temperature=0, messages=[
+        *MESSAGES, {"role": "assistant", "content": "4", "reasoning": "2 and 2"}, *MESSAGES]).choices[0]
+    assert plain.message.content and "reasoning" not in (plain.message.model_extra or {})
+    mesh.assert_decode_pools_free()
+
+
+def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    assert GatewayConfig.from_args(common, {}).reasoning_parser is None
+    assert GatewayConfig.from_args(common, {"BATON_GATEWAY_REASONING_PARSER": "deepseek_r1"}
+                                   ).reasoning_parser == "deepseek_r1"
+    with pytest.raises(ConfigError, match="--reasoning-parser must be one of deepseek_r1, qwen3, got 'granite'"):
+        GatewayConfig.from_args([*common, "--reasoning-parser", "granite"], {})

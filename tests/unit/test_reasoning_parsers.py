@@ -1,0 +1,71 @@
+"""Reasoning parsers: a reply's thinking apart from its answer, whole and streamed however the
+text is cut, and how the prompt and the guide decide where a reply starts."""
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.openai_protocol import ChatMessage
+from services.gateway.reasoning_parsers import StreamedReasoning, split_reasoning, starts_thinking
+from services.tokenizer.converters import chat_message_to_proto, chat_messages_from_proto
+
+# (text, how it starts, reasoning, content)
+CASES = [
+    ("<think>Sum it up.</think>\n\nIt is 4.", None, "Sum it up.", "\n\nIt is 4."),
+    ("  <think>a</think>b", None, "a", "b"),
+    ("It is 4.", None, None, "It is 4."),
+    ("It is <think> 4.", None, None, "It is <think> 4."),  # a tag after the start opens nothing
+    ("Sum it up.</think>It is 4.", True, "Sum it up.", "It is 4."),
+    ("Sum it up, and", True, "Sum it up, and", None),  # cut short while thinking
+    ("<think>Sum</think>", True, "Sum", None),  # an opening tag written again is dropped
+    ("Sum </thi", True, "Sum </thi", None),  # a tag never finished is text
+    ("<thin", None, None, "<thin"),
+    ("", None, None, ""),
+    ("a</think>b</think>c", True, "a", "b</think>c"),  # only the first closes the thinking
+]
+
+
+@pytest.mark.parametrize("text, start, reasoning, content", CASES)
+def test_whole_replies_split_at_the_closing_tag(text, start, reasoning, content):
+    assert split_reasoning(text, start) == (reasoning, content)
+
+
+@pytest.mark.parametrize("text, start, reasoning, content", CASES)
+def test_a_stream_cut_anywhere_sends_what_the_whole_reply_gives(text, start, reasoning, content):
+    for cuts in [(i,) for i in range(len(text) + 1)] + [(i, j) for i in range(len(text)) for j in range(i, len(text))]:
+        stream = StreamedReasoning(start)
+        pieces = [text[a:b] for a, b in zip((0, *cuts), (*cuts, len(text)))]
+        sent = [stream.add(piece) for piece in pieces] + [stream.finish()]
+        thought, answer = "".join(t for t, _ in sent), "".join(a for _, a in sent)
+        assert (thought if stream.has_thought else None) == reasoning, (cuts, sent)
+        assert answer == (content or ""), (cuts, sent)
+
+
+def test_a_stream_holds_back_only_what_may_still_be_a_tag():
+    stream = StreamedReasoning(True)
+    assert stream.add("Thinking </th") == ("Thinking ", "")
+    assert stream.add("ink>Done") == ("", "Done")
+    assert stream.add(" </th") == ("", " </th")  # answering now: nothing is held
+    undecided = StreamedReasoning(None)
+    assert undecided.add(" <th") == ("", "")
+    assert undecided.add("ere") == ("", " <there")
+
+
+def test_where_a_reply_starts():
+    opened, closed = "<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert starts_thinking("qwen3", "<|im_start|>assistant\n", is_guided=False) is None
+    assert starts_thinking("qwen3", opened, is_guided=False) is True  # the template opened it
+    assert starts_thinking("qwen3", closed, is_guided=False) is None  # enable_thinking false
+    assert starts_thinking("deepseek_r1", "<|Assistant|>", is_guided=False) is True  # R1 may leave <think> out
+    assert starts_thinking("deepseek_r1", closed, is_guided=False) is True
+    # A guided reply is the answer unless its own text opens a think block.
+    assert starts_thinking("deepseek_r1", opened, is_guided=True) is None
+    assert starts_thinking("qwen3", opened, is_guided=True) is None
+
+
+def test_an_earlier_turns_thinking_reaches_the_template_by_either_name():
+    for field in ("reasoning", "reasoning_content"):
+        message = ChatMessage(role="assistant", content="4", **{field: "2 and 2"}).as_template_input()
+        assert message == {"role": "assistant", "content": "4", "reasoning_content": "2 and 2"}
+        [back] = chat_messages_from_proto([chat_message_to_proto(message)])
+        assert back == message  # as the tokenizer service renders it
+    assert "reasoning_content" not in ChatMessage(role="assistant", content="4").as_template_input()
