@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from engine.config import TORCH_DTYPES
 
@@ -28,6 +28,8 @@ IM_START_TOKEN = "<|im_start|>"
 IM_END_TOKEN = "<|im_end|>"
 # Trained first, so they take ids 0..3 whatever the corpus holds.
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+# With think_tokens: ordinary added tokens, the last two ids, as Qwen3's and DeepSeek-R1's tokenizers have them.
+THINK_TOKENS = ("<think>", "</think>")
 
 # ChatML turns. The template writes bos itself and the rendered text is encoded
 # without special tokens (as transformers' apply_chat_template does), like Llama 3.
@@ -77,6 +79,7 @@ def make_demo_model(
     seed: int = 0,
     dtype: str = "float32",
     init_gain: float = 1.0,
+    think_tokens: bool = False,
 ) -> Path:
     """Write a random-weight Llama model directory at `path` and return it.
 
@@ -85,7 +88,8 @@ def make_demo_model(
     multiple of 64. The tokenizer may hold fewer than `vocab_size` tokens when
     the corpus runs out of merges; the embedding rows beyond it are unused.
     `init_gain` scales every projection's weights (1.0: unit-variance outputs
-    for unit-RMS inputs). Existing files of the same names are overwritten.
+    for unit-RMS inputs). `think_tokens`: the tokenizer also has `<think>` and `</think>` as
+    tokens of their own, as reasoning models' do. Existing files of the same names are overwritten.
     """
     if intermediate_size is None:
         intermediate_size = 64 * math.ceil(hidden_size * 8 / 3 / 64)
@@ -94,7 +98,9 @@ def make_demo_model(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = _train_tokenizer(vocab_size)
+    tokenizer = _train_tokenizer(vocab_size - len(THINK_TOKENS) if think_tokens else vocab_size)
+    if think_tokens:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     tokenizer.save(str(out / "tokenizer.json"))
     bos_id, eos_id, im_end_id = (tokenizer.token_to_id(t) for t in (BOS_TOKEN, EOS_TOKEN, IM_END_TOKEN))
 

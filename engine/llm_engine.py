@@ -129,6 +129,9 @@ class LLMEngine:
         bad = next((t for t in sampling_params.stop_token_ids if not 0 <= t < vocab), None)
         if bad is not None:  # never sampled, and short of min_tokens the sampler would index past the logits
             raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+        if (sampling_params.guide_after_token_id or 0) >= vocab:  # never sampled: the guide would never hold
+            raise ValueError(f"guide_after_token_id {sampling_params.guide_after_token_id} is outside the "
+                             f"vocabulary [0, {vocab})")
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise ValueError(f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")
@@ -179,7 +182,7 @@ class LLMEngine:
             seq.guide = self.guides.guide(sampling_params.guided_regex)
             if first_token_id not in self.eos_token_ids:
                 try:  # the prefill worker sampled it under the same guide
-                    seq.guide.advance(first_token_id, return_tokens=False)
+                    seq.advance_guide(first_token_id)
                 except ValueError:
                     raise ValueError(f"first token id {first_token_id} does not follow guided_regex") from None
         seq.num_computed_tokens = len(prompt_token_ids)

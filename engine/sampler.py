@@ -182,7 +182,7 @@ class Sampler:
         needs_logprobs = any(p.logprobs is not None for p in params)
         needs_bias = any(p.logit_bias for p in params)
         needs_allowed = any(p.allowed_token_ids for p in params)
-        guided = [i for i, seq in enumerate(seqs) if seq.guide is not None]
+        guided = [i for i, seq in enumerate(seqs) if seq.is_guided]
         banned = [self._stops_banned(seq) for seq in seqs] if any(p.min_tokens for p in params) else []
         needs_ban = any(banned)
         # Decode-step fast path: nothing but argmax.

@@ -149,7 +149,7 @@ class Scheduler:
         if seq.guide is None or token in self.eos_token_ids:
             return None
         try:
-            seq.guide.advance(token, return_tokens=False)
+            seq.advance_guide(token)
         except ValueError:
             return "stop"
         return None
@@ -158,7 +158,7 @@ class Scheduler:
         params = seq.sampling_params
         is_eos = token in self.eos_token_ids
         # A guided text is complete when its guide lets EOS through: ignore_eos cannot go on past it.
-        if token in params.stop_token_ids or (is_eos and (not params.ignore_eos or seq.guide is not None)):
+        if token in params.stop_token_ids or (is_eos and (not params.ignore_eos or seq.is_guided)):
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"

@@ -63,11 +63,26 @@ class Sequence:
             [None] if sampling_params.prompt_logprobs is not None else None)
         # Where its output stands in its guided_regex (an outlines-core Guide), when it has one.
         self.guide = None
+        # The guide holds only once the output has its guide_after_token_id (SamplingParams).
+        self.is_guide_waiting = sampling_params.guide_after_token_id is not None
         # Stateful per-request RNG: seeded requests draw from their own stream,
         # so the batch around them cannot change their tokens.
         self.generator: torch.Generator | None = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
+
+    @property
+    def is_guided(self) -> bool:
+        """Its next token is held to its guide."""
+        return self.guide is not None and not self.is_guide_waiting
+
+    def advance_guide(self, token_id: int) -> None:
+        """Move the guide past `token_id` (an output token other than EOS), or past the free text
+        before it; ValueError when the guide does not allow it."""
+        if self.is_guide_waiting:
+            self.is_guide_waiting = token_id != self.sampling_params.guide_after_token_id
+        elif self.guide is not None:
+            self.guide.advance(token_id, return_tokens=False)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -57,7 +57,7 @@ from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
-from services.gateway.reasoning_parsers import ReasoningReader
+from services.gateway.reasoning_parsers import END as THINK_END, ReasoningReader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import PARSERS
@@ -172,18 +172,21 @@ def create_app(state: GatewayState) -> FastAPI:
         dispatched, on_dispatch = _dispatch_signal()
         messages = body.chat_messages()
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
+        reasoning = _reasoning_reader(state, body)
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
             sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch) for j, request_id in enumerate(request_ids)]
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch,
+            guide_after=reasoning.guide_after if reasoning is not None else None)
+            for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call,
                                   tool_call_syntax=PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools
-                                  else None, reasoning=_reasoning_reader(state, body),
+                                  else None, reasoning=reasoning,
                                   include_reasoning=body.include_reasoning)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
@@ -288,11 +291,12 @@ def wants_timeline(request: Request, asked_in_body: bool) -> bool:
 
 
 def _reasoning_reader(state: GatewayState, body: ChatCompletionRequest) -> ReasoningReader | None:
-    if state.reasoning_parser is None:
+    """None without a parser, and for a forced tool call: its text is the call's."""
+    if state.reasoning_parser is None or body.forced_tool_call is not None:
         return None
     tokenizer = state.pipeline.tokenizer
     return ReasoningReader(state.reasoning_parser, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-                           body.is_guided)
+                           body.is_guided, tokenizer.token_to_id(THINK_END))
 
 
 def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:

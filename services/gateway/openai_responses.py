@@ -137,7 +137,7 @@ class ResponseBuilder:
         self._streamed_calls = ([StreamedCalls(tool_call_syntax) for _ in range(num_choices)]
                                 if tool_call_syntax is not None else None)
         # chat with --reasoning-parser: each choice's thinking read out of its text (reasoning_parsers.py)
-        self.reasoning = reasoning if forced_tool_call is None else None
+        self.reasoning = reasoning
         self.include_reasoning = include_reasoning
         self._streamed_reasoning: list[StreamedReasoning | None] = [None] * num_choices
 

@@ -10,10 +10,12 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
 What follows `</think>` is the answer (`content`). A text cut short while thinking is all
 reasoning, with no content.
 
-A guided text (structured output, a guided regex, a forced tool call) is the answer from its
-first token: it is thinking only where it writes `<think>` itself. (vLLM guides only the
-text after the thinking; Baton's guide holds from the first token, so such a text has none
-unless its pattern writes it.)
+A guided reply (structured output, a guided regex) thinks freely and is guided from the token
+after its `</think>`, as vLLM guides only the answer: the gateway asks the worker's guide to
+wait for that token (`guide_after`), unless the prompt has closed the thinking already (Qwen3
+with `enable_thinking` false) or the tokenizer has no single token for `</think>`. Then the
+guide holds from the first token, and the reply is the answer unless its pattern writes
+`<think>` itself. A forced tool call is never read for thinking.
 
 Streaming: each delta is split as it comes; what could still be the start of a tag is held
 back until the next delta says, as stop strings are.
@@ -33,10 +35,15 @@ def prompt_opens_thinking(prompt_tail: str) -> bool:
     return prompt_tail.rfind(START) > prompt_tail.rfind(END)
 
 
-def starts_thinking(parser: str, prompt_tail: str, is_guided: bool) -> bool | None:
+def prompt_closes_thinking(prompt_tail: str) -> bool:
+    """Whether the prompt ends after a think block its template closed (thinking switched off)."""
+    return prompt_tail.rfind(END) > prompt_tail.rfind(START)
+
+
+def starts_thinking(parser: str, prompt_tail: str, is_guided_from_start: bool) -> bool | None:
     """How a reply starts: thinking (True), answering (False), or as its first characters will say
     (None: thinking if they open a think block)."""
-    if is_guided:
+    if is_guided_from_start or prompt_closes_thinking(prompt_tail):
         return None
     if parser == "deepseek_r1" or prompt_opens_thinking(prompt_tail):
         return True
@@ -99,20 +106,28 @@ def _partial_tag(text: str, tag: str) -> int:
     return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
 
 
-def prompt_tail_text(decode, prompt_token_ids: Sequence[int]) -> str:
-    """The prompt's last tokens as text, where a template's opening `<think>` would be."""
-    return decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))
-
-
 @dataclass(frozen=True)
 class ReasoningReader:
     """What reads one request's replies: `parser` (one of PARSERS), `decode` (token ids to text),
-    `is_guided` (the request's text is guided from its first token)."""
+    `is_guided` (the request's text is held to a pattern), `end_token_id` (the tokenizer's
+    single token for `</think>`, if it has one)."""
 
     parser: str
     decode: Callable[[list[int]], str]
     is_guided: bool = False
+    end_token_id: int | None = None
+
+    def guide_after(self, prompt_token_ids: Sequence[int]) -> int | None:
+        """The token a guided reply's guide waits for: the end of its thinking. None: the guide holds
+        from the first token."""
+        if not self.is_guided or self.end_token_id is None:
+            return None
+        return None if prompt_closes_thinking(self._tail(prompt_token_ids)) else self.end_token_id
 
     def start(self, prompt_token_ids: Sequence[int]) -> bool | None:
         """How a reply to `prompt_token_ids` starts (`starts_thinking`)."""
-        return starts_thinking(self.parser, prompt_tail_text(self.decode, prompt_token_ids), self.is_guided)
+        is_guided_from_start = self.is_guided and self.guide_after(prompt_token_ids) is None
+        return starts_thinking(self.parser, self._tail(prompt_token_ids), is_guided_from_start)
+
+    def _tail(self, prompt_token_ids: Sequence[int]) -> str:
+        return self.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))

@@ -93,3 +93,39 @@ def test_a_regex_that_does_not_compile_and_a_first_token_it_forbids_are_refused(
     engine.add_prefilled_request("ok", PROMPT, digit, SamplingParams(guided_regex=DATE, temperature=0.0))
     outs = finish(engine)
     assert outs["ok"].token_ids[0] == digit and re.fullmatch(DATE, text(engine, outs["ok"].token_ids))
+
+
+def test_a_guide_after_a_token_leaves_the_text_before_it_free(tiny_demo_model):
+    free = run_all(make_engine(tiny_demo_model), {"free": (PROMPT, SamplingParams(max_tokens=12, ignore_eos=True,
+                                                                                  temperature=0.0))})["free"]
+    after = free.token_ids[3]  # the end of a "thinking" the unguided model writes anyway
+    cut = free.token_ids.index(after) + 1
+    params = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_id=after)
+    engine = make_engine(tiny_demo_model)
+    out = run_all(engine, {"r": (PROMPT, params)})["r"]
+    assert out.token_ids[:cut] == free.token_ids[:cut]  # free up to and with the token, as unguided
+    assert re.fullmatch(DATE, text(engine, out.token_ids[cut:])) and out.finish_reason == "stop"
+    assert_clean(engine)
+
+    # Handed off with its first token free, the decode engine's guide waits on as one engine's would.
+    prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
+    prefill.add_request("r", PROMPT, params, prefill_only=True)
+    first = finish(prefill)["r"].token_ids[0]
+    src, dst = prefill.held_block_ids("r"), decode.reserve("r", len(PROMPT))
+    decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]
+    prefill.release("r")
+    decode.add_prefilled_request("r", PROMPT, first, params)
+    assert finish(decode)["r"].token_ids == out.token_ids
+
+    # Handed off with the token itself first, the decode engine's guide holds from the next.
+    first_is_it = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_id=first)
+    decode.reserve("s", len(PROMPT))
+    decode.add_prefilled_request("s", PROMPT, first, first_is_it)
+    assert re.fullmatch(DATE, text(decode, finish(decode)["s"].token_ids[1:]))
+
+
+def test_a_guide_after_a_token_is_checked():
+    with pytest.raises(ValueError, match="guide_after_token_id needs a guided_regex"):
+        SamplingParams(guide_after_token_id=5)
+    with pytest.raises(ValueError, match="guide_after_token_id needs a guided_regex and an id >= 0"):
+        SamplingParams(guided_regex=DATE, guide_after_token_id=-1)

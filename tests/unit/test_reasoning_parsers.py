@@ -52,14 +52,15 @@ def test_a_stream_holds_back_only_what_may_still_be_a_tag():
 
 def test_where_a_reply_starts():
     opened, closed = "<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    assert starts_thinking("qwen3", "<|im_start|>assistant\n", is_guided=False) is None
-    assert starts_thinking("qwen3", opened, is_guided=False) is True  # the template opened it
-    assert starts_thinking("qwen3", closed, is_guided=False) is None  # enable_thinking false
-    assert starts_thinking("deepseek_r1", "<|Assistant|>", is_guided=False) is True  # R1 may leave <think> out
-    assert starts_thinking("deepseek_r1", closed, is_guided=False) is True
-    # A guided reply is the answer unless its own text opens a think block.
-    assert starts_thinking("deepseek_r1", opened, is_guided=True) is None
-    assert starts_thinking("qwen3", opened, is_guided=True) is None
+    assert starts_thinking("qwen3", "<|im_start|>assistant\n", is_guided_from_start=False) is None
+    assert starts_thinking("qwen3", opened, is_guided_from_start=False) is True  # the template opened it
+    assert starts_thinking("qwen3", closed, is_guided_from_start=False) is None  # enable_thinking false
+    # R1 may leave <think> out.
+    assert starts_thinking("deepseek_r1", "<|Assistant|>", is_guided_from_start=False) is True
+    assert starts_thinking("deepseek_r1", closed, is_guided_from_start=False) is None  # thinking switched off
+    # A reply guided from its first token is the answer unless its own text opens a think block.
+    assert starts_thinking("deepseek_r1", opened, is_guided_from_start=True) is None
+    assert starts_thinking("qwen3", opened, is_guided_from_start=True) is None
 
 
 def test_an_earlier_turns_thinking_reaches_the_template_by_either_name():

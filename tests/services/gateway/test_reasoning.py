@@ -1,15 +1,18 @@
-"""Chat through a gateway started with `--reasoning-parser qwen3`: a reply's thinking comes back as
+"""Chat through a gateway started with `--reasoning-parser`: a reply's thinking comes back as
 `reasoning` (and `reasoning_content`), its answer as the content, whole and streamed. This
 random model thinks only where its text is guided to `<think>` tags, or where the prompt opens
-a think block, which a continued assistant turn does here."""
+a think block, which a continued assistant turn does here; a model whose tokenizer has a
+`</think>` token thinks freely before a guided answer, as far as a logit bias on it lets it."""
 from __future__ import annotations
 
 import openai
 import pytest
+from tokenizers import Tokenizer
 
+from engine.demo_model import make_demo_model
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
-from tests.services.gateway.mesh import GatewayProcess
+from tests.services.gateway.mesh import GatewayProcess, start_mesh, stop_mesh
 
 THINK_THEN_ANSWER = r"<think>[a-z ]{1,12}</think>\n\n[a-z]{1,12}"
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -78,3 +81,40 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
                                    ).reasoning_parser == "deepseek_r1"
     with pytest.raises(ConfigError, match="--reasoning-parser must be one of deepseek_r1, qwen3, got 'granite'"):
         GatewayConfig.from_args([*common, "--reasoning-parser", "granite"], {})
+
+
+@pytest.fixture(scope="module")
+def thinking_mesh(tmp_path_factory):
+    """A model whose tokenizer has <think> and </think>, behind a 1 + 1 mesh whose gateway reads
+    DeepSeek-R1's thinking; every prompt through the prefill worker and a KV handoff."""
+    model_dir = make_demo_model(tmp_path_factory.mktemp("thinking") / "thinking", hidden_size=64, num_layers=2,
+                                num_heads=4, num_kv_heads=2, vocab_size=1024, seed=1, think_tokens=True)
+    mesh = start_mesh(model_dir, num_prefill=1, num_decode=1,
+                      gateway_args=("--local-prefill-max-tokens", "0", "--reasoning-parser", "deepseek_r1"))
+    try:
+        with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            yield mesh, client
+    finally:
+        codes = stop_mesh(mesh)
+    assert all(code == 0 for code in codes.values()), codes
+
+
+def test_a_guided_answer_follows_free_thinking(thinking_mesh):
+    mesh, client = thinking_mesh
+    end = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json")).token_to_id("</think>")
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=20, temperature=0,
+                  logit_bias={str(end): 8})  # this model then ends its thinking a few tokens in
+    free = client.chat.completions.create(**kwargs).choices[0].message
+    assert free.reasoning and free.content  # it thought, then went on unguided
+    choice = {"extra_body": {"guided_choice": ["yes", "no"]}}
+    guided = client.chat.completions.create(**kwargs, **choice).choices[0]
+    assert guided.message.reasoning == free.reasoning  # the same free thinking
+    assert guided.message.content in ("yes", "no") and guided.finish_reason == "stop"
+    assert streamed(client, **kwargs, **choice) == (free.reasoning, guided.message.content, "stop")
+
+    # A prompt that closed the thinking (a template's thinking switched off): guided from the first token.
+    closed = client.chat.completions.create(**{**kwargs, "messages": [
+        *MESSAGES, {"role": "assistant", "content": "<think>\n\n</think>\n\n"}]}, extra_body={
+        "guided_choice": ["yes", "no"], "add_generation_prompt": False, "continue_final_message": True}).choices[0]
+    assert closed.message.content in ("yes", "no") and "reasoning" not in (closed.message.model_extra or {})
+    mesh.assert_decode_pools_free()
