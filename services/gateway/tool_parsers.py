@@ -7,7 +7,10 @@ uses:
   text the model says first;
 - `llama3_json` (Llama 3.1 to 3.3): the whole answer is the calls, JSON objects
   `{"name": ..., "parameters": {...}}` separated by `;` (after `<|python_tag|>`, a special
-  token the text leaves out).
+  token the text leaves out);
+- `pythonic` (Llama 3.2 and 4, and models tuned to it): the whole answer is a Python list of
+  calls with keyword arguments, `[get_weather(city="Paris"), get_time()]`, their values Python
+  literals (after `<|python_start|>`, a special token, for Llama 4).
 A text whose calls are not whole JSON is answered as text, as vLLM's parsers do.
 
 Streaming: text goes out as it comes until a call starts; what could be the start of one is
@@ -16,6 +19,7 @@ is held and its calls are sent at the end, parsed whole.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -90,7 +94,34 @@ class Llama3Json:
         return len(text) if at_start and not text.strip() else 0  # blank so far: a call may still come
 
 
-PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json()}
+class Pythonic:
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        body = text.strip()
+        if not body.startswith("["):
+            return text, []
+        try:
+            tree = ast.parse(body, mode="eval").body
+        except SyntaxError:
+            return text, []
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return text, []
+        calls = []
+        for node in tree.elts:
+            call = _pythonic_call(node)
+            if call is None:
+                return text, []
+            calls.append(call)
+        return None, calls
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if at_start and stripped.startswith("[") else None
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return len(text) if at_start and not text.strip() else 0  # blank so far: a call may still come
+
+
+PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic()}
 
 
 @dataclass
@@ -144,3 +175,22 @@ def _call(body: str | Any, arguments_key: str) -> dict[str, Any] | None:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     return tool_call(body["name"], arguments)
+
+
+def _pythonic_call(node: ast.expr) -> dict[str, Any] | None:
+    """`name(key=literal, ...)` in OpenAI's shape; None for anything else (positional arguments,
+    `**kwargs`, a value that is not a literal)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        return None
+    arguments = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            return None
+        try:
+            arguments[keyword.arg] = ast.literal_eval(keyword.value)
+        except ValueError:
+            return None
+    try:
+        return tool_call(node.func.id, json.dumps(arguments, ensure_ascii=False))
+    except TypeError:  # a literal JSON has no word for: a set, bytes, a complex number
+        return None

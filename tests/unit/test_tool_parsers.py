@@ -7,10 +7,11 @@ import pytest
 
 from services.gateway.tool_parsers import PARSERS, StreamedCalls
 
-HERMES, LLAMA3 = PARSERS["hermes"], PARSERS["llama3_json"]
+HERMES, LLAMA3, PYTHONIC = PARSERS["hermes"], PARSERS["llama3_json"], PARSERS["pythonic"]
 HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
                '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
 LLAMA3_TEXT = '{"name": "get_weather", "parameters": {"city": "Zürich"}}; {"name": "get_time", "parameters": {}}'
+PYTHONIC_TEXT = '[get_weather(city="Zürich"), get_time()]'
 CALLS = [("get_weather", {"city": "Zürich"}), ("get_time", {})]
 
 
@@ -26,18 +27,25 @@ def test_calls_and_the_text_before_them():
     content, calls = LLAMA3.parse(LLAMA3_TEXT)
     assert content is None and named(calls) == CALLS
     assert named(LLAMA3.parse("  " + LLAMA3_TEXT + "\n")[1]) == CALLS
+    content, calls = PYTHONIC.parse(PYTHONIC_TEXT)
+    assert content is None and named(calls) == CALLS
+    nested = PYTHONIC.parse('[f(n=1, xs=[1.5, None], on=True, by={"k": "v"})]')[1]
+    assert named(nested) == [("f", {"n": 1, "xs": [1.5, None], "on": True, "by": {"k": "v"}})]
 
 
 @pytest.mark.parametrize(("syntax", "text"), [
     (HERMES, "no calls here"), (HERMES, "<tool_call>{not json}</tool_call>"), (HERMES, "<tool_call>[1]</tool_call>"),
     (HERMES, 'text <tool_call>{"arguments": {}}</tool_call>'), (LLAMA3, "The weather is fine."),
     (LLAMA3, '{"name": "f", "parameters": {}} and then some'), (LLAMA3, '{"city": "Paris"}'),
+    (PYTHONIC, "[1, 2]"), (PYTHONIC, "[f(1)]"), (PYTHONIC, "[f(x=y)]"), (PYTHONIC, "[f(**kw)]"), (PYTHONIC, "[]"),
+    (PYTHONIC, "[f(x={1, 2})]"), (PYTHONIC, "[obj.f(x=1)]"), (PYTHONIC, "[f(x=1)] and more"), (PYTHONIC, "Sunny."),
 ])
 def test_a_text_without_whole_calls_is_answered_as_text(syntax, text):
     assert syntax.parse(text) == (text, [])
 
 
-@pytest.mark.parametrize(("syntax", "text", "said"), [(HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, "")])
+@pytest.mark.parametrize(("syntax", "text", "said"), [(HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""),
+                                                      (PYTHONIC, PYTHONIC_TEXT, "")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     stream = StreamedCalls(syntax)

@@ -57,7 +57,8 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
               "--decode", "127.0.0.1:3"]
     assert GatewayConfig.from_args(common, {}).tool_call_parser is None
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
-    with pytest.raises(ConfigError, match="--tool-call-parser must be one of hermes, llama3_json, got 'pythonic'"):
-        GatewayConfig.from_args([*common, "--tool-call-parser", "pythonic"], {})
+    with pytest.raises(ConfigError,
+                       match="--tool-call-parser must be one of hermes, llama3_json, pythonic, got 'mistral'"):
+        GatewayConfig.from_args([*common, "--tool-call-parser", "mistral"], {})
     with pytest.raises(ConfigError, match="--tool-call-parser"):
-        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "pythonic"})
+        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "mistral"})
