@@ -66,10 +66,25 @@ class Hermes:
                      if text.endswith(self.START[:n])), 0)
 
 
-class Llama3Json:
+class _CallsOnly:
+    """A syntax whose answer is calls alone, from its first character (`OPEN`) on, or text."""
+
+    OPEN = ""
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if at_start and stripped.startswith(self.OPEN) else None
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return len(text) if at_start and not text.strip() else 0  # blank so far: a call may still come
+
+
+class Llama3Json(_CallsOnly):
+    OPEN = "{"
+
     def parse(self, text: str) -> tuple[str | None, Calls]:
         body = text.strip()
-        if not body.startswith("{"):
+        if not body.startswith(self.OPEN):
             return text, []
         decoder, calls, at = json.JSONDecoder(), [], 0
         while at < len(body):
@@ -86,18 +101,13 @@ class Llama3Json:
                 at += 1
         return None, calls
 
-    def call_start(self, text: str, at_start: bool) -> int | None:
-        stripped = text.lstrip()
-        return len(text) - len(stripped) if at_start and stripped.startswith("{") else None
 
-    def held_back(self, text: str, at_start: bool) -> int:
-        return len(text) if at_start and not text.strip() else 0  # blank so far: a call may still come
+class Pythonic(_CallsOnly):
+    OPEN = "["
 
-
-class Pythonic:
     def parse(self, text: str) -> tuple[str | None, Calls]:
         body = text.strip()
-        if not body.startswith("["):
+        if not body.startswith(self.OPEN):
             return text, []
         try:
             tree = ast.parse(body, mode="eval").body
@@ -112,13 +122,6 @@ class Pythonic:
                 return text, []
             calls.append(call)
         return None, calls
-
-    def call_start(self, text: str, at_start: bool) -> int | None:
-        stripped = text.lstrip()
-        return len(text) - len(stripped) if at_start and stripped.startswith("[") else None
-
-    def held_back(self, text: str, at_start: bool) -> int:
-        return len(text) if at_start and not text.strip() else 0  # blank so far: a call may still come
 
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic()}

@@ -6,11 +6,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import httpx
+import openai
 
 from protos import decode_pb2, decode_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
@@ -70,6 +73,19 @@ class Mesh:
 
     def assert_decode_pools_free(self, within_s: float = 1.0) -> None:
         assert_decode_pools_free(self.decode, within_s)
+
+
+@contextmanager
+def gateway_client(mesh: Mesh, *extra_args: str) -> Iterator[openai.OpenAI]:
+    """The `openai` client (no retries) of a second gateway over `mesh`'s workers, started with
+    `extra_args`; it must exit cleanly after."""
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], *extra_args)
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        assert gateway.terminate() == 0
 
 
 def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0) -> None:

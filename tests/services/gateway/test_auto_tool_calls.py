@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
-from tests.services.gateway.mesh import GatewayProcess
+from tests.services.gateway.mesh import gateway_client
 
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
@@ -20,13 +19,8 @@ MESSAGES = [{"role": "user", "content": "What time is it?"}]
 
 @pytest.fixture(scope="module")
 def hermes(mesh):
-    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
-                             [d.address for d in mesh.decode], "--tool-call-parser", "hermes")
-    try:
-        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
-            yield client
-    finally:
-        assert gateway.terminate() == 0
+    with gateway_client(mesh, "--tool-call-parser", "hermes") as client:
+        yield client
 
 
 def test_the_models_own_calls_come_back_as_tool_calls(mesh, hermes):

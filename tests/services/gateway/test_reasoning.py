@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from engine.demo_model import make_demo_model
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
-from tests.services.gateway.mesh import GatewayProcess, start_mesh, stop_mesh
+from tests.services.gateway.mesh import gateway_client, start_mesh, stop_mesh
 
 THINK_THEN_ANSWER = r"<think>[a-z ]{1,12}</think>\n\n[a-z]{1,12}"
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -20,13 +20,8 @@ MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 
 @pytest.fixture(scope="module")
 def qwen3(mesh):
-    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
-                             [d.address for d in mesh.decode], "--reasoning-parser", "qwen3")
-    try:
-        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
-            yield client
-    finally:
-        assert gateway.terminate() == 0
+    with gateway_client(mesh, "--reasoning-parser", "qwen3") as client:
+        yield client
 
 
 def streamed(client: openai.OpenAI, **kwargs) -> tuple[str, str, str | None]:
