@@ -58,6 +58,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import END as THINK_END, ReasoningReader
+from services.gateway.responses_api import ResponsesRequest, ResponsesShape
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import PARSERS
@@ -160,14 +161,14 @@ def create_app(state: GatewayState) -> FastAPI:
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
 
-    async def chat_completions(request: Request):
-        body = await parsed_body(request, ChatCompletionRequest)
+    def start_chat(request: Request, body: ChatCompletionRequest, response_id: str
+                   ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
+        """A chat request's choices on their way, and what builds their output."""
         check_model(state, body.model)
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
             raise APIError(400, 'tool_choice "auto" (the default with tools) needs the gateway started with '
                                 '--tool-call-parser, to read the model\'s own calls: use "required", a named '
                                 'function or "none"', param="tool_choice")
-        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
         messages = body.chat_messages()
@@ -186,13 +187,27 @@ def create_app(state: GatewayState) -> FastAPI:
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call,
                                   tool_call_syntax=PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools
-                                  else None, reasoning=reasoning,
-                                  include_reasoning=body.include_reasoning)
-        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "messages",
+                                  else None, reasoning=reasoning, include_reasoning=body.include_reasoning)
+        return merge_choices(streams), builder, dispatched, timeline
+
+    async def chat_completions(request: Request):
+        body = await parsed_body(request, ChatCompletionRequest)
+        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+        choices, builder, dispatched, timeline = start_chat(request, body, response_id)
+        return await respond(request, choices, builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
+
+    async def responses(request: Request):
+        asked = await parsed_body(request, ResponsesRequest)
+        body = asked.as_chat()
+        response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
+        choices, builder, dispatched, _ = start_chat(request, body, response_id)
+        return await respond(request, choices, builder, asked.stream, False, "input", dispatched,
+                             shape=ResponsesShape(asked, builder))
 
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_route("/v1/responses", responses, methods=["POST"])
 
     @app.post("/tokenize")
     async def tokenize_prompt(request: Request) -> dict[str, Any]:
@@ -312,12 +327,14 @@ def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
 
 async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
                   stream: bool, include_usage: bool, prompt_param: str, dispatched: asyncio.Future,
-                  timeline: ResponseTimeline | None = None):
+                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | None = None):
     """`timeline`: the request's ledger, when it is to be sent with the response. `dispatched` is
     done once a choice's prompt is on its way to a worker: a stream is returned then, its first
-    event still to come (FirstEventResponse)."""
+    event still to come (FirstEventResponse). `shape`: the Responses API's, not chat's or
+    completions'."""
     if stream:
-        events = _events(choices, builder, include_usage, prompt_param, timeline)
+        events = (shape.events(choices, prompt_param) if shape is not None
+                  else _events(choices, builder, include_usage, prompt_param, timeline))
         first = asyncio.ensure_future(anext(events))
         try:
             await asyncio.wait([first, dispatched], return_when=asyncio.FIRST_COMPLETED)
@@ -339,7 +356,7 @@ async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], b
     except Exception as e:
         await choices.aclose()
         raise to_api_error(e, prompt_param) from e
-    body = builder.whole()
+    body = builder.whole() if shape is None else shape.whole(builder.whole())
     if timeline is not None:
         body["timeline"] = timeline.to_json()
     return JSONResponse(body, headers={"x-request-id": builder.id})

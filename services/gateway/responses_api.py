@@ -1,0 +1,344 @@
+"""OpenAI's Responses API (`POST /v1/responses`), as vLLM serves it: a request becomes the chat
+request it means, which the chat path generates; its chat output becomes a response.
+
+In: `input` (a text, or a list of items: messages with text content, and earlier turns'
+`function_call` and `function_call_output` items), `instructions` (a system message first),
+`max_output_tokens`, `temperature`, `top_p`, function `tools` and `tool_choice`, `text.format`
+(`json_schema` or `json_object`: structured output). Nothing is stored: `store` is answered false,
+and `previous_response_id` and `background` are refused, so a conversation goes whole as `input`.
+
+Out: `output` items in order: `reasoning` (a reasoning model's thinking, with
+`--reasoning-parser`), a `message` with one `output_text` part, and a `function_call` per call;
+`status` "incomplete" with `incomplete_details.reason` "max_output_tokens" when the limit cut
+it. A stream is the API's typed events (`response.created`, `response.output_text.delta`, ...,
+`response.completed`), each with its `sequence_number`; an error after the first event is an
+`error` event.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from services.gateway.errors import APIError, to_api_error
+from services.gateway.openai_protocol import ChatCompletionRequest
+from services.gateway.openai_responses import ResponseBuilder
+from services.gateway.pipeline import Delta
+
+ROLES = ("user", "system", "developer", "assistant")
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses; fields not listed are ignored, as OpenAI's optional ones are by vLLM."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    store: bool = False
+    previous_response_id: str | None = None
+    background: bool = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+    def as_chat(self) -> ChatCompletionRequest:
+        """The chat request this one means; APIError (400) for what the Responses API asks that
+        cannot be served, or what chat refuses."""
+        if self.previous_response_id is not None:
+            raise APIError(400, "previous_response_id: responses are not stored here; send the conversation as "
+                                "input", param="previous_response_id")
+        if self.background:
+            raise APIError(400, "background responses are not supported", param="background")
+        chat: dict[str, Any] = {"model": self.model, "messages": self._messages(), "stream": self.stream}
+        for name, value in (("max_completion_tokens", self.max_output_tokens), ("temperature", self.temperature),
+                            ("top_p", self.top_p), ("user", self.user)):
+            if value is not None:
+                chat[name] = value
+        if self.tools:
+            chat["tools"] = [_chat_tool(tool, i) for i, tool in enumerate(self.tools)]
+        if self.tool_choice is not None:
+            chat["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        if (response_format := _response_format(self.text)) is not None:
+            chat["response_format"] = response_format
+        try:
+            return ChatCompletionRequest.model_validate(chat)
+        except ValidationError as e:
+            first = e.errors(include_url=False)[0]
+            field = ".".join(str(p) for p in first.get("loc", ()))
+            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+            raise APIError(400, f"{field}: {message}" if field else message, param=field or None) from None
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            return [*messages, {"role": "user", "content": self.input}]
+        for i, item in enumerate(self.input):
+            kind = item.get("type", "message")
+            if kind == "message":
+                if item.get("role") not in ROLES:
+                    raise APIError(400, f"input[{i}].role must be one of {', '.join(ROLES)}", param=f"input[{i}].role")
+                messages.append({"role": item["role"], "content": _text(item.get("content"), i)})
+            elif kind == "function_call":
+                call = {"id": item.get("call_id"), "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+                previous = messages[-1] if messages else None
+                if previous is not None and previous["role"] == "assistant" and previous.get("tool_calls"):
+                    previous["tool_calls"].append(call)  # calls made together are one assistant turn
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                output = item.get("output")
+                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                                 "content": output if isinstance(output, str) else json.dumps(output)})
+            elif kind != "reasoning":  # earlier thinking: chat templates leave it out of the prompt
+                raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported", param=f"input[{i}]")
+        return messages
+
+
+def _text(content: Any, index: int) -> str:
+    """A message item's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"input[{index}].content must be a string or a list of parts", param=f"input[{index}]")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise APIError(400, f"input[{index}].content: parts of type {kind!r} are not supported (text only)",
+                           param=f"input[{index}].content")
+        texts.append(str(part.get("text", "")))
+    return "\n".join(texts)
+
+
+def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
+    """A Responses function tool (its fields at the top) as chat's (under `function`)."""
+    if tool.get("type") != "function":
+        raise APIError(400, f"tools[{index}]: only function tools are supported, got {tool.get('type')!r}",
+                       param=f"tools[{index}].type")
+    function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format`; None for plain text."""
+    fmt = (text or {}).get("format")
+    if not fmt or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    return fmt  # json_object, or what chat refuses by name
+
+
+class ResponsesShape:
+    """One request's response in the Responses API's shape, from its chat output (`builder`)."""
+
+    def __init__(self, request: ResponsesRequest, builder: ResponseBuilder):
+        self.request = request
+        self.builder = builder
+        self.id = builder.id
+        self.created_at = int(time.time())
+
+    def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The response from chat's whole body."""
+        [choice] = chat["choices"]
+        message, output = choice["message"], []
+        if message.get("reasoning") is not None:
+            output.append(_reasoning_item(_item_id("rs"), message["reasoning"], "completed"))
+        if message.get("content") or not message.get("tool_calls"):
+            output.append(_message_item(_item_id("msg"), message.get("content") or "", "completed"))
+        output += [_call_item(_item_id("fc"), call, "completed") for call in message.get("tool_calls") or []]
+        return self._response(output, choice["finish_reason"], chat["usage"])
+
+    async def events(self, choices: AsyncIterator[tuple[int, Delta]], prompt_param: str) -> AsyncIterator[bytes]:
+        """The stream: APIError before the first event (the response's status then), an `error`
+        event after it."""
+        try:
+            try:
+                first = await anext(choices)
+            except StopAsyncIteration:
+                raise APIError(500, "the request ended without output", code="internal_error") from None
+            except Exception as e:
+                raise to_api_error(e, prompt_param) from e
+            events = _StreamedItems(self)
+            yield events.event("response.created", response=self._response([], None, None))
+            yield events.event("response.in_progress", response=self._response([], None, None))
+            try:
+                for event in events.chunk(self.builder.chunk(*first, include_usage=False)):
+                    yield event
+                async for index, delta in choices:
+                    for event in events.chunk(self.builder.chunk(index, delta, include_usage=False)):
+                        yield event
+            except Exception as e:  # after the 200 went out: the error travels as an event
+                error = to_api_error(e, prompt_param)
+                yield events.event("error", code=error.code, message=error.message, param=error.param)
+        finally:
+            await choices.aclose()
+
+    def _response(self, output: list[dict[str, Any]], finish_reason: str | None,
+                  usage: dict[str, Any] | None) -> dict[str, Any]:
+        request = self.request
+        status = "in_progress" if finish_reason is None else "incomplete" if finish_reason == "length" else "completed"
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at, "model": self.builder.model,
+            "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
+            "temperature": request.temperature, "top_p": request.top_p, "tools": request.tools or [],
+            "tool_choice": request.tool_choice or "auto", "parallel_tool_calls": request.parallel_tool_calls,
+            "text": request.text or {"format": {"type": "text"}}, "store": False, "background": False,
+            "previous_response_id": None, "metadata": request.metadata or {}, "user": request.user,
+            "output": output, "usage": _usage(usage) if usage is not None else None,
+        }
+
+
+class _StreamedItems:
+    """The output items of a stream as chat chunks build them: each opened on its first text,
+    closed when the next begins or the reply ends."""
+
+    def __init__(self, shape: ResponsesShape):
+        self.shape = shape
+        self.sequence_number = 0
+        self.output: list[dict[str, Any]] = []  # items done, in order
+        self.open: tuple[str, dict[str, Any]] | None = None  # ("reasoning" | "message", its item)
+        self.calls: dict[int, dict[str, Any]] = {}  # chat tool call index -> its function_call item
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.sequence_number, **fields}
+        self.sequence_number += 1
+        return f"event: {kind}\ndata: ".encode() + json.dumps(body, separators=(",", ":"),
+                                                              ensure_ascii=False).encode() + b"\n\n"
+
+    def chunk(self, chat_chunk: dict[str, Any]) -> list[bytes]:
+        [choice] = chat_chunk["choices"]
+        delta, events = choice["delta"], []
+        if delta.get("reasoning"):
+            events += self._text("reasoning", delta["reasoning"])
+        if delta.get("content"):
+            events += self._text("message", delta["content"])
+        for call in delta.get("tool_calls") or []:
+            events += self._call(call)
+        if choice["finish_reason"] is not None:
+            if not self.output and self.open is None and not self.calls:
+                events += self._text("message", "")  # an empty reply is an empty message
+            events += self._close()
+            events += [self._close_call(index) for index in sorted(self.calls)]
+            self.output += [self.calls[index] for index in sorted(self.calls)]
+            events.append(self.event("response.completed", response=self.shape._response(
+                self.output, choice["finish_reason"], self.shape.builder.usage)))
+        return events
+
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        events = []
+        if self.open is None or self.open[0] != kind:
+            events += self._close()
+            item = (_reasoning_item(_item_id("rs"), "", "in_progress") if kind == "reasoning"
+                    else _message_item(_item_id("msg"), "", "in_progress"))
+            self.open = (kind, item)
+            events.append(self.event("response.output_item.added", output_index=len(self.output), item=item))
+            events.append(self.event("response.content_part.added", **self._where(), part=_part(kind, "")))
+        item = self.open[1]
+        item["content"][0]["text"] += text
+        events.append(self.event("response.reasoning_text.delta" if kind == "reasoning"
+                                 else "response.output_text.delta", **self._where(), delta=text,
+                                 **({} if kind == "reasoning" else {"logprobs": []})))
+        return events
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        kind, item = self.open
+        part = item["content"][0]
+        done = ("response.reasoning_text.done" if kind == "reasoning" else "response.output_text.done")
+        events = [self.event(done, **self._where(), text=part["text"],
+                             **({} if kind == "reasoning" else {"logprobs": []})),
+                  self.event("response.content_part.done", **self._where(), part=part)]
+        item["status"] = "completed"
+        events.append(self.event("response.output_item.done", output_index=len(self.output), item=item))
+        self.output.append(item)
+        self.open = None
+        return events
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.open[1]["id"], "output_index": len(self.output), "content_index": 0}
+
+    def _call(self, call: dict[str, Any]) -> list[bytes]:
+        events = self._close()
+        index = call.get("index", 0)
+        output_index = len(self.output) + index
+        item = self.calls.get(index)
+        if item is None:
+            function = call.get("function", {})
+            item = self.calls[index] = _call_item(_item_id("fc"), {"id": call.get("id"), "function": {
+                "name": function.get("name"), "arguments": ""}}, "in_progress")
+            events.append(self.event("response.output_item.added", output_index=output_index, item=item))
+        arguments = call.get("function", {}).get("arguments") or ""
+        if arguments:
+            item["arguments"] += arguments
+            events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                     output_index=output_index, delta=arguments))
+        return events
+
+    def _close_call(self, index: int) -> bytes:
+        item = self.calls[index]
+        item["status"] = "completed"
+        return b"".join([
+            self.event("response.function_call_arguments.done", item_id=item["id"],
+                       output_index=len(self.output) + index, arguments=item["arguments"]),
+            self.event("response.output_item.done", output_index=len(self.output) + index, item=item)])
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    if kind == "reasoning":
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [_part("reasoning", text)],
+            "status": status}
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "role": "assistant", "status": status,
+            "content": [_part("message", text)]}
+
+
+def _call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
+    function = call["function"]
+    return {"type": "function_call", "id": item_id, "call_id": call.get("id"), "name": function["name"],
+            "arguments": function["arguments"], "status": status}
+
+
+def _usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    return {"input_tokens": chat_usage["prompt_tokens"], "output_tokens": chat_usage["completion_tokens"],
+            "total_tokens": chat_usage["total_tokens"],
+            "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens_details": {"reasoning_tokens": 0}}
+

@@ -1,0 +1,140 @@
+"""OpenAI's Responses API through the mesh, by the `openai` client: the same output as chat for
+the same conversation, whole and streamed as typed events, with structured output, forced
+function calls and their follow-up turn; what it cannot serve is a 400."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from services.gateway.openai_responses import ResponseBuilder
+from services.gateway.responses_api import ResponsesRequest, ResponsesShape, _StreamedItems
+
+QUESTION = "Name a colour."
+TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}
+
+
+def chat_text(client, mesh, messages, **kwargs) -> tuple[str, str]:
+    choice = client.chat.completions.create(model=mesh.model_name, messages=messages, temperature=0, **kwargs)
+    return choice.choices[0].message.content, choice.choices[0].finish_reason
+
+
+def test_a_response_is_what_chat_answers(mesh, client):
+    response = client.responses.create(model=mesh.model_name, input=QUESTION, max_output_tokens=8, temperature=0)
+    text, reason = chat_text(client, mesh, [{"role": "user", "content": QUESTION}], max_completion_tokens=8)
+    assert response.output_text == text and response.object == "response" and response.id.startswith("resp_")
+    assert reason == "length" and response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    [item] = response.output
+    assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+    assert response.usage.output_tokens == 8 and response.usage.input_tokens > 0
+
+    # Instructions are a system message first; a message's text parts are joined.
+    response = client.responses.create(model=mesh.model_name, instructions="Be brief.", temperature=0,
+                                       max_output_tokens=6, input=[{"role": "user", "content": [
+                                           {"type": "input_text", "text": "Name"},
+                                           {"type": "input_text", "text": "a colour."}]}])
+    text, _ = chat_text(client, mesh, [{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "Name\na colour."}], max_tokens=6)
+    assert response.output_text == text
+    mesh.assert_decode_pools_free()
+
+
+def test_a_streamed_response_is_typed_events_that_add_up_to_the_whole(mesh, client):
+    kwargs = dict(model=mesh.model_name, input=QUESTION, max_output_tokens=12, temperature=0)
+    whole = client.responses.create(**kwargs)
+    events = list(client.responses.create(stream=True, **kwargs))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    done = events[-1].response
+    assert deltas == whole.output_text == done.output_text and done.status == whole.status
+    assert done.usage.output_tokens == whole.usage.output_tokens
+    mesh.assert_decode_pools_free()
+
+
+def test_structured_output_and_a_forced_function_call_then_its_answer(mesh, client):
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}}, "required": ["colour"]}
+    response = client.responses.create(model=mesh.model_name, input=QUESTION, temperature=0, max_output_tokens=60,
+                                       text={"format": {"type": "json_schema", "name": "c", "schema": schema}})
+    assert isinstance(json.loads(response.output_text)["colour"], str)
+
+    called = client.responses.create(model=mesh.model_name, input="What time is it?", temperature=0,
+                                     max_output_tokens=60, tools=[TIME_TOOL],
+                                     tool_choice={"type": "function", "name": "get_time"})
+    [call] = [item for item in called.output if item.type == "function_call"]
+    assert call.name == "get_time" and json.loads(call.arguments)["zone"] in ("UTC", "CET") and call.call_id
+
+    streamed = list(client.responses.create(model=mesh.model_name, input="What time is it?", temperature=0,
+                                            max_output_tokens=60, tools=[TIME_TOOL], stream=True,
+                                            tool_choice={"type": "function", "name": "get_time"}))
+    arguments = "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta")
+    assert arguments == call.arguments
+    [done] = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert done.arguments == call.arguments
+
+    follow_up = client.responses.create(model=mesh.model_name, temperature=0, max_output_tokens=5, tools=[TIME_TOOL],
+                                        tool_choice="none", input=[
+                                            {"role": "user", "content": "What time is it?"},
+                                            {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                                             "arguments": call.arguments},
+                                            {"type": "function_call_output", "call_id": call.call_id,
+                                             "output": "12:00"}])
+    assert follow_up.output_text and follow_up.output[0].type == "message"
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ({"background": True}, 400, "background"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
+    ({"input": [{"type": "web_search_call"}]}, 400, "input[0]"),
+    ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ({"temperature": -1}, 400, "temperature"),
+    ({"model": "nope"}, 404, "model"),
+])
+def test_what_cannot_be_served_is_refused_clearly(mesh, body, status, param):
+    response = httpx.post(f"{mesh.gateway.base_url}/v1/responses",
+                          json={"model": mesh.model_name, "input": "hi", "max_output_tokens": 4, **body}, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["param"] == param
+    mesh.assert_decode_pools_free()
+
+
+def test_reasoning_comes_first_as_its_own_item():
+    """The translation alone, from chat output with thinking in it, as a reasoning parser gives it."""
+    builder = ResponseBuilder(kind="chat", response_id="resp_x", model="m", num_choices=1, prompt_of_choice=[0],
+                              token_text=str, want_logprobs=False)
+    shape = ResponsesShape(ResponsesRequest(model="m", input="hi"), builder)
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    chat = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "Blue.", "reasoning": "Pick one.", "tool_calls": []}}], "usage": usage}
+    body = shape.whole(chat)
+    assert [item["type"] for item in body["output"]] == ["reasoning", "message"]
+    assert body["output"][0]["content"][0] == {"type": "reasoning_text", "text": "Pick one."}
+    assert body["status"] == "completed" and body["usage"]["output_tokens"] == 5
+
+    items = _StreamedItems(shape)
+    chunks = [{"delta": {"role": "assistant", "reasoning": "Pick"}, "finish_reason": None},
+              {"delta": {"reasoning": " one.", "content": "Blue"}, "finish_reason": None},
+              {"delta": {"content": "."}, "finish_reason": "stop"}]
+    events = [json.loads(raw.split(b"data: ", 1)[1]) for chunk in chunks
+              for raw in items.chunk({"choices": [{"index": 0, **chunk}]})]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+                     "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+                     "response.output_item.done", "response.output_item.added", "response.content_part.added",
+                     "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done", "response.completed"]
+    final = events[-1]["response"]["output"]
+    assert [i["type"] for i in final] == ["reasoning", "message"] and final[1]["content"][0]["text"] == "Blue."
+    assert events[6]["output_index"] == 0 and events[7]["output_index"] == 1
