@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
+from services.gateway.errors import APIError, to_api_error
 from services.gateway.pipeline import Delta
 
 _DONE = object()
@@ -49,3 +50,14 @@ async def merge_choices(streams: Sequence[AsyncIterator[Delta]]) -> AsyncIterato
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_choice(choices: AsyncIterator[tuple[int, Delta]], prompt_param: str) -> tuple[int, Delta]:
+    """The first (choice index, delta) of a stream about to start; the APIError that ended the
+    request before it, its response's status then."""
+    try:
+        return await anext(choices)
+    except StopAsyncIteration:
+        raise APIError(500, "the request ended without output", code="internal_error") from None
+    except Exception as e:
+        raise to_api_error(e, prompt_param) from e

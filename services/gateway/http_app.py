@@ -51,7 +51,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
-from services.gateway.choices import merge_choices
+from services.gateway.choices import first_choice, merge_choices
 from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
 from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -368,12 +368,7 @@ async def _events(choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBu
     after it. Starlette cancels this when the client disconnects; the cancellation reaches every
     choice's pipeline, which aborts its request on the mesh."""
     try:
-        try:
-            first = await anext(choices)
-        except StopAsyncIteration:
-            raise APIError(500, "the request ended without output", code="internal_error") from None
-        except Exception as e:
-            raise to_api_error(e, prompt_param) from e
+        first = await first_choice(choices, prompt_param)
         yield _event(builder.chunk(*first, include_usage))
         try:
             async for index, delta in choices:

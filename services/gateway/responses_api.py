@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from services.gateway.choices import first_choice
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatCompletionRequest
 from services.gateway.openai_responses import ResponseBuilder
@@ -176,12 +177,7 @@ class ResponsesShape:
         """The stream: APIError before the first event (the response's status then), an `error`
         event after it."""
         try:
-            try:
-                first = await anext(choices)
-            except StopAsyncIteration:
-                raise APIError(500, "the request ended without output", code="internal_error") from None
-            except Exception as e:
-                raise to_api_error(e, prompt_param) from e
+            first = await first_choice(choices, prompt_param)
             events = _StreamedItems(self)
             yield events.event("response.created", response=self._response([], None, None))
             yield events.event("response.in_progress", response=self._response([], None, None))
