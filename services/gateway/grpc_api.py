@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 
 import grpc
@@ -26,6 +26,7 @@ from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.openai_protocol import CHAT_ROLES
 from services.gateway.pipeline import Delta, RequestPipeline
+from services.gateway.reasoning_parsers import StreamedReasoning, reasoning_reader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, template_kwargs_from_json
 
@@ -35,9 +36,11 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     """`pipeline` is attached once the gateway's workers are connected."""
 
-    def __init__(self, model_name: str, timelines: TimelineStore | None = None, api_keys: ApiKeys | None = None):
+    def __init__(self, model_name: str, timelines: TimelineStore | None = None, api_keys: ApiKeys | None = None,
+                 reasoning_parser: str | None = None):
         self.model_name = model_name
         self.api_keys = api_keys
+        self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
         self.pipeline: RequestPipeline | None = None
         self.timelines = timelines if timelines is not None else TimelineStore()
 
@@ -51,33 +54,48 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal(authorization).message)
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         headers = EarlyHeaders(context)
+        reader = None
+        if request.WhichOneof("input") == "chat" and self.pipeline is not None:
+            reader = reasoning_reader(self.reasoning_parser, self.pipeline.tokenizer,
+                                      request.sampling.HasField("guided_regex"))
+        thinking: StreamedReasoning | None = None
         try:
             try:
-                deltas = self._deltas(request, request_id, arrival, headers.send_soon)
+                deltas = self._deltas(request, request_id, arrival, headers.send_soon,
+                                      reader.guide_after if reader is not None else None)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
                 raise
             stream = request.stream_options.stream
-            text, token_ids, logprobs, prompt_logprobs = [], [], [], []
+            text, reasoning, token_ids, logprobs, prompt_logprobs = [], [], [], [], []
             async with aclosing(deltas):
                 # Here, not in a generator of responses: one layer less on the first token's way out.
                 async for delta in deltas:
+                    answer, thought = delta.text, ""
+                    if reader is not None:
+                        if thinking is None:  # the first delta: its prompt says how the reply starts
+                            thinking = StreamedReasoning(reader.start(delta.prompt_token_ids))
+                        thought, answer = thinking.add(delta.text)
+                        if delta.finish_reason is not None:
+                            more_thought, more_answer = thinking.finish()
+                            thought, answer = thought + more_thought, answer + more_answer
                     if stream:
-                        if delta.text or delta.token_ids:
+                        if answer or thought or delta.token_ids:
                             await headers.sent()
                             yield gateway_pb2.GenerateResponse(request_id=request_id, chunk=gateway_pb2.GenerateChunk(
-                                text=delta.text, token_ids=delta.token_ids, logprobs=delta.logprobs,
+                                text=answer, reasoning=thought, token_ids=delta.token_ids, logprobs=delta.logprobs,
                                 prompt_logprobs=delta.prompt_logprobs))
                     else:
-                        text.append(delta.text)
+                        text.append(answer)
+                        reasoning.append(thought)
                         token_ids += delta.token_ids
                         logprobs += delta.logprobs
                         prompt_logprobs += delta.prompt_logprobs
                     if delta.finish_reason is not None:
                         await headers.sent()
                         yield gateway_pb2.GenerateResponse(request_id=request_id, complete=_complete(
-                            delta, "".join(text), token_ids, logprobs, prompt_logprobs))
+                            delta, "".join(text), "".join(reasoning), token_ids, logprobs, prompt_logprobs))
                         return
         except Exception as e:
             error = to_api_error(e, _input_field(request))
@@ -86,7 +104,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
     def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float,
-                on_dispatch: Callable[[], None]):
+                on_dispatch: Callable[[], None], guide_after: Callable[[Sequence[int]], int | None] | None):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         if request.model and request.model != self.model_name:
@@ -106,18 +124,18 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens if request.HasField("skip_special_tokens") else True,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch)
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch, guide_after=guide_after)
 
 
-def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list,
+def _complete(last: Delta, text: str, reasoning: str, token_ids: list[int], logprobs: list,
               prompt_logprobs: list) -> gateway_pb2.GenerateComplete:
     usage = last.usage
     return gateway_pb2.GenerateComplete(
         finish_reason=FINISH_REASONS.get(last.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
         usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                cached_tokens=usage.cached_tokens) if usage else None,
-        matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs)
+        matched_stop=last.matched_stop or "", text=text, reasoning=reasoning, token_ids=token_ids,
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
 
 def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, str]]:

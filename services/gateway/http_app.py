@@ -57,7 +57,7 @@ from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
-from services.gateway.reasoning_parsers import END as THINK_END, ReasoningReader
+from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
@@ -307,11 +307,9 @@ def wants_timeline(request: Request, asked_in_body: bool) -> bool:
 
 def _reasoning_reader(state: GatewayState, body: ChatCompletionRequest) -> ReasoningReader | None:
     """None without a parser, and for a forced tool call: its text is the call's."""
-    if state.reasoning_parser is None or body.forced_tool_call is not None:
+    if body.forced_tool_call is not None:
         return None
-    tokenizer = state.pipeline.tokenizer
-    return ReasoningReader(state.reasoning_parser, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-                           body.is_guided, tokenizer.token_to_id(THINK_END))
+    return reasoning_reader(state.reasoning_parser, state.pipeline.tokenizer, body.is_guided)
 
 
 def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:

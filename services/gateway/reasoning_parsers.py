@@ -131,3 +131,12 @@ class ReasoningReader:
 
     def _tail(self, prompt_token_ids: Sequence[int]) -> str:
         return self.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))
+
+
+def reasoning_reader(parser: str | None, tokenizer, is_guided: bool) -> ReasoningReader | None:
+    """The reader of a chat request's replies under `parser` (None: no parser, none), over the model's
+    `tokenizer` (its `decode` and `token_to_id`)."""
+    if parser is None:
+        return None
+    return ReasoningReader(parser, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), is_guided,
+                           tokenizer.token_to_id(END))

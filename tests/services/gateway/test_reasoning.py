@@ -5,11 +5,13 @@ a think block, which a continued assistant turn does here; a model whose tokeniz
 `</think>` token thinks freely before a guided answer, as far as a logit bias on it lets it."""
 from __future__ import annotations
 
+import grpc
 import openai
 import pytest
 from tokenizers import Tokenizer
 
 from engine.demo_model import make_demo_model
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
 from tests.services.gateway.mesh import gateway_client, start_mesh, stop_mesh
@@ -112,4 +114,23 @@ def test_a_guided_answer_follows_free_thinking(thinking_mesh):
         *MESSAGES, {"role": "assistant", "content": "<think>\n\n</think>\n\n"}]}, extra_body={
         "guided_choice": ["yes", "no"], "add_generation_prompt": False, "continue_final_message": True}).choices[0]
     assert closed.message.content in ("yes", "no") and "reasoning" not in (closed.message.model_extra or {})
+    mesh.assert_decode_pools_free()
+
+
+def test_the_grpc_api_gives_the_thinking_apart_too(thinking_mesh):
+    mesh, client = thinking_mesh
+    end = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json")).token_to_id("</think>")
+    free = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=20, temperature=0,
+                                          logit_bias={str(end): 8}).choices[0].message
+    request = gateway_pb2.GenerateRequest(
+        model=mesh.model_name, chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in MESSAGES]),
+        sampling=common_pb2.SamplingParams(max_tokens=20, temperature=0, logit_bias={end: 8}, guided_regex="yes|no"))
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GenerateStub(channel)
+        [whole] = stub.Generate(request, timeout=30)
+        request.stream_options.stream = True
+        chunks = [r.chunk for r in stub.Generate(request, timeout=30) if r.HasField("chunk")]
+    assert whole.complete.reasoning == free.reasoning and whole.complete.text in ("yes", "no")
+    assert "".join(c.reasoning for c in chunks) == free.reasoning
+    assert "".join(c.text for c in chunks) == whole.complete.text
     mesh.assert_decode_pools_free()
