@@ -14,6 +14,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+    FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
 
 class KVTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
+FINISH_REASON_TOOL_CALLS: FinishReason
 KV_TRANSPORT_UNSPECIFIED: KVTransport
 KV_TRANSPORT_SHARED_MEMORY: KVTransport
 KV_TRANSPORT_GRPC_STREAM: KVTransport

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/gateway.proto\x12\x10\x62\x61ton.gateway.v1\x1a\x13protos/common.proto\"\x1f\n\rStreamOptions\x12\x0e\n\x06stream\x18\x01 \x01(\x08\"\xb9\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12-\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1d.baton.common.v1.ChatMessagesH\x00\x12.\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x19.baton.common.v1.TokenIdsH\x00\x12\x31\n\x08sampling\x18\x06 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x37\n\x0estream_options\x18\x08 \x01(\x0b\x32\x1f.baton.gateway.v1.StreamOptions\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x33\n\x0c\x63hat_options\x18\x0b \x01(\x0b\x32\x1d.baton.gateway.v1.ChatOptionsB\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"\x8e\x01\n\x0b\x43hatOptions\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x02 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x03 \x01(\tB\x18\n\x16_add_generation_prompt\"\xaa\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12.\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x05 \x01(\t\"\xa0\x02\n\x10GenerateComplete\x12\x34\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12%\n\x05usage\x18\x02 \x01(\x0b\x32\x16.baton.common.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x08 \x01(\t\"\xc5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.baton.gateway.v1.GenerateChunkH\x00\x12\x36\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\".baton.gateway.v1.GenerateCompleteH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.baton.common.v1.ErrorH\x00\x42\n\n\x08response2_\n\x08Generate\x12S\n\x08Generate\x12!.baton.gateway.v1.GenerateRequest\x1a\".baton.gateway.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/gateway.proto\x12\x10\x62\x61ton.gateway.v1\x1a\x13protos/common.proto\"\x1f\n\rStreamOptions\x12\x0e\n\x06stream\x18\x01 \x01(\x08\"\xe7\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12-\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1d.baton.common.v1.ChatMessagesH\x00\x12.\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x19.baton.common.v1.TokenIdsH\x00\x12\x31\n\x08sampling\x18\x06 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x37\n\x0estream_options\x18\x08 \x01(\x0b\x32\x1f.baton.gateway.v1.StreamOptions\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x33\n\x0c\x63hat_options\x18\x0b \x01(\x0b\x32\x1d.baton.gateway.v1.ChatOptions\x12\x12\n\ntools_json\x18\x0c \x01(\t\x12\x18\n\x10tool_choice_json\x18\r \x01(\tB\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x8e\x01\n\x0b\x43hatOptions\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x02 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x03 \x01(\tB\x18\n\x16_add_generation_prompt\"\xda\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12.\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x05 \x01(\t\x12.\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1a.baton.gateway.v1.ToolCall\"\xd0\x02\n\x10GenerateComplete\x12\x34\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12%\n\x05usage\x18\x02 \x01(\x0b\x32\x16.baton.common.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x08 \x01(\t\x12.\n\ntool_calls\x18\t \x03(\x0b\x32\x1a.baton.gateway.v1.ToolCall\"\xc5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.baton.gateway.v1.GenerateChunkH\x00\x12\x36\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\".baton.gateway.v1.GenerateCompleteH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.baton.common.v1.ErrorH\x00\x42\n\n\x08response2_\n\x08Generate\x12S\n\x08Generate\x12!.baton.gateway.v1.GenerateRequest\x1a\".baton.gateway.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,15 +35,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMOPTIONS']._serialized_start=63
   _globals['_STREAMOPTIONS']._serialized_end=94
   _globals['_GENERATEREQUEST']._serialized_start=97
-  _globals['_GENERATEREQUEST']._serialized_end=538
-  _globals['_CHATOPTIONS']._serialized_start=541
-  _globals['_CHATOPTIONS']._serialized_end=683
-  _globals['_GENERATECHUNK']._serialized_start=686
-  _globals['_GENERATECHUNK']._serialized_end=856
-  _globals['_GENERATECOMPLETE']._serialized_start=859
-  _globals['_GENERATECOMPLETE']._serialized_end=1147
-  _globals['_GENERATERESPONSE']._serialized_start=1150
-  _globals['_GENERATERESPONSE']._serialized_end=1347
-  _globals['_GENERATE']._serialized_start=1349
-  _globals['_GENERATE']._serialized_end=1444
+  _globals['_GENERATEREQUEST']._serialized_end=584
+  _globals['_TOOLCALL']._serialized_start=586
+  _globals['_TOOLCALL']._serialized_end=656
+  _globals['_CHATOPTIONS']._serialized_start=659
+  _globals['_CHATOPTIONS']._serialized_end=801
+  _globals['_GENERATECHUNK']._serialized_start=804
+  _globals['_GENERATECHUNK']._serialized_end=1022
+  _globals['_GENERATECOMPLETE']._serialized_start=1025
+  _globals['_GENERATECOMPLETE']._serialized_end=1361
+  _globals['_GENERATERESPONSE']._serialized_start=1364
+  _globals['_GENERATERESPONSE']._serialized_end=1561
+  _globals['_GENERATE']._serialized_start=1563
+  _globals['_GENERATE']._serialized_end=1658
 # @@protoc_insertion_point(module_scope)

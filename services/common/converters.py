@@ -13,6 +13,7 @@ FINISH_REASONS = {  # as the engine and the OpenAI API name them
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
     "error": common_pb2.FINISH_REASON_ERROR,
+    "tool_calls": common_pb2.FINISH_REASON_TOOL_CALLS,
 }
 FINISH_REASON_NAMES = {reason: name for name, reason in FINISH_REASONS.items() if name is not None}
 

@@ -87,7 +87,7 @@ class GatewayService:
         self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
         self.api_keys = ApiKeys(config.api_keys) if config.api_keys else None
         self.servicer = GenerateServicer(config.served_model_name, self.timelines, self.api_keys,
-                                         config.reasoning_parser)
+                                         config.tool_call_parser, config.reasoning_parser)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None

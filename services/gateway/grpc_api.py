@@ -1,21 +1,25 @@
-"""The public gRPC API (protos/gateway.proto `Generate`) over the same request pipeline
-as the HTTP API. A failure is the stream's last message (`error`, carrying the HTTP
-status it maps to), not a gRPC status, so a client reads one shape for everything a
-request can end with. A client that cancels the call cancels the request on the mesh.
-The pipeline counts each request it is given (services/gateway/pipeline.py); a request
-refused before it gets there is counted here, by reason. Each request's ledger goes into
-the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where
-its time went (services/gateway/timeline.py). The response headers go out once the prompt is
-on its way to a worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders).
-With `--api-key`, a call without one of the keys in its `authorization` metadata ends
-UNAUTHENTICATED before its request is looked at (api_keys.py): refusing the caller, not the request.
+"""The public gRPC API (protos/gateway.proto `Generate`) over the same request pipeline as the
+HTTP API. A failure is the stream's last message (`error`, carrying the HTTP status it maps
+to), not a gRPC status, so a client reads one shape for everything a request can end with. A
+client that cancels the call cancels the request on the mesh. A chat request's reply is read
+as the HTTP API reads it (grpc_chat.py): a reasoning model's thinking in `reasoning`, tool
+calls in `tool_calls`. The pipeline counts each request it is given
+(services/gateway/pipeline.py); a request refused before it gets there is counted here, by
+reason. Each request's ledger goes into the same store as the HTTP API's, so `GET
+/v1/requests/{request_id}/timeline` shows where its time went
+(services/gateway/timeline.py). The response headers go out once the prompt is on its way to
+a worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders). With
+`--api-key`, a call without one of the keys in its `authorization` metadata ends
+UNAUTHENTICATED before its request is looked at (api_keys.py): refusing the caller, not the
+request.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import aclosing
+from typing import Any
 
 import grpc
 
@@ -24,11 +28,13 @@ from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.errors import APIError, model_not_found, to_api_error
-from services.gateway.openai_protocol import CHAT_ROLES
+from services.gateway.grpc_chat import ChatReply, ChatRequestTools
+from services.gateway.openai_protocol import CHAT_ROLES, with_parsed_arguments
 from services.gateway.pipeline import Delta, RequestPipeline
-from services.gateway.reasoning_parsers import StreamedReasoning, reasoning_reader
+from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, template_kwargs_from_json
+from services.tokenizer.converters import chat_messages_from_proto
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 
@@ -37,9 +43,10 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     """`pipeline` is attached once the gateway's workers are connected."""
 
     def __init__(self, model_name: str, timelines: TimelineStore | None = None, api_keys: ApiKeys | None = None,
-                 reasoning_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
         self.model_name = model_name
         self.api_keys = api_keys
+        self.tool_call_parser = tool_call_parser  # tool_parsers.py: the model's own calls, for "auto"
         self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
         self.pipeline: RequestPipeline | None = None
         self.timelines = timelines if timelines is not None else TimelineStore()
@@ -54,48 +61,46 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal(authorization).message)
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         headers = EarlyHeaders(context)
-        reader = None
-        if request.WhichOneof("input") == "chat" and self.pipeline is not None:
-            reader = reasoning_reader(self.reasoning_parser, self.pipeline.tokenizer,
-                                      request.sampling.HasField("guided_regex"))
-        thinking: StreamedReasoning | None = None
         try:
             try:
+                chat = None  # a chat request's reply, read as the HTTP API reads it (grpc_chat.py)
+                if request.WhichOneof("input") == "chat" and self.pipeline is not None:
+                    chat, tools = ChatReply.start(request, request_id, self.model_name, self.pipeline.tokenizer,
+                                                  self.tool_call_parser, self.reasoning_parser)
                 deltas = self._deltas(request, request_id, arrival, headers.send_soon,
-                                      reader.guide_after if reader is not None else None)
+                                      tools if chat is not None else None, chat.reasoning if chat else None)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
                 raise
             stream = request.stream_options.stream
-            text, reasoning, token_ids, logprobs, prompt_logprobs = [], [], [], [], []
+            text, token_ids, logprobs, prompt_logprobs = [], [], [], []
             async with aclosing(deltas):
                 # Here, not in a generator of responses: one layer less on the first token's way out.
                 async for delta in deltas:
-                    answer, thought = delta.text, ""
-                    if reader is not None:
-                        if thinking is None:  # the first delta: its prompt says how the reply starts
-                            thinking = StreamedReasoning(reader.start(delta.prompt_token_ids))
-                        thought, answer = thinking.add(delta.text)
-                        if delta.finish_reason is not None:
-                            more_thought, more_answer = thinking.finish()
-                            thought, answer = thought + more_thought, answer + more_answer
                     if stream:
-                        if answer or thought or delta.token_ids:
+                        chunk = chat.chunk(delta) if chat is not None else gateway_pb2.GenerateChunk(
+                            text=delta.text, token_ids=delta.token_ids, logprobs=delta.logprobs,
+                            prompt_logprobs=delta.prompt_logprobs)
+                        if chunk.text or chunk.reasoning or chunk.tool_calls or chunk.token_ids:
                             await headers.sent()
-                            yield gateway_pb2.GenerateResponse(request_id=request_id, chunk=gateway_pb2.GenerateChunk(
-                                text=answer, reasoning=thought, token_ids=delta.token_ids, logprobs=delta.logprobs,
-                                prompt_logprobs=delta.prompt_logprobs))
+                            yield gateway_pb2.GenerateResponse(request_id=request_id, chunk=chunk)
                     else:
-                        text.append(answer)
-                        reasoning.append(thought)
+                        if chat is not None:
+                            chat.add(delta)
+                        text.append(delta.text)
                         token_ids += delta.token_ids
                         logprobs += delta.logprobs
                         prompt_logprobs += delta.prompt_logprobs
                     if delta.finish_reason is not None:
+                        complete = _complete(delta, "".join(text), token_ids, logprobs, prompt_logprobs)
+                        if chat is not None:
+                            if not stream:
+                                complete.text, complete.reasoning, calls = chat.whole()
+                                complete.tool_calls.extend(calls)
+                            complete.finish_reason = FINISH_REASONS[chat.finish_reason]
                         await headers.sent()
-                        yield gateway_pb2.GenerateResponse(request_id=request_id, complete=_complete(
-                            delta, "".join(text), "".join(reasoning), token_ids, logprobs, prompt_logprobs))
+                        yield gateway_pb2.GenerateResponse(request_id=request_id, complete=complete)
                         return
         except Exception as e:
             error = to_api_error(e, _input_field(request))
@@ -104,7 +109,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
     def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float,
-                on_dispatch: Callable[[], None], guide_after: Callable[[Sequence[int]], int | None] | None):
+                on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         if request.model and request.model != self.model_name:
@@ -117,40 +122,55 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         elif given == "text":
             inputs = {"prompt_text": request.text}
         else:
-            inputs = {"messages": _chat_messages(request.chat), "chat_options": _chat_options(request.chat_options)}
+            inputs = {"messages": _chat_messages(request.chat),
+                      "chat_options": _chat_options(request.chat_options, tools.tools if tools else None)}
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
+        sampling = request.sampling
+        if tools is not None and tools.forced is not None:  # the text is guided to the call
+            sampling = common_pb2.SamplingParams()
+            sampling.CopyFrom(request.sampling)
+            sampling.guided_regex = tools.forced.regex
         return self.pipeline.generate(
-            request_id, **inputs, sampling=request.sampling, stop=list(request.stop),
+            request_id, **inputs, sampling=sampling, stop=list(request.stop),
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens if request.HasField("skip_special_tokens") else True,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch, guide_after=guide_after)
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch,
+            guide_after=reasoning.guide_after if reasoning is not None else None)
 
 
-def _complete(last: Delta, text: str, reasoning: str, token_ids: list[int], logprobs: list,
+def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list,
               prompt_logprobs: list) -> gateway_pb2.GenerateComplete:
     usage = last.usage
     return gateway_pb2.GenerateComplete(
         finish_reason=FINISH_REASONS.get(last.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
         usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                cached_tokens=usage.cached_tokens) if usage else None,
-        matched_stop=last.matched_stop or "", text=text, reasoning=reasoning, token_ids=token_ids,
-        logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs)
 
 
-def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, str]]:
+def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:
     """The messages as the pipeline takes them, held to what the HTTP API accepts: at least one, each
-    with a role OpenAI's API knows (a template fed another may fail, or render what its author did not mean)."""
+    with a role OpenAI's API knows (a template fed another may fail, or render what its author did not
+    mean); an assistant's tool calls with their arguments as objects, as templates read them."""
     if not chat.messages:
         raise APIError(400, "chat.messages must not be empty", param="chat.messages")
     for i, message in enumerate(chat.messages):
         if message.role not in CHAT_ROLES:
             raise APIError(400, f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got "
                                 f"{message.role!r}", param=f"chat.messages[{i}].role")
-    return [{"role": m.role, "content": m.content} for m in chat.messages]
+    try:
+        messages = chat_messages_from_proto(chat.messages)
+    except ValueError as e:  # tool_calls_json that is not a JSON list
+        raise APIError(400, f"chat.messages: {e}", param="chat.messages") from None
+    for message in messages:
+        if "tool_calls" in message:
+            message["tool_calls"] = [with_parsed_arguments(call) for call in message["tool_calls"]]
+    return messages
 
 
-def _chat_options(options: gateway_pb2.ChatOptions) -> ChatOptions:
+def _chat_options(options: gateway_pb2.ChatOptions, tools: list | None) -> ChatOptions:
     add_generation_prompt = options.add_generation_prompt if options.HasField("add_generation_prompt") else True
     if add_generation_prompt and options.continue_final_message:
         raise APIError(400, "chat_options: continue_final_message and add_generation_prompt cannot both be true "
@@ -159,7 +179,7 @@ def _chat_options(options: gateway_pb2.ChatOptions) -> ChatOptions:
         kwargs = template_kwargs_from_json(options.chat_template_kwargs_json)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="chat_options.chat_template_kwargs_json") from None
-    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs)
+    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs, tools)
 
 
 def _input_field(request: gateway_pb2.GenerateRequest) -> str:

@@ -225,7 +225,7 @@ class ChatMessage(BaseModel):
         as objects (templates write them with `tojson`; OpenAI sends them as JSON text)."""
         message: dict[str, Any] = {"role": self.role, "content": self.text}
         if self.tool_calls:
-            message["tool_calls"] = [_with_parsed_arguments(call) for call in self.tool_calls]
+            message["tool_calls"] = [with_parsed_arguments(call) for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
@@ -314,7 +314,7 @@ class ChatCompletionRequest(_SamplingFields):
         return [m.as_template_input() for m in self.messages]
 
 
-def _with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
+def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
     function = call.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
         return call

@@ -2,6 +2,8 @@
 chunks then the completion out; errors as the stream's last message; cancellation frees pages."""
 from __future__ import annotations
 
+import json
+
 import grpc
 import httpx
 import pytest
@@ -203,3 +205,62 @@ def test_the_http_apis_text_and_chat_options(mesh, stub):
     [kept] = stub.Generate(forced, timeout=30)
     assert list(kept.complete.token_ids) == [eos] * 3 and skipped.complete.text == "" and kept.complete.text
     mesh.assert_decode_pools_free()
+
+
+TIME_TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+ASK_TIME = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", content="What time is it?")])
+
+
+def tools_request(choice, stream: bool = False, max_tokens: int = 60, **fields) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(
+        chat=fields.pop("chat", ASK_TIME), sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0),
+        tools_json=json.dumps(TIME_TOOLS), tool_choice_json=json.dumps(choice),
+        stream_options=gateway_pb2.StreamOptions(stream=stream), **fields)
+
+
+def test_tools_forced_by_tool_choice_come_back_as_tool_calls(stub, mesh, client):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    [whole] = stub.Generate(tools_request(named), timeout=30)
+    [call] = whole.complete.tool_calls
+    assert call.name == "get_time" and call.id.startswith("call_") and not whole.complete.text
+    assert json.loads(call.arguments)["zone"] in ("UTC", "CET")
+    assert whole.complete.finish_reason == common_pb2.FINISH_REASON_STOP  # a named function's call, as OpenAI's
+    http = client.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content":
+                                          "What time is it?"}], max_tokens=60, temperature=0, tools=TIME_TOOLS,
+                                          tool_choice=named).choices[0].message.tool_calls[0]
+    assert call.arguments == http.function.arguments
+
+    pieces = [r.chunk.tool_calls for r in stub.Generate(tools_request(named, stream=True), timeout=30)
+              if r.HasField("chunk")]
+    first, *rest = [c for piece in pieces for c in piece]
+    assert first.name == "get_time" and first.id and all(c.index == 0 and not c.name for c in rest)
+    assert first.arguments + "".join(c.arguments for c in rest) == call.arguments
+
+    [required] = stub.Generate(tools_request("required", max_tokens=300), timeout=60)
+    assert required.complete.finish_reason == common_pb2.FINISH_REASON_TOOL_CALLS
+    assert required.complete.tool_calls and {c.name for c in required.complete.tool_calls} == {"get_time"}
+
+    # The next turn: the call and its answer go back in, and the reply is text.
+    follow_up = common_pb2.ChatMessages(messages=[
+        *ASK_TIME.messages,
+        common_pb2.ChatMessage(role="assistant", tool_calls_json=json.dumps([{
+            "id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}])),
+        common_pb2.ChatMessage(role="tool", tool_call_id=call.id, content="12:00")])
+    [reply] = stub.Generate(tools_request("none", chat=follow_up), timeout=30)
+    assert reply.complete.text and not reply.complete.tool_calls
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tool_choice_json": '"auto"'}, "tool_choice_json"),  # this gateway has no tool-call parser
+    ({"tools_json": "[{"}, "tools_json"),
+    ({"tools_json": '{"type": "function"}'}, "tools_json"),
+    ({"tool_choice_json": '{"type": "function", "function": {"name": "nope"}}'}, "tool_choice_json"),
+])
+def test_tools_that_cannot_be_served_are_a_400(stub, mesh, fields, param):
+    request = tools_request("required")
+    for name, value in fields.items():
+        setattr(request, name, value)
+    [response] = stub.Generate(request, timeout=30)
+    assert response.error.code == 400 and response.error.param == param, response
