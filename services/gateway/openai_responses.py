@@ -16,24 +16,29 @@ from typing import Any
 
 from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
-from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning, split_reasoning
+from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
 from services.gateway.tool_parsers import StreamedCalls, ToolCallSyntax
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 
 
-def usage_body(usages: Sequence[Usage], prompt_of_choice: Sequence[int]) -> dict[str, Any]:
+def usage_body(usages: Sequence[Usage], prompt_of_choice: Sequence[int],
+               reasoning_tokens: int | None = None) -> dict[str, Any]:
     """Usage over every choice: each prompt's tokens once (as OpenAI counts n > 1), every
-    choice's completion tokens."""
+    choice's completion tokens; `reasoning_tokens` (of those, the thinking's) where a reasoning
+    parser read the replies."""
     first_of_prompt: dict[int, Usage] = {}
     for usage, prompt in zip(usages, prompt_of_choice):
         first_of_prompt.setdefault(prompt, usage)
     prompt_tokens = sum(u.prompt_tokens for u in first_of_prompt.values())
     completion_tokens = sum(u.completion_tokens for u in usages)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens for u in first_of_prompt.values())}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 def completion_logprobs(entries: Sequence[common_pb2.TopLogprobs], token_text: TokenText,
@@ -97,6 +102,13 @@ class ChoiceState:
     usage: Usage | None = None
     prompt_token_ids: Sequence[int] = ()
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
+    # With a reasoning parser: the text split as it came (thinking, answer), and the tokens
+    # generated while thinking (its closing tag's included).
+    thinking: StreamedReasoning | None = None
+    thought: str = ""
+    answer: str = ""
+    reasoning_tokens: int = 0
+    undecided_tokens: int = 0  # the first ones, while it is not yet known whether they open a think block
 
     def add(self, delta: Delta) -> None:
         if delta.prompt_token_ids:
@@ -139,12 +151,12 @@ class ResponseBuilder:
         # chat with --reasoning-parser: each choice's thinking read out of its text (reasoning_parsers.py)
         self.reasoning = reasoning
         self.include_reasoning = include_reasoning
-        self._streamed_reasoning: list[StreamedReasoning | None] = [None] * num_choices
 
     @property
     def usage(self) -> dict[str, Any]:
         usages = [c.usage or Usage(0, len(c.token_ids), 0) for c in self.choices]
-        return usage_body(usages, self.prompt_of_choice)
+        reasoning_tokens = sum(c.reasoning_tokens for c in self.choices) if self.reasoning is not None else None
+        return usage_body(usages, self.prompt_of_choice, reasoning_tokens)
 
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
@@ -176,7 +188,7 @@ class ResponseBuilder:
         else:
             if self.want_logprobs:
                 logprobs = chat_logprobs(delta.logprobs, self.token_text)
-            thought, text = self._split_delta(index, delta, state) if self.reasoning is not None else ("", delta.text)
+            thought, text = self._split_delta(delta, state) if self.reasoning is not None else ("", delta.text)
             if self.forced_tool_call is not None:
                 message, calls = self._tool_call_delta(index, delta, state)
             elif self._streamed_calls is not None:
@@ -219,7 +231,10 @@ class ResponseBuilder:
     # ---- whole -----------------------------------------------------------------------
 
     def add(self, index: int, delta: Delta) -> None:
-        self.choices[index].add(delta)
+        state = self.choices[index]
+        state.add(delta)
+        if self.reasoning is not None:
+            self._split_delta(delta, state)
 
     def whole(self) -> dict[str, Any]:
         choices = []
@@ -264,8 +279,10 @@ class ResponseBuilder:
                 calls[0]["id"] = self._call_ids[index]  # the id its stream's first chunk gave it
             return None, None, calls
         reasoning, text = None, state.text
-        if self.reasoning is not None:
-            reasoning, text = split_reasoning(state.text, self.reasoning.start(state.prompt_token_ids))
+        if self.reasoning is not None and state.thinking is not None:
+            # A reply that thought has no content without an answer; one that did not, no reasoning.
+            reasoning = state.thought if state.thinking.has_thought else None
+            text = state.answer if reasoning is None else state.answer or None
         if self.tool_call_syntax is not None and text is not None:
             content, calls = self.tool_call_syntax.parse(text)
             if calls:
@@ -296,15 +313,25 @@ class ResponseBuilder:
             return {"content": content}, None
         return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, calls
 
-    def _split_delta(self, index: int, delta: Delta, state: ChoiceState) -> tuple[str, str]:
-        """A chat delta's (thinking, answer) text; the choice's first delta says how its reply starts."""
-        stream = self._streamed_reasoning[index]
+    def _split_delta(self, delta: Delta, state: ChoiceState) -> tuple[str, str]:
+        """A chat delta's (thinking, answer) text, recorded in `state`; the choice's first delta says
+        how its reply starts."""
+        stream = state.thinking
         if stream is None:
-            stream = self._streamed_reasoning[index] = StreamedReasoning(self.reasoning.start(state.prompt_token_ids))
+            stream = state.thinking = StreamedReasoning(self.reasoning.start(state.prompt_token_ids))
+        was_thinking = stream.is_thinking is True
         thought, text = stream.add(delta.text)
+        if stream.is_thinking is None:  # e.g. "<th" of a "<think>" spelled in pieces
+            state.undecided_tokens += len(delta.token_ids)
+        else:
+            if was_thinking or thought or stream.is_thinking:
+                state.reasoning_tokens += len(delta.token_ids) + state.undecided_tokens
+            state.undecided_tokens = 0
         if delta.finish_reason is not None:
             more_thought, more_text = stream.finish()
             thought, text = thought + more_thought, text + more_text
+        state.thought += thought
+        state.answer += text
         return thought, text
 
     def _parsed_delta(self, index: int, delta_text: str, is_last: bool

@@ -89,18 +89,6 @@ class StreamedReasoning:
         return (held, "") if self.is_thinking else ("", held)
 
 
-def split_reasoning(text: str, is_thinking: bool | None) -> tuple[str | None, str | None]:
-    """A whole reply's (reasoning, content): reasoning None where it did not think; content None
-    where it thought and gave no answer."""
-    stream = StreamedReasoning(is_thinking)
-    parts = [stream.add(text), stream.finish()]
-    reasoning = "".join(p[0] for p in parts)
-    content = "".join(p[1] for p in parts)
-    if not stream.has_thought:
-        return None, content
-    return reasoning, content or None
-
-
 def _partial_tag(text: str, tag: str) -> int:
     """How many of `text`'s last characters could be the start of `tag`."""
     return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)

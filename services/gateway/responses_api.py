@@ -336,5 +336,6 @@ def _usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
     return {"input_tokens": chat_usage["prompt_tokens"], "output_tokens": chat_usage["completion_tokens"],
             "total_tokens": chat_usage["total_tokens"],
             "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+            "output_tokens_details": {
+                "reasoning_tokens": chat_usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)}}
 

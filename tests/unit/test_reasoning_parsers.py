@@ -1,11 +1,14 @@
 """Reasoning parsers: a reply's thinking apart from its answer, whole and streamed however the
-text is cut, and how the prompt and the guide decide where a reply starts."""
+text is cut, the tokens it thought for, and how the prompt and the guide decide where a reply
+starts."""
 from __future__ import annotations
 
 import pytest
 
 from services.gateway.openai_protocol import ChatMessage
-from services.gateway.reasoning_parsers import StreamedReasoning, split_reasoning, starts_thinking
+from services.gateway.openai_responses import ResponseBuilder
+from services.gateway.pipeline import Delta, Usage
+from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning, starts_thinking
 from services.tokenizer.converters import chat_message_to_proto, chat_messages_from_proto
 
 # (text, how it starts, reasoning, content)
@@ -24,9 +27,49 @@ CASES = [
 ]
 
 
+def chat_builder(start: bool | None) -> ResponseBuilder:
+    """A chat response whose replies start thinking (deepseek_r1) or as their text says (qwen3, a
+    prompt with no think block)."""
+    reader = ReasoningReader("deepseek_r1" if start else "qwen3", decode=lambda ids: "<|im_start|>assistant\n")
+    return ResponseBuilder(kind="chat", response_id="r", model="m", num_choices=1, prompt_of_choice=[0],
+                           token_text=str, want_logprobs=False, reasoning=reader)
+
+
+def deltas(pieces: list[str]) -> list[Delta]:
+    """One token a piece, the last finishing the reply."""
+    last = len(pieces) - 1
+    return [Delta(piece, [i], prompt_token_ids=[7] if i == 0 else (),
+                  finish_reason="stop" if i == last else None, usage=Usage(1, len(pieces), 0) if i == last else None)
+            for i, piece in enumerate(pieces)]
+
+
 @pytest.mark.parametrize("text, start, reasoning, content", CASES)
 def test_whole_replies_split_at_the_closing_tag(text, start, reasoning, content):
-    assert split_reasoning(text, start) == (reasoning, content)
+    builder = chat_builder(start)
+    for delta in deltas([text]):
+        builder.add(0, delta)
+    message = builder.whole()["choices"][0]["message"]
+    assert (message.get("reasoning"), message["content"]) == (reasoning, content)
+
+
+def test_the_tokens_a_reply_thought_for_are_counted_whole_and_streamed():
+    pieces = ["<th", "ink>", "Sum", " it", "</", "think>", "It is", " 4."]  # tags spelled in pieces
+    whole, streamed = chat_builder(None), chat_builder(None)
+    for delta in deltas(pieces):
+        whole.add(0, delta)
+        streamed.chunk(0, delta, include_usage=False)
+    for builder in (whole, streamed):  # the opening and closing tags' tokens count as thinking
+        assert builder.usage["completion_tokens_details"] == {"reasoning_tokens": 6}
+    answer_only = chat_builder(None)
+    for delta in deltas(["<", "b>", "bold</b>"]):  # not a think block after all
+        answer_only.add(0, delta)
+    assert answer_only.usage["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert whole.whole()["choices"][0]["message"]["reasoning"] == "Sum it"
+    plain = ResponseBuilder(kind="chat", response_id="r", model="m", num_choices=1, prompt_of_choice=[0],
+                            token_text=str, want_logprobs=False)
+    for delta in deltas(["It is 4."]):
+        plain.add(0, delta)
+    assert "completion_tokens_details" not in plain.usage  # no parser, no count
 
 
 @pytest.mark.parametrize("text, start, reasoning, content", CASES)

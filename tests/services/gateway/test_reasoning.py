@@ -44,8 +44,15 @@ def test_the_thinking_comes_apart_from_the_answer(mesh, qwen3, client):
                   extra_body={"guided_regex": THINK_THEN_ANSWER})
     raw = client.chat.completions.create(**kwargs).choices[0].message.content  # the gateway without a parser
     thought, answer = raw.removeprefix("<think>").split("</think>")
-    whole = qwen3.chat.completions.create(**kwargs).choices[0]
+    response = qwen3.chat.completions.create(**kwargs)
+    whole = response.choices[0]
     assert whole.message.reasoning == whole.message.reasoning_content == thought
+    # Thinking tokens: those up to and with the one that completes "</think>", as the model wrote them.
+    tokens = client.chat.completions.create(**kwargs, logprobs=True).choices[0].logprobs.content
+    written = [sum(len(t.token) for t in tokens[:i + 1]) for i in range(len(tokens))]
+    closed_at = raw.index("</think>") + len("</think>")
+    thought_tokens = next(i + 1 for i, n in enumerate(written) if n >= closed_at)
+    assert response.usage.completion_tokens_details.reasoning_tokens == thought_tokens
     assert whole.message.content == answer and whole.finish_reason == "stop"
     assert streamed(qwen3, **kwargs) == (thought, answer, "stop")
 

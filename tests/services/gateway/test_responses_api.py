@@ -115,13 +115,14 @@ def test_reasoning_comes_first_as_its_own_item():
                               token_text=str, want_logprobs=False)
     shape = ResponsesShape(ResponsesRequest(model="m", input="hi"), builder)
     usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
-             "prompt_tokens_details": {"cached_tokens": 0}}
+             "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 3}}
     chat = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
         "role": "assistant", "content": "Blue.", "reasoning": "Pick one.", "tool_calls": []}}], "usage": usage}
     body = shape.whole(chat)
     assert [item["type"] for item in body["output"]] == ["reasoning", "message"]
     assert body["output"][0]["content"][0] == {"type": "reasoning_text", "text": "Pick one."}
     assert body["status"] == "completed" and body["usage"]["output_tokens"] == 5
+    assert body["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}
 
     items = _StreamedItems(shape)
     chunks = [{"delta": {"role": "assistant", "reasoning": "Pick"}, "finish_reason": None},
