@@ -128,19 +128,31 @@ class Deadlines:
 class _TextOutput:
     """Generated token ids → text deltas: incremental detokenization, then stop strings. The text
     of the first `min_tokens` tokens goes out as it is, as vLLM's does: stop strings are looked
-    for in what follows it."""
+    for in what follows it. The token that stopped the text (EOS or a stop token id) counts, but
+    its text is left out unless `include_stop_str_in_output`, as vLLM leaves it out."""
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[str],
                  include_stop_str_in_output: bool, min_tokens: int = 0, skip_special_tokens: bool = True):
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
         self.stops = StopStringMatcher(stop, include_stop_str_in_output)
         self.min_tokens = min_tokens
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self._num_untexted = 0  # the stopping token, when its text is left out
 
     @property
     def num_tokens(self) -> int:
-        return len(self.detokenizer.output_token_ids)
+        return len(self.detokenizer.output_token_ids) + self._num_untexted
 
-    def add(self, token_ids: Sequence[int]) -> str:
+    def add(self, token_ids: Sequence[int], is_stopped_by_last: bool = False) -> str:
+        """The text to send for `token_ids`; `is_stopped_by_last`: the worker stopped the text at the
+        last of them."""
+        if is_stopped_by_last and token_ids and not self.include_stop_str_in_output:
+            text = self._text(token_ids[:-1])
+            self._num_untexted = 1
+            return text
+        return self._text(token_ids)
+
+    def _text(self, token_ids: Sequence[int]) -> str:
         unmatched = min(len(token_ids), self.min_tokens - self.num_tokens)
         if unmatched <= 0:
             return self.stops.add(self.detokenizer.add(token_ids))[0]
@@ -398,7 +410,7 @@ class RequestPipeline:
             async with aclosing(steps):
                 async for step in steps:
                     arrived = time.perf_counter()
-                    text = output.add(step.token_ids)
+                    text = output.add(step.token_ids, is_stopped_by_last=step.finish_reason == "stop")
                     if output.stops.is_stopped or step.finish_reason is not None:
                         timer.add_tokens(len(step.token_ids), arrived)
                         if not output.stops.is_stopped:

@@ -162,6 +162,27 @@ def test_logit_bias_forces_a_token_on_prefill_and_decode_alike(client, mesh, tok
     assert chat.choices[0].message.content == tokenizer.decode([300] * 3)
 
 
+def test_the_token_that_stops_the_text_counts_but_is_not_in_it(client, mesh, tokenizer):
+    # As vLLM: a stop token id (or EOS) ends the text without its own text, unless
+    # include_stop_str_in_output; it is counted either way. Token 300 is forced, and stops at once.
+    ids = tokenizer.encode(PROMPT)
+    forced = dict(model=mesh.model_name, prompt=ids, max_tokens=8, temperature=0, logit_bias={"300": 100})
+    for stream in (False, True):
+        for kept in (False, True):
+            extra = {"ignore_eos": True, "stop_token_ids": [300], "include_stop_str_in_output": kept}
+            if stream:
+                chunks = [c for c in client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                               extra_body=extra, **forced)]
+                text, usage = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+            else:
+                whole = client.completions.create(extra_body=extra, **forced)
+                text, usage = whole.choices[0].text, whole.usage
+            assert usage.completion_tokens == 1
+            assert text == (continuation(tokenizer, ids, [300]) if kept else "")
+    assert continuation(tokenizer, ids, [300])
+    mesh.assert_decode_pools_free()
+
+
 def test_min_tokens_holds_off_stop_token_ids_and_stop_strings_on_prefill_and_decode(client, mesh, tokenizer):
     # Token 300 is forced at every step (the first is prefill's, the rest decode's) and stops the text,
     # except where min_tokens bans it: the 3 tokens before it are each the best of the rest.
