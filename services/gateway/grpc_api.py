@@ -63,12 +63,12 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         headers = EarlyHeaders(context)
         try:
             try:
-                chat = None  # a chat request's reply, read as the HTTP API reads it (grpc_chat.py)
+                chat = tools = None  # a chat request's reply, read as the HTTP API reads it (grpc_chat.py)
                 if request.WhichOneof("input") == "chat" and self.pipeline is not None:
                     chat, tools = ChatReply.start(request, request_id, self.model_name, self.pipeline.tokenizer,
                                                   self.tool_call_parser, self.reasoning_parser)
-                deltas = self._deltas(request, request_id, arrival, headers.send_soon,
-                                      tools if chat is not None else None, chat.reasoning if chat else None)
+                deltas = self._deltas(request, request_id, arrival, headers.send_soon, tools,
+                                      chat.reasoning if chat is not None else None)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
@@ -88,7 +88,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                     else:
                         if chat is not None:
                             chat.add(delta)
-                        text.append(delta.text)
+                        else:
+                            text.append(delta.text)
                         token_ids += delta.token_ids
                         logprobs += delta.logprobs
                         prompt_logprobs += delta.prompt_logprobs

@@ -18,7 +18,7 @@ from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.pipeline import Delta
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
-from services.gateway.tool_parsers import PARSERS
+from services.gateway.tool_parsers import PARSERS, needs_a_parser
 
 
 @dataclass
@@ -42,9 +42,7 @@ class ChatRequestTools:
             raise APIError(400, "a forced tool call and a guided_regex cannot both be asked for", param="sampling")
         reads_calls = bool(tools) and effective_tool_choice(tools, choice) == "auto"
         if reads_calls and tool_call_parser is None:
-            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the gateway started with '
-                                '--tool-call-parser: use "required", a named function or "none"',
-                           param="tool_choice_json")
+            raise needs_a_parser("tool_choice_json")
         return cls(tools, forced, reads_calls)
 
 
@@ -57,7 +55,7 @@ class ChatReply:
             kind="chat", response_id=request_id, model=model, num_choices=1, prompt_of_choice=[0], token_text=str,
             want_logprobs=False, forced_tool_call=tools.forced,
             tool_call_syntax=PARSERS[tool_call_parser] if tools.reads_calls else None,
-            reasoning=reasoning if tools.forced is None else None)
+            reasoning=reasoning)
         self.finish_reason: str | None = None
 
     @classmethod

@@ -61,7 +61,7 @@ from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.tool_parsers import PARSERS
+from services.gateway.tool_parsers import PARSERS, needs_a_parser
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -166,9 +166,7 @@ def create_app(state: GatewayState) -> FastAPI:
         """A chat request's choices on their way, and what builds their output."""
         check_model(state, body.model)
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
-            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the gateway started with '
-                                '--tool-call-parser, to read the model\'s own calls: use "required", a named '
-                                'function or "none"', param="tool_choice")
+            raise needs_a_parser("tool_choice")
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
         messages = body.chat_messages()

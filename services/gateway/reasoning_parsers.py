@@ -110,12 +110,16 @@ class ReasoningReader:
         from the first token."""
         if not self.is_guided or self.end_token_id is None:
             return None
-        return None if prompt_closes_thinking(self._tail(prompt_token_ids)) else self.end_token_id
+        return self._guide_after(self._tail(prompt_token_ids))
 
     def start(self, prompt_token_ids: Sequence[int]) -> bool | None:
         """How a reply to `prompt_token_ids` starts (`starts_thinking`)."""
-        is_guided_from_start = self.is_guided and self.guide_after(prompt_token_ids) is None
-        return starts_thinking(self.parser, self._tail(prompt_token_ids), is_guided_from_start)
+        tail = self._tail(prompt_token_ids)
+        is_guided_from_start = self.is_guided and (self.end_token_id is None or self._guide_after(tail) is None)
+        return starts_thinking(self.parser, tail, is_guided_from_start)
+
+    def _guide_after(self, prompt_tail: str) -> int | None:
+        return None if prompt_closes_thinking(prompt_tail) else self.end_token_id
 
     def _tail(self, prompt_token_ids: Sequence[int]) -> str:
         return self.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.gateway.errors import APIError
 from services.gateway.tool_calls import tool_call
 
 Calls = list[dict[str, Any]]
@@ -125,6 +126,14 @@ class Pythonic(_CallsOnly):
 
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic()}
+
+
+def needs_a_parser(param: str) -> APIError:
+    """The refusal of tool_choice "auto" by a gateway started without a parser, as vLLM refuses it
+    without `--enable-auto-tool-choice`."""
+    return APIError(400, 'tool_choice "auto" (the default with tools) needs the gateway started with '
+                         '--tool-call-parser, to read the model\'s own calls: use "required", a named function '
+                         'or "none"', param=param)
 
 
 @dataclass
