@@ -18,7 +18,7 @@ from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
-from services.gateway.tool_parsers import StreamedCalls, ToolCallSyntax
+from services.gateway.tool_parsers import StreamedCalls, ToolCallSyntax, merged_call_deltas
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 
@@ -336,16 +336,17 @@ class ResponseBuilder:
 
     def _parsed_delta(self, index: int, delta_text: str, is_last: bool
                       ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-        """A stream chunk's delta under tool_choice "auto", and the calls it completes: the text before
-        any call as it comes, the calls at the end."""
+        """A stream chunk's delta under tool_choice "auto", and at the end the calls made: the text before
+        any call as it comes, then the calls as they come (tool_parsers.StreamedCalls)."""
         stream = self._streamed_calls[index]
-        text = stream.add(delta_text)
-        if not is_last:
-            return {"content": text}, None
-        message: dict[str, Any] = {"content": text + stream.finish()}
-        if stream.calls:
-            message["tool_calls"] = [{"index": i, **call} for i, call in enumerate(stream.calls)]
-        return message, stream.calls or None
+        text, calls = stream.add(delta_text)
+        if is_last:
+            more_text, more_calls = stream.finish()
+            text, calls = text + more_text, merged_call_deltas(calls, more_calls)
+        message: dict[str, Any] = {"content": text}
+        if calls:
+            message["tool_calls"] = calls
+        return message, (stream.calls or None) if is_last else None
 
     def _echoed_logprobs(self, state: ChoiceState) -> dict[str, Any]:
         return echoed_logprobs(state.prompt_token_ids, state.prompt_logprobs, self.num_logprobs, self.token_text)

@@ -14,8 +14,14 @@ uses:
 A text whose calls are not whole JSON is answered as text, as vLLM's parsers do.
 
 Streaming: text goes out as it comes until a call starts; what could be the start of one is
-held back until the next delta says, as stop strings are; from the first call on, the rest
-is held and its calls are sent at the end, parsed whole.
+held back until the next delta says, as stop strings are. From the first call on, `hermes` and
+`llama3_json` calls stream as vLLM's do: a call's id and name as soon as its `"name"` is
+whole, then its arguments as the model writes them. Their `arguments` are the model's own JSON
+text of them (valid JSON, its spacing kept), whole or streamed, so a stream adds up to the whole
+reply. A call written otherwise (its arguments before its name, say) goes out whole once it is,
+and `pythonic` calls at the end, parsed whole. A call that turns out broken once streamed
+stays as far as it got, as vLLM's does; a reply whose calls are broken before any went out is
+text.
 """
 from __future__ import annotations
 
@@ -41,6 +47,11 @@ class ToolCallSyntax(Protocol):
     def held_back(self, text: str, at_start: bool) -> int:
         """How many of `text`'s last characters could still turn out to begin a call."""
 
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        """The calls `text` (from where calls begin) has begun, in order, as far as each streams:
+        (its name, its arguments' text so far); up to the first whose name is not whole yet, or
+        that does not stream. `scans`: what earlier calls on the same text, shorter, scanned."""
+
 
 class Hermes:
     START, END = "<tool_call>", "</tool_call>"
@@ -57,6 +68,20 @@ class Hermes:
                 return text, []
             calls.append(call)
         return text[:start].strip() or None, calls
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        begun, at = [], text.find(self.START)
+        while at != -1:
+            at += len(self.START)
+            end = text.find(self.END, at)
+            call = _call_so_far(text, at, len(text) if end == -1 else end, scans)
+            if call is None:
+                break
+            begun.append(call)
+            if end == -1:
+                break
+            at = text.find(self.START, end)
+        return begun
 
     def call_start(self, text: str, at_start: bool) -> int | None:
         start = text.find(self.START)
@@ -90,21 +115,35 @@ class Llama3Json(_CallsOnly):
         decoder, calls, at = json.JSONDecoder(), [], 0
         while at < len(body):
             try:
-                value, end = decoder.raw_decode(body, at)
+                _, end = decoder.raw_decode(body, at)
             except json.JSONDecodeError:
                 return text, []
-            call = _call(value, "parameters")
+            call = _call(body[at:end], "parameters")
             if call is None:
                 return text, []
             calls.append(call)
-            at = end
-            while at < len(body) and body[at] in "; \n\t":
-                at += 1
+            at = _past_separators(body, end)
         return None, calls
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        begun, at = [], _past_separators(text, 0)
+        while at < len(text) and text[at] == self.OPEN:
+            end = _json_end(text, at, scans)
+            call = _call_so_far(text, at, len(text) if end is None else end, scans)
+            if call is None:
+                break
+            begun.append(call)
+            if end is None:
+                break
+            at = _past_separators(text, end)
+        return begun
 
 
 class Pythonic(_CallsOnly):
     OPEN = "["
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        return []  # a Python call's arguments are not JSON until the list is parsed whole
 
     def parse(self, text: str) -> tuple[str | None, Calls]:
         body = text.strip()
@@ -138,55 +177,176 @@ def needs_a_parser(param: str) -> APIError:
 
 @dataclass
 class StreamedCalls:
-    """One choice's stream through `syntax`: `add` each text delta, `finish` at the end."""
+    """One choice's stream through `syntax`: `add` each text delta, `finish` at the end. Each gives the
+    text to send and the tool-call deltas to send (OpenAI's stream shape: a call's first one has its
+    `index`, `id`, `type` and name, the next ones more of its arguments)."""
 
     syntax: ToolCallSyntax
     _held: str = ""  # text not sent yet: a possible start of a call, or everything from one on
     _in_calls: bool = False
     _sent_any: bool = False
-    calls: Calls = field(default_factory=list)
+    _begun: list[list] = field(default_factory=list)  # per call sent: [its id, how much of its arguments went]
+    # What `progress` scanned of the held text so far: each delta's scan goes on from there, so a
+    # long call costs its length once, not once per delta.
+    _scans: dict[int, JsonScan] = field(default_factory=dict)
+    calls: Calls = field(default_factory=list)  # once finished: the calls made, whole
 
-    def add(self, delta: str) -> str:
-        """The text to send now."""
+    def add(self, delta: str) -> tuple[str, Calls]:
         if self._in_calls:
             self._held += delta
-            return ""
+            return "", self._call_deltas()
         text = self._held + delta
         at_start = not self._sent_any
         start = self.syntax.call_start(text, at_start)
         if start is not None:
             self._in_calls, self._held = True, text[start:]
-            return self._sent(text[:start])
+            return self._sent(text[:start]), self._call_deltas()
         keep = self.syntax.held_back(text, at_start)
         self._held = text[len(text) - keep:]
-        return self._sent(text[:len(text) - keep])
+        return self._sent(text[:len(text) - keep]), []
 
-    def finish(self) -> str:
-        """The text still to send; `calls` holds the calls, if the held text made whole ones."""
+    def finish(self) -> tuple[str, Calls]:
+        """The rest; `calls` then holds the calls made."""
         held, self._held = self._held, ""
         if not self._in_calls:
-            return held
-        content, self.calls = self.syntax.parse(held)
-        return "" if self.calls else (content or "")
+            return held, []
+        content, calls = self.syntax.parse(held)
+        if not calls:
+            if not self._begun:
+                return content or "", []
+            # Broken after some went out: they stay as far as they got.
+            calls = [tool_call(name, arguments) for name, arguments in self.syntax.progress(held, self._scans)]
+        deltas = []
+        for index, call in enumerate(calls):
+            if index < len(self._begun):
+                call["id"], num_sent = self._begun[index]
+                rest = call["function"]["arguments"][num_sent:]
+                if rest:
+                    deltas.append({"index": index, "function": {"arguments": rest}})
+            else:
+                deltas.append({"index": index, **call})
+        self.calls = calls
+        return "", deltas
+
+    def _call_deltas(self) -> Calls:
+        deltas = []
+        for index, (name, arguments) in enumerate(self.syntax.progress(self._held, self._scans)):
+            if index == len(self._begun):
+                call = tool_call(name, arguments)
+                self._begun.append([call["id"], len(arguments)])
+                deltas.append({"index": index, **call})
+            elif len(arguments) > self._begun[index][1]:
+                deltas.append({"index": index, "function": {"arguments": arguments[self._begun[index][1]:]}})
+                self._begun[index][1] = len(arguments)
+        return deltas
 
     def _sent(self, text: str) -> str:
         self._sent_any = self._sent_any or bool(text)
         return text
 
 
-def _call(body: str | Any, arguments_key: str) -> dict[str, Any] | None:
-    """One call in OpenAI's shape from its JSON (text or parsed); None when it is not one."""
-    if isinstance(body, str):
-        try:
-            body = json.loads(body)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+def merged_call_deltas(first: Calls, then: Calls) -> Calls:
+    """Two lists of tool-call deltas as one chunk's: one delta per call, its arguments joined."""
+    merged: dict[int, dict[str, Any]] = {}
+    for delta in [*first, *then]:
+        into = merged.get(delta["index"])
+        if into is None:
+            merged[delta["index"]] = {**delta, "function": dict(delta["function"])}
+        else:
+            into["function"]["arguments"] = into["function"].get("arguments", "") + delta["function"]["arguments"]
+    return list(merged.values())
+
+
+# A call object that opens with its name and then its arguments, as models write them: what
+# streams. Its arguments are the model's JSON text of them, from the value's first character.
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(arguments|parameters)"\s*:\s*')
+
+
+def _call(body: str, arguments_key: str) -> dict[str, Any] | None:
+    """One call in OpenAI's shape from its JSON text; None when it is not one. Arguments written as
+    an object (or list) are that JSON text as the model wrote it, as its stream sent it."""
+    try:
+        parsed = json.loads(body)
+    except json.JSONDecodeError:
         return None
-    arguments = body.get(arguments_key, body.get("arguments", {}))
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    header = _HEADER.match(body)
+    if header is not None and body[header.end()] in "{[":
+        return tool_call(parsed["name"], body[header.end():_json_end(body, header.end(), {})])
+    arguments = parsed.get(arguments_key, parsed.get("arguments", {}))
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return tool_call(body["name"], arguments)
+    return tool_call(parsed["name"], arguments)
+
+
+def _call_so_far(text: str, start: int, end: int, scans: dict[int, JsonScan]) -> tuple[str, str] | None:
+    """(name, arguments' text so far) of a call object begun at `text[start:end]`, if it streams: its
+    name comes first, and is whole. A value other than an object or a list comes whole at the end."""
+    header = _HEADER.match(text, start, end)
+    if header is None:
+        return None
+    try:
+        name = json.loads(header.group(1))
+    except json.JSONDecodeError:  # an escape cut short, say
+        return None
+    at = header.end()
+    if at == end or text[at] not in "{[":
+        return name, ""
+    value_end = _json_end(text, at, scans)
+    return name, text[at:end if value_end is None else min(value_end, end)]
+
+
+class JsonScan:
+    """How far a JSON object or list opening at `start` of a growing text has been read."""
+
+    _OUTSIDE, _INSIDE = re.compile(r'["{}\[\]]'), re.compile(r'["\\]')  # what changes the state
+
+    def __init__(self, start: int) -> None:
+        self.at = start
+        self.depth = 0
+        self.in_string = False
+        self.end: int | None = None  # just past its last bracket, once read
+
+    def read(self, text: str) -> int | None:
+        """Where the value ends in `text` (this scan's text so far, and more), or None if it does not yet."""
+        while self.end is None:
+            found = (self._INSIDE if self.in_string else self._OUTSIDE).search(text, self.at)
+            if found is None:
+                self.at = len(text)
+                return None
+            char, at = found.group(), found.start()
+            if char == "\\":
+                if at + 1 == len(text):  # its escaped character is still to come
+                    self.at = at
+                    return None
+                self.at = at + 2
+                continue
+            self.at = at + 1
+            if char == '"':
+                self.in_string = not self.in_string
+            elif char in "{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = self.at
+        return self.end
+
+
+def _json_end(text: str, start: int, scans: dict[int, JsonScan]) -> int | None:
+    """Where the JSON object or list opening at `text[start]` ends (just past its last bracket);
+    None if it does not end in `text`. `scans`: those begun on earlier, shorter versions of `text`."""
+    scan = scans.get(start)
+    if scan is None:
+        scan = scans[start] = JsonScan(start)
+    return scan.read(text)
+
+
+def _past_separators(text: str, at: int) -> int:
+    while at < len(text) and text[at] in "; \n\t":
+        at += 1
+    return at
 
 
 def _pythonic_call(node: ast.expr) -> dict[str, Any] | None:

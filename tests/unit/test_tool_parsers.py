@@ -44,25 +44,106 @@ def test_a_text_without_whole_calls_is_answered_as_text(syntax, text):
     assert syntax.parse(text) == (text, [])
 
 
+def streamed(syntax, pieces: list[str]) -> tuple[str, list[dict], StreamedCalls, int]:
+    """The text a stream of `pieces` sends, its calls as a client adds their deltas up, the stream, and
+    how many pieces had gone in when the first call's name came out (None: never before the end)."""
+    stream, text, calls, named_after = StreamedCalls(syntax), "", {}, None
+
+    def take(sent: str, deltas: list[dict]) -> None:
+        nonlocal text
+        text += sent
+        assert len({d["index"] for d in deltas}) == len(deltas)  # one delta per call per chunk
+        for delta in deltas:
+            call = calls.setdefault(delta["index"], {"id": delta.get("id"), "name": delta["function"].get("name"),
+                                                     "arguments": ""})
+            assert delta.get("id") in (None, call["id"]) and call["id"] and call["name"]
+            call["arguments"] += delta["function"].get("arguments", "")
+
+    for i, piece in enumerate(pieces):
+        take(*stream.add(piece))
+        if calls and named_after is None:
+            named_after = i + 1
+    take(*stream.finish())
+    return text, [calls[i] for i in sorted(calls)], stream, named_after
+
+
+def as_whole(calls: list[dict]) -> list[tuple[str, str]]:
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
+    return [(c["name"], c["arguments"]) for c in calls]
+
+
 @pytest.mark.parametrize(("syntax", "text", "said"), [(HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""),
                                                       (PYTHONIC, PYTHONIC_TEXT, "")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
-    stream = StreamedCalls(syntax)
-    sent = "".join(stream.add(text[i:i + cut]) for i in range(0, len(text), cut))
+    sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
     assert "<" not in sent and "{" not in sent and sent.strip() == said
-    assert stream.finish() == ""
     assert named(stream.calls) == CALLS
+    assert as_streamed(calls) == as_whole(stream.calls) == as_whole(syntax.parse(text)[1])
+    assert [c["id"] for c in calls] == [c["id"] for c in stream.calls]
+
+
+@pytest.mark.parametrize(("syntax", "text"), [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT)])
+def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
+    whole = as_whole(syntax.parse(text)[1])
+    for a in range(len(text) + 1):
+        for b in range(a, len(text) + 1, 3):
+            sent, calls, _, _ = streamed(syntax, [text[:a], text[a:b], text[b:]])
+            assert as_streamed(calls) == whole, (a, b)
+
+
+@pytest.mark.parametrize(("syntax", "text"), [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT)])
+def test_a_call_streams_its_name_then_its_arguments_as_they_come(syntax, text):
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    _, _, _, named_after = streamed(syntax, pieces)
+    name_end = text.index('"get_weather"') + len('"get_weather"')
+    arguments_end = text.index("Zürich") + len("Zürich")
+    assert named_after is not None and named_after * 3 < arguments_end  # named before its arguments are whole
+    stream = StreamedCalls(syntax)
+    stream.add(text[:name_end + 20])
+    _, deltas = stream.add(text[name_end + 20:arguments_end])
+    assert deltas == [{"index": 0, "function": {"arguments": text[name_end + 20:arguments_end]}}]
+
+
+def test_arguments_are_the_json_the_model_wrote():
+    text = '<tool_call>{"name": "f", "arguments": {"a":1,  "b": ["x", {"c": "}"}]}}</tool_call>'
+    assert as_whole(HERMES.parse(text)[1]) == [("f", '{"a":1,  "b": ["x", {"c": "}"}]}')]
+    assert as_streamed(streamed(HERMES, list(text))[1]) == [("f", '{"a":1,  "b": ["x", {"c": "}"}]}')]
+    quoted = '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>'  # arguments as a JSON string
+    assert as_whole(HERMES.parse(quoted)[1]) == [("f", '{"a": 1}')]
+    assert as_streamed(streamed(HERMES, list(quoted))[1]) == [("f", '{"a": 1}')]
+
+
+def test_a_call_written_name_last_goes_out_whole_once_it_is():
+    text = '{"parameters": {"city": "Paris"}, "name": "get_weather"}'
+    sent, calls, stream, named_after = streamed(LLAMA3, list(text))
+    assert sent == "" and named_after is None
+    assert as_streamed(calls) == [("get_weather", '{"city": "Paris"}')] == as_whole(stream.calls)
+
+
+def test_calls_broken_after_one_went_out_stay_as_far_as_they_got():
+    text = ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+            '<tool_call>{"name": "g", "arguments": {"b": oops}')
+    assert HERMES.parse(text) == (text, [])  # whole: text
+    sent, calls, stream, _ = streamed(HERMES, [text[:30], text[30:]])
+    assert sent == ""
+    assert as_streamed(calls) == as_whole(stream.calls) == [("f", '{"a": 1}'), ("g", '{"b": oops}')]
+    unnamed = "<tool_call>{not json}</tool_call>"  # no call went out: the reply is text, as whole
+    sent, calls, stream, _ = streamed(HERMES, list(unnamed))
+    assert (sent, calls, stream.calls) == (unnamed, [], [])
 
 
 def test_a_stream_without_calls_holds_back_only_what_could_start_one():
     stream = StreamedCalls(HERMES)
-    assert stream.add("a < b and <tool") == "a < b and "
-    assert stream.add("box>") == "<toolbox>"
-    assert stream.add(" end <") == " end "
-    assert stream.finish() == "<" and stream.calls == []
+    assert stream.add("a < b and <tool") == ("a < b and ", [])
+    assert stream.add("box>") == ("<toolbox>", [])
+    assert stream.add(" end <") == (" end ", [])
+    assert stream.finish() == ("<", []) and stream.calls == []
     llama = StreamedCalls(LLAMA3)
-    assert llama.add(" ") == ""  # a call may still come
-    assert llama.add("Sunny, ") == " Sunny, "
-    assert llama.add('{"json": "later is text"}') == '{"json": "later is text"}'
-    assert llama.finish() == "" and llama.calls == []
+    assert llama.add(" ") == ("", [])  # a call may still come
+    assert llama.add("Sunny, ") == (" Sunny, ", [])
+    assert llama.add('{"json": "later is text"}') == ('{"json": "later is text"}', [])
+    assert llama.finish() == ("", []) and llama.calls == []

@@ -31,14 +31,20 @@ def test_the_models_own_calls_come_back_as_tool_calls(mesh, hermes):
     [call] = whole.message.tool_calls
     assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
 
-    content, calls, reason = "", [], None
+    # Streamed as vLLM streams them: the call's id and name once its name is whole, then its arguments
+    # piece by piece, before the chunk that ends the reply.
+    content, pieces, reason = "", [], None
     for chunk in hermes.chat.completions.create(stream=True, **kwargs):
         delta = chunk.choices[0].delta
         content += delta.content or ""
-        calls += delta.tool_calls or []
+        pieces += [(piece, chunk.choices[0].finish_reason) for piece in delta.tool_calls or []]
         reason = chunk.choices[0].finish_reason or reason
     assert "<" not in content and content.strip() == "Checking." and reason == "tool_calls"
-    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_time", call.function.arguments)]
+    (first, first_chunk_reason), *rest = pieces
+    assert first.index == 0 and first.id.startswith("call_") and first.function.name == "get_time"
+    assert first_chunk_reason is None and len(rest) > 1
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p, _ in rest)
+    assert "".join(p.function.arguments or "" for p, _ in pieces) == call.function.arguments
 
     plain = hermes.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=5, temperature=0,
                                            tools=TOOLS, extra_body={"guided_regex": "[a-z ]+"}).choices[0]

@@ -1,6 +1,7 @@
 """OpenAI's Responses API through the mesh, by the `openai` client: the same output as chat for
 the same conversation, whole and streamed as typed events, with structured output, forced
-function calls and their follow-up turn; what it cannot serve is a 400."""
+function calls and their follow-up turn; what it cannot serve is a 400. The translation from chat
+output is also checked alone, for what this random model does not write (thinking, its own calls)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,9 @@ import httpx
 import pytest
 
 from services.gateway.openai_responses import ResponseBuilder
+from services.gateway.pipeline import Delta, Usage
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape, _StreamedItems
+from services.gateway.tool_parsers import PARSERS
 
 QUESTION = "Name a colour."
 TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {
@@ -139,3 +142,30 @@ def test_reasoning_comes_first_as_its_own_item():
     final = events[-1]["response"]["output"]
     assert [i["type"] for i in final] == ["reasoning", "message"] and final[1]["content"][0]["text"] == "Blue."
     assert events[6]["output_index"] == 0 and events[7]["output_index"] == 1
+
+
+def test_a_call_the_model_chose_streams_as_a_function_call_item():
+    """The translation alone, from a chat stream whose text a hermes parser reads: the text before the
+    call is a message, closed as the call begins; the call's arguments come as they are written."""
+    builder = ResponseBuilder(kind="chat", response_id="resp_x", model="m", num_choices=1, prompt_of_choice=[0],
+                              token_text=str, want_logprobs=False, tool_call_syntax=PARSERS["hermes"])
+    items = _StreamedItems(ResponsesShape(ResponsesRequest(model="m", input="hi"), builder))
+    text = 'Checking. <tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
+    pieces = [text[i:i + 4] for i in range(0, len(text), 4)]
+    events = []
+    for i, piece in enumerate(pieces):
+        is_last = i == len(pieces) - 1
+        delta = Delta(piece, [i], finish_reason="stop" if is_last else None, usage=Usage(1, i + 1, 0) if is_last
+                      else None, prompt_token_ids=[0] if i == 0 else ())
+        events += [json.loads(event.split(b"data: ", 1)[1]) for raw in items.chunk(builder.chunk(0, delta, False))
+                   for event in raw.split(b"\n\n") if event]
+    kinds = [e["type"] for e in events]
+    added = kinds.index("response.output_item.added", kinds.index("response.output_item.done"))
+    assert events[added]["item"]["type"] == "function_call" and events[added]["item"]["name"] == "get_time"
+    arguments = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert len(arguments) > 1 and "".join(arguments) == '{"zone": "CET"}'
+    assert kinds.index("response.function_call_arguments.delta") < kinds.index("response.function_call_arguments.done")
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["message", "function_call"]
+    assert final["output"][0]["content"][0]["text"] == "Checking. "
+    assert final["output"][1]["arguments"] == '{"zone": "CET"}' and final["output"][1]["status"] == "completed"
