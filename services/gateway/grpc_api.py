@@ -100,6 +100,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                                 complete.text, complete.reasoning, calls = chat.whole()
                                 complete.tool_calls.extend(calls)
                             complete.finish_reason = FINISH_REASONS[chat.finish_reason]
+                            if chat.reasoning_tokens is not None and complete.HasField("usage"):
+                                complete.usage.reasoning_tokens = chat.reasoning_tokens
                         await headers.sent()
                         yield gateway_pb2.GenerateResponse(request_id=request_id, complete=complete)
                         return

@@ -70,6 +70,10 @@ class ChatReply:
     def reasoning(self) -> ReasoningReader | None:
         return self.builder.reasoning
 
+    @property
+    def reasoning_tokens(self) -> int | None:
+        return self.builder.reasoning_tokens
+
     def chunk(self, delta: Delta) -> gateway_pb2.GenerateChunk:
         """The stream's chunk for `delta`: its text, thinking and tool calls as read so far."""
         [choice] = self.builder.chunk(0, delta, include_usage=False)["choices"]

@@ -155,8 +155,12 @@ class ResponseBuilder:
     @property
     def usage(self) -> dict[str, Any]:
         usages = [c.usage or Usage(0, len(c.token_ids), 0) for c in self.choices]
-        reasoning_tokens = sum(c.reasoning_tokens for c in self.choices) if self.reasoning is not None else None
-        return usage_body(usages, self.prompt_of_choice, reasoning_tokens)
+        return usage_body(usages, self.prompt_of_choice, self.reasoning_tokens)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """The choices' tokens of thinking so far; None without a reasoning parser."""
+        return sum(c.reasoning_tokens for c in self.choices) if self.reasoning is not None else None
 
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}

@@ -127,8 +127,9 @@ def test_a_guided_answer_follows_free_thinking(thinking_mesh):
 def test_the_grpc_api_gives_the_thinking_apart_too(thinking_mesh):
     mesh, client = thinking_mesh
     end = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json")).token_to_id("</think>")
-    free = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=20, temperature=0,
-                                          logit_bias={str(end): 8}).choices[0].message
+    free_reply = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=20,
+                                                temperature=0, logit_bias={str(end): 8})
+    free = free_reply.choices[0].message
     request = gateway_pb2.GenerateRequest(
         model=mesh.model_name, chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in MESSAGES]),
         sampling=common_pb2.SamplingParams(max_tokens=20, temperature=0, logit_bias={end: 8}, guided_regex="yes|no"))
@@ -136,8 +137,16 @@ def test_the_grpc_api_gives_the_thinking_apart_too(thinking_mesh):
         stub = gateway_pb2_grpc.GenerateStub(channel)
         [whole] = stub.Generate(request, timeout=30)
         request.stream_options.stream = True
-        chunks = [r.chunk for r in stub.Generate(request, timeout=30) if r.HasField("chunk")]
+        responses = list(stub.Generate(request, timeout=30))
+        plain = list(stub.Generate(gateway_pb2.GenerateRequest(model=mesh.model_name, text="Hi",
+                                                               sampling=request.sampling), timeout=30))
+    chunks = [r.chunk for r in responses if r.HasField("chunk")]
     assert whole.complete.reasoning == free.reasoning and whole.complete.text in ("yes", "no")
+    # The same thinking, the same count of its tokens as the HTTP API's; none for a text prompt.
+    thought_tokens = free_reply.usage.completion_tokens_details.reasoning_tokens
+    assert thought_tokens and whole.complete.usage.reasoning_tokens == thought_tokens
+    assert responses[-1].complete.usage.reasoning_tokens == thought_tokens
+    assert not plain[-1].complete.usage.HasField("reasoning_tokens")
     assert "".join(c.reasoning for c in chunks) == free.reasoning
     assert "".join(c.text for c in chunks) == whole.complete.text
     mesh.assert_decode_pools_free()
