@@ -1,19 +1,13 @@
-"""Engine configuration: what the user asks for, validated once."""
+"""Engine configuration: what the user asks for, validated once. Without torch: the gateway reads it
+too (its default block size); engine/dtypes.py turns a dtype's name into torch's."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import Literal, get_args
 
 DType = Literal["float32", "bfloat16", "float16"]
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES: tuple[str, ...] = get_args(DType)
 
 
 @dataclass(frozen=True)
@@ -43,8 +37,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):
             raise ValueError(f"model directory not found: {self.model}")
-        if self.dtype not in TORCH_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -58,7 +52,3 @@ class EngineConfig:
                 f"max_num_batched_tokens must be >= block_size ({self.block_size}), "
                 f"got {self.max_num_batched_tokens}"
             )
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.dtype]

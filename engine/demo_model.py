@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from engine.config import TORCH_DTYPES
+from engine.dtypes import TORCH_DTYPES
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"

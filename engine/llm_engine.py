@@ -12,7 +12,9 @@ from tokenizers import Tokenizer
 
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
+from engine.checkpoint import model_fingerprint
 from engine.config import EngineConfig
+from engine.dtypes import TORCH_DTYPES
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
@@ -22,7 +24,6 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.weights import checkpoint_files, checkpoint_fingerprint
 
 
 class LLMEngine:
@@ -38,17 +39,18 @@ class LLMEngine:
             retain_freed_memory()
         model_dir = Path(config.model)
         self.model_config = load_model_config(model_dir)
-        self.fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+        self.fingerprint = model_fingerprint(model_dir)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        dtype = TORCH_DTYPES[config.dtype]
         self.runner = ModelRunner(
-            config.model, self.model_config, config.torch_dtype, config.device,
+            config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress,
         )
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
-            self.model_config, config.block_size, config.torch_dtype, config.device, config.kv_memory_fraction
+            self.model_config, config.block_size, dtype, config.device, config.kv_memory_fraction
         )
         kv_pool_start_ns = time.time_ns()
-        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, config.torch_dtype, kv_tensor_factory)
+        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, dtype, kv_tensor_factory)
         kv_pool_end_ns = time.time_ns()
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching

@@ -9,12 +9,13 @@ from tqdm import tqdm
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
+from engine.checkpoint import checkpoint_files
 from engine.kv_pool import KVPool, TensorFactory
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
-from engine.weights import checkpoint_files, iter_tensors
+from engine.weights import iter_tensors
 from kernels.registry import select_kernels
 
 # Prompt rows whose logits are made at once when a prompt's logprobs are asked for: a chunk's worth

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
 import services.common.openmp_env  # noqa: F401  (first: before torch loads OpenMP)
+from engine.checkpoint import model_fingerprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import decode_pb2_grpc, kvstore_pb2_grpc
 from services.common.engine_loop import EngineLoop, EngineThread, finished
 from services.common.entrypoint import Stop, load_in_thread, run_service
@@ -55,7 +55,7 @@ WARMUP_PARAMS = (
 def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
     """The engine, its KV pool placed in a new shared-memory segment (owned, unlinked on failure)."""
     model_dir = config.model_dir
-    fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+    fingerprint = model_fingerprint(model_dir)
     pools: list[SharedKVPool] = []
 
     def shared_tensor(shape, dtype, device):

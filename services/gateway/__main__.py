@@ -24,8 +24,8 @@ import services.common.grpc_env  # noqa: F401  (first: before anything imports g
 # isort: split
 import uvicorn
 
+from engine.checkpoint import model_fingerprint
 from engine.config import EngineConfig
-from engine.weights import checkpoint_files, checkpoint_fingerprint
 from protos import (
     common_pb2,
     decode_pb2,
@@ -182,7 +182,7 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
         return None
     client = connect_redis(config.redis_url)
     model_dir = config.model_dir
-    fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+    fingerprint = model_fingerprint(model_dir)
     index = PrefixIndex(client, fingerprint.hex())
     router = PrefixRouter(prefill, index, InstanceRegistry(client), fingerprint=fingerprint,
                           block_size=EngineConfig.block_size, config=RouterConfig(overlap_weight=config.overlap_weight),

@@ -1,12 +1,16 @@
-"""The page layout both ends of a KV transfer must agree on."""
+"""The page layout both ends of a KV transfer must agree on. Without torch: the gateway reads
+layouts too (engine/dtypes.py has torch's dtype for each name)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+ITEMSIZES = {"bfloat16": 2, "float16": 2, "float32": 4}  # bytes per element, by dtype name
+SUPPORTED_DTYPES = tuple(ITEMSIZES)
 
 
 class LayoutMismatchError(ValueError):
@@ -27,7 +31,7 @@ class PageLayout:
     head_dim: int
     dtype: str  # torch dtype name without "torch.", as in common.proto KVLayout
     num_blocks: int
-    fingerprint: bytes  # engine.weights.checkpoint_fingerprint: same weights, same KV
+    fingerprint: bytes  # engine.checkpoint.checkpoint_fingerprint: same weights, same KV
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "block_size", "head_dim", "num_blocks"):
@@ -41,9 +45,10 @@ class PageLayout:
 
     @classmethod
     def from_model_config(
-        cls, config, num_blocks: int, block_size: int, dtype: torch.dtype | str, fingerprint: bytes
+        cls, config, num_blocks: int, block_size: int, dtype, fingerprint: bytes
     ) -> PageLayout:
-        """`config` is an engine.model_config.ModelConfig (duck-typed: no engine import needed)."""
+        """`config` is an engine.model_config.ModelConfig (duck-typed: no engine import needed);
+        `dtype` a torch dtype or its name."""
         dtype_name = str(dtype).removeprefix("torch.")
         return cls(
             num_layers=config.num_layers,
@@ -61,12 +66,8 @@ class PageLayout:
         return (self.num_layers, 2, self.num_kv_heads, self.num_blocks, self.block_size, self.head_dim)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-    @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
+        return ITEMSIZES[self.dtype]
 
     @property
     def nbytes(self) -> int:

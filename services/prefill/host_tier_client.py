@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.dtypes import TORCH_DTYPES
 from protos import kvstore_pb2
 from services.common.converters import layout_to_proto
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -38,7 +39,7 @@ class HostTierClient:
         query = kvstore_pb2.PageQuery(request_id=request_id, layout=layout_to_proto(self.layout.with_num_blocks(1)),
                                       block_hashes=block_hashes)
         pages = torch.empty(self.layout.with_num_blocks(max(1, len(block_hashes))).shape,
-                            dtype=self.layout.torch_dtype)
+                            dtype=TORCH_DTYPES[self.layout.dtype])
         filled = torch.zeros((self.layout.num_layers, len(block_hashes)), dtype=torch.bool)
         call = self._sender.stub(address).ReadPages(query, timeout=self.read_timeout_s)
         async for chunk in call:

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio
 
 from engine.block_hash import hash_block_chain
-from engine.weights import checkpoint_files, checkpoint_fingerprint
+from engine.checkpoint import model_fingerprint
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from services.common.registry import InstanceInfo, InstanceRegistry
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
@@ -168,7 +168,7 @@ async def _no_instances(registry: InstanceRegistry, kind: str) -> bool:
 
 @pytest.fixture(scope="module")
 def fingerprint(tiny_demo_model) -> bytes:
-    return checkpoint_fingerprint((tiny_demo_model / "config.json").read_bytes(), checkpoint_files(tiny_demo_model))
+    return model_fingerprint(tiny_demo_model)
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
+from engine.checkpoint import WeightsError, checkpoint_files
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfigError, load_model_config
-from engine.weights import WeightsError, checkpoint_files
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio
 
 from engine.block_hash import hash_block_chain
-from engine.weights import checkpoint_files, checkpoint_fingerprint
+from engine.checkpoint import model_fingerprint
 from services.common.registry import InstanceRegistry
 from services.kvstore.prefix_index import PrefixIndex
 from tests.services.gateway.mesh import start_mesh, stop_mesh
@@ -58,7 +58,7 @@ def holders(redis_url: str, model_dir, hashes: list[int]) -> dict[str, tuple[str
         try:
             registry = InstanceRegistry(r)
             live = [*await registry.instances("prefill"), *await registry.instances("kvstore")]
-            fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+            fingerprint = model_fingerprint(model_dir)
             held = await PrefixIndex(r, fingerprint.hex()).match(hashes, [i.instance_id for i in live])
             return {i.instance_id: (i.address, held[i.instance_id]) for i in live}
         finally:
@@ -68,7 +68,7 @@ def holders(redis_url: str, model_dir, hashes: list[int]) -> dict[str, tuple[str
 
 def test_a_prefix_outlives_the_worker_that_computed_it(tier_mesh, redis_server):
     model_dir = tier_mesh.model_dir
-    fingerprint = checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+    fingerprint = model_fingerprint(model_dir)
     hashes = hash_block_chain(PROMPT, BLOCK_SIZE, fingerprint)
     text, cached = complete(tier_mesh, PROMPT)
     assert cached == 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.dtypes import TORCH_DTYPES
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.page_copy import copy_pages, page_checksum
 from services.kvstore.shared_memory import NAME_PREFIX, SharedKVPool
@@ -178,7 +179,7 @@ def test_layout_properties_and_check_compatible():
     assert layout.shape == (2, 2, 2, 10, 4, 8)
     assert layout.block_nbytes == 2 * 2 * 2 * 4 * 8 * 2
     assert layout.nbytes == 10 * layout.block_nbytes
-    assert layout.torch_dtype is torch.bfloat16
+    assert layout.itemsize == torch.empty((), dtype=TORCH_DTYPES[layout.dtype]).element_size() == 2
     layout.check_compatible(make_layout(num_blocks=99))
     with pytest.raises(LayoutMismatchError, match="fingerprint"):
         layout.check_compatible(make_layout(fingerprint=b"other"))
