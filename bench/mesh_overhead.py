@@ -77,6 +77,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.local_mesh import LocalMesh, log, streamed_ttft_stdlib  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
+from engine.dtypes import TORCH_DTYPES  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -283,7 +284,7 @@ def bench_transfer(mesh: LocalMesh, args) -> dict:
                     break  # the pool is full: measure what it holds
             dst_blocks = [b for r in reservations for b in r.block_ids]
             layout = layout_from_proto(probe.layout, num_blocks=len(dst_blocks))
-            src = torch.randn(layout.shape).to(layout.torch_dtype)
+            src = torch.randn(layout.shape).to(TORCH_DTYPES[layout.dtype])
             src_blocks = list(range(len(dst_blocks)))
             nbytes = src.numel() * src.element_size()
 

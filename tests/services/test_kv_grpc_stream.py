@@ -12,6 +12,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.config import EngineConfig
+from engine.dtypes import TORCH_DTYPES
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import (
@@ -169,7 +170,7 @@ def _chunks(reservation: decode_pb2.Reservation, request_id: str, **layout_overr
         setattr(layout_proto, name, value)
     num_blocks = len(reservation.block_ids)
     layout = layout_from_proto(layout_proto, num_blocks=num_blocks)
-    pool = torch.randn(layout.shape).to(layout.torch_dtype)
+    pool = torch.randn(layout.shape).to(TORCH_DTYPES[layout.dtype])
     blocks = list(range(num_blocks))
     return [chunk_to_proto(pool, layout, spec, blocks, request_id=request_id,
                            reservation_id=reservation.reservation_id, dst_blocks=list(reservation.block_ids))

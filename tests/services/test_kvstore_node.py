@@ -13,6 +13,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engine.dtypes import TORCH_DTYPES
 from protos import kvstore_pb2, kvstore_pb2_grpc
 from services.common.converters import layout_to_proto
 from services.kvstore.converters import chunk_from_proto, chunk_to_proto
@@ -74,7 +75,7 @@ def _read(node, hashes: list[int], layout: PageLayout = LAYOUT, layer_start: int
         request_id="r", layout=layout_to_proto(layout), block_hashes=hashes, layer_start=layer_start,
         layer_end=layer_end), timeout=10))
     returned = list(dict.fromkeys(h for c in chunks for h in c.block_hashes))
-    out = torch.zeros(layout.with_num_blocks(max(len(returned), 1)).shape, dtype=layout.torch_dtype)
+    out = torch.zeros(layout.with_num_blocks(max(len(returned), 1)).shape, dtype=TORCH_DTYPES[layout.dtype])
     position = {h: i for i, h in enumerate(returned)}
     for chunk in chunks:
         assert len(chunk.data) <= 2 * 1024 * 1024 and chunk.HasField("checksum")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.dtypes import TORCH_DTYPES
 from services.kvstore.converters import ChecksumError, chunk_from_proto, chunk_to_proto
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.page_chunks import (
@@ -20,7 +21,7 @@ FINGERPRINT = b"\x01" * 32
 
 def _pool(layout: PageLayout, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(layout.shape, generator=g).to(layout.torch_dtype)
+    return torch.randn(layout.shape, generator=g).to(TORCH_DTYPES[layout.dtype])
 
 
 LAYOUTS = {
