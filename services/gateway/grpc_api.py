@@ -134,10 +134,13 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             sampling = common_pb2.SamplingParams()
             sampling.CopyFrom(request.sampling)
             sampling.guided_regex = tools.forced.regex
+        skip_special_tokens = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        if tools is not None and tools.syntax is not None and tools.syntax.reads_special_tokens:
+            skip_special_tokens = False  # the calls begin at a special token (tool_parsers.Mistral)
         return self.pipeline.generate(
             request_id, **inputs, sampling=sampling, stop=list(request.stop),
             include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=request.skip_special_tokens if request.HasField("skip_special_tokens") else True,
+            skip_special_tokens=skip_special_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,
             guide_after=reasoning.guide_after if reasoning is not None else None)
 

@@ -18,7 +18,7 @@ from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.pipeline import Delta
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
-from services.gateway.tool_parsers import PARSERS, needs_a_parser
+from services.gateway.tool_parsers import PARSERS, ToolCallSyntax, needs_a_parser
 
 
 @dataclass
@@ -28,7 +28,11 @@ class ChatRequestTools:
 
     tools: list[dict[str, Any]] | None
     forced: ForcedToolCall | None
-    reads_calls: bool
+    syntax: ToolCallSyntax | None  # what the model's own calls are read with, if they are
+
+    @property
+    def reads_calls(self) -> bool:
+        return self.syntax is not None
 
     @classmethod
     def of(cls, request: gateway_pb2.GenerateRequest, tool_call_parser: str | None) -> ChatRequestTools:
@@ -43,19 +47,16 @@ class ChatRequestTools:
         reads_calls = bool(tools) and effective_tool_choice(tools, choice) == "auto"
         if reads_calls and tool_call_parser is None:
             raise needs_a_parser("tool_choice_json")
-        return cls(tools, forced, reads_calls)
+        return cls(tools, forced, PARSERS[tool_call_parser] if reads_calls else None)
 
 
 class ChatReply:
     """One chat request's output as GenerateChunks and a GenerateComplete's fields."""
 
-    def __init__(self, request_id: str, model: str, tools: ChatRequestTools, tool_call_parser: str | None,
-                 reasoning: ReasoningReader | None):
+    def __init__(self, request_id: str, model: str, tools: ChatRequestTools, reasoning: ReasoningReader | None):
         self.builder = ResponseBuilder(
             kind="chat", response_id=request_id, model=model, num_choices=1, prompt_of_choice=[0], token_text=str,
-            want_logprobs=False, forced_tool_call=tools.forced,
-            tool_call_syntax=PARSERS[tool_call_parser] if tools.reads_calls else None,
-            reasoning=reasoning)
+            want_logprobs=False, forced_tool_call=tools.forced, tool_call_syntax=tools.syntax, reasoning=reasoning)
         self.finish_reason: str | None = None
 
     @classmethod
@@ -64,7 +65,7 @@ class ChatReply:
         tools = ChatRequestTools.of(request, tool_call_parser)
         is_guided = request.sampling.HasField("guided_regex")
         reader = reasoning_reader(reasoning_parser, tokenizer, is_guided) if tools.forced is None else None
-        return cls(request_id, model, tools, tool_call_parser, reader), tools
+        return cls(request_id, model, tools, reader), tools
 
     @property
     def reasoning(self) -> ReasoningReader | None:

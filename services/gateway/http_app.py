@@ -172,20 +172,22 @@ def create_app(state: GatewayState) -> FastAPI:
         messages = body.chat_messages()
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
+        syntax = PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools else None
+        # A syntax whose calls begin at a special token needs the text to keep it, as vLLM's Mistral parser does.
+        skip_special_tokens = body.skip_special_tokens and not (syntax is not None and syntax.reads_special_tokens)
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
             sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-            skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
+            skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,
             guide_after=reasoning.guide_after if reasoning is not None else None)
             for j, request_id in enumerate(request_ids)]
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
-                                  forced_tool_call=body.forced_tool_call,
-                                  tool_call_syntax=PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools
-                                  else None, reasoning=reasoning, include_reasoning=body.include_reasoning)
+                                  forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
+                                  reasoning=reasoning, include_reasoning=body.include_reasoning)
         return merge_choices(streams), builder, dispatched, timeline
 
     async def chat_completions(request: Request):

@@ -81,9 +81,9 @@ def effective_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str |
     return tool_choice if tool_choice is not None else ("auto" if tools else "none")
 
 
-def tool_call(name: str, arguments: str) -> dict[str, Any]:
-    """One call as OpenAI's message lists it; `arguments`: JSON text."""
-    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+def tool_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    """One call as OpenAI's message lists it; `arguments`: JSON text; by default a new id."""
+    return {"id": call_id or new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def new_call_id() -> str:

@@ -10,12 +10,18 @@ uses:
   token the text leaves out);
 - `pythonic` (Llama 3.2 and 4, and models tuned to it): the whole answer is a Python list of
   calls with keyword arguments, `[get_weather(city="Paris"), get_time()]`, their values Python
-  literals (after `<|python_start|>`, a special token, for Llama 4).
+  literals (after `<|python_start|>`, a special token, for Llama 4);
+- `mistral` (Mistral's instruct models): the calls after `[TOOL_CALLS]`, a special token the
+  text then keeps (as vLLM's parser, it turns `skip_special_tokens` off for requests it reads):
+  a JSON list of `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Nemo), or each
+  call's name, `[ARGS]` and its arguments, the next after another `[TOOL_CALLS]` (Mistral Small
+  3.1 and later; a `[CALL_ID]` and id before `[ARGS]` is passed over). Its calls' ids are 9
+  letters and digits, the only ids Mistral's chat templates take back.
 A text whose calls are not whole JSON is answered as text, as vLLM's parsers do.
 
 Streaming: text goes out as it comes until a call starts; what could be the start of one is
-held back until the next delta says, as stop strings are. From the first call on, `hermes` and
-`llama3_json` calls stream as vLLM's do: a call's id and name as soon as its `"name"` is
+held back until the next delta says, as stop strings are. From the first call on, `hermes`,
+`llama3_json` and `mistral` calls stream as vLLM's do: a call's id and name as soon as its `"name"` is
 whole, then its arguments as the model writes them. Their `arguments` are the model's own JSON
 text of them (valid JSON, its spacing kept), whole or streamed, so a stream adds up to the whole
 reply. A call written otherwise (its arguments before its name, say) goes out whole once it is,
@@ -27,17 +33,24 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 import re
+import string
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.gateway.errors import APIError
-from services.gateway.tool_calls import tool_call
+from services.gateway.tool_calls import new_call_id, tool_call
 
 Calls = list[dict[str, Any]]
 
 
 class ToolCallSyntax(Protocol):
+    reads_special_tokens: bool  # its calls begin at a special token, which the text must keep
+
+    def call_id(self) -> str:
+        """A new id for a call it read."""
+
     def parse(self, text: str) -> tuple[str | None, Calls]:
         """(the text before the calls, None when there is none; the calls, OpenAI's shape)."""
 
@@ -53,7 +66,26 @@ class ToolCallSyntax(Protocol):
         that does not stream. `scans`: what earlier calls on the same text, shorter, scanned."""
 
 
-class Hermes:
+class _Syntax:
+    reads_special_tokens = False
+    call_id = staticmethod(new_call_id)
+
+
+class _Tagged(_Syntax):
+    """A syntax whose calls begin at a tag (`START`), wherever it comes."""
+
+    START = ""
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        start = text.find(self.START)
+        return None if start == -1 else start
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return next((n for n in range(min(len(self.START) - 1, len(text)), 0, -1)
+                     if text.endswith(self.START[:n])), 0)
+
+
+class Hermes(_Tagged):
     START, END = "<tool_call>", "</tool_call>"
     _CALL = re.compile(re.escape(START) + r"\s*(.*?)\s*(?:" + re.escape(END) + r"|$)", re.DOTALL)
 
@@ -83,16 +115,8 @@ class Hermes:
             at = text.find(self.START, end)
         return begun
 
-    def call_start(self, text: str, at_start: bool) -> int | None:
-        start = text.find(self.START)
-        return None if start == -1 else start
 
-    def held_back(self, text: str, at_start: bool) -> int:
-        return next((n for n in range(min(len(self.START) - 1, len(text)), 0, -1)
-                     if text.endswith(self.START[:n])), 0)
-
-
-class _CallsOnly:
+class _CallsOnly(_Syntax):
     """A syntax whose answer is calls alone, from its first character (`OPEN`) on, or text."""
 
     OPEN = ""
@@ -122,21 +146,11 @@ class Llama3Json(_CallsOnly):
             if call is None:
                 return text, []
             calls.append(call)
-            at = _past_separators(body, end)
+            at = _past(body, end, _SEPARATORS)
         return None, calls
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-        begun, at = [], _past_separators(text, 0)
-        while at < len(text) and text[at] == self.OPEN:
-            end = _json_end(text, at, scans)
-            call = _call_so_far(text, at, len(text) if end is None else end, scans)
-            if call is None:
-                break
-            begun.append(call)
-            if end is None:
-                break
-            at = _past_separators(text, end)
-        return begun
+        return _objects_so_far(text, 0, _SEPARATORS, scans)
 
 
 class Pythonic(_CallsOnly):
@@ -164,7 +178,98 @@ class Pythonic(_CallsOnly):
         return None, calls
 
 
-PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic()}
+class Mistral(_Tagged):
+    START, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+    reads_special_tokens = True
+    _ID_CHARACTERS = string.ascii_letters + string.digits
+
+    @classmethod
+    def call_id(cls) -> str:
+        return "".join(random.choices(cls._ID_CHARACTERS, k=9))
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        start = text.find(self.START)
+        if start == -1:
+            return text, []
+        region = text[start:]
+        calls = self._listed(region) if self._is_listed(region) else self._named(region)
+        if not calls:
+            return text, []
+        for call in calls:
+            call["id"] = self.call_id()
+        return text[:start].strip() or None, calls
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        if self._is_listed(text):
+            return _objects_so_far(text, _past(text, len(self.START), _BLANK) + 1, ", \n\t", scans)
+        begun, start = [], 0
+        while start != -1:
+            call = self._named_so_far(text, start, scans)
+            if call is None:
+                break
+            begun.append(call[:2])
+            start = call[2]
+        return begun
+
+    def _is_listed(self, region: str) -> bool:
+        """The calls are a JSON list (tokenizer v3), not named one by one."""
+        at = _past(region, len(self.START), _BLANK)
+        return at < len(region) and region[at] == "["
+
+    def _listed(self, region: str) -> Calls | None:
+        body = region[len(self.START):].strip()
+        try:
+            listed = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(listed, list):
+            return None
+        calls, at, scans = [], _past(body, 1, _BLANK), {}
+        while at < len(body) and body[at] == "{":
+            end = _json_end(body, at, scans)
+            call = _call(body[at:end], "arguments")
+            if call is None:
+                return None
+            calls.append(call)
+            at = _past(body, end, ", \n\t")
+        return calls if len(calls) == len(listed) else None
+
+    def _named(self, region: str) -> Calls | None:
+        calls = []
+        for piece in region.split(self.START)[1:]:
+            head, is_named, value = piece.partition(self.ARGS)
+            name = head.partition(self.CALL_ID)[0].strip()
+            if not is_named or not name:
+                return None
+            value = value.strip()
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError:
+                return None
+            calls.append(tool_call(name, value if isinstance(parsed, (dict, list)) else _arguments(parsed)))
+        return calls
+
+    def _named_so_far(self, text: str, start: int, scans: dict[int, JsonScan]) -> tuple[str, str, int] | None:
+        """A call named at `text[start:]` (its `[TOOL_CALLS]`): its name, its arguments' text so far,
+        and where the next call starts (-1: none yet); None before its name is whole."""
+        name_at = start + len(self.START)
+        args_at = text.find(self.ARGS, name_at)
+        if args_at == -1:
+            return None
+        name = text[name_at:args_at].partition(self.CALL_ID)[0].strip()
+        if not name:
+            return None
+        value_at = _past(text, args_at + len(self.ARGS), _BLANK)
+        if value_at == len(text) or text[value_at] not in "{[":
+            return name, "", text.find(self.START, value_at)
+        end = _json_end(text, value_at, scans)
+        if end is None:
+            return name, text[value_at:], -1
+        return name, text[value_at:end], text.find(self.START, end)
+
+
+PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
+                                      "mistral": Mistral()}
 
 
 def needs_a_parser(param: str) -> APIError:
@@ -215,7 +320,8 @@ class StreamedCalls:
             if not self._begun:
                 return content or "", []
             # Broken after some went out: they stay as far as they got.
-            calls = [tool_call(name, arguments) for name, arguments in self.syntax.progress(held, self._scans)]
+            calls = [tool_call(name, arguments, self.syntax.call_id())
+                     for name, arguments in self.syntax.progress(held, self._scans)]
         deltas = []
         for index, call in enumerate(calls):
             if index < len(self._begun):
@@ -232,7 +338,7 @@ class StreamedCalls:
         deltas = []
         for index, (name, arguments) in enumerate(self.syntax.progress(self._held, self._scans)):
             if index == len(self._begun):
-                call = tool_call(name, arguments)
+                call = tool_call(name, arguments, self.syntax.call_id())
                 self._begun.append([call["id"], len(arguments)])
                 deltas.append({"index": index, **call})
             elif len(arguments) > self._begun[index][1]:
@@ -274,10 +380,12 @@ def _call(body: str, arguments_key: str) -> dict[str, Any] | None:
     header = _HEADER.match(body)
     if header is not None and body[header.end()] in "{[":
         return tool_call(parsed["name"], body[header.end():_json_end(body, header.end(), {})])
-    arguments = parsed.get(arguments_key, parsed.get("arguments", {}))
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return tool_call(parsed["name"], arguments)
+    return tool_call(parsed["name"], _arguments(parsed.get(arguments_key, parsed.get("arguments", {}))))
+
+
+def _arguments(value: Any) -> str:
+    """A call's arguments as OpenAI's JSON text: a string as it is (JSON already), else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _call_so_far(text: str, start: int, end: int, scans: dict[int, JsonScan]) -> tuple[str, str] | None:
@@ -343,10 +451,29 @@ def _json_end(text: str, start: int, scans: dict[int, JsonScan]) -> int | None:
     return scan.read(text)
 
 
-def _past_separators(text: str, at: int) -> int:
-    while at < len(text) and text[at] in "; \n\t":
+_SEPARATORS = "; \n\t"  # between llama3_json's calls
+_BLANK = " \n\t\r"
+
+
+def _past(text: str, at: int, skipped: str) -> int:
+    while at < len(text) and text[at] in skipped:
         at += 1
     return at
+
+
+def _objects_so_far(text: str, at: int, separators: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+    """`progress` of call objects from `text[at:]` on, one after another with `separators` between."""
+    begun, at = [], _past(text, at, separators)
+    while at < len(text) and text[at] == "{":
+        end = _json_end(text, at, scans)
+        call = _call_so_far(text, at, len(text) if end is None else end, scans)
+        if call is None:
+            break
+        begun.append(call)
+        if end is None:
+            break
+        at = _past(text, end, separators)
+    return begun
 
 
 def _pythonic_call(node: ast.expr) -> dict[str, Any] | None:

@@ -7,11 +7,15 @@ import pytest
 
 from services.gateway.tool_parsers import PARSERS, StreamedCalls
 
-HERMES, LLAMA3, PYTHONIC = PARSERS["hermes"], PARSERS["llama3_json"], PARSERS["pythonic"]
+HERMES, LLAMA3, PYTHONIC, MISTRAL = (PARSERS[name] for name in ("hermes", "llama3_json", "pythonic", "mistral"))
 HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
                '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
 LLAMA3_TEXT = '{"name": "get_weather", "parameters": {"city": "Zürich"}}; {"name": "get_time", "parameters": {}}'
 PYTHONIC_TEXT = '[get_weather(city="Zürich"), get_time()]'
+MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Zürich"}}, '
+                  '{"name": "get_time", "arguments": {}}]')  # Mistral's tokenizer v3
+MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
+                 '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
 CALLS = [("get_weather", {"city": "Zürich"}), ("get_time", {})]
 
 
@@ -29,6 +33,10 @@ def test_calls_and_the_text_before_them():
     assert named(LLAMA3.parse("  " + LLAMA3_TEXT + "\n")[1]) == CALLS
     content, calls = PYTHONIC.parse(PYTHONIC_TEXT)
     assert content is None and named(calls) == CALLS
+    for text, said in ((MISTRAL_LISTED, None), (MISTRAL_NAMED, "Let me look.")):
+        content, calls = MISTRAL.parse(text)
+        assert content == said and named(calls) == CALLS
+        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)  # what Mistral's templates take
     nested = PYTHONIC.parse('[f(n=1, xs=[1.5, None], on=True, by={"k": "v"})]')[1]
     assert named(nested) == [("f", {"n": 1, "xs": [1.5, None], "on": True, "by": {"k": "v"}})]
 
@@ -39,6 +47,9 @@ def test_calls_and_the_text_before_them():
     (LLAMA3, '{"name": "f", "parameters": {}} and then some'), (LLAMA3, '{"city": "Paris"}'),
     (PYTHONIC, "[1, 2]"), (PYTHONIC, "[f(1)]"), (PYTHONIC, "[f(x=y)]"), (PYTHONIC, "[f(**kw)]"), (PYTHONIC, "[]"),
     (PYTHONIC, "[f(x={1, 2})]"), (PYTHONIC, "[obj.f(x=1)]"), (PYTHONIC, "[f(x=1)] and more"), (PYTHONIC, "Sunny."),
+    (MISTRAL, "Sunny."), (MISTRAL, "[TOOL_CALLS] [{not json}]"), (MISTRAL, '[TOOL_CALLS] [{"name": "f"}] more'),
+    (MISTRAL, '[TOOL_CALLS] [{"arguments": {}}]'), (MISTRAL, "[TOOL_CALLS]f{}"), (MISTRAL, "[TOOL_CALLS][ARGS]{}"),
+    (MISTRAL, "[TOOL_CALLS]f[ARGS]{oops}"),
 ])
 def test_a_text_without_whole_calls_is_answered_as_text(syntax, text):
     assert syntax.parse(text) == (text, [])
@@ -75,18 +86,22 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
     return [(c["name"], c["arguments"]) for c in calls]
 
 
-@pytest.mark.parametrize(("syntax", "text", "said"), [(HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""),
-                                                      (PYTHONIC, PYTHONIC_TEXT, "")])
+@pytest.mark.parametrize(("syntax", "text", "said"), [
+    (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
+    (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look.")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
-    assert "<" not in sent and "{" not in sent and sent.strip() == said
+    assert not set("<{[") & set(sent) and sent.strip() == said
     assert named(stream.calls) == CALLS
     assert as_streamed(calls) == as_whole(stream.calls) == as_whole(syntax.parse(text)[1])
     assert [c["id"] for c in calls] == [c["id"] for c in stream.calls]
 
 
-@pytest.mark.parametrize(("syntax", "text"), [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT)])
+STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LISTED), (MISTRAL, MISTRAL_NAMED)]
+
+
+@pytest.mark.parametrize(("syntax", "text"), STREAMING)
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
     for a in range(len(text) + 1):
@@ -95,11 +110,11 @@ def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
             assert as_streamed(calls) == whole, (a, b)
 
 
-@pytest.mark.parametrize(("syntax", "text"), [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT)])
+@pytest.mark.parametrize(("syntax", "text"), STREAMING)
 def test_a_call_streams_its_name_then_its_arguments_as_they_come(syntax, text):
     pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
     _, _, _, named_after = streamed(syntax, pieces)
-    name_end = text.index('"get_weather"') + len('"get_weather"')
+    name_end = text.index("get_weather") + len("get_weather") + 1
     arguments_end = text.index("Zürich") + len("Zürich")
     assert named_after is not None and named_after * 3 < arguments_end  # named before its arguments are whole
     stream = StreamedCalls(syntax)

@@ -1,12 +1,14 @@
-"""tool_choice "auto" through a gateway started with `--tool-call-parser hermes`: the calls the
-model writes in Hermes' syntax come back as `tool_calls`, whole and streamed. This random model
-writes one only when its text is guided to it, which a `guided_regex` does here."""
+"""tool_choice "auto" through gateways started with `--tool-call-parser hermes` and `mistral`: the
+calls the model writes in that syntax come back as `tool_calls`, whole and streamed. This random
+model writes one only when its text is guided to it, which a `guided_regex` does here."""
 from __future__ import annotations
 
 import json
 
 import pytest
+from tokenizers import Tokenizer
 
+from engine.demo_model import BOS_TOKEN
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
 from tests.services.gateway.mesh import gateway_client
@@ -58,7 +60,32 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {}).tool_call_parser is None
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
     with pytest.raises(ConfigError,
-                       match="--tool-call-parser must be one of hermes, llama3_json, pythonic, got 'mistral'"):
-        GatewayConfig.from_args([*common, "--tool-call-parser", "mistral"], {})
+                       match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, got 'granite'"):
+        GatewayConfig.from_args([*common, "--tool-call-parser", "granite"], {})
     with pytest.raises(ConfigError, match="--tool-call-parser"):
-        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "mistral"})
+        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "granite"})
+
+
+def test_mistral_calls_come_back_with_ids_its_templates_take(mesh, hermes):
+    """Mistral's [TOOL_CALLS] is a special token: its parser keeps special tokens in the text it reads,
+    which leaves them in the content too, as vLLM's does."""
+    call = r'Checking\.\[TOOL_CALLS\]get_time\[ARGS\]\{"zone": "(UTC|CET)"\}'
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=300, temperature=0, tools=TOOLS,
+                  extra_body={"guided_regex": call})
+    with gateway_client(mesh, "--tool-call-parser", "mistral") as mistral:
+        whole = mistral.chat.completions.create(**kwargs).choices[0]
+        pieces = [piece for chunk in mistral.chat.completions.create(stream=True, **kwargs)
+                  for piece in chunk.choices[0].delta.tool_calls or []]
+        bos = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json")).token_to_id(BOS_TOKEN)
+        special = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=2, temperature=0, tools=TOOLS,
+                       logit_bias={str(bos): 100})
+        kept = mistral.chat.completions.create(**special).choices[0].message.content
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
+    [made] = whole.message.tool_calls
+    assert made.function.name == "get_time" and json.loads(made.function.arguments)["zone"] in ("UTC", "CET")
+    assert len(made.id) == 9 and made.id.isalnum()
+    assert pieces[0].function.name == "get_time" and len(pieces) > 2
+    assert "".join(p.function.arguments or "" for p in pieces) == made.function.arguments
+    assert kept == BOS_TOKEN * 2
+    assert hermes.chat.completions.create(**special).choices[0].message.content == ""
+    mesh.assert_decode_pools_free()
