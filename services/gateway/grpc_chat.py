@@ -8,7 +8,7 @@ as JSON; the tools reach the chat template, and a forced choice guides the text 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.pipeline import Delta
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
-from services.gateway.tool_parsers import PARSERS, ToolCallSyntax, needs_a_parser
+from services.gateway.tool_parsers import PARSERS, ToolCallSyntax, call_ids, needs_a_parser
 
 
 @dataclass
@@ -29,6 +29,7 @@ class ChatRequestTools:
     tools: list[dict[str, Any]] | None
     forced: ForcedToolCall | None
     syntax: ToolCallSyntax | None  # what the model's own calls are read with, if they are
+    call_id: Callable[[], str]  # a new call's id
 
     @property
     def reads_calls(self) -> bool:
@@ -47,7 +48,7 @@ class ChatRequestTools:
         reads_calls = bool(tools) and effective_tool_choice(tools, choice) == "auto"
         if reads_calls and tool_call_parser is None:
             raise needs_a_parser("tool_choice_json")
-        return cls(tools, forced, PARSERS[tool_call_parser] if reads_calls else None)
+        return cls(tools, forced, PARSERS[tool_call_parser] if reads_calls else None, call_ids(tool_call_parser))
 
 
 class ChatReply:
@@ -56,7 +57,8 @@ class ChatReply:
     def __init__(self, request_id: str, model: str, tools: ChatRequestTools, reasoning: ReasoningReader | None):
         self.builder = ResponseBuilder(
             kind="chat", response_id=request_id, model=model, num_choices=1, prompt_of_choice=[0], token_text=str,
-            want_logprobs=False, forced_tool_call=tools.forced, tool_call_syntax=tools.syntax, reasoning=reasoning)
+            want_logprobs=False, forced_tool_call=tools.forced, tool_call_syntax=tools.syntax, call_id=tools.call_id,
+            reasoning=reasoning)
         self.finish_reason: str | None = None
 
     @classmethod

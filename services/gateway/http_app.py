@@ -61,7 +61,7 @@ from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.tool_parsers import PARSERS, needs_a_parser
+from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -187,7 +187,8 @@ def create_app(state: GatewayState) -> FastAPI:
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
-                                  reasoning=reasoning, include_reasoning=body.include_reasoning)
+                                  call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
+                                  include_reasoning=body.include_reasoning)
         return merge_choices(streams), builder, dispatched, timeline
 
     async def chat_completions(request: Request):

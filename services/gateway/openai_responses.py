@@ -129,7 +129,8 @@ class ResponseBuilder:
                  token_text: TokenText, want_logprobs: bool, num_logprobs: int = 0,
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
-                 reasoning: ReasoningReader | None = None, include_reasoning: bool = True):
+                 call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
+                 include_reasoning: bool = True):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -143,7 +144,8 @@ class ResponseBuilder:
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
         self.forced_tool_call = forced_tool_call  # chat: the text is a tool call's, sent as `tool_calls`
         self._sent_role = [False] * num_choices
-        self._call_ids = [new_call_id() for _ in range(num_choices)]  # a named function's call, per choice
+        self.call_id = call_id  # a forced call's new id: a Mistral model's templates take only their own kind
+        self._call_ids = [call_id() for _ in range(num_choices)]  # a named function's call, per choice
         # tool_choice "auto": each choice's text read for the calls the model made (tool_parsers.py)
         self.tool_call_syntax = tool_call_syntax
         self._streamed_calls = ([StreamedCalls(tool_call_syntax) for _ in range(num_choices)]
@@ -279,8 +281,10 @@ class ResponseBuilder:
             calls = self.forced_tool_call.calls(state.text)
             if calls is None:
                 return None, state.text, None
-            if self.forced_tool_call.name is not None:
-                calls[0]["id"] = self._call_ids[index]  # the id its stream's first chunk gave it
+            # A named function's call keeps the id its stream's first chunk gave it.
+            ids = [self._call_ids[index]] if self.forced_tool_call.name is not None else [self.call_id() for _ in calls]
+            for call, call_id in zip(calls, ids):
+                call["id"] = call_id
             return None, None, calls
         reasoning, text = None, state.text
         if self.reasoning is not None and state.thinking is not None:

@@ -36,6 +36,7 @@ import json
 import random
 import re
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -270,6 +271,12 @@ class Mistral(_Tagged):
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
                                       "mistral": Mistral()}
+
+
+def call_ids(parser: str | None) -> Callable[[], str]:
+    """Where a gateway's new tool-call ids come from, forced calls' too: its parser's kind (Mistral's
+    templates take back no other), else OpenAI's."""
+    return PARSERS[parser].call_id if parser is not None else new_call_id
 
 
 def needs_a_parser(param: str) -> APIError:

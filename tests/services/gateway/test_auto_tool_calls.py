@@ -80,10 +80,15 @@ def test_mistral_calls_come_back_with_ids_its_templates_take(mesh, hermes):
         special = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=2, temperature=0, tools=TOOLS,
                        logit_bias={str(bos): 100})
         kept = mistral.chat.completions.create(**special).choices[0].message.content
+        forced = mistral.chat.completions.create(
+            model=mesh.model_name, messages=MESSAGES, max_tokens=60, temperature=0, tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_time"}}).choices[0].message.tool_calls
     assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
     [made] = whole.message.tool_calls
     assert made.function.name == "get_time" and json.loads(made.function.arguments)["zone"] in ("UTC", "CET")
     assert len(made.id) == 9 and made.id.isalnum()
+    [forced_call] = forced  # a forced call's id is of the same kind: the next turn's template takes it
+    assert len(forced_call.id) == 9 and forced_call.id.isalnum()
     assert pieces[0].function.name == "get_time" and len(pieces) > 2
     assert "".join(p.function.arguments or "" for p in pieces) == made.function.arguments
     assert kept == BOS_TOKEN * 2
