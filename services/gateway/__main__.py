@@ -47,7 +47,7 @@ from services.gateway.index_mirror import IndexMirror
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
 from services.gateway.timeline import TimelineStore
-from services.gateway.workers import WorkerPool, expand_addresses
+from services.gateway.workers import WorkerPool, expand_addresses, follow_names, needs_resolving
 from services.kvstore.prefix_index import PrefixIndex
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
@@ -94,6 +94,7 @@ class GatewayService:
         self.router: PrefixRouter | RandomRouter | None = None
         self.http: _EmbeddedServer | None = None
         self.http_task: asyncio.Task | None = None
+        self.followers: list[asyncio.Task] = []  # a pool's names resolved again as they are scaled
 
     def readiness(self) -> str | None:
         missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
@@ -117,6 +118,10 @@ class GatewayService:
                                                   decode_pb2_grpc.DecodeStub, "decode", limit)
         for kind, pool in self.pools.items():
             pool.watch_health(HEALTH_SERVICES[kind])
+        names = {"prefill": config.prefill_addresses, "decode": config.decode_addresses}
+        if config.resolve_workers_s > 0:
+            self.followers = [asyncio.ensure_future(follow_names(pool, names[kind], config.resolve_workers_s))
+                              for kind, pool in self.pools.items() if kind in names and needs_resolving(names[kind])]
         prefill = self.pools.get("prefill")
         self.router = make_router(config, prefill) if prefill is not None else None
         # Colocated there is no prefill pool: every prompt goes to the decode worker.
@@ -162,6 +167,9 @@ class GatewayService:
                 f"{self.pipeline.local_prefill_max_tokens} tokens itself{keyed}")
 
     async def close(self) -> None:
+        for follower in self.followers:
+            follower.cancel()
+        await asyncio.gather(*self.followers, return_exceptions=True)
         if self.http is not None:
             self.http.should_exit = True
             await asyncio.gather(self.http_task, return_exceptions=True)

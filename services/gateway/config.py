@@ -63,6 +63,10 @@ ENV_API_KEY = "BATON_API_KEY"
 ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
 ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
 ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
+ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
+# How often --prefill/--decode host names are resolved again, so a pool follows its replicas as a
+# compose service or a Kubernetes headless service is scaled.
+DEFAULT_RESOLVE_WORKERS_S = 5.0
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
 # is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
@@ -101,6 +105,7 @@ class GatewayConfig:
     max_num_requests: int = 0  # requests (choices) held at once, more get 429; 0: no limit
     tool_call_parser: str | None = None  # tool_parsers.py: reads the model's own tool calls; None: "auto" refused
     reasoning_parser: str | None = None  # reasoning_parsers.py: reads a reasoning model's thinking; None: all content
+    resolve_workers_s: float = DEFAULT_RESOLVE_WORKERS_S  # workers' host names resolved again this often; 0: once
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -140,6 +145,8 @@ class GatewayConfig:
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         if self.max_num_requests < 0:
             raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
+        if not self.resolve_workers_s >= 0:  # NaN too
+            raise ConfigError(f"--resolve-workers-s must be >= 0 (0: only at start), got {self.resolve_workers_s}")
         for key in self.api_keys:
             # A header value is trimmed, so a key with spaces or none at all could never match.
             if not key or key != "".join(key.split()):
@@ -215,6 +222,12 @@ class GatewayConfig:
                             help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
                                  f"replies give its thinking as `reasoning`, apart from the answer "
                                  f"(${ENV_REASONING_PARSER})")
+        parser.add_argument("--resolve-workers-s", type=float,
+                            default=float(env.get(ENV_RESOLVE_WORKERS) or DEFAULT_RESOLVE_WORKERS_S),
+                            help=f"how often the --prefill and --decode host names are resolved again: a name "
+                                 f"that resolves to several addresses (a compose service's replicas, a Kubernetes "
+                                 f"headless service) is a pool that follows them as they are scaled; 0: only at "
+                                 f"start (${ENV_RESOLVE_WORKERS})")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -229,7 +242,7 @@ class GatewayConfig:
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
                    max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
-                   reasoning_parser=args.reasoning_parser)
+                   reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

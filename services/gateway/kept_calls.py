@@ -93,6 +93,11 @@ class KeptCalls:
             kept.append((getattr(worker.stub, self.preopened_method)(timeout=self.timeout_s + self.max_idle_s),
                          time.monotonic()))
 
+    def forget(self, worker: Worker) -> None:
+        """End the calls kept to `worker`, which left its pool."""
+        for call, _ in self._kept.pop(worker, ()):
+            call.cancel()
+
     def close(self) -> None:
         """End every kept call; none is opened after."""
         self._is_closed = True

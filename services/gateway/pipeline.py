@@ -204,6 +204,9 @@ class RequestPipeline:
         self.prefill_calls = KeptCalls("PrefillStream", "PrefillPreopened", PREFILL_CALLS, deadlines.prefill_s,
                                        preopen=preopen_prefill_calls)
         self.decode_calls = KeptCalls("Decode", "DecodePreopened", DECODE_CALLS, deadlines.decode_s)
+        if prefill is not None:
+            prefill.on_removed(self.prefill_calls.forget)
+        decode.on_removed(self.decode_calls.forget)
         self._background: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:

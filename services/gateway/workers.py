@@ -1,7 +1,14 @@
-"""The gateway's channels to N workers of one kind, their health, and least-loaded selection."""
+"""The gateway's channels to N workers of one kind, their health, and least-loaded selection.
+
+A pool follows the names it was given (`follow_names`): a compose service or a Kubernetes
+headless service resolves to one address per replica, and replicas come and go as the pool
+is scaled. Each new address joins (out of routing until its health check says SERVING); each
+gone one leaves routing at once, its channel closed once its requests are done.
+"""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 import socket
@@ -17,6 +24,7 @@ from services.common.channel import make_channel
 log = logging.getLogger("baton.gateway")
 
 WATCH_RETRY_S = 0.5  # how soon a worker whose health stream broke is watched again
+IDLE_POLL_S = 0.5  # how often a worker that left is checked for requests still on it
 
 
 class NoHealthyWorkerError(RuntimeError):
@@ -43,23 +51,28 @@ class WorkerPool:
     request counts as in flight while its `hold` context lasts.
     """
 
-    def __init__(self, workers: Sequence[Worker], kind: str = "worker"):
+    def __init__(self, workers: Sequence[Worker], kind: str = "worker",
+                 make_worker: Callable[[str], Worker] | None = None):
         if not workers:
             raise ValueError("a worker pool needs at least one worker")
         self.workers = list(workers)
         self.kind = kind
+        self._make_worker = make_worker  # how `update` connects to a new address
         self._turn = itertools.count()
-        self._watchers: list[asyncio.Task] = []
+        self._health_service: str | None = None  # what `watch_health` watches, once it runs
+        self._watchers: dict[Worker, asyncio.Task] = {}
+        self._on_removed: list[Callable[[Worker], None]] = []
+        self._leaving: dict[Worker, asyncio.Task] = {}  # workers gone from the names, until their channel closes
 
     @classmethod
     def connect(cls, addresses: Sequence[str], stub_class: Callable[[grpc.aio.Channel], Any],
                 kind: str = "worker", max_message_bytes: int | None = None) -> WorkerPool:
         """Channels (made here, closed by `close`) to every address, with `stub_class` stubs."""
-        workers = []
-        for address in addresses:
+        def make_worker(address: str) -> Worker:
             channel = make_channel(address) if max_message_bytes is None else make_channel(address, max_message_bytes)
-            workers.append(Worker(address, channel, stub_class(channel)))
-        return cls(workers, kind)
+            return Worker(address, channel, stub_class(channel))
+
+        return cls([make_worker(address) for address in addresses], kind, make_worker)
 
     @property
     def num_serving(self) -> int:
@@ -93,16 +106,57 @@ class WorkerPool:
     def watch_health(self, service_name: str) -> None:
         """Keep every worker's `is_serving` current from its grpc.health.v1 Watch stream;
         a worker whose stream breaks (it died) is out of routing until it serves again."""
+        self._health_service = service_name
         for worker in self.workers:
+            self._watch(worker)
+
+    def on_removed(self, fn: Callable[[Worker], None]) -> None:
+        """Call `fn(worker)` for each worker `update` takes out (what is kept for it can go)."""
+        self._on_removed.append(fn)
+
+    def update(self, addresses: Sequence[str]) -> None:
+        """Follow `addresses`: a worker for each new one (out of routing until its health says
+        SERVING, where health is watched), and each gone one out of routing at once, its channel
+        closed once the requests on it are done. An empty list changes nothing."""
+        wanted = list(dict.fromkeys(addresses))
+        if not wanted or self._make_worker is None:
+            return
+        known = {worker.address for worker in self.workers}
+        for address in wanted:
+            if address not in known:
+                worker = self._make_worker(address)
+                self.workers.append(worker)
+                if self._health_service is not None:
+                    self._watch(worker)
+                log.info("%s %s joined", self.kind, address)
+        for worker in [w for w in self.workers if w.address not in wanted]:
+            self.workers.remove(worker)
             worker.is_serving = False
-            self._watchers.append(asyncio.ensure_future(_watch(worker, service_name, self.kind)))
+            watcher = self._watchers.pop(worker, None)
+            if watcher is not None:
+                watcher.cancel()
+            for fn in self._on_removed:
+                fn(worker)
+            self._leaving[worker] = asyncio.ensure_future(self._close_when_idle(worker))
+            log.info("%s %s left (%d request(s) still on it)", self.kind, worker.address, worker.num_in_flight)
 
     async def close(self) -> None:
-        for task in self._watchers:
+        tasks = [*self._watchers.values(), *self._leaving.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
-        for worker in self.workers:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for worker in [*self.workers, *self._leaving]:
             await worker.channel.close()
+
+    def _watch(self, worker: Worker) -> None:
+        worker.is_serving = False
+        self._watchers[worker] = asyncio.ensure_future(_watch(worker, self._health_service, self.kind))
+
+    async def _close_when_idle(self, worker: Worker) -> None:
+        while worker.num_in_flight:
+            await asyncio.sleep(IDLE_POLL_S)
+        await worker.channel.close()
+        del self._leaving[worker]
 
 
 class _Held:
@@ -148,16 +202,40 @@ def expand_addresses(addresses: Sequence[str]) -> list[str]:
     service with replicas) expanded to one "ip:port" per address; others as given."""
     expanded: list[str] = []
     for address in addresses:
-        host, _, port = address.rpartition(":")
-        try:
-            # IPv4 only: "localhost" must stay one worker, not ::1 and 127.0.0.1 as two.
-            infos = socket.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
-        except (socket.gaierror, ValueError):
-            expanded.append(address)  # let the channel report it
-            continue
-        ips = list(dict.fromkeys(info[4][0] for info in infos))
-        if len(ips) <= 1:
-            expanded.append(address)
-        else:
-            expanded.extend(f"{ip}:{port}" for ip in sorted(ips))
+        expanded += _addresses_of(address) or [address]  # one that does not resolve: the channel reports it
     return list(dict.fromkeys(expanded))
+
+
+def needs_resolving(addresses: Sequence[str]) -> bool:
+    """Whether any of `addresses` names its host (rather than giving an IP address)."""
+    for address in addresses:
+        try:
+            ipaddress.ip_address(address.rpartition(":")[0].strip("[]"))
+        except ValueError:
+            return True
+    return False
+
+
+async def follow_names(pool: WorkerPool, names: Sequence[str], every_s: float) -> None:
+    """Keep `pool` on what `names` resolve to, resolving them again every `every_s` seconds until
+    cancelled. While a name does not resolve the pool stays as it is: a DNS hiccup must not empty it."""
+    while True:
+        await asyncio.sleep(every_s)
+        resolved = await asyncio.to_thread(lambda: [_addresses_of(name) for name in names])
+        if all(addresses is not None for addresses in resolved):
+            pool.update([address for addresses in resolved for address in addresses])
+
+
+def _addresses_of(address: str) -> list[str] | None:
+    """One "ip:port" per address `address`'s host name resolves to when there are several, else
+    `address` as given; None when it does not resolve."""
+    host, _, port = address.rpartition(":")
+    try:
+        # IPv4 only: "localhost" must stay one worker, not ::1 and 127.0.0.1 as two.
+        infos = socket.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
+    except (socket.gaierror, ValueError):
+        return None
+    ips = list(dict.fromkeys(info[4][0] for info in infos))
+    if not ips:
+        return None
+    return [address] if len(ips) == 1 else [f"{ip}:{port}" for ip in sorted(ips)]
