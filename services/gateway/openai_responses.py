@@ -18,7 +18,7 @@ from protos import common_pb2
 from services.gateway.pipeline import Delta, Usage
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
-from services.gateway.tool_parsers import StreamedCalls, ToolCallSyntax, merged_call_deltas
+from services.gateway.tool_parsers import RequiredCalls, StreamedCalls, ToolCallSyntax, merged_call_deltas
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 
@@ -142,11 +142,15 @@ class ResponseBuilder:
         self.num_logprobs = num_logprobs  # candidates per echoed prompt token
         self.echo_of_prompt = echo_of_prompt  # completions with `echo`: each prompt's text
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
-        self.forced_tool_call = forced_tool_call  # chat: the text is a tool call's, sent as `tool_calls`
+        # "required": the text is a list of calls, read as the model's own are (tool_parsers.RequiredCalls)
+        if forced_tool_call is not None and forced_tool_call.name is None:
+            forced_tool_call, tool_call_syntax = None, RequiredCalls(call_id)
+        self.forced_tool_call = forced_tool_call  # chat: the text is a named function's call, sent as `tool_calls`
         self._sent_role = [False] * num_choices
-        self.call_id = call_id  # a forced call's new id: a Mistral model's templates take only their own kind
-        self._call_ids = [call_id() for _ in range(num_choices)]  # a named function's call, per choice
-        # tool_choice "auto": each choice's text read for the calls the model made (tool_parsers.py)
+        # A named function's call, per choice; ids of the gateway's parser's kind (a Mistral model's
+        # templates take back only theirs).
+        self._call_ids = [call_id() for _ in range(num_choices)]
+        # tool_choice "auto" (or "required"): each choice's text read for its calls (tool_parsers.py)
         self.tool_call_syntax = tool_call_syntax
         self._streamed_calls = ([StreamedCalls(tool_call_syntax) for _ in range(num_choices)]
                                 if tool_call_syntax is not None else None)
@@ -196,7 +200,7 @@ class ResponseBuilder:
                 logprobs = chat_logprobs(delta.logprobs, self.token_text)
             thought, text = self._split_delta(delta, state) if self.reasoning is not None else ("", delta.text)
             if self.forced_tool_call is not None:
-                message, calls = self._tool_call_delta(index, delta, state)
+                message, calls = self._tool_call_delta(index, delta)
             elif self._streamed_calls is not None:
                 message, calls = self._parsed_delta(index, text, delta.finish_reason is not None)
             else:
@@ -277,15 +281,9 @@ class ResponseBuilder:
         """A whole chat choice's reasoning, content and tool calls, its text read once. A forced call's
         text cut short goes out as content; what a model says before the calls it chose stays its
         content; the calls are read from the answer after its thinking."""
-        if self.forced_tool_call is not None:
-            calls = self.forced_tool_call.calls(state.text)
-            if calls is None:
-                return None, state.text, None
-            # A named function's call keeps the id its stream's first chunk gave it.
-            ids = [self._call_ids[index]] if self.forced_tool_call.name is not None else [self.call_id() for _ in calls]
-            for call, call_id in zip(calls, ids):
-                call["id"] = call_id
-            return None, None, calls
+        if self.forced_tool_call is not None:  # the id its stream's first chunk gave it
+            call = self.forced_tool_call.named_call(state.text, self._call_ids[index])
+            return (None, None, [call]) if call is not None else (None, state.text, None)
         reasoning, text = None, state.text
         if self.reasoning is not None and state.thinking is not None:
             # A reply that thought has no content without an answer; one that did not, no reasoning.
@@ -300,26 +298,16 @@ class ResponseBuilder:
     def _finish_reason(self, state: ChoiceState, calls: list[dict[str, Any]] | None) -> str | None:
         """"tool_calls" for calls the model chose ("required", "auto"), as vLLM says it; a named
         function's calls end as their text did ("stop"), as OpenAI's forced calls do."""
-        is_named = self.forced_tool_call is not None and self.forced_tool_call.name is not None
+        is_named = self.forced_tool_call is not None
         return "tool_calls" if state.finish_reason == "stop" and calls and not is_named else state.finish_reason
 
-    def _tool_call_delta(self, index: int, delta: Delta, state: ChoiceState
-                         ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-        """A stream chunk's delta for a forced tool call, and the calls it completes: a named function's
-        arguments as they come; "required"'s calls all at once at the end, once their JSON is whole."""
-        name = self.forced_tool_call.name
-        if name is not None:
-            call: dict[str, Any] = {"index": 0, "function": {"arguments": delta.text}}
-            if not self._sent_role[index]:  # the call's first piece names it
-                call.update(id=self._call_ids[index], type="function")
-                call["function"]["name"] = name
-            return {"tool_calls": [call]}, None
-        if delta.finish_reason is None:
-            return {}, None
-        _, content, calls = self._answer(index, state)
-        if calls is None:  # cut short: what there is, as text
-            return {"content": content}, None
-        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, calls
+    def _tool_call_delta(self, index: int, delta: Delta) -> tuple[dict[str, Any], None]:
+        """A stream chunk's delta for a named function's forced call: its arguments as they come."""
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": delta.text}}
+        if not self._sent_role[index]:  # the call's first piece names it
+            call.update(id=self._call_ids[index], type="function")
+            call["function"]["name"] = self.forced_tool_call.name
+        return {"tool_calls": [call]}, None
 
     def _split_delta(self, delta: Delta, state: ChoiceState) -> tuple[str, str]:
         """A chat delta's (thinking, answer) text, recorded in `state`; the choice's first delta says

@@ -28,18 +28,15 @@ class ForcedToolCall:
     def regex(self) -> str:
         return schema_regex(self._schema())
 
-    def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """The tool calls the guided text makes, as OpenAI's message lists them; None when it is not
-        whole JSON (cut short by max_tokens)."""
+    def named_call(self, text: str, call_id: str) -> dict[str, Any] | None:
+        """The named function's call the guided text makes, its arguments as the model wrote them
+        (what its stream sent); None when they are not whole JSON (cut short by max_tokens).
+        "required"'s list of calls is read as a parser reads the model's own (tool_parsers.RequiredCalls)."""
         try:
-            parsed = json.loads(text)
+            json.loads(text)
         except json.JSONDecodeError:
             return None
-        # A named function's arguments as the model wrote them (what its stream sent); each of
-        # "required"'s calls cut out of the list, as JSON again.
-        if self.name is not None:
-            return [tool_call(self.name, text)]
-        return [tool_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in parsed]
+        return tool_call(self.name, text, call_id)
 
     def _schema(self) -> dict[str, Any]:
         if self.name is not None:

@@ -202,7 +202,7 @@ class Mistral(_Tagged):
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
         if self._is_listed(text):
-            return _objects_so_far(text, _past(text, len(self.START), _BLANK) + 1, ", \n\t", scans)
+            return _objects_so_far(text, _past(text, len(self.START), _BLANK) + 1, _LISTED, scans)
         begun, start = [], 0
         while start != -1:
             call = self._named_so_far(text, start, scans)
@@ -218,22 +218,7 @@ class Mistral(_Tagged):
         return at < len(region) and region[at] == "["
 
     def _listed(self, region: str) -> Calls | None:
-        body = region[len(self.START):].strip()
-        try:
-            listed = json.loads(body)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(listed, list):
-            return None
-        calls, at, scans = [], _past(body, 1, _BLANK), {}
-        while at < len(body) and body[at] == "{":
-            end = _json_end(body, at, scans)
-            call = _call(body[at:end], "arguments")
-            if call is None:
-                return None
-            calls.append(call)
-            at = _past(body, end, ", \n\t")
-        return calls if len(calls) == len(listed) else None
+        return _listed_calls(region[len(self.START):].strip(), "arguments")
 
     def _named(self, region: str) -> Calls | None:
         calls = []
@@ -267,6 +252,28 @@ class Mistral(_Tagged):
         if end is None:
             return name, text[value_at:], -1
         return name, text[value_at:end], text.find(self.START, end)
+
+
+class RequiredCalls(_CallsOnly):
+    """tool_choice "required": the text guided to a JSON list of `{"name", "parameters"}` calls of the
+    request's tools (tool_calls.ForcedToolCall), read and streamed as a parser reads a model's own.
+    `call_id`: where its calls' ids come from (the gateway's parser's kind)."""
+
+    OPEN = "["
+
+    def __init__(self, call_id: Callable[[], str] = new_call_id) -> None:
+        self.call_id = call_id
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        calls = _listed_calls(text.strip(), "parameters")
+        if not calls:
+            return text, []
+        for call in calls:
+            call["id"] = self.call_id()
+        return None, calls
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        return _objects_so_far(text, 1, _LISTED, scans)
 
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
@@ -459,6 +466,7 @@ def _json_end(text: str, start: int, scans: dict[int, JsonScan]) -> int | None:
 
 
 _SEPARATORS = "; \n\t"  # between llama3_json's calls
+_LISTED = ", \n\t"  # between the calls of a JSON list
 _BLANK = " \n\t\r"
 
 
@@ -466,6 +474,25 @@ def _past(text: str, at: int, skipped: str) -> int:
     while at < len(text) and text[at] in skipped:
         at += 1
     return at
+
+
+def _listed_calls(body: str, arguments_key: str) -> Calls | None:
+    """The calls of `body`, a JSON list of call objects, each in OpenAI's shape; None if it is not one."""
+    try:
+        listed = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(listed, list) or not body.startswith("["):
+        return None
+    calls, at, scans = [], _past(body, 1, _BLANK), {}
+    while at < len(body) and body[at] == "{":
+        end = _json_end(body, at, scans)
+        call = _call(body[at:end], arguments_key)
+        if call is None:
+            return None
+        calls.append(call)
+        at = _past(body, end, _LISTED)
+    return calls if len(calls) == len(listed) else None
 
 
 def _objects_so_far(text: str, at: int, separators: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from services.gateway.tool_parsers import PARSERS, StreamedCalls
+from services.gateway.tool_parsers import PARSERS, RequiredCalls, StreamedCalls
 
 HERMES, LLAMA3, PYTHONIC, MISTRAL = (PARSERS[name] for name in ("hermes", "llama3_json", "pythonic", "mistral"))
 HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
@@ -16,6 +16,8 @@ MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "
                   '{"name": "get_time", "arguments": {}}]')  # Mistral's tokenizer v3
 MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                  '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
+REQUIRED, REQUIRED_TEXT = RequiredCalls(), ('[{"name": "get_weather", "parameters": {"city": "Zürich"}}, '
+                                            '{"name": "get_time", "parameters": {}}]')  # tool_choice "required"
 CALLS = [("get_weather", {"city": "Zürich"}), ("get_time", {})]
 
 
@@ -33,6 +35,7 @@ def test_calls_and_the_text_before_them():
     assert named(LLAMA3.parse("  " + LLAMA3_TEXT + "\n")[1]) == CALLS
     content, calls = PYTHONIC.parse(PYTHONIC_TEXT)
     assert content is None and named(calls) == CALLS
+    assert REQUIRED.parse(REQUIRED_TEXT)[0] is None and named(REQUIRED.parse(REQUIRED_TEXT)[1]) == CALLS
     for text, said in ((MISTRAL_LISTED, None), (MISTRAL_NAMED, "Let me look.")):
         content, calls = MISTRAL.parse(text)
         assert content == said and named(calls) == CALLS
@@ -88,7 +91,7 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("syntax", "text", "said"), [
     (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
-    (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look.")])
+    (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, "")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
@@ -98,7 +101,8 @@ def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(synta
     assert [c["id"] for c in calls] == [c["id"] for c in stream.calls]
 
 
-STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LISTED), (MISTRAL, MISTRAL_NAMED)]
+STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LISTED), (MISTRAL, MISTRAL_NAMED),
+             (REQUIRED, REQUIRED_TEXT)]
 
 
 @pytest.mark.parametrize(("syntax", "text"), STREAMING)

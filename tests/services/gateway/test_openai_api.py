@@ -343,10 +343,11 @@ TOOLS = [
 ]
 
 
-def streamed_tool_calls(client, **kwargs) -> tuple[dict[int, dict], str]:
-    """The tool calls a stream makes, put together from its deltas, and its finish reason."""
+def streamed_tool_calls(client, **kwargs) -> tuple[dict[int, dict], str, int]:
+    """The tool calls a stream makes, put together from its deltas, its finish reason, and how many
+    chunks before the last carried some of them."""
     calls: dict[int, dict] = {}
-    reason = None
+    reason, num_early = None, 0
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         choice = chunk.choices[0]
         assert not choice.delta.content
@@ -355,8 +356,9 @@ def streamed_tool_calls(client, **kwargs) -> tuple[dict[int, dict], str]:
             call["id"] = call["id"] or delta.id
             call["name"] = call["name"] or delta.function.name
             call["arguments"] += delta.function.arguments or ""
+        num_early += bool(choice.delta.tool_calls) and choice.finish_reason is None
         reason = choice.finish_reason or reason
-    return calls, reason
+    return calls, reason, num_early
 
 
 def test_forced_tool_calls_come_as_tool_calls_whole_and_streamed(client, mesh):
@@ -367,7 +369,7 @@ def test_forced_tool_calls_come_as_tool_calls_whole_and_streamed(client, mesh):
     [call] = named.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     assert set(json.loads(call.function.arguments)) == {"city"}
-    streamed, reason = streamed_tool_calls(
+    streamed, reason, _ = streamed_tool_calls(
         client, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kwargs)
     assert reason == "stop" and [(c["name"], c["arguments"]) for c in streamed.values()] == [
         ("get_weather", call.function.arguments)]
@@ -376,9 +378,11 @@ def test_forced_tool_calls_come_as_tool_calls_whole_and_streamed(client, mesh):
     assert required.finish_reason == "tool_calls" and required.message.content is None
     made = [(c.function.name, json.loads(c.function.arguments)) for c in required.message.tool_calls]
     assert made and all(name in ("get_weather", "get_time") for name, _ in made)
-    streamed, reason = streamed_tool_calls(client, tool_choice="required", **kwargs)
-    assert reason == "tool_calls"
-    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == made
+    # Streamed as they are written, as the model's own calls are: each named, then its arguments.
+    streamed, reason, num_early = streamed_tool_calls(client, tool_choice="required", **kwargs)
+    assert reason == "tool_calls" and num_early > len(made)
+    assert [(c["name"], c["arguments"]) for c in streamed.values()] == [
+        (c.function.name, c.function.arguments) for c in required.message.tool_calls]
 
     # The conversation goes on with the call and the tool's answer in it; "none" answers in text.
     history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
