@@ -47,7 +47,14 @@ from services.gateway.index_mirror import IndexMirror
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
 from services.gateway.timeline import TimelineStore
-from services.gateway.workers import WorkerPool, expand_addresses, follow_names, needs_resolving
+from services.gateway.workers import (
+    WorkerPool,
+    expand_addresses,
+    follow,
+    needs_resolving,
+    registered_workers,
+    resolved_names,
+)
 from services.kvstore.prefix_index import PrefixIndex
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
@@ -94,7 +101,8 @@ class GatewayService:
         self.router: PrefixRouter | RandomRouter | None = None
         self.http: _EmbeddedServer | None = None
         self.http_task: asyncio.Task | None = None
-        self.followers: list[asyncio.Task] = []  # a pool's names resolved again as they are scaled
+        self.followers: list[asyncio.Task] = []  # each pool following where its workers are (workers.follow)
+        self.registry_redis = None  # with --discover-workers: the client its followers ask the registry with
 
     def readiness(self) -> str | None:
         missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
@@ -116,12 +124,14 @@ class GatewayService:
                                                        prefill_pb2_grpc.PrefillStub, "prefill", limit)
         self.pools["decode"] = WorkerPool.connect(expand_addresses(config.decode_addresses),
                                                   decode_pb2_grpc.DecodeStub, "decode", limit)
+        workers = self.metrics.gauge("baton_gateway_workers", "Workers the gateway routes to, by kind: in its pool "
+                                     "(known) and of those, the ones whose health check says SERVING (serving)",
+                                     ["kind", "state"])
         for kind, pool in self.pools.items():
             pool.watch_health(HEALTH_SERVICES[kind])
-        names = {"prefill": config.prefill_addresses, "decode": config.decode_addresses}
-        if config.resolve_workers_s > 0:
-            self.followers = [asyncio.ensure_future(follow_names(pool, names[kind], config.resolve_workers_s))
-                              for kind, pool in self.pools.items() if kind in names and needs_resolving(names[kind])]
+            workers.labels(**self.metrics.labels, kind=kind, state="known").set_function(lambda p=pool: len(p.workers))
+            workers.labels(**self.metrics.labels, kind=kind, state="serving").set_function(lambda p=pool: p.num_serving)
+        self._follow_workers()
         prefill = self.pools.get("prefill")
         self.router = make_router(config, prefill) if prefill is not None else None
         # Colocated there is no prefill pool: every prompt goes to the decode worker.
@@ -166,10 +176,31 @@ class GatewayService:
                 f"workers, KV transport {config.kv_transport}, {routing}, decode prefills prompts of up to "
                 f"{self.pipeline.local_prefill_max_tokens} tokens itself{keyed}")
 
+    def _follow_workers(self) -> None:
+        """Keep the prefill and decode pools on their names as they resolve now, and with
+        --discover-workers on the workers of this model in the instance registry."""
+        config = self.config
+        if not config.resolve_workers_s > 0:
+            return
+        names = {"prefill": config.prefill_addresses, "decode": config.decode_addresses}
+        if config.discover_workers:
+            self.registry_redis = connect_redis(config.redis_url)
+            registry, model_key = InstanceRegistry(self.registry_redis), model_fingerprint(config.model_dir).hex()
+        for kind, pool in self.pools.items():
+            if kind not in names:
+                continue
+            sources = [resolved_names(names[kind])] if names[kind] else []
+            if config.discover_workers:
+                sources.append(registered_workers(registry, kind, model_key))
+            if config.discover_workers or needs_resolving(names[kind]):
+                self.followers.append(asyncio.ensure_future(follow(pool, sources, config.resolve_workers_s)))
+
     async def close(self) -> None:
         for follower in self.followers:
             follower.cancel()
         await asyncio.gather(*self.followers, return_exceptions=True)
+        if self.registry_redis is not None:
+            await self.registry_redis.aclose()
         if self.http is not None:
             self.http.should_exit = True
             await asyncio.gather(self.http_task, return_exceptions=True)

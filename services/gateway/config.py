@@ -64,6 +64,7 @@ ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
 ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
 ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
+ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
 # How often --prefill/--decode host names are resolved again, so a pool follows its replicas as a
 # compose service or a Kubernetes headless service is scaled.
 DEFAULT_RESOLVE_WORKERS_S = 5.0
@@ -106,6 +107,9 @@ class GatewayConfig:
     tool_call_parser: str | None = None  # tool_parsers.py: reads the model's own tool calls; None: "auto" refused
     reasoning_parser: str | None = None  # reasoning_parsers.py: reads a reasoning model's thinking; None: all content
     resolve_workers_s: float = DEFAULT_RESOLVE_WORKERS_S  # workers' host names resolved again this often; 0: once
+    # Prefill and decode workers also found in the Redis instance registry (those serving this model),
+    # as often as names are resolved: pools scaled by starting and stopping workers anywhere.
+    discover_workers: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -116,9 +120,12 @@ class GatewayConfig:
             raise ConfigError(f"--http-port must be in [0, 65535], got {self.http_port}")
         if not self.tokenizer_address:
             raise ConfigError(f"no tokenizer: pass --tokenizer HOST:PORT or set ${ENV_TOKENIZER}")
-        _check_layout(self.prefill_addresses, self.is_colocated, self.local_prefill_max_tokens)
-        if not self.decode_addresses:
-            raise ConfigError(f"no decode workers: pass --decode HOST:PORT[,HOST:PORT...] or set ${ENV_DECODE}")
+        if self.discover_workers and not self.redis_url:
+            raise ConfigError("--discover-workers finds workers in the instance registry: pass --redis URL too")
+        _check_layout(self.prefill_addresses, self.is_colocated, self.local_prefill_max_tokens, self.discover_workers)
+        if not self.decode_addresses and not self.discover_workers:
+            raise ConfigError(f"no decode workers: pass --decode HOST:PORT[,HOST:PORT...] or set ${ENV_DECODE}, "
+                              f"or --discover-workers to find them in the instance registry")
         for flag, addresses in (("--prefill", self.prefill_addresses), ("--decode", self.decode_addresses)):
             for address in addresses:
                 _check_address(flag, address)
@@ -147,6 +154,8 @@ class GatewayConfig:
             raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
         if not self.resolve_workers_s >= 0:  # NaN too
             raise ConfigError(f"--resolve-workers-s must be >= 0 (0: only at start), got {self.resolve_workers_s}")
+        if self.discover_workers and not self.resolve_workers_s > 0:
+            raise ConfigError("--discover-workers looks for workers every --resolve-workers-s: it must be > 0")
         for key in self.api_keys:
             # A header value is trimmed, so a key with spaces or none at all could never match.
             if not key or key != "".join(key.split()):
@@ -228,6 +237,11 @@ class GatewayConfig:
                                  f"that resolves to several addresses (a compose service's replicas, a Kubernetes "
                                  f"headless service) is a pool that follows them as they are scaled; 0: only at "
                                  f"start (${ENV_RESOLVE_WORKERS})")
+        parser.add_argument("--discover-workers", action="store_true",
+                            default=env.get(ENV_DISCOVER_WORKERS, "") not in ("", "0"),
+                            help=f"also route to the prefill and decode workers that heartbeat in the instance "
+                                 f"registry (--redis) serving this model, looked for every --resolve-workers-s: "
+                                 f"--prefill and --decode may then be left out (${ENV_DISCOVER_WORKERS}=1)")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -242,24 +256,27 @@ class GatewayConfig:
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
                    max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
-                   reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s)
+                   reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s,
+                   discover_workers=args.discover_workers)
 
 
 def _split(addresses: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in addresses.split(",") if a.strip())
 
 
-def _check_layout(prefill_addresses: tuple[str, ...], is_colocated: bool, local_prefill_max_tokens: int) -> None:
-    """Prefill workers, or --colocated (which prefills everything on decode), never both."""
+def _check_layout(prefill_addresses: tuple[str, ...], is_colocated: bool, local_prefill_max_tokens: int,
+                  discover_workers: bool) -> None:
+    """Prefill workers (given, or discovered), or --colocated (which prefills everything on decode), never both."""
     if is_colocated:
         if prefill_addresses:
             raise ConfigError(f"--colocated runs no prefill workers: drop --prefill (and ${ENV_PREFILL})")
         if local_prefill_max_tokens != LOCAL_PREFILL_AUTO:
             raise ConfigError(f"--colocated prefills every prompt on the decode workers: drop "
                               f"--local-prefill-max-tokens (and ${ENV_LOCAL_PREFILL})")
-    elif not prefill_addresses:
+    elif not prefill_addresses and not discover_workers:
         raise ConfigError(f"no prefill workers: pass --prefill HOST:PORT[,HOST:PORT...] or set ${ENV_PREFILL}, "
-                          f"or --colocated to prefill every prompt on the decode workers")
+                          f"--discover-workers to find them in the instance registry, or --colocated to prefill "
+                          f"every prompt on the decode workers")
 
 
 def _check_address(flag: str, address: str) -> None:

@@ -1,9 +1,12 @@
 """The gateway's channels to N workers of one kind, their health, and least-loaded selection.
 
-A pool follows the names it was given (`follow_names`): a compose service or a Kubernetes
-headless service resolves to one address per replica, and replicas come and go as the pool
-is scaled. Each new address joins (out of routing until its health check says SERVING); each
-gone one leaves routing at once, its channel closed once its requests are done.
+A pool follows where its workers are (`follow`): the names it was given, resolved again (a
+compose service or a Kubernetes headless service resolves to one address per replica, and
+replicas come and go as the pool is scaled), and with discovery the workers of its kind that
+heartbeat in the Redis instance registry. Each new address joins (out of routing until its
+health check says SERVING); each gone one leaves routing at once, its channel closed once its
+requests are done. A source that cannot answer (a name that does not resolve, Redis away)
+leaves the pool as it is.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import ipaddress
 import itertools
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,7 @@ log = logging.getLogger("baton.gateway")
 
 WATCH_RETRY_S = 0.5  # how soon a worker whose health stream broke is watched again
 IDLE_POLL_S = 0.5  # how often a worker that left is checked for requests still on it
+REGISTRY_TIMEOUT_S = 1.0
 
 
 class NoHealthyWorkerError(RuntimeError):
@@ -53,8 +57,8 @@ class WorkerPool:
 
     def __init__(self, workers: Sequence[Worker], kind: str = "worker",
                  make_worker: Callable[[str], Worker] | None = None):
-        if not workers:
-            raise ValueError("a worker pool needs at least one worker")
+        if not workers and make_worker is None:
+            raise ValueError("a worker pool needs at least one worker, or a way to connect to those it finds")
         self.workers = list(workers)
         self.kind = kind
         self._make_worker = make_worker  # how `update` connects to a new address
@@ -216,14 +220,42 @@ def needs_resolving(addresses: Sequence[str]) -> bool:
     return False
 
 
-async def follow_names(pool: WorkerPool, names: Sequence[str], every_s: float) -> None:
-    """Keep `pool` on what `names` resolve to, resolving them again every `every_s` seconds until
-    cancelled. While a name does not resolve the pool stays as it is: a DNS hiccup must not empty it."""
+# Where a pool's workers are now: their addresses, or None when it cannot tell (it is left as it is).
+WorkerSource = Callable[[], Awaitable["list[str] | None"]]
+
+
+async def follow(pool: WorkerPool, sources: Sequence[WorkerSource], every_s: float) -> None:
+    """Keep `pool` on the addresses `sources` give together, asking them every `every_s` seconds
+    until cancelled; while any cannot tell, the pool stays as it is."""
     while True:
+        found = [await source() for source in sources]
+        if all(addresses is not None for addresses in found):
+            pool.update([address for addresses in found for address in addresses])
         await asyncio.sleep(every_s)
-        resolved = await asyncio.to_thread(lambda: [_addresses_of(name) for name in names])
-        if all(addresses is not None for addresses in resolved):
-            pool.update([address for addresses in resolved for address in addresses])
+
+
+def resolved_names(names: Sequence[str]) -> WorkerSource:
+    """What `names` resolve to now; None while one does not (a DNS hiccup must not empty a pool)."""
+    def resolve() -> list[str] | None:
+        found = [_addresses_of(name) for name in names]
+        return None if None in found else [address for addresses in found for address in addresses]
+
+    async def source() -> list[str] | None:
+        return await asyncio.to_thread(resolve) if needs_resolving(names) else list(names)
+    return source
+
+
+def registered_workers(registry, kind: str, model_key: str) -> WorkerSource:
+    """The workers of `kind` serving model `model_key` (its fingerprint, hex) that heartbeat in
+    `registry` (an InstanceRegistry); None while Redis does not answer."""
+    async def source() -> list[str] | None:
+        try:
+            live = await asyncio.wait_for(registry.instances(kind), REGISTRY_TIMEOUT_S)
+        except Exception as e:  # Redis away: the pool stays as it is, as routing does
+            log.debug("cannot list %s instances: %s", kind, e)
+            return None
+        return [info.address for info in live if info.model_key == model_key]
+    return source
 
 
 def _addresses_of(address: str) -> list[str] | None:

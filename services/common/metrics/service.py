@@ -8,7 +8,7 @@ on a daemon thread); the gateway serves it on its HTTP port beside the router's.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -42,9 +42,10 @@ class ServiceMetrics:
         self._warmup = self.gauge("baton_warmup_duration_seconds", "Warming up the engine with dummy requests")
         self._http: WSGIServer | None = None
 
-    def gauge(self, name: str, documentation: str) -> Gauge:
-        """A gauge with this service's labels, in its registry; `.labels(**metrics.labels)` gives the child."""
-        return Gauge(name, documentation, LABELS, registry=self.registry)
+    def gauge(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Gauge:
+        """A gauge with this service's labels (then `labelnames`), in its registry;
+        `.labels(**metrics.labels, ...)` gives the child."""
+        return Gauge(name, documentation, [*LABELS, *labelnames], registry=self.registry)
 
     def count_success(self, finish_reason: str) -> None:
         self._success.labels(**self.labels, finish_reason=finish_reason).inc()

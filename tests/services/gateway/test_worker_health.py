@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2_grpc
 from services.common.grpc_server import make_server
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
-from services.gateway.workers import WorkerPool, expand_addresses, follow_names, needs_resolving
+from services.gateway.workers import WorkerPool, expand_addresses, follow, needs_resolving, resolved_names
 from tests.services.gateway.mesh import start_mesh
 
 
@@ -103,7 +103,7 @@ def test_a_pool_follows_its_name_as_replicas_come_and_go(monkeypatch):
         pool.watch_health("baton.Test")
         removed = []
         pool.on_removed(removed.append)
-        follower = asyncio.ensure_future(follow_names(pool, [f"prefill:{port}"], every_s=0.05))
+        follower = asyncio.ensure_future(follow(pool, [resolved_names([f"prefill:{port}"])], every_s=0.05))
         try:
             await until(lambda: pool.num_serving == 2)
             assert [w.address for w in pool.workers] == addresses[:2]
