@@ -75,6 +75,13 @@ PREFILL_PLACES = Counter("baton_gateway_prefills_total",
                          "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
                          ["place"])
 PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
+PREFILL_RETRIES = Counter("baton_gateway_prefill_retries_total",
+                          "Prompts sent to another prefill worker because theirs went away (UNAVAILABLE) before "
+                          "their first token")
+# A prompt's prefill workers after the first, at most: a worker that stops or dies before the first
+# token has sent nothing anyone saw, so the prompt goes to another. Not after any other failure: a
+# prompt that made a worker's engine fail may make the next one's fail too.
+MAX_PREFILL_RETRIES = 2
 
 
 class InvalidRequestError(ValueError):
@@ -451,6 +458,16 @@ class RequestPipeline:
                 self._abort_soon(decode_worker, request_id, common_pb2.FINISH_REASON_STOP if progress.is_stopped_here
                                  else common_pb2.FINISH_REASON_UNSPECIFIED)
 
+    def _next_prefill_worker(self, error: BaseException, gone: list[Worker]) -> Worker | None:
+        """Where a prompt goes after `error` from its prefill worker, before its first token: the least
+        loaded serving worker but those in `gone`, when the worker went away (UNAVAILABLE) and it has
+        gone elsewhere fewer than MAX_PREFILL_RETRIES times; else None (the error stands)."""
+        if not (isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
+                and len(gone) <= MAX_PREFILL_RETRIES):
+            return None
+        others = [worker for worker in self.prefill.workers if worker.is_serving and worker not in gone]
+        return self.prefill.least_loaded(others) if others else None
+
     async def _disaggregated_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
                                    spans: RequestTrace, lookup: Lookup,
@@ -462,24 +479,35 @@ class RequestPipeline:
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
         host_tier = (prefill_pb2.HostTierSource(address=route.host_tier_address, num_blocks=route.host_tier_blocks)
                      if route is not None and route.host_tier_blocks else None)
-        with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
-            clock.mark("route")
-            with spans.calls():
-                prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
-                    request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                    target={"decode_address": decode_worker.address, "transport": self.kv_transport}))
-            try:  # from here on, whatever fails stops the prefill worker's work too
-                on_dispatch()
-                if route is not None:
-                    try:
-                        self.prefill_router.record(route, lookup)
-                    except ValueError as e:  # a negative id in a block it hashed
-                        raise InvalidRequestError(f"prompt {e}") from None
-                response = (await _next_event(prefill_call, "first_token")).first_token
-            except BaseException as e:
-                prefill_call.cancel()
-                self.prefill_calls.replenish(prefill_worker, ended_on=e)
-                raise
+        gone: list[Worker] = []  # prefill workers that went away before the first token
+        while True:
+            with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
+                clock.mark("route")
+                prefill_call = None
+                try:  # from here on, whatever fails stops the prefill worker's work too
+                    with spans.calls():
+                        prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
+                            request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
+                            target={"decode_address": decode_worker.address, "transport": self.kv_transport}))
+                    if not gone:
+                        on_dispatch()
+                        if route is not None:
+                            try:
+                                self.prefill_router.record(route, lookup)
+                            except ValueError as e:  # a negative id in a block it hashed
+                                raise InvalidRequestError(f"prompt {e}") from None
+                    response = (await _next_event(prefill_call, "first_token")).first_token
+                    break
+                except BaseException as e:
+                    if prefill_call is not None:
+                        prefill_call.cancel()
+                    self.prefill_calls.replenish(prefill_worker, ended_on=e)
+                    chosen = self._next_prefill_worker(e, [*gone, prefill_worker])
+                    if chosen is None:
+                        raise
+                    gone.append(prefill_worker)
+                    num_cached, host_tier = 0, None  # what the router knew was of the worker that went
+                    PREFILL_RETRIES.inc()
         try:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings

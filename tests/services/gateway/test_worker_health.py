@@ -1,12 +1,15 @@
 """Routing follows the workers' health: a killed worker drops out of routing and serving goes
 on; with no worker of a kind left, `/health` and requests say 503. Its own mesh: it kills workers.
-A pool also follows its name's replicas as they are scaled."""
+A pool also follows its name's replicas as they are scaled, and a prompt whose prefill worker goes
+away before its first token goes to another."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -15,9 +18,13 @@ from grpc_health.v1 import health_pb2_grpc
 
 from services.common.grpc_server import make_server
 from services.common.settings import ConfigError
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.gateway.config import GatewayConfig
 from services.gateway.workers import WorkerPool, expand_addresses, follow, needs_resolving, resolved_names
-from tests.services.gateway.mesh import start_mesh
+from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
+from tests.services.gateway.mesh import DECODE_KV_BLOCKS, GatewayProcess, assert_decode_pools_free, start_mesh
+from tests.services.service_process import ServiceProcess, failing_step_worker
 
 
 @pytest.fixture()
@@ -147,3 +154,44 @@ def test_names_are_resolved_again_as_configured(tiny_demo_model):
     for bad in ("-1", "nan"):
         with pytest.raises(ConfigError, match="--resolve-workers-s must be >= 0"):
             GatewayConfig.from_args([*common, "--resolve-workers-s", bad], {})
+
+
+def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_another(tiny_demo_model):
+    """Prefill worker A's engine fails on a "slowfail-" prompt, after SLOW_FAILING_STEP_S: that
+    prompt fails (it may make any worker's engine fail), and the one queued behind it, which A
+    answers UNAVAILABLE, is sent to B instead and served. B is paused until both prompts are on A."""
+    tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
+    started = [tokenizer]
+    try:
+        failing = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
+                                 command=failing_step_worker("prefill"))
+        started.append(failing)
+        other = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128")
+        started.append(other)
+        decode = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS))
+        started.append(decode)
+        other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [failing.address, other.address],
+                                 [decode.address], "--local-prefill-max-tokens", "0")
+        try:
+            def complete(request_id: str) -> httpx.Response:
+                return httpx.post(f"{gateway.base_url}/v1/completions", headers={"x-request-id": request_id},
+                                  timeout=30, json={"model": tiny_demo_model.name, "prompt": "Hello", "max_tokens": 4})
+
+            with ThreadPoolExecutor(2) as pool:
+                doomed = pool.submit(complete, "slowfail-1")
+                time.sleep(0.5)
+                queued = pool.submit(complete, "queued-1")
+                time.sleep(0.3)
+                other.proc.send_signal(signal.SIGCONT)
+                assert doomed.result().status_code == 500
+                assert queued.result().status_code == 200, queued.result().text
+            metrics = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
+            assert re.search(r"^baton_gateway_prefill_retries_total 1\.0$", metrics, re.M)
+            assert_decode_pools_free([decode])
+        finally:
+            gateway.terminate()
+    finally:
+        for svc in started:
+            svc.proc.send_signal(signal.SIGCONT)
+            svc.terminate()
