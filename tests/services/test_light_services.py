@@ -1,10 +1,14 @@
-"""The gateway and the tokenizer service run without torch: neither computes a tensor, and torch
-was a quarter of a gigabyte and two seconds of every gateway's start (the model's checkpoint
-fingerprint, its KV layout and its default block size are read without it)."""
+"""The gateway and the tokenizer service run without pyproject's `engine` extra (torch and what only
+the workers read): neither computes a tensor, the Dockerfile's `light` image holds none of it, and
+torch was a quarter of a gigabyte and two seconds of every gateway's start. The model's checkpoint
+fingerprint, its KV layout and its default block size are read without it."""
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,10 +16,20 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("service", ["gateway", "tokenizer"])
-def test_the_service_imports_no_torch(service):
-    check = (f"import sys, services.{service}.__main__; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+def engine_distributions() -> set[str]:
+    extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["engine"]
+    return {re.split(r"[<>=~!\[ ;]", requirement)[0].lower() for requirement in extra}
+
+
+@pytest.mark.parametrize("module", ["services.gateway.__main__", "services.tokenizer.__main__",
+                                    "services.common.healthcheck"])
+def test_the_service_imports_nothing_of_the_engine_extra(module):
+    check = (f"import importlib.metadata as md, json, sys, {module}; "
+             "dists = md.packages_distributions(); "
+             "print(json.dumps(sorted({d.lower() for m in list(sys.modules) "
+             "for d in dists.get(m.split('.')[0], [])})))")
     loaded = subprocess.run([sys.executable, "-c", check], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert loaded.returncode == 0, loaded.stderr
-    assert loaded.stdout.strip() == "[]"
+    distributions = set(json.loads(loaded.stdout))
+    assert {"torch", "numpy"} <= engine_distributions()
+    assert not distributions & engine_distributions(), distributions & engine_distributions()

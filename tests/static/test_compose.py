@@ -80,10 +80,15 @@ def test_redis_is_the_official_image_with_a_ping_healthcheck():
     assert redis["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
 
 
+# What runs without torch: the Dockerfile's `light` image (tests/services/test_light_services.py).
+LIGHT_SERVICES = ("tokenizer", "gateway")
+
+
 @pytest.mark.parametrize("name", BATON_SERVICES)
-def test_baton_services_share_one_image_built_from_the_dockerfile(name):
+def test_baton_services_are_built_from_the_dockerfile_light_where_they_can_be(name):
     service = default_config()["services"][name]
-    assert service["image"] == "baton:latest"
+    target, image = ("light", "baton-light:latest") if name in LIGHT_SERVICES else ("full", "baton:latest")
+    assert service["image"] == image and service["build"]["target"] == target
     assert Path(service["build"]["context"]).resolve() == REPO_ROOT
     assert "models:/models" in " ".join(str(v) for v in service["volumes"])
 

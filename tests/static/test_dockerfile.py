@@ -24,25 +24,49 @@ def test_base_image_is_python_3_11_slim():
     assert instructions()[0].startswith("FROM python:3.11-slim")
 
 
+def stages() -> dict[str, list[str]]:
+    """Each build stage's instructions, by its name (`FROM ... AS name`)."""
+    named: dict[str, list[str]] = {}
+    for line in instructions():
+        if line.startswith("FROM "):
+            current = named.setdefault(line.split()[-1], [])
+        current.append(line)
+    return named
+
+
 def test_torch_is_pinned_once_in_pyproject():
-    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert TORCH_PIN in dependencies
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert TORCH_PIN in project["optional-dependencies"]["engine"]
+    assert not any(d.startswith("torch") for d in project["dependencies"])
     # The Dockerfile takes the pin from pyproject instead of repeating (and drifting from) it.
     assert not any("torch==" in line for line in instructions())
     assert any(line.startswith("COPY pyproject.toml") for line in instructions())
 
 
 def test_pip_uses_the_cpu_torch_index_by_default():
-    args = [line for line in instructions() if line.startswith("ARG TORCH_INDEX_URL=")]
+    full = stages()["full"]
+    args = [line for line in full if line.startswith("ARG TORCH_INDEX_URL=")]
     assert args == ["ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"]
-    pip_installs = [line for line in instructions() if "pip install" in line]
+    pip_installs = [line for line in full if "pip install" in line]
     assert pip_installs and all('--extra-index-url "$TORCH_INDEX_URL"' in line for line in pip_installs)
-    assert any(re.search(r"pip install [^&]*\s\.(\s|$)", line) for line in pip_installs), "no `pip install .`"
+    assert any('pip install --extra-index-url "$TORCH_INDEX_URL" ".[engine]"' in line for line in pip_installs)
+    assert any("optional-dependencies']['engine']" in line for line in full)
+
+
+def test_the_light_image_has_no_engine_extra():
+    """The gateway's and tokenizer's image: pyproject's dependencies, then the source with none more."""
+    light = stages()["light"]
+    pip_installs = [line for line in light if "pip install" in line]
+    assert any("['project']['dependencies']" in line and "-r /tmp/requirements.txt" in line for line in pip_installs)
+    assert any("pip install --no-deps ." in line for line in pip_installs)
+    assert not any("[engine]" in line or "['engine']" in line or "TORCH_INDEX_URL" in line for line in pip_installs)
+    assert stages()["full"] == instructions()[-len(stages()["full"]):], "full is the last stage: the default target"
 
 
 def test_runs_as_a_non_root_user():
-    users = [line.split()[1] for line in instructions() if line.startswith("USER ")]
-    assert users and users[-1] not in ("root", "0")
+    for name in ("light", "full"):
+        users = [line.split()[1] for line in stages()[name] if line.startswith("USER ")]
+        assert users and users[-1] not in ("root", "0"), name
 
 
 def test_no_model_weights_are_copied():
