@@ -32,7 +32,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import aclosing
+from contextlib import ExitStack, aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +82,10 @@ PREFILL_RETRIES = Counter("baton_gateway_prefill_retries_total",
 # token has sent nothing anyone saw, so the prompt goes to another. Not after any other failure: a
 # prompt that made a worker's engine fail may make the next one's fail too.
 MAX_PREFILL_RETRIES = 2
+DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
+                            "Requests moved to another decode worker because theirs went away (UNAVAILABLE) "
+                            "mid-stream: prompt and output so far prefilled again there")
+MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
 
 
 class InvalidRequestError(ValueError):
@@ -416,47 +420,93 @@ class RequestPipeline:
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
             request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
+        generated: list[int] = []  # the output's token ids, for a move to another decode worker
+        first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
+        gone: list[Worker] = []  # decode workers that went away mid-stream
+        held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
         try:
-            async with aclosing(steps):
-                async for step in steps:
-                    arrived = time.perf_counter()
-                    text = output.add(step.token_ids, is_stopped_by_last=step.finish_reason == "stop")
-                    if output.stops.is_stopped or step.finish_reason is not None:
-                        timer.add_tokens(len(step.token_ids), arrived)
-                        if not output.stops.is_stopped:
-                            text += output.finish()
-                        progress.is_stopped_here = step.finish_reason is None
-                        usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
-                        final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
-                        if not is_past_first:
-                            final.prompt_token_ids, final.prompt_logprobs = prompt, step.prompt_logprobs
-                        timer.finish(final.finish_reason)
-                        spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
-                        # Before the last yield: a consumer may close the stream there.
-                        step.settle(clock, arrived)
-                        if not is_past_first:
-                            clock.handing_out = "first_token"
-                        yield final
-                        clock.end("finished")
-                        return
-                    if is_past_first:
-                        yield Delta(text, step.token_ids, step.logprobs)
-                    else:
-                        spans.first_token()
-                        yield Delta(text, step.token_ids, step.logprobs, prompt_token_ids=prompt,
-                                    prompt_logprobs=step.prompt_logprobs)
-                    # Counted and marked once handed out, as they arrived: the histograms and the
-                    # worker's figures are not on their way.
-                    step.settle(clock, arrived)
-                    timer.add_tokens(len(step.token_ids), arrived)
-                    clock.mark("detokenize_egress" if is_past_first else "first_token")
-                    is_past_first = True
-            raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
-                               "without a finish reason")
+            while True:  # a request whose decode worker goes away mid-stream moves to another
+                try:
+                    async with aclosing(steps):
+                        async for step in steps:
+                            arrived = time.perf_counter()
+                            generated += step.token_ids
+                            text = output.add(step.token_ids, is_stopped_by_last=step.finish_reason == "stop")
+                            if output.stops.is_stopped or step.finish_reason is not None:
+                                timer.add_tokens(len(step.token_ids), arrived)
+                                if not output.stops.is_stopped:
+                                    text += output.finish()
+                                progress.is_stopped_here = step.finish_reason is None
+                                usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
+                                final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
+                                if not is_past_first:
+                                    final.prompt_token_ids, final.prompt_logprobs = prompt, step.prompt_logprobs
+                                timer.finish(final.finish_reason)
+                                spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
+                                # Before the last yield: a consumer may close the stream there.
+                                step.settle(clock, arrived)
+                                if not is_past_first:
+                                    clock.handing_out = "first_token"
+                                yield final
+                                clock.end("finished")
+                                return
+                            if is_past_first:
+                                yield Delta(text, step.token_ids, step.logprobs)
+                            else:
+                                spans.first_token()
+                                yield Delta(text, step.token_ids, step.logprobs, prompt_token_ids=prompt,
+                                            prompt_logprobs=step.prompt_logprobs)
+                            # Counted and marked once handed out, as they arrived: the histograms and the
+                            # worker's figures are not on their way.
+                            step.settle(clock, arrived)
+                            timer.add_tokens(len(step.token_ids), arrived)
+                            clock.mark("detokenize_egress" if is_past_first else "first_token")
+                            is_past_first = True
+                    raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
+                                       "without a finish reason")
+                except grpc.aio.AioRpcError as e:
+                    moved_to = self._next_decode_worker(e, params, is_past_first, len(generated),
+                                                        [*gone, decode_worker])
+                    if moved_to is None:
+                        raise
+                    gone.append(decode_worker)
+                    decode_worker = held.enter_context(self.decode.hold(moved_to))
+                    request_id = f"{first_id}~{len(gone)}"
+                    steps = self._moved_steps(request_id, [*prompt, *generated], params, len(generated), moved_to,
+                                              progress, clock, spans)
         finally:
             if not progress.is_released:
                 self._abort_soon(decode_worker, request_id, common_pb2.FINISH_REASON_STOP if progress.is_stopped_here
                                  else common_pb2.FINISH_REASON_UNSPECIFIED)
+            held.close()
+
+    def _moved_steps(self, request_id: str, prompt_and_output: list[int], params: common_pb2.SamplingParams,
+                     num_generated: int, decode_worker: Worker, progress: _Progress, clock: PhaseClock,
+                     spans: RequestTrace) -> AsyncIterator[_Step]:
+        """The rest of a request moved to `decode_worker`: its prompt and output so far prefilled again
+        for it (their prefix mostly cached where the prompt was computed), the next token its first step.
+        Seeded sampling goes on from a new draw; penalties count the moved output as prompt."""
+        continued = common_pb2.SamplingParams()
+        continued.CopyFrom(params)
+        continued.max_tokens -= num_generated
+        continued.min_tokens = max(0, params.min_tokens - num_generated)
+        continued.ClearField("prompt_logprobs")
+        DECODE_MIGRATIONS.inc()
+        steps = self._disaggregated_steps if self.prefill is not None else self._local_steps
+        return steps(request_id, prompt_and_output, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
+                     lambda: None)
+
+    def _next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
+                            is_past_first: bool, num_generated: int, gone: list[Worker]) -> Worker | None:
+        """Where a request goes after `error` from its decode worker: once its first token is out, the
+        least loaded serving decode worker but those in `gone`, when the worker went away (UNAVAILABLE),
+        tokens are left to make and it has moved fewer than MAX_DECODE_MIGRATIONS times; else None.
+        Never a guided request: its guide would start again at the moved output."""
+        if not (is_past_first and error.code() == grpc.StatusCode.UNAVAILABLE and len(gone) <= MAX_DECODE_MIGRATIONS
+                and num_generated < params.max_tokens and not params.HasField("guided_regex")):
+            return None
+        others = [worker for worker in self.decode.workers if worker.is_serving and worker not in gone]
+        return self.decode.least_loaded(others) if others else None
 
     def _next_prefill_worker(self, error: BaseException, gone: list[Worker]) -> Worker | None:
         """Where a prompt goes after `error` from its prefill worker, before its first token: the least

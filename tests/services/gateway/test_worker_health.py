@@ -1,7 +1,7 @@
 """Routing follows the workers' health: a killed worker drops out of routing and serving goes
 on; with no worker of a kind left, `/health` and requests say 503. Its own mesh: it kills workers.
 A pool also follows its name's replicas as they are scaled, and a prompt whose prefill worker goes
-away before its first token goes to another."""
+away before its first token goes to another, and one whose decode worker goes away mid-stream moves."""
 from __future__ import annotations
 
 import asyncio
@@ -9,10 +9,13 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import grpc
 import httpx
+import openai
 import pytest
 from grpc_health.v1 import health_pb2_grpc
 
@@ -160,9 +163,9 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
     """Prefill worker A's engine fails on a "slowfail-" prompt, after SLOW_FAILING_STEP_S: that
     prompt fails (it may make any worker's engine fail), and the one queued behind it, which A
     answers UNAVAILABLE, is sent to B instead and served. B is paused until both prompts are on A."""
-    tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
-    started = [tokenizer]
-    try:
+    with processes() as started:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
+        started.append(tokenizer)
         failing = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
                                  command=failing_step_worker("prefill"))
         started.append(failing)
@@ -186,11 +189,64 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
                 other.proc.send_signal(signal.SIGCONT)
                 assert doomed.result().status_code == 500
                 assert queued.result().status_code == 200, queued.result().text
-            metrics = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
-            assert re.search(r"^baton_gateway_prefill_retries_total 1\.0$", metrics, re.M)
+            assert metric(gateway, "baton_gateway_prefill_retries_total") == 1
             assert_decode_pools_free([decode])
         finally:
             gateway.terminate()
+
+
+def test_a_stream_whose_decode_worker_dies_goes_on_on_another(tiny_demo_model):
+    """Decode worker A is killed mid-stream: the request moves to B (paused until the stream is on A),
+    its prompt and output so far prefilled again for B, and the client reads one whole stream, the
+    same greedy text as a stream A served alone."""
+    with processes() as started:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
+        started.append(tokenizer)
+        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "256")
+        started.append(prefill)
+        doomed, other = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256")
+                         for _ in range(2))
+        started += [doomed, other]
+        other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [prefill.address],
+                                 [doomed.address, other.address], "--local-prefill-max-tokens", "0")
+        try:
+            client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
+            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=1500, temperature=0,
+                          stream=True, extra_body={"ignore_eos": True})
+            alone = "".join(chunk.choices[0].text for chunk in client.completions.create(**kwargs))
+
+            stream = client.completions.create(**kwargs)
+            text = next(stream).choices[0].text  # on A: B is still paused
+            other.proc.send_signal(signal.SIGCONT)
+            wait_for(lambda: serving(gateway, "decode") == 2)
+            doomed.proc.send_signal(signal.SIGKILL)
+            chunks = list(stream)
+            text += "".join(chunk.choices[0].text for chunk in chunks)
+            assert chunks[-1].choices[0].finish_reason == "length"
+            assert metric(gateway, "baton_gateway_decode_migrations_total") == 1
+            assert text == alone
+            assert_decode_pools_free([other])
+        finally:
+            gateway.terminate()
+
+
+def serving(gateway: GatewayProcess, kind: str) -> float:
+    return metric(gateway, f'baton_gateway_workers{{[^}}]*kind="{kind}"[^}}]*state="serving"[^}}]*}}')
+
+
+def metric(gateway: GatewayProcess, pattern: str) -> float:
+    """The value of the gateway's one metric sample matching `pattern` (a regex of its name and labels)."""
+    metrics = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
+    return float(re.search(rf"^{pattern} (\S+)$", metrics, re.M).group(1))
+
+
+@contextmanager
+def processes() -> Iterator[list[ServiceProcess]]:
+    """A list to put the services a test starts in, each stopped at the end (resumed first, if paused)."""
+    started: list[ServiceProcess] = []
+    try:
+        yield started
     finally:
         for svc in started:
             svc.proc.send_signal(signal.SIGCONT)
