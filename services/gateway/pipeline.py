@@ -420,7 +420,6 @@ class RequestPipeline:
         steps = (self._local_steps if is_local else self._disaggregated_steps)(
             request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
-        generated: list[int] = []  # the output's token ids, for a move to another decode worker
         first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
         gone: list[Worker] = []  # decode workers that went away mid-stream
         held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
@@ -430,7 +429,6 @@ class RequestPipeline:
                     async with aclosing(steps):
                         async for step in steps:
                             arrived = time.perf_counter()
-                            generated += step.token_ids
                             text = output.add(step.token_ids, is_stopped_by_last=step.finish_reason == "stop")
                             if output.stops.is_stopped or step.finish_reason is not None:
                                 timer.add_tokens(len(step.token_ids), arrived)
@@ -465,8 +463,10 @@ class RequestPipeline:
                     raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
                                        "without a finish reason")
                 except grpc.aio.AioRpcError as e:
-                    moved_to = self._next_decode_worker(e, params, is_past_first, len(generated),
-                                                        [*gone, decode_worker])
+                    if not is_past_first:  # before the first token a prefill worker's error stands (or was retried)
+                        raise
+                    generated = list(output.detokenizer.output_token_ids)
+                    moved_to = self._next_decode_worker(e, params, len(generated), [*gone, decode_worker])
                     if moved_to is None:
                         raise
                     gone.append(decode_worker)
@@ -497,26 +497,23 @@ class RequestPipeline:
                      lambda: None)
 
     def _next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
-                            is_past_first: bool, num_generated: int, gone: list[Worker]) -> Worker | None:
-        """Where a request goes after `error` from its decode worker: once its first token is out, the
-        least loaded serving decode worker but those in `gone`, when the worker went away (UNAVAILABLE),
-        tokens are left to make and it has moved fewer than MAX_DECODE_MIGRATIONS times; else None.
-        Never a guided request: its guide would start again at the moved output."""
-        if not (is_past_first and error.code() == grpc.StatusCode.UNAVAILABLE and len(gone) <= MAX_DECODE_MIGRATIONS
-                and num_generated < params.max_tokens and not params.HasField("guided_regex")):
+                            num_generated: int, gone: list[Worker]) -> Worker | None:
+        """Where a request goes after `error` from its decode worker, past its first token: another
+        serving decode worker, when the worker went away, tokens are left to make and it has moved fewer
+        than MAX_DECODE_MIGRATIONS times; else None. Never a guided request: its guide would start again
+        at the moved output."""
+        if not (_went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens
+                and not params.HasField("guided_regex")):
             return None
-        others = [worker for worker in self.decode.workers if worker.is_serving and worker not in gone]
-        return self.decode.least_loaded(others) if others else None
+        return self.decode.pick_other(gone)
 
     def _next_prefill_worker(self, error: BaseException, gone: list[Worker]) -> Worker | None:
-        """Where a prompt goes after `error` from its prefill worker, before its first token: the least
-        loaded serving worker but those in `gone`, when the worker went away (UNAVAILABLE) and it has
-        gone elsewhere fewer than MAX_PREFILL_RETRIES times; else None (the error stands)."""
-        if not (isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
-                and len(gone) <= MAX_PREFILL_RETRIES):
+        """Where a prompt goes after `error` from its prefill worker, before its first token: another
+        serving prefill worker, when the worker went away and it has gone elsewhere fewer than
+        MAX_PREFILL_RETRIES times; else None (the error stands)."""
+        if not (_went_away(error) and len(gone) <= MAX_PREFILL_RETRIES):
             return None
-        others = [worker for worker in self.prefill.workers if worker.is_serving and worker not in gone]
-        return self.prefill.least_loaded(others) if others else None
+        return self.prefill.pick_other(gone)
 
     async def _disaggregated_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
@@ -757,6 +754,12 @@ def _observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimin
     transport = common_pb2.KVTransport.Name(timings.kv_transport).removeprefix("KV_TRANSPORT_").lower()
     requests.observe_prefill(timings.queue_seconds, transport if moved else None, timings.kv_transfer_seconds,
                              timings.kv_transfer_bytes)
+
+
+def _went_away(error: BaseException) -> bool:
+    """A worker's call ended because the worker is gone or going (it stopped, died, or its engine failed
+    on another request): UNAVAILABLE."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def error_reason(e: BaseException) -> str:

@@ -102,6 +102,12 @@ class WorkerPool:
     def pick(self) -> Worker:
         return self.least_loaded(self.serving())
 
+    def pick_other(self, gone: Sequence[Worker]) -> Worker | None:
+        """The least loaded serving worker but those in `gone` (a request's workers that went away);
+        None when there is none."""
+        others = [worker for worker in self.workers if worker.is_serving and worker not in gone]
+        return self.least_loaded(others) if others else None
+
     def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> _Held:
         """`worker` (default: the least loaded), counted as busy with `num_tokens` prompt
         tokens for the duration of the block."""
