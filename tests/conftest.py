@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -9,6 +11,24 @@ import pytest
 
 REDIS_START_TIMEOUT_S = 10.0
 REDIS_STOP_TIMEOUT_S = 10.0
+
+
+def port_outside_ephemeral_range(host: str = "127.0.0.1") -> int:
+    """A free port below the kernel's ephemeral range: one the kernel gave out (bind to 0) may be
+    handed to an outgoing connection's local end while its server is stopped, and a restart on it
+    then fails with "Address already in use" (a CI run's Redis restart once did)."""
+    port_range = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(port_range.read_text().split()[0]) if port_range.exists() else 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port below {low}")
 
 
 @pytest.fixture(scope="session")
@@ -21,15 +41,16 @@ def tiny_demo_model(tmp_path_factory):
 
 
 class RedisServer:
-    """A real redis-server on a fixed free loopback port, no persistence, its --dir a temp folder.
-    stop() and start() let a test take Redis away mid-run and bring it back at the same URL."""
+    """A real redis-server on a fixed free loopback port (outside the ephemeral range), no
+    persistence, its --dir a temp folder. stop() and start() let a test take Redis away mid-run
+    and bring it back at the same URL."""
 
     def __init__(self, binary: str, data_dir: Path):
-        from services.launcher.redis_server import free_port, redis_url
+        from services.launcher.redis_server import redis_url
 
         self.binary = binary
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port_outside_ephemeral_range()
         self.url = redis_url(self.port)
         self.log_path = data_dir / "redis.log"
         self.proc: subprocess.Popen | None = None
