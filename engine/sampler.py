@@ -169,7 +169,8 @@ class Sampler:
     Contract: logits is [B, V] float, row i belongs to seqs[i], and is not
     modified. Seeded rows draw from their own generator, so their tokens do not
     depend on the rest of the batch. `eos_token_ids`: the model's, which a row
-    short of its `min_tokens` may not sample (unless it ignores EOS).
+    short of its `min_tokens` may not sample (unless it ignores EOS and is not guided: a guided
+    text ends at EOS all the same).
     """
 
     def __init__(self, eos_token_ids: tuple[int, ...] = ()) -> None:
@@ -216,7 +217,9 @@ class Sampler:
         params = seq.sampling_params
         if seq.num_output_tokens >= params.min_tokens:
             return ()
-        return params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
+        if params.ignore_eos and not seq.is_guided:
+            return params.stop_token_ids
+        return params.stop_token_ids + self.eos_token_ids
 
 
 def _guide(logits: torch.Tensor, guides: list, rows: list[int]) -> torch.Tensor:

@@ -129,3 +129,15 @@ def test_a_guide_after_a_token_is_checked():
         SamplingParams(guide_after_token_id=5)
     with pytest.raises(ValueError, match="guide_after_token_id needs a guided_regex and an id >= 0"):
         SamplingParams(guided_regex=DATE, guide_after_token_id=-1)
+
+
+def test_min_tokens_holds_a_guided_text_that_ignores_eos(tiny_demo_model):
+    """A guided text ends at EOS even with ignore_eos (its guide says it is complete), so short of
+    min_tokens EOS is banned for it as for any other request."""
+    engine = make_engine(tiny_demo_model)
+    requests = {f"r{seed}": (PROMPT, SamplingParams(max_tokens=400, min_tokens=400, temperature=1.0, seed=seed,
+                                                    guided_regex="[a-z ]+", ignore_eos=True))
+                for seed in range(6)}
+    outs = run_all(engine, requests)
+    assert {out.finish_reason for out in outs.values()} == {"length"}
+    assert all(re.fullmatch("[a-z ]+", text(engine, out.token_ids)) for out in outs.values())
