@@ -84,21 +84,23 @@ class LLMEngine:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         prefill_only: bool = False,
+        output_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
         """Queues a request; raises ValueError for one that can never be served.
 
         `prefill_only`: stop after the first token; unless that token already
         ends the request, it finishes as "prefilled" and keeps its pages until
         `release` (another worker decodes the rest from a copy of them).
+        `output_token_ids`: its output so far, made by another engine (a request that
+        moved): computed after the prompt, and from then on as if made here.
         """
         start_ns = time.time_ns()
-        self._check_new_request(request_id, prompt_token_ids, sampling_params)
+        self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
-                       is_prefill_only=prefill_only)
-        if sampling_params.guided_regex is not None:
-            seq.guide = self.guides.guide(sampling_params.guided_regex)
+                       is_prefill_only=prefill_only, output_token_ids=output_token_ids)
+        self._resume(seq, output_token_ids)
         self._seqs[request_id] = seq
-        self._num_emitted[request_id] = 0
+        self._num_emitted[request_id] = len(output_token_ids)
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
 
@@ -113,7 +115,8 @@ class LLMEngine:
                 self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0])
             return self._guides
 
-    def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+    def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                           output_token_ids: list[int] | tuple[int, ...] = ()) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         if request_id in self._seqs:
@@ -122,6 +125,12 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        bad = next((t for t in output_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"output token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(output_token_ids) >= sampling_params.max_tokens:
+            raise ValueError(f"{len(output_token_ids)} output tokens already: max_tokens "
+                             f"{sampling_params.max_tokens} leaves none to make")
         bad = next((t for t, _ in sampling_params.logit_bias if t >= vocab), None)
         if bad is not None:  # the sampler would index past the logits
             raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})")
@@ -135,8 +144,10 @@ class LLMEngine:
             raise ValueError(f"guide_after_token_id {sampling_params.guide_after_token_id} is outside the "
                              f"vocabulary [0, {vocab})")
         n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")
+        if n + len(output_token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
+                             f"context of {self.max_model_len} tokens" if output_token_ids else
+                             f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")
         max_tokens_total = min(n + sampling_params.max_tokens, self.max_model_len)
         bs = self.config.block_size
         if (max_tokens_total + bs - 1) // bs > self.num_kv_blocks:
@@ -171,37 +182,54 @@ class LLMEngine:
         return self.block_manager.release(request_id)
 
     def add_prefilled_request(
-        self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams
+        self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams,
+        output_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
-        """Continues a request whose prompt KV was written into the pages reserved under
-        `request_id` and whose first token was sampled elsewhere. It joins the running
-        batch at once: the reservation, not max_num_seqs, admitted it."""
-        self._check_new_request(request_id, prompt_token_ids, sampling_params)
+        """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
+        `add_request` takes them) was written into the pages reserved under `request_id` and
+        whose next token was sampled elsewhere. It joins the running batch at once: the
+        reservation, not max_num_seqs, admitted it."""
+        self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
-        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size)
-        if sampling_params.guided_regex is not None:
-            seq.guide = self.guides.guide(sampling_params.guided_regex)
-            if first_token_id not in self.eos_token_ids:
-                try:  # the prefill worker sampled it under the same guide
-                    seq.advance_guide(first_token_id)
-                except ValueError:
-                    raise ValueError(f"first token id {first_token_id} does not follow guided_regex") from None
-        seq.num_computed_tokens = len(prompt_token_ids)
+        # The prefill worker sampled it as this engine would have: from the same guide and the same seed.
+        made_elsewhere = [*output_token_ids, first_token_id]
+        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
+                       output_token_ids=output_token_ids)
+        try:
+            self._resume(seq, made_elsewhere)
+        except ValueError:
+            raise ValueError(f"first token id {first_token_id} does not follow guided_regex") from None
+        seq.num_computed_tokens = seq.num_tokens
         self.block_manager.adopt(request_id, seq)
         seq.append_token(first_token_id)
         if sampling_params.logprobs is not None:
             # Prefill reported the first token's logprobs; this entry only keeps
             # output_logprobs aligned with output_token_ids and is never emitted.
             seq.output_logprobs.append({})
-        if seq.generator is not None and sampling_params.temperature > 0:
-            # The prefill worker's sampler drew once from the same seed for the first
-            # token; skip that draw so the stream goes on exactly as in one engine.
-            torch.empty(self.model_config.vocab_size).exponential_(generator=seq.generator)
         self._seqs[request_id] = seq
-        self._num_emitted[request_id] = 1
+        self._num_emitted[request_id] = len(made_elsewhere)
         if not self.scheduler.add_running(seq):
             self._finished_outside_step.append(seq)
+
+    def _resume(self, seq: Sequence, made_elsewhere: list[int] | tuple[int, ...]) -> None:
+        """Give `seq` its guide, moved past the output tokens `made_elsewhere`, and take its seeded
+        generator past their draws (one per sampled token, as the sampler makes them): the next
+        token is then drawn as the engine that made them would have drawn it. ValueError when
+        they do not follow its guide."""
+        params = seq.sampling_params
+        if params.guided_regex is not None:
+            seq.guide = self.guides.guide(params.guided_regex)
+            try:
+                for token_id in made_elsewhere:
+                    if token_id not in self.eos_token_ids:
+                        seq.advance_guide(token_id)
+            except ValueError:
+                raise ValueError("output token ids do not follow guided_regex") from None
+        if seq.generator is not None and params.temperature > 0 and made_elsewhere:
+            draws = torch.empty(self.model_config.vocab_size)
+            for _ in made_elsewhere:
+                draws.exponential_(generator=seq.generator)
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)
@@ -236,11 +264,11 @@ class LLMEngine:
     @staticmethod
     def _to_time(batch: ScheduledBatch) -> list[tuple[Sequence, int, bool]]:
         """The sequences whose step times this step adds to, and whether each ran a prompt chunk
-        (it has no output token before postprocess). Once its first token is out and its first
-        step known, a sequence costs two comparisons."""
+        (it has no token of its own before postprocess: a moved request's output came with it).
+        Once its first token is out and its first step known, a sequence costs two comparisons."""
         timed = []
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            is_prefill = seq.num_tokens == seq.num_prompt_tokens
+            is_prefill = seq.num_tokens == seq.num_tokens_given
             if is_prefill or seq.step_times.first_step_start_ns is None:
                 timed.append((seq, num_new, is_prefill))
         return timed

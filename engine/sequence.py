@@ -38,12 +38,16 @@ class Sequence:
         block_size: int,
         arrival_time: float | None = None,
         is_prefill_only: bool = False,
+        output_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
+        """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
+        is computed after the prompt's, and it counts as output, not prompt."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         self.request_id = request_id
-        self.token_ids: list[int] = list(prompt_token_ids)
+        self.token_ids: list[int] = [*prompt_token_ids, *output_token_ids]
         self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_tokens_given = len(self.token_ids)  # on arrival: tokens past them were made here
         self.sampling_params = sampling_params
         self.block_size = block_size
         self.is_prefill_only = is_prefill_only
@@ -56,7 +60,9 @@ class Sequence:
         self.num_preemptions = 0
         self.step_times = StepTimes()
         # Per-token logprob records for the output tokens, when asked for.
-        self.output_logprobs: list[dict[int, float]] = []
+        # Output it came with has none: empty records keep them aligned, never emitted.
+        self.output_logprobs: list[dict[int, float]] = (
+            [{} for _ in output_token_ids] if sampling_params.logprobs is not None else [])
         # Per prompt position when asked for: None for the first token (nothing predicts it),
         # then each token's record given the ones before it, filled in chunk by chunk.
         self.prompt_logprobs: list[dict[int, float] | None] | None = (

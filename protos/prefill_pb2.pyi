@@ -30,18 +30,20 @@ class KVTarget(_message.Message):
     def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ..., decode_host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KVTransport, str]]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "target", "host_tier")
+    __slots__ = ("request_id", "token_ids", "sampling", "target", "host_tier", "output_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     HOST_TIER_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     target: KVTarget
     host_tier: HostTierSource
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., target: _Optional[_Union[KVTarget, _Mapping]] = ..., host_tier: _Optional[_Union[HostTierSource, _Mapping]] = ...) -> None: ...
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., target: _Optional[_Union[KVTarget, _Mapping]] = ..., host_tier: _Optional[_Union[HostTierSource, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HostTierSource(_message.Message):
     __slots__ = ("address", "num_blocks")

@@ -186,14 +186,14 @@ class EngineLoop:
         return await self.call(lambda engine: engine.release_reservation(request_id))
 
     def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
-                        params: SamplingParams) -> asyncio.Queue:
+                        params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = ()) -> asyncio.Queue:
         """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
         (see `add_request`). A refused request has its reservation released: the claim consumed it."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             try:
-                engine.add_prefilled_request(request_id, prompt_token_ids, first_token_id, params)
+                engine.add_prefilled_request(request_id, prompt_token_ids, first_token_id, params, output_token_ids)
             except BaseException:
                 engine.release_reservation(request_id)
                 raise
@@ -203,17 +203,19 @@ class EngineLoop:
         return stream[1]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prefill_only: bool = False) -> asyncio.Queue:
+                    prefill_only: bool = False, output_token_ids: list[int] | tuple[int, ...] = ()) -> asyncio.Queue:
         """Queue a new request in the engine; returns the queue of its RequestOutputs at once.
 
         Their first item is a `RequestRefusedError` for a request the engine refuses (the
         ValueError of `LLMEngine.add_request`), and then the only one; an `EngineDeadError`
         for one queued as the engine died (raised at once once it is dead). A `prefill_only`
-        request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`)."""
+        request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`). A
+        moved request comes with its `output_token_ids` so far (`LLMEngine.add_request`)."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only)
+            engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only,
+                               output_token_ids=output_token_ids)
             self._streams[request_id] = stream
 
         self._queue(add, _IntoQueue(*stream))

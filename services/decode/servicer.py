@@ -148,7 +148,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                               "(unknown, expired or already claimed)", "reservation_not_found")
         try:
             started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
-                                                  request.first_token_id, params)
+                                                  request.first_token_id, params, list(request.output_token_ids))
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
             async for chunk in _stream(engine_loop, request.request_id, started, params, context,
@@ -171,7 +171,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params)
+            started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params,
+                                              output_token_ids=list(request.output_token_ids))
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=True)
             async for chunk in _stream(engine_loop, request.request_id, started, params, context,

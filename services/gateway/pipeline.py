@@ -472,38 +472,35 @@ class RequestPipeline:
                     gone.append(decode_worker)
                     decode_worker = held.enter_context(self.decode.hold(moved_to))
                     request_id = f"{first_id}~{len(gone)}"
-                    steps = self._moved_steps(request_id, [*prompt, *generated], params, len(generated), moved_to,
-                                              progress, clock, spans)
+                    steps = self._moved_steps(request_id, prompt, generated, params, moved_to, progress, clock,
+                                              spans)
         finally:
             if not progress.is_released:
                 self._abort_soon(decode_worker, request_id, common_pb2.FINISH_REASON_STOP if progress.is_stopped_here
                                  else common_pb2.FINISH_REASON_UNSPECIFIED)
             held.close()
 
-    def _moved_steps(self, request_id: str, prompt_and_output: list[int], params: common_pb2.SamplingParams,
-                     num_generated: int, decode_worker: Worker, progress: _Progress, clock: PhaseClock,
+    def _moved_steps(self, request_id: str, prompt: list[int], output: list[int], params: common_pb2.SamplingParams,
+                     decode_worker: Worker, progress: _Progress, clock: PhaseClock,
                      spans: RequestTrace) -> AsyncIterator[_Step]:
-        """The rest of a request moved to `decode_worker`: its prompt and output so far prefilled again
-        for it (their prefix mostly cached where the prompt was computed), the next token its first step.
-        Seeded sampling goes on from a new draw; penalties count the moved output as prompt."""
+        """The rest of a request moved to `decode_worker`: its prompt and its output so far prefilled
+        again for it (their prefix mostly cached where the prompt was computed), the next token its first
+        step. The workers take the output as the request's own, made elsewhere: its penalties, guide and
+        seeded draws go on from it, as in a request that never moved."""
         continued = common_pb2.SamplingParams()
         continued.CopyFrom(params)
-        continued.max_tokens -= num_generated
-        continued.min_tokens = max(0, params.min_tokens - num_generated)
         continued.ClearField("prompt_logprobs")
         DECODE_MIGRATIONS.inc()
         steps = self._disaggregated_steps if self.prefill is not None else self._local_steps
-        return steps(request_id, prompt_and_output, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
-                     lambda: None)
+        return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
+                     lambda: None, output)
 
     def _next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
                             num_generated: int, gone: list[Worker]) -> Worker | None:
         """Where a request goes after `error` from its decode worker, past its first token: another
         serving decode worker, when the worker went away, tokens are left to make and it has moved fewer
-        than MAX_DECODE_MIGRATIONS times; else None. Never a guided request: its guide would start again
-        at the moved output."""
-        if not (_went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens
-                and not params.HasField("guided_regex")):
+        than MAX_DECODE_MIGRATIONS times; else None."""
+        if not (_went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens):
             return None
         return self.decode.pick_other(gone)
 
@@ -517,10 +514,11 @@ class RequestPipeline:
 
     async def _disaggregated_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                                    decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                                   spans: RequestTrace, lookup: Lookup,
-                                   on_dispatch: Callable[[], None]) -> AsyncIterator[_Step]:
+                                   spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
+                                   output: Sequence[int] = ()) -> AsyncIterator[_Step]:
         """The first token from a prefill worker, which then writes the KV into pages it reserved
-        on the decode worker; then the rest from the decode worker, once the pages are there."""
+        on the decode worker; then the rest from the decode worker, once the pages are there.
+        `output`: a moved request's so far (`_moved_steps`)."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
         route = self.prefill_router.choose(prompt, lookup) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
@@ -528,14 +526,15 @@ class RequestPipeline:
                      if route is not None and route.host_tier_blocks else None)
         gone: list[Worker] = []  # prefill workers that went away before the first token
         while True:
-            with self.prefill.hold(chosen, len(prompt) - num_cached) as prefill_worker:
+            with self.prefill.hold(chosen, len(prompt) + len(output) - num_cached) as prefill_worker:
                 clock.mark("route")
                 prefill_call = None
                 try:  # from here on, whatever fails stops the prefill worker's work too
                     with spans.calls():
                         prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
                             request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                            target={"decode_address": decode_worker.address, "transport": self.kv_transport}))
+                            target={"decode_address": decode_worker.address, "transport": self.kv_transport},
+                            output_token_ids=output))
                     if not gone:
                         on_dispatch()
                         if route is not None:
@@ -577,7 +576,7 @@ class RequestPipeline:
         with spans.calls():
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=params))
+                first_token_id=response.first_token_id, sampling=params, output_token_ids=output))
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)
@@ -600,17 +599,19 @@ class RequestPipeline:
 
     async def _local_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                            decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                           spans: RequestTrace, lookup: Lookup,
-                           on_dispatch: Callable[[], None]) -> AsyncIterator[_Step]:
+                           spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
+                           output: Sequence[int] = ()) -> AsyncIterator[_Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
-        worker, no transfer. The part it does not hold counts against its room until the first token."""
-        uncached = len(prompt) - lookup.decode_cached_tokens
+        worker, no transfer. The part it does not hold counts against its room until the first token.
+        `output`: a moved request's so far (`_moved_steps`)."""
+        uncached = len(prompt) + len(output) - lookup.decode_cached_tokens
         decode_worker.queued_tokens += uncached
         is_counted = True
         clock.mark("route")
         with spans.calls():
             call = decode_worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
-                request_id=request_id, prompt_token_ids=prompt, sampling=params), timeout=self.deadlines.decode_s)
+                request_id=request_id, prompt_token_ids=prompt, sampling=params, output_token_ids=output),
+                timeout=self.deadlines.decode_s)
         try:
             on_dispatch()
             async for step in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):

@@ -33,7 +33,7 @@ def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dic
     "prefilled" (pages handed on, decode continues) leaves finish_reason UNSPECIFIED;
     "stop"/"length" set it. Built in one go, not from nested messages each copied into the next:
     it is on the first token's way out."""
-    first = out.token_ids[0]
+    first = out.new_token_ids[0]  # a moved request came with output before it
     reason = None if out.finish_reason == "prefilled" else out.finish_reason
     event = prefill_pb2.PrefillEvent(first_token={
         "first_token_id": first, "num_cached_tokens": out.num_cached_tokens, "timings": timings,

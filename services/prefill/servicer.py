@@ -161,6 +161,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             engine_loop = await self._ready(context)
             request_id = request.request_id
             prompt = request.token_ids[:]  # a list: slicing makes it in one go, faster than list()
+            output = request.output_token_ids[:]  # a moved request's, made before it moved
             if not request_id:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
             if not prompt:
@@ -176,7 +177,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 attrs = tracing.request_attributes(request_id)
                 tracing.set_current_attributes({**attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
                                                 tracing.GEN_AI_USAGE_INPUT_TOKENS: len(prompt)})
-            num_blocks = -(-len(prompt) // self.layout.block_size)
+            num_tokens = len(prompt) + len(output)  # what the pages hold
+            num_blocks = -(-num_tokens // self.layout.block_size)
             target = request.target
             if target.reservation_id:
                 transport, dest = await self._open_target(target, num_blocks, context)
@@ -195,7 +197,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                                                         request.host_tier.num_blocks)
                         span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
                     tier_seconds = time.perf_counter() - read_start
-                outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True)
+                outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True,
+                                                  output_token_ids=output)
             except EngineDeadError:  # it failed since `_ready`
                 is_added = False
                 await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
@@ -232,7 +235,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             # round trip (bench: ~2.4 ms of 35, on two vCPUs shared with the decode worker).
             yield first_token
             if not target.reservation_id:
-                reservation = self._reservations.reserve(target.decode_address, request_id, len(prompt))
+                reservation = self._reservations.reserve(target.decode_address, request_id, num_tokens)
                 try:
                     made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
                 except grpc.aio.AioRpcError as e:

@@ -66,6 +66,63 @@ def test_handoff_gives_the_colocated_tokens(tiny_demo_model, kind):
     assert_clean(decode)
 
 
+MOVED_PARAMS = {
+    **PARAMS,
+    # A sampled guided text: its guide and its draws both go on past the output it came with.
+    "guided": SamplingParams(max_tokens=24, temperature=0.8, seed=5, guided_regex=r"[a-z ]{30}", logprobs=1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MOVED_PARAMS))
+def test_a_request_moved_with_its_output_goes_on_as_if_it_had_not_moved(tiny_demo_model, kind):
+    """Its output so far given to another engine, prefilled there after the prompt (as a request whose
+    decode worker went away is): the rest is what one engine makes, its penalties, min_tokens, guide
+    and seeded draws counting the output it came with. Computed there alone, or prefilled there and
+    decoded in a third engine."""
+    params = MOVED_PARAMS[kind]
+    prompt = [(17 * j) % 900 + 5 for j in range(70)]
+    colocated = make_engine(tiny_demo_model)
+    colocated.add_request("r", prompt, params)
+    expected = finish(colocated)["r"].token_ids
+    so_far = expected[:5]
+
+    alone = make_engine(tiny_demo_model)
+    alone.add_request("r~1", prompt, params, output_token_ids=so_far)
+    outs = []
+    while alone.has_unfinished_requests():
+        outs += alone.step()
+    assert [t for out in outs for t in out.new_token_ids] == expected[5:]  # only what it made is new
+    assert outs[-1].token_ids == expected and outs[-1].prompt_token_ids == prompt
+    if params.logprobs is not None:
+        assert all(len(lp) >= 1 for out in outs for lp in out.new_logprobs)
+    assert_clean(alone)
+
+    prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
+    prefill.add_request("r~1", prompt, params, prefill_only=True, output_token_ids=so_far)
+    first = finish(prefill)["r~1"]
+    assert first.finish_reason == "prefilled" and first.token_ids == expected[:6]
+    dst = decode.reserve("r~1", len(prompt) + len(so_far))
+    decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, prefill.held_block_ids("r~1")]
+    prefill.release("r~1")
+    decode.add_prefilled_request("r~1", prompt, first.token_ids[-1], params, output_token_ids=so_far)
+    assert finish(decode)["r~1"].token_ids == expected
+    assert_clean(decode)
+
+
+def test_output_a_moved_request_cannot_have_is_refused(tiny_demo_model):
+    engine = make_engine(tiny_demo_model)
+    prompt = [5, 6, 7]
+    with pytest.raises(ValueError, match="output token id 5000 is outside the vocabulary"):
+        engine.add_request("r", prompt, PARAMS["greedy"], output_token_ids=[5, 5000])
+    with pytest.raises(ValueError, match="max_tokens 24 leaves none to make"):
+        engine.add_request("r", prompt, PARAMS["greedy"], output_token_ids=[5] * 24)
+    digits = SamplingParams(max_tokens=8, guided_regex="[0-9]+")
+    with pytest.raises(ValueError, match="output token ids do not follow guided_regex"):
+        engine.add_request("r", prompt, digits, output_token_ids=[engine.tokenizer.token_to_id("x")])
+    assert not engine.has_unfinished_requests()
+    assert_clean(engine)
+
+
 def test_decode_emits_a_logprob_for_every_token_after_the_first(tiny_demo_model):
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2)
     prompt = [(13 * j) % 900 + 5 for j in range(20)]

@@ -195,37 +195,59 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
             gateway.terminate()
 
 
-def test_a_stream_whose_decode_worker_dies_goes_on_on_another(tiny_demo_model):
-    """Decode worker A is killed mid-stream: the request moves to B (paused until the stream is on A),
-    its prompt and output so far prefilled again for B, and the client reads one whole stream, the
-    same greedy text as a stream A served alone."""
+# Streams that go on as if they had never moved: the workers count a moved request's output so far as
+# its own (penalties, the guide, the seeded draws), not as prompt.
+MOVED_STREAMS = {
+    "greedy": {},
+    "penalties": {"frequency_penalty": 0.5, "presence_penalty": 0.3},
+    "seeded": {"temperature": 1.0, "top_p": 0.95, "seed": 7},
+    # min_tokens: the guide would let EOS through after any letter.
+    "guided": {"temperature": 0.8, "seed": 3, "extra_body": {"guided_regex": "[a-z ]+", "min_tokens": 1500}},
+}
+
+
+@pytest.mark.parametrize("layout", ["disaggregated", "colocated"])
+def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layout):
+    """Decode worker A is killed mid-stream: each request moves to B (paused until the streams are on
+    A), its prompt and output so far prefilled again for B (by a prefill worker, or colocated by B
+    itself), and the client reads one whole stream, the same text as a stream A served alone: greedy,
+    with penalties, seeded sampling, and guided."""
     with processes() as started:
         tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
         started.append(tokenizer)
-        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "256")
-        started.append(prefill)
-        doomed, other = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256")
+        prefill = []
+        if layout == "disaggregated":
+            prefill.append(ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "512"))
+            started += prefill
+        doomed, other = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "512")
                          for _ in range(2))
         started += [doomed, other]
         other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
-        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [prefill.address],
-                                 [doomed.address, other.address], "--local-prefill-max-tokens", "0")
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [p.address for p in prefill],
+                                 [doomed.address, other.address],
+                                 *(["--local-prefill-max-tokens", "0"] if prefill else ["--colocated"]))
         try:
             client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
-            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=1500, temperature=0,
-                          stream=True, extra_body={"ignore_eos": True})
-            alone = "".join(chunk.choices[0].text for chunk in client.completions.create(**kwargs))
 
-            stream = client.completions.create(**kwargs)
-            text = next(stream).choices[0].text  # on A: B is still paused
+            def create(kind: str):
+                sampling = {"temperature": 0, **MOVED_STREAMS[kind]}
+                extra_body = {"ignore_eos": True, **sampling.pop("extra_body", {})}
+                return client.completions.create(model=tiny_demo_model.name, prompt=f"Once upon a time, {kind}",
+                                                 max_tokens=1500, stream=True, extra_body=extra_body, **sampling)
+
+            alone = {kind: "".join(chunk.choices[0].text for chunk in create(kind)) for kind in MOVED_STREAMS}
+            streams = {kind: create(kind) for kind in MOVED_STREAMS}
+            texts = {kind: next(stream).choices[0].text for kind, stream in streams.items()}  # on A: B is paused
             other.proc.send_signal(signal.SIGCONT)
             wait_for(lambda: serving(gateway, "decode") == 2)
             doomed.proc.send_signal(signal.SIGKILL)
-            chunks = list(stream)
-            text += "".join(chunk.choices[0].text for chunk in chunks)
-            assert chunks[-1].choices[0].finish_reason == "length"
-            assert metric(gateway, "baton_gateway_decode_migrations_total") == 1
-            assert text == alone
+            for kind, stream in streams.items():
+                chunks = list(stream)
+                texts[kind] += "".join(chunk.choices[0].text for chunk in chunks)
+                assert chunks[-1].choices[0].finish_reason == "length", kind
+            assert metric(gateway, "baton_gateway_decode_migrations_total") == len(MOVED_STREAMS)
+            assert texts == alone
+            assert re.fullmatch("[a-z ]+", texts["guided"]) and len(set(alone.values())) == len(MOVED_STREAMS)
             assert_decode_pools_free([other])
         finally:
             gateway.terminate()
