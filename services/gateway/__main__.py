@@ -45,6 +45,7 @@ from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
 from services.gateway.index_mirror import IndexMirror
 from services.gateway.pipeline import RequestPipeline
+from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
 from services.gateway.timeline import TimelineStore
 from services.gateway.workers import (
@@ -103,6 +104,7 @@ class GatewayService:
         self.http_task: asyncio.Task | None = None
         self.followers: list[asyncio.Task] = []  # each pool following where its workers are (workers.follow)
         self.registry_redis = None  # with --discover-workers: the client its followers ask the registry with
+        self.responses = make_response_store(config)
 
     def readiness(self) -> str | None:
         missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
@@ -148,7 +150,7 @@ class GatewayService:
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         app = create_app(GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
                                       self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
-                                      config.tool_call_parser, config.reasoning_parser))
+                                      config.tool_call_parser, config.reasoning_parser, self.responses))
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:
@@ -208,8 +210,20 @@ class GatewayService:
             await self.pipeline.aclose()
         if self.router is not None:
             await self.router.close()
+        if self.responses is not None:
+            await self.responses.close()
         for pool in self.pools.values():
             await pool.close()
+
+
+def make_response_store(config: GatewayConfig) -> MemoryResponseStore | RedisResponseStore | None:
+    """Where the Responses API keeps responses: Redis when there is one, shared by every gateway
+    (a conversation may go on through any of them); else this process."""
+    if not config.responses_ttl_s > 0:
+        return None
+    if config.redis_url:
+        return RedisResponseStore(connect_redis(config.redis_url), config.responses_ttl_s)
+    return MemoryResponseStore(config.responses_ttl_s)
 
 
 def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | RandomRouter | None:

@@ -65,9 +65,11 @@ ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
 ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
 ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
+ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
 # How often --prefill/--decode host names are resolved again, so a pool follows its replicas as a
 # compose service or a Kubernetes headless service is scaled.
 DEFAULT_RESOLVE_WORKERS_S = 5.0
+DEFAULT_RESPONSES_TTL_S = 3600.0  # how long the Responses API keeps a stored response
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
 # is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
@@ -110,6 +112,8 @@ class GatewayConfig:
     # Prefill and decode workers also found in the Redis instance registry (those serving this model),
     # as often as names are resolved: pools scaled by starting and stopping workers anywhere.
     discover_workers: bool = False
+    # Responses API responses are stored this long (in Redis with --redis, else in the process); 0: none are.
+    responses_ttl_s: float = DEFAULT_RESPONSES_TTL_S
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -154,6 +158,8 @@ class GatewayConfig:
             raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
         if not self.resolve_workers_s >= 0:  # NaN too
             raise ConfigError(f"--resolve-workers-s must be >= 0 (0: only at start), got {self.resolve_workers_s}")
+        if not self.responses_ttl_s >= 0:
+            raise ConfigError(f"--responses-ttl-s must be >= 0 (0: store none), got {self.responses_ttl_s}")
         if self.discover_workers and not self.resolve_workers_s > 0:
             raise ConfigError("--discover-workers looks for workers every --resolve-workers-s: it must be > 0")
         for key in self.api_keys:
@@ -242,6 +248,11 @@ class GatewayConfig:
                             help=f"also route to the prefill and decode workers that heartbeat in the instance "
                                  f"registry (--redis) serving this model, looked for every --resolve-workers-s: "
                                  f"--prefill and --decode may then be left out (${ENV_DISCOVER_WORKERS}=1)")
+        parser.add_argument("--responses-ttl-s", type=float,
+                            default=float(env.get(ENV_RESPONSES_TTL) or DEFAULT_RESPONSES_TTL_S),
+                            help=f"how long the Responses API keeps a response (for previous_response_id and GET "
+                                 f"/v1/responses/ID): in Redis with --redis, shared by every gateway, else in this "
+                                 f"process; 0: store none (${ENV_RESPONSES_TTL})")
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -257,7 +268,7 @@ class GatewayConfig:
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
                    max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
                    reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s,
-                   discover_workers=args.discover_workers)
+                   discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

@@ -58,6 +58,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
+from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
@@ -82,6 +83,7 @@ class GatewayState:
     api_keys: ApiKeys | None = None  # None: no key asked for
     tool_call_parser: str | None = None  # None: tool_choice "auto" is refused
     reasoning_parser: str | None = None  # None: a chat reply's text is all content
+    responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
 
 
 try:
@@ -200,15 +202,58 @@ def create_app(state: GatewayState) -> FastAPI:
 
     async def responses(request: Request):
         asked = await parsed_body(request, ResponsesRequest)
-        body = asked.as_chat()
+        earlier = []  # the conversation the response continues
+        if asked.previous_response_id is not None:
+            previous = await stored_response(asked.previous_response_id, "previous_response_id")
+            earlier = previous.continued()
+        body = asked.as_chat(earlier)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
         choices, builder, dispatched, _ = start_chat(request, body, response_id)
         return await respond(request, choices, builder, asked.stream, False, "input", dispatched,
-                             shape=ResponsesShape(asked, builder))
+                             shape=ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()]))
+
+    async def stored_response(response_id: str, param: str | None = None):
+        found = await state.responses.get(response_id) if state.responses is not None else None
+        if found is None:
+            raise not_found(response_id, param)
+        return found
+
+    async def get_response(request: Request):
+        return JSONResponse((await stored_response(request.path_params["response_id"])).response)
+
+    async def delete_response(request: Request):
+        response_id = request.path_params["response_id"]
+        if state.responses is None or not await state.responses.delete(response_id):
+            raise not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def response_input_items(request: Request):
+        """The input items a stored response answered (the earlier turns' too), newest first unless
+        `order=asc`, `limit` (1-100, 20) of them after the item `after`, as OpenAI lists them."""
+        found = await stored_response(request.path_params["response_id"])
+        query = request.query_params
+        items = found.conversation if query.get("order") == "asc" else found.conversation[::-1]
+        try:
+            limit = int(query.get("limit", 20))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise APIError(400, "limit must be an integer from 1 to 100", param="limit")
+        if (after := query.get("after")) is not None:
+            ids = [item.get("id") for item in items]
+            if after not in ids:
+                raise APIError(400, f"after: no input item {after!r} in this response", param="after")
+            items = items[ids.index(after) + 1:]
+        page = items[:limit]
+        return JSONResponse({"object": "list", "data": page, "first_id": page[0].get("id") if page else None,
+                             "last_id": page[-1].get("id") if page else None, "has_more": len(items) > limit})
 
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_route("/v1/responses", responses, methods=["POST"])
+    app.add_route("/v1/responses/{response_id}", get_response, methods=["GET"])
+    app.add_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
+    app.add_route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"])
 
     @app.post("/tokenize")
     async def tokenize_prompt(request: Request) -> dict[str, Any]:
@@ -356,6 +401,8 @@ async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], b
         await choices.aclose()
         raise to_api_error(e, prompt_param) from e
     body = builder.whole() if shape is None else shape.whole(builder.whole())
+    if shape is not None:
+        await shape.keep(body)
     if timeline is not None:
         body["timeline"] = timeline.to_json()
     return JSONResponse(body, headers={"x-request-id": builder.id})

@@ -4,8 +4,10 @@ request it means, which the chat path generates; its chat output becomes a respo
 In: `input` (a text, or a list of items: messages with text content, and earlier turns'
 `function_call` and `function_call_output` items), `instructions` (a system message first),
 `max_output_tokens`, `temperature`, `top_p`, function `tools` and `tool_choice`, `text.format`
-(`json_schema` or `json_object`: structured output). Nothing is stored: `store` is answered false,
-and `previous_response_id` and `background` are refused, so a conversation goes whole as `input`.
+(`json_schema` or `json_object`: structured output), `previous_response_id` (the conversation goes
+on from a stored response: its input and output come before this `input`; its `instructions` do
+not carry over, as OpenAI's do not). A response is stored (response_store.py) unless `store` is
+false or the gateway stores none (`--responses-ttl-s 0`). `background` is refused.
 
 Out: `output` items in order: `reasoning` (a reasoning model's thinking, with
 `--reasoning-parser`), a `message` with one `output_text` part, and a `function_call` per call;
@@ -17,20 +19,25 @@ it. A stream is the API's typed events (`response.created`, `response.output_tex
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from redis.exceptions import RedisError
 
 from services.gateway.choices import first_choice
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatCompletionRequest
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.pipeline import Delta
+from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, StoredResponse
 
+log = logging.getLogger("baton.gateway.responses")
 ROLES = ("user", "system", "developer", "assistant")
+ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
 class ResponsesRequest(BaseModel):
@@ -49,21 +56,30 @@ class ResponsesRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     text: dict[str, Any] | None = None
-    store: bool = False
+    store: bool = True
     previous_response_id: str | None = None
     background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
 
-    def as_chat(self) -> ChatCompletionRequest:
-        """The chat request this one means; APIError (400) for what the Responses API asks that
-        cannot be served, or what chat refuses."""
-        if self.previous_response_id is not None:
-            raise APIError(400, "previous_response_id: responses are not stored here; send the conversation as "
-                                "input", param="previous_response_id")
+    def input_items(self) -> list[dict[str, Any]]:
+        """`input` as items: a text is one user message."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": self.input}]}]
+        return self.input
+
+    def stored_items(self) -> list[dict[str, Any]]:
+        """`input_items` as OpenAI lists a stored response's: each with an id and a type, a message's
+        text in parts."""
+        return [_stored_item(item) for item in self.input_items()]
+
+    def as_chat(self, earlier: Sequence[dict[str, Any]] = ()) -> ChatCompletionRequest:
+        """The chat request this one means, after the input items `earlier` (the conversation of the
+        response it continues); APIError (400) for what the Responses API asks that cannot be served,
+        or what chat refuses."""
         if self.background:
             raise APIError(400, "background responses are not supported", param="background")
-        chat: dict[str, Any] = {"model": self.model, "messages": self._messages(), "stream": self.stream}
+        chat: dict[str, Any] = {"model": self.model, "messages": self._messages(earlier), "stream": self.stream}
         for name, value in (("max_completion_tokens", self.max_output_tokens), ("temperature", self.temperature),
                             ("top_p", self.top_p), ("user", self.user)):
             if value is not None:
@@ -82,13 +98,14 @@ class ResponsesRequest(BaseModel):
             message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
             raise APIError(400, f"{field}: {message}" if field else message, param=field or None) from None
 
-    def _messages(self) -> list[dict[str, Any]]:
+    def _messages(self, earlier: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
-        if isinstance(self.input, str):
+        if isinstance(self.input, str) and not earlier:
             return [*messages, {"role": "user", "content": self.input}]
-        for i, item in enumerate(self.input):
+        # An index past the earlier items names this request's own: its errors point into its `input`.
+        for i, item in enumerate([*earlier, *self.input_items()], start=-len(earlier)):
             kind = item.get("type", "message")
             if kind == "message":
                 if item.get("role") not in ROLES:
@@ -109,6 +126,15 @@ class ResponsesRequest(BaseModel):
             elif kind != "reasoning":  # earlier thinking: chat templates leave it out of the prompt
                 raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported", param=f"input[{i}]")
         return messages
+
+
+def _stored_item(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    stored = {"id": item.get("id") or _item_id(ITEM_ID_PREFIXES.get(kind, "item")), **item, "type": kind}
+    if kind == "message" and isinstance(item.get("content"), str):
+        part = "output_text" if item.get("role") == "assistant" else "input_text"
+        stored["content"] = [{"type": part, "text": item["content"]}]
+    return stored
 
 
 def _text(content: Any, index: int) -> str:
@@ -154,13 +180,29 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class ResponsesShape:
-    """One request's response in the Responses API's shape, from its chat output (`builder`)."""
+    """One request's response in the Responses API's shape, from its chat output (`builder`).
+    Once complete it goes into `store` with `conversation` (the input items it answers, the
+    earlier turns' first), unless the request said `store: false`; `store` None stores nothing."""
 
-    def __init__(self, request: ResponsesRequest, builder: ResponseBuilder):
+    def __init__(self, request: ResponsesRequest, builder: ResponseBuilder,
+                 store: MemoryResponseStore | RedisResponseStore | None = None,
+                 conversation: Sequence[dict[str, Any]] = ()):
         self.request = request
         self.builder = builder
         self.id = builder.id
         self.created_at = int(time.time())
+        self.store = store if request.store else None
+        self.conversation = list(conversation)
+
+    async def keep(self, response: dict[str, Any]) -> None:
+        """Store the complete `response`, before the client has it: a next request may continue it
+        as soon as it does. A store that fails (Redis down) is logged; the response still goes out."""
+        if self.store is None:
+            return
+        try:
+            await self.store.put(StoredResponse(response, self.conversation))
+        except (RedisError, OSError) as e:
+            log.warning("response %s not stored: %s: %s", self.id, type(e).__name__, e)
 
     def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The response from chat's whole body."""
@@ -182,10 +224,11 @@ class ResponsesShape:
             yield events.event("response.created", response=self._response([], None, None))
             yield events.event("response.in_progress", response=self._response([], None, None))
             try:
-                for event in events.chunk(self.builder.chunk(*first, include_usage=False)):
-                    yield event
-                async for index, delta in choices:
-                    for event in events.chunk(self.builder.chunk(index, delta, include_usage=False)):
+                async for index, delta in _after(first, choices):
+                    chunk = events.chunk(self.builder.chunk(index, delta, include_usage=False))
+                    if events.completed is not None:
+                        await self.keep(events.completed)
+                    for event in chunk:
                         yield event
             except Exception as e:  # after the 200 went out: the error travels as an event
                 error = to_api_error(e, prompt_param)
@@ -204,8 +247,9 @@ class ResponsesShape:
             "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
             "temperature": request.temperature, "top_p": request.top_p, "tools": request.tools or [],
             "tool_choice": request.tool_choice or "auto", "parallel_tool_calls": request.parallel_tool_calls,
-            "text": request.text or {"format": {"type": "text"}}, "store": False, "background": False,
-            "previous_response_id": None, "metadata": request.metadata or {}, "user": request.user,
+            "text": request.text or {"format": {"type": "text"}}, "store": self.store is not None,
+            "background": False, "previous_response_id": request.previous_response_id,
+            "metadata": request.metadata or {}, "user": request.user,
             "output": output, "usage": _usage(usage) if usage is not None else None,
         }
 
@@ -220,6 +264,7 @@ class _StreamedItems:
         self.output: list[dict[str, Any]] = []  # items done, in order
         self.open: tuple[str, dict[str, Any]] | None = None  # ("reasoning" | "message", its item)
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool call index -> its function_call item
+        self.completed: dict[str, Any] | None = None  # the response, once its last chunk came
 
     def event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -242,8 +287,8 @@ class _StreamedItems:
             events += self._close()
             events += [self._close_call(index) for index in sorted(self.calls)]
             self.output += [self.calls[index] for index in sorted(self.calls)]
-            events.append(self.event("response.completed", response=self.shape._response(
-                self.output, choice["finish_reason"], self.shape.builder.usage)))
+            self.completed = self.shape._response(self.output, choice["finish_reason"], self.shape.builder.usage)
+            events.append(self.event("response.completed", response=self.completed))
         return events
 
     def _text(self, kind: str, text: str) -> list[bytes]:
@@ -304,6 +349,13 @@ class _StreamedItems:
             self.event("response.function_call_arguments.done", item_id=item["id"],
                        output_index=len(self.output) + index, arguments=item["arguments"]),
             self.event("response.output_item.done", output_index=len(self.output) + index, item=item)])
+
+
+async def _after(first: tuple[int, Delta], rest: AsyncIterator[tuple[int, Delta]]
+                 ) -> AsyncIterator[tuple[int, Delta]]:
+    yield first
+    async for choice in rest:
+        yield choice
 
 
 def _item_id(prefix: str) -> str:

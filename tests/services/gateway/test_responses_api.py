@@ -1,18 +1,25 @@
 """OpenAI's Responses API through the mesh, by the `openai` client: the same output as chat for
 the same conversation, whole and streamed as typed events, with structured output, forced
-function calls and their follow-up turn; what it cannot serve is a 400. The translation from chat
-output is also checked alone, for what this random model does not write (thinking, its own calls)."""
+function calls and their follow-up turn; conversations that go on from stored responses (kept in
+the gateway, or in Redis for every gateway); what it cannot serve is a 400. The translation from
+chat output is also checked alone, for what this random model does not write (thinking, its own
+calls)."""
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import httpx
+import openai
 import pytest
 
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.pipeline import Delta, Usage
+from services.gateway.response_store import KEY_PREFIX, MemoryResponseStore, StoredResponse
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape, _StreamedItems
 from services.gateway.tool_parsers import PARSERS
+from tests.services.gateway.mesh import gateway_client
 
 QUESTION = "Name a colour."
 TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {
@@ -94,8 +101,91 @@ def test_structured_output_and_a_forced_function_call_then_its_answer(mesh, clie
     mesh.assert_decode_pools_free()
 
 
+def test_a_conversation_goes_on_from_stored_responses(mesh, client):
+    """Each turn answers the whole conversation so far, as chat answers it, its instructions not
+    carried over; a stream is stored by the time its last event is read; a response is read back,
+    with its input items, and deleted; one stored with `store: false` is not."""
+    first = client.responses.create(model=mesh.model_name, instructions="Be brief.", input=QUESTION, temperature=0,
+                                    max_output_tokens=6)
+    assert first.store and first.previous_response_id is None
+    second = client.responses.create(model=mesh.model_name, previous_response_id=first.id, input="And another?",
+                                     temperature=0, max_output_tokens=6)
+    conversation = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.output_text},
+                    {"role": "user", "content": "And another?"}]
+    assert second.output_text == chat_text(client, mesh, conversation, max_completion_tokens=6)[0]
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+    events = list(client.responses.create(model=mesh.model_name, previous_response_id=second.id, stream=True,
+                                          input=[{"role": "user", "content": "Why?"}], temperature=0,
+                                          max_output_tokens=6))
+    third = events[-1].response
+    conversation += [{"role": "assistant", "content": second.output_text}, {"role": "user", "content": "Why?"}]
+    assert third.output_text == chat_text(client, mesh, conversation, max_completion_tokens=6)[0]
+    assert client.responses.retrieve(third.id).model_dump() == third.model_dump()
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+
+    items = client.responses.input_items.list(third.id, order="asc")
+    texts = [item.content[0].text for item in items.data]
+    assert texts == [QUESTION, first.output_text, "And another?", second.output_text, "Why?"]
+    assert all(item.id for item in items.data) and not items.has_more
+    newest = client.responses.input_items.list(third.id, limit=2)
+    assert [item.content[0].text for item in newest.data] == ["Why?", second.output_text] and newest.has_more
+    after = client.responses.input_items.list(third.id, limit=2, after=newest.last_id)
+    assert [item.content[0].text for item in after.data] == ["And another?", first.output_text]
+
+    deleted = client.responses.delete(first.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    response = httpx.post(f"{mesh.gateway.base_url}/v1/responses", timeout=30, json={
+        "model": mesh.model_name, "input": "hi", "max_output_tokens": 2, "previous_response_id": first.id})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "previous_response_not_found"
+    assert client.responses.retrieve(second.id).id == second.id  # a response it began is kept
+
+    unstored = client.responses.create(model=mesh.model_name, input=QUESTION, max_output_tokens=2, store=False)
+    assert not unstored.store
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    mesh.assert_decode_pools_free()
+
+
+def test_gateways_sharing_redis_go_on_from_each_others_responses(mesh, redis_server, redis_client):
+    """With --redis every gateway reads the responses any stored: a conversation may go on through
+    another replica behind a load balancer. Each record expires after --responses-ttl-s."""
+    with gateway_client(mesh, "--redis", redis_server.url, "--responses-ttl-s", "600") as one, \
+            gateway_client(mesh, "--redis", redis_server.url) as other:
+        first = one.responses.create(model=mesh.model_name, input=QUESTION, temperature=0, max_output_tokens=4)
+        second = other.responses.create(model=mesh.model_name, previous_response_id=first.id, input="Another?",
+                                        temperature=0, max_output_tokens=4)
+        assert second.previous_response_id == first.id
+        assert one.responses.retrieve(second.id).output_text == second.output_text
+        assert 0 < redis_client.pttl(KEY_PREFIX + first.id) <= 600_000
+        assert redis_client.pttl(KEY_PREFIX + second.id) > 600_000  # the default, an hour
+        one.responses.delete(second.id)
+        with pytest.raises(openai.NotFoundError):
+            other.responses.retrieve(second.id)
+    with gateway_client(mesh, "--responses-ttl-s", "0") as unstoring:
+        response = unstoring.responses.create(model=mesh.model_name, input=QUESTION, max_output_tokens=2)
+        assert not response.store
+        with pytest.raises(openai.NotFoundError):
+            unstoring.responses.retrieve(response.id)
+
+
+def test_the_gateways_own_store_keeps_the_most_recent_for_their_time():
+    async def scenario() -> None:
+        store = MemoryResponseStore(ttl_s=0.2, capacity=2)
+        for n in range(3):
+            await store.put(StoredResponse({"id": f"resp_{n}", "output": []}, []))
+        assert await store.get("resp_0") is None and (await store.get("resp_2")).response["id"] == "resp_2"
+        time.sleep(0.25)
+        assert await store.get("resp_2") is None and not await store.delete("resp_1")
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(("body", "status", "param"), [
-    ({"previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ({"previous_response_id": "resp_1"}, 404, "previous_response_id"),
     ({"background": True}, 400, "background"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
     ({"input": [{"type": "web_search_call"}]}, 400, "input[0]"),
