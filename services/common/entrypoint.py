@@ -30,10 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from grpc_health.v1 import health
-
 from services.common.addresses import advertised_address, instance_id
-from services.common.grpc_server import AddServicer, make_server, set_serving, stop_server
+from services.common.grpc_server import AddServicer, HealthServicer, make_server, set_serving, stop_server
 from services.common.metrics import ServiceMetrics
 from services.common.settings import ConfigError
 from services.common.tracing import BATON_INSTANCE_ID, setup_tracing, shutdown_tracing, tracer
@@ -123,7 +121,7 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
         loop.add_signal_handler(sig, stop.set)
 
     service = make_service(config)  # inside the loop: servicers may make asyncio objects
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     try:
         server, port = await make_server(service.servicers, service.service_names, address=config.address,
                                          max_message_bytes=config.max_message_bytes,

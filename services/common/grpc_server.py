@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
@@ -30,6 +30,52 @@ AddServicer = Callable[[Any, grpc.aio.Server], None]
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 as grpc's own asyncio servicer serves it, except that a Watch stream ends once
+    the server is shutting down, after it has said NOT_SERVING. A watcher (a gateway watches every
+    worker) would otherwise hold the server's graceful stop for its whole grace period, however
+    soon the calls doing work end: a worker given a long --shutdown-grace-s to finish its streams
+    would then always take all of it."""
+
+    def __init__(self) -> None:
+        self._statuses = {"": SERVING}
+        self._changed = asyncio.Condition()
+        self._is_shutting_down = False
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context) -> health_pb2.HealthCheckResponse:
+        status = self._statuses.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
+        last_status = None
+        async with self._changed:
+            while True:
+                status = self._statuses.get(request.service, SERVICE_UNKNOWN)
+                if status != last_status:  # changes made between two wake-ups: the latest is what counts
+                    await context.write(health_pb2.HealthCheckResponse(status=status))
+                    last_status = status
+                if self._is_shutting_down:
+                    return
+                await self._changed.wait()
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        """Set `service`'s status (ignored once shutting down: it is NOT_SERVING for good)."""
+        async with self._changed:
+            if not self._is_shutting_down:
+                self._statuses[service] = status
+                self._changed.notify_all()
+
+    async def enter_graceful_shutdown(self) -> None:
+        """Every service NOT_SERVING for good, said to every watcher, whose stream then ends."""
+        async with self._changed:
+            self._is_shutting_down = True
+            self._statuses = dict.fromkeys(self._statuses, NOT_SERVING)
+            self._changed.notify_all()
 
 
 async def make_server(
@@ -39,7 +85,7 @@ async def make_server(
     address: str = "127.0.0.1:0",
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     max_workers: int | None = None,
-    health_servicer: health.aio.HealthServicer | None = None,
+    health_servicer: HealthServicer | None = None,
     is_serving: bool = True,
 ) -> tuple[grpc.aio.Server, int]:
     """Build a grpc.aio server with `servicers` added and bound to `address`; return it and its port.
@@ -71,7 +117,7 @@ async def make_server(
     for add_servicer, servicer in servicers:
         add_servicer(servicer, server)
 
-    health_servicer = health_servicer or health.aio.HealthServicer()
+    health_servicer = health_servicer or HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await set_serving(health_servicer, service_names, is_serving)
     reflection.enable_server_reflection(
@@ -85,7 +131,7 @@ async def make_server(
 
 
 async def set_serving(
-    health_servicer: health.aio.HealthServicer, service_names: Iterable[str], is_serving: bool
+    health_servicer: HealthServicer, service_names: Iterable[str], is_serving: bool
 ) -> None:
     """Report every name in `service_names`, and "" (the whole server), as SERVING or NOT_SERVING."""
     status = SERVING if is_serving else NOT_SERVING
@@ -94,7 +140,7 @@ async def set_serving(
 
 
 async def stop_server(
-    server: grpc.aio.Server, health_servicer: health.aio.HealthServicer | None = None, grace_s: float = 5.0
+    server: grpc.aio.Server, health_servicer: HealthServicer | None = None, grace_s: float = 5.0
 ) -> None:
     """Stop gracefully: health turns NOT_SERVING first (so routers stop sending new
     work), then in-flight calls get `grace_s` seconds before being cancelled."""

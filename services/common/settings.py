@@ -20,6 +20,8 @@ ENV_MODEL = "BATON_MODEL"
 ENV_MAX_MODEL_LEN = "BATON_MAX_MODEL_LEN"
 ENV_MAX_MESSAGE_BYTES = "BATON_MAX_MESSAGE_BYTES"
 ENV_REDIS_URL = "BATON_REDIS_URL"
+ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
+DEFAULT_SHUTDOWN_GRACE_S = 5.0
 
 
 class ConfigError(ValueError):
@@ -38,6 +40,17 @@ def env_int(env: Mapping[str, str], name: str, default: int | None) -> int | Non
         raise ConfigError(f"${name} must be an integer, got {value!r}") from None
 
 
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """`env[name]` as a float; `default` when unset or empty."""
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"${name} must be a number, got {value!r}") from None
+
+
 def new_parser(name: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=f"python -m services.{name}", description=f"Baton's {name} service (gRPC).")
 
@@ -53,8 +66,20 @@ def add_bind_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], *, e
                         help=f"bind port, 0 for any free one (${env_port})")
 
 
+def add_shutdown_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--shutdown-grace-s: after SIGTERM, how long in-flight calls may finish (health says
+    NOT_SERVING at once, so routers send no new ones) before they are cut."""
+    parser.add_argument("--shutdown-grace-s", type=float, default=env_float(env, ENV_SHUTDOWN_GRACE,
+                                                                              DEFAULT_SHUTDOWN_GRACE_S),
+                        help=f"after SIGTERM, how long in-flight requests may finish before they are cut: keep it "
+                             f"under the orchestrator's own (Kubernetes' terminationGracePeriodSeconds, compose's "
+                             f"stop_grace_period) (${ENV_SHUTDOWN_GRACE})")
+
+
 def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """--max-model-len and --max-message-bytes, each defaulting to its (shared) variable."""
+    """--max-model-len and --max-message-bytes, each defaulting to its (shared) variable, and
+    --shutdown-grace-s."""
+    add_shutdown_flag(parser, env)
     parser.add_argument("--max-model-len", type=int, default=env_int(env, ENV_MAX_MODEL_LEN, None),
                         help=f"shorten the model's context length (${ENV_MAX_MODEL_LEN})")
     parser.add_argument("--max-message-bytes", type=int,
@@ -131,5 +156,5 @@ def check_limits(max_model_len: int | None, max_message_bytes: int, grace_s: flo
     if max_model_len is not None:
         check_positive("--max-model-len", max_model_len)
     check_positive("--max-message-bytes", max_message_bytes)
-    if grace_s < 0:
-        raise ConfigError(f"grace_s must be >= 0, got {grace_s}")
+    if not grace_s >= 0:  # NaN too
+        raise ConfigError(f"--shutdown-grace-s must be >= 0, got {grace_s}")

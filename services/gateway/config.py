@@ -18,6 +18,7 @@ from pathlib import Path
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
+    DEFAULT_SHUTDOWN_GRACE_S,
     ConfigError,
     add_bind_flags,
     add_limit_flags,
@@ -94,7 +95,7 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_model_len: int | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    grace_s: float = 5.0
+    grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
     redis_url: str = ""  # the prefix index and instance registry; "": route by load only
     routing: str = "prefix"  # see ROUTING_POLICIES; prefix without --redis routes by load
@@ -262,6 +263,7 @@ class GatewayConfig:
                    served_model_name=args.served_model_name, host=args.host, port=args.port,
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
+                   grace_s=args.shutdown_grace_s,
                    routing=args.routing, overlap_weight=args.router_overlap_weight,
                    local_prefill_max_tokens=args.local_prefill_max_tokens,
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,

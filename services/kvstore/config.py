@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
+    DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES,
     ConfigError as ConfigError,
     add_bind_flags,
     add_metrics_flag,
     add_registry_flags,
+    add_shutdown_flag,
     add_tracing_flag,
     check_bind,
     check_metrics_port,
@@ -40,7 +42,7 @@ class KVStoreNodeConfig:
     port: int = 0  # 0: any free port (the listening line says which)
     capacity_bytes: int = DEFAULT_CAPACITY_BYTES  # host memory for pages; least recently used go first
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
     redis_url: str = ""  # "": no Redis; else the stored blocks go into the prefix index
     instance_id: str = ""  # "": kvstore-HOST-PORT once bound
@@ -55,8 +57,8 @@ class KVStoreNodeConfig:
         check_positive("--max-message-bytes", self.max_message_bytes)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)
-        if self.grace_s < 0:
-            raise ConfigError(f"grace_s must be >= 0, got {self.grace_s}")
+        if not self.grace_s >= 0:  # NaN too
+            raise ConfigError(f"--shutdown-grace-s must be >= 0, got {self.grace_s}")
 
     @property
     def address(self) -> str:
@@ -76,10 +78,12 @@ class KVStoreNodeConfig:
         parser.add_argument("--max-message-bytes", type=int,
                             default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
                             help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
+        add_shutdown_flag(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(host=args.host, port=args.port, capacity_bytes=args.capacity_bytes,
                    max_message_bytes=args.max_message_bytes, redis_url=args.redis, instance_id=args.instance_id,
+                   grace_s=args.shutdown_grace_s,
                    metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)

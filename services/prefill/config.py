@@ -14,6 +14,7 @@ from pathlib import Path
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
+    DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
     ENV_MAX_MODEL_LEN as ENV_MAX_MODEL_LEN,
     ENV_MODEL as ENV_MODEL,
@@ -69,7 +70,7 @@ class PrefillServiceConfig:
     instance_id: str = ""  # "": KIND-HOST-PORT once bound
     registry_ttl_s: float = 3.0  # heartbeat every third of it; silent longer: out of routing
     index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while held
-    grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
     def __post_init__(self):
@@ -118,7 +119,7 @@ class PrefillServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                   max_message_bytes=args.max_message_bytes,
+                   max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,
                    metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)

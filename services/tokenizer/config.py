@@ -14,6 +14,7 @@ from pathlib import Path
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
+    DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
     ENV_MAX_MODEL_LEN as ENV_MAX_MODEL_LEN,
     ENV_MODEL as ENV_MODEL,
@@ -43,7 +44,7 @@ class TokenizerServiceConfig:
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
 
     def __post_init__(self):
@@ -71,4 +72,5 @@ class TokenizerServiceConfig:
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
+                   grace_s=args.shutdown_grace_s,
                    otlp_endpoint=args.otlp_endpoint)

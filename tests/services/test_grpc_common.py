@@ -10,12 +10,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import common_pb2, generate as protogen, tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.channel import make_channel
-from services.common.grpc_server import make_server, set_serving, stop_server
+from services.common.grpc_server import HealthServicer, make_server, set_serving, stop_server
 
 MiB = 1024 * 1024
 TOKENIZER = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
@@ -65,7 +65,7 @@ def test_health_reports_serving_for_service_and_server():
 
 def test_health_not_serving_until_warmed_up():
     async def main():
-        checker = health.aio.HealthServicer()
+        checker = HealthServicer()
         server, port = await start_echo_server(health_servicer=checker, is_serving=False)
         try:
             async with make_channel(f"127.0.0.1:{port}") as channel:
@@ -80,6 +80,26 @@ def test_health_not_serving_until_warmed_up():
         assert (await checker.Check(health_pb2.HealthCheckRequest(service=""), None)).status == (
             health_pb2.HealthCheckResponse.NOT_SERVING
         )
+
+    asyncio.run(main())
+
+
+def test_a_health_watch_ends_as_the_server_shuts_down_and_holds_no_grace():
+    """A watcher hears NOT_SERVING, then its stream ends: the graceful stop waits for calls doing
+    work, not for the gateway's watch of every worker."""
+    async def main():
+        checker = HealthServicer()
+        server, port = await start_echo_server(health_servicer=checker)
+        async with make_channel(f"127.0.0.1:{port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=TOKENIZER))
+            statuses = [(await watch.read()).status]
+            started = asyncio.get_running_loop().time()
+            await stop_server(server, checker, grace_s=30)
+            assert asyncio.get_running_loop().time() - started < 5
+            while (response := await watch.read()) is not grpc.aio.EOF:
+                statuses.append(response.status)
+            assert statuses == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING]
+            assert await watch.code() == grpc.StatusCode.OK
 
     asyncio.run(main())
 

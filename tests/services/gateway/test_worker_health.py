@@ -253,6 +253,58 @@ def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layo
             gateway.terminate()
 
 
+def test_every_service_takes_its_shutdown_grace_by_flag_or_variable(tiny_demo_model):
+    from services.decode.config import DecodeServiceConfig
+    from services.kvstore.config import KVStoreNodeConfig
+    from services.prefill.config import PrefillServiceConfig
+    from services.tokenizer.config import TokenizerServiceConfig
+
+    model = ["--model", str(tiny_demo_model)]
+    gateway = [*model, "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2", "--decode", "127.0.0.1:3"]
+    for config, argv in ((PrefillServiceConfig, model), (DecodeServiceConfig, model), (TokenizerServiceConfig, model),
+                         (KVStoreNodeConfig, []), (GatewayConfig, gateway)):
+        assert config.from_args(argv, {}).grace_s == 5.0
+        assert config.from_args(argv, {"BATON_SHUTDOWN_GRACE_S": "25"}).grace_s == 25.0
+        assert config.from_args([*argv, "--shutdown-grace-s", "0.5"], {"BATON_SHUTDOWN_GRACE_S": "25"}).grace_s == 0.5
+        with pytest.raises(ConfigError, match="--shutdown-grace-s must be >= 0"):
+            config.from_args([*argv, "--shutdown-grace-s", "-1"], {})
+        with pytest.raises(ConfigError, match=r"\$BATON_SHUTDOWN_GRACE_S must be a number"):
+            config.from_args(argv, {"BATON_SHUTDOWN_GRACE_S": "soon"})
+
+
+@pytest.mark.parametrize(("grace_s", "num_moved"), [("60", 0), ("0", 1)])
+def test_a_decode_worker_told_to_stop_finishes_its_streams_within_its_grace(tiny_demo_model, grace_s, num_moved):
+    """SIGTERM: decode worker A takes no new work (its health says NOT_SERVING), and a stream on it goes
+    on to its end within --shutdown-grace-s; with none, it is cut and moves to B. Same text either way."""
+    with processes() as started:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
+        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "256")
+        stopping = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256",
+                                  "--shutdown-grace-s", grace_s)
+        other = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256")
+        started += [tokenizer, prefill, stopping, other]
+        other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [prefill.address],
+                                 [stopping.address, other.address], "--local-prefill-max-tokens", "0")
+        try:
+            client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
+            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=1500, temperature=0,
+                          stream=True, extra_body={"ignore_eos": True})
+            alone = "".join(chunk.choices[0].text for chunk in client.completions.create(**kwargs))
+            stream = client.completions.create(**kwargs)
+            text = next(stream).choices[0].text  # on A: B is still paused
+            other.proc.send_signal(signal.SIGCONT)
+            wait_for(lambda: serving(gateway, "decode") == 2)
+            stopping.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: serving(gateway, "decode") == 1)  # out of routing while it drains
+            text += "".join(chunk.choices[0].text for chunk in stream)
+            assert text == alone
+            assert metric(gateway, "baton_gateway_decode_migrations_total") == num_moved
+            assert stopping.proc.wait(timeout=30) == 0
+        finally:
+            gateway.terminate()
+
+
 def serving(gateway: GatewayProcess, kind: str) -> float:
     return metric(gateway, f'baton_gateway_workers{{[^}}]*kind="{kind}"[^}}]*state="serving"[^}}]*}}')
 
