@@ -8,6 +8,7 @@ from typing import Literal, get_args
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class EngineConfig:
     kv_memory_fraction: float = 0.3
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
+    # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they
+    # came (vLLM's two policies). Preemption takes the last in that order.
+    scheduling_policy: str = "fcfs"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     show_progress: bool = False
@@ -47,6 +51,9 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError(
                 f"max_num_batched_tokens must be >= block_size ({self.block_size}), "

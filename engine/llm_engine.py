@@ -58,7 +58,7 @@ class LLMEngine:
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-            self.max_model_len, self.eos_token_ids,
+            self.max_model_len, self.eos_token_ids, config.scheduling_policy,
         )
         self.tokenizer = _load_tokenizer(model_dir)
         self._guides: GuideFactory | None = None
@@ -125,6 +125,9 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if sampling_params.priority and not self.scheduler.is_by_priority:
+            raise ValueError(f"priority {sampling_params.priority} asks for priority scheduling, which this engine "
+                             f"does not do (scheduling_policy {self.config.scheduling_policy!r})")
         bad = next((t for t in output_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"output token id {bad} is outside the vocabulary [0, {vocab})")

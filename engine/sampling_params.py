@@ -39,6 +39,9 @@ class SamplingParams:
     # With guided_regex: the guide holds only from the token after the output's first of this one
     # (a reasoning model's `</think>`), the text before it free, as vLLM guides only the answer.
     guide_after_token_id: int | None = None
+    # vLLM's, and no sampling setting: with the priority scheduling policy (EngineConfig), a lower
+    # value is scheduled first (and preempted last); equal values go by arrival. 0 under fcfs.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or

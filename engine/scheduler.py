@@ -5,9 +5,14 @@ decode, the next chunk for a prompt still being prefilled), then waiting ones,
 oldest first. When a running sequence needs a page and none is free, the most
 recently admitted sequence is preempted: its pages are freed and it waits to be
 recomputed from its tokens, so the pool never deadlocks.
+
+Under the priority policy both queues are kept in (priority, arrival) order instead: the
+budget goes to the most urgent first, the most urgent waiting sequence is admitted
+first, and the least urgent running one is preempted first.
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from engine.batch import ScheduledBatch
@@ -24,6 +29,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_ids: tuple[int, ...],
+        policy: str = "fcfs",
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -35,13 +41,24 @@ class Scheduler:
         # Finished prefill-only sequences whose pages wait to be copied out.
         self.held: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self.is_by_priority = policy == "priority"
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.is_by_priority:
+            bisect.insort(self.waiting, seq, key=_urgency)
+        else:
+            self.waiting.append(seq)
+
+    def _run(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        if self.is_by_priority:
+            bisect.insort(self.running, seq, key=_urgency)
+        else:
+            self.running.append(seq)
 
     def add_running(self, seq: Sequence) -> bool:
         """Adds a sequence that already holds its pages (adopted from a reservation).
@@ -53,8 +70,7 @@ class Scheduler:
         if reason is not None:
             self._finish(seq, reason)
             return False
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+        self._run(seq)
         return True
 
     def release(self, request_id: str) -> bool:
@@ -104,8 +120,7 @@ class Scheduler:
                 break
             bm.allocate(seq)
             self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._run(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             batch.add(seq, num_new)
             budget -= num_new
@@ -118,7 +133,10 @@ class Scheduler:
         seq.num_cached_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.is_by_priority:
+            bisect.insort(self.waiting, seq, key=_urgency)
+        else:
+            self.waiting.appendleft(seq)
 
     def postprocess(
         self, batch: ScheduledBatch, sampled: list[Sequence], output: SamplerOutput | None
@@ -171,3 +189,8 @@ class Scheduler:
             self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+
+def _urgency(seq: Sequence) -> tuple[int, float]:
+    """The priority policy's order: lower priority values first, then earlier arrivals."""
+    return seq.sampling_params.priority, seq.arrival_time

@@ -76,6 +76,21 @@ def add_shutdown_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -
                              f"stop_grace_period) (${ENV_SHUTDOWN_GRACE})")
 
 
+def add_scheduling_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_var: str) -> None:
+    """--scheduling-policy of a worker's engine (engine/config.py): vLLM's fcfs or priority."""
+    parser.add_argument("--scheduling-policy", default=env.get(env_var) or "fcfs",
+                        help=f"fcfs: requests are scheduled as they come; priority: by each request's "
+                             f"`priority` (lower first, then as they came), the least urgent preempted first "
+                             f"(${env_var})")
+
+
+def check_scheduling_policy(policy: str) -> None:
+    from engine.config import SCHEDULING_POLICIES
+
+    if policy not in SCHEDULING_POLICIES:
+        raise ConfigError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {policy!r}")
+
+
 def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """--max-model-len and --max-message-bytes, each defaulting to its (shared) variable, and
     --shutdown-grace-s."""

@@ -68,7 +68,8 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
         return pools[-1].tensor
 
     engine_config = EngineConfig(model=str(model_dir), num_kv_blocks=config.num_kv_blocks,
-                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len)
+                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                 scheduling_policy=config.scheduling_policy)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
     except BaseException:

@@ -24,6 +24,7 @@ from services.common.settings import (
     add_limit_flags,
     add_metrics_flag,
     add_registry_flags,
+    add_scheduling_flag,
     add_tracing_flag,
     check_bind,
     check_limits,
@@ -31,6 +32,7 @@ from services.common.settings import (
     check_model_dir,
     check_positive,
     check_registry,
+    check_scheduling_policy,
     env_int,
     model_arg,
     new_parser,
@@ -42,6 +44,7 @@ ENV_METRICS_PORT = "BATON_DECODE_METRICS_PORT"
 ENV_INSTANCE_ID = "BATON_DECODE_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
+ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LEASE_MS = "BATON_DECODE_LEASE_MS"
 
 DEFAULT_KV_BLOCKS = 1024
@@ -56,6 +59,7 @@ class DecodeServiceConfig:
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the shared-memory pool's size in pages
     max_num_seqs: int = 128
+    scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -72,6 +76,7 @@ class DecodeServiceConfig:
         check_metrics_port(self.metrics_port)
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-seqs", self.max_num_seqs)
+        check_scheduling_policy(self.scheduling_policy)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
@@ -95,12 +100,14 @@ class DecodeServiceConfig:
         parser.add_argument("--lease-ms", type=int, default=env_int(env, ENV_LEASE_MS, DEFAULT_LEASE_MS),
                             help=f"how long an unclaimed reservation holds its pages (${ENV_LEASE_MS})")
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
+        add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
+                   scheduling_policy=args.scheduling_policy,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)

@@ -3,8 +3,8 @@
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
 `min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
-`truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, and chat's
-template options), plus Baton's `return_timeline`. A value out of range fails validation
+`truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, `priority`, and
+chat's template options), plus Baton's `return_timeline`. A value out of range fails validation
 here, so the client gets a 400 that names the field before any worker is called. Unknown
 fields are ignored, as OpenAI's own server does for fields a model does not use.
 """
@@ -79,6 +79,9 @@ class _SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     _output_regex: str | None = PrivateAttr(default=None)  # what the fields above ask for, as one regex
     include_stop_str_in_output: bool = False
+    # vLLM's: scheduled before higher values on workers run with --scheduling-policy priority
+    # (workers on fcfs refuse any but 0).
+    priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = 0
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
 
@@ -117,7 +120,8 @@ class _SamplingFields(BaseModel):
         params = common_pb2.SamplingParams(
             top_k=self.top_k or 0, min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, allowed_token_ids=self.allowed_token_ids or [])
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, allowed_token_ids=self.allowed_token_ids or [],
+            priority=self.priority)
         if max_tokens is not None:
             params.max_tokens = max_tokens
         if self.temperature is not None:

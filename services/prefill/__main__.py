@@ -50,7 +50,8 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(config.model_dir), num_kv_blocks=config.num_kv_blocks,
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                  enable_prefix_caching=config.prefix_caching))
+                                  enable_prefix_caching=config.prefix_caching,
+                                  scheduling_policy=config.scheduling_policy))
 
 
 def warmup_lengths(engine: LLMEngine) -> list[int]:

@@ -24,6 +24,7 @@ from services.common.settings import (
     add_limit_flags,
     add_metrics_flag,
     add_registry_flags,
+    add_scheduling_flag,
     add_tracing_flag,
     check_bind,
     check_limits,
@@ -31,6 +32,7 @@ from services.common.settings import (
     check_model_dir,
     check_positive,
     check_registry,
+    check_scheduling_policy,
     env_int,
     model_arg,
     new_parser,
@@ -42,6 +44,7 @@ ENV_INSTANCE_ID = "BATON_PREFILL_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
+ENV_SCHEDULING_POLICY = "BATON_PREFILL_SCHEDULING_POLICY"
 ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
 ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
 ENV_KVSTORE = "BATON_PREFILL_KVSTORE"
@@ -60,6 +63,7 @@ class PrefillServiceConfig:
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the local pool: prompts in flight plus the prefix cache
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
@@ -79,6 +83,7 @@ class PrefillServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
+        check_scheduling_policy(self.scheduling_policy)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)
@@ -111,6 +116,7 @@ class PrefillServiceConfig:
         parser.add_argument("--kvstore", default=env.get(ENV_KVSTORE, ""), metavar="HOST:PORT",
                             help="kvstore node to store the prefixes this worker reuses on, for other "
                                  f"workers to read instead of computing (${ENV_KVSTORE}; default: none)")
+        add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
@@ -119,6 +125,7 @@ class PrefillServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                   scheduling_policy=args.scheduling_policy,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,

@@ -252,3 +252,50 @@ def test_step_times_hold_add_request_and_the_whole_step_from_scheduling_to_the_o
     assert before_ns <= times.first_step_start_ns and times.first_step_end_ns <= after_ns
     assert times.prefill_seconds >= 2 * pause_s
     assert (after_ns - before_ns) / 1e9 - times.prefill_seconds < pause_s / 2
+
+
+def finish_order(engine: LLMEngine, reqs: dict[str, tuple[list[int], SamplingParams]]) -> list[str]:
+    for rid, (p, sp) in reqs.items():
+        engine.add_request(rid, p, sp)
+    order = []
+    while engine.has_unfinished_requests():
+        order += [out.request_id for out in engine.step() if out.finished]
+    return order
+
+
+def test_the_priority_policy_serves_lower_priority_values_first(tiny_demo_model):
+    """One at a time (max_num_seqs 1): by priority, then as they came; fcfs as they came, and it
+    refuses a priority it would not honour."""
+    params = {"late-batch": 5, "first-batch": 5, "interactive": -1, "normal": 0}
+    reqs = {rid: (p, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, priority=priority))
+            for (rid, priority), p in zip(params.items(), prompts(4))}
+    by_priority = make_engine(tiny_demo_model, max_num_seqs=1, scheduling_policy="priority")
+    assert finish_order(by_priority, reqs) == ["interactive", "normal", "late-batch", "first-batch"]
+    assert_pool_clean(by_priority)
+
+    fcfs = make_engine(tiny_demo_model, max_num_seqs=1)
+    with pytest.raises(ValueError, match="priority 5 asks for priority scheduling"):
+        fcfs.add_request("x", prompts(1)[0], reqs["late-batch"][1])
+    plain = {rid: (p, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)) for rid, (p, _) in reqs.items()}
+    assert finish_order(fcfs, plain) == list(params)
+    with pytest.raises(ValueError, match="scheduling_policy must be one of fcfs, priority"):
+        make_engine(tiny_demo_model, scheduling_policy="lifo")
+
+
+def test_the_priority_policy_preempts_the_least_urgent(tiny_demo_model):
+    """Pages run short: the running request of the highest priority value gives its pages up,
+    though it came first (fcfs would preempt the last to come), and gets the same tokens."""
+    prompt = prompts(1, length=60)[0]
+    urgent, relaxed = (SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, priority=p) for p in (0, 9))
+    expected = run_all(make_engine(tiny_demo_model), {"relaxed": (prompt, GREEDY)})["relaxed"].token_ids
+    engine = make_engine(tiny_demo_model, num_kv_blocks=10, scheduling_policy="priority")
+    engine.add_request("relaxed", prompt, relaxed)
+    engine.step()  # it runs first, alone
+    engine.add_request("urgent", prompt, urgent)
+    seqs = dict(engine._seqs)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({out.request_id: out for out in engine.step() if out.finished})
+    assert seqs["relaxed"].num_preemptions > 0 and seqs["urgent"].num_preemptions == 0
+    assert done["relaxed"].token_ids == done["urgent"].token_ids == expected
+    assert_pool_clean(engine)

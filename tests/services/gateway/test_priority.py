@@ -1,0 +1,42 @@
+"""vLLM's `priority` through the mesh: workers on the priority scheduling policy take it (the
+engine's order is tests/unit/test_engine.py's to check), workers on fcfs refuse any but 0 with a 400
+that says why, before anything is generated."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.services.gateway.mesh import start_mesh, stop_mesh
+
+
+@pytest.fixture(scope="module")
+def priority_mesh(tiny_demo_model):
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, worker_args=("--scheduling-policy", "priority"),
+                      gateway_args=("--local-prefill-max-tokens", "4"))
+    try:
+        yield mesh
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+@pytest.mark.parametrize("prompt", ["Hi", "Once upon a time there was a prompt long enough for a prefill worker"])
+def test_priority_workers_take_a_requests_priority(priority_mesh, prompt):
+    """Short prompts prefill on the decode worker, longer ones on the prefill worker: both take it."""
+    client = openai.OpenAI(base_url=f"{priority_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0)
+    for priority in (-3, 0, 7):
+        reply = client.completions.create(model=priority_mesh.model_name, prompt=prompt, max_tokens=4,
+                                          extra_body={"priority": priority, "ignore_eos": True})
+        assert reply.usage.completion_tokens == 4
+    priority_mesh.assert_decode_pools_free()
+
+
+def test_fcfs_workers_refuse_a_priority(mesh):
+    url = f"{mesh.gateway.base_url}/v1/completions"
+    body = {"model": mesh.model_name, "prompt": "Hi", "max_tokens": 2}
+    assert httpx.post(url, json={**body, "priority": 0}, timeout=30).status_code == 200
+    refused = httpx.post(url, json={**body, "priority": 2}, timeout=30)
+    assert refused.status_code == 400, refused.text
+    assert "priority scheduling" in refused.json()["error"]["message"]
+    assert httpx.post(url, json={**body, "priority": 2**31}, timeout=30).status_code == 400
+    mesh.assert_decode_pools_free()
