@@ -105,6 +105,7 @@ class GatewayService:
         self.followers: list[asyncio.Task] = []  # each pool following where its workers are (workers.follow)
         self.registry_redis = None  # with --discover-workers: the client its followers ask the registry with
         self.responses = make_response_store(config)
+        self.state: GatewayState | None = None  # the HTTP API's, once started
 
     def readiness(self) -> str | None:
         missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
@@ -148,9 +149,10 @@ class GatewayService:
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
-        app = create_app(GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
-                                      self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
-                                      config.tool_call_parser, config.reasoning_parser, self.responses))
+        self.state = GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
+                                  self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
+                                  config.tool_call_parser, config.reasoning_parser, self.responses)
+        app = create_app(self.state)
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:
@@ -206,6 +208,8 @@ class GatewayService:
         if self.http is not None:
             self.http.should_exit = True
             await asyncio.gather(self.http_task, return_exceptions=True)
+        if self.state is not None:
+            await self.state.background.close()
         if self.pipeline is not None:
             await self.pipeline.aclose()
         if self.router is not None:

@@ -16,6 +16,7 @@ ERROR_TYPES = {
     401: "invalid_request_error",  # OpenAI's, with code invalid_api_key
     404: "not_found_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",

@@ -51,6 +51,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
+from services.gateway.background_responses import ENDED, BackgroundResponses
 from services.gateway.choices import first_choice, merge_choices
 from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
 from services.gateway.first_event_response import FirstEventResponse
@@ -84,6 +85,7 @@ class GatewayState:
     tool_call_parser: str | None = None  # None: tool_choice "auto" is refused
     reasoning_parser: str | None = None  # None: a chat reply's text is all content
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
+    background: BackgroundResponses = field(default_factory=BackgroundResponses)
 
 
 try:
@@ -202,6 +204,12 @@ def create_app(state: GatewayState) -> FastAPI:
 
     async def responses(request: Request):
         asked = await parsed_body(request, ResponsesRequest)
+        if asked.background and asked.stream:
+            raise APIError(400, "a background response is not streamed here: read it with GET /v1/responses/{id}",
+                           param="stream")
+        if asked.background and (not asked.store or state.responses is None):
+            raise APIError(400, "a background response is read from the response store: it needs store true "
+                                "(and a gateway that stores responses, --responses-ttl-s > 0)", param="background")
         earlier = []  # the conversation the response continues
         if asked.previous_response_id is not None:
             previous = await stored_response(asked.previous_response_id, "previous_response_id")
@@ -209,8 +217,10 @@ def create_app(state: GatewayState) -> FastAPI:
         body = asked.as_chat(earlier)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
         choices, builder, dispatched, _ = start_chat(request, body, response_id)
-        return await respond(request, choices, builder, asked.stream, False, "input", dispatched,
-                             shape=ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()]))
+        shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])
+        if asked.background:
+            return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
+        return await respond(request, choices, builder, asked.stream, False, "input", dispatched, shape=shape)
 
     async def stored_response(response_id: str, param: str | None = None):
         found = await state.responses.get(response_id) if state.responses is not None else None
@@ -226,6 +236,19 @@ def create_app(state: GatewayState) -> FastAPI:
         if state.responses is None or not await state.responses.delete(response_id):
             raise not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def cancel_response(request: Request):
+        """Stop a background response: where this gateway generates it, at once; one already ended
+        is answered as it is."""
+        response_id = request.path_params["response_id"]
+        if state.background.is_running(response_id):
+            await state.background.cancel(response_id)
+        response = (await stored_response(response_id)).response
+        if not response["background"]:
+            raise APIError(400, "only a background response can be cancelled")
+        if response["status"] not in ENDED:
+            raise APIError(409, "the response is generating on another gateway: cancel it there", code="conflict")
+        return JSONResponse(response)
 
     async def response_input_items(request: Request):
         """The input items a stored response answered (the earlier turns' too), newest first unless
@@ -254,6 +277,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.add_route("/v1/responses/{response_id}", get_response, methods=["GET"])
     app.add_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
     app.add_route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"])
+    app.add_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"])
 
     @app.post("/tokenize")
     async def tokenize_prompt(request: Request) -> dict[str, Any]:

@@ -7,7 +7,8 @@ In: `input` (a text, or a list of items: messages with text content, and earlier
 (`json_schema` or `json_object`: structured output), `previous_response_id` (the conversation goes
 on from a stored response: its input and output come before this `input`; its `instructions` do
 not carry over, as OpenAI's do not). A response is stored (response_store.py) unless `store` is
-false or the gateway stores none (`--responses-ttl-s 0`). `background` is refused.
+false or the gateway stores none (`--responses-ttl-s 0`). `background` (stored, not streamed): the
+request is answered at once, "queued", and generated after (background_responses.py).
 
 Out: `output` items in order: `reasoning` (a reasoning model's thinking, with
 `--reasoning-parser`), a `message` with one `output_text` part, and a `function_call` per call;
@@ -77,8 +78,6 @@ class ResponsesRequest(BaseModel):
         """The chat request this one means, after the input items `earlier` (the conversation of the
         response it continues); APIError (400) for what the Responses API asks that cannot be served,
         or what chat refuses."""
-        if self.background:
-            raise APIError(400, "background responses are not supported", param="background")
         chat: dict[str, Any] = {"model": self.model, "messages": self._messages(earlier), "stream": self.stream}
         for name, value in (("max_completion_tokens", self.max_output_tokens), ("temperature", self.temperature),
                             ("top_p", self.top_p), ("user", self.user)):
@@ -236,6 +235,15 @@ class ResponsesShape:
         finally:
             await choices.aclose()
 
+    def pending(self, status: str, error: APIError | None = None) -> dict[str, Any]:
+        """The response with no output yet: "queued", "in_progress", or ended so ("cancelled", or
+        "failed" with `error`)."""
+        response = self._response([], None, None)
+        response["status"] = status
+        if error is not None:
+            response["error"] = {"code": error.code or error.type, "message": error.message}
+        return response
+
     def _response(self, output: list[dict[str, Any]], finish_reason: str | None,
                   usage: dict[str, Any] | None) -> dict[str, Any]:
         request = self.request
@@ -248,7 +256,7 @@ class ResponsesShape:
             "temperature": request.temperature, "top_p": request.top_p, "tools": request.tools or [],
             "tool_choice": request.tool_choice or "auto", "parallel_tool_calls": request.parallel_tool_calls,
             "text": request.text or {"format": {"type": "text"}}, "store": self.store is not None,
-            "background": False, "previous_response_id": request.previous_response_id,
+            "background": request.background, "previous_response_id": request.previous_response_id,
             "metadata": request.metadata or {}, "user": request.user,
             "output": output, "usage": _usage(usage) if usage is not None else None,
         }

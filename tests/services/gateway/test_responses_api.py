@@ -151,6 +151,41 @@ def test_a_conversation_goes_on_from_stored_responses(mesh, client):
     mesh.assert_decode_pools_free()
 
 
+def wait_until_ended(client, response_id: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while (response := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return response
+
+
+def test_a_background_response_is_answered_at_once_and_read_when_done(mesh, client):
+    kwargs = dict(model=mesh.model_name, input=QUESTION, temperature=0, max_output_tokens=8)
+    queued = client.responses.create(background=True, **kwargs)
+    assert queued.status == "queued" and queued.background and queued.output == []
+    done = wait_until_ended(client, queued.id)
+    assert done.status == "incomplete" and done.background
+    assert done.output_text == client.responses.create(**kwargs).output_text
+    assert client.responses.cancel(queued.id).status == "incomplete"  # ended: answered as it is
+
+    long = dict(model=mesh.model_name, input="Tell me a long story.", temperature=0, max_output_tokens=1500)
+    running = client.responses.create(background=True, **long)
+    cancelled = client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled" and cancelled.output == []
+    assert client.responses.retrieve(running.id).status == "cancelled"
+    mesh.assert_decode_pools_free()
+    # Uncancelled, the same request runs far longer than the cancel took: it was cut, not done.
+    whole = wait_until_ended(client, client.responses.create(background=True, **long).id)
+    assert whole.usage.output_tokens > 100
+
+    for body, param in (({"stream": True}, "stream"), ({"store": False}, "background")):
+        refused = httpx.post(f"{mesh.gateway.base_url}/v1/responses", timeout=30,
+                             json={"model": mesh.model_name, "input": "hi", "background": True, **body})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(client.responses.create(**kwargs).id)  # not a background one
+
+
 def test_gateways_sharing_redis_go_on_from_each_others_responses(mesh, redis_server, redis_client):
     """With --redis every gateway reads the responses any stored: a conversation may go on through
     another replica behind a load balancer. Each record expires after --responses-ttl-s."""
@@ -186,7 +221,6 @@ def test_the_gateways_own_store_keeps_the_most_recent_for_their_time():
 
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"previous_response_id": "resp_1"}, 404, "previous_response_id"),
-    ({"background": True}, 400, "background"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
     ({"input": [{"type": "web_search_call"}]}, 400, "input[0]"),
     ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),

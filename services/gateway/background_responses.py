@@ -1,0 +1,67 @@
+"""Responses API requests with `background: true`, as OpenAI serves them: the request is answered
+at once with the response "queued"; it is generated after, its state kept in the response store
+as it goes ("in_progress", then "completed" or "incomplete", "failed" with its error, or
+"cancelled"), where `GET /v1/responses/{id}` reads it from any gateway sharing the store.
+`POST /v1/responses/{id}/cancel` stops one on the gateway generating it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from services.gateway.errors import to_api_error
+from services.gateway.pipeline import Delta
+from services.gateway.responses_api import ResponsesShape
+
+log = logging.getLogger("baton.gateway.responses")
+ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+class BackgroundResponses:
+    """The background responses this gateway is generating, by response id."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Task] = {}
+
+    async def start(self, shape: ResponsesShape, choices: AsyncIterator[tuple[int, Delta]]) -> dict[str, Any]:
+        """Store `shape`'s response "queued", generate it from `choices` in a task of its own,
+        and return it as queued."""
+        queued = shape.pending("queued")
+        await shape.keep(queued)
+        task = asyncio.ensure_future(self._generate(shape, choices))
+        self._running[shape.id] = task
+        task.add_done_callback(lambda _: self._running.pop(shape.id, None))
+        return queued
+
+    def is_running(self, response_id: str) -> bool:
+        return response_id in self._running
+
+    async def cancel(self, response_id: str) -> None:
+        """Stop a response this gateway is generating; it is stored "cancelled" when this returns."""
+        task = self._running.get(response_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every response still generating (the gateway is stopping)."""
+        for response_id in list(self._running):
+            await self.cancel(response_id)
+
+    async def _generate(self, shape: ResponsesShape, choices: AsyncIterator[tuple[int, Delta]]) -> None:
+        try:
+            await shape.keep(shape.pending("in_progress"))
+            async for index, delta in choices:
+                shape.builder.add(index, delta)
+            ended = shape.whole(shape.builder.whole())
+        except asyncio.CancelledError:
+            ended = shape.pending("cancelled")  # stored below, where the request's work has stopped
+        except Exception as e:
+            error = to_api_error(e, "input")
+            log.warning("background response %s failed: %s", shape.id, error.message)
+            ended = shape.pending("failed", error)
+        finally:
+            await choices.aclose()  # the workers stop generating for it
+        await shape.keep(ended)
