@@ -33,6 +33,7 @@ from services.gateway.openai_protocol import CHAT_ROLES, with_parsed_arguments
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
+from services.gateway.tool_parsers import with_template_call_ids
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, template_kwargs_from_json
 from services.tokenizer.converters import chat_messages_from_proto
 
@@ -125,7 +126,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         elif given == "text":
             inputs = {"prompt_text": request.text}
         else:
-            inputs = {"messages": _chat_messages(request.chat),
+            inputs = {"messages": with_template_call_ids(_chat_messages(request.chat), self.tool_call_parser),
                       "chat_options": _chat_options(request.chat_options, tools.tools if tools else None)}
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)

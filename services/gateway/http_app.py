@@ -63,7 +63,7 @@ from services.gateway.response_store import MemoryResponseStore, RedisResponseSt
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser
+from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser, with_template_call_ids
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -173,7 +173,7 @@ def create_app(state: GatewayState) -> FastAPI:
             raise needs_a_parser("tool_choice")
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
-        messages = body.chat_messages()
+        messages = with_template_call_ids(body.chat_messages(), state.tool_call_parser)
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
         syntax = PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools else None

@@ -32,6 +32,7 @@ text.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
 import re
@@ -52,6 +53,9 @@ class ToolCallSyntax(Protocol):
     def call_id(self) -> str:
         """A new id for a call it read."""
 
+    def template_call_id(self, call_id: str) -> str:
+        """`call_id`, a client's, as its model's chat template takes it back."""
+
     def parse(self, text: str) -> tuple[str | None, Calls]:
         """(the text before the calls, None when there is none; the calls, OpenAI's shape)."""
 
@@ -70,6 +74,10 @@ class ToolCallSyntax(Protocol):
 class _Syntax:
     reads_special_tokens = False
     call_id = staticmethod(new_call_id)
+
+    @staticmethod
+    def template_call_id(call_id: str) -> str:
+        return call_id
 
 
 class _Tagged(_Syntax):
@@ -188,6 +196,20 @@ class Mistral(_Tagged):
     def call_id(cls) -> str:
         return "".join(random.choices(cls._ID_CHARACTERS, k=9))
 
+    @classmethod
+    def template_call_id(cls, call_id: str) -> str:
+        """Mistral's templates refuse an id that is not 9 letters and digits, and clients written for
+        OpenAI send theirs ("call_..."): such an id becomes 9 made from its hash, the same for the
+        call and for the tool message answering it, as vLLM shortens them for Mistral."""
+        if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+            return call_id
+        number = int.from_bytes(hashlib.blake2b(call_id.encode(), digest_size=8).digest(), "little")
+        letters = []
+        for _ in range(9):
+            number, digit = divmod(number, len(cls._ID_CHARACTERS))
+            letters.append(cls._ID_CHARACTERS[digit])
+        return "".join(letters)
+
     def parse(self, text: str) -> tuple[str | None, Calls]:
         start = text.find(self.START)
         if start == -1:
@@ -284,6 +306,21 @@ def call_ids(parser: str | None) -> Callable[[], str]:
     """Where a gateway's new tool-call ids come from, forced calls' too: its parser's kind (Mistral's
     templates take back no other), else OpenAI's."""
     return PARSERS[parser].call_id if parser is not None else new_call_id
+
+
+def with_template_call_ids(messages: list[dict[str, Any]], parser: str | None) -> list[dict[str, Any]]:
+    """`messages` (as chat templates read them) with their tool-call ids as the parser's model's
+    template takes them (`template_call_id`): the calls of assistant messages, and tool messages'."""
+    if parser is None:
+        return messages
+    to_template = PARSERS[parser].template_call_id
+    for message in messages:
+        if message.get("tool_calls"):
+            message["tool_calls"] = [{**call, "id": to_template(call["id"])} if isinstance(call.get("id"), str)
+                                     else call for call in message["tool_calls"]]
+        if isinstance(message.get("tool_call_id"), str):
+            message["tool_call_id"] = to_template(message["tool_call_id"])
+    return messages
 
 
 def needs_a_parser(param: str) -> APIError:
