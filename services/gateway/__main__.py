@@ -152,6 +152,8 @@ class GatewayService:
         self.state = GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses)
+        if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
+            self.state.background.follow_cancels(self.responses)
         app = create_app(self.state)
         try:
             sock = _bind(config.host, config.http_port)

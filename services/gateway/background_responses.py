@@ -2,7 +2,8 @@
 at once with the response "queued"; it is generated after, its state kept in the response store
 as it goes ("in_progress", then "completed" or "incomplete", "failed" with its error, or
 "cancelled"), where `GET /v1/responses/{id}` reads it from any gateway sharing the store.
-`POST /v1/responses/{id}/cancel` stops one on the gateway generating it.
+`POST /v1/responses/{id}/cancel` stops one: on this gateway at once; on another sharing Redis
+through the store's cancel channel, which every gateway follows (`follow_cancels`).
 """
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from services.gateway.errors import to_api_error
 from services.gateway.pipeline import Delta
 from services.gateway.responses_api import ResponsesShape
 
 log = logging.getLogger("baton.gateway.responses")
 ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+FOLLOW_RETRY_S = 1.0
 
 
 class BackgroundResponses:
@@ -24,6 +28,20 @@ class BackgroundResponses:
 
     def __init__(self) -> None:
         self._running: dict[str, asyncio.Task] = {}
+        self._following: asyncio.Task | None = None
+
+    def follow_cancels(self, store) -> None:
+        """Cancel the responses this gateway generates when any gateway asks `store` to."""
+        async def follow() -> None:
+            while True:
+                try:
+                    async for response_id in store.cancels():
+                        await self.cancel(response_id)
+                except (RedisError, OSError) as e:
+                    log.warning("lost the response cancel channel (%s: %s); following again in %s s",
+                                type(e).__name__, e, FOLLOW_RETRY_S)
+                await asyncio.sleep(FOLLOW_RETRY_S)
+        self._following = asyncio.ensure_future(follow())
 
     async def start(self, shape: ResponsesShape, choices: AsyncIterator[tuple[int, Delta]]) -> dict[str, Any]:
         """Store `shape`'s response "queued", generate it from `choices` in a task of its own,
@@ -47,6 +65,9 @@ class BackgroundResponses:
 
     async def close(self) -> None:
         """Cancel every response still generating (the gateway is stopping)."""
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
         for response_id in list(self._running):
             await self.cancel(response_id)
 

@@ -66,6 +66,7 @@ from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, de
 from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser, with_template_call_ids
 
 T = TypeVar("T")
+CANCEL_WAIT_S = 5.0  # how long a cancel waits for the gateway generating the response to stop it
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("baton.gateway")
 
@@ -238,8 +239,9 @@ def create_app(state: GatewayState) -> FastAPI:
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     async def cancel_response(request: Request):
-        """Stop a background response: where this gateway generates it, at once; one already ended
-        is answered as it is."""
+        """Stop a background response: where this gateway generates it, at once; where another
+        sharing Redis does, by asking it (and waiting for it to say so). One already ended is
+        answered as it is."""
         response_id = request.path_params["response_id"]
         if state.background.is_running(response_id):
             await state.background.cancel(response_id)
@@ -247,7 +249,13 @@ def create_app(state: GatewayState) -> FastAPI:
         if not response["background"]:
             raise APIError(400, "only a background response can be cancelled")
         if response["status"] not in ENDED:
-            raise APIError(409, "the response is generating on another gateway: cancel it there", code="conflict")
+            await state.responses.ask_to_cancel(response_id)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while (response := (await stored_response(response_id)).response)["status"] not in ENDED:
+                if time.monotonic() > deadline:
+                    raise APIError(409, f"no gateway generating response {response_id!r} answered the cancel "
+                                        f"within {CANCEL_WAIT_S:g} s", code="conflict")
+                await asyncio.sleep(0.05)
         return JSONResponse(response)
 
     async def response_input_items(request: Request):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ from services.gateway.errors import APIError
 
 MEMORY_CAPACITY = 4096  # records kept in the process without Redis (a long conversation's is ~its text)
 KEY_PREFIX = "baton:response:"
+CANCEL_POLL_S = 0.5  # how long one read of the cancel channel waits, below the client's socket timeout
+CANCEL_CHANNEL = "baton:response-cancels"  # ids of background responses to stop, whichever gateway runs them
 
 
 @dataclass
@@ -67,6 +70,13 @@ class MemoryResponseStore:
     async def close(self) -> None:
         self._records.clear()
 
+    async def ask_to_cancel(self, response_id: str) -> None:
+        """Only this gateway generates what it stores: nothing to ask of others."""
+
+    async def cancels(self) -> AsyncIterator[str]:
+        return
+        yield
+
 
 class RedisResponseStore:
     """Records in Redis, one JSON string per response (`baton:response:{id}`), expiring after `ttl_s`.
@@ -96,6 +106,26 @@ class RedisResponseStore:
             return bool(await self.redis.delete(KEY_PREFIX + response_id))
         except (RedisError, OSError) as e:
             raise unavailable(e) from e
+
+    async def ask_to_cancel(self, response_id: str) -> None:
+        """Ask every gateway sharing this Redis to stop `response_id`, if it generates it."""
+        try:
+            await self.redis.publish(CANCEL_CHANNEL, response_id)
+        except (RedisError, OSError) as e:
+            raise unavailable(e) from e
+
+    async def cancels(self) -> AsyncIterator[str]:
+        """The ids asked to be cancelled (`ask_to_cancel`) from now on; ends if Redis goes away."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(CANCEL_CHANNEL)
+            while True:
+                # Polled: the client's socket timeout (connect_redis) would end a blocking read.
+                message = await pubsub.get_message(timeout=CANCEL_POLL_S)
+                if message is not None and message["type"] == "message":
+                    yield message["data"].decode()
+        finally:
+            await pubsub.aclose()
 
     async def close(self) -> None:
         await self.redis.aclose()

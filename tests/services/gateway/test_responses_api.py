@@ -188,7 +188,8 @@ def test_a_background_response_is_answered_at_once_and_read_when_done(mesh, clie
 
 def test_gateways_sharing_redis_go_on_from_each_others_responses(mesh, redis_server, redis_client):
     """With --redis every gateway reads the responses any stored: a conversation may go on through
-    another replica behind a load balancer. Each record expires after --responses-ttl-s."""
+    another replica behind a load balancer, and a background response is cancelled through any.
+    Each record expires after --responses-ttl-s."""
     with gateway_client(mesh, "--redis", redis_server.url, "--responses-ttl-s", "600") as one, \
             gateway_client(mesh, "--redis", redis_server.url) as other:
         first = one.responses.create(model=mesh.model_name, input=QUESTION, temperature=0, max_output_tokens=4)
@@ -201,6 +202,14 @@ def test_gateways_sharing_redis_go_on_from_each_others_responses(mesh, redis_ser
         one.responses.delete(second.id)
         with pytest.raises(openai.NotFoundError):
             other.responses.retrieve(second.id)
+
+        # A background response generating on one gateway is read, and cancelled, through the other.
+        running = one.responses.create(model=mesh.model_name, input="Tell me a long story.", temperature=0,
+                                       max_output_tokens=1500, background=True)
+        assert other.responses.retrieve(running.id).status in ("queued", "in_progress")
+        cancelled = other.responses.cancel(running.id)
+        assert cancelled.status == "cancelled" and one.responses.retrieve(running.id).status == "cancelled"
+        mesh.assert_decode_pools_free()
     with gateway_client(mesh, "--responses-ttl-s", "0") as unstoring:
         response = unstoring.responses.create(model=mesh.model_name, input=QUESTION, max_output_tokens=2)
         assert not response.store
