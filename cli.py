@@ -128,6 +128,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help=f"more flags for {which}, in one string split as a shell splits it, given "
                              f"with '=': --{kind}-args='--flag value ...' (python -m services.{kind} --help "
                              "lists them)")
+    up.add_argument("--scheduling-policy", choices=("fcfs", "priority"),
+                    help="every prefill and decode worker's --scheduling-policy (default fcfs): priority "
+                         "serves requests by their `priority`, lower first")
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
     up.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
@@ -272,7 +275,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
-    """`--KIND-args` strings, split as a shell splits them."""
+    """`--KIND-args` strings, split as a shell splits them, and --scheduling-policy for the workers."""
     import shlex
 
     flags = {}
@@ -281,6 +284,9 @@ def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
             flags[kind] = tuple(shlex.split(getattr(args, f"{kind}_args")))
         except ValueError as exc:  # an unclosed quotation
             raise UsageError(f"--{kind}-args: {exc}") from None
+    if args.scheduling_policy is not None:  # before their own flags, which may set it otherwise
+        for kind in ("prefill", "decode"):
+            flags[kind] = ("--scheduling-policy", args.scheduling_policy, *flags[kind])
     return flags
 
 

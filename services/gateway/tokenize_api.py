@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from protos import tokenizer_pb2
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatMessage, TokenId
+from services.gateway.tool_parsers import with_template_call_ids
 from services.tokenizer.chat_template import check_template_kwargs
 from services.tokenizer.converters import chat_message_to_proto
 
@@ -59,13 +60,15 @@ class DetokenizeRequest(BaseModel):
     tokens: Annotated[list[TokenId], Field(min_length=1)]
 
 
-async def tokenize(stub, body: TokenizeRequest, timeout_s: float) -> list[int]:
-    """The prompt's token ids, by the tokenizer service behind `stub`."""
+async def tokenize(stub, body: TokenizeRequest, timeout_s: float, tool_call_parser: str | None = None) -> list[int]:
+    """The prompt's token ids, by the tokenizer service behind `stub`; chat messages' tool-call ids
+    as generation gives them to the template (`tool_call_parser`: the gateway's)."""
     try:
         if body.prompt is not None:
             return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, timeout_s))
         rendered = await stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
-            messages=[chat_message_to_proto(m.as_template_input()) for m in body.messages],
+            messages=[chat_message_to_proto(m) for m in with_template_call_ids(
+                [m.as_template_input() for m in body.messages], tool_call_parser)],
             add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
             chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""),
             timeout=timeout_s)

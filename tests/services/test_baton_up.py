@@ -304,8 +304,11 @@ def test_no_redis_runs_without_one(start_up):
 
 def test_flags_given_per_kind_of_service_reach_those_services(start_up):
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
+                  "--scheduling-policy", "priority",
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
+    for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
+        assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
     assert up.wait_for(lambda: any(line.startswith("[decode-0]") and ": 96 KV blocks in shared memory" in line
                                    for line in up.stderr)), up.output()
     assert any(line.startswith("[prefill-0]") and ": 80 local KV blocks" in line for line in up.stderr), up.output()

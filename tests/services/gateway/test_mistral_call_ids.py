@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import httpx
 import openai
 import pytest
 
@@ -68,6 +69,10 @@ def test_openai_style_ids_reach_a_mistral_template_as_ids_it_takes(strict_mesh):
         {"type": "function_call", "call_id": CALL_ID, "name": "get_time", "arguments": '{"zone": "UTC"}'},
         {"type": "function_call_output", "call_id": CALL_ID, "output": "12:00"}])
     assert response.status in ("completed", "incomplete") and response.usage.input_tokens > 0
+    # /tokenize counts what generation is given: the same shortened ids.
+    counted = httpx.post(f"{strict_mesh.gateway.base_url}/tokenize", timeout=30,
+                         json={"messages": CONVERSATION, "add_generation_prompt": True}).json()
+    assert counted["count"] == reply.usage.prompt_tokens
 
     # A gateway reading another syntax passes the ids as given: the template refuses them, a 400.
     with gateway_client(strict_mesh, "--tool-call-parser", "hermes") as other:
