@@ -202,6 +202,8 @@ class LLMEngine:
         try:
             self._resume(seq, made_elsewhere)
         except ValueError:
+            if output_token_ids:  # they may be what the guide refused: its message says either
+                raise
             raise ValueError(f"first token id {first_token_id} does not follow guided_regex") from None
         seq.num_computed_tokens = seq.num_tokens
         self.block_manager.adopt(request_id, seq)
