@@ -195,7 +195,7 @@ class LLMEngine:
         self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
-        # The prefill worker sampled it as this engine would have: from the same guide and the same seed.
+        # The prefill worker sampled it as this engine would have: under the same guide, seed and position.
         made_elsewhere = [*output_token_ids, first_token_id]
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        output_token_ids=output_token_ids)
@@ -218,10 +218,9 @@ class LLMEngine:
             self._finished_outside_step.append(seq)
 
     def _resume(self, seq: Sequence, made_elsewhere: list[int] | tuple[int, ...]) -> None:
-        """Give `seq` its guide, moved past the output tokens `made_elsewhere`, and take its seeded
-        generator past their draws (one per sampled token, as the sampler makes them): the next
-        token is then drawn as the engine that made them would have drawn it. ValueError when
-        they do not follow its guide."""
+        """Give `seq` its guide, moved past the output tokens `made_elsewhere`: the next token is then
+        guided as the engine that made them would have guided it (a seeded draw depends on its
+        position alone: engine/sampler.py's `position_seed`). ValueError when they do not follow it."""
         params = seq.sampling_params
         if params.guided_regex is not None:
             seq.guide = self.guides.guide(params.guided_regex)
@@ -231,10 +230,6 @@ class LLMEngine:
                         seq.advance_guide(token_id)
             except ValueError:
                 raise ValueError("output token ids do not follow guided_regex") from None
-        if seq.generator is not None and params.temperature > 0 and made_elsewhere:
-            draws = torch.empty(self.model_config.vocab_size)
-            for _ in made_elsewhere:
-                draws.exponential_(generator=seq.generator)
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)

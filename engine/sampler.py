@@ -22,6 +22,8 @@ from engine.guided_decoding import allowed_mask
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
+MASK_64 = (1 << 64) - 1
+
 
 class SamplerOutput(NamedTuple):
     """One entry per input row, in row order.
@@ -278,11 +280,26 @@ def _sample_random(logits: torch.Tensor, seqs: list[Sequence], params: list[Samp
     if len(seeded) < len(seqs):
         q.exponential_()
     if seeded:
-        # Drawn on the CPU from each request's own stream, which goes on from
-        # where the previous step left it.
-        draws = torch.stack([torch.empty(vocab_size).exponential_(generator=seqs[i].generator) for i in seeded])
+        # Drawn on the CPU from each request's own generator, seeded for the position of the token
+        # drawn: the stream depends on the seed and the position alone, so an engine that takes a
+        # request over with output made elsewhere goes on from it with nothing to replay.
+        draws = []
+        for i in seeded:
+            generator = seqs[i].generator
+            generator.manual_seed(position_seed(params[i].seed, seqs[i].num_output_tokens))
+            draws.append(torch.empty(vocab_size).exponential_(generator=generator))
+        draws = torch.stack(draws)
         q[torch.tensor(seeded).to(device)] = draws.to(device)
     return row_argmax(probs.div_(q))
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The seed of output position `position`'s draw of a request seeded `seed`: splitmix64 of the
+    two, so neighbouring seeds and positions give unrelated streams."""
+    z = (seed + (position + 1) * 0x9E3779B97F4A7C15) & MASK_64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK_64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK_64
+    return z ^ (z >> 31)
 
 
 def _logprobs(

@@ -71,11 +71,9 @@ class Sequence:
         self.guide = None
         # The guide holds only once the output has its guide_after_token_id (SamplingParams).
         self.is_guide_waiting = sampling_params.guide_after_token_id is not None
-        # Stateful per-request RNG: seeded requests draw from their own stream,
-        # so the batch around them cannot change their tokens.
-        self.generator: torch.Generator | None = None
-        if sampling_params.seed is not None:
-            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+        # Per-request RNG, reseeded for each position it draws for (sampler.position_seed): seeded
+        # requests draw from their own streams, so the batch around them cannot change their tokens.
+        self.generator = torch.Generator() if sampling_params.seed is not None else None
 
     @property
     def is_guided(self) -> bool:

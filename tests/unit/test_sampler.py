@@ -14,6 +14,7 @@ from engine.sampler import (
     apply_top_k_top_p,
     ban_tokens,
     keep_only,
+    position_seed,
     token_counts,
 )
 from engine.sampling_params import SamplingParams
@@ -27,6 +28,11 @@ def make_seq(prompt=(1, 2, 3), output=(), request_id="r", **params) -> Sequence:
     for t in output:
         seq.append_token(t)
     return seq
+
+
+def position_draw(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """The Exp(1) noise a request seeded `seed` draws for output position `position`."""
+    return torch.empty(vocab).exponential_(generator=torch.Generator().manual_seed(position_seed(seed, position)))
 
 
 def random_logits(batch: int, vocab: int, seed: int) -> torch.Tensor:
@@ -183,16 +189,18 @@ def test_mixed_greedy_and_random_rows():
 @pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
 def test_seeded_token_is_the_race_formula(temperature):
     """The whole random path equals argmax(softmax(masked(logits / T)) / q),
-    with q drawn from the request's own seeded stream."""
+    with q drawn from the request's own stream, seeded for the position it draws for."""
     logits = random_logits(1, 64, seed=6)
     params = dict(temperature=temperature, top_k=20, top_p=0.9, min_p=0.02, seed=123)
     seq = make_seq(**params)
-    got = [Sampler()(logits, [seq]).token_ids[0] for _ in range(10)]
+    got = []
+    for _ in range(10):
+        got.append(Sampler()(logits, [seq]).token_ids[0])
+        seq.append_token(got[-1])
 
-    gen = torch.Generator().manual_seed(123)
     row = logits[0] / temperature
     row = ref_top_p(ref_top_k(ref_min_p(row, 0.02), 20), 0.9)
-    expected = [race_token(row, torch.empty(64).exponential_(generator=gen)) for _ in range(10)]
+    expected = [race_token(row, position_draw(123, i, 64)) for i in range(10)]
     assert got == expected
 
 
@@ -200,10 +208,10 @@ def test_temperature_sharpens_and_flattens():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     for temperature in (0.5, 2.0):
         seq = make_seq(temperature=temperature, seed=7)
-        gen = torch.Generator().manual_seed(7)
-        for _ in range(20):
-            q = torch.empty(4).exponential_(generator=gen)
-            assert Sampler()(logits, [seq]).token_ids[0] == race_token(logits[0] / temperature, q)
+        for position in range(20):
+            token = Sampler()(logits, [seq]).token_ids[0]
+            assert token == race_token(logits[0] / temperature, position_draw(7, position, 4))
+            seq.append_token(token)
 
 
 def test_seeded_request_is_independent_of_batch():
@@ -260,8 +268,24 @@ def test_seeded_sampling_follows_the_distribution():
     seq = make_seq(seed=2024)
     counts = [0] * 4
     for _ in range(4000):
-        counts[Sampler()(logits, [seq]).token_ids[0]] += 1
+        token = Sampler()(logits, [seq]).token_ids[0]
+        counts[token] += 1
+        seq.append_token(token)
     assert chi_square(counts, probs) < 30
+
+
+def test_a_seeded_draw_depends_on_the_seed_and_position_alone():
+    """A request given its output so far (one that moved to another engine) draws its next token as
+    the request that made that output would have: nothing to replay."""
+    logits = random_logits(1, 64, seed=11)
+    made_here = make_seq(seed=5, temperature=1.0)
+    for _ in range(6):
+        made_here.append_token(Sampler()(logits, [made_here]).token_ids[0])
+    moved = make_seq(seed=5, temperature=1.0, output=made_here.output_token_ids)
+    assert Sampler()(logits, [moved]).token_ids == Sampler()(logits, [made_here]).token_ids
+    other_seed = make_seq(seed=6, temperature=1.0, output=made_here.output_token_ids)
+    nexts = {Sampler()(random_logits(1, 64, seed=n), [s]).token_ids[0] for n in range(8) for s in (moved, other_seed)}
+    assert len(nexts) > 2  # the seed matters, not only the position
 
 
 # ---- logprobs ----------------------------------------------------------------
