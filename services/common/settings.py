@@ -14,6 +14,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
+from engine.config import SCHEDULING_POLICIES
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_MODEL = "BATON_MODEL"
@@ -31,24 +32,22 @@ class ConfigError(ValueError):
 
 def env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     """`env[name]` as an int; `default` when unset or empty."""
-    value = env.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"${name} must be an integer, got {value!r}") from None
+    return _env_number(env, name, default, int, "an integer")
 
 
 def env_float(env: Mapping[str, str], name: str, default: float) -> float:
     """`env[name]` as a float; `default` when unset or empty."""
+    return _env_number(env, name, default, float, "a number")
+
+
+def _env_number(env: Mapping[str, str], name: str, default, convert, kind: str):
     value = env.get(name)
     if value is None or value == "":
         return default
     try:
-        return float(value)
+        return convert(value)
     except ValueError:
-        raise ConfigError(f"${name} must be a number, got {value!r}") from None
+        raise ConfigError(f"${name} must be {kind}, got {value!r}") from None
 
 
 def new_parser(name: str) -> argparse.ArgumentParser:
@@ -85,8 +84,6 @@ def add_scheduling_flag(parser: argparse.ArgumentParser, env: Mapping[str, str],
 
 
 def check_scheduling_policy(policy: str) -> None:
-    from engine.config import SCHEDULING_POLICIES
-
     if policy not in SCHEDULING_POLICIES:
         raise ConfigError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {policy!r}")
 

@@ -101,8 +101,6 @@ class ResponsesRequest(BaseModel):
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
-        if isinstance(self.input, str) and not earlier:
-            return [*messages, {"role": "user", "content": self.input}]
         # An index past the earlier items names this request's own: its errors point into its `input`.
         for i, item in enumerate([*earlier, *self.input_items()], start=-len(earlier)):
             kind = item.get("type", "message")
