@@ -27,6 +27,7 @@ from services.common.settings import (
     check_limits,
     check_model_dir,
     check_positive,
+    env_float,
     env_int,
     model_arg,
     new_parser,
@@ -206,7 +207,7 @@ class GatewayConfig:
         parser.add_argument("--routing", default=env.get(ENV_ROUTING, "prefix"),
                             help=f"how prefill workers are chosen: {', '.join(ROUTING_POLICIES)} (${ENV_ROUTING})")
         parser.add_argument("--router-overlap-weight", type=float,
-                            default=float(env.get(ENV_OVERLAP_WEIGHT) or 4.0),
+                            default=env_float(env, ENV_OVERLAP_WEIGHT, 4.0),
                             help=f"prefix routing: the cost of a prompt block to compute, against one block of "
                                  f"queued work (${ENV_OVERLAP_WEIGHT})")
         parser.add_argument("--local-prefill-max-tokens", type=int,
@@ -225,9 +226,10 @@ class GatewayConfig:
                                  f"worker ahead of the next request, where one is; not while tracing), new (a new "
                                  f"call each) (${ENV_PREFILL_CALLS})")
         parser.add_argument("--api-key", action="append", metavar="KEY",
-                            help=f"require this key of HTTP /v1/ requests (Authorization: Bearer KEY) and of gRPC "
-                                 f"Generate calls (authorization metadata); repeat it to accept several (while "
-                                 f"rotating one); default ${ENV_API_KEY}, else no key is asked for")
+                            help=f"require this key of every HTTP request but /health, /live and /metrics "
+                                 f"(Authorization: Bearer KEY) and of gRPC Generate calls (authorization metadata); "
+                                 f"repeat it to accept several (while rotating one); default ${ENV_API_KEY}, else no "
+                                 f"key is asked for")
         parser.add_argument("--max-num-requests", type=int, default=env_int(env, ENV_MAX_NUM_REQUESTS, 0),
                             help=f"admission control: the most requests (each choice of n counts) the gateway "
                                  f"holds at once; more get 429 with Retry-After; 0: no limit (${ENV_MAX_NUM_REQUESTS})")
@@ -239,7 +241,7 @@ class GatewayConfig:
                                  f"replies give its thinking as `reasoning`, apart from the answer "
                                  f"(${ENV_REASONING_PARSER})")
         parser.add_argument("--resolve-workers-s", type=float,
-                            default=float(env.get(ENV_RESOLVE_WORKERS) or DEFAULT_RESOLVE_WORKERS_S),
+                            default=env_float(env, ENV_RESOLVE_WORKERS, DEFAULT_RESOLVE_WORKERS_S),
                             help=f"how often the --prefill and --decode host names are resolved again: a name "
                                  f"that resolves to several addresses (a compose service's replicas, a Kubernetes "
                                  f"headless service) is a pool that follows them as they are scaled; 0: only at "
@@ -250,7 +252,7 @@ class GatewayConfig:
                                  f"registry (--redis) serving this model, looked for every --resolve-workers-s: "
                                  f"--prefill and --decode may then be left out (${ENV_DISCOVER_WORKERS}=1)")
         parser.add_argument("--responses-ttl-s", type=float,
-                            default=float(env.get(ENV_RESPONSES_TTL) or DEFAULT_RESPONSES_TTL_S),
+                            default=env_float(env, ENV_RESPONSES_TTL, DEFAULT_RESPONSES_TTL_S),
                             help=f"how long the Responses API keeps a response (for previous_response_id and GET "
                                  f"/v1/responses/ID): in Redis with --redis, shared by every gateway, else in this "
                                  f"process; 0: store none (${ENV_RESPONSES_TTL})")

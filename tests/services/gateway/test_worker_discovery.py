@@ -82,3 +82,12 @@ def test_discovery_needs_the_registry(tiny_demo_model):
     with pytest.raises(ConfigError, match="--resolve-workers-s: it must be > 0"):
         GatewayConfig.from_args([*common, "--redis", "redis://127.0.0.1:2/0", "--discover-workers",
                                  "--resolve-workers-s", "0"], {})
+
+
+@pytest.mark.parametrize("name", ["BATON_GATEWAY_RESOLVE_WORKERS_S", "BATON_GATEWAY_RESPONSES_TTL_S",
+                                  "BATON_ROUTER_OVERLAP_WEIGHT"])
+def test_a_gateway_number_variable_that_is_no_number_is_a_config_error(tiny_demo_model, name):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--decode", "127.0.0.1:3",
+              "--prefill", "127.0.0.1:4"]
+    with pytest.raises(ConfigError, match=rf"\${name} must be a number, got 'soon'"):
+        GatewayConfig.from_args(common, {name: "soon"})
