@@ -133,8 +133,13 @@ def _build_parser() -> argparse.ArgumentParser:
                          "serves requests by their `priority`, lower first")
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
-    up.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
-                    help="seconds each process may take to exit after SIGTERM before SIGKILL (default 15)")
+    up.add_argument("--shutdown-grace-s", type=float, metavar="S",
+                    default=os.environ.get("BATON_SHUTDOWN_GRACE_S") or "5",  # parsed as given, by argparse
+                    help="every service's --shutdown-grace-s: after SIGTERM, how long in-flight requests may finish "
+                         "before they are cut (default $BATON_SHUTDOWN_GRACE_S, else 5)")
+    up.add_argument("--stop-timeout", type=float, metavar="S",
+                    help="seconds each process may take to exit after SIGTERM before SIGKILL (default: "
+                         "--shutdown-grace-s and 10 more)")
     up.set_defaults(run=_up)
 
     from loadgen.command import DESCRIPTION as BENCH_DESCRIPTION, add_bench_arguments
@@ -264,6 +269,7 @@ def _up(args: argparse.Namespace) -> int:
                             with_kvstore=with_kvstore, with_redis=args.with_redis,
                             redis_url=args.redis if args.with_redis else None,
                             start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
+                            shutdown_grace_s=args.shutdown_grace_s,
                             service_args=_service_args(args), api_key=args.api_key)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

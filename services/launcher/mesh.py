@@ -243,7 +243,7 @@ class Mesh:
         self._done.set()
 
     async def _stop_all(self) -> None:
-        timeout_s = self.config.stop_timeout_s
+        timeout_s = self.config.stop_after_s
         if self.gateway is not None:
             await self._stop(self.gateway, timeout_s)
         await asyncio.gather(*(self._stop(worker, timeout_s) for worker in self.workers))

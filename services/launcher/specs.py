@@ -42,7 +42,7 @@ DECODE_NAME_PREFIXES = ("decode-", "colocated-")
 COLOCATED_KV_BLOCKS = 2048
 DECODE_KV_BLOCKS_VARIABLE = "BATON_DECODE_KV_BLOCKS"  # still sizes the pool where it is set
 # The flags the launcher gives each kind of service itself: `--KIND-args` may not set them.
-_BIND_FLAGS = ("--model", "--host", "--port", "--redis")
+_BIND_FLAGS = ("--model", "--host", "--port", "--redis", "--shutdown-grace-s")
 LAUNCHER_FLAGS = {
     "prefill": frozenset({*_BIND_FLAGS, "--kvstore"}),
     "decode": frozenset(_BIND_FLAGS),
@@ -67,7 +67,10 @@ class MeshConfig:
     with_redis: bool = True  # False: no Redis at all, the services route by load only
     redis_url: str | None = None  # an existing Redis to use; None: start one (if with_redis)
     start_timeout_s: float = 300.0  # per child: spawn to health SERVING
-    stop_timeout_s: float = 15.0  # per child: SIGTERM to exit, then SIGKILL
+    # Every service's --shutdown-grace-s: how long it lets in-flight calls finish after SIGTERM.
+    shutdown_grace_s: float = 5.0
+    # Per child, SIGTERM to exit, then SIGKILL; None: the grace and 10 s more (loading torch, unmapping).
+    stop_timeout_s: float | None = None
     python: str = field(default=sys.executable)
     # More flags by service kind ("prefill", "decode", "kvstore", "gateway"), after the launcher's own.
     service_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -86,8 +89,13 @@ class MeshConfig:
         for flag, port in (("--port", self.http_port), ("--grpc-port", self.grpc_port)):
             if not 0 <= port <= 65535:
                 raise ValueError(f"{flag} must be in 0..65535, got {port}")
-        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
+        if self.start_timeout_s <= 0 or (self.stop_timeout_s is not None and self.stop_timeout_s <= 0):
             raise ValueError("timeouts must be positive")
+        if not self.shutdown_grace_s >= 0:  # NaN too
+            raise ValueError(f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}")
+        if self.stop_timeout_s is not None and self.stop_timeout_s <= self.shutdown_grace_s:
+            raise ValueError(f"--stop-timeout ({self.stop_timeout_s:g}) must be more than --shutdown-grace-s "
+                             f"({self.shutdown_grace_s:g}): a child still draining would be killed")
         if self.redis_url is not None:
             if not self.with_redis:
                 raise ValueError("--redis and --no-redis exclude each other")
@@ -107,6 +115,12 @@ class MeshConfig:
                     raise ValueError(f"--{kind}-args cannot set {name}: baton up sets it itself")
 
 
+    @property
+    def stop_after_s(self) -> float:
+        """How long a child may take to exit after SIGTERM before it is killed."""
+        return self.stop_timeout_s if self.stop_timeout_s is not None else self.shutdown_grace_s + 10.0
+
+
 def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
     """`--redis URL` for a service that takes it, when there is a Redis."""
     return ("--redis", redis_url) if redis_url is not None and kind in REDIS_CLIENTS else ()
@@ -115,7 +129,8 @@ def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
 def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str) -> ChildSpec:
     """A service bound to a free loopback port."""
     return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
-                            "--host", "127.0.0.1", "--port", "0", *config.service_args.get(kind, ())),
+                            "--host", "127.0.0.1", "--port", "0", "--shutdown-grace-s", f"{config.shutdown_grace_s:g}",
+                            *config.service_args.get(kind, ())),
                      f"{kind} listening on ", HEALTH_NAMES[kind])
 
 
@@ -150,5 +165,6 @@ def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | N
     argv = (config.python, "-m", "services.gateway", "--model", str(config.model_dir),
             "--tokenizer", workers["tokenizer"], *layout, "--decode", addresses(*DECODE_NAME_PREFIXES),
             "--host", config.host, "--port", str(config.grpc_port), "--http-port", str(config.http_port),
-            *redis_args("gateway", redis_url), *config.service_args.get("gateway", ()))
+            *redis_args("gateway", redis_url), "--shutdown-grace-s", f"{config.shutdown_grace_s:g}",
+            *config.service_args.get("gateway", ()))
     return ChildSpec("gateway", argv, "gateway listening on ", HEALTH_NAMES["gateway"])

@@ -304,11 +304,14 @@ def test_no_redis_runs_without_one(start_up):
 
 def test_flags_given_per_kind_of_service_reach_those_services(start_up):
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
-                  "--scheduling-policy", "priority",
+                  "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5",
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
         assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
+    for child, pid in up.pids.items():  # --shutdown-grace-s is every service's
+        if child != "redis":
+            assert "--shutdown-grace-s 2.5" in " ".join(command_line(pid)), child
     assert up.wait_for(lambda: any(line.startswith("[decode-0]") and ": 96 KV blocks in shared memory" in line
                                    for line in up.stderr)), up.output()
     assert any(line.startswith("[prefill-0]") and ": 80 local KV blocks" in line for line in up.stderr), up.output()
@@ -326,7 +329,8 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up):
 
 
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
-                                   "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64"])
+                                   "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
+                                   "--decode-args=--shutdown-grace-s=30"])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
@@ -457,3 +461,19 @@ def test_a_decode_workers_segment_is_found_in_its_memory_map():
     finally:
         segment.close()
     assert remove_segment(name) and not remove_segment(name)
+
+
+def test_a_child_is_killed_only_after_its_shutdown_grace(tiny_demo_model):
+    from services.launcher.specs import MeshConfig, gateway_spec, worker_specs
+
+    assert MeshConfig(tiny_demo_model).stop_after_s == 15.0
+    config = MeshConfig(tiny_demo_model, shutdown_grace_s=30)
+    assert config.stop_after_s == 40.0
+    specs = [*worker_specs(config), gateway_spec(config, {"tokenizer": "a:1", "prefill-0": "b:2", "decode-0": "c:3"})]
+    for spec in specs:
+        assert " --shutdown-grace-s 30 " in f" {' '.join(spec.argv)} ", spec.name
+    assert MeshConfig(tiny_demo_model, shutdown_grace_s=30, stop_timeout_s=31).stop_after_s == 31
+    with pytest.raises(ValueError, match=r"--stop-timeout \(30\) must be more than --shutdown-grace-s \(30\)"):
+        MeshConfig(tiny_demo_model, shutdown_grace_s=30, stop_timeout_s=30)
+    with pytest.raises(ValueError, match="--shutdown-grace-s must be >= 0"):
+        MeshConfig(tiny_demo_model, shutdown_grace_s=-1)
