@@ -1,7 +1,9 @@
 """Responses API requests with `background: true`, as OpenAI serves them: the request is answered
 at once with the response "queued"; it is generated after, its state kept in the response store
 as it goes ("in_progress", then "completed" or "incomplete", "failed" with its error, or
-"cancelled"), where `GET /v1/responses/{id}` reads it from any gateway sharing the store.
+"cancelled"), where `GET /v1/responses/{id}` reads it from any gateway sharing the store. While
+it is generated, this gateway holds the store's lease on it (response_store.py): one whose gateway
+died reads as "failed".
 `POST /v1/responses/{id}/cancel` stops one: on this gateway at once; on another sharing Redis
 through the store's cancel channel, which every gateway follows (`follow_cancels`).
 """
@@ -16,6 +18,7 @@ from redis.exceptions import RedisError
 
 from services.gateway.errors import to_api_error
 from services.gateway.pipeline import Delta
+from services.gateway.response_store import GENERATOR_LEASE_S
 from services.gateway.responses_api import ResponsesShape
 
 log = logging.getLogger("baton.gateway.responses")
@@ -46,6 +49,7 @@ class BackgroundResponses:
     async def start(self, shape: ResponsesShape, choices: AsyncIterator[tuple[int, Delta]]) -> dict[str, Any]:
         """Store `shape`'s response "queued", generate it from `choices` in a task of its own,
         and return it as queued."""
+        await _holding(shape)  # first: a reader that finds it queued finds its generator
         queued = shape.pending("queued")
         await shape.keep(queued)
         task = asyncio.ensure_future(self._generate(shape, choices))
@@ -72,17 +76,38 @@ class BackgroundResponses:
             await self.cancel(response_id)
 
     async def _generate(self, shape: ResponsesShape, choices: AsyncIterator[tuple[int, Delta]]) -> None:
+        renewing = asyncio.ensure_future(_renew(shape))
         try:
-            await shape.keep(shape.pending("in_progress"))
-            async for index, delta in choices:
-                shape.builder.add(index, delta)
-            ended = shape.whole(shape.builder.whole())
-        except asyncio.CancelledError:
-            ended = shape.pending("cancelled")  # stored below, where the request's work has stopped
-        except Exception as e:
-            error = to_api_error(e, "input")
-            log.warning("background response %s failed: %s", shape.id, error.message)
-            ended = shape.pending("failed", error)
+            try:
+                await shape.keep(shape.pending("in_progress"))
+                async for index, delta in choices:
+                    shape.builder.add(index, delta)
+                ended = shape.whole(shape.builder.whole())
+            except asyncio.CancelledError:
+                ended = shape.pending("cancelled")  # stored below, where the request's work has stopped
+            except Exception as e:
+                error = to_api_error(e, "input")
+                log.warning("background response %s failed: %s", shape.id, error.message)
+                ended = shape.pending("failed", error)
+            finally:
+                await choices.aclose()  # the workers stop generating for it
+            await shape.keep(ended)
         finally:
-            await choices.aclose()  # the workers stop generating for it
-        await shape.keep(ended)
+            renewing.cancel()
+        try:  # after its end is stored: a reader never sees it generating with no lease held
+            await shape.store.let_go(shape.id)
+        except (RedisError, OSError) as e:  # the lease lapses by itself
+            log.warning("background response %s: lease not let go: %s: %s", shape.id, type(e).__name__, e)
+
+
+async def _holding(shape: ResponsesShape) -> None:
+    try:
+        await shape.store.hold(shape.id)
+    except (RedisError, OSError) as e:  # as `keep`: the response is generated even so
+        log.warning("background response %s: lease not held: %s: %s", shape.id, type(e).__name__, e)
+
+
+async def _renew(shape: ResponsesShape) -> None:
+    while True:
+        await asyncio.sleep(GENERATOR_LEASE_S / 3)
+        await _holding(shape)

@@ -16,10 +16,16 @@ import pytest
 
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.pipeline import Delta, Usage
-from services.gateway.response_store import KEY_PREFIX, MemoryResponseStore, StoredResponse
+from services.gateway.response_store import (
+    GENERATOR_LEASE_S,
+    GENERATOR_PREFIX,
+    KEY_PREFIX,
+    MemoryResponseStore,
+    StoredResponse,
+)
 from services.gateway.responses_api import ResponsesRequest, ResponsesShape, _StreamedItems
 from services.gateway.tool_parsers import PARSERS
-from tests.services.gateway.mesh import gateway_client
+from tests.services.gateway.mesh import GatewayProcess, gateway_client
 
 QUESTION = "Name a colour."
 TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {
@@ -207,8 +213,29 @@ def test_gateways_sharing_redis_go_on_from_each_others_responses(mesh, redis_ser
         running = one.responses.create(model=mesh.model_name, input="Tell me a long story.", temperature=0,
                                        max_output_tokens=1500, background=True)
         assert other.responses.retrieve(running.id).status in ("queued", "in_progress")
+        assert redis_client.exists(GENERATOR_PREFIX + running.id)  # one's lease on it
         cancelled = other.responses.cancel(running.id)
         assert cancelled.status == "cancelled" and one.responses.retrieve(running.id).status == "cancelled"
+        assert not redis_client.exists(GENERATOR_PREFIX + running.id)
+        mesh.assert_decode_pools_free()
+
+        # One whose gateway dies reads as failed once the lease lapses, not as generating until it expires.
+        dying = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                               [d.address for d in mesh.decode], "--redis", redis_server.url)
+        try:
+            orphan = httpx.post(f"{dying.base_url}/v1/responses", timeout=30, json={
+                "model": mesh.model_name, "input": "Tell me a long story.", "max_output_tokens": 1500,
+                "background": True}).json()
+            assert other.responses.retrieve(orphan["id"]).status in ("queued", "in_progress")
+        finally:
+            dying.proc.kill()
+            dying.proc.wait(10)
+        deadline = time.monotonic() + GENERATOR_LEASE_S + 2
+        while (failed := other.responses.retrieve(orphan["id"])).status != "failed":
+            assert failed.status in ("queued", "in_progress") and time.monotonic() < deadline, failed
+            time.sleep(0.1)
+        assert failed.error.code == "server_error" and "stopped before it ended" in failed.error.message
+        assert other.responses.cancel(orphan["id"]).status == "failed"  # ended: answered as it is, no 409
         mesh.assert_decode_pools_free()
     with gateway_client(mesh, "--responses-ttl-s", "0") as unstoring:
         response = unstoring.responses.create(model=mesh.model_name, input=QUESTION, max_output_tokens=2)
