@@ -164,7 +164,8 @@ def create_app(state: GatewayState) -> FastAPI:
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
                                   num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
-                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
+                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
+                             continuous_usage=body.continuous_usage)
 
     def start_chat(request: Request, body: ChatCompletionRequest, response_id: str
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
@@ -201,7 +202,8 @@ def create_app(state: GatewayState) -> FastAPI:
         response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
         choices, builder, dispatched, timeline = start_chat(request, body, response_id)
         return await respond(request, choices, builder, body.stream, body.include_usage, "messages",
-                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None)
+                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
+                             continuous_usage=body.continuous_usage)
 
     async def responses(request: Request):
         asked = await parsed_body(request, ResponsesRequest)
@@ -404,14 +406,15 @@ def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
 
 async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
                   stream: bool, include_usage: bool, prompt_param: str, dispatched: asyncio.Future,
-                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | None = None):
+                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | None = None,
+                  continuous_usage: bool = False):
     """`timeline`: the request's ledger, when it is to be sent with the response. `dispatched` is
     done once a choice's prompt is on its way to a worker: a stream is returned then, its first
     event still to come (FirstEventResponse). `shape`: the Responses API's, not chat's or
-    completions'."""
+    completions'. `continuous_usage`: every chunk carries its choice's usage so far."""
     if stream:
         events = (shape.events(choices, prompt_param) if shape is not None
-                  else _events(choices, builder, include_usage, prompt_param, timeline))
+                  else _events(choices, builder, include_usage, prompt_param, timeline, continuous_usage))
         first = asyncio.ensure_future(anext(events))
         try:
             await asyncio.wait([first, dispatched], return_when=asyncio.FIRST_COMPLETED)
@@ -442,16 +445,17 @@ async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], b
 
 
 async def _events(choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder, include_usage: bool,
-                  prompt_param: str, timeline: ResponseTimeline | None) -> AsyncIterator[bytes]:
+                  prompt_param: str, timeline: ResponseTimeline | None,
+                  continuous_usage: bool = False) -> AsyncIterator[bytes]:
     """The SSE body: APIError before the first event (the response's status then), an error event
     after it. Starlette cancels this when the client disconnects; the cancellation reaches every
     choice's pipeline, which aborts its request on the mesh."""
     try:
         first = await first_choice(choices, prompt_param)
-        yield _event(builder.chunk(*first, include_usage))
+        yield _event(builder.chunk(*first, include_usage, continuous_usage))
         try:
             async for index, delta in choices:
-                yield _event(builder.chunk(index, delta, include_usage))
+                yield _event(builder.chunk(index, delta, include_usage, continuous_usage))
             if include_usage:
                 yield _event(builder.usage_chunk())
             if timeline is not None:

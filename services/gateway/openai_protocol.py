@@ -3,10 +3,12 @@
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
 `min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
-`truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, `priority`, and
-chat's template options), plus Baton's `return_timeline`. A value out of range fails validation
-here, so the client gets a 400 that names the field before any worker is called. Unknown
-fields are ignored, as OpenAI's own server does for fields a model does not use.
+`truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, `structured_outputs`,
+`priority`, and chat's template options), plus Baton's `return_timeline`. A value out of range
+fails validation here, so the client gets a 400 that names the field before any worker is
+called. Unknown fields are ignored, as OpenAI's own server does for fields a model does not
+use; but vLLM's extras that are not served here (beam search, grammars, bad_words, logits
+processors) are refused by name: ignored, they would give other output than was asked for.
 """
 from __future__ import annotations
 
@@ -39,6 +41,18 @@ MAX_LOGPROBS = 20  # the engine's limit
 class StreamOptions(BaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (structured_output.py)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+    grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
 
 
 class _SamplingFields(BaseModel):
@@ -77,6 +91,7 @@ class _SamplingFields(BaseModel):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's newer name for the four above
     _output_regex: str | None = PrivateAttr(default=None)  # what the fields above ask for, as one regex
     include_stop_str_in_output: bool = False
     # vLLM's: scheduled before higher values on workers run with --scheduling-policy priority
@@ -84,6 +99,12 @@ class _SamplingFields(BaseModel):
     priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = 0
     user: str | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
+    # vLLM's extras this gateway does not serve: refused when asked for, not ignored (the output
+    # would not be what the client asked).
+    use_beam_search: bool = False
+    guided_grammar: str | None = None
+    bad_words: list[str] | None = None
+    logits_processors: list[Any] | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -95,7 +116,13 @@ class _SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _check_fields(self):
-        self._output_regex = guided_regex(self.response_format, self.guided_json, self.guided_regex, self.guided_choice)
+        for name, what in (("use_beam_search", "beam search"), ("guided_grammar", "grammars"),
+                           ("bad_words", "bad_words"), ("logits_processors", "custom logits processors")):
+            if getattr(self, name):
+                raise ValueError(f"{what} ({name}) is not supported")
+        structured = self.structured_outputs.model_dump(by_alias=True) if self.structured_outputs else None
+        self._output_regex = guided_regex(self.response_format, self.guided_json, self.guided_regex, self.guided_choice,
+                                          structured)
         if self.truncate_prompt_tokens == 0:
             raise ValueError("truncate_prompt_tokens must be -1 (the context's worth) or at least 1")
         if self.stream_options is not None and not self.stream:
@@ -113,6 +140,11 @@ class _SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's `continuous_usage_stats` (with `include_usage`): every chunk has its choice's usage so far."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling(self, max_tokens: int | None, logprobs: int | None, choice: int) -> common_pb2.SamplingParams:
         """The engine's sampling parameters for choice `choice` of `n`: each choice of a

@@ -173,9 +173,10 @@ class ResponseBuilder:
 
     # ---- streaming -------------------------------------------------------------------
 
-    def chunk(self, index: int, delta: Delta, include_usage: bool) -> dict[str, Any]:
+    def chunk(self, index: int, delta: Delta, include_usage: bool, continuous_usage: bool = False) -> dict[str, Any]:
         """The stream chunk for one delta of choice `index` (also recorded for usage). A choice's
-        first chunk brings its echoed prompt and its prompt logprobs."""
+        first chunk brings its echoed prompt and its prompt logprobs. With `include_usage` it has
+        `usage`: null, or with `continuous_usage` the choice's so far, as vLLM counts it."""
         state = self.choices[index]
         is_first = not state.prompt_token_ids
         echoed = ""
@@ -220,7 +221,11 @@ class ResponseBuilder:
             if is_first and self.num_prompt_logprobs is not None:
                 body["prompt_logprobs"] = self._prompt_logprobs(state)
         body["choices"] = [choice]
-        if include_usage:
+        if continuous_usage:
+            num_prompt, num_output = len(state.prompt_token_ids), len(state.token_ids)
+            body["usage"] = {"prompt_tokens": num_prompt, "completion_tokens": num_output,
+                             "total_tokens": num_prompt + num_output}
+        elif include_usage:
             body["usage"] = None
         return body
 

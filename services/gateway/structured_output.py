@@ -3,9 +3,11 @@ workers guide decoding by (engine/guided_decoding.py).
 
 OpenAI's `response_format` (`json_object`: a JSON object; `json_schema`: one its schema
 allows) and vLLM's extras `guided_json` (a schema), `guided_regex` and `guided_choice` (one
-of the strings given). A JSON schema becomes a regex by outlines-core, as vLLM's outlines
-backend does it: the JSON it allows has a bounded nesting depth and single spaces at most
-between tokens. One request may ask for one of them.
+of the strings given), or the same in vLLM's newer `structured_outputs` object (`json`,
+`regex`, `choice`, `json_object`; its `grammar` and `structural_tag` need a grammar engine
+this gateway does not have, and are refused). A JSON schema becomes a regex by outlines-core,
+as vLLM's outlines backend does it: the JSON it allows has a bounded nesting depth and single
+spaces at most between tokens. One request may ask for one of them.
 """
 from __future__ import annotations
 
@@ -20,20 +22,42 @@ from outlines_core.json_schema import build_regex_from_schema
 ANY_JSON_OBJECT = {"type": "object"}
 
 
+UNSERVED_STRUCTURED_OUTPUTS = ("grammar", "structural_tag")
+
+
 def guided_regex(response_format: dict[str, Any] | None, guided_json: dict[str, Any] | str | None,
-                 regex: str | None, choice: list[str] | None) -> str | None:
+                 regex: str | None, choice: list[str] | None,
+                 structured_outputs: dict[str, Any] | None = None) -> str | None:
     """The regex the output must match; None when nothing is asked. ValueError for an ask that
-    cannot be met, worded for the client."""
+    cannot be met, worded for the client. `structured_outputs`: vLLM's object of that name."""
     formatted = _structured(response_format)
-    asks = [name for name, value in (("response_format", formatted), ("guided_json", guided_json),
-                                     ("guided_regex", regex), ("guided_choice", choice)) if value is not None]
+    named = [("response_format", formatted), ("guided_json", guided_json), ("guided_regex", regex),
+             ("guided_choice", choice)]
+    if structured_outputs:
+        for key in UNSERVED_STRUCTURED_OUTPUTS:
+            if structured_outputs.get(key) is not None:
+                raise ValueError(f"structured_outputs.{key} is not supported: ask for json, regex or choice")
+        as_json = ANY_JSON_OBJECT if structured_outputs.get("json_object") else None
+        named += [("structured_outputs.json", structured_outputs.get("json")),
+                  ("structured_outputs.json_object", as_json),
+                  ("structured_outputs.regex", structured_outputs.get("regex")),
+                  ("structured_outputs.choice", structured_outputs.get("choice"))]
+    asks = [(name, value) for name, value in named if value is not None]
     if len(asks) > 1:
-        raise ValueError(f"ask for one structured output at most, not {' and '.join(asks)}")
+        raise ValueError(f"ask for one structured output at most, not {' and '.join(name for name, _ in asks)}")
+    if not asks:
+        return None
+    name, value = asks[0]
+    if name.startswith("structured_outputs."):  # the same as the guided_* field of that name
+        kind = name.rpartition(".")[2]
+        guided_json = value if kind in ("json", "json_object") else None
+        regex = value if kind == "regex" else None
+        choice = value if kind == "choice" else None
     if regex is not None:
         return regex
     if choice is not None:
         if not choice or any(not c for c in choice):
-            raise ValueError("guided_choice must be a list of non-empty strings")
+            raise ValueError(f"{name} must be a list of non-empty strings")
         return "(" + "|".join(re.escape(c) for c in choice) + ")"
     schema = guided_json if guided_json is not None else formatted
     return None if schema is None else schema_regex(schema)

@@ -126,6 +126,17 @@ CASES = [
      "logit_bias.5"),
     ("logit_bias past the vocabulary", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"5000": -100}}, 400, None),
+    # vLLM's extras not served here: refused, not ignored (ignored, the output would not be what was asked for).
+    ("beam search", "/v1/completions", {"model": "MODEL", "prompt": "hi", "use_beam_search": True, "n": 2}, 400, None),
+    ("a grammar", "/v1/completions", {"model": "MODEL", "prompt": "hi", "guided_grammar": 'root ::= "a"'}, 400, None),
+    ("a grammar in structured_outputs", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
+      "structured_outputs": {"grammar": 'root ::= "a"'}}, 400, None),
+    ("bad_words", "/v1/completions", {"model": "MODEL", "prompt": "hi", "bad_words": ["a"]}, 400, None),
+    ("structured_outputs and guided_regex", "/v1/completions",
+     {"model": "MODEL", "prompt": "hi", "guided_regex": "a", "structured_outputs": {"choice": ["b"]}}, 400, None),
+    ("structured_outputs.choice empty", "/v1/completions",
+     {"model": "MODEL", "prompt": "hi", "structured_outputs": {"choice": []}}, 400, None),
     ("stream_options without stream", "/v1/completions",
      {"model": "MODEL", "prompt": "hi", "stream_options": {"include_usage": True}}, 400, None),
 ]

@@ -88,6 +88,29 @@ def test_streamed_completion_equals_the_whole_one_and_reports_usage(client, mesh
     assert all(c.usage is None for c in chunks[:-1])
 
 
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_continuous_usage_stats_give_each_chunk_its_choice_usage_so_far(client, mesh, tokenizer, api):
+    """vLLM's `stream_options.continuous_usage_stats`: every chunk's usage counts its choice's tokens so far."""
+    common = dict(model=mesh.model_name, max_tokens=12, temperature=0, n=2, stream=True,
+                  stream_options={"include_usage": True, "continuous_usage_stats": True},
+                  extra_body={"ignore_eos": True})
+    if api == "completions":
+        chunks = list(client.completions.create(prompt=PROMPT, **common))
+        num_prompt = len(tokenizer.encode(PROMPT))
+    else:
+        chunks = list(client.chat.completions.create(messages=MESSAGES, **common))
+        num_prompt = len(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1])
+    so_far = [0, 0]
+    for chunk in chunks[:-1]:
+        [choice] = chunk.choices
+        assert chunk.usage.prompt_tokens == num_prompt
+        assert chunk.usage.completion_tokens > so_far[choice.index], chunk  # every chunk brings a token here
+        so_far[choice.index] = chunk.usage.completion_tokens
+        assert chunk.usage.total_tokens == num_prompt + so_far[choice.index]
+    assert so_far == [12, 12]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+
 def test_chat_whole_and_streamed_use_the_chat_template(client, mesh, tokenizer):
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1]
     expected = continuation(tokenizer, prompt, transformers_greedy(mesh.model_dir, prompt, 16))
@@ -332,6 +355,14 @@ def test_structured_output_holds_the_text_to_a_schema_a_regex_or_a_choice(client
         picked = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=10, temperature=1.0,
                                            seed=seed, extra_body={"guided_choice": colours}).choices[0].text
         assert picked in colours
+    # vLLM's newer `structured_outputs` asks for the same as the guided_* fields it replaces.
+    for newer, older in (({"choice": colours}, {"guided_choice": colours}), ({"regex": date}, {"guided_regex": date}),
+                         ({"json": PERSON}, {"guided_json": PERSON}), ({"json_object": True},
+                                                                       {"response_format": {"type": "json_object"}})):
+        texts = [client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=40, temperature=1.0,
+                                           seed=3, extra_body=body).choices[0].text
+                 for body in ({"structured_outputs": newer}, older)]
+        assert texts[0] == texts[1], newer
     mesh.assert_decode_pools_free()
 
 
