@@ -303,6 +303,7 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. {"enable_thinking": false}
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out of the reply
+    echo: bool = False  # vLLM's: the reply starts with the last message's text when that is the assistant's
 
     @model_validator(mode="after")
     def _check_supported(self):
@@ -348,6 +349,15 @@ class ChatCompletionRequest(_SamplingFields):
 
     def chat_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
+
+    @property
+    def echoed(self) -> list[str] | None:
+        """With `echo`, what the reply starts with: the last message's text when the assistant wrote it
+        (a reply that continues it), else nothing; None without `echo`."""
+        if not self.echo:
+            return None
+        last = self.messages[-1]
+        return [last.text if last.role == "assistant" else ""]
 
 
 def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:

@@ -111,6 +111,28 @@ def test_continuous_usage_stats_give_each_chunk_its_choice_usage_so_far(client, 
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
 
 
+def test_chat_echo_starts_the_reply_with_the_assistant_message_it_continues(client, mesh):
+    """vLLM's chat `echo`: a reply that continues a prefilled assistant message starts with it, whole
+    and streamed; a reply to any other message starts with nothing more."""
+    prefilled = [*MESSAGES, {"role": "assistant", "content": "The answer is"}]
+    common = dict(model=mesh.model_name, max_tokens=6, temperature=0)
+    continued = {"add_generation_prompt": False, "continue_final_message": True}
+    plain = client.chat.completions.create(messages=prefilled, extra_body=continued, **common)
+    echoed = client.chat.completions.create(messages=prefilled, extra_body={**continued, "echo": True}, **common)
+    assert echoed.choices[0].message.content == "The answer is" + plain.choices[0].message.content
+    assert echoed.usage == plain.usage
+    streamed = client.chat.completions.create(messages=prefilled, extra_body={**continued, "echo": True}, stream=True,
+                                              n=2, **common)
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [echoed.choices[0].message.content] * 2
+    to_user = client.chat.completions.create(messages=MESSAGES, extra_body={"echo": True}, **common)
+    assert to_user.choices[0].message.content == client.chat.completions.create(
+        messages=MESSAGES, **common).choices[0].message.content
+
+
 def test_chat_whole_and_streamed_use_the_chat_template(client, mesh, tokenizer):
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1]
     expected = continuation(tokenizer, prompt, transformers_greedy(mesh.model_dir, prompt, 16))
