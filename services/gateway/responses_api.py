@@ -4,7 +4,9 @@ request it means, which the chat path generates; its chat output becomes a respo
 In: `input` (a text, or a list of items: messages with text content, and earlier turns'
 `function_call` and `function_call_output` items), `instructions` (a system message first),
 `max_output_tokens`, `temperature`, `top_p`, function `tools` and `tool_choice`, `text.format`
-(`json_schema` or `json_object`: structured output), `previous_response_id` (the conversation goes
+(`json_schema` or `json_object`: structured output), `include: ["message.output_text.logprobs"]`
+with `top_logprobs` (each output token's logprob and its top alternatives, as vLLM gives them: the
+reply's every token, thinking included), `previous_response_id` (the conversation goes
 on from a stored response: its input and output come before this `input`; its `instructions` do
 not carry over, as OpenAI's do not). A response is stored (response_store.py) unless `store` is
 false or the gateway stores none (`--responses-ttl-s 0`). `background` (stored, not streamed): the
@@ -24,9 +26,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from services.gateway.choices import first_choice
@@ -39,6 +41,7 @@ from services.gateway.response_store import MemoryResponseStore, RedisResponseSt
 log = logging.getLogger("baton.gateway.responses")
 ROLES = ("user", "system", "developer", "assistant")
 ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` that asks for them
 
 
 class ResponsesRequest(BaseModel):
@@ -62,6 +65,12 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
+    include: list[str] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return OUTPUT_LOGPROBS in (self.include or ())
 
     def input_items(self) -> list[dict[str, Any]]:
         """`input` as items: a text is one user message."""
@@ -89,6 +98,8 @@ class ResponsesRequest(BaseModel):
             chat["tool_choice"] = _chat_tool_choice(self.tool_choice)
         if (response_format := _response_format(self.text)) is not None:
             chat["response_format"] = response_format
+        if self.wants_logprobs:
+            chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         try:
             return ChatCompletionRequest.model_validate(chat)
         except ValidationError as e:
@@ -208,7 +219,9 @@ class ResponsesShape:
         if message.get("reasoning") is not None:
             output.append(_reasoning_item(_item_id("rs"), message["reasoning"], "completed"))
         if message.get("content") or not message.get("tool_calls"):
-            output.append(_message_item(_item_id("msg"), message.get("content") or "", "completed"))
+            item = _message_item(_item_id("msg"), message.get("content") or "", "completed")
+            item["content"][0]["logprobs"] = (choice.get("logprobs") or {}).get("content") or []
+            output.append(item)
         output += [_call_item(_item_id("fc"), call, "completed") for call in message.get("tool_calls") or []]
         return self._response(output, choice["finish_reason"], chat["usage"])
 
@@ -255,7 +268,7 @@ class ResponsesShape:
             "tool_choice": request.tool_choice or "auto", "parallel_tool_calls": request.parallel_tool_calls,
             "text": request.text or {"format": {"type": "text"}}, "store": self.store is not None,
             "background": request.background, "previous_response_id": request.previous_response_id,
-            "metadata": request.metadata or {}, "user": request.user,
+            "metadata": request.metadata or {}, "user": request.user, "top_logprobs": request.top_logprobs,
             "output": output, "usage": _usage(usage) if usage is not None else None,
         }
 
@@ -271,6 +284,9 @@ class _StreamedItems:
         self.open: tuple[str, dict[str, Any]] | None = None  # ("reasoning" | "message", its item)
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool call index -> its function_call item
         self.completed: dict[str, Any] | None = None  # the response, once its last chunk came
+        # Token logprobs not yet sent: they go out with the next text of the message (a token may add
+        # no text yet, or thinking), or with the message's end.
+        self.logprobs: list[dict[str, Any]] = []
 
     def event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -281,6 +297,7 @@ class _StreamedItems:
     def chunk(self, chat_chunk: dict[str, Any]) -> list[bytes]:
         [choice] = chat_chunk["choices"]
         delta, events = choice["delta"], []
+        self.logprobs += (choice.get("logprobs") or {}).get("content") or []
         if delta.get("reasoning"):
             events += self._text("reasoning", delta["reasoning"])
         if delta.get("content"):
@@ -308,9 +325,12 @@ class _StreamedItems:
             events.append(self.event("response.content_part.added", **self._where(), part=_part(kind, "")))
         item = self.open[1]
         item["content"][0]["text"] += text
-        events.append(self.event("response.reasoning_text.delta" if kind == "reasoning"
-                                 else "response.output_text.delta", **self._where(), delta=text,
-                                 **({} if kind == "reasoning" else {"logprobs": []})))
+        if kind == "reasoning":
+            events.append(self.event("response.reasoning_text.delta", **self._where(), delta=text))
+            return events
+        logprobs, self.logprobs = self.logprobs, []
+        item["content"][0]["logprobs"] += logprobs
+        events.append(self.event("response.output_text.delta", **self._where(), delta=text, logprobs=logprobs))
         return events
 
     def _close(self) -> list[bytes]:
@@ -318,10 +338,14 @@ class _StreamedItems:
             return []
         kind, item = self.open
         part = item["content"][0]
-        done = ("response.reasoning_text.done" if kind == "reasoning" else "response.output_text.done")
-        events = [self.event(done, **self._where(), text=part["text"],
-                             **({} if kind == "reasoning" else {"logprobs": []})),
-                  self.event("response.content_part.done", **self._where(), part=part)]
+        if kind == "reasoning":
+            done = self.event("response.reasoning_text.done", **self._where(), text=part["text"])
+        else:
+            part["logprobs"] += self.logprobs
+            self.logprobs = []
+            done = self.event("response.output_text.done", **self._where(), text=part["text"],
+                              logprobs=part["logprobs"])
+        events = [done, self.event("response.content_part.done", **self._where(), part=part)]
         item["status"] = "completed"
         events.append(self.event("response.output_item.done", output_index=len(self.output), item=item))
         self.output.append(item)

@@ -76,6 +76,31 @@ def test_a_streamed_response_is_typed_events_that_add_up_to_the_whole(mesh, clie
     mesh.assert_decode_pools_free()
 
 
+def test_output_logprobs_are_chats_whole_and_streamed(mesh, client):
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: each output token's logprob and its
+    top alternatives, as chat gives them for the same conversation; streamed, spread over the text deltas."""
+    kwargs = dict(model=mesh.model_name, input=QUESTION, max_output_tokens=10, temperature=0,
+                  include=["message.output_text.logprobs"], top_logprobs=3)
+    chat = client.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content": QUESTION}],
+                                          max_tokens=10, temperature=0, logprobs=True, top_logprobs=3)
+    expected = [entry.model_dump() for entry in chat.choices[0].logprobs.content]
+    whole = client.responses.create(**kwargs)
+    assert whole.top_logprobs == 3
+    [part] = whole.output[0].content
+    assert [entry.model_dump() for entry in part.logprobs] == expected
+    assert all(len(entry["top_logprobs"]) == 3 for entry in expected) and len(expected) == 10
+    events = list(client.responses.create(stream=True, **kwargs))
+    streamed = [entry.model_dump() for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    assert streamed == expected
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert [entry.model_dump() for entry in done.logprobs] == expected
+    assert [entry.model_dump() for entry in events[-1].response.output[0].content[0].logprobs] == expected
+    assert client.responses.retrieve(whole.id).output[0].content[0].logprobs == part.logprobs  # stored with them
+    # Without the include: none, even with top_logprobs.
+    plain = client.responses.create(**{**kwargs, "include": None})
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == whole.output_text
+
+
 def test_structured_output_and_a_forced_function_call_then_its_answer(mesh, client):
     schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}}, "required": ["colour"]}
     response = client.responses.create(model=mesh.model_name, input=QUESTION, temperature=0, max_output_tokens=60,
