@@ -60,7 +60,7 @@ from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
-from services.gateway.responses_api import ResponsesRequest, ResponsesShape
+from services.gateway.responses_api import ResponsesRequest, ResponsesShape, fit_to_context
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser, with_template_call_ids
@@ -218,6 +218,8 @@ def create_app(state: GatewayState) -> FastAPI:
             previous = await stored_response(asked.previous_response_id, "previous_response_id")
             earlier = previous.continued()
         body = asked.as_chat(earlier)
+        if asked.truncation == "auto":
+            body = fit_to_context(body, state.pipeline.tokenizer)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
         choices, builder, dispatched, _ = start_chat(request, body, response_id)
         shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])

@@ -6,11 +6,13 @@ In: `input` (a text, or a list of items: messages with text content, and earlier
 `max_output_tokens`, `temperature`, `top_p`, function `tools` and `tool_choice`, `text.format`
 (`json_schema` or `json_object`: structured output), `include: ["message.output_text.logprobs"]`
 with `top_logprobs` (each output token's logprob and its top alternatives, as vLLM gives them: the
-reply's every token, thinking included), `previous_response_id` (the conversation goes
-on from a stored response: its input and output come before this `input`; its `instructions` do
-not carry over, as OpenAI's do not). A response is stored (response_store.py) unless `store` is
-false or the gateway stores none (`--responses-ttl-s 0`). `background` (stored, not streamed): the
-request is answered at once, "queued", and generated after (background_responses.py).
+reply's every token, thinking included), `truncation` ("auto": the conversation's oldest turns left
+out of the prompt, as few as make it fit the context; "disabled", the default: a 400),
+`previous_response_id` (the conversation goes on from a stored response: its input and output come
+before this `input`; its `instructions` do not carry over, as OpenAI's do not). A response is
+stored (response_store.py) unless `store` is false or the gateway stores none
+(`--responses-ttl-s 0`). `background` (stored, not streamed): the request is answered at once,
+"queued", and generated after (background_responses.py).
 
 Out: `output` items in order: `reasoning` (a reasoning model's thinking, with
 `--reasoning-parser`), a `message` with one `output_text` part, and a `function_call` per call;
@@ -26,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
@@ -35,7 +37,7 @@ from services.gateway.choices import first_choice
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatCompletionRequest
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.pipeline import Delta
+from services.gateway.pipeline import Delta, ModelText
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, StoredResponse
 
 log = logging.getLogger("baton.gateway.responses")
@@ -67,6 +69,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     include: list[str] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
 
     @property
     def wants_logprobs(self) -> bool:
@@ -134,6 +137,40 @@ class ResponsesRequest(BaseModel):
             elif kind != "reasoning":  # earlier thinking: chat templates leave it out of the prompt
                 raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported", param=f"input[{i}]")
         return messages
+
+
+def fit_to_context(chat: ChatCompletionRequest, tokenizer: ModelText) -> ChatCompletionRequest:
+    """`truncation: "auto"`: `chat` with its conversation's oldest turns left out, as few as make its
+    prompt fit the context with room for `max_output_tokens` (one token when none is set). What is left
+    starts at a user message, after the instructions. Unchanged when it fits, or when even its last
+    user turn does not (the context check then refuses it as it would without truncation)."""
+    if tokenizer.max_model_len is None:
+        return chat
+    room = tokenizer.max_model_len - (chat.completion_budget or 1)
+    messages, options = chat.messages, chat.chat_options()
+    first = 1 if messages[0].role in ("system", "developer") else 0  # the instructions stay
+
+    def fits(start: int) -> bool:
+        kept = [m.as_template_input() for m in (*messages[:first], *messages[start:])]
+        try:
+            prompt = tokenizer.apply_chat_template(
+                kept, add_generation_prompt=options.add_generation_prompt, tools=options.tools,
+                continue_final_message=options.continue_final_message, **options.template_kwargs)[1]
+        except ValueError:  # the template refuses it: the chat path says so, for the whole conversation
+            return True
+        return len(prompt) <= room
+
+    starts = [i for i in range(first + 1, len(messages)) if messages[i].role == "user"]
+    if fits(first) or not starts or not fits(starts[-1]):
+        return chat
+    low, high = 0, len(starts) - 1  # the earliest start that fits: the prompt shrinks as it moves on
+    while low < high:
+        middle = (low + high) // 2
+        if fits(starts[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return chat.model_copy(update={"messages": [*messages[:first], *messages[starts[low]:]]})
 
 
 def _stored_item(item: dict[str, Any]) -> dict[str, Any]:
@@ -269,6 +306,7 @@ class ResponsesShape:
             "text": request.text or {"format": {"type": "text"}}, "store": self.store is not None,
             "background": request.background, "previous_response_id": request.previous_response_id,
             "metadata": request.metadata or {}, "user": request.user, "top_logprobs": request.top_logprobs,
+            "truncation": request.truncation or "disabled",
             "output": output, "usage": _usage(usage) if usage is not None else None,
         }
 

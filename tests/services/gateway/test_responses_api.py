@@ -101,6 +101,44 @@ def test_output_logprobs_are_chats_whole_and_streamed(mesh, client):
     assert plain.output[0].content[0].logprobs == [] and plain.output_text == whole.output_text
 
 
+def test_truncation_auto_leaves_out_the_oldest_turns_that_do_not_fit(mesh, client):
+    """`truncation: "auto"` leaves out as few of the oldest turns as make the prompt fit the context with
+    room for max_output_tokens, the instructions kept; "disabled" (the default) refuses the request."""
+    max_model_len = client.models.retrieve(mesh.model_name).model_extra["max_model_len"]
+    words = " ".join(f"word{i}" for i in range(max_model_len // 8))
+    turns = []
+    for n in range(6):
+        turns += [{"role": "user", "content": f"Turn {n}: {words}"}, {"role": "assistant", "content": f"Reply {n}."}]
+    turns.append({"role": "user", "content": QUESTION})
+    kwargs = dict(model=mesh.model_name, instructions="Be brief.", input=turns, max_output_tokens=8, temperature=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(**kwargs)
+    assert refused.value.code == "context_length_exceeded"
+    fitted = client.responses.create(truncation="auto", **kwargs)
+    assert fitted.truncation == "auto" and fitted.status == "incomplete"
+    assert fitted.usage.input_tokens <= max_model_len - 8
+
+    def chat(start: int):
+        messages = [{"role": "system", "content": "Be brief."}, *turns[start:]]
+        return client.chat.completions.create(model=mesh.model_name, messages=messages, max_tokens=8, temperature=0)
+
+    # The same as chat on the longest tail of the conversation that starts at a user turn and fits.
+    for start in range(0, len(turns), 2):
+        try:
+            expected = chat(start)
+            break
+        except openai.BadRequestError:
+            continue
+    assert 0 < start < len(turns) - 1  # some turns left out, not all
+    assert fitted.output_text == expected.choices[0].message.content
+    assert fitted.usage.input_tokens == expected.usage.prompt_tokens
+    # A conversation that fits is sent whole.
+    short = dict(model=mesh.model_name, input=turns[-3:], max_output_tokens=8, temperature=0)
+    assert client.responses.create(truncation="auto", **short).output_text == client.responses.create(
+        **short).output_text
+    mesh.assert_decode_pools_free()
+
+
 def test_structured_output_and_a_forced_function_call_then_its_answer(mesh, client):
     schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}}, "required": ["colour"]}
     response = client.responses.create(model=mesh.model_name, input=QUESTION, temperature=0, max_output_tokens=60,
