@@ -140,6 +140,9 @@ class LLMEngine:
         bad = next((t for t in sampling_params.allowed_token_ids if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"allowed_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+        bad = next((t for word in sampling_params.bad_words_token_ids for t in word if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"bad_words: token id {bad} is outside the vocabulary [0, {vocab})")
         bad = next((t for t in sampling_params.stop_token_ids if not 0 <= t < vocab), None)
         if bad is not None:  # never sampled, and short of min_tokens the sampler would index past the logits
             raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")

@@ -186,7 +186,9 @@ class Sampler:
         needs_bias = any(p.logit_bias for p in params)
         needs_allowed = any(p.allowed_token_ids for p in params)
         guided = [i for i, seq in enumerate(seqs) if seq.is_guided]
-        banned = [self._stops_banned(seq) for seq in seqs] if any(p.min_tokens for p in params) else []
+        banned = []
+        if any(p.min_tokens or p.bad_words_token_ids for p in params):
+            banned = [self._stops_banned(seq) + _bad_words_banned(seq) for seq in seqs]
         needs_ban = any(banned)
         # Decode-step fast path: nothing but argmax.
         if all(is_greedy) and not (needs_penalties or needs_logprobs or needs_bias or needs_allowed or needs_ban
@@ -222,6 +224,17 @@ class Sampler:
         if params.ignore_eos and not seq.is_guided:
             return params.stop_token_ids
         return params.stop_token_ids + self.eos_token_ids
+
+
+def _bad_words_banned(seq: Sequence) -> tuple[int, ...]:
+    """The last tokens of `seq`'s bad words whose other tokens its output now ends with, as vLLM
+    bans them: the output, not the prompt, completes a bad word."""
+    words = seq.sampling_params.bad_words_token_ids
+    if not words:
+        return ()
+    tokens, num_output = seq.token_ids, seq.num_output_tokens
+    return tuple(word[-1] for word in words
+                 if len(word) == 1 or (len(word) - 1 <= num_output and tuple(tokens[1 - len(word):]) == word[:-1]))
 
 
 def _guide(logits: torch.Tensor, guides: list, rows: list[int]) -> torch.Tensor:

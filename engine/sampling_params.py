@@ -42,6 +42,9 @@ class SamplingParams:
     # vLLM's, and no sampling setting: with the priority scheduling policy (EngineConfig), a lower
     # value is scheduled first (and preempted last); equal values go by arrival. 0 under fcfs.
     priority: int = 0
+    # vLLM's bad_words as token id sequences: a sequence's last token is banned where the output so
+    # far ends with the rest of it (a one-token sequence always).
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or
@@ -78,6 +81,9 @@ class SamplingParams:
         object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
         if any(t < 0 for t in self.allowed_token_ids):
             raise ValueError("allowed_token_ids must not be negative")
+        object.__setattr__(self, "bad_words_token_ids", tuple(tuple(word) for word in self.bad_words_token_ids))
+        if any(not word or min(word) < 0 for word in self.bad_words_token_ids):
+            raise ValueError("bad_words_token_ids: each must be a non-empty sequence of token ids >= 0")
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         for token_id, value in self.logit_bias:

@@ -54,7 +54,8 @@ def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
         top_k=p.top_k, min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, logit_bias=p.logit_bias,
-        min_tokens=p.min_tokens, allowed_token_ids=tuple(p.allowed_token_ids), priority=p.priority, **kwargs,
+        min_tokens=p.min_tokens, allowed_token_ids=tuple(p.allowed_token_ids), priority=p.priority,
+        bad_words_token_ids=tuple(tuple(word.token_ids) for word in p.bad_words), **kwargs,
     )
 
 

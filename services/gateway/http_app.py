@@ -55,7 +55,7 @@ from services.gateway.background_responses import ENDED, BackgroundResponses
 from services.gateway.choices import first_choice, merge_choices
 from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
 from services.gateway.first_event_response import FirstEventResponse
-from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
+from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
@@ -143,6 +143,7 @@ def create_app(state: GatewayState) -> FastAPI:
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
         prompts = body.prompts
+        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         streams, prompt_of_choice = [], []
         for p, prompt in enumerate(prompts):
             for j in range(body.n):
@@ -150,7 +151,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
                 request_id = _choice_id(response_id, choice, len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
-                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j),
+                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j, bad_words),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
@@ -178,12 +179,13 @@ def create_app(state: GatewayState) -> FastAPI:
         messages = with_template_call_ids(body.chat_messages(), state.tool_call_parser)
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
+        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         syntax = PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools else None
         # A syntax whose calls begin at a special token needs the text to keep it, as vLLM's Mistral parser does.
         skip_special_tokens = body.skip_special_tokens and not (syntax is not None and syntax.reads_special_tokens)
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
-            sampling=body.sampling(body.completion_budget, body.num_logprobs, j),
+            sampling=body.sampling(body.completion_budget, body.num_logprobs, j, bad_words),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,

@@ -4,15 +4,16 @@ Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
 `min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
 `truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, `structured_outputs`,
-`priority`, and chat's template options), plus Baton's `return_timeline`. A value out of range
+`bad_words`, `priority`, and chat's template options), plus Baton's `return_timeline`. A value out of range
 fails validation here, so the client gets a 400 that names the field before any worker is
 called. Unknown fields are ignored, as OpenAI's own server does for fields a model does not
-use; but vLLM's extras that are not served here (beam search, grammars, bad_words, logits
-processors) are refused by name: ignored, they would give other output than was asked for.
+use; but vLLM's extras that are not served here (beam search, grammars, logits processors) are
+refused by name: ignored, they would give other output than was asked for.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
@@ -103,8 +104,10 @@ class _SamplingFields(BaseModel):
     # would not be what the client asked).
     use_beam_search: bool = False
     guided_grammar: str | None = None
-    bad_words: list[str] | None = None
     logits_processors: list[Any] | None = None
+    # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
+    # where the output ends with the rest of it).
+    bad_words: list[str] | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -117,9 +120,11 @@ class _SamplingFields(BaseModel):
     @model_validator(mode="after")
     def _check_fields(self):
         for name, what in (("use_beam_search", "beam search"), ("guided_grammar", "grammars"),
-                           ("bad_words", "bad_words"), ("logits_processors", "custom logits processors")):
+                           ("logits_processors", "custom logits processors")):
             if getattr(self, name):
                 raise ValueError(f"{what} ({name}) is not supported")
+        if any(not word.strip() for word in self.bad_words or ()):
+            raise ValueError("bad_words must be words, not empty or blank strings")
         structured = self.structured_outputs.model_dump(by_alias=True) if self.structured_outputs else None
         self._output_regex = guided_regex(self.response_format, self.guided_json, self.guided_regex, self.guided_choice,
                                           structured)
@@ -146,9 +151,11 @@ class _SamplingFields(BaseModel):
         """vLLM's `continuous_usage_stats` (with `include_usage`): every chunk has its choice's usage so far."""
         return self.include_usage and self.stream_options.continuous_usage_stats
 
-    def sampling(self, max_tokens: int | None, logprobs: int | None, choice: int) -> common_pb2.SamplingParams:
+    def sampling(self, max_tokens: int | None, logprobs: int | None, choice: int,
+                 bad_words: Sequence[Sequence[int]] = ()) -> common_pb2.SamplingParams:
         """The engine's sampling parameters for choice `choice` of `n`: each choice of a
-        seeded request gets its own seed, so n choices differ yet repeat run to run."""
+        seeded request gets its own seed, so n choices differ yet repeat run to run. `bad_words`:
+        `encoded_bad_words` of the request's."""
         params = common_pb2.SamplingParams(
             top_k=self.top_k or 0, min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, stop_token_ids=self.stop_token_ids or [],
@@ -172,6 +179,8 @@ class _SamplingFields(BaseModel):
             params.prompt_logprobs = self.num_prompt_logprobs
         if self._output_regex is not None:
             params.guided_regex = self._output_regex
+        for word in bad_words:
+            params.bad_words.add(token_ids=word)
         return params
 
     @property
@@ -358,6 +367,20 @@ class ChatCompletionRequest(_SamplingFields):
             return None
         last = self.messages[-1]
         return [last.text if last.role == "assistant" else ""]
+
+
+def encoded_bad_words(words: Sequence[str] | None, tokenizer) -> list[list[int]]:
+    """vLLM's `bad_words` as the token id sequences the workers ban, encoded as vLLM encodes them:
+    each word alone, and with a space before it where that gives another first token and as many
+    tokens (the word inside a text, not at its start)."""
+    encoded = []
+    for word in words or ():
+        alone = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        encoded.append(alone)
+        if spaced[0] != alone[0] and len(spaced) == len(alone):
+            encoded.append(spaced)
+    return encoded
 
 
 def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:

@@ -452,3 +452,27 @@ def test_allowed_token_ids_bound_greedy_and_sampled_rows_and_logprobs_stay_raw()
     assert out.logprobs[0][out.token_ids[0]] == pytest.approx(raw[out.token_ids[0]].item())
     with pytest.raises(ValueError, match="negative"):
         SamplingParams(allowed_token_ids=(-1,))
+
+
+def test_a_bad_words_last_token_is_banned_where_the_output_ends_with_the_rest_of_it():
+    # Greedy picks 6, then 5: a one-token bad word bans its token always, a longer one only after its prefix
+    # (in the output: a prompt that ends with it does not count).
+    logits = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 8.0, 9.0, 0.0]])
+    sampler = Sampler()
+    assert sampler(logits, [make_seq(temperature=0.0, bad_words_token_ids=[(6,)])]).token_ids == [5]
+    words = [(2, 3, 6), (4, 5)]
+    assert sampler(logits, [make_seq(prompt=(2, 3), temperature=0.0, bad_words_token_ids=words)]).token_ids == [6]
+    assert sampler(logits, [make_seq(output=(2, 3), temperature=0.0, bad_words_token_ids=words)]).token_ids == [5]
+    assert sampler(logits, [make_seq(output=(9, 3), temperature=0.0, bad_words_token_ids=words)]).token_ids == [6]
+    # Sampled rows too, each by its own output, the other rows untouched; logprobs stay the raw logits'.
+    rows = [make_seq(output=(4,), temperature=1.0, seed=1, bad_words_token_ids=[(4, 6), (4, 5)], logprobs=1),
+            make_seq(output=(4,), temperature=1.0, seed=1)]
+    out = sampler(torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 30.0, 30.0, 0.0]] * 2), rows)
+    assert out.token_ids[0] not in (5, 6) and out.token_ids[1] in (5, 6)
+    assert set(out.logprobs[0]) >= {out.token_ids[0]} and len(out.logprobs[0]) == 2
+
+
+@pytest.mark.parametrize("words", [[()], [(3, -1)]])
+def test_bad_words_must_be_token_sequences(words):
+    with pytest.raises(ValueError, match="bad_words_token_ids"):
+        SamplingParams(bad_words_token_ids=words)

@@ -13,10 +13,13 @@ from services.common.converters import sampling_params_from_proto
 def test_absent_fields_take_the_engines_defaults_and_set_ones_are_kept():
     assert sampling_params_from_proto(common_pb2.SamplingParams()) == SamplingParams()
     given = common_pb2.SamplingParams(max_tokens=7, temperature=0.0, top_p=0.5, top_k=3, seed=11, logprobs=2,
-                                      stop_token_ids=[5, 6], ignore_eos=True, min_tokens=4)
+                                      stop_token_ids=[5, 6], ignore_eos=True, min_tokens=4,
+                                      bad_words=[common_pb2.TokenIds(token_ids=[8]),
+                                                 common_pb2.TokenIds(token_ids=[9, 10])])
     assert sampling_params_from_proto(given) == SamplingParams(max_tokens=7, temperature=0.0, top_p=0.5, top_k=3,
                                                                seed=11, logprobs=2, stop_token_ids=(5, 6),
-                                                               ignore_eos=True, min_tokens=4)
+                                                               ignore_eos=True, min_tokens=4,
+                                                               bad_words_token_ids=((8,), (9, 10)))
     # A temperature set to 0 is not an absent one (the default is 1).
     assert sampling_params_from_proto(common_pb2.SamplingParams(temperature=0.0)).temperature == 0.0
 

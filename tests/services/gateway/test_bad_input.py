@@ -132,7 +132,7 @@ CASES = [
     ("a grammar in structured_outputs", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
       "structured_outputs": {"grammar": 'root ::= "a"'}}, 400, None),
-    ("bad_words", "/v1/completions", {"model": "MODEL", "prompt": "hi", "bad_words": ["a"]}, 400, None),
+    ("a blank bad word", "/v1/completions", {"model": "MODEL", "prompt": "hi", "bad_words": ["a", " "]}, 400, None),
     ("structured_outputs and guided_regex", "/v1/completions",
      {"model": "MODEL", "prompt": "hi", "guided_regex": "a", "structured_outputs": {"choice": ["b"]}}, 400, None),
     ("structured_outputs.choice empty", "/v1/completions",

@@ -15,6 +15,7 @@ import openai
 import pytest
 import torch
 
+from services.gateway.openai_protocol import encoded_bad_words
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from tests.services.service_process import REPO_ROOT
 
@@ -32,7 +33,7 @@ def continuation(tokenizer: ModelTokenizer, prompt: list[int], output: list[int]
     return tokenizer.decode(prompt + output)[len(tokenizer.decode(prompt)):]
 
 
-def transformers_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:
+def transformers_greedy(model_dir, prompt: list[int], max_new_tokens: int, **generate_kwargs) -> list[int]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -40,7 +41,7 @@ def transformers_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> li
         # An explicit mask: generate would otherwise take the bos token (id 0 = pad here) for padding.
         ids = torch.tensor([prompt])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=0)
+                             pad_token_id=0, **generate_kwargs)
     ids = out[0, len(prompt):].tolist()
     eos = set(model.generation_config.eos_token_id or [])
     for i, token in enumerate(ids):  # generate stops at eos; keep the eos token, as the engine counts it
@@ -109,6 +110,33 @@ def test_continuous_usage_stats_give_each_chunk_its_choice_usage_so_far(client, 
         assert chunk.usage.total_tokens == num_prompt + so_far[choice.index]
     assert so_far == [12, 12]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+
+def test_bad_words_are_not_written_as_transformers_bans_them(client, mesh, tokenizer):
+    """vLLM's bad_words: each word's tokens (alone, and after a space) are banned; against transformers'
+    bad_words_ids on words of one token, the first token (banned on the prefill worker) and a later one (on
+    the decode worker). Longer words (banned only after the rest of them) are the sampler's unit tests."""
+    prompt = tokenizer.encode("Once upon a time")  # its first greedy token is a word (" fun") on this model
+    plain = transformers_greedy(mesh.model_dir, prompt, 12)
+
+    def one_token_word(token_id: int) -> str | None:
+        word = tokenizer.decode([token_id]).strip()
+        encoded = encoded_bad_words([word], tokenizer) if word else []
+        return word if all(len(ids) == 1 for ids in encoded) and [token_id] in encoded else None
+
+    first = one_token_word(plain[0])
+    later = next(word for token_id in plain[2:] if (word := one_token_word(token_id)) not in (None, first))
+    assert first is not None
+    for words in ([later], [first, later]):
+        banned = encoded_bad_words(words, tokenizer)
+        expected = transformers_greedy(mesh.model_dir, prompt, 12, bad_words_ids=banned)
+        assert expected != plain
+        for stream in (False, True):
+            out = client.completions.create(model=mesh.model_name, prompt=prompt, max_tokens=12, temperature=0,
+                                            stream=stream, extra_body={"bad_words": words})
+            text = "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+            assert text == continuation(tokenizer, prompt, expected), words
+    mesh.assert_decode_pools_free()
 
 
 def test_chat_echo_starts_the_reply_with_the_assistant_message_it_continues(client, mesh):
