@@ -2,7 +2,8 @@
 request it means, which the chat path generates; its chat output becomes a response.
 
 In: `input` (a text, or a list of items: messages with text content, and earlier turns'
-`function_call` and `function_call_output` items), `instructions` (a system message first),
+`function_call`, `function_call_output` and `reasoning` items, the last the thinking of the
+assistant turn after it, as chat's `reasoning_content`), `instructions` (a system message first),
 `max_output_tokens`, `temperature`, `top_p`, function `tools` and `tool_choice`, `text.format`
 (`json_schema` or `json_object`: structured output), `include: ["message.output_text.logprobs"]`
 with `top_logprobs` (each output token's logprob and its top alternatives, as vLLM gives them: the
@@ -115,9 +116,13 @@ class ResponsesRequest(BaseModel):
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
+        thought = None  # a reasoning item's text: the thinking of the assistant turn after it
         # An index past the earlier items names this request's own: its errors point into its `input`.
         for i, item in enumerate([*earlier, *self.input_items()], start=-len(earlier)):
             kind = item.get("type", "message")
+            if kind == "reasoning":
+                thought = _reasoning_text(item, i)
+                continue
             if kind == "message":
                 if item.get("role") not in ROLES:
                     raise APIError(400, f"input[{i}].role must be one of {', '.join(ROLES)}", param=f"input[{i}].role")
@@ -134,8 +139,13 @@ class ResponsesRequest(BaseModel):
                 output = item.get("output")
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                                  "content": output if isinstance(output, str) else json.dumps(output)})
-            elif kind != "reasoning":  # earlier thinking: chat templates leave it out of the prompt
+            else:
                 raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported", param=f"input[{i}]")
+            if thought is not None and messages[-1]["role"] == "assistant":
+                # As chat takes an earlier turn's thinking: templates that show it (Qwen3's, between
+                # tool calls) read `reasoning_content`; the others leave it out.
+                messages[-1]["reasoning_content"] = thought
+            thought = None
         return messages
 
 
@@ -196,6 +206,15 @@ def _text(content: Any, index: int) -> str:
                            param=f"input[{index}].content")
         texts.append(str(part.get("text", "")))
     return "\n".join(texts)
+
+
+def _reasoning_text(item: dict[str, Any], index: int) -> str:
+    """A reasoning item's thinking: its content's text (as this API returns it), else its summary's."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise APIError(400, f"input[{index}]: a reasoning item's content and summary are lists of parts",
+                       param=f"input[{index}]")
+    return "\n".join(str(p.get("text", "")) for p in parts)
 
 
 def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:

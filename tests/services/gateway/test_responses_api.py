@@ -392,3 +392,21 @@ def test_a_call_the_model_chose_streams_as_a_function_call_item():
     assert [i["type"] for i in final["output"]] == ["message", "function_call"]
     assert final["output"][0]["content"][0]["text"] == "Checking. "
     assert final["output"][1]["arguments"] == '{"zone": "CET"}' and final["output"][1]["status"] == "completed"
+
+
+def test_a_reasoning_item_is_the_thinking_of_the_assistant_turn_after_it():
+    """As chat takes an earlier turn's thinking (`reasoning_content`, which templates that show it read):
+    a reasoning item as this API returns it (its content) or as OpenAI's clients may send it (a summary)."""
+    request = ResponsesRequest(model="m", input=[
+        {"role": "user", "content": "Add 2 and 2."},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "2+2"}]},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "4"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "it said 4"}]},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "Thanks."}])
+    messages = [m.as_template_input() for m in request.as_chat().messages]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert messages[1]["reasoning_content"] == "2+2" and messages[1]["tool_calls"][0]["id"] == "c1"
+    assert messages[3]["reasoning_content"] == "it said 4"
+    assert all("reasoning_content" not in m for m in (messages[0], messages[2], messages[4]))
