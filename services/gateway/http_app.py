@@ -196,7 +196,8 @@ def create_app(state: GatewayState) -> FastAPI:
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
                                   call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
-                                  include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed)
+                                  include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
+                                  parallel_tool_calls=body.parallel_tool_calls)
         return merge_choices(streams), builder, dispatched, timeline
 
     async def chat_completions(request: Request):

@@ -307,6 +307,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # tool_calls.py: "none", "required" or a named function
+    parallel_tool_calls: bool = True  # False: a reply's first call only (OpenAI's; vLLM keeps the first)
     # vLLM's: how the messages become the prompt.
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)

@@ -130,7 +130,7 @@ class ResponseBuilder:
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
-                 include_reasoning: bool = True):
+                 include_reasoning: bool = True, parallel_tool_calls: bool = True):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -153,6 +153,7 @@ class ResponseBuilder:
         self._call_ids = [call_id() for _ in range(num_choices)]
         # tool_choice "auto" (or "required"): each choice's text read for its calls (tool_parsers.py)
         self.tool_call_syntax = tool_call_syntax
+        self.parallel_tool_calls = parallel_tool_calls  # False: a reply's first call only, as vLLM filters them
         self._streamed_calls = ([StreamedCalls(tool_call_syntax) for _ in range(num_choices)]
                                 if tool_call_syntax is not None else None)
         # chat with --reasoning-parser: each choice's thinking read out of its text (reasoning_parsers.py)
@@ -302,7 +303,7 @@ class ResponseBuilder:
         if self.tool_call_syntax is not None and text is not None:
             content, calls = self.tool_call_syntax.parse(text)
             if calls:
-                return reasoning, content, calls
+                return reasoning, content, calls if self.parallel_tool_calls else calls[:1]
         return reasoning, text, None
 
     def _finish_reason(self, state: ChoiceState, calls: list[dict[str, Any]] | None) -> str | None:
@@ -349,6 +350,8 @@ class ResponseBuilder:
         if is_last:
             more_text, more_calls = stream.finish()
             text, calls = text + more_text, merged_call_deltas(calls, more_calls)
+        if not self.parallel_tool_calls:
+            calls = [call for call in calls if call.get("index", 0) == 0]
         message: dict[str, Any] = {"content": text}
         if calls:
             message["tool_calls"] = calls

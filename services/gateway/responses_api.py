@@ -100,6 +100,7 @@ class ResponsesRequest(BaseModel):
             chat["tools"] = [_chat_tool(tool, i) for i, tool in enumerate(self.tools)]
         if self.tool_choice is not None:
             chat["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        chat["parallel_tool_calls"] = self.parallel_tool_calls
         if (response_format := _response_format(self.text)) is not None:
             chat["response_format"] = response_format
         if self.wants_logprobs:

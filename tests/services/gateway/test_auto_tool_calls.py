@@ -54,6 +54,32 @@ def test_the_models_own_calls_come_back_as_tool_calls(mesh, hermes):
     mesh.assert_decode_pools_free()
 
 
+TWO_CALLS = (r'<tool_call>\{"name": "get_time", "arguments": \{"zone": "UTC"\}\}</tool_call>'
+             r'<tool_call>\{"name": "get_time", "arguments": \{"zone": "CET"\}\}</tool_call>')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_a_replys_first_call_only(mesh, hermes, stream):
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=300, temperature=0, tools=TOOLS,
+                  extra_body={"guided_regex": TWO_CALLS}, stream=stream)
+
+    def calls(**more) -> list[tuple[str, str]]:
+        out = hermes.chat.completions.create(**kwargs, **more)
+        if not stream:
+            assert out.choices[0].finish_reason == "tool_calls"
+            return [(c.function.name, c.function.arguments) for c in out.choices[0].message.tool_calls]
+        made: dict[int, list[str]] = {}
+        for chunk in out:
+            for piece in chunk.choices[0].delta.tool_calls or []:
+                made.setdefault(piece.index, [piece.function.name, ""])[1] += piece.function.arguments or ""
+        return [tuple(made[i]) for i in sorted(made)]
+
+    both = calls()
+    assert [json.loads(arguments)["zone"] for _, arguments in both] == ["UTC", "CET"]
+    assert calls(parallel_tool_calls=False) == both[:1]
+    mesh.assert_decode_pools_free()
+
+
 def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model):
     common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
               "--decode", "127.0.0.1:3"]
