@@ -221,8 +221,8 @@ def create_app(state: GatewayState) -> FastAPI:
             previous = await stored_response(asked.previous_response_id, "previous_response_id")
             earlier = previous.continued()
         body = asked.as_chat(earlier)
-        if asked.truncation == "auto":
-            body = fit_to_context(body, state.pipeline.tokenizer)
+        if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
+            body = await asyncio.to_thread(fit_to_context, body, state.pipeline.tokenizer)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
         choices, builder, dispatched, _ = start_chat(request, body, response_id)
         shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])
