@@ -199,7 +199,7 @@ class Sampler:
         if needs_allowed:
             logits = keep_only(logits, [p.allowed_token_ids for p in params])
         if guided:
-            logits = _guide(logits, [seqs[i].guide for i in guided], guided)
+            logits = _guide(logits, [seqs[i].guide for i in guided], guided, self.eos_token_ids)
         if needs_bias:
             logits = apply_logit_bias(logits, [p.logit_bias for p in params])
         if needs_ban:
@@ -237,9 +237,15 @@ def _bad_words_banned(seq: Sequence) -> tuple[int, ...]:
                  if len(word) == 1 or (len(word) - 1 <= num_output and tuple(tokens[1 - len(word):]) == word[:-1]))
 
 
-def _guide(logits: torch.Tensor, guides: list, rows: list[int]) -> torch.Tensor:
-    """Rows `rows` keep only what their guide's state allows; the others pass through."""
+def _guide(logits: torch.Tensor, guides: list, rows: list[int], eos_token_ids: tuple[int, ...] = ()) -> torch.Tensor:
+    """Rows `rows` keep only what their guide's state allows; the others pass through. A guide knows one
+    EOS (the model's first); where it allows that one, the model's others end the text as well (Llama 3's
+    chat turns end with `<|eot_id|>`, its second: masked, a text the guide lets go on would run to its
+    length limit)."""
     allowed = allowed_mask(guides, logits.shape[-1], logits.device)  # [R, V]
+    if len(eos_token_ids) > 1:
+        others = torch.tensor(eos_token_ids[1:]).to(logits.device)
+        allowed[:, others] |= allowed[:, eos_token_ids[0]].unsqueeze(1)
     mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
     mask[torch.tensor(rows).to(logits.device)] = ~allowed
     return logits.masked_fill(mask, float("-inf"))

@@ -141,3 +141,18 @@ def test_min_tokens_holds_a_guided_text_that_ignores_eos(tiny_demo_model):
     outs = run_all(engine, requests)
     assert {out.finish_reason for out in outs.values()} == {"length"}
     assert all(re.fullmatch("[a-z ]+", text(engine, out.token_ids)) for out in outs.values())
+
+
+def test_any_of_the_models_eos_ends_a_guided_text_where_its_guide_allows_eos(tiny_demo_model):
+    """The guide knows the model's first EOS (1 here); its others (3) end a complete text too, as Llama 3's
+    chat turns end with its second, `<|eot_id|>`. Short of a complete text, none is allowed."""
+    engine = make_engine(tiny_demo_model)
+    assert engine.eos_token_ids == (1, 3)
+    favoured = {3: 100.0}  # the model all but forced to write its second EOS
+    outs = run_all(engine, {
+        "second": (PROMPT, SamplingParams(max_tokens=20, temperature=0, guided_regex="[a-z]+", logit_bias=favoured)),
+        "date": (PROMPT, SamplingParams(max_tokens=20, temperature=0, guided_regex=DATE, logit_bias=favoured))})
+    second, date = outs["second"], outs["date"]
+    assert len(second.token_ids) == 2 and second.token_ids[-1] == 3 and second.finish_reason == "stop"
+    assert re.fullmatch("[a-z]+", text(engine, second.token_ids))
+    assert date.token_ids[-1] == 3 and re.fullmatch(DATE, text(engine, date.token_ids))
