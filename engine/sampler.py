@@ -204,6 +204,8 @@ class Sampler:
             logits = apply_logit_bias(logits, [p.logit_bias for p in params])
         if needs_ban:
             logits = ban_tokens(logits, banned)
+            if (guided or needs_allowed) and self.eos_token_ids:
+                logits = _eos_where_nothing_is_left(logits, self.eos_token_ids[0])
         if needs_penalties:
             logits = _penalize(logits, seqs, params)
         if all(is_greedy):
@@ -224,6 +226,18 @@ class Sampler:
         if params.ignore_eos and not seq.is_guided:
             return params.stop_token_ids
         return params.stop_token_ids + self.eos_token_ids
+
+
+def _eos_where_nothing_is_left(logits: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """Rows with no token left (a guide or allowed_token_ids let through only what min_tokens or
+    bad_words then banned: a complete guided text short of its min_tokens, say) may end with EOS:
+    the text stops where it is, rather than with a token drawn from nothing."""
+    stuck = torch.isneginf(logits).all(dim=-1)  # [B]
+    if not bool(stuck.any()):
+        return logits
+    logits = logits.clone()
+    logits[stuck, eos_token_id] = 0.0
+    return logits
 
 
 def _bad_words_banned(seq: Sequence) -> tuple[int, ...]:

@@ -162,8 +162,9 @@ class Scheduler:
         return finished
 
     def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
-        """Move a guided sequence's guide past `token`. "stop" when it cannot: the sampler had
-        nothing the grammar allows left (min_tokens banning the EOS it required, say)."""
+        """Move a guided sequence's guide past `token`. "stop" when it cannot: a token the grammar
+        does not allow was sampled all the same (the sampler gives EOS to a row with nothing left, so
+        this is a safety net, not a path)."""
         if seq.guide is None or token in self.eos_token_ids:
             return None
         try:

@@ -156,3 +156,17 @@ def test_any_of_the_models_eos_ends_a_guided_text_where_its_guide_allows_eos(tin
     assert len(second.token_ids) == 2 and second.token_ids[-1] == 3 and second.finish_reason == "stop"
     assert re.fullmatch("[a-z]+", text(engine, second.token_ids))
     assert date.token_ids[-1] == 3 and re.fullmatch(DATE, text(engine, date.token_ids))
+
+
+def test_a_complete_guided_text_short_of_min_tokens_ends_with_eos_not_a_token_from_nothing(tiny_demo_model):
+    """Its guide allows only EOS, which min_tokens bans: nothing is left, and the text ends there with EOS
+    (greedy or sampled), its guided text whole."""
+    engine = make_engine(tiny_demo_model)
+    outs = run_all(engine, {
+        f"t{temperature}": (PROMPT, SamplingParams(max_tokens=6, min_tokens=4, temperature=temperature, seed=1,
+                                                   guided_regex="(yes|no)"))
+        for temperature in (0.0, 1.0)})
+    for out in outs.values():
+        assert out.token_ids[-1] in engine.eos_token_ids and out.finish_reason == "stop", out
+        assert text(engine, out.token_ids) in ("yes", "no")
+        assert all(t not in engine.eos_token_ids for t in out.token_ids[:-1])
