@@ -25,9 +25,9 @@ held back until the next delta says, as stop strings are. From the first call on
 whole, then its arguments as the model writes them. Their `arguments` are the model's own JSON
 text of them (valid JSON, its spacing kept), whole or streamed, so a stream adds up to the whole
 reply. A call written otherwise (its arguments before its name, say) goes out whole once it is,
-and `pythonic` calls at the end, parsed whole. A call that turns out broken once streamed
-stays as far as it got, as vLLM's does; a reply whose calls are broken before any went out is
-text.
+and a `pythonic` call once its `)` is written, parsed whole (its arguments are JSON only then).
+A call that turns out broken once streamed stays as far as it got, as vLLM's does; a reply whose
+calls are broken before any went out is text.
 """
 from __future__ import annotations
 
@@ -166,7 +166,13 @@ class Pythonic(_CallsOnly):
     OPEN = "["
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-        return []  # a Python call's arguments are not JSON until the list is parsed whole
+        """The calls closed so far, each whole: a Python call's arguments are JSON only once it is
+        parsed, so a call goes out when its `)` is written, not piece by piece."""
+        end = _after_last_closed_call(text)
+        if end is None:
+            return []
+        _, calls = self.parse(text[:end] + "]")
+        return [(call["function"]["name"], call["function"]["arguments"]) for call in calls]
 
     def parse(self, text: str) -> tuple[str | None, Calls]:
         body = text.strip()
@@ -545,6 +551,33 @@ def _objects_so_far(text: str, at: int, separators: str, scans: dict[int, JsonSc
             break
         at = _past(text, end, separators)
     return begun
+
+
+def _after_last_closed_call(text: str) -> int | None:
+    """Where the last call closed directly inside a Python list `text` opens (just past its `)`), strings
+    and nesting skipped; None before the first one closes."""
+    depth, quote, at, end = 0, None, 0, None
+    while at < len(text):
+        char = text[at]
+        if quote is not None:
+            if char == "\\":
+                at += 2
+                continue
+            if text.startswith(quote, at):
+                at, quote = at + len(quote), None
+                continue
+        elif char in "'\"":
+            quote = text[at:at + 3] if text[at:at + 3] in ("'''", '"""') else char
+            at += len(quote)
+            continue
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 1 and char == ")":
+                end = at + 1
+        at += 1
+    return end
 
 
 def _pythonic_call(node: ast.expr) -> dict[str, Any] | None:

@@ -105,7 +105,7 @@ STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LIS
              (REQUIRED, REQUIRED_TEXT)]
 
 
-@pytest.mark.parametrize(("syntax", "text"), STREAMING)
+@pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT)])
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
     for a in range(len(text) + 1):
@@ -125,6 +125,22 @@ def test_a_call_streams_its_name_then_its_arguments_as_they_come(syntax, text):
     stream.add(text[:name_end + 20])
     _, deltas = stream.add(text[name_end + 20:arguments_end])
     assert deltas == [{"index": 0, "function": {"arguments": text[name_end + 20:arguments_end]}}]
+
+
+def test_a_pythonic_call_goes_out_whole_once_its_parenthesis_closes():
+    """A Python call's arguments are JSON only once parsed: each call goes out whole as it closes (a `)`
+    inside a string or a nested tuple does not close it), not all of them at the end of the list."""
+    text = '[get_weather(city="Zü)rich", at=(1, 2)), get_time(zone=\'U)TC\')]'
+    first_closed = text.index(")),") + 2
+    stream = StreamedCalls(PYTHONIC)
+    assert stream.add(text[:first_closed - 1]) == ("", [])
+    sent, deltas = stream.add(text[first_closed - 1:first_closed + 12])
+    assert sent == "" and [(d["index"], d["function"]["name"], d["function"]["arguments"]) for d in deltas] == [
+        (0, "get_weather", '{"city": "Zü)rich", "at": [1, 2]}')]
+    assert stream.add(text[first_closed + 12:-2]) == ("", [])  # the second's `)` is in its string
+    _, deltas = stream.add(text[-2:])
+    assert [(d["index"], d["function"]["name"]) for d in deltas] == [(1, "get_time")]
+    assert stream.finish() == ("", []) and as_whole(stream.calls) == as_whole(PYTHONIC.parse(text)[1])
 
 
 def test_arguments_are_the_json_the_model_wrote():
