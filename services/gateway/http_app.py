@@ -161,7 +161,7 @@ def create_app(state: GatewayState) -> FastAPI:
                           for p in prompts] if body.echo else None
         builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
                                   num_choices=len(streams), prompt_of_choice=prompt_of_choice,
-                                  token_text=state.token_text, want_logprobs=body.logprobs is not None,
+                                  token_text=_token_text(state, body), want_logprobs=body.logprobs is not None,
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
                                   num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
@@ -191,8 +191,8 @@ def create_app(state: GatewayState) -> FastAPI:
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,
             guide_after=reasoning.guide_after if reasoning is not None else None)
             for j, request_id in enumerate(request_ids)]
-        builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name,
-                                  num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=state.token_text,
+        builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name, num_choices=body.n,
+                                  prompt_of_choice=[0] * body.n, token_text=_token_text(state, body),
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
                                   call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
@@ -402,6 +402,15 @@ def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
     """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
     dispatched = asyncio.get_running_loop().create_future()
     return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
+
+
+def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionRequest) -> TokenText:
+    """How logprobs name a token: by its text, or "token_id:N" (vLLM's `return_tokens_as_token_ids`)."""
+    return _token_id_text if body.return_tokens_as_token_ids else state.token_text
+
+
+def _token_id_text(token_id: int) -> str:
+    return f"token_id:{token_id}"
 
 
 def _choice_id(response_id: str, choice: int, num_choices: int) -> str:

@@ -4,11 +4,12 @@ Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
 `min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
 `truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, `structured_outputs`,
-`bad_words`, `priority`, and chat's template options), plus Baton's `return_timeline`. A value out of range
-fails validation here, so the client gets a 400 that names the field before any worker is
-called. Unknown fields are ignored, as OpenAI's own server does for fields a model does not
-use; but vLLM's extras that are not served here (beam search, grammars, logits processors) are
-refused by name: ignored, they would give other output than was asked for.
+`bad_words`, `priority`, `return_tokens_as_token_ids`, and chat's template options), plus Baton's
+`return_timeline`. A value out of range fails validation here, so the client gets a 400 that
+names the field before any worker is called. Unknown fields are ignored, as OpenAI's own server
+does for fields a model does not use; but vLLM's extras that are not served here (beam search,
+grammars, logits processors) are refused by name: ignored, they would give other output than
+was asked for.
 """
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ class _SamplingFields(BaseModel):
     # (workers on fcfs refuse any but 0).
     priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = 0
     user: str | None = None
+    # vLLM's: logprobs name each token "token_id:N", not by its text (which may not tell two tokens apart)
+    return_tokens_as_token_ids: bool = False
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
     # vLLM's extras this gateway does not serve: refused when asked for, not ignored (the output
     # would not be what the client asked).

@@ -139,6 +139,22 @@ def test_bad_words_are_not_written_as_transformers_bans_them(client, mesh, token
     mesh.assert_decode_pools_free()
 
 
+def test_return_tokens_as_token_ids_names_each_logprob_token_by_its_id(client, mesh, tokenizer):
+    """vLLM's `return_tokens_as_token_ids`: "token_id:N" for every token in the logprobs (the sampled ones and
+    the alternatives), completions and chat, the same ids the text is made of."""
+    prompt = tokenizer.encode(PROMPT)
+    expected = transformers_greedy(mesh.model_dir, prompt, 6)
+    as_ids = client.completions.create(model=mesh.model_name, prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                       extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs
+    assert as_ids.tokens == [f"token_id:{t}" for t in expected]
+    assert all(len(top) == 2 and all(re.fullmatch(r"token_id:\d+", k) for k in top) for top in as_ids.top_logprobs)
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=1,
+                                          extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs.content
+    assert all(re.fullmatch(r"token_id:\d+", e.token) and e.bytes == list(e.token.encode()) for e in chat)
+    assert all(re.fullmatch(r"token_id:\d+", e.top_logprobs[0].token) for e in chat)
+
+
 def test_chat_echo_starts_the_reply_with_the_assistant_message_it_continues(client, mesh):
     """vLLM's chat `echo`: a reply that continues a prefilled assistant message starts with it, whole
     and streamed; a reply to any other message starts with nothing more."""
