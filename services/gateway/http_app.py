@@ -148,7 +148,8 @@ def create_app(state: GatewayState) -> FastAPI:
         for p, prompt in enumerate(prompts):
             for j in range(body.n):
                 choice = len(streams)
-                given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+                given = ({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
+                         if isinstance(prompt, str) else {"prompt_token_ids": prompt})
                 request_id = _choice_id(response_id, choice, len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j, bad_words),

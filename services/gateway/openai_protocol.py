@@ -203,6 +203,8 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's: false encodes a text prompt without the tokenizer's special tokens (a BOS it already has)
+    add_special_tokens: bool = True
 
     @field_validator("prompt", mode="wrap")
     @classmethod

@@ -236,6 +236,7 @@ class RequestPipeline:
         prompt_token_ids: Sequence[int] | None = None,
         messages: Sequence[Mapping[str, str]] | None = None,
         chat_options: ChatOptions = ChatOptions(),
+        add_special_tokens: bool = True,
         sampling: common_pb2.SamplingParams | None = None,
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
@@ -247,7 +248,9 @@ class RequestPipeline:
     ) -> AsyncIterator[Delta]:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say). Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
-        when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `clock`:
+        when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `add_special_tokens`: a
+        `prompt_text` is encoded with the tokenizer's (its BOS); False for a text that has them already,
+        such as a chat template rendered by the client. `clock`:
         the request's ledger, started at its arrival (by default, now). `skip_special_tokens`: the
         text leaves the tokenizer's special tokens out (vLLM's default). `truncate_prompt_tokens`: only
         the prompt's last that many tokens are given to the model (-1: as many as its context holds). `on_dispatch` is
@@ -275,7 +278,8 @@ class RequestPipeline:
             if any(not s for s in stop):
                 raise InvalidRequestError("stop strings must be non-empty")
             with spans.phase("tokenize"):
-                prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages, chat_options)
+                prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages, chat_options,
+                                            add_special_tokens)
                 if truncate_prompt_tokens is not None:
                     prompt = self._truncated(prompt, truncate_prompt_tokens)
             if guide_after is not None and params.HasField("guided_regex"):
@@ -307,7 +311,7 @@ class RequestPipeline:
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
     async def _encode(self, request_id, prompt_text, prompt_token_ids, messages,
-                      chat_options: ChatOptions) -> Sequence[int]:
+                      chat_options: ChatOptions, add_special_tokens: bool = True) -> Sequence[int]:
         timeout = self.deadlines.tokenizer_s
         if prompt_token_ids is not None:
             # As given, not copied: nothing changes a prompt. One from a gRPC request stays the
@@ -319,10 +323,11 @@ class RequestPipeline:
             prompt = prompt_token_ids
         elif prompt_text is not None:
             if len(prompt_text) <= self.local_tokenize_max_chars:
-                prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)
+                prompt = self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
             else:
                 prompt = (await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
-                    request_id=request_id, text=prompt_text, add_special_tokens=True), timeout=timeout)).token_ids
+                    request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
+                    timeout=timeout)).token_ids
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{**m, "content": m.get("content") or ""} for m in messages]

@@ -155,6 +155,22 @@ def test_return_tokens_as_token_ids_names_each_logprob_token_by_its_id(client, m
     assert all(re.fullmatch(r"token_id:\d+", e.top_logprobs[0].token) for e in chat)
 
 
+@pytest.mark.parametrize("length", [40, 3000])  # encoded in the gateway, and by the tokenizer service
+def test_add_special_tokens_false_encodes_a_text_prompt_without_its_bos(client, mesh, tokenizer, length):
+    """vLLM's completions `add_special_tokens`: false for a text that has its BOS already (a chat template
+    the client rendered): the prompt is the text's own tokens, no second BOS."""
+    text = tokenizer.decode(tokenizer.encode("x")[:1], skip_special_tokens=False) + ("word " * length)[:length]
+    with_bos = tokenizer.encode(text)
+    without = tokenizer.encode(text, add_special_tokens=False)
+    assert len(with_bos) == len(without) + 1
+    common = dict(model=mesh.model_name, prompt=text, max_tokens=3, temperature=0)
+    asked = client.completions.create(**common, extra_body={"add_special_tokens": False})
+    assert asked.usage.prompt_tokens == len(without)
+    assert asked.choices[0].text == client.completions.create(
+        **{**common, "prompt": without}).choices[0].text
+    assert client.completions.create(**common).usage.prompt_tokens == len(with_bos)
+
+
 def test_chat_echo_starts_the_reply_with_the_assistant_message_it_continues(client, mesh):
     """vLLM's chat `echo`: a reply that continues a prefilled assistant message starts with it, whole
     and streamed; a reply to any other message starts with nothing more."""
