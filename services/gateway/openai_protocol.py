@@ -38,6 +38,9 @@ INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 16  # n × prompts per request; more is one client hogging every worker
 MAX_LOGPROBS = 20  # the engine's limit
+UNSERVED = {"use_beam_search": "beam search is not served here",  # vLLM's extras, refused when asked for
+            "guided_grammar": "use guided_regex, guided_json or guided_choice",
+            "logits_processors": "custom logits processors are not loaded here"}
 
 
 class StreamOptions(BaseModel):
@@ -112,6 +115,13 @@ class _SamplingFields(BaseModel):
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None
 
+    @field_validator("use_beam_search", "guided_grammar", "logits_processors")
+    @classmethod
+    def _unserved(cls, value: Any, info) -> Any:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported: {UNSERVED[info.field_name]}")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
@@ -122,10 +132,6 @@ class _SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _check_fields(self):
-        for name, what in (("use_beam_search", "beam search"), ("guided_grammar", "grammars"),
-                           ("logits_processors", "custom logits processors")):
-            if getattr(self, name):
-                raise ValueError(f"{what} ({name}) is not supported")
         if any(not word.strip() for word in self.bad_words or ()):
             raise ValueError("bad_words must be words, not empty or blank strings")
         structured = self.structured_outputs.model_dump(by_alias=True) if self.structured_outputs else None
