@@ -60,7 +60,8 @@ from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
-from services.gateway.responses_api import ResponsesRequest, ResponsesShape, fit_to_context
+from services.gateway.responses_api import ResponsesShape
+from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser, with_template_call_ids

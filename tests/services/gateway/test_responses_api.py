@@ -23,7 +23,8 @@ from services.gateway.response_store import (
     MemoryResponseStore,
     StoredResponse,
 )
-from services.gateway.responses_api import ResponsesRequest, ResponsesShape, _StreamedItems
+from services.gateway.responses_api import ResponsesShape, _StreamedItems
+from services.gateway.responses_request import ResponsesRequest
 from services.gateway.tool_parsers import PARSERS
 from tests.services.gateway.mesh import GatewayProcess, gateway_client
 
