@@ -388,6 +388,8 @@ def encoded_bad_words(words: Sequence[str] | None, tokenizer) -> list[list[int]]
     encoded = []
     for word in words or ():
         alone = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if not alone:  # a word the tokenizer's normalizer drops whole can never be written
+            continue
         spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
         encoded.append(alone)
         if spaced[0] != alone[0] and len(spaced) == len(alone):

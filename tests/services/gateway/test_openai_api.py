@@ -139,6 +139,17 @@ def test_bad_words_are_not_written_as_transformers_bans_them(client, mesh, token
     mesh.assert_decode_pools_free()
 
 
+def test_bad_words_are_encoded_alone_and_after_a_space_as_vllm_encodes_them(tokenizer):
+    alone, spaced = (tokenizer.encode(text, add_special_tokens=False) for text in ("fun", " fun"))
+    assert len(alone) == len(spaced) and alone[0] != spaced[0]  # on this vocabulary
+    assert encoded_bad_words(["fun", "  fun"], tokenizer) == [alone, spaced, alone, spaced]  # leading spaces dropped
+
+    class DropsEverything:  # a normalizer that leaves nothing of a word: it can never be written
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return []
+    assert encoded_bad_words(["\u200b"], DropsEverything()) == []
+
+
 def test_return_tokens_as_token_ids_names_each_logprob_token_by_its_id(client, mesh, tokenizer):
     """vLLM's `return_tokens_as_token_ids`: "token_id:N" for every token in the logprobs (the sampled ones and
     the alternatives), completions and chat, the same ids the text is made of."""
