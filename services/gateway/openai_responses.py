@@ -140,7 +140,7 @@ class ResponseBuilder:
         self.token_text = token_text
         self.want_logprobs = want_logprobs
         self.num_logprobs = num_logprobs  # candidates per echoed prompt token
-        # `echo`: for completions each prompt's text; for chat, one: the last message's (vLLM's chat `echo`)
+        # `echo`: each prompt's text (chat's one: its last message's, vLLM's chat `echo`)
         self.echo_of_prompt = echo_of_prompt
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
         # "required": the text is a list of calls, read as the model's own are (tool_parsers.RequiredCalls)
@@ -215,7 +215,7 @@ class ResponseBuilder:
                     message.pop("content", None)
             if not self._sent_role[index]:
                 if self.echo_of_prompt is not None:
-                    message["content"] = self.echo_of_prompt[0] + (message.get("content") or "")
+                    message["content"] = echoed + (message.get("content") or "")
                 message["role"] = "assistant"
                 self._sent_role[index] = True
             choice = {"index": index, "delta": message, "logprobs": logprobs,
@@ -274,7 +274,7 @@ class ResponseBuilder:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
                 reasoning, content, calls = self._answer(index, state)
                 if self.echo_of_prompt is not None:
-                    content = self.echo_of_prompt[0] + (content or "")
+                    content = self.echo_of_prompt[self.prompt_of_choice[index]] + (content or "")
                 message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or []}
                 if reasoning is not None and self.include_reasoning:
                     message.update(reasoning=reasoning, reasoning_content=reasoning)

@@ -48,19 +48,13 @@ def guided_regex(response_format: dict[str, Any] | None, guided_json: dict[str, 
     if not asks:
         return None
     name, value = asks[0]
-    if name.startswith("structured_outputs."):  # the same as the guided_* field of that name
-        kind = name.rpartition(".")[2]
-        guided_json = value if kind in ("json", "json_object") else None
-        regex = value if kind == "regex" else None
-        choice = value if kind == "choice" else None
-    if regex is not None:
-        return regex
-    if choice is not None:
-        if not choice or any(not c for c in choice):
+    if name.endswith("regex"):
+        return value
+    if name.endswith("choice"):
+        if not value or any(not c for c in value):
             raise ValueError(f"{name} must be a list of non-empty strings")
-        return "(" + "|".join(re.escape(c) for c in choice) + ")"
-    schema = guided_json if guided_json is not None else formatted
-    return None if schema is None else schema_regex(schema)
+        return "(" + "|".join(re.escape(c) for c in value) + ")"
+    return schema_regex(value)  # a JSON schema: response_format's, guided_json or structured_outputs' json
 
 
 def schema_regex(schema: dict[str, Any] | str) -> str:
