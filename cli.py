@@ -128,6 +128,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         help=f"more flags for {which}, in one string split as a shell splits it, given "
                              f"with '=': --{kind}-args='--flag value ...' (python -m services.{kind} --help "
                              "lists them)")
+    up.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                    help="render chat conversations by this Jinja template (a file, or the template itself) "
+                         "instead of the model's own: the tokenizer service's and the gateway's "
+                         "(default $BATON_CHAT_TEMPLATE, else the model's)")
     up.add_argument("--scheduling-policy", choices=("fcfs", "priority"),
                     help="every prefill and decode worker's --scheduling-policy (default fcfs): priority "
                          "serves requests by their `priority`, lower first")
@@ -270,7 +274,8 @@ def _up(args: argparse.Namespace) -> int:
                             redis_url=args.redis if args.with_redis else None,
                             start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
                             shutdown_grace_s=args.shutdown_grace_s,
-                            service_args=_service_args(args), api_key=args.api_key)
+                            service_args=_service_args(args), api_key=args.api_key,
+                            chat_template=args.chat_template)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

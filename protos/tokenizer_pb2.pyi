@@ -24,20 +24,26 @@ class EncodeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyChatTemplateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "tools_json")
+    __slots__ = ("request_id", "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "tools_json", "chat_template", "documents_json", "add_special_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     add_generation_prompt: bool
     continue_final_message: bool
     chat_template_kwargs_json: str
     tools_json: str
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ...) -> None: ...
+    chat_template: str
+    documents_json: str
+    add_special_tokens: bool
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class ApplyChatTemplateResponse(_message.Message):
     __slots__ = ("token_ids", "text")

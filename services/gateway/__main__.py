@@ -116,7 +116,7 @@ class GatewayService:
     async def start(self, stop: asyncio.Event) -> str | None:
         config = self.config
         tokenizer = await load_in_thread(stop, ModelTokenizer.from_dir, config.model_dir,
-                                         max_model_len=config.max_model_len)
+                                         max_model_len=config.max_model_len, chat_template=config.chat_template)
         if tokenizer is None:
             return None
         limit = config.max_message_bytes
@@ -145,7 +145,8 @@ class GatewayService:
                                             config.local_prefill_max_tokens, tokenizer.max_model_len),
                                         local_tokenize_max_chars=config.local_tokenize_max_chars,
                                         preopen_prefill_calls=config.prefill_calls == "preopened",
-                                        metrics=self.metrics, max_num_requests=config.max_num_requests)
+                                        metrics=self.metrics, max_num_requests=config.max_num_requests,
+                                        trust_request_chat_template=config.trust_request_chat_template)
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731

@@ -35,6 +35,7 @@ from services.common.settings import (
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.gateway.tool_parsers import PARSERS
+from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
 ENV_HOST = "BATON_GATEWAY_HOST"
 ENV_PORT = "BATON_GATEWAY_PORT"
@@ -68,6 +69,7 @@ ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
 ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
 ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
+ENV_TRUST_REQUEST_CHAT_TEMPLATE = "BATON_GATEWAY_TRUST_REQUEST_CHAT_TEMPLATE"
 # How often --prefill/--decode host names are resolved again, so a pool follows its replicas as a
 # compose service or a Kubernetes headless service is scaled.
 DEFAULT_RESOLVE_WORKERS_S = 5.0
@@ -116,6 +118,10 @@ class GatewayConfig:
     discover_workers: bool = False
     # Responses API responses are stored this long (in Redis with --redis, else in the process); 0: none are.
     responses_ttl_s: float = DEFAULT_RESPONSES_TTL_S
+    chat_template: str | None = None  # Jinja source replacing the model's templates (--chat-template)
+    # A chat request may bring its own template (`chat_template`), run by the tokenizer service: Jinja
+    # in a sandbox, yet nothing bounds its time or memory, so only for clients the operator trusts.
+    trust_request_chat_template: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -256,6 +262,11 @@ class GatewayConfig:
                             help=f"how long the Responses API keeps a response (for previous_response_id and GET "
                                  f"/v1/responses/ID): in Redis with --redis, shared by every gateway, else in this "
                                  f"process; 0: store none (${ENV_RESPONSES_TTL})")
+        parser.add_argument("--trust-request-chat-template", action="store_true",
+                            default=env.get(ENV_TRUST_REQUEST_CHAT_TEMPLATE, "") not in ("", "0"),
+                            help=f"let chat requests bring their own Jinja template (`chat_template`); without it "
+                                 f"such a request is a 400 (${ENV_TRUST_REQUEST_CHAT_TEMPLATE}=1)")
+        add_chat_template_flag(parser, env)
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
@@ -272,7 +283,9 @@ class GatewayConfig:
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
                    max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
                    reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s,
-                   discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s)
+                   discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
+                   chat_template=chat_template_source(args.chat_template),
+                   trust_request_chat_template=args.trust_request_chat_template)
 
 
 def _split(addresses: str) -> tuple[str, ...]:

@@ -64,7 +64,7 @@ def to_api_error(e: Exception, prompt_param: str) -> APIError:
     if isinstance(e, ContextLengthError):
         return APIError(400, str(e), param=prompt_param, code="context_length_exceeded")
     if isinstance(e, InvalidRequestError):
-        return APIError(400, str(e), param=prompt_param)
+        return APIError(400, str(e), param=e.param or prompt_param)
     if isinstance(e, OverloadedError):
         return APIError(429, f"The server is at capacity, retry later ({e})", code="overloaded")
     if isinstance(e, NoHealthyWorkerError):

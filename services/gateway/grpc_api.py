@@ -34,7 +34,12 @@ from services.gateway.pipeline import Delta, RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tool_parsers import with_template_call_ids
-from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, template_kwargs_from_json
+from services.tokenizer.chat_template import (
+    ChatOptions,
+    ChatTemplateError,
+    documents_from_json,
+    template_kwargs_from_json,
+)
 from services.tokenizer.converters import chat_messages_from_proto
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
@@ -186,7 +191,12 @@ def _chat_options(options: gateway_pb2.ChatOptions, tools: list | None) -> ChatO
         kwargs = template_kwargs_from_json(options.chat_template_kwargs_json)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="chat_options.chat_template_kwargs_json") from None
-    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs, tools)
+    try:
+        documents = documents_from_json(options.documents_json)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="chat_options.documents_json") from None
+    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs, tools, documents,
+                       options.chat_template or None, options.add_special_tokens)
 
 
 def _input_field(request: gateway_pb2.GenerateRequest) -> str:

@@ -302,7 +302,7 @@ def create_app(state: GatewayState) -> FastAPI:
         if body.model is not None:
             check_model(state, body.model)
         tokens = await tokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s,
-                                state.tool_call_parser)
+                                state.tool_call_parser, state.pipeline.trust_request_chat_template)
         token_strs = [state.pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": token_strs}
 

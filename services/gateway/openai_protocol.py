@@ -323,6 +323,9 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. {"enable_thinking": false}
+    chat_template: str | None = None  # the request's own Jinja template (--trust-request-chat-template only)
+    documents: list[dict[str, Any]] | None = None  # for a retrieval template, e.g. [{"title": ..., "text": ...}]
+    add_special_tokens: bool = False  # the tokenizer's special tokens (BOS) added to the template's text too
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out of the reply
     echo: bool = False  # vLLM's: the reply starts with the last message's text when that is the assistant's
 
@@ -366,7 +369,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     def chat_options(self) -> ChatOptions:
         return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {},
-                           self.tools or None)
+                           self.tools or None, self.documents, self.chat_template, self.add_special_tokens)
 
     def chat_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]

@@ -29,7 +29,6 @@ the way: where each millisecond went, from the HTTP request's arrival to its las
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import ExitStack, aclosing
@@ -50,7 +49,7 @@ from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
 from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
-from services.tokenizer.converters import chat_message_to_proto
+from services.tokenizer.converters import chat_template_request
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import StopStringMatcher
 
@@ -68,7 +67,8 @@ class ModelText(Decoder, Protocol):
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                             tools: Sequence[Mapping[str, Any]] | None = None, continue_final_message: bool = False,
-                            **template_kwargs) -> tuple[str, list[int]]: ...
+                            documents: Sequence[Mapping[str, Any]] | None = None, chat_template: str | None = None,
+                            add_special_tokens: bool = False, **template_kwargs) -> tuple[str, list[int]]: ...
 
 
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
@@ -88,8 +88,17 @@ DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
 MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
 
 
+UNTRUSTED_TEMPLATE = ("chat_template: this server renders conversations by the model's chat template only; a "
+                      "request's own is taken where the gateway runs with --trust-request-chat-template")
+
+
 class InvalidRequestError(ValueError):
-    """The request itself is bad (HTTP 400); the message is safe to show the client."""
+    """The request itself is bad (HTTP 400); the message is safe to show the client. `param`: the
+    field at fault, where it is not the prompt itself."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class ContextLengthError(InvalidRequestError):
@@ -183,7 +192,8 @@ class RequestPipeline:
     of at most `local_tokenize_max_chars` characters is encoded with it too, inline: the
     same tokenizer and template give the same ids, and a short prompt encodes in less time
     than a call to the tokenizer service takes. Longer ones go to the tokenizer service,
-    which encodes them off its event loop (0: every one does). `preopen_prefill_calls`: a
+    which encodes them off its event loop (0: every one does), as do conversations with a
+    template of their own, which only `trust_request_chat_template` lets in. `preopen_prefill_calls`: a
     prompt goes to its prefill worker on a call opened ahead of it where one is kept
     (kept_calls.py), else on a new call; a handed-off prompt goes to its decode worker so
     either way. `metrics`: the gateway's (its registry is served on `/metrics`); by
@@ -195,7 +205,7 @@ class RequestPipeline:
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
-                 max_num_requests: int = 0):
+                 max_num_requests: int = 0, trust_request_chat_template: bool = False):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -208,6 +218,7 @@ class RequestPipeline:
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
         self.max_num_requests = max_num_requests  # 0: no limit
+        self.trust_request_chat_template = trust_request_chat_template
         self.num_requests = 0  # being generated now (each choice of a request counts)
         self.metrics.gauge("baton_gateway_requests_in_progress",
                            "Requests the gateway holds now, each choice of n counting (what --max-num-requests "
@@ -331,23 +342,19 @@ class RequestPipeline:
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{**m, "content": m.get("content") or ""} for m in messages]
-            tools = chat_options.tools
-            if sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
+            if chat_options.template is not None and not self.trust_request_chat_template:
+                raise InvalidRequestError(UNTRUSTED_TEMPLATE, param="chat_template")
+            # A request's own template is rendered by the tokenizer service: nothing bounds its time,
+            # which here would stall every other request's tokens.
+            if chat_options.template is None and sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
                 try:
                     check_messages(chat)
-                    prompt = self.tokenizer.apply_chat_template(
-                        chat, add_generation_prompt=chat_options.add_generation_prompt, tools=tools,
-                        continue_final_message=chat_options.continue_final_message, **chat_options.template_kwargs)[1]
+                    prompt = self.tokenizer.apply_chat_template(chat, **chat_options.as_template_inputs())[1]
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
-                kwargs = chat_options.template_kwargs
-                prompt = (await self.tokenizer_stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
-                    request_id=request_id, messages=[chat_message_to_proto(m) for m in chat],
-                    add_generation_prompt=chat_options.add_generation_prompt,
-                    continue_final_message=chat_options.continue_final_message,
-                    chat_template_kwargs_json=json.dumps(kwargs) if kwargs else "",
-                    tools_json=json.dumps(tools) if tools else ""), timeout=timeout)).token_ids
+                prompt = (await self.tokenizer_stub.ApplyChatTemplate(
+                    chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt

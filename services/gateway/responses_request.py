@@ -150,9 +150,7 @@ def fit_to_context(chat: ChatCompletionRequest, tokenizer: ModelText) -> ChatCom
     def fits(start: int) -> bool:
         kept = [m.as_template_input() for m in (*messages[:first], *messages[start:])]
         try:
-            prompt = tokenizer.apply_chat_template(
-                kept, add_generation_prompt=options.add_generation_prompt, tools=options.tools,
-                continue_final_message=options.continue_final_message, **options.template_kwargs)[1]
+            prompt = tokenizer.apply_chat_template(kept, **options.as_template_inputs())[1]
         except ValueError:  # the template refuses it: the chat path says so, for the whole conversation
             return True
         return len(prompt) <= room

@@ -5,8 +5,8 @@ tokenizer of its own.
 `/tokenize` takes a `prompt` (encoded with special tokens unless `add_special_tokens` is false)
 or chat `messages` (rendered by the model's chat template as `/v1/chat/completions` renders them,
 with the generation prompt unless `add_generation_prompt` is false, `continue_final_message` and
-`chat_template_kwargs` as chat takes them; the rendered text encoded
-again with special tokens only if `add_special_tokens` is true, as vLLM does) and answers
+`chat_template_kwargs`, `chat_template`, `tools` and `documents` as chat takes them; special tokens
+added to the rendered text only if `add_special_tokens` is true, as vLLM does) and answers
 `{"count", "max_model_len", "tokens", "token_strs"}` (the vocabulary's strings of the ids with
 `return_token_strs`, else null). `/detokenize` takes `tokens` and answers `{"prompt"}`,
 special tokens included. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
@@ -15,7 +15,6 @@ Decode), so a long prompt is not encoded on the gateway's event loop; what it re
 """
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import grpc
@@ -24,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from protos import tokenizer_pb2
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import ChatMessage, TokenId
+from services.gateway.pipeline import UNTRUSTED_TEMPLATE
 from services.gateway.tool_parsers import with_template_call_ids
-from services.tokenizer.chat_template import check_template_kwargs
-from services.tokenizer.converters import chat_message_to_proto
+from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
+from services.tokenizer.converters import chat_template_request
 
 
 class TokenizeRequest(BaseModel):
@@ -39,6 +39,9 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # the request's own (--trust-request-chat-template only)
+    tools: list[dict[str, Any]] | None = None  # shown to the model by templates that list them
+    documents: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -60,21 +63,20 @@ class DetokenizeRequest(BaseModel):
     tokens: Annotated[list[TokenId], Field(min_length=1)]
 
 
-async def tokenize(stub, body: TokenizeRequest, timeout_s: float, tool_call_parser: str | None = None) -> list[int]:
+async def tokenize(stub, body: TokenizeRequest, timeout_s: float, tool_call_parser: str | None = None,
+                   trust_request_chat_template: bool = False) -> list[int]:
     """The prompt's token ids, by the tokenizer service behind `stub`; chat messages' tool-call ids
     as generation gives them to the template (`tool_call_parser`: the gateway's)."""
+    if body.chat_template is not None and not trust_request_chat_template:
+        raise APIError(400, UNTRUSTED_TEMPLATE, param="chat_template")
     try:
         if body.prompt is not None:
             return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, timeout_s))
-        rendered = await stub.ApplyChatTemplate(tokenizer_pb2.ApplyChatTemplateRequest(
-            messages=[chat_message_to_proto(m) for m in with_template_call_ids(
-                [m.as_template_input() for m in body.messages], tool_call_parser)],
-            add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
-            chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""),
-            timeout=timeout_s)
-        if body.add_special_tokens:
-            return list(await _encode(stub, rendered.text, True, timeout_s))
-        return list(rendered.token_ids)
+        messages = with_template_call_ids([m.as_template_input() for m in body.messages], tool_call_parser)
+        options = ChatOptions(body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {},
+                              body.tools or None, body.documents, body.chat_template, bool(body.add_special_tokens))
+        return list((await stub.ApplyChatTemplate(chat_template_request("", messages, options),
+                                                  timeout=timeout_s)).token_ids)
     except grpc.aio.AioRpcError as e:
         raise _refused(e, "prompt" if body.prompt is not None else "messages") from None
 

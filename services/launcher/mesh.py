@@ -33,6 +33,7 @@ from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
 from services.launcher.specs import (
     API_KEY_VARIABLE,
+    CHAT_TEMPLATE_VARIABLE,
     DECODE_NAME_PREFIXES,
     MeshConfig,
     gateway_spec,
@@ -210,6 +211,8 @@ class Mesh:
         env.pop(API_KEY_VARIABLE, None)
         if spec.name == "gateway" and self.config.api_key:
             env[API_KEY_VARIABLE] = self.config.api_key
+        if self.config.chat_template is not None:
+            env[CHAT_TEMPLATE_VARIABLE] = self.config.chat_template
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from services.launcher.process import ChildSpec
+from services.tokenizer.template_setting import chat_template_source
 
 # grpc.health.v1 names, as the servicers register them (`<proto package>.<service>`);
 # written out so that starting the mesh imports neither torch nor generated code.
@@ -47,10 +48,12 @@ LAUNCHER_FLAGS = {
     "prefill": frozenset({*_BIND_FLAGS, "--kvstore"}),
     "decode": frozenset(_BIND_FLAGS),
     "kvstore": frozenset(_BIND_FLAGS),
+    # --chat-template: the tokenizer service's too, which one for the gateway alone would differ from.
     "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port",
-                          "--api-key"}),
+                          "--api-key", "--chat-template"}),
 }
 API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
+CHAT_TEMPLATE_VARIABLE = "BATON_CHAT_TEMPLATE"  # how `baton up --chat-template` reaches the services that render
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class MeshConfig:
     # More flags by service kind ("prefill", "decode", "kvstore", "gateway"), after the launcher's own.
     service_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)  # the gateway asks clients for it; None: for none
+    # Replaces the model's chat template (a file's absolute path, or the template); None: the model's.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -103,6 +108,10 @@ class MeshConfig:
                 raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
         if self.api_key is not None and (not self.api_key or self.api_key != "".join(self.api_key.split())):
             raise ValueError("--api-key must be non-empty, without spaces")
+        if self.chat_template is not None:
+            chat_template_source(self.chat_template)  # refused here rather than by two children
+            if Path(self.chat_template).expanduser().is_file():  # the children run in another directory
+                object.__setattr__(self, "chat_template", str(Path(self.chat_template).expanduser().resolve()))
         if not (self.model_dir / "config.json").is_file():
             raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
         for kind, args in self.service_args.items():

@@ -30,7 +30,7 @@ _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # What a template is given by name, and `ChatTemplate.render`'s own parameters: extra variables
 # may not take these.
 RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-                                "special_tokens", "self"})
+                                "special_tokens", "self", "chat_template"})
 
 
 class ChatTemplateError(ValueError):
@@ -45,6 +45,18 @@ class ChatOptions:
     continue_final_message: bool = False
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # extra template variables
     tools: Sequence[Mapping[str, Any]] | None = None  # OpenAI's tool list, for templates that show it
+    documents: Sequence[Mapping[str, Any]] | None = None  # for retrieval templates: {"title", "text"} each
+    # The request's own template (its Jinja source, or the name of one of the model's templates);
+    # None: the model's. The gateway takes one only when started trusting them.
+    template: str | None = None
+    add_special_tokens: bool = False  # special tokens (BOS) added to the rendered text as well, as vLLM's
+
+    def as_template_inputs(self) -> dict[str, Any]:
+        """The keyword arguments of `ModelTokenizer.apply_chat_template` beyond the messages."""
+        return {"add_generation_prompt": self.add_generation_prompt, "tools": self.tools,
+                "continue_final_message": self.continue_final_message, "documents": self.documents,
+                "chat_template": self.template, "add_special_tokens": self.add_special_tokens,
+                **self.template_kwargs}
 
 
 class ChatTemplate:
@@ -59,7 +71,7 @@ class ChatTemplate:
         try:
             self._template = _make_environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
-            raise ChatTemplateError(f"the model's chat template does not compile: {e}") from e
+            raise ChatTemplateError(f"the chat template does not compile: {e}") from e
 
     def render(
         self,
@@ -136,15 +148,24 @@ def template_kwargs_from_json(text: str) -> dict[str, Any]:
 
 def tools_from_json(text: str) -> list[dict[str, Any]] | None:
     """The tools a request lists for the model, sent as OpenAI's JSON list ("" for none)."""
+    return _objects_from_json(text, "tools")
+
+
+def documents_from_json(text: str) -> list[dict[str, Any]] | None:
+    """The documents a request gives a retrieval template, a JSON list of objects ("" for none)."""
+    return _objects_from_json(text, "documents")
+
+
+def _objects_from_json(text: str, what: str) -> list[dict[str, Any]] | None:
     if not text:
         return None
     try:
-        tools = json.loads(text)
+        objects = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ChatTemplateError(f"tools are not JSON: {e}") from None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise ChatTemplateError("tools must be a JSON list of objects")
-    return tools
+        raise ChatTemplateError(f"{what} are not JSON: {e}") from None
+    if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
+        raise ChatTemplateError(f"{what} must be a JSON list of objects")
+    return objects
 
 
 def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:

@@ -30,6 +30,7 @@ from services.common.settings import (
     model_arg,
     new_parser,
 )
+from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
 ENV_HOST = "BATON_TOKENIZER_HOST"
 ENV_PORT = "BATON_TOKENIZER_PORT"
@@ -46,6 +47,7 @@ class TokenizerServiceConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
+    chat_template: str | None = None  # Jinja source replacing the model's templates (--chat-template)
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -69,8 +71,9 @@ class TokenizerServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
+        add_chat_template_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
-                   otlp_endpoint=args.otlp_endpoint)
+                   otlp_endpoint=args.otlp_endpoint, chat_template=chat_template_source(args.chat_template))

@@ -5,7 +5,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from protos import common_pb2
+from protos import common_pb2, tokenizer_pb2
+from services.tokenizer.chat_template import ChatOptions
 
 
 def chat_messages_from_proto(messages: Sequence[common_pb2.ChatMessage]) -> list[dict[str, Any]]:
@@ -22,6 +23,19 @@ def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
                                   tool_calls_json=json.dumps(tool_calls) if tool_calls else "",
                                   tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "",
                                   reasoning_content=message.get("reasoning_content") or "")
+
+
+def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]],
+                          options: ChatOptions) -> tokenizer_pb2.ApplyChatTemplateRequest:
+    """What asks the tokenizer service to render `messages` as `options` say."""
+    kwargs = options.template_kwargs
+    return tokenizer_pb2.ApplyChatTemplateRequest(
+        request_id=request_id, messages=[chat_message_to_proto(m) for m in messages],
+        add_generation_prompt=options.add_generation_prompt, continue_final_message=options.continue_final_message,
+        chat_template_kwargs_json=json.dumps(kwargs) if kwargs else "",
+        tools_json=json.dumps(list(options.tools)) if options.tools else "",
+        chat_template=options.template or "", documents_json=json.dumps(list(options.documents))
+        if options.documents is not None else "", add_special_tokens=options.add_special_tokens)
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:

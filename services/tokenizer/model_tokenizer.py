@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
 # transformers writes this huge sentinel as model_max_length when it means "no limit".
 _NO_LIMIT = int(1e29)
+# Requests' own templates kept compiled (compiling one takes milliseconds; a client sends the same
+# few again and again), the least recently used dropped past this many.
+MAX_REQUEST_TEMPLATES = 32
 
 
 class ContextLengthError(ValueError):
@@ -54,13 +58,16 @@ class ModelTokenizer:
         self.special_tokens = dict(special_tokens or {})
         self._chat_template_sources = dict(chat_templates or {})
         self._compiled: dict[str, ChatTemplate] = {}
+        self._request_templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))  # ordered, no repeats
         self.max_model_len = max_model_len
 
     @classmethod
-    def from_dir(cls, model_dir: str | os.PathLike, *, max_model_len: int | None = None) -> ModelTokenizer:
+    def from_dir(cls, model_dir: str | os.PathLike, *, max_model_len: int | None = None,
+                 chat_template: str | None = None) -> ModelTokenizer:
         """Load a Hugging Face model directory. `max_model_len` overrides the context
-        length found in config.json (and may only shorten it)."""
+        length found in config.json (and may only shorten it); `chat_template` (Jinja source)
+        replaces the model's templates, as vLLM's --chat-template does."""
         path = Path(model_dir)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
@@ -80,7 +87,8 @@ class ModelTokenizer:
             if max_model_len < 1 or (context is not None and max_model_len > context):
                 raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {path}")
             context = max_model_len
-        return cls(tokenizer, special_tokens=special_tokens, chat_templates=_chat_templates(path, tok_config),
+        templates = {"default": chat_template} if chat_template is not None else _chat_templates(path, tok_config)
+        return cls(tokenizer, special_tokens=special_tokens, chat_templates=templates,
                    eos_token_ids=eos_ids, max_model_len=context)
 
     @property
@@ -109,14 +117,19 @@ class ModelTokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._chat_template_sources)
 
-    def chat_template(self, tools: Sequence[Any] | None = None) -> ChatTemplate:
-        """The template transformers would pick: the only one, else "tool_use" when
-        tools are given and one exists, else "default"."""
+    def chat_template(self, tools: Sequence[Any] | None = None, requested: str | None = None) -> ChatTemplate:
+        """The template transformers would pick: `requested` (the name of one of several
+        templates, else a template's source), else the only one, else "tool_use" when tools
+        are given and one exists, else "default"."""
         sources = self._chat_template_sources
+        if requested is not None and not (len(sources) > 1 and requested in sources):
+            return self._request_template(requested)
         if not sources:
             raise ChatTemplateError("this model has no chat template; send a plain prompt instead")
         if len(sources) == 1:
             name = next(iter(sources))
+        elif requested is not None:
+            name = requested
         elif tools is not None and "tool_use" in sources:
             name = "tool_use"
         elif "default" in sources:
@@ -134,15 +147,26 @@ class ModelTokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
         continue_final_message: bool = False,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_special_tokens: bool = False,
         **kwargs: Any,
     ) -> tuple[str, list[int]]:
-        """Render `messages` and encode the text without adding special tokens (the
-        template writes bos itself, as transformers assumes). Returns (text, ids).
-        Raises `ChatTemplateError` (a ValueError) when the template rejects them."""
-        text = self.chat_template(tools).render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                                continue_final_message=continue_final_message,
-                                                special_tokens=self.special_tokens, **kwargs)
-        return text, self.encode(text, add_special_tokens=False)
+        """Render `messages` by `chat_template` (see `chat_template`; None: the model's) and encode
+        the text, without adding special tokens unless `add_special_tokens` (the template writes bos
+        itself, as transformers assumes). Returns (text, ids). Raises `ChatTemplateError` (a
+        ValueError) when the template does not compile or rejects them."""
+        text = self.chat_template(tools, chat_template).render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
+            continue_final_message=continue_final_message, special_tokens=self.special_tokens, **kwargs)
+        return text, self.encode(text, add_special_tokens=add_special_tokens)
+
+    def _request_template(self, source: str) -> ChatTemplate:
+        template = self._request_templates.pop(source, None) or ChatTemplate(source)
+        self._request_templates[source] = template
+        if len(self._request_templates) > MAX_REQUEST_TEMPLATES:
+            self._request_templates.popitem(last=False)
+        return template
 
     def check_context(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Raise `ContextLengthError` unless prompt + `max_tokens` fits the model's context."""

@@ -18,7 +18,12 @@ import grpc
 
 from protos import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.metrics import ServiceMetrics
-from services.tokenizer.chat_template import check_messages, template_kwargs_from_json, tools_from_json
+from services.tokenizer.chat_template import (
+    check_messages,
+    documents_from_json,
+    template_kwargs_from_json,
+    tools_from_json,
+)
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
 
@@ -50,11 +55,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             check_messages(messages)
             kwargs = template_kwargs_from_json(request.chat_template_kwargs_json)
             tools = tools_from_json(request.tools_json)
+            documents = documents_from_json(request.documents_json)
             num_chars = sum(len(m["content"]) for m in messages)
-            # Rendering is Jinja (Python, holds the GIL) but encoding the result is not.
-            text, ids = await _run(num_chars > INLINE_LIMIT, functools.partial(
+            # Rendering is Jinja (Python, holds the GIL) but encoding the result is not. A request's own
+            # template always renders on a thread: nothing bounds what it does.
+            text, ids = await _run(num_chars > INLINE_LIMIT or bool(request.chat_template), functools.partial(
                 tokenizer.apply_chat_template, tools=tools, continue_final_message=request.continue_final_message,
-                **kwargs), messages, request.add_generation_prompt)
+                documents=documents, chat_template=request.chat_template or None,
+                add_special_tokens=request.add_special_tokens, **kwargs), messages, request.add_generation_prompt)
         except ValueError as e:  # ChatTemplateError among them: a template's refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)

@@ -302,9 +302,11 @@ def test_no_redis_runs_without_one(start_up):
     assert up.wait_exit() == 0, up.output()
 
 
-def test_flags_given_per_kind_of_service_reach_those_services(start_up):
+def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path, tiny_demo_model):
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5",
+                  "--chat-template", str(tmp_path / "chat.jinja"),
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
@@ -323,6 +325,18 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up):
         assert httpx.get(f"{base}/models", timeout=5).status_code == 401
         assert httpx.get(f"{base}/models", headers={"Authorization": "Bearer sk-up"}, timeout=5).status_code == 200
         assert all("sk-up" not in " ".join(command_line(pid)) for pid in up.pids.values())
+        # --chat-template: the tokenizer service's (/tokenize) and the gateway's (a short chat it renders itself).
+        from tokenizers import Tokenizer
+
+        expected = Tokenizer.from_file(str(tiny_demo_model / "tokenizer.json")).encode("[user] hi\n",
+                                                                                   add_special_tokens=False).ids
+        auth, hi = {"Authorization": "Bearer sk-up"}, [{"role": "user", "content": "hi"}]
+        root = base.removesuffix("/v1")
+        tokenized = httpx.post(f"{root}/tokenize", json={"messages": hi}, headers=auth, timeout=10).json()
+        assert tokenized["tokens"] == expected
+        chat = httpx.post(f"{base}/chat/completions", headers=auth, timeout=30,
+                          json={"model": "served-x", "messages": hi, "max_tokens": 1}).json()
+        assert chat["usage"]["prompt_tokens"] == len(expected)
 
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0, up.output()
@@ -330,7 +344,8 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up):
 
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
                                    "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
-                                   "--decode-args=--shutdown-grace-s=30"])
+                                   "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
+                                   "--chat-template=no-such-template.jinja"])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)

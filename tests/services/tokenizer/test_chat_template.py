@@ -147,3 +147,40 @@ def test_sandbox_refuses_python_internals():
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}").render(
             [{"role": "user", "content": "x"}])
+
+
+# A retrieval template in the shape Command-R's and Granite's are written: documents listed before the turns.
+RAG_TEMPLATE = ("{{ bos_token }}{% if documents %}{% for d in documents %}"
+                "[{{ loop.index }}] {{ d.title }}: {{ d.text }}\n{% endfor %}{% endif %}"
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+DOCUMENTS = [{"title": "Zürich", "text": "21 °C, sunny"}, {"title": "Oslo", "text": "4 °C, rain"}]
+
+
+def test_a_requests_own_template_and_documents_render_as_transformers_renders_them(model_dir, tok):
+    messages = CONVERSATIONS["system + user"]
+    hf = load_hf_tokenizer(model_dir)
+    for documents in (DOCUMENTS, None):
+        text, ids = tok.apply_chat_template(messages, chat_template=RAG_TEMPLATE, documents=documents)
+        assert text == hf.apply_chat_template(messages, chat_template=RAG_TEMPLATE, documents=documents,
+                                              add_generation_prompt=True, tokenize=False)
+        assert ids == _hf_ids(model_dir, messages, chat_template=RAG_TEMPLATE, documents=documents)
+    assert "[2] Oslo: 4 °C, rain" in tok.apply_chat_template(messages, chat_template=RAG_TEMPLATE,
+                                                             documents=DOCUMENTS)[0]
+    # The model's own template is untouched by a request's.
+    assert tok.apply_chat_template(messages)[1] == _hf_ids(model_dir, messages)
+
+
+def test_add_special_tokens_adds_the_tokenizers_own_to_the_rendered_text(model_dir, tok):
+    messages = CONVERSATIONS["single user"]
+    text, plain = tok.apply_chat_template(messages)
+    with_special = tok.apply_chat_template(messages, add_special_tokens=True)[1]
+    assert with_special == tok.encode(text, add_special_tokens=True)
+    assert with_special == load_hf_tokenizer(model_dir)(text, add_special_tokens=True)["input_ids"]
+    assert len(with_special) >= len(plain)
+
+
+def test_a_requests_template_that_does_not_compile_is_a_chat_template_error(demo_model_dir):
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        load_tokenizer(demo_model_dir).apply_chat_template([{"role": "user", "content": "x"}],
+                                                           chat_template="{% for m in messages %}")

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
+from services.tokenizer.model_tokenizer import MAX_REQUEST_TEMPLATES, ContextLengthError, ModelTokenizer
 from tests.services.tokenizer.conftest import shared_model_dir
 
 TEXTS = ["Hello, world!", " leading space", "naïve café 你好 🌍🚀", "a\n\n  b\tc", ""]
@@ -111,3 +111,35 @@ def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=r"tokenizer\.json: not a valid tokenizer\.json"):
         ModelTokenizer.from_dir(tmp_path)
+
+
+def test_a_named_template_is_chosen_by_name_and_any_other_text_is_a_template(demo_model_dir, tmp_path):
+    # As transformers takes `chat_template`: a name among several of the model's, else the template's source.
+    templates = [{"name": "default", "template": "D:{{ messages[0].content }}"},
+                 {"name": "rag", "template": "R:{{ documents | length }}:{{ messages[0].content }}"}]
+    tok = ModelTokenizer.from_dir(_copy_model(demo_model_dir, tmp_path / "m", chat_template=templates))
+    messages = [{"role": "user", "content": "x"}]
+    assert tok.apply_chat_template(messages, chat_template="rag", documents=[{"text": "a"}])[0] == "R:1:x"
+    assert tok.apply_chat_template(messages, chat_template="Own:{{ messages[0].content }}")[0] == "Own:x"
+    # With one template, a name is text like any other (transformers keeps a lone template as a string).
+    single = ModelTokenizer.from_dir(demo_model_dir)
+    assert single.apply_chat_template(messages, chat_template="default")[0] == "default"
+
+
+def test_requests_templates_are_kept_compiled_up_to_a_bound(demo_model_dir):
+    tok = ModelTokenizer.from_dir(demo_model_dir)
+    messages = [{"role": "user", "content": "x"}]
+    first = tok.chat_template(requested="0:{{ messages | length }}")
+    assert tok.chat_template(requested="0:{{ messages | length }}") is first
+    for i in range(1, MAX_REQUEST_TEMPLATES + 1):
+        assert tok.apply_chat_template(messages, chat_template=f"{i}:{{{{ messages | length }}}}")[0] == f"{i}:1"
+    assert tok.chat_template(requested="0:{{ messages | length }}") is not first  # the oldest was dropped
+
+
+def test_a_server_template_replaces_the_models(demo_model_dir, tmp_path):
+    templates = [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]
+    path = _copy_model(demo_model_dir, tmp_path / "m", chat_template=templates)
+    tok = ModelTokenizer.from_dir(path, chat_template="S:{{ messages[0].content }}")
+    messages = [{"role": "user", "content": "x"}]
+    assert tok.apply_chat_template(messages)[0] == "S:x"
+    assert tok.apply_chat_template(messages, tools=[{"type": "function"}])[0] == "S:x"

@@ -136,6 +136,31 @@ def test_chat_template_equals_transformers(service, demo_model_dir):
         assert reply.text.endswith("<|im_start|>assistant\n")
 
 
+def test_a_requests_template_documents_and_special_tokens_render_as_transformers_renders_them(service,
+                                                                                                demo_model_dir):
+    template = ("{{ bos_token }}{% for d in documents or [] %}<doc title={{ d.title | tojson }}>{{ d.text }}</doc>"
+                "{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    documents = [{"title": "Zürich", "text": "21 °C"}]
+    messages = CONVERSATIONS[1]
+    request = chat_request(messages)
+    request.chat_template, request.documents_json = template, json.dumps(documents)
+    reply = service.stub.ApplyChatTemplate(request, timeout=10)
+    hf = auto_tokenizer(demo_model_dir)
+    assert reply.text == hf.apply_chat_template(messages, chat_template=template, documents=documents,
+                                                tokenize=False)
+    assert '<doc title="Zürich">21 °C</doc>' in reply.text
+    assert list(reply.token_ids) == hf(reply.text, add_special_tokens=False)["input_ids"]
+    request.add_special_tokens = True  # the tokenizer's BOS before the template's own
+    again = service.stub.ApplyChatTemplate(request, timeout=10)
+    assert list(again.token_ids) == hf(reply.text, add_special_tokens=True)["input_ids"] != list(reply.token_ids)
+    for field, value, words in (("chat_template", "{% if %}", ("does not compile",)),
+                                ("documents_json", "{}", ("documents", "list")),
+                                ("documents_json", "[1]", ("documents", "list"))):
+        bad = chat_request(messages)
+        setattr(bad, field, value)
+        assert_invalid(service.stub.ApplyChatTemplate, bad, *words)
+
+
 def test_decode_round_trips(service):
     for text in TEXTS:
         ids = service.stub.Encode(tokenizer_pb2.EncodeRequest(text=text, add_special_tokens=True)).token_ids
@@ -230,6 +255,26 @@ def test_config_from_flags_and_environment(demo_model_dir):
         TokenizerServiceConfig.from_args([], env={})
     with pytest.raises(ConfigError, match="BATON_TOKENIZER_PORT"):
         TokenizerServiceConfig.from_args([], env={**env, "BATON_TOKENIZER_PORT": "x"})
+
+
+def test_a_chat_template_from_a_file_or_written_out_replaces_the_models(demo_model_dir, tmp_path):
+    written = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
+    (tmp_path / "t.jinja").write_text(written)
+    env = {"BATON_MODEL": str(demo_model_dir)}
+    assert TokenizerServiceConfig.from_args(["--chat-template", str(tmp_path / "t.jinja")], env=env).chat_template \
+        == written
+    assert TokenizerServiceConfig.from_args([], env={**env, "BATON_CHAT_TEMPLATE": written}).chat_template == written
+    assert TokenizerServiceConfig.from_args([], env=env).chat_template is None
+    with pytest.raises(ConfigError, match="no such file"):
+        TokenizerServiceConfig.from_args(["--chat-template", str(tmp_path / "absent.jinja")], env=env)
+    with pytest.raises(ConfigError, match="does not compile"):
+        TokenizerServiceConfig.from_args(["--chat-template", "{% for %}"], env=env)
+    svc = Service(demo_model_dir, "--chat-template", str(tmp_path / "t.jinja"))
+    try:
+        reply = svc.stub.ApplyChatTemplate(chat_request(CONVERSATIONS[0]), timeout=10)
+        assert reply.text == "[user] Hello there!"
+    finally:
+        svc.close()
 
 
 @pytest.mark.parametrize("name", SHARED_MODEL_NAMES)

@@ -1,0 +1,99 @@
+"""vLLM's chat-template extras through the gateway: a request's own template (only where the gateway
+trusts them), documents for retrieval templates, and `add_special_tokens`, each giving the model the
+ids `transformers` renders, on the HTTP chat API, `/tokenize` and the gRPC API alike."""
+from __future__ import annotations
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.services.gateway.mesh import gateway_client
+
+MESSAGES = [{"role": "system", "content": "Answer from the documents."},
+            {"role": "user", "content": "How warm is it in Zürich?"}]
+DOCUMENTS = [{"title": "Zürich", "text": "21 °C and sunny"}, {"title": "Oslo", "text": "4 °C, rain"}]
+RAG_TEMPLATE = ("{{ bos_token }}{% for d in documents or [] %}<doc id={{ loop.index }} title={{ d.title | tojson }}>"
+                "{{ d.text }}</doc>\n{% endfor %}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(mesh):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(mesh.model_dir))
+
+
+def transformers_ids(hf_tokenizer, **kwargs) -> list[int]:
+    out = hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, **kwargs)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def base_url(client: openai.OpenAI) -> str:
+    return str(client.base_url).removesuffix("/").removesuffix("/v1")
+
+
+def test_a_requests_own_template_is_refused_unless_the_gateway_trusts_them(mesh, client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+                                       extra_body={"chat_template": RAG_TEMPLATE})
+    error = refused.value.body
+    assert error["param"] == "chat_template" and "--trust-request-chat-template" in error["message"]
+    response = httpx.post(f"{mesh.gateway.base_url}/tokenize", timeout=30,
+                          json={"messages": MESSAGES, "chat_template": RAG_TEMPLATE})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "chat_template"
+    # Nor in through the variables: transformers would take that one as the template.
+    with pytest.raises(openai.BadRequestError, match="cannot set chat_template"):
+        client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+                                       extra_body={"chat_template_kwargs": {"chat_template": RAG_TEMPLATE}})
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        [reply] = gateway_pb2_grpc.GenerateStub(channel).Generate(gateway_pb2.GenerateRequest(
+            chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in MESSAGES]),
+            sampling=common_pb2.SamplingParams(max_tokens=1),
+            chat_options=gateway_pb2.ChatOptions(chat_template=RAG_TEMPLATE)), timeout=30)
+    assert reply.error.code == 400 and reply.error.param == "chat_template"
+    mesh.assert_decode_pools_free()
+
+
+def test_a_trusted_requests_template_and_documents_are_what_the_model_is_given(mesh, hf_tokenizer):
+    expected = transformers_ids(hf_tokenizer, chat_template=RAG_TEMPLATE, documents=DOCUMENTS)
+    assert "Zürich" in hf_tokenizer.decode(expected) and len(expected) > len(transformers_ids(hf_tokenizer))
+    with gateway_client(mesh, "--trust-request-chat-template") as trusted:
+        extras = {"chat_template": RAG_TEMPLATE, "documents": DOCUMENTS, "ignore_eos": True}
+        chat = trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=8,
+                                               temperature=0, extra_body=extras)
+        assert chat.usage.prompt_tokens == len(expected)
+        # The very ids: the same greedy text as a completion of them.
+        by_ids = trusted.completions.create(model=mesh.model_name, prompt=expected, max_tokens=8, temperature=0,
+                                            extra_body={"ignore_eos": True})
+        assert chat.choices[0].message.content == by_ids.choices[0].text
+        tokenized = httpx.post(f"{base_url(trusted)}/tokenize", timeout=30, json={
+            "messages": MESSAGES, "chat_template": RAG_TEMPLATE, "documents": DOCUMENTS}).json()
+        assert tokenized["tokens"] == expected
+        with pytest.raises(openai.BadRequestError) as broken:
+            trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+                                            extra_body={"chat_template": "{% for m in messages %}"})
+        assert "does not compile" in broken.value.body["message"]
+    mesh.assert_decode_pools_free()
+
+
+def test_add_special_tokens_puts_the_tokenizers_own_before_the_templates_text(mesh, client, hf_tokenizer):
+    text = hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    plain = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1)
+    added = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+                                           extra_body={"add_special_tokens": True})
+    assert plain.usage.prompt_tokens == len(hf_tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert added.usage.prompt_tokens == len(hf_tokenizer(text, add_special_tokens=True)["input_ids"])
+    assert added.usage.prompt_tokens > plain.usage.prompt_tokens
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GenerateStub(channel)
+        chat = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in MESSAGES])
+        [reply] = stub.Generate(gateway_pb2.GenerateRequest(
+            chat=chat, sampling=common_pb2.SamplingParams(max_tokens=1),
+            chat_options=gateway_pb2.ChatOptions(add_special_tokens=True)), timeout=30)
+        assert reply.complete.usage.prompt_tokens == added.usage.prompt_tokens
+        [refused] = stub.Generate(gateway_pb2.GenerateRequest(
+            chat=chat, sampling=common_pb2.SamplingParams(max_tokens=1),
+            chat_options=gateway_pb2.ChatOptions(documents_json='{"title": "not a list"}')), timeout=30)
+        assert refused.error.code == 400 and refused.error.param == "chat_options.documents_json"
