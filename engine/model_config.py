@@ -7,7 +7,9 @@ from pathlib import Path
 
 from kernels.rotary import SUPPORTED_ROPE_TYPES
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 class ModelConfigError(ValueError):
@@ -30,6 +32,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool  # each head's q and k RMS-normed before RoPE (Qwen3)
     sliding_window: int | None
     weights_dtype: str
     bos_token_id: int | None
@@ -84,6 +87,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
             sliding_window=_sliding_window(cfg, arch, path),
             weights_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
@@ -119,8 +123,8 @@ def _rope_scaling(cfg: dict, path: Path) -> dict | None:
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
     if arch == "MistralForCausalLM":
         return cfg.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and cfg.get("use_sliding_window"):
-        raise ModelConfigError(f"{path}: Qwen2 use_sliding_window=true is not supported")
+    if arch in _QWEN and cfg.get("use_sliding_window"):
+        raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")
     return None
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from engine.models.llama import LlamaForCausalLM
 
-# Mistral and Qwen2 are Llama with a sliding window or q/k/v biases; ModelConfig carries both.
+# Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms; ModelConfig carries them.
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
 }

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) over paged KV.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over paged KV.
 
 The forward is pure apart from writing the new tokens' K/V into the pages it is
 handed: token ids, positions and attention metadata in, hidden states out.
@@ -34,6 +34,8 @@ class Attention(nn.Module):
         self.qkv_weight = _param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
         self.qkv_bias = _param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
         self.o_weight = _param(config.hidden_size, config.q_size, dtype=dtype)
+        self.q_norm = _param(config.head_dim, dtype=dtype) if config.qk_norm else None
+        self.k_norm = _param(config.head_dim, dtype=dtype) if config.qk_norm else None
 
     def forward(
         self,
@@ -50,6 +52,9 @@ class Attention(nn.Module):
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:  # per head, over head_dim
+            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         q, k = ops.apply_rope(q, k, cos, sin)
         k_cache, v_cache = kv_cache
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -145,6 +150,8 @@ class LlamaForCausalLM(nn.Module):
             names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
             if self.config.qkv_bias:
                 names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            if self.config.qk_norm:
+                names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
             names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
             names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         return names
@@ -174,6 +181,8 @@ class LlamaForCausalLM(nn.Module):
             proj, kind = parts[4], parts[5]
             if proj == "o_proj":
                 return layer.attn.o_weight.data
+            if proj in ("q_norm", "k_norm"):
+                return (layer.attn.q_norm if proj == "q_norm" else layer.attn.k_norm).data
             lo, hi = qkv_rows[proj]
             return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
         if module == "mlp":

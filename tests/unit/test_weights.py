@@ -30,6 +30,20 @@ def test_unsupported_architecture_is_named(model_copy):
         load_model_config(model_copy)
 
 
+@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+def test_qwens_sliding_window_layers_are_refused(model_copy, architecture):
+    # Their layers may alternate full and windowed attention; Baton's one window would be wrong for some.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=[architecture], use_sliding_window=True, sliding_window=64)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="use_sliding_window"):
+        load_model_config(model_copy)
+    cfg["use_sliding_window"] = False
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert config.sliding_window is None and config.qk_norm == (architecture == "Qwen3ForCausalLM")
+
+
 def test_unsupported_rope_scaling_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
