@@ -117,6 +117,12 @@ def _rope_scaling(cfg: dict, path: Path) -> dict | None:
         raise ModelConfigError(f"{path}: unsupported rope_scaling type {rope_type!r}; "
                                f"supported: {SUPPORTED_ROPE_TYPES}")
     scaling["rope_type"] = rope_type
+    if rope_type in ("llama3", "yarn"):
+        # The pretraining context: where transformers takes it from (a top-level field wins, as Phi-3 writes it).
+        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = original or cfg.get("max_position_embeddings", 2048)
+    if rope_type == "yarn" and scaling.get("factor") is None:  # DeepSeek's: the ratio of the two contexts
+        scaling["factor"] = cfg.get("max_position_embeddings", 2048) / scaling["original_max_position_embeddings"]
     return None if rope_type == "default" else scaling
 
 

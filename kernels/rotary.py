@@ -5,7 +5,7 @@ import math
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -18,6 +18,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         return inv_freq / float(scaling["factor"])
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     raise ValueError(f"unsupported rope type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
 
 
@@ -38,15 +40,56 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    # YaRN (arXiv 2309.00071): dimensions that turn more than beta_fast times over the original
+    # context keep their frequency, those turning fewer than beta_slow times are divided by
+    # `factor`, and a linear ramp over the dimensions between blends the two.
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+
+    def dim_turning(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_turning(float(scaling.get("beta_fast") or 32)), dim_turning(float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of no width would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What cos and sin are multiplied by: YaRN's attention temperature (its `attention_factor`, else
+    0.1 ln(factor) + 1, or DeepSeek's ratio of that by `mscale` and `mscale_all_dim`); 1 otherwise."""
+    if (scaling or {}).get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def temperature(mscale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return temperature(float(mscale)) / temperature(float(mscale_all_dim))
+    return temperature(1.0)
+
+
 def build_rope_cache(
     head_dim: int, max_positions: int, theta: float, scaling: dict | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_positions, head_dim], in float32."""
+    """cos, sin: [max_positions, head_dim], in float32, scaled by `rope_attention_factor`."""
     inv_freq = rope_inv_freq(head_dim, theta, scaling)
     positions = torch.arange(max_positions, dtype=torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-    return emb.cos(), emb.sin()
+    factor = rope_attention_factor(scaling)
+    if factor == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * factor, emb.sin() * factor
 
 
 def apply_rope_torch(

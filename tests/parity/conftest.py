@@ -52,6 +52,9 @@ TINY_MODELS = {
     "qwen2-bias": ("Qwen2Config", dict(tie_word_embeddings=False), {}),
     # An explicit head_dim unlike hidden_size / heads (Qwen3 configs give one); its q/k norms are noised too.
     "qwen3-qk-norm": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True), {}),
+    # Qwen's long-context setting: YaRN over an original context shorter than the prompts here.
+    "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 64}), {}),
 }
 
 

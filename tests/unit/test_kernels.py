@@ -10,7 +10,7 @@ from kernels.attention import decode_attention_torch, prefill_attention_torch
 from kernels.kv_cache import write_kv_torch
 from kernels.registry import select_kernels
 from kernels.rms_norm import rms_norm_torch
-from kernels.rotary import apply_rope_torch, build_rope_cache, rope_inv_freq
+from kernels.rotary import apply_rope_torch, build_rope_cache, rope_attention_factor, rope_inv_freq
 
 HKV, HQ, D, BS, NBLOCKS = 2, 4, 8, 4, 32
 
@@ -119,9 +119,31 @@ def test_scaled_inv_freq_matches_transformers(scaling):
     torch.testing.assert_close(rope_inv_freq(64, 10000.0, scaling), ref.float())
 
 
+@pytest.mark.parametrize("scaling", [
+    {"factor": 4.0, "original_max_position_embeddings": 64},  # Qwen's, as its model cards give it
+    {"factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+    {"factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.707},  # DeepSeek's
+    {"factor": 8.0, "original_max_position_embeddings": 128, "attention_factor": 1.3},
+    {"factor": 0.5, "original_max_position_embeddings": 1024},  # no temperature below 1
+])
+def test_yarn_frequencies_and_attention_factor_match_transformers(scaling):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = {"rope_type": "yarn", **scaling}
+    for theta, head_dim in ((10000.0, 64), (1_000_000.0, 128)):
+        config = transformers.LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, max_position_embeddings=512,
+                                          rope_parameters={**scaling, "rope_theta": theta})
+        ref, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+        torch.testing.assert_close(rope_inv_freq(head_dim, theta, scaling), ref.float())
+        assert rope_attention_factor(scaling) == pytest.approx(attention_factor, rel=1e-12)
+        cos, sin = build_rope_cache(head_dim, 8, theta, scaling)
+        assert cos[0, 0].item() == pytest.approx(attention_factor)  # position 0: cos 1, times the factor
+
+
 def test_unknown_rope_type_is_refused():
-    with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):
-        rope_inv_freq(8, 10000.0, {"rope_type": "yarn"})
+    with pytest.raises(ValueError, match="unsupported rope type 'longrope'"):
+        rope_inv_freq(8, 10000.0, {"rope_type": "longrope"})
 
 
 def test_kernel_bundle_is_chosen_once_and_unknown_backends_refused():

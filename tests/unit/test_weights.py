@@ -44,11 +44,22 @@ def test_qwens_sliding_window_layers_are_refused(model_copy, architecture):
     assert config.sliding_window is None and config.qk_norm == (architecture == "Qwen3ForCausalLM")
 
 
+def test_yarns_original_context_and_factor_are_read_as_transformers_reads_them(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(max_position_embeddings=4096, rope_scaling={"type": "yarn", "original_max_position_embeddings": 512})
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    scaling = load_model_config(model_copy).rope_scaling
+    assert (scaling["rope_type"], scaling["factor"], scaling["original_max_position_embeddings"]) == ("yarn", 8.0, 512)
+    cfg["original_max_position_embeddings"] = 1024  # a top-level field wins (Phi-3 writes it there)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    assert load_model_config(model_copy).rope_scaling["factor"] == 4.0
+
+
 def test_unsupported_rope_scaling_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
     (model_copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match="yarn"):
+    with pytest.raises(ModelConfigError, match="longrope"):
         load_model_config(model_copy)
 
 
