@@ -7,9 +7,11 @@ from pathlib import Path
 
 from kernels.rotary import SUPPORTED_ROPE_TYPES
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
-_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 class ModelConfigError(ValueError):
@@ -33,6 +35,13 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool  # each head's q and k RMS-normed before RoPE (Qwen3)
+    # Mixture of experts (Mixtral, Qwen3-MoE; engine/models/moe.py): 0 experts, every MLP dense.
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool  # the chosen experts' router probabilities rescaled to sum to 1
+    dense_layers: frozenset[int]  # layers whose MLP is dense though the model has experts
+    weighs_experts_in_float32: bool  # Mixtral's; Qwen3-MoE casts the router weights to the compute dtype
     sliding_window: int | None
     weights_dtype: str
     bos_token_id: int | None
@@ -87,7 +96,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in _QK_NORM,
+            **_experts(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
             weights_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
@@ -95,10 +105,31 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
+    if config.num_experts and not 0 < config.num_experts_per_tok <= config.num_experts:
+        raise ModelConfigError(f"{path}: num_experts_per_tok {config.num_experts_per_tok} must be in "
+                               f"[1, {config.num_experts}]")
     if num_heads % num_kv_heads:
         raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
                                f"num_key_value_heads {num_kv_heads}")
     return config
+
+
+def _experts(cfg: dict, arch: str) -> dict:
+    if arch == "MixtralForCausalLM":
+        return dict(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
+                    dense_layers=frozenset(), weighs_experts_in_float32=True)
+    # Qwen's own configs name the count num_experts; transformers 5 saves it as num_local_experts.
+    num_qwen_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if arch == "Qwen3MoeForCausalLM" and num_qwen_experts:
+        step, only_mlp = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+        dense = frozenset(i for i in range(int(cfg["num_hidden_layers"])) if i in only_mlp or (i + 1) % step)
+        return dict(num_experts=num_qwen_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
+                    weighs_experts_in_float32=False)
+    return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
+                dense_layers=frozenset(), weighs_experts_in_float32=False)
 
 
 def _rope_theta(cfg: dict) -> float:
@@ -127,7 +158,7 @@ def _rope_scaling(cfg: dict, path: Path) -> dict | None:
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
         return cfg.get("sliding_window")
     if arch in _QWEN and cfg.get("use_sliding_window"):
         raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")

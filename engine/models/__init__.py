@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from engine.models.llama import LlamaForCausalLM
 
-# Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms; ModelConfig carries them.
+# Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and Qwen3-MoE
+# Llama with experts for MLPs; ModelConfig carries them.
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": LlamaForCausalLM,
 }

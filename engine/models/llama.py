@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over paged KV.
+"""Llama-family decoder (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE) over paged KV.
 
 The forward is pure apart from writing the new tokens' K/V into the pages it is
 handed: token ids, positions and attention metadata in, hidden states out.
@@ -13,10 +13,12 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
+from engine.models.moe import SparseMoE
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
+MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -92,14 +94,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, is_sparse: bool = False) -> None:
         super().__init__()
         self.eps = config.rms_norm_eps
         self.rms_norm = kernels.rms_norm
         self.input_norm = _param(config.hidden_size, dtype=dtype)
         self.post_attention_norm = _param(config.hidden_size, dtype=dtype)
         self.attn = Attention(config, kernels, dtype)
-        self.mlp = MLP(config, dtype)
+        self.mlp = SparseMoE(config, dtype) if is_sparse else MLP(config, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
         h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), cos, sin, kv_cache, meta)
@@ -112,7 +114,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.kernels = kernels
         self.embed = _param(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(config, kernels, dtype) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, kernels, dtype, self._is_sparse(i))
+                                    for i in range(config.num_layers))
         self.norm = _param(config.hidden_size, dtype=dtype)
         self.lm_head = (self.embed if config.tie_word_embeddings
                         else _param(config.vocab_size, config.hidden_size, dtype=dtype))
@@ -138,6 +141,9 @@ class LlamaForCausalLM(nn.Module):
         # hidden: [N, H] → logits [N, V] in float32 for the sampler.
         return F.linear(hidden, self.lm_head).float()
 
+    def _is_sparse(self, layer: int) -> bool:
+        return self.config.num_experts > 0 and layer not in self.config.dense_layers
+
     # --- weights -----------------------------------------------------------------
 
     def checkpoint_names(self) -> list[str]:
@@ -152,9 +158,20 @@ class LlamaForCausalLM(nn.Module):
                 names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
             if self.config.qk_norm:
                 names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-            names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+            names += self._mlp_names(i)
             names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         return names
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}."
+        if not self._is_sparse(layer):
+            return [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        if self.config.architecture == "MixtralForCausalLM":
+            return [p + "block_sparse_moe.gate.weight"] + [
+                p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(self.config.num_experts)
+                for w in ("w1", "w2", "w3")]
+        return [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
+                                          for e in range(self.config.num_experts) for x in ("gate", "up", "down")]
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies checkpoint tensors into place, fusing q/k/v and gate/up; checks shapes."""
@@ -185,6 +202,11 @@ class LlamaForCausalLM(nn.Module):
                 return (layer.attn.q_norm if proj == "q_norm" else layer.attn.k_norm).data
             lo, hi = qkv_rows[proj]
             return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
+        if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):
+            if parts[4] == "gate":  # the router
+                return layer.mlp.router_weight.data
+            proj = MIXTRAL_EXPERT_PROJS.get(parts[6], parts[6].removesuffix("_proj"))
+            return layer.mlp.weight_slice(int(parts[5]), proj)
         if module == "mlp":
             proj = parts[4]
             if proj == "down_proj":

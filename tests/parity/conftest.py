@@ -53,6 +53,10 @@ TINY_MODELS = {
     # An explicit head_dim unlike hidden_size / heads (Qwen3 configs give one); its q/k norms are noised too.
     "qwen3-qk-norm": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True), {}),
     # Qwen's long-context setting: YaRN over an original context shorter than the prompts here.
+    # Experts: top-2 of 4, one dense layer among them (Qwen3-MoE's mlp_only_layers).
+    "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                         mlp_only_layers=[1], norm_topk_prob=True), {}),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                      "original_max_position_embeddings": 64}), {}),
 }

@@ -55,6 +55,20 @@ def test_yarns_original_context_and_factor_are_read_as_transformers_reads_them(m
     assert load_model_config(model_copy).rope_scaling["factor"] == 4.0
 
 
+def test_which_layers_have_experts_is_read_as_qwen3_moe_places_them(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["Qwen3MoeForCausalLM"], num_hidden_layers=6, num_experts=8, num_experts_per_tok=2,
+               moe_intermediate_size=32, decoder_sparse_step=2, mlp_only_layers=[3])
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.num_experts, config.norm_topk_prob) == (8, False)
+    assert config.dense_layers == {0, 2, 3, 4}  # every second layer has experts, but for layer 3
+    cfg["num_experts_per_tok"] = 9
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="num_experts_per_tok 9"):
+        load_model_config(model_copy)
+
+
 def test_unsupported_rope_scaling_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}

@@ -1,0 +1,50 @@
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen3-MoE): each token's top-k experts by its router.
+
+Experts run one after another over the tokens routed to them, in expert order, each output
+weighted by its router probability and summed into the token's row, as `transformers` computes
+it: correct on any device, not a fused MoE kernel.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model_config import ModelConfig
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        num_experts, inter, hidden = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        # Uninitialised: every expert's slices are filled by load_weights.
+        self.router_weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype), requires_grad=False)
+        self.gate_up_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden, dtype=dtype),
+                                           requires_grad=False)
+        self.down_weight = nn.Parameter(torch.empty(num_experts, hidden, inter, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, H] → [T, H]
+        cfg = self.config
+        probs = F.softmax(F.linear(x, self.router_weight).float(), dim=-1)  # [T, E]
+        weights, experts = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [T, k]
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if not cfg.weighs_experts_in_float32:
+            weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for expert in experts.unique().tolist():  # ascending: the order the sums are made in
+            tokens, slot = torch.where(experts == expert)
+            gate, up = F.linear(x[tokens], self.gate_up_weight[expert]).chunk(2, dim=-1)
+            expert_out = F.linear(F.silu(gate) * up, self.down_weight[expert])
+            out.index_add_(0, tokens, (expert_out * weights[tokens, slot, None]).to(x.dtype))
+        return out
+
+    def weight_slice(self, expert: int, proj: str) -> torch.Tensor:
+        """Where a checkpoint's `proj` ("gate", "up" or "down") of `expert` goes."""
+        inter = self.config.moe_intermediate_size
+        if proj == "down":
+            return self.down_weight.data[expert]
+        gate_up = self.gate_up_weight.data[expert]
+        return gate_up[:inter] if proj == "gate" else gate_up[inter:]
