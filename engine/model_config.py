@@ -8,10 +8,13 @@ from pathlib import Path
 from kernels.rotary import SUPPORTED_ROPE_TYPES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+GEMMA3 = "Gemma3ForCausalLM"
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
+# transformers 5 nests a config's RoPE settings by these layer types.
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class ModelConfigError(ValueError):
@@ -31,6 +34,7 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None
+    local_rope_theta: float | None  # the sliding-window layers' own, unscaled RoPE (Gemma 3); None: the above
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
@@ -43,6 +47,9 @@ class ModelConfig:
     dense_layers: frozenset[int]  # layers whose MLP is dense though the model has experts
     weighs_experts_in_float32: bool  # Mixtral's; Qwen3-MoE casts the router weights to the compute dtype
     sliding_window: int | None
+    sliding_layers: frozenset[int]  # the layers that attend over `sliding_window` only (all, for Mistral)
+    hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
+    attention_scale: float  # of q·k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
     weights_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -73,9 +80,15 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} (only silu)")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    supported_act = "gelu_pytorch_tanh" if arch == GEMMA3 else "silu"
+    if act != supported_act:
+        raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
+    for capped in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(capped) is not None:
+            raise ModelConfigError(f"{path}: {capped} is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
@@ -91,14 +104,19 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(cfg),
-            rope_scaling=_rope_scaling(cfg, path),
+            rope_theta=_rope_theta(cfg, _rope_parameters(cfg, "full_attention")),
+            rope_scaling=_rope_scaling(cfg, _rope_parameters(cfg, "full_attention"), path),
+            local_rope_theta=_local_rope_theta(cfg, arch, path),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
             qk_norm=arch in _QK_NORM,
             **_experts(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
+            sliding_layers=_sliding_layers(cfg, arch),
+            hidden_act=act,
+            attention_scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if arch == GEMMA3
+            else head_dim ** -0.5,
             weights_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
@@ -132,14 +150,30 @@ def _experts(cfg: dict, arch: str) -> dict:
                 dense_layers=frozenset(), weighs_experts_in_float32=False)
 
 
-def _rope_theta(cfg: dict) -> float:
+def _rope_parameters(cfg: dict, layer_type: str) -> dict:
+    """`rope_parameters` for one type of layer, where transformers 5 nests them by type; else as they are."""
     params = cfg.get("rope_parameters") or {}
+    if any(t in params for t in LAYER_TYPES):
+        return dict(params.get(layer_type) or {})
+    return params
+
+
+def _rope_theta(cfg: dict, params: dict) -> float:
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
-def _rope_scaling(cfg: dict, path: Path) -> dict | None:
+def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:
+    if arch != GEMMA3:
+        return None
+    params = _rope_parameters(cfg, "sliding_attention")
+    if params.get("rope_type", "default") != "default":
+        raise ModelConfigError(f"{path}: a scaled RoPE for sliding-window layers is not supported")
+    return float(params.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+
+
+def _rope_scaling(cfg: dict, params: dict, path: Path) -> dict | None:
     # transformers 5 writes `rope_parameters`; older configs `rope_scaling` with "type" or "rope_type".
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
+    scaling = cfg.get("rope_scaling") or params or None
     if not scaling:
         return None
     scaling = dict(scaling)
@@ -158,11 +192,23 @@ def _rope_scaling(cfg: dict, path: Path) -> dict | None:
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", GEMMA3):
         return cfg.get("sliding_window")
     if arch in _QWEN and cfg.get("use_sliding_window"):
         raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")
     return None
+
+
+def _sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
+    num_layers = int(cfg["num_hidden_layers"])
+    if arch != GEMMA3:
+        return frozenset(range(num_layers))
+    types = cfg.get("layer_types")
+    if types:
+        return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    # Older Gemma 3 configs: every `sliding_window_pattern`-th layer attends over everything.
+    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+    return frozenset(i for i in range(num_layers) if (i + 1) % pattern)
 
 
 def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:

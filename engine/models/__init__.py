@@ -1,6 +1,7 @@
 """Model architectures, keyed by the `architectures` entry of config.json."""
 from __future__ import annotations
 
+from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and Qwen3-MoE
@@ -12,4 +13,5 @@ MODEL_REGISTRY = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }

@@ -5,6 +5,8 @@ handed: token ids, positions and attention metadata in, hidden states out.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Iterable
 
 import torch
@@ -19,25 +21,27 @@ from kernels.rotary import build_rope_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
-def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     # Uninitialised: every parameter is overwritten by load_weights.
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
         super().__init__()
         self.config = config
         self.kernels = kernels
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
+        self.sliding_window = sliding_window
         # q, k and v projections fused into one matmul; load_weights fills the slices.
-        self.qkv_weight = _param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
-        self.qkv_bias = _param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
-        self.o_weight = _param(config.hidden_size, config.q_size, dtype=dtype)
-        self.q_norm = _param(config.head_dim, dtype=dtype) if config.qk_norm else None
-        self.k_norm = _param(config.head_dim, dtype=dtype) if config.qk_norm else None
+        self.qkv_weight = empty_param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
+        self.qkv_bias = empty_param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
+        self.o_weight = empty_param(config.hidden_size, config.q_size, dtype=dtype)
+        self.q_norm = empty_param(config.head_dim, dtype=dtype) if config.qk_norm else None
+        self.k_norm = empty_param(config.head_dim, dtype=dtype) if config.qk_norm else None
 
     def forward(
         self,
@@ -63,20 +67,20 @@ class Attention(nn.Module):
         num_decode = meta.num_decode_tokens
         if num_decode == num_tokens:
             out = ops.decode_attention(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, cfg.sliding_window
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, self.sliding_window
             )
         else:
             out = torch.empty_like(q)
             if num_decode:
                 out[:num_decode] = ops.decode_attention(
                     q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
-                    meta.decode_context_lens, self.scale, cfg.sliding_window,
+                    meta.decode_context_lens, self.scale, self.sliding_window,
                 )
             for chunk in meta.prefills:
                 s, e = chunk.start, chunk.end
                 out[s:e] = ops.prefill_attention(
                     q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                    chunk.context_len, self.scale, cfg.sliding_window,
+                    chunk.context_len, self.scale, self.sliding_window,
                 )
         return F.linear(out.view(num_tokens, cfg.q_size), self.o_weight)
 
@@ -85,22 +89,24 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_weight = _param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
-        self.down_weight = _param(config.hidden_size, config.intermediate_size, dtype=dtype)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.gate_up_weight = empty_param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
+        self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        return F.linear(self.activation(gate) * up, self.down_weight)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, is_sparse: bool = False) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None = None,
+                 is_sparse: bool = False) -> None:
         super().__init__()
         self.eps = config.rms_norm_eps
         self.rms_norm = kernels.rms_norm
-        self.input_norm = _param(config.hidden_size, dtype=dtype)
-        self.post_attention_norm = _param(config.hidden_size, dtype=dtype)
-        self.attn = Attention(config, kernels, dtype)
+        self.input_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.attn = Attention(config, kernels, dtype, sliding_window)
         self.mlp = SparseMoE(config, dtype) if is_sparse else MLP(config, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
@@ -113,12 +119,11 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.kernels = kernels
-        self.embed = _param(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(config, kernels, dtype, self._is_sparse(i))
-                                    for i in range(config.num_layers))
-        self.norm = _param(config.hidden_size, dtype=dtype)
+        self.embed = empty_param(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(self._make_layer(i, dtype) for i in range(config.num_layers))
+        self.norm = empty_param(config.hidden_size, dtype=dtype)
         self.lm_head = (self.embed if config.tie_word_embeddings
-                        else _param(config.vocab_size, config.hidden_size, dtype=dtype))
+                        else empty_param(config.vocab_size, config.hidden_size, dtype=dtype))
         cos, sin = build_rope_cache(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -131,15 +136,27 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         # input_ids, positions: [T]; returns hidden states [T, H].
-        h = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        h = self._embed(input_ids)
+        for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, self._ropes(positions)):
             h = layer(h, cos, sin, kv_cache, meta)
         return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed)
+
+    def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's cos and sin at `positions` ([T, D] each): the same for every layer."""
+        return itertools.repeat((self.rope_cos[positions], self.rope_sin[positions]))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] → logits [N, V] in float32 for the sampler.
         return F.linear(hidden, self.lm_head).float()
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return DecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
+
+    def _window(self, layer: int) -> int | None:
+        return self.config.sliding_window if layer in self.config.sliding_layers else None
 
     def _is_sparse(self, layer: int) -> bool:
         return self.config.num_experts > 0 and layer not in self.config.dense_layers

@@ -57,6 +57,14 @@ TINY_MODELS = {
     "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                          mlp_only_layers=[1], norm_topk_prob=True), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
+    # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
+                                        num_hidden_layers=3,
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                            "rope_theta": 100000.0},
+                                                         "sliding_attention": {"rope_type": "default",
+                                                                               "rope_theta": 1000.0}}), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                      "original_max_position_embeddings": 64}), {}),
 }

@@ -69,6 +69,29 @@ def test_which_layers_have_experts_is_read_as_qwen3_moe_places_them(model_copy):
         load_model_config(model_copy)
 
 
+def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
+    # As Gemma 3 1B's hub config has it: RoPE settings at the top level, a pattern instead of layer types.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["Gemma3ForCausalLM"], hidden_activation="gelu_pytorch_tanh", num_hidden_layers=6,
+               rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+               rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window=512, sliding_window_pattern=3,
+               query_pre_attn_scalar=256, head_dim=64)
+    cfg.pop("hidden_act", None)
+    cfg.pop("rope_parameters", None)  # the demo model's, in transformers 5's form
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.rope_theta, config.rope_scaling["factor"], config.local_rope_theta) == (1e6, 8.0, 1e4)
+    assert (config.sliding_window, config.sliding_layers) == (512, {0, 1, 3, 4})
+    assert config.attention_scale == 256 ** -0.5 and config.qk_norm
+    for refused, named in (({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+                           ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+                           ({"hidden_activation": "silu"}, "hidden_act 'silu'"),
+                           ({"use_bidirectional_attention": True}, "use_bidirectional_attention")):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, **refused}))
+        with pytest.raises(ModelConfigError, match=named):
+            load_model_config(model_copy)
+
+
 def test_unsupported_rope_scaling_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}

@@ -1,0 +1,82 @@
+"""Gemma 3's text decoder (Gemma3ForCausalLM) over paged KV: Llama's attention and MLP, arranged
+and scaled Gemma's way.
+
+- Four norms a layer: after attention and after the MLP as well as before each.
+- Norms scale by 1 + weight: the 1 is added as the weights load (in float32, as transformers
+  adds it), so they run as Llama's do.
+- Embeddings are multiplied by sqrt(hidden_size); the tied LM head uses them unscaled.
+- Sliding-window layers have a RoPE of their own (unscaled, its own theta); the others the model's.
+- q·k is scaled by query_pre_attn_scalar ** -0.5 and the MLP gate is GELU (tanh), both read
+  into ModelConfig.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model_config import ModelConfig
+from engine.models.llama import MLP, Attention, LlamaForCausalLM, empty_param
+from kernels.registry import Kernels
+from kernels.rotary import build_rope_cache
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__()
+        self.eps = config.rms_norm_eps
+        self.rms_norm = kernels.rms_norm
+        self.input_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.pre_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.post_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.attn = Attention(config, kernels, dtype, sliding_window)
+        self.mlp = MLP(config, dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        norm, eps = self.rms_norm, self.eps
+        attended = self.attn(norm(h, self.input_norm, eps), cos, sin, kv_cache, meta)
+        h = h + norm(attended, self.post_attention_norm, eps)
+        return h + norm(self.mlp(norm(h, self.pre_feedforward_norm, eps)), self.post_feedforward_norm, eps)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__(config, kernels, dtype, max_positions)
+        self.embed_scale = config.hidden_size**0.5
+        cos, sin = build_rope_cache(config.head_dim, max_positions, config.local_rope_theta, None)
+        self.register_buffer("local_rope_cos", cos, persistent=False)
+        self.register_buffer("local_rope_sin", sin, persistent=False)
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedded = F.embedding(input_ids, self.embed)
+        return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)  # rounded to the dtype, as transformers
+
+    def _ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        full = self.rope_cos[positions], self.rope_sin[positions]
+        local = self.local_rope_cos[positions], self.local_rope_sin[positions]
+        return [local if layer.attn.sliding_window is not None else full for layer in self.layers]
+
+    def checkpoint_names(self) -> list[str]:
+        names = super().checkpoint_names()
+        for i in range(self.config.num_layers):
+            names += [f"model.layers.{i}.pre_feedforward_layernorm.weight",
+                      f"model.layers.{i}.post_feedforward_layernorm.weight"]
+        return names
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights((name, tensor.float() + 1.0 if name.endswith("norm.weight") else tensor)
+                             for name, tensor in tensors)
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".")
+        if len(parts) > 3 and parts[3] in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            layer = self.layers[int(parts[2])]
+            return (layer.pre_feedforward_norm if parts[3] == "pre_feedforward_layernorm"
+                    else layer.post_feedforward_norm).data
+        return super()._target(name)
