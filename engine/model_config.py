@@ -8,7 +8,7 @@ from pathlib import Path
 from kernels.rotary import SUPPORTED_ROPE_TYPES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
 GEMMA3 = "Gemma3ForCausalLM"
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
@@ -87,6 +87,9 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     for capped in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(capped) is not None:
             raise ModelConfigError(f"{path}: {capped} is not supported")
+    partial = cfg.get("partial_rotary_factor", _rope_parameters(cfg, "full_attention").get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported (RoPE over whole heads only)")
     if cfg.get("use_bidirectional_attention"):
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -192,7 +195,7 @@ def _rope_scaling(cfg: dict, params: dict, path: Path) -> dict | None:
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM", GEMMA3):
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", GEMMA3):
         return cfg.get("sliding_window")
     if arch in _QWEN and cfg.get("use_sliding_window"):
         raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and Qwen3-MoE
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -14,4 +15,5 @@ MODEL_REGISTRY = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }

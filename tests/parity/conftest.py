@@ -65,6 +65,8 @@ TINY_MODELS = {
                                                                             "rope_theta": 100000.0},
                                                          "sliding_attention": {"rope_type": "default",
                                                                                "rope_theta": 1000.0}}), {}),
+    # Checkpoints with q/k/v and gate/up fused; Phi-3 mini's sliding window.
+    "phi3": ("Phi3Config", dict(sliding_window=48, pad_token_id=0), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                      "original_max_position_embeddings": 64}), {}),
 }

@@ -92,6 +92,20 @@ def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
             load_model_config(model_copy)
 
 
+@pytest.mark.parametrize("where", ["top", "rope_parameters"])
+def test_a_partial_rotary_factor_is_refused(model_copy, where):
+    # Phi-4-mini's 0.75: RoPE over part of each head, which Baton's kernels do not do.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["architectures"] = ["Phi3ForCausalLM"]
+    if where == "top":
+        cfg["partial_rotary_factor"] = 0.75
+    else:
+        cfg["rope_parameters"] = {**cfg.get("rope_parameters", {}), "partial_rotary_factor": 0.75}
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="partial_rotary_factor 0.75"):
+        load_model_config(model_copy)
+
+
 def test_unsupported_rope_scaling_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
