@@ -146,7 +146,11 @@ class GatewayService:
                                         local_tokenize_max_chars=config.local_tokenize_max_chars,
                                         preopen_prefill_calls=config.prefill_calls == "preopened",
                                         metrics=self.metrics, max_num_requests=config.max_num_requests,
-                                        trust_request_chat_template=config.trust_request_chat_template)
+                                        trust_request_chat_template=config.trust_request_chat_template,
+                                        generation_defaults=config.generation_defaults)
+        if config.generation_defaults:
+            log.info("sampling defaults for what requests leave out, as the model's generation config recommends "
+                     "(--generation-config vllm for none): %s", config.generation_defaults.describe())
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731

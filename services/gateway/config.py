@@ -11,6 +11,7 @@ for a key (api_keys.py).
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from services.common.settings import (
     model_arg,
     new_parser,
 )
+from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.gateway.tool_parsers import PARSERS
@@ -70,6 +72,8 @@ ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
 ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
 ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
 ENV_TRUST_REQUEST_CHAT_TEMPLATE = "BATON_GATEWAY_TRUST_REQUEST_CHAT_TEMPLATE"
+ENV_GENERATION_CONFIG = "BATON_GENERATION_CONFIG"
+ENV_OVERRIDE_GENERATION_CONFIG = "BATON_OVERRIDE_GENERATION_CONFIG"
 # How often --prefill/--decode host names are resolved again, so a pool follows its replicas as a
 # compose service or a Kubernetes headless service is scaled.
 DEFAULT_RESOLVE_WORKERS_S = 5.0
@@ -122,6 +126,8 @@ class GatewayConfig:
     # A chat request may bring its own template (`chat_template`), run by the tokenizer service: Jinja
     # in a sandbox, yet nothing bounds its time or memory, so only for clients the operator trusts.
     trust_request_chat_template: bool = False
+    # Sampling defaults for what a request leaves out (generation_defaults.py); from_args reads them.
+    generation_defaults: GenerationDefaults = GenerationDefaults()
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -266,6 +272,14 @@ class GatewayConfig:
                             default=env.get(ENV_TRUST_REQUEST_CHAT_TEMPLATE, "") not in ("", "0"),
                             help=f"let chat requests bring their own Jinja template (`chat_template`); without it "
                                  f"such a request is a 400 (${ENV_TRUST_REQUEST_CHAT_TEMPLATE}=1)")
+        parser.add_argument("--generation-config", default=env.get(ENV_GENERATION_CONFIG) or "auto",
+                            help=f"sampling defaults for what a request leaves out (temperature, top_p, top_k, "
+                                 f"min_p, repetition_penalty, max_new_tokens), as vLLM takes them: {SOURCES_HELP} "
+                                 f"(${ENV_GENERATION_CONFIG}; default auto)")
+        parser.add_argument("--override-generation-config", metavar="JSON",
+                            default=env.get(ENV_OVERRIDE_GENERATION_CONFIG) or "",
+                            help=f"defaults set over --generation-config's, a JSON object, e.g. "
+                                 f"'{{\"temperature\": 0.5}}' (${ENV_OVERRIDE_GENERATION_CONFIG})")
         add_chat_template_flag(parser, env)
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
@@ -285,7 +299,21 @@ class GatewayConfig:
                    reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s,
                    discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
                    chat_template=chat_template_source(args.chat_template),
+                   generation_defaults=_generation_defaults(args),
                    trust_request_chat_template=args.trust_request_chat_template)
+
+
+def _generation_defaults(args) -> GenerationDefaults:
+    try:
+        overrides = json.loads(args.override_generation_config) if args.override_generation_config else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--override-generation-config is not JSON: {e}") from None
+    if not isinstance(overrides, dict):
+        raise ConfigError("--override-generation-config must be a JSON object")
+    try:
+        return GenerationDefaults.load(args.generation_config, model_arg(args), overrides)
+    except ValueError as e:
+        raise ConfigError(f"--generation-config: {e}") from None
 
 
 def _split(addresses: str) -> tuple[str, ...]:

@@ -136,9 +136,14 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
         sampling = request.sampling
-        if tools is not None and tools.forced is not None:  # the text is guided to the call
+        forced = tools is not None and tools.forced is not None
+        defaults = self.pipeline.generation_defaults
+        if forced or defaults:
             sampling = common_pb2.SamplingParams()
             sampling.CopyFrom(request.sampling)
+            # top_k and min_p have no presence: 0, their "off", takes the default (-1 turns top_k off for good).
+            defaults.fill(sampling, top_k_given=sampling.top_k != 0, min_p_given=sampling.min_p != 0)
+        if forced:  # the text is guided to the call
             sampling.guided_regex = tools.forced.regex
         skip_special_tokens = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         if tools is not None and tools.syntax is not None and tools.syntax.reads_special_tokens:

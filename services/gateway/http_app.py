@@ -153,7 +153,8 @@ def create_app(state: GatewayState) -> FastAPI:
                          if isinstance(prompt, str) else {"prompt_token_ids": prompt})
                 request_id = _choice_id(response_id, choice, len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
-                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j, bad_words),
+                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j, bad_words,
+                                                                state.pipeline.generation_defaults),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
@@ -187,7 +188,8 @@ def create_app(state: GatewayState) -> FastAPI:
         skip_special_tokens = body.skip_special_tokens and not (syntax is not None and syntax.reads_special_tokens)
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
-            sampling=body.sampling(body.completion_budget, body.num_logprobs, j, bad_words),
+            sampling=body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
+                                   state.pipeline.generation_defaults),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from protos import common_pb2
+from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.structured_output import guided_regex
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
@@ -161,10 +162,11 @@ class _SamplingFields(BaseModel):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling(self, max_tokens: int | None, logprobs: int | None, choice: int,
-                 bad_words: Sequence[Sequence[int]] = ()) -> common_pb2.SamplingParams:
+                 bad_words: Sequence[Sequence[int]] = (),
+                 defaults: GenerationDefaults = GenerationDefaults()) -> common_pb2.SamplingParams:
         """The engine's sampling parameters for choice `choice` of `n`: each choice of a
         seeded request gets its own seed, so n choices differ yet repeat run to run. `bad_words`:
-        `encoded_bad_words` of the request's."""
+        `encoded_bad_words` of the request's; `defaults`: the server's for what the request leaves out."""
         params = common_pb2.SamplingParams(
             top_k=self.top_k or 0, min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, stop_token_ids=self.stop_token_ids or [],
@@ -190,6 +192,7 @@ class _SamplingFields(BaseModel):
             params.guided_regex = self._output_regex
         for word in bad_words:
             params.bad_words.add(token_ids=word)
+        defaults.fill(params, top_k_given=self.top_k is not None, min_p_given=self.min_p is not None)
         return params
 
     @property

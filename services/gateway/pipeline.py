@@ -43,6 +43,7 @@ from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
+from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP, Lookup
@@ -205,7 +206,8 @@ class RequestPipeline:
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
-                 max_num_requests: int = 0, trust_request_chat_template: bool = False):
+                 max_num_requests: int = 0, trust_request_chat_template: bool = False,
+                 generation_defaults: GenerationDefaults = GenerationDefaults()):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -219,6 +221,8 @@ class RequestPipeline:
         self.requests = RequestMetrics(self.metrics)
         self.max_num_requests = max_num_requests  # 0: no limit
         self.trust_request_chat_template = trust_request_chat_template
+        # The APIs fill a request's sampling from them; its max_tokens, when it gives none, here.
+        self.generation_defaults = generation_defaults
         self.num_requests = 0  # being generated now (each choice of a request counts)
         self.metrics.gauge("baton_gateway_requests_in_progress",
                            "Requests the gateway holds now, each choice of n counting (what --max-num-requests "
@@ -376,6 +380,9 @@ class RequestPipeline:
                                                       params.max_tokens if params.HasField("max_tokens") else None)
         except ValueError as e:
             raise ContextLengthError(str(e)) from None
+        default_max = self.generation_defaults.max_new_tokens
+        if not params.HasField("max_tokens") and default_max is not None:
+            budget = default_max if budget is None else min(budget, default_max)
         if budget is not None:
             params.max_tokens = budget
         max_tokens = params.max_tokens if params.HasField("max_tokens") else EngineSamplingParams.max_tokens

@@ -417,3 +417,18 @@ def test_prefill_calls_are_preopened_unless_set_to_new(tiny_demo_model):
     assert GatewayConfig.from_args(common, {"BATON_PREFILL_CALLS": "new"}).prefill_calls == "new"
     with pytest.raises(ConfigError, match="--prefill-calls must be one of preopened, new, got 'sometimes'"):
         GatewayConfig.from_args([*common, "--prefill-calls", "sometimes"], {})
+
+
+def test_generation_defaults_come_from_flags_and_variables(tiny_demo_model):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    assert not GatewayConfig.from_args(common, {}).generation_defaults  # the demo model recommends none
+    env = {"BATON_OVERRIDE_GENERATION_CONFIG": '{"top_p": 0.9}'}
+    assert GatewayConfig.from_args(common, env).generation_defaults.top_p == 0.9
+    flag = GatewayConfig.from_args([*common, "--override-generation-config", '{"temperature": 0.2}'], env)
+    assert (flag.generation_defaults.temperature, flag.generation_defaults.top_p) == (0.2, None)  # a flag wins
+    for override, message in (("{nope", "not JSON"), ("[1]", "a JSON object"), ('{"top_k": -2}', "top_k must be")):
+        with pytest.raises(ConfigError, match=message):
+            GatewayConfig.from_args([*common, "--override-generation-config", override], {})
+    with pytest.raises(ConfigError, match="--generation-config: 'elsewhere' is not a directory"):
+        GatewayConfig.from_args([*common, "--generation-config", "elsewhere"], {})
