@@ -13,6 +13,9 @@ GEMMA3 = "Gemma3ForCausalLM"
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
+# Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
+# layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
+_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # transformers 5 nests a config's RoPE settings by these layer types.
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -38,6 +41,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool  # biases on gate, up and down (Llama's mlp_bias)
     qk_norm: bool  # each head's q and k RMS-normed before RoPE (Qwen3)
     # Mixture of experts (Mixtral, Qwen3-MoE; engine/models/moe.py): 0 experts, every MLP dense.
     num_experts: int
@@ -112,7 +117,9 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             local_rope_theta=_local_rope_theta(cfg, arch, path),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
+            o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
+            mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
             qk_norm=arch in _QK_NORM,
             **_experts(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),

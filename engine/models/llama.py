@@ -40,6 +40,7 @@ class Attention(nn.Module):
         self.qkv_weight = empty_param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
         self.qkv_bias = empty_param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
         self.o_weight = empty_param(config.hidden_size, config.q_size, dtype=dtype)
+        self.o_bias = empty_param(config.hidden_size, dtype=dtype) if config.o_bias else None
         self.q_norm = empty_param(config.head_dim, dtype=dtype) if config.qk_norm else None
         self.k_norm = empty_param(config.head_dim, dtype=dtype) if config.qk_norm else None
 
@@ -82,7 +83,7 @@ class Attention(nn.Module):
                     q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
                     chunk.context_len, self.scale, self.sliding_window,
                 )
-        return F.linear(out.view(num_tokens, cfg.q_size), self.o_weight)
+        return F.linear(out.view(num_tokens, cfg.q_size), self.o_weight, self.o_bias)
 
 
 class MLP(nn.Module):
@@ -92,10 +93,12 @@ class MLP(nn.Module):
         self.activation = ACTIVATIONS[config.hidden_act]
         self.gate_up_weight = empty_param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
         self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)
+        self.gate_up_bias = empty_param(2 * config.intermediate_size, dtype=dtype) if config.mlp_bias else None
+        self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
-        return F.linear(self.activation(gate) * up, self.down_weight)
+        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.intermediate_size, dim=-1)
+        return F.linear(self.activation(gate) * up, self.down_weight, self.down_bias)
 
 
 class DecoderLayer(nn.Module):
@@ -173,6 +176,8 @@ class LlamaForCausalLM(nn.Module):
             names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
             if self.config.qkv_bias:
                 names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            if self.config.o_bias:
+                names.append(p + "self_attn.o_proj.bias")
             if self.config.qk_norm:
                 names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
             names += self._mlp_names(i)
@@ -182,7 +187,8 @@ class LlamaForCausalLM(nn.Module):
     def _mlp_names(self, layer: int) -> list[str]:
         p = f"model.layers.{layer}."
         if not self._is_sparse(layer):
-            return [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+            kinds = ("weight", "bias") if self.config.mlp_bias else ("weight",)
+            return [p + f"mlp.{x}_proj.{kind}" for x in ("gate", "up", "down") for kind in kinds]
         if self.config.architecture == "MixtralForCausalLM":
             return [p + "block_sparse_moe.gate.weight"] + [
                 p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(self.config.num_experts)
@@ -214,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
         if module == "self_attn":
             proj, kind = parts[4], parts[5]
             if proj == "o_proj":
-                return layer.attn.o_weight.data
+                return (layer.attn.o_weight if kind == "weight" else layer.attn.o_bias).data
             if proj in ("q_norm", "k_norm"):
                 return (layer.attn.q_norm if proj == "q_norm" else layer.attn.k_norm).data
             lo, hi = qkv_rows[proj]
@@ -225,10 +231,10 @@ class LlamaForCausalLM(nn.Module):
             proj = MIXTRAL_EXPERT_PROJS.get(parts[6], parts[6].removesuffix("_proj"))
             return layer.mlp.weight_slice(int(parts[5]), proj)
         if module == "mlp":
-            proj = parts[4]
+            proj, is_weight = parts[4], parts[5] == "weight"
             if proj == "down_proj":
-                return layer.mlp.down_weight.data
-            gate_up = layer.mlp.gate_up_weight.data
+                return (layer.mlp.down_weight if is_weight else layer.mlp.down_bias).data
+            gate_up = (layer.mlp.gate_up_weight if is_weight else layer.mlp.gate_up_bias).data
             return gate_up[:inter] if proj == "gate_proj" else gate_up[inter:]
         if module == "input_layernorm":
             return layer.input_norm.data

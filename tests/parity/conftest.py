@@ -50,6 +50,8 @@ TINY_MODELS = {
     "mistral-sharded": ("MistralConfig", dict(sliding_window=None), {"max_shard_size": "100KB"}),
     "mistral-window": ("MistralConfig", dict(sliding_window=48), {}),
     "qwen2-bias": ("Qwen2Config", dict(tie_word_embeddings=False), {}),
+    # Llama's optional biases: attention_bias on q, k, v and o; mlp_bias on gate, up and down.
+    "llama-biases": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True), {}),
     # An explicit head_dim unlike hidden_size / heads (Qwen3 configs give one); its q/k norms are noised too.
     "qwen3-qk-norm": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True), {}),
     # Qwen's long-context setting: YaRN over an original context shorter than the prompts here.
