@@ -15,7 +15,7 @@ from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
-from engine.weights import iter_tensors
+from engine.weights import check_every_tensor_is_read, iter_tensors
 from kernels.registry import select_kernels
 
 # Prompt rows whose logits are made at once when a prompt's logprobs are asked for: a chunk's worth
@@ -50,6 +50,7 @@ class ModelRunner:
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
         files = checkpoint_files(model_dir)
         names = self.model.checkpoint_names()
+        check_every_tensor_is_read(files, names, self.model_config.architecture)
         tensors = iter_tensors(files, names)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)

@@ -10,6 +10,22 @@ from safetensors import safe_open
 
 from engine.checkpoint import WeightsError, read_header
 
+# Tensors checkpoints carry that no forward reads: older exports saved the RoPE frequencies, and
+# tied models sometimes store the LM head that is the embedding (transformers ties them too).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+TIED_HEAD = "lm_head.weight"
+
+
+def check_every_tensor_is_read(files: dict[str, Path], names: list[str], architecture: str) -> None:
+    """WeightsError when the checkpoint holds tensors `names` leaves out: a bias, a norm or a whole
+    module the model's config.json turns on in a way Baton does not read, whose output would then be
+    wrong without a word."""
+    unread = sorted(n for n in set(files) - set(names) if not n.endswith(IGNORED_SUFFIXES) and n != TIED_HEAD)
+    if unread:
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+        raise WeightsError(f"the checkpoint holds {unread[0]!r}{more}, which Baton's {architecture} does not "
+                           f"read: it would compute without them (a config.json option it does not support?)")
+
 
 def iter_tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (name, tensor) for `names`, one file open at a time (memory-mapped)."""

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import WeightsError, checkpoint_files
@@ -120,6 +121,20 @@ def test_missing_tensor_is_named(model_copy):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, path)
     with pytest.raises(WeightsError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' not found in model\.safetensors"):
+        load(model_copy)
+
+
+def test_a_tensor_no_layer_reads_is_named_and_old_rope_buffers_are_not(model_copy):
+    # An o_proj bias in a config that says none: computing without it would be silently wrong.
+    path = model_copy / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)  # older exports saved these
+    save_file(tensors, path)
+    load(model_copy)
+    tensors["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(tensors["model.norm.weight"].shape)
+    save_file(tensors, path)
+    with pytest.raises(WeightsError, match=r"'model\.layers\.0\.self_attn\.o_proj\.bias', which Baton's "
+                                           r"LlamaForCausalLM does not read"):
         load(model_copy)
 
 
