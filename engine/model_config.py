@@ -111,12 +111,14 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             head_dim=head_dim,
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in ("MixtralForCausalLM", "Phi3ForCausalLM")
+                                       else 1e-6)),  # absent: transformers' default for the architecture
             rope_theta=_rope_theta(cfg, _rope_parameters(cfg, "full_attention")),
             rope_scaling=_rope_scaling(cfg, _rope_parameters(cfg, "full_attention"), path),
             local_rope_theta=_local_rope_theta(cfg, arch, path),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == GEMMA3)),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
             mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
