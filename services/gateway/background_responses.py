@@ -16,8 +16,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from services.gateway.deltas import Delta
 from services.gateway.errors import to_api_error
-from services.gateway.pipeline import Delta
 from services.gateway.response_store import GENERATOR_LEASE_S
 from services.gateway.responses_api import ResponsesShape
 

@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
+from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, to_api_error
-from services.gateway.pipeline import Delta
 
 _DONE = object()
 

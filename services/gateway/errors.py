@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 from fastapi.responses import JSONResponse
 
-from services.gateway.pipeline import ContextLengthError, InvalidRequestError, OverloadedError
+from services.gateway.request_errors import ContextLengthError, InvalidRequestError, OverloadedError
 from services.gateway.workers import NoHealthyWorkerError
 
 ERROR_TYPES = {

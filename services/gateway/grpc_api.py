@@ -27,10 +27,11 @@ from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
+from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, model_not_found, to_api_error
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.openai_protocol import CHAT_ROLES, with_parsed_arguments
-from services.gateway.pipeline import Delta, RequestPipeline
+from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tool_parsers import with_template_call_ids

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from protos import gateway_pb2
+from services.gateway.deltas import Delta
 from services.gateway.errors import APIError
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.pipeline import Delta
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.gateway.tool_parsers import PARSERS, ToolCallSyntax, call_ids, needs_a_parser

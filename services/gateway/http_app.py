@@ -53,11 +53,12 @@ from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
 from services.gateway.choices import first_choice, merge_choices
+from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
 from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
-from services.gateway.pipeline import Delta, RequestPipeline
+from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesShape

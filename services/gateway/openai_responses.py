@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos import common_pb2
-from services.gateway.pipeline import Delta, Usage
+from services.gateway.deltas import Delta, Usage
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
 from services.gateway.tool_parsers import RequiredCalls, StreamedCalls, ToolCallSyntax, merged_call_deltas

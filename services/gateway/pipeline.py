@@ -32,45 +32,39 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import ExitStack, aclosing
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
 
 import grpc
 from prometheus_client import Counter
 
-from engine.sampling_params import SamplingParams as EngineSamplingParams
-from protos import common_pb2, decode_pb2, prefill_pb2, tokenizer_pb2
+from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
+from services.gateway.deltas import Delta, TextOutput, Usage
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
+from services.gateway.prompt_encoder import ModelText, PromptEncoder
+from services.gateway.request_errors import (
+    InvalidRequestError,
+    OverloadedError,
+    error_reason,
+    from_rpc_error,
+)
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
-from services.gateway.workers import NoHealthyWorkerError, Worker, WorkerPool
-from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
-from services.tokenizer.converters import chat_template_request
-from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
-from services.tokenizer.stop_strings import StopStringMatcher
-
-
-class ModelText(Decoder, Protocol):
-    """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
-
-    max_model_len: int | None
-
-    def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-
-    def id_to_token(self, token_id: int) -> str | None: ...
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            tools: Sequence[Mapping[str, Any]] | None = None, continue_final_message: bool = False,
-                            documents: Sequence[Mapping[str, Any]] | None = None, chat_template: str | None = None,
-                            add_special_tokens: bool = False, **template_kwargs) -> tuple[str, list[int]]: ...
-
+from services.gateway.worker_steps import (
+    Progress,
+    Step,
+    decode_steps,
+    next_event,
+    observe_prefill,
+    read_to_end,
+    went_away,
+)
+from services.gateway.workers import Worker, WorkerPool
+from services.tokenizer.chat_template import ChatOptions
 
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
                          "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
@@ -89,52 +83,6 @@ DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
 MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
 
 
-UNTRUSTED_TEMPLATE = ("chat_template: this server renders conversations by the model's chat template only; a "
-                      "request's own is taken where the gateway runs with --trust-request-chat-template")
-
-
-class InvalidRequestError(ValueError):
-    """The request itself is bad (HTTP 400); the message is safe to show the client. `param`: the
-    field at fault, where it is not the prompt itself."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-class ContextLengthError(InvalidRequestError):
-    """The prompt plus the completion budget exceeds the model's context (HTTP 400)."""
-
-
-class OverloadedError(RuntimeError):
-    """No decode worker has the pages for this request now, or the gateway holds as many
-    requests as it takes (HTTP 429; retry later)."""
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int  # prompt tokens served from prefill's prefix cache
-
-
-@dataclass
-class Delta:
-    """What one step of a request adds: new text (never a partial character, never past
-    a stop string) and the new token ids. The last delta has `finish_reason` and `usage`."""
-
-    text: str
-    token_ids: list[int]
-    logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)  # one per token when requested
-    finish_reason: str | None = None  # "stop", "length", "abort" or "error" on the last delta
-    matched_stop: str | None = None   # the stop string that ended the text, when one did
-    usage: Usage | None = None
-    # The first delta's: the prompt's token ids, and when sampling.prompt_logprobs asks, one record
-    # per prompt token after the first.
-    prompt_token_ids: Sequence[int] = ()
-    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
-
-
 @dataclass(frozen=True)
 class Deadlines:
     """Seconds each call may take before it fails with DEADLINE_EXCEEDED."""
@@ -146,55 +94,13 @@ class Deadlines:
     abort_s: float = 5.0
 
 
-class _TextOutput:
-    """Generated token ids → text deltas: incremental detokenization, then stop strings. The text
-    of the first `min_tokens` tokens goes out as it is, as vLLM's does: stop strings are looked
-    for in what follows it. The token that stopped the text (EOS or a stop token id) counts, but
-    its text is left out unless `include_stop_str_in_output`, as vLLM leaves it out."""
-
-    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[str],
-                 include_stop_str_in_output: bool, min_tokens: int = 0, skip_special_tokens: bool = True):
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
-        self.stops = StopStringMatcher(stop, include_stop_str_in_output)
-        self.min_tokens = min_tokens
-        self.include_stop_str_in_output = include_stop_str_in_output
-        self._num_untexted = 0  # the stopping token, when its text is left out
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.detokenizer.output_token_ids) + self._num_untexted
-
-    def add(self, token_ids: Sequence[int], is_stopped_by_last: bool = False) -> str:
-        """The text to send for `token_ids`; `is_stopped_by_last`: the worker stopped the text at the
-        last of them."""
-        if is_stopped_by_last and token_ids and not self.include_stop_str_in_output:
-            text = self._text(token_ids[:-1])
-            self._num_untexted = 1
-            return text
-        return self._text(token_ids)
-
-    def _text(self, token_ids: Sequence[int]) -> str:
-        unmatched = min(len(token_ids), self.min_tokens - self.num_tokens)
-        if unmatched <= 0:
-            return self.stops.add(self.detokenizer.add(token_ids))[0]
-        text = self.detokenizer.add(token_ids[:unmatched])
-        rest = token_ids[unmatched:]
-        return text + self.stops.add(self.detokenizer.add(rest))[0] if rest else text
-
-    def finish(self) -> str:
-        return self.stops.add(self.detokenizer.finish())[0] + self.stops.finish()
-
-
 class RequestPipeline:
     """Drives requests through a tokenizer, N prefill and M decode workers.
 
     `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`), used
-    to check the context and detokenize the output. A prompt (or chat messages' content)
-    of at most `local_tokenize_max_chars` characters is encoded with it too, inline: the
-    same tokenizer and template give the same ids, and a short prompt encodes in less time
-    than a call to the tokenizer service takes. Longer ones go to the tokenizer service,
-    which encodes them off its event loop (0: every one does), as do conversations with a
-    template of their own, which only `trust_request_chat_template` lets in. `preopen_prefill_calls`: a
+    to detokenize the output; it, `tokenizer_stub`, `local_tokenize_max_chars`,
+    `trust_request_chat_template` and `generation_defaults` make the prompts
+    (prompt_encoder.py). `preopen_prefill_calls`: a
     prompt goes to its prefill worker on a call opened ahead of it where one is kept
     (kept_calls.py), else on a new call; a handed-off prompt goes to its decode worker so
     either way. `metrics`: the gateway's (its registry is served on `/metrics`); by
@@ -216,13 +122,14 @@ class RequestPipeline:
         self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
         self.prefill_router = prefill_router  # a PrefixRouter; None: the least loaded prefill worker
         self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
-        self.local_tokenize_max_chars = local_tokenize_max_chars  # 0: the tokenizer service encodes every prompt
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
         self.max_num_requests = max_num_requests  # 0: no limit
-        self.trust_request_chat_template = trust_request_chat_template
-        # The APIs fill a request's sampling from them; its max_tokens, when it gives none, here.
+        self.trust_request_chat_template = trust_request_chat_template  # /tokenize asks too
+        # The APIs fill a request's sampling from them; its max_tokens, when it gives none, the prompt encoder.
         self.generation_defaults = generation_defaults
+        self.prompts = PromptEncoder(tokenizer, tokenizer_stub, deadlines.tokenizer_s, local_tokenize_max_chars,
+                                     trust_request_chat_template, generation_defaults)
         self.num_requests = 0  # being generated now (each choice of a request counts)
         self.metrics.gauge("baton_gateway_requests_in_progress",
                            "Requests the gateway holds now, each choice of n counting (what --max-num-requests "
@@ -293,10 +200,10 @@ class RequestPipeline:
             if any(not s for s in stop):
                 raise InvalidRequestError("stop strings must be non-empty")
             with spans.phase("tokenize"):
-                prompt = await self._encode(request_id, prompt_text, prompt_token_ids, messages, chat_options,
+                prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages, chat_options,
                                             add_special_tokens)
                 if truncate_prompt_tokens is not None:
-                    prompt = self._truncated(prompt, truncate_prompt_tokens)
+                    prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
             if guide_after is not None and params.HasField("guided_regex"):
                 token_id = guide_after(prompt)
                 if token_id is not None:
@@ -309,7 +216,7 @@ class RequestPipeline:
                                              on_dispatch):
                     yield delta
         except grpc.aio.AioRpcError as e:
-            mapped = _from_rpc_error(e)
+            mapped = from_rpc_error(e)
             clock.end(error_reason(mapped))
             timer.fail(error_reason(mapped))
             if mapped is e:
@@ -324,71 +231,6 @@ class RequestPipeline:
             if is_admitted:
                 self.num_requests -= 1
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
-
-    async def _encode(self, request_id, prompt_text, prompt_token_ids, messages,
-                      chat_options: ChatOptions, add_special_tokens: bool = True) -> Sequence[int]:
-        timeout = self.deadlines.tokenizer_s
-        if prompt_token_ids is not None:
-            # As given, not copied: nothing changes a prompt. One from a gRPC request stays the
-            # request's repeated field, which a worker's request is built from in 1 us; from a list
-            # of 512 ids it takes 17, and making the list 20 more.
-            # Nor scanned (~0.1 ms of a 512-id prompt, run cold): the worker refuses an id outside the
-            # vocabulary, and where the gateway reads the ids first (hashing a block, decoding the
-            # tail) a negative one is refused there. The OpenAI API's ids are bounded by its schema.
-            prompt = prompt_token_ids
-        elif prompt_text is not None:
-            if len(prompt_text) <= self.local_tokenize_max_chars:
-                prompt = self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
-            else:
-                prompt = (await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
-                    request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
-                    timeout=timeout)).token_ids
-        else:
-            # As the tokenizer service reads them (services/tokenizer/converters.py).
-            chat = [{**m, "content": m.get("content") or ""} for m in messages]
-            if chat_options.template is not None and not self.trust_request_chat_template:
-                raise InvalidRequestError(UNTRUSTED_TEMPLATE, param="chat_template")
-            # A request's own template is rendered by the tokenizer service: nothing bounds its time,
-            # which here would stall every other request's tokens.
-            if chat_options.template is None and sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
-                try:
-                    check_messages(chat)
-                    prompt = self.tokenizer.apply_chat_template(chat, **chat_options.as_template_inputs())[1]
-                except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
-                    raise InvalidRequestError(str(e)) from None
-            else:
-                prompt = (await self.tokenizer_stub.ApplyChatTemplate(
-                    chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty")
-        return prompt
-
-    def _truncated(self, prompt: Sequence[int], keep: int) -> Sequence[int]:
-        """The prompt's last `keep` tokens (-1: the context's worth; unknown context, all of them)."""
-        if keep == -1:
-            keep = self.tokenizer.max_model_len or len(prompt)
-        if keep < 1:
-            raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or at least 1, got {keep}")
-        return prompt[-keep:] if len(prompt) > keep else prompt
-
-    def _check_context(self, prompt: Sequence[int], params: common_pb2.SamplingParams) -> None:
-        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none, and
-        refuses a min_tokens over it.
-        Here, not by the tokenizer service: it is arithmetic, and an RPC on every request's path."""
-        try:
-            budget = self.tokenizer.completion_budget(len(prompt),
-                                                      params.max_tokens if params.HasField("max_tokens") else None)
-        except ValueError as e:
-            raise ContextLengthError(str(e)) from None
-        default_max = self.generation_defaults.max_new_tokens
-        if not params.HasField("max_tokens") and default_max is not None:
-            budget = default_max if budget is None else min(budget, default_max)
-        if budget is not None:
-            params.max_tokens = budget
-        max_tokens = params.max_tokens if params.HasField("max_tokens") else EngineSamplingParams.max_tokens
-        if params.min_tokens > max_tokens:
-            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) must not be more than max_tokens "
-                                      f"({max_tokens})")
 
     def _prefills_locally(self, prompt: Sequence[int], decode_worker: Worker, num_cached: int) -> bool:
         """Conditional disaggregation: a prompt whose part the decode worker does not hold
@@ -407,13 +249,13 @@ class RequestPipeline:
                    skip_special_tokens: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
-        self._check_context(prompt, params)
-        output: _TextOutput | None = None  # made once the prompt is on its way: not on its critical path
+        self.prompts.check_context(prompt, params)
+        output: TextOutput | None = None  # made once the prompt is on its way: not on its critical path
 
         def dispatched() -> None:
             nonlocal output
             try:
-                output = _TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
+                output = TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
                                      skip_special_tokens)
             except ValueError as e:  # the prompt's tail holds a negative id
                 raise InvalidRequestError(f"prompt {e}") from None
@@ -421,7 +263,7 @@ class RequestPipeline:
             if on_dispatch is not None:
                 on_dispatch()
 
-        progress = _Progress()
+        progress = Progress()
         lookup = NO_LOOKUP
         with spans.phase("route"):
             # A prompt whose logprobs are asked for is computed whole: no cached prefix or host-tier
@@ -455,7 +297,8 @@ class RequestPipeline:
                                     text += output.finish()
                                 progress.is_stopped_here = step.finish_reason is None
                                 usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
-                                final = _final(text, step.token_ids, step.logprobs, step.finish_reason, output, usage)
+                                final = output.last_delta(text, step.token_ids, step.logprobs, step.finish_reason,
+                                                          usage)
                                 if not is_past_first:
                                     final.prompt_token_ids, final.prompt_logprobs = prompt, step.prompt_logprobs
                                 timer.finish(final.finish_reason)
@@ -500,8 +343,8 @@ class RequestPipeline:
             held.close()
 
     def _moved_steps(self, request_id: str, prompt: list[int], output: list[int], params: common_pb2.SamplingParams,
-                     decode_worker: Worker, progress: _Progress, clock: PhaseClock,
-                     spans: RequestTrace) -> AsyncIterator[_Step]:
+                     decode_worker: Worker, progress: Progress, clock: PhaseClock,
+                     spans: RequestTrace) -> AsyncIterator[Step]:
         """The rest of a request moved to `decode_worker`: its prompt and its output so far prefilled
         again for it (their prefix mostly cached where the prompt was computed), the next token its first
         step. The workers take the output as the request's own, made elsewhere: its penalties, guide and
@@ -519,7 +362,7 @@ class RequestPipeline:
         """Where a request goes after `error` from its decode worker, past its first token: another
         serving decode worker, when the worker went away, tokens are left to make and it has moved fewer
         than MAX_DECODE_MIGRATIONS times; else None."""
-        if not (_went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens):
+        if not (went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens):
             return None
         return self.decode.pick_other(gone)
 
@@ -527,14 +370,14 @@ class RequestPipeline:
         """Where a prompt goes after `error` from its prefill worker, before its first token: another
         serving prefill worker, when the worker went away and it has gone elsewhere fewer than
         MAX_PREFILL_RETRIES times; else None (the error stands)."""
-        if not (_went_away(error) and len(gone) <= MAX_PREFILL_RETRIES):
+        if not (went_away(error) and len(gone) <= MAX_PREFILL_RETRIES):
             return None
         return self.prefill.pick_other(gone)
 
     async def _disaggregated_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
-                                   decode_worker: Worker, progress: _Progress, clock: PhaseClock,
+                                   decode_worker: Worker, progress: Progress, clock: PhaseClock,
                                    spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
-                                   output: Sequence[int] = ()) -> AsyncIterator[_Step]:
+                                   output: Sequence[int] = ()) -> AsyncIterator[Step]:
         """The first token from a prefill worker, which then writes the KV into pages it reserved
         on the decode worker; then the rest from the decode worker, once the pages are there.
         `output`: a moved request's so far (`_moved_steps`)."""
@@ -561,7 +404,7 @@ class RequestPipeline:
                                 self.prefill_router.record(route, lookup)
                             except ValueError as e:  # a negative id in a block it hashed
                                 raise InvalidRequestError(f"prompt {e}") from None
-                    response = (await _next_event(prefill_call, "first_token")).first_token
+                    response = (await next_event(prefill_call, "first_token")).first_token
                     break
                 except BaseException as e:
                     if prefill_call is not None:
@@ -576,22 +419,22 @@ class RequestPipeline:
         try:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings
-            first = _Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
+            first = Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
                           FINISH_REASON_NAMES.get(response.finish_reason), timings, response.prompt_logprobs)
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
-                _observe_prefill(self.requests, timings)
+                observe_prefill(self.requests, timings)
                 yield first
                 self.prefill_calls.replenish(prefill_worker)
                 return
             yield first
             # The prefill worker writes the pages while the first token goes out.
-            handoff = (await _next_event(prefill_call, "handoff")).handoff
+            handoff = (await next_event(prefill_call, "handoff")).handoff
         except BaseException as e:  # cut short (an error, or the consumer went away): prefill stops too
             prefill_call.cancel()
             self.prefill_calls.replenish(prefill_worker, ended_on=e)
             raise
         clock.mark("kv_transfer")
-        _observe_prefill(self.requests, handoff.timings)
+        observe_prefill(self.requests, handoff.timings)
         with spans.calls():
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
@@ -604,7 +447,7 @@ class RequestPipeline:
         try:
             # Its status follows the handoff: read, the call ends as a success on both sides.
             await prefill_call.code()
-            async for chunk in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
+            async for chunk in decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
                 yield chunk
                 if not is_replenished:
                     self.decode_calls.replenish(decode_worker)
@@ -617,9 +460,9 @@ class RequestPipeline:
             self._close_soon(call, progress)
 
     async def _local_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
-                           decode_worker: Worker, progress: _Progress, clock: PhaseClock,
+                           decode_worker: Worker, progress: Progress, clock: PhaseClock,
                            spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
-                           output: Sequence[int] = ()) -> AsyncIterator[_Step]:
+                           output: Sequence[int] = ()) -> AsyncIterator[Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
         worker, no transfer. The part it does not hold counts against its room until the first token.
         `output`: a moved request's so far (`_moved_steps`)."""
@@ -633,7 +476,7 @@ class RequestPipeline:
                 timeout=self.deadlines.decode_s)
         try:
             on_dispatch()
-            async for step in _decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
+            async for step in decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
                 if is_counted:
                     decode_worker.queued_tokens -= uncached
                     is_counted = False
@@ -664,17 +507,17 @@ class RequestPipeline:
                 clock.mark_split([("decode_queue", timings.queue_seconds)], rest="decode_steps")
         return mark
 
-    def _close_soon(self, call, progress: _Progress) -> None:
+    def _close_soon(self, call, progress: Progress) -> None:
         """Cancel a decode stream cut short. One that ended, or that a stop string ended here (the
         Abort naming the stop ends it on the decode worker, which counts it as finished, not
         cancelled), is read to its end in the background: when tracing, its client span ends
         only there (the pipeline stops at the last chunk)."""
         if progress.is_stopped_here and not progress.is_released:
-            self._in_background(_read_to_end(call, within_s=self.deadlines.abort_s))
+            self._in_background(read_to_end(call, within_s=self.deadlines.abort_s))
         elif not progress.is_released:
             call.cancel()
         elif tracing.is_enabled():
-            self._in_background(_read_to_end(call))
+            self._in_background(read_to_end(call))
 
     def _in_background(self, work) -> None:
         """Run `work` to its end even when the caller is cancelled; `aclose` waits for it."""
@@ -699,111 +542,3 @@ def _forget(tasks: set[asyncio.Task]):
     return done
 
 
-@dataclass
-class _Progress:
-    """What a request's steps learned on the way, for its usage and its clean-up."""
-    num_cached_tokens: int = 0
-    is_released: bool = False  # the decode worker finished the request and freed its pages itself
-    is_stopped_here: bool = False  # a stop string ended it before the decode worker did
-
-
-@dataclass
-class _Step:
-    token_ids: list[int]
-    logprobs: list
-    finish_reason: str | None
-    prefill_timings: prefill_pb2.PrefillTimings | None = None  # the first token's, from a prefill worker
-    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()  # the first step's, when asked for
-
-    def settle(self, clock: PhaseClock, arrived: float) -> None:
-        """Mark the wait for a prefill worker's first token on the ledger, up to `arrived` (a
-        perf_counter()), as the worker's timings cut it up: once the token is out, not on its
-        way. (A decode worker's steps are marked as they arrive.)"""
-        t = self.prefill_timings
-        if t is not None:
-            clock.mark_split([("prefill_queue", t.queue_seconds - t.host_tier_read_seconds - t.admit_seconds),
-                              ("host_tier_read", t.host_tier_read_seconds),
-                              ("prefill_admit", t.admit_seconds),
-                              ("prefill_compute", t.prefill_seconds)], rest="rpc", at=arrived)
-
-
-async def _next_event(call, kind: str) -> prefill_pb2.PrefillEvent:
-    """The next event of a PrefillStream call, which must be a `kind` one."""
-    event = await call.read()
-    if event is grpc.aio.EOF or event.WhichOneof("event") != kind:
-        got = "the end of the stream" if event is grpc.aio.EOF else f"a {event.WhichOneof('event')} event"
-        raise RuntimeError(f"the prefill worker sent {got} where a {kind} event was due")
-    return event
-
-
-async def _read_to_end(call, within_s: float | None = None) -> None:
-    """Read `call` to its end; cancelled if that takes longer than `within_s`."""
-    try:
-        await asyncio.wait_for(_drain(call), within_s)
-    except asyncio.TimeoutError:
-        call.cancel()
-
-
-async def _drain(call) -> None:
-    async for _ in call:
-        pass
-
-
-async def _decode_steps(call, progress: _Progress,
-                        on_chunk: Callable[[decode_pb2.DecodeChunk], None]) -> AsyncIterator[_Step]:
-    first = True
-    async for chunk in call:
-        on_chunk(chunk)
-        if first:
-            progress.num_cached_tokens = progress.num_cached_tokens or chunk.num_cached_tokens
-            first = False
-        reason = FINISH_REASON_NAMES.get(chunk.finish_reason)
-        progress.is_released = reason is not None
-        yield _Step(list(chunk.token_ids), list(chunk.logprobs), reason, prompt_logprobs=chunk.prompt_logprobs)
-
-
-def _final(text: str, token_ids: list[int], logprobs: list, reason: str | None, output: _TextOutput,
-           usage: Usage) -> Delta:
-    matched = output.stops.matched_stop
-    return Delta(text, token_ids, logprobs, finish_reason="stop" if matched is not None else reason,
-                 matched_stop=matched, usage=usage)
-
-
-def _observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimings) -> None:
-    moved = timings.kv_transport != common_pb2.KV_TRANSPORT_UNSPECIFIED
-    transport = common_pb2.KVTransport.Name(timings.kv_transport).removeprefix("KV_TRANSPORT_").lower()
-    requests.observe_prefill(timings.queue_seconds, transport if moved else None, timings.kv_transfer_seconds,
-                             timings.kv_transfer_bytes)
-
-
-def _went_away(error: BaseException) -> bool:
-    """A worker's call ended because the worker is gone or going (it stopped, died, or its engine failed
-    on another request): UNAVAILABLE."""
-    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
-
-
-def error_reason(e: BaseException) -> str:
-    """The `reason` a failed request is counted under: as the HTTP API's error codes name
-    it where they do (`context_length_exceeded`, `overloaded`, `unavailable`), else the
-    failed call's gRPC code, `cancelled` when the consumer went away, `internal_error`."""
-    if isinstance(e, (GeneratorExit, asyncio.CancelledError)):
-        return "cancelled"
-    if isinstance(e, ContextLengthError):
-        return "context_length_exceeded"
-    if isinstance(e, InvalidRequestError):
-        return "invalid_request"
-    if isinstance(e, OverloadedError):
-        return "overloaded"
-    if isinstance(e, NoHealthyWorkerError):
-        return "unavailable"
-    if isinstance(e, grpc.aio.AioRpcError):
-        return e.code().name.lower()
-    return "internal_error"
-
-
-def _from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
-    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequestError(e.details())
-    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return OverloadedError(e.details())
-    return e

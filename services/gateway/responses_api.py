@@ -20,9 +20,9 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from services.gateway.choices import first_choice
+from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.pipeline import Delta
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, StoredResponse
 from services.gateway.responses_request import ResponsesRequest, new_item_id
 

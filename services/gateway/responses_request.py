@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.gateway.errors import APIError
 from services.gateway.openai_protocol import ChatCompletionRequest
-from services.gateway.pipeline import ModelText
+from services.gateway.prompt_encoder import ModelText
 
 ROLES = ("user", "system", "developer", "assistant")
 ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}

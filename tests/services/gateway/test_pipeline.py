@@ -21,13 +21,10 @@ from services.common.channel import make_channel
 from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.gateway.config import GatewayConfig
+from services.gateway.deltas import Delta
 from services.gateway.kept_calls import MAX_IDLE_S
-from services.gateway.pipeline import (
-    ContextLengthError,
-    Delta,
-    InvalidRequestError,
-    RequestPipeline,
-)
+from services.gateway.pipeline import RequestPipeline
+from services.gateway.request_errors import ContextLengthError, InvalidRequestError
 from services.gateway.workers import Worker, WorkerPool
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.model_tokenizer import ModelTokenizer

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
+from services.gateway.deltas import Delta, Usage
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.pipeline import Delta, Usage
 from services.gateway.response_store import (
     GENERATOR_LEASE_S,
     GENERATOR_PREFIX,

@@ -1,0 +1,120 @@
+"""A request's prompt as token ids: text encoded, a conversation rendered by the chat template, or
+ids as given; then left-truncated as asked and checked against the model's context.
+
+Short prompts are encoded here, with the same tokenizer and template the tokenizer service has
+(a round trip off their path); long ones, and conversations with a template of their own, by
+the tokenizer service, off the gateway's event loop.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from engine.sampling_params import SamplingParams as EngineSamplingParams
+from protos import common_pb2, tokenizer_pb2
+from services.gateway.generation_defaults import GenerationDefaults
+from services.gateway.request_errors import UNTRUSTED_TEMPLATE, ContextLengthError, InvalidRequestError
+from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
+from services.tokenizer.converters import chat_template_request
+from services.tokenizer.incremental_detokenizer import Decoder
+
+
+class ModelText(Decoder, Protocol):
+    """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
+
+    max_model_len: int | None
+
+    def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def id_to_token(self, token_id: int) -> str | None: ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None, continue_final_message: bool = False,
+                            documents: Sequence[Mapping[str, Any]] | None = None, chat_template: str | None = None,
+                            add_special_tokens: bool = False, **template_kwargs) -> tuple[str, list[int]]: ...
+
+
+class PromptEncoder:
+    """`tokenizer`: the model's, loaded in this process; `tokenizer_stub`: the tokenizer service's.
+    Prompts (or conversations' content) of at most `local_tokenize_max_chars` characters are encoded
+    with `tokenizer` (0: none are). A request's own chat template only with
+    `trust_request_chat_template`. `generation_defaults.max_new_tokens` caps a request with no max_tokens."""
+
+    def __init__(self, tokenizer: ModelText, tokenizer_stub, timeout_s: float, local_tokenize_max_chars: int,
+                 trust_request_chat_template: bool, generation_defaults: GenerationDefaults) -> None:
+        self.tokenizer = tokenizer
+        self.tokenizer_stub = tokenizer_stub
+        self.timeout_s = timeout_s
+        self.local_tokenize_max_chars = local_tokenize_max_chars
+        self.trust_request_chat_template = trust_request_chat_template
+        self.generation_defaults = generation_defaults
+
+    async def encode(self, request_id: str, prompt_text: str | None, prompt_token_ids: Sequence[int] | None,
+                     messages: Sequence[Mapping[str, Any]] | None, chat_options: ChatOptions,
+                     add_special_tokens: bool = True) -> Sequence[int]:
+        """The ids of exactly one of `prompt_text`, `prompt_token_ids` and `messages`. Raises
+        InvalidRequestError for what cannot be a prompt."""
+        timeout = self.timeout_s
+        if prompt_token_ids is not None:
+            # As given, not copied: nothing changes a prompt. One from a gRPC request stays the
+            # request's repeated field, which a worker's request is built from in 1 us; from a list
+            # of 512 ids it takes 17, and making the list 20 more.
+            # Nor scanned (~0.1 ms of a 512-id prompt, run cold): the worker refuses an id outside the
+            # vocabulary, and where the gateway reads the ids first (hashing a block, decoding the
+            # tail) a negative one is refused there. The OpenAI API's ids are bounded by its schema.
+            prompt = prompt_token_ids
+        elif prompt_text is not None:
+            if len(prompt_text) <= self.local_tokenize_max_chars:
+                prompt = self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
+            else:
+                prompt = (await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
+                    request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
+                    timeout=timeout)).token_ids
+        else:
+            # As the tokenizer service reads them (services/tokenizer/converters.py).
+            chat = [{**m, "content": m.get("content") or ""} for m in messages]
+            if chat_options.template is not None and not self.trust_request_chat_template:
+                raise InvalidRequestError(UNTRUSTED_TEMPLATE, param="chat_template")
+            # A request's own template is rendered by the tokenizer service: nothing bounds its time,
+            # which here would stall every other request's tokens.
+            if chat_options.template is None and sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
+                try:
+                    check_messages(chat)
+                    prompt = self.tokenizer.apply_chat_template(chat, **chat_options.as_template_inputs())[1]
+                except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
+                    raise InvalidRequestError(str(e)) from None
+            else:
+                prompt = (await self.tokenizer_stub.ApplyChatTemplate(
+                    chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        return prompt
+
+    def truncated(self, prompt: Sequence[int], keep: int) -> Sequence[int]:
+        """The prompt's last `keep` tokens (-1: the context's worth; unknown context, all of them)."""
+        if keep == -1:
+            keep = self.tokenizer.max_model_len or len(prompt)
+        if keep < 1:
+            raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or at least 1, got {keep}")
+        return prompt[-keep:] if len(prompt) > keep else prompt
+
+    def check_context(self, prompt: Sequence[int], params: common_pb2.SamplingParams) -> None:
+        """Raises ContextLengthError; fills in max_tokens (what fits) when the request gave none, and
+        refuses a min_tokens over it.
+        Here, not by the tokenizer service: it is arithmetic, and an RPC on every request's path."""
+        try:
+            budget = self.tokenizer.completion_budget(len(prompt),
+                                                      params.max_tokens if params.HasField("max_tokens") else None)
+        except ValueError as e:
+            raise ContextLengthError(str(e)) from None
+        default_max = self.generation_defaults.max_new_tokens
+        if not params.HasField("max_tokens") and default_max is not None:
+            budget = default_max if budget is None else min(budget, default_max)
+        if budget is not None:
+            params.max_tokens = budget
+        max_tokens = params.max_tokens if params.HasField("max_tokens") else EngineSamplingParams.max_tokens
+        if params.min_tokens > max_tokens:
+            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) must not be more than max_tokens "
+                                      f"({max_tokens})")

@@ -1,0 +1,91 @@
+"""A request's steps as its prefill and decode workers' calls give them: the first token and the
+handoff read off a PrefillStream, the following tokens off a Decode stream, what they tell of the
+request on the way (`Progress`), and how the ledger and the metrics take each."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from protos import common_pb2, decode_pb2, prefill_pb2
+from services.common.converters import FINISH_REASON_NAMES
+from services.common.metrics import RequestMetrics
+from services.gateway.timeline import PhaseClock
+
+
+@dataclass
+class Progress:
+    """What a request's steps learned on the way, for its usage and its clean-up."""
+    num_cached_tokens: int = 0
+    is_released: bool = False  # the decode worker finished the request and freed its pages itself
+    is_stopped_here: bool = False  # a stop string ended it before the decode worker did
+
+
+@dataclass
+class Step:
+    token_ids: list[int]
+    logprobs: list
+    finish_reason: str | None
+    prefill_timings: prefill_pb2.PrefillTimings | None = None  # the first token's, from a prefill worker
+    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()  # the first step's, when asked for
+
+    def settle(self, clock: PhaseClock, arrived: float) -> None:
+        """Mark the wait for a prefill worker's first token on the ledger, up to `arrived` (a
+        perf_counter()), as the worker's timings cut it up: once the token is out, not on its
+        way. (A decode worker's steps are marked as they arrive.)"""
+        t = self.prefill_timings
+        if t is not None:
+            clock.mark_split([("prefill_queue", t.queue_seconds - t.host_tier_read_seconds - t.admit_seconds),
+                              ("host_tier_read", t.host_tier_read_seconds),
+                              ("prefill_admit", t.admit_seconds),
+                              ("prefill_compute", t.prefill_seconds)], rest="rpc", at=arrived)
+
+
+async def next_event(call, kind: str) -> prefill_pb2.PrefillEvent:
+    """The next event of a PrefillStream call, which must be a `kind` one."""
+    event = await call.read()
+    if event is grpc.aio.EOF or event.WhichOneof("event") != kind:
+        got = "the end of the stream" if event is grpc.aio.EOF else f"a {event.WhichOneof('event')} event"
+        raise RuntimeError(f"the prefill worker sent {got} where a {kind} event was due")
+    return event
+
+
+async def read_to_end(call, within_s: float | None = None) -> None:
+    """Read `call` to its end; cancelled if that takes longer than `within_s`."""
+    try:
+        await asyncio.wait_for(_drain(call), within_s)
+    except asyncio.TimeoutError:
+        call.cancel()
+
+
+async def _drain(call) -> None:
+    async for _ in call:
+        pass
+
+
+async def decode_steps(call, progress: Progress,
+                        on_chunk: Callable[[decode_pb2.DecodeChunk], None]) -> AsyncIterator[Step]:
+    first = True
+    async for chunk in call:
+        on_chunk(chunk)
+        if first:
+            progress.num_cached_tokens = progress.num_cached_tokens or chunk.num_cached_tokens
+            first = False
+        reason = FINISH_REASON_NAMES.get(chunk.finish_reason)
+        progress.is_released = reason is not None
+        yield Step(list(chunk.token_ids), list(chunk.logprobs), reason, prompt_logprobs=chunk.prompt_logprobs)
+
+
+def observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimings) -> None:
+    moved = timings.kv_transport != common_pb2.KV_TRANSPORT_UNSPECIFIED
+    transport = common_pb2.KVTransport.Name(timings.kv_transport).removeprefix("KV_TRANSPORT_").lower()
+    requests.observe_prefill(timings.queue_seconds, transport if moved else None, timings.kv_transfer_seconds,
+                             timings.kv_transfer_bytes)
+
+
+def went_away(error: BaseException) -> bool:
+    """A worker's call ended because the worker is gone or going (it stopped, died, or its engine failed
+    on another request): UNAVAILABLE."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
