@@ -17,8 +17,9 @@ from typing import Any
 from protos import common_pb2
 from services.gateway.deltas import Delta, Usage
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
+from services.gateway.streamed_calls import StreamedCalls, merged_call_deltas
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
-from services.gateway.tool_parsers import RequiredCalls, StreamedCalls, ToolCallSyntax, merged_call_deltas
+from services.gateway.tool_parsers import RequiredCalls, ToolCallSyntax
 
 TokenText = Callable[[int], str]  # a token id as the text it decodes to on its own
 

@@ -38,13 +38,26 @@ import random
 import re
 import string
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.gateway.call_text import (
+    BLANK,
+    LISTED,
+    SEPARATORS,
+    Calls,
+    JsonScan,
+    after_last_closed_call,
+    arguments_json,
+    call_so_far,
+    json_end,
+    listed_calls,
+    objects_so_far,
+    parse_call,
+    past,
+    pythonic_call,
+)
 from services.gateway.errors import APIError
 from services.gateway.tool_calls import new_call_id, tool_call
-
-Calls = list[dict[str, Any]]
 
 
 class ToolCallSyntax(Protocol):
@@ -104,7 +117,7 @@ class Hermes(_Tagged):
             return text, []
         calls = []
         for body in self._CALL.findall(text, start):
-            call = _call(body, "arguments")
+            call = parse_call(body, "arguments")
             if call is None:
                 return text, []
             calls.append(call)
@@ -115,7 +128,7 @@ class Hermes(_Tagged):
         while at != -1:
             at += len(self.START)
             end = text.find(self.END, at)
-            call = _call_so_far(text, at, len(text) if end == -1 else end, scans)
+            call = call_so_far(text, at, len(text) if end == -1 else end, scans)
             if call is None:
                 break
             begun.append(call)
@@ -151,15 +164,15 @@ class Llama3Json(_CallsOnly):
                 _, end = decoder.raw_decode(body, at)
             except json.JSONDecodeError:
                 return text, []
-            call = _call(body[at:end], "parameters")
+            call = parse_call(body[at:end], "parameters")
             if call is None:
                 return text, []
             calls.append(call)
-            at = _past(body, end, _SEPARATORS)
+            at = past(body, end, SEPARATORS)
         return None, calls
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-        return _objects_so_far(text, 0, _SEPARATORS, scans)
+        return objects_so_far(text, 0, SEPARATORS, scans)
 
 
 class Pythonic(_CallsOnly):
@@ -168,7 +181,7 @@ class Pythonic(_CallsOnly):
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
         """The calls closed so far, each whole: a Python call's arguments are JSON only once it is
         parsed, so a call goes out when its `)` is written, not piece by piece."""
-        end = _after_last_closed_call(text)
+        end = after_last_closed_call(text)
         if end is None:
             return []
         _, calls = self.parse(text[:end] + "]")
@@ -186,7 +199,7 @@ class Pythonic(_CallsOnly):
             return text, []
         calls = []
         for node in tree.elts:
-            call = _pythonic_call(node)
+            call = pythonic_call(node)
             if call is None:
                 return text, []
             calls.append(call)
@@ -230,7 +243,7 @@ class Mistral(_Tagged):
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
         if self._is_listed(text):
-            return _objects_so_far(text, _past(text, len(self.START), _BLANK) + 1, _LISTED, scans)
+            return objects_so_far(text, past(text, len(self.START), BLANK) + 1, LISTED, scans)
         begun, start = [], 0
         while start != -1:
             call = self._named_so_far(text, start, scans)
@@ -242,11 +255,11 @@ class Mistral(_Tagged):
 
     def _is_listed(self, region: str) -> bool:
         """The calls are a JSON list (tokenizer v3), not named one by one."""
-        at = _past(region, len(self.START), _BLANK)
+        at = past(region, len(self.START), BLANK)
         return at < len(region) and region[at] == "["
 
     def _listed(self, region: str) -> Calls | None:
-        return _listed_calls(region[len(self.START):].strip(), "arguments")
+        return listed_calls(region[len(self.START):].strip(), "arguments")
 
     def _named(self, region: str) -> Calls | None:
         calls = []
@@ -260,7 +273,7 @@ class Mistral(_Tagged):
                 parsed = json.loads(value)
             except json.JSONDecodeError:
                 return None
-            calls.append(tool_call(name, value if isinstance(parsed, (dict, list)) else _arguments(parsed)))
+            calls.append(tool_call(name, value if isinstance(parsed, (dict, list)) else arguments_json(parsed)))
         return calls
 
     def _named_so_far(self, text: str, start: int, scans: dict[int, JsonScan]) -> tuple[str, str, int] | None:
@@ -273,10 +286,10 @@ class Mistral(_Tagged):
         name = text[name_at:args_at].partition(self.CALL_ID)[0].strip()
         if not name:
             return None
-        value_at = _past(text, args_at + len(self.ARGS), _BLANK)
+        value_at = past(text, args_at + len(self.ARGS), BLANK)
         if value_at == len(text) or text[value_at] not in "{[":
             return name, "", text.find(self.START, value_at)
-        end = _json_end(text, value_at, scans)
+        end = json_end(text, value_at, scans)
         if end is None:
             return name, text[value_at:], -1
         return name, text[value_at:end], text.find(self.START, end)
@@ -293,7 +306,7 @@ class RequiredCalls(_CallsOnly):
         self.call_id = call_id
 
     def parse(self, text: str) -> tuple[str | None, Calls]:
-        calls = _listed_calls(text.strip(), "parameters")
+        calls = listed_calls(text.strip(), "parameters")
         if not calls:
             return text, []
         for call in calls:
@@ -301,7 +314,7 @@ class RequiredCalls(_CallsOnly):
         return None, calls
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-        return _objects_so_far(text, 1, _LISTED, scans)
+        return objects_so_far(text, 1, LISTED, scans)
 
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
@@ -335,265 +348,3 @@ def needs_a_parser(param: str) -> APIError:
     return APIError(400, 'tool_choice "auto" (the default with tools) needs the gateway started with '
                          '--tool-call-parser, to read the model\'s own calls: use "required", a named function '
                          'or "none"', param=param)
-
-
-@dataclass
-class StreamedCalls:
-    """One choice's stream through `syntax`: `add` each text delta, `finish` at the end. Each gives the
-    text to send and the tool-call deltas to send (OpenAI's stream shape: a call's first one has its
-    `index`, `id`, `type` and name, the next ones more of its arguments)."""
-
-    syntax: ToolCallSyntax
-    _held: str = ""  # text not sent yet: a possible start of a call, or everything from one on
-    _in_calls: bool = False
-    _sent_any: bool = False
-    _begun: list[list] = field(default_factory=list)  # per call sent: [its id, how much of its arguments went]
-    # What `progress` scanned of the held text so far: each delta's scan goes on from there, so a
-    # long call costs its length once, not once per delta.
-    _scans: dict[int, JsonScan] = field(default_factory=dict)
-    calls: Calls = field(default_factory=list)  # once finished: the calls made, whole
-
-    def add(self, delta: str) -> tuple[str, Calls]:
-        if self._in_calls:
-            self._held += delta
-            return "", self._call_deltas()
-        text = self._held + delta
-        at_start = not self._sent_any
-        start = self.syntax.call_start(text, at_start)
-        if start is not None:
-            self._in_calls, self._held = True, text[start:]
-            return self._sent(text[:start]), self._call_deltas()
-        keep = self.syntax.held_back(text, at_start)
-        self._held = text[len(text) - keep:]
-        return self._sent(text[:len(text) - keep]), []
-
-    def finish(self) -> tuple[str, Calls]:
-        """The rest; `calls` then holds the calls made."""
-        held, self._held = self._held, ""
-        if not self._in_calls:
-            return held, []
-        content, calls = self.syntax.parse(held)
-        if not calls:
-            if not self._begun:
-                return content or "", []
-            # Broken after some went out: they stay as far as they got.
-            calls = [tool_call(name, arguments, self.syntax.call_id())
-                     for name, arguments in self.syntax.progress(held, self._scans)]
-        deltas = []
-        for index, call in enumerate(calls):
-            if index < len(self._begun):
-                call["id"], num_sent = self._begun[index]
-                rest = call["function"]["arguments"][num_sent:]
-                if rest:
-                    deltas.append({"index": index, "function": {"arguments": rest}})
-            else:
-                deltas.append({"index": index, **call})
-        self.calls = calls
-        return "", deltas
-
-    def _call_deltas(self) -> Calls:
-        deltas = []
-        for index, (name, arguments) in enumerate(self.syntax.progress(self._held, self._scans)):
-            if index == len(self._begun):
-                call = tool_call(name, arguments, self.syntax.call_id())
-                self._begun.append([call["id"], len(arguments)])
-                deltas.append({"index": index, **call})
-            elif len(arguments) > self._begun[index][1]:
-                deltas.append({"index": index, "function": {"arguments": arguments[self._begun[index][1]:]}})
-                self._begun[index][1] = len(arguments)
-        return deltas
-
-    def _sent(self, text: str) -> str:
-        self._sent_any = self._sent_any or bool(text)
-        return text
-
-
-def merged_call_deltas(first: Calls, then: Calls) -> Calls:
-    """Two lists of tool-call deltas as one chunk's: one delta per call, its arguments joined."""
-    merged: dict[int, dict[str, Any]] = {}
-    for delta in [*first, *then]:
-        into = merged.get(delta["index"])
-        if into is None:
-            merged[delta["index"]] = {**delta, "function": dict(delta["function"])}
-        else:
-            into["function"]["arguments"] = into["function"].get("arguments", "") + delta["function"]["arguments"]
-    return list(merged.values())
-
-
-# A call object that opens with its name and then its arguments, as models write them: what
-# streams. Its arguments are the model's JSON text of them, from the value's first character.
-_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(arguments|parameters)"\s*:\s*')
-
-
-def _call(body: str, arguments_key: str) -> dict[str, Any] | None:
-    """One call in OpenAI's shape from its JSON text; None when it is not one. Arguments written as
-    an object (or list) are that JSON text as the model wrote it, as its stream sent it."""
-    try:
-        parsed = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-        return None
-    header = _HEADER.match(body)
-    if header is not None and body[header.end()] in "{[":
-        return tool_call(parsed["name"], body[header.end():_json_end(body, header.end(), {})])
-    return tool_call(parsed["name"], _arguments(parsed.get(arguments_key, parsed.get("arguments", {}))))
-
-
-def _arguments(value: Any) -> str:
-    """A call's arguments as OpenAI's JSON text: a string as it is (JSON already), else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _call_so_far(text: str, start: int, end: int, scans: dict[int, JsonScan]) -> tuple[str, str] | None:
-    """(name, arguments' text so far) of a call object begun at `text[start:end]`, if it streams: its
-    name comes first, and is whole. A value other than an object or a list comes whole at the end."""
-    header = _HEADER.match(text, start, end)
-    if header is None:
-        return None
-    try:
-        name = json.loads(header.group(1))
-    except json.JSONDecodeError:  # an escape cut short, say
-        return None
-    at = header.end()
-    if at == end or text[at] not in "{[":
-        return name, ""
-    value_end = _json_end(text, at, scans)
-    return name, text[at:end if value_end is None else min(value_end, end)]
-
-
-class JsonScan:
-    """How far a JSON object or list opening at `start` of a growing text has been read."""
-
-    _OUTSIDE, _INSIDE = re.compile(r'["{}\[\]]'), re.compile(r'["\\]')  # what changes the state
-
-    def __init__(self, start: int) -> None:
-        self.at = start
-        self.depth = 0
-        self.in_string = False
-        self.end: int | None = None  # just past its last bracket, once read
-
-    def read(self, text: str) -> int | None:
-        """Where the value ends in `text` (this scan's text so far, and more), or None if it does not yet."""
-        while self.end is None:
-            found = (self._INSIDE if self.in_string else self._OUTSIDE).search(text, self.at)
-            if found is None:
-                self.at = len(text)
-                return None
-            char, at = found.group(), found.start()
-            if char == "\\":
-                if at + 1 == len(text):  # its escaped character is still to come
-                    self.at = at
-                    return None
-                self.at = at + 2
-                continue
-            self.at = at + 1
-            if char == '"':
-                self.in_string = not self.in_string
-            elif char in "{[":
-                self.depth += 1
-            else:
-                self.depth -= 1
-                if self.depth == 0:
-                    self.end = self.at
-        return self.end
-
-
-def _json_end(text: str, start: int, scans: dict[int, JsonScan]) -> int | None:
-    """Where the JSON object or list opening at `text[start]` ends (just past its last bracket);
-    None if it does not end in `text`. `scans`: those begun on earlier, shorter versions of `text`."""
-    scan = scans.get(start)
-    if scan is None:
-        scan = scans[start] = JsonScan(start)
-    return scan.read(text)
-
-
-_SEPARATORS = "; \n\t"  # between llama3_json's calls
-_LISTED = ", \n\t"  # between the calls of a JSON list
-_BLANK = " \n\t\r"
-
-
-def _past(text: str, at: int, skipped: str) -> int:
-    while at < len(text) and text[at] in skipped:
-        at += 1
-    return at
-
-
-def _listed_calls(body: str, arguments_key: str) -> Calls | None:
-    """The calls of `body`, a JSON list of call objects, each in OpenAI's shape; None if it is not one."""
-    try:
-        listed = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(listed, list) or not body.startswith("["):
-        return None
-    calls, at, scans = [], _past(body, 1, _BLANK), {}
-    while at < len(body) and body[at] == "{":
-        end = _json_end(body, at, scans)
-        call = _call(body[at:end], arguments_key)
-        if call is None:
-            return None
-        calls.append(call)
-        at = _past(body, end, _LISTED)
-    return calls if len(calls) == len(listed) else None
-
-
-def _objects_so_far(text: str, at: int, separators: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-    """`progress` of call objects from `text[at:]` on, one after another with `separators` between."""
-    begun, at = [], _past(text, at, separators)
-    while at < len(text) and text[at] == "{":
-        end = _json_end(text, at, scans)
-        call = _call_so_far(text, at, len(text) if end is None else end, scans)
-        if call is None:
-            break
-        begun.append(call)
-        if end is None:
-            break
-        at = _past(text, end, separators)
-    return begun
-
-
-def _after_last_closed_call(text: str) -> int | None:
-    """Where the last call closed directly inside a Python list `text` opens (just past its `)`), strings
-    and nesting skipped; None before the first one closes."""
-    depth, quote, at, end = 0, None, 0, None
-    while at < len(text):
-        char = text[at]
-        if quote is not None:
-            if char == "\\":
-                at += 2
-                continue
-            if text.startswith(quote, at):
-                at, quote = at + len(quote), None
-                continue
-        elif char in "'\"":
-            quote = text[at:at + 3] if text[at:at + 3] in ("'''", '"""') else char
-            at += len(quote)
-            continue
-        elif char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-            if depth == 1 and char == ")":
-                end = at + 1
-        at += 1
-    return end
-
-
-def _pythonic_call(node: ast.expr) -> dict[str, Any] | None:
-    """`name(key=literal, ...)` in OpenAI's shape; None for anything else (positional arguments,
-    `**kwargs`, a value that is not a literal)."""
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
-        return None
-    arguments = {}
-    for keyword in node.keywords:
-        if keyword.arg is None:
-            return None
-        try:
-            arguments[keyword.arg] = ast.literal_eval(keyword.value)
-        except ValueError:
-            return None
-    try:
-        return tool_call(node.func.id, json.dumps(arguments, ensure_ascii=False))
-    except TypeError:  # a literal JSON has no word for: a set, bytes, a complex number
-        return None

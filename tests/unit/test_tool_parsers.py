@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from services.gateway.tool_parsers import PARSERS, RequiredCalls, StreamedCalls
+from services.gateway.streamed_calls import StreamedCalls
+from services.gateway.tool_parsers import PARSERS, RequiredCalls
 
 HERMES, LLAMA3, PYTHONIC, MISTRAL = (PARSERS[name] for name in ("hermes", "llama3_json", "pythonic", "mistral"))
 HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
