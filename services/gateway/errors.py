@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from services.gateway.request_errors import ContextLengthError, InvalidRequestError, OverloadedError
@@ -74,3 +75,23 @@ def to_api_error(e: Exception, prompt_param: str) -> APIError:
             return APIError(503, f"a worker is unavailable: {e.code().name}: {e.details()}", code="unavailable")
         return APIError(500, f"a worker failed: {e.code().name}: {e.details()}", code="internal_error")
     return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+
+
+def validation_error(e: RequestValidationError) -> APIError:
+    """One 400 naming the first bad field, in OpenAI's words where it has them."""
+    errors = e.errors()
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"We could not parse the JSON body of your request: {first.get('msg')}")
+    if first.get("type") == "missing" and not location:
+        return APIError(400, "the request needs a JSON body")
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return APIError(400, message, param=param)

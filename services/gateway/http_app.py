@@ -13,7 +13,7 @@ A stream's first chunk is awaited before the response starts (first_event_respon
 so a request that fails before its first token still gets its real status, not a 200
 with an error event. A client that goes away cancels its request wherever it is (prefill
 or decode), which frees its pages: Starlette cancels a stream's body, and a whole
-response waits `_unless_disconnected`.
+response waits until the client goes (http_responses.py).
 
 Every request's ledger (timeline.py: where its time went, phase by phase) is kept for
 the most recent requests and served from `GET /v1/requests/{id}/timeline`, `id` being
@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -52,10 +51,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
-from services.gateway.choices import first_choice, merge_choices
+from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
-from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error
-from services.gateway.first_event_response import FirstEventResponse
+from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error, validation_error
+from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
+from services.gateway.http_responses import respond
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import RequestPipeline
@@ -95,10 +95,6 @@ try:
     BATON_VERSION = importlib.metadata.version("baton")
 except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
     BATON_VERSION = "unknown"
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away before its response was ready."""
-
 
 def create_app(state: GatewayState) -> FastAPI:
     app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
@@ -423,177 +419,3 @@ def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
     return response_id if num_choices == 1 else f"{response_id}-{choice}"
 
 
-async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
-                  stream: bool, include_usage: bool, prompt_param: str, dispatched: asyncio.Future,
-                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | None = None,
-                  continuous_usage: bool = False):
-    """`timeline`: the request's ledger, when it is to be sent with the response. `dispatched` is
-    done once a choice's prompt is on its way to a worker: a stream is returned then, its first
-    event still to come (FirstEventResponse). `shape`: the Responses API's, not chat's or
-    completions'. `continuous_usage`: every chunk carries its choice's usage so far."""
-    if stream:
-        events = (shape.events(choices, prompt_param) if shape is not None
-                  else _events(choices, builder, include_usage, prompt_param, timeline, continuous_usage))
-        first = asyncio.ensure_future(anext(events))
-        try:
-            await asyncio.wait([first, dispatched], return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            first.cancel()
-            raise
-        return FirstEventResponse(first, events, media_type="text/event-stream",
-                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no",
-                                           "x-request-id": builder.id})
-
-    async def collect() -> None:
-        async for index, delta in choices:
-            builder.add(index, delta)
-    try:
-        await _unless_disconnected(request, collect())
-    except ClientDisconnected:
-        await choices.aclose()
-        return JSONResponse({}, status_code=499)  # nobody reads it; what access logs expect
-    except Exception as e:
-        await choices.aclose()
-        raise to_api_error(e, prompt_param) from e
-    body = builder.whole() if shape is None else shape.whole(builder.whole())
-    if shape is not None:
-        await shape.keep(body)
-    if timeline is not None:
-        body["timeline"] = timeline.to_json()
-    return JSONResponse(body, headers={"x-request-id": builder.id})
-
-
-async def _events(choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder, include_usage: bool,
-                  prompt_param: str, timeline: ResponseTimeline | None,
-                  continuous_usage: bool = False) -> AsyncIterator[bytes]:
-    """The SSE body: APIError before the first event (the response's status then), an error event
-    after it. Starlette cancels this when the client disconnects; the cancellation reaches every
-    choice's pipeline, which aborts its request on the mesh."""
-    try:
-        first = await first_choice(choices, prompt_param)
-        yield _event(builder.chunk(*first, include_usage, continuous_usage))
-        try:
-            async for index, delta in choices:
-                yield _event(builder.chunk(index, delta, include_usage, continuous_usage))
-            if include_usage:
-                yield _event(builder.usage_chunk())
-            if timeline is not None:
-                yield _event(builder.timeline_chunk(timeline.to_json()))
-        except Exception as e:  # after the 200 went out: the error travels as an event, as vLLM sends it
-            yield _event(to_api_error(e, prompt_param).body())
-    finally:
-        await choices.aclose()
-    yield b"data: [DONE]\n\n"
-
-
-def _event(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """`await work`, cancelled as soon as the client disconnects (ClientDisconnected).
-
-    The body has been read by now, so the next ASGI message can only be the
-    disconnect; waiting for it costs nothing while the client stays."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise ClientDisconnected()
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def validation_error(e: RequestValidationError) -> APIError:
-    """One 400 naming the first bad field, in OpenAI's words where it has them."""
-    errors = e.errors()
-    if not errors:
-        return APIError(400, "invalid request body")
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"We could not parse the JSON body of your request: {first.get('msg')}")
-    if first.get("type") == "missing" and not location:
-        return APIError(400, "the request needs a JSON body")
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if param:
-        message = f"{param}: {message}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return APIError(400, message, param=param)
-
-
-ARRIVAL_KEY = "baton_arrival"
-
-
-class ArrivalTime:
-    """Stamps each HTTP request's arrival (`time.perf_counter()`) in its ASGI scope's state,
-    where the request's ledger starts."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            scope.setdefault("state", {})[ARRIVAL_KEY] = time.perf_counter()
-        await self.app(scope, receive, send)
-
-
-class BodySizeLimit:
-    """Refuses a request body over `max_bytes` with 413 before the app sees it: by its
-    Content-Length when it gives one, else by counting while it is read in full here
-    (request bodies are small JSON, which the app would read whole anyway). `on_refuse`
-    is called for each refusal."""
-
-    def __init__(self, app, max_bytes: int, on_refuse: Callable[[], None] = lambda: None):
-        self.app = app
-        self.max_bytes = max_bytes
-        self.on_refuse = on_refuse
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left while sending
-                return
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                return await self._refuse(send)
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()  # after the body, only the disconnect can come
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send) -> None:
-        self.on_refuse()
-        error = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes).",
-                         code="request_too_large")
-        payload = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode()), (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": payload})
