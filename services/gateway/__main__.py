@@ -94,7 +94,7 @@ class GatewayService:
         self.config = config
         self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
         self.api_keys = ApiKeys(config.api_keys) if config.api_keys else None
-        self.servicer = GenerateServicer(config.served_model_name, self.timelines, self.api_keys,
+        self.servicer = GenerateServicer(config.served_model_names, self.timelines, self.api_keys,
                                          config.tool_call_parser, config.reasoning_parser)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
@@ -154,7 +154,7 @@ class GatewayService:
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
-        self.state = GatewayState(self.pipeline, config.served_model_name, tokenizer.max_model_len, token_text,
+        self.state = GatewayState(self.pipeline, config.served_model_names, tokenizer.max_model_len, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway

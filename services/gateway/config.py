@@ -95,7 +95,9 @@ class GatewayConfig:
     tokenizer_address: str
     prefill_addresses: tuple[str, ...]
     decode_addresses: tuple[str, ...]
-    served_model_name: str = ""  # "": the model directory's name
+    # The names clients may send (vLLM's --served-model-name a b): responses give the first. (): the
+    # model directory's name.
+    served_model_names: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 0  # the gRPC API; 0: any free port, printed on the listening line
     http_port: int = DEFAULT_HTTP_PORT  # 0: any free port, printed on the http listening line
@@ -131,8 +133,11 @@ class GatewayConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
-        if not self.served_model_name:
-            object.__setattr__(self, "served_model_name", self.model_dir.resolve().name)
+        if not self.served_model_names:
+            object.__setattr__(self, "served_model_names", (self.model_dir.resolve().name,))
+        if any(not name or name != name.strip() for name in self.served_model_names):
+            raise ConfigError(f"--served-model-name: names must be non-empty, without surrounding spaces, got "
+                              f"{list(self.served_model_names)}")
         check_bind(self.host, self.port, ENV_HOST)
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"--http-port must be in [0, 65535], got {self.http_port}")
@@ -185,6 +190,11 @@ class GatewayConfig:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def served_model_name(self) -> str:
+        """The name responses give."""
+        return self.served_model_names[0]
+
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
         env = os.environ if env is None else env
@@ -204,9 +214,11 @@ class GatewayConfig:
                                  f"(${ENV_COLOCATED}=1)")
         parser.add_argument("--decode", default=env.get(ENV_DECODE, ""),
                             help=f"decode workers, HOST:PORT[,HOST:PORT...] (${ENV_DECODE})")
-        parser.add_argument("--served-model-name", default=env.get(ENV_SERVED_MODEL_NAME, ""),
-                            help=f"the model name clients send; default: the model directory's name "
-                                 f"(${ENV_SERVED_MODEL_NAME})")
+        parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                            default=_split(env.get(ENV_SERVED_MODEL_NAME, "")),
+                            help=f"the model names clients may send, the first the one responses give (the "
+                                 f"others: aliases, e.g. while clients move to a new name); default: the model "
+                                 f"directory's name (${ENV_SERVED_MODEL_NAME}, names separated by commas)")
         parser.add_argument("--max-body-bytes", type=int,
                             default=env_int(env, ENV_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES),
                             help=f"largest HTTP request body accepted; larger gets 413 (${ENV_MAX_BODY_BYTES})")
@@ -287,7 +299,7 @@ class GatewayConfig:
         api_keys = args.api_key if args.api_key is not None else [env[ENV_API_KEY]] if env.get(ENV_API_KEY) else []
         return cls(model_dir=model_arg(args), tokenizer_address=args.tokenizer,
                    prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
-                   served_model_name=args.served_model_name, host=args.host, port=args.port,
+                   served_model_names=tuple(args.served_model_name), host=args.host, port=args.port,
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
                    max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
                    grace_s=args.shutdown_grace_s,

@@ -2,7 +2,7 @@
 error object; the public gRPC API sends the same object (common.proto `Error`)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -52,8 +52,9 @@ def api_error_response(e: APIError, headers: Mapping[str, str] | None = None) ->
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
-def model_not_found(model: str, served: str) -> APIError:
-    return APIError(404, f"The model `{model}` does not exist. This server serves `{served}`.", param="model",
+def model_not_found(model: str, served: Sequence[str]) -> APIError:
+    names = " or ".join(f"`{name}`" for name in served)
+    return APIError(404, f"The model `{model}` does not exist. This server serves {names}.", param="model",
                     code="model_not_found")
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -49,9 +49,11 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     """`pipeline` is attached once the gateway's workers are connected."""
 
-    def __init__(self, model_name: str, timelines: TimelineStore | None = None, api_keys: ApiKeys | None = None,
+    def __init__(self, model_names: Sequence[str], timelines: TimelineStore | None = None,
+                 api_keys: ApiKeys | None = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None):
-        self.model_name = model_name
+        self.model_names = tuple(model_names)  # what requests may name; responses give the first
+        self.model_name = self.model_names[0]
         self.api_keys = api_keys
         self.tool_call_parser = tool_call_parser  # tool_parsers.py: the model's own calls, for "auto"
         self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
@@ -122,8 +124,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
-        if request.model and request.model != self.model_name:
-            raise model_not_found(request.model, self.model_name)
+        if request.model and request.model not in self.model_names:
+            raise model_not_found(request.model, self.model_names)
         given = request.WhichOneof("input")
         if given is None:
             raise APIError(400, "one of text, chat or token_ids is required", param="input")

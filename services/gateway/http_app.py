@@ -78,7 +78,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 @dataclass
 class GatewayState:
     pipeline: RequestPipeline
-    model_name: str
+    model_names: tuple[str, ...]  # what clients may name the model; responses give the first
     max_model_len: int | None
     token_text: TokenText
     readiness: Callable[[], str | None]  # None when every kind of worker has one serving, else why not
@@ -89,6 +89,11 @@ class GatewayState:
     reasoning_parser: str | None = None  # None: a chat reply's text is all content
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
+
+    @property
+    def model_name(self) -> str:
+        """The name responses give."""
+        return self.model_names[0]
 
 
 try:
@@ -333,13 +338,13 @@ def create_app(state: GatewayState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(state)]}
+        return {"object": "list", "data": [model_card(state, name) for name in state.model_names]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
-        if model != state.model_name:
-            raise model_not_found(model, state.model_name)
-        return model_card(state)
+        if model not in state.model_names:
+            raise model_not_found(model, state.model_names)
+        return model_card(state, model)
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:
@@ -369,15 +374,15 @@ async def parsed_body(request: Request, model: type[M]) -> M:
         raise RequestValidationError(e.errors(include_url=False)) from None
 
 
-def model_card(state: GatewayState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "baton",
-            "max_model_len": state.max_model_len}
+def model_card(state: GatewayState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "baton", "max_model_len": state.max_model_len,
+            "root": state.model_name}
 
 
 def check_model(state: GatewayState, model: str) -> None:
-    if model != state.model_name:
+    if model not in state.model_names:
         state.pipeline.metrics.count_error("model_not_found")
-        raise model_not_found(model, state.model_name)
+        raise model_not_found(model, state.model_names)
 
 
 def start_timeline(state: GatewayState, request: Request, response_id: str) -> ResponseTimeline:

@@ -17,6 +17,7 @@ import torch
 
 from services.gateway.openai_protocol import encoded_bad_words
 from services.tokenizer.model_tokenizer import ModelTokenizer
+from tests.services.gateway.mesh import gateway_client
 from tests.services.service_process import REPO_ROOT
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -57,6 +58,20 @@ def test_models_lists_the_served_model(client, mesh):
     version = httpx.get(f"{mesh.gateway.base_url}/version", timeout=10).json()
     assert version == {"version": importlib.metadata.version("baton")}
 
+
+
+def test_several_served_names_are_all_answered_and_responses_give_the_first(mesh):
+    # vLLM's --served-model-name a b: an alias while clients move from one name to another.
+    with gateway_client(mesh, "--served-model-name", "baton-new", "baton-old") as aliased:
+        assert [m.id for m in aliased.models.list().data] == ["baton-new", "baton-old"]
+        assert aliased.models.retrieve("baton-old").model_extra["root"] == "baton-new"
+        for name in ("baton-new", "baton-old"):
+            reply = aliased.completions.create(model=name, prompt="Hello", max_tokens=2)
+            assert reply.model == "baton-new"
+        with pytest.raises(openai.NotFoundError) as unknown:
+            aliased.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=1)
+        assert "`baton-new` or `baton-old`" in unknown.value.body["message"]
 
 def test_greedy_completion_equals_transformers_and_baton_generate(client, mesh, tokenizer):
     prompt = tokenizer.encode(PROMPT)

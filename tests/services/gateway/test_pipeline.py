@@ -429,3 +429,15 @@ def test_generation_defaults_come_from_flags_and_variables(tiny_demo_model):
             GatewayConfig.from_args([*common, "--override-generation-config", override], {})
     with pytest.raises(ConfigError, match="--generation-config: 'elsewhere' is not a directory"):
         GatewayConfig.from_args([*common, "--generation-config", "elsewhere"], {})
+
+
+def test_served_model_names_come_from_the_flag_or_the_variable(tiny_demo_model):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    assert GatewayConfig.from_args(common, {}).served_model_names == (tiny_demo_model.resolve().name,)
+    env = {"BATON_SERVED_MODEL_NAME": "a, b"}
+    assert GatewayConfig.from_args(common, env).served_model_names == ("a", "b")
+    flagged = GatewayConfig.from_args([*common, "--served-model-name", "c", "d"], env)
+    assert (flagged.served_model_names, flagged.served_model_name) == (("c", "d"), "c")
+    with pytest.raises(ConfigError, match="--served-model-name"):
+        GatewayConfig.from_args([*common, "--served-model-name", " padded"], {})
