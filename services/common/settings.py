@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.config import SCHEDULING_POLICIES
+from engine.config import DTYPES, SCHEDULING_POLICIES
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_MODEL = "BATON_MODEL"
@@ -22,6 +22,8 @@ ENV_MAX_MODEL_LEN = "BATON_MAX_MODEL_LEN"
 ENV_MAX_MESSAGE_BYTES = "BATON_MAX_MESSAGE_BYTES"
 ENV_REDIS_URL = "BATON_REDIS_URL"
 ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
+# Shared by prefill and decode workers on purpose: the KV pages one writes, the other reads.
+ENV_DTYPE = "BATON_DTYPE"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 
 
@@ -81,6 +83,19 @@ def add_scheduling_flag(parser: argparse.ArgumentParser, env: Mapping[str, str],
                         help=f"fcfs: requests are scheduled as they come; priority: by each request's "
                              f"`priority` (lower first, then as they came), the least urgent preempted first "
                              f"(${env_var})")
+
+
+def add_dtype_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--dtype of a worker's engine: what it computes in and keeps its KV pages in."""
+    parser.add_argument("--dtype", default=env.get(ENV_DTYPE) or "float32",
+                        help=f"what the model computes in and the KV pages hold: {', '.join(DTYPES)} (default "
+                             f"float32, the fast one on CPUs; bfloat16 on GPUs); prefill and decode workers must "
+                             f"agree (${ENV_DTYPE})")
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 def check_scheduling_policy(policy: str) -> None:

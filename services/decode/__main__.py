@@ -69,7 +69,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
 
     engine_config = EngineConfig(model=str(model_dir), num_kv_blocks=config.num_kv_blocks,
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                 scheduling_policy=config.scheduling_policy)
+                                 scheduling_policy=config.scheduling_policy, dtype=config.dtype)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
     except BaseException:
@@ -149,7 +149,8 @@ class DecodeService:
                                        block_size=self.pool.layout.block_size, publish_blocks=True)
         if self.publisher is not None:
             await self.publisher.start(stop)
-        return f"serving {self.config.model_dir}: {self.pool.num_blocks} KV blocks in shared memory {self.pool.name}"
+        return (f"serving {self.config.model_dir} in {self.config.dtype}: {self.pool.num_blocks} KV blocks in shared "
+                f"memory {self.pool.name}")
 
     async def close(self) -> None:
         if self.publisher is not None:

@@ -21,12 +21,14 @@ from services.common.settings import (
     ENV_REDIS_URL as ENV_REDIS_URL,
     ConfigError as ConfigError,
     add_bind_flags,
+    add_dtype_flag,
     add_limit_flags,
     add_metrics_flag,
     add_registry_flags,
     add_scheduling_flag,
     add_tracing_flag,
     check_bind,
+    check_dtype,
     check_limits,
     check_metrics_port,
     check_model_dir,
@@ -60,6 +62,7 @@ class DecodeServiceConfig:
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the shared-memory pool's size in pages
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
+    dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES)
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -77,6 +80,7 @@ class DecodeServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
+        check_dtype(self.dtype)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
@@ -101,13 +105,14 @@ class DecodeServiceConfig:
                             help=f"how long an unclaimed reservation holds its pages (${ENV_LEASE_MS})")
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
+        add_dtype_flag(parser, env)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
-                   scheduling_policy=args.scheduling_policy,
+                   scheduling_policy=args.scheduling_policy, dtype=args.dtype,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)

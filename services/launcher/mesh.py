@@ -35,6 +35,7 @@ from services.launcher.specs import (
     API_KEY_VARIABLE,
     CHAT_TEMPLATE_VARIABLE,
     DECODE_NAME_PREFIXES,
+    DTYPE_VARIABLE,
     MeshConfig,
     gateway_spec,
     kvstore_spec,
@@ -213,6 +214,8 @@ class Mesh:
             env[API_KEY_VARIABLE] = self.config.api_key
         if self.config.chat_template is not None:
             env[CHAT_TEMPLATE_VARIABLE] = self.config.chat_template
+        if self.config.dtype is not None:
+            env[DTYPE_VARIABLE] = self.config.dtype
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:

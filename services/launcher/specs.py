@@ -45,8 +45,9 @@ DECODE_KV_BLOCKS_VARIABLE = "BATON_DECODE_KV_BLOCKS"  # still sizes the pool whe
 # The flags the launcher gives each kind of service itself: `--KIND-args` may not set them.
 _BIND_FLAGS = ("--model", "--host", "--port", "--redis", "--shutdown-grace-s")
 LAUNCHER_FLAGS = {
-    "prefill": frozenset({*_BIND_FLAGS, "--kvstore"}),
-    "decode": frozenset(_BIND_FLAGS),
+    # --dtype: both pools' (baton up --dtype), which for one alone would make their KV pages differ.
+    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype"}),
+    "decode": frozenset({*_BIND_FLAGS, "--dtype"}),
     "kvstore": frozenset(_BIND_FLAGS),
     # --chat-template: the tokenizer service's too, which one for the gateway alone would differ from.
     "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port",
@@ -54,6 +55,7 @@ LAUNCHER_FLAGS = {
 }
 API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
 CHAT_TEMPLATE_VARIABLE = "BATON_CHAT_TEMPLATE"  # how `baton up --chat-template` reaches the services that render
+DTYPE_VARIABLE = "BATON_DTYPE"  # how `baton up --dtype` reaches every worker
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class MeshConfig:
     api_key: str | None = field(default=None, repr=False)  # the gateway asks clients for it; None: for none
     # Replaces the model's chat template (a file's absolute path, or the template); None: the model's.
     chat_template: str | None = None
+    dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32
 
     def __post_init__(self) -> None:
         if self.is_colocated:

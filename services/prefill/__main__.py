@@ -51,7 +51,7 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   enable_prefix_caching=config.prefix_caching,
-                                  scheduling_policy=config.scheduling_policy))
+                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype))
 
 
 def warmup_lengths(engine: LLMEngine) -> list[int]:
@@ -115,7 +115,7 @@ class PrefillService:
                                        publish_blocks=True)
         if self.publisher is not None:
             await self.publisher.start(stop)
-        return (f"serving {self.config.model_dir}: {layout.num_blocks} local KV blocks; "
+        return (f"serving {self.config.model_dir} in {self.config.dtype}: {layout.num_blocks} local KV blocks; "
                 f"warmed up on prompts of {lengths} tokens")
 
     async def close(self) -> None:

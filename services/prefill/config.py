@@ -21,12 +21,14 @@ from services.common.settings import (
     ENV_REDIS_URL as ENV_REDIS_URL,
     ConfigError as ConfigError,
     add_bind_flags,
+    add_dtype_flag,
     add_limit_flags,
     add_metrics_flag,
     add_registry_flags,
     add_scheduling_flag,
     add_tracing_flag,
     check_bind,
+    check_dtype,
     check_limits,
     check_metrics_port,
     check_model_dir,
@@ -64,6 +66,7 @@ class PrefillServiceConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
+    dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES)
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
@@ -84,6 +87,7 @@ class PrefillServiceConfig:
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
+        check_dtype(self.dtype)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)
@@ -117,6 +121,7 @@ class PrefillServiceConfig:
                             help="kvstore node to store the prefixes this worker reuses on, for other "
                                  f"workers to read instead of computing (${ENV_KVSTORE}; default: none)")
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
+        add_dtype_flag(parser, env)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
@@ -125,7 +130,7 @@ class PrefillServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                   scheduling_policy=args.scheduling_policy,
+                   scheduling_policy=args.scheduling_policy, dtype=args.dtype,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,

@@ -3,6 +3,7 @@ included), prints where it listens, and leaves nothing behind however it is stop
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -306,7 +307,7 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5",
-                  "--chat-template", str(tmp_path / "chat.jinja"),
+                  "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16",
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
@@ -314,9 +315,10 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
     for child, pid in up.pids.items():  # --shutdown-grace-s is every service's
         if child != "redis":
             assert "--shutdown-grace-s 2.5" in " ".join(command_line(pid)), child
-    assert up.wait_for(lambda: any(line.startswith("[decode-0]") and ": 96 KV blocks in shared memory" in line
-                                   for line in up.stderr)), up.output()
-    assert any(line.startswith("[prefill-0]") and ": 80 local KV blocks" in line for line in up.stderr), up.output()
+    assert up.wait_for(lambda: any(line.startswith("[decode-0]") and "in bfloat16: 96 KV blocks in shared memory"
+                                   in line for line in up.stderr)), up.output()
+    assert any(line.startswith("[prefill-0]") and "in bfloat16: 80 local KV blocks" in line for line in up.stderr), \
+        up.output()
     if HAS_GATEWAY:  # the key: asked of clients, known to baton up (which read the served name with it), never in argv
         import httpx
 
@@ -337,6 +339,15 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
         chat = httpx.post(f"{base}/chat/completions", headers=auth, timeout=30,
                           json={"model": "served-x", "messages": hi, "max_tokens": 1}).json()
         assert chat["usage"]["prompt_tokens"] == len(expected)
+        # --dtype: prefill and decode compute in bfloat16 and hand bfloat16 pages over, as `baton generate` computes.
+        completion = httpx.post(f"{base}/completions", headers=auth, timeout=30, json={
+            "model": "served-x", "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}).json()
+        generated = subprocess.run([sys.executable, "-m", "cli", "generate", "--model", str(tiny_demo_model),
+                                    "--prompt", "The quick brown fox", "--max-tokens", "8", "--ignore-eos",
+                                    "--dtype", "bfloat16", "--json"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                   timeout=120, check=True)
+        assert completion["choices"][0]["text"] == json.loads(generated.stdout)["text"]
 
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0, up.output()
@@ -345,6 +356,7 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
                                    "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
                                    "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
+                                   "--prefill-args=--dtype=float16",
                                    "--chat-template=no-such-template.jinja"])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],

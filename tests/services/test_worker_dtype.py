@@ -1,0 +1,19 @@
+"""--dtype of prefill and decode workers: read from the flag or the shared variable, checked by name
+(baton up passes it to both; tests/services/test_baton_up.py serves a bfloat16 mesh)."""
+from __future__ import annotations
+
+import pytest
+
+from services.common.settings import ConfigError
+from services.decode.config import DecodeServiceConfig
+from services.prefill.config import PrefillServiceConfig
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_dtype_comes_from_the_flag_or_the_shared_variable(config, tiny_demo_model):
+    model = ["--model", str(tiny_demo_model)]
+    assert config.from_args(model, {}).dtype == "float32"
+    assert config.from_args(model, {"BATON_DTYPE": "bfloat16"}).dtype == "bfloat16"
+    assert config.from_args([*model, "--dtype", "float16"], {"BATON_DTYPE": "bfloat16"}).dtype == "float16"
+    with pytest.raises(ConfigError, match="--dtype must be one of float32, bfloat16, float16, got 'int8'"):
+        config.from_args([*model, "--dtype", "int8"], {})
