@@ -128,9 +128,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         help=f"more flags for {which}, in one string split as a shell splits it, given "
                              f"with '=': --{kind}-args='--flag value ...' (python -m services.{kind} --help "
                              "lists them)")
-    up.add_argument("--dtype", choices=DTYPES,
-                    help="what every prefill and decode worker computes in and keeps its KV pages in (default "
-                         "$BATON_DTYPE, else float32, the fast one on CPUs; bfloat16 on GPUs)")
+    up.add_argument("--dtype", choices=(*DTYPES, "auto"),
+                    help="what every prefill and decode worker computes in and keeps its KV pages in; auto: the "
+                         "checkpoint's own (default $BATON_DTYPE, else float32, the fast one on CPUs; bfloat16 on "
+                         "GPUs)")
     up.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
                     help="render chat conversations by this Jinja template (a file, or the template itself) "
                          "instead of the model's own: the tokenizer service's and the gateway's "

@@ -11,6 +11,7 @@ the model, the context override and the message limit are shared on purpose.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -88,14 +89,24 @@ def add_scheduling_flag(parser: argparse.ArgumentParser, env: Mapping[str, str],
 def add_dtype_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """--dtype of a worker's engine: what it computes in and keeps its KV pages in."""
     parser.add_argument("--dtype", default=env.get(ENV_DTYPE) or "float32",
-                        help=f"what the model computes in and the KV pages hold: {', '.join(DTYPES)} (default "
-                             f"float32, the fast one on CPUs; bfloat16 on GPUs); prefill and decode workers must "
-                             f"agree (${ENV_DTYPE})")
+                        help=f"what the model computes in and the KV pages hold: {', '.join(DTYPES)}, or auto (the "
+                             f"checkpoint's own); default float32, the fast one on CPUs (bfloat16 on GPUs); prefill "
+                             f"and decode workers must agree (${ENV_DTYPE})")
 
 
-def check_dtype(dtype: str) -> None:
+def resolved_dtype(dtype: str, model_dir: Path) -> str:
+    """`dtype`, checked; `auto`: the checkpoint's (config.json's torch_dtype, as vLLM's auto reads it) where
+    the engine computes in it, else float32."""
+    if dtype == "auto":
+        try:
+            config = json.loads((model_dir / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"--dtype auto: cannot read {model_dir / 'config.json'} ({e})") from None
+        stored = config.get("torch_dtype") or config.get("dtype")
+        return stored if stored in DTYPES else "float32"
     if dtype not in DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")
+    return dtype
 
 
 def check_scheduling_policy(policy: str) -> None:

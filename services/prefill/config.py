@@ -28,7 +28,6 @@ from services.common.settings import (
     add_scheduling_flag,
     add_tracing_flag,
     check_bind,
-    check_dtype,
     check_limits,
     check_metrics_port,
     check_model_dir,
@@ -38,6 +37,7 @@ from services.common.settings import (
     env_int,
     model_arg,
     new_parser,
+    resolved_dtype,
 )
 
 ENV_HOST = "BATON_PREFILL_HOST"
@@ -66,7 +66,7 @@ class PrefillServiceConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
-    dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES)
+    dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
@@ -82,12 +82,12 @@ class PrefillServiceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
+        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir))
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
-        check_dtype(self.dtype)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)

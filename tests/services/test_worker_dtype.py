@@ -2,6 +2,9 @@
 (baton up passes it to both; tests/services/test_baton_up.py serves a bfloat16 mesh)."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from services.common.settings import ConfigError
@@ -15,5 +18,16 @@ def test_dtype_comes_from_the_flag_or_the_shared_variable(config, tiny_demo_mode
     assert config.from_args(model, {}).dtype == "float32"
     assert config.from_args(model, {"BATON_DTYPE": "bfloat16"}).dtype == "bfloat16"
     assert config.from_args([*model, "--dtype", "float16"], {"BATON_DTYPE": "bfloat16"}).dtype == "float16"
-    with pytest.raises(ConfigError, match="--dtype must be one of float32, bfloat16, float16, got 'int8'"):
+    with pytest.raises(ConfigError, match="--dtype must be one of float32, bfloat16, float16 or auto, got 'int8'"):
         config.from_args([*model, "--dtype", "int8"], {})
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_auto_is_the_checkpoints_own_dtype(config, tiny_demo_model, tmp_path):
+    model = shutil.copytree(tiny_demo_model, tmp_path / "model")
+    assert config.from_args(["--model", str(model), "--dtype", "auto"], {}).dtype == "float32"
+    for stored, computed in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float64", "float32")):
+        settings = json.loads((model / "config.json").read_text())
+        settings.update(torch_dtype=stored, dtype=stored)
+        (model / "config.json").write_text(json.dumps(settings))
+        assert config.from_args(["--model", str(model)], {"BATON_DTYPE": "auto"}).dtype == computed
