@@ -11,6 +11,12 @@ DTYPES: tuple[str, ...] = get_args(DType)
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
+def stored_dtype(model_config: dict) -> str | None:
+    """The dtype a checkpoint's config.json says its weights are stored in (transformers 4 names it
+    torch_dtype, 5 dtype); None when it does not say."""
+    return model_config.get("torch_dtype") or model_config.get("dtype")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How one engine instance runs a model directory.

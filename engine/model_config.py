@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import stored_dtype
 from kernels.rotary import SUPPORTED_ROPE_TYPES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
@@ -92,7 +93,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     for capped in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(capped) is not None:
             raise ModelConfigError(f"{path}: {capped} is not supported")
-    partial = cfg.get("partial_rotary_factor", _rope_parameters(cfg, "full_attention").get("partial_rotary_factor"))
+    full_rope = _rope_parameters(cfg, "full_attention")
+    partial = cfg.get("partial_rotary_factor", full_rope.get("partial_rotary_factor"))
     if partial not in (None, 1, 1.0):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported (RoPE over whole heads only)")
     if cfg.get("use_bidirectional_attention"):
@@ -113,8 +115,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in ("MixtralForCausalLM", "Phi3ForCausalLM")
                                        else 1e-6)),  # absent: transformers' default for the architecture
-            rope_theta=_rope_theta(cfg, _rope_parameters(cfg, "full_attention")),
-            rope_scaling=_rope_scaling(cfg, _rope_parameters(cfg, "full_attention"), path),
+            rope_theta=_rope_theta(cfg, full_rope),
+            rope_scaling=_rope_scaling(cfg, full_rope, path),
             local_rope_theta=_local_rope_theta(cfg, arch, path),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
@@ -129,7 +131,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             hidden_act=act,
             attention_scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if arch == GEMMA3
             else head_dim ** -0.5,
-            weights_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            weights_dtype=str(stored_dtype(cfg) or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
         )

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model_config import ModelConfig
-from engine.models.llama import MLP, Attention, LlamaForCausalLM, empty_param
+from engine.models.llama import MLP, Attention, LlamaForCausalLM
+from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache
 

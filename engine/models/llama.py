@@ -16,17 +16,13 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.moe import SparseMoE
+from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
-
-
-def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
-    # Uninitialised: every parameter is overwritten by load_weights.
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
 class Attention(nn.Module):
@@ -173,15 +169,19 @@ class LlamaForCausalLM(nn.Module):
             names.append("lm_head.weight")
         for i in range(self.config.num_layers):
             p = f"model.layers.{i}."
-            names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-            if self.config.qkv_bias:
-                names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
-            if self.config.o_bias:
-                names.append(p + "self_attn.o_proj.bias")
-            if self.config.qk_norm:
-                names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-            names += self._mlp_names(i)
+            names += self._attention_names(i) + self._mlp_names(i)
             names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        return names
+
+    def _attention_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}.self_attn."
+        names = [p + f"{x}_proj.weight" for x in "qkvo"]
+        if self.config.qkv_bias:
+            names += [p + f"{x}_proj.bias" for x in "qkv"]
+        if self.config.o_bias:
+            names.append(p + "o_proj.bias")
+        if self.config.qk_norm:
+            names += [p + "q_norm.weight", p + "k_norm.weight"]
         return names
 
     def _mlp_names(self, layer: int) -> list[str]:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model_config import ModelConfig
+from engine.models.parameters import empty_param
 
 
 class SparseMoE(nn.Module):
@@ -18,11 +19,9 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.config = config
         num_experts, inter, hidden = config.num_experts, config.moe_intermediate_size, config.hidden_size
-        # Uninitialised: every expert's slices are filled by load_weights.
-        self.router_weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype), requires_grad=False)
-        self.gate_up_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden, dtype=dtype),
-                                           requires_grad=False)
-        self.down_weight = nn.Parameter(torch.empty(num_experts, hidden, inter, dtype=dtype), requires_grad=False)
+        self.router_weight = empty_param(num_experts, hidden, dtype=dtype)
+        self.gate_up_weight = empty_param(num_experts, 2 * inter, hidden, dtype=dtype)  # each expert's slices filled
+        self.down_weight = empty_param(num_experts, hidden, inter, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] → [T, H]

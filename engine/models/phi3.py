@@ -8,15 +8,11 @@ from engine.models.llama import LlamaForCausalLM
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    def checkpoint_names(self) -> list[str]:
-        names = ["model.embed_tokens.weight", "model.norm.weight"]
-        if not self.config.tie_word_embeddings:
-            names.append("lm_head.weight")
-        for i in range(self.config.num_layers):
-            names += [f"model.layers.{i}.{name}.weight" for name in (
-                "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj", "input_layernorm",
-                "post_attention_layernorm")]
-        return names
+    def _attention_names(self, layer: int) -> list[str]:
+        return [f"model.layers.{layer}.self_attn.{x}.weight" for x in ("qkv_proj", "o_proj")]
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        return [f"model.layers.{layer}.mlp.{x}.weight" for x in ("gate_up_proj", "down_proj")]
 
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".")

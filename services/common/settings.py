@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.config import DTYPES, SCHEDULING_POLICIES
+from engine.config import DTYPES, SCHEDULING_POLICIES, stored_dtype
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_MODEL = "BATON_MODEL"
@@ -102,7 +102,7 @@ def resolved_dtype(dtype: str, model_dir: Path) -> str:
             config = json.loads((model_dir / "config.json").read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"--dtype auto: cannot read {model_dir / 'config.json'} ({e})") from None
-        stored = config.get("torch_dtype") or config.get("dtype")
+        stored = stored_dtype(config)
         return stored if stored in DTYPES else "float32"
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,12 @@ class GenerationDefaults:
     min_p: float | None = None
     repetition_penalty: float | None = None
     max_new_tokens: int | None = None
+    # The names set, found once: `fill` runs on every request's path.
+    _set: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        names = tuple(f.name for f in fields(self) if f.init and getattr(self, f.name) is not None)
+        object.__setattr__(self, "_set", names)
 
     @classmethod
     def load(cls, source: str, model_dir: Path, overrides: Mapping[str, Any] | None = None) -> GenerationDefaults:
@@ -59,22 +65,23 @@ class GenerationDefaults:
         return cls(**{key: _checked(key, value) for key, value in merged.items() if value is not None})
 
     def __bool__(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self))
+        return bool(self._set)
 
     def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)
+        return ", ".join(f"{name}={getattr(self, name)}" for name in self._set)
 
     def fill(self, params: common_pb2.SamplingParams, *, top_k_given: bool, min_p_given: bool) -> None:
-        """Set each default `params` has no value for. top_k and min_p have no presence in the
-        proto: the caller says whether the request gave them."""
-        for name in ("temperature", "top_p", "repetition_penalty"):
-            value = getattr(self, name)
-            if value is not None and not params.HasField(name):
-                setattr(params, name, value)
-        if self.top_k is not None and not top_k_given:
-            params.top_k = self.top_k
-        if self.min_p is not None and not min_p_given:
-            params.min_p = self.min_p
+        """Set each default `params` has no value for (max_new_tokens is the prompt encoder's). top_k
+        and min_p have no presence in the proto: the caller says whether the request gave them."""
+        for name in self._set:
+            if name == "top_k":
+                if not top_k_given:
+                    params.top_k = self.top_k
+            elif name == "min_p":
+                if not min_p_given:
+                    params.min_p = self.min_p
+            elif name != "max_new_tokens" and not params.HasField(name):
+                setattr(params, name, getattr(self, name))
 
 
 def _read(path: Path) -> dict[str, Any]:

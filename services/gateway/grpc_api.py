@@ -140,7 +140,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         self.timelines.add(timeline)
         sampling = request.sampling
         forced = tools is not None and tools.forced is not None
-        defaults = self.pipeline.generation_defaults
+        defaults = self.pipeline.prompts.generation_defaults
         if forced or defaults:
             sampling = common_pb2.SamplingParams()
             sampling.CopyFrom(request.sampling)

@@ -156,7 +156,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 request_id = _choice_id(response_id, choice, len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j, bad_words,
-                                                                state.pipeline.generation_defaults),
+                                                                state.pipeline.prompts.generation_defaults),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
@@ -191,7 +191,7 @@ def create_app(state: GatewayState) -> FastAPI:
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
             sampling=body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
-                                   state.pipeline.generation_defaults),
+                                   state.pipeline.prompts.generation_defaults),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,
@@ -306,7 +306,7 @@ def create_app(state: GatewayState) -> FastAPI:
         if body.model is not None:
             check_model(state, body.model)
         tokens = await tokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s,
-                                state.tool_call_parser, state.pipeline.trust_request_chat_template)
+                                state.tool_call_parser, state.pipeline.prompts.trust_request_chat_template)
         token_strs = [state.pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": token_strs}
 

@@ -125,9 +125,7 @@ class RequestPipeline:
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
         self.max_num_requests = max_num_requests  # 0: no limit
-        self.trust_request_chat_template = trust_request_chat_template  # /tokenize asks too
-        # The APIs fill a request's sampling from them; its max_tokens, when it gives none, the prompt encoder.
-        self.generation_defaults = generation_defaults
+        # Its trust_request_chat_template and generation_defaults are the APIs' too (/tokenize, sampling).
         self.prompts = PromptEncoder(tokenizer, tokenizer_stub, deadlines.tokenizer_s, local_tokenize_max_chars,
                                      trust_request_chat_template, generation_defaults)
         self.num_requests = 0  # being generated now (each choice of a request counts)
