@@ -132,6 +132,10 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="what every prefill and decode worker computes in and keeps its KV pages in; auto: the "
                          "checkpoint's own (default $BATON_DTYPE, else float32, the fast one on CPUs; bfloat16 on "
                          "GPUs)")
+    up.add_argument("--max-model-len", type=int, metavar="N",
+                    help="the context every service serves, prompt and output together, shorter than the model's "
+                         "(default $BATON_MAX_MODEL_LEN, else the model's); a service's own --KIND-args may set "
+                         "another")
     up.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
                     help="render chat conversations by this Jinja template (a file, or the template itself) "
                          "instead of the model's own: the tokenizer service's and the gateway's "
@@ -279,7 +283,8 @@ def _up(args: argparse.Namespace) -> int:
                             start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
                             shutdown_grace_s=args.shutdown_grace_s,
                             service_args=_service_args(args), api_key=args.api_key,
-                            chat_template=args.chat_template, dtype=args.dtype)
+                            chat_template=args.chat_template, dtype=args.dtype,
+                            max_model_len=args.max_model_len)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -8,6 +8,8 @@ import os
 import struct
 from pathlib import Path
 
+from engine.rope_config import context_dependent_rope
+
 
 class WeightsError(ValueError):
     pass
@@ -78,3 +80,18 @@ def model_fingerprint(model_dir: str | Path) -> bytes:
     """`checkpoint_fingerprint` of the model directory `model_dir`."""
     model_dir = Path(model_dir)
     return checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+
+
+def kv_fingerprint(model_dir: str | Path, max_model_len: int | None) -> bytes:
+    """What names the KV that workers serving `model_dir` with a context of `max_model_len` (None:
+    the model's) compute: the checkpoint's fingerprint, mixed with the RoPE variant the context
+    selects where it selects one (LongRoPE), so that workers turning keys differently refuse each
+    other's pages and are not taken for one model."""
+    model_dir = Path(model_dir)
+    fingerprint = model_fingerprint(model_dir)
+    cfg = json.loads((model_dir / "config.json").read_bytes())
+    arch = next(iter(cfg.get("architectures") or ()), "")
+    variant = context_dependent_rope(cfg, arch, max_model_len)
+    if variant is None:
+        return fingerprint
+    return hashlib.blake2b(fingerprint + variant.encode(), digest_size=16).digest()

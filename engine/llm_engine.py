@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
-from engine.checkpoint import model_fingerprint
+from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
 from engine.dtypes import TORCH_DTYPES
 from engine.guided_decoding import GuideFactory
@@ -39,7 +39,7 @@ class LLMEngine:
             retain_freed_memory()
         model_dir = Path(config.model)
         self.model_config = load_model_config(model_dir)
-        self.fingerprint = model_fingerprint(model_dir)
+        self.fingerprint = kv_fingerprint(model_dir, config.max_model_len)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         dtype = TORCH_DTYPES[config.dtype]
         self.runner = ModelRunner(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import stored_dtype
-from kernels.rotary import SUPPORTED_ROPE_TYPES
+from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
@@ -17,8 +17,6 @@ _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
-# transformers 5 nests a config's RoPE settings by these layer types.
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class ModelConfigError(ValueError):
@@ -33,6 +31,7 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    rotary_dim: int  # the dimensions of a head RoPE turns: head_dim, or fewer (Phi-4-mini's partial_rotary_factor)
     intermediate_size: int
     vocab_size: int
     rms_norm_eps: float
@@ -93,10 +92,13 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     for capped in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(capped) is not None:
             raise ModelConfigError(f"{path}: {capped} is not supported")
-    full_rope = _rope_parameters(cfg, "full_attention")
-    partial = cfg.get("partial_rotary_factor", full_rope.get("partial_rotary_factor"))
-    if partial not in (None, 1, 1.0):
-        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported (RoPE over whole heads only)")
+    partial = partial_rotary_factor(cfg)
+    if partial != 1.0 and arch != PHI3:  # transformers turns part of a head in Phi-3's attention only
+        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} (Phi-3's only)")
+    try:
+        scaling = rope_scaling(cfg, arch)
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
     if cfg.get("use_bidirectional_attention"):
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -104,6 +106,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         num_heads = int(cfg["num_attention_heads"])
         num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
         head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+        rotary_dim = int(head_dim * partial)
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -111,12 +114,13 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
+            rotary_dim=rotary_dim,
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in ("MixtralForCausalLM", "Phi3ForCausalLM")
                                        else 1e-6)),  # absent: transformers' default for the architecture
-            rope_theta=_rope_theta(cfg, full_rope),
-            rope_scaling=_rope_scaling(cfg, full_rope, path),
+            rope_theta=rope_theta(cfg, rope_parameters(cfg, "full_attention")),
+            rope_scaling=scaling,
             local_rope_theta=_local_rope_theta(cfg, arch, path),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
@@ -140,6 +144,13 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     if config.num_experts and not 0 < config.num_experts_per_tok <= config.num_experts:
         raise ModelConfigError(f"{path}: num_experts_per_tok {config.num_experts_per_tok} must be in "
                                f"[1, {config.num_experts}]")
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} turns {rotary_dim} of {head_dim} "
+                               "dimensions a head; RoPE needs an even number, at least 2")
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        for name in ("short_factor", "long_factor"):
+            if len(scaling.get(name) or ()) != rotary_dim // 2:
+                raise ModelConfigError(f"{path}: longrope's {name} needs {rotary_dim // 2} numbers, one a frequency")
     if num_heads % num_kv_heads:
         raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
                                f"num_key_value_heads {num_kv_heads}")
@@ -164,45 +175,13 @@ def _experts(cfg: dict, arch: str) -> dict:
                 dense_layers=frozenset(), weighs_experts_in_float32=False)
 
 
-def _rope_parameters(cfg: dict, layer_type: str) -> dict:
-    """`rope_parameters` for one type of layer, where transformers 5 nests them by type; else as they are."""
-    params = cfg.get("rope_parameters") or {}
-    if any(t in params for t in LAYER_TYPES):
-        return dict(params.get(layer_type) or {})
-    return params
-
-
-def _rope_theta(cfg: dict, params: dict) -> float:
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
 def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:
     if arch != GEMMA3:
         return None
-    params = _rope_parameters(cfg, "sliding_attention")
+    params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
         raise ModelConfigError(f"{path}: a scaled RoPE for sliding-window layers is not supported")
     return float(params.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
-
-
-def _rope_scaling(cfg: dict, params: dict, path: Path) -> dict | None:
-    # transformers 5 writes `rope_parameters`; older configs `rope_scaling` with "type" or "rope_type".
-    scaling = cfg.get("rope_scaling") or params or None
-    if not scaling:
-        return None
-    scaling = dict(scaling)
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelConfigError(f"{path}: unsupported rope_scaling type {rope_type!r}; "
-                               f"supported: {SUPPORTED_ROPE_TYPES}")
-    scaling["rope_type"] = rope_type
-    if rope_type in ("llama3", "yarn"):
-        # The pretraining context: where transformers takes it from (a top-level field wins, as Phi-3 writes it).
-        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
-        scaling["original_max_position_embeddings"] = original or cfg.get("max_position_embeddings", 2048)
-    if rope_type == "yarn" and scaling.get("factor") is None:  # DeepSeek's: the ratio of the two contexts
-        scaling["factor"] = cfg.get("max_position_embeddings", 2048) / scaling["original_max_position_embeddings"]
-    return None if rope_type == "default" else scaling
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:

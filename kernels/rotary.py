@@ -1,17 +1,23 @@
-"""Rotary position embeddings (the rotate-half pairing of HF Llama), with scaling."""
+"""Rotary position embeddings (the rotate-half pairing of HF Llama), with scaling, over whole heads
+or (Phi-4-mini's partial_rotary_factor) over the first dimensions of each."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+from engine.rope_config import SUPPORTED_ROPE_TYPES, uses_long_factors
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2], after the configured scaling."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
+                  max_positions: int | None = None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2], after the configured scaling. `head_dim`: the rotated
+    dimensions of a head; `max_positions`: the context they serve (LongRoPE's choice of factors)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type == "longrope":
+        return 1.0 / (_longrope_factors(scaling, max_positions) * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
@@ -60,14 +66,25 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling:
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
+def _longrope_factors(scaling: dict, max_positions: int | None) -> torch.Tensor:
+    # LongRoPE (Phi-3, Phi-4): each frequency divided by a factor of its own, from the set for the context served.
+    is_long = uses_long_factors(scaling, max_positions)
+    return torch.tensor(scaling["long_factor" if is_long else "short_factor"], dtype=torch.float32)
+
+
 def rope_attention_factor(scaling: dict | None) -> float:
     """What cos and sin are multiplied by: YaRN's attention temperature (its `attention_factor`, else
-    0.1 ln(factor) + 1, or DeepSeek's ratio of that by `mscale` and `mscale_all_dim`); 1 otherwise."""
-    if (scaling or {}).get("rope_type") != "yarn":
+    0.1 ln(factor) + 1, or DeepSeek's ratio of that by `mscale` and `mscale_all_dim`), LongRoPE's
+    (its `attention_factor`, else sqrt(1 + ln(factor) / ln(original context))); 1 otherwise."""
+    rope_type = (scaling or {}).get("rope_type")
+    if rope_type not in ("yarn", "longrope"):
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
     factor = float(scaling["factor"])
+    if rope_type == "longrope":
+        original = scaling["original_max_position_embeddings"]
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
 
     def temperature(mscale: float) -> float:
         return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
@@ -81,8 +98,9 @@ def rope_attention_factor(scaling: dict | None) -> float:
 def build_rope_cache(
     head_dim: int, max_positions: int, theta: float, scaling: dict | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_positions, head_dim], in float32, scaled by `rope_attention_factor`."""
-    inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    """cos, sin: [max_positions, head_dim], in float32, scaled by `rope_attention_factor`. `head_dim`:
+    the rotated dimensions of a head (fewer than it has, under a partial_rotary_factor)."""
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, max_positions)
     positions = torch.arange(max_positions, dtype=torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
@@ -95,10 +113,15 @@ def build_rope_cache(
 def apply_rope_torch(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # q: [T, Hq, D], k: [T, Hkv, D]; cos, sin: [T, D] already gathered at the positions.
+    # q: [T, Hq, D], k: [T, Hkv, D]; cos, sin: [T, R] already gathered at the positions, R ≤ D:
+    # the first R dimensions of each head are rotated (pairs R / 2 apart), the rest pass as they are.
     # q and k are rotated in one pass over [T, Hq + Hkv, D]: half the small ops.
     qk = torch.cat((q, k), dim=1)
-    half = qk.shape[-1] // 2
-    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-    qk = qk * cos.unsqueeze(1).to(q.dtype) + rotated * sin.unsqueeze(1).to(q.dtype)
-    return qk.split((q.shape[1], k.shape[1]), dim=1)
+    rotary_dim = cos.shape[-1]
+    turning = qk[..., :rotary_dim] if rotary_dim < qk.shape[-1] else qk
+    half = rotary_dim // 2
+    rotated = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
+    turned = turning * cos.unsqueeze(1).to(q.dtype) + rotated * sin.unsqueeze(1).to(q.dtype)
+    if turning is not qk:
+        turned = torch.cat((turned, qk[..., rotary_dim:]), dim=-1)
+    return turned.split((q.shape[1], k.shape[1]), dim=1)

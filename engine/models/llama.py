@@ -123,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = empty_param(config.hidden_size, dtype=dtype)
         self.lm_head = (self.embed if config.tie_word_embeddings
                         else empty_param(config.vocab_size, config.hidden_size, dtype=dtype))
-        cos, sin = build_rope_cache(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
+        cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
 import services.common.openmp_env  # noqa: F401  (first: before torch loads OpenMP)
-from engine.checkpoint import model_fingerprint
+from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -55,7 +55,7 @@ WARMUP_PARAMS = (
 def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
     """The engine, its KV pool placed in a new shared-memory segment (owned, unlinked on failure)."""
     model_dir = config.model_dir
-    fingerprint = model_fingerprint(model_dir)
+    fingerprint = kv_fingerprint(model_dir, config.max_model_len)
     pools: list[SharedKVPool] = []
 
     def shared_tensor(shape, dtype, device):

@@ -24,7 +24,7 @@ import services.common.grpc_env  # noqa: F401  (first: before anything imports g
 # isort: split
 import uvicorn
 
-from engine.checkpoint import model_fingerprint
+from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
 from protos import (
     common_pb2,
@@ -196,7 +196,8 @@ class GatewayService:
         names = {"prefill": config.prefill_addresses, "decode": config.decode_addresses}
         if config.discover_workers:
             self.registry_redis = connect_redis(config.redis_url)
-            registry, model_key = InstanceRegistry(self.registry_redis), model_fingerprint(config.model_dir).hex()
+            registry = InstanceRegistry(self.registry_redis)
+            model_key = kv_fingerprint(config.model_dir, config.max_model_len).hex()
         for kind, pool in self.pools.items():
             if kind not in names:
                 continue
@@ -246,7 +247,7 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
         return None
     client = connect_redis(config.redis_url)
     model_dir = config.model_dir
-    fingerprint = model_fingerprint(model_dir)
+    fingerprint = kv_fingerprint(model_dir, config.max_model_len)
     index = PrefixIndex(client, fingerprint.hex())
     router = PrefixRouter(prefill, index, InstanceRegistry(client), fingerprint=fingerprint,
                           block_size=EngineConfig.block_size, config=RouterConfig(overlap_weight=config.overlap_weight),

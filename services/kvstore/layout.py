@@ -90,9 +90,12 @@ class PageLayout:
                 continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if mine != theirs:
+                why = ""
                 if isinstance(mine, bytes):
                     mine, theirs = mine.hex(), theirs.hex()
-                raise LayoutMismatchError(f"KV layout mismatch in {f.name}: expected {mine!r}, got {theirs!r}")
+                    why = (" (another checkpoint, or a LongRoPE model served with a --max-model-len on the "
+                           "other side of its original context)")
+                raise LayoutMismatchError(f"KV layout mismatch in {f.name}: expected {mine!r}, got {theirs!r}{why}")
 
     @classmethod
     def of_tensor(cls, tensor: torch.Tensor, fingerprint: bytes) -> PageLayout:

@@ -36,6 +36,7 @@ from services.launcher.specs import (
     CHAT_TEMPLATE_VARIABLE,
     DECODE_NAME_PREFIXES,
     DTYPE_VARIABLE,
+    MAX_MODEL_LEN_VARIABLE,
     MeshConfig,
     gateway_spec,
     kvstore_spec,
@@ -216,6 +217,8 @@ class Mesh:
             env[CHAT_TEMPLATE_VARIABLE] = self.config.chat_template
         if self.config.dtype is not None:
             env[DTYPE_VARIABLE] = self.config.dtype
+        if self.config.max_model_len is not None:
+            env[MAX_MODEL_LEN_VARIABLE] = str(self.config.max_model_len)
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:

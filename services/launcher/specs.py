@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from services.common.settings import ENV_DTYPE, ENV_MAX_MODEL_LEN
 from services.launcher.process import ChildSpec
 from services.tokenizer.template_setting import chat_template_source
 
@@ -55,7 +56,10 @@ LAUNCHER_FLAGS = {
 }
 API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
 CHAT_TEMPLATE_VARIABLE = "BATON_CHAT_TEMPLATE"  # how `baton up --chat-template` reaches the services that render
-DTYPE_VARIABLE = "BATON_DTYPE"  # how `baton up --dtype` reaches every worker
+DTYPE_VARIABLE = ENV_DTYPE  # how `baton up --dtype` reaches every worker
+# How `baton up --max-model-len` reaches every service that reads it; one's own --max-model-len
+# still wins (a gateway may take shorter requests than its workers serve).
+MAX_MODEL_LEN_VARIABLE = ENV_MAX_MODEL_LEN
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class MeshConfig:
     # Replaces the model's chat template (a file's absolute path, or the template); None: the model's.
     chat_template: str | None = None
     dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32
+    max_model_len: int | None = None  # every service's context; None: as $BATON_MAX_MODEL_LEN says, else the model's
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -111,6 +116,8 @@ class MeshConfig:
                 raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
         if self.api_key is not None and (not self.api_key or self.api_key != "".join(self.api_key.split())):
             raise ValueError("--api-key must be non-empty, without spaces")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
         if self.chat_template is not None:
             chat_template_source(self.chat_template)  # refused here rather than by two children
             if Path(self.chat_template).expanduser().is_file():  # the children run in another directory

@@ -28,6 +28,8 @@ COMMON = dict(
     eos_token_id=2,
 )
 
+LONGROPE_ORIGINAL_CONTEXT = 512  # past the longest generic prompt and its output (300 + 64)
+
 # name → (config class name, extra config, save options)
 TINY_MODELS = {
     "llama-gqa-untied": ("LlamaConfig", dict(tie_word_embeddings=False), {}),
@@ -71,7 +73,17 @@ TINY_MODELS = {
     "phi3": ("Phi3Config", dict(sliding_window=48, pad_token_id=0), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                      "original_max_position_embeddings": 64}), {}),
+    # Phi-4-mini's RoPE: over 12 of each head's 16 dimensions, LongRoPE factors a frequency, the
+    # attention factor from the ratio of the contexts. Served here with a context of 512 (ENGINE_OPTIONS),
+    # which selects the short factors; test_longrope_long_context_matches_transformers serves it whole.
+    "phi4-mini-longrope": ("Phi3Config", dict(
+        pad_token_id=0, partial_rotary_factor=0.75, max_position_embeddings=2048,
+        original_max_position_embeddings=LONGROPE_ORIGINAL_CONTEXT,
+        rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                      "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}), {}),
 }
+# Engine settings a model's generic parity tests need.
+ENGINE_OPTIONS = {"phi4-mini-longrope": {"max_model_len": LONGROPE_ORIGINAL_CONTEXT}}
 
 
 def make_tiny_model(path: Path, name: str) -> Path:

@@ -12,7 +12,13 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from tests.parity.conftest import TINY_MODELS, shared_model_dirs, transformers
+from tests.parity.conftest import (
+    ENGINE_OPTIONS,
+    LONGROPE_ORIGINAL_CONTEXT,
+    TINY_MODELS,
+    shared_model_dirs,
+    transformers,
+)
 
 PROMPT_LENGTHS = (1, 17, 300)
 SHARED = shared_model_dirs()
@@ -32,7 +38,8 @@ def _random_prompt(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def _engine(model_dir: Path, **overrides) -> LLMEngine:
-    cfg = dict(model=str(model_dir), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=512)
+    cfg = dict(model=str(model_dir), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=512,
+               **ENGINE_OPTIONS.get(model_dir.name, {}))
     return LLMEngine(EngineConfig(**{**cfg, **overrides}))
 
 
@@ -51,11 +58,12 @@ def _prefill_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
     return logits[0]
 
 
-def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512) -> None:
-    engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens)
+def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_lengths=PROMPT_LENGTHS,
+                  **options) -> None:
+    engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens, **options)
     hf = _hf_model(model_dir)
     vocab = engine.model_config.vocab_size
-    for n in PROMPT_LENGTHS:
+    for n in prompt_lengths:
         prompt = _random_prompt(n, vocab, seed=n)
         ours = _prefill_logits(engine, prompt)
         with torch.no_grad():
@@ -139,6 +147,31 @@ def test_shared_models_logits(model_dir):
 @pytest.mark.parametrize("model_dir", SHARED, ids=lambda p: p.name)
 def test_shared_models_greedy_chunked(model_dir):
     _check_greedy(model_dir, max_num_batched_tokens=32)
+
+
+@pytest.mark.parametrize("budget", [512, 32])
+def test_longrope_long_context_matches_transformers(tiny_model_dirs, budget):
+    """Served with its whole context, a LongRoPE model turns keys by the long factors, as transformers
+    does for a sequence past the pretraining context: prompts longer than that give its logits and
+    greedy tokens. (Shorter ones transformers would turn by the short factors, then switch mid-sequence.)"""
+    model_dir = tiny_model_dirs["phi4-mini-longrope"]
+    lengths = (LONGROPE_ORIGINAL_CONTEXT + 1, LONGROPE_ORIGINAL_CONTEXT + 150)
+    _check_logits(model_dir, budget, prompt_lengths=lengths, max_model_len=None)
+    engine = _engine(model_dir, max_num_batched_tokens=budget, max_model_len=None)
+    hf = _hf_model(model_dir)
+    prompts = [_random_prompt(n, engine.model_config.vocab_size, seed=300 + n) for n in lengths]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"long{i}", prompt, params)
+    results = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.token_ids
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+        assert results[f"long{i}"] == ref[0, len(prompt):].tolist(), f"request {i} diverges from transformers"
 
 
 @pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])

@@ -307,14 +307,15 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5",
-                  "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16",
+                  "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--max-model-len", "200",
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
         assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
-    for child, pid in up.pids.items():  # --shutdown-grace-s is every service's
+    for child, pid in up.pids.items():  # --shutdown-grace-s and --max-model-len are every service's
         if child != "redis":
             assert "--shutdown-grace-s 2.5" in " ".join(command_line(pid)), child
+            assert "BATON_MAX_MODEL_LEN=200" in Path(f"/proc/{pid}/environ").read_text().split("\0"), child
     assert up.wait_for(lambda: any(line.startswith("[decode-0]") and "in bfloat16: 96 KV blocks in shared memory"
                                    in line for line in up.stderr)), up.output()
     assert any(line.startswith("[prefill-0]") and "in bfloat16: 80 local KV blocks" in line for line in up.stderr), \
@@ -325,7 +326,9 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
         assert "(model served-x; API key required)" in up.wait_up()
         base = up.wait_up().split(" at ", 1)[1].split(" ", 1)[0]
         assert httpx.get(f"{base}/models", timeout=5).status_code == 401
-        assert httpx.get(f"{base}/models", headers={"Authorization": "Bearer sk-up"}, timeout=5).status_code == 200
+        models = httpx.get(f"{base}/models", headers={"Authorization": "Bearer sk-up"}, timeout=5)
+        assert models.status_code == 200
+        assert models.json()["data"][0]["max_model_len"] == 200  # --max-model-len: the tokenizer service's
         assert all("sk-up" not in " ".join(command_line(pid)) for pid in up.pids.values())
         # --chat-template: the tokenizer service's (/tokenize) and the gateway's (a short chat it renders itself).
         from tokenizers import Tokenizer

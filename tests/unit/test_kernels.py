@@ -141,9 +141,52 @@ def test_yarn_frequencies_and_attention_factor_match_transformers(scaling):
         assert cos[0, 0].item() == pytest.approx(attention_factor)  # position 0: cos 1, times the factor
 
 
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+@pytest.mark.parametrize("attention_factor", [None, 1.2])
+def test_longrope_frequencies_and_attention_factor_match_transformers(partial, attention_factor):
+    """The short factors within the original context, the long past it (transformers' set for a
+    sequence that long), over the turned part of a head; the attention factor from the contexts' ratio."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    head_dim, original = 64, 256
+    rotary_dim = int(head_dim * partial)
+    short = [1.0 + i / 10 for i in range(rotary_dim // 2)]
+    long = [1.0 + i for i in range(rotary_dim // 2)]
+    config = transformers.Phi3Config(
+        hidden_size=2 * head_dim, num_attention_heads=2, max_position_embeddings=4 * original,
+        original_max_position_embeddings=original, partial_rotary_factor=partial,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+                         **({"attention_factor": attention_factor} if attention_factor else {})})
+    scaling = {"rope_type": "longrope", "short_factor": short, "long_factor": long, "factor": 4.0,
+               "original_max_position_embeddings": original, "attention_factor": attention_factor}
+    for context, seq_len in ((original, original), (original + 1, original + 1)):
+        ref, factor = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=seq_len)
+        torch.testing.assert_close(rope_inv_freq(rotary_dim, 10000.0, scaling, context), ref.float())
+        assert rope_attention_factor(scaling) == pytest.approx(factor, rel=1e-12)
+        cos, _ = build_rope_cache(rotary_dim, context, 10000.0, scaling)
+        assert cos.shape == (context, rotary_dim) and cos[0, 0].item() == pytest.approx(factor)
+
+
+def test_a_partial_rope_turns_the_first_dimensions_as_phi3s_attention_does():
+    pytest.importorskip("transformers")
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    cos, sin = build_rope_cache(12, 40, 10000.0, None)  # 12 of 16 dimensions
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    positions = torch.tensor([0, 3, 7, 20, 39])
+    out_q, out_k = apply_rope_torch(q, k, cos[positions], sin[positions])
+    # transformers' layout: [batch, heads, tokens, dim], cos and sin [batch, tokens, dim].
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                        cos[positions][None], sin[positions][None])
+    torch.testing.assert_close(out_q, ref_q[0].transpose(0, 1))
+    torch.testing.assert_close(out_k, ref_k[0].transpose(0, 1))
+    assert torch.equal(out_q[..., 12:], q[..., 12:])
+
+
 def test_unknown_rope_type_is_refused():
-    with pytest.raises(ValueError, match="unsupported rope type 'longrope'"):
-        rope_inv_freq(8, 10000.0, {"rope_type": "longrope"})
+    with pytest.raises(ValueError, match="unsupported rope type 'dynamic'"):
+        rope_inv_freq(8, 10000.0, {"rope_type": "dynamic"})
 
 
 def test_kernel_bundle_is_chosen_once_and_unknown_backends_refused():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import WeightsError, checkpoint_files
+from engine.checkpoint import WeightsError, checkpoint_files, kv_fingerprint, model_fingerprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfigError, load_model_config
@@ -96,24 +96,67 @@ def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
 
 
 @pytest.mark.parametrize("where", ["top", "rope_parameters"])
-def test_a_partial_rotary_factor_is_refused(model_copy, where):
-    # Phi-4-mini's 0.75: RoPE over part of each head, which Baton's kernels do not do.
+def test_a_partial_rotary_factor_is_read_for_phi3_and_refused_elsewhere(model_copy, where):
+    # Phi-4-mini's 0.75 of each head; transformers turns part of a head in Phi-3's attention only.
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["architectures"] = ["Phi3ForCausalLM"]
     if where == "top":
         cfg["partial_rotary_factor"] = 0.75
     else:
         cfg["rope_parameters"] = {**cfg.get("rope_parameters", {}), "partial_rotary_factor": 0.75}
-    (model_copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match="partial_rotary_factor 0.75"):
+    for architecture, refused in (("Phi3ForCausalLM", None), ("LlamaForCausalLM", "not supported for Llama")):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, "architectures": [architecture]}))
+        if refused is None:
+            config = load_model_config(model_copy)
+            assert (config.head_dim, config.rotary_dim) == (16, 12)
+        else:
+            with pytest.raises(ModelConfigError, match=f"partial_rotary_factor 0.75 is {refused}"):
+                load_model_config(model_copy)
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "architectures": ["Phi3ForCausalLM"],
+                                                        "partial_rotary_factor": 0.3125}))
+    with pytest.raises(ModelConfigError, match="turns 5 of 16 dimensions a head; RoPE needs an even number"):
         load_model_config(model_copy)
+
+
+def _longrope_config(model_copy, rope_type: str, **scaling) -> dict:
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.update(architectures=["Phi3ForCausalLM"], max_position_embeddings=4096, original_max_position_embeddings=512,
+               rope_scaling={"type": rope_type, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8, **scaling})
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+@pytest.mark.parametrize("rope_type", ["longrope", "su", "yarn"])
+def test_longrope_is_read_as_transformers_reads_phi3s(model_copy, rope_type):
+    # Early Phi-3 configs name it "su" or "yarn"; the factor is the ratio of the contexts.
+    _longrope_config(model_copy, rope_type)
+    scaling = load_model_config(model_copy).rope_scaling
+    assert (scaling["rope_type"], scaling["factor"], scaling["original_max_position_embeddings"]) == \
+        ("longrope", 8.0, 512)
+
+
+def test_longrope_factors_a_frequency_each_or_refused(model_copy):
+    _longrope_config(model_copy, "longrope", long_factor=[2.0] * 7)
+    with pytest.raises(ModelConfigError, match="longrope's long_factor needs 8 numbers"):
+        load_model_config(model_copy)
+
+
+def test_the_kv_fingerprint_names_longropes_factor_set(model_copy, tiny_demo_model):
+    """Workers serving a LongRoPE model with a context past its original one turn keys by other
+    factors than those serving it within it: their pages must not pass for each other's."""
+    assert kv_fingerprint(tiny_demo_model, 64) == kv_fingerprint(tiny_demo_model, None) == \
+        model_fingerprint(tiny_demo_model)
+    _longrope_config(model_copy, "longrope")
+    short, long = kv_fingerprint(model_copy, 512), kv_fingerprint(model_copy, None)
+    assert short == kv_fingerprint(model_copy, 100) and long == kv_fingerprint(model_copy, 513)
+    assert len({short, long, model_fingerprint(model_copy)}) == 3
 
 
 def test_unsupported_rope_scaling_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
+    cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     (model_copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match="longrope"):
+    with pytest.raises(ModelConfigError, match="unsupported rope_scaling type 'dynamic'"):
         load_model_config(model_copy)
 
 
