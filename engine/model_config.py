@@ -9,14 +9,18 @@ from engine.config import stored_dtype
 from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
-GEMMA3 = "Gemma3ForCausalLM"
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                           "Phi3ForCausalLM")
+GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
+GEMMAS = (GEMMA2, GEMMA3)
+# Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
+_GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
+_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS)
 
 
 class ModelConfigError(ValueError):
@@ -55,6 +59,9 @@ class ModelConfig:
     sliding_layers: frozenset[int]  # the layers that attend over `sliding_window` only (all, for Mistral)
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
     attention_scale: float  # of q·k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
+    # Gemma's soft caps, cap * tanh(x / cap): of attention scores before the mask, of the final logits.
+    attn_logit_softcapping: float | None
+    final_logit_softcapping: float | None
     weights_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -86,12 +93,15 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    supported_act = "gelu_pytorch_tanh" if arch == GEMMA3 else "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in GEMMAS else "silu"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
-    for capped in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if cfg.get(capped) is not None:
-            raise ModelConfigError(f"{path}: {capped} is not supported")
+    softcaps = {name: cfg.get(name, _GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in _GEMMA2_SOFTCAPS}
+    for name, cap in softcaps.items():
+        if cap is not None and arch not in GEMMAS:
+            raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
+        if cap is not None and not float(cap) > 0:
+            raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     partial = partial_rotary_factor(cfg)
     if partial != 1.0 and arch != PHI3:  # transformers turns part of a head in Phi-3's attention only
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} (Phi-3's only)")
@@ -124,7 +134,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             local_rope_theta=_local_rope_theta(cfg, arch, path),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == GEMMA3)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMAS)),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
             mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
@@ -133,8 +143,9 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
             hidden_act=act,
-            attention_scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if arch == GEMMA3
+            attention_scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if arch in GEMMAS
             else head_dim ** -0.5,
+            **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
             weights_dtype=str(stored_dtype(cfg) or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
@@ -185,7 +196,7 @@ def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", GEMMA3):
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", *GEMMAS):
         return cfg.get("sliding_window")
     if arch in _QWEN and cfg.get("use_sliding_window"):
         raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")
@@ -194,13 +205,14 @@ def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
 
 def _sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch != GEMMA3:
+    if arch not in GEMMAS:
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
         return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
-    # Older Gemma 3 configs: every `sliding_window_pattern`-th layer attends over everything.
-    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+    # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every other).
+    default_pattern = 2 if arch == GEMMA2 else 6
+    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
     return frozenset(i for i in range(num_layers) if (i + 1) % pattern)
 
 

@@ -1,8 +1,8 @@
 """Attention over paged KV: prefill (one sequence's chunk) and decode (a batch).
 
 Both read keys and values from pages laid out `[Hkv, N, bs, D]` (see kv_cache.py)
-and handle grouped-query attention, causal masking with a cached prefix, and an
-optional sliding window (Mistral).
+and handle grouped-query attention, causal masking with a cached prefix, an
+optional sliding window (Mistral), and optional logit soft-capping (Gemma 2).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def prefill_attention_torch(
     context_len: int,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One sequence's chunk of `n` new tokens after `context_len` cached ones.
 
@@ -32,7 +33,7 @@ def prefill_attention_torch(
     # A leading batch dim of 1: 4-D inputs take torch's fused CPU kernel, 3-D
     # ones a path several times slower.
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-    if context_len == 0 and (sliding_window is None or n <= sliding_window):
+    if context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None:
         out = F.scaled_dot_product_attention(
             qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
             is_causal=True, scale=scale, enable_gqa=True,
@@ -47,6 +48,10 @@ def prefill_attention_torch(
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
+    if softcap is not None:  # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's group of q heads
+        out = _softcapped_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
+                                    mask, scale, softcap)
+        return out.flatten(0, 1).transpose(0, 1)
     out = F.scaled_dot_product_attention(
         qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
     )
@@ -61,6 +66,7 @@ def decode_attention_torch(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One new token per sequence over its pages.
 
@@ -81,5 +87,18 @@ def decode_attention_torch(
     mask = k_pos < context_lens.unsqueeze(1)  # [B, L]
     if sliding_window is not None:
         mask &= k_pos >= (context_lens - sliding_window).unsqueeze(1)
-    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
+    if softcap is not None:
+        out = _softcapped_attention(qh, keys, values, mask[None, :, None, :], scale, softcap)
+    else:
+        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
     return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
+
+
+def _softcapped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                          scale: float, softcap: float) -> torch.Tensor:
+    # Gemma 2's scores pass through softcap * tanh(score / softcap) before the mask, which no fused
+    # SDPA kernel does: written out, as transformers' eager attention computes it (softmax in float32).
+    scores = (q @ keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values

@@ -14,6 +14,7 @@ MODEL_REGISTRY = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
+    "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
 }

@@ -1,11 +1,13 @@
-"""Gemma 3's text decoder (Gemma3ForCausalLM) over paged KV: Llama's attention and MLP, arranged
-and scaled Gemma's way.
+"""Gemma 2's and Gemma 3's text decoders (Gemma2ForCausalLM, Gemma3ForCausalLM) over paged KV:
+Llama's attention and MLP, arranged and scaled Gemma's way.
 
 - Four norms a layer: after attention and after the MLP as well as before each.
 - Norms scale by 1 + weight: the 1 is added as the weights load (in float32, as transformers
   adds it), so they run as Llama's do.
 - Embeddings are multiplied by sqrt(hidden_size); the tied LM head uses them unscaled.
-- Sliding-window layers have a RoPE of their own (unscaled, its own theta); the others the model's.
+- Gemma 3's sliding-window layers have a RoPE of their own (unscaled, its own theta); the others,
+  and all of Gemma 2's, the model's.
+- Gemma 2 soft-caps attention scores (in the attention kernels) and the final logits (here).
 - q·k is scaled by query_pre_attn_scalar ** -0.5 and the MLP gate is GELU (tanh), both read
   into ModelConfig.
 """
@@ -47,9 +49,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         self.embed_scale = config.hidden_size**0.5
-        cos, sin = build_rope_cache(config.head_dim, max_positions, config.local_rope_theta, None)
-        self.register_buffer("local_rope_cos", cos, persistent=False)
-        self.register_buffer("local_rope_sin", sin, persistent=False)
+        self.final_softcap = config.final_logit_softcapping
+        if config.local_rope_theta is not None:
+            cos, sin = build_rope_cache(config.head_dim, max_positions, config.local_rope_theta, None)
+            self.register_buffer("local_rope_cos", cos, persistent=False)
+            self.register_buffer("local_rope_sin", sin, persistent=False)
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
@@ -58,10 +62,18 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         embedded = F.embedding(input_ids, self.embed)
         return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)  # rounded to the dtype, as transformers
 
-    def _ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        if self.config.local_rope_theta is None:
+            return super()._ropes(positions)
         full = self.rope_cos[positions], self.rope_sin[positions]
         local = self.local_rope_cos[positions], self.local_rope_sin[positions]
         return [local if layer.attn.sliding_window is not None else full for layer in self.layers]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        if self.final_softcap is None:
+            return logits
+        return torch.tanh(logits / self.final_softcap) * self.final_softcap
 
     def checkpoint_names(self) -> list[str]:
         names = super().checkpoint_names()

@@ -32,6 +32,7 @@ class Attention(nn.Module):
         self.kernels = kernels
         self.scale = config.attention_scale
         self.sliding_window = sliding_window
+        self.softcap = config.attn_logit_softcapping
         # q, k and v projections fused into one matmul; load_weights fills the slices.
         self.qkv_weight = empty_param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
         self.qkv_bias = empty_param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
@@ -64,20 +65,21 @@ class Attention(nn.Module):
         num_decode = meta.num_decode_tokens
         if num_decode == num_tokens:
             out = ops.decode_attention(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, self.sliding_window
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale,
+                self.sliding_window, self.softcap,
             )
         else:
             out = torch.empty_like(q)
             if num_decode:
                 out[:num_decode] = ops.decode_attention(
                     q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
-                    meta.decode_context_lens, self.scale, self.sliding_window,
+                    meta.decode_context_lens, self.scale, self.sliding_window, self.softcap,
                 )
             for chunk in meta.prefills:
                 s, e = chunk.start, chunk.end
                 out[s:e] = ops.prefill_attention(
                     q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                    chunk.context_len, self.scale, self.sliding_window,
+                    chunk.context_len, self.scale, self.sliding_window, self.softcap,
                 )
         return F.linear(out.view(num_tokens, cfg.q_size), self.o_weight, self.o_bias)
 

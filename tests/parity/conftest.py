@@ -69,6 +69,10 @@ TINY_MODELS = {
                                                                             "rope_theta": 100000.0},
                                                          "sliding_attention": {"rope_type": "default",
                                                                                "rope_theta": 1000.0}}), {}),
+    # Gemma 2: sliding-window layers every other one, one RoPE, attention scores and final logits
+    # soft-capped (caps low enough here to bend the tiny model's scores and logits).
+    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,
+                                    attn_logit_softcapping=3.0, final_logit_softcapping=2.0), {}),
     # Checkpoints with q/k/v and gate/up fused; Phi-3 mini's sliding window.
     "phi3": ("Phi3Config", dict(sliding_window=48, pad_token_id=0), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,

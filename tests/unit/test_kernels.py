@@ -15,12 +15,14 @@ from kernels.rotary import apply_rope_torch, build_rope_cache, rope_attention_fa
 HKV, HQ, D, BS, NBLOCKS = 2, 4, 8, 4, 32
 
 
-def dense_attention(q, k, v, q_positions, window=None):
+def dense_attention(q, k, v, q_positions, window=None, softcap=None):
     """q: [n, Hq, D] at q_positions; k, v: [L, Hkv, D] for positions 0..L-1."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,lhd->hnl", q, k) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     k_pos = torch.arange(k.shape[0])
     allowed = k_pos[None, :] <= q_positions[:, None]
     if window is not None:
@@ -47,21 +49,24 @@ def test_write_kv_places_tokens_in_their_slots():
     assert k_cache[:, [0, 1, 3, 4]].abs().sum() == 0
 
 
+@pytest.mark.parametrize("softcap", [None, 0.7])
 @pytest.mark.parametrize("context_len, n, window", [(0, 7, None), (5, 6, None), (9, 1, None), (6, 8, 5), (0, 9, 4)])
-def test_prefill_attention_with_cached_prefix(context_len, n, window):
+def test_prefill_attention_with_cached_prefix(context_len, n, window, softcap):
     gen = torch.Generator().manual_seed(context_len * 10 + n)
     blocks = [7, 3, 11, 0]
     k_cache, v_cache, k, v = paged(context_len + n, blocks, gen)
     q = torch.randn(n, HQ, D, generator=gen)
     out = prefill_attention_torch(
-        q, k[context_len:], v[context_len:], k_cache, v_cache, torch.tensor(blocks), context_len, D**-0.5, window
+        q, k[context_len:], v[context_len:], k_cache, v_cache, torch.tensor(blocks), context_len, D**-0.5, window,
+        softcap,
     )
-    ref = dense_attention(q, k, v, torch.arange(context_len, context_len + n), window)
+    ref = dense_attention(q, k, v, torch.arange(context_len, context_len + n), window, softcap)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("softcap", [None, 0.7])
 @pytest.mark.parametrize("window", [None, 3])
-def test_decode_attention_over_ragged_batch(window):
+def test_decode_attention_over_ragged_batch(window, softcap):
     gen = torch.Generator().manual_seed(1)
     lengths, tables = [1, 6, 13], [[4], [9, 1], [2, 8, 6, 12]]
     k_cache = torch.zeros(HKV, NBLOCKS, BS, D)
@@ -74,9 +79,9 @@ def test_decode_attention_over_ragged_batch(window):
         dense.append((k, v))
     q = torch.randn(3, HQ, D, generator=gen)
     padded = torch.tensor([t + [0] * (4 - len(t)) for t in tables])
-    out = decode_attention_torch(q, k_cache, v_cache, padded, torch.tensor(lengths), D**-0.5, window)
+    out = decode_attention_torch(q, k_cache, v_cache, padded, torch.tensor(lengths), D**-0.5, window, softcap)
     for i, (k, v) in enumerate(dense):
-        ref = dense_attention(q[i : i + 1], k, v, torch.tensor([lengths[i] - 1]), window)
+        ref = dense_attention(q[i : i + 1], k, v, torch.tensor([lengths[i] - 1]), window, softcap)
         torch.testing.assert_close(out[i : i + 1], ref, atol=1e-5, rtol=1e-5)
 
 
@@ -212,3 +217,8 @@ def test_cpu_decode_kernel_matches_torch_reference(window, num_heads, num_kv_hea
     ref = decode_attention_torch(q, k_cache, v_cache, tables, lengths, D**-0.5, window)
     out = decode_attention_cpu(q, k_cache, v_cache, tables, lengths, D**-0.5, window)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # Soft-capped scores the C kernel does not compute: it hands them to the reference.
+    capped = decode_attention_cpu(q, k_cache, v_cache, tables, lengths, D**-0.5, window, 0.7)
+    torch.testing.assert_close(capped, decode_attention_torch(q, k_cache, v_cache, tables, lengths, D**-0.5, window,
+                                                              0.7))
+    assert not torch.allclose(capped, ref, atol=1e-3)

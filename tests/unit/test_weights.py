@@ -86,12 +86,39 @@ def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
     assert (config.sliding_window, config.sliding_layers) == (512, {0, 1, 3, 4})
     assert config.attention_scale == 256 ** -0.5 and config.qk_norm
     assert config.tie_word_embeddings  # not in this config: Gemma 3's default
-    for refused, named in (({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
-                           ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
-                           ({"hidden_activation": "silu"}, "hidden_act 'silu'"),
-                           ({"use_bidirectional_attention": True}, "use_bidirectional_attention")):
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (None, None)
+    for refused, named in (({"hidden_activation": "silu"}, "hidden_act 'silu'"),
+                           ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+                           ({"attn_logit_softcapping": 0}, "attn_logit_softcapping must be positive")):
         (model_copy / "config.json").write_text(json.dumps({**cfg, **refused}))
         with pytest.raises(ModelConfigError, match=named):
+            load_model_config(model_copy)
+
+
+def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
+    # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
+    # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["Gemma2ForCausalLM"], hidden_activation="gelu_pytorch_tanh", num_hidden_layers=5,
+               rope_theta=10_000.0, sliding_window=4096, query_pre_attn_scalar=256, head_dim=64,
+               attn_logit_softcapping=40.0)
+    for absent in ("hidden_act", "rope_parameters", "tie_word_embeddings", "final_logit_softcapping"):
+        cfg.pop(absent, None)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.sliding_window, config.sliding_layers) == (4096, {0, 2, 4})
+    assert (config.rope_theta, config.rope_scaling, config.local_rope_theta) == (1e4, None, None)
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (40.0, 30.0)
+    assert config.attention_scale == 256 ** -0.5 and not config.qk_norm and config.tie_word_embeddings
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": None}))
+    assert load_model_config(model_copy).attn_logit_softcapping is None
+
+
+def test_soft_caps_are_refused_outside_gemma(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, name: 30.0}))
+        with pytest.raises(ModelConfigError, match=f"{name} is not supported for LlamaForCausalLM"):
             load_model_config(model_copy)
 
 
