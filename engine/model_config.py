@@ -9,14 +9,15 @@ from engine.config import stored_dtype
 from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                           "Phi3ForCausalLM")
+                           "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM")
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 _GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
-_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QWEN = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
@@ -52,6 +53,8 @@ class ModelConfig:
     num_experts: int
     num_experts_per_tok: int
     moe_intermediate_size: int
+    # Qwen2-MoE's shared expert, beside the routed ones in every sparse layer, weighed by its own gate; 0: none.
+    shared_expert_intermediate_size: int
     norm_topk_prob: bool  # the chosen experts' router probabilities rescaled to sum to 1
     dense_layers: frozenset[int]  # layers whose MLP is dense though the model has experts
     weighs_experts_in_float32: bool  # Mixtral's; Qwen3-MoE casts the router weights to the compute dtype
@@ -135,7 +138,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMAS)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
+            qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
+            or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
             mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
             qk_norm=arch in _QK_NORM,
@@ -171,19 +175,21 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
 def _experts(cfg: dict, arch: str) -> dict:
     if arch == "MixtralForCausalLM":
         return dict(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                    moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
-                    dense_layers=frozenset(), weighs_experts_in_float32=True)
+                    moe_intermediate_size=int(cfg["intermediate_size"]), shared_expert_intermediate_size=0,
+                    norm_topk_prob=True, dense_layers=frozenset(), weighs_experts_in_float32=True)
     # Qwen's own configs name the count num_experts; transformers 5 saves it as num_local_experts.
     num_qwen_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-    if arch == "Qwen3MoeForCausalLM" and num_qwen_experts:
+    if arch in _QWEN_MOE and num_qwen_experts:
         step, only_mlp = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
         dense = frozenset(i for i in range(int(cfg["num_hidden_layers"])) if i in only_mlp or (i + 1) % step)
         return dict(num_experts=num_qwen_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                     moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                    shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"])
+                    if arch == "Qwen2MoeForCausalLM" else 0,
                     norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
                     weighs_experts_in_float32=False)
-    return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
-                dense_layers=frozenset(), weighs_experts_in_float32=False)
+    return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, shared_expert_intermediate_size=0,
+                norm_topk_prob=False, dense_layers=frozenset(), weighs_experts_in_float32=False)
 
 
 def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:

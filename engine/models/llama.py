@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE) over paged KV.
+"""Llama-family decoder (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) over paged KV.
 
 The forward is pure apart from writing the new tokens' K/V into the pages it is
 handed: token ids, positions and attention metadata in, hidden states out.
@@ -195,8 +195,12 @@ class LlamaForCausalLM(nn.Module):
             return [p + "block_sparse_moe.gate.weight"] + [
                 p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(self.config.num_experts)
                 for w in ("w1", "w2", "w3")]
-        return [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
-                                          for e in range(self.config.num_experts) for x in ("gate", "up", "down")]
+        names = [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
+                                           for e in range(self.config.num_experts) for x in ("gate", "up", "down")]
+        if self.config.shared_expert_intermediate_size:
+            names += [p + f"mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")]
+            names.append(p + "mlp.shared_expert_gate.weight")
+        return names
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies checkpoint tensors into place, fusing q/k/v and gate/up; checks shapes."""
@@ -230,6 +234,10 @@ class LlamaForCausalLM(nn.Module):
         if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):
             if parts[4] == "gate":  # the router
                 return layer.mlp.router_weight.data
+            if parts[4] == "shared_expert_gate":
+                return layer.mlp.shared_slice("weight_gate")
+            if parts[4] == "shared_expert":
+                return layer.mlp.shared_slice(parts[5].removesuffix("_proj"))
             proj = MIXTRAL_EXPERT_PROJS.get(parts[6], parts[6].removesuffix("_proj"))
             return layer.mlp.weight_slice(int(parts[5]), proj)
         if module == "mlp":

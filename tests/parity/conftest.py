@@ -60,6 +60,11 @@ TINY_MODELS = {
     # Experts: top-2 of 4, one dense layer among them (Qwen3-MoE's mlp_only_layers).
     "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                          mlp_only_layers=[1], norm_topk_prob=True), {}),
+    # Qwen2-MoE: top-2 of 4 with a shared expert beside them, its own sigmoid gate; q/k/v biases;
+    # every second layer sparse (decoder_sparse_step), so the first is dense.
+    "qwen2-moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                         shared_expert_intermediate_size=40, decoder_sparse_step=2,
+                                         num_hidden_layers=3), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

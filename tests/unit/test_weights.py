@@ -70,6 +70,22 @@ def test_which_layers_have_experts_is_read_as_qwen3_moe_places_them(model_copy):
         load_model_config(model_copy)
 
 
+def test_a_qwen2_moe_config_is_read_as_transformers_reads_it(model_copy):
+    # As Qwen1.5-MoE's hub config has it: no qkv_bias field (its q, k and v have biases), a shared expert.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["Qwen2MoeForCausalLM"], num_experts=60, num_experts_per_tok=4, moe_intermediate_size=32,
+               shared_expert_intermediate_size=128)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.num_experts, config.shared_expert_intermediate_size, config.dense_layers) == (60, 128, set())
+    assert config.qkv_bias and not config.o_bias and not config.qk_norm
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "qkv_bias": False}))
+    assert not load_model_config(model_copy).qkv_bias
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "use_sliding_window": True}))
+    with pytest.raises(ModelConfigError, match="use_sliding_window"):
+        load_model_config(model_copy)
+
+
 def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 3 1B's hub config has it: RoPE settings at the top level, a pattern instead of layer types.
     cfg = json.loads((model_copy / "config.json").read_text())
