@@ -10,7 +10,7 @@ from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rop
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-                           "Gemma3ForCausalLM", "Phi3ForCausalLM")
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM")
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
@@ -21,7 +21,7 @@ _QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS)
+_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM")
 
 
 class ModelConfigError(ValueError):
@@ -65,6 +65,10 @@ class ModelConfig:
     # Gemma's soft caps, cap * tanh(x / cap): of attention scores before the mask, of the final logits.
     attn_logit_softcapping: float | None
     final_logit_softcapping: float | None
+    # Granite's: embeddings times the first, each block's output times the second, logits divided by the third.
+    embedding_multiplier: float
+    residual_multiplier: float
+    logits_scaling: float
     weights_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -141,15 +145,15 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
             or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
-            mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
+            mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM") and bool(cfg.get("mlp_bias")),
             qk_norm=arch in _QK_NORM,
             **_experts(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
             hidden_act=act,
-            attention_scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if arch in GEMMAS
-            else head_dim ** -0.5,
+            attention_scale=_attention_scale(cfg, arch, head_dim),
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
+            **_granite_multipliers(cfg, arch),
             weights_dtype=str(stored_dtype(cfg) or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
@@ -170,6 +174,21 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
                                f"num_key_value_heads {num_kv_heads}")
     return config
+
+
+def _attention_scale(cfg: dict, arch: str, head_dim: int) -> float:
+    if arch in GEMMAS:
+        return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    if arch == "GraniteForCausalLM":  # absent, transformers' default: 1, not head_dim ** -0.5
+        return float(cfg.get("attention_multiplier", 1.0))
+    return head_dim ** -0.5
+
+
+def _granite_multipliers(cfg: dict, arch: str) -> dict:
+    names = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
+    if arch != "GraniteForCausalLM":
+        return dict.fromkeys(names, 1.0)
+    return {name: float(cfg.get(name, 1.0)) for name in names}
 
 
 def _experts(cfg: dict, arch: str) -> dict:

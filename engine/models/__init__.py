@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 
@@ -18,4 +19,5 @@ MODEL_REGISTRY = {
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
 }

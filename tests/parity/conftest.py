@@ -78,6 +78,9 @@ TINY_MODELS = {
     # soft-capped (caps low enough here to bend the tiny model's scores and logits).
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,
                                     attn_logit_softcapping=3.0, final_logit_softcapping=2.0), {}),
+    # Granite's four scalings, away from 1 (and the attention's from head_dim ** -0.5) to count.
+    "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2,
+                                      logits_scaling=3.0, attention_bias=True), {}),
     # Checkpoints with q/k/v and gate/up fused; Phi-3 mini's sliding window.
     "phi3": ("Phi3Config", dict(sliding_window=48, pad_token_id=0), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
