@@ -10,7 +10,7 @@ from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rop
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM")
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM")
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
@@ -19,9 +19,12 @@ _GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 3
 _QWEN = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 _QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
+# Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
+_EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM")
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM")
+_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
+                   "Olmo2ForCausalLM")
 
 
 class ModelConfigError(ValueError):
@@ -48,7 +51,9 @@ class ModelConfig:
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool  # biases on gate, up and down (Llama's mlp_bias)
-    qk_norm: bool  # each head's q and k RMS-normed before RoPE (Qwen3)
+    # q and k RMS-normed before RoPE: "head", each head's (Qwen3, Gemma 3); "projection", the whole
+    # q and k projections' (OLMo 2); None: not.
+    qk_norm: str | None
     # Mixture of experts (Mixtral, Qwen3-MoE; engine/models/moe.py): 0 experts, every MLP dense.
     num_experts: int
     num_experts_per_tok: int
@@ -134,8 +139,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             rotary_dim=rotary_dim,
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in ("MixtralForCausalLM", "Phi3ForCausalLM")
-                                       else 1e-6)),  # absent: transformers' default for the architecture
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in _EPS_1E5 else 1e-6)),
             rope_theta=rope_theta(cfg, rope_parameters(cfg, "full_attention")),
             rope_scaling=scaling,
             local_rope_theta=_local_rope_theta(cfg, arch, path),
@@ -146,7 +150,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM") and bool(cfg.get("mlp_bias")),
-            qk_norm=arch in _QK_NORM,
+            qk_norm="head" if arch in _QK_NORM else "projection" if arch == "Olmo2ForCausalLM" else None,
             **_experts(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),

@@ -75,12 +75,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             return logits
         return torch.tanh(logits / self.final_softcap) * self.final_softcap
 
-    def checkpoint_names(self) -> list[str]:
-        names = super().checkpoint_names()
-        for i in range(self.config.num_layers):
-            names += [f"model.layers.{i}.pre_feedforward_layernorm.weight",
-                      f"model.layers.{i}.post_feedforward_layernorm.weight"]
-        return names
+    def _norm_names(self) -> tuple[str, ...]:
+        return (*super()._norm_names(), "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights((name, tensor.float() + 1.0 if name.endswith("norm.weight") else tensor)

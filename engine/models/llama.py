@@ -38,8 +38,12 @@ class Attention(nn.Module):
         self.qkv_bias = empty_param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
         self.o_weight = empty_param(config.hidden_size, config.q_size, dtype=dtype)
         self.o_bias = empty_param(config.hidden_size, dtype=dtype) if config.o_bias else None
-        self.q_norm = empty_param(config.head_dim, dtype=dtype) if config.qk_norm else None
-        self.k_norm = empty_param(config.head_dim, dtype=dtype) if config.qk_norm else None
+        # Each head's q and k normed (Qwen3, Gemma 3), or the whole q and k projections (OLMo 2).
+        self.is_qk_norm_per_head = config.qk_norm == "head"
+        q_norm_size, k_norm_size = (config.head_dim, config.head_dim) if self.is_qk_norm_per_head else \
+            (config.q_size, config.kv_size)
+        self.q_norm = empty_param(q_norm_size, dtype=dtype) if config.qk_norm else None
+        self.k_norm = empty_param(k_norm_size, dtype=dtype) if config.qk_norm else None
 
     def forward(
         self,
@@ -53,10 +57,13 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        if self.q_norm is not None and not self.is_qk_norm_per_head:
+            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:  # per head, over head_dim
+        if self.q_norm is not None and self.is_qk_norm_per_head:  # over head_dim
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         q, k = ops.apply_rope(q, k, cos, sin)
@@ -171,9 +178,12 @@ class LlamaForCausalLM(nn.Module):
             names.append("lm_head.weight")
         for i in range(self.config.num_layers):
             p = f"model.layers.{i}."
-            names += self._attention_names(i) + self._mlp_names(i)
-            names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+            names += self._attention_names(i) + self._mlp_names(i) + [p + f"{x}.weight" for x in self._norm_names()]
         return names
+
+    def _norm_names(self) -> tuple[str, ...]:
+        """Each layer's norms, as the checkpoint names them."""
+        return "input_layernorm", "post_attention_layernorm"
 
     def _attention_names(self, layer: int) -> list[str]:
         p = f"model.layers.{layer}.self_attn."

@@ -81,6 +81,8 @@ TINY_MODELS = {
     # Granite's four scalings, away from 1 (and the attention's from head_dim ** -0.5) to count.
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2,
                                       logits_scaling=3.0, attention_bias=True), {}),
+    # OLMo 2: norms after attention and the MLP, none before; q and k normed over whole projections.
+    "olmo2": ("Olmo2Config", dict(attention_bias=True), {}),
     # Checkpoints with q/k/v and gate/up fused; Phi-3 mini's sliding window.
     "phi3": ("Phi3Config", dict(sliding_window=48, pad_token_id=0), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,

@@ -42,7 +42,7 @@ def test_qwens_sliding_window_layers_are_refused(model_copy, architecture):
     cfg["use_sliding_window"] = False
     (model_copy / "config.json").write_text(json.dumps(cfg))
     config = load_model_config(model_copy)
-    assert config.sliding_window is None and config.qk_norm == (architecture == "Qwen3ForCausalLM")
+    assert config.sliding_window is None and config.qk_norm == ("head" if architecture == "Qwen3ForCausalLM" else None)
 
 
 def test_yarns_original_context_and_factor_are_read_as_transformers_reads_them(model_copy):
@@ -100,7 +100,7 @@ def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
     config = load_model_config(model_copy)
     assert (config.rope_theta, config.rope_scaling["factor"], config.local_rope_theta) == (1e6, 8.0, 1e4)
     assert (config.sliding_window, config.sliding_layers) == (512, {0, 1, 3, 4})
-    assert config.attention_scale == 256 ** -0.5 and config.qk_norm
+    assert config.attention_scale == 256 ** -0.5 and config.qk_norm == "head"
     assert config.tie_word_embeddings  # not in this config: Gemma 3's default
     assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (None, None)
     for refused, named in (({"hidden_activation": "silu"}, "hidden_act 'silu'"),
