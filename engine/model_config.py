@@ -10,9 +10,12 @@ from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rop
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM")
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
+                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM")
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
+OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 _GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
@@ -20,11 +23,11 @@ _QWEN = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3Mo
 _QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
-_EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM")
+_EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
-                   "Olmo2ForCausalLM")
+                   *OLMOS, SMOLLM3)
 
 
 class ModelConfigError(ValueError):
@@ -45,7 +48,8 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None
-    local_rope_theta: float | None  # the sliding-window layers' own, unscaled RoPE (Gemma 3); None: the above
+    local_rope_theta: float | None  # the sliding-window layers' own, unscaled RoPE (Gemma 3, OLMo 3); None: the above
+    rope_layers: frozenset[int]  # the layers that turn q and k by RoPE (all but SmolLM3's NoPE layers)
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
@@ -140,17 +144,18 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in _EPS_1E5 else 1e-6)),
-            rope_theta=rope_theta(cfg, rope_parameters(cfg, "full_attention")),
+            rope_theta=_full_rope_theta(cfg),
             rope_scaling=scaling,
             local_rope_theta=_local_rope_theta(cfg, arch, path),
+            rope_layers=_rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMAS)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
             or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
-            mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM") and bool(cfg.get("mlp_bias")),
-            qk_norm="head" if arch in _QK_NORM else "projection" if arch == "Olmo2ForCausalLM" else None,
+            mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
+            qk_norm="head" if arch in _QK_NORM else "projection" if arch in OLMOS else None,
             **_experts(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
@@ -216,17 +221,35 @@ def _experts(cfg: dict, arch: str) -> dict:
 
 
 def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:
-    if arch != GEMMA3:
+    if arch not in (GEMMA3, OLMO3):
         return None
     params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
         raise ModelConfigError(f"{path}: a scaled RoPE for sliding-window layers is not supported")
-    return float(params.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+    # Absent, Gemma 3's is rope_local_base_freq; OLMo 3's the model's theta, unscaled.
+    unset = cfg.get("rope_local_base_freq", 10000.0) if arch == GEMMA3 else _full_rope_theta(cfg)
+    return float(params.get("rope_theta", unset))
+
+
+def _full_rope_theta(cfg: dict) -> float:
+    return rope_theta(cfg, rope_parameters(cfg, "full_attention"))
+
+
+def _rope_layers(cfg: dict, arch: str) -> frozenset[int]:
+    num_layers = int(cfg["num_hidden_layers"])
+    if arch != SMOLLM3:
+        return frozenset(range(num_layers))
+    # SmolLM3's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
+    uses_rope = cfg.get("no_rope_layers") or [
+        int((i + 1) % int(cfg.get("no_rope_layer_interval") or 4) != 0) for i in range(num_layers)]
+    return frozenset(i for i, flag in enumerate(uses_rope) if flag)
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", *GEMMAS):
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", *GEMMAS, OLMO3):
         return cfg.get("sliding_window")
+    if arch == SMOLLM3:
+        return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     if arch in _QWEN and cfg.get("use_sliding_window"):
         raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")
     return None
@@ -234,13 +257,16 @@ def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
 
 def _sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in GEMMAS:
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
         return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
-    # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every other).
-    default_pattern = 2 if arch == GEMMA2 else 6
+    if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers
+        return frozenset(range(num_layers)) - _rope_layers(cfg, arch)
+    # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every
+    # other, OLMo 3's every fourth).
+    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4}[arch]
     pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
     return frozenset(i for i in range(num_layers) if (i + 1) % pattern)
 

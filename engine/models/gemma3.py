@@ -23,7 +23,6 @@ from engine.model_config import ModelConfig
 from engine.models.llama import MLP, Attention, LlamaForCausalLM
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
-from kernels.rotary import build_rope_cache
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -50,10 +49,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         super().__init__(config, kernels, dtype, max_positions)
         self.embed_scale = config.hidden_size**0.5
         self.final_softcap = config.final_logit_softcapping
-        if config.local_rope_theta is not None:
-            cos, sin = build_rope_cache(config.head_dim, max_positions, config.local_rope_theta, None)
-            self.register_buffer("local_rope_cos", cos, persistent=False)
-            self.register_buffer("local_rope_sin", sin, persistent=False)
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
@@ -61,13 +56,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         embedded = F.embedding(input_ids, self.embed)
         return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)  # rounded to the dtype, as transformers
-
-    def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        if self.config.local_rope_theta is None:
-            return super()._ropes(positions)
-        full = self.rope_cos[positions], self.rope_sin[positions]
-        local = self.local_rope_cos[positions], self.local_rope_sin[positions]
-        return [local if layer.attn.sliding_window is not None else full for layer in self.layers]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

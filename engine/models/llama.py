@@ -66,7 +66,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.is_qk_norm_per_head:  # over head_dim
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q, k = ops.apply_rope(q, k, cos, sin)
+        if cos is not None:
+            q, k = ops.apply_rope(q, k, cos, sin)
         k_cache, v_cache = kv_cache
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
@@ -135,6 +136,12 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if config.local_rope_theta is not None:  # the sliding-window layers' own, unscaled
+            cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.local_rope_theta, None)
+            self.register_buffer("local_rope_cos", cos, persistent=False)
+            self.register_buffer("local_rope_sin", sin, persistent=False)
+        self._has_one_rope = (config.local_rope_theta is None
+                              and config.rope_layers == frozenset(range(config.num_layers)))
 
     def forward(
         self,
@@ -152,9 +159,16 @@ class LlamaForCausalLM(nn.Module):
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed)
 
-    def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's cos and sin at `positions` ([T, D] each): the same for every layer."""
-        return itertools.repeat((self.rope_cos[positions], self.rope_sin[positions]))
+    def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Each layer's cos and sin at `positions` ([T, D] each): the model's, the sliding-window
+        layers' own where they have one (Gemma 3, OLMo 3), None for a layer without RoPE (SmolLM3)."""
+        full = self.rope_cos[positions], self.rope_sin[positions]
+        if self._has_one_rope:
+            return itertools.repeat(full)
+        local = ((self.local_rope_cos[positions], self.local_rope_sin[positions])
+                 if self.config.local_rope_theta is not None else full)
+        return [(None, None) if i not in self.config.rope_layers else local if layer.attn.sliding_window is not None
+                else full for i, layer in enumerate(self.layers)]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] → logits [N, V] in float32 for the sampler.

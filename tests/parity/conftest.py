@@ -83,6 +83,13 @@ TINY_MODELS = {
                                       logits_scaling=3.0, attention_bias=True), {}),
     # OLMo 2: norms after attention and the MLP, none before; q and k normed over whole projections.
     "olmo2": ("Olmo2Config", dict(attention_bias=True), {}),
+    # OLMo 3: OLMo 2 with sliding-window layers (three in four) and YaRN on the full layers only.
+    "olmo3": ("Olmo3Config", dict(sliding_window=16, num_hidden_layers=4, pad_token_id=0,
+                                  rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 64}), {}),
+    # SmolLM3: every fourth layer without RoPE (NoPE), and those windowed.
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=16,
+                                      pad_token_id=0), {}),
     # Checkpoints with q/k/v and gate/up fused; Phi-3 mini's sliding window.
     "phi3": ("Phi3Config", dict(sliding_window=48, pad_token_id=0), {}),
     "qwen3-yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,

@@ -130,6 +130,25 @@ def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     assert load_model_config(model_copy).attn_logit_softcapping is None
 
 
+def test_layer_kinds_are_read_as_transformers_reads_olmo3_and_smollm3(model_copy):
+    # Without layer_types: OLMo 3 windows three layers in four, its windowed layers' RoPE the model's
+    # theta unscaled; SmolLM3 drops RoPE in every no_rope_layer_interval-th layer, windowing those.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.update(num_hidden_layers=8, rope_theta=5e5, sliding_window=32)
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "architectures": ["Olmo3ForCausalLM"]}))
+    config = load_model_config(model_copy)
+    assert config.sliding_layers == {0, 1, 2, 4, 5, 6} and config.local_rope_theta == 5e5
+    assert config.qk_norm == "projection" and config.rope_layers == set(range(8))
+    smol = {**cfg, "architectures": ["SmolLM3ForCausalLM"], "no_rope_layer_interval": 3}
+    (model_copy / "config.json").write_text(json.dumps(smol))
+    config = load_model_config(model_copy)
+    assert config.rope_layers == {0, 1, 3, 4, 6, 7} and config.sliding_window is None
+    (model_copy / "config.json").write_text(json.dumps({**smol, "use_sliding_window": True}))
+    config = load_model_config(model_copy)
+    assert (config.sliding_window, config.sliding_layers) == (32, {2, 5})
+
+
 def test_soft_caps_are_refused_outside_gemma(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
