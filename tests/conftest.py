@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import time
@@ -127,3 +128,16 @@ def redis_client(redis_server):
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def self_signed_certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that signs itself, and its key: (key.pem, cert.pem)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate with")
+    where = tmp_path_factory.mktemp("tls")
+    key, cert = where / "key.pem", where / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", str(key),
+                    "-out", str(cert), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return key, cert

@@ -3,7 +3,7 @@
 
 Runs through services/common/entrypoint.py: binds the public gRPC API and prints
 `gateway listening on HOST:PORT`, then binds the OpenAI HTTP API and prints
-`gateway http listening on HOST:PORT` (the lines `baton up` reads). It loads the
+`gateway http listening on HOST:PORT` (`https` with --ssl-certfile; the lines `baton up` reads). It loads the
 model's tokenizer (to detokenize), connects to every worker and watches their
 health; gRPC health turns SERVING, and HTTP `/health` 200, once the tokenizer and at
 least one prefill (none with --colocated) and one decode worker serve. SIGTERM or
@@ -156,7 +156,8 @@ class GatewayService:
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         self.state = GatewayState(self.pipeline, config.served_model_names, tokenizer.max_model_len, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
-                                  config.tool_call_parser, config.reasoning_parser, self.responses)
+                                  config.tool_call_parser, config.reasoning_parser, self.responses,
+                                  serving=config.http_serving)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         app = create_app(self.state)
@@ -165,12 +166,13 @@ class GatewayService:
         except OSError as e:
             raise StartError(f"cannot bind HTTP to {config.host}:{config.http_port}: {e}") from e
         self.http = _EmbeddedServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                                   timeout_graceful_shutdown=max(1, int(config.grace_s))))
+                                                   timeout_graceful_shutdown=max(1, int(config.grace_s)),
+                                                   **config.http_serving.uvicorn_options()))
         # In a context of its own, not start()'s (where the `boot` span is current): OpenTelemetry's
         # ASGI middleware continues the current span, if any, instead of the caller's traceparent.
         self.http_task = asyncio.get_running_loop().create_task(self.http.serve(sockets=[sock]),
                                                                 context=contextvars.Context())
-        print(f"gateway http listening on {config.host}:{sock.getsockname()[1]}", flush=True)
+        print(f"gateway {config.http_serving.scheme} listening on {config.host}:{sock.getsockname()[1]}", flush=True)
 
         while self.readiness() is not None:
             if stop.is_set():

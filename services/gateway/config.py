@@ -35,6 +35,7 @@ from services.common.settings import (
 )
 from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
+from services.gateway.http_serving import HttpServing
 from services.gateway.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.gateway.tool_parsers import PARSERS
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
@@ -130,6 +131,7 @@ class GatewayConfig:
     trust_request_chat_template: bool = False
     # Sampling defaults for what a request leaves out (generation_defaults.py); from_args reads them.
     generation_defaults: GenerationDefaults = GenerationDefaults()
+    http_serving: HttpServing = HttpServing()  # the HTTP API's CORS and TLS (http_serving.py)
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -292,6 +294,7 @@ class GatewayConfig:
                             default=env.get(ENV_OVERRIDE_GENERATION_CONFIG) or "",
                             help=f"defaults set over --generation-config's, a JSON object, e.g. "
                                  f"'{{\"temperature\": 0.5}}' (${ENV_OVERRIDE_GENERATION_CONFIG})")
+        HttpServing.add_flags(parser, env)
         add_chat_template_flag(parser, env)
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
@@ -311,7 +314,7 @@ class GatewayConfig:
                    reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s,
                    discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
                    chat_template=chat_template_source(args.chat_template),
-                   generation_defaults=_generation_defaults(args),
+                   generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
                    trust_request_chat_template=args.trust_request_chat_template)
 
 

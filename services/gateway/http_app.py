@@ -56,6 +56,7 @@ from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error, validation_error
 from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
 from services.gateway.http_responses import respond
+from services.gateway.http_serving import HttpServing
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import RequestPipeline
@@ -89,6 +90,7 @@ class GatewayState:
     reasoning_parser: str | None = None  # None: a chat reply's text is all content
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
+    serving: HttpServing = HttpServing()  # CORS (and TLS, which uvicorn serves)
 
     @property
     def model_name(self) -> str:
@@ -108,6 +110,7 @@ def create_app(state: GatewayState) -> FastAPI:
                        on_refuse=lambda: metrics.count_error("request_too_large"))
     if state.api_keys is not None:  # outside the size limit: an unknown caller's body is not read
         app.add_middleware(RequireApiKey, keys=state.api_keys, on_refuse=lambda: metrics.count_error("unauthorized"))
+    state.serving.add_cors(app)  # outside the key: a preflight has none, and a page may read a refusal
     if tracing.is_enabled():
         # The request's span, continuing an incoming `traceparent`; one span per request, not per
         # ASGI message, and none for the endpoints scraped and probed all day.

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,7 +52,10 @@ SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
 # A worker prints where it serves Prometheus' /metrics right after its listening line.
 METRICS_LINE = r"^\S+ metrics on (\S+)$"
 # The gateway is on this host: an http_proxy variable must not reroute the probe.
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# The gateway's own certificate may be one no CA signed: the launcher probes its own child on
+# loopback, and reads only /health and the model's name, so it does not check it.
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                               urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
 
 
 class Mesh:
@@ -136,18 +140,18 @@ class Mesh:
                 self._print_redis_line()
                 return
             self.gateway = self._child(gateway_spec(self.config, self.addresses, self.redis_url))
-            http_line = self.gateway.expect(r"^gateway http listening on (\S+)$")
+            http_line = self.gateway.expect(r"^gateway (https?) listening on (\S+)$")
             await self.gateway.start()
             self._supervise(self.gateway)
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
             grpc_address = await self.gateway.wait_ready(deadline)
-            http_address = (await self.gateway.wait_for(http_line, "serving HTTP", deadline)).group(1)
-            model = await self.gateway.wait_for(_http_model_name(http_address, self.config.api_key),
+            scheme, http_address = (await self.gateway.wait_for(http_line, "serving HTTP", deadline)).groups()
+            model = await self.gateway.wait_for(_http_model_name(scheme, http_address, self.config.api_key),
                                                 "answering HTTP GET /health", deadline)
             self.addresses["gateway"] = f"{grpc_address} (gRPC), {http_address} (HTTP)"
             self.is_up = True
             keyed = "; API key required" if self.config.api_key else ""
-            self.console.print(f"Baton is up: OpenAI API at http://{http_address}/v1 "
+            self.console.print(f"Baton is up: OpenAI API at {scheme}://{http_address}/v1 "
                                f"(model {model or self.config.model_dir.name}{keyed}); gRPC Generate at {grpc_address}")
             self.console.print(self._table())
             self._print_redis_line()
@@ -281,9 +285,9 @@ def _without_password(url: str) -> str:
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
-async def _http_model_name(address: str, api_key: str | None = None) -> str | None:
+async def _http_model_name(scheme: str, address: str, api_key: str | None = None) -> str | None:
     """Polls GET /health until 200, then reads the first id of GET /v1/models (None if it has none)."""
-    base = f"http://{probe_address(address)}"
+    base = f"{scheme}://{probe_address(address)}"
     while await asyncio.to_thread(_http_get, f"{base}/health") is None:
         await asyncio.sleep(0.1)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -195,12 +195,13 @@ def check_up(up: BatonUp, num_prefill: int, num_decode: int, kvstore: bool = Fal
              *(["kvstore"] if kvstore else []), *(["redis"] if redis else [])}
     if HAS_GATEWAY:
         names.add("gateway")
-        match = re.match(r"Baton is up: OpenAI API at (http://\S+/v1) \(model ([^\s;]+)(; API key required)?\); "
+        match = re.match(r"Baton is up: OpenAI API at (https?://\S+/v1) \(model ([^\s;]+)(; API key required)?\); "
                          r"gRPC Generate at (\S+)$", banner)
         assert match, banner
         import httpx
 
-        assert httpx.get(match[1].removesuffix("/v1") + "/health", timeout=5).status_code == 200
+        # (An https gateway's certificate is checked by the test that starts one.)
+        assert httpx.get(match[1].removesuffix("/v1") + "/health", timeout=5, verify=False).status_code == 200
     assert set(up.pids) == names, up.output()
     assert all(is_alive(pid) for pid in up.pids.values())
     check_metrics_listed(up, names - {"gateway", "redis"})
@@ -352,6 +353,23 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
                                    timeout=120, check=True)
         assert completion["choices"][0]["text"] == json.loads(generated.stdout)["text"]
 
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0, up.output()
+
+
+@pytest.mark.skipif(not HAS_GATEWAY, reason="no gateway in this checkout")
+def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_certificate):
+    import ssl
+
+    import httpx
+
+    key, cert = self_signed_certificate
+    up = start_up("--no-redis", f"--gateway-args=--ssl-keyfile {key} --ssl-certfile {cert}")
+    check_up(up, 1, 1, redis=False)
+    base = up.wait_up().split(" at ", 1)[1].split(" ", 1)[0]
+    assert base.startswith("https://"), up.output()
+    models = httpx.get(f"{base}/models", timeout=5, verify=ssl.create_default_context(cafile=str(cert)))
+    assert models.status_code == 200 and models.json()["data"]
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0, up.output()
 

@@ -37,12 +37,12 @@ class GatewayProcess:
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             self.grpc_address = read_line(self.proc, "gateway listening on ")
-            self.http_address = read_line(self.proc, "gateway http listening on ")
-            self.base_url = f"http://{self.http_address}"
+            scheme, self.http_address = read_line(self.proc, "gateway ").split(" listening on ")  # http or https
+            self.base_url = f"{scheme}://{self.http_address}"
             self.stderr_lines: list[str] = []
             threading.Thread(target=self._drain, daemon=True).start()
             deadline = time.monotonic() + 30
-            while httpx.get(f"{self.base_url}/health", timeout=5).status_code != 200:
+            while httpx.get(f"{self.base_url}/health", timeout=5, verify=False).status_code != 200:
                 assert self.proc.poll() is None, "the gateway exited"
                 assert time.monotonic() < deadline, "the gateway never became ready"
                 time.sleep(0.05)
