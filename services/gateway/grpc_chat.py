@@ -18,7 +18,7 @@ from services.gateway.errors import APIError
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
-from services.gateway.tool_parsers import PARSERS, ToolCallSyntax, call_ids, needs_a_parser
+from services.gateway.tool_parsers import ToolCallSyntax, call_ids, needs_a_parser, syntax_for
 
 
 @dataclass
@@ -48,7 +48,8 @@ class ChatRequestTools:
         reads_calls = bool(tools) and effective_tool_choice(tools, choice) == "auto"
         if reads_calls and tool_call_parser is None:
             raise needs_a_parser("tool_choice_json")
-        return cls(tools, forced, PARSERS[tool_call_parser] if reads_calls else None, call_ids(tool_call_parser))
+        return cls(tools, forced, syntax_for(tool_call_parser, tools) if reads_calls else None,
+                   call_ids(tool_call_parser))
 
 
 class ChatReply:

@@ -66,7 +66,7 @@ from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.tool_parsers import PARSERS, call_ids, needs_a_parser, with_template_call_ids
+from services.gateway.tool_parsers import call_ids, needs_a_parser, syntax_for, with_template_call_ids
 
 T = TypeVar("T")
 CANCEL_WAIT_S = 5.0  # how long a cancel waits for the gateway generating the response to stop it
@@ -188,7 +188,7 @@ def create_app(state: GatewayState) -> FastAPI:
         request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
-        syntax = PARSERS[state.tool_call_parser] if body.lets_the_model_call_tools else None
+        syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
         # A syntax whose calls begin at a special token needs the text to keep it, as vLLM's Mistral parser does.
         skip_special_tokens = body.skip_special_tokens and not (syntax is not None and syntax.reads_special_tokens)
         streams = [state.pipeline.generate(

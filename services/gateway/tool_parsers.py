@@ -11,6 +11,8 @@ uses:
 - `pythonic` (Llama 3.2 and 4, and models tuned to it): the whole answer is a Python list of
   calls with keyword arguments, `[get_weather(city="Paris"), get_time()]`, their values Python
   literals (after `<|python_start|>`, a special token, for Llama 4);
+- `qwen3_coder` (Qwen3-Coder, Qwen3-Next, Qwen3.5): XML calls, `<function=NAME>` and a
+  `<parameter=NAME>` per argument, typed by the request's tool schemas (xml_tool_calls.py);
 - `mistral` (Mistral's instruct models): the calls after `[TOOL_CALLS]`, a special token the
   text then keeps (as vLLM's parser, it turns `skip_special_tokens` off for requests it reads):
   a JSON list of `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Nemo), or each
@@ -58,6 +60,7 @@ from services.gateway.call_text import (
 )
 from services.gateway.errors import APIError
 from services.gateway.tool_calls import new_call_id, tool_call
+from services.gateway.xml_tool_calls import Qwen3Coder
 
 
 class ToolCallSyntax(Protocol):
@@ -318,7 +321,13 @@ class RequiredCalls(_CallsOnly):
 
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
-                                      "mistral": Mistral()}
+                                      "mistral": Mistral(), "qwen3_coder": Qwen3Coder()}
+
+
+def syntax_for(parser: str, tools: list[dict[str, Any]] | None) -> ToolCallSyntax:
+    """The syntax `parser` names, for a request offering `tools`: `qwen3_coder` types its calls'
+    arguments by the tools' schemas, the others read them as the model wrote them."""
+    return Qwen3Coder(tools) if parser == "qwen3_coder" else PARSERS[parser]
 
 
 def call_ids(parser: str | None) -> Callable[[], str]:

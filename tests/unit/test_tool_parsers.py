@@ -6,7 +6,7 @@ import json
 import pytest
 
 from services.gateway.streamed_calls import StreamedCalls
-from services.gateway.tool_parsers import PARSERS, RequiredCalls
+from services.gateway.tool_parsers import PARSERS, RequiredCalls, syntax_for
 
 HERMES, LLAMA3, PYTHONIC, MISTRAL = (PARSERS[name] for name in ("hermes", "llama3_json", "pythonic", "mistral"))
 HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
@@ -17,6 +17,9 @@ MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "
                   '{"name": "get_time", "arguments": {}}]')  # Mistral's tokenizer v3
 MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                  '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
+QWEN3_CODER = PARSERS["qwen3_coder"]
+QWEN3_CODER_TEXT = ("Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
+                    "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
 REQUIRED, REQUIRED_TEXT = RequiredCalls(), ('[{"name": "get_weather", "parameters": {"city": "Zürich"}}, '
                                             '{"name": "get_time", "parameters": {}}]')  # tool_choice "required"
 CALLS = [("get_weather", {"city": "Zürich"}), ("get_time", {})]
@@ -92,7 +95,8 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("syntax", "text", "said"), [
     (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
-    (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, "")])
+    (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, ""),
+    (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look.")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
@@ -106,7 +110,7 @@ STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LIS
              (REQUIRED, REQUIRED_TEXT)]
 
 
-@pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT)])
+@pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT)])
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
     for a in range(len(text) + 1):
@@ -183,3 +187,44 @@ def test_a_stream_without_calls_holds_back_only_what_could_start_one():
     assert llama.add("Sunny, ") == (" Sunny, ", [])
     assert llama.add('{"json": "later is text"}') == ('{"json": "later is text"}', [])
     assert llama.finish() == ("", []) and llama.calls == []
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "celsius": {"type": "boolean"},
+    "ratio": {"type": "number"}, "hours": {"type": "array"}, "where": {"type": "object"}, "note": {"type": "string"},
+    "code": {"type": "string"}, "spare": {"type": ["integer", "null"]}}}}}
+
+
+def test_qwen3_coder_arguments_take_their_types_from_the_request_tools():
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n<parameter=celsius>\nTrue\n</parameter>\n"
+            "<parameter=ratio>\n0.5\n</parameter>\n<parameter=hours>\n[9, 17]\n</parameter>\n"
+            "<parameter=where>\n{'lat': -23.5, 'on': True}\n</parameter>\n<parameter=note>\n42\n</parameter>\n"
+            "<parameter=code>\nline one\n  line two\n</parameter>\n<parameter=spare>\nnull\n</parameter>\n"
+            "<parameter=unknown>\n7\n</parameter>\n</function>\n</tool_call>")
+    (call,) = syntax_for("qwen3_coder", [WEATHER_TOOL]).parse(text)[1]
+    assert json.loads(call["function"]["arguments"]) == {
+        "city": "São Paulo", "days": 3, "celsius": True, "ratio": 0.5, "hours": [9, 17],
+        "where": {"lat": -23.5, "on": True}, "note": "42", "code": "line one\n  line two", "spare": None,
+        "unknown": "7"}  # a parameter the tool does not declare stays text, as vLLM's
+    # Without the request's tools every value is text; a value that does not parse as its type stays text.
+    assert json.loads(QWEN3_CODER.parse(text)[1][0]["function"]["arguments"])["days"] == "3"
+    odd = text.replace("\n3\n", "\nthree\n")
+    assert json.loads(syntax_for("qwen3_coder", [WEATHER_TOOL]).parse(odd)[1][0]["function"]["arguments"])[
+        "days"] == "three"
+
+
+@pytest.mark.parametrize("text", ["no calls", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n",
+                                  "<tool_call>\n</tool_call>"])
+def test_a_qwen3_coder_text_without_whole_calls_is_text(text):
+    assert QWEN3_CODER.parse(text) == (text, [])
+
+
+def test_a_qwen3_coder_call_is_named_first_and_its_arguments_go_out_whole():
+    stream = StreamedCalls(syntax_for("qwen3_coder", [WEATHER_TOOL]))
+    assert stream.add("Sure.\n<tool_") == ("Sure.\n", [])
+    sent, deltas = stream.add("call>\n<function=get_weather>\n<parameter=days>\n2")
+    assert sent == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert stream.add("\n</parameter>\n") == ("", [])
+    _, deltas = stream.add("</function>\n</tool_call>")
+    assert deltas == [{"index": 0, "function": {"arguments": '{"days": 2}'}}]

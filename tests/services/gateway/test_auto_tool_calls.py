@@ -86,7 +86,8 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {}).tool_call_parser is None
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
     with pytest.raises(ConfigError,
-                       match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, got 'granite'"):
+                       match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, qwen3_coder, "
+                             "got 'granite'"):
         GatewayConfig.from_args([*common, "--tool-call-parser", "granite"], {})
     with pytest.raises(ConfigError, match="--tool-call-parser"):
         GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "granite"})
@@ -119,4 +120,26 @@ def test_mistral_calls_come_back_with_ids_its_templates_take(mesh, hermes):
     assert "".join(p.function.arguments or "" for p in pieces) == made.function.arguments
     assert kept == BOS_TOKEN * 2
     assert hermes.chat.completions.create(**special).choices[0].message.content == ""
+    mesh.assert_decode_pools_free()
+
+
+def test_qwen3_coder_calls_come_back_typed_by_the_tools_schemas(mesh):
+    """Qwen3-Coder's XML calls: a parameter's text becomes the type its tool declares (an integer here)."""
+    tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": {
+        "type": "object", "properties": {"days": {"type": "integer"}, "city": {"type": "string"}}}}}]
+    call = (r"Checking\.\n<tool_call>\n<function=get_forecast>\n<parameter=days>\n[1-7]\n</parameter>\n"
+            r"<parameter=city>\n(Oslo|Bern)\n</parameter>\n</function>\n</tool_call>")
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=300, temperature=0, tools=tools,
+                  extra_body={"guided_regex": call})
+    with gateway_client(mesh, "--tool-call-parser", "qwen3_coder") as qwen:
+        whole = qwen.chat.completions.create(**kwargs).choices[0]
+        assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
+        [made] = whole.message.tool_calls
+        arguments = json.loads(made.function.arguments)
+        assert made.function.name == "get_forecast" and isinstance(arguments["days"], int)
+        assert arguments["city"] in ("Oslo", "Bern")
+        pieces = [piece for chunk in qwen.chat.completions.create(stream=True, **kwargs)
+                  for piece in chunk.choices[0].delta.tool_calls or []]
+        assert pieces[0].function.name == "get_forecast"
+        assert "".join(p.function.arguments or "" for p in pieces) == made.function.arguments
     mesh.assert_decode_pools_free()

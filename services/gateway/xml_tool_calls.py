@@ -1,0 +1,135 @@
+"""`qwen3_coder`: tool calls in Qwen3-Coder's XML (also Qwen3-Next's and Qwen3.5's), read as
+vLLM's parser reads them:
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    <parameter=days>
+    3
+    </parameter>
+    </function>
+    </tool_call>
+
+after any text the model says first. A parameter's value is raw text (one newline at each end
+dropped), turned into JSON by the type the request's tool gives that parameter: strings stay
+text; integers, numbers and booleans are parsed, `null` is null; objects and arrays are parsed as
+JSON, else as Python literals; a value that does not parse, or a parameter the tool does not
+declare, stays text. Streaming: a call's id and name go out once `<function=NAME>` is whole, its
+arguments whole once `</function>` is written (they are JSON only then).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from services.gateway.call_text import Calls, JsonScan
+from services.gateway.tool_calls import new_call_id, tool_call
+
+START, FUNCTION = "<tool_call>", "<function="
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+_STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
+_INTEGER_TYPES = {"integer", "int", "uint", "long", "short", "unsigned"}
+_NUMBER_TYPES = {"number", "float", "double", "num"}
+_BOOLEAN_TYPES = {"boolean", "bool", "binary"}
+
+
+class Qwen3Coder:
+    reads_special_tokens = False
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        # function name → its parameters' JSON schema properties
+        self._properties = {}
+        for tool in tools or ():
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                parameters = function.get("parameters")
+                properties = parameters.get("properties") if isinstance(parameters, dict) else None
+                self._properties[function["name"]] = properties if isinstance(properties, dict) else {}
+
+    call_id = staticmethod(new_call_id)
+
+    @staticmethod
+    def template_call_id(call_id: str) -> str:
+        return call_id
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        starts = [at for at in (text.find(START), text.find(FUNCTION)) if at != -1]
+        return min(starts) if starts else None
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return max(next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
+                   for tag in (START, FUNCTION))
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        start = self.call_start(text, True)
+        if start is None:
+            return text, []
+        calls = []
+        for match in _FUNCTION.finditer(text, start):
+            if not match.group(0).endswith("</function>"):
+                return text, []  # cut short: answered as text, as a broken JSON call is
+            calls.append(tool_call(match[1].strip(), self._arguments(match[1].strip(), match[2])))
+        if not calls:
+            return text, []
+        return text[:start].strip() or None, calls
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        begun = []
+        for match in _FUNCTION.finditer(text):
+            name, is_closed = match[1].strip(), match.group(0).endswith("</function>")
+            if not match.group(0).startswith(f"<function={match[1]}>"):
+                break
+            begun.append((name, self._arguments(name, match[2]) if is_closed else ""))
+            if not is_closed:
+                break
+        return begun
+
+    def _arguments(self, function: str, body: str) -> str:
+        properties = self._properties.get(function, {})
+        arguments = {}
+        for name, value in _PARAMETER.findall(body):
+            name = name.strip()
+            value = value.removeprefix("\n").removesuffix("\n")
+            schema = properties.get(name)
+            arguments[name] = _converted(value, schema.get("type") if isinstance(schema, dict) else None)
+        return json.dumps(arguments, ensure_ascii=False)
+
+
+def _converted(value: str, declared: Any) -> Any:
+    """`value` as the JSON its declared type makes of it; text where it does not parse so."""
+    kinds = {str(kind).strip().lower() for kind in (declared if isinstance(declared, list) else [declared])
+             if kind is not None}
+    if not kinds or kinds & _STRING_TYPES:
+        return value
+    if value.strip().lower() == "null":
+        return None
+    text = value.strip()
+    if kinds & _INTEGER_TYPES:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    if kinds & (_NUMBER_TYPES | _INTEGER_TYPES):
+        try:
+            number = float(text)
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() and not any(c in text for c in ".eE") else number
+    if kinds & _BOOLEAN_TYPES:
+        return text.lower() == "true" if text.lower() in ("true", "false") else value
+    # Objects, arrays and any other declared type: JSON, else a Python literal JSON can hold, else text.
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        literal = ast.literal_eval(text)
+        json.dumps(literal)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return value
+    return literal
