@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import stored_dtype
+from engine.moe_config import GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
 from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
-                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM")
+                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE)
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -19,11 +20,10 @@ SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 _GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
-_QWEN = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-_QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES)
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
-_EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS)
+_EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
@@ -58,15 +58,7 @@ class ModelConfig:
     # q and k RMS-normed before RoPE: "head", each head's (Qwen3, Gemma 3); "projection", the whole
     # q and k projections' (OLMo 2); None: not.
     qk_norm: str | None
-    # Mixture of experts (Mixtral, Qwen3-MoE; engine/models/moe.py): 0 experts, every MLP dense.
-    num_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    # Qwen2-MoE's shared expert, beside the routed ones in every sparse layer, weighed by its own gate; 0: none.
-    shared_expert_intermediate_size: int
-    norm_topk_prob: bool  # the chosen experts' router probabilities rescaled to sum to 1
-    dense_layers: frozenset[int]  # layers whose MLP is dense though the model has experts
-    weighs_experts_in_float32: bool  # Mixtral's; Qwen3-MoE casts the router weights to the compute dtype
+    moe: MoEConfig  # its mixture of experts (engine/moe_config.py); one of no experts for a dense model
     sliding_window: int | None
     sliding_layers: frozenset[int]  # the layers that attend over `sliding_window` only (all, for Mistral)
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
@@ -118,9 +110,10 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
-    partial = partial_rotary_factor(cfg)
-    if partial != 1.0 and arch != PHI3:  # transformers turns part of a head in Phi-3's attention only
-        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} (Phi-3's only)")
+    partial = partial_rotary_factor(cfg, 0.5 if arch == GLM4_MOE else 1.0)
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE):  # transformers turns part of a head in these only
+        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
+                               f"(Phi-3's and GLM-4.5's only)")
     try:
         scaling = rope_scaling(cfg, arch)
     except ValueError as e:
@@ -152,11 +145,12 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
-            or (arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias"))),
+            or (arch in (*_ATTENTION_BIAS, GLM4_MOE) and bool(cfg.get("attention_bias"))),
             o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
-            qk_norm="head" if arch in _QK_NORM else "projection" if arch in OLMOS else None,
-            **_experts(cfg, arch),
+            qk_norm="head" if arch in _QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
+            "projection" if arch in OLMOS else None,
+            moe=read_moe_config(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
             hidden_act=act,
@@ -169,9 +163,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
-    if config.num_experts and not 0 < config.num_experts_per_tok <= config.num_experts:
-        raise ModelConfigError(f"{path}: num_experts_per_tok {config.num_experts_per_tok} must be in "
-                               f"[1, {config.num_experts}]")
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
     if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} turns {rotary_dim} of {head_dim} "
                                "dimensions a head; RoPE needs an even number, at least 2")
@@ -198,26 +191,6 @@ def _granite_multipliers(cfg: dict, arch: str) -> dict:
     if arch != "GraniteForCausalLM":
         return dict.fromkeys(names, 1.0)
     return {name: float(cfg.get(name, 1.0)) for name in names}
-
-
-def _experts(cfg: dict, arch: str) -> dict:
-    if arch == "MixtralForCausalLM":
-        return dict(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                    moe_intermediate_size=int(cfg["intermediate_size"]), shared_expert_intermediate_size=0,
-                    norm_topk_prob=True, dense_layers=frozenset(), weighs_experts_in_float32=True)
-    # Qwen's own configs name the count num_experts; transformers 5 saves it as num_local_experts.
-    num_qwen_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-    if arch in _QWEN_MOE and num_qwen_experts:
-        step, only_mlp = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
-        dense = frozenset(i for i in range(int(cfg["num_hidden_layers"])) if i in only_mlp or (i + 1) % step)
-        return dict(num_experts=num_qwen_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                    moe_intermediate_size=int(cfg["moe_intermediate_size"]),
-                    shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"])
-                    if arch == "Qwen2MoeForCausalLM" else 0,
-                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
-                    weighs_experts_in_float32=False)
-    return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, shared_expert_intermediate_size=0,
-                norm_topk_prob=False, dense_layers=frozenset(), weighs_experts_in_float32=False)
 
 
 def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:

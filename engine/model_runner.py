@@ -50,7 +50,8 @@ class ModelRunner:
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
         files = checkpoint_files(model_dir)
         names = self.model.checkpoint_names()
-        check_every_tensor_is_read(files, names, self.model_config.architecture)
+        check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)}, names,
+                                   self.model_config.architecture)
         tensors = iter_tensors(files, names)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)

@@ -20,10 +20,11 @@ def rope_theta(cfg: dict, params: dict) -> float:
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
-def partial_rotary_factor(cfg: dict) -> float:
-    """The part of each head RoPE turns: 1, or Phi-4-mini's 0.75 (top level, or in `rope_parameters`)."""
+def partial_rotary_factor(cfg: dict, unset: float = 1.0) -> float:
+    """The part of each head RoPE turns: 1, or Phi-4-mini's 0.75 (top level, or in `rope_parameters`);
+    `unset` where the config gives none (GLM-4.5's 0.5, transformers' default for it)."""
     params = rope_parameters(cfg, "full_attention")
-    return float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor")) or 1.0)
+    return float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor")) or unset)
 
 
 def rope_scaling(cfg: dict, arch: str) -> dict | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
@@ -24,4 +25,5 @@ MODEL_REGISTRY = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
 }

@@ -181,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         return self.config.sliding_window if layer in self.config.sliding_layers else None
 
     def _is_sparse(self, layer: int) -> bool:
-        return self.config.num_experts > 0 and layer not in self.config.dense_layers
+        return self.config.moe.is_sparse(layer)
 
     # --- weights -----------------------------------------------------------------
 
@@ -194,6 +194,10 @@ class LlamaForCausalLM(nn.Module):
             p = f"model.layers.{i}."
             names += self._attention_names(i) + self._mlp_names(i) + [p + f"{x}.weight" for x in self._norm_names()]
         return names
+
+    def is_unused_tensor(self, name: str) -> bool:
+        """A checkpoint tensor this model does not read, which is not a sign of a setting it ignores."""
+        return False
 
     def _norm_names(self) -> tuple[str, ...]:
         """Each layer's norms, as the checkpoint names them."""
@@ -215,15 +219,20 @@ class LlamaForCausalLM(nn.Module):
         if not self._is_sparse(layer):
             kinds = ("weight", "bias") if self.config.mlp_bias else ("weight",)
             return [p + f"mlp.{x}_proj.{kind}" for x in ("gate", "up", "down") for kind in kinds]
+        moe = self.config.moe
         if self.config.architecture == "MixtralForCausalLM":
             return [p + "block_sparse_moe.gate.weight"] + [
-                p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(self.config.num_experts)
+                p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(moe.num_experts)
                 for w in ("w1", "w2", "w3")]
         names = [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
-                                           for e in range(self.config.num_experts) for x in ("gate", "up", "down")]
-        if self.config.shared_expert_intermediate_size:
-            names += [p + f"mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")]
-            names.append(p + "mlp.shared_expert_gate.weight")
+                                           for e in range(moe.num_experts) for x in ("gate", "up", "down")]
+        if moe.scoring == "sigmoid":
+            names.append(p + "mlp.gate.e_score_correction_bias")
+        if moe.shared_expert_intermediate_size:  # Qwen2-MoE's one gated shared expert, GLM's shared experts
+            shared = "mlp.shared_expert" if moe.shared_expert_gated else "mlp.shared_experts"
+            names += [p + f"{shared}.{x}_proj.weight" for x in ("gate", "up", "down")]
+            if moe.shared_expert_gated:
+                names.append(p + "mlp.shared_expert_gate.weight")
         return names
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -257,10 +266,11 @@ class LlamaForCausalLM(nn.Module):
             return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
         if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):
             if parts[4] == "gate":  # the router
-                return layer.mlp.router_weight.data
+                is_bias = parts[5] == "e_score_correction_bias"
+                return (layer.mlp.router_bias if is_bias else layer.mlp.router_weight).data
             if parts[4] == "shared_expert_gate":
                 return layer.mlp.shared_slice("weight_gate")
-            if parts[4] == "shared_expert":
+            if parts[4] in ("shared_expert", "shared_experts"):
                 return layer.mlp.shared_slice(parts[5].removesuffix("_proj"))
             proj = MIXTRAL_EXPERT_PROJS.get(parts[6], parts[6].removesuffix("_proj"))
             return layer.mlp.weight_slice(int(parts[5]), proj)

@@ -1,8 +1,9 @@
-"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): each token's top-k experts by
-its router, and Qwen2-MoE's shared expert, which every token passes through, weighed by its own gate.
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5): each token's top-k
+experts by its router, and the shared experts every token passes through (Qwen2-MoE's weighed by a
+gate of their own, GLM's not). engine/moe_config.py says how a model routes.
 
 Experts run one after another over the tokens routed to them, in expert order, each output
-weighted by its router probability and summed into the token's row, as `transformers` computes
+weighted by its router weight and summed into the token's row, as `transformers` computes
 it: correct on any device, not a fused MoE kernel.
 """
 from __future__ import annotations
@@ -18,25 +19,22 @@ from engine.models.parameters import empty_param
 class SparseMoE(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
-        self.config = config
-        num_experts, inter, hidden = config.num_experts, config.moe_intermediate_size, config.hidden_size
-        self.router_weight = empty_param(num_experts, hidden, dtype=dtype)
+        self.moe = moe = config.moe
+        num_experts, inter, hidden = moe.num_experts, moe.moe_intermediate_size, config.hidden_size
+        is_sigmoid = moe.scoring == "sigmoid"
+        # GLM keeps its router in float32, with the bias that corrects which experts are chosen.
+        self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if is_sigmoid else dtype)
+        self.router_bias = empty_param(num_experts, dtype=torch.float32) if is_sigmoid else None
         self.gate_up_weight = empty_param(num_experts, 2 * inter, hidden, dtype=dtype)  # each expert's slices filled
         self.down_weight = empty_param(num_experts, hidden, inter, dtype=dtype)
-        shared = config.shared_expert_intermediate_size
+        shared = moe.shared_expert_intermediate_size
         self.shared_gate_up_weight = empty_param(2 * shared, hidden, dtype=dtype) if shared else None
         self.shared_down_weight = empty_param(hidden, shared, dtype=dtype) if shared else None
-        self.shared_weight_gate = empty_param(1, hidden, dtype=dtype) if shared else None
+        self.shared_weight_gate = empty_param(1, hidden, dtype=dtype) if moe.shared_expert_gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] → [T, H]
-        cfg = self.config
-        probs = F.softmax(F.linear(x, self.router_weight).float(), dim=-1)  # [T, E]
-        weights, experts = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [T, k]
-        if cfg.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        if not cfg.weighs_experts_in_float32:
-            weights = weights.to(x.dtype)
+        weights, experts = self._route(x)  # [T, k] each
         out = torch.zeros_like(x)
         for expert in experts.unique().tolist():  # ascending: the order the sums are made in
             tokens, slot = torch.where(experts == expert)
@@ -47,21 +45,49 @@ class SparseMoE(nn.Module):
             return out
         gate, up = F.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
         shared_out = F.linear(F.silu(gate) * up, self.shared_down_weight)
-        return out + torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
+        if self.shared_weight_gate is not None:
+            shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
+        return out + shared_out
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        moe = self.moe
+        if moe.scoring == "sigmoid":
+            return self._route_by_groups(x)
+        probs = F.softmax(F.linear(x, self.router_weight).float(), dim=-1)  # [T, E]
+        weights, experts = torch.topk(probs, moe.num_experts_per_tok, dim=-1)
+        if moe.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights if moe.weighs_experts_in_float32 else weights.to(x.dtype)), experts
+
+    def _route_by_groups(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # GLM-4.5's and DeepSeek-V3's: experts chosen by sigmoid score plus the correction bias, only
+        # within the best groups (a group scored by its best two); weighted by the score alone.
+        moe = self.moe
+        scores = F.linear(x.float(), self.router_weight).sigmoid()  # [T, E]
+        for_choice = scores + self.router_bias
+        grouped = for_choice.view(-1, moe.num_groups, moe.num_experts // moe.num_groups)
+        best_groups = grouped.topk(2, dim=-1)[0].sum(dim=-1).topk(moe.topk_groups, dim=-1, sorted=False)[1]
+        in_best = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)
+        for_choice = for_choice.masked_fill(~in_best.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        experts = for_choice.topk(moe.num_experts_per_tok, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, experts)
+        if moe.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * moe.routed_scaling_factor, experts
 
     def weight_slice(self, expert: int, proj: str) -> torch.Tensor:
         """Where a checkpoint's `proj` ("gate", "up" or "down") of `expert` goes."""
-        inter = self.config.moe_intermediate_size
+        inter = self.moe.moe_intermediate_size
         if proj == "down":
             return self.down_weight.data[expert]
         gate_up = self.gate_up_weight.data[expert]
         return gate_up[:inter] if proj == "gate" else gate_up[inter:]
 
     def shared_slice(self, proj: str) -> torch.Tensor:
-        """Where the shared expert's `proj` ("gate", "up", "down"; "weight_gate": its gate) goes."""
+        """Where the shared experts' `proj` ("gate", "up", "down"; "weight_gate": their gate) goes."""
         if proj == "weight_gate":
             return self.shared_weight_gate.data
         if proj == "down":
             return self.shared_down_weight.data
-        inter = self.config.shared_expert_intermediate_size
+        inter = self.moe.shared_expert_intermediate_size
         return self.shared_gate_up_weight.data[:inter] if proj == "gate" else self.shared_gate_up_weight.data[inter:]

@@ -65,6 +65,12 @@ TINY_MODELS = {
     "qwen2-moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                          shared_expert_intermediate_size=40, decoder_sparse_step=2,
                                          num_hidden_layers=3), {}),
+    # GLM-4.5: the first layer dense, then 8 experts in 4 groups (2 chosen), 2 experts a token by
+    # sigmoid score and a correction bias, scaled; a shared expert; RoPE over half of each head; q/k norms.
+    "glm4-moe": ("Glm4MoeConfig", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                                       n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                       first_k_dense_replace=1, use_qk_norm=True, attention_bias=True,
+                                       num_hidden_layers=3, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
@@ -116,6 +122,9 @@ def make_tiny_model(path: Path, name: str) -> Path:
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.2)
+        for pname, b in model.named_buffers():  # a router's learnt bias (GLM's) is a buffer, zeros at init
+            if pname.endswith("correction_bias"):
+                b.add_(torch.randn_like(b) * 0.2)
     if "dtype" in save:
         model = model.to(save["dtype"])
     model.save_pretrained(path, max_shard_size=save.get("max_shard_size", "2GB"))

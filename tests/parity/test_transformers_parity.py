@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,26 @@ def test_prompt_logprobs_match_transformers(tiny_model_dirs, name, budget):
                     assert record[token_id] == pytest.approx(value, abs=1e-4)
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_path):
+    """GLM-4.5 checkpoints carry layers past the model's (multi-token prediction, for speculative
+    decoding): left unread, as transformers leaves them; an unknown tensor within the model's
+    layers is still refused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.checkpoint import WeightsError
+
+    model_dir = shutil.copytree(tiny_model_dirs["glm4-moe"], tmp_path / "glm")
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "partial_rotary_factor" not in config or config["partial_rotary_factor"] == 0.5
+    tensors = load_file(model_dir / "model.safetensors")
+    beyond = config["num_hidden_layers"]
+    save_file({**tensors, f"model.layers.{beyond}.eh_proj.weight": torch.zeros(4, 4),
+               f"model.layers.{beyond}.mlp.gate.weight": torch.zeros(8, 64)}, model_dir / "model.safetensors")
+    _check_logits(model_dir)
+    save_file({**tensors, "model.layers.1.eh_proj.weight": torch.zeros(4, 4)}, model_dir / "model.safetensors")
+    with pytest.raises(WeightsError, match="model.layers.1.eh_proj.weight"):
+        _engine(model_dir)

@@ -62,8 +62,8 @@ def test_which_layers_have_experts_is_read_as_qwen3_moe_places_them(model_copy):
                moe_intermediate_size=32, decoder_sparse_step=2, mlp_only_layers=[3])
     (model_copy / "config.json").write_text(json.dumps(cfg))
     config = load_model_config(model_copy)
-    assert (config.num_experts, config.norm_topk_prob) == (8, False)
-    assert config.dense_layers == {0, 2, 3, 4}  # every second layer has experts, but for layer 3
+    assert (config.moe.num_experts, config.moe.norm_topk_prob) == (8, False)
+    assert config.moe.dense_layers == {0, 2, 3, 4}  # every second layer has experts, but for layer 3
     cfg["num_experts_per_tok"] = 9
     (model_copy / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelConfigError, match="num_experts_per_tok 9"):
@@ -77,7 +77,8 @@ def test_a_qwen2_moe_config_is_read_as_transformers_reads_it(model_copy):
                shared_expert_intermediate_size=128)
     (model_copy / "config.json").write_text(json.dumps(cfg))
     config = load_model_config(model_copy)
-    assert (config.num_experts, config.shared_expert_intermediate_size, config.dense_layers) == (60, 128, set())
+    assert (config.moe.num_experts, config.moe.shared_expert_intermediate_size, config.moe.dense_layers) == \
+        (60, 128, set())
     assert config.qkv_bias and not config.o_bias and not config.qk_norm
     (model_copy / "config.json").write_text(json.dumps({**cfg, "qkv_bias": False}))
     assert not load_model_config(model_copy).qkv_bias
@@ -147,6 +148,25 @@ def test_layer_kinds_are_read_as_transformers_reads_olmo3_and_smollm3(model_copy
     (model_copy / "config.json").write_text(json.dumps({**smol, "use_sliding_window": True}))
     config = load_model_config(model_copy)
     assert (config.sliding_window, config.sliding_layers) == (32, {2, 5})
+
+
+def test_a_glm4_moe_config_is_read_as_transformers_reads_it(model_copy):
+    # As GLM-4.5-Air's hub config has it, less what transformers fills in: RoPE over half of each
+    # head, the first layer dense, sigmoid routing within groups.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.update(architectures=["Glm4MoeForCausalLM"], n_routed_experts=16, num_experts_per_tok=4, n_group=4,
+               topk_group=2, moe_intermediate_size=32, routed_scaling_factor=1.5, num_hidden_layers=3)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.head_dim, config.rotary_dim, config.rms_norm_eps) == (16, 8, 1e-5)
+    moe = config.moe
+    assert (moe.scoring, moe.num_groups, moe.topk_groups, moe.routed_scaling_factor) == ("sigmoid", 4, 2, 1.5)
+    assert moe.dense_layers == {0} and moe.shared_expert_intermediate_size == 32 and not moe.shared_expert_gated
+    assert moe.norm_topk_prob and config.qk_norm is None
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "n_group": 16}))  # one expert a group: no best two
+    with pytest.raises(ModelConfigError, match="cannot make 16 groups of two or more"):
+        load_model_config(model_copy)
 
 
 def test_soft_caps_are_refused_outside_gemma(model_copy):

@@ -1,0 +1,70 @@
+"""What a config.json says of a mixture of experts (engine/models/moe.py computes it), read as
+transformers reads it for each architecture that has one."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+GLM4_MOE = "Glm4MoeForCausalLM"
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    num_experts: int = 0  # 0: no experts, every MLP dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    # Experts every token passes through beside the routed ones (their sizes summed); 0: none.
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = False  # Qwen2-MoE weighs the shared expert by a sigmoid gate of its own
+    norm_topk_prob: bool = False  # the chosen experts' weights rescaled to sum to 1
+    dense_layers: frozenset[int] = field(default_factory=frozenset)  # layers whose MLP is dense though
+    weighs_experts_in_float32: bool = False  # Mixtral's, GLM's; Qwen's cast the weights to the compute dtype
+    # How the router scores experts: "softmax" (Mixtral, Qwen), or "sigmoid" (GLM-4.5, DeepSeek-V3):
+    # sigmoid scores, chosen by score plus a learnt correction bias, among the `topk_groups` best of
+    # `num_groups` groups of experts, weighted by score times `routed_scaling_factor`.
+    scoring: str = "softmax"
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+
+    def is_sparse(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+
+def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
+    """KeyError for a field the architecture needs; ValueError for values that cannot route."""
+    num_layers = int(cfg["num_hidden_layers"])
+    if arch == "MixtralForCausalLM":
+        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
+                        weighs_experts_in_float32=True)
+    elif arch in QWEN_MOES and (cfg.get("num_experts") or cfg.get("num_local_experts")):
+        # Qwen's own configs name the count num_experts; transformers 5 saves it as num_local_experts.
+        step, only_mlp = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+        is_qwen2 = arch == "Qwen2MoeForCausalLM"
+        moe = MoEConfig(num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts")),
+                        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]) if is_qwen2 else 0,
+                        shared_expert_gated=is_qwen2, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                        dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step))
+    elif arch == GLM4_MOE:
+        inter = int(cfg["moe_intermediate_size"])
+        moe = MoEConfig(num_experts=int(cfg.get("n_routed_experts") or cfg["num_local_experts"]),
+                        num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        dense_layers=frozenset(range(int(cfg.get("first_k_dense_replace", 1)))),
+                        weighs_experts_in_float32=True, scoring="sigmoid", num_groups=int(cfg.get("n_group", 1)),
+                        topk_groups=int(cfg.get("topk_group", 1)),
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)))
+    else:
+        return MoEConfig()
+    if not 0 < moe.num_experts_per_tok <= moe.num_experts:
+        raise ValueError(f"num_experts_per_tok {moe.num_experts_per_tok} must be in [1, {moe.num_experts}]")
+    per_group = moe.num_experts // moe.num_groups
+    if moe.num_experts % moe.num_groups or not 0 < moe.topk_groups <= moe.num_groups or (
+            moe.scoring == "sigmoid" and per_group < 2):  # a group is scored by its best two
+        raise ValueError(f"{moe.num_experts} experts cannot make {moe.num_groups} groups of two or more, of which "
+                         f"{moe.topk_groups} are chosen")
+    return moe
