@@ -6,7 +6,7 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
   with or without a `<think>` to open it (R1 often leaves it out, or its template writes it);
 - `qwen3` (Qwen3): the text is thinking only where a `<think>` opens it, in the text or at the
   end of the prompt (Qwen3 writes it itself unless `enable_thinking` is false; its 2507
-  thinking models' template writes it into the prompt).
+  thinking models' template writes it into the prompt); `glm45` (GLM-4.5 to 4.7) reads the same way.
 What follows `</think>` is the answer (`content`). A text cut short while thinking is all
 reasoning, with no content.
 
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 START, END = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3")
+PARSERS = ("deepseek_r1", "qwen3", "glm45")
 PROMPT_TAIL_TOKENS = 8  # enough to hold "<think>\n" however a tokenizer splits it
 
 

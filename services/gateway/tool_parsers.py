@@ -13,6 +13,7 @@ uses:
   literals (after `<|python_start|>`, a special token, for Llama 4);
 - `qwen3_coder` (Qwen3-Coder, Qwen3-Next, Qwen3.5): XML calls, `<function=NAME>` and a
   `<parameter=NAME>` per argument, typed by the request's tool schemas (xml_tool_calls.py);
+- `glm45` (GLM-4.5 to 4.7): `<tool_call>NAME`, `<arg_key>`/`<arg_value>` pairs, typed alike;
 - `mistral` (Mistral's instruct models): the calls after `[TOOL_CALLS]`, a special token the
   text then keeps (as vLLM's parser, it turns `skip_special_tokens` off for requests it reads):
   a JSON list of `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Nemo), or each
@@ -60,7 +61,7 @@ from services.gateway.call_text import (
 )
 from services.gateway.errors import APIError
 from services.gateway.tool_calls import new_call_id, tool_call
-from services.gateway.xml_tool_calls import Qwen3Coder
+from services.gateway.xml_tool_calls import Glm45, Qwen3Coder
 
 
 class ToolCallSyntax(Protocol):
@@ -321,13 +322,14 @@ class RequiredCalls(_CallsOnly):
 
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
-                                      "mistral": Mistral(), "qwen3_coder": Qwen3Coder()}
+                                      "mistral": Mistral(), "qwen3_coder": Qwen3Coder(), "glm45": Glm45()}
+TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45}
 
 
 def syntax_for(parser: str, tools: list[dict[str, Any]] | None) -> ToolCallSyntax:
-    """The syntax `parser` names, for a request offering `tools`: `qwen3_coder` types its calls'
-    arguments by the tools' schemas, the others read them as the model wrote them."""
-    return Qwen3Coder(tools) if parser == "qwen3_coder" else PARSERS[parser]
+    """The syntax `parser` names, for a request offering `tools`: `qwen3_coder` and `glm45` type their
+    calls' arguments by the tools' schemas, the others read them as the model wrote them."""
+    return TYPED_BY_TOOLS[parser](tools) if parser in TYPED_BY_TOOLS else PARSERS[parser]
 
 
 def call_ids(parser: str | None) -> Callable[[], str]:

@@ -1,5 +1,7 @@
-"""`qwen3_coder`: tool calls in Qwen3-Coder's XML (also Qwen3-Next's and Qwen3.5's), read as
-vLLM's parser reads them:
+"""Tool calls written as tags around each argument, typed by the request's tool schemas, read as
+vLLM's parsers read them.
+
+`qwen3_coder`: Qwen3-Coder's XML (also Qwen3-Next's and Qwen3.5's):
 
     <tool_call>
     <function=get_weather>
@@ -16,8 +18,15 @@ after any text the model says first. A parameter's value is raw text (one newlin
 dropped), turned into JSON by the type the request's tool gives that parameter: strings stay
 text; integers, numbers and booleans are parsed, `null` is null; objects and arrays are parsed as
 JSON, else as Python literals; a value that does not parse, or a parameter the tool does not
-declare, stays text. Streaming: a call's id and name go out once `<function=NAME>` is whole, its
-arguments whole once `</function>` is written (they are JSON only then).
+declare, stays text.
+
+`glm45` (GLM-4.5, 4.6 and 4.7): `<tool_call>NAME` then `<arg_key>KEY</arg_key>` and
+`<arg_value>VALUE</arg_value>` pairs, then `</tool_call>`, with or without newlines between. A
+value (stripped) stays text where its tool declares a string; any other is parsed as JSON, else as
+a Python literal, else stays text.
+
+Streaming, both: a call's id and name go out once its name is whole, its arguments whole once the
+call is closed (they are JSON only then).
 """
 from __future__ import annotations
 
@@ -42,14 +51,7 @@ class Qwen3Coder:
     reads_special_tokens = False
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
-        # function name → its parameters' JSON schema properties
-        self._properties = {}
-        for tool in tools or ():
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("name"), str):
-                parameters = function.get("parameters")
-                properties = parameters.get("properties") if isinstance(parameters, dict) else None
-                self._properties[function["name"]] = properties if isinstance(properties, dict) else {}
+        self._properties = _properties_by_function(tools)
 
     call_id = staticmethod(new_call_id)
 
@@ -62,8 +64,7 @@ class Qwen3Coder:
         return min(starts) if starts else None
 
     def held_back(self, text: str, at_start: bool) -> int:
-        return max(next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
-                   for tag in (START, FUNCTION))
+        return max(_tail_of(text, START), _tail_of(text, FUNCTION))
 
     def parse(self, text: str) -> tuple[str | None, Calls]:
         start = self.call_start(text, True)
@@ -122,7 +123,84 @@ def _converted(value: str, declared: Any) -> Any:
         return int(number) if number.is_integer() and not any(c in text for c in ".eE") else number
     if kinds & _BOOLEAN_TYPES:
         return text.lower() == "true" if text.lower() in ("true", "false") else value
-    # Objects, arrays and any other declared type: JSON, else a Python literal JSON can hold, else text.
+    parsed = _parsed(text)  # objects, arrays and any other declared type
+    return value if parsed is text else parsed
+
+
+class Glm45:
+    reads_special_tokens = False
+    call_id = staticmethod(new_call_id)
+    START, END = "<tool_call>", "</tool_call>"
+    _CALL = re.compile(r"<tool_call>(.*?)(<arg_key>.*?)?(</tool_call>|$)", re.DOTALL)
+    _ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>(?:\\n|\s)*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        self._properties = _properties_by_function(tools)
+
+    @staticmethod
+    def template_call_id(call_id: str) -> str:
+        return call_id
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        start = text.find(self.START)
+        return None if start == -1 else start
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return _tail_of(text, self.START)
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        start = text.find(self.START)
+        if start == -1:
+            return text, []
+        calls = []
+        for match in self._CALL.finditer(text, start):
+            name = match[1].strip()
+            if not match[3] or not name:
+                return text, []  # cut short, or nameless: answered as text
+            calls.append(tool_call(name, self._arguments(name, match[2] or "")))
+        return text[:start].strip() or None, calls
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        begun = []
+        for match in self._CALL.finditer(text):
+            name, is_closed = match[1].strip(), bool(match[3])
+            if not name or not (is_closed or match[2]):  # the name is whole at its first key or the end
+                break
+            begun.append((name, self._arguments(name, match[2] or "") if is_closed else ""))
+            if not is_closed:
+                break
+        return begun
+
+    def _arguments(self, function: str, body: str) -> str:
+        properties = self._properties.get(function, {})
+        arguments = {}
+        for key, value in self._ARGUMENT.findall(body):
+            key, value = key.strip(), value.strip()
+            schema = properties.get(key)
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            arguments[key] = value if kind == "string" else _parsed(value)
+        return json.dumps(arguments, ensure_ascii=False)
+
+
+def _properties_by_function(tools: list[dict[str, Any]] | None) -> dict[str, dict]:
+    """function name → its parameters' JSON schema properties."""
+    properties = {}
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            declared = parameters.get("properties") if isinstance(parameters, dict) else None
+            properties[function["name"]] = declared if isinstance(declared, dict) else {}
+    return properties
+
+
+def _tail_of(text: str, tag: str) -> int:
+    """How many of `text`'s last characters begin `tag`."""
+    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
+
+
+def _parsed(text: str) -> Any:
+    """`text` as JSON, else as a Python literal JSON can hold, else as it is."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -131,5 +209,5 @@ def _converted(value: str, declared: Any) -> Any:
         literal = ast.literal_eval(text)
         json.dumps(literal)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return value
+        return text
     return literal

@@ -104,6 +104,10 @@ def test_where_a_reply_starts():
     # A reply guided from its first token is the answer unless its own text opens a think block.
     assert starts_thinking("deepseek_r1", opened, is_guided_from_start=True) is None
     assert starts_thinking("qwen3", opened, is_guided_from_start=True) is None
+    # GLM-4.5 reads as Qwen3: thinking only where a <think> opens it.
+    glm = "<|assistant|>"
+    assert starts_thinking("glm45", glm, is_guided_from_start=False) is None
+    assert starts_thinking("glm45", glm + "<think>", is_guided_from_start=False) is True
 
 
 def test_an_earlier_turns_thinking_reaches_the_template_by_either_name():

@@ -17,7 +17,9 @@ MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "
                   '{"name": "get_time", "arguments": {}}]')  # Mistral's tokenizer v3
 MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                  '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
-QWEN3_CODER = PARSERS["qwen3_coder"]
+QWEN3_CODER, GLM45 = PARSERS["qwen3_coder"], PARSERS["glm45"]
+GLM45_TEXT = ("Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
+              "</tool_call><tool_call>get_time</tool_call>")
 QWEN3_CODER_TEXT = ("Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
                     "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
 REQUIRED, REQUIRED_TEXT = RequiredCalls(), ('[{"name": "get_weather", "parameters": {"city": "Zürich"}}, '
@@ -96,7 +98,7 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("syntax", "text", "said"), [
     (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
     (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, ""),
-    (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look.")])
+    (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look."), (GLM45, GLM45_TEXT, "Let me look.")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
@@ -110,7 +112,8 @@ STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LIS
              (REQUIRED, REQUIRED_TEXT)]
 
 
-@pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT)])
+@pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT),
+                                          (GLM45, GLM45_TEXT)])
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
     for a in range(len(text) + 1):
@@ -228,3 +231,16 @@ def test_a_qwen3_coder_call_is_named_first_and_its_arguments_go_out_whole():
     assert stream.add("\n</parameter>\n") == ("", [])
     _, deltas = stream.add("</function>\n</tool_call>")
     assert deltas == [{"index": 0, "function": {"arguments": '{"days": 2}'}}]
+
+
+def test_glm45_arguments_are_text_where_the_tool_says_string_and_parsed_elsewhere():
+    text = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value> 42 </arg_value>"  # GLM-4.7's, no newlines
+            "<arg_key>days</arg_key>\\n<arg_value>3</arg_value><arg_key>hours</arg_key><arg_value>[9, 17]</arg_value>"
+            "<arg_key>where</arg_key><arg_value>{'on': True}</arg_value><arg_key>note</arg_key>"
+            "<arg_value>not json</arg_value></tool_call>")
+    (call,) = syntax_for("glm45", [WEATHER_TOOL]).parse(text)[1]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "42", "days": 3, "hours": [9, 17],
+                                                         "where": {"on": True}, "note": "not json"}
+    assert GLM45.parse("<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>")[1] == []  # no name
+    assert GLM45.parse("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>")[1] == []  # cut short

@@ -87,7 +87,7 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
     with pytest.raises(ConfigError,
                        match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, qwen3_coder, "
-                             "got 'granite'"):
+                             "glm45, got 'granite'"):
         GatewayConfig.from_args([*common, "--tool-call-parser", "granite"], {})
     with pytest.raises(ConfigError, match="--tool-call-parser"):
         GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "granite"})
@@ -123,15 +123,20 @@ def test_mistral_calls_come_back_with_ids_its_templates_take(mesh, hermes):
     mesh.assert_decode_pools_free()
 
 
-def test_qwen3_coder_calls_come_back_typed_by_the_tools_schemas(mesh):
-    """Qwen3-Coder's XML calls: a parameter's text becomes the type its tool declares (an integer here)."""
+@pytest.mark.parametrize(("parser", "call"), [
+    ("qwen3_coder", r"Checking\.\n<tool_call>\n<function=get_forecast>\n<parameter=days>\n[1-7]\n</parameter>\n"
+                    r"<parameter=city>\n(Oslo|Bern)\n</parameter>\n</function>\n</tool_call>"),
+    ("glm45", r"Checking\.\n<tool_call>get_forecast\n<arg_key>days</arg_key>\n<arg_value>[1-7]</arg_value>\n"
+              r"<arg_key>city</arg_key>\n<arg_value>(Oslo|Bern)</arg_value>\n</tool_call>"),
+])
+def test_tagged_calls_come_back_typed_by_the_tools_schemas(mesh, parser, call):
+    """Qwen3-Coder's and GLM-4.5's calls, an argument a tag each: its text becomes the type its tool
+    declares (an integer here), a string stays text."""
     tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": {
         "type": "object", "properties": {"days": {"type": "integer"}, "city": {"type": "string"}}}}}]
-    call = (r"Checking\.\n<tool_call>\n<function=get_forecast>\n<parameter=days>\n[1-7]\n</parameter>\n"
-            r"<parameter=city>\n(Oslo|Bern)\n</parameter>\n</function>\n</tool_call>")
     kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=300, temperature=0, tools=tools,
                   extra_body={"guided_regex": call})
-    with gateway_client(mesh, "--tool-call-parser", "qwen3_coder") as qwen:
+    with gateway_client(mesh, "--tool-call-parser", parser) as qwen:
         whole = qwen.chat.completions.create(**kwargs).choices[0]
         assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
         [made] = whole.message.tool_calls
