@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from services.gateway.call_text import Calls, JsonScan
@@ -47,45 +48,38 @@ _NUMBER_TYPES = {"number", "float", "double", "num"}
 _BOOLEAN_TYPES = {"boolean", "bool", "binary"}
 
 
-class Qwen3Coder:
+class _ArgumentsByTag:
+    """A syntax whose calls hold each argument between tags of its own, typed by the request's tools."""
+
     reads_special_tokens = False
+    call_id = staticmethod(new_call_id)
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         self._properties = _properties_by_function(tools)
 
-    call_id = staticmethod(new_call_id)
-
     @staticmethod
     def template_call_id(call_id: str) -> str:
         return call_id
-
-    def call_start(self, text: str, at_start: bool) -> int | None:
-        starts = [at for at in (text.find(START), text.find(FUNCTION)) if at != -1]
-        return min(starts) if starts else None
-
-    def held_back(self, text: str, at_start: bool) -> int:
-        return max(_tail_of(text, START), _tail_of(text, FUNCTION))
 
     def parse(self, text: str) -> tuple[str | None, Calls]:
         start = self.call_start(text, True)
         if start is None:
             return text, []
         calls = []
-        for match in _FUNCTION.finditer(text, start):
-            if not match.group(0).endswith("</function>"):
-                return text, []  # cut short: answered as text, as a broken JSON call is
-            calls.append(tool_call(match[1].strip(), self._arguments(match[1].strip(), match[2])))
+        for name, body, is_closed in self._calls(text[start:]):
+            if name is None or not is_closed:
+                return text, []  # nameless, or cut short: answered as text, as a broken JSON call is
+            calls.append(tool_call(name, self._arguments(name, body)))
         if not calls:
             return text, []
         return text[:start].strip() or None, calls
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
         begun = []
-        for match in _FUNCTION.finditer(text):
-            name, is_closed = match[1].strip(), match.group(0).endswith("</function>")
-            if not match.group(0).startswith(f"<function={match[1]}>"):
+        for name, body, is_closed in self._calls(text):
+            if name is None:
                 break
-            begun.append((name, self._arguments(name, match[2]) if is_closed else ""))
+            begun.append((name, self._arguments(name, body) if is_closed else ""))
             if not is_closed:
                 break
         return begun
@@ -93,12 +87,69 @@ class Qwen3Coder:
     def _arguments(self, function: str, body: str) -> str:
         properties = self._properties.get(function, {})
         arguments = {}
-        for name, value in _PARAMETER.findall(body):
-            name = name.strip()
-            value = value.removeprefix("\n").removesuffix("\n")
-            schema = properties.get(name)
-            arguments[name] = _converted(value, schema.get("type") if isinstance(schema, dict) else None)
+        for key, value in self._pairs(body):
+            schema = properties.get(key)
+            arguments[key] = self._typed(value, schema.get("type") if isinstance(schema, dict) else None)
         return json.dumps(arguments, ensure_ascii=False)
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        raise NotImplementedError
+
+    def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
+        """Each call in `text`: its name (None until it is whole), its arguments' text, whether it is closed."""
+        raise NotImplementedError
+
+    def _pairs(self, body: str) -> Iterator[tuple[str, str]]:
+        raise NotImplementedError
+
+    def _typed(self, value: str, declared: Any) -> Any:
+        raise NotImplementedError
+
+
+class Qwen3Coder(_ArgumentsByTag):
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        starts = [at for at in (text.find(START), text.find(FUNCTION)) if at != -1]
+        return min(starts) if starts else None
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return max(_tail_of(text, START), _tail_of(text, FUNCTION))
+
+    def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
+        for match in _FUNCTION.finditer(text):
+            is_named = match.group(0).startswith(f"<function={match[1]}>")
+            yield (match[1].strip() if is_named else None), match[2], match.group(0).endswith("</function>")
+
+    def _pairs(self, body: str) -> Iterator[tuple[str, str]]:
+        for name, value in _PARAMETER.findall(body):
+            yield name.strip(), value.removeprefix("\n").removesuffix("\n")
+
+    def _typed(self, value: str, declared: Any) -> Any:
+        return _converted(value, declared)
+
+
+class Glm45(_ArgumentsByTag):
+    _CALL = re.compile(r"<tool_call>(.*?)(<arg_key>.*?)?(</tool_call>|$)", re.DOTALL)
+    _ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>(?:\\n|\s)*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        start = text.find(START)
+        return None if start == -1 else start
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return _tail_of(text, START)
+
+    def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
+        for match in self._CALL.finditer(text):
+            name, is_closed = match[1].strip(), bool(match[3])
+            is_named = bool(name) and (is_closed or bool(match[2]))  # whole at its first key, or the end
+            yield (name if is_named else None), match[2] or "", is_closed
+
+    def _pairs(self, body: str) -> Iterator[tuple[str, str]]:
+        for key, value in self._ARGUMENT.findall(body):
+            yield key.strip(), value.strip()
+
+    def _typed(self, value: str, declared: Any) -> Any:
+        return value if declared == "string" else _parsed(value)
 
 
 def _converted(value: str, declared: Any) -> Any:
@@ -125,61 +176,6 @@ def _converted(value: str, declared: Any) -> Any:
         return text.lower() == "true" if text.lower() in ("true", "false") else value
     parsed = _parsed(text)  # objects, arrays and any other declared type
     return value if parsed is text else parsed
-
-
-class Glm45:
-    reads_special_tokens = False
-    call_id = staticmethod(new_call_id)
-    START, END = "<tool_call>", "</tool_call>"
-    _CALL = re.compile(r"<tool_call>(.*?)(<arg_key>.*?)?(</tool_call>|$)", re.DOTALL)
-    _ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>(?:\\n|\s)*<arg_value>(.*?)</arg_value>", re.DOTALL)
-
-    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
-        self._properties = _properties_by_function(tools)
-
-    @staticmethod
-    def template_call_id(call_id: str) -> str:
-        return call_id
-
-    def call_start(self, text: str, at_start: bool) -> int | None:
-        start = text.find(self.START)
-        return None if start == -1 else start
-
-    def held_back(self, text: str, at_start: bool) -> int:
-        return _tail_of(text, self.START)
-
-    def parse(self, text: str) -> tuple[str | None, Calls]:
-        start = text.find(self.START)
-        if start == -1:
-            return text, []
-        calls = []
-        for match in self._CALL.finditer(text, start):
-            name = match[1].strip()
-            if not match[3] or not name:
-                return text, []  # cut short, or nameless: answered as text
-            calls.append(tool_call(name, self._arguments(name, match[2] or "")))
-        return text[:start].strip() or None, calls
-
-    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-        begun = []
-        for match in self._CALL.finditer(text):
-            name, is_closed = match[1].strip(), bool(match[3])
-            if not name or not (is_closed or match[2]):  # the name is whole at its first key or the end
-                break
-            begun.append((name, self._arguments(name, match[2] or "") if is_closed else ""))
-            if not is_closed:
-                break
-        return begun
-
-    def _arguments(self, function: str, body: str) -> str:
-        properties = self._properties.get(function, {})
-        arguments = {}
-        for key, value in self._ARGUMENT.findall(body):
-            key, value = key.strip(), value.strip()
-            schema = properties.get(key)
-            kind = schema.get("type") if isinstance(schema, dict) else None
-            arguments[key] = value if kind == "string" else _parsed(value)
-        return json.dumps(arguments, ensure_ascii=False)
 
 
 def _properties_by_function(tools: list[dict[str, Any]] | None) -> dict[str, dict]:
