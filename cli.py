@@ -76,6 +76,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, metavar="S", help="per-request sampling seed")
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
+    gen.add_argument("--lora", metavar="DIR", help="generate with this LoRA adapter (a PEFT adapter directory) "
+                                                  "on the model")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
                           "instead of streaming text")
@@ -208,6 +210,7 @@ def _generate(args: argparse.Namespace) -> int:
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
+            lora_name="lora" if args.lora else None,
         )
     except ValueError as exc:  # checked before the model loads, so a typo fails fast
         raise UsageError(str(exc)) from None
@@ -234,14 +237,20 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
-    config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty())
+    config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty(),
+                          lora_modules=(("lora", args.lora),) if args.lora else ())
     # One request needs only its own pages; a pool carved from a fraction of
     # free memory takes seconds to zero on a CPU. One spare block of slack.
     num_tokens = len(prompt_ids) + args.max_tokens
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         num_tokens = min(num_tokens, json.load(f).get("max_position_embeddings", num_tokens))
     num_blocks = -(-num_tokens // config.block_size) + 1
-    engine = LLMEngine(dataclasses.replace(config, num_kv_blocks=num_blocks))
+    from engine.lora import LoRAError
+
+    try:
+        engine = LLMEngine(dataclasses.replace(config, num_kv_blocks=num_blocks))
+    except LoRAError as exc:
+        raise UsageError(str(exc)) from None
 
     start = time.perf_counter()
     text = _StreamingText(tokenizer, sys.stdout if not args.json else None)

@@ -33,6 +33,14 @@ def block_hash(parent_hash: int | None, token_ids: Sequence[int], extra: bytes =
     return int.from_bytes(h.digest(), "little")
 
 
+def with_adapter(extra: bytes, lora_name: str | None) -> bytes:
+    """A request's block-hash `extra`: the model's, and the LoRA adapter it is computed with, if any
+    (its KV is not the base model's, nor another adapter's)."""
+    if lora_name is None:
+        return extra
+    return extra + b"lora:" + hashlib.blake2b(lora_name.encode(), digest_size=8).digest()
+
+
 def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b"",
                      parent_hash: int | None = None) -> list[int]:
     """Chained hashes of every full block of `token_ids`; a partial tail block has none.

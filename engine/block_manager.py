@@ -5,7 +5,7 @@ from collections import OrderedDict
 from collections.abc import Sequence as TokenIds
 from dataclasses import dataclass
 
-from engine.block_hash import block_hash, hash_block_chain
+from engine.block_hash import block_hash, hash_block_chain, with_adapter
 from engine.sequence import Sequence
 
 # (src_block, dst_block) page copies the runner must do before the next forward.
@@ -126,17 +126,22 @@ class BlockManager:
 
     # ---- prefix cache ---------------------------------------------------------
 
-    def _match(self, token_ids: TokenIds[int], max_blocks: int) -> tuple[list[int], list[int]]:
-        """Block ids and chain hashes of the longest cached prefix (at most `max_blocks`)."""
+    def _extra(self, lora_name: str | None) -> bytes:
+        return with_adapter(self.hash_extra, lora_name)
+
+    def _match(self, token_ids: TokenIds[int], max_blocks: int,
+               lora_name: str | None = None) -> tuple[list[int], list[int]]:
+        """Block ids and chain hashes of the longest cached prefix (at most `max_blocks`) computed
+        with `lora_name`'s adapter (None: the base model)."""
         block_ids: list[int] = []
         hashes: list[int] = []
         if not self.enable_prefix_caching:
             return block_ids, hashes
-        bs = self.block_size
+        bs, extra = self.block_size, self._extra(lora_name)
         parent: int | None = None
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            parent = block_hash(parent, tokens, self.hash_extra)
+            parent = block_hash(parent, tokens, extra)
             block_id = self.hash_to_block_id.get(parent)
             # Equal hashes may still collide: a hit must hold the same tokens.
             if block_id is None or self.blocks[block_id].token_ids != tokens:
@@ -153,9 +158,9 @@ class BlockManager:
         """A sequence that wants its prompt's logprobs computes every token: it reads no prefix."""
         return 0 if seq.prompt_logprobs is not None else self._max_cached_blocks(seq.num_tokens)
 
-    def num_cached_prefix_tokens(self, token_ids: TokenIds[int]) -> int:
+    def num_cached_prefix_tokens(self, token_ids: TokenIds[int], lora_name: str | None = None) -> int:
         """Leading tokens of `token_ids` that `allocate` would take from the cache now."""
-        block_ids, _ = self._match(token_ids, self._max_cached_blocks(len(token_ids)))
+        block_ids, _ = self._match(token_ids, self._max_cached_blocks(len(token_ids)), lora_name)
         return len(block_ids) * self.block_size
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
@@ -171,7 +176,8 @@ class BlockManager:
         bs = self.block_size
         num_full = min(seq.num_computed_tokens, seq.num_tokens) // bs
         first = len(hashes)
-        new_hashes = hash_block_chain(seq.token_ids[first * bs : num_full * bs], bs, self.hash_extra,
+        new_hashes = hash_block_chain(seq.token_ids[first * bs : num_full * bs], bs,
+                                      self._extra(seq.sampling_params.lora_name),
                                       hashes[-1] if hashes else None)
         for i, parent in enumerate(new_hashes, start=first):
             tokens = tuple(seq.block_tokens(i))
@@ -306,7 +312,7 @@ class BlockManager:
         return sum(1 for b in block_ids if self.blocks[b].ref_count == 0)
 
     def can_allocate(self, seq: Sequence) -> bool:
-        matched, _ = self._match(seq.token_ids, self._max_blocks_read(seq))
+        matched, _ = self._match(seq.token_ids, self._max_blocks_read(seq), seq.sampling_params.lora_name)
         return seq.num_blocks - len(matched) <= self.num_free_blocks - self._num_revived(matched)
 
     def allocate(self, seq: Sequence) -> None:
@@ -316,7 +322,7 @@ class BlockManager:
         """
         if seq.block_table or seq.request_id in self._seqs:
             raise ValueError(f"{seq.request_id!r} already holds blocks")
-        matched, hashes = self._match(seq.token_ids, self._max_blocks_read(seq))
+        matched, hashes = self._match(seq.token_ids, self._max_blocks_read(seq), seq.sampling_params.lora_name)
         num_fresh = seq.num_blocks - len(matched)
         if num_fresh > self.num_free_blocks - self._num_revived(matched):
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")

@@ -43,6 +43,9 @@ class EngineConfig:
     # On the CPU, keep freed host memory for the next step instead of faulting it in again
     # (engine/host_memory.py); it sets the process's malloc.
     retain_freed_host_memory: bool = True
+    # LoRA adapters served beside the model (engine/lora.py): (name, PEFT adapter directory) pairs,
+    # vLLM's --lora-modules; a request names one by SamplingParams.lora_name.
+    lora_modules: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):

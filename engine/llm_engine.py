@@ -46,6 +46,7 @@ class LLMEngine:
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress,
         )
+        self.runner.load_loras(config.lora_modules)
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.model_config, config.block_size, dtype, config.device, config.kv_memory_fraction
         )
@@ -125,6 +126,9 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if sampling_params.lora_name is not None and sampling_params.lora_name not in self.runner.loras:
+            served = ", ".join(self.runner.loras) or "none"
+            raise ValueError(f"LoRA adapter {sampling_params.lora_name!r} is not served here (served: {served})")
         if sampling_params.priority and not self.scheduler.is_by_priority:
             raise ValueError(f"priority {sampling_params.priority} asks for priority scheduling, which this engine "
                              f"does not do (scheduling_policy {self.config.scheduling_policy!r})")

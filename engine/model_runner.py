@@ -11,6 +11,7 @@ from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
 from engine.checkpoint import checkpoint_files
 from engine.kv_pool import KVPool, TensorFactory
+from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.sampler import Sampler, SamplerOutput
@@ -46,6 +47,15 @@ class ModelRunner:
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids)
         self.kv_pool: KVPool | None = None
+        self.loras: dict[str, LoRAAdapter] = {}
+        self._dtype = dtype
+
+    def load_loras(self, modules: tuple[tuple[str, str], ...]) -> None:
+        """Loads each (name, directory) LoRA adapter, refusing one the model cannot serve (LoRAError)."""
+        for name, path in modules:
+            self.loras[name] = LoRAAdapter.load(name, path, self.model.lora_target, self._dtype)
+        if self.loras:
+            self.model.serve_loras()
 
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
         files = checkpoint_files(model_dir)
@@ -78,6 +88,8 @@ class ModelRunner:
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows = self._prepare(batch, pool.block_size)
+        if self.loras:
+            self.model.lora_batch.active = self._lora_rows(batch)
         hidden = self.model(input_ids, positions, meta, pool.layers)
         for seq, row, n in prompt_rows:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
@@ -102,6 +114,23 @@ class ModelRunner:
                 record = dict(zip(top_ids[r].tolist(), top_values[r].tolist())) if num_top else {}
                 record.setdefault(target, logprob)
                 seq.prompt_logprobs.append(record)
+
+    def _lora_rows(self, batch: ScheduledBatch) -> list[tuple[LoRAAdapter, torch.Tensor]]:
+        """Each adapter of the step's requests, with its token rows (decodes first, as `_prepare` lays them)."""
+        rows: dict[str, list[int]] = {}
+        decodes = [seq for seq, n in zip(batch.seqs, batch.num_new_tokens) if n == 1]
+        for row, seq in enumerate(decodes):
+            if seq.sampling_params.lora_name is not None:
+                rows.setdefault(seq.sampling_params.lora_name, []).append(row)
+        start = len(decodes)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if n == 1:
+                continue
+            if seq.sampling_params.lora_name is not None:
+                rows.setdefault(seq.sampling_params.lora_name, []).extend(range(start, start + n))
+            start += n
+        return [(self.loras[name], torch.tensor(taken, dtype=torch.int64, device=self.device))
+                for name, taken in rows.items()]
 
     def _prepare(self, batch: ScheduledBatch, block_size: int):
         decodes: list[Sequence] = []

@@ -45,6 +45,9 @@ class SamplingParams:
     # vLLM's bad_words as token id sequences: a sequence's last token is banned where the output so
     # far ends with the rest of it (a one-token sequence always).
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # vLLM's LoRA request, and no sampling setting either: the adapter (EngineConfig.lora_modules) the
+    # request is computed with; None: the base model.
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or

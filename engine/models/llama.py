@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRABatch, LoRAHook, Target
 from engine.model_config import ModelConfig
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
@@ -26,6 +27,8 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, ap
 
 
 class Attention(nn.Module):
+    lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
         super().__init__()
         self.config = config
@@ -56,6 +59,8 @@ class Attention(nn.Module):
         cfg, ops = self.config, self.kernels
         num_tokens = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
+        if self.lora is not None:
+            self.lora.add("qkv", x, qkv)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         if self.q_norm is not None and not self.is_qk_norm_per_head:
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
@@ -89,10 +94,14 @@ class Attention(nn.Module):
                     q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
                     chunk.context_len, self.scale, self.sliding_window, self.softcap,
                 )
-        return F.linear(out.view(num_tokens, cfg.q_size), self.o_weight, self.o_bias)
+        attended = out.view(num_tokens, cfg.q_size)
+        projected = F.linear(attended, self.o_weight, self.o_bias)
+        return projected if self.lora is None else self.lora.add("o", attended, projected)
 
 
 class MLP(nn.Module):
+    lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to gate, up and down
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
@@ -103,8 +112,13 @@ class MLP(nn.Module):
         self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.intermediate_size, dim=-1)
-        return F.linear(self.activation(gate) * up, self.down_weight, self.down_bias)
+        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
+        if self.lora is not None:
+            self.lora.add("gate_up", x, gate_up)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        h = self.activation(gate) * up
+        out = F.linear(h, self.down_weight, self.down_bias)
+        return out if self.lora is None else self.lora.add("down", h, out)
 
 
 class DecoderLayer(nn.Module):
@@ -130,6 +144,8 @@ class LlamaForCausalLM(nn.Module):
         self.kernels = kernels
         self.embed = empty_param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(self._make_layer(i, dtype) for i in range(config.num_layers))
+        self.lora_batch = LoRABatch()  # the adapters of the step running; none, outside serve_loras()
+        self.has_loras = False
         self.norm = empty_param(config.hidden_size, dtype=dtype)
         self.lm_head = (self.embed if config.tie_word_embeddings
                         else empty_param(config.vocab_size, config.hidden_size, dtype=dtype))
@@ -158,6 +174,41 @@ class LlamaForCausalLM(nn.Module):
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed)
+
+    def serve_loras(self) -> None:
+        """Hooks every attention and dense MLP projection to the step's LoRA adapters (a model serving
+        none keeps projections without them)."""
+        if self.has_loras:
+            return
+        for i, layer in enumerate(self.layers):
+            for module in (layer.attn, layer.mlp):
+                if isinstance(module, (Attention, MLP)):
+                    module.lora = LoRAHook(self.lora_batch, i)
+        self.has_loras = True
+
+    def lora_target(self, module: str) -> Target | None:
+        """Where a LoRA on projection `module` (`model.layers.3.self_attn.q_proj`) adds to this model's
+        fused weights; None for one it does not serve (embeddings, the LM head, experts)."""
+        parts = module.split(".")
+        if len(parts) != 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+            return None
+        layer, place, proj = int(parts[2]), parts[3], parts[4]
+        if layer >= self.config.num_layers:
+            return None
+        cfg = self.config
+        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        if place == "self_attn":
+            rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
+                    "qkv_proj": (0, q + 2 * kv)}
+            if proj == "o_proj":
+                return layer, "o", 0, cfg.hidden_size
+            return (layer, "qkv", *rows[proj]) if proj in rows else None
+        if place == "mlp" and not self._is_sparse(layer):
+            rows = {"gate_proj": (0, inter), "up_proj": (inter, 2 * inter), "gate_up_proj": (0, 2 * inter)}
+            if proj == "down_proj":
+                return layer, "down", 0, cfg.hidden_size
+            return (layer, "gate_up", *rows[proj]) if proj in rows else None
+        return None
 
     def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Each layer's cos and sin at `positions` ([T, D] each): the model's, the sliding-window

@@ -1,0 +1,175 @@
+"""LoRA adapters served beside the base model (engine/lora.py), against `transformers` running the
+same model with each adapter's delta merged into its weights: logits, and greedy tokens of a batch
+that mixes the base model and two adapters; a prompt's cached KV never crosses adapters."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.lora import LoRAError, parse_lora_modules
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from tests.parity.conftest import transformers
+from tests.parity.test_transformers_parity import _hf_model, _random_prompt
+
+ALL_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bool, seed: int):
+    """A PEFT LoRA adapter on `targets` of every layer, written to `where`; and `base` with its delta merged."""
+    g = torch.Generator().manual_seed(seed)
+    merged, tensors = copy.deepcopy(base), {}
+    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
+    for i, layer in enumerate(merged.model.layers):
+        for target in targets:
+            linear = layer.get_submodule(target)
+            a = torch.randn(rank, linear.in_features, generator=g) * 0.3
+            b = torch.randn(linear.out_features, rank, generator=g) * 0.3
+            tensors[f"base_model.model.model.layers.{i}.{target}.lora_A.weight"] = a
+            tensors[f"base_model.model.model.layers.{i}.{target}.lora_B.weight"] = b
+            with torch.no_grad():
+                linear.weight += scale * b @ a
+    where.mkdir(parents=True)
+    save_file(tensors, where / "adapter_model.safetensors")
+    (where / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": alpha, "use_rslora": rslora, "bias": "none",
+        "target_modules": sorted({t.split(".")[-1] for t in targets}), "task_type": "CAUSAL_LM"}))
+    return merged
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dirs, tmp_path_factory):
+    """The model with two adapters (all projections, rank 4; q and v only, rank 2, rsLoRA), an engine
+    serving both, and transformers' merged models by name (None: the base)."""
+    model_dir = tiny_model_dirs["llama-gqa-untied"]
+    base, root = _hf_model(model_dir), tmp_path_factory.mktemp("adapters")
+    merged = {None: base,
+              "tuned": make_adapter(root / "tuned", base, ALL_PROJECTIONS, 4, 8.0, False, seed=1),
+              "qv": make_adapter(root / "qv", base, ("self_attn.q_proj", "self_attn.v_proj"), 2, 4.0, True, seed=2)}
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=256,
+                                    max_num_batched_tokens=64,
+                                    lora_modules=(("tuned", str(root / "tuned")), ("qv", str(root / "qv")))))
+    return engine, merged, root
+
+
+def _last_logits(engine: LLMEngine, prompt: list[int], lora_name: str | None) -> torch.Tensor:
+    seq = Sequence("logits", prompt, SamplingParams(max_tokens=1, lora_name=lora_name), engine.config.block_size)
+    engine.block_manager.allocate(seq)
+    from engine.batch import ScheduledBatch
+
+    logits = None
+    while seq.num_computed_tokens < seq.num_tokens:
+        batch = ScheduledBatch()
+        batch.add(seq, min(engine.config.max_num_batched_tokens, seq.num_uncomputed_tokens))
+        _, logits = engine.runner.forward(batch)
+        seq.num_computed_tokens += batch.num_new_tokens[0]
+    engine.block_manager.free(seq)
+    return logits[0]
+
+
+@pytest.mark.parametrize("lora_name", [None, "tuned", "qv"])
+def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lora_name):
+    engine, merged, _ = served
+    for n in (1, 17, 100):  # 100: chunked by the budget of 64
+        prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+        with torch.no_grad():
+            ref = merged[lora_name](torch.tensor([prompt])).logits[0, -1]
+        diff = (_last_logits(engine, prompt, lora_name) - ref).abs().max().item()
+        assert diff < 1e-4, f"adapter {lora_name}: prompt of {n} tokens, max |logit diff| {diff}"
+    others = {name: merged[name] for name in merged if name != lora_name}
+    prompt = _random_prompt(17, engine.model_config.vocab_size, seed=17)
+    with torch.no_grad():  # and the adapters differ enough for this to tell them apart
+        assert all((other(torch.tensor([prompt])).logits[0, -1] - _last_logits(engine, prompt, lora_name)).abs().max()
+                   > 1e-2 for other in others.values())
+
+
+def test_a_batch_mixing_adapters_decodes_each_as_its_model_and_shares_no_cached_prefix(served):
+    engine, merged, _ = served
+    vocab = engine.model_config.vocab_size
+    shared = _random_prompt(40, vocab, seed=7)  # the same prompt under each: its blocks must not be shared
+    requests = [(f"{name}-{i}", name, prompt) for name in merged for i, prompt in
+                enumerate((shared, _random_prompt(23, vocab, seed=8)))]
+    params = {name: SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, lora_name=name) for name in merged}
+    hits_before = engine.block_manager.num_prefix_hit_tokens
+    for request_id, name, prompt in requests:
+        engine.add_request(request_id, prompt, params[name])
+    results = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.token_ids
+    assert engine.block_manager.num_prefix_hit_tokens == hits_before  # nothing read across adapters
+    for request_id, name, prompt in requests:
+        with torch.no_grad():
+            ref = merged[name].generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert results[request_id] == ref[0, len(prompt):].tolist(), f"{request_id} diverges from transformers"
+    # Under the same adapter again, the prompt's blocks are read from the cache.
+    engine.add_request("tuned-again", shared, params["tuned"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.block_manager.num_prefix_hit_tokens - hits_before == 32  # two full blocks of 16
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_adapters_and_requests_the_engine_cannot_serve_are_refused(served, tiny_model_dirs, tmp_path):
+    engine, merged, root = served
+    with pytest.raises(ValueError, match="LoRA adapter 'other' is not served here \\(served: tuned, qv\\)"):
+        engine.add_request("x", [5, 6], SamplingParams(lora_name="other"))
+    model_dir = str(tiny_model_dirs["llama-gqa-untied"])
+
+    def load(adapter: Path) -> None:
+        LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=8, lora_modules=(("a", str(adapter)),)))
+
+    embedding = tmp_path / "embedding"
+    embedding.mkdir()
+    save_file({"base_model.model.model.embed_tokens.lora_A.weight": torch.zeros(2, 512),
+               "base_model.model.model.embed_tokens.lora_B.weight": torch.zeros(64, 2)},
+              embedding / "adapter_model.safetensors")
+    (embedding / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 2}))
+    with pytest.raises(LoRAError, match="LoRA on 'model.embed_tokens' is not served"):
+        load(embedding)
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_config.json").write_text(json.dumps({"r": 2, "use_dora": True}))
+    with pytest.raises(LoRAError, match="DoRA"):
+        load(dora)
+    wrong_rank = tmp_path / "rank"
+    wrong_rank.mkdir()
+    (wrong_rank / "adapter_config.json").write_text(json.dumps({"r": 3, "lora_alpha": 3}))
+    (wrong_rank / "adapter_model.safetensors").write_bytes((root / "qv" / "adapter_model.safetensors").read_bytes())
+    with pytest.raises(LoRAError, match="do not make a rank-3 delta"):
+        load(wrong_rank)
+    with pytest.raises(LoRAError, match="NAME=PATH"):
+        parse_lora_modules(["just-a-name"])
+    with pytest.raises(LoRAError, match="once"):
+        parse_lora_modules(["a=/x", "a=/y"])
+
+
+def test_baton_generate_takes_an_adapter(tiny_demo_model, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.services.service_process import REPO_ROOT
+
+    merged = make_adapter(tmp_path / "adapter", _hf_model(tiny_demo_model), ALL_PROJECTIONS, 4, 8.0, False, seed=3)
+    prompt = _random_prompt(9, merged.config.vocab_size, seed=9)
+    done = subprocess.run([sys.executable, "-m", "cli", "generate", "--model", str(tiny_demo_model),
+                           "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "6", "--ignore-eos",
+                           "--lora", str(tmp_path / "adapter"), "--json"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True)
+    with torch.no_grad():
+        ref = merged.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert json.loads(done.stdout)["token_ids"] == ref[0, len(prompt):].tolist()
+
+
+assert transformers  # the module is skipped without it (tests/parity/conftest.py)
