@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,17 +133,3 @@ class LoRAHook:
             for d in deltas:
                 out[:, d.lo:d.hi].index_add_(0, rows, (x_rows @ d.a.T) @ d.b.T)
         return out
-
-
-def parse_lora_modules(specs: Iterable[str]) -> tuple[tuple[str, str], ...]:
-    """vLLM's `--lora-modules name=path ...`: (name, path) pairs, names unique."""
-    pairs = []
-    for spec in specs:
-        name, is_pair, path = spec.partition("=")
-        if not is_pair or not name.strip() or not path.strip():
-            raise LoRAError(f"--lora-modules takes NAME=PATH, got {spec!r}")
-        pairs.append((name.strip(), path.strip()))
-    names = [name for name, _ in pairs]
-    if len(set(names)) != len(names):
-        raise LoRAError(f"--lora-modules names each adapter once, got {names}")
-    return tuple(pairs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engine.config import DTYPES, SCHEDULING_POLICIES, stored_dtype
@@ -25,6 +25,7 @@ ENV_REDIS_URL = "BATON_REDIS_URL"
 ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
 # Shared by prefill and decode workers on purpose: the KV pages one writes, the other reads.
 ENV_DTYPE = "BATON_DTYPE"
+ENV_LORA_MODULES = "BATON_LORA_MODULES"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 
 
@@ -107,6 +108,32 @@ def resolved_dtype(dtype: str, model_dir: Path) -> str:
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")
     return dtype
+
+
+def add_lora_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--lora-modules, vLLM's: the LoRA adapters served beside the model, by the workers and the gateway alike."""
+    parser.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
+                        default=(env.get(ENV_LORA_MODULES) or "").split(),
+                        help=f"LoRA adapters (PEFT directories) served beside the model, each under NAME, which a "
+                             f"request names as its model; the gateway and every prefill and decode worker take "
+                             f"the same ones (${ENV_LORA_MODULES}, separated by spaces)")
+
+
+def lora_modules(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`--lora-modules` as (name, path) pairs; ConfigError for a spec that is not NAME=PATH, a name
+    given twice, or a path that is not a directory."""
+    pairs = []
+    for spec in specs:
+        name, is_pair, path = spec.partition("=")
+        if not is_pair or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora-modules takes NAME=PATH, got {spec!r}")
+        if not Path(path.strip()).is_dir():
+            raise ConfigError(f"--lora-modules: {path.strip()!r} ({name.strip()}) is not a directory")
+        pairs.append((name.strip(), path.strip()))
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--lora-modules names each adapter once, got {names}")
+    return tuple(pairs)
 
 
 def check_scheduling_policy(policy: str) -> None:

@@ -23,6 +23,7 @@ from services.common.settings import (
     add_bind_flags,
     add_dtype_flag,
     add_limit_flags,
+    add_lora_flag,
     add_metrics_flag,
     add_registry_flags,
     add_scheduling_flag,
@@ -35,6 +36,7 @@ from services.common.settings import (
     check_registry,
     check_scheduling_policy,
     env_int,
+    lora_modules,
     model_arg,
     new_parser,
     resolved_dtype,
@@ -63,6 +65,7 @@ class DecodeServiceConfig:
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -106,6 +109,7 @@ class DecodeServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
+        add_lora_flag(parser, env)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
@@ -113,6 +117,7 @@ class DecodeServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype,
+                   lora_modules=lora_modules(args.lora_modules),
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)

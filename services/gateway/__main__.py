@@ -95,7 +95,8 @@ class GatewayService:
         self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
         self.api_keys = ApiKeys(config.api_keys) if config.api_keys else None
         self.servicer = GenerateServicer(config.served_model_names, self.timelines, self.api_keys,
-                                         config.tool_call_parser, config.reasoning_parser)
+                                         config.tool_call_parser, config.reasoning_parser,
+                                         lora_names=[name for name, _ in config.lora_modules])
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
@@ -157,7 +158,7 @@ class GatewayService:
         self.state = GatewayState(self.pipeline, config.served_model_names, tokenizer.max_model_len, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
-                                  serving=config.http_serving)
+                                  serving=config.http_serving, lora_modules=config.lora_modules)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         app = create_app(self.state)

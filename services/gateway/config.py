@@ -23,6 +23,7 @@ from services.common.settings import (
     ConfigError,
     add_bind_flags,
     add_limit_flags,
+    add_lora_flag,
     add_tracing_flag,
     check_bind,
     check_limits,
@@ -30,6 +31,7 @@ from services.common.settings import (
     check_positive,
     env_float,
     env_int,
+    lora_modules,
     model_arg,
     new_parser,
 )
@@ -132,6 +134,9 @@ class GatewayConfig:
     # Sampling defaults for what a request leaves out (generation_defaults.py); from_args reads them.
     generation_defaults: GenerationDefaults = GenerationDefaults()
     http_serving: HttpServing = HttpServing()  # the HTTP API's CORS and TLS (http_serving.py)
+    # LoRA adapters the workers serve beside the model, (name, path): a request naming one as its
+    # model is computed with it (the path is what its model card shows).
+    lora_modules: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -183,6 +188,9 @@ class GatewayConfig:
             raise ConfigError(f"--responses-ttl-s must be >= 0 (0: store none), got {self.responses_ttl_s}")
         if self.discover_workers and not self.resolve_workers_s > 0:
             raise ConfigError("--discover-workers looks for workers every --resolve-workers-s: it must be > 0")
+        clash = set(self.served_model_names) & {name for name, _ in self.lora_modules}
+        if clash:
+            raise ConfigError(f"--lora-modules: {sorted(clash)} already name the model (--served-model-name)")
         for key in self.api_keys:
             # A header value is trimmed, so a key with spaces or none at all could never match.
             if not key or key != "".join(key.split()):
@@ -295,6 +303,7 @@ class GatewayConfig:
                             help=f"defaults set over --generation-config's, a JSON object, e.g. "
                                  f"'{{\"temperature\": 0.5}}' (${ENV_OVERRIDE_GENERATION_CONFIG})")
         HttpServing.add_flags(parser, env)
+        add_lora_flag(parser, env)
         add_chat_template_flag(parser, env)
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
@@ -315,6 +324,7 @@ class GatewayConfig:
                    discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
                    chat_template=chat_template_source(args.chat_template),
                    generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
+                   lora_modules=lora_modules(args.lora_modules),
                    trust_request_chat_template=args.trust_request_chat_template)
 
 

@@ -51,9 +51,11 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
 
     def __init__(self, model_names: Sequence[str], timelines: TimelineStore | None = None,
                  api_keys: ApiKeys | None = None,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 lora_names: Sequence[str] = ()):
         self.model_names = tuple(model_names)  # what requests may name; responses give the first
         self.model_name = self.model_names[0]
+        self.lora_names = tuple(lora_names)  # LoRA adapters a request may name as its model
         self.api_keys = api_keys
         self.tool_call_parser = tool_call_parser  # tool_parsers.py: the model's own calls, for "auto"
         self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
@@ -124,8 +126,13 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
-        if request.model and request.model not in self.model_names:
-            raise model_not_found(request.model, self.model_names)
+        lora = request.model if request.model in self.lora_names else None
+        if request.model and request.model not in self.model_names and lora is None:
+            raise model_not_found(request.model, (*self.model_names, *self.lora_names))
+        if request.sampling.HasField("lora_name") and request.sampling.lora_name not in self.lora_names:
+            raise APIError(400, f"sampling.lora_name {request.sampling.lora_name!r} is not served here (served: "
+                                f"{', '.join(self.lora_names) or 'none'}); name an adapter as the model",
+                           param="sampling.lora_name")
         given = request.WhichOneof("input")
         if given is None:
             raise APIError(400, "one of text, chat or token_ids is required", param="input")
@@ -141,9 +148,12 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         sampling = request.sampling
         forced = tools is not None and tools.forced is not None
         defaults = self.pipeline.prompts.generation_defaults
-        if forced or defaults:
+        if forced or defaults or lora is not None:
             sampling = common_pb2.SamplingParams()
             sampling.CopyFrom(request.sampling)
+        if lora is not None:
+            sampling.lora_name = lora
+        if forced or defaults:
             # top_k and min_p have no presence: 0, their "off", takes the default (-1 turns top_k off for good).
             defaults.fill(sampling, top_k_given=sampling.top_k != 0, min_p_given=sampling.min_p != 0)
         if forced:  # the text is guided to the call

@@ -48,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from protos import common_pb2
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
@@ -91,6 +92,7 @@ class GatewayState:
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
     serving: HttpServing = HttpServing()  # CORS (and TLS, which uvicorn serves)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path): adapters a request may name as its model
 
     @property
     def model_name(self) -> str:
@@ -144,7 +146,7 @@ def create_app(state: GatewayState) -> FastAPI:
     # (the gateway idles between requests).
     async def completions(request: Request):
         body = await parsed_body(request, CompletionRequest)
-        check_model(state, body.model)
+        lora = check_model(state, body.model)
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
@@ -158,8 +160,9 @@ def create_app(state: GatewayState) -> FastAPI:
                          if isinstance(prompt, str) else {"prompt_token_ids": prompt})
                 request_id = _choice_id(response_id, choice, len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
-                    request_id, **given, sampling=body.sampling(body.max_tokens, body.logprobs, j, bad_words,
-                                                                state.pipeline.prompts.generation_defaults),
+                    request_id, **given, sampling=_with_adapter(body.sampling(
+                        body.max_tokens, body.logprobs, j, bad_words, state.pipeline.prompts.generation_defaults),
+                        lora),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
@@ -167,7 +170,7 @@ def create_app(state: GatewayState) -> FastAPI:
         # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
         echo_of_prompt = [p if isinstance(p, str) else state.pipeline.tokenizer.decode(p, skip_special_tokens=False)
                           for p in prompts] if body.echo else None
-        builder = ResponseBuilder(kind="completion", response_id=response_id, model=state.model_name,
+        builder = ResponseBuilder(kind="completion", response_id=response_id, model=lora or state.model_name,
                                   num_choices=len(streams), prompt_of_choice=prompt_of_choice,
                                   token_text=_token_text(state, body), want_logprobs=body.logprobs is not None,
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
@@ -179,7 +182,7 @@ def create_app(state: GatewayState) -> FastAPI:
     def start_chat(request: Request, body: ChatCompletionRequest, response_id: str
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
         """A chat request's choices on their way, and what builds their output."""
-        check_model(state, body.model)
+        lora = check_model(state, body.model)
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
             raise needs_a_parser("tool_choice")
         timeline = start_timeline(state, request, response_id)
@@ -193,14 +196,15 @@ def create_app(state: GatewayState) -> FastAPI:
         skip_special_tokens = body.skip_special_tokens and not (syntax is not None and syntax.reads_special_tokens)
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
-            sampling=body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
-                                   state.pipeline.prompts.generation_defaults),
+            sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
+                                                 state.pipeline.prompts.generation_defaults), lora),
             stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
             clock=timeline.clock(request_id), on_dispatch=on_dispatch,
             guide_after=reasoning.guide_after if reasoning is not None else None)
             for j, request_id in enumerate(request_ids)]
-        builder = ResponseBuilder(kind="chat", response_id=response_id, model=state.model_name, num_choices=body.n,
+        builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
+                                  num_choices=body.n,
                                   prompt_of_choice=[0] * body.n, token_text=_token_text(state, body),
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
@@ -341,12 +345,16 @@ def create_app(state: GatewayState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(state, name) for name in state.model_names]}
+        return {"object": "list", "data": [model_card(state, name) for name in state.model_names]
+                + [lora_card(state, name, path) for name, path in state.lora_modules]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
+        adapter = dict(state.lora_modules).get(model)
+        if adapter is not None:
+            return lora_card(state, model, adapter)
         if model not in state.model_names:
-            raise model_not_found(model, state.model_names)
+            raise model_not_found(model, _all_names(state))
         return model_card(state, model)
 
     @app.get("/v1/requests/{response_id}/timeline")
@@ -382,10 +390,30 @@ def model_card(state: GatewayState, name: str) -> dict[str, Any]:
             "root": state.model_name}
 
 
-def check_model(state: GatewayState, model: str) -> None:
-    if model not in state.model_names:
-        state.pipeline.metrics.count_error("model_not_found")
-        raise model_not_found(model, state.model_names)
+def lora_card(state: GatewayState, name: str, path: str) -> dict[str, Any]:
+    """vLLM's card of a LoRA adapter: its path as root, the model as its parent."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "baton", "max_model_len": state.max_model_len,
+            "root": path, "parent": state.model_name}
+
+
+def check_model(state: GatewayState, model: str) -> str | None:
+    """The LoRA adapter `model` names (None: the model itself); 404 for a name neither is."""
+    if model in state.model_names:
+        return None
+    if any(model == name for name, _ in state.lora_modules):
+        return model
+    state.pipeline.metrics.count_error("model_not_found")
+    raise model_not_found(model, _all_names(state))
+
+
+def _all_names(state: GatewayState) -> tuple[str, ...]:
+    return (*state.model_names, *(name for name, _ in state.lora_modules))
+
+
+def _with_adapter(sampling: common_pb2.SamplingParams, lora: str | None) -> common_pb2.SamplingParams:
+    if lora is not None:
+        sampling.lora_name = lora
+    return sampling
 
 
 def start_timeline(state: GatewayState, request: Request, response_id: str) -> ResponseTimeline:

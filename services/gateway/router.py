@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
-from engine.block_hash import BlockHashChain
+from engine.block_hash import BlockHashChain, with_adapter
 from services.gateway.index_mirror import IndexMirror
 from services.gateway.routed_blocks import RoutedBlocks
 from services.gateway.workers import Worker, WorkerPool
@@ -160,14 +160,16 @@ class PrefixRouter:
         self.record(route, lookup)
         return route
 
-    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
+    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None,
+                     lora_name: str | None = None) -> Lookup:
         """How many of `prompt`'s leading blocks each prefill worker, each kvstore node and the
-        decode worker at `decode_address` hold: one round trip, made only when there is a choice
-        to make (several prefill workers, a kvstore node, or a decode worker that may prefill).
-        The prompt is hashed only as far as the match reads (up to the first block no one holds):
-        `record` hashes the rest, after the prompt is sent."""
+        decode worker at `decode_address` hold, computed with LoRA adapter `lora_name` (None: the
+        model): one round trip, made only when there is a choice to make (several prefill workers,
+        a kvstore node, or a decode worker that may prefill). The prompt is hashed only as far as
+        the match reads (up to the first block no one holds): `record` hashes the rest, after the
+        prompt is sent."""
         candidates = self.pool.serving()
-        hashes = BlockHashChain(prompt, self.block_size, self.fingerprint)
+        hashes = BlockHashChain(prompt, self.block_size, with_adapter(self.fingerprint, lora_name))
         decode_id = self._decode_ids.get(decode_address) if decode_address else None
         if not hashes or not (len(candidates) > 1 or self._kvstores or decode_id):
             return Lookup(hashes, None)
@@ -311,7 +313,8 @@ class RandomRouter:
         self.record(route, NO_LOOKUP)
         return route
 
-    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None) -> Lookup:
+    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None,
+                     lora_name: str | None = None) -> Lookup:
         return NO_LOOKUP
 
     def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:

@@ -37,6 +37,7 @@ from services.launcher.specs import (
     CHAT_TEMPLATE_VARIABLE,
     DECODE_NAME_PREFIXES,
     DTYPE_VARIABLE,
+    LORA_MODULES_VARIABLE,
     MAX_MODEL_LEN_VARIABLE,
     MeshConfig,
     gateway_spec,
@@ -223,6 +224,8 @@ class Mesh:
             env[DTYPE_VARIABLE] = self.config.dtype
         if self.config.max_model_len is not None:
             env[MAX_MODEL_LEN_VARIABLE] = str(self.config.max_model_len)
+        if self.config.lora_modules is not None:
+            env[LORA_MODULES_VARIABLE] = " ".join(self.config.lora_modules)
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:

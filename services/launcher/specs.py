@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.common.settings import ENV_DTYPE, ENV_MAX_MODEL_LEN
+from services.common.settings import ENV_DTYPE, ENV_LORA_MODULES, ENV_MAX_MODEL_LEN, lora_modules
 from services.launcher.process import ChildSpec
 from services.tokenizer.template_setting import chat_template_source
 
@@ -47,12 +47,13 @@ DECODE_KV_BLOCKS_VARIABLE = "BATON_DECODE_KV_BLOCKS"  # still sizes the pool whe
 _BIND_FLAGS = ("--model", "--host", "--port", "--redis", "--shutdown-grace-s")
 LAUNCHER_FLAGS = {
     # --dtype: both pools' (baton up --dtype), which for one alone would make their KV pages differ.
-    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype"}),
-    "decode": frozenset({*_BIND_FLAGS, "--dtype"}),
+    # --lora-modules: every worker's and the gateway's (baton up --lora-modules), which must agree.
+    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype", "--lora-modules"}),
+    "decode": frozenset({*_BIND_FLAGS, "--dtype", "--lora-modules"}),
     "kvstore": frozenset(_BIND_FLAGS),
     # --chat-template: the tokenizer service's too, which one for the gateway alone would differ from.
     "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port",
-                          "--api-key", "--chat-template"}),
+                          "--api-key", "--chat-template", "--lora-modules"}),
 }
 API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
 CHAT_TEMPLATE_VARIABLE = "BATON_CHAT_TEMPLATE"  # how `baton up --chat-template` reaches the services that render
@@ -60,6 +61,7 @@ DTYPE_VARIABLE = ENV_DTYPE  # how `baton up --dtype` reaches every worker
 # How `baton up --max-model-len` reaches every service that reads it; one's own --max-model-len
 # still wins (a gateway may take shorter requests than its workers serve).
 MAX_MODEL_LEN_VARIABLE = ENV_MAX_MODEL_LEN
+LORA_MODULES_VARIABLE = ENV_LORA_MODULES  # how `baton up --lora-modules` reaches the workers and the gateway
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class MeshConfig:
     chat_template: str | None = None
     dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32
     max_model_len: int | None = None  # every service's context; None: as $BATON_MAX_MODEL_LEN says, else the model's
+    # LoRA adapters every worker and the gateway serve, NAME=PATH each (paths made absolute: the
+    # children run elsewhere); None: as $BATON_LORA_MODULES says, else none.
+    lora_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -116,6 +121,9 @@ class MeshConfig:
                 raise ValueError(f"--redis must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}")
         if self.api_key is not None and (not self.api_key or self.api_key != "".join(self.api_key.split())):
             raise ValueError("--api-key must be non-empty, without spaces")
+        if self.lora_modules is not None:
+            pairs = lora_modules(self.lora_modules)  # a bad one refused here, not by five children
+            object.__setattr__(self, "lora_modules", tuple(f"{name}={Path(path).resolve()}" for name, path in pairs))
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
         if self.chat_template is not None:

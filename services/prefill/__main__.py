@@ -51,7 +51,8 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   enable_prefix_caching=config.prefix_caching,
-                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype))
+                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
+                                  lora_modules=config.lora_modules))
 
 
 def warmup_lengths(engine: LLMEngine) -> list[int]:

@@ -23,6 +23,7 @@ from services.common.settings import (
     add_bind_flags,
     add_dtype_flag,
     add_limit_flags,
+    add_lora_flag,
     add_metrics_flag,
     add_registry_flags,
     add_scheduling_flag,
@@ -35,6 +36,7 @@ from services.common.settings import (
     check_registry,
     check_scheduling_policy,
     env_int,
+    lora_modules,
     model_arg,
     new_parser,
     resolved_dtype,
@@ -67,6 +69,7 @@ class PrefillServiceConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
@@ -122,6 +125,7 @@ class PrefillServiceConfig:
                                  f"workers to read instead of computing (${ENV_KVSTORE}; default: none)")
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
+        add_lora_flag(parser, env)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
@@ -131,6 +135,7 @@ class PrefillServiceConfig:
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype,
+                   lora_modules=lora_modules(args.lora_modules),
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,

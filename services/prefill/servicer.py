@@ -189,7 +189,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
             tier_tokens, tier_seconds = 0, 0.0
             try:
-                if request.host_tier.num_blocks and request.host_tier.address:
+                # The host tier holds the base model's pages: a LoRA request's are its adapter's own.
+                if request.host_tier.num_blocks and request.host_tier.address and params.lora_name is None:
                     read_start = time.perf_counter()
                     with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
                         tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
@@ -275,8 +276,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 def release() -> None:
                     self._release_after(request_id, pending_copy)
 
-                if held is None or not self._host_tier.store_then(request_id, prompt, held.num_cached_tokens,
-                                                                   held.held_block_ids, release):
+                if held is None or params.lora_name is not None or not self._host_tier.store_then(
+                        request_id, prompt, held.num_cached_tokens, held.held_block_ids, release):
                     release()
             if reservation is not None and not is_handed_on:
                 self._reservations.abort_after(reservation, request.target.decode_address, request_id)

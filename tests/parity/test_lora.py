@@ -3,9 +3,7 @@ same model with each adapter's delta merged into its weights: logits, and greedy
 that mixes the base model and two adapters; a prompt's cached KV never crosses adapters."""
 from __future__ import annotations
 
-import copy
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -14,36 +12,12 @@ from safetensors.torch import save_file
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.lora import LoRAError, parse_lora_modules
+from engine.lora import LoRAError
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
 from tests.parity.conftest import transformers
 from tests.parity.test_transformers_parity import _hf_model, _random_prompt
-
-ALL_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
-
-def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bool, seed: int):
-    """A PEFT LoRA adapter on `targets` of every layer, written to `where`; and `base` with its delta merged."""
-    g = torch.Generator().manual_seed(seed)
-    merged, tensors = copy.deepcopy(base), {}
-    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
-    for i, layer in enumerate(merged.model.layers):
-        for target in targets:
-            linear = layer.get_submodule(target)
-            a = torch.randn(rank, linear.in_features, generator=g) * 0.3
-            b = torch.randn(linear.out_features, rank, generator=g) * 0.3
-            tensors[f"base_model.model.model.layers.{i}.{target}.lora_A.weight"] = a
-            tensors[f"base_model.model.model.layers.{i}.{target}.lora_B.weight"] = b
-            with torch.no_grad():
-                linear.weight += scale * b @ a
-    where.mkdir(parents=True)
-    save_file(tensors, where / "adapter_model.safetensors")
-    (where / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": alpha, "use_rslora": rslora, "bias": "none",
-        "target_modules": sorted({t.split(".")[-1] for t in targets}), "task_type": "CAUSAL_LM"}))
-    return merged
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +123,6 @@ def test_adapters_and_requests_the_engine_cannot_serve_are_refused(served, tiny_
     (wrong_rank / "adapter_model.safetensors").write_bytes((root / "qv" / "adapter_model.safetensors").read_bytes())
     with pytest.raises(LoRAError, match="do not make a rank-3 delta"):
         load(wrong_rank)
-    with pytest.raises(LoRAError, match="NAME=PATH"):
-        parse_lora_modules(["just-a-name"])
-    with pytest.raises(LoRAError, match="once"):
-        parse_lora_modules(["a=/x", "a=/y"])
 
 
 def test_baton_generate_takes_an_adapter(tiny_demo_model, tmp_path):

@@ -306,9 +306,15 @@ def test_no_redis_runs_without_one(start_up):
 
 def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path, tiny_demo_model):
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    transformers = pytest.importorskip("transformers")
+    from tests.lora_adapters import make_adapter
+
+    make_adapter(tmp_path / "tuned", transformers.AutoModelForCausalLM.from_pretrained(tiny_demo_model),
+                 ("self_attn.q_proj",), 2, 2.0, False, seed=0)
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5",
                   "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--max-model-len", "200",
+                  "--lora-modules", f"tuned={tmp_path / 'tuned'}",
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
@@ -330,6 +336,7 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
         models = httpx.get(f"{base}/models", headers={"Authorization": "Bearer sk-up"}, timeout=5)
         assert models.status_code == 200
         assert models.json()["data"][0]["max_model_len"] == 200  # --max-model-len: the tokenizer service's
+        assert [card["id"] for card in models.json()["data"]] == ["served-x", "tuned"]  # --lora-modules
         assert all("sk-up" not in " ".join(command_line(pid)) for pid in up.pids.values())
         # --chat-template: the tokenizer service's (/tokenize) and the gateway's (a short chat it renders itself).
         from tokenizers import Tokenizer
@@ -377,7 +384,7 @@ def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
                                    "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
                                    "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
-                                   "--prefill-args=--dtype=float16",
+                                   "--prefill-args=--dtype=float16", "--decode-args=--lora-modules=a=/tmp",
                                    "--chat-template=no-such-template.jinja"])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],

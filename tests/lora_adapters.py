@@ -1,0 +1,36 @@
+"""LoRA adapters in PEFT's format for tests, made beside a `transformers` model with their delta
+merged into a copy of it (what the adapter should compute)."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ALL_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bool, seed: int):
+    """A PEFT LoRA adapter on `targets` of every layer, written to `where`; and `base` with its delta merged."""
+    g = torch.Generator().manual_seed(seed)
+    merged, tensors = copy.deepcopy(base), {}
+    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
+    for i, layer in enumerate(merged.model.layers):
+        for target in targets:
+            linear = layer.get_submodule(target)
+            a = torch.randn(rank, linear.in_features, generator=g) * 0.3
+            b = torch.randn(linear.out_features, rank, generator=g) * 0.3
+            tensors[f"base_model.model.model.layers.{i}.{target}.lora_A.weight"] = a
+            tensors[f"base_model.model.model.layers.{i}.{target}.lora_B.weight"] = b
+            with torch.no_grad():
+                linear.weight += scale * b @ a
+    where.mkdir(parents=True)
+    save_file(tensors, where / "adapter_model.safetensors")
+    (where / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": alpha, "use_rslora": rslora, "bias": "none",
+        "target_modules": sorted({t.split(".")[-1] for t in targets}), "task_type": "CAUSAL_LM"}))
+    return merged
