@@ -47,6 +47,7 @@ from services.gateway.index_mirror import IndexMirror
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
+from services.gateway.served_models import ServedModels
 from services.gateway.timeline import TimelineStore
 from services.gateway.workers import (
     WorkerPool,
@@ -94,9 +95,9 @@ class GatewayService:
         self.config = config
         self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
         self.api_keys = ApiKeys(config.api_keys) if config.api_keys else None
-        self.servicer = GenerateServicer(config.served_model_names, self.timelines, self.api_keys,
-                                         config.tool_call_parser, config.reasoning_parser,
-                                         lora_names=[name for name, _ in config.lora_modules])
+        self.servicer = GenerateServicer(ServedModels(config.served_model_names, config.lora_modules),
+                                         self.timelines, self.api_keys, config.tool_call_parser,
+                                         config.reasoning_parser)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
@@ -155,10 +156,11 @@ class GatewayService:
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
-        self.state = GatewayState(self.pipeline, config.served_model_names, tokenizer.max_model_len, token_text,
+        models = ServedModels(config.served_model_names, config.lora_modules, tokenizer.max_model_len)
+        self.state = GatewayState(self.pipeline, models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
-                                  serving=config.http_serving, lora_modules=config.lora_modules)
+                                  serving=config.http_serving)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         app = create_app(self.state)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -28,11 +28,12 @@ from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.deltas import Delta
-from services.gateway.errors import APIError, model_not_found, to_api_error
+from services.gateway.errors import APIError, to_api_error
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.openai_protocol import CHAT_ROLES, with_parsed_arguments
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
+from services.gateway.served_models import ServedModels
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tool_parsers import with_template_call_ids
 from services.tokenizer.chat_template import (
@@ -49,13 +50,11 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
     """`pipeline` is attached once the gateway's workers are connected."""
 
-    def __init__(self, model_names: Sequence[str], timelines: TimelineStore | None = None,
+    def __init__(self, models: ServedModels, timelines: TimelineStore | None = None,
                  api_keys: ApiKeys | None = None,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 lora_names: Sequence[str] = ()):
-        self.model_names = tuple(model_names)  # what requests may name; responses give the first
-        self.model_name = self.model_names[0]
-        self.lora_names = tuple(lora_names)  # LoRA adapters a request may name as its model
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+        self.models = models  # what requests may name: the model's names and its LoRA adapters
+        self.model_name = models.name
         self.api_keys = api_keys
         self.tool_call_parser = tool_call_parser  # tool_parsers.py: the model's own calls, for "auto"
         self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
@@ -126,12 +125,11 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
-        lora = request.model if request.model in self.lora_names else None
-        if request.model and request.model not in self.model_names and lora is None:
-            raise model_not_found(request.model, (*self.model_names, *self.lora_names))
-        if request.sampling.HasField("lora_name") and request.sampling.lora_name not in self.lora_names:
+        lora = self.models.adapter_named(request.model) if request.model else None
+        adapters = dict(self.models.lora_modules)
+        if request.sampling.HasField("lora_name") and request.sampling.lora_name not in adapters:
             raise APIError(400, f"sampling.lora_name {request.sampling.lora_name!r} is not served here (served: "
-                                f"{', '.join(self.lora_names) or 'none'}); name an adapter as the model",
+                                f"{', '.join(adapters) or 'none'}); name an adapter as the model",
                            param="sampling.lora_name")
         given = request.WhichOneof("input")
         if given is None:

@@ -54,7 +54,7 @@ from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
 from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
-from services.gateway.errors import APIError, api_error_response, model_not_found, to_api_error, validation_error
+from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
 from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
 from services.gateway.http_responses import respond
 from services.gateway.http_serving import HttpServing
@@ -65,6 +65,7 @@ from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
+from services.gateway.served_models import ServedModels
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import call_ids, needs_a_parser, syntax_for, with_template_call_ids
@@ -80,8 +81,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 @dataclass
 class GatewayState:
     pipeline: RequestPipeline
-    model_names: tuple[str, ...]  # what clients may name the model; responses give the first
-    max_model_len: int | None
+    models: ServedModels  # what clients may name as the model: its names and LoRA adapters
     token_text: TokenText
     readiness: Callable[[], str | None]  # None when every kind of worker has one serving, else why not
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -92,12 +92,15 @@ class GatewayState:
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
     serving: HttpServing = HttpServing()  # CORS (and TLS, which uvicorn serves)
-    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path): adapters a request may name as its model
 
     @property
     def model_name(self) -> str:
-        """The name responses give."""
-        return self.model_names[0]
+        """The name responses give (for a LoRA request, its adapter's)."""
+        return self.models.name
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.models.max_model_len
 
 
 try:
@@ -345,17 +348,11 @@ def create_app(state: GatewayState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(state, name) for name in state.model_names]
-                + [lora_card(state, name, path) for name, path in state.lora_modules]}
+        return {"object": "list", "data": state.models.cards()}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
-        adapter = dict(state.lora_modules).get(model)
-        if adapter is not None:
-            return lora_card(state, model, adapter)
-        if model not in state.model_names:
-            raise model_not_found(model, _all_names(state))
-        return model_card(state, model)
+        return state.models.card(model)
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:
@@ -385,29 +382,13 @@ async def parsed_body(request: Request, model: type[M]) -> M:
         raise RequestValidationError(e.errors(include_url=False)) from None
 
 
-def model_card(state: GatewayState, name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "baton", "max_model_len": state.max_model_len,
-            "root": state.model_name}
-
-
-def lora_card(state: GatewayState, name: str, path: str) -> dict[str, Any]:
-    """vLLM's card of a LoRA adapter: its path as root, the model as its parent."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "baton", "max_model_len": state.max_model_len,
-            "root": path, "parent": state.model_name}
-
-
 def check_model(state: GatewayState, model: str) -> str | None:
     """The LoRA adapter `model` names (None: the model itself); 404 for a name neither is."""
-    if model in state.model_names:
-        return None
-    if any(model == name for name, _ in state.lora_modules):
-        return model
-    state.pipeline.metrics.count_error("model_not_found")
-    raise model_not_found(model, _all_names(state))
-
-
-def _all_names(state: GatewayState) -> tuple[str, ...]:
-    return (*state.model_names, *(name for name, _ in state.lora_modules))
+    try:
+        return state.models.adapter_named(model)
+    except APIError:
+        state.pipeline.metrics.count_error("model_not_found")
+        raise
 
 
 def _with_adapter(sampling: common_pb2.SamplingParams, lora: str | None) -> common_pb2.SamplingParams:
