@@ -78,6 +78,15 @@ def to_api_error(e: Exception, prompt_param: str) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
 
 
+class FieldError(ValueError):
+    """A refusal a request's model-level check makes, naming the field it is about: pydantic reports
+    such checks at the body's root, and OpenAI's error shape wants the field as `param`."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def validation_error(e: RequestValidationError) -> APIError:
     """One 400 naming the first bad field, in OpenAI's words where it has them."""
     errors = e.errors()
@@ -85,6 +94,9 @@ def validation_error(e: RequestValidationError) -> APIError:
         return APIError(400, "invalid request body")
     first = errors[0]
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    cause = (first.get("ctx") or {}).get("error")
+    if not location and isinstance(cause, FieldError):
+        location = [cause.param]
     param = ".".join(location) or None
     if first.get("type") == "json_invalid":
         return APIError(400, f"We could not parse the JSON body of your request: {first.get('msg')}")

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from protos import common_pb2
+from services.gateway.errors import FieldError
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.structured_output import guided_regex
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
@@ -134,16 +135,17 @@ class _SamplingFields(BaseModel):
     @model_validator(mode="after")
     def _check_fields(self):
         if any(not word.strip() for word in self.bad_words or ()):
-            raise ValueError("bad_words must be words, not empty or blank strings")
+            raise FieldError("bad_words", "bad_words must be words, not empty or blank strings")
         structured = self.structured_outputs.model_dump(by_alias=True) if self.structured_outputs else None
         self._output_regex = guided_regex(self.response_format, self.guided_json, self.guided_regex, self.guided_choice,
                                           structured)
         if self.truncate_prompt_tokens == 0:
-            raise ValueError("truncate_prompt_tokens must be -1 (the context's worth) or at least 1")
+            raise FieldError("truncate_prompt_tokens",
+                             "truncate_prompt_tokens must be -1 (the context's worth) or at least 1")
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise FieldError("stream_options", "stream_options is only allowed when stream is true")
         if any(not s for s in self.stop_strings):
-            raise ValueError("stop strings must be non-empty")
+            raise FieldError("stop", "stop strings must be non-empty")
         return self
 
     @property
@@ -227,13 +229,13 @@ class CompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _check_supported(self):
         if self.suffix:
-            raise ValueError("suffix is not supported")
+            raise FieldError("suffix", "suffix is not supported")
         if self.echo and self.truncate_prompt_tokens is not None:
-            raise ValueError("echo with truncate_prompt_tokens is not supported")
+            raise FieldError("echo", "echo with truncate_prompt_tokens is not supported")
         if self.best_of not in (None, 1, self.n):
-            raise ValueError("best_of must equal n (beam search and best_of sampling are not supported)")
+            raise FieldError("best_of", "best_of must equal n (beam search and best_of sampling are not supported)")
         if len(self.prompts) * self.n > MAX_CHOICES:
-            raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts × n)")
+            raise FieldError("n", f"at most {MAX_CHOICES} choices per request (prompts × n)")
         return self
 
     @property
@@ -337,12 +339,13 @@ class ChatCompletionRequest(_SamplingFields):
         self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice)
         if self._forced_tool_call is not None:
             if self._output_regex is not None:
-                raise ValueError("a forced tool call and a structured output cannot both be asked for")
+                raise FieldError("tool_choice", "a forced tool call and a structured output cannot both be asked for")
             self._output_regex = self._forced_tool_call.regex
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise FieldError("top_logprobs", "top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: the reply "
+            raise FieldError("continue_final_message",
+                             "continue_final_message and add_generation_prompt cannot both be true: the reply "
                              "continues the last message, or starts a new one")
         check_template_kwargs(self.chat_template_kwargs or {})
         self.chat_messages()  # raises for content parts other than text

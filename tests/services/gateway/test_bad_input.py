@@ -108,7 +108,7 @@ CASES = [
     ("presence_penalty 3", "/v1/completions", {"model": "MODEL", "prompt": "hi", "presence_penalty": 3}, 400,
      "presence_penalty"),
     ("logprobs 21", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
-    ("empty stop", "/v1/completions", {"model": "MODEL", "prompt": "hi", "stop": [""]}, 400, None),
+    ("empty stop", "/v1/completions", {"model": "MODEL", "prompt": "hi", "stop": [""]}, 400, "stop"),
     ("n 100", "/v1/completions", {"model": "MODEL", "prompt": "hi", "n": 100}, 400, "n"),
     ("token id past the vocabulary", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, 10**6]}, 400, None),
     ("negative token id", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, -1]}, 400, "prompt"),
@@ -137,13 +137,21 @@ CASES = [
     ("a grammar in structured_outputs", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
       "structured_outputs": {"grammar": 'root ::= "a"'}}, 400, None),
-    ("a blank bad word", "/v1/completions", {"model": "MODEL", "prompt": "hi", "bad_words": ["a", " "]}, 400, None),
+    ("a blank bad word", "/v1/completions", {"model": "MODEL", "prompt": "hi", "bad_words": ["a", " "]}, 400,
+     "bad_words"),
     ("structured_outputs and guided_regex", "/v1/completions",
      {"model": "MODEL", "prompt": "hi", "guided_regex": "a", "structured_outputs": {"choice": ["b"]}}, 400, None),
     ("structured_outputs.choice empty", "/v1/completions",
      {"model": "MODEL", "prompt": "hi", "structured_outputs": {"choice": []}}, 400, None),
     ("stream_options without stream", "/v1/completions",
-     {"model": "MODEL", "prompt": "hi", "stream_options": {"include_usage": True}}, 400, None),
+     {"model": "MODEL", "prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    # Checks of several fields at once still name the one to change.
+    ("a forced call and a structured output", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
+      "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}, 400, "tool_choice"),
+    ("top_logprobs without logprobs", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("suffix", "/v1/completions", {"model": "MODEL", "prompt": "hi", "suffix": "end"}, 400, "suffix"),
 ]
 
 
