@@ -10,6 +10,7 @@ from tqdm import tqdm
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
 from engine.checkpoint import checkpoint_files
+from engine.fp8_weights import SCALE_SUFFIX, dequantized
 from engine.kv_pool import KVPool, TensorFactory
 from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
@@ -60,9 +61,13 @@ class ModelRunner:
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
         files = checkpoint_files(model_dir)
         names = self.model.checkpoint_names()
-        check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)}, names,
-                                   self.model_config.architecture)
+        blocks = self.model_config.fp8_weight_blocks
+        scale_names = [n + SCALE_SUFFIX for n in names if n + SCALE_SUFFIX in files] if blocks else []
+        check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)},
+                                   names + scale_names, self.model_config.architecture)
         tensors = iter_tensors(files, names)
+        if blocks:
+            tensors = dequantized(tensors, dict(iter_tensors(files, scale_names)), blocks)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():

@@ -60,9 +60,10 @@ def _prefill_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
 
 
 def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_lengths=PROMPT_LENGTHS,
-                  **options) -> None:
+                  reference_dir: Path | None = None, **options) -> None:
+    """`reference_dir`: the checkpoint transformers reads, when it is not `model_dir` itself."""
     engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens, **options)
-    hf = _hf_model(model_dir)
+    hf = _hf_model(reference_dir or model_dir)
     vocab = engine.model_config.vocab_size
     for n in prompt_lengths:
         prompt = _random_prompt(n, vocab, seed=n)
@@ -96,7 +97,8 @@ def _hf_greedy(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
     return refs
 
 
-def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64) -> None:
+def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64,
+                  reference_dir: Path | None = None) -> None:
     engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens)
     prompts = _mixed_prompts(engine.model_config.vocab_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
@@ -116,7 +118,7 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
     assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-    refs = _hf_greedy(model_dir, max_new_tokens)
+    refs = _hf_greedy(reference_dir or model_dir, max_new_tokens)
     for i, prompt in enumerate(prompts):
         assert results[f"r{i}"] == refs[i], \
             f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"

@@ -1,0 +1,80 @@
+"""FP8 checkpoints with block scales (engine/fp8_weights.py), as DeepSeek-V3, Qwen3-FP8 and
+GLM-4.5-FP8 ship them: Baton loading the FP8 weights and their scales computes what `transformers`
+computes from the dequantized weights, logits and greedy tokens; other quantizations are refused."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.model_config import ModelConfigError, load_model_config
+from tests.parity.test_transformers_parity import _check_greedy, _check_logits
+
+BLOCK = [16, 32]  # rows, columns; 160-wide and 48-row weights leave partial edge blocks
+FP8_MAX = 448.0  # e4m3's largest finite value
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 weight and its per-block inverse scales, as DeepSeek's FP8 export makes them."""
+    rows, columns = weight.shape
+    scales = torch.empty(-(-rows // BLOCK[0]), -(-columns // BLOCK[1]))
+    quantized = torch.empty(rows, columns, dtype=torch.float8_e4m3fn)
+    for i in range(scales.shape[0]):
+        for j in range(scales.shape[1]):
+            part = weight[i * BLOCK[0]:(i + 1) * BLOCK[0], j * BLOCK[1]:(j + 1) * BLOCK[1]]
+            scale = part.abs().max().clamp(min=1e-12) / FP8_MAX
+            scales[i, j] = scale
+            quantized[i * BLOCK[0]:(i + 1) * BLOCK[0], j * BLOCK[1]:(j + 1) * BLOCK[1]] = \
+                (part / scale).to(torch.float8_e4m3fn)
+    return quantized, scales
+
+
+@pytest.fixture(scope="module")
+def fp8_and_dequantized(tiny_model_dirs, tmp_path_factory):
+    """The llama model's projections stored in FP8 (norms and embeddings as they were), and the
+    same checkpoint with those weights dequantized: what the FP8 one means."""
+    source = tiny_model_dirs["llama-gqa-untied"]
+    root = tmp_path_factory.mktemp("fp8")
+    fp8_dir, plain_dir = shutil.copytree(source, root / "fp8"), shutil.copytree(source, root / "dequantized")
+    tensors = load_file(source / "model.safetensors")
+    stored, dequantized = {}, {}
+    for name, tensor in tensors.items():
+        if name.endswith("_proj.weight"):
+            quantized, scales = quantize(tensor.float())
+            stored[name], stored[name + "_scale_inv"] = quantized, scales
+            rows = scales.repeat_interleave(BLOCK[0], 0)[:tensor.shape[0]]
+            dequantized[name] = quantized.float() * rows.repeat_interleave(BLOCK[1], 1)[:, :tensor.shape[1]]
+        else:
+            stored[name] = dequantized[name] = tensor
+    save_file(stored, fp8_dir / "model.safetensors")
+    save_file(dequantized, plain_dir / "model.safetensors")
+    config = json.loads((fp8_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": BLOCK}
+    (fp8_dir / "config.json").write_text(json.dumps(config))
+    assert not torch.equal(dequantized["model.layers.0.mlp.up_proj.weight"],
+                           tensors["model.layers.0.mlp.up_proj.weight"])  # FP8 lost something: the test can tell
+    return fp8_dir, plain_dir
+
+
+def test_an_fp8_checkpoint_computes_its_dequantized_weights(fp8_and_dequantized):
+    fp8_dir, plain_dir = fp8_and_dequantized  # transformers reads the dequantized checkpoint; Baton the FP8 one
+    _check_logits(fp8_dir, reference_dir=plain_dir)
+    _check_greedy(fp8_dir, max_num_batched_tokens=64, max_new_tokens=16, reference_dir=plain_dir)
+
+
+@pytest.mark.parametrize(("quantization", "named"), [
+    ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "FP8 without weight_block_size"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
+     "activation_scheme 'static'"),
+])
+def test_quantizations_not_loaded_are_refused_by_name(fp8_and_dequantized, tmp_path, quantization, named):
+    model_dir = shutil.copytree(fp8_and_dequantized[0], tmp_path / "model")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    with pytest.raises(ModelConfigError, match=named):
+        load_model_config(model_dir)
