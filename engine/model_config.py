@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import stored_dtype
-from engine.fp8_weights import fp8_weight_blocks
+from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.moe_config import GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
 from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
@@ -72,7 +72,7 @@ class ModelConfig:
     residual_multiplier: float
     logits_scaling: float
     weights_dtype: str
-    fp8_weight_blocks: tuple[int, int] | None  # FP8 weights' scale blocks (engine/fp8_weights.py); None: not FP8
+    fp8_weights: Fp8Weights | None  # how FP8 weights are scaled (engine/fp8_weights.py); None: not FP8
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
@@ -160,7 +160,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
             **_granite_multipliers(cfg, arch),
             weights_dtype=str(stored_dtype(cfg) or "float32"),
-            fp8_weight_blocks=fp8_weight_blocks(cfg),
+            fp8_weights=fp8_weights(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
         )

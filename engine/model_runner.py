@@ -10,7 +10,7 @@ from tqdm import tqdm
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
 from engine.checkpoint import checkpoint_files
-from engine.fp8_weights import SCALE_SUFFIX, dequantized
+from engine.fp8_weights import dequantized
 from engine.kv_pool import KVPool, TensorFactory
 from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
@@ -61,13 +61,13 @@ class ModelRunner:
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
         files = checkpoint_files(model_dir)
         names = self.model.checkpoint_names()
-        blocks = self.model_config.fp8_weight_blocks
-        scale_names = [n + SCALE_SUFFIX for n in names if n + SCALE_SUFFIX in files] if blocks else []
+        fp8 = self.model_config.fp8_weights
+        scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []
         check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)},
                                    names + scale_names, self.model_config.architecture)
         tensors = iter_tensors(files, names)
-        if blocks:
-            tensors = dequantized(tensors, dict(iter_tensors(files, scale_names)), blocks)
+        if fp8:
+            tensors = dequantized(tensors, dict(iter_tensors(files, scale_names)), fp8)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():

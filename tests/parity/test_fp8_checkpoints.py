@@ -1,6 +1,7 @@
-"""FP8 checkpoints with block scales (engine/fp8_weights.py), as DeepSeek-V3, Qwen3-FP8 and
-GLM-4.5-FP8 ship them: Baton loading the FP8 weights and their scales computes what `transformers`
-computes from the dequantized weights, logits and greedy tokens; other quantizations are refused."""
+"""FP8 checkpoints (engine/fp8_weights.py), with block scales as DeepSeek-V3, Qwen3-FP8 and
+GLM-4.5-FP8 ship them and per channel as llm-compressor's compressed-tensors: Baton loading the FP8
+weights and their scales computes what `transformers` computes from the dequantized weights, logits
+and greedy tokens; other quantizations are refused."""
 from __future__ import annotations
 
 import json
@@ -17,25 +18,39 @@ BLOCK = [16, 32]  # rows, columns; 160-wide and 48-row weights leave partial edg
 FP8_MAX = 448.0  # e4m3's largest finite value
 
 
-def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FP8 weight and its per-block inverse scales, as DeepSeek's FP8 export makes them."""
+def quantize(weight: torch.Tensor, block: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FP8 weight, its scales (one per `block` of it) and what they dequantize to."""
     rows, columns = weight.shape
-    scales = torch.empty(-(-rows // BLOCK[0]), -(-columns // BLOCK[1]))
+    scales = torch.empty(-(-rows // block[0]), -(-columns // block[1]))
     quantized = torch.empty(rows, columns, dtype=torch.float8_e4m3fn)
     for i in range(scales.shape[0]):
         for j in range(scales.shape[1]):
-            part = weight[i * BLOCK[0]:(i + 1) * BLOCK[0], j * BLOCK[1]:(j + 1) * BLOCK[1]]
-            scale = part.abs().max().clamp(min=1e-12) / FP8_MAX
-            scales[i, j] = scale
-            quantized[i * BLOCK[0]:(i + 1) * BLOCK[0], j * BLOCK[1]:(j + 1) * BLOCK[1]] = \
-                (part / scale).to(torch.float8_e4m3fn)
-    return quantized, scales
+            where = (slice(i * block[0], (i + 1) * block[0]), slice(j * block[1], (j + 1) * block[1]))
+            scales[i, j] = weight[where].abs().max().clamp(min=1e-12) / FP8_MAX
+            quantized[where] = (weight[where] / scales[i, j]).to(torch.float8_e4m3fn)
+    expanded = scales.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :columns]
+    return quantized, scales, quantized.float() * expanded
 
 
-@pytest.fixture(scope="module")
-def fp8_and_dequantized(tiny_model_dirs, tmp_path_factory):
+# (scale tensor suffix, block rows and columns, quantization_config): a channel is a block of one
+# row and all columns.
+LAYOUTS = {
+    "block": ("_scale_inv", BLOCK, {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                    "weight_block_size": BLOCK}),
+    "channel": ("_scale", None, {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def fp8_and_dequantized(request, tiny_model_dirs, tmp_path_factory):
     """The llama model's projections stored in FP8 (norms and embeddings as they were), and the
     same checkpoint with those weights dequantized: what the FP8 one means."""
+    suffix, block, quantization = LAYOUTS[request.param]
     source = tiny_model_dirs["llama-gqa-untied"]
     root = tmp_path_factory.mktemp("fp8")
     fp8_dir, plain_dir = shutil.copytree(source, root / "fp8"), shutil.copytree(source, root / "dequantized")
@@ -43,18 +58,14 @@ def fp8_and_dequantized(tiny_model_dirs, tmp_path_factory):
     stored, dequantized = {}, {}
     for name, tensor in tensors.items():
         if name.endswith("_proj.weight"):
-            quantized, scales = quantize(tensor.float())
-            stored[name], stored[name + "_scale_inv"] = quantized, scales
-            rows = scales.repeat_interleave(BLOCK[0], 0)[:tensor.shape[0]]
-            dequantized[name] = quantized.float() * rows.repeat_interleave(BLOCK[1], 1)[:, :tensor.shape[1]]
+            quantized, scales, dequantized[name] = quantize(tensor.float(), block or [1, tensor.shape[1]])
+            stored[name], stored[name + suffix] = quantized, scales
         else:
             stored[name] = dequantized[name] = tensor
     save_file(stored, fp8_dir / "model.safetensors")
     save_file(dequantized, plain_dir / "model.safetensors")
     config = json.loads((fp8_dir / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                     "weight_block_size": BLOCK}
-    (fp8_dir / "config.json").write_text(json.dumps(config))
+    (fp8_dir / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
     assert not torch.equal(dequantized["model.layers.0.mlp.up_proj.weight"],
                            tensors["model.layers.0.mlp.up_proj.weight"])  # FP8 lost something: the test can tell
     return fp8_dir, plain_dir
@@ -71,6 +82,12 @@ def test_an_fp8_checkpoint_computes_its_dequantized_weights(fp8_and_dequantized)
     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "FP8 without weight_block_size"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
      "activation_scheme 'static'"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format 'pack-quantized'"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "group"}}}}, "per channel"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+        "input_activations": {"num_bits": 8, "type": "float", "dynamic": False}}}}, "static activation scales"),
 ])
 def test_quantizations_not_loaded_are_refused_by_name(fp8_and_dequantized, tmp_path, quantization, named):
     model_dir = shutil.copytree(fp8_and_dequantized[0], tmp_path / "model")
