@@ -26,6 +26,28 @@ MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
+def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
+                    meta: AttentionMetadata, scale: float, sliding_window: int | None,
+                    softcap: float | None) -> torch.Tensor:
+    """The step's new k and v written into their pages, then each token's attention over its
+    sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first)."""
+    k_cache, v_cache = kv_cache
+    ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    num_decode, num_tokens = meta.num_decode_tokens, q.shape[0]
+    if num_decode == num_tokens:
+        return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
+                                    sliding_window, softcap)
+    out = torch.empty_like(q)
+    if num_decode:
+        out[:num_decode] = ops.decode_attention(q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
+                                                meta.decode_context_lens, scale, sliding_window, softcap)
+    for chunk in meta.prefills:
+        s, e = chunk.start, chunk.end
+        out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
+                                         chunk.context_len, scale, sliding_window, softcap)
+    return out
+
+
 class Attention(nn.Module):
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
 
@@ -73,27 +95,7 @@ class Attention(nn.Module):
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         if cos is not None:
             q, k = ops.apply_rope(q, k, cos, sin)
-        k_cache, v_cache = kv_cache
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        num_decode = meta.num_decode_tokens
-        if num_decode == num_tokens:
-            out = ops.decode_attention(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale,
-                self.sliding_window, self.softcap,
-            )
-        else:
-            out = torch.empty_like(q)
-            if num_decode:
-                out[:num_decode] = ops.decode_attention(
-                    q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
-                    meta.decode_context_lens, self.scale, self.sliding_window, self.softcap,
-                )
-            for chunk in meta.prefills:
-                s, e = chunk.start, chunk.end
-                out[s:e] = ops.prefill_attention(
-                    q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                    chunk.context_len, self.scale, self.sliding_window, self.softcap,
-                )
+        out = paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window, self.softcap)
         attended = out.view(num_tokens, cfg.q_size)
         projected = F.linear(attended, self.o_weight, self.o_bias)
         return projected if self.lora is None else self.lora.add("o", attended, projected)
