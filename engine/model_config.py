@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
-from engine.moe_config import GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
+from engine.mla_config import MLAConfig, read_mla_config
+from engine.moe_config import DEEPSEEK_V3, GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
 from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
-                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE)
+                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V3)
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -60,6 +62,7 @@ class ModelConfig:
     # q and k projections' (OLMo 2); None: not.
     qk_norm: str | None
     moe: MoEConfig  # its mixture of experts (engine/moe_config.py); one of no experts for a dense model
+    mla: MLAConfig | None  # DeepSeek-V3's multi-head latent attention (engine/mla_config.py); None: not MLA
     sliding_window: int | None
     sliding_layers: frozenset[int]  # the layers that attend over `sliding_window` only (all, for Mistral)
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
@@ -128,6 +131,9 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
         head_dim = int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
+        mla = read_mla_config(cfg) if arch == DEEPSEEK_V3 else None
+        if mla is not None:  # every head its own k and v in the pages, RoPE over its rope part
+            num_kv_heads, head_dim, rotary_dim = num_heads, mla.cache_head_dim, mla.qk_rope_head_dim
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -147,8 +153,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
-            or (arch in (*_ATTENTION_BIAS, GLM4_MOE) and bool(cfg.get("attention_bias"))),
-            o_bias=arch in _ATTENTION_BIAS and bool(cfg.get("attention_bias")),
+            or (arch in (*_ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
+            o_bias=arch in (*_ATTENTION_BIAS, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
             qk_norm="head" if arch in _QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in OLMOS else None,
@@ -156,7 +162,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
             hidden_act=act,
-            attention_scale=_attention_scale(cfg, arch, head_dim),
+            attention_scale=_attention_scale(cfg, arch, head_dim, mla, scaling),
+            mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
             **_granite_multipliers(cfg, arch),
             weights_dtype=str(stored_dtype(cfg) or "float32"),
@@ -181,7 +188,14 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     return config
 
 
-def _attention_scale(cfg: dict, arch: str, head_dim: int) -> float:
+def _attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, scaling: dict | None) -> float:
+    if mla is not None:
+        # DeepSeek's YaRN also sharpens the softmax, by its mscale squared.
+        scale = mla.qk_head_dim ** -0.5
+        if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
+            mscale = 0.1 * float(scaling["mscale_all_dim"]) * math.log(float(scaling["factor"])) + 1.0
+            scale *= mscale * mscale if float(scaling["factor"]) > 1 else 1.0
+        return scale
     if arch in GEMMAS:
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
     if arch == "GraniteForCausalLM":  # absent, transformers' default: 1, not head_dim ** -0.5

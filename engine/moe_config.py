@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-GLM4_MOE = "Glm4MoeForCausalLM"
+GLM4_MOE, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"
+# Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
+_GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
+                     DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
 
 
 @dataclass(frozen=True)
@@ -48,16 +51,17 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]) if is_qwen2 else 0,
                         shared_expert_gated=is_qwen2, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
                         dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step))
-    elif arch == GLM4_MOE:
+    elif arch in _GROUPED_DEFAULTS:
         inter = int(cfg["moe_intermediate_size"])
+        given = {**_GROUPED_DEFAULTS[arch], **{k: v for k, v in cfg.items() if v is not None}}
         moe = MoEConfig(num_experts=int(cfg.get("n_routed_experts") or cfg["num_local_experts"]),
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
                         shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-                        dense_layers=frozenset(range(int(cfg.get("first_k_dense_replace", 1)))),
-                        weighs_experts_in_float32=True, scoring="sigmoid", num_groups=int(cfg.get("n_group", 1)),
-                        topk_groups=int(cfg.get("topk_group", 1)),
-                        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)))
+                        dense_layers=frozenset(range(int(given["first_k_dense_replace"]))),
+                        weighs_experts_in_float32=True, scoring="sigmoid", num_groups=int(given["n_group"]),
+                        topk_groups=int(given["topk_group"]),
+                        routed_scaling_factor=float(given["routed_scaling_factor"]))
     else:
         return MoEConfig()
     if not 0 < moe.num_experts_per_tok <= moe.num_experts:

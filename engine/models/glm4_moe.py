@@ -7,8 +7,4 @@ from engine.models.llama import LlamaForCausalLM
 
 
 class Glm4MoeForCausalLM(LlamaForCausalLM):
-    def is_unused_tensor(self, name: str) -> bool:
-        # The checkpoint's layers past the model's are its multi-token-prediction layers, which only
-        # speculative decoding reads; transformers leaves them unread too.
-        parts = name.split(".")
-        return len(parts) > 2 and parts[:2] == ["model", "layers"] and int(parts[2]) >= self.config.num_layers
+    has_mtp_layers = True

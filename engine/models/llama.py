@@ -125,13 +125,13 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None = None,
-                 is_sparse: bool = False) -> None:
+                 is_sparse: bool = False, attention: type[nn.Module] = Attention) -> None:
         super().__init__()
         self.eps = config.rms_norm_eps
         self.rms_norm = kernels.rms_norm
         self.input_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
-        self.attn = Attention(config, kernels, dtype, sliding_window)
+        self.attn = attention(config, kernels, dtype, sliding_window)
         self.mlp = SparseMoE(config, dtype) if is_sparse else MLP(config, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
@@ -248,9 +248,15 @@ class LlamaForCausalLM(nn.Module):
             names += self._attention_names(i) + self._mlp_names(i) + [p + f"{x}.weight" for x in self._norm_names()]
         return names
 
+    # Checkpoints of models trained to predict several tokens (GLM-4.5, DeepSeek-V3) carry layers past
+    # the model's, which only speculative decoding reads; transformers leaves them unread too.
+    has_mtp_layers = False
+
     def is_unused_tensor(self, name: str) -> bool:
         """A checkpoint tensor this model does not read, which is not a sign of a setting it ignores."""
-        return False
+        parts = name.split(".")
+        return (self.has_mtp_layers and len(parts) > 2 and parts[:2] == ["model", "layers"]
+                and int(parts[2]) >= self.config.num_layers)
 
     def _norm_names(self) -> tuple[str, ...]:
         """Each layer's norms, as the checkpoint names them."""

@@ -71,6 +71,22 @@ TINY_MODELS = {
                                        n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
                                        first_k_dense_replace=1, use_qk_norm=True, attention_bias=True,
                                        num_hidden_layers=3, pad_token_id=0), {}),
+    # DeepSeek-V3: multi-head latent attention (q through a rank-32 latent, k and v from a rank-24
+    # one, RoPE over 8 of each head's 24 q/k dimensions, interleaved in the weights; v 20 wide),
+    # YaRN with DeepSeek's mscale; the first layer dense, then 8 experts in 4 groups.
+    "deepseek-v3": ("DeepseekV3Config", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1,
+        num_hidden_layers=3, pad_token_id=0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                      "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
+    # Moonlight's variant of it: q through one projection, RoPE pairs half a part apart, no YaRN.
+    "deepseek-v3-q-proj": ("DeepseekV3Config", dict(
+        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_group=2, topk_group=1, first_k_dense_replace=1, num_hidden_layers=2, rope_interleave=False,
+        pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -1,0 +1,32 @@
+"""What a config.json says of multi-head latent attention (DeepSeek-V3's MLA; engine/models/mla.py
+computes it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    q_lora_rank: int | None  # q through a low-rank projection and a norm; None: one projection
+    kv_lora_rank: int  # the latent k and v are made from, normed
+    qk_nope_head_dim: int  # a head's q and k dimensions without RoPE
+    qk_rope_head_dim: int  # ... and with it: k's shared by every head
+    v_head_dim: int
+    rope_interleave: bool  # the RoPE dimensions' pairs are adjacent in the weights (DeepSeek's export)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_head_dim(self) -> int:
+        """A KV page's head: k's whole, v padded to it. Baton pages hold each head's k and v, not the
+        latent (the latent cache that makes MLA's KV small is not done here)."""
+        return max(self.qk_head_dim, self.v_head_dim)
+
+
+def read_mla_config(cfg: dict) -> MLAConfig:
+    q_lora_rank = cfg.get("q_lora_rank")
+    return MLAConfig(q_lora_rank=int(q_lora_rank) if q_lora_rank else None, kv_lora_rank=int(cfg["kv_lora_rank"]),
+                     qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                     v_head_dim=int(cfg["v_head_dim"]), rope_interleave=bool(cfg.get("rope_interleave", True)))

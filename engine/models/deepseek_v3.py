@@ -1,0 +1,37 @@
+"""DeepSeek-V3 (DeepseekV3ForCausalLM; R1, V3.1, Kimi K2 share it): multi-head latent attention
+(engine/models/mla.py), dense MLPs in the first layers and experts after them, routed as GLM-4.5's
+are (sigmoid scores within groups, shared experts), and multi-token-prediction layers left unread."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from engine.lora import Target
+from engine.models.llama import DecoderLayer, LlamaForCausalLM
+from engine.models.mla import MLAttention
+
+
+class DeepseekV3ForCausalLM(LlamaForCausalLM):
+    has_mtp_layers = True
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return DecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer),
+                            attention=MLAttention)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        return self.layers[layer].attn.checkpoint_names(f"model.layers.{layer}.self_attn.")
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        def the_rest() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in tensors:
+                parts = name.split(".")
+                if len(parts) > 4 and parts[3] == "self_attn":
+                    self.layers[int(parts[2])].attn.load(".".join(parts[4:]), tensor)
+                else:
+                    yield name, tensor
+        super().load_weights(the_rest())
+
+    def lora_target(self, module: str) -> Target | None:
+        return None if ".self_attn." in module else super().lora_target(module)
