@@ -18,6 +18,13 @@ MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "
 MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                  '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
 QWEN3_CODER, GLM45 = PARSERS["qwen3_coder"], PARSERS["glm45"]
+DEEPSEEK_V3, DEEPSEEK_V31 = PARSERS["deepseek_v3"], PARSERS["deepseek_v31"]
+DEEPSEEK_V3_TEXT = ('Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n'
+                    '```json\n{"city": "Zürich"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>'
+                    'get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+DEEPSEEK_V31_TEXT = ('Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>'
+                     '{"city": "Zürich"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}'
+                     '<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
 GLM45_TEXT = ("Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
               "</tool_call><tool_call>get_time</tool_call>")
 QWEN3_CODER_TEXT = ("Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
@@ -98,7 +105,8 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("syntax", "text", "said"), [
     (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
     (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, ""),
-    (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look."), (GLM45, GLM45_TEXT, "Let me look.")])
+    (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look."), (GLM45, GLM45_TEXT, "Let me look."),
+    (DEEPSEEK_V3, DEEPSEEK_V3_TEXT, "Let me look."), (DEEPSEEK_V31, DEEPSEEK_V31_TEXT, "Let me look.")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
@@ -113,7 +121,8 @@ STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LIS
 
 
 @pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT),
-                                          (GLM45, GLM45_TEXT)])
+                                          (GLM45, GLM45_TEXT), (DEEPSEEK_V3, DEEPSEEK_V3_TEXT),
+                                          (DEEPSEEK_V31, DEEPSEEK_V31_TEXT)])
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
     for a in range(len(text) + 1):
@@ -244,3 +253,15 @@ def test_glm45_arguments_are_text_where_the_tool_says_string_and_parsed_elsewher
                                                          "where": {"on": True}, "note": "not json"}
     assert GLM45.parse("<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>")[1] == []  # no name
     assert GLM45.parse("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>")[1] == []  # cut short
+
+
+def test_deepseek_calls_keep_the_models_json_and_broken_ones_are_text():
+    (call,) = DEEPSEEK_V31.parse('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": [1,2]}'
+                                 '<｜tool▁call▁end｜>')[1]
+    assert call["function"] == {"name": "f", "arguments": '{"a": [1,2]}'}  # its own spacing kept
+    for text in ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": 1',  # cut short
+                 '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{oops}<｜tool▁call▁end｜>'):
+        assert DEEPSEEK_V31.parse(text) == (text, [])
+    assert DEEPSEEK_V3.parse("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}"
+                             "<｜tool▁call▁end｜>")[1] == []  # no ```json fence
+    assert DEEPSEEK_V3.reads_special_tokens and DEEPSEEK_V31.reads_special_tokens
