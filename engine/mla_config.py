@@ -25,8 +25,10 @@ class MLAConfig:
         return max(self.qk_head_dim, self.v_head_dim)
 
 
-def read_mla_config(cfg: dict) -> MLAConfig:
+def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     q_lora_rank = cfg.get("q_lora_rank")
+    # DeepSeek-V2 turns its RoPE dimensions as complex numbers, pairs side by side: V3's interleaving.
+    interleaved = True if arch == "DeepseekV2ForCausalLM" else bool(cfg.get("rope_interleave", True))
     return MLAConfig(q_lora_rank=int(q_lora_rank) if q_lora_rank else None, kv_lora_rank=int(cfg["kv_lora_rank"]),
                      qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                     v_head_dim=int(cfg["v_head_dim"]), rope_interleave=bool(cfg.get("rope_interleave", True)))
+                     v_head_dim=int(cfg["v_head_dim"]), rope_interleave=interleaved)

@@ -9,13 +9,14 @@ from pathlib import Path
 from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.mla_config import MLAConfig, read_mla_config
-from engine.moe_config import DEEPSEEK_V3, GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
+from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
 from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
-                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V3)
+                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
+                           DEEPSEEK_V3)
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -131,7 +132,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
         head_dim = int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
-        mla = read_mla_config(cfg) if arch == DEEPSEEK_V3 else None
+        mla = read_mla_config(cfg, arch) if arch in (DEEPSEEK_V2, DEEPSEEK_V3) else None
         if mla is not None:  # every head its own k and v in the pages, RoPE over its rope part
             num_kv_heads, head_dim, rotary_dim = num_heads, mla.cache_head_dim, mla.qk_rope_head_dim
         config = ModelConfig(
@@ -153,8 +154,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
-            or (arch in (*_ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
-            o_bias=arch in (*_ATTENTION_BIAS, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
+            or (arch in (*_ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
+            o_bias=arch in (*_ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
             qk_norm="head" if arch in _QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in OLMOS else None,

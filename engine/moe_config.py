@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-GLM4_MOE, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"
+GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
@@ -22,9 +22,11 @@ class MoEConfig:
     norm_topk_prob: bool = False  # the chosen experts' weights rescaled to sum to 1
     dense_layers: frozenset[int] = field(default_factory=frozenset)  # layers whose MLP is dense though
     weighs_experts_in_float32: bool = False  # Mixtral's, GLM's; Qwen's cast the weights to the compute dtype
-    # How the router scores experts: "softmax" (Mixtral, Qwen), or "sigmoid" (GLM-4.5, DeepSeek-V3):
-    # sigmoid scores, chosen by score plus a learnt correction bias, among the `topk_groups` best of
-    # `num_groups` groups of experts, weighted by score times `routed_scaling_factor`.
+    router_in_float32: bool = False  # the router's weight and input in float32 (DeepSeek's, GLM's)
+    # How the router scores experts: "softmax" (Mixtral, Qwen, DeepSeek-V2), or "sigmoid" (GLM-4.5,
+    # DeepSeek-V3): sigmoid scores, chosen by score plus a learnt correction bias. Either chooses among
+    # the `topk_groups` best of `num_groups` groups of experts (a group scored by its best expert under
+    # softmax, its best two under sigmoid), and weighs an expert by its score times `routed_scaling_factor`.
     scoring: str = "softmax"
     num_groups: int = 1
     topk_groups: int = 1
@@ -59,9 +61,22 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
                         dense_layers=frozenset(range(int(given["first_k_dense_replace"]))),
-                        weighs_experts_in_float32=True, scoring="sigmoid", num_groups=int(given["n_group"]),
+                        weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
+                        num_groups=int(given["n_group"]),
                         topk_groups=int(given["topk_group"]),
                         routed_scaling_factor=float(given["routed_scaling_factor"]))
+    elif arch == DEEPSEEK_V2:
+        # transformers' V2 router: softmax, the top-k within the best groups with group_limited_greedy,
+        # the weights scaled but not renormalized.
+        inter, grouped = int(cfg["moe_intermediate_size"]), cfg.get("topk_method") == "group_limited_greedy"
+        moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts") or 0),
+                        dense_layers=frozenset(range(int(cfg.get("first_k_dense_replace") or 0))),
+                        weighs_experts_in_float32=True, router_in_float32=True,
+                        num_groups=int(cfg["n_group"]) if grouped else 1,
+                        topk_groups=int(cfg["topk_group"]) if grouped else 1,
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
     else:
         return MoEConfig()
     if not 0 < moe.num_experts_per_tok <= moe.num_experts:

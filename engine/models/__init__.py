@@ -1,7 +1,7 @@
 """Model architectures, keyed by the `architectures` entry of config.json."""
 from __future__ import annotations
 
-from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.granite import GraniteForCausalLM
@@ -27,5 +27,6 @@ MODEL_REGISTRY = {
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }

@@ -1,6 +1,8 @@
-"""DeepSeek-V3 (DeepseekV3ForCausalLM; R1, V3.1, Kimi K2 share it): multi-head latent attention
-(engine/models/mla.py), dense MLPs in the first layers and experts after them, routed as GLM-4.5's
-are (sigmoid scores within groups, shared experts), and multi-token-prediction layers left unread."""
+"""DeepSeek-V3 (DeepseekV3ForCausalLM; R1, V3.1, Kimi K2 share it) and DeepSeek-V2
+(DeepseekV2ForCausalLM: V2, V2-Lite, V2.5): multi-head latent attention (engine/models/mla.py),
+dense MLPs in the first layers and experts after them beside shared experts, routed as
+engine/moe_config.py reads (V3 as GLM-4.5: sigmoid scores within groups; V2 by softmax); V3's
+multi-token-prediction layers left unread."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -35,3 +37,7 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
 
     def lora_target(self, module: str) -> Target | None:
         return None if ".self_attn." in module else super().lora_target(module)
+
+
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    has_mtp_layers = False

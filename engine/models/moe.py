@@ -21,10 +21,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.moe = moe = config.moe
         num_experts, inter, hidden = moe.num_experts, moe.moe_intermediate_size, config.hidden_size
-        is_sigmoid = moe.scoring == "sigmoid"
-        # GLM keeps its router in float32, with the bias that corrects which experts are chosen.
-        self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if is_sigmoid else dtype)
-        self.router_bias = empty_param(num_experts, dtype=torch.float32) if is_sigmoid else None
+        # DeepSeek and GLM keep their routers in float32; GLM and DeepSeek-V3 with a bias that corrects
+        # which experts are chosen.
+        self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if moe.router_in_float32 else dtype)
+        self.router_bias = empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" else None
         self.gate_up_weight = empty_param(num_experts, 2 * inter, hidden, dtype=dtype)  # each expert's slices filled
         self.down_weight = empty_param(num_experts, hidden, inter, dtype=dtype)
         shared = moe.shared_expert_intermediate_size
@@ -53,10 +53,17 @@ class SparseMoE(nn.Module):
         moe = self.moe
         if moe.scoring == "sigmoid":
             return self._route_by_groups(x)
-        probs = F.softmax(F.linear(x, self.router_weight).float(), dim=-1)  # [T, E]
+        logits = F.linear(x.float() if moe.router_in_float32 else x, self.router_weight)
+        probs = F.softmax(logits.float(), dim=-1)  # [T, E]
+        if moe.num_groups > 1:  # DeepSeek-V2's group_limited_greedy: the best groups by their best expert
+            grouped = probs.view(-1, moe.num_groups, moe.num_experts // moe.num_groups)
+            best_groups = grouped.max(dim=-1).values.topk(moe.topk_groups, dim=-1, sorted=False)[1]
+            in_best = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)
+            probs = probs.masked_fill(~in_best.repeat_interleave(grouped.shape[-1], dim=1), 0.0)
         weights, experts = torch.topk(probs, moe.num_experts_per_tok, dim=-1)
         if moe.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * moe.routed_scaling_factor if moe.routed_scaling_factor != 1.0 else weights
         return (weights if moe.weighs_experts_in_float32 else weights.to(x.dtype)), experts
 
     def _route_by_groups(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

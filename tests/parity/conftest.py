@@ -87,6 +87,21 @@ TINY_MODELS = {
         num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         n_group=2, topk_group=1, first_k_dense_replace=1, num_hidden_layers=2, rope_interleave=False,
         pad_token_id=0), {}),
+    # DeepSeek-V2: MLA with complex (interleaved) RoPE; softmax routing, 3 experts a token from the best
+    # of 3 groups of 4 (more than the best experts overall would give), scaled; two shared experts;
+    # YaRN with DeepSeek's mscale.
+    "deepseek-v2": ("DeepseekV2Config", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        num_key_value_heads=4, n_routed_experts=12, num_experts_per_tok=3, moe_intermediate_size=48,
+        n_shared_experts=2, topk_method="group_limited_greedy", n_group=3, topk_group=1, routed_scaling_factor=1.5,
+        first_k_dense_replace=1, num_hidden_layers=3, pad_token_id=0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                      "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}), {}),
+    # DeepSeek-V2-Lite's routing: softmax top-k over all experts, no groups, no query projection rank.
+    "deepseek-v2-lite": ("DeepseekV2Config", dict(
+        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_shared_experts=2, topk_method="greedy", first_k_dense_replace=1, num_hidden_layers=2, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
