@@ -14,8 +14,8 @@ uses:
 - `qwen3_coder` (Qwen3-Coder, Qwen3-Next, Qwen3.5): XML calls, `<function=NAME>` and a
   `<parameter=NAME>` per argument, typed by the request's tool schemas (xml_tool_calls.py);
 - `glm45` (GLM-4.5 to 4.7): `<tool_call>NAME`, `<arg_key>`/`<arg_value>` pairs, typed alike;
-- `deepseek_v3` and `deepseek_v31` (DeepSeek-V3 and R1-0528; V3.1 and V3.2): calls between DeepSeek's
-  special tokens (deepseek_tool_calls.py);
+- `deepseek_v3`, `deepseek_v31` and `kimi_k2` (DeepSeek-V3 and R1-0528; V3.1 and V3.2; Kimi K2):
+  calls between the models' special tokens (special_token_calls.py);
 - `mistral` (Mistral's instruct models): the calls after `[TOOL_CALLS]`, a special token the
   text then keeps (as vLLM's parser, it turns `skip_special_tokens` off for requests it reads):
   a JSON list of `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Nemo), or each
@@ -61,8 +61,8 @@ from services.gateway.call_text import (
     past,
     pythonic_call,
 )
-from services.gateway.deepseek_tool_calls import DeepSeekV3, DeepSeekV31
 from services.gateway.errors import APIError
+from services.gateway.special_token_calls import DeepSeekV3, DeepSeekV31, KimiK2
 from services.gateway.tool_calls import new_call_id, tool_call
 from services.gateway.xml_tool_calls import Glm45, Qwen3Coder
 
@@ -326,7 +326,7 @@ class RequiredCalls(_CallsOnly):
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
                                       "mistral": Mistral(), "qwen3_coder": Qwen3Coder(), "glm45": Glm45(),
-                                      "deepseek_v3": DeepSeekV3(), "deepseek_v31": DeepSeekV31()}
+                                      "deepseek_v3": DeepSeekV3(), "deepseek_v31": DeepSeekV31(), "kimi_k2": KimiK2()}
 TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45}
 
 

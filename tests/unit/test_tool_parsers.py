@@ -18,7 +18,10 @@ MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "
 MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                  '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
 QWEN3_CODER, GLM45 = PARSERS["qwen3_coder"], PARSERS["glm45"]
-DEEPSEEK_V3, DEEPSEEK_V31 = PARSERS["deepseek_v3"], PARSERS["deepseek_v31"]
+DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2 = PARSERS["deepseek_v3"], PARSERS["deepseek_v31"], PARSERS["kimi_k2"]
+KIMI_K2_TEXT = ('Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
+                '<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|><|tool_call_begin|> '
+                'functions.get_time:1 <|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>')
 DEEPSEEK_V3_TEXT = ('Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n'
                     '```json\n{"city": "Zürich"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>'
                     'get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
@@ -106,7 +109,8 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
     (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
     (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, ""),
     (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look."), (GLM45, GLM45_TEXT, "Let me look."),
-    (DEEPSEEK_V3, DEEPSEEK_V3_TEXT, "Let me look."), (DEEPSEEK_V31, DEEPSEEK_V31_TEXT, "Let me look.")])
+    (DEEPSEEK_V3, DEEPSEEK_V3_TEXT, "Let me look."), (DEEPSEEK_V31, DEEPSEEK_V31_TEXT, "Let me look."),
+    (KIMI_K2, KIMI_K2_TEXT, "Let me look.")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
@@ -122,7 +126,7 @@ STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LIS
 
 @pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT),
                                           (GLM45, GLM45_TEXT), (DEEPSEEK_V3, DEEPSEEK_V3_TEXT),
-                                          (DEEPSEEK_V31, DEEPSEEK_V31_TEXT)])
+                                          (DEEPSEEK_V31, DEEPSEEK_V31_TEXT), (KIMI_K2, KIMI_K2_TEXT)])
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
     for a in range(len(text) + 1):
@@ -265,3 +269,11 @@ def test_deepseek_calls_keep_the_models_json_and_broken_ones_are_text():
     assert DEEPSEEK_V3.parse("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}"
                              "<｜tool▁call▁end｜>")[1] == []  # no ```json fence
     assert DEEPSEEK_V3.reads_special_tokens and DEEPSEEK_V31.reads_special_tokens
+
+
+def test_a_kimi_call_is_named_by_its_function_and_an_unindexed_one_is_text():
+    text = '<|tool_calls_section_begin|><|tool_call_begin|>functions.search_web:3<|tool_call_argument_begin|>{"q": 1}'
+    (call,) = KIMI_K2.parse(text + "<|tool_call_end|>")[1]
+    assert call["function"] == {"name": "search_web", "arguments": '{"q": 1}'} and call["id"].startswith("call_")
+    unindexed = text.replace(":3", "") + "<|tool_call_end|>"
+    assert KIMI_K2.parse(unindexed) == (unindexed, [])
