@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +9,14 @@ from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.mla_config import MLAConfig, read_mla_config
 from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
-from engine.rope_config import PHI3, partial_rotary_factor, rope_parameters, rope_scaling, rope_theta
+from engine.rope_config import (
+    PHI3,
+    partial_rotary_factor,
+    rope_parameters,
+    rope_scaling,
+    rope_theta,
+    yarn_temperature,
+)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
@@ -194,8 +200,7 @@ def _attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None,
         # DeepSeek's YaRN also sharpens the softmax, by its mscale squared.
         scale = mla.qk_head_dim ** -0.5
         if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
-            mscale = 0.1 * float(scaling["mscale_all_dim"]) * math.log(float(scaling["factor"])) + 1.0
-            scale *= mscale * mscale if float(scaling["factor"]) > 1 else 1.0
+            scale *= yarn_temperature(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
         return scale
     if arch in GEMMAS:
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5

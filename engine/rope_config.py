@@ -2,6 +2,8 @@
 reads them too (LongRoPE's frequencies, and so the KV, hang on the context a worker serves)."""
 from __future__ import annotations
 
+import math
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # transformers 5 nests a config's RoPE settings by these layer types.
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -49,6 +51,11 @@ def rope_scaling(cfg: dict, arch: str) -> dict | None:
     if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:  # DeepSeek's, Phi-3's: the contexts' ratio
         scaling["factor"] = cfg.get("max_position_embeddings", 2048) / scaling["original_max_position_embeddings"]
     return None if rope_type == "default" else scaling
+
+
+def yarn_temperature(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context `factor` times the original: 0.1 mscale ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def uses_long_factors(scaling: dict, max_positions: int | None) -> bool:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.rope_config import SUPPORTED_ROPE_TYPES, uses_long_factors
+from engine.rope_config import SUPPORTED_ROPE_TYPES, uses_long_factors, yarn_temperature
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
@@ -85,14 +85,10 @@ def rope_attention_factor(scaling: dict | None) -> float:
     if rope_type == "longrope":
         original = scaling["original_max_position_embeddings"]
         return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
-
-    def temperature(mscale: float) -> float:
-        return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
     mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
     if mscale and mscale_all_dim:
-        return temperature(float(mscale)) / temperature(float(mscale_all_dim))
-    return temperature(1.0)
+        return yarn_temperature(factor, float(mscale)) / yarn_temperature(factor, float(mscale_all_dim))
+    return yarn_temperature(factor)
 
 
 def build_rope_cache(
