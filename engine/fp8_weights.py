@@ -74,7 +74,7 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
     """weight [rows, columns] in float32, each block (or channel, or all) of it times its scale."""
     rows, columns = weight.shape
     if block is None:
-        if scale.numel() not in (1, rows) or (scale.numel() == rows and scale.dim() and scale.shape[0] != rows):
+        if scale.numel() != 1 and tuple(scale.shape) not in ((rows,), (rows, 1)):
             raise ValueError(f"a {rows}x{columns} weight needs one scale or one a row, got {tuple(scale.shape)}")
         return weight.float() * scale.float().reshape(-1, 1)
     block_rows, block_columns = block

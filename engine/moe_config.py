@@ -55,7 +55,8 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step))
     elif arch in _GROUPED_DEFAULTS:
         inter = int(cfg["moe_intermediate_size"])
-        given = {**_GROUPED_DEFAULTS[arch], **{k: v for k, v in cfg.items() if v is not None}}
+        defaults = _GROUPED_DEFAULTS[arch]
+        given = {key: defaults[key] if cfg.get(key) is None else cfg[key] for key in defaults}
         moe = MoEConfig(num_experts=int(cfg.get("n_routed_experts") or cfg["num_local_experts"]),
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
                         shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),

@@ -126,11 +126,10 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         lora = self.models.adapter_named(request.model) if request.model else None
-        adapters = dict(self.models.lora_modules)
-        if request.sampling.HasField("lora_name") and request.sampling.lora_name not in adapters:
+        if request.sampling.HasField("lora_name") and not self.models.serves_adapter(request.sampling.lora_name):
+            served = ", ".join(name for name, _ in self.models.lora_modules) or "none"
             raise APIError(400, f"sampling.lora_name {request.sampling.lora_name!r} is not served here (served: "
-                                f"{', '.join(adapters) or 'none'}); name an adapter as the model",
-                           param="sampling.lora_name")
+                                f"{served}); name an adapter as the model", param="sampling.lora_name")
         given = request.WhichOneof("input")
         if given is None:
             raise APIError(400, "one of text, chat or token_ids is required", param="input")

@@ -27,9 +27,12 @@ class ServedModels:
         """The LoRA adapter `model` names (None: the model itself); APIError 404 for a name neither is."""
         if model in self.names:
             return None
-        if any(model == name for name, _ in self.lora_modules):
+        if self.serves_adapter(model):
             return model
         raise model_not_found(model, self.all_names)
+
+    def serves_adapter(self, name: str) -> bool:
+        return any(name == adapter for adapter, _ in self.lora_modules)
 
     def cards(self) -> list[dict[str, Any]]:
         return [self.card(name) for name in self.all_names]
