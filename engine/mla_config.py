@@ -19,10 +19,14 @@ class MLAConfig:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     @property
-    def cache_head_dim(self) -> int:
-        """A KV page's head: k's whole, v padded to it. Baton pages hold each head's k and v, not the
-        latent (the latent cache that makes MLA's KV small is not done here)."""
-        return max(self.qk_head_dim, self.v_head_dim)
+    def cache_row_width(self) -> int:
+        """A token's numbers in a layer's pages: k's RoPE part, shared by the heads, and the latent."""
+        return self.qk_rope_head_dim + self.kv_lora_rank
+
+    @property
+    def page_head_dim(self) -> int:
+        """The row split over a layer's k and v pages (one kv head each), the second half padded."""
+        return (self.cache_row_width + 1) // 2
 
 
 def read_mla_config(cfg: dict, arch: str) -> MLAConfig:

@@ -139,8 +139,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         head_dim = int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
         mla = read_mla_config(cfg, arch) if arch in (DEEPSEEK_V2, DEEPSEEK_V3) else None
-        if mla is not None:  # every head its own k and v in the pages, RoPE over its rope part
-            num_kv_heads, head_dim, rotary_dim = num_heads, mla.cache_head_dim, mla.qk_rope_head_dim
+        if mla is not None:  # the pages hold the latent, one row a token for every head (kernels/mla_attention.py)
+            num_kv_heads, head_dim, rotary_dim = 1, mla.page_head_dim, mla.qk_rope_head_dim
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,

@@ -1,14 +1,14 @@
-"""Multi-head latent attention (DeepSeek-V3, and the models built on it: R1, V3.1, Kimi K2), over
-Baton's paged KV: q through a low-rank projection and a norm; k and v made per head from a normed
+"""Multi-head latent attention (DeepSeek-V3, and the models built on it: R1, V3.1, Kimi K2; DeepSeek-V2),
+over Baton's paged KV: q through a low-rank projection and a norm; k and v made per head from a normed
 latent, plus a RoPE part of k that every head shares.
 
-The pages hold each head's k and v (v padded to k's width), not the latent: what the model computes
-is MLA's, but its KV takes the room of ordinary attention's, not MLA's much smaller latent cache.
+The pages hold what MLA's cache should: per token, the shared RoPE part of k and the normed latent
+(kernels/mla_attention.py lays them out), `rope + kv_lora_rank` numbers a layer (576 for DeepSeek-V3,
+where per-head keys and values would take 40,960). Decode attends to them in the latent space, a prefill
+chunk after projecting its context up to each head's k and v.
 
-Each head is laid out RoPE part first ([rope, nope] instead of DeepSeek's [nope, rope]: q·k is the
-same sum), so the RoPE kernels turn the first `qk_rope_head_dim` dimensions as they do for partial
-RoPE. DeepSeek's weights hold each RoPE pair's dimensions side by side (`rope_interleave`); their
-rows are reordered as they load so that the usual pairing, half a part apart, is the same rotation.
+DeepSeek's weights hold each RoPE pair's dimensions side by side (`rope_interleave`); their rows are
+reordered as they load so that the usual pairing, half a part apart, is the same rotation.
 """
 from __future__ import annotations
 
@@ -16,10 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention_metadata import AttentionMetadata
+from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.model_config import ModelConfig
-from engine.models.llama import KVCache, paged_attention
+from engine.models.llama import KVCache
 from engine.models.parameters import empty_param
+from kernels.mla_attention import (
+    causal_attention_torch,
+    mla_decode_attention_torch,
+    read_latent_rows,
+    write_latent_rows,
+)
 from kernels.registry import Kernels
 
 
@@ -31,7 +37,8 @@ class MLAttention(nn.Module):
         mla = config.mla
         self.config, self.mla, self.kernels = config, mla, kernels
         self.scale = config.attention_scale
-        self.sliding_window = sliding_window
+        if sliding_window is not None:
+            raise ValueError("multi-head latent attention has no sliding window")
         heads, hidden = config.num_heads, config.hidden_size
         q_size = heads * mla.qk_head_dim
         if mla.q_lora_rank is None:
@@ -57,20 +64,56 @@ class MLAttention(nn.Module):
         else:
             q_latent = ops.rms_norm(F.linear(x, self.q_a_weight, self.q_a_bias), self.q_a_norm, cfg.rms_norm_eps)
             q = F.linear(q_latent, self.q_b_weight)
-        q = q.view(num_tokens, heads, mla.qk_head_dim)
+        q_nope, q_rope = q.view(num_tokens, heads, mla.qk_head_dim).split([nope, rope], dim=-1)
         latent, k_rope = F.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
-        kv = F.linear(ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps), self.kv_b_weight)
-        k_nope, v = kv.view(num_tokens, heads, nope + mla.v_head_dim).split([nope, mla.v_head_dim], dim=-1)
-        q = torch.cat((q[..., nope:], q[..., :nope]), dim=-1)  # [rope, nope]
-        k = torch.cat((k_rope.unsqueeze(1).expand(num_tokens, heads, rope), k_nope), dim=-1)
-        q, k = ops.apply_rope(q, k, cos, sin)
-        pad = cfg.head_dim - mla.qk_head_dim
-        if pad:  # a v wider than k (no DeepSeek model has one): k and q padded, their dot product as it was
-            q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
-        v = F.pad(v, (0, cfg.head_dim - mla.v_head_dim))
-        out = paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window, None)
-        attended = out[..., :mla.v_head_dim].reshape(num_tokens, heads * mla.v_head_dim)
-        return F.linear(attended, self.o_weight, self.o_bias)
+        latent = ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps)
+        q_rope, k_rope = ops.apply_rope(q_rope, k_rope.unsqueeze(1), cos, sin)
+        rows = torch.cat((k_rope.squeeze(1), latent), dim=-1)  # [T, rope + rank]: what the pages keep
+        write_latent_rows(rows, *kv_cache, meta.slot_mapping)
+        out = q.new_empty(num_tokens, heads, mla.v_head_dim)
+        num_decode = meta.num_decode_tokens
+        if num_decode:
+            out[:num_decode] = self._decode(q_nope[:num_decode], q_rope[:num_decode], kv_cache, meta)
+        for chunk in meta.prefills:
+            s, e = chunk.start, chunk.end
+            out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk)
+        return F.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
+
+    def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's projections of the latent to its k (nope part) and to its v: [H, nope, rank],
+        [H, v, rank] (kv_b's rows hold a head's k, then its v)."""
+        mla = self.mla
+        up = self.kv_b_weight.view(self.config.num_heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+        return up[:, :mla.qk_nope_head_dim], up[:, mla.qk_nope_head_dim:]
+
+    def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """One new token a sequence, in the latent space: q_nope [B, H, nope], q_rope [B, H, rope] → [B, H, v]."""
+        to_k, to_v = self._up_projections()
+        q_absorbed = torch.einsum("bhn,hnr->bhr", q_nope, to_k)  # q_nope · k_nope without making k_nope
+        attended = mla_decode_attention_torch(q_rope, q_absorbed, *kv_cache, meta.decode_block_tables,
+                                              meta.decode_context_lens, self.scale)  # [B, H, rank]
+        return torch.einsum("bhr,hvr->bhv", attended, to_v)
+
+    def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, rows: torch.Tensor, kv_cache: KVCache,
+                 chunk: PrefillChunk) -> torch.Tensor:
+        """One sequence's chunk, its context's rows (the cached ones, then `rows`: [n, R]) projected up to
+        each head's k and v: q_nope [n, H, nope], q_rope [n, H, rope] → [n, H, v]."""
+        mla, heads = self.mla, self.config.num_heads
+        if chunk.context_len:
+            rows = self._context_rows(kv_cache, chunk, rows.shape[0])
+        k_rope, latent = rows.split([mla.qk_rope_head_dim, mla.kv_lora_rank], dim=-1)
+        k_nope, v = F.linear(latent, self.kv_b_weight).view(-1, heads, mla.qk_nope_head_dim + mla.v_head_dim).split(
+            [mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
+        k = torch.cat((k_rope.unsqueeze(1).expand(-1, heads, mla.qk_rope_head_dim), k_nope), dim=-1)
+        return causal_attention_torch(torch.cat((q_rope, q_nope), dim=-1), k, v, chunk.context_len, self.scale)
+
+    def _context_rows(self, kv_cache: KVCache, chunk: PrefillChunk, num_new: int) -> torch.Tensor:
+        """The cached rows of a chunk's sequence up to its last new token: [context_len + num_new, R]."""
+        total = chunk.context_len + num_new
+        block_size = kv_cache[0].shape[2]
+        blocks = chunk.block_table[:(total + block_size - 1) // block_size]
+        return read_latent_rows(*kv_cache, blocks, self.mla.cache_row_width)[:total]
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         """Copies checkpoint tensor `name` (`q_a_proj.weight`, ...: its name within `self_attn`) into place."""

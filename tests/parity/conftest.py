@@ -81,9 +81,10 @@ TINY_MODELS = {
         num_hidden_layers=3, pad_token_id=0,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
-    # Moonlight's variant of it: q through one projection, RoPE pairs half a part apart, no YaRN.
+    # Moonlight's variant of it: q through one projection, RoPE pairs half a part apart, no YaRN; a
+    # cache row of odd width (8 + 23), padded in the pages.
     "deepseek-v3-q-proj": ("DeepseekV3Config", dict(
-        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        q_lora_rank=None, kv_lora_rank=23, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
         num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         n_group=2, topk_group=1, first_k_dense_replace=1, num_hidden_layers=2, rope_interleave=False,
         pad_token_id=0), {}),

@@ -237,3 +237,19 @@ def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_
     save_file({**tensors, "model.layers.1.eh_proj.weight": torch.zeros(4, 4)}, model_dir / "model.safetensors")
     with pytest.raises(WeightsError, match="model.layers.1.eh_proj.weight"):
         _engine(model_dir)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3-q-proj"])
+def test_mla_pages_hold_the_latent_not_each_heads_keys_and_values(tiny_model_dirs, name):
+    """A DeepSeek model's KV takes MLA's room: per token and layer, the RoPE part of k and the latent
+    (the row's second half padded when its width is odd), whatever its number of heads."""
+    from engine.kv_pool import kv_block_bytes
+
+    config = json.loads((tiny_model_dirs[name] / "config.json").read_text())
+    engine = _engine(tiny_model_dirs[name])
+    row = config["qk_rope_head_dim"] + config["kv_lora_rank"]
+    per_token_layer = row + row % 2
+    block_size = engine.config.block_size
+    assert kv_block_bytes(engine.model_config, block_size, torch.float32) == \
+        config["num_hidden_layers"] * block_size * per_token_layer * 4
+    assert engine.runner.kv_pool.tensor.shape[2] == 1  # one row every head reads

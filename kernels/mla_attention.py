@@ -1,0 +1,71 @@
+"""Multi-head latent attention over pages that hold the latent, not per-head keys and values.
+
+A token's cache row is `[k_rope, latent]` (`rope + rank` wide): the RoPE part of k every head shares,
+and the normed latent that each head's k (nope part) and v are projected up from. A layer's pages
+are `[1, N, bs, W]` twice (kv_cache.py's layout, one kv head): the row's first W dimensions go in
+the k pages, the rest in the v pages (padded to 2W), so the row costs what MLA's cache should, and
+the pool, transfers and prefix cache move it as any other model's KV.
+
+Decode attends in the latent space (the up-projection of k absorbed into q, of v applied after),
+one row of keys for every head; a prefill chunk projects its context's rows up to each head's k and
+v and attends as ordinary attention does: fewer multiplications where many tokens ask at once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.kv_cache import write_kv_torch
+
+
+def write_latent_rows(rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """rows: [T, R] (R ≤ 2W); k_cache, v_cache: [1, N, bs, W]; slot_mapping: [T] int64."""
+    width = k_cache.shape[-1]
+    halves = F.pad(rows, (0, 2 * width - rows.shape[-1])).view(rows.shape[0], 1, 2 * width)
+    write_kv_torch(halves[..., :width], halves[..., width:], k_cache, v_cache, slot_mapping)
+
+
+def read_latent_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                     row_width: int) -> torch.Tensor:
+    """The rows of pages `blocks` ([...] int64) in order: [..., len(last dim) * bs, row_width]."""
+    _, _, block_size, width = k_cache.shape
+    shape = (*blocks.shape[:-1], blocks.shape[-1] * block_size, width)
+    flat = blocks.reshape(-1)
+    k_half = k_cache[0].index_select(0, flat).view(shape)
+    v_half = v_cache[0].index_select(0, flat).view(shape)
+    return torch.cat((k_half, v_half), dim=-1)[..., :row_width]
+
+
+def mla_decode_attention_torch(q_rope: torch.Tensor, q_latent: torch.Tensor, k_cache: torch.Tensor,
+                               v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                               scale: float) -> torch.Tensor:
+    """One new token per sequence, in the latent space: q_rope [B, H, rope] and q_latent [B, H, rank]
+    (q's nope part through each head's k up-projection) against the rows `[k_rope, latent]`, the
+    latent also the values. block_tables: [B, max_blocks] int64 (padding masked); context_lens: [B],
+    counting the new token. Returns [B, H, rank]: each head's attended latent."""
+    batch, num_heads, rope = q_rope.shape
+    rows = read_latent_rows(k_cache, v_cache, block_tables, rope + q_latent.shape[-1])  # [B, L, R]
+    # Every head reads the same row: the heads stand as one sequence's queries against it.
+    q = torch.cat((q_rope, q_latent), dim=-1).unsqueeze(1)  # [B, 1, H, R]
+    k_pos = torch.arange(rows.shape[1], device=q.device).unsqueeze(0)  # [1, L]
+    mask = (k_pos < context_lens.unsqueeze(1))[:, None, None, :]  # [B, 1, 1, L]
+    out = F.scaled_dot_product_attention(q, rows.unsqueeze(1), rows[..., rope:].unsqueeze(1), attn_mask=mask,
+                                         scale=scale)
+    return out.squeeze(1)
+
+
+def causal_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
+                           scale: float) -> torch.Tensor:
+    """n new tokens after `context_len` others: q [n, H, Dqk], k [context_len + n, H, Dqk],
+    v [context_len + n, H, Dv] → [n, H, Dv]."""
+    total = k.shape[0]
+    # A leading batch dim of 1: 4-D inputs take torch's fused CPU kernel.
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    if context_len == 0:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        q_pos = torch.arange(context_len, total, device=q.device).unsqueeze(1)  # [n, 1]
+        mask = torch.arange(total, device=q.device).unsqueeze(0) <= q_pos  # [n, total]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return out[0].transpose(0, 1)

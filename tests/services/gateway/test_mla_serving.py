@@ -1,0 +1,61 @@
+"""A DeepSeek-V3 model (multi-head latent attention: its pages hold the latent rows, not per-head
+k and v) through the mesh: the rows a prefill worker computes are handed to the decode worker over
+shared memory or the gRPC stream, and what it decodes from them equals `transformers.generate`."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import openai
+import pytest
+import torch
+
+from tests.parity.conftest import make_tiny_model
+from tests.services.gateway.mesh import start_mesh, stop_mesh
+
+transformers = pytest.importorskip("transformers")
+MAX_TOKENS = 12
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@pytest.fixture(scope="module")
+def deepseek_model(tiny_demo_model, tmp_path_factory):
+    # Its cache rows are of odd width (8 + 23): padded in the pages, and so in every transfer.
+    model_dir = make_tiny_model(tmp_path_factory.mktemp("mla") / "deepseek-v3", "deepseek-v3-q-proj")
+    # The demo model's tokenizer: its vocabulary covers every id of the tiny model's (512).
+    for name in TOKENIZER_FILES:
+        shutil.copy(tiny_demo_model / name, model_dir / name)
+    # A context that holds the mesh's probe of a whole decode pool (no RoPE scaling reads it).
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config.get("rope_scaling") is None
+    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return model_dir
+
+
+def transformers_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    outputs = []
+    for prompt in prompts:
+        made = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
+        outputs.append(made[0, len(prompt):].tolist())
+    return outputs
+
+
+@pytest.mark.parametrize("transport", ["shared-memory", "grpc-stream"])
+def test_deepseek_decodes_from_the_latent_rows_prefill_handed_over(deepseek_model, transport):
+    short, long = [3 + (i * 11) % 500 for i in range(20)], [3 + (i * 7) % 500 for i in range(300)]
+    expected = transformers_greedy(deepseek_model, [short, long])
+    # Short prompts prefill on their decode worker (no handoff), long ones on the prefill worker.
+    mesh = start_mesh(deepseek_model, num_prefill=1, num_decode=1, gateway_args=("--kv-transport", transport))
+    try:
+        with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            for prompt, tokens in zip((short, long), expected):
+                answer = client.completions.create(model=mesh.model_name, prompt=prompt, max_tokens=MAX_TOKENS,
+                                                   temperature=0, logprobs=0,
+                                                   extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+                made = [int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens]
+                assert made == tokens, len(prompt)
+        mesh.assert_decode_pools_free()
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
