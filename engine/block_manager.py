@@ -67,6 +67,7 @@ class Block:
     hash: int | None = None
     token_ids: tuple[int, ...] = ()
     chances: int = 0
+    lora_name: str | None = None  # the adapter its cached KV was computed with (None: the base model)
 
 
 class BlockManager:
@@ -186,8 +187,21 @@ class BlockManager:
             if block.hash is None and parent not in self.hash_to_block_id:
                 block.hash = parent
                 block.token_ids = tokens
+                block.lora_name = seq.sampling_params.lora_name
                 self.hash_to_block_id[parent] = block.block_id
                 self._record(parent, True)
+
+    def _uncache(self, block: Block) -> None:
+        del self.hash_to_block_id[block.hash]
+        self._record(block.hash, False)
+        block.hash, block.token_ids, block.lora_name = None, (), None
+
+    def forget_adapter(self, lora_name: str) -> None:
+        """Forget every cached block computed with LoRA adapter `lora_name`, now unloaded: another
+        adapter loaded later under its name would hash the same prompts to them."""
+        for block in self.blocks:
+            if block.hash is not None and block.lora_name == lora_name:
+                self._uncache(block)
 
     # ---- cache events: what a prefix index outside this process must learn -----------
 
@@ -263,10 +277,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None:
             # Lazy eviction: the cached content is forgotten only now that the page is reused.
-            del self.hash_to_block_id[block.hash]
-            self._record(block.hash, False)
-            block.hash = None
-            block.token_ids = ()
+            self._uncache(block)
         block.chances = 0
         block.ref_count = 1
         return block_id

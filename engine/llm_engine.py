@@ -18,6 +18,7 @@ from engine.dtypes import TORCH_DTYPES
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
+from engine.lora_manager import LoRAManager
 from engine.model_config import load_model_config
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput
@@ -46,7 +47,6 @@ class LLMEngine:
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress,
         )
-        self.runner.load_loras(config.lora_modules)
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.model_config, config.block_size, dtype, config.device, config.kv_memory_fraction
         )
@@ -56,6 +56,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching
         )
+        self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager)
+        for name, path in config.lora_modules:
+            self.loras.add(self.loras.read(name, path))
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -126,8 +129,8 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        if sampling_params.lora_name is not None and sampling_params.lora_name not in self.runner.loras:
-            served = ", ".join(self.runner.loras) or "none"
+        if sampling_params.lora_name is not None and not self.loras.is_served(sampling_params.lora_name):
+            served = ", ".join(self.loras.served) or "none"
             raise ValueError(f"LoRA adapter {sampling_params.lora_name!r} is not served here (served: {served})")
         if sampling_params.priority and not self.scheduler.is_by_priority:
             raise ValueError(f"priority {sampling_params.priority} asks for priority scheduling, which this engine "
@@ -258,6 +261,7 @@ class LLMEngine:
         start_ns = time.time_ns()
         batch = self.scheduler.schedule()
         if not batch.seqs:
+            self._drop_retired_adapters()
             return outputs
         sampled, sampler_output = self.runner.execute(batch)
         timed = self._to_time(batch)
@@ -266,7 +270,16 @@ class LLMEngine:
         end_ns = time.time_ns()
         for seq, num_new, is_prefill in timed:
             seq.step_times.record(start_ns, end_ns, num_new, len(batch.seqs), is_prefill)
+        self._drop_retired_adapters()
         return outputs
+
+    def _drop_retired_adapters(self) -> None:
+        if self.loras.has_retiring:
+            self.loras.drop_unused(self.is_adapter_in_use)
+
+    def is_adapter_in_use(self, lora_name: str) -> bool:
+        """Whether an unfinished request computes with LoRA adapter `lora_name`."""
+        return any(seq.sampling_params.lora_name == lora_name for seq in self._seqs.values())
 
     @staticmethod
     def _to_time(batch: ScheduledBatch) -> list[tuple[Sequence, int, bool]]:

@@ -48,15 +48,8 @@ class ModelRunner:
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids)
         self.kv_pool: KVPool | None = None
-        self.loras: dict[str, LoRAAdapter] = {}
-        self._dtype = dtype
-
-    def load_loras(self, modules: tuple[tuple[str, str], ...]) -> None:
-        """Loads each (name, directory) LoRA adapter, refusing one the model cannot serve (LoRAError)."""
-        for name, path in modules:
-            self.loras[name] = LoRAAdapter.load(name, path, self.model.lora_target, self._dtype)
-        if self.loras:
-            self.model.serve_loras()
+        self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
+        self.dtype = dtype
 
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
         files = checkpoint_files(model_dir)

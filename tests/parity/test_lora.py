@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.lora import LoRAError
+from engine.lora_manager import LoRAConflictError
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
@@ -123,6 +124,63 @@ def test_adapters_and_requests_the_engine_cannot_serve_are_refused(served, tiny_
     (wrong_rank / "adapter_model.safetensors").write_bytes((root / "qv" / "adapter_model.safetensors").read_bytes())
     with pytest.raises(LoRAError, match="do not make a rank-3 delta"):
         load(wrong_rank)
+
+
+def _run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]],
+         before_each_step=lambda: None) -> dict[str, list[int]]:
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    results = {}
+    while engine.has_unfinished_requests():
+        before_each_step()
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.token_ids
+    return results
+
+
+def test_adapters_load_and_unload_at_run_time(served, tiny_model_dirs):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, in the engine: an adapter loaded into a
+    running engine computes as one served from the start; unloaded while a request uses it, that request
+    finishes with it, no new one may name it, and once it is gone its cached blocks are too, so another
+    adapter loaded under its name reads none of them."""
+    _, merged, root = served
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama-gqa-untied"]), dtype="float32",
+                                    num_kv_blocks=256, max_num_batched_tokens=64))
+    vocab = engine.model_config.vocab_size
+    prompt = _random_prompt(40, vocab, seed=11)
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, lora_name="x")
+
+    def expected(name: str) -> list[int]:
+        with torch.no_grad():
+            made = merged[name].generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+        return made[0, len(prompt):].tolist()
+
+    with pytest.raises(ValueError, match="'x' is not served here \\(served: none\\)"):
+        engine.add_request("early", prompt, greedy)
+    engine.loras.add(engine.loras.read("x", root / "tuned"))
+    with pytest.raises(LoRAConflictError, match="already loaded"):
+        engine.loras.add(engine.loras.read("x", root / "qv"))
+    assert _run(engine, {"first": (prompt, greedy)}) == {"first": expected("tuned")}
+
+    def unload_once_running() -> None:  # after the first step: the request is running
+        if engine.is_adapter_in_use("x") and engine.loras.is_served("x"):
+            assert engine.loras.remove("x", engine.is_adapter_in_use)
+            with pytest.raises(ValueError, match="not served here"):
+                engine.add_request("refused", prompt, greedy)
+            with pytest.raises(LoRAConflictError, match="still finishing its requests"):
+                engine.loras.add(engine.loras.read("x", root / "qv"))
+
+    hits_before = engine.block_manager.num_prefix_hit_tokens
+    assert _run(engine, {"second": (prompt, greedy)}, unload_once_running) == {"second": expected("tuned")}
+    assert engine.block_manager.num_prefix_hit_tokens - hits_before == 32  # read the first run's two blocks
+    assert not engine.loras.is_served("x") and "x" not in engine.runner.loras
+    assert not engine.loras.remove("x", engine.is_adapter_in_use)
+    engine.loras.add(engine.loras.read("x", root / "qv"))  # another adapter under the name
+    hits_before = engine.block_manager.num_prefix_hit_tokens
+    assert _run(engine, {"third": (prompt, greedy)}) == {"third": expected("qv")}
+    assert engine.block_manager.num_prefix_hit_tokens == hits_before
+    engine.block_manager.check_integrity()
 
 
 def test_baton_generate_takes_an_adapter(tiny_demo_model, tmp_path):

@@ -469,3 +469,26 @@ TestBlockManagerStateful = BlockManagerMachine.TestCase
 TestBlockManagerStateful.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
 TestNoPrefixCachingStateful = NoPrefixCachingMachine.TestCase
 TestNoPrefixCachingStateful.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+
+
+def test_forgetting_an_adapter_uncaches_exactly_its_blocks_and_says_so():
+    mgr = BlockManager(8, BS)
+    mgr.enable_cache_events()
+    base = admitted(mgr, "base", range(8), computed=True)
+    tuned = Sequence("tuned", list(range(8)), SamplingParams(lora_name="x"), BS)
+    mgr.allocate(tuned)
+    compute(mgr, tuned)
+    other = Sequence("other", list(range(8)), SamplingParams(lora_name="y"), BS)
+    mgr.allocate(other)
+    compute(mgr, other)
+    base_hashes, x_hashes, y_hashes = (hash_block_chain(range(8), BS, mgr._extra(name)) for name in (None, "x", "y"))
+    mgr.drain_cache_events()
+    mgr.free(tuned)
+    mgr.forget_adapter("x")
+    assert mgr.drain_cache_events() == ([], x_hashes)
+    assert sorted(mgr.cached_hashes()) == sorted(base_hashes + y_hashes)
+    assert [mgr.blocks[b].hash for b in (2, 3)] == [None, None]
+    assert mgr.num_cached_prefix_tokens(list(range(9)), "x") == 0
+    assert mgr.num_cached_prefix_tokens(list(range(9)), "y") == 8
+    mgr.free(base), mgr.free(other)
+    mgr.check_integrity()
