@@ -26,6 +26,7 @@ ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
 # Shared by prefill and decode workers on purpose: the KV pages one writes, the other reads.
 ENV_DTYPE = "BATON_DTYPE"
 ENV_LORA_MODULES = "BATON_LORA_MODULES"
+ENV_ALLOW_RUNTIME_LORA_UPDATING = "BATON_ALLOW_RUNTIME_LORA_UPDATING"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 
 
@@ -111,12 +112,18 @@ def resolved_dtype(dtype: str, model_dir: Path) -> str:
 
 
 def add_lora_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """--lora-modules, vLLM's: the LoRA adapters served beside the model, by the workers and the gateway alike."""
+    """--lora-modules, vLLM's: the LoRA adapters served beside the model, by the workers and the gateway alike;
+    and --allow-runtime-lora-updating."""
     parser.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
                         default=(env.get(ENV_LORA_MODULES) or "").split(),
                         help=f"LoRA adapters (PEFT directories) served beside the model, each under NAME, which a "
                              f"request names as its model; the gateway and every prefill and decode worker take "
                              f"the same ones (${ENV_LORA_MODULES}, separated by spaces)")
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                        default=env.get(ENV_ALLOW_RUNTIME_LORA_UPDATING, "").lower() in ("1", "true", "yes"),
+                        help=f"load and unload LoRA adapters while running (vLLM's /v1/load_lora_adapter and "
+                             f"/v1/unload_lora_adapter, from paths on the workers' hosts): on the gateway and every "
+                             f"worker alike; off by default, as in vLLM (${ENV_ALLOW_RUNTIME_LORA_UPDATING}=1)")
 
 
 def lora_modules(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:

@@ -66,6 +66,7 @@ class DecodeServiceConfig:
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
+    allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -118,6 +119,7 @@ class DecodeServiceConfig:
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype,
                    lora_modules=lora_modules(args.lora_modules),
+                   allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)

@@ -44,6 +44,7 @@ from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
 from services.gateway.index_mirror import IndexMirror
+from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
@@ -95,7 +96,8 @@ class GatewayService:
         self.config = config
         self.timelines = TimelineStore()  # both APIs' requests' ledgers, served over HTTP
         self.api_keys = ApiKeys(config.api_keys) if config.api_keys else None
-        self.servicer = GenerateServicer(ServedModels(config.served_model_names, config.lora_modules),
+        self.models = ServedModels(config.served_model_names, config.lora_modules)
+        self.servicer = GenerateServicer(self.models,
                                          self.timelines, self.api_keys, config.tool_call_parser,
                                          config.reasoning_parser)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
@@ -156,11 +158,14 @@ class GatewayService:
         self.servicer.pipeline = self.pipeline
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
-        models = ServedModels(config.served_model_names, config.lora_modules, tokenizer.max_model_len)
-        self.state = GatewayState(self.pipeline, models, token_text,
+        self.models.max_model_len = tokenizer.max_model_len
+        self.state = GatewayState(self.pipeline, self.models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
                                   serving=config.http_serving)
+        if config.allow_runtime_lora_updating:
+            worker_pools = [pool for kind, pool in self.pools.items() if kind != "tokenizer"]
+            self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         app = create_app(self.state)

@@ -137,6 +137,8 @@ class GatewayConfig:
     # LoRA adapters the workers serve beside the model, (name, path): a request naming one as its
     # model is computed with it (the path is what its model card shows).
     lora_modules: tuple[tuple[str, str], ...] = ()
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter served (lora_updates.py): off, as in vLLM.
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -325,6 +327,7 @@ class GatewayConfig:
                    chat_template=chat_template_source(args.chat_template),
                    generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
                    lora_modules=lora_modules(args.lora_modules),
+                   allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    trust_request_chat_template=args.trust_request_chat_template)
 
 

@@ -127,7 +127,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             raise APIError(503, "the gateway is starting", code="unavailable")
         lora = self.models.adapter_named(request.model) if request.model else None
         if request.sampling.HasField("lora_name") and not self.models.serves_adapter(request.sampling.lora_name):
-            served = ", ".join(name for name, _ in self.models.lora_modules) or "none"
+            served = ", ".join(self.models.adapters) or "none"
             raise APIError(400, f"sampling.lora_name {request.sampling.lora_name!r} is not served here (served: "
                                 f"{served}); name an adapter as the model", param="sampling.lora_name")
         given = request.WhichOneof("input")

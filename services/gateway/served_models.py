@@ -1,19 +1,23 @@
 """What a request may name as its model, for both APIs: the model's served names (vLLM's
 --served-model-name; responses give the first) and the LoRA adapters the workers serve
-(--lora-modules), each a model card of `/v1/models`."""
+(--lora-modules, and those loaded at run time: lora_updates.py), each a model card of `/v1/models`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from services.gateway.errors import model_not_found
 
 
-@dataclass(frozen=True)
 class ServedModels:
-    names: tuple[str, ...]  # the model's; responses give the first
-    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path) of each adapter
-    max_model_len: int | None = None
+    """One per gateway, shared by its HTTP and gRPC APIs: an adapter loaded or unloaded at run time
+    is named (or not) by both at once."""
+
+    def __init__(self, names: Sequence[str], lora_modules: Sequence[tuple[str, str]] = (),
+                 max_model_len: int | None = None) -> None:
+        self.names = tuple(names)  # the model's; responses give the first
+        self.adapters: dict[str, str] = dict(lora_modules)  # name → path, in the order they came
+        self.max_model_len = max_model_len
 
     @property
     def name(self) -> str:
@@ -21,7 +25,7 @@ class ServedModels:
 
     @property
     def all_names(self) -> tuple[str, ...]:
-        return (*self.names, *(name for name, _ in self.lora_modules))
+        return (*self.names, *self.adapters)
 
     def adapter_named(self, model: str) -> str | None:
         """The LoRA adapter `model` names (None: the model itself); APIError 404 for a name neither is."""
@@ -32,7 +36,7 @@ class ServedModels:
         raise model_not_found(model, self.all_names)
 
     def serves_adapter(self, name: str) -> bool:
-        return any(name == adapter for adapter, _ in self.lora_modules)
+        return name in self.adapters
 
     def cards(self) -> list[dict[str, Any]]:
         return [self.card(name) for name in self.all_names]
@@ -43,5 +47,5 @@ class ServedModels:
         card = {"id": model, "object": "model", "created": 0, "owned_by": "baton", "max_model_len": self.max_model_len,
                 "root": self.name}
         if adapter is not None:
-            card.update(root=dict(self.lora_modules)[adapter], parent=self.name)
+            card.update(root=self.adapters[adapter], parent=self.name)
         return card

@@ -27,10 +27,11 @@ import services.common.openmp_env  # noqa: F401  (first: before torch loads Open
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import prefill_pb2_grpc
+from protos import lora_pb2_grpc, prefill_pb2_grpc
 from services.common.engine_loop import EngineLoop, EngineThread, finished
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
+from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
 from services.common.tracing import record_engine_boot, tracer
 from services.kvstore.layout import PageLayout
@@ -80,13 +81,15 @@ async def warm_up(engine_loop: EngineLoop, lengths: list[int]) -> None:
 class PrefillService:
     """The prefill servicer, and the engine loop it serves once loaded."""
 
-    service_names = [SERVICE_NAME]
+    service_names = [SERVICE_NAME, LORA_SERVICE_NAME]
 
     def __init__(self, config: PrefillServiceConfig):
         self.config = config
         self.servicer = PrefillServicer(kv_checksum=config.kv_checksum)
         self.port = 0  # the bound one, set by the entry point before `start`
-        self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer)]
+        self.lora = LoRAAdaptersServicer(config.allow_runtime_lora_updating)
+        self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer),
+                          (lora_pb2_grpc.add_LoRAAdaptersServicer_to_server, self.lora)]
         self.engine_loop: EngineLoop | None = None
         self.publisher: InstancePublisher | None = None
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
@@ -104,7 +107,7 @@ class PrefillService:
         self.metrics.watch_engine(engine)
         self.servicer.attach(EngineLoop(engine, thread), pool_tensor, layout,
                              kvstore_address=self.config.kvstore_address, metrics=self.metrics)
-        self.engine_loop = self.servicer.engine_loop
+        self.engine_loop = self.lora.engine_loop = self.servicer.engine_loop
         del engine
         self.engine_loop.start(sole_parallel_thread=True)
         self.engine_loop.on_failure(lambda e: stop.fail("prefill", f"its engine failed: {e!r}"))

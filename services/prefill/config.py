@@ -70,6 +70,7 @@ class PrefillServiceConfig:
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
+    allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
@@ -136,6 +137,7 @@ class PrefillServiceConfig:
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype,
                    lora_modules=lora_modules(args.lora_modules),
+                   allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,

@@ -5,6 +5,7 @@ or by its decode worker; its output equals the engine's with the same adapter.""
 from __future__ import annotations
 
 import grpc
+import httpx
 import openai
 import pytest
 
@@ -13,7 +14,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
-from tests.services.gateway.mesh import start_mesh, stop_mesh
+from tests.services.gateway.mesh import gateway_client, start_mesh, stop_mesh
 
 transformers = pytest.importorskip("transformers")
 MAX_TOKENS = 8
@@ -78,3 +79,94 @@ def test_a_request_naming_the_adapter_is_computed_with_it_on_every_path(lora_mes
                                                               sampling=unknown), timeout=30)
         assert refused.error.code == 400 and refused.error.param == "sampling.lora_name"
     lora_mesh.assert_decode_pools_free()
+
+
+@pytest.fixture(scope="module")
+def second_adapter(tiny_demo_model, tmp_path_factory):
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_demo_model, dtype="float32")
+    where = tmp_path_factory.mktemp("lora") / "second"
+    make_adapter(where, base, ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"), 2, 4.0, True, seed=9)
+    return where
+
+
+def test_adapters_load_and_unload_at_run_time_through_the_mesh(tiny_demo_model, adapter, second_adapter):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter: a loaded adapter is named and computed
+    with on every path, as one served from the start; unloaded, it is named no more; another loaded under
+    its name computes as itself (no cached prefix of the first read on either worker)."""
+    short, long = list(range(40, 60)), [40 + (i * 7) % 900 for i in range(300)]
+    first = engine_outputs(tiny_demo_model, adapter, [short, long], "tuned")
+    second = engine_outputs(tiny_demo_model, second_adapter, [short, long], "tuned")
+    assert first != second
+    allowed = ("--allow-runtime-lora-updating",)
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, gateway_args=allowed, worker_args=allowed)
+    try:
+        api = mesh.gateway.base_url
+        with openai.OpenAI(base_url=f"{api}/v1", api_key="unused", max_retries=0) as client:
+            def outputs(model: str) -> list[list[int]]:
+                made = []
+                for prompt in (short, long):
+                    answer = client.completions.create(
+                        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=0,
+                        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+                    made.append([int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens])
+                return made
+
+            def load(name: str, path) -> httpx.Response:
+                return httpx.post(f"{api}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)},
+                                  timeout=60)
+
+            with pytest.raises(openai.NotFoundError):
+                outputs("rt")
+            loaded = load("rt", adapter)
+            assert (loaded.status_code, loaded.text) == (200, "Success: LoRA adapter 'rt' added successfully.")
+            assert {card.id for card in client.models.list().data} == {mesh.model_name, "rt"}
+            assert outputs("rt") == first
+            assert load("rt", adapter).status_code == 200  # again from the same path: reaches new workers
+            clash = load("rt", second_adapter)
+            assert clash.status_code == 400 and "already been loaded" in clash.json()["error"]["message"]
+            broken = load("broken", second_adapter.parent / "nowhere")
+            assert broken.status_code == 400 and "no adapter_config.json" in broken.json()["error"]["message"]
+            assert broken.json()["error"]["param"] == "lora_path"
+            assert {card.id for card in client.models.list().data} == {mesh.model_name, "rt"}
+            unloaded = httpx.post(f"{api}/v1/unload_lora_adapter", json={"lora_name": "rt"}, timeout=60)
+            assert (unloaded.status_code, unloaded.text) == (200, "Success: LoRA adapter 'rt' removed successfully.")
+            with pytest.raises(openai.NotFoundError):
+                outputs("rt")
+            again = httpx.post(f"{api}/v1/unload_lora_adapter", json={"lora_name": "rt"}, timeout=60)
+            assert again.status_code == 404 and again.json()["error"]["message"] == \
+                "The lora adapter 'rt' cannot be found."
+            assert load("rt", second_adapter).status_code == 200
+            assert outputs("rt") == second
+        mesh.assert_decode_pools_free()
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+def test_runtime_updates_are_off_unless_allowed(lora_mesh, adapter):
+    """Off by default, as in vLLM: no such endpoint on the gateway; a gateway that allows them over
+    workers that do not is told so by the workers."""
+    refused = httpx.post(f"{lora_mesh.gateway.base_url}/v1/load_lora_adapter",
+                         json={"lora_name": "rt", "lora_path": str(adapter)}, timeout=30)
+    assert refused.status_code == 404
+    with gateway_client(lora_mesh, "--allow-runtime-lora-updating", "--lora-modules", f"tuned={adapter}") as client:
+        answer = httpx.post(f"{client.base_url}load_lora_adapter", json={"lora_name": "rt", "lora_path": str(adapter)},
+                            timeout=30)
+        assert answer.status_code == 500 and "--allow-runtime-lora-updating" in answer.json()["error"]["message"]
+        assert {card.id for card in client.models.list().data} == {lora_mesh.model_name, "tuned"}
+
+
+def test_every_service_reads_the_runtime_updating_switch_alike(tiny_demo_model):
+    from services.decode.config import DecodeServiceConfig
+    from services.gateway.config import GatewayConfig
+    from services.prefill.config import PrefillServiceConfig
+
+    gateway_args = ["--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2", "--decode", "127.0.0.1:3"]
+    for config_class, extra in ((PrefillServiceConfig, []), (DecodeServiceConfig, []), (GatewayConfig, gateway_args)):
+        argv = ["--model", str(tiny_demo_model), *extra]
+
+        def allows(argv: list[str], env: dict[str, str]) -> bool:
+            return config_class.from_args(argv, env=env).allow_runtime_lora_updating
+
+        assert not allows(argv, {}) and not allows(argv, {"BATON_ALLOW_RUNTIME_LORA_UPDATING": ""})
+        assert allows(argv, {"BATON_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+        assert allows([*argv, "--allow-runtime-lora-updating"], {})
