@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from engine.speculative import SpeculativeConfig
+
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -46,6 +48,8 @@ class EngineConfig:
     # LoRA adapters served beside the model (engine/lora.py): (name, PEFT adapter directory) pairs,
     # vLLM's --lora-modules; a request names one by SamplingParams.lora_name.
     lora_modules: tuple[tuple[str, str], ...] = ()
+    # Speculative decoding (engine/speculative.py: n-gram drafts, vLLM's --speculative-config); None: none.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):

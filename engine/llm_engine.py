@@ -62,7 +62,7 @@ class LLMEngine:
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-            self.max_model_len, self.eos_token_ids, config.scheduling_policy,
+            self.max_model_len, self.eos_token_ids, config.scheduling_policy, config.speculative,
         )
         self.tokenizer = _load_tokenizer(model_dir)
         self._guides: GuideFactory | None = None
@@ -263,9 +263,13 @@ class LLMEngine:
         if not batch.seqs:
             self._drop_retired_adapters()
             return outputs
-        sampled, sampler_output = self.runner.execute(batch)
         timed = self._to_time(batch)
-        self.scheduler.postprocess(batch, sampled, sampler_output)
+        if any(seq.num_draft_tokens for seq in batch.seqs):
+            sampled, logits = self.runner.forward(batch)
+            self.scheduler.postprocess_drafted(batch, sampled, logits, self.runner.sampler)
+        else:
+            sampled, sampler_output = self.runner.execute(batch)
+            self.scheduler.postprocess(batch, sampled, sampler_output)
         outputs += [self._output(seq) for seq in sampled]
         end_ns = time.time_ns()
         for seq, num_new, is_prefill in timed:
@@ -288,7 +292,7 @@ class LLMEngine:
         Once its first token is out and its first step known, a sequence costs two comparisons."""
         timed = []
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            is_prefill = seq.num_tokens == seq.num_tokens_given
+            is_prefill = seq.num_tokens - seq.num_draft_tokens == seq.num_tokens_given
             if is_prefill or seq.step_times.first_step_start_ns is None:
                 timed.append((seq, num_new, is_prefill))
         return timed

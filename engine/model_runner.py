@@ -82,7 +82,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor | None]:
         """Runs the model over the batch; returns the sequences whose chunk ended
-        at their last token, and their next-token logits [S, V]."""
+        at their last token, and their next-token logits [S, V]: a drafted sequence's
+        rows after its last token and after each of its drafts, in turn."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows = self._prepare(batch, pool.block_size)
@@ -116,14 +117,10 @@ class ModelRunner:
     def _lora_rows(self, batch: ScheduledBatch) -> list[tuple[LoRAAdapter, torch.Tensor]]:
         """Each adapter of the step's requests, with its token rows (decodes first, as `_prepare` lays them)."""
         rows: dict[str, list[int]] = {}
-        decodes = [seq for seq, n in zip(batch.seqs, batch.num_new_tokens) if n == 1]
-        for row, seq in enumerate(decodes):
-            if seq.sampling_params.lora_name is not None:
-                rows.setdefault(seq.sampling_params.lora_name, []).append(row)
-        start = len(decodes)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            if n == 1:
-                continue
+        decodes = [(seq, n) for seq, n in zip(batch.seqs, batch.num_new_tokens) if _is_decode(seq, n)]
+        chunks = [(seq, n) for seq, n in zip(batch.seqs, batch.num_new_tokens) if not _is_decode(seq, n)]
+        start = 0
+        for seq, n in decodes + chunks:
             if seq.sampling_params.lora_name is not None:
                 rows.setdefault(seq.sampling_params.lora_name, []).extend(range(start, start + n))
             start += n
@@ -131,13 +128,10 @@ class ModelRunner:
                 for name, taken in rows.items()]
 
     def _prepare(self, batch: ScheduledBatch, block_size: int):
-        decodes: list[Sequence] = []
+        decodes: list[tuple[Sequence, int]] = []
         prefills: list[tuple[Sequence, int]] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            if n == 1:
-                decodes.append(seq)
-            else:
-                prefills.append((seq, n))
+            (decodes if _is_decode(seq, n) else prefills).append((seq, n))
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -145,31 +139,35 @@ class ModelRunner:
         sampled_seqs: list[Sequence] = []
         # (sequence, first row, rows) of each chunk that predicts prompt tokens whose logprobs are asked for
         prompt_rows: list[tuple[Sequence, int, int]] = []
-        # Decode rows first: one token each.
+        # Decode rows first: one a token, each attending to its sequence's pages up to itself (a
+        # drafted sequence's last token and drafts are rows of their own: speculative.py).
         context_lens: list[int] = []
-        for row, seq in enumerate(decodes):
-            pos = seq.num_computed_tokens
-            input_ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
-            context_lens.append(pos + 1)
-            if pos + 1 == seq.num_tokens:
-                sample_rows.append(row)
+        row_seqs: list[Sequence] = []
+        for seq, n in decodes:
+            first, c = len(input_ids), seq.num_computed_tokens
+            for pos in range(c, c + n):
+                input_ids.append(seq.token_ids[pos])
+                positions.append(pos)
+                slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+                context_lens.append(pos + 1)
+                row_seqs.append(seq)
+            if c + n == seq.num_tokens:
+                sample_rows.extend(range(first, first + n))
                 sampled_seqs.append(seq)
-            elif seq.prompt_logprobs is not None and pos < seq.num_prompt_tokens - 1:  # a one-token prompt chunk
-                prompt_rows.append((seq, row, 1))
+            elif seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:  # a one-token prompt chunk
+                prompt_rows.append((seq, first, 1))
         decode_tables = decode_lens = None
         if decodes:
             max_blocks = (max(context_lens) + block_size - 1) // block_size
             # Filled row by row through numpy: torch.tensor on nested lists costs ~4x more, every step.
-            tables = np.zeros((len(decodes), max_blocks), dtype=np.int64)
-            for row, seq in enumerate(decodes):
+            tables = np.zeros((len(row_seqs), max_blocks), dtype=np.int64)
+            for row, seq in enumerate(row_seqs):
                 used = seq.block_table[:max_blocks]
                 tables[row, : len(used)] = used
             decode_tables = torch.from_numpy(tables).to(self.device)
             decode_lens = torch.tensor(context_lens, dtype=torch.int64, device=self.device)
         chunks: list[PrefillChunk] = []
-        start = len(decodes)
+        start = len(input_ids)
         for seq, n in prefills:
             c = seq.num_computed_tokens
             input_ids.extend(seq.token_ids[c : c + n])
@@ -185,7 +183,7 @@ class ModelRunner:
                 sampled_seqs.append(seq)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
-            num_decode_tokens=len(decodes),
+            num_decode_tokens=len(row_seqs),
             decode_block_tables=decode_tables,
             decode_context_lens=decode_lens,
             prefills=tuple(chunks),
@@ -198,3 +196,8 @@ class ModelRunner:
             sampled_seqs,
             prompt_rows,
         )
+
+
+def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:
+    """Its step's tokens are decode rows: one new token, or a last token and its drafts."""
+    return num_new_tokens == 1 or seq.num_draft_tokens > 0

@@ -15,10 +15,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
+import torch
+
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
-from engine.sampler import SamplerOutput
+from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.speculative import SpeculativeConfig
 
 
 class Scheduler:
@@ -30,6 +33,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: tuple[int, ...],
         policy: str = "fcfs",
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -42,6 +46,9 @@ class Scheduler:
         self.held: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.is_by_priority = policy == "priority"
+        self.speculative = speculative  # None: no drafts
+        self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
+        self.num_accepted_tokens = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -101,6 +108,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self.speculative is not None and budget > 1:
+                self._draft(seq, budget)
             while not bm.can_append_slot(seq):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -126,7 +135,22 @@ class Scheduler:
             budget -= num_new
         return batch
 
+    def _draft(self, seq: Sequence, budget: int) -> None:
+        """Append n-gram drafts to a decoding sequence, as many as the budget, its max_tokens and the
+        context leave room for and its pages can take now (speculative.py)."""
+        if seq.num_uncomputed_tokens != 1 or seq.is_prefill_only:
+            return
+        room = min(budget - 1, seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
+                   self.max_model_len - seq.num_tokens - 1)
+        drafts = self.speculative.propose(seq.token_ids, room) if room > 0 else []
+        if not drafts:
+            return
+        seq.add_drafts(drafts)
+        if not self.block_manager.can_append_slot(seq):  # no page for them: decode plainly
+            seq.take_drafts()
+
     def _preempt(self, seq: Sequence) -> None:
+        seq.take_drafts()
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
@@ -147,19 +171,60 @@ class Scheduler:
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
             bm.cache_computed_blocks(seq)
-        finished: list[Sequence] = []
         if output is None:
-            return finished
-        for seq, token, logprobs in zip(sampled, output.token_ids, output.logprobs):
-            seq.append_token(token)
-            if logprobs is not None:
-                seq.output_logprobs.append(logprobs)
-            reason = self._advance_guide(seq, token) or self._finish_reason(seq, token)
-            if reason is not None:
-                self.running.remove(seq)
-                self._finish(seq, reason)
-                finished.append(seq)
+            return []
+        return [seq for seq, token, logprobs in zip(sampled, output.token_ids, output.logprobs)
+                if self._accept(seq, token, logprobs)]
+
+    def postprocess_drafted(self, batch: ScheduledBatch, sampled: list[Sequence], logits: torch.Tensor,
+                            sampler: Sampler) -> list[Sequence]:
+        """`postprocess` for a step that computed drafts: `logits` holds, for each sampled sequence in
+        turn, a row after its last token and one after each of its drafts. Each sequence's positions
+        are sampled in turn, its drafts taken as its tokens while they equal what was sampled
+        (speculative.py). Returns the finished sequences."""
+        bm = self.block_manager
+        drafts: dict[str, list[int]] = {}
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            if seq.num_draft_tokens:
+                drafts[seq.request_id] = seq.take_drafts()
+                self.num_draft_tokens += len(drafts[seq.request_id])
+            seq.num_computed_tokens += num_new - len(drafts.get(seq.request_id, ()))
+            bm.cache_computed_blocks(seq)
+        first_rows, row = [], 0
+        for seq in sampled:
+            first_rows.append(row)
+            row += 1 + len(drafts.get(seq.request_id, ()))
+        finished: list[Sequence] = []
+        alive, position = list(zip(sampled, first_rows)), 0
+        while alive:
+            rows = torch.tensor([first + position for _, first in alive], device=logits.device)
+            output = sampler(logits[rows], [seq for seq, _ in alive])
+            going_on = []
+            for (seq, first), token, logprobs in zip(alive, output.token_ids, output.logprobs):
+                if self._accept(seq, token, logprobs):
+                    finished.append(seq)
+                    continue
+                proposed = drafts.get(seq.request_id, ())
+                if position < len(proposed) and token == proposed[position]:
+                    # The draft's KV, computed as the next row's input, is the token's own.
+                    seq.num_computed_tokens += 1
+                    bm.cache_computed_blocks(seq)
+                    self.num_accepted_tokens += 1
+                    going_on.append((seq, first))
+            alive, position = going_on, position + 1
         return finished
+
+    def _accept(self, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> bool:
+        """Append a sampled token to `seq`, finishing it if the token ends it; True if it did."""
+        seq.append_token(token)
+        if logprobs is not None:
+            seq.output_logprobs.append(logprobs)
+        reason = self._advance_guide(seq, token) or self._finish_reason(seq, token)
+        if reason is None:
+            return False
+        self.running.remove(seq)
+        self._finish(seq, reason)
+        return True
 
     def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
         """Move a guided sequence's guide past `token`. "stop" when it cannot: a token the grammar

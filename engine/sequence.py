@@ -57,6 +57,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
+        # Speculative drafts at the end of `token_ids`, from the scheduling of a step to its
+        # verification (engine/speculative.py); 0 at any other time.
+        self.num_draft_tokens = 0
         self.num_preemptions = 0
         self.step_times = StepTimes()
         # Per-token logprob records for the output tokens, when asked for.
@@ -139,3 +142,16 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def add_drafts(self, token_ids: list[int]) -> None:
+        self.token_ids.extend(token_ids)
+        self.num_draft_tokens = len(token_ids)
+
+    def take_drafts(self) -> list[int]:
+        """Remove the drafts and return them."""
+        n = self.num_draft_tokens
+        drafts = self.token_ids[len(self.token_ids) - n:] if n else []
+        if n:
+            del self.token_ids[-n:]
+        self.num_draft_tokens = 0
+        return drafts

@@ -7,11 +7,13 @@ sizes carry the service's name (`BATON_DECODE_PORT`).
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.speculative import SpeculativeConfig
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -50,6 +52,7 @@ ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LEASE_MS = "BATON_DECODE_LEASE_MS"
+ENV_SPECULATIVE_CONFIG = "BATON_DECODE_SPECULATIVE_CONFIG"
 
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_LEASE_MS = 10_000
@@ -67,6 +70,7 @@ class DecodeServiceConfig:
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
+    speculative: SpeculativeConfig | None = None  # n-gram drafts (engine/speculative.py); None: plain decoding
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -111,6 +115,11 @@ class DecodeServiceConfig:
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
         add_lora_flag(parser, env)
+        parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
+                            help='vLLM\'s: speculative decoding, n-gram drafts only, e.g. \'{"method": "ngram", '
+                                 '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; the same tokens come out, in '
+                                 'fewer steps where the output repeats itself or its prompt '
+                                 f'(${ENV_SPECULATIVE_CONFIG})')
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
@@ -120,6 +129,20 @@ class DecodeServiceConfig:
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                   speculative=speculative_config(args.speculative_config),
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)
+
+
+def speculative_config(given: str | None) -> SpeculativeConfig | None:
+    """--speculative-config's JSON as the engine's config; ConfigError for one it cannot be."""
+    if not given:
+        return None
+    try:
+        parsed = json.loads(given)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"a JSON object is needed, got {given!r}")
+        return SpeculativeConfig.from_dict(parsed)
+    except (json.JSONDecodeError, ValueError, TypeError) as e:
+        raise ConfigError(f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG}): {e}") from None

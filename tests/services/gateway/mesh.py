@@ -105,8 +105,10 @@ def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0
 
 
 def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = (),
-               worker_args: tuple[str, ...] = (), prefill_args: tuple[str, ...] = ()) -> Mesh:
-    """`worker_args` go to prefill and decode workers, `prefill_args` to prefill workers only."""
+               worker_args: tuple[str, ...] = (), prefill_args: tuple[str, ...] = (),
+               decode_args: tuple[str, ...] = ()) -> Mesh:
+    """`worker_args` go to prefill and decode workers, `prefill_args` to prefill workers only,
+    `decode_args` to decode workers only."""
     started: list = []
     try:
         tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir)
@@ -116,7 +118,7 @@ def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gatew
                    for _ in range(num_prefill)]
         started += prefill
         decode = [ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),
-                                 *worker_args) for _ in range(num_decode)]
+                                 *worker_args, *decode_args) for _ in range(num_decode)]
         started += decode
         gateway = GatewayProcess(model_dir, tokenizer.address, [p.address for p in prefill],
                                  [d.address for d in decode], *gateway_args)

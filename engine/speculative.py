@@ -1,0 +1,73 @@
+"""Speculative decoding with n-gram (prompt lookup) drafts, as vLLM's `{"method": "ngram"}`.
+
+A decoding sequence whose last tokens appeared earlier in it is guessed to go on as it went on
+there: up to `num_speculative_tokens` drafts, appended for one step and computed as one chunk
+after its last token, so one forward pass gives the logits after each. The sampler then samples
+each position in turn, as if the drafts before it were the sequence's own tokens, and a draft is
+kept while it equals what was sampled: the first token that differs ends the step. Every token
+is thus the one plain decoding would have sampled at its position (the same argmax, the same
+seeded draw, the same penalties, guide and stop checks): drafts change how many tokens a step
+makes, never which.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    num_speculative_tokens: int  # drafts a step, at most
+    prompt_lookup_max: int = 4  # the longest suffix looked up
+    prompt_lookup_min: int = 1  # ... and the shortest
+    method: str = "ngram"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method {self.method!r} is not supported; supported: {', '.join(METHODS)}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and "
+                             f"{self.prompt_lookup_max}")
+
+    @classmethod
+    def from_dict(cls, given: dict[str, Any]) -> SpeculativeConfig:
+        """vLLM's --speculative-config keys; ValueError for a missing, unknown or bad one."""
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ValueError(f"speculative config: unknown keys {unknown}; known: {sorted(known)}")
+        if "method" not in given or "num_speculative_tokens" not in given:
+            raise ValueError("speculative config needs method and num_speculative_tokens")
+        lookup_max = int(given.get("prompt_lookup_max") or given.get("prompt_lookup_min") or 4)
+        lookup_min = int(given.get("prompt_lookup_min") or min(lookup_max, 1))
+        return cls(num_speculative_tokens=int(given["num_speculative_tokens"]), prompt_lookup_max=lookup_max,
+                   prompt_lookup_min=lookup_min, method=str(given["method"]))
+
+    def propose(self, token_ids: list[int], max_drafts: int) -> list[int]:
+        """Up to `min(num_speculative_tokens, max_drafts)` drafts for what follows `token_ids`."""
+        return ngram_drafts(token_ids, min(self.num_speculative_tokens, max_drafts), self.prompt_lookup_min,
+                            self.prompt_lookup_max)
+
+
+def ngram_drafts(token_ids: list[int], num_drafts: int, min_n: int, max_n: int) -> list[int]:
+    """The tokens that followed the latest earlier occurrence of the longest suffix of `token_ids`
+    (of `max_n` tokens down to `min_n`) that occurred earlier: at most `num_drafts` of them; none
+    when no such suffix occurred."""
+    if num_drafts < 1 or len(token_ids) <= min_n or token_ids.count(token_ids[-1]) < 2:
+        return []  # (the count, in C over the list, spares most steps the array below)
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        suffix = tokens[-n:]
+        # windows[i] = tokens[i:i + n], for every start whose window ends before the suffix does
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+        starts = np.flatnonzero((windows == suffix).all(axis=1))
+        if starts.size:
+            after = int(starts[-1]) + n
+            return tokens[after:after + num_drafts].tolist()
+    return []

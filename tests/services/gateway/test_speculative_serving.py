@@ -1,0 +1,69 @@
+"""Speculative decoding on the decode workers (--speculative-config, vLLM's): a request streams the
+same tokens as plain decoding would make, whether its prompt was prefilled on a prefill worker (the
+drafts start from the handed-over KV) or on its decode worker; several tokens may come in one chunk."""
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import openai
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.services.gateway.mesh import start_mesh, stop_mesh
+
+MAX_TOKENS = 48
+SPECULATIVE = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+
+
+def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_model):
+    short, long = [5, 6, 7, 8] * 5, [40 + (i * 7) % 60 for i in range(300)]  # prefilled on decode; on prefill
+    seeded = dict(temperature=0.9, top_p=0.95, seed=7)
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=128))
+    expected = {}
+    for prompt in (short, long):
+        for name, sampling in (("greedy", {"temperature": 0.0}), ("seeded", seeded)):
+            [done] = [out for out in engine.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                                              **sampling)) if out.finished]
+            expected[len(prompt), name] = done.token_ids
+    metrics_port = _free_port()
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1,
+                      decode_args=("--speculative-config", SPECULATIVE, "--metrics-port", str(metrics_port)))
+    try:
+        total_chunks = 0
+        with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            for (length, name), tokens in expected.items():
+                prompt = short if length == len(short) else long
+                sampling = {"temperature": 0.0} if name == "greedy" else seeded
+                stream = client.completions.create(
+                    model=mesh.model_name, prompt=prompt, max_tokens=MAX_TOKENS, stream=True, logprobs=0,
+                    stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, **sampling})
+                made, usage, num_chunks = [], None, 0
+                for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    if chunk.choices and chunk.choices[0].logprobs is not None:
+                        made += [int(t.removeprefix("token_id:")) for t in chunk.choices[0].logprobs.tokens]
+                        num_chunks += 1
+                assert made == tokens, (length, name)
+                assert usage.completion_tokens == MAX_TOKENS
+                total_chunks += num_chunks
+        assert total_chunks < MAX_TOKENS * len(expected)  # some steps made several tokens
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert _counter(metrics, "baton_spec_decode_num_accepted_tokens_total") > 0
+        mesh.assert_decode_pools_free()
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+def _counter(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
