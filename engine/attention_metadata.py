@@ -18,11 +18,12 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    """The batch is ordered decodes first: tokens [0, num_decode_tokens) are one
-    new token each of a decoding sequence; prefill chunks follow."""
+    """The batch is ordered decodes first: tokens [0, num_decode_tokens) are each a token of
+    a decoding sequence, attending to its pages up to itself (one a sequence, or a drafted
+    sequence's last token and its drafts: engine/speculative.py); prefill chunks follow."""
 
     slot_mapping: torch.Tensor  # [T] int64: where each token's K/V is written
     num_decode_tokens: int
-    decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] int64
-    decode_context_lens: torch.Tensor | None  # [Bd] int64, counting the new token
+    decode_block_tables: torch.Tensor | None  # [num_decode_tokens, max_blocks] int64
+    decode_context_lens: torch.Tensor | None  # [num_decode_tokens] int64, counting the row's token
     prefills: tuple[PrefillChunk, ...]

@@ -14,7 +14,9 @@ router's copy of it) is at most `local_prefill_max_tokens`, when D has room
 (conditional disaggregation, as Dynamo does it): GenerateLocally on D, which prefills it
 in its own running batch; no prefill worker and no KV transfer.
 
-and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this.
+and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this. This
+module decides a request's path and turns its steps into deltas; step_sources.py makes the
+workers' calls that give the steps.
 
 Pages are never left held: a prompt that does not fit, a prefill that fails or
 finishes by itself, a stop string, and a consumer that goes away (cancels the task
@@ -28,22 +30,17 @@ the way: where each millisecond went, from the HTTP request's arrival to its las
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import ExitStack, aclosing
-from dataclasses import dataclass
 
 import grpc
 from prometheus_client import Counter
 
-from protos import common_pb2, decode_pb2, prefill_pb2
-from services.common import tracing
-from services.common.converters import FINISH_REASON_NAMES
+from protos import common_pb2
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.deltas import Delta, TextOutput, Usage
 from services.gateway.generation_defaults import GenerationDefaults
-from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.request_errors import (
     InvalidRequestError,
@@ -52,16 +49,11 @@ from services.gateway.request_errors import (
     from_rpc_error,
 )
 from services.gateway.request_trace import RequestTrace
-from services.gateway.router import NO_LOOKUP, Lookup
+from services.gateway.router import NO_LOOKUP
+from services.gateway.step_sources import Deadlines, StepSources
 from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import (
     Progress,
-    Step,
-    decode_steps,
-    next_event,
-    observe_prefill,
-    read_to_end,
-    went_away,
 )
 from services.gateway.workers import Worker, WorkerPool
 from services.tokenizer.chat_template import ChatOptions
@@ -70,28 +62,6 @@ PREFILL_PLACES = Counter("baton_gateway_prefills_total",
                          "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
                          ["place"])
 PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
-PREFILL_RETRIES = Counter("baton_gateway_prefill_retries_total",
-                          "Prompts sent to another prefill worker because theirs went away (UNAVAILABLE) before "
-                          "their first token")
-# A prompt's prefill workers after the first, at most: a worker that stops or dies before the first
-# token has sent nothing anyone saw, so the prompt goes to another. Not after any other failure: a
-# prompt that made a worker's engine fail may make the next one's fail too.
-MAX_PREFILL_RETRIES = 2
-DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
-                            "Requests moved to another decode worker because theirs went away (UNAVAILABLE) "
-                            "mid-stream: prompt and output so far prefilled again there")
-MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
-
-
-@dataclass(frozen=True)
-class Deadlines:
-    """Seconds each call may take before it fails with DEADLINE_EXCEEDED."""
-
-    tokenizer_s: float = 10.0
-    reserve_s: float = 10.0
-    prefill_s: float = 120.0
-    decode_s: float = 3600.0  # the whole stream
-    abort_s: float = 5.0
 
 
 class RequestPipeline:
@@ -119,8 +89,6 @@ class RequestPipeline:
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
         self.decode = decode
         self.deadlines = deadlines
-        self.kv_transport = kv_transport  # UNSPECIFIED: prefill picks by where the decode worker is
-        self.prefill_router = prefill_router  # a PrefixRouter; None: the least loaded prefill worker
         self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
@@ -132,21 +100,17 @@ class RequestPipeline:
         self.metrics.gauge("baton_gateway_requests_in_progress",
                            "Requests the gateway holds now, each choice of n counting (what --max-num-requests "
                            "limits)").labels(**self.metrics.labels).set_function(lambda: self.num_requests)
-        self.prefill_calls = KeptCalls("PrefillStream", "PrefillPreopened", PREFILL_CALLS, deadlines.prefill_s,
-                                       preopen=preopen_prefill_calls)
-        self.decode_calls = KeptCalls("Decode", "DecodePreopened", DECODE_CALLS, deadlines.decode_s)
-        if prefill is not None:
-            prefill.on_removed(self.prefill_calls.forget)
-        decode.on_removed(self.decode_calls.forget)
-        self._background: set[asyncio.Task] = set()
+        self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
+                                 preopen_prefill_calls)
+
+    @property
+    def prefill_router(self):
+        return self.steps.prefill_router
 
     async def aclose(self) -> None:
         """End the calls kept open to the workers, and wait for the Aborts and stream reads still in
         flight (call before closing the channels)."""
-        self.prefill_calls.close()
-        self.decode_calls.close()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.steps.aclose()
 
     async def generate(
         self,
@@ -277,7 +241,7 @@ class RequestPipeline:
                     raise InvalidRequestError(f"prompt {e}") from None
         is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)
         clock.prefilled_on = "decode" if is_local else "prefill"
-        steps = (self._local_steps if is_local else self._disaggregated_steps)(
+        steps = (self.steps.local if is_local else self.steps.disaggregated)(
             request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
         first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
@@ -327,217 +291,17 @@ class RequestPipeline:
                     if not is_past_first:  # before the first token a prefill worker's error stands (or was retried)
                         raise
                     generated = list(output.detokenizer.output_token_ids)
-                    moved_to = self._next_decode_worker(e, params, len(generated), [*gone, decode_worker])
+                    moved_to = self.steps.next_decode_worker(e, params, len(generated), [*gone, decode_worker])
                     if moved_to is None:
                         raise
                     gone.append(decode_worker)
                     decode_worker = held.enter_context(self.decode.hold(moved_to))
                     request_id = f"{first_id}~{len(gone)}"
-                    steps = self._moved_steps(request_id, prompt, generated, params, moved_to, progress, clock,
+                    steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock,
                                               spans)
         finally:
             if not progress.is_released:
-                self._abort_soon(decode_worker, request_id, common_pb2.FINISH_REASON_STOP if progress.is_stopped_here
-                                 else common_pb2.FINISH_REASON_UNSPECIFIED)
+                ended = common_pb2.FINISH_REASON_STOP if progress.is_stopped_here else \
+                    common_pb2.FINISH_REASON_UNSPECIFIED
+                self.steps.abort_soon(decode_worker, request_id, ended)
             held.close()
-
-    def _moved_steps(self, request_id: str, prompt: list[int], output: list[int], params: common_pb2.SamplingParams,
-                     decode_worker: Worker, progress: Progress, clock: PhaseClock,
-                     spans: RequestTrace) -> AsyncIterator[Step]:
-        """The rest of a request moved to `decode_worker`: its prompt and its output so far prefilled
-        again for it (their prefix mostly cached where the prompt was computed), the next token its first
-        step. The workers take the output as the request's own, made elsewhere: its penalties, guide and
-        seeded draws go on from it, as in a request that never moved."""
-        continued = common_pb2.SamplingParams()
-        continued.CopyFrom(params)
-        continued.ClearField("prompt_logprobs")
-        DECODE_MIGRATIONS.inc()
-        steps = self._disaggregated_steps if self.prefill is not None else self._local_steps
-        return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
-                     lambda: None, output)
-
-    def _next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
-                            num_generated: int, gone: list[Worker]) -> Worker | None:
-        """Where a request goes after `error` from its decode worker, past its first token: another
-        serving decode worker, when the worker went away, tokens are left to make and it has moved fewer
-        than MAX_DECODE_MIGRATIONS times; else None."""
-        if not (went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens):
-            return None
-        return self.decode.pick_other(gone)
-
-    def _next_prefill_worker(self, error: BaseException, gone: list[Worker]) -> Worker | None:
-        """Where a prompt goes after `error` from its prefill worker, before its first token: another
-        serving prefill worker, when the worker went away and it has gone elsewhere fewer than
-        MAX_PREFILL_RETRIES times; else None (the error stands)."""
-        if not (went_away(error) and len(gone) <= MAX_PREFILL_RETRIES):
-            return None
-        return self.prefill.pick_other(gone)
-
-    async def _disaggregated_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
-                                   decode_worker: Worker, progress: Progress, clock: PhaseClock,
-                                   spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
-                                   output: Sequence[int] = ()) -> AsyncIterator[Step]:
-        """The first token from a prefill worker, which then writes the KV into pages it reserved
-        on the decode worker; then the rest from the decode worker, once the pages are there.
-        `output`: a moved request's so far (`_moved_steps`)."""
-        # The worker counts as busy with what it has to compute: its cached prefix costs it little.
-        route = self.prefill_router.choose(prompt, lookup) if self.prefill_router is not None else None
-        chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
-        host_tier = (prefill_pb2.HostTierSource(address=route.host_tier_address, num_blocks=route.host_tier_blocks)
-                     if route is not None and route.host_tier_blocks else None)
-        gone: list[Worker] = []  # prefill workers that went away before the first token
-        while True:
-            with self.prefill.hold(chosen, len(prompt) + len(output) - num_cached) as prefill_worker:
-                clock.mark("route")
-                prefill_call = None
-                try:  # from here on, whatever fails stops the prefill worker's work too
-                    with spans.calls():
-                        prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
-                            request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                            target={"decode_address": decode_worker.address, "transport": self.kv_transport},
-                            output_token_ids=output))
-                    if not gone:
-                        on_dispatch()
-                        if route is not None:
-                            try:
-                                self.prefill_router.record(route, lookup)
-                            except ValueError as e:  # a negative id in a block it hashed
-                                raise InvalidRequestError(f"prompt {e}") from None
-                    response = (await next_event(prefill_call, "first_token")).first_token
-                    break
-                except BaseException as e:
-                    if prefill_call is not None:
-                        prefill_call.cancel()
-                    self.prefill_calls.replenish(prefill_worker, ended_on=e)
-                    chosen = self._next_prefill_worker(e, [*gone, prefill_worker])
-                    if chosen is None:
-                        raise
-                    gone.append(prefill_worker)
-                    num_cached, host_tier = 0, None  # what the router knew was of the worker that went
-                    PREFILL_RETRIES.inc()
-        try:
-            progress.num_cached_tokens = response.num_cached_tokens
-            timings = response.timings
-            first = Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
-                          FINISH_REASON_NAMES.get(response.finish_reason), timings, response.prompt_logprobs)
-            if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
-                observe_prefill(self.requests, timings)
-                yield first
-                self.prefill_calls.replenish(prefill_worker)
-                return
-            yield first
-            # The prefill worker writes the pages while the first token goes out.
-            handoff = (await next_event(prefill_call, "handoff")).handoff
-        except BaseException as e:  # cut short (an error, or the consumer went away): prefill stops too
-            prefill_call.cancel()
-            self.prefill_calls.replenish(prefill_worker, ended_on=e)
-            raise
-        clock.mark("kv_transfer")
-        observe_prefill(self.requests, handoff.timings)
-        with spans.calls():
-            call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
-                request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=params, output_token_ids=output))
-        # Once this request is done with the prefill worker: the next request's call is opened
-        # off both this one's first token and its handoff.
-        self.prefill_calls.replenish(prefill_worker)
-        # A call for a next request, once this one's first tokens are out (or it ended sooner): one per request.
-        is_replenished = False
-        try:
-            # Its status follows the handoff: read, the call ends as a success on both sides.
-            await prefill_call.code()
-            async for chunk in decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=False)):
-                yield chunk
-                if not is_replenished:
-                    self.decode_calls.replenish(decode_worker)
-                    is_replenished = True
-        except BaseException as e:
-            if not is_replenished:
-                self.decode_calls.replenish(decode_worker, ended_on=e)
-            raise
-        finally:
-            self._close_soon(call, progress)
-
-    async def _local_steps(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
-                           decode_worker: Worker, progress: Progress, clock: PhaseClock,
-                           spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
-                           output: Sequence[int] = ()) -> AsyncIterator[Step]:
-        """Every token from the decode worker, which prefills the prompt itself: no prefill
-        worker, no transfer. The part it does not hold counts against its room until the first token.
-        `output`: a moved request's so far (`_moved_steps`)."""
-        uncached = len(prompt) + len(output) - lookup.decode_cached_tokens
-        decode_worker.queued_tokens += uncached
-        is_counted = True
-        clock.mark("route")
-        with spans.calls():
-            call = decode_worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
-                request_id=request_id, prompt_token_ids=prompt, sampling=params, output_token_ids=output),
-                timeout=self.deadlines.decode_s)
-        try:
-            on_dispatch()
-            async for step in decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
-                if is_counted:
-                    decode_worker.queued_tokens -= uncached
-                    is_counted = False
-                yield step
-        finally:
-            if is_counted:
-                decode_worker.queued_tokens -= uncached
-            self._close_soon(call, progress)
-
-    def _mark_decode_chunks(self, clock: PhaseClock, is_local: bool) -> Callable[[decode_pb2.DecodeChunk], None]:
-        """What each chunk from the decode worker marks on the ledger as it arrives. The first
-        carries the worker's queue time (and a local prefill's compute); with a local prefill
-        it brings the first token, so the rest of its wait is the call's (`rpc`)."""
-        is_first = True
-
-        def mark(chunk: decode_pb2.DecodeChunk) -> None:
-            nonlocal is_first
-            if not is_first:
-                clock.mark("decode_steps")
-                return
-            is_first = False
-            timings = chunk.timings
-            if is_local:
-                self.requests.queue.observe(timings.queue_seconds)
-                clock.mark_split([("decode_queue", timings.queue_seconds),
-                                  ("prefill_compute", timings.prefill_seconds)], rest="rpc")
-            else:
-                clock.mark_split([("decode_queue", timings.queue_seconds)], rest="decode_steps")
-        return mark
-
-    def _close_soon(self, call, progress: Progress) -> None:
-        """Cancel a decode stream cut short. One that ended, or that a stop string ended here (the
-        Abort naming the stop ends it on the decode worker, which counts it as finished, not
-        cancelled), is read to its end in the background: when tracing, its client span ends
-        only there (the pipeline stops at the last chunk)."""
-        if progress.is_stopped_here and not progress.is_released:
-            self._in_background(read_to_end(call, within_s=self.deadlines.abort_s))
-        elif not progress.is_released:
-            call.cancel()
-        elif tracing.is_enabled():
-            self._in_background(read_to_end(call))
-
-    def _in_background(self, work) -> None:
-        """Run `work` to its end even when the caller is cancelled; `aclose` waits for it."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(_forget(self._background))
-
-    def _abort_soon(self, worker: Worker, request_id: str, finish_reason: int) -> None:
-        """Abort on decode in the background: it must run even when the caller was
-        cancelled, and the consumer need not wait for it. `finish_reason`: why the request
-        ended here when it finished (a stop string), UNSPECIFIED when it was cut short."""
-        self._in_background(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id,
-                                                                      finish_reason=finish_reason),
-                                              timeout=self.deadlines.abort_s))
-
-
-def _forget(tasks: set[asyncio.Task]):
-    def done(task: asyncio.Task) -> None:
-        tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a failed Abort is logged by the lease expiry, not here
-    return done
-
-

@@ -237,7 +237,7 @@ def test_prompts_after_a_workers_first_go_on_calls_opened_ahead(mesh, model_toke
     # enough, none.
     for max_idle_s, calls in ((MAX_IDLE_S, {"preopened": 4, "new": 2}), (0.0, {"preopened": 0, "new": 6})):
         async def body(pipeline):
-            pipeline.prefill_calls.max_idle_s = pipeline.decode_calls.max_idle_s = max_idle_s
+            pipeline.steps.prefill_calls.max_idle_s = pipeline.steps.decode_calls.max_idle_s = max_idle_s
             return [joined(await collect(pipeline.generate(f"kept-{max_idle_s}-{i}", prompt_token_ids=prompt,
                                                            sampling=greedy(n))))[1]
                     for i, (prompt, n) in enumerate(zip(prompts, lengths))]
