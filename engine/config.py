@@ -11,6 +11,9 @@ from engine.speculative import SpeculativeConfig
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# What the KV pages hold (vLLM's --kv-cache-dtype): auto, the compute dtype; fp8 (= fp8_e4m3) or
+# fp8_e5m2, one byte a number, cast without scales (vLLM's default scale of 1).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def stored_dtype(model_config: dict) -> str | None:
@@ -50,6 +53,7 @@ class EngineConfig:
     lora_modules: tuple[tuple[str, str], ...] = ()
     # Speculative decoding (engine/speculative.py: n-gram drafts, vLLM's --speculative-config); None: none.
     speculative: SpeculativeConfig | None = None
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):
@@ -64,6 +68,8 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")

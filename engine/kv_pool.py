@@ -67,8 +67,9 @@ class KVPool:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.tensor.device)
         dst = torch.tensor([d for _, d in pairs], device=self.tensor.device)
-        # Block dim is 3 of [L, 2, Hkv, N, bs, D].
-        self.tensor[:, :, :, dst] = self.tensor[:, :, :, src]
+        # Block dim is 3 of [L, 2, Hkv, N, bs, D]; fp8 pages copied as bytes (torch has no fp8 index_put).
+        pages = self.tensor.view(torch.uint8) if self.tensor.element_size() == 1 else self.tensor
+        pages[:, :, :, dst] = pages[:, :, :, src]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -14,7 +14,7 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
-from engine.dtypes import TORCH_DTYPES
+from engine.dtypes import TORCH_DTYPES, kv_cache_dtype
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
@@ -43,15 +43,16 @@ class LLMEngine:
         self.fingerprint = kv_fingerprint(model_dir, config.max_model_len)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         dtype = TORCH_DTYPES[config.dtype]
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)  # what the pages hold
         self.runner = ModelRunner(
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress,
         )
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
-            self.model_config, config.block_size, dtype, config.device, config.kv_memory_fraction
+            self.model_config, config.block_size, kv_dtype, config.device, config.kv_memory_fraction
         )
         kv_pool_start_ns = time.time_ns()
-        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, dtype, kv_tensor_factory)
+        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory)
         kv_pool_end_ns = time.time_ns()
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching

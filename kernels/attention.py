@@ -1,6 +1,7 @@
 """Attention over paged KV: prefill (one sequence's chunk) and decode (a batch).
 
-Both read keys and values from pages laid out `[Hkv, N, bs, D]` (see kv_cache.py)
+Both read keys and values from pages laid out `[Hkv, N, bs, D]` (see kv_cache.py), in q's dtype
+whatever the pages hold (an fp8 cache is cast up as it is read),
 and handle grouped-query attention, causal masking with a cached prefix, an
 optional sliding window (Mistral), and optional logit soft-capping (Gemma 2).
 """
@@ -41,8 +42,8 @@ def prefill_attention_torch(
         return out[0].transpose(0, 1)
     num_blocks = (total + block_size - 1) // block_size
     blocks = block_table[:num_blocks]
-    keys = k_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total]
-    values = v_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total]
+    keys = k_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total].to(q.dtype)
+    values = v_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total].to(q.dtype)
     q_pos = torch.arange(context_len, total, device=q.device).unsqueeze(1)  # [n, 1]
     k_pos = torch.arange(total, device=q.device).unsqueeze(0)  # [1, total]
     mask = k_pos <= q_pos
@@ -79,8 +80,8 @@ def decode_attention_torch(
     group = num_heads // num_kv_heads
     max_len = block_tables.shape[1] * block_size
     flat = block_tables.reshape(-1)
-    keys = k_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim)
-    values = v_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim)
+    keys = k_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim).to(q.dtype)
+    values = v_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim).to(q.dtype)
     # Heads lead, so each (kv head, sequence) slice is contiguous and no K/V copy is needed.
     qh = q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, B, g, D]
     k_pos = torch.arange(max_len, device=q.device).unsqueeze(0)  # [1, L]

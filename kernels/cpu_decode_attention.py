@@ -83,10 +83,11 @@ def decode_attention_cpu(
     sliding_window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """Same contract as `decode_attention_torch`; float32 on CPU without soft-capping, otherwise it defers to it."""
+    """Same contract as `decode_attention_torch`; float32 (pages too) on CPU without soft-capping, otherwise it
+    defers to it."""
     lib = load_library()
-    if (lib is None or q.dtype != torch.float32 or q.device.type != "cpu" or not k_cache.is_contiguous()
-            or softcap is not None):
+    if (lib is None or q.dtype != torch.float32 or k_cache.dtype != torch.float32 or q.device.type != "cpu"
+            or not k_cache.is_contiguous() or softcap is not None):
         return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, softcap)
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_blocks, block_size, _ = k_cache.shape

@@ -18,5 +18,8 @@ def write_kv_torch(
 ) -> None:
     # k, v: [T, Hkv, D]; k_cache, v_cache: [Hkv, N, bs, D]; slot_mapping: [T] int64
     num_kv_heads, _, _, head_dim = k_cache.shape
+    if k_cache.dtype != k.dtype:  # an fp8 cache: cast, then copied as bytes (torch has no fp8 index_copy_)
+        k, v = k.to(k_cache.dtype).view(torch.uint8), v.to(v_cache.dtype).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, k.transpose(0, 1))
     v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, v.transpose(0, 1))

@@ -27,14 +27,15 @@ def write_latent_rows(rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def read_latent_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-                     row_width: int) -> torch.Tensor:
-    """The rows of pages `blocks` ([...] int64) in order: [..., len(last dim) * bs, row_width]."""
+                     row_width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The rows of pages `blocks` ([...] int64) in order, in `dtype` (fp8 pages cast up):
+    [..., len(last dim) * bs, row_width]."""
     _, _, block_size, width = k_cache.shape
     shape = (*blocks.shape[:-1], blocks.shape[-1] * block_size, width)
     flat = blocks.reshape(-1)
     k_half = k_cache[0].index_select(0, flat).view(shape)
     v_half = v_cache[0].index_select(0, flat).view(shape)
-    return torch.cat((k_half, v_half), dim=-1)[..., :row_width]
+    return torch.cat((k_half, v_half), dim=-1)[..., :row_width].to(dtype)
 
 
 def mla_decode_attention_torch(q_rope: torch.Tensor, q_latent: torch.Tensor, k_cache: torch.Tensor,
@@ -45,7 +46,7 @@ def mla_decode_attention_torch(q_rope: torch.Tensor, q_latent: torch.Tensor, k_c
     latent also the values. block_tables: [B, max_blocks] int64 (padding masked); context_lens: [B],
     counting the new token. Returns [B, H, rank]: each head's attended latent."""
     batch, num_heads, rope = q_rope.shape
-    rows = read_latent_rows(k_cache, v_cache, block_tables, rope + q_latent.shape[-1])  # [B, L, R]
+    rows = read_latent_rows(k_cache, v_cache, block_tables, rope + q_latent.shape[-1], q_rope.dtype)  # [B, L, R]
     # Every head reads the same row: the heads stand as one sequence's queries against it.
     q = torch.cat((q_rope, q_latent), dim=-1).unsqueeze(1)  # [B, 1, H, R]
     k_pos = torch.arange(rows.shape[1], device=q.device).unsqueeze(0)  # [1, L]

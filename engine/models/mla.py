@@ -113,7 +113,7 @@ class MLAttention(nn.Module):
         total = chunk.context_len + num_new
         block_size = kv_cache[0].shape[2]
         blocks = chunk.block_table[:(total + block_size - 1) // block_size]
-        return read_latent_rows(*kv_cache, blocks, self.mla.cache_row_width)[:total]
+        return read_latent_rows(*kv_cache, blocks, self.mla.cache_row_width, self.kv_a_norm.dtype)[:total]
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         """Copies checkpoint tensor `name` (`q_a_proj.weight`, ...: its name within `self_attn`) into place."""

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from engine.config import DTYPES, SCHEDULING_POLICIES, stored_dtype
+from engine.config import DTYPES, KV_CACHE_DTYPES, SCHEDULING_POLICIES, stored_dtype
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_MODEL = "BATON_MODEL"
@@ -25,6 +25,7 @@ ENV_REDIS_URL = "BATON_REDIS_URL"
 ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
 # Shared by prefill and decode workers on purpose: the KV pages one writes, the other reads.
 ENV_DTYPE = "BATON_DTYPE"
+ENV_KV_CACHE_DTYPE = "BATON_KV_CACHE_DTYPE"
 ENV_LORA_MODULES = "BATON_LORA_MODULES"
 ENV_ALLOW_RUNTIME_LORA_UPDATING = "BATON_ALLOW_RUNTIME_LORA_UPDATING"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
@@ -89,11 +90,15 @@ def add_scheduling_flag(parser: argparse.ArgumentParser, env: Mapping[str, str],
 
 
 def add_dtype_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """--dtype of a worker's engine: what it computes in and keeps its KV pages in."""
+    """--dtype of a worker's engine: what it computes in and keeps its KV pages in; and --kv-cache-dtype."""
     parser.add_argument("--dtype", default=env.get(ENV_DTYPE) or "float32",
                         help=f"what the model computes in and the KV pages hold: {', '.join(DTYPES)}, or auto (the "
                              f"checkpoint's own); default float32, the fast one on CPUs (bfloat16 on GPUs); prefill "
                              f"and decode workers must agree (${ENV_DTYPE})")
+    parser.add_argument("--kv-cache-dtype", default=env.get(ENV_KV_CACHE_DTYPE) or "auto",
+                        help=f"what the KV pages hold, vLLM's: auto (--dtype), fp8 (= fp8_e4m3) or fp8_e5m2, one "
+                             f"byte a number (a quarter of float32's room: four times the tokens), cast without "
+                             f"scales; prefill and decode workers must agree (${ENV_KV_CACHE_DTYPE})")
 
 
 def resolved_dtype(dtype: str, model_dir: Path) -> str:
@@ -141,6 +146,11 @@ def lora_modules(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     if len(set(names)) != len(names):
         raise ConfigError(f"--lora-modules names each adapter once, got {names}")
     return tuple(pairs)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
 
 
 def check_scheduling_policy(policy: str) -> None:

@@ -71,7 +71,8 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
     engine_config = EngineConfig(model=str(model_dir), num_kv_blocks=config.num_kv_blocks,
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
-                                 lora_modules=config.lora_modules, speculative=config.speculative)
+                                 kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,
+                                 speculative=config.speculative)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
     except BaseException:

@@ -31,6 +31,7 @@ from services.common.settings import (
     add_scheduling_flag,
     add_tracing_flag,
     check_bind,
+    check_kv_cache_dtype,
     check_limits,
     check_metrics_port,
     check_model_dir,
@@ -68,6 +69,7 @@ class DecodeServiceConfig:
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
+    kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     speculative: SpeculativeConfig | None = None  # n-gram drafts (engine/speculative.py); None: plain decoding
@@ -89,6 +91,7 @@ class DecodeServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
+        check_kv_cache_dtype(self.kv_cache_dtype)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
@@ -126,7 +129,7 @@ class DecodeServiceConfig:
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
-                   scheduling_policy=args.scheduling_policy, dtype=args.dtype,
+                   scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    speculative=speculative_config(args.speculative_config),

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-ITEMSIZES = {"bfloat16": 2, "float16": 2, "float32": 4}  # bytes per element, by dtype name
+# bytes per element, by dtype name (the float8 ones: --kv-cache-dtype fp8)
+ITEMSIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
 SUPPORTED_DTYPES = tuple(ITEMSIZES)
 
 

@@ -27,7 +27,7 @@ from multiprocessing import shared_memory
 import numpy as np
 import torch
 
-from engine.dtypes import TORCH_DTYPES
+from engine.dtypes import PAGE_DTYPES
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 
 MAGIC = b"BATONKV\x00"
@@ -119,7 +119,7 @@ def _pool_view(buf: memoryview, layout: PageLayout) -> torch.Tensor:
     # live view makes close() fail loudly; torch.frombuffer releases it and the view
     # would dangle (a segfault on use) after close().
     raw = np.frombuffer(buf, dtype=np.uint8, count=layout.nbytes, offset=DATA_OFFSET)
-    return torch.from_numpy(raw).view(TORCH_DTYPES[layout.dtype]).view(layout.shape)
+    return torch.from_numpy(raw).view(PAGE_DTYPES[layout.dtype]).view(layout.shape)
 
 
 class SharedKVPool:

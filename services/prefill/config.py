@@ -29,6 +29,7 @@ from services.common.settings import (
     add_scheduling_flag,
     add_tracing_flag,
     check_bind,
+    check_kv_cache_dtype,
     check_limits,
     check_metrics_port,
     check_model_dir,
@@ -69,6 +70,7 @@ class PrefillServiceConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
+    kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_model_len: int | None = None  # None: the model's own context length
@@ -92,6 +94,7 @@ class PrefillServiceConfig:
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
+        check_kv_cache_dtype(self.kv_cache_dtype)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)
@@ -135,7 +138,7 @@ class PrefillServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                   scheduling_policy=args.scheduling_policy, dtype=args.dtype,
+                   scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,

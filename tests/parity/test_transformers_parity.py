@@ -253,3 +253,24 @@ def test_mla_pages_hold_the_latent_not_each_heads_keys_and_values(tiny_model_dir
     assert kv_block_bytes(engine.model_config, block_size, torch.float32) == \
         config["num_hidden_layers"] * block_size * per_token_layer * 4
     assert engine.runner.kv_pool.tensor.shape[2] == 1  # one row every head reads
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_fp8_kv_cache_takes_a_quarter_of_float32s_room_and_stays_near_transformers(tiny_model_dirs, kv_cache_dtype):
+    """--kv-cache-dtype fp8: pages of one byte a number, cast without scales. What that costs is
+    precision: past the first chunk the logits stay near transformers' but no closer (within 2, a 2-
+    or 3-bit mantissa's worth); the first chunk's are as exact as ever (it reads no page)."""
+    from engine.kv_pool import kv_block_bytes
+
+    model_dir = tiny_model_dirs["llama-gqa-untied"]
+    exact, engine = _engine(model_dir), _engine(model_dir, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32)
+    assert engine.runner.kv_pool.tensor.element_size() == 1
+    assert kv_block_bytes(engine.model_config, 16, engine.runner.kv_pool.tensor.dtype) * 4 == \
+        kv_block_bytes(exact.model_config, 16, exact.runner.kv_pool.tensor.dtype)
+    hf = _hf_model(model_dir)
+    for n in (17, 100, 300):
+        prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0, -1]
+        diff = (_prefill_logits(engine, prompt) - ref).abs().max().item()
+        assert diff < 1e-4 if n <= 32 else 1e-3 < diff < 2.0, (n, diff)

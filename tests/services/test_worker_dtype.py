@@ -31,3 +31,13 @@ def test_auto_is_the_checkpoints_own_dtype(config, tiny_demo_model, tmp_path):
         settings.update(torch_dtype=stored, dtype=stored)
         (model / "config.json").write_text(json.dumps(settings))
         assert config.from_args(["--model", str(model)], {"BATON_DTYPE": "auto"}).dtype == computed
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_kv_cache_dtype_comes_from_the_flag_or_the_shared_variable(config, tiny_demo_model):
+    model = ["--model", str(tiny_demo_model)]
+    assert config.from_args(model, {}).kv_cache_dtype == "auto"
+    assert config.from_args(model, {"BATON_KV_CACHE_DTYPE": "fp8"}).kv_cache_dtype == "fp8"
+    assert config.from_args([*model, "--kv-cache-dtype", "fp8_e5m2"], {}).kv_cache_dtype == "fp8_e5m2"
+    with pytest.raises(ConfigError, match="--kv-cache-dtype must be one of auto, fp8, fp8_e4m3, fp8_e5m2, got 'int4'"):
+        config.from_args([*model, "--kv-cache-dtype", "int4"], {})

@@ -222,3 +222,30 @@ def test_cpu_decode_kernel_matches_torch_reference(window, num_heads, num_kv_hea
     torch.testing.assert_close(capped, decode_attention_torch(q, k_cache, v_cache, tables, lengths, D**-0.5, window,
                                                               0.7))
     assert not torch.allclose(capped, ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_pages_hold_each_number_cast_and_attention_reads_them_cast_back(fp8):
+    """--kv-cache-dtype fp8: the pages hold K/V cast to fp8 (no scales), and every attention path
+    (prefill over a cached prefix, decode, the C decode kernel's fallback) computes as dense attention
+    over those values. (A prompt's first chunk reads no page: it attends to its own K/V unrounded.)"""
+    gen = torch.Generator().manual_seed(3)
+    blocks, context_len, n = [7, 3, 11, 0], 9, 5
+    k_cache, v_cache = torch.zeros(HKV, NBLOCKS, BS, D, dtype=fp8), torch.zeros(HKV, NBLOCKS, BS, D, dtype=fp8)
+    k = torch.randn(context_len + n, HKV, D, generator=gen) * 4
+    v = torch.randn(context_len + n, HKV, D, generator=gen) * 4
+    slots = torch.tensor([blocks[p // BS] * BS + p % BS for p in range(context_len + n)])
+    write_kv_torch(k, v, k_cache, v_cache, slots)
+    rounded_k, rounded_v = k.to(fp8).float(), v.to(fp8).float()
+    assert torch.equal(k_cache[:, 3, 1].float(), rounded_k[5]) and not torch.equal(rounded_k, k)
+    q = torch.randn(n, HQ, D, generator=gen)
+    out = prefill_attention_torch(q, k[context_len:], v[context_len:], k_cache, v_cache, torch.tensor(blocks),
+                                  context_len, D**-0.5)
+    ref = dense_attention(q, rounded_k, rounded_v, torch.arange(context_len, context_len + n))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    table, lengths = torch.tensor([blocks, blocks]), torch.tensor([context_len, context_len + n])
+    for decode in (decode_attention_torch, select_kernels("cpu").decode_attention):
+        out = decode(q[:2], k_cache, v_cache, table, lengths, D**-0.5)
+        for i, length in enumerate(lengths.tolist()):
+            ref = dense_attention(q[i:i + 1], rounded_k[:length], rounded_v[:length], torch.tensor([length - 1]))
+            torch.testing.assert_close(out[i:i + 1], ref, atol=1e-5, rtol=1e-5)
