@@ -57,13 +57,13 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching
         )
-        self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager)
+        self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank)
         for name, path in config.lora_modules:
             self.loras.add(self.loras.read(name, path))
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-            self.max_model_len, self.eos_token_ids, config.scheduling_policy, config.speculative,
+            self.max_model_len, self.eos_token_ids, config.scheduling_policy, config.speculative, config.max_loras,
         )
         self.tokenizer = _load_tokenizer(model_dir)
         self._guides: GuideFactory | None = None

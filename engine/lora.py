@@ -41,6 +41,7 @@ class LoRADelta:
 class LoRAAdapter:
     name: str
     path: Path
+    rank: int
     deltas: dict[tuple[int, str], list[LoRADelta]] = field(default_factory=dict)
 
     @classmethod
@@ -54,7 +55,7 @@ class LoRAAdapter:
         weights_path = path / "adapter_model.safetensors"
         if not weights_path.is_file():
             raise LoRAError(f"{path}: no adapter_model.safetensors")
-        adapter = cls(name, path)
+        adapter = cls(name, path, rank)
         with safe_open(str(weights_path), framework="pt") as f:
             names = set(f.keys())
             for key in sorted(names):

@@ -24,8 +24,10 @@ class LoRAManager:
     """Owns the runner's adapters (`loras`, by name: what the step computes with) and their lifecycle.
     Every method but `read` runs on the engine's thread."""
 
-    def __init__(self, loras: dict[str, LoRAAdapter], model, dtype: torch.dtype, block_manager: BlockManager) -> None:
+    def __init__(self, loras: dict[str, LoRAAdapter], model, dtype: torch.dtype, block_manager: BlockManager,
+                 max_rank: int | None = None) -> None:
         self._loras = loras
+        self._max_rank = max_rank  # None: any
         self._target_of: Callable[[str], Target | None] = model.lora_target  # a projection's place in the model
         self._serve: Callable[[], None] = model.serve_loras  # hooks the model's projections to adapters, once
         self._dtype = dtype
@@ -34,8 +36,11 @@ class LoRAManager:
 
     def read(self, name: str, path: str | Path) -> LoRAAdapter:
         """The adapter in directory `path`, read and checked against the model (any thread: it touches
-        nothing served). LoRAError for one the model cannot serve."""
-        return LoRAAdapter.load(name, path, self._target_of, self._dtype)
+        nothing served). LoRAError for one the model cannot serve, or of a rank over `max_rank`."""
+        adapter = LoRAAdapter.load(name, path, self._target_of, self._dtype)
+        if self._max_rank is not None and adapter.rank > self._max_rank:
+            raise LoRAError(f"{path}: LoRA rank {adapter.rank} is greater than max_lora_rank {self._max_rank}")
+        return adapter
 
     def add(self, adapter: LoRAAdapter) -> None:
         """Serve `adapter` from the next step on. LoRAConflictError when its name is taken."""

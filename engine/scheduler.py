@@ -34,6 +34,7 @@ class Scheduler:
         eos_token_ids: tuple[int, ...],
         policy: str = "fcfs",
         speculative: SpeculativeConfig | None = None,
+        max_loras: int | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -47,6 +48,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.is_by_priority = policy == "priority"
         self.speculative = speculative  # None: no drafts
+        self.max_loras = max_loras  # most LoRA adapters a batch computes with; None: no limit
         self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
         self.num_accepted_tokens = 0
 
@@ -123,12 +125,20 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         # Admitting new work while pages are short would only preempt it again.
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        adapters = {seq.sampling_params.lora_name for seq in batch.seqs} - {None} if self.max_loras else set()
+        i = 0
+        while not preempted and i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            lora_name = seq.sampling_params.lora_name
+            if self.max_loras and lora_name is not None and lora_name not in adapters:
+                if len(adapters) >= self.max_loras:  # its adapter would be one too many: it waits, the next may not
+                    i += 1
+                    continue
+                adapters.add(lora_name)
             if not bm.can_allocate(seq):
                 break
             bm.allocate(seq)
-            self.waiting.popleft()
+            del self.waiting[i]
             self._run(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             batch.add(seq, num_new)

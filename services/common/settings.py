@@ -131,6 +131,22 @@ def add_lora_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
                              f"worker alike; off by default, as in vLLM (${ENV_ALLOW_RUNTIME_LORA_UPDATING}=1)")
 
 
+def add_lora_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """--max-loras and --max-lora-rank of a worker's engine, vLLM's (without a default limit here)."""
+    parser.add_argument("--max-loras", type=int, metavar="N",
+                        help="most LoRA adapters one step's batch computes with (requests for another wait for "
+                             "the next step); default: no limit")
+    parser.add_argument("--max-lora-rank", type=int, metavar="R",
+                        help="refuse a LoRA adapter of a higher rank, at start or at a run-time load; default: any")
+
+
+def check_lora_limits(max_loras: int | None, max_lora_rank: int | None) -> None:
+    if max_loras is not None:
+        check_positive("--max-loras", max_loras)
+    if max_lora_rank is not None:
+        check_positive("--max-lora-rank", max_lora_rank)
+
+
 def lora_modules(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """`--lora-modules` as (name, path) pairs; ConfigError for a spec that is not NAME=PATH, a name
     given twice, or a path that is not a directory."""

@@ -72,6 +72,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,
+                                 max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                  speculative=config.speculative)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)

@@ -26,6 +26,7 @@ from services.common.settings import (
     add_dtype_flag,
     add_limit_flags,
     add_lora_flag,
+    add_lora_limit_flags,
     add_metrics_flag,
     add_registry_flags,
     add_scheduling_flag,
@@ -33,6 +34,7 @@ from services.common.settings import (
     check_bind,
     check_kv_cache_dtype,
     check_limits,
+    check_lora_limits,
     check_metrics_port,
     check_model_dir,
     check_positive,
@@ -72,6 +74,8 @@ class DecodeServiceConfig:
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
+    max_loras: int | None = None  # most adapters in a step's batch; None: no limit
+    max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
     speculative: SpeculativeConfig | None = None  # n-gram drafts (engine/speculative.py); None: plain decoding
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
@@ -92,6 +96,7 @@ class DecodeServiceConfig:
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
+        check_lora_limits(self.max_loras, self.max_lora_rank)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
@@ -118,6 +123,7 @@ class DecodeServiceConfig:
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
         add_lora_flag(parser, env)
+        add_lora_limit_flags(parser)
         parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
                             help='vLLM\'s: speculative decoding, n-gram drafts only, e.g. \'{"method": "ngram", '
                                  '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; the same tokens come out, in '
@@ -132,6 +138,7 @@ class DecodeServiceConfig:
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                   max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                    speculative=speculative_config(args.speculative_config),
                    max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,

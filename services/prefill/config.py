@@ -24,6 +24,7 @@ from services.common.settings import (
     add_dtype_flag,
     add_limit_flags,
     add_lora_flag,
+    add_lora_limit_flags,
     add_metrics_flag,
     add_registry_flags,
     add_scheduling_flag,
@@ -31,6 +32,7 @@ from services.common.settings import (
     check_bind,
     check_kv_cache_dtype,
     check_limits,
+    check_lora_limits,
     check_metrics_port,
     check_model_dir,
     check_positive,
@@ -73,6 +75,8 @@ class PrefillServiceConfig:
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
+    max_loras: int | None = None  # most adapters in a step's batch; None: no limit
+    max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
     max_model_len: int | None = None  # None: the model's own context length
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
@@ -95,6 +99,7 @@ class PrefillServiceConfig:
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
+        check_lora_limits(self.max_loras, self.max_lora_rank)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)
@@ -130,6 +135,7 @@ class PrefillServiceConfig:
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
         add_lora_flag(parser, env)
+        add_lora_limit_flags(parser)
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
@@ -141,6 +147,7 @@ class PrefillServiceConfig:
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                   max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,

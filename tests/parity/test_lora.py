@@ -183,6 +183,28 @@ def test_adapters_load_and_unload_at_run_time(served, tiny_model_dirs):
     engine.block_manager.check_integrity()
 
 
+def test_max_loras_bounds_the_adapters_of_a_step_and_max_lora_rank_refuses_higher_ranks(served, tiny_model_dirs):
+    """vLLM's --max-loras: with 1, no step computes with two adapters (requests for the other wait),
+    and every request makes what it would unbounded; --max-lora-rank refuses a higher rank by name."""
+    engine, merged, root = served
+    model_dir = str(tiny_model_dirs["llama-gqa-untied"])
+    vocab = engine.model_config.vocab_size
+    requests = {f"{name}-{i}": (_random_prompt(20 + i, vocab, seed=30 + i),
+                                SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, lora_name=name))
+                for i, name in enumerate(["tuned", "qv", None, "tuned", "qv"])}
+    unbounded_steps: list[int] = []
+    unbounded = _run(engine, requests, lambda: unbounded_steps.append(len(engine.runner.model.lora_batch.active)))
+    modules = (("tuned", str(root / "tuned")), ("qv", str(root / "qv")))
+    bounded = LLMEngine(EngineConfig(model=model_dir, dtype="float32", num_kv_blocks=256, max_loras=1,
+                                     lora_modules=modules))
+    bounded_steps: list[int] = []  # each step's adapters, read before the next
+    assert _run(bounded, requests, lambda: bounded_steps.append(len(bounded.runner.model.lora_batch.active))) == \
+        unbounded
+    assert max(bounded_steps) == 1 and max(unbounded_steps) == 2 and len(bounded_steps) > len(unbounded_steps)
+    with pytest.raises(LoRAError, match="LoRA rank 4 is greater than max_lora_rank 2"):
+        LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=8, max_lora_rank=2, lora_modules=modules))
+
+
 def test_baton_generate_takes_an_adapter(tiny_demo_model, tmp_path):
     import subprocess
     import sys
