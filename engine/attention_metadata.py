@@ -27,3 +27,4 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decode_tokens, max_blocks] int64
     decode_context_lens: torch.Tensor | None  # [num_decode_tokens] int64, counting the row's token
     prefills: tuple[PrefillChunk, ...]
+    positions: torch.Tensor | None = None  # [T] int64: each token's position (Llama 4's NoPE layers scale q by it)

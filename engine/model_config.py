@@ -8,7 +8,16 @@ from pathlib import Path
 from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.mla_config import MLAConfig, read_mla_config
-from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, QWEN_MOES, MoEConfig, read_moe_config
+from engine.moe_config import (
+    DEEPSEEK_V2,
+    DEEPSEEK_V3,
+    GLM4_MOE,
+    LLAMA4,
+    LLAMA4_MULTIMODAL,
+    QWEN_MOES,
+    MoEConfig,
+    read_moe_config,
+)
 from engine.rope_config import (
     PHI3,
     partial_rotary_factor,
@@ -22,11 +31,12 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
-                           DEEPSEEK_V3)
+                           DEEPSEEK_V3, LLAMA4, LLAMA4_MULTIMODAL)
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
+LLAMAS_4 = (LLAMA4, LLAMA4_MULTIMODAL)
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 _GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
@@ -37,7 +47,7 @@ _EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
-                   *OLMOS, SMOLLM3)
+                   *OLMOS, SMOLLM3, LLAMA4)
 
 
 class ModelConfigError(ValueError):
@@ -72,6 +82,15 @@ class ModelConfig:
     mla: MLAConfig | None  # DeepSeek-V3's multi-head latent attention (engine/mla_config.py); None: not MLA
     sliding_window: int | None
     sliding_layers: frozenset[int]  # the layers that attend over `sliding_window` only (all, for Mistral)
+    # Llama 4's: its RoPE layers attend within chunks of this many positions (a token to the earlier
+    # tokens of its own chunk), q and k L2-normed after RoPE there; its NoPE layers scale q by the
+    # position's attention temperature, (floor_scale, attn_scale); its q/k weights hold each RoPE pair
+    # side by side (rope_interleaved), reordered as they load.
+    attention_chunk_size: int | None
+    chunked_layers: frozenset[int]
+    qk_l2_norm: bool
+    attn_temperature: tuple[float, float] | None
+    rope_interleaved: bool
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
     attention_scale: float  # of q·k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
     # Gemma's soft caps, cap * tanh(x / cap): of attention scores before the mask, of the final logits.
@@ -112,6 +131,10 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    if arch == LLAMA4_MULTIMODAL:  # its text model is served (no images): its settings are text_config's
+        if not isinstance(cfg.get("text_config"), dict):
+            raise ModelConfigError(f"{path}: {arch} without a text_config")
+        cfg = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}, **cfg["text_config"]}
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     supported_act = "gelu_pytorch_tanh" if arch in GEMMAS else "silu"
     if act != supported_act:
@@ -149,7 +172,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             rotary_dim=rotary_dim,
-            intermediate_size=int(cfg["intermediate_size"]),
+            # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
+            intermediate_size=int(cfg["intermediate_size_mlp" if arch in LLAMAS_4 else "intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in _EPS_1E5 else 1e-6)),
             rope_theta=_full_rope_theta(cfg),
@@ -168,6 +192,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             moe=read_moe_config(cfg, arch),
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
+            **_llama4_attention(cfg, arch),
             hidden_act=act,
             attention_scale=_attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
@@ -233,12 +258,30 @@ def _full_rope_theta(cfg: dict) -> float:
 
 def _rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch != SMOLLM3:
+    if arch not in (SMOLLM3, *LLAMAS_4):
         return frozenset(range(num_layers))
-    # SmolLM3's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
+    # SmolLM3's and Llama 4's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
     uses_rope = cfg.get("no_rope_layers") or [
         int((i + 1) % int(cfg.get("no_rope_layer_interval") or 4) != 0) for i in range(num_layers)]
     return frozenset(i for i, flag in enumerate(uses_rope) if flag)
+
+
+def _llama4_attention(cfg: dict, arch: str) -> dict:
+    if arch not in LLAMAS_4:
+        return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, attn_temperature=None,
+                    rope_interleaved=False)
+    rope_layers = _rope_layers(cfg, arch)
+    chunk = cfg.get("attention_chunk_size")
+    types = cfg.get("layer_types") or ["chunked_attention" if i in rope_layers and chunk else "full_attention"
+                                       for i in range(int(cfg["num_hidden_layers"]))]
+    is_tuned = cfg.get("attn_temperature_tuning", True)
+    return dict(attention_chunk_size=int(chunk) if chunk else None,
+                chunked_layers=frozenset(i for i, t in enumerate(types) if t == "chunked_attention") if chunk
+                else frozenset(),
+                qk_l2_norm=bool(cfg.get("use_qk_norm", True)),
+                attn_temperature=(float(cfg.get("floor_scale", 8192)), float(cfg.get("attn_scale", 0.1)))
+                if is_tuned else None,
+                rope_interleaved=True)
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:

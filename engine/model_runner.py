@@ -181,16 +181,18 @@ class ModelRunner:
             if c + n == seq.num_tokens:
                 sample_rows.append(start - 1)
                 sampled_seqs.append(seq)
+        position_tensor = torch.tensor(positions, dtype=torch.int64, device=self.device)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(row_seqs),
             decode_block_tables=decode_tables,
             decode_context_lens=decode_lens,
             prefills=tuple(chunks),
+            positions=position_tensor,
         )
         return (
             torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            torch.tensor(positions, dtype=torch.int64, device=self.device),
+            position_tensor,
             meta,
             torch.tensor(sample_rows, dtype=torch.int64, device=self.device),
             sampled_seqs,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
+LLAMA4, LLAMA4_MULTIMODAL = "Llama4ForCausalLM", "Llama4ForConditionalGeneration"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
@@ -27,7 +28,9 @@ class MoEConfig:
     # DeepSeek-V3): sigmoid scores, chosen by score plus a learnt correction bias. Either chooses among
     # the `topk_groups` best of `num_groups` groups of experts (a group scored by its best expert under
     # softmax, its best two under sigmoid), and weighs an expert by its score times `routed_scaling_factor`.
+    # "sigmoid_of_top_k" (Llama 4): the top-k router logits, each expert weighed by its logit's sigmoid.
     scoring: str = "softmax"
+    weighs_inputs: bool = False  # Llama 4 weighs each expert's input, not its output
     num_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
@@ -78,6 +81,16 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         num_groups=int(cfg["n_group"]) if grouped else 1,
                         topk_groups=int(cfg["topk_group"]) if grouped else 1,
                         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+    elif arch in (LLAMA4, LLAMA4_MULTIMODAL):
+        # MoE layers (moe_layers, else every interleave_moe_layer_step-th), each with one ungated shared expert.
+        step, num_experts, inter = int(cfg.get("interleave_moe_layer_step") or 1), int(cfg["num_local_experts"]), \
+            int(cfg["intermediate_size"])
+        sparse = cfg.get("moe_layers")
+        sparse = set(range(step - 1, num_layers, step) if sparse is None else sparse)
+        moe = MoEConfig(num_experts=num_experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 1),
+                        moe_intermediate_size=inter, shared_expert_intermediate_size=inter,
+                        dense_layers=frozenset(set(range(num_layers)) - sparse), scoring="sigmoid_of_top_k",
+                        weighs_inputs=True)
     else:
         return MoEConfig()
     if not 0 < moe.num_experts_per_tok <= moe.num_experts:

@@ -3,7 +3,9 @@
 Both read keys and values from pages laid out `[Hkv, N, bs, D]` (see kv_cache.py), in q's dtype
 whatever the pages hold (an fp8 cache is cast up as it is read),
 and handle grouped-query attention, causal masking with a cached prefix, an
-optional sliding window (Mistral), and optional logit soft-capping (Gemma 2).
+optional sliding window (Mistral) or attention within fixed chunks of positions (Llama 4's
+chunked layers: a token attends to the earlier tokens of its own chunk), and optional logit
+soft-capping (Gemma 2).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def prefill_attention_torch(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """One sequence's chunk of `n` new tokens after `context_len` cached ones.
 
@@ -34,7 +37,8 @@ def prefill_attention_torch(
     # A leading batch dim of 1: 4-D inputs take torch's fused CPU kernel, 3-D
     # ones a path several times slower.
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-    if context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None:
+    if (context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None
+            and (chunk_size is None or n <= chunk_size)):
         out = F.scaled_dot_product_attention(
             qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
             is_causal=True, scale=scale, enable_gqa=True,
@@ -49,6 +53,8 @@ def prefill_attention_torch(
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
+    if chunk_size is not None:
+        mask &= k_pos // chunk_size == q_pos // chunk_size
     if softcap is not None:  # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's group of q heads
         out = _softcapped_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
                                     mask, scale, softcap)
@@ -68,6 +74,7 @@ def decode_attention_torch(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """One new token per sequence over its pages.
 
@@ -88,6 +95,8 @@ def decode_attention_torch(
     mask = k_pos < context_lens.unsqueeze(1)  # [B, L]
     if sliding_window is not None:
         mask &= k_pos >= (context_lens - sliding_window).unsqueeze(1)
+    if chunk_size is not None:  # from the first position of the chunk the new token is in
+        mask &= k_pos >= ((context_lens - 1) // chunk_size * chunk_size).unsqueeze(1)
     if softcap is not None:
         out = _softcapped_attention(qh, keys, values, mask[None, :, None, :], scale, softcap)
     else:

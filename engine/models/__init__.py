@@ -6,6 +6,7 @@ from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 
@@ -29,4 +30,6 @@ MODEL_REGISTRY = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Llama4ForCausalLM": Llama4ForCausalLM,
+    "Llama4ForConditionalGeneration": Llama4ForCausalLM,  # its text model: images are not served
 }

@@ -28,7 +28,7 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, ap
 
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                     meta: AttentionMetadata, scale: float, sliding_window: int | None,
-                    softcap: float | None) -> torch.Tensor:
+                    softcap: float | None, chunk_size: int | None = None) -> torch.Tensor:
     """The step's new k and v written into their pages, then each token's attention over its
     sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first)."""
     k_cache, v_cache = kv_cache
@@ -36,15 +36,15 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     num_decode, num_tokens = meta.num_decode_tokens, q.shape[0]
     if num_decode == num_tokens:
         return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                    sliding_window, softcap)
+                                    sliding_window, softcap, chunk_size)
     out = torch.empty_like(q)
     if num_decode:
         out[:num_decode] = ops.decode_attention(q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
-                                                meta.decode_context_lens, scale, sliding_window, softcap)
+                                                meta.decode_context_lens, scale, sliding_window, softcap, chunk_size)
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end
         out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                                         chunk.context_len, scale, sliding_window, softcap)
+                                         chunk.context_len, scale, sliding_window, softcap, chunk_size)
     return out
 
 

@@ -1,10 +1,10 @@
-"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5): each token's top-k
-experts by its router, and the shared experts every token passes through (Qwen2-MoE's weighed by a
-gate of their own, GLM's not). engine/moe_config.py says how a model routes.
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, DeepSeek, Llama 4): each
+token's top-k experts by its router, and the shared experts every token passes through (Qwen2-MoE's
+weighed by a gate of their own, the others' not). engine/moe_config.py says how a model routes.
 
 Experts run one after another over the tokens routed to them, in expert order, each output
-weighted by its router weight and summed into the token's row, as `transformers` computes
-it: correct on any device, not a fused MoE kernel.
+weighted by its router weight (Llama 4: each input) and summed into the token's row, as
+`transformers` computes it: correct on any device, not a fused MoE kernel.
 """
 from __future__ import annotations
 
@@ -38,9 +38,11 @@ class SparseMoE(nn.Module):
         out = torch.zeros_like(x)
         for expert in experts.unique().tolist():  # ascending: the order the sums are made in
             tokens, slot = torch.where(experts == expert)
-            gate, up = F.linear(x[tokens], self.gate_up_weight[expert]).chunk(2, dim=-1)
+            weight = weights[tokens, slot, None]
+            expert_in = x[tokens] * weight if self.moe.weighs_inputs else x[tokens]
+            gate, up = F.linear(expert_in, self.gate_up_weight[expert]).chunk(2, dim=-1)
             expert_out = F.linear(F.silu(gate) * up, self.down_weight[expert])
-            out.index_add_(0, tokens, (expert_out * weights[tokens, slot, None]).to(x.dtype))
+            out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
         if self.shared_down_weight is None:
             return out
         gate, up = F.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
@@ -53,6 +55,9 @@ class SparseMoE(nn.Module):
         moe = self.moe
         if moe.scoring == "sigmoid":
             return self._route_by_groups(x)
+        if moe.scoring == "sigmoid_of_top_k":  # Llama 4's
+            top, experts = torch.topk(F.linear(x, self.router_weight), moe.num_experts_per_tok, dim=-1)
+            return top.float().sigmoid().to(x.dtype), experts
         logits = F.linear(x.float() if moe.router_in_float32 else x, self.router_weight)
         probs = F.softmax(logits.float(), dim=-1)  # [T, E]
         if moe.num_groups > 1:  # DeepSeek-V2's group_limited_greedy: the best groups by their best expert

@@ -103,6 +103,15 @@ TINY_MODELS = {
         q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
         num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         n_shared_experts=2, topk_method="greedy", first_k_dense_replace=1, num_hidden_layers=2, pad_token_id=0), {}),
+    # Llama 4: chunked attention (chunks of 16) with q/k L2 norms in its RoPE layers (llama3-scaled,
+    # pairs side by side), the fourth layer NoPE with attention temperature (floor_scale 8); experts in
+    # every other layer, 2 of 4 by sigmoid, weighing their inputs, beside a shared expert.
+    "llama4": ("Llama4TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, intermediate_size=48, intermediate_size_mlp=96, num_local_experts=4,
+        num_experts_per_tok=2, interleave_moe_layer_step=2, attention_chunk_size=16, floor_scale=8, attn_scale=0.1,
+        pad_token_id=0, rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                         "rope_theta": 10000.0}), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

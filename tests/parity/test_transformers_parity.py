@@ -14,6 +14,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.parity.conftest import (
+    COMMON,
     ENGINE_OPTIONS,
     LONGROPE_ORIGINAL_CONTEXT,
     TINY_MODELS,
@@ -274,3 +275,25 @@ def test_fp8_kv_cache_takes_a_quarter_of_float32s_room_and_stays_near_transforme
             ref = hf(torch.tensor([prompt])).logits[0, -1]
         diff = (_prefill_logits(engine, prompt) - ref).abs().max().item()
         assert diff < 1e-4 if n <= 32 else 1e-3 < diff < 2.0, (n, diff)
+
+
+def test_llama4s_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Llama 4 as released (Llama4ForConditionalGeneration: the text model under `language_model.`,
+    its settings in text_config, a vision model beside it): the text model is served, the vision
+    weights left unread, and its logits equal the checkpoint's language model's."""
+    config_cls, extra, _ = TINY_MODELS["llama4"]
+    text = getattr(transformers, config_cls)(**{**COMMON, **extra})
+    vision = transformers.Llama4VisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, image_size=28, patch_size=14, vision_output_dim=32,
+                                             projector_input_dim=32, projector_output_dim=64, pixel_shuffle_ratio=0.5)
+    torch.manual_seed(4)
+    model = transformers.Llama4ForConditionalGeneration(
+        transformers.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
+    model.save_pretrained(tmp_path / "llama4")
+    engine = _engine(tmp_path / "llama4", max_num_batched_tokens=32)
+    assert engine.model_config.architecture == "Llama4ForConditionalGeneration"
+    for n in (17, 100):
+        prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+        with torch.no_grad():
+            ref = model.language_model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4

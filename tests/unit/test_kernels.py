@@ -15,7 +15,7 @@ from kernels.rotary import apply_rope_torch, build_rope_cache, rope_attention_fa
 HKV, HQ, D, BS, NBLOCKS = 2, 4, 8, 4, 32
 
 
-def dense_attention(q, k, v, q_positions, window=None, softcap=None):
+def dense_attention(q, k, v, q_positions, window=None, softcap=None, chunk=None):
     """q: [n, Hq, D] at q_positions; k, v: [L, Hkv, D] for positions 0..L-1."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
@@ -27,6 +27,8 @@ def dense_attention(q, k, v, q_positions, window=None, softcap=None):
     allowed = k_pos[None, :] <= q_positions[:, None]
     if window is not None:
         allowed &= k_pos[None, :] > q_positions[:, None] - window
+    if chunk is not None:
+        allowed &= k_pos[None, :] // chunk == q_positions[:, None] // chunk
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
 
@@ -248,4 +250,24 @@ def test_fp8_pages_hold_each_number_cast_and_attention_reads_them_cast_back(fp8)
         out = decode(q[:2], k_cache, v_cache, table, lengths, D**-0.5)
         for i, length in enumerate(lengths.tolist()):
             ref = dense_attention(q[i:i + 1], rounded_k[:length], rounded_v[:length], torch.tensor([length - 1]))
+            torch.testing.assert_close(out[i:i + 1], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("context_len, n", [(0, 7), (0, 11), (5, 6), (9, 1)])
+def test_chunked_attention_reads_only_the_tokens_own_chunk(context_len, n):
+    """Llama 4's chunked layers: a token attends to the earlier tokens of its chunk of positions."""
+    gen = torch.Generator().manual_seed(context_len * 10 + n)
+    blocks, chunk = [7, 3, 11, 0], 4
+    k_cache, v_cache, k, v = paged(context_len + n, blocks, gen)
+    q = torch.randn(n, HQ, D, generator=gen)
+    out = prefill_attention_torch(q, k[context_len:], v[context_len:], k_cache, v_cache, torch.tensor(blocks),
+                                  context_len, D**-0.5, chunk_size=chunk)
+    ref = dense_attention(q, k, v, torch.arange(context_len, context_len + n), chunk=chunk)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    lengths = torch.tensor([context_len + n, 4, 5])  # 5: the first token of the second chunk
+    q = torch.randn(3, HQ, D, generator=gen)
+    for decode in (decode_attention_torch, select_kernels("cpu").decode_attention):
+        out = decode(q, k_cache, v_cache, torch.tensor([blocks] * 3), lengths, D**-0.5, chunk_size=chunk)
+        for i, length in enumerate(lengths.tolist()):
+            ref = dense_attention(q[i:i + 1], k[:length], v[:length], torch.tensor([length - 1]), chunk=chunk)
             torch.testing.assert_close(out[i:i + 1], ref, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,130 @@
+"""Llama 4 (Llama4ForCausalLM; the text model of Llama4ForConditionalGeneration: Scout, Maverick), as
+`transformers` computes it, images aside:
+
+- RoPE layers attend within chunks of `attention_chunk_size` positions, their q and k L2-normed
+  (no weight) after RoPE; every `no_rope_layer_interval`-th layer has no RoPE, attends to the whole
+  sequence and scales q by its position's attention temperature, log(floor((p + 1) / floor_scale) + 1)
+  * attn_scale + 1;
+- RoPE pairs each dimension with its neighbour (complex rotation): the q and k weights' rows are
+  reordered as they load so that the usual pairing, half a head apart, is the same rotation;
+- MoE layers (every `interleave_moe_layer_step`-th) route each token to its top-k experts by the
+  sigmoid of their router logits, which weigh the experts' inputs; one shared expert beside them.
+  Experts are stored fused, `gate_up_proj` [E, hidden, 2 inter] and `down_proj` [E, inter, hidden].
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.model_config import ModelConfig
+from engine.models.llama import Attention, DecoderLayer, KVCache, LlamaForCausalLM, paged_attention
+from engine.moe_config import LLAMA4_MULTIMODAL
+from kernels.registry import Kernels
+
+# A multimodal checkpoint's text model sits under this prefix, beside the vision model Baton leaves unread.
+MULTIMODAL_TEXT_PREFIX = "language_model."
+VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
+
+
+class Llama4Attention(Attention):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 layer: int) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        self.uses_rope = layer in config.rope_layers
+        self.chunk_size = config.attention_chunk_size if layer in config.chunked_layers else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        cfg, ops = self.config, self.kernels
+        num_tokens = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
+        if self.lora is not None:
+            self.lora.add("qkv", x, qkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if self.uses_rope:
+            q, k = ops.apply_rope(q, k, cos, sin)
+            if cfg.qk_l2_norm:
+                q, k = _l2_normed(q, cfg.rms_norm_eps), _l2_normed(k, cfg.rms_norm_eps)
+        elif cfg.attn_temperature is not None:
+            floor_scale, attn_scale = cfg.attn_temperature
+            scales = torch.log1p(torch.floor((meta.positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
+            q = (q * scales[:, None, None]).to(q.dtype)
+        out = paged_attention(ops, q, k, v, kv_cache, meta, self.scale, None, None, self.chunk_size)
+        attended = out.view(num_tokens, cfg.q_size)
+        projected = F.linear(attended, self.o_weight, self.o_bias)
+        return projected if self.lora is None else self.lora.add("o", attended, projected)
+
+
+def _l2_normed(x: torch.Tensor, eps: float) -> torch.Tensor:
+    # Over each head's dimensions, in float32, without a weight (transformers' Llama4TextL2Norm).
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class Llama4ForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__(config, kernels, dtype, max_positions)
+        self.prefix = MULTIMODAL_TEXT_PREFIX if config.architecture == LLAMA4_MULTIMODAL else ""
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return DecoderLayer(self.config, self.kernels, dtype, None, self._is_sparse(layer),
+                            attention=functools.partial(Llama4Attention, layer=layer))
+
+    def checkpoint_names(self) -> list[str]:
+        return [self.prefix + name for name in super().checkpoint_names()]
+
+    def is_unused_tensor(self, name: str) -> bool:
+        return bool(self.prefix) and name.startswith(VISION_PREFIXES)
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}.feed_forward."
+        if not self._is_sparse(layer):
+            return [p + f"{x}_proj.weight" for x in ("gate", "up", "down")]
+        return [p + "router.weight", p + "experts.gate_up_proj", p + "experts.down_proj",
+                *(p + f"shared_expert.{x}_proj.weight" for x in ("gate", "up", "down"))]
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in tensors:
+            name = name.removeprefix(self.prefix)
+            if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+                tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
+            parts = name.split(".")
+            if len(parts) > 4 and parts[3] == "feed_forward":
+                target, tensor = self._feed_forward_target(int(parts[2]), ".".join(parts[4:]), tensor)
+            else:
+                target = self._target(name)
+            if target.shape != tensor.shape:
+                raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+            target.copy_(tensor)
+
+    def _feed_forward_target(self, layer: int, leaf: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where `feed_forward.<leaf>` of `layer` goes, and the tensor as it goes there."""
+        mlp, inter = self.layers[layer].mlp, self.config.intermediate_size
+        if not self._is_sparse(layer):
+            if leaf == "down_proj.weight":
+                return mlp.down_weight.data, tensor
+            return (mlp.gate_up_weight.data[:inter] if leaf == "gate_proj.weight"
+                    else mlp.gate_up_weight.data[inter:]), tensor
+        if leaf == "router.weight":
+            return mlp.router_weight.data, tensor
+        if leaf in ("experts.gate_up_proj", "experts.down_proj"):  # [E, in, out]: each expert's as nn.Linear's
+            target = mlp.gate_up_weight if leaf == "experts.gate_up_proj" else mlp.down_weight
+            return target.data, tensor.transpose(1, 2)
+        return mlp.shared_slice(leaf.split(".")[1].removesuffix("_proj")), tensor
+
+
+def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    # Rows (2i, 2i + 1) of each head are a RoPE pair: their even rows first, then their odd ones,
+    # makes the pair (i, i + head_dim / 2) that the kernels turn, by the same angle. Attention is
+    # the same whichever layers use RoPE: q and k are reordered alike.
+    order = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+    rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + order).reshape(-1)
+    return weight[rows]
