@@ -79,24 +79,32 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         cfg, ops = self.config, self.kernels
-        num_tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
-        if self.lora is not None:
-            self.lora.add("qkv", x, qkv)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        if self.q_norm is not None and not self.is_qk_norm_per_head:
-            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
-        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self._qkv(x)
         if self.q_norm is not None and self.is_qk_norm_per_head:  # over head_dim
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         if cos is not None:
             q, k = ops.apply_rope(q, k, cos, sin)
-        out = paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window, self.softcap)
-        attended = out.view(num_tokens, cfg.q_size)
+        return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window,
+                                            self.softcap))
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k and v [T, Hkv, D]: projected (with the step's LoRA deltas), the whole
+        projections normed where the model norms them so (OLMo 2)."""
+        cfg, num_tokens = self.config, x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
+        if self.lora is not None:
+            self.lora.add("qkv", x, qkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        if self.q_norm is not None and not self.is_qk_norm_per_head:
+            q = self.kernels.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = self.kernels.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        return (q.view(num_tokens, cfg.num_heads, cfg.head_dim), k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim),
+                v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim))
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention's output [T, Hq, D] through o_proj (with the step's LoRA delta): [T, hidden]."""
+        attended = out.view(out.shape[0], self.config.q_size)
         projected = F.linear(attended, self.o_weight, self.o_bias)
         return projected if self.lora is None else self.lora.add("o", attended, projected)
 

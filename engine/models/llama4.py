@@ -17,7 +17,6 @@ import functools
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
@@ -41,14 +40,7 @@ class Llama4Attention(Attention):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
         cfg, ops = self.config, self.kernels
-        num_tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
-        if self.lora is not None:
-            self.lora.add("qkv", x, qkv)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
-        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self._qkv(x)
         if self.uses_rope:
             q, k = ops.apply_rope(q, k, cos, sin)
             if cfg.qk_l2_norm:
@@ -57,10 +49,7 @@ class Llama4Attention(Attention):
             floor_scale, attn_scale = cfg.attn_temperature
             scales = torch.log1p(torch.floor((meta.positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
             q = (q * scales[:, None, None]).to(q.dtype)
-        out = paged_attention(ops, q, k, v, kv_cache, meta, self.scale, None, None, self.chunk_size)
-        attended = out.view(num_tokens, cfg.q_size)
-        projected = F.linear(attended, self.o_weight, self.o_bias)
-        return projected if self.lora is None else self.lora.add("o", attended, projected)
+        return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, None, None, self.chunk_size))
 
 
 def _l2_normed(x: torch.Tensor, eps: float) -> torch.Tensor:
