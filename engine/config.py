@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-from engine.speculative import SpeculativeConfig
+if TYPE_CHECKING:  # the gateway reads this module and loads no numpy: the engine's speculative.py does
+    from engine.speculative import SpeculativeConfig
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
