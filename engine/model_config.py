@@ -13,11 +13,11 @@ from engine.moe_config import (
     DEEPSEEK_V3,
     GLM4_MOE,
     LLAMA4,
-    LLAMA4_MULTIMODAL,
     QWEN_MOES,
     MoEConfig,
     read_moe_config,
 )
+from engine.multimodal import MULTIMODAL, MultimodalCheckpoint, text_config
 from engine.rope_config import (
     PHI3,
     partial_rotary_factor,
@@ -27,16 +27,16 @@ from engine.rope_config import (
     yarn_temperature,
 )
 
+MINISTRAL3 = "Ministral3ForCausalLM"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
-                           DEEPSEEK_V3, LLAMA4, LLAMA4_MULTIMODAL)
+                           DEEPSEEK_V3, LLAMA4, MINISTRAL3)
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
-LLAMAS_4 = (LLAMA4, LLAMA4_MULTIMODAL)
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 _GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
@@ -48,10 +48,24 @@ _EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE)
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
                    *OLMOS, SMOLLM3, LLAMA4)
+# Mistral's sliding window, where config.json gives one.
+_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)
 
 
 class ModelConfigError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class QTemperature:
+    """q scaled by 1 + scale * ln(1 + floor((position + offset) / floor_scale)) after RoPE, so that its
+    attention sharpens as the context grows: Llama 4's NoPE layers (its attn_temperature_tuning),
+    Ministral 3's every layer (llama_4_scaling_beta)."""
+
+    floor_scale: float
+    scale: float
+    offset: int
+    layers: frozenset[int] | None  # None: every layer
 
 
 @dataclass(frozen=True)
@@ -83,14 +97,14 @@ class ModelConfig:
     sliding_window: int | None
     sliding_layers: frozenset[int]  # the layers that attend over `sliding_window` only (all, for Mistral)
     # Llama 4's: its RoPE layers attend within chunks of this many positions (a token to the earlier
-    # tokens of its own chunk), q and k L2-normed after RoPE there; its NoPE layers scale q by the
-    # position's attention temperature, (floor_scale, attn_scale); its q/k weights hold each RoPE pair
+    # tokens of its own chunk), q and k L2-normed after RoPE there; its q/k weights hold each RoPE pair
     # side by side (rope_interleaved), reordered as they load.
     attention_chunk_size: int | None
     chunked_layers: frozenset[int]
     qk_l2_norm: bool
-    attn_temperature: tuple[float, float] | None
     rope_interleaved: bool
+    q_temperature: QTemperature | None  # Llama 4's NoPE layers', Ministral 3's: q scaled by position
+    multimodal: MultimodalCheckpoint | None  # how a multimodal checkpoint names its text model's tensors
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
     attention_scale: float  # of q·k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
     # Gemma's soft caps, cap * tanh(x / cap): of attention scores before the mask, of the final logits.
@@ -125,16 +139,21 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES or a in MULTIMODAL), None)
     if arch is None:
         raise ModelConfigError(
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"supported: {', '.join((*SUPPORTED_ARCHITECTURES, *MULTIMODAL))}"
         )
-    if arch == LLAMA4_MULTIMODAL:  # its text model is served (no images): its settings are text_config's
-        if not isinstance(cfg.get("text_config"), dict):
-            raise ModelConfigError(f"{path}: {arch} without a text_config")
-        cfg = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}, **cfg["text_config"]}
+    multimodal = MULTIMODAL.get(arch)
+    if multimodal is not None:  # its text model is served (no images)
+        try:
+            cfg, arch = text_config(cfg, arch)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelConfigError(f"{path}: the text model of {archs[0]} is not one Baton serves "
+                                   f"(model_type {cfg.get('model_type')!r})")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     supported_act = "gelu_pytorch_tanh" if arch in GEMMAS else "silu"
     if act != supported_act:
@@ -173,7 +192,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             head_dim=head_dim,
             rotary_dim=rotary_dim,
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
-            intermediate_size=int(cfg["intermediate_size_mlp" if arch in LLAMAS_4 else "intermediate_size"]),
+            intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in _EPS_1E5 else 1e-6)),
             rope_theta=_full_rope_theta(cfg),
@@ -193,6 +212,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             sliding_window=_sliding_window(cfg, arch, path),
             sliding_layers=_sliding_layers(cfg, arch),
             **_llama4_attention(cfg, arch),
+            q_temperature=_q_temperature(cfg, arch),
+            multimodal=multimodal,
             hidden_act=act,
             attention_scale=_attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
@@ -258,7 +279,7 @@ def _full_rope_theta(cfg: dict) -> float:
 
 def _rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (SMOLLM3, *LLAMAS_4):
+    if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))
     # SmolLM3's and Llama 4's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
     uses_rope = cfg.get("no_rope_layers") or [
@@ -267,25 +288,33 @@ def _rope_layers(cfg: dict, arch: str) -> frozenset[int]:
 
 
 def _llama4_attention(cfg: dict, arch: str) -> dict:
-    if arch not in LLAMAS_4:
-        return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, attn_temperature=None,
-                    rope_interleaved=False)
+    if arch != LLAMA4:
+        return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False)
     rope_layers = _rope_layers(cfg, arch)
     chunk = cfg.get("attention_chunk_size")
     types = cfg.get("layer_types") or ["chunked_attention" if i in rope_layers and chunk else "full_attention"
                                        for i in range(int(cfg["num_hidden_layers"]))]
-    is_tuned = cfg.get("attn_temperature_tuning", True)
     return dict(attention_chunk_size=int(chunk) if chunk else None,
                 chunked_layers=frozenset(i for i, t in enumerate(types) if t == "chunked_attention") if chunk
                 else frozenset(),
-                qk_l2_norm=bool(cfg.get("use_qk_norm", True)),
-                attn_temperature=(float(cfg.get("floor_scale", 8192)), float(cfg.get("attn_scale", 0.1)))
-                if is_tuned else None,
-                rope_interleaved=True)
+                qk_l2_norm=bool(cfg.get("use_qk_norm", True)), rope_interleaved=True)
+
+
+def _q_temperature(cfg: dict, arch: str) -> QTemperature | None:
+    if arch == LLAMA4 and cfg.get("attn_temperature_tuning", True):
+        nope_layers = frozenset(range(int(cfg["num_hidden_layers"]))) - _rope_layers(cfg, arch)
+        return QTemperature(floor_scale=float(cfg.get("floor_scale", 8192)), scale=float(cfg.get("attn_scale", 0.1)),
+                            offset=1, layers=nope_layers)
+    beta = rope_parameters(cfg, "full_attention").get("llama_4_scaling_beta")
+    if arch == MINISTRAL3 and beta is not None:
+        original = rope_parameters(cfg, "full_attention").get("original_max_position_embeddings")
+        return QTemperature(floor_scale=float(original or cfg["max_position_embeddings"]), scale=float(beta),
+                            offset=0, layers=None)
+    return None
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", *GEMMAS, OLMO3):
+    if arch in (*_SLIDING, *GEMMAS, OLMO3):
         return cfg.get("sliding_window")
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None

@@ -52,15 +52,22 @@ class ModelRunner:
         self.dtype = dtype
 
     def _load_weights(self, model_dir: str, show_progress: bool) -> None:
-        files = checkpoint_files(model_dir)
+        files, stored_names = checkpoint_files(model_dir), None
+        if self.model_config.multimodal is not None:  # the text model's tensors, by the names the model reads
+            stored_names = {}
+            for name in files:
+                text_name = self.model_config.multimodal.text_name(name)
+                if text_name is not None:
+                    stored_names[text_name] = name
+            files = {text_name: files[name] for text_name, name in stored_names.items()}
         names = self.model.checkpoint_names()
         fp8 = self.model_config.fp8_weights
         scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []
         check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)},
                                    names + scale_names, self.model_config.architecture)
-        tensors = iter_tensors(files, names)
+        tensors = iter_tensors(files, names, stored_names)
         if fp8:
-            tensors = dequantized(tensors, dict(iter_tensors(files, scale_names)), fp8)
+            tensors = dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)), fp8)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():

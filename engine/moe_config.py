@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
-LLAMA4, LLAMA4_MULTIMODAL = "Llama4ForCausalLM", "Llama4ForConditionalGeneration"
+LLAMA4 = "Llama4ForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
@@ -81,7 +81,7 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         num_groups=int(cfg["n_group"]) if grouped else 1,
                         topk_groups=int(cfg["topk_group"]) if grouped else 1,
                         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
-    elif arch in (LLAMA4, LLAMA4_MULTIMODAL):
+    elif arch == LLAMA4:
         # MoE layers (moe_layers, else every interleave_moe_layer_step-th), each with one ungated shared expert.
         step, num_experts, inter = int(cfg.get("interleave_moe_layer_step") or 1), int(cfg["num_local_experts"]), \
             int(cfg["intermediate_size"])

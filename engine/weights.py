@@ -27,8 +27,10 @@ def check_every_tensor_is_read(files: dict[str, Path], names: list[str], archite
                            f"read: it would compute without them (a config.json option it does not support?)")
 
 
-def iter_tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (name, tensor) for `names`, one file open at a time (memory-mapped)."""
+def iter_tensors(files: dict[str, Path], names: list[str],
+                 stored_names: dict[str, str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) for `names`, one file open at a time (memory-mapped). `stored_names`: the
+    name each is stored under where it is another (a multimodal checkpoint's text model)."""
     missing = [n for n in names if n not in files]
     if missing:
         where = ", ".join(sorted({p.name for p in files.values()}))
@@ -41,6 +43,7 @@ def iter_tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str
         header = read_header(path)
         with safe_open(str(path), framework="pt") as f:
             for name in file_names:
-                if name not in header:
-                    raise WeightsError(f"{path}: tensor {name!r} listed in the index is not in the file")
-                yield name, f.get_tensor(name)
+                stored = stored_names.get(name, name) if stored_names else name
+                if stored not in header:
+                    raise WeightsError(f"{path}: tensor {stored!r} listed in the index is not in the file")
+                yield name, f.get_tensor(stored)

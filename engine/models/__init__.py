@@ -31,5 +31,5 @@ MODEL_REGISTRY = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Llama4ForCausalLM": Llama4ForCausalLM,
-    "Llama4ForConditionalGeneration": Llama4ForCausalLM,  # its text model: images are not served
+    "Ministral3ForCausalLM": LlamaForCausalLM,  # Mistral with its q scaled by position, as its ModelConfig says
 }

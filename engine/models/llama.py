@@ -15,7 +15,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
-from engine.model_config import ModelConfig
+from engine.model_config import ModelConfig, QTemperature
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
@@ -46,6 +46,13 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
                                          chunk.context_len, scale, sliding_window, softcap, chunk_size)
     return out
+
+
+def q_temperature(q: torch.Tensor, temperature: QTemperature, positions: torch.Tensor) -> torch.Tensor:
+    """q [T, H, D] scaled by each token's attention temperature at its position (positions [T])."""
+    t = temperature
+    scales = torch.log1p(torch.floor((positions.float() + t.offset) / t.floor_scale)) * t.scale + 1.0  # [T]
+    return (q * scales[:, None, None]).to(q.dtype)
 
 
 class Attention(nn.Module):
@@ -85,6 +92,8 @@ class Attention(nn.Module):
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         if cos is not None:
             q, k = ops.apply_rope(q, k, cos, sin)
+        if cfg.q_temperature is not None and cfg.q_temperature.layers is None:  # Ministral 3's
+            q = q_temperature(q, cfg.q_temperature, meta.positions)
         return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window,
                                             self.softcap))
 

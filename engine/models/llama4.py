@@ -1,5 +1,5 @@
-"""Llama 4 (Llama4ForCausalLM; the text model of Llama4ForConditionalGeneration: Scout, Maverick), as
-`transformers` computes it, images aside:
+"""Llama 4 (Llama4ForCausalLM; the text model of Llama4ForConditionalGeneration, as Scout and Maverick
+are released: engine/multimodal.py), as `transformers` computes it, images aside:
 
 - RoPE layers attend within chunks of `attention_chunk_size` positions, their q and k L2-normed
   (no weight) after RoPE; every `no_rope_layer_interval`-th layer has no RoPE, attends to the whole
@@ -21,13 +21,8 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
-from engine.models.llama import Attention, DecoderLayer, KVCache, LlamaForCausalLM, paged_attention
-from engine.moe_config import LLAMA4_MULTIMODAL
+from engine.models.llama import Attention, DecoderLayer, KVCache, LlamaForCausalLM, paged_attention, q_temperature
 from kernels.registry import Kernels
-
-# A multimodal checkpoint's text model sits under this prefix, beside the vision model Baton leaves unread.
-MULTIMODAL_TEXT_PREFIX = "language_model."
-VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
 
 
 class Llama4Attention(Attention):
@@ -35,6 +30,7 @@ class Llama4Attention(Attention):
                  layer: int) -> None:
         super().__init__(config, kernels, dtype, sliding_window)
         self.uses_rope = layer in config.rope_layers
+        self.is_q_tempered = config.q_temperature is not None and layer in config.q_temperature.layers
         self.chunk_size = config.attention_chunk_size if layer in config.chunked_layers else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
@@ -45,10 +41,8 @@ class Llama4Attention(Attention):
             q, k = ops.apply_rope(q, k, cos, sin)
             if cfg.qk_l2_norm:
                 q, k = _l2_normed(q, cfg.rms_norm_eps), _l2_normed(k, cfg.rms_norm_eps)
-        elif cfg.attn_temperature is not None:
-            floor_scale, attn_scale = cfg.attn_temperature
-            scales = torch.log1p(torch.floor((meta.positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
-            q = (q * scales[:, None, None]).to(q.dtype)
+        elif self.is_q_tempered:
+            q = q_temperature(q, cfg.q_temperature, meta.positions)
         return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, None, None, self.chunk_size))
 
 
@@ -59,19 +53,9 @@ def _l2_normed(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Llama4ForCausalLM(LlamaForCausalLM):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
-        super().__init__(config, kernels, dtype, max_positions)
-        self.prefix = MULTIMODAL_TEXT_PREFIX if config.architecture == LLAMA4_MULTIMODAL else ""
-
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return DecoderLayer(self.config, self.kernels, dtype, None, self._is_sparse(layer),
                             attention=functools.partial(Llama4Attention, layer=layer))
-
-    def checkpoint_names(self) -> list[str]:
-        return [self.prefix + name for name in super().checkpoint_names()]
-
-    def is_unused_tensor(self, name: str) -> bool:
-        return bool(self.prefix) and name.startswith(VISION_PREFIXES)
 
     def _mlp_names(self, layer: int) -> list[str]:
         p = f"model.layers.{layer}.feed_forward."
@@ -82,7 +66,6 @@ class Llama4ForCausalLM(LlamaForCausalLM):
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in tensors:
-            name = name.removeprefix(self.prefix)
             if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
                 tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
             parts = name.split(".")

@@ -112,6 +112,11 @@ TINY_MODELS = {
         pad_token_id=0, rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
                                          "rope_theta": 10000.0}), {}),
+    # Ministral 3: YaRN, and q scaled by 1 + beta ln(1 + floor(position / original context)) after RoPE.
+    "ministral3": ("Ministral3Config", dict(
+        rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64,
+                         "llama_4_scaling_beta": 0.1, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "rope_theta": 10000.0}), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

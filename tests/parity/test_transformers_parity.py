@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -291,9 +292,43 @@ def test_llama4s_multimodal_checkpoint_serves_its_text_model(tmp_path):
         transformers.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
     model.save_pretrained(tmp_path / "llama4")
     engine = _engine(tmp_path / "llama4", max_num_batched_tokens=32)
-    assert engine.model_config.architecture == "Llama4ForConditionalGeneration"
+    assert engine.model_config.architecture == "Llama4ForCausalLM" and engine.model_config.multimodal is not None
     for n in (17, 100):
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():
             ref = model.language_model(input_ids=torch.tensor([prompt])).logits[0, -1]
         assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("text_model", ["ministral3", "mistral"])
+def test_mistral3s_multimodal_checkpoint_serves_its_text_model(tmp_path, text_model):
+    """Mistral 3 as released (Mistral3ForConditionalGeneration: Mistral Small 3.1/3.2 with a Mistral text
+    model, Ministral 3 with its own), the vision tower left unread, in either layout of names (llava's,
+    as on the hub; transformers 5's, as it saves): logits equal the checkpoint's language model's."""
+    from safetensors.torch import load_file, save_file
+
+    config_cls, extra, _ = TINY_MODELS["ministral3" if text_model == "ministral3" else "mistral-window"]
+    text = getattr(transformers, config_cls)(**{**COMMON, **extra})
+    vision = transformers.PixtralVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                              intermediate_size=64, image_size=28, patch_size=14, head_dim=16)
+    torch.manual_seed(5)
+    model = transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), spatial_merge_size=1)).eval()
+    model.save_pretrained(tmp_path / "hub")
+    tensors = load_file(tmp_path / "hub" / "model.safetensors")
+    assert any(name.startswith("vision_tower.") for name in tensors)  # its LM head is its embedding: not saved
+    # The names transformers 5 computes with (and some tools save): the language model under model.
+    internal = shutil.copytree(tmp_path / "hub", tmp_path / "internal")
+    save_file({name.removeprefix("language_model.") if name == "language_model.lm_head.weight" else
+               "model." + name.removeprefix("language_model.model.").removeprefix("model.")
+               if name.startswith("language_model.model.") else "model." + name: t
+               for name, t in tensors.items()}, internal / "model.safetensors")
+    for model_dir in (tmp_path / "hub", internal):
+        engine = _engine(model_dir, max_num_batched_tokens=32)
+        assert engine.model_config.architecture == {"ministral3": "Ministral3ForCausalLM",
+                                                    "mistral": "MistralForCausalLM"}[text_model]
+        for n in (17, 300):
+            prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+            with torch.no_grad():
+                ref = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+            assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, (model_dir.name, n)
