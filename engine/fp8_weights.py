@@ -31,6 +31,8 @@ def fp8_weights(config: dict) -> Fp8Weights | None:
     if not quantization:
         return None
     method = quantization.get("quant_method")
+    if method == "mxfp4":  # not FP8: engine/mxfp4_weights.py
+        return None
     if method == "fp8":
         block = quantization.get("weight_block_size")
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(n, int) and n > 0 for n in block)):
@@ -43,7 +45,7 @@ def fp8_weights(config: dict) -> Fp8Weights | None:
         _check_compressed_tensors(quantization)
         return Fp8Weights("_scale", None)
     raise ValueError(f"quantization {method!r} is not supported (FP8 weights, with block scales or as "
-                     f"compressed-tensors, are)")
+                     f"compressed-tensors, and MXFP4 ones are)")
 
 
 def _check_compressed_tensors(quantization: dict) -> None:

@@ -12,12 +12,14 @@ from engine.moe_config import (
     DEEPSEEK_V2,
     DEEPSEEK_V3,
     GLM4_MOE,
+    GPT_OSS,
     LLAMA4,
     QWEN_MOES,
     MoEConfig,
     read_moe_config,
 )
 from engine.multimodal import MULTIMODAL, MultimodalCheckpoint, text_config
+from engine.mxfp4_weights import is_mxfp4
 from engine.rope_config import (
     PHI3,
     partial_rotary_factor,
@@ -32,7 +34,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
-                           DEEPSEEK_V3, LLAMA4, MINISTRAL3)
+                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS)
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -47,7 +49,7 @@ _EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
-                   *OLMOS, SMOLLM3, LLAMA4)
+                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS)
 # Mistral's sliding window, where config.json gives one.
 _SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)
 
@@ -104,6 +106,7 @@ class ModelConfig:
     qk_l2_norm: bool
     rope_interleaved: bool
     q_temperature: QTemperature | None  # Llama 4's NoPE layers', Ministral 3's: q scaled by position
+    attention_sinks: bool  # gpt-oss's: a learnt logit per q head takes its share of each softmax
     multimodal: MultimodalCheckpoint | None  # how a multimodal checkpoint names its text model's tensors
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
     attention_scale: float  # of q·k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
@@ -116,6 +119,7 @@ class ModelConfig:
     logits_scaling: float
     weights_dtype: str
     fp8_weights: Fp8Weights | None  # how FP8 weights are scaled (engine/fp8_weights.py); None: not FP8
+    mxfp4_weights: bool  # some weights stored as MXFP4 blocks and scales (engine/mxfp4_weights.py)
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
@@ -205,6 +209,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
             or (arch in (*_ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
             o_bias=arch in (*_ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
+            attention_sinks=arch == GPT_OSS,
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
             qk_norm="head" if arch in _QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in OLMOS else None,
@@ -221,6 +226,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             **_granite_multipliers(cfg, arch),
             weights_dtype=str(stored_dtype(cfg) or "float32"),
             fp8_weights=fp8_weights(cfg),
+            mxfp4_weights=is_mxfp4(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
         )
@@ -314,7 +320,7 @@ def _q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in (*_SLIDING, *GEMMAS, OLMO3):
+    if arch in (*_SLIDING, *GEMMAS, OLMO3, GPT_OSS):
         return cfg.get("sliding_window")
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
@@ -325,7 +331,7 @@ def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
 
 def _sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
@@ -334,7 +340,7 @@ def _sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(range(num_layers)) - _rope_layers(cfg, arch)
     # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every
     # other, OLMo 3's every fourth).
-    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4}[arch]
+    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2}[arch]
     pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
     return frozenset(i for i in range(num_layers) if (i + 1) % pattern)
 

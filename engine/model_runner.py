@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from engine import mxfp4_weights as mxfp4
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
 from engine.checkpoint import checkpoint_files
@@ -63,11 +64,17 @@ class ModelRunner:
         names = self.model.checkpoint_names()
         fp8 = self.model_config.fp8_weights
         scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []
+        if self.model_config.mxfp4_weights:  # read as their blocks, their scales beside them
+            packed = set(mxfp4.packed_names(names, files))
+            names = [n + mxfp4.BLOCKS if n in packed else n for n in names]
+            scale_names = [n + mxfp4.SCALES for n in packed]
         check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)},
                                    names + scale_names, self.model_config.architecture)
         tensors = iter_tensors(files, names, stored_names)
         if fp8:
             tensors = dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)), fp8)
+        elif self.model_config.mxfp4_weights:
+            tensors = mxfp4.dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)))
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
-LLAMA4 = "Llama4ForCausalLM"
+LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
@@ -31,6 +31,12 @@ class MoEConfig:
     # "sigmoid_of_top_k" (Llama 4): the top-k router logits, each expert weighed by its logit's sigmoid.
     scoring: str = "softmax"
     weighs_inputs: bool = False  # Llama 4 weighs each expert's input, not its output
+    # gpt-oss's: "softmax_of_top_k" scoring (the top-k router logits softmaxed among themselves), a
+    # router with a bias, experts with biases, gate and up clamped to `swiglu_limit` and gated as
+    # (up + 1) * gate * sigmoid(alpha * gate).
+    has_biases: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
     num_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
@@ -91,6 +97,12 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         moe_intermediate_size=inter, shared_expert_intermediate_size=inter,
                         dense_layers=frozenset(set(range(num_layers)) - sparse), scoring="sigmoid_of_top_k",
                         weighs_inputs=True)
+    elif arch == GPT_OSS:
+        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]),
+                        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 4),
+                        moe_intermediate_size=int(cfg["intermediate_size"]), scoring="softmax_of_top_k",
+                        has_biases=True, swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
     else:
         return MoEConfig()
     if not 0 < moe.num_experts_per_tok <= moe.num_experts:

@@ -4,8 +4,9 @@ Both read keys and values from pages laid out `[Hkv, N, bs, D]` (see kv_cache.py
 whatever the pages hold (an fp8 cache is cast up as it is read),
 and handle grouped-query attention, causal masking with a cached prefix, an
 optional sliding window (Mistral) or attention within fixed chunks of positions (Llama 4's
-chunked layers: a token attends to the earlier tokens of its own chunk), and optional logit
-soft-capping (Gemma 2).
+chunked layers: a token attends to the earlier tokens of its own chunk), optional logit
+soft-capping (Gemma 2), and optional attention sinks (gpt-oss: a learnt logit per q head that
+takes its share of the softmax and attends to nothing).
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def prefill_attention_torch(
     sliding_window: int | None = None,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One sequence's chunk of `n` new tokens after `context_len` cached ones.
+    """One sequence's chunk of `n` new tokens after `context_len` cached ones. `sinks`: [Hq].
 
     q: [n, Hq, D]; k, v: [n, Hkv, D] (already written to the pages);
     block_table: [num_blocks_of_seq] int64. Returns [n, Hq, D].
@@ -38,7 +40,7 @@ def prefill_attention_torch(
     # ones a path several times slower.
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     if (context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None
-            and (chunk_size is None or n <= chunk_size)):
+            and (chunk_size is None or n <= chunk_size) and sinks is None):
         out = F.scaled_dot_product_attention(
             qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
             is_causal=True, scale=scale, enable_gqa=True,
@@ -55,9 +57,10 @@ def prefill_attention_torch(
         mask &= k_pos > q_pos - sliding_window
     if chunk_size is not None:
         mask &= k_pos // chunk_size == q_pos // chunk_size
-    if softcap is not None:  # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's group of q heads
-        out = _softcapped_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
-                                    mask, scale, softcap)
+    if softcap is not None or sinks is not None:  # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's q heads
+        sink_logits = None if sinks is None else sinks.view(num_kv_heads, -1, 1, 1)
+        out = _written_out_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
+                                     mask, scale, softcap, sink_logits)
         return out.flatten(0, 1).transpose(0, 1)
     out = F.scaled_dot_product_attention(
         qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
@@ -75,8 +78,9 @@ def decode_attention_torch(
     sliding_window: int | None = None,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One new token per sequence over its pages.
+    """One new token per sequence over its pages. `sinks`: [Hq].
 
     q: [B, Hq, D]; block_tables: [B, max_blocks] int64 (padding may be any valid
     block id: it is masked); context_lens: [B] int64, counting the new token.
@@ -97,18 +101,24 @@ def decode_attention_torch(
         mask &= k_pos >= (context_lens - sliding_window).unsqueeze(1)
     if chunk_size is not None:  # from the first position of the chunk the new token is in
         mask &= k_pos >= ((context_lens - 1) // chunk_size * chunk_size).unsqueeze(1)
-    if softcap is not None:
-        out = _softcapped_attention(qh, keys, values, mask[None, :, None, :], scale, softcap)
+    if softcap is not None or sinks is not None:
+        sink_logits = None if sinks is None else sinks.view(num_kv_heads, 1, group, 1)
+        out = _written_out_attention(qh, keys, values, mask[None, :, None, :], scale, softcap, sink_logits)
     else:
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
     return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
 
 
-def _softcapped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                          scale: float, softcap: float) -> torch.Tensor:
-    # Gemma 2's scores pass through softcap * tanh(score / softcap) before the mask, which no fused
-    # SDPA kernel does: written out, as transformers' eager attention computes it (softmax in float32).
+def _written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                           scale: float, softcap: float | None, sink_logits: torch.Tensor | None) -> torch.Tensor:
+    # What no fused SDPA kernel does, written out as transformers' eager attention computes it (softmax
+    # in float32): Gemma 2's scores pass through softcap * tanh(score / softcap) before the mask;
+    # gpt-oss's sink logit joins each row's softmax as one more column, which attends to nothing.
     scores = (q @ keys.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
+    if sink_logits is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
+    with_sinks = torch.cat((scores, sink_logits.to(scores.dtype).expand(*scores.shape[:-1], 1)), dim=-1)
+    return torch.softmax(with_sinks, dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype) @ values

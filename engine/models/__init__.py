@@ -4,6 +4,7 @@ from __future__ import annotations
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
@@ -32,4 +33,5 @@ MODEL_REGISTRY = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Ministral3ForCausalLM": LlamaForCausalLM,  # Mistral with its q scaled by position, as its ModelConfig says
+    "GptOssForCausalLM": GptOssForCausalLM,
 }

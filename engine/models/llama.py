@@ -28,7 +28,8 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, ap
 
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                     meta: AttentionMetadata, scale: float, sliding_window: int | None,
-                    softcap: float | None, chunk_size: int | None = None) -> torch.Tensor:
+                    softcap: float | None, chunk_size: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The step's new k and v written into their pages, then each token's attention over its
     sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first)."""
     k_cache, v_cache = kv_cache
@@ -36,15 +37,16 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     num_decode, num_tokens = meta.num_decode_tokens, q.shape[0]
     if num_decode == num_tokens:
         return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                    sliding_window, softcap, chunk_size)
+                                    sliding_window, softcap, chunk_size, sinks)
     out = torch.empty_like(q)
     if num_decode:
         out[:num_decode] = ops.decode_attention(q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
-                                                meta.decode_context_lens, scale, sliding_window, softcap, chunk_size)
+                                                meta.decode_context_lens, scale, sliding_window, softcap, chunk_size,
+                                                sinks)
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end
         out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                                         chunk.context_len, scale, sliding_window, softcap, chunk_size)
+                                         chunk.context_len, scale, sliding_window, softcap, chunk_size, sinks)
     return out
 
 
@@ -76,6 +78,7 @@ class Attention(nn.Module):
             (config.q_size, config.kv_size)
         self.q_norm = empty_param(q_norm_size, dtype=dtype) if config.qk_norm else None
         self.k_norm = empty_param(k_norm_size, dtype=dtype) if config.qk_norm else None
+        self.sinks = empty_param(config.num_heads, dtype=dtype) if config.attention_sinks else None  # gpt-oss's
 
     def forward(
         self,
@@ -95,7 +98,7 @@ class Attention(nn.Module):
         if cfg.q_temperature is not None and cfg.q_temperature.layers is None:  # Ministral 3's
             q = q_temperature(q, cfg.q_temperature, meta.positions)
         return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window,
-                                            self.softcap))
+                                            self.softcap, sinks=self.sinks))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k and v [T, Hkv, D]: projected (with the step's LoRA deltas), the whole
@@ -288,6 +291,8 @@ class LlamaForCausalLM(nn.Module):
             names.append(p + "o_proj.bias")
         if self.config.qk_norm:
             names += [p + "q_norm.weight", p + "k_norm.weight"]
+        if self.config.attention_sinks:
+            names.append(p + "sinks")
         return names
 
     def _mlp_names(self, layer: int) -> list[str]:
@@ -333,6 +338,8 @@ class LlamaForCausalLM(nn.Module):
         q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
         qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
         if module == "self_attn":
+            if parts[4] == "sinks":
+                return layer.attn.sinks.data
             proj, kind = parts[4], parts[5]
             if proj == "o_proj":
                 return (layer.attn.o_weight if kind == "weight" else layer.attn.o_bias).data

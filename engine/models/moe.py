@@ -24,7 +24,11 @@ class SparseMoE(nn.Module):
         # DeepSeek and GLM keep their routers in float32; GLM and DeepSeek-V3 with a bias that corrects
         # which experts are chosen.
         self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if moe.router_in_float32 else dtype)
-        self.router_bias = empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" else None
+        # GLM's and DeepSeek-V3's correction bias, in float32; gpt-oss's router's own bias.
+        self.router_bias = (empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" else
+                            empty_param(num_experts, dtype=dtype) if moe.has_biases else None)
+        self.gate_up_bias = empty_param(num_experts, 2 * inter, dtype=dtype) if moe.has_biases else None
+        self.down_bias = empty_param(num_experts, hidden, dtype=dtype) if moe.has_biases else None
         self.gate_up_weight = empty_param(num_experts, 2 * inter, hidden, dtype=dtype)  # each expert's slices filled
         self.down_weight = empty_param(num_experts, hidden, inter, dtype=dtype)
         shared = moe.shared_expert_intermediate_size
@@ -40,8 +44,12 @@ class SparseMoE(nn.Module):
             tokens, slot = torch.where(experts == expert)
             weight = weights[tokens, slot, None]
             expert_in = x[tokens] * weight if self.moe.weighs_inputs else x[tokens]
-            gate, up = F.linear(expert_in, self.gate_up_weight[expert]).chunk(2, dim=-1)
-            expert_out = F.linear(F.silu(gate) * up, self.down_weight[expert])
+            if self.gate_up_bias is None:
+                gate, up = F.linear(expert_in, self.gate_up_weight[expert]).chunk(2, dim=-1)
+                expert_out = F.linear(F.silu(gate) * up, self.down_weight[expert])
+            else:
+                gate, up = F.linear(expert_in, self.gate_up_weight[expert], self.gate_up_bias[expert]).chunk(2, dim=-1)
+                expert_out = F.linear(self._clamped_glu(gate, up), self.down_weight[expert], self.down_bias[expert])
             out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
         if self.shared_down_weight is None:
             return out
@@ -55,6 +63,10 @@ class SparseMoE(nn.Module):
         moe = self.moe
         if moe.scoring == "sigmoid":
             return self._route_by_groups(x)
+        if moe.scoring == "softmax_of_top_k":  # gpt-oss's
+            logits = F.linear(x, self.router_weight, self.router_bias)
+            top, experts = torch.topk(logits, moe.num_experts_per_tok, dim=-1)
+            return F.softmax(top, dim=-1), experts
         if moe.scoring == "sigmoid_of_top_k":  # Llama 4's
             top, experts = torch.topk(F.linear(x, self.router_weight), moe.num_experts_per_tok, dim=-1)
             return top.float().sigmoid().to(x.dtype), experts
@@ -86,6 +98,12 @@ class SparseMoE(nn.Module):
         if moe.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * moe.routed_scaling_factor, experts
+
+    def _clamped_glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        # gpt-oss's: gate clamped from above, up both ways, gated by gate * sigmoid(alpha * gate) plus up's own.
+        limit = self.moe.swiglu_limit
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+        return (up + 1) * gate * torch.sigmoid(gate * self.moe.swiglu_alpha)
 
     def weight_slice(self, expert: int, proj: str) -> torch.Tensor:
         """Where a checkpoint's `proj` ("gate", "up" or "down") of `expert` goes."""

@@ -117,6 +117,15 @@ TINY_MODELS = {
         rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64,
                          "llama_4_scaling_beta": 0.1, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
                          "mscale_all_dim": 1.0, "rope_theta": 10000.0}), {}),
+    # gpt-oss: attention sinks, sliding windows (16) in every other layer, YaRN; 2 of 4 experts a token
+    # by the softmax of the top router logits, experts with biases and the GLU clamped (to 0.5, so
+    # that the clamps bite in a tiny model).
+    "gpt-oss": ("GptOssConfig", dict(
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=16,
+        swiglu_limit=0.5,
+        num_hidden_layers=2, pad_token_id=0,
+        rope_parameters={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 10000.0}), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -332,3 +332,50 @@ def test_mistral3s_multimodal_checkpoint_serves_its_text_model(tmp_path, text_mo
             with torch.no_grad():
                 ref = model(input_ids=torch.tensor([prompt])).logits[0, -1]
             assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, (model_dir.name, n)
+
+
+def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [E, in, out] as MXFP4 blocks [E, out, in / 32, 16] and scales [E, out, in / 32], each group
+    of 32 numbers to the nearest of the e2m1 values times its power of two."""
+    from engine.mxfp4_weights import E2M1_VALUES
+
+    lut = torch.tensor(E2M1_VALUES)
+    groups = weight.transpose(1, 2).unflatten(-1, (-1, 32))  # [E, out, G, 32]
+    exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-8) / 6.0))  # the group's largest fits in 6
+    codes = ((groups / torch.exp2(exponent).unsqueeze(-1)).unsqueeze(-1) - lut).abs().argmin(-1)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (exponent.int() + 127).to(torch.uint8)
+
+
+def test_gpt_oss_released_in_mxfp4_computes_as_its_dequantized_weights(tiny_model_dirs, tmp_path):
+    """gpt-oss's experts as released: MXFP4 blocks and scales, dequantized as they load (as transformers'
+    own dequantizer does); the logits equal transformers' on the dequantized weights."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from engine.mxfp4_weights import dequantize_mxfp4
+
+    model_dir = shutil.copytree(tiny_model_dirs["gpt-oss"], tmp_path / "mxfp4")
+    tensors = load_file(model_dir / "model.safetensors")
+    quantized, dequantized = {}, {}
+    for name, tensor in tensors.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = _mxfp4(tensor.float())
+            quantized |= {name + "_blocks": blocks, name + "_scales": scales}
+            dequantized[name] = dequantize_mxfp4(blocks, scales)
+            assert torch.equal(dequantized[name], convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            assert (dequantized[name] - tensor).abs().max() < tensor.abs().max() / 4  # near, not equal
+        else:
+            quantized[name] = tensor
+    save_file(quantized, model_dir / "model.safetensors")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["self_attn", "router"]}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    reference = _hf_model(tiny_model_dirs["gpt-oss"])
+    reference.load_state_dict({**reference.state_dict(), **dequantized})
+    engine = _engine(model_dir)
+    for n in (17, 100):
+        prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+        with torch.no_grad():
+            ref = reference(torch.tensor([prompt])).logits[0, -1]
+        assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4

@@ -271,3 +271,34 @@ def test_chunked_attention_reads_only_the_tokens_own_chunk(context_len, n):
         for i, length in enumerate(lengths.tolist()):
             ref = dense_attention(q[i:i + 1], k[:length], v[:length], torch.tensor([length - 1]), chunk=chunk)
             torch.testing.assert_close(out[i:i + 1], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_sinks_take_their_share_of_each_softmax_and_attend_to_nothing():
+    """gpt-oss's sinks: a logit per q head joins each row's softmax as one more column, its value zero."""
+    gen = torch.Generator().manual_seed(9)
+    blocks, context_len, n = [7, 3, 11, 0], 6, 5
+    k_cache, v_cache, k, v = paged(context_len + n, blocks, gen)
+    q, sinks = torch.randn(n, HQ, D, generator=gen), torch.randn(HQ, generator=gen)
+
+    def with_sinks(q, length, positions, window=None):  # dense, the sink as a key of value zero
+        group = HQ // HKV
+        keys, values = k[:length].repeat_interleave(group, dim=1), v[:length].repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,lhd->hnl", q, keys) / math.sqrt(D)
+        allowed = torch.arange(length)[None, :] <= positions[:, None]
+        if window is not None:
+            allowed &= torch.arange(length)[None, :] > positions[:, None] - window
+        scores = torch.cat((scores.masked_fill(~allowed, float("-inf")),
+                            sinks[:, None, None].expand(-1, q.shape[0], 1)), dim=-1)
+        return torch.einsum("hnl,lhd->nhd", scores.softmax(-1)[..., :-1], values)
+
+    for context, window in ((0, None), (context_len, None), (context_len, 3)):
+        out = prefill_attention_torch(q, k[context:context + n], v[context:context + n], k_cache, v_cache,
+                                      torch.tensor(blocks), context, D**-0.5, window, sinks=sinks)
+        torch.testing.assert_close(out, with_sinks(q, context + n, torch.arange(context, context + n), window),
+                                   atol=1e-5, rtol=1e-5)
+    lengths = torch.tensor([context_len + n, 3])
+    for decode in (decode_attention_torch, select_kernels("cpu").decode_attention):
+        out = decode(q[:2], k_cache, v_cache, torch.tensor([blocks] * 2), lengths, D**-0.5, sinks=sinks)
+        for i, length in enumerate(lengths.tolist()):
+            torch.testing.assert_close(out[i:i + 1], with_sinks(q[i:i + 1], length, torch.tensor([length - 1])),
+                                       atol=1e-5, rtol=1e-5)
