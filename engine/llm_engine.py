@@ -265,7 +265,7 @@ class LLMEngine:
             self._drop_retired_adapters()
             return outputs
         timed = self._to_time(batch)
-        if any(seq.num_draft_tokens for seq in batch.seqs):
+        if self.scheduler.speculative is not None and any(seq.num_draft_tokens for seq in batch.seqs):
             sampled, logits = self.runner.forward(batch)
             self.scheduler.postprocess_drafted(batch, sampled, logits, self.runner.sampler)
         else:

@@ -106,6 +106,13 @@ def build_rope_cache(
     return emb.cos() * factor, emb.sin() * factor
 
 
+def pairs_half_apart(rotary_dim: int) -> torch.Tensor:
+    """The order of a head's first `rotary_dim` dimensions that turns RoPE pairs stored side by side
+    (2i, 2i + 1: the complex rotation of DeepSeek's and Llama 4's weights) into the pairs half a part
+    apart (i, i + rotary_dim / 2) that the kernels turn, by the same angle: the even ones, then the odd."""
+    return torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)))
+
+
 def apply_rope_torch(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

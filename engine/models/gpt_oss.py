@@ -11,8 +11,6 @@ Checkpoints quantized to MXFP4, as gpt-oss is released, have their experts dequa
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 from engine.models.llama import LlamaForCausalLM
@@ -24,19 +22,11 @@ class GptOssForCausalLM(LlamaForCausalLM):
         return [p + "router.weight", p + "router.bias", *(p + f"experts.{x}" for x in (
             "gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"))]
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def the_rest() -> Iterable[tuple[str, torch.Tensor]]:
-            for name, tensor in tensors:
-                parts = name.split(".")
-                if len(parts) > 4 and parts[3] == "mlp":
-                    target, tensor = self._expert_target(int(parts[2]), ".".join(parts[4:]), tensor)
-                    if target.shape != tensor.shape:
-                        raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                         f"expected {tuple(target.shape)}")
-                    target.copy_(tensor)
-                else:
-                    yield name, tensor
-        super().load_weights(the_rest())
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = name.split(".")
+        if len(parts) > 4 and parts[3] == "mlp":
+            return self._expert_target(int(parts[2]), ".".join(parts[4:]), tensor)
+        return super()._placed(name, tensor)
 
     def _expert_target(self, layer: int, leaf: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where `mlp.<leaf>` of `layer` goes, and the tensor as it goes there: gate's rows, then up's."""

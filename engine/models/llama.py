@@ -319,10 +319,15 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies checkpoint tensors into place, fusing q/k/v and gate/up; checks shapes."""
         for name, tensor in tensors:
-            target = self._target(name)
+            target, tensor = self._placed(name, tensor)
             if target.shape != tensor.shape:
                 raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
             target.copy_(tensor)
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where checkpoint tensor `name` goes, and the tensor as it goes there (a model that stores
+        some tensors otherwise reorders or transposes them here)."""
+        return self._target(name), tensor
 
     def _target(self, name: str) -> torch.Tensor:
         cfg = self.config

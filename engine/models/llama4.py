@@ -14,7 +14,6 @@ are released: engine/multimodal.py), as `transformers` computes it, images aside
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -23,6 +22,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.llama import Attention, DecoderLayer, KVCache, LlamaForCausalLM, paged_attention, q_temperature
 from kernels.registry import Kernels
+from kernels.rotary import pairs_half_apart
 
 
 class Llama4Attention(Attention):
@@ -64,18 +64,13 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         return [p + "router.weight", p + "experts.gate_up_proj", p + "experts.down_proj",
                 *(p + f"shared_expert.{x}_proj.weight" for x in ("gate", "up", "down"))]
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        for name, tensor in tensors:
-            if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-                tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
-            parts = name.split(".")
-            if len(parts) > 4 and parts[3] == "feed_forward":
-                target, tensor = self._feed_forward_target(int(parts[2]), ".".join(parts[4:]), tensor)
-            else:
-                target = self._target(name)
-            if target.shape != tensor.shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-            target.copy_(tensor)
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = name.split(".")
+        if len(parts) > 4 and parts[3] == "feed_forward":
+            return self._feed_forward_target(int(parts[2]), ".".join(parts[4:]), tensor)
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
+        return super()._placed(name, tensor)
 
     def _feed_forward_target(self, layer: int, leaf: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where `feed_forward.<leaf>` of `layer` goes, and the tensor as it goes there."""
@@ -94,9 +89,8 @@ class Llama4ForCausalLM(LlamaForCausalLM):
 
 
 def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
-    # Rows (2i, 2i + 1) of each head are a RoPE pair: their even rows first, then their odd ones,
-    # makes the pair (i, i + head_dim / 2) that the kernels turn, by the same angle. Attention is
-    # the same whichever layers use RoPE: q and k are reordered alike.
-    order = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+    # Each head's rows reordered (kernels/rotary.py): attention is the same whichever layers use RoPE,
+    # q and k being reordered alike.
+    order = pairs_half_apart(head_dim)
     rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + order).reshape(-1)
     return weight[rows]

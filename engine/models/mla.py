@@ -27,6 +27,7 @@ from kernels.mla_attention import (
     write_latent_rows,
 )
 from kernels.registry import Kernels
+from kernels.rotary import pairs_half_apart
 
 
 class MLAttention(nn.Module):
@@ -132,10 +133,8 @@ class MLAttention(nn.Module):
         target.copy_(tensor)
 
     def _rope_rows_paired_apart(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        # Rows (2i, 2i + 1) of each RoPE part are a pair: their even rows first, then their odd
-        # ones, makes the pair (i, i + rope/2) that the kernels turn, by the same angle.
         mla, rope = self.mla, self.mla.qk_rope_head_dim
-        order = torch.cat((torch.arange(0, rope, 2), torch.arange(1, rope, 2)))
+        order = pairs_half_apart(rope)
         rows = torch.arange(tensor.shape[0])
         if name.startswith("kv_a"):
             starts = [mla.kv_lora_rank]

@@ -21,8 +21,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.moe = moe = config.moe
         num_experts, inter, hidden = moe.num_experts, moe.moe_intermediate_size, config.hidden_size
-        # DeepSeek and GLM keep their routers in float32; GLM and DeepSeek-V3 with a bias that corrects
-        # which experts are chosen.
+        # DeepSeek and GLM keep their routers in float32.
         self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if moe.router_in_float32 else dtype)
         # GLM's and DeepSeek-V3's correction bias, in float32; gpt-oss's router's own bias.
         self.router_bias = (empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" else
@@ -44,12 +43,11 @@ class SparseMoE(nn.Module):
             tokens, slot = torch.where(experts == expert)
             weight = weights[tokens, slot, None]
             expert_in = x[tokens] * weight if self.moe.weighs_inputs else x[tokens]
-            if self.gate_up_bias is None:
-                gate, up = F.linear(expert_in, self.gate_up_weight[expert]).chunk(2, dim=-1)
-                expert_out = F.linear(F.silu(gate) * up, self.down_weight[expert])
-            else:
-                gate, up = F.linear(expert_in, self.gate_up_weight[expert], self.gate_up_bias[expert]).chunk(2, dim=-1)
-                expert_out = F.linear(self._clamped_glu(gate, up), self.down_weight[expert], self.down_bias[expert])
+            has_bias = self.gate_up_bias is not None
+            gate, up = F.linear(expert_in, self.gate_up_weight[expert],
+                                self.gate_up_bias[expert] if has_bias else None).chunk(2, dim=-1)
+            gated = F.silu(gate) * up if self.moe.swiglu_limit is None else self._clamped_glu(gate, up)
+            expert_out = F.linear(gated, self.down_weight[expert], self.down_bias[expert] if has_bias else None)
             out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
         if self.shared_down_weight is None:
             return out
