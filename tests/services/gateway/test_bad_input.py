@@ -215,8 +215,9 @@ def test_no_free_pages_is_429_and_then_serving_resumes(mesh):
     for i, stub in enumerate(stubs):  # every page of every decode worker held
         stub.Reserve(decode_pb2.ReserveRequest(request_id=f"hog-{i}", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
     try:
-        assert_openai_error(post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi"}), 429,
-                            code="overloaded")
+        # ignore_eos: a first token that ends the request (sampled at temperature 1) would need no pages.
+        assert_openai_error(post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi",
+                                                          "ignore_eos": True}), 429, code="overloaded")
     finally:
         for i, stub in enumerate(stubs):
             stub.Abort(decode_pb2.AbortRequest(request_id=f"hog-{i}"), timeout=5)
@@ -230,7 +231,8 @@ def test_a_stream_whose_pages_cannot_be_reserved_sends_its_first_token_then_an_o
     try:
         # The prefill worker sends the first token before it reserves pages; the Reserve then fails.
         with httpx.stream("POST", f"{mesh.gateway.base_url}/v1/completions", timeout=30, json={
-                "model": mesh.model_name, "prompt": "hi there", "max_tokens": 4, "stream": True}) as response:
+                "model": mesh.model_name, "prompt": "hi there", "max_tokens": 4, "stream": True,
+                "ignore_eos": True}) as response:  # a first token that ends it would need no pages
             assert response.status_code == 200
             data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     finally:
