@@ -31,6 +31,20 @@ def parse_call(body: str, arguments_key: str) -> dict[str, Any] | None:
     return tool_call(parsed["name"], arguments_json(parsed.get(arguments_key, parsed.get("arguments", {}))))
 
 
+def begun_tag_length(text: str, tag: str) -> int:
+    """How many of `text`'s last characters could be the start of `tag` (held back while streaming,
+    until the next delta says)."""
+    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
+
+
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def arguments_json(value: Any) -> str:
     """A call's arguments as OpenAI's JSON text: a string as it is (JSON already), else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

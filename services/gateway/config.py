@@ -38,7 +38,7 @@ from services.common.settings import (
 from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
-from services.gateway.reasoning_parsers import PARSERS as REASONING_PARSERS
+from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
 from services.gateway.tool_parsers import PARSERS
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
@@ -179,6 +179,9 @@ class GatewayConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                               f"got {self.reasoning_parser!r}")
+        if self.tool_call_parser == "openai" and self.reasoning_parser != HARMONY:
+            raise ConfigError(f"--tool-call-parser openai reads gpt-oss's harmony messages, which --reasoning-parser "
+                              f"{HARMONY} takes apart: it cannot go with {self.reasoning_parser!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
@@ -322,7 +325,7 @@ class GatewayConfig:
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
                    max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
-                   reasoning_parser=args.reasoning_parser, resolve_workers_s=args.resolve_workers_s,
+                   reasoning_parser=_reasoning_parser(args), resolve_workers_s=args.resolve_workers_s,
                    discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
                    chat_template=chat_template_source(args.chat_template),
                    generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
@@ -374,3 +377,11 @@ def local_prefill_limit(configured: int, max_model_len: int | None) -> int:
     if configured != LOCAL_PREFILL_AUTO:
         return configured
     return min(1000, (max_model_len or 8000) // 8)
+
+
+def _reasoning_parser(args) -> str | None:
+    """The flag's parser; gpt-oss's tool calls (`--tool-call-parser openai`) bring their reasoning
+    parser, as vLLM reads every harmony reply's channels."""
+    if args.reasoning_parser is None and args.tool_call_parser == "openai":
+        return HARMONY
+    return args.reasoning_parser

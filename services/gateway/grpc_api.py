@@ -35,7 +35,7 @@ from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import ResponseTimeline, TimelineStore
-from services.gateway.tool_parsers import with_template_call_ids
+from services.gateway.tool_parsers import keeps_special_tokens, with_template_call_ids
 from services.tokenizer.chat_template import (
     ChatOptions,
     ChatTemplateError,
@@ -156,8 +156,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         if forced:  # the text is guided to the call
             sampling.guided_regex = tools.forced.regex
         skip_special_tokens = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-        if tools is not None and tools.syntax is not None and tools.syntax.reads_special_tokens:
-            skip_special_tokens = False  # the calls begin at a special token (tool_parsers.Mistral)
+        if keeps_special_tokens(tools.syntax if tools is not None else None, reasoning):
+            skip_special_tokens = False
         return self.pipeline.generate(
             request_id, **inputs, sampling=sampling, stop=list(request.stop),
             include_stop_str_in_output=request.include_stop_str_in_output,

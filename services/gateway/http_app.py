@@ -69,7 +69,13 @@ from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.tool_parsers import call_ids, needs_a_parser, syntax_for, with_template_call_ids
+from services.gateway.tool_parsers import (
+    call_ids,
+    keeps_special_tokens,
+    needs_a_parser,
+    syntax_for,
+    with_template_call_ids,
+)
 
 T = TypeVar("T")
 CANCEL_WAIT_S = 5.0  # how long a cancel waits for the gateway generating the response to stop it
@@ -196,8 +202,7 @@ def create_app(state: GatewayState) -> FastAPI:
         reasoning = _reasoning_reader(state, body)
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
-        # A syntax whose calls begin at a special token needs the text to keep it, as vLLM's Mistral parser does.
-        skip_special_tokens = body.skip_special_tokens and not (syntax is not None and syntax.reads_special_tokens)
+        skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, reasoning)
         streams = [state.pipeline.generate(
             request_id, messages=messages, chat_options=body.chat_options(),
             sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,

@@ -332,6 +332,9 @@ class ChatCompletionRequest(_SamplingFields):
     documents: list[dict[str, Any]] | None = None  # for a retrieval template, e.g. [{"title": ..., "text": ...}]
     add_special_tokens: bool = False  # the tokenizer's special tokens (BOS) added to the template's text too
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out of the reply
+    # OpenAI's: how long a reasoning model thinks, given to the chat template as `reasoning_effort`
+    # (gpt-oss's writes it into its system message), as vLLM gives it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     echo: bool = False  # vLLM's: the reply starts with the last message's text when that is the assistant's
 
     @model_validator(mode="after")
@@ -374,7 +377,10 @@ class ChatCompletionRequest(_SamplingFields):
         return bool(self.tools) and effective_tool_choice(self.tools, self.tool_choice) == "auto"
 
     def chat_options(self) -> ChatOptions:
-        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {},
+        template_kwargs = self.chat_template_kwargs or {}
+        if self.reasoning_effort is not None:
+            template_kwargs = {"reasoning_effort": self.reasoning_effort, **template_kwargs}
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message, template_kwargs,
                            self.tools or None, self.documents, self.chat_template, self.add_special_tokens)
 
     def chat_messages(self) -> list[dict[str, Any]]:

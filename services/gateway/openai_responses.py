@@ -16,6 +16,7 @@ from typing import Any
 
 from protos import common_pb2
 from services.gateway.deltas import Delta, Usage
+from services.gateway.harmony import HarmonyReasoning
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
 from services.gateway.streamed_calls import StreamedCalls, merged_call_deltas
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
@@ -105,7 +106,7 @@ class ChoiceState:
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
     # With a reasoning parser: the text split as it came (thinking, answer), and the tokens
     # generated while thinking (its closing tag's included).
-    thinking: StreamedReasoning | None = None
+    thinking: StreamedReasoning | HarmonyReasoning | None = None
     thought: str = ""
     answer: str = ""
     reasoning_tokens: int = 0
@@ -326,14 +327,15 @@ class ResponseBuilder:
         how its reply starts."""
         stream = state.thinking
         if stream is None:
-            stream = state.thinking = StreamedReasoning(self.reasoning.start(state.prompt_token_ids))
+            stream = state.thinking = self.reasoning.stream(state.prompt_token_ids)
         was_thinking = stream.is_thinking is True
         thought, text = stream.add(delta.text)
-        if stream.is_thinking is None:  # e.g. "<th" of a "<think>" spelled in pieces
+        if was_thinking or thought or stream.is_thinking:  # the delta that ends the thinking is thinking's
+            state.reasoning_tokens += len(delta.token_ids) + state.undecided_tokens
+            state.undecided_tokens = 0
+        elif stream.is_thinking is None:  # e.g. "<th" of a "<think>" spelled in pieces, or a harmony header
             state.undecided_tokens += len(delta.token_ids)
         else:
-            if was_thinking or thought or stream.is_thinking:
-                state.reasoning_tokens += len(delta.token_ids) + state.undecided_tokens
             state.undecided_tokens = 0
         if delta.finish_reason is not None:
             more_thought, more_text = stream.finish()

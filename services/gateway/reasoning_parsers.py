@@ -6,7 +6,9 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
   with or without a `<think>` to open it (R1 often leaves it out, or its template writes it);
 - `qwen3` (Qwen3): the text is thinking only where a `<think>` opens it, in the text or at the
   end of the prompt (Qwen3 writes it itself unless `enable_thinking` is false; its 2507
-  thinking models' template writes it into the prompt); `glm45` (GLM-4.5 to 4.7) reads the same way.
+  thinking models' template writes it into the prompt); `glm45` (GLM-4.5 to 4.7) reads the same way;
+- `openai_gptoss` (gpt-oss): no tags but harmony's channels, read by harmony.py (and guided
+  from the first token: the guided reply is all answer).
 What follows `</think>` is the answer (`content`). A text cut short while thinking is all
 reasoning, with no content.
 
@@ -25,8 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from services.gateway.call_text import begun_tag_length
+from services.gateway.harmony import HarmonyReasoning
+
 START, END = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3", "glm45")
+PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
+HARMONY = "openai_gptoss"
 PROMPT_TAIL_TOKENS = 8  # enough to hold "<think>\n" however a tokenizer splits it
 
 
@@ -77,7 +83,7 @@ class StreamedReasoning:
         self.has_thought = True
         end = text.find(END)
         if end == -1:
-            keep = _partial_tag(text, END)
+            keep = begun_tag_length(text, END)
             self._held = text[len(text) - keep:]
             return text[:len(text) - keep], ""
         self.is_thinking = False
@@ -87,11 +93,6 @@ class StreamedReasoning:
         """(thinking, answer) still held: a tag never completed is text."""
         held, self._held = self._held, ""
         return (held, "") if self.is_thinking else ("", held)
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """How many of `text`'s last characters could be the start of `tag`."""
-    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,21 @@ class ReasoningReader:
     is_guided: bool = False
     end_token_id: int | None = None
 
+    @property
+    def reads_special_tokens(self) -> bool:
+        """Harmony's channels are marked by special tokens, which the text must keep."""
+        return self.parser == HARMONY
+
+    def stream(self, prompt_token_ids: Sequence[int]) -> StreamedReasoning | HarmonyReasoning:
+        """What splits one reply to `prompt_token_ids` as it streams."""
+        if self.parser == HARMONY:
+            return HarmonyReasoning()
+        return StreamedReasoning(self.start(prompt_token_ids))
+
     def guide_after(self, prompt_token_ids: Sequence[int]) -> int | None:
         """The token a guided reply's guide waits for: the end of its thinking. None: the guide holds
         from the first token."""
-        if not self.is_guided or self.end_token_id is None:
+        if not self.is_guided or self.end_token_id is None or self.parser == HARMONY:
             return None
         return self._guide_after(self._tail(prompt_token_ids))
 

@@ -57,6 +57,7 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: chat's `reasoning_effort`
 
     @property
     def wants_logprobs(self) -> bool:
@@ -91,6 +92,8 @@ class ResponsesRequest(BaseModel):
             chat["response_format"] = response_format
         if self.wants_logprobs:
             chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
+        if self.reasoning and self.reasoning.get("effort") is not None:
+            chat["reasoning_effort"] = self.reasoning["effort"]
         try:
             return ChatCompletionRequest.model_validate(chat)
         except ValidationError as e:

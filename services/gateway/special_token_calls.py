@@ -16,10 +16,9 @@ name go out once its name is whole, its arguments once the call ends.
 """
 from __future__ import annotations
 
-import json
 import re
 
-from services.gateway.call_text import Calls, JsonScan
+from services.gateway.call_text import Calls, JsonScan, begun_tag_length, is_json
 from services.gateway.tool_calls import new_call_id, tool_call
 
 SEP = "<｜tool▁sep｜>"  # DeepSeek's, between a call's name and its arguments
@@ -43,8 +42,7 @@ class _SpecialTokenCalls:
         return None if start == -1 else start
 
     def held_back(self, text: str, at_start: bool) -> int:
-        begin = self.CALLS_BEGIN
-        return next((n for n in range(min(len(begin) - 1, len(text)), 0, -1) if text.endswith(begin[:n])), 0)
+        return begun_tag_length(text, self.CALLS_BEGIN)
 
     def parse(self, text: str) -> tuple[str | None, Calls]:
         start = text.find(self.CALLS_BEGIN)
@@ -53,7 +51,7 @@ class _SpecialTokenCalls:
         calls = []
         for piece in text[start:].split(self.CALL_BEGIN)[1:]:
             match = self.CALL.fullmatch(piece.split(self.CALL_END)[0]) if self.CALL_END in piece else None
-            if match is None or not _is_json(match["arguments"]):
+            if match is None or not is_json(match["arguments"]):
                 return text, []  # cut short or malformed: answered as text, as vLLM's parsers do
             calls.append(tool_call(self._name(match["name"]), match["arguments"].strip()))
         if not calls:
@@ -103,11 +101,3 @@ class KimiK2(_SpecialTokenCalls):
     def _name(written: str) -> str:
         # `functions.get_weather:0`: the function's name between the namespace and the call's index.
         return written.strip().rsplit(":", 1)[0].split(".")[-1]
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except json.JSONDecodeError:
-        return False
-    return True

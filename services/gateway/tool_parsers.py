@@ -21,7 +21,9 @@ uses:
   a JSON list of `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Nemo), or each
   call's name, `[ARGS]` and its arguments, the next after another `[TOOL_CALLS]` (Mistral Small
   3.1 and later; a `[CALL_ID]` and id before `[ARGS]` is passed over). Its calls' ids are 9
-  letters and digits, the only ids Mistral's chat templates take back.
+  letters and digits, the only ids Mistral's chat templates take back;
+- `openai` (gpt-oss): harmony messages to `functions.NAME` (harmony.py), read after the
+  `openai_gptoss` reasoning parser has taken the reply's channels apart.
 A text whose calls are not whole JSON is answered as text, as vLLM's parsers do.
 
 Streaming: text goes out as it comes until a call starts; what could be the start of one is
@@ -53,6 +55,7 @@ from services.gateway.call_text import (
     JsonScan,
     after_last_closed_call,
     arguments_json,
+    begun_tag_length,
     call_so_far,
     json_end,
     listed_calls,
@@ -62,6 +65,7 @@ from services.gateway.call_text import (
     pythonic_call,
 )
 from services.gateway.errors import APIError
+from services.gateway.harmony import HarmonyCalls
 from services.gateway.special_token_calls import DeepSeekV3, DeepSeekV31, KimiK2
 from services.gateway.tool_calls import new_call_id, tool_call
 from services.gateway.xml_tool_calls import Glm45, Qwen3Coder
@@ -110,8 +114,7 @@ class _Tagged(_Syntax):
         return None if start == -1 else start
 
     def held_back(self, text: str, at_start: bool) -> int:
-        return next((n for n in range(min(len(self.START) - 1, len(text)), 0, -1)
-                     if text.endswith(self.START[:n])), 0)
+        return begun_tag_length(text, self.START)
 
 
 class Hermes(_Tagged):
@@ -326,7 +329,8 @@ class RequiredCalls(_CallsOnly):
 
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
                                       "mistral": Mistral(), "qwen3_coder": Qwen3Coder(), "glm45": Glm45(),
-                                      "deepseek_v3": DeepSeekV3(), "deepseek_v31": DeepSeekV31(), "kimi_k2": KimiK2()}
+                                      "deepseek_v3": DeepSeekV3(), "deepseek_v31": DeepSeekV31(), "kimi_k2": KimiK2(),
+                                      "openai": HarmonyCalls()}
 TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45}
 
 
@@ -355,6 +359,14 @@ def with_template_call_ids(messages: list[dict[str, Any]], parser: str | None) -
         if isinstance(message.get("tool_call_id"), str):
             message["tool_call_id"] = to_template(message["tool_call_id"])
     return messages
+
+
+def keeps_special_tokens(syntax: ToolCallSyntax | None, reasoning) -> bool:
+    """Whether a chat reply's text must keep the tokenizer's special tokens, whatever the request
+    asked: its calls begin at one (Mistral's, as vLLM's parser asks), or its channels are marked by
+    them (harmony's; `reasoning`: the request's ReasoningReader or None)."""
+    return (syntax is not None and syntax.reads_special_tokens) or (reasoning is not None
+                                                                    and reasoning.reads_special_tokens)
 
 
 def needs_a_parser(param: str) -> APIError:

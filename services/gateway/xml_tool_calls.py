@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from services.gateway.call_text import Calls, JsonScan
+from services.gateway.call_text import Calls, JsonScan, begun_tag_length
 from services.gateway.tool_calls import new_call_id, tool_call
 
 START, FUNCTION = "<tool_call>", "<function="
@@ -112,7 +112,7 @@ class Qwen3Coder(_ArgumentsByTag):
         return min(starts) if starts else None
 
     def held_back(self, text: str, at_start: bool) -> int:
-        return max(_tail_of(text, START), _tail_of(text, FUNCTION))
+        return max(begun_tag_length(text, START), begun_tag_length(text, FUNCTION))
 
     def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
         for match in _FUNCTION.finditer(text):
@@ -136,7 +136,7 @@ class Glm45(_ArgumentsByTag):
         return None if start == -1 else start
 
     def held_back(self, text: str, at_start: bool) -> int:
-        return _tail_of(text, START)
+        return begun_tag_length(text, START)
 
     def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
         for match in self._CALL.finditer(text):
@@ -188,11 +188,6 @@ def _properties_by_function(tools: list[dict[str, Any]] | None) -> dict[str, dic
             declared = parameters.get("properties") if isinstance(parameters, dict) else None
             properties[function["name"]] = declared if isinstance(declared, dict) else {}
     return properties
-
-
-def _tail_of(text: str, tag: str) -> int:
-    """How many of `text`'s last characters begin `tag`."""
-    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
 
 
 def _parsed(text: str) -> Any:

@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.gateway.responses_request import ResponsesRequest
 from tests.services.gateway.mesh import gateway_client
 
 MESSAGES = [{"role": "system", "content": "Answer from the documents."},
@@ -75,6 +76,29 @@ def test_a_trusted_requests_template_and_documents_are_what_the_model_is_given(m
             trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
                                             extra_body={"chat_template": "{% for m in messages %}"})
         assert "does not compile" in broken.value.body["message"]
+    mesh.assert_decode_pools_free()
+
+EFFORT_TEMPLATE = ("Reasoning: {{ reasoning_effort | default('medium') }}\n"
+                   "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>")
+
+
+def test_reasoning_effort_is_given_to_the_template(mesh, hf_tokenizer):
+    """OpenAI's `reasoning_effort`, as vLLM gives it to templates (gpt-oss's writes it into its system
+    message); a Responses request's `reasoning.effort` is the same."""
+    expected = transformers_ids(hf_tokenizer, chat_template=EFFORT_TEMPLATE, reasoning_effort="high")
+    assert "Reasoning: high" in hf_tokenizer.decode(expected)
+    with gateway_client(mesh, "--trust-request-chat-template") as trusted:
+        chat = trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=8, temperature=0,
+                                               reasoning_effort="high",
+                                               extra_body={"chat_template": EFFORT_TEMPLATE, "ignore_eos": True})
+        by_ids = trusted.completions.create(model=mesh.model_name, prompt=expected, max_tokens=8, temperature=0,
+                                            extra_body={"ignore_eos": True})
+        with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+            trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+                                            extra_body={"reasoning_effort": "max"})
+    assert chat.usage.prompt_tokens == len(expected) and chat.choices[0].message.content == by_ids.choices[0].text
+    asked = ResponsesRequest(model=mesh.model_name, input="Hi", reasoning={"effort": "low"})
+    assert asked.as_chat().chat_options().template_kwargs == {"reasoning_effort": "low"}
     mesh.assert_decode_pools_free()
 
 

@@ -5,12 +5,14 @@ a think block, which a continued assistant turn does here; a model whose tokeniz
 `</think>` token thinks freely before a guided answer, as far as a logit bias on it lets it."""
 from __future__ import annotations
 
+import json
+
 import grpc
 import openai
 import pytest
 from tokenizers import Tokenizer
 
-from engine.demo_model import make_demo_model
+from engine.demo_model import BOS_TOKEN, make_demo_model
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
@@ -83,8 +85,54 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {}).reasoning_parser is None
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_REASONING_PARSER": "deepseek_r1"}
                                    ).reasoning_parser == "deepseek_r1"
-    with pytest.raises(ConfigError, match="--reasoning-parser must be one of deepseek_r1, qwen3, glm45, got 'granite'"):
+    with pytest.raises(ConfigError, match="--reasoning-parser must be one of deepseek_r1, qwen3, glm45, "
+                                          "openai_gptoss, got 'granite'"):
         GatewayConfig.from_args([*common, "--reasoning-parser", "granite"], {})
+    # gpt-oss's calls are harmony messages: their parser brings the reasoning parser that reads them.
+    assert GatewayConfig.from_args([*common, "--tool-call-parser", "openai"], {}).reasoning_parser == "openai_gptoss"
+    with pytest.raises(ConfigError, match="--tool-call-parser openai reads gpt-oss's harmony messages"):
+        GatewayConfig.from_args([*common, "--tool-call-parser", "openai", "--reasoning-parser", "qwen3"], {})
+
+
+HARMONY_CALL = (r"<\|channel\|>analysis<\|message\|>[a-z ]{1,12}<\|end\|><\|start\|>assistant<\|channel\|>"
+                r'commentary to=functions\.get_time <\|constrain\|>json<\|message\|>\{"zone": "(UTC|CET)"\}')
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+
+
+def test_a_harmony_reply_comes_apart_into_reasoning_and_calls(mesh, client):
+    """gpt-oss's channels (`--tool-call-parser openai`, which brings `--reasoning-parser openai_gptoss`):
+    the analysis channel is reasoning, a message to functions.NAME a call. This model writes harmony's
+    markers as plain text where it is guided to; a real gpt-oss writes them as special tokens, which
+    the text keeps for this parser (the BOS here, written by a logit bias, shows it)."""
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=120, temperature=0, tools=TOOLS,
+                  extra_body={"guided_regex": HARMONY_CALL})
+    raw = client.chat.completions.create(**kwargs, tool_choice="none").choices[0].message.content
+    thought = raw.split("<|message|>")[1].removesuffix("<|end|><|start|>assistant<|channel|>commentary to=functions"
+                                                      ".get_time <|constrain|>json")
+    arguments = raw.split("<|message|>")[2]
+    bos = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json")).token_to_id(BOS_TOKEN)
+    with gateway_client(mesh, "--tool-call-parser", "openai") as gpt_oss:
+        whole = gpt_oss.chat.completions.create(**kwargs)
+        said_reasoning, calls, reason = "", {}, None
+        for chunk in gpt_oss.chat.completions.create(stream=True, **kwargs):
+            delta = chunk.choices[0].delta
+            said_reasoning += (delta.model_extra or {}).get("reasoning") or ""
+            assert not delta.content
+            for call in delta.tool_calls or []:
+                calls[call.index] = calls.get(call.index, "") + (call.function.arguments or "")
+            reason = chunk.choices[0].finish_reason or reason
+        special = gpt_oss.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=2,
+                                                  temperature=0, logit_bias={str(bos): 100})
+    choice = whole.choices[0]
+    assert choice.message.reasoning == thought and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_time", arguments)
+    assert json.loads(arguments)["zone"] in ("UTC", "CET") and choice.finish_reason == "tool_calls"
+    assert whole.usage.completion_tokens_details.reasoning_tokens > 0
+    assert (said_reasoning, calls, reason) == (thought, {0: arguments}, "tool_calls")
+    assert special.choices[0].message.content == BOS_TOKEN * 2
+    mesh.assert_decode_pools_free()
 
 
 @pytest.fixture(scope="module")
