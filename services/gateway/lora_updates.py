@@ -5,8 +5,10 @@ workers' hosts into their engines).
 A load goes to every serving prefill and decode worker (their LoRAAdapters service); the gateway names
 the adapter (`/v1/models`, requests' `model`) only once every one of them serves it, and where any one
 fails, those that loaded it unload it again. An unload stops the gateway naming the adapter first, then
-goes to every worker, whose requests using it finish with it. A worker that joins later does not have
-the adapters loaded before: loading one again with the same path is accepted and reaches it.
+goes to every worker, whose requests using it finish with it. A worker that joins later (a replica
+added, or one restarted) is given the adapters loaded at run time before the gateway routes to it
+(WorkerPool.before_serving); one that cannot load them stays out of routing, and is tried again.
+Loading one again with the same path is accepted.
 """
 from __future__ import annotations
 
@@ -50,7 +52,10 @@ class LoRAUpdates:
         self.models = models
         self.pools = pools
         self.deadline_s = deadline_s
+        self.loaded: dict[str, str] = {}  # name → path of the adapters loaded here, at run time
         self._lock = asyncio.Lock()
+        for pool in pools:
+            pool.before_serving(self.bring_up_to_date)
 
     async def load(self, name: str, path: str) -> str:
         if not name or not path:
@@ -73,6 +78,7 @@ class LoRAUpdates:
                     await self._unload_from(newly, name)
                 raise _refusal("load", name, failed)
             self.models.adapters[name] = path
+            self.loaded[name] = path
         return f"Success: LoRA adapter '{name}' added successfully."
 
     async def unload(self, name: str) -> str:
@@ -81,6 +87,7 @@ class LoRAUpdates:
                 raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name",
                                code="lora_adapter_not_found")
             del self.models.adapters[name]  # first: no request names it from here on
+            self.loaded.pop(name, None)
             workers = self._serving_workers()
             results = await self._unload_from(workers, name)
             failed = [(w, r) for w, r in zip(workers, results) if isinstance(r, BaseException)
@@ -88,6 +95,15 @@ class LoRAUpdates:
             if failed:
                 raise _refusal("unload", name, failed)
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+    async def bring_up_to_date(self, worker: Worker) -> None:
+        """Load the adapters loaded at run time onto `worker`, which was away when they were; raises
+        where it cannot."""
+        async with self._lock:
+            stub = lora_pb2_grpc.LoRAAdaptersStub(worker.channel)
+            for name, path in self.loaded.items():
+                await stub.Load(lora_pb2.LoadLoRAAdapterRequest(request_id=f"load-{name}", lora_name=name, path=path),
+                                timeout=self.deadline_s)
 
     def _serving_workers(self) -> list[Worker]:
         workers = [worker for pool in self.pools for worker in pool.workers if worker.is_serving]

@@ -66,6 +66,7 @@ class WorkerPool:
         self._health_service: str | None = None  # what `watch_health` watches, once it runs
         self._watchers: dict[Worker, asyncio.Task] = {}
         self._on_removed: list[Callable[[Worker], None]] = []
+        self._before_serving: list[Callable[[Worker], Awaitable[None]]] = []
         self._leaving: dict[Worker, asyncio.Task] = {}  # workers gone from the names, until their channel closes
 
     @classmethod
@@ -124,6 +125,12 @@ class WorkerPool:
         """Call `fn(worker)` for each worker `update` takes out (what is kept for it can go)."""
         self._on_removed.append(fn)
 
+    def before_serving(self, fn: Callable[[Worker], Awaitable[None]]) -> None:
+        """Await `fn(worker)` each time a worker's health turns SERVING, before it is routed to: what it
+        must be given that the others were while it was away (adapters loaded at run time). Where `fn`
+        raises, the worker stays out of routing until its health is watched again."""
+        self._before_serving.append(fn)
+
     def update(self, addresses: Sequence[str]) -> None:
         """Follow `addresses`: a worker for each new one (out of routing until its health says
         SERVING, where health is watched), and each gone one out of routing at once, its channel
@@ -160,7 +167,8 @@ class WorkerPool:
 
     def _watch(self, worker: Worker) -> None:
         worker.is_serving = False
-        self._watchers[worker] = asyncio.ensure_future(_watch(worker, self._health_service, self.kind))
+        self._watchers[worker] = asyncio.ensure_future(_watch(worker, self._health_service, self.kind,
+                                                              self._before_serving))
 
     async def _close_when_idle(self, worker: Worker) -> None:
         while worker.num_in_flight:
@@ -189,13 +197,18 @@ class _Held:
         self.worker.queued_tokens -= self.num_tokens
 
 
-async def _watch(worker: Worker, service_name: str, kind: str) -> None:
+async def _watch(worker: Worker, service_name: str, kind: str,
+                 before_serving: Sequence[Callable[[Worker], Awaitable[None]]]) -> None:
     stub = health_pb2_grpc.HealthStub(worker.channel)
     serving = health_pb2.HealthCheckResponse.SERVING
     while True:
+        call = stub.Watch(health_pb2.HealthCheckRequest(service=service_name))
         try:
-            async for response in stub.Watch(health_pb2.HealthCheckRequest(service=service_name)):
+            async for response in call:
                 is_serving = response.status == serving
+                if is_serving and not worker.is_serving and not await _prepared(worker, kind, before_serving):
+                    call.cancel()  # watched again after a pause: its first answer then tries once more
+                    break
                 if is_serving != worker.is_serving:
                     log.info("%s %s is %s", kind, worker.address, "serving" if is_serving else "not serving")
                 worker.is_serving = is_serving
@@ -205,6 +218,17 @@ async def _watch(worker: Worker, service_name: str, kind: str) -> None:
             log.warning("%s %s stopped answering health checks; out of routing", kind, worker.address)
         worker.is_serving = False
         await asyncio.sleep(WATCH_RETRY_S)
+
+
+async def _prepared(worker: Worker, kind: str, before_serving: Sequence[Callable[[Worker], Awaitable[None]]]) -> bool:
+    try:
+        for prepare in before_serving:
+            await prepare(worker)
+    except Exception as e:  # whatever it was, the worker lacks what the others have: not routed to
+        log.warning("%s %s serves, but could not be given what the others have (%s: %s); out of routing, "
+                    "tried again in %g s", kind, worker.address, type(e).__name__, e, WATCH_RETRY_S)
+        return False
+    return True
 
 
 def expand_addresses(addresses: Sequence[str]) -> list[str]:

@@ -4,6 +4,10 @@ is computed with it on prefill and decode, whether prefilled by a prefill worker
 or by its decode worker; its output equals the engine's with the same adapter."""
 from __future__ import annotations
 
+import re
+import signal
+import time
+
 import grpc
 import httpx
 import openai
@@ -13,8 +17,11 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
-from tests.services.gateway.mesh import gateway_client, start_mesh, stop_mesh
+from tests.services.gateway.mesh import GatewayProcess, gateway_client, start_mesh, stop_mesh
+from tests.services.service_process import ServiceProcess
 
 transformers = pytest.importorskip("transformers")
 MAX_TOKENS = 8
@@ -140,6 +147,45 @@ def test_adapters_load_and_unload_at_run_time_through_the_mesh(tiny_demo_model, 
         mesh.assert_decode_pools_free()
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+def test_a_worker_that_joins_after_a_runtime_load_is_given_the_adapter_before_it_is_routed_to(
+        tiny_demo_model, adapter):
+    """Decode worker B answers only after an adapter was loaded at run time (paused until then, as a
+    replica added or restarted later is away): the gateway loads it onto B before routing to B, so
+    once A is gone, B computes requests naming it as A did."""
+    prompt = list(range(40, 60))
+    [expected] = engine_outputs(tiny_demo_model, adapter, [prompt], "tuned")
+    allowed = ("--allow-runtime-lora-updating",)
+    tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
+    first, late = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "128", *allowed)
+                   for _ in range(2))
+    late.proc.send_signal(signal.SIGSTOP)
+    gateway = None
+    try:
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [first.address, late.address],
+                                 "--colocated", *allowed)
+        loaded = httpx.post(f"{gateway.base_url}/v1/load_lora_adapter",
+                            json={"lora_name": "rt", "lora_path": str(adapter)}, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        late.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        serving = re.compile(r'^baton_gateway_workers\{[^}]*kind="decode"[^}]*state="serving"[^}]*\} 2\.0$', re.M)
+        while not serving.search(httpx.get(f"{gateway.base_url}/metrics", timeout=5).text):
+            assert time.monotonic() < deadline, "the late worker never came into routing"
+            time.sleep(0.05)
+        assert first.terminate() == 0
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            answer = client.completions.create(model="rt", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                               logprobs=0, extra_body={"ignore_eos": True,
+                                                                       "return_tokens_as_token_ids": True})
+        assert [int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens] == expected
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+        for svc in (tokenizer, first, late):
+            svc.proc.send_signal(signal.SIGCONT)
+            svc.terminate()
 
 
 def test_runtime_updates_are_off_unless_allowed(lora_mesh, adapter):

@@ -141,6 +141,33 @@ def test_a_pool_follows_its_name_as_replicas_come_and_go(monkeypatch):
     asyncio.run(scenario())
 
 
+def test_a_worker_is_routed_to_only_once_it_is_given_what_the_others_have():
+    """WorkerPool.before_serving (how runtime-loaded adapters reach a worker that was away): a worker
+    whose health says SERVING is out of routing while that fails, and in once it succeeds."""
+    async def scenario():
+        server, port = await make_server([], ["baton.Test"], address="127.0.0.1:0")
+        await server.start()
+        pool = WorkerPool.connect([f"127.0.0.1:{port}"], health_pb2_grpc.HealthStub, "decode")
+        tries = []
+
+        async def prepare(worker):
+            tries.append(worker.address)
+            if len(tries) < 3:
+                raise RuntimeError("the adapter's files are not there yet")
+        pool.before_serving(prepare)
+        pool.watch_health("baton.Test")
+        try:
+            await until(lambda: len(tries) == 2)
+            assert pool.num_serving == 0
+            await until(lambda: pool.num_serving == 1)  # tried again after a pause, and given it
+            assert tries == [f"127.0.0.1:{port}"] * 3
+        finally:
+            await pool.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
+
+
 async def until(predicate, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
