@@ -315,6 +315,7 @@ class LLMEngine:
             prompt_logprobs=seq.prompt_logprobs if start == 0 else None,
             num_cached_tokens=seq.num_cached_tokens,
             held_block_ids=self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else [],
+            embedding=seq.embedding if seq.is_finished else None,
             step_times=seq.step_times,
         )
 

@@ -61,6 +61,10 @@ class ModelRunner:
                 if text_name is not None:
                     stored_names[text_name] = name
             files = {text_name: files[name] for text_name, name in stored_names.items()}
+        elif "model.embed_tokens.weight" not in files and "embed_tokens.weight" in files:
+            # Saved as the bare model (Qwen3-Embedding's checkpoints are): read by the causal LM's names.
+            stored_names = {f"model.{name}": name for name in files}
+            files = {model_name: files[name] for model_name, name in stored_names.items()}
         names = self.model.checkpoint_names()
         fp8 = self.model_config.fp8_weights
         scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []
@@ -100,12 +104,15 @@ class ModelRunner:
         rows after its last token and after each of its drafts, in turn."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
-        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows = self._prepare(batch, pool.block_size)
+        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows = self._prepare(
+            batch, pool.block_size)
         if self.loras:
             self.model.lora_batch.active = self._lora_rows(batch)
         hidden = self.model(input_ids, positions, meta, pool.layers)
         for seq, row, n in prompt_rows:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
+        for seq, row in embed_rows:
+            seq.embedding = hidden[row].float().tolist()
         if not sampled_seqs:
             return [], None
         return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
@@ -153,6 +160,7 @@ class ModelRunner:
         sampled_seqs: list[Sequence] = []
         # (sequence, first row, rows) of each chunk that predicts prompt tokens whose logprobs are asked for
         prompt_rows: list[tuple[Sequence, int, int]] = []
+        embed_rows: list[tuple[Sequence, int]] = []  # (embedding request, its last prompt token's row)
         # Decode rows first: one a token, each attending to its sequence's pages up to itself (a
         # drafted sequence's last token and drafts are rows of their own: speculative.py).
         context_lens: list[int] = []
@@ -168,6 +176,8 @@ class ModelRunner:
             if c + n == seq.num_tokens:
                 sample_rows.extend(range(first, first + n))
                 sampled_seqs.append(seq)
+                if seq.sampling_params.embed:  # a prompt cached but for its last token
+                    embed_rows.append((seq, first))
             elif seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:  # a one-token prompt chunk
                 prompt_rows.append((seq, first, 1))
         decode_tables = decode_lens = None
@@ -195,6 +205,8 @@ class ModelRunner:
             if c + n == seq.num_tokens:
                 sample_rows.append(start - 1)
                 sampled_seqs.append(seq)
+                if seq.sampling_params.embed:
+                    embed_rows.append((seq, start - 1))
         position_tensor = torch.tensor(positions, dtype=torch.int64, device=self.device)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
@@ -211,6 +223,7 @@ class ModelRunner:
             torch.tensor(sample_rows, dtype=torch.int64, device=self.device),
             sampled_seqs,
             prompt_rows,
+            embed_rows,
         )
 
 

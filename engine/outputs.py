@@ -24,6 +24,9 @@ class RequestOutput:
     # A "prefilled" request's pages, in prompt order, held until `release`: handed out with
     # the output so whoever copies them needs no second call into the engine.
     held_block_ids: list[int] = field(default_factory=list)
+    # An embedding request's (SamplingParams.embed), once finished: the model's last hidden state
+    # at its last prompt token.
+    embedding: list[float] | None = None
     # The request's own record (not a copy): its first step and prompt chunks are final once
     # its first token is out.
     step_times: StepTimes | None = field(default=None, compare=False, repr=False)

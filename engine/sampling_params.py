@@ -48,6 +48,10 @@ class SamplingParams:
     # vLLM's LoRA request, and no sampling setting either: the adapter (EngineConfig.lora_modules) the
     # request is computed with; None: the base model.
     lora_name: str | None = None
+    # An embedding request, and no sampling setting: its output carries the model's last hidden state
+    # (after the final norm) at its last prompt token (RequestOutput.embedding), the pooling vLLM gives
+    # a decoder-only model ("LAST"); it makes one token, which no one reads.
+    embed: bool = False
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or
@@ -59,6 +63,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if self.embed and self.max_tokens != 1:
+            raise ValueError(f"an embedding request makes one token: max_tokens must be 1, got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -70,6 +70,8 @@ class Sequence:
         # then each token's record given the ones before it, filled in chunk by chunk.
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)
+        # An embedding request's (SamplingParams.embed): the hidden state at its last prompt token.
+        self.embedding: list[float] | None = None
         # Where its output stands in its guided_regex (an outlines-core Guide), when it has one.
         self.guide = None
         # The guide holds only once the output has its guide_after_token_id (SamplingParams).

@@ -53,6 +53,7 @@ from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
 from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
+from services.gateway.embeddings_api import EmbeddingRequest, embed
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
@@ -315,6 +316,14 @@ def create_app(state: GatewayState) -> FastAPI:
     app.add_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
     app.add_route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"])
     app.add_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"])
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        body = await parsed_body(request, EmbeddingRequest)
+        lora = check_model(state, body.model)
+        response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
+        return JSONResponse(await embed(state.pipeline, body, lora, body.model, response_id, state.max_model_len),
+                            headers={"x-request-id": response_id})
 
     @app.post("/tokenize")
     async def tokenize_prompt(request: Request) -> dict[str, Any]:

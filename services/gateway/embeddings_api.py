@@ -1,0 +1,115 @@
+"""OpenAI's `POST /v1/embeddings`, as vLLM serves it: each input's embedding, the served model's
+last hidden state at the input's last token (the pooling vLLM gives a decoder-only model, as
+embedding models such as Qwen3-Embedding and e5-mistral are trained for), L2-normalized unless
+`normalize` is false (vLLM's extra), cut to its first `dimensions` numbers before (OpenAI's, for
+Matryoshka models); `encoding_format` "float" or "base64" (little-endian float32s, OpenAI's).
+
+`input` takes OpenAI's four shapes: a text, a list of texts, a list of token ids, a list of such
+lists. Texts are encoded as prompts are, with the tokenizer's special tokens (vLLM's default;
+`add_special_tokens: false` leaves them out); `truncate_prompt_tokens` (vLLM's) keeps an
+input's last N tokens. Each input is one Embed call (protos/embed.proto) to the least loaded
+prefill worker (a decode worker where there is no prefill pool), all at once; `usage` counts their
+tokens. A `model` naming a LoRA adapter computes with it.
+
+Errors (400 unless said): an empty input, or an empty text or list in it (as OpenAI's); an input
+longer than the context (`context_length_exceeded`); `dimensions` below 1 or over the model's
+hidden size; a token id outside the vocabulary; an unknown model (404).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import time
+from typing import Annotated, Literal
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from protos import embed_pb2, embed_pb2_grpc
+from services.gateway.errors import APIError, to_api_error
+from services.gateway.openai_protocol import TokenId
+from services.gateway.pipeline import RequestPipeline
+from services.tokenizer.chat_template import ChatOptions
+
+Input = StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str
+    input: Input
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # vLLM's extras
+    add_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool = True
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each input: a text or its token ids; APIError for an empty one."""
+        given = self.input
+        if isinstance(given, str) or (given and isinstance(given[0], int)):
+            given = [given]
+        if not given or any(len(one) == 0 for one in given):
+            raise APIError(400, "input must not be empty, nor hold an empty text or token list", param="input")
+        return list(given)
+
+
+async def embed(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | None, model: str,
+                request_id: str, max_model_len: int | None) -> dict:
+    """The response body of `body`, an EmbeddingRequest for `model` (`lora`: the adapter it names)."""
+    inputs = body.inputs()
+    token_ids = await asyncio.gather(*(_token_ids(pipeline, f"{request_id}-{index}", one, body)
+                                       for index, one in enumerate(inputs)))
+    for index, ids in enumerate(token_ids):
+        if max_model_len is not None and len(ids) >= max_model_len:  # the engine's one token needs a place
+            raise APIError(400, f"This model's maximum context length is {max_model_len} tokens: an input to "
+                                f"embed may have {max_model_len - 1}, but input {index} has {len(ids)}",
+                           param="input", code="context_length_exceeded")
+    pool = pipeline.prefill or pipeline.decode
+    calls = [_embedding(pool, embed_pb2.EmbedRequest(request_id=f"{request_id}-{index}", token_ids=ids,
+                                                      dimensions=body.dimensions or 0, normalize=body.normalize,
+                                                      lora_name=lora or ""),
+                        pipeline.deadlines.prefill_s)
+             for index, ids in enumerate(token_ids)]
+    vectors = await asyncio.gather(*calls)
+    num_tokens = sum(len(ids) for ids in token_ids)
+    return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
+            "data": [{"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
+                     for index, vector in enumerate(vectors)],
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+async def _token_ids(pipeline: RequestPipeline, request_id: str, one: str | list[int],
+                     body: EmbeddingRequest) -> list[int]:
+    if isinstance(one, list):
+        ids = one
+    else:
+        try:  # a short text here, a long one by the tokenizer service
+            ids = list(await pipeline.prompts.encode(request_id, one, None, None, ChatOptions(),
+                                                     body.add_special_tokens))
+        except Exception as e:
+            raise to_api_error(e, "input") from None
+    return ids[-body.truncate_prompt_tokens:] if body.truncate_prompt_tokens else ids
+
+
+async def _embedding(pool, request: embed_pb2.EmbedRequest, timeout_s: float) -> list[float]:
+    try:
+        with pool.hold(num_tokens=len(request.token_ids)) as worker:
+            reply = await embed_pb2_grpc.EmbeddingsStub(worker.channel).Embed(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            raise APIError(400, e.details(), param="dimensions" if "dimensions" in e.details() else "input") from None
+        raise to_api_error(e, "input") from None
+    except Exception as e:
+        raise to_api_error(e, "input") from None
+    return list(reply.embedding)
+
+
+def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

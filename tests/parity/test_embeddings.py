@@ -1,0 +1,73 @@
+"""Embedding requests (SamplingParams.embed): the model's last hidden state at a prompt's last
+token, equal to transformers' `AutoModel(...).last_hidden_state[:, -1]` (the final norm applied),
+the pooling vLLM gives a decoder-only model; whether the prompt is computed whole, in chunks, or
+read from the prefix cache but for its last token, and batched with generating requests; and from
+a checkpoint saved as the bare model, as Qwen3-Embedding's are (no `model.` prefix, no lm_head)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+NAMES = ["llama-gqa-untied", "qwen2-bias", "qwen3-qk-norm", "mistral-window"]
+PROMPTS = [[1, 5, 9, 42], [1, *range(20, 320)]]  # one chunk; several of 64 tokens (past the window of 48 too)
+EMBED = SamplingParams(max_tokens=1, embed=True)
+
+
+def transformers_embeddings(model_dir, prompts: list[list[int]]) -> list[torch.Tensor]:
+    model = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return [model(torch.tensor([p])).last_hidden_state[0, -1] for p in prompts]
+
+
+def embeddings(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tensor]:
+    finished = {o.request_id: o for o in engine.generate(prompts, EMBED) if o.finished}
+    ordered = sorted(finished, key=lambda r: int(r.removeprefix("gen-")))
+    assert all(finished[r].finish_reason in ("length", "stop") for r in ordered)
+    return [torch.tensor(finished[r].embedding) for r in ordered]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_embeddings_equal_transformers_last_hidden_state(tiny_model_dirs, name):
+    model_dir = tiny_model_dirs[name]
+    expected = transformers_embeddings(model_dir, PROMPTS)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=64))
+    for made in (embeddings(engine, PROMPTS), embeddings(engine, PROMPTS)):  # the second: from the prefix cache
+        for got, want in zip(made, expected):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert engine.block_manager.num_free_blocks == 64  # nothing held once they are done
+
+
+def test_an_embedding_request_batched_with_generation_changes_neither(tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama-gqa-untied"]
+    [expected] = transformers_embeddings(model_dir, PROMPTS[1:])
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=64))
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    [alone] = [o.token_ids for o in engine.generate([[1, 7, 8, 9]], greedy) if o.finished]
+    outs = [o for o in engine.generate([[1, 7, 8, 9], PROMPTS[1]], [greedy, EMBED]) if o.finished]
+    by_prompt = {len(o.prompt_token_ids): o for o in outs}
+    assert by_prompt[4].token_ids == alone and by_prompt[4].embedding is None
+    torch.testing.assert_close(torch.tensor(by_prompt[301].embedding), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_an_embedding_request_makes_one_token():
+    with pytest.raises(ValueError, match="max_tokens must be 1"):
+        SamplingParams(max_tokens=2, embed=True)
+
+
+def test_a_checkpoint_saved_as_the_bare_model_is_read(tiny_model_dirs, tmp_path):
+    source = tiny_model_dirs["qwen3-qk-norm"]  # tied embeddings, as Qwen3-Embedding's
+    transformers.AutoModel.from_pretrained(source, dtype=torch.float32).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
+    expected = transformers_embeddings(source, PROMPTS)
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64, max_num_batched_tokens=64))
+    for got, want in zip(embeddings(engine, PROMPTS), expected):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,102 @@
+"""`/v1/embeddings` through the mesh with the `openai` client: each input's embedding is the
+model's last hidden state at its last token, L2-normalized, as `transformers`' AutoModel computes
+it on the same weights and ids; in all of OpenAI's input shapes, cut to `dimensions`, unnormalized
+on request, as base64, on a prefill worker or (colocated) a decode worker; bad input is a 400 (an
+unknown model a 404), and no page stays held."""
+from __future__ import annotations
+
+import base64
+import struct
+
+import httpx
+import openai
+import pytest
+import torch
+
+from tests.services.gateway.mesh import GatewayProcess
+
+transformers = pytest.importorskip("transformers")
+TEXTS = ["The quick brown fox", "Once upon a time, in a land far away, there lived a dragon."]
+
+
+@pytest.fixture(scope="module")
+def reference(mesh):
+    """(token ids, last hidden state at the last token) of each text, by transformers."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    model = transformers.AutoModel.from_pretrained(mesh.model_dir, dtype=torch.float32)
+    made = []
+    with torch.no_grad():
+        for text in TEXTS:
+            ids = tokenizer(text)["input_ids"]
+            made.append((ids, model(torch.tensor([ids])).last_hidden_state[0, -1]))
+    return made
+
+
+def close(got, want: torch.Tensor) -> None:
+    torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=1e-4)
+
+
+def test_embeddings_are_the_last_hidden_state_normalized(mesh, client, reference):
+    response = client.embeddings.create(model=mesh.model_name, input=TEXTS)
+    assert [d.index for d in response.data] == [0, 1] and response.model == mesh.model_name
+    for data, (_, hidden) in zip(response.data, reference):
+        close(data.embedding, torch.nn.functional.normalize(hidden, dim=0))
+    num_tokens = sum(len(ids) for ids, _ in reference)
+    assert response.usage.prompt_tokens == response.usage.total_tokens == num_tokens
+
+    # The same from token ids, one list or several; a text alone.
+    [(ids, hidden), (more_ids, more_hidden)] = reference
+    by_ids = client.embeddings.create(model=mesh.model_name, input=[ids, more_ids]).data
+    close(by_ids[1].embedding, torch.nn.functional.normalize(more_hidden, dim=0))
+    close(client.embeddings.create(model=mesh.model_name, input=ids).data[0].embedding,
+          torch.nn.functional.normalize(hidden, dim=0))
+    close(client.embeddings.create(model=mesh.model_name, input=TEXTS[0]).data[0].embedding,
+          torch.nn.functional.normalize(hidden, dim=0))
+
+    # Matryoshka's first numbers, normalized after the cut; vLLM's `normalize: false`; base64 float32s.
+    cut = client.embeddings.create(model=mesh.model_name, input=TEXTS[0], dimensions=16).data[0].embedding
+    assert len(cut) == 16
+    close(cut, torch.nn.functional.normalize(hidden[:16], dim=0))
+    raw = client.embeddings.create(model=mesh.model_name, input=TEXTS[0], extra_body={"normalize": False})
+    close(raw.data[0].embedding, hidden)
+    packed = httpx.post(f"{mesh.gateway.base_url}/v1/embeddings", timeout=30, json={
+        "model": mesh.model_name, "input": TEXTS[0], "encoding_format": "base64"}).json()["data"][0]["embedding"]
+    decoded = base64.b64decode(packed)
+    close(list(struct.unpack(f"<{len(decoded) // 4}f", decoded)), torch.nn.functional.normalize(hidden, dim=0))
+    mesh.assert_decode_pools_free()
+
+
+def test_a_colocated_gateway_embeds_on_its_decode_workers(mesh, reference):
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [], [d.address for d in mesh.decode],
+                             "--colocated")
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as colocated:
+            response = colocated.embeddings.create(model=mesh.model_name, input=TEXTS[1])
+    finally:
+        gateway.terminate()
+    close(response.data[0].embedding, torch.nn.functional.normalize(reference[1][1], dim=0))
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": []}, "input"),
+    ({"input": ["fine", ""]}, "input"),
+    ({"input": [[]]}, "input"),
+    ({"input": "hi", "dimensions": 0}, "dimensions"),
+    ({"input": "hi", "dimensions": 100_000}, "dimensions"),
+    ({"input": [[5, 10_000_000]]}, "input"),
+    ({"input": [list(range(1, 3000))]}, "input"),
+    ({"input": "hi", "encoding_format": "hex"}, "encoding_format"),
+    ({"input": 42}, "input"),
+])
+def test_bad_input_is_a_400_and_holds_no_page(mesh, body, param):
+    answer = httpx.post(f"{mesh.gateway.base_url}/v1/embeddings", json={"model": mesh.model_name, **body}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and param in (error["param"] or "")
+    mesh.assert_decode_pools_free()
+
+
+def test_an_unknown_model_is_a_404(mesh, client):
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="no-such-model", input="hi")
