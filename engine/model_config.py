@@ -35,6 +35,11 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS)
+# Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
+# gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
+# of them; their tensors are read without the `model.` prefix: model_runner.py).
+BARE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM", "Qwen2Model": "Qwen2ForCausalLM",
+               "Qwen3Model": "Qwen3ForCausalLM"}
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -143,12 +148,14 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES or a in MULTIMODAL), None)
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES or a in MULTIMODAL or a in BARE_MODELS), None)
     if arch is None:
         raise ModelConfigError(
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; "
-            f"supported: {', '.join((*SUPPORTED_ARCHITECTURES, *MULTIMODAL))}"
+            f"supported: {', '.join((*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS))}"
         )
+    is_bare = arch in BARE_MODELS
+    arch = BARE_MODELS.get(arch, arch)
     multimodal = MULTIMODAL.get(arch)
     if multimodal is not None:  # its text model is served (no images)
         try:
@@ -205,7 +212,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             rope_layers=_rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
+            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
             or (arch in (*_ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
             o_bias=arch in (*_ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),

@@ -62,11 +62,15 @@ def test_an_embedding_request_makes_one_token():
         SamplingParams(max_tokens=2, embed=True)
 
 
-def test_a_checkpoint_saved_as_the_bare_model_is_read(tiny_model_dirs, tmp_path):
-    source = tiny_model_dirs["qwen3-qk-norm"]  # tied embeddings, as Qwen3-Embedding's
+@pytest.mark.parametrize(("name", "architecture"), [
+    ("qwen3-qk-norm", "Qwen3ForCausalLM"),  # tied embeddings, its causal LM's architecture: Qwen3-Embedding's
+    ("mistral-sharded", "MistralModel"),  # untied and named as the bare model: e5-mistral's
+])
+def test_a_checkpoint_saved_as_the_bare_model_is_read(tiny_model_dirs, tmp_path, name, architecture):
+    source = tiny_model_dirs[name]
     transformers.AutoModel.from_pretrained(source, dtype=torch.float32).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
     expected = transformers_embeddings(source, PROMPTS)
     engine = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64, max_num_batched_tokens=64))
     for got, want in zip(embeddings(engine, PROMPTS), expected):
