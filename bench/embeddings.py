@@ -1,0 +1,96 @@
+"""Embeddings (`/v1/embeddings`' work, SamplingParams.embed) from Baton's engine against
+`transformers`' AutoModel on the same model and inputs, in the same run.
+
+    .venv/bin/python bench/embeddings.py [--model 160m|7m] [--inputs 64] [--repeats 3]
+
+The inputs are random token sequences of 32 to 256 tokens. The baseline embeds them as an embedding
+library does with transformers: batches of `--batch` padded on the right, the last real token's
+hidden state read from `last_hidden_state`, normalized. Baton's engine is given them all at once
+and batches them as it batches any prompts (chunked, `max_num_batched_tokens`). Each side runs
+`--repeats` times, alternating, best kept; the two sides' embeddings must agree (cosine > 0.9999).
+The figure is the ratio of input tokens embedded per second, Baton over transformers. The last
+line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+import transformers
+from engine_throughput import MODELS, ensure_model
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+EMBED = SamplingParams(max_tokens=1, embed=True)
+
+
+def transformers_embeddings(model, inputs: list[list[int]], batch: int) -> list[torch.Tensor]:
+    made = []
+    with torch.inference_mode():
+        for start in range(0, len(inputs), batch):
+            group = inputs[start:start + batch]
+            longest = max(map(len, group))
+            ids = torch.tensor([seq + [0] * (longest - len(seq)) for seq in group])
+            mask = torch.tensor([[1] * len(seq) + [0] * (longest - len(seq)) for seq in group])
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            last = torch.tensor([len(seq) - 1 for seq in group])
+            made += list(torch.nn.functional.normalize(hidden[torch.arange(len(group)), last], dim=-1))
+    return made
+
+
+def baton_embeddings(engine: LLMEngine, inputs: list[list[int]]) -> list[torch.Tensor]:
+    finished = {o.request_id: o.embedding for o in engine.generate(inputs, EMBED) if o.finished}
+    ordered = sorted(finished, key=lambda r: int(r.removeprefix("gen-")))
+    return [torch.nn.functional.normalize(torch.tensor(finished[r]), dim=0) for r in ordered]
+
+
+def timed(fn) -> tuple[float, list[torch.Tensor]]:
+    start = time.perf_counter()
+    made = fn()
+    return time.perf_counter() - start, made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="160m", choices=sorted(MODELS))
+    parser.add_argument("--inputs", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16, help="the baseline's batch size")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    model_dir = ensure_model(args.model)
+    rng = random.Random(0)
+    vocab = MODELS[args.model]["vocab_size"]
+    inputs = [[rng.randrange(vocab) for _ in range(rng.randint(32, 256))] for _ in range(args.inputs)]
+    num_tokens = sum(map(len, inputs))
+    hf = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # Room for every input at once, and none of them read from the prefix cache on a repeat.
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=num_tokens // 16 + 2 * args.inputs,
+                                    enable_prefix_caching=False))
+    baton_s, theirs_s = [], []
+    for _ in range(args.repeats):
+        seconds, ours = timed(lambda: baton_embeddings(engine, inputs))
+        baton_s.append(seconds)
+        seconds, theirs = timed(lambda: transformers_embeddings(hf, inputs, args.batch))
+        theirs_s.append(seconds)
+        cosine = min(float(a @ b) for a, b in zip(ours, theirs))
+        assert cosine > 0.9999, f"Baton's embeddings differ from transformers' (cosine {cosine})"
+    baton_rate, theirs_rate = num_tokens / min(baton_s), num_tokens / min(theirs_s)
+    print(f"[{args.model}] {args.inputs} inputs, {num_tokens} tokens; lowest cosine to transformers' {cosine:.6f}")
+    print(f"Baton engine:  {baton_rate:10.0f} tokens/s ({args.inputs / min(baton_s):.1f} inputs/s)")
+    print(f"transformers:  {theirs_rate:10.0f} tokens/s ({args.inputs / min(theirs_s):.1f} inputs/s, "
+          f"batch {args.batch})")
+    print(f"ratio: {baton_rate / theirs_rate:.2f}x")
+    print(json.dumps({"model": args.model, "inputs": args.inputs, "tokens": num_tokens,
+                      "baton_embed_tokens_per_s": round(baton_rate, 1),
+                      "transformers_embed_tokens_per_s": round(theirs_rate, 1),
+                      "embed_throughput_ratio": round(baton_rate / theirs_rate, 3),
+                      "min_cosine_to_transformers": round(cosine, 6)}))
+
+
+if __name__ == "__main__":
+    main()
