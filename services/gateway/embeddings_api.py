@@ -9,7 +9,8 @@ lists. Texts are encoded as prompts are, with the tokenizer's special tokens (vL
 `add_special_tokens: false` leaves them out); `truncate_prompt_tokens` (vLLM's) keeps an
 input's last N tokens. Each input is one Embed call (protos/embed.proto) to the least loaded
 prefill worker (a decode worker where there is no prefill pool), all at once; `usage` counts their
-tokens. A `model` naming a LoRA adapter computes with it.
+tokens. A `model` naming a LoRA adapter computes with it. Each input counts as a request against
+`--max-num-requests` (past it, 429).
 
 Errors (400 unless said): an empty input, or an empty text or list in it (as OpenAI's); an input
 longer than the context (`context_length_exceeded`); `dimensions` below 1 or over the model's
@@ -30,6 +31,7 @@ from protos import embed_pb2, embed_pb2_grpc
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.openai_protocol import TokenId
 from services.gateway.pipeline import RequestPipeline
+from services.gateway.request_errors import OverloadedError
 from services.tokenizer.chat_template import ChatOptions
 
 Input = StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
@@ -62,6 +64,18 @@ async def embed(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | N
                 request_id: str, max_model_len: int | None) -> dict:
     """The response body of `body`, an EmbeddingRequest for `model` (`lora`: the adapter it names)."""
     inputs = body.inputs()
+    try:
+        pipeline.admit(len(inputs))  # each input a request, as each choice of a generation is
+    except OverloadedError as e:
+        raise to_api_error(e, "input") from None
+    try:
+        return await _embed(pipeline, body, inputs, lora, model, request_id, max_model_len)
+    finally:
+        pipeline.num_requests -= len(inputs)
+
+
+async def _embed(pipeline: RequestPipeline, body: EmbeddingRequest, inputs: list[str | list[int]], lora: str | None,
+                 model: str, request_id: str, max_model_len: int | None) -> dict:
     token_ids = await asyncio.gather(*(_token_ids(pipeline, f"{request_id}-{index}", one, body)
                                        for index, one in enumerate(inputs)))
     for index, ids in enumerate(token_ids):

@@ -66,6 +66,8 @@ def test_past_the_limit_a_request_gets_429_and_once_one_ends_it_is_served(mesh, 
                 with pytest.raises(openai.RateLimitError):
                     api.chat.completions.create(model=mesh.model_name, max_tokens=2,
                                                 messages=[{"role": "user", "content": "hi"}])
+                with pytest.raises(openai.RateLimitError):  # each input to embed counts as a request
+                    api.embeddings.create(model=mesh.model_name, input="hi")
         finally:
             held[0].close()  # its client gone: the request ends, its place frees
         deadline = time.monotonic() + 5
@@ -76,6 +78,11 @@ def test_past_the_limit_a_request_gets_429_and_once_one_ends_it_is_served(mesh, 
                 break
             time.sleep(0.05)
         assert served.status_code == 200, served.text
+        two = client.post(f"{limited.base_url}/v1/embeddings", timeout=30, json={"model": mesh.model_name,
+                                                                                  "input": ["a", "b"]})
+        assert two.status_code == 429, two.text  # one place free, two inputs
+        assert client.post(f"{limited.base_url}/v1/embeddings", timeout=30,
+                           json={"model": mesh.model_name, "input": "a"}).status_code == 200
         for stream in held[1:]:
             stream.close()
     deadline = time.monotonic() + 5  # a hang-up is seen by the gateway a moment after it
