@@ -78,6 +78,12 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
     gen.add_argument("--lora", metavar="DIR", help="generate with this LoRA adapter (a PEFT adapter directory) "
                                                   "on the model")
+    gen.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
+                     help="the KV pages' dtype: auto (the compute dtype), or fp8, fp8_e4m3, fp8_e5m2 (one byte a "
+                          "number), as vLLM's")
+    gen.add_argument("--speculative-config", metavar="JSON",
+                     help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": 4} '
+                          "(the same tokens, in fewer steps where the output repeats itself)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
                           "instead of streaming text")
@@ -240,9 +246,16 @@ def _generate(args: argparse.Namespace) -> int:
 
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from services.common.settings import ConfigError
+    from services.decode.config import speculative_config
 
-    config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty(),
-                          lora_modules=(("lora", args.lora),) if args.lora else ())
+    try:
+        config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty(),
+                              lora_modules=(("lora", args.lora),) if args.lora else (),
+                              kv_cache_dtype=args.kv_cache_dtype,
+                              speculative=speculative_config(args.speculative_config, "--speculative-config"))
+    except (ValueError, ConfigError) as exc:
+        raise UsageError(str(exc)) from None
     # One request needs only its own pages; a pool carved from a fraction of
     # free memory takes seconds to zero on a CPU. One spare block of slack.
     num_tokens = len(prompt_ids) + args.max_tokens

@@ -145,8 +145,9 @@ class DecodeServiceConfig:
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)
 
 
-def speculative_config(given: str | None) -> SpeculativeConfig | None:
-    """--speculative-config's JSON as the engine's config; ConfigError for one it cannot be."""
+def speculative_config(given: str | None, source: str = f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"
+                       ) -> SpeculativeConfig | None:
+    """--speculative-config's JSON as the engine's config; ConfigError (naming `source`) for one it cannot be."""
     if not given:
         return None
     try:
@@ -155,4 +156,4 @@ def speculative_config(given: str | None) -> SpeculativeConfig | None:
             raise ValueError(f"a JSON object is needed, got {given!r}")
         return SpeculativeConfig.from_dict(parsed)
     except (json.JSONDecodeError, ValueError, TypeError) as e:
-        raise ConfigError(f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG}): {e}") from None
+        raise ConfigError(f"{source}: {e}") from None

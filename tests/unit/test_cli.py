@@ -43,3 +43,20 @@ def test_errors_are_one_line_and_exit_2(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "not found" in result.stderr
     result = baton("generate", "--prompt", "x", "--temperature", "-1")
     assert result.returncode == 2 and "temperature" in result.stderr
+    result = baton("generate", "--prompt", "x", "--kv-cache-dtype", "int4")
+    assert result.returncode == 2 and "kv_cache_dtype" in result.stderr
+    result = baton("generate", "--prompt", "x", "--speculative-config", '{"method": "ngram"}')
+    assert result.returncode == 2 and "num_speculative_tokens" in result.stderr
+
+
+def test_generate_with_drafts_and_fp8_pages(tiny_demo_model):
+    """vLLM's --speculative-config makes the same tokens; --kv-cache-dtype fp8 runs on one-byte pages."""
+    def tokens(*more: str) -> list[int]:
+        result = baton("generate", "--model", str(tiny_demo_model), "--prompt-ids", "5,6,7,8,5,6,7,8,5,6,7",
+                       "--max-tokens", "12", "--ignore-eos", "--json", *more)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["token_ids"]
+
+    plain = tokens()
+    assert tokens("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}') == plain
+    assert len(tokens("--kv-cache-dtype", "fp8")) == 12
