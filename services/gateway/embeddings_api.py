@@ -7,7 +7,10 @@ Matryoshka models); `encoding_format` "float" or "base64" (little-endian float32
 `input` takes OpenAI's four shapes: a text, a list of texts, a list of token ids, a list of such
 lists. Texts are encoded as prompts are, with the tokenizer's special tokens (vLLM's default;
 `add_special_tokens: false` leaves them out); `truncate_prompt_tokens` (vLLM's) keeps an
-input's last N tokens. Each input is one Embed call (protos/embed.proto) to the least loaded
+input's last N tokens. Instead of `input`, vLLM's `messages`: a conversation the chat template renders into one input
+(`add_generation_prompt` false by default, `continue_final_message`, `chat_template_kwargs`, a
+`chat_template` of the request's own where the gateway trusts them; special tokens added only with
+`add_special_tokens`). Each input is one Embed call (protos/embed.proto) to the least loaded
 prefill worker (a decode worker where there is no prefill pool), all at once; `usage` counts their
 tokens. A `model` naming a LoRA adapter computes with it. Each input counts as a request against
 `--max-num-requests` (past it, 429).
@@ -22,17 +25,17 @@ import asyncio
 import base64
 import struct
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from protos import embed_pb2, embed_pb2_grpc
-from services.gateway.errors import APIError, to_api_error
-from services.gateway.openai_protocol import TokenId
+from services.gateway.errors import APIError, FieldError, to_api_error
+from services.gateway.openai_protocol import ChatMessage, TokenId
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.request_errors import OverloadedError
-from services.tokenizer.chat_template import ChatOptions
+from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 Input = StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
 
@@ -41,17 +44,42 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
-    input: Input
+    input: Input | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
-    # vLLM's extras
-    add_special_tokens: bool = True
+    # vLLM's extras: a conversation instead of `input`, rendered by the chat template as one input
+    # (no generation prompt unless asked for), and how.
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # the request's own (--trust-request-chat-template only)
+    add_special_tokens: bool | None = None  # None: vLLM's defaults, true for `input` and false for `messages`
     truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
     normalize: bool = True
 
-    def inputs(self) -> list[str | list[int]]:
-        """Each input: a text or its token ids; APIError for an empty one."""
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.input is None) == (self.messages is None):
+            raise FieldError("input", "give either input or messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError("continue_final_message",
+                             "continue_final_message and add_generation_prompt cannot both be true")
+        check_template_kwargs(self.chat_template_kwargs or {})
+        return self
+
+    def chat_options(self) -> ChatOptions:
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {},
+                           template=self.chat_template, add_special_tokens=bool(self.add_special_tokens))
+
+    def inputs(self) -> list[str | list[int] | list[dict[str, Any]]]:
+        """Each input: a text, its token ids, or a conversation (as chat templates read messages);
+        APIError for an empty one."""
+        if self.messages is not None:
+            if not self.messages:
+                raise APIError(400, "messages must not be empty", param="messages")
+            return [[m.as_template_input() for m in self.messages]]
         given = self.input
         if isinstance(given, str) or (given and isinstance(given[0], int)):
             given = [given]
@@ -97,16 +125,18 @@ async def _embed(pipeline: RequestPipeline, body: EmbeddingRequest, inputs: list
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
-async def _token_ids(pipeline: RequestPipeline, request_id: str, one: str | list[int],
+async def _token_ids(pipeline: RequestPipeline, request_id: str, one: str | list[int] | list[dict[str, Any]],
                      body: EmbeddingRequest) -> list[int]:
-    if isinstance(one, list):
+    if isinstance(one, list) and (not one or isinstance(one[0], int)):
         ids = one
     else:
-        try:  # a short text here, a long one by the tokenizer service
-            ids = list(await pipeline.prompts.encode(request_id, one, None, None, ChatOptions(),
-                                                     body.add_special_tokens))
+        is_text = isinstance(one, str)
+        try:  # a short one here, a long one by the tokenizer service
+            ids = list(await pipeline.prompts.encode(request_id, one if is_text else None, None,
+                                                     None if is_text else one, body.chat_options(),
+                                                     body.add_special_tokens is not False if is_text else False))
         except Exception as e:
-            raise to_api_error(e, "input") from None
+            raise to_api_error(e, "input" if is_text else "messages") from None
     return ids[-body.truncate_prompt_tokens:] if body.truncate_prompt_tokens else ids
 
 

@@ -66,6 +66,25 @@ def test_embeddings_are_the_last_hidden_state_normalized(mesh, client, reference
     mesh.assert_decode_pools_free()
 
 
+def test_a_conversation_is_embedded_as_its_chat_template_renders_it(mesh):
+    """vLLM's `messages` in place of `input`: one input, rendered without a generation prompt unless
+    asked for, as transformers renders it."""
+    messages = [{"role": "system", "content": "Represent the question for retrieval."},
+                {"role": "user", "content": "How warm is it in Oslo?"}]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    model = transformers.AutoModel.from_pretrained(mesh.model_dir, dtype=torch.float32)
+    for add_generation_prompt in (False, True):
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        ids = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids])).last_hidden_state[0, -1]
+        response = httpx.post(f"{mesh.gateway.base_url}/v1/embeddings", timeout=30, json={
+            "model": mesh.model_name, "messages": messages, "add_generation_prompt": add_generation_prompt}).json()
+        close(response["data"][0]["embedding"], torch.nn.functional.normalize(hidden, dim=0))
+        assert response["usage"]["prompt_tokens"] == len(ids)
+    mesh.assert_decode_pools_free()
+
+
 def test_a_colocated_gateway_embeds_on_its_decode_workers(mesh, reference):
     gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [], [d.address for d in mesh.decode],
                              "--colocated")
@@ -88,6 +107,9 @@ def test_a_colocated_gateway_embeds_on_its_decode_workers(mesh, reference):
     ({"input": [list(range(1, 3000))]}, "input"),
     ({"input": "hi", "encoding_format": "hex"}, "encoding_format"),
     ({"input": 42}, "input"),
+    ({"input": "hi", "messages": [{"role": "user", "content": "hi"}]}, "input"),
+    ({}, "input"),
+    ({"messages": []}, "messages"),
 ])
 def test_bad_input_is_a_400_and_holds_no_page(mesh, body, param):
     answer = httpx.post(f"{mesh.gateway.base_url}/v1/embeddings", json={"model": mesh.model_name, **body}, timeout=30)
