@@ -91,38 +91,39 @@ class EmbeddingRequest(BaseModel):
 async def embed(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | None, model: str,
                 request_id: str, max_model_len: int | None) -> dict:
     """The response body of `body`, an EmbeddingRequest for `model` (`lora`: the adapter it names)."""
+    vectors, num_tokens = await embeddings(pipeline, body, lora, request_id, max_model_len)
+    return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
+            "data": [{"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
+                     for index, vector in enumerate(vectors)],
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | None, request_id: str,
+                     max_model_len: int | None) -> tuple[list[list[float]], int]:
+    """(each input's embedding, the tokens of them all); each input counts as a request against
+    --max-num-requests while it is computed."""
     inputs = body.inputs()
     try:
         pipeline.admit(len(inputs))  # each input a request, as each choice of a generation is
     except OverloadedError as e:
         raise to_api_error(e, "input") from None
     try:
-        return await _embed(pipeline, body, inputs, lora, model, request_id, max_model_len)
+        token_ids = await asyncio.gather(*(_token_ids(pipeline, f"{request_id}-{index}", one, body)
+                                           for index, one in enumerate(inputs)))
+        for index, ids in enumerate(token_ids):
+            if max_model_len is not None and len(ids) >= max_model_len:  # the engine's one token needs a place
+                raise APIError(400, f"This model's maximum context length is {max_model_len} tokens: an input to "
+                                    f"embed may have {max_model_len - 1}, but input {index} has {len(ids)}",
+                               param="input", code="context_length_exceeded")
+        pool = pipeline.prefill or pipeline.decode
+        vectors = await asyncio.gather(*(
+            _embedding(pool, embed_pb2.EmbedRequest(request_id=f"{request_id}-{index}", token_ids=ids,
+                                                    dimensions=body.dimensions or 0, normalize=body.normalize,
+                                                    lora_name=lora or ""), pipeline.deadlines.prefill_s)
+            for index, ids in enumerate(token_ids)))
     finally:
         pipeline.num_requests -= len(inputs)
-
-
-async def _embed(pipeline: RequestPipeline, body: EmbeddingRequest, inputs: list[str | list[int]], lora: str | None,
-                 model: str, request_id: str, max_model_len: int | None) -> dict:
-    token_ids = await asyncio.gather(*(_token_ids(pipeline, f"{request_id}-{index}", one, body)
-                                       for index, one in enumerate(inputs)))
-    for index, ids in enumerate(token_ids):
-        if max_model_len is not None and len(ids) >= max_model_len:  # the engine's one token needs a place
-            raise APIError(400, f"This model's maximum context length is {max_model_len} tokens: an input to "
-                                f"embed may have {max_model_len - 1}, but input {index} has {len(ids)}",
-                           param="input", code="context_length_exceeded")
-    pool = pipeline.prefill or pipeline.decode
-    calls = [_embedding(pool, embed_pb2.EmbedRequest(request_id=f"{request_id}-{index}", token_ids=ids,
-                                                      dimensions=body.dimensions or 0, normalize=body.normalize,
-                                                      lora_name=lora or ""),
-                        pipeline.deadlines.prefill_s)
-             for index, ids in enumerate(token_ids)]
-    vectors = await asyncio.gather(*calls)
-    num_tokens = sum(len(ids) for ids in token_ids)
-    return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
-            "data": [{"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
-                     for index, vector in enumerate(vectors)],
-            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+    return vectors, sum(len(ids) for ids in token_ids)
 
 
 async def _token_ids(pipeline: RequestPipeline, request_id: str, one: str | list[int] | list[dict[str, Any]],

@@ -67,6 +67,7 @@ from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
+from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
@@ -324,6 +325,23 @@ def create_app(state: GatewayState) -> FastAPI:
         response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
         return JSONResponse(await embed(state.pipeline, body, lora, body.model, response_id, state.max_model_len),
                             headers={"x-request-id": response_id})
+
+    async def scores(request: Request):
+        body = await parsed_body(request, ScoreRequest)
+        lora = check_model(state, body.model) if body.model is not None else None
+        return JSONResponse(await score(state.pipeline, body, lora, body.model or state.model_name,
+                                        state.max_model_len))
+
+    async def reranked(request: Request):
+        body = await parsed_body(request, RerankRequest)
+        lora = check_model(state, body.model) if body.model is not None else None
+        return JSONResponse(await rerank(state.pipeline, body, lora, body.model or state.model_name,
+                                         state.max_model_len))
+
+    for path in ("/score", "/v1/score"):
+        app.add_route(path, scores, methods=["POST"])
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.add_route(path, reranked, methods=["POST"])
 
     @app.post("/tokenize")
     async def tokenize_prompt(request: Request) -> dict[str, Any]:

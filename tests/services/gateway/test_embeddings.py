@@ -122,3 +122,50 @@ def test_bad_input_is_a_400_and_holds_no_page(mesh, body, param):
 def test_an_unknown_model_is_a_404(mesh, client):
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="no-such-model", input="hi")
+
+
+DOCUMENTS = ["Paris is the capital of France.", "Dragons breathe fire.", "The quick brown fox jumps."]
+
+
+def cosine(client, mesh, first: str, second: str) -> float:
+    a, b = (torch.tensor(d.embedding) for d in client.embeddings.create(model=mesh.model_name,
+                                                                          input=[first, second]).data)
+    return float(a @ b)
+
+
+def test_score_and_rerank_are_the_cosine_of_the_embeddings(mesh, client):
+    """vLLM's /score and /rerank (Jina's and Cohere's shape) with an embedding model: each pair's cosine
+    similarity; rerank orders the documents by it."""
+    expected = [cosine(client, mesh, TEXTS[0], document) for document in DOCUMENTS]
+    base = mesh.gateway.base_url
+    one_to_many = httpx.post(f"{base}/score", timeout=30, json={"model": mesh.model_name, "text_1": TEXTS[0],
+                                                                 "text_2": DOCUMENTS}).json()
+    assert [d["index"] for d in one_to_many["data"]] == [0, 1, 2] and one_to_many["object"] == "list"
+    for data, want in zip(one_to_many["data"], expected):
+        assert abs(data["score"] - want) < 1e-5
+    pairwise = httpx.post(f"{base}/v1/score", timeout=30, json={"text_1": [TEXTS[0], TEXTS[1]],
+                                                                "text_2": [DOCUMENTS[0], DOCUMENTS[1]]}).json()
+    assert abs(pairwise["data"][1]["score"] - cosine(client, mesh, TEXTS[1], DOCUMENTS[1])) < 1e-5
+    assert pairwise["model"] == mesh.model_name  # left out: the served model
+
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        ranked = httpx.post(f"{base}{path}", timeout=30, json={"model": mesh.model_name, "query": TEXTS[0],
+                                                               "documents": DOCUMENTS, "top_n": 2}).json()
+        order = sorted(range(3), key=lambda i: expected[i], reverse=True)[:2]
+        assert [r["index"] for r in ranked["results"]] == order
+        assert [r["document"]["text"] for r in ranked["results"]] == [DOCUMENTS[i] for i in order]
+        assert all(abs(r["relevance_score"] - expected[r["index"]]) < 1e-5 for r in ranked["results"])
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/score", {"text_1": ["a", "b"], "text_2": ["c"]}, "text_2"),
+    ("/score", {"text_1": [], "text_2": "c"}, "text_1"),
+    ("/rerank", {"query": "q", "documents": []}, "documents"),
+    ("/rerank", {"query": "q", "documents": ["d"], "top_n": -1}, "top_n"),
+    ("/rerank", {"model": "no-such-model", "query": "q", "documents": ["d"]}, "model"),
+])
+def test_bad_score_and_rerank_requests_are_refused(mesh, path, body, param):
+    answer = httpx.post(f"{mesh.gateway.base_url}{path}", json=body, timeout=30)
+    assert answer.status_code in (400, 404), answer.text
+    assert param in (answer.json()["error"]["param"] or "")

@@ -1,0 +1,91 @@
+"""vLLM's score and rerank APIs over the served model's embeddings (embeddings_api.py): a pair of
+texts scores the cosine similarity of their embeddings, as vLLM scores with an embedding model.
+
+`POST /score` (and `/v1/score`): `text_1` and `text_2`, each a text or a list of them: one against
+one, one against each of a list, or a list against a list of the same length pair by pair; answers
+`data`, a score per pair in order. `POST /rerank` (and `/v1/rerank`, `/v2/rerank`: Jina's and
+Cohere's shape): a `query` and its `documents`, answered with `results` ordered by
+`relevance_score`, highest first, each with the document's `index` and `text`, the first `top_n`
+(0, the default: all). Both take vLLM's `truncate_prompt_tokens`; `model` may be left out (the
+served model) or name a LoRA adapter. Each distinct text is embedded once.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+
+from services.gateway.embeddings_api import EmbeddingRequest, embeddings
+from services.gateway.errors import FieldError
+from services.gateway.pipeline import RequestPipeline
+
+Texts = StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    text_1: Texts
+    text_2: Texts
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _pairs(self):
+        first, second = _listed(self.text_1), _listed(self.text_2)
+        if len(first) > 1 and len(first) != len(second):
+            raise FieldError("text_2", f"text_1 and text_2 must be as long when text_1 is a list of more than one "
+                                       f"text: {len(first)} and {len(second)}")
+        return self
+
+    def pairs(self) -> list[tuple[str, str]]:
+        first, second = _listed(self.text_1), _listed(self.text_2)
+        return list(zip(first * len(second) if len(first) == 1 else first, second))
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    query: StrictStr
+    documents: Annotated[list[StrictStr], Field(min_length=1)]
+    top_n: Annotated[int, Field(ge=0)] = 0
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+async def score(pipeline: RequestPipeline, body: ScoreRequest, lora: str | None, model: str,
+                max_model_len: int | None) -> dict[str, Any]:
+    pairs = body.pairs()
+    similarity, num_tokens, request_id = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora,
+                                                             max_model_len, "score")
+    return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
+            "data": [{"index": index, "object": "score", "score": value} for index, value in enumerate(similarity)],
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+async def rerank(pipeline: RequestPipeline, body: RerankRequest, lora: str | None, model: str,
+                 max_model_len: int | None) -> dict[str, Any]:
+    pairs = [(body.query, document) for document in body.documents]
+    similarity, num_tokens, request_id = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora,
+                                                             max_model_len, "rerank")
+    ranked = sorted(range(len(pairs)), key=lambda index: similarity[index], reverse=True)
+    return {"id": request_id, "model": model, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+            "results": [{"index": index, "document": {"text": body.documents[index]},
+                         "relevance_score": similarity[index]} for index in ranked[:body.top_n or None]]}
+
+
+async def _similarities(pipeline: RequestPipeline, pairs: list[tuple[str, str]], truncate_prompt_tokens: int | None,
+                        lora: str | None, max_model_len: int | None, kind: str) -> tuple[list[float], int, str]:
+    """(each pair's cosine similarity, the tokens embedded, the request's id)."""
+    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+    request_id = f"{kind}-{uuid.uuid4().hex}"
+    asked = EmbeddingRequest(model="", input=texts, truncate_prompt_tokens=truncate_prompt_tokens)
+    vectors, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len)
+    of = dict(zip(texts, vectors))  # unit length: their dot product is their cosine
+    return [sum(a * b for a, b in zip(of[first], of[second])) for first, second in pairs], num_tokens, request_id
+
+
+def _listed(texts: str | list[str]) -> list[str]:
+    return [texts] if isinstance(texts, str) else texts
