@@ -53,7 +53,6 @@ from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
 from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
-from services.gateway.embeddings_api import EmbeddingRequest, embed
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
@@ -63,11 +62,11 @@ from services.gateway.lora_updates import LoRAUpdates, add_lora_update_routes
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import RequestPipeline
+from services.gateway.pooling_routes import add_pooling_routes
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
-from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
@@ -318,30 +317,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.add_route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"])
     app.add_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"])
 
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request):
-        body = await parsed_body(request, EmbeddingRequest)
-        lora = check_model(state, body.model)
-        response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
-        return JSONResponse(await embed(state.pipeline, body, lora, body.model, response_id, state.max_model_len),
-                            headers={"x-request-id": response_id})
-
-    async def scores(request: Request):
-        body = await parsed_body(request, ScoreRequest)
-        lora = check_model(state, body.model) if body.model is not None else None
-        return JSONResponse(await score(state.pipeline, body, lora, body.model or state.model_name,
-                                        state.max_model_len))
-
-    async def reranked(request: Request):
-        body = await parsed_body(request, RerankRequest)
-        lora = check_model(state, body.model) if body.model is not None else None
-        return JSONResponse(await rerank(state.pipeline, body, lora, body.model or state.model_name,
-                                         state.max_model_len))
-
-    for path in ("/score", "/v1/score"):
-        app.add_route(path, scores, methods=["POST"])
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        app.add_route(path, reranked, methods=["POST"])
+    add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
 
     @app.post("/tokenize")
     async def tokenize_prompt(request: Request) -> dict[str, Any]:

@@ -1,0 +1,45 @@
+"""The HTTP routes of the served model's embeddings (embeddings_api.py) and of the scores made
+from them (score_api.py): `/v1/embeddings`, `/score` and `/v1/score`, `/rerank`, `/v1/rerank` and
+`/v2/rerank`, as vLLM serves them."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from services.gateway.embeddings_api import EmbeddingRequest, embed
+from services.gateway.http_body import parsed_body
+from services.gateway.pipeline import RequestPipeline
+from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
+from services.gateway.served_models import ServedModels
+
+
+def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedModels,
+                       check_model: Callable[[str], str | None]) -> None:
+    """The routes; `check_model(model)`: the LoRA adapter a request's `model` names (None: the model
+    itself), APIError (404) for a name neither is."""
+
+    async def embeddings(request: Request) -> JSONResponse:
+        body = await parsed_body(request, EmbeddingRequest)
+        lora = check_model(body.model)
+        response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
+        return JSONResponse(await embed(pipeline, body, lora, body.model, response_id, models.max_model_len),
+                            headers={"x-request-id": response_id})
+
+    async def scores(request: Request) -> JSONResponse:
+        body = await parsed_body(request, ScoreRequest)
+        lora = check_model(body.model) if body.model is not None else None
+        return JSONResponse(await score(pipeline, body, lora, body.model or models.name, models.max_model_len))
+
+    async def reranked(request: Request) -> JSONResponse:
+        body = await parsed_body(request, RerankRequest)
+        lora = check_model(body.model) if body.model is not None else None
+        return JSONResponse(await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len))
+
+    app.add_route("/v1/embeddings", embeddings, methods=["POST"])
+    for path in ("/score", "/v1/score"):
+        app.add_route(path, scores, methods=["POST"])
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.add_route(path, reranked, methods=["POST"])
