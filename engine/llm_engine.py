@@ -154,9 +154,9 @@ class LLMEngine:
         bad = next((t for t in sampling_params.stop_token_ids if not 0 <= t < vocab), None)
         if bad is not None:  # never sampled, and short of min_tokens the sampler would index past the logits
             raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
-        if (sampling_params.guide_after_token_id or 0) >= vocab:  # never sampled: the guide would never hold
-            raise ValueError(f"guide_after_token_id {sampling_params.guide_after_token_id} is outside the "
-                             f"vocabulary [0, {vocab})")
+        bad = next((t for t in sampling_params.guide_after_token_ids if t >= vocab), None)
+        if bad is not None:  # never sampled: the guide would never hold
+            raise ValueError(f"guide_after_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
         n = len(prompt_token_ids)
         if n + len(output_token_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "

@@ -36,9 +36,10 @@ class SamplingParams:
     # The output is held to this regular expression (engine/guided_decoding.py); EOS ends it once
     # the text is complete, even with ignore_eos.
     guided_regex: str | None = None
-    # With guided_regex: the guide holds only from the token after the output's first of this one
-    # (a reasoning model's `</think>`), the text before it free, as vLLM guides only the answer.
-    guide_after_token_id: int | None = None
+    # With guided_regex: the guide holds only from the token after the output's first run of these
+    # (a reasoning model's `</think>`, gpt-oss's `<|channel|>final<|message|>`), the text before it
+    # free, as vLLM guides only the answer.
+    guide_after_token_ids: tuple[int, ...] = ()
     # vLLM's, and no sampling setting: with the priority scheduling policy (EngineConfig), a lower
     # value is scheduled first (and preempted last); equal values go by arrival. 0 under fcfs.
     priority: int = 0
@@ -83,9 +84,10 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise ValueError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
-        if self.guide_after_token_id is not None and (self.guided_regex is None or self.guide_after_token_id < 0):
-            raise ValueError(f"guide_after_token_id needs a guided_regex and an id >= 0, got "
-                             f"{self.guide_after_token_id}")
+        object.__setattr__(self, "guide_after_token_ids", tuple(self.guide_after_token_ids))
+        if self.guide_after_token_ids and (self.guided_regex is None or min(self.guide_after_token_ids) < 0):
+            raise ValueError(f"guide_after_token_ids needs a guided_regex and ids >= 0, got "
+                             f"{list(self.guide_after_token_ids)}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
         if any(t < 0 for t in self.allowed_token_ids):

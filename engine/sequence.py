@@ -74,8 +74,10 @@ class Sequence:
         self.embedding: list[float] | None = None
         # Where its output stands in its guided_regex (an outlines-core Guide), when it has one.
         self.guide = None
-        # The guide holds only once the output has its guide_after_token_id (SamplingParams).
-        self.is_guide_waiting = sampling_params.guide_after_token_id is not None
+        # The guide holds only once the output has its guide_after_token_ids (SamplingParams): the
+        # output's last tokens while it waits, as many as they are.
+        self.is_guide_waiting = bool(sampling_params.guide_after_token_ids)
+        self._waited: tuple[int, ...] = ()
         # Per-request RNG, reseeded for each position it draws for (sampler.position_seed): seeded
         # requests draw from their own streams, so the batch around them cannot change their tokens.
         self.generator = torch.Generator() if sampling_params.seed is not None else None
@@ -89,7 +91,9 @@ class Sequence:
         """Move the guide past `token_id` (an output token other than EOS), or past the free text
         before it; ValueError when the guide does not allow it."""
         if self.is_guide_waiting:
-            self.is_guide_waiting = token_id != self.sampling_params.guide_after_token_id
+            after = self.sampling_params.guide_after_token_ids
+            self._waited = (*self._waited, token_id)[-len(after):]
+            self.is_guide_waiting = self._waited != after
         elif self.guide is not None:
             self.guide.advance(token_id, return_tokens=False)
 

@@ -48,9 +48,13 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
 def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
     kwargs = {}
     for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs", "prompt_logprobs",
-                 "guided_regex", "guide_after_token_id", "lora_name"):
+                 "guided_regex", "lora_name"):
         if p.HasField(name):
             kwargs[name] = getattr(p, name)
+    if p.guide_after_token_ids:
+        kwargs["guide_after_token_ids"] = tuple(p.guide_after_token_ids)
+    elif p.HasField("guide_after_token_id"):
+        kwargs["guide_after_token_ids"] = (p.guide_after_token_id,)
     return SamplingParams(
         top_k=p.top_k, min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, logit_bias=p.logit_bias,

@@ -128,7 +128,7 @@ class RequestPipeline:
         truncate_prompt_tokens: int | None = None,
         clock: PhaseClock | None = None,
         on_dispatch: Callable[[], None] | None = None,
-        guide_after: Callable[[Sequence[int]], int | None] | None = None,
+        guide_after: Callable[[Sequence[int]], Sequence[int] | None] | None = None,
     ) -> AsyncIterator[Delta]:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say). Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
@@ -139,7 +139,7 @@ class RequestPipeline:
         text leaves the tokenizer's special tokens out (vLLM's default). `truncate_prompt_tokens`: only
         the prompt's last that many tokens are given to the model (-1: as many as its context holds). `on_dispatch` is
         called once the prompt is on its way to the worker that computes its first token
-        (at least a forward pass before the first delta). `guide_after`: given the prompt, the token a
+        (at least a forward pass before the first delta). `guide_after`: given the prompt, the tokens a
         guided reply's guide waits for (a reasoning model's end of thinking), None for none."""
         timer = self.requests.start()
         clock = clock or PhaseClock(request_id, timer.arrival)
@@ -162,9 +162,10 @@ class RequestPipeline:
                 if truncate_prompt_tokens is not None:
                     prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
             if guide_after is not None and params.HasField("guided_regex"):
-                token_id = guide_after(prompt)
-                if token_id is not None:
-                    params.guide_after_token_id = token_id
+                token_ids = guide_after(prompt)
+                if token_ids:
+                    params.ClearField("guide_after_token_id")
+                    params.guide_after_token_ids[:] = token_ids
             clock.mark("tokenize")
             timer.num_prompt_tokens = len(prompt)
             with self.decode.hold() as decode_worker:

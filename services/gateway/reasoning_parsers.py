@@ -7,8 +7,10 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
 - `qwen3` (Qwen3): the text is thinking only where a `<think>` opens it, in the text or at the
   end of the prompt (Qwen3 writes it itself unless `enable_thinking` is false; its 2507
   thinking models' template writes it into the prompt); `glm45` (GLM-4.5 to 4.7) reads the same way;
-- `openai_gptoss` (gpt-oss): no tags but harmony's channels, read by harmony.py (and guided
-  from the first token: the guided reply is all answer).
+- `openai_gptoss` (gpt-oss): no tags but harmony's channels, read by harmony.py; a guided reply
+  thinks freely and is guided from the token after `<|channel|>final<|message|>`, where the
+  tokenizer has `<|channel|>` and `<|message|>` as tokens (gpt-oss's does), else from the first token
+  (and is then all answer).
 What follows `</think>` is the answer (`content`). A text cut short while thinking is all
 reasoning, with no content.
 
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.gateway.call_text import begun_tag_length
-from services.gateway.harmony import HarmonyReasoning
+from services.gateway.harmony import CHANNEL as HARMONY_CHANNEL, MESSAGE as HARMONY_MESSAGE, HarmonyReasoning
 
 START, END = "<think>", "</think>"
 PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
@@ -98,13 +100,14 @@ class StreamedReasoning:
 @dataclass(frozen=True)
 class ReasoningReader:
     """What reads one request's replies: `parser` (one of PARSERS), `decode` (token ids to text),
-    `is_guided` (the request's text is held to a pattern), `end_token_id` (the tokenizer's
-    single token for `</think>`, if it has one)."""
+    `is_guided` (the request's text is held to a pattern), `end_token_ids` (the tokens that end the
+    thinking, where the tokenizer writes them as tokens of their own: `</think>`'s one, harmony's
+    `<|channel|>final<|message|>`)."""
 
     parser: str
     decode: Callable[[list[int]], str]
     is_guided: bool = False
-    end_token_id: int | None = None
+    end_token_ids: tuple[int, ...] | None = None
 
     @property
     def reads_special_tokens(self) -> bool:
@@ -117,21 +120,23 @@ class ReasoningReader:
             return HarmonyReasoning()
         return StreamedReasoning(self.start(prompt_token_ids))
 
-    def guide_after(self, prompt_token_ids: Sequence[int]) -> int | None:
-        """The token a guided reply's guide waits for: the end of its thinking. None: the guide holds
+    def guide_after(self, prompt_token_ids: Sequence[int]) -> tuple[int, ...] | None:
+        """The tokens a guided reply's guide waits for: the end of its thinking. None: the guide holds
         from the first token."""
-        if not self.is_guided or self.end_token_id is None or self.parser == HARMONY:
+        if not self.is_guided or self.end_token_ids is None:
             return None
+        if self.parser == HARMONY:
+            return self.end_token_ids
         return self._guide_after(self._tail(prompt_token_ids))
 
     def start(self, prompt_token_ids: Sequence[int]) -> bool | None:
         """How a reply to `prompt_token_ids` starts (`starts_thinking`)."""
         tail = self._tail(prompt_token_ids)
-        is_guided_from_start = self.is_guided and (self.end_token_id is None or self._guide_after(tail) is None)
+        is_guided_from_start = self.is_guided and (self.end_token_ids is None or self._guide_after(tail) is None)
         return starts_thinking(self.parser, tail, is_guided_from_start)
 
-    def _guide_after(self, prompt_tail: str) -> int | None:
-        return None if prompt_closes_thinking(prompt_tail) else self.end_token_id
+    def _guide_after(self, prompt_tail: str) -> tuple[int, ...] | None:
+        return None if prompt_closes_thinking(prompt_tail) else self.end_token_ids
 
     def _tail(self, prompt_token_ids: Sequence[int]) -> str:
         return self.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))
@@ -143,4 +148,15 @@ def reasoning_reader(parser: str | None, tokenizer, is_guided: bool) -> Reasonin
     if parser is None:
         return None
     return ReasoningReader(parser, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), is_guided,
-                           tokenizer.token_to_id(END))
+                           _end_token_ids(parser, tokenizer))
+
+
+def _end_token_ids(parser: str, tokenizer) -> tuple[int, ...] | None:
+    """The tokens that end a reply's thinking, where the tokenizer has its markers as tokens."""
+    if parser == HARMONY:
+        channel, message = tokenizer.token_to_id(HARMONY_CHANNEL), tokenizer.token_to_id(HARMONY_MESSAGE)
+        if channel is None or message is None:
+            return None
+        return (channel, *tokenizer.encode("final", add_special_tokens=False), message)
+    end = tokenizer.token_to_id(END)
+    return None if end is None else (end,)

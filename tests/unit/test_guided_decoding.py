@@ -100,7 +100,7 @@ def test_a_guide_after_a_token_leaves_the_text_before_it_free(tiny_demo_model):
                                                                                   temperature=0.0))})["free"]
     after = free.token_ids[3]  # the end of a "thinking" the unguided model writes anyway
     cut = free.token_ids.index(after) + 1
-    params = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_id=after)
+    params = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_ids=(after,))
     engine = make_engine(tiny_demo_model)
     out = run_all(engine, {"r": (PROMPT, params)})["r"]
     assert out.token_ids[:cut] == free.token_ids[:cut]  # free up to and with the token, as unguided
@@ -118,17 +118,37 @@ def test_a_guide_after_a_token_leaves_the_text_before_it_free(tiny_demo_model):
     assert finish(decode)["r"].token_ids == out.token_ids
 
     # Handed off with the token itself first, the decode engine's guide holds from the next.
-    first_is_it = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_id=first)
+    first_is_it = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_ids=(first,))
     decode.reserve("s", len(PROMPT))
     decode.add_prefilled_request("s", PROMPT, first, first_is_it)
     assert re.fullmatch(DATE, text(decode, finish(decode)["s"].token_ids[1:]))
 
 
+def test_a_guide_after_a_run_of_tokens_waits_for_the_whole_run(tiny_demo_model):
+    """gpt-oss's answer starts after `<|channel|>final<|message|>`: the guide holds from the token after
+    the output's first run of the tokens, not after any one of them alone."""
+    free = run_all(make_engine(tiny_demo_model), {"free": (PROMPT, SamplingParams(max_tokens=12, ignore_eos=True,
+                                                                                  temperature=0.0))})["free"]
+    ids = free.token_ids
+    run = (ids[2], ids[3])
+    cut = next(i + 2 for i in range(len(ids) - 1) if (ids[i], ids[i + 1]) == run)
+    engine = make_engine(tiny_demo_model)
+    params = SamplingParams(max_tokens=40, temperature=0.0, guided_regex=DATE, guide_after_token_ids=run)
+    out = run_all(engine, {"r": (PROMPT, params)})["r"]
+    assert out.token_ids[:cut] == ids[:cut] and re.fullmatch(DATE, text(engine, out.token_ids[cut:]))
+    # A run the free output never writes: the guide never holds, the output is the free one.
+    never = next((a, b) for a in ids for b in ids if all((ids[i], ids[i + 1]) != (a, b) for i in range(len(ids) - 1)))
+    waiting = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, guided_regex=DATE,
+                             guide_after_token_ids=never)
+    assert run_all(engine, {"w": (PROMPT, waiting)})["w"].token_ids == ids
+    assert_clean(engine)
+
+
 def test_a_guide_after_a_token_is_checked():
-    with pytest.raises(ValueError, match="guide_after_token_id needs a guided_regex"):
-        SamplingParams(guide_after_token_id=5)
-    with pytest.raises(ValueError, match="guide_after_token_id needs a guided_regex and an id >= 0"):
-        SamplingParams(guided_regex=DATE, guide_after_token_id=-1)
+    with pytest.raises(ValueError, match="guide_after_token_ids needs a guided_regex"):
+        SamplingParams(guide_after_token_ids=(5,))
+    with pytest.raises(ValueError, match="guide_after_token_ids needs a guided_regex and ids >= 0"):
+        SamplingParams(guided_regex=DATE, guide_after_token_ids=(3, -1))
 
 
 def test_min_tokens_holds_a_guided_text_that_ignores_eos(tiny_demo_model):

@@ -12,7 +12,7 @@ import pytest
 from services.gateway.deltas import Delta, Usage
 from services.gateway.harmony import HarmonyReasoning
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.reasoning_parsers import ReasoningReader
+from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.tool_parsers import PARSERS
 
 THINK = "<|channel|>analysis<|message|>User asks 2+2. Easy.<|end|>"
@@ -127,8 +127,28 @@ def test_the_tokens_of_the_analysis_channel_are_reasoning_tokens():
     assert response.reasoning_tokens == 6  # its header, its text and its <|end|>
 
 
-def test_the_harmony_reader_keeps_special_tokens_and_guides_from_the_first_token():
-    reader = ReasoningReader("openai_gptoss", decode=lambda ids: "<|start|>assistant", is_guided=True,
-                             end_token_id=5)
-    assert reader.reads_special_tokens and reader.guide_after([1, 2]) is None
-    assert not ReasoningReader("qwen3", decode=str).reads_special_tokens
+class Tokens:
+    """What the reader asks of a tokenizer, with or without harmony's markers as tokens of their own
+    (gpt-oss's ids)."""
+
+    def __init__(self, has_markers: bool) -> None:
+        self.ids = {"<|channel|>": 200005, "<|message|>": 200008} if has_markers else {}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.ids.get(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [17196] if text == "final" else [1, 2, 3]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "<|start|>assistant"
+
+
+def test_a_guided_reply_is_guided_from_the_final_channel_where_the_markers_are_tokens():
+    """As vLLM guides a gpt-oss reply: its analysis free, the guide holding from the token after
+    `<|channel|>final<|message|>`; without those tokens, from the first token (all answer)."""
+    guided = reasoning_reader("openai_gptoss", Tokens(has_markers=True), is_guided=True)
+    assert guided.reads_special_tokens and guided.guide_after([7, 8]) == (200005, 17196, 200008)
+    assert reasoning_reader("openai_gptoss", Tokens(has_markers=True), is_guided=False).guide_after([7]) is None
+    assert reasoning_reader("openai_gptoss", Tokens(has_markers=False), is_guided=True).guide_after([7]) is None
+    assert not reasoning_reader("qwen3", Tokens(has_markers=True), is_guided=True).reads_special_tokens

@@ -24,6 +24,15 @@ def test_absent_fields_take_the_engines_defaults_and_set_ones_are_kept():
     assert sampling_params_from_proto(common_pb2.SamplingParams(temperature=0.0)).temperature == 0.0
 
 
+def test_a_guide_waits_for_one_token_or_a_run_of_them():
+    """The gRPC API's guide_after_token_id is a run of one; guide_after_token_ids, when given, is the run."""
+    one = common_pb2.SamplingParams(guided_regex="x+", guide_after_token_id=7)
+    assert sampling_params_from_proto(one).guide_after_token_ids == (7,)
+    run = common_pb2.SamplingParams(guided_regex="x+", guide_after_token_id=7, guide_after_token_ids=[3, 4, 5])
+    assert sampling_params_from_proto(run).guide_after_token_ids == (3, 4, 5)
+    assert sampling_params_from_proto(common_pb2.SamplingParams(guided_regex="x+")).guide_after_token_ids == ()
+
+
 def test_equal_messages_share_params_and_a_refused_one_is_refused_every_time():
     first = sampling_params_from_proto(common_pb2.SamplingParams(max_tokens=3, temperature=0.0))
     again = sampling_params_from_proto(common_pb2.SamplingParams(temperature=0.0, max_tokens=3))
