@@ -40,6 +40,12 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
 # of them; their tensors are read without the `model.` prefix: model_runner.py).
 BARE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM", "Qwen2Model": "Qwen2ForCausalLM",
                "Qwen3Model": "Qwen3ForCausalLM"}
+# Checkpoints of the model with a classification head for its LM head (`score`, a row of logits per
+# label, read at a sequence's last token): reward models, classifiers, cross-encoder rerankers.
+SEQUENCE_CLASSIFIERS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
+                        "MistralForSequenceClassification": "MistralForCausalLM",
+                        "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+                        "Qwen3ForSequenceClassification": "Qwen3ForCausalLM"}
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -127,6 +133,9 @@ class ModelConfig:
     mxfp4_weights: bool  # some weights stored as MXFP4 blocks and scales (engine/mxfp4_weights.py)
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # A sequence classifier's labels, in the order of its head's rows (config.json's id2label); ():
+    # no classification head.
+    labels: tuple[str, ...] = ()
 
     @property
     def q_size(self) -> int:
@@ -148,14 +157,14 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES or a in MULTIMODAL or a in BARE_MODELS), None)
+    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS)
+    arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ModelConfigError(
-            f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; "
-            f"supported: {', '.join((*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS))}"
-        )
-    is_bare = arch in BARE_MODELS
-    arch = BARE_MODELS.get(arch, arch)
+            f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(known)}")
+    labels = _labels(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
+    is_bare = arch in BARE_MODELS or arch in SEQUENCE_CLASSIFIERS  # no LM head of their own
+    arch = BARE_MODELS.get(arch) or SEQUENCE_CLASSIFIERS.get(arch) or arch
     multimodal = MULTIMODAL.get(arch)
     if multimodal is not None:  # its text model is served (no images)
         try:
@@ -226,6 +235,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             **_llama4_attention(cfg, arch),
             q_temperature=_q_temperature(cfg, arch),
             multimodal=multimodal,
+            labels=labels,
             hidden_act=act,
             attention_scale=_attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
@@ -364,3 +374,10 @@ def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def _labels(cfg: dict) -> tuple[str, ...]:
+    """A classifier's labels by row, as transformers names them (LABEL_i where config.json names none)."""
+    id2label = cfg.get("id2label") or {}
+    num_labels = len(id2label) or int(cfg.get("num_labels", 2))
+    return tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(num_labels))

@@ -171,6 +171,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = empty_param(config.hidden_size, dtype=dtype)
         self.lm_head = (self.embed if config.tie_word_embeddings
                         else empty_param(config.vocab_size, config.hidden_size, dtype=dtype))
+        # A sequence classifier's head (`score`): a row of logits per label from the last hidden state.
+        self.classifier = empty_param(len(config.labels), config.hidden_size, dtype=dtype) if config.labels else None
         cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -263,6 +265,8 @@ class LlamaForCausalLM(nn.Module):
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if not self.config.tie_word_embeddings:
             names.append("lm_head.weight")
+        if self.config.labels:
+            names.append("score.weight")
         for i in range(self.config.num_layers):
             p = f"model.layers.{i}."
             names += self._attention_names(i) + self._mlp_names(i) + [p + f"{x}.weight" for x in self._norm_names()]
@@ -337,6 +341,8 @@ class LlamaForCausalLM(nn.Module):
             return self.norm.data
         if name == "lm_head.weight":
             return self.lm_head.data
+        if name == "score.weight":
+            return self.classifier.data
         parts = name.split(".")
         layer = self.layers[int(parts[2])]
         module, leaf = parts[3], ".".join(parts[4:])

@@ -1,6 +1,7 @@
 """The Embeddings service of a prefill or decode worker (protos/embed.proto): a token sequence's
 embedding, computed by the worker's engine in its batches (SamplingParams.embed: the last hidden
-state at the sequence's last token), cut to `dimensions` and normalized here. A call cancelled
+state at the sequence's last token), cut to `dimensions` and normalized here, or a sequence
+classifier's probabilities over its labels from it. A call cancelled
 before its embedding is out aborts its request in the engine."""
 from __future__ import annotations
 
@@ -26,7 +27,13 @@ class EmbeddingsServicer(embed_pb2_grpc.EmbeddingsServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
         if not request.token_ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
-        hidden_size = engine_loop.engine.model_config.hidden_size
+        model_config = engine_loop.engine.model_config
+        classifier = getattr(engine_loop.engine.runner.model, "classifier", None)
+        if request.classify and classifier is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the model has no classification head (a *ForSequenceClassification checkpoint has "
+                                "one)")
+        hidden_size = model_config.hidden_size
         if request.dimensions > hidden_size:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"dimensions must be at most the model's hidden size, {hidden_size}; "
@@ -54,6 +61,9 @@ class EmbeddingsServicer(embed_pb2_grpc.EmbeddingsServicer):
                 engine_loop.abort_soon(request.request_id)
         if out.embedding is None:
             await context.abort(grpc.StatusCode.ABORTED, f"request {request.request_id!r} was aborted")
+        if request.classify:
+            return embed_pb2.EmbedResponse(probs=_probabilities(classifier, out.embedding),
+                                           labels=model_config.labels)
         return embed_pb2.EmbedResponse(embedding=_shaped(out.embedding, request.dimensions, request.normalize))
 
 
@@ -62,3 +72,10 @@ def _shaped(embedding: list[float], dimensions: int, normalize: bool) -> list[fl
     if normalize:
         vector = torch.nn.functional.normalize(vector, dim=0)
     return vector.tolist()
+
+
+def _probabilities(classifier: torch.Tensor, hidden: list[float]) -> list[float]:
+    """The head's logits at the last token, as transformers' sequence classifiers read them, made
+    probabilities as vLLM makes them: softmax over the labels, sigmoid for a single one (a score)."""
+    logits = classifier.float() @ torch.tensor(hidden, dtype=torch.float32)
+    return (logits.sigmoid() if logits.numel() == 1 else logits.softmax(dim=0)).tolist()

@@ -91,17 +91,19 @@ class EmbeddingRequest(BaseModel):
 async def embed(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | None, model: str,
                 request_id: str, max_model_len: int | None) -> dict:
     """The response body of `body`, an EmbeddingRequest for `model` (`lora`: the adapter it names)."""
-    vectors, num_tokens = await embeddings(pipeline, body, lora, request_id, max_model_len)
+    replies, num_tokens = await embeddings(pipeline, body, lora, request_id, max_model_len)
     return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
-            "data": [{"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
-                     for index, vector in enumerate(vectors)],
+            "data": [{"object": "embedding", "index": index,
+                      "embedding": _encoded(list(reply.embedding), body.encoding_format)}
+                     for index, reply in enumerate(replies)],
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
 async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | None, request_id: str,
-                     max_model_len: int | None) -> tuple[list[list[float]], int]:
-    """(each input's embedding, the tokens of them all); each input counts as a request against
-    --max-num-requests while it is computed."""
+                     max_model_len: int | None, classify: bool = False) -> tuple[list[embed_pb2.EmbedResponse], int]:
+    """(each input's Embed reply: its embedding, or with `classify` its classifier's probabilities;
+    the tokens of them all); each input counts as a request against --max-num-requests while it is
+    computed."""
     inputs = body.inputs()
     try:
         pipeline.admit(len(inputs))  # each input a request, as each choice of a generation is
@@ -116,14 +118,15 @@ async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: st
                                     f"embed may have {max_model_len - 1}, but input {index} has {len(ids)}",
                                param="input", code="context_length_exceeded")
         pool = pipeline.prefill or pipeline.decode
-        vectors = await asyncio.gather(*(
+        replies = await asyncio.gather(*(
             _embedding(pool, embed_pb2.EmbedRequest(request_id=f"{request_id}-{index}", token_ids=ids,
                                                     dimensions=body.dimensions or 0, normalize=body.normalize,
-                                                    lora_name=lora or ""), pipeline.deadlines.prefill_s)
+                                                    lora_name=lora or "", classify=classify),
+                       pipeline.deadlines.prefill_s)
             for index, ids in enumerate(token_ids)))
     finally:
         pipeline.num_requests -= len(inputs)
-    return vectors, sum(len(ids) for ids in token_ids)
+    return replies, sum(len(ids) for ids in token_ids)
 
 
 async def _token_ids(pipeline: RequestPipeline, request_id: str, one: str | list[int] | list[dict[str, Any]],
@@ -141,17 +144,19 @@ async def _token_ids(pipeline: RequestPipeline, request_id: str, one: str | list
     return ids[-body.truncate_prompt_tokens:] if body.truncate_prompt_tokens else ids
 
 
-async def _embedding(pool, request: embed_pb2.EmbedRequest, timeout_s: float) -> list[float]:
+async def _embedding(pool, request: embed_pb2.EmbedRequest, timeout_s: float) -> embed_pb2.EmbedResponse:
     try:
         with pool.hold(num_tokens=len(request.token_ids)) as worker:
             reply = await embed_pb2_grpc.EmbeddingsStub(worker.channel).Embed(request, timeout=timeout_s)
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-            raise APIError(400, e.details(), param="dimensions" if "dimensions" in e.details() else "input") from None
+            param = next((p for p, said in (("dimensions", "dimensions"), ("model", "classification head"))
+                          if said in e.details()), "input")
+            raise APIError(400, e.details(), param=param) from None
         raise to_api_error(e, "input") from None
     except Exception as e:
         raise to_api_error(e, "input") from None
-    return list(reply.embedding)
+    return reply
 
 
 def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:

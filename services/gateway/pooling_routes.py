@@ -1,6 +1,7 @@
 """The HTTP routes of the served model's embeddings (embeddings_api.py) and of the scores made
-from them (score_api.py): `/v1/embeddings`, `/score` and `/v1/score`, `/rerank`, `/v1/rerank` and
-`/v2/rerank`, as vLLM serves them."""
+from them (score_api.py), and a sequence classifier's classes (classify_api.py): `/v1/embeddings`,
+`/score` and `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank`, `/classify` and `/v1/classify`,
+as vLLM serves them."""
 from __future__ import annotations
 
 import uuid
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from services.gateway.classify_api import ClassificationRequest, classify
 from services.gateway.embeddings_api import EmbeddingRequest, embed
 from services.gateway.http_body import parsed_body
 from services.gateway.pipeline import RequestPipeline
@@ -38,7 +40,14 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
         lora = check_model(body.model) if body.model is not None else None
         return JSONResponse(await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len))
 
+    async def classified(request: Request) -> JSONResponse:
+        body = await parsed_body(request, ClassificationRequest)
+        lora = check_model(body.model) if body.model is not None else None
+        return JSONResponse(await classify(pipeline, body, lora, body.model or models.name, models.max_model_len))
+
     app.add_route("/v1/embeddings", embeddings, methods=["POST"])
+    for path in ("/classify", "/v1/classify"):
+        app.add_route(path, classified, methods=["POST"])
     for path in ("/score", "/v1/score"):
         app.add_route(path, scores, methods=["POST"])
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):

@@ -82,8 +82,8 @@ async def _similarities(pipeline: RequestPipeline, pairs: list[tuple[str, str]],
     texts = list(dict.fromkeys(text for pair in pairs for text in pair))
     request_id = f"{kind}-{uuid.uuid4().hex}"
     asked = EmbeddingRequest(model="", input=texts, truncate_prompt_tokens=truncate_prompt_tokens)
-    vectors, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len)
-    of = dict(zip(texts, vectors))  # unit length: their dot product is their cosine
+    replies, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len)
+    of = {text: reply.embedding for text, reply in zip(texts, replies)}  # unit length: dot product is cosine
     return [sum(a * b for a, b in zip(of[first], of[second])) for first, second in pairs], num_tokens, request_id
 
 

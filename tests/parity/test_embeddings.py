@@ -75,3 +75,22 @@ def test_a_checkpoint_saved_as_the_bare_model_is_read(tiny_model_dirs, tmp_path,
     engine = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64, max_num_batched_tokens=64))
     for got, want in zip(embeddings(engine, PROMPTS), expected):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("config_class", "labels"), [
+    ("LlamaConfig", {0: "negative", 1: "neutral", 2: "positive"}),
+    ("Qwen3Config", {0: "LABEL_0"}),  # one label: a score, as a reward model or a cross-encoder gives
+])
+def test_a_sequence_classifiers_head_reads_the_last_hidden_state_as_transformers_does(tmp_path, config_class, labels):
+    from tests.parity.conftest import COMMON
+
+    config = getattr(transformers, config_class)(**COMMON, id2label=labels, label2id={v: k for k, v in labels.items()})
+    torch.manual_seed(3)
+    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    model.save_pretrained(tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64, max_num_batched_tokens=64))
+    assert engine.model_config.labels == tuple(labels.values())
+    with torch.no_grad():
+        for prompt, hidden in zip(PROMPTS, embeddings(engine, PROMPTS)):
+            want = model(torch.tensor([prompt])).logits[0]
+            torch.testing.assert_close(engine.runner.model.classifier @ hidden, want, atol=1e-4, rtol=1e-4)

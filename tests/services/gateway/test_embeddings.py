@@ -6,6 +6,8 @@ unknown model a 404), and no page stays held."""
 from __future__ import annotations
 
 import base64
+import json
+import shutil
 import struct
 
 import httpx
@@ -13,7 +15,7 @@ import openai
 import pytest
 import torch
 
-from tests.services.gateway.mesh import GatewayProcess
+from tests.services.gateway.mesh import GatewayProcess, start_mesh, stop_mesh
 
 transformers = pytest.importorskip("transformers")
 TEXTS = ["The quick brown fox", "Once upon a time, in a land far away, there lived a dragon."]
@@ -169,3 +171,52 @@ def test_bad_score_and_rerank_requests_are_refused(mesh, path, body, param):
     answer = httpx.post(f"{mesh.gateway.base_url}{path}", json=body, timeout=30)
     assert answer.status_code in (400, 404), answer.text
     assert param in (answer.json()["error"]["param"] or "")
+
+
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_demo_model, tmp_path_factory):
+    """A sequence classifier (LlamaForSequenceClassification, random weights) over the demo model's
+    tokenizer, behind a mesh of its own: (the mesh, the transformers model)."""
+    model_dir = tmp_path_factory.mktemp("classifier") / "classifier"
+    demo = json.loads((tiny_demo_model / "config.json").read_text())
+    config = transformers.LlamaConfig(
+        vocab_size=demo["vocab_size"], hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=demo["max_position_embeddings"],
+        bos_token_id=demo.get("bos_token_id"), eos_token_id=demo.get("eos_token_id"), initializer_range=0.2,
+        id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    torch.manual_seed(4)
+    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tiny_demo_model / name, model_dir / name)
+    mesh = start_mesh(model_dir, num_prefill=1, num_decode=1)
+    try:
+        yield mesh, model
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+def test_classify_gives_the_classifiers_probabilities_as_transformers_does(classifier):
+    mesh, model = classifier
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    answer = httpx.post(f"{mesh.gateway.base_url}/classify", timeout=30,
+                        json={"model": mesh.model_name, "input": TEXTS}).json()
+    assert answer["object"] == "list" and [d["index"] for d in answer["data"]] == [0, 1]
+    for data, text in zip(answer["data"], TEXTS):
+        with torch.no_grad():
+            want = model(torch.tensor([tokenizer(text)["input_ids"]])).logits[0].softmax(dim=0)
+        torch.testing.assert_close(torch.tensor(data["probs"]), want, atol=1e-4, rtol=1e-4)
+        assert data["label"] == LABELS[int(want.argmax())] and data["num_classes"] == 3
+    assert answer["usage"]["prompt_tokens"] == sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)
+    mesh.assert_decode_pools_free()
+
+
+def test_classify_asks_for_a_classification_head(mesh):
+    answer = httpx.post(f"{mesh.gateway.base_url}/v1/classify", timeout=30,
+                        json={"model": mesh.model_name, "input": "hi"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
+    assert "classification head" in answer.json()["error"]["message"]
+    mesh.assert_decode_pools_free()
