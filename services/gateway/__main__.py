@@ -48,6 +48,7 @@ from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
+from services.gateway.score_api import is_cross_encoder
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import TimelineStore
 from services.gateway.workers import (
@@ -159,6 +160,7 @@ class GatewayService:
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         self.models.max_model_len = tokenizer.max_model_len
+        self.models.is_cross_encoder = is_cross_encoder(config.model_dir)
         self.state = GatewayState(self.pipeline, self.models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,

@@ -33,12 +33,14 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
     async def scores(request: Request) -> JSONResponse:
         body = await parsed_body(request, ScoreRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return JSONResponse(await score(pipeline, body, lora, body.model or models.name, models.max_model_len))
+        return JSONResponse(await score(pipeline, body, lora, body.model or models.name, models.max_model_len,
+                                        models.is_cross_encoder))
 
     async def reranked(request: Request) -> JSONResponse:
         body = await parsed_body(request, RerankRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return JSONResponse(await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len))
+        return JSONResponse(await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len,
+                                         models.is_cross_encoder))
 
     async def classified(request: Request) -> JSONResponse:
         body = await parsed_body(request, ClassificationRequest)

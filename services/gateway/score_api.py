@@ -1,6 +1,10 @@
 """vLLM's score and rerank APIs over the served model's embeddings (embeddings_api.py): a pair of
 texts scores the cosine similarity of their embeddings, as vLLM scores with an embedding model.
 
+A sequence classifier of one label (a cross-encoder reranker, `is_cross_encoder`) scores a pair as
+vLLM scores with one: the two texts joined by the tokenizer's pair template, read by the head,
+sigmoid of its logit.
+
 `POST /score` (and `/v1/score`): `text_1` and `text_2`, each a text or a list of them: one against
 one, one against each of a list, or a list against a list of the same length pair by pair; answers
 `data`, a score per pair in order. `POST /rerank` (and `/v1/rerank`, `/v2/rerank`: Jina's and
@@ -11,8 +15,10 @@ served model) or name a LoRA adapter. Each distinct text is embedded once.
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
@@ -56,20 +62,20 @@ class RerankRequest(BaseModel):
 
 
 async def score(pipeline: RequestPipeline, body: ScoreRequest, lora: str | None, model: str,
-                max_model_len: int | None) -> dict[str, Any]:
+                max_model_len: int | None, is_cross_encoder: bool = False) -> dict[str, Any]:
     pairs = body.pairs()
     similarity, num_tokens, request_id = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora,
-                                                             max_model_len, "score")
+                                                             max_model_len, "score", is_cross_encoder)
     return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
             "data": [{"index": index, "object": "score", "score": value} for index, value in enumerate(similarity)],
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
 async def rerank(pipeline: RequestPipeline, body: RerankRequest, lora: str | None, model: str,
-                 max_model_len: int | None) -> dict[str, Any]:
+                 max_model_len: int | None, is_cross_encoder: bool = False) -> dict[str, Any]:
     pairs = [(body.query, document) for document in body.documents]
     similarity, num_tokens, request_id = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora,
-                                                             max_model_len, "rerank")
+                                                             max_model_len, "rerank", is_cross_encoder)
     ranked = sorted(range(len(pairs)), key=lambda index: similarity[index], reverse=True)
     return {"id": request_id, "model": model, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
             "results": [{"index": index, "document": {"text": body.documents[index]},
@@ -77,10 +83,17 @@ async def rerank(pipeline: RequestPipeline, body: RerankRequest, lora: str | Non
 
 
 async def _similarities(pipeline: RequestPipeline, pairs: list[tuple[str, str]], truncate_prompt_tokens: int | None,
-                        lora: str | None, max_model_len: int | None, kind: str) -> tuple[list[float], int, str]:
-    """(each pair's cosine similarity, the tokens embedded, the request's id)."""
-    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+                        lora: str | None, max_model_len: int | None, kind: str,
+                        is_cross_encoder: bool) -> tuple[list[float], int, str]:
+    """(each pair's score, the tokens computed, the request's id): a cross-encoder's of the pair
+    joined, else the cosine similarity of their embeddings."""
     request_id = f"{kind}-{uuid.uuid4().hex}"
+    if is_cross_encoder:
+        joined = [pipeline.tokenizer.encode_pair(first, second) for first, second in pairs]
+        asked = EmbeddingRequest(model="", input=joined, truncate_prompt_tokens=truncate_prompt_tokens)
+        replies, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len, classify=True)
+        return [reply.probs[0] for reply in replies], num_tokens, request_id
+    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
     asked = EmbeddingRequest(model="", input=texts, truncate_prompt_tokens=truncate_prompt_tokens)
     replies, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len)
     of = {text: reply.embedding for text, reply in zip(texts, replies)}  # unit length: dot product is cosine
@@ -89,3 +102,10 @@ async def _similarities(pipeline: RequestPipeline, pairs: list[tuple[str, str]],
 
 def _listed(texts: str | list[str]) -> list[str]:
     return [texts] if isinstance(texts, str) else texts
+
+
+def is_cross_encoder(model_dir: str | Path) -> bool:
+    """Whether the model is a sequence classifier of one label (config.json's architectures, id2label)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    is_classifier = any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or ())
+    return is_classifier and len(config.get("id2label") or {}) == 1

@@ -18,6 +18,9 @@ class ServedModels:
         self.names = tuple(names)  # the model's; responses give the first
         self.adapters: dict[str, str] = dict(lora_modules)  # name → path, in the order they came
         self.max_model_len = max_model_len
+        # A sequence classifier of one label (a cross-encoder reranker): it scores a pair of texts
+        # joined, with its head (score_api.py), not by the cosine of their embeddings.
+        self.is_cross_encoder = False
 
     @property
     def name(self) -> str:

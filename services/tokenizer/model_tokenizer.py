@@ -98,6 +98,10 @@ class ModelTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Two texts as one sequence, as the tokenizer's pair template joins them (a cross-encoder's input)."""
+        return self.tokenizer.encode(first, second, add_special_tokens=True).ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Raises ValueError for an id no u32 holds (the library's OverflowError)."""
         try:

@@ -176,17 +176,15 @@ def test_bad_score_and_rerank_requests_are_refused(mesh, path, body, param):
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
 
-@pytest.fixture(scope="module")
-def classifier(tiny_demo_model, tmp_path_factory):
-    """A sequence classifier (LlamaForSequenceClassification, random weights) over the demo model's
-    tokenizer, behind a mesh of its own: (the mesh, the transformers model)."""
-    model_dir = tmp_path_factory.mktemp("classifier") / "classifier"
+def classifier_mesh(tiny_demo_model, model_dir, labels: dict[int, str]):
+    """A sequence classifier (LlamaForSequenceClassification, random weights) of `labels` over the demo
+    model's tokenizer, behind a mesh of its own: (the mesh, the transformers model)."""
     demo = json.loads((tiny_demo_model / "config.json").read_text())
     config = transformers.LlamaConfig(
         vocab_size=demo["vocab_size"], hidden_size=64, intermediate_size=160, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=demo["max_position_embeddings"],
         bos_token_id=demo.get("bos_token_id"), eos_token_id=demo.get("eos_token_id"), initializer_range=0.2,
-        id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+        id2label=labels, label2id={v: k for k, v in labels.items()})
     torch.manual_seed(4)
     model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).eval()
     model.save_pretrained(model_dir)
@@ -197,6 +195,16 @@ def classifier(tiny_demo_model, tmp_path_factory):
         yield mesh, model
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_demo_model, tmp_path_factory):
+    yield from classifier_mesh(tiny_demo_model, tmp_path_factory.mktemp("classifier") / "classifier", LABELS)
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tiny_demo_model, tmp_path_factory):
+    yield from classifier_mesh(tiny_demo_model, tmp_path_factory.mktemp("cross") / "cross", {0: "LABEL_0"})
 
 
 def test_classify_gives_the_classifiers_probabilities_as_transformers_does(classifier):
@@ -219,4 +227,20 @@ def test_classify_asks_for_a_classification_head(mesh):
                         json={"model": mesh.model_name, "input": "hi"})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
     assert "classification head" in answer.json()["error"]["message"]
+    mesh.assert_decode_pools_free()
+
+
+def test_a_cross_encoder_scores_each_pair_joined(cross_encoder):
+    """A sequence classifier of one label (a cross-encoder reranker) scores a pair as vLLM scores with
+    one: the texts joined by the tokenizer's pair template, the sigmoid of the head's logit."""
+    mesh, model = cross_encoder
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    with torch.no_grad():
+        expected = [float(model(torch.tensor([tokenizer(TEXTS[0], document)["input_ids"]])).logits[0, 0].sigmoid())
+                    for document in DOCUMENTS]
+    base = mesh.gateway.base_url
+    scored = httpx.post(f"{base}/score", timeout=30, json={"text_1": TEXTS[0], "text_2": DOCUMENTS}).json()
+    assert all(abs(d["score"] - want) < 1e-5 for d, want in zip(scored["data"], expected))
+    ranked = httpx.post(f"{base}/v1/rerank", timeout=30, json={"query": TEXTS[0], "documents": DOCUMENTS}).json()
+    assert [r["index"] for r in ranked["results"]] == sorted(range(3), key=lambda i: expected[i], reverse=True)
     mesh.assert_decode_pools_free()
