@@ -22,6 +22,9 @@ uses:
   call's name, `[ARGS]` and its arguments, the next after another `[TOOL_CALLS]` (Mistral Small
   3.1 and later; a `[CALL_ID]` and id before `[ARGS]` is passed over). Its calls' ids are 9
   letters and digits, the only ids Mistral's chat templates take back;
+- `granite` (Granite 3.x): the whole answer is a JSON list of calls, after `<|tool_call|>` (3.0's
+  special token, which the text leaves out) or `<tool_call>` (3.1);
+- `phi4_mini_json` (Phi-4-mini): `functools` and a JSON list of calls, after any text;
 - `openai` (gpt-oss): harmony messages to `functions.NAME` (harmony.py), read after the
   `openai_gptoss` reasoning parser has taken the reply's channels apart.
 A text whose calls are not whole JSON is answered as text, as vLLM's parsers do.
@@ -216,6 +219,50 @@ class Pythonic(_CallsOnly):
         return None, calls
 
 
+class Granite(_CallsOnly):
+    """Granite 3.x: the whole answer is a JSON list of `{"name", "arguments"}` calls, after Granite
+    3.0's `<|tool_call|>` (a special token the text leaves out) or 3.1's `<tool_call>` text."""
+
+    OPEN, TAG = "[", "<tool_call>"
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        stripped = text.lstrip()
+        if not at_start or not stripped.startswith((self.OPEN, self.TAG)):
+            return None
+        return len(text) - len(stripped)
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        stripped = text.strip()
+        return len(text) if at_start and self.TAG.startswith(stripped) else 0  # blank, or "<tool_c" so far
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        calls = listed_calls(text.strip().removeprefix(self.TAG).strip(), "arguments")
+        return (None, calls) if calls else (text, [])
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        at = past(text, len(self.TAG), BLANK) if text.startswith(self.TAG) else 0
+        if at == len(text) or text[at] != self.OPEN:
+            return []
+        return objects_so_far(text, at + 1, LISTED, scans)
+
+
+class Phi4MiniJson(_Tagged):
+    """Phi-4-mini: `functools` and a JSON list of `{"name", "arguments"}` calls (or `"parameters"`),
+    after any text the model says first."""
+
+    START = "functools["
+
+    def parse(self, text: str) -> tuple[str | None, Calls]:
+        start = text.find(self.START)
+        if start == -1:
+            return text, []
+        calls = listed_calls(text[start + len(self.START) - 1:].strip(), "parameters")
+        return (text[:start].strip() or None, calls) if calls else (text, [])
+
+    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
+        return objects_so_far(text, past(text, len(self.START), BLANK), LISTED, scans)
+
+
 class Mistral(_Tagged):
     START, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
     reads_special_tokens = True
@@ -330,7 +377,7 @@ class RequiredCalls(_CallsOnly):
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
                                       "mistral": Mistral(), "qwen3_coder": Qwen3Coder(), "glm45": Glm45(),
                                       "deepseek_v3": DeepSeekV3(), "deepseek_v31": DeepSeekV31(), "kimi_k2": KimiK2(),
-                                      "openai": HarmonyCalls()}
+                                      "granite": Granite(), "phi4_mini_json": Phi4MiniJson(), "openai": HarmonyCalls()}
 TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45}
 
 

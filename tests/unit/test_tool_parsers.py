@@ -34,6 +34,10 @@ QWEN3_CODER_TEXT = ("Let me look.\n<tool_call>\n<function=get_weather>\n<paramet
                     "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
 REQUIRED, REQUIRED_TEXT = RequiredCalls(), ('[{"name": "get_weather", "parameters": {"city": "Zürich"}}, '
                                             '{"name": "get_time", "parameters": {}}]')  # tool_choice "required"
+GRANITE, PHI4_MINI = PARSERS["granite"], PARSERS["phi4_mini_json"]
+LISTED_CALLS = '[{"name": "get_weather", "arguments": {"city": "Zürich"}}, {"name": "get_time", "arguments": {}}]'
+GRANITE_TEXT = "<tool_call>" + LISTED_CALLS  # Granite 3.1; 3.0's <|tool_call|> is a special token, left out
+PHI4_MINI_TEXT = "Let me look. functools" + LISTED_CALLS
 CALLS = [("get_weather", {"city": "Zürich"}), ("get_time", {})]
 
 
@@ -56,6 +60,10 @@ def test_calls_and_the_text_before_them():
         content, calls = MISTRAL.parse(text)
         assert content == said and named(calls) == CALLS
         assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)  # what Mistral's templates take
+    for syntax, text, said in ((GRANITE, GRANITE_TEXT, None), (GRANITE, " " + LISTED_CALLS, None),
+                               (PHI4_MINI, PHI4_MINI_TEXT, "Let me look.")):
+        content, calls = syntax.parse(text)
+        assert content == said and named(calls) == CALLS
     nested = PYTHONIC.parse('[f(n=1, xs=[1.5, None], on=True, by={"k": "v"})]')[1]
     assert named(nested) == [("f", {"n": 1, "xs": [1.5, None], "on": True, "by": {"k": "v"}})]
 
@@ -68,7 +76,9 @@ def test_calls_and_the_text_before_them():
     (PYTHONIC, "[f(x={1, 2})]"), (PYTHONIC, "[obj.f(x=1)]"), (PYTHONIC, "[f(x=1)] and more"), (PYTHONIC, "Sunny."),
     (MISTRAL, "Sunny."), (MISTRAL, "[TOOL_CALLS] [{not json}]"), (MISTRAL, '[TOOL_CALLS] [{"name": "f"}] more'),
     (MISTRAL, '[TOOL_CALLS] [{"arguments": {}}]'), (MISTRAL, "[TOOL_CALLS]f{}"), (MISTRAL, "[TOOL_CALLS][ARGS]{}"),
-    (MISTRAL, "[TOOL_CALLS]f[ARGS]{oops}"),
+    (MISTRAL, "[TOOL_CALLS]f[ARGS]{oops}"), (GRANITE, "Sunny."), (GRANITE, "<tool_call>{}"),
+    (GRANITE, '[{"name": "f", "arguments": {}}] and more'), (GRANITE, "Here: " + LISTED_CALLS),
+    (PHI4_MINI, "Sunny."), (PHI4_MINI, "functools[{not json}]"), (PHI4_MINI, 'functools[{"arguments": {}}]'),
 ])
 def test_a_text_without_whole_calls_is_answered_as_text(syntax, text):
     assert syntax.parse(text) == (text, [])
@@ -110,7 +120,8 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
     (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, ""),
     (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look."), (GLM45, GLM45_TEXT, "Let me look."),
     (DEEPSEEK_V3, DEEPSEEK_V3_TEXT, "Let me look."), (DEEPSEEK_V31, DEEPSEEK_V31_TEXT, "Let me look."),
-    (KIMI_K2, KIMI_K2_TEXT, "Let me look.")])
+    (KIMI_K2, KIMI_K2_TEXT, "Let me look."), (GRANITE, GRANITE_TEXT, ""), (GRANITE, LISTED_CALLS, ""),
+    (PHI4_MINI, PHI4_MINI_TEXT, "Let me look.")])
 @pytest.mark.parametrize("cut", [1, 2, 5, 7, 13])
 def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(syntax, text, said, cut):
     sent, calls, stream, _ = streamed(syntax, [text[i:i + cut] for i in range(0, len(text), cut)])
@@ -121,7 +132,7 @@ def test_a_stream_sends_the_text_before_the_calls_and_never_part_of_a_call(synta
 
 
 STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LISTED), (MISTRAL, MISTRAL_NAMED),
-             (REQUIRED, REQUIRED_TEXT)]
+             (REQUIRED, REQUIRED_TEXT), (GRANITE, GRANITE_TEXT), (PHI4_MINI, PHI4_MINI_TEXT)]
 
 
 @pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT),

@@ -87,10 +87,11 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
     with pytest.raises(ConfigError,
                        match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, qwen3_coder, "
-                             "glm45, deepseek_v3, deepseek_v31, kimi_k2, openai, got 'granite'"):
-        GatewayConfig.from_args([*common, "--tool-call-parser", "granite"], {})
+                             "glm45, deepseek_v3, deepseek_v31, kimi_k2, granite, phi4_mini_json, openai, "
+                             "got 'granite4'"):
+        GatewayConfig.from_args([*common, "--tool-call-parser", "granite4"], {})
     with pytest.raises(ConfigError, match="--tool-call-parser"):
-        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "granite"})
+        GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "granite4"})
 
 
 def test_mistral_calls_come_back_with_ids_its_templates_take(mesh, hermes):
