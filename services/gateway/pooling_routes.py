@@ -22,30 +22,44 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
                        check_model: Callable[[str], str | None]) -> None:
     """The routes; `check_model(model)`: the LoRA adapter a request's `model` names (None: the model
     itself), APIError (404) for a name neither is."""
+    metrics = pipeline.metrics
+    inputs = metrics.counter("baton_gateway_pooling_inputs", "Inputs embedded, classified or scored (a pair "
+                             "each), by endpoint", ["endpoint"])
+    tokens = metrics.counter("baton_gateway_pooling_tokens", "Their tokens, by endpoint", ["endpoint"])
+
+    def counted(endpoint: str, answer: dict, num_inputs: int) -> JSONResponse:
+        inputs.labels(**metrics.labels, endpoint=endpoint).inc(num_inputs)
+        tokens.labels(**metrics.labels, endpoint=endpoint).inc(answer["usage"]["total_tokens"])
+        return JSONResponse(answer)
 
     async def embeddings(request: Request) -> JSONResponse:
         body = await parsed_body(request, EmbeddingRequest)
         lora = check_model(body.model)
         response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
-        return JSONResponse(await embed(pipeline, body, lora, body.model, response_id, models.max_model_len),
-                            headers={"x-request-id": response_id})
+        answer = await embed(pipeline, body, lora, body.model, response_id, models.max_model_len)
+        response = counted("embeddings", answer, len(answer["data"]))
+        response.headers["x-request-id"] = response_id
+        return response
 
     async def scores(request: Request) -> JSONResponse:
         body = await parsed_body(request, ScoreRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return JSONResponse(await score(pipeline, body, lora, body.model or models.name, models.max_model_len,
-                                        models.is_cross_encoder))
+        answer = await score(pipeline, body, lora, body.model or models.name, models.max_model_len,
+                             models.is_cross_encoder)
+        return counted("score", answer, len(answer["data"]))
 
     async def reranked(request: Request) -> JSONResponse:
         body = await parsed_body(request, RerankRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return JSONResponse(await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len,
-                                         models.is_cross_encoder))
+        answer = await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len,
+                              models.is_cross_encoder)
+        return counted("rerank", answer, len(body.documents))
 
     async def classified(request: Request) -> JSONResponse:
         body = await parsed_body(request, ClassificationRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return JSONResponse(await classify(pipeline, body, lora, body.model or models.name, models.max_model_len))
+        answer = await classify(pipeline, body, lora, body.model or models.name, models.max_model_len)
+        return counted("classify", answer, len(answer["data"]))
 
     app.add_route("/v1/embeddings", embeddings, methods=["POST"])
     for path in ("/classify", "/v1/classify"):

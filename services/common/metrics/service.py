@@ -47,6 +47,10 @@ class ServiceMetrics:
         `.labels(**metrics.labels, ...)` gives the child."""
         return Gauge(name, documentation, [*LABELS, *labelnames], registry=self.registry)
 
+    def counter(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Counter:
+        """A counter with this service's labels (then `labelnames`), in its registry."""
+        return Counter(name, documentation, [*LABELS, *labelnames], registry=self.registry)
+
     def count_success(self, finish_reason: str) -> None:
         self._success.labels(**self.labels, finish_reason=finish_reason).inc()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import struct
 
@@ -66,6 +67,18 @@ def test_embeddings_are_the_last_hidden_state_normalized(mesh, client, reference
     decoded = base64.b64decode(packed)
     close(list(struct.unpack(f"<{len(decoded) // 4}f", decoded)), torch.nn.functional.normalize(hidden, dim=0))
     mesh.assert_decode_pools_free()
+
+
+def test_pooling_requests_are_counted_by_endpoint(mesh, client, reference):
+    def counted(name: str) -> float:
+        found = re.search(rf'^{name}_total{{[^}}]*endpoint="embeddings"[^}}]*}} (\S+)$',
+                          httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text, re.M)
+        return float(found[1]) if found else 0.0
+
+    before = counted("baton_gateway_pooling_inputs"), counted("baton_gateway_pooling_tokens")
+    client.embeddings.create(model=mesh.model_name, input=TEXTS)
+    after = counted("baton_gateway_pooling_inputs"), counted("baton_gateway_pooling_tokens")
+    assert after[0] - before[0] == 2 and after[1] - before[1] == sum(len(ids) for ids, _ in reference)
 
 
 def test_a_conversation_is_embedded_as_its_chat_template_renders_it(mesh):
