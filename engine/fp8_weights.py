@@ -31,7 +31,7 @@ def fp8_weights(config: dict) -> Fp8Weights | None:
     if not quantization:
         return None
     method = quantization.get("quant_method")
-    if method == "mxfp4":  # not FP8: engine/mxfp4_weights.py
+    if method in ("mxfp4", "gptq", "awq"):  # not FP8: engine/mxfp4_weights.py, engine/int4_weights.py
         return None
     if method == "fp8":
         block = quantization.get("weight_block_size")
@@ -45,7 +45,7 @@ def fp8_weights(config: dict) -> Fp8Weights | None:
         _check_compressed_tensors(quantization)
         return Fp8Weights("_scale", None)
     raise ValueError(f"quantization {method!r} is not supported (FP8 weights, with block scales or as "
-                     f"compressed-tensors, and MXFP4 ones are)")
+                     f"compressed-tensors, MXFP4 ones and 4-bit GPTQ and AWQ ones are)")
 
 
 def _check_compressed_tensors(quantization: dict) -> None:

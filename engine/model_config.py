@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
+from engine.int4_weights import Int4Weights, int4_weights
 from engine.mla_config import MLAConfig, read_mla_config
 from engine.moe_config import (
     DEEPSEEK_V2,
@@ -131,6 +132,7 @@ class ModelConfig:
     weights_dtype: str
     fp8_weights: Fp8Weights | None  # how FP8 weights are scaled (engine/fp8_weights.py); None: not FP8
     mxfp4_weights: bool  # some weights stored as MXFP4 blocks and scales (engine/mxfp4_weights.py)
+    int4_weights: Int4Weights | None  # how 4-bit GPTQ or AWQ weights are stored (engine/int4_weights.py)
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     # A sequence classifier's labels, in the order of its head's rows (config.json's id2label); ():
@@ -244,6 +246,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
             weights_dtype=str(stored_dtype(cfg) or "float32"),
             fp8_weights=fp8_weights(cfg),
             mxfp4_weights=is_mxfp4(cfg),
+            int4_weights=int4_weights(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
         )

@@ -7,10 +7,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from engine import mxfp4_weights as mxfp4
+from engine import int4_weights, mxfp4_weights as mxfp4
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
-from engine.checkpoint import checkpoint_files
+from engine.checkpoint import WeightsError, checkpoint_files
 from engine.fp8_weights import dequantized
 from engine.kv_pool import KVPool, TensorFactory
 from engine.lora import LoRAAdapter
@@ -72,6 +72,17 @@ class ModelRunner:
             packed = set(mxfp4.packed_names(names, files))
             names = [n + mxfp4.BLOCKS if n in packed else n for n in names]
             scale_names = [n + mxfp4.SCALES for n in packed]
+        int4 = self.model_config.int4_weights
+        if int4:  # read as their packed numbers, their zero points and scales beside them
+            packed = set(int4_weights.packed_names(names, files))
+            names = [n.removesuffix(int4_weights.WEIGHT) + int4_weights.QWEIGHT if n in packed else n for n in names]
+            scale_names = [part for n in packed for part in int4_weights.stored_parts(n, int4.method, files)]
+            spare = int4_weights.spare_biases(packed, names, files)
+            for name, bias in iter_tensors(files, spare, stored_names):
+                if bias.any():
+                    raise WeightsError(f"{name} is not zeros, and Baton's {self.model_config.architecture} "
+                                       f"has no such bias")
+            scale_names += spare
         check_every_tensor_is_read({n: f for n, f in files.items() if not self.model.is_unused_tensor(n)},
                                    names + scale_names, self.model_config.architecture)
         tensors = iter_tensors(files, names, stored_names)
@@ -79,6 +90,8 @@ class ModelRunner:
             tensors = dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)), fp8)
         elif self.model_config.mxfp4_weights:
             tensors = mxfp4.dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)))
+        elif int4:
+            tensors = int4_weights.dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)), int4)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():

@@ -78,7 +78,7 @@ def test_an_fp8_checkpoint_computes_its_dequantized_weights(fp8_and_dequantized)
 
 
 @pytest.mark.parametrize(("quantization", "named"), [
-    ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization 'bitsandbytes' is not supported"),
     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "FP8 without weight_block_size"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
      "activation_scheme 'static'"),
