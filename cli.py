@@ -144,6 +144,10 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="LoRA adapters (PEFT directories) every prefill and decode worker serves beside the "
                          "model, each under NAME, which a request names as its model (the gateway lists them in "
                          "/v1/models) (default $BATON_LORA_MODULES, else none)")
+    up.add_argument("--hf-overrides", metavar="JSON",
+                    help="config.json keys every service replaces, as vLLM's --hf-overrides: e.g. "
+                         "'{\"rope_scaling\": {...}, \"max_position_embeddings\": 131072}' to serve past the model's "
+                         "context (default $BATON_HF_OVERRIDES, else none)")
     up.add_argument("--max-model-len", type=int, metavar="N",
                     help="the context every service serves, prompt and output together, shorter than the model's "
                          "(default $BATON_MAX_MODEL_LEN, else the model's); a service's own --KIND-args may set "
@@ -310,7 +314,7 @@ def _up(args: argparse.Namespace) -> int:
                             shutdown_grace_s=args.shutdown_grace_s,
                             service_args=_service_args(args), api_key=args.api_key,
                             chat_template=args.chat_template, dtype=args.dtype,
-                            max_model_len=args.max_model_len,
+                            max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
                             lora_modules=tuple(args.lora_modules) if args.lora_modules else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from engine.rope_config import context_dependent_rope
 
@@ -76,20 +78,30 @@ def checkpoint_fingerprint(config_bytes: bytes, files: dict[str, Path]) -> bytes
     return digest.digest()
 
 
-def model_fingerprint(model_dir: str | Path) -> bytes:
-    """`checkpoint_fingerprint` of the model directory `model_dir`."""
+def read_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """config.json's settings, with vLLM's `--hf-overrides` in place of its own keys (each key's value
+    replaced whole, as vLLM updates a config: e.g. a `rope_scaling` to run Qwen3 past 32k tokens)."""
+    return {**json.loads((Path(model_dir) / "config.json").read_bytes()), **(hf_overrides or {})}
+
+
+def model_fingerprint(model_dir: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> bytes:
+    """`checkpoint_fingerprint` of the model directory `model_dir`, as `hf_overrides` changes it."""
     model_dir = Path(model_dir)
-    return checkpoint_fingerprint((model_dir / "config.json").read_bytes(), checkpoint_files(model_dir))
+    config = (model_dir / "config.json").read_bytes()
+    if hf_overrides:
+        config += b"\0" + json.dumps(hf_overrides, sort_keys=True).encode()
+    return checkpoint_fingerprint(config, checkpoint_files(model_dir))
 
 
-def kv_fingerprint(model_dir: str | Path, max_model_len: int | None) -> bytes:
+def kv_fingerprint(model_dir: str | Path, max_model_len: int | None,
+                   hf_overrides: Mapping[str, Any] | None = None) -> bytes:
     """What names the KV that workers serving `model_dir` with a context of `max_model_len` (None:
-    the model's) compute: the checkpoint's fingerprint, mixed with the RoPE variant the context
-    selects where it selects one (LongRoPE), so that workers turning keys differently refuse each
-    other's pages and are not taken for one model."""
+    the model's) and `hf_overrides` compute: the checkpoint's fingerprint (the overrides in it), mixed
+    with the RoPE variant the context selects where it selects one (LongRoPE), so that workers
+    turning keys differently refuse each other's pages and are not taken for one model."""
     model_dir = Path(model_dir)
-    fingerprint = model_fingerprint(model_dir)
-    cfg = json.loads((model_dir / "config.json").read_bytes())
+    fingerprint = model_fingerprint(model_dir, hf_overrides)
+    cfg = read_model_config(model_dir, hf_overrides)
     arch = next(iter(cfg.get("architectures") or ()), "")
     variant = context_dependent_rope(cfg, arch, max_model_len)
     if variant is None:

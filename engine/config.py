@@ -3,8 +3,9 @@ too (its default block size); engine/dtypes.py turns a dtype's name into torch's
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:  # the gateway reads this module and loads no numpy: the engine's speculative.py does
     from engine.speculative import SpeculativeConfig
@@ -57,6 +58,9 @@ class EngineConfig:
     # Speculative decoding (engine/speculative.py: n-gram drafts, vLLM's --speculative-config); None: none.
     speculative: SpeculativeConfig | None = None
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    # vLLM's --hf-overrides: config.json keys replaced (engine/checkpoint.read_model_config); in the
+    # KV fingerprint, so workers that disagree refuse each other's pages.
+    hf_overrides: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):

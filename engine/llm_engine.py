@@ -39,8 +39,8 @@ class LLMEngine:
         if config.device == "cpu" and config.retain_freed_host_memory:
             retain_freed_memory()
         model_dir = Path(config.model)
-        self.model_config = load_model_config(model_dir)
-        self.fingerprint = kv_fingerprint(model_dir, config.max_model_len)
+        self.model_config = load_model_config(model_dir, config.hf_overrides)
+        self.fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         dtype = TORCH_DTYPES[config.dtype]
         kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)  # what the pages hold

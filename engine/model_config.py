@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from engine.checkpoint import read_model_config
 from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.int4_weights import Int4Weights, int4_weights
@@ -148,14 +151,14 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
-def load_model_config(model_dir: str | Path) -> ModelConfig:
+def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> ModelConfig:
+    """config.json's model, `hf_overrides` (vLLM's) in place of its own keys."""
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
     if not path.is_file():
         raise ModelConfigError(f"{path}: not found (a model directory needs config.json)")
-    raw = path.read_bytes()
     try:
-        cfg = json.loads(raw)
+        cfg = read_model_config(model_dir, hf_overrides)
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []

@@ -14,6 +14,7 @@ import argparse
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from engine.config import DTYPES, KV_CACHE_DTYPES, SCHEDULING_POLICIES, stored_dtype
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -27,6 +28,8 @@ ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
 ENV_DTYPE = "BATON_DTYPE"
 ENV_KV_CACHE_DTYPE = "BATON_KV_CACHE_DTYPE"
 ENV_LORA_MODULES = "BATON_LORA_MODULES"
+# Shared by every service: the gateway and tokenizer read the model's context from config.json too.
+ENV_HF_OVERRIDES = "BATON_HF_OVERRIDES"
 ENV_ALLOW_RUNTIME_LORA_UPDATING = "BATON_ALLOW_RUNTIME_LORA_UPDATING"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 
@@ -183,6 +186,22 @@ def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> 
     parser.add_argument("--max-message-bytes", type=int,
                         default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
                         help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")
+    parser.add_argument("--hf-overrides", metavar="JSON", default=env.get(ENV_HF_OVERRIDES) or None,
+                        help=f"config.json keys replaced, as vLLM's: e.g. a rope_scaling to serve past the "
+                             f"model's context; every service of a mesh must be given the same (${ENV_HF_OVERRIDES})")
+
+
+def hf_overrides(given: str | None) -> dict[str, Any] | None:
+    """--hf-overrides' JSON object; ConfigError for anything else."""
+    if not given:
+        return None
+    try:
+        parsed = json.loads(given)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--hf-overrides (or ${ENV_HF_OVERRIDES}) is not JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"--hf-overrides (or ${ENV_HF_OVERRIDES}) must be a JSON object, got {given!r}")
+    return parsed
 
 
 def add_metrics_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_metrics_port: str) -> None:

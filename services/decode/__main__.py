@@ -57,7 +57,7 @@ WARMUP_PARAMS = (
 def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
     """The engine, its KV pool placed in a new shared-memory segment (owned, unlinked on failure)."""
     model_dir = config.model_dir
-    fingerprint = kv_fingerprint(model_dir, config.max_model_len)
+    fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
     pools: list[SharedKVPool] = []
 
     def shared_tensor(shape, dtype, device):
@@ -74,7 +74,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,
                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
-                                 speculative=config.speculative)
+                                 speculative=config.speculative, hf_overrides=config.hf_overrides)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
     except BaseException:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.speculative import SpeculativeConfig
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -41,6 +42,7 @@ from services.common.settings import (
     check_registry,
     check_scheduling_policy,
     env_int,
+    hf_overrides,
     lora_modules,
     model_arg,
     new_parser,
@@ -79,6 +81,7 @@ class DecodeServiceConfig:
     speculative: SpeculativeConfig | None = None  # n-gram drafts (engine/speculative.py); None: plain decoding
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
+    hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     redis_url: str = ""  # "": no Redis, nothing heartbeated or published
     instance_id: str = ""  # "": KIND-HOST-PORT once bound
@@ -140,7 +143,8 @@ class DecodeServiceConfig:
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                    speculative=speculative_config(args.speculative_config),
-                   max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
+                   max_model_len=args.max_model_len,
+                   hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)
 

@@ -121,7 +121,8 @@ class GatewayService:
     async def start(self, stop: asyncio.Event) -> str | None:
         config = self.config
         tokenizer = await load_in_thread(stop, ModelTokenizer.from_dir, config.model_dir,
-                                         max_model_len=config.max_model_len, chat_template=config.chat_template)
+                                         max_model_len=config.max_model_len, chat_template=config.chat_template,
+                                         hf_overrides=config.hf_overrides)
         if tokenizer is None:
             return None
         limit = config.max_message_bytes
@@ -160,7 +161,7 @@ class GatewayService:
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         self.models.max_model_len = tokenizer.max_model_len
-        self.models.is_cross_encoder = is_cross_encoder(config.model_dir)
+        self.models.is_cross_encoder = is_cross_encoder(config.model_dir, config.hf_overrides)
         self.state = GatewayState(self.pipeline, self.models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
@@ -209,7 +210,7 @@ class GatewayService:
         if config.discover_workers:
             self.registry_redis = connect_redis(config.redis_url)
             registry = InstanceRegistry(self.registry_redis)
-            model_key = kv_fingerprint(config.model_dir, config.max_model_len).hex()
+            model_key = kv_fingerprint(config.model_dir, config.max_model_len, config.hf_overrides).hex()
         for kind, pool in self.pools.items():
             if kind not in names:
                 continue
@@ -259,7 +260,7 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
         return None
     client = connect_redis(config.redis_url)
     model_dir = config.model_dir
-    fingerprint = kv_fingerprint(model_dir, config.max_model_len)
+    fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
     index = PrefixIndex(client, fingerprint.hex())
     router = PrefixRouter(prefill, index, InstanceRegistry(client), fingerprint=fingerprint,
                           block_size=EngineConfig.block_size, config=RouterConfig(overlap_weight=config.overlap_weight),

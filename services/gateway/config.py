@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
@@ -31,6 +32,7 @@ from services.common.settings import (
     check_positive,
     env_float,
     env_int,
+    hf_overrides,
     lora_modules,
     model_arg,
     new_parser,
@@ -106,6 +108,7 @@ class GatewayConfig:
     http_port: int = DEFAULT_HTTP_PORT  # 0: any free port, printed on the http listening line
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_model_len: int | None = None
+    hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
@@ -318,6 +321,7 @@ class GatewayConfig:
                    prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
                    served_model_names=tuple(args.served_model_name), host=args.host, port=args.port,
                    http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
+                   hf_overrides=hf_overrides(args.hf_overrides),
                    max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
                    grace_s=args.shutdown_grace_s,
                    routing=args.routing, overlap_weight=args.router_overlap_weight,

@@ -15,7 +15,6 @@ served model) or name a LoRA adapter. Each distinct text is embedded once.
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
+from engine.checkpoint import read_model_config
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import FieldError
 from services.gateway.pipeline import RequestPipeline
@@ -104,8 +104,8 @@ def _listed(texts: str | list[str]) -> list[str]:
     return [texts] if isinstance(texts, str) else texts
 
 
-def is_cross_encoder(model_dir: str | Path) -> bool:
+def is_cross_encoder(model_dir: str | Path, hf_overrides: dict[str, Any] | None = None) -> bool:
     """Whether the model is a sequence classifier of one label (config.json's architectures, id2label)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = read_model_config(model_dir, hf_overrides)
     is_classifier = any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or ())
     return is_classifier and len(config.get("id2label") or {}) == 1

@@ -37,6 +37,7 @@ from services.launcher.specs import (
     CHAT_TEMPLATE_VARIABLE,
     DECODE_NAME_PREFIXES,
     DTYPE_VARIABLE,
+    HF_OVERRIDES_VARIABLE,
     LORA_MODULES_VARIABLE,
     MAX_MODEL_LEN_VARIABLE,
     MeshConfig,
@@ -226,6 +227,8 @@ class Mesh:
             env[MAX_MODEL_LEN_VARIABLE] = str(self.config.max_model_len)
         if self.config.lora_modules is not None:
             env[LORA_MODULES_VARIABLE] = " ".join(self.config.lora_modules)
+        if self.config.hf_overrides is not None:
+            env[HF_OVERRIDES_VARIABLE] = self.config.hf_overrides
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:

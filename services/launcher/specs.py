@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.common.settings import ENV_DTYPE, ENV_LORA_MODULES, ENV_MAX_MODEL_LEN, lora_modules
+from services.common.settings import (
+    ENV_DTYPE,
+    ENV_HF_OVERRIDES,
+    ENV_LORA_MODULES,
+    ENV_MAX_MODEL_LEN,
+    hf_overrides,
+    lora_modules,
+)
 from services.launcher.process import ChildSpec
 from services.tokenizer.template_setting import chat_template_source
 
@@ -62,6 +69,7 @@ DTYPE_VARIABLE = ENV_DTYPE  # how `baton up --dtype` reaches every worker
 # still wins (a gateway may take shorter requests than its workers serve).
 MAX_MODEL_LEN_VARIABLE = ENV_MAX_MODEL_LEN
 LORA_MODULES_VARIABLE = ENV_LORA_MODULES  # how `baton up --lora-modules` reaches the workers and the gateway
+HF_OVERRIDES_VARIABLE = ENV_HF_OVERRIDES  # how `baton up --hf-overrides` reaches every service: they must agree
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class MeshConfig:
     # LoRA adapters every worker and the gateway serve, NAME=PATH each (paths made absolute: the
     # children run elsewhere); None: as $BATON_LORA_MODULES says, else none.
     lora_modules: tuple[str, ...] | None = None
+    hf_overrides: str | None = None  # every service's (a JSON object); None: as $BATON_HF_OVERRIDES says, else none
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -124,6 +133,8 @@ class MeshConfig:
         if self.lora_modules is not None:
             pairs = lora_modules(self.lora_modules)  # a bad one refused here, not by five children
             object.__setattr__(self, "lora_modules", tuple(f"{name}={Path(path).resolve()}" for name, path in pairs))
+        if self.hf_overrides is not None:
+            hf_overrides(self.hf_overrides)  # refused here rather than by every child
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
         if self.chat_template is not None:

@@ -55,7 +55,8 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   enable_prefix_caching=config.prefix_caching,
                                   scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,
-                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank))
+                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                                  hf_overrides=config.hf_overrides))
 
 
 def warmup_lengths(engine: LLMEngine) -> list[int]:

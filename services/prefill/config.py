@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
@@ -39,6 +40,7 @@ from services.common.settings import (
     check_registry,
     check_scheduling_policy,
     env_int,
+    hf_overrides,
     lora_modules,
     model_arg,
     new_parser,
@@ -78,6 +80,7 @@ class PrefillServiceConfig:
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
     max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
     max_model_len: int | None = None  # None: the model's own context length
+    hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
     prefix_caching: bool = True  # off: every prompt computed whole (for measuring what the cache saves)
@@ -144,6 +147,7 @@ class PrefillServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                   hf_overrides=hf_overrides(args.hf_overrides),
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,

@@ -35,7 +35,8 @@ class TokenizerService:
     async def start(self, stop: asyncio.Event) -> str | None:
         tokenizer = await load_in_thread(stop, ModelTokenizer.from_dir, self.config.model_dir,
                                          max_model_len=self.config.max_model_len,
-                                         chat_template=self.config.chat_template)
+                                         chat_template=self.config.chat_template,
+                                         hf_overrides=self.config.hf_overrides)
         if tokenizer is None:
             return None
         self.servicer.metrics = self.metrics

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
@@ -27,6 +28,7 @@ from services.common.settings import (
     check_limits,
     check_metrics_port,
     check_model_dir,
+    hf_overrides,
     model_arg,
     new_parser,
 )
@@ -44,6 +46,7 @@ class TokenizerServiceConfig:
     port: int = 0  # 0: any free port, printed on the listening line
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     max_model_len: int | None = None  # None: the model's own context length
+    hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
@@ -74,6 +77,7 @@ class TokenizerServiceConfig:
         add_chat_template_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
-                   max_model_len=args.max_model_len, max_message_bytes=args.max_message_bytes,
+                   max_model_len=args.max_model_len,
+                   hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    otlp_endpoint=args.otlp_endpoint, chat_template=chat_template_source(args.chat_template))

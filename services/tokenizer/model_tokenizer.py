@@ -64,10 +64,11 @@ class ModelTokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike, *, max_model_len: int | None = None,
-                 chat_template: str | None = None) -> ModelTokenizer:
+                 chat_template: str | None = None, hf_overrides: Mapping[str, Any] | None = None) -> ModelTokenizer:
         """Load a Hugging Face model directory. `max_model_len` overrides the context
         length found in config.json (and may only shorten it); `chat_template` (Jinja source)
-        replaces the model's templates, as vLLM's --chat-template does."""
+        replaces the model's templates, as vLLM's --chat-template does; `hf_overrides` replaces
+        config.json's keys, as vLLM's --hf-overrides does."""
         path = Path(model_dir)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
@@ -77,7 +78,7 @@ class ModelTokenizer:
         except Exception as e:  # the Rust library raises a bare Exception for a corrupt file
             raise ValueError(f"{tokenizer_file}: not a valid tokenizer.json ({e})") from e
         tok_config = _read_json(path / "tokenizer_config.json")
-        model_config = _read_json(path / "config.json")
+        model_config = {**_read_json(path / "config.json"), **(hf_overrides or {})}
         gen_config = _read_json(path / "generation_config.json")
 
         special_tokens = _special_tokens(tok_config)

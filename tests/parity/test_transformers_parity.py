@@ -100,8 +100,8 @@ def _hf_greedy(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
 
 
 def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64,
-                  reference_dir: Path | None = None) -> None:
-    engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens)
+                  reference_dir: Path | None = None, **options) -> None:
+    engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens, **options)
     prompts = _mixed_prompts(engine.model_config.vocab_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     # Request 2 goes first so that its prefix blocks are cached when 3 and 7 arrive.
