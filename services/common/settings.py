@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint import read_model_config
 from engine.config import DTYPES, KV_CACHE_DTYPES, SCHEDULING_POLICIES, stored_dtype
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -104,12 +105,12 @@ def add_dtype_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
                              f"scales; prefill and decode workers must agree (${ENV_KV_CACHE_DTYPE})")
 
 
-def resolved_dtype(dtype: str, model_dir: Path) -> str:
-    """`dtype`, checked; `auto`: the checkpoint's (config.json's torch_dtype, as vLLM's auto reads it) where
-    the engine computes in it, else float32."""
+def resolved_dtype(dtype: str, model_dir: Path, hf_overrides: Mapping[str, Any] | None = None) -> str:
+    """`dtype`, checked; `auto`: the checkpoint's (config.json's torch_dtype, as vLLM's auto reads it, the
+    overrides' where they give one) where the engine computes in it, else float32."""
     if dtype == "auto":
         try:
-            config = json.loads((model_dir / "config.json").read_text())
+            config = read_model_config(model_dir, hf_overrides)
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"--dtype auto: cannot read {model_dir / 'config.json'} ({e})") from None
         stored = stored_dtype(config)

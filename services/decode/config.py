@@ -92,7 +92,7 @@ class DecodeServiceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
-        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir))
+        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
         check_bind(self.host, self.port, ENV_HOST)
         check_metrics_port(self.metrics_port)
         check_positive("--kv-blocks", self.num_kv_blocks)

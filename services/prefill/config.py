@@ -95,7 +95,7 @@ class PrefillServiceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
-        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir))
+        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--kv-blocks", self.num_kv_blocks)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)

@@ -52,6 +52,14 @@ def test_every_service_takes_the_overrides_by_flag_or_the_shared_variable(tiny_d
             config.from_args(args, {"BATON_HF_OVERRIDES": "{rope"})
 
 
+def test_dtype_auto_reads_the_overrides_torch_dtype(tiny_demo_model):
+    args = ["--model", str(tiny_demo_model), "--dtype", "auto"]
+    assert PrefillServiceConfig.from_args(args, {}).dtype == "float32"
+    overridden = [*args, "--hf-overrides", '{"torch_dtype": "bfloat16"}']
+    assert PrefillServiceConfig.from_args(overridden, {}).dtype == DecodeServiceConfig.from_args(overridden, {}).dtype \
+        == "bfloat16"
+
+
 def test_greedy_tokens_follow_the_overrides(tiny_model_dirs, tmp_path):
     source = tiny_model_dirs["llama-gqa-untied"]
     reference = shutil.copytree(source, tmp_path / "overridden")
