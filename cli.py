@@ -84,6 +84,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--speculative-config", metavar="JSON",
                      help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": 4} '
                           "(the same tokens, in fewer steps where the output repeats itself)")
+    gen.add_argument("--hf-overrides", metavar="JSON", help="config.json keys replaced, as vLLM's --hf-overrides")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
                           "instead of streaming text")
@@ -250,21 +251,24 @@ def _generate(args: argparse.Namespace) -> int:
 
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from services.common.settings import ConfigError
+    from services.common.settings import ConfigError, hf_overrides
     from services.decode.config import speculative_config
 
     try:
         config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty(),
                               lora_modules=(("lora", args.lora),) if args.lora else (),
                               kv_cache_dtype=args.kv_cache_dtype,
-                              speculative=speculative_config(args.speculative_config, "--speculative-config"))
+                              speculative=speculative_config(args.speculative_config, "--speculative-config"),
+                              hf_overrides=hf_overrides(args.hf_overrides))
     except (ValueError, ConfigError) as exc:
         raise UsageError(str(exc)) from None
     # One request needs only its own pages; a pool carved from a fraction of
     # free memory takes seconds to zero on a CPU. One spare block of slack.
     num_tokens = len(prompt_ids) + args.max_tokens
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-        num_tokens = min(num_tokens, json.load(f).get("max_position_embeddings", num_tokens))
+    from engine.checkpoint import read_model_config
+
+    num_tokens = min(num_tokens, read_model_config(model_dir, config.hf_overrides).get("max_position_embeddings",
+                                                                                         num_tokens))
     num_blocks = -(-num_tokens // config.block_size) + 1
     from engine.lora import LoRAError
 

@@ -49,8 +49,9 @@ def test_errors_are_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2 and "num_speculative_tokens" in result.stderr
 
 
-def test_generate_with_drafts_and_fp8_pages(tiny_demo_model):
-    """vLLM's --speculative-config makes the same tokens; --kv-cache-dtype fp8 runs on one-byte pages."""
+def test_generate_with_drafts_fp8_pages_and_overrides(tiny_demo_model):
+    """vLLM's --speculative-config makes the same tokens; --kv-cache-dtype fp8 runs on one-byte pages;
+    --hf-overrides changes the model (its RoPE here, and so its tokens)."""
     def tokens(*more: str) -> list[int]:
         result = baton("generate", "--model", str(tiny_demo_model), "--prompt-ids", "5,6,7,8,5,6,7,8,5,6,7",
                        "--max-tokens", "12", "--ignore-eos", "--json", *more)
@@ -60,3 +61,4 @@ def test_generate_with_drafts_and_fp8_pages(tiny_demo_model):
     plain = tokens()
     assert tokens("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}') == plain
     assert len(tokens("--kv-cache-dtype", "fp8")) == 12
+    assert tokens("--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 4.0}}') != plain
