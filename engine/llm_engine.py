@@ -66,6 +66,8 @@ class LLMEngine:
             self.max_model_len, self.eos_token_ids, config.scheduling_policy, config.speculative, config.max_loras,
         )
         self.tokenizer = _load_tokenizer(model_dir)
+        if self.model_config.classifier_tokens:
+            self.runner.model.make_classifier(_vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
         self._guides: GuideFactory | None = None
         self._guides_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}
@@ -336,6 +338,15 @@ class LLMEngine:
                     if out.finished:
                         pending.discard(out.request_id)
                     yield out
+
+
+def _vocabulary_ids(tokens: tuple[str, ...], tokenizer: Tokenizer | None) -> list[int]:
+    """Each of `tokens`' id in the model's vocabulary; ValueError for one it lacks."""
+    ids = [tokenizer.token_to_id(t) if tokenizer is not None else None for t in tokens]
+    missing = [t for t, i in zip(tokens, ids) if i is None]
+    if missing:
+        raise ValueError(f"classifier_from_token: {missing} are not tokens of the model's tokenizer.json")
+    return ids
 
 
 def _load_tokenizer(model_dir: Path) -> Tokenizer | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint import read_model_config
+from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.int4_weights import Int4Weights, int4_weights
@@ -141,6 +142,10 @@ class ModelConfig:
     # A sequence classifier's labels, in the order of its head's rows (config.json's id2label); ():
     # no classification head.
     labels: tuple[str, ...] = ()
+    # A classifier made from its LM head (engine/classifier_config.py): the tokens whose rows make it,
+    # and whether it is the second row minus the first (Qwen3-Reranker's); (): the checkpoint's `score`.
+    classifier_tokens: tuple[str, ...] = ()
+    classifier_difference: bool = False
 
     @property
     def q_size(self) -> int:
@@ -167,8 +172,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch is None:
         raise ModelConfigError(
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(known)}")
-    labels = _labels(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
-    is_bare = arch in BARE_MODELS or arch in SEQUENCE_CLASSIFIERS  # no LM head of their own
+    try:
+        labels = classifier_labels(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
+        head_tokens = classifier_tokens(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
+    # No LM head of their own, but a classifier made from its rows keeps the causal LM's.
+    is_bare = arch in BARE_MODELS or (arch in SEQUENCE_CLASSIFIERS and not head_tokens)
     arch = BARE_MODELS.get(arch) or SEQUENCE_CLASSIFIERS.get(arch) or arch
     multimodal = MULTIMODAL.get(arch)
     if multimodal is not None:  # its text model is served (no images)
@@ -241,6 +251,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             q_temperature=_q_temperature(cfg, arch),
             multimodal=multimodal,
             labels=labels,
+            classifier_tokens=head_tokens,
+            classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
             attention_scale=_attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
@@ -381,9 +393,3 @@ def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
-
-def _labels(cfg: dict) -> tuple[str, ...]:
-    """A classifier's labels by row, as transformers names them (LABEL_i where config.json names none)."""
-    id2label = cfg.get("id2label") or {}
-    num_labels = len(id2label) or int(cfg.get("num_labels", 2))
-    return tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(num_labels))

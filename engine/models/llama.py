@@ -172,7 +172,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (self.embed if config.tie_word_embeddings
                         else empty_param(config.vocab_size, config.hidden_size, dtype=dtype))
         # A sequence classifier's head (`score`): a row of logits per label from the last hidden state.
-        self.classifier = empty_param(len(config.labels), config.hidden_size, dtype=dtype) if config.labels else None
+        self.classifier = (empty_param(len(config.labels), config.hidden_size, dtype=dtype)
+                           if config.labels and not config.classifier_tokens else None)
         cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -245,6 +246,12 @@ class LlamaForCausalLM(nn.Module):
         return [(None, None) if i not in self.config.rope_layers else local if layer.attn.sliding_window is not None
                 else full for i, layer in enumerate(self.layers)]
 
+    def make_classifier(self, token_ids: list[int]) -> None:
+        """The classification head from the LM head's rows of `token_ids` (ModelConfig.classifier_tokens):
+        those rows, or the second minus the first (classifier_difference)."""
+        rows = self.lm_head.detach()[token_ids]
+        self.classifier = (rows[1] - rows[0]).unsqueeze(0) if self.config.classifier_difference else rows
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] → logits [N, V] in float32 for the sampler.
         return F.linear(hidden, self.lm_head).float()
@@ -265,7 +272,7 @@ class LlamaForCausalLM(nn.Module):
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if not self.config.tie_word_embeddings:
             names.append("lm_head.weight")
-        if self.config.labels:
+        if self.config.labels and not self.config.classifier_tokens:
             names.append("score.weight")
         for i in range(self.config.num_layers):
             p = f"model.layers.{i}."

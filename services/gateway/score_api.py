@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from engine.checkpoint import read_model_config
+from engine.classifier_config import classifier_labels, is_sequence_classifier
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import FieldError
 from services.gateway.pipeline import RequestPipeline
@@ -105,7 +106,6 @@ def _listed(texts: str | list[str]) -> list[str]:
 
 
 def is_cross_encoder(model_dir: str | Path, hf_overrides: dict[str, Any] | None = None) -> bool:
-    """Whether the model is a sequence classifier of one label (config.json's architectures, id2label)."""
+    """Whether the model is a sequence classifier of one label (engine/classifier_config.py)."""
     config = read_model_config(model_dir, hf_overrides)
-    is_classifier = any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or ())
-    return is_classifier and len(config.get("id2label") or {}) == 1
+    return is_sequence_classifier(config) and len(classifier_labels(config)) == 1

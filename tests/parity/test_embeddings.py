@@ -6,13 +6,17 @@ a checkpoint saved as the bare model, as Qwen3-Embedding's are (no `model.` pref
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model_config import ModelConfigError
 from engine.sampling_params import SamplingParams
+from services.gateway.score_api import is_cross_encoder
+from tests.parity.conftest import COMMON
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,8 +86,6 @@ def test_a_checkpoint_saved_as_the_bare_model_is_read(tiny_model_dirs, tmp_path,
     ("Qwen3Config", {0: "LABEL_0"}),  # one label: a score, as a reward model or a cross-encoder gives
 ])
 def test_a_sequence_classifiers_head_reads_the_last_hidden_state_as_transformers_does(tmp_path, config_class, labels):
-    from tests.parity.conftest import COMMON
-
     config = getattr(transformers, config_class)(**COMMON, id2label=labels, label2id={v: k for k, v in labels.items()})
     torch.manual_seed(3)
     model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
@@ -94,3 +96,34 @@ def test_a_sequence_classifiers_head_reads_the_last_hidden_state_as_transformers
         for prompt, hidden in zip(PROMPTS, embeddings(engine, PROMPTS)):
             want = model(torch.tensor([prompt])).logits[0]
             torch.testing.assert_close(engine.runner.model.classifier @ hidden, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("difference", [True, False])
+def test_a_causal_lm_is_a_classifier_made_from_its_lm_heads_rows(tiny_demo_model, tmp_path, difference):
+    """vLLM's way to serve Qwen3-Reranker as released: --hf-overrides naming a sequence classifier and
+    `classifier_from_token` (here two tokens of the demo tokenizer): the head is the LM head's rows of
+    those tokens, or with `is_original_qwen3_reranker` the second minus the first, one label whose
+    sigmoid is the second token's probability against the first's."""
+    demo = json.loads((tiny_demo_model / "config.json").read_text())
+    config = transformers.Qwen3Config(**{**COMMON, "vocab_size": demo["vocab_size"], "tie_word_embeddings": False})
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path)
+    shutil.copy(tiny_demo_model / "tokenizer.json", tmp_path / "tokenizer.json")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    no, yes = "a", "b"
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": [no, yes],
+                 "is_original_qwen3_reranker": difference}
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64, max_num_batched_tokens=64,
+                                    hf_overrides=overrides))
+    assert engine.model_config.labels == (("LABEL_0",) if difference else (no, yes))
+    assert is_cross_encoder(tmp_path, overrides) == difference  # one label: /score and /rerank read pairs with it
+    ids = [tokenizer.convert_tokens_to_ids(no), tokenizer.convert_tokens_to_ids(yes)]
+    with torch.no_grad():
+        for prompt, hidden in zip(PROMPTS, embeddings(engine, PROMPTS)):
+            logits = model(torch.tensor([prompt])).logits[0, -1, ids]
+            want = (logits[1] - logits[0]).unsqueeze(0) if difference else logits
+            torch.testing.assert_close(engine.runner.model.classifier @ hidden, want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ModelConfigError, match="is_original_qwen3_reranker needs classifier_from_token of two"):
+        LLMEngine(EngineConfig(model=str(tmp_path), hf_overrides={**overrides, "classifier_from_token": [no],
+                                                                   "is_original_qwen3_reranker": True}))
