@@ -192,17 +192,22 @@ def add_limit_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> 
                              f"model's context; every service of a mesh must be given the same (${ENV_HF_OVERRIDES})")
 
 
-def hf_overrides(given: str | None) -> dict[str, Any] | None:
-    """--hf-overrides' JSON object; ConfigError for anything else."""
+def json_object(given: str | None, source: str) -> dict[str, Any] | None:
+    """A flag's JSON object (None when not given); ConfigError naming `source` for anything else."""
     if not given:
         return None
     try:
         parsed = json.loads(given)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--hf-overrides (or ${ENV_HF_OVERRIDES}) is not JSON: {e}") from None
+        raise ConfigError(f"{source} is not JSON: {e}") from None
     if not isinstance(parsed, dict):
-        raise ConfigError(f"--hf-overrides (or ${ENV_HF_OVERRIDES}) must be a JSON object, got {given!r}")
+        raise ConfigError(f"{source} must be a JSON object, got {given!r}")
     return parsed
+
+
+def hf_overrides(given: str | None) -> dict[str, Any] | None:
+    """--hf-overrides' JSON object; ConfigError for anything else."""
+    return json_object(given, f"--hf-overrides (or ${ENV_HF_OVERRIDES})")
 
 
 def add_metrics_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_metrics_port: str) -> None:

@@ -7,7 +7,6 @@ sizes carry the service's name (`BATON_DECODE_PORT`).
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from services.common.settings import (
     check_scheduling_policy,
     env_int,
     hf_overrides,
+    json_object,
     lora_modules,
     model_arg,
     new_parser,
@@ -152,12 +152,10 @@ class DecodeServiceConfig:
 def speculative_config(given: str | None, source: str = f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"
                        ) -> SpeculativeConfig | None:
     """--speculative-config's JSON as the engine's config; ConfigError (naming `source`) for one it cannot be."""
-    if not given:
+    parsed = json_object(given, source)
+    if parsed is None:
         return None
     try:
-        parsed = json.loads(given)
-        if not isinstance(parsed, dict):
-            raise ValueError(f"a JSON object is needed, got {given!r}")
         return SpeculativeConfig.from_dict(parsed)
-    except (json.JSONDecodeError, ValueError, TypeError) as e:
+    except (ValueError, TypeError) as e:
         raise ConfigError(f"{source}: {e}") from None

@@ -125,7 +125,7 @@ async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: st
                        pipeline.deadlines.prefill_s)
             for index, ids in enumerate(token_ids)))
     finally:
-        pipeline.num_requests -= len(inputs)
+        pipeline.release(len(inputs))
     return replies, sum(len(ids) for ids in token_ids)
 
 

@@ -187,17 +187,21 @@ class RequestPipeline:
             raise
         finally:
             if is_admitted:
-                self.num_requests -= 1
+                self.release()
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
     def admit(self, num: int = 1) -> None:
-        """Count `num` more requests in progress (`num_requests -= num` once they are done), or raise
+        """Count `num` more requests in progress (`release` them once they are done), or raise
         OverloadedError: admission control, before any worker hears of them. Past the limit a request
         would only queue behind the others on the workers, its time to first token growing with the queue."""
         if self.max_num_requests and self.num_requests + num > self.max_num_requests:
             raise OverloadedError(f"{self.num_requests} requests in progress, the gateway's limit "
                                   f"(--max-num-requests)")
         self.num_requests += num
+
+    def release(self, num: int = 1) -> None:
+        """`num` requests `admit` counted are done."""
+        self.num_requests -= num
 
     def _prefills_locally(self, prompt: Sequence[int], decode_worker: Worker, num_cached: int) -> bool:
         """Conditional disaggregation: a prompt whose part the decode worker does not hold
