@@ -51,6 +51,7 @@ from protos import common_pb2
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import ENDED, BackgroundResponses
+from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
@@ -163,13 +164,21 @@ def create_app(state: GatewayState) -> FastAPI:
         dispatched, on_dispatch = _dispatch_signal()
         prompts = body.prompts
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
-        streams, prompt_of_choice = [], []
+        streams, searches, prompt_of_choice = [], [], []
         for p, prompt in enumerate(prompts):
+            given = ({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
+                     if isinstance(prompt, str) else {"prompt_token_ids": prompt})
+            prompt_of_choice += [p] * body.n
+            if body.use_beam_search:
+                searches.append(beam_search(
+                    state.pipeline, _choice_id(response_id, p, len(prompts)), _with_adapter(body.sampling(
+                        body.max_tokens, body.logprobs, 0), lora), body.n, body.length_penalty, **given,
+                    truncate_prompt_tokens=body.truncate_prompt_tokens, num_logprobs=body.logprobs,
+                    include_stop_str_in_output=body.include_stop_str_in_output,
+                    skip_special_tokens=body.skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch))
+                continue
             for j in range(body.n):
-                choice = len(streams)
-                given = ({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
-                         if isinstance(prompt, str) else {"prompt_token_ids": prompt})
-                request_id = _choice_id(response_id, choice, len(prompts) * body.n)
+                request_id = _choice_id(response_id, len(streams), len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=_with_adapter(body.sampling(
                         body.max_tokens, body.logprobs, j, bad_words, state.pipeline.prompts.generation_defaults),
@@ -177,16 +186,16 @@ def create_app(state: GatewayState) -> FastAPI:
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch))
-                prompt_of_choice.append(p)
         # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
         echo_of_prompt = [p if isinstance(p, str) else state.pipeline.tokenizer.decode(p, skip_special_tokens=False)
                           for p in prompts] if body.echo else None
         builder = ResponseBuilder(kind="completion", response_id=response_id, model=lora or state.model_name,
-                                  num_choices=len(streams), prompt_of_choice=prompt_of_choice,
+                                  num_choices=len(prompt_of_choice), prompt_of_choice=prompt_of_choice,
                                   token_text=_token_text(state, body), want_logprobs=body.logprobs is not None,
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
                                   num_prompt_logprobs=body.prompt_logprobs)
-        return await respond(request, merge_choices(streams), builder, body.stream, body.include_usage, "prompt",
+        choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
+        return await respond(request, choices, builder, body.stream, body.include_usage, "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
 
@@ -204,15 +213,23 @@ def create_app(state: GatewayState) -> FastAPI:
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
         skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, reasoning)
-        streams = [state.pipeline.generate(
-            request_id, messages=messages, chat_options=body.chat_options(),
-            sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
-                                                 state.pipeline.prompts.generation_defaults), lora),
-            stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-            skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch,
-            guide_after=reasoning.guide_after if reasoning is not None else None)
-            for j, request_id in enumerate(request_ids)]
+        if body.use_beam_search:
+            choices = beam_choices([beam_search(
+                state.pipeline, response_id, _with_adapter(body.sampling(body.completion_budget, body.num_logprobs, 0),
+                                                           lora), body.n, body.length_penalty,
+                messages=messages, chat_options=body.chat_options(), truncate_prompt_tokens=body.truncate_prompt_tokens,
+                num_logprobs=body.num_logprobs, include_stop_str_in_output=body.include_stop_str_in_output,
+                skip_special_tokens=skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch)])
+        else:
+            choices = merge_choices([state.pipeline.generate(
+                request_id, messages=messages, chat_options=body.chat_options(),
+                sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
+                                                     state.pipeline.prompts.generation_defaults), lora),
+                stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+                skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
+                clock=timeline.clock(request_id), on_dispatch=on_dispatch,
+                guide_after=reasoning.guide_after if reasoning is not None else None)
+                for j, request_id in enumerate(request_ids)])
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
                                   num_choices=body.n,
                                   prompt_of_choice=[0] * body.n, token_text=_token_text(state, body),
@@ -221,7 +238,7 @@ def create_app(state: GatewayState) -> FastAPI:
                                   call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
                                   include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
                                   parallel_tool_calls=body.parallel_tool_calls)
-        return merge_choices(streams), builder, dispatched, timeline
+        return choices, builder, dispatched, timeline
 
     async def chat_completions(request: Request):
         body = await parsed_body(request, ChatCompletionRequest)

@@ -1,15 +1,15 @@
 """The OpenAI request bodies the gateway accepts, as pydantic models.
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-`min_tokens`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`,
-`truncate_prompt_tokens`, `guided_json`, `guided_regex`, `guided_choice`, `structured_outputs`,
-`bad_words`, `priority`, `return_tokens_as_token_ids`, and chat's template options), plus Baton's
-`return_timeline`. A value out of range fails validation here, so the client gets a 400 that
-names the field before any worker is called. Unknown fields are ignored, as OpenAI's own server
-does for fields a model does not use; but vLLM's extras that are not served here (beam search,
-grammars, logits processors) are refused by name: ignored, they would give other output than
-was asked for.
+`repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
+`prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, `truncate_prompt_tokens`,
+`guided_json`, `guided_regex`, `guided_choice`, `structured_outputs`, `bad_words`, `priority`,
+`return_tokens_as_token_ids`, `use_beam_search` with `length_penalty`, and chat's template options),
+plus Baton's `return_timeline`. A value out of range fails validation here, so the client gets a 400
+that names the field before any worker is called. Unknown fields are ignored, as OpenAI's own server
+does for fields a model does not use; but vLLM's extras that are not served here (grammars, logits
+processors), and what beam search cannot honour (penalties, biases, stop strings, structured
+output), are refused by name: ignored, they would give other output than was asked for.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from protos import common_pb2
+from services.gateway.beam_search import MAX_BEAM_WIDTH
 from services.gateway.errors import FieldError
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.structured_output import guided_regex
@@ -40,9 +41,14 @@ INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 16  # n × prompts per request; more is one client hogging every worker
 MAX_LOGPROBS = 20  # the engine's limit
-UNSERVED = {"use_beam_search": "beam search is not served here",  # vLLM's extras, refused when asked for
-            "guided_grammar": "use guided_regex, guided_json or guided_choice",
+UNSERVED = {"guided_grammar": "use guided_regex, guided_json or guided_choice",
             "logits_processors": "custom logits processors are not loaded here"}
+# What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
+# own logprobs, so a field that would change them, or end a beam on its text, is refused with it
+# (vLLM's ignores them).
+NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0),
+                        "repetition_penalty": (None, 1.0), "logit_bias": (None, {}), "min_tokens": (0,),
+                        "allowed_token_ids": (None,), "bad_words": (None, [])}
 
 
 class StreamOptions(BaseModel):
@@ -108,16 +114,18 @@ class _SamplingFields(BaseModel):
     # vLLM's: logprobs name each token "token_id:N", not by its text (which may not tell two tokens apart)
     return_tokens_as_token_ids: bool = False
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
+    # vLLM's: n beams (beam_search.py), the best first; sampling fields other than these have no say.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0  # a beam's score: its summed logprob / its length ** length_penalty
     # vLLM's extras this gateway does not serve: refused when asked for, not ignored (the output
     # would not be what the client asked).
-    use_beam_search: bool = False
     guided_grammar: str | None = None
     logits_processors: list[Any] | None = None
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None
 
-    @field_validator("use_beam_search", "guided_grammar", "logits_processors")
+    @field_validator("guided_grammar", "logits_processors")
     @classmethod
     def _unserved(cls, value: Any, info) -> Any:
         if value:
@@ -147,6 +155,18 @@ class _SamplingFields(BaseModel):
         if any(not s for s in self.stop_strings):
             raise FieldError("stop", "stop strings must be non-empty")
         return self
+
+    def _check_beam_search(self) -> None:
+        """Called last by each request's own check (chat's forced tool call is a structured output)."""
+        if not self.use_beam_search:
+            return
+        if self.n > MAX_BEAM_WIDTH:
+            raise FieldError("n", f"at most {MAX_BEAM_WIDTH} beams (n) with use_beam_search")
+        for name, neutral in NOT_WITH_BEAM_SEARCH.items():
+            if getattr(self, name) not in neutral:
+                raise FieldError(name, f"{name} is not supported with use_beam_search")
+        if self._output_regex is not None:
+            raise FieldError("use_beam_search", "structured output is not supported with use_beam_search")
 
     @property
     def stop_strings(self) -> list[str]:
@@ -236,6 +256,7 @@ class CompletionRequest(_SamplingFields):
             raise FieldError("best_of", "best_of must equal n (beam search and best_of sampling are not supported)")
         if len(self.prompts) * self.n > MAX_CHOICES:
             raise FieldError("n", f"at most {MAX_CHOICES} choices per request (prompts × n)")
+        self._check_beam_search()
         return self
 
     @property
@@ -352,6 +373,7 @@ class ChatCompletionRequest(_SamplingFields):
                              "continues the last message, or starts a new one")
         check_template_kwargs(self.chat_template_kwargs or {})
         self.chat_messages()  # raises for content parts other than text
+        self._check_beam_search()
         return self
 
     @property

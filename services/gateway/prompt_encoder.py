@@ -23,6 +23,7 @@ class ModelText(Decoder, Protocol):
     """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
 
     max_model_len: int | None
+    eos_token_ids: tuple[int, ...]
 
     def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
 

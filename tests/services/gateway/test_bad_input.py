@@ -127,8 +127,8 @@ CASES = [
     ("logit_bias past the vocabulary", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"5000": -100}}, 400, None),
     # vLLM's extras not served here: refused, not ignored (ignored, the output would not be what was asked for).
-    ("beam search", "/v1/completions", {"model": "MODEL", "prompt": "hi", "use_beam_search": True, "n": 2}, 400,
-     "use_beam_search"),
+    ("beam search with stop strings", "/v1/completions",
+     {"model": "MODEL", "prompt": "hi", "use_beam_search": True, "n": 2, "stop": "."}, 400, "stop"),
     ("a grammar", "/v1/completions", {"model": "MODEL", "prompt": "hi", "guided_grammar": 'root ::= "a"'}, 400,
      "guided_grammar"),
     ("logits processors", "/v1/chat/completions", {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
