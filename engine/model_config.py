@@ -10,6 +10,7 @@ from typing import Any
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
+from engine.encoder_config import ENCODERS, EncoderConfig, read_encoder_config
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.int4_weights import Int4Weights, int4_weights
 from engine.mla_config import MLAConfig, read_mla_config
@@ -146,6 +147,12 @@ class ModelConfig:
     # and whether it is the second row minus the first (Qwen3-Reranker's); (): the checkpoint's `score`.
     classifier_tokens: tuple[str, ...] = ()
     classifier_difference: bool = False
+    encoder: EncoderConfig | None = None  # a BERT-family encoder's (engine/encoder_config.py); None: a decoder
+
+    @property
+    def pooling(self) -> str:
+        """Which last hidden states make a prompt's embedding: "last" (a decoder's), "cls" or "mean"."""
+        return self.encoder.pooling if self.encoder is not None else "last"
 
     @property
     def q_size(self) -> int:
@@ -167,11 +174,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []
-    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS)
+    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS, *ENCODERS)
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ModelConfigError(
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(known)}")
+    if arch in ENCODERS:
+        return _encoder_model_config(cfg, arch, model_dir)
     try:
         labels = classifier_labels(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
         head_tokens = classifier_tokens(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
@@ -280,6 +289,35 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
                                f"num_key_value_heads {num_kv_heads}")
     return config
+
+
+def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
+    """A BERT-family encoder's: what a decoder has and it has not (RoPE, experts, windows) left out."""
+    path = model_dir / "config.json"
+    try:
+        encoder = read_encoder_config(cfg, arch, model_dir)
+        hidden, num_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        head_dim = hidden // num_heads
+        return ModelConfig(
+            architecture=arch, hidden_size=hidden, num_layers=int(cfg["num_hidden_layers"]), num_heads=num_heads,
+            num_kv_heads=num_heads, head_dim=head_dim, rotary_dim=head_dim,
+            intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=encoder.layer_norm_eps, rope_theta=0.0, rope_scaling=None, local_rope_theta=None,
+            rope_layers=frozenset(),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 512)) - encoder.position_offset,
+            tie_word_embeddings=True, qkv_bias=True, o_bias=True, mlp_bias=True, qk_norm=None, moe=MoEConfig(),
+            mla=None, sliding_window=None, sliding_layers=frozenset(), attention_chunk_size=None,
+            chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False, q_temperature=None,
+            attention_sinks=False, multimodal=None, hidden_act=cfg.get("hidden_act", "gelu"),
+            attention_scale=head_dim ** -0.5, attn_logit_softcapping=None, final_logit_softcapping=None,
+            embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+            weights_dtype=str(stored_dtype(cfg) or "float32"), fp8_weights=None, mxfp4_weights=False,
+            int4_weights=None, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(model_dir, cfg),
+            encoder=encoder)
+    except KeyError as e:
+        raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
+    except (ValueError, json.JSONDecodeError) as e:
+        raise ModelConfigError(f"{path}: {e}") from None
 
 
 def _attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, scaling: dict | None) -> float:

@@ -124,11 +124,16 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, meta, pool.layers)
         for seq, row, n in prompt_rows:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
-        for seq, row in embed_rows:
-            seq.embedding = hidden[row].float().tolist()
+        for seq, first, last in embed_rows:
+            seq.embedding = self._pooled(hidden[first:last + 1]).float().tolist()
         if not sampled_seqs:
             return [], None
         return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+
+    def _pooled(self, rows: torch.Tensor) -> torch.Tensor:
+        """A prompt's embedding from its chunk's last hidden states (an encoder's chunk is its whole prompt)."""
+        pooling = self.model_config.pooling
+        return rows[0] if pooling == "cls" else rows.mean(dim=0) if pooling == "mean" else rows[-1]
 
     def _record_prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor, first_position: int) -> None:
         """Append the records of the prompt tokens this chunk predicts (row i, at position p, predicts
@@ -173,7 +178,8 @@ class ModelRunner:
         sampled_seqs: list[Sequence] = []
         # (sequence, first row, rows) of each chunk that predicts prompt tokens whose logprobs are asked for
         prompt_rows: list[tuple[Sequence, int, int]] = []
-        embed_rows: list[tuple[Sequence, int]] = []  # (embedding request, its last prompt token's row)
+        # (embedding request, the first and last rows of its chunk: its prompt's last token's the last)
+        embed_rows: list[tuple[Sequence, int, int]] = []
         # Decode rows first: one a token, each attending to its sequence's pages up to itself (a
         # drafted sequence's last token and drafts are rows of their own: speculative.py).
         context_lens: list[int] = []
@@ -189,8 +195,8 @@ class ModelRunner:
             if c + n == seq.num_tokens:
                 sample_rows.extend(range(first, first + n))
                 sampled_seqs.append(seq)
-                if seq.sampling_params.embed:  # a prompt cached but for its last token
-                    embed_rows.append((seq, first))
+                if seq.sampling_params.embed:  # a prompt cached but for its last token, or of one token
+                    embed_rows.append((seq, first, first))
             elif seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:  # a one-token prompt chunk
                 prompt_rows.append((seq, first, 1))
         decode_tables = decode_lens = None
@@ -219,7 +225,7 @@ class ModelRunner:
                 sample_rows.append(start - 1)
                 sampled_seqs.append(seq)
                 if seq.sampling_params.embed:
-                    embed_rows.append((seq, start - 1))
+                    embed_rows.append((seq, start - n, start - 1))
         position_tensor = torch.tensor(positions, dtype=torch.int64, device=self.device)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),

@@ -35,6 +35,7 @@ class Scheduler:
         policy: str = "fcfs",
         speculative: SpeculativeConfig | None = None,
         max_loras: int | None = None,
+        whole_embeddings: bool = False,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -51,6 +52,8 @@ class Scheduler:
         self.max_loras = max_loras  # most LoRA adapters a batch computes with; None: no limit
         self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
         self.num_accepted_tokens = 0
+        # An encoder's embedding requests are computed in one step: their tokens attend to each other.
+        self.whole_embeddings = whole_embeddings
 
     @property
     def num_unfinished(self) -> int:
@@ -137,6 +140,8 @@ class Scheduler:
                 adapters.add(lora_name)
             if not bm.can_allocate(seq):
                 break
+            if self.whole_embeddings and seq.sampling_params.embed and seq.num_uncomputed_tokens > budget:
+                break  # the next step's budget takes it whole (LLMEngine refuses one it never could)
             bm.allocate(seq)
             del self.waiting[i]
             self._run(seq)

@@ -1,6 +1,7 @@
 """Model architectures, keyed by the `architectures` entry of config.json."""
 from __future__ import annotations
 
+from engine.models.bert import BertModel
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
@@ -34,4 +35,8 @@ MODEL_REGISTRY = {
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Ministral3ForCausalLM": LlamaForCausalLM,  # Mistral with its q scaled by position, as its ModelConfig says
     "GptOssForCausalLM": GptOssForCausalLM,
+    # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
+    "BertModel": BertModel,
+    "RobertaModel": BertModel,
+    "XLMRobertaModel": BertModel,
 }

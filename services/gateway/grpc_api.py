@@ -126,6 +126,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         lora = self.models.adapter_named(request.model) if request.model else None
+        self.models.check_generates()
         if request.sampling.HasField("lora_name") and not self.models.serves_adapter(request.sampling.lora_name):
             served = ", ".join(self.models.adapters) or "none"
             raise APIError(400, f"sampling.lora_name {request.sampling.lora_name!r} is not served here (served: "

@@ -159,6 +159,7 @@ def create_app(state: GatewayState) -> FastAPI:
     async def completions(request: Request):
         body = await parsed_body(request, CompletionRequest)
         lora = check_model(state, body.model)
+        state.models.check_generates()
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
@@ -203,6 +204,7 @@ def create_app(state: GatewayState) -> FastAPI:
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
         """A chat request's choices on their way, and what builds their output."""
         lora = check_model(state, body.model)
+        state.models.check_generates()
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
             raise needs_a_parser("tool_choice")
         timeline = start_timeline(state, request, response_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.gateway.errors import model_not_found
+from services.gateway.errors import APIError, model_not_found
 
 
 class ServedModels:
@@ -21,6 +21,7 @@ class ServedModels:
         # A sequence classifier of one label (a cross-encoder reranker): it scores a pair of texts
         # joined, with its head (score_api.py), not by the cosine of their embeddings.
         self.is_cross_encoder = False
+        self.generates_text = True  # False: an encoder, served for embeddings only (engine/encoder_config.py)
 
     @property
     def name(self) -> str:
@@ -37,6 +38,12 @@ class ServedModels:
         if self.serves_adapter(model):
             return model
         raise model_not_found(model, self.all_names)
+
+    def check_generates(self) -> None:
+        """APIError 400 for a request to generate text from a model that does not."""
+        if not self.generates_text:
+            raise APIError(400, f"The model `{self.name}` is an embedding model: it does not generate text (it "
+                                "answers /v1/embeddings).", param="model", code="model_not_generative")
 
     def serves_adapter(self, name: str) -> bool:
         return name in self.adapters

@@ -18,6 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 
 # The named special tokens transformers passes to every chat template (its
@@ -265,7 +266,7 @@ def _context_length(model_config: Mapping[str, Any], tok_config: Mapping[str, An
     for config in (model_config, model_config.get("text_config") or {}):
         for key in CONTEXT_LENGTH_KEYS:
             if isinstance(config.get(key), int):
-                return config[key]
+                return config[key] - position_offset(config)
     limit = tok_config.get("model_max_length")
     if isinstance(limit, (int, float)) and 0 < limit < _NO_LIMIT:
         return int(limit)

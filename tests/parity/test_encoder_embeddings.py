@@ -1,0 +1,75 @@
+"""BERT-family encoders (BertModel, XLMRobertaModel) as embedding models: each prompt's pooled last
+hidden states ([CLS], mean or last, as its sentence-transformers Pooling module says; [CLS]
+without one) equal to transformers' on the same weights, alone and batched, whole however the
+step's budget falls, never from a prefix cache."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_config import ModelConfigError, load_model_config
+from engine.sampling_params import SamplingParams
+from tests.encoder_models import make_encoder, transformers_embedding
+
+pytest.importorskip("transformers")
+
+PROMPTS = [[2, 5, 9, 17, 3], [2, *[(7 * k) % 60 + 5 for k in range(100)], 3], [2, 3], [9]]
+EMBED = SamplingParams(max_tokens=1, embed=True)
+
+
+def embeddings(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tensor]:
+    finished = {o.request_id: o for o in engine.generate(prompts, EMBED) if o.finished}
+    return [torch.tensor(finished[r].embedding) for r in sorted(finished, key=lambda r: int(r.removeprefix("gen-")))]
+
+
+@pytest.mark.parametrize(("architecture", "pooling"), [("BertModel", "mean"), ("BertModel", "cls"),
+                                                       ("XLMRobertaModel", "mean"), ("BertModel", "last")])
+def test_encoder_embeddings_equal_transformers(tmp_path, architecture, pooling):
+    model_dir = make_encoder(tmp_path / "encoder", architecture, pooling)
+    assert load_model_config(model_dir).pooling == pooling
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
+    expected = [transformers_embedding(model_dir, p, pooling) for p in PROMPTS]
+    for made in (embeddings(engine, PROMPTS), embeddings(engine, PROMPTS)):  # the second: nothing cached
+        for got, want in zip(made, expected):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_without_a_pooling_module_the_cls_token_is_the_embedding(tmp_path):
+    model_dir = make_encoder(tmp_path / "encoder", pooling=None)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
+    [got] = embeddings(engine, PROMPTS[:1])
+    torch.testing.assert_close(got, transformers_embedding(model_dir, PROMPTS[0], "cls"), atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_waits_for_a_step_that_takes_it_whole(tmp_path):
+    """Two 60-token prompts and a budget of 100 tokens a step: the second is computed in the next step,
+    whole, not its first 40 tokens now."""
+    model_dir = make_encoder(tmp_path / "encoder")
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=100))
+    prompts = [[2, *range(5, 63), 3], [2, *range(10, 68), 3]]
+    for got, prompt in zip(embeddings(engine, prompts), prompts):
+        torch.testing.assert_close(got, transformers_embedding(model_dir, prompt, "mean"), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="computed whole"):
+        engine.add_request("long", [2, *[k % 60 + 5 for k in range(105)], 3], EMBED)
+
+
+def test_generation_on_an_encoder_runs_without_failing(tmp_path):
+    """What a worker's warm-up asks of it: prompts in chunks, decode steps (the text means nothing)."""
+    model_dir = make_encoder(tmp_path / "encoder")
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=32))
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    outputs = [o for o in engine.generate([[2, *range(5, 60)], [9]], params) if o.finished]
+    assert [len(o.token_ids) for o in outputs] == [4, 4]
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_an_unsupported_pooling_is_a_clear_error(tmp_path):
+    model_dir = make_encoder(tmp_path / "encoder")
+    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
+    with pytest.raises(ModelConfigError, match="pooling_mode_max_tokens is not supported"):
+        load_model_config(model_dir)

@@ -1,0 +1,80 @@
+"""A BERT embedding model (all-MiniLM's shape: mean pooling, then normalized) served by the mesh:
+`/v1/embeddings` through the `openai` client equal to sentence-transformers' computation on the
+same weights, `/score` from them, and text generation refused with a 400 naming the model."""
+from __future__ import annotations
+
+import grpc
+import httpx
+import openai
+import pytest
+import torch
+
+from protos import gateway_pb2, gateway_pb2_grpc
+from tests.encoder_models import make_encoder, transformers_embedding
+from tests.services.gateway.mesh import start_mesh, stop_mesh
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "A cat sat on the mat!"]
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    model_dir = make_encoder(tmp_path_factory.mktemp("encoder") / "minilm", "BertModel", "mean")
+    mesh = start_mesh(model_dir, num_prefill=1, num_decode=1)
+    try:
+        yield mesh
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+@pytest.fixture(scope="module")
+def client(mesh):
+    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def expected_embedding(mesh, text: str) -> torch.Tensor:
+    ids = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)(text)["input_ids"]
+    return torch.nn.functional.normalize(transformers_embedding(mesh.model_dir, ids, "mean"), dim=0)
+
+
+def test_embeddings_are_the_mean_pooled_hidden_states_normalized(mesh, client):
+    response = client.embeddings.create(model=mesh.model_name, input=TEXTS)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    for data, text in zip(response.data, TEXTS):
+        torch.testing.assert_close(torch.tensor(data.embedding), expected_embedding(mesh, text), atol=1e-4,
+                                   rtol=1e-4)
+    assert response.usage.prompt_tokens == sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)  # [CLS] and [SEP]
+    scored = httpx.post(f"{mesh.gateway.base_url}/score", timeout=30,
+                        json={"model": mesh.model_name, "text_1": TEXTS[0], "text_2": TEXTS[1]}).json()
+    cosine = float(expected_embedding(mesh, TEXTS[0]) @ expected_embedding(mesh, TEXTS[1]))
+    assert abs(scored["data"][0]["score"] - cosine) < 1e-4
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "the cat", "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"input": "hi"}),
+])
+def test_text_generation_is_refused_naming_the_model(mesh, path, body):
+    answer = httpx.post(f"{mesh.gateway.base_url}{path}", timeout=30, json={"model": mesh.model_name, **body})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "model" and error["code"] == "model_not_generative"
+    assert "/v1/embeddings" in error["message"]
+
+
+def test_a_text_over_the_encoders_positions_is_a_400(mesh, client):
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=mesh.model_name, input="the cat sat " * 700)
+    mesh.assert_decode_pools_free()
+
+
+def test_the_grpc_generate_api_refuses_it_too(mesh):
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        [response] = list(gateway_pb2_grpc.GenerateStub(channel).Generate(
+            gateway_pb2.GenerateRequest(request_id="encoder-1", text="the cat"), timeout=30))
+    assert response.WhichOneof("response") == "error"
+    assert response.error.code == 400 and response.error.param == "model"
