@@ -1,7 +1,10 @@
-"""BERT-family encoders (BertModel, RobertaModel, XLMRobertaModel) as embedding models, as vLLM
-serves them: every token attends to every other, and a prompt's embedding pools its last hidden
-states as its sentence-transformers `Pooling` module says (the [CLS] token's, their mean, or the
-last token's; without one, the [CLS] token's, vLLM's default for these).
+"""BERT-family encoders (BertModel, RobertaModel, XLMRobertaModel) as embedding models, and their
+*ForSequenceClassification checkpoints (cross-encoder rerankers: ms-marco-MiniLM, bge-reranker) as
+classifiers, as vLLM serves them: every token attends to every other, and a prompt's embedding
+pools its last hidden states as its sentence-transformers `Pooling` module says (the [CLS] token's,
+their mean, or the last token's; without one, and always for a classifier, the [CLS] token's).
+A pair of texts is told apart by token types where the model has them (BERT's): a token after the
+first [SEP] is of the second text, as the tokenizer's pair template writes them.
 """
 from __future__ import annotations
 
@@ -9,7 +12,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel")
+from tokenizers import Tokenizer
+
+# Architecture → where its encoder's tensors are (their names' prefix) and which head it has.
+ENCODERS = {"BertModel": ("", None), "RobertaModel": ("", None), "XLMRobertaModel": ("", None),
+            "BertForSequenceClassification": ("bert.", "pooler"),
+            "RobertaForSequenceClassification": ("roberta.", "dense"),
+            "XLMRobertaForSequenceClassification": ("roberta.", "dense")}
+ROBERTAS = tuple(arch for arch in ENCODERS if "Roberta" in arch)
 POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 
@@ -23,9 +33,14 @@ def is_encoder(config: dict) -> bool:
 class EncoderConfig:
     pooling: str  # "cls", "mean" or "last"
     layer_norm_eps: float
-    type_vocab_size: int  # rows of token type embeddings: every token is type 0 (one segment)
+    type_vocab_size: int  # rows of token type embeddings
     # RoBERTa's positions start after its padding index: position p reads row p + position_offset.
     position_offset: int
+    prefix: str = ""  # of its encoder's tensor names: a classifier's checkpoint nests it ("bert.")
+    # A classifier's head on the [CLS] token's hidden state, before its rows of logits: "pooler", BERT's
+    # pooler (dense, tanh); "dense", RoBERTa's classifier.dense (dense, tanh); None: no head.
+    head: str | None = None
+    sep_token_id: int | None = None  # the [SEP] that ends a pair's first text, where token types tell them apart
 
 
 def read_encoder_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
@@ -35,16 +50,29 @@ def read_encoder_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
         raise ValueError(f"unsupported hidden_act {act!r} for {arch} (one of {', '.join(ACTIVATIONS)})")
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"position_embedding_type {cfg['position_embedding_type']!r} is not supported (absolute only)")
-    return EncoderConfig(pooling=sentence_transformers_pooling(model_dir) or "cls",
-                         layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
-                         type_vocab_size=int(cfg.get("type_vocab_size", 2)),
-                         position_offset=position_offset(cfg))
+    prefix, head = ENCODERS[arch]
+    type_vocab_size = int(cfg.get("type_vocab_size", 2))
+    return EncoderConfig(pooling="cls" if head else sentence_transformers_pooling(model_dir) or "cls",
+                         layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), type_vocab_size=type_vocab_size,
+                         position_offset=position_offset(cfg), prefix=prefix, head=head,
+                         sep_token_id=_sep_token_id(model_dir) if type_vocab_size > 1 else None)
+
+
+def _sep_token_id(model_dir: Path) -> int | None:
+    """The id of the tokenizer's sep_token (tokenizer_config.json's); None without one."""
+    config_path, tokenizer_path = model_dir / "tokenizer_config.json", model_dir / "tokenizer.json"
+    if not config_path.is_file() or not tokenizer_path.is_file():
+        return None
+    sep = json.loads(config_path.read_text()).get("sep_token")
+    if isinstance(sep, dict):
+        sep = sep.get("content")
+    return Tokenizer.from_file(str(tokenizer_path)).token_to_id(sep) if isinstance(sep, str) else None
 
 
 def position_offset(cfg: dict) -> int:
     """Rows of the position embeddings before position 0: RoBERTa's padding index and those before it."""
-    archs = cfg.get("architectures") or ()
-    return int(cfg.get("pad_token_id", 1)) + 1 if "RobertaModel" in archs or "XLMRobertaModel" in archs else 0
+    is_roberta = any(arch in ROBERTAS for arch in cfg.get("architectures") or ())
+    return int(cfg.get("pad_token_id", 1)) + 1 if is_roberta else 0
 
 
 def sentence_transformers_pooling(model_dir: Path) -> str | None:

@@ -313,7 +313,7 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
             embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
             weights_dtype=str(stored_dtype(cfg) or "float32"), fp8_weights=None, mxfp4_weights=False,
             int4_weights=None, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(model_dir, cfg),
-            encoder=encoder)
+            labels=classifier_labels(cfg) if encoder.head else (), encoder=encoder)
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
     except (ValueError, json.JSONDecodeError) as e:

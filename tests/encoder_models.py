@@ -16,9 +16,11 @@ POSITIONS = 2050  # a test mesh's decode pool (2048 tokens) fits in its context,
 POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "last": "pooling_mode_lasttoken"}
 
 
-def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | None = "mean") -> Path:
-    """A 2-layer encoder of `architecture` (BertModel or XLMRobertaModel) in `path`; `pooling`: its
-    sentence-transformers Pooling module's mode, None for a directory without one."""
+def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | None = "mean",
+                 num_labels: int = 2) -> Path:
+    """A 2-layer encoder of `architecture` (BertModel, XLMRobertaModel, or their
+    *ForSequenceClassification with `num_labels`) in `path`; `pooling`: its sentence-transformers
+    Pooling module's mode, None for a directory without one."""
     import transformers
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
@@ -31,8 +33,10 @@ def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | Non
     tokenizer = Tokenizer(WordPiece(ids, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    is_bert = architecture.startswith("Bert")  # RoBERTa's pairs: "<s> A </s></s> B </s>", of one token type
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1" if is_bert else "[CLS] $A [SEP] [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     tokenizer.decoder = decoders.WordPiece()
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
@@ -40,21 +44,20 @@ def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | Non
         "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": POSITIONS}))
     common = dict(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=128, initializer_range=0.2)
-    if architecture == "BertModel":
-        config = transformers.BertConfig(max_position_embeddings=POSITIONS, pad_token_id=0, **common)
-        model_class = transformers.BertModel
-    else:  # positions after the padding index (0 and 1 unused), as RoBERTa's
-        config = transformers.XLMRobertaConfig(max_position_embeddings=POSITIONS + 2, pad_token_id=0, bos_token_id=2,
-                                               eos_token_id=3, **common)
-        model_class = transformers.XLMRobertaModel
+    if is_bert:
+        config = transformers.BertConfig(max_position_embeddings=POSITIONS, pad_token_id=0, num_labels=num_labels,
+                                         **common)
+    else:  # positions after the padding index, as RoBERTa's
+        config = transformers.XLMRobertaConfig(max_position_embeddings=POSITIONS + 1, pad_token_id=0, bos_token_id=2,
+                                               eos_token_id=3, num_labels=num_labels, type_vocab_size=1, **common)
     torch.manual_seed(0)
-    model = model_class(config, add_pooling_layer=True).eval()
+    model = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():  # noisy norms and biases: one ignored shows in the output
         for name, param in model.named_parameters():
             if "LayerNorm" in name or name.endswith("bias"):
                 param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(path)
-    if pooling is not None:
+    if pooling is not None and architecture.endswith("Model"):
         (path / "modules.json").write_text(json.dumps([
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},

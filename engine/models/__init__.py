@@ -39,4 +39,7 @@ MODEL_REGISTRY = {
     "BertModel": BertModel,
     "RobertaModel": BertModel,
     "XLMRobertaModel": BertModel,
+    "BertForSequenceClassification": BertModel,  # with its head (engine/encoder_config.py)
+    "RobertaForSequenceClassification": BertModel,
+    "XLMRobertaForSequenceClassification": BertModel,
 }

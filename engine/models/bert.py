@@ -1,4 +1,5 @@
-"""BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa) over paged KV, served for embeddings.
+"""BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa) over paged KV, served for embeddings, and their
+sequence classifiers (cross-encoder rerankers) with their heads.
 
 Every token of a prompt attends to every other: a prompt is computed in one chunk (the scheduler
 keeps an encoder's prompts whole and the engine caches no prefix of them), and its embedding pools
@@ -25,9 +26,14 @@ from kernels.registry import Kernels
 KVCache = tuple[torch.Tensor, torch.Tensor]
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": functools.partial(F.gelu, approximate="tanh"),
                "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
-# A checkpoint's tensors named so are read by nothing here: the pooler's dense layer (sentence
-# embeddings pool the hidden states themselves), and the ids buffers older checkpoints saved.
-UNUSED_PREFIXES = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
+# A checkpoint's tensors named so (after its prefix) are read by nothing here: the pooler's dense layer
+# where no head reads it (sentence embeddings pool the hidden states themselves), and the ids
+# buffers older checkpoints saved.
+# A classifier's head tensors, by module (its name after the prefix): (weight, bias) attributes.
+HEAD_PARAMS = {"pooler.dense": ("head_weight", "head_bias"), "classifier.dense": ("head_weight", "head_bias"),
+               "classifier": ("classifier", "classifier_bias"),
+               "classifier.out_proj": ("classifier", "classifier_bias")}
+UNUSED_NAMES = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
 
 
 def bidirectional_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
@@ -98,20 +104,46 @@ class BertModel(nn.Module):
         self.norm_bias = empty_param(hidden, dtype=dtype)
         self.layers = nn.ModuleList(EncoderLayer(config, kernels, dtype) for _ in range(config.num_layers))
         self.lora_batch = LoRABatch()
-        self.classifier = None
+        # A classifier's head: a dense layer and tanh on the [CLS] state (BERT's pooler, RoBERTa's
+        # classifier.dense), then its rows of logits (`classifier`, None without a head) and their biases.
+        self.head_weight = self.head_bias = self.classifier = self.classifier_bias = None
+        if encoder.head is not None:
+            self.head_weight = empty_param(hidden, hidden, dtype=dtype)
+            self.head_bias = empty_param(hidden, dtype=dtype)
+            self.classifier = empty_param(len(config.labels), hidden, dtype=dtype)
+            self.classifier_bias = empty_param(len(config.labels), dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache]) -> torch.Tensor:
+        types = self._token_types(input_ids, meta)
         h = (F.embedding(input_ids, self.word_embeddings)
              + F.embedding(positions + self.config.encoder.position_offset, self.position_embeddings)
-             + self.token_type_embeddings[0])
+             + (self.token_type_embeddings[0] if types is None else F.embedding(types, self.token_type_embeddings)))
         h = F.layer_norm(h, (self.config.hidden_size,), self.norm_weight, self.norm_bias, self.config.rms_norm_eps)
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = layer(h, kv_cache, meta)
         return h
 
+    def _token_types(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Each token's type where the model tells a pair's texts apart: 1 after its prompt's first
+        [SEP], as the pair template writes the second text; None: every token is type 0."""
+        sep = self.config.encoder.sep_token_id
+        if sep is None:
+            return None
+        types = torch.zeros_like(input_ids)
+        for chunk in meta.prefills:
+            if chunk.context_len == 0:  # a whole prompt (an encoder's inputs are computed whole)
+                is_sep = (input_ids[chunk.start:chunk.end] == sep).long()
+                types[chunk.start:chunk.end] = (is_sep.cumsum(0) - is_sep > 0).long()
+        return types
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.word_embeddings).float()
+
+    def classify(self, cls_state: torch.Tensor) -> torch.Tensor:
+        """A classifier's logits from its input's [CLS] hidden state [H] (its pooled embedding)."""
+        pooled = torch.tanh(F.linear(cls_state, self.head_weight.float(), self.head_bias.float()))
+        return F.linear(pooled, self.classifier.float(), self.classifier_bias.float())
 
     def lora_target(self, module: str) -> None:
         """No projection of an encoder takes LoRA adapters here: every one of an adapter's is refused."""
@@ -123,18 +155,25 @@ class BertModel(nn.Module):
     # --- weights -----------------------------------------------------------------
 
     def checkpoint_names(self) -> list[str]:
-        names = [f"embeddings.{x}.weight" for x in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
-        names += ["embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"]
+        encoder = self.config.encoder
+        p = encoder.prefix
+        names = [f"{p}embeddings.{x}.weight" for x in ("word_embeddings", "position_embeddings",
+                                                      "token_type_embeddings")]
+        names += [f"{p}embeddings.LayerNorm.weight", f"{p}embeddings.LayerNorm.bias"]
         for i in range(self.config.num_layers):
-            p = f"encoder.layer.{i}."
             for module in ("attention.self.query", "attention.self.key", "attention.self.value",
                            "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
                            "output.dense", "output.LayerNorm"):
-                names += [p + module + ".weight", p + module + ".bias"]
+                names += [f"{p}encoder.layer.{i}.{module}.{kind}" for kind in ("weight", "bias")]
+        heads = {"pooler": (f"{p}pooler.dense", "classifier"), "dense": ("classifier.dense", "classifier.out_proj")}
+        for module in heads.get(encoder.head, ()):
+            names += [f"{module}.weight", f"{module}.bias"]
         return names
 
     def is_unused_tensor(self, name: str) -> bool:
-        return name.startswith(UNUSED_PREFIXES)
+        encoder = self.config.encoder
+        unused = UNUSED_NAMES[1:] if encoder.head == "pooler" else UNUSED_NAMES
+        return name.removeprefix(encoder.prefix).startswith(unused)
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in tensors:
@@ -144,13 +183,16 @@ class BertModel(nn.Module):
             target.copy_(tensor)
 
     def _target(self, name: str) -> torch.Tensor:
-        parts = name.split(".")
+        module, kind = name.removeprefix(self.config.encoder.prefix).rsplit(".", 1)
+        if module in HEAD_PARAMS:
+            return getattr(self, HEAD_PARAMS[module][kind == "bias"]).data
+        parts = module.split(".")
         if parts[0] == "embeddings":
             if parts[1] == "LayerNorm":
-                return (self.norm_weight if parts[2] == "weight" else self.norm_bias).data
+                return (self.norm_weight if kind == "weight" else self.norm_bias).data
             return getattr(self, parts[1]).data
         layer = self.layers[int(parts[2])]
-        module, kind = ".".join(parts[3:-1]), parts[-1]
+        module = ".".join(parts[3:])
         hidden = self.config.hidden_size
         qkv = {"attention.self.query": 0, "attention.self.key": 1, "attention.self.value": 2}
         if module in qkv:

@@ -252,6 +252,10 @@ class LlamaForCausalLM(nn.Module):
         rows = self.lm_head.detach()[token_ids]
         self.classifier = (rows[1] - rows[0]).unsqueeze(0) if self.config.classifier_difference else rows
 
+    def classify(self, last_state: torch.Tensor) -> torch.Tensor:
+        """A sequence classifier's logits from its input's last hidden state [H] (its embedding)."""
+        return F.linear(last_state, self.classifier.float())
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] → logits [N, V] in float32 for the sampler.
         return F.linear(hidden, self.lm_head).float()

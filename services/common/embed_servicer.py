@@ -28,8 +28,8 @@ class EmbeddingsServicer(embed_pb2_grpc.EmbeddingsServicer):
         if not request.token_ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
         model_config = engine_loop.engine.model_config
-        classifier = getattr(engine_loop.engine.runner.model, "classifier", None)
-        if request.classify and classifier is None:
+        model = engine_loop.engine.runner.model
+        if request.classify and getattr(model, "classifier", None) is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "the model has no classification head (a *ForSequenceClassification checkpoint has "
                                 "one)")
@@ -62,7 +62,7 @@ class EmbeddingsServicer(embed_pb2_grpc.EmbeddingsServicer):
         if out.embedding is None:
             await context.abort(grpc.StatusCode.ABORTED, f"request {request.request_id!r} was aborted")
         if request.classify:
-            return embed_pb2.EmbedResponse(probs=_probabilities(classifier, out.embedding),
+            return embed_pb2.EmbedResponse(probs=_probabilities(model.classify(torch.tensor(out.embedding))),
                                            labels=model_config.labels)
         return embed_pb2.EmbedResponse(embedding=_shaped(out.embedding, request.dimensions, request.normalize))
 
@@ -74,8 +74,7 @@ def _shaped(embedding: list[float], dimensions: int, normalize: bool) -> list[fl
     return vector.tolist()
 
 
-def _probabilities(classifier: torch.Tensor, hidden: list[float]) -> list[float]:
-    """The head's logits at the last token, as transformers' sequence classifiers read them, made
-    probabilities as vLLM makes them: softmax over the labels, sigmoid for a single one (a score)."""
-    logits = classifier.float() @ torch.tensor(hidden, dtype=torch.float32)
+def _probabilities(logits: torch.Tensor) -> list[float]:
+    """A classifier's logits made probabilities as vLLM makes them: softmax over the labels, sigmoid
+    for a single one (a score)."""
     return (logits.sigmoid() if logits.numel() == 1 else logits.softmax(dim=0)).tolist()

@@ -73,3 +73,28 @@ def test_an_unsupported_pooling_is_a_clear_error(tmp_path):
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
     with pytest.raises(ModelConfigError, match="pooling_mode_max_tokens is not supported"):
         load_model_config(model_dir)
+
+
+PAIRS = [("the quick brown fox", "a lazy dog sat on the mat"), ("red sky", "blue sea and green moon")]
+
+
+@pytest.mark.parametrize(("architecture", "num_labels"), [("BertForSequenceClassification", 3),
+                                                          ("XLMRobertaForSequenceClassification", 1)])
+def test_a_cross_encoders_logits_equal_transformers(tmp_path, architecture, num_labels):
+    """A pair as the tokenizer's pair template joins it: BERT tells the texts apart by token types
+    (after the first [SEP]), as the tokenizer types them; the head on the [CLS] state."""
+    transformers = pytest.importorskip("transformers")
+    model_dir = make_encoder(tmp_path / "reranker", architecture, num_labels=num_labels)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    reference = getattr(transformers, architecture).from_pretrained(model_dir, dtype=torch.float32).eval()
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
+    assert engine.model_config.labels == tuple(f"LABEL_{i}" for i in range(num_labels))
+    is_bert = architecture.startswith("Bert")
+    # RoBERTa's have one token type (what this test tokenizer types the second text is BERT's way).
+    encoded = [{k: v for k, v in tokenizer(first, second).items() if k != "token_type_ids" or is_bert}
+               for first, second in PAIRS]
+    assert not is_bert or all(1 in e["token_type_ids"] for e in encoded)
+    for pair, state in zip(encoded, embeddings(engine, [e["input_ids"] for e in encoded])):
+        with torch.no_grad():
+            want = reference(**{k: torch.tensor([v]) for k, v in pair.items()}).logits[0]
+        torch.testing.assert_close(engine.runner.model.classify(state), want, atol=1e-4, rtol=1e-4)

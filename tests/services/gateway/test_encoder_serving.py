@@ -78,3 +78,29 @@ def test_the_grpc_generate_api_refuses_it_too(mesh):
             gateway_pb2.GenerateRequest(request_id="encoder-1", text="the cat"), timeout=30))
     assert response.WhichOneof("response") == "error"
     assert response.error.code == 400 and response.error.param == "model"
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    """ms-marco-MiniLM's shape: a BERT cross-encoder of one label."""
+    model_dir = make_encoder(tmp_path_factory.mktemp("reranker") / "minilm", "BertForSequenceClassification",
+                             num_labels=1)
+    mesh = start_mesh(model_dir, num_prefill=1, num_decode=1)
+    try:
+        yield mesh
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+def test_a_bert_cross_encoder_reranks_as_transformers_scores_each_pair(reranker):
+    query, documents = "the quick brown fox", ["a lazy dog sat on the mat", "the quick fox jumps", "red sky"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(reranker.model_dir)
+    model = transformers.BertForSequenceClassification.from_pretrained(reranker.model_dir, dtype=torch.float32)
+    with torch.no_grad():  # token types from the tokenizer: the document's are 1
+        expected = [float(model(**tokenizer(query, d, return_tensors="pt")).logits[0, 0].sigmoid()) for d in documents]
+    base = reranker.gateway.base_url
+    scored = httpx.post(f"{base}/score", timeout=30, json={"text_1": query, "text_2": documents}).json()
+    assert [d["score"] for d in scored["data"]] == pytest.approx(expected, abs=1e-5)
+    ranked = httpx.post(f"{base}/v1/rerank", timeout=30, json={"query": query, "documents": documents}).json()
+    assert [r["index"] for r in ranked["results"]] == sorted(range(3), key=lambda i: expected[i], reverse=True)
+    reranker.assert_decode_pools_free()
