@@ -1,11 +1,13 @@
 """Embeddings (`/v1/embeddings`' work, SamplingParams.embed) from Baton's engine against
 `transformers`' AutoModel on the same model and inputs, in the same run.
 
-    .venv/bin/python bench/embeddings.py [--model 160m|7m] [--inputs 64] [--repeats 3]
+    .venv/bin/python bench/embeddings.py [--model 160m|7m|minilm] [--inputs 64] [--repeats 3]
 
 The inputs are random token sequences of 32 to 256 tokens. The baseline embeds them as an embedding
 library does with transformers: batches of `--batch` padded on the right, the last real token's
-hidden state read from `last_hidden_state`, normalized. Baton's engine is given them all at once
+hidden state read from `last_hidden_state` (for `minilm`, a BERT encoder shaped as
+all-MiniLM-L6-v2 with random weights: the mean of the real tokens' hidden states, as
+sentence-transformers pools it), normalized. Baton's engine is given them all at once
 and batches them as it batches any prompts (chunked, `max_num_batched_tokens`). Each side runs
 `--repeats` times, alternating, best kept; the two sides' embeddings must agree (cosine > 0.9999).
 The figure is the ratio of input tokens embedded per second, Baton over transformers. The last
@@ -17,10 +19,11 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 import transformers
-from engine_throughput import MODELS, ensure_model
+from engine_throughput import MODEL_CACHE, MODELS, ensure_model
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -29,7 +32,25 @@ from engine.sampling_params import SamplingParams
 EMBED = SamplingParams(max_tokens=1, embed=True)
 
 
-def transformers_embeddings(model, inputs: list[list[int]], batch: int) -> list[torch.Tensor]:
+# all-MiniLM-L6-v2's shape, a BERT encoder pooled by the mean of its tokens.
+MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+              max_position_embeddings=512)
+
+
+def ensure_minilm() -> Path:
+    """The cached MiniLM-shaped encoder, with its sentence-transformers mean Pooling module."""
+    target = MODEL_CACHE / "minilm"
+    if not (target / "modules.json").is_file():
+        torch.manual_seed(0)
+        transformers.BertModel(transformers.BertConfig(**MINILM)).save_pretrained(target)
+        (target / "1_Pooling").mkdir(exist_ok=True)
+        (target / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+        (target / "modules.json").write_text(json.dumps(
+            [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    return target
+
+
+def transformers_embeddings(model, inputs: list[list[int]], batch: int, mean: bool) -> list[torch.Tensor]:
     made = []
     with torch.inference_mode():
         for start in range(0, len(inputs), batch):
@@ -38,8 +59,11 @@ def transformers_embeddings(model, inputs: list[list[int]], batch: int) -> list[
             ids = torch.tensor([seq + [0] * (longest - len(seq)) for seq in group])
             mask = torch.tensor([[1] * len(seq) + [0] * (longest - len(seq)) for seq in group])
             hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-            last = torch.tensor([len(seq) - 1 for seq in group])
-            made += list(torch.nn.functional.normalize(hidden[torch.arange(len(group)), last], dim=-1))
+            if mean:
+                pooled = (hidden * mask.unsqueeze(-1)).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+            else:
+                pooled = hidden[torch.arange(len(group)), torch.tensor([len(seq) - 1 for seq in group])]
+            made += list(torch.nn.functional.normalize(pooled, dim=-1))
     return made
 
 
@@ -57,14 +81,15 @@ def timed(fn) -> tuple[float, list[torch.Tensor]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="160m", choices=sorted(MODELS))
+    parser.add_argument("--model", default="160m", choices=[*sorted(MODELS), "minilm"])
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="the baseline's batch size")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    model_dir = ensure_model(args.model)
+    is_encoder = args.model == "minilm"
+    model_dir = ensure_minilm() if is_encoder else ensure_model(args.model)
     rng = random.Random(0)
-    vocab = MODELS[args.model]["vocab_size"]
+    vocab = MINILM["vocab_size"] if is_encoder else MODELS[args.model]["vocab_size"]
     inputs = [[rng.randrange(vocab) for _ in range(rng.randint(32, 256))] for _ in range(args.inputs)]
     num_tokens = sum(map(len, inputs))
     hf = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -75,7 +100,7 @@ def main() -> None:
     for _ in range(args.repeats):
         seconds, ours = timed(lambda: baton_embeddings(engine, inputs))
         baton_s.append(seconds)
-        seconds, theirs = timed(lambda: transformers_embeddings(hf, inputs, args.batch))
+        seconds, theirs = timed(lambda: transformers_embeddings(hf, inputs, args.batch, mean=is_encoder))
         theirs_s.append(seconds)
         cosine = min(float(a @ b) for a, b in zip(ours, theirs))
         assert cosine > 0.9999, f"Baton's embeddings differ from transformers' (cosine {cosine})"
