@@ -4,6 +4,7 @@ from them (score_api.py), and a sequence classifier's classes (classify_api.py):
 as vLLM serves them."""
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -26,40 +27,48 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
     inputs = metrics.counter("baton_gateway_pooling_inputs", "Inputs embedded, classified or scored (a pair "
                              "each), by endpoint", ["endpoint"])
     tokens = metrics.counter("baton_gateway_pooling_tokens", "Their tokens, by endpoint", ["endpoint"])
+    latency = metrics.histogram("baton_gateway_pooling_request_duration_seconds",
+                                "A pooling request answered: from its body read to its answer made, by endpoint",
+                                ["endpoint"])
 
-    def counted(endpoint: str, answer: dict, num_inputs: int) -> JSONResponse:
+    def counted(endpoint: str, answer: dict, num_inputs: int, started: float) -> JSONResponse:
+        latency.labels(**metrics.labels, endpoint=endpoint).observe(time.perf_counter() - started)
         inputs.labels(**metrics.labels, endpoint=endpoint).inc(num_inputs)
         tokens.labels(**metrics.labels, endpoint=endpoint).inc(answer["usage"]["total_tokens"])
         return JSONResponse(answer)
 
     async def embeddings(request: Request) -> JSONResponse:
+        started = time.perf_counter()
         body = await parsed_body(request, EmbeddingRequest)
         lora = check_model(body.model)
         response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
         answer = await embed(pipeline, body, lora, body.model, response_id, models.max_model_len)
-        response = counted("embeddings", answer, len(answer["data"]))
+        response = counted("embeddings", answer, len(answer["data"]), started)
         response.headers["x-request-id"] = response_id
         return response
 
     async def scores(request: Request) -> JSONResponse:
+        started = time.perf_counter()
         body = await parsed_body(request, ScoreRequest)
         lora = check_model(body.model) if body.model is not None else None
         answer = await score(pipeline, body, lora, body.model or models.name, models.max_model_len,
                              models.is_cross_encoder)
-        return counted("score", answer, len(answer["data"]))
+        return counted("score", answer, len(answer["data"]), started)
 
     async def reranked(request: Request) -> JSONResponse:
+        started = time.perf_counter()
         body = await parsed_body(request, RerankRequest)
         lora = check_model(body.model) if body.model is not None else None
         answer = await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len,
                               models.is_cross_encoder)
-        return counted("rerank", answer, len(body.documents))
+        return counted("rerank", answer, len(body.documents), started)
 
     async def classified(request: Request) -> JSONResponse:
+        started = time.perf_counter()
         body = await parsed_body(request, ClassificationRequest)
         lora = check_model(body.model) if body.model is not None else None
         answer = await classify(pipeline, body, lora, body.model or models.name, models.max_model_len)
-        return counted("classify", answer, len(answer["data"]))
+        return counted("classify", answer, len(answer["data"]), started)
 
     app.add_route("/v1/embeddings", embeddings, methods=["POST"])
     for path in ("/classify", "/v1/classify"):

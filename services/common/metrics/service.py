@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from services.common.metrics.engine import EngineCollector
 
@@ -50,6 +50,10 @@ class ServiceMetrics:
     def counter(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Counter:
         """A counter with this service's labels (then `labelnames`), in its registry."""
         return Counter(name, documentation, [*LABELS, *labelnames], registry=self.registry)
+
+    def histogram(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Histogram:
+        """A latency histogram (LATENCY_BUCKETS) with this service's labels (then `labelnames`), in its registry."""
+        return Histogram(name, documentation, [*LABELS, *labelnames], buckets=LATENCY_BUCKETS, registry=self.registry)
 
     def count_success(self, finish_reason: str) -> None:
         self._success.labels(**self.labels, finish_reason=finish_reason).inc()

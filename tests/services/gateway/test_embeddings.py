@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import struct
+import time
 
 import httpx
 import openai
@@ -69,16 +70,22 @@ def test_embeddings_are_the_last_hidden_state_normalized(mesh, client, reference
     mesh.assert_decode_pools_free()
 
 
-def test_pooling_requests_are_counted_by_endpoint(mesh, client, reference):
+def test_pooling_requests_are_counted_and_timed_by_endpoint(mesh, client, reference):
     def counted(name: str) -> float:
-        found = re.search(rf'^{name}_total{{[^}}]*endpoint="embeddings"[^}}]*}} (\S+)$',
+        found = re.search(rf'^{name}{{[^}}]*endpoint="embeddings"[^}}]*}} (\S+)$',
                           httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text, re.M)
         return float(found[1]) if found else 0.0
 
-    before = counted("baton_gateway_pooling_inputs"), counted("baton_gateway_pooling_tokens")
+    latency = "baton_gateway_pooling_request_duration_seconds"
+    names = ("baton_gateway_pooling_inputs_total", "baton_gateway_pooling_tokens_total", f"{latency}_count",
+             f"{latency}_sum")
+    before = [counted(name) for name in names]
+    started = time.perf_counter()
     client.embeddings.create(model=mesh.model_name, input=TEXTS)
-    after = counted("baton_gateway_pooling_inputs"), counted("baton_gateway_pooling_tokens")
-    assert after[0] - before[0] == 2 and after[1] - before[1] == sum(len(ids) for ids, _ in reference)
+    took = time.perf_counter() - started
+    inputs, tokens, requests, seconds = (b - a for a, b in zip(before, [counted(name) for name in names]))
+    assert inputs == 2 and tokens == sum(len(ids) for ids, _ in reference) and requests == 1
+    assert 0 < seconds < took
 
 
 def test_a_conversation_is_embedded_as_its_chat_template_renders_it(mesh):
