@@ -27,6 +27,7 @@ if _version_not_supported:
 
 class GenerateStub:
     """The public streaming API: text, chat messages or token ids in; chunks, then the completion, out.
+    Embed: the embeddings /v1/embeddings answers, for texts or token id lists.
     """
 
     def __init__(self, channel):
@@ -40,13 +41,25 @@ class GenerateStub:
                 request_serializer=protos_dot_gateway__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=protos_dot_gateway__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/baton.gateway.v1.Generate/Embed',
+                request_serializer=protos_dot_gateway__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=protos_dot_gateway__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class GenerateServicer:
     """The public streaming API: text, chat messages or token ids in; chunks, then the completion, out.
+    Embed: the embeddings /v1/embeddings answers, for texts or token id lists.
     """
 
     def Generate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Embed(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -60,6 +73,11 @@ def add_GenerateServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_gateway__pb2.GenerateRequest.FromString,
                     response_serializer=protos_dot_gateway__pb2.GenerateResponse.SerializeToString,
             ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=protos_dot_gateway__pb2.EmbedRequest.FromString,
+                    response_serializer=protos_dot_gateway__pb2.EmbedResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'baton.gateway.v1.Generate', rpc_method_handlers)
@@ -70,6 +88,7 @@ def add_GenerateServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Generate:
     """The public streaming API: text, chat messages or token ids in; chunks, then the completion, out.
+    Embed: the embeddings /v1/embeddings answers, for texts or token id lists.
     """
 
     @staticmethod
@@ -89,6 +108,33 @@ class Generate:
             '/baton.gateway.v1.Generate/Generate',
             protos_dot_gateway__pb2.GenerateRequest.SerializeToString,
             protos_dot_gateway__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.gateway.v1.Generate/Embed',
+            protos_dot_gateway__pb2.EmbedRequest.SerializeToString,
+            protos_dot_gateway__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

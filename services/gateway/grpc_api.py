@@ -1,17 +1,15 @@
-"""The public gRPC API (protos/gateway.proto `Generate`) over the same request pipeline as the
-HTTP API. A failure is the stream's last message (`error`, carrying the HTTP status it maps
-to), not a gRPC status, so a client reads one shape for everything a request can end with. A
-client that cancels the call cancels the request on the mesh. A chat request's reply is read
-as the HTTP API reads it (grpc_chat.py): a reasoning model's thinking in `reasoning`, tool
-calls in `tool_calls`. The pipeline counts each request it is given
-(services/gateway/pipeline.py); a request refused before it gets there is counted here, by
-reason. Each request's ledger goes into the same store as the HTTP API's, so `GET
-/v1/requests/{request_id}/timeline` shows where its time went
-(services/gateway/timeline.py). The response headers go out once the prompt is on its way to
-a worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders). With
-`--api-key`, a call without one of the keys in its `authorization` metadata ends
-UNAUTHENTICATED before its request is looked at (api_keys.py): refusing the caller, not the
-request.
+"""The public gRPC API (protos/gateway.proto `Generate`, and `Embed`: /v1/embeddings' answer) over the
+same request pipeline as the HTTP API. A failure is the stream's last message (`error`, carrying the
+HTTP status it maps to), not a gRPC status, so a client reads one shape for everything a request can
+end with. A client that cancels the call cancels the request on the mesh. A chat request's reply is
+read as the HTTP API reads it (grpc_chat.py): a reasoning model's thinking in `reasoning`, tool
+calls in `tool_calls`. The pipeline counts each request it is given (services/gateway/pipeline.py);
+a request refused before it gets there is counted here, by reason. Each request's ledger goes into
+the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where its time
+went (services/gateway/timeline.py). The response headers go out once the prompt is on its way to a
+worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders). With `--api-key`, a
+call without one of the keys in its `authorization` metadata ends UNAUTHENTICATED before its request
+is looked at (api_keys.py): refusing the caller, not the request.
 """
 from __future__ import annotations
 
@@ -22,12 +20,14 @@ from contextlib import aclosing
 from typing import Any
 
 import grpc
+from pydantic import ValidationError
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.deltas import Delta
+from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.openai_protocol import CHAT_ROLES, with_parsed_arguments
@@ -61,14 +61,47 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         self.pipeline: RequestPipeline | None = None
         self.timelines = timelines if timelines is not None else TimelineStore()
 
-    async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        arrival = time.perf_counter()
+    async def _check_caller(self, context) -> None:
+        """With --api-key, a call without one of the keys ends UNAUTHENTICATED."""
         if self.api_keys is not None:
             authorization = dict(context.invocation_metadata()).get("authorization")
             if not self.api_keys.admits(authorization):
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error("unauthorized")
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal(authorization).message)
+
+    async def Embed(self, request: gateway_pb2.EmbedRequest, context) -> gateway_pb2.EmbedResponse:
+        """/v1/embeddings' answer (embeddings_api.py); a failure is the response's `error`."""
+        started = time.perf_counter()
+        await self._check_caller(context)
+        request_id = request.request_id or f"embd-{uuid.uuid4().hex}"
+        try:
+            if self.pipeline is None:
+                raise APIError(503, "the gateway is starting", code="unavailable")
+            lora = self.models.adapter_named(request.model) if request.model else None
+            if bool(request.texts) == bool(request.token_ids):
+                raise APIError(400, "one of texts and token_ids is required, not both", param="input")
+            try:
+                body = EmbeddingRequest(
+                    model=request.model or self.model_name,
+                    input=list(request.texts) or [list(one.token_ids) for one in request.token_ids],
+                    dimensions=request.dimensions or None,
+                    truncate_prompt_tokens=request.truncate_prompt_tokens or None,
+                    normalize=request.normalize if request.HasField("normalize") else True)
+            except ValidationError as e:  # a negative token id
+                raise APIError(400, f"token_ids: {e.errors()[0]['msg']}", param="token_ids") from None
+            replies, num_tokens = await embeddings(self.pipeline, body, lora, request_id, self.models.max_model_len)
+        except Exception as e:
+            error = to_api_error(e, "input")
+            return gateway_pb2.EmbedResponse(request_id=request_id, error=common_pb2.Error(
+                code=error.status, message=error.message, type=error.type, param=error.param or ""))
+        self.pipeline.pooling.observe("embeddings", len(replies), num_tokens, time.perf_counter() - started)
+        return gateway_pb2.EmbedResponse(request_id=request_id, embeddings=gateway_pb2.Embeddings(
+            data=[gateway_pb2.Embedding(values=reply.embedding) for reply in replies], prompt_tokens=num_tokens))
+
+    async def Generate(self, request: gateway_pb2.GenerateRequest, context):
+        arrival = time.perf_counter()
+        await self._check_caller(context)
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         headers = EarlyHeaders(context)
         try:

@@ -41,6 +41,7 @@ from protos import common_pb2
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.deltas import Delta, TextOutput, Usage
 from services.gateway.generation_defaults import GenerationDefaults
+from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.request_errors import (
     InvalidRequestError,
@@ -102,6 +103,7 @@ class RequestPipeline:
                            "limits)").labels(**self.metrics.labels).set_function(lambda: self.num_requests)
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
+        self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
 
     @property
     def prefill_router(self):

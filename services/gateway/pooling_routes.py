@@ -23,18 +23,8 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
                        check_model: Callable[[str], str | None]) -> None:
     """The routes; `check_model(model)`: the LoRA adapter a request's `model` names (None: the model
     itself), APIError (404) for a name neither is."""
-    metrics = pipeline.metrics
-    inputs = metrics.counter("baton_gateway_pooling_inputs", "Inputs embedded, classified or scored (a pair "
-                             "each), by endpoint", ["endpoint"])
-    tokens = metrics.counter("baton_gateway_pooling_tokens", "Their tokens, by endpoint", ["endpoint"])
-    latency = metrics.histogram("baton_gateway_pooling_request_duration_seconds",
-                                "A pooling request answered: from its body read to its answer made, by endpoint",
-                                ["endpoint"])
-
     def counted(endpoint: str, answer: dict, num_inputs: int, started: float) -> JSONResponse:
-        latency.labels(**metrics.labels, endpoint=endpoint).observe(time.perf_counter() - started)
-        inputs.labels(**metrics.labels, endpoint=endpoint).inc(num_inputs)
-        tokens.labels(**metrics.labels, endpoint=endpoint).inc(answer["usage"]["total_tokens"])
+        pipeline.pooling.observe(endpoint, num_inputs, answer["usage"]["total_tokens"], time.perf_counter() - started)
         return JSONResponse(answer)
 
     async def embeddings(request: Request) -> JSONResponse:

@@ -12,11 +12,13 @@ import shutil
 import struct
 import time
 
+import grpc
 import httpx
 import openai
 import pytest
 import torch
 
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.services.gateway.mesh import GatewayProcess, start_mesh, stop_mesh
 
 transformers = pytest.importorskip("transformers")
@@ -86,6 +88,26 @@ def test_pooling_requests_are_counted_and_timed_by_endpoint(mesh, client, refere
     inputs, tokens, requests, seconds = (b - a for a, b in zip(before, [counted(name) for name in names]))
     assert inputs == 2 and tokens == sum(len(ids) for ids, _ in reference) and requests == 1
     assert 0 < seconds < took
+
+
+def test_the_grpc_api_embeds_as_the_http_api_does(mesh, reference):
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GenerateStub(channel)
+        texts = stub.Embed(gateway_pb2.EmbedRequest(request_id="embed-1", texts=TEXTS), timeout=30)
+        ids = stub.Embed(gateway_pb2.EmbedRequest(
+            model=mesh.model_name, token_ids=[common_pb2.TokenIds(token_ids=ids) for ids, _ in reference],
+            dimensions=16, normalize=False), timeout=30)
+        refused = [stub.Embed(request, timeout=30) for request in (
+            gateway_pb2.EmbedRequest(texts=TEXTS, token_ids=[common_pb2.TokenIds(token_ids=[5])]),
+            gateway_pb2.EmbedRequest(token_ids=[common_pb2.TokenIds(token_ids=[5, -1])]),
+            gateway_pb2.EmbedRequest(model="nope", texts=TEXTS))]
+    assert texts.request_id == "embed-1" and texts.embeddings.prompt_tokens == sum(len(i) for i, _ in reference)
+    for got, (_, hidden) in zip(texts.embeddings.data, reference):
+        close(list(got.values), torch.nn.functional.normalize(hidden, dim=0))
+    for got, (_, hidden) in zip(ids.embeddings.data, reference):
+        close(list(got.values), hidden[:16])
+    assert [(r.error.code, r.error.param) for r in refused] == [(400, "input"), (400, "token_ids"), (404, "model")]
+    mesh.assert_decode_pools_free()
 
 
 def test_a_conversation_is_embedded_as_its_chat_template_renders_it(mesh):
