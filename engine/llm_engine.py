@@ -162,7 +162,8 @@ class LLMEngine:
         if bad is not None:  # never sampled: the guide would never hold
             raise ValueError(f"guide_after_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
         n = len(prompt_token_ids)
-        if n + len(output_token_ids) >= self.max_model_len:
+        # An embedding's one token is made and dropped, never computed: its prompt may fill the context.
+        if n + len(output_token_ids) >= self.max_model_len + sampling_params.embed:
             raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
                              f"context of {self.max_model_len} tokens" if output_token_ids else
                              f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")

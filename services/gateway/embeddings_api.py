@@ -113,10 +113,9 @@ async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: st
         token_ids = await asyncio.gather(*(_token_ids(pipeline, f"{request_id}-{index}", one, body)
                                            for index, one in enumerate(inputs)))
         for index, ids in enumerate(token_ids):
-            if max_model_len is not None and len(ids) >= max_model_len:  # the engine's one token needs a place
-                raise APIError(400, f"This model's maximum context length is {max_model_len} tokens: an input to "
-                                    f"embed may have {max_model_len - 1}, but input {index} has {len(ids)}",
-                               param="input", code="context_length_exceeded")
+            if max_model_len is not None and len(ids) > max_model_len:
+                raise APIError(400, f"This model's maximum context length is {max_model_len} tokens, but input "
+                                    f"{index} has {len(ids)}", param="input", code="context_length_exceeded")
         pool = pipeline.prefill or pipeline.decode
         replies = await asyncio.gather(*(
             _embedding(pool, embed_pb2.EmbedRequest(request_id=f"{request_id}-{index}", token_ids=ids,

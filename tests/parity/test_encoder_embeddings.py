@@ -98,3 +98,14 @@ def test_a_cross_encoders_logits_equal_transformers(tmp_path, architecture, num_
         with torch.no_grad():
             want = reference(**{k: torch.tensor([v]) for k, v in pair.items()}).logits[0]
         torch.testing.assert_close(engine.runner.model.classify(state), want, atol=1e-4, rtol=1e-4)
+
+
+def test_an_input_may_fill_the_whole_context(tmp_path):
+    """An embedding's one token is never computed: the input may have as many tokens as positions."""
+    model_dir = make_encoder(tmp_path / "encoder")
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=160, max_num_batched_tokens=4096))
+    prompt = [2, *[(5 * k) % 90 + 5 for k in range(engine.max_model_len - 2)], 3]
+    [got] = embeddings(engine, [prompt])
+    torch.testing.assert_close(got, transformers_embedding(model_dir, prompt, "mean"), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="does not fit"):
+        engine.add_request("longer", [*prompt, 5], EMBED)

@@ -90,6 +90,16 @@ def test_pooling_requests_are_counted_and_timed_by_endpoint(mesh, client, refere
     assert 0 < seconds < took
 
 
+def test_an_input_may_fill_the_whole_context(mesh, client):
+    """An embedding's one token is never computed, so no place is kept for it, as vLLM keeps none."""
+    context = client.models.list().data[0].max_model_len
+    whole = client.embeddings.create(model=mesh.model_name, input=[[5] * context])
+    assert whole.usage.prompt_tokens == context
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.embeddings.create(model=mesh.model_name, input=[[5] * (context + 1)])
+    mesh.assert_decode_pools_free()
+
+
 def test_the_grpc_api_embeds_as_the_http_api_does(mesh, reference):
     with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
         stub = gateway_pb2_grpc.GenerateStub(channel)
