@@ -178,6 +178,13 @@ def _build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(run=_bench)
 
+    from loadgen.run_batch import DESCRIPTION as RUN_BATCH_DESCRIPTION, add_run_batch_arguments
+
+    batch = sub.add_parser("run-batch", help="run a file of requests in OpenAI's batch format against a server",
+                           description=RUN_BATCH_DESCRIPTION)
+    add_run_batch_arguments(batch)
+    batch.set_defaults(run=_run_batch)
+
     demo = sub.add_parser("make-demo-model", help="write a tiny random-weight Llama model directory",
                           description="Write a random-weight LlamaForCausalLM directory with a locally "
                                       "trained byte-level BPE tokenizer.")
@@ -349,6 +356,12 @@ def _bench(args: argparse.Namespace) -> int:
     from loadgen.command import run_bench
 
     return run_bench(args)
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from loadgen.run_batch import run_batch_command
+
+    return run_batch_command(args)
 
 
 def _demo_model_dir() -> str:
