@@ -203,6 +203,17 @@ class BlockManager:
             if block.hash is not None and block.lora_name == lora_name:
                 self._uncache(block)
 
+    def reset_prefix_cache(self) -> int | None:
+        """Forget every cached block (vLLM's reset_prefix_cache) when no page is held: the number
+        forgotten. None with pages held, as vLLM and SGLang refuse: a flush is for a cold start of
+        what comes next, which requests still running would not see."""
+        if self.num_free_blocks < self.num_blocks:
+            return None
+        cached = [block for block in self.blocks if block.hash is not None]
+        for block in cached:
+            self._uncache(block)
+        return len(cached)
+
     # ---- cache events: what a prefix index outside this process must learn -----------
 
     def enable_cache_events(self) -> None:

@@ -124,6 +124,10 @@ class LLMEngine:
                 self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0])
             return self._guides
 
+    def reset_prefix_cache(self) -> int | None:
+        """Forget every cached prefix block: the number forgotten; None while any request holds pages."""
+        return self.block_manager.reset_prefix_cache()
+
     def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                            output_token_ids: list[int] | tuple[int, ...] = ()) -> None:
         if not prompt_token_ids:

@@ -29,7 +29,8 @@ from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import decode_pb2_grpc, embed_pb2_grpc, kvstore_pb2_grpc, lora_pb2_grpc
+from protos import cache_pb2_grpc, decode_pb2_grpc, embed_pb2_grpc, kvstore_pb2_grpc, lora_pb2_grpc
+from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME, PrefixCacheServicer
 from services.common.embed_servicer import SERVICE_NAME as EMBED_SERVICE_NAME, EmbeddingsServicer
 from services.common.engine_loop import EngineLoop, EngineThread, finished
 from services.common.entrypoint import Stop, load_in_thread, run_service
@@ -115,7 +116,7 @@ def _close_pool(pool: SharedKVPool) -> None:
 class DecodeService:
     """The decode and KV receiver servicers, and the engine loop and shared-memory pool they serve once loaded."""
 
-    service_names = [SERVICE_NAME, KVSTORE_SERVICE_NAME, LORA_SERVICE_NAME, EMBED_SERVICE_NAME]
+    service_names = [SERVICE_NAME, KVSTORE_SERVICE_NAME, LORA_SERVICE_NAME, EMBED_SERVICE_NAME, CACHE_SERVICE_NAME]
 
     def __init__(self, config: DecodeServiceConfig):
         self.config = config
@@ -125,10 +126,12 @@ class DecodeService:
         self.metrics = ServiceMetrics("decode")  # the entry point's, labelled and served, replaces it
         self.lora = LoRAAdaptersServicer(config.allow_runtime_lora_updating)
         self.embed = EmbeddingsServicer()
+        self.cache = PrefixCacheServicer()
         self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer),
                           (kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.receiver),
                           (lora_pb2_grpc.add_LoRAAdaptersServicer_to_server, self.lora),
-                          (embed_pb2_grpc.add_EmbeddingsServicer_to_server, self.embed)]
+                          (embed_pb2_grpc.add_EmbeddingsServicer_to_server, self.embed),
+                          (cache_pb2_grpc.add_PrefixCacheServicer_to_server, self.cache)]
         self.engine_loop: EngineLoop | None = None
         self.pool: SharedKVPool | None = None
         self.publisher: InstancePublisher | None = None
@@ -149,7 +152,7 @@ class DecodeService:
             return None
         self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name, self.metrics)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
-        self.lora.engine_loop = self.embed.engine_loop = self.engine_loop
+        self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
         # Its load and free pages, and its prefix cache (prompts handed in by prefill join it):
@@ -170,7 +173,7 @@ class DecodeService:
         self.receiver.close()
         if self.engine_loop is not None:
             await asyncio.to_thread(self.engine_loop.stop)
-            self.servicer.engine_loop = self.lora.engine_loop = self.embed.engine_loop = None
+            self.servicer.engine_loop = self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = None
             self.engine_loop = None
         gc.collect()  # the engine's views of the pool must be gone before it is unmapped
         if self.pool is not None:

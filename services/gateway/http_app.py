@@ -64,6 +64,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
+from services.gateway.prefix_cache_api import add_prefix_cache_routes
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesShape
@@ -384,6 +385,7 @@ def create_app(state: GatewayState) -> FastAPI:
 
     if state.lora_updates is not None:
         add_lora_update_routes(app, state.lora_updates)
+    add_prefix_cache_routes(app, [pool for pool in (state.pipeline.prefill, state.pipeline.decode) if pool is not None])
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:

@@ -27,7 +27,8 @@ import services.common.openmp_env  # noqa: F401  (first: before torch loads Open
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import embed_pb2_grpc, lora_pb2_grpc, prefill_pb2_grpc
+from protos import cache_pb2_grpc, embed_pb2_grpc, lora_pb2_grpc, prefill_pb2_grpc
+from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME, PrefixCacheServicer
 from services.common.embed_servicer import SERVICE_NAME as EMBED_SERVICE_NAME, EmbeddingsServicer
 from services.common.engine_loop import EngineLoop, EngineThread, finished
 from services.common.entrypoint import Stop, load_in_thread, run_service
@@ -84,7 +85,7 @@ async def warm_up(engine_loop: EngineLoop, lengths: list[int]) -> None:
 class PrefillService:
     """The prefill servicer, and the engine loop it serves once loaded."""
 
-    service_names = [SERVICE_NAME, LORA_SERVICE_NAME, EMBED_SERVICE_NAME]
+    service_names = [SERVICE_NAME, LORA_SERVICE_NAME, EMBED_SERVICE_NAME, CACHE_SERVICE_NAME]
 
     def __init__(self, config: PrefillServiceConfig):
         self.config = config
@@ -92,9 +93,11 @@ class PrefillService:
         self.port = 0  # the bound one, set by the entry point before `start`
         self.lora = LoRAAdaptersServicer(config.allow_runtime_lora_updating)
         self.embed = EmbeddingsServicer()
+        self.cache = PrefixCacheServicer()
         self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer),
                           (lora_pb2_grpc.add_LoRAAdaptersServicer_to_server, self.lora),
-                          (embed_pb2_grpc.add_EmbeddingsServicer_to_server, self.embed)]
+                          (embed_pb2_grpc.add_EmbeddingsServicer_to_server, self.embed),
+                          (cache_pb2_grpc.add_PrefixCacheServicer_to_server, self.cache)]
         self.engine_loop: EngineLoop | None = None
         self.publisher: InstancePublisher | None = None
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
@@ -112,7 +115,8 @@ class PrefillService:
         self.metrics.watch_engine(engine)
         self.servicer.attach(EngineLoop(engine, thread), pool_tensor, layout,
                              kvstore_address=self.config.kvstore_address, metrics=self.metrics)
-        self.engine_loop = self.lora.engine_loop = self.embed.engine_loop = self.servicer.engine_loop
+        self.engine_loop = self.servicer.engine_loop
+        self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
         del engine
         self.engine_loop.start(sole_parallel_thread=True)
         self.engine_loop.on_failure(lambda e: stop.fail("prefill", f"its engine failed: {e!r}"))

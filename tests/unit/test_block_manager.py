@@ -96,6 +96,21 @@ def test_freed_blocks_stay_cached_and_count_against_the_pool():
     mgr.check_integrity()
 
 
+def test_a_reset_forgets_every_cached_block_only_when_no_page_is_held():
+    mgr = BlockManager(8, BS)
+    mgr.enable_cache_events()
+    a = admitted(mgr, "a", range(12), computed=True)
+    assert mgr.reset_prefix_cache() is None  # "a" holds its pages
+    assert mgr.num_cached_prefix_tokens(list(range(13))) == 12
+    mgr.free(a)
+    mgr.drain_cache_events()
+    assert mgr.reset_prefix_cache() == 3
+    assert mgr.num_cached_prefix_tokens(list(range(13))) == 0 and mgr.num_free_blocks == 8
+    assert mgr.drain_cache_events() == ([], hash_block_chain(list(range(12)), BS))  # for the prefix index
+    assert mgr.reset_prefix_cache() == 0
+    mgr.check_integrity()
+
+
 def test_lru_eviction_drops_the_hash_on_reuse():
     mgr = BlockManager(4, BS)
     a = admitted(mgr, "a", range(9), computed=True)
