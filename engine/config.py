@@ -55,6 +55,9 @@ class EngineConfig:
     lora_modules: tuple[tuple[str, str], ...] = ()
     max_loras: int | None = None  # most adapters in one step's batch (vLLM's --max-loras); None: no limit
     max_lora_rank: int | None = None  # an adapter of a higher rank is refused (vLLM's --max-lora-rank); None: any
+    # Served adapters' weights kept in memory at most, the least recently asked for let go and read again
+    # when asked for (vLLM's --max-cpu-loras; engine/lora_manager.py); None: all of them.
+    max_cpu_loras: int | None = None
     # Speculative decoding (engine/speculative.py: n-gram drafts, vLLM's --speculative-config); None: none.
     speculative: SpeculativeConfig | None = None
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
@@ -75,9 +78,11 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        for name in ("max_loras", "max_lora_rank"):
+        for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_cpu_loras is not None and self.max_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

@@ -58,9 +58,8 @@ class LLMEngine:
         self.is_encoder = self.model_config.encoder is not None
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint,
                                           config.enable_prefix_caching and not self.is_encoder)
-        self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank)
-        for name, path in config.lora_modules:
-            self.loras.add(self.loras.read(name, path))
+        self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
+                                 config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name))
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -73,6 +72,8 @@ class LLMEngine:
         self._guides: GuideFactory | None = None
         self._guides_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}
+        for name, path in config.lora_modules:
+            self.loras.add(self.loras.read(name, path))
         self._num_emitted: dict[str, int] = {}
         # Sequences that finished outside a step (aborted, or done at their first token).
         self._finished_outside_step: list[Sequence] = []
@@ -105,6 +106,8 @@ class LLMEngine:
         """
         start_ns = time.time_ns()
         self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
+        if sampling_params.lora_name is not None:
+            self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        is_prefill_only=prefill_only, output_token_ids=output_token_ids)
         self._resume(seq, output_token_ids)
@@ -218,6 +221,8 @@ class LLMEngine:
         self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
+        if sampling_params.lora_name is not None:
+            self.loras.ensure_loaded(sampling_params.lora_name)
         # The prefill worker sampled it as this engine would have: under the same guide, seed and position.
         made_elsewhere = [*output_token_ids, first_token_id]
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,

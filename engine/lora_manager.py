@@ -4,6 +4,11 @@
 An adapter unloaded while requests still compute with it retires: no new request may name it, and
 its weights go, with the prefix-cache blocks computed with it, once its last request has finished.
 Its cached blocks must go: a later adapter loaded under the same name hashes its blocks alike.
+
+With `max_loaded` (vLLM's --max-cpu-loras) at most that many served adapters' weights stay in
+memory: the least recently asked for that no unfinished request computes with is let go, and read
+again from its directory when a request names it (its cached blocks stay: the same weights make
+the same KV). While more adapters than that compute requests at once, all of them stay.
 """
 from __future__ import annotations
 
@@ -25,8 +30,12 @@ class LoRAManager:
     Every method but `read` runs on the engine's thread."""
 
     def __init__(self, loras: dict[str, LoRAAdapter], model, dtype: torch.dtype, block_manager: BlockManager,
-                 max_rank: int | None = None) -> None:
-        self._loras = loras
+                 max_rank: int | None = None, max_loaded: int | None = None,
+                 in_use: Callable[[str], bool] = lambda name: False) -> None:
+        self._loras = loras  # loaded, least recently asked for first
+        self._paths: dict[str, Path] = {}  # served, loaded or not: where each is read from
+        self._max_loaded = max_loaded  # None: every served adapter stays loaded
+        self._in_use = in_use
         self._max_rank = max_rank  # None: any
         self._target_of: Callable[[str], Target | None] = model.lora_target  # a projection's place in the model
         self._serve: Callable[[], None] = model.serve_loras  # hooks the model's projections to adapters, once
@@ -47,21 +56,43 @@ class LoRAManager:
         if adapter.name in self._retiring:
             raise LoRAConflictError(f"LoRA adapter {adapter.name!r} was unloaded and is still finishing its "
                                     f"requests; load it again once they are done")
-        if adapter.name in self._loras:
+        if adapter.name in self._paths:
             raise LoRAConflictError(f"LoRA adapter {adapter.name!r} is already loaded")
+        self._paths[adapter.name] = adapter.path
+        self._hold(adapter)
+
+    def _hold(self, adapter: LoRAAdapter) -> None:
         self._loras[adapter.name] = adapter
         self._serve()
+        if self._max_loaded is None:
+            return
+        # The least recently asked for first; never the one just taken, nor one computing requests.
+        for name in [name for name in self._loras if name != adapter.name and not self._in_use(name)]:
+            if len(self._loras) <= self._max_loaded:
+                break
+            del self._loras[name]
+
+    def ensure_loaded(self, name: str) -> None:
+        """A request names served adapter `name`: its weights in memory (read again if they were let
+        go), and it the most recently asked for. LoRAError when its directory no longer reads."""
+        adapter = self._loras.pop(name, None)
+        self._hold(adapter if adapter is not None else self.read(name, self._paths[name]))
 
     def is_served(self, name: str) -> bool:
-        return name in self._loras and name not in self._retiring
+        return name in self._paths and name not in self._retiring
 
     @property
     def served(self) -> list[str]:
-        return [name for name in self._loras if name not in self._retiring]
+        return [name for name in self._paths if name not in self._retiring]
+
+    @property
+    def loaded(self) -> list[str]:
+        """The adapters whose weights are in memory, least recently asked for first."""
+        return list(self._loras)
 
     def path_of(self, name: str) -> Path | None:
         """The directory a served adapter was read from; None for a name not served."""
-        return self._loras[name].path if self.is_served(name) else None
+        return self._paths[name] if self.is_served(name) else None
 
     def remove(self, name: str, in_use: Callable[[str], bool]) -> bool:
         """Stop serving `name`: at once if no unfinished request computes with it (`in_use(name)`),
@@ -80,5 +111,6 @@ class LoRAManager:
         """Let go of each retiring adapter that no unfinished request computes with any more."""
         for name in [name for name in self._retiring if not in_use(name)]:
             self._retiring.discard(name)
-            del self._loras[name]
+            del self._paths[name]
+            self._loras.pop(name, None)
             self._block_manager.forget_adapter(name)

@@ -136,19 +136,25 @@ def add_lora_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
 
 
 def add_lora_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """--max-loras and --max-lora-rank of a worker's engine, vLLM's (without a default limit here)."""
+    """--max-loras, --max-lora-rank and --max-cpu-loras of a worker's engine, vLLM's (without a default limit here)."""
     parser.add_argument("--max-loras", type=int, metavar="N",
                         help="most LoRA adapters one step's batch computes with (requests for another wait for "
                              "the next step); default: no limit")
     parser.add_argument("--max-lora-rank", type=int, metavar="R",
                         help="refuse a LoRA adapter of a higher rank, at start or at a run-time load; default: any")
+    parser.add_argument("--max-cpu-loras", type=int, metavar="N",
+                        help="most served LoRA adapters whose weights stay in memory: the least recently asked for "
+                             "is let go, and read again from its directory when asked for (at least --max-loras); "
+                             "default: all of them")
 
 
-def check_lora_limits(max_loras: int | None, max_lora_rank: int | None) -> None:
-    if max_loras is not None:
-        check_positive("--max-loras", max_loras)
-    if max_lora_rank is not None:
-        check_positive("--max-lora-rank", max_lora_rank)
+def check_lora_limits(max_loras: int | None, max_lora_rank: int | None, max_cpu_loras: int | None = None) -> None:
+    for flag, value in (("--max-loras", max_loras), ("--max-lora-rank", max_lora_rank),
+                        ("--max-cpu-loras", max_cpu_loras)):
+        if value is not None:
+            check_positive(flag, value)
+    if max_cpu_loras is not None and max_loras is not None and max_cpu_loras < max_loras:
+        raise ConfigError(f"--max-cpu-loras ({max_cpu_loras}) must be at least --max-loras ({max_loras}), as vLLM's")
 
 
 def lora_modules(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:

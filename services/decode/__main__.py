@@ -75,6 +75,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,
                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                                 max_cpu_loras=config.max_cpu_loras,
                                  speculative=config.speculative, hf_overrides=config.hf_overrides)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)

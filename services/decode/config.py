@@ -78,6 +78,7 @@ class DecodeServiceConfig:
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
     max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
+    max_cpu_loras: int | None = None  # served adapters kept loaded at most; None: all
     speculative: SpeculativeConfig | None = None  # n-gram drafts (engine/speculative.py); None: plain decoding
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
@@ -99,7 +100,7 @@ class DecodeServiceConfig:
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
-        check_lora_limits(self.max_loras, self.max_lora_rank)
+        check_lora_limits(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
@@ -141,7 +142,7 @@ class DecodeServiceConfig:
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-                   max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                   max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                    speculative=speculative_config(args.speculative_config),
                    max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,

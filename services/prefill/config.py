@@ -79,6 +79,7 @@ class PrefillServiceConfig:
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
     max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
+    max_cpu_loras: int | None = None  # served adapters kept loaded at most; None: all
     max_model_len: int | None = None  # None: the model's own context length
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -102,7 +103,7 @@ class PrefillServiceConfig:
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
-        check_lora_limits(self.max_loras, self.max_lora_rank)
+        check_lora_limits(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
         check_metrics_port(self.metrics_port)
@@ -151,7 +152,7 @@ class PrefillServiceConfig:
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-                   max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                   max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,

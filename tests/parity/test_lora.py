@@ -205,6 +205,37 @@ def test_max_loras_bounds_the_adapters_of_a_step_and_max_lora_rank_refuses_highe
         LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=8, max_lora_rank=2, lora_modules=modules))
 
 
+def test_max_cpu_loras_keeps_the_most_recently_asked_for_and_reads_others_again(served, tiny_model_dirs):
+    """vLLM's --max-cpu-loras: with 1, only the adapter last asked for stays in memory; one let go is
+    read again when a request names it and computes as before, its cached blocks still read (the same
+    weights make the same KV); adapters computing requests at once all stay."""
+    engine, merged, root = served
+    modules = (("tuned", str(root / "tuned")), ("qv", str(root / "qv")))
+    bounded = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama-gqa-untied"]), dtype="float32",
+                                     num_kv_blocks=256, max_cpu_loras=1, lora_modules=modules))
+    assert bounded.loras.served == ["tuned", "qv"] and bounded.loras.loaded == ["qv"]
+    vocab = engine.model_config.vocab_size
+    prompt = _random_prompt(40, vocab, seed=41)
+
+    def greedy(name: str) -> SamplingParams:
+        return SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, lora_name=name)
+
+    expected = _run(engine, {name: (prompt, greedy(name)) for name in ("tuned", "qv")})
+    assert _run(bounded, {"tuned": (prompt, greedy("tuned"))}) == {"tuned": expected["tuned"]}
+    assert bounded.loras.loaded == ["tuned"]
+    assert _run(bounded, {"qv": (prompt, greedy("qv"))}) == {"qv": expected["qv"]}
+    hits_before = bounded.block_manager.num_prefix_hit_tokens
+    assert _run(bounded, {"tuned": (prompt, greedy("tuned"))}) == {"tuned": expected["tuned"]}  # read again
+    assert bounded.loras.loaded == ["tuned"]
+    assert bounded.block_manager.num_prefix_hit_tokens - hits_before == 32  # its blocks still cached
+    both = {name: (prompt, greedy(name)) for name in ("qv", "tuned")}
+    loaded_each_step: list[int] = []
+    assert _run(bounded, both, lambda: loaded_each_step.append(len(bounded.loras.loaded))) == expected
+    assert max(loaded_each_step) == 2  # both computing at once: neither let go
+    with pytest.raises(ValueError, match="at least max_loras"):
+        EngineConfig(model=str(tiny_model_dirs["llama-gqa-untied"]), max_loras=2, max_cpu_loras=1)
+
+
 def test_baton_generate_takes_an_adapter(tiny_demo_model, tmp_path):
     import subprocess
     import sys

@@ -216,3 +216,15 @@ def test_every_service_reads_the_runtime_updating_switch_alike(tiny_demo_model):
         assert not allows(argv, {}) and not allows(argv, {"BATON_ALLOW_RUNTIME_LORA_UPDATING": ""})
         assert allows(argv, {"BATON_ALLOW_RUNTIME_LORA_UPDATING": "1"})
         assert allows([*argv, "--allow-runtime-lora-updating"], {})
+
+
+def test_workers_read_max_cpu_loras_and_hold_it_to_max_loras(tiny_demo_model):
+    from services.common.settings import ConfigError
+    from services.decode.config import DecodeServiceConfig
+    from services.prefill.config import PrefillServiceConfig
+
+    for config_class in (PrefillServiceConfig, DecodeServiceConfig):
+        argv = ["--model", str(tiny_demo_model), "--max-loras", "2"]
+        assert config_class.from_args([*argv, "--max-cpu-loras", "3"], env={}).max_cpu_loras == 3
+        with pytest.raises(ConfigError, match=r"--max-cpu-loras \(1\) must be at least --max-loras \(2\)"):
+            config_class.from_args([*argv, "--max-cpu-loras", "1"], env={})
