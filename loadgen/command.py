@@ -55,6 +55,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                       help="requests sent one at a time before measuring, not reported (default 0)")
 
     workload = parser.add_argument_group("workload")
+    workload.add_argument("--dataset-name", choices=("random", "sharegpt"), default="random",
+                          help="random prompts (the flags below), or ShareGPT conversations as vLLM's benchmark "
+                               "samples them: first turn the prompt, second the reply's length (default random)")
+    workload.add_argument("--dataset-path", metavar="FILE",
+                          help="the ShareGPT JSON file (with --dataset-name sharegpt)")
+    workload.add_argument("--tokenizer", metavar="DIR",
+                          help="the model directory whose tokenizer.json counts a ShareGPT pair's tokens")
     workload.add_argument("--prompt-len", default="256", metavar="DIST",
                           help="prompt length in tokens: N, fixed:N, uniform:LO:HI, normal:MEAN:STD or "
                                "lognormal:MEDIAN:SIGMA (default 256)")
@@ -109,6 +116,7 @@ def run_bench(args: argparse.Namespace) -> int:
         output_len=LengthDistribution.parse(args.output_len), prompt_format=prompt_format,
         shared_prefix_ratio=args.shared_prefix_ratio, num_prefixes=args.num_prefixes,
         token_id_range=_int_pair(args.token_id_range, "--token-id-range"))
+    build = _sharegpt_builder(args, prompt_format) if args.dataset_name == "sharegpt" else build_workload
     loads = [LoadPoint(request_rate=rate, burstiness=args.burstiness, max_concurrency=conc)
              for rate, conc in itertools.product(_floats(args.request_rate, "--request-rate"),
                                                  _concurrencies(args.concurrency))]
@@ -137,13 +145,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.warmup:
             note(f"warming up with {args.warmup} request(s)")
             # A stream of its own, so the measured runs' prompts stay cold.
-            warm = build_workload(dataclasses.replace(workload, num_requests=args.warmup),
-                                  np.random.default_rng([args.seed, 1 << 20]))
+            warm = build(dataclasses.replace(workload, num_requests=args.warmup),
+                         np.random.default_rng([args.seed, 1 << 20]))
             await run_load(warm, options, LoadPoint(max_concurrency=1), np.random.default_rng(0), headers=headers)
         runs = []
         for i, load in enumerate(loads):
             # Each run its own prompts: one run's prompts must not find the last one's in the prefix cache.
-            specs = build_workload(workload, np.random.default_rng([args.seed, i, 0]))
+            specs = build(workload, np.random.default_rng([args.seed, i, 0]))
             runs.append(await run_load(specs, options, load, np.random.default_rng([args.seed, i, 1]),
                                        headers=headers, progress=progress))
             if not args.json:
@@ -160,7 +168,8 @@ def run_bench(args: argparse.Namespace) -> int:
         plots = plot_latencies([(run.load.describe(), run) for run in runs], args.plot)
     if args.json:
         setup = {"base_url": args.base_url, "endpoint": args.endpoint, "model": model,
-                 "workload": {"num_requests": workload.num_requests, "prompt_len": str(workload.prompt_len),
+                 "workload": {"dataset": args.dataset_name, "dataset_path": args.dataset_path,
+                              "num_requests": workload.num_requests, "prompt_len": str(workload.prompt_len),
                               "output_len": str(workload.output_len), "prompt_format": prompt_format,
                               "shared_prefix_ratio": workload.shared_prefix_ratio,
                               "num_prefixes": workload.num_prefixes, "ignore_eos": args.ignore_eos,
@@ -180,6 +189,17 @@ def run_bench(args: argparse.Namespace) -> int:
         kind, count = next(iter(m.errors.items()))
         note(f"every request failed at {run.load.describe()}: {kind} x{count} ({m.error_examples[kind]})")
     return 1 if failed_runs else 0
+
+
+def _sharegpt_builder(args: argparse.Namespace, prompt_format: str):
+    """build_workload's stand-in for ShareGPT: the same (config, generator) in, requests out."""
+    from loadgen.sharegpt import load_tokenizer, read_conversations, sharegpt_workload
+
+    if not args.dataset_path or not args.tokenizer:
+        raise ValueError("--dataset-name sharegpt needs --dataset-path (the JSON file) and --tokenizer (the model "
+                         "directory whose tokenizer counts the tokens)")
+    pairs, tokenizer = read_conversations(args.dataset_path), load_tokenizer(args.tokenizer)
+    return lambda config, rng: sharegpt_workload(pairs, tokenizer, config.num_requests, prompt_format, rng)
 
 
 def first_model(base_url: str, headers: dict[str, str], timeout_s: float) -> str:
