@@ -4,8 +4,8 @@ With keys configured, every HTTP request must carry one as `Authorization: Beare
 and every call of the public gRPC `Generate` as `authorization` metadata of the same form.
 A request without a key, or with another, gets HTTP 401 with OpenAI's error object (code
 `invalid_api_key`) and `WWW-Authenticate: Bearer`, or gRPC UNAUTHENTICATED, before its body is
-read. What probes and scrapers call stays open (`/health`, `/live`, `/metrics`, gRPC health and
-reflection): a load balancer or Prometheus carries no key. (vLLM asks only under `/v1`, which
+read. What probes and scrapers call stays open (`/health`, `/live`, `/metrics`, `/ping`, gRPC health
+and reflection): a load balancer or Prometheus carries no key. (vLLM asks only under `/v1`, which
 leaves its `/tokenize` open; here nothing but those is.)
 The workers behind the gateway take none: they listen on the mesh's private network.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from services.gateway.errors import APIError
 
-OPEN_HTTP_PATHS = frozenset({"/health", "/live", "/metrics"})
+OPEN_HTTP_PATHS = frozenset({"/health", "/live", "/metrics", "/ping"})  # /ping: SageMaker's health check
 BEARER = b"bearer "  # the scheme is case-insensitive (RFC 9110 section 11.1)
 
 
