@@ -6,7 +6,10 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
   with or without a `<think>` to open it (R1 often leaves it out, or its template writes it);
 - `qwen3` (Qwen3): the text is thinking only where a `<think>` opens it, in the text or at the
   end of the prompt (Qwen3 writes it itself unless `enable_thinking` is false; its 2507
-  thinking models' template writes it into the prompt); `glm45` (GLM-4.5 to 4.7) reads the same way;
+  thinking models' template writes it into the prompt); `glm45` (GLM-4.5 to 4.7) reads the same way,
+  and so does `deepseek_v3` (DeepSeek-V3.1 and V3.2, whose template ends the prompt with `<think>`
+  when `chat_template_kwargs` has `thinking` true, with `</think>` otherwise: vLLM's reads R1's way
+  or not at all by that same switch);
 - `openai_gptoss` (gpt-oss): no tags but harmony's channels, read by harmony.py; a guided reply
   thinks freely and is guided from the token after `<|channel|>final<|message|>`, where the
   tokenizer has `<|channel|>` and `<|message|>` as tokens (gpt-oss's does), else from the first token
@@ -33,7 +36,7 @@ from services.gateway.call_text import begun_tag_length
 from services.gateway.harmony import CHANNEL as HARMONY_CHANNEL, MESSAGE as HARMONY_MESSAGE, HarmonyReasoning
 
 START, END = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
+PARSERS = ("deepseek_r1", "qwen3", "glm45", "deepseek_v3", "openai_gptoss")
 HARMONY = "openai_gptoss"
 PROMPT_TAIL_TOKENS = 8  # enough to hold "<think>\n" however a tokenizer splits it
 

@@ -108,6 +108,10 @@ def test_where_a_reply_starts():
     glm = "<|assistant|>"
     assert starts_thinking("glm45", glm, is_guided_from_start=False) is None
     assert starts_thinking("glm45", glm + "<think>", is_guided_from_start=False) is True
+    # DeepSeek-V3.1's template opens the thinking with `thinking` true, and closes it otherwise.
+    for assistant in ("<｜Assistant｜><think>", "<｜Assistant｜></think>"):
+        thinking = starts_thinking("deepseek_v3", assistant, is_guided_from_start=False)
+        assert thinking is (True if assistant.endswith("<think>") else None)
 
 
 def test_an_earlier_turns_thinking_reaches_the_template_by_either_name():
