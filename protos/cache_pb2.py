@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/cache.proto\x12\x0e\x62\x61ton.cache.v1\"\x19\n\x17ResetPrefixCacheRequest\"=\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08\x12\x12\n\nnum_blocks\x18\x02 \x01(\r2i\n\x0bPrefixCache\x12Z\n\x05Reset\x12\'.baton.cache.v1.ResetPrefixCacheRequest\x1a(.baton.cache.v1.ResetPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/cache.proto\x12\x0e\x62\x61ton.cache.v1\"\x19\n\x17ResetPrefixCacheRequest\"[\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x1c\n\x14num_host_tier_blocks\x18\x03 \x01(\r2i\n\x0bPrefixCache\x12Z\n\x05Reset\x12\'.baton.cache.v1.ResetPrefixCacheRequest\x1a(.baton.cache.v1.ResetPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=38
   _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=63
   _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=65
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=126
-  _globals['_PREFIXCACHE']._serialized_start=128
-  _globals['_PREFIXCACHE']._serialized_end=233
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=156
+  _globals['_PREFIXCACHE']._serialized_start=158
+  _globals['_PREFIXCACHE']._serialized_end=263
 # @@protoc_insertion_point(module_scope)

@@ -9,9 +9,11 @@ class ResetPrefixCacheRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ResetPrefixCacheResponse(_message.Message):
-    __slots__ = ("reset", "num_blocks")
+    __slots__ = ("reset", "num_blocks", "num_host_tier_blocks")
     RESET_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOST_TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     reset: bool
     num_blocks: int
-    def __init__(self, reset: _Optional[bool] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    num_host_tier_blocks: int
+    def __init__(self, reset: _Optional[bool] = ..., num_blocks: _Optional[int] = ..., num_host_tier_blocks: _Optional[int] = ...) -> None: ...

@@ -46,6 +46,7 @@ class PrefixCacheServicer:
 
     def Reset(self, request, context):
         """Forgets every cached block when no request holds pages; reset false, and nothing forgotten, otherwise.
+        A prefill worker has its kvstore node forget what it stores too; a node always resets.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

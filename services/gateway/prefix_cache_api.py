@@ -2,8 +2,9 @@
 prefix cache forgotten, for a cold start of what comes next (a benchmark's run). A worker forgets
 its cache only when no request holds its pages, as vLLM's and SGLang's do: one that holds some
 refuses, the others having reset, and the answer is a 409 naming it (send it again once the mesh
-is idle). The workers' hashes leave the Redis prefix index with their next publish. The kvstore
-node's host-memory tier is not flushed."""
+is idle). Each prefill worker has its kvstore node forget its host-memory tier too (that node's
+blocks count in the worker's `num_host_tier_blocks`). The hashes leave the Redis prefix index with
+the next publish."""
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,9 @@ RESET_TIMEOUT_S = 10.0
 
 
 async def reset_prefix_caches(pools: Sequence[WorkerPool]) -> list[dict]:
-    """Each worker's answer: its kind, address, whether it reset, and the blocks it forgot."""
-    workers = [(pool.kind, worker) for pool in pools for worker in pool.workers]
+    """Each serving worker's answer: its kind, address, whether it reset, and the blocks it forgot (one
+    not serving is left out: its health watch finds it down or not yet up)."""
+    workers = [(pool.kind, worker) for pool in pools for worker in pool.workers if worker.is_serving]
     return list(await asyncio.gather(*(_reset(kind, worker) for kind, worker in workers)))
 
 
@@ -33,7 +35,8 @@ async def _reset(kind: str, worker: Worker) -> dict:
     except grpc.aio.AioRpcError as e:
         raise APIError(503, f"{kind} worker {worker.address} did not reset its prefix cache: {e.code().name}: "
                             f"{e.details()}", code="unavailable") from None
-    return {"kind": kind, "address": worker.address, "reset": reply.reset, "num_blocks": reply.num_blocks}
+    return {"kind": kind, "address": worker.address, "reset": reply.reset, "num_blocks": reply.num_blocks,
+            "num_host_tier_blocks": reply.num_host_tier_blocks}
 
 
 def add_prefix_cache_routes(app: FastAPI, pools: Sequence[WorkerPool]) -> None:

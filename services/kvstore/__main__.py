@@ -17,23 +17,25 @@ import sys
 from collections.abc import Sequence
 
 import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
-from protos import kvstore_pb2_grpc
+from protos import cache_pb2_grpc, kvstore_pb2_grpc
+from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME
 from services.common.entrypoint import run_service
 from services.common.index_publisher import InstancePublisher, holdings_publisher
 from services.common.metrics import ServiceMetrics
 from services.kvstore.config import KVStoreNodeConfig
-from services.kvstore.servicer import SERVICE_NAME, KVStoreNodeServicer
+from services.kvstore.servicer import SERVICE_NAME, HostTierCacheServicer, KVStoreNodeServicer
 from services.kvstore.tier_holdings import TierHoldings
 from services.kvstore.tier_metrics import TierCollector
 
 
 class KVStoreNode:
-    service_names = [SERVICE_NAME]
+    service_names = [SERVICE_NAME, CACHE_SERVICE_NAME]
 
     def __init__(self, config: KVStoreNodeConfig):
         self.config = config
         self.servicer = KVStoreNodeServicer(config.capacity_bytes)
-        self.servicers = [(kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.servicer)]
+        self.servicers = [(kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.servicer),
+                          (cache_pb2_grpc.add_PrefixCacheServicer_to_server, HostTierCacheServicer(self.servicer.tier))]
         self.port = 0  # the bound one, set by the entry point before `start`
         self.publisher: InstancePublisher | None = None
         self.metrics = ServiceMetrics("kvstore")  # the entry point's, labelled and served, replaces it

@@ -43,6 +43,11 @@ class GrpcStreamSender:
             self._stubs[address] = (channel, kvstore_pb2_grpc.KVStoreStub(channel))
         return self._stubs[address][1]
 
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """This sender's channel to `address`, for the node's other services."""
+        self.stub(address)
+        return self._stubs[address][0]
+
     async def write(self, address: str, pool: torch.Tensor, src_blocks: Sequence[int], *, request_id: str,
                     reservation_id: str = "", dst_blocks: Sequence[int] = (), block_hashes: Sequence[int] = (),
                     timeout_s: float | None = None) -> int:

@@ -71,6 +71,16 @@ class HostPageTier:
             held.setdefault(fingerprint, []).append(h)
         return held
 
+    def clear(self) -> int:
+        """Forget every stored block (a prefix-cache reset): the number forgotten, each one's
+        removal recorded for the index as an eviction's is."""
+        for key in self._blocks:
+            self._record(key, False)
+        forgotten = len(self._blocks)
+        self._blocks.clear()
+        self.num_bytes = 0
+        return forgotten
+
     def put(self, block_hash: int, block: StoredBlock) -> None:
         """Store (or replace) a block as the most recently used, evicting the least recently
         used until it fits (the events say which, for the prefix index to forget).

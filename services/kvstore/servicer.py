@@ -21,7 +21,7 @@ import logging
 import grpc
 import torch
 
-from protos import kvstore_pb2, kvstore_pb2_grpc
+from protos import cache_pb2, cache_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc
 from services.common.converters import layout_from_proto
 from services.kvstore.converters import chunk_or_abort, pages_to_proto
 from services.kvstore.host_tier import HostPageTier, StoredBlock
@@ -100,3 +100,14 @@ class KVStoreNodeServicer(kvstore_pb2_grpc.KVStoreServicer):
                                 dim=2)
             yield pages_to_proto(pages, layout, spec.layer_start, request_id=request.request_id,
                                  block_hashes=hashes[spec.first : spec.last])
+
+
+class HostTierCacheServicer(cache_pb2_grpc.PrefixCacheServicer):
+    """The node's PrefixCache service: a reset forgets every block the tier stores (a prefill worker
+    asks it, with its own, at the gateway's `/reset_prefix_cache`)."""
+
+    def __init__(self, tier: HostPageTier) -> None:
+        self.tier = tier
+
+    async def Reset(self, request: cache_pb2.ResetPrefixCacheRequest, context) -> cache_pb2.ResetPrefixCacheResponse:
+        return cache_pb2.ResetPrefixCacheResponse(reset=True, num_blocks=self.tier.clear())

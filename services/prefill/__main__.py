@@ -118,6 +118,7 @@ class PrefillService:
                              kvstore_address=self.config.kvstore_address, metrics=self.metrics)
         self.engine_loop = self.servicer.engine_loop
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
+        self.cache.host_tier_reset = self.servicer.reset_host_tier
         del engine
         self.engine_loop.start(sole_parallel_thread=True)
         self.engine_loop.on_failure(lambda e: stop.fail("prefill", f"its engine failed: {e!r}"))

@@ -143,6 +143,12 @@ class PrefillHostTier:
         finally:
             release()
 
+    async def reset(self) -> int:
+        """A prefix-cache reset: the node forgets what it stores (the blocks it forgot, 0 without a
+        node), and this worker what it stored there, so it stores those prefixes again."""
+        self._on_tier.clear()
+        return await self.client.reset(self.store_address) if self.store_address else 0
+
     async def close(self) -> None:
         """Let stores in flight finish (they release pages), then close the channels."""
         if self._stores:

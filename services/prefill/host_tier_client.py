@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.dtypes import TORCH_DTYPES
-from protos import kvstore_pb2
+from protos import cache_pb2, cache_pb2_grpc, kvstore_pb2
 from services.common.converters import layout_to_proto
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.kvstore.converters import chunk_from_proto
@@ -61,6 +61,11 @@ class HostTierClient:
         The pages must stay unchanged until it returns."""
         return await self._sender.write(address, pool, blocks, request_id=request_id, block_hashes=block_hashes,
                                         timeout_s=self.write_timeout_s)
+
+    async def reset(self, address: str) -> int:
+        """Have the node forget every block it stores (a prefix-cache reset); the number forgotten."""
+        stub = cache_pb2_grpc.PrefixCacheStub(self._sender.channel(address))
+        return (await stub.Reset(cache_pb2.ResetPrefixCacheRequest(), timeout=self.read_timeout_s)).num_blocks
 
     async def close(self) -> None:
         await self._sender.close()

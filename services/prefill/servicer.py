@@ -114,6 +114,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
         self._host_tier = PrefillHostTier(pool_tensor, layout, kvstore_address, checksum=self.kv_checksum)
 
+    async def reset_host_tier(self) -> int:
+        """A prefix-cache reset reaching this worker's kvstore node: the blocks it forgot."""
+        return await self._host_tier.reset() if self._host_tier is not None else 0
+
     async def close(self) -> None:
         """Unmap the decode pools and close channels; after the server stopped (no write in flight)."""
         self.opened_ahead.close()

@@ -95,3 +95,25 @@ def test_a_prefix_outlives_the_worker_that_computed_it(tier_mesh, redis_server):
     # A new suffix on the same prefix: the surviving worker now holds the prefix itself.
     _, cached = complete(tier_mesh, SYSTEM + [904])
     assert cached == len(SYSTEM)
+
+
+def test_a_prefix_cache_reset_empties_the_tier_too(tier_mesh, redis_server):
+    """`/reset_prefix_cache`: each prefill worker has its kvstore node forget what it stores, and the
+    node's hashes leave the index; the prompt is computed whole again."""
+    prompt = [(37 * j) % 900 + 11 for j in range(6 * BLOCK_SIZE)] + [905]
+    hashes = hash_block_chain(prompt, BLOCK_SIZE, model_fingerprint(tier_mesh.model_dir))
+    complete(tier_mesh, prompt)
+    time.sleep(0.5)
+    assert complete(tier_mesh, prompt)[1] == len(hashes) * BLOCK_SIZE  # reused: stored on the node
+    deadline = time.monotonic() + 5
+    while holders(redis_server.url, tier_mesh.model_dir, hashes).get("tier", ("", 0))[1] < len(hashes):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    answer = httpx.post(f"{tier_mesh.gateway.base_url}/reset_prefix_cache", timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert sum(w["num_host_tier_blocks"] for w in answer.json()["workers"]) >= len(hashes)
+    deadline = time.monotonic() + 5
+    while any(n for _, n in holders(redis_server.url, tier_mesh.model_dir, hashes).values()):
+        assert time.monotonic() < deadline, "the index still lists a holder"
+        time.sleep(0.1)
+    assert complete(tier_mesh, prompt)[1] == 0
