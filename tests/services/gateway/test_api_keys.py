@@ -76,8 +76,9 @@ def test_every_path_asks_for_a_key_but_the_probes_and_scrapes(keyed):
     lowercase_scheme = httpx.get(f"{keyed.base_url}/v1/models", headers={"Authorization": f"bearer {KEYS[1]}"},
                                  timeout=10)
     assert lowercase_scheme.status_code == 200 and lowercase_scheme.json()["data"]
-    for path in ("/health", "/live", "/metrics"):
+    for path in ("/health", "/live", "/metrics", "/ping"):  # /ping: SageMaker's health check
         assert httpx.get(f"{keyed.base_url}{path}", timeout=10).status_code == 200
+    assert httpx.post(f"{keyed.base_url}/invocations", json={"prompt": "x"}, timeout=10).status_code == 401
     metrics = httpx.get(f"{keyed.base_url}/metrics", timeout=10).text
     refused = [line for line in metrics.splitlines()
                if line.startswith("baton_request_errors_total") and 'reason="unauthorized"' in line]
