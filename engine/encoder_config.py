@@ -12,8 +12,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 # Architecture → where its encoder's tensors are (their names' prefix) and which head it has.
 ENCODERS = {"BertModel": ("", None), "RobertaModel": ("", None), "XLMRobertaModel": ("", None),
             "BertForSequenceClassification": ("bert.", "pooler"),
@@ -40,7 +38,9 @@ class EncoderConfig:
     # A classifier's head on the [CLS] token's hidden state, before its rows of logits: "pooler", BERT's
     # pooler (dense, tanh); "dense", RoBERTa's classifier.dense (dense, tanh); None: no head.
     head: str | None = None
-    sep_token_id: int | None = None  # the [SEP] that ends a pair's first text, where token types tell them apart
+    # The [SEP] that ends a pair's first text, where token types tell them apart (tokenizer_config.json's
+    # sep_token; the engine finds its id in the tokenizer it loads).
+    sep_token: str | None = None
 
 
 def read_encoder_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
@@ -55,18 +55,16 @@ def read_encoder_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
     return EncoderConfig(pooling="cls" if head else sentence_transformers_pooling(model_dir) or "cls",
                          layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), type_vocab_size=type_vocab_size,
                          position_offset=position_offset(cfg), prefix=prefix, head=head,
-                         sep_token_id=_sep_token_id(model_dir) if type_vocab_size > 1 else None)
+                         sep_token=_sep_token(model_dir) if type_vocab_size > 1 else None)
 
 
-def _sep_token_id(model_dir: Path) -> int | None:
-    """The id of the tokenizer's sep_token (tokenizer_config.json's); None without one."""
-    config_path, tokenizer_path = model_dir / "tokenizer_config.json", model_dir / "tokenizer.json"
-    if not config_path.is_file() or not tokenizer_path.is_file():
-        return None
-    sep = json.loads(config_path.read_text()).get("sep_token")
+def _sep_token(model_dir: Path) -> str | None:
+    """tokenizer_config.json's sep_token; None without one."""
+    path = model_dir / "tokenizer_config.json"
+    sep = json.loads(path.read_text()).get("sep_token") if path.is_file() else None
     if isinstance(sep, dict):
         sep = sep.get("content")
-    return Tokenizer.from_file(str(tokenizer_path)).token_to_id(sep) if isinstance(sep, str) else None
+    return sep if isinstance(sep, str) else None
 
 
 def position_offset(cfg: dict) -> int:

@@ -69,6 +69,9 @@ class LLMEngine:
         self.tokenizer = _load_tokenizer(model_dir)
         if self.model_config.classifier_tokens:
             self.runner.model.make_classifier(_vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
+        sep = self.model_config.encoder.sep_token if self.is_encoder else None
+        if sep is not None and self.tokenizer is not None:
+            self.runner.model.sep_token_id = self.tokenizer.token_to_id(sep)
         self._guides: GuideFactory | None = None
         self._guides_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}

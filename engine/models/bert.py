@@ -104,6 +104,7 @@ class BertModel(nn.Module):
         self.norm_bias = empty_param(hidden, dtype=dtype)
         self.layers = nn.ModuleList(EncoderLayer(config, kernels, dtype) for _ in range(config.num_layers))
         self.lora_batch = LoRABatch()
+        self.sep_token_id: int | None = None  # EncoderConfig.sep_token's, set by the engine from its tokenizer
         # A classifier's head: a dense layer and tanh on the [CLS] state (BERT's pooler, RoBERTa's
         # classifier.dense), then its rows of logits (`classifier`, None without a head) and their biases.
         self.head_weight = self.head_bias = self.classifier = self.classifier_bias = None
@@ -127,7 +128,7 @@ class BertModel(nn.Module):
     def _token_types(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """Each token's type where the model tells a pair's texts apart: 1 after its prompt's first
         [SEP], as the pair template writes the second text; None: every token is type 0."""
-        sep = self.config.encoder.sep_token_id
+        sep = self.sep_token_id
         if sep is None:
             return None
         types = torch.zeros_like(input_ids)
