@@ -82,8 +82,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="the KV pages' dtype: auto (the compute dtype), or fp8, fp8_e4m3, fp8_e5m2 (one byte a "
                           "number), as vLLM's")
     gen.add_argument("--speculative-config", metavar="JSON",
-                     help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": 4} '
-                          "(the same tokens, in fewer steps where the output repeats itself)")
+                     help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": 4} or '
+                          '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3} (the same tokens, '
+                          "in fewer steps where the drafts are right)")
     gen.add_argument("--hf-overrides", metavar="JSON", help="config.json keys replaced, as vLLM's --hf-overrides")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "

@@ -79,6 +79,27 @@ def run(model_dir, prompts: list[list[int]], batch: int, speculative: Speculativ
     return tokens, sum(map(len, tokens)) / elapsed, scheduler.num_draft_tokens, scheduler.num_accepted_tokens
 
 
+def compare(key: str, model_dir, prompts: list[list[int]], batch: int, speculative: SpeculativeConfig,
+            repeats: int, prefix: str = "spec_decode") -> dict[str, float]:
+    """Decode plainly and with drafts, alternating, best of `repeats`; print the ratio of output
+    tokens/s and the acceptance; return them as figures named `{prefix}_speedup_{key}` and so on."""
+    best = {"plain": 0.0, "drafts": 0.0}
+    for _ in range(repeats):
+        plain, plain_rate, _, _ = run(model_dir, prompts, batch, None)
+        drafted, drafted_rate, num_drafts, num_accepted = run(model_dir, prompts, batch, speculative)
+        if drafted != plain:
+            raise SystemExit(f"{key}: drafted tokens differ from plain decoding")
+        best = {"plain": max(best["plain"], plain_rate), "drafts": max(best["drafts"], drafted_rate)}
+    ratio = best["drafts"] / best["plain"]
+    accepted = num_accepted / num_drafts if num_drafts else 0.0
+    num_tokens = len(prompts) * OUTPUT_LEN
+    tokens_per_step = num_tokens / (num_tokens - num_accepted)
+    print(f"{key:20s}: plain {best['plain']:7.1f} tok/s, drafts {best['drafts']:7.1f} tok/s -> {ratio:.2f}x; "
+          f"{num_drafts} drafts, {accepted:.0%} accepted, {tokens_per_step:.2f} tokens a sequence's step", flush=True)
+    return {f"{prefix}_speedup_{key}": round(ratio, 3), f"{prefix}_acceptance_{key}": round(accepted, 3),
+            f"{prefix}_tokens_per_step_{key}": round(tokens_per_step, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="160m", choices=("7m", "160m"))
@@ -94,24 +115,7 @@ def main() -> None:
             rng, num = random.Random(batch), 8 if batch > 1 else 4
             prompts = (cycle_prompts(model_dir, vocab, num, rng) if name == "cycling" else
                        [[rng.randrange(vocab) for _ in range(128)] for _ in range(num)])
-            best = {"plain": 0.0, "drafts": 0.0}
-            for _ in range(args.repeats):
-                plain, plain_rate, _, _ = run(model_dir, prompts, batch, None)
-                drafted, drafted_rate, num_drafts, num_accepted = run(model_dir, prompts, batch, speculative)
-                if drafted != plain:
-                    raise SystemExit(f"{name} batch {batch}: drafted tokens differ from plain decoding")
-                best = {"plain": max(best["plain"], plain_rate), "drafts": max(best["drafts"], drafted_rate)}
-            ratio = best["drafts"] / best["plain"]
-            accepted = num_accepted / num_drafts if num_drafts else 0.0
-            num_tokens = len(prompts) * OUTPUT_LEN
-            tokens_per_step = num_tokens / (num_tokens - num_accepted)
-            print(f"{name:8s} batch {batch}: plain {best['plain']:7.1f} tok/s, drafts {best['drafts']:7.1f} tok/s "
-                  f"-> {ratio:.2f}x; {num_drafts} drafts, {accepted:.0%} accepted, "
-                  f"{tokens_per_step:.2f} tokens a sequence's step", flush=True)
-            key = f"{name}_batch{batch}"
-            figures[f"spec_decode_speedup_{key}"] = round(ratio, 3)
-            figures[f"spec_decode_acceptance_{key}"] = round(accepted, 3)
-            figures[f"spec_decode_tokens_per_step_{key}"] = round(tokens_per_step, 3)
+            figures.update(compare(f"{name}_batch{batch}", model_dir, prompts, batch, speculative, args.repeats))
     print(json.dumps({"model": args.model, "num_speculative_tokens": args.drafts, **figures}))
 
 

@@ -58,7 +58,8 @@ class EngineConfig:
     # Served adapters' weights kept in memory at most, the least recently asked for let go and read again
     # when asked for (vLLM's --max-cpu-loras; engine/lora_manager.py); None: all of them.
     max_cpu_loras: int | None = None
-    # Speculative decoding (engine/speculative.py: n-gram drafts, vLLM's --speculative-config); None: none.
+    # Speculative decoding (engine/speculative.py: n-gram or a draft model's drafts, vLLM's --speculative-config);
+    # None: none.
     speculative: SpeculativeConfig | None = None
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     # vLLM's --hf-overrides: config.json keys replaced (engine/checkpoint.read_model_config); in the

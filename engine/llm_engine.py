@@ -14,6 +14,7 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
+from engine.draft_model import DraftModel
 from engine.dtypes import TORCH_DTYPES, kv_cache_dtype
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
@@ -23,8 +24,9 @@ from engine.model_config import load_model_config
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Drafter, Scheduler
 from engine.sequence import Sequence
+from engine.speculative import NgramDrafter
 
 
 class LLMEngine:
@@ -63,7 +65,7 @@ class LLMEngine:
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-            self.max_model_len, self.eos_token_ids, config.scheduling_policy, config.speculative, config.max_loras,
+            self.max_model_len, self.eos_token_ids, config.scheduling_policy, self._drafter(dtype), config.max_loras,
             whole_embeddings=self.is_encoder,
         )
         self.tokenizer = _load_tokenizer(model_dir)
@@ -88,6 +90,16 @@ class LLMEngine:
             "weights": self.runner.weight_loading_ns,
             "kv_pool": (kv_pool_start_ns, kv_pool_end_ns),
         }
+
+    def _drafter(self, dtype: torch.dtype) -> Drafter | None:
+        speculative = self.config.speculative
+        if speculative is None:
+            return None
+        if speculative.method == "ngram":
+            return NgramDrafter(speculative)
+        # As many pages as the target's pool; a sequence whose drafts find none left decodes plainly.
+        return DraftModel(speculative.model, speculative.num_speculative_tokens, self.model_config, dtype,
+                          self.config.device, self.max_model_len, self.num_kv_blocks, self.config.block_size)
 
     # --- requests ----------------------------------------------------------------
 
@@ -285,7 +297,7 @@ class LLMEngine:
             self._drop_retired_adapters()
             return outputs
         timed = self._to_time(batch)
-        if self.scheduler.speculative is not None and any(seq.num_draft_tokens for seq in batch.seqs):
+        if self.scheduler.drafter is not None and any(seq.num_draft_tokens for seq in batch.seqs):
             sampled, logits = self.runner.forward(batch)
             self.scheduler.postprocess_drafted(batch, sampled, logits, self.runner.sampler)
         else:

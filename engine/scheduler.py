@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import Protocol
 
 import torch
 
@@ -21,7 +22,16 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import FinishReason, Sequence, SequenceStatus
-from engine.speculative import SpeculativeConfig
+
+
+class Drafter(Protocol):
+    """What proposes speculative drafts: engine/speculative.py's NgramDrafter, engine/draft_model.py's DraftModel."""
+
+    num_speculative_tokens: int
+
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]: ...
+
+    def forget(self, request_id: str) -> None: ...
 
 
 class Scheduler:
@@ -33,7 +43,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: tuple[int, ...],
         policy: str = "fcfs",
-        speculative: SpeculativeConfig | None = None,
+        drafter: Drafter | None = None,
         max_loras: int | None = None,
         whole_embeddings: bool = False,
     ) -> None:
@@ -48,7 +58,7 @@ class Scheduler:
         self.held: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.is_by_priority = policy == "priority"
-        self.speculative = speculative  # None: no drafts
+        self.drafter = drafter  # None: no drafts
         self.max_loras = max_loras  # most LoRA adapters a batch computes with; None: no limit
         self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
         self.num_accepted_tokens = 0
@@ -110,11 +120,12 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         preempted = False
+        drafts = self._propose(budget) if self.drafter is not None else {}
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if self.speculative is not None and budget > 1:
-                self._draft(seq, budget)
+            if seq.request_id in drafts:
+                self._draft(seq, drafts[seq.request_id], budget)
             while not bm.can_append_slot(seq):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -150,14 +161,28 @@ class Scheduler:
             budget -= num_new
         return batch
 
-    def _draft(self, seq: Sequence, budget: int) -> None:
-        """Append n-gram drafts to a decoding sequence, as many as the budget, its max_tokens and the
-        context leave room for and its pages can take now (speculative.py)."""
-        if seq.num_uncomputed_tokens != 1 or seq.is_prefill_only:
-            return
-        room = min(budget - 1, seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
-                   self.max_model_len - seq.num_tokens - 1)
-        drafts = self.speculative.propose(seq.token_ids, room) if room > 0 else []
+    def _propose(self, budget: int) -> dict[str, list[int]]:
+        """Drafts for the decoding sequences, all at once (a draft model computes them as batches), as
+        many as the budget would leave each were the running sequences scheduled in turn, its
+        max_tokens and the context leave room for (speculative.py)."""
+        wanted = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            room = 0
+            if seq.num_uncomputed_tokens == 1 and not seq.is_prefill_only:
+                room = max(0, min(budget - 1, self.drafter.num_speculative_tokens,
+                                  seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
+                                  self.max_model_len - seq.num_tokens - 1))
+                if room > 0:
+                    wanted.append((seq, room))
+            budget -= min(seq.num_uncomputed_tokens, budget) + room
+        return self.drafter.propose(wanted) if wanted else {}
+
+    def _draft(self, seq: Sequence, drafts: list[int], budget: int) -> None:
+        """Append a decoding sequence's drafts, as many as the budget leaves room for and its pages can
+        take now."""
+        drafts = drafts[:budget - 1]
         if not drafts:
             return
         seq.add_drafts(drafts)
@@ -166,6 +191,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         seq.take_drafts()
+        if self.drafter is not None:
+            self.drafter.forget(seq.request_id)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
@@ -264,6 +291,8 @@ class Scheduler:
         return "prefilled" if seq.is_prefill_only else None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if self.drafter is not None:
+            self.drafter.forget(seq.request_id)
         if reason == "prefilled":
             self.held[seq.request_id] = seq
         else:

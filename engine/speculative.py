@@ -1,8 +1,11 @@
-"""Speculative decoding with n-gram (prompt lookup) drafts, as vLLM's `{"method": "ngram"}`.
+"""Speculative decoding, as vLLM's --speculative-config: n-gram (prompt lookup) drafts
+(`{"method": "ngram"}`) or a small draft model's (`{"method": "draft_model", "model": DIR}`:
+engine/draft_model.py).
 
-A decoding sequence whose last tokens appeared earlier in it is guessed to go on as it went on
-there: up to `num_speculative_tokens` drafts, appended for one step and computed as one chunk
-after its last token, so one forward pass gives the logits after each. The sampler then samples
+With n-gram drafts, a decoding sequence whose last tokens appeared earlier in it is guessed to go
+on as it went on there. Either way, up to `num_speculative_tokens` drafts are appended for one
+step and computed as one chunk after the sequence's last token, so one forward pass gives the
+logits after each. The sampler then samples
 each position in turn, as if the drafts before it were the sequence's own tokens, and a draft is
 kept while it equals what was sampled: the first token that differs ends the step. Every token
 is thus the one plain decoding would have sampled at its position (the same argmax, the same
@@ -12,23 +15,30 @@ makes, never which.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-METHODS = ("ngram",)
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     num_speculative_tokens: int  # drafts a step, at most
-    prompt_lookup_max: int = 4  # the longest suffix looked up
+    prompt_lookup_max: int = 4  # the longest suffix looked up (ngram)
     prompt_lookup_min: int = 1  # ... and the shortest
     method: str = "ngram"
+    model: str | None = None  # the draft model's directory (draft_model)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r} is not supported; supported: {', '.join(METHODS)}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("a draft_model config needs the draft's directory as model" if self.model is None else
+                             f"{self.method} drafts take no model")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
@@ -38,21 +48,42 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, given: dict[str, Any]) -> SpeculativeConfig:
         """vLLM's --speculative-config keys; ValueError for a missing, unknown or bad one."""
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
         unknown = sorted(set(given) - known)
         if unknown:
             raise ValueError(f"speculative config: unknown keys {unknown}; known: {sorted(known)}")
+        if given.get("model") is not None and given.get("method") in (None, "draft_model"):
+            # vLLM takes a model without a method as a draft model too.
+            lookups = sorted({"prompt_lookup_max", "prompt_lookup_min"} & set(given))
+            if lookups:
+                raise ValueError(f"speculative config: {lookups} are n-gram keys; a draft model takes none")
+            if "num_speculative_tokens" not in given:
+                raise ValueError("speculative config needs num_speculative_tokens")
+            return cls(num_speculative_tokens=int(given["num_speculative_tokens"]), method="draft_model",
+                       model=str(given["model"]))
         if "method" not in given or "num_speculative_tokens" not in given:
             raise ValueError("speculative config needs method and num_speculative_tokens")
         lookup_max = int(given.get("prompt_lookup_max") or given.get("prompt_lookup_min") or 4)
         lookup_min = int(given.get("prompt_lookup_min") or min(lookup_max, 1))
         return cls(num_speculative_tokens=int(given["num_speculative_tokens"]), prompt_lookup_max=lookup_max,
-                   prompt_lookup_min=lookup_min, method=str(given["method"]))
+                   prompt_lookup_min=lookup_min, method=str(given["method"]), model=given.get("model"))
 
-    def propose(self, token_ids: list[int], max_drafts: int) -> list[int]:
-        """Up to `min(num_speculative_tokens, max_drafts)` drafts for what follows `token_ids`."""
-        return ngram_drafts(token_ids, min(self.num_speculative_tokens, max_drafts), self.prompt_lookup_min,
-                            self.prompt_lookup_max)
+
+class NgramDrafter:
+    """Proposes each sequence's drafts from its own tokens (the scheduler's drafter, as DraftModel is)."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.config = config
+
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """Up to `room` drafts for what follows each sequence's tokens, by request id."""
+        config = self.config
+        return {seq.request_id: ngram_drafts(seq.token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max)
+                for seq, room in wanted}
+
+    def forget(self, request_id: str) -> None:
+        """A sequence that finished or was preempted: n-gram drafts keep nothing of it."""
 
 
 def ngram_drafts(token_ids: list[int], num_drafts: int, min_n: int, max_n: int) -> list[int]:

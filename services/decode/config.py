@@ -79,7 +79,7 @@ class DecodeServiceConfig:
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
     max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
     max_cpu_loras: int | None = None  # served adapters kept loaded at most; None: all
-    speculative: SpeculativeConfig | None = None  # n-gram drafts (engine/speculative.py); None: plain decoding
+    speculative: SpeculativeConfig | None = None  # engine/speculative.py's drafts; None: plain decoding
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
@@ -129,9 +129,10 @@ class DecodeServiceConfig:
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
         parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
-                            help='vLLM\'s: speculative decoding, n-gram drafts only, e.g. \'{"method": "ngram", '
-                                 '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; the same tokens come out, in '
-                                 'fewer steps where the output repeats itself or its prompt '
+                            help='vLLM\'s: speculative decoding, n-gram drafts (\'{"method": "ngram", '
+                                 '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\') or a draft model\'s '
+                                 '(\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}\'); the '
+                                 'same tokens come out, in fewer steps where the drafts are right '
                                  f'(${ENV_SPECULATIVE_CONFIG})')
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)

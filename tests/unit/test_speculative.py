@@ -1,5 +1,6 @@
-"""Speculative decoding with n-gram drafts (engine/speculative.py): the drafts proposed, and an engine
-that drafts makes exactly the tokens (and logprobs, and finish reasons) of one that does not."""
+"""Speculative decoding with n-gram drafts (engine/speculative.py; a draft model's: test_draft_model.py):
+the drafts proposed, and an engine that drafts makes exactly the tokens (and logprobs, and finish
+reasons) of one that does not."""
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,10 @@ def test_the_config_reads_vllms_keys_and_refuses_what_it_does_not_serve():
     assert config == SpeculativeConfig(num_speculative_tokens=5, prompt_lookup_max=3, prompt_lookup_min=1)
     with pytest.raises(ValueError, match="'eagle' is not supported"):
         SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="unknown keys \\['model'\\]"):
+    with pytest.raises(ValueError, match="ngram drafts take no model"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "model": "x"})
+    with pytest.raises(ValueError, match="unknown keys \\['draft_tensor_parallel_size'\\]"):
+        SpeculativeConfig.from_dict({"model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1})
     with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 0})
     with pytest.raises(ValueError, match="prompt_lookup_min <= prompt_lookup_max"):
@@ -74,15 +77,20 @@ def _stream(engine: LLMEngine):
 def test_drafting_changes_how_many_tokens_a_step_makes_never_which(tiny_demo_model, engine_options):
     plain, _ = _outputs(tiny_demo_model, None, **dict(engine_options))
     drafted, scheduler = _outputs(tiny_demo_model, NGRAM, **dict(engine_options))
+    assert_same_outputs(drafted, plain)
+    assert scheduler.num_draft_tokens > 0 and scheduler.num_accepted_tokens > 0
+    assert scheduler.num_accepted_tokens <= scheduler.num_draft_tokens
+    assert scheduler.num_preemptions > 0 or "num_kv_blocks" not in engine_options
+
+
+def assert_same_outputs(drafted: dict, plain: dict) -> None:
+    """The same tokens and finish reasons by request id, and logprobs within a chunk's rounding."""
     assert {r: (tokens, reason) for r, (tokens, reason, _) in drafted.items()} == \
         {r: (tokens, reason) for r, (tokens, reason, _) in plain.items()}
     for request_id, (_, _, records) in plain.items():  # a drafted position's logits come from a chunk: ~1e-6 off
         for made, expected in zip(drafted[request_id][2], records, strict=True):
             assert made.keys() == expected.keys()
             assert all(abs(made[t] - expected[t]) < 1e-4 for t in made)
-    assert scheduler.num_draft_tokens > 0 and scheduler.num_accepted_tokens > 0
-    assert scheduler.num_accepted_tokens <= scheduler.num_draft_tokens
-    assert scheduler.num_preemptions > 0 or "num_kv_blocks" not in engine_options
 
 
 def test_guided_output_is_the_same_with_drafts(tiny_demo_model):

@@ -31,7 +31,7 @@ class EngineCollector(LabelledCollector):
                            blocks.num_prefix_query_tokens)
         yield self.counter("baton_prefix_cache_hits", "Prompt tokens found in the prefix cache",
                            blocks.num_prefix_hit_tokens)
-        if self.scheduler.speculative is not None:  # vLLM's spec_decode counters, where drafts are made
+        if self.scheduler.drafter is not None:  # vLLM's spec_decode counters, where drafts are made
             yield self.counter("baton_spec_decode_num_draft_tokens", "Speculative draft tokens proposed",
                                self.scheduler.num_draft_tokens)
             yield self.counter("baton_spec_decode_num_accepted_tokens",

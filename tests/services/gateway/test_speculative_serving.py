@@ -1,6 +1,7 @@
-"""Speculative decoding on the decode workers (--speculative-config, vLLM's): a request streams the
-same tokens as plain decoding would make, whether its prompt was prefilled on a prefill worker (the
-drafts start from the handed-over KV) or on its decode worker; several tokens may come in one chunk."""
+"""Speculative decoding on the decode workers (--speculative-config, vLLM's), n-gram drafts and a draft
+model's: a request streams the same tokens as plain decoding would make, whether its prompt was
+prefilled on a prefill worker (the drafts start from the handed-over KV; a draft model computes the
+prompt itself) or on its decode worker; several tokens may come in one chunk."""
 from __future__ import annotations
 
 import json
@@ -8,17 +9,21 @@ import socket
 
 import httpx
 import openai
+import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.draft_models import first_layers_copy
 from tests.services.gateway.mesh import start_mesh, stop_mesh
 
 MAX_TOKENS = 48
-SPECULATIVE = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
 
 
-def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_model):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_model, tmp_path, method):
+    speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3} if method == "ngram" else \
+        {"model": str(first_layers_copy(tiny_demo_model, tmp_path / "draft", 1)), "num_speculative_tokens": 3}
     short, long = [5, 6, 7, 8] * 5, [40 + (i * 7) % 60 for i in range(300)]  # prefilled on decode; on prefill
     seeded = dict(temperature=0.9, top_p=0.95, seed=7)
     engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=128))
@@ -29,8 +34,8 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
                                                                               **sampling)) if out.finished]
             expected[len(prompt), name] = done.token_ids
     metrics_port = _free_port()
-    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1,
-                      decode_args=("--speculative-config", SPECULATIVE, "--metrics-port", str(metrics_port)))
+    decode_args = ("--speculative-config", json.dumps(speculative), "--metrics-port", str(metrics_port))
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, decode_args=decode_args)
     try:
         total_chunks = 0
         with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:

@@ -1,0 +1,127 @@
+"""Speculative drafts from a small model of the same vocabulary, as vLLM's `{"method": "draft_model"}`.
+
+The draft model decodes greedily a few tokens ahead of each decoding sequence; the target then
+verifies them in one step (engine/speculative.py), so what comes out is the target's alone and the
+draft only decides how many tokens a step makes. It keeps its own KV pages per sequence: on its
+first drafts a sequence's whole context is computed as one chunk (a decode worker's prompt came
+as the target's KV, which the draft cannot read), later only the tokens since, and the KV of the
+drafts the target took as its tokens is kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.batch import ScheduledBatch
+from engine.model_config import ModelConfig, load_model_config
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+# What the runner reads of a sequence's request: no prompt logprobs, no pooling, no adapter.
+_DRAFTING = SamplingParams(max_tokens=1)
+
+
+@dataclass(eq=False)
+class DraftSequence:
+    """A sequence as the draft model holds it, in the shape ModelRunner reads (engine/sequence.py's):
+    its tokens and the drafts made after them, the KV computed of them, and its own pages."""
+
+    owner: Sequence
+    token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_verified: int = 0  # the owner's tokens when its last drafts were made: the drafts follow them
+    sampling_params: SamplingParams = _DRAFTING
+    prompt_logprobs: None = None
+    num_draft_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def follow(self, owner_tokens: list[int]) -> None:
+        """Take the owner's tokens as its own, keeping the KV of every draft the owner took as its token."""
+        kept = self.num_verified
+        while kept < self.num_computed_tokens and kept < len(owner_tokens) and \
+                self.token_ids[kept] == owner_tokens[kept]:
+            kept += 1
+        self.num_computed_tokens = min(self.num_computed_tokens, kept)
+        del self.token_ids[kept:]
+        self.token_ids += owner_tokens[kept:]
+        self.num_verified = len(owner_tokens)
+
+
+class DraftModel:
+    """The scheduler's drafter for `{"method": "draft_model"}`: a model beside the target, with a KV
+    pool of its own (`num_blocks` pages, the target's page size)."""
+
+    def __init__(self, model_dir: str, num_speculative_tokens: int, target: ModelConfig, dtype: torch.dtype,
+                 device: str, max_positions: int, num_blocks: int, block_size: int) -> None:
+        """ValueError for a directory that cannot draft for `target`."""
+        config = load_model_config(Path(model_dir))
+        if config.encoder is not None or config.multimodal is not None:
+            raise ValueError(f"draft model {model_dir}: a draft model must be a text decoder")
+        if config.vocab_size > target.vocab_size:
+            raise ValueError(f"draft model {model_dir}: its vocabulary ({config.vocab_size} tokens) is larger than "
+                             f"the target's ({target.vocab_size}); a draft model must share the target's tokenizer")
+        self.num_speculative_tokens = num_speculative_tokens
+        self.runner = ModelRunner(model_dir, config, dtype, device, max_positions)
+        self.runner.allocate_kv_pool(num_blocks, block_size, dtype)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self._free_blocks = list(range(num_blocks))
+        self._held: dict[str, DraftSequence] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """`room` greedy drafts for what follows each sequence's tokens, by request id: none for a
+        sequence whose drafts find no pages."""
+        rooms: dict[int, int] = {}
+        batch = ScheduledBatch()
+        for seq, room in wanted:
+            draft = self._draft_sequence(seq)
+            if self._reserve(draft, seq.num_tokens + room - 1):
+                rooms[id(draft)] = room
+                batch.add(draft, draft.num_tokens - draft.num_computed_tokens)
+        made: dict[str, list[int]] = {}
+        while batch.seqs:
+            sampled, logits = self.runner.forward(batch)  # (decode rows first: its order, not the batch's)
+            tokens = logits.argmax(dim=-1).tolist()
+            batch = ScheduledBatch()
+            for draft, token in zip(sampled, tokens):
+                draft.num_computed_tokens = draft.num_tokens
+                drafts = made.setdefault(draft.owner.request_id, [])
+                drafts.append(token)
+                if len(drafts) < rooms[id(draft)]:
+                    draft.token_ids.append(token)
+                    batch.add(draft, 1)
+        return made
+
+    def forget(self, request_id: str) -> None:
+        """Free the pages of a sequence that finished or was preempted."""
+        draft = self._held.pop(request_id, None)
+        if draft is not None:
+            self._free_blocks += draft.block_table
+
+    def _draft_sequence(self, seq: Sequence) -> DraftSequence:
+        draft = self._held.get(seq.request_id)
+        if draft is None or draft.owner is not seq:  # (an id used again: none of its KV is this one's)
+            self.forget(seq.request_id)
+            draft = self._held[seq.request_id] = DraftSequence(seq)
+        draft.follow(seq.token_ids)
+        return draft
+
+    def _reserve(self, draft: DraftSequence, num_positions: int) -> bool:
+        """Pages for the first `num_positions` positions' KV; False, taking none, when too few are free."""
+        missing = -(-num_positions // self.block_size) - len(draft.block_table)
+        if missing > len(self._free_blocks):
+            return False
+        for _ in range(missing):
+            draft.block_table.append(self._free_blocks.pop())
+        return True
