@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple
 
 from kernels.attention import decode_attention_torch, prefill_attention_torch
 from kernels.kv_cache import write_kv_torch
+from kernels.linear import linear_cpu, linear_torch
 from kernels.rms_norm import rms_norm_torch
 from kernels.rotary import apply_rope_torch
 
@@ -24,6 +25,7 @@ class Kernels(NamedTuple):
     write_kv: Callable
     prefill_attention: Callable
     decode_attention: Callable
+    linear: Callable
 
 
 TORCH_REFERENCE = Kernels(
@@ -33,6 +35,7 @@ TORCH_REFERENCE = Kernels(
     write_kv=write_kv_torch,
     prefill_attention=prefill_attention_torch,
     decode_attention=decode_attention_torch,
+    linear=linear_torch,
 )
 
 
@@ -41,12 +44,12 @@ def _cpu_kernels() -> Kernels | None:
 
     if load_library() is None:
         return None
-    return TORCH_REFERENCE._replace(name="cpu", decode_attention=decode_attention_cpu)
+    return TORCH_REFERENCE._replace(name="cpu", decode_attention=decode_attention_cpu, linear=linear_cpu)
 
 
 def select_kernels(device: str, backend: str | None = None) -> Kernels:
-    """The kernel bundle for `device`: the C decode kernel on CPUs where it
-    builds, the torch reference everywhere else."""
+    """The kernel bundle for `device`: the C decode kernel and the thin-batch linear on CPUs where
+    the kernel builds, the torch reference everywhere else."""
     backend = backend or os.environ.get("BATON_KERNELS", "auto")
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; available: {', '.join(BACKENDS)}")

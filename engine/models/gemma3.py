@@ -35,7 +35,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
         self.attn = Attention(config, kernels, dtype, sliding_window)
-        self.mlp = MLP(config, dtype)
+        self.mlp = MLP(config, kernels, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
         norm, eps = self.rms_norm, self.eps

@@ -104,7 +104,7 @@ class Attention(nn.Module):
         """q [T, Hq, D], k and v [T, Hkv, D]: projected (with the step's LoRA deltas), the whole
         projections normed where the model norms them so (OLMo 2)."""
         cfg, num_tokens = self.config, x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
+        qkv = self.kernels.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
         if self.lora is not None:
             self.lora.add("qkv", x, qkv)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -117,15 +117,16 @@ class Attention(nn.Module):
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """Attention's output [T, Hq, D] through o_proj (with the step's LoRA delta): [T, hidden]."""
         attended = out.view(out.shape[0], self.config.q_size)
-        projected = F.linear(attended, self.o_weight, self.o_bias)
+        projected = self.kernels.linear(attended, self.o_weight, self.o_bias)
         return projected if self.lora is None else self.lora.add("o", attended, projected)
 
 
 class MLP(nn.Module):
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to gate, up and down
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
         super().__init__()
+        self.linear = kernels.linear
         self.intermediate_size = config.intermediate_size
         self.activation = ACTIVATIONS[config.hidden_act]
         self.gate_up_weight = empty_param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
@@ -134,12 +135,12 @@ class MLP(nn.Module):
         self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
+        gate_up = self.linear(x, self.gate_up_weight, self.gate_up_bias)
         if self.lora is not None:
             self.lora.add("gate_up", x, gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         h = self.activation(gate) * up
-        out = F.linear(h, self.down_weight, self.down_bias)
+        out = self.linear(h, self.down_weight, self.down_bias)
         return out if self.lora is None else self.lora.add("down", h, out)
 
 
@@ -152,7 +153,7 @@ class DecoderLayer(nn.Module):
         self.input_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
         self.attn = attention(config, kernels, dtype, sliding_window)
-        self.mlp = SparseMoE(config, dtype) if is_sparse else MLP(config, dtype)
+        self.mlp = SparseMoE(config, kernels, dtype) if is_sparse else MLP(config, kernels, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
         h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), cos, sin, kv_cache, meta)
@@ -258,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] → logits [N, V] in float32 for the sampler.
-        return F.linear(hidden, self.lm_head).float()
+        return self.kernels.linear(hidden, self.lm_head).float()
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return DecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))

@@ -13,7 +13,6 @@ reordered as they load so that the usual pairing, half a part apart, is the same
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
@@ -61,12 +60,12 @@ class MLAttention(nn.Module):
         cfg, mla, ops = self.config, self.mla, self.kernels
         num_tokens, heads, rope, nope = x.shape[0], cfg.num_heads, mla.qk_rope_head_dim, mla.qk_nope_head_dim
         if mla.q_lora_rank is None:
-            q = F.linear(x, self.q_weight)
+            q = ops.linear(x, self.q_weight)
         else:
-            q_latent = ops.rms_norm(F.linear(x, self.q_a_weight, self.q_a_bias), self.q_a_norm, cfg.rms_norm_eps)
-            q = F.linear(q_latent, self.q_b_weight)
+            q_latent = ops.rms_norm(ops.linear(x, self.q_a_weight, self.q_a_bias), self.q_a_norm, cfg.rms_norm_eps)
+            q = ops.linear(q_latent, self.q_b_weight)
         q_nope, q_rope = q.view(num_tokens, heads, mla.qk_head_dim).split([nope, rope], dim=-1)
-        latent, k_rope = F.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
+        latent, k_rope = ops.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
         latent = ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps)
         q_rope, k_rope = ops.apply_rope(q_rope, k_rope.unsqueeze(1), cos, sin)
         rows = torch.cat((k_rope.squeeze(1), latent), dim=-1)  # [T, rope + rank]: what the pages keep
@@ -78,7 +77,7 @@ class MLAttention(nn.Module):
         for chunk in meta.prefills:
             s, e = chunk.start, chunk.end
             out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk)
-        return F.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
+        return ops.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
 
     def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's projections of the latent to its k (nope part) and to its v: [H, nope, rank],
@@ -104,8 +103,8 @@ class MLAttention(nn.Module):
         if chunk.context_len:
             rows = self._context_rows(kv_cache, chunk, rows.shape[0])
         k_rope, latent = rows.split([mla.qk_rope_head_dim, mla.kv_lora_rank], dim=-1)
-        k_nope, v = F.linear(latent, self.kv_b_weight).view(-1, heads, mla.qk_nope_head_dim + mla.v_head_dim).split(
-            [mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
+        k_nope, v = self.kernels.linear(latent, self.kv_b_weight).view(
+            -1, heads, mla.qk_nope_head_dim + mla.v_head_dim).split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
         k = torch.cat((k_rope.unsqueeze(1).expand(-1, heads, mla.qk_rope_head_dim), k_nope), dim=-1)
         return causal_attention_torch(torch.cat((q_rope, q_nope), dim=-1), k, v, chunk.context_len, self.scale)
 

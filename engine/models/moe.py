@@ -14,11 +14,13 @@ from torch import nn
 
 from engine.model_config import ModelConfig
 from engine.models.parameters import empty_param
+from kernels.registry import Kernels
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
         super().__init__()
+        self.linear = kernels.linear  # (the routers keep F.linear: their choices are discrete, their rows few)
         self.moe = moe = config.moe
         num_experts, inter, hidden = moe.num_experts, moe.moe_intermediate_size, config.hidden_size
         # DeepSeek and GLM keep their routers in float32.
@@ -44,15 +46,15 @@ class SparseMoE(nn.Module):
             weight = weights[tokens, slot, None]
             expert_in = x[tokens] * weight if self.moe.weighs_inputs else x[tokens]
             has_bias = self.gate_up_bias is not None
-            gate, up = F.linear(expert_in, self.gate_up_weight[expert],
-                                self.gate_up_bias[expert] if has_bias else None).chunk(2, dim=-1)
+            gate, up = self.linear(expert_in, self.gate_up_weight[expert],
+                                   self.gate_up_bias[expert] if has_bias else None).chunk(2, dim=-1)
             gated = F.silu(gate) * up if self.moe.swiglu_limit is None else self._clamped_glu(gate, up)
-            expert_out = F.linear(gated, self.down_weight[expert], self.down_bias[expert] if has_bias else None)
+            expert_out = self.linear(gated, self.down_weight[expert], self.down_bias[expert] if has_bias else None)
             out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
         if self.shared_down_weight is None:
             return out
-        gate, up = F.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
-        shared_out = F.linear(F.silu(gate) * up, self.shared_down_weight)
+        gate, up = self.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
+        shared_out = self.linear(F.silu(gate) * up, self.shared_down_weight)
         if self.shared_weight_gate is not None:
             shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
         return out + shared_out

@@ -21,7 +21,7 @@ class Olmo2DecoderLayer(nn.Module):
         self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
         self.attn = Attention(config, kernels, dtype, sliding_window)
-        self.mlp = MLP(config, dtype)
+        self.mlp = MLP(config, kernels, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
         h = h + self.rms_norm(self.attn(h, cos, sin, kv_cache, meta), self.post_attention_norm, self.eps)

@@ -5,9 +5,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kernels.attention import decode_attention_torch, prefill_attention_torch
 from kernels.kv_cache import write_kv_torch
+from kernels.linear import THIN_ROWS, linear_cpu, linear_torch
 from kernels.registry import select_kernels
 from kernels.rms_norm import rms_norm_torch
 from kernels.rotary import apply_rope_torch, build_rope_cache, rope_attention_factor, rope_inv_freq
@@ -302,3 +304,19 @@ def test_attention_sinks_take_their_share_of_each_softmax_and_attend_to_nothing(
         for i, length in enumerate(lengths.tolist()):
             torch.testing.assert_close(out[i:i + 1], with_sinks(q[i:i + 1], length, torch.tensor([length - 1])),
                                        atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, THIN_ROWS, THIN_ROWS + 1])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_thin_batch_linear_is_torchs_linear(rows, with_bias):
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 48, generator=gen), torch.randn(80, 48, generator=gen)
+    bias = torch.randn(80, generator=gen) if with_bias else None
+    out = linear_cpu(x, weight, bias)
+    assert out.shape == (rows, 80) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    half = x.to(torch.bfloat16), weight.to(torch.bfloat16)  # other dtypes are torch's own
+    assert torch.equal(linear_cpu(*half), F.linear(*half))
+    chosen = select_kernels("cpu")
+    assert chosen.linear is (linear_cpu if chosen.name == "cpu" else linear_torch)
+    assert select_kernels("cpu", "torch").linear is linear_torch
