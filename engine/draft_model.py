@@ -9,6 +9,7 @@ drafts the target took as its tokens is kept.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,14 +89,20 @@ class DraftModel:
             draft = self._draft_sequence(seq)
             if self._reserve(draft, seq.num_tokens + room - 1):
                 rooms[id(draft)] = room
-                batch.add(draft, draft.num_tokens - draft.num_computed_tokens)
+                pending = draft.num_tokens - draft.num_computed_tokens
+                if pending <= self.num_speculative_tokens + 1:
+                    # The tokens since its last drafts: decode rows, batched with the other sequences'
+                    # (a chunk's attention runs alone), as the runner lays out a token and its drafts.
+                    draft.num_draft_tokens = pending - 1
+                batch.add(draft, pending)
         made: dict[str, list[int]] = {}
         while batch.seqs:
             sampled, logits = self.runner.forward(batch)  # (decode rows first: its order, not the batch's)
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = logits[_last_rows(sampled, logits.device)].argmax(dim=-1).tolist()
             batch = ScheduledBatch()
             for draft, token in zip(sampled, tokens):
                 draft.num_computed_tokens = draft.num_tokens
+                draft.num_draft_tokens = 0
                 drafts = made.setdefault(draft.owner.request_id, [])
                 drafts.append(token)
                 if len(drafts) < rooms[id(draft)]:
@@ -125,3 +132,9 @@ class DraftModel:
         for _ in range(missing):
             draft.block_table.append(self._free_blocks.pop())
         return True
+
+
+def _last_rows(sampled: list[DraftSequence], device: torch.device) -> torch.Tensor:
+    """Each sequence's last logits row: a sequence computed as decode rows has one a row."""
+    ends = itertools.accumulate(1 + draft.num_draft_tokens for draft in sampled)
+    return torch.tensor([end - 1 for end in ends], device=device)
