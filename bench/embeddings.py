@@ -1,14 +1,15 @@
 """Embeddings (`/v1/embeddings`' work, SamplingParams.embed) from Baton's engine against
 `transformers`' AutoModel on the same model and inputs, in the same run.
 
-    .venv/bin/python bench/embeddings.py [--model 160m|7m|minilm] [--inputs 64] [--repeats 3]
+    .venv/bin/python bench/embeddings.py [--model 160m|7m|minilm|modernbert] [--inputs 64] [--repeats 3]
 
 The inputs are random token sequences of 32 to 256 tokens. The baseline embeds them as an embedding
 library does with transformers: batches of `--batch` padded on the right, the last real token's
 hidden state read from `last_hidden_state` (for `minilm`, a BERT encoder shaped as
-all-MiniLM-L6-v2 with random weights: the mean of the real tokens' hidden states, as
-sentence-transformers pools it), normalized. Baton's engine is given them all at once
-and batches them as it batches any prompts (chunked, `max_num_batched_tokens`). Each side runs
+all-MiniLM-L6-v2 with random weights, and `modernbert`, a ModernBERT shaped as modernbert-embed-base:
+the mean of the real tokens' hidden states, as sentence-transformers pools it), normalized. Baton's
+engine is given them all at once and batches them as it batches any prompts (chunked,
+`max_num_batched_tokens`; an encoder's inputs whole). Each side runs
 `--repeats` times, alternating, best kept; the two sides' embeddings must agree (cosine > 0.9999).
 The figure is the ratio of input tokens embedded per second, Baton over transformers. The last
 line is one JSON object.
@@ -32,17 +33,24 @@ from engine.sampling_params import SamplingParams
 EMBED = SamplingParams(max_tokens=1, embed=True)
 
 
-# all-MiniLM-L6-v2's shape, a BERT encoder pooled by the mean of its tokens.
-MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-              max_position_embeddings=512)
+# all-MiniLM-L6-v2's shape, a BERT encoder pooled by the mean of its tokens; modernbert-embed-base's.
+ENCODERS = {
+    "minilm": ("BertModel", "BertConfig", dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6,
+                                               num_attention_heads=12, intermediate_size=1536,
+                                               max_position_embeddings=512)),
+    "modernbert": ("ModernBertModel", "ModernBertConfig", dict(vocab_size=50368, hidden_size=768, num_hidden_layers=22,
+                                                               num_attention_heads=12, intermediate_size=1152,
+                                                               max_position_embeddings=8192, local_attention=128)),
+}
 
 
-def ensure_minilm() -> Path:
-    """The cached MiniLM-shaped encoder, with its sentence-transformers mean Pooling module."""
-    target = MODEL_CACHE / "minilm"
+def ensure_encoder(name: str) -> Path:
+    """The cached encoder of that shape, random weights, with its sentence-transformers mean Pooling module."""
+    target = MODEL_CACHE / name
     if not (target / "modules.json").is_file():
+        architecture, config_class, shape = ENCODERS[name]
         torch.manual_seed(0)
-        transformers.BertModel(transformers.BertConfig(**MINILM)).save_pretrained(target)
+        getattr(transformers, architecture)(getattr(transformers, config_class)(**shape)).save_pretrained(target)
         (target / "1_Pooling").mkdir(exist_ok=True)
         (target / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
         (target / "modules.json").write_text(json.dumps(
@@ -81,15 +89,15 @@ def timed(fn) -> tuple[float, list[torch.Tensor]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="160m", choices=[*sorted(MODELS), "minilm"])
+    parser.add_argument("--model", default="160m", choices=[*sorted(MODELS), *ENCODERS])
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="the baseline's batch size")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    is_encoder = args.model == "minilm"
-    model_dir = ensure_minilm() if is_encoder else ensure_model(args.model)
+    is_encoder = args.model in ENCODERS
+    model_dir = ensure_encoder(args.model) if is_encoder else ensure_model(args.model)
     rng = random.Random(0)
-    vocab = MINILM["vocab_size"] if is_encoder else MODELS[args.model]["vocab_size"]
+    vocab = (ENCODERS[args.model][2] if is_encoder else MODELS[args.model])["vocab_size"]
     inputs = [[rng.randrange(vocab) for _ in range(rng.randint(32, 256))] for _ in range(args.inputs)]
     num_tokens = sum(map(len, inputs))
     hf = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -1,8 +1,9 @@
-"""BERT-family encoders (BertModel, RobertaModel, XLMRobertaModel) as embedding models, and their
-*ForSequenceClassification checkpoints (cross-encoder rerankers: ms-marco-MiniLM, bge-reranker) as
-classifiers, as vLLM serves them: every token attends to every other, and a prompt's embedding
-pools its last hidden states as its sentence-transformers `Pooling` module says (the [CLS] token's,
-their mean, or the last token's; without one, and always for a classifier, the [CLS] token's).
+"""BERT-family encoders (BertModel, RobertaModel, XLMRobertaModel, ModernBertModel) as embedding
+models, and their *ForSequenceClassification checkpoints (cross-encoder rerankers: ms-marco-MiniLM,
+bge-reranker, gte-reranker-modernbert) as classifiers, as vLLM serves them: every token attends to
+every other, and a prompt's embedding pools its last hidden states as its sentence-transformers
+`Pooling` module says (the [CLS] token's, their mean, or the last token's; without one, and always
+for a BERT or RoBERTa classifier, the [CLS] token's; a ModernBERT classifier's classifier_pooling).
 A pair of texts is told apart by token types where the model has them (BERT's): a token after the
 first [SEP] is of the second text, as the tokenizer's pair template writes them.
 """
@@ -16,7 +17,9 @@ from pathlib import Path
 ENCODERS = {"BertModel": ("", None), "RobertaModel": ("", None), "XLMRobertaModel": ("", None),
             "BertForSequenceClassification": ("bert.", "pooler"),
             "RobertaForSequenceClassification": ("roberta.", "dense"),
-            "XLMRobertaForSequenceClassification": ("roberta.", "dense")}
+            "XLMRobertaForSequenceClassification": ("roberta.", "dense"),
+            "ModernBertModel": ("", None), "ModernBertForSequenceClassification": ("model.", "modernbert")}
+MODERN_BERTS = ("ModernBertModel", "ModernBertForSequenceClassification")
 ROBERTAS = tuple(arch for arch in ENCODERS if "Roberta" in arch)
 POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
@@ -41,10 +44,25 @@ class EncoderConfig:
     # The [SEP] that ends a pair's first text, where token types tell them apart (tokenizer_config.json's
     # sep_token; the engine finds its id in the tokenizer it loads).
     sep_token: str | None = None
+    hidden_act: str = "gelu"
+    # ModernBERT's: RoPE (its global layers' theta, and its sliding ones'), every `global_every`th layer
+    # over the whole input and the others over the tokens at most `sliding_window` away, no biases but
+    # where the config asks for them, and its classifier head's activation. 0.0: learned positions.
+    rope_theta: float = 0.0
+    local_rope_theta: float = 0.0
+    sliding_window: int | None = None
+    global_every: int = 1
+    norm_bias: bool = True
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    head_act: str = "gelu"
+    head_bias: bool = True  # (ModernBERT's classifier_bias: its head's dense layer's)
 
 
 def read_encoder_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
     """KeyError for a missing field; ValueError for what is not served."""
+    if arch in MODERN_BERTS:
+        return _read_modernbert_config(cfg, arch, model_dir)
     act = cfg.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise ValueError(f"unsupported hidden_act {act!r} for {arch} (one of {', '.join(ACTIVATIONS)})")
@@ -55,7 +73,33 @@ def read_encoder_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
     return EncoderConfig(pooling="cls" if head else sentence_transformers_pooling(model_dir) or "cls",
                          layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), type_vocab_size=type_vocab_size,
                          position_offset=position_offset(cfg), prefix=prefix, head=head,
-                         sep_token=_sep_token(model_dir) if type_vocab_size > 1 else None)
+                         sep_token=_sep_token(model_dir) if type_vocab_size > 1 else None, hidden_act=act)
+
+
+def _read_modernbert_config(cfg: dict, arch: str, model_dir: Path) -> EncoderConfig:
+    prefix, head = ENCODERS[arch]
+    acts = {"hidden_act": cfg.get("hidden_activation", "gelu"), "head_act": cfg.get("classifier_activation", "gelu")}
+    for key, act in acts.items():
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unsupported {key} {act!r} for {arch} (one of {', '.join(ACTIVATIONS)})")
+    types = cfg.get("layer_types")
+    every = int(cfg.get("global_attn_every_n_layers", 3))
+    if types is not None and types != [("sliding_attention" if i % every else "full_attention")
+                                       for i in range(int(cfg["num_hidden_layers"]))]:
+        raise ValueError(f"layer_types other than a global layer every {every} are not supported")
+    rope = cfg.get("rope_parameters") or {}
+    pooling = cfg.get("classifier_pooling", "cls") if head else sentence_transformers_pooling(model_dir) or "cls"
+    if pooling not in ("cls", "mean"):
+        raise ValueError(f"classifier_pooling {pooling!r} is not supported (cls or mean)")
+    return EncoderConfig(
+        pooling=pooling, layer_norm_eps=float(cfg.get("norm_eps", 1e-5)), type_vocab_size=1, position_offset=0,
+        prefix=prefix, head=head, hidden_act=acts["hidden_act"], head_act=acts["head_act"],
+        rope_theta=float(rope.get("full_attention", {}).get("rope_theta", cfg.get("global_rope_theta", 160000.0))),
+        local_rope_theta=float(rope.get("sliding_attention", {}).get("rope_theta",
+                                                                      cfg.get("local_rope_theta", 10000.0))),
+        sliding_window=int(cfg.get("local_attention", 128)) // 2, global_every=every,
+        norm_bias=bool(cfg.get("norm_bias", False)), attention_bias=bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), head_bias=bool(cfg.get("classifier_bias", False)))
 
 
 def _sep_token(model_dir: Path) -> str | None:

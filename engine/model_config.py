@@ -292,23 +292,25 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
 
 
 def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
-    """A BERT-family encoder's: what a decoder has and it has not (RoPE, experts, windows) left out."""
+    """A BERT-family encoder's: what a decoder has and it has not (experts; RoPE and windows but ModernBERT's) left
+    out."""
     path = model_dir / "config.json"
     try:
         encoder = read_encoder_config(cfg, arch, model_dir)
         hidden, num_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        head_dim = hidden // num_heads
+        head_dim, num_layers = hidden // num_heads, int(cfg["num_hidden_layers"])
         return ModelConfig(
-            architecture=arch, hidden_size=hidden, num_layers=int(cfg["num_hidden_layers"]), num_heads=num_heads,
+            architecture=arch, hidden_size=hidden, num_layers=num_layers, num_heads=num_heads,
             num_kv_heads=num_heads, head_dim=head_dim, rotary_dim=head_dim,
             intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=encoder.layer_norm_eps, rope_theta=0.0, rope_scaling=None, local_rope_theta=None,
-            rope_layers=frozenset(),
+            rms_norm_eps=encoder.layer_norm_eps, rope_theta=encoder.rope_theta, rope_scaling=None,
+            local_rope_theta=encoder.local_rope_theta or None, rope_layers=frozenset(),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 512)) - encoder.position_offset,
-            tie_word_embeddings=True, qkv_bias=True, o_bias=True, mlp_bias=True, qk_norm=None, moe=MoEConfig(),
-            mla=None, sliding_window=None, sliding_layers=frozenset(), attention_chunk_size=None,
-            chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False, q_temperature=None,
-            attention_sinks=False, multimodal=None, hidden_act=cfg.get("hidden_act", "gelu"),
+            tie_word_embeddings=True, qkv_bias=encoder.attention_bias, o_bias=encoder.attention_bias,
+            mlp_bias=encoder.mlp_bias, qk_norm=None, moe=MoEConfig(), mla=None, sliding_window=encoder.sliding_window,
+            sliding_layers=frozenset(i for i in range(num_layers) if i % encoder.global_every),
+            attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False,
+            q_temperature=None, attention_sinks=False, multimodal=None, hidden_act=encoder.hidden_act,
             attention_scale=head_dim ** -0.5, attn_logit_softcapping=None, final_logit_softcapping=None,
             embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
             weights_dtype=str(stored_dtype(cfg) or "float32"), fp8_weights=None, mxfp4_weights=False,

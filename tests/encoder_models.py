@@ -17,10 +17,11 @@ POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_toke
 
 
 def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | None = "mean",
-                 num_labels: int = 2) -> Path:
-    """A 2-layer encoder of `architecture` (BertModel, XLMRobertaModel, or their
-    *ForSequenceClassification with `num_labels`) in `path`; `pooling`: its sentence-transformers
-    Pooling module's mode, None for a directory without one."""
+                 num_labels: int = 2, **modernbert: object) -> Path:
+    """A 2-layer encoder of `architecture` (BertModel, XLMRobertaModel, ModernBertModel (4 layers:
+    global, two sliding, global), or their *ForSequenceClassification with `num_labels`) in `path`;
+    `pooling`: its sentence-transformers Pooling module's mode, None for a directory without one (and
+    a ModernBERT classifier's classifier_pooling); `modernbert`: more of a ModernBertConfig's fields."""
     import transformers
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
@@ -34,9 +35,11 @@ def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | Non
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     is_bert = architecture.startswith("Bert")  # RoBERTa's pairs: "<s> A </s></s> B </s>", of one token type
+    is_modern = architecture.startswith("ModernBert")  # ModernBERT's: "[CLS] A [SEP] B [SEP]", of one type
+    pair = "[CLS] $A [SEP] $B:1 [SEP]:1" if is_bert else "[CLS] $A [SEP] $B [SEP]" if is_modern else \
+        "[CLS] $A [SEP] [SEP] $B [SEP]"
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1" if is_bert else "[CLS] $A [SEP] [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     tokenizer.decoder = decoders.WordPiece()
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
@@ -44,7 +47,13 @@ def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | Non
         "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": POSITIONS}))
     common = dict(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=128, initializer_range=0.2)
-    if is_bert:
+    if is_modern:  # a window of 4 tokens either side: a 9-token prompt already shows it
+        common.update(num_hidden_layers=4, intermediate_size=96)
+        config = transformers.ModernBertConfig(max_position_embeddings=POSITIONS, pad_token_id=0, bos_token_id=2,
+                                               eos_token_id=3, cls_token_id=2, sep_token_id=3, num_labels=num_labels,
+                                               local_attention=8, classifier_pooling=pooling or "cls",
+                                               **{**common, **modernbert})
+    elif is_bert:
         config = transformers.BertConfig(max_position_embeddings=POSITIONS, pad_token_id=0, num_labels=num_labels,
                                          **common)
     else:  # positions after the padding index, as RoBERTa's
@@ -54,7 +63,7 @@ def make_encoder(path: Path, architecture: str = "BertModel", pooling: str | Non
     model = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():  # noisy norms and biases: one ignored shows in the output
         for name, param in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
+            if "LayerNorm" in name or "norm" in name or name.endswith("bias"):
                 param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(path)
     if pooling is not None and architecture.endswith("Model"):

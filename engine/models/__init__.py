@@ -9,6 +9,7 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
+from engine.models.modernbert import ModernBertModel
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 
@@ -42,4 +43,6 @@ MODEL_REGISTRY = {
     "BertForSequenceClassification": BertModel,  # with its head (engine/encoder_config.py)
     "RobertaForSequenceClassification": BertModel,
     "XLMRobertaForSequenceClassification": BertModel,
+    "ModernBertModel": ModernBertModel,
+    "ModernBertForSequenceClassification": ModernBertModel,  # with its head
 }

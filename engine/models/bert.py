@@ -37,9 +37,10 @@ UNUSED_NAMES = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids
 
 
 def bidirectional_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                            meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q, k, v [T, H, D] → [T, H, D]: a whole prompt's tokens each over all of them; decode rows, and a
-    chunk after cached tokens (a generation request's, never an embedding's), as a decoder's."""
+                            meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
+    """q, k, v [T, H, D] → [T, H, D]: a whole prompt's tokens each over all of them (with `window`, over
+    those at most `window` positions away); decode rows, and a chunk after cached tokens (a generation
+    request's, never an embedding's), as a decoder's over all before them."""
     k_cache, v_cache = kv_cache
     ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty_like(q)
@@ -53,9 +54,14 @@ def bidirectional_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: t
             out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
                                              chunk.context_len, scale)
             continue
+        near = None
+        if window is not None:
+            at = torch.arange(e - s, device=q.device)
+            near = (at[:, None] - at[None, :]).abs() <= window
         out[s:e] = F.scaled_dot_product_attention(q[s:e].transpose(0, 1).unsqueeze(0),
                                                   k[s:e].transpose(0, 1).unsqueeze(0),
-                                                  v[s:e].transpose(0, 1).unsqueeze(0), scale=scale)[0].transpose(0, 1)
+                                                  v[s:e].transpose(0, 1).unsqueeze(0), attn_mask=near,
+                                                  scale=scale)[0].transpose(0, 1)
     return out
 
 

@@ -109,3 +109,56 @@ def test_an_input_may_fill_the_whole_context(tmp_path):
     torch.testing.assert_close(got, transformers_embedding(model_dir, prompt, "mean"), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="does not fit"):
         engine.add_request("longer", [*prompt, 5], EMBED)
+
+
+MODERN_PROMPTS = [[2, *[(7 * k) % 60 + 5 for k in range(40)], 3], [2, 5, 9, 3], [9]]
+
+
+@pytest.mark.parametrize("biases", [False, True], ids=["no-biases", "biases"])
+def test_modernbert_embeddings_equal_transformers(tmp_path, biases):
+    """RoPE with a theta for the global layers and one for the sliding ones, the sliding layers' window
+    (a 42-token prompt against 4 tokens either side), the gated feed-forward, with and without biases."""
+    options = dict(norm_bias=biases, attention_bias=biases, mlp_bias=biases)
+    model_dir = make_encoder(tmp_path / "modernbert", "ModernBertModel", "mean", **options)
+    config = load_model_config(model_dir)
+    assert config.sliding_layers == {1, 2} and config.sliding_window == 4 and config.pooling == "mean"
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
+    for got, prompt in zip(embeddings(engine, MODERN_PROMPTS), MODERN_PROMPTS):
+        torch.testing.assert_close(got, transformers_embedding(model_dir, prompt, "mean"), atol=1e-4, rtol=1e-4)
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_a_modernbert_config_of_released_checkpoints_reads_the_same(tmp_path):
+    """Released ModernBERT checkpoints (ModernBERT-base, modernbert-embed, gte-modernbert) name their
+    layout by global_attn_every_n_layers, global_rope_theta and local_rope_theta."""
+    model_dir = make_encoder(tmp_path / "modernbert", "ModernBertModel", "cls", global_rope_theta=500.0,
+                             local_rope_theta=50.0)
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    assert config["rope_parameters"]["full_attention"]["rope_theta"] == 500.0
+    expected = [transformers_embedding(model_dir, p, "cls") for p in MODERN_PROMPTS]
+    for key in ("layer_types", "rope_parameters"):
+        del config[key]
+    config_path.write_text(json.dumps({**config, "global_attn_every_n_layers": 3, "global_rope_theta": 500.0,
+                                       "local_rope_theta": 50.0}))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
+    assert (engine.model_config.rope_theta, engine.model_config.local_rope_theta) == (500.0, 50.0)
+    for got, want in zip(embeddings(engine, MODERN_PROMPTS), expected):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("pooling", "num_labels"), [("cls", 1), ("mean", 3)])
+def test_a_modernbert_cross_encoders_logits_equal_transformers(tmp_path, pooling, num_labels):
+    """gte-reranker-modernbert's kind: classifier_pooling, then the head (dense, GELU, norm) and the classifier."""
+    transformers = pytest.importorskip("transformers")
+    model_dir = make_encoder(tmp_path / "reranker", "ModernBertForSequenceClassification", pooling,
+                             num_labels=num_labels, classifier_bias=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    reference = transformers.ModernBertForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
+    assert engine.model_config.pooling == pooling
+    encoded = [tokenizer(first, second)["input_ids"] for first, second in PAIRS]
+    for ids, state in zip(encoded, embeddings(engine, encoded)):
+        with torch.no_grad():
+            want = reference.eval()(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(engine.runner.model.classify(state), want, atol=1e-4, rtol=1e-4)

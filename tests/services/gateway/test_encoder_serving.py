@@ -1,6 +1,7 @@
 """A BERT embedding model (all-MiniLM's shape: mean pooling, then normalized) served by the mesh:
 `/v1/embeddings` through the `openai` client equal to sentence-transformers' computation on the
-same weights, `/score` from them, and text generation refused with a 400 naming the model."""
+same weights, `/score` from them, and text generation refused with a 400 naming the model; BERT
+and ModernBERT cross-encoders' `/score` and `/rerank` equal to transformers' scores."""
 from __future__ import annotations
 
 import grpc
@@ -80,10 +81,10 @@ def test_the_grpc_generate_api_refuses_it_too(mesh):
     assert response.error.code == 400 and response.error.param == "model"
 
 
-@pytest.fixture(scope="module")
-def reranker(tmp_path_factory):
-    """ms-marco-MiniLM's shape: a BERT cross-encoder of one label."""
-    model_dir = make_encoder(tmp_path_factory.mktemp("reranker") / "minilm", "BertForSequenceClassification",
+@pytest.fixture(scope="module", params=["BertForSequenceClassification", "ModernBertForSequenceClassification"])
+def reranker(tmp_path_factory, request):
+    """ms-marco-MiniLM's shape: a BERT cross-encoder of one label; gte-reranker-modernbert's."""
+    model_dir = make_encoder(tmp_path_factory.mktemp("reranker") / "cross-encoder", request.param, "cls",
                              num_labels=1)
     mesh = start_mesh(model_dir, num_prefill=1, num_decode=1)
     try:
@@ -92,12 +93,17 @@ def reranker(tmp_path_factory):
         assert all(code == 0 for code in stop_mesh(mesh).values())
 
 
-def test_a_bert_cross_encoder_reranks_as_transformers_scores_each_pair(reranker):
+def test_a_cross_encoder_reranks_as_transformers_scores_each_pair(reranker):
     query, documents = "the quick brown fox", ["a lazy dog sat on the mat", "the quick fox jumps", "red sky"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(reranker.model_dir)
-    model = transformers.BertForSequenceClassification.from_pretrained(reranker.model_dir, dtype=torch.float32)
-    with torch.no_grad():  # token types from the tokenizer: the document's are 1
-        expected = [float(model(**tokenizer(query, d, return_tensors="pt")).logits[0, 0].sigmoid()) for d in documents]
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(reranker.model_dir, dtype=torch.float32)
+    is_bert = model.config.model_type == "bert"
+    expected = []
+    for document in documents:  # BERT's token types from the tokenizer: the document's are 1
+        pair = {k: v for k, v in tokenizer(query, document, return_tensors="pt").items()
+                if k != "token_type_ids" or is_bert}
+        with torch.no_grad():
+            expected.append(float(model.eval()(**pair).logits[0, 0].sigmoid()))
     base = reranker.gateway.base_url
     scored = httpx.post(f"{base}/score", timeout=30, json={"text_1": query, "text_2": documents}).json()
     assert [d["score"] for d in scored["data"]] == pytest.approx(expected, abs=1e-5)
