@@ -161,6 +161,10 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--scheduling-policy", choices=("fcfs", "priority"),
                     help="every prefill and decode worker's --scheduling-policy (default fcfs): priority "
                          "serves requests by their `priority`, lower first")
+    up.add_argument("--speculative-config", metavar="JSON",
+                    help='every decode worker\'s speculative decoding, as vLLM\'s: {"method": "ngram", '
+                         '"num_speculative_tokens": 4} or {"method": "draft_model", "model": DIR, '
+                         '"num_speculative_tokens": 3} (default $BATON_DECODE_SPECULATIVE_CONFIG, else none)')
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
     up.add_argument("--shutdown-grace-s", type=float, metavar="S",
@@ -338,7 +342,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
-    """`--KIND-args` strings, split as a shell splits them, and --scheduling-policy for the workers."""
+    """`--KIND-args` strings, split as a shell splits them, --scheduling-policy for the workers and
+    --speculative-config for the decode workers."""
     import shlex
 
     flags = {}
@@ -350,6 +355,15 @@ def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     if args.scheduling_policy is not None:  # before their own flags, which may set it otherwise
         for kind in ("prefill", "decode"):
             flags[kind] = ("--scheduling-policy", args.scheduling_policy, *flags[kind])
+    if args.speculative_config is not None:  # refused here rather than by every decode worker
+        from services.common.settings import ConfigError
+        from services.decode.config import speculative_config
+
+        try:
+            speculative_config(args.speculative_config, "--speculative-config")
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        flags["decode"] = ("--speculative-config", args.speculative_config, *flags["decode"])
     return flags
 
 

@@ -23,6 +23,7 @@ HAS_GATEWAY = (REPO_ROOT / "services" / "gateway" / "__main__.py").is_file()
 HAS_KVSTORE = (REPO_ROOT / "services" / "kvstore" / "__main__.py").is_file()
 UP_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 30
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
 TABLE_ROW = re.compile(r"^  (\S+)\s+(\d+)\s+(\S.*)$")
 SEGMENT = re.compile(r"^\[((?:decode|colocated)-\d+)\]\s.*KV blocks in shared memory (\S+)$")
 REDIS_URL = re.compile(r"^redis://127\.0\.0\.1:(\d+)/0$")
@@ -312,13 +313,15 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
     make_adapter(tmp_path / "tuned", transformers.AutoModelForCausalLM.from_pretrained(tiny_demo_model),
                  ("self_attn.q_proj",), 2, 2.0, False, seed=0)
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
-                  "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5",
+                  "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5", "--speculative-config", NGRAM,
                   "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--max-model-len", "200",
                   "--lora-modules", f"tuned={tmp_path / 'tuned'}",
                   *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
         assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
+    assert NGRAM in command_line(up.pids["decode-0"])
+    assert NGRAM not in command_line(up.pids["prefill-0"])  # drafts are the decode workers' alone
     for child, pid in up.pids.items():  # --shutdown-grace-s and --max-model-len are every service's
         if child != "redis":
             assert "--shutdown-grace-s 2.5" in " ".join(command_line(pid)), child
@@ -385,7 +388,8 @@ def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_
                                    "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
                                    "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
                                    "--prefill-args=--dtype=float16", "--decode-args=--lora-modules=a=/tmp",
-                                   "--chat-template=no-such-template.jinja"])
+                                   "--chat-template=no-such-template.jinja",
+                                   '--speculative-config={"method": "eagle", "num_speculative_tokens": 2}'])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
