@@ -56,17 +56,20 @@ class LLMEngine:
         kv_pool_start_ns = time.time_ns()
         self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory)
         kv_pool_end_ns = time.time_ns()
-        # An encoder's tokens attend to later ones too: no prefix of a prompt is the same computed alone.
+        # An encoder's tokens attend to later ones too: no prefix of a prompt is the same computed alone. An
+        # embedding pooled from every token (mean, [CLS]) needs every token's hidden state: its prompt is
+        # computed whole, none of it read from a cache.
         self.is_encoder = self.model_config.encoder is not None
+        self.pools_whole_prompts = self.is_encoder or self.model_config.pooling != "last"
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint,
-                                          config.enable_prefix_caching and not self.is_encoder)
+                                          config.enable_prefix_caching and not self.pools_whole_prompts)
         self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
                                  config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name))
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len, self.eos_token_ids, config.scheduling_policy, self._drafter(dtype), config.max_loras,
-            whole_embeddings=self.is_encoder,
+            whole_embeddings=self.pools_whole_prompts,
         )
         self.tokenizer = _load_tokenizer(model_dir)
         if self.model_config.classifier_tokens:
@@ -189,9 +192,10 @@ class LLMEngine:
             raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
                              f"context of {self.max_model_len} tokens" if output_token_ids else
                              f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")
-        if self.is_encoder and sampling_params.embed and n > self.config.max_num_batched_tokens:
+        if self.pools_whole_prompts and sampling_params.embed and n > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt of {n} tokens is more than one step computes (max_num_batched_tokens "
-                             f"{self.config.max_num_batched_tokens}), and an encoder's prompt is computed whole")
+                             f"{self.config.max_num_batched_tokens}), and an embedding pooled from all its tokens "
+                             "is computed whole")
         max_tokens_total = min(n + sampling_params.max_tokens, self.max_model_len)
         bs = self.config.block_size
         if (max_tokens_total + bs - 1) // bs > self.num_kv_blocks:

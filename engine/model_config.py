@@ -10,7 +10,7 @@ from typing import Any
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
-from engine.encoder_config import ENCODERS, EncoderConfig, read_encoder_config
+from engine.encoder_config import ENCODERS, EncoderConfig, read_encoder_config, sentence_transformers_pooling
 from engine.fp8_weights import Fp8Weights, fp8_weights
 from engine.int4_weights import Int4Weights, int4_weights
 from engine.mla_config import MLAConfig, read_mla_config
@@ -148,11 +148,14 @@ class ModelConfig:
     classifier_tokens: tuple[str, ...] = ()
     classifier_difference: bool = False
     encoder: EncoderConfig | None = None  # a BERT-family encoder's (engine/encoder_config.py); None: a decoder
+    # A decoder embedding model's sentence-transformers Pooling mode (stella's mean); "last" without one.
+    decoder_pooling: str = "last"
 
     @property
     def pooling(self) -> str:
-        """Which last hidden states make a prompt's embedding: "last" (a decoder's), "cls" or "mean"."""
-        return self.encoder.pooling if self.encoder is not None else "last"
+        """Which last hidden states make a prompt's embedding: "last" (a decoder's unless its Pooling
+        module says otherwise), "cls" or "mean"."""
+        return self.encoder.pooling if self.encoder is not None else self.decoder_pooling
 
     @property
     def q_size(self) -> int:
@@ -184,6 +187,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     try:
         labels = classifier_labels(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
         head_tokens = classifier_tokens(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
+        # A classifier reads its input's last token, as transformers' does, whatever a Pooling module says.
+        pooling = "last" if arch in SEQUENCE_CLASSIFIERS else sentence_transformers_pooling(model_dir) or "last"
     except ValueError as e:
         raise ModelConfigError(f"{path}: {e}") from None
     # No LM head of their own, but a classifier made from its rows keeps the causal LM's.
@@ -260,6 +265,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             q_temperature=_q_temperature(cfg, arch),
             multimodal=multimodal,
             labels=labels,
+            decoder_pooling=pooling,
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,

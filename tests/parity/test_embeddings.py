@@ -127,3 +127,29 @@ def test_a_causal_lm_is_a_classifier_made_from_its_lm_heads_rows(tiny_demo_model
     with pytest.raises(ModelConfigError, match="is_original_qwen3_reranker needs classifier_from_token of two"):
         LLMEngine(EngineConfig(model=str(tmp_path), hf_overrides={**overrides, "classifier_from_token": [no],
                                                                    "is_original_qwen3_reranker": True}))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_decoders_pooling_module_pools_every_token(tiny_model_dirs, tmp_path, pooling):
+    """A decoder embedding model whose sentence-transformers Pooling module pools the mean (stella's) or
+    the first token: every token's last hidden state counts, so the prompt is computed whole even past a
+    chunk's budget would have split it, and never read from the prefix cache."""
+    model_dir = shutil.copytree(tiny_model_dirs["qwen2-bias"], tmp_path / "pooled")
+    (model_dir / "modules.json").write_text(json.dumps(
+        [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (model_dir / "1_Pooling").mkdir()
+    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_cls_token": pooling == "cls"}))
+    prompts = [*PROMPTS, [1, *range(30, 280)]]  # the third would start in the first step's last 15 tokens
+    model = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        states = [model(torch.tensor([p])).last_hidden_state[0] for p in prompts]
+    expected = [s.mean(dim=0) if pooling == "mean" else s[0] for s in states]
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=320))
+    assert engine.model_config.pooling == pooling
+    for made in (embeddings(engine, prompts), embeddings(engine, prompts)):  # the second: nothing cached
+        for got, want in zip(made, expected):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="computed whole"):
+        LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=64)).add_request(
+            "long", PROMPTS[1], EMBED)
