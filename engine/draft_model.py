@@ -49,7 +49,8 @@ class DraftSequence:
         while kept < self.num_computed_tokens and kept < len(owner_tokens) and \
                 self.token_ids[kept] == owner_tokens[kept]:
             kept += 1
-        self.num_computed_tokens = min(self.num_computed_tokens, kept)
+        # At least its last token is computed again: a step's drafts start from its logits.
+        self.num_computed_tokens = min(self.num_computed_tokens, kept, len(owner_tokens) - 1)
         del self.token_ids[kept:]
         self.token_ids += owner_tokens[kept:]
         self.num_verified = len(owner_tokens)

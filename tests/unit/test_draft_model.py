@@ -7,8 +7,10 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.demo_model import make_demo_model
+from engine.draft_model import DraftSequence
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 from engine.speculative import SpeculativeConfig
 from tests.draft_models import first_layers_copy
 from tests.unit.test_speculative import PARAMS, PROMPTS, assert_same_outputs
@@ -95,3 +97,21 @@ def test_a_draft_model_the_target_cannot_verify_is_refused(tiny_demo_model, tmp_
         SpeculativeConfig.from_dict({"model": str(larger), "num_speculative_tokens": 2, "prompt_lookup_max": 3})
     with pytest.raises(ValueError, match="needs the draft's directory as model"):
         SpeculativeConfig.from_dict({"method": "draft_model", "num_speculative_tokens": 2})
+
+
+def test_a_draft_sequence_keeps_the_kv_of_the_drafts_its_owner_took():
+    owner = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=8), 16)
+    draft = DraftSequence(owner)
+    draft.follow([1, 2, 3])
+    assert (draft.num_computed_tokens, draft.token_ids) == (0, [1, 2, 3])
+    draft.token_ids += [7, 8]  # its drafts 7, 8 (and a third, 9, whose KV it never computed)
+    draft.num_computed_tokens = 5
+    draft.follow([1, 2, 3, 7, 8, 9, 4])  # all three taken, and the step's own token
+    assert (draft.num_computed_tokens, draft.token_ids) == (5, [1, 2, 3, 7, 8, 9, 4])
+    draft.num_computed_tokens = 7
+    draft.follow([1, 2, 3, 7, 8, 9, 4, 6])  # none of the drafts after 4 (none made): only 6 is new
+    assert draft.num_computed_tokens == 7
+    draft.token_ids += [5]
+    draft.num_computed_tokens = 9
+    draft.follow([1, 2, 3, 7, 8, 9, 4, 6])  # not scheduled since: its last token is computed again
+    assert (draft.num_computed_tokens, draft.token_ids) == (7, [1, 2, 3, 7, 8, 9, 4, 6])
