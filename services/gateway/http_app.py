@@ -71,6 +71,7 @@ from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
+from services.gateway.sglang_api import add_sglang_routes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tool_parsers import (
@@ -388,6 +389,7 @@ def create_app(state: GatewayState) -> FastAPI:
         add_lora_update_routes(app, state.lora_updates)
     add_prefix_cache_routes(app, [pool for pool in (state.pipeline.prefill, state.pipeline.decode) if pool is not None])
     add_sagemaker_routes(app)
+    add_sglang_routes(app, state, lambda model: check_model(state, model))
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A request's choices as the HTTP API answers them: one JSON body once they are all done, or a
 stream of server-sent events ending in `data: [DONE]`, returned once a prompt is on its way
 (FirstEventResponse). A client that goes away cancels its choices wherever they are: Starlette
-cancels a stream's body, and a whole response waits `_unless_disconnected`."""
+cancels a stream's body, and a whole response waits `unless_disconnected`."""
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +52,7 @@ async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], b
         async for index, delta in choices:
             builder.add(index, delta)
     try:
-        await _unless_disconnected(request, collect())
+        await unless_disconnected(request, collect())
     except ClientDisconnected:
         await choices.aclose()
         return JSONResponse({}, status_code=499)  # nobody reads it; what access logs expect
@@ -75,26 +75,26 @@ async def _events(choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBu
     choice's pipeline, which aborts its request on the mesh."""
     try:
         first = await first_choice(choices, prompt_param)
-        yield _event(builder.chunk(*first, include_usage, continuous_usage))
+        yield sse_event(builder.chunk(*first, include_usage, continuous_usage))
         try:
             async for index, delta in choices:
-                yield _event(builder.chunk(index, delta, include_usage, continuous_usage))
+                yield sse_event(builder.chunk(index, delta, include_usage, continuous_usage))
             if include_usage:
-                yield _event(builder.usage_chunk())
+                yield sse_event(builder.usage_chunk())
             if timeline is not None:
-                yield _event(builder.timeline_chunk(timeline.to_json()))
+                yield sse_event(builder.timeline_chunk(timeline.to_json()))
         except Exception as e:  # after the 200 went out: the error travels as an event, as vLLM sends it
-            yield _event(to_api_error(e, prompt_param).body())
+            yield sse_event(to_api_error(e, prompt_param).body())
     finally:
         await choices.aclose()
     yield b"data: [DONE]\n\n"
 
 
-def _event(body: dict[str, Any]) -> bytes:
+def sse_event(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """`await work`, cancelled as soon as the client disconnects (ClientDisconnected).
 
     The body has been read by now, so the next ASGI message can only be the

@@ -1,0 +1,284 @@
+"""SGLang's native API, for clients written against an SGLang server: `POST /generate` (what
+`sglang.bench_serving --backend sglang` and RL rollout loops call), `GET /get_model_info` and
+`GET /health_generate`.
+
+`/generate` takes `text` or `input_ids` (one prompt, or a batch of them), SGLang's `sampling_params`
+and `stream`, and answers as SGLang does: `{"text", "output_ids", "meta_info"}` for one prompt and
+one sample, a list of them otherwise; streamed, each SSE event carries the text so far (not a delta)
+and its `index`, and the stream ends with `data: [DONE]`. `meta_info` has the request id, prompt,
+completion and cached token counts, the end-to-end latency and `finish_reason` (`{"type": "stop",
+"matched": the stop token id or string}`, `{"type": "length", "length": max_new_tokens}`), and with
+`return_logprob` the output tokens' `[logprob, token_id, text]` (and their top `top_logprobs_num`),
+and from `logprob_start_len` on the prompt's. The sampling fields are checked as the OpenAI API
+checks them (services/gateway/openai_protocol.py), their errors named as SGLang names the fields.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protos import common_pb2
+from services.gateway.choices import first_choice, merge_choices
+from services.gateway.deltas import Delta
+from services.gateway.errors import APIError, to_api_error, validation_error
+from services.gateway.http_body import parsed_body
+from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
+from services.gateway.openai_protocol import MAX_LOGPROBS, CompletionRequest, TokenId
+
+# SGLang's sampling field → the OpenAI API's (CompletionRequest's) that checks and carries it.
+OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "no_stop_trim":
+                 "include_stop_str_in_output", "regex": "guided_regex", "json_schema": "guided_json",
+                 "sampling_seed": "seed"}
+SAME_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+               "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "logit_bias")
+# Accepted and without effect here: how often SGLang streams, how it spaces special tokens' text (as it does).
+IGNORED_FIELDS = {"stream_interval": None, "spaces_between_special_tokens": True}
+SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()}
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
+
+
+class GenerateRequest(BaseModel):
+    """POST /generate's body (SGLang's GenerateReqInput, the fields served here)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    text: str | list[str] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None  # (usage is in every meta_info)
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
+    top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+    lora_path: str | None = None  # a served LoRA adapter's name
+    image_data: None = None  # (no images here: only an absent or null field is taken)
+
+    def prompts(self) -> list[str | list[int]]:
+        if (self.text is None) == (self.input_ids is None):
+            raise APIError(400, "give exactly one of text and input_ids", param="text")
+        given = self.text if self.text is not None else self.input_ids
+        if not given:
+            raise APIError(400, "the prompt must not be empty", param="text" if self.text is not None else "input_ids")
+        if isinstance(given, str) or isinstance(given[0], int):
+            return [given]
+        return list(given)
+
+    def sampling_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
+        given = self.sampling_params if self.sampling_params is not None else {}
+        if isinstance(given, dict):
+            return [given] * num_prompts
+        if len(given) != num_prompts:
+            raise APIError(400, f"sampling_params: {len(given)} given for {num_prompts} prompts",
+                           param="sampling_params")
+        return given
+
+    def rids(self, num_prompts: int) -> list[str]:
+        if self.rid is None:
+            return [f"gen-{uuid.uuid4().hex}" for _ in range(num_prompts)]
+        rids = [self.rid] if isinstance(self.rid, str) else self.rid
+        if len(rids) != num_prompts or len(set(rids)) != len(rids):
+            raise APIError(400, f"rid: {num_prompts} distinct ids are needed, one a prompt", param="rid")
+        return rids
+
+
+def completion_request(prompt: str | list[int], sampling: dict[str, Any], model: str,
+                       logprobs: int | None, prompt_logprobs: int | None) -> CompletionRequest:
+    """The OpenAI completions request that SGLang's sampling parameters ask for: checked as that API
+    checks it, an error naming SGLang's field."""
+    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS})
+    if unknown:
+        raise APIError(400, f"sampling_params: {', '.join(unknown)} not supported here", param="sampling_params")
+    for name, served in IGNORED_FIELDS.items():
+        if served is not None and sampling.get(name, served) != served:
+            raise APIError(400, f"sampling_params.{name}: only {json.dumps(served)} is supported",
+                           param=f"sampling_params.{name}")
+    asked = {OPENAI_FIELDS.get(name, name): value for name, value in sampling.items() if name not in IGNORED_FIELDS}
+    asked.setdefault("max_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if asked.get("top_k") == -1:
+        asked["top_k"] = 0  # SGLang's "all tokens"
+    try:
+        return CompletionRequest.model_validate({**asked, "model": model, "prompt": prompt, "logprobs": logprobs,
+                                                 "prompt_logprobs": prompt_logprobs})
+    except ValidationError as e:
+        error = validation_error(RequestValidationError(e.errors(include_url=False)))
+    name = (error.param or "").split(".")[0]
+    if name in ("prompt", "model", "logprobs", "prompt_logprobs"):
+        return_field = {"prompt": "input_ids", "logprobs": "top_logprobs_num", "prompt_logprobs": "top_logprobs_num"}
+        raise APIError(400, error.message, param=return_field.get(name, name))
+    theirs = f"sampling_params.{SGLANG_NAMES.get(name, name)}"
+    raise APIError(400, error.message.replace(f"{error.param}:", f"{theirs}:", 1) if error.param else error.message,
+                   param=theirs)
+
+
+@dataclass
+class _Output:
+    """One sample's answer so far."""
+
+    rid: str
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
+    prompt_token_ids: Sequence[int] = ()
+    prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None
+
+    def add(self, delta: Delta, max_new_tokens: int) -> None:
+        self.text += delta.text
+        self.output_ids += delta.token_ids
+        self.output_logprobs += delta.logprobs
+        if delta.prompt_token_ids:
+            self.prompt_token_ids, self.prompt_logprobs = delta.prompt_token_ids, delta.prompt_logprobs
+            self.prompt_tokens = len(delta.prompt_token_ids)
+        if delta.usage is not None:
+            self.prompt_tokens, self.cached_tokens = delta.usage.prompt_tokens, delta.usage.cached_tokens
+        if delta.finish_reason == "length":
+            self.finish_reason = {"type": "length", "length": max_new_tokens}
+        elif delta.finish_reason == "stop":
+            matched = delta.matched_stop if delta.matched_stop is not None else self.output_ids[-1]
+            self.finish_reason = {"type": "stop", "matched": matched}
+        elif delta.finish_reason is not None:
+            self.finish_reason = {"type": "abort", "message": delta.finish_reason}
+
+
+@dataclass
+class _Shape:
+    """How the answers are written: SGLang's fields, as this request asked for them."""
+
+    started: float
+    max_new_tokens: list[int]  # by sample
+    token_text: Callable[[int], str] | None  # with return_text_in_logprobs
+    logprobs: bool
+    logprob_start_len: int
+    is_batch: bool
+
+    def answer(self, index: int, output: _Output) -> dict[str, Any]:
+        meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish_reason,
+                                "prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.output_ids),
+                                "cached_tokens": output.cached_tokens,
+                                "e2e_latency": round(time.perf_counter() - self.started, 6)}
+        if self.logprobs:
+            meta["output_token_logprobs"] = [self._entry(r.sampled) for r in output.output_logprobs]
+            meta["output_top_logprobs"] = [[self._entry(t) for t in r.top] for r in output.output_logprobs]
+            start = max(self.logprob_start_len, 0)
+            # The first prompt token has no logprob (nothing before it); the records start at the second.
+            records = [None, *output.prompt_logprobs] if self.logprob_start_len >= 0 else []
+            prompt = list(output.prompt_token_ids)
+            meta["input_token_logprobs"] = [
+                [None, prompt[p], self._text(prompt[p])] if record is None else self._entry(record.sampled)
+                for p, record in enumerate(records) if p >= start]
+            meta["input_top_logprobs"] = [None if record is None else [self._entry(t) for t in record.top]
+                                          for p, record in enumerate(records) if p >= start]
+        answer = {"text": output.text, "output_ids": output.output_ids, "meta_info": meta}
+        if self.is_batch:
+            answer["index"] = index
+        return answer
+
+    def _entry(self, logprob: common_pb2.TokenLogprob) -> list[Any]:
+        return [logprob.logprob, logprob.token_id, self._text(logprob.token_id)]
+
+    def _text(self, token_id: int) -> str | None:
+        return self.token_text(token_id) if self.token_text is not None else None
+
+
+def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None]) -> None:
+    """`state`: the gateway's (http_app.GatewayState); `check_model`: a name's LoRA adapter, or a 404."""
+    pipeline = state.pipeline
+
+    async def generate(request: Request):
+        body = await parsed_body(request, GenerateRequest)
+        lora = check_model(body.lora_path) if body.lora_path is not None else None
+        state.models.check_generates()
+        started = time.perf_counter()
+        prompts = body.prompts()
+        rids = body.rids(len(prompts))
+        streams, outputs, max_new_tokens = [], [], []
+        prompt_logprobs = body.top_logprobs_num if body.return_logprob and body.logprob_start_len >= 0 else None
+        for prompt, sampling, rid in zip(prompts, body.sampling_per_prompt(len(prompts)), rids, strict=True):
+            asked = completion_request(prompt, sampling, lora or state.model_name,
+                                       body.top_logprobs_num if body.return_logprob else None, prompt_logprobs)
+            given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+            for j in range(asked.n):
+                sample_rid = rid if asked.n == 1 else f"{rid}-{j}"
+                sampling_params = asked.sampling(asked.max_tokens, asked.logprobs, j,
+                                                 defaults=pipeline.prompts.generation_defaults)
+                if lora is not None:
+                    sampling_params.lora_name = lora
+                streams.append(pipeline.generate(
+                    sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,
+                    include_stop_str_in_output=asked.include_stop_str_in_output,
+                    skip_special_tokens=asked.skip_special_tokens))
+                outputs.append(_Output(sample_rid))
+                max_new_tokens.append(asked.max_tokens)
+        shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,
+                       body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1)
+        choices = merge_choices(streams)
+        prompt_param = "text" if body.text is not None else "input_ids"
+        index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
+        outputs[index].add(delta, max_new_tokens[index])
+        if body.stream:
+            return StreamingResponse(_events(choices, (index, delta), outputs, shape, prompt_param),
+                                     media_type="text/event-stream",
+                                     headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+        async def collect() -> None:
+            async for index, delta in choices:
+                outputs[index].add(delta, max_new_tokens[index])
+        try:
+            await unless_disconnected(request, collect())
+        except ClientDisconnected:
+            return JSONResponse({}, status_code=499)  # nobody reads it
+        except Exception as e:
+            raise to_api_error(e, prompt_param) from e
+        finally:
+            await choices.aclose()
+        answers = [shape.answer(i, output) for i, output in enumerate(outputs)]
+        return JSONResponse(answers if shape.is_batch else answers[0])
+
+    async def get_model_info(request: Request):
+        return JSONResponse({"model_path": state.model_name, "tokenizer_path": state.model_name,
+                             "is_generation": state.models.generates_text})
+
+    async def health_generate(request: Request):
+        """SGLang's deep health check: one token generated through the mesh (200), or why not (503)."""
+        sampling = common_pb2.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        try:
+            async for _ in pipeline.generate(f"health-{uuid.uuid4().hex}", prompt_token_ids=[0], sampling=sampling):
+                pass
+        except Exception as e:
+            raise APIError(503, f"generation failed: {to_api_error(e, 'text').message}", code="unavailable") from e
+        return JSONResponse({})
+
+    app.add_route("/generate", generate, methods=["POST"])
+    app.add_route("/get_model_info", get_model_info, methods=["GET"])
+    app.add_route("/health_generate", health_generate, methods=["GET"])
+
+
+async def _events(choices: AsyncIterator[tuple[int, Delta]], first: tuple[int, Delta], outputs: list[_Output],
+                  shape: _Shape, prompt_param: str) -> AsyncIterator[bytes]:
+    """Each sample's answer so far, one event a delta, then [DONE]; an error after the first event
+    travels as an event (the status is out)."""
+    try:
+        yield sse_event(shape.answer(first[0], outputs[first[0]]))
+        try:
+            async for index, delta in choices:
+                outputs[index].add(delta, shape.max_new_tokens[index])
+                yield sse_event(shape.answer(index, outputs[index]))
+        except Exception as e:
+            yield sse_event(to_api_error(e, prompt_param).body())
+    finally:
+        await choices.aclose()
+    yield b"data: [DONE]\n\n"
+

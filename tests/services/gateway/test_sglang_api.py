@@ -1,0 +1,133 @@
+"""SGLang's native API on the gateway (services/gateway/sglang_api.py): `/generate` answers as
+SGLang's server does, with the tokens the OpenAI API makes for the same request; streamed, each
+event carries the text so far; its errors name SGLang's fields; `/get_model_info` and
+`/health_generate`."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+PROMPT = "Once upon a time there was"
+
+
+def generate(mesh, body: dict) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}/generate", json=body, timeout=60)
+
+
+def completion(mesh, **fields) -> dict:
+    answer = httpx.post(f"{mesh.gateway.base_url}/v1/completions", timeout=60,
+                        json={"model": mesh.model_name, "return_tokens_as_token_ids": True, **fields})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_generate_makes_the_completions_apis_tokens_in_sglangs_shape(mesh):
+    answer = generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
+                                                                  "ignore_eos": True}, "rid": "sg-1"})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    expected = completion(mesh, prompt=PROMPT, max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)["choices"][0]
+    assert body["text"] == expected["text"]
+    assert body["output_ids"] == [int(t.removeprefix("token_id:")) for t in expected["logprobs"]["tokens"]]
+    meta = body["meta_info"]
+    assert meta["id"] == "sg-1" and meta["finish_reason"] == {"type": "length", "length": 12}
+    assert meta["completion_tokens"] == 12 and meta["prompt_tokens"] > 0 and meta["e2e_latency"] > 0
+    assert "output_token_logprobs" not in meta
+    mesh.assert_decode_pools_free()
+
+
+def test_a_batch_of_token_id_prompts_with_n_samples_is_a_list_in_order(mesh):
+    prompts = [[5, 6, 7, 8], [40, 41, 42]]
+    sampling = {"max_new_tokens": 6, "temperature": 0.9, "sampling_seed": 11, "n": 2, "ignore_eos": True}
+    answer = generate(mesh, {"input_ids": prompts, "sampling_params": sampling, "rid": ["a", "b"]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [item["index"] for item in body] == [0, 1, 2, 3]
+    assert [item["meta_info"]["id"] for item in body] == ["a-0", "a-1", "b-0", "b-1"]
+    for p, prompt in enumerate(prompts):  # the completions API seeds choice j with seed + j, as /generate does
+        expected = completion(mesh, prompt=prompt, max_tokens=6, temperature=0.9, seed=11, n=2, ignore_eos=True,
+                              logprobs=0)
+        for j, choice in enumerate(sorted(expected["choices"], key=lambda c: c["index"])):
+            assert body[2 * p + j]["output_ids"] == [int(t.removeprefix("token_id:"))
+                                                     for t in choice["logprobs"]["tokens"]]
+
+
+def test_a_stream_sends_the_text_so_far_in_each_event(mesh):
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True},
+            "stream": True, "stream_options": {"include_usage": True}, "return_logprob": False,
+            "logprob_start_len": -1, "lora_path": None}  # what sglang.bench_serving sends
+    events = []
+    with httpx.stream("POST", f"{mesh.gateway.base_url}/generate", json=body, timeout=60) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(line.removeprefix("data: "))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    whole = generate(mesh, {**body, "stream": False}).json()
+    assert chunks[-1]["text"] == whole["text"] and chunks[-1]["output_ids"] == whole["output_ids"]
+    for before, after in zip(chunks, chunks[1:]):
+        assert after["text"].startswith(before["text"])
+        assert after["meta_info"]["completion_tokens"] > before["meta_info"]["completion_tokens"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
+    assert all(chunk["meta_info"]["finish_reason"] is None for chunk in chunks[:-1])
+
+
+def test_logprobs_of_the_output_and_of_the_prompt_from_logprob_start_len(mesh):
+    prompt = [5, 9, 17, 33, 64]
+    answer = generate(mesh, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                                                       "ignore_eos": True},
+                             "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 1,
+                             "return_text_in_logprobs": True})
+    assert answer.status_code == 200, answer.text
+    meta = answer.json()["meta_info"]
+    expected = completion(mesh, prompt=prompt, max_tokens=5, temperature=0, ignore_eos=True, logprobs=2,
+                          prompt_logprobs=2)
+    logprobs = expected["choices"][0]["logprobs"]
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == answer.json()["output_ids"]
+    assert [entry[0] for entry in meta["output_token_logprobs"]] == pytest.approx(logprobs["token_logprobs"],
+                                                                                 abs=1e-5)
+    assert all(len(top) == 2 and all(isinstance(e[2], str) for e in top) for top in meta["output_top_logprobs"])
+    assert [entry[1] for entry in meta["input_token_logprobs"]] == prompt[1:]  # from position 1 on
+    records = expected["choices"][0]["prompt_logprobs"]
+    wanted = [record[str(token)]["logprob"] for record, token in zip(records[1:], prompt[1:])]
+    assert [entry[0] for entry in meta["input_token_logprobs"]] == pytest.approx(wanted, abs=1e-5)
+
+
+def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
+    sampling = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    text = generate(mesh, {"text": PROMPT, "sampling_params": sampling}).json()["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop.strip()
+    stopped = generate(mesh, {"text": PROMPT, "sampling_params": {**sampling, "stop": [stop]}}).json()
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stopped["text"] == text[:text.index(stop)]
+    kept = generate(mesh, {"text": PROMPT, "sampling_params": {**sampling, "stop": stop, "no_stop_trim": True}})
+    assert kept.json()["text"] == text[:text.index(stop) + len(stop)]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ({"text": PROMPT, "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+    ({"text": PROMPT, "sampling_params": {"ebnf": "root ::= 'a'"}}, "sampling_params"),
+    ({"text": PROMPT, "sampling_params": {"spaces_between_special_tokens": False}},
+     "sampling_params.spaces_between_special_tokens"),
+    ({"text": PROMPT, "input_ids": [1, 2]}, "text"),
+    ({"text": PROMPT, "return_hidden_states": True}, "return_hidden_states"),
+    ({"text": [PROMPT, PROMPT], "rid": "one"}, "rid"),
+    ({"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}, "input_ids"),
+    ({"text": PROMPT, "lora_path": "no-such-adapter"}, "model"),
+])
+def test_bad_requests_are_400s_naming_sglangs_field(mesh, body, param):
+    answer = generate(mesh, body)
+    assert answer.status_code in (400, 404), answer.text
+    assert answer.json()["error"]["param"] == param, answer.text
+    mesh.assert_decode_pools_free()
+
+
+def test_model_info_and_the_generating_health_check(mesh):
+    info = httpx.get(f"{mesh.gateway.base_url}/get_model_info", timeout=10).json()
+    assert info == {"model_path": mesh.model_name, "tokenizer_path": mesh.model_name, "is_generation": True}
+    assert httpx.get(f"{mesh.gateway.base_url}/health_generate", timeout=60).status_code == 200
