@@ -5,12 +5,11 @@ engine/draft_model.py).
 With n-gram drafts, a decoding sequence whose last tokens appeared earlier in it is guessed to go
 on as it went on there. Either way, up to `num_speculative_tokens` drafts are appended for one
 step and computed as one chunk after the sequence's last token, so one forward pass gives the
-logits after each. The sampler then samples
-each position in turn, as if the drafts before it were the sequence's own tokens, and a draft is
-kept while it equals what was sampled: the first token that differs ends the step. Every token
-is thus the one plain decoding would have sampled at its position (the same argmax, the same
-seeded draw, the same penalties, guide and stop checks): drafts change how many tokens a step
-makes, never which.
+logits after each. The sampler then samples each position in turn, as if the drafts before it were
+the sequence's own tokens, and a draft is kept while it equals what was sampled: the first token
+that differs ends the step. Every token is thus the one plain decoding would have sampled at its
+position (the same argmax, the same seeded draw, the same penalties, guide and stop checks): drafts
+change how many tokens a step makes, never which.
 """
 from __future__ import annotations
 
