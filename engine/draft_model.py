@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from engine.batch import ScheduledBatch
+from engine.kv_pool import kv_block_bytes
 from engine.model_config import ModelConfig, load_model_config
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -58,10 +59,10 @@ class DraftSequence:
 
 class DraftModel:
     """The scheduler's drafter for `{"method": "draft_model"}`: a model beside the target, with a KV
-    pool of its own (`num_blocks` pages, the target's page size)."""
+    pool of its own (`allocate_kv_pool`: as many pages as the target's, of the same size)."""
 
     def __init__(self, model_dir: str, num_speculative_tokens: int, target: ModelConfig, dtype: torch.dtype,
-                 device: str, max_positions: int, num_blocks: int, block_size: int) -> None:
+                 device: str, max_positions: int) -> None:
         """ValueError for a directory that cannot draft for `target`."""
         config = load_model_config(Path(model_dir))
         if config.encoder is not None or config.multimodal is not None:
@@ -71,11 +72,18 @@ class DraftModel:
                              f"the target's ({target.vocab_size}); a draft model must share the target's tokenizer")
         self.num_speculative_tokens = num_speculative_tokens
         self.runner = ModelRunner(model_dir, config, dtype, device, max_positions)
-        self.runner.allocate_kv_pool(num_blocks, block_size, dtype)
-        self.block_size = block_size
-        self.num_blocks = num_blocks
-        self._free_blocks = list(range(num_blocks))
+        self.dtype = dtype
+        self.block_size = self.num_blocks = 0
+        self._free_blocks: list[int] = []
         self._held: dict[str, DraftSequence] = {}
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return kv_block_bytes(self.runner.model_config, block_size, self.dtype)
+
+    def allocate_kv_pool(self, num_blocks: int, block_size: int) -> None:
+        self.runner.allocate_kv_pool(num_blocks, block_size, self.dtype)
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self._free_blocks = list(range(num_blocks))
 
     @property
     def num_free_blocks(self) -> int:

@@ -31,8 +31,11 @@ def available_memory_bytes(device: str) -> int:
 
 
 def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str,
-                          fraction: float) -> int:
-    return max(1, int(available_memory_bytes(device) * fraction) // kv_block_bytes(config, block_size, dtype))
+                          fraction: float, other_block_bytes: int = 0) -> int:
+    """Blocks that `fraction` of the free memory holds; `other_block_bytes`: what another pool of as
+    many blocks (a draft model's) takes a block."""
+    block_bytes = kv_block_bytes(config, block_size, dtype) + other_block_bytes
+    return max(1, int(available_memory_bytes(device) * fraction) // block_bytes)
 
 
 class KVPool:

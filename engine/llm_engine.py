@@ -50,11 +50,16 @@ class LLMEngine:
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress,
         )
+        drafter = self._drafter(dtype)  # (a draft model's weights are in memory before the pools are sized)
+        draft_model = drafter if isinstance(drafter, DraftModel) else None
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
-            self.model_config, config.block_size, kv_dtype, config.device, config.kv_memory_fraction
+            self.model_config, config.block_size, kv_dtype, config.device, config.kv_memory_fraction,
+            draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0,
         )
         kv_pool_start_ns = time.time_ns()
         self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory)
+        if draft_model is not None:  # as many pages as the target's; a sequence finding none left decodes plainly
+            draft_model.allocate_kv_pool(self.num_kv_blocks, config.block_size)
         kv_pool_end_ns = time.time_ns()
         # An encoder's tokens attend to later ones too: no prefix of a prompt is the same computed alone. An
         # embedding pooled from every token (mean, [CLS]) needs every token's hidden state: its prompt is
@@ -68,7 +73,7 @@ class LLMEngine:
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-            self.max_model_len, self.eos_token_ids, config.scheduling_policy, self._drafter(dtype), config.max_loras,
+            self.max_model_len, self.eos_token_ids, config.scheduling_policy, drafter, config.max_loras,
             whole_embeddings=self.pools_whole_prompts,
         )
         self.tokenizer = _load_tokenizer(model_dir)
@@ -100,9 +105,8 @@ class LLMEngine:
             return None
         if speculative.method == "ngram":
             return NgramDrafter(speculative)
-        # As many pages as the target's pool; a sequence whose drafts find none left decodes plainly.
         return DraftModel(speculative.model, speculative.num_speculative_tokens, self.model_config, dtype,
-                          self.config.device, self.max_model_len, self.num_kv_blocks, self.config.block_size)
+                          self.config.device, self.max_model_len)
 
     # --- requests ----------------------------------------------------------------
 

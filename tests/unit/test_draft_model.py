@@ -4,10 +4,12 @@ the drafts the target agrees with, and frees the draft's pages as it frees its o
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.demo_model import make_demo_model
 from engine.draft_model import DraftSequence
+from engine.kv_pool import kv_block_bytes, num_blocks_for_budget
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -115,3 +117,15 @@ def test_a_draft_sequence_keeps_the_kv_of_the_drafts_its_owner_took():
     draft.num_computed_tokens = 9
     draft.follow([1, 2, 3, 7, 8, 9, 4, 6])  # not scheduled since: its last token is computed again
     assert (draft.num_computed_tokens, draft.token_ids) == (7, [1, 2, 3, 7, 8, 9, 4, 6])
+
+
+def test_a_memory_sized_pool_leaves_room_for_the_draft_models_pages(tiny_demo_model, first_layer_draft):
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), kv_memory_fraction=0.001,
+                                    speculative=_draft_config(first_layer_draft)))
+    drafter = engine.scheduler.drafter
+    assert drafter.num_blocks == engine.num_kv_blocks and drafter.block_size == engine.config.block_size
+    alone = num_blocks_for_budget(engine.model_config, 16, torch.float32, "cpu", 0.001)
+    both = kv_block_bytes(engine.model_config, 16, torch.float32) + drafter.kv_block_bytes(16)
+    # (free memory is read twice: a few blocks either way)
+    assert engine.num_kv_blocks == pytest.approx(alone * kv_block_bytes(engine.model_config, 16, torch.float32) / both,
+                                                 rel=0.05)
