@@ -62,6 +62,8 @@ class Scheduler:
         self.max_loras = max_loras  # most LoRA adapters a batch computes with; None: no limit
         self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
         self.num_accepted_tokens = 0
+        self.num_drafts = 0  # sequences' steps that computed drafts
+        self.num_accepted_tokens_per_position: list[int] = []  # [k]: drafts accepted as a step's (k+1)-th
         # An encoder's embedding requests are computed in one step: their tokens attend to each other.
         self.whole_embeddings = whole_embeddings
 
@@ -230,6 +232,7 @@ class Scheduler:
             if seq.num_draft_tokens:
                 drafts[seq.request_id] = seq.take_drafts()
                 self.num_draft_tokens += len(drafts[seq.request_id])
+                self.num_drafts += 1
             seq.num_computed_tokens += num_new - len(drafts.get(seq.request_id, ()))
             bm.cache_computed_blocks(seq)
         first_rows, row = [], 0
@@ -252,6 +255,9 @@ class Scheduler:
                     seq.num_computed_tokens += 1
                     bm.cache_computed_blocks(seq)
                     self.num_accepted_tokens += 1
+                    per_position = self.num_accepted_tokens_per_position
+                    per_position += [0] * (position + 1 - len(per_position))
+                    per_position[position] += 1
                     going_on.append((seq, first))
             alive, position = going_on, position + 1
         return finished

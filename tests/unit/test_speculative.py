@@ -80,6 +80,10 @@ def test_drafting_changes_how_many_tokens_a_step_makes_never_which(tiny_demo_mod
     assert_same_outputs(drafted, plain)
     assert scheduler.num_draft_tokens > 0 and scheduler.num_accepted_tokens > 0
     assert scheduler.num_accepted_tokens <= scheduler.num_draft_tokens
+    # A step's k-th draft is taken only after the k-1 before it: no position more often than the one before.
+    per_position = scheduler.num_accepted_tokens_per_position
+    assert sum(per_position) == scheduler.num_accepted_tokens and per_position == sorted(per_position, reverse=True)
+    assert per_position[0] <= scheduler.num_drafts <= scheduler.num_draft_tokens
     assert scheduler.num_preemptions > 0 or "num_kv_blocks" not in engine_options
 
 

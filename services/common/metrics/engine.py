@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.common.metrics.collector import LabelledCollector
 
@@ -37,3 +37,12 @@ class EngineCollector(LabelledCollector):
             yield self.counter("baton_spec_decode_num_accepted_tokens",
                                "Speculative draft tokens accepted (each one a token its step made beyond the first)",
                                self.scheduler.num_accepted_tokens)
+            yield self.counter("baton_spec_decode_num_drafts", "Sequences' steps that computed speculative drafts",
+                               self.scheduler.num_drafts)
+            per_position = CounterMetricFamily(
+                "baton_spec_decode_num_accepted_tokens_per_pos",
+                "Speculative draft tokens accepted, by their position among a step's drafts (0: the first)",
+                labels=[*self.label_names, "position"])
+            for position, count in enumerate(list(self.scheduler.num_accepted_tokens_per_position)):
+                per_position.add_metric([*self.label_values, str(position)], count)
+            yield per_position

@@ -58,7 +58,10 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
                 total_chunks += num_chunks
         assert total_chunks < MAX_TOKENS * len(expected)  # some steps made several tokens
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-        assert _counter(metrics, "baton_spec_decode_num_accepted_tokens_total") > 0
+        accepted = _counter(metrics, "baton_spec_decode_num_accepted_tokens_total")
+        assert accepted > 0 and _counter(metrics, "baton_spec_decode_num_drafts_total") > 0
+        assert _counter(metrics, "baton_spec_decode_num_accepted_tokens_per_pos_total") == accepted
+        assert 'position="0"' in metrics
         mesh.assert_decode_pools_free()
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
