@@ -29,7 +29,9 @@ HISTOGRAMS = {"baton_time_to_first_token_seconds", "baton_time_per_output_token_
               "baton_request_queue_duration_seconds", "baton_kv_transfer_duration_seconds"}
 COUNTERS = {"baton_prompt_tokens_total", "baton_generation_tokens_total", "baton_request_success_total",
             "baton_request_errors_total", "baton_kv_transfer_bytes_total", "baton_prefix_cache_queries_total",
-            "baton_prefix_cache_hits_total", "baton_router_requests_total"}
+            "baton_prefix_cache_hits_total", "baton_router_requests_total", "baton_spec_decode_num_draft_tokens_total",
+            "baton_spec_decode_num_accepted_tokens_total", "baton_spec_decode_num_drafts_total",
+            "baton_spec_decode_num_accepted_tokens_per_pos_total"}
 GAUGES = {"baton_kv_pages_used", "baton_kv_pages_free", "baton_requests_running", "baton_requests_waiting",
           "baton_engine_init_duration_seconds", "baton_weight_loading_duration_seconds",
           "baton_warmup_duration_seconds", "baton_router_redis_up"}
@@ -37,7 +39,7 @@ SERIES = ({f"{name}{suffix}" for name in HISTOGRAMS for suffix in ("_bucket", "_
           | COUNTERS | GAUGES)
 # Labels the services put on their metrics, Prometheus' target labels, and the histograms' `le`.
 LABELS = {"model", "service", "instance", "exported_instance", "job", "le", "transport", "finish_reason", "reason",
-          "decision"}
+          "decision", "position"}
 TTFT_TARGET_S = 0.3
 
 
