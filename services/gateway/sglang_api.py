@@ -11,13 +11,18 @@ completion and cached token counts, the end-to-end latency and `finish_reason` (
 `return_logprob` the output tokens' `[logprob, token_id, text]` (and their top `top_logprobs_num`),
 and from `logprob_start_len` on the prompt's. The sampling fields are checked as the OpenAI API
 checks them (services/gateway/openai_protocol.py), their errors named as SGLang names the fields.
+`POST /abort_request` (`rid`, or `abort_all`) ends a sample wherever it is, as RL rollout loops end
+the ones they no longer need: its answer so far comes back with `{"type": "abort"}` as its finish.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -126,6 +131,7 @@ class _Output:
     """One sample's answer so far."""
 
     rid: str
+    aborted: asyncio.Event
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
@@ -134,6 +140,10 @@ class _Output:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
+
+    def abort_if_unfinished(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = {"type": "abort", "message": "aborted by /abort_request"}
 
     def add(self, delta: Delta, max_new_tokens: int) -> None:
         self.text += delta.text
@@ -165,6 +175,8 @@ class _Shape:
     is_batch: bool
 
     def answer(self, index: int, output: _Output) -> dict[str, Any]:
+        if output.aborted.is_set():
+            output.abort_if_unfinished()
         meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish_reason,
                                 "prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.output_ids),
                                 "cached_tokens": output.cached_tokens,
@@ -193,9 +205,40 @@ class _Shape:
         return self.token_text(token_id) if self.token_text is not None else None
 
 
+class AbortRequest(BaseModel):
+    """POST /abort_request's body."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+async def until_aborted(deltas: AsyncIterator[Delta], aborted: asyncio.Event) -> AsyncIterator[Delta]:
+    """`deltas` until they end or `aborted` is set; either way the stream is closed (its request
+    aborted on the mesh if it was still running)."""
+    async with aclosing(deltas):
+        waiting = asyncio.ensure_future(aborted.wait())
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(deltas))
+                await asyncio.wait([step, waiting], return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    await asyncio.gather(step, return_exceptions=True)
+                    return
+                if isinstance(step.exception(), StopAsyncIteration):
+                    return
+                yield step.result()
+        finally:
+            waiting.cancel()
+
+
 def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None]) -> None:
     """`state`: the gateway's (http_app.GatewayState); `check_model`: a name's LoRA adapter, or a 404."""
     pipeline = state.pipeline
+    # Each running sample's abort, by its rid; gone with the sample (the last of a reused rid's wins).
+    aborts: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
 
     async def generate(request: Request):
         body = await parsed_body(request, GenerateRequest)
@@ -216,17 +259,24 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                                                  defaults=pipeline.prompts.generation_defaults)
                 if lora is not None:
                     sampling_params.lora_name = lora
-                streams.append(pipeline.generate(
+                aborted = aborts[sample_rid] = asyncio.Event()
+                streams.append(until_aborted(pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,
                     include_stop_str_in_output=asked.include_stop_str_in_output,
-                    skip_special_tokens=asked.skip_special_tokens))
-                outputs.append(_Output(sample_rid))
+                    skip_special_tokens=asked.skip_special_tokens), aborted))
+                outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,
                        body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1)
         choices = merge_choices(streams)
         prompt_param = "text" if body.text is not None else "input_ids"
-        index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
+        try:
+            index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
+        except APIError:
+            if not all(output.aborted.is_set() for output in outputs):
+                raise
+            answers = [shape.answer(i, output) for i, output in enumerate(outputs)]  # aborted before any token
+            return JSONResponse(answers if shape.is_batch else answers[0])
         outputs[index].add(delta, max_new_tokens[index])
         if body.stream:
             return StreamingResponse(_events(choices, (index, delta), outputs, shape, prompt_param),
@@ -247,6 +297,14 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         answers = [shape.answer(i, output) for i, output in enumerate(outputs)]
         return JSONResponse(answers if shape.is_batch else answers[0])
 
+    async def abort_request(request: Request):
+        body = await parsed_body(request, AbortRequest)
+        for rid in list(aborts) if body.abort_all else [body.rid]:
+            aborted = aborts.get(rid)
+            if aborted is not None:
+                aborted.set()
+        return JSONResponse({})
+
     async def get_model_info(request: Request):
         return JSONResponse({"model_path": state.model_name, "tokenizer_path": state.model_name,
                              "is_generation": state.models.generates_text})
@@ -262,6 +320,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         return JSONResponse({})
 
     app.add_route("/generate", generate, methods=["POST"])
+    app.add_route("/abort_request", abort_request, methods=["POST"])
     app.add_route("/get_model_info", get_model_info, methods=["GET"])
     app.add_route("/health_generate", health_generate, methods=["GET"])
 
@@ -276,6 +335,9 @@ async def _events(choices: AsyncIterator[tuple[int, Delta]], first: tuple[int, D
             async for index, delta in choices:
                 outputs[index].add(delta, shape.max_new_tokens[index])
                 yield sse_event(shape.answer(index, outputs[index]))
+            for index, output in enumerate(outputs):  # an aborted sample's last event says so
+                if output.finish_reason is None and output.aborted.is_set():
+                    yield sse_event(shape.answer(index, output))
         except Exception as e:
             yield sse_event(to_api_error(e, prompt_param).body())
     finally:

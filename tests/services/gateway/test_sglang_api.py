@@ -5,6 +5,8 @@ event carries the text so far; its errors name SGLang's fields; `/get_model_info
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -131,3 +133,39 @@ def test_model_info_and_the_generating_health_check(mesh):
     info = httpx.get(f"{mesh.gateway.base_url}/get_model_info", timeout=10).json()
     assert info == {"model_path": mesh.model_name, "tokenizer_path": mesh.model_name, "is_generation": True}
     assert httpx.get(f"{mesh.gateway.base_url}/health_generate", timeout=60).status_code == 200
+
+
+def test_abort_request_ends_a_sample_with_its_text_so_far(mesh):
+    body = {"text": PROMPT, "rid": "to-abort", "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}}
+    chunks = []
+    with httpx.stream("POST", f"{mesh.gateway.base_url}/generate", json=body, timeout=60) as answer:
+        for line in answer.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunks.append(json.loads(line.removeprefix("data: ")))
+            if len(chunks) == 3:
+                aborted = httpx.post(f"{mesh.gateway.base_url}/abort_request", json={"rid": "to-abort"}, timeout=10)
+                assert aborted.status_code == 200
+    last = chunks[-1]["meta_info"]
+    assert last["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}
+    assert 3 <= last["completion_tokens"] < 1500
+    mesh.assert_decode_pools_free()
+
+
+def test_abort_all_ends_every_running_sample_of_a_batch(mesh):
+    answers = {}
+
+    def run():
+        answers["batch"] = generate(mesh, {"input_ids": [[5, 6, 7], [8, 9, 10]], "rid": ["x", "y"],
+                                           "sampling_params": {"max_new_tokens": 1900, "temperature": 0,
+                                                               "ignore_eos": True}})
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)  # both samples running: 1900 tokens each take seconds through the mesh
+    assert httpx.post(f"{mesh.gateway.base_url}/abort_request", json={"abort_all": True}, timeout=10).status_code == 200
+    thread.join(30)
+    body = answers["batch"].json()
+    assert [item["meta_info"]["finish_reason"]["type"] for item in body] == ["abort", "abort"], body
+    assert all(0 < item["meta_info"]["completion_tokens"] < 1900 for item in body)
+    mesh.assert_decode_pools_free()
