@@ -10,120 +10,31 @@ completion and cached token counts, the end-to-end latency and `finish_reason` (
 "matched": the stop token id or string}`, `{"type": "length", "length": max_new_tokens}`), and with
 `return_logprob` the output tokens' `[logprob, token_id, text]` (and their top `top_logprobs_num`),
 and from `logprob_start_len` on the prompt's. The sampling fields are checked as the OpenAI API
-checks them (services/gateway/openai_protocol.py), their errors named as SGLang names the fields.
+checks them (services/gateway/sglang_protocol.py), their errors named as SGLang names the fields.
 `POST /abort_request` (`rid`, or `abort_all`) ends a sample wherever it is, as RL rollout loops end
 the ones they no longer need: its answer so far comes back with `{"type": "abort"}` as its finish.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos import common_pb2
 from services.gateway.choices import first_choice, merge_choices
 from services.gateway.deltas import Delta
-from services.gateway.errors import APIError, to_api_error, validation_error
+from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
-from services.gateway.openai_protocol import MAX_LOGPROBS, CompletionRequest, TokenId
-
-# SGLang's sampling field → the OpenAI API's (CompletionRequest's) that checks and carries it.
-OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "no_stop_trim":
-                 "include_stop_str_in_output", "regex": "guided_regex", "json_schema": "guided_json",
-                 "sampling_seed": "seed"}
-SAME_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-               "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "logit_bias")
-# Accepted and without effect here: how often SGLang streams, how it spaces special tokens' text (as it does).
-IGNORED_FIELDS = {"stream_interval": None, "spaces_between_special_tokens": True}
-SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()}
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
-
-
-class GenerateRequest(BaseModel):
-    """POST /generate's body (SGLang's GenerateReqInput, the fields served here)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    text: str | list[str] | None = None
-    input_ids: list[TokenId] | list[list[TokenId]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None  # (usage is in every meta_info)
-    return_logprob: bool = False
-    logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
-    top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
-    return_text_in_logprobs: bool = False
-    rid: str | list[str] | None = None
-    lora_path: str | None = None  # a served LoRA adapter's name
-    image_data: None = None  # (no images here: only an absent or null field is taken)
-
-    def prompts(self) -> list[str | list[int]]:
-        if (self.text is None) == (self.input_ids is None):
-            raise APIError(400, "give exactly one of text and input_ids", param="text")
-        given = self.text if self.text is not None else self.input_ids
-        if not given:
-            raise APIError(400, "the prompt must not be empty", param="text" if self.text is not None else "input_ids")
-        if isinstance(given, str) or isinstance(given[0], int):
-            return [given]
-        return list(given)
-
-    def sampling_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
-        given = self.sampling_params if self.sampling_params is not None else {}
-        if isinstance(given, dict):
-            return [given] * num_prompts
-        if len(given) != num_prompts:
-            raise APIError(400, f"sampling_params: {len(given)} given for {num_prompts} prompts",
-                           param="sampling_params")
-        return given
-
-    def rids(self, num_prompts: int) -> list[str]:
-        if self.rid is None:
-            return [f"gen-{uuid.uuid4().hex}" for _ in range(num_prompts)]
-        rids = [self.rid] if isinstance(self.rid, str) else self.rid
-        if len(rids) != num_prompts or len(set(rids)) != len(rids):
-            raise APIError(400, f"rid: {num_prompts} distinct ids are needed, one a prompt", param="rid")
-        return rids
-
-
-def completion_request(prompt: str | list[int], sampling: dict[str, Any], model: str,
-                       logprobs: int | None, prompt_logprobs: int | None) -> CompletionRequest:
-    """The OpenAI completions request that SGLang's sampling parameters ask for: checked as that API
-    checks it, an error naming SGLang's field."""
-    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS})
-    if unknown:
-        raise APIError(400, f"sampling_params: {', '.join(unknown)} not supported here", param="sampling_params")
-    for name, served in IGNORED_FIELDS.items():
-        if served is not None and sampling.get(name, served) != served:
-            raise APIError(400, f"sampling_params.{name}: only {json.dumps(served)} is supported",
-                           param=f"sampling_params.{name}")
-    asked = {OPENAI_FIELDS.get(name, name): value for name, value in sampling.items() if name not in IGNORED_FIELDS}
-    asked.setdefault("max_tokens", DEFAULT_MAX_NEW_TOKENS)
-    if asked.get("top_k") == -1:
-        asked["top_k"] = 0  # SGLang's "all tokens"
-    try:
-        return CompletionRequest.model_validate({**asked, "model": model, "prompt": prompt, "logprobs": logprobs,
-                                                 "prompt_logprobs": prompt_logprobs})
-    except ValidationError as e:
-        error = validation_error(RequestValidationError(e.errors(include_url=False)))
-    name = (error.param or "").split(".")[0]
-    if name in ("prompt", "model", "logprobs", "prompt_logprobs"):
-        return_field = {"prompt": "input_ids", "logprobs": "top_logprobs_num", "prompt_logprobs": "top_logprobs_num"}
-        raise APIError(400, error.message, param=return_field.get(name, name))
-    theirs = f"sampling_params.{SGLANG_NAMES.get(name, name)}"
-    raise APIError(400, error.message.replace(f"{error.param}:", f"{theirs}:", 1) if error.param else error.message,
-                   param=theirs)
+from services.gateway.sglang_protocol import AbortRequest, GenerateRequest, completion_request
 
 
 @dataclass
@@ -204,14 +115,6 @@ class _Shape:
     def _text(self, token_id: int) -> str | None:
         return self.token_text(token_id) if self.token_text is not None else None
 
-
-class AbortRequest(BaseModel):
-    """POST /abort_request's body."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    rid: str = ""
-    abort_all: bool = False
 
 
 async def until_aborted(deltas: AsyncIterator[Delta], aborted: asyncio.Event) -> AsyncIterator[Delta]:

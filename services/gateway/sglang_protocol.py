@@ -1,0 +1,111 @@
+"""SGLang's native API's requests (services/gateway/sglang_api.py serves them): `/generate`'s body,
+its sampling parameters as the OpenAI completions request that checks and carries them (an error
+naming SGLang's field), and `/abort_request`'s body."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.gateway.errors import APIError, validation_error
+from services.gateway.openai_protocol import MAX_LOGPROBS, CompletionRequest, TokenId
+
+# SGLang's sampling field → the OpenAI API's (CompletionRequest's) that checks and carries it.
+OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "no_stop_trim":
+                 "include_stop_str_in_output", "regex": "guided_regex", "json_schema": "guided_json",
+                 "sampling_seed": "seed"}
+SAME_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+               "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "logit_bias")
+# Accepted and without effect here: how often SGLang streams, how it spaces special tokens' text (as it does).
+IGNORED_FIELDS = {"stream_interval": None, "spaces_between_special_tokens": True}
+SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()}
+# The completions request's fields that /generate's own carry, by the name SGLang gives them.
+TOP_LEVEL_NAMES = {"prompt": "input_ids", "model": "lora_path", "logprobs": "top_logprobs_num",
+                   "prompt_logprobs": "top_logprobs_num"}
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
+
+
+class GenerateRequest(BaseModel):
+    """POST /generate's body (SGLang's GenerateReqInput, the fields served here)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    text: str | list[str] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None  # (usage is in every meta_info)
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
+    top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+    lora_path: str | None = None  # a served LoRA adapter's name
+    image_data: None = None  # (no images here: only an absent or null field is taken)
+
+    def prompts(self) -> list[str | list[int]]:
+        if (self.text is None) == (self.input_ids is None):
+            raise APIError(400, "give exactly one of text and input_ids", param="text")
+        given = self.text if self.text is not None else self.input_ids
+        if not given:
+            raise APIError(400, "the prompt must not be empty", param="text" if self.text is not None else "input_ids")
+        if isinstance(given, str) or isinstance(given[0], int):
+            return [given]
+        return list(given)
+
+    def sampling_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
+        given = self.sampling_params if self.sampling_params is not None else {}
+        if isinstance(given, dict):
+            return [given] * num_prompts
+        if len(given) != num_prompts:
+            raise APIError(400, f"sampling_params: {len(given)} given for {num_prompts} prompts",
+                           param="sampling_params")
+        return given
+
+    def rids(self, num_prompts: int) -> list[str]:
+        if self.rid is None:
+            return [f"gen-{uuid.uuid4().hex}" for _ in range(num_prompts)]
+        rids = [self.rid] if isinstance(self.rid, str) else self.rid
+        if len(rids) != num_prompts or len(set(rids)) != len(rids):
+            raise APIError(400, f"rid: {num_prompts} distinct ids are needed, one a prompt", param="rid")
+        return rids
+
+
+def completion_request(prompt: str | list[int], sampling: dict[str, Any], model: str,
+                       logprobs: int | None, prompt_logprobs: int | None) -> CompletionRequest:
+    """The OpenAI completions request that SGLang's sampling parameters ask for: checked as that API
+    checks it, an error naming SGLang's field."""
+    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS})
+    if unknown:
+        raise APIError(400, f"sampling_params: {', '.join(unknown)} not supported here", param="sampling_params")
+    for name, served in IGNORED_FIELDS.items():
+        if served is not None and sampling.get(name, served) != served:
+            raise APIError(400, f"sampling_params.{name}: only {json.dumps(served)} is supported",
+                           param=f"sampling_params.{name}")
+    asked = {OPENAI_FIELDS.get(name, name): value for name, value in sampling.items() if name not in IGNORED_FIELDS}
+    asked.setdefault("max_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if asked.get("top_k") == -1:
+        asked["top_k"] = 0  # SGLang's "all tokens"
+    try:
+        return CompletionRequest.model_validate({**asked, "model": model, "prompt": prompt, "logprobs": logprobs,
+                                                 "prompt_logprobs": prompt_logprobs})
+    except ValidationError as e:
+        error = validation_error(RequestValidationError(e.errors(include_url=False)))
+    name = (error.param or "").split(".")[0]
+    if name in TOP_LEVEL_NAMES:  # fields of the request itself, not of its sampling_params
+        raise APIError(400, error.message, param=TOP_LEVEL_NAMES[name])
+    theirs = f"sampling_params.{SGLANG_NAMES.get(name, name)}"
+    raise APIError(400, error.message.replace(f"{error.param}:", f"{theirs}:", 1) if error.param else error.message,
+                   param=theirs)
+
+
+class AbortRequest(BaseModel):
+    """POST /abort_request's body."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str = ""
+    abort_all: bool = False
