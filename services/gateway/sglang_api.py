@@ -36,6 +36,8 @@ from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
 from services.gateway.sglang_protocol import AbortRequest, GenerateRequest, completion_request
 
+ABORTED = {"type": "abort", "message": "aborted by /abort_request"}
+
 
 @dataclass
 class _Output:
@@ -52,9 +54,12 @@ class _Output:
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
 
-    def abort_if_unfinished(self) -> None:
-        if self.finish_reason is None:
-            self.finish_reason = {"type": "abort", "message": "aborted by /abort_request"}
+    @property
+    def finish(self) -> dict[str, Any] | None:
+        """Its finish_reason; an abort's once `/abort_request` ended it unfinished."""
+        if self.finish_reason is None and self.aborted.is_set():
+            return ABORTED
+        return self.finish_reason
 
     def add(self, delta: Delta, max_new_tokens: int) -> None:
         self.text += delta.text
@@ -86,9 +91,7 @@ class _Shape:
     is_batch: bool
 
     def answer(self, index: int, output: _Output) -> dict[str, Any]:
-        if output.aborted.is_set():
-            output.abort_if_unfinished()
-        meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish_reason,
+        meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish,
                                 "prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.output_ids),
                                 "cached_tokens": output.cached_tokens,
                                 "e2e_latency": round(time.perf_counter() - self.started, 6)}
