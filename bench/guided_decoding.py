@@ -6,9 +6,11 @@ requests unguided, and the time to compile a JSON schema over each tokenizer's v
 - Throughput: --batch requests of the same kind of prompt, greedy, run to the end through an
   `LLMEngine` in this process, once held to a regex (`guided_regex`, the lower-case words of
   a sentence: never finished early, so every guided request asks for a mask at each of its
-  tokens) and once free, alternating round by round so both see the same machine; output
-  tokens per second of engine time, best round of each. guided_vs_unguided is the guided
-  figure over the free one; mask_ms_per_step is the difference in time per step.
+  tokens), once to a grammar of the same words (`guided_grammar`, llguidance's parser) and
+  once free, taking turns round by round so all see the same machine; output tokens per
+  second of engine time, best round of each. guided_vs_unguided (grammar_vs_unguided) is the
+  regex (grammar) figure over the free one; mask_ms_per_step (grammar_mask_ms_per_step) the
+  difference in time per step.
 - Compile: the index of a JSON schema with a string, an integer, an enum and an array,
   over the model's vocabulary and each of ../shared/models' (cold, once each: the
   workers cache what they compile), in ms.
@@ -37,6 +39,7 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 WORDS = r"([a-z]+ )+"
+WORDS_GRAMMAR = 'start: word+\nword: /[a-z]+/ " "'
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "colour": {"enum": ["red", "green", "blue"]},
     "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "age", "colour", "tags"]}
@@ -77,12 +80,15 @@ def main() -> None:
     prompts = [[(31 * i + 7 * j) % (vocab - 10) + 5 for j in range(args.prompt_tokens)] for i in range(args.batch)]
     free = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     guided = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, guided_regex=WORDS)
-    engine.guides.index(WORDS)  # compiled once, as a worker does before it adds the request
-    run_batch(engine, prompts, free)  # warm-up
-    run_batch(engine, prompts, guided)
+    grammar = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
+                             guided_grammar=WORDS_GRAMMAR)
+    modes = [("free", free), ("guided", guided), ("grammar", grammar)]
+    for _, params in modes:
+        engine.guides.compile(params)  # once, as a worker does before it adds the request
+        run_batch(engine, prompts, params)  # warm-up
     best: dict[str, tuple[float, float]] = {}
     for round_ in range(args.rounds):
-        for name, params in (("free", free), ("guided", guided))[:: 1 if round_ % 2 == 0 else -1]:
+        for name, params in modes[round_ % len(modes):] + modes[:round_ % len(modes)]:
             tokens, seconds, steps = run_batch(engine, prompts, params)
             rate = tokens / seconds
             log(f"round {round_} {name}: {tokens} tokens in {seconds * 1e3:.0f} ms over {steps} steps, "
@@ -91,8 +97,12 @@ def main() -> None:
                 best[name] = (rate, seconds / steps)
     ratio = best["guided"][0] / best["free"][0]
     mask_ms = (best["guided"][1] - best["free"][1]) * 1e3
-    log(f"guided {best['guided'][0]:.0f} tok/s against free {best['free'][0]:.0f}: {ratio:.2f}x; "
+    log(f"regex-guided {best['guided'][0]:.0f} tok/s against free {best['free'][0]:.0f}: {ratio:.2f}x; "
         f"{mask_ms:.2f} ms more per step of {args.batch} guided rows")
+    grammar_ratio = best["grammar"][0] / best["free"][0]
+    grammar_mask_ms = (best["grammar"][1] - best["free"][1]) * 1e3
+    log(f"grammar-guided {best['grammar'][0]:.0f} tok/s: {grammar_ratio:.2f}x; {grammar_mask_ms:.2f} ms more per "
+        f"step of {args.batch} guided rows")
     regex = build_regex_from_schema(json.dumps(SCHEMA))
     compiles = {"model": compile_ms(Path(model_dir) / "tokenizer.json", regex)}
     for shared in sorted(SHARED_MODELS.glob("*/tokenizer.json")) if SHARED_MODELS.is_dir() else ():
@@ -101,6 +111,8 @@ def main() -> None:
         log(f"JSON schema compiled over {name}'s vocabulary in {ms:.0f} ms")
     print(json.dumps({"guided_tok_s": round(best["guided"][0], 1), "unguided_tok_s": round(best["free"][0], 1),
                       "guided_vs_unguided": round(ratio, 3), "mask_ms_per_step": round(mask_ms, 3),
+                      "grammar_tok_s": round(best["grammar"][0], 1), "grammar_vs_unguided": round(grammar_ratio, 3),
+                      "grammar_mask_ms_per_step": round(grammar_mask_ms, 3),
                       "batch": args.batch, "max_tokens": args.max_tokens,
                       "schema_compile_ms": {k: round(v, 1) for k, v in compiles.items()}}), flush=True)
 

@@ -1,4 +1,5 @@
-"""Guided decoding: output held to a regular expression, token by token, by `outlines-core`.
+"""Guided decoding: output held to a regular expression by `outlines-core`, or to a
+context-free grammar by `llguidance`, token by token.
 
 A request's `guided_regex` (the gateway turns a JSON schema or a list of choices into one)
 is compiled once per model into an index over the vocabulary: for each state of the
@@ -6,8 +7,14 @@ regex's automaton, the tokens that keep the text inside the language. Each guide
 sequence walks it with a `Guide`: the sampler keeps only the tokens its state allows (EOS
 among them once the text is complete), and every sampled token advances it. Compiling
 takes from milliseconds to seconds with the vocabulary and the regex, so the services
-compile off the engine's thread (`GuideFactory.index`) before they add the request, and
+compile off the engine's thread (`GuideFactory.compile`) before they add the request, and
 the engine finds the index cached.
+
+A `guided_grammar` (Lark, as llguidance and vLLM's guidance backend read it; GBNF, llama.cpp's
+EBNF that vLLM's xgrammar backend and SGLang's `ebnf` take; or llguidance's own JSON, what a
+structural tag becomes) has no automaton to compile ahead: llguidance's Earley parser computes
+each step's mask as the text goes. Its sequences walk a `GrammarGuide`, made the same way and
+read by the sampler the same way.
 
 The index is built from what each token is in bytes, which `tokenizer.json` does not say
 directly: byte-level BPE vocabularies (GPT-2, Llama 3, Qwen) spell each byte as a printable
@@ -19,13 +26,20 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
+from llguidance import LLMatcher, LLTokenizer
 from outlines_core import Guide, Index, Vocabulary
 from tokenizers import Tokenizer
 
-# Compiled indexes kept per engine: a deployment's requests repeat a few schemas.
+from engine.grammars import first_line, grammar_definition
+from engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
+# Compiled indexes (and grammars' matchers) kept per engine: a deployment's requests repeat a few.
 INDEX_CACHE_SIZE = 32
 
 
@@ -61,12 +75,27 @@ def token_bytes(tokenizer: Tokenizer) -> dict[int, bytes]:
     return table
 
 
+class GrammarGuide:
+    """A sequence's place in its grammar, read and moved as outlines-core's `Guide` is."""
+
+    def __init__(self, matcher: LLMatcher):
+        self._matcher = matcher
+
+    def advance(self, token_id: int, return_tokens: bool = False) -> None:
+        if not self._matcher.consume_token(token_id):
+            raise ValueError(f"token {token_id} does not follow guided_grammar")
+
+    def write_mask_into(self, data_ptr: int, numel: int, element_size: int) -> None:
+        self._matcher.unsafe_compute_mask_ptr(data_ptr, numel * element_size)
+
+
 class GuideFactory:
     """Guides for one model's vocabulary. `eos_token_id`: the one a complete text may end with
-    (a model's other EOS ids are never allowed under a guide). Thread-safe: services compile
-    on worker threads while the engine's thread takes guides."""
+    (a model's other EOS ids are never allowed under a guide); `vocab_size`: the width of the
+    model's logits, which a grammar's masks cover. Thread-safe: services compile on worker
+    threads while the engine's thread takes guides."""
 
-    def __init__(self, tokenizer: Tokenizer, eos_token_id: int):
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int, vocab_size: int | None = None):
         by_bytes: dict[bytes, list[int]] = {}
         for token_id, raw in token_bytes(tokenizer).items():
             if token_id != eos_token_id and raw:
@@ -74,26 +103,59 @@ class GuideFactory:
         self.vocabulary = Vocabulary(eos_token_id, by_bytes)
         self._indexes: OrderedDict[str, Index] = OrderedDict()
         self._lock = threading.Lock()
+        self._tokenizer, self._eos_token_id = tokenizer, eos_token_id
+        self._vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
+        self._grammar_tokenizer: LLTokenizer | None = None  # made for the first grammar: a second or so
+        self._grammars: OrderedDict[str, LLMatcher] = OrderedDict()  # each grammar's matcher at its start
+
+    def compile(self, params: SamplingParams) -> None:
+        """Compile what `params` guide by, unless it is cached; ValueError when it cannot be."""
+        if params.guided_regex is not None:
+            self.index(params.guided_regex)
+        elif params.guided_grammar is not None:
+            self._grammar_start(params.guided_grammar)
+
+    def guide(self, params: SamplingParams) -> Guide | GrammarGuide:
+        """A new guide at the start of what `params` guide by (a guided_regex or a guided_grammar)."""
+        if params.guided_regex is not None:
+            return Guide(self.index(params.guided_regex))
+        return GrammarGuide(self._grammar_start(params.guided_grammar).deep_copy())
 
     def index(self, regex: str) -> Index:
         """The compiled index of `regex`; ValueError when it cannot be compiled."""
-        with self._lock:
-            index = self._indexes.get(regex)
-            if index is not None:
-                self._indexes.move_to_end(regex)
-                return index
+        return self._cached(self._indexes, regex, self._compile_regex)
+
+    def _compile_regex(self, regex: str) -> Index:
         try:
-            index = Index(regex, self.vocabulary)
+            return Index(regex, self.vocabulary)
         except ValueError as e:  # outlines-core's words, e.g. "Failed to build DFA error building NFA"
             raise ValueError(f"guided_regex cannot be compiled: {e}") from None
-        with self._lock:
-            self._indexes[regex] = index
-            while len(self._indexes) > INDEX_CACHE_SIZE:
-                self._indexes.popitem(last=False)
-        return index
 
-    def guide(self, regex: str) -> Guide:
-        return Guide(self.index(regex))
+    def _grammar_start(self, grammar: str) -> LLMatcher:
+        return self._cached(self._grammars, grammar, self._compile_grammar)
+
+    def _compile_grammar(self, grammar: str) -> LLMatcher:
+        if self._grammar_tokenizer is None:  # two threads may both make it: no harm, and no lock held so long
+            self._grammar_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=self._vocab_size,
+                                                  eos_token=self._eos_token_id)
+        matcher = LLMatcher(self._grammar_tokenizer, grammar_definition(grammar), log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"the grammar cannot be compiled: {first_line(matcher.get_error())}")
+        return matcher
+
+    def _cached(self, cache: OrderedDict[str, T], key: str, compile_: Callable[[str], T]) -> T:
+        """`cache`'s entry for `key`, compiled outside the lock when missing (others go on meanwhile)."""
+        with self._lock:
+            value = cache.get(key)
+            if value is not None:
+                cache.move_to_end(key)
+                return value
+        value = compile_(key)
+        with self._lock:
+            cache[key] = value
+            while len(cache) > INDEX_CACHE_SIZE:
+                cache.popitem(last=False)
+        return value
 
 
 def allowed_mask(guides: list[Guide], vocab_size: int, device: torch.device) -> torch.Tensor:

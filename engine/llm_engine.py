@@ -146,7 +146,7 @@ class LLMEngine:
             if self._guides is None:
                 if self.tokenizer is None:
                     raise ValueError("guided decoding needs the model's tokenizer.json")
-                self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0])
+                self._guides = GuideFactory(self.tokenizer, self.eos_token_ids[0], self.model_config.vocab_size)
             return self._guides
 
     def reset_prefix_cache(self) -> int | None:
@@ -255,7 +255,7 @@ class LLMEngine:
         except ValueError:
             if output_token_ids:  # they may be what the guide refused: its message says either
                 raise
-            raise ValueError(f"first token id {first_token_id} does not follow guided_regex") from None
+            raise ValueError(f"first token id {first_token_id} does not follow {sampling_params.guide_name}") from None
         seq.num_computed_tokens = seq.num_tokens
         self.block_manager.adopt(request_id, seq)
         seq.append_token(first_token_id)
@@ -273,14 +273,14 @@ class LLMEngine:
         guided as the engine that made them would have guided it (a seeded draw depends on its
         position alone: engine/sampler.py's `position_seed`). ValueError when they do not follow it."""
         params = seq.sampling_params
-        if params.guided_regex is not None:
-            seq.guide = self.guides.guide(params.guided_regex)
+        if params.is_guided:
+            seq.guide = self.guides.guide(params)
             try:
                 for token_id in made_elsewhere:
                     if token_id not in self.eos_token_ids:
                         seq.advance_guide(token_id)
             except ValueError:
-                raise ValueError("output token ids do not follow guided_regex") from None
+                raise ValueError(f"output token ids do not follow {params.guide_name}") from None
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)

@@ -36,7 +36,9 @@ class SamplingParams:
     # The output is held to this regular expression (engine/guided_decoding.py); EOS ends it once
     # the text is complete, even with ignore_eos.
     guided_regex: str | None = None
-    # With guided_regex: the guide holds only from the token after the output's first run of these
+    # Or to this context-free grammar: Lark, GBNF or llguidance's JSON (engine/guided_decoding.py).
+    guided_grammar: str | None = None
+    # With either: the guide holds only from the token after the output's first run of these
     # (a reasoning model's `</think>`, gpt-oss's `<|channel|>final<|message|>`), the text before it
     # free, as vLLM guides only the answer.
     guide_after_token_ids: tuple[int, ...] = ()
@@ -85,8 +87,10 @@ class SamplingParams:
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise ValueError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         object.__setattr__(self, "guide_after_token_ids", tuple(self.guide_after_token_ids))
-        if self.guide_after_token_ids and (self.guided_regex is None or min(self.guide_after_token_ids) < 0):
-            raise ValueError(f"guide_after_token_ids needs a guided_regex and ids >= 0, got "
+        if self.guided_regex is not None and self.guided_grammar is not None:
+            raise ValueError("guided_regex and guided_grammar cannot both be given")
+        if self.guide_after_token_ids and (not self.is_guided or min(self.guide_after_token_ids) < 0):
+            raise ValueError(f"guide_after_token_ids needs a guided_regex or guided_grammar and ids >= 0, got "
                              f"{list(self.guide_after_token_ids)}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
@@ -114,3 +118,12 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+    @property
+    def is_guided(self) -> bool:
+        """Its output is held to a guided_regex or a guided_grammar."""
+        return self.guided_regex is not None or self.guided_grammar is not None
+
+    @property
+    def guide_name(self) -> str:
+        return "guided_regex" if self.guided_regex is not None else "guided_grammar"

@@ -72,7 +72,7 @@ class Sequence:
             [None] if sampling_params.prompt_logprobs is not None else None)
         # An embedding request's (SamplingParams.embed): the hidden state at its last prompt token.
         self.embedding: list[float] | None = None
-        # Where its output stands in its guided_regex (an outlines-core Guide), when it has one.
+        # Where its output stands in its guided_regex or guided_grammar (engine/guided_decoding.py), when it has one.
         self.guide = None
         # The guide holds only once the output has its guide_after_token_ids (SamplingParams): the
         # output's last tokens while it waits, as many as they are.

@@ -173,11 +173,13 @@ class EngineLoop:
         """Fire and forget (from any thread): for cleanup that must happen even if no one awaits it."""
         self._commands.put((fn, None))
 
-    async def compile_guide(self, regex: str) -> None:
-        """Compile `regex`'s index for a guided request, unless it is cached, on a worker thread: up to
-        seconds for a large vocabulary, which neither the engine's thread nor the event loop may wait
-        out (outlines-core lets go of the GIL meanwhile). ValueError if it does not compile."""
-        await asyncio.to_thread(self.engine.guides.index, regex)
+    async def compile_guide(self, params: SamplingParams) -> None:
+        """Compile a guided request's regex index or grammar, unless it is cached, on a worker thread:
+        up to seconds for a large vocabulary, which neither the engine's thread nor the event loop may
+        wait out (outlines-core and llguidance let go of the GIL meanwhile). ValueError if it does not
+        compile; nothing for a request that is not guided."""
+        if params.is_guided:
+            await asyncio.to_thread(self.engine.guides.compile, params)
 
     async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
         return await self.call(lambda engine: engine.reserve(request_id, num_tokens))

@@ -138,8 +138,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         engine_loop = await self._ready(context)
         try:
             params = sampling_params_from_proto(request.sampling)
-            if params.guided_regex is not None:  # before the claim: a refusal leaves the reservation be
-                await engine_loop.compile_guide(params.guided_regex)
+            # before the claim: a refusal leaves the reservation be
+            await engine_loop.compile_guide(params)
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if not self.leases.claim(request.reservation_id, request.request_id):
@@ -166,8 +166,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         try:
             params = sampling_params_from_proto(request.sampling)
-            if params.guided_regex is not None:
-                await engine_loop.compile_guide(params.guided_regex)
+            await engine_loop.compile_guide(params)
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:

@@ -17,6 +17,7 @@ from services.gateway.deltas import Delta
 from services.gateway.errors import APIError
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
+from services.gateway.structured_output import is_guided
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.gateway.tool_parsers import ToolCallSyntax, call_ids, needs_a_parser, syntax_for
 
@@ -43,8 +44,9 @@ class ChatRequestTools:
             forced = forced_tool_call(tools, choice)
         except ValueError as e:
             raise APIError(400, str(e), param="tool_choice_json") from None
-        if forced is not None and request.sampling.HasField("guided_regex"):
-            raise APIError(400, "a forced tool call and a guided_regex cannot both be asked for", param="sampling")
+        if forced is not None and is_guided(request.sampling):
+            raise APIError(400, "a forced tool call and a guided_regex or guided_grammar cannot both be asked for",
+                           param="sampling")
         reads_calls = bool(tools) and effective_tool_choice(tools, choice) == "auto"
         if reads_calls and tool_call_parser is None:
             raise needs_a_parser("tool_choice_json")
@@ -66,8 +68,8 @@ class ChatReply:
     def start(cls, request: gateway_pb2.GenerateRequest, request_id: str, model: str, tokenizer,
               tool_call_parser: str | None, reasoning_parser: str | None) -> tuple[ChatReply, ChatRequestTools]:
         tools = ChatRequestTools.of(request, tool_call_parser)
-        is_guided = request.sampling.HasField("guided_regex")
-        reader = reasoning_reader(reasoning_parser, tokenizer, is_guided) if tools.forced is None else None
+        reader = (reasoning_reader(reasoning_parser, tokenizer, is_guided(request.sampling)) if tools.forced is None
+                  else None)
         return cls(request_id, model, tools, reader), tools
 
     @property

@@ -3,11 +3,11 @@
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
 `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, `truncate_prompt_tokens`,
-`guided_json`, `guided_regex`, `guided_choice`, `structured_outputs`, `bad_words`, `priority`,
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`, `bad_words`, `priority`,
 `return_tokens_as_token_ids`, `use_beam_search` with `length_penalty`, and chat's template options),
 plus Baton's `return_timeline`. A value out of range fails validation here, so the client gets a 400
 that names the field before any worker is called. Unknown fields are ignored, as OpenAI's own server
-does for fields a model does not use; but vLLM's extras that are not served here (grammars, logits
+does for fields a model does not use; but vLLM's extras that are not served here (logits
 processors), and what beam search cannot honour (penalties, biases, stop strings, structured
 output), are refused by name: ignored, they would give other output than was asked for.
 """
@@ -33,7 +33,7 @@ from protos import common_pb2
 from services.gateway.beam_search import MAX_BEAM_WIDTH
 from services.gateway.errors import FieldError
 from services.gateway.generation_defaults import GenerationDefaults
-from services.gateway.structured_output import guided_regex
+from services.gateway.structured_output import OutputGuide, output_guide
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
@@ -41,8 +41,7 @@ INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 16  # n × prompts per request; more is one client hogging every worker
 MAX_LOGPROBS = 20  # the engine's limit
-UNSERVED = {"guided_grammar": "use guided_regex, guided_json or guided_choice",
-            "logits_processors": "custom logits processors are not loaded here"}
+UNSERVED = {"logits_processors": "custom logits processors are not loaded here"}
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
 # own logprobs, so a field that would change them, or end a beam on its text, is refused with it
 # (vLLM's ignores them).
@@ -104,8 +103,9 @@ class _SamplingFields(BaseModel):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's newer name for the four above
-    _output_regex: str | None = PrivateAttr(default=None)  # what the fields above ask for, as one regex
+    guided_grammar: str | None = None  # Lark or GBNF
+    structured_outputs: StructuredOutputs | None = None  # vLLM's newer name for the five above
+    _output_guide: OutputGuide | None = PrivateAttr(default=None)  # what the fields above ask for, as one
     include_stop_str_in_output: bool = False
     # vLLM's: scheduled before higher values on workers run with --scheduling-policy priority
     # (workers on fcfs refuse any but 0).
@@ -117,15 +117,14 @@ class _SamplingFields(BaseModel):
     # vLLM's: n beams (beam_search.py), the best first; sampling fields other than these have no say.
     use_beam_search: bool = False
     length_penalty: float = 1.0  # a beam's score: its summed logprob / its length ** length_penalty
-    # vLLM's extras this gateway does not serve: refused when asked for, not ignored (the output
+    # vLLM's extra this gateway does not serve: refused when asked for, not ignored (the output
     # would not be what the client asked).
-    guided_grammar: str | None = None
     logits_processors: list[Any] | None = None
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None
 
-    @field_validator("guided_grammar", "logits_processors")
+    @field_validator("logits_processors")
     @classmethod
     def _unserved(cls, value: Any, info) -> Any:
         if value:
@@ -145,8 +144,8 @@ class _SamplingFields(BaseModel):
         if any(not word.strip() for word in self.bad_words or ()):
             raise FieldError("bad_words", "bad_words must be words, not empty or blank strings")
         structured = self.structured_outputs.model_dump(by_alias=True) if self.structured_outputs else None
-        self._output_regex = guided_regex(self.response_format, self.guided_json, self.guided_regex, self.guided_choice,
-                                          structured)
+        self._output_guide = output_guide(self.response_format, self.guided_json, self.guided_regex,
+                                          self.guided_choice, self.guided_grammar, structured)
         if self.truncate_prompt_tokens == 0:
             raise FieldError("truncate_prompt_tokens",
                              "truncate_prompt_tokens must be -1 (the context's worth) or at least 1")
@@ -165,7 +164,7 @@ class _SamplingFields(BaseModel):
         for name, neutral in NOT_WITH_BEAM_SEARCH.items():
             if getattr(self, name) not in neutral:
                 raise FieldError(name, f"{name} is not supported with use_beam_search")
-        if self._output_regex is not None:
+        if self._output_guide is not None:
             raise FieldError("use_beam_search", "structured output is not supported with use_beam_search")
 
     @property
@@ -210,8 +209,8 @@ class _SamplingFields(BaseModel):
             params.logit_bias.update({int(token_id): bias for token_id, bias in self.logit_bias.items()})
         if self.num_prompt_logprobs is not None:
             params.prompt_logprobs = self.num_prompt_logprobs
-        if self._output_regex is not None:
-            params.guided_regex = self._output_regex
+        if self._output_guide is not None:
+            self._output_guide.write_into(params)
         for word in bad_words:
             params.bad_words.add(token_ids=word)
         defaults.fill(params, top_k_given=self.top_k is not None, min_p_given=self.min_p is not None)
@@ -362,9 +361,9 @@ class ChatCompletionRequest(_SamplingFields):
     def _check_supported(self):
         self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice)
         if self._forced_tool_call is not None:
-            if self._output_regex is not None:
+            if self._output_guide is not None:
                 raise FieldError("tool_choice", "a forced tool call and a structured output cannot both be asked for")
-            self._output_regex = self._forced_tool_call.regex
+            self._output_guide = OutputGuide(regex=self._forced_tool_call.regex)
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:
@@ -391,7 +390,7 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def is_guided(self) -> bool:
         """The text is held to a pattern from its first token (structured output, a forced tool call)."""
-        return self._output_regex is not None
+        return self._output_guide is not None
 
     @property
     def lets_the_model_call_tools(self) -> bool:

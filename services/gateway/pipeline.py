@@ -52,6 +52,7 @@ from services.gateway.request_errors import (
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP
 from services.gateway.step_sources import Deadlines, StepSources
+from services.gateway.structured_output import is_guided
 from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import (
     Progress,
@@ -163,7 +164,7 @@ class RequestPipeline:
                                             add_special_tokens)
                 if truncate_prompt_tokens is not None:
                     prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
-            if guide_after is not None and params.HasField("guided_regex"):
+            if guide_after is not None and is_guided(params):
                 token_ids = guide_after(prompt)
                 if token_ids:
                     params.ClearField("guide_after_token_id")

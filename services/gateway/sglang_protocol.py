@@ -16,12 +16,15 @@ from services.gateway.openai_protocol import MAX_LOGPROBS, CompletionRequest, To
 # SGLang's sampling field → the OpenAI API's (CompletionRequest's) that checks and carries it.
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "no_stop_trim":
                  "include_stop_str_in_output", "regex": "guided_regex", "json_schema": "guided_json",
-                 "sampling_seed": "seed"}
+                 "ebnf": "guided_grammar", "sampling_seed": "seed"}
+# ... and those that go into the completions request's vLLM `structured_outputs`.
+STRUCTURED_OUTPUT_FIELDS = ("structural_tag",)
 SAME_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "logit_bias")
 # Accepted and without effect here: how often SGLang streams, how it spaces special tokens' text (as it does).
 IGNORED_FIELDS = {"stream_interval": None, "spaces_between_special_tokens": True}
-SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()}
+SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()} | {
+    f"structured_outputs.{name}": name for name in STRUCTURED_OUTPUT_FIELDS}
 # The completions request's fields that /generate's own carry, by the name SGLang gives them.
 TOP_LEVEL_NAMES = {"prompt": "input_ids", "model": "lora_path", "logprobs": "top_logprobs_num",
                    "prompt_logprobs": "top_logprobs_num"}
@@ -78,7 +81,7 @@ def completion_request(prompt: str | list[int], sampling: dict[str, Any], model:
                        logprobs: int | None, prompt_logprobs: int | None) -> CompletionRequest:
     """The OpenAI completions request that SGLang's sampling parameters ask for: checked as that API
     checks it, an error naming SGLang's field."""
-    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS})
+    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS, *STRUCTURED_OUTPUT_FIELDS})
     if unknown:
         raise APIError(400, f"sampling_params: {', '.join(unknown)} not supported here", param="sampling_params")
     for name, served in IGNORED_FIELDS.items():
@@ -86,6 +89,9 @@ def completion_request(prompt: str | list[int], sampling: dict[str, Any], model:
             raise APIError(400, f"sampling_params.{name}: only {json.dumps(served)} is supported",
                            param=f"sampling_params.{name}")
     asked = {OPENAI_FIELDS.get(name, name): value for name, value in sampling.items() if name not in IGNORED_FIELDS}
+    structured = {name: asked.pop(name) for name in STRUCTURED_OUTPUT_FIELDS if name in asked}
+    if structured:
+        asked["structured_outputs"] = structured
     asked.setdefault("max_tokens", DEFAULT_MAX_NEW_TOKENS)
     if asked.get("top_k") == -1:
         asked["top_k"] = 0  # SGLang's "all tokens"
@@ -94,7 +100,7 @@ def completion_request(prompt: str | list[int], sampling: dict[str, Any], model:
                                                  "prompt_logprobs": prompt_logprobs})
     except ValidationError as e:
         error = validation_error(RequestValidationError(e.errors(include_url=False)))
-    name = (error.param or "").split(".")[0]
+    name = error.param if error.param in SGLANG_NAMES else (error.param or "").split(".")[0]
     if name in TOP_LEVEL_NAMES:  # fields of the request itself, not of its sampling_params
         raise APIError(400, error.message, param=TOP_LEVEL_NAMES[name])
     theirs = f"sampling_params.{SGLANG_NAMES.get(name, name)}"

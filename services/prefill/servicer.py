@@ -172,8 +172,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
             try:
                 params = sampling_params_from_proto(request.sampling)
-                if params.guided_regex is not None:
-                    await engine_loop.compile_guide(params.guided_regex)
+                await engine_loop.compile_guide(params)
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             attrs = {}

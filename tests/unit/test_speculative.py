@@ -97,8 +97,9 @@ def assert_same_outputs(drafted: dict, plain: dict) -> None:
             assert all(abs(made[t] - expected[t]) < 1e-4 for t in made)
 
 
-def test_guided_output_is_the_same_with_drafts(tiny_demo_model):
-    params = SamplingParams(max_tokens=30, temperature=0.0, guided_regex="(ab|cd)+x")
+@pytest.mark.parametrize("guide", [dict(guided_regex="(ab|cd)+x"), dict(guided_grammar='root ::= ("ab" | "cd")+ "x"')])
+def test_guided_output_is_the_same_with_drafts(tiny_demo_model, guide):
+    params = SamplingParams(max_tokens=30, temperature=0.0, **guide)
     outputs = []
     for speculative in (None, NGRAM):
         engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=64, speculative=speculative))

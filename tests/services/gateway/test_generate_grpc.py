@@ -3,6 +3,7 @@ chunks then the completion out; errors as the stream's last message; cancellatio
 from __future__ import annotations
 
 import json
+import re
 
 import grpc
 import httpx
@@ -12,6 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.tokenizer.model_tokenizer import ModelTokenizer
+from tests.unit.test_grammar_guides import DATE_GRAMMARS
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
@@ -114,6 +116,10 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={5: 100.5})), 400),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={-3: 1})), 400),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(logit_bias={99999: 1})), 400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(guided_grammar='start: "a" b')),
+         400),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(guided_grammar='start: "a"',
+                                                                                   guided_regex="a")), 400),
         # A continued last message, with the generation prompt on by default; template variables not JSON.
         (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages(messages=[
             common_pb2.ChatMessage(role="user", content="hi")]), chat_options=gateway_pb2.ChatOptions(
@@ -174,6 +180,14 @@ def test_allowed_token_ids_bound_every_token_on_prefill_and_decode(mesh, stub):
         responses = list(stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=sampling), timeout=60))
         tokens = responses[-1].complete.token_ids
         assert len(tokens) == 8 and set(tokens) <= {300, 301}
+    mesh.assert_decode_pools_free()
+
+
+def test_a_grammar_holds_the_text_on_prefill_and_decode(mesh, stub):
+    date = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
+    sampling = common_pb2.SamplingParams(max_tokens=30, temperature=1.0, seed=6, guided_grammar=DATE_GRAMMARS["gbnf"])
+    [whole] = stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=sampling), timeout=60)
+    assert re.fullmatch(date, whole.complete.text) and whole.complete.finish_reason == common_pb2.FINISH_REASON_STOP
     mesh.assert_decode_pools_free()
 
 

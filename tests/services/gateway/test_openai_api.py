@@ -19,6 +19,7 @@ from services.gateway.openai_protocol import encoded_bad_words
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from tests.services.gateway.mesh import gateway_client
 from tests.services.service_process import REPO_ROOT
+from tests.unit.test_grammar_guides import DATE_GRAMMARS, NESTED, is_nested_prefix
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
@@ -473,6 +474,38 @@ def test_structured_output_holds_the_text_to_a_schema_a_regex_or_a_choice(client
                                            seed=3, extra_body=body).choices[0].text
                  for body in ({"structured_outputs": newer}, older)]
         assert texts[0] == texts[1], newer
+    mesh.assert_decode_pools_free()
+
+
+def test_a_grammar_or_a_structural_tag_holds_the_text(client, mesh):
+    date = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
+    # A grammar of a regular language guides as its regex does (this vocabulary has no byte-fallback
+    # tokens): the same text, GBNF or Lark, the first token sampled on a prefill worker, the rest on decode.
+    dates = [client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=30, temperature=1.0, seed=4,
+                                       extra_body=body).choices[0]
+             for body in ({"guided_regex": date}, {"guided_grammar": DATE_GRAMMARS["gbnf"]},
+                          {"structured_outputs": {"grammar": DATE_GRAMMARS["lark"]}})]
+    assert len({d.text for d in dates}) == 1 and re.fullmatch(date, dates[0].text), [d.text for d in dates]
+    assert {d.finish_reason for d in dates} == {"stop"}
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=40, temperature=1.0, seed=2,
+                  extra_body={"guided_grammar": NESTED})
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert is_nested_prefix(whole)
+    assert "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True,
+                                                                                             **kwargs)) == whole
+    # A structural tag set off by what this model writes first anyway: the text goes on as its structure.
+    free = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=4, temperature=0).choices[0].text
+    begin = free.strip()[:3]
+    assert len(begin) == 3 and begin.isascii(), free
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}
+    tag = {"type": "structural_tag", "triggers": [begin], "structures": [{"begin": begin, "schema": city,
+                                                                          "end": "</call>"}]}
+    for body in ({"response_format": tag}, {"structured_outputs": {"structural_tag": json.dumps(tag)}}):
+        tagged = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=40, temperature=0,
+                                           extra_body=body).choices[0].text
+        before = free[:free.index(begin) + len(begin)]
+        arguments, end, _ = tagged.removeprefix(before).partition("</call>")
+        assert tagged.startswith(before) and end and set(json.loads(arguments)) == {"city"}, tagged
     mesh.assert_decode_pools_free()
 
 

@@ -5,11 +5,14 @@ event carries the text so far; its errors name SGLang's fields; `/get_model_info
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
 import httpx
 import pytest
+
+from tests.unit.test_grammar_guides import DATE_GRAMMARS
 
 PROMPT = "Once upon a time there was"
 
@@ -113,7 +116,8 @@ def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
 @pytest.mark.parametrize(("body", "param"), [
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
     ({"text": PROMPT, "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
-    ({"text": PROMPT, "sampling_params": {"ebnf": "root ::= 'a'"}}, "sampling_params"),
+    ({"text": PROMPT, "sampling_params": {"structural_tag": "{"}}, "sampling_params.structural_tag"),
+    ({"text": PROMPT, "sampling_params": {"ebnf": "root ::= 'a' value"}}, "sampling_params.ebnf"),
     ({"text": PROMPT, "sampling_params": {"spaces_between_special_tokens": False}},
      "sampling_params.spaces_between_special_tokens"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "text"),
@@ -127,6 +131,14 @@ def test_bad_requests_are_400s_naming_sglangs_field(mesh, body, param):
     assert answer.status_code in (400, 404), answer.text
     assert answer.json()["error"]["param"] == param, answer.text
     mesh.assert_decode_pools_free()
+
+
+def test_ebnf_guides_the_text_as_the_regex_of_its_language(mesh):
+    date = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
+    texts = [generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 30, "temperature": 1.0,
+                                                                 "sampling_seed": 3, **guide}}).json()["text"]
+             for guide in ({"regex": date}, {"ebnf": DATE_GRAMMARS["gbnf"]})]
+    assert texts[0] == texts[1] and re.fullmatch(date, texts[0])
 
 
 def test_model_info_and_the_generating_health_check(mesh):
