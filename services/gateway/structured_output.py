@@ -96,7 +96,9 @@ def _guide(name: str, value: Any) -> OutputGuide:
         check_grammar(value)
         return OutputGuide(grammar=value)
     if name.endswith("structural_tag"):
-        return OutputGuide(grammar=structural_tag_grammar(value))
+        grammar = structural_tag_grammar(value)
+        check_grammar(grammar)  # its schemas': llguidance's JSON compiler takes most, not all
+        return OutputGuide(grammar=grammar)
     return OutputGuide(regex=schema_regex(value))  # a JSON schema: guided_json or structured_outputs' json(_object)
 
 
@@ -151,5 +153,5 @@ def _formatted(response_format: dict[str, Any]) -> OutputGuide:
             raise ValueError("response_format json_schema needs json_schema.schema, a JSON schema object")
         return OutputGuide(regex=schema_regex(schema))
     if kind == "structural_tag":
-        return OutputGuide(grammar=structural_tag_grammar(response_format))
+        return _guide("structured_outputs.structural_tag", response_format)
     raise ValueError(f"response_format type must be text, json_object, json_schema or structural_tag, got {kind!r}")
