@@ -1,6 +1,7 @@
 """`LLMEngine`: add_request → step → outputs, over one model directory."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -20,7 +21,7 @@ from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
 from engine.lora_manager import LoRAManager
-from engine.model_config import load_model_config
+from engine.model_config import ModelConfig, load_model_config
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -151,6 +152,24 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> int | None:
         """Forget every cached prefix block: the number forgotten; None while any request holds pages."""
+        return self.block_manager.reset_prefix_cache()
+
+    def update_weights(self, model_dir: str | Path) -> int | None:
+        """Serve the weights in `model_dir` (SGLang's update_weights_from_disk: a trainer's next
+        checkpoint of this model) and forget every cached prefix, KV of the weights before: the
+        number of blocks forgotten. None, nothing changed, while any request holds pages. ValueError
+        for a directory whose model is not this one's shape (its dtype on disk may differ); LoRA
+        adapters and a draft model stay as they are."""
+        if self.block_manager.num_free_blocks < self.block_manager.num_blocks:
+            return None
+        model_config = load_model_config(Path(model_dir), self.config.hf_overrides)
+        differs = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "weights_dtype"
+                   and getattr(model_config, f.name) != getattr(self.model_config, f.name)]
+        if differs:
+            raise ValueError(f"{model_dir} is not the served model's shape: its {', '.join(differs)} differ")
+        self.runner.load_weights(str(model_dir))
+        if self.model_config.classifier_tokens:  # made from the LM head's rows, which have changed
+            self.runner.model.make_classifier(_vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
         return self.block_manager.reset_prefix_cache()
 
     def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,

@@ -44,7 +44,7 @@ class ModelRunner:
             self.model = arch(model_config, self.kernels, dtype, max_positions)
         start_ns = time.time_ns()
         start = time.perf_counter()
-        self._load_weights(model_dir, show_progress)
+        self.load_weights(model_dir, show_progress)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids)
@@ -52,7 +52,9 @@ class ModelRunner:
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
 
-    def _load_weights(self, model_dir: str, show_progress: bool) -> None:
+    def load_weights(self, model_dir: str, show_progress: bool = False) -> None:
+        """Read `model_dir`'s checkpoint into the model's tensors, in place (engine/llm_engine.py's
+        `update_weights` reads a later one so)."""
         files, stored_names = checkpoint_files(model_dir), None
         if self.model_config.multimodal is not None:  # the text model's tensors, by the names the model reads
             stored_names = {}

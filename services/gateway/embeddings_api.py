@@ -105,6 +105,7 @@ async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: st
     the tokens of them all); each input counts as a request against --max-num-requests while it is
     computed."""
     inputs = body.inputs()
+    await pipeline.pause.passed()
     try:
         pipeline.admit(len(inputs))  # each input a request, as each choice of a generation is
     except OverloadedError as e:

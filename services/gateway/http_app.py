@@ -81,6 +81,7 @@ from services.gateway.tool_parsers import (
     syntax_for,
     with_template_call_ids,
 )
+from services.gateway.weight_updates import WeightUpdates, add_weight_update_routes
 
 T = TypeVar("T")
 CANCEL_WAIT_S = 5.0  # how long a cancel waits for the gateway generating the response to stop it
@@ -387,9 +388,12 @@ def create_app(state: GatewayState) -> FastAPI:
 
     if state.lora_updates is not None:
         add_lora_update_routes(app, state.lora_updates)
-    add_prefix_cache_routes(app, [pool for pool in (state.pipeline.prefill, state.pipeline.decode) if pool is not None])
+    pools = [pool for pool in (state.pipeline.prefill, state.pipeline.decode) if pool is not None]
+    add_prefix_cache_routes(app, pools)
     add_sagemaker_routes(app)
-    add_sglang_routes(app, state, lambda model: check_model(state, model))
+    weight_updates = WeightUpdates(state.pipeline, pools)
+    abort_all = add_sglang_routes(app, state, lambda model: check_model(state, model), weight_updates)
+    add_weight_update_routes(app, weight_updates, abort_all)
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from services.gateway.request_errors import (
     error_reason,
     from_rpc_error,
 )
+from services.gateway.request_pause import RequestPause
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP
 from services.gateway.step_sources import Deadlines, StepSources
@@ -105,6 +106,7 @@ class RequestPipeline:
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
+        self.pause = RequestPause()  # held while every worker's weights are updated (weight_updates.py)
 
     @property
     def prefill_router(self):
@@ -153,6 +155,7 @@ class RequestPipeline:
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
         try:
+            await self.pause.passed()
             self.admit()
             is_admitted = True
             if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:

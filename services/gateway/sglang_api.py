@@ -13,6 +13,7 @@ and from `logprob_start_len` on the prompt's. The sampling fields are checked as
 checks them (services/gateway/sglang_protocol.py), their errors named as SGLang names the fields.
 `POST /abort_request` (`rid`, or `abort_all`) ends a sample wherever it is, as RL rollout loops end
 the ones they no longer need: its answer so far comes back with `{"type": "abort"}` as its finish.
+The weight updates those loops make between rounds are weight_updates.py's.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
 from services.gateway.sglang_protocol import AbortRequest, GenerateRequest, completion_request
+from services.gateway.weight_updates import WeightUpdates
 
 ABORTED = {"type": "abort", "message": "aborted by /abort_request"}
 
@@ -140,8 +142,10 @@ async def until_aborted(deltas: AsyncIterator[Delta], aborted: asyncio.Event) ->
             waiting.cancel()
 
 
-def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None]) -> None:
-    """`state`: the gateway's (http_app.GatewayState); `check_model`: a name's LoRA adapter, or a 404."""
+def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None],
+                      weights: WeightUpdates) -> Callable[[], int]:
+    """`state`: the gateway's (http_app.GatewayState); `check_model`: a name's LoRA adapter, or a 404;
+    `weights`: the mesh's weight updates (their version). Returns what ends every running sample (how many)."""
     pipeline = state.pipeline
     # Each running sample's abort, by its rid; gone with the sample (the last of a reused rid's wins).
     aborts: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
@@ -203,17 +207,20 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         answers = [shape.answer(i, output) for i, output in enumerate(outputs)]
         return JSONResponse(answers if shape.is_batch else answers[0])
 
+    def abort(rids: Sequence[str]) -> int:
+        found = [aborted for aborted in map(aborts.get, rids) if aborted is not None]
+        for aborted in found:
+            aborted.set()
+        return len(found)
+
     async def abort_request(request: Request):
         body = await parsed_body(request, AbortRequest)
-        for rid in list(aborts) if body.abort_all else [body.rid]:
-            aborted = aborts.get(rid)
-            if aborted is not None:
-                aborted.set()
+        abort(list(aborts) if body.abort_all else [body.rid])
         return JSONResponse({})
 
     async def get_model_info(request: Request):
         return JSONResponse({"model_path": state.model_name, "tokenizer_path": state.model_name,
-                             "is_generation": state.models.generates_text})
+                             "is_generation": state.models.generates_text, "weight_version": weights.weight_version})
 
     async def health_generate(request: Request):
         """SGLang's deep health check: one token generated through the mesh (200), or why not (503)."""
@@ -229,6 +236,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
     app.add_route("/abort_request", abort_request, methods=["POST"])
     app.add_route("/get_model_info", get_model_info, methods=["GET"])
     app.add_route("/health_generate", health_generate, methods=["GET"])
+    return lambda: abort(list(aborts))
 
 
 async def _events(choices: AsyncIterator[tuple[int, Delta]], first: tuple[int, Delta], outputs: list[_Output],

@@ -143,7 +143,8 @@ def test_ebnf_guides_the_text_as_the_regex_of_its_language(mesh):
 
 def test_model_info_and_the_generating_health_check(mesh):
     info = httpx.get(f"{mesh.gateway.base_url}/get_model_info", timeout=10).json()
-    assert info == {"model_path": mesh.model_name, "tokenizer_path": mesh.model_name, "is_generation": True}
+    assert info == {"model_path": mesh.model_name, "tokenizer_path": mesh.model_name, "is_generation": True,
+                    "weight_version": "default"}
     assert httpx.get(f"{mesh.gateway.base_url}/health_generate", timeout=60).status_code == 200
 
 
