@@ -13,6 +13,8 @@ uses:
   literals (after `<|python_start|>`, a special token, for Llama 4);
 - `qwen3_coder` (Qwen3-Coder, Qwen3-Next, Qwen3.5): XML calls, `<function=NAME>` and a
   `<parameter=NAME>` per argument, typed by the request's tool schemas (xml_tool_calls.py);
+- `seed_oss` (Seed-OSS): the same between `<seed:tool_call>` tags; `minimax_m2` (MiniMax-M2):
+  `<invoke name="NAME">` and a `<parameter name="KEY">` per argument, typed alike;
 - `glm45` (GLM-4.5 to 4.7): `<tool_call>NAME`, `<arg_key>`/`<arg_value>` pairs, typed alike;
 - `deepseek_v3`, `deepseek_v31` and `kimi_k2` (DeepSeek-V3 and R1-0528; V3.1 and V3.2; Kimi K2):
   calls between the models' special tokens (special_token_calls.py);
@@ -71,7 +73,7 @@ from services.gateway.errors import APIError
 from services.gateway.harmony import HarmonyCalls
 from services.gateway.special_token_calls import DeepSeekV3, DeepSeekV31, KimiK2
 from services.gateway.tool_calls import new_call_id, tool_call
-from services.gateway.xml_tool_calls import Glm45, Qwen3Coder
+from services.gateway.xml_tool_calls import Glm45, MiniMaxM2, Qwen3Coder, SeedOss
 
 
 class ToolCallSyntax(Protocol):
@@ -377,8 +379,9 @@ class RequiredCalls(_CallsOnly):
 PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "pythonic": Pythonic(),
                                       "mistral": Mistral(), "qwen3_coder": Qwen3Coder(), "glm45": Glm45(),
                                       "deepseek_v3": DeepSeekV3(), "deepseek_v31": DeepSeekV31(), "kimi_k2": KimiK2(),
-                                      "granite": Granite(), "phi4_mini_json": Phi4MiniJson(), "openai": HarmonyCalls()}
-TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45}
+                                      "granite": Granite(), "phi4_mini_json": Phi4MiniJson(), "openai": HarmonyCalls(),
+                                      "seed_oss": SeedOss(), "minimax_m2": MiniMaxM2()}
+TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45, "seed_oss": SeedOss, "minimax_m2": MiniMaxM2}
 
 
 def syntax_for(parser: str, tools: list[dict[str, Any]] | None) -> ToolCallSyntax:

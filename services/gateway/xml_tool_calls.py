@@ -20,6 +20,12 @@ text; integers, numbers and booleans are parsed, `null` is null; objects and arr
 JSON, else as Python literals; a value that does not parse, or a parameter the tool does not
 declare, stays text.
 
+`seed_oss` (Seed-OSS): the same calls between `<seed:tool_call>` and `</seed:tool_call>`.
+
+`minimax_m2` (MiniMax-M2): `<minimax:tool_call>`, then `<invoke name="NAME">` and a
+`<parameter name="KEY">VALUE</parameter>` per argument, typed as Qwen3-Coder's are, `</invoke>`
+and `</minimax:tool_call>`.
+
 `glm45` (GLM-4.5, 4.6 and 4.7): `<tool_call>NAME` then `<arg_key>KEY</arg_key>` and
 `<arg_value>VALUE</arg_value>` pairs, then `</tool_call>`, with or without newlines between. A
 value (stripped) stays text where its tool declares a string; any other is parsed as JSON, else as
@@ -107,12 +113,14 @@ class _ArgumentsByTag:
 
 
 class Qwen3Coder(_ArgumentsByTag):
+    start = START
+
     def call_start(self, text: str, at_start: bool) -> int | None:
-        starts = [at for at in (text.find(START), text.find(FUNCTION)) if at != -1]
+        starts = [at for at in (text.find(self.start), text.find(FUNCTION)) if at != -1]
         return min(starts) if starts else None
 
     def held_back(self, text: str, at_start: bool) -> int:
-        return max(begun_tag_length(text, START), begun_tag_length(text, FUNCTION))
+        return max(begun_tag_length(text, self.start), begun_tag_length(text, FUNCTION))
 
     def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
         for match in _FUNCTION.finditer(text):
@@ -122,6 +130,35 @@ class Qwen3Coder(_ArgumentsByTag):
     def _pairs(self, body: str) -> Iterator[tuple[str, str]]:
         for name, value in _PARAMETER.findall(body):
             yield name.strip(), value.removeprefix("\n").removesuffix("\n")
+
+    def _typed(self, value: str, declared: Any) -> Any:
+        return _converted(value, declared)
+
+
+class SeedOss(Qwen3Coder):
+    start = "<seed:tool_call>"
+
+
+class MiniMaxM2(_ArgumentsByTag):
+    START = "<minimax:tool_call>"
+    _INVOKE = re.compile(r'<invoke name=(?:"([^"\n]*)"|([^">\n]*))>(.*?)(?:</invoke>|$)', re.DOTALL)
+    _PARAMETER = re.compile(r'<parameter name=(?:"([^"\n]*)"|([^">\n]*))>(.*?)(?:</parameter>|$)', re.DOTALL)
+
+    def call_start(self, text: str, at_start: bool) -> int | None:
+        start = text.find(self.START)
+        return None if start == -1 else start
+
+    def held_back(self, text: str, at_start: bool) -> int:
+        return begun_tag_length(text, self.START)
+
+    def _calls(self, text: str) -> Iterator[tuple[str | None, str, bool]]:
+        for match in self._INVOKE.finditer(text):
+            name = (match[1] if match[1] is not None else match[2]).strip()
+            yield name or None, match[3], match.group(0).endswith("</invoke>")
+
+    def _pairs(self, body: str) -> Iterator[tuple[str, str]]:
+        for quoted, bare, value in self._PARAMETER.findall(body):
+            yield (quoted or bare).strip(), value.removeprefix("\n").removesuffix("\n")
 
     def _typed(self, value: str, declared: Any) -> Any:
         return _converted(value, declared)

@@ -17,7 +17,8 @@ MISTRAL_LISTED = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "
                   '{"name": "get_time", "arguments": {}}]')  # Mistral's tokenizer v3
 MISTRAL_NAMED = ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                  '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}')  # v11 and later
-QWEN3_CODER, GLM45 = PARSERS["qwen3_coder"], PARSERS["glm45"]
+QWEN3_CODER, GLM45, SEED_OSS, MINIMAX_M2 = (PARSERS[name] for name in ("qwen3_coder", "glm45", "seed_oss",
+                                                                         "minimax_m2"))
 DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2 = PARSERS["deepseek_v3"], PARSERS["deepseek_v31"], PARSERS["kimi_k2"]
 KIMI_K2_TEXT = ('Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
                 '<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|><|tool_call_begin|> '
@@ -32,6 +33,10 @@ GLM45_TEXT = ("Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<a
               "</tool_call><tool_call>get_time</tool_call>")
 QWEN3_CODER_TEXT = ("Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
                     "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
+SEED_OSS_TEXT = ("Let me look.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Zürich</parameter>\n"
+                 "</function>\n</seed:tool_call><seed:tool_call>\n<function=get_time>\n</function>\n</seed:tool_call>")
+MINIMAX_M2_TEXT = ('Let me look.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Zürich'
+                   '</parameter>\n</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>')
 REQUIRED, REQUIRED_TEXT = RequiredCalls(), ('[{"name": "get_weather", "parameters": {"city": "Zürich"}}, '
                                             '{"name": "get_time", "parameters": {}}]')  # tool_choice "required"
 GRANITE, PHI4_MINI = PARSERS["granite"], PARSERS["phi4_mini_json"]
@@ -119,6 +124,7 @@ def as_streamed(calls: list[dict]) -> list[tuple[str, str]]:
     (HERMES, HERMES_TEXT, "Let me look."), (LLAMA3, LLAMA3_TEXT, ""), (PYTHONIC, PYTHONIC_TEXT, ""),
     (MISTRAL, MISTRAL_LISTED, ""), (MISTRAL, MISTRAL_NAMED, "Let me look."), (REQUIRED, REQUIRED_TEXT, ""),
     (QWEN3_CODER, QWEN3_CODER_TEXT, "Let me look."), (GLM45, GLM45_TEXT, "Let me look."),
+    (SEED_OSS, SEED_OSS_TEXT, "Let me look."), (MINIMAX_M2, MINIMAX_M2_TEXT, "Let me look."),
     (DEEPSEEK_V3, DEEPSEEK_V3_TEXT, "Let me look."), (DEEPSEEK_V31, DEEPSEEK_V31_TEXT, "Let me look."),
     (KIMI_K2, KIMI_K2_TEXT, "Let me look."), (GRANITE, GRANITE_TEXT, ""), (GRANITE, LISTED_CALLS, ""),
     (PHI4_MINI, PHI4_MINI_TEXT, "Let me look.")])
@@ -136,7 +142,8 @@ STREAMING = [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (MISTRAL, MISTRAL_LIS
 
 
 @pytest.mark.parametrize(("syntax", "text"), [*STREAMING, (PYTHONIC, PYTHONIC_TEXT), (QWEN3_CODER, QWEN3_CODER_TEXT),
-                                          (GLM45, GLM45_TEXT), (DEEPSEEK_V3, DEEPSEEK_V3_TEXT),
+                                          (GLM45, GLM45_TEXT), (SEED_OSS, SEED_OSS_TEXT),
+                                          (MINIMAX_M2, MINIMAX_M2_TEXT), (DEEPSEEK_V3, DEEPSEEK_V3_TEXT),
                                           (DEEPSEEK_V31, DEEPSEEK_V31_TEXT), (KIMI_K2, KIMI_K2_TEXT)])
 def test_every_stream_of_a_reply_adds_up_to_its_calls(syntax, text):
     whole = as_whole(syntax.parse(text)[1])
@@ -255,6 +262,27 @@ def test_a_qwen3_coder_call_is_named_first_and_its_arguments_go_out_whole():
     assert stream.add("\n</parameter>\n") == ("", [])
     _, deltas = stream.add("</function>\n</tool_call>")
     assert deltas == [{"index": 0, "function": {"arguments": '{"days": 2}'}}]
+
+
+def test_minimax_m2_and_seed_oss_arguments_are_typed_as_qwen3_coders():
+    """The same parameters in each one's tags: the same typed arguments."""
+    values = {"city": "São Paulo", "days": "3", "celsius": "true", "hours": "[9, 17]", "note": "42", "spare": "null",
+              "code": "line one\n  line two"}
+    expected = {"city": "São Paulo", "days": 3, "celsius": True, "hours": [9, 17], "note": "42", "spare": None,
+                "code": "line one\n  line two"}
+    minimax = "".join(f'<parameter name="{k}">\n{v}\n</parameter>\n' for k, v in values.items())
+    seed = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+    for parser, text in (("minimax_m2", f'<minimax:tool_call>\n<invoke name="get_weather">\n{minimax}</invoke>\n'
+                                        "</minimax:tool_call>"),
+                         ("seed_oss", f"<seed:tool_call>\n<function=get_weather>\n{seed}</function>\n"
+                                      "</seed:tool_call>"),
+                         ("qwen3_coder", f"<tool_call>\n<function=get_weather>\n{seed}</function>\n</tool_call>")):
+        (call,) = syntax_for(parser, [WEATHER_TOOL]).parse(text)[1]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == expected, parser
+    for text in ('<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n',  # cut short
+                 '<minimax:tool_call>\n<invoke name="">\n</invoke>', "<seed:tool_call>\n</seed:tool_call>"):
+        assert syntax_for("minimax_m2" if "minimax" in text else "seed_oss", None).parse(text) == (text, [])
 
 
 def test_glm45_arguments_are_text_where_the_tool_says_string_and_parsed_elsewhere():

@@ -87,7 +87,8 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
     with pytest.raises(ConfigError,
                        match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, qwen3_coder, "
-                             "glm45, deepseek_v3, deepseek_v31, kimi_k2, granite, phi4_mini_json, openai, "
+                             "glm45, deepseek_v3, deepseek_v31, kimi_k2, granite, phi4_mini_json, openai, seed_oss, "
+                             "minimax_m2, "
                              "got 'granite4'"):
         GatewayConfig.from_args([*common, "--tool-call-parser", "granite4"], {})
     with pytest.raises(ConfigError, match="--tool-call-parser"):
@@ -127,11 +128,13 @@ def test_mistral_calls_come_back_with_ids_its_templates_take(mesh, hermes):
 @pytest.mark.parametrize(("parser", "call"), [
     ("qwen3_coder", r"Checking\.\n<tool_call>\n<function=get_forecast>\n<parameter=days>\n[1-7]\n</parameter>\n"
                     r"<parameter=city>\n(Oslo|Bern)\n</parameter>\n</function>\n</tool_call>"),
+    ("minimax_m2", r'Checking\.\n<minimax:tool_call>\n<invoke name="get_forecast">\n<parameter name="days">[1-7]'
+                   r'</parameter>\n<parameter name="city">(Oslo|Bern)</parameter>\n</invoke>\n</minimax:tool_call>'),
     ("glm45", r"Checking\.\n<tool_call>get_forecast\n<arg_key>days</arg_key>\n<arg_value>[1-7]</arg_value>\n"
               r"<arg_key>city</arg_key>\n<arg_value>(Oslo|Bern)</arg_value>\n</tool_call>"),
 ])
 def test_tagged_calls_come_back_typed_by_the_tools_schemas(mesh, parser, call):
-    """Qwen3-Coder's and GLM-4.5's calls, an argument a tag each: its text becomes the type its tool
+    """Qwen3-Coder's, MiniMax-M2's and GLM-4.5's calls, an argument a tag each: its text becomes the type its tool
     declares (an integer here), a string stays text."""
     tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": {
         "type": "object", "properties": {"days": {"type": "integer"}, "city": {"type": "string"}}}}}]
