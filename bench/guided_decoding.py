@@ -1,5 +1,6 @@
 """What structured output costs: decode throughput of guided requests against the same
-requests unguided, and the time to compile a JSON schema over each tokenizer's vocabulary.
+requests unguided, and what a JSON schema costs before its first token over each tokenizer's
+vocabulary.
 
     .venv/bin/python bench/guided_decoding.py [--model DIR] [--batch 16] [--max-tokens 64] [--rounds 5]
 
@@ -11,9 +12,13 @@ requests unguided, and the time to compile a JSON schema over each tokenizer's v
   second of engine time, best round of each. guided_vs_unguided (grammar_vs_unguided) is the
   regex (grammar) figure over the free one; mask_ms_per_step (grammar_mask_ms_per_step) the
   difference in time per step.
-- Compile: the index of a JSON schema with a string, an integer, an enum and an array,
-  over the model's vocabulary and each of ../shared/models' (cold, once each: the
-  workers cache what they compile), in ms.
+- Before the first token, over the model's vocabulary and each of ../shared/models', in ms:
+  the regex outlines-core would compile of a JSON schema with a string, an integer, an enum and
+  an array (schema_compile_ms), and of any JSON object (json_object_compile_ms), cold, once each
+  (the workers cache what they compile); against what the workers do with a JSON schema now,
+  llguidance's JSON grammar of it: its matcher made and its first mask computed
+  (schema_grammar_ms), with the vocabulary's llguidance tokenizer, made once per worker, apart
+  (grammar_vocabulary_ms).
 
 The last line of output is one JSON object with every figure.
 """
@@ -25,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from outlines_core.json_schema import build_regex_from_schema
 from tokenizers import Tokenizer
 
@@ -34,9 +40,10 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.local_mesh import log  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
-from engine.guided_decoding import GuideFactory  # noqa: E402
+from engine.guided_decoding import GuideFactory, allowed_mask  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from services.gateway.structured_output import ANY_JSON_OBJECT, schema_guide  # noqa: E402
 
 WORDS = r"([a-z]+ )+"
 WORDS_GRAMMAR = 'start: word+\nword: /[a-z]+/ " "'
@@ -64,6 +71,18 @@ def compile_ms(tokenizer_path: Path, regex: str) -> float:
     start = time.perf_counter()
     factory.index(regex)
     return (time.perf_counter() - start) * 1e3
+
+
+def grammar_ms(tokenizer_path: Path, grammar: str) -> tuple[float, float]:
+    """(the vocabulary's llguidance tokenizer, then the grammar's matcher and first mask), in ms."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    factory = GuideFactory(tokenizer, 0)
+    params = SamplingParams(guided_grammar=grammar)
+    start = time.perf_counter()
+    factory.compile(SamplingParams(guided_grammar='start: "warm"'))  # the tokenizer, once per worker
+    made = time.perf_counter()
+    allowed_mask([factory.guide(params)], tokenizer.get_vocab_size(), torch.device("cpu"))
+    return (made - start) * 1e3, (time.perf_counter() - made) * 1e3
 
 
 def main() -> None:
@@ -103,18 +122,27 @@ def main() -> None:
     grammar_mask_ms = (best["grammar"][1] - best["free"][1]) * 1e3
     log(f"grammar-guided {best['grammar'][0]:.0f} tok/s: {grammar_ratio:.2f}x; {grammar_mask_ms:.2f} ms more per "
         f"step of {args.batch} guided rows")
-    regex = build_regex_from_schema(json.dumps(SCHEMA))
-    compiles = {"model": compile_ms(Path(model_dir) / "tokenizer.json", regex)}
-    for shared in sorted(SHARED_MODELS.glob("*/tokenizer.json")) if SHARED_MODELS.is_dir() else ():
-        compiles[shared.parent.name] = compile_ms(shared, regex)
-    for name, ms in compiles.items():
-        log(f"JSON schema compiled over {name}'s vocabulary in {ms:.0f} ms")
+    regex, any_object = (build_regex_from_schema(json.dumps(schema)) for schema in (SCHEMA, ANY_JSON_OBJECT))
+    grammar = schema_guide(SCHEMA).grammar
+    tokenizers = {"model": Path(model_dir) / "tokenizer.json"}
+    tokenizers.update({path.parent.name: path for path in sorted(SHARED_MODELS.glob("*/tokenizer.json"))}
+                      if SHARED_MODELS.is_dir() else {})
+    compiles, object_compiles, vocabularies, grammars = {}, {}, {}, {}
+    for name, path in tokenizers.items():
+        compiles[name], object_compiles[name] = compile_ms(path, regex), compile_ms(path, any_object)
+        vocabularies[name], grammars[name] = grammar_ms(path, grammar)
+        log(f"{name}'s vocabulary: the JSON schema's regex compiled in {compiles[name]:.0f} ms, any JSON "
+            f"object's in {object_compiles[name]:.0f} ms; its JSON grammar's first mask in {grammars[name]:.1f} ms "
+            f"(the vocabulary's llguidance tokenizer, once a worker: {vocabularies[name]:.0f} ms)")
     print(json.dumps({"guided_tok_s": round(best["guided"][0], 1), "unguided_tok_s": round(best["free"][0], 1),
                       "guided_vs_unguided": round(ratio, 3), "mask_ms_per_step": round(mask_ms, 3),
                       "grammar_tok_s": round(best["grammar"][0], 1), "grammar_vs_unguided": round(grammar_ratio, 3),
                       "grammar_mask_ms_per_step": round(grammar_mask_ms, 3),
                       "batch": args.batch, "max_tokens": args.max_tokens,
-                      "schema_compile_ms": {k: round(v, 1) for k, v in compiles.items()}}), flush=True)
+                      "schema_compile_ms": {k: round(v, 1) for k, v in compiles.items()},
+                      "json_object_compile_ms": {k: round(v, 1) for k, v in object_compiles.items()},
+                      "schema_grammar_ms": {k: round(v, 2) for k, v in grammars.items()},
+                      "grammar_vocabulary_ms": {k: round(v, 1) for k, v in vocabularies.items()}}), flush=True)
 
 
 if __name__ == "__main__":

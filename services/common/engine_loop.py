@@ -181,6 +181,13 @@ class EngineLoop:
         if params.is_guided:
             await asyncio.to_thread(self.engine.guides.compile, params)
 
+    async def prepare_guides(self) -> None:
+        """Read the vocabulary for guided decoding (outlines-core's and llguidance's tables of it: seconds
+        for a large one) on a worker thread, at warm-up rather than in a first guided request's time;
+        nothing for an encoder or a model without a tokenizer.json."""
+        if self.engine.tokenizer is not None and not self.engine.is_encoder:
+            await asyncio.to_thread(self.engine.guides.compile, SamplingParams(guided_grammar='start: "warm"'))
+
     async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
         return await self.call(lambda engine: engine.reserve(request_id, num_tokens))
 

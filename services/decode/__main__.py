@@ -91,7 +91,9 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
 async def warm_up(engine_loop: EngineLoop, block_size: int, max_model_len: int, num_blocks: int) -> None:
     """Dummy requests through both ways in: reserve → add_prefilled_request → decode (the pages
     hold zeros), and, beside them, whole prompts prefilled here (GenerateLocally: chunked
-    prefill mixed with decode steps), of a token, a block and a bit, and a few hundred."""
+    prefill mixed with decode steps), of a token, a block and a bit, and a few hundred; the vocabulary
+    read for guided decoding."""
+    await engine_loop.prepare_guides()
     prompt = [1] * (block_size + 1)
     streams = []
     for i, params in enumerate(WARMUP_PARAMS):

@@ -188,7 +188,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             # top_k and min_p have no presence: 0, their "off", takes the default (-1 turns top_k off for good).
             defaults.fill(sampling, top_k_given=sampling.top_k != 0, min_p_given=sampling.min_p != 0)
         if forced:  # the text is guided to the call
-            sampling.guided_regex = tools.forced.regex
+            tools.forced.guide.write_into(sampling)
         skip_special_tokens = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         if keeps_special_tokens(tools.syntax if tools is not None else None, reasoning):
             skip_special_tokens = False

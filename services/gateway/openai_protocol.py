@@ -363,7 +363,7 @@ class ChatCompletionRequest(_SamplingFields):
         if self._forced_tool_call is not None:
             if self._output_guide is not None:
                 raise FieldError("tool_choice", "a forced tool call and a structured output cannot both be asked for")
-            self._output_guide = OutputGuide(regex=self._forced_tool_call.regex)
+            self._output_guide = self._forced_tool_call.guide
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:

@@ -5,10 +5,13 @@ OpenAI's `response_format` (`json_object`: a JSON object; `json_schema`: one its
 allows; vLLM's `structural_tag`), vLLM's extras `guided_json` (a schema), `guided_regex`,
 `guided_choice` (one of the strings given) and `guided_grammar` (Lark or GBNF), or the same in
 vLLM's newer `structured_outputs` object (`json`, `regex`, `choice`, `json_object`, `grammar`,
-`structural_tag`). A JSON schema becomes a regex by outlines-core, as vLLM's outlines backend
-does it: the JSON it allows has a bounded nesting depth and single spaces at most between
-tokens. A grammar goes to the workers as it came, once it is known to compile (engine/grammars.py),
-a structural tag as the llguidance grammar it stands for. One request may ask for one of them.
+`structural_tag`). A regex or a choice goes to the workers as a regex (outlines-core compiles it);
+a JSON schema as llguidance's JSON grammar of it, as vLLM's guidance backend does it: nothing to
+compile ahead (a regex of any JSON object took outlines-core seconds for a small vocabulary), any
+nesting depth, single spaces at most between tokens, objects that list their properties closed to
+others unless they say otherwise (as outlines-core and vLLM's default xgrammar read them). A
+grammar goes as it came, once it is known to compile (engine/grammars.py), a structural tag as the
+llguidance grammar it stands for. One request may ask for one of them.
 """
 from __future__ import annotations
 
@@ -17,21 +20,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llguidance import StructTag
-from outlines_core.json_schema import build_regex_from_schema
+from llguidance import LLMatcher, StructTag
 
 from engine.grammars import check_grammar
 from protos import common_pb2
 from services.gateway.errors import FieldError
 
-# What `json_object` allows, and a function without parameters takes: an open object (with the
-# nesting depth outlines-core writes one to).
+# What `json_object` allows, and a function without parameters takes: an open object.
 ANY_JSON_OBJECT = {"type": "object"}
 
 
-# How a structural tag's JSON is laid out: as json.dumps writes it. llguidance's default, any whitespace
-# anywhere, lets a model pad its arguments with runs of newlines.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# How guided JSON is laid out: a space at most between tokens. llguidance's default, any whitespace
+# anywhere, lets a model pad it with runs of newlines.
+JSON_LAYOUT = {"whitespace_pattern": "[ ]?"}
 
 
 @dataclass(frozen=True)
@@ -99,15 +100,38 @@ def _guide(name: str, value: Any) -> OutputGuide:
         grammar = structural_tag_grammar(value)
         check_grammar(grammar)  # its schemas': llguidance's JSON compiler takes most, not all
         return OutputGuide(grammar=grammar)
-    return OutputGuide(regex=schema_regex(value))  # a JSON schema: guided_json or structured_outputs' json(_object)
+    return schema_guide(value)  # a JSON schema: guided_json or structured_outputs' json(_object)
 
 
-def schema_regex(schema: dict[str, Any] | str) -> str:
-    """The regex of the JSON a schema allows; ValueError when outlines-core cannot use it."""
+def schema_guide(schema: dict[str, Any] | str) -> OutputGuide:
+    """The guide of the JSON a schema allows; ValueError when llguidance cannot use it."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the JSON schema is not JSON: {e}") from None
+    if not isinstance(schema, dict | bool):
+        raise ValueError("the JSON schema must be an object")
+    grammar = LLMatcher.grammar_from_json_schema(closed_objects(schema), overrides=JSON_LAYOUT)
     try:
-        return build_regex_from_schema(schema if isinstance(schema, str) else json.dumps(schema))
-    except (ValueError, TypeError) as e:  # outlines-core's words, e.g. "Unsupported type: nonsense"
-        raise ValueError(f"the JSON schema cannot be used: {e}") from None
+        check_grammar(grammar)
+    except ValueError as e:  # llguidance's words, e.g. "Invalid type: nonsense"
+        raise ValueError(str(e).replace("the grammar cannot be compiled", "the JSON schema cannot be used")) from None
+    return OutputGuide(grammar=grammar)
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with each object that lists its properties held to them unless it says otherwise
+    (`additionalProperties`), as vLLM's default backend (xgrammar, strict) and outlines-core read a
+    schema: a model given a tool's parameters writes those, not keys of its own."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: closed_objects(value) for key, value in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        closed["additionalProperties"] = False
+    return closed
 
 
 def structural_tag_grammar(spec: dict[str, Any] | str) -> str:
@@ -133,7 +157,8 @@ def structural_tag_grammar(spec: dict[str, Any] | str) -> str:
         trigger = next((t for t in triggers if begin.startswith(t)), None)
         if trigger is None:
             raise ValueError(f"the structure beginning {begin!r} starts with none of the triggers")
-        tags.append(StructTag(trigger=trigger, begin=begin, grammar={**schema, "x-guidance": JSON_LAYOUT}, end=end))
+        arguments = {**closed_objects(schema), "x-guidance": JSON_LAYOUT}
+        tags.append(StructTag(trigger=trigger, begin=begin, grammar=arguments, end=end))
     # A trigger is matched as text: a model writing it as one special token would never set it off.
     return StructTag.to_grammar(tags, assume_special=False)
 
@@ -146,12 +171,12 @@ def _formatted(response_format: dict[str, Any]) -> OutputGuide:
     """What OpenAI's `response_format` (not plain text) asks for."""
     kind = response_format.get("type")
     if kind == "json_object":
-        return OutputGuide(regex=schema_regex(ANY_JSON_OBJECT))
+        return schema_guide(ANY_JSON_OBJECT)
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
             raise ValueError("response_format json_schema needs json_schema.schema, a JSON schema object")
-        return OutputGuide(regex=schema_regex(schema))
+        return schema_guide(schema)
     if kind == "structural_tag":
         return _guide("structured_outputs.structural_tag", response_format)
     raise ValueError(f"response_format type must be text, json_object, json_schema or structural_tag, got {kind!r}")

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.structured_output import ANY_JSON_OBJECT, schema_regex
+from services.gateway.structured_output import ANY_JSON_OBJECT, OutputGuide, schema_guide
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class ForcedToolCall:
     tools: tuple[dict[str, Any], ...]
 
     @property
-    def regex(self) -> str:
-        return schema_regex(self._schema())
+    def guide(self) -> OutputGuide:
+        return schema_guide(self._schema())
 
     def named_call(self, text: str, call_id: str) -> dict[str, Any] | None:
         """The named function's call the guided text makes, its arguments as the model wrote them

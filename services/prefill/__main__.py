@@ -72,7 +72,9 @@ def warmup_lengths(engine: LLMEngine) -> list[int]:
 
 
 async def warm_up(engine_loop: EngineLoop, lengths: list[int]) -> None:
-    """Dummy prefill-only requests of several lengths, batched together, their pages released."""
+    """Dummy prefill-only requests of several lengths, batched together, their pages released; the
+    vocabulary read for guided decoding."""
+    await engine_loop.prepare_guides()
     for i, n in enumerate(lengths):
         streams = []
         for j, params in enumerate(WARMUP_PARAMS):

@@ -3,13 +3,16 @@ token for token as its regex does, a nested one keeps its brackets, and a struct
 what follows its trigger. (Handed from a prefill engine to a decode engine: test_guided_decoding.py.)"""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
 import pytest
+import torch
 
+from engine.guided_decoding import allowed_mask
 from engine.sampling_params import SamplingParams
-from services.gateway.structured_output import structural_tag_grammar
+from services.gateway.structured_output import schema_guide, structural_tag_grammar
 from tests.parity.conftest import shared_model_dirs
 from tests.unit.test_disaggregation import assert_clean, finish
 from tests.unit.test_engine import run_all
@@ -37,8 +40,12 @@ def is_nested(s: str) -> bool:
         s = reduced
 
 
-@pytest.mark.parametrize("model_dir", ["demo", *shared_model_dirs()], ids=lambda d: getattr(d, "name", d))
-@pytest.mark.parametrize("syntax", sorted(DATE_GRAMMARS))
+# Each syntax on the demo model, and one on each shared model (a second costs seconds of a large vocabulary).
+GRAMMAR_MODELS = [("demo", "gbnf"), ("demo", "lark"),
+                  *zip(shared_model_dirs(), itertools.cycle(sorted(DATE_GRAMMARS)), strict=False)]
+
+
+@pytest.mark.parametrize(("model_dir", "syntax"), GRAMMAR_MODELS, ids=lambda d: getattr(d, "name", d))
 def test_a_grammar_of_a_regular_language_guides_as_its_regex(model_dir, syntax, tiny_demo_model):
     """Both guides allow exactly the tokens that keep the text inside the language, so the same
     requests make the same tokens, greedy or sampled, batched with each other. But for a vocabulary
@@ -106,7 +113,7 @@ def test_a_grammar_guide_can_wait_for_the_end_of_thinking(tiny_demo_model, synta
 
 def test_a_structural_tag_holds_the_text_after_its_trigger(tiny_demo_model):
     """vLLM's structural tag: the text is free until a trigger, then the structure beginning with it
-    (the rest of its begin, JSON its schema allows laid out as json.dumps does, its end), then free
+    (the rest of its begin, JSON its schema allows with a space at most between tokens, its end), then free
     again. (Free text is valid UTF-8: a byte token that cannot go on a character is held back.)"""
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
               "additionalProperties": False}
@@ -122,7 +129,45 @@ def test_a_structural_tag_holds_the_text_after_its_trigger(tiny_demo_model):
         out = outs[f"s{seed}"]
         assert out.token_ids[:len(said)] == said
         written = text(engine, out.token_ids[len(said):])
-        assert written.startswith('get_weather>{"city": "'), written
+        assert written.startswith("get_weather>{"), written
         arguments, end, _ = written.removeprefix("get_weather>").partition("</function>")
         assert end and set(json.loads(arguments)) == {"city"} and len(json.loads(arguments)["city"]) <= 8, written
     assert_clean(engine)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "pets": {"type": "array", "items": {"type": "object", "properties": {
+                                               "kind": {"enum": ["cat", "dog"]}}}}}, "required": ["name"]}
+
+
+def follows(engine, grammar: str, text: str) -> bool:
+    """Whether `text` (encoded by the model's tokenizer) is a whole text of `grammar`."""
+    guide = engine.guides.guide(SamplingParams(guided_grammar=grammar))
+    try:
+        for token_id in engine.tokenizer.encode(text, add_special_tokens=False).ids:
+            guide.advance(token_id)
+    except ValueError:
+        return False
+    return bool(allowed_mask([guide], engine.model_config.vocab_size, torch.device("cpu"))[0, engine.eos_token_ids[0]])
+
+
+def test_a_json_schema_guide_holds_objects_to_their_properties_at_any_depth(tiny_demo_model):
+    """The gateway's guide of a JSON schema (llguidance's JSON grammar): objects that list their
+    properties take no others (as outlines-core and xgrammar read them), an open object any, nested
+    as deep as it likes; a space at most between tokens."""
+    engine = make_engine(tiny_demo_model)
+    person, anything = schema_guide(PERSON).grammar, schema_guide({"type": "object"}).grammar
+    assert follows(engine, person, '{"name": "Ada", "age": 36, "pets": [{"kind": "cat"}]}')
+    assert follows(engine, person, '{"name":"Ada"}')
+    assert not follows(engine, person, '{"name": "Ada", "nickname": "A"}')  # not among its properties
+    assert not follows(engine, person, '{"name": "Ada", "pets": [{"kind": "cat", "age": 2}]}')  # nor nested
+    assert not follows(engine, person, '{"age": 36}')  # name is required
+    assert not follows(engine, person, '{"name":  "Ada"}')  # two spaces
+    assert follows(engine, anything, '{"a": {"b": {"c": {"d": {"e": {"f": [1, {"g": null}]}}}}}}')
+    assert follows(engine, anything, '{"any": "key", "at": 1}')
+    outs = run_all(engine, {f"s{seed}": (PROMPT, SamplingParams(max_tokens=60, temperature=1.0, seed=seed,
+                                                                guided_grammar=person)) for seed in range(4)})
+    for out in outs.values():
+        if out.finish_reason == "stop":
+            written = json.loads(text(engine, out.token_ids))
+            assert "name" in written and set(written) <= {"name", "age", "pets"}
