@@ -10,6 +10,7 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
   and so does `deepseek_v3` (DeepSeek-V3.1 and V3.2, whose template ends the prompt with `<think>`
   when `chat_template_kwargs` has `thinking` true, with `</think>` otherwise: vLLM's reads R1's way
   or not at all by that same switch);
+- `seed_oss` (Seed-OSS): as `qwen3`, between `<seed:think>` and `</seed:think>`;
 - `openai_gptoss` (gpt-oss): no tags but harmony's channels, read by harmony.py; a guided reply
   thinks freely and is guided from the token after `<|channel|>final<|message|>`, where the
   tokenizer has `<|channel|>` and `<|message|>` as tokens (gpt-oss's does), else from the first token
@@ -35,28 +36,42 @@ from dataclasses import dataclass
 from services.gateway.call_text import begun_tag_length
 from services.gateway.harmony import CHANNEL as HARMONY_CHANNEL, MESSAGE as HARMONY_MESSAGE, HarmonyReasoning
 
-START, END = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3", "glm45", "deepseek_v3", "openai_gptoss")
+PARSERS = ("deepseek_r1", "qwen3", "glm45", "deepseek_v3", "seed_oss", "openai_gptoss")
 HARMONY = "openai_gptoss"
 PROMPT_TAIL_TOKENS = 8  # enough to hold "<think>\n" however a tokenizer splits it
 
 
-def prompt_opens_thinking(prompt_tail: str) -> bool:
-    """Whether the prompt ends inside a think block its template opened."""
-    return prompt_tail.rfind(START) > prompt_tail.rfind(END)
+@dataclass(frozen=True)
+class ThinkTags:
+    """What opens and closes a model's thinking."""
+
+    start: str = "<think>"
+    end: str = "</think>"
+
+    def prompt_opens(self, prompt_tail: str) -> bool:
+        """Whether the prompt ends inside a think block its template opened."""
+        return prompt_tail.rfind(self.start) > prompt_tail.rfind(self.end)
+
+    def prompt_closes(self, prompt_tail: str) -> bool:
+        """Whether the prompt ends after a think block its template closed (thinking switched off)."""
+        return prompt_tail.rfind(self.end) > prompt_tail.rfind(self.start)
 
 
-def prompt_closes_thinking(prompt_tail: str) -> bool:
-    """Whether the prompt ends after a think block its template closed (thinking switched off)."""
-    return prompt_tail.rfind(END) > prompt_tail.rfind(START)
+THINK = ThinkTags()
+TAGS = {"seed_oss": ThinkTags("<seed:think>", "</seed:think>")}  # the others': THINK
+
+
+def tags_of(parser: str) -> ThinkTags:
+    return TAGS.get(parser, THINK)
 
 
 def starts_thinking(parser: str, prompt_tail: str, is_guided_from_start: bool) -> bool | None:
     """How a reply starts: thinking (True), answering (False), or as its first characters will say
     (None: thinking if they open a think block)."""
-    if is_guided_from_start or prompt_closes_thinking(prompt_tail):
+    tags = tags_of(parser)
+    if is_guided_from_start or tags.prompt_closes(prompt_tail):
         return None
-    if parser == "deepseek_r1" or prompt_opens_thinking(prompt_tail):
+    if parser == "deepseek_r1" or tags.prompt_opens(prompt_tail):
         return True
     return None
 
@@ -66,6 +81,7 @@ class StreamedReasoning:
     """One choice's text split into thinking and answer: `add` each delta, `finish` at the end."""
 
     is_thinking: bool | None  # None: undecided, the text may still open a think block
+    tags: ThinkTags = THINK
     has_thought: bool = False  # some of the text was thinking (a reply with none has no `reasoning`)
     _held: str = ""
     _is_at_start: bool = True  # a `<think>` here opens the thinking (or, begun already, is dropped)
@@ -73,11 +89,12 @@ class StreamedReasoning:
     def add(self, delta: str) -> tuple[str, str]:
         """(thinking, answer) to send now."""
         text, self._held = self._held + delta, ""
+        start, end_tag = self.tags.start, self.tags.end
         if self._is_at_start:
             stripped = text.lstrip()
-            if stripped.startswith(START):
-                self.is_thinking, text = True, stripped[len(START):]
-            elif START.startswith(stripped):  # blank, or a possible start of the tag: wait
+            if stripped.startswith(start):
+                self.is_thinking, text = True, stripped[len(start):]
+            elif start.startswith(stripped):  # blank, or a possible start of the tag: wait
                 self._held = text
                 return "", ""
             elif self.is_thinking is None:
@@ -86,13 +103,13 @@ class StreamedReasoning:
         if not self.is_thinking:
             return "", text
         self.has_thought = True
-        end = text.find(END)
+        end = text.find(end_tag)
         if end == -1:
-            keep = begun_tag_length(text, END)
+            keep = begun_tag_length(text, end_tag)
             self._held = text[len(text) - keep:]
             return text[:len(text) - keep], ""
         self.is_thinking = False
-        return text[:end], text[end + len(END):]
+        return text[:end], text[end + len(end_tag):]
 
     def finish(self) -> tuple[str, str]:
         """(thinking, answer) still held: a tag never completed is text."""
@@ -121,7 +138,7 @@ class ReasoningReader:
         """What splits one reply to `prompt_token_ids` as it streams."""
         if self.parser == HARMONY:
             return HarmonyReasoning()
-        return StreamedReasoning(self.start(prompt_token_ids))
+        return StreamedReasoning(self.start(prompt_token_ids), tags_of(self.parser))
 
     def guide_after(self, prompt_token_ids: Sequence[int]) -> tuple[int, ...] | None:
         """The tokens a guided reply's guide waits for: the end of its thinking. None: the guide holds
@@ -139,7 +156,7 @@ class ReasoningReader:
         return starts_thinking(self.parser, tail, is_guided_from_start)
 
     def _guide_after(self, prompt_tail: str) -> tuple[int, ...] | None:
-        return None if prompt_closes_thinking(prompt_tail) else self.end_token_ids
+        return None if tags_of(self.parser).prompt_closes(prompt_tail) else self.end_token_ids
 
     def _tail(self, prompt_token_ids: Sequence[int]) -> str:
         return self.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))
@@ -161,5 +178,5 @@ def _end_token_ids(parser: str, tokenizer) -> tuple[int, ...] | None:
         if channel is None or message is None:
             return None
         return (channel, *tokenizer.encode("final", add_special_tokens=False), message)
-    end = tokenizer.token_to_id(END)
+    end = tokenizer.token_to_id(tags_of(parser).end)
     return None if end is None else (end,)

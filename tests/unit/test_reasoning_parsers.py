@@ -8,7 +8,7 @@ import pytest
 from services.gateway.deltas import Delta, Usage
 from services.gateway.openai_protocol import ChatMessage
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning, starts_thinking
+from services.gateway.reasoning_parsers import TAGS, THINK, ReasoningReader, StreamedReasoning, starts_thinking
 from services.tokenizer.converters import chat_message_to_proto, chat_messages_from_proto
 
 # (text, how it starts, reasoning, content)
@@ -72,10 +72,17 @@ def test_the_tokens_a_reply_thought_for_are_counted_whole_and_streamed():
     assert "completion_tokens_details" not in plain.usage  # no parser, no count
 
 
+SEED_OSS = TAGS["seed_oss"]
+
+
+@pytest.mark.parametrize("tags", [THINK, SEED_OSS], ids=["think", "seed_oss"])
 @pytest.mark.parametrize("text, start, reasoning, content", CASES)
-def test_a_stream_cut_anywhere_sends_what_the_whole_reply_gives(text, start, reasoning, content):
+def test_a_stream_cut_anywhere_sends_what_the_whole_reply_gives(text, start, reasoning, content, tags):
+    if tags is SEED_OSS:  # the same cases in Seed-OSS's tags
+        text, reasoning, content = (x and x.replace("<think>", tags.start).replace("</think>", tags.end)
+                                    for x in (text, reasoning, content))
     for cuts in [(i,) for i in range(len(text) + 1)] + [(i, j) for i in range(len(text)) for j in range(i, len(text))]:
-        stream = StreamedReasoning(start)
+        stream = StreamedReasoning(start, tags)
         pieces = [text[a:b] for a, b in zip((0, *cuts), (*cuts, len(text)))]
         sent = [stream.add(piece) for piece in pieces] + [stream.finish()]
         thought, answer = "".join(t for t, _ in sent), "".join(a for _, a in sent)
@@ -108,6 +115,10 @@ def test_where_a_reply_starts():
     glm = "<|assistant|>"
     assert starts_thinking("glm45", glm, is_guided_from_start=False) is None
     assert starts_thinking("glm45", glm + "<think>", is_guided_from_start=False) is True
+    # Seed-OSS reads as Qwen3, in its own tags.
+    assert starts_thinking("seed_oss", "<seed:bos>assistant\n", is_guided_from_start=False) is None
+    assert starts_thinking("seed_oss", "assistant\n<seed:think>", is_guided_from_start=False) is True
+    assert starts_thinking("seed_oss", "assistant\n<think>", is_guided_from_start=False) is None  # not its tag
     # DeepSeek-V3.1's template opens the thinking with `thinking` true, and closes it otherwise.
     for assistant in ("<｜Assistant｜><think>", "<｜Assistant｜></think>"):
         thinking = starts_thinking("deepseek_v3", assistant, is_guided_from_start=False)
