@@ -75,25 +75,42 @@ def token_bytes(tokenizer: Tokenizer) -> dict[int, bytes]:
     return table
 
 
+class RegexGuide:
+    """A sequence's place in its regex's index (outlines-core's `Guide`)."""
+
+    def __init__(self, guide: Guide, num_words: int):
+        self._guide = guide
+        self.num_words = num_words  # of its masks: the vocabulary's, at 32 tokens a word
+
+    def advance(self, token_id: int) -> None:
+        self._guide.advance(token_id, return_tokens=False)
+
+    def write_mask_into(self, words: np.ndarray) -> None:
+        """The tokens its state allows, into `words`' first `num_words` (bit j of word i: token 32 i + j)."""
+        self._guide.write_mask_into(words.ctypes.data, self.num_words, 4)
+
+
 class GrammarGuide:
-    """A sequence's place in its grammar, read and moved as outlines-core's `Guide` is."""
+    """A sequence's place in its grammar (llguidance's matcher), read and moved as a RegexGuide is."""
 
-    def __init__(self, matcher: LLMatcher):
+    def __init__(self, matcher: LLMatcher, num_words: int):
         self._matcher = matcher
+        self.num_words = num_words
 
-    def advance(self, token_id: int, return_tokens: bool = False) -> None:
+    def advance(self, token_id: int) -> None:
         if not self._matcher.consume_token(token_id):
             raise ValueError(f"token {token_id} does not follow guided_grammar")
 
-    def write_mask_into(self, data_ptr: int, numel: int, element_size: int) -> None:
-        self._matcher.unsafe_compute_mask_ptr(data_ptr, numel * element_size)
+    def write_mask_into(self, words: np.ndarray) -> None:
+        self._matcher.unsafe_compute_mask_ptr(words.ctypes.data, self.num_words * 4)
 
 
 class GuideFactory:
     """Guides for one model's vocabulary. `eos_token_id`: the one a complete text may end with
     (a model's other EOS ids are never allowed under a guide); `vocab_size`: the width of the
-    model's logits, which a grammar's masks cover. Thread-safe: services compile on worker
-    threads while the engine's thread takes guides."""
+    model's logits. Masks cover it and the tokenizer's vocabulary, whichever is larger (a model may
+    have fewer rows than its tokenizer has tokens, or more). Thread-safe: services compile on
+    worker threads while the engine's thread takes guides."""
 
     def __init__(self, tokenizer: Tokenizer, eos_token_id: int, vocab_size: int | None = None):
         by_bytes: dict[bytes, list[int]] = {}
@@ -104,7 +121,8 @@ class GuideFactory:
         self._indexes: OrderedDict[str, Index] = OrderedDict()
         self._lock = threading.Lock()
         self._tokenizer, self._eos_token_id = tokenizer, eos_token_id
-        self._vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
+        self._mask_size = max(vocab_size or 0, tokenizer.get_vocab_size(with_added_tokens=True))
+        self._num_words = -(-self._mask_size // 32)
         self._grammar_tokenizer: LLTokenizer | None = None  # made for the first grammar: a second or so
         self._grammars: OrderedDict[str, LLMatcher] = OrderedDict()  # each grammar's matcher at its start
 
@@ -115,11 +133,11 @@ class GuideFactory:
         elif params.guided_grammar is not None:
             self._grammar_start(params.guided_grammar)
 
-    def guide(self, params: SamplingParams) -> Guide | GrammarGuide:
+    def guide(self, params: SamplingParams) -> RegexGuide | GrammarGuide:
         """A new guide at the start of what `params` guide by (a guided_regex or a guided_grammar)."""
         if params.guided_regex is not None:
-            return Guide(self.index(params.guided_regex))
-        return GrammarGuide(self._grammar_start(params.guided_grammar).deep_copy())
+            return RegexGuide(Guide(self.index(params.guided_regex)), self._num_words)
+        return GrammarGuide(self._grammar_start(params.guided_grammar).deep_copy(), self._num_words)
 
     def index(self, regex: str) -> Index:
         """The compiled index of `regex`; ValueError when it cannot be compiled."""
@@ -136,7 +154,7 @@ class GuideFactory:
 
     def _compile_grammar(self, grammar: str) -> LLMatcher:
         if self._grammar_tokenizer is None:  # two threads may both make it: no harm, and no lock held so long
-            self._grammar_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=self._vocab_size,
+            self._grammar_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=self._mask_size,
                                                   eos_token=self._eos_token_id)
         matcher = LLMatcher(self._grammar_tokenizer, grammar_definition(grammar), log_level=0)
         if matcher.is_error():
@@ -158,11 +176,12 @@ class GuideFactory:
         return value
 
 
-def allowed_mask(guides: list[Guide], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[len(guides), vocab_size] bool: the tokens each guide's state allows."""
-    num_words = -(-vocab_size // 32)
+def allowed_mask(guides: list[RegexGuide | GrammarGuide], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[len(guides), vocab_size] bool: the tokens each guide's state allows (of the logits' `vocab_size`:
+    a token past them, the tokenizer's alone, is never sampled)."""
+    num_words = max(-(-vocab_size // 32), *(guide.num_words for guide in guides))
     words = np.zeros((len(guides), num_words), dtype=np.int32)
     for row, guide in enumerate(guides):
-        guide.write_mask_into(words[row].ctypes.data, num_words, 4)  # bit j of word i: token 32 i + j
+        guide.write_mask_into(words[row])
     bits = (torch.from_numpy(words).unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.reshape(len(guides), -1)[:, :vocab_size].bool().to(device)

@@ -95,7 +95,7 @@ class Sequence:
             self._waited = (*self._waited, token_id)[-len(after):]
             self.is_guide_waiting = self._waited != after
         elif self.guide is not None:
-            self.guide.advance(token_id, return_tokens=False)
+            self.guide.advance(token_id)
 
     def __len__(self) -> int:
         return len(self.token_ids)

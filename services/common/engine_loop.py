@@ -185,8 +185,12 @@ class EngineLoop:
         """Read the vocabulary for guided decoding (outlines-core's and llguidance's tables of it: seconds
         for a large one) on a worker thread, at warm-up rather than in a first guided request's time;
         nothing for an encoder or a model without a tokenizer.json."""
-        if self.engine.tokenizer is not None and not self.engine.is_encoder:
+        if self.engine.tokenizer is None or self.engine.is_encoder:
+            return
+        try:
             await asyncio.to_thread(self.engine.guides.compile, SamplingParams(guided_grammar='start: "warm"'))
+        except ValueError as e:  # a vocabulary llguidance cannot read: guided requests are refused, the rest served
+            log.warning("guided decoding is unavailable: %s", e)
 
     async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
         return await self.call(lambda engine: engine.reserve(request_id, num_tokens))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 
 import pytest
 import torch
 
+from engine.demo_model import make_demo_model
 from engine.guided_decoding import allowed_mask
 from engine.sampling_params import SamplingParams
 from services.gateway.structured_output import schema_guide, structural_tag_grammar
@@ -17,6 +19,7 @@ from tests.parity.conftest import shared_model_dirs
 from tests.unit.test_disaggregation import assert_clean, finish
 from tests.unit.test_engine import run_all
 from tests.unit.test_guided_decoding import DATE, NESTED, PROMPT, make_engine, text
+from tests.unit.test_weight_update import SHAPE
 
 DATE_GRAMMARS = {"gbnf": 'root ::= [0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" [0-3] [0-9]',
                  "lark": "start: /[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]/"}
@@ -171,3 +174,18 @@ def test_a_json_schema_guide_holds_objects_to_their_properties_at_any_depth(tiny
         if out.finish_reason == "stop":
             written = json.loads(text(engine, out.token_ids))
             assert "name" in written and set(written) <= {"name", "age", "pets"}
+
+
+def test_guides_serve_a_model_with_fewer_rows_than_its_tokenizer_has_tokens(tiny_demo_model, tmp_path):
+    """DeepSeek's tiny test model reads the demo tokenizer's 1024 tokens with 512 rows: the masks cover
+    the tokenizer's vocabulary, and only the model's rows are sampled."""
+    model_dir = make_demo_model(tmp_path / "narrow", seed=3, **{**SHAPE, "vocab_size": 512})
+    shutil.copy(tiny_demo_model / "tokenizer.json", model_dir / "tokenizer.json")
+    engine = make_engine(model_dir)
+    assert engine.tokenizer.get_vocab_size() > engine.model_config.vocab_size
+    outs = run_all(engine, {"regex": (PROMPT[:8], SamplingParams(max_tokens=8, temperature=0.0, guided_regex="[a-z]+")),
+                            "grammar": (PROMPT[:8], SamplingParams(max_tokens=8, temperature=0.0,
+                                                                   guided_grammar="start: /[a-z]+/"))})
+    for out in outs.values():
+        assert all(t < 512 for t in out.token_ids)
+        assert re.fullmatch("[a-z]+", text(engine, out.token_ids))
