@@ -246,6 +246,17 @@ def add_tracing_flag(parser: argparse.ArgumentParser) -> None:
                              "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 
 
+ENV_PROFILER_DIR = "BATON_PROFILER_DIR"
+
+
+def add_profiler_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--profiler-dir: where the torch profiler's traces go (vLLM's VLLM_TORCH_PROFILER_DIR); without it
+    the gateway's /start_profile is refused: a client may not have a worker write files unasked."""
+    parser.add_argument("--profiler-dir", metavar="DIR", default=env.get(ENV_PROFILER_DIR, ""),
+                        help="write torch profiler traces here when the gateway's /start_profile and /stop_profile "
+                             f"ask; default: none, profiling refused (${ENV_PROFILER_DIR})")
+
+
 def check_registry(redis_url: str, registry_ttl_s: float, index_ttl_s: float) -> None:
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"--redis must be a redis://, rediss:// or unix:// URL (or ${ENV_REDIS_URL}), "

@@ -29,7 +29,15 @@ from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import cache_pb2_grpc, decode_pb2_grpc, embed_pb2_grpc, kvstore_pb2_grpc, lora_pb2_grpc, weights_pb2_grpc
+from protos import (
+    cache_pb2_grpc,
+    decode_pb2_grpc,
+    embed_pb2_grpc,
+    kvstore_pb2_grpc,
+    lora_pb2_grpc,
+    profile_pb2_grpc,
+    weights_pb2_grpc,
+)
 from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME, PrefixCacheServicer
 from services.common.embed_servicer import SERVICE_NAME as EMBED_SERVICE_NAME, EmbeddingsServicer
 from services.common.engine_loop import EngineLoop, EngineThread, finished
@@ -37,6 +45,7 @@ from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
+from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
 from services.common.tracing import record_engine_boot, tracer
 from services.common.weights_servicer import SERVICE_NAME as WEIGHTS_SERVICE_NAME, WeightsServicer
 from services.decode.config import DecodeServiceConfig
@@ -121,7 +130,8 @@ class DecodeService:
     """The decode and KV receiver servicers, and the engine loop and shared-memory pool they serve once loaded."""
 
     service_names = [SERVICE_NAME, KVSTORE_SERVICE_NAME, LORA_SERVICE_NAME, EMBED_SERVICE_NAME, CACHE_SERVICE_NAME,
-                     WEIGHTS_SERVICE_NAME]
+                     WEIGHTS_SERVICE_NAME,
+                     PROFILER_SERVICE_NAME]
 
     def __init__(self, config: DecodeServiceConfig):
         self.config = config
@@ -137,7 +147,9 @@ class DecodeService:
                           (lora_pb2_grpc.add_LoRAAdaptersServicer_to_server, self.lora),
                           (embed_pb2_grpc.add_EmbeddingsServicer_to_server, self.embed),
                           (cache_pb2_grpc.add_PrefixCacheServicer_to_server, self.cache),
-                          (weights_pb2_grpc.add_WeightsServicer_to_server, WeightsServicer(self.cache))]
+                          (weights_pb2_grpc.add_WeightsServicer_to_server, WeightsServicer(self.cache)),
+                          (profile_pb2_grpc.add_ProfilerServicer_to_server,
+                           ProfilerServicer(self.cache, config.profiler_dir, "decode"))]
         self.engine_loop: EngineLoop | None = None
         self.pool: SharedKVPool | None = None
         self.publisher: InstancePublisher | None = None

@@ -28,6 +28,7 @@ from services.common.settings import (
     add_lora_flag,
     add_lora_limit_flags,
     add_metrics_flag,
+    add_profiler_flag,
     add_registry_flags,
     add_scheduling_flag,
     add_tracing_flag,
@@ -90,6 +91,7 @@ class DecodeServiceConfig:
     index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while held
     grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
+    profiler_dir: str = ""  # where torch profiler traces go at /start_profile; "": profiling refused
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
@@ -137,6 +139,7 @@ class DecodeServiceConfig:
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
+        add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
@@ -148,7 +151,8 @@ class DecodeServiceConfig:
                    max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
-                   redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint)
+                   redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint,
+                   profiler_dir=args.profiler_dir)
 
 
 def speculative_config(given: str | None, source: str = f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"

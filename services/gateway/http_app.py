@@ -65,6 +65,7 @@ from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
 from services.gateway.prefix_cache_api import add_prefix_cache_routes
+from services.gateway.profile_api import add_profile_routes
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
 from services.gateway.responses_api import ResponsesShape
@@ -390,6 +391,7 @@ def create_app(state: GatewayState) -> FastAPI:
         add_lora_update_routes(app, state.lora_updates)
     pools = [pool for pool in (state.pipeline.prefill, state.pipeline.decode) if pool is not None]
     add_prefix_cache_routes(app, pools)
+    add_profile_routes(app, pools)
     add_sagemaker_routes(app)
     weight_updates = WeightUpdates(state.pipeline, pools)
     abort_all = add_sglang_routes(app, state, lambda model: check_model(state, model), weight_updates)

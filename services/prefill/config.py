@@ -27,6 +27,7 @@ from services.common.settings import (
     add_lora_flag,
     add_lora_limit_flags,
     add_metrics_flag,
+    add_profiler_flag,
     add_registry_flags,
     add_scheduling_flag,
     add_tracing_flag,
@@ -93,6 +94,7 @@ class PrefillServiceConfig:
     index_ttl_s: float = 30.0  # prefix-index entries, refreshed every third of it while held
     grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
+    profiler_dir: str = ""  # where torch profiler traces go at /start_profile; "": profiling refused
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
@@ -144,6 +146,7 @@ class PrefillServiceConfig:
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_tracing_flag(parser)
+        add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -156,4 +159,5 @@ class PrefillServiceConfig:
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,
-                   metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)
+                   metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
+                   profiler_dir=args.profiler_dir)

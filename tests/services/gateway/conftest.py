@@ -7,10 +7,17 @@ from tests.services.gateway.mesh import start_mesh, stop_mesh
 
 
 @pytest.fixture(scope="package")
-def mesh(tiny_demo_model):
+def profiler_dir(tmp_path_factory):
+    """Where the mesh's workers write torch profiler traces (test_profiling.py)."""
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture(scope="package")
+def mesh(tiny_demo_model, profiler_dir):
     """One mesh (a tokenizer, 2 prefill, 2 decode, the gateway) for the gateway's end-to-end tests."""
     # Every prompt through a prefill worker and a KV transfer: the path these tests are about.
-    mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=2, gateway_args=("--local-prefill-max-tokens", "0"))
+    mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=2, gateway_args=("--local-prefill-max-tokens", "0"),
+                      worker_args=("--profiler-dir", str(profiler_dir)))
     try:
         yield mesh
     finally:

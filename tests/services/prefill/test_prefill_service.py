@@ -17,7 +17,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, profile_pb2, profile_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import ENGINE_DEAD, SERVICE_NAME as PREFILL_SERVICE
 from tests.services.service_process import (
@@ -455,3 +455,11 @@ def test_a_prompt_queued_behind_a_failing_step_ends_unavailable(tiny_demo_model)
         assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
     assert svc.proc.wait(timeout=30) == 1
     svc.terminate()
+
+
+def test_a_worker_without_a_profiler_dir_refuses_to_profile(prefill):
+    """A client may not have a worker write files it was not told to write."""
+    with pytest.raises(grpc.RpcError) as refused:
+        profile_pb2_grpc.ProfilerStub(prefill.channel).Start(profile_pb2.StartProfileRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "--profiler-dir" in refused.value.details()
