@@ -89,15 +89,15 @@ class WeightUpdates:
             workers = [(pool.kind, worker) for pool in self.pools for worker in pool.workers if worker.is_serving]
             results = await asyncio.gather(*(_update(worker, body.model_path, deadline) for _, worker in workers),
                                            return_exceptions=True)
-            lines = [f"{kind} {worker.address}: " + (str(result.message) if isinstance(result, APIError)
+            failed = [result for result in results if isinstance(result, BaseException)]
+            unexpected = next((e for e in failed if not isinstance(e, APIError)), None)
+            if unexpected is not None:
+                raise unexpected
+            lines = [f"{kind} {worker.address}: " + (result.message if isinstance(result, APIError)
                                                      else f"updated in {result:.2f} s")
                      for (kind, worker), result in zip(workers, results, strict=True)]
-            failed = [result for result in results if isinstance(result, BaseException)]
             if failed:
-                first = next((e for e in failed if isinstance(e, APIError)), None)
-                if first is None:
-                    raise failed[0]
-                raise APIError(first.status, "; ".join(lines), code=first.code)
+                raise APIError(failed[0].status, "; ".join(lines), code=failed[0].code)
             self.model_path = body.model_path
             if body.weight_version is not None:
                 self.weight_version = body.weight_version
