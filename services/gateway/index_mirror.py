@@ -43,6 +43,7 @@ class IndexMirror:
         self.ping_s = ping_s  # a silent connection is checked this often, so a dead one is noticed
         self.purge_s = purge_s
         self.is_synced = False
+        self.is_stopping = False
         self._held: dict[int, dict[str, float]] = {}  # block hash -> {instance id: expiry (unix seconds)}
 
     def match(self, block_hashes: Sequence[int], instance_ids: Sequence[str]) -> dict[str, int]:
@@ -65,8 +66,10 @@ class IndexMirror:
         return counts
 
     async def run(self) -> None:
-        """Follow the index until cancelled, starting over after a lost connection."""
-        while True:
+        """Follow the index until cancelled, starting over after a lost connection. Set `is_stopping`
+        before cancelling: Python 3.11's asyncio.timeout, which redis-py reads under, can swallow a
+        cancellation that lands as it expires, and the loop then ends at its next turn instead."""
+        while not self.is_stopping:
             try:
                 await self._follow()
             except (RedisError, OSError) as e:
@@ -85,7 +88,7 @@ class IndexMirror:
             log.info("prefix index mirrored: %d blocks", len(self._held))
             last_heard = last_purge = time.monotonic()
             subscriptions = 0
-            while True:
+            while not self.is_stopping:
                 message = await pubsub.get_message(timeout=1.0)
                 now = time.monotonic()
                 if message is not None:

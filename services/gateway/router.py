@@ -139,12 +139,13 @@ class PrefixRouter:
             self._mirroring = asyncio.ensure_future(self.mirror.run())
 
     async def close(self) -> None:
+        # The flags as well as the cancels: Python 3.11's wait_for and asyncio.timeout can swallow a
+        # cancellation that lands as the call they bound completes, and a loop would then run forever.
         if self._mirroring is not None:
+            self.mirror.is_stopping = True
             self._mirroring.cancel()
             await asyncio.gather(self._mirroring, return_exceptions=True)
         if self._refresher is not None:
-            # The flag as well as the cancel: Python 3.11's wait_for can swallow a cancellation
-            # that lands as its inner call completes, and the loop would then run forever.
             self._is_closing = True
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)

@@ -28,6 +28,7 @@ async def mirrored(url: str, model_key: str, **index_args):
     try:
         yield index, mirror
     finally:
+        mirror.is_stopping = True  # as PrefixRouter.close stops it
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await follower.aclose()
