@@ -309,6 +309,17 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0 or bool(self._finished_outside_step)
 
+    def has_finished_outside_step(self) -> bool:
+        """Aborted requests whose last output no step has returned yet."""
+        return bool(self._finished_outside_step)
+
+    def finished_outside_step(self) -> list[RequestOutput]:
+        """The last outputs of the requests aborted since the last step, without stepping (stepping is
+        paused; a step returns them otherwise)."""
+        outputs = [self._output(seq) for seq in self._finished_outside_step]
+        self._finished_outside_step.clear()
+        return outputs
+
     # --- the loop ----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -316,8 +327,7 @@ class LLMEngine:
 
         Its requests' step times run from before scheduling to their outputs: all of the step
         is engine time, as a caller waiting on `step` for a first token sees it."""
-        outputs = [self._output(seq) for seq in self._finished_outside_step]
-        self._finished_outside_step.clear()
+        outputs = self.finished_outside_step()
         start_ns = time.time_ns()
         batch = self.scheduler.schedule()
         if not batch.seqs:

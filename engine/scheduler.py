@@ -191,6 +191,15 @@ class Scheduler:
         if not self.block_manager.can_append_slot(seq):  # no page for them: decode plainly
             seq.take_drafts()
 
+    def retract_running(self) -> int:
+        """Preempt every running sequence (SGLang's pause in retract mode): their pages are freed and
+        they are recomputed from their tokens once stepping resumes, in the order they ran."""
+        retracted = self.running
+        self.running = []
+        for seq in reversed(retracted):  # each goes to the front of the queue: the first ends first
+            self._preempt(seq)
+        return len(retracted)
+
     def _preempt(self, seq: Sequence) -> None:
         seq.take_drafts()
         if self.drafter is not None:

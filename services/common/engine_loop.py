@@ -126,6 +126,7 @@ class EngineLoop:
         self._running: concurrent.futures.Future | None = None
         self._is_threaded = threading.Event()
         self.failure: BaseException | None = None  # what ended the loop, once a step failed
+        self._is_paused = False  # touched only by the engine thread
 
     def start(self, sole_parallel_thread: bool = False) -> None:
         """Start stepping. With `sole_parallel_thread` (a worker process, whose engine was built on
@@ -191,6 +192,20 @@ class EngineLoop:
             await asyncio.to_thread(self.engine.guides.compile, SamplingParams(guided_grammar='start: "warm"'))
         except ValueError as e:  # a vocabulary llguidance cannot read: guided requests are refused, the rest served
             log.warning("guided decoding is unavailable: %s", e)
+
+    async def pause(self, retract: bool) -> int:
+        """Stop stepping after the step in hand (SGLang's pause_generation in place): requests stay
+        where they are, new ones queue, commands and aborts still run. With `retract`, the running
+        requests also give up their pages, to be recomputed once resumed. How many were running."""
+        def pause(engine: LLMEngine) -> int:
+            self._is_paused = True
+            return engine.scheduler.retract_running() if retract else len(engine.scheduler.running)
+        return await self.call(pause)
+
+    async def resume(self) -> None:
+        def resume(engine: LLMEngine) -> None:
+            self._is_paused = False
+        await self.call(resume)
 
     async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
         return await self.call(lambda engine: engine.reserve(request_id, num_tokens))
@@ -281,14 +296,16 @@ class EngineLoop:
             # Idle: block for work. Busy: take whatever arrived and go on stepping. While it runs, only
             # this thread takes commands, so one seen waiting is there to take: no queue.Empty raised
             # and caught between a request's arrival and its first step.
-            is_busy = self.engine.has_unfinished_requests()
+            is_busy = self._has_work()
             command = None if is_busy and commands.empty() else commands.get()
             while command is not None:
                 if command is _STOP:
                     return
                 self._execute(*command)
                 command = None if commands.empty() else commands.get()
-            if self.engine.has_unfinished_requests():
+            if self._is_paused:
+                self._deliver(self.engine.finished_outside_step())
+            elif self.engine.has_unfinished_requests():
                 try:
                     outputs = self.engine.step()
                 except Exception as e:  # the engine's state is unknown now: end every stream and call, then die loudly
@@ -299,6 +316,11 @@ class EngineLoop:
                     self._fail_queued()
                     raise
                 self._deliver(outputs)
+
+    def _has_work(self) -> bool:
+        if self._is_paused:
+            return self.engine.has_finished_outside_step()
+        return self.engine.has_unfinished_requests()
 
     def _fail_queued(self) -> None:
         """Fail every call still queued with EngineDeadError (from either thread: each takes its own)."""

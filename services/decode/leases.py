@@ -15,7 +15,7 @@ class Lease:
     reservation_id: str
     request_id: str
     block_ids: frozenset[int]  # the reserved pages: the only ones a transfer may write
-    timer: asyncio.TimerHandle
+    timer: asyncio.TimerHandle | None  # None while the leases are held
 
 
 class LeaseTable:
@@ -26,6 +26,7 @@ class LeaseTable:
         self._on_expire = on_expire
         self._by_reservation: dict[str, Lease] = {}
         self._by_request: dict[str, str] = {}
+        self.is_held = False  # no lease runs out: generation is paused, so prefill may not be filling them
 
     def __len__(self) -> int:
         return len(self._by_reservation)
@@ -33,10 +34,29 @@ class LeaseTable:
     def grant(self, request_id: str, block_ids: list[int]) -> str:
         """Start the lease on `block_ids`, already reserved under `request_id`; returns the reservation id."""
         reservation_id = secrets.token_hex(8)
-        timer = asyncio.get_running_loop().call_later(self.lease_s, self._expire, reservation_id)
-        self._by_reservation[reservation_id] = Lease(reservation_id, request_id, frozenset(block_ids), timer)
+        lease = Lease(reservation_id, request_id, frozenset(block_ids), None)
+        if not self.is_held:
+            lease.timer = self._timer(reservation_id)
+        self._by_reservation[reservation_id] = lease
         self._by_request[request_id] = reservation_id
         return reservation_id
+
+    def hold(self) -> None:
+        """Stop every lease's clock (generation paused: the prefill filling its pages waits too)."""
+        self.is_held = True
+        for lease in self._by_reservation.values():
+            if lease.timer is not None:
+                lease.timer.cancel()
+                lease.timer = None
+
+    def release(self) -> None:
+        """Start every lease's clock again, from a whole lease each."""
+        self.is_held = False
+        for lease in self._by_reservation.values():
+            lease.timer = self._timer(lease.reservation_id)
+
+    def _timer(self, reservation_id: str) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(self.lease_s, self._expire, reservation_id)
 
     def get(self, reservation_id: str) -> Lease | None:
         """The live lease (pages still reserved, not yet claimed by Decode), or None."""
@@ -63,7 +83,8 @@ class LeaseTable:
             self._drop(lease)
 
     def _drop(self, lease: Lease) -> None:
-        lease.timer.cancel()
+        if lease.timer is not None:
+            lease.timer.cancel()
         del self._by_reservation[lease.reservation_id]
         del self._by_request[lease.request_id]
 

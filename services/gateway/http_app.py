@@ -55,6 +55,7 @@ from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
+from services.gateway.generation_pause import GenerationPause, add_generation_pause_routes
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
 from services.gateway.http_responses import respond
@@ -393,9 +394,11 @@ def create_app(state: GatewayState) -> FastAPI:
     add_prefix_cache_routes(app, pools)
     add_profile_routes(app, pools)
     add_sagemaker_routes(app)
-    weight_updates = WeightUpdates(state.pipeline, pools)
+    generation = GenerationPause(state.pipeline.pause, pools)
+    weight_updates = WeightUpdates(state.pipeline, pools, generation)
     abort_all = add_sglang_routes(app, state, lambda model: check_model(state, model), weight_updates)
     add_weight_update_routes(app, weight_updates, abort_all)
+    add_generation_pause_routes(app, generation, abort_all)
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:

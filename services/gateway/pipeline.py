@@ -106,7 +106,7 @@ class RequestPipeline:
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
-        self.pause = RequestPause()  # held while every worker's weights are updated (weight_updates.py)
+        self.pause = RequestPause()  # held by weight updates (weight_updates.py) and generation pauses
 
     @property
     def prefill_router(self):

@@ -8,9 +8,12 @@ from contextlib import asynccontextmanager
 
 
 class RequestPause:
+    """Held by each of its holders (a weight update, an operator's /pause_generation) until each lets go."""
+
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
+        self._num_holds = 0
         self.num_waiting = 0  # requests held at the pause now
 
     async def passed(self) -> None:
@@ -23,11 +26,21 @@ class RequestPause:
         finally:
             self.num_waiting -= 1
 
+    def hold(self) -> None:
+        """New requests wait from now until `let_go` has been called once for this and every other `hold`."""
+        self._num_holds += 1
+        self._open.clear()
+
+    def let_go(self) -> None:
+        self._num_holds -= 1
+        if not self._num_holds:
+            self._open.set()
+
     @asynccontextmanager
     async def holding(self) -> AsyncIterator[None]:
         """New requests wait for the duration of the block."""
-        self._open.clear()
+        self.hold()
         try:
             yield
         finally:
-            self._open.set()
+            self.let_go()

@@ -10,7 +10,10 @@ weights. Each worker forgets its prefix cache, KV of the old weights (a prefill 
 its host tier too). A worker that still holds pages (a request from another gateway) is asked again
 until `drain_timeout` runs out. A worker that joins later (a replica added, or one restarted, which
 reads its --model) reads the last checkpoint before the gateway routes to it
-(WorkerPool.before_serving), as lora_updates.py gives it the adapters loaded at run time.
+(WorkerPool.before_serving), as lora_updates.py gives it the adapters loaded at run time. While
+generation is paused on the workers (generation_pause.py) nothing is waited for: paused in place, the
+running requests hold KV of the old weights and the update is refused; retracted, they hold none and
+are recomputed with the new weights once generation continues.
 
 The answer is SGLang's (`success`, `message`, `num_paused_requests`), and a refusal carries OpenAI's
 error object beside it. Workers that updated before another refused stay updated: the message names
@@ -29,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protos import weights_pb2, weights_pb2_grpc
 from services.gateway.errors import APIError
+from services.gateway.generation_pause import GenerationPause
 from services.gateway.http_body import parsed_body
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.workers import Worker, WorkerPool
@@ -64,9 +68,10 @@ class UpdateWeightsRequest(BaseModel):
 class WeightUpdates:
     """The mesh's weight version, and the one update that may run at a time."""
 
-    def __init__(self, pipeline: RequestPipeline, pools: Sequence[WorkerPool]):
+    def __init__(self, pipeline: RequestPipeline, pools: Sequence[WorkerPool], generation: GenerationPause):
         self.pipeline = pipeline
         self.pools = pools
+        self.generation = generation
         self.weight_version = DEFAULT_WEIGHT_VERSION
         self.model_path: str | None = None  # the checkpoint every worker serves since the last update
         self._lock = asyncio.Lock()
@@ -78,10 +83,17 @@ class WeightUpdates:
         the pause held. APIError (409) when the running requests outlast `drain_timeout`, or a worker
         still holds pages then; (400) when one refuses the checkpoint."""
         async with self._lock, self.pipeline.pause.holding():
-            deadline = time.monotonic() + body.drain_timeout
             if body.abort_all_requests:
                 abort_all()
-            while self.pipeline.num_requests:
+            # Requests paused on the workers will not finish: in place, they hold KV of these weights
+            # (SGLang refuses to flush it too); retracted, they hold none, and each worker is asked once.
+            if self.generation.workers_mode == "in_place" and self.pipeline.num_requests:
+                raise APIError(409, f"{self.pipeline.num_requests} request(s) are paused in place, their KV computed "
+                                    "with the weights served; nothing updated (pause with mode retract or abort)",
+                               code="workers_busy")
+            is_paused = self.generation.workers_mode is not None
+            deadline = time.monotonic() + (0.0 if is_paused else body.drain_timeout)
+            while self.pipeline.num_requests and not is_paused:
                 if time.monotonic() > deadline:
                     raise APIError(409, f"{self.pipeline.num_requests} request(s) still running after "
                                         f"{body.drain_timeout:g} s; nothing updated", code="workers_busy")

@@ -1,0 +1,126 @@
+"""SGLang's POST /pause_generation and /continue_generation on a mesh of 2 prefill and 2 decode workers:
+in place, a running request stops streaming and later ends with the tokens it would have had, a request
+arriving meanwhile waits, and a weight update is refused while paused requests hold pages; retracting,
+the update goes through and the retracted request goes on with the new weights; abort (the default)
+ends running samples at once. Each test leaves the mesh unpaused, on its own checkpoint."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.services.gateway.test_weight_updates import PROMPT, greedy, next_checkpoint, update  # noqa: F401
+
+LONG = 600  # tokens: a request still running when the pause comes
+
+
+def pause(mesh, **body) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}/pause_generation", timeout=60, json=body or None)
+
+
+def resume(mesh) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}/continue_generation", timeout=60)
+
+
+class StreamedSample:
+    """A greedy /generate sample streamed on a thread: each event's output ids and arrival time."""
+
+    def __init__(self, mesh, max_new_tokens: int = LONG) -> None:
+        self.events: list[tuple[float, list[int]]] = []
+        self.final: dict | None = None
+        body = {"input_ids": PROMPT, "stream": True,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+        self.thread = threading.Thread(target=self._read, args=(f"{mesh.gateway.base_url}/generate", body))
+        self.thread.start()
+
+    def _read(self, url: str, body: dict) -> None:
+        with httpx.stream("POST", url, json=body, timeout=120) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[len("data: "):])
+                    self.events.append((time.monotonic(), event["output_ids"]))
+                    self.final = event
+
+    def wait_for_tokens(self, n: int) -> None:
+        deadline = time.monotonic() + 60
+        while not self.events or len(self.events[-1][1]) < n:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the sample did not stream"
+            time.sleep(0.005)
+
+    def join(self) -> dict:
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive() and self.final is not None
+        return self.final
+
+
+@pytest.fixture
+def unpaused(mesh, tiny_demo_model):
+    """The mesh unpaused and back on the package's checkpoint after the test, whatever it did."""
+    yield
+    assert resume(mesh).status_code == 200
+    answer = update(mesh, tiny_demo_model, weight_version="default")
+    assert answer.status_code == 200, answer.text
+
+
+def test_paused_in_place_a_request_stops_and_ends_as_it_would_have(mesh, next_checkpoint, unpaused):  # noqa: F811
+    expected_long, expected_short = greedy(mesh, LONG), greedy(mesh)
+    sample = StreamedSample(mesh)
+    sample.wait_for_tokens(8)
+    assert pause(mesh, mode="in_place").json() == {"message": "Generation paused successfully.", "status": "ok"}
+    paused_at = time.monotonic()
+    arriving: dict = {}
+    thread = threading.Thread(target=lambda: arriving.update(tokens=greedy(mesh), at=time.monotonic()))
+    thread.start()
+    refused = update(mesh, next_checkpoint)  # the paused request's pages hold KV of these weights
+    assert refused.status_code == 409 and "paused in place" in refused.json()["message"], refused.text
+    time.sleep(1.0)
+    streamed_while_paused = [n for at, n in sample.events if at > paused_at + 0.2]
+    assert not streamed_while_paused and not arriving
+    continued_at = time.monotonic()
+    assert resume(mesh).json() == {"message": "Generation continued successfully.", "status": "ok"}
+    final = sample.join()
+    thread.join(timeout=60)
+    assert final["output_ids"] == expected_long and final["meta_info"]["finish_reason"]["type"] == "length"
+    assert arriving["tokens"] == expected_short and arriving["at"] > continued_at
+    mesh.assert_decode_pools_free()
+
+
+def test_retracted_requests_go_on_with_the_weights_updated_while_paused(mesh, next_checkpoint, unpaused):  # noqa: F811
+    expected_long = greedy(mesh, LONG)
+    sample = StreamedSample(mesh)
+    sample.wait_for_tokens(8)
+    assert pause(mesh, mode="retract").status_code == 200
+    before_update = len(sample.events[-1][1])
+    answer = update(mesh, next_checkpoint, weight_version="step-2")
+    assert answer.status_code == 200 and answer.json()["message"].count("updated in") == 4, answer.text
+    assert resume(mesh).status_code == 200
+    final = sample.join()["output_ids"]
+    assert len(final) == LONG and final[:before_update] == expected_long[:before_update]
+    assert final != expected_long  # the rest is the new checkpoint's
+    mesh.assert_decode_pools_free()
+
+
+def test_abort_ends_running_samples_and_holds_new_requests_until_continued(mesh, unpaused):
+    sample = StreamedSample(mesh, max_new_tokens=2000)
+    sample.wait_for_tokens(4)
+    assert pause(mesh).status_code == 200  # no body: SGLang's default mode, abort
+    final = sample.join()
+    assert final["meta_info"]["finish_reason"]["type"] == "abort" and len(final["output_ids"]) < 2000
+    arriving: dict = {}
+    thread = threading.Thread(target=lambda: arriving.update(tokens=greedy(mesh)))
+    thread.start()
+    time.sleep(0.5)
+    assert not arriving
+    mesh.assert_decode_pools_free()
+    assert resume(mesh).status_code == 200
+    thread.join(timeout=60)
+    assert len(arriving["tokens"]) == 8
+
+
+def test_a_mode_sglang_does_not_have_is_refused(mesh):
+    answer = pause(mesh, mode="sideways")
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "mode", answer.text
+    assert resume(mesh).status_code == 200  # not paused: nothing to do
