@@ -126,7 +126,7 @@ class EngineLoop:
         self._running: concurrent.futures.Future | None = None
         self._is_threaded = threading.Event()
         self.failure: BaseException | None = None  # what ended the loop, once a step failed
-        self._is_paused = False  # touched only by the engine thread
+        self._is_paused = False  # set only by the engine thread
 
     def start(self, sole_parallel_thread: bool = False) -> None:
         """Start stepping. With `sole_parallel_thread` (a worker process, whose engine was built on
@@ -201,6 +201,10 @@ class EngineLoop:
             self._is_paused = True
             return engine.scheduler.retract_running() if retract else len(engine.scheduler.running)
         return await self.call(pause)
+
+    @property
+    def is_paused(self) -> bool:
+        return self._is_paused
 
     async def resume(self) -> None:
         def resume(engine: LLMEngine) -> None:

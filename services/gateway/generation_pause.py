@@ -2,24 +2,29 @@
 weight update so that the rollouts in flight are not computed half with one checkpoint and half with
 the next, or so that they can be ended at once. SGLang's `mode`:
 
-- `abort` (its default): every running SGLang `/generate` sample ends where it is, with `{"type":
-  "abort"}` as its finish (as `/abort_request` with `abort_all`); the workers go on stepping, so the
-  other requests finish.
+- `abort` (its default): every running request ends where it is, with finish_reason "abort" (a
+  `/generate` sample's `{"type": "abort"}`) and its text so far, whichever API asked for it
+  (running_requests.py); the call returns once they have ended (or after `ABORT_DRAIN_S`).
 - `in_place`: every prefill and decode worker stops stepping after the step in hand; the running
   requests keep their pages and go on where they were after `/continue_generation`.
 - `retract`: as `in_place`, and the running requests give up their pages as well, to be recomputed
   from their tokens after `/continue_generation` (with the weights served then).
 
+vLLM's `POST /pause` (`?mode=abort|wait|keep`, `clear_cache`), `POST /resume` and `GET /is_paused` are the
+same pause: `keep` is `in_place`, and `wait` holds new requests while the running ones finish.
+
 In every mode, a request that arrives meanwhile waits at the gateway until `/continue_generation`,
 a worker that joins is paused before it is routed to, and a decode worker's reservations do not run
 out. A weight update asked for while the workers are paused does not wait for the paused requests:
-each worker updates at once, or refuses while requests hold its pages (weight_updates.py). Only this
-gateway pauses: in front of one mesh with others, pause each of them.
+in place, it is refused (409); retracted, each worker updates at once, or refuses while requests still
+hold its pages (weight_updates.py). Only this gateway pauses: in front of one mesh with others, pause
+each of them.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from typing import Literal
 
 import grpc
@@ -27,14 +32,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from protos import pause_pb2, pause_pb2_grpc
+from protos import scheduler_pb2, scheduler_pb2_grpc
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
-from services.gateway.request_pause import RequestPause
+from services.gateway.pipeline import RequestPipeline
+from services.gateway.prefix_cache_api import reset_prefix_caches
 from services.gateway.workers import Worker, WorkerPool
 
 PAUSE_TIMEOUT_S = 30.0  # a worker finishes the step in hand first
-WORKER_MODES = {"in_place": pause_pb2.PAUSE_MODE_IN_PLACE, "retract": pause_pb2.PAUSE_MODE_RETRACT}
+ABORT_DRAIN_S = 30.0  # an aborted request whose prompt is being prefilled ends as its first token arrives
+DRAIN_POLL_S = 0.01
+VLLM_MODES = {"abort": "abort", "wait": "wait", "keep": "in_place"}
+WORKER_MODES = {"in_place": scheduler_pb2.PAUSE_MODE_IN_PLACE, "retract": scheduler_pb2.PAUSE_MODE_RETRACT}
 
 
 class PauseGenerationRequest(BaseModel):
@@ -48,27 +57,37 @@ class PauseGenerationRequest(BaseModel):
 class GenerationPause:
     """Whether generation is paused, and how far: the gateway's requests held, and the workers' stepping."""
 
-    def __init__(self, requests: RequestPause, pools: Sequence[WorkerPool]) -> None:
-        self.requests = requests
+    def __init__(self, pipeline: RequestPipeline, pools: Sequence[WorkerPool]) -> None:
+        self.pipeline = pipeline
+        self.requests = pipeline.pause
         self.pools = pools
-        self.is_paused = False
+        self.mode: str | None = None  # the last pause's mode while paused
         self.workers_mode: str | None = None  # "in_place" or "retract" while the workers are paused
         self._lock = asyncio.Lock()
         for pool in pools:
             pool.before_serving(self._pause_joining)
 
-    async def pause(self, mode: str, abort_all: Callable[[], int]) -> None:
-        """Pause in `mode` (pausing again applies the new mode; `abort` leaves paused workers paused).
-        APIError (503) naming each worker that could not be paused; the others stay paused."""
+    @property
+    def is_paused(self) -> bool:
+        return self.mode is not None
+
+    async def pause(self, mode: str) -> None:
+        """Pause in `mode`: SGLang's, or `wait` (vLLM's: new requests wait, running ones finish, and the call
+        returns once they have). Pausing again applies the new mode; `abort` and `wait` leave paused workers
+        paused. APIError (503) naming each worker that could not be paused; the others stay paused."""
         async with self._lock:
             if not self.is_paused:
                 self.requests.hold()
-                self.is_paused = True
-            if mode == "abort":
-                abort_all()
+            self.mode = mode
+            if mode in ("abort", "wait"):
+                if mode == "abort":
+                    self.pipeline.running.abort_all()
+                deadline = time.monotonic() + ABORT_DRAIN_S if mode == "abort" else float("inf")
+                while self.pipeline.num_requests and time.monotonic() < deadline and self.workers_mode is None:
+                    await asyncio.sleep(DRAIN_POLL_S)
                 return
             self.workers_mode = mode
-            await _on_each(self._serving(), lambda stub: stub.Pause(pause_pb2.PauseRequest(mode=WORKER_MODES[mode]),
+            await _on_each(self._serving(), lambda stub: stub.Pause(scheduler_pb2.PauseRequest(mode=WORKER_MODES[mode]),
                                                                      timeout=PAUSE_TIMEOUT_S))
 
     async def resume(self) -> None:
@@ -79,11 +98,10 @@ class GenerationPause:
                 return
             try:
                 if self.workers_mode is not None:
-                    await _on_each(self._serving(), lambda stub: stub.Resume(pause_pb2.ResumeRequest(),
+                    await _on_each(self._serving(), lambda stub: stub.Resume(scheduler_pb2.ResumeRequest(),
                                                                               timeout=PAUSE_TIMEOUT_S))
             finally:
-                self.workers_mode = None
-                self.is_paused = False
+                self.workers_mode = self.mode = None
                 self.requests.let_go()
 
     def _serving(self) -> list[tuple[str, Worker]]:
@@ -92,12 +110,13 @@ class GenerationPause:
     async def _pause_joining(self, worker: Worker) -> None:
         async with self._lock:
             if self.workers_mode is not None:
-                stub = pause_pb2_grpc.GenerationStub(worker.channel)
-                await stub.Pause(pause_pb2.PauseRequest(mode=WORKER_MODES[self.workers_mode]), timeout=PAUSE_TIMEOUT_S)
+                mode = WORKER_MODES[self.workers_mode]
+                await scheduler_pb2_grpc.SchedulerStub(worker.channel).Pause(scheduler_pb2.PauseRequest(mode=mode),
+                                                                             timeout=PAUSE_TIMEOUT_S)
 
 
 async def _on_each(workers: Sequence[tuple[str, Worker]], call) -> None:
-    results = await asyncio.gather(*(call(pause_pb2_grpc.GenerationStub(w.channel)) for _, w in workers),
+    results = await asyncio.gather(*(call(scheduler_pb2_grpc.SchedulerStub(w.channel)) for _, w in workers),
                                    return_exceptions=True)
     failed = []
     for (kind, worker), result in zip(workers, results, strict=True):
@@ -109,13 +128,12 @@ async def _on_each(workers: Sequence[tuple[str, Worker]], call) -> None:
         raise APIError(503, "; ".join(failed), code="unavailable")
 
 
-def add_generation_pause_routes(app: FastAPI, generation: GenerationPause, abort_all: Callable[[], int]) -> None:
-    """`abort_all`: ends every running SGLang `/generate` sample (sglang_api.py's)."""
+def add_generation_pause_routes(app: FastAPI, generation: GenerationPause) -> None:
     async def pause_generation(request: Request) -> JSONResponse:
         # SGLang's older clients post no body: the default mode.
         has_body = bool((await request.body()).strip())
         body = await parsed_body(request, PauseGenerationRequest) if has_body else PauseGenerationRequest()
-        await generation.pause(body.mode, abort_all)
+        await generation.pause(body.mode)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(request: Request) -> JSONResponse:
@@ -124,3 +142,24 @@ def add_generation_pause_routes(app: FastAPI, generation: GenerationPause, abort
 
     app.add_route("/pause_generation", pause_generation, methods=["POST"])
     app.add_route("/continue_generation", continue_generation, methods=["POST"])
+
+    @app.post("/pause")
+    async def pause(mode: Literal["abort", "wait", "keep"] = "abort", wait_for_inflight_requests: bool = False,
+                    clear_cache: bool = True) -> JSONResponse:
+        """vLLM's: its modes in the query (`keep` is SGLang's `in_place`); `clear_cache`, after the running
+        requests have ended, forgets every worker's prefix cache."""
+        if wait_for_inflight_requests and mode == "abort":  # its older spelling of wait
+            mode = "wait"
+        await generation.pause(VLLM_MODES[mode])
+        if clear_cache and mode != "keep":
+            await reset_prefix_caches(generation.pools)  # a worker still holding pages keeps its cache
+        return JSONResponse({"status": "paused"})
+
+    @app.post("/resume")
+    async def resume() -> JSONResponse:
+        await generation.resume()
+        return JSONResponse({"status": "resumed"})
+
+    @app.get("/is_paused")
+    async def is_paused() -> JSONResponse:
+        return JSONResponse({"is_paused": generation.is_paused})

@@ -73,6 +73,7 @@ from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
+from services.gateway.server_info import add_server_info_routes
 from services.gateway.sglang_api import add_sglang_routes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
@@ -394,11 +395,12 @@ def create_app(state: GatewayState) -> FastAPI:
     add_prefix_cache_routes(app, pools)
     add_profile_routes(app, pools)
     add_sagemaker_routes(app)
-    generation = GenerationPause(state.pipeline.pause, pools)
+    generation = GenerationPause(state.pipeline, pools)
     weight_updates = WeightUpdates(state.pipeline, pools, generation)
-    abort_all = add_sglang_routes(app, state, lambda model: check_model(state, model), weight_updates)
-    add_weight_update_routes(app, weight_updates, abort_all)
-    add_generation_pause_routes(app, generation, abort_all)
+    add_sglang_routes(app, state, lambda model: check_model(state, model), weight_updates)
+    add_weight_update_routes(app, weight_updates)
+    add_generation_pause_routes(app, generation)
+    add_server_info_routes(app, state, pools, weight_updates, generation, BATON_VERSION)
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:

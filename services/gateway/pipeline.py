@@ -52,6 +52,7 @@ from services.gateway.request_errors import (
 from services.gateway.request_pause import RequestPause
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP
+from services.gateway.running_requests import RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
 from services.gateway.structured_output import is_guided
 from services.gateway.timeline import PhaseClock
@@ -107,6 +108,8 @@ class RequestPipeline:
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
         self.pause = RequestPause()  # held by weight updates (weight_updates.py) and generation pauses
+        self.running = RunningRequests(lambda worker, request_id: self.steps.abort_soon(
+            worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
 
     @property
     def prefill_router(self):
@@ -262,12 +265,15 @@ class RequestPipeline:
         first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
         gone: list[Worker] = []  # decode workers that went away mid-stream
         held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
+        running = held.enter_context(self.running.running())
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
                 try:
                     async with aclosing(steps):
                         async for step in steps:
                             arrived = time.perf_counter()
+                            if running.request_id != request_id:  # its stream from this worker has begun
+                                running.streams_from(decode_worker, request_id)
                             text = output.add(step.token_ids, is_stopped_by_last=step.finish_reason == "stop")
                             if output.stops.is_stopped or step.finish_reason is not None:
                                 timer.add_tokens(len(step.token_ids), arrived)

@@ -13,6 +13,7 @@ and from `logprob_start_len` on the prompt's. The sampling fields are checked as
 checks them (services/gateway/sglang_protocol.py), their errors named as SGLang names the fields.
 `POST /abort_request` (`rid`, or `abort_all`) ends a sample wherever it is, as RL rollout loops end
 the ones they no longer need: its answer so far comes back with `{"type": "abort"}` as its finish.
+`abort_all` ends the other APIs' running requests too (running_requests.py), as SGLang's does.
 The weight updates those loops make between rounds are weight_updates.py's.
 """
 from __future__ import annotations
@@ -143,9 +144,9 @@ async def until_aborted(deltas: AsyncIterator[Delta], aborted: asyncio.Event) ->
 
 
 def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None],
-                      weights: WeightUpdates) -> Callable[[], int]:
+                      weights: WeightUpdates) -> None:
     """`state`: the gateway's (http_app.GatewayState); `check_model`: a name's LoRA adapter, or a 404;
-    `weights`: the mesh's weight updates (their version). Returns what ends every running sample (how many)."""
+    `weights`: the mesh's weight updates (their version)."""
     pipeline = state.pipeline
     # Each running sample's abort, by its rid; gone with the sample (the last of a reused rid's wins).
     aborts: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
@@ -215,7 +216,11 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
 
     async def abort_request(request: Request):
         body = await parsed_body(request, AbortRequest)
-        abort(list(aborts) if body.abort_all else [body.rid])
+        if body.abort_all:
+            abort(list(aborts))
+            pipeline.running.abort_all()
+        else:
+            abort([body.rid])
         return JSONResponse({})
 
     async def get_model_info(request: Request):
@@ -236,7 +241,6 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
     app.add_route("/abort_request", abort_request, methods=["POST"])
     app.add_route("/get_model_info", get_model_info, methods=["GET"])
     app.add_route("/health_generate", health_generate, methods=["GET"])
-    return lambda: abort(list(aborts))
 
 
 async def _events(choices: AsyncIterator[tuple[int, Delta]], first: tuple[int, Delta], outputs: list[_Output],

@@ -4,8 +4,8 @@ loops whose rollouts run on SGLang update it between rounds.
 
 No request may be computed with two checkpoints (its prompt's KV by the old weights on a prefill
 worker, its tokens by the new on a decode worker), so the gateway pauses: requests that arrive wait,
-the running ones finish (with `abort_all_requests`, SGLang `/generate` samples end where they are,
-as /abort_request ends them), every worker updates, and the waiting requests go on with the new
+the running ones finish (with `abort_all_requests`, they end where they are, with finish_reason
+"abort", running_requests.py), every worker updates, and the waiting requests go on with the new
 weights. Each worker forgets its prefix cache, KV of the old weights (a prefill worker's kvstore node
 its host tier too). A worker that still holds pages (a request from another gateway) is asked again
 until `drain_timeout` runs out. A worker that joins later (a replica added, or one restarted, which
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import grpc
 from fastapi import FastAPI, Request
@@ -78,13 +78,13 @@ class WeightUpdates:
         for pool in pools:
             pool.before_serving(self.bring_up_to_date)
 
-    async def update(self, body: UpdateWeightsRequest, abort_all: Callable[[], int]) -> tuple[list[str], int]:
+    async def update(self, body: UpdateWeightsRequest) -> tuple[list[str], int]:
         """Pause, drain, update every serving worker: each worker's line for the answer, and the requests
         the pause held. APIError (409) when the running requests outlast `drain_timeout`, or a worker
         still holds pages then; (400) when one refuses the checkpoint."""
         async with self._lock, self.pipeline.pause.holding():
             if body.abort_all_requests:
-                abort_all()
+                self.pipeline.running.abort_all()
             # Requests paused on the workers will not finish: in place, they hold KV of these weights
             # (SGLang refuses to flush it too); retracted, they hold none, and each worker is asked once.
             if self.generation.workers_mode == "in_place" and self.pipeline.num_requests:
@@ -140,13 +140,12 @@ async def _update(worker: Worker, model_path: str, deadline: float) -> float:
         await asyncio.sleep(RETRY_BUSY_S)
 
 
-def add_weight_update_routes(app: FastAPI, updates: WeightUpdates, abort_all: Callable[[], int]) -> None:
-    """`abort_all`: ends every running SGLang `/generate` sample (sglang_api.py's), returning how many."""
+def add_weight_update_routes(app: FastAPI, updates: WeightUpdates) -> None:
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         body = await parsed_body(request, UpdateWeightsRequest)
         try:
             body.check()
-            lines, num_paused = await updates.update(body, abort_all)
+            lines, num_paused = await updates.update(body)
         except APIError as e:
             return JSONResponse({"success": False, "message": e.message, **e.body()}, status_code=e.status)
         return JSONResponse({"success": True, "message": "Succeeded to update model weights. " + "; ".join(lines),

@@ -31,9 +31,9 @@ from protos import (
     cache_pb2_grpc,
     embed_pb2_grpc,
     lora_pb2_grpc,
-    pause_pb2_grpc,
     prefill_pb2_grpc,
     profile_pb2_grpc,
+    scheduler_pb2_grpc,
     weights_pb2_grpc,
 )
 from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME, PrefixCacheServicer
@@ -43,8 +43,8 @@ from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
-from services.common.pause_servicer import SERVICE_NAME as GENERATION_SERVICE_NAME, GenerationServicer
 from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
+from services.common.scheduler_servicer import SERVICE_NAME as SCHEDULER_SERVICE_NAME, SchedulerServicer
 from services.common.tracing import record_engine_boot, tracer
 from services.common.weights_servicer import SERVICE_NAME as WEIGHTS_SERVICE_NAME, WeightsServicer
 from services.kvstore.layout import PageLayout
@@ -100,7 +100,7 @@ class PrefillService:
     """The prefill servicer, and the engine loop it serves once loaded."""
 
     service_names = [SERVICE_NAME, LORA_SERVICE_NAME, EMBED_SERVICE_NAME, CACHE_SERVICE_NAME, WEIGHTS_SERVICE_NAME,
-                     PROFILER_SERVICE_NAME, GENERATION_SERVICE_NAME]
+                     PROFILER_SERVICE_NAME, SCHEDULER_SERVICE_NAME]
 
     def __init__(self, config: PrefillServiceConfig):
         self.config = config
@@ -116,7 +116,7 @@ class PrefillService:
                           (weights_pb2_grpc.add_WeightsServicer_to_server, WeightsServicer(self.cache)),
                           (profile_pb2_grpc.add_ProfilerServicer_to_server,
                            ProfilerServicer(self.cache, config.profiler_dir, "prefill")),
-                          (pause_pb2_grpc.add_GenerationServicer_to_server, GenerationServicer(self.cache))]
+                          (scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(self.cache))]
         self.engine_loop: EngineLoop | None = None
         self.publisher: InstancePublisher | None = None
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it

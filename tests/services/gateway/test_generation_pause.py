@@ -1,8 +1,9 @@
-"""SGLang's POST /pause_generation and /continue_generation on a mesh of 2 prefill and 2 decode workers:
-in place, a running request stops streaming and later ends with the tokens it would have had, a request
-arriving meanwhile waits, and a weight update is refused while paused requests hold pages; retracting,
-the update goes through and the retracted request goes on with the new weights; abort (the default)
-ends running samples at once. Each test leaves the mesh unpaused, on its own checkpoint."""
+"""SGLang's POST /pause_generation and /continue_generation, and vLLM's /pause, /resume and /is_paused, on
+a mesh of 2 prefill and 2 decode workers: in place, a running request stops streaming and later ends with
+the tokens it would have had, a request arriving meanwhile waits, and a weight update is refused while
+paused requests hold pages; retracting, the update goes through and the retracted request goes on with
+the new weights; abort (the default) ends the running requests of every API at once; vLLM's wait lets
+them finish first. Each test leaves the mesh unpaused, on its own checkpoint."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
 from tests.services.gateway.test_weight_updates import PROMPT, greedy, next_checkpoint, update  # noqa: F401
@@ -103,12 +105,26 @@ def test_retracted_requests_go_on_with_the_weights_updated_while_paused(mesh, ne
     mesh.assert_decode_pools_free()
 
 
-def test_abort_ends_running_samples_and_holds_new_requests_until_continued(mesh, unpaused):
+def test_abort_ends_running_requests_of_every_api_and_holds_new_ones_until_continued(mesh, unpaused):
     sample = StreamedSample(mesh, max_new_tokens=2000)
+    completion: dict = {"text": ""}
+
+    def complete() -> None:
+        with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            for chunk in client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=2000, stream=True,
+                                                   temperature=0, extra_body={"ignore_eos": True}):
+                completion["text"] += chunk.choices[0].text
+                completion["finish_reason"] = chunk.choices[0].finish_reason
+    openai_stream = threading.Thread(target=complete)
+    openai_stream.start()
     sample.wait_for_tokens(4)
+    while not completion["text"]:
+        time.sleep(0.005)
     assert pause(mesh).status_code == 200  # no body: SGLang's default mode, abort
     final = sample.join()
+    openai_stream.join(timeout=60)
     assert final["meta_info"]["finish_reason"]["type"] == "abort" and len(final["output_ids"]) < 2000
+    assert completion["finish_reason"] == "abort" and completion["text"]
     arriving: dict = {}
     thread = threading.Thread(target=lambda: arriving.update(tokens=greedy(mesh)))
     thread.start()
@@ -120,7 +136,33 @@ def test_abort_ends_running_samples_and_holds_new_requests_until_continued(mesh,
     assert len(arriving["tokens"]) == 8
 
 
-def test_a_mode_sglang_does_not_have_is_refused(mesh):
+def test_vllms_pause_waits_for_running_requests_and_keeps_new_ones_until_resumed(mesh, unpaused):
+    base = mesh.gateway.base_url
+    expected = greedy(mesh, LONG)
+    sample = StreamedSample(mesh)
+    sample.wait_for_tokens(8)
+    answer = httpx.post(f"{base}/pause", params={"mode": "wait"}, timeout=60)
+    assert answer.json() == {"status": "paused"} and not sample.thread.is_alive()  # it returned once they ended
+    assert sample.join()["output_ids"] == expected
+    assert httpx.get(f"{base}/is_paused", timeout=10).json() == {"is_paused": True}
+    arriving: dict = {}
+    thread = threading.Thread(target=lambda: arriving.update(tokens=greedy(mesh)))
+    thread.start()
+    time.sleep(0.5)
+    assert not arriving
+    assert httpx.post(f"{base}/resume", timeout=60).json() == {"status": "resumed"}
+    thread.join(timeout=60)
+    assert len(arriving["tokens"]) == 8
+    assert httpx.get(f"{base}/is_paused", timeout=10).json() == {"is_paused": False}
+    assert httpx.post(f"{base}/pause", params={"mode": "keep"}, timeout=60).status_code == 200
+    states = httpx.get(f"{base}/get_server_info", timeout=10).json()["internal_states"]
+    assert all(state["is_paused"] for state in states)  # keep: SGLang's in_place, on every worker
+
+
+def test_a_mode_neither_has_is_refused(mesh):
     answer = pause(mesh, mode="sideways")
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "mode", answer.text
+    answer = httpx.post(f"{mesh.gateway.base_url}/pause", params={"mode": "sideways"}, timeout=10)
+    assert answer.status_code == 400 and answer.json()["error"]["message"], answer.text
+    assert httpx.get(f"{mesh.gateway.base_url}/is_paused", timeout=10).json() == {"is_paused": False}
     assert resume(mesh).status_code == 200  # not paused: nothing to do

@@ -62,6 +62,10 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
         assert accepted > 0 and _counter(metrics, "baton_spec_decode_num_drafts_total") > 0
         assert _counter(metrics, "baton_spec_decode_num_accepted_tokens_per_pos_total") == accepted
         assert 'position="0"' in metrics
+        states = httpx.get(f"{mesh.gateway.base_url}/get_server_info", timeout=10).json()["internal_states"]
+        [decode] = [s for s in states if s["kind"] == "decode"]
+        drafts = _counter(metrics, "baton_spec_decode_num_drafts_total")
+        assert decode["avg_spec_accept_length"] == pytest.approx(1 + accepted / drafts)  # SGLang's figure
         mesh.assert_decode_pools_free()
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import pause_pb2 as protos_dot_pause__pb2
+from protos import scheduler_pb2 as protos_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/pause_pb2_grpc.py depends on'
+        + ' but the generated code in protos/scheduler_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class GenerationStub:
+class SchedulerStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -35,18 +35,23 @@ class GenerationStub:
             channel: A grpc.Channel.
         """
         self.Pause = channel.unary_unary(
-                '/baton.pause.v1.Generation/Pause',
-                request_serializer=protos_dot_pause__pb2.PauseRequest.SerializeToString,
-                response_deserializer=protos_dot_pause__pb2.PauseResponse.FromString,
+                '/baton.scheduler.v1.Scheduler/Pause',
+                request_serializer=protos_dot_scheduler__pb2.PauseRequest.SerializeToString,
+                response_deserializer=protos_dot_scheduler__pb2.PauseResponse.FromString,
                 _registered_method=True)
         self.Resume = channel.unary_unary(
-                '/baton.pause.v1.Generation/Resume',
-                request_serializer=protos_dot_pause__pb2.ResumeRequest.SerializeToString,
-                response_deserializer=protos_dot_pause__pb2.ResumeResponse.FromString,
+                '/baton.scheduler.v1.Scheduler/Resume',
+                request_serializer=protos_dot_scheduler__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=protos_dot_scheduler__pb2.ResumeResponse.FromString,
+                _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/baton.scheduler.v1.Scheduler/Describe',
+                request_serializer=protos_dot_scheduler__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=protos_dot_scheduler__pb2.SchedulerInfo.FromString,
                 _registered_method=True)
 
 
-class GenerationServicer:
+class SchedulerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Pause(self, request, context):
@@ -66,28 +71,40 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Describe(self, request, context):
+        """The engine's limits and what it holds now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
-def add_GenerationServicer_to_server(servicer, server):
+
+def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
-                    request_deserializer=protos_dot_pause__pb2.PauseRequest.FromString,
-                    response_serializer=protos_dot_pause__pb2.PauseResponse.SerializeToString,
+                    request_deserializer=protos_dot_scheduler__pb2.PauseRequest.FromString,
+                    response_serializer=protos_dot_scheduler__pb2.PauseResponse.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
                     servicer.Resume,
-                    request_deserializer=protos_dot_pause__pb2.ResumeRequest.FromString,
-                    response_serializer=protos_dot_pause__pb2.ResumeResponse.SerializeToString,
+                    request_deserializer=protos_dot_scheduler__pb2.ResumeRequest.FromString,
+                    response_serializer=protos_dot_scheduler__pb2.ResumeResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=protos_dot_scheduler__pb2.DescribeRequest.FromString,
+                    response_serializer=protos_dot_scheduler__pb2.SchedulerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'baton.pause.v1.Generation', rpc_method_handlers)
+            'baton.scheduler.v1.Scheduler', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('baton.pause.v1.Generation', rpc_method_handlers)
+    server.add_registered_method_handlers('baton.scheduler.v1.Scheduler', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Generation:
+class Scheduler:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -104,9 +121,9 @@ class Generation:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/baton.pause.v1.Generation/Pause',
-            protos_dot_pause__pb2.PauseRequest.SerializeToString,
-            protos_dot_pause__pb2.PauseResponse.FromString,
+            '/baton.scheduler.v1.Scheduler/Pause',
+            protos_dot_scheduler__pb2.PauseRequest.SerializeToString,
+            protos_dot_scheduler__pb2.PauseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -131,9 +148,36 @@ class Generation:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/baton.pause.v1.Generation/Resume',
-            protos_dot_pause__pb2.ResumeRequest.SerializeToString,
-            protos_dot_pause__pb2.ResumeResponse.FromString,
+            '/baton.scheduler.v1.Scheduler/Resume',
+            protos_dot_scheduler__pb2.ResumeRequest.SerializeToString,
+            protos_dot_scheduler__pb2.ResumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.scheduler.v1.Scheduler/Describe',
+            protos_dot_scheduler__pb2.DescribeRequest.SerializeToString,
+            protos_dot_scheduler__pb2.SchedulerInfo.FromString,
             options,
             channel_credentials,
             insecure,
