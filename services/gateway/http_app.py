@@ -50,33 +50,30 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from protos import common_pb2
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
-from services.gateway.background_responses import ENDED, BackgroundResponses
+from services.gateway.background_responses import BackgroundResponses
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.choices import merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
-from services.gateway.generation_pause import GenerationPause, add_generation_pause_routes
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
 from services.gateway.http_responses import respond
 from services.gateway.http_serving import HttpServing
-from services.gateway.lora_updates import LoRAUpdates, add_lora_update_routes
+from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
+from services.gateway.operator_routes import add_operator_routes
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
-from services.gateway.prefix_cache_api import add_prefix_cache_routes
-from services.gateway.profile_api import add_profile_routes
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
-from services.gateway.response_store import MemoryResponseStore, RedisResponseStore, not_found
+from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
-from services.gateway.server_info import add_server_info_routes
-from services.gateway.sglang_api import add_sglang_routes
+from services.gateway.stored_response_routes import add_stored_response_routes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
-from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from services.gateway.tokenize_api import add_tokenize_routes
 from services.gateway.tool_parsers import (
     call_ids,
     keeps_special_tokens,
@@ -84,10 +81,8 @@ from services.gateway.tool_parsers import (
     syntax_for,
     with_template_call_ids,
 )
-from services.gateway.weight_updates import WeightUpdates, add_weight_update_routes
 
 T = TypeVar("T")
-CANCEL_WAIT_S = 5.0  # how long a cancel waits for the gateway generating the response to stop it
 log = logging.getLogger("baton.gateway")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -257,6 +252,8 @@ def create_app(state: GatewayState) -> FastAPI:
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
 
+    stored_response = add_stored_response_routes(app, state.responses, state.background)
+
     async def responses(request: Request):
         asked = await parsed_body(request, ResponsesRequest)
         if asked.background and asked.stream:
@@ -279,88 +276,13 @@ def create_app(state: GatewayState) -> FastAPI:
             return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
         return await respond(request, choices, builder, asked.stream, False, "input", dispatched, shape=shape)
 
-    async def stored_response(response_id: str, param: str | None = None):
-        found = await state.responses.get(response_id) if state.responses is not None else None
-        if found is None:
-            raise not_found(response_id, param)
-        return found
-
-    async def get_response(request: Request):
-        return JSONResponse((await stored_response(request.path_params["response_id"])).response)
-
-    async def delete_response(request: Request):
-        response_id = request.path_params["response_id"]
-        if state.responses is None or not await state.responses.delete(response_id):
-            raise not_found(response_id)
-        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
-
-    async def cancel_response(request: Request):
-        """Stop a background response: where this gateway generates it, at once; where another
-        sharing Redis does, by asking it (and waiting for it to say so). One already ended is
-        answered as it is."""
-        response_id = request.path_params["response_id"]
-        if state.background.is_running(response_id):
-            await state.background.cancel(response_id)
-        response = (await stored_response(response_id)).response
-        if not response["background"]:
-            raise APIError(400, "only a background response can be cancelled")
-        if response["status"] not in ENDED:
-            await state.responses.ask_to_cancel(response_id)
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            while (response := (await stored_response(response_id)).response)["status"] not in ENDED:
-                if time.monotonic() > deadline:
-                    raise APIError(409, f"no gateway generating response {response_id!r} answered the cancel "
-                                        f"within {CANCEL_WAIT_S:g} s", code="conflict")
-                await asyncio.sleep(0.05)
-        return JSONResponse(response)
-
-    async def response_input_items(request: Request):
-        """The input items a stored response answered (the earlier turns' too), newest first unless
-        `order=asc`, `limit` (1-100, 20) of them after the item `after`, as OpenAI lists them."""
-        found = await stored_response(request.path_params["response_id"])
-        query = request.query_params
-        items = found.conversation if query.get("order") == "asc" else found.conversation[::-1]
-        try:
-            limit = int(query.get("limit", 20))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 100:
-            raise APIError(400, "limit must be an integer from 1 to 100", param="limit")
-        if (after := query.get("after")) is not None:
-            ids = [item.get("id") for item in items]
-            if after not in ids:
-                raise APIError(400, f"after: no input item {after!r} in this response", param="after")
-            items = items[ids.index(after) + 1:]
-        page = items[:limit]
-        return JSONResponse({"object": "list", "data": page, "first_id": page[0].get("id") if page else None,
-                             "last_id": page[-1].get("id") if page else None, "has_more": len(items) > limit})
-
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_route("/v1/responses", responses, methods=["POST"])
-    app.add_route("/v1/responses/{response_id}", get_response, methods=["GET"])
-    app.add_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
-    app.add_route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"])
-    app.add_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"])
 
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
 
-    @app.post("/tokenize")
-    async def tokenize_prompt(request: Request) -> dict[str, Any]:
-        body = await parsed_body(request, TokenizeRequest)
-        if body.model is not None:
-            check_model(state, body.model)
-        tokens = await tokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s,
-                                state.tool_call_parser, state.pipeline.prompts.trust_request_chat_template)
-        token_strs = [state.pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
-        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": token_strs}
-
-    @app.post("/detokenize")
-    async def detokenize_tokens(request: Request) -> dict[str, str]:
-        body = await parsed_body(request, DetokenizeRequest)
-        if body.model is not None:
-            check_model(state, body.model)
-        return {"prompt": await detokenize(state.pipeline.tokenizer_stub, body, state.pipeline.deadlines.tokenizer_s)}
+    add_tokenize_routes(app, state, lambda model: check_model(state, model))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it
@@ -389,18 +311,8 @@ def create_app(state: GatewayState) -> FastAPI:
     async def model(model: str) -> dict[str, Any]:
         return state.models.card(model)
 
-    if state.lora_updates is not None:
-        add_lora_update_routes(app, state.lora_updates)
-    pools = [pool for pool in (state.pipeline.prefill, state.pipeline.decode) if pool is not None]
-    add_prefix_cache_routes(app, pools)
-    add_profile_routes(app, pools)
     add_sagemaker_routes(app)
-    generation = GenerationPause(state.pipeline, pools)
-    weight_updates = WeightUpdates(state.pipeline, pools, generation)
-    add_sglang_routes(app, state, lambda model: check_model(state, model), weight_updates)
-    add_weight_update_routes(app, weight_updates)
-    add_generation_pause_routes(app, generation)
-    add_server_info_routes(app, state, pools, weight_updates, generation, BATON_VERSION)
+    add_operator_routes(app, state, lambda model: check_model(state, model), BATON_VERSION)
 
     @app.get("/v1/requests/{response_id}/timeline")
     async def timeline(response_id: str) -> dict[str, Any]:

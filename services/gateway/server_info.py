@@ -3,7 +3,9 @@ named as SGLang names it for one server, with each prefill and decode worker's s
 `internal_states` (SGLang's list, one entry per data-parallel scheduler; here one per worker, with its
 kind, address, limits and what it holds now). Tools read it to find out that an SGLang server answers
 and what its limits are: sglang.bench_serving reads `avg_spec_accept_length`, scripts
-`max_total_num_tokens` and `max_running_requests`.
+`max_total_num_tokens` and `max_running_requests`. `GET /get_load` is SGLang's load probe, one
+entry per worker (its `dp_rank` its place in the list): requests running and waiting, and the tokens
+their KV takes.
 
 The mesh's limits are its decode workers', where generation runs and KV is held for it:
 `max_total_num_tokens` and `max_running_requests` are summed over them; `chunked_prefill_size` is the
@@ -28,17 +30,26 @@ from services.gateway.workers import Worker, WorkerPool
 DESCRIBE_TIMEOUT_S = 5.0
 
 
-async def _describe(worker: Worker) -> scheduler_pb2.SchedulerInfo:
-    return await scheduler_pb2_grpc.SchedulerStub(worker.channel).Describe(scheduler_pb2.DescribeRequest(),
-                                                                           timeout=DESCRIBE_TIMEOUT_S)
+Described = tuple[str, Worker, scheduler_pb2.SchedulerInfo | BaseException]
+
+
+async def _described(pools: Sequence[WorkerPool]) -> list[Described]:
+    """Each worker's kind, itself and its scheduler's answer (or why there is none), asked all at once."""
+    workers = [(pool.kind, worker) for pool in pools for worker in pool.workers]
+    infos = await asyncio.gather(*(scheduler_pb2_grpc.SchedulerStub(worker.channel).Describe(
+        scheduler_pb2.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S) for _, worker in workers), return_exceptions=True)
+    return [(kind, worker, info) for (kind, worker), info in zip(workers, infos, strict=True)]
+
+
+def _error(error: BaseException) -> str:
+    return error.details() if isinstance(error, grpc.aio.AioRpcError) else repr(error)
 
 
 def _state(kind: str, worker: Worker, info: scheduler_pb2.SchedulerInfo | BaseException) -> dict[str, Any]:
     state: dict[str, Any] = {"kind": kind, "address": worker.address, "is_serving": worker.is_serving,
                              "num_in_flight": worker.num_in_flight}
     if isinstance(info, BaseException):
-        details = info.details() if isinstance(info, grpc.aio.AioRpcError) else repr(info)
-        return {**state, "error": details}
+        return {**state, "error": _error(info)}
     state.update(model_path=info.model, dtype=info.dtype, kv_cache_dtype=info.kv_cache_dtype,
                  page_size=info.block_size, max_total_num_tokens=info.num_kv_blocks * info.block_size,
                  num_free_tokens=info.num_free_blocks * info.block_size, max_running_requests=info.max_num_seqs,
@@ -57,9 +68,7 @@ def _state(kind: str, worker: Worker, info: scheduler_pb2.SchedulerInfo | BaseEx
 async def server_info(state, pools: Sequence[WorkerPool], weights: WeightUpdates,
                       generation: GenerationPause, version: str) -> dict[str, Any]:
     """`state`: the gateway's (http_app.GatewayState)."""
-    workers = [(pool.kind, worker) for pool in pools for worker in pool.workers]
-    infos = await asyncio.gather(*(_describe(worker) for _, worker in workers), return_exceptions=True)
-    states = [_state(kind, worker, info) for (kind, worker), info in zip(workers, infos, strict=True)]
+    states = [_state(kind, worker, info) for kind, worker, info in await _described(pools)]
     answered = [s for s in states if "error" not in s]
     decoding = [s for s in answered if s["kind"] == "decode"]
     stepping = [s for s in answered if s["kind"] == "prefill"] or decoding
@@ -77,10 +86,27 @@ async def server_info(state, pools: Sequence[WorkerPool], weights: WeightUpdates
     }
 
 
+async def loads(pools: Sequence[WorkerPool]) -> list[dict[str, Any]]:
+    answer = []
+    for rank, (kind, worker, info) in enumerate(await _described(pools)):
+        load: dict[str, Any] = {"dp_rank": rank, "kind": kind, "address": worker.address}
+        if isinstance(info, BaseException):
+            load["error"] = _error(info)
+        else:
+            load.update(num_reqs=info.num_running + info.num_waiting, num_waiting_reqs=info.num_waiting,
+                        num_tokens=(info.num_kv_blocks - info.num_free_blocks) * info.block_size)
+        answer.append(load)
+    return answer
+
+
 def add_server_info_routes(app: FastAPI, state, pools: Sequence[WorkerPool], weights: WeightUpdates,
                            generation: GenerationPause, version: str) -> None:
     async def get_server_info(request: Request) -> JSONResponse:
         return JSONResponse(await server_info(state, pools, weights, generation, version))
 
+    async def get_load(request: Request) -> JSONResponse:
+        return JSONResponse(await loads(pools))
+
     for path in ("/get_server_info", "/server_info"):
         app.add_route(path, get_server_info, methods=["GET"])
+    app.add_route("/get_load", get_load, methods=["GET"])

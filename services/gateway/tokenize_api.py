@@ -15,13 +15,17 @@ Decode), so a long prompt is not encoded on the gateway's event loop; what it re
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protos import tokenizer_pb2
 from services.gateway.errors import APIError, to_api_error
+from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import ChatMessage, TokenId
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE
 from services.gateway.tool_parsers import with_template_call_ids
@@ -100,3 +104,27 @@ def _refused(e: grpc.aio.AioRpcError, param: str) -> APIError:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return APIError(400, e.details(), param=param)
     return to_api_error(e, param)
+
+
+def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | None]) -> None:
+    """`state`: the gateway's (http_app.GatewayState); `check_model`: a named model's LoRA adapter, or a 404."""
+    pipeline = state.pipeline
+
+    async def tokenize_prompt(request: Request) -> JSONResponse:
+        body = await parsed_body(request, TokenizeRequest)
+        if body.model is not None:
+            check_model(body.model)
+        tokens = await tokenize(pipeline.tokenizer_stub, body, pipeline.deadlines.tokenizer_s, state.tool_call_parser,
+                                pipeline.prompts.trust_request_chat_template)
+        token_strs = [pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
+        return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
+                             "token_strs": token_strs})
+
+    async def detokenize_tokens(request: Request) -> JSONResponse:
+        body = await parsed_body(request, DetokenizeRequest)
+        if body.model is not None:
+            check_model(body.model)
+        return JSONResponse({"prompt": await detokenize(pipeline.tokenizer_stub, body, pipeline.deadlines.tokenizer_s)})
+
+    app.add_route("/tokenize", tokenize_prompt, methods=["POST"])
+    app.add_route("/detokenize", detokenize_tokens, methods=["POST"])

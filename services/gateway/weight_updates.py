@@ -65,6 +65,15 @@ class UpdateWeightsRequest(BaseModel):
                            param="flush_cache")
 
 
+class UpdateWeightVersionRequest(BaseModel):
+    """SGLang's UpdateWeightVersionReqInput."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    new_version: str = Field(min_length=1)
+    abort_all_requests: bool = False
+
+
 class WeightUpdates:
     """The mesh's weight version, and the one update that may run at a time."""
 
@@ -154,5 +163,15 @@ def add_weight_update_routes(app: FastAPI, updates: WeightUpdates) -> None:
     async def get_weight_version(request: Request) -> JSONResponse:
         return JSONResponse({"weight_version": updates.weight_version})
 
+    async def update_weight_version(request: Request) -> JSONResponse:
+        """SGLang's: names the weights served (a trainer that sent them another way), nothing reloaded."""
+        body = await parsed_body(request, UpdateWeightVersionRequest)
+        if body.abort_all_requests:
+            updates.pipeline.running.abort_all()
+        updates.weight_version = body.new_version
+        return JSONResponse({"success": True, "message": f"Weight version updated to {body.new_version}",
+                             "new_version": body.new_version})
+
     app.add_route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"])
     app.add_route("/get_weight_version", get_weight_version, methods=["GET"])
+    app.add_route("/update_weight_version", update_weight_version, methods=["POST"])

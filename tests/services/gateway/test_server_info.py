@@ -1,5 +1,6 @@
-"""SGLang's GET /get_server_info (and /server_info) on a mesh of 2 prefill and 2 decode workers: the
-mesh's limits as SGLang names them, from what each worker's scheduler reports, and its state now."""
+"""SGLang's GET /get_server_info (and /server_info) and /get_load on a mesh of 2 prefill and 2 decode
+workers: the mesh's limits as SGLang names them, from what each worker's scheduler reports, and its
+state and load now."""
 from __future__ import annotations
 
 import httpx
@@ -41,6 +42,11 @@ def test_a_paused_mesh_reports_its_workers_paused_and_the_pages_its_requests_hol
         assert all(s["is_paused"] for s in info["internal_states"])
         [holding] = [s for s in info["internal_states"] if s["kind"] == "decode" and s["num_running_reqs"]]
         assert holding["num_free_tokens"] < holding["max_total_num_tokens"]
+        loads = httpx.get(f"{mesh.gateway.base_url}/get_load", timeout=10).json()  # SGLang's load probe
+        assert [load["dp_rank"] for load in loads] == list(range(4))
+        [busy] = [load for load in loads if load["num_reqs"]]
+        assert busy["address"] == holding["address"] and busy["num_waiting_reqs"] == 0
+        assert busy["num_tokens"] == holding["max_total_num_tokens"] - holding["num_free_tokens"]
     finally:
         assert resume(mesh).status_code == 200
     sample.join()

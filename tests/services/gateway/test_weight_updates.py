@@ -119,3 +119,14 @@ def test_a_checkpoint_of_another_shape_is_refused_by_every_worker(mesh, tmp_path
     assert answer.status_code == 400 and not answer.json()["success"]
     assert answer.json()["message"].count("is not the served model's shape") == 4
     assert greedy(mesh) == before
+
+
+def test_a_version_is_named_without_reloading_anything(mesh, restored):
+    before = greedy(mesh)
+    answer = httpx.post(f"{mesh.gateway.base_url}/update_weight_version", timeout=10, json={"new_version": "synced-3"})
+    assert answer.json() == {"success": True, "message": "Weight version updated to synced-3",
+                             "new_version": "synced-3"}
+    assert httpx.get(f"{mesh.gateway.base_url}/get_weight_version", timeout=10).json() == {"weight_version": "synced-3"}
+    assert greedy(mesh) == before
+    refused = httpx.post(f"{mesh.gateway.base_url}/update_weight_version", timeout=10, json={"new_version": ""})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "new_version", refused.text
