@@ -265,7 +265,7 @@ class RequestPipeline:
         first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
         gone: list[Worker] = []  # decode workers that went away mid-stream
         held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
-        running = held.enter_context(self.running.running())
+        running = held.enter_context(self.running.running(request_id))
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
                 try:

@@ -2,9 +2,11 @@
 pause_generation in abort mode and abort_all, a weight update's abort_all_requests): each is aborted
 on the decode worker its tokens stream from, whose stream then ends with finish_reason "abort" and
 the text so far, whatever API asked for it. One whose stream has not begun (its prompt still being
-prefilled) is aborted as its first token arrives."""
+prefilled) is aborted as its first token arrives. SGLang's `/abort_request` ends one by its id (the
+`x-request-id` of an OpenAI request, an SGLang `rid`), or its samples `{id}-{n}`."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -40,16 +42,16 @@ class RunningRequests:
 
     def __init__(self, abort_on: Callable[[Worker, str], None]) -> None:
         self._abort_on = abort_on
-        self._running: set[RunningRequest] = set()
+        self._running: dict[RunningRequest, str] = {}  # each to its id at the gateway
 
     @contextmanager
-    def running(self) -> Iterator[RunningRequest]:
+    def running(self, request_id: str) -> Iterator[RunningRequest]:
         request = RunningRequest(self._abort_on)
-        self._running.add(request)
+        self._running[request] = request_id
         try:
             yield request
         finally:
-            self._running.discard(request)
+            del self._running[request]
 
     def abort_all(self) -> int:
         """Abort every running request; how many there were."""
@@ -57,3 +59,11 @@ class RunningRequests:
         for request in running:
             request.abort()
         return len(running)
+
+    def abort(self, request_id: str) -> int:
+        """Abort the requests named `request_id`, or one of its samples `{request_id}-{n}`; how many."""
+        sample = re.compile(re.escape(request_id) + r"(-\d+)?")
+        named = [request for request, name in self._running.items() if sample.fullmatch(name)]
+        for request in named:
+            request.abort()
+        return len(named)

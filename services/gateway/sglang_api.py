@@ -13,7 +13,8 @@ and from `logprob_start_len` on the prompt's. The sampling fields are checked as
 checks them (services/gateway/sglang_protocol.py), their errors named as SGLang names the fields.
 `POST /abort_request` (`rid`, or `abort_all`) ends a sample wherever it is, as RL rollout loops end
 the ones they no longer need: its answer so far comes back with `{"type": "abort"}` as its finish.
-`abort_all` ends the other APIs' running requests too (running_requests.py), as SGLang's does.
+Other APIs' running requests end the same way (running_requests.py), as SGLang's do: by `rid` (an
+OpenAI request's `x-request-id`), or all of them.
 The weight updates those loops make between rounds are weight_updates.py's.
 """
 from __future__ import annotations
@@ -221,6 +222,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
             pipeline.running.abort_all()
         else:
             abort([body.rid])
+            pipeline.running.abort(body.rid)
         return JSONResponse({})
 
     async def get_model_info(request: Request):

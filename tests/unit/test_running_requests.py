@@ -13,7 +13,7 @@ def worker(n: int) -> Worker:
 def test_a_streaming_request_is_aborted_at_once_and_a_prefilling_one_as_its_stream_begins():
     aborted: list[tuple[str, str]] = []
     running = RunningRequests(lambda w, request_id: aborted.append((w.address, request_id)))
-    with running.running() as streaming, running.running() as prefilling, running.running():
+    with running.running("a") as streaming, running.running("b") as prefilling, running.running("c"):
         streaming.streams_from(worker(1), "a")
         assert running.abort_all() == 3
         assert aborted == [("10.0.0.1:50052", "a")]
@@ -24,3 +24,15 @@ def test_a_streaming_request_is_aborted_at_once_and_a_prefilling_one_as_its_stre
         running.abort_all()  # asked again: each was aborted already
         assert len(aborted) == 3
     assert running.abort_all() == 0  # none is running now
+
+
+def test_a_request_is_aborted_by_its_id_or_its_samples_by_theirs():
+    aborted: list[str] = []
+    running = RunningRequests(lambda w, request_id: aborted.append(request_id))
+    with running.running("cmpl-1") as one, running.running("cmpl-12"), running.running("cmpl-2-0") as sample0, \
+            running.running("cmpl-2-1") as sample1:
+        for request, request_id in ((one, "cmpl-1"), (sample0, "cmpl-2-0"), (sample1, "cmpl-2-1")):
+            request.streams_from(worker(1), request_id)
+        assert running.abort("cmpl-1") == 1 and aborted == ["cmpl-1"]  # not cmpl-12
+        assert running.abort("cmpl-2") == 2 and aborted[1:] == ["cmpl-2-0", "cmpl-2-1"]
+        assert running.abort("nobody") == 0

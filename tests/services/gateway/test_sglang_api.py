@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
 from tests.unit.test_grammar_guides import DATE_GRAMMARS
@@ -163,6 +164,22 @@ def test_abort_request_ends_a_sample_with_its_text_so_far(mesh):
     last = chunks[-1]["meta_info"]
     assert last["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}
     assert 3 <= last["completion_tokens"] < 1500
+    mesh.assert_decode_pools_free()
+
+
+def test_abort_request_ends_an_openai_chat_by_its_request_id(mesh):
+    client = openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=1500, stream=True, temperature=0,
+                                            extra_body={"ignore_eos": True}, extra_headers={"x-request-id": "chat-7"})
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            aborted = httpx.post(f"{mesh.gateway.base_url}/abort_request", json={"rid": "chat-7"}, timeout=10)
+            assert aborted.status_code == 200
+    assert chunks[-1].id == "chat-7" and chunks[-1].choices[0].finish_reason == "abort"
+    assert 3 <= sum(bool(c.choices[0].delta.content) for c in chunks) < 1500
     mesh.assert_decode_pools_free()
 
 
