@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.local_mesh import log  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
-from engine.guided_decoding import GuideFactory, allowed_mask  # noqa: E402
+from engine.guided_decoding import GuideFactory, guide_bias  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from services.gateway.structured_output import ANY_JSON_OBJECT, schema_guide  # noqa: E402
@@ -81,7 +81,7 @@ def grammar_ms(tokenizer_path: Path, grammar: str) -> tuple[float, float]:
     start = time.perf_counter()
     factory.compile(SamplingParams(guided_grammar='start: "warm"'))  # the tokenizer, once per worker
     made = time.perf_counter()
-    allowed_mask([factory.guide(params)], tokenizer.get_vocab_size(), torch.device("cpu"))
+    guide_bias([factory.guide(params)], tokenizer.get_vocab_size(), torch.device("cpu"))
     return (made - start) * 1e3, (time.perf_counter() - made) * 1e3
 
 

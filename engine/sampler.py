@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine.guided_decoding import allowed_mask
+from engine.guided_decoding import guide_bias
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -256,13 +256,18 @@ def _guide(logits: torch.Tensor, guides: list, rows: list[int], eos_token_ids: t
     EOS (the model's first); where it allows that one, the model's others end the text as well (Llama 3's
     chat turns end with `<|eot_id|>`, its second: masked, a text the guide lets go on would run to its
     length limit)."""
-    allowed = allowed_mask(guides, logits.shape[-1], logits.device)  # [R, V]
+    # Added, not masked_fill'ed: a guide's mask is scattered, and masked_fill's branch a token took 8.4 ms
+    # for 16 rows of a 151,936-token vocabulary where the sum takes 0.7.
+    bias = guide_bias(guides, logits.shape[-1], logits.device).to(logits.dtype)  # [R, V]: 0 or -inf
     if len(eos_token_ids) > 1:
         others = torch.tensor(eos_token_ids[1:]).to(logits.device)
-        allowed[:, others] |= allowed[:, eos_token_ids[0]].unsqueeze(1)
-    mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-    mask[torch.tensor(rows).to(logits.device)] = ~allowed
-    return logits.masked_fill(mask, float("-inf"))
+        bias[:, others] = torch.maximum(bias[:, others], bias[:, eos_token_ids[0]].unsqueeze(1))
+    if len(rows) == logits.shape[0]:
+        return bias.add_(logits)
+    guided = torch.tensor(rows).to(logits.device)
+    out = logits.clone()
+    out[guided] += bias
+    return out
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams]) -> torch.Tensor:

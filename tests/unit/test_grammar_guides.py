@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.demo_model import make_demo_model
-from engine.guided_decoding import allowed_mask
+from engine.guided_decoding import guide_bias
 from engine.sampling_params import SamplingParams
 from services.gateway.structured_output import schema_guide, structural_tag_grammar
 from tests.parity.conftest import shared_model_dirs
@@ -151,7 +151,8 @@ def follows(engine, grammar: str, text: str) -> bool:
             guide.advance(token_id)
     except ValueError:
         return False
-    return bool(allowed_mask([guide], engine.model_config.vocab_size, torch.device("cpu"))[0, engine.eos_token_ids[0]])
+    bias = guide_bias([guide], engine.model_config.vocab_size, torch.device("cpu"))
+    return bool(bias[0, engine.eos_token_ids[0]] == 0)
 
 
 def test_a_json_schema_guide_holds_objects_to_their_properties_at_any_depth(tiny_demo_model):
