@@ -19,7 +19,7 @@ from protos import decode_pb2, decode_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
-from tests.services.service_process import REPO_ROOT, ServiceProcess, read_line, stop_process
+from tests.services.service_process import REPO_ROOT, ServiceProcess, read_line, stop_process, stop_processes
 
 DECODE_KV_BLOCKS = 128
 BLOCK_SIZE = 16
@@ -111,20 +111,24 @@ def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gatew
     `decode_args` to decode workers only."""
     started: list = []
     try:
-        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir)
+        # Started together, waited for in turn: they load and warm up at once.
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir, wait=False)
         started.append(tokenizer)
-        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128", *worker_args,
-                                  *prefill_args)
-                   for _ in range(num_prefill)]
-        started += prefill
-        decode = [ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),
-                                 *worker_args, *decode_args) for _ in range(num_decode)]
-        started += decode
+        prefill, decode = [], []
+        for _ in range(num_prefill):
+            prefill.append(ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128", *worker_args,
+                                          *prefill_args, wait=False))
+            started.append(prefill[-1])
+        for _ in range(num_decode):
+            decode.append(ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),
+                                         *worker_args, *decode_args, wait=False))
+            started.append(decode[-1])
+        for svc in started:
+            svc.wait_serving()
         gateway = GatewayProcess(model_dir, tokenizer.address, [p.address for p in prefill],
                                  [d.address for d in decode], *gateway_args)
     except BaseException:
-        for svc in started:
-            svc.terminate()
+        stop_processes(started)
         raise
     return Mesh(model_dir, tokenizer, prefill, decode, gateway)
 
@@ -132,6 +136,7 @@ def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gatew
 def stop_mesh(mesh: Mesh) -> dict[str, int]:
     """Exit codes by process, gateway first (it stops taking requests before the workers go)."""
     codes = {"gateway": mesh.gateway.terminate()}
-    for i, svc in enumerate([mesh.tokenizer, *mesh.prefill, *mesh.decode]):
-        codes[f"{svc.name}-{i}"] = svc.terminate()
+    services = [mesh.tokenizer, *mesh.prefill, *mesh.decode]
+    for i, (svc, code) in enumerate(zip(services, stop_processes(services), strict=True)):
+        codes[f"{svc.name}-{i}"] = code
     return codes
