@@ -37,7 +37,7 @@ from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.prefix_cache_api import reset_prefix_caches
-from services.gateway.workers import Worker, WorkerPool
+from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 PAUSE_TIMEOUT_S = 30.0  # a worker finishes the step in hand first
 ABORT_DRAIN_S = 30.0  # an aborted request whose prompt is being prefilled ends as its first token arrives
@@ -87,8 +87,8 @@ class GenerationPause:
                     await asyncio.sleep(DRAIN_POLL_S)
                 return
             self.workers_mode = mode
-            await _on_each(self._serving(), lambda stub: stub.Pause(scheduler_pb2.PauseRequest(mode=WORKER_MODES[mode]),
-                                                                     timeout=PAUSE_TIMEOUT_S))
+            request = scheduler_pb2.PauseRequest(mode=WORKER_MODES[mode])
+            await _on_each(serving_workers(self.pools), lambda stub: stub.Pause(request, timeout=PAUSE_TIMEOUT_S))
 
     async def resume(self) -> None:
         """Every worker steps again and the held requests go on; APIError (503) naming each worker that
@@ -98,14 +98,11 @@ class GenerationPause:
                 return
             try:
                 if self.workers_mode is not None:
-                    await _on_each(self._serving(), lambda stub: stub.Resume(scheduler_pb2.ResumeRequest(),
-                                                                              timeout=PAUSE_TIMEOUT_S))
+                    await _on_each(serving_workers(self.pools),
+                                   lambda stub: stub.Resume(scheduler_pb2.ResumeRequest(), timeout=PAUSE_TIMEOUT_S))
             finally:
                 self.workers_mode = self.mode = None
                 self.requests.let_go()
-
-    def _serving(self) -> list[tuple[str, Worker]]:
-        return [(pool.kind, worker) for pool in self.pools for worker in pool.workers if worker.is_serving]
 
     async def _pause_joining(self, worker: Worker) -> None:
         async with self._lock:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from protos import cache_pb2, cache_pb2_grpc
 from services.gateway.errors import APIError
-from services.gateway.workers import Worker, WorkerPool
+from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 RESET_TIMEOUT_S = 10.0
 
@@ -24,7 +24,7 @@ RESET_TIMEOUT_S = 10.0
 async def reset_prefix_caches(pools: Sequence[WorkerPool]) -> list[dict]:
     """Each serving worker's answer: its kind, address, whether it reset, and the blocks it forgot (one
     not serving is left out: its health watch finds it down or not yet up)."""
-    workers = [(pool.kind, worker) for pool in pools for worker in pool.workers if worker.is_serving]
+    workers = serving_workers(pools)
     return list(await asyncio.gather(*(_reset(kind, worker) for kind, worker in workers)))
 
 

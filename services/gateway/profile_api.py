@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from protos import profile_pb2, profile_pb2_grpc
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
-from services.gateway.workers import Worker, WorkerPool
+from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 PROFILE_TIMEOUT_S = 120.0  # a long recording's trace takes a while to write
 
@@ -35,7 +35,7 @@ class StartProfileRequest(BaseModel):
 
 async def _on_each(pools: Sequence[WorkerPool], call) -> list[dict]:
     """`call(stub)` on every serving worker at once; APIError naming the first that failed."""
-    workers = [(pool.kind, worker) for pool in pools for worker in pool.workers if worker.is_serving]
+    workers = serving_workers(pools)
     if not workers:
         raise APIError(503, "no worker is serving", code="unavailable")
     results = await asyncio.gather(*(call(profile_pb2_grpc.ProfilerStub(w.channel)) for _, w in workers),

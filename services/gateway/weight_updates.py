@@ -35,7 +35,7 @@ from services.gateway.errors import APIError
 from services.gateway.generation_pause import GenerationPause
 from services.gateway.http_body import parsed_body
 from services.gateway.pipeline import RequestPipeline
-from services.gateway.workers import Worker, WorkerPool
+from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 UPDATE_TIMEOUT_S = 600.0  # one worker reading a checkpoint
 IDLE_POLL_S = 0.01
@@ -107,7 +107,7 @@ class WeightUpdates:
                     raise APIError(409, f"{self.pipeline.num_requests} request(s) still running after "
                                         f"{body.drain_timeout:g} s; nothing updated", code="workers_busy")
                 await asyncio.sleep(IDLE_POLL_S)
-            workers = [(pool.kind, worker) for pool in self.pools for worker in pool.workers if worker.is_serving]
+            workers = serving_workers(self.pools)
             results = await asyncio.gather(*(_update(worker, body.model_path, deadline) for _, worker in workers),
                                            return_exceptions=True)
             failed = [result for result in results if isinstance(result, BaseException)]

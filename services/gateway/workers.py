@@ -231,6 +231,11 @@ async def _prepared(worker: Worker, kind: str, before_serving: Sequence[Callable
     return True
 
 
+def serving_workers(pools: Sequence[WorkerPool]) -> list[tuple[str, Worker]]:
+    """Each serving worker of `pools`, with its pool's kind: what an operator's call to every worker reaches."""
+    return [(pool.kind, worker) for pool in pools for worker in pool.workers if worker.is_serving]
+
+
 def expand_addresses(addresses: Sequence[str]) -> list[str]:
     """Each "host:port", with a host name that resolves to several addresses (a compose
     service with replicas) expanded to one "ip:port" per address; others as given."""
