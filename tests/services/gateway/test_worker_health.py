@@ -26,8 +26,14 @@ from services.gateway.config import GatewayConfig
 from services.gateway.workers import WorkerPool, expand_addresses, follow, needs_resolving, resolved_names
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
-from tests.services.gateway.mesh import DECODE_KV_BLOCKS, GatewayProcess, assert_decode_pools_free, start_mesh
-from tests.services.service_process import ServiceProcess, failing_step_worker
+from tests.services.gateway.mesh import (
+    DECODE_KV_BLOCKS,
+    GatewayProcess,
+    assert_decode_pools_free,
+    start_mesh,
+    stop_mesh,
+)
+from tests.services.service_process import ServiceProcess, failing_step_worker, stop_processes
 
 
 @pytest.fixture()
@@ -36,9 +42,7 @@ def small_mesh(tiny_demo_model):
     try:
         yield mesh
     finally:
-        mesh.gateway.terminate()
-        for svc in [mesh.tokenizer, *mesh.prefill, *mesh.decode]:
-            svc.terminate()
+        stop_mesh(mesh)
 
 
 def complete(mesh) -> httpx.Response:
@@ -191,15 +195,13 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
     prompt fails (it may make any worker's engine fail), and the one queued behind it, which A
     answers UNAVAILABLE, is sent to B instead and served. B is paused until both prompts are on A."""
     with processes() as started:
-        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
-        started.append(tokenizer)
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
         failing = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
-                                 command=failing_step_worker("prefill"))
-        started.append(failing)
-        other = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128")
-        started.append(other)
-        decode = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS))
-        started.append(decode)
+                                 command=failing_step_worker("prefill"), wait=False)
+        other = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", wait=False)
+        decode = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS),
+                                wait=False)
+        wait_serving(started, [tokenizer, failing, other, decode])
         other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [failing.address, other.address],
                                  [decode.address], "--local-prefill-max-tokens", "0")
@@ -224,12 +226,13 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
 
 # Streams that go on as if they had never moved: the workers count a moved request's output so far as
 # its own (penalties, the guide, the seeded draws), not as prompt.
+MOVED_TOKENS = 400
 MOVED_STREAMS = {
     "greedy": {},
     "penalties": {"frequency_penalty": 0.5, "presence_penalty": 0.3},
     "seeded": {"temperature": 1.0, "top_p": 0.95, "seed": 7},
     # min_tokens: the guide would let EOS through after any letter.
-    "guided": {"temperature": 0.8, "seed": 3, "extra_body": {"guided_regex": "[a-z ]+", "min_tokens": 1500}},
+    "guided": {"temperature": 0.8, "seed": 3, "extra_body": {"guided_regex": "[a-z ]+", "min_tokens": MOVED_TOKENS}},
 }
 
 
@@ -237,18 +240,15 @@ MOVED_STREAMS = {
 def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layout):
     """Decode worker A is killed mid-stream: each request moves to B (paused until the streams are on
     A), its prompt and output so far prefilled again for B (by a prefill worker, or colocated by B
-    itself), and the client reads one whole stream, the same text as a stream A served alone: greedy,
-    with penalties, seeded sampling, and guided."""
+    itself), and the client reads one whole stream, the same text as the same streams A served to
+    their end: greedy, with penalties, seeded sampling, and guided."""
     with processes() as started:
-        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
-        started.append(tokenizer)
-        prefill = []
-        if layout == "disaggregated":
-            prefill.append(ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "512"))
-            started += prefill
-        doomed, other = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "512")
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+        prefill = [ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "512", wait=False)
+                   for _ in range(layout == "disaggregated")]
+        doomed, other = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "512", wait=False)
                          for _ in range(2))
-        started += [doomed, other]
+        wait_serving(started, [tokenizer, *prefill, doomed, other])
         other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [p.address for p in prefill],
                                  [doomed.address, other.address],
@@ -260,11 +260,17 @@ def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layo
                 sampling = {"temperature": 0, **MOVED_STREAMS[kind]}
                 extra_body = {"ignore_eos": True, **sampling.pop("extra_body", {})}
                 return client.completions.create(model=tiny_demo_model.name, prompt=f"Once upon a time, {kind}",
-                                                 max_tokens=1500, stream=True, extra_body=extra_body, **sampling)
+                                                 max_tokens=MOVED_TOKENS, stream=True, extra_body=extra_body,
+                                                 **sampling)
 
-            alone = {kind: "".join(chunk.choices[0].text for chunk in create(kind)) for kind in MOVED_STREAMS}
+            def read(kind: str) -> str:
+                return "".join(chunk.choices[0].text for chunk in create(kind))
+
+            with ThreadPoolExecutor(len(MOVED_STREAMS)) as pool:  # batched, as the moved streams are
+                unmoved = dict(zip(MOVED_STREAMS, pool.map(read, MOVED_STREAMS), strict=True))
             streams = {kind: create(kind) for kind in MOVED_STREAMS}
             texts = {kind: next(stream).choices[0].text for kind, stream in streams.items()}  # on A: B is paused
+            doomed.proc.send_signal(signal.SIGSTOP)  # mid-stream however long B takes to be routed to
             other.proc.send_signal(signal.SIGCONT)
             wait_for(lambda: serving(gateway, "decode") == 2)
             doomed.proc.send_signal(signal.SIGKILL)
@@ -273,8 +279,8 @@ def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layo
                 texts[kind] += "".join(chunk.choices[0].text for chunk in chunks)
                 assert chunks[-1].choices[0].finish_reason == "length", kind
             assert metric(gateway, "baton_gateway_decode_migrations_total") == len(MOVED_STREAMS)
-            assert texts == alone
-            assert re.fullmatch("[a-z ]+", texts["guided"]) and len(set(alone.values())) == len(MOVED_STREAMS)
+            assert texts == unmoved
+            assert re.fullmatch("[a-z ]+", texts["guided"]) and len(set(unmoved.values())) == len(MOVED_STREAMS)
             assert_decode_pools_free([other])
         finally:
             gateway.terminate()
@@ -304,25 +310,27 @@ def test_a_decode_worker_told_to_stop_finishes_its_streams_within_its_grace(tiny
     """SIGTERM: decode worker A takes no new work (its health says NOT_SERVING), and a stream on it goes
     on to its end within --shutdown-grace-s; with none, it is cut and moves to B. Same text either way."""
     with processes() as started:
-        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
-        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "256")
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "256", wait=False)
         stopping = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256",
-                                  "--shutdown-grace-s", grace_s)
-        other = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256")
-        started += [tokenizer, prefill, stopping, other]
+                                  "--shutdown-grace-s", grace_s, wait=False)
+        other = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "256", wait=False)
+        wait_serving(started, [tokenizer, prefill, stopping, other])
         other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [prefill.address],
                                  [stopping.address, other.address], "--local-prefill-max-tokens", "0")
         try:
             client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
-            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=1500, temperature=0,
-                          stream=True, extra_body={"ignore_eos": True})
+            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=MOVED_TOKENS,
+                          temperature=0, stream=True, extra_body={"ignore_eos": True})
             alone = "".join(chunk.choices[0].text for chunk in client.completions.create(**kwargs))
             stream = client.completions.create(**kwargs)
             text = next(stream).choices[0].text  # on A: B is still paused
+            stopping.proc.send_signal(signal.SIGSTOP)  # mid-stream however long B takes to be routed to
             other.proc.send_signal(signal.SIGCONT)
             wait_for(lambda: serving(gateway, "decode") == 2)
-            stopping.proc.send_signal(signal.SIGTERM)
+            stopping.proc.send_signal(signal.SIGTERM)  # delivered as it goes on
+            stopping.proc.send_signal(signal.SIGCONT)
             wait_for(lambda: serving(gateway, "decode") == 1)  # out of routing while it drains
             text += "".join(chunk.choices[0].text for chunk in stream)
             assert text == alone
@@ -344,11 +352,19 @@ def metric(gateway: GatewayProcess, pattern: str) -> float:
 
 @contextmanager
 def processes() -> Iterator[list[ServiceProcess]]:
-    """A list to put the services a test starts in, each stopped at the end (resumed first, if paused)."""
+    """A list of the services a test started, all stopped together at the end (resumed first, if paused)."""
     started: list[ServiceProcess] = []
     try:
         yield started
     finally:
         for svc in started:
             svc.proc.send_signal(signal.SIGCONT)
-            svc.terminate()
+        stop_processes(started)
+
+
+def wait_serving(started: list[ServiceProcess], services: list[ServiceProcess]) -> None:
+    """Services started without waiting (they load and warm up at once) put in `started`, then
+    waited for until each serves."""
+    started += services
+    for svc in services:
+        svc.wait_serving()
