@@ -21,7 +21,7 @@ from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
 from tests.services.gateway.mesh import GatewayProcess, gateway_client, start_mesh, stop_mesh
-from tests.services.service_process import ServiceProcess
+from tests.services.service_process import ServiceProcess, stop_processes
 
 transformers = pytest.importorskip("transformers")
 MAX_TOKENS = 8
@@ -157,12 +157,14 @@ def test_a_worker_that_joins_after_a_runtime_load_is_given_the_adapter_before_it
     prompt = list(range(40, 60))
     [expected] = engine_outputs(tiny_demo_model, adapter, [prompt], "tuned")
     allowed = ("--allow-runtime-lora-updating",)
-    tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)
-    first, late = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "128", *allowed)
-                   for _ in range(2))
-    late.proc.send_signal(signal.SIGSTOP)
+    tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+    first, late = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "128", *allowed,
+                                  wait=False) for _ in range(2))
     gateway = None
     try:
+        for svc in (tokenizer, first, late):  # loading and warming up at once
+            svc.wait_serving()
+        late.proc.send_signal(signal.SIGSTOP)
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [first.address, late.address],
                                  "--colocated", *allowed)
         loaded = httpx.post(f"{gateway.base_url}/v1/load_lora_adapter",
@@ -183,9 +185,8 @@ def test_a_worker_that_joins_after_a_runtime_load_is_given_the_adapter_before_it
     finally:
         if gateway is not None:
             gateway.terminate()
-        for svc in (tokenizer, first, late):
-            svc.proc.send_signal(signal.SIGCONT)
-            svc.terminate()
+        late.proc.send_signal(signal.SIGCONT)
+        stop_processes([tokenizer, first, late])
 
 
 def test_runtime_updates_are_off_unless_allowed(lora_mesh, adapter):

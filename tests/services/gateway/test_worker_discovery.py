@@ -15,7 +15,7 @@ from services.gateway.config import GatewayConfig
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import DECODE_KV_BLOCKS, GatewayProcess, assert_decode_pools_free
-from tests.services.service_process import ServiceProcess
+from tests.services.service_process import ServiceProcess, stop_processes
 
 
 def workers(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
@@ -40,11 +40,14 @@ def complete(gateway: GatewayProcess, model: str) -> None:
 
 def test_workers_are_found_in_the_registry_as_they_come_and_go(tiny_demo_model, redis_client, redis_server):
     registered = ("--redis", redis_server.url)
-    started = [ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model)]
+    started = [ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False),
+               ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", *registered,
+                              wait=False),
+               ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS),
+                              *registered, wait=False)]
     try:
-        started.append(ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", *registered))
-        started.append(ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks",
-                                      str(DECODE_KV_BLOCKS), *registered))
+        for svc in started:  # loading and warming up at once
+            svc.wait_serving()
         tokenizer, first, decode = started
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [], *registered, "--discover-workers",
                                  "--resolve-workers-s", "0.2")  # ready only once it found both kinds
@@ -66,8 +69,7 @@ def test_workers_are_found_in_the_registry_as_they_come_and_go(tiny_demo_model, 
         finally:
             assert gateway.terminate() == 0
     finally:
-        for svc in started:
-            svc.terminate()
+        stop_processes(started)
 
 
 def test_discovery_needs_the_registry(tiny_demo_model):
