@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import gc
 import logging
 import os
 import signal
@@ -153,6 +154,7 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
             print(f"{name}: {e}", file=sys.stderr, flush=True)
             return 2
         if serving_line is not None:
+            freeze_startup_heap()
             await set_serving(health_servicer, service.service_names, True)
             logging.getLogger(f"baton.{name}").info("%s", serving_line)
             await stop.wait()
@@ -162,6 +164,18 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
         await stop_server(server, health_servicer, grace_s=config.grace_s)
         await service.close()
         await closing_metrics
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up made out of the collector's sight, as vLLM does once its engine is up.
+
+    A warmed worker holds about 200,000 objects (torch's and protobuf's modules, the model), all
+    alive for good, and each full collection walked every one: 190 ms here with the GIL held, a
+    stall of every stream the process serves, and again about a second at exit. Frozen, a full
+    collection walks only what was made since (0.0 ms right after), and a worker stops in 0.3 s
+    instead of 1.3."""
+    gc.collect()
+    gc.freeze()
 
 
 def service_metrics(name: str, config: ServiceConfig, port: int) -> ServiceMetrics:

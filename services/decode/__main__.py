@@ -196,7 +196,12 @@ class DecodeService:
             await asyncio.to_thread(self.engine_loop.stop)
             self.servicer.engine_loop = self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = None
             self.engine_loop = None
-        gc.collect()  # the engine's views of the pool must be gone before it is unmapped
+        # The engine's views of the pool must be gone before it is unmapped; some sit in reference
+        # cycles, which the collector sees only in the start-up heap unfrozen (entrypoint.py), and
+        # frozen again what is left is not walked once more at exit.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
         if self.pool is not None:
             _close_pool(self.pool)
 

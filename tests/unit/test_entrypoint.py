@@ -1,12 +1,24 @@
-"""`serve`: a service that can no longer serve stops the process as a signal does, but exits 1."""
+"""`serve`: a service that can no longer serve stops the process as a signal does, but exits 1;
+what a service made while starting is frozen out of the collector's sight once it serves."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from services.common.entrypoint import serve
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    """`serve` freezes this test process's heap: the rest of the session collects as before."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
 
 
 @dataclass
@@ -54,3 +66,37 @@ def test_a_service_that_fails_while_serving_stops_gracefully_with_exit_code_1(ca
     assert asyncio.run(asyncio.wait_for(serve("test", Config(), make), 30)) == 1
     assert made[0].failed_while_serving and made[0].is_closed
     assert any("stopping: its engine failed" in r.getMessage() for r in caplog.records)
+
+
+class StopsOnceServing:
+    """Holds what it made while starting (a stand-in for a model) and looks at the collector once serving."""
+    servicers = ()
+    service_names = ()
+
+    def __init__(self, config: Config) -> None:
+        self.model: list[dict] = []
+        self.frozen_while_serving = 0
+
+    async def start(self, stop) -> str:
+        self.model = [{"layer": i} for i in range(1000)]
+        asyncio.get_running_loop().call_later(0.1, self._look, stop)
+        return "serving"
+
+    def _look(self, stop) -> None:
+        self.frozen_while_serving = gc.get_freeze_count()
+        stop.set()
+
+    async def close(self) -> None:
+        pass
+
+
+def test_what_start_up_made_is_frozen_once_serving():
+    made: list[StopsOnceServing] = []
+
+    def make(config: Config) -> StopsOnceServing:
+        made.append(StopsOnceServing(config))
+        return made[-1]
+
+    assert gc.get_freeze_count() == 0
+    assert asyncio.run(asyncio.wait_for(serve("test", Config(), make), 30)) == 0
+    assert made[0].frozen_while_serving >= len(made[0].model)
