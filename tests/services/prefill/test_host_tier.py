@@ -16,7 +16,7 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc, kvstore_pb2, prefill
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.services.prefill.test_prefill_service import _colocated_run, _sampling_to_proto, _target
-from tests.services.service_process import ServiceProcess as Service
+from tests.services.service_process import ServiceProcess as Service, stop_processes
 from tests.services.test_kvstore_node import KVStoreProcess
 
 BLOCK_SIZE = 16
@@ -39,17 +39,19 @@ def decode(tiny_demo_model):
     assert svc.terminate() == 0
 
 
-def _prefill_worker(model, kvstore_address: str) -> Service:
-    svc = Service("prefill", PREFILL_SERVICE, model, "--kv-blocks", "64", "--kvstore", kvstore_address)
-    svc.stub = prefill_pb2_grpc.PrefillStub(svc.channel)
-    return svc
-
-
 @pytest.fixture(scope="module")
 def workers(tiny_demo_model, kvstore):
-    a, b = _prefill_worker(tiny_demo_model, kvstore.address), _prefill_worker(tiny_demo_model, kvstore.address)
+    a, b = (Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "64", "--kvstore", kvstore.address,
+                    wait=False) for _ in range(2))
+    try:
+        for svc in (a, b):  # loading and warming up at once
+            svc.wait_serving()
+            svc.stub = prefill_pb2_grpc.PrefillStub(svc.channel)
+    except BaseException:
+        stop_processes([a, b])
+        raise
     yield a, b
-    assert a.terminate() == 0 and b.terminate() == 0
+    assert stop_processes([a, b]) == [0, 0]
 
 
 @pytest.fixture(scope="module")
