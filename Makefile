@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install clean
+# `make test` installs the Python packages and the Debian ones at once.
+MAKEFLAGS += --jobs=2
+
+.PHONY: up test install system-packages clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +20,11 @@ install: $(STAMP)
 up: $(STAMP)
 	$(BIN)/baton up
 
-test: $(STAMP)
-	bash scripts/install-system-packages.sh
+test: $(STAMP) system-packages
 	$(BIN)/python -m pytest -q
+
+system-packages:
+	bash scripts/install-system-packages.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
