@@ -68,6 +68,17 @@ def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 30) -> str
     return lines[0].removeprefix(prefix).strip()
 
 
+def wait_all_serving(services: list[ServiceProcess]) -> None:
+    """Wait for services started without `wait` (loading and warming up at once) until each serves;
+    if one does not, every one of them is stopped."""
+    try:
+        for svc in services:
+            svc.wait_serving()
+    except BaseException:
+        stop_processes(services)
+        raise
+
+
 def stop_processes(services: list[ServiceProcess]) -> list[int]:
     """Stop them all at once (each drains alone: one after another took a mesh's teardown 6.6 s, not 1.6);
     their exit codes."""

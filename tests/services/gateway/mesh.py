@@ -19,7 +19,14 @@ from protos import decode_pb2, decode_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
-from tests.services.service_process import REPO_ROOT, ServiceProcess, read_line, stop_process, stop_processes
+from tests.services.service_process import (
+    REPO_ROOT,
+    ServiceProcess,
+    read_line,
+    stop_process,
+    stop_processes,
+    wait_all_serving,
+)
 
 DECODE_KV_BLOCKS = 128
 BLOCK_SIZE = 16
@@ -123,8 +130,7 @@ def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gatew
             decode.append(ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),
                                          *worker_args, *decode_args, wait=False))
             started.append(decode[-1])
-        for svc in started:
-            svc.wait_serving()
+        wait_all_serving(started)
         gateway = GatewayProcess(model_dir, tokenizer.address, [p.address for p in prefill],
                                  [d.address for d in decode], *gateway_args)
     except BaseException:

@@ -21,7 +21,7 @@ from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
 from tests.services.gateway.mesh import GatewayProcess, gateway_client, start_mesh, stop_mesh
-from tests.services.service_process import ServiceProcess, stop_processes
+from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
 
 transformers = pytest.importorskip("transformers")
 MAX_TOKENS = 8
@@ -162,8 +162,7 @@ def test_a_worker_that_joins_after_a_runtime_load_is_given_the_adapter_before_it
                                   wait=False) for _ in range(2))
     gateway = None
     try:
-        for svc in (tokenizer, first, late):  # loading and warming up at once
-            svc.wait_serving()
+        wait_all_serving([tokenizer, first, late])
         late.proc.send_signal(signal.SIGSTOP)
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [first.address, late.address],
                                  "--colocated", *allowed)

@@ -15,7 +15,7 @@ from services.gateway.config import GatewayConfig
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import DECODE_KV_BLOCKS, GatewayProcess, assert_decode_pools_free
-from tests.services.service_process import ServiceProcess, stop_processes
+from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
 
 
 def workers(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
@@ -46,8 +46,7 @@ def test_workers_are_found_in_the_registry_as_they_come_and_go(tiny_demo_model, 
                ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS),
                               *registered, wait=False)]
     try:
-        for svc in started:  # loading and warming up at once
-            svc.wait_serving()
+        wait_all_serving(started)
         tokenizer, first, decode = started
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [], *registered, "--discover-workers",
                                  "--resolve-workers-s", "0.2")  # ready only once it found both kinds

@@ -33,7 +33,7 @@ from tests.services.gateway.mesh import (
     start_mesh,
     stop_mesh,
 )
-from tests.services.service_process import ServiceProcess, failing_step_worker, stop_processes
+from tests.services.service_process import ServiceProcess, failing_step_worker, stop_processes, wait_all_serving
 
 
 @pytest.fixture()
@@ -364,8 +364,6 @@ def processes() -> Iterator[list[ServiceProcess]]:
 
 
 def wait_serving(started: list[ServiceProcess], services: list[ServiceProcess]) -> None:
-    """Services started without waiting (they load and warm up at once) put in `started`, then
-    waited for until each serves."""
+    """`services`, started without waiting, put in `started` (to be stopped at the end) and waited for."""
     started += services
-    for svc in services:
-        svc.wait_serving()
+    wait_all_serving(services)

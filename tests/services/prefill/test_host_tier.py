@@ -16,7 +16,7 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc, kvstore_pb2, prefill
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.services.prefill.test_prefill_service import _colocated_run, _sampling_to_proto, _target
-from tests.services.service_process import ServiceProcess as Service, stop_processes
+from tests.services.service_process import ServiceProcess as Service, stop_processes, wait_all_serving
 from tests.services.test_kvstore_node import KVStoreProcess
 
 BLOCK_SIZE = 16
@@ -43,13 +43,9 @@ def decode(tiny_demo_model):
 def workers(tiny_demo_model, kvstore):
     a, b = (Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "64", "--kvstore", kvstore.address,
                     wait=False) for _ in range(2))
-    try:
-        for svc in (a, b):  # loading and warming up at once
-            svc.wait_serving()
-            svc.stub = prefill_pb2_grpc.PrefillStub(svc.channel)
-    except BaseException:
-        stop_processes([a, b])
-        raise
+    wait_all_serving([a, b])
+    for svc in (a, b):
+        svc.stub = prefill_pb2_grpc.PrefillStub(svc.channel)
     yield a, b
     assert stop_processes([a, b]) == [0, 0]
 
