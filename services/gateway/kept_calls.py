@@ -17,8 +17,8 @@ worker) makes a new call (PrefillStream, Decode), as every request did before. B
 the call's start tells them apart.
 
 A kept call is dropped for a new one when:
-- it has ended: the worker shut down (it ends waiting calls UNAVAILABLE) or a proxy
-  between them closed it;
+- it has ended, before its request or while it was being written: the worker shut down
+  (it ends waiting calls UNAVAILABLE) or a proxy between them closed it;
 - it is older than `max_idle_s`: its deadline was set when it was opened, to the
   request deadline plus `max_idle_s`, so each request's deadline stays within that much
   of the configured one.
@@ -69,16 +69,23 @@ class KeptCalls:
     async def start(self, worker: Worker, request):
         """The call answering `request` (read with `read()` or iterated, ended with `code()`)."""
         call = self._take(worker)
-        if call is None:
-            self._on_new.inc()
-            return getattr(worker.stub, self.new_method)(request, timeout=self.timeout_s)
-        try:
-            await call.write(request)
-        except BaseException:
-            call.cancel()
-            raise
-        self._on_preopened.inc()  # once the request is on its way
-        return call
+        if call is not None:
+            try:
+                await call.write(request)
+            except grpc.aio.AioRpcError:
+                # The worker ended the call while the request was being written, so never read it: a
+                # call's end can reach its writer before its status does, and grpc then says INTERNAL
+                # (grpc/grpc#36066) rather than the worker's UNAVAILABLE, which would fail the request
+                # where a worker going away moves it. A new call gets the worker's own answer.
+                call.cancel()
+            except BaseException:
+                call.cancel()
+                raise
+            else:
+                self._on_preopened.inc()  # once the request is on its way
+                return call
+        self._on_new.inc()
+        return getattr(worker.stub, self.new_method)(request, timeout=self.timeout_s)
 
     def replenish(self, worker: Worker, ended_on: BaseException | None = None) -> None:
         """Open `worker` a call for a next request, unless `per_worker` are kept already. `ended_on`:
