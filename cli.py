@@ -17,6 +17,8 @@ import sys
 import time
 from typing import NoReturn, Sequence
 
+from engine.config import KV_CACHE_DTYPES  # no torch: a bad value is refused before the slow imports
+
 DTYPES = ("float32", "bfloat16", "float16")
 EXIT_USAGE = 2
 # `baton up --KIND-args`: the services whose command lines take more flags from its user.
@@ -78,7 +80,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
     gen.add_argument("--lora", metavar="DIR", help="generate with this LoRA adapter (a PEFT adapter directory) "
                                                   "on the model")
-    gen.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
+    gen.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", metavar="DTYPE",
                      help="the KV pages' dtype: auto (the compute dtype), or fp8, fp8_e4m3, fp8_e5m2 (one byte a "
                           "number), as vLLM's")
     gen.add_argument("--speculative-config", metavar="JSON",
