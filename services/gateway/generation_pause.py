@@ -66,6 +66,11 @@ class GenerationPause:
         self._lock = asyncio.Lock()
         for pool in pools:
             pool.before_serving(self._pause_joining)
+        metrics = pipeline.metrics
+        paused = metrics.gauge("baton_gateway_generation_paused", "1 while generation is paused here "
+                               "(/pause_generation, vLLM's /pause), under the pause's mode; 0 otherwise", ["mode"])
+        for mode in ("abort", "in_place", "retract", "wait"):  # SGLang's, and vLLM's wait
+            paused.labels(**metrics.labels, mode=mode).set_function(lambda mode=mode: float(self.mode == mode))
 
     @property
     def is_paused(self) -> bool:

@@ -108,6 +108,9 @@ class RequestPipeline:
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
         self.pause = RequestPause()  # held by weight updates (weight_updates.py) and generation pauses
+        self.metrics.gauge("baton_gateway_requests_held", "Requests waiting at the gateway for a pause to end (a "
+                           "generation pause, a weight update)").labels(**self.metrics.labels).set_function(
+            lambda: self.pause.num_waiting)
         self.running = RunningRequests(lambda worker, request_id: self.steps.abort_soon(
             worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
 

@@ -7,6 +7,7 @@ them finish first. Each test leaves the mesh unpaused, on its own checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -150,13 +151,23 @@ def test_vllms_pause_waits_for_running_requests_and_keeps_new_ones_until_resumed
     thread.start()
     time.sleep(0.5)
     assert not arriving
+    assert pause_gauges(mesh) == ({"abort": 0, "in_place": 0, "retract": 0, "wait": 1}, 1)  # the one arriving
     assert httpx.post(f"{base}/resume", timeout=60).json() == {"status": "resumed"}
     thread.join(timeout=60)
     assert len(arriving["tokens"]) == 8
     assert httpx.get(f"{base}/is_paused", timeout=10).json() == {"is_paused": False}
+    assert pause_gauges(mesh) == ({"abort": 0, "in_place": 0, "retract": 0, "wait": 0}, 0)
     assert httpx.post(f"{base}/pause", params={"mode": "keep"}, timeout=60).status_code == 200
     states = httpx.get(f"{base}/get_server_info", timeout=10).json()["internal_states"]
     assert all(state["is_paused"] for state in states)  # keep: SGLang's in_place, on every worker
+
+
+def pause_gauges(mesh) -> tuple[dict[str, float], float]:
+    """The gateway's baton_gateway_generation_paused by mode, and its baton_gateway_requests_held."""
+    text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
+    paused = {m["mode"]: float(m["value"]) for m in re.finditer(
+        r'^baton_gateway_generation_paused\{[^}]*mode="(?P<mode>\w+)"[^}]*\} (?P<value>\S+)$', text, re.M)}
+    return paused, float(re.search(r"^baton_gateway_requests_held\{[^}]*\} (\S+)$", text, re.M).group(1))
 
 
 def test_a_mode_neither_has_is_refused(mesh):
