@@ -88,6 +88,8 @@ from services.kvstore.shared_memory import SharedKVPool  # noqa: E402
 
 KV_BLOCKS = 1024  # both sides: what the prefill and decode workers default to
 SETTLE_S = 0.3
+FIRST_TOKEN_PHASES = ("ingress", "tokenize", "route", "prefill_queue", "prefill_admit", "prefill_compute", "rpc",
+                      "first_token")  # services/gateway/timeline.py's, up to the first token out
 
 
 def engine_ttft_seconds(timeline: dict) -> float:
@@ -225,6 +227,9 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
                            for request_id in ids[args.warmup:]] for api, ids in request_ids.items()}
     engine_s = {api: [engine_ttft_seconds(timeline) for timeline in kept] for api, kept in timelines.items()}
     admit_s = [timeline["choices"][0]["phases_ms"]["prefill_admit"] / 1e3 for timeline in timelines["grpc"]]
+    # Where the gateway's own clock put the gRPC API's time to the first token, phase by phase.
+    phases_ms = {phase: statistics.median(timeline["choices"][0]["phases_ms"][phase] for timeline in timelines["grpc"])
+                 for phase in FIRST_TOKEN_PHASES}
     rtt = samples.pop("rtt")
     floor = samples.pop("floor")
     paired = {api: [ttft - engine for ttft, engine in zip(samples[api], engine_s[api], strict=True)]
@@ -234,7 +239,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
             "beyond_floor_ms": p50_ms([mesh - hops for mesh, hops in zip(paired["grpc"], floor, strict=True)]),
             "http_overhead_paired_ms": p50_ms(paired["http"]), "ttft_prefill_engine_p50_ms": p50_ms(engine_s["grpc"]),
             "prefill_admit_p50_ms": p50_ms(admit_s),
-            "ttst_grpc_p50_ms": p50_ms(ttst),
+            "ttst_grpc_p50_ms": p50_ms(ttst), "first_token_phases_grpc_p50_ms": phases_ms,
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
 
 
@@ -355,6 +360,9 @@ def main(argv=None) -> int:
             f"{ttft['ttft_http_p50_ms']:.2f} ms: overhead {http_overhead_ms:.2f} ms (p50 per request) = "
             f"{http_overhead_ms / rtt_ms:.2f} round trips; unpaired {http_unpaired_ms:.2f} ms). The second token "
             f"{ttft['ttst_grpc_p50_ms']:.2f} ms after the first (gRPC API, p50)")
+        phases_ms = ttft.pop("first_token_phases_grpc_p50_ms")
+        log("The gateway's ledger of those requests to their first token, p50 of each phase: "
+            + ", ".join(f"{phase} {ms:.3f} ms" for phase, ms in phases_ms.items()))
         log(f"The same hops with no service code on them (bench/hop_floor.py, a message on an open stream): "
             f"{floor_ms:.2f} ms beyond their engine = {floor_ms / rtt_ms:.2f} round trips; the mesh's overhead "
             f"beyond them, paired round by round: {beyond_floor_ms:.2f} ms = {beyond_floor_ms / rtt_ms:.2f} "
@@ -382,6 +390,7 @@ def main(argv=None) -> int:
                "rtt_back_to_back_ms": round(rtt_back_to_back_ms, 4),
                "overhead_back_to_back_rtt_units": round(overhead_ms / rtt_back_to_back_ms, 2),
                **{k: round(v, 3) for k, v in ttft.items()},
+               "first_token_phases_grpc_p50_ms": {phase: round(ms, 3) for phase, ms in phases_ms.items()},
                "prompt_tokens": args.prompt_tokens, "requests": args.requests}
     print(json.dumps(figures))
     return 0
