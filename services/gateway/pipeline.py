@@ -30,6 +30,7 @@ the way: where each millisecond went, from the HTTP request's arrival to its las
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import ExitStack, aclosing
@@ -56,9 +57,7 @@ from services.gateway.running_requests import RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
 from services.gateway.structured_output import is_guided
 from services.gateway.timeline import PhaseClock
-from services.gateway.worker_steps import (
-    Progress,
-)
+from services.gateway.worker_steps import Progress, Step
 from services.gateway.workers import Worker, WorkerPool
 from services.tokenizer.chat_template import ChatOptions
 
@@ -235,8 +234,11 @@ class RequestPipeline:
         self.prompts.check_context(prompt, params)
         output: TextOutput | None = None  # made once the prompt is on its way: not on its critical path
 
-        def dispatched() -> None:
+        def dispatched(call: grpc.aio.Call) -> None:
             nonlocal output
+            running.computes_first_token(call)
+            if output is not None:  # on another prefill worker, after the first went away
+                return
             try:
                 output = TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
                                      skip_special_tokens)
@@ -311,6 +313,13 @@ class RequestPipeline:
                             is_past_first = True
                     raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
                                        "without a finish reason")
+                except asyncio.CancelledError:
+                    if not running.was_aborted_before_its_first_token():
+                        raise
+                    # Its end is handed out as any other: the Abort `streams_from` then sends the decode
+                    # worker frees whatever a prefill worker cancelled mid-handoff had reserved there.
+                    progress.is_released = True
+                    steps = _ended_by_abort()
                 except grpc.aio.AioRpcError as e:
                     if not is_past_first:  # before the first token a prefill worker's error stands (or was retried)
                         raise
@@ -329,3 +338,8 @@ class RequestPipeline:
                     common_pb2.FINISH_REASON_UNSPECIFIED
                 self.steps.abort_soon(decode_worker, request_id, ended)
             held.close()
+
+
+async def _ended_by_abort() -> AsyncIterator[Step]:
+    """The last step of a request aborted before its first token: no tokens."""
+    yield Step([], [], "abort")

@@ -1,32 +1,45 @@
 """The requests this gateway is generating, so that an operator can end them all at once (SGLang's
 pause_generation in abort mode and abort_all, a weight update's abort_all_requests): each is aborted
 on the decode worker its tokens stream from, whose stream then ends with finish_reason "abort" and
-the text so far, whatever API asked for it. One whose stream has not begun (its prompt still being
-prefilled) is aborted as its first token arrives. SGLang's `/abort_request` ends one by its id (the
-`x-request-id` of an OpenAI request, an SGLang `rid`), or its samples `{id}-{n}`."""
+the text so far, whatever API asked for it. One whose prompt is still being prefilled has the call
+computing its first token cancelled, which stops that worker's work on it (as a client going away
+does), and ends with finish_reason "abort" and no text at once, not after its prefill (seconds, for a
+long prompt). SGLang's `/abort_request` ends one by its id (the `x-request-id` of an OpenAI request,
+an SGLang `rid`), or its samples `{id}-{n}`."""
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+import grpc
 
 from services.gateway.workers import Worker
 
 
 class RunningRequest:
-    """Where one request streams from, once it does."""
+    """Where one request streams from, once it does, and the call computing its first token until then."""
 
-    __slots__ = ("_abort_on", "worker", "request_id", "is_aborted")
+    __slots__ = ("_abort_on", "worker", "request_id", "is_aborted", "_first_token_call")
 
     def __init__(self, abort_on: Callable[[Worker, str], None]) -> None:
         self._abort_on = abort_on
         self.worker: Worker | None = None
         self.request_id = ""
         self.is_aborted = False
+        self._first_token_call: grpc.aio.Call | None = None
+
+    def computes_first_token(self, call: grpc.aio.Call) -> None:
+        """`call` computes its first token (a prefill worker's, or its decode worker's own prefill)."""
+        self._first_token_call = call
+        if self.is_aborted:
+            call.cancel()
 
     def streams_from(self, worker: Worker, request_id: str) -> None:
         """Its stream has begun on `worker` as `request_id` (again, when it moved to another worker)."""
         self.worker, self.request_id = worker, request_id
+        self._first_token_call = None
         if self.is_aborted:
             self._abort_on(worker, request_id)
 
@@ -35,6 +48,14 @@ class RunningRequest:
             self.is_aborted = True
             if self.worker is not None:
                 self._abort_on(self.worker, self.request_id)
+            elif self._first_token_call is not None:
+                self._first_token_call.cancel()
+
+    def was_aborted_before_its_first_token(self) -> bool:
+        """Whether the request's task, not cancelled itself, had its first token's call cancelled by
+        `abort` (the call's reader then gets asyncio.CancelledError)."""
+        task = asyncio.current_task()
+        return self.is_aborted and self.worker is None and not (task is not None and task.cancelling())
 
 
 class RunningRequests:

@@ -79,6 +79,8 @@ class _Output:
         elif delta.finish_reason == "stop":
             matched = delta.matched_stop if delta.matched_stop is not None else self.output_ids[-1]
             self.finish_reason = {"type": "stop", "matched": matched}
+        elif delta.finish_reason == "abort" and self.aborted.is_set():  # the mesh ended it first
+            self.finish_reason = ABORTED
         elif delta.finish_reason is not None:
             self.finish_reason = {"type": "abort", "message": delta.finish_reason}
 

@@ -68,7 +68,10 @@ class StepSources:
     """Calls `prefill` (None: colocated, every prompt prefilled on its decode worker) and `decode`
     workers for requests' steps. `kv_transport`: how prefill sends KV to decode (UNSPECIFIED: as
     prefill picks by where the decode worker is); `prefill_router`: a PrefixRouter (None: the least
-    loaded prefill worker); `requests`: the gateway's request metrics, which prefill timings go to."""
+    loaded prefill worker); `requests`: the gateway's request metrics, which prefill timings go to.
+
+    A request's steps call their `on_dispatch(call)` once its prompt is on its way on `call`, the call
+    computing its first token (again for each prefill worker it goes to)."""
 
     def __init__(self, prefill: WorkerPool | None, decode: WorkerPool, deadlines: Deadlines,
                  kv_transport: common_pb2.KVTransport, prefill_router, requests: RequestMetrics,
@@ -107,7 +110,7 @@ class StepSources:
         DECODE_MIGRATIONS.inc()
         steps = self.disaggregated if self.prefill is not None else self.local
         return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
-                     lambda: None, output)
+                     lambda call: None, output)
 
     def next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
                            num_generated: int, gone: list[Worker]) -> Worker | None:
@@ -128,7 +131,7 @@ class StepSources:
 
     async def disaggregated(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                             decode_worker: Worker, progress: Progress, clock: PhaseClock,
-                            spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
+                            spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[grpc.aio.Call], None],
                             output: Sequence[int] = ()) -> AsyncIterator[Step]:
         """The first token from a prefill worker, which then writes the KV into pages it reserved
         on the decode worker; then the rest from the decode worker, once the pages are there.
@@ -149,13 +152,12 @@ class StepSources:
                             request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
                             target={"decode_address": decode_worker.address, "transport": self.kv_transport},
                             output_token_ids=output))
-                    if not gone:
-                        on_dispatch()
-                        if route is not None:
-                            try:
-                                self.prefill_router.record(route, lookup)
-                            except ValueError as e:  # a negative id in a block it hashed
-                                raise InvalidRequestError(f"prompt {e}") from None
+                    on_dispatch(prefill_call)
+                    if not gone and route is not None:
+                        try:
+                            self.prefill_router.record(route, lookup)
+                        except ValueError as e:  # a negative id in a block it hashed
+                            raise InvalidRequestError(f"prompt {e}") from None
                     response = (await next_event(prefill_call, "first_token")).first_token
                     break
                 except BaseException as e:
@@ -213,7 +215,7 @@ class StepSources:
 
     async def local(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                     decode_worker: Worker, progress: Progress, clock: PhaseClock,
-                    spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[], None],
+                    spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[grpc.aio.Call], None],
                     output: Sequence[int] = ()) -> AsyncIterator[Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
         worker, no transfer. The part it does not hold counts against its room until the first token.
@@ -227,7 +229,7 @@ class StepSources:
                 request_id=request_id, prompt_token_ids=prompt, sampling=params, output_token_ids=output),
                 timeout=self.deadlines.decode_s)
         try:
-            on_dispatch()
+            on_dispatch(call)
             async for step in decode_steps(call, progress, self._mark_decode_chunks(clock, is_local=True)):
                 if is_counted:
                     decode_worker.queued_tokens -= uncached

@@ -2,14 +2,16 @@
 the gateway, each a real `python -m services.<name>` process on 127.0.0.1."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -146,3 +148,25 @@ def stop_mesh(mesh: Mesh) -> dict[str, int]:
     for i, (svc, code) in enumerate(zip(services, stop_processes(services), strict=True)):
         codes[f"{svc.name}-{i}"] = code
     return codes
+
+
+def answer_aborted_while_paused(workers: list[ServiceProcess], request: Callable[[], Any], gateway_url: str,
+                                request_id: str) -> Any:
+    """`request()`'s answer, made on a thread while `workers` are paused (SIGSTOP) and ended by
+    /abort_request naming `request_id` half a second later; it must come within 2 s of the abort,
+    the workers still paused (they go on after)."""
+    answers = []
+    for worker in workers:
+        worker.proc.send_signal(signal.SIGSTOP)
+    try:
+        thread = threading.Thread(target=lambda: answers.append(request()))
+        thread.start()
+        time.sleep(0.5)  # on its way to a paused worker
+        aborted_at = time.monotonic()
+        assert httpx.post(f"{gateway_url}/abort_request", json={"rid": request_id}, timeout=10).status_code == 200
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - aborted_at < 2, "the abort waited for the worker"
+    finally:
+        for worker in workers:
+            worker.proc.send_signal(signal.SIGCONT)
+    return answers[0]

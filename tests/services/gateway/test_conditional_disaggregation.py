@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services.gateway.mesh import GatewayProcess
+from tests.services.gateway.mesh import GatewayProcess, answer_aborted_while_paused
 
 LOCAL_LIMIT = 64
 
@@ -83,4 +83,16 @@ def test_a_local_prefill_is_guided_as_a_prefill_worker_guides_it(mesh, local_gat
     remote = complete(mesh.gateway, mesh.model_name, short, guided_regex=regex)["choices"][0]
     assert re.fullmatch(regex, local["text"]) and local["text"] == remote["text"]
     assert local["finish_reason"] == "stop"
+    mesh.assert_decode_pools_free()
+
+
+def test_a_prompt_its_decode_worker_is_prefilling_is_aborted_at_once(mesh, local_gateway):
+    """The decode workers paused (SIGSTOP), a short prompt's local prefill cannot end: /abort_request by
+    its x-request-id ends it anyway, with no text, and once the workers go on no page stays held."""
+    body = answer_aborted_while_paused(mesh.decode, lambda: httpx.post(
+        f"{local_gateway.base_url}/v1/completions", timeout=30, headers={"x-request-id": "prefilling-locally"},
+        json={"model": mesh.model_name, "prompt": [5, 6, 7], "max_tokens": 8}).json(), local_gateway.base_url,
+        "prefilling-locally")
+    assert body["choices"][0]["finish_reason"] == "abort" and body["choices"][0]["text"] == "", body
+    assert prefills_by_place(local_gateway)["decode"] >= 1
     mesh.assert_decode_pools_free()

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.services.gateway.mesh import answer_aborted_while_paused
 from tests.unit.test_grammar_guides import DATE_GRAMMARS
 
 PROMPT = "Once upon a time there was"
@@ -165,6 +166,22 @@ def test_abort_request_ends_a_sample_with_its_text_so_far(mesh):
     assert last["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}
     assert 3 <= last["completion_tokens"] < 1500
     mesh.assert_decode_pools_free()
+
+
+def test_abort_request_ends_a_chat_still_being_prefilled_at_once(mesh):
+    """The prefill workers paused (SIGSTOP), a chat's first token cannot come: /abort_request by its
+    x-request-id ends it anyway, at once and with no text, and once the workers go on no page stays
+    held and they serve."""
+    client = openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0)
+    aborted = answer_aborted_while_paused(mesh.prefill, lambda: client.chat.completions.create(
+        model=mesh.model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+        extra_headers={"x-request-id": "prefilling"}), mesh.gateway.base_url, "prefilling")
+    choice = aborted.choices[0]
+    assert choice.finish_reason == "abort" and not choice.message.content, aborted
+    assert aborted.usage.completion_tokens == 0
+    mesh.assert_decode_pools_free()
+    served = generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})
+    assert served.status_code == 200 and served.json()["meta_info"]["completion_tokens"] == 8, served.text
 
 
 def test_abort_request_ends_an_openai_chat_by_its_request_id(mesh):
