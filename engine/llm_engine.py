@@ -51,8 +51,10 @@ class LLMEngine:
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress,
         )
+        self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
+        self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now
         drafter = self._drafter(dtype)  # (a draft model's weights are in memory before the pools are sized)
-        draft_model = drafter if isinstance(drafter, DraftModel) else None
+        draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.model_config, config.block_size, kv_dtype, config.device, config.kv_memory_fraction,
             draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0,
@@ -167,13 +169,25 @@ class LLMEngine:
                    and getattr(model_config, f.name) != getattr(self.model_config, f.name)]
         if differs:
             raise ValueError(f"{model_dir} is not the served model's shape: its {', '.join(differs)} differ")
-        self.runner.load_weights(str(model_dir))
+        self.weights_dir = str(model_dir)
+        self.reload_weights()
+        return self.block_manager.reset_prefix_cache()
+
+    def reload_weights(self) -> None:
+        """Read the served checkpoint (`weights_dir`) into the model's tensors again."""
+        self.runner.load_weights(self.weights_dir)
         if self.model_config.classifier_tokens:  # made from the LM head's rows, which have changed
             self.runner.model.make_classifier(_vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
-        return self.block_manager.reset_prefix_cache()
+        self.released_memory.discard("weights")
+
+    def kv_pool_tensors(self) -> list[torch.Tensor]:
+        """The KV pools' tensors: the model's, and its draft model's where it has one."""
+        pools = [self.runner.kv_pool, self.draft_model.runner.kv_pool if self.draft_model is not None else None]
+        return [pool.tensor for pool in pools if pool is not None]
 
     def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                            output_token_ids: list[int] | tuple[int, ...] = ()) -> None:
+        self._check_weights_held()
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         if request_id in self._seqs:
@@ -233,12 +247,17 @@ class LLMEngine:
         """The pages of a "prefilled" request, in order; its KV covers the prompt."""
         return list(self.scheduler.held[request_id].block_table)
 
+    def _check_weights_held(self) -> None:
+        if "weights" in self.released_memory:
+            raise ValueError("this worker's weights are released (asleep): resume its memory first")
+
     def release(self, request_id: str) -> bool:
         """Frees a "prefilled" request's pages once they were copied out."""
         return self.scheduler.release(request_id)
 
     def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
         """Sets aside pages for a prompt whose KV another worker will write; returns their ids."""
+        self._check_weights_held()
         if not 0 < num_prompt_tokens < self.max_model_len:
             raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of "
                              f"{self.max_model_len} tokens")

@@ -1,18 +1,45 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_KIND_UNSPECIFIED: _ClassVar[MemoryKind]
+    MEMORY_KIND_WEIGHTS: _ClassVar[MemoryKind]
+    MEMORY_KIND_KV_CACHE: _ClassVar[MemoryKind]
 
 class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
     PAUSE_MODE_IN_PLACE: _ClassVar[PauseMode]
     PAUSE_MODE_RETRACT: _ClassVar[PauseMode]
+MEMORY_KIND_UNSPECIFIED: MemoryKind
+MEMORY_KIND_WEIGHTS: MemoryKind
+MEMORY_KIND_KV_CACHE: MemoryKind
 PAUSE_MODE_UNSPECIFIED: PauseMode
 PAUSE_MODE_IN_PLACE: PauseMode
 PAUSE_MODE_RETRACT: PauseMode
+
+class MemoryRequest(_message.Message):
+    __slots__ = ("kinds",)
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    kinds: _containers.RepeatedScalarFieldContainer[MemoryKind]
+    def __init__(self, kinds: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...
+
+class ReleaseMemoryResponse(_message.Message):
+    __slots__ = ("bytes_released",)
+    BYTES_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    bytes_released: int
+    def __init__(self, bytes_released: _Optional[int] = ...) -> None: ...
+
+class ResumeMemoryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("mode",)
@@ -39,7 +66,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerInfo(_message.Message):
-    __slots__ = ("model", "dtype", "kv_cache_dtype", "block_size", "num_kv_blocks", "num_free_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "scheduling_policy", "enable_prefix_caching", "num_running", "num_waiting", "is_paused", "num_preemptions", "num_speculative_tokens", "num_drafts", "num_accepted_tokens")
+    __slots__ = ("model", "dtype", "kv_cache_dtype", "block_size", "num_kv_blocks", "num_free_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "scheduling_policy", "enable_prefix_caching", "num_running", "num_waiting", "is_paused", "num_preemptions", "num_speculative_tokens", "num_drafts", "num_accepted_tokens", "released_memory")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +85,7 @@ class SchedulerInfo(_message.Message):
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     kv_cache_dtype: str
@@ -76,4 +104,5 @@ class SchedulerInfo(_message.Message):
     num_speculative_tokens: int
     num_drafts: int
     num_accepted_tokens: int
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., scheduling_policy: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., is_paused: _Optional[bool] = ..., num_preemptions: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ...) -> None: ...
+    released_memory: _containers.RepeatedScalarFieldContainer[MemoryKind]
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., scheduling_policy: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., is_paused: _Optional[bool] = ..., num_preemptions: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., released_memory: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...

@@ -49,6 +49,16 @@ class SchedulerStub:
                 request_serializer=protos_dot_scheduler__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=protos_dot_scheduler__pb2.SchedulerInfo.FromString,
                 _registered_method=True)
+        self.ReleaseMemory = channel.unary_unary(
+                '/baton.scheduler.v1.Scheduler/ReleaseMemory',
+                request_serializer=protos_dot_scheduler__pb2.MemoryRequest.SerializeToString,
+                response_deserializer=protos_dot_scheduler__pb2.ReleaseMemoryResponse.FromString,
+                _registered_method=True)
+        self.ResumeMemory = channel.unary_unary(
+                '/baton.scheduler.v1.Scheduler/ResumeMemory',
+                request_serializer=protos_dot_scheduler__pb2.MemoryRequest.SerializeToString,
+                response_deserializer=protos_dot_scheduler__pb2.ResumeMemoryResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -78,6 +88,23 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseMemory(self, request, context):
+        """Gives an idle worker's memory back to the host (SGLang's release_memory_occupation, vLLM's sleep):
+        its weights (read again from the checkpoint it serves on ResumeMemory, or by a weight update) and
+        its KV pool (its prefix cache forgotten). FAILED_PRECONDITION while requests are in it (running,
+        waiting or holding reserved pages); its weights released, it takes no request (INVALID_ARGUMENT).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeMemory(self, request, context):
+        """Takes released memory back (SGLang's resume_memory_occupation, vLLM's wake_up).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +122,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=protos_dot_scheduler__pb2.DescribeRequest.FromString,
                     response_serializer=protos_dot_scheduler__pb2.SchedulerInfo.SerializeToString,
+            ),
+            'ReleaseMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseMemory,
+                    request_deserializer=protos_dot_scheduler__pb2.MemoryRequest.FromString,
+                    response_serializer=protos_dot_scheduler__pb2.ReleaseMemoryResponse.SerializeToString,
+            ),
+            'ResumeMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeMemory,
+                    request_deserializer=protos_dot_scheduler__pb2.MemoryRequest.FromString,
+                    response_serializer=protos_dot_scheduler__pb2.ResumeMemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +215,60 @@ class Scheduler:
             '/baton.scheduler.v1.Scheduler/Describe',
             protos_dot_scheduler__pb2.DescribeRequest.SerializeToString,
             protos_dot_scheduler__pb2.SchedulerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.scheduler.v1.Scheduler/ReleaseMemory',
+            protos_dot_scheduler__pb2.MemoryRequest.SerializeToString,
+            protos_dot_scheduler__pb2.ReleaseMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.scheduler.v1.Scheduler/ResumeMemory',
+            protos_dot_scheduler__pb2.MemoryRequest.SerializeToString,
+            protos_dot_scheduler__pb2.ResumeMemoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.sampling_params import SamplingParams
-from protos import common_pb2
+from protos import common_pb2, scheduler_pb2
 from services.kvstore.layout import PageLayout
 
 FINISH_REASONS = {  # as the engine and the OpenAI API name them
@@ -88,3 +88,7 @@ def prompt_logprobs_to_proto(prompt_token_ids: Sequence[int], records: Sequence[
                              n: int) -> list[common_pb2.TopLogprobs]:
     """An engine's prompt logprobs (None first) as the wire carries them: one per token after the first."""
     return [top_logprobs(token_id, record, n) for token_id, record in zip(prompt_token_ids[1:], records[1:])]
+
+
+# The memory a worker gives back to the host, by the engine's names (engine/memory_release.py's KINDS).
+MEMORY_KINDS = {scheduler_pb2.MEMORY_KIND_WEIGHTS: "weights", scheduler_pb2.MEMORY_KIND_KV_CACHE: "kv_cache"}

@@ -27,11 +27,12 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
 
+from engine import memory_release
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -210,6 +211,15 @@ class EngineLoop:
         def resume(engine: LLMEngine) -> None:
             self._is_paused = False
         await self.call(resume)
+
+    async def release_memory(self, kinds: Iterable[str]) -> int:
+        """Give `kinds` of the idle engine's memory back to the host (engine/memory_release.py); the bytes."""
+        kinds = tuple(kinds)
+        return await self.call(lambda engine: memory_release.release(engine, kinds))
+
+    async def resume_memory(self, kinds: Iterable[str]) -> None:
+        kinds = tuple(kinds)
+        await self.call(lambda engine: memory_release.resume(engine, kinds))
 
     async def reserve(self, request_id: str, num_tokens: int) -> list[int]:
         return await self.call(lambda engine: engine.reserve(request_id, num_tokens))

@@ -1,6 +1,7 @@
 """The Scheduler service of a prefill or decode worker (protos/scheduler.proto): SGLang's
-pause_generation in place or in retract mode and continue_generation, and what its get_server_info
-reports of a scheduler. Paused, the engine stops stepping between steps and requests wait where they
+pause_generation in place or in retract mode and continue_generation, its release and
+resume_memory_occupation (vLLM's sleep and wake_up), and what its get_server_info reports of a
+scheduler. Paused, the engine stops stepping between steps and requests wait where they
 are; a decode worker's reservations stop running out meanwhile, since the prefill worker filling them
 may be paused too."""
 from __future__ import annotations
@@ -11,8 +12,10 @@ from typing import TYPE_CHECKING
 import grpc
 
 from engine.llm_engine import LLMEngine
+from engine.memory_release import MemoryBusyError
 from protos import scheduler_pb2, scheduler_pb2_grpc
 from services.common.cache_servicer import PrefixCacheServicer
+from services.common.converters import MEMORY_KINDS
 from services.common.engine_loop import EngineDeadError
 
 if TYPE_CHECKING:
@@ -53,6 +56,26 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             leases.release()
         return scheduler_pb2.ResumeResponse()
 
+    async def ReleaseMemory(self, request: scheduler_pb2.MemoryRequest, context) -> scheduler_pb2.ReleaseMemoryResponse:
+        kinds = await _memory_kinds(request, context)
+        engine_loop = await self._ready(context)
+        try:
+            released = await engine_loop.release_memory(kinds)
+        except MemoryBusyError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"nothing released: {e}")
+        except EngineDeadError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return scheduler_pb2.ReleaseMemoryResponse(bytes_released=released)
+
+    async def ResumeMemory(self, request: scheduler_pb2.MemoryRequest, context) -> scheduler_pb2.ResumeMemoryResponse:
+        kinds = await _memory_kinds(request, context)
+        engine_loop = await self._ready(context)
+        try:
+            await engine_loop.resume_memory(kinds)
+        except EngineDeadError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return scheduler_pb2.ResumeMemoryResponse()
+
     async def Describe(self, request: scheduler_pb2.DescribeRequest, context) -> scheduler_pb2.SchedulerInfo:
         engine_loop = await self._ready(context)
         try:
@@ -68,6 +91,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return self.cache.engine_loop
 
 
+async def _memory_kinds(request: scheduler_pb2.MemoryRequest, context) -> list[str]:
+    if any(kind not in MEMORY_KINDS for kind in request.kinds):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kinds must be WEIGHTS or KV_CACHE")
+    return [MEMORY_KINDS[kind] for kind in request.kinds] or list(MEMORY_KINDS.values())
+
+
 def describe(engine: LLMEngine) -> scheduler_pb2.SchedulerInfo:
     """Read on the engine's thread, between steps."""
     config, scheduler = engine.config, engine.scheduler
@@ -79,4 +108,5 @@ def describe(engine: LLMEngine) -> scheduler_pb2.SchedulerInfo:
         enable_prefix_caching=config.enable_prefix_caching, num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting), num_preemptions=scheduler.num_preemptions,
         num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative else 0,
-        num_drafts=scheduler.num_drafts, num_accepted_tokens=scheduler.num_accepted_tokens)
+        num_drafts=scheduler.num_drafts, num_accepted_tokens=scheduler.num_accepted_tokens,
+        released_memory=[kind for kind, name in MEMORY_KINDS.items() if name in engine.released_memory])

@@ -93,7 +93,8 @@ class GenerationPause:
                 return
             self.workers_mode = mode
             request = scheduler_pb2.PauseRequest(mode=WORKER_MODES[mode])
-            await _on_each(serving_workers(self.pools), lambda stub: stub.Pause(request, timeout=PAUSE_TIMEOUT_S))
+            await on_each_scheduler(serving_workers(self.pools),
+                                    lambda stub: stub.Pause(request, timeout=PAUSE_TIMEOUT_S))
 
     async def resume(self) -> None:
         """Every worker steps again and the held requests go on; APIError (503) naming each worker that
@@ -103,8 +104,8 @@ class GenerationPause:
                 return
             try:
                 if self.workers_mode is not None:
-                    await _on_each(serving_workers(self.pools),
-                                   lambda stub: stub.Resume(scheduler_pb2.ResumeRequest(), timeout=PAUSE_TIMEOUT_S))
+                    await on_each_scheduler(serving_workers(self.pools), lambda stub: stub.Resume(
+                        scheduler_pb2.ResumeRequest(), timeout=PAUSE_TIMEOUT_S))
             finally:
                 self.workers_mode = self.mode = None
                 self.requests.let_go()
@@ -117,17 +118,23 @@ class GenerationPause:
                                                                              timeout=PAUSE_TIMEOUT_S)
 
 
-async def _on_each(workers: Sequence[tuple[str, Worker]], call) -> None:
+async def on_each_scheduler(workers: Sequence[tuple[str, Worker]], call) -> list:
+    """`call(stub)` on each worker's Scheduler service at once: their answers. APIError naming each worker
+    that failed: 409 when each refused in its state (FAILED_PRECONDITION), else 503."""
     results = await asyncio.gather(*(call(scheduler_pb2_grpc.SchedulerStub(w.channel)) for _, w in workers),
                                    return_exceptions=True)
-    failed = []
+    failed, codes = [], set()
     for (kind, worker), result in zip(workers, results, strict=True):
         if isinstance(result, grpc.aio.AioRpcError):
             failed.append(f"{kind} worker {worker.address}: {result.details()}")
+            codes.add(result.code())
         elif isinstance(result, BaseException):
             raise result
+    if codes == {grpc.StatusCode.FAILED_PRECONDITION}:
+        raise APIError(409, "; ".join(failed), code="conflict")
     if failed:
         raise APIError(503, "; ".join(failed), code="unavailable")
+    return results
 
 
 def add_generation_pause_routes(app: FastAPI, generation: GenerationPause) -> None:

@@ -1,6 +1,6 @@
 """The routes an operator or an RL loop drives the mesh with, beside the APIs that generate: LoRA
 adapters loaded at run time, prefix caches reset, profiles, SGLang's native API and its weight
-updates, pauses and server info (each module's own docstring says what its routes do)."""
+updates, pauses, memory released and resumed, and server info (each module's own docstring says what its routes do)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from services.gateway.generation_pause import GenerationPause, add_generation_pause_routes
 from services.gateway.lora_updates import add_lora_update_routes
+from services.gateway.memory_release_api import MeshMemory, add_memory_release_routes
 from services.gateway.prefix_cache_api import add_prefix_cache_routes
 from services.gateway.profile_api import add_profile_routes
 from services.gateway.server_info import add_server_info_routes
@@ -29,4 +30,5 @@ def add_operator_routes(app: FastAPI, state, check_model: Callable[[str], str | 
     add_sglang_routes(app, state, check_model, weight_updates)
     add_weight_update_routes(app, weight_updates)
     add_generation_pause_routes(app, generation)
+    add_memory_release_routes(app, MeshMemory(state.pipeline, pools))
     add_server_info_routes(app, state, pools, weight_updates, generation, version)

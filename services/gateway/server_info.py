@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from protos import scheduler_pb2, scheduler_pb2_grpc
+from services.common.converters import MEMORY_KINDS
 from services.gateway.generation_pause import GenerationPause
 from services.gateway.weight_updates import WeightUpdates
 from services.gateway.workers import Worker, WorkerPool
@@ -56,7 +57,8 @@ def _state(kind: str, worker: Worker, info: scheduler_pb2.SchedulerInfo | BaseEx
                  chunked_prefill_size=info.max_num_batched_tokens, context_length=info.max_model_len,
                  schedule_policy=info.scheduling_policy, disable_radix_cache=not info.enable_prefix_caching,
                  num_running_reqs=info.num_running, num_waiting_reqs=info.num_waiting, is_paused=info.is_paused,
-                 num_preemptions=info.num_preemptions)
+                 num_preemptions=info.num_preemptions,
+                 released_memory=[MEMORY_KINDS[kind] for kind in info.released_memory])
     if info.num_speculative_tokens:
         # SGLang's: tokens a verifying step yields, the one the target samples itself included.
         state.update(speculative_num_draft_tokens=info.num_speculative_tokens,

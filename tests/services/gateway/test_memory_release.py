@@ -1,0 +1,96 @@
+"""SGLang's /release_memory_occupation and /resume_memory_occupation, vLLM's /sleep, /wake_up and
+/is_sleeping, on a mesh of 2 prefill and 2 decode workers: each worker gives back what is named (a
+decode worker's shared-memory pool leaves the host's /dev/shm), a request arriving meanwhile waits,
+and once all is back the mesh computes what it computed before. Only an idle mesh releases memory.
+Each test leaves the mesh awake."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from protos import decode_pb2, decode_pb2_grpc
+from services.kvstore.shared_memory import DATA_OFFSET as SEGMENT_HEADER_BYTES
+from tests.services.gateway.test_generation_pause import StreamedSample
+from tests.services.gateway.test_weight_updates import greedy
+
+
+def post(mesh, path: str, **kwargs) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}{path}", timeout=120, **kwargs)
+
+
+def released_by_worker(mesh) -> list[list[str]]:
+    states = httpx.get(f"{mesh.gateway.base_url}/get_server_info", timeout=10).json()["internal_states"]
+    return [state["released_memory"] for state in states]
+
+
+def is_sleeping(mesh) -> bool:
+    return httpx.get(f"{mesh.gateway.base_url}/is_sleeping", timeout=10).json()["is_sleeping"]
+
+
+def pool_segments(mesh) -> list[str]:
+    """Each decode worker's shared-memory KV pool, as a file of /dev/shm."""
+    paths = []
+    for worker in mesh.decode:
+        stub = decode_pb2_grpc.DecodeStub(worker.channel)
+        probe = stub.Reserve(decode_pb2.ReserveRequest(request_id="segment-probe", num_tokens=1), timeout=10)
+        stub.Abort(decode_pb2.AbortRequest(request_id="segment-probe"), timeout=10)
+        paths.append(f"/dev/shm/{probe.shm_name}")
+    return paths
+
+
+@pytest.fixture
+def awake(mesh):
+    yield
+    assert post(mesh, "/resume_memory_occupation").status_code == 200
+    assert not is_sleeping(mesh)
+
+
+def test_released_memory_leaves_the_workers_and_a_request_waits_until_it_is_back(mesh, awake):
+    expected = greedy(mesh)
+    segments = pool_segments(mesh)
+    assert all(os.stat(path).st_blocks * 512 > 2**20 for path in segments)
+    answer = post(mesh, "/release_memory_occupation", json={"tags": ["weights", "kv_cache"]})
+    assert answer.status_code == 200 and answer.json()["success"], answer.text
+    assert int(answer.json()["message"].split()[0]) > sum(os.stat(path).st_size for path in segments) // 2
+    # The pools' pages are the host's again; the segment's header page (its layout) stays.
+    assert all(os.stat(path).st_blocks * 512 <= SEGMENT_HEADER_BYTES for path in segments)
+    assert is_sleeping(mesh)
+    assert released_by_worker(mesh) == [["weights", "kv_cache"]] * 4
+    arriving: dict = {}
+    thread = threading.Thread(target=lambda: arriving.update(tokens=greedy(mesh)))
+    thread.start()
+    time.sleep(0.5)
+    assert not arriving  # held at the gateway: no worker has weights to compute it with
+    assert post(mesh, "/resume_memory_occupation").json()["success"]
+    thread.join(timeout=60)
+    assert arriving["tokens"] == expected  # the weights read again are the ones served before
+    assert released_by_worker(mesh) == [[]] * 4 and not is_sleeping(mesh)
+
+
+def test_vllms_sleep_levels_and_wake_up_by_tag(mesh, awake):
+    expected = greedy(mesh)
+    assert post(mesh, "/sleep", params={"level": 1}).status_code == 200
+    assert released_by_worker(mesh) == [["kv_cache"]] * 4 and is_sleeping(mesh)
+    assert post(mesh, "/wake_up").status_code == 200 and not is_sleeping(mesh)
+    assert post(mesh, "/sleep", params={"level": 2}).status_code == 200
+    assert post(mesh, "/wake_up", params={"tags": "kv_cache"}).status_code == 200
+    assert released_by_worker(mesh) == [["weights"]] * 4 and is_sleeping(mesh)
+    assert post(mesh, "/wake_up", params={"tags": "weights"}).status_code == 200
+    assert not is_sleeping(mesh) and greedy(mesh) == expected
+
+
+def test_a_running_request_keeps_every_workers_memory_and_a_bad_tag_is_refused(mesh, awake):
+    sample = StreamedSample(mesh)
+    sample.wait_for_tokens(4)
+    answer = post(mesh, "/release_memory_occupation")
+    assert answer.status_code == 409 and "requests in flight" in answer.json()["error"]["message"], answer.text
+    assert not is_sleeping(mesh) and released_by_worker(mesh) == [[]] * 4
+    sample.join()
+    answer = post(mesh, "/release_memory_occupation", json={"tags": ["cuda_graph"]})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "tags.0", answer.text
+    assert post(mesh, "/sleep", params={"level": 3}).status_code == 400
+    assert not is_sleeping(mesh)
