@@ -17,7 +17,7 @@ import openai
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-DURATION_S = 15.0
+DURATION_S = 10.0
 CLIENTS = 12
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex every bold jumper".split()
 BAD_BODIES = [{"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"n": 0}, {"prompt": "x " * 3000}]

@@ -324,7 +324,7 @@ def test_a_decode_worker_told_to_stop_finishes_its_streams_within_its_grace(tiny
             # Long enough to be mid-stream once B is routed to. (Not paused instead, as A is above: the
             # first token comes from prefill, so a worker paused then may not have read the request yet,
             # and a stopping worker ends such calls: the request moves whatever the grace.)
-            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=1500,
+            kwargs = dict(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=1000,
                           temperature=0, stream=True, extra_body={"ignore_eos": True})
             alone = "".join(chunk.choices[0].text for chunk in client.completions.create(**kwargs))
             stream = client.completions.create(**kwargs)
