@@ -10,8 +10,9 @@ memory, where a CPU worker's already are), level 2 both; `wake_up` takes `tags` 
 
 Only an idle mesh releases memory: while requests are in flight it is refused (409), nothing released
 (end them first: `/pause_generation` in abort mode, or wait). From the release until everything is
-back, requests that arrive wait at the gateway, as in a pause. A worker that joins meanwhile keeps its
-memory; one that cannot release or resume is named in a 503 (the others have).
+back, requests that arrive wait at the gateway, as in a pause. A worker that refuses (requests of
+another gateway in it: 409) or fails (503) is named, and the others take back what they gave. A worker
+that joins meanwhile keeps its memory.
 """
 from __future__ import annotations
 
@@ -66,8 +67,15 @@ class MeshMemory:
                                "by an idle mesh (end them with /pause_generation in abort mode, or wait)",
                                code="conflict")
             request = scheduler_pb2.MemoryRequest(kinds=[KIND_IDS[k] for k in kinds])
-            answers = await on_each_scheduler(serving_workers(self.pools), lambda stub: stub.ReleaseMemory(
-                request, timeout=MEMORY_TIMEOUT_S))
+            workers = serving_workers(self.pools)
+            try:
+                answers = await on_each_scheduler(workers, lambda stub: stub.ReleaseMemory(
+                    request, timeout=MEMORY_TIMEOUT_S))
+            except APIError:  # a worker refused (another gateway's requests on it) or failed: none stays released
+                undo = scheduler_pb2.MemoryRequest(kinds=[KIND_IDS[k] for k in kinds - self.released])
+                if undo.kinds:
+                    await on_each_scheduler(workers, lambda stub: stub.ResumeMemory(undo, timeout=MEMORY_TIMEOUT_S))
+                raise
         except BaseException:
             self.pipeline.pause.let_go()
             raise

@@ -83,13 +83,23 @@ def test_vllms_sleep_levels_and_wake_up_by_tag(mesh, awake):
     assert not is_sleeping(mesh) and greedy(mesh) == expected
 
 
-def test_a_running_request_keeps_every_workers_memory_and_a_bad_tag_is_refused(mesh, awake):
+def test_requests_in_flight_keep_every_workers_memory_and_a_bad_tag_is_refused(mesh, awake):
     sample = StreamedSample(mesh)
     sample.wait_for_tokens(4)
     answer = post(mesh, "/release_memory_occupation")
     assert answer.status_code == 409 and "requests in flight" in answer.json()["error"]["message"], answer.text
     assert not is_sleeping(mesh) and released_by_worker(mesh) == [[]] * 4
     sample.join()
+    # Pages reserved on one decode worker (as by another gateway's request): it refuses, the others take
+    # back what they gave.
+    held_on = decode_pb2_grpc.DecodeStub(mesh.decode[0].channel)
+    held_on.Reserve(decode_pb2.ReserveRequest(request_id="held", num_tokens=8), timeout=10)
+    try:
+        answer = post(mesh, "/release_memory_occupation")
+        assert answer.status_code == 409 and mesh.decode[0].address in answer.json()["error"]["message"], answer.text
+        assert not is_sleeping(mesh) and released_by_worker(mesh) == [[]] * 4
+    finally:
+        held_on.Abort(decode_pb2.AbortRequest(request_id="held"), timeout=10)
     answer = post(mesh, "/release_memory_occupation", json={"tags": ["cuda_graph"]})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "tags.0", answer.text
     assert post(mesh, "/sleep", params={"level": 3}).status_code == 400
