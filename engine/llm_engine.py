@@ -160,8 +160,9 @@ class LLMEngine:
         """Serve the weights in `model_dir` (SGLang's update_weights_from_disk: a trainer's next
         checkpoint of this model) and forget every cached prefix, KV of the weights before: the
         number of blocks forgotten. None, nothing changed, while any request holds pages. ValueError
-        for a directory whose model is not this one's shape (its dtype on disk may differ); LoRA
-        adapters and a draft model stay as they are."""
+        for a directory whose model is not this one's shape (its dtype on disk may differ); a checkpoint
+        that fails part way through is raised after the one served before is read back. LoRA adapters
+        and a draft model stay as they are."""
         if self.block_manager.num_free_blocks < self.block_manager.num_blocks:
             return None
         model_config = load_model_config(Path(model_dir), self.config.hf_overrides)
@@ -169,8 +170,14 @@ class LLMEngine:
                    and getattr(model_config, f.name) != getattr(self.model_config, f.name)]
         if differs:
             raise ValueError(f"{model_dir} is not the served model's shape: its {', '.join(differs)} differ")
-        self.weights_dir = str(model_dir)
-        self.reload_weights()
+        served, self.weights_dir = self.weights_dir, str(model_dir)
+        try:
+            self.reload_weights()
+        except BaseException:
+            # Failed part way (a bad tensor in its last shard): the model holds some of each checkpoint.
+            self.weights_dir = served
+            self.reload_weights()
+            raise
         return self.block_manager.reset_prefix_cache()
 
     def reload_weights(self) -> None:

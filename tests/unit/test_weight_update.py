@@ -3,7 +3,11 @@ it then computes as an engine started on that checkpoint does, its prefix cache 
 a request holds pages, never from a model of another shape."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
+from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
 from engine.demo_model import make_demo_model
@@ -53,4 +57,28 @@ def test_an_update_waits_for_no_page_held_and_refuses_another_shape(tiny_demo_mo
         engine.update_weights(wider)
     with pytest.raises(ValueError, match="config.json"):
         engine.update_weights(tmp_path)
+    assert_pool_clean(engine)
+
+
+def test_a_checkpoint_failing_part_way_leaves_the_one_served_before(tiny_demo_model, next_checkpoint, tmp_path):
+    """Its first shard read, its second holding a tensor of another shape: the update fails and the
+    engine computes as before, not with some of each checkpoint's weights."""
+    engine = make_engine(tiny_demo_model)
+    before = run_all(engine, {"a": (PROMPT, GREEDY)})["a"]
+    tensors = load_file(next_checkpoint / "model.safetensors")
+    order = engine.runner.model.checkpoint_names()  # as they are read: the first shard's first
+    first, second = order[:len(order) // 2], [n for n in tensors if n not in order[:len(order) // 2]]
+    broken = second[-1]
+    for path in next_checkpoint.glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    save_file({n: tensors[n] for n in first}, tmp_path / "model-00001-of-00002.safetensors")
+    save_file({**{n: tensors[n] for n in second}, broken: tensors[broken].flatten()[1:].contiguous()},
+              tmp_path / "model-00002-of-00002.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        **dict.fromkeys(first, "model-00001-of-00002.safetensors"),
+        **dict.fromkeys(second, "model-00002-of-00002.safetensors")}}))
+    with pytest.raises(ValueError, match=rf"tensor '{broken}' has shape"):
+        engine.update_weights(tmp_path)
+    assert engine.weights_dir == str(tiny_demo_model)
+    assert run_all(engine, {"b": (PROMPT, GREEDY)})["b"].token_ids == before.token_ids
     assert_pool_clean(engine)
