@@ -16,6 +16,11 @@ from services.gateway.errors import APIError, to_api_error
 _DONE = object()
 
 
+def choice_request_id(response_id: str, choice: int, num_choices: int) -> str:
+    """The mesh request id of one choice: the response id itself when it is the only one."""
+    return response_id if num_choices == 1 else f"{response_id}-{choice}"
+
+
 async def merge_choices(streams: Sequence[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
     """(choice index, delta) from every stream, in arrival order. The first error in any
     stream is raised here after the others are cancelled."""

@@ -3,8 +3,10 @@ same request pipeline as the HTTP API. A failure is the stream's last message (`
 HTTP status it maps to), not a gRPC status, so a client reads one shape for everything a request can
 end with. A client that cancels the call cancels the request on the mesh. A chat request's reply is
 read as the HTTP API reads it (grpc_chat.py): a reasoning model's thinking in `reasoning`, tool
-calls in `tool_calls`. The pipeline counts each request it is given (services/gateway/pipeline.py);
-a request refused before it gets there is counted here, by reason. Each request's ledger goes into
+calls in `tool_calls`. With `n`, each choice is its own request on the mesh, and each chunk and
+complete names its choice (`index`), as the HTTP API's choices do. The pipeline counts each request
+it is given (services/gateway/pipeline.py); a request refused before it gets there is counted here,
+by reason. Each request's ledger goes into
 the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where its time
 went (services/gateway/timeline.py). The response headers go out once the prompt is on its way to a
 worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders). With `--api-key`, a
@@ -17,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -26,11 +29,12 @@ from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
+from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
-from services.gateway.openai_protocol import CHAT_ROLES, with_parsed_arguments
+from services.gateway.openai_protocol import CHAT_ROLES, MAX_CHOICES, with_parsed_arguments
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.served_models import ServedModels
@@ -106,58 +110,82 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         headers = EarlyHeaders(context)
         try:
             try:
+                if request.n > MAX_CHOICES:
+                    raise APIError(400, f"n must be at most {MAX_CHOICES}, got {request.n}", param="n")
+                num_choices = max(request.n, 1)
                 chat = tools = None  # a chat request's reply, read as the HTTP API reads it (grpc_chat.py)
                 if request.WhichOneof("input") == "chat" and self.pipeline is not None:
                     chat, tools = ChatReply.start(request, request_id, self.model_name, self.pipeline.tokenizer,
-                                                  self.tool_call_parser, self.reasoning_parser)
-                deltas = self._deltas(request, request_id, arrival, headers.send_soon, tools,
-                                      chat.reasoning if chat is not None else None)
+                                                  self.tool_call_parser, self.reasoning_parser, num_choices)
+                choices = self._choices(request, request_id, num_choices, arrival, headers.send_soon, tools,
+                                        chat.reasoning if chat is not None else None)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")
                 raise
             stream = request.stream_options.stream
-            text, token_ids, logprobs, prompt_logprobs = [], [], [], []
-            async with aclosing(deltas):
+            replies = [_Reply() for _ in range(num_choices)]  # each choice's whole, when not streamed
+            num_left = num_choices
+            async with aclosing(choices):
                 # Here, not in a generator of responses: one layer less on the first token's way out.
-                async for delta in deltas:
+                async for index, delta in choices:
                     if stream:
-                        chunk = chat.chunk(delta) if chat is not None else gateway_pb2.GenerateChunk(
+                        chunk = chat.chunk(index, delta) if chat is not None else gateway_pb2.GenerateChunk(
                             text=delta.text, token_ids=delta.token_ids, logprobs=delta.logprobs,
-                            prompt_logprobs=delta.prompt_logprobs)
+                            prompt_logprobs=delta.prompt_logprobs, index=index)
                         if chunk.text or chunk.reasoning or chunk.tool_calls or chunk.token_ids:
                             await headers.sent()
                             yield gateway_pb2.GenerateResponse(request_id=request_id, chunk=chunk)
+                    elif chat is not None:
+                        chat.add(index, delta)
+                        replies[index].add(delta, with_text=False)
                     else:
-                        if chat is not None:
-                            chat.add(delta)
-                        else:
-                            text.append(delta.text)
-                        token_ids += delta.token_ids
-                        logprobs += delta.logprobs
-                        prompt_logprobs += delta.prompt_logprobs
+                        replies[index].add(delta, with_text=True)
                     if delta.finish_reason is not None:
-                        complete = _complete(delta, "".join(text), token_ids, logprobs, prompt_logprobs)
+                        complete = replies[index].complete(delta, index)
                         if chat is not None:
                             if not stream:
-                                complete.text, complete.reasoning, calls = chat.whole()
+                                complete.text, complete.reasoning, calls = chat.whole(index)
                                 complete.tool_calls.extend(calls)
-                            complete.finish_reason = FINISH_REASONS[chat.finish_reason]
-                            if chat.reasoning_tokens is not None and complete.HasField("usage"):
-                                complete.usage.reasoning_tokens = chat.reasoning_tokens
+                            complete.finish_reason = FINISH_REASONS[chat.finish_reasons[index]]
+                            reasoning_tokens = chat.reasoning_tokens(index)
+                            if reasoning_tokens is not None and complete.HasField("usage"):
+                                complete.usage.reasoning_tokens = reasoning_tokens
                         await headers.sent()
                         yield gateway_pb2.GenerateResponse(request_id=request_id, complete=complete)
-                        return
+                        num_left -= 1
+                        if not num_left:
+                            return
         except Exception as e:
             error = to_api_error(e, _input_field(request))
             await headers.sent()
             yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
-    def _deltas(self, request: gateway_pb2.GenerateRequest, request_id: str, arrival: float,
-                on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
+    def _choices(self, request: gateway_pb2.GenerateRequest, request_id: str, num_choices: int, arrival: float,
+                 on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
+        """The request's choices on their way: (index, delta) as they come (choices.py)."""
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
+        shared = self._shared_arguments(request, tools, reasoning)
+        timeline = ResponseTimeline(request_id, arrival, int(time.time()))
+        self.timelines.add(timeline)
+        streams = []
+        for j in range(num_choices):
+            choice_id = choice_request_id(request_id, j, num_choices)
+            sampling = shared["sampling"]
+            if j and sampling.HasField("seed"):  # n choices that differ, yet repeat run to run
+                sampling = common_pb2.SamplingParams()
+                sampling.CopyFrom(shared["sampling"])
+                sampling.seed = (sampling.seed + j) % 2**64
+            streams.append(self.pipeline.generate(choice_id, **{**shared, "sampling": sampling},
+                                                  clock=timeline.clock(choice_id), on_dispatch=on_dispatch))
+        return merge_choices(streams)
+
+    def _shared_arguments(self, request: gateway_pb2.GenerateRequest, tools: ChatRequestTools | None,
+                          reasoning: ReasoningReader | None) -> dict[str, Any]:
+        """The pipeline's `generate` arguments every choice of `request` shares (a choice's `sampling` is
+        this one, or a copy with its own seed)."""
         lora = self.models.adapter_named(request.model) if request.model else None
         self.models.check_generates()
         if request.sampling.HasField("lora_name") and not self.models.serves_adapter(request.sampling.lora_name):
@@ -174,8 +202,6 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         else:
             inputs = {"messages": with_template_call_ids(_chat_messages(request.chat), self.tool_call_parser),
                       "chat_options": _chat_options(request.chat_options, tools.tools if tools else None)}
-        timeline = ResponseTimeline(request_id, arrival, int(time.time()))
-        self.timelines.add(timeline)
         sampling = request.sampling
         forced = tools is not None and tools.forced is not None
         defaults = self.pipeline.prompts.generation_defaults
@@ -192,23 +218,36 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         skip_special_tokens = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         if keeps_special_tokens(tools.syntax if tools is not None else None, reasoning):
             skip_special_tokens = False
-        return self.pipeline.generate(
-            request_id, **inputs, sampling=sampling, stop=list(request.stop),
-            include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=skip_special_tokens,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch,
-            guide_after=reasoning.guide_after if reasoning is not None else None)
+        return dict(**inputs, sampling=sampling, stop=list(request.stop),
+                    include_stop_str_in_output=request.include_stop_str_in_output,
+                    skip_special_tokens=skip_special_tokens,
+                    guide_after=reasoning.guide_after if reasoning is not None else None)
 
 
-def _complete(last: Delta, text: str, token_ids: list[int], logprobs: list,
-              prompt_logprobs: list) -> gateway_pb2.GenerateComplete:
-    usage = last.usage
-    return gateway_pb2.GenerateComplete(
-        finish_reason=FINISH_REASONS.get(last.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
-        usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                               cached_tokens=usage.cached_tokens) if usage else None,
-        matched_stop=last.matched_stop or "", text=text, token_ids=token_ids, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs)
+@dataclass
+class _Reply:
+    """One choice's output so far, for its GenerateComplete when it is not streamed."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)
+
+    def add(self, delta: Delta, with_text: bool) -> None:
+        if with_text:  # a chat reply's text is its ChatReply's
+            self.text.append(delta.text)
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs
+        self.prompt_logprobs += delta.prompt_logprobs
+
+    def complete(self, last: Delta, index: int) -> gateway_pb2.GenerateComplete:
+        usage = last.usage
+        return gateway_pb2.GenerateComplete(
+            finish_reason=FINISH_REASONS.get(last.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
+            usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                                   cached_tokens=usage.cached_tokens) if usage else None,
+            matched_stop=last.matched_stop or "", text="".join(self.text), token_ids=self.token_ids,
+            logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs, index=index)
 
 
 def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:

@@ -55,48 +55,51 @@ class ChatRequestTools:
 
 
 class ChatReply:
-    """One chat request's output as GenerateChunks and a GenerateComplete's fields."""
+    """One chat request's output, each of its `num_choices` choices', as GenerateChunks and a
+    GenerateComplete's fields."""
 
-    def __init__(self, request_id: str, model: str, tools: ChatRequestTools, reasoning: ReasoningReader | None):
+    def __init__(self, request_id: str, model: str, tools: ChatRequestTools, reasoning: ReasoningReader | None,
+                 num_choices: int = 1):
         self.builder = ResponseBuilder(
-            kind="chat", response_id=request_id, model=model, num_choices=1, prompt_of_choice=[0], token_text=str,
-            want_logprobs=False, forced_tool_call=tools.forced, tool_call_syntax=tools.syntax, call_id=tools.call_id,
-            reasoning=reasoning)
-        self.finish_reason: str | None = None
+            kind="chat", response_id=request_id, model=model, num_choices=num_choices,
+            prompt_of_choice=[0] * num_choices, token_text=str, want_logprobs=False, forced_tool_call=tools.forced,
+            tool_call_syntax=tools.syntax, call_id=tools.call_id, reasoning=reasoning)
+        self.finish_reasons: list[str | None] = [None] * num_choices  # by choice, as read
 
     @classmethod
     def start(cls, request: gateway_pb2.GenerateRequest, request_id: str, model: str, tokenizer,
-              tool_call_parser: str | None, reasoning_parser: str | None) -> tuple[ChatReply, ChatRequestTools]:
+              tool_call_parser: str | None, reasoning_parser: str | None,
+              num_choices: int = 1) -> tuple[ChatReply, ChatRequestTools]:
         tools = ChatRequestTools.of(request, tool_call_parser)
         reader = (reasoning_reader(reasoning_parser, tokenizer, is_guided(request.sampling)) if tools.forced is None
                   else None)
-        return cls(request_id, model, tools, reader), tools
+        return cls(request_id, model, tools, reader, num_choices), tools
 
     @property
     def reasoning(self) -> ReasoningReader | None:
         return self.builder.reasoning
 
-    @property
-    def reasoning_tokens(self) -> int | None:
-        return self.builder.reasoning_tokens
+    def reasoning_tokens(self, index: int) -> int | None:
+        """Choice `index`'s tokens of thinking; None without a reasoning parser."""
+        return self.builder.choices[index].reasoning_tokens if self.reasoning is not None else None
 
-    def chunk(self, delta: Delta) -> gateway_pb2.GenerateChunk:
-        """The stream's chunk for `delta`: its text, thinking and tool calls as read so far."""
-        [choice] = self.builder.chunk(0, delta, include_usage=False)["choices"]
-        self.finish_reason = choice["finish_reason"]
+    def chunk(self, index: int, delta: Delta) -> gateway_pb2.GenerateChunk:
+        """The stream's chunk for choice `index`'s `delta`: its text, thinking and tool calls as read so far."""
+        [choice] = self.builder.chunk(index, delta, include_usage=False)["choices"]
+        self.finish_reasons[index] = choice["finish_reason"]
         message = choice["delta"]
         return gateway_pb2.GenerateChunk(
             text=message.get("content") or "", reasoning=message.get("reasoning") or "",
             tool_calls=_tool_calls(message.get("tool_calls") or []), token_ids=delta.token_ids,
-            logprobs=delta.logprobs, prompt_logprobs=delta.prompt_logprobs)
+            logprobs=delta.logprobs, prompt_logprobs=delta.prompt_logprobs, index=index)
 
-    def add(self, delta: Delta) -> None:
-        self.builder.add(0, delta)
+    def add(self, index: int, delta: Delta) -> None:
+        self.builder.add(index, delta)
 
-    def whole(self) -> tuple[str, str, list[gateway_pb2.ToolCall]]:
-        """(text, reasoning, tool calls) of the whole reply; sets `finish_reason`."""
-        [choice] = self.builder.whole()["choices"]
-        self.finish_reason = choice["finish_reason"]
+    def whole(self, index: int) -> tuple[str, str, list[gateway_pb2.ToolCall]]:
+        """(text, reasoning, tool calls) of choice `index`'s whole reply; sets its finish reason."""
+        choice = self.builder.whole()["choices"][index]
+        self.finish_reasons[index] = choice["finish_reason"]
         message = choice["message"]
         return message["content"] or "", message.get("reasoning") or "", _tool_calls(message["tool_calls"])
 

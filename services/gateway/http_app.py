@@ -52,7 +52,7 @@ from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
 from services.gateway.beam_search import beam_choices, beam_search
-from services.gateway.choices import merge_choices
+from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
 from services.gateway.http_body import parsed_body
@@ -174,14 +174,14 @@ def create_app(state: GatewayState) -> FastAPI:
             prompt_of_choice += [p] * body.n
             if body.use_beam_search:
                 searches.append(beam_search(
-                    state.pipeline, _choice_id(response_id, p, len(prompts)), _with_adapter(body.sampling(
+                    state.pipeline, choice_request_id(response_id, p, len(prompts)), _with_adapter(body.sampling(
                         body.max_tokens, body.logprobs, 0), lora), body.n, body.length_penalty, **given,
                     truncate_prompt_tokens=body.truncate_prompt_tokens, num_logprobs=body.logprobs,
                     include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch))
                 continue
             for j in range(body.n):
-                request_id = _choice_id(response_id, len(streams), len(prompts) * body.n)
+                request_id = choice_request_id(response_id, len(streams), len(prompts) * body.n)
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=_with_adapter(body.sampling(
                         body.max_tokens, body.logprobs, j, bad_words, state.pipeline.prompts.generation_defaults),
@@ -212,7 +212,7 @@ def create_app(state: GatewayState) -> FastAPI:
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
         messages = with_template_call_ids(body.chat_messages(), state.tool_call_parser)
-        request_ids = [_choice_id(response_id, j, body.n) for j in range(body.n)]
+        request_ids = [choice_request_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
@@ -372,10 +372,5 @@ def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionReq
 
 def _token_id_text(token_id: int) -> str:
     return f"token_id:{token_id}"
-
-
-def _choice_id(response_id: str, choice: int, num_choices: int) -> str:
-    """The mesh request id of one choice: the response id itself when it is the only one."""
-    return response_id if num_choices == 1 else f"{response_id}-{choice}"
 
 

@@ -54,6 +54,33 @@ def test_streamed_and_whole_outputs_agree_with_the_http_api(stub, mesh):
     assert len(whole[0].complete.token_ids) == 12
 
 
+def test_n_choices_are_the_http_apis_each_named_by_its_index(stub, mesh):
+    """n seeded choices, streamed and whole: each choice the HTTP API's of the same index (choice i samples
+    with seed + i), its chunks and its complete named by it, the stream ending after the last complete."""
+    sampling = common_pb2.SamplingParams(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True)
+    expected = httpx.post(f"{mesh.gateway.base_url}/v1/completions", timeout=30, json={
+        "model": mesh.model_name, "prompt": PROMPT, "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 3,
+        "ignore_eos": True}).json()["choices"]
+    texts = [choice["text"] for choice in sorted(expected, key=lambda choice: choice["index"])]
+    assert len(set(texts)) == 3  # the seeds differ by choice
+    responses = list(stub.Generate(gateway_pb2.GenerateRequest(
+        request_id="grpc-n", text=PROMPT, sampling=sampling, n=3, stream_options=gateway_pb2.StreamOptions(
+            stream=True)), timeout=30))
+    completes = [r.complete for r in responses if r.WhichOneof("response") == "complete"]
+    assert responses[-1].WhichOneof("response") == "complete"
+    assert sorted(c.index for c in completes) == [0, 1, 2]
+    assert all(c.usage.completion_tokens == 10 for c in completes)
+    streamed = ["".join(r.chunk.text for r in responses if r.WhichOneof("response") == "chunk" and r.chunk.index == i)
+                for i in range(3)]
+    assert streamed == texts
+    whole = list(stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=sampling, n=3), timeout=30))
+    assert sorted((r.complete.index, r.complete.text) for r in whole) == list(enumerate(texts))
+    chat = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", content="Hello")])
+    replies = list(stub.Generate(gateway_pb2.GenerateRequest(chat=chat, sampling=sampling, n=2), timeout=30))
+    assert sorted(r.complete.index for r in replies) == [0, 1] and all(r.complete.text for r in replies)
+    mesh.assert_decode_pools_free()
+
+
 def test_a_grpc_request_ledger_is_served_by_its_request_id(stub, mesh):
     list(stub.Generate(gateway_pb2.GenerateRequest(request_id="grpc-ledger", text=PROMPT, sampling=greedy(4),
                                                    stream_options=gateway_pb2.StreamOptions(stream=True)), timeout=30))
@@ -108,6 +135,7 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
         (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[*range(100, 120), -2,
                                                                              *range(100, 130)])), 400),
         (gateway_pb2.GenerateRequest(), 400),
+        (gateway_pb2.GenerateRequest(text="hi", n=17), 400),
         # Chat held to what the HTTP API takes: a role OpenAI's API knows, at least one message.
         (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages(messages=[
             common_pb2.ChatMessage(role="user", content="hi"), common_pb2.ChatMessage(role="narrator", content="x")])),
