@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from protos import scheduler_pb2, scheduler_pb2_grpc
 from services.gateway.errors import APIError
-from services.gateway.http_body import parsed_body
+from services.gateway.http_body import optional_body
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.prefix_cache_api import reset_prefix_caches
 from services.gateway.workers import Worker, WorkerPool, serving_workers
@@ -139,9 +139,7 @@ async def on_each_scheduler(workers: Sequence[tuple[str, Worker]], call) -> list
 
 def add_generation_pause_routes(app: FastAPI, generation: GenerationPause) -> None:
     async def pause_generation(request: Request) -> JSONResponse:
-        # SGLang's older clients post no body: the default mode.
-        has_body = bool((await request.body()).strip())
-        body = await parsed_body(request, PauseGenerationRequest) if has_body else PauseGenerationRequest()
+        body = await optional_body(request, PauseGenerationRequest)  # SGLang's older clients post none
         await generation.pause(body.mode)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 

@@ -25,3 +25,11 @@ async def parsed_body(request: Request, model: type[M]) -> M:
         return model.model_validate_json(raw)
     except ValidationError as e:
         raise RequestValidationError(e.errors(include_url=False)) from None
+
+
+async def optional_body(request: Request, model: type[M]) -> M:
+    """As `parsed_body`, or `model`'s defaults when no body was posted (operator routes whose older
+    clients post none)."""
+    if not (await request.body()).strip():
+        return model()
+    return await parsed_body(request, model)

@@ -27,7 +27,7 @@ from protos import scheduler_pb2
 from services.common.converters import MEMORY_KINDS
 from services.gateway.errors import APIError
 from services.gateway.generation_pause import on_each_scheduler
-from services.gateway.http_body import parsed_body
+from services.gateway.http_body import optional_body
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.workers import WorkerPool, serving_workers
 
@@ -66,13 +66,13 @@ class MeshMemory:
                 raise APIError(409, f"{self.pipeline.num_requests} requests in flight: memory is released only "
                                "by an idle mesh (end them with /pause_generation in abort mode, or wait)",
                                code="conflict")
-            request = scheduler_pb2.MemoryRequest(kinds=[KIND_IDS[k] for k in kinds])
+            request = _memory_request(kinds)
             workers = serving_workers(self.pools)
             try:
                 answers = await on_each_scheduler(workers, lambda stub: stub.ReleaseMemory(
                     request, timeout=MEMORY_TIMEOUT_S))
             except APIError:  # a worker refused (another gateway's requests on it) or failed: none stays released
-                undo = scheduler_pb2.MemoryRequest(kinds=[KIND_IDS[k] for k in kinds - self.released])
+                undo = _memory_request(kinds - self.released)
                 if undo.kinds:
                     await on_each_scheduler(workers, lambda stub: stub.ResumeMemory(undo, timeout=MEMORY_TIMEOUT_S))
                 raise
@@ -87,7 +87,7 @@ class MeshMemory:
     async def resume(self, kinds: Iterable[str]) -> None:
         """Every worker takes `kinds` back; once nothing is released, held requests go on."""
         kinds = _kinds(kinds)
-        request = scheduler_pb2.MemoryRequest(kinds=[KIND_IDS[k] for k in kinds])
+        request = _memory_request(kinds)
         await on_each_scheduler(serving_workers(self.pools), lambda stub: stub.ResumeMemory(
             request, timeout=MEMORY_TIMEOUT_S))
         if self.released and not self.released - kinds:
@@ -99,14 +99,18 @@ def _kinds(tags: Iterable[str] | None) -> set[str]:
     return set(tags or ()) or set(KIND_IDS)
 
 
+def _memory_request(kinds: Iterable[str]) -> scheduler_pb2.MemoryRequest:
+    return scheduler_pb2.MemoryRequest(kinds=[KIND_IDS[k] for k in kinds])
+
+
 def add_memory_release_routes(app: FastAPI, memory: MeshMemory) -> None:
     async def release_memory_occupation(request: Request) -> JSONResponse:
-        body = await parsed_body(request, MemoryTags) if (await request.body()).strip() else MemoryTags()
+        body = await optional_body(request, MemoryTags)
         released = await memory.release(body.tags)
         return JSONResponse({"success": True, "message": f"{released} bytes released"})
 
     async def resume_memory_occupation(request: Request) -> JSONResponse:
-        body = await parsed_body(request, MemoryTags) if (await request.body()).strip() else MemoryTags()
+        body = await optional_body(request, MemoryTags)
         await memory.resume(body.tags)
         return JSONResponse({"success": True, "message": "memory resumed"})
 

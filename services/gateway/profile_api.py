@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from protos import profile_pb2, profile_pb2_grpc
 from services.gateway.errors import APIError
-from services.gateway.http_body import parsed_body
+from services.gateway.http_body import optional_body
 from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 PROFILE_TIMEOUT_S = 120.0  # a long recording's trace takes a while to write
@@ -59,8 +59,7 @@ def _answer(kind: str, worker: Worker, reply) -> dict:
 
 def add_profile_routes(app: FastAPI, pools: Sequence[WorkerPool]) -> None:
     async def start_profile(request: Request) -> JSONResponse:
-        body = await parsed_body(request, StartProfileRequest) if (await request.body()).strip() \
-            else StartProfileRequest()
+        body = await optional_body(request, StartProfileRequest)
         asked = profile_pb2.StartProfileRequest(record_shapes=body.record_shapes, with_stack=body.with_stack)
         return JSONResponse({"workers": await _on_each(pools, lambda stub: stub.Start(asked,
                                                                                        timeout=PROFILE_TIMEOUT_S))})
