@@ -21,12 +21,15 @@ import concurrent.futures
 import contextvars
 import functools
 import gc
+import io
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -39,6 +42,9 @@ from services.common.tracing import BATON_INSTANCE_ID, setup_tracing, shutdown_t
 
 T = TypeVar("T")
 C = TypeVar("C", bound="ServiceConfig")
+
+# Beyond the grace period, how long closing may take before it reports what it still waits on.
+SLOW_CLOSE_S = 5.0
 
 
 class ServiceConfig(Protocol):
@@ -162,8 +168,31 @@ async def serve(name: str, config: C, make_service: Callable[[C], Service]) -> i
     finally:
         closing_metrics = asyncio.create_task(asyncio.to_thread(metrics.close))  # meanwhile: it polls
         await stop_server(server, health_servicer, grace_s=config.grace_s)
-        await service.close()
+        await close_service(name, service, report_after_s=config.grace_s + SLOW_CLOSE_S)
         await closing_metrics
+
+
+async def close_service(name: str, service: Service, report_after_s: float) -> None:
+    """`service.close()`; one still closing after `report_after_s` logs the stack of every task
+    and thread still running, so a shutdown that hangs (until its supervisor kills it) says where."""
+    closing = asyncio.ensure_future(service.close())
+    done, _ = await asyncio.wait([closing], timeout=report_after_s)
+    if not done:
+        logging.getLogger(f"baton.{name}").warning("still closing after %.1f s; what runs:\n%s", report_after_s,
+                                                   running_stacks(skip=asyncio.current_task()))
+    await closing
+
+
+def running_stacks(skip: asyncio.Task | None = None) -> str:
+    """The stacks of this loop's tasks (but `skip`) and of every thread, as text."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        if task is not skip:
+            task.print_stack(file=out)
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        out.write(f"Thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}")
+    return out.getvalue()
 
 
 def freeze_startup_heap() -> None:

@@ -174,7 +174,8 @@ class InstancePublisher:
             except Exception:  # an engine-side surprise: keep the worker serving, try again next tick
                 log.exception("publishing %s failed", self.identity.instance_id)
             try:
-                await asyncio.wait_for(self._closing.wait(), max(0.0, self.interval_s - (time.monotonic() - started)))
+                async with asyncio.timeout(max(0.0, self.interval_s - (time.monotonic() - started))):
+                    await self._closing.wait()
             except TimeoutError:
                 pass
         await self._leave()
@@ -189,7 +190,8 @@ class InstancePublisher:
                 await self._remove(await self.holdings.held())
 
         try:
-            await asyncio.wait_for(leave(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await leave()
         except (RedisError, OSError, TimeoutError, EngineDeadError) as e:
             log.warning("could not remove %s from Redis (its entries will lapse): %r", instance_id, e)
 

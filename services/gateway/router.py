@@ -248,8 +248,9 @@ class PrefixRouter:
             return Lookup(hashes, None)
         else:
             try:
-                held = await asyncio.wait_for(self.index.match(hashes, asked), self.config.redis_timeout_s)
-            except (RedisError, OSError, asyncio.TimeoutError) as e:
+                async with asyncio.timeout(self.config.redis_timeout_s):
+                    held = await self.index.match(hashes, asked)
+            except (RedisError, OSError, TimeoutError) as e:
                 self._redis_failed(e)
                 return Lookup(hashes, None)
         self._redis_answered()
@@ -265,7 +266,7 @@ class PrefixRouter:
         loop or Redis starved for CPU) must not send a whole second of requests by load alone,
         scattering prefixes over workers that then evict each other's."""
         REDIS_FAILURES.inc()
-        if isinstance(e, asyncio.TimeoutError):
+        if isinstance(e, TimeoutError):
             self._timeouts_in_a_row += 1
             if self._timeouts_in_a_row < self.config.redis_down_after_timeouts:
                 return
@@ -288,13 +289,16 @@ class PrefixRouter:
         """Keep the address → instance id maps current from the registry's live instances."""
         while not self._is_closing:
             try:
-                live = await asyncio.wait_for(self.registry.instances("prefill"), 1.0)
+                async with asyncio.timeout(1.0):
+                    live = await self.registry.instances("prefill")
                 self._instance_ids = {info.address: info.instance_id for info in live}
                 if live:  # the workers' page size is the one their hashes are made with
                     self.block_size = live[0].block_size
-                nodes = await asyncio.wait_for(self.registry.instances("kvstore"), 1.0)
+                async with asyncio.timeout(1.0):
+                    nodes = await self.registry.instances("kvstore")
                 self._kvstores = {info.instance_id: info.address for info in nodes}
-                decoders = await asyncio.wait_for(self.registry.instances("decode"), 1.0)
+                async with asyncio.timeout(1.0):
+                    decoders = await self.registry.instances("decode")
                 self._decode_ids = {info.address: info.instance_id for info in decoders}
             except Exception as e:  # Redis down: keep the last map; lookups fail over on their own
                 log.debug("cannot list prefill instances: %s", e)

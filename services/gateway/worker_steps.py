@@ -55,8 +55,9 @@ async def next_event(call, kind: str) -> prefill_pb2.PrefillEvent:
 async def read_to_end(call, within_s: float | None = None) -> None:
     """Read `call` to its end; cancelled if that takes longer than `within_s`."""
     try:
-        await asyncio.wait_for(_drain(call), within_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(within_s):
+            await _drain(call)
+    except TimeoutError:
         call.cancel()
 
 

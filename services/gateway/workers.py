@@ -285,7 +285,8 @@ def registered_workers(registry, kind: str, model_key: str) -> WorkerSource:
     `registry` (an InstanceRegistry); None while Redis does not answer."""
     async def source() -> list[str] | None:
         try:
-            live = await asyncio.wait_for(registry.instances(kind), REGISTRY_TIMEOUT_S)
+            async with asyncio.timeout(REGISTRY_TIMEOUT_S):
+                live = await registry.instances(kind)
         except Exception as e:  # Redis away: the pool stays as it is, as routing does
             log.debug("cannot list %s instances: %s", kind, e)
             return None

@@ -164,7 +164,8 @@ class ChildProcess:
             return None
         self.send_signal(signal.SIGTERM)
         try:
-            return await asyncio.wait_for(asyncio.shield(self.exited), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(self.exited)
         except TimeoutError:
             self.was_killed = True
             self.kill()

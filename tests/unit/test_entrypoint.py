@@ -1,5 +1,6 @@
 """`serve`: a service that can no longer serve stops the process as a signal does, but exits 1;
-what a service made while starting is frozen out of the collector's sight once it serves."""
+what a service made while starting is frozen out of the collector's sight once it serves; a close
+that takes long logs what it waits on."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common import entrypoint
 from services.common.entrypoint import serve
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -100,3 +102,37 @@ def test_what_start_up_made_is_frozen_once_serving():
     assert gc.get_freeze_count() == 0
     assert asyncio.run(asyncio.wait_for(serve("test", Config(), make), 30)) == 0
     assert made[0].frozen_while_serving >= len(made[0].model)
+
+
+class ClosesSlowly:
+    """Serves, is stopped, and takes a second to close, in a coroutine named for the test to find."""
+    servicers = ()
+    service_names = ()
+
+    def __init__(self, config: Config) -> None:
+        self.is_closed = False
+
+    async def start(self, stop) -> str:
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+        return "serving"
+
+    async def close(self) -> None:
+        await asyncio.gather(self._flush_the_last_spans())
+        self.is_closed = True
+
+    async def _flush_the_last_spans(self) -> None:
+        await asyncio.sleep(1.0)
+
+
+def test_a_slow_close_logs_where_it_waits_and_still_finishes(monkeypatch, caplog):
+    monkeypatch.setattr(entrypoint, "SLOW_CLOSE_S", 0.2 - Config.grace_s)  # report after 0.2 s
+    made: list[ClosesSlowly] = []
+
+    def make(config: Config) -> ClosesSlowly:
+        made.append(ClosesSlowly(config))
+        return made[-1]
+
+    assert asyncio.run(asyncio.wait_for(serve("test", Config(), make), 30)) == 0
+    assert made[0].is_closed
+    [report] = [r.getMessage() for r in caplog.records if "still closing after" in r.getMessage()]
+    assert "_flush_the_last_spans" in report and "Thread MainThread" in report

@@ -64,7 +64,10 @@ class GatewayProcess:
             self.stderr_lines.append(line)
 
     def terminate(self) -> int:
-        return stop_process(self.proc)
+        code = stop_process(self.proc)
+        if code != 0:  # pytest shows it with the failure: the gateway's log, a hung close's stacks among it
+            print("".join(self.stderr_lines[-300:]))
+        return code
 
 
 @dataclass
