@@ -12,10 +12,11 @@ Only an idle mesh releases memory: while requests are in flight it is refused (4
 (end them first: `/pause_generation` in abort mode, or wait). From the release until everything is
 back, requests that arrive wait at the gateway, as in a pause. A worker that refuses (requests of
 another gateway in it: 409) or fails (503) is named, and the others take back what they gave. A worker
-that joins meanwhile keeps its memory.
+that joins meanwhile (a replica added or restarted) gives back the same before it is routed to.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -23,13 +24,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from protos import scheduler_pb2
+from protos import scheduler_pb2, scheduler_pb2_grpc
 from services.common.converters import MEMORY_KINDS
 from services.gateway.errors import APIError
 from services.gateway.generation_pause import on_each_scheduler
 from services.gateway.http_body import optional_body
 from services.gateway.pipeline import RequestPipeline
-from services.gateway.workers import WorkerPool, serving_workers
+from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 MEMORY_TIMEOUT_S = 120.0  # resuming weights reads the checkpoint again
 KIND_IDS = {name: kind for kind, name in MEMORY_KINDS.items()}
@@ -52,6 +53,9 @@ class MeshMemory:
         self.pipeline = pipeline
         self.pools = pools
         self.released: set[str] = set()
+        self._lock = asyncio.Lock()  # a worker joining mid-release learns what the others gave back
+        for pool in pools:
+            pool.before_serving(self._release_joining)
 
     @property
     def is_sleeping(self) -> bool:
@@ -60,6 +64,10 @@ class MeshMemory:
     async def release(self, kinds: Iterable[str]) -> int:
         """Every worker gives `kinds` back; the bytes, summed. APIError 409 while requests are in flight."""
         kinds = _kinds(kinds)
+        async with self._lock:
+            return await self._release(kinds)
+
+    async def _release(self, kinds: set[str]) -> int:
         self.pipeline.pause.hold()  # first: a request not yet counted now waits
         try:
             if self.pipeline.num_requests:
@@ -88,11 +96,18 @@ class MeshMemory:
         """Every worker takes `kinds` back; once nothing is released, held requests go on."""
         kinds = _kinds(kinds)
         request = _memory_request(kinds)
-        await on_each_scheduler(serving_workers(self.pools), lambda stub: stub.ResumeMemory(
-            request, timeout=MEMORY_TIMEOUT_S))
-        if self.released and not self.released - kinds:
-            self.pipeline.pause.let_go()
-        self.released -= kinds
+        async with self._lock:
+            await on_each_scheduler(serving_workers(self.pools), lambda stub: stub.ResumeMemory(
+                request, timeout=MEMORY_TIMEOUT_S))
+            if self.released and not self.released - kinds:
+                self.pipeline.pause.let_go()
+            self.released -= kinds
+
+    async def _release_joining(self, worker: Worker) -> None:
+        async with self._lock:
+            if self.released:
+                await scheduler_pb2_grpc.SchedulerStub(worker.channel).ReleaseMemory(
+                    _memory_request(self.released), timeout=MEMORY_TIMEOUT_S)
 
 
 def _kinds(tags: Iterable[str] | None) -> set[str]:

@@ -1,21 +1,28 @@
 """SGLang's /release_memory_occupation and /resume_memory_occupation, vLLM's /sleep, /wake_up and
 /is_sleeping, on a mesh of 2 prefill and 2 decode workers: each worker gives back what is named (a
 decode worker's shared-memory pool leaves the host's /dev/shm), a request arriving meanwhile waits,
-and once all is back the mesh computes what it computed before. Only an idle mesh releases memory.
-Each test leaves the mesh awake."""
+and once all is back the mesh computes what it computed before. Only an idle mesh releases memory;
+a worker joining meanwhile releases it too. Each test leaves the mesh awake."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from protos import decode_pb2, decode_pb2_grpc
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.kvstore.shared_memory import DATA_OFFSET as SEGMENT_HEADER_BYTES
+from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
+from tests.services.gateway.mesh import GatewayProcess
 from tests.services.gateway.test_generation_pause import StreamedSample
 from tests.services.gateway.test_weight_updates import greedy
+from tests.services.gateway.test_worker_discovery import wait_for, workers
+from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
 
 
 def post(mesh, path: str, **kwargs) -> httpx.Response:
@@ -104,3 +111,36 @@ def test_requests_in_flight_keep_every_workers_memory_and_a_bad_tag_is_refused(m
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "tags.0", answer.text
     assert post(mesh, "/sleep", params={"level": 3}).status_code == 400
     assert not is_sleeping(mesh)
+
+
+def test_a_worker_that_joins_while_memory_is_released_gives_it_back_before_it_is_routed_to(tiny_demo_model):
+    """Decode worker B answers only after the release (paused until then, as a replica added or
+    restarted later is away): the gateway releases B's memory too before routing to B, and B takes it
+    back on resume, computing what A did."""
+    tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+    first, late = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "128", wait=False)
+                   for _ in range(2))
+    gateway = None
+    try:
+        wait_all_serving([tokenizer, first, late])
+        [segment] = pool_segments(SimpleNamespace(decode=[late]))
+        assert os.stat(segment).st_blocks * 512 > 2**20  # its pool was filled when made
+        late.proc.send_signal(signal.SIGSTOP)
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [first.address, late.address],
+                                 "--colocated")
+        on_first = SimpleNamespace(gateway=gateway, decode=[first])
+        expected = greedy(on_first)
+        assert post(on_first, "/release_memory_occupation").status_code == 200
+        late.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: workers(gateway)[("decode", "serving")] == 2)
+        assert released_by_worker(on_first) == [["weights", "kv_cache"]] * 2
+        assert os.stat(segment).st_blocks * 512 <= SEGMENT_HEADER_BYTES
+        assert post(on_first, "/resume_memory_occupation").status_code == 200
+        assert released_by_worker(on_first) == [[], []]
+        assert first.terminate() == 0
+        assert greedy(on_first) == expected  # on B alone
+    finally:
+        late.proc.send_signal(signal.SIGCONT)
+        if gateway is not None:
+            assert gateway.terminate() == 0
+        stop_processes([tokenizer, first, late])
