@@ -40,7 +40,7 @@ from services.gateway.prefix_cache_api import reset_prefix_caches
 from services.gateway.workers import Worker, WorkerPool, serving_workers
 
 PAUSE_TIMEOUT_S = 30.0  # a worker finishes the step in hand first
-ABORT_DRAIN_S = 30.0  # a request past the pause but not yet running (being tokenized) is not aborted
+ABORT_DRAIN_S = 30.0  # how long the call waits for the aborted requests to end (a worker may not answer)
 DRAIN_POLL_S = 0.01
 VLLM_MODES = {"abort": "abort", "wait": "wait", "keep": "in_place"}
 WORKER_MODES = {"in_place": scheduler_pb2.PAUSE_MODE_IN_PLACE, "retract": scheduler_pb2.PAUSE_MODE_RETRACT}

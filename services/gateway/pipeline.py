@@ -53,7 +53,7 @@ from services.gateway.request_errors import (
 from services.gateway.request_pause import RequestPause
 from services.gateway.request_trace import RequestTrace
 from services.gateway.router import NO_LOOKUP
-from services.gateway.running_requests import RunningRequests
+from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
 from services.gateway.structured_output import is_guided
 from services.gateway.timeline import PhaseClock
@@ -159,8 +159,10 @@ class RequestPipeline:
             params.CopyFrom(sampling)
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
+        registration = ExitStack()  # among the running requests until it ends, as an operator's abort finds it
         try:
-            await self.pause.passed()
+            running = registration.enter_context(self.running.running(request_id))
+            await self._pause_passed(running)
             self.admit()
             is_admitted = True
             if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
@@ -182,7 +184,7 @@ class RequestPipeline:
             with self.decode.hold() as decode_worker:
                 async for delta in self._run(request_id, prompt, params, decode_worker, stop,
                                              include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
-                                             on_dispatch):
+                                             running, on_dispatch):
                     yield delta
         except grpc.aio.AioRpcError as e:
             mapped = from_rpc_error(e)
@@ -197,9 +199,26 @@ class RequestPipeline:
             timer.fail(error_reason(e))
             raise
         finally:
+            registration.close()
             if is_admitted:
                 self.release()
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
+
+    async def _pause_passed(self, running: RunningRequest) -> None:
+        """Return once the gateway's pause (if any) is over, or `running` was aborted while it waited
+        (the request then ends with finish_reason "abort" before it reaches a worker)."""
+        if self.pause.is_open:  # no task on every request's path
+            return
+        waiting = asyncio.ensure_future(self.pause.passed())
+        running.waits_on(waiting)
+        running.is_held = True
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            if not running.was_aborted_before_its_first_token():
+                raise
+        finally:
+            running.is_held = False
 
     def admit(self, num: int = 1) -> None:
         """Count `num` more requests in progress (`release` them once they are done), or raise
@@ -229,21 +248,24 @@ class RequestPipeline:
     async def _run(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
                    skip_special_tokens: bool,
-                   timer: RequestTimer, clock: PhaseClock, spans: RequestTrace,
+                   timer: RequestTimer, clock: PhaseClock, spans: RequestTrace, running: RunningRequest,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
         self.prompts.check_context(prompt, params)
         output: TextOutput | None = None  # made once the prompt is on its way: not on its critical path
 
-        def dispatched(call: grpc.aio.Call) -> None:
-            nonlocal output
-            running.computes_first_token(call)
-            if output is not None:  # on another prefill worker, after the first went away
-                return
+        def make_output() -> TextOutput:
             try:
-                output = TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
-                                     skip_special_tokens)
+                return TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
+                                  skip_special_tokens)
             except ValueError as e:  # the prompt's tail holds a negative id
                 raise InvalidRequestError(f"prompt {e}") from None
+
+        def dispatched(call: grpc.aio.Call) -> None:
+            nonlocal output
+            running.waits_on(call)
+            if output is not None:  # on another prefill worker, after the first went away
+                return
+            output = make_output()
             PREFILLED_ON[clock.prefilled_on].inc()
             if on_dispatch is not None:
                 on_dispatch()
@@ -264,13 +286,16 @@ class RequestPipeline:
                     raise InvalidRequestError(f"prompt {e}") from None
         is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)
         clock.prefilled_on = "decode" if is_local else "prefill"
-        steps = (self.steps.local if is_local else self.steps.disaggregated)(
-            request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
+        if running.is_aborted:  # while it waited at a pause, was tokenized or routed: no worker has heard of it
+            output, steps = make_output(), _ended_by_abort()
+            progress.is_released = True
+        else:
+            steps = (self.steps.local if is_local else self.steps.disaggregated)(
+                request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
         first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
         gone: list[Worker] = []  # decode workers that went away mid-stream
         held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
-        running = held.enter_context(self.running.running(request_id))
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
                 try:

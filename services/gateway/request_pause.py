@@ -16,6 +16,10 @@ class RequestPause:
         self._num_holds = 0
         self.num_waiting = 0  # requests held at the pause now
 
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
     async def passed(self) -> None:
         """Return at once, or once the pause is over."""
         if self._open.is_set():

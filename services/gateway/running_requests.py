@@ -4,8 +4,10 @@ on the decode worker its tokens stream from, whose stream then ends with finish_
 the text so far, whatever API asked for it. One whose prompt is still being prefilled has the call
 computing its first token cancelled, which stops that worker's work on it (as a client going away
 does), and ends with finish_reason "abort" and no text at once, not after its prefill (seconds, for a
-long prompt). SGLang's `/abort_request` ends one by its id (the `x-request-id` of an OpenAI request,
-an SGLang `rid`), or its samples `{id}-{n}`."""
+long prompt); one no worker has heard of yet (being tokenized or routed) ends so before it reaches one.
+SGLang's `/abort_request` ends one by its id (the `x-request-id` of an OpenAI request, an SGLang
+`rid`), or its samples `{id}-{n}`, also while it waits at the gateway's pause; aborting them all
+leaves those waiting, as SGLang's does (a pause in abort mode ends what runs, and holds what comes)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,27 +21,29 @@ from services.gateway.workers import Worker
 
 
 class RunningRequest:
-    """Where one request streams from, once it does, and the call computing its first token until then."""
+    """Where one request streams from, once it does, and what it waits on until then."""
 
-    __slots__ = ("_abort_on", "worker", "request_id", "is_aborted", "_first_token_call")
+    __slots__ = ("_abort_on", "worker", "request_id", "is_aborted", "is_held", "_awaited")
 
     def __init__(self, abort_on: Callable[[Worker, str], None]) -> None:
         self._abort_on = abort_on
         self.worker: Worker | None = None
         self.request_id = ""
         self.is_aborted = False
-        self._first_token_call: grpc.aio.Call | None = None
+        self.is_held = False  # waiting at the gateway's pause
+        self._awaited: grpc.aio.Call | asyncio.Future | None = None
 
-    def computes_first_token(self, call: grpc.aio.Call) -> None:
-        """`call` computes its first token (a prefill worker's, or its decode worker's own prefill)."""
-        self._first_token_call = call
+    def waits_on(self, awaited: grpc.aio.Call | asyncio.Future) -> None:
+        """It waits on `awaited` now, which `abort` cancels: the call computing its first token (a prefill
+        worker's, or its decode worker's own prefill), or the end of the gateway's pause."""
+        self._awaited = awaited
         if self.is_aborted:
-            call.cancel()
+            awaited.cancel()
 
     def streams_from(self, worker: Worker, request_id: str) -> None:
         """Its stream has begun on `worker` as `request_id` (again, when it moved to another worker)."""
         self.worker, self.request_id = worker, request_id
-        self._first_token_call = None
+        self._awaited = None
         if self.is_aborted:
             self._abort_on(worker, request_id)
 
@@ -48,12 +52,12 @@ class RunningRequest:
             self.is_aborted = True
             if self.worker is not None:
                 self._abort_on(self.worker, self.request_id)
-            elif self._first_token_call is not None:
-                self._first_token_call.cancel()
+            elif self._awaited is not None:
+                self._awaited.cancel()
 
     def was_aborted_before_its_first_token(self) -> bool:
-        """Whether the request's task, not cancelled itself, had its first token's call cancelled by
-        `abort` (the call's reader then gets asyncio.CancelledError)."""
+        """Whether the request's task, not cancelled itself, had what it waited on cancelled by `abort`
+        (its reader then gets asyncio.CancelledError)."""
         task = asyncio.current_task()
         return self.is_aborted and self.worker is None and not (task is not None and task.cancelling())
 
@@ -75,8 +79,8 @@ class RunningRequests:
             del self._running[request]
 
     def abort_all(self) -> int:
-        """Abort every running request; how many there were."""
-        running = list(self._running)
+        """Abort every request past the pause; how many there were."""
+        running = [request for request in self._running if not request.is_held]
         for request in running:
             request.abort()
         return len(running)

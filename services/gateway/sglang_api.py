@@ -24,7 +24,6 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,13 +57,6 @@ class _Output:
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
 
-    @property
-    def finish(self) -> dict[str, Any] | None:
-        """Its finish_reason; an abort's once `/abort_request` ended it unfinished."""
-        if self.finish_reason is None and self.aborted.is_set():
-            return ABORTED
-        return self.finish_reason
-
     def add(self, delta: Delta, max_new_tokens: int) -> None:
         self.text += delta.text
         self.output_ids += delta.token_ids
@@ -79,7 +71,7 @@ class _Output:
         elif delta.finish_reason == "stop":
             matched = delta.matched_stop if delta.matched_stop is not None else self.output_ids[-1]
             self.finish_reason = {"type": "stop", "matched": matched}
-        elif delta.finish_reason == "abort" and self.aborted.is_set():  # the mesh ended it first
+        elif delta.finish_reason == "abort" and self.aborted.is_set():
             self.finish_reason = ABORTED
         elif delta.finish_reason is not None:
             self.finish_reason = {"type": "abort", "message": delta.finish_reason}
@@ -97,7 +89,7 @@ class _Shape:
     is_batch: bool
 
     def answer(self, index: int, output: _Output) -> dict[str, Any]:
-        meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish,
+        meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish_reason,
                                 "prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.output_ids),
                                 "cached_tokens": output.cached_tokens,
                                 "e2e_latency": round(time.perf_counter() - self.started, 6)}
@@ -124,26 +116,6 @@ class _Shape:
     def _text(self, token_id: int) -> str | None:
         return self.token_text(token_id) if self.token_text is not None else None
 
-
-
-async def until_aborted(deltas: AsyncIterator[Delta], aborted: asyncio.Event) -> AsyncIterator[Delta]:
-    """`deltas` until they end or `aborted` is set; either way the stream is closed (its request
-    aborted on the mesh if it was still running)."""
-    async with aclosing(deltas):
-        waiting = asyncio.ensure_future(aborted.wait())
-        try:
-            while True:
-                step = asyncio.ensure_future(anext(deltas))
-                await asyncio.wait([step, waiting], return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
-                    step.cancel()
-                    await asyncio.gather(step, return_exceptions=True)
-                    return
-                if isinstance(step.exception(), StopAsyncIteration):
-                    return
-                yield step.result()
-        finally:
-            waiting.cancel()
 
 
 def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None],
@@ -174,23 +146,17 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 if lora is not None:
                     sampling_params.lora_name = lora
                 aborted = aborts[sample_rid] = asyncio.Event()
-                streams.append(until_aborted(pipeline.generate(
+                streams.append(pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,
                     include_stop_str_in_output=asked.include_stop_str_in_output,
-                    skip_special_tokens=asked.skip_special_tokens), aborted))
+                    skip_special_tokens=asked.skip_special_tokens))
                 outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,
                        body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1)
         choices = merge_choices(streams)
         prompt_param = "text" if body.text is not None else "input_ids"
-        try:
-            index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
-        except APIError:
-            if not all(output.aborted.is_set() for output in outputs):
-                raise
-            answers = [shape.answer(i, output) for i, output in enumerate(outputs)]  # aborted before any token
-            return JSONResponse(answers if shape.is_batch else answers[0])
+        index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
         outputs[index].add(delta, max_new_tokens[index])
         if body.stream:
             return StreamingResponse(_events(choices, (index, delta), outputs, shape, prompt_param),
@@ -257,9 +223,6 @@ async def _events(choices: AsyncIterator[tuple[int, Delta]], first: tuple[int, D
             async for index, delta in choices:
                 outputs[index].add(delta, shape.max_new_tokens[index])
                 yield sse_event(shape.answer(index, outputs[index]))
-            for index, output in enumerate(outputs):  # an aborted sample's last event says so
-                if output.finish_reason is None and output.aborted.is_set():
-                    yield sse_event(shape.answer(index, output))
         except Exception as e:
             yield sse_event(to_api_error(e, prompt_param).body())
     finally:

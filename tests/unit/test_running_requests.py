@@ -1,6 +1,9 @@
 """The gateway's running requests, as an operator's abort_all ends them: on the decode worker their
-stream comes from, at once, or as their stream begins there; each once; none once it is over."""
+stream comes from, at once, or as their stream begins there; each once; none once it is over. One
+waiting at the gateway's pause is ended by its id, but left waiting by an abort of all."""
 from __future__ import annotations
+
+import asyncio
 
 from services.gateway.running_requests import RunningRequests
 from services.gateway.workers import Worker
@@ -36,3 +39,28 @@ def test_a_request_is_aborted_by_its_id_or_its_samples_by_theirs():
         assert running.abort("cmpl-1") == 1 and aborted == ["cmpl-1"]  # not cmpl-12
         assert running.abort("cmpl-2") == 2 and aborted[1:] == ["cmpl-2-0", "cmpl-2-1"]
         assert running.abort("nobody") == 0
+
+
+def test_one_waiting_at_the_pause_is_aborted_by_its_id_but_not_with_all():
+    async def scenario() -> tuple[int, int, bool, bool]:
+        running = RunningRequests(lambda w, request_id: None)
+        pause = asyncio.get_running_loop().create_future()  # stands for the end of the gateway's pause
+        with running.running("held") as held, running.running("tokenizing") as tokenizing:
+            held.is_held = True
+            held.waits_on(pause)
+            by_all = running.abort_all()
+            still_waiting = not pause.done()
+            by_id = running.abort("held")
+            return by_all, by_id, still_waiting and pause.cancelled(), tokenizing.is_aborted
+    assert asyncio.run(scenario()) == (1, 1, True, True)
+
+
+def test_what_it_waits_on_after_an_abort_is_cancelled_at_once():
+    async def scenario() -> bool:
+        running = RunningRequests(lambda w, request_id: None)
+        with running.running("late") as late:
+            late.abort()
+            call = asyncio.get_running_loop().create_future()  # stands for the first token's call
+            late.waits_on(call)
+            return call.cancelled()
+    assert asyncio.run(scenario())

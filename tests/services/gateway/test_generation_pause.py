@@ -2,8 +2,8 @@
 a mesh of 2 prefill and 2 decode workers: in place, a running request stops streaming and later ends with
 the tokens it would have had, a request arriving meanwhile waits, and a weight update is refused while
 paused requests hold pages; retracting, the update goes through and the retracted request goes on with
-the new weights; abort (the default) ends the running requests of every API at once; vLLM's wait lets
-them finish first. Each test leaves the mesh unpaused, on its own checkpoint."""
+the new weights; abort (the default) ends the running requests of every API at once (a held one, only
+by its id); vLLM's wait lets them finish first. Each test leaves the mesh unpaused, on its own checkpoint."""
 from __future__ import annotations
 
 import json
@@ -135,6 +135,41 @@ def test_abort_ends_running_requests_of_every_api_and_holds_new_ones_until_conti
     assert resume(mesh).status_code == 200
     thread.join(timeout=60)
     assert len(arriving["tokens"]) == 8
+
+
+def test_a_request_held_by_the_pause_is_aborted_by_its_id_but_not_by_abort_all(mesh, unpaused):
+    """As SGLang's: aborting all ends what runs, and what waits for /continue_generation waits on; named,
+    a held request ends at once, having reached no worker."""
+    base = mesh.gateway.base_url
+    assert pause(mesh).status_code == 200
+    arriving: dict = {}
+    chat: dict = {}
+
+    def held_chat() -> None:
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client:
+            chat["answer"] = client.chat.completions.create(
+                model=mesh.model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+                extra_headers={"x-request-id": "held-chat"})
+    threads = [threading.Thread(target=lambda: arriving.update(tokens=greedy(mesh))),
+               threading.Thread(target=held_chat)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while pause_gauges(mesh)[1] < 2:
+        assert time.monotonic() < deadline, "the requests were not held"
+        time.sleep(0.01)
+    assert httpx.post(f"{base}/abort_request", json={"abort_all": True}, timeout=10).status_code == 200
+    time.sleep(0.3)
+    assert not arriving and not chat and pause_gauges(mesh)[1] == 2
+    assert httpx.post(f"{base}/abort_request", json={"rid": "held-chat"}, timeout=10).status_code == 200
+    threads[1].join(timeout=2)
+    choice = chat["answer"].choices[0]
+    assert choice.finish_reason == "abort" and not choice.message.content
+    assert not arriving and pause_gauges(mesh)[1] == 1
+    assert resume(mesh).status_code == 200
+    threads[0].join(timeout=60)
+    assert len(arriving["tokens"]) == 8
+    mesh.assert_decode_pools_free()
 
 
 def test_vllms_pause_waits_for_running_requests_and_keeps_new_ones_until_resumed(mesh, unpaused):
