@@ -260,13 +260,29 @@ WorkerSource = Callable[[], Awaitable["list[str] | None"]]
 
 
 async def follow(pool: WorkerPool, sources: Sequence[WorkerSource], every_s: float) -> None:
-    """Keep `pool` on the addresses `sources` give together, asking them every `every_s` seconds
+    """Keep `pool` on the addresses `sources` give together (one per worker), asking them every `every_s` seconds
     until cancelled; while any cannot tell, the pool stays as it is."""
     while True:
         found = [await source() for source in sources]
         if all(addresses is not None for addresses in found):
-            pool.update([address for addresses in found for address in addresses])
+            addresses = [address for addresses in found for address in addresses]
+            if needs_resolving(addresses) and len(addresses) > 1:
+                addresses = await asyncio.to_thread(one_per_worker, addresses)
+            pool.update(addresses)
         await asyncio.sleep(every_s)
+
+
+def one_per_worker(addresses: Sequence[str]) -> list[str]:
+    """`addresses` less each IP address that one of their names resolves to alone, with its port: a
+    worker given by name (`--prefill localhost:50052`) that the registry lists by its address
+    (`127.0.0.1:50052`) is one worker, known by its name as the pool first knew it."""
+    aliases = set()
+    for address in addresses:
+        if needs_resolving([address]):
+            ips = _ips_of(address)
+            if ips is not None and len(ips) == 1:
+                aliases.add(f"{ips[0]}:{address.rpartition(':')[2]}")
+    return [address for address in addresses if address not in aliases]
 
 
 def resolved_names(names: Sequence[str]) -> WorkerSource:
@@ -297,13 +313,19 @@ def registered_workers(registry, kind: str, model_key: str) -> WorkerSource:
 def _addresses_of(address: str) -> list[str] | None:
     """One "ip:port" per address `address`'s host name resolves to when there are several, else
     `address` as given; None when it does not resolve."""
+    ips = _ips_of(address)
+    if ips is None:
+        return None
+    port = address.rpartition(":")[2]
+    return [address] if len(ips) == 1 else [f"{ip}:{port}" for ip in sorted(ips)]
+
+
+def _ips_of(address: str) -> list[str] | None:
+    """The IPv4 addresses `address`'s host resolves to; None when it does not resolve."""
     host, _, port = address.rpartition(":")
     try:
         # IPv4 only: "localhost" must stay one worker, not ::1 and 127.0.0.1 as two.
         infos = socket.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
     except (socket.gaierror, ValueError):
         return None
-    ips = list(dict.fromkeys(info[4][0] for info in infos))
-    if not ips:
-        return None
-    return [address] if len(ips) == 1 else [f"{ip}:{port}" for ip in sorted(ips)]
+    return list(dict.fromkeys(info[4][0] for info in infos)) or None

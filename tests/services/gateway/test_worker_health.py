@@ -145,6 +145,26 @@ def test_a_pool_follows_its_name_as_replicas_come_and_go(monkeypatch):
     asyncio.run(scenario())
 
 
+def test_a_worker_given_by_name_and_listed_by_its_address_is_one_worker():
+    """`--prefill localhost:P --discover-workers`, the registry listing that worker as 127.0.0.1:P (its
+    advertised address) beside another: two workers, not three."""
+    async def scenario() -> list[str]:
+        pool = WorkerPool.connect(expand_addresses(["localhost:5001"]), health_pb2_grpc.HealthStub, "prefill")
+
+        async def registry() -> list[str]:
+            return ["127.0.0.1:5001", "127.0.0.1:5002"]
+        follower = asyncio.ensure_future(follow(pool, [resolved_names(["localhost:5001"]), registry], every_s=0.02))
+        try:
+            await until(lambda: len(pool.workers) >= 2)
+            await asyncio.sleep(0.1)  # several rounds: none adds the alias
+            return [worker.address for worker in pool.workers]
+        finally:
+            follower.cancel()
+            await pool.close()
+
+    assert asyncio.run(scenario()) == ["localhost:5001", "127.0.0.1:5002"]
+
+
 def test_a_worker_is_routed_to_only_once_it_is_given_what_the_others_have():
     """WorkerPool.before_serving (how runtime-loaded adapters reach a worker that was away): a worker
     whose health says SERVING is out of routing while that fails, and in once it succeeds."""
