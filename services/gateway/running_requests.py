@@ -78,17 +78,17 @@ class RunningRequests:
         finally:
             del self._running[request]
 
-    def abort_all(self) -> int:
-        """Abort every request past the pause; how many there were."""
-        running = [request for request in self._running if not request.is_held]
-        for request in running:
+    def abort_all(self) -> list[str]:
+        """Abort every request past the pause; their ids."""
+        running = [(request, name) for request, name in self._running.items() if not request.is_held]
+        for request, _ in running:
             request.abort()
-        return len(running)
+        return [name for _, name in running]
 
-    def abort(self, request_id: str) -> int:
-        """Abort the requests named `request_id`, or one of its samples `{request_id}-{n}`; how many."""
+    def abort(self, request_id: str) -> list[str]:
+        """Abort the requests named `request_id`, or one of its samples `{request_id}-{n}`; their ids."""
         sample = re.compile(re.escape(request_id) + r"(-\d+)?")
-        named = [request for request, name in self._running.items() if sample.fullmatch(name)]
-        for request in named:
+        named = [(request, name) for request, name in self._running.items() if sample.fullmatch(name)]
+        for request, _ in named:
             request.abort()
-        return len(named)
+        return [name for _, name in named]

@@ -117,7 +117,6 @@ class _Shape:
         return self.token_text(token_id) if self.token_text is not None else None
 
 
-
 def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | None],
                       weights: WeightUpdates) -> None:
     """`state`: the gateway's (http_app.GatewayState); `check_model`: a name's LoRA adapter, or a 404;
@@ -177,20 +176,15 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         answers = [shape.answer(i, output) for i, output in enumerate(outputs)]
         return JSONResponse(answers if shape.is_batch else answers[0])
 
-    def abort(rids: Sequence[str]) -> int:
-        found = [aborted for aborted in map(aborts.get, rids) if aborted is not None]
-        for aborted in found:
-            aborted.set()
-        return len(found)
+    def mark_aborted(rids: Sequence[str]) -> None:
+        for aborted in map(aborts.get, rids):
+            if aborted is not None:
+                aborted.set()
 
     async def abort_request(request: Request):
         body = await parsed_body(request, AbortRequest)
-        if body.abort_all:
-            abort(list(aborts))
-            pipeline.running.abort_all()
-        else:
-            abort([body.rid])
-            pipeline.running.abort(body.rid)
+        # Their answers say who ended them; not those held at the pause by abort_all: they go on after it.
+        mark_aborted(pipeline.running.abort_all() if body.abort_all else pipeline.running.abort(body.rid))
         return JSONResponse({})
 
     async def get_model_info(request: Request):

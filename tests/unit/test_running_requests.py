@@ -18,7 +18,7 @@ def test_a_streaming_request_is_aborted_at_once_and_a_prefilling_one_as_its_stre
     running = RunningRequests(lambda w, request_id: aborted.append((w.address, request_id)))
     with running.running("a") as streaming, running.running("b") as prefilling, running.running("c"):
         streaming.streams_from(worker(1), "a")
-        assert running.abort_all() == 3
+        assert running.abort_all() == ["a", "b", "c"]
         assert aborted == [("10.0.0.1:50052", "a")]
         prefilling.streams_from(worker(2), "b")
         assert aborted[-1] == ("10.0.0.2:50052", "b")
@@ -26,7 +26,7 @@ def test_a_streaming_request_is_aborted_at_once_and_a_prefilling_one_as_its_stre
         assert aborted[-1] == ("10.0.0.3:50052", "b~1")
         running.abort_all()  # asked again: each was aborted already
         assert len(aborted) == 3
-    assert running.abort_all() == 0  # none is running now
+    assert running.abort_all() == []  # none is running now
 
 
 def test_a_request_is_aborted_by_its_id_or_its_samples_by_theirs():
@@ -36,9 +36,9 @@ def test_a_request_is_aborted_by_its_id_or_its_samples_by_theirs():
             running.running("cmpl-2-1") as sample1:
         for request, request_id in ((one, "cmpl-1"), (sample0, "cmpl-2-0"), (sample1, "cmpl-2-1")):
             request.streams_from(worker(1), request_id)
-        assert running.abort("cmpl-1") == 1 and aborted == ["cmpl-1"]  # not cmpl-12
-        assert running.abort("cmpl-2") == 2 and aborted[1:] == ["cmpl-2-0", "cmpl-2-1"]
-        assert running.abort("nobody") == 0
+        assert running.abort("cmpl-1") == ["cmpl-1"] and aborted == ["cmpl-1"]  # not cmpl-12
+        assert running.abort("cmpl-2") == ["cmpl-2-0", "cmpl-2-1"] and aborted[1:] == ["cmpl-2-0", "cmpl-2-1"]
+        assert running.abort("nobody") == []
 
 
 def test_one_waiting_at_the_pause_is_aborted_by_its_id_but_not_with_all():
@@ -48,9 +48,9 @@ def test_one_waiting_at_the_pause_is_aborted_by_its_id_but_not_with_all():
         with running.running("held") as held, running.running("tokenizing") as tokenizing:
             held.is_held = True
             held.waits_on(pause)
-            by_all = running.abort_all()
+            by_all = len(running.abort_all())
             still_waiting = not pause.done()
-            by_id = running.abort("held")
+            by_id = len(running.abort("held"))
             return by_all, by_id, still_waiting and pause.cancelled(), tokenizing.is_aborted
     assert asyncio.run(scenario()) == (1, 1, True, True)
 

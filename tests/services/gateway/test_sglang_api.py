@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from services.gateway.sglang_api import ABORTED
 from tests.services.gateway.mesh import answer_aborted_while_paused
 from tests.unit.test_grammar_guides import DATE_GRAMMARS
 
@@ -213,6 +214,24 @@ def test_abort_all_ends_every_running_sample_of_a_batch(mesh):
     assert httpx.post(f"{mesh.gateway.base_url}/abort_request", json={"abort_all": True}, timeout=10).status_code == 200
     thread.join(30)
     body = answers["batch"].json()
-    assert [item["meta_info"]["finish_reason"]["type"] for item in body] == ["abort", "abort"], body
+    assert [item["meta_info"]["finish_reason"] for item in body] == [ABORTED, ABORTED], body
     assert all(0 < item["meta_info"]["completion_tokens"] < 1900 for item in body)
+    mesh.assert_decode_pools_free()
+
+
+def test_abort_request_by_rid_ends_each_of_its_samples(mesh):
+    answers = {}
+
+    def run():
+        answers["samples"] = generate(mesh, {"input_ids": [5, 6, 7], "rid": "sampled",
+                                             "sampling_params": {"n": 2, "max_new_tokens": 1900, "temperature": 1.0,
+                                                                 "ignore_eos": True}})
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    assert httpx.post(f"{mesh.gateway.base_url}/abort_request", json={"rid": "sampled"}, timeout=10).status_code == 200
+    thread.join(30)
+    body = answers["samples"].json()
+    assert [(item["meta_info"]["id"], item["meta_info"]["finish_reason"]) for item in body] == \
+        [("sampled-0", ABORTED), ("sampled-1", ABORTED)], body
     mesh.assert_decode_pools_free()
