@@ -5,10 +5,10 @@ cancels a stream's body, and a whole response waits `unless_disconnected`."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -91,7 +91,9 @@ async def _events(choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBu
 
 
 def sse_event(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    """One server-sent event. orjson: an SGLang event carries every token id so far, which took the
+    standard library 67 us to write at 750 tokens (a fifth of the gateway's time per event), orjson 4."""
+    return b"data: " + orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
