@@ -159,33 +159,33 @@ class RequestPipeline:
             params.CopyFrom(sampling)
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
-        registration = ExitStack()  # among the running requests until it ends, as an operator's abort finds it
         try:
-            running = registration.enter_context(self.running.running(request_id))
-            await self._pause_passed(running)
-            self.admit()
-            is_admitted = True
-            if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
-                raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
-            if any(not s for s in stop):
-                raise InvalidRequestError("stop strings must be non-empty")
-            with spans.phase("tokenize"):
-                prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages, chat_options,
-                                            add_special_tokens)
-                if truncate_prompt_tokens is not None:
-                    prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
-            if guide_after is not None and is_guided(params):
-                token_ids = guide_after(prompt)
-                if token_ids:
-                    params.ClearField("guide_after_token_id")
-                    params.guide_after_token_ids[:] = token_ids
-            clock.mark("tokenize")
-            timer.num_prompt_tokens = len(prompt)
-            with self.decode.hold() as decode_worker:
-                async for delta in self._run(request_id, prompt, params, decode_worker, stop,
-                                             include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
-                                             running, on_dispatch):
-                    yield delta
+            # Among the running requests from its arrival, where an operator's abort finds it.
+            with self.running.running(request_id) as running:
+                await self._pause_passed(running)
+                self.admit()
+                is_admitted = True
+                if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
+                    raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
+                if any(not s for s in stop):
+                    raise InvalidRequestError("stop strings must be non-empty")
+                with spans.phase("tokenize"):
+                    prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages,
+                                                       chat_options, add_special_tokens)
+                    if truncate_prompt_tokens is not None:
+                        prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
+                if guide_after is not None and is_guided(params):
+                    token_ids = guide_after(prompt)
+                    if token_ids:
+                        params.ClearField("guide_after_token_id")
+                        params.guide_after_token_ids[:] = token_ids
+                clock.mark("tokenize")
+                timer.num_prompt_tokens = len(prompt)
+                with self.decode.hold() as decode_worker:
+                    async for delta in self._run(request_id, prompt, params, decode_worker, stop,
+                                                 include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
+                                                 running, on_dispatch):
+                        yield delta
         except grpc.aio.AioRpcError as e:
             mapped = from_rpc_error(e)
             clock.end(error_reason(mapped))
@@ -199,7 +199,6 @@ class RequestPipeline:
             timer.fail(error_reason(e))
             raise
         finally:
-            registration.close()
             if is_admitted:
                 self.release()
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
