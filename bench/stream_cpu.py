@@ -2,13 +2,17 @@
 SGLang's `/generate` (each event carries the whole answer so far) and the OpenAI completions API
 (each a delta), against the decode worker's CPU time per token in the same streams.
 
-    .venv/bin/python bench/stream_cpu.py [--model DIR] [--streams 4] [--tokens 1500] [--rounds 3]
+    .venv/bin/python bench/stream_cpu.py [--model DIR] [--streams 4] [--tokens 1500] [--rounds 3] [--interval 8]
 
 `baton up` serves the model (one prefill and one decode worker); each round runs `--streams`
 greedy streams of `--tokens` tokens at once through one API, then through the other, and reads
 each process's CPU time (user + system) from /proc before and after. The ratio
 `gateway_per_decode_*` is the gateway's CPU per event over the decode worker's per token in the
-same round: how much of a token's cost the front end adds, whatever the machine's speed. Figures
+same round: how much of a token's cost the front end adds, whatever the machine's speed.
+
+A third series streams through `/generate` with SGLang's `stream_interval` of `--interval` tokens
+(the gateway's `--stream-interval` for every request): `*_interval_vs_1` is the gateway's and the
+decode worker's CPU per token there over the same at an interval of 1, in the same round. Figures
 are the median over rounds; the last line is their JSON.
 """
 from __future__ import annotations
@@ -50,9 +54,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
-def stream_sglang(mesh: LocalMesh, tokens: int) -> int:
-    body = {"input_ids": PROMPT, "stream": True,
-            "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
+def stream_sglang(mesh: LocalMesh, tokens: int, interval: int = 1) -> int:
+    body = {"input_ids": PROMPT, "stream": True, "sampling_params": {
+        "max_new_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream_interval": interval}}
     return _count_events(f"http://{mesh.http}/generate", body)
 
 
@@ -78,6 +82,7 @@ def measure(stream, mesh: LocalMesh, pids: dict[str, int], streams: int, tokens:
         events = sum(pool.map(lambda _: stream(mesh, tokens), range(streams)))
     used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     return {"gateway_us_per_event": used["gateway"] / events * 1e6,
+            "gateway_us_per_token": used["gateway"] / (streams * tokens) * 1e6,
             "decode_us_per_token": used["decode"] / (streams * tokens) * 1e6}
 
 
@@ -87,16 +92,20 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--interval", type=int, default=8, help="the third series' stream_interval")
     args = parser.parse_args()
+    chunked = f"sglang_interval_{args.interval}"
     mesh = LocalMesh(args.model or ensure_demo_model(), "--no-kvstore")
     try:
         pids = {"gateway": find_process(mesh, "gateway"), "decode": find_process(mesh, "decode")}
         stream_sglang(mesh, 50)  # warm both paths
         stream_openai(mesh, 50)
-        rounds: dict[str, list[dict[str, float]]] = {"sglang": [], "openai": []}
+        rounds: dict[str, list[dict[str, float]]] = {"sglang": [], "openai": [], chunked: []}
         for _ in range(args.rounds):
             rounds["sglang"].append(measure(stream_sglang, mesh, pids, args.streams, args.tokens))
             rounds["openai"].append(measure(stream_openai, mesh, pids, args.streams, args.tokens))
+            rounds[chunked].append(measure(lambda m, t: stream_sglang(m, t, args.interval), mesh, pids,
+                                           args.streams, args.tokens))
     finally:
         mesh.stop()
     figures: dict[str, float] = {}
@@ -108,6 +117,11 @@ def main() -> None:
             f"ratio {ratio:.2f} ({args.streams} streams x {args.tokens} tokens, {args.rounds} rounds)")
         figures.update({f"gateway_us_per_event_{api}": round(gateway, 1),
                         f"decode_us_per_token_{api}": round(decode, 1), f"gateway_per_decode_{api}": round(ratio, 3)})
+    for process in ("gateway", "decode"):
+        ratio = statistics.median(chunked_round[f"{process}_us_per_token"] / whole_round[f"{process}_us_per_token"]
+                                  for chunked_round, whole_round in zip(rounds[chunked], rounds["sglang"]))
+        log(f"{process}: CPU per token at stream_interval {args.interval} over that at 1: {ratio:.2f}")
+        figures[f"{process}_us_per_token_interval_vs_1"] = round(ratio, 3)
     print(json.dumps(figures))
 
 

@@ -32,7 +32,6 @@ was opened: services/common/grpc_server.OpenedAhead).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -48,6 +47,7 @@ from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
+from services.decode.output_batches import OutputBatches
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
 
@@ -151,7 +151,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                                                   request.first_token_id, params, list(request.output_token_ids))
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
-            async for chunk in _stream(engine_loop, request.request_id, started, params, context,
+            outputs = OutputBatches(started, request.sampling.stream_interval, is_first_token_sent=True)
+            async for chunk in _stream(engine_loop, request.request_id, outputs, params, context,
                                        self.metrics, phases, self._streaming, are_headers_sent):
                 yield chunk
         except ValueError as e:  # refused: the reservation was released with the refusal
@@ -174,7 +175,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                                               output_token_ids=list(request.output_token_ids))
             phases = _Phases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=True)
-            async for chunk in _stream(engine_loop, request.request_id, started, params, context,
+            outputs = OutputBatches(started, request.sampling.stream_interval,
+                                    is_first_token_sent=bool(request.output_token_ids))
+            async for chunk in _stream(engine_loop, request.request_id, outputs, params, context,
                                        self.metrics, phases, self._streaming):
                 yield chunk
         except ValueError as e:  # an empty prompt, a token outside the vocabulary, no room in the context
@@ -226,10 +229,10 @@ class _Phases:
                                         tracing.GEN_AI_RESPONSE_FINISH_REASONS: [out.finish_reason or ""]})
 
 
-async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Queue, params: SamplingParams,
+async def _stream(engine_loop: EngineLoop, request_id: str, outputs: OutputBatches, params: SamplingParams,
                   context, metrics: ServiceMetrics, phases: _Phases, streaming: dict[str, _Phases],
                   are_headers_sent: bool = False):
-    """The DecodeChunks of a request just given to the engine (`started`: its output queue);
+    """The DecodeChunks of a request just given to the engine (`outputs`: its outputs, batched);
     ValueError when the engine refuses it. A call that ends early (the client went away,
     the server stops) aborts the request, which frees its pages; the abort is queued
     behind the add, so it finds the request even when the add is still in flight. Once it
@@ -241,7 +244,7 @@ async def _stream(engine_loop: EngineLoop, request_id: str, started: asyncio.Que
     try:
         first = True
         while not is_finished:
-            out = await started.get()
+            out = await outputs.next()
             if isinstance(out, RequestRefusedError):
                 raise out
             if isinstance(out, EngineDeadError):  # queued behind the step that failed: it never ran

@@ -153,6 +153,7 @@ class GatewayService:
                                         local_tokenize_max_chars=config.local_tokenize_max_chars,
                                         preopen_prefill_calls=config.prefill_calls == "preopened",
                                         metrics=self.metrics, max_num_requests=config.max_num_requests,
+                                        stream_interval=config.stream_interval,
                                         trust_request_chat_template=config.trust_request_chat_template,
                                         generation_defaults=config.generation_defaults)
         if config.generation_defaults:

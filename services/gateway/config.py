@@ -71,6 +71,7 @@ ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
 ENV_API_KEY = "BATON_API_KEY"
 ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
+ENV_STREAM_INTERVAL = "BATON_GATEWAY_STREAM_INTERVAL"
 ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
 ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
@@ -122,6 +123,9 @@ class GatewayConfig:
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # (): no key asked for; repr: not in a log line
     max_num_requests: int = 0  # requests (choices) held at once, more get 429; 0: no limit
+    # Tokens a decode worker puts in each chunk it sends at least, but the first and the last (vLLM's
+    # and SGLang's --stream-interval): fewer messages and SSE events per token; 1: every step's.
+    stream_interval: int = 1
     tool_call_parser: str | None = None  # tool_parsers.py: reads the model's own tool calls; None: "auto" refused
     reasoning_parser: str | None = None  # reasoning_parsers.py: reads a reasoning model's thinking; None: all content
     resolve_workers_s: float = DEFAULT_RESOLVE_WORKERS_S  # workers' host names resolved again this often; 0: once
@@ -190,6 +194,8 @@ class GatewayConfig:
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         if self.max_num_requests < 0:
             raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
+        if self.stream_interval < 1:
+            raise ConfigError(f"--stream-interval must be >= 1, got {self.stream_interval}")
         if not self.resolve_workers_s >= 0:  # NaN too
             raise ConfigError(f"--resolve-workers-s must be >= 0 (0: only at start), got {self.resolve_workers_s}")
         if not self.responses_ttl_s >= 0:
@@ -275,6 +281,11 @@ class GatewayConfig:
         parser.add_argument("--max-num-requests", type=int, default=env_int(env, ENV_MAX_NUM_REQUESTS, 0),
                             help=f"admission control: the most requests (each choice of n counts) the gateway "
                                  f"holds at once; more get 429 with Retry-After; 0: no limit (${ENV_MAX_NUM_REQUESTS})")
+        parser.add_argument("--stream-interval", type=int, default=env_int(env, ENV_STREAM_INTERVAL, 1),
+                            help=f"a decode worker sends a request's tokens in chunks of at least this many, but "
+                                 f"the first and the last: fewer messages and SSE events per token, each event later "
+                                 f"(as vLLM's and SGLang's); SGLang's sampling_params.stream_interval sets a "
+                                 f"request's own; default 1, every step's (${ENV_STREAM_INTERVAL})")
         parser.add_argument("--tool-call-parser", default=env.get(ENV_TOOL_CALL_PARSER) or None,
                             help=f"the served model's tool-call syntax, read out of its text for tool_choice "
                                  f"\"auto\" (without it, \"auto\" is refused) (${ENV_TOOL_CALL_PARSER})")
@@ -328,7 +339,8 @@ class GatewayConfig:
                    local_prefill_max_tokens=args.local_prefill_max_tokens,
                    local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
                    prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
-                   max_num_requests=args.max_num_requests, tool_call_parser=args.tool_call_parser,
+                   max_num_requests=args.max_num_requests,
+                   stream_interval=args.stream_interval, tool_call_parser=args.tool_call_parser,
                    reasoning_parser=_reasoning_parser(args), resolve_workers_s=args.resolve_workers_s,
                    discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
                    chat_template=chat_template_source(args.chat_template),

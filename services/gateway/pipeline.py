@@ -85,7 +85,7 @@ class RequestPipeline:
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
-                 max_num_requests: int = 0, trust_request_chat_template: bool = False,
+                 max_num_requests: int = 0, stream_interval: int = 1, trust_request_chat_template: bool = False,
                  generation_defaults: GenerationDefaults = GenerationDefaults()):
         self.tokenizer_stub = tokenizer_stub
         self.tokenizer = tokenizer
@@ -96,6 +96,7 @@ class RequestPipeline:
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
         self.max_num_requests = max_num_requests  # 0: no limit
+        self.stream_interval = stream_interval  # a request's unless its sampling parameters name their own
         # Its trust_request_chat_template and generation_defaults are the APIs' too (/tokenize, sampling).
         self.prompts = PromptEncoder(tokenizer, tokenizer_stub, deadlines.tokenizer_s, local_tokenize_max_chars,
                                      trust_request_chat_template, generation_defaults)
@@ -157,6 +158,8 @@ class RequestPipeline:
         params = common_pb2.SamplingParams()
         if sampling is not None:
             params.CopyFrom(sampling)
+        if not params.stream_interval:
+            params.stream_interval = self.stream_interval
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
         try:

@@ -36,7 +36,7 @@ from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
-from services.gateway.sglang_protocol import AbortRequest, GenerateRequest, completion_request
+from services.gateway.sglang_protocol import AbortRequest, GenerateRequest, completion_request, stream_interval
 from services.gateway.weight_updates import WeightUpdates
 
 ABORTED = {"type": "abort", "message": "aborted by /abort_request"}
@@ -144,6 +144,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                                                  defaults=pipeline.prompts.generation_defaults)
                 if lora is not None:
                     sampling_params.lora_name = lora
+                sampling_params.stream_interval = stream_interval(sampling)
                 aborted = aborts[sample_rid] = asyncio.Event()
                 streams.append(pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,

@@ -21,14 +21,17 @@ OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
 STRUCTURED_OUTPUT_FIELDS = ("structural_tag",)
 SAME_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "logit_bias")
-# Accepted and without effect here: how often SGLang streams, how it spaces special tokens' text (as it does).
-IGNORED_FIELDS = {"stream_interval": None, "spaces_between_special_tokens": True}
+# Accepted and without effect here: how SGLang spaces special tokens' text (as it does).
+IGNORED_FIELDS = {"spaces_between_special_tokens": True}
+# Not the completions request's: how often the decode worker sends the tokens (`stream_interval`).
+STREAM_INTERVAL = "stream_interval"
 SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()} | {
     f"structured_outputs.{name}": name for name in STRUCTURED_OUTPUT_FIELDS}
 # The completions request's fields that /generate's own carry, by the name SGLang gives them.
 TOP_LEVEL_NAMES = {"prompt": "input_ids", "model": "lora_path", "logprobs": "top_logprobs_num",
                    "prompt_logprobs": "top_logprobs_num"}
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
+MAX_STREAM_INTERVAL = 2**31 - 1
 
 
 class GenerateRequest(BaseModel):
@@ -81,14 +84,16 @@ def completion_request(prompt: str | list[int], sampling: dict[str, Any], model:
                        logprobs: int | None, prompt_logprobs: int | None) -> CompletionRequest:
     """The OpenAI completions request that SGLang's sampling parameters ask for: checked as that API
     checks it, an error naming SGLang's field."""
-    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS, *STRUCTURED_OUTPUT_FIELDS})
+    unknown = sorted(set(sampling) - {*OPENAI_FIELDS, *SAME_FIELDS, *IGNORED_FIELDS, *STRUCTURED_OUTPUT_FIELDS,
+                                      STREAM_INTERVAL})
     if unknown:
         raise APIError(400, f"sampling_params: {', '.join(unknown)} not supported here", param="sampling_params")
     for name, served in IGNORED_FIELDS.items():
         if served is not None and sampling.get(name, served) != served:
             raise APIError(400, f"sampling_params.{name}: only {json.dumps(served)} is supported",
                            param=f"sampling_params.{name}")
-    asked = {OPENAI_FIELDS.get(name, name): value for name, value in sampling.items() if name not in IGNORED_FIELDS}
+    asked = {OPENAI_FIELDS.get(name, name): value for name, value in sampling.items()
+             if name not in IGNORED_FIELDS and name != STREAM_INTERVAL}
     structured = {name: asked.pop(name) for name in STRUCTURED_OUTPUT_FIELDS if name in asked}
     if structured:
         asked["structured_outputs"] = structured
@@ -106,6 +111,18 @@ def completion_request(prompt: str | list[int], sampling: dict[str, Any], model:
     theirs = f"sampling_params.{SGLANG_NAMES.get(name, name)}"
     raise APIError(400, error.message.replace(f"{error.param}:", f"{theirs}:", 1) if error.param else error.message,
                    param=theirs)
+
+
+def stream_interval(sampling: dict[str, Any]) -> int:
+    """The sample's `stream_interval` (tokens per streamed chunk at least); 0 when not given: the
+    gateway's --stream-interval."""
+    given = sampling.get(STREAM_INTERVAL)
+    if given is None:
+        return 0
+    if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= MAX_STREAM_INTERVAL:
+        raise APIError(400, f"sampling_params.{STREAM_INTERVAL}: must be an integer in [1, {MAX_STREAM_INTERVAL}], "
+                            f"got {json.dumps(given)}", param=f"sampling_params.{STREAM_INTERVAL}")
+    return given
 
 
 class AbortRequest(BaseModel):

@@ -123,6 +123,8 @@ def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
     ({"text": PROMPT, "sampling_params": {"ebnf": "root ::= 'a' value"}}, "sampling_params.ebnf"),
     ({"text": PROMPT, "sampling_params": {"spaces_between_special_tokens": False}},
      "sampling_params.spaces_between_special_tokens"),
+    ({"text": PROMPT, "sampling_params": {"stream_interval": 0}}, "sampling_params.stream_interval"),
+    ({"text": PROMPT, "sampling_params": {"stream_interval": "4"}}, "sampling_params.stream_interval"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "text"),
     ({"text": PROMPT, "return_hidden_states": True}, "return_hidden_states"),
     ({"text": [PROMPT, PROMPT], "rid": "one"}, "rid"),
