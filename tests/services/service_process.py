@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -31,8 +32,25 @@ class ServiceProcess:
         self.proc = subprocess.Popen(
             [*command, "--model", str(model_dir), "--port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Read as it comes: a worker that logs more than a pipe holds (64 KiB) would block on its next line.
+        self._stderr_lines: list[str] = []
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
         if wait:
             self.wait_serving()
+
+    def _read_stderr(self) -> None:
+        try:
+            for line in self.proc.stderr:
+                self._stderr_lines.append(line)
+        except (OSError, ValueError):  # closed under it once the process is stopped
+            pass
+
+    def stderr_text(self, timeout_s: float = 10) -> str:
+        """What it has logged; all of it once it has exited (waits up to `timeout_s` for the last lines)."""
+        if self.proc.poll() is not None:
+            self._stderr_reader.join(timeout_s)
+        return "".join(self._stderr_lines)
 
     def wait_serving(self) -> None:
         try:
@@ -49,22 +67,25 @@ class ServiceProcess:
             raise
 
     def _read_listening_line(self, timeout_s: float) -> str:
-        return read_line(self.proc, f"{self.name} listening on ", timeout_s)
+        return read_line(self.proc, f"{self.name} listening on ", timeout_s, self.stderr_text)
 
     def terminate(self) -> int:
         return stop_processes([self])[0]
 
 
-def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 30) -> str:
+def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 30,
+              stderr_text: Callable[[], str] | None = None) -> str:
     """The rest of `proc`'s next stdout line, which must start with `prefix` (else the test fails
-    with its stderr, and the process is killed)."""
+    with its stderr, and the process is killed). `stderr_text`: its stderr, where a reader holds it."""
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout_s)
     if not lines or not lines[0].startswith(prefix):
         proc.kill()
-        pytest.fail(f"expected {prefix!r}, got {lines!r}; stderr:\n{proc.stderr.read()}")
+        proc.wait()
+        pytest.fail(f"expected {prefix!r}, got {lines!r}; stderr:\n"
+                    f"{stderr_text() if stderr_text is not None else proc.stderr.read()}")
     return lines[0].removeprefix(prefix).strip()
 
 
@@ -87,7 +108,7 @@ def stop_processes(services: list[ServiceProcess]) -> list[int]:
             svc.channel.close()
         if svc.proc.poll() is None:
             svc.proc.send_signal(signal.SIGTERM)
-    return [_exit_code(svc.proc) for svc in services]
+    return [_exit_code(svc.proc, svc._stderr_reader) for svc in services]
 
 
 def stop_process(proc: subprocess.Popen) -> int:
@@ -97,14 +118,17 @@ def stop_process(proc: subprocess.Popen) -> int:
     return _exit_code(proc)
 
 
-def _exit_code(proc: subprocess.Popen) -> int:
-    """Its exit code once it has exited (SIGKILL after 15 s), its pipes closed."""
+def _exit_code(proc: subprocess.Popen, stderr_reader: threading.Thread | None = None) -> int:
+    """Its exit code once it has exited (SIGKILL after 15 s), its pipes closed (once `stderr_reader`
+    has read its log to the end)."""
     if proc.returncode is None:
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if stderr_reader is not None:
+        stderr_reader.join(5)
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None and not pipe.closed:
             try:

@@ -324,7 +324,7 @@ def test_a_worker_whose_engine_fails_fails_its_request_exits_1_and_removes_the_s
     assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
     assert svc.proc.wait(timeout=30) == 1
     assert not segment.exists()
-    assert "stopping: its engine failed" in svc.proc.stderr.read()
+    assert "stopping: its engine failed" in svc.stderr_text()
     svc.terminate()
 
 

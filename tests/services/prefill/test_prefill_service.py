@@ -429,7 +429,7 @@ def test_a_worker_whose_engine_fails_fails_its_request_and_exits_1(tiny_demo_mod
         list(stub.PrefillStream(_reserving_nowhere("fail-1"), timeout=10))
     assert e.value.code() == grpc.StatusCode.INTERNAL, e.value.details()
     assert svc.proc.wait(timeout=30) == 1
-    assert "stopping: its engine failed" in svc.proc.stderr.read()
+    assert "stopping: its engine failed" in svc.stderr_text()
     svc.terminate()
 
 
