@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from engine.outputs import RequestOutput
@@ -28,20 +29,31 @@ class OutputBatches:
         self.stream_interval = max(stream_interval, 1)
         self._is_first = not is_first_token_sent
         self._next: Any = None  # taken from the queue, not merged: what ends the batch before it
+        self.on_first_output: Callable[[], None] | None = None  # called as the first output is taken
 
     async def next(self) -> RequestOutput | BaseException:
         out = await self._take()
         at_least = 1 if self._is_first else self.stream_interval
         self._is_first = False
-        while isinstance(out, RequestOutput) and not out.finished:
-            if len(out.new_token_ids) >= at_least and self.outputs.empty():
-                break
+        if not isinstance(out, RequestOutput):
+            return out
+        if self.on_first_output is not None:
+            self.on_first_output()
+            self.on_first_output = None
+        first, num_tokens = out, len(out.new_token_ids)
+        token_ids: list[int] | None = None  # the batch's new tokens (`logprobs` theirs), once past `first`
+        while not out.finished and (num_tokens < at_least or not self.outputs.empty()):
             following = await self._take()
             if not isinstance(following, RequestOutput):
                 self._next = following
                 break
-            out = merged(out, following)
-        return out
+            if token_ids is None:  # lists of its own: the batch grows in place, not by a copy per step
+                token_ids, logprobs = list(first.new_token_ids), list(first.new_logprobs)
+            token_ids += following.new_token_ids
+            logprobs += following.new_logprobs
+            num_tokens += len(following.new_token_ids)
+            out = following
+        return first if token_ids is None else merged(first, out, token_ids, logprobs)
 
     async def _take(self) -> Any:
         if self._next is not None:
@@ -50,12 +62,13 @@ class OutputBatches:
         return await self.outputs.get()
 
 
-def merged(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
-    """One output for two consecutive ones of a request: the tokens new in either, the later's
-    totals and end, the earlier's first-output facts (prompt logprobs, cached tokens)."""
+def merged(first: RequestOutput, last: RequestOutput, token_ids: list[int],
+           logprobs: list[dict[int, float]]) -> RequestOutput:
+    """One output for a request's consecutive outputs `first` to `last`, whose new tokens (and their
+    logprobs) are `token_ids`: the last's totals and end, the first's first-output facts (prompt
+    logprobs, cached tokens, timings)."""
     return dataclasses.replace(
-        later, new_token_ids=earlier.new_token_ids + later.new_token_ids,
-        new_logprobs=earlier.new_logprobs + later.new_logprobs,
-        prompt_logprobs=earlier.prompt_logprobs if earlier.prompt_logprobs is not None else later.prompt_logprobs,
-        num_cached_tokens=earlier.num_cached_tokens or later.num_cached_tokens,
-        step_times=earlier.step_times or later.step_times)
+        last, new_token_ids=token_ids, new_logprobs=logprobs,
+        prompt_logprobs=first.prompt_logprobs if first.prompt_logprobs is not None else last.prompt_logprobs,
+        num_cached_tokens=first.num_cached_tokens or last.num_cached_tokens,
+        step_times=first.step_times or last.step_times)

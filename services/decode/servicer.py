@@ -239,6 +239,9 @@ async def _stream(engine_loop: EngineLoop, request_id: str, outputs: OutputBatch
     has an output, the call is in `streaming`, where an Abort finds it."""
     is_finished = is_counted = False
     headers = EarlyHeaders(context)
+    # Once the engine has taken it (a refused duplicate id is never here), even while its first chunk
+    # waits for more tokens: an Abort naming a finish reason finds it then.
+    outputs.on_first_output = lambda: streaming.__setitem__(request_id, phases)
     if not are_headers_sent:
         headers.send_soon()  # at the next await: the request is with the engine by then
     try:
@@ -251,8 +254,6 @@ async def _stream(engine_loop: EngineLoop, request_id: str, outputs: OutputBatch
                 is_finished = True  # nothing to abort
                 await headers.sent()
                 raise out
-            if first:  # the engine took it: a refused duplicate id is never here
-                streaming[request_id] = phases
             if isinstance(out, Exception):
                 metrics.count_error("engine_failed")
                 is_counted = True

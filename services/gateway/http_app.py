@@ -188,7 +188,7 @@ def create_app(state: GatewayState) -> FastAPI:
                         lora),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-                    clock=timeline.clock(request_id), on_dispatch=on_dispatch))
+                    clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream))
         # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
         echo_of_prompt = [p if isinstance(p, str) else state.pipeline.tokenizer.decode(p, skip_special_tokens=False)
                           for p in prompts] if body.echo else None
@@ -232,7 +232,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                 skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                 clock=timeline.clock(request_id), on_dispatch=on_dispatch,
-                guide_after=reasoning.guide_after if reasoning is not None else None)
+                guide_after=reasoning.guide_after if reasoning is not None else None, is_streamed=body.stream)
                 for j, request_id in enumerate(request_ids)])
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
                                   num_choices=body.n,

@@ -64,6 +64,7 @@ from services.tokenizer.chat_template import ChatOptions
 PREFILL_PLACES = Counter("baton_gateway_prefills_total",
                          "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
                          ["place"])
+WHOLE_REPLY = 2**32 - 1  # a stream interval no reply reaches: its tokens come with its last
 PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
 
 
@@ -140,6 +141,7 @@ class RequestPipeline:
         clock: PhaseClock | None = None,
         on_dispatch: Callable[[], None] | None = None,
         guide_after: Callable[[Sequence[int]], Sequence[int] | None] | None = None,
+        is_streamed: bool = True,
     ) -> AsyncIterator[Delta]:
         """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say). Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
@@ -151,7 +153,9 @@ class RequestPipeline:
         the prompt's last that many tokens are given to the model (-1: as many as its context holds). `on_dispatch` is
         called once the prompt is on its way to the worker that computes its first token
         (at least a forward pass before the first delta). `guide_after`: given the prompt, the tokens a
-        guided reply's guide waits for (a reasoning model's end of thinking), None for none."""
+        guided reply's guide waits for (a reasoning model's end of thinking), None for none. `is_streamed`:
+        False for a reply its client gets whole, whose tokens then come in as few deltas as the stream
+        interval and its stop strings allow."""
         timer = self.requests.start()
         clock = clock or PhaseClock(request_id, timer.arrival)
         clock.mark("ingress")
@@ -159,7 +163,9 @@ class RequestPipeline:
         if sampling is not None:
             params.CopyFrom(sampling)
         if not params.stream_interval:
-            params.stream_interval = self.stream_interval
+            # A reply handed out whole wants no token before its last from the decode worker, unless
+            # its stop strings are looked for as the text comes.
+            params.stream_interval = self.stream_interval if is_streamed or stop else WHOLE_REPLY
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
         try:

@@ -149,7 +149,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 streams.append(pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,
                     include_stop_str_in_output=asked.include_stop_str_in_output,
-                    skip_special_tokens=asked.skip_special_tokens))
+                    skip_special_tokens=asked.skip_special_tokens, is_streamed=body.stream))
                 outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineConfig
@@ -36,7 +37,7 @@ def test_a_request_is_timed_once_and_ends_once():
     requests.observe_prefill(0.004, "grpc_stream", 0.003, 1000)
     requests.observe_prefill(0.004, None, 0.0, 0)  # no pages moved: queue only
     assert value(metrics, "baton_time_to_first_token_seconds_count") == 1
-    assert value(metrics, "baton_inter_token_latency_seconds_count") == 1
+    assert value(metrics, "baton_inter_token_latency_seconds_count") == 2  # each token after the first
     assert value(metrics, "baton_time_per_output_token_seconds_count") == 1
     assert value(metrics, "baton_e2e_request_latency_seconds_count") == 1
     assert value(metrics, "baton_prompt_tokens_total") == 7
@@ -49,6 +50,19 @@ def test_a_request_is_timed_once_and_ends_once():
     assert value(metrics, "baton_request_queue_duration_seconds_bucket", le="0.002") == 0
     assert value(metrics, "baton_kv_transfer_duration_seconds_count", transport="grpc_stream") == 1
     assert value(metrics, "baton_kv_transfer_bytes_total", transport="grpc_stream") == 1000
+
+
+def test_tokens_that_come_together_share_the_wait_before_them():
+    metrics = ServiceMetrics("gateway", model="m", instance="gw-0")
+    timer = RequestMetrics(metrics).start()
+    start = timer.arrival
+    timer.add_tokens(3, start + 0.5)  # two came with the first: no wait of their own
+    timer.add_tokens(4, start + 0.9)  # a chunk of four after 0.4 s: 0.1 s each
+    timer.add_tokens(1, start + 1.0)
+    assert value(metrics, "baton_inter_token_latency_seconds_count") == 7
+    assert value(metrics, "baton_inter_token_latency_seconds_sum") == pytest.approx(0.5)
+    assert value(metrics, "baton_inter_token_latency_seconds_bucket", le="0.001") == 2  # the two that waited none
+    assert value(metrics, "baton_time_to_first_token_seconds_sum") == pytest.approx(0.5)
 
 
 def test_two_services_in_one_process_keep_their_own_registries():

@@ -115,3 +115,20 @@ def test_an_interval_of_0_or_1_holds_nothing_back(interval):
         queue.put_nowait(output([5], [5]))
         assert (await asyncio.wait_for(outputs.next(), 1)).new_token_ids == [5]
     asyncio.run(run())
+
+
+def test_the_first_output_is_announced_as_it_is_taken_not_when_its_chunk_is_full():
+    async def run():
+        queue = queued([RuntimeError("refused")])
+        outputs = OutputBatches(queue, stream_interval=4, is_first_token_sent=True)
+        announced = []
+        outputs.on_first_output = lambda: announced.append(True)
+        assert isinstance(await outputs.next(), RuntimeError) and not announced  # no output: nothing taken
+        queue.put_nowait(output([0], [0]))
+        pending = asyncio.ensure_future(outputs.next())
+        await asyncio.sleep(0.01)
+        assert announced == [True] and not pending.done()
+        for out in steps(4, finish_at=4)[1:]:
+            queue.put_nowait(out)
+        assert (await pending).new_token_ids == [0, 1, 2, 3] and announced == [True]
+    asyncio.run(run())

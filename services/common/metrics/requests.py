@@ -2,7 +2,9 @@
 from arrival to its last token (as vLLM's frontend counts them).
 
 - time to first token: arrival → the first generated token;
-- inter-token latency: between consecutive steps that brought tokens;
+- inter-token latency: once per token after the first, its share of the wait since the
+  arrival before it (k tokens that come together share it: a decode worker's chunk, a
+  speculative step), 0 for those that came with the first;
 - time per output token: (last token − first token) / (tokens − 1), once per finished
   request of at least two tokens;
 - end to end: arrival → the last token, once per finished request;
@@ -35,7 +37,7 @@ class RequestMetrics:
         self.time_per_output_token = histogram("baton_time_per_output_token_seconds",
                                                "Mean time per token after the first, per finished request")
         self.inter_token_latency = histogram("baton_inter_token_latency_seconds",
-                                             "Time between consecutive steps that brought tokens")
+                                             "Each token's share of the wait since the tokens before it came")
         self.e2e_latency = histogram("baton_e2e_request_latency_seconds", "Arrival to the last token")
         self.prompt_tokens = counter("baton_prompt_tokens", "Prompt tokens of requests that got a first token")
         self.generation_tokens = counter("baton_generation_tokens", "Tokens generated")
@@ -82,8 +84,11 @@ class RequestTimer:
             self.first_token_time = now
             m.time_to_first_token.observe(now - self.arrival)
             m.prompt_tokens.inc(self.num_prompt_tokens)
+            num_waited, share = num_tokens - 1, 0.0
         else:
-            m.inter_token_latency.observe(now - self.last_token_time)
+            num_waited, share = num_tokens, (now - self.last_token_time) / num_tokens
+        for _ in range(num_waited):
+            m.inter_token_latency.observe(share)
         self.last_token_time = now
         self.num_generated += num_tokens
         m.generation_tokens.inc(num_tokens)

@@ -186,6 +186,29 @@ def test_chat_messages_are_refused_alike_here_and_by_the_tokenizer_service(mesh,
     assert refusal(1000) == refusal(0) != ""
 
 
+def test_a_reply_handed_out_whole_comes_as_its_first_token_then_the_rest(mesh, model_tokenizer, colocated):
+    """Not streamed and without stop strings, the decode worker holds its tokens until the last: the
+    gateway reads one chunk, not one per token. With stop strings the text is looked at as it comes."""
+    prompt = model_tokenizer.encode(PROMPT)
+    expected = colocated_ids(colocated, "ref-whole", prompt, 40)
+
+    async def body(pipeline):
+        whole = await collect(pipeline.generate("whole", prompt_token_ids=prompt, sampling=greedy(40),
+                                                is_streamed=False))
+        stop = expected_text(model_tokenizer, prompt, expected)[20:23]
+        stopped = await collect(pipeline.generate("whole-stopped", prompt_token_ids=prompt, sampling=greedy(40),
+                                                  stop=[stop], is_streamed=False))
+        streamed = await collect(pipeline.generate("streamed-stopped", prompt_token_ids=prompt,
+                                                   sampling=greedy(40), stop=[stop]))
+        return whole, stopped, streamed, stop
+    whole, stopped, streamed, stop = run_with_pipeline(mesh, model_tokenizer, body)
+    assert [len(d.token_ids) for d in whole] == [1, 39] and joined(whole)[1] == expected
+    assert whole[-1].finish_reason == "length" and whole[-1].usage.completion_tokens == 40
+    assert joined(stopped)[0] == joined(streamed)[0] and stop not in joined(stopped)[0]
+    assert stopped[-1].finish_reason == "stop"
+    assert_pools_free(mesh)
+
+
 def test_token_ids_in_and_max_tokens_one_finishes_at_prefill(mesh, model_tokenizer, colocated):
     prompt = model_tokenizer.encode(PROMPT)
     expected = colocated_ids(colocated, "ref-one", prompt, 1)
