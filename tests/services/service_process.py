@@ -23,14 +23,15 @@ class ServiceProcess:
     channel to it. Without `wait`, the process starts and `wait_serving` waits for it: several load
     and warm up at once."""
 
-    def __init__(self, name: str, service_name: str, model_dir: Path, *extra_args: str,
+    def __init__(self, name: str, service_name: str, model_dir: Path | None, *extra_args: str,
                  command: list[str] | None = None, wait: bool = True):
         self.name = name
         self.service_name = service_name
         self.channel: grpc.Channel | None = None
         command = command or [sys.executable, "-m", f"services.{name}"]
+        model_args = ["--model", str(model_dir)] if model_dir is not None else []  # None: a kvstore node's
         self.proc = subprocess.Popen(
-            [*command, "--model", str(model_dir), "--port", "0", *extra_args],
+            [*command, *model_args, "--port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Read as it comes: a worker that logs more than a pipe holds (64 KiB) would block on its next line.
         self._stderr_lines: list[str] = []

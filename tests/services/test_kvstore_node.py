@@ -11,7 +11,6 @@ import sys
 import grpc
 import pytest
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.dtypes import TORCH_DTYPES
 from protos import kvstore_pb2, kvstore_pb2_grpc
@@ -31,17 +30,10 @@ CAPACITY_BLOCKS = 10
 
 
 class KVStoreProcess(ServiceProcess):
-    """ServiceProcess without --model: a kvstore node loads none."""
+    """ServiceProcess without --model: a kvstore node loads none (serving at once)."""
 
     def __init__(self, *extra_args: str):
-        self.name = "kvstore"
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.kvstore", "--port", "0", *extra_args],
-                                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.address = self._read_listening_line(timeout_s=30)
-        self.channel = grpc.insecure_channel(self.address)
-        health = health_pb2_grpc.HealthStub(self.channel)
-        status = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10).status
-        assert status == health_pb2.HealthCheckResponse.SERVING  # nothing to load: serving at once
+        super().__init__("kvstore", SERVICE_NAME, None, *extra_args)
 
 
 @pytest.fixture(scope="module")
