@@ -330,8 +330,10 @@ class ResponseBuilder:
             stream = state.thinking = self.reasoning.stream(state.prompt_token_ids)
         was_thinking = stream.is_thinking is True
         thought, text = stream.add(delta.text)
-        if was_thinking or thought or stream.is_thinking:  # the delta that ends the thinking is thinking's
-            state.reasoning_tokens += len(delta.token_ids) + state.undecided_tokens
+        if was_thinking or thought or stream.is_thinking:  # the token that ends the thinking is thinking's
+            # A delta of several tokens (a chunk, a speculative step) may hold the answer's first ones too.
+            num_answer = 0 if stream.is_thinking else self.reasoning.num_answer_tokens(delta.token_ids, text)
+            state.reasoning_tokens += len(delta.token_ids) - num_answer + state.undecided_tokens
             state.undecided_tokens = 0
         elif stream.is_thinking is None:  # e.g. "<th" of a "<think>" spelled in pieces, or a harmony header
             state.undecided_tokens += len(delta.token_ids)

@@ -128,6 +128,7 @@ class ReasoningReader:
     decode: Callable[[list[int]], str]
     is_guided: bool = False
     end_token_ids: tuple[int, ...] | None = None
+    decode_text: Callable[[list[int]], str] | None = None  # as the reply's text has them: special tokens left out
 
     @property
     def reads_special_tokens(self) -> bool:
@@ -155,6 +156,27 @@ class ReasoningReader:
         is_guided_from_start = self.is_guided and (self.end_token_ids is None or self._guide_after(tail) is None)
         return starts_thinking(self.parser, tail, is_guided_from_start)
 
+    def num_answer_tokens(self, token_ids: Sequence[int], answer: str) -> int:
+        """Of `token_ids`, a delta in which the thinking ended and `answer` began, how many at its end
+        are the answer's: those after the tokens that end the thinking where the tokenizer has them as
+        tokens, else as many as the answer's text holds (the one that completes the end is thinking's)."""
+        if not answer or len(token_ids) < 2:
+            return 0
+        ends = self.end_token_ids
+        if ends:
+            for at in range(len(token_ids) - len(ends) + 1):
+                if tuple(token_ids[at:at + len(ends)]) == ends:
+                    return len(token_ids) - at - len(ends)
+        decode = self.decode_text or self.decode
+        fewest, most = 0, len(token_ids) - 1  # a longer tail writes more text: the longest that fits
+        while fewest < most:
+            num = (fewest + most + 1) // 2
+            if len(decode(list(token_ids[-num:]))) <= len(answer):
+                fewest = num
+            else:
+                most = num - 1
+        return fewest
+
     def _guide_after(self, prompt_tail: str) -> tuple[int, ...] | None:
         return None if tags_of(self.parser).prompt_closes(prompt_tail) else self.end_token_ids
 
@@ -168,7 +190,7 @@ def reasoning_reader(parser: str | None, tokenizer, is_guided: bool) -> Reasonin
     if parser is None:
         return None
     return ReasoningReader(parser, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), is_guided,
-                           _end_token_ids(parser, tokenizer))
+                           _end_token_ids(parser, tokenizer), lambda ids: tokenizer.decode(ids))
 
 
 def _end_token_ids(parser: str, tokenizer) -> tuple[int, ...] | None:

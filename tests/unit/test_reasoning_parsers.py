@@ -72,6 +72,33 @@ def test_the_tokens_a_reply_thought_for_are_counted_whole_and_streamed():
     assert "completion_tokens_details" not in plain.usage  # no parser, no count
 
 
+def chunks(pieces: list[str], size: int) -> list[Delta]:
+    """`size` tokens a delta (a piece a token, its id its index), the last finishing the reply."""
+    starts = range(0, len(pieces), size)
+    return [Delta("".join(pieces[a:a + size]), list(range(a, min(a + size, len(pieces)))),
+                  prompt_token_ids=[7] if a == 0 else (), finish_reason="stop" if a == starts[-1] else None,
+                  usage=Usage(1, len(pieces), 0) if a == starts[-1] else None) for a in starts]
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_tokens_that_come_together_are_counted_as_if_each_came_alone(size):
+    """A chunk of several tokens that ends the thinking: its tokens up to the one completing the end
+    are thinking's, the rest the answer's, found by the end's token where the tokenizer has one, else
+    by the answer's text."""
+    pieces = ["<th", "ink>", "Sum", " it", "</", "think>", "It is", " 4."]  # thinking: the first 6
+    spelled = ReasoningReader("qwen3", decode=lambda ids: "<|im_start|>assistant\n",
+                              decode_text=lambda ids: "".join(pieces[i] for i in ids))
+    marked = ["<think>", "Sum", " it", "</think>", "It", " is", " 4", "."]  # "</think>" is token 3
+    as_token = ReasoningReader("qwen3", decode=lambda ids: "<|im_start|>assistant\n", end_token_ids=(3,),
+                               decode_text=lambda ids: "")  # (never asked: the end is found by its id)
+    for reader, text, expected in ((spelled, pieces, 6), (as_token, marked, 4)):
+        builder = ResponseBuilder(kind="chat", response_id="r", model="m", num_choices=1, prompt_of_choice=[0],
+                                  token_text=str, want_logprobs=False, reasoning=reader)
+        for delta in chunks(text, size):
+            builder.add(0, delta)
+        assert builder.usage["completion_tokens_details"] == {"reasoning_tokens": expected}
+
+
 SEED_OSS = TAGS["seed_oss"]
 
 
