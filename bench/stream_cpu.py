@@ -12,8 +12,11 @@ same round: how much of a token's cost the front end adds, whatever the machine'
 
 A third series streams through `/generate` with SGLang's `stream_interval` of `--interval` tokens
 (the gateway's `--stream-interval` for every request): `*_interval_vs_1` is the gateway's and the
-decode worker's CPU per token there over the same at an interval of 1, in the same round. Figures
-are the median over rounds; the last line is their JSON.
+decode worker's CPU per token there over the same at an interval of 1, in the same round. Two more
+send the completions unstreamed: without stop strings (the decode worker sends the reply in one
+chunk after its first token) and with one that never matches (one chunk per token, as the text is
+looked at as it comes); `*_whole_vs_with_stop` is the first's CPU per token over the second's.
+Figures are the median over rounds; the last line is their JSON.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from engine.demo_model import ensure_demo_model  # noqa: E402
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 PROMPT = list(range(10, 30))
+NEVER_MATCHED = "\u2603\u2603\u2603"  # not in the demo model's greedy text
 
 
 def descendants(pid: int) -> list[int]:
@@ -64,6 +68,17 @@ def stream_openai(mesh: LocalMesh, tokens: int) -> int:
     body = {"model": mesh.model_name, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
     return _count_events(f"http://{mesh.http}/v1/completions", body)
+
+
+def whole_openai(mesh: LocalMesh, tokens: int, stop: str | None = None) -> int:
+    """A completion not streamed (one answer, counted as one event); with a `stop` string that never
+    matches, its tokens come one chunk at a time (the text is looked at as it comes)."""
+    body = {"model": mesh.model_name, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            **({"stop": [stop]} if stop is not None else {})}
+    answer = httpx.post(f"http://{mesh.http}/v1/completions", json=body, timeout=600)
+    answer.raise_for_status()
+    assert answer.json()["usage"]["completion_tokens"] == tokens
+    return 1
 
 
 def _count_events(url: str, body: dict) -> int:
@@ -100,16 +115,21 @@ def main() -> None:
         pids = {"gateway": find_process(mesh, "gateway"), "decode": find_process(mesh, "decode")}
         stream_sglang(mesh, 50)  # warm both paths
         stream_openai(mesh, 50)
-        rounds: dict[str, list[dict[str, float]]] = {"sglang": [], "openai": [], chunked: []}
+        rounds: dict[str, list[dict[str, float]]] = {"sglang": [], "openai": [], chunked: [], "whole": [],
+                                                     "whole_with_stop": []}
         for _ in range(args.rounds):
             rounds["sglang"].append(measure(stream_sglang, mesh, pids, args.streams, args.tokens))
             rounds["openai"].append(measure(stream_openai, mesh, pids, args.streams, args.tokens))
             rounds[chunked].append(measure(lambda m, t: stream_sglang(m, t, args.interval), mesh, pids,
                                            args.streams, args.tokens))
+            rounds["whole"].append(measure(whole_openai, mesh, pids, args.streams, args.tokens))
+            rounds["whole_with_stop"].append(measure(lambda m, t: whole_openai(m, t, NEVER_MATCHED), mesh, pids,
+                                                     args.streams, args.tokens))
     finally:
         mesh.stop()
     figures: dict[str, float] = {}
-    for api, measured in rounds.items():
+    for api in ("sglang", "openai", chunked):
+        measured = rounds[api]
         gateway = statistics.median(m["gateway_us_per_event"] for m in measured)
         decode = statistics.median(m["decode_us_per_token"] for m in measured)
         ratio = statistics.median(m["gateway_us_per_event"] / m["decode_us_per_token"] for m in measured)
@@ -118,10 +138,17 @@ def main() -> None:
         figures.update({f"gateway_us_per_event_{api}": round(gateway, 1),
                         f"decode_us_per_token_{api}": round(decode, 1), f"gateway_per_decode_{api}": round(ratio, 3)})
     for process in ("gateway", "decode"):
-        ratio = statistics.median(chunked_round[f"{process}_us_per_token"] / whole_round[f"{process}_us_per_token"]
-                                  for chunked_round, whole_round in zip(rounds[chunked], rounds["sglang"]))
-        log(f"{process}: CPU per token at stream_interval {args.interval} over that at 1: {ratio:.2f}")
-        figures[f"{process}_us_per_token_interval_vs_1"] = round(ratio, 3)
+        for series, baseline, name, said in (
+                (chunked, "sglang", "interval_vs_1", f"at stream_interval {args.interval} over that at 1"),
+                ("whole", "whole_with_stop", "whole_vs_with_stop",
+                 "of a reply not streamed over that of one with a stop string")):
+            ratio = statistics.median(r[f"{process}_us_per_token"] / b[f"{process}_us_per_token"]
+                                      for r, b in zip(rounds[series], rounds[baseline]))
+            log(f"{process}: CPU per token {said}: {ratio:.2f}")
+            figures[f"{process}_us_per_token_{name}"] = round(ratio, 3)
+    for series in ("whole", "whole_with_stop"):
+        figures[f"gateway_us_per_token_{series}"] = round(statistics.median(
+            m["gateway_us_per_token"] for m in rounds[series]), 1)
     print(json.dumps(figures))
 
 
