@@ -1,12 +1,13 @@
 """The HTTP routes of the served model's embeddings (embeddings_api.py) and of the scores made
 from them (score_api.py), and a sequence classifier's classes (classify_api.py): `/v1/embeddings`,
 `/score` and `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank`, `/classify` and `/v1/classify`,
-as vLLM serves them."""
+as vLLM serves them. A client that goes away before its answer cancels the workers' calls for it, whose
+computation of what they had not begun is dropped (as vLLM's cancellation does)."""
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 from services.gateway.classify_api import ClassificationRequest, classify
 from services.gateway.embeddings_api import EmbeddingRequest, embed
 from services.gateway.http_body import parsed_body
+from services.gateway.http_responses import ClientDisconnected, unless_disconnected
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
 from services.gateway.served_models import ServedModels
@@ -23,17 +25,28 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
                        check_model: Callable[[str], str | None]) -> None:
     """The routes; `check_model(model)`: the LoRA adapter a request's `model` names (None: the model
     itself), APIError (404) for a name neither is."""
-    def counted(endpoint: str, answer: dict, num_inputs: int, started: float) -> JSONResponse:
-        pipeline.pooling.observe(endpoint, num_inputs, answer["usage"]["total_tokens"], time.perf_counter() - started)
+    async def counted(request: Request, endpoint: str, work: Awaitable[dict], num_inputs: Callable[[dict], int],
+                      started: float) -> JSONResponse:
+        """`work`'s answer, counted under `endpoint`; a 499 nobody reads (what access logs expect) when
+        the client went away first, which cancels the work."""
+        try:
+            answer = await unless_disconnected(request, work)
+        except ClientDisconnected:
+            return JSONResponse({}, status_code=499)
+        pipeline.pooling.observe(endpoint, num_inputs(answer), answer["usage"]["total_tokens"],
+                                 time.perf_counter() - started)
         return JSONResponse(answer)
+
+    def num_data(answer: dict) -> int:
+        return len(answer["data"])
 
     async def embeddings(request: Request) -> JSONResponse:
         started = time.perf_counter()
         body = await parsed_body(request, EmbeddingRequest)
         lora = check_model(body.model)
         response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
-        answer = await embed(pipeline, body, lora, body.model, response_id, models.max_model_len)
-        response = counted("embeddings", answer, len(answer["data"]), started)
+        response = await counted(request, "embeddings", embed(pipeline, body, lora, body.model, response_id,
+                                                              models.max_model_len), num_data, started)
         response.headers["x-request-id"] = response_id
         return response
 
@@ -41,24 +54,23 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
         started = time.perf_counter()
         body = await parsed_body(request, ScoreRequest)
         lora = check_model(body.model) if body.model is not None else None
-        answer = await score(pipeline, body, lora, body.model or models.name, models.max_model_len,
-                             models.is_cross_encoder)
-        return counted("score", answer, len(answer["data"]), started)
+        return await counted(request, "score", score(pipeline, body, lora, body.model or models.name,
+                                                     models.max_model_len, models.is_cross_encoder), num_data, started)
 
     async def reranked(request: Request) -> JSONResponse:
         started = time.perf_counter()
         body = await parsed_body(request, RerankRequest)
         lora = check_model(body.model) if body.model is not None else None
-        answer = await rerank(pipeline, body, lora, body.model or models.name, models.max_model_len,
-                              models.is_cross_encoder)
-        return counted("rerank", answer, len(body.documents), started)
+        return await counted(request, "rerank", rerank(pipeline, body, lora, body.model or models.name,
+                                                       models.max_model_len, models.is_cross_encoder),
+                             lambda _: len(body.documents), started)
 
     async def classified(request: Request) -> JSONResponse:
         started = time.perf_counter()
         body = await parsed_body(request, ClassificationRequest)
         lora = check_model(body.model) if body.model is not None else None
-        answer = await classify(pipeline, body, lora, body.model or models.name, models.max_model_len)
-        return counted("classify", answer, len(answer["data"]), started)
+        return await counted(request, "classify", classify(pipeline, body, lora, body.model or models.name,
+                                                           models.max_model_len), num_data, started)
 
     app.add_route("/v1/embeddings", embeddings, methods=["POST"])
     for path in ("/classify", "/v1/classify"):

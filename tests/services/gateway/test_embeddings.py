@@ -90,6 +90,31 @@ def test_pooling_requests_are_counted_and_timed_by_endpoint(mesh, client, refere
     assert 0 < seconds < took
 
 
+def in_progress(mesh) -> float:
+    """The gateway's requests in progress (each embedding input counts)."""
+    text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("baton_gateway_requests_in_progress{"))
+
+
+def test_a_client_that_goes_away_cancels_its_embeddings(mesh):
+    """Gone before its answer (its read timed out), a client's inputs stop counting at once and the
+    prefill workers drop those not yet computed: a small request after it answers at once, not after
+    the rest of the big one (seconds of prefill here)."""
+    url = f"{mesh.gateway.base_url}/v1/embeddings"
+    big = {"model": mesh.model_name, "input": [[10 + (7 * i + j) % 500 for j in range(2000)] for i in range(160)]}
+    assert in_progress(mesh) == 0
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=big, timeout=httpx.Timeout(30, read=0.5))
+    deadline = time.monotonic() + 1.0
+    while in_progress(mesh) > 0:
+        assert time.monotonic() < deadline, "the inputs of a client gone are still in progress"
+        time.sleep(0.02)
+    start = time.monotonic()
+    small = httpx.post(url, json={"model": mesh.model_name, "input": "The quick brown fox"}, timeout=30)
+    assert small.status_code == 200 and time.monotonic() - start < 2.0
+
+
 def test_an_input_may_fill_the_whole_context(mesh, client):
     """An embedding's one token is never computed, so no place is kept for it, as vLLM keeps none."""
     context = client.models.list().data[0].max_model_len
