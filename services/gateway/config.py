@@ -194,8 +194,8 @@ class GatewayConfig:
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         if self.max_num_requests < 0:
             raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
-        if self.stream_interval < 1:
-            raise ConfigError(f"--stream-interval must be >= 1, got {self.stream_interval}")
+        if not 1 <= self.stream_interval < 2**31:
+            raise ConfigError(f"--stream-interval must be in [1, 2^31), got {self.stream_interval}")
         if not self.resolve_workers_s >= 0:  # NaN too
             raise ConfigError(f"--resolve-workers-s must be >= 0 (0: only at start), got {self.resolve_workers_s}")
         if not self.responses_ttl_s >= 0:

@@ -6,7 +6,8 @@
       → PrefillStream (prefill P: streams the first token, then reserves pages on D,
         writes the KV into them and names the reservation), on a call kept open to P
         ahead of the request where there is one (kept_calls.py)
-      → Decode (D, a stream of token ids), on a call kept open to D likewise
+      → Decode (D, a stream of token ids in chunks of the request's stream interval; a reply
+        not streamed and without stop strings in one), on a call kept open to D likewise
       → incremental detokenization and stop strings, here in-process (as vLLM's frontend)
 
 or, for a prompt whose part D does not already hold (the prefix index says, from the

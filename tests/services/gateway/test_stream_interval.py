@@ -75,5 +75,6 @@ def test_the_stream_interval_is_set_by_flag_or_environment_and_at_least_1(tiny_d
     assert GatewayConfig.from_args(common, {}).stream_interval == 1
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_STREAM_INTERVAL": "8"}).stream_interval == 8
     assert GatewayConfig.from_args([*common, "--stream-interval", "3"], {}).stream_interval == 3
-    with pytest.raises(ConfigError, match="--stream-interval must be >= 1"):
-        GatewayConfig.from_args([*common, "--stream-interval", "0"], {})
+    for bad in ("0", str(2**31)):
+        with pytest.raises(ConfigError, match=r"--stream-interval must be in \[1, 2\^31\)"):
+            GatewayConfig.from_args([*common, "--stream-interval", bad], {})
