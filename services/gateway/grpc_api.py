@@ -221,7 +221,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         return dict(**inputs, sampling=sampling, stop=list(request.stop),
                     include_stop_str_in_output=request.include_stop_str_in_output,
                     skip_special_tokens=skip_special_tokens,
-                    guide_after=reasoning.guide_after if reasoning is not None else None)
+                    guide_after=reasoning.guide_after if reasoning is not None else None,
+                    is_streamed=request.stream_options.stream)
 
 
 @dataclass
