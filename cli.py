@@ -167,6 +167,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     help='every decode worker\'s speculative decoding, as vLLM\'s: {"method": "ngram", '
                          '"num_speculative_tokens": 4} or {"method": "draft_model", "model": DIR, '
                          '"num_speculative_tokens": 3} (default $BATON_DECODE_SPECULATIVE_CONFIG, else none)')
+    up.add_argument("--stream-interval", type=int, metavar="N",
+                    help="the gateway's --stream-interval (as vLLM's): decode workers send a request's tokens "
+                         "in chunks of at least N, the first token at once (default 1, every step's)")
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
     up.add_argument("--shutdown-grace-s", type=float, metavar="S",
@@ -344,8 +347,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
-    """`--KIND-args` strings, split as a shell splits them, --scheduling-policy for the workers and
-    --speculative-config for the decode workers."""
+    """`--KIND-args` strings, split as a shell splits them, --scheduling-policy for the workers,
+    --speculative-config for the decode workers and --stream-interval for the gateway."""
     import shlex
 
     flags = {}
@@ -366,6 +369,10 @@ def _service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         flags["decode"] = ("--speculative-config", args.speculative_config, *flags["decode"])
+    if args.stream_interval is not None:
+        if args.stream_interval < 1:
+            raise UsageError(f"--stream-interval must be at least 1, got {args.stream_interval}")
+        flags["gateway"] = ("--stream-interval", str(args.stream_interval), *flags["gateway"])
     return flags
 
 

@@ -316,7 +316,8 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5", "--speculative-config", NGRAM,
                   "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--max-model-len", "200",
                   "--lora-modules", f"tuned={tmp_path / 'tuned'}",
-                  *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x") if HAS_GATEWAY else ()))
+                  *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x", "--stream-interval", "4")
+                    if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
     for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
         assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
@@ -341,6 +342,7 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
         assert models.json()["data"][0]["max_model_len"] == 200  # --max-model-len: the tokenizer service's
         assert [card["id"] for card in models.json()["data"]] == ["served-x", "tuned"]  # --lora-modules
         assert all("sk-up" not in " ".join(command_line(pid)) for pid in up.pids.values())
+        assert "--stream-interval 4" in " ".join(command_line(up.pids["gateway"]))  # vLLM's serve flag, the gateway's
         # --chat-template: the tokenizer service's (/tokenize) and the gateway's (a short chat it renders itself).
         from tokenizers import Tokenizer
 
@@ -388,7 +390,7 @@ def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_
                                    "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
                                    "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
                                    "--prefill-args=--dtype=float16", "--decode-args=--lora-modules=a=/tmp",
-                                   "--chat-template=no-such-template.jinja",
+                                   "--chat-template=no-such-template.jinja", "--stream-interval=0",
                                    '--speculative-config={"method": "eagle", "num_speculative_tokens": 2}'])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],
