@@ -1,6 +1,8 @@
 """`baton run-batch`: a file of requests in OpenAI's batch format run against a server, the results
-written in OpenAI's batch output format, as `vllm run-batch` runs one (here against a running
-server: `baton up` starts one, and any OpenAI-compatible server will do).
+written in OpenAI's batch output format, as `vllm run-batch` runs one: against a running server
+(`baton up` starts one, and any OpenAI-compatible server will do), or, given `--model DIR` as vLLM's
+takes it, on a mesh of its own (one prefill and one decode worker, no Redis) started for the batch
+and stopped after it, whose banner and logs go to stderr.
 
 Each input line is `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}`;
 each output line, in the input's order, `{"id": "batch_req_...", "custom_id": ..., "response":
@@ -29,14 +31,17 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 SERVED_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score",
                "/score", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/classify", "/classify")
 DESCRIPTION = ("Run a JSONL file of requests in OpenAI's batch format (custom_id, method, url, body) against a "
-               "running OpenAI-compatible server, and write each one's result in OpenAI's batch output format, in "
-               "the input's order.")
+               "running OpenAI-compatible server (or, with --model, a mesh of its own), and write each one's result "
+               "in OpenAI's batch output format, in the input's order.")
 
 
 def add_run_batch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object a line (- : stdin)")
     parser.add_argument("-o", "--output-file", required=True, help="where the results go (- : stdout)")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the server, before its /v1 (default {DEFAULT_URL})")
+    server = parser.add_mutually_exclusive_group()
+    server.add_argument("--url", default=DEFAULT_URL, help=f"the server, before its /v1 (default {DEFAULT_URL})")
+    server.add_argument("--model", metavar="DIR", help="run the batch on a mesh of its own serving this model "
+                        "directory, started for it and stopped after it (as vllm run-batch --model)")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="sent as a bearer token (default $OPENAI_API_KEY; none when unset)")
     parser.add_argument("--max-concurrency", type=int, default=32, help="requests in flight at once (default 32)")
@@ -52,7 +57,17 @@ def run_batch_command(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"baton run-batch: {e}", file=sys.stderr)
         return 2
-    results = asyncio.run(run_batch(lines, args.url, args.api_key, args.max_concurrency, args.timeout))
+    if args.model is not None:
+        model_dir = Path(args.model).expanduser().resolve()
+        if not model_dir.is_dir():
+            print(f"baton run-batch: model directory not found: {model_dir}", file=sys.stderr)
+            return 2
+        results = asyncio.run(_on_own_mesh(model_dir, lines, args))
+        if results is None:
+            print("baton run-batch: the mesh for the batch did not come up (its log above says why)", file=sys.stderr)
+            return 1
+    else:
+        results = asyncio.run(run_batch(lines, args.url, args.api_key, args.max_concurrency, args.timeout))
     text = "".join(json.dumps(result, ensure_ascii=False) + "\n" for result in results)
     if args.output_file == "-":
         sys.stdout.write(text)
@@ -63,6 +78,26 @@ def run_batch_command(args: argparse.Namespace) -> int:
     print(f"baton run-batch: {len(results)} requests: {succeeded} succeeded, {answered - succeeded} refused by the "
           f"server, {len(results) - answered} not answered", file=sys.stderr)
     return 0 if answered == len(results) else 1
+
+
+async def _on_own_mesh(model_dir: Path, lines: list[str], args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The results of the batch run on a mesh started for it (None: the mesh did not come up, as
+    its log on stderr says); the mesh is stopped after it either way."""
+    from services.launcher.mesh import Mesh
+    from services.launcher.specs import MeshConfig
+
+    mesh = Mesh(MeshConfig(model_dir=model_dir, http_port=0, with_redis=False), banner_to=sys.stderr)
+    running = asyncio.ensure_future(mesh.run())
+    up = asyncio.ensure_future(mesh.up.wait())
+    try:
+        await asyncio.wait([running, up], return_when=asyncio.FIRST_COMPLETED)
+        if not mesh.is_up:
+            return None
+        return await run_batch(lines, mesh.api_url, None, args.max_concurrency, args.timeout)
+    finally:
+        up.cancel()
+        mesh.stop()
+        await running
 
 
 def _read(path: str) -> list[str]:

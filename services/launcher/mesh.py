@@ -26,6 +26,7 @@ import signal
 import ssl
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import urlsplit
 
 from services.launcher.console import Console, process_table
@@ -61,11 +62,13 @@ _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}),
 
 
 class Mesh:
-    """Runs the mesh until a signal or a failure; `await run()` returns the exit code."""
+    """Runs the mesh until a signal, a failure or `stop()`; `await run()` returns the exit code.
+    `banner_to`: where the banner and the children's stdout lines go (default stdout)."""
 
-    def __init__(self, config: MeshConfig, console: Console | None = None):
+    def __init__(self, config: MeshConfig, console: Console | None = None, banner_to: TextIO | None = None):
         self.config = config
-        self.console = console or Console(["redis", *(spec.name for spec in worker_specs(config)), "gateway"])
+        self.console = console or Console(["redis", *(spec.name for spec in worker_specs(config)), "gateway"],
+                                          stdout=banner_to)
         self.redis: RedisProcess | None = None  # the one it started
         self.redis_url = config.redis_url  # the one the services are given; None: none
         self.workers: list[ChildProcess] = []  # made once the Redis URL is known
@@ -79,6 +82,8 @@ class Mesh:
         self.stop_signal: int | None = None
         self.is_stopping = False
         self.is_up = False
+        self.up = asyncio.Event()  # set once every service serves
+        self.api_url: str | None = None  # the gateway's HTTP API, before its /v1, once up
         self._done = asyncio.Event()
 
     @property
@@ -137,6 +142,7 @@ class Mesh:
             await self._learn_segments()
             if not self.config.with_gateway:
                 self.is_up = True
+                self.up.set()
                 self.console.print("Baton workers are up (no gateway):")
                 self.console.print(self._table())
                 self._print_redis_line()
@@ -151,7 +157,9 @@ class Mesh:
             model = await self.gateway.wait_for(_http_model_name(scheme, http_address, self.config.api_key),
                                                 "answering HTTP GET /health", deadline)
             self.addresses["gateway"] = f"{grpc_address} (gRPC), {http_address} (HTTP)"
+            self.api_url = f"{scheme}://{http_address}"
             self.is_up = True
+            self.up.set()
             keyed = "; API key required" if self.config.api_key else ""
             self.console.print(f"Baton is up: OpenAI API at {scheme}://{http_address}/v1 "
                                f"(model {model or self.config.model_dir.name}{keyed}); gRPC Generate at {grpc_address}")
@@ -247,6 +255,11 @@ class Mesh:
             self.console.note(f"last lines {failure.child.name} wrote to stderr:")
             for line in failure.child.tail:
                 self.console.note(f"  {line}")
+        self._done.set()
+
+    def stop(self) -> None:
+        """Stop every process, the gateway first, as a signal does (`run` then returns 0)."""
+        self.is_stopping = True
         self._done.set()
 
     def _on_signal(self, sig: int) -> None:

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.services.service_process import REPO_ROOT
 
@@ -75,3 +76,39 @@ def test_a_server_that_does_not_answer_leaves_each_request_an_error(tmp_path):
     [result] = [json.loads(line) for line in done.stdout.splitlines()]
     assert done.returncode == 1 and result["response"] is None
     assert result["error"]["code"] == "request_failed" and "ConnectError" in result["error"]["message"]
+
+
+def orphaned_services() -> set[int]:
+    """Service processes whose parent is gone (adopted by init)."""
+    orphans = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and "services." in (proc / "cmdline").read_bytes().decode(errors="replace") \
+                    and (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] == "1":
+                orphans.add(int(proc.name))
+        except OSError:  # gone meanwhile
+            pass
+    return orphans
+
+
+def test_given_a_model_a_batch_runs_on_a_mesh_of_its_own(mesh, client, tmp_path):
+    """As vllm run-batch --model: the mesh is started for the batch and stopped after it, none of its
+    processes left; the results alone on stdout, the mesh's banner and logs on stderr."""
+    completion = {"model": mesh.model_name, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+    (tmp_path / "in.jsonl").write_text(request("cmpl-1", "/v1/completions", completion) + "\n"
+                                       + request("embd-1", "/v1/embeddings", {"model": mesh.model_name, "input": "a"}))
+    before = orphaned_services()
+    done = subprocess.run([sys.executable, "-m", "cli", "run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", "-",
+                           "--model", str(mesh.model_dir)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["custom_id"], r["response"]["status_code"]) for r in results] == [("cmpl-1", 200), ("embd-1", 200)]
+    expected = client.completions.create(**completion).choices[0].text
+    assert results[0]["response"]["body"]["choices"][0]["text"] == expected
+    assert "Baton is up: OpenAI API at " in done.stderr and "baton: stopped" in done.stderr
+    assert orphaned_services() <= before
+
+    missing = subprocess.run([sys.executable, "-m", "cli", "run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", "-",
+                              "--model", str(tmp_path / "nowhere")], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 2 and "model directory not found" in missing.stderr and missing.stdout == ""
