@@ -190,7 +190,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     from loadgen.run_batch import DESCRIPTION as RUN_BATCH_DESCRIPTION, add_run_batch_arguments
 
-    batch = sub.add_parser("run-batch", help="run a file of requests in OpenAI's batch format against a server",
+    batch = sub.add_parser("run-batch", help="run a file of requests in OpenAI's batch format against a server "
+                                              "(or a mesh of its own, with --model)",
                            description=RUN_BATCH_DESCRIPTION)
     add_run_batch_arguments(batch)
     batch.set_defaults(run=_run_batch)
