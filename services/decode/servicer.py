@@ -23,8 +23,8 @@ Metrics: requests finished by finish reason, and errors by reason: `unavailable`
 A chunk holds the tokens of one or more engine steps: the request's stream interval, and steps
 merged behind a slow write (output_batches.py). The first chunk of Decode and GenerateLocally
 carries DecodeTimings: the queue from the call's arrival to the engine's first step with the
-request, and GenerateLocally's local prefill. Spans (services/common/tracing.py), children of the call's server span:
-`decode.queue`, then `decode.first_step` (Decode) or `decode.prefill` with a
+request, and GenerateLocally's local prefill. Spans (services/common/tracing.py), children of
+the call's server span: `decode.queue`, then `decode.first_step` (Decode) or `decode.prefill` with a
 `prefill.chunk` per forward pass (GenerateLocally); the server span gets the token usage.
 Both streams send their response headers ahead of the first chunk
 (services/common/grpc_server.EarlyHeaders). DecodePreopened is Decode on a call the gateway
