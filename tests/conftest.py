@@ -12,6 +12,7 @@ import pytest
 
 REDIS_START_TIMEOUT_S = 10.0
 REDIS_STOP_TIMEOUT_S = 10.0
+SETPRIV = shutil.which("setpriv")  # util-linux's
 
 
 def port_outside_ephemeral_range(host: str = "127.0.0.1") -> int:
@@ -71,13 +72,20 @@ class RedisServer:
 
         if self.is_running:
             return
+        argv, preexec_fn = redis_argv(self.binary, self.port, self.data_dir), None
+        # Its own session, and SIGTERM if pytest dies: no redis-server outlives the run. util-linux's
+        # setpriv asks the kernel for the signal from the child, so no preexec_fn makes this process
+        # fork with gRPC loaded: gRPC's fork handlers run in such a child, and one CI run's start died
+        # there before its exec (redis.log held only gRPC's epoll EBADF line). Without setpriv, the
+        # preexec_fn only calls prctl, getppid and kill, which take no lock another thread may hold.
+        if SETPRIV is not None:
+            argv = [SETPRIV, "--pdeathsig", "TERM", *argv]
+        else:
+            preexec_fn = die_with_parent(os.getpid())
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            # Its own session, and SIGTERM if pytest dies: no redis-server outlives the run. The
-            # preexec_fn only calls prctl, getppid and kill, which take no lock another thread may hold.
-            self.proc = subprocess.Popen(redis_argv(self.binary, self.port, self.data_dir), cwd=self.data_dir,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True,
-                                         preexec_fn=die_with_parent(os.getpid()))  # noqa: PLW1509
+            self.proc = subprocess.Popen(argv, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=preexec_fn)  # noqa: PLW1509
         deadline = time.monotonic() + REDIS_START_TIMEOUT_S
         while not answers_ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
