@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import socket
@@ -12,7 +11,6 @@ import pytest
 
 REDIS_START_TIMEOUT_S = 10.0
 REDIS_STOP_TIMEOUT_S = 10.0
-SETPRIV = shutil.which("setpriv")  # util-linux's
 
 
 def port_outside_ephemeral_range(host: str = "127.0.0.1") -> int:
@@ -67,21 +65,13 @@ class RedisServer:
 
     def start(self) -> None:
         """(Re)starts it on the same port and waits until it answers PING; a no-op while it runs."""
-        from services.launcher.process import die_with_parent
+        from services.launcher.process import dying_with_parent
         from services.launcher.redis_server import answers_ping, redis_argv
 
         if self.is_running:
             return
-        argv, preexec_fn = redis_argv(self.binary, self.port, self.data_dir), None
-        # Its own session, and SIGTERM if pytest dies: no redis-server outlives the run. util-linux's
-        # setpriv asks the kernel for the signal from the child, so no preexec_fn makes this process
-        # fork with gRPC loaded: gRPC's fork handlers run in such a child, and one CI run's start died
-        # there before its exec (redis.log held only gRPC's epoll EBADF line). Without setpriv, the
-        # preexec_fn only calls prctl, getppid and kill, which take no lock another thread may hold.
-        if SETPRIV is not None:
-            argv = [SETPRIV, "--pdeathsig", "TERM", *argv]
-        else:
-            preexec_fn = die_with_parent(os.getpid())
+        # Its own session, and SIGTERM if pytest dies: no redis-server outlives the run.
+        argv, preexec_fn = dying_with_parent(redis_argv(self.binary, self.port, self.data_dir))
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(argv, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,

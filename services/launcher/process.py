@@ -13,6 +13,7 @@ import collections
 import ctypes
 import os
 import re
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ NUM_TAIL_LINES = 20
 HEALTH_POLL_S = 0.1
 DRAIN_TIMEOUT_S = 2.0  # a grandchild holding the pipes open must not stall the exit report
 PR_SET_PDEATHSIG = 1
+SETPRIV = shutil.which("setpriv")  # util-linux's
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,11 @@ class ChildProcess:
         if self.spec.listening_prefix is not None:
             self._listening = self.expect(f"^{re.escape(self.spec.listening_prefix)}(\\S+)$")
         # Shielded: a start-up cancelled mid-spawn must still learn the process it has to stop.
+        argv, preexec_fn = dying_with_parent(self.spec.argv)
         self._spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-            *self.spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=self.cwd, env=self.env, limit=LINE_LIMIT,
-            start_new_session=True, preexec_fn=die_with_parent(os.getpid())))
+            start_new_session=True, preexec_fn=preexec_fn))
         self._attach(await asyncio.shield(self._spawn))
 
     def _attach(self, proc: asyncio.subprocess.Process) -> None:
@@ -228,14 +231,22 @@ def probe_address(address: str) -> str:
     return f"127.0.0.1:{port}" if host in WILDCARD_HOSTS else address
 
 
-def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel for SIGTERM when the parent dies (Linux; elsewhere None).
+def dying_with_parent(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """`argv` and a preexec_fn (or None) that start it to get SIGTERM from the kernel when this
+    process dies (Linux; elsewhere `argv` as it is). SIGTERM rather than SIGKILL so decode workers
+    still unlink their shared-memory segments.
 
-    The signal is tied to the thread that forks; `baton up` forks from its event
-    loop's thread, which lives as long as the process. SIGTERM rather than SIGKILL
-    so decode workers still unlink their shared-memory segments."""
+    util-linux's setpriv asks for the signal from the child, so no preexec_fn makes this process
+    fork with gRPC loaded: gRPC's fork handlers then run in the child, and one such child died
+    there before its exec (its log held only gRPC's epoll EBADF line). Without setpriv, the
+    preexec_fn only calls prctl, getppid and kill, which take no lock another thread may hold.
+    The signal is tied to the thread that forks: `baton up` forks from its event loop's thread,
+    which lives as long as the process."""
     if not sys.platform.startswith("linux"):
-        return None
+        return list(argv), None
+    if SETPRIV is not None:
+        return [SETPRIV, "--pdeathsig", "TERM", *argv], None
+    parent_pid = os.getpid()
     libc = ctypes.CDLL(None, use_errno=True)  # resolved here: the forked child only calls it
 
     def set_parent_death_signal() -> None:
@@ -243,4 +254,4 @@ def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os.kill(os.getpid(), signal.SIGTERM)
 
-    return set_parent_death_signal
+    return list(argv), set_parent_death_signal
