@@ -6,9 +6,9 @@ read as the HTTP API reads it (grpc_chat.py): a reasoning model's thinking in `r
 calls in `tool_calls`. With `n`, each choice is its own request on the mesh, and each chunk and
 complete names its choice (`index`), as the HTTP API's choices do. The pipeline counts each request
 it is given (services/gateway/pipeline.py); a request refused before it gets there is counted here,
-by reason. Each request's ledger goes into
-the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline` shows where its time
-went (services/gateway/timeline.py). The response headers go out once the prompt is on its way to a
+by reason. With `beam_search`, the choices are the n best beams (grpc_beam_search.py). Each
+request's ledger goes into the same store as the HTTP API's, so `GET /v1/requests/{request_id}/timeline`
+shows where its time went (services/gateway/timeline.py). The response headers go out once the prompt is on its way to a
 worker, ahead of the first chunk (services/common/grpc_server.EarlyHeaders). With `--api-key`, a
 call without one of the keys in its `authorization` metadata ends UNAUTHENTICATED before its request
 is looked at (api_keys.py): refusing the caller, not the request.
@@ -33,6 +33,7 @@ from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, to_api_error
+from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.openai_protocol import CHAT_ROLES, MAX_CHOICES, with_parsed_arguments
 from services.gateway.pipeline import RequestPipeline
@@ -170,6 +171,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         shared = self._shared_arguments(request, tools, reasoning)
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
+        if request.HasField("beam_search"):
+            return beam_search_choices(self.pipeline, request, request_id, shared, timeline, on_dispatch)
         streams = []
         for j in range(num_choices):
             choice_id = choice_request_id(request_id, j, num_choices)

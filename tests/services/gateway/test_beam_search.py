@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -152,15 +153,14 @@ def requests_in_progress(mesh) -> float:
     return float(re.search(r"^baton_gateway_requests_in_progress(?:\{[^}]*\})? (\S+)$", metrics, re.M).group(1))
 
 
-def test_a_client_that_leaves_stops_the_search(mesh):
-    body = {"model": mesh.model_name, "prompt": "A long story begins", "max_tokens": 1500, "n": 4, "stream": True,
-            "ignore_eos": True, "use_beam_search": True}
-    sock = _raw_stream_request(mesh, body)  # its status line waits for its first event: the search's end
+def assert_leaving_stops_the_search(mesh, leave: Callable[[], None]) -> None:
+    """Once a search's steps are under way, `leave()` (its client going away) ends them within a
+    second, and no step starts after."""
     deadline = time.monotonic() + 5.0
-    while not requests_in_progress(mesh):  # its steps are under way
+    while not requests_in_progress(mesh):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    sock.close()
+    leave()
     deadline = time.monotonic() + 1.0
     while requests_in_progress(mesh) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -168,3 +168,10 @@ def test_a_client_that_leaves_stops_the_search(mesh):
     time.sleep(0.3)
     assert requests_in_progress(mesh) == 0  # no step started after it
     mesh.assert_decode_pools_free(within_s=1.0)
+
+
+def test_a_client_that_leaves_stops_the_search(mesh):
+    body = {"model": mesh.model_name, "prompt": "A long story begins", "max_tokens": 1500, "n": 4, "stream": True,
+            "ignore_eos": True, "use_beam_search": True}
+    sock = _raw_stream_request(mesh, body)  # its status line waits for its first event: the search's end
+    assert_leaving_stops_the_search(mesh, sock.close)
