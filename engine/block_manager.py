@@ -1,55 +1,17 @@
 """`BlockManager`: owns the KV pages, their reference counts and the prefix-cache map."""
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence as TokenIds
 from dataclasses import dataclass
 
 from engine.block_hash import block_hash, hash_block_chain, with_adapter
+from engine.cache_events import CacheEvents
+from engine.free_queue import MAX_CHANCES, FreeQueue, fewest_runs
 from engine.sequence import Sequence
 
 # (src_block, dst_block) page copies the runner must do before the next forward.
 CopyPairs = list[tuple[int, int]]
 
-# How many passes of the free queue a block that keeps serving prefix hits survives unhit
-# (GCLOCK's counter cap): enough for a prefix hit every few requests to stay cached while
-# the one-off blocks around it go, few enough that a prefix gone cold leaves within a few passes.
-MAX_CHANCES = 3
-
-
-def _fewest_runs(candidates: list[int], n: int) -> list[int]:
-    """`n` of `candidates` (distinct block ids, oldest first) in few runs of consecutive ids:
-    whole runs longest first, then the shortest run that covers the rest, cut to its oldest
-    stretch; equal lengths go to the run holding the older block."""
-    age = {b: i for i, b in enumerate(candidates)}
-    runs: list[tuple[int, int, int]] = []  # (length, age of its oldest block, first id)
-    for b in sorted(candidates):
-        if runs and runs[-1][2] + runs[-1][0] == b:
-            length, oldest, first = runs[-1]
-            runs[-1] = (length + 1, min(oldest, age[b]), first)
-        else:
-            runs.append((1, age[b], b))
-    runs.sort(key=lambda run: (-run[0], run[1]))
-    taken: list[int] = []
-    for i, (length, _, first) in enumerate(runs):
-        rest = n - len(taken)
-        if length < rest:
-            taken.extend(range(first, first + length))
-            continue
-        # runs[i:] descend in length: the shortest that covers the rest, oldest first.
-        length = min(run[0] for run in runs[i:] if run[0] >= rest)
-        first = next(run[2] for run in runs[i:] if run[0] == length)
-        # Of its `rest`-long stretches, the oldest (least sum of ages).
-        ages = [age[b] for b in range(first, first + length)]
-        window = best = sum(ages[:rest])
-        start = 0
-        for j in range(rest, length):
-            window += ages[j] - ages[j - rest]
-            if window < best:
-                best, start = window, j - rest + 1
-        taken.extend(range(first + start, first + start + rest))
-        return taken
-    raise ValueError(f"{len(candidates)} candidates cannot give {n} blocks")
 
 @dataclass(slots=True, eq=False)
 class Block:
@@ -96,9 +58,7 @@ class BlockManager:
         self.hash_extra = hash_extra
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # OrderedDict as the free queue: O(1) pop at the head, push at the tail,
-        # and removal from the middle when a prefix hit revives a cached block.
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.free_block_ids = FreeQueue(self.blocks)
         self.hash_to_block_id: dict[int, int] = {}
         # Sequences holding blocks, and the chain hashes of their leading full
         # blocks that were already matched or registered (to continue the chain).
@@ -110,11 +70,7 @@ class BlockManager:
         # Prefix-cache stats in tokens, as vLLM counts them.
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
-        # Net changes to the set of cached hashes since the last drain (hash -> True: added,
-        # False: removed), recorded only once `enable_cache_events` is called. Bounded even
-        # if nobody drains: an added hash is cached now, a removed one was at the last drain,
-        # so it holds at most 2 * num_blocks entries.
-        self._cache_events: dict[int, bool] | None = None
+        self._cache_events: CacheEvents | None = None  # recorded once `enable_cache_events` is called
 
     @property
     def num_blocks(self) -> int:
@@ -219,26 +175,16 @@ class BlockManager:
     def enable_cache_events(self) -> None:
         """Start recording hashes that enter and leave the prefix cache (for `drain_cache_events`)."""
         if self._cache_events is None:
-            self._cache_events = {}
+            self._cache_events = CacheEvents()
 
     def _record(self, h: int, is_added: bool) -> None:
-        if self._cache_events is None:
-            return
-        # A hash enters the map only when absent and leaves only when present, so its events
-        # alternate: a second one in the same window undoes the first.
-        if self._cache_events.pop(h, None) is None:
-            self._cache_events[h] = is_added
+        if self._cache_events is not None:
+            self._cache_events.record(h, is_added)
 
     def drain_cache_events(self) -> tuple[list[int], list[int]]:
         """(hashes added, hashes removed) since the last drain, as net changes: a hash added
         and evicted in between is in neither list. Empty until `enable_cache_events`."""
-        events = self._cache_events
-        if not events:
-            return [], []
-        self._cache_events = {}
-        added = [h for h, is_added in events.items() if is_added]
-        removed = [h for h, is_added in events.items() if not is_added]
-        return added, removed
+        return self._cache_events.drain() if self._cache_events is not None else ([], [])
 
     def cached_hashes(self) -> list[int]:
         """Every hash the prefix cache holds now, in use or evictable (for a full republish)."""
@@ -246,45 +192,13 @@ class BlockManager:
 
     # ---- allocation -----------------------------------------------------------
 
-    def _eviction_candidates(self, n: int) -> list[int]:
-        """The first `n` free blocks in eviction order (at most the free count): least recently
-        freed first, except that a block with chances left is passed over, losing one and going
-        to the back of the queue.
-
-        Why: under strict LRU a hot prefix that no request holds at the moment sits behind the
-        fresh blocks of newer requests, most of which (a user's own suffix, a partial block) are
-        never hit again, and near a full pool it is evicted before them (bench/prefix_routing.py:
-        two prefill pools that each hold about half the system prompts). Counting hits (up to
-        MAX_CHANCES) rather than one bit matters there: one pass over a pool full of hot prefixes
-        would clear every bit, and the next evict them in plain LRU order. A block hit once
-        survives at most MAX_CHANCES passes without another hit, so no prefix pins its pages.
-        """
-        chosen: list[int] = []
-        taken: set[int] = set()
-        while len(chosen) < n:  # a pass that chose too few left every other block a chance less
-            spared: list[int] = []
-            for block_id in self.free_block_ids:
-                if len(chosen) == n:
-                    break
-                if block_id in taken:
-                    continue
-                if self.blocks[block_id].chances:
-                    spared.append(block_id)
-                else:
-                    chosen.append(block_id)
-                    taken.add(block_id)
-            for block_id in spared:
-                self.blocks[block_id].chances -= 1
-                self.free_block_ids.move_to_end(block_id)
-        return chosen
-
     def _take_free_block(self) -> int:
         """The next block to evict: a single page has no run to keep."""
         return self._take_free_blocks(1)[0]
 
     def _claim(self, block_id: int) -> int:
         """Take free `block_id` out of the queue as a page held once."""
-        del self.free_block_ids[block_id]
+        self.free_block_ids.remove(block_id)
         block = self.blocks[block_id]
         if block.hash is not None:
             # Lazy eviction: the cached content is forgotten only now that the page is reused.
@@ -299,7 +213,7 @@ class BlockManager:
         ends of a KV transfer make runs that copy as one slice each."""
         if n > self.num_free_blocks:
             raise RuntimeError("no free KV block: check can_allocate/can_append_slot/can_fork first")
-        return sorted(self._claim(b) for b in self._eviction_candidates(n))
+        return sorted(self._claim(b) for b in self.free_block_ids.next_to_evict(n))
 
     def _take_free_runs(self, n: int) -> list[int]:
         """`n` free blocks in few runs of consecutive ids, ascending: for a reservation, which a
@@ -324,8 +238,8 @@ class BlockManager:
             raise RuntimeError(f"{n} free KV blocks wanted, {self.num_free_blocks} free: check can_reserve first")
         if n <= 1:
             return self._take_free_blocks(n)
-        candidates = self._eviction_candidates(min(2 * n, self.num_free_blocks))
-        chosen = set(_fewest_runs(candidates, n))
+        candidates = self.free_block_ids.next_to_evict(min(2 * n, self.num_free_blocks))
+        chosen = set(fewest_runs(candidates, n))
         # Evicted least recently freed first, as strict LRU would record them.
         return sorted(self._claim(b) for b in candidates if b in chosen)
 
@@ -353,7 +267,7 @@ class BlockManager:
         for block_id in matched:
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                del self.free_block_ids[block_id]
+                self.free_block_ids.remove(block_id)
             block.ref_count += 1
             block.chances = min(MAX_CHANCES, block.chances + 1)
         seq.block_table = matched + self._take_free_blocks(num_fresh)
@@ -438,7 +352,7 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free_block_ids[block_id] = None
+                self.free_block_ids.push(block_id)
         held.block_table = []
 
     # ---- reservations -----------------------------------------------------------
@@ -463,7 +377,7 @@ class BlockManager:
             return False
         for block_id in reversed(block_ids):
             self.blocks[block_id].ref_count = 0
-            self.free_block_ids[block_id] = None
+            self.free_block_ids.push(block_id)
         return True
 
     def adopt(self, reservation_id: str, seq: Sequence) -> None:
@@ -509,7 +423,7 @@ class BlockManager:
         # it is evicted for them), then goes back to its tail.
         revived = [b for b in matched if self.blocks[b].ref_count == 0]
         for block_id in revived:
-            del self.free_block_ids[block_id]
+            self.free_block_ids.remove(block_id)
         bs = self.block_size
         parent = hashes[-1] if hashes else None
         wanted: list[tuple[int, int, tuple[int, ...]]] = []  # (block index, hash, tokens)
@@ -521,7 +435,7 @@ class BlockManager:
         wanted = wanted[: self.num_free_blocks]
         named = list(zip((i for i, _, _ in wanted), self._take_free_blocks(len(wanted))))
         for block_id in revived:
-            self.free_block_ids[block_id] = None
+            self.free_block_ids.push(block_id)
         for (_, h, tokens), (_, block_id) in zip(wanted, named):
             block = self.blocks[block_id]
             block.hash, block.token_ids, block.ref_count = h, tokens, 0
@@ -529,7 +443,7 @@ class BlockManager:
             self._record(h, True)
         # Back into the free queue tail first, as `free` does: a prefix's tail is evicted before its head.
         for _, block_id in reversed(named):
-            self.free_block_ids[block_id] = None
+            self.free_block_ids.push(block_id)
         return named
 
     # ---- checking -------------------------------------------------------------
@@ -556,7 +470,8 @@ class BlockManager:
             assert (ref == 0) == is_free, f"block {b}: ref_count {ref} but in free queue: {is_free}"
             if block.hash is not None:
                 assert self.hash_to_block_id.get(block.hash) == b, f"block {b}: its hash maps elsewhere"
-        # OrderedDict keys are unique, so no id is queued twice; the count rules out unknown ids.
+        # The queue's ids are unique (an OrderedDict's keys), so no id is queued twice; the count rules out
+        # unknown ids.
         assert len(self.free_block_ids) == held_by.count(0), "free queue holds unknown block ids"
         for h, b in self.hash_to_block_id.items():
             assert self.blocks[b].hash == h, f"hash {h:#x} maps to block {b}, which has {self.blocks[b].hash}"
