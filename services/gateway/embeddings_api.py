@@ -31,8 +31,9 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from protos import embed_pb2, embed_pb2_grpc
+from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError, FieldError, to_api_error
-from services.gateway.openai_protocol import ChatMessage, TokenId
+from services.gateway.openai_protocol import TokenId
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.request_errors import OverloadedError
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs

@@ -29,13 +29,14 @@ from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
+from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
-from services.gateway.openai_protocol import CHAT_ROLES, MAX_CHOICES, with_parsed_arguments
+from services.gateway.openai_protocol import MAX_CHOICES
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.served_models import ServedModels

@@ -52,6 +52,7 @@ from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
 from services.gateway.beam_search import beam_choices, beam_search
+from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
@@ -60,7 +61,7 @@ from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeL
 from services.gateway.http_responses import respond
 from services.gateway.http_serving import HttpServing
 from services.gateway.lora_updates import LoRAUpdates
-from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, encoded_bad_words
+from services.gateway.openai_protocol import CompletionRequest, encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder, TokenText
 from services.gateway.operator_routes import add_operator_routes
 from services.gateway.pipeline import RequestPipeline

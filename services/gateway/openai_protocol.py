@@ -1,4 +1,5 @@
-"""The OpenAI request bodies the gateway accepts, as pydantic models.
+"""The OpenAI request bodies the gateway accepts, as pydantic models: what completions and chat
+share (`SamplingFields`) and completions' own (chat's: chat_request.py, its messages: chat_messages.py).
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
@@ -13,10 +14,9 @@ output), are refused by name: ignored, they would give other output than was ask
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -34,8 +34,6 @@ from services.gateway.beam_search import MAX_BEAM_WIDTH
 from services.gateway.errors import FieldError
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.structured_output import OutputGuide, output_guide
-from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
-from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
@@ -67,7 +65,7 @@ class StructuredOutputs(BaseModel):
     structural_tag: str | dict[str, Any] | None = None
 
 
-class _SamplingFields(BaseModel):
+class SamplingFields(BaseModel):
     """The fields completions and chat share."""
 
     # Python's json reads NaN and Infinity, which pass every bound below: refused here instead.
@@ -222,7 +220,7 @@ class _SamplingFields(BaseModel):
         return self.prompt_logprobs
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     # Tried in this order, ids strictly: pydantic's default (smart) union validated a 512-id
@@ -278,145 +276,6 @@ class CompletionRequest(_SamplingFields):
         return list(prompt)
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
-
-
-ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
-CHAT_ROLES = frozenset(get_args(ChatRole))  # the gRPC API's chat messages are held to them too
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: ChatRole
-    content: str | list[TextPart | dict[str, Any]] | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
-    tool_call_id: str | None = None  # a tool message answers this call
-    # An assistant's thinking, as this API returned it (`reasoning`; `reasoning_content`, vLLM's and
-    # DeepSeek's older name): templates that show it read `reasoning_content`.
-    reasoning: str | None = None
-    reasoning_content: str | None = None
-
-    def as_template_input(self) -> dict[str, Any]:
-        """The message as chat templates read it: its text, and its tool calls with their arguments
-        as objects (templates write them with `tojson`; OpenAI sends them as JSON text)."""
-        message: dict[str, Any] = {"role": self.role, "content": self.text}
-        if self.tool_calls:
-            message["tool_calls"] = [with_parsed_arguments(call) for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            message["name"] = self.name
-        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
-        return message
-
-    @property
-    def text(self) -> str:
-        """The message's text; content given as parts is joined, as chat templates expect."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        texts = []
-        for part in self.content:
-            if not isinstance(part, TextPart):
-                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
-            texts.append(part.text)
-        return "\n".join(texts)
-
-
-class ChatCompletionRequest(_SamplingFields):
-    """POST /v1/chat/completions."""
-
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    _forced_tool_call: ForcedToolCall | None = PrivateAttr(default=None)
-    # Deprecated by OpenAI, still sent by most clients.
-    max_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None  # tool_calls.py: "none", "required" or a named function
-    parallel_tool_calls: bool = True  # False: a reply's first call only (OpenAI's; vLLM keeps the first)
-    # vLLM's: how the messages become the prompt.
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
-    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. {"enable_thinking": false}
-    chat_template: str | None = None  # the request's own Jinja template (--trust-request-chat-template only)
-    documents: list[dict[str, Any]] | None = None  # for a retrieval template, e.g. [{"title": ..., "text": ...}]
-    add_special_tokens: bool = False  # the tokenizer's special tokens (BOS) added to the template's text too
-    include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out of the reply
-    # OpenAI's: how long a reasoning model thinks, given to the chat template as `reasoning_effort`
-    # (gpt-oss's writes it into its system message), as vLLM gives it.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    echo: bool = False  # vLLM's: the reply starts with the last message's text when that is the assistant's
-
-    @model_validator(mode="after")
-    def _check_supported(self):
-        self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice)
-        if self._forced_tool_call is not None:
-            if self._output_guide is not None:
-                raise FieldError("tool_choice", "a forced tool call and a structured output cannot both be asked for")
-            self._output_guide = self._forced_tool_call.guide
-        if self.top_logprobs is not None and not self.logprobs:
-            raise FieldError("top_logprobs", "top_logprobs requires logprobs to be true")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise FieldError("continue_final_message",
-                             "continue_final_message and add_generation_prompt cannot both be true: the reply "
-                             "continues the last message, or starts a new one")
-        check_template_kwargs(self.chat_template_kwargs or {})
-        self.chat_messages()  # raises for content parts other than text
-        self._check_beam_search()
-        return self
-
-    @property
-    def completion_budget(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    @property
-    def num_logprobs(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    @property
-    def forced_tool_call(self) -> ForcedToolCall | None:
-        return self._forced_tool_call
-
-    @property
-    def is_guided(self) -> bool:
-        """The text is held to a pattern from its first token (structured output, a forced tool call)."""
-        return self._output_guide is not None
-
-    @property
-    def lets_the_model_call_tools(self) -> bool:
-        """tool_choice "auto" with tools: the model's own calls are read out of its text."""
-        return bool(self.tools) and effective_tool_choice(self.tools, self.tool_choice) == "auto"
-
-    def chat_options(self) -> ChatOptions:
-        template_kwargs = self.chat_template_kwargs or {}
-        if self.reasoning_effort is not None:
-            template_kwargs = {"reasoning_effort": self.reasoning_effort, **template_kwargs}
-        return ChatOptions(self.add_generation_prompt, self.continue_final_message, template_kwargs,
-                           self.tools or None, self.documents, self.chat_template, self.add_special_tokens)
-
-    def chat_messages(self) -> list[dict[str, Any]]:
-        return [m.as_template_input() for m in self.messages]
-
-    @property
-    def echoed(self) -> list[str] | None:
-        """With `echo`, what the reply starts with: the last message's text when the assistant wrote it
-        (a reply that continues it), else nothing; None without `echo`."""
-        if not self.echo:
-            return None
-        last = self.messages[-1]
-        return [last.text if last.role == "assistant" else ""]
-
-
 def encoded_bad_words(words: Sequence[str] | None, tokenizer) -> list[list[int]]:
     """vLLM's `bad_words` as the token id sequences the workers ban, encoded as vLLM encodes them:
     each word alone, and with a space before it where that gives another first token and as many
@@ -431,14 +290,3 @@ def encoded_bad_words(words: Sequence[str] | None, tokenizer) -> list[list[int]]
         if spaced[0] != alone[0] and len(spaced) == len(alone):
             encoded.append(spaced)
     return encoded
-
-
-def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
-        return call
-    try:
-        arguments = json.loads(function["arguments"])
-    except json.JSONDecodeError:
-        return call
-    return {**call, "function": {**function, "arguments": arguments}}

@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.errors import APIError
-from services.gateway.openai_protocol import ChatCompletionRequest
 from services.gateway.prompt_encoder import ModelText
 
 ROLES = ("user", "system", "developer", "assistant")

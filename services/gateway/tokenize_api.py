@@ -24,9 +24,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protos import tokenizer_pb2
+from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
-from services.gateway.openai_protocol import ChatMessage, TokenId
+from services.gateway.openai_protocol import TokenId
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE
 from services.gateway.tool_parsers import with_template_call_ids
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.gateway.chat_messages import ChatMessage
 from services.gateway.deltas import Delta, Usage
-from services.gateway.openai_protocol import ChatMessage
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import TAGS, THINK, ReasoningReader, StreamedReasoning, starts_thinking
 from services.tokenizer.converters import chat_message_to_proto, chat_messages_from_proto

@@ -1,0 +1,72 @@
+"""A chat message as the OpenAI API sends it (`ChatMessage`), and as chat templates read it: the
+chat API's, the Responses API's, /tokenize's and the gRPC API's messages alike."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+CHAT_ROLES = frozenset(get_args(ChatRole))  # the gRPC API's chat messages are held to them too
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: ChatRole
+    content: str | list[TextPart | dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
+    tool_call_id: str | None = None  # a tool message answers this call
+    # An assistant's thinking, as this API returned it (`reasoning`; `reasoning_content`, vLLM's and
+    # DeepSeek's older name): templates that show it read `reasoning_content`.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates read it: its text, and its tool calls with their arguments
+        as objects (templates write them with `tojson`; OpenAI sends them as JSON text)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [with_parsed_arguments(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        return message
+
+    @property
+    def text(self) -> str:
+        """The message's text; content given as parts is joined, as chat templates expect."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if not isinstance(part, TextPart):
+                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+            texts.append(part.text)
+        return "\n".join(texts)
+
+
+def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
