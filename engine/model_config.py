@@ -7,6 +7,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.architectures import (
+    ATTENTION_BIAS,
+    BARE_MODELS,
+    EPS_1E5,
+    GEMMA2,
+    GEMMA2_SOFTCAPS,
+    GEMMAS,
+    OLMOS,
+    QK_NORM,
+    SEQUENCE_CLASSIFIERS,
+    SMOLLM3,
+    SUPPORTED_ARCHITECTURES,
+)
+from engine.attention_layout import (
+    QTemperature,
+    attention_scale,
+    full_rope_theta,
+    llama4_attention,
+    local_rope_theta,
+    q_temperature,
+    rope_layers,
+    sliding_layers,
+    sliding_window,
+)
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
@@ -20,71 +44,16 @@ from engine.moe_config import (
     GLM4_MOE,
     GPT_OSS,
     LLAMA4,
-    QWEN_MOES,
     MoEConfig,
     read_moe_config,
 )
 from engine.multimodal import MULTIMODAL, MultimodalCheckpoint, text_config
 from engine.mxfp4_weights import is_mxfp4
-from engine.rope_config import (
-    PHI3,
-    partial_rotary_factor,
-    rope_parameters,
-    rope_scaling,
-    rope_theta,
-    yarn_temperature,
-)
-
-MINISTRAL3 = "Ministral3ForCausalLM"
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
-                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
-                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS)
-# Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
-# gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
-# of them; their tensors are read without the `model.` prefix: model_runner.py).
-BARE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM", "Qwen2Model": "Qwen2ForCausalLM",
-               "Qwen3Model": "Qwen3ForCausalLM"}
-# Checkpoints of the model with a classification head for its LM head (`score`, a row of logits per
-# label, read at a sequence's last token): reward models, classifiers, cross-encoder rerankers.
-SEQUENCE_CLASSIFIERS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
-                        "MistralForSequenceClassification": "MistralForCausalLM",
-                        "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
-                        "Qwen3ForSequenceClassification": "Qwen3ForCausalLM"}
-GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
-GEMMAS = (GEMMA2, GEMMA3)
-OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
-SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
-# Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
-_GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
-# Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
-_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES)
-_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
-# Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
-_EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE)
-# Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
-# layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
-                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS)
-# Mistral's sliding window, where config.json gives one.
-_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)
+from engine.rope_config import PHI3, partial_rotary_factor, rope_scaling
 
 
 class ModelConfigError(ValueError):
     pass
-
-
-@dataclass(frozen=True)
-class QTemperature:
-    """q scaled by 1 + scale * ln(1 + floor((position + offset) / floor_scale)) after RoPE, so that its
-    attention sharpens as the context grows: Llama 4's NoPE layers (its attn_temperature_tuning),
-    Ministral 3's every layer (llama_4_scaling_beta)."""
-
-    floor_scale: float
-    scale: float
-    offset: int
-    layers: frozenset[int] | None  # None: every layer
 
 
 @dataclass(frozen=True)
@@ -207,7 +176,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     supported_act = "gelu_pytorch_tanh" if arch in GEMMAS else "silu"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
-    softcaps = {name: cfg.get(name, _GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in _GEMMA2_SOFTCAPS}
+    softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
     for name, cap in softcaps.items():
         if cap is not None and arch not in GEMMAS:
             raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
@@ -243,33 +212,33 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
             intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in _EPS_1E5 else 1e-6)),
-            rope_theta=_full_rope_theta(cfg),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in EPS_1E5 else 1e-6)),
+            rope_theta=full_rope_theta(cfg),
             rope_scaling=scaling,
-            local_rope_theta=_local_rope_theta(cfg, arch, path),
-            rope_layers=_rope_layers(cfg, arch),
+            local_rope_theta=local_rope_theta(cfg, arch),
+            rope_layers=rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
-            or (arch in (*_ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
-            o_bias=arch in (*_ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
+            or (arch in (*ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
+            o_bias=arch in (*ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
             attention_sinks=arch == GPT_OSS,
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
-            qk_norm="head" if arch in _QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
+            qk_norm="head" if arch in QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in OLMOS else None,
             moe=read_moe_config(cfg, arch),
-            sliding_window=_sliding_window(cfg, arch, path),
-            sliding_layers=_sliding_layers(cfg, arch),
-            **_llama4_attention(cfg, arch),
-            q_temperature=_q_temperature(cfg, arch),
+            sliding_window=sliding_window(cfg, arch),
+            sliding_layers=sliding_layers(cfg, arch),
+            **llama4_attention(cfg, arch),
+            q_temperature=q_temperature(cfg, arch),
             multimodal=multimodal,
             labels=labels,
             decoder_pooling=pooling,
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            attention_scale=_attention_scale(cfg, arch, head_dim, mla, scaling),
+            attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
             **_granite_multipliers(cfg, arch),
@@ -328,102 +297,11 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
         raise ModelConfigError(f"{path}: {e}") from None
 
 
-def _attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, scaling: dict | None) -> float:
-    if mla is not None:
-        # DeepSeek's YaRN also sharpens the softmax, by its mscale squared.
-        scale = mla.qk_head_dim ** -0.5
-        if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
-            scale *= yarn_temperature(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
-        return scale
-    if arch in GEMMAS:
-        return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
-    if arch == "GraniteForCausalLM":  # absent, transformers' default: 1, not head_dim ** -0.5
-        return float(cfg.get("attention_multiplier", 1.0))
-    return head_dim ** -0.5
-
-
 def _granite_multipliers(cfg: dict, arch: str) -> dict:
     names = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
     if arch != "GraniteForCausalLM":
         return dict.fromkeys(names, 1.0)
     return {name: float(cfg.get(name, 1.0)) for name in names}
-
-
-def _local_rope_theta(cfg: dict, arch: str, path: Path) -> float | None:
-    if arch not in (GEMMA3, OLMO3):
-        return None
-    params = rope_parameters(cfg, "sliding_attention")
-    if params.get("rope_type", "default") != "default":
-        raise ModelConfigError(f"{path}: a scaled RoPE for sliding-window layers is not supported")
-    # Absent, Gemma 3's is rope_local_base_freq; OLMo 3's the model's theta, unscaled.
-    unset = cfg.get("rope_local_base_freq", 10000.0) if arch == GEMMA3 else _full_rope_theta(cfg)
-    return float(params.get("rope_theta", unset))
-
-
-def _full_rope_theta(cfg: dict) -> float:
-    return rope_theta(cfg, rope_parameters(cfg, "full_attention"))
-
-
-def _rope_layers(cfg: dict, arch: str) -> frozenset[int]:
-    num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (SMOLLM3, LLAMA4):
-        return frozenset(range(num_layers))
-    # SmolLM3's and Llama 4's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
-    uses_rope = cfg.get("no_rope_layers") or [
-        int((i + 1) % int(cfg.get("no_rope_layer_interval") or 4) != 0) for i in range(num_layers)]
-    return frozenset(i for i, flag in enumerate(uses_rope) if flag)
-
-
-def _llama4_attention(cfg: dict, arch: str) -> dict:
-    if arch != LLAMA4:
-        return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False)
-    rope_layers = _rope_layers(cfg, arch)
-    chunk = cfg.get("attention_chunk_size")
-    types = cfg.get("layer_types") or ["chunked_attention" if i in rope_layers and chunk else "full_attention"
-                                       for i in range(int(cfg["num_hidden_layers"]))]
-    return dict(attention_chunk_size=int(chunk) if chunk else None,
-                chunked_layers=frozenset(i for i, t in enumerate(types) if t == "chunked_attention") if chunk
-                else frozenset(),
-                qk_l2_norm=bool(cfg.get("use_qk_norm", True)), rope_interleaved=True)
-
-
-def _q_temperature(cfg: dict, arch: str) -> QTemperature | None:
-    if arch == LLAMA4 and cfg.get("attn_temperature_tuning", True):
-        nope_layers = frozenset(range(int(cfg["num_hidden_layers"]))) - _rope_layers(cfg, arch)
-        return QTemperature(floor_scale=float(cfg.get("floor_scale", 8192)), scale=float(cfg.get("attn_scale", 0.1)),
-                            offset=1, layers=nope_layers)
-    beta = rope_parameters(cfg, "full_attention").get("llama_4_scaling_beta")
-    if arch == MINISTRAL3 and beta is not None:
-        original = rope_parameters(cfg, "full_attention").get("original_max_position_embeddings")
-        return QTemperature(floor_scale=float(original or cfg["max_position_embeddings"]), scale=float(beta),
-                            offset=0, layers=None)
-    return None
-
-
-def _sliding_window(cfg: dict, arch: str, path: Path) -> int | None:
-    if arch in (*_SLIDING, *GEMMAS, OLMO3, GPT_OSS):
-        return cfg.get("sliding_window")
-    if arch == SMOLLM3:
-        return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
-    if arch in _QWEN and cfg.get("use_sliding_window"):
-        raise ModelConfigError(f"{path}: use_sliding_window=true is not supported")
-    return None
-
-
-def _sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
-    num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS):
-        return frozenset(range(num_layers))
-    types = cfg.get("layer_types")
-    if types:
-        return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
-    if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers
-        return frozenset(range(num_layers)) - _rope_layers(cfg, arch)
-    # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every
-    # other, OLMo 3's every fourth).
-    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2}[arch]
-    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
-    return frozenset(i for i in range(num_layers) if (i + 1) % pattern)
 
 
 def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:

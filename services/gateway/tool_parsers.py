@@ -18,12 +18,8 @@ uses:
 - `glm45` (GLM-4.5 to 4.7): `<tool_call>NAME`, `<arg_key>`/`<arg_value>` pairs, typed alike;
 - `deepseek_v3`, `deepseek_v31` and `kimi_k2` (DeepSeek-V3 and R1-0528; V3.1 and V3.2; Kimi K2):
   calls between the models' special tokens (special_token_calls.py);
-- `mistral` (Mistral's instruct models): the calls after `[TOOL_CALLS]`, a special token the
-  text then keeps (as vLLM's parser, it turns `skip_special_tokens` off for requests it reads):
-  a JSON list of `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Nemo), or each
-  call's name, `[ARGS]` and its arguments, the next after another `[TOOL_CALLS]` (Mistral Small
-  3.1 and later; a `[CALL_ID]` and id before `[ARGS]` is passed over). Its calls' ids are 9
-  letters and digits, the only ids Mistral's chat templates take back;
+- `mistral` (Mistral's instruct models): the calls after `[TOOL_CALLS]`, a JSON list or each one
+  named, with Mistral's 9-character call ids (mistral_tool_calls.py);
 - `granite` (Granite 3.x): the whole answer is a JSON list of calls, after `<|tool_call|>` (3.0's
   special token, which the text leaves out) or `<tool_call>` (3.1);
 - `phi4_mini_json` (Phi-4-mini): `functools` and a JSON list of calls, after any text;
@@ -44,11 +40,8 @@ calls are broken before any went out is text.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
-import random
 import re
-import string
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -59,10 +52,8 @@ from services.gateway.call_text import (
     Calls,
     JsonScan,
     after_last_closed_call,
-    arguments_json,
     begun_tag_length,
     call_so_far,
-    json_end,
     listed_calls,
     objects_so_far,
     parse_call,
@@ -71,8 +62,9 @@ from services.gateway.call_text import (
 )
 from services.gateway.errors import APIError
 from services.gateway.harmony import HarmonyCalls
+from services.gateway.mistral_tool_calls import Mistral
 from services.gateway.special_token_calls import DeepSeekV3, DeepSeekV31, KimiK2
-from services.gateway.tool_calls import new_call_id, tool_call
+from services.gateway.tool_calls import new_call_id
 from services.gateway.xml_tool_calls import Glm45, MiniMaxM2, Qwen3Coder, SeedOss
 
 
@@ -263,95 +255,6 @@ class Phi4MiniJson(_Tagged):
 
     def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
         return objects_so_far(text, past(text, len(self.START), BLANK), LISTED, scans)
-
-
-class Mistral(_Tagged):
-    START, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
-    reads_special_tokens = True
-    _ID_CHARACTERS = string.ascii_letters + string.digits
-
-    @classmethod
-    def call_id(cls) -> str:
-        return "".join(random.choices(cls._ID_CHARACTERS, k=9))
-
-    @classmethod
-    def template_call_id(cls, call_id: str) -> str:
-        """Mistral's templates refuse an id that is not 9 letters and digits, and clients written for
-        OpenAI send theirs ("call_..."): such an id becomes 9 made from its hash, the same for the
-        call and for the tool message answering it, as vLLM shortens them for Mistral."""
-        if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
-            return call_id
-        number = int.from_bytes(hashlib.blake2b(call_id.encode(), digest_size=8).digest(), "little")
-        letters = []
-        for _ in range(9):
-            number, digit = divmod(number, len(cls._ID_CHARACTERS))
-            letters.append(cls._ID_CHARACTERS[digit])
-        return "".join(letters)
-
-    def parse(self, text: str) -> tuple[str | None, Calls]:
-        start = text.find(self.START)
-        if start == -1:
-            return text, []
-        region = text[start:]
-        calls = self._listed(region) if self._is_listed(region) else self._named(region)
-        if not calls:
-            return text, []
-        for call in calls:
-            call["id"] = self.call_id()
-        return text[:start].strip() or None, calls
-
-    def progress(self, text: str, scans: dict[int, JsonScan]) -> list[tuple[str, str]]:
-        if self._is_listed(text):
-            return objects_so_far(text, past(text, len(self.START), BLANK) + 1, LISTED, scans)
-        begun, start = [], 0
-        while start != -1:
-            call = self._named_so_far(text, start, scans)
-            if call is None:
-                break
-            begun.append(call[:2])
-            start = call[2]
-        return begun
-
-    def _is_listed(self, region: str) -> bool:
-        """The calls are a JSON list (tokenizer v3), not named one by one."""
-        at = past(region, len(self.START), BLANK)
-        return at < len(region) and region[at] == "["
-
-    def _listed(self, region: str) -> Calls | None:
-        return listed_calls(region[len(self.START):].strip(), "arguments")
-
-    def _named(self, region: str) -> Calls | None:
-        calls = []
-        for piece in region.split(self.START)[1:]:
-            head, is_named, value = piece.partition(self.ARGS)
-            name = head.partition(self.CALL_ID)[0].strip()
-            if not is_named or not name:
-                return None
-            value = value.strip()
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError:
-                return None
-            calls.append(tool_call(name, value if isinstance(parsed, (dict, list)) else arguments_json(parsed)))
-        return calls
-
-    def _named_so_far(self, text: str, start: int, scans: dict[int, JsonScan]) -> tuple[str, str, int] | None:
-        """A call named at `text[start:]` (its `[TOOL_CALLS]`): its name, its arguments' text so far,
-        and where the next call starts (-1: none yet); None before its name is whole."""
-        name_at = start + len(self.START)
-        args_at = text.find(self.ARGS, name_at)
-        if args_at == -1:
-            return None
-        name = text[name_at:args_at].partition(self.CALL_ID)[0].strip()
-        if not name:
-            return None
-        value_at = past(text, args_at + len(self.ARGS), BLANK)
-        if value_at == len(text) or text[value_at] not in "{[":
-            return name, "", text.find(self.START, value_at)
-        end = json_end(text, value_at, scans)
-        if end is None:
-            return name, text[value_at:], -1
-        return name, text[value_at:end], text.find(self.START, end)
 
 
 class RequiredCalls(_CallsOnly):

@@ -1,0 +1,40 @@
+"""The decoder architectures Baton serves, by config.json's `architectures` name, and what each one's
+config.json leaves to transformers' defaults for it."""
+from __future__ import annotations
+
+from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, GPT_OSS, LLAMA4, QWEN_MOES
+
+MINISTRAL3 = "Ministral3ForCausalLM"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
+                           "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
+                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS)
+# Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
+# gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
+# of them; their tensors are read without the `model.` prefix: model_runner.py).
+BARE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM", "Qwen2Model": "Qwen2ForCausalLM",
+               "Qwen3Model": "Qwen3ForCausalLM"}
+# Checkpoints of the model with a classification head for its LM head (`score`, a row of logits per
+# label, read at a sequence's last token): reward models, classifiers, cross-encoder rerankers.
+SEQUENCE_CLASSIFIERS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
+                        "MistralForSequenceClassification": "MistralForCausalLM",
+                        "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+                        "Qwen3ForSequenceClassification": "Qwen3ForCausalLM"}
+GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
+GEMMAS = (GEMMA2, GEMMA3)
+OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
+# Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
+GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+# Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
+QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES)
+QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
+# Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
+EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE)
+# Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
+# layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
+ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
+                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS)
+# Mistral's sliding window, where config.json gives one.
+MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)

@@ -1,0 +1,114 @@
+"""How a decoder's layers attend, read from its config.json: which turn q and k by RoPE, and with
+which theta; which attend over a sliding window or a chunk only; q's temperature by position; the
+softmax's scale. A setting Baton cannot serve is a ValueError (load_model_config names the file)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.architectures import GEMMA2, GEMMA3, GEMMAS, MINISTRAL3, MISTRAL_SLIDING, OLMO3, QWENS, SMOLLM3
+from engine.mla_config import MLAConfig
+from engine.moe_config import GPT_OSS, LLAMA4
+from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
+
+
+@dataclass(frozen=True)
+class QTemperature:
+    """q scaled by 1 + scale * ln(1 + floor((position + offset) / floor_scale)) after RoPE, so that its
+    attention sharpens as the context grows: Llama 4's NoPE layers (its attn_temperature_tuning),
+    Ministral 3's every layer (llama_4_scaling_beta)."""
+
+    floor_scale: float
+    scale: float
+    offset: int
+    layers: frozenset[int] | None  # None: every layer
+
+
+def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, scaling: dict | None) -> float:
+    if mla is not None:
+        # DeepSeek's YaRN also sharpens the softmax, by its mscale squared.
+        scale = mla.qk_head_dim ** -0.5
+        if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
+            scale *= yarn_temperature(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
+        return scale
+    if arch in GEMMAS:
+        return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    if arch == "GraniteForCausalLM":  # absent, transformers' default: 1, not head_dim ** -0.5
+        return float(cfg.get("attention_multiplier", 1.0))
+    return head_dim ** -0.5
+
+
+def local_rope_theta(cfg: dict, arch: str) -> float | None:
+    if arch not in (GEMMA3, OLMO3):
+        return None
+    params = rope_parameters(cfg, "sliding_attention")
+    if params.get("rope_type", "default") != "default":
+        raise ValueError("a scaled RoPE for sliding-window layers is not supported")
+    # Absent, Gemma 3's is rope_local_base_freq; OLMo 3's the model's theta, unscaled.
+    unset = cfg.get("rope_local_base_freq", 10000.0) if arch == GEMMA3 else full_rope_theta(cfg)
+    return float(params.get("rope_theta", unset))
+
+
+def full_rope_theta(cfg: dict) -> float:
+    return rope_theta(cfg, rope_parameters(cfg, "full_attention"))
+
+
+def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
+    num_layers = int(cfg["num_hidden_layers"])
+    if arch not in (SMOLLM3, LLAMA4):
+        return frozenset(range(num_layers))
+    # SmolLM3's and Llama 4's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
+    uses_rope = cfg.get("no_rope_layers") or [
+        int((i + 1) % int(cfg.get("no_rope_layer_interval") or 4) != 0) for i in range(num_layers)]
+    return frozenset(i for i, flag in enumerate(uses_rope) if flag)
+
+
+def llama4_attention(cfg: dict, arch: str) -> dict:
+    if arch != LLAMA4:
+        return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False)
+    with_rope = rope_layers(cfg, arch)
+    chunk = cfg.get("attention_chunk_size")
+    types = cfg.get("layer_types") or ["chunked_attention" if i in with_rope and chunk else "full_attention"
+                                       for i in range(int(cfg["num_hidden_layers"]))]
+    return dict(attention_chunk_size=int(chunk) if chunk else None,
+                chunked_layers=frozenset(i for i, t in enumerate(types) if t == "chunked_attention") if chunk
+                else frozenset(),
+                qk_l2_norm=bool(cfg.get("use_qk_norm", True)), rope_interleaved=True)
+
+
+def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
+    if arch == LLAMA4 and cfg.get("attn_temperature_tuning", True):
+        nope_layers = frozenset(range(int(cfg["num_hidden_layers"]))) - rope_layers(cfg, arch)
+        return QTemperature(floor_scale=float(cfg.get("floor_scale", 8192)), scale=float(cfg.get("attn_scale", 0.1)),
+                            offset=1, layers=nope_layers)
+    beta = rope_parameters(cfg, "full_attention").get("llama_4_scaling_beta")
+    if arch == MINISTRAL3 and beta is not None:
+        original = rope_parameters(cfg, "full_attention").get("original_max_position_embeddings")
+        return QTemperature(floor_scale=float(original or cfg["max_position_embeddings"]), scale=float(beta),
+                            offset=0, layers=None)
+    return None
+
+
+def sliding_window(cfg: dict, arch: str) -> int | None:
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, OLMO3, GPT_OSS):
+        return cfg.get("sliding_window")
+    if arch == SMOLLM3:
+        return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if arch in QWENS and cfg.get("use_sliding_window"):
+        raise ValueError("use_sliding_window=true is not supported")
+    return None
+
+
+def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
+    num_layers = int(cfg["num_hidden_layers"])
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS):
+        return frozenset(range(num_layers))
+    types = cfg.get("layer_types")
+    if types:
+        return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers
+        return frozenset(range(num_layers)) - rope_layers(cfg, arch)
+    # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every
+    # other, OLMo 3's every fourth).
+    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2}[arch]
+    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
+    return frozenset(i for i in range(num_layers) if (i + 1) % pattern)
