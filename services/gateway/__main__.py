@@ -25,6 +25,7 @@ import services.common.grpc_env  # noqa: F401  (first: before anything imports g
 import uvicorn
 
 from engine.checkpoint import kv_fingerprint, read_model_config
+from engine.classifier_config import is_sequence_classifier
 from engine.config import EngineConfig
 from engine.encoder_config import is_encoder
 from protos import (
@@ -164,7 +165,9 @@ class GatewayService:
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         self.models.max_model_len = tokenizer.max_model_len
         self.models.is_cross_encoder = is_cross_encoder(config.model_dir, config.hf_overrides)
-        self.models.generates_text = not is_encoder(read_model_config(config.model_dir, config.hf_overrides))
+        model_json = read_model_config(config.model_dir, config.hf_overrides)
+        self.models.has_classifier = is_sequence_classifier(model_json)
+        self.models.generates_text = not is_encoder(model_json)
         self.state = GatewayState(self.pipeline, self.models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,

@@ -95,7 +95,7 @@ async def embed(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | N
     replies, num_tokens = await embeddings(pipeline, body, lora, request_id, max_model_len)
     return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
             "data": [{"object": "embedding", "index": index,
-                      "embedding": _encoded(list(reply.embedding), body.encoding_format)}
+                      "embedding": encoded(list(reply.embedding), body.encoding_format)}
                      for index, reply in enumerate(replies)],
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
@@ -160,7 +160,7 @@ async def _embedding(pool, request: embed_pb2.EmbedRequest, timeout_s: float) ->
     return reply
 
 
-def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
     if encoding_format == "float":
         return vector
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

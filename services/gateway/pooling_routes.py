@@ -1,8 +1,9 @@
 """The HTTP routes of the served model's embeddings (embeddings_api.py) and of the scores made
-from them (score_api.py), and a sequence classifier's classes (classify_api.py): `/v1/embeddings`,
-`/score` and `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank`, `/classify` and `/v1/classify`,
-as vLLM serves them. A client that goes away before its answer cancels the workers' calls for it, whose
-computation of what they had not begun is dropped (as vLLM's cancellation does)."""
+from them (score_api.py), a sequence classifier's classes (classify_api.py), and either by task
+(pooling_api.py): `/v1/embeddings`, `/score` and `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank`,
+`/classify` and `/v1/classify`, `/pooling`, as vLLM serves them. A client that goes away before its
+answer cancels the workers' calls for it, whose computation of what they had not begun is dropped
+(as vLLM's cancellation does)."""
 from __future__ import annotations
 
 import time
@@ -17,6 +18,7 @@ from services.gateway.embeddings_api import EmbeddingRequest, embed
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, unless_disconnected
 from services.gateway.pipeline import RequestPipeline
+from services.gateway.pooling_api import PoolingRequest, pool
 from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
 from services.gateway.served_models import ServedModels
 
@@ -40,15 +42,21 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
     def num_data(answer: dict) -> int:
         return len(answer["data"])
 
+    async def identified(request: Request, endpoint: str, prefix: str, work: Callable[[str], Awaitable[dict]],
+                         started: float) -> JSONResponse:
+        """`counted`, for an answer whose id is the client's x-request-id (else a new one starting with
+        `prefix`), given to `work` and echoed in the response's header."""
+        response_id = request.headers.get("x-request-id") or f"{prefix}-{uuid.uuid4().hex}"
+        response = await counted(request, endpoint, work(response_id), num_data, started)
+        response.headers["x-request-id"] = response_id
+        return response
+
     async def embeddings(request: Request) -> JSONResponse:
         started = time.perf_counter()
         body = await parsed_body(request, EmbeddingRequest)
         lora = check_model(body.model)
-        response_id = request.headers.get("x-request-id") or f"embd-{uuid.uuid4().hex}"
-        response = await counted(request, "embeddings", embed(pipeline, body, lora, body.model, response_id,
-                                                              models.max_model_len), num_data, started)
-        response.headers["x-request-id"] = response_id
-        return response
+        return await identified(request, "embeddings", "embd", lambda response_id: embed(
+            pipeline, body, lora, body.model, response_id, models.max_model_len), started)
 
     async def scores(request: Request) -> JSONResponse:
         started = time.perf_counter()
@@ -72,7 +80,15 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
         return await counted(request, "classify", classify(pipeline, body, lora, body.model or models.name,
                                                            models.max_model_len), num_data, started)
 
+    async def pooled(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        body = await parsed_body(request, PoolingRequest)
+        lora = check_model(body.model)
+        return await identified(request, "pooling", "pool", lambda response_id: pool(
+            pipeline, body, lora, body.model, response_id, models.max_model_len, models.has_classifier), started)
+
     app.add_route("/v1/embeddings", embeddings, methods=["POST"])
+    app.add_route("/pooling", pooled, methods=["POST"])
     for path in ("/classify", "/v1/classify"):
         app.add_route(path, classified, methods=["POST"])
     for path in ("/score", "/v1/score"):

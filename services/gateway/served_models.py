@@ -21,6 +21,7 @@ class ServedModels:
         # A sequence classifier of one label (a cross-encoder reranker): it scores a pair of texts
         # joined, with its head (score_api.py), not by the cosine of their embeddings.
         self.is_cross_encoder = False
+        self.has_classifier = False  # a classification head (a *ForSequenceClassification checkpoint)
         self.generates_text = True  # False: an encoder, served for embeddings only (engine/encoder_config.py)
 
     @property

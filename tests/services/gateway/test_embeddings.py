@@ -321,3 +321,55 @@ def test_a_cross_encoder_scores_each_pair_joined(cross_encoder):
     ranked = httpx.post(f"{base}/v1/rerank", timeout=30, json={"query": TEXTS[0], "documents": DOCUMENTS}).json()
     assert [r["index"] for r in ranked["results"]] == sorted(range(3), key=lambda i: expected[i], reverse=True)
     mesh.assert_decode_pools_free()
+
+
+def pooling(mesh, **body) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}/pooling", timeout=30, json={"model": mesh.model_name, **body})
+
+
+def test_pooling_answers_the_embeddings_by_default(mesh, reference):
+    """vLLM's /pooling on a model without a classification head: each input's embedding, as
+    /v1/embeddings gives it; use_activation false leaves it unnormalized; base64 as embeddings'."""
+    answer = pooling(mesh, input=TEXTS)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert answer.headers["x-request-id"] == body["id"] and body["id"].startswith("pool-")
+    assert [(d["index"], d["object"]) for d in body["data"]] == [(0, "pooling"), (1, "pooling")]
+    for data, (_, hidden) in zip(body["data"], reference):
+        close(data["data"], torch.nn.functional.normalize(hidden, dim=0))
+    assert body["usage"]["prompt_tokens"] == sum(len(ids) for ids, _ in reference)
+    close(pooling(mesh, input=TEXTS[0], task="embed", use_activation=False).json()["data"][0]["data"],
+          reference[0][1])
+    packed = base64.b64decode(pooling(mesh, input=TEXTS[0], encoding_format="base64").json()["data"][0]["data"])
+    close(list(struct.unpack(f"<{len(packed) // 4}f", packed)), torch.nn.functional.normalize(reference[0][1], dim=0))
+    mesh.assert_decode_pools_free()
+
+
+def test_pooling_a_classifier_answers_its_probabilities_by_default(classifier):
+    mesh, _ = classifier
+    classified = httpx.post(f"{mesh.gateway.base_url}/classify", timeout=30,
+                            json={"model": mesh.model_name, "input": TEXTS}).json()
+    pooled = pooling(mesh, input=TEXTS).json()
+    assert [d["data"] for d in pooled["data"]] == [d["probs"] for d in classified["data"]]
+    assert pooled["usage"] == classified["usage"]
+    assert pooling(mesh, input=TEXTS, task="encode").json()["data"] == pooled["data"]
+    embedded = httpx.post(f"{mesh.gateway.base_url}/v1/embeddings", timeout=30,
+                          json={"model": mesh.model_name, "input": TEXTS[0]}).json()["data"][0]["embedding"]
+    assert pooling(mesh, input=TEXTS[0], task="embed").json()["data"][0]["data"] == embedded
+    answer = pooling(mesh, input=TEXTS[0], use_activation=False)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "use_activation"
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": "hi", "task": "token_embed"}, "task"),
+    ({"input": "hi", "task": "token_classify"}, "task"),
+    ({"input": "hi", "task": "sing"}, "task"),
+    ({"input": "hi", "task": "classify"}, "model"),  # no classification head
+    ({"input": ""}, "input"),
+])
+def test_what_pooling_cannot_serve_is_a_400_naming_it(mesh, body, param):
+    answer = pooling(mesh, **body)
+    assert answer.status_code == 400, answer.text
+    assert param in (answer.json()["error"]["param"] or "")
+    mesh.assert_decode_pools_free()
