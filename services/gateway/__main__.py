@@ -164,8 +164,8 @@ class GatewayService:
 
         token_text = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
         self.models.max_model_len = tokenizer.max_model_len
-        self.models.is_cross_encoder = is_cross_encoder(config.model_dir, config.hf_overrides)
         model_json = read_model_config(config.model_dir, config.hf_overrides)
+        self.models.is_cross_encoder = is_cross_encoder(model_json)
         self.models.has_classifier = is_sequence_classifier(model_json)
         self.models.generates_text = not is_encoder(model_json)
         self.state = GatewayState(self.pipeline, self.models, token_text,

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, is_sequence_classifier
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import FieldError
@@ -105,7 +103,7 @@ def _listed(texts: str | list[str]) -> list[str]:
     return [texts] if isinstance(texts, str) else texts
 
 
-def is_cross_encoder(model_dir: str | Path, hf_overrides: dict[str, Any] | None = None) -> bool:
-    """Whether the model is a sequence classifier of one label (engine/classifier_config.py)."""
-    config = read_model_config(model_dir, hf_overrides)
+def is_cross_encoder(config: dict[str, Any]) -> bool:
+    """Whether the model of `config` (config.json's, its overrides applied) is a sequence classifier of
+    one label (engine/classifier_config.py)."""
     return is_sequence_classifier(config) and len(classifier_labels(config)) == 1

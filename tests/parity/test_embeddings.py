@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 
+from engine.checkpoint import read_model_config
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfigError
@@ -117,7 +118,8 @@ def test_a_causal_lm_is_a_classifier_made_from_its_lm_heads_rows(tiny_demo_model
     engine = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64, max_num_batched_tokens=64,
                                     hf_overrides=overrides))
     assert engine.model_config.labels == (("LABEL_0",) if difference else (no, yes))
-    assert is_cross_encoder(tmp_path, overrides) == difference  # one label: /score and /rerank read pairs with it
+    # One label: /score and /rerank read pairs with it.
+    assert is_cross_encoder(read_model_config(tmp_path, overrides)) == difference
     ids = [tokenizer.convert_tokens_to_ids(no), tokenizer.convert_tokens_to_ids(yes)]
     with torch.no_grad():
         for prompt, hidden in zip(PROMPTS, embeddings(engine, PROMPTS)):
