@@ -38,7 +38,8 @@ from protos import (
 )
 from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME, PrefixCacheServicer
 from services.common.embed_servicer import SERVICE_NAME as EMBED_SERVICE_NAME, EmbeddingsServicer
-from services.common.engine_loop import EngineLoop, EngineThread, finished
+from services.common.engine_loop import EngineLoop, finished
+from services.common.engine_thread import EngineThread
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer

@@ -34,7 +34,8 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from services.common.engine_loop import EngineLoop, EngineThread
+from services.common.engine_loop import EngineLoop
+from services.common.engine_thread import EngineThread
 
 async def main():
     thread = EngineThread()
