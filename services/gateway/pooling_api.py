@@ -36,7 +36,8 @@ class PoolingRequest(EmbeddingRequest):
         return self
 
     def pooling_task(self, has_classifier: bool) -> str:
-        """"embed" or "classify"; APIError (400) for a classifier's raw logits, not served here."""
+        """The task served: "embed" or "classify"; APIError (400) for a classifier's raw logits, not served
+        here."""
         task = self.task if self.task in ("embed", "classify") else "classify" if has_classifier else "embed"
         if task == "classify" and self.use_activation is False:
             raise APIError(400, "a classifier's raw logits are not served here: use_activation false only with "
