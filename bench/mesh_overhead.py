@@ -230,6 +230,9 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     # Where the gateway's own clock put the gRPC API's time to the first token, phase by phase.
     phases_ms = {phase: statistics.median(timeline["choices"][0]["phases_ms"][phase] for timeline in timelines["grpc"])
                  for phase in FIRST_TOKEN_PHASES}
+    # The part of `rpc` that was the prompt's way to the prefill worker and the first token's way back.
+    legs_ms = {leg: statistics.median(timeline["choices"][0]["rpc_legs_ms"][leg] for timeline in timelines["grpc"])
+               for leg in ("to_prefill", "from_prefill")}
     rtt = samples.pop("rtt")
     floor = samples.pop("floor")
     paired = {api: [ttft - engine for ttft, engine in zip(samples[api], engine_s[api], strict=True)]
@@ -240,6 +243,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
             "http_overhead_paired_ms": p50_ms(paired["http"]), "ttft_prefill_engine_p50_ms": p50_ms(engine_s["grpc"]),
             "prefill_admit_p50_ms": p50_ms(admit_s),
             "ttst_grpc_p50_ms": p50_ms(ttst), "first_token_phases_grpc_p50_ms": phases_ms,
+            "rpc_legs_grpc_p50_ms": legs_ms,
             **{f"ttft_{name}_p50_ms": p50_ms(values) for name, values in samples.items()}}
 
 
@@ -361,8 +365,11 @@ def main(argv=None) -> int:
             f"{http_overhead_ms / rtt_ms:.2f} round trips; unpaired {http_unpaired_ms:.2f} ms). The second token "
             f"{ttft['ttst_grpc_p50_ms']:.2f} ms after the first (gRPC API, p50)")
         phases_ms = ttft.pop("first_token_phases_grpc_p50_ms")
+        legs_ms = ttft.pop("rpc_legs_grpc_p50_ms")
         log("The gateway's ledger of those requests to their first token, p50 of each phase: "
-            + ", ".join(f"{phase} {ms:.3f} ms" for phase, ms in phases_ms.items()))
+            + ", ".join(f"{phase} {ms:.3f} ms" for phase, ms in phases_ms.items())
+            + f"; of rpc, the prompt's way to the prefill worker {legs_ms['to_prefill']:.3f} ms and the first "
+              f"token's way back {legs_ms['from_prefill']:.3f} ms")
         log(f"The same hops with no service code on them (bench/hop_floor.py, a message on an open stream): "
             f"{floor_ms:.2f} ms beyond their engine = {floor_ms / rtt_ms:.2f} round trips; the mesh's overhead "
             f"beyond them, paired round by round: {beyond_floor_ms:.2f} ms = {beyond_floor_ms / rtt_ms:.2f} "
@@ -391,6 +398,7 @@ def main(argv=None) -> int:
                "overhead_back_to_back_rtt_units": round(overhead_ms / rtt_back_to_back_ms, 2),
                **{k: round(v, 3) for k, v in ttft.items()},
                "first_token_phases_grpc_p50_ms": {phase: round(ms, 3) for phase, ms in phases_ms.items()},
+               "rpc_legs_grpc_p50_ms": {leg: round(ms, 3) for leg, ms in legs_ms.items()},
                "prompt_tokens": args.prompt_tokens, "requests": args.requests}
     print(json.dumps(figures))
     return 0

@@ -54,7 +54,7 @@ class HostTierSource(_message.Message):
     def __init__(self, address: _Optional[str] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds", "admit_seconds")
+    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds", "admit_seconds", "received_monotonic_ns", "first_token_sent_monotonic_ns", "host_id")
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,9 @@ class PrefillTimings(_message.Message):
     KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     HOST_TIER_READ_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADMIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_SENT_MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
     queue_seconds: float
     prefill_seconds: float
     kv_transfer_seconds: float
@@ -69,7 +72,10 @@ class PrefillTimings(_message.Message):
     kv_transport: _common_pb2.KVTransport
     host_tier_read_seconds: float
     admit_seconds: float
-    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ..., admit_seconds: _Optional[float] = ...) -> None: ...
+    received_monotonic_ns: int
+    first_token_sent_monotonic_ns: int
+    host_id: str
+    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ..., admit_seconds: _Optional[float] = ..., received_monotonic_ns: _Optional[int] = ..., first_token_sent_monotonic_ns: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id", "num_host_tier_tokens", "prompt_logprobs")

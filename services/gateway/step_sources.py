@@ -14,6 +14,7 @@ cut short is cancelled, and a request's pages on its decode worker are Aborted i
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,9 +37,11 @@ from services.gateway.worker_steps import (
     next_event,
     observe_prefill,
     read_to_end,
+    rpc_legs,
     went_away,
 )
 from services.gateway.workers import Worker, WorkerPool
+from services.kvstore.host_id import host_id
 
 PREFILL_RETRIES = Counter("baton_gateway_prefill_retries_total",
                           "Prompts sent to another prefill worker because theirs went away (UNAVAILABLE) before "
@@ -89,6 +92,7 @@ class StepSources:
             prefill.on_removed(self.prefill_calls.forget)
         decode.on_removed(self.decode_calls.forget)
         self._background: set[asyncio.Task] = set()
+        self.host_id = host_id()  # a prefill worker's monotonic stamps are comparable when it is here too
 
     async def aclose(self) -> None:
         """End the calls kept open to the workers, and wait for the Aborts and stream reads still in
@@ -146,6 +150,7 @@ class StepSources:
             with self.prefill.hold(chosen, len(prompt) + len(output) - num_cached) as prefill_worker:
                 clock.mark("route")
                 prefill_call = None
+                sent_ns = time.monotonic_ns()
                 try:  # from here on, whatever fails stops the prefill worker's work too
                     with spans.calls():
                         prefill_call = await self.prefill_calls.start(prefill_worker, prefill_pb2.PrefillRequest(
@@ -159,6 +164,7 @@ class StepSources:
                         except ValueError as e:  # a negative id in a block it hashed
                             raise InvalidRequestError(f"prompt {e}") from None
                     response = (await next_event(prefill_call, "first_token")).first_token
+                    arrived_ns = time.monotonic_ns()
                     break
                 except BaseException as e:
                     if prefill_call is not None:
@@ -174,7 +180,8 @@ class StepSources:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings
             first = Step([response.first_token_id], [response.logprobs] if response.HasField("logprobs") else [],
-                          FINISH_REASON_NAMES.get(response.finish_reason), timings, response.prompt_logprobs)
+                          FINISH_REASON_NAMES.get(response.finish_reason), timings, response.prompt_logprobs,
+                          rpc_legs(timings, self.host_id, sent_ns, arrived_ns))
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
                 observe_prefill(self.requests, timings)
                 yield first

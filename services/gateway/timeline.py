@@ -22,7 +22,11 @@ Phases (milliseconds in the JSON), in the order a request meets them:
   the first token (for a prompt prefilled on the decode worker, its local prefill is
   `prefill_compute` and its wait `decode_queue`);
 - `rpc`: the rest of the time spent waiting on prefill's first token (or on a local
-  prefill's);
+  prefill's); for a prefill worker on the gateway's host, `rpc_legs_ms` beside the phases tells
+  two parts of it apart, by the worker's monotonic clock and the gateway's: `to_prefill`, from
+  before the prompt's write to the worker having it, and `from_prefill`, from the worker sending
+  the first token to the gateway having it (the rest of `rpc` is the worker's own code around its
+  engine, and the hand-offs to and from its engine thread);
 - `first_token`: detokenizing the first token and handing it to the client;
 - `kv_transfer`: after that, waiting for the prefill worker's handoff (it reserves pages
   on the decode worker and writes the KV into them while the first token goes out);
@@ -47,7 +51,7 @@ DEFAULT_HISTORY = 1000
 class PhaseClock:
     """One request's (one choice's) consecutive phases, from `start` (a `time.perf_counter()`)."""
 
-    __slots__ = ("request_id", "start", "last", "seconds", "prefilled_on", "status", "handing_out")
+    __slots__ = ("request_id", "start", "last", "seconds", "prefilled_on", "status", "handing_out", "rpc_legs")
 
     def __init__(self, request_id: str, start: float) -> None:
         self.request_id = request_id
@@ -55,6 +59,9 @@ class PhaseClock:
         self.last = start
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.prefilled_on: str | None = None  # "prefill" (a prefill worker) or "decode" (the decode worker itself)
+        # The part of `rpc` that was the prompt's way to its prefill worker and the first token's way
+        # back, by the worker's clock and this one's (known for a worker on this host; else None).
+        self.rpc_legs: dict[str, float] | None = None
         self.status = "running"
         # What handing out the last output is charged to when the request ends as it goes out (its
         # consumer may close the stream there, before anything after it runs): set as it goes.
@@ -93,8 +100,11 @@ class PhaseClock:
         return self.last - self.start
 
     def to_json(self) -> dict[str, Any]:
-        return {"request_id": self.request_id, "status": self.status, "prefilled_on": self.prefilled_on,
+        made = {"request_id": self.request_id, "status": self.status, "prefilled_on": self.prefilled_on,
                 "e2e_ms": _ms(self.e2e_seconds), "phases_ms": {p: _ms(s) for p, s in self.seconds.items()}}
+        if self.rpc_legs is not None:
+            made["rpc_legs_ms"] = {leg: _ms(s) for leg, s in self.rpc_legs.items()}
+        return made
 
 
 class ResponseTimeline:

@@ -103,6 +103,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self._host_tier: PrefillHostTier | None = None
         self.opened_ahead = OpenedAhead("the prefill worker")  # PrefillPreopened's calls
         self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's
+        self._host_id = host_id()  # whose monotonic clock stamps the first token's timings
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
                kvstore_address: str = "", metrics: ServiceMetrics | None = None) -> None:
@@ -162,6 +163,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         try:
             arrival = time.perf_counter()
             arrival_ns = time.time_ns()
+            received_monotonic_ns = time.monotonic_ns()
             engine_loop = await self._ready(context)
             request_id = request.request_id
             prompt = request.token_ids[:]  # a list: slicing makes it in one go, faster than list()
@@ -228,6 +230,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
             timings = _first_token_timings(out.step_times, arrival_ns, arrival, computed, tier_seconds)
+            timings.update(received_monotonic_ns=received_monotonic_ns, host_id=self._host_id,
+                           first_token_sent_monotonic_ns=time.monotonic_ns())  # it goes out next
             first_token = first_token_event(out, params.logprobs, timings, tier_tokens, params.prompt_logprobs)
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
                 yield first_token

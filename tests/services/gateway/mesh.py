@@ -2,6 +2,7 @@
 the gateway, each a real `python -m services.<name>` process on 127.0.0.1."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,12 +39,14 @@ WHOLE_POOL_TOKENS = DECODE_KV_BLOCKS * BLOCK_SIZE - 1  # the context (2048) refu
 class GatewayProcess:
     """`python -m services.gateway` with its two listening lines (gRPC, then HTTP)."""
 
-    def __init__(self, model_dir: Path, tokenizer: str, prefill: list[str], decode: list[str], *extra_args: str):
+    def __init__(self, model_dir: Path, tokenizer: str, prefill: list[str], decode: list[str], *extra_args: str,
+                 env: dict[str, str] | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.gateway", "--model", str(model_dir), "--tokenizer", tokenizer,
              "--prefill", ",".join(prefill), "--decode", ",".join(decode), "--port", "0", "--http-port", "0",
              *extra_args],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **env} if env else None)
         try:
             self.grpc_address = read_line(self.proc, "gateway listening on ")
             scheme, self.http_address = read_line(self.proc, "gateway ").split(" listening on ")  # http or https

@@ -134,3 +134,34 @@ def test_a_prompt_prefilled_on_decode_has_no_prefill_worker_phases(mesh, local_g
     assert phases["prefill_queue"] == 0.0 and phases["kv_transfer"] == 0.0
     assert phases["prefill_compute"] > 0.0 and phases["decode_steps"] > 0.0
     assert_adds_up(body["timeline"])
+
+
+def test_a_prefill_worker_on_this_host_tells_the_two_legs_of_rpc_apart(mesh):
+    """Its stamps and the gateway's, on one monotonic clock: the prompt's way there and the first
+    token's way back, each some of `rpc` and together no more than it."""
+    body = httpx.post(f"{mesh.gateway.base_url}/v1/completions", timeout=30, json={
+        "model": mesh.model_name, "prompt": "two legs " * 20, "max_tokens": 4, "temperature": 0,
+        "ignore_eos": True, "return_timeline": True}).json()
+    (choice,) = body["timeline"]["choices"]
+    legs, rpc = choice["rpc_legs_ms"], choice["phases_ms"]["rpc"]
+    assert set(legs) == {"to_prefill", "from_prefill"}
+    assert all(0.0 < ms < rpc for ms in legs.values()), (legs, rpc)
+    assert legs["to_prefill"] + legs["from_prefill"] <= rpc + 0.05, (legs, rpc)
+
+
+@pytest.fixture(scope="module")
+def gateway_elsewhere(mesh):
+    """A gateway that takes itself for another host's: its prefill worker's clock is not its own."""
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], env={"BATON_HOST_ID": "another-host"})
+    yield gateway
+    assert gateway.terminate() == 0
+
+
+def test_a_prefill_worker_on_another_host_leaves_rpc_whole(mesh, gateway_elsewhere):
+    body = httpx.post(f"{gateway_elsewhere.base_url}/v1/completions", timeout=30, json={
+        "model": mesh.model_name, "prompt": "one leg " * 20, "max_tokens": 4, "temperature": 0,
+        "ignore_eos": True, "return_timeline": True}).json()
+    (choice,) = body["timeline"]["choices"]
+    assert "rpc_legs_ms" not in choice and choice["phases_ms"]["rpc"] > 0.0
+    assert_adds_up(body["timeline"])
