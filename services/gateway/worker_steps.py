@@ -23,23 +23,16 @@ class Progress:
     is_stopped_here: bool = False  # a stop string ended it before the decode worker did
 
 
-@dataclass(frozen=True)
-class RpcLegs:
-    """The two legs of the wait for a prefill worker's first token, besides the worker's own time:
-    the prompt's way there (from before its write to the worker having it) and the token's way
-    back (from the worker sending it to the gateway having it)."""
-    to_prefill: float  # seconds
-    from_prefill: float
-
-
-def rpc_legs(timings: prefill_pb2.PrefillTimings, here: str, sent_ns: int, arrived_ns: int) -> RpcLegs | None:
-    """`RpcLegs` by the worker's monotonic stamps and the gateway's (`sent_ns`, `arrived_ns`), when
-    the worker is on this host (`here`, its host id); None when it is not (its clock is another's)
-    or stamped nothing."""
+def rpc_legs(timings: prefill_pb2.PrefillTimings, here: str, sent_ns: int, arrived_ns: int) -> dict[str, float] | None:
+    """Two legs of the wait for a prefill worker's first token, in seconds: `to_prefill`, the prompt's
+    way there (from before its write, `sent_ns`, to the worker having it), and `from_prefill`, the
+    token's way back (from the worker sending it to the gateway having it, `arrived_ns`), by the
+    worker's monotonic stamps and the gateway's. None when the worker is not on this host (`here`,
+    its host id: its clock is another's) or stamped nothing."""
     if timings.host_id != here or not timings.received_monotonic_ns:
         return None
-    return RpcLegs((timings.received_monotonic_ns - sent_ns) / 1e9,
-                   (arrived_ns - timings.first_token_sent_monotonic_ns) / 1e9)
+    return {"to_prefill": (timings.received_monotonic_ns - sent_ns) / 1e9,
+            "from_prefill": (arrived_ns - timings.first_token_sent_monotonic_ns) / 1e9}
 
 
 @dataclass
@@ -49,7 +42,7 @@ class Step:
     finish_reason: str | None
     prefill_timings: prefill_pb2.PrefillTimings | None = None  # the first token's, from a prefill worker
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()  # the first step's, when asked for
-    prefill_rpc_legs: RpcLegs | None = None  # where the first token's `rpc` went, when it can be told
+    prefill_rpc_legs: dict[str, float] | None = None  # `rpc_legs` of the first token, when they can be told
 
     def settle(self, clock: PhaseClock, arrived: float) -> None:
         """Mark the wait for a prefill worker's first token on the ledger, up to `arrived` (a
@@ -62,8 +55,7 @@ class Step:
                               ("prefill_admit", t.admit_seconds),
                               ("prefill_compute", t.prefill_seconds)], rest="rpc", at=arrived)
         if self.prefill_rpc_legs is not None:
-            clock.rpc_legs = {"to_prefill": self.prefill_rpc_legs.to_prefill,
-                              "from_prefill": self.prefill_rpc_legs.from_prefill}
+            clock.rpc_legs = self.prefill_rpc_legs
 
 
 async def next_event(call, kind: str) -> prefill_pb2.PrefillEvent:
