@@ -183,7 +183,7 @@ class StepSources:
                           FINISH_REASON_NAMES.get(response.finish_reason), timings, response.prompt_logprobs,
                           rpc_legs(timings, self.host_id, sent_ns, arrived_ns))
             if first.finish_reason is not None:  # ended at prefill: whatever it reserved is aborted by `_run`
-                observe_prefill(self.requests, timings)
+                observe_prefill(self.requests, timings, first.prefill_rpc_legs)
                 yield first
                 self.prefill_calls.replenish(prefill_worker)
                 return
@@ -195,7 +195,7 @@ class StepSources:
             self.prefill_calls.replenish(prefill_worker, ended_on=e)
             raise
         clock.mark("kv_transfer")
-        observe_prefill(self.requests, handoff.timings)
+        observe_prefill(self.requests, handoff.timings, first.prefill_rpc_legs)
         with spans.calls():
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,

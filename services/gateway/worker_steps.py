@@ -94,11 +94,12 @@ async def decode_steps(call, progress: Progress,
         yield Step(list(chunk.token_ids), list(chunk.logprobs), reason, prompt_logprobs=chunk.prompt_logprobs)
 
 
-def observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimings) -> None:
+def observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimings,
+                    legs: dict[str, float] | None) -> None:
     moved = timings.kv_transport != common_pb2.KV_TRANSPORT_UNSPECIFIED
     transport = common_pb2.KVTransport.Name(timings.kv_transport).removeprefix("KV_TRANSPORT_").lower()
     requests.observe_prefill(timings.queue_seconds, transport if moved else None, timings.kv_transfer_seconds,
-                             timings.kv_transfer_bytes)
+                             timings.kv_transfer_bytes, legs)
 
 
 def went_away(error: BaseException) -> bool:

@@ -106,6 +106,12 @@ def test_after_n_requests_the_gateway_counts_match_them(mesh, client):
     assert delta("baton_inter_token_latency_seconds_count") == num_generated - n
     assert delta("baton_kv_transfer_duration_seconds_count", transport="shared_memory") == n
     assert delta("baton_kv_transfer_bytes_total", transport="shared_memory") > 0
+    # Its prefill worker is on this host: both legs of each wait for a first token, in tenths of a ms.
+    for leg in ("to_prefill", "from_prefill"):
+        assert delta("baton_prefill_rpc_leg_duration_seconds_count", leg=leg) == n
+        assert 0.0 < delta("baton_prefill_rpc_leg_duration_seconds_sum", leg=leg) / n < 0.5
+    assert {"0.0001", "0.0005", "0.001"} <= {labels["le"] for labels in
+                                            labels_of(after, "baton_prefill_rpc_leg_duration_seconds_bucket")}
     # The +Inf bucket holds every observation; the bounds resolve milliseconds, up to a minute.
     assert delta("baton_time_to_first_token_seconds_bucket", le="+Inf") == n
     bounds = {labels["le"] for labels in labels_of(after, "baton_inter_token_latency_seconds_bucket")}

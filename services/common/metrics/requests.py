@@ -9,7 +9,10 @@ from arrival to its last token (as vLLM's frontend counts them).
   request of at least two tokens;
 - end to end: arrival → the last token, once per finished request;
 - queue: how long the prefill worker's engine took to pick the request up (its
-  reported `queue_seconds`), and the KV transfer it then made, by transport.
+  reported `queue_seconds`), and the KV transfer it then made, by transport;
+- the two legs of the wait for a prefill worker's first token besides the worker's own time,
+  for a worker on the gateway's host (the ledger's `rpc_legs_ms`): the prompt's way there
+  (`leg="to_prefill"`) and the first token's way back (`leg="from_prefill"`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ import time
 from prometheus_client import Counter, Histogram
 
 from services.common.metrics.service import LABELS, LATENCY_BUCKETS, ServiceMetrics
+
+# A hop between two processes of one host takes tenths of a millisecond: LATENCY_BUCKETS' first
+# bound (1 ms) would hold nearly all of them.
+HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class RequestMetrics:
@@ -45,17 +52,25 @@ class RequestMetrics:
                                       [*LABELS, "transport"], buckets=LATENCY_BUCKETS, registry=registry)
         self._kv_bytes = Counter("baton_kv_transfer_bytes", "KV bytes written from prefill to decode",
                                  [*LABELS, "transport"], registry=registry)
+        self._rpc_legs = Histogram("baton_prefill_rpc_leg_duration_seconds",
+                                   "The prompt's way to a prefill worker on this host (to_prefill) and its first "
+                                   "token's way back (from_prefill)", [*LABELS, "leg"], buckets=HOP_BUCKETS,
+                                   registry=registry)
 
     def start(self) -> RequestTimer:
         """A request arrives now."""
         return RequestTimer(self, time.perf_counter())
 
-    def observe_prefill(self, queue_s: float, transport: str | None, transfer_s: float, transfer_bytes: int) -> None:
-        """What a prefill worker reported; `transport` None when no pages moved."""
+    def observe_prefill(self, queue_s: float, transport: str | None, transfer_s: float, transfer_bytes: int,
+                        rpc_legs: dict[str, float] | None = None) -> None:
+        """What a prefill worker reported; `transport` None when no pages moved; `rpc_legs` (seconds by
+        leg) None when they are not known (a worker on another host)."""
         self.queue.observe(queue_s)
         if transport is not None:
             self._kv_duration.labels(**self.metrics.labels, transport=transport).observe(transfer_s)
             self._kv_bytes.labels(**self.metrics.labels, transport=transport).inc(transfer_bytes)
+        for leg, seconds in (rpc_legs or {}).items():
+            self._rpc_legs.labels(**self.metrics.labels, leg=leg).observe(seconds)
 
 
 class RequestTimer:
