@@ -26,7 +26,8 @@ from tests.static.test_observability import (
 # _bucket, _sum or _count series; a counter through _total.
 HISTOGRAMS = {"baton_time_to_first_token_seconds", "baton_time_per_output_token_seconds",
               "baton_inter_token_latency_seconds", "baton_e2e_request_latency_seconds",
-              "baton_request_queue_duration_seconds", "baton_kv_transfer_duration_seconds"}
+              "baton_request_queue_duration_seconds", "baton_kv_transfer_duration_seconds",
+              "baton_prefill_rpc_leg_duration_seconds"}
 COUNTERS = {"baton_prompt_tokens_total", "baton_generation_tokens_total", "baton_request_success_total",
             "baton_request_errors_total", "baton_kv_transfer_bytes_total", "baton_prefix_cache_queries_total",
             "baton_prefix_cache_hits_total", "baton_router_requests_total", "baton_spec_decode_num_draft_tokens_total",
@@ -39,7 +40,7 @@ SERIES = ({f"{name}{suffix}" for name in HISTOGRAMS for suffix in ("_bucket", "_
           | COUNTERS | GAUGES)
 # Labels the services put on their metrics, Prometheus' target labels, and the histograms' `le`.
 LABELS = {"model", "service", "instance", "exported_instance", "job", "le", "transport", "finish_reason", "reason",
-          "decision", "position"}
+          "decision", "position", "leg"}
 TTFT_TARGET_S = 0.3
 
 
