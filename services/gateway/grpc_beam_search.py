@@ -12,20 +12,10 @@ from protos import common_pb2, gateway_pb2
 from services.gateway.beam_search import MAX_BEAM_WIDTH, beam_choices, beam_search
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError
+from services.gateway.openai_protocol import NOT_WITH_BEAM_SEARCH
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.structured_output import is_guided
 from services.gateway.timeline import ResponseTimeline
-
-# Each sampling field a beam search refuses, with whether a request sets it.
-_CHANGES_LOGPROBS: dict[str, Callable[[common_pb2.SamplingParams], bool]] = {
-    "presence_penalty": lambda s: s.presence_penalty != 0,
-    "frequency_penalty": lambda s: s.frequency_penalty != 0,
-    "repetition_penalty": lambda s: s.HasField("repetition_penalty") and s.repetition_penalty != 1,
-    "logit_bias": lambda s: bool(s.logit_bias),
-    "min_tokens": lambda s: s.min_tokens != 0,
-    "allowed_token_ids": lambda s: bool(s.allowed_token_ids),
-    "bad_words": lambda s: bool(s.bad_words),
-}
 
 
 def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2.SamplingParams) -> None:
@@ -39,14 +29,22 @@ def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2
     if not math.isfinite(length_penalty):
         raise APIError(400, f"beam_search.length_penalty must be a finite number, got {length_penalty}",
                        param="beam_search.length_penalty")
-    if request.stop:
-        raise APIError(400, "stop is not supported with beam_search", param="stop")
-    for name, is_set in _CHANGES_LOGPROBS.items():
-        if is_set(request.sampling):
-            raise APIError(400, f"sampling.{name} is not supported with beam_search", param=f"sampling.{name}")
+    for name in NOT_WITH_BEAM_SEARCH:  # the HTTP API's refusals, by the same names
+        param = name if name == "stop" else f"sampling.{name}"
+        if _asks_for(request, name):
+            raise APIError(400, f"{param} is not supported with beam_search", param=param)
     if is_guided(sampling):
         raise APIError(400, "structured output (a guide or a forced tool call) is not supported with beam_search",
                        param="beam_search")
+
+
+def _asks_for(request: gateway_pb2.GenerateRequest, name: str) -> bool:
+    """Whether `request` sets `name` (its `stop`, or a sampling field) to anything but what asks for nothing."""
+    if name == "stop":
+        return bool(request.stop)
+    if name == "repetition_penalty":  # absent or 1: off
+        return request.sampling.HasField(name) and request.sampling.repetition_penalty != 1
+    return bool(getattr(request.sampling, name))
 
 
 def beam_search_choices(pipeline: RequestPipeline, request: gateway_pb2.GenerateRequest, request_id: str,

@@ -81,7 +81,6 @@ class Mesh:
         self.failure: ChildFailed | None = None
         self.stop_signal: int | None = None
         self.is_stopping = False
-        self.is_up = False
         self.up = asyncio.Event()  # set once every service serves
         self.api_url: str | None = None  # the gateway's HTTP API, before its /v1, once up
         self._done = asyncio.Event()
@@ -141,7 +140,6 @@ class Mesh:
             self._add_metrics_addresses()
             await self._learn_segments()
             if not self.config.with_gateway:
-                self.is_up = True
                 self.up.set()
                 self.console.print("Baton workers are up (no gateway):")
                 self.console.print(self._table())
@@ -158,7 +156,6 @@ class Mesh:
                                                 "answering HTTP GET /health", deadline)
             self.addresses["gateway"] = f"{grpc_address} (gRPC), {http_address} (HTTP)"
             self.api_url = f"{scheme}://{http_address}"
-            self.is_up = True
             self.up.set()
             keyed = "; API key required" if self.config.api_key else ""
             self.console.print(f"Baton is up: OpenAI API at {scheme}://{http_address}/v1 "
@@ -256,6 +253,10 @@ class Mesh:
             for line in failure.child.tail:
                 self.console.note(f"  {line}")
         self._done.set()
+
+    @property
+    def is_up(self) -> bool:
+        return self.up.is_set()
 
     def stop(self) -> None:
         """Stop every process, the gateway first, as a signal does (`run` then returns 0)."""
