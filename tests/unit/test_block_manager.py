@@ -331,7 +331,7 @@ def test_a_run_request_over_the_free_pool_raises_before_changing_anything():
     mgr.free(a)
     assert list(mgr.free_block_ids) == [4, 5, 6, 7, 3, 2, 1, 0]
     with pytest.raises(RuntimeError):
-        mgr._take_free_runs(9)
+        mgr.pool.take_free_runs(9)
     assert list(mgr.free_block_ids) == [4, 5, 6, 7, 3, 2, 1, 0]
     assert mgr.num_cached_prefix_tokens(list(range(17))) == 16
 
@@ -496,7 +496,8 @@ def test_forgetting_an_adapter_uncaches_exactly_its_blocks_and_says_so():
     other = Sequence("other", list(range(8)), SamplingParams(lora_name="y"), BS)
     mgr.allocate(other)
     compute(mgr, other)
-    base_hashes, x_hashes, y_hashes = (hash_block_chain(range(8), BS, mgr._extra(name)) for name in (None, "x", "y"))
+    base_hashes, x_hashes, y_hashes = (hash_block_chain(range(8), BS, mgr.prefix_cache.extra(name))
+                                       for name in (None, "x", "y"))
     mgr.drain_cache_events()
     mgr.free(tuned)
     mgr.forget_adapter("x")

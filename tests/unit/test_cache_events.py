@@ -15,7 +15,7 @@ def test_nothing_is_recorded_until_enabled():
     admitted(mgr, "a", range(9), computed=True)
     assert mgr.drain_cache_events() == ([], [])
     assert mgr.cached_hashes() == hash_block_chain(list(range(9)), BS)
-    assert mgr._cache_events is None  # nothing grows when nobody drains
+    assert mgr.prefix_cache.events is None  # nothing grows when nobody drains
 
 
 def test_registered_blocks_are_added_and_evicted_ones_removed():
@@ -96,7 +96,7 @@ class CacheEventsMachine(BlockManagerMachine):
 
     @invariant()
     def events_are_net_changes(self):
-        events = self.mgr._cache_events
+        events = self.mgr.prefix_cache.events
         cached = set(self.mgr.hash_to_block_id)
         for h, is_added in events.items():
             assert is_added == (h in cached) and is_added != (h in self.published)
@@ -112,4 +112,4 @@ def test_undrained_events_stay_bounded_by_twice_the_pool():
     for i in range(50):  # every prompt evicts the previous ones
         seq = admitted(mgr, f"r{i}", [1000 + i] * (4 * BS - 1), computed=True)
         mgr.free(seq)
-        assert len(mgr._cache_events) <= 2 * mgr.num_blocks
+        assert len(mgr.prefix_cache.events) <= 2 * mgr.num_blocks
