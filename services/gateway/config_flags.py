@@ -1,0 +1,239 @@
+"""The gateway's command line: every flag, the `BATON_*` variable each falls back to, and the
+`GatewayConfig` they make. This is the one place the settings are read; `GatewayConfig.from_args`
+calls `config_from_args`.
+
+`--port` is the public gRPC API's (with health and reflection, like every service);
+`--http-port` the OpenAI HTTP API's. Worker addresses are comma-separated lists; a
+host name that resolves to several addresses (a compose service with replicas)
+stands for all of them. `--colocated` takes no prefill workers: the decode workers
+prefill every prompt themselves (the layout disaggregation is measured against).
+`--api-key` (or `$BATON_API_KEY`, better: not in the process list) makes both APIs ask
+for a key (api_keys.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+
+from services.common.settings import (
+    ConfigError,
+    add_bind_flags,
+    add_limit_flags,
+    add_lora_flag,
+    add_tracing_flag,
+    env_float,
+    env_int,
+    hf_overrides,
+    lora_modules,
+    model_arg,
+    new_parser,
+)
+from services.gateway.config import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_LOCAL_TOKENIZE_MAX_CHARS,
+    DEFAULT_RESOLVE_WORKERS_S,
+    DEFAULT_RESPONSES_TTL_S,
+    ENV_API_KEY,
+    ENV_DECODE,
+    ENV_HOST,
+    ENV_LOCAL_PREFILL,
+    ENV_PREFILL,
+    ENV_TOKENIZER,
+    KV_TRANSPORTS,
+    LOCAL_PREFILL_AUTO,
+    ROUTING_POLICIES,
+    GatewayConfig,
+)
+from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
+from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
+from services.gateway.http_serving import HttpServing
+from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
+from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
+
+# The variable each flag falls back to; those config.py's checks name in their messages are defined there.
+ENV_PORT = "BATON_GATEWAY_PORT"
+ENV_HTTP_PORT = "BATON_GATEWAY_HTTP_PORT"
+ENV_SERVED_MODEL_NAME = "BATON_SERVED_MODEL_NAME"
+ENV_MAX_BODY_BYTES = "BATON_GATEWAY_MAX_BODY_BYTES"
+ENV_KV_TRANSPORT = "BATON_KV_TRANSPORT"
+ENV_REDIS = "BATON_REDIS_URL"
+ENV_ROUTING = "BATON_ROUTING"
+ENV_OVERLAP_WEIGHT = "BATON_ROUTER_OVERLAP_WEIGHT"
+ENV_LOCAL_TOKENIZE = "BATON_LOCAL_TOKENIZE_MAX_CHARS"
+ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
+ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
+ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
+ENV_STREAM_INTERVAL = "BATON_GATEWAY_STREAM_INTERVAL"
+ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
+ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
+ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
+ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
+ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
+ENV_TRUST_REQUEST_CHAT_TEMPLATE = "BATON_GATEWAY_TRUST_REQUEST_CHAT_TEMPLATE"
+ENV_GENERATION_CONFIG = "BATON_GENERATION_CONFIG"
+ENV_OVERRIDE_GENERATION_CONFIG = "BATON_OVERRIDE_GENERATION_CONFIG"
+
+
+def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The config `argv` (default: sys.argv[1:]) asks for, each flag left out taken from its variable in
+    `env` (default: os.environ); ConfigError for a bad value, argparse's exit for a bad flag."""
+    env = os.environ if env is None else env
+    args = new_gateway_parser(env).parse_args(argv)
+    api_keys = args.api_key if args.api_key is not None else [env[ENV_API_KEY]] if env.get(ENV_API_KEY) else []
+    return GatewayConfig(
+        model_dir=model_arg(args), tokenizer_address=args.tokenizer,
+        prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
+        served_model_names=tuple(args.served_model_name), host=args.host, port=args.port,
+        http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
+        hf_overrides=hf_overrides(args.hf_overrides),
+        max_message_bytes=args.max_message_bytes, kv_transport=args.kv_transport, redis_url=args.redis,
+        grace_s=args.shutdown_grace_s,
+        routing=args.routing, overlap_weight=args.router_overlap_weight,
+        local_prefill_max_tokens=args.local_prefill_max_tokens,
+        local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
+        prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
+        max_num_requests=args.max_num_requests,
+        stream_interval=args.stream_interval, tool_call_parser=args.tool_call_parser,
+        reasoning_parser=_reasoning_parser(args), resolve_workers_s=args.resolve_workers_s,
+        discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
+        chat_template=chat_template_source(args.chat_template),
+        generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
+        lora_modules=lora_modules(args.lora_modules),
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        trust_request_chat_template=args.trust_request_chat_template)
+
+
+def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """Every gateway flag, its default read from `env` (so --help shows what a flag left out becomes)."""
+    parser = new_parser("gateway")
+    parser.description = "Baton's gateway: the OpenAI HTTP API and the public gRPC Generate API."
+    add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT,
+                   model_help="model directory (its tokenizer detokenizes the output)")
+    parser.add_argument("--http-port", type=int, default=env_int(env, ENV_HTTP_PORT, DEFAULT_HTTP_PORT),
+                        help=f"OpenAI HTTP API port, 0 for any free one (${ENV_HTTP_PORT})")
+    parser.add_argument("--tokenizer", default=env.get(ENV_TOKENIZER, ""),
+                        help=f"the tokenizer service, HOST:PORT (${ENV_TOKENIZER})")
+    parser.add_argument("--prefill", default=env.get(ENV_PREFILL, ""),
+                        help=f"prefill workers, HOST:PORT[,HOST:PORT...] (${ENV_PREFILL})")
+    parser.add_argument("--colocated", action="store_true",
+                        default=env.get(ENV_COLOCATED, "") not in ("", "0"),
+                        help=f"no prefill workers: the decode workers prefill every prompt themselves "
+                             f"(${ENV_COLOCATED}=1)")
+    parser.add_argument("--decode", default=env.get(ENV_DECODE, ""),
+                        help=f"decode workers, HOST:PORT[,HOST:PORT...] (${ENV_DECODE})")
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        default=_split(env.get(ENV_SERVED_MODEL_NAME, "")),
+                        help=f"the model names clients may send, the first the one responses give (the "
+                             f"others: aliases, e.g. while clients move to a new name); default: the model "
+                             f"directory's name (${ENV_SERVED_MODEL_NAME}, names separated by commas)")
+    parser.add_argument("--max-body-bytes", type=int,
+                        default=env_int(env, ENV_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES),
+                        help=f"largest HTTP request body accepted; larger gets 413 (${ENV_MAX_BODY_BYTES})")
+    parser.add_argument("--kv-transport", default=env.get(ENV_KV_TRANSPORT, "auto"),
+                        help=f"how prefill sends KV pages to decode: {', '.join(KV_TRANSPORTS)} "
+                             f"(${ENV_KV_TRANSPORT})")
+    parser.add_argument("--redis", default=env.get(ENV_REDIS, ""),
+                        help=f"Redis URL of the prefix index and instance registry; empty: route prefill by "
+                             f"load only (${ENV_REDIS})")
+    parser.add_argument("--routing", default=env.get(ENV_ROUTING, "prefix"),
+                        help=f"how prefill workers are chosen: {', '.join(ROUTING_POLICIES)} (${ENV_ROUTING})")
+    parser.add_argument("--router-overlap-weight", type=float,
+                        default=env_float(env, ENV_OVERLAP_WEIGHT, 4.0),
+                        help=f"prefix routing: the cost of a prompt block to compute, against one block of "
+                             f"queued work (${ENV_OVERLAP_WEIGHT})")
+    parser.add_argument("--local-prefill-max-tokens", type=int,
+                        default=env_int(env, ENV_LOCAL_PREFILL, LOCAL_PREFILL_AUTO),
+                        help=f"conditional disaggregation: the decode worker prefills prompts up to this many "
+                             f"tokens itself (no prefill worker, no KV transfer); 0: never; -1 (default): "
+                             f"min(1000, context length / 8) (${ENV_LOCAL_PREFILL})")
+    parser.add_argument("--local-tokenize-max-chars", type=int,
+                        default=env_int(env, ENV_LOCAL_TOKENIZE, DEFAULT_LOCAL_TOKENIZE_MAX_CHARS),
+                        help=f"prompts (or chat messages' content) up to this many characters are encoded here, "
+                             f"with the same tokenizer and chat template, instead of by the tokenizer service: "
+                             f"a round trip off their path; 0: the tokenizer service encodes every prompt "
+                             f"(${ENV_LOCAL_TOKENIZE})")
+    parser.add_argument("--prefill-calls", default=env.get(ENV_PREFILL_CALLS, "preopened"),
+                        help=f"how prompts reach the prefill workers: preopened (on a call kept open to each "
+                             f"worker ahead of the next request, where one is; not while tracing), new (a new "
+                             f"call each) (${ENV_PREFILL_CALLS})")
+    parser.add_argument("--api-key", action="append", metavar="KEY",
+                        help=f"require this key of every HTTP request but /health, /live and /metrics "
+                             f"(Authorization: Bearer KEY) and of gRPC Generate calls (authorization metadata); "
+                             f"repeat it to accept several (while rotating one); default ${ENV_API_KEY}, else no "
+                             f"key is asked for")
+    parser.add_argument("--max-num-requests", type=int, default=env_int(env, ENV_MAX_NUM_REQUESTS, 0),
+                        help=f"admission control: the most requests (each choice of n counts) the gateway "
+                             f"holds at once; more get 429 with Retry-After; 0: no limit (${ENV_MAX_NUM_REQUESTS})")
+    parser.add_argument("--stream-interval", type=int, default=env_int(env, ENV_STREAM_INTERVAL, 1),
+                        help=f"a decode worker sends a request's tokens in chunks of at least this many, but "
+                             f"the first and the last: fewer messages and SSE events per token, each event later "
+                             f"(as vLLM's and SGLang's); SGLang's sampling_params.stream_interval sets a "
+                             f"request's own; default 1, every step's (${ENV_STREAM_INTERVAL})")
+    parser.add_argument("--tool-call-parser", default=env.get(ENV_TOOL_CALL_PARSER) or None,
+                        help=f"the served model's tool-call syntax, read out of its text for tool_choice "
+                             f"\"auto\" (without it, \"auto\" is refused) (${ENV_TOOL_CALL_PARSER})")
+    parser.add_argument("--reasoning-parser", default=env.get(ENV_REASONING_PARSER) or None,
+                        help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
+                             f"replies give its thinking as `reasoning`, apart from the answer "
+                             f"(${ENV_REASONING_PARSER})")
+    parser.add_argument("--resolve-workers-s", type=float,
+                        default=env_float(env, ENV_RESOLVE_WORKERS, DEFAULT_RESOLVE_WORKERS_S),
+                        help=f"how often the --prefill and --decode host names are resolved again: a name "
+                             f"that resolves to several addresses (a compose service's replicas, a Kubernetes "
+                             f"headless service) is a pool that follows them as they are scaled; 0: only at "
+                             f"start (${ENV_RESOLVE_WORKERS})")
+    parser.add_argument("--discover-workers", action="store_true",
+                        default=env.get(ENV_DISCOVER_WORKERS, "") not in ("", "0"),
+                        help=f"also route to the prefill and decode workers that heartbeat in the instance "
+                             f"registry (--redis) serving this model, looked for every --resolve-workers-s: "
+                             f"--prefill and --decode may then be left out (${ENV_DISCOVER_WORKERS}=1)")
+    parser.add_argument("--responses-ttl-s", type=float,
+                        default=env_float(env, ENV_RESPONSES_TTL, DEFAULT_RESPONSES_TTL_S),
+                        help=f"how long the Responses API keeps a response (for previous_response_id and GET "
+                             f"/v1/responses/ID): in Redis with --redis, shared by every gateway, else in this "
+                             f"process; 0: store none (${ENV_RESPONSES_TTL})")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        default=env.get(ENV_TRUST_REQUEST_CHAT_TEMPLATE, "") not in ("", "0"),
+                        help=f"let chat requests bring their own Jinja template (`chat_template`); without it "
+                             f"such a request is a 400 (${ENV_TRUST_REQUEST_CHAT_TEMPLATE}=1)")
+    parser.add_argument("--generation-config", default=env.get(ENV_GENERATION_CONFIG) or "auto",
+                        help=f"sampling defaults for what a request leaves out (temperature, top_p, top_k, "
+                             f"min_p, repetition_penalty, max_new_tokens), as vLLM takes them: {SOURCES_HELP} "
+                             f"(${ENV_GENERATION_CONFIG}; default auto)")
+    parser.add_argument("--override-generation-config", metavar="JSON",
+                        default=env.get(ENV_OVERRIDE_GENERATION_CONFIG) or "",
+                        help=f"defaults set over --generation-config's, a JSON object, e.g. "
+                             f"'{{\"temperature\": 0.5}}' (${ENV_OVERRIDE_GENERATION_CONFIG})")
+    HttpServing.add_flags(parser, env)
+    add_lora_flag(parser, env)
+    add_chat_template_flag(parser, env)
+    add_limit_flags(parser, env)
+    add_tracing_flag(parser)
+    return parser
+
+
+def _split(addresses: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in addresses.split(",") if a.strip())
+
+
+def _generation_defaults(args) -> GenerationDefaults:
+    try:
+        overrides = json.loads(args.override_generation_config) if args.override_generation_config else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--override-generation-config is not JSON: {e}") from None
+    if not isinstance(overrides, dict):
+        raise ConfigError("--override-generation-config must be a JSON object")
+    try:
+        return GenerationDefaults.load(args.generation_config, model_arg(args), overrides)
+    except ValueError as e:
+        raise ConfigError(f"--generation-config: {e}") from None
+
+
+def _reasoning_parser(args) -> str | None:
+    """The flag's parser; gpt-oss's tool calls (`--tool-call-parser openai`) bring their reasoning
+    parser, as vLLM reads every harmony reply's channels."""
+    if args.reasoning_parser is None and args.tool_call_parser == "openai":
+        return HARMONY
+    return args.reasoning_parser
