@@ -61,8 +61,9 @@ from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeL
 from services.gateway.http_responses import respond
 from services.gateway.http_serving import HttpServing
 from services.gateway.lora_updates import LoRAUpdates
+from services.gateway.openai_logprobs import TokenText
 from services.gateway.openai_protocol import CompletionRequest, encoded_bad_words
-from services.gateway.openai_responses import ResponseBuilder, TokenText
+from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.operator_routes import add_operator_routes
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
