@@ -73,8 +73,8 @@ class BlockManager:
         return max(0, (num_tokens - 1) // self.block_size)
 
     def _max_blocks_read(self, seq: Sequence) -> int:
-        """A sequence that wants its prompt's logprobs computes every token: it reads no prefix."""
-        return 0 if seq.prompt_logprobs is not None else self._max_cached_blocks(seq.num_tokens)
+        """A sequence that reads every prompt row (its logprobs, or each token's embedding) reads no prefix."""
+        return 0 if seq.reads_every_prompt_row else self._max_cached_blocks(seq.num_tokens)
 
     def num_cached_prefix_tokens(self, token_ids: TokenIds[int], lora_name: str | None = None) -> int:
         """Leading tokens of `token_ids` that `allocate` would take from the cache now."""

@@ -411,6 +411,7 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             held_block_ids=self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else [],
             embedding=seq.embedding if seq.is_finished else None,
+            token_embeddings=seq.token_embeddings if seq.is_finished else None,
             step_times=seq.step_times,
         )
 

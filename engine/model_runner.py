@@ -119,7 +119,7 @@ class ModelRunner:
         rows after its last token and after each of its drafts, in turn."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
-        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows = self._prepare(
+        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows = self._prepare(
             batch, pool.block_size)
         if self.loras:
             self.model.lora_batch.active = self._lora_rows(batch)
@@ -128,6 +128,10 @@ class ModelRunner:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
         for seq, first, last in embed_rows:
             seq.embedding = self._pooled(hidden[first:last + 1]).float().tolist()
+        for seq, row, n, position in token_rows:
+            if seq.token_embeddings is None:
+                seq.token_embeddings = hidden.new_empty((seq.num_prompt_tokens, hidden.shape[1]), dtype=torch.float32)
+            seq.token_embeddings[position:position + n] = hidden[row:row + n]
         if not sampled_seqs:
             return [], None
         return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
@@ -182,6 +186,8 @@ class ModelRunner:
         prompt_rows: list[tuple[Sequence, int, int]] = []
         # (embedding request, the first and last rows of its chunk: its prompt's last token's the last)
         embed_rows: list[tuple[Sequence, int, int]] = []
+        # (request pooling every token, first row, rows, the first row's position) of each of its chunks
+        token_rows: list[tuple[Sequence, int, int, int]] = []
         # Decode rows first: one a token, each attending to its sequence's pages up to itself (a
         # drafted sequence's last token and drafts are rows of their own: speculative.py).
         context_lens: list[int] = []
@@ -199,6 +205,8 @@ class ModelRunner:
                 sampled_seqs.append(seq)
                 if seq.sampling_params.embed:  # a prompt cached but for its last token, or of one token
                     embed_rows.append((seq, first, first))
+                    if seq.sampling_params.embed_tokens:  # of one token: none of it is read from a cache
+                        token_rows.append((seq, first, 1, c))
             elif seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:  # a one-token prompt chunk
                 prompt_rows.append((seq, first, 1))
         decode_tables = decode_lens = None
@@ -222,6 +230,8 @@ class ModelRunner:
             chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64, device=self.device)))
             if seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:
                 prompt_rows.append((seq, start, n))
+            if seq.sampling_params.embed_tokens:
+                token_rows.append((seq, start, n, c))
             start += n
             if c + n == seq.num_tokens:
                 sample_rows.append(start - 1)
@@ -245,6 +255,7 @@ class ModelRunner:
             sampled_seqs,
             prompt_rows,
             embed_rows,
+            token_rows,
         )
 
 

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.sequence import FinishReason
 from engine.step_times import StepTimes
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -27,6 +31,8 @@ class RequestOutput:
     # An embedding request's (SamplingParams.embed), once finished: the model's last hidden state
     # at its last prompt token.
     embedding: list[float] | None = None
+    # With SamplingParams.embed_tokens, once finished: every prompt token's last hidden state, float32 [P, H].
+    token_embeddings: torch.Tensor | None = None
     # The request's own record (not a copy): its first step and prompt chunks are final once
     # its first token is out.
     step_times: StepTimes | None = field(default=None, compare=False, repr=False)

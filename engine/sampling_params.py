@@ -55,6 +55,10 @@ class SamplingParams:
     # (after the final norm) at its last prompt token (RequestOutput.embedding), the pooling vLLM gives
     # a decoder-only model ("LAST"); it makes one token, which no one reads.
     embed: bool = False
+    # With embed: every prompt token's hidden state too (RequestOutput.token_embeddings, vLLM's "ALL"
+    # pooling, for its token_embed and token_classify tasks). No cached prefix serves it: a cached
+    # token's hidden state is not kept.
+    embed_tokens: bool = False
 
     def __post_init__(self) -> None:
         # First: NaN passes every range check below (each comparison is False), and a NaN or
@@ -68,6 +72,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.embed and self.max_tokens != 1:
             raise ValueError(f"an embedding request makes one token: max_tokens must be 1, got {self.max_tokens}")
+        if self.embed_tokens and not self.embed:
+            raise ValueError("embed_tokens is for an embedding request (embed)")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

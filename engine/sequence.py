@@ -72,6 +72,9 @@ class Sequence:
             [None] if sampling_params.prompt_logprobs is not None else None)
         # An embedding request's (SamplingParams.embed): the hidden state at its last prompt token.
         self.embedding: list[float] | None = None
+        # With SamplingParams.embed_tokens: each prompt token's hidden state, a float32 [P, H] tensor
+        # filled in chunk by chunk (by position: a chunk run again after a preemption writes the same rows).
+        self.token_embeddings: torch.Tensor | None = None
         # Where its output stands in its guided_regex or guided_grammar (engine/guided_decoding.py), when it has one.
         self.guide = None
         # The guide holds only once the output has its guide_after_token_ids (SamplingParams): the
@@ -141,6 +144,12 @@ class Sequence:
 
     def block_tokens(self, i: int) -> list[int]:
         return self.token_ids[i * self.block_size : (i + 1) * self.block_size]
+
+    @property
+    def reads_every_prompt_row(self) -> bool:
+        """Its prompt's every hidden state is read (its prompt logprobs, or each token's embedding):
+        no cached prefix can serve it, as a cached token's hidden state is not kept."""
+        return self.prompt_logprobs is not None or self.sampling_params.embed_tokens
 
     @property
     def is_finished(self) -> bool:

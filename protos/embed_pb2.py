@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/embed.proto\x12\x0e\x62\x61ton.embed.v1\"\x81\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x11\n\tlora_name\x18\x05 \x01(\t\x12\x10\n\x08\x63lassify\x18\x06 \x01(\x08\"A\n\rEmbedResponse\x12\x11\n\tembedding\x18\x01 \x03(\x02\x12\r\n\x05probs\x18\x02 \x03(\x02\x12\x0e\n\x06labels\x18\x03 \x03(\t2R\n\nEmbeddings\x12\x44\n\x05\x45mbed\x12\x1c.baton.embed.v1.EmbedRequest\x1a\x1d.baton.embed.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/embed.proto\x12\x0e\x62\x61ton.embed.v1\"\x94\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x11\n\tlora_name\x18\x05 \x01(\t\x12\x10\n\x08\x63lassify\x18\x06 \x01(\x08\x12\x11\n\tper_token\x18\x07 \x01(\x08\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"i\n\rEmbedResponse\x12\x11\n\tembedding\x18\x01 \x03(\x02\x12\r\n\x05probs\x18\x02 \x03(\x02\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12&\n\x06tokens\x18\x04 \x03(\x0b\x32\x16.baton.embed.v1.Vector2R\n\nEmbeddings\x12\x44\n\x05\x45mbed\x12\x1c.baton.embed.v1.EmbedRequest\x1a\x1d.baton.embed.v1.EmbedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.embed_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EMBEDREQUEST']._serialized_start=39
-  _globals['_EMBEDREQUEST']._serialized_end=168
-  _globals['_EMBEDRESPONSE']._serialized_start=170
-  _globals['_EMBEDRESPONSE']._serialized_end=235
-  _globals['_EMBEDDINGS']._serialized_start=237
-  _globals['_EMBEDDINGS']._serialized_end=319
+  _globals['_EMBEDREQUEST']._serialized_end=187
+  _globals['_VECTOR']._serialized_start=189
+  _globals['_VECTOR']._serialized_end=213
+  _globals['_EMBEDRESPONSE']._serialized_start=215
+  _globals['_EMBEDRESPONSE']._serialized_end=320
+  _globals['_EMBEDDINGS']._serialized_start=322
+  _globals['_EMBEDDINGS']._serialized_end=404
 # @@protoc_insertion_point(module_scope)

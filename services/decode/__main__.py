@@ -142,7 +142,7 @@ class DecodeService:
         self.port = 0  # the bound one, set by the entry point before `start`
         self.metrics = ServiceMetrics("decode")  # the entry point's, labelled and served, replaces it
         self.lora = LoRAAdaptersServicer(config.allow_runtime_lora_updating)
-        self.embed = EmbeddingsServicer()
+        self.embed = EmbeddingsServicer(config.max_message_bytes)
         self.cache = PrefixCacheServicer()
         self.servicers = [(decode_pb2_grpc.add_DecodeServicer_to_server, self.servicer),
                           (kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.receiver),

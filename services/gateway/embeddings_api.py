@@ -101,10 +101,11 @@ async def embed(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | N
 
 
 async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: str | None, request_id: str,
-                     max_model_len: int | None, classify: bool = False) -> tuple[list[embed_pb2.EmbedResponse], int]:
-    """(each input's Embed reply: its embedding, or with `classify` its classifier's probabilities;
-    the tokens of them all); each input counts as a request against --max-num-requests while it is
-    computed."""
+                     max_model_len: int | None, classify: bool = False,
+                     per_token: bool = False) -> tuple[list[embed_pb2.EmbedResponse], int]:
+    """(each input's Embed reply: its embedding, or with `classify` its classifier's probabilities,
+    with `per_token` each of its tokens'; the tokens of them all); each input counts as a request
+    against --max-num-requests while it is computed."""
     inputs = body.inputs()
     await pipeline.pause.passed()
     try:
@@ -122,7 +123,8 @@ async def embeddings(pipeline: RequestPipeline, body: EmbeddingRequest, lora: st
         replies = await asyncio.gather(*(
             _embedding(pool, embed_pb2.EmbedRequest(request_id=f"{request_id}-{index}", token_ids=ids,
                                                     dimensions=body.dimensions or 0, normalize=body.normalize,
-                                                    lora_name=lora or "", classify=classify),
+                                                    lora_name=lora or "", classify=classify,
+                                                    per_token=per_token),
                        pipeline.deadlines.prefill_s)
             for index, ids in enumerate(token_ids)))
     finally:
@@ -151,7 +153,8 @@ async def _embedding(pool, request: embed_pb2.EmbedRequest, timeout_s: float) ->
             reply = await embed_pb2_grpc.EmbeddingsStub(worker.channel).Embed(request, timeout=timeout_s)
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-            param = next((p for p, said in (("dimensions", "dimensions"), ("model", "classification head"))
+            param = next((p for p, said in (("dimensions", "dimensions"), ("task", "not tokens"),
+                                            ("model", "classification head"))
                           if said in e.details()), "input")
             raise APIError(400, e.details(), param=param) from None
         raise to_api_error(e, "input") from None

@@ -108,7 +108,7 @@ class PrefillService:
         self.servicer = PrefillServicer(kv_checksum=config.kv_checksum)
         self.port = 0  # the bound one, set by the entry point before `start`
         self.lora = LoRAAdaptersServicer(config.allow_runtime_lora_updating)
-        self.embed = EmbeddingsServicer()
+        self.embed = EmbeddingsServicer(config.max_message_bytes)
         self.cache = PrefixCacheServicer()
         self.servicers = [(prefill_pb2_grpc.add_PrefillServicer_to_server, self.servicer),
                           (lora_pb2_grpc.add_LoRAAdaptersServicer_to_server, self.lora),

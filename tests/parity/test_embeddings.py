@@ -62,6 +62,34 @@ def test_an_embedding_request_batched_with_generation_changes_neither(tiny_model
     torch.testing.assert_close(torch.tensor(by_prompt[301].embedding), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "mistral-window"])
+def test_every_tokens_hidden_state_equals_transformers_in_chunks_and_after_the_prefix_is_cached(tiny_model_dirs,
+                                                                                               name):
+    """SamplingParams.embed_tokens (vLLM's token_embed): each prompt token's last hidden state, a
+    prompt of several chunks written row by row, a one-token prompt too; a prefix computed before
+    (the second round) is computed again, as a cached token's hidden state is not kept."""
+    model_dir = tiny_model_dirs[name]
+    prompts = [*PROMPTS, [7]]
+    model = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = [model(torch.tensor([p])).last_hidden_state[0] for p in prompts]
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=64))
+    per_token = SamplingParams(max_tokens=1, embed=True, embed_tokens=True)
+    for _ in range(2):
+        finished = [o for o in engine.generate(prompts, per_token) if o.finished]
+        by_prompt = {tuple(o.prompt_token_ids): o for o in finished}
+        for prompt, want in zip(prompts, expected):
+            out = by_prompt[tuple(prompt)]
+            assert out.num_cached_tokens == 0
+            torch.testing.assert_close(out.token_embeddings, want, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(torch.tensor(out.embedding), want[-1], atol=1e-4, rtol=1e-4)
+    assert engine.block_manager.num_free_blocks == 64
+    [plain] = [o for o in engine.generate(PROMPTS[1:], EMBED) if o.finished]
+    assert plain.token_embeddings is None and plain.num_cached_tokens > 0  # its blocks were cached for others
+    with pytest.raises(ValueError, match="embed_tokens is for an embedding request"):
+        SamplingParams(max_tokens=1, embed_tokens=True)
+
+
 def test_an_embedding_request_makes_one_token():
     with pytest.raises(ValueError, match="max_tokens must be 1"):
         SamplingParams(max_tokens=2, embed=True)

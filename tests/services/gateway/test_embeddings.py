@@ -361,11 +361,61 @@ def test_pooling_a_classifier_answers_its_probabilities_by_default(classifier):
     mesh.assert_decode_pools_free()
 
 
+def test_token_embed_answers_every_tokens_hidden_state(mesh):
+    """vLLM's token_embed: one row per input token, each the token's last hidden state (as transformers'
+    AutoModel computes it) cut to `dimensions` and then normalized; base64 packs the rows one after
+    another. The last input's blocks were cached by its embeddings just before, on both prefill workers
+    (computed at once, one each): it is computed again."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    model = transformers.AutoModel.from_pretrained(mesh.model_dir, dtype=torch.float32)
+    texts = [*TEXTS, " ".join(TEXTS * 4)]
+    assert pooling(mesh, input=[texts[-1]] * 2, task="embed").status_code == 200
+    answer = pooling(mesh, input=texts, task="token_embed")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    ids = [tokenizer(text)["input_ids"] for text in texts]
+    assert len(ids[-1]) > 2 * 16  # whole pages of it were cached
+    assert body["usage"]["prompt_tokens"] == sum(map(len, ids))
+    for data, one in zip(body["data"], ids):
+        with torch.no_grad():
+            states = model(torch.tensor([one])).last_hidden_state[0]
+        assert data["object"] == "pooling" and len(data["data"]) == len(one)
+        close(data["data"], torch.nn.functional.normalize(states, dim=-1))
+    cut = pooling(mesh, input=TEXTS[0], task="token_embed", dimensions=8, use_activation=False).json()
+    with torch.no_grad():
+        states = model(torch.tensor([ids[0]])).last_hidden_state[0]
+    close(cut["data"][0]["data"], states[:, :8])
+    packed = base64.b64decode(pooling(mesh, input=TEXTS[0], task="token_embed",
+                                      encoding_format="base64").json()["data"][0]["data"])
+    rows = torch.tensor(struct.unpack(f"<{len(packed) // 4}f", packed)).view(len(ids[0]), -1)
+    close(rows, torch.nn.functional.normalize(states, dim=-1))
+    mesh.assert_decode_pools_free()
+
+
+def test_token_classify_answers_the_heads_probabilities_at_every_token(classifier):
+    """vLLM's token_classify on a sequence classifier (a process reward model's per-step scores): its
+    head at each token's last hidden state, a softmax over the labels each, as transformers computes them."""
+    mesh, model = classifier
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)
+    answer = pooling(mesh, input=TEXTS, task="token_classify")
+    assert answer.status_code == 200, answer.text
+    for data, text in zip(answer.json()["data"], TEXTS):
+        with torch.no_grad():
+            states = model.model(torch.tensor([tokenizer(text)["input_ids"]])).last_hidden_state[0]
+            want = model.score(states).softmax(dim=-1)
+        close(data["data"], want)
+        # The last token's is the sequence's.
+        close(data["data"][-1], torch.tensor(pooling(mesh, input=text).json()["data"][0]["data"]))
+    refused = pooling(mesh, input=TEXTS[0], task="token_classify", use_activation=False)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_activation"
+    mesh.assert_decode_pools_free()
+
+
 @pytest.mark.parametrize(("body", "param"), [
-    ({"input": "hi", "task": "token_embed"}, "task"),
-    ({"input": "hi", "task": "token_classify"}, "task"),
+    ({"input": "hi", "task": "plugin"}, "task"),
     ({"input": "hi", "task": "sing"}, "task"),
     ({"input": "hi", "task": "classify"}, "model"),  # no classification head
+    ({"input": "hi", "task": "token_classify"}, "model"),
     ({"input": ""}, "input"),
 ])
 def test_what_pooling_cannot_serve_is_a_400_naming_it(mesh, body, param):

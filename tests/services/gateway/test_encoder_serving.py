@@ -54,6 +54,20 @@ def test_embeddings_are_the_mean_pooled_hidden_states_normalized(mesh, client):
     mesh.assert_decode_pools_free()
 
 
+def test_token_embed_answers_every_tokens_hidden_state(mesh):
+    """An encoder's tokens attend to each other: each token's state is the whole input's computation."""
+    ids = transformers.AutoTokenizer.from_pretrained(mesh.model_dir)(TEXTS[0])["input_ids"]
+    model = transformers.AutoModel.from_pretrained(mesh.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        states = model(torch.tensor([ids])).last_hidden_state[0]
+    answer = httpx.post(f"{mesh.gateway.base_url}/pooling", timeout=30,
+                        json={"model": mesh.model_name, "input": TEXTS[0], "task": "token_embed"})
+    assert answer.status_code == 200, answer.text
+    torch.testing.assert_close(torch.tensor(answer.json()["data"][0]["data"]),
+                               torch.nn.functional.normalize(states, dim=-1), atol=1e-4, rtol=1e-4)
+    mesh.assert_decode_pools_free()
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/completions", {"prompt": "the cat", "max_tokens": 4}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
@@ -109,4 +123,8 @@ def test_a_cross_encoder_reranks_as_transformers_scores_each_pair(reranker):
     assert [d["score"] for d in scored["data"]] == pytest.approx(expected, abs=1e-5)
     ranked = httpx.post(f"{base}/v1/rerank", timeout=30, json={"query": query, "documents": documents}).json()
     assert [r["index"] for r in ranked["results"]] == sorted(range(3), key=lambda i: expected[i], reverse=True)
+    # Its head reads the pooled [CLS] state: it classifies sequences, not tokens.
+    per_token = httpx.post(f"{base}/pooling", timeout=30, json={"model": reranker.model_name, "input": query,
+                                                                  "task": "token_classify"})
+    assert per_token.status_code == 400 and per_token.json()["error"]["param"] == "task", per_token.text
     reranker.assert_decode_pools_free()
