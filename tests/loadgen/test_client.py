@@ -36,7 +36,9 @@ def test_completions_stream_is_timed_chunk_by_chunk():
     result, bodies = send(script)
     assert result.is_ok, result.error_message
     assert result.index == 3
-    assert 0.19 < result.ttft < 0.35
+    # At the first chunk, not a later one (0.15 s of the script follow it): bounded by the end, not by
+    # the clock, which a loaded machine stretches.
+    assert 0.19 < result.ttft < result.e2e - 0.14
     assert len(result.itl) == 2 and 0.04 < result.itl[0] < 0.1 and 0.09 < result.itl[1] < 0.16
     assert result.e2e >= result.ttft + sum(result.itl)
     assert (result.prompt_tokens, result.output_tokens, result.cached_tokens) == (3, 3, 2)

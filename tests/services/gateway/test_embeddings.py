@@ -39,7 +39,7 @@ def reference(mesh):
 
 
 def close(got, want: torch.Tensor) -> None:
-    torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.as_tensor(got), want, atol=1e-4, rtol=1e-4)
 
 
 def test_embeddings_are_the_last_hidden_state_normalized(mesh, client, reference):
