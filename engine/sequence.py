@@ -81,7 +81,7 @@ class Sequence:
         # output's last tokens while it waits, as many as they are.
         self.is_guide_waiting = bool(sampling_params.guide_after_token_ids)
         self._waited: tuple[int, ...] = ()
-        # Per-request RNG, reseeded for each position it draws for (sampler.position_seed): seeded
+        # Per-request RNG, reseeded for each position it draws for (random_sampling.position_seed): seeded
         # requests draw from their own streams, so the batch around them cannot change their tokens.
         self.generator = torch.Generator() if sampling_params.seed is not None else None
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampler import (
-    Sampler,
+from engine.logits_processors import (
     apply_logit_bias,
     apply_min_p,
     apply_penalties,
@@ -14,9 +13,10 @@ from engine.sampler import (
     apply_top_k_top_p,
     ban_tokens,
     keep_only,
-    position_seed,
     token_counts,
 )
+from engine.random_sampling import position_seed
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
