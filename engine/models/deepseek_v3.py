@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from engine.lora import Target
-from engine.models.llama import DecoderLayer, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import DecoderLayer
 from engine.models.mla import MLAttention
 
 

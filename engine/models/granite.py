@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model_config import ModelConfig
-from engine.models.llama import DecoderLayer, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import DecoderLayer
 from kernels.registry import Kernels
 
 

@@ -1,11 +1,11 @@
 """Llama-family decoder (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) over paged KV.
 
 The forward is pure apart from writing the new tokens' K/V into the pages it is
-handed: token ids, positions and attention metadata in, hidden states out.
+handed: token ids, positions and attention metadata in, hidden states out. Its layers
+are engine/models/llama_layers.py's; this module stacks them and names their weights.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Iterable
 
@@ -15,149 +15,14 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
-from engine.model_config import ModelConfig, QTemperature
+from engine.model_config import ModelConfig
+from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
-
-
-def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                    meta: AttentionMetadata, scale: float, sliding_window: int | None,
-                    softcap: float | None, chunk_size: int | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The step's new k and v written into their pages, then each token's attention over its
-    sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first)."""
-    k_cache, v_cache = kv_cache
-    ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    num_decode, num_tokens = meta.num_decode_tokens, q.shape[0]
-    if num_decode == num_tokens:
-        return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                    sliding_window, softcap, chunk_size, sinks)
-    out = torch.empty_like(q)
-    if num_decode:
-        out[:num_decode] = ops.decode_attention(q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
-                                                meta.decode_context_lens, scale, sliding_window, softcap, chunk_size,
-                                                sinks)
-    for chunk in meta.prefills:
-        s, e = chunk.start, chunk.end
-        out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                                         chunk.context_len, scale, sliding_window, softcap, chunk_size, sinks)
-    return out
-
-
-def q_temperature(q: torch.Tensor, temperature: QTemperature, positions: torch.Tensor) -> torch.Tensor:
-    """q [T, H, D] scaled by each token's attention temperature at its position (positions [T])."""
-    t = temperature
-    scales = torch.log1p(torch.floor((positions.float() + t.offset) / t.floor_scale)) * t.scale + 1.0  # [T]
-    return (q * scales[:, None, None]).to(q.dtype)
-
-
-class Attention(nn.Module):
-    lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
-
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
-        super().__init__()
-        self.config = config
-        self.kernels = kernels
-        self.scale = config.attention_scale
-        self.sliding_window = sliding_window
-        self.softcap = config.attn_logit_softcapping
-        # q, k and v projections fused into one matmul; load_weights fills the slices.
-        self.qkv_weight = empty_param(config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
-        self.qkv_bias = empty_param(config.q_size + 2 * config.kv_size, dtype=dtype) if config.qkv_bias else None
-        self.o_weight = empty_param(config.hidden_size, config.q_size, dtype=dtype)
-        self.o_bias = empty_param(config.hidden_size, dtype=dtype) if config.o_bias else None
-        # Each head's q and k normed (Qwen3, Gemma 3), or the whole q and k projections (OLMo 2).
-        self.is_qk_norm_per_head = config.qk_norm == "head"
-        q_norm_size, k_norm_size = (config.head_dim, config.head_dim) if self.is_qk_norm_per_head else \
-            (config.q_size, config.kv_size)
-        self.q_norm = empty_param(q_norm_size, dtype=dtype) if config.qk_norm else None
-        self.k_norm = empty_param(k_norm_size, dtype=dtype) if config.qk_norm else None
-        self.sinks = empty_param(config.num_heads, dtype=dtype) if config.attention_sinks else None  # gpt-oss's
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        cfg, ops = self.config, self.kernels
-        q, k, v = self._qkv(x)
-        if self.q_norm is not None and self.is_qk_norm_per_head:  # over head_dim
-            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        if cos is not None:
-            q, k = ops.apply_rope(q, k, cos, sin)
-        if cfg.q_temperature is not None and cfg.q_temperature.layers is None:  # Ministral 3's
-            q = q_temperature(q, cfg.q_temperature, meta.positions)
-        return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window,
-                                            self.softcap, sinks=self.sinks))
-
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k and v [T, Hkv, D]: projected (with the step's LoRA deltas), the whole
-        projections normed where the model norms them so (OLMo 2)."""
-        cfg, num_tokens = self.config, x.shape[0]
-        qkv = self.kernels.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
-        if self.lora is not None:
-            self.lora.add("qkv", x, qkv)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        if self.q_norm is not None and not self.is_qk_norm_per_head:
-            q = self.kernels.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = self.kernels.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        return (q.view(num_tokens, cfg.num_heads, cfg.head_dim), k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim),
-                v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim))
-
-    def _output(self, out: torch.Tensor) -> torch.Tensor:
-        """Attention's output [T, Hq, D] through o_proj (with the step's LoRA delta): [T, hidden]."""
-        attended = out.view(out.shape[0], self.config.q_size)
-        projected = self.kernels.linear(attended, self.o_weight, self.o_bias)
-        return projected if self.lora is None else self.lora.add("o", attended, projected)
-
-
-class MLP(nn.Module):
-    lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to gate, up and down
-
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.linear = kernels.linear
-        self.intermediate_size = config.intermediate_size
-        self.activation = ACTIVATIONS[config.hidden_act]
-        self.gate_up_weight = empty_param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
-        self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)
-        self.gate_up_bias = empty_param(2 * config.intermediate_size, dtype=dtype) if config.mlp_bias else None
-        self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.linear(x, self.gate_up_weight, self.gate_up_bias)
-        if self.lora is not None:
-            self.lora.add("gate_up", x, gate_up)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        h = self.activation(gate) * up
-        out = self.linear(h, self.down_weight, self.down_bias)
-        return out if self.lora is None else self.lora.add("down", h, out)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None = None,
-                 is_sparse: bool = False, attention: type[nn.Module] = Attention) -> None:
-        super().__init__()
-        self.eps = config.rms_norm_eps
-        self.rms_norm = kernels.rms_norm
-        self.input_norm = empty_param(config.hidden_size, dtype=dtype)
-        self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
-        self.attn = attention(config, kernels, dtype, sliding_window)
-        self.mlp = SparseMoE(config, kernels, dtype) if is_sparse else MLP(config, kernels, dtype)
-
-    def forward(self, h, cos, sin, kv_cache, meta):
-        h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), cos, sin, kv_cache, meta)
-        return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps))
 
 
 class LlamaForCausalLM(nn.Module):

@@ -20,7 +20,8 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
-from engine.models.llama import Attention, DecoderLayer, KVCache, LlamaForCausalLM, paged_attention, q_temperature
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import Attention, DecoderLayer, KVCache, paged_attention, q_temperature
 from kernels.registry import Kernels
 from kernels.rotary import pairs_half_apart
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.model_config import ModelConfig
-from engine.models.llama import KVCache
+from engine.models.llama_layers import KVCache
 from engine.models.parameters import empty_param
 from kernels.mla_attention import (
     causal_attention_torch,

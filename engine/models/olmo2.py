@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from engine.model_config import ModelConfig
-from engine.models.llama import MLP, Attention, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import MLP, Attention
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
