@@ -1,7 +1,6 @@
 """`LLMEngine`: add_request → step → outputs, over one model directory."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 import time
@@ -9,25 +8,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
+from engine import weight_update
+from engine.admission import check_new_request, check_reservation
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
+from engine.continued_requests import prefilled_sequence, resume_guide
 from engine.draft_model import DraftModel
+from engine.drafters import make_drafter
 from engine.dtypes import TORCH_DTYPES, kv_cache_dtype
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_blocks_for_budget
 from engine.lora_manager import LoRAManager
-from engine.model_config import ModelConfig, load_model_config
+from engine.model_config import load_model_config
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Drafter, Scheduler
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.speculative import NgramDrafter
+from engine.vocabulary import load_tokenizer, vocabulary_ids
 
 
 class LLMEngine:
@@ -53,7 +55,8 @@ class LLMEngine:
         )
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now
-        drafter = self._drafter(dtype)  # (a draft model's weights are in memory before the pools are sized)
+        # Made before the pools are sized, so that a draft model's weights are in memory by then.
+        drafter = make_drafter(config.speculative, self.model_config, dtype, config.device, self.max_model_len)
         draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.model_config, config.block_size, kv_dtype, config.device, config.kv_memory_fraction,
@@ -79,9 +82,9 @@ class LLMEngine:
             self.max_model_len, self.eos_token_ids, config.scheduling_policy, drafter, config.max_loras,
             whole_embeddings=self.pools_whole_prompts,
         )
-        self.tokenizer = _load_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         if self.model_config.classifier_tokens:
-            self.runner.model.make_classifier(_vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
+            self.runner.model.make_classifier(vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
         sep = self.model_config.encoder.sep_token if self.is_encoder else None
         if sep is not None and self.tokenizer is not None:
             self.runner.model.sep_token_id = self.tokenizer.token_to_id(sep)
@@ -102,15 +105,6 @@ class LLMEngine:
             "kv_pool": (kv_pool_start_ns, kv_pool_end_ns),
         }
 
-    def _drafter(self, dtype: torch.dtype) -> Drafter | None:
-        speculative = self.config.speculative
-        if speculative is None:
-            return None
-        if speculative.method == "ngram":
-            return NgramDrafter(speculative)
-        return DraftModel(speculative.model, speculative.num_speculative_tokens, self.model_config, dtype,
-                          self.config.device, self.max_model_len)
-
     # --- requests ----------------------------------------------------------------
 
     def add_request(
@@ -130,12 +124,12 @@ class LLMEngine:
         moved): computed after the prompt, and from then on as if made here.
         """
         start_ns = time.time_ns()
-        self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
+        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        is_prefill_only=prefill_only, output_token_ids=output_token_ids)
-        self._resume(seq, output_token_ids)
+        resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
         self._num_emitted[request_id] = len(output_token_ids)
         self.scheduler.add(seq)
@@ -163,90 +157,16 @@ class LLMEngine:
         for a directory whose model is not this one's shape (its dtype on disk may differ); a checkpoint
         that fails part way through is raised after the one served before is read back. LoRA adapters
         and a draft model stay as they are."""
-        if self.block_manager.num_free_blocks < self.block_manager.num_blocks:
-            return None
-        model_config = load_model_config(Path(model_dir), self.config.hf_overrides)
-        differs = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "weights_dtype"
-                   and getattr(model_config, f.name) != getattr(self.model_config, f.name)]
-        if differs:
-            raise ValueError(f"{model_dir} is not the served model's shape: its {', '.join(differs)} differ")
-        served, self.weights_dir = self.weights_dir, str(model_dir)
-        try:
-            self.reload_weights()
-        except BaseException:
-            # Failed part way (a bad tensor in its last shard): the model holds some of each checkpoint.
-            self.weights_dir = served
-            self.reload_weights()
-            raise
-        return self.block_manager.reset_prefix_cache()
+        return weight_update.update_weights(self, model_dir)
 
     def reload_weights(self) -> None:
         """Read the served checkpoint (`weights_dir`) into the model's tensors again."""
-        self.runner.load_weights(self.weights_dir)
-        if self.model_config.classifier_tokens:  # made from the LM head's rows, which have changed
-            self.runner.model.make_classifier(_vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
-        self.released_memory.discard("weights")
+        weight_update.reload_weights(self)
 
     def kv_pool_tensors(self) -> list[torch.Tensor]:
         """The KV pools' tensors: the model's, and its draft model's where it has one."""
         pools = [self.runner.kv_pool, self.draft_model.runner.kv_pool if self.draft_model is not None else None]
         return [pool.tensor for pool in pools if pool is not None]
-
-    def _check_new_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                           output_token_ids: list[int] | tuple[int, ...] = ()) -> None:
-        self._check_weights_held()
-        if not prompt_token_ids:
-            raise ValueError("prompt must contain at least one token")
-        if request_id in self._seqs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        if sampling_params.lora_name is not None and not self.loras.is_served(sampling_params.lora_name):
-            served = ", ".join(self.loras.served) or "none"
-            raise ValueError(f"LoRA adapter {sampling_params.lora_name!r} is not served here (served: {served})")
-        if sampling_params.priority and not self.scheduler.is_by_priority:
-            raise ValueError(f"priority {sampling_params.priority} asks for priority scheduling, which this engine "
-                             f"does not do (scheduling_policy {self.config.scheduling_policy!r})")
-        bad = next((t for t in output_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"output token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(output_token_ids) >= sampling_params.max_tokens:
-            raise ValueError(f"{len(output_token_ids)} output tokens already: max_tokens "
-                             f"{sampling_params.max_tokens} leaves none to make")
-        bad = next((t for t, _ in sampling_params.logit_bias if t >= vocab), None)
-        if bad is not None:  # the sampler would index past the logits
-            raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})")
-        bad = next((t for t in sampling_params.allowed_token_ids if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"allowed_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
-        bad = next((t for word in sampling_params.bad_words_token_ids for t in word if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"bad_words: token id {bad} is outside the vocabulary [0, {vocab})")
-        bad = next((t for t in sampling_params.stop_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:  # never sampled, and short of min_tokens the sampler would index past the logits
-            raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
-        bad = next((t for t in sampling_params.guide_after_token_ids if t >= vocab), None)
-        if bad is not None:  # never sampled: the guide would never hold
-            raise ValueError(f"guide_after_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
-        n = len(prompt_token_ids)
-        # An embedding's one token is made and dropped, never computed: its prompt may fill the context.
-        if n + len(output_token_ids) >= self.max_model_len + sampling_params.embed:
-            raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
-                             f"context of {self.max_model_len} tokens" if output_token_ids else
-                             f"prompt of {n} tokens does not fit the context of {self.max_model_len} tokens")
-        if self.pools_whole_prompts and sampling_params.embed and n > self.config.max_num_batched_tokens:
-            raise ValueError(f"prompt of {n} tokens is more than one step computes (max_num_batched_tokens "
-                             f"{self.config.max_num_batched_tokens}), and an embedding pooled from all its tokens "
-                             "is computed whole")
-        max_tokens_total = min(n + sampling_params.max_tokens, self.max_model_len)
-        bs = self.config.block_size
-        if (max_tokens_total + bs - 1) // bs > self.num_kv_blocks:
-            raise ValueError(
-                f"request needs up to {max_tokens_total} tokens of KV, more than the pool's "
-                f"{self.num_kv_blocks * bs}"
-            )
 
     # --- disaggregated serving: pages handed from a prefill engine to a decode engine ---
 
@@ -254,25 +174,13 @@ class LLMEngine:
         """The pages of a "prefilled" request, in order; its KV covers the prompt."""
         return list(self.scheduler.held[request_id].block_table)
 
-    def _check_weights_held(self) -> None:
-        if "weights" in self.released_memory:
-            raise ValueError("this worker's weights are released (asleep): resume its memory first")
-
     def release(self, request_id: str) -> bool:
         """Frees a "prefilled" request's pages once they were copied out."""
         return self.scheduler.release(request_id)
 
     def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
         """Sets aside pages for a prompt whose KV another worker will write; returns their ids."""
-        self._check_weights_held()
-        if not 0 < num_prompt_tokens < self.max_model_len:
-            raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of "
-                             f"{self.max_model_len} tokens")
-        if request_id in self._seqs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        num_blocks = -(-num_prompt_tokens // self.config.block_size)
-        if not self.block_manager.can_reserve(num_blocks):
-            raise RuntimeError(f"no room for {num_blocks} KV blocks now ({self.block_manager.num_free_blocks} free)")
+        num_blocks = check_reservation(self, request_id, num_prompt_tokens)
         return self.block_manager.reserve(request_id, num_blocks)
 
     def release_reservation(self, request_id: str) -> bool:
@@ -286,46 +194,16 @@ class LLMEngine:
         `add_request` takes them) was written into the pages reserved under `request_id` and
         whose next token was sampled elsewhere. It joins the running batch at once: the
         reservation, not max_num_seqs, admitted it."""
-        self._check_new_request(request_id, prompt_token_ids, sampling_params, output_token_ids)
+        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
-        # The prefill worker sampled it as this engine would have: under the same guide, seed and position.
-        made_elsewhere = [*output_token_ids, first_token_id]
-        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
-                       output_token_ids=output_token_ids)
-        try:
-            self._resume(seq, made_elsewhere)
-        except ValueError:
-            if output_token_ids:  # they may be what the guide refused: its message says either
-                raise
-            raise ValueError(f"first token id {first_token_id} does not follow {sampling_params.guide_name}") from None
-        seq.num_computed_tokens = seq.num_tokens
-        self.block_manager.adopt(request_id, seq)
-        seq.append_token(first_token_id)
-        if sampling_params.logprobs is not None:
-            # Prefill reported the first token's logprobs; this entry only keeps
-            # output_logprobs aligned with output_token_ids and is never emitted.
-            seq.output_logprobs.append({})
+        seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids)
         self._seqs[request_id] = seq
-        self._num_emitted[request_id] = len(made_elsewhere)
+        self._num_emitted[request_id] = len(output_token_ids) + 1  # and the first token: all made elsewhere
         if not self.scheduler.add_running(seq):
             self._finished_outside_step.append(seq)
-
-    def _resume(self, seq: Sequence, made_elsewhere: list[int] | tuple[int, ...]) -> None:
-        """Give `seq` its guide, moved past the output tokens `made_elsewhere`: the next token is then
-        guided as the engine that made them would have guided it (a seeded draw depends on its
-        position alone: engine/sampler.py's `position_seed`). ValueError when they do not follow it."""
-        params = seq.sampling_params
-        if params.is_guided:
-            seq.guide = self.guides.guide(params)
-            try:
-                for token_id in made_elsewhere:
-                    if token_id not in self.eos_token_ids:
-                        seq.advance_guide(token_id)
-            except ValueError:
-                raise ValueError(f"output token ids do not follow {params.guide_name}") from None
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)
@@ -433,16 +311,3 @@ class LLMEngine:
                         pending.discard(out.request_id)
                     yield out
 
-
-def _vocabulary_ids(tokens: tuple[str, ...], tokenizer: Tokenizer | None) -> list[int]:
-    """Each of `tokens`' id in the model's vocabulary; ValueError for one it lacks."""
-    ids = [tokenizer.token_to_id(t) if tokenizer is not None else None for t in tokens]
-    missing = [t for t, i in zip(tokens, ids) if i is None]
-    if missing:
-        raise ValueError(f"classifier_from_token: {missing} are not tokens of the model's tokenizer.json")
-    return ids
-
-
-def _load_tokenizer(model_dir: Path) -> Tokenizer | None:
-    path = model_dir / "tokenizer.json"
-    return Tokenizer.from_file(str(path)) if path.is_file() else None

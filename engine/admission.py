@@ -1,0 +1,90 @@
+"""Whether an engine takes a request in: its token ids inside the vocabulary, its prompt and output
+inside the context and the KV pool, what it asks for (an adapter, a priority) served here; and a
+reservation of pages for a prompt prefilled elsewhere."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+
+
+def check_weights_held(engine: LLMEngine) -> None:
+    if "weights" in engine.released_memory:
+        raise ValueError("this worker's weights are released (asleep): resume its memory first")
+
+
+def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
+                      sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = ()) -> None:
+    """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
+    `add_request` and `add_prefilled_request` take it); changes nothing."""
+    check_weights_held(engine)
+    if not prompt_token_ids:
+        raise ValueError("prompt must contain at least one token")
+    if request_id in engine._seqs:
+        raise ValueError(f"request id {request_id!r} is already in use")
+    vocab = engine.model_config.vocab_size
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+    if sampling_params.lora_name is not None and not engine.loras.is_served(sampling_params.lora_name):
+        served = ", ".join(engine.loras.served) or "none"
+        raise ValueError(f"LoRA adapter {sampling_params.lora_name!r} is not served here (served: {served})")
+    if sampling_params.priority and not engine.scheduler.is_by_priority:
+        raise ValueError(f"priority {sampling_params.priority} asks for priority scheduling, which this engine "
+                         f"does not do (scheduling_policy {engine.config.scheduling_policy!r})")
+    bad = next((t for t in output_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"output token id {bad} is outside the vocabulary [0, {vocab})")
+    if len(output_token_ids) >= sampling_params.max_tokens:
+        raise ValueError(f"{len(output_token_ids)} output tokens already: max_tokens "
+                         f"{sampling_params.max_tokens} leaves none to make")
+    bad = next((t for t, _ in sampling_params.logit_bias if t >= vocab), None)
+    if bad is not None:  # the sampler would index past the logits
+        raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})")
+    bad = next((t for t in sampling_params.allowed_token_ids if t >= vocab), None)
+    if bad is not None:
+        raise ValueError(f"allowed_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+    bad = next((t for word in sampling_params.bad_words_token_ids for t in word if t >= vocab), None)
+    if bad is not None:
+        raise ValueError(f"bad_words: token id {bad} is outside the vocabulary [0, {vocab})")
+    bad = next((t for t in sampling_params.stop_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:  # never sampled, and short of min_tokens the sampler would index past the logits
+        raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+    bad = next((t for t in sampling_params.guide_after_token_ids if t >= vocab), None)
+    if bad is not None:  # never sampled: the guide would never hold
+        raise ValueError(f"guide_after_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+    n = len(prompt_token_ids)
+    # An embedding's one token is made and dropped, never computed: its prompt may fill the context.
+    if n + len(output_token_ids) >= engine.max_model_len + sampling_params.embed:
+        raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
+                         f"context of {engine.max_model_len} tokens" if output_token_ids else
+                         f"prompt of {n} tokens does not fit the context of {engine.max_model_len} tokens")
+    if engine.pools_whole_prompts and sampling_params.embed and n > engine.config.max_num_batched_tokens:
+        raise ValueError(f"prompt of {n} tokens is more than one step computes (max_num_batched_tokens "
+                         f"{engine.config.max_num_batched_tokens}), and an embedding pooled from all its tokens "
+                         "is computed whole")
+    max_tokens_total = min(n + sampling_params.max_tokens, engine.max_model_len)
+    bs = engine.config.block_size
+    if (max_tokens_total + bs - 1) // bs > engine.num_kv_blocks:
+        raise ValueError(
+            f"request needs up to {max_tokens_total} tokens of KV, more than the pool's "
+            f"{engine.num_kv_blocks * bs}"
+        )
+
+
+def check_reservation(engine: LLMEngine, request_id: str, num_prompt_tokens: int) -> int:
+    """The number of pages a prompt of `num_prompt_tokens` takes, when `engine` can reserve them now.
+    ValueError for a reservation it can never take; RuntimeError while too few pages are free."""
+    check_weights_held(engine)
+    if not 0 < num_prompt_tokens < engine.max_model_len:
+        raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of "
+                         f"{engine.max_model_len} tokens")
+    if request_id in engine._seqs:
+        raise ValueError(f"request id {request_id!r} is already in use")
+    num_blocks = -(-num_prompt_tokens // engine.config.block_size)
+    if not engine.block_manager.can_reserve(num_blocks):
+        raise RuntimeError(f"no room for {num_blocks} KV blocks now ({engine.block_manager.num_free_blocks} free)")
+    return num_blocks
