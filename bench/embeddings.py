@@ -1,7 +1,7 @@
 """Embeddings (`/v1/embeddings`' work, SamplingParams.embed) from Baton's engine against
 `transformers`' AutoModel on the same model and inputs, in the same run.
 
-    .venv/bin/python bench/embeddings.py [--model 160m|7m|minilm|modernbert] [--inputs 64] [--repeats 3]
+    .venv/bin/python bench/embeddings.py [--model 160m|7m|minilm|modernbert] [--inputs 64] [--repeats 3] [--per-token]
 
 The inputs are random token sequences of 32 to 256 tokens. The baseline embeds them as an embedding
 library does with transformers: batches of `--batch` padded on the right, the last real token's
@@ -11,8 +11,10 @@ the mean of the real tokens' hidden states, as sentence-transformers pools it), 
 engine is given them all at once and batches them as it batches any prompts (chunked,
 `max_num_batched_tokens`; an encoder's inputs whole). Each side runs
 `--repeats` times, alternating, best kept; the two sides' embeddings must agree (cosine > 0.9999).
-The figure is the ratio of input tokens embedded per second, Baton over transformers. The last
-line is one JSON object.
+The figure is the ratio of input tokens embedded per second, Baton over transformers. With
+`--per-token`, every token's hidden state instead (vLLM's token_embed: SamplingParams.embed_tokens
+against the baseline's real rows of `last_hidden_state`), each normalized. The last line is one
+JSON object.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 EMBED = SamplingParams(max_tokens=1, embed=True)
+EMBED_TOKENS = SamplingParams(max_tokens=1, embed=True, embed_tokens=True)
 
 
 # all-MiniLM-L6-v2's shape, a BERT encoder pooled by the mean of its tokens; modernbert-embed-base's.
@@ -58,7 +61,9 @@ def ensure_encoder(name: str) -> Path:
     return target
 
 
-def transformers_embeddings(model, inputs: list[list[int]], batch: int, mean: bool) -> list[torch.Tensor]:
+def transformers_embeddings(model, inputs: list[list[int]], batch: int, mean: bool,
+                            per_token: bool = False) -> list[torch.Tensor]:
+    """Each input's embedding ([H]), or with `per_token` its real tokens' ([P, H]), normalized."""
     made = []
     with torch.inference_mode():
         for start in range(0, len(inputs), batch):
@@ -67,6 +72,9 @@ def transformers_embeddings(model, inputs: list[list[int]], batch: int, mean: bo
             ids = torch.tensor([seq + [0] * (longest - len(seq)) for seq in group])
             mask = torch.tensor([[1] * len(seq) + [0] * (longest - len(seq)) for seq in group])
             hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            if per_token:
+                made += [torch.nn.functional.normalize(hidden[i, :len(seq)], dim=-1) for i, seq in enumerate(group)]
+                continue
             if mean:
                 pooled = (hidden * mask.unsqueeze(-1)).sum(dim=1) / mask.sum(dim=1, keepdim=True)
             else:
@@ -75,10 +83,12 @@ def transformers_embeddings(model, inputs: list[list[int]], batch: int, mean: bo
     return made
 
 
-def baton_embeddings(engine: LLMEngine, inputs: list[list[int]]) -> list[torch.Tensor]:
-    finished = {o.request_id: o.embedding for o in engine.generate(inputs, EMBED) if o.finished}
+def baton_embeddings(engine: LLMEngine, inputs: list[list[int]], per_token: bool = False) -> list[torch.Tensor]:
+    finished = {o.request_id: o for o in engine.generate(inputs, EMBED_TOKENS if per_token else EMBED) if o.finished}
     ordered = sorted(finished, key=lambda r: int(r.removeprefix("gen-")))
-    return [torch.nn.functional.normalize(torch.tensor(finished[r]), dim=0) for r in ordered]
+    if per_token:
+        return [torch.nn.functional.normalize(finished[r].token_embeddings, dim=-1) for r in ordered]
+    return [torch.nn.functional.normalize(torch.tensor(finished[r].embedding), dim=0) for r in ordered]
 
 
 def timed(fn) -> tuple[float, list[torch.Tensor]]:
@@ -93,6 +103,7 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="the baseline's batch size")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-token", action="store_true", help="every token's hidden state (token_embed)")
     args = parser.parse_args()
     is_encoder = args.model in ENCODERS
     model_dir = ensure_encoder(args.model) if is_encoder else ensure_model(args.model)
@@ -106,19 +117,22 @@ def main() -> None:
                                     enable_prefix_caching=False))
     baton_s, theirs_s = [], []
     for _ in range(args.repeats):
-        seconds, ours = timed(lambda: baton_embeddings(engine, inputs))
+        seconds, ours = timed(lambda: baton_embeddings(engine, inputs, args.per_token))
         baton_s.append(seconds)
-        seconds, theirs = timed(lambda: transformers_embeddings(hf, inputs, args.batch, mean=is_encoder))
+        seconds, theirs = timed(lambda: transformers_embeddings(hf, inputs, args.batch, mean=is_encoder,
+                                                                per_token=args.per_token))
         theirs_s.append(seconds)
-        cosine = min(float(a @ b) for a, b in zip(ours, theirs))
+        cosine = min(float((a * b).sum(dim=-1).min()) for a, b in zip(ours, theirs))
         assert cosine > 0.9999, f"Baton's embeddings differ from transformers' (cosine {cosine})"
     baton_rate, theirs_rate = num_tokens / min(baton_s), num_tokens / min(theirs_s)
-    print(f"[{args.model}] {args.inputs} inputs, {num_tokens} tokens; lowest cosine to transformers' {cosine:.6f}")
+    task = "token_embed" if args.per_token else "embed"
+    print(f"[{args.model}, {task}] {args.inputs} inputs, {num_tokens} tokens; lowest cosine to transformers' "
+          f"{cosine:.6f}")
     print(f"Baton engine:  {baton_rate:10.0f} tokens/s ({args.inputs / min(baton_s):.1f} inputs/s)")
     print(f"transformers:  {theirs_rate:10.0f} tokens/s ({args.inputs / min(theirs_s):.1f} inputs/s, "
           f"batch {args.batch})")
     print(f"ratio: {baton_rate / theirs_rate:.2f}x")
-    print(json.dumps({"model": args.model, "inputs": args.inputs, "tokens": num_tokens,
+    print(json.dumps({"model": args.model, "task": task, "inputs": args.inputs, "tokens": num_tokens,
                       "baton_embed_tokens_per_s": round(baton_rate, 1),
                       "transformers_embed_tokens_per_s": round(theirs_rate, 1),
                       "embed_throughput_ratio": round(baton_rate / theirs_rate, 3),
