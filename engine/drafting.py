@@ -1,0 +1,112 @@
+"""Speculative decoding within the scheduler's steps (the method: engine/speculative.py): which
+decoding sequences are given drafts and how many, appending them as the step's budget and pages
+allow, and taking the tokens of a step that computed them; with the counts of drafts proposed and
+accepted, as vLLM's spec_decode metrics count them."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from engine.batch import ScheduledBatch
+from engine.block_manager import BlockManager
+from engine.sampler import Sampler
+from engine.sequence import Sequence
+
+
+class Drafter(Protocol):
+    """What proposes speculative drafts: engine/speculative.py's NgramDrafter, engine/draft_model.py's DraftModel."""
+
+    num_speculative_tokens: int
+
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
+# Appends a sampled token (and its logprobs) to a sequence; True if the token finished it.
+Accept = Callable[[Sequence, int, dict[int, float] | None], bool]
+
+
+class Drafting:
+    """A drafter's part of each step. `propose` and `add` run while the scheduler spends a step's
+    budget, `postprocess` in place of the plain postprocess after a step that computed drafts. The
+    counts only grow."""
+
+    def __init__(self, drafter: Drafter | None, block_manager: BlockManager, max_model_len: int) -> None:
+        self.drafter = drafter  # None: no drafts (propose is never called)
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
+        self.num_accepted_tokens = 0
+        self.num_drafts = 0  # sequences' steps that computed drafts
+        self.num_accepted_tokens_per_position: list[int] = []  # [k]: drafts accepted as a step's (k+1)-th
+
+    def propose(self, running: list[Sequence], budget: int) -> dict[str, list[int]]:
+        """Drafts for the decoding sequences, all at once (a draft model computes them as batches), as
+        many as the budget would leave each were the running sequences scheduled in turn, its
+        max_tokens and the context leave room for (speculative.py)."""
+        wanted = []
+        for seq in running:
+            if budget <= 0:
+                break
+            room = 0
+            if seq.num_uncomputed_tokens == 1 and not seq.is_prefill_only:
+                room = max(0, min(budget - 1, self.drafter.num_speculative_tokens,
+                                  seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
+                                  self.max_model_len - seq.num_tokens - 1))
+                if room > 0:
+                    wanted.append((seq, room))
+            budget -= min(seq.num_uncomputed_tokens, budget) + room
+        return self.drafter.propose(wanted) if wanted else {}
+
+    def add(self, seq: Sequence, drafts: list[int], budget: int) -> None:
+        """Append a decoding sequence's drafts, as many as the budget leaves room for and its pages can
+        take now."""
+        drafts = drafts[:budget - 1]
+        if not drafts:
+            return
+        seq.add_drafts(drafts)
+        if not self.block_manager.can_append_slot(seq):  # no page for them: decode plainly
+            seq.take_drafts()
+
+    def postprocess(self, batch: ScheduledBatch, sampled: list[Sequence], logits: torch.Tensor,
+                    sampler: Sampler, accept: Accept) -> list[Sequence]:
+        """Scheduler.postprocess_drafted, each sampled token given to `accept` (the scheduler's, which
+        finishes the sequences it ends). Returns the finished sequences."""
+        bm = self.block_manager
+        drafts: dict[str, list[int]] = {}
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            if seq.num_draft_tokens:
+                drafts[seq.request_id] = seq.take_drafts()
+                self.num_draft_tokens += len(drafts[seq.request_id])
+                self.num_drafts += 1
+            seq.num_computed_tokens += num_new - len(drafts.get(seq.request_id, ()))
+            bm.cache_computed_blocks(seq)
+        first_rows, row = [], 0
+        for seq in sampled:
+            first_rows.append(row)
+            row += 1 + len(drafts.get(seq.request_id, ()))
+        finished: list[Sequence] = []
+        alive, position = list(zip(sampled, first_rows)), 0
+        while alive:
+            rows = torch.tensor([first + position for _, first in alive], device=logits.device)
+            output = sampler(logits[rows], [seq for seq, _ in alive])
+            going_on = []
+            for (seq, first), token, logprobs in zip(alive, output.token_ids, output.logprobs):
+                if accept(seq, token, logprobs):
+                    finished.append(seq)
+                    continue
+                proposed = drafts.get(seq.request_id, ())
+                if position < len(proposed) and token == proposed[position]:
+                    # The draft's KV, computed as the next row's input, is the token's own.
+                    seq.num_computed_tokens += 1
+                    bm.cache_computed_blocks(seq)
+                    self.num_accepted_tokens += 1
+                    per_position = self.num_accepted_tokens_per_position
+                    per_position += [0] * (position + 1 - len(per_position))
+                    per_position[position] += 1
+                    going_on.append((seq, first))
+            alive, position = going_on, position + 1
+        return finished
