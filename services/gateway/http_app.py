@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API: `/v1/models`, `/v1/completions`, `/v1/chat/completions`
-(whole or streamed as server-sent events ending in `data: [DONE]`), vLLM's `/tokenize` and
-`/detokenize` (tokenize_api.py), `/health` and `/live`.
+(whole or streamed as server-sent events ending in `data: [DONE]`; generation_routes.py), vLLM's
+`/tokenize` and `/detokenize` (tokenize_api.py), `/health` and `/live`.
 
 Errors are OpenAI's error object with the status OpenAI uses: 400 for a bad body
 (malformed JSON, a missing or out-of-range field, a prompt over the context), 404 for
@@ -32,14 +32,11 @@ body over the limit).
 """
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import logging
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,44 +44,25 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from protos import common_pb2
 from services.common import tracing
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
-from services.gateway.beam_search import beam_choices, beam_search
-from services.gateway.chat_request import ChatCompletionRequest
-from services.gateway.choices import choice_request_id, merge_choices
-from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
-from services.gateway.http_body import parsed_body
-from services.gateway.http_middleware import ARRIVAL_KEY, ArrivalTime, BodySizeLimit
-from services.gateway.http_responses import respond
+from services.gateway.generation_routes import add_generation_routes
+from services.gateway.http_middleware import ArrivalTime, BodySizeLimit
 from services.gateway.http_serving import HttpServing
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.openai_logprobs import TokenText
-from services.gateway.openai_protocol import CompletionRequest, encoded_bad_words
-from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.operator_routes import add_operator_routes
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
-from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
-from services.gateway.responses_api import ResponsesShape
-from services.gateway.responses_request import ResponsesRequest, fit_to_context
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
 from services.gateway.stored_response_routes import add_stored_response_routes
-from services.gateway.timeline import ResponseTimeline, TimelineStore
+from services.gateway.timeline import TimelineStore
 from services.gateway.tokenize_api import add_tokenize_routes
-from services.gateway.tool_parsers import (
-    call_ids,
-    keeps_special_tokens,
-    needs_a_parser,
-    syntax_for,
-    with_template_call_ids,
-)
 
-T = TypeVar("T")
 log = logging.getLogger("baton.gateway")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -156,131 +134,9 @@ def create_app(state: GatewayState) -> FastAPI:
         metrics.count_error("invalid_request")
         return api_error_response(validation_error(e))
 
-    # The two routes every request takes: plain Starlette routes, first in the table. The router
-    # tries routes in turn, and FastAPI's parameter handling has nothing to do for an endpoint that
-    # takes the Request: together about 50 calls of Python on every request's way in, run cold
-    # (the gateway idles between requests).
-    async def completions(request: Request):
-        body = await parsed_body(request, CompletionRequest)
-        lora = check_model(state, body.model)
-        state.models.check_generates()
-        response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
-        timeline = start_timeline(state, request, response_id)
-        dispatched, on_dispatch = _dispatch_signal()
-        prompts = body.prompts
-        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
-        streams, searches, prompt_of_choice = [], [], []
-        for p, prompt in enumerate(prompts):
-            given = ({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
-                     if isinstance(prompt, str) else {"prompt_token_ids": prompt})
-            prompt_of_choice += [p] * body.n
-            if body.use_beam_search:
-                searches.append(beam_search(
-                    state.pipeline, choice_request_id(response_id, p, len(prompts)), _with_adapter(body.sampling(
-                        body.max_tokens, body.logprobs, 0), lora), body.n, body.length_penalty, **given,
-                    truncate_prompt_tokens=body.truncate_prompt_tokens, num_logprobs=body.logprobs,
-                    include_stop_str_in_output=body.include_stop_str_in_output,
-                    skip_special_tokens=body.skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch))
-                continue
-            for j in range(body.n):
-                request_id = choice_request_id(response_id, len(streams), len(prompts) * body.n)
-                streams.append(state.pipeline.generate(
-                    request_id, **given, sampling=_with_adapter(body.sampling(
-                        body.max_tokens, body.logprobs, j, bad_words, state.pipeline.prompts.generation_defaults),
-                        lora),
-                    stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-                    skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-                    clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream))
-        # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
-        echo_of_prompt = [p if isinstance(p, str) else state.pipeline.tokenizer.decode(p, skip_special_tokens=False)
-                          for p in prompts] if body.echo else None
-        builder = ResponseBuilder(kind="completion", response_id=response_id, model=lora or state.model_name,
-                                  num_choices=len(prompt_of_choice), prompt_of_choice=prompt_of_choice,
-                                  token_text=_token_text(state, body), want_logprobs=body.logprobs is not None,
-                                  num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
-                                  num_prompt_logprobs=body.prompt_logprobs)
-        choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
-        return await respond(request, choices, builder, body.stream, body.include_usage, "prompt",
-                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
-                             continuous_usage=body.continuous_usage)
-
-    def start_chat(request: Request, body: ChatCompletionRequest, response_id: str
-                   ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
-        """A chat request's choices on their way, and what builds their output."""
-        lora = check_model(state, body.model)
-        state.models.check_generates()
-        if body.lets_the_model_call_tools and state.tool_call_parser is None:
-            raise needs_a_parser("tool_choice")
-        timeline = start_timeline(state, request, response_id)
-        dispatched, on_dispatch = _dispatch_signal()
-        messages = with_template_call_ids(body.chat_messages(), state.tool_call_parser)
-        request_ids = [choice_request_id(response_id, j, body.n) for j in range(body.n)]
-        reasoning = _reasoning_reader(state, body)
-        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
-        syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
-        skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, reasoning)
-        if body.use_beam_search:
-            choices = beam_choices([beam_search(
-                state.pipeline, response_id, _with_adapter(body.sampling(body.completion_budget, body.num_logprobs, 0),
-                                                           lora), body.n, body.length_penalty,
-                messages=messages, chat_options=body.chat_options(), truncate_prompt_tokens=body.truncate_prompt_tokens,
-                num_logprobs=body.num_logprobs, include_stop_str_in_output=body.include_stop_str_in_output,
-                skip_special_tokens=skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch)])
-        else:
-            choices = merge_choices([state.pipeline.generate(
-                request_id, messages=messages, chat_options=body.chat_options(),
-                sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
-                                                     state.pipeline.prompts.generation_defaults), lora),
-                stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-                skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-                clock=timeline.clock(request_id), on_dispatch=on_dispatch,
-                guide_after=reasoning.guide_after if reasoning is not None else None, is_streamed=body.stream)
-                for j, request_id in enumerate(request_ids)])
-        builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
-                                  num_choices=body.n,
-                                  prompt_of_choice=[0] * body.n, token_text=_token_text(state, body),
-                                  want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
-                                  forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
-                                  call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
-                                  include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
-                                  parallel_tool_calls=body.parallel_tool_calls)
-        return choices, builder, dispatched, timeline
-
-    async def chat_completions(request: Request):
-        body = await parsed_body(request, ChatCompletionRequest)
-        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
-        choices, builder, dispatched, timeline = start_chat(request, body, response_id)
-        return await respond(request, choices, builder, body.stream, body.include_usage, "messages",
-                             dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
-                             continuous_usage=body.continuous_usage)
-
+    # Ahead of the other routes: the router tries them in turn, and every request takes these.
     stored_response = add_stored_response_routes(app, state.responses, state.background)
-
-    async def responses(request: Request):
-        asked = await parsed_body(request, ResponsesRequest)
-        if asked.background and asked.stream:
-            raise APIError(400, "a background response is not streamed here: read it with GET /v1/responses/{id}",
-                           param="stream")
-        if asked.background and (not asked.store or state.responses is None):
-            raise APIError(400, "a background response is read from the response store: it needs store true "
-                                "(and a gateway that stores responses, --responses-ttl-s > 0)", param="background")
-        earlier = []  # the conversation the response continues
-        if asked.previous_response_id is not None:
-            previous = await stored_response(asked.previous_response_id, "previous_response_id")
-            earlier = previous.continued()
-        body = asked.as_chat(earlier)
-        if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
-            body = await asyncio.to_thread(fit_to_context, body, state.pipeline.tokenizer)
-        response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
-        choices, builder, dispatched, _ = start_chat(request, body, response_id)
-        shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])
-        if asked.background:
-            return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
-        return await respond(request, choices, builder, asked.stream, False, "input", dispatched, shape=shape)
-
-    app.add_route("/v1/completions", completions, methods=["POST"])
-    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_route("/v1/responses", responses, methods=["POST"])
+    add_generation_routes(app, state, lambda model: check_model(state, model), stored_response)
 
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
 
@@ -334,45 +190,3 @@ def check_model(state: GatewayState, model: str) -> str | None:
     except APIError:
         state.pipeline.metrics.count_error("model_not_found")
         raise
-
-
-def _with_adapter(sampling: common_pb2.SamplingParams, lora: str | None) -> common_pb2.SamplingParams:
-    if lora is not None:
-        sampling.lora_name = lora
-    return sampling
-
-
-def start_timeline(state: GatewayState, request: Request, response_id: str) -> ResponseTimeline:
-    """The request's ledger, from its arrival (stamped by `ArrivalTime`), kept for the timeline endpoint."""
-    arrival = request.scope.get("state", {}).get(ARRIVAL_KEY, time.perf_counter())
-    timeline = ResponseTimeline(response_id, arrival, int(time.time()))
-    state.timelines.add(timeline)
-    return timeline
-
-
-def wants_timeline(request: Request, asked_in_body: bool) -> bool:
-    return asked_in_body or request.headers.get("x-baton-timeline", "").lower() in ("1", "true", "yes")
-
-
-def _reasoning_reader(state: GatewayState, body: ChatCompletionRequest) -> ReasoningReader | None:
-    """None without a parser, and for a forced tool call: its text is the call's."""
-    if body.forced_tool_call is not None:
-        return None
-    return reasoning_reader(state.reasoning_parser, state.pipeline.tokenizer, body.is_guided)
-
-
-def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
-    """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
-    dispatched = asyncio.get_running_loop().create_future()
-    return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
-
-
-def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionRequest) -> TokenText:
-    """How logprobs name a token: by its text, or "token_id:N" (vLLM's `return_tokens_as_token_ids`)."""
-    return _token_id_text if body.return_tokens_as_token_ids else state.token_text
-
-
-def _token_id_text(token_id: int) -> str:
-    return f"token_id:{token_id}"
-
-

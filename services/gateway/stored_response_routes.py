@@ -1,6 +1,6 @@
 """The OpenAI Responses API's stored responses: `GET` and `DELETE /v1/responses/{id}`, its
 `/input_items`, and `POST /v1/responses/{id}/cancel` for a background one (the POST that makes a
-response is http_app.py's)."""
+response is generation_routes.py's)."""
 from __future__ import annotations
 
 import asyncio
