@@ -46,6 +46,7 @@ DEFAULT_LOCAL_TOKENIZE_MAX_CHARS = 2048
 # compose service or a Kubernetes headless service is scaled.
 DEFAULT_RESOLVE_WORKERS_S = 5.0
 DEFAULT_RESPONSES_TTL_S = 3600.0  # how long the Responses API keeps a stored response
+DEFAULT_OVERLAP_WEIGHT = 4.0  # router.py's RouterConfig says why 4
 # preopened: a prompt goes to its prefill worker on a call kept open ahead of it where one
 # is (services/gateway/kept_calls.py); new: on a new call each.
 PREFILL_CALLS = ("preopened", "new")
@@ -77,7 +78,7 @@ class GatewayConfig:
     kv_transport: str = "auto"  # how prefill sends KV to decode; see KV_TRANSPORTS
     redis_url: str = ""  # the prefix index and instance registry; "": route by load only
     routing: str = "prefix"  # see ROUTING_POLICIES; prefix without --redis routes by load
-    overlap_weight: float = 4.0  # router: a block to compute against a block already queued (router.py)
+    overlap_weight: float = DEFAULT_OVERLAP_WEIGHT  # router: a block to compute against one already queued
     local_prefill_max_tokens: int = LOCAL_PREFILL_AUTO  # decode prefills prompts this short itself; 0: never
     local_tokenize_max_chars: int = DEFAULT_LOCAL_TOKENIZE_MAX_CHARS  # encoded here, not by the tokenizer service
     is_colocated: bool = False  # no prefill workers: decode prefills every prompt itself

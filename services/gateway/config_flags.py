@@ -33,6 +33,7 @@ from services.common.settings import (
 from services.gateway.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_LOCAL_TOKENIZE_MAX_CHARS,
+    DEFAULT_OVERLAP_WEIGHT,
     DEFAULT_RESOLVE_WORKERS_S,
     DEFAULT_RESPONSES_TTL_S,
     ENV_API_KEY,
@@ -140,7 +141,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--routing", default=env.get(ENV_ROUTING, "prefix"),
                         help=f"how prefill workers are chosen: {', '.join(ROUTING_POLICIES)} (${ENV_ROUTING})")
     parser.add_argument("--router-overlap-weight", type=float,
-                        default=env_float(env, ENV_OVERLAP_WEIGHT, 4.0),
+                        default=env_float(env, ENV_OVERLAP_WEIGHT, DEFAULT_OVERLAP_WEIGHT),
                         help=f"prefix routing: the cost of a prompt block to compute, against one block of "
                              f"queued work (${ENV_OVERLAP_WEIGHT})")
     parser.add_argument("--local-prefill-max-tokens", type=int,
