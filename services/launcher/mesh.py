@@ -19,46 +19,26 @@ every user of the host could read it.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 import signal
-import ssl
-import urllib.request
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
 from services.launcher.console import Console, process_table
-from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit, probe_address
+from services.launcher.environment import child_environment
+from services.launcher.gateway_probe import http_model_name
+from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit
 from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
-from services.launcher.specs import (
-    API_KEY_VARIABLE,
-    CHAT_TEMPLATE_VARIABLE,
-    DECODE_NAME_PREFIXES,
-    DTYPE_VARIABLE,
-    HF_OVERRIDES_VARIABLE,
-    LORA_MODULES_VARIABLE,
-    MAX_MODEL_LEN_VARIABLE,
-    MeshConfig,
-    gateway_spec,
-    kvstore_spec,
-    worker_specs,
-)
+from services.launcher.specs import DECODE_NAME_PREFIXES, MeshConfig, gateway_spec, kvstore_spec, worker_specs
 
-REDIS_URL_VARIABLE = "BATON_REDIS_URL"  # what the services (and `baton up --redis`) read
 REDIS_START_TIMEOUT_S = 10.0  # it answers PING within milliseconds; bounded by --start-timeout
 SERVICES_ROOT = Path(__file__).resolve().parents[2]  # where `python -m services.<name>` resolves
 EXIT_FAILED = 1
 SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
 # A worker prints where it serves Prometheus' /metrics right after its listening line.
 METRICS_LINE = r"^\S+ metrics on (\S+)$"
-# The gateway is on this host: an http_proxy variable must not reroute the probe.
-# The gateway's own certificate may be one no CA signed: the launcher probes its own child on
-# loopback, and reads only /health and the model's name, so it does not check it.
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                               urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
 
 
 class Mesh:
@@ -152,7 +132,7 @@ class Mesh:
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
             grpc_address = await self.gateway.wait_ready(deadline)
             scheme, http_address = (await self.gateway.wait_for(http_line, "serving HTTP", deadline)).groups()
-            model = await self.gateway.wait_for(_http_model_name(scheme, http_address, self.config.api_key),
+            model = await self.gateway.wait_for(http_model_name(scheme, http_address, self.config.api_key),
                                                 "answering HTTP GET /health", deadline)
             self.addresses["gateway"] = f"{grpc_address} (gRPC), {http_address} (HTTP)"
             self.api_url = f"{scheme}://{http_address}"
@@ -216,24 +196,7 @@ class Mesh:
                                   f"if it is killed, its segment may stay in /dev/shm")
 
     def _child(self, spec: ChildSpec) -> ChildProcess:
-        # Each child's stdout is a pipe, so unbuffered output keeps its lines prompt. The
-        # services are given Redis by --redis alone, never by an inherited variable; the API
-        # key goes to the gateway alone, which is what asks for it.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop(REDIS_URL_VARIABLE, None)
-        env.pop(API_KEY_VARIABLE, None)
-        if spec.name == "gateway" and self.config.api_key:
-            env[API_KEY_VARIABLE] = self.config.api_key
-        if self.config.chat_template is not None:
-            env[CHAT_TEMPLATE_VARIABLE] = self.config.chat_template
-        if self.config.dtype is not None:
-            env[DTYPE_VARIABLE] = self.config.dtype
-        if self.config.max_model_len is not None:
-            env[MAX_MODEL_LEN_VARIABLE] = str(self.config.max_model_len)
-        if self.config.lora_modules is not None:
-            env[LORA_MODULES_VARIABLE] = " ".join(self.config.lora_modules)
-        if self.config.hf_overrides is not None:
-            env[HF_OVERRIDES_VARIABLE] = self.config.hf_overrides
+        env = child_environment(self.config, spec.name)
         return ChildProcess(spec, lambda *line: self.console.forward(*line), cwd=str(SERVICES_ROOT), env=env)
 
     def _supervise(self, child: ChildProcess) -> None:
@@ -303,25 +266,3 @@ def _without_password(url: str) -> str:
     if parts.password is None:
         return url
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
-
-
-async def _http_model_name(scheme: str, address: str, api_key: str | None = None) -> str | None:
-    """Polls GET /health until 200, then reads the first id of GET /v1/models (None if it has none)."""
-    base = f"{scheme}://{probe_address(address)}"
-    while await asyncio.to_thread(_http_get, f"{base}/health") is None:
-        await asyncio.sleep(0.1)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        models = json.loads(await asyncio.to_thread(_http_get, f"{base}/v1/models", headers) or "{}").get("data") or []
-        return str(models[0]["id"]) if models else None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _http_get(url: str, headers: dict[str, str] | None = None) -> bytes | None:
-    """The body of a 200 answer to GET `url`, else None."""
-    try:
-        with _NO_PROXY_OPENER.open(urllib.request.Request(url, headers=headers or {}), timeout=2.0) as response:
-            return response.read() if response.status == 200 else None
-    except OSError:
-        return None
