@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from protos import cache_pb2, cache_pb2_grpc
-from services.common.engine_loop import EngineDeadError, EngineLoop
+from services.common.engine_loop import EngineLoop
+from services.common.engine_stepper import EngineDeadError
 
 SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["PrefixCache"].full_name
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import queue
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -34,57 +32,22 @@ import torch
 
 from engine import memory_release
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from services.common.engine_stepper import STOP, EngineStepper
 from services.common.engine_thread import EngineThread
+from services.common.request_outputs import IntoQueue
 
 log = logging.getLogger("baton.engine_loop")
 T = TypeVar("T")
-_STOP = object()
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop has ended on a failed step: nothing more runs on this engine."""
-
-
-class RequestRefusedError(ValueError):
-    """The engine refused a request it was given (its ValueError's message): the one item of that
-    request's output queue. Not a failure of the engine: its outputs' other errors are."""
-
-
-class _IntoQueue:
-    """What a command that starts a request reports to: as a concurrent Future to the engine
-    thread, but only a failure is news (the request's outputs say the rest), and it goes into the
-    request's output queue."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue) -> None:
-        self._loop = loop
-        self._outputs = outputs
-
-    def set_running_or_notify_cancel(self) -> bool:
-        return True
-
-    def set_result(self, result: Any) -> None:
-        pass
-
-    def set_exception(self, error: BaseException) -> None:
-        refused = isinstance(error, ValueError)
-        _hand_over(self._loop, self._outputs, RequestRefusedError(str(error)) if refused else error)
-
-
-class EngineLoop:
+class EngineLoop(EngineStepper):
     """`thread`: the one the engine was built on; by default a new one."""
 
     def __init__(self, engine: LLMEngine, thread: EngineThread | None = None) -> None:
-        self.engine = engine
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        # request id -> (its consumer's loop, its output queue); touched only by the engine thread
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        super().__init__(engine)
         self._thread = thread or EngineThread()
         self._running: concurrent.futures.Future | None = None
-        self._is_threaded = threading.Event()
-        self.failure: BaseException | None = None  # what ended the loop, once a step failed
-        self._is_paused = False  # set only by the engine thread
 
     def start(self, sole_parallel_thread: bool = False) -> None:
         """Start stepping. With `sole_parallel_thread` (a worker process, whose engine was built on
@@ -115,7 +78,7 @@ class EngineLoop:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Finish the command in hand, then end the thread. Outputs still pending are dropped."""
         if self._running is not None and not self._running.done():
-            self._commands.put(_STOP)
+            self._commands.put(STOP)
             concurrent.futures.wait([self._running], timeout_s)
         self._thread.shutdown(wait=False)
 
@@ -198,7 +161,7 @@ class EngineLoop:
                 raise
             self._streams[request_id] = stream
 
-        self._queue(add, _IntoQueue(*stream))
+        self._queue(add, IntoQueue(*stream))
         return stream[1]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -217,10 +180,10 @@ class EngineLoop:
                                output_token_ids=output_token_ids)
             self._streams[request_id] = stream
 
-        self._queue(add, _IntoQueue(*stream))
+        self._queue(add, IntoQueue(*stream))
         return stream[1]
 
-    def _queue(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | _IntoQueue) -> None:
+    def _queue(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | IntoQueue) -> None:
         """Queue `fn` for the engine thread, which tells `future` how it went; raises EngineDeadError
         at once once a step has failed."""
         if self.failure is not None:
@@ -256,94 +219,6 @@ class EngineLoop:
             return False
         engine.abort(request_id)  # its last output (finish_reason "abort") comes from the next step
         return True
-
-    def _run(self) -> None:
-        # torch fixes a thread's count on its first use of it (the count built with, or the last
-        # one set anywhere): fixed now, before `start` may set the other threads' to one.
-        torch.get_num_threads()
-        self._is_threaded.set()
-        commands = self._commands
-        while True:
-            # Idle: block for work. Busy: take whatever arrived and go on stepping. While it runs, only
-            # this thread takes commands, so one seen waiting is there to take: no queue.Empty raised
-            # and caught between a request's arrival and its first step.
-            is_busy = self._has_work()
-            command = None if is_busy and commands.empty() else commands.get()
-            while command is not None:
-                if command is _STOP:
-                    return
-                self._execute(*command)
-                command = None if commands.empty() else commands.get()
-            if self._is_paused:
-                self._deliver(self.engine.finished_outside_step())
-            elif self.engine.has_unfinished_requests():
-                try:
-                    outputs = self.engine.step()
-                except Exception as e:  # the engine's state is unknown now: end every stream and call, then die loudly
-                    self.failure = e
-                    for loop, outputs_queue in self._streams.values():
-                        loop.call_soon_threadsafe(outputs_queue.put_nowait, e)
-                    self._streams.clear()
-                    self._fail_queued()
-                    raise
-                self._deliver(outputs)
-
-    def _has_work(self) -> bool:
-        if self._is_paused:
-            return self.engine.has_finished_outside_step()
-        return self.engine.has_unfinished_requests()
-
-    def _fail_queued(self) -> None:
-        """Fail every call still queued with EngineDeadError (from either thread: each takes its own)."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if command is not _STOP and command[1] is not None and command[1].set_running_or_notify_cancel():
-                command[1].set_exception(self._dead())
-
-    def _dead(self) -> EngineDeadError:
-        return EngineDeadError(f"the engine failed: {self.failure!r}")
-
-    def _execute(self, fn: Callable[[LLMEngine], Any], future: concurrent.futures.Future | _IntoQueue | None) -> None:
-        if future is not None and not future.set_running_or_notify_cancel():
-            return
-        try:
-            result = fn(self.engine)
-        except BaseException as e:
-            if future is None:
-                log.exception("engine command failed")
-            else:
-                future.set_exception(e)
-            return
-        if future is not None:
-            future.set_result(result)
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
-            if stream is None:
-                continue
-            _hand_over(*stream, out)
-
-
-def _hand_over(loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue, item: Any) -> None:
-    """Put `item` into a consumer's output queue, from the engine thread."""
-    try:
-        loop.call_soon_threadsafe(outputs.put_nowait, item)
-    except RuntimeError:  # the consumer's loop is closed (shutdown)
-        pass
-
-
-async def finished(outputs: asyncio.Queue) -> RequestOutput:
-    """A request's last output, read off its queue; raises the error that came instead."""
-    while True:
-        out = await outputs.get()
-        if isinstance(out, BaseException):
-            raise out
-        if out.finished:
-            return out
 
 
 def _log_failure(running: concurrent.futures.Future) -> None:

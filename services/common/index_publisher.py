@@ -33,7 +33,8 @@ from redis.exceptions import RedisError
 
 from engine.llm_engine import LLMEngine
 from services.common.addresses import advertised_address, instance_id
-from services.common.engine_loop import EngineDeadError, EngineLoop
+from services.common.engine_loop import EngineLoop
+from services.common.engine_stepper import EngineDeadError
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceInfo, InstanceRegistry
 from services.kvstore.prefix_index import PrefixIndex

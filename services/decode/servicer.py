@@ -43,9 +43,11 @@ from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name, layout_to_proto, sampling_params_from_proto
-from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError
+from services.common.engine_loop import EngineLoop
+from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
+from services.common.request_outputs import RequestRefusedError
 from services.decode.converters import chunk_from_output
 from services.decode.leases import LeaseTable
 from services.decode.output_batches import OutputBatches

@@ -38,13 +38,14 @@ from protos import (
 )
 from services.common.cache_servicer import SERVICE_NAME as CACHE_SERVICE_NAME, PrefixCacheServicer
 from services.common.embed_servicer import SERVICE_NAME as EMBED_SERVICE_NAME, EmbeddingsServicer
-from services.common.engine_loop import EngineLoop, finished
+from services.common.engine_loop import EngineLoop
 from services.common.engine_thread import EngineThread
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
 from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
+from services.common.request_outputs import finished
 from services.common.scheduler_servicer import SERVICE_NAME as SCHEDULER_SERVICE_NAME, SchedulerServicer
 from services.common.tracing import record_engine_boot, tracer
 from services.common.weights_servicer import SERVICE_NAME as WEIGHTS_SERVICE_NAME, WeightsServicer

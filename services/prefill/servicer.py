@@ -67,9 +67,11 @@ import torch
 
 from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
-from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError
+from services.common.engine_loop import EngineLoop
+from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
+from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.transport import KVDestination, PageTransport

@@ -21,7 +21,9 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from services.common.engine_loop import EngineDeadError, EngineLoop, RequestRefusedError, finished
+from services.common.engine_loop import EngineLoop
+from services.common.engine_stepper import EngineDeadError
+from services.common.request_outputs import RequestRefusedError, finished
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,8 @@ import asyncio
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from services.common.engine_loop import EngineLoop, finished
+from services.common.engine_loop import EngineLoop
+from services.common.request_outputs import finished
 from services.decode.leases import LeaseTable
 
 GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
