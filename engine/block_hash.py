@@ -33,12 +33,17 @@ def block_hash(parent_hash: int | None, token_ids: Sequence[int], extra: bytes =
     return int.from_bytes(h.digest(), "little")
 
 
-def with_adapter(extra: bytes, lora_name: str | None) -> bytes:
-    """A request's block-hash `extra`: the model's, and the LoRA adapter it is computed with, if any
-    (its KV is not the base model's, nor another adapter's)."""
-    if lora_name is None:
-        return extra
-    return extra + b"lora:" + hashlib.blake2b(lora_name.encode(), digest_size=8).digest()
+def request_extra(extra: bytes, lora_name: str | None = None, cache_salt: str | None = None) -> bytes:
+    """A request's block-hash `extra`: the model's `extra`; then the LoRA adapter it is computed with,
+    if any (its KV is not the base model's, nor another adapter's); then its cache salt, if any
+    (vLLM's `cache_salt`: only requests giving the same salt share its blocks, so one tenant cannot
+    tell from a fast first token that another sent the same prompt). Both are hashed to a fixed
+    length: every block's hash reads the extra, and the lengths keep the parts apart."""
+    if lora_name is not None:
+        extra += b"lora:" + hashlib.blake2b(lora_name.encode(), digest_size=8).digest()
+    if cache_salt is not None:
+        extra += b"salt:" + hashlib.blake2b(cache_salt.encode(), digest_size=16).digest()
+    return extra
 
 
 def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b"",

@@ -128,7 +128,8 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence) -> bool:
         matched, _ = self.prefix_cache.match(seq.token_ids, self._max_blocks_read(seq),
-                                             seq.sampling_params.lora_name)
+                                             seq.sampling_params.lora_name,
+                                             seq.sampling_params.cache_salt)
         return seq.num_blocks - len(matched) <= self.num_free_blocks - self._num_revived(matched)
 
     def allocate(self, seq: Sequence) -> None:
@@ -139,7 +140,8 @@ class BlockManager:
         if seq.block_table or seq.request_id in self._seqs:
             raise ValueError(f"{seq.request_id!r} already holds blocks")
         matched, hashes = self.prefix_cache.match(seq.token_ids, self._max_blocks_read(seq),
-                                                  seq.sampling_params.lora_name)
+                                                  seq.sampling_params.lora_name,
+                                                  seq.sampling_params.cache_salt)
         num_fresh = seq.num_blocks - len(matched)
         if num_fresh > self.num_free_blocks - self._num_revived(matched):
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")

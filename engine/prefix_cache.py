@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence as TokenIds
 
 from engine.block import Block
-from engine.block_hash import block_hash, hash_block_chain, with_adapter
+from engine.block_hash import block_hash, hash_block_chain, request_extra
 from engine.cache_events import CacheEvents
 from engine.sequence import Sequence
 
@@ -27,19 +27,20 @@ class PrefixCache:
         self.hash_to_block_id: dict[int, int] = {}
         self.events: CacheEvents | None = None  # recorded once `enable_events` is called
 
-    def extra(self, lora_name: str | None) -> bytes:
-        """The hash extra of KV computed with `lora_name`'s adapter (None: the base model)."""
-        return with_adapter(self.hash_extra, lora_name)
+    def extra(self, lora_name: str | None, cache_salt: str | None = None) -> bytes:
+        """The hash extra of KV computed with `lora_name`'s adapter (None: the base model) for requests
+        salted with `cache_salt` (None: unsalted)."""
+        return request_extra(self.hash_extra, lora_name, cache_salt)
 
-    def match(self, token_ids: TokenIds[int], max_blocks: int,
-              lora_name: str | None = None) -> tuple[list[int], list[int]]:
+    def match(self, token_ids: TokenIds[int], max_blocks: int, lora_name: str | None = None,
+              cache_salt: str | None = None) -> tuple[list[int], list[int]]:
         """Block ids and chain hashes of the longest cached prefix (at most `max_blocks`) computed
-        with `lora_name`'s adapter (None: the base model)."""
+        with `lora_name`'s adapter (None: the base model) under `cache_salt` (None: unsalted)."""
         block_ids: list[int] = []
         hashes: list[int] = []
         if not self.is_enabled:
             return block_ids, hashes
-        bs, extra = self.block_size, self.extra(lora_name)
+        bs, extra = self.block_size, self.extra(lora_name, cache_salt)
         parent: int | None = None
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
@@ -60,7 +61,8 @@ class PrefixCache:
         bs, lora_name = self.block_size, seq.sampling_params.lora_name
         num_full = min(seq.num_computed_tokens, seq.num_tokens) // bs
         first = len(hashes)
-        new_hashes = hash_block_chain(seq.token_ids[first * bs : num_full * bs], bs, self.extra(lora_name),
+        extra = self.extra(lora_name, seq.sampling_params.cache_salt)
+        new_hashes = hash_block_chain(seq.token_ids[first * bs : num_full * bs], bs, extra,
                                       hashes[-1] if hashes else None)
         for i, parent in enumerate(new_hashes, start=first):
             hashes.append(parent)

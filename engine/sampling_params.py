@@ -51,6 +51,10 @@ class SamplingParams:
     # vLLM's LoRA request, and no sampling setting either: the adapter (EngineConfig.lora_modules) the
     # request is computed with; None: the base model.
     lora_name: str | None = None
+    # vLLM's cache_salt, no sampling setting either: the request's blocks are cached and matched under
+    # this salt (engine/block_hash.py's request_extra), so only requests giving the same one share a
+    # prefix; None: unsalted, shared with every unsalted request.
+    cache_salt: str | None = None
     # An embedding request, and no sampling setting: its output carries the model's last hidden state
     # (after the final norm) at its last prompt token (RequestOutput.embedding), the pooling vLLM gives
     # a decoder-only model ("LAST"); it makes one token, which no one reads.
@@ -74,6 +78,8 @@ class SamplingParams:
             raise ValueError(f"an embedding request makes one token: max_tokens must be 1, got {self.max_tokens}")
         if self.embed_tokens and not self.embed:
             raise ValueError("embed_tokens is for an embedding request (embed)")
+        if self.cache_salt == "":
+            raise ValueError("cache_salt must be a non-empty string")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -48,7 +48,7 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
 def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
     kwargs = {}
     for name in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "logprobs", "prompt_logprobs",
-                 "guided_regex", "guided_grammar", "lora_name"):
+                 "guided_regex", "guided_grammar", "lora_name", "cache_salt"):
         if p.HasField(name):
             kwargs[name] = getattr(p, name)
     if p.guide_after_token_ids:

@@ -120,8 +120,8 @@ async def beam_search(pipeline, request_id: str, params: common_pb2.SamplingPara
                       on_dispatch: Callable[[], None] | None = None) -> list[Delta]:
     """One prompt's beams as whole choices, through `pipeline` (a RequestPipeline). `params`: the
     request's: its max_tokens (without one, what the context leaves), stop_token_ids and ignore_eos
-    (which leaves the model's end-of-sequence tokens to run on), priority, LoRA adapter and prompt
-    logprobs. Each step's request is `request_id~beamK.I` (the I-th beam's after K
+    (which leaves the model's end-of-sequence tokens to run on), priority, LoRA adapter, cache salt
+    and prompt logprobs. Each step's request is `request_id~beamK.I` (the I-th beam's after K
     tokens), on `timeline` when given."""
     prompt = await pipeline.prompts.encode(request_id, prompt_text, prompt_token_ids, messages, chat_options,
                                            add_special_tokens)
@@ -136,6 +136,8 @@ async def beam_search(pipeline, request_id: str, params: common_pb2.SamplingPara
                                             logprobs=max(2 * spec.width, num_logprobs or 0))
     if params.HasField("lora_name"):
         step_params.lora_name = params.lora_name
+    if params.HasField("cache_salt"):
+        step_params.cache_salt = params.cache_salt
     first_params = common_pb2.SamplingParams()
     first_params.CopyFrom(step_params)
     if params.HasField("prompt_logprobs"):

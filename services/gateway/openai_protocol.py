@@ -4,13 +4,14 @@ share (`SamplingFields`) and completions' own (chat's: chat_request.py, its mess
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
 `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, `truncate_prompt_tokens`,
-`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`, `bad_words`, `priority`,
-`return_tokens_as_token_ids`, `use_beam_search` with `length_penalty`, and chat's template options),
-plus Baton's `return_timeline`. A value out of range fails validation here, so the client gets a 400
-that names the field before any worker is called. Unknown fields are ignored, as OpenAI's own server
-does for fields a model does not use; but vLLM's extras that are not served here (logits
-processors), and what beam search cannot honour (penalties, biases, stop strings, structured
-output), are refused by name: ignored, they would give other output than was asked for.
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`, `bad_words`,
+`priority`, `cache_salt`, `return_tokens_as_token_ids`, `use_beam_search` with
+`length_penalty`, and chat's template options), plus Baton's `return_timeline`. A value out of range
+fails validation here, so the client gets a 400 that names the field before any worker is called.
+Unknown fields are ignored, as OpenAI's own server does for fields a model does not use; but vLLM's
+extras that are not served here (logits processors), and what beam search cannot honour (penalties,
+biases, stop strings, structured output), are refused by name: ignored, they would give other output
+than was asked for.
 """
 from __future__ import annotations
 
@@ -108,6 +109,10 @@ class SamplingFields(BaseModel):
     # vLLM's: scheduled before higher values on workers run with --scheduling-policy priority
     # (workers on fcfs refuse any but 0).
     priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = 0
+    # vLLM's: the prompt's KV blocks are cached and matched under this salt, so only requests giving
+    # the same one share them: a tenant's secret keeps another from telling by a fast first token
+    # that it sent the same prompt.
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
     user: str | None = None
     # vLLM's: logprobs name each token "token_id:N", not by its text (which may not tell two tokens apart)
     return_tokens_as_token_ids: bool = False
@@ -199,6 +204,8 @@ class SamplingFields(BaseModel):
             params.top_p = self.top_p
         if self.repetition_penalty is not None:
             params.repetition_penalty = self.repetition_penalty
+        if self.cache_salt is not None:
+            params.cache_salt = self.cache_salt
         if self.seed is not None:
             params.seed = (self.seed + choice) % 2**64
         if logprobs is not None:

@@ -290,7 +290,8 @@ class RequestPipeline:
                 try:
                     lookup = await self.prefill_router.lookup(
                         prompt, decode_worker.address if self.local_prefill_max_tokens > 0 else None,
-                        params.lora_name if params.HasField("lora_name") else None)
+                        params.lora_name if params.HasField("lora_name") else None,
+                        params.cache_salt if params.HasField("cache_salt") else None)
                 except ValueError as e:  # a negative id in a block it hashed
                     raise InvalidRequestError(f"prompt {e}") from None
         is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)

@@ -58,6 +58,7 @@ class ResponsesRequest(BaseModel):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     reasoning: dict[str, Any] | None = None  # {"effort": ...}: chat's `reasoning_effort`
+    cache_salt: str | None = None  # vLLM's, as chat's
 
     @property
     def wants_logprobs(self) -> bool:
@@ -80,7 +81,7 @@ class ResponsesRequest(BaseModel):
         or what chat refuses."""
         chat: dict[str, Any] = {"model": self.model, "messages": self._messages(earlier), "stream": self.stream}
         for name, value in (("max_completion_tokens", self.max_output_tokens), ("temperature", self.temperature),
-                            ("top_p", self.top_p), ("user", self.user)):
+                            ("top_p", self.top_p), ("user", self.user), ("cache_salt", self.cache_salt)):
             if value is not None:
                 chat[name] = value
         if self.tools:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
-from engine.block_hash import BlockHashChain, with_adapter
+from engine.block_hash import BlockHashChain, request_extra
 from services.gateway.index_mirror import IndexMirror
 from services.gateway.routed_blocks import RoutedBlocks
 from services.gateway.workers import Worker, WorkerPool
@@ -162,15 +162,15 @@ class PrefixRouter:
         return route
 
     async def lookup(self, prompt: Sequence[int], decode_address: str | None = None,
-                     lora_name: str | None = None) -> Lookup:
+                     lora_name: str | None = None, cache_salt: str | None = None) -> Lookup:
         """How many of `prompt`'s leading blocks each prefill worker, each kvstore node and the
         decode worker at `decode_address` hold, computed with LoRA adapter `lora_name` (None: the
-        model): one round trip, made only when there is a choice to make (several prefill workers,
-        a kvstore node, or a decode worker that may prefill). The prompt is hashed only as far as
-        the match reads (up to the first block no one holds): `record` hashes the rest, after the
-        prompt is sent."""
+        model) under `cache_salt` (None: unsalted): one round trip, made only when there is a
+        choice to make (several prefill workers, a kvstore node, or a decode worker that may
+        prefill). The prompt is hashed only as far as the match reads (up to the first block no
+        one holds): `record` hashes the rest, after the prompt is sent."""
         candidates = self.pool.serving()
-        hashes = BlockHashChain(prompt, self.block_size, with_adapter(self.fingerprint, lora_name))
+        hashes = BlockHashChain(prompt, self.block_size, request_extra(self.fingerprint, lora_name, cache_salt))
         decode_id = self._decode_ids.get(decode_address) if decode_address else None
         if not hashes or not (len(candidates) > 1 or self._kvstores or decode_id):
             return Lookup(hashes, None)
@@ -319,7 +319,7 @@ class RandomRouter:
         return route
 
     async def lookup(self, prompt: Sequence[int], decode_address: str | None = None,
-                     lora_name: str | None = None) -> Lookup:
+                     lora_name: str | None = None, cache_salt: str | None = None) -> Lookup:
         return NO_LOOKUP
 
     def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:

@@ -65,6 +65,7 @@ from functools import partialmethod
 import grpc
 import torch
 
+from engine.sampling_params import SamplingParams
 from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.engine_loop import EngineLoop
@@ -196,8 +197,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
             tier_tokens, tier_seconds = 0, 0.0
             try:
-                # The host tier holds the base model's pages: a LoRA request's are its adapter's own.
-                if request.host_tier.num_blocks and request.host_tier.address and params.lora_name is None:
+                # The host tier holds the base model's unsalted pages: a LoRA request's are its adapter's
+                # own, and a salted request's are only for those giving its salt.
+                if request.host_tier.num_blocks and request.host_tier.address and _is_shared(params):
                     read_start = time.perf_counter()
                     with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
                         tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
@@ -285,7 +287,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 def release() -> None:
                     self._release_after(request_id, pending_copy)
 
-                if held is None or params.lora_name is not None or not self._host_tier.store_then(
+                if held is None or not _is_shared(params) or not self._host_tier.store_then(
                         request_id, prompt, held.num_cached_tokens, held.held_block_ids, release):
                     release()
             if reservation is not None and not is_handed_on:
@@ -349,3 +351,8 @@ def _first_token_timings(times, arrival_ns: int, arrival: float, computed: float
         prefill = (first_token_ns - times.first_step_start_ns) / 1e9
     return {"queue_seconds": queue, "admit_seconds": admit, "prefill_seconds": prefill,
             "host_tier_read_seconds": host_tier_read_seconds}
+
+
+def _is_shared(params: SamplingParams) -> bool:
+    """Whether the request's prefix pages are the host tier's kind: the base model's, unsalted."""
+    return params.lora_name is None and params.cache_salt is None

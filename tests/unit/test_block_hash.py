@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.block_hash import BlockHashChain, block_hash, hash_block_chain
+from engine.block_hash import BlockHashChain, block_hash, hash_block_chain, request_extra
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,3 +160,11 @@ def test_a_token_id_no_u32_holds_is_a_value_error_naming_it():
             hash_block_chain([1, 2, bad, 4], 4)
         with pytest.raises(ValueError, match=f"token id {bad} "):
             block_hash(None, [1, bad])
+
+
+def test_a_request_extra_names_its_adapter_and_its_salt_apart():
+    extras = [request_extra(b"model", lora, salt) for lora in (None, "a", "b") for salt in (None, "a", "b")]
+    assert len(set(extras)) == len(extras)  # no two of (adapter, salt) share blocks
+    assert extras[0] == b"model" and request_extra(b"model", "a", "b") == request_extra(b"model", "a", "b")
+    # The parts have fixed lengths: a salt cannot pass for an adapter, nor one salt for another's start.
+    assert len({len(request_extra(b"m", None, salt)) for salt in ("x", "x" * 500)}) == 1

@@ -508,3 +508,33 @@ def test_forgetting_an_adapter_uncaches_exactly_its_blocks_and_says_so():
     assert mgr.num_cached_prefix_tokens(list(range(9)), "y") == 8
     mgr.free(base), mgr.free(other)
     mgr.check_integrity()
+
+
+def test_a_salted_prefix_is_shared_only_with_its_salt():
+    """vLLM's cache_salt: blocks cached under a salt match only requests giving that salt, in
+    both directions; unsalted ones share among themselves."""
+    mgr = BlockManager(16, BS)
+    mgr.enable_cache_events()
+    seqs: dict[str, Sequence] = {}
+
+    def cached(rid: str, salt: str | None) -> int:
+        seqs[rid] = Sequence(rid, list(range(9)), SamplingParams(cache_salt=salt), BS)
+        mgr.allocate(seqs[rid])
+        return seqs[rid].num_cached_tokens
+
+    assert cached("a1", "tenant-a") == 0
+    compute(mgr, seqs["a1"])
+    assert mgr.drain_cache_events()[0] == hash_block_chain(range(8), BS, mgr.prefix_cache.extra(None, "tenant-a"))
+    assert [cached("b", "tenant-b"), cached("plain", None), cached("a2", "tenant-a")] == [0, 0, 8]
+    assert mgr.num_cached_prefix_tokens(list(range(9))) == 0  # the unsalted view: the host tier's
+    mgr.free(seqs.pop("a1"))
+    compute(mgr, seqs["plain"])
+    assert [cached("plain2", None), cached("c", "tenant-c")] == [8, 0]
+    for seq in seqs.values():
+        mgr.free(seq)
+    mgr.check_integrity()
+
+
+def test_an_empty_salt_is_refused():
+    with pytest.raises(ValueError, match="cache_salt"):
+        SamplingParams(cache_salt="")

@@ -22,6 +22,10 @@ def test_absent_fields_take_the_engines_defaults_and_set_ones_are_kept():
                                                                bad_words_token_ids=((8,), (9, 10)))
     # A temperature set to 0 is not an absent one (the default is 1).
     assert sampling_params_from_proto(common_pb2.SamplingParams(temperature=0.0)).temperature == 0.0
+    assert sampling_params_from_proto(common_pb2.SamplingParams(cache_salt="s", lora_name="x")) == \
+        SamplingParams(cache_salt="s", lora_name="x")
+    with pytest.raises(ValueError, match="cache_salt"):  # given, but empty
+        sampling_params_from_proto(common_pb2.SamplingParams(cache_salt=""))
 
 
 def test_a_guide_waits_for_one_token_or_a_run_of_them():

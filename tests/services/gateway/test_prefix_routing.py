@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -43,6 +44,30 @@ def test_requests_sharing_a_prefix_land_where_it_is_cached(routed_mesh):
             for i in range(3) for k, system in enumerate(SYSTEM_PROMPTS)]
     # Load-only routing would alternate workers and miss about half of these.
     assert all(hit >= PREFIX_TOKENS for hit in hits), hits
+
+
+def test_a_salted_prefix_is_shared_only_with_requests_giving_its_salt(routed_mesh):
+    """vLLM's cache_salt through the mesh: the router matches, and the workers cache, a salted
+    prompt's blocks under its salt. Were a salt ignored, prefix routing would send the first request
+    of another salt (or none) to the worker holding the prefix, and it would hit there."""
+    system = [(41 * j + 7) % 900 + 5 for j in range(PREFIX_TOKENS)]
+    with openai.OpenAI(base_url=f"{routed_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        def cached(tail: int, salt: str | None = None) -> int:
+            salted = None if salt is None else {"cache_salt": salt}
+            response = client.completions.create(model=routed_mesh.model_name, prompt=system + [tail], max_tokens=2,
+                                                 temperature=0, extra_body=salted)
+            return response.usage.prompt_tokens_details.cached_tokens
+
+        assert cached(950, "tenant-a") == 0
+        time.sleep(0.5)  # the worker publishes what it cached
+        hits = [cached(951 + i, "tenant-a") for i in range(3)]
+        assert all(hit >= PREFIX_TOKENS for hit in hits), hits  # found, and routed to, by its salt
+        assert [cached(960, "tenant-b"), cached(961)] == [0, 0]
+        time.sleep(0.5)
+        assert min(cached(962, "tenant-b"), cached(963)) >= PREFIX_TOKENS  # each now has its own
+        with pytest.raises(openai.BadRequestError) as refused:
+            cached(964, "")
+        assert refused.value.body["param"] == "cache_salt"
 
 
 def test_a_prompt_whose_logprobs_are_asked_for_is_placed_by_load(routed_mesh):
