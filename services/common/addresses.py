@@ -14,7 +14,7 @@ WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 def advertised_address(host: str, port: int) -> str:
     """host:port as other machines reach it. A wildcard bind advertises the IPv4 address its host
     name resolves to (a container's own address), as the gateway resolves a service name with
-    several replicas into their addresses (services/gateway/workers.py)."""
+    several replicas into their addresses (services/gateway/worker_discovery.py)."""
     if host not in WILDCARD_HOSTS:
         return f"{host}:{port}"
     name = socket.gethostname()

@@ -53,14 +53,14 @@ from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
 from services.gateway.score_api import is_cross_encoder
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import TimelineStore
-from services.gateway.workers import (
-    WorkerPool,
+from services.gateway.worker_discovery import (
     expand_addresses,
     follow,
     needs_resolving,
     registered_workers,
     resolved_names,
 )
+from services.gateway.workers import WorkerPool
 from services.kvstore.prefix_index import PrefixIndex
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
@@ -109,7 +109,7 @@ class GatewayService:
         self.router: PrefixRouter | RandomRouter | None = None
         self.http: _EmbeddedServer | None = None
         self.http_task: asyncio.Task | None = None
-        self.followers: list[asyncio.Task] = []  # each pool following where its workers are (workers.follow)
+        self.followers: list[asyncio.Task] = []  # each pool following where its workers are (worker_discovery.follow)
         self.registry_redis = None  # with --discover-workers: the client its followers ask the registry with
         self.responses = make_response_store(config)
         self.state: GatewayState | None = None  # the HTTP API's, once started

@@ -23,7 +23,8 @@ from services.common.grpc_server import make_server
 from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.gateway.config import GatewayConfig
-from services.gateway.workers import WorkerPool, expand_addresses, follow, needs_resolving, resolved_names
+from services.gateway.worker_discovery import expand_addresses, follow, needs_resolving, resolved_names
+from services.gateway.workers import WorkerPool
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import (
