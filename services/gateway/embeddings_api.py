@@ -35,7 +35,7 @@ from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.openai_protocol import TokenId
 from services.gateway.pipeline import RequestPipeline
-from services.gateway.request_errors import OverloadedError
+from services.gateway.request_errors import OverloadedError, from_rpc_error
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 
 Input = StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
@@ -157,7 +157,7 @@ async def _embedding(pool, request: embed_pb2.EmbedRequest, timeout_s: float) ->
                                             ("model", "classification head"))
                           if said in e.details()), "input")
             raise APIError(400, e.details(), param=param) from None
-        raise to_api_error(e, "input") from None
+        raise to_api_error(from_rpc_error(e), "input") from None
     except Exception as e:
         raise to_api_error(e, "input") from None
     return reply

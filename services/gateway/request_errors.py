@@ -56,5 +56,10 @@ def from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(e.details())
     if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "larger than max" in (e.details() or ""):
+            # gRPC's own words for a message over a channel's size limit (the gateway's may be smaller
+            # than a worker's): the same request would fail again, so not a 429 a client retries.
+            return InvalidRequestError(f"the answer is larger than the gateway takes from a worker "
+                                       f"(--max-message-bytes): {e.details()}")
         return OverloadedError(e.details())
     return e

@@ -392,6 +392,27 @@ def test_token_embed_answers_every_tokens_hidden_state(mesh):
     mesh.assert_decode_pools_free()
 
 
+def test_an_answer_over_the_gateways_message_limit_is_a_400_not_a_retry(mesh):
+    """A gateway taking smaller messages than its workers send (its --max-message-bytes): a per-token
+    answer over its limit is a 400 naming the input and the flag, not the 429 of an overloaded
+    worker (which the openai client retries, and which would fail the same way every time)."""
+    small = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                           [d.address for d in mesh.decode], "--max-message-bytes", "65536")
+    try:
+        def token_embed(num_tokens: int) -> httpx.Response:
+            return httpx.post(f"{small.base_url}/pooling", timeout=30, json={
+                "model": mesh.model_name, "task": "token_embed", "input": [5 + k % 400 for k in range(num_tokens)]})
+
+        assert token_embed(8).status_code == 200
+        answer = token_embed(600)  # 600 rows of the model's width: well over 64 KiB
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "input" and "--max-message-bytes" in error["message"]
+    finally:
+        small.terminate()
+    mesh.assert_decode_pools_free()
+
+
 def test_token_classify_answers_the_heads_probabilities_at_every_token(classifier):
     """vLLM's token_classify on a sequence classifier (a process reward model's per-step scores): its
     head at each token's last hidden state, a softmax over the labels each, as transformers computes them."""
