@@ -89,7 +89,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   num_choices=len(prompt_of_choice), prompt_of_choice=prompt_of_choice,
                                   token_text=_token_text(state, body), want_logprobs=body.logprobs is not None,
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
-                                  num_prompt_logprobs=body.prompt_logprobs)
+                                  num_prompt_logprobs=body.prompt_logprobs,
+                                  return_token_ids=bool(body.return_token_ids))
         choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
         return await respond(request, choices, builder, body.stream, body.include_usage, "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
@@ -134,7 +135,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
                                   call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
                                   include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
-                                  parallel_tool_calls=body.parallel_tool_calls)
+                                  parallel_tool_calls=body.parallel_tool_calls,
+                                  return_token_ids=bool(body.return_token_ids))
         return choices, builder, dispatched, timeline
 
     async def chat_completions(request: Request):

@@ -5,7 +5,7 @@ Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
 `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, `truncate_prompt_tokens`,
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`, `bad_words`,
-`priority`, `cache_salt`, `return_tokens_as_token_ids`, `use_beam_search` with
+`priority`, `cache_salt`, `return_tokens_as_token_ids`, `return_token_ids`, `use_beam_search` with
 `length_penalty`, and chat's template options), plus Baton's `return_timeline`. A value out of range
 fails validation here, so the client gets a 400 that names the field before any worker is called.
 Unknown fields are ignored, as OpenAI's own server does for fields a model does not use; but vLLM's
@@ -116,6 +116,8 @@ class SamplingFields(BaseModel):
     user: str | None = None
     # vLLM's: logprobs name each token "token_id:N", not by its text (which may not tell two tokens apart)
     return_tokens_as_token_ids: bool = False
+    # vLLM's: the response has the prompt's token ids and each choice's (streamed: each chunk's)
+    return_token_ids: bool | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)
     # vLLM's: n beams (beam_search.py), the best first; sampling fields other than these have no say.
     use_beam_search: bool = False

@@ -3,8 +3,10 @@ chunks, with usage and logprobs (openai_logprobs.py) in the shapes the `openai` 
 
 A completion with `echo` starts with its prompt (the text as given, or the ids decoded), and
 with `logprobs` its prompt's tokens come first in them. vLLM's `prompt_logprobs` go in each
-completion choice (a chat's at the top of its response). A chat choice's thinking is split from
-its answer (choice_state.py), and its tool calls read as the request asked (choice_calls.py)."""
+completion choice (a chat's at the top of its response), as vLLM's `return_token_ids` puts the
+prompt's token ids (each choice's `token_ids` are its own; streamed, each chunk's, the prompt's in
+a choice's first). A chat choice's thinking is split from its answer (choice_state.py), and its
+tool calls read as the request asked (choice_calls.py)."""
 from __future__ import annotations
 
 import time
@@ -53,7 +55,7 @@ class ResponseBuilder:
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
-                 include_reasoning: bool = True, parallel_tool_calls: bool = True):
+                 include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -66,6 +68,7 @@ class ResponseBuilder:
         # `echo`: each prompt's text (chat's one: its last message's, vLLM's chat `echo`)
         self.echo_of_prompt = echo_of_prompt
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
+        self.return_token_ids = return_token_ids  # vLLM's: the prompt's and each choice's token ids too
         self._sent_role = [False] * num_choices
         # chat: each choice's tool calls, as tool_choice asks for them (choice_calls.py)
         self.calls = ChoiceCalls(num_choices, forced_tool_call, tool_call_syntax, call_id, parallel_tool_calls)
@@ -110,6 +113,10 @@ class ResponseBuilder:
                       "finish_reason": delta.finish_reason, "stop_reason": state.stop_reason}
             if is_first and self.num_prompt_logprobs is not None:
                 choice["prompt_logprobs"] = self._prompt_logprobs(state)
+            if self.return_token_ids:
+                if is_first:
+                    choice["prompt_token_ids"] = list(state.prompt_token_ids)
+                choice["token_ids"] = list(delta.token_ids)
             body = self._head("text_completion")
         else:
             if self.want_logprobs:
@@ -129,9 +136,13 @@ class ResponseBuilder:
             finish_reason = self.calls.finish_reason(state.finish_reason, calls) if delta.finish_reason else None
             choice = {"index": index, "delta": message, "logprobs": logprobs, "finish_reason": finish_reason,
                       "stop_reason": state.stop_reason}
+            if self.return_token_ids:
+                choice["token_ids"] = list(delta.token_ids)
             body = self._head("chat.completion.chunk")
             if is_first and self.num_prompt_logprobs is not None:
                 body["prompt_logprobs"] = self._prompt_logprobs(state)
+            if is_first and self.return_token_ids:
+                body["prompt_token_ids"] = list(state.prompt_token_ids)
         body["choices"] = [choice]
         if continuous_usage:
             num_prompt, num_output = len(state.prompt_token_ids), len(state.token_ids)
@@ -177,6 +188,8 @@ class ResponseBuilder:
                           "finish_reason": state.finish_reason, "stop_reason": state.stop_reason}
                 if self.num_prompt_logprobs is not None:
                     choice["prompt_logprobs"] = self._prompt_logprobs(state)
+                if self.return_token_ids:
+                    choice.update(prompt_token_ids=list(state.prompt_token_ids), token_ids=state.token_ids)
                 choices.append(choice)
             else:
                 logprobs = chat_logprobs(state.logprobs, self.token_text) if self.want_logprobs else None
@@ -189,10 +202,14 @@ class ResponseBuilder:
                 choices.append({"index": index, "message": message, "logprobs": logprobs,
                                 "finish_reason": self.calls.finish_reason(state.finish_reason, calls),
                                 "stop_reason": state.stop_reason})
+                if self.return_token_ids:
+                    choices[-1]["token_ids"] = state.token_ids
         body = self._head("text_completion" if self.kind == "completion" else "chat.completion")
         body["choices"] = choices
         if self.kind == "chat" and self.num_prompt_logprobs is not None:  # every choice has the same prompt
             body["prompt_logprobs"] = self._prompt_logprobs(self.choices[0])
+        if self.kind == "chat" and self.return_token_ids:
+            body["prompt_token_ids"] = list(self.choices[0].prompt_token_ids)
         body["usage"] = self.usage
         return body
 

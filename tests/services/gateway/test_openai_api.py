@@ -182,6 +182,37 @@ def test_return_tokens_as_token_ids_names_each_logprob_token_by_its_id(client, m
     assert all(re.fullmatch(r"token_id:\d+", e.top_logprobs[0].token) for e in chat)
 
 
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids_whole_and_streamed(client, mesh, tokenizer):
+    """vLLM's `return_token_ids`: a completion choice's `prompt_token_ids` and `token_ids`, a chat response's
+    `prompt_token_ids` and its choice's `token_ids`; streamed, the prompt's in the first chunk and each chunk's
+    own tokens. Not asked for, none of them."""
+    asked = {"return_token_ids": True}
+    prompt = tokenizer.encode(PROMPT)
+    expected = transformers_greedy(mesh.model_dir, prompt, 8)
+    whole = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0,
+                                      extra_body=asked).choices[0].model_extra
+    assert (whole["prompt_token_ids"], whole["token_ids"]) == (prompt, expected)
+    chunks = [c.choices[0].model_extra for c in client.completions.create(
+        model=mesh.model_name, prompt=PROMPT, max_tokens=8, temperature=0, stream=True, extra_body=asked)]
+    assert chunks[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["token_ids"]] == expected
+
+    chat_prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1]
+    chat_expected = transformers_greedy(mesh.model_dir, chat_prompt, 6)
+    chat = client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=6, temperature=0,
+                                          extra_body=asked)
+    assert (chat.model_extra["prompt_token_ids"], chat.choices[0].model_extra["token_ids"]) == \
+        (chat_prompt, chat_expected)
+    chat_chunks = list(client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=6,
+                                                      temperature=0, stream=True, extra_body=asked))
+    assert chat_chunks[0].model_extra["prompt_token_ids"] == chat_prompt
+    assert all("prompt_token_ids" not in c.model_extra for c in chat_chunks[1:])
+    assert [t for c in chat_chunks for t in c.choices[0].model_extra["token_ids"]] == chat_expected
+
+    plain = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert not {"prompt_token_ids", "token_ids"} & plain.choices[0].model_extra.keys()
+
+
 @pytest.mark.parametrize("length", [40, 3000])  # encoded in the gateway, and by the tokenizer service
 def test_add_special_tokens_false_encodes_a_text_prompt_without_its_bos(client, mesh, tokenizer, length):
     """vLLM's completions `add_special_tokens`: false for a text that has its BOS already (a chat template

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from services.gateway.deltas import Delta, Usage
+from services.gateway.errors import APIError
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.response_store import (
     GENERATOR_LEASE_S,
@@ -420,3 +421,12 @@ def test_a_reasoning_item_is_the_thinking_of_the_assistant_turn_after_it():
     assert messages[1]["reasoning_content"] == "2+2" and messages[1]["tool_calls"][0]["id"] == "c1"
     assert messages[3]["reasoning_content"] == "it said 4"
     assert all("reasoning_content" not in m for m in (messages[0], messages[2], messages[4]))
+
+
+def test_a_cache_salt_reaches_the_chat_request_and_an_empty_one_is_refused():
+    request = ResponsesRequest(model="m", input="Hi.", cache_salt="tenant-a")
+    assert request.as_chat().sampling(4, None, 0).cache_salt == "tenant-a"
+    assert not ResponsesRequest(model="m", input="Hi.").as_chat().sampling(4, None, 0).HasField("cache_salt")
+    with pytest.raises(APIError) as refused:
+        ResponsesRequest(model="m", input="Hi.", cache_salt="").as_chat()
+    assert refused.value.param == "cache_salt"
