@@ -1,7 +1,7 @@
 """Reading tool calls out of a model's text, whole or as far as they are written: JSON call
 objects (`{"name": ..., "arguments": {...}}`, or Llama's `"parameters"`), lists and runs of them,
 and Python call lists (`[f(x=1), g()]`). A call's `arguments` are kept as the model's own JSON text.
-tool_parsers.py's syntaxes find where calls are; this reads them."""
+The syntaxes of tool_parsers.py's registry find where calls are; this reads them."""
 from __future__ import annotations
 
 import ast

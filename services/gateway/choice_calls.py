@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from services.gateway.deltas import Delta
+from services.gateway.json_tool_calls import RequiredCalls
 from services.gateway.streamed_calls import StreamedCalls, merged_call_deltas
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
-from services.gateway.tool_parsers import RequiredCalls, ToolCallSyntax
+from services.gateway.tool_parsers import ToolCallSyntax
 
 
 class ChoiceCalls:
@@ -19,7 +20,7 @@ class ChoiceCalls:
     def __init__(self, num_choices: int, forced_tool_call: ForcedToolCall | None = None,
                  tool_call_syntax: ToolCallSyntax | None = None, call_id: Callable[[], str] = new_call_id,
                  parallel_tool_calls: bool = True):
-        # "required": the text is a list of calls, read as the model's own are (tool_parsers.RequiredCalls)
+        # "required": the text is a list of calls, read as the model's own are (json_tool_calls.RequiredCalls)
         if forced_tool_call is not None and forced_tool_call.name is None:
             forced_tool_call, tool_call_syntax = None, RequiredCalls(call_id)
         self.forced_tool_call = forced_tool_call  # the text is a named function's call, sent as `tool_calls`
@@ -60,7 +61,7 @@ class ChoiceCalls:
     def _parsed_delta(self, index: int, delta_text: str, is_last: bool
                       ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
         """A stream chunk's delta under tool_choice "auto", and at the end the calls made: the text before
-        any call as it comes, then the calls as they come (tool_parsers.StreamedCalls)."""
+        any call as it comes, then the calls as they come (streamed_calls.StreamedCalls)."""
         stream = self._streamed_calls[index]
         text, calls = stream.add(delta_text)
         if is_last:

@@ -31,7 +31,7 @@ class ForcedToolCall:
     def named_call(self, text: str, call_id: str) -> dict[str, Any] | None:
         """The named function's call the guided text makes, its arguments as the model wrote them
         (what its stream sent); None when they are not whole JSON (cut short by max_tokens).
-        "required"'s list of calls is read as a parser reads the model's own (tool_parsers.RequiredCalls)."""
+        "required"'s list of calls is read as a parser reads the model's own (json_tool_calls.RequiredCalls)."""
         try:
             json.loads(text)
         except json.JSONDecodeError:

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from services.gateway.json_tool_calls import RequiredCalls
 from services.gateway.streamed_calls import StreamedCalls
-from services.gateway.tool_parsers import PARSERS, RequiredCalls, syntax_for
+from services.gateway.tool_parsers import PARSERS, syntax_for
 
 HERMES, LLAMA3, PYTHONIC, MISTRAL = (PARSERS[name] for name in ("hermes", "llama3_json", "pythonic", "mistral"))
 HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
