@@ -48,8 +48,9 @@ from services.gateway.http_app import GatewayState, create_app
 from services.gateway.index_mirror import IndexMirror
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
+from services.gateway.random_router import RandomRouter
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
-from services.gateway.router import PrefixRouter, RandomRouter, RouterConfig
+from services.gateway.router import PrefixRouter, RouterConfig
 from services.gateway.score_api import is_cross_encoder
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import TimelineStore

@@ -44,6 +44,7 @@ from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.deltas import Delta, TextOutput, Usage
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.pooling_metrics import PoolingMetrics
+from services.gateway.prefill_route import NO_LOOKUP
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.request_errors import (
     InvalidRequestError,
@@ -53,7 +54,6 @@ from services.gateway.request_errors import (
 )
 from services.gateway.request_pause import RequestPause
 from services.gateway.request_trace import RequestTrace
-from services.gateway.router import NO_LOOKUP
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
 from services.gateway.structured_output import is_guided

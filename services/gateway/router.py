@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from redis.exceptions import RedisError
 
 from engine.block_hash import BlockHashChain, request_extra
 from services.gateway.index_mirror import IndexMirror
+from services.gateway.prefill_route import Lookup, Route
 from services.gateway.routed_blocks import RoutedBlocks
 from services.gateway.workers import Worker, WorkerPool
 
@@ -57,29 +57,6 @@ TIER_BLOCKS = Counter("baton_router_host_tier_blocks_total",
                       "Prompt blocks a prefill worker was told to read from a kvstore node instead of computing")
 REDIS_FAILURES = Counter("baton_router_redis_failures_total",
                          "Prefix-index lookups that failed (routing fell back to load only)")
-
-
-# Route and Lookup: made on every request's path, so plain slotted records (a frozen
-# dataclass sets each field through object.__setattr__).
-@dataclass(slots=True)
-class Route:
-    worker: Worker
-    num_cached_tokens: int  # of the prompt, as the index says the worker holds them
-    host_tier_address: str = ""  # a kvstore node holding more of the prompt's leading blocks...
-    host_tier_blocks: int = 0  # ...this many, than the worker does
-    decision: str = ""  # how the worker was chosen: the label it is counted under
-
-
-@dataclass(slots=True)
-class Lookup:
-    """What the prefix index said of a prompt, in one round trip (`PrefixRouter.lookup`)."""
-    hashes: Sequence[int]  # the prompt's block chain (a BlockHashChain: hashed as far as it is read)
-    matched: dict[str, int] | None  # leading blocks held, by prefill worker address; None: routing by load
-    tier: tuple[str, int] | None = None  # the kvstore node holding the most of them, and how many
-    decode_cached_tokens: int = 0  # of the prompt, as the index says the decode worker asked about holds
-
-
-NO_LOOKUP = Lookup([], None)
 
 
 @dataclass(frozen=True)
@@ -303,30 +280,3 @@ class PrefixRouter:
             except Exception as e:  # Redis down: keep the last map; lookups fail over on their own
                 log.debug("cannot list prefill instances: %s", e)
             await asyncio.sleep(self.config.instances_refresh_s)
-
-
-class RandomRouter:
-    """A prefill worker chosen uniformly among the serving ones: the baseline that prefix
-    routing is measured against (`--routing random`)."""
-
-    def __init__(self, pool: WorkerPool, seed: int | None = None):
-        self.pool = pool
-        self._random = random.Random(seed)
-
-    async def pick(self, prompt: Sequence[int]) -> Route:
-        route = self.choose(prompt, NO_LOOKUP)
-        self.record(route, NO_LOOKUP)
-        return route
-
-    async def lookup(self, prompt: Sequence[int], decode_address: str | None = None,
-                     lora_name: str | None = None, cache_salt: str | None = None) -> Lookup:
-        return NO_LOOKUP
-
-    def choose(self, prompt: Sequence[int], lookup: Lookup) -> Route:
-        return Route(self._random.choice(self.pool.serving()), 0, decision="random")
-
-    def record(self, route: Route, lookup: Lookup) -> None:
-        ROUTED.labels(route.decision).inc()
-
-    async def close(self) -> None:
-        pass

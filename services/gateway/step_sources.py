@@ -26,9 +26,9 @@ from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
+from services.gateway.prefill_route import NO_LOOKUP, Lookup
 from services.gateway.request_errors import InvalidRequestError
 from services.gateway.request_trace import RequestTrace
-from services.gateway.router import NO_LOOKUP, Lookup
 from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import (
     Progress,
