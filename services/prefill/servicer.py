@@ -32,15 +32,9 @@ Status codes:
 - INTERNAL: the engine failed in a step that was computing the prompt.
 - ABORTED: the request was aborted in the engine.
 
-Timings: `queue_seconds` runs from the call's arrival until the engine's first step
-with the request began (validation, reading from the host tier, waiting out the step in
-progress or for a batch slot), `host_tier_read_seconds` is the part spent reading from
-the host tier and `admit_seconds` the part in the engine's `add_request`; `prefill_seconds`
-from then until the end of the step that sampled the first token. The engine thread stamps
-the last two: with them, what a caller of an in-process engine waits for its first token
-(the hand-offs between this call and the engine thread are not in them);
-`kv_transfer_seconds` runs from the first token's arrival on this call to the end of
-the page write, by the transport named in `kv_transport`.
+Timings: the first token's as first_token_timings.py says; `kv_transfer_seconds` runs from
+the first token's arrival on this call to the end of the page write, by the transport named
+in `kv_transport`.
 
 Spans (services/common/tracing.py), children of the call's server span: `host_tier.read`,
 `prefill.queue` (arrival until the engine's first step with the request), one
@@ -74,19 +68,18 @@ from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
-from services.kvstore.layout import LayoutMismatchError, PageLayout
-from services.kvstore.transport import KVDestination, PageTransport
+from services.kvstore.layout import PageLayout
 from services.prefill.converters import (
-    destination_from_proto,
     first_token_event,
-    layout_from_proto,
     reserved_target,
     sampling_params_from_proto,
-    transport_from_proto,
     transport_to_proto,
 )
 from services.prefill.decode_reservations import DecodeReservations
+from services.prefill.first_token_timings import first_token_timings
+from services.prefill.held_pages import release_after
 from services.prefill.host_tier import PrefillHostTier
+from services.prefill.kv_target import open_target
 from services.prefill.kv_writer import KVWriter
 
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
@@ -189,7 +182,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             num_blocks = -(-num_tokens // self.layout.block_size)
             target = request.target
             if target.reservation_id:
-                transport, dest = await self._open_target(target, num_blocks, context)
+                transport, dest = await open_target(self.layout, self._writer, target, num_blocks, context)
             elif not target.decode_address:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "target needs a reservation_id, or a decode_address to reserve on")
@@ -233,7 +226,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                                 tracing.BATON_HOST_TIER_TOKENS: tier_tokens})
             if out.finish_reason == "abort":
                 await context.abort(grpc.StatusCode.ABORTED, f"request {request_id!r} was aborted")
-            timings = _first_token_timings(out.step_times, arrival_ns, arrival, computed, tier_seconds)
+            timings = first_token_timings(out.step_times, arrival_ns, arrival, computed, tier_seconds)
             timings.update(received_monotonic_ns=received_monotonic_ns, host_id=self._host_id,
                            first_token_sent_monotonic_ns=time.monotonic_ns())  # it goes out next
             first_token = first_token_event(out, params.logprobs, timings, tier_tokens, params.prompt_logprobs)
@@ -253,7 +246,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 except grpc.aio.AioRpcError as e:
                     await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}")
                 target = reserved_target(target, made)
-                transport, dest = await self._open_target(target, num_blocks, context)
+                transport, dest = await open_target(self.layout, self._writer, target, num_blocks, context)
             src_blocks = out.held_block_ids[:num_blocks]
             write_start_ns = time.time_ns()
             # Shielded: a cancelled call must not release the pages while the write still reads them.
@@ -285,7 +278,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         finally:
             if is_added:
                 def release() -> None:
-                    self._release_after(request_id, pending_copy)
+                    release_after(self.engine_loop, request_id, pending_copy)
 
                 if held is None or not _is_shared(params) or not self._host_tier.store_then(
                         request_id, prompt, held.num_cached_tokens, held.held_block_ids, release):
@@ -298,59 +291,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     PrefillStream = _events
     # PrefillStream for the call's first message, whenever it comes.
     PrefillPreopened = partialmethod(_events, is_preopened=True)
-
-    def _release_after(self, request_id: str, pending_copy: asyncio.Future | None) -> None:
-        """Abort or release `request_id` in the engine, once no write reads its pages any more."""
-        def release(_=None) -> None:
-            if pending_copy is not None and not pending_copy.cancelled():
-                pending_copy.exception()  # retrieved: the call (if still there) reported it
-            self.engine_loop.cancel_soon(request_id)
-
-        if pending_copy is None or pending_copy.done():
-            release()
-        else:
-            pending_copy.add_done_callback(release)
-
-    async def _open_target(self, target: prefill_pb2.KVTarget, num_blocks: int, context
-                           ) -> tuple[PageTransport, KVDestination]:
-        """The opened transport to the target's first `num_blocks` pages; aborts the call if unusable."""
-        if not target.HasField("layout"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.layout must be set")
-        try:
-            self.layout.check_compatible(layout_from_proto(target.layout, num_blocks=1))
-        except ValueError as e:  # LayoutMismatchError, or a layout that is not one at all
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"the KV target does not match this prefill worker: {e}")
-        if len(target.block_ids) < num_blocks:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the prompt needs {num_blocks} KV blocks, the target has {len(target.block_ids)}")
-        dest = destination_from_proto(target, num_blocks)
-        if len(set(dest.block_ids)) != len(dest.block_ids):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.block_ids has duplicates")
-        try:
-            return self._writer.open(dest, transport_from_proto(target.transport)), dest
-        except (FileNotFoundError, LayoutMismatchError) as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot attach the KV target: {e}")
-        except ValueError as e:  # DestinationError, or a transport this build does not know
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot use the KV target: {e}")
-
-
-def _first_token_timings(times, arrival_ns: int, arrival: float, computed: float,
-                         host_tier_read_seconds: float) -> dict[str, float]:
-    """PrefillTimings' fields for the first token, by the engine thread's stamps: queue (of which
-    the host tier's read and admit, its `add_request`) and prefill; for a request no step ran (it
-    finished outside one), all of it is queue."""
-    admit = prefill = 0.0
-    if times is not None and times.admit_ns is not None:
-        admit = (times.admit_ns[1] - times.admit_ns[0]) / 1e9
-    if times is None or times.first_step_start_ns is None:
-        queue = computed - arrival
-    else:
-        first_token_ns = times.prefill_chunks[-1].end_ns if times.prefill_chunks else times.first_step_end_ns
-        queue = (times.first_step_start_ns - arrival_ns) / 1e9
-        prefill = (first_token_ns - times.first_step_start_ns) / 1e9
-    return {"queue_seconds": queue, "admit_seconds": admit, "prefill_seconds": prefill,
-            "host_tier_read_seconds": host_tier_read_seconds}
 
 
 def _is_shared(params: SamplingParams) -> bool:
