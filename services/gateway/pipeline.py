@@ -17,7 +17,9 @@ in its own running batch; no prefill worker and no KV transfer.
 
 and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this. This
 module decides a request's path and turns its steps into deltas; step_sources.py makes the
-workers' calls that give the steps.
+workers' calls that give the steps. Its base, Admission (admission.py), lets a request in;
+prefill_places.py says where its prompt is prefilled; decode_moves.py moves its stream to
+another decode worker when its own goes away.
 
 Pages are never left held: a prompt that does not fit, a prefill that fails or
 finishes by itself, a stop string, and a consumer that goes away (cancels the task
@@ -34,25 +36,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import ExitStack, aclosing
+from contextlib import aclosing
 
 import grpc
-from prometheus_client import Counter
 
 from protos import common_pb2
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
+from services.gateway.admission import Admission
+from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput, Usage
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.pooling_metrics import PoolingMetrics
+from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import NO_LOOKUP
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
-from services.gateway.request_errors import (
-    InvalidRequestError,
-    OverloadedError,
-    error_reason,
-    from_rpc_error,
-)
-from services.gateway.request_pause import RequestPause
+from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_trace import RequestTrace
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
@@ -62,14 +60,10 @@ from services.gateway.worker_steps import Progress, Step
 from services.gateway.workers import Worker, WorkerPool
 from services.tokenizer.chat_template import ChatOptions
 
-PREFILL_PLACES = Counter("baton_gateway_prefills_total",
-                         "Prompts by where they were prefilled: on a prefill worker, or on the decode worker itself",
-                         ["place"])
 WHOLE_REPLY = 2**32 - 1  # a stream interval no reply reaches: its tokens come with its last
-PREFILLED_ON = {"decode": PREFILL_PLACES.labels("decode"), "prefill": PREFILL_PLACES.labels("prefill")}
 
 
-class RequestPipeline:
+class RequestPipeline(Admission):
     """Drives requests through a tokenizer, N prefill and M decode workers.
 
     `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`), used
@@ -97,22 +91,14 @@ class RequestPipeline:
         self.local_prefill_max_tokens = local_prefill_max_tokens  # 0: every prompt goes to a prefill worker
         self.metrics = metrics or ServiceMetrics("gateway")
         self.requests = RequestMetrics(self.metrics)
-        self.max_num_requests = max_num_requests  # 0: no limit
+        super().__init__(self.metrics, max_num_requests)
         self.stream_interval = stream_interval  # a request's unless its sampling parameters name their own
         # Its trust_request_chat_template and generation_defaults are the APIs' too (/tokenize, sampling).
         self.prompts = PromptEncoder(tokenizer, tokenizer_stub, deadlines.tokenizer_s, local_tokenize_max_chars,
                                      trust_request_chat_template, generation_defaults)
-        self.num_requests = 0  # being generated now (each choice of a request counts)
-        self.metrics.gauge("baton_gateway_requests_in_progress",
-                           "Requests the gateway holds now, each choice of n counting (what --max-num-requests "
-                           "limits)").labels(**self.metrics.labels).set_function(lambda: self.num_requests)
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
-        self.pause = RequestPause()  # held by weight updates (weight_updates.py) and generation pauses
-        self.metrics.gauge("baton_gateway_requests_held", "Requests waiting at the gateway for a pause to end (a "
-                           "generation pause, a weight update)").labels(**self.metrics.labels).set_function(
-            lambda: self.pause.num_waiting)
         self.running = RunningRequests(lambda worker, request_id: self.steps.abort_soon(
             worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
 
@@ -213,47 +199,6 @@ class RequestPipeline:
                 self.release()
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
-    async def _pause_passed(self, running: RunningRequest) -> None:
-        """Return once the gateway's pause (if any) is over, or `running` was aborted while it waited
-        (the request then ends with finish_reason "abort" before it reaches a worker)."""
-        if self.pause.is_open:  # no task on every request's path
-            return
-        waiting = asyncio.ensure_future(self.pause.passed())
-        running.waits_on(waiting)
-        running.is_held = True
-        try:
-            await waiting
-        except asyncio.CancelledError:
-            if not running.was_aborted_before_its_first_token():
-                raise
-        finally:
-            running.is_held = False
-
-    def admit(self, num: int = 1) -> None:
-        """Count `num` more requests in progress (`release` them once they are done), or raise
-        OverloadedError: admission control, before any worker hears of them. Past the limit a request
-        would only queue behind the others on the workers, its time to first token growing with the queue."""
-        if self.max_num_requests and self.num_requests + num > self.max_num_requests:
-            raise OverloadedError(f"{self.num_requests} requests in progress, the gateway's limit "
-                                  f"(--max-num-requests)")
-        self.num_requests += num
-
-    def release(self, num: int = 1) -> None:
-        """`num` requests `admit` counted are done."""
-        self.num_requests -= num
-
-    def _prefills_locally(self, prompt: Sequence[int], decode_worker: Worker, num_cached: int) -> bool:
-        """Conditional disaggregation: a prompt whose part the decode worker does not hold
-        (`num_cached` tokens it does, per the prefix index) is this short is cheaper to prefill
-        in the decode worker's running batch than on a prefill worker plus a KV transfer, as
-        long as the decode worker is not already prefilling that much (its decode steps would
-        stall)."""
-        if self.prefill is None:
-            return True
-        limit = self.local_prefill_max_tokens
-        uncached = len(prompt) - num_cached
-        return uncached <= limit and decode_worker.queued_tokens + uncached <= limit
-
     async def _run(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
                    skip_special_tokens: bool,
@@ -294,7 +239,8 @@ class RequestPipeline:
                         params.cache_salt if params.HasField("cache_salt") else None)
                 except ValueError as e:  # a negative id in a block it hashed
                     raise InvalidRequestError(f"prompt {e}") from None
-        is_local = self._prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens)
+        is_local = prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens, self.prefill,
+                                    self.local_prefill_max_tokens)
         clock.prefilled_on = "decode" if is_local else "prefill"
         if running.is_aborted:  # while it waited at a pause, was tokenized or routed: no worker has heard of it
             output, steps = make_output(), _ended_by_abort()
@@ -303,9 +249,7 @@ class RequestPipeline:
             steps = (self.steps.local if is_local else self.steps.disaggregated)(
                 request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
         is_past_first = False
-        first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
-        gone: list[Worker] = []  # decode workers that went away mid-stream
-        held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
+        moves: DecodeMoves | None = None  # made at its first move to another decode worker
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
                 try:
@@ -358,21 +302,19 @@ class RequestPipeline:
                 except grpc.aio.AioRpcError as e:
                     if not is_past_first:  # before the first token a prefill worker's error stands (or was retried)
                         raise
-                    generated = list(output.detokenizer.output_token_ids)
-                    moved_to = self.steps.next_decode_worker(e, params, len(generated), [*gone, decode_worker])
-                    if moved_to is None:
+                    if moves is None:
+                        moves = DecodeMoves(self.steps, self.decode, request_id)
+                    moved = moves.move(e, decode_worker, prompt, output, params, progress, clock, spans)
+                    if moved is None:
                         raise
-                    gone.append(decode_worker)
-                    decode_worker = held.enter_context(self.decode.hold(moved_to))
-                    request_id = f"{first_id}~{len(gone)}"
-                    steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock,
-                                              spans)
+                    decode_worker, request_id, steps = moved
         finally:
             if not progress.is_released:
                 ended = common_pb2.FINISH_REASON_STOP if progress.is_stopped_here else \
                     common_pb2.FINISH_REASON_UNSPECIFIED
                 self.steps.abort_soon(decode_worker, request_id, ended)
-            held.close()
+            if moves is not None:
+                moves.close()
 
 
 async def _ended_by_abort() -> AsyncIterator[Step]:

@@ -1,0 +1,50 @@
+"""`DecodeMoves`: a request's moves to other decode workers, each after the one it streamed from went
+away mid-stream (past its first token): the workers it left, the one it moved to (counted busy until
+the request ends) and its id there. step_sources.py says whether and where it may go
+(`next_decode_worker`) and makes the new worker's calls (`moved`). pipeline.py makes one at a
+request's first move, so a request that never moves pays nothing for it on its path."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import ExitStack
+
+import grpc
+
+from protos import common_pb2
+from services.gateway.deltas import TextOutput
+from services.gateway.request_trace import RequestTrace
+from services.gateway.step_sources import StepSources
+from services.gateway.timeline import PhaseClock
+from services.gateway.worker_steps import Progress, Step
+from services.gateway.workers import Worker, WorkerPool
+
+
+class DecodeMoves:
+    """The moves of request `request_id`, whose steps come from `steps` and whose decode workers are
+    `decode`'s. `close` once the request has ended."""
+
+    def __init__(self, steps: StepSources, decode: WorkerPool, request_id: str) -> None:
+        self.steps = steps
+        self.decode = decode
+        self.first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
+        self.gone: list[Worker] = []  # decode workers that went away mid-stream
+        self.held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
+
+    def move(self, error: grpc.aio.AioRpcError, decode_worker: Worker, prompt: Sequence[int], output: TextOutput,
+             params: common_pb2.SamplingParams, progress: Progress, clock: PhaseClock,
+             spans: RequestTrace) -> tuple[Worker, str, AsyncIterator[Step]] | None:
+        """After `error` from `decode_worker`, the worker the request moved to, its id there and its steps
+        from there on; None where it does not move (the error stands)."""
+        generated = list(output.detokenizer.output_token_ids)
+        moved_to = self.steps.next_decode_worker(error, params, len(generated), [*self.gone, decode_worker])
+        if moved_to is None:
+            return None
+        self.gone.append(decode_worker)
+        decode_worker = self.held.enter_context(self.decode.hold(moved_to))
+        request_id = f"{self.first_id}~{len(self.gone)}"
+        steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock, spans)
+        return decode_worker, request_id, steps
+
+    def close(self) -> None:
+        """The request has ended: the worker it moved to is no longer busy with it."""
+        self.held.close()
