@@ -129,8 +129,8 @@ class GatewayService:
         if tokenizer is None:
             return None
         limit = config.max_message_bytes
-        self.pools = {"tokenizer": WorkerPool.connect([config.tokenizer_address], tokenizer_pb2_grpc.TokenizerStub,
-                                                      "tokenizer", limit)}
+        self.pools = {"tokenizer": WorkerPool.connect(expand_addresses(config.tokenizer_addresses),
+                                                      tokenizer_pb2_grpc.TokenizerStub, "tokenizer", limit)}
         if not config.is_colocated:
             self.pools["prefill"] = WorkerPool.connect(expand_addresses(config.prefill_addresses),
                                                        prefill_pb2_grpc.PrefillStub, "prefill", limit)
@@ -147,7 +147,7 @@ class GatewayService:
         prefill = self.pools.get("prefill")
         self.router = make_router(config, prefill) if prefill is not None else None
         # Colocated there is no prefill pool: every prompt goes to the decode worker.
-        self.pipeline = RequestPipeline(self.pools["tokenizer"].workers[0].stub, tokenizer, prefill,
+        self.pipeline = RequestPipeline(self.pools["tokenizer"], tokenizer, prefill,
                                         self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport],
                                         prefill_router=self.router,
                                         local_prefill_max_tokens=local_prefill_limit(
@@ -208,23 +208,23 @@ class GatewayService:
                 f"{self.pipeline.local_prefill_max_tokens} tokens itself{keyed}")
 
     def _follow_workers(self) -> None:
-        """Keep the prefill and decode pools on their names as they resolve now, and with
-        --discover-workers on the workers of this model in the instance registry."""
+        """Keep the pools on their names as they resolve now, and with --discover-workers the prefill
+        and decode pools on the workers of this model in the instance registry."""
         config = self.config
         if not config.resolve_workers_s > 0:
             return
-        names = {"prefill": config.prefill_addresses, "decode": config.decode_addresses}
+        names = {"prefill": config.prefill_addresses, "decode": config.decode_addresses,
+                 "tokenizer": config.tokenizer_addresses}
         if config.discover_workers:
             self.registry_redis = connect_redis(config.redis_url)
             registry = InstanceRegistry(self.registry_redis)
             model_key = kv_fingerprint(config.model_dir, config.max_model_len, config.hf_overrides).hex()
         for kind, pool in self.pools.items():
-            if kind not in names:
-                continue
             sources = [resolved_names(names[kind])] if names[kind] else []
-            if config.discover_workers:
+            is_registered = config.discover_workers and kind != "tokenizer"  # tokenizers do not register
+            if is_registered:
                 sources.append(registered_workers(registry, kind, model_key))
-            if config.discover_workers or needs_resolving(names[kind]):
+            if is_registered or needs_resolving(names[kind]):
                 self.followers.append(asyncio.ensure_future(follow(pool, sources, config.resolve_workers_s)))
 
     async def close(self) -> None:

@@ -61,7 +61,7 @@ DEFAULT_HTTP_PORT = 8000
 @dataclass(frozen=True)
 class GatewayConfig:
     model_dir: Path
-    tokenizer_address: str
+    tokenizer_addresses: tuple[str, ...]
     prefill_addresses: tuple[str, ...]
     decode_addresses: tuple[str, ...]
     # The names clients may send (vLLM's --served-model-name a b): responses give the first. (): the
@@ -120,18 +120,18 @@ class GatewayConfig:
         check_bind(self.host, self.port, ENV_HOST)
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"--http-port must be in [0, 65535], got {self.http_port}")
-        if not self.tokenizer_address:
-            raise ConfigError(f"no tokenizer: pass --tokenizer HOST:PORT or set ${ENV_TOKENIZER}")
+        if not self.tokenizer_addresses:
+            raise ConfigError(f"no tokenizer: pass --tokenizer HOST:PORT[,HOST:PORT...] or set ${ENV_TOKENIZER}")
         if self.discover_workers and not self.redis_url:
             raise ConfigError("--discover-workers finds workers in the instance registry: pass --redis URL too")
         _check_layout(self.prefill_addresses, self.is_colocated, self.local_prefill_max_tokens, self.discover_workers)
         if not self.decode_addresses and not self.discover_workers:
             raise ConfigError(f"no decode workers: pass --decode HOST:PORT[,HOST:PORT...] or set ${ENV_DECODE}, "
                               f"or --discover-workers to find them in the instance registry")
-        for flag, addresses in (("--prefill", self.prefill_addresses), ("--decode", self.decode_addresses)):
+        for flag, addresses in (("--prefill", self.prefill_addresses), ("--decode", self.decode_addresses),
+                                ("--tokenizer", self.tokenizer_addresses)):
             for address in addresses:
                 _check_address(flag, address)
-        _check_address("--tokenizer", self.tokenizer_address)
         check_positive("--max-body-bytes", self.max_body_bytes)
         if self.local_prefill_max_tokens < LOCAL_PREFILL_AUTO:
             raise ConfigError(f"--local-prefill-max-tokens must be >= 0 (or -1: auto), got "

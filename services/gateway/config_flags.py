@@ -84,7 +84,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
     args = new_gateway_parser(env).parse_args(argv)
     api_keys = args.api_key if args.api_key is not None else [env[ENV_API_KEY]] if env.get(ENV_API_KEY) else []
     return GatewayConfig(
-        model_dir=model_arg(args), tokenizer_address=args.tokenizer,
+        model_dir=model_arg(args), tokenizer_addresses=_split(args.tokenizer),
         prefill_addresses=_split(args.prefill), decode_addresses=_split(args.decode),
         served_model_names=tuple(args.served_model_name), host=args.host, port=args.port,
         http_port=args.http_port, max_body_bytes=args.max_body_bytes, max_model_len=args.max_model_len,
@@ -115,7 +115,8 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--http-port", type=int, default=env_int(env, ENV_HTTP_PORT, DEFAULT_HTTP_PORT),
                         help=f"OpenAI HTTP API port, 0 for any free one (${ENV_HTTP_PORT})")
     parser.add_argument("--tokenizer", default=env.get(ENV_TOKENIZER, ""),
-                        help=f"the tokenizer service, HOST:PORT (${ENV_TOKENIZER})")
+                        help=f"tokenizer services, HOST:PORT[,HOST:PORT...]: each long prompt to the least loaded "
+                             f"(${ENV_TOKENIZER})")
     parser.add_argument("--prefill", default=env.get(ENV_PREFILL, ""),
                         help=f"prefill workers, HOST:PORT[,HOST:PORT...] (${ENV_PREFILL})")
     parser.add_argument("--colocated", action="store_true",

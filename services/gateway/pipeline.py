@@ -67,7 +67,7 @@ class RequestPipeline(Admission):
     """Drives requests through a tokenizer, N prefill and M decode workers.
 
     `tokenizer` is the model's tokenizer loaded in this process (`ModelTokenizer`), used
-    to detokenize the output; it, `tokenizer_stub`, `local_tokenize_max_chars`,
+    to detokenize the output; it, `tokenizers`, `local_tokenize_max_chars`,
     `trust_request_chat_template` and `generation_defaults` make the prompts
     (prompt_encoder.py). `preopen_prefill_calls`: a
     prompt goes to its prefill worker on a call opened ahead of it where one is kept
@@ -76,14 +76,14 @@ class RequestPipeline(Admission):
     default a registry of its own, unlabelled.
     """
 
-    def __init__(self, tokenizer_stub, tokenizer: ModelText, prefill: WorkerPool | None, decode: WorkerPool,
+    def __init__(self, tokenizers: WorkerPool, tokenizer: ModelText, prefill: WorkerPool | None, decode: WorkerPool,
                  deadlines: Deadlines = Deadlines(),
                  kv_transport: common_pb2.KVTransport = common_pb2.KV_TRANSPORT_UNSPECIFIED,
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
                  max_num_requests: int = 0, stream_interval: int = 1, trust_request_chat_template: bool = False,
                  generation_defaults: GenerationDefaults = GenerationDefaults()):
-        self.tokenizer_stub = tokenizer_stub
+        self.tokenizers = tokenizers  # the tokenizer services
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
         self.decode = decode
@@ -94,7 +94,7 @@ class RequestPipeline(Admission):
         super().__init__(self.metrics, max_num_requests)
         self.stream_interval = stream_interval  # a request's unless its sampling parameters name their own
         # Its trust_request_chat_template and generation_defaults are the APIs' too (/tokenize, sampling).
-        self.prompts = PromptEncoder(tokenizer, tokenizer_stub, deadlines.tokenizer_s, local_tokenize_max_chars,
+        self.prompts = PromptEncoder(tokenizer, tokenizers, deadlines.tokenizer_s, local_tokenize_max_chars,
                                      trust_request_chat_template, generation_defaults)
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)

@@ -3,7 +3,7 @@ ids as given; then left-truncated as asked and checked against the model's conte
 
 Short prompts are encoded here, with the same tokenizer and template the tokenizer service has
 (a round trip off their path); long ones, and conversations with a template of their own, by
-the tokenizer service, off the gateway's event loop.
+the least loaded serving tokenizer service, off the gateway's event loop.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from engine.sampling_params import SamplingParams as EngineSamplingParams
 from protos import common_pb2, tokenizer_pb2
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE, ContextLengthError, InvalidRequestError
+from services.gateway.workers import WorkerPool
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
 from services.tokenizer.converters import chat_template_request
 from services.tokenizer.incremental_detokenizer import Decoder
@@ -38,15 +39,15 @@ class ModelText(Decoder, Protocol):
 
 
 class PromptEncoder:
-    """`tokenizer`: the model's, loaded in this process; `tokenizer_stub`: the tokenizer service's.
+    """`tokenizer`: the model's, loaded in this process; `tokenizers`: the tokenizer services'.
     Prompts (or conversations' content) of at most `local_tokenize_max_chars` characters are encoded
     with `tokenizer` (0: none are). A request's own chat template only with
     `trust_request_chat_template`. `generation_defaults.max_new_tokens` caps a request with no max_tokens."""
 
-    def __init__(self, tokenizer: ModelText, tokenizer_stub, timeout_s: float, local_tokenize_max_chars: int,
+    def __init__(self, tokenizer: ModelText, tokenizers: WorkerPool, timeout_s: float, local_tokenize_max_chars: int,
                  trust_request_chat_template: bool, generation_defaults: GenerationDefaults) -> None:
         self.tokenizer = tokenizer
-        self.tokenizer_stub = tokenizer_stub
+        self.tokenizers = tokenizers
         self.timeout_s = timeout_s
         self.local_tokenize_max_chars = local_tokenize_max_chars
         self.trust_request_chat_template = trust_request_chat_template
@@ -70,9 +71,10 @@ class PromptEncoder:
             if len(prompt_text) <= self.local_tokenize_max_chars:
                 prompt = self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
             else:
-                prompt = (await self.tokenizer_stub.Encode(tokenizer_pb2.EncodeRequest(
-                    request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
-                    timeout=timeout)).token_ids
+                with self.tokenizers.hold(num_tokens=len(prompt_text)) as service:
+                    prompt = (await service.stub.Encode(tokenizer_pb2.EncodeRequest(
+                        request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
+                        timeout=timeout)).token_ids
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{**m, "content": m.get("content") or ""} for m in messages]
@@ -87,8 +89,9 @@ class PromptEncoder:
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
-                prompt = (await self.tokenizer_stub.ApplyChatTemplate(
-                    chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
+                with self.tokenizers.hold(num_tokens=sum(len(m["content"]) for m in chat)) as service:
+                    prompt = (await service.stub.ApplyChatTemplate(
+                        chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt

@@ -30,6 +30,7 @@ from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import TokenId
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE
 from services.gateway.tool_parsers import with_template_call_ids
+from services.gateway.workers import NoHealthyWorkerError, WorkerPool
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 from services.tokenizer.converters import chat_template_request
 
@@ -101,6 +102,14 @@ async def _encode(stub, text: str, add_special_tokens: bool, timeout_s: float):
     return reply.token_ids
 
 
+def tokenizer_service(tokenizers: WorkerPool, param: str):
+    """The least loaded serving tokenizer service, held for the block; none serving is a 503."""
+    try:
+        return tokenizers.hold()
+    except NoHealthyWorkerError as e:
+        raise to_api_error(e, param) from None
+
+
 def _refused(e: grpc.aio.AioRpcError, param: str) -> APIError:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return APIError(400, e.details(), param=param)
@@ -115,8 +124,9 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         body = await parsed_body(request, TokenizeRequest)
         if body.model is not None:
             check_model(body.model)
-        tokens = await tokenize(pipeline.tokenizer_stub, body, pipeline.deadlines.tokenizer_s, state.tool_call_parser,
-                                pipeline.prompts.trust_request_chat_template)
+        with tokenizer_service(pipeline.tokenizers, "prompt" if body.prompt is not None else "messages") as service:
+            tokens = await tokenize(service.stub, body, pipeline.deadlines.tokenizer_s, state.tool_call_parser,
+                                    pipeline.prompts.trust_request_chat_template)
         token_strs = [pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
         return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
                              "token_strs": token_strs})
@@ -125,7 +135,8 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         body = await parsed_body(request, DetokenizeRequest)
         if body.model is not None:
             check_model(body.model)
-        return JSONResponse({"prompt": await detokenize(pipeline.tokenizer_stub, body, pipeline.deadlines.tokenizer_s)})
+        with tokenizer_service(pipeline.tokenizers, "tokens") as service:
+            return JSONResponse({"prompt": await detokenize(service.stub, body, pipeline.deadlines.tokenizer_s)})
 
     app.add_route("/tokenize", tokenize_prompt, methods=["POST"])
     app.add_route("/detokenize", detokenize_tokens, methods=["POST"])

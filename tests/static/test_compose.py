@@ -24,7 +24,8 @@ COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 GRPC_PORTS = {"tokenizer": 50051, "prefill": 50052, "decode": 50053, "kvstore": 50054, "gateway": 50050}
 BATON_SERVICES = ["model-init", *GRPC_PORTS]
 # Variables compose.yaml reads: cleared so the caller's shell cannot change the results.
-COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "BATON_PORT", "BATON_GRPC_PORT",
+COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "TOKENIZER_REPLICAS", "BATON_PORT",
+                "BATON_GRPC_PORT",
                 "DECODE_SHM_SIZE", "KVSTORE_CAPACITY_BYTES", "GRAFANA_PORT", "PROMETHEUS_PORT", "JAEGER_UI_PORT",
                 "COMPOSE_FILE", "COMPOSE_PROJECT_NAME"]
 
@@ -173,15 +174,16 @@ def test_only_the_gateway_and_the_dashboards_publish_ports():
     assert published == {"gateway", "grafana", "prometheus", "jaeger"}
 
 
-@pytest.mark.parametrize("env, prefill, decode", [
-    ({}, 1, 1),
-    ({"PREFILL_REPLICAS": "3"}, 3, 1),
-    ({"PREFILL_REPLICAS": "2", "DECODE_REPLICAS": "4"}, 2, 4),
+@pytest.mark.parametrize("env, prefill, decode, tokenizer", [
+    ({}, 1, 1, 1),
+    ({"PREFILL_REPLICAS": "3"}, 3, 1, 1),
+    ({"PREFILL_REPLICAS": "2", "DECODE_REPLICAS": "4", "TOKENIZER_REPLICAS": "2"}, 2, 4, 2),
 ])
-def test_replicas_come_from_the_environment(env, prefill, decode):
+def test_replicas_come_from_the_environment(env, prefill, decode, tokenizer):
     services = compose_config(**env)["services"]
     assert int(services["prefill"]["deploy"]["replicas"]) == prefill
     assert int(services["decode"]["deploy"]["replicas"]) == decode
+    assert int(services["tokenizer"]["deploy"]["replicas"]) == tokenizer
 
 
 def test_decode_has_room_for_its_shared_memory_pool():

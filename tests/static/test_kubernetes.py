@@ -91,7 +91,7 @@ def test_each_service_is_reached_at_its_port_by_its_name(name):
         assert 8000 in served
 
 
-@pytest.mark.parametrize("name", ["prefill", "decode"])
+@pytest.mark.parametrize("name", ["tokenizer", "prefill", "decode"])
 def test_workers_services_are_headless_so_the_gateway_sees_every_pod(name):
     assert named("Service", name)["spec"]["clusterIP"] == "None"
 

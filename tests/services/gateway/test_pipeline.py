@@ -17,7 +17,6 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc, tokenizer_pb2_grpc
-from services.common.channel import make_channel
 from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.gateway.config import GatewayConfig
@@ -84,17 +83,17 @@ def run_with_pipeline(mesh, model_tokenizer, body, *, tokenizer_address: str | N
     mesh_tokenizer, prefill_addresses, decodes = mesh
 
     async def main():
-        tokenizer_channel = make_channel(tokenizer_address or mesh_tokenizer)
+        tokenizers = WorkerPool.connect([tokenizer_address or mesh_tokenizer], tokenizer_pb2_grpc.TokenizerStub)
         prefill = WorkerPool.connect(prefill_addresses, prefill_pb2_grpc.PrefillStub)
         decode = WorkerPool.connect([d.address for d in decodes], decode_pb2_grpc.DecodeStub)
-        pipeline = RequestPipeline(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel), model_tokenizer,
-                                   prefill, decode, local_tokenize_max_chars=local_tokenize_max_chars)
+        pipeline = RequestPipeline(tokenizers, model_tokenizer, prefill, decode,
+                                   local_tokenize_max_chars=local_tokenize_max_chars)
         try:
             return await body(pipeline)
         finally:
             await pipeline.aclose()
-            await asyncio.gather(tokenizer_channel.close(), prefill.close(), decode.close())
-            assert all(w.num_in_flight == 0 for w in prefill.workers + decode.workers)
+            await asyncio.gather(tokenizers.close(), prefill.close(), decode.close())
+            assert all(w.num_in_flight == 0 for w in tokenizers.workers + prefill.workers + decode.workers)
 
     return asyncio.run(main())
 

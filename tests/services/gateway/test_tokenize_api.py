@@ -3,11 +3,14 @@ given for the same prompt or messages (its usage counts them), the ids decode ba
 text, and bad input is a 400 (or 404) naming the field."""
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from tokenizers import Tokenizer
 
 from services.tokenizer.model_tokenizer import ModelTokenizer
+from tests.services.gateway.mesh import GatewayProcess
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
@@ -99,3 +102,24 @@ def test_bad_input_is_an_openai_error_naming_the_field(mesh, path, body, status,
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and error["param"] == param, error
+
+
+def test_a_tokenizer_service_that_is_down_is_routed_around(mesh, hf_tokenizer):
+    """--tokenizer takes several services, each long prompt going to the least loaded one that serves:
+    the first named here never answers (before, every prompt the gateway did not encode went to it)."""
+    gateway = GatewayProcess(mesh.model_dir, f"127.0.0.1:1,{mesh.tokenizer.address}",
+                             [p.address for p in mesh.prefill], [d.address for d in mesh.decode],
+                             "--local-tokenize-max-chars", "0")
+    try:
+        for _ in range(3):  # taking turns would have sent some to the one that is down
+            answer = httpx.post(f"{gateway.base_url}/v1/completions", timeout=30,
+                                json={"model": mesh.model_name, "prompt": PROMPT, "max_tokens": 2})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["prompt_tokens"] == len(hf_tokenizer.encode(PROMPT).ids)
+        answer = httpx.post(f"{gateway.base_url}/tokenize", timeout=30, json={"prompt": PROMPT})
+        assert answer.status_code == 200 and answer.json()["tokens"] == hf_tokenizer.encode(PROMPT).ids
+        workers = httpx.get(f"{gateway.base_url}/metrics", timeout=10).text
+        assert re.search(r'baton_gateway_workers\{[^}]*kind="tokenizer"[^}]*state="known"[^}]*\} 2\.0', workers)
+        assert re.search(r'baton_gateway_workers\{[^}]*kind="tokenizer"[^}]*state="serving"[^}]*\} 1\.0', workers)
+    finally:
+        gateway.terminate()
