@@ -64,7 +64,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         for p, prompt in enumerate(prompts):
             given = ({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
                      if isinstance(prompt, str) else {"prompt_token_ids": prompt})
-            prompt_of_choice += [p] * body.n
+            prompt_of_choice += [p] * body.num_candidates
             if body.use_beam_search:
                 searches.append(beam_search(
                     state.pipeline, choice_request_id(response_id, p, len(prompts)), _with_adapter(body.sampling(
@@ -73,12 +73,12 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                     include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch))
                 continue
-            for j in range(body.n):
-                request_id = choice_request_id(response_id, len(streams), len(prompts) * body.n)
+            for j in range(body.num_candidates):
+                request_id = choice_request_id(response_id, len(streams), len(prompts) * body.num_candidates)
                 streams.append(state.pipeline.generate(
                     request_id, **given, sampling=_with_adapter(body.sampling(
-                        body.max_tokens, body.logprobs, j, bad_words, state.pipeline.prompts.generation_defaults),
-                        lora),
+                        body.max_tokens, body.num_candidate_logprobs, j, bad_words,
+                        state.pipeline.prompts.generation_defaults), lora),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream))
@@ -90,7 +90,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   token_text=_token_text(state, body), want_logprobs=body.logprobs is not None,
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
                                   num_prompt_logprobs=body.prompt_logprobs,
-                                  return_token_ids=bool(body.return_token_ids))
+                                  return_token_ids=bool(body.return_token_ids),
+                                  best_of_kept=body.n if body.num_candidates > body.n else None)
         choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
         return await respond(request, choices, builder, body.stream, body.include_usage, "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,

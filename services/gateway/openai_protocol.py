@@ -239,7 +239,9 @@ class CompletionRequest(SamplingFields):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    # OpenAI's: this many candidates per prompt, of which the response keeps the n whose tokens are the
+    # likeliest on average (each token's logprob under the raw logits); every candidate's tokens are usage.
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     # vLLM's: false encodes a text prompt without the tokenizer's special tokens (a BOS it already has)
     add_special_tokens: bool = True
 
@@ -258,12 +260,30 @@ class CompletionRequest(SamplingFields):
             raise FieldError("suffix", "suffix is not supported")
         if self.echo and self.truncate_prompt_tokens is not None:
             raise FieldError("echo", "echo with truncate_prompt_tokens is not supported")
-        if self.best_of not in (None, 1, self.n):
-            raise FieldError("best_of", "best_of must equal n (beam search and best_of sampling are not supported)")
-        if len(self.prompts) * self.n > MAX_CHOICES:
-            raise FieldError("n", f"at most {MAX_CHOICES} choices per request (prompts × n)")
+        if self.num_candidates < self.n:
+            raise FieldError("best_of", f"best_of must be at least n ({self.n})")
+        if self.num_candidates > self.n and self.stream:
+            raise FieldError("best_of", "best_of greater than n cannot be streamed: the best are known at the end")
+        if self.num_candidates > self.n and self.use_beam_search:
+            raise FieldError("best_of", "best_of greater than n is not supported with use_beam_search (n beams)")
+        if len(self.prompts) * self.num_candidates > MAX_CHOICES:
+            raise FieldError("best_of" if self.best_of else "n",
+                             f"at most {MAX_CHOICES} choices per request (prompts × best_of, or × n)")
         self._check_beam_search()
         return self
+
+    @property
+    def num_candidates(self) -> int:
+        """Choices generated per prompt: best_of (given) or n."""
+        return self.best_of or self.n
+
+    @property
+    def num_candidate_logprobs(self) -> int | None:
+        """The logprobs each choice's tokens are generated with: the request's, and with best_of > n at
+        least each sampled token's own, which ranks the candidates."""
+        if self.num_candidates > self.n:
+            return self.logprobs or 0
+        return self.logprobs
 
     @property
     def num_prompt_logprobs(self) -> int | None:

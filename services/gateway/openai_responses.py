@@ -55,7 +55,8 @@ class ResponseBuilder:
                  echo_of_prompt: Sequence[str] | None = None, num_prompt_logprobs: int | None = None,
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
-                 include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False):
+                 include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False,
+                 best_of_kept: int | None = None):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -69,6 +70,8 @@ class ResponseBuilder:
         self.echo_of_prompt = echo_of_prompt
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's `prompt_logprobs`, when asked for
         self.return_token_ids = return_token_ids  # vLLM's: the prompt's and each choice's token ids too
+        # With best_of: how many of each prompt's candidates the whole response keeps (whole() ranks them)
+        self.best_of_kept = best_of_kept
         self._sent_role = [False] * num_choices
         # chat: each choice's tool calls, as tool_choice asks for them (choice_calls.py)
         self.calls = ChoiceCalls(num_choices, forced_tool_call, tool_call_syntax, call_id, parallel_tool_calls)
@@ -176,7 +179,8 @@ class ResponseBuilder:
 
     def whole(self) -> dict[str, Any]:
         choices = []
-        for index, state in enumerate(self.choices):
+        for new_index, index in enumerate(self._kept()):
+            state = self.choices[index]
             if self.kind == "completion":
                 echoed = "" if self.echo_of_prompt is None else self.echo_of_prompt[self.prompt_of_choice[index]]
                 logprobs = None
@@ -184,7 +188,7 @@ class ResponseBuilder:
                     logprobs = completion_logprobs(state.logprobs, self.token_text, len(echoed))
                     if self.echo_of_prompt is not None:
                         logprobs = joined_logprobs(self._echoed_logprobs(state), logprobs)
-                choice = {"index": index, "text": echoed + state.text, "logprobs": logprobs,
+                choice = {"index": new_index, "text": echoed + state.text, "logprobs": logprobs,
                           "finish_reason": state.finish_reason, "stop_reason": state.stop_reason}
                 if self.num_prompt_logprobs is not None:
                     choice["prompt_logprobs"] = self._prompt_logprobs(state)
@@ -199,7 +203,7 @@ class ResponseBuilder:
                 message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or []}
                 if reasoning is not None and self.include_reasoning:
                     message.update(reasoning=reasoning, reasoning_content=reasoning)
-                choices.append({"index": index, "message": message, "logprobs": logprobs,
+                choices.append({"index": new_index, "message": message, "logprobs": logprobs,
                                 "finish_reason": self.calls.finish_reason(state.finish_reason, calls),
                                 "stop_reason": state.stop_reason})
                 if self.return_token_ids:
@@ -212,6 +216,23 @@ class ResponseBuilder:
             body["prompt_token_ids"] = list(self.choices[0].prompt_token_ids)
         body["usage"] = self.usage
         return body
+
+    def _kept(self) -> list[int]:
+        """The choices a whole response gives: all, or with best_of each prompt's `best_of_kept` whose
+        tokens have the highest mean logprob (OpenAI's "highest log probability per token"), best first.
+        Every candidate still counts in the usage: each was generated."""
+        if self.best_of_kept is None:
+            return list(range(len(self.choices)))
+        by_prompt: dict[int, list[int]] = {}
+        for index, prompt in enumerate(self.prompt_of_choice):
+            by_prompt.setdefault(prompt, []).append(index)
+
+        def mean_logprob(index: int) -> float:
+            entries = self.choices[index].logprobs
+            return sum(entry.sampled.logprob for entry in entries) / len(entries) if entries else float("-inf")
+
+        return [index for candidates in by_prompt.values()
+                for index in sorted(candidates, key=mean_logprob, reverse=True)[:self.best_of_kept]]
 
     def _answer(self, index: int, state: ChoiceState
                 ) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:

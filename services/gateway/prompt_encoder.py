@@ -71,6 +71,7 @@ class PromptEncoder:
             if len(prompt_text) <= self.local_tokenize_max_chars:
                 prompt = self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
             else:
+                # Its characters stand in for its tokens in the services' load: they are not counted yet.
                 with self.tokenizers.hold(num_tokens=len(prompt_text)) as service:
                     prompt = (await service.stub.Encode(tokenizer_pb2.EncodeRequest(
                         request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),

@@ -31,6 +31,7 @@ import torch
 
 from engine.block_hash import hash_block_chain
 from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
 from services.common.engine_loop import EngineLoop
 from services.kvstore.layout import PageLayout
 from services.kvstore.page_copy import copy_pages
@@ -160,3 +161,9 @@ def _describe(e: Exception) -> str:
     if isinstance(e, grpc.aio.AioRpcError):
         return f"{e.code().name}: {e.details()}"
     return str(e)
+
+
+def holds_prefix_of(params: SamplingParams) -> bool:
+    """Whether the tier holds (and takes) a request's prefix pages: those of the base model, unsalted. A
+    LoRA request's are its adapter's own, and a salted request's only for requests giving its salt."""
+    return params.lora_name is None and params.cache_salt is None

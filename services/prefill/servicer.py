@@ -59,7 +59,6 @@ from functools import partialmethod
 import grpc
 import torch
 
-from engine.sampling_params import SamplingParams
 from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.engine_loop import EngineLoop
@@ -78,7 +77,7 @@ from services.prefill.converters import (
 from services.prefill.decode_reservations import DecodeReservations
 from services.prefill.first_token_timings import first_token_timings
 from services.prefill.held_pages import release_after
-from services.prefill.host_tier import PrefillHostTier
+from services.prefill.host_tier import PrefillHostTier, holds_prefix_of
 from services.prefill.kv_target import open_target
 from services.prefill.kv_writer import KVWriter
 
@@ -190,9 +189,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             is_added = True  # unknown until its first output: cancelled meanwhile, it may have been added
             tier_tokens, tier_seconds = 0, 0.0
             try:
-                # The host tier holds the base model's unsalted pages: a LoRA request's are its adapter's
-                # own, and a salted request's are only for those giving its salt.
-                if request.host_tier.num_blocks and request.host_tier.address and _is_shared(params):
+                if request.host_tier.num_blocks and request.host_tier.address and holds_prefix_of(params):
                     read_start = time.perf_counter()
                     with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
                         tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
@@ -280,7 +277,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 def release() -> None:
                     release_after(self.engine_loop, request_id, pending_copy)
 
-                if held is None or not _is_shared(params) or not self._host_tier.store_then(
+                if held is None or not holds_prefix_of(params) or not self._host_tier.store_then(
                         request_id, prompt, held.num_cached_tokens, held.held_block_ids, release):
                     release()
             if reservation is not None and not is_handed_on:
@@ -291,8 +288,3 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     PrefillStream = _events
     # PrefillStream for the call's first message, whenever it comes.
     PrefillPreopened = partialmethod(_events, is_preopened=True)
-
-
-def _is_shared(params: SamplingParams) -> bool:
-    """Whether the request's prefix pages are the host tier's kind: the base model's, unsalted."""
-    return params.lora_name is None and params.cache_salt is None

@@ -269,6 +269,27 @@ def test_chat_whole_and_streamed_use_the_chat_template(client, mesh, tokenizer):
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
+def test_best_of_answers_the_candidates_likeliest_per_token(client, mesh):
+    """OpenAI's best_of: best_of candidates per prompt (a seeded request's candidate j samples with seed + j,
+    as n choices do), the n with the highest mean logprob kept, best first; every candidate's tokens are
+    usage. The candidates, asked for as n choices with their logprobs, say which those are."""
+    asked = dict(model=mesh.model_name, prompt=[PROMPT, "Once upon a time"], max_tokens=8, temperature=1.5,
+                 seed=7, extra_body={"ignore_eos": True})
+    candidates = client.completions.create(n=4, logprobs=0, **asked)
+    ranked = {p: sorted((c for c in candidates.choices[4 * p:4 * p + 4]),
+                        key=lambda c: sum(c.logprobs.token_logprobs) / 8, reverse=True) for p in (0, 1)}
+    assert len({c.text for c in candidates.choices}) > 4  # sampled apart: the ranking has something to rank
+    best = client.completions.create(n=2, best_of=4, **asked)
+    assert [c.text for c in best.choices] == [c.text for p in (0, 1) for c in ranked[p][:2]]
+    assert [c.index for c in best.choices] == [0, 1, 2, 3] and all(c.logprobs is None for c in best.choices)
+    assert best.usage.completion_tokens == 2 * 4 * 8  # all eight candidates were generated
+    for given, param in (({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 2, "stream": True}, "best_of"),
+                         ({"best_of": 9}, "best_of")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(**{**asked, **given})
+        assert refused.value.body["param"] == param
+
+
 def test_stop_strings_end_the_text_before_them(client, mesh):
     free = client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=40, temperature=0,
                                      extra_body={"ignore_eos": True}).choices[0].text
