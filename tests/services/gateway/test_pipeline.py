@@ -29,7 +29,7 @@ from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import DECODE_KV_BLOCKS, assert_decode_pools_free
-from tests.services.service_process import ServiceProcess as Service
+from tests.services.service_process import ServiceProcess as Service, stop_processes, wait_all_serving
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
@@ -43,17 +43,18 @@ def greedy(max_tokens: int) -> common_pb2.SamplingParams:
 def mesh(tiny_demo_model):
     services = []
     try:
-        services.append(Service("tokenizer", TOKENIZER_SERVICE, tiny_demo_model))
+        # Started together, waited for in turn: they load and warm up at once.
+        services.append(Service("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False))
         for _ in range(2):
-            services.append(Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "64"))
+            services.append(Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "64", wait=False))
         for _ in range(2):
             services.append(Service("decode", DECODE_SERVICE, tiny_demo_model,
-                                    "--kv-blocks", str(DECODE_KV_BLOCKS)))
+                                    "--kv-blocks", str(DECODE_KV_BLOCKS), wait=False))
+        wait_all_serving(services)
         tokenizer, prefills, decodes = services[0], services[1:3], services[3:5]
         yield tokenizer.address, [s.address for s in prefills], decodes
     finally:
-        for svc in services:
-            assert svc.terminate() == 0
+        assert stop_processes(services) == [0] * len(services)
 
 
 @pytest.fixture(scope="module")
