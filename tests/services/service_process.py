@@ -15,7 +15,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.services.preloaded_python import spawn
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 
 class ServiceProcess:
@@ -30,9 +33,7 @@ class ServiceProcess:
         self.channel: grpc.Channel | None = None
         command = command or [sys.executable, "-m", f"services.{name}"]
         model_args = ["--model", str(model_dir)] if model_dir is not None else []  # None: a kvstore node's
-        self.proc = subprocess.Popen(
-            [*command, *model_args, "--port", "0", *extra_args],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = spawn([*command, *model_args, "--port", "0", *extra_args])
         # Read as it comes: a worker that logs more than a pipe holds (64 KiB) would block on its next line.
         self._stderr_lines: list[str] = []
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)

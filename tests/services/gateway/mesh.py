@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,8 +21,8 @@ from protos import decode_pb2, decode_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
+from tests.services.preloaded_python import spawn
 from tests.services.service_process import (
-    REPO_ROOT,
     ServiceProcess,
     read_line,
     stop_process,
@@ -41,11 +40,10 @@ class GatewayProcess:
 
     def __init__(self, model_dir: Path, tokenizer: str, prefill: list[str], decode: list[str], *extra_args: str,
                  env: dict[str, str] | None = None):
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "services.gateway", "--model", str(model_dir), "--tokenizer", tokenizer,
              "--prefill", ",".join(prefill), "--decode", ",".join(decode), "--port", "0", "--http-port", "0",
              *extra_args],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **env} if env else None)
         try:
             self.grpc_address = read_line(self.proc, "gateway listening on ")

@@ -1,0 +1,226 @@
+"""`python -m services.<name>` for the tests, forked from one Python that has imported every
+service's modules already.
+
+Each test mesh is real processes, and each used to spend most of its start-up importing: about
+3 s of CPU for torch and the engine in a prefill or decode worker, 1.5 s in a gateway, on a
+2-core CI machine that runs some hundreds of them. This process imports them once; each service
+the tests start is then a fork of it that runs the service's `__main__` as `python -m` does, with
+its own arguments, environment, working directory and stdout/stderr pipes, and exits as the
+interpreter does (threads joined, atexit handlers run, SystemExit's code). It imports modules
+only: no thread, gRPC channel or OpenMP team exists here to be forked half-made. What the forks
+do share is set once per interpreter: Python's hash seed (no Baton value depends on hash():
+tests/unit/test_block_hash.py runs under two seeds) and what native libraries read from the
+environment as they load (GOMP_SPINCOUNT, GRPC_EXPERIMENTS: here as every service sets them).
+
+`spawn` hands a test a `subprocess.Popen`-like handle. The service entry points themselves run
+unforked too: `baton up` and its tests start `python -m services.<name>` as ever.
+
+Protocol: the test process holds one end of a seqpacket socket pair; per spawn it sends the command (JSON)
+with the child's stdout, stderr and exit-status pipes' write ends (SCM_RIGHTS), and reads the
+child's pid back; this process writes the child's exit code (as Popen's returncode) into its
+status pipe once it has reaped it. End of file on the socket: the tests are done; this process
+exits (its children, if any are left, go on as `Popen` children would).
+"""
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import runpy
+import select
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("tokenizer", "prefill", "decode", "kvstore", "gateway")
+_MAX_COMMAND_BYTES = 1 << 17  # a seqpacket message: the command line and environment
+
+
+class ForkedProcess:
+    """The part of `subprocess.Popen` the tests use, for a child of the preloaded Python."""
+
+    def __init__(self, args: list[str], pid: int, stdout: io.TextIOWrapper, stderr: io.TextIOWrapper,
+                 status_fd: int):
+        self.args = args
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._status_fd = status_fd
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        if not self._lock.acquire(blocking=False):  # another thread waits for it (as Popen.poll does)
+            return self.returncode
+        try:
+            return self._read_status(0)
+        finally:
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._lock:
+            if self._read_status(timeout) is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _read_status(self, timeout: float | None) -> int | None:
+        if self.returncode is None and select.select([self._status_fd], [], [], timeout)[0]:
+            status = os.read(self._status_fd, 64)
+            os.close(self._status_fd)
+            if not status:
+                raise RuntimeError(f"the preloaded Python went away before its child {self.pid} ({self.args}) exited")
+            self.returncode = int(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # exited, not yet reaped
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(15)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+
+class PreloadedPython:
+    """The preloaded process, started on the first spawn; it exits when the test process does (end of
+    file on its socket)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._socket = ours
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.services.preloaded_python", str(theirs.fileno())],
+                                     cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     pass_fds=[theirs.fileno()])
+        theirs.close()
+
+    def spawn(self, args: list[str], cwd: Path, env: dict[str, str]) -> ForkedProcess:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        command = json.dumps({"args": args[1:], "cwd": str(cwd), "env": env}).encode()
+        try:
+            with self._lock:
+                socket.send_fds(self._socket, [command], [out_w, err_w, status_w])
+                reply = self._socket.recv(16)
+            if not reply:
+                raise RuntimeError(f"the preloaded Python exited ({self.proc.wait()})")
+        except BaseException:
+            for fd in (out_r, err_r, status_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, status_w):
+                os.close(fd)
+        return ForkedProcess(args, int(reply), open(out_r, encoding="utf-8"), open(err_r, encoding="utf-8"), status_r)
+
+
+_preloaded: PreloadedPython | None = None
+_preloaded_lock = threading.Lock()
+
+
+def forkable(args: list[str]) -> bool:
+    """`python -m services.<name> ...` or `python -c CODE ...`: what the preloaded Python runs."""
+    return len(args) >= 3 and args[0] == sys.executable and (
+        args[1] == "-c" or (args[1] == "-m" and args[2] in {f"services.{name}" for name in SERVICES}))
+
+
+def spawn(args: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None):
+    """`subprocess.Popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=True)`, forked from the
+    preloaded Python where it runs the command (else started so)."""
+    global _preloaded
+    if not forkable(args):
+        return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _preloaded_lock:
+        if _preloaded is None or _preloaded.proc.poll() is not None:
+            _preloaded = PreloadedPython()
+        preloaded = _preloaded
+    return preloaded.spawn(args, cwd, dict(os.environ if env is None else env))
+
+
+# The preloaded process's side.
+
+def _serve(control: socket.socket) -> dict | None:
+    """Fork a child per command; report each one's exit. Returns the command in a child, None at the end."""
+    status_fds: dict[int, int] = {}  # pidfd -> the child's status pipe
+    with selectors.DefaultSelector() as selector:
+        selector.register(control, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is control:
+                    message, fds, _, _ = socket.recv_fds(control, _MAX_COMMAND_BYTES, 3)
+                    if not message:
+                        return None
+                    command = json.loads(message)
+                    out_w, err_w, status_w = fds
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        for fd in (*status_fds, *status_fds.values(), status_w):
+                            os.close(fd)
+                        control.close()  # and the selector, on the way out
+                        os.dup2(out_w, 1)
+                        os.dup2(err_w, 2)
+                        os.close(out_w)
+                        os.close(err_w)
+                        return command
+                    os.close(out_w)
+                    os.close(err_w)
+                    pidfd = os.pidfd_open(pid)
+                    status_fds[pidfd] = status_w
+                    selector.register(pidfd, selectors.EVENT_READ)
+                    control.send(str(pid).encode())
+                else:
+                    pidfd = key.fileobj
+                    selector.unregister(pidfd)
+                    waited = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+                    returncode = waited.si_status if waited.si_code == os.CLD_EXITED else -waited.si_status
+                    status_w = status_fds.pop(pidfd)
+                    os.close(pidfd)
+                    os.write(status_w, str(returncode).encode())
+                    os.close(status_w)
+
+
+def _run(command: dict, grpc_env, openmp_env) -> None:
+    """Run the command as `python ARGS` would, in this (forked) interpreter."""
+    os.chdir(command["cwd"])
+    os.environ.clear()
+    os.environ.update(command["env"])
+    flag, target, *args = command["args"]
+    # What the service's own first imports set in its environment (they ran here once, before the fork).
+    importlib.reload(grpc_env)
+    if flag == "-c" or target in ("services.prefill", "services.decode"):
+        importlib.reload(openmp_env)
+    if flag == "-c":
+        sys.argv = ["-c", *args]
+        exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    else:
+        sys.argv = [target, *args]  # run_module puts the module's path first, as -m does
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    # First, as in every service's __main__: before grpc (and, for the workers, torch) loads.
+    from services.common import grpc_env, openmp_env
+    for name in SERVICES:
+        importlib.import_module(f"services.{name}.__main__")
+        del sys.modules[f"services.{name}.__main__"]  # run afresh as __main__, as runpy wants it
+    control = socket.socket(fileno=int(sys.argv[1]))
+    command = _serve(control)
+    if command is not None:
+        _run(command, grpc_env, openmp_env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The tests start services as forks of one preloaded Python (preloaded_python.py): a fork must run a
+command as a fresh `python` process would, and report its end as `subprocess.Popen` does."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.services.preloaded_python import forkable, spawn
+
+# Arguments, working directory, environment, both streams, a non-daemon thread the interpreter waits
+# for, an atexit handler, and an exit code.
+_SCRIPT = """
+import atexit, os, sys, threading, time
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PRELOADED_CHECK"), os.environ.get("HOME"))
+print("to stderr", file=sys.stderr)
+atexit.register(lambda: print("atexit ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread finished"))).start()
+sys.exit(3)
+"""
+
+
+def test_a_forked_command_runs_and_exits_as_a_fresh_python_does(tmp_path):
+    args = [sys.executable, "-c", _SCRIPT, "one", "two words"]
+    env = {"PRELOADED_CHECK": "given", "PATH": "/usr/bin"}
+    assert forkable(args)
+    fresh = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    forked = spawn(args, cwd=tmp_path, env=env)
+    assert forked.wait(timeout=30) == fresh.returncode == 3
+    assert forked.stdout.read() == fresh.stdout
+    assert forked.stderr.read() == fresh.stderr
+    assert "thread finished\natexit ran" in fresh.stdout and str(tmp_path) in fresh.stdout
+
+
+def test_a_signalled_fork_has_popens_negative_returncode():
+    forked = spawn([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
+    assert forked.stdout.readline() == "up\n"
+    assert forked.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked.wait(timeout=0.1)
+    forked.send_signal(signal.SIGKILL)
+    assert forked.wait(timeout=10) == -signal.SIGKILL
+    forked.terminate()  # after its end: nothing to signal, as with Popen
+
+
+def test_other_commands_start_as_plain_processes():
+    assert not forkable([sys.executable, "-m", "cli", "up"])
+    done = spawn([sys.executable, "-m", "cli", "--help"])
+    assert isinstance(done, subprocess.Popen) and done.wait(timeout=60) == 0
+    done.stdout.close()
+    done.stderr.close()
