@@ -23,7 +23,7 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
     check_weights_held(engine)
     if not prompt_token_ids:
         raise ValueError("prompt must contain at least one token")
-    if request_id in engine._seqs:
+    if engine.has_request(request_id):
         raise ValueError(f"request id {request_id!r} is already in use")
     vocab = engine.model_config.vocab_size
     bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
@@ -82,7 +82,7 @@ def check_reservation(engine: LLMEngine, request_id: str, num_prompt_tokens: int
     if not 0 < num_prompt_tokens < engine.max_model_len:
         raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of "
                          f"{engine.max_model_len} tokens")
-    if request_id in engine._seqs:
+    if engine.has_request(request_id):
         raise ValueError(f"request id {request_id!r} is already in use")
     num_blocks = -(-num_prompt_tokens // engine.config.block_size)
     if not engine.block_manager.can_reserve(num_blocks):

@@ -135,6 +135,10 @@ class LLMEngine:
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether a request of this id is here: waiting, running, or holding its pages."""
+        return request_id in self._seqs
+
     @property
     def guides(self) -> GuideFactory:
         """Guides over this model's vocabulary, made on first use (any thread: the services compile
