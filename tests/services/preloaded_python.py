@@ -23,6 +23,7 @@ exits (its children, if any are left, go on as `Popen` children would).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -130,9 +131,19 @@ _preloaded_lock = threading.Lock()
 
 
 def forkable(args: list[str]) -> bool:
-    """`python -m services.<name> ...` or `python -c CODE ...`: what the preloaded Python runs."""
-    return len(args) >= 3 and args[0] == sys.executable and (
+    """`python -m services.<name> ...` or `python -c CODE ...`: what the preloaded Python runs (where
+    the kernel gives process file descriptors, Linux 5.4 and later, by which it waits for its children)."""
+    return len(args) >= 3 and args[0] == sys.executable and _has_pidfds() and (
         args[1] == "-c" or (args[1] == "-m" and args[2] in {f"services.{name}" for name in SERVICES}))
+
+
+@functools.cache
+def _has_pidfds() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return hasattr(os, "P_PIDFD")
 
 
 def spawn(args: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None):
