@@ -3,7 +3,9 @@
 stop strings)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from protos import common_pb2
@@ -78,3 +80,15 @@ class TextOutput:
         matched = self.stops.matched_stop
         return Delta(text, token_ids, logprobs, finish_reason="stop" if matched is not None else reason,
                      matched_stop=matched, usage=usage)
+
+
+async def prompt_only(deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """vLLM's prompt-only completion (echo with max_tokens 0) from a request run for one token: its
+    deltas less that token (text, id, logprobs, usage), ending as "length" as vLLM's does (an error or
+    an abort ends as it is); the prompt's ids and logprobs as they come."""
+    async with aclosing(deltas) as stream:
+        async for delta in stream:
+            finish_reason = "length" if delta.finish_reason in ("stop", "length") else delta.finish_reason
+            usage = dataclasses.replace(delta.usage, completion_tokens=0) if delta.usage is not None else None
+            yield dataclasses.replace(delta, text="", token_ids=[], logprobs=[], finish_reason=finish_reason,
+                                      matched_stop=None, usage=usage)

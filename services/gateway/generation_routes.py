@@ -17,7 +17,7 @@ from protos import common_pb2
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
-from services.gateway.deltas import Delta
+from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY
@@ -53,6 +53,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     # (the gateway idles between requests).
     async def completions(request: Request):
         body = await parsed_body(request, CompletionRequest)
+        if body.max_tokens == 0 and not body.echo:  # (SGLang's /generate takes it alone: sglang_api.py)
+            raise APIError(400, "max_tokens 0 gives the prompt alone, which needs echo", param="max_tokens")
         lora = check_model(body.model)
         state.models.check_generates()
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
@@ -75,13 +77,14 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                 continue
             for j in range(body.num_candidates):
                 request_id = choice_request_id(response_id, len(streams), len(prompts) * body.num_candidates)
-                streams.append(state.pipeline.generate(
+                stream = state.pipeline.generate(
                     request_id, **given, sampling=_with_adapter(body.sampling(
-                        body.max_tokens, body.num_candidate_logprobs, j, bad_words,
+                        body.max_tokens_run, body.num_candidate_logprobs, j, bad_words,
                         state.pipeline.prompts.generation_defaults), lora),
                     stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-                    clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream))
+                    clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream)
+                streams.append(prompt_only(stream) if body.max_tokens == 0 else stream)
         # Echoed as given; token ids as they decode (special tokens kept: they are part of the prompt).
         echo_of_prompt = [p if isinstance(p, str) else state.pipeline.tokenizer.decode(p, skip_special_tokens=False)
                           for p in prompts] if body.echo else None

@@ -9,7 +9,8 @@ and its `index`, and the stream ends with `data: [DONE]`. `meta_info` has the re
 completion and cached token counts, the end-to-end latency and `finish_reason` (`{"type": "stop",
 "matched": the stop token id or string}`, `{"type": "length", "length": max_new_tokens}`), and with
 `return_logprob` the output tokens' `[logprob, token_id, text]` (and their top `top_logprobs_num`),
-and from `logprob_start_len` on the prompt's. The sampling fields are checked as the OpenAI API
+and from `logprob_start_len` on the prompt's (`max_new_tokens` 0: the prompt's alone, which is how
+SGLang's clients score a text). The sampling fields are checked as the OpenAI API
 checks them (services/gateway/sglang_protocol.py), their errors named as SGLang names the fields.
 `POST /abort_request` (`rid`, or `abort_all`) ends a sample wherever it is, as RL rollout loops end
 the ones they no longer need: its answer so far comes back with `{"type": "abort"}` as its finish.
@@ -32,7 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from protos import common_pb2
 from services.gateway.choices import first_choice, merge_choices
-from services.gateway.deltas import Delta
+from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
@@ -140,16 +141,17 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
             given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
             for j in range(asked.n):
                 sample_rid = rid if asked.n == 1 else f"{rid}-{j}"
-                sampling_params = asked.sampling(asked.max_tokens, asked.logprobs, j,
+                sampling_params = asked.sampling(asked.max_tokens_run, asked.logprobs, j,
                                                  defaults=pipeline.prompts.generation_defaults)
                 if lora is not None:
                     sampling_params.lora_name = lora
                 sampling_params.stream_interval = stream_interval(sampling)
                 aborted = aborts[sample_rid] = asyncio.Event()
-                streams.append(pipeline.generate(
+                stream = pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,
                     include_stop_str_in_output=asked.include_stop_str_in_output,
-                    skip_special_tokens=asked.skip_special_tokens, is_streamed=body.stream))
+                    skip_special_tokens=asked.skip_special_tokens, is_streamed=body.stream)
+                streams.append(prompt_only(stream) if asked.max_tokens == 0 else stream)  # scoring the prompt
                 outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,

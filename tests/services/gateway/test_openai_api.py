@@ -432,6 +432,25 @@ def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(client, mesh,
     assert echoed.text.startswith(tokenizer.decode(ids, skip_special_tokens=False)) and echoed.logprobs is None
 
 
+def test_max_tokens_0_with_echo_gives_the_prompt_alone_with_its_logprobs(client, mesh, tokenizer):
+    """vLLM's prompt-only completion, how evaluation harnesses score a text without generating."""
+    ids = tokenizer.encode(PROMPT)
+    ref = transformers_prompt_logprobs(mesh.model_dir, ids)
+    kwargs = dict(model=mesh.model_name, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    [streamed] = [c.choices[0] for c in chunks if c.choices]
+    for choice, usage in ((whole.choices[0], whole.usage), (streamed, chunks[-1].usage)):
+        assert choice.text == PROMPT and choice.finish_reason == "length"
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 0)
+        logprobs = choice.logprobs
+        assert logprobs.tokens == [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+        assert logprobs.token_logprobs[0] is None
+        assert logprobs.token_logprobs[1:] == pytest.approx([ref[p - 1, ids[p]].item() for p in range(1, len(ids))],
+                                                            abs=1e-4)
+    mesh.assert_decode_pools_free()
+
+
 def test_prompt_logprobs_of_completions_and_chat_match_transformers(client, mesh, tokenizer):
     ids = tokenizer.encode(PROMPT)
     ref = transformers_prompt_logprobs(mesh.model_dir, ids)

@@ -102,6 +102,16 @@ def test_logprobs_of_the_output_and_of_the_prompt_from_logprob_start_len(mesh):
     records = expected["choices"][0]["prompt_logprobs"]
     wanted = [record[str(token)]["logprob"] for record, token in zip(records[1:], prompt[1:])]
     assert [entry[0] for entry in meta["input_token_logprobs"]] == pytest.approx(wanted, abs=1e-5)
+    # max_new_tokens 0, as SGLang's clients score a text: the prompt's alone.
+    scored = generate(mesh, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                             "logprob_start_len": 1})
+    assert scored.status_code == 200, scored.text
+    assert scored.json()["output_ids"] == [] and scored.json()["text"] == ""
+    scored_meta = scored.json()["meta_info"]
+    assert scored_meta["finish_reason"] == {"type": "length", "length": 0} and scored_meta["completion_tokens"] == 0
+    assert [entry[1] for entry in scored_meta["input_token_logprobs"]] == prompt[1:]
+    assert [entry[0] for entry in scored_meta["input_token_logprobs"]] == pytest.approx(wanted, abs=1e-5)
+    assert scored_meta["output_token_logprobs"] == []
 
 
 def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
@@ -117,7 +127,8 @@ def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"text": PROMPT, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": 0, "min_new_tokens": 1}}, "sampling_params.max_new_tokens"),
     ({"text": PROMPT, "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
     ({"text": PROMPT, "sampling_params": {"structural_tag": "{"}}, "sampling_params.structural_tag"),
     ({"text": PROMPT, "sampling_params": {"ebnf": "root ::= 'a' value"}}, "sampling_params.ebnf"),
