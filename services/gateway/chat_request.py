@@ -25,7 +25,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # tool_calls.py: "none", "required" or a named function
-    parallel_tool_calls: bool = True  # False: a reply's first call only (OpenAI's; vLLM keeps the first)
+    # False: a reply's first call only (OpenAI's; vLLM keeps the first); "required"'s list is guided to one
+    parallel_tool_calls: bool = True
     # vLLM's: how the messages become the prompt.
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last message (a prefilled assistant turn)
@@ -41,7 +42,7 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_supported(self):
-        self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice)
+        self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice, self.parallel_tool_calls)
         if self._forced_tool_call is not None:
             if self._output_guide is not None:
                 raise FieldError("tool_choice", "a forced tool call and a structured output cannot both be asked for")

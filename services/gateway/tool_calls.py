@@ -19,10 +19,12 @@ from services.gateway.structured_output import ANY_JSON_OBJECT, OutputGuide, sch
 
 @dataclass(frozen=True)
 class ForcedToolCall:
-    """`name`: the function every answer calls; None for "required", any of `tools`, one or more."""
+    """`name`: the function every answer calls; None for "required", any of `tools`, one or more
+    (one only with `one_call`: parallel_tool_calls false, the list guided to end after its first)."""
 
     name: str | None
     tools: tuple[dict[str, Any], ...]
+    one_call: bool = False
 
     @property
     def guide(self) -> OutputGuide:
@@ -41,14 +43,14 @@ class ForcedToolCall:
     def _schema(self) -> dict[str, Any]:
         if self.name is not None:
             return _parameters(next(t for t in self.tools if t["function"]["name"] == self.name))
-        return {"type": "array", "minItems": 1, "items": {"anyOf": [
+        return {"type": "array", "minItems": 1, **({"maxItems": 1} if self.one_call else {}), "items": {"anyOf": [
             {"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
                                               "parameters": _parameters(t)}, "required": ["name", "parameters"]}
             for t in self.tools]}}
 
 
-def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
-                     ) -> ForcedToolCall | None:
+def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
+                     parallel_tool_calls: bool = True) -> ForcedToolCall | None:
     """What `tool_choice` forces, given `tools`; None for plain text or the model's own choice
     ("auto"). ValueError, worded for the client, for a choice that cannot be served."""
     for i, tool in enumerate(tools or ()):
@@ -62,7 +64,7 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict
     if choice == "auto":
         return None
     if choice == "required":
-        return ForcedToolCall(None, tuple(tools))
+        return ForcedToolCall(None, tuple(tools), one_call=not parallel_tool_calls)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
     if not isinstance(name, str):
         raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '

@@ -619,10 +619,17 @@ def test_forced_tool_calls_come_as_tool_calls_whole_and_streamed(client, mesh):
     assert reason == "stop" and [(c["name"], c["arguments"]) for c in streamed.values()] == [
         ("get_weather", call.function.arguments)]
 
-    required = client.chat.completions.create(tool_choice="required", **kwargs).choices[0]
+    required_response = client.chat.completions.create(tool_choice="required", **kwargs)
+    required = required_response.choices[0]
     assert required.finish_reason == "tool_calls" and required.message.content is None
     made = [(c.function.name, json.loads(c.function.arguments)) for c in required.message.tool_calls]
-    assert made and all(name in ("get_weather", "get_time") for name, _ in made)
+    assert len(made) > 1 and all(name in ("get_weather", "get_time") for name, _ in made)
+    # parallel_tool_calls false: the list is guided to end after its first call (not written on, then cut).
+    single = client.chat.completions.create(tool_choice="required", parallel_tool_calls=False, **kwargs)
+    assert single.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in single.choices[0].message.tool_calls] == [
+        (required.message.tool_calls[0].function.name, required.message.tool_calls[0].function.arguments)]
+    assert single.usage.completion_tokens < required_response.usage.completion_tokens
     # Streamed as they are written, as the model's own calls are: each named, then its arguments.
     streamed, reason, num_early = streamed_tool_calls(client, tool_choice="required", **kwargs)
     assert reason == "tool_calls" and num_early > len(made)
