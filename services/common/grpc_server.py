@@ -31,6 +31,7 @@ HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+MAX_PENDING_CALLS = 1 << 20  # calls waiting for the server to take them: in effect, no limit
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
@@ -111,6 +112,12 @@ async def make_server(
         # gRPC sets SO_REUSEPORT by default on Linux, so a second server on a
         # taken fixed port binds "successfully" and steals half the calls.
         ("grpc.so_reuseport", 0),
+        # gRPC core cancels calls that arrive while 1000 wait for the server to take them (3000 at
+        # once, past its hard limit): a burst of requests (1500 concurrent completions through one
+        # prefill worker here) had some fail CANCELLED. They queue instead, as a vLLM or SGLang
+        # server's do; what bounds the work is the gateway's --max-num-requests and the engines' queues.
+        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
     ]
     pool = ThreadPoolExecutor(max_workers=max_workers) if max_workers else None
     server = grpc.aio.server(migration_thread_pool=pool, options=options, interceptors=server_interceptors() or None)

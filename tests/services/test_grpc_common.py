@@ -125,6 +125,36 @@ def test_reflection_lists_services_and_serves_their_descriptors():
     asyncio.run(main())
 
 
+class SlowTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
+    async def Encode(self, request, context):
+        await asyncio.sleep(1.0)
+        return tokenizer_pb2.EncodeResponse(token_ids=[1])
+
+
+def test_a_burst_of_calls_waits_its_turn_instead_of_being_cancelled():
+    """gRPC core's default cancels calls arriving while 1000 wait to be taken: of 3000 at once, hundreds."""
+    async def main():
+        server, port = await make_server([(tokenizer_pb2_grpc.add_TokenizerServicer_to_server, SlowTokenizer())],
+                                         [TOKENIZER])
+        await server.start()
+        try:
+            async with make_channel(f"127.0.0.1:{port}") as channel:
+                stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+
+                async def call() -> str:
+                    try:
+                        await stub.Encode(tokenizer_pb2.EncodeRequest(text="x"), timeout=60)
+                        return "OK"
+                    except grpc.aio.AioRpcError as e:
+                        return e.code().name
+                return await asyncio.gather(*(call() for _ in range(3000)))
+        finally:
+            await stop_server(server, grace_s=0)
+
+    outcomes = asyncio.run(main())
+    assert outcomes.count("OK") == len(outcomes), {code: outcomes.count(code) for code in set(outcomes)}
+
+
 def test_message_over_grpc_default_4mib_goes_through_both_ways():
     async def main():
         server, port = await start_echo_server()  # default 64 MiB limits on both ends
