@@ -38,7 +38,10 @@ from services.gateway.structured_output import OutputGuide, output_guide
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
-MAX_CHOICES = 16  # n × prompts per request; more is one client hogging every worker
+MAX_CHOICES = 16  # n (or best_of) per prompt
+# Prompts × n per completions request: batches as evaluation harnesses send them (vLLM sets no limit);
+# --max-num-requests counts each one, as it counts separate requests.
+MAX_CHOICES_PER_REQUEST = 2048
 MAX_LOGPROBS = 20  # the engine's limit
 UNSERVED = {"logits_processors": "custom logits processors are not loaded here"}
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
@@ -270,9 +273,9 @@ class CompletionRequest(SamplingFields):
             raise FieldError("best_of", "best_of greater than n cannot be streamed: the best are known at the end")
         if self.num_candidates > self.n and self.use_beam_search:
             raise FieldError("best_of", "best_of greater than n is not supported with use_beam_search (n beams)")
-        if len(self.prompts) * self.num_candidates > MAX_CHOICES:
+        if len(self.prompts) * self.num_candidates > MAX_CHOICES_PER_REQUEST:
             raise FieldError("best_of" if self.best_of else "n",
-                             f"at most {MAX_CHOICES} choices per request (prompts × best_of, or × n)")
+                             f"at most {MAX_CHOICES_PER_REQUEST} choices per request (prompts × best_of, or × n)")
         self._check_beam_search()
         return self
 

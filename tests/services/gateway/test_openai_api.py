@@ -284,7 +284,7 @@ def test_best_of_answers_the_candidates_likeliest_per_token(client, mesh):
     assert [c.index for c in best.choices] == [0, 1, 2, 3] and all(c.logprobs is None for c in best.choices)
     assert best.usage.completion_tokens == 2 * 4 * 8  # all eight candidates were generated
     for given, param in (({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 2, "stream": True}, "best_of"),
-                         ({"best_of": 9}, "best_of")):
+                         ({"best_of": 17}, "best_of")):
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(**{**asked, **given})
         assert refused.value.body["param"] == param
@@ -658,6 +658,12 @@ def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
                                       temperature=0)
     assert [c.index for c in batch.choices] == [0, 1]
     assert batch.choices[0].text == by_text.choices[0].text
+    # A batch as evaluation harnesses send one (more prompts than n's limit of 16), each prompt's answer its own.
+    large = client.completions.create(model=mesh.model_name, prompt=[PROMPT, "Another prompt"] * 20, max_tokens=8,
+                                      temperature=0)
+    assert [c.text for c in large.choices] == [c.text for c in batch.choices] * 20
+    with pytest.raises(openai.BadRequestError, match="at most 2048 choices"):
+        client.completions.create(model=mesh.model_name, prompt=[ids] * 1025, n=2, max_tokens=1)
 
 
 def test_thirty_two_concurrent_streams_complete_with_correct_usage(mesh, tokenizer):
