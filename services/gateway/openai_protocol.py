@@ -86,7 +86,8 @@ class SamplingFields(BaseModel):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    # Any 64-bit integer, signed as vLLM's (int64) or not; taken modulo 2**64 (the protos' width)
+    seed: Annotated[int, Field(ge=-2**63, lt=2**64)] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
     # OpenAI's: token ids (as JSON object keys, so strings) to a bias added to their logits.

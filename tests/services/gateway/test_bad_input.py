@@ -60,6 +60,7 @@ CASES = [
     ("repetition_penalty NaN", "/v1/completions",
      b'{"model": "MODEL", "prompt": "hi", "repetition_penalty": NaN}', 400, "repetition_penalty"),
     ("top_p 0", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("seed under int64", "/v1/completions", {"model": "MODEL", "prompt": "hi", "seed": -2**63 - 1}, 400, "seed"),
     ("top_p 1.5", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
     ("top_k -2", "/v1/completions", {"model": "MODEL", "prompt": "hi", "top_k": -2}, 400, "top_k"),
     # Past what the protos carry: refused, not an overflow inside the gateway.

@@ -315,6 +315,9 @@ def test_a_seed_repeats_its_sample_and_n_choices_differ(client, mesh):
     first = client.completions.create(**kwargs).choices[0].text
     assert client.completions.create(**kwargs).choices[0].text == first
     assert client.completions.create(**{**kwargs, "seed": 99}).choices[0].text != first
+    # A negative seed, as vLLM takes one (a signed 64-bit integer): the seed of its unsigned bits.
+    assert client.completions.create(**{**kwargs, "seed": -1}).choices[0].text == \
+        client.completions.create(**{**kwargs, "seed": 2**64 - 1}).choices[0].text != first
     several = client.completions.create(n=3, **kwargs)
     assert [c.index for c in several.choices] == [0, 1, 2]
     assert several.choices[0].text == first
