@@ -17,13 +17,14 @@ from protos import common_pb2
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
+from services.gateway.completion_request import CompletionRequest
 from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY
 from services.gateway.http_responses import respond
 from services.gateway.openai_logprobs import TokenText
-from services.gateway.openai_protocol import CompletionRequest, encoded_bad_words
+from services.gateway.openai_protocol import encoded_bad_words
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import StoredResponse

@@ -1,5 +1,6 @@
 """The OpenAI request bodies the gateway accepts, as pydantic models: what completions and chat
-share (`SamplingFields`) and completions' own (chat's: chat_request.py, its messages: chat_messages.py).
+share (`SamplingFields`; completions' own: completion_request.py, chat's: chat_request.py, its
+messages: chat_messages.py).
 
 Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
@@ -16,7 +17,6 @@ than was asked for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import (
@@ -25,7 +25,6 @@ from pydantic import (
     Field,
     PrivateAttr,
     StrictInt,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -39,9 +38,6 @@ from services.gateway.structured_output import OutputGuide, output_guide
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 16  # n (or best_of) per prompt
-# Prompts × n per completions request: batches as evaluation harnesses send them (vLLM sets no limit);
-# --max-num-requests counts each one, as it counts separate requests.
-MAX_CHOICES_PER_REQUEST = 2048
 MAX_LOGPROBS = 20  # the engine's limit
 UNSERVED = {"logits_processors": "custom logits processors are not loaded here"}
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
@@ -231,91 +227,6 @@ class SamplingFields(BaseModel):
     def num_prompt_logprobs(self) -> int | None:
         """How many candidates the engine records per prompt token; None: no prompt logprobs."""
         return self.prompt_logprobs
-
-
-class CompletionRequest(SamplingFields):
-    """POST /v1/completions."""
-
-    # Tried in this order, ids strictly: pydantic's default (smart) union validated a 512-id
-    # prompt against every member, 0.13 ms of the gateway's time before the request starts.
-    prompt: Annotated[str | list[TokenId] | list[str] | list[list[TokenId]], Field(union_mode="left_to_right")]
-    # OpenAI's default for completions; 0 with echo: the prompt alone, with its logprobs (vLLM's)
-    max_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    echo: bool = False
-    suffix: str | None = None
-    # OpenAI's: this many candidates per prompt, of which the response keeps the n whose tokens are the
-    # likeliest on average (each token's logprob under the raw logits); every candidate's tokens are usage.
-    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
-    # vLLM's: false encodes a text prompt without the tokenizer's special tokens (a BOS it already has)
-    add_special_tokens: bool = True
-
-    @field_validator("prompt", mode="wrap")
-    @classmethod
-    def _one_prompt_shape(cls, value: Any, handler):
-        try:
-            return handler(value)
-        except ValidationError:  # one error naming the field, not one per shape it is not
-            raise ValueError("must be a string, a list of strings, a list of token ids (integers in "
-                             "[0, 2**31)) or a list of such lists") from None
-
-    @model_validator(mode="after")
-    def _check_supported(self):
-        if self.suffix:
-            raise FieldError("suffix", "suffix is not supported")
-        if self.echo and self.truncate_prompt_tokens is not None:
-            raise FieldError("echo", "echo with truncate_prompt_tokens is not supported")
-        if self.max_tokens == 0 and (self.num_candidates > self.n or self.use_beam_search or self.min_tokens):
-            raise FieldError("max_tokens", "max_tokens 0 (the prompt alone) takes no best_of greater than n, "
-                             "use_beam_search or min_tokens")
-        if self.num_candidates < self.n:
-            raise FieldError("best_of", f"best_of must be at least n ({self.n})")
-        if self.num_candidates > self.n and self.stream:
-            raise FieldError("best_of", "best_of greater than n cannot be streamed: the best are known at the end")
-        if self.num_candidates > self.n and self.use_beam_search:
-            raise FieldError("best_of", "best_of greater than n is not supported with use_beam_search (n beams)")
-        if len(self.prompts) * self.num_candidates > MAX_CHOICES_PER_REQUEST:
-            raise FieldError("best_of" if self.best_of else "n",
-                             f"at most {MAX_CHOICES_PER_REQUEST} choices per request (prompts × best_of, or × n)")
-        self._check_beam_search()
-        return self
-
-    @property
-    def max_tokens_run(self) -> int | None:
-        """The engine's max_tokens: 0 (the prompt alone) runs one token, which `prompt_only` leaves out."""
-        return 1 if self.max_tokens == 0 else self.max_tokens
-
-    @property
-    def num_candidates(self) -> int:
-        """Choices generated per prompt: best_of (given) or n."""
-        return self.best_of or self.n
-
-    @property
-    def num_candidate_logprobs(self) -> int | None:
-        """The logprobs each choice's tokens are generated with: the request's, and with best_of > n at
-        least each sampled token's own, which ranks the candidates."""
-        if self.num_candidates > self.n:
-            return self.logprobs or 0
-        return self.logprobs
-
-    @property
-    def num_prompt_logprobs(self) -> int | None:
-        """Echoed with logprobs, the prompt's tokens are listed with theirs (`logprobs` candidates each)."""
-        if self.echo and self.logprobs is not None:
-            return max(self.logprobs, self.prompt_logprobs or 0)
-        return self.prompt_logprobs
-
-    @cached_property
-    def prompts(self) -> list[str | list[int]]:
-        """One entry per prompt: text, or token ids."""
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return [prompt]
-        if not prompt:
-            raise ValueError("prompt must not be empty")
-        if isinstance(prompt[0], int):  # list[StrictInt] matched: all of them are
-            return [prompt]
-        return list(prompt)
 
 
 def encoded_bad_words(words: Sequence[str] | None, tokenizer) -> list[list[int]]:

@@ -10,8 +10,9 @@ from typing import Annotated, Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.gateway.completion_request import CompletionRequest
 from services.gateway.errors import APIError, validation_error
-from services.gateway.openai_protocol import MAX_LOGPROBS, CompletionRequest, TokenId
+from services.gateway.openai_protocol import MAX_LOGPROBS, TokenId
 
 # SGLang's sampling field → the OpenAI API's (CompletionRequest's) that checks and carries it.
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "no_stop_trim":
