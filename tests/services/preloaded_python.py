@@ -31,6 +31,7 @@ import os
 import runpy
 import select
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -86,10 +87,10 @@ class ForkedProcess:
                 pass
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
 
 class PreloadedPython:
