@@ -43,9 +43,19 @@ UNSERVED = {"logits_processors": "custom logits processors are not loaded here"}
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
 # own logprobs, so a field that would change them, or end a beam on its text, is refused with it
 # (vLLM's ignores them).
+# Fields OpenAI's API documents as nullable whose null means their default here: clients generated from
+# its spec send them so (vLLM's models take null for these, and refuse it for its own extras).
+NULL_IS_DEFAULT = ("n", "stream", "logprobs", "echo", "parallel_tool_calls")
 NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0),
                         "repetition_penalty": (None, 1.0), "logit_bias": (None, {}), "min_tokens": (0,),
                         "allowed_token_ids": (None,), "bad_words": (None, [])}
+
+
+def without_nulls(data: Any, names: Sequence[str]) -> Any:
+    """A request body with the fields `names` left out where they are null, so they take their defaults."""
+    if isinstance(data, dict) and any(data.get(name, ...) is None for name in names):
+        return {key: value for key, value in data.items() if not (value is None and key in names)}
+    return data
 
 
 class StreamOptions(BaseModel):
@@ -128,6 +138,11 @@ class SamplingFields(BaseModel):
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        return without_nulls(data, NULL_IS_DEFAULT)
 
     @field_validator("logits_processors")
     @classmethod

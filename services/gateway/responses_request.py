@@ -22,15 +22,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.errors import APIError
+from services.gateway.openai_protocol import without_nulls
 from services.gateway.prompt_encoder import ModelText
 
 ROLES = ("user", "system", "developer", "assistant")
 ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` that asks for them
+NULL_IS_DEFAULT = ("stream", "parallel_tool_calls", "store", "background")  # nullable in OpenAI's API
 
 
 class ResponsesRequest(BaseModel):
@@ -59,6 +61,11 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = None
     reasoning: dict[str, Any] | None = None  # {"effort": ...}: chat's `reasoning_effort`
     cache_salt: str | None = None  # vLLM's, as chat's
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        return without_nulls(data, NULL_IS_DEFAULT)
 
     @property
     def wants_logprobs(self) -> bool:

@@ -669,6 +669,24 @@ def test_token_id_prompts_and_several_prompts(client, mesh, tokenizer):
         client.completions.create(model=mesh.model_name, prompt=[ids] * 1025, n=2, max_tokens=1)
 
 
+def test_null_in_openais_nullable_fields_means_their_default(mesh):
+    """Clients generated from OpenAI's spec send `"n": null` and the like; vLLM's own extras stay strict."""
+    chat = {"model": mesh.model_name, "messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+    completion = {"model": mesh.model_name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    nulls = {"n": None, "stream": None, "logprobs": None}
+    with httpx.Client(base_url=mesh.gateway.base_url, timeout=60) as http:
+        for path, body, own_nulls in (("/v1/chat/completions", chat, {"parallel_tool_calls": None}),
+                                      ("/v1/completions", completion, {"echo": None})):
+            plain = http.post(path, json=body)
+            with_nulls = http.post(path, json=body | nulls | own_nulls)
+            assert with_nulls.status_code == 200, with_nulls.text
+            assert [c["index"] for c in with_nulls.json()["choices"]] == [0]
+            assert with_nulls.json()["choices"][0].get("logprobs") is None
+            assert with_nulls.json()["choices"] == plain.json()["choices"]
+            refused = http.post(path, json=body | {"ignore_eos": None})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "ignore_eos"
+
+
 def test_thirty_two_concurrent_streams_complete_with_correct_usage(mesh, tokenizer):
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, object]:
         prompt = f"Request number {i} asks about"

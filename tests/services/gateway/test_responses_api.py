@@ -430,3 +430,9 @@ def test_a_cache_salt_reaches_the_chat_request_and_an_empty_one_is_refused():
     with pytest.raises(APIError) as refused:
         ResponsesRequest(model="m", input="Hi.", cache_salt="").as_chat()
     assert refused.value.param == "cache_salt"
+
+
+def test_null_in_openais_nullable_fields_means_their_default():
+    request = ResponsesRequest.model_validate({"model": "m", "input": "Hi.", "stream": None, "store": None,
+                                               "background": None, "parallel_tool_calls": None})
+    assert not request.stream and request.store and not request.background and request.parallel_tool_calls
