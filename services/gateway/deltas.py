@@ -9,8 +9,9 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from protos import common_pb2
+from services.gateway.request_errors import InvalidRequestError
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
-from services.tokenizer.stop_strings import StopStringMatcher
+from services.tokenizer.stop_strings import Stop, StopRegexTimeout, StopStringMatcher
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TextOutput:
     for in what follows it. The token that stopped the text (EOS or a stop token id) counts, but
     its text is left out unless `include_stop_str_in_output`, as vLLM leaves it out."""
 
-    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[str],
+    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], stop: Sequence[Stop],
                  include_stop_str_in_output: bool, min_tokens: int = 0, skip_special_tokens: bool = True):
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
         self.stops = StopStringMatcher(stop, include_stop_str_in_output)
@@ -67,13 +68,19 @@ class TextOutput:
     def _text(self, token_ids: Sequence[int]) -> str:
         unmatched = min(len(token_ids), self.min_tokens - self.num_tokens)
         if unmatched <= 0:
-            return self.stops.add(self.detokenizer.add(token_ids))[0]
+            return self._unstopped(self.detokenizer.add(token_ids))
         text = self.detokenizer.add(token_ids[:unmatched])
         rest = token_ids[unmatched:]
-        return text + self.stops.add(self.detokenizer.add(rest))[0] if rest else text
+        return text + self._unstopped(self.detokenizer.add(rest)) if rest else text
 
     def finish(self) -> str:
-        return self.stops.add(self.detokenizer.finish())[0] + self.stops.finish()
+        return self._unstopped(self.detokenizer.finish()) + self.stops.finish()
+
+    def _unstopped(self, text: str) -> str:
+        try:
+            return self.stops.add(text)[0]
+        except StopRegexTimeout as e:
+            raise InvalidRequestError(str(e), param="stop_regex") from None
 
     def last_delta(self, text: str, token_ids: list[int], logprobs: list, reason: str | None, usage: Usage) -> Delta:
         """The request's last delta: "stop" where a stop string ended the text, else the worker's `reason`."""

@@ -82,7 +82,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                     request_id, **given, sampling=_with_adapter(body.sampling(
                         body.max_tokens_run, body.num_candidate_logprobs, j, bad_words,
                         state.pipeline.prompts.generation_defaults), lora),
-                    stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+                    stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                     clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream)
                 streams.append(prompt_only(stream) if body.max_tokens == 0 else stream)
@@ -128,7 +128,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                 request_id, messages=messages, chat_options=body.chat_options(),
                 sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
                                                      state.pipeline.prompts.generation_defaults), lora),
-                stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+                stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
                 skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
                 clock=timeline.clock(request_id), on_dispatch=on_dispatch,
                 guide_after=reasoning.guide_after if reasoning is not None else None, is_streamed=body.stream)

@@ -33,7 +33,9 @@ from protos import common_pb2
 from services.gateway.beam_search import MAX_BEAM_WIDTH
 from services.gateway.errors import FieldError
 from services.gateway.generation_defaults import GenerationDefaults
+from services.gateway.stop_regexes import compiled_stop_regexes
 from services.gateway.structured_output import OutputGuide, output_guide
+from services.tokenizer.stop_strings import Stop
 
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
@@ -46,9 +48,27 @@ UNSERVED = {"logits_processors": "custom logits processors are not loaded here"}
 # Fields OpenAI's API documents as nullable whose null means their default here: clients generated from
 # its spec send them so (vLLM's models take null for these, and refuse it for its own extras).
 NULL_IS_DEFAULT = ("n", "stream", "logprobs", "echo", "parallel_tool_calls")
-NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0),
-                        "repetition_penalty": (None, 1.0), "logit_bias": (None, {}), "min_tokens": (0,),
-                        "allowed_token_ids": (None,), "bad_words": (None, [])}
+# SGLang's OpenAI API's extras by the name of the field here that does the same: its clients send them.
+SGLANG_ALIASES = {"regex": "guided_regex", "ebnf": "guided_grammar", "json_schema": "guided_json",
+                  "no_stop_trim": "include_stop_str_in_output"}
+NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "stop_regex": (None, "", []), "presence_penalty": (None, 0.0),
+                        "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "logit_bias": (None, {}),
+                        "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, [])}
+
+
+def with_sglang_names(data: Any) -> Any:
+    """A request body with SGLang's extras under the names of the fields here; FieldError for one given
+    by both names."""
+    if not isinstance(data, dict) or not any(data.get(name) is not None for name in SGLANG_ALIASES):
+        return data
+    renamed = dict(data)
+    for theirs, ours in SGLANG_ALIASES.items():
+        if renamed.get(theirs) is None:
+            continue
+        if renamed.get(ours) is not None:
+            raise FieldError(theirs, f"give one of {theirs} and {ours}, not both")
+        renamed[ours] = renamed.pop(theirs)
+    return renamed
 
 
 def without_nulls(data: Any, names: Sequence[str]) -> Any:
@@ -95,6 +115,8 @@ class SamplingFields(BaseModel):
     # Any 64-bit integer, signed as vLLM's (int64) or not; taken modulo 2**64 (the protos' width)
     seed: Annotated[int, Field(ge=-2**63, lt=2**64)] | None = None
     stop: str | list[str] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang's (stop_regexes.py)
+    _stop_regexes: tuple = PrivateAttr(default=())
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
     # OpenAI's: token ids (as JSON object keys, so strings) to a bias added to their logits.
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
@@ -141,8 +163,8 @@ class SamplingFields(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _nulls_are_defaults(cls, data: Any) -> Any:
-        return without_nulls(data, NULL_IS_DEFAULT)
+    def _read_as_ours(cls, data: Any) -> Any:
+        return with_sglang_names(without_nulls(data, NULL_IS_DEFAULT))
 
     @field_validator("logits_processors")
     @classmethod
@@ -173,6 +195,7 @@ class SamplingFields(BaseModel):
             raise FieldError("stream_options", "stream_options is only allowed when stream is true")
         if any(not s for s in self.stop_strings):
             raise FieldError("stop", "stop strings must be non-empty")
+        self._stop_regexes = compiled_stop_regexes(self.stop_regex)
         return self
 
     def _check_beam_search(self) -> None:
@@ -192,6 +215,11 @@ class SamplingFields(BaseModel):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def stops(self) -> list[Stop]:
+        """What ends the text: the stop strings, then the stop regexes."""
+        return [*self.stop_strings, *self._stop_regexes]
 
     @property
     def include_usage(self) -> bool:

@@ -59,6 +59,7 @@ from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import Progress, Step
 from services.gateway.workers import Worker, WorkerPool
 from services.tokenizer.chat_template import ChatOptions
+from services.tokenizer.stop_strings import Stop
 
 WHOLE_REPLY = 2**32 - 1  # a stream interval no reply reaches: its tokens come with its last
 
@@ -121,7 +122,7 @@ class RequestPipeline(Admission):
         chat_options: ChatOptions = ChatOptions(),
         add_special_tokens: bool = True,
         sampling: common_pb2.SamplingParams | None = None,
-        stop: Sequence[str] = (),
+        stop: Sequence[Stop] = (),
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
         truncate_prompt_tokens: int | None = None,
@@ -200,7 +201,7 @@ class RequestPipeline(Admission):
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
 
     async def _run(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
-                   decode_worker: Worker, stop: Sequence[str], include_stop_str_in_output: bool,
+                   decode_worker: Worker, stop: Sequence[Stop], include_stop_str_in_output: bool,
                    skip_special_tokens: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace, running: RunningRequest,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:

@@ -148,7 +148,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 sampling_params.stream_interval = stream_interval(sampling)
                 aborted = aborts[sample_rid] = asyncio.Event()
                 stream = pipeline.generate(
-                    sample_rid, **given, sampling=sampling_params, stop=asked.stop_strings,
+                    sample_rid, **given, sampling=sampling_params, stop=asked.stops,
                     include_stop_str_in_output=asked.include_stop_str_in_output,
                     skip_special_tokens=asked.skip_special_tokens, is_streamed=body.stream)
                 streams.append(prompt_only(stream) if asked.max_tokens == 0 else stream)  # scoring the prompt

@@ -21,7 +21,8 @@ OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
 # ... and those that go into the completions request's vLLM `structured_outputs`.
 STRUCTURED_OUTPUT_FIELDS = ("structural_tag",)
 SAME_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-               "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "logit_bias")
+               "repetition_penalty", "stop", "stop_regex", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n",
+               "logit_bias")
 # Accepted and without effect here: how SGLang spaces special tokens' text (as it does).
 IGNORED_FIELDS = {"spaces_between_special_tokens": True}
 # Not the completions request's: how often the decode worker sends the tokens (`stream_interval`).

@@ -1,50 +1,70 @@
-"""Stop strings, matched on the detokenized text as it streams.
+"""Stop strings and stop regexes (SGLang's `stop_regex`), matched on the detokenized text as it
+streams.
 
-A stop string can span several deltas ("</" then "answer>"), so text that could
-still turn out to be the start of one is held back until the next delta decides
-it. Text is therefore never emitted and then taken back, and nothing after a
-stop string ever leaves.
+A stop string can span several deltas ("</" then "answer>"), so text that could still turn out to
+be the start of one is held back until the next delta decides it; for a regex, text from where a
+partial match of it begins (the `regex` module's partial matching). Text is therefore never
+emitted and then taken back, and nothing after a stop ever leaves.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import regex
+
+Stop = str | regex.Pattern  # a stop string, or a compiled stop regex
+# A client's regex runs on the gateway's event loop: one whose search backtracks for longer fails its
+# request instead of stalling every other.
+SEARCH_TIMEOUT_S = 0.1
+
+
+class StopRegexTimeout(ValueError):
+    pass
+
 
 class StopStringMatcher:
-    """Filters one request's text deltas through its stop strings.
+    """Filters one request's text deltas through its stop strings and regexes.
 
-    Contract: feeding deltas d1..dn returns texts whose concatenation (plus
-    `finish()` when no stop matched) is the whole text cut just before the
-    earliest occurrence of any stop string (just after it with
-    `include_stop_str_in_output`). Once stopped, every call returns ("", True).
+    Contract: feeding deltas d1..dn returns texts whose concatenation (plus `finish()` when no stop
+    matched) is the whole text cut just before the earliest match of any stop string or regex (just
+    after it with `include_stop_str_in_output`); at the same start, stop strings first, each in its
+    order. A regex matches the text from where the last delta's text began (so its anchors and
+    lookbehinds see the whole text), and stops at its first complete match. Once stopped, every call
+    returns ("", True).
     """
 
-    def __init__(self, stop: Sequence[str], include_stop_str_in_output: bool = False):
-        if any(not s for s in stop):
+    def __init__(self, stop: Sequence[Stop], include_stop_str_in_output: bool = False):
+        strings = [s for s in stop if isinstance(s, str)]
+        if any(not s for s in strings):
             raise ValueError("stop strings must be non-empty")
-        self.stop = tuple(dict.fromkeys(stop))
+        self.stop = tuple(dict.fromkeys(strings))
+        self.patterns = tuple(s for s in stop if not isinstance(s, str))
         self.include_stop_str_in_output = include_stop_str_in_output
-        self.matched_stop: str | None = None  # the stop string that ended the text, for finish reasons
-        self._pending = ""  # received, not yet emitted; never contains a whole stop string
+        self.matched_stop: str | None = None  # the stop string (or regex pattern) that ended the text
+        self._pending = ""  # received, not yet emitted; never contains a whole stop
+        self._emitted = ""  # kept only for the regexes
 
     @property
     def is_stopped(self) -> bool:
         return self.matched_stop is not None
 
     def add(self, delta: str) -> tuple[str, bool]:
-        """Take the next text delta; return (text safe to emit now, stopped)."""
+        """Take the next text delta; return (text safe to emit now, stopped). StopRegexTimeout for a
+        regex whose search took too long."""
         if self.is_stopped:
             return "", True
         text = self._pending + delta
         match = self._earliest_match(text)
         if match is not None:
-            start, stop = match
+            start, end, stop = match
             self.matched_stop, self._pending = stop, ""
-            end = start + len(stop) if self.include_stop_str_in_output else start
-            return text[:end], True
-        held = self._partial_stop_length(text)
+            return text[:end if self.include_stop_str_in_output else start], True
+        held = max(self._partial_stop_length(text), self._partial_pattern_length(text))
         self._pending = text[len(text) - held:]
-        return text[:len(text) - held], False
+        emitted = text[:len(text) - held]
+        if self.patterns:
+            self._emitted += emitted
+        return emitted, False
 
     def finish(self) -> str:
         """The held-back text, released because generation ended without a stop."""
@@ -53,13 +73,17 @@ class StopStringMatcher:
         text, self._pending = self._pending, ""
         return text
 
-    def _earliest_match(self, text: str) -> tuple[int, str] | None:
-        # Earliest start wins; at the same start the first listed stop string.
-        best: tuple[int, str] | None = None
+    def _earliest_match(self, text: str) -> tuple[int, int, str] | None:
+        best: tuple[int, int, str] | None = None
         for stop in self.stop:
             start = text.find(stop)
             if start != -1 and (best is None or start < best[0]):
-                best = (start, stop)
+                best = (start, start + len(stop), stop)
+        for pattern in self.patterns:
+            match = self._search(pattern, text, partial=False)
+            if match is not None and (best is None or match.start() - len(self._emitted) < best[0]):
+                offset = len(self._emitted)
+                best = (match.start() - offset, match.end() - offset, pattern.pattern)
         return best
 
     def _partial_stop_length(self, text: str) -> int:
@@ -71,3 +95,19 @@ class StopStringMatcher:
                     longest = length
                     break
         return longest
+
+    def _partial_pattern_length(self, text: str) -> int:
+        """Length of the suffix of `text` from where the earliest partial match of a regex begins."""
+        longest = 0
+        for pattern in self.patterns:
+            match = self._search(pattern, text, partial=True)
+            if match is not None and match.partial:
+                longest = max(longest, len(self._emitted) + len(text) - match.start())
+        return longest
+
+    def _search(self, pattern: regex.Pattern, text: str, partial: bool) -> regex.Match | None:
+        try:
+            return pattern.search(self._emitted + text, len(self._emitted), partial=partial, timeout=SEARCH_TIMEOUT_S)
+        except TimeoutError:
+            raise StopRegexTimeout(f"stop_regex {pattern.pattern!r} took over {SEARCH_TIMEOUT_S} s to search "
+                                   "the output") from None

@@ -126,6 +126,44 @@ def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
     assert kept.json()["text"] == text[:text.index(stop) + len(stop)]
 
 
+def test_a_stop_regex_ends_the_text_before_its_first_match_and_is_named_as_matched(mesh):
+    sampling = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    text = generate(mesh, {"text": PROMPT, "sampling_params": sampling}).json()["text"]
+    middle = text[len(text) // 2:len(text) // 2 + 2]
+    pattern = re.escape(middle) + "."  # fixed length: the first match to complete is the first in the text
+    start = re.search(pattern, text).start()
+    stopped = generate(mesh, {"text": PROMPT, "sampling_params": {**sampling, "stop_regex": [pattern]}}).json()
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    assert stopped["text"] == text[:start]
+    kept = generate(mesh, {"text": PROMPT, "sampling_params": {**sampling, "stop_regex": pattern,
+                                                                "no_stop_trim": True}}).json()
+    assert kept["text"] == text[:start + 3]
+    # The OpenAI API takes it too, with SGLang's other extras (its names for vLLM's guided_regex and
+    # include_stop_str_in_output), as SGLang's OpenAI server does.
+    choice = completion(mesh, prompt=PROMPT, max_tokens=16, temperature=0, ignore_eos=True, stop_regex=pattern,
+                        no_stop_trim=True)["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (text[:start + 3], "stop", pattern)
+    chat = httpx.post(f"{mesh.gateway.base_url}/v1/chat/completions", timeout=60, json={
+        "model": mesh.model_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8,
+        "regex": "(yes|no)"}).json()
+    assert chat["choices"][0]["message"]["content"] in ("yes", "no")
+    mesh.assert_decode_pools_free()
+
+
+def test_the_sglang_frontends_request_is_served_with_its_defaults(mesh):
+    """`sgl.gen` through RuntimeEndpoint sends every sampling parameter it has, unset ones as their defaults."""
+    frontend = {"skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": 12,
+                "min_new_tokens": 0, "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [], "temperature": 0,
+                "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                "ignore_eos": True, "regex": None, "json_schema": None}
+    answer = generate(mesh, {"text": PROMPT, "sampling_params": frontend, "return_logprob": False,
+                             "logprob_start_len": -1, "top_logprobs_num": 0, "return_text_in_logprobs": False})
+    assert answer.status_code == 200, answer.text
+    plain = generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
+                                                                "ignore_eos": True}}).json()
+    assert answer.json()["text"] == plain["text"]
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 0, "min_new_tokens": 1}}, "sampling_params.max_new_tokens"),
@@ -135,6 +173,8 @@ def test_a_stop_string_ends_the_text_and_is_named_as_matched(mesh):
     ({"text": PROMPT, "sampling_params": {"spaces_between_special_tokens": False}},
      "sampling_params.spaces_between_special_tokens"),
     ({"text": PROMPT, "sampling_params": {"stream_interval": 0}}, "sampling_params.stream_interval"),
+    ({"text": PROMPT, "sampling_params": {"stop_regex": "("}}, "sampling_params.stop_regex"),
+    ({"text": PROMPT, "sampling_params": {"stop_regex": ["x", "a*"]}}, "sampling_params.stop_regex"),
     ({"text": PROMPT, "sampling_params": {"stream_interval": "4"}}, "sampling_params.stream_interval"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "text"),
     ({"text": PROMPT, "return_hidden_states": True}, "return_hidden_states"),

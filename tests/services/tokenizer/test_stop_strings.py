@@ -3,8 +3,9 @@ from __future__ import annotations
 import random
 
 import pytest
+import regex
 
-from services.tokenizer.stop_strings import StopStringMatcher
+from services.tokenizer.stop_strings import StopRegexTimeout, StopStringMatcher
 
 
 def _feed(matcher, deltas):
@@ -90,3 +91,62 @@ def test_random_splits_equal_cutting_the_whole_text(seed, include):
         expected = text
     out, stopped = _feed(StopStringMatcher(stops, include_stop_str_in_output=include), deltas)
     assert "".join(out) == expected and stopped == bool(hits)
+
+
+def test_a_stop_regex_holds_back_what_may_begin_a_match_then_cuts_before_it():
+    m = StopStringMatcher([regex.compile(r"\d+\.")])
+    assert m.add("Step 1") == ("Step ", False)  # "1" may begin "1."
+    assert m.add("2") == ("", False)
+    assert m.add(" then") == ("12 then", False)  # it did not: released
+    assert m.add(" 3") == (" ", False)
+    assert m.add(". Done") == ("", True)
+    assert m.matched_stop == r"\d+\." and m.add("more") == ("", True)
+    kept = StopStringMatcher([regex.compile(r"\d+\.")], include_stop_str_in_output=True)
+    assert kept.add("Step 12. Done") == ("Step 12.", True)
+
+
+def test_a_stop_regex_sees_the_text_already_sent_for_its_anchors_and_lookbehinds():
+    at_start = StopStringMatcher([regex.compile(r"^Answer")])
+    assert at_start.add("My ") == ("My ", False)
+    assert at_start.add("Answer") == ("Answer", False)  # not at the text's start
+    after_newline = StopStringMatcher([regex.compile(r"(?<=\n)END")])
+    assert after_newline.add("THE END\n") == ("THE END\n", False)
+    assert after_newline.add("END of it") == ("", True)
+
+
+def test_stop_strings_and_regexes_the_earliest_wins_and_at_one_start_the_string():
+    m = StopStringMatcher(["stop", regex.compile(r"st[aeiou]p")])
+    assert m.add("a step, a stop") == ("a ", True) and m.matched_stop == r"st[aeiou]p"
+    m = StopStringMatcher(["stop", regex.compile(r"st[aeiou]p")])
+    assert m.add("a stop") == ("a ", True) and m.matched_stop == "stop"
+
+
+def test_a_regex_that_searches_too_long_fails_instead_of_stalling(monkeypatch):
+    monkeypatch.setattr("services.tokenizer.stop_strings.SEARCH_TIMEOUT_S", 1e-9)
+    m = StopStringMatcher([regex.compile(r"(a|aa)+$b")])
+    with pytest.raises(StopRegexTimeout, match="took over"):
+        m.add("a" * 5000)
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("include", [False, True])
+def test_random_splits_with_regexes_stop_at_the_first_text_received_that_holds_a_match(seed, include):
+    """What streaming can know: the text ends at the earliest match in the first text received (at a
+    delta's end) that holds one."""
+    rng = random.Random(seed)
+    patterns = [r"b+c", r"ca{2,}", r"(?<=x)ab", r"^ccc"][: rng.randint(1, 4)]
+    stops = [regex.compile(p) for p in patterns] + (["xcb"] if seed % 2 else [])
+    text = "".join(rng.choice("abcx") for _ in range(40))
+    cuts = sorted(rng.sample(range(1, len(text)), 8))
+    deltas = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+    expected, is_stopped = text, False
+    for end in [*cuts, len(text)]:
+        received = text[:end]
+        hits = [(received.find(s), received.find(s) + len(s)) for s in stops if isinstance(s, str) and s in received]
+        hits += [(m.start(), m.end()) for s in stops if not isinstance(s, str) and (m := s.search(received))]
+        if hits:
+            start, stop_end = min(hits, key=lambda hit: hit[0])
+            expected, is_stopped = received[:stop_end if include else start], True
+            break
+    out, stopped = _feed(StopStringMatcher(stops, include_stop_str_in_output=include), deltas)
+    assert "".join(out) == expected and stopped == is_stopped
