@@ -8,7 +8,7 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.gateway.completion_request import CompletionRequest
 from services.gateway.errors import APIError, validation_error
@@ -32,6 +32,13 @@ SGLANG_NAMES = {ours: theirs for theirs, ours in OPENAI_FIELDS.items()} | {
 # The completions request's fields that /generate's own carry, by the name SGLang gives them.
 TOP_LEVEL_NAMES = {"prompt": "input_ids", "model": "lora_path", "logprobs": "top_logprobs_num",
                    "prompt_logprobs": "top_logprobs_num"}
+# SGLang's request fields that ask nothing at these values, as its clients send them (bench_serving's
+# return_routed_experts, the frontend's image_data, a PD router's bootstrap fields): taken at these, any
+# other value refused as a field not served here.
+NO_OP_FIELDS = {"image_data": None, "video_data": None, "audio_data": None, "input_embeds": None, "modalities": None,
+                "return_hidden_states": False, "return_routed_experts": False, "token_ids_logprob": None,
+                "custom_logit_processor": None, "session_params": None, "lora_id": None, "bootstrap_host": None,
+                "bootstrap_port": None, "bootstrap_room": None, "data_parallel_rank": None, "routed_dp_rank": None}
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
 MAX_STREAM_INTERVAL = 2**31 - 1
 
@@ -52,7 +59,14 @@ class GenerateRequest(BaseModel):
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     lora_path: str | None = None  # a served LoRA adapter's name
-    image_data: None = None  # (no images here: only an absent or null field is taken)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _without_no_ops(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {name: value for name, value in data.items()
+                if name not in NO_OP_FIELDS or value is not NO_OP_FIELDS[name]}  # (None and False are singletons)
 
     def prompts(self) -> list[str | list[int]]:
         if (self.text is None) == (self.input_ids is None):

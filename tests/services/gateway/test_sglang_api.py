@@ -162,6 +162,14 @@ def test_the_sglang_frontends_request_is_served_with_its_defaults(mesh):
     plain = generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
                                                                 "ignore_eos": True}}).json()
     assert answer.json()["text"] == plain["text"]
+    # sglang.bench_serving's, and a PD router's fields at the values that ask nothing
+    bench = generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
+                                                                "ignore_eos": True},
+                            "stream": False, "lora_path": None, "return_logprob": False, "return_routed_experts": False,
+                            "logprob_start_len": -1, "image_data": None, "bootstrap_host": None,
+                            "return_hidden_states": False})
+    assert bench.status_code == 200, bench.text
+    assert bench.json()["text"] == plain["text"]
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -178,6 +186,8 @@ def test_the_sglang_frontends_request_is_served_with_its_defaults(mesh):
     ({"text": PROMPT, "sampling_params": {"stream_interval": "4"}}, "sampling_params.stream_interval"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "text"),
     ({"text": PROMPT, "return_hidden_states": True}, "return_hidden_states"),
+    ({"text": PROMPT, "return_routed_experts": 0}, "return_routed_experts"),
+    ({"text": PROMPT, "image_data": "cat.png"}, "image_data"),
     ({"text": [PROMPT, PROMPT], "rid": "one"}, "rid"),
     ({"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}, "input_ids"),
     ({"text": PROMPT, "lora_path": "no-such-adapter"}, "model"),
