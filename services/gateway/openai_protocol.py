@@ -51,7 +51,7 @@ NULL_IS_DEFAULT = ("n", "stream", "logprobs", "echo", "parallel_tool_calls")
 # SGLang's OpenAI API's extras by the name of the field here that does the same: its clients send them.
 SGLANG_ALIASES = {"regex": "guided_regex", "ebnf": "guided_grammar", "json_schema": "guided_json",
                   "no_stop_trim": "include_stop_str_in_output"}
-NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "stop_regex": (None, "", []), "presence_penalty": (None, 0.0),
+NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "presence_penalty": (None, 0.0),
                         "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "logit_bias": (None, {}),
                         "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, [])}
 
@@ -207,6 +207,8 @@ class SamplingFields(BaseModel):
         for name, neutral in NOT_WITH_BEAM_SEARCH.items():
             if getattr(self, name) not in neutral:
                 raise FieldError(name, f"{name} is not supported with use_beam_search")
+        if self.stop_regex:  # (not the gRPC API's, which has no stop regexes)
+            raise FieldError("stop_regex", "stop_regex is not supported with use_beam_search")
         if self._output_guide is not None:
             raise FieldError("use_beam_search", "structured output is not supported with use_beam_search")
 
