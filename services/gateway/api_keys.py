@@ -1,12 +1,12 @@
 """API keys (`--api-key`, as vLLM's): who may use the gateway's APIs.
 
-With keys configured, every HTTP request must carry one as `Authorization: Bearer KEY`,
-and every call of the public gRPC `Generate` as `authorization` metadata of the same form.
-A request without a key, or with another, gets HTTP 401 with OpenAI's error object (code
-`invalid_api_key`) and `WWW-Authenticate: Bearer`, or gRPC UNAUTHENTICATED, before its body is
-read. What probes and scrapers call stays open (`/health`, `/live`, `/metrics`, `/ping`, gRPC health
-and reflection): a load balancer or Prometheus carries no key. (vLLM asks only under `/v1`, which
-leaves its `/tokenize` open; here nothing but those is.)
+With keys configured, every HTTP request must carry one as `Authorization: Bearer KEY` (or as
+`x-api-key: KEY`, as Anthropic's clients send it), and every call of the public gRPC `Generate` as
+`authorization` metadata of the Bearer form. A request without a key, or with another, gets HTTP 401
+with OpenAI's error object (code `invalid_api_key`) and `WWW-Authenticate: Bearer`, or gRPC
+UNAUTHENTICATED, before its body is read. What probes and scrapers call stays open (`/health`,
+`/live`, `/metrics`, `/ping`, gRPC health and reflection): a load balancer or Prometheus carries no
+key. (vLLM asks only under `/v1`, which leaves its `/tokenize` open; here nothing but those is.)
 The workers behind the gateway take none: they listen on the mesh's private network.
 
 Several keys may be valid at once, so that one can be rotated without downtime. Each is
@@ -39,7 +39,14 @@ class ApiKeys:
             authorization = authorization.encode()
         if authorization[:len(BEARER)].lower() != BEARER:
             return False
-        given = authorization[len(BEARER):].strip()
+        return self.admits_key(authorization[len(BEARER):].strip())
+
+    def admits_key(self, given: str | bytes | None) -> bool:
+        """Whether `given` (an `x-api-key` header's value) is one of the keys."""
+        if not given:
+            return False
+        if isinstance(given, str):
+            given = given.encode()
         matched = False
         for key in self._keys:  # every key, matched or not: the time taken does not tell which one
             matched |= hmac.compare_digest(given, key)
@@ -47,7 +54,8 @@ class ApiKeys:
 
 
 def refusal(authorization: str | bytes | None) -> APIError:
-    """The 401 for a request whose `Authorization` header (None: none) `ApiKeys.admits` refused."""
+    """The 401 for a request whose `Authorization` header, or else `x-api-key` (None: neither), `ApiKeys`
+    refused."""
     if authorization is None:
         return APIError(401, "No API key was provided: send it as the header `Authorization: Bearer KEY`.",
                         code="invalid_api_key")
@@ -67,11 +75,12 @@ class RequireApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_HTTP_PATHS:
             return await self.app(scope, receive, send)
-        authorization = dict(scope.get("headers") or ()).get(b"authorization")
-        if self.keys.admits(authorization):
+        headers = dict(scope.get("headers") or ())
+        authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
+        if self.keys.admits(authorization) or self.keys.admits_key(api_key):
             return await self.app(scope, receive, send)
         self.on_refuse()
-        payload = json.dumps(refusal(authorization).body()).encode()
+        payload = json.dumps(refusal(authorization if authorization is not None else api_key).body()).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode()),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from services.gateway.chat_messages import ChatMessage
-from services.gateway.errors import FieldError
+from services.gateway.errors import APIError, FieldError
 from services.gateway.openai_protocol import MAX_LOGPROBS, UINT32_MAX, SamplingFields
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
@@ -98,3 +98,15 @@ class ChatCompletionRequest(SamplingFields):
             return None
         last = self.messages[-1]
         return [last.text if last.role == "assistant" else ""]
+
+
+def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """`body` as chat's request, for the APIs whose requests become one (Responses, Anthropic's Messages);
+    APIError (400) naming the first field chat refuses."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first.get("loc", ()))
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise APIError(400, f"{field}: {message}" if field else message, param=field or None) from None

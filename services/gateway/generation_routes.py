@@ -1,5 +1,6 @@
-"""The routes that generate text: `/v1/completions`, `/v1/chat/completions` and `POST /v1/responses`
-(the Responses API's request, made a chat request and answered in its own shape), whole or streamed
+"""The routes that generate text: `/v1/completions`, `/v1/chat/completions`, `POST /v1/responses` and
+`POST /v1/messages` (the Responses API's and Anthropic's Messages API's requests, made chat requests and
+answered in their own shapes), whole or streamed
 (http_responses.py). Each request's choices are sent to the pipeline here: one per prompt and `n`,
 or one beam search each, with the request's LoRA adapter, timeline and dispatch signal."""
 from __future__ import annotations
@@ -14,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from protos import common_pb2
+from services.gateway.anthropic_api import MessagesShape, anthropic_error
+from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
@@ -175,9 +178,22 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
         return await respond(request, choices, builder, asked.stream, False, "input", dispatched, shape=shape)
 
+    async def messages(request: Request):
+        try:
+            asked = await parsed_body(request, MessagesRequest)
+            if asked.max_tokens is None:
+                raise APIError(400, "max_tokens: Field required", param="max_tokens")
+            response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
+            choices, builder, dispatched, _ = start_chat(request, asked.as_chat(), response_id)
+            return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
+                                 shape=MessagesShape(builder))
+        except Exception as e:  # before the stream's first event: Anthropic's error object, not OpenAI's
+            raise anthropic_error(e) from None
+
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_route("/v1/responses", responses, methods=["POST"])
+    app.add_route("/v1/messages", messages, methods=["POST"])
 
 
 def _with_adapter(sampling: common_pb2.SamplingParams, lora: str | None) -> common_pb2.SamplingParams:

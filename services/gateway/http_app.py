@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
+from services.gateway.anthropic_api import add_anthropic_routes
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
@@ -141,6 +142,7 @@ def create_app(state: GatewayState) -> FastAPI:
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
 
     add_tokenize_routes(app, state, lambda model: check_model(state, model))
+    add_anthropic_routes(app, state, lambda model: check_model(state, model))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:  # Prometheus text format, on the API port as vLLM serves it

@@ -12,6 +12,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from services.gateway.anthropic_api import MessagesShape
 from services.gateway.choices import first_choice
 from services.gateway.deltas import Delta
 from services.gateway.errors import to_api_error
@@ -29,12 +30,12 @@ class ClientDisconnected(Exception):
 
 async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
                   stream: bool, include_usage: bool, prompt_param: str, dispatched: asyncio.Future,
-                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | None = None,
+                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | MessagesShape | None = None,
                   continuous_usage: bool = False):
     """`timeline`: the request's ledger, when it is to be sent with the response. `dispatched` is
     done once a choice's prompt is on its way to a worker: a stream is returned then, its first
-    event still to come (FirstEventResponse). `shape`: the Responses API's, not chat's or
-    completions'. `continuous_usage`: every chunk carries its choice's usage so far."""
+    event still to come (FirstEventResponse). `shape`: the Responses API's or the Messages API's,
+    not chat's or completions'. `continuous_usage`: every chunk carries its choice's usage so far."""
     if stream:
         events = (shape.events(choices, prompt_param) if shape is not None
                   else _events(choices, builder, include_usage, prompt_param, timeline, continuous_usage))

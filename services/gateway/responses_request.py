@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.gateway.chat_request import ChatCompletionRequest
+from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
 from services.gateway.openai_protocol import without_nulls
 from services.gateway.prompt_encoder import ModelText
@@ -102,13 +102,7 @@ class ResponsesRequest(BaseModel):
             chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.reasoning and self.reasoning.get("effort") is not None:
             chat["reasoning_effort"] = self.reasoning["effort"]
-        try:
-            return ChatCompletionRequest.model_validate(chat)
-        except ValidationError as e:
-            first = e.errors(include_url=False)[0]
-            field = ".".join(str(p) for p in first.get("loc", ()))
-            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            raise APIError(400, f"{field}: {message}" if field else message, param=field or None) from None
+        return chat_request(chat)
 
     def _messages(self, earlier: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []

@@ -3,6 +3,7 @@ callers without one (401 / UNAUTHENTICATED, nothing reserved), serves those with
 keys, and leaves probes and scrapes open. A second gateway over the package mesh's workers."""
 from __future__ import annotations
 
+import anthropic
 import grpc
 import httpx
 import openai
@@ -101,6 +102,15 @@ def test_grpc_generate_asks_for_the_key_in_its_metadata(mesh, keyed):
     mesh.assert_decode_pools_free()
 
 
+def test_anthropics_client_sends_its_key_as_x_api_key(mesh, keyed):
+    asked = dict(model=mesh.model_name, max_tokens=3, messages=[{"role": "user", "content": "Hi."}])
+    with anthropic.Anthropic(base_url=keyed.base_url, api_key=KEYS[1], max_retries=0) as client:
+        assert client.messages.create(**asked).usage.output_tokens == 3
+    with anthropic.Anthropic(base_url=keyed.base_url, api_key="sk-guess", max_retries=0) as client, \
+            pytest.raises(anthropic.AuthenticationError):
+        client.messages.create(**asked)
+
+
 def test_a_gateway_without_keys_asks_for_none(mesh):
     assert completion(mesh, mesh.gateway, "anything").usage.completion_tokens == 4
 
@@ -112,6 +122,8 @@ def test_a_gateway_without_keys_asks_for_none(mesh):
 ])
 def test_admits_only_a_bearer_of_one_of_the_keys(authorization, admitted):
     assert ApiKeys(["k1", "k2"]).admits(authorization) is admitted
+    assert [ApiKeys(["k1", "k2"]).admits_key(key) for key in ("k2", b"k1", "k", "", None)] == [
+        True, True, False, False, False]
 
 
 def test_keys_come_from_the_flags_or_else_the_variable_and_stay_out_of_the_repr(tiny_demo_model):
