@@ -10,8 +10,10 @@ import anthropic
 import httpx
 import pytest
 
+from services.gateway.anthropic_api import MessagesShape, _StreamedBlocks
 from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.errors import APIError
+from services.gateway.openai_responses import ResponseBuilder
 from tests.services.gateway.mesh import gateway_client
 
 GREEDY = {"temperature": 0}  # (the SDK takes sampling parameters as extras)
@@ -180,3 +182,31 @@ def test_chats_sampling_extras_pass_and_other_fields_ask_nothing():
     with pytest.raises(APIError) as refused:
         MessagesRequest.model_validate({"model": "m", "max_tokens": 4, "messages": QUESTION, "min_p": 2}).as_chat()
     assert refused.value.param == "min_p"
+
+
+def test_thinking_comes_first_as_its_own_block():
+    """The translation alone, from chat output with thinking in it, as a reasoning parser gives it."""
+    builder = ResponseBuilder(kind="chat", response_id="msg_x", model="m", num_choices=1, prompt_of_choice=[0],
+                              token_text=str, want_logprobs=False)
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {
+        "cached_tokens": 4}}
+    chat = {"choices": [{"index": 0, "finish_reason": "stop", "stop_reason": None, "message": {
+        "role": "assistant", "content": "Blue.", "reasoning": "Pick one.", "tool_calls": []}}], "usage": usage}
+    body = MessagesShape(builder).whole(chat)
+    assert body["content"] == [{"type": "thinking", "thinking": "Pick one.", "signature": ""},
+                               {"type": "text", "text": "Blue."}]
+    assert body["stop_reason"] == "end_turn" and body["usage"] == {
+        "input_tokens": 6, "output_tokens": 5, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 0}
+
+    blocks = _StreamedBlocks()
+    chunks = [{"delta": {"role": "assistant", "reasoning": "Pick"}, "finish_reason": None},
+              {"delta": {"reasoning": " one.", "content": "Blue"}, "finish_reason": None},
+              {"delta": {"content": "."}, "finish_reason": "stop"}]
+    events = [json.loads(raw.split(b"data: ", 1)[1]) for chunk in chunks
+              for raw in blocks.chunk({"choices": [{"index": 0, **chunk}]})]
+    assert [(e["type"], e.get("index")) for e in events] == [
+        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_stop", 0),
+        ("content_block_start", 1), ("content_block_delta", 1), ("content_block_delta", 1), ("content_block_stop", 1)]
+    assert [e["delta"] for e in events if e["type"] == "content_block_delta"] == [
+        {"type": "thinking_delta", "thinking": "Pick"}, {"type": "thinking_delta", "thinking": " one."},
+        {"type": "text_delta", "text": "Blue"}, {"type": "text_delta", "text": "."}]
