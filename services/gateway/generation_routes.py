@@ -55,11 +55,21 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     # tries routes in turn, and FastAPI's parameter handling has nothing to do for an endpoint that
     # takes the Request: together about 50 calls of Python on every request's way in, run cold
     # (the gateway idles between requests).
+    def adapter_of(body: CompletionRequest | ChatCompletionRequest) -> str | None:
+        """The LoRA adapter the request names: by `model`, or by SGLang's `lora_path` (not another)."""
+        lora = check_model(body.model)
+        if body.lora_path is None:
+            return lora
+        named = check_model(body.lora_path)
+        if lora is not None and named != lora:
+            raise APIError(400, f"model names the adapter {lora!r} and lora_path {named!r}", param="lora_path")
+        return named
+
     async def completions(request: Request):
         body = await parsed_body(request, CompletionRequest)
         if body.max_tokens == 0 and not body.echo:  # (SGLang's /generate takes it alone: sglang_api.py)
             raise APIError(400, "max_tokens 0 gives the prompt alone, which needs echo", param="max_tokens")
-        lora = check_model(body.model)
+        lora = adapter_of(body)
         state.models.check_generates()
         response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
@@ -107,7 +117,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     def start_chat(request: Request, body: ChatCompletionRequest, response_id: str
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
         """A chat request's choices on their way, and what builds their output."""
-        lora = check_model(body.model)
+        lora = adapter_of(body)
         state.models.check_generates()
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
             raise needs_a_parser("tool_choice")

@@ -41,7 +41,10 @@ INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 16  # n (or best_of) per prompt
 MAX_LOGPROBS = 20  # the engine's limit
-UNSERVED = {"logits_processors": "custom logits processors are not loaded here"}
+UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
+            "custom_logit_processor": "custom logits processors are not loaded here",  # SGLang's
+            "return_hidden_states": "hidden states are not returned here",  # SGLang's
+            "session_params": "sessions are not kept here"}  # SGLang's
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
 # own logprobs, so a field that would change them, or end a beam on its text, is refused with it
 # (vLLM's ignores them).
@@ -154,9 +157,14 @@ class SamplingFields(BaseModel):
     # vLLM's: n beams (beam_search.py), the best first; sampling fields other than these have no say.
     use_beam_search: bool = False
     length_penalty: float = 1.0  # a beam's score: its summed logprob / its length ** length_penalty
-    # vLLM's extra this gateway does not serve: refused when asked for, not ignored (the output
-    # would not be what the client asked).
+    # vLLM's and SGLang's extras this gateway does not serve (UNSERVED): refused when asked for, not
+    # ignored (the output would not be what the client asked).
     logits_processors: list[Any] | None = None
+    custom_logit_processor: Any = None
+    return_hidden_states: Any = None
+    session_params: Any = None
+    # SGLang's: the LoRA adapter, by its served name (as `model` may name it)
+    lora_path: str | None = None
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None
@@ -166,7 +174,7 @@ class SamplingFields(BaseModel):
     def _read_as_ours(cls, data: Any) -> Any:
         return with_sglang_names(without_nulls(data, NULL_IS_DEFAULT))
 
-    @field_validator("logits_processors")
+    @field_validator(*UNSERVED)
     @classmethod
     def _unserved(cls, value: Any, info) -> Any:
         if value:

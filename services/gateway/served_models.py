@@ -33,11 +33,15 @@ class ServedModels:
         return (*self.names, *self.adapters)
 
     def adapter_named(self, model: str) -> str | None:
-        """The LoRA adapter `model` names (None: the model itself); APIError 404 for a name neither is."""
+        """The LoRA adapter `model` names (None: the model itself), by its name or as SGLang names one,
+        "MODEL:ADAPTER"; APIError 404 for a name neither is."""
         if model in self.names:
             return None
         if self.serves_adapter(model):
             return model
+        base, _, adapter = model.rpartition(":")
+        if base in self.names and self.serves_adapter(adapter):
+            return adapter
         raise model_not_found(model, self.all_names)
 
     def check_generates(self) -> None:

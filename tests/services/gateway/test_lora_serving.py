@@ -88,6 +88,26 @@ def test_a_request_naming_the_adapter_is_computed_with_it_on_every_path(lora_mes
     lora_mesh.assert_decode_pools_free()
 
 
+def test_sglangs_ways_of_naming_the_adapter_name_it(lora_mesh, adapter):
+    """SGLang's OpenAI API takes an adapter as `model` "MODEL:ADAPTER", or as `lora_path`."""
+    prompt = list(range(40, 60))
+    [tuned] = engine_outputs(lora_mesh.model_dir, adapter, [prompt], "tuned")
+    with openai.OpenAI(base_url=f"{lora_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        def made(model: str, **extra) -> list[int]:
+            answer = client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                               logprobs=0, extra_body={"ignore_eos": True, **extra,
+                                                                       "return_tokens_as_token_ids": True})
+            return [int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens]
+
+        assert made(f"{lora_mesh.model_name}:tuned") == tuned
+        assert made(lora_mesh.model_name, lora_path="tuned") == tuned
+        with pytest.raises(openai.NotFoundError):
+            made(lora_mesh.model_name, lora_path="untuned")
+        with pytest.raises(openai.NotFoundError):
+            made(f"{lora_mesh.model_name}:untuned")
+    lora_mesh.assert_decode_pools_free()
+
+
 @pytest.fixture(scope="module")
 def second_adapter(tiny_demo_model, tmp_path_factory):
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny_demo_model, dtype="float32")
