@@ -8,14 +8,15 @@ emitted and then taken back, and nothing after a stop ever leaves.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import regex
 
 Stop = str | regex.Pattern  # a stop string, or a compiled stop regex
-# A client's regex runs on the gateway's event loop: one whose search backtracks for longer fails its
-# request instead of stalling every other.
-SEARCH_TIMEOUT_S = 0.1
+# A client's regexes run on the gateway's event loop: a request whose searches together take longer
+# (one that backtracks, or many slow ones) fails instead of stalling every other.
+SEARCH_BUDGET_S = 0.5
 
 
 class StopRegexTimeout(ValueError):
@@ -43,6 +44,7 @@ class StopStringMatcher:
         self.matched_stop: str | None = None  # the stop string (or regex pattern) that ended the text
         self._pending = ""  # received, not yet emitted; never contains a whole stop
         self._emitted = ""  # kept only for the regexes
+        self._search_budget_s = SEARCH_BUDGET_S  # what the regexes' searches may still take
 
     @property
     def is_stopped(self) -> bool:
@@ -106,8 +108,12 @@ class StopStringMatcher:
         return longest
 
     def _search(self, pattern: regex.Pattern, text: str, partial: bool) -> regex.Match | None:
+        start = time.perf_counter()
         try:
-            return pattern.search(self._emitted + text, len(self._emitted), partial=partial, timeout=SEARCH_TIMEOUT_S)
+            return pattern.search(self._emitted + text, len(self._emitted), partial=partial,
+                                  timeout=max(self._search_budget_s, 1e-6))
         except TimeoutError:
-            raise StopRegexTimeout(f"stop_regex {pattern.pattern!r} took over {SEARCH_TIMEOUT_S} s to search "
-                                   "the output") from None
+            raise StopRegexTimeout(f"stop_regex {pattern.pattern!r}: searching the output took over the "
+                                   f"{SEARCH_BUDGET_S} s a request's stop regexes may take") from None
+        finally:
+            self._search_budget_s -= time.perf_counter() - start
