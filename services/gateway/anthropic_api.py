@@ -17,13 +17,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.choices import first_choice
 from services.gateway.deltas import Delta
-from services.gateway.errors import APIError, to_api_error, validation_error
+from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.tokenize_api import TokenizeRequest, tokenize, tokenizer_service
@@ -33,6 +32,9 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+
+
 class AnthropicError(APIError):
     """An APIError whose body is Anthropic's error object."""
 
@@ -40,14 +42,17 @@ class AnthropicError(APIError):
         return {"type": "error", "error": error_object(self)}
 
 
-def anthropic_error(e: Exception, param: str = "messages") -> AnthropicError:
-    """Any failure of a Messages API request, in Anthropic's shape."""
-    error = validation_error(e) if isinstance(e, RequestValidationError) else to_api_error(e, param)
+def in_its_apis_shape(request: Request, error: APIError) -> APIError:
+    """`error` as the API the request called answers errors: Anthropic's for its Messages API, else
+    OpenAI's (as it is)."""
+    if request.url.path not in ANTHROPIC_PATHS or isinstance(error, AnthropicError):
+        return error
     return AnthropicError(error.status, error.message, param=error.param, code=error.code)
 
 
 def error_object(error: APIError) -> dict[str, str]:
-    return {"type": ERROR_TYPES.get(error.status, "api_error"), "message": error.message}
+    default = "invalid_request_error" if error.status < 500 else "api_error"
+    return {"type": ERROR_TYPES.get(error.status, default), "message": error.message}
 
 
 class MessagesShape:
@@ -77,8 +82,8 @@ class MessagesShape:
         try:
             try:
                 first = await first_choice(choices, prompt_param)
-            except APIError as e:
-                raise anthropic_error(e) from None
+            except APIError as e:  # answered by FirstEventResponse, not the app's handlers
+                raise AnthropicError(e.status, e.message, param=e.param, code=e.code) from None
             blocks = _StreamedBlocks()
             chunk = self.builder.chunk(*first, include_usage=False)
             start = self._message([], None, None)
@@ -159,15 +164,12 @@ def add_anthropic_routes(app: FastAPI, state, check_model: Callable[[str], str |
     pipeline = state.pipeline
 
     async def count_tokens(request: Request) -> JSONResponse:
-        try:
-            chat = (await parsed_body(request, MessagesRequest)).as_chat()
-            check_model(chat.model)
-            asked = TokenizeRequest(messages=chat.messages, tools=chat.tools,
-                                    chat_template_kwargs=chat.chat_template_kwargs)
-            with tokenizer_service(pipeline.tokenizers, "messages") as service:
-                tokens = await tokenize(service.stub, asked, pipeline.deadlines.tokenizer_s, state.tool_call_parser)
-        except Exception as e:
-            raise anthropic_error(e) from None
+        chat = (await parsed_body(request, MessagesRequest)).as_chat()
+        check_model(chat.model)
+        asked = TokenizeRequest(messages=chat.messages, tools=chat.tools,
+                                chat_template_kwargs=chat.chat_template_kwargs)
+        with tokenizer_service(pipeline.tokenizers, "messages") as service:
+            tokens = await tokenize(service.stub, asked, pipeline.deadlines.tokenizer_s, state.tool_call_parser)
         return JSONResponse({"input_tokens": len(tokens)})
 
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from protos import common_pb2
-from services.gateway.anthropic_api import MessagesShape, anthropic_error
+from services.gateway.anthropic_api import MessagesShape
 from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.chat_request import ChatCompletionRequest
@@ -188,17 +188,14 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
         return await respond(request, choices, builder, asked.stream, False, "input", dispatched, shape=shape)
 
-    async def messages(request: Request):
-        try:
-            asked = await parsed_body(request, MessagesRequest)
-            if asked.max_tokens is None:
-                raise APIError(400, "max_tokens: Field required", param="max_tokens")
-            response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
-            choices, builder, dispatched, _ = start_chat(request, asked.as_chat(), response_id)
-            return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
-                                 shape=MessagesShape(builder))
-        except Exception as e:  # before the stream's first event: Anthropic's error object, not OpenAI's
-            raise anthropic_error(e) from None
+    async def messages(request: Request):  # (its errors in Anthropic's shape: anthropic_api.in_its_apis_shape)
+        asked = await parsed_body(request, MessagesRequest)
+        if asked.max_tokens is None:
+            raise APIError(400, "max_tokens: Field required", param="max_tokens")
+        response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
+        choices, builder, dispatched, _ = start_chat(request, asked.as_chat(), response_id)
+        return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
+                             shape=MessagesShape(builder))
 
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])

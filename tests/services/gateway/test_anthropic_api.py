@@ -139,6 +139,10 @@ def test_max_tokens_is_required_for_a_message_but_not_for_a_count(mesh):
     missing = httpx.post(f"{mesh.gateway.base_url}/v1/messages", json=body, timeout=30)
     assert missing.status_code == 400 and "max_tokens" in missing.json()["error"]["message"]
     assert httpx.post(f"{mesh.gateway.base_url}/v1/messages/count_tokens", json=body, timeout=30).status_code == 200
+    wrong_method = httpx.get(f"{mesh.gateway.base_url}/v1/messages", timeout=30)
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+    bad_json = httpx.post(f"{mesh.gateway.base_url}/v1/messages/count_tokens", content=b"{", timeout=30)
+    assert bad_json.status_code == 400 and bad_json.json()["type"] == "error"
 
 
 def test_the_request_as_chat():
