@@ -7,12 +7,14 @@ Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`,
 `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, `truncate_prompt_tokens`,
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`, `bad_words`,
 `priority`, `cache_salt`, `return_tokens_as_token_ids`, `return_token_ids`, `use_beam_search` with
-`length_penalty`, and chat's template options), plus Baton's `return_timeline`. A value out of range
-fails validation here, so the client gets a 400 that names the field before any worker is called.
+`length_penalty`, and chat's template options), SGLang's (`stop_regex`, `lora_path`, and its names for
+vLLM's: request_aliases.py), plus Baton's `return_timeline`. Null in a field OpenAI's API documents as
+nullable is its default. A value out of range fails validation here, so the client gets a 400 that
+names the field before any worker is called.
 Unknown fields are ignored, as OpenAI's own server does for fields a model does not use; but vLLM's
 extras that are not served here (logits processors), and what beam search cannot honour (penalties,
 biases, stop strings, structured output), are refused by name: ignored, they would give other output
-than was asked for.
+than was asked for; so are SGLang's that are not (hidden states, its logit processors, sessions).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from protos import common_pb2
 from services.gateway.beam_search import MAX_BEAM_WIDTH
 from services.gateway.errors import FieldError
 from services.gateway.generation_defaults import GenerationDefaults
+from services.gateway.request_aliases import NULL_IS_DEFAULT, with_sglang_names, without_nulls
 from services.gateway.stop_regexes import compiled_stop_regexes
 from services.gateway.structured_output import OutputGuide, output_guide
 from services.tokenizer.stop_strings import Stop
@@ -48,37 +51,9 @@ UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
 # own logprobs, so a field that would change them, or end a beam on its text, is refused with it
 # (vLLM's ignores them).
-# Fields OpenAI's API documents as nullable whose null means their default here: clients generated from
-# its spec send them so (vLLM's models take null for these, and refuse it for its own extras).
-NULL_IS_DEFAULT = ("n", "stream", "logprobs", "echo", "parallel_tool_calls")
-# SGLang's OpenAI API's extras by the name of the field here that does the same: its clients send them.
-SGLANG_ALIASES = {"regex": "guided_regex", "ebnf": "guided_grammar", "json_schema": "guided_json",
-                  "no_stop_trim": "include_stop_str_in_output"}
 NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "presence_penalty": (None, 0.0),
                         "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "logit_bias": (None, {}),
                         "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, [])}
-
-
-def with_sglang_names(data: Any) -> Any:
-    """A request body with SGLang's extras under the names of the fields here; FieldError for one given
-    by both names."""
-    if not isinstance(data, dict) or not any(data.get(name) is not None for name in SGLANG_ALIASES):
-        return data
-    renamed = dict(data)
-    for theirs, ours in SGLANG_ALIASES.items():
-        if renamed.get(theirs) is None:
-            continue
-        if renamed.get(ours) is not None:
-            raise FieldError(theirs, f"give one of {theirs} and {ours}, not both")
-        renamed[ours] = renamed.pop(theirs)
-    return renamed
-
-
-def without_nulls(data: Any, names: Sequence[str]) -> Any:
-    """A request body with the fields `names` left out where they are null, so they take their defaults."""
-    if isinstance(data, dict) and any(data.get(name, ...) is None for name in names):
-        return {key: value for key, value in data.items() if not (value is None and key in names)}
-    return data
 
 
 class StreamOptions(BaseModel):

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
-from services.gateway.openai_protocol import without_nulls
 from services.gateway.prompt_encoder import ModelText
+from services.gateway.request_aliases import without_nulls
 
 ROLES = ("user", "system", "developer", "assistant")
 ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
