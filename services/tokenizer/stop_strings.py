@@ -20,7 +20,7 @@ SEARCH_BUDGET_S = 0.5
 
 
 class StopRegexTimeout(ValueError):
-    pass
+    """A request's stop regexes took their SEARCH_BUDGET_S."""
 
 
 class StopStringMatcher:
@@ -29,9 +29,9 @@ class StopStringMatcher:
     Contract: feeding deltas d1..dn returns texts whose concatenation (plus `finish()` when no stop
     matched) is the whole text cut just before the earliest match of any stop string or regex (just
     after it with `include_stop_str_in_output`); at the same start, stop strings first, each in its
-    order. A regex matches the text from where the last delta's text began (so its anchors and
-    lookbehinds see the whole text), and stops at its first complete match. Once stopped, every call
-    returns ("", True).
+    order. A regex is looked for in the text not yet emitted, with what was before it (its anchors and
+    lookbehinds see the whole text), and ends the text at the first complete match a delta brings (a
+    greedy pattern does not wait for more). Once stopped, every call returns ("", True).
     """
 
     def __init__(self, stop: Sequence[Stop], include_stop_str_in_output: bool = False):
@@ -51,8 +51,8 @@ class StopStringMatcher:
         return self.matched_stop is not None
 
     def add(self, delta: str) -> tuple[str, bool]:
-        """Take the next text delta; return (text safe to emit now, stopped). StopRegexTimeout for a
-        regex whose search took too long."""
+        """Take the next text delta; return (text safe to emit now, stopped). StopRegexTimeout once the
+        regexes' searches have taken their budget."""
         if self.is_stopped:
             return "", True
         text = self._pending + delta
