@@ -35,6 +35,9 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, Any]] | None = None  # for a retrieval template, e.g. [{"title": ..., "text": ...}]
     add_special_tokens: bool = False  # the tokenizer's special tokens (BOS) added to the template's text too
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out of the reply
+    # SGLang's: false leaves the thinking in the content as the model wrote it (its tags too), as without
+    # --reasoning-parser; a structured output still waits for the thinking's end.
+    separate_reasoning: bool = True
     # OpenAI's: how long a reasoning model thinks, given to the chat template as `reasoning_effort`
     # (gpt-oss's writes it into its system message), as vLLM gives it.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None

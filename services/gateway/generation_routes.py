@@ -128,7 +128,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         reasoning = _reasoning_reader(state, body)
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
-        skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, reasoning)
+        split = reasoning if body.separate_reasoning else None  # what reads the thinking out of the text
+        skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, split)
         if body.use_beam_search:
             choices = beam_choices([beam_search(
                 state.pipeline, response_id, _with_adapter(body.sampling(body.completion_budget, body.num_logprobs, 0),
@@ -151,7 +152,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   prompt_of_choice=[0] * body.n, token_text=_token_text(state, body),
                                   want_logprobs=body.logprobs, num_prompt_logprobs=body.prompt_logprobs,
                                   forced_tool_call=body.forced_tool_call, tool_call_syntax=syntax,
-                                  call_id=call_ids(state.tool_call_parser), reasoning=reasoning,
+                                  call_id=call_ids(state.tool_call_parser), reasoning=split,
                                   include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
                                   parallel_tool_calls=body.parallel_tool_calls,
                                   return_token_ids=bool(body.return_token_ids))

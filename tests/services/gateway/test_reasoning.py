@@ -57,6 +57,11 @@ def test_the_thinking_comes_apart_from_the_answer(mesh, qwen3, client):
     assert response.usage.completion_tokens_details.reasoning_tokens == thought_tokens
     assert whole.message.content == answer and whole.finish_reason == "stop"
     assert streamed(qwen3, **kwargs) == (thought, answer, "stop")
+    # SGLang's separate_reasoning false: the reply as the model wrote it, its tags and all.
+    together = dict(kwargs, extra_body={**kwargs["extra_body"], "separate_reasoning": False})
+    unsplit = qwen3.chat.completions.create(**together).choices[0].message
+    assert unsplit.content == raw and (unsplit.model_extra or {}).get("reasoning") is None
+    assert streamed(qwen3, **together) == ("", raw, "stop")
 
     hidden = qwen3.chat.completions.create(**{**kwargs, "extra_body": {**kwargs["extra_body"],
                                                                         "include_reasoning": False}}).choices[0]
