@@ -66,7 +66,7 @@ class GenerateRequest(BaseModel):
         if not isinstance(data, dict):
             return data
         return {name: value for name, value in data.items()
-                if name not in NO_OP_FIELDS or value is not NO_OP_FIELDS[name]}  # (None and False are singletons)
+                if name not in NO_OP_FIELDS or not _asks_nothing(name, value)}
 
     def prompts(self) -> list[str | list[int]]:
         if (self.text is None) == (self.input_ids is None):
@@ -94,6 +94,12 @@ class GenerateRequest(BaseModel):
         if len(rids) != num_prompts or len(set(rids)) != len(rids):
             raise APIError(400, f"rid: {num_prompts} distinct ids are needed, one a prompt", param="rid")
         return rids
+
+
+def _asks_nothing(name: str, value: Any) -> bool:
+    """Whether `value` of the NO_OP_FIELDS field `name` asks nothing: its no-op value, or (an empty list of
+    images and the like) an empty list."""
+    return value is NO_OP_FIELDS[name] or (isinstance(value, list) and not value)  # (None and False are singletons)
 
 
 def completion_request(prompt: str | list[int], sampling: dict[str, Any], model: str,

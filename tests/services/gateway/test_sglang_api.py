@@ -166,7 +166,7 @@ def test_the_sglang_frontends_request_is_served_with_its_defaults(mesh):
     bench = generate(mesh, {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
                                                                 "ignore_eos": True},
                             "stream": False, "lora_path": None, "return_logprob": False, "return_routed_experts": False,
-                            "logprob_start_len": -1, "image_data": None, "bootstrap_host": None,
+                            "logprob_start_len": -1, "image_data": [], "bootstrap_host": None,
                             "return_hidden_states": False})
     assert bench.status_code == 200, bench.text
     assert bench.json()["text"] == plain["text"]
