@@ -5,7 +5,7 @@ kind, address, limits and what it holds now). Tools read it to find out that an 
 and what its limits are: sglang.bench_serving reads `avg_spec_accept_length`, scripts
 `max_total_num_tokens` and `max_running_requests`. `GET /get_load` is SGLang's load probe, one
 entry per worker (its `dp_rank` its place in the list): requests running and waiting, and the tokens
-their KV takes.
+their KV takes; `GET /load` is vLLM's, `{"server_load": N}`: the requests the gateway holds now.
 
 The mesh's limits are its decode workers', where generation runs and KV is held for it:
 `max_total_num_tokens` and `max_running_requests` are summed over them; `chunked_prefill_size` is the
@@ -109,6 +109,10 @@ def add_server_info_routes(app: FastAPI, state, pools: Sequence[WorkerPool], wei
     async def get_load(request: Request) -> JSONResponse:
         return JSONResponse(await loads(pools))
 
+    async def server_load(request: Request) -> JSONResponse:
+        return JSONResponse({"server_load": state.pipeline.num_requests})
+
     for path in ("/get_server_info", "/server_info"):
         app.add_route(path, get_server_info, methods=["GET"])
     app.add_route("/get_load", get_load, methods=["GET"])
+    app.add_route("/load", server_load, methods=["GET"])

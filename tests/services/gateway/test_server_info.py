@@ -1,4 +1,4 @@
-"""SGLang's GET /get_server_info (and /server_info) and /get_load on a mesh of 2 prefill and 2 decode
+"""SGLang's GET /get_server_info (and /server_info) and /get_load, and vLLM's /load, on a mesh of 2 prefill and 2 decode
 workers: the mesh's limits as SGLang names them, from what each worker's scheduler reports, and its
 state and load now."""
 from __future__ import annotations
@@ -47,8 +47,10 @@ def test_a_paused_mesh_reports_its_workers_paused_and_the_pages_its_requests_hol
         [busy] = [load for load in loads if load["num_reqs"]]
         assert busy["address"] == holding["address"] and busy["num_waiting_reqs"] == 0
         assert busy["num_tokens"] == holding["max_total_num_tokens"] - holding["num_free_tokens"]
+        assert httpx.get(f"{mesh.gateway.base_url}/load", timeout=10).json() == {"server_load": 1}  # vLLM's
     finally:
         assert resume(mesh).status_code == 200
     sample.join()
     assert not any(s["is_paused"] for s in server_info(mesh)["internal_states"])
+    assert httpx.get(f"{mesh.gateway.base_url}/load", timeout=10).json() == {"server_load": 0}
     mesh.assert_decode_pools_free()
