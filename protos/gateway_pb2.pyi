@@ -14,7 +14,7 @@ class StreamOptions(_message.Message):
     def __init__(self, stream: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "chat", "token_ids", "sampling", "stop", "stream_options", "include_stop_str_in_output", "skip_special_tokens", "chat_options", "tools_json", "tool_choice_json", "n", "beam_search")
+    __slots__ = ("request_id", "model", "text", "chat", "token_ids", "sampling", "stop", "stream_options", "include_stop_str_in_output", "skip_special_tokens", "chat_options", "tools_json", "tool_choice_json", "n", "beam_search", "stop_regex")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class GenerateRequest(_message.Message):
     TOOL_CHOICE_JSON_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     BEAM_SEARCH_FIELD_NUMBER: _ClassVar[int]
+    STOP_REGEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -45,7 +46,8 @@ class GenerateRequest(_message.Message):
     tool_choice_json: str
     n: int
     beam_search: BeamSearch
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., n: _Optional[int] = ..., beam_search: _Optional[_Union[BeamSearch, _Mapping]] = ...) -> None: ...
+    stop_regex: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., n: _Optional[int] = ..., beam_search: _Optional[_Union[BeamSearch, _Mapping]] = ..., stop_regex: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BeamSearch(_message.Message):
     __slots__ = ("length_penalty",)

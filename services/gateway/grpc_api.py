@@ -33,13 +33,14 @@ from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
-from services.gateway.errors import APIError, to_api_error
+from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.openai_protocol import MAX_CHOICES
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
 from services.gateway.served_models import ServedModels
+from services.gateway.stop_regexes import compiled_stop_regexes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tool_parsers import keeps_special_tokens, with_template_call_ids
 from services.tokenizer.chat_template import (
@@ -222,7 +223,11 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         skip_special_tokens = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         if keeps_special_tokens(tools.syntax if tools is not None else None, reasoning):
             skip_special_tokens = False
-        return dict(**inputs, sampling=sampling, stop=list(request.stop),
+        try:
+            stop_regexes = compiled_stop_regexes(list(request.stop_regex))
+        except FieldError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        return dict(**inputs, sampling=sampling, stop=[*request.stop, *stop_regexes],
                     include_stop_str_in_output=request.include_stop_str_in_output,
                     skip_special_tokens=skip_special_tokens,
                     guide_after=reasoning.guide_after if reasoning is not None else None,

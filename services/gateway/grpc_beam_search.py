@@ -29,6 +29,8 @@ def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2
     if not math.isfinite(length_penalty):
         raise APIError(400, f"beam_search.length_penalty must be a finite number, got {length_penalty}",
                        param="beam_search.length_penalty")
+    if request.stop_regex:
+        raise APIError(400, "stop_regex is not supported with beam_search", param="stop_regex")
     for name in NOT_WITH_BEAM_SEARCH:  # the HTTP API's refusals, by the same names
         param = name if name == "stop" else f"sampling.{name}"
         if _asks_for(request, name):

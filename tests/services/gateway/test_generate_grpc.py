@@ -108,6 +108,13 @@ def test_chat_and_token_ids_inputs_with_logprobs_and_stop(stub, mesh):
     assert stopped.complete.text == free.complete.text[: free.complete.text.index(stop)]
     assert stopped.complete.finish_reason == common_pb2.FINISH_REASON_STOP
     assert stopped.complete.matched_stop == stop
+    # A stop regex, as the HTTP APIs take SGLang's: fixed length, so its first match to complete is its first.
+    del ids.stop[:]
+    pattern = re.escape(stop[:2]) + "."
+    ids.stop_regex.append(pattern)
+    [by_regex] = stub.Generate(ids, timeout=30)
+    start = re.search(pattern, free.complete.text).start()
+    assert by_regex.complete.text == free.complete.text[:start] and by_regex.complete.matched_stop == pattern
 
 
 def test_logit_bias_bans_tokens_throughout(stub):
@@ -136,6 +143,9 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
                                                                              *range(100, 130)])), 400),
         (gateway_pb2.GenerateRequest(), 400),
         (gateway_pb2.GenerateRequest(text="hi", n=17), 400),
+        (gateway_pb2.GenerateRequest(text="hi", stop_regex=["("]), 400),
+        (gateway_pb2.GenerateRequest(text="hi", stop_regex=["x?"]), 400),
+        (gateway_pb2.GenerateRequest(text="hi", stop_regex=["x"], beam_search=gateway_pb2.BeamSearch()), 400),
         # Chat held to what the HTTP API takes: a role OpenAI's API knows, at least one message.
         (gateway_pb2.GenerateRequest(chat=common_pb2.ChatMessages(messages=[
             common_pb2.ChatMessage(role="user", content="hi"), common_pb2.ChatMessage(role="narrator", content="x")])),
