@@ -71,7 +71,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             raise APIError(400, "max_tokens 0 gives the prompt alone, which needs echo", param="max_tokens")
         lora = adapter_of(body)
         state.models.check_generates()
-        response_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        response_id = request.headers.get("x-request-id") or body.rid or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = _dispatch_signal()
         prompts = body.prompts
@@ -160,7 +160,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
 
     async def chat_completions(request: Request):
         body = await parsed_body(request, ChatCompletionRequest)
-        response_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+        response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
         choices, builder, dispatched, timeline = start_chat(request, body, response_id)
         return await respond(request, choices, builder, body.stream, body.include_usage, "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,

@@ -140,6 +140,9 @@ class SamplingFields(BaseModel):
     session_params: Any = None
     # SGLang's: the LoRA adapter, by its served name (as `model` may name it)
     lora_path: str | None = None
+    # SGLang's: the request's id, as the `x-request-id` header names it (its response's id; what
+    # /abort_request finds it by). The header wins.
+    rid: Annotated[str, Field(min_length=1)] | None = None
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None

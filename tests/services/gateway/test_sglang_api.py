@@ -248,11 +248,13 @@ def test_abort_request_ends_a_chat_still_being_prefilled_at_once(mesh):
     assert served.status_code == 200 and served.json()["meta_info"]["completion_tokens"] == 8, served.text
 
 
-def test_abort_request_ends_an_openai_chat_by_its_request_id(mesh):
+@pytest.mark.parametrize("named_by", ["header", "rid"])  # x-request-id, or SGLang's rid in the body
+def test_abort_request_ends_an_openai_chat_by_its_request_id(mesh, named_by):
     client = openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0)
+    headers, body = ({"x-request-id": "chat-7"}, {}) if named_by == "header" else ({}, {"rid": "chat-7"})
     stream = client.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content": "Hi"}],
                                             max_tokens=1500, stream=True, temperature=0,
-                                            extra_body={"ignore_eos": True}, extra_headers={"x-request-id": "chat-7"})
+                                            extra_body={"ignore_eos": True, **body}, extra_headers=headers)
     chunks = []
     for chunk in stream:
         chunks.append(chunk)
