@@ -56,12 +56,13 @@ class StopStringMatcher:
         if self.is_stopped:
             return "", True
         text = self._pending + delta
-        match = self._earliest_match(text)
+        whole = self._emitted + text if self.patterns else text  # what the regexes see: the text sent too
+        match = self._earliest_match(text, whole)
         if match is not None:
             start, end, stop = match
             self.matched_stop, self._pending = stop, ""
             return text[:end if self.include_stop_str_in_output else start], True
-        held = max(self._partial_stop_length(text), self._partial_pattern_length(text))
+        held = max(self._partial_stop_length(text), self._partial_pattern_length(whole))
         self._pending = text[len(text) - held:]
         emitted = text[:len(text) - held]
         if self.patterns:
@@ -75,16 +76,17 @@ class StopStringMatcher:
         text, self._pending = self._pending, ""
         return text
 
-    def _earliest_match(self, text: str) -> tuple[int, int, str] | None:
+    def _earliest_match(self, text: str, whole: str) -> tuple[int, int, str] | None:
+        """(start, end, stop) of the earliest match in `text`, the pending text; `whole`: the text sent, then it."""
         best: tuple[int, int, str] | None = None
         for stop in self.stop:
             start = text.find(stop)
             if start != -1 and (best is None or start < best[0]):
                 best = (start, start + len(stop), stop)
+        offset = len(whole) - len(text)
         for pattern in self.patterns:
-            match = self._search(pattern, text, partial=False)
-            if match is not None and (best is None or match.start() - len(self._emitted) < best[0]):
-                offset = len(self._emitted)
+            match = self._search(pattern, whole, partial=False)
+            if match is not None and (best is None or match.start() - offset < best[0]):
                 best = (match.start() - offset, match.end() - offset, pattern.pattern)
         return best
 
@@ -98,20 +100,20 @@ class StopStringMatcher:
                     break
         return longest
 
-    def _partial_pattern_length(self, text: str) -> int:
-        """Length of the suffix of `text` from where the earliest partial match of a regex begins."""
+    def _partial_pattern_length(self, whole: str) -> int:
+        """Length of the suffix of `whole` from where the earliest partial match of a regex begins."""
         longest = 0
         for pattern in self.patterns:
-            match = self._search(pattern, text, partial=True)
+            match = self._search(pattern, whole, partial=True)
             if match is not None and match.partial:
-                longest = max(longest, len(self._emitted) + len(text) - match.start())
+                longest = max(longest, len(whole) - match.start())
         return longest
 
-    def _search(self, pattern: regex.Pattern, text: str, partial: bool) -> regex.Match | None:
+    def _search(self, pattern: regex.Pattern, whole: str, partial: bool) -> regex.Match | None:
+        """`pattern` looked for from the end of the text sent on (its matches begin in the pending text)."""
         start = time.perf_counter()
         try:
-            return pattern.search(self._emitted + text, len(self._emitted), partial=partial,
-                                  timeout=max(self._search_budget_s, 1e-6))
+            return pattern.search(whole, len(self._emitted), partial=partial, timeout=max(self._search_budget_s, 1e-6))
         except TimeoutError:
             raise StopRegexTimeout(f"stop_regex {pattern.pattern!r}: searching the output took over the "
                                    f"{SEARCH_BUDGET_S} s a request's stop regexes may take") from None
