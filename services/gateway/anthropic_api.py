@@ -30,13 +30,16 @@ from services.gateway.tokenize_api import TokenizeRequest, tokenize, tokenizer_s
 STOP_REASONS = {"length": "max_tokens"}  # any other finish: end_turn, or tool_use after a call
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
-
-
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 
 class AnthropicError(APIError):
     """An APIError whose body is Anthropic's error object."""
+
+    @classmethod
+    def of(cls, error: APIError) -> AnthropicError:
+        return error if isinstance(error, AnthropicError) else cls(error.status, error.message, param=error.param,
+                                                                   code=error.code)
 
     def body(self) -> dict[str, Any]:
         return {"type": "error", "error": error_object(self)}
@@ -45,9 +48,7 @@ class AnthropicError(APIError):
 def in_its_apis_shape(request: Request, error: APIError) -> APIError:
     """`error` as the API the request called answers errors: Anthropic's for its Messages API, else
     OpenAI's (as it is)."""
-    if request.url.path not in ANTHROPIC_PATHS or isinstance(error, AnthropicError):
-        return error
-    return AnthropicError(error.status, error.message, param=error.param, code=error.code)
+    return AnthropicError.of(error) if request.url.path in ANTHROPIC_PATHS else error
 
 
 def error_object(error: APIError) -> dict[str, str]:
@@ -83,7 +84,7 @@ class MessagesShape:
             try:
                 first = await first_choice(choices, prompt_param)
             except APIError as e:  # answered by FirstEventResponse, not the app's handlers
-                raise AnthropicError(e.status, e.message, param=e.param, code=e.code) from None
+                raise AnthropicError.of(e) from None
             blocks = _StreamedBlocks()
             chunk = self.builder.chunk(*first, include_usage=False)
             start = self._message([], None, None)
