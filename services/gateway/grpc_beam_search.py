@@ -17,6 +17,8 @@ from services.gateway.pipeline import RequestPipeline
 from services.gateway.structured_output import is_guided
 from services.gateway.timeline import ResponseTimeline
 
+REQUEST_FIELDS = ("stop", "stop_regex")  # the request's own, not its SamplingParams' (as in the HTTP API)
+
 
 def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2.SamplingParams) -> None:
     """APIError (400) naming the first field that `request` (a beam search) sets and a search cannot
@@ -29,10 +31,8 @@ def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2
     if not math.isfinite(length_penalty):
         raise APIError(400, f"beam_search.length_penalty must be a finite number, got {length_penalty}",
                        param="beam_search.length_penalty")
-    if request.stop_regex:
-        raise APIError(400, "stop_regex is not supported with beam_search", param="stop_regex")
     for name in NOT_WITH_BEAM_SEARCH:  # the HTTP API's refusals, by the same names
-        param = name if name == "stop" else f"sampling.{name}"
+        param = name if name in REQUEST_FIELDS else f"sampling.{name}"
         if _asks_for(request, name):
             raise APIError(400, f"{param} is not supported with beam_search", param=param)
     if is_guided(sampling):
@@ -41,9 +41,10 @@ def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2
 
 
 def _asks_for(request: gateway_pb2.GenerateRequest, name: str) -> bool:
-    """Whether `request` sets `name` (its `stop`, or a sampling field) to anything but what asks for nothing."""
-    if name == "stop":
-        return bool(request.stop)
+    """Whether `request` sets `name` (one of REQUEST_FIELDS, or a sampling field) to anything but what asks
+    for nothing."""
+    if name in REQUEST_FIELDS:
+        return bool(getattr(request, name))
     if name == "repetition_penalty":  # absent or 1: off
         return request.sampling.HasField(name) and request.sampling.repetition_penalty != 1
     return bool(getattr(request.sampling, name))

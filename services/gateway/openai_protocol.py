@@ -51,7 +51,7 @@ UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
 # own logprobs, so a field that would change them, or end a beam on its text, is refused with it
 # (vLLM's ignores them).
-NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "presence_penalty": (None, 0.0),
+NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "stop_regex": (None, "", []), "presence_penalty": (None, 0.0),
                         "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "logit_bias": (None, {}),
                         "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, [])}
 
@@ -193,8 +193,6 @@ class SamplingFields(BaseModel):
         for name, neutral in NOT_WITH_BEAM_SEARCH.items():
             if getattr(self, name) not in neutral:
                 raise FieldError(name, f"{name} is not supported with use_beam_search")
-        if self.stop_regex:  # (not the gRPC API's, which has no stop regexes)
-            raise FieldError("stop_regex", "stop_regex is not supported with use_beam_search")
         if self._output_guide is not None:
             raise FieldError("use_beam_search", "structured output is not supported with use_beam_search")
 
