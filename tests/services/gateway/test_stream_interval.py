@@ -17,9 +17,11 @@ PROMPT = "Once upon a time there was"
 
 
 def assert_chunked(sizes: list[int], interval: int, total: int) -> None:
-    """Event sizes (tokens) of one answer: the first token alone, then chunks of at least `interval`
-    but the last (the workers may merge more into one when the reader falls behind)."""
-    assert sum(sizes) == total and sizes[0] == 1, sizes
+    """Event sizes (tokens) of one answer: the first token at once, not held for the interval, then
+    chunks of at least `interval` but the last. The workers merge into a chunk what queued behind it
+    when the reader fell behind, the first too (tests/unit/test_output_batches.py): on a loaded machine
+    the engine's second step can be done before the first token is sent."""
+    assert sum(sizes) == total and sizes[0] < interval, sizes
     assert all(size >= interval for size in sizes[1:-1]), sizes
     assert len(sizes) <= 2 + (total - 1) // interval, sizes
 
