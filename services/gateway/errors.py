@@ -2,6 +2,7 @@
 error object; the public gRPC API sends the same object (common.proto `Error`)."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -92,8 +93,8 @@ def validation_error(e: RequestValidationError) -> APIError:
     errors = e.errors()
     if not errors:
         return APIError(400, "invalid request body")
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    first = _most_telling(errors)
+    location = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_union_member(part)]
     cause = (first.get("ctx") or {}).get("error")
     if not location and isinstance(cause, FieldError):
         location = [cause.param]
@@ -108,3 +109,23 @@ def validation_error(e: RequestValidationError) -> APIError:
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return APIError(400, message, param=param)
+
+
+def _is_union_member(part: Any) -> bool:
+    """Whether a part of an error's location is pydantic's name for the member of a union it tried
+    (`list[constrained-int]`, `str`), not a field: the client never wrote it."""
+    return isinstance(part, str) and ("[" in part or part.startswith(("constrained-", "function-"))
+                                      or part in ("str", "int", "float", "bool"))
+
+
+def _most_telling(errors: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The error to report: where every member of a union failed, one of the member with the fewest
+    errors, and of those the one that got deepest (the shape the client meant: `[[5], []]` is a list of
+    lists with an empty one, not a list of ints gone wrong); else the first."""
+    def member(error: Mapping[str, Any]) -> tuple | None:
+        location = tuple(error.get("loc", ()))
+        at = next((i for i, part in enumerate(location) if _is_union_member(part)), None)
+        return None if at is None else location[:at + 1]
+    counts = Counter(map(member, errors))
+    return min(errors, key=lambda error: (0, 0) if member(error) is None
+               else (counts[member(error)], -len(error.get("loc", ()))))

@@ -9,12 +9,16 @@ with the generation prompt unless `add_generation_prompt` is false, `continue_fi
 added to the rendered text only if `add_special_tokens` is true, as vLLM does) and answers
 `{"count", "max_model_len", "tokens", "token_strs"}` (the vocabulary's strings of the ids with
 `return_token_strs`, else null). `/detokenize` takes `tokens` and answers `{"prompt"}`,
-special tokens included. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
+special tokens included unless `skip_special_tokens`. SGLang serves the same paths, and `/v1/tokenize`
+and `/v1/detokenize`, with a batch of prompts (a list: `tokens` and `count` are then lists) or of
+token lists, its text named `text` (which the answer carries too), and special tokens skipped by
+default on its `/v1` path. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
 Decode), so a long prompt is not encoded on the gateway's event loop; what it refuses
 (a template that cannot render the messages, an id outside the vocabulary) is a 400.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -25,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protos import tokenizer_pb2
 from services.gateway.chat_messages import ChatMessage
-from services.gateway.errors import APIError, to_api_error
+from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import TokenId
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE
@@ -39,7 +43,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
-    prompt: str | None = None
+    prompt: str | list[str] | None = None  # a list: SGLang's batch, each prompt's ids apart
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # None: vLLM's defaults, true for a prompt and false for messages
     add_generation_prompt: bool = True
@@ -56,6 +60,8 @@ class TokenizeRequest(BaseModel):
             raise ValueError("give either prompt or messages")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise FieldError("prompt", "a list of prompts must not be empty")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         check_template_kwargs(self.chat_template_kwargs or {})
@@ -66,7 +72,8 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    tokens: Annotated[list[TokenId], Field(min_length=1)]
+    tokens: Annotated[list[TokenId] | list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    skip_special_tokens: bool | None = None  # None: the path's default, vLLM's (kept) or SGLang's (skipped)
 
 
 async def tokenize(stub, body: TokenizeRequest, timeout_s: float, tool_call_parser: str | None = None,
@@ -87,9 +94,10 @@ async def tokenize(stub, body: TokenizeRequest, timeout_s: float, tool_call_pars
         raise _refused(e, "prompt" if body.prompt is not None else "messages") from None
 
 
-async def detokenize(stub, body: DetokenizeRequest, timeout_s: float) -> str:
+async def detokenize(stub, token_ids: list[int], skip_special_tokens: bool, timeout_s: float) -> str:
     try:
-        reply = await stub.Decode(tokenizer_pb2.DecodeRequest(token_ids=body.tokens, skip_special_tokens=False),
+        reply = await stub.Decode(tokenizer_pb2.DecodeRequest(token_ids=token_ids,
+                                                              skip_special_tokens=skip_special_tokens),
                                   timeout=timeout_s)
     except grpc.aio.AioRpcError as e:
         raise _refused(e, "tokens") from None
@@ -124,19 +132,42 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         body = await parsed_body(request, TokenizeRequest)
         if body.model is not None:
             check_model(body.model)
+
+        async def tokenized(one: TokenizeRequest) -> list[int]:
+            return await tokenize(service.stub, one, pipeline.deadlines.tokenizer_s, state.tool_call_parser,
+                                  pipeline.prompts.trust_request_chat_template)
+
+        def token_strs(tokens: list[int]) -> list[str]:
+            return [pipeline.tokenizer.id_to_token(t) for t in tokens]
+
         with tokenizer_service(pipeline.tokenizers, "prompt" if body.prompt is not None else "messages") as service:
-            tokens = await tokenize(service.stub, body, pipeline.deadlines.tokenizer_s, state.tool_call_parser,
-                                    pipeline.prompts.trust_request_chat_template)
-        token_strs = [pipeline.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
-        return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
-                             "token_strs": token_strs})
+            if not isinstance(body.prompt, list):
+                tokens = await tokenized(body)
+                return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
+                                     "token_strs": token_strs(tokens) if body.return_token_strs else None})
+            batch = await asyncio.gather(*(tokenized(body.model_copy(update={"prompt": prompt}))
+                                           for prompt in body.prompt))
+        strs = [token_strs(tokens) for tokens in batch] if body.return_token_strs else None
+        return JSONResponse({"count": [len(tokens) for tokens in batch], "max_model_len": state.max_model_len,
+                             "tokens": batch, "token_strs": strs})
 
-    async def detokenize_tokens(request: Request) -> JSONResponse:
-        body = await parsed_body(request, DetokenizeRequest)
-        if body.model is not None:
-            check_model(body.model)
-        with tokenizer_service(pipeline.tokenizers, "tokens") as service:
-            return JSONResponse({"prompt": await detokenize(service.stub, body, pipeline.deadlines.tokenizer_s)})
+    def detokenize_tokens(skips_special_tokens: bool):
+        async def endpoint(request: Request) -> JSONResponse:
+            body = await parsed_body(request, DetokenizeRequest)
+            if body.model is not None:
+                check_model(body.model)
+            skip = skips_special_tokens if body.skip_special_tokens is None else body.skip_special_tokens
+            with tokenizer_service(pipeline.tokenizers, "tokens") as service:
+                if isinstance(body.tokens[0], int):
+                    text = await detokenize(service.stub, body.tokens, skip, pipeline.deadlines.tokenizer_s)
+                else:
+                    text = list(await asyncio.gather(*(detokenize(service.stub, ids, skip,
+                                                                  pipeline.deadlines.tokenizer_s)
+                                                       for ids in body.tokens)))
+            return JSONResponse({"prompt": text, "text": text})  # vLLM's name for it, and SGLang's
+        return endpoint
 
-    app.add_route("/tokenize", tokenize_prompt, methods=["POST"])
-    app.add_route("/detokenize", detokenize_tokens, methods=["POST"])
+    # vLLM's paths, which SGLang serves too; SGLang's own skip special tokens unless asked not to.
+    for prefix, skips_special_tokens in (("", False), ("/v1", True)):
+        app.add_route(f"{prefix}/tokenize", tokenize_prompt, methods=["POST"])
+        app.add_route(f"{prefix}/detokenize", detokenize_tokens(skips_special_tokens), methods=["POST"])

@@ -1,6 +1,6 @@
-"""vLLM's `/tokenize` and `/detokenize` through the gateway: the ids are the ones generation is
-given for the same prompt or messages (its usage counts them), the ids decode back to the
-text, and bad input is a 400 (or 404) naming the field."""
+"""vLLM's `/tokenize` and `/detokenize` through the gateway (and SGLang's, with its `/v1` paths and
+batches): the ids are the ones generation is given for the same prompt or messages (its usage counts
+them), the ids decode back to the text, and bad input is a 400 (or 404) naming the field."""
 from __future__ import annotations
 
 import re
@@ -81,7 +81,27 @@ def test_ids_detokenize_back_to_the_prompt(mesh):
     ids = tokenized(mesh, prompt=PROMPT, add_special_tokens=False)["tokens"]
     response = post(mesh, "/detokenize", {"model": mesh.model_name, "tokens": ids})
     assert response.status_code == 200, response.text
-    assert response.json() == {"prompt": PROMPT}
+    assert response.json() == {"prompt": PROMPT, "text": PROMPT}  # vLLM's name for it, and SGLang's
+
+
+def test_sglangs_batches_and_paths_answer_as_sglang_does(mesh, hf_tokenizer):
+    """SGLang serves /v1/tokenize and /v1/detokenize beside vLLM's paths, with a batch of prompts or of
+    token lists, and skips special tokens in what it detokenizes unless asked not to."""
+    prompts = [PROMPT, "Hello"]
+    for path in ("/tokenize", "/v1/tokenize"):
+        answer = post(mesh, path, {"prompt": prompts}).json()
+        expected = [hf_tokenizer.encode(p, add_special_tokens=True).ids for p in prompts]
+        assert answer == {"tokens": expected, "count": [len(ids) for ids in expected], "max_model_len": 2048,
+                          "token_strs": None}
+    with_bos = post(mesh, "/v1/tokenize", {"prompt": PROMPT}).json()["tokens"]
+    assert hf_tokenizer.decode(with_bos[:1], skip_special_tokens=False) != ""  # the demo tokenizer's BOS
+    skipped = post(mesh, "/v1/detokenize", {"tokens": with_bos}).json()
+    assert skipped == {"prompt": PROMPT, "text": PROMPT}
+    kept = post(mesh, "/v1/detokenize", {"tokens": with_bos, "skip_special_tokens": False}).json()["text"]
+    assert kept == post(mesh, "/detokenize", {"tokens": with_bos}).json()["text"] != PROMPT
+    assert kept.endswith(PROMPT)
+    batch = post(mesh, "/v1/detokenize", {"tokens": [with_bos, hf_tokenizer.encode("Hello").ids]}).json()
+    assert batch["text"] == [PROMPT, "Hello"]
 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), [
@@ -96,6 +116,8 @@ def test_ids_detokenize_back_to_the_prompt(mesh):
     ("/detokenize", {"tokens": [5, -1]}, 400, "tokens.1"),
     ("/detokenize", {"tokens": []}, 400, "tokens"),
     ("/detokenize", {"tokens": [5], "model": "nope"}, 404, "model"),
+    ("/v1/tokenize", {"prompt": []}, 400, "prompt"),
+    ("/v1/detokenize", {"tokens": [[5], []]}, 400, "tokens.1"),
 ])
 def test_bad_input_is_an_openai_error_naming_the_field(mesh, path, body, status, param):
     response = post(mesh, path, body)
