@@ -1,6 +1,6 @@
-"""vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, over the mesh (served with
---allow-runtime-lora-updating, off by default as in vLLM: whoever may call them loads files from the
-workers' hosts into their engines).
+"""vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (and SGLang's, without /v1), over the
+mesh (served with --allow-runtime-lora-updating, off by default as in vLLM: whoever may call them
+loads files from the workers' hosts into their engines).
 
 A load goes to every serving prefill and decode worker (their LoRAAdapters service); the gateway names
 the adapter (`/v1/models`, requests' `model`) only once every one of them serves it, and where any one
@@ -13,11 +13,11 @@ Loading one again with the same path is accepted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from protos import lora_pb2, lora_pb2_grpc
@@ -135,7 +135,28 @@ def _refusal(verb: str, name: str, failed: list[tuple[Worker, BaseException]]) -
 
 
 def add_lora_update_routes(app: FastAPI, updates: LoRAUpdates) -> None:
-    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter, answered in plain text as vLLM does."""
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter, answered in plain text as vLLM does;
+    SGLang's /load_lora_adapter and /unload_lora_adapter, answered as SGLang does: `{"success",
+    "error_message", "loaded_adapters"}` (every adapter served, name → path), a failure with its
+    status (400, 404 or 503)."""
+
+    async def in_sglangs_shape(update: Awaitable[str]) -> JSONResponse:
+        try:
+            await update
+        except APIError as e:
+            return JSONResponse({"success": False, "error_message": e.message,
+                                 "loaded_adapters": dict(updates.models.adapters)}, status_code=e.status)
+        return JSONResponse({"success": True, "error_message": "", "loaded_adapters": dict(updates.models.adapters)})
+
+    @app.post("/load_lora_adapter")
+    async def sglang_load_lora_adapter(request: Request) -> JSONResponse:
+        body = await parsed_body(request, LoadLoRAAdapterRequest)
+        return await in_sglangs_shape(updates.load(body.lora_name, body.lora_path))
+
+    @app.post("/unload_lora_adapter")
+    async def sglang_unload_lora_adapter(request: Request) -> JSONResponse:
+        body = await parsed_body(request, UnloadLoRAAdapterRequest)
+        return await in_sglangs_shape(updates.unload(body.lora_name))
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> PlainTextResponse:

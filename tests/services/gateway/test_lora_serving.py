@@ -164,6 +164,21 @@ def test_adapters_load_and_unload_at_run_time_through_the_mesh(tiny_demo_model, 
                 "The lora adapter 'rt' cannot be found."
             assert load("rt", second_adapter).status_code == 200
             assert outputs("rt") == second
+
+            # SGLang's routes: the same updates, answered as SGLang answers them.
+            def sglang(verb: str, **body) -> httpx.Response:
+                return httpx.post(f"{api}/{verb}_lora_adapter", json=body, timeout=60)
+            unloaded = sglang("unload", lora_name="rt")
+            assert (unloaded.status_code, unloaded.json()) == (
+                200, {"success": True, "error_message": "", "loaded_adapters": {}})
+            loaded = sglang("load", lora_name="rt", lora_path=str(adapter), pinned=False)
+            assert (loaded.status_code, loaded.json()) == (
+                200, {"success": True, "error_message": "", "loaded_adapters": {"rt": str(adapter)}})
+            assert outputs("rt") == first
+            broken = sglang("load", lora_name="broken", lora_path=str(second_adapter.parent / "nowhere"))
+            assert broken.status_code == 400 and broken.json()["success"] is False
+            assert "no adapter_config.json" in broken.json()["error_message"]
+            assert broken.json()["loaded_adapters"] == {"rt": str(adapter)}
         mesh.assert_decode_pools_free()
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
