@@ -50,7 +50,12 @@ from services.gateway.config import (
 from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
-from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
+from services.gateway.reasoning_parsers import (
+    HARMONY,
+    PARSERS as REASONING_PARSERS,
+    parser_named as reasoning_parser_named,
+)
+from services.gateway.tool_parsers import parser_named as tool_parser_named
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
 # The variable each flag falls back to; those config.py's checks name in their messages are defined there.
@@ -96,7 +101,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
         prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
         max_num_requests=args.max_num_requests,
-        stream_interval=args.stream_interval, tool_call_parser=args.tool_call_parser,
+        stream_interval=args.stream_interval, tool_call_parser=_tool_call_parser(args),
         reasoning_parser=_reasoning_parser(args), resolve_workers_s=args.resolve_workers_s,
         discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
         chat_template=chat_template_source(args.chat_template),
@@ -175,11 +180,12 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              f"request's own; default 1, every step's (${ENV_STREAM_INTERVAL})")
     parser.add_argument("--tool-call-parser", default=env.get(ENV_TOOL_CALL_PARSER) or None,
                         help=f"the served model's tool-call syntax, read out of its text for tool_choice "
-                             f"\"auto\" (without it, \"auto\" is refused) (${ENV_TOOL_CALL_PARSER})")
+                             f"\"auto\" (without it, \"auto\" is refused); vLLM's names or SGLang's "
+                             f"(${ENV_TOOL_CALL_PARSER})")
     parser.add_argument("--reasoning-parser", default=env.get(ENV_REASONING_PARSER) or None,
                         help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
-                             f"replies give its thinking as `reasoning`, apart from the answer "
-                             f"(${ENV_REASONING_PARSER})")
+                             f"replies give its thinking as `reasoning`, apart from the answer; SGLang's names "
+                             f"too (${ENV_REASONING_PARSER})")
     parser.add_argument("--resolve-workers-s", type=float,
                         default=env_float(env, ENV_RESOLVE_WORKERS, DEFAULT_RESOLVE_WORKERS_S),
                         help=f"how often the --prefill and --decode host names are resolved again: a name "
@@ -233,9 +239,13 @@ def _generation_defaults(args) -> GenerationDefaults:
         raise ConfigError(f"--generation-config: {e}") from None
 
 
+def _tool_call_parser(args) -> str | None:
+    return None if args.tool_call_parser is None else tool_parser_named(args.tool_call_parser)
+
+
 def _reasoning_parser(args) -> str | None:
     """The flag's parser; gpt-oss's tool calls (`--tool-call-parser openai`) bring their reasoning
     parser, as vLLM reads every harmony reply's channels."""
-    if args.reasoning_parser is None and args.tool_call_parser == "openai":
-        return HARMONY
-    return args.reasoning_parser
+    if args.reasoning_parser is None:
+        return HARMONY if _tool_call_parser(args) == "openai" else None
+    return reasoning_parser_named(args.reasoning_parser)

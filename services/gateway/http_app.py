@@ -55,11 +55,13 @@ from services.gateway.http_serving import HttpServing
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.openai_logprobs import TokenText
 from services.gateway.operator_routes import add_operator_routes
+from services.gateway.parser_routes import add_parser_routes
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
+from services.gateway.sglang_encode import add_sglang_encode_route
 from services.gateway.stored_response_routes import add_stored_response_routes
 from services.gateway.timeline import TimelineStore
 from services.gateway.tokenize_api import add_tokenize_routes
@@ -141,8 +143,10 @@ def create_app(state: GatewayState) -> FastAPI:
     add_generation_routes(app, state, lambda model: check_model(state, model), stored_response)
 
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
+    add_sglang_encode_route(app, state, lambda model: check_model(state, model))
 
     add_tokenize_routes(app, state, lambda model: check_model(state, model))
+    add_parser_routes(app, state.tool_call_parser, state.reasoning_parser)
     add_anthropic_routes(app, state, lambda model: check_model(state, model))
 
     @app.get("/metrics")

@@ -38,6 +38,11 @@ from services.gateway.harmony import CHANNEL as HARMONY_CHANNEL, MESSAGE as HARM
 
 PARSERS = ("deepseek_r1", "qwen3", "glm45", "deepseek_v3", "seed_oss", "openai_gptoss")
 HARMONY = "openai_gptoss"
+# SGLang's names (its --reasoning-parser) for the parsers above that read as its own do: its
+# `qwen3-thinking` and `step3` read thinking from the first token, as `deepseek_r1` does, its
+# `minimax` as `qwen3`.
+SGLANG_NAMES = {"deepseek-r1": "deepseek_r1", "deepseek-v3": "deepseek_v3", "gpt-oss": HARMONY,
+                "qwen3-thinking": "deepseek_r1", "step3": "deepseek_r1", "minimax": "qwen3"}
 PROMPT_TAIL_TOKENS = 8  # enough to hold "<think>\n" however a tokenizer splits it
 
 
@@ -59,6 +64,11 @@ class ThinkTags:
 
 THINK = ThinkTags()
 TAGS = {"seed_oss": ThinkTags("<seed:think>", "</seed:think>")}  # the others': THINK
+
+
+def parser_named(name: str) -> str:
+    """The parser `name` names, by vLLM's name or SGLang's (one neither knows, as it is)."""
+    return SGLANG_NAMES.get(name, name)
 
 
 def tags_of(parser: str) -> ThinkTags:
@@ -115,6 +125,15 @@ class StreamedReasoning:
         """(thinking, answer) still held: a tag never completed is text."""
         held, self._held = self._held, ""
         return (held, "") if self.is_thinking else ("", held)
+
+
+def separated(parser: str, text: str) -> tuple[str, str]:
+    """A whole reply's (thinking, answer) under `parser`, read as a chat reply is with its prompt unknown."""
+    stream = HarmonyReasoning() if parser == HARMONY else StreamedReasoning(starts_thinking(parser, "", False),
+                                                                            tags_of(parser))
+    thought, answer = stream.add(text)
+    more_thought, more_answer = stream.finish()
+    return thought + more_thought, answer + more_answer
 
 
 @dataclass(frozen=True)

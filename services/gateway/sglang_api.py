@@ -132,7 +132,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         state.models.check_generates()
         started = time.perf_counter()
         prompts = body.prompts()
-        rids = body.rids(len(prompts))
+        rids = body.rids(len(prompts), "gen")
         streams, outputs, max_new_tokens = [], [], []
         prompt_logprobs = body.top_logprobs_num if body.return_logprob and body.logprob_start_len >= 0 else None
         for prompt, sampling, rid in zip(prompts, body.sampling_per_prompt(len(prompts)), rids, strict=True):
@@ -155,7 +155,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,
-                       body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1)
+                       body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1 or body.is_batch)
         choices = merge_choices(streams)
         prompt_param = "text" if body.text is not None else "input_ids"
         index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
@@ -204,7 +204,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
             raise APIError(503, f"generation failed: {to_api_error(e, 'text').message}", code="unavailable") from e
         return JSONResponse({})
 
-    app.add_route("/generate", generate, methods=["POST"])
+    app.add_route("/generate", generate, methods=["POST", "PUT"])  # SGLang's server takes either
     app.add_route("/abort_request", abort_request, methods=["POST"])
     app.add_route("/get_model_info", get_model_info, methods=["GET"])
     app.add_route("/health_generate", health_generate, methods=["GET"])

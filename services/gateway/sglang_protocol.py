@@ -43,22 +43,17 @@ DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
 MAX_STREAM_INTERVAL = 2**31 - 1
 
 
-class GenerateRequest(BaseModel):
-    """POST /generate's body (SGLang's GenerateReqInput, the fields served here)."""
+class SGLangInput(BaseModel):
+    """What SGLang's native requests (`/generate`, `/encode`) are asked about: one prompt or a batch, as
+    `text` or `input_ids`; `rid`, one a prompt; `lora_path`, a served adapter's name. Its other fields
+    are refused, but NO_OP_FIELDS at the values that ask nothing."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     text: str | list[str] | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None  # (usage is in every meta_info)
-    return_logprob: bool = False
-    logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
-    top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
-    return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
-    lora_path: str | None = None  # a served LoRA adapter's name
+    lora_path: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -78,6 +73,31 @@ class GenerateRequest(BaseModel):
             return [given]
         return list(given)
 
+    @property
+    def is_batch(self) -> bool:
+        """Whether the prompts came as a list (answered by a list, even of one)."""
+        return isinstance(self.text, list) or bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    def rids(self, num_prompts: int, prefix: str) -> list[str]:
+        if self.rid is None:
+            return [f"{prefix}-{uuid.uuid4().hex}" for _ in range(num_prompts)]
+        rids = [self.rid] if isinstance(self.rid, str) else self.rid
+        if len(rids) != num_prompts or len(set(rids)) != len(rids):
+            raise APIError(400, f"rid: {num_prompts} distinct ids are needed, one a prompt", param="rid")
+        return rids
+
+
+class GenerateRequest(SGLangInput):
+    """POST /generate's body (SGLang's GenerateReqInput, the fields served here)."""
+
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None  # (usage is in every meta_info)
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
+    top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
+    return_text_in_logprobs: bool = False
+
     def sampling_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
         given = self.sampling_params if self.sampling_params is not None else {}
         if isinstance(given, dict):
@@ -86,14 +106,6 @@ class GenerateRequest(BaseModel):
             raise APIError(400, f"sampling_params: {len(given)} given for {num_prompts} prompts",
                            param="sampling_params")
         return given
-
-    def rids(self, num_prompts: int) -> list[str]:
-        if self.rid is None:
-            return [f"gen-{uuid.uuid4().hex}" for _ in range(num_prompts)]
-        rids = [self.rid] if isinstance(self.rid, str) else self.rid
-        if len(rids) != num_prompts or len(set(rids)) != len(rids):
-            raise APIError(400, f"rid: {num_prompts} distinct ids are needed, one a prompt", param="rid")
-        return rids
 
 
 def _asks_nothing(name: str, value: Any) -> bool:

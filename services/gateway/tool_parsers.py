@@ -82,6 +82,16 @@ PARSERS: dict[str, ToolCallSyntax] = {"hermes": Hermes(), "llama3_json": Llama3J
                                       "granite": Granite(), "phi4_mini_json": Phi4MiniJson(), "openai": HarmonyCalls(),
                                       "seed_oss": SeedOss(), "minimax_m2": MiniMaxM2()}
 TYPED_BY_TOOLS = {"qwen3_coder": Qwen3Coder, "glm45": Glm45, "seed_oss": SeedOss, "minimax_m2": MiniMaxM2}
+# SGLang's names (its --tool-call-parser) for the syntaxes above, so that its users' flags and
+# requests name them unchanged; its others are the same as vLLM's.
+SGLANG_NAMES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json", "deepseekv3": "deepseek_v3",
+                "deepseekv31": "deepseek_v31", "glm": "glm45", "glm47": "glm45", "gpt-oss": "openai",
+                "minimax-m2": "minimax_m2"}
+
+
+def parser_named(name: str) -> str:
+    """The parser `name` names, by vLLM's name or SGLang's (one neither knows, as it is)."""
+    return SGLANG_NAMES.get(name, name)
 
 
 def syntax_for(parser: str, tools: list[dict[str, Any]] | None) -> ToolCallSyntax:

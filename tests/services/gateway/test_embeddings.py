@@ -72,6 +72,28 @@ def test_embeddings_are_the_last_hidden_state_normalized(mesh, client, reference
     mesh.assert_decode_pools_free()
 
 
+def test_sglangs_encode_answers_the_same_embeddings_in_its_shape(mesh, reference):
+    """SGLang's native /encode: a text is answered by one `{"embedding", "meta_info"}`, a batch (of ids
+    here) by a list, each with its rid and token count; the vectors are /v1/embeddings'."""
+    url = f"{mesh.gateway.base_url}/encode"
+    [(ids, hidden), (more_ids, more_hidden)] = reference
+    one = httpx.post(url, json={"text": TEXTS[0], "rid": "enc-1", "sampling_params": {}}, timeout=30).json()
+    close(one["embedding"], torch.nn.functional.normalize(hidden, dim=0))
+    assert one["meta_info"]["id"] == "enc-1" and one["meta_info"]["prompt_tokens"] == len(ids)
+    batch = httpx.put(url, json={"input_ids": [ids, more_ids], "dimensions": 16}, timeout=30).json()
+    assert [answer["meta_info"]["prompt_tokens"] for answer in batch] == [len(ids), len(more_ids)]
+    close(batch[1]["embedding"], torch.nn.functional.normalize(more_hidden[:16], dim=0))
+    [alone] = httpx.post(url, json={"text": [TEXTS[1]]}, timeout=30).json()  # a list, even of one
+    close(alone["embedding"], torch.nn.functional.normalize(more_hidden, dim=0))
+    for body, param in (({"text": TEXTS[0], "priority": 1}, "priority"), ({"text": ""}, "text"),
+                        ({"input_ids": [ids, ids], "rid": ["a", "a"]}, "rid"),
+                        ({"input_ids": [[5, -1]]}, "input_ids.0.1"),
+                        ({"text": TEXTS[0], "dimensions": 0}, "dimensions")):
+        refused = httpx.post(url, json=body, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    mesh.assert_decode_pools_free()
+
+
 def test_pooling_requests_are_counted_and_timed_by_endpoint(mesh, client, reference):
     def counted(name: str) -> float:
         found = re.search(rf'^{name}{{[^}}]*endpoint="embeddings"[^}}]*}} (\S+)$',

@@ -62,6 +62,14 @@ def test_a_batch_of_token_id_prompts_with_n_samples_is_a_list_in_order(mesh):
                                                      for t in choice["logprobs"]["tokens"]]
 
 
+def test_a_list_of_one_prompt_is_answered_by_a_list_and_put_is_taken_as_post(mesh):
+    body = {"text": [PROMPT], "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+    answer = httpx.put(f"{mesh.gateway.base_url}/generate", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    [only] = answer.json()
+    assert only["index"] == 0 and only["text"] == generate(mesh, {**body, "text": PROMPT}).json()["text"]
+
+
 def test_a_stream_sends_the_text_so_far_in_each_event(mesh):
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True},
             "stream": True, "stream_options": {"include_usage": True}, "return_logprob": False,
