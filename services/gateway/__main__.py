@@ -49,6 +49,7 @@ from services.gateway.index_mirror import IndexMirror
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.random_router import RandomRouter
+from services.gateway.request_log import RequestLog
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RouterConfig
 from services.gateway.score_api import is_cross_encoder
@@ -157,7 +158,12 @@ class GatewayService:
                                         metrics=self.metrics, max_num_requests=config.max_num_requests,
                                         stream_interval=config.stream_interval,
                                         trust_request_chat_template=config.trust_request_chat_template,
-                                        generation_defaults=config.generation_defaults)
+                                        generation_defaults=config.generation_defaults,
+                                        request_log=RequestLog(config.log_requests_level, config.max_log_len),
+                                        default_chat_template_kwargs=config.default_chat_template_kwargs)
+        if config.default_chat_template_kwargs:
+            log.info("chat template variables for what requests' chat_template_kwargs leave out: %s",
+                     config.default_chat_template_kwargs)
         if config.generation_defaults:
             log.info("sampling defaults for what requests leave out, as the model's generation config recommends "
                      "(--generation-config vllm for none): %s", config.generation_defaults.describe())

@@ -170,7 +170,7 @@ def add_anthropic_routes(app: FastAPI, state, check_model: Callable[[str], str |
         asked = TokenizeRequest(messages=chat.messages, tools=chat.tools,
                                 chat_template_kwargs=chat.chat_template_kwargs)
         with tokenizer_service(pipeline.tokenizers, "messages") as service:
-            tokens = await tokenize(service.stub, asked, pipeline.deadlines.tokenizer_s, state.tool_call_parser)
+            tokens = await tokenize(service.stub, asked, pipeline.prompts, state.tool_call_parser)
         return JSONResponse({"input_tokens": len(tokens)})
 
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])

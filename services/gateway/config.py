@@ -23,7 +23,9 @@ from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
 from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
+from services.gateway.request_log import ENV_LOG_REQUESTS, LEVELS as LOG_LEVELS
 from services.gateway.tool_parsers import PARSERS
+from services.tokenizer.chat_template import check_template_kwargs
 
 # The variables the checks' messages point to; every other flag's is in config_flags.py.
 ENV_HOST = "BATON_GATEWAY_HOST"
@@ -109,6 +111,11 @@ class GatewayConfig:
     lora_modules: tuple[tuple[str, str], ...] = ()
     # /v1/load_lora_adapter and /v1/unload_lora_adapter served (lora_updates.py): off, as in vLLM.
     allow_runtime_lora_updating: bool = False
+    # Generation requests logged as they arrive and end, at this level (request_log.py); None: none are.
+    log_requests_level: int | None = None
+    # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
@@ -155,6 +162,15 @@ class GatewayConfig:
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
+        if self.log_requests_level is not None and self.log_requests_level not in LOG_LEVELS:
+            raise ConfigError(f"${ENV_LOG_REQUESTS} must be one of {', '.join(map(str, LOG_LEVELS))}, got "
+                              f"{self.log_requests_level}")
+        try:
+            check_template_kwargs(self.default_chat_template_kwargs)
+        except ValueError as e:
+            raise ConfigError(f"--default-chat-template-kwargs: {e}") from None
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ConfigError(f"--max-log-len must be >= 0, got {self.max_log_len}")
         if self.max_num_requests < 0:
             raise ConfigError(f"--max-num-requests must be >= 0 (0: no limit), got {self.max_num_requests}")
         if not 1 <= self.stream_interval < 2**31:

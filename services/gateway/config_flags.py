@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from services.common.settings import (
     ConfigError,
@@ -55,6 +56,7 @@ from services.gateway.reasoning_parsers import (
     PARSERS as REASONING_PARSERS,
     parser_named as reasoning_parser_named,
 )
+from services.gateway.request_log import add_request_log_flags, log_level_of
 from services.gateway.tool_parsers import parser_named as tool_parser_named
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
@@ -80,6 +82,7 @@ ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
 ENV_TRUST_REQUEST_CHAT_TEMPLATE = "BATON_GATEWAY_TRUST_REQUEST_CHAT_TEMPLATE"
 ENV_GENERATION_CONFIG = "BATON_GENERATION_CONFIG"
 ENV_OVERRIDE_GENERATION_CONFIG = "BATON_OVERRIDE_GENERATION_CONFIG"
+ENV_DEFAULT_CHAT_TEMPLATE_KWARGS = "BATON_DEFAULT_CHAT_TEMPLATE_KWARGS"
 
 
 def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -106,6 +109,8 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
         chat_template=chat_template_source(args.chat_template),
         generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
+        default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
+        log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template)
@@ -214,7 +219,13 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=env.get(ENV_OVERRIDE_GENERATION_CONFIG) or "",
                         help=f"defaults set over --generation-config's, a JSON object, e.g. "
                              f"'{{\"temperature\": 0.5}}' (${ENV_OVERRIDE_GENERATION_CONFIG})")
+    parser.add_argument("--default-chat-template-kwargs", metavar="JSON",
+                        default=env.get(ENV_DEFAULT_CHAT_TEMPLATE_KWARGS) or "",
+                        help=f"chat template variables for what a request's chat_template_kwargs leaves out, a "
+                             f"JSON object, e.g. '{{\"enable_thinking\": false}}' (as vLLM's flag) "
+                             f"(${ENV_DEFAULT_CHAT_TEMPLATE_KWARGS})")
     HttpServing.add_flags(parser, env)
+    add_request_log_flags(parser, env)
     add_lora_flag(parser, env)
     add_chat_template_flag(parser, env)
     add_limit_flags(parser, env)
@@ -227,16 +238,22 @@ def _split(addresses: str) -> tuple[str, ...]:
 
 
 def _generation_defaults(args) -> GenerationDefaults:
-    try:
-        overrides = json.loads(args.override_generation_config) if args.override_generation_config else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--override-generation-config is not JSON: {e}") from None
-    if not isinstance(overrides, dict):
-        raise ConfigError("--override-generation-config must be a JSON object")
+    overrides = _json_object(args.override_generation_config, "--override-generation-config")
     try:
         return GenerationDefaults.load(args.generation_config, model_arg(args), overrides)
     except ValueError as e:
         raise ConfigError(f"--generation-config: {e}") from None
+
+
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    """The JSON object `flag` was given as `text` ("": an empty one)."""
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object")
+    return value
 
 
 def _tool_call_parser(args) -> str | None:

@@ -181,7 +181,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             earlier = previous.continued()
         body = asked.as_chat(earlier)
         if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
-            body = await asyncio.to_thread(fit_to_context, body, state.pipeline.tokenizer)
+            body = await asyncio.to_thread(fit_to_context, body, state.pipeline.prompts)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
         choices, builder, dispatched, _ = start_chat(request, body, response_id)
         shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])

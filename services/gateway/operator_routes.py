@@ -1,6 +1,7 @@
 """The routes an operator or an RL loop drives the mesh with, beside the APIs that generate: LoRA
 adapters loaded at run time, prefix caches reset, profiles, SGLang's native API and its weight
-updates, pauses, memory released and resumed, and server info (each module's own docstring says what its routes do)."""
+updates, pauses, memory released and resumed, server info, and request logging (each module's own
+docstring says what its routes do)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from services.gateway.lora_updates import add_lora_update_routes
 from services.gateway.memory_release_api import MeshMemory, add_memory_release_routes
 from services.gateway.prefix_cache_api import add_prefix_cache_routes
 from services.gateway.profile_api import add_profile_routes
+from services.gateway.request_log import add_request_log_routes
 from services.gateway.server_info import add_server_info_routes
 from services.gateway.sglang_api import add_sglang_routes
 from services.gateway.weight_updates import WeightUpdates, add_weight_update_routes
@@ -32,3 +34,4 @@ def add_operator_routes(app: FastAPI, state, check_model: Callable[[str], str | 
     add_generation_pause_routes(app, generation)
     add_memory_release_routes(app, MeshMemory(state.pipeline, pools))
     add_server_info_routes(app, state, pools, weight_updates, generation, version)
+    add_request_log_routes(app, state.pipeline.request_log)

@@ -37,6 +37,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import grpc
 
@@ -51,6 +52,7 @@ from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import NO_LOOKUP
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
+from services.gateway.request_log import RequestLog
 from services.gateway.request_trace import RequestTrace
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
@@ -83,7 +85,8 @@ class RequestPipeline(Admission):
                  prefill_router=None, local_prefill_max_tokens: int = 0, local_tokenize_max_chars: int = 0,
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
                  max_num_requests: int = 0, stream_interval: int = 1, trust_request_chat_template: bool = False,
-                 generation_defaults: GenerationDefaults = GenerationDefaults()):
+                 generation_defaults: GenerationDefaults = GenerationDefaults(), request_log: RequestLog | None = None,
+                 default_chat_template_kwargs: Mapping[str, Any] | None = None):
         self.tokenizers = tokenizers  # the tokenizer services
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -94,14 +97,16 @@ class RequestPipeline(Admission):
         self.requests = RequestMetrics(self.metrics)
         super().__init__(self.metrics, max_num_requests)
         self.stream_interval = stream_interval  # a request's unless its sampling parameters name their own
-        # Its trust_request_chat_template and generation_defaults are the APIs' too (/tokenize, sampling).
+        # Its trust_request_chat_template, template defaults and generation_defaults are the APIs' too
+        # (/tokenize, sampling).
         self.prompts = PromptEncoder(tokenizer, tokenizers, deadlines.tokenizer_s, local_tokenize_max_chars,
-                                     trust_request_chat_template, generation_defaults)
+                                     trust_request_chat_template, generation_defaults, default_chat_template_kwargs)
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API
         self.running = RunningRequests(lambda worker, request_id: self.steps.abort_soon(
             worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
+        self.request_log = request_log or RequestLog()  # off unless asked (its level may change while serving)
 
     @property
     def prefill_router(self):
@@ -156,6 +161,9 @@ class RequestPipeline(Admission):
             params.stream_interval = self.stream_interval if is_streamed or stop else WHOLE_REPLY
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
+        request_log = self.request_log if self.request_log.is_on else None  # as it is at the request's arrival
+        last: Delta | None = None
+        output: list[str] = []  # its texts, when they are logged
         try:
             # Among the running requests from its arrival, where an operator's abort finds it.
             with self.running.running(request_id) as running:
@@ -178,10 +186,16 @@ class RequestPipeline(Admission):
                         params.guide_after_token_ids[:] = token_ids
                 clock.mark("tokenize")
                 timer.num_prompt_tokens = len(prompt)
+                if request_log is not None:
+                    # As the request asked (not the gateway's stream interval for it).
+                    request_log.received(request_id, prompt, sampling or params, prompt_text)
                 with self.decode.hold() as decode_worker:
                     async for delta in self._run(request_id, prompt, params, decode_worker, stop,
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
                                                  running, on_dispatch):
+                        last = delta
+                        if request_log is not None and request_log.logs_texts:
+                            output.append(delta.text)
                         yield delta
         except grpc.aio.AioRpcError as e:
             mapped = from_rpc_error(e)
@@ -199,6 +213,8 @@ class RequestPipeline(Admission):
             if is_admitted:
                 self.release()
             spans.end(clock.status, timer.num_prompt_tokens, timer.num_generated)
+            if request_log is not None:
+                request_log.finished(request_id, clock, timer, last, output)
 
     async def _run(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                    decode_worker: Worker, stop: Sequence[Stop], include_stop_str_in_output: bool,

@@ -8,6 +8,7 @@ the least loaded serving tokenizer service, off the gateway's event loop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from engine.sampling_params import SamplingParams as EngineSamplingParams
@@ -42,16 +43,26 @@ class PromptEncoder:
     """`tokenizer`: the model's, loaded in this process; `tokenizers`: the tokenizer services'.
     Prompts (or conversations' content) of at most `local_tokenize_max_chars` characters are encoded
     with `tokenizer` (0: none are). A request's own chat template only with
-    `trust_request_chat_template`. `generation_defaults.max_new_tokens` caps a request with no max_tokens."""
+    `trust_request_chat_template`. `generation_defaults.max_new_tokens` caps a request with no max_tokens.
+    `default_template_kwargs`: chat template variables a request's `chat_template_kwargs` leaves out
+    (vLLM's --default-chat-template-kwargs)."""
 
     def __init__(self, tokenizer: ModelText, tokenizers: WorkerPool, timeout_s: float, local_tokenize_max_chars: int,
-                 trust_request_chat_template: bool, generation_defaults: GenerationDefaults) -> None:
+                 trust_request_chat_template: bool, generation_defaults: GenerationDefaults,
+                 default_template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tokenizers = tokenizers
         self.timeout_s = timeout_s
         self.local_tokenize_max_chars = local_tokenize_max_chars
         self.trust_request_chat_template = trust_request_chat_template
         self.generation_defaults = generation_defaults
+        self.default_template_kwargs = dict(default_template_kwargs or {})
+
+    def chat_options(self, options: ChatOptions) -> ChatOptions:
+        """`options` with the gateway's default template variables under the request's own."""
+        if not self.default_template_kwargs:
+            return options
+        return replace(options, template_kwargs={**self.default_template_kwargs, **options.template_kwargs})
 
     async def encode(self, request_id: str, prompt_text: str | None, prompt_token_ids: Sequence[int] | None,
                      messages: Sequence[Mapping[str, Any]] | None, chat_options: ChatOptions,
@@ -79,6 +90,7 @@ class PromptEncoder:
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{**m, "content": m.get("content") or ""} for m in messages]
+            chat_options = self.chat_options(chat_options)
             if chat_options.template is not None and not self.trust_request_chat_template:
                 raise InvalidRequestError(UNTRUSTED_TEMPLATE, param="chat_template")
             # A request's own template is rendered by the tokenizer service: nothing bounds its time,

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
-from services.gateway.prompt_encoder import ModelText
+from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.request_aliases import without_nulls
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -141,15 +141,16 @@ class ResponsesRequest(BaseModel):
         return messages
 
 
-def fit_to_context(chat: ChatCompletionRequest, tokenizer: ModelText) -> ChatCompletionRequest:
+def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder) -> ChatCompletionRequest:
     """`truncation: "auto"`: `chat` with its conversation's oldest turns left out, as few as make its
     prompt fit the context with room for `max_output_tokens` (one token when none is set). What is left
     starts at a user message, after the instructions. Unchanged when it fits, or when even its last
     user turn does not (the context check then refuses it as it would without truncation)."""
+    tokenizer = prompts.tokenizer
     if tokenizer.max_model_len is None:
         return chat
     room = tokenizer.max_model_len - (chat.completion_budget or 1)
-    messages, options = chat.messages, chat.chat_options()
+    messages, options = chat.messages, prompts.chat_options(chat.chat_options())
     first = 1 if messages[0].role in ("system", "developer") else 0  # the instructions stay
 
     def fits(start: int) -> bool:

@@ -32,6 +32,7 @@ from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import TokenId
+from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE
 from services.gateway.tool_parsers import with_template_call_ids
 from services.gateway.workers import NoHealthyWorkerError, WorkerPool
@@ -76,20 +77,22 @@ class DetokenizeRequest(BaseModel):
     skip_special_tokens: bool | None = None  # None: the path's default, vLLM's (kept) or SGLang's (skipped)
 
 
-async def tokenize(stub, body: TokenizeRequest, timeout_s: float, tool_call_parser: str | None = None,
-                   trust_request_chat_template: bool = False) -> list[int]:
-    """The prompt's token ids, by the tokenizer service behind `stub`; chat messages' tool-call ids
+async def tokenize(stub, body: TokenizeRequest, prompts: PromptEncoder,
+                   tool_call_parser: str | None = None) -> list[int]:
+    """The prompt's token ids, by the tokenizer service behind `stub`, as `prompts` (the pipeline's) make
+    generation's (its trust in requests' templates, its template defaults); chat messages' tool-call ids
     as generation gives them to the template (`tool_call_parser`: the gateway's)."""
-    if body.chat_template is not None and not trust_request_chat_template:
+    if body.chat_template is not None and not prompts.trust_request_chat_template:
         raise APIError(400, UNTRUSTED_TEMPLATE, param="chat_template")
     try:
         if body.prompt is not None:
-            return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, timeout_s))
+            return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, prompts.timeout_s))
         messages = with_template_call_ids([m.as_template_input() for m in body.messages], tool_call_parser)
-        options = ChatOptions(body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {},
-                              body.tools or None, body.documents, body.chat_template, bool(body.add_special_tokens))
+        options = prompts.chat_options(ChatOptions(
+            body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {},
+            body.tools or None, body.documents, body.chat_template, bool(body.add_special_tokens)))
         return list((await stub.ApplyChatTemplate(chat_template_request("", messages, options),
-                                                  timeout=timeout_s)).token_ids)
+                                                  timeout=prompts.timeout_s)).token_ids)
     except grpc.aio.AioRpcError as e:
         raise _refused(e, "prompt" if body.prompt is not None else "messages") from None
 
@@ -134,8 +137,7 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
             check_model(body.model)
 
         async def tokenized(one: TokenizeRequest) -> list[int]:
-            return await tokenize(service.stub, one, pipeline.deadlines.tokenizer_s, state.tool_call_parser,
-                                  pipeline.prompts.trust_request_chat_template)
+            return await tokenize(service.stub, one, pipeline.prompts, state.tool_call_parser)
 
         def token_strs(tokens: list[int]) -> list[str]:
             return [pipeline.tokenizer.id_to_token(t) for t in tokens]

@@ -9,6 +9,8 @@ import openai
 import pytest
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common.settings import ConfigError
+from services.gateway.config import GatewayConfig
 from services.gateway.responses_request import ResponsesRequest
 from tests.services.gateway.mesh import gateway_client
 
@@ -100,6 +102,38 @@ def test_reasoning_effort_is_given_to_the_template(mesh, hf_tokenizer):
     asked = ResponsesRequest(model=mesh.model_name, input="Hi", reasoning={"effort": "low"})
     assert asked.as_chat().chat_options().template_kwargs == {"reasoning_effort": "low"}
     mesh.assert_decode_pools_free()
+
+
+GREETING_TEMPLATE = ("Greeting: {{ greeting | default('none') }}\n"
+                     "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>")
+AHOY = "Ahoy there, sailor of the seven seas"
+
+
+def test_the_gateways_default_template_variables_go_under_the_requests_own(mesh, hf_tokenizer, tiny_demo_model):
+    """vLLM's --default-chat-template-kwargs: what a request's chat_template_kwargs leaves out, for chat
+    and /tokenize alike; the request's own win."""
+    by_default = transformers_ids(hf_tokenizer, chat_template=GREETING_TEMPLATE, greeting=AHOY)
+    own = transformers_ids(hf_tokenizer, chat_template=GREETING_TEMPLATE, greeting="Good morning to you all")
+    assert len({len(by_default), len(own), len(transformers_ids(hf_tokenizer, chat_template=GREETING_TEMPLATE))}) == 3
+    with gateway_client(mesh, "--trust-request-chat-template",
+                        "--default-chat-template-kwargs", f'{{"greeting": "{AHOY}"}}') as trusted:
+        url = base_url(trusted)
+        chat = trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+                                               extra_body={"chat_template": GREETING_TEMPLATE})
+        assert chat.usage.prompt_tokens == len(by_default)
+        chat = trusted.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=1, extra_body={
+            "chat_template": GREETING_TEMPLATE, "chat_template_kwargs": {"greeting": "Good morning to you all"}})
+        assert chat.usage.prompt_tokens == len(own)
+        tokens = httpx.post(f"{url}/tokenize", timeout=30,
+                            json={"messages": MESSAGES, "chat_template": GREETING_TEMPLATE})
+        assert tokens.json()["tokens"] == by_default
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    assert GatewayConfig.from_args(common, {"BATON_DEFAULT_CHAT_TEMPLATE_KWARGS": '{"enable_thinking": false}'}
+                                   ).default_chat_template_kwargs == {"enable_thinking": False}
+    for bad, said in (("[1]", "a JSON object"), ("{", "not JSON"), ('{"messages": []}', "cannot set messages")):
+        with pytest.raises(ConfigError, match=said):
+            GatewayConfig.from_args([*common, "--default-chat-template-kwargs", bad], {})
 
 
 def test_add_special_tokens_puts_the_tokenizers_own_before_the_templates_text(mesh, client, hf_tokenizer):
