@@ -178,7 +178,7 @@ class GatewayService:
         self.state = GatewayState(self.pipeline, self.models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
-                                  serving=config.http_serving)
+                                  serving=config.http_serving, force_include_usage=config.force_include_usage)
         if config.allow_runtime_lora_updating:
             worker_pools = [pool for kind, pool in self.pools.items() if kind != "tokenizer"]
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)

@@ -115,6 +115,7 @@ class GatewayConfig:
     log_requests_level: int | None = None
     # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    force_include_usage: bool = False  # every streamed chat and completion ends with usage (vLLM's flag)
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
 
     def __post_init__(self):

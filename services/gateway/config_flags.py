@@ -83,6 +83,7 @@ ENV_TRUST_REQUEST_CHAT_TEMPLATE = "BATON_GATEWAY_TRUST_REQUEST_CHAT_TEMPLATE"
 ENV_GENERATION_CONFIG = "BATON_GENERATION_CONFIG"
 ENV_OVERRIDE_GENERATION_CONFIG = "BATON_OVERRIDE_GENERATION_CONFIG"
 ENV_DEFAULT_CHAT_TEMPLATE_KWARGS = "BATON_DEFAULT_CHAT_TEMPLATE_KWARGS"
+ENV_FORCE_INCLUDE_USAGE = "BATON_GATEWAY_FORCE_INCLUDE_USAGE"
 
 
 def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -111,6 +112,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
         default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
+        force_include_usage=args.enable_force_include_usage,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template)
@@ -224,6 +226,11 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"chat template variables for what a request's chat_template_kwargs leaves out, a "
                              f"JSON object, e.g. '{{\"enable_thinking\": false}}' (as vLLM's flag) "
                              f"(${ENV_DEFAULT_CHAT_TEMPLATE_KWARGS})")
+    parser.add_argument("--enable-force-include-usage", action="store_true",
+                        default=env.get(ENV_FORCE_INCLUDE_USAGE, "") not in ("", "0"),
+                        help=f"every streamed chat and completion ends with its usage, as with stream_options."
+                             f"include_usage, whether the request asks or not (as vLLM's flag; billing proxies "
+                             f"count tokens so) (${ENV_FORCE_INCLUDE_USAGE}=1)")
     HttpServing.add_flags(parser, env)
     add_request_log_flags(parser, env)
     add_lora_flag(parser, env)

@@ -110,7 +110,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   return_token_ids=bool(body.return_token_ids),
                                   best_of_kept=body.n if body.num_candidates > body.n else None)
         choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
-        return await respond(request, choices, builder, body.stream, body.include_usage, "prompt",
+        return await respond(request, choices, builder, body.stream, body.include_usage or state.force_include_usage,
+                             "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
 
@@ -162,7 +163,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         body = await parsed_body(request, ChatCompletionRequest)
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
         choices, builder, dispatched, timeline = start_chat(request, body, response_id)
-        return await respond(request, choices, builder, body.stream, body.include_usage, "messages",
+        return await respond(request, choices, builder, body.stream, body.include_usage or state.force_include_usage,
+                             "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
 

@@ -86,6 +86,7 @@ class GatewayState:
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
     serving: HttpServing = HttpServing()  # CORS (and TLS, which uvicorn serves)
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
+    force_include_usage: bool = False  # every stream ends with usage, asked for or not (vLLM's flag)
 
     @property
     def model_name(self) -> str:

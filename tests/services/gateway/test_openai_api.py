@@ -105,6 +105,16 @@ def test_streamed_completion_equals_the_whole_one_and_reports_usage(client, mesh
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_a_gateway_forcing_usage_ends_every_stream_with_it(mesh):
+    """vLLM's --enable-force-include-usage: a stream that does not ask for usage ends with it all the same."""
+    common = dict(model=mesh.model_name, max_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    with gateway_client(mesh, "--enable-force-include-usage") as forcing:
+        for chunks in (list(forcing.completions.create(prompt=PROMPT, **common)),
+                       list(forcing.chat.completions.create(messages=MESSAGES, **common))):
+            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+            assert all(c.usage is None for c in chunks[:-1])
+
+
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_continuous_usage_stats_give_each_chunk_its_choice_usage_so_far(client, mesh, tokenizer, api):
     """vLLM's `stream_options.continuous_usage_stats`: every chunk's usage counts its choice's tokens so far."""
