@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -54,6 +55,15 @@ UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
 NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "stop_regex": (None, "", []), "presence_penalty": (None, 0.0),
                         "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "logit_bias": (None, {}),
                         "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, [])}
+
+
+def header_safe(request_id: str) -> str:
+    """A request id the client chose, which goes back as the response's x-request-id header: one that
+    cannot be a header's value (a control character, a character beyond Latin-1) is refused, not
+    answered by a dropped connection."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7f or ord(c) > 0xff for c in request_id):
+        raise ValueError("must be printable text of Latin-1 characters: it is the response's x-request-id header")
+    return request_id
 
 
 class StreamOptions(BaseModel):
@@ -142,7 +152,7 @@ class SamplingFields(BaseModel):
     lora_path: str | None = None
     # SGLang's: the request's id, as the `x-request-id` header names it (its response's id; what
     # /abort_request finds it by). The header wins.
-    rid: Annotated[str, Field(min_length=1)] | None = None
+    rid: Annotated[str, Field(min_length=1), AfterValidator(header_safe)] | None = None
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None

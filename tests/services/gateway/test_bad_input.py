@@ -179,6 +179,11 @@ CASES = [
     ("top_logprobs without logprobs", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ("suffix", "/v1/completions", {"model": "MODEL", "prompt": "hi", "suffix": "end"}, 400, "suffix"),
+    # SGLang's rid goes back as the x-request-id header: one no header can carry was a dropped connection.
+    ("a rid with a newline", "/v1/completions", {"model": "MODEL", "prompt": "hi", "rid": "a\nb"}, 400, "rid"),
+    ("a rid with a NUL", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "rid": "\u0000", "stream": True}, 400, "rid"),
+    ("a rid beyond Latin-1", "/v1/completions", {"model": "MODEL", "prompt": "hi", "rid": "漢"}, 400, "rid"),
 ]
 
 
