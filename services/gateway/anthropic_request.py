@@ -105,6 +105,9 @@ def _turn(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
             continue  # opaque; a client sends the turn back as it got it
         elif kind == "tool_result" and role == "user":
             content = block.get("content")
+            if not isinstance(content, str | list | None):
+                raise APIError(400, f"{where}[{j}].content: a tool result is a text or a list of text blocks",
+                               param=f"{where}[{j}].content")
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                             "content": content if isinstance(content, str) else _texts(content or [], f"{where}[{j}]")})
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class TextPart(BaseModel):
@@ -31,6 +31,13 @@ class ChatMessage(BaseModel):
     reasoning: str | None = None
     reasoning_content: str | None = None
 
+    @model_validator(mode="after")
+    def _text_only(self):
+        for part in self.content if isinstance(self.content, list) else ():
+            if not isinstance(part, TextPart):
+                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+        return self
+
     def as_template_input(self) -> dict[str, Any]:
         """The message as chat templates read it: its text, and its tool calls with their arguments
         as objects (templates write them with `tojson`; OpenAI sends them as JSON text)."""
@@ -53,12 +60,7 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        texts = []
-        for part in self.content:
-            if not isinstance(part, TextPart):
-                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
-            texts.append(part.text)
-        return "\n".join(texts)
+        return "\n".join(part.text for part in self.content)
 
 
 def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:

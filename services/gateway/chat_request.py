@@ -57,7 +57,6 @@ class ChatCompletionRequest(SamplingFields):
                              "continue_final_message and add_generation_prompt cannot both be true: the reply "
                              "continues the last message, or starts a new one")
         check_template_kwargs(self.chat_template_kwargs or {})
-        self.chat_messages()  # raises for content parts other than text
         self._check_beam_search()
         return self
 

@@ -226,6 +226,9 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """`text.format` as chat's `response_format`; None for plain text."""
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError(400, "text.format must be an object, such as {\"type\": \"json_schema\", ...}",
+                       param="text.format")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":

@@ -173,7 +173,8 @@ def _formatted(response_format: dict[str, Any]) -> OutputGuide:
     if kind == "json_object":
         return schema_guide(ANY_JSON_OBJECT)
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        json_schema = response_format.get("json_schema")
+        schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
         if not isinstance(schema, dict):
             raise ValueError("response_format json_schema needs json_schema.schema, a JSON schema object")
         return schema_guide(schema)

@@ -54,8 +54,12 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict
     """What `tool_choice` forces, given `tools`; None for plain text or the model's own choice
     ("auto"). ValueError, worded for the client, for a choice that cannot be served."""
     for i, tool in enumerate(tools or ()):
-        if tool.get("type") != "function" or not isinstance((tool.get("function") or {}).get("name"), str):
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str):
             raise ValueError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+        if not isinstance(function.get("parameters"), dict | None):
+            raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
     choice = effective_tool_choice(tools, tool_choice)
     if choice == "none":
         return None
@@ -65,7 +69,8 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict
         return None
     if choice == "required":
         return ForcedToolCall(None, tuple(tools), one_call=not parallel_tool_calls)
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
         raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '
                          '"function": {"name": ...}}')

@@ -119,6 +119,8 @@ def test_the_models_own_calls_come_back_as_tool_use_blocks(mesh, hermes, stream)
      400, "invalid_request_error"),
     ({"max_tokens": 5000}, 400, "invalid_request_error"),  # past the context
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}]},
+     400, "invalid_request_error"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_errors_come_in_anthropics_shape(mesh, claude, kwargs, status, error_type, stream):

@@ -125,7 +125,7 @@ CASES = [
     ("ids and text mixed", "/v1/completions", {"model": "MODEL", "prompt": [5, "six"]}, 400, "prompt"),
     ("image content", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     400, None),
+     400, "messages.0"),
     ("logit_bias key not a token id", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logit_bias": {"a": 1}},
      400, "logit_bias"),
     ("logit_bias 101", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logit_bias": {"5": 101}}, 400,
@@ -184,6 +184,24 @@ CASES = [
     ("a rid with a NUL", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "rid": "\u0000", "stream": True}, 400, "rid"),
     ("a rid beyond Latin-1", "/v1/completions", {"model": "MODEL", "prompt": "hi", "rid": "漢"}, 400, "rid"),
+    # Shapes within OpenAI's objects that were read as objects before they were checked (500s, found by fuzzing).
+    ("a tool's function not an object", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": 1}]},
+     400, None),
+    ("a tool's parameters not an object", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, 400, None),
+    ("tool_choice's function not an object", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+         "name": "f"}}], "tool_choice": {"type": "function", "function": "f"}}, 400, None),
+    ("json_schema not an object", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": "x"}}, 400, "response_format"),
+    ("a text part without text", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, 400,
+     "messages.0"),
+    ("a text part without text, to /tokenize", "/tokenize",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, 400, "messages.0"),
 ]
 
 

@@ -211,6 +211,7 @@ def test_a_colocated_gateway_embeds_on_its_decode_workers(mesh, reference):
     ({"input": "hi", "messages": [{"role": "user", "content": "hi"}]}, "input"),
     ({}, "input"),
     ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0"),
 ])
 def test_bad_input_is_a_400_and_holds_no_page(mesh, body, param):
     answer = httpx.post(f"{mesh.gateway.base_url}/v1/embeddings", json={"model": mesh.model_name, **body}, timeout=30)

@@ -334,6 +334,7 @@ def test_the_gateways_own_store_keeps_the_most_recent_for_their_time():
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
     ({"input": [{"type": "web_search_call"}]}, 400, "input[0]"),
     ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ({"text": {"format": "json"}}, 400, "text.format"),
     ({"temperature": -1}, 400, "temperature"),
     ({"model": "nope"}, 404, "model"),
 ])
