@@ -272,7 +272,7 @@ def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:
                                 f"{message.role!r}", param=f"chat.messages[{i}].role")
     try:
         messages = chat_messages_from_proto(chat.messages)
-    except ValueError as e:  # tool_calls_json that is not a JSON list
+    except ValueError as e:  # tool_calls_json that is not a JSON list of objects
         raise APIError(400, f"chat.messages: {e}", param="chat.messages") from None
     for message in messages:
         if "tool_calls" in message:

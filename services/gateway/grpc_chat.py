@@ -42,8 +42,9 @@ class ChatRequestTools:
         choice = _json(request.tool_choice_json, "tool_choice_json", (str, dict)) if request.tool_choice_json else None
         try:
             forced = forced_tool_call(tools, choice)
-        except ValueError as e:
-            raise APIError(400, str(e), param="tool_choice_json") from None
+        except ValueError as e:  # about a tool, or about the choice among them
+            raise APIError(400, str(e), param="tools_json" if str(e).startswith("tools[") else "tool_choice_json") \
+                from None
         if forced is not None and is_guided(request.sampling):
             raise APIError(400, "a forced tool call and a guided_regex or guided_grammar cannot both be asked for",
                            param="sampling")

@@ -54,8 +54,8 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict
     """What `tool_choice` forces, given `tools`; None for plain text or the model's own choice
     ("auto"). ValueError, worded for the client, for a choice that cannot be served."""
     for i, tool in enumerate(tools or ()):
-        function = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(function, dict) \
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function" \
                 or not isinstance(function.get("name"), str):
             raise ValueError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
         if not isinstance(function.get("parameters"), dict | None):

@@ -12,7 +12,7 @@ from services.tokenizer.chat_template import ChatOptions
 def chat_messages_from_proto(messages: Sequence[common_pb2.ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the dicts a chat template reads ({"role": ..., "content": ...}, and an assistant's
     `tool_calls`, a tool's `tool_call_id` and a `name` where they are set). ValueError for tool
-    calls that are not a JSON list."""
+    calls that are not a JSON list of objects."""
     return [_chat_message(m) for m in messages]
 
 
@@ -42,8 +42,8 @@ def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:
     message: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls_json:
         message["tool_calls"] = json.loads(m.tool_calls_json)
-        if not isinstance(message["tool_calls"], list):
-            raise ValueError("tool_calls must be a JSON list")
+        if not isinstance(message["tool_calls"], list) or not all(isinstance(c, dict) for c in message["tool_calls"]):
+            raise ValueError("tool_calls must be a JSON list of objects")
     if m.tool_call_id:
         message["tool_call_id"] = m.tool_call_id
     if m.name:

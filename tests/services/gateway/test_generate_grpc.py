@@ -308,6 +308,7 @@ def test_tools_forced_by_tool_choice_come_back_as_tool_calls(stub, mesh, client)
     ({"tool_choice_json": '"auto"'}, "tool_choice_json"),  # this gateway has no tool-call parser
     ({"tools_json": "[{"}, "tools_json"),
     ({"tools_json": '{"type": "function"}'}, "tools_json"),
+    ({"tools_json": "[1]"}, "tools_json"),  # a 500 before (found by fuzzing the gRPC API's fields)
     ({"tool_choice_json": '{"type": "function", "function": {"name": "nope"}}'}, "tool_choice_json"),
 ])
 def test_tools_that_cannot_be_served_are_a_400(stub, mesh, fields, param):
@@ -316,3 +317,11 @@ def test_tools_that_cannot_be_served_are_a_400(stub, mesh, fields, param):
         setattr(request, name, value)
     [response] = stub.Generate(request, timeout=30)
     assert response.error.code == 400 and response.error.param == param, response
+
+
+def test_an_earlier_turns_calls_that_are_not_objects_are_a_400(stub):
+    """A 500 before (found by fuzzing the gRPC API's fields): tool_calls_json a list, but not of objects."""
+    chat = common_pb2.ChatMessages(messages=[*ASK_TIME.messages, common_pb2.ChatMessage(role="assistant",
+                                                                                       tool_calls_json="[1]")])
+    [response] = stub.Generate(tools_request("none", chat=chat), timeout=30)
+    assert response.error.code == 400 and response.error.param == "chat.messages", response
