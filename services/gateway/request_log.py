@@ -69,6 +69,8 @@ class RequestLog:
 
     def received(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                  prompt_text: str | None) -> None:
+        if self.level is None:  # turned off (/configure_logging) since the request arrived
+            return
         parts = [f"prompt_tokens={len(prompt)}"]
         if params.HasField("lora_name"):
             parts.append(f"lora={params.lora_name}")

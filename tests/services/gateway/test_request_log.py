@@ -12,8 +12,10 @@ import httpx
 import openai
 import pytest
 
+from protos import common_pb2
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
+from services.gateway.request_log import RequestLog
 from tests.services.gateway.mesh import GatewayProcess
 
 PROMPT = "Once upon a time there was"
@@ -112,3 +114,15 @@ def test_the_level_comes_from_vllms_or_sglangs_flags_or_the_environment(tiny_dem
         level(env={"BATON_GATEWAY_LOG_REQUESTS": "7"})
     with pytest.raises(ConfigError, match="--max-log-len"):
         level("--enable-log-requests", "--max-log-len", "-1")
+
+
+def test_logging_turned_off_while_a_request_runs_does_not_fail_it(caplog):
+    """Turned off between a request's arrival and its prompt being known, its arrival is not logged,
+    and nothing raises in the request's path."""
+    request_log = RequestLog(level=1)
+    request_log.configure(log_requests=False, level=None)
+    with caplog.at_level("INFO", logger="baton.gateway.requests"):
+        request_log.received("r-1", [1, 2, 3], common_pb2.SamplingParams(max_tokens=3), None)
+    assert not caplog.records
+    request_log.configure(log_requests=True, level=None)
+    assert request_log.level == 1  # back at the level it had
