@@ -50,6 +50,11 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return _env_number(env, name, default, float, "a number")
 
 
+def env_flag(env: Mapping[str, str], name: str) -> bool:
+    """Whether `env[name]` turns a flag on: set to anything but "" or "0"."""
+    return env.get(name, "") not in ("", "0")
+
+
 def _env_number(env: Mapping[str, str], name: str, default, convert, kind: str):
     value = env.get(name)
     if value is None or value == "":

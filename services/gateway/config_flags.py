@@ -24,6 +24,7 @@ from services.common.settings import (
     add_limit_flags,
     add_lora_flag,
     add_tracing_flag,
+    env_flag,
     env_float,
     env_int,
     hf_overrides,
@@ -132,7 +133,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--prefill", default=env.get(ENV_PREFILL, ""),
                         help=f"prefill workers, HOST:PORT[,HOST:PORT...] (${ENV_PREFILL})")
     parser.add_argument("--colocated", action="store_true",
-                        default=env.get(ENV_COLOCATED, "") not in ("", "0"),
+                        default=env_flag(env, ENV_COLOCATED),
                         help=f"no prefill workers: the decode workers prefill every prompt themselves "
                              f"(${ENV_COLOCATED}=1)")
     parser.add_argument("--decode", default=env.get(ENV_DECODE, ""),
@@ -200,7 +201,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              f"headless service) is a pool that follows them as they are scaled; 0: only at "
                              f"start (${ENV_RESOLVE_WORKERS})")
     parser.add_argument("--discover-workers", action="store_true",
-                        default=env.get(ENV_DISCOVER_WORKERS, "") not in ("", "0"),
+                        default=env_flag(env, ENV_DISCOVER_WORKERS),
                         help=f"also route to the prefill and decode workers that heartbeat in the instance "
                              f"registry (--redis) serving this model, looked for every --resolve-workers-s: "
                              f"--prefill and --decode may then be left out (${ENV_DISCOVER_WORKERS}=1)")
@@ -210,7 +211,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              f"/v1/responses/ID): in Redis with --redis, shared by every gateway, else in this "
                              f"process; 0: store none (${ENV_RESPONSES_TTL})")
     parser.add_argument("--trust-request-chat-template", action="store_true",
-                        default=env.get(ENV_TRUST_REQUEST_CHAT_TEMPLATE, "") not in ("", "0"),
+                        default=env_flag(env, ENV_TRUST_REQUEST_CHAT_TEMPLATE),
                         help=f"let chat requests bring their own Jinja template (`chat_template`); without it "
                              f"such a request is a 400 (${ENV_TRUST_REQUEST_CHAT_TEMPLATE}=1)")
     parser.add_argument("--generation-config", default=env.get(ENV_GENERATION_CONFIG) or "auto",
@@ -227,7 +228,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              f"JSON object, e.g. '{{\"enable_thinking\": false}}' (as vLLM's flag) "
                              f"(${ENV_DEFAULT_CHAT_TEMPLATE_KWARGS})")
     parser.add_argument("--enable-force-include-usage", action="store_true",
-                        default=env.get(ENV_FORCE_INCLUDE_USAGE, "") not in ("", "0"),
+                        default=env_flag(env, ENV_FORCE_INCLUDE_USAGE),
                         help=f"every streamed chat and completion ends with its usage, as with stream_options."
                              f"include_usage, whether the request asks or not (as vLLM's flag; billing proxies "
                              f"count tokens so) (${ENV_FORCE_INCLUDE_USAGE}=1)")

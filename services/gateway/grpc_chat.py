@@ -18,7 +18,7 @@ from services.gateway.errors import APIError
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.structured_output import is_guided
-from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
+from services.gateway.tool_calls import BadToolError, ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.gateway.tool_parsers import ToolCallSyntax, call_ids, needs_a_parser, syntax_for
 
 
@@ -43,7 +43,7 @@ class ChatRequestTools:
         try:
             forced = forced_tool_call(tools, choice)
         except ValueError as e:  # about a tool, or about the choice among them
-            raise APIError(400, str(e), param="tools_json" if str(e).startswith("tools[") else "tool_choice_json") \
+            raise APIError(400, str(e), param="tools_json" if isinstance(e, BadToolError) else "tool_choice_json") \
                 from None
         if forced is not None and is_guided(request.sampling):
             raise APIError(400, "a forced tool call and a guided_regex or guided_grammar cannot both be asked for",

@@ -162,6 +162,7 @@ class RequestPipeline(Admission):
         spans = RequestTrace.start(request_id, "chat" if messages is not None else "text_completion", params)
         is_admitted = False
         request_log = self.request_log if self.request_log.is_on else None  # as it is at the request's arrival
+        logs_texts = request_log is not None and request_log.logs_texts
         last: Delta | None = None
         output: list[str] = []  # its texts, when they are logged
         try:
@@ -194,7 +195,7 @@ class RequestPipeline(Admission):
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
                                                  running, on_dispatch):
                         last = delta
-                        if request_log is not None and request_log.logs_texts:
+                        if logs_texts:
                             output.append(delta.text)
                         yield delta
         except grpc.aio.AioRpcError as e:

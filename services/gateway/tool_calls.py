@@ -17,6 +17,10 @@ from typing import Any
 from services.gateway.structured_output import ANY_JSON_OBJECT, OutputGuide, schema_guide
 
 
+class BadToolError(ValueError):
+    """A tool of the request's list that is not a function tool as OpenAI's API writes one."""
+
+
 @dataclass(frozen=True)
 class ForcedToolCall:
     """`name`: the function every answer calls; None for "required", any of `tools`, one or more
@@ -57,9 +61,9 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or tool.get("type") != "function" \
                 or not isinstance(function.get("name"), str):
-            raise ValueError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+            raise BadToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
         if not isinstance(function.get("parameters"), dict | None):
-            raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
+            raise BadToolError(f"tools[{i}].function.parameters must be a JSON schema object")
     choice = effective_tool_choice(tools, tool_choice)
     if choice == "none":
         return None
