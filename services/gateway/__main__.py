@@ -55,6 +55,7 @@ from services.gateway.router import PrefixRouter, RouterConfig
 from services.gateway.score_api import is_cross_encoder
 from services.gateway.served_models import ServedModels
 from services.gateway.timeline import TimelineStore
+from services.gateway.tokenizer_info import tokenizer_info
 from services.gateway.worker_discovery import (
     expand_addresses,
     follow,
@@ -104,7 +105,7 @@ class GatewayService:
         self.models = ServedModels(config.served_model_names, config.lora_modules)
         self.servicer = GenerateServicer(self.models,
                                          self.timelines, self.api_keys, config.tool_call_parser,
-                                         config.reasoning_parser)
+                                         config.reasoning_parser, config.chat_serving)
         self.servicers = [(gateway_pb2_grpc.add_GenerateServicer_to_server, self.servicer)]
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
@@ -178,18 +179,21 @@ class GatewayService:
         self.state = GatewayState(self.pipeline, self.models, token_text,
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
-                                  serving=config.http_serving, force_include_usage=config.force_include_usage)
+                                  serving=config.http_serving, chat_serving=config.chat_serving,
+                                  force_include_usage=config.force_include_usage)
         if config.allow_runtime_lora_updating:
             worker_pools = [pool for kind, pool in self.pools.items() if kind != "tokenizer"]
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
+        if config.enable_tokenizer_info_endpoint:
+            self.state.tokenizer_info = tokenizer_info(config.model_dir, tokenizer.chat_templates)
         app = create_app(self.state)
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:
             raise StartError(f"cannot bind HTTP to {config.host}:{config.http_port}: {e}") from e
-        self.http = _EmbeddedServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        self.http = _EmbeddedServer(uvicorn.Config(app, lifespan="off",
                                                    timeout_graceful_shutdown=max(1, int(config.grace_s)),
                                                    **config.http_serving.uvicorn_options()))
         # In a context of its own, not start()'s (where the `boot` span is current): OpenTelemetry's

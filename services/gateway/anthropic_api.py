@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.routing import get_route_path
 
 from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.choices import first_choice
@@ -48,7 +49,7 @@ class AnthropicError(APIError):
 def in_its_apis_shape(request: Request, error: APIError) -> APIError:
     """`error` as the API the request called answers errors: Anthropic's for its Messages API, else
     OpenAI's (as it is)."""
-    return AnthropicError.of(error) if request.url.path in ANTHROPIC_PATHS else error
+    return AnthropicError.of(error) if get_route_path(request.scope) in ANTHROPIC_PATHS else error
 
 
 def error_object(error: APIError) -> dict[str, str]:

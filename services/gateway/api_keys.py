@@ -19,6 +19,8 @@ import hmac
 import json
 from collections.abc import Callable, Sequence
 
+from starlette.routing import get_route_path
+
 from services.gateway.errors import APIError
 
 OPEN_HTTP_PATHS = frozenset({"/health", "/live", "/metrics", "/ping"})  # /ping: SageMaker's health check
@@ -73,7 +75,7 @@ class RequireApiKey:
         self.on_refuse = on_refuse
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in OPEN_HTTP_PATHS:
+        if scope["type"] != "http" or get_route_path(scope) in OPEN_HTTP_PATHS:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
         authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")

@@ -19,6 +19,7 @@ from services.common.settings import (
     check_model_dir,
     check_positive,
 )
+from services.gateway.chat_serving import ChatServing
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
@@ -105,7 +106,8 @@ class GatewayConfig:
     trust_request_chat_template: bool = False
     # Sampling defaults for what a request leaves out (generation_defaults.py); from_args reads them.
     generation_defaults: GenerationDefaults = GenerationDefaults()
-    http_serving: HttpServing = HttpServing()  # the HTTP API's CORS and TLS (http_serving.py)
+    http_serving: HttpServing = HttpServing()  # the HTTP API's CORS, TLS, root path, access log (http_serving.py)
+    chat_serving: ChatServing = ChatServing()  # the reply's role, tools left out (chat_serving.py)
     # LoRA adapters the workers serve beside the model, (name, path): a request naming one as its
     # model is computed with it (the path is what its model card shows).
     lora_modules: tuple[tuple[str, str], ...] = ()
@@ -116,6 +118,7 @@ class GatewayConfig:
     # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     force_include_usage: bool = False  # every streamed chat and completion ends with usage (vLLM's flag)
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
 
     def __post_init__(self):

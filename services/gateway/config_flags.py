@@ -32,6 +32,7 @@ from services.common.settings import (
     model_arg,
     new_parser,
 )
+from services.gateway.chat_serving import ChatServing
 from services.gateway.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_LOCAL_TOKENIZE_MAX_CHARS,
@@ -111,9 +112,11 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
         chat_template=chat_template_source(args.chat_template),
         generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
+        chat_serving=ChatServing.from_args(args),
         default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         force_include_usage=args.enable_force_include_usage,
+        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template)
@@ -232,7 +235,11 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"every streamed chat and completion ends with its usage, as with stream_options."
                              f"include_usage, whether the request asks or not (as vLLM's flag; billing proxies "
                              f"count tokens so) (${ENV_FORCE_INCLUDE_USAGE}=1)")
+    parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="serve GET /tokenizer_info: the tokenizer's configuration and chat template "
+                             "(as vLLM's flag; off, as the template may be private)")
     HttpServing.add_flags(parser, env)
+    ChatServing.add_flags(parser)
     add_request_log_flags(parser, env)
     add_lora_flag(parser, env)
     add_chat_template_flag(parser, env)

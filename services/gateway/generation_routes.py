@@ -156,11 +156,12 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   call_id=call_ids(state.tool_call_parser), reasoning=split,
                                   include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
                                   parallel_tool_calls=body.parallel_tool_calls,
-                                  return_token_ids=bool(body.return_token_ids))
+                                  return_token_ids=bool(body.return_token_ids),
+                                  role=state.chat_serving.role_of_reply(body))
         return choices, builder, dispatched, timeline
 
     async def chat_completions(request: Request):
-        body = await parsed_body(request, ChatCompletionRequest)
+        body = state.chat_serving.as_served(await parsed_body(request, ChatCompletionRequest))
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
         choices, builder, dispatched, timeline = start_chat(request, body, response_id)
         return await respond(request, choices, builder, body.stream, body.include_usage or state.force_include_usage,
@@ -181,7 +182,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if asked.previous_response_id is not None:
             previous = await stored_response(asked.previous_response_id, "previous_response_id")
             earlier = previous.continued()
-        body = asked.as_chat(earlier)
+        body = state.chat_serving.as_served(asked.as_chat(earlier))
         if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
             body = await asyncio.to_thread(fit_to_context, body, state.pipeline.prompts)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
@@ -196,7 +197,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if asked.max_tokens is None:
             raise APIError(400, "max_tokens: Field required", param="max_tokens")
         response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
-        choices, builder, dispatched, _ = start_chat(request, asked.as_chat(), response_id)
+        choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(asked.as_chat()),
+                                                             response_id)
         return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
                              shape=MessagesShape(builder))
 

@@ -30,6 +30,7 @@ from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
 from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
+from services.gateway.chat_serving import ChatServing
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
@@ -59,12 +60,14 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
 
     def __init__(self, models: ServedModels, timelines: TimelineStore | None = None,
                  api_keys: ApiKeys | None = None,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 chat_serving: ChatServing = ChatServing()):
         self.models = models  # what requests may name: the model's names and its LoRA adapters
         self.model_name = models.name
         self.api_keys = api_keys
         self.tool_call_parser = tool_call_parser  # tool_parsers.py: the model's own calls, for "auto"
         self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
+        self.chat_serving = chat_serving  # which tools a chat prompt shows
         self.pipeline: RequestPipeline | None = None
         self.timelines = timelines if timelines is not None else TimelineStore()
 
@@ -206,7 +209,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             inputs = {"prompt_text": request.text}
         else:
             inputs = {"messages": with_template_call_ids(_chat_messages(request.chat), self.tool_call_parser),
-                      "chat_options": _chat_options(request.chat_options, tools.tools if tools else None)}
+                      "chat_options": _chat_options(request.chat_options, self.chat_serving.tools_in_prompt(
+                          tools.tools, tools.choice) if tools else None)}
         sampling = request.sampling
         forced = tools is not None and tools.forced is not None
         defaults = self.pipeline.prompts.generation_defaults

@@ -28,6 +28,7 @@ class ChatRequestTools:
     whether the model's own calls are read out of its text."""
 
     tools: list[dict[str, Any]] | None
+    choice: str | dict[str, Any] | None  # tool_choice_json's
     forced: ForcedToolCall | None
     syntax: ToolCallSyntax | None  # what the model's own calls are read with, if they are
     call_id: Callable[[], str]  # a new call's id
@@ -51,7 +52,7 @@ class ChatRequestTools:
         reads_calls = bool(tools) and effective_tool_choice(tools, choice) == "auto"
         if reads_calls and tool_call_parser is None:
             raise needs_a_parser("tool_choice_json")
-        return cls(tools, forced, syntax_for(tool_call_parser, tools) if reads_calls else None,
+        return cls(tools, choice, forced, syntax_for(tool_call_parser, tools) if reads_calls else None,
                    call_ids(tool_call_parser))
 
 

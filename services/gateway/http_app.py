@@ -48,6 +48,7 @@ from services.common import tracing
 from services.gateway.anthropic_api import add_anthropic_routes, in_its_apis_shape
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
+from services.gateway.chat_serving import ChatServing
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
 from services.gateway.generation_routes import add_generation_routes
 from services.gateway.http_middleware import ArrivalTime, BodySizeLimit
@@ -65,6 +66,7 @@ from services.gateway.sglang_encode import add_sglang_encode_route
 from services.gateway.stored_response_routes import add_stored_response_routes
 from services.gateway.timeline import TimelineStore
 from services.gateway.tokenize_api import add_tokenize_routes
+from services.gateway.tokenizer_info import add_tokenizer_info_route
 
 log = logging.getLogger("baton.gateway")
 
@@ -85,7 +87,9 @@ class GatewayState:
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
     serving: HttpServing = HttpServing()  # CORS (and TLS, which uvicorn serves)
+    chat_serving: ChatServing = ChatServing()
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
+    tokenizer_info: dict[str, Any] | None = None  # GET /tokenizer_info's answer; None: not served
     force_include_usage: bool = False  # every stream ends with usage, asked for or not (vLLM's flag)
 
     @property
@@ -147,6 +151,8 @@ def create_app(state: GatewayState) -> FastAPI:
     add_sglang_encode_route(app, state, lambda model: check_model(state, model))
 
     add_tokenize_routes(app, state, lambda model: check_model(state, model))
+    if state.tokenizer_info is not None:
+        add_tokenizer_info_route(app, state.tokenizer_info)
     add_parser_routes(app, state.tool_call_parser, state.reasoning_parser)
     add_anthropic_routes(app, state, lambda model: check_model(state, model))
 

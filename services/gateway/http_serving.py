@@ -1,4 +1,5 @@
-"""How the OpenAI HTTP API is served to browsers and over TLS, with vLLM's flags and defaults.
+"""How the OpenAI HTTP API is served to browsers, over TLS, behind a proxy and in the log, with
+vLLM's flags and defaults.
 
 CORS (--allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials): as vLLM,
 any origin by default, so a browser page may call the API (with the API key, where one is asked
@@ -8,6 +9,13 @@ headers too, so a page can read why it was refused.
 TLS (--ssl-keyfile, --ssl-certfile, --ssl-ca-certs, --ssl-cert-reqs): the HTTP API over HTTPS,
 the certificate and key checked as the gateway starts; with --ssl-cert-reqs 2 clients must show a
 certificate signed by --ssl-ca-certs. The gRPC Generate API is not on TLS (vLLM has none to follow).
+
+Behind a proxy that serves the API under a path prefix and strips it (--root-path /prefix): requests
+arrive without it, and the prefix is the ASGI root_path, as vLLM passes it to uvicorn.
+
+The access log: one line per HTTP request (client, method, path, status) on the logger
+`uvicorn.access`, in the gateway's log, as vLLM and SGLang write it by default;
+--disable-uvicorn-access-log leaves it out, and --uvicorn-log-level sets how much uvicorn says.
 """
 from __future__ import annotations
 
@@ -19,12 +27,15 @@ from dataclasses import dataclass
 
 from starlette.middleware.cors import CORSMiddleware
 
-from services.common.settings import ConfigError
+from services.common.settings import ConfigError, env_flag
 
 ENV_ALLOWED_ORIGINS = "BATON_GATEWAY_ALLOWED_ORIGINS"
 ENV_SSL_KEYFILE = "BATON_GATEWAY_SSL_KEYFILE"
 ENV_SSL_CERTFILE = "BATON_GATEWAY_SSL_CERTFILE"
+ENV_ROOT_PATH = "BATON_GATEWAY_ROOT_PATH"
+ENV_DISABLE_ACCESS_LOG = "BATON_GATEWAY_DISABLE_ACCESS_LOG"
 CERT_REQS = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional", ssl.CERT_REQUIRED: "required"}
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,17 @@ class HttpServing:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = ssl.CERT_NONE
+    root_path: str = ""  # the prefix a proxy serves the API under and strips
+    access_log: bool = True
+    log_level: str = "info"  # uvicorn's own loggers' (the access log's among them)
 
     def __post_init__(self) -> None:
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise ConfigError(f"--root-path must start with / and not end with one, e.g. /llm; "
+                              f"got {self.root_path!r}")
+        if self.log_level not in UVICORN_LOG_LEVELS:
+            raise ConfigError(f"--uvicorn-log-level must be one of {', '.join(UVICORN_LOG_LEVELS)}, "
+                              f"got {self.log_level!r}")
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ConfigError("--ssl-keyfile and --ssl-certfile go together: give both for HTTPS, or neither")
         if self.ssl_cert_reqs not in CERT_REQS:
@@ -71,10 +91,14 @@ class HttpServing:
         return "https" if self.is_tls else "http"
 
     def uvicorn_options(self) -> dict:
-        if not self.is_tls:
-            return {}
-        return dict(ssl_keyfile=self.ssl_keyfile, ssl_certfile=self.ssl_certfile, ssl_ca_certs=self.ssl_ca_certs,
-                    ssl_cert_reqs=self.ssl_cert_reqs)
+        # log_config None: uvicorn's loggers write through the gateway's own handler and format,
+        # not handlers of their own (its access log's on stdout, which nobody may be reading).
+        options = dict(root_path=self.root_path, access_log=self.access_log, log_level=self.log_level,
+                       log_config=None)
+        if self.is_tls:
+            options.update(ssl_keyfile=self.ssl_keyfile, ssl_certfile=self.ssl_certfile,
+                           ssl_ca_certs=self.ssl_ca_certs, ssl_cert_reqs=self.ssl_cert_reqs)
+        return options
 
     def add_cors(self, app) -> None:
         app.add_middleware(CORSMiddleware, allow_origins=list(self.allowed_origins),
@@ -101,6 +125,14 @@ class HttpServing:
                             help="the CA certificates client certificates are checked by (PEM)")
         parser.add_argument("--ssl-cert-reqs", type=int, default=ssl.CERT_NONE,
                             help="client certificates: 0 not asked for (default), 1 checked if shown, 2 required")
+        parser.add_argument("--root-path", default=env.get(ENV_ROOT_PATH) or "",
+                            help=f"the path prefix a proxy serves the HTTP API under and strips from what it "
+                                 f"forwards, e.g. /llm (${ENV_ROOT_PATH})")
+        parser.add_argument("--disable-uvicorn-access-log", action="store_true",
+                            default=env_flag(env, ENV_DISABLE_ACCESS_LOG),
+                            help=f"no line per HTTP request in the log (${ENV_DISABLE_ACCESS_LOG}=1)")
+        parser.add_argument("--uvicorn-log-level", choices=UVICORN_LOG_LEVELS, default="info",
+                            help="how much the HTTP server logs (default info: with the access log)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HttpServing:
@@ -108,7 +140,8 @@ class HttpServing:
         return cls(allowed_origins=tuple(args.allowed_origins), allowed_methods=tuple(args.allowed_methods),
                    allowed_headers=tuple(args.allowed_headers), allow_credentials=args.allow_credentials,
                    ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
-                   ssl_cert_reqs=args.ssl_cert_reqs)
+                   ssl_cert_reqs=args.ssl_cert_reqs, root_path=args.root_path,
+                   access_log=not args.disable_uvicorn_access_log, log_level=args.uvicorn_log_level)
 
 
 def _json_list(flag: str):

@@ -56,7 +56,7 @@ class ResponseBuilder:
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
                  include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False,
-                 best_of_kept: int | None = None):
+                 best_of_kept: int | None = None, role: str = "assistant"):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -72,6 +72,7 @@ class ResponseBuilder:
         self.return_token_ids = return_token_ids  # vLLM's: the prompt's and each choice's token ids too
         # With best_of: how many of each prompt's candidates the whole response keeps (whole() ranks them)
         self.best_of_kept = best_of_kept
+        self.role = role  # of a chat reply's message
         self._sent_role = [False] * num_choices
         # chat: each choice's tool calls, as tool_choice asks for them (choice_calls.py)
         self.calls = ChoiceCalls(num_choices, forced_tool_call, tool_call_syntax, call_id, parallel_tool_calls)
@@ -134,7 +135,7 @@ class ResponseBuilder:
             if not self._sent_role[index]:
                 if self.echo_of_prompt is not None:
                     message["content"] = echoed + (message.get("content") or "")
-                message["role"] = "assistant"
+                message["role"] = self.role
                 self._sent_role[index] = True
             finish_reason = self.calls.finish_reason(state.finish_reason, calls) if delta.finish_reason else None
             choice = {"index": index, "delta": message, "logprobs": logprobs, "finish_reason": finish_reason,
@@ -200,7 +201,7 @@ class ResponseBuilder:
                 reasoning, content, calls = self._answer(index, state)
                 if self.echo_of_prompt is not None:
                     content = self.echo_of_prompt[self.prompt_of_choice[index]] + (content or "")
-                message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or []}
+                message = {"role": self.role, "content": content, "refusal": None, "tool_calls": calls or []}
                 if reasoning is not None and self.include_reasoning:
                     message.update(reasoning=reasoning, reasoning_content=reasoning)
                 choices.append({"index": new_index, "message": message, "logprobs": logprobs,

@@ -14,6 +14,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -122,6 +123,11 @@ class ModelTokenizer:
     @property
     def has_chat_template(self) -> bool:
         return bool(self._chat_template_sources)
+
+    @property
+    def chat_templates(self) -> Mapping[str, str]:
+        """Its templates' sources by name (a --chat-template replacing the model's is "default")."""
+        return MappingProxyType(self._chat_template_sources)
 
     def chat_template(self, tools: Sequence[Any] | None = None, requested: str | None = None) -> ChatTemplate:
         """The template transformers would pick: `requested` (the name of one of several

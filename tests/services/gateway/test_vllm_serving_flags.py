@@ -1,0 +1,145 @@
+"""vLLM's serving flags for the HTTP server and the chat API: the access log (on by default, as
+vLLM's and SGLang's; --disable-uvicorn-access-log), --root-path behind a proxy that strips it,
+--response-role, --exclude-tools-when-tool-choice-none, and --enable-tokenizer-info-endpoint's
+GET /tokenizer_info, checked against what transformers loads from the same tokenizer."""
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common.settings import ConfigError
+from services.gateway.config import GatewayConfig
+from tests.services.gateway.mesh import GatewayProcess
+
+KEY = "sk-flags"
+# Shows the tools it is given, so that their being in the prompt shows in its length.
+TOOLS_TEMPLATE = ("{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}"
+                  "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>")
+ZONE = {"type": "object", "properties": {"zone": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": ZONE}}]
+MESSAGES = [{"role": "user", "content": "What time is it?"}]
+
+
+@pytest.fixture(scope="module")
+def flagged(mesh):
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], "--api-key", KEY, "--root-path", "/llm",
+                             "--disable-uvicorn-access-log", "--response-role", "model",
+                             "--exclude-tools-when-tool-choice-none", "--trust-request-chat-template",
+                             "--enable-tokenizer-info-endpoint")
+    try:
+        yield gateway
+    finally:
+        assert gateway.terminate() == 0
+
+
+@pytest.fixture
+def flagged_client(flagged):
+    with openai.OpenAI(base_url=f"{flagged.base_url}/v1", api_key=KEY, max_retries=0) as client:
+        yield client
+
+
+def access_lines(gateway: GatewayProcess, path: str) -> list[str]:
+    return [line for line in list(gateway.stderr_lines) if "uvicorn.access" in line and f" {path} HTTP/1.1" in line]
+
+
+def test_each_http_request_is_in_the_access_log_unless_it_is_disabled(mesh, client, flagged, flagged_client):
+    client.completions.create(model=mesh.model_name, prompt="Once upon a time", max_tokens=2)
+    flagged_client.completions.create(model=mesh.model_name, prompt="Once upon a time", max_tokens=2)
+    assert httpx.get(f"{mesh.gateway.base_url}/v1/models?probe=access", timeout=10).status_code == 200
+    deadline = time.monotonic() + 10
+    while not (access_lines(mesh.gateway, "/v1/completions") and access_lines(mesh.gateway, "/v1/models?probe=access")):
+        assert time.monotonic() < deadline, mesh.gateway.stderr_lines[-5:]
+        time.sleep(0.02)
+    assert '"POST /v1/completions HTTP/1.1" 200' in access_lines(mesh.gateway, "/v1/completions")[-1]
+    assert not [line for line in flagged.stderr_lines if "uvicorn.access" in line]
+
+
+def test_behind_a_proxy_that_strips_the_root_path_the_api_and_its_open_paths_are_served(mesh, flagged,
+                                                                                         flagged_client):
+    """The proxy forwards /llm/v1/... as /v1/...: routes, the API key's open paths (a probe carries
+    no key) and the Messages API's error shape are matched without the prefix."""
+    assert [m.id for m in flagged_client.models.list()] == [mesh.model_name]
+    assert httpx.get(f"{flagged.base_url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{flagged.base_url}/metrics", timeout=10).status_code == 200
+    assert httpx.get(f"{flagged.base_url}/v1/models", timeout=10).status_code == 401
+    refused = httpx.post(f"{flagged.base_url}/v1/messages", headers={"x-api-key": KEY}, timeout=10,
+                         json={"model": mesh.model_name, "messages": MESSAGES})
+    assert refused.status_code == 400 and refused.json()["type"] == "error"  # Anthropic's shape
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("root_path", ["llm", "/llm/"])
+def test_a_root_path_must_be_a_path_prefix(mesh, root_path):
+    with pytest.raises(ConfigError, match="--root-path"):
+        GatewayConfig.from_args(["--model", str(mesh.model_dir), "--tokenizer", "t:1", "--prefill", "p:1",
+                                 "--decode", "d:1", "--root-path", root_path], {})
+
+
+def test_the_reply_takes_the_response_role_or_the_continued_messages(mesh, flagged_client):
+    kwargs = dict(model=mesh.model_name, max_tokens=3, temperature=0)
+    assert flagged_client.chat.completions.create(messages=MESSAGES, **kwargs).choices[0].message.role == "model"
+    [first, *_] = flagged_client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs)
+    assert first.choices[0].delta.role == "model"
+    continued = [*MESSAGES, {"role": "assistant", "content": "It is"}]
+    reply = flagged_client.chat.completions.create(
+        messages=continued, extra_body={"add_generation_prompt": False, "continue_final_message": True}, **kwargs)
+    assert reply.choices[0].message.role == "assistant"
+
+
+def test_tools_are_left_out_of_the_prompt_when_tool_choice_is_none(mesh, flagged, flagged_client):
+    def prompt_tokens(**fields) -> int:
+        return flagged_client.chat.completions.create(
+            model=mesh.model_name, messages=MESSAGES, max_tokens=1,
+            extra_body={"chat_template": TOOLS_TEMPLATE}, **fields).usage.prompt_tokens
+
+    without_tools = prompt_tokens()
+    assert prompt_tokens(tools=TOOLS, tool_choice="none") == without_tools
+    forced = {"type": "function", "function": {"name": "get_time"}}
+    assert prompt_tokens(tools=TOOLS, tool_choice=forced) > without_tools  # a used tool list is shown
+    with grpc.insecure_channel(flagged.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GenerateStub(channel)
+
+        def grpc_prompt_tokens(**fields) -> int:
+            chat = common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in MESSAGES])
+            [answer] = stub.Generate(gateway_pb2.GenerateRequest(
+                chat=chat, chat_options=gateway_pb2.ChatOptions(chat_template=TOOLS_TEMPLATE),
+                sampling=common_pb2.SamplingParams(max_tokens=1), **fields),
+                metadata=[("authorization", f"Bearer {KEY}")], timeout=30)
+            return answer.complete.usage.prompt_tokens
+
+        assert grpc_prompt_tokens(tools_json=json.dumps(TOOLS), tool_choice_json='"none"') == without_tools
+        assert grpc_prompt_tokens(tools_json=json.dumps(TOOLS), tool_choice_json=json.dumps(forced)) > without_tools
+    mesh.assert_decode_pools_free()
+
+
+def as_vllm_serializes(value):
+    """transformers' loaded value as vLLM's /tokenizer_info writes it: an AddedToken as its text."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(key): as_vllm_serializes(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_vllm_serializes(item) for item in value]
+    return value
+
+
+def test_tokenizer_info_is_the_tokenizers_configuration_as_transformers_loads_it(mesh, flagged):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(mesh.model_dir))
+    info = httpx.get(f"{flagged.base_url}/tokenizer_info", headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=10).json()
+    configured = json.loads((mesh.model_dir / "tokenizer_config.json").read_text())
+    assert info["chat_template"] == hf.chat_template and info["tokenizer_class"] == configured["tokenizer_class"]
+    for name in configured.keys() - {"chat_template", "tokenizer_class"}:
+        assert info[name] == as_vllm_serializes(hf.init_kwargs[name]), name
+    assert info["eos_token"] == hf.eos_token
+    assert not {"vocab_file", "merges_file", "tokenizer_file"} & info.keys()
+    unserved = httpx.get(f"{mesh.gateway.base_url}/tokenizer_info", timeout=10)
+    assert unserved.status_code == 404  # off by default, as in vLLM
