@@ -10,7 +10,6 @@ id2label names) and `num_classes`. A model without a classification head is a 40
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,8 +29,7 @@ class ClassificationRequest(BaseModel):
 
 
 async def classify(pipeline: RequestPipeline, body: ClassificationRequest, lora: str | None, model: str,
-                   max_model_len: int | None) -> dict[str, Any]:
-    request_id = f"classify-{uuid.uuid4().hex}"
+                   request_id: str, max_model_len: int | None) -> dict[str, Any]:
     asked = EmbeddingRequest(model=model, input=body.input, add_special_tokens=body.add_special_tokens,
                              truncate_prompt_tokens=body.truncate_prompt_tokens)
     replies, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len, classify=True)

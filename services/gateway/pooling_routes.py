@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from services.gateway.classify_api import ClassificationRequest, classify
 from services.gateway.embeddings_api import EmbeddingRequest, embed
+from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, unless_disconnected
 from services.gateway.pipeline import RequestPipeline
@@ -27,29 +28,37 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
                        check_model: Callable[[str], str | None]) -> None:
     """The routes; `check_model(model)`: the LoRA adapter a request's `model` names (None: the model
     itself), APIError (404) for a name neither is."""
-    async def counted(request: Request, endpoint: str, work: Awaitable[dict], num_inputs: Callable[[dict], int],
-                      started: float) -> JSONResponse:
-        """`work`'s answer, counted under `endpoint`; a 499 nobody reads (what access logs expect) when
-        the client went away first, which cancels the work."""
-        try:
-            answer = await unless_disconnected(request, work)
-        except ClientDisconnected:
-            return JSONResponse({}, status_code=499)
-        pipeline.pooling.observe(endpoint, num_inputs(answer), answer["usage"]["total_tokens"],
-                                 time.perf_counter() - started)
-        return JSONResponse(answer)
-
     def num_data(answer: dict) -> int:
         return len(answer["data"])
 
     async def identified(request: Request, endpoint: str, prefix: str, work: Callable[[str], Awaitable[dict]],
-                         started: float) -> JSONResponse:
-        """`counted`, for an answer whose id is the client's x-request-id (else a new one starting with
-        `prefix`), given to `work` and echoed in the response's header."""
+                         started: float, num_inputs: Callable[[dict], int] = num_data) -> JSONResponse:
+        """`work`'s answer, counted under `endpoint` and logged, whose id is the client's x-request-id
+        (else a new one starting with `prefix`), given to `work` and echoed in the response's header;
+        a 499 nobody reads (what access logs expect) when the client went away first, which cancels
+        the work."""
         response_id = request.headers.get("x-request-id") or f"{prefix}-{uuid.uuid4().hex}"
-        response = await counted(request, endpoint, work(response_id), num_data, started)
-        response.headers["x-request-id"] = response_id
-        return response
+        request_log = pipeline.request_log if pipeline.request_log.is_on else None  # as it is at arrival
+        if request_log is not None:
+            request_log.pooling_received(response_id, endpoint)
+        try:
+            answer = await unless_disconnected(request, work(response_id))
+        except ClientDisconnected:
+            if request_log is not None:
+                request_log.pooling_finished(response_id, endpoint, "cancelled", time.perf_counter() - started)
+            return JSONResponse({}, status_code=499, headers={"x-request-id": response_id})
+        except APIError as e:
+            if request_log is not None:
+                request_log.pooling_finished(response_id, endpoint, f"failed ({e.code or e.status})",
+                                             time.perf_counter() - started)
+            raise
+        e2e_seconds = time.perf_counter() - started
+        num_tokens = answer["usage"]["total_tokens"]
+        pipeline.pooling.observe(endpoint, num_inputs(answer), num_tokens, e2e_seconds)
+        if request_log is not None:
+            request_log.pooling_finished(response_id, endpoint, "finished", e2e_seconds, num_inputs(answer),
+                                         num_tokens)
+        return JSONResponse(answer, headers={"x-request-id": response_id})
 
     async def embeddings(request: Request) -> JSONResponse:
         started = time.perf_counter()
@@ -62,23 +71,24 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
         started = time.perf_counter()
         body = await parsed_body(request, ScoreRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return await counted(request, "score", score(pipeline, body, lora, body.model or models.name,
-                                                     models.max_model_len, models.is_cross_encoder), num_data, started)
+        return await identified(request, "score", "score", lambda response_id: score(
+            pipeline, body, lora, body.model or models.name, response_id, models.max_model_len,
+            models.is_cross_encoder), started)
 
     async def reranked(request: Request) -> JSONResponse:
         started = time.perf_counter()
         body = await parsed_body(request, RerankRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return await counted(request, "rerank", rerank(pipeline, body, lora, body.model or models.name,
-                                                       models.max_model_len, models.is_cross_encoder),
-                             lambda _: len(body.documents), started)
+        return await identified(request, "rerank", "rerank", lambda response_id: rerank(
+            pipeline, body, lora, body.model or models.name, response_id, models.max_model_len,
+            models.is_cross_encoder), started, lambda _: len(body.documents))
 
     async def classified(request: Request) -> JSONResponse:
         started = time.perf_counter()
         body = await parsed_body(request, ClassificationRequest)
         lora = check_model(body.model) if body.model is not None else None
-        return await counted(request, "classify", classify(pipeline, body, lora, body.model or models.name,
-                                                           models.max_model_len), num_data, started)
+        return await identified(request, "classify", "classify", lambda response_id: classify(
+            pipeline, body, lora, body.model or models.name, response_id, models.max_model_len), started)
 
     async def pooled(request: Request) -> JSONResponse:
         started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Each generation request logged as it arrives and as it ends (off by default), as vLLM's
+"""Each request for the model logged as it arrives and as it ends (off by default), as vLLM's
 `--enable-log-requests` and SGLang's `--log-requests` log them, one line each on the
 `baton.gateway.requests` logger at INFO:
 
@@ -7,8 +7,14 @@
         ttft_ms=71.2 e2e_ms=250.3 prefilled_on=prefill, phases_ms: ingress=0.16 tokenize=0.06 ...
 
 The end's line carries the request's ledger (timeline.py): where its milliseconds went, in the log
-an operator already reads. How much is written is SGLang's level: 0, what the request is (its id,
-sizes and timings); 1, also its sampling parameters; 2, also its prompt and output text, each cut to
+an operator already reads. Embeddings, score, rerank, classify and pooling requests are logged too,
+by the endpoint's name, their end with its status, inputs, tokens and e2e_ms (no texts: their
+inputs may be many, and are not generated):
+
+    Finished request embd-..: embeddings finished, inputs=3 prompt_tokens=24, e2e_ms=12.31
+
+How much a generation request's lines say is SGLang's level: 0, what the request is (its id, sizes
+and timings); 1, also its sampling parameters; 2, also its prompt and output text, each cut to
 `max_len` characters (ids: tokens), 2048 by default as SGLang cuts them; 3, those whole unless
 `max_len` says. vLLM's flags set level 1 (`--enable-log-requests`) or 2 (`--enable-log-outputs`
 too). SGLang's `POST /configure_logging` turns it on, off, or to another level while serving.
@@ -102,6 +108,19 @@ class RequestLog:
             line += f", output: {self._cut(''.join(output))!r}"
         log.info("Finished request %s: %s", request_id, line)
 
+    def pooling_received(self, request_id: str, endpoint: str) -> None:
+        """An embeddings, score, rerank, classify or pooling request's arrival."""
+        if self.level is not None:
+            log.info("Received request %s: %s", request_id, endpoint)
+
+    def pooling_finished(self, request_id: str, endpoint: str, status: str, e2e_seconds: float,
+                         num_inputs: int | None = None, num_tokens: int | None = None) -> None:
+        """Its end: `status` (finished, failed (why), cancelled), its inputs and their tokens when answered."""
+        if self.level is None:
+            return
+        counts = "" if num_inputs is None else f", inputs={num_inputs} prompt_tokens={num_tokens}"
+        log.info("Finished request %s: %s %s%s, e2e_ms=%.2f", request_id, endpoint, status, counts, e2e_seconds * 1e3)
+
     def _cut(self, given: str | list[int]) -> str | list[int]:
         limit = self.max_len if self.max_len is not None else PARTIAL_LEN if self.level == 2 else None
         return given if limit is None or len(given) <= limit else given[:limit]
@@ -113,7 +132,7 @@ ENV_MAX_LOG_LEN = "BATON_GATEWAY_MAX_LOG_LEN"
 
 def add_request_log_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--enable-log-requests", action="store_true",
-                        help="log each generation request as it arrives and ends (level 1: with its sampling "
+                        help="log each request as it arrives and ends (level 1: with its sampling "
                              "parameters, without texts), as vLLM's flag does")
     parser.add_argument("--enable-log-outputs", action="store_true",
                         help="... with its prompt and output texts too (level 2), as vLLM's flag does")

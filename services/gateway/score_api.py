@@ -16,7 +16,6 @@ served model) or name a LoRA adapter. Each distinct text is embedded once.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
@@ -60,21 +59,21 @@ class RerankRequest(BaseModel):
     truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
-async def score(pipeline: RequestPipeline, body: ScoreRequest, lora: str | None, model: str,
+async def score(pipeline: RequestPipeline, body: ScoreRequest, lora: str | None, model: str, request_id: str,
                 max_model_len: int | None, is_cross_encoder: bool = False) -> dict[str, Any]:
     pairs = body.pairs()
-    similarity, num_tokens, request_id = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora,
-                                                             max_model_len, "score", is_cross_encoder)
+    similarity, num_tokens = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora, request_id,
+                                                 max_model_len, is_cross_encoder)
     return {"id": request_id, "object": "list", "created": int(time.time()), "model": model,
             "data": [{"index": index, "object": "score", "score": value} for index, value in enumerate(similarity)],
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
-async def rerank(pipeline: RequestPipeline, body: RerankRequest, lora: str | None, model: str,
+async def rerank(pipeline: RequestPipeline, body: RerankRequest, lora: str | None, model: str, request_id: str,
                  max_model_len: int | None, is_cross_encoder: bool = False) -> dict[str, Any]:
     pairs = [(body.query, document) for document in body.documents]
-    similarity, num_tokens, request_id = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora,
-                                                             max_model_len, "rerank", is_cross_encoder)
+    similarity, num_tokens = await _similarities(pipeline, pairs, body.truncate_prompt_tokens, lora, request_id,
+                                                 max_model_len, is_cross_encoder)
     ranked = sorted(range(len(pairs)), key=lambda index: similarity[index], reverse=True)
     return {"id": request_id, "model": model, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
             "results": [{"index": index, "document": {"text": body.documents[index]},
@@ -82,21 +81,20 @@ async def rerank(pipeline: RequestPipeline, body: RerankRequest, lora: str | Non
 
 
 async def _similarities(pipeline: RequestPipeline, pairs: list[tuple[str, str]], truncate_prompt_tokens: int | None,
-                        lora: str | None, max_model_len: int | None, kind: str,
-                        is_cross_encoder: bool) -> tuple[list[float], int, str]:
-    """(each pair's score, the tokens computed, the request's id): a cross-encoder's of the pair
-    joined, else the cosine similarity of their embeddings."""
-    request_id = f"{kind}-{uuid.uuid4().hex}"
+                        lora: str | None, request_id: str, max_model_len: int | None,
+                        is_cross_encoder: bool) -> tuple[list[float], int]:
+    """(each pair's score, the tokens computed): a cross-encoder's of the pair joined, else the cosine
+    similarity of their embeddings."""
     if is_cross_encoder:
         joined = [pipeline.tokenizer.encode_pair(first, second) for first, second in pairs]
         asked = EmbeddingRequest(model="", input=joined, truncate_prompt_tokens=truncate_prompt_tokens)
         replies, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len, classify=True)
-        return [reply.probs[0] for reply in replies], num_tokens, request_id
+        return [reply.probs[0] for reply in replies], num_tokens
     texts = list(dict.fromkeys(text for pair in pairs for text in pair))
     asked = EmbeddingRequest(model="", input=texts, truncate_prompt_tokens=truncate_prompt_tokens)
     replies, num_tokens = await embeddings(pipeline, asked, lora, request_id, max_model_len)
     of = {text: reply.embedding for text, reply in zip(texts, replies)}  # unit length: dot product is cosine
-    return [sum(a * b for a, b in zip(of[first], of[second])) for first, second in pairs], num_tokens, request_id
+    return [sum(a * b for a, b in zip(of[first], of[second])) for first, second in pairs], num_tokens
 
 
 def _listed(texts: str | list[str]) -> list[str]:

@@ -93,6 +93,27 @@ def test_a_request_that_fails_is_logged_with_why(mesh, logging_gateway):
     assert "Finished request too-long: context_length_exceeded," in finished and "generated=0" in finished
 
 
+def test_embeddings_score_and_rerank_requests_are_logged_by_their_endpoint(mesh, logging_gateway):
+    base = logging_gateway.base_url
+    embedded = httpx.post(f"{base}/v1/embeddings", timeout=60,
+                          json={"model": mesh.model_name, "input": ["a cat", "a dog sat"]})
+    assert embedded.status_code == 200
+    received, finished = logged(logging_gateway, embedded.json()["id"])
+    assert received.rstrip().endswith(": embeddings")
+    tokens = embedded.json()["usage"]["prompt_tokens"]
+    assert f": embeddings finished, inputs=2 prompt_tokens={tokens}, e2e_ms=" in finished
+    scored = httpx.post(f"{base}/score", timeout=60, headers={"x-request-id": "scored-1"},
+                        json={"model": mesh.model_name, "text_1": "a cat", "text_2": ["a dog", "a hat"]})
+    assert scored.status_code == 200 and scored.json()["id"] == scored.headers["x-request-id"] == "scored-1"
+    assert ": score finished, inputs=2 " in logged(logging_gateway, "scored-1")[1]
+    reranked = httpx.post(f"{base}/rerank", timeout=60, json={"query": "a cat", "documents": ["a", "b", "c"]})
+    assert ": rerank finished, inputs=3 " in logged(logging_gateway, reranked.headers["x-request-id"])[1]
+    refused = httpx.post(f"{base}/v1/embeddings", timeout=60, headers={"x-request-id": "long-input"},
+                         json={"model": mesh.model_name, "input": [[5] * 2049]})
+    assert refused.status_code == 400
+    assert ": embeddings failed (context_length_exceeded), e2e_ms=" in logged(logging_gateway, "long-input")[1]
+
+
 def test_the_default_gateway_logs_no_request(mesh, client):
     client.completions.create(model=mesh.model_name, prompt=PROMPT, max_tokens=2)
     time.sleep(0.2)
