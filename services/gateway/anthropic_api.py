@@ -2,24 +2,27 @@
 a message from chat's output, or its stream of typed events, and errors in Anthropic's shape.
 
 Out: `content` blocks in order: `thinking` (a reasoning model's, with `--reasoning-parser`), `text`,
-and a `tool_use` per call (its `input` the call's arguments as an object); `stop_reason` `end_turn`,
+and a `tool_use` per call (its `input` the call's arguments as an object; a thinking block's `signature`
+opaque, as vLLM's); `stop_reason` `end_turn`,
 `stop_sequence` (with the `stop_sequence` matched), `max_tokens` or `tool_use`; `usage` with
 `input_tokens` (the prompt's tokens not read from the prefix cache), `cache_read_input_tokens` and
-`output_tokens`. A stream is `message_start`, each block's `content_block_start`, `_delta`s
-(`text_delta`, `thinking_delta`, `input_json_delta`) and `content_block_stop`, then `message_delta`
+`output_tokens`. A stream is `message_start`, a `ping`, each block's `content_block_start`, `_delta`s
+(`text_delta`, `thinking_delta` then `signature_delta`, `input_json_delta`) and `content_block_stop`,
+then `message_delta`
 (the stop reason and the usage) and `message_stop`; an error after the first event is an `error` event.
 `POST /v1/messages/count_tokens` answers the prompt's `input_tokens`.
 """
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.routing import get_route_path
 
+from services.gateway.anthropic_errors import AnthropicError, error_object
 from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.choices import first_choice
 from services.gateway.deltas import Delta
@@ -29,34 +32,6 @@ from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.tokenize_api import TokenizeRequest, tokenize, tokenizer_service
 
 STOP_REASONS = {"length": "max_tokens"}  # any other finish: end_turn, or tool_use after a call
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
-ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
-
-
-class AnthropicError(APIError):
-    """An APIError whose body is Anthropic's error object."""
-
-    @classmethod
-    def of(cls, error: APIError) -> AnthropicError:
-        return error if isinstance(error, AnthropicError) else cls(error.status, error.message, param=error.param,
-                                                                   code=error.code)
-
-    def body(self) -> dict[str, Any]:
-        return {"type": "error", "error": error_object(self)}
-
-
-def in_its_apis_shape(request: Request, error: APIError) -> APIError:
-    """`error` as the API the request called answers errors: Anthropic's for its Messages API, else
-    OpenAI's (as it is)."""
-    return AnthropicError.of(error) if get_route_path(request.scope) in ANTHROPIC_PATHS else error
-
-
-def error_object(error: APIError) -> dict[str, str]:
-    default = "invalid_request_error" if error.status < 500 else "api_error"
-    return {"type": ERROR_TYPES.get(error.status, default), "message": error.message}
-
-
 class MessagesShape:
     """One request's message in the Messages API's shape, from its chat output (`builder`)."""
 
@@ -70,7 +45,7 @@ class MessagesShape:
         [choice] = chat["choices"]
         message, content = choice["message"], []
         if message.get("reasoning"):
-            content.append({"type": "thinking", "thinking": message["reasoning"], "signature": ""})
+            content.append({"type": "thinking", "thinking": message["reasoning"], "signature": _signature()})
         if message.get("content"):
             content.append({"type": "text", "text": message["content"]})
         content += [_tool_use(call["id"], call["function"]["name"], _arguments(call["function"]["arguments"]))
@@ -91,6 +66,7 @@ class MessagesShape:
             start = self._message([], None, None)
             start["usage"] = {"input_tokens": len(self.builder.choices[0].prompt_token_ids), "output_tokens": 0}
             yield _event("message_start", message=start)
+            yield _event("ping")  # as Anthropic's streams go on after their start
             try:
                 while True:
                     for event in blocks.chunk(chunk):
@@ -156,8 +132,11 @@ class _StreamedBlocks:
     def _stop(self) -> list[bytes]:
         if self.open is None:
             return []
+        events = []
+        if self.open == "thinking":  # its signature comes last, as Anthropic's stream sends it
+            events.append(self._delta({"type": "signature_delta", "signature": _signature()}))
         self.open = None
-        return [_event("content_block_stop", index=self.index)]
+        return [*events, _event("content_block_stop", index=self.index)]
 
 
 def add_anthropic_routes(app: FastAPI, state, check_model: Callable[[str], str | None]) -> None:
@@ -166,15 +145,21 @@ def add_anthropic_routes(app: FastAPI, state, check_model: Callable[[str], str |
     pipeline = state.pipeline
 
     async def count_tokens(request: Request) -> JSONResponse:
-        chat = (await parsed_body(request, MessagesRequest)).as_chat()
+        chat = state.chat_serving.as_served((await parsed_body(request, MessagesRequest)).as_chat())
         check_model(chat.model)
-        asked = TokenizeRequest(messages=chat.messages, tools=chat.tools,
-                                chat_template_kwargs=chat.chat_template_kwargs)
+        options = chat.chat_options()  # as generation renders the message: its effort, documents and all
+        asked = TokenizeRequest(messages=chat.messages, tools=options.tools, documents=options.documents,
+                                chat_template_kwargs=dict(options.template_kwargs), chat_template=options.template)
         with tokenizer_service(pipeline.tokenizers, "messages") as service:
             tokens = await tokenize(service.stub, asked, pipeline.prompts, state.tool_call_parser)
         return JSONResponse({"input_tokens": len(tokens)})
 
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
+
+
+def _signature() -> str:
+    """A thinking block's: opaque to clients, which send it back with the block (nothing checks it here)."""
+    return uuid.uuid4().hex
 
 
 def _event(kind: str, **fields: Any) -> bytes:

@@ -10,7 +10,10 @@ each, ahead of the turn's text). `max_tokens` (required for a message), `stop_se
 tools), `tool_choice` (`auto`; `any`: chat's "required"; `tool` with its `name`; `none`; with
 `disable_parallel_tool_use`), `output_config.format` (a JSON schema: structured output),
 `stream`, and chat's sampling extras (`seed`, `min_p`, the penalties, `guided_regex`, ...: CHAT_EXTRAS,
-which Anthropic's API has no names for). `metadata`, `thinking` and `service_tier` ask nothing here.
+which Anthropic's API has no names for). `thinking` (`enabled` or `adaptive`; `disabled`) becomes the
+template variables reasoning models' templates switch thinking by (`enable_thinking`, Qwen3's;
+`thinking`, DeepSeek's), under the request's own `chat_template_kwargs`; its `budget_tokens` does not
+bound the thinking here. `metadata` and `service_tier` ask nothing here.
 Images, documents and Anthropic's server tools are refused (400): the models served here read text.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
 
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # and "tool": the one named
+THINKING_TYPES = ("enabled", "adaptive", "disabled")
 # What a Messages request may also ask, by chat's names (vLLM's and SGLang's extras, OpenAI's seed and
 # penalties); checked as chat checks them. Not what would change the answer's shape (n, logprobs, echo).
 CHAT_EXTRAS = frozenset({
@@ -31,7 +35,7 @@ CHAT_EXTRAS = frozenset({
     "stop_token_ids", "logit_bias", "bad_words", "allowed_token_ids", "include_stop_str_in_output",
     "skip_special_tokens", "truncate_prompt_tokens", "priority", "cache_salt", "stop_regex", "response_format",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "regex", "ebnf",
-    "json_schema", "no_stop_trim", "reasoning_effort", "chat_template_kwargs", "documents"})
+    "json_schema", "no_stop_trim", "reasoning_effort", "chat_template_kwargs", "documents", "chat_template"})
 
 
 class MessagesRequest(BaseModel):
@@ -49,6 +53,7 @@ class MessagesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
 
     def as_chat(self) -> ChatCompletionRequest:
         """The chat request this one means; APIError (400) for what cannot be served, or what chat refuses."""
@@ -62,6 +67,8 @@ class MessagesRequest(BaseModel):
             chat["tools"] = [_chat_tool(tool, i) for i, tool in enumerate(self.tools)]
         if self.tool_choice is not None:
             chat["tool_choice"], chat["parallel_tool_calls"] = _chat_tool_choice(self.tool_choice)
+        if self.thinking is not None:
+            _switch_thinking(chat, self.thinking)
         schema = ((self.output_config or {}).get("format") or {}).get("schema")
         if schema is not None:
             chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -119,6 +126,18 @@ def _turn(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
     if thinking:
         turn["reasoning_content"] = "\n".join(thinking)
     return results + [turn] if texts or calls or thinking or not results else results
+
+
+def _switch_thinking(chat: dict[str, Any], thinking: dict[str, Any]) -> None:
+    kind = thinking.get("type")
+    if kind not in THINKING_TYPES:
+        raise APIError(400, f"thinking.type must be one of {', '.join(THINKING_TYPES)}, got {kind!r}",
+                       param="thinking.type")
+    given = chat.get("chat_template_kwargs")
+    if given is not None and not isinstance(given, dict):
+        return  # chat refuses it, naming it
+    is_on = kind != "disabled"
+    chat["chat_template_kwargs"] = {"enable_thinking": is_on, "thinking": is_on, **(given or {})}
 
 
 def _texts(blocks: list[Any], where: str) -> str:

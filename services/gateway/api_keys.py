@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from starlette.routing import get_route_path
 
+from services.gateway.anthropic_errors import in_its_apis_shape
 from services.gateway.errors import APIError
 
 OPEN_HTTP_PATHS = frozenset({"/health", "/live", "/metrics", "/ping"})  # /ping: SageMaker's health check
@@ -82,7 +83,8 @@ class RequireApiKey:
         if self.keys.admits(authorization) or self.keys.admits_key(api_key):
             return await self.app(scope, receive, send)
         self.on_refuse()
-        payload = json.dumps(refusal(authorization if authorization is not None else api_key).body()).encode()
+        error = in_its_apis_shape(scope, refusal(authorization if authorization is not None else api_key))
+        payload = json.dumps(error.body()).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode()),

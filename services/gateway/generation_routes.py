@@ -192,7 +192,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
         return await respond(request, choices, builder, asked.stream, False, "input", dispatched, shape=shape)
 
-    async def messages(request: Request):  # (its errors in Anthropic's shape: anthropic_api.in_its_apis_shape)
+    async def messages(request: Request):  # (its errors in Anthropic's shape: anthropic_errors.in_its_apis_shape)
         asked = await parsed_body(request, MessagesRequest)
         if asked.max_tokens is None:
             raise APIError(400, "max_tokens: Field required", param="max_tokens")

@@ -45,7 +45,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import tracing
-from services.gateway.anthropic_api import add_anthropic_routes, in_its_apis_shape
+from services.gateway.anthropic_api import add_anthropic_routes
+from services.gateway.anthropic_errors import in_its_apis_shape
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
 from services.gateway.chat_serving import ChatServing
@@ -125,23 +126,23 @@ def create_app(state: GatewayState) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
-        return api_error_response(in_its_apis_shape(request, e))
+        return api_error_response(in_its_apis_shape(request.scope, e))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:  # unknown path, wrong method
-        error = in_its_apis_shape(request, APIError(e.status_code, str(e.detail)))
+        error = in_its_apis_shape(request.scope, APIError(e.status_code, str(e.detail)))
         return api_error_response(error, headers=e.headers)  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, e: Exception) -> JSONResponse:
         log.exception("unexpected error")
         metrics.count_error("internal_error")
-        return api_error_response(in_its_apis_shape(request, to_api_error(e, "input")))
+        return api_error_response(in_its_apis_shape(request.scope, to_api_error(e, "input")))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
         metrics.count_error("invalid_request")
-        return api_error_response(in_its_apis_shape(request, validation_error(e)))
+        return api_error_response(in_its_apis_shape(request.scope, validation_error(e)))
 
     # Ahead of the other routes: the router tries them in turn, and every request takes these.
     stored_response = add_stored_response_routes(app, state.responses, state.background)

@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 
+from services.gateway.anthropic_errors import in_its_apis_shape
 from services.gateway.errors import APIError
 
 ARRIVAL_KEY = "baton_arrival"
@@ -40,7 +41,7 @@ class BodySizeLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
+            return await self._refuse(scope, send)
         body = bytearray()
         while True:
             message = await receive()
@@ -48,7 +49,7 @@ class BodySizeLimit:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                return await self._refuse(send)
+                return await self._refuse(scope, send)
             if not message.get("more_body", False):
                 break
         replayed = False
@@ -62,10 +63,11 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send) -> None:
+    async def _refuse(self, scope, send) -> None:
         self.on_refuse()
-        error = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes).",
-                         code="request_too_large")
+        too_large = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes).",
+                             code="request_too_large")
+        error = in_its_apis_shape(scope, too_large)  # (the Messages API's in Anthropic's shape)
         payload = json.dumps(error.body()).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),

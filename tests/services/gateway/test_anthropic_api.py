@@ -61,6 +61,10 @@ def test_a_message_is_what_chat_answers_whole_and_streamed(mesh, client, claude)
     assert streamed.usage.output_tokens == 8
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert events.count("content_block_start") == events.count("content_block_stop") == 1
+    raw = httpx.post(f"{mesh.gateway.base_url}/v1/messages", timeout=30, json={
+        "model": mesh.model_name, "max_tokens": 2, "messages": QUESTION, "stream": True}).text
+    assert [line for line in raw.splitlines() if line.startswith("event: ")][:3] == [
+        "event: message_start", "event: ping", "event: content_block_start"]  # (the SDK passes pings over)
     mesh.assert_decode_pools_free()
 
 
@@ -136,6 +140,23 @@ def test_errors_come_in_anthropics_shape(mesh, claude, kwargs, status, error_typ
     mesh.assert_decode_pools_free()
 
 
+def test_the_key_and_size_refusals_come_in_anthropics_shape_too(mesh):
+    """Refused before the app's handlers (by the key's and the body limit's middleware), by the SDK."""
+    with gateway_client(mesh, "--api-key", "sk-right", "--max-body-bytes", "2000") as keyed:
+        base_url = str(keyed.base_url).removesuffix("/").removesuffix("/v1")
+        for key, messages, status, error_type in (("sk-wrong", QUESTION, 401, "authentication_error"),
+                                                  ("sk-right", [{"role": "user", "content": "x" * 3000}], 413,
+                                                   "request_too_large")):
+            with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
+                with pytest.raises(anthropic.APIStatusError) as refused:
+                    client.messages.create(model=mesh.model_name, max_tokens=4, messages=messages)
+            assert refused.value.status_code == status
+            assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == error_type
+        openai_shaped = httpx.post(f"{base_url}/v1/completions", headers={"Authorization": "Bearer sk-wrong"},
+                                   json={"model": mesh.model_name, "prompt": "hi"}, timeout=10)
+        assert openai_shaped.status_code == 401 and openai_shaped.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_max_tokens_is_required_for_a_message_but_not_for_a_count(mesh):
     body = {"model": mesh.model_name, "messages": QUESTION}
     missing = httpx.post(f"{mesh.gateway.base_url}/v1/messages", json=body, timeout=30)
@@ -179,10 +200,50 @@ def test_the_request_as_chat():
     assert refused.value.param == "messages[0].role"
 
 
+def test_thinking_switches_the_templates_thinking_under_the_requests_own_variables():
+    def template_kwargs(**fields):
+        return MessagesRequest.model_validate({"model": "m", "max_tokens": 4, "messages": QUESTION,
+                                               **fields}).as_chat().chat_template_kwargs
+
+    assert template_kwargs() is None
+    assert template_kwargs(thinking={"type": "enabled", "budget_tokens": 2048}) == {
+        "enable_thinking": True, "thinking": True}
+    assert template_kwargs(thinking={"type": "adaptive"})["enable_thinking"] is True
+    assert template_kwargs(thinking={"type": "disabled"}, chat_template_kwargs={"thinking": True, "x": 1}) == {
+        "enable_thinking": False, "thinking": True, "x": 1}
+    for bad in ({"type": "on"}, {}):
+        with pytest.raises(APIError) as refused:
+            template_kwargs(thinking=bad)
+        assert refused.value.param == "thinking.type"
+    with pytest.raises(APIError) as refused:
+        template_kwargs(thinking={"type": "enabled"}, chat_template_kwargs=[1])
+    assert refused.value.param == "chat_template_kwargs"
+
+
+def test_thinking_and_the_effort_reach_the_template_and_the_token_count(mesh):
+    """A template that shows both: the message's prompt and count_tokens' count grow with them alike."""
+    template = ("{% if enable_thinking %}<think on>{% endif %}{{ reasoning_effort | default('') }}"
+                "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>")
+    with gateway_client(mesh, "--trust-request-chat-template") as trusted:
+        base_url = str(trusted.base_url).removesuffix("/").removesuffix("/v1")
+        with anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0) as client:
+            def counts(**extra):
+                body = {"chat_template": template, **extra}
+                sent = client.messages.create(model=mesh.model_name, max_tokens=1, messages=QUESTION, extra_body=body)
+                counted = client.messages.count_tokens(model=mesh.model_name, messages=QUESTION, extra_body=body)
+                assert counted.input_tokens == sent.usage.input_tokens + (sent.usage.cache_read_input_tokens or 0)
+                return counted.input_tokens
+
+            plain = counts()
+            assert counts(thinking={"type": "enabled", "budget_tokens": 1024}) > plain
+            assert counts(thinking={"type": "disabled"}) == plain
+            assert counts(reasoning_effort="high") > plain
+
+
 def test_chats_sampling_extras_pass_and_other_fields_ask_nothing():
     chat = MessagesRequest.model_validate({
         "model": "m", "max_tokens": 4, "messages": QUESTION, "seed": 7, "min_p": 0.1, "guided_regex": "[a-z]+",
-        "metadata": {"user_id": "u"}, "thinking": {"type": "disabled"}, "n": 3, "logprobs": True}).as_chat()
+        "metadata": {"user_id": "u"}, "service_tier": "auto", "n": 3, "logprobs": True}).as_chat()
     assert (chat.seed, chat.min_p, chat.guided_regex) == (7, 0.1, "[a-z]+")
     assert chat.n == 1 and not chat.logprobs  # what would change the answer's shape is not chat's to take
     with pytest.raises(APIError) as refused:
@@ -199,8 +260,9 @@ def test_thinking_comes_first_as_its_own_block():
     chat = {"choices": [{"index": 0, "finish_reason": "stop", "stop_reason": None, "message": {
         "role": "assistant", "content": "Blue.", "reasoning": "Pick one.", "tool_calls": []}}], "usage": usage}
     body = MessagesShape(builder).whole(chat)
-    assert body["content"] == [{"type": "thinking", "thinking": "Pick one.", "signature": ""},
-                               {"type": "text", "text": "Blue."}]
+    signature = body["content"][0].pop("signature")
+    assert len(signature) == 32 and MessagesShape(builder).whole(chat)["content"][0]["signature"] != signature
+    assert body["content"] == [{"type": "thinking", "thinking": "Pick one."}, {"type": "text", "text": "Blue."}]
     assert body["stop_reason"] == "end_turn" and body["usage"] == {
         "input_tokens": 6, "output_tokens": 5, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 0}
 
@@ -211,8 +273,11 @@ def test_thinking_comes_first_as_its_own_block():
     events = [json.loads(raw.split(b"data: ", 1)[1]) for chunk in chunks
               for raw in blocks.chunk({"choices": [{"index": 0, **chunk}]})]
     assert [(e["type"], e.get("index")) for e in events] == [
-        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_stop", 0),
+        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0),
         ("content_block_start", 1), ("content_block_delta", 1), ("content_block_delta", 1), ("content_block_stop", 1)]
-    assert [e["delta"] for e in events if e["type"] == "content_block_delta"] == [
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert deltas[2]["type"] == "signature_delta" and len(deltas.pop(2)["signature"]) == 32
+    assert deltas == [
         {"type": "thinking_delta", "thinking": "Pick"}, {"type": "thinking_delta", "thinking": " one."},
         {"type": "text_delta", "text": "Blue"}, {"type": "text_delta", "text": "."}]
