@@ -28,8 +28,8 @@ def stored_dtype(model_config: dict) -> str | None:
 class EngineConfig:
     """How one engine instance runs a model directory.
 
-    The KV pool is sized once: `num_kv_blocks` when given, otherwise
-    `kv_memory_fraction` of the memory that is free at start-up.
+    The KV pool is sized once: to `kv_cache_memory_bytes` when given (vLLM's --kv-cache-memory-bytes),
+    else `num_kv_blocks` when given, otherwise `kv_memory_fraction` of the memory that is free at start-up.
     """
 
     model: str
@@ -37,6 +37,7 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = 16
     num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
     kv_memory_fraction: float = 0.3
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
@@ -75,6 +76,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
         if not 0 < self.kv_memory_fraction <= 0.95:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if self.max_num_seqs < 1:

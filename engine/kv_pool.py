@@ -30,6 +30,19 @@ def available_memory_bytes(device: str) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
+def num_pool_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str, num_bytes: int | None,
+                    num_blocks: int | None, fraction: float, other_block_bytes: int = 0) -> int:
+    """The pool's blocks: as many as `num_bytes` holds (ValueError where it holds none), else `num_blocks`,
+    else what `fraction` of the free memory holds (EngineConfig's sizes); `other_block_bytes`: what
+    another pool of as many blocks (a draft model's) takes a block."""
+    if num_bytes is None:
+        return num_blocks or num_blocks_for_budget(config, block_size, dtype, device, fraction, other_block_bytes)
+    block_bytes = kv_block_bytes(config, block_size, dtype) + other_block_bytes
+    if num_bytes < block_bytes:
+        raise ValueError(f"a KV pool of {num_bytes} bytes holds no block: one takes {block_bytes} bytes here")
+    return num_bytes // block_bytes
+
+
 def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str,
                           fraction: float, other_block_bytes: int = 0) -> int:
     """Blocks that `fraction` of the free memory holds; `other_block_bytes`: what another pool of as

@@ -21,7 +21,7 @@ from engine.drafters import make_drafter
 from engine.dtypes import TORCH_DTYPES, kv_cache_dtype
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
-from engine.kv_pool import TensorFactory, num_blocks_for_budget
+from engine.kv_pool import TensorFactory, num_pool_blocks
 from engine.lora_manager import LoRAManager
 from engine.model_config import load_model_config
 from engine.model_runner import ModelRunner
@@ -58,10 +58,10 @@ class LLMEngine:
         # Made before the pools are sized, so that a draft model's weights are in memory by then.
         drafter = make_drafter(config.speculative, self.model_config, dtype, config.device, self.max_model_len)
         draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
-        self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
-            self.model_config, config.block_size, kv_dtype, config.device, config.kv_memory_fraction,
-            draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0,
-        )
+        self.num_kv_blocks = num_pool_blocks(
+            self.model_config, config.block_size, kv_dtype, config.device, config.kv_cache_memory_bytes,
+            config.num_kv_blocks, config.kv_memory_fraction,
+            draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0)
         kv_pool_start_ns = time.time_ns()
         self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory)
         if draft_model is not None:  # as many pages as the target's; a sequence finding none left decodes plainly

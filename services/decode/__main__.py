@@ -85,6 +85,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
         return pools[-1].tensor
 
     engine_config = EngineConfig(model=str(model_dir), num_kv_blocks=config.num_kv_blocks,
+                                 kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.speculative import SpeculativeConfig
+from services.common.kv_pool_flags import add_kv_memory_flag, check_kv_memory
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -55,6 +56,7 @@ ENV_PORT = "BATON_DECODE_PORT"
 ENV_METRICS_PORT = "BATON_DECODE_METRICS_PORT"
 ENV_INSTANCE_ID = "BATON_DECODE_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
+ENV_KV_CACHE_MEMORY_BYTES = "BATON_DECODE_KV_CACHE_MEMORY_BYTES"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LEASE_MS = "BATON_DECODE_LEASE_MS"
@@ -71,6 +73,7 @@ class DecodeServiceConfig:
     port: int = 0  # 0: any free port, printed on the listening line
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the shared-memory pool's size in pages
+    kv_cache_memory_bytes: int | None = None  # its size in bytes instead (kv_pool_flags.py)
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
@@ -99,6 +102,7 @@ class DecodeServiceConfig:
         check_bind(self.host, self.port, ENV_HOST)
         check_metrics_port(self.metrics_port)
         check_positive("--kv-blocks", self.num_kv_blocks)
+        check_kv_memory(self.kv_cache_memory_bytes)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -121,6 +125,7 @@ class DecodeServiceConfig:
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT)
         parser.add_argument("--kv-blocks", type=int, default=env_int(env, ENV_KV_BLOCKS, DEFAULT_KV_BLOCKS),
                             help=f"KV pool size in pages (${ENV_KV_BLOCKS})")
+        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES)
         parser.add_argument("--max-num-seqs", type=int, default=env_int(env, ENV_MAX_NUM_SEQS, 128),
                             help=f"most requests decoding at once (${ENV_MAX_NUM_SEQS})")
         parser.add_argument("--lease-ms", type=int, default=env_int(env, ENV_LEASE_MS, DEFAULT_LEASE_MS),
@@ -142,7 +147,8 @@ class DecodeServiceConfig:
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
-                   num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
+                   num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                   max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,

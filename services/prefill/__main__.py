@@ -64,6 +64,7 @@ WARMUP_PARAMS = (
 
 def load_engine(config: PrefillServiceConfig) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(config.model_dir), num_kv_blocks=config.num_kv_blocks,
+                                  kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   enable_prefix_caching=config.prefix_caching,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.common.kv_pool_flags import add_kv_memory_flag, check_kv_memory
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -52,6 +53,7 @@ ENV_HOST = "BATON_PREFILL_HOST"
 ENV_PORT = "BATON_PREFILL_PORT"
 ENV_INSTANCE_ID = "BATON_PREFILL_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
+ENV_KV_CACHE_MEMORY_BYTES = "BATON_PREFILL_KV_CACHE_MEMORY_BYTES"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_PREFILL_SCHEDULING_POLICY"
@@ -71,6 +73,7 @@ class PrefillServiceConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port (the listening line says which)
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the local pool: prompts in flight plus the prefix cache
+    kv_cache_memory_bytes: int | None = None  # the pool's size in bytes instead (kv_pool_flags.py)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
@@ -101,6 +104,7 @@ class PrefillServiceConfig:
         object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--kv-blocks", self.num_kv_blocks)
+        check_kv_memory(self.kv_cache_memory_bytes)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
@@ -124,6 +128,7 @@ class PrefillServiceConfig:
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT)
         parser.add_argument("--kv-blocks", type=int, default=env_int(env, ENV_KV_BLOCKS, DEFAULT_KV_BLOCKS),
                             help=f"local KV pool size in pages (${ENV_KV_BLOCKS})")
+        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES)
         parser.add_argument("--max-num-batched-tokens", type=int,
                             default=env_int(env, ENV_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS),
                             help=f"tokens per step; longer prompts are chunked (${ENV_MAX_NUM_BATCHED_TOKENS})")
@@ -149,7 +154,8 @@ class PrefillServiceConfig:
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
-                   num_kv_blocks=args.kv_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
+                   num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                   max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,

@@ -1,0 +1,76 @@
+"""A worker's KV pool sized in bytes (vLLM's --kv-cache-memory-bytes, read as vLLM reads sizes):
+as many pages as the bytes hold for the model's layout and KV dtype, replacing --kv-blocks; a size
+that holds no page, or that is not a size, is refused."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.kv_pool import kv_block_bytes
+from engine.llm_engine import LLMEngine
+from engine.model_config import load_model_config
+from protos import scheduler_pb2, scheduler_pb2_grpc
+from services.common.kv_pool_flags import byte_count
+from services.common.settings import ConfigError
+from services.decode.config import DecodeServiceConfig
+from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.prefill.config import PrefillServiceConfig
+from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
+
+
+@pytest.mark.parametrize(("given", "size"), [
+    ("4096", 4096), ("1K", 1024), ("2M", 2 * 2**20), ("3G", 3 * 2**30), ("1T", 2**40),
+    ("25.6k", 25_600), ("1.5m", 1_500_000), ("2g", 2 * 10**9), (" 8G ", 8 * 2**30)])
+def test_sizes_are_read_as_vllm_reads_them(given, size):
+    assert byte_count(given) == size
+
+
+@pytest.mark.parametrize("given", ["1.5G", "G", "-1", "4 GiB", "1e9", ""])
+def test_what_is_not_a_size_is_refused(given):
+    with pytest.raises(argparse.ArgumentTypeError):
+        byte_count(given)
+
+
+def block_bytes(model_dir, dtype=torch.float32) -> int:
+    return kv_block_bytes(load_model_config(model_dir), 16, dtype)
+
+
+def test_the_engine_holds_as_many_pages_as_the_bytes_hold(tiny_demo_model):
+    one = block_bytes(tiny_demo_model)
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=4, kv_cache_memory_bytes=37 * one + 5))
+    assert engine.num_kv_blocks == 37
+    assert engine.block_manager.num_free_blocks == 37
+    with pytest.raises(ValueError, match="holds no block"):
+        LLMEngine(EngineConfig(model=str(tiny_demo_model), kv_cache_memory_bytes=one - 1))
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_the_flag_and_its_variable(tiny_demo_model, config):
+    kind = "PREFILL" if config is PrefillServiceConfig else "DECODE"
+    parsed = config.from_args(["--model", str(tiny_demo_model), "--kv-cache-memory-bytes", "64M"], {})
+    assert parsed.kv_cache_memory_bytes == 64 * 2**20
+    from_env = config.from_args(["--model", str(tiny_demo_model)], {f"BATON_{kind}_KV_CACHE_MEMORY_BYTES": "1g"})
+    assert from_env.kv_cache_memory_bytes == 10**9
+    assert config.from_args(["--model", str(tiny_demo_model)], {}).kv_cache_memory_bytes is None
+    with pytest.raises(ConfigError, match="--kv-cache-memory-bytes"):
+        config(model_dir=tiny_demo_model, kv_cache_memory_bytes=0)
+
+
+def test_workers_size_their_pools_by_it(tiny_demo_model):
+    one = block_bytes(tiny_demo_model)
+    size = 2**20
+    workers = [ServiceProcess(name, service, tiny_demo_model, "--kv-blocks", "16", "--kv-cache-memory-bytes", "1M",
+                              wait=False)
+               for name, service in (("prefill", PREFILL_SERVICE), ("decode", DECODE_SERVICE))]
+    try:
+        wait_all_serving(workers)
+        for worker in workers:
+            info = scheduler_pb2_grpc.SchedulerStub(worker.channel).Describe(scheduler_pb2.DescribeRequest(),
+                                                                            timeout=10)
+            assert info.num_kv_blocks == size // one > 16, worker.name
+    finally:
+        assert stop_processes(workers) == [0, 0]
