@@ -193,6 +193,9 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"the served model's tool-call syntax, read out of its text for tool_choice "
                              f"\"auto\" (without it, \"auto\" is refused); vLLM's names or SGLang's "
                              f"(${ENV_TOOL_CALL_PARSER})")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="vLLM's: tool_choice \"auto\" served, which --tool-call-parser alone does here "
+                             "(taken so that vLLM's command lines start the gateway; it needs --tool-call-parser)")
     parser.add_argument("--reasoning-parser", default=env.get(ENV_REASONING_PARSER) or None,
                         help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
                              f"replies give its thinking as `reasoning`, apart from the answer; SGLang's names "
@@ -272,7 +275,12 @@ def _json_object(text: str, flag: str) -> dict[str, Any]:
 
 
 def _tool_call_parser(args) -> str | None:
-    return None if args.tool_call_parser is None else tool_parser_named(args.tool_call_parser)
+    if args.tool_call_parser is None:
+        if args.enable_auto_tool_choice:  # as vLLM refuses it
+            raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser: the model's tool-call syntax, "
+                              "which tool_choice \"auto\" reads its calls by")
+        return None
+    return tool_parser_named(args.tool_call_parser)
 
 
 def _reasoning_parser(args) -> str | None:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from engine.config import DTYPES
+from services.launcher.vllm_flags import add_vllm_flags, with_vllm_flags
 
 # `baton up --KIND-args`: the services whose command lines take more flags from its user.
 SERVICE_KINDS_WITH_ARGS = ("prefill", "decode", "kvstore", "gateway")
@@ -90,6 +91,7 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--stream-interval", type=int, metavar="N",
                     help="the gateway's --stream-interval (as vLLM's): decode workers send a request's tokens "
                          "in chunks of at least N, the first token at once (default 1, every step's)")
+    add_vllm_flags(up)
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
     up.add_argument("--shutdown-grace-s", type=float, metavar="S",
@@ -131,7 +133,8 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
 
 def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     """`--KIND-args` strings, split as a shell splits them, --scheduling-policy for the workers,
-    --speculative-config for the decode workers and --stream-interval for the gateway."""
+    --speculative-config for the decode workers, --stream-interval for the gateway and vLLM's
+    serving flags for theirs (vllm_flags.py)."""
     import shlex
 
     flags = {}
@@ -156,4 +159,5 @@ def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
         if args.stream_interval < 1:
             raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
         flags["gateway"] = ("--stream-interval", str(args.stream_interval), *flags["gateway"])
+    with_vllm_flags(args, flags)
     return flags

@@ -316,11 +316,13 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5", "--speculative-config", NGRAM,
                   "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--max-model-len", "200",
                   "--lora-modules", f"tuned={tmp_path / 'tuned'}",
-                  *(("--api-key", "sk-up", "--gateway-args=--served-model-name served-x", "--stream-interval", "4")
+                  "--max-num-seqs", "7",
+                  *(("--api-key", "sk-up", "--served-model-name", "served-x", "--stream-interval", "4")
                     if HAS_GATEWAY else ()))
     check_up(up, 1, 1, redis=False)
-    for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers'
+    for worker in ("prefill-0", "decode-0"):  # --scheduling-policy is both workers', as vLLM's --max-num-seqs
         assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
+        assert "--max-num-seqs 7" in " ".join(command_line(up.pids[worker])), worker
     assert NGRAM in command_line(up.pids["decode-0"])
     assert NGRAM not in command_line(up.pids["prefill-0"])  # drafts are the decode workers' alone
     for child, pid in up.pids.items():  # --shutdown-grace-s and --max-model-len are every service's
@@ -384,6 +386,27 @@ def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_
     assert models.status_code == 200 and models.json()["data"]
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0, up.output()
+
+
+def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
+    import argparse
+
+    from services.launcher.command import add_up_arguments, service_args
+
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args([
+        "--served-model-name", "a", "b", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--kv-cache-memory-bytes", "2G",
+        "--gateway-args=--tool-call-parser pythonic", "--decode-args=--max-num-seqs 4"])
+    flags = service_args(args)
+    assert flags["gateway"] == ("--served-model-name", "a", "b", "--tool-call-parser", "hermes",
+                                "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")  # its own last: they win
+    assert flags["prefill"] == ("--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+                                "--kv-cache-memory-bytes", "2G")
+    assert flags["decode"] == ("--max-num-seqs", "8", "--kv-cache-memory-bytes", "2G", "--max-num-seqs", "4")
+    assert flags["kvstore"] == ()
+    assert service_args(parser.parse_args([]))["gateway"] == ()
 
 
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",

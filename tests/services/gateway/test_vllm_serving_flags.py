@@ -76,9 +76,9 @@ def test_behind_a_proxy_that_strips_the_root_path_the_api_and_its_open_paths_are
 
 
 @pytest.mark.parametrize("root_path", ["llm", "/llm/"])
-def test_a_root_path_must_be_a_path_prefix(mesh, root_path):
+def test_a_root_path_must_be_a_path_prefix(tiny_demo_model, root_path):
     with pytest.raises(ConfigError, match="--root-path"):
-        GatewayConfig.from_args(["--model", str(mesh.model_dir), "--tokenizer", "t:1", "--prefill", "p:1",
+        GatewayConfig.from_args(["--model", str(tiny_demo_model), "--tokenizer", "t:1", "--prefill", "p:1",
                                  "--decode", "d:1", "--root-path", root_path], {})
 
 
@@ -143,3 +143,11 @@ def test_tokenizer_info_is_the_tokenizers_configuration_as_transformers_loads_it
     assert not {"vocab_file", "merges_file", "tokenizer_file"} & info.keys()
     unserved = httpx.get(f"{mesh.gateway.base_url}/tokenizer_info", timeout=10)
     assert unserved.status_code == 404  # off by default, as in vLLM
+
+
+def test_auto_tool_choice_is_taken_as_vllm_takes_it_with_a_parser(tiny_demo_model):
+    common = ["--model", str(tiny_demo_model), "--tokenizer", "t:1", "--prefill", "p:1", "--decode", "d:1"]
+    config = GatewayConfig.from_args([*common, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"], {})
+    assert config.tool_call_parser == "hermes"
+    with pytest.raises(ConfigError, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        GatewayConfig.from_args([*common, "--enable-auto-tool-choice"], {})

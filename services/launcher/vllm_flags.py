@@ -1,0 +1,68 @@
+"""vLLM's serving flags that `baton up` takes as `vllm serve` takes them and hands to the services
+they belong to, so that the common flags of a vLLM command line start a mesh as they are: the
+gateway's model names, parsers, request log and HTTP serving, the workers' batch and KV pool sizes.
+Each goes before the service's own --KIND-args, which may set it otherwise; each service checks
+its value as it starts (a bad one stops `baton up` with the service's reason)."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PassedFlag:
+    flag: str
+    kinds: tuple[str, ...]  # the services it goes to
+    help: str
+    type: Callable[[str], object] = str
+    many: bool = False  # takes one value or more
+    is_switch: bool = False  # takes none
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def argv(self, value) -> tuple[str, ...]:
+        if self.is_switch:
+            return (self.flag,) if value else ()
+        if value is None:
+            return ()
+        return (self.flag, *map(str, value)) if self.many else (self.flag, str(value))
+
+
+GATEWAY, WORKERS, PREFILL = ("gateway",), ("prefill", "decode"), ("prefill",)
+PASSED_FLAGS = (
+    PassedFlag("--served-model-name", GATEWAY, "the model names clients may send, the first the one answers give",
+               many=True),
+    PassedFlag("--tool-call-parser", GATEWAY, "the model's tool-call syntax: tool_choice auto served"),
+    PassedFlag("--enable-auto-tool-choice", GATEWAY, "as vLLM's: with --tool-call-parser", is_switch=True),
+    PassedFlag("--reasoning-parser", GATEWAY, "the model's thinking apart from its answer"),
+    PassedFlag("--enable-log-requests", GATEWAY, "log each request as it arrives and ends", is_switch=True),
+    PassedFlag("--enable-log-outputs", GATEWAY, "... with its texts", is_switch=True),
+    PassedFlag("--root-path", GATEWAY, "the path prefix a proxy serves the HTTP API under and strips"),
+    PassedFlag("--disable-uvicorn-access-log", GATEWAY, "no log line per HTTP request", is_switch=True),
+    PassedFlag("--max-num-seqs", WORKERS, "most requests in a worker's batch", type=int),
+    PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
+    PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
+    PassedFlag("--kv-cache-dtype", WORKERS, "what the KV pages hold (auto, or an fp8 kind)"),
+)
+
+
+def add_vllm_flags(up: argparse.ArgumentParser) -> None:
+    group = up.add_argument_group("vLLM's serving flags, passed to the services they belong to")
+    for passed in PASSED_FLAGS:
+        where = " and ".join(passed.kinds)
+        if passed.is_switch:
+            group.add_argument(passed.flag, action="store_true", help=f"{passed.help} ({where})")
+        else:
+            group.add_argument(passed.flag, type=passed.type, nargs="+" if passed.many else None,
+                               help=f"{passed.help} ({where})")
+
+
+def with_vllm_flags(args: argparse.Namespace, flags: dict[str, tuple[str, ...]]) -> None:
+    """`flags` (by service kind) with the vLLM flags `args` gave put first."""
+    for passed in reversed(PASSED_FLAGS):  # so that they come in PASSED_FLAGS' order
+        argv = passed.argv(getattr(args, passed.dest))
+        for kind in passed.kinds if argv else ():
+            flags[kind] = (*argv, *flags[kind])
