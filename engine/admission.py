@@ -50,6 +50,9 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
     bad = next((t for word in sampling_params.bad_words_token_ids for t in word if t >= vocab), None)
     if bad is not None:
         raise ValueError(f"bad_words: token id {bad} is outside the vocabulary [0, {vocab})")
+    bad = next((t for t in sampling_params.logprob_token_ids if t >= vocab), None)
+    if bad is not None:
+        raise ValueError(f"logprob_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
     bad = next((t for t in sampling_params.stop_token_ids if not 0 <= t < vocab), None)
     if bad is not None:  # never sampled, and short of min_tokens the sampler would index past the logits
         raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")

@@ -48,6 +48,9 @@ class SamplingParams:
     # vLLM's bad_words as token id sequences: a sequence's last token is banned where the output so
     # far ends with the rest of it (a one-token sequence always).
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # SGLang's token_ids_logprob: these ids' logprobs are reported at each sampled position too,
+    # among its logprobs (which must be asked for: 0 for none of the top-n).
+    logprob_token_ids: tuple[int, ...] = ()
     # vLLM's LoRA request, and no sampling setting either: the adapter (EngineConfig.lora_modules) the
     # request is computed with; None: the base model.
     lora_name: str | None = None
@@ -109,6 +112,9 @@ class SamplingParams:
         if any(t < 0 for t in self.allowed_token_ids):
             raise ValueError("allowed_token_ids must not be negative")
         object.__setattr__(self, "bad_words_token_ids", tuple(tuple(word) for word in self.bad_words_token_ids))
+        object.__setattr__(self, "logprob_token_ids", tuple(self.logprob_token_ids))
+        if self.logprob_token_ids and (self.logprobs is None or min(self.logprob_token_ids) < 0):
+            raise ValueError("logprob_token_ids: ids >= 0, with logprobs asked for (0 for none of the top)")
         if any(not word or min(word) < 0 for word in self.bad_words_token_ids):
             raise ValueError("bad_words_token_ids: each must be a non-empty sequence of token ids >= 0")
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias

@@ -59,7 +59,8 @@ def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
         top_k=p.top_k, min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, logit_bias=p.logit_bias,
         min_tokens=p.min_tokens, allowed_token_ids=tuple(p.allowed_token_ids), priority=p.priority,
-        bad_words_token_ids=tuple(tuple(word.token_ids) for word in p.bad_words), **kwargs,
+        bad_words_token_ids=tuple(tuple(word.token_ids) for word in p.bad_words),
+        logprob_token_ids=tuple(p.logprob_token_ids), **kwargs,
     )
 
 
@@ -76,11 +77,14 @@ def layout_from_proto(layout: common_pb2.KVLayout, num_blocks: int) -> PageLayou
                       fingerprint=layout.model_fingerprint)
 
 
-def top_logprobs(token_id: int, logprobs: dict[int, float], n: int) -> common_pb2.TopLogprobs:
+def top_logprobs(token_id: int, logprobs: dict[int, float], n: int,
+                 requested: Sequence[int] = ()) -> common_pb2.TopLogprobs:
+    """`requested`: SamplingParams.logprob_token_ids, whose logprobs the engine put among the rest."""
     best = sorted(logprobs.items(), key=lambda kv: kv[1], reverse=True)[:n]
     return common_pb2.TopLogprobs(
         sampled=common_pb2.TokenLogprob(token_id=token_id, logprob=logprobs.get(token_id, float("nan"))),
         top=[common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in best],
+        requested=[common_pb2.TokenLogprob(token_id=t, logprob=logprobs[t]) for t in requested],
     )
 
 

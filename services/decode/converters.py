@@ -11,7 +11,7 @@ def chunk_from_output(out: RequestOutput, params: SamplingParams) -> decode_pb2.
     chunk = decode_pb2.DecodeChunk(token_ids=out.new_token_ids,
                                    finish_reason=FINISH_REASONS[out.finish_reason if out.finished else None])
     if params.logprobs is not None:
-        chunk.logprobs.extend(top_logprobs(t, lp, params.logprobs)
+        chunk.logprobs.extend(top_logprobs(t, lp, params.logprobs, params.logprob_token_ids)
                               for t, lp in zip(out.new_token_ids, out.new_logprobs))
     if out.prompt_logprobs is not None:  # a local prefill's first output, asked for
         chunk.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_token_ids, out.prompt_logprobs,

@@ -1,7 +1,8 @@
 """The HTTP routes of the served model's embeddings (embeddings_api.py) and of the scores made
 from them (score_api.py), a sequence classifier's classes (classify_api.py), and either by task
 (pooling_api.py): `/v1/embeddings`, `/score` and `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank`,
-`/classify` and `/v1/classify`, `/pooling`, as vLLM serves them. A client that goes away before its
+`/classify` and `/v1/classify`, `/pooling`, as vLLM serves them (and SGLang's score API for a
+generative model, sglang_score.py). A client that goes away before its
 answer cancels the workers' calls for it, whose computation of what they had not begun is dropped
 (as vLLM's cancellation does)."""
 from __future__ import annotations
@@ -22,6 +23,7 @@ from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_api import PoolingRequest, pool
 from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
 from services.gateway.served_models import ServedModels
+from services.gateway.sglang_score import SGLangScoreRequest, asks_for_labels, sglang_score
 
 
 def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedModels,
@@ -69,6 +71,13 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
 
     async def scores(request: Request) -> JSONResponse:
         started = time.perf_counter()
+        if asks_for_labels(await request.body()):  # SGLang's: a generative model's next-token odds
+            labeled = await parsed_body(request, SGLangScoreRequest)
+            lora = check_model(labeled.model) if labeled.model is not None else None
+            models.check_generates()
+            return await identified(request, "score", "score", lambda response_id: sglang_score(
+                pipeline, labeled, lora, labeled.model or models.name, response_id), started,
+                lambda answer: len(answer["scores"]))
         body = await parsed_body(request, ScoreRequest)
         lora = check_model(body.model) if body.model is not None else None
         return await identified(request, "score", "score", lambda response_id: score(

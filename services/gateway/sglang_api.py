@@ -8,7 +8,8 @@ one sample, a list of them otherwise; streamed, each SSE event carries the text 
 and its `index`, and the stream ends with `data: [DONE]`. `meta_info` has the request id, prompt,
 completion and cached token counts, the end-to-end latency and `finish_reason` (`{"type": "stop",
 "matched": the stop token id or string}`, `{"type": "length", "length": max_new_tokens}`), and with
-`return_logprob` the output tokens' `[logprob, token_id, text]` (and their top `top_logprobs_num`),
+`return_logprob` the output tokens' `[logprob, token_id, text]` (and their top `top_logprobs_num`, and
+those of the ids `token_ids_logprob` names),
 and from `logprob_start_len` on the prompt's (`max_new_tokens` 0: the prompt's alone, which is how
 SGLang's clients score a text). The sampling fields are checked as the OpenAI API
 checks them (services/gateway/sglang_protocol.py), their errors named as SGLang names the fields.
@@ -88,6 +89,7 @@ class _Shape:
     logprobs: bool
     logprob_start_len: int
     is_batch: bool
+    has_token_ids_logprobs: bool = False  # token_ids_logprob asked for
 
     def answer(self, index: int, output: _Output) -> dict[str, Any]:
         meta: dict[str, Any] = {"id": output.rid, "finish_reason": output.finish_reason,
@@ -97,6 +99,9 @@ class _Shape:
         if self.logprobs:
             meta["output_token_logprobs"] = [self._entry(r.sampled) for r in output.output_logprobs]
             meta["output_top_logprobs"] = [[self._entry(t) for t in r.top] for r in output.output_logprobs]
+            if self.has_token_ids_logprobs:
+                meta["output_token_ids_logprobs"] = [[self._entry(t) for t in r.requested]
+                                                     for r in output.output_logprobs]
             start = max(self.logprob_start_len, 0)
             # The first prompt token has no logprob (nothing before it); the records start at the second.
             records = [None, *output.prompt_logprobs] if self.logprob_start_len >= 0 else []
@@ -135,6 +140,9 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         rids = body.rids(len(prompts), "gen")
         streams, outputs, max_new_tokens = [], [], []
         prompt_logprobs = body.top_logprobs_num if body.return_logprob and body.logprob_start_len >= 0 else None
+        if body.token_ids_logprob and not body.return_logprob:
+            raise APIError(400, "token_ids_logprob: their logprobs come with return_logprob true",
+                           param="token_ids_logprob")
         for prompt, sampling, rid in zip(prompts, body.sampling_per_prompt(len(prompts)), rids, strict=True):
             asked = completion_request(prompt, sampling, lora or state.model_name,
                                        body.top_logprobs_num if body.return_logprob else None, prompt_logprobs)
@@ -146,6 +154,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 if lora is not None:
                     sampling_params.lora_name = lora
                 sampling_params.stream_interval = stream_interval(sampling)
+                sampling_params.logprob_token_ids.extend(body.token_ids_logprob or ())
                 aborted = aborts[sample_rid] = asyncio.Event()
                 stream = pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stops,
@@ -155,7 +164,8 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,
-                       body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1 or body.is_batch)
+                       body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1 or body.is_batch,
+                       has_token_ids_logprobs=bool(body.token_ids_logprob))
         choices = merge_choices(streams)
         prompt_param = "text" if body.text is not None else "input_ids"
         index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event

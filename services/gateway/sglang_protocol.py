@@ -36,7 +36,7 @@ TOP_LEVEL_NAMES = {"prompt": "input_ids", "model": "lora_path", "logprobs": "top
 # return_routed_experts, the frontend's image_data, a PD router's bootstrap fields): taken at these, any
 # other value refused as a field not served here.
 NO_OP_FIELDS = {"image_data": None, "video_data": None, "audio_data": None, "input_embeds": None, "modalities": None,
-                "return_hidden_states": False, "return_routed_experts": False, "token_ids_logprob": None,
+                "return_hidden_states": False, "return_routed_experts": False,
                 "custom_logit_processor": None, "session_params": None, "lora_id": None, "bootstrap_host": None,
                 "bootstrap_port": None, "bootstrap_room": None, "data_parallel_rank": None, "routed_dp_rank": None}
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's
@@ -97,6 +97,7 @@ class GenerateRequest(SGLangInput):
     logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
     top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
     return_text_in_logprobs: bool = False
+    token_ids_logprob: list[TokenId] | None = None  # these ids' logprobs at each output position too
 
     def sampling_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
         given = self.sampling_params if self.sampling_params is not None else {}

@@ -5,6 +5,8 @@ so they are reused from there rather than written twice.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.outputs import RequestOutput
 from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common.converters import (
@@ -28,7 +30,8 @@ TRANSPORTS = {
 
 def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dict[str, float],
                       num_host_tier_tokens: int = 0,
-                      num_prompt_logprobs: int | None = None) -> prefill_pb2.PrefillEvent:
+                      num_prompt_logprobs: int | None = None,
+                      logprob_token_ids: Sequence[int] = ()) -> prefill_pb2.PrefillEvent:
     """The first token of a finished prefill-only output, and `timings` (PrefillTimings' fields).
     "prefilled" (pages handed on, decode continues) leaves finish_reason UNSPECIFIED;
     "stop"/"length" set it. Built in one go, not from nested messages each copied into the next:
@@ -39,7 +42,8 @@ def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dic
         "first_token_id": first, "num_cached_tokens": out.num_cached_tokens, "timings": timings,
         "finish_reason": FINISH_REASONS[reason], "num_host_tier_tokens": num_host_tier_tokens})
     if num_logprobs is not None and out.new_logprobs:
-        event.first_token.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs))
+        event.first_token.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs,
+                                                          logprob_token_ids))
     if out.prompt_logprobs is not None:
         event.first_token.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_token_ids, out.prompt_logprobs,
                                                                           num_prompt_logprobs))

@@ -226,7 +226,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             timings = first_token_timings(out.step_times, arrival_ns, arrival, computed, tier_seconds)
             timings.update(received_monotonic_ns=received_monotonic_ns, host_id=self._host_id,
                            first_token_sent_monotonic_ns=time.monotonic_ns())  # it goes out next
-            first_token = first_token_event(out, params.logprobs, timings, tier_tokens, params.prompt_logprobs)
+            first_token = first_token_event(out, params.logprobs, timings, tier_tokens, params.prompt_logprobs,
+                                            params.logprob_token_ids)
             if out.finish_reason != "prefilled":  # the first token ended it: nothing to hand on
                 yield first_token
                 self.metrics.count_success(out.finish_reason)

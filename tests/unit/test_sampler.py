@@ -312,6 +312,24 @@ def test_logprobs_come_from_raw_logits():
     assert out.logprobs[1] == {out.token_ids[1]: pytest.approx(raw[1].max().item(), abs=1e-6)}
 
 
+def test_named_token_ids_logprobs_come_with_the_rest_under_the_raw_logits():
+    logits = random_logits(2, 30, seed=4)
+    named = (29, 3, 17)
+    seqs = [make_seq(temperature=0.0, logprobs=0, logprob_token_ids=named),
+            make_seq(temperature=0.9, top_k=4, logprobs=2, seed=3, logprob_token_ids=named)]
+    out = Sampler()(logits, seqs)
+    raw = logits.log_softmax(-1)
+    for i, n in [(0, 0), (1, 2)]:
+        entry = out.logprobs[i]
+        assert [entry[t] for t in named] == pytest.approx([raw[i, t].item() for t in named], abs=1e-6)
+        top = sorted(range(30), key=lambda t: -raw[i, t].item())[:n]
+        assert set(entry) == set(top) | {out.token_ids[i]} | set(named)
+    with pytest.raises(ValueError, match="logprob_token_ids"):
+        SamplingParams(logprob_token_ids=(1,))  # logprobs not asked for
+    with pytest.raises(ValueError, match="logprob_token_ids"):
+        SamplingParams(logprobs=0, logprob_token_ids=(-1,))
+
+
 def test_logprobs_include_sampled_token_outside_top_n():
     logits = torch.tensor([[5.0, 4.0, 0.0]])
     seq = make_seq(prompt=[0], temperature=0.0, repetition_penalty=2.0, logprobs=1)
