@@ -148,15 +148,19 @@ class ModelRunner:
         first = len(seq.prompt_logprobs) - 1 - first_position  # the first row whose token has no record
         last = min(hidden.shape[0], num_prompt - 1 - first_position)  # rows past it predict output tokens
         num_top = seq.sampling_params.prompt_logprobs
+        named = list(seq.sampling_params.logprob_token_ids)  # their logprobs at every position too
         for lo in range(max(first, 0), last, PROMPT_LOGPROB_ROWS):
             hi = min(lo + PROMPT_LOGPROB_ROWS, last)
             logprobs = self.model.compute_logits(hidden[lo:hi]).log_softmax(dim=-1)  # [R, V]
             targets = seq.token_ids[first_position + lo + 1:first_position + hi + 1]
             chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
             top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+            named_values = logprobs[:, named].tolist() if named else None
             for r, (target, logprob) in enumerate(zip(targets, chosen)):
                 record = dict(zip(top_ids[r].tolist(), top_values[r].tolist())) if num_top else {}
                 record.setdefault(target, logprob)
+                if named:
+                    record.update((t, lp) for t, lp in zip(named, named_values[r]) if t not in record)
                 seq.prompt_logprobs.append(record)
 
     def _lora_rows(self, batch: ScheduledBatch) -> list[tuple[LoRAAdapter, torch.Tensor]]:

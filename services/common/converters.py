@@ -89,9 +89,10 @@ def top_logprobs(token_id: int, logprobs: dict[int, float], n: int,
 
 
 def prompt_logprobs_to_proto(prompt_token_ids: Sequence[int], records: Sequence[dict[int, float] | None],
-                             n: int) -> list[common_pb2.TopLogprobs]:
+                             n: int, requested: Sequence[int] = ()) -> list[common_pb2.TopLogprobs]:
     """An engine's prompt logprobs (None first) as the wire carries them: one per token after the first."""
-    return [top_logprobs(token_id, record, n) for token_id, record in zip(prompt_token_ids[1:], records[1:])]
+    return [top_logprobs(token_id, record, n, requested)
+            for token_id, record in zip(prompt_token_ids[1:], records[1:])]
 
 
 # The memory a worker gives back to the host, by the engine's names (engine/memory_release.py's KINDS).

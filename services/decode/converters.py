@@ -15,5 +15,5 @@ def chunk_from_output(out: RequestOutput, params: SamplingParams) -> decode_pb2.
                               for t, lp in zip(out.new_token_ids, out.new_logprobs))
     if out.prompt_logprobs is not None:  # a local prefill's first output, asked for
         chunk.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_token_ids, out.prompt_logprobs,
-                                                              params.prompt_logprobs))
+                                                              params.prompt_logprobs, params.logprob_token_ids))
     return chunk

@@ -111,6 +111,10 @@ class _Shape:
                 for p, record in enumerate(records) if p >= start]
             meta["input_top_logprobs"] = [None if record is None else [self._entry(t) for t in record.top]
                                           for p, record in enumerate(records) if p >= start]
+            if self.has_token_ids_logprobs:
+                meta["input_token_ids_logprobs"] = [
+                    None if record is None else [self._entry(t) for t in record.requested]
+                    for p, record in enumerate(records) if p >= start]
         answer = {"text": output.text, "output_ids": output.output_ids, "meta_info": meta}
         if self.is_batch:
             answer["index"] = index

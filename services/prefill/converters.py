@@ -46,7 +46,7 @@ def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dic
                                                           logprob_token_ids))
     if out.prompt_logprobs is not None:
         event.first_token.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_token_ids, out.prompt_logprobs,
-                                                                          num_prompt_logprobs))
+                                                                          num_prompt_logprobs, logprob_token_ids))
     return event
 
 

@@ -72,7 +72,7 @@ def test_bad_score_requests_are_400s(mesh, body, param):
     mesh.assert_decode_pools_free()
 
 
-def test_generate_gives_the_named_tokens_logprobs_at_each_output_position(mesh, next_token_logprobs):
+def test_generate_gives_the_named_tokens_logprobs_at_each_output_and_prompt_position(mesh, next_token_logprobs):
     prompt = [1, 20, 30, 40]
     answer = httpx.post(f"{mesh.gateway.base_url}/generate", timeout=60, json={
         "input_ids": prompt, "return_logprob": True, "token_ids_logprob": LABELS,
@@ -85,6 +85,13 @@ def test_generate_gives_the_named_tokens_logprobs_at_each_output_position(mesh, 
         expected = next_token_logprobs(so_far)[LABELS].tolist()
         assert [entry[0] for entry in position] == pytest.approx(expected, abs=1e-4)
         so_far.append(token)
+    with_prompt = httpx.post(f"{mesh.gateway.base_url}/generate", timeout=60, json={
+        "input_ids": prompt, "return_logprob": True, "token_ids_logprob": LABELS, "logprob_start_len": 0,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()["meta_info"]["input_token_ids_logprobs"]
+    assert with_prompt[0] is None and len(with_prompt) == len(prompt)  # nothing before the first token
+    for end, position in enumerate(with_prompt[1:], start=1):  # what the prompt's first `end` tokens predict
+        expected = next_token_logprobs(prompt[:end])[LABELS].tolist()
+        assert [entry[0] for entry in position] == pytest.approx(expected, abs=1e-4)
     refused = httpx.post(f"{mesh.gateway.base_url}/generate", timeout=60,
                          json={"input_ids": prompt, "token_ids_logprob": LABELS})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "token_ids_logprob"
