@@ -21,6 +21,7 @@ from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, unless_disconnected
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_api import PoolingRequest, pool
+from services.gateway.request_errors import error_reason
 from services.gateway.score_api import RerankRequest, ScoreRequest, rerank, score
 from services.gateway.served_models import ServedModels
 from services.gateway.sglang_score import SGLangScoreRequest, asks_for_labels, sglang_score
@@ -49,10 +50,10 @@ def add_pooling_routes(app: FastAPI, pipeline: RequestPipeline, models: ServedMo
             if request_log is not None:
                 request_log.pooling_finished(response_id, endpoint, "cancelled", time.perf_counter() - started)
             return JSONResponse({}, status_code=499, headers={"x-request-id": response_id})
-        except APIError as e:
+        except Exception as e:
             if request_log is not None:
-                request_log.pooling_finished(response_id, endpoint, f"failed ({e.code or e.status})",
-                                             time.perf_counter() - started)
+                why = (e.code or e.status) if isinstance(e, APIError) else error_reason(e)
+                request_log.pooling_finished(response_id, endpoint, f"failed ({why})", time.perf_counter() - started)
             raise
         e2e_seconds = time.perf_counter() - started
         num_tokens = answer["usage"]["total_tokens"]

@@ -112,6 +112,10 @@ def test_embeddings_score_and_rerank_requests_are_logged_by_their_endpoint(mesh,
                          json={"model": mesh.model_name, "input": [[5] * 2049]})
     assert refused.status_code == 400
     assert ": embeddings failed (context_length_exceeded), e2e_ms=" in logged(logging_gateway, "long-input")[1]
+    labeled = httpx.post(f"{base}/v1/score", timeout=60, headers={"x-request-id": "bad-label"},  # the worker refuses it
+                         json={"query": "a", "items": ["b"], "label_token_ids": [10**6]})
+    assert labeled.status_code == 400
+    assert ": score failed (invalid_request), e2e_ms=" in logged(logging_gateway, "bad-label")[1]
 
 
 def test_the_default_gateway_logs_no_request(mesh, client):
