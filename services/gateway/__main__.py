@@ -148,6 +148,8 @@ class GatewayService:
         self._follow_workers()
         prefill = self.pools.get("prefill")
         self.router = make_router(config, prefill) if prefill is not None else None
+        request_log = RequestLog(config.log_requests_level, config.max_log_len,
+                                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
         # Colocated there is no prefill pool: every prompt goes to the decode worker.
         self.pipeline = RequestPipeline(self.pools["tokenizer"], tokenizer, prefill,
                                         self.pools["decode"], kv_transport=KV_TRANSPORTS[config.kv_transport],
@@ -160,7 +162,7 @@ class GatewayService:
                                         stream_interval=config.stream_interval,
                                         trust_request_chat_template=config.trust_request_chat_template,
                                         generation_defaults=config.generation_defaults,
-                                        request_log=RequestLog(config.log_requests_level, config.max_log_len),
+                                        request_log=request_log,
                                         default_chat_template_kwargs=config.default_chat_template_kwargs)
         if config.default_chat_template_kwargs:
             log.info("chat template variables for what requests' chat_template_kwargs leave out: %s",

@@ -14,8 +14,9 @@ inputs may be many, and are not generated):
     Finished request embd-..: embeddings finished, inputs=3 prompt_tokens=24, e2e_ms=12.31
 
 How much a generation request's lines say is SGLang's level: 0, what the request is (its id, sizes
-and timings); 1, also its sampling parameters; 2, also its prompt and output text, each cut to
-`max_len` characters (ids: tokens), 2048 by default as SGLang cuts them; 3, those whole unless
+and timings); 1, also its sampling parameters; 2, also its prompt and output text (a prompt given as
+ids, or rendered from chat messages, decoded), each cut to `max_len` characters (ids: tokens), 2048
+by default as SGLang cuts them; 3, those whole unless
 `max_len` says. vLLM's flags set level 1 (`--enable-log-requests`) or 2 (`--enable-log-outputs`
 too). SGLang's `POST /configure_logging` turns it on, off, or to another level while serving.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,6 +54,9 @@ class RequestLog:
 
     level: int | None = None
     max_len: int | None = None
+    # A prompt's ids as text, for one given as ids or rendered from chat messages (vLLM logs the
+    # rendered prompt); None: such a prompt is logged by its ids alone.
+    decode: Callable[[Sequence[int]], str] | None = None
 
     def __post_init__(self) -> None:
         self._level_when_on = self.level if self.level is not None else DEFAULT_LEVEL
@@ -83,6 +87,8 @@ class RequestLog:
         if self.level >= 1:
             parts.append(f"params: {text_format.MessageToString(params, as_one_line=True)}")
         if self.logs_texts:
+            if prompt_text is None and self.decode is not None:
+                prompt_text = self.decode(self._cut(list(prompt)))
             if prompt_text is not None:
                 parts.append(f"prompt: {self._cut(prompt_text)!r}")
             parts.append(f"prompt_token_ids: {self._cut(list(prompt))}")

@@ -11,6 +11,7 @@ import time
 import httpx
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from protos import common_pb2
 from services.common.settings import ConfigError
@@ -75,6 +76,14 @@ def test_configure_logging_turns_it_up_or_off_while_serving(mesh, logging_gatewa
         received, finished = logged(logging_gateway, request_id)
         assert f"prompt: {PROMPT[:8]!r}, prompt_token_ids: [" in received  # cut to --max-log-len
         assert finished.rstrip().endswith(f"output: {text[:8]!r}")
+        # A chat's prompt is logged as rendered (its first ids decoded), as vLLM logs it.
+        messages = [{"role": "user", "content": PROMPT}]
+        chat = httpx.post(f"{base}/v1/chat/completions", timeout=60,
+                          json={"model": mesh.model_name, "messages": messages, "max_tokens": 2}).json()
+        rendered = httpx.post(f"{base}/tokenize", json={"messages": messages}, timeout=10).json()["tokens"]
+        tokenizer = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json"))
+        text = tokenizer.decode(rendered[:8], skip_special_tokens=False)
+        assert f"prompt: {text[:8]!r}, prompt_token_ids: {rendered[:8]}" in logged(logging_gateway, chat["id"])[0]
         assert httpx.post(f"{base}/configure_logging", json={"log_requests": False}, timeout=10).status_code == 200
         quiet_id, _ = complete("not logged")
         refused = httpx.post(f"{base}/configure_logging", json={"dump_requests_folder": "/tmp"}, timeout=10)
