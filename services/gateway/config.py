@@ -119,6 +119,7 @@ class GatewayConfig:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     force_include_usage: bool = False  # every streamed chat and completion ends with usage (vLLM's flag)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" by default (vLLM's flag)
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
 
     def __post_init__(self):

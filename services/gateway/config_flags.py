@@ -117,6 +117,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         force_include_usage=args.enable_force_include_usage,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template)
@@ -241,6 +242,9 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info: the tokenizer's configuration and chat template "
                              "(as vLLM's flag; off, as the template may be private)")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="logprobs name each token \"token_id:N\" rather than by its text, unless a request's "
+                             "return_tokens_as_token_ids says otherwise (as vLLM's flag)")
     HttpServing.add_flags(parser, env)
     ChatServing.add_flags(parser)
     add_request_log_flags(parser, env)

@@ -240,8 +240,10 @@ def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
 
 
 def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionRequest) -> TokenText:
-    """How logprobs name a token: by its text, or "token_id:N" (vLLM's `return_tokens_as_token_ids`)."""
-    return _token_id_text if body.return_tokens_as_token_ids else state.token_text
+    """How logprobs name a token: by its text, or "token_id:N" (vLLM's `return_tokens_as_token_ids`, by
+    default the gateway's flag)."""
+    by_id = body.return_tokens_as_token_ids
+    return _token_id_text if (state.return_tokens_as_token_ids if by_id is None else by_id) else state.token_text
 
 
 def _token_id_text(token_id: int) -> str:

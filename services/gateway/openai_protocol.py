@@ -134,8 +134,9 @@ class SamplingFields(BaseModel):
     # that it sent the same prompt.
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     user: str | None = None
-    # vLLM's: logprobs name each token "token_id:N", not by its text (which may not tell two tokens apart)
-    return_tokens_as_token_ids: bool = False
+    # vLLM's: logprobs name each token "token_id:N", not by its text (which may not tell two tokens apart);
+    # None: as the gateway's --return-tokens-as-token-ids says
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: the response has the prompt's token ids and each choice's (streamed: each chunk's)
     return_token_ids: bool | None = None
     return_timeline: bool = False  # Baton's: the request's ledger in the response (services/gateway/timeline.py)

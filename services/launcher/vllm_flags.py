@@ -42,6 +42,7 @@ PASSED_FLAGS = (
     PassedFlag("--enable-log-outputs", GATEWAY, "... with its texts", is_switch=True),
     PassedFlag("--root-path", GATEWAY, "the path prefix a proxy serves the HTTP API under and strips"),
     PassedFlag("--disable-uvicorn-access-log", GATEWAY, "no log line per HTTP request", is_switch=True),
+    PassedFlag("--return-tokens-as-token-ids", GATEWAY, 'logprobs name tokens "token_id:N"', is_switch=True),
     PassedFlag("--max-num-seqs", WORKERS, "most requests in a worker's batch", type=int),
     PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),

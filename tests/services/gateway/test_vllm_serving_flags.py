@@ -32,7 +32,7 @@ def flagged(mesh):
                              [d.address for d in mesh.decode], "--api-key", KEY, "--root-path", "/llm",
                              "--disable-uvicorn-access-log", "--response-role", "model",
                              "--exclude-tools-when-tool-choice-none", "--trust-request-chat-template",
-                             "--enable-tokenizer-info-endpoint")
+                             "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids")
     try:
         yield gateway
     finally:
@@ -91,6 +91,19 @@ def test_the_reply_takes_the_response_role_or_the_continued_messages(mesh, flagg
     reply = flagged_client.chat.completions.create(
         messages=continued, extra_body={"add_generation_prompt": False, "continue_final_message": True}, **kwargs)
     assert reply.choices[0].message.role == "assistant"
+
+
+def test_logprobs_name_tokens_by_id_unless_the_request_says_otherwise(mesh, flagged_client):
+    kwargs = dict(model=mesh.model_name, prompt="Once upon a time", max_tokens=3, temperature=0, logprobs=2)
+    by_id = flagged_client.completions.create(**kwargs).choices[0].logprobs
+    assert all(token.startswith("token_id:") for token in by_id.tokens)
+    assert all(name.startswith("token_id:") for top in by_id.top_logprobs for name in top)
+    by_text = flagged_client.completions.create(**kwargs, extra_body={"return_tokens_as_token_ids": False})
+    assert by_text.choices[0].logprobs.tokens == [
+        flagged_client.post("/detokenize", cast_to=object, body={"tokens": [int(t.removeprefix("token_id:"))]})[
+            "prompt"] for t in by_id.tokens]
+    chat = flagged_client.chat.completions.create(model=mesh.model_name, messages=MESSAGES, max_tokens=2, logprobs=True)
+    assert all(entry.token.startswith("token_id:") for entry in chat.choices[0].logprobs.content)
 
 
 def test_tools_are_left_out_of_the_prompt_when_tool_choice_is_none(mesh, flagged, flagged_client):
