@@ -147,7 +147,8 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         if body.token_ids_logprob and not body.return_logprob:
             raise APIError(400, "token_ids_logprob: their logprobs come with return_logprob true",
                            param="token_ids_logprob")
-        for prompt, sampling, rid in zip(prompts, body.sampling_per_prompt(len(prompts)), rids, strict=True):
+        for prompt, sampling, rid, named_ids in zip(prompts, body.sampling_per_prompt(len(prompts)), rids,
+                                                    body.token_ids_per_prompt(len(prompts)), strict=True):
             asked = completion_request(prompt, sampling, lora or state.model_name,
                                        body.top_logprobs_num if body.return_logprob else None, prompt_logprobs)
             given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
@@ -158,7 +159,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 if lora is not None:
                     sampling_params.lora_name = lora
                 sampling_params.stream_interval = stream_interval(sampling)
-                sampling_params.logprob_token_ids.extend(body.token_ids_logprob or ())
+                sampling_params.logprob_token_ids.extend(named_ids)
                 aborted = aborts[sample_rid] = asyncio.Event()
                 stream = pipeline.generate(
                     sample_rid, **given, sampling=sampling_params, stop=asked.stops,

@@ -97,7 +97,8 @@ class GenerateRequest(SGLangInput):
     logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
     top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
     return_text_in_logprobs: bool = False
-    token_ids_logprob: list[TokenId] | None = None  # these ids' logprobs at each output position too
+    # These ids' logprobs at each output position too: one list for every prompt, or a list per prompt
+    token_ids_logprob: list[TokenId] | list[list[TokenId]] | None = None
 
     def sampling_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
         given = self.sampling_params if self.sampling_params is not None else {}
@@ -106,6 +107,15 @@ class GenerateRequest(SGLangInput):
         if len(given) != num_prompts:
             raise APIError(400, f"sampling_params: {len(given)} given for {num_prompts} prompts",
                            param="sampling_params")
+        return given
+
+    def token_ids_per_prompt(self, num_prompts: int) -> list[list[int]]:
+        given = self.token_ids_logprob or []
+        if not given or isinstance(given[0], int):
+            return [given] * num_prompts
+        if len(given) != num_prompts:
+            raise APIError(400, f"token_ids_logprob: {len(given)} lists given for {num_prompts} prompts",
+                           param="token_ids_logprob")
         return given
 
 

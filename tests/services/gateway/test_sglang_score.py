@@ -95,3 +95,19 @@ def test_generate_gives_the_named_tokens_logprobs_at_each_output_and_prompt_posi
     refused = httpx.post(f"{mesh.gateway.base_url}/generate", timeout=60,
                          json={"input_ids": prompt, "token_ids_logprob": LABELS})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "token_ids_logprob"
+
+
+def test_a_batch_names_one_list_of_ids_for_all_its_prompts_or_one_per_prompt(mesh):
+    def named(token_ids_logprob) -> httpx.Response:
+        return httpx.post(f"{mesh.gateway.base_url}/generate", timeout=60, json={
+            "input_ids": [[1, 20, 30], [1, 40]], "return_logprob": True, "token_ids_logprob": token_ids_logprob,
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}})
+
+    def ids_of(answer: dict) -> list[list[int]]:
+        return [[entry[1] for entry in position] for position in answer["meta_info"]["output_token_ids_logprobs"]]
+
+    shared, per_prompt = named(LABELS).json(), named([[5], [6, 7]]).json()
+    assert [ids_of(answer) for answer in shared] == [[LABELS] * 2] * 2
+    assert [ids_of(answer) for answer in per_prompt] == [[[5]] * 2, [[6, 7]] * 2]
+    refused = named([[5]])
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "token_ids_logprob"
