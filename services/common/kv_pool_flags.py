@@ -13,8 +13,6 @@ import argparse
 import re
 from collections.abc import Mapping
 
-from services.common.settings import ConfigError
-
 DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 SIZE = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
@@ -36,8 +34,3 @@ def add_kv_memory_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], 
     given = env.get(env_var) or None
     parser.add_argument("--kv-cache-memory-bytes", type=byte_count, default=given, metavar="SIZE",
                         help=f"KV pool size in bytes, e.g. 8G (as vLLM's flag; replaces --kv-blocks) (${env_var})")
-
-
-def check_kv_memory(num_bytes: int | None) -> None:
-    if num_bytes is not None and num_bytes < 1:
-        raise ConfigError(f"--kv-cache-memory-bytes must be at least 1, got {num_bytes}")

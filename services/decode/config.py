@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.speculative import SpeculativeConfig
-from services.common.kv_pool_flags import add_kv_memory_flag, check_kv_memory
+from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -102,7 +102,8 @@ class DecodeServiceConfig:
         check_bind(self.host, self.port, ENV_HOST)
         check_metrics_port(self.metrics_port)
         check_positive("--kv-blocks", self.num_kv_blocks)
-        check_kv_memory(self.kv_cache_memory_bytes)
+        if self.kv_cache_memory_bytes is not None:
+            check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)

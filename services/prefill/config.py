@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common.kv_pool_flags import add_kv_memory_flag, check_kv_memory
+from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -104,7 +104,8 @@ class PrefillServiceConfig:
         object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--kv-blocks", self.num_kv_blocks)
-        check_kv_memory(self.kv_cache_memory_bytes)
+        if self.kv_cache_memory_bytes is not None:
+            check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
