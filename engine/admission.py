@@ -59,6 +59,11 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
     bad = next((t for t in sampling_params.guide_after_token_ids if t >= vocab), None)
     if bad is not None:  # never sampled: the guide would never hold
         raise ValueError(f"guide_after_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+    thinking = sampling_params.thinking_budget
+    if thinking is not None:
+        bad = next((t for t in thinking.start_token_ids + thinking.forced_end if t >= vocab), None)
+        if bad is not None:  # a forced one would index past the logits
+            raise ValueError(f"thinking budget: token id {bad} is outside the vocabulary [0, {vocab})")
     n = len(prompt_token_ids)
     # An embedding's one token is made and dropped, never computed: its prompt may fill the context.
     if n + len(output_token_ids) >= engine.max_model_len + sampling_params.embed:

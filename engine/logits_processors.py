@@ -94,6 +94,17 @@ def keep_only(logits: torch.Tensor, allowed: list[tuple[int, ...]]) -> torch.Ten
     return logits.masked_fill(masked, float("-inf"))
 
 
+def force_tokens(logits: torch.Tensor, forced: list[int | None]) -> torch.Tensor:
+    """Row i can sample only `forced[i]` (every id where it is None), whatever the stages before made of
+    its logit: a banned one too. Returns new logits, the input is untouched."""
+    rows = [i for i, token_id in enumerate(forced) if token_id is not None]
+    device = logits.device
+    rows_t = torch.tensor(rows, dtype=torch.long).to(device)
+    logits = logits.index_fill(0, rows_t, float("-inf"))
+    ids = torch.tensor([forced[i] for i in rows], dtype=torch.long).to(device)
+    return logits.index_put((rows_t, ids), torch.tensor(0.0, dtype=logits.dtype).to(device))
+
+
 def ban_tokens(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> torch.Tensor:
     """Row i can no longer sample the ids in `banned[i]`; returns new logits, the input is untouched."""
     rows = [i for i, ids in enumerate(banned) for _ in ids]

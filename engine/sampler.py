@@ -3,7 +3,8 @@
 Every request carries its own `SamplingParams`, so each stage works on per-row
 parameter tensors built once per call, and a stage no row uses is skipped.
 The order is vLLM's: allowed token ids and guided decoding's grammar → logit bias → min
-tokens → penalties → greedy argmax → temperature → min-p → top-k → top-p → sample.
+tokens → penalties → a thinking budget's forced close → greedy argmax → temperature → min-p → top-k
+→ top-p → sample.
 Logprobs are of the raw logits, as vLLM's by default. Stop tokens and max_tokens are the
 scheduler's job.
 
@@ -17,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.logits_processors import apply_guides, apply_logit_bias, ban_tokens, keep_only, penalize
+from engine.logits_processors import apply_guides, apply_logit_bias, ban_tokens, force_tokens, keep_only, penalize
 from engine.random_sampling import row_argmax, sample_random
 from engine.sampled_logprobs import sampled_logprobs
 from engine.sequence import Sequence
@@ -61,9 +62,13 @@ class Sampler:
         if any(p.min_tokens or p.bad_words_token_ids for p in params):
             banned = [self._stops_banned(seq) + _bad_words_banned(seq) for seq in seqs]
         needs_ban = any(banned)
+        forced = []
+        if any(p.thinking_budget for p in params):
+            forced = [seq.thinking_marks.forced_token(seq.token_ids) if seq.thinking_marks else None for seq in seqs]
+        needs_force = any(token_id is not None for token_id in forced)
         # Decode-step fast path: nothing but argmax.
         if all(is_greedy) and not (needs_penalties or needs_logprobs or needs_bias or needs_allowed or needs_ban
-                                   or guided):
+                                   or guided or needs_force):
             return SamplerOutput(row_argmax(logits).tolist(), [None] * len(seqs))
 
         raw_logits = logits
@@ -79,6 +84,8 @@ class Sampler:
                 logits = _eos_where_nothing_is_left(logits, self.eos_token_ids[0])
         if needs_penalties:
             logits = penalize(logits, seqs, params)
+        if needs_force:
+            logits = force_tokens(logits, forced)
         if all(is_greedy):
             token_ids = row_argmax(logits)  # [B]
         else:

@@ -5,6 +5,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine.thinking_budget import ThinkingBudget
+
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound: -100 bans a token, +100 all but forces it
 
@@ -51,6 +53,9 @@ class SamplingParams:
     # SGLang's token_ids_logprob: these ids' logprobs are reported at each sampled position too,
     # among its logprobs (which must be asked for: 0 for none of the top-n).
     logprob_token_ids: tuple[int, ...] = ()
+    # vLLM's thinking_token_budget: once the thinking has this many tokens its close is written for
+    # it (engine/thinking_budget.py); None: it thinks as long as it likes.
+    thinking_budget: ThinkingBudget | None = None
     # vLLM's LoRA request, and no sampling setting either: the adapter (EngineConfig.lora_modules) the
     # request is computed with; None: the base model.
     lora_name: str | None = None

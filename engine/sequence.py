@@ -9,6 +9,7 @@ import torch
 
 from engine.sampling_params import SamplingParams
 from engine.step_times import StepTimes
+from engine.thinking_budget import ThinkingMarks
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
 # wait for another worker to take them over (disaggregated serving).
@@ -81,6 +82,9 @@ class Sequence:
         # output's last tokens while it waits, as many as they are.
         self.is_guide_waiting = bool(sampling_params.guide_after_token_ids)
         self._waited: tuple[int, ...] = ()
+        # With a thinking budget: where its thinking opens and closes, for the sampler to close it in time.
+        thinking = sampling_params.thinking_budget
+        self.thinking_marks = ThinkingMarks(thinking) if thinking is not None else None
         # Per-request RNG, reseeded for each position it draws for (random_sampling.position_seed): seeded
         # requests draw from their own streams, so the batch around them cannot change their tokens.
         self.generator = torch.Generator() if sampling_params.seed is not None else None

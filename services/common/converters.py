@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.sampling_params import SamplingParams
+from engine.thinking_budget import ThinkingBudget
 from protos import common_pb2, scheduler_pb2
 from services.kvstore.layout import PageLayout
 
@@ -55,6 +56,10 @@ def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:
         kwargs["guide_after_token_ids"] = tuple(p.guide_after_token_ids)
     elif p.HasField("guide_after_token_id"):
         kwargs["guide_after_token_ids"] = (p.guide_after_token_id,)
+    if p.HasField("thinking_budget"):
+        thinking = p.thinking_budget
+        kwargs["thinking_budget"] = ThinkingBudget(thinking.max_tokens, thinking.start_token_ids,
+                                                   thinking.end_token_ids, thinking.forced_end_token_ids)
     return SamplingParams(
         top_k=p.top_k, min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, logit_bias=p.logit_bias,

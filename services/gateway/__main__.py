@@ -41,6 +41,7 @@ from protos import (
 from services.common.entrypoint import StartError, load_in_thread, run_service
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceRegistry
+from services.common.settings import ConfigError
 from services.gateway.api_keys import ApiKeys
 from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
@@ -49,6 +50,7 @@ from services.gateway.index_mirror import IndexMirror
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.random_router import RandomRouter
+from services.gateway.reasoning_config import thinking_markers as thinking_markers_of
 from services.gateway.request_log import RequestLog
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RouterConfig
@@ -148,6 +150,10 @@ class GatewayService:
         self._follow_workers()
         prefill = self.pools.get("prefill")
         self.router = make_router(config, prefill) if prefill is not None else None
+        try:
+            thinking_markers = thinking_markers_of(config.reasoning_config, config.reasoning_parser, tokenizer)
+        except ConfigError as e:  # the tokenizer's say: known only now
+            raise StartError(str(e)) from None
         request_log = RequestLog(config.log_requests_level, config.max_log_len,
                                  decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
         # Colocated there is no prefill pool: every prompt goes to the decode worker.
@@ -163,7 +169,8 @@ class GatewayService:
                                         trust_request_chat_template=config.trust_request_chat_template,
                                         generation_defaults=config.generation_defaults,
                                         request_log=request_log,
-                                        default_chat_template_kwargs=config.default_chat_template_kwargs)
+                                        default_chat_template_kwargs=config.default_chat_template_kwargs,
+                                        thinking_markers=thinking_markers)
         if config.default_chat_template_kwargs:
             log.info("chat template variables for what requests' chat_template_kwargs leave out: %s",
                      config.default_chat_template_kwargs)

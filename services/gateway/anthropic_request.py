@@ -12,8 +12,10 @@ tools), `tool_choice` (`auto`; `any`: chat's "required"; `tool` with its `name`;
 `stream`, and chat's sampling extras (`seed`, `min_p`, the penalties, `guided_regex`, ...: CHAT_EXTRAS,
 which Anthropic's API has no names for). `thinking` (`enabled` or `adaptive`; `disabled`) becomes the
 template variables reasoning models' templates switch thinking by (`enable_thinking`, Qwen3's;
-`thinking`, DeepSeek's), under the request's own `chat_template_kwargs`; its `budget_tokens` does not
-bound the thinking here. `metadata` and `service_tier` ask nothing here.
+`thinking`, DeepSeek's), under the request's own `chat_template_kwargs`; its `budget_tokens` bounds the
+thinking as chat's `thinking_token_budget` does where the gateway knows the model's thinking tags
+(reasoning_config.py), and is a hint it cannot keep elsewhere. `metadata` and `service_tier` ask nothing
+here.
 Images, documents and Anthropic's server tools are refused (400): the models served here read text.
 """
 from __future__ import annotations
@@ -35,7 +37,8 @@ CHAT_EXTRAS = frozenset({
     "stop_token_ids", "logit_bias", "bad_words", "allowed_token_ids", "include_stop_str_in_output",
     "skip_special_tokens", "truncate_prompt_tokens", "priority", "cache_salt", "stop_regex", "response_format",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "regex", "ebnf",
-    "json_schema", "no_stop_trim", "reasoning_effort", "chat_template_kwargs", "documents", "chat_template"})
+    "json_schema", "no_stop_trim", "reasoning_effort", "chat_template_kwargs", "documents", "chat_template",
+    "thinking_token_budget"})
 
 
 class MessagesRequest(BaseModel):
@@ -55,8 +58,9 @@ class MessagesRequest(BaseModel):
     output_config: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
 
-    def as_chat(self) -> ChatCompletionRequest:
-        """The chat request this one means; APIError (400) for what cannot be served, or what chat refuses."""
+    def as_chat(self, keeps_thinking_budgets: bool = False) -> ChatCompletionRequest:
+        """The chat request this one means; APIError (400) for what cannot be served, or what chat refuses.
+        `keeps_thinking_budgets`: the gateway can bound the thinking to `thinking.budget_tokens`."""
         chat: dict[str, Any] = {name: value for name, value in (self.model_extra or {}).items() if name in CHAT_EXTRAS}
         chat.update(model=self.model, messages=self._messages(), stream=self.stream)
         for name, value in (("max_tokens", self.max_tokens), ("stop", self.stop_sequences),
@@ -69,6 +73,8 @@ class MessagesRequest(BaseModel):
             chat["tool_choice"], chat["parallel_tool_calls"] = _chat_tool_choice(self.tool_choice)
         if self.thinking is not None:
             _switch_thinking(chat, self.thinking)
+            if keeps_thinking_budgets:
+                _bound_thinking(chat, self.thinking)
         schema = ((self.output_config or {}).get("format") or {}).get("schema")
         if schema is not None:
             chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -138,6 +144,16 @@ def _switch_thinking(chat: dict[str, Any], thinking: dict[str, Any]) -> None:
         return  # chat refuses it, naming it
     is_on = kind != "disabled"
     chat["chat_template_kwargs"] = {"enable_thinking": is_on, "thinking": is_on, **(given or {})}
+
+
+def _bound_thinking(chat: dict[str, Any], thinking: dict[str, Any]) -> None:
+    budget = thinking.get("budget_tokens")
+    if thinking.get("type") != "enabled" or budget is None or "thinking_token_budget" in chat:
+        return
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise APIError(400, f"thinking.budget_tokens must be an integer >= 0, got {budget!r}",
+                       param="thinking.budget_tokens")
+    chat["thinking_token_budget"] = budget
 
 
 def _texts(blocks: list[Any], where: str) -> str:

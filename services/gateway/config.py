@@ -23,6 +23,7 @@ from services.gateway.chat_serving import ChatServing
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
+from services.gateway.reasoning_config import ReasoningConfig
 from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
 from services.gateway.request_log import ENV_LOG_REQUESTS, LEVELS as LOG_LEVELS
 from services.gateway.tool_parsers import PARSERS
@@ -94,6 +95,8 @@ class GatewayConfig:
     stream_interval: int = 1
     tool_call_parser: str | None = None  # tool_parsers.py: reads the model's own tool calls; None: "auto" refused
     reasoning_parser: str | None = None  # reasoning_parsers.py: reads a reasoning model's thinking; None: all content
+    # vLLM's --reasoning-config: the thinking's tags a thinking_token_budget is kept by (reasoning_config.py).
+    reasoning_config: ReasoningConfig | None = None
     resolve_workers_s: float = DEFAULT_RESOLVE_WORKERS_S  # workers' host names resolved again this often; 0: once
     # Prefill and decode workers also found in the Redis instance registry (those serving this model),
     # as often as names are resolved: pools scaled by starting and stopping workers anywhere.
@@ -164,6 +167,8 @@ class GatewayConfig:
         if self.tool_call_parser == "openai" and self.reasoning_parser != HARMONY:
             raise ConfigError(f"--tool-call-parser openai reads gpt-oss's harmony messages, which --reasoning-parser "
                               f"{HARMONY} takes apart: it cannot go with {self.reasoning_parser!r}")
+        if self.reasoning_config is not None:
+            self.reasoning_config.tags(self.reasoning_parser)  # the two name the same parser
         if self.kv_transport not in KV_TRANSPORTS:
             raise ConfigError(f"--kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)

@@ -53,6 +53,7 @@ from services.gateway.config import (
 from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
+from services.gateway.reasoning_config import ReasoningConfig
 from services.gateway.reasoning_parsers import (
     HARMONY,
     PARSERS as REASONING_PARSERS,
@@ -78,6 +79,7 @@ ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
 ENV_STREAM_INTERVAL = "BATON_GATEWAY_STREAM_INTERVAL"
 ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
 ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
+ENV_REASONING_CONFIG = "BATON_GATEWAY_REASONING_CONFIG"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
 ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
 ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
@@ -108,7 +110,8 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
         max_num_requests=args.max_num_requests,
         stream_interval=args.stream_interval, tool_call_parser=_tool_call_parser(args),
-        reasoning_parser=_reasoning_parser(args), resolve_workers_s=args.resolve_workers_s,
+        reasoning_parser=_reasoning_parser(args), reasoning_config=_reasoning_config(args),
+        resolve_workers_s=args.resolve_workers_s,
         discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
         chat_template=chat_template_source(args.chat_template),
         generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
@@ -201,6 +204,11 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
                              f"replies give its thinking as `reasoning`, apart from the answer; SGLang's names "
                              f"too (${ENV_REASONING_PARSER})")
+    parser.add_argument("--reasoning-config", default=env.get(ENV_REASONING_CONFIG, ""),
+                        help=f"vLLM's: a JSON object naming the thinking's tags a request's thinking_token_budget "
+                             f"is kept by, where --reasoning-parser does not or to override it: "
+                             f"reasoning_start_str, reasoning_end_str (written to close the thinking: it may lead "
+                             f"into the close with a phrase) (${ENV_REASONING_CONFIG})")
     parser.add_argument("--resolve-workers-s", type=float,
                         default=env_float(env, ENV_RESOLVE_WORKERS, DEFAULT_RESOLVE_WORKERS_S),
                         help=f"how often the --prefill and --decode host names are resolved again: a name "
@@ -285,6 +293,12 @@ def _tool_call_parser(args) -> str | None:
                               "which tool_choice \"auto\" reads its calls by")
         return None
     return tool_parser_named(args.tool_call_parser)
+
+
+def _reasoning_config(args) -> ReasoningConfig | None:
+    if not args.reasoning_config:
+        return None
+    return ReasoningConfig.from_json(_json_object(args.reasoning_config, "--reasoning-config"))
 
 
 def _reasoning_parser(args) -> str | None:

@@ -197,8 +197,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if asked.max_tokens is None:
             raise APIError(400, "max_tokens: Field required", param="max_tokens")
         response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
-        choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(asked.as_chat()),
-                                                             response_id)
+        chat = asked.as_chat(keeps_thinking_budgets=state.pipeline.thinking_markers is not None)
+        choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(chat), response_id)
         return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
                              shape=MessagesShape(builder))
 

@@ -6,7 +6,8 @@ Field names, defaults and ranges follow OpenAI's API and vLLM's extras (`top_k`,
 `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
 `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens`, `truncate_prompt_tokens`,
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`, `bad_words`,
-`priority`, `cache_salt`, `return_tokens_as_token_ids`, `return_token_ids`, `use_beam_search` with
+`priority`, `cache_salt`, `return_tokens_as_token_ids`, `return_token_ids`, `thinking_token_budget`,
+`use_beam_search` with
 `length_penalty`, and chat's template options), SGLang's (`stop_regex`, `lora_path`, and its names for
 vLLM's: request_aliases.py), plus Baton's `return_timeline`. Null in a field OpenAI's API documents as
 nullable is its default. A value out of range fails validation here, so the client gets a 400 that
@@ -54,7 +55,8 @@ UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
 # (vLLM's ignores them).
 NOT_WITH_BEAM_SEARCH = {"stop": (None, "", []), "stop_regex": (None, "", []), "presence_penalty": (None, 0.0),
                         "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "logit_bias": (None, {}),
-                        "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, [])}
+                        "min_tokens": (0,), "allowed_token_ids": (None,), "bad_words": (None, []),
+                        "thinking_token_budget": (None, -1)}
 
 
 def header_safe(request_id: str) -> str:
@@ -157,6 +159,9 @@ class SamplingFields(BaseModel):
     # vLLM's: words the output may not write (`encoded_bad_words`; the workers ban each one's last token
     # where the output ends with the rest of it).
     bad_words: list[str] | None = None
+    # vLLM's: a reasoning model's thinking is closed for it after this many tokens (engine/thinking_budget.py,
+    # by the tags reasoning_config.py names); -1 (vLLM's) or None: it thinks as long as it likes.
+    thinking_token_budget: Annotated[int, Field(ge=-1, le=UINT32_MAX)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -260,6 +265,9 @@ class SamplingFields(BaseModel):
             self._output_guide.write_into(params)
         for word in bad_words:
             params.bad_words.add(token_ids=word)
+        if self.thinking_token_budget is not None and self.thinking_token_budget >= 0:
+            params.thinking_budget.SetInParent()  # a budget of 0 is a budget: present, though its one field is 0
+            params.thinking_budget.max_tokens = self.thinking_token_budget
         defaults.fill(params, top_k_given=self.top_k is not None, min_p_given=self.min_p is not None)
         return params
 

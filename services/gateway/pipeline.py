@@ -51,6 +51,7 @@ from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import NO_LOOKUP
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
+from services.gateway.reasoning_config import ThinkingMarkers, fill_thinking_budget
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_log import RequestLog
 from services.gateway.request_trace import RequestTrace
@@ -86,7 +87,8 @@ class RequestPipeline(Admission):
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
                  max_num_requests: int = 0, stream_interval: int = 1, trust_request_chat_template: bool = False,
                  generation_defaults: GenerationDefaults = GenerationDefaults(), request_log: RequestLog | None = None,
-                 default_chat_template_kwargs: Mapping[str, Any] | None = None):
+                 default_chat_template_kwargs: Mapping[str, Any] | None = None,
+                 thinking_markers: ThinkingMarkers | None = None):
         self.tokenizers = tokenizers  # the tokenizer services
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -107,6 +109,7 @@ class RequestPipeline(Admission):
         self.running = RunningRequests(lambda worker, request_id: self.steps.abort_soon(
             worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
         self.request_log = request_log or RequestLog()  # off unless asked (its level may change while serving)
+        self.thinking_markers = thinking_markers  # what keeps a thinking_token_budget; None: none can be kept
 
     @property
     def prefill_router(self):
@@ -175,6 +178,7 @@ class RequestPipeline(Admission):
                     raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
                 if any(not s for s in stop):
                     raise InvalidRequestError("stop strings must be non-empty")
+                fill_thinking_budget(params, self.thinking_markers)
                 with spans.phase("tokenize"):
                     prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages,
                                                        chat_options, add_special_tokens)

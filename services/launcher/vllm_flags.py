@@ -38,6 +38,7 @@ PASSED_FLAGS = (
     PassedFlag("--tool-call-parser", GATEWAY, "the model's tool-call syntax: tool_choice auto served"),
     PassedFlag("--enable-auto-tool-choice", GATEWAY, "as vLLM's: with --tool-call-parser", is_switch=True),
     PassedFlag("--reasoning-parser", GATEWAY, "the model's thinking apart from its answer"),
+    PassedFlag("--reasoning-config", GATEWAY, "JSON: the thinking's tags, for thinking_token_budget"),
     PassedFlag("--enable-log-requests", GATEWAY, "log each request as it arrives and ends", is_switch=True),
     PassedFlag("--enable-log-outputs", GATEWAY, "... with its texts", is_switch=True),
     PassedFlag("--root-path", GATEWAY, "the path prefix a proxy serves the HTTP API under and strips"),

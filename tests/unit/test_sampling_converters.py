@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.sampling_params import SamplingParams
+from engine.thinking_budget import ThinkingBudget
 from protos import common_pb2
 from services.common import converters
 from services.common.converters import sampling_params_from_proto
@@ -35,6 +36,15 @@ def test_a_guide_waits_for_one_token_or_a_run_of_them():
     run = common_pb2.SamplingParams(guided_regex="x+", guide_after_token_id=7, guide_after_token_ids=[3, 4, 5])
     assert sampling_params_from_proto(run).guide_after_token_ids == (3, 4, 5)
     assert sampling_params_from_proto(common_pb2.SamplingParams(guided_regex="x+")).guide_after_token_ids == ()
+
+
+def test_a_thinking_budget_comes_across_whole_zero_included():
+    given = common_pb2.SamplingParams(thinking_budget=common_pb2.ThinkingBudget(
+        max_tokens=0, start_token_ids=[5], end_token_ids=[6], forced_end_token_ids=[7, 6]))
+    assert sampling_params_from_proto(given).thinking_budget == ThinkingBudget(0, (5,), (6,), (7, 6))
+    assert sampling_params_from_proto(common_pb2.SamplingParams()).thinking_budget is None
+    with pytest.raises(ValueError, match="open and close"):
+        sampling_params_from_proto(common_pb2.SamplingParams(thinking_budget=common_pb2.ThinkingBudget(max_tokens=3)))
 
 
 def test_equal_messages_share_params_and_a_refused_one_is_refused_every_time():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import grpc
+import httpx
 import openai
 import pytest
 from tokenizers import Tokenizer
@@ -16,6 +17,8 @@ from engine.demo_model import BOS_TOKEN, make_demo_model
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
+from services.gateway.reasoning_config import ReasoningConfig, ThinkingMarkers, thinking_markers
+from services.tokenizer.model_tokenizer import ModelTokenizer
 from tests.services.gateway.mesh import gateway_client, start_mesh, stop_mesh
 
 THINK_THEN_ANSWER = r"<think>[a-z ]{1,12}</think>\n\n[a-z]{1,12}"
@@ -97,6 +100,38 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args([*common, "--tool-call-parser", "openai"], {}).reasoning_parser == "openai_gptoss"
     with pytest.raises(ConfigError, match="--tool-call-parser openai reads gpt-oss's harmony messages"):
         GatewayConfig.from_args([*common, "--tool-call-parser", "openai", "--reasoning-parser", "qwen3"], {})
+
+
+def test_the_reasoning_config_is_read_checked_and_tokenized(thinking_mesh):
+    mesh, _ = thinking_mesh
+    common = ["--model", str(mesh.model_dir), "--tokenizer", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
+              "--decode", "127.0.0.1:3"]
+    given = json.dumps({"reasoning_start_str": "<think>", "reasoning_end_str": " Done.</think>"})
+    config = GatewayConfig.from_args(common, {"BATON_GATEWAY_REASONING_CONFIG": given})
+    assert config.reasoning_config == ReasoningConfig("<think>", " Done.</think>")
+    for flags, message in [('{"reasoning_end": "x"}', r"unknown keys \['reasoning_end'\]"),
+                           ('{"reasoning_end_str": 1}', "values are strings"), ("[1]", "must be a JSON object"),
+                           ('{"reasoning_parser": "granite"}', "reasoning_parser must be one of"),
+                           ('{"reasoning_parser": "qwen3"}',
+                            "names the parser 'qwen3', --reasoning-parser 'seed_oss'")]:
+        with pytest.raises(ConfigError, match=message):
+            GatewayConfig.from_args([*common, "--reasoning-parser", "seed_oss", "--reasoning-config", flags], {})
+
+    tokenizer = ModelTokenizer.from_dir(mesh.model_dir)
+    ids = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    assert thinking_markers(None, "qwen3", tokenizer) == ThinkingMarkers(ids("<think>"), ids("</think>"),
+                                                                         ids("</think>"))
+    assert thinking_markers(config.reasoning_config, None, tokenizer) == ThinkingMarkers(
+        ids("<think>"), ids(" Done.</think>"), ids(" Done.</think>"))
+    assert thinking_markers(ReasoningConfig(reasoning_end_str=" Done.</think>"), "deepseek_r1", tokenizer) == \
+        ThinkingMarkers(ids("<think>"), ids("</think>"), ids(" Done.</think>"))
+    # Nothing names gpt-oss's tags, or none at all: no budget is kept, and a config must name them.
+    assert thinking_markers(None, "openai_gptoss", tokenizer) is None
+    assert thinking_markers(None, None, tokenizer) is None
+    with pytest.raises(ConfigError, match="reasoning_start_str and reasoning_end_str are needed"):
+        thinking_markers(ReasoningConfig(reasoning_end_str="</think>"), None, tokenizer)
+    with pytest.raises(ConfigError, match="must end with '</think>'"):
+        thinking_markers(ReasoningConfig(reasoning_end_str="</think> Done."), "qwen3", tokenizer)
 
 
 HARMONY_CALL = (r"<\|channel\|>analysis<\|message\|>[a-z ]{1,12}<\|end\|><\|start\|>assistant<\|channel\|>"
@@ -202,4 +237,83 @@ def test_the_grpc_api_gives_the_thinking_apart_too(thinking_mesh):
     assert not plain[-1].complete.usage.HasField("reasoning_tokens")
     assert "".join(c.reasoning for c in chunks) == free.reasoning
     assert "".join(c.text for c in chunks) == whole.complete.text
+    mesh.assert_decode_pools_free()
+
+
+# DeepSeek-R1's way: the generation prompt opens the thinking, so a reply starts in it.
+R1_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+CLOSE_WITH_A_PHRASE = " Time to answer.</think>"
+
+
+THINKING_PROMPT = "What is 2 + 2?<think>"
+
+
+def completion_ids(client: openai.OpenAI, model: str, max_tokens: int = 12, **extra) -> list[int]:
+    choice = client.completions.create(model=model, prompt=THINKING_PROMPT, max_tokens=max_tokens, temperature=0,
+                                       extra_body={"return_token_ids": True, **extra}).choices[0]
+    return choice.model_extra["token_ids"]
+
+
+def test_a_thinking_budget_closes_the_thinking_after_so_many_tokens(thinking_mesh):
+    """vLLM's thinking_token_budget: the reply thinks as it would have until the budget is spent, then
+    its close is written for it (the parser's tags), and it goes on to answer."""
+    mesh, client = thinking_mesh
+    vocab = Tokenizer.from_file(str(mesh.model_dir / "tokenizer.json"))
+    end = vocab.token_to_id("</think>")
+    free = completion_ids(client, mesh.model_name)
+    assert end not in free[:5]  # this model does not close its thinking so soon by itself
+    budgeted = completion_ids(client, mesh.model_name, thinking_token_budget=4)
+    assert budgeted[:4] == free[:4] and budgeted[4] == end and len(budgeted) == 12
+    assert completion_ids(client, mesh.model_name, thinking_token_budget=0)[0] == end
+    assert completion_ids(client, mesh.model_name, thinking_token_budget=-1) == free  # vLLM's "no budget"
+    # The gRPC API's budget names its token count alone: the gateway fills in the tags.
+    sampling = common_pb2.SamplingParams(max_tokens=12, temperature=0,
+                                         thinking_budget=common_pb2.ThinkingBudget(max_tokens=4))
+    request = gateway_pb2.GenerateRequest(model=mesh.model_name, text=THINKING_PROMPT, sampling=sampling)
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        [whole] = gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30)
+    assert list(whole.complete.token_ids) == budgeted
+
+    with gateway_client(mesh, "--reasoning-parser", "deepseek_r1", "--reasoning-config",
+                        json.dumps({"reasoning_end_str": CLOSE_WITH_A_PHRASE})) as phrased:
+        closed = completion_ids(phrased, mesh.model_name, max_tokens=20, thinking_token_budget=4)
+    forced = vocab.encode(CLOSE_WITH_A_PHRASE, add_special_tokens=False).ids
+    assert closed[:4] == free[:4] and closed[4:4 + len(forced)] == forced
+
+    with gateway_client(mesh) as plain, pytest.raises(openai.BadRequestError) as refused:
+        completion_ids(plain, mesh.model_name, thinking_token_budget=4)
+    assert refused.value.body["param"] == "thinking_token_budget"
+    assert "--reasoning-parser or --reasoning-config" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget"):
+        completion_ids(client, mesh.model_name, thinking_token_budget=-2)
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget is not supported with use_beam_search"):
+        completion_ids(client, mesh.model_name, thinking_token_budget=2, use_beam_search=True, n=2)
+    mesh.assert_decode_pools_free()
+
+
+def test_a_budgeted_chat_reply_reasons_so_long_by_every_api(thinking_mesh, tmp_path):
+    """A template that opens the thinking in the prompt (its "\\n" after <think> spends one token of the
+    budget, as vLLM counts): chat, its stream and the Messages API's budget_tokens all close it at the
+    same token."""
+    mesh, _ = thinking_mesh
+    template = tmp_path / "r1.jinja"
+    template.write_text(R1_TEMPLATE)
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=12, temperature=0)
+    with gateway_client(mesh, "--reasoning-parser", "deepseek_r1", "--chat-template", str(template)) as r1:
+        free = r1.chat.completions.create(**kwargs).choices[0].message
+        response = r1.chat.completions.create(**kwargs, extra_body={"thinking_token_budget": 3})
+        stream = streamed(r1, **kwargs, extra_body={"thinking_token_budget": 3})
+        base_url = str(r1.base_url).removesuffix("/v1/")
+        message = httpx.post(f"{base_url}/v1/messages", json={
+            "model": mesh.model_name, "max_tokens": 12, "temperature": 0, "messages": MESSAGES,
+            "thinking": {"type": "enabled", "budget_tokens": 3}}, timeout=30).json()
+    budgeted = response.choices[0].message
+    assert free.reasoning and not free.content  # unbounded, it thinks the whole reply
+    # Two tokens of its own, then the close: the reasoning tokens count the one that completes it.
+    assert response.usage.completion_tokens_details.reasoning_tokens == 3
+    assert free.reasoning.startswith(budgeted.reasoning) and budgeted.reasoning != free.reasoning
+    assert budgeted.content and stream == (budgeted.reasoning, budgeted.content, "length")
+    thinking, text = message["content"]
+    assert thinking["thinking"] == budgeted.reasoning and text["text"] == budgeted.content
     mesh.assert_decode_pools_free()
