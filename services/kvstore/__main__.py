@@ -1,4 +1,4 @@
-"""`python -m services.kvstore [--host 127.0.0.1] [--port 0] [--capacity-bytes N] [--redis URL]
+"""`python -m services.kvstore [--host 127.0.0.1] [--port 0] [--capacity-bytes SIZE] [--redis URL]
 [--instance-id ID]`
 
 A kvstore node: the host-memory page tier (servicer.py) behind KVStore. Runs through

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from services.common.kv_pool_flags import byte_count
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -72,9 +73,10 @@ class KVStoreNodeConfig:
         env = os.environ if env is None else env
         parser = new_parser("kvstore")
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT, model_help=None)
-        parser.add_argument("--capacity-bytes", type=int,
-                            default=env_int(env, ENV_CAPACITY_BYTES, DEFAULT_CAPACITY_BYTES),
-                            help=f"host memory for pages (${ENV_CAPACITY_BYTES})")
+        # A size as the workers' --kv-cache-memory-bytes reads one (argparse reads a text default by it too).
+        parser.add_argument("--capacity-bytes", type=byte_count, metavar="SIZE",
+                            default=env.get(ENV_CAPACITY_BYTES) or DEFAULT_CAPACITY_BYTES,
+                            help=f"host memory for pages, e.g. 4294967296, 4G or 4.3g (${ENV_CAPACITY_BYTES})")
         parser.add_argument("--max-message-bytes", type=int,
                             default=env_int(env, ENV_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES),
                             help=f"largest gRPC message sent or received (${ENV_MAX_MESSAGE_BYTES})")

@@ -1,6 +1,6 @@
 """A worker's KV pool sized in bytes (vLLM's --kv-cache-memory-bytes, read as vLLM reads sizes):
 as many pages as the bytes hold for the model's layout and KV dtype, replacing --kv-blocks; a size
-that holds no page, or that is not a size, is refused."""
+that holds no page, or that is not a size, is refused. The kvstore node's capacity is read as a size too."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,7 @@ from services.common.kv_pool_flags import byte_count
 from services.common.settings import ConfigError
 from services.decode.config import DecodeServiceConfig
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.kvstore.config import DEFAULT_CAPACITY_BYTES, KVStoreNodeConfig
 from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
@@ -58,6 +59,15 @@ def test_the_flag_and_its_variable(tiny_demo_model, config):
     assert config.from_args(["--model", str(tiny_demo_model)], {}).kv_cache_memory_bytes is None
     with pytest.raises(ConfigError, match="--kv-cache-memory-bytes"):
         config(model_dir=tiny_demo_model, kv_cache_memory_bytes=0)
+
+
+def test_the_kvstore_nodes_capacity_is_a_size_too():
+    assert KVStoreNodeConfig.from_args(["--capacity-bytes", "4G"], {}).capacity_bytes == 4 * 2**30
+    assert KVStoreNodeConfig.from_args([], {"BATON_KVSTORE_CAPACITY_BYTES": "1.5g"}).capacity_bytes == 15 * 10**8
+    assert KVStoreNodeConfig.from_args(["--capacity-bytes", "1073741824"], {}).capacity_bytes == 2**30
+    assert KVStoreNodeConfig.from_args([], {}).capacity_bytes == DEFAULT_CAPACITY_BYTES
+    with pytest.raises(SystemExit):
+        KVStoreNodeConfig.from_args(["--capacity-bytes", "1.5G"], {})
 
 
 def test_workers_size_their_pools_by_it(tiny_demo_model):

@@ -26,7 +26,7 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def kvstore():
-    node = KVStoreProcess("--capacity-bytes", str(64 << 20))
+    node = KVStoreProcess("--capacity-bytes", "64M")
     yield node
     assert node.terminate() == 0
 
