@@ -73,7 +73,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         state.models.check_generates()
         response_id = request.headers.get("x-request-id") or body.rid or f"cmpl-{uuid.uuid4().hex}"
         timeline = start_timeline(state, request, response_id)
-        dispatched, on_dispatch = _dispatch_signal()
+        dispatched, on_dispatch = dispatch_signal()
         prompts = body.prompts
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         streams, searches, prompt_of_choice = [], [], []
@@ -83,7 +83,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             prompt_of_choice += [p] * body.num_candidates
             if body.use_beam_search:
                 searches.append(beam_search(
-                    state.pipeline, choice_request_id(response_id, p, len(prompts)), _with_adapter(body.sampling(
+                    state.pipeline, choice_request_id(response_id, p, len(prompts)), with_adapter(body.sampling(
                         body.max_tokens, body.logprobs, 0), lora), body.n, body.length_penalty, **given,
                     truncate_prompt_tokens=body.truncate_prompt_tokens, num_logprobs=body.logprobs,
                     include_stop_str_in_output=body.include_stop_str_in_output,
@@ -92,7 +92,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             for j in range(body.num_candidates):
                 request_id = choice_request_id(response_id, len(streams), len(prompts) * body.num_candidates)
                 stream = state.pipeline.generate(
-                    request_id, **given, sampling=_with_adapter(body.sampling(
+                    request_id, **given, sampling=with_adapter(body.sampling(
                         body.max_tokens_run, body.num_candidate_logprobs, j, bad_words,
                         state.pipeline.prompts.generation_defaults), lora),
                     stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
@@ -123,7 +123,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
             raise needs_a_parser("tool_choice")
         timeline = start_timeline(state, request, response_id)
-        dispatched, on_dispatch = _dispatch_signal()
+        dispatched, on_dispatch = dispatch_signal()
         messages = with_template_call_ids(body.chat_messages(), state.tool_call_parser)
         request_ids = [choice_request_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
@@ -133,7 +133,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, split)
         if body.use_beam_search:
             choices = beam_choices([beam_search(
-                state.pipeline, response_id, _with_adapter(body.sampling(body.completion_budget, body.num_logprobs, 0),
+                state.pipeline, response_id, with_adapter(body.sampling(body.completion_budget, body.num_logprobs, 0),
                                                            lora), body.n, body.length_penalty,
                 messages=messages, chat_options=body.chat_options(), truncate_prompt_tokens=body.truncate_prompt_tokens,
                 num_logprobs=body.num_logprobs, include_stop_str_in_output=body.include_stop_str_in_output,
@@ -141,7 +141,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         else:
             choices = merge_choices([state.pipeline.generate(
                 request_id, messages=messages, chat_options=body.chat_options(),
-                sampling=_with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
+                sampling=with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
                                                      state.pipeline.prompts.generation_defaults), lora),
                 stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
                 skip_special_tokens=skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
@@ -208,7 +208,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     app.add_route("/v1/messages", messages, methods=["POST"])
 
 
-def _with_adapter(sampling: common_pb2.SamplingParams, lora: str | None) -> common_pb2.SamplingParams:
+def with_adapter(sampling: common_pb2.SamplingParams, lora: str | None) -> common_pb2.SamplingParams:
     if lora is not None:
         sampling.lora_name = lora
     return sampling
@@ -233,7 +233,7 @@ def _reasoning_reader(state: GatewayState, body: ChatCompletionRequest) -> Reaso
     return reasoning_reader(state.reasoning_parser, state.pipeline.tokenizer, body.is_guided)
 
 
-def _dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
+def dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
     """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
     dispatched = asyncio.get_running_loop().create_future()
     return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
@@ -243,8 +243,8 @@ def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionReq
     """How logprobs name a token: by its text, or "token_id:N" (vLLM's `return_tokens_as_token_ids`, by
     default the gateway's flag)."""
     by_id = body.return_tokens_as_token_ids
-    return _token_id_text if (state.return_tokens_as_token_ids if by_id is None else by_id) else state.token_text
+    return token_id_text if (state.return_tokens_as_token_ids if by_id is None else by_id) else state.token_text
 
 
-def _token_id_text(token_id: int) -> str:
+def token_id_text(token_id: int) -> str:
     return f"token_id:{token_id}"

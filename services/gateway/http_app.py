@@ -68,6 +68,7 @@ from services.gateway.stored_response_routes import add_stored_response_routes
 from services.gateway.timeline import TimelineStore
 from services.gateway.tokenize_api import add_tokenize_routes
 from services.gateway.tokenizer_info import add_tokenizer_info_route
+from services.gateway.tokens_api import add_tokens_routes
 
 log = logging.getLogger("baton.gateway")
 
@@ -151,6 +152,7 @@ def create_app(state: GatewayState) -> FastAPI:
 
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
     add_sglang_encode_route(app, state, lambda model: check_model(state, model))
+    add_tokens_routes(app, state, lambda model: check_model(state, model))
 
     add_tokenize_routes(app, state, lambda model: check_model(state, model))
     if state.tokenizer_info is not None:

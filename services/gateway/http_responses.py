@@ -6,22 +6,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.gateway.anthropic_api import MessagesShape
 from services.gateway.choices import first_choice
 from services.gateway.deltas import Delta
 from services.gateway.errors import to_api_error
 from services.gateway.first_event_response import FirstEventResponse
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.responses_api import ResponsesShape
 from services.gateway.timeline import ResponseTimeline
 
 T = TypeVar("T")
+
+
+class ResponseShape(Protocol):
+    """An API's own shape of a generation's output (the Responses API's, the Messages API's, the tokens
+    API's), made from what chat's or completions' builder makes of it."""
+
+    async def keep(self, response: dict[str, Any]) -> None: ...
+
+    def whole(self, built: dict[str, Any]) -> dict[str, Any]: ...
+
+    def events(self, choices: AsyncIterator[tuple[int, Delta]], prompt_param: str) -> AsyncIterator[bytes]: ...
 
 
 class ClientDisconnected(Exception):
@@ -30,12 +39,12 @@ class ClientDisconnected(Exception):
 
 async def respond(request: Request, choices: AsyncIterator[tuple[int, Delta]], builder: ResponseBuilder,
                   stream: bool, include_usage: bool, prompt_param: str, dispatched: asyncio.Future,
-                  timeline: ResponseTimeline | None = None, shape: ResponsesShape | MessagesShape | None = None,
+                  timeline: ResponseTimeline | None = None, shape: ResponseShape | None = None,
                   continuous_usage: bool = False):
     """`timeline`: the request's ledger, when it is to be sent with the response. `dispatched` is
     done once a choice's prompt is on its way to a worker: a stream is returned then, its first
-    event still to come (FirstEventResponse). `shape`: the Responses API's or the Messages API's,
-    not chat's or completions'. `continuous_usage`: every chunk carries its choice's usage so far."""
+    event still to come (FirstEventResponse). `shape`: an API's own (the Responses API's, ...), not
+    chat's or completions'. `continuous_usage`: every chunk carries its choice's usage so far."""
     if stream:
         events = (shape.events(choices, prompt_param) if shape is not None
                   else _events(choices, builder, include_usage, prompt_param, timeline, continuous_usage))

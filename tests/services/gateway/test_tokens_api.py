@@ -1,0 +1,99 @@
+"""vLLM's tokens-in, tokens-out API (`POST /inference/v1/generate`) through the mesh: token ids in,
+token ids out, equal to transformers' greedy tokens and to the completions API's, whole and streamed,
+with logprobs named by id, n choices, usage, and its refusals."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from services.tokenizer.model_tokenizer import ModelTokenizer
+from tests.services.gateway.mesh import WHOLE_POOL_TOKENS
+from tests.services.gateway.test_openai_api import PROMPT, transformers_greedy
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_demo_model) -> list[int]:
+    return ModelTokenizer.from_dir(tiny_demo_model).encode(PROMPT)
+
+
+def generate(mesh, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}/inference/v1/generate", json=body, timeout=60, **kwargs)
+
+
+def events(mesh, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{mesh.gateway.base_url}/inference/v1/generate", json={**body, "stream": True},
+                      timeout=60) as answer:
+        assert answer.status_code == 200
+        lines = [line.removeprefix("data: ") for line in answer.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_token_ids_in_give_transformers_token_ids_out_whole_and_streamed(mesh, client, prompt):
+    expected = transformers_greedy(mesh.model_dir, prompt, 8)
+    sampling = {"max_tokens": 8, "temperature": 0, "logprobs": 2, "detokenize": False}  # vLLM's own, ignored
+    answer = generate(mesh, {"token_ids": prompt, "sampling_params": sampling, "request_id": "rollout-7",
+                             "kv_transfer_params": {"do_remote_decode": False}})
+    assert answer.status_code == 200 and answer.headers["x-request-id"] == "generate-tokens-rollout-7"
+    body = answer.json()
+    [choice] = body["choices"]
+    assert choice["token_ids"] == expected and choice["index"] == 0 and choice["finish_reason"] in ("length", "stop")
+    assert (body["request_id"], body["kv_transfer_params"]) == ("generate-tokens-rollout-7", None)
+    assert body["usage"]["prompt_tokens"] == len(prompt) and body["usage"]["completion_tokens"] == len(expected)
+    # Logprobs name tokens by id, as the completions API's do when asked to, with the same values.
+    content = choice["logprobs"]["content"]
+    completion = client.completions.create(model=mesh.model_name, prompt=prompt, max_tokens=8, temperature=0,
+                                           logprobs=2, extra_body={"return_tokens_as_token_ids": True})
+    assert [entry["token"] for entry in content] == [f"token_id:{t}" for t in expected]
+    assert [entry["token"] for entry in content] == completion.choices[0].logprobs.tokens
+    assert [entry["logprob"] for entry in content] == pytest.approx(completion.choices[0].logprobs.token_logprobs)
+    assert all(len(entry["top_logprobs"]) == 2 for entry in content)
+
+    chunks = events(mesh, {"token_ids": prompt, "sampling_params": sampling,
+                           "stream_options": {"include_usage": True}})
+    *deltas, usage = chunks
+    assert [t for chunk in deltas for t in chunk["choices"][0]["token_ids"]] == expected
+    assert [e["token"] for chunk in deltas for e in chunk["choices"][0]["logprobs"]["content"]] == \
+        [entry["token"] for entry in content]
+    assert deltas[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # (its prompt's cached tokens differ: more now)
+    assert usage["choices"] == [] and [usage["usage"][n] for n in counts] == [body["usage"][n] for n in counts]
+    assert all(chunk["request_id"].startswith("generate-tokens-") for chunk in chunks)
+    mesh.assert_decode_pools_free()
+
+
+def test_n_seeded_choices_are_the_completions_apis_and_max_tokens_fills_the_context(mesh, client, prompt):
+    sampling = {"n": 2, "max_tokens": 6, "temperature": 1.0, "seed": 11, "ignore_eos": True}
+    body = generate(mesh, {"token_ids": prompt, "sampling_params": sampling, "model": mesh.model_name}).json()
+    completion = client.completions.create(model=mesh.model_name, prompt=prompt, max_tokens=6, temperature=1.0,
+                                           seed=11, n=2, extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert [c["token_ids"] for c in body["choices"]] == [c.model_extra["token_ids"] for c in completion.choices]
+    assert body["choices"][0]["logprobs"] is None and body["usage"]["completion_tokens"] == 12
+    # Without max_tokens a reply may use what the context leaves: three tokens after this prompt.
+    long_prompt = (prompt * WHOLE_POOL_TOKENS)[:WHOLE_POOL_TOKENS - 2]
+    filled = generate(mesh, {"token_ids": long_prompt, "sampling_params": {"ignore_eos": True}}).json()
+    assert len(filled["choices"][0]["token_ids"]) == 3 and filled["choices"][0]["finish_reason"] == "length"
+    mesh.assert_decode_pools_free()
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"sampling_params": {"max_tokens": 2}}, 400, "token_ids"),
+    ({"token_ids": []}, 400, "token_ids"),
+    ({"token_ids": [1, 2], "sampling_params": {"temperature": -1}}, 400, "sampling_params.temperature"),
+    ({"token_ids": [1, 2], "sampling_params": {"max_tokens": 0}}, 400, "sampling_params.max_tokens"),
+    ({"token_ids": [1, 2], "sampling_params": {"logits_processors": ["x"]}}, 400, "sampling_params.logits_processors"),
+    ({"token_ids": [1, 2], "features": {"mm_hashes": {}}}, 400, "features"),
+    ({"token_ids": [1, 2], "model": "no-such-model"}, 404, "model"),
+    ({"token_ids": [1, 10**6]}, 400, None),
+    ({"token_ids": [1] * (WHOLE_POOL_TOKENS + 1)}, 400, None),
+])
+def test_bad_requests_get_openai_errors_and_leave_no_page(mesh, body, status, param):
+    answer = generate(mesh, body)
+    error = answer.json()["error"]
+    assert answer.status_code == status and error["message"], error
+    if param is not None:
+        assert error["param"] == param, error
+    mesh.assert_decode_pools_free()
