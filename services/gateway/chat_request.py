@@ -73,11 +73,6 @@ class ChatCompletionRequest(SamplingFields):
         return self._forced_tool_call
 
     @property
-    def is_guided(self) -> bool:
-        """The text is held to a pattern from its first token (structured output, a forced tool call)."""
-        return self._output_guide is not None
-
-    @property
     def lets_the_model_call_tools(self) -> bool:
         """tool_choice "auto" with tools: the model's own calls are read out of its text."""
         return bool(self.tools) and effective_tool_choice(self.tools, self.tool_choice) == "auto"

@@ -60,6 +60,7 @@ from services.gateway.operator_routes import add_operator_routes
 from services.gateway.parser_routes import add_parser_routes
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
+from services.gateway.render_api import add_render_routes
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
@@ -153,6 +154,7 @@ def create_app(state: GatewayState) -> FastAPI:
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
     add_sglang_encode_route(app, state, lambda model: check_model(state, model))
     add_tokens_routes(app, state, lambda model: check_model(state, model))
+    add_render_routes(app, state, lambda model: check_model(state, model))
 
     add_tokenize_routes(app, state, lambda model: check_model(state, model))
     if state.tokenizer_info is not None:

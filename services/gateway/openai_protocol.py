@@ -213,6 +213,16 @@ class SamplingFields(BaseModel):
             raise FieldError("use_beam_search", "structured output is not supported with use_beam_search")
 
     @property
+    def output_guide(self) -> OutputGuide | None:
+        """What the text is held to (structured output; chat's forced tool call): None for nothing."""
+        return self._output_guide
+
+    @property
+    def is_guided(self) -> bool:
+        """The text is held to a pattern from its first token (structured output, a forced tool call)."""
+        return self._output_guide is not None
+
+    @property
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []

@@ -31,6 +31,7 @@ from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import respond, sse_event
 from services.gateway.openai_protocol import TokenId, encoded_bad_words, header_safe
 from services.gateway.openai_responses import ResponseBuilder
+from services.gateway.reasoning_parsers import reasoning_reader
 
 if TYPE_CHECKING:
     from services.gateway.http_app import GatewayState
@@ -58,24 +59,25 @@ class TokensRequest(BaseModel):
     features: Any = None
     kv_transfer_params: dict[str, Any] | None = None
 
-    def as_completion(self, model_name: str, context_left: int) -> CompletionRequest:
-        """The completions request this one asks for; a 400 naming the field it got wrong.
-        `context_left`: the tokens the context leaves after the prompt (max_tokens's default)."""
+    def as_completion(self, model_name: str) -> CompletionRequest:
+        """The completions request this one asks for; a 400 naming the field it got wrong. Without
+        max_tokens its max_tokens is None: the pipeline fills in what the context leaves."""
         if self.features is not None:
             raise APIError(400, "multimodal features are not supported here: the models served read text",
                            param="features")
         sampling = {name: value for name, value in self.sampling_params.items() if name in SAMPLING_FIELDS}
-        if sampling.get("max_tokens") is None:
-            sampling["max_tokens"] = max(context_left, 1)  # a prompt that fills the context: refused for it
-        elif sampling["max_tokens"] == 0:  # the completions API's prompt alone, which this API has no echo for
+        if sampling.get("max_tokens") == 0:  # the completions API's prompt alone, which this API has no echo for
             raise APIError(400, "max_tokens must be at least 1", param="sampling_params.max_tokens")
         given = {**sampling, "model": self.model or model_name, "prompt": self.token_ids, "stream": self.stream,
                  "stream_options": self.stream_options, "cache_salt": self.cache_salt, "priority": self.priority}
         try:
-            return CompletionRequest.model_validate(given)
+            completion = CompletionRequest.model_validate(given)
         except ValidationError as e:  # named where the client wrote it
             raise RequestValidationError([_located(error, sampling) for error in e.errors(include_url=False)]
                                          ) from None
+        if sampling.get("max_tokens") is None:
+            completion.max_tokens = None
+        return completion
 
 
 def _located(error: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
@@ -134,21 +136,23 @@ def add_tokens_routes(app: FastAPI, state: GatewayState, check_model: Callable[[
 
     async def generate_tokens(request: Request):
         asked = await parsed_body(request, TokensRequest)
-        context_left = state.pipeline.tokenizer.max_model_len - len(asked.token_ids)
-        body = asked.as_completion(state.model_name, context_left)
+        body = asked.as_completion(state.model_name)
         lora = check_model(body.model)
         state.models.check_generates()
         response_id = ID_PREFIX + (request.headers.get("x-request-id") or asked.request_id or uuid.uuid4().hex)
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = dispatch_signal()
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
+        # A guided reply of a reasoning model is guided after its thinking, as chat's is.
+        reasoning = reasoning_reader(state.reasoning_parser, state.pipeline.tokenizer, body.is_guided)
         request_ids = [choice_request_id(response_id, j, body.n) for j in range(body.n)]
         choices = merge_choices([state.pipeline.generate(
             request_id, prompt_token_ids=asked.token_ids, sampling=with_adapter(body.sampling(
                 body.max_tokens, body.logprobs, j, bad_words, state.pipeline.prompts.generation_defaults), lora),
             stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=body.skip_special_tokens, truncate_prompt_tokens=body.truncate_prompt_tokens,
-            clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream)
+            clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream,
+            guide_after=reasoning.guide_after if reasoning is not None else None)
             for j, request_id in enumerate(request_ids)])
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=token_id_text,

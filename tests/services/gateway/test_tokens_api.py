@@ -1,6 +1,7 @@
 """vLLM's tokens-in, tokens-out API (`POST /inference/v1/generate`) through the mesh: token ids in,
 token ids out, equal to transformers' greedy tokens and to the completions API's, whole and streamed,
-with logprobs named by id, n choices, usage, and its refusals."""
+with logprobs named by id, n choices, usage, and its refusals; and vLLM's render endpoints, whose
+requests it generates as chat and completions would."""
 from __future__ import annotations
 
 import json
@@ -10,12 +11,17 @@ import pytest
 
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from tests.services.gateway.mesh import WHOLE_POOL_TOKENS
-from tests.services.gateway.test_openai_api import PROMPT, transformers_greedy
+from tests.services.gateway.test_openai_api import MESSAGES, PROMPT, transformers_greedy
 
 
 @pytest.fixture(scope="module")
-def prompt(tiny_demo_model) -> list[int]:
-    return ModelTokenizer.from_dir(tiny_demo_model).encode(PROMPT)
+def tokenizer(tiny_demo_model) -> ModelTokenizer:
+    return ModelTokenizer.from_dir(tiny_demo_model)
+
+
+@pytest.fixture(scope="module")
+def prompt(tokenizer) -> list[int]:
+    return tokenizer.encode(PROMPT)
 
 
 def generate(mesh, body: dict, **kwargs) -> httpx.Response:
@@ -97,3 +103,50 @@ def test_bad_requests_get_openai_errors_and_leave_no_page(mesh, body, status, pa
     if param is not None:
         assert error["param"] == param, error
     mesh.assert_decode_pools_free()
+
+
+def post(mesh, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{mesh.gateway.base_url}{path}", json=body, timeout=60)
+
+
+def test_a_rendered_chat_request_generates_what_chat_does(mesh, client, tokenizer):
+    """vLLM's render: the chat request as the tokens API's, its prompt rendered and encoded as chat's,
+    max_tokens what the context leaves, a structured output as its guide; generated, the same tokens."""
+    asked = {"model": mesh.model_name, "messages": MESSAGES, "temperature": 0, "logprobs": True, "top_logprobs": 1,
+             "extra_body": {"guided_choice": ["red green blue", "cyan magenta"]}}
+    rendered = post(mesh, "/v1/chat/completions/render", {k: v for k, v in asked.items() if k != "extra_body"}
+                    | asked["extra_body"]).json()
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)[1]
+    assert rendered["token_ids"] == prompt and rendered["model"] == mesh.model_name
+    sampling = rendered["sampling_params"]
+    assert sampling["max_tokens"] == WHOLE_POOL_TOKENS + 1 - len(prompt) and sampling["logprobs"] == 1
+    assert sampling["temperature"] == 0 and "regex" in sampling["structured_outputs"]
+    generated = generate(mesh, rendered).json()["choices"][0]
+    chat = client.chat.completions.create(**{**asked, "extra_body": {**asked["extra_body"], "return_token_ids": True}})
+    assert generated["token_ids"] == chat.choices[0].model_extra["token_ids"]
+    assert tokenizer.decode(generated["token_ids"]) == chat.choices[0].message.content
+    mesh.assert_decode_pools_free()
+
+
+def test_rendered_completions_are_one_request_per_prompt(mesh, client, tokenizer, prompt):
+    asked = {"model": mesh.model_name, "prompt": [PROMPT, "Hello there"], "temperature": 0, "max_tokens": 5,
+             "stop": ["zzz"]}
+    rendered = post(mesh, "/v1/completions/render", asked).json()
+    assert [r["token_ids"] for r in rendered] == [prompt, tokenizer.encode("Hello there")]
+    assert all(r["sampling_params"]["max_tokens"] == 5 and r["sampling_params"]["stop"] == ["zzz"] for r in rendered)
+    completion = client.completions.create(**asked, extra_body={"return_token_ids": True})
+    assert [generate(mesh, r).json()["choices"][0]["token_ids"] for r in rendered] == \
+        [c.model_extra["token_ids"] for c in completion.choices]
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/chat/completions/render", {"messages": MESSAGES, "use_beam_search": True, "n": 2}, 400, "use_beam_search"),
+    ("/v1/completions/render", {"prompt": "Hi", "max_tokens": 0, "echo": True}, 400, "max_tokens"),
+    ("/v1/completions/render", {"prompt": "Hi", "best_of": 2}, 400, "best_of"),
+    ("/v1/completions/render", {"prompt": "Hi", "model": "no-such-model"}, 404, "model"),
+    ("/v1/completions/render", {"prompt": [1] * WHOLE_POOL_TOKENS, "max_tokens": 5}, 400, "prompt"),
+    ("/v1/chat/completions/render", {"messages": MESSAGES, "temperature": -1}, 400, "temperature"),
+])
+def test_what_the_tokens_api_cannot_carry_is_not_rendered(mesh, path, body, status, param):
+    answer = post(mesh, path, {"model": mesh.model_name, **body})
+    assert answer.status_code == status and answer.json()["error"]["param"] == param, answer.json()
