@@ -18,6 +18,7 @@ from services.gateway.structured_output import is_guided
 from services.gateway.timeline import ResponseTimeline
 
 REQUEST_FIELDS = ("stop", "stop_regex")  # the request's own, not its SamplingParams' (as in the HTTP API)
+PROTO_NAMES = {"thinking_token_budget": "thinking_budget"}  # the HTTP API's names the SamplingParams spell otherwise
 
 
 def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2.SamplingParams) -> None:
@@ -31,7 +32,7 @@ def check_beam_search(request: gateway_pb2.GenerateRequest, sampling: common_pb2
     if not math.isfinite(length_penalty):
         raise APIError(400, f"beam_search.length_penalty must be a finite number, got {length_penalty}",
                        param="beam_search.length_penalty")
-    for name in NOT_WITH_BEAM_SEARCH:  # the HTTP API's refusals, by the same names
+    for name in map(lambda name: PROTO_NAMES.get(name, name), NOT_WITH_BEAM_SEARCH):  # the HTTP API's refusals
         param = name if name in REQUEST_FIELDS else f"sampling.{name}"
         if _asks_for(request, name):
             raise APIError(400, f"{param} is not supported with beam_search", param=param)
@@ -47,6 +48,8 @@ def _asks_for(request: gateway_pb2.GenerateRequest, name: str) -> bool:
         return bool(getattr(request, name))
     if name == "repetition_penalty":  # absent or 1: off
         return request.sampling.HasField(name) and request.sampling.repetition_penalty != 1
+    if name == "thinking_budget":  # a message: present is asked for, a budget of 0 too
+        return request.sampling.HasField(name)
     return bool(getattr(request.sampling, name))
 
 

@@ -104,6 +104,7 @@ def test_chat_beams_are_the_rendered_conversations_beams(stub, mesh):
     ({"min_tokens": 2}, "sampling.min_tokens"),
     ({"allowed_token_ids": [5, 6]}, "sampling.allowed_token_ids"),
     ({"bad_words": [common_pb2.TokenIds(token_ids=[5])]}, "sampling.bad_words"),
+    ({"thinking_budget": common_pb2.ThinkingBudget(max_tokens=0)}, "sampling.thinking_budget"),
     ({"guided_regex": "[a-z]+"}, "beam_search"),
 ])
 def test_what_beam_search_cannot_honour_is_a_400_naming_it(stub, mesh, fields, param):
