@@ -85,6 +85,24 @@ def test_n_seeded_choices_are_the_completions_apis_and_max_tokens_fills_the_cont
     mesh.assert_decode_pools_free()
 
 
+def test_abort_requests_ends_a_running_request_and_frees_its_pages(mesh, prompt):
+    body = {"token_ids": prompt, "request_id": "to-abort", "stream": True,
+            "sampling_params": {"max_tokens": 1500, "ignore_eos": True}}
+    with httpx.stream("POST", f"{mesh.gateway.base_url}/inference/v1/generate", json=body, timeout=60) as answer:
+        lines = answer.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: ")).removeprefix("data: "))
+        assert first["request_id"] == "generate-tokens-to-abort"
+        aborted = httpx.post(f"{mesh.gateway.base_url}/abort_requests", timeout=10,
+                             json={"request_ids": ["generate-tokens-to-abort", "no-such-request"]})
+        assert aborted.status_code == 200
+        rest = [json.loads(line.removeprefix("data: ")) for line in lines
+                if line.startswith("data: ") and line != "data: [DONE]"]
+    made = len(first["choices"][0]["token_ids"]) + sum(len(c["choices"][0]["token_ids"]) for c in rest)
+    assert rest[-1]["choices"][0]["finish_reason"] == "abort" and made < 1500
+    assert httpx.post(f"{mesh.gateway.base_url}/abort_requests", json={}, timeout=10).status_code == 400
+    mesh.assert_decode_pools_free()
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"sampling_params": {"max_tokens": 2}}, 400, "token_ids"),
     ({"token_ids": []}, 400, "token_ids"),
