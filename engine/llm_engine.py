@@ -51,7 +51,7 @@ class LLMEngine:
         kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)  # what the pages hold
         self.runner = ModelRunner(
             config.model, self.model_config, dtype, config.device,
-            max_positions=self.max_model_len, show_progress=config.show_progress,
+            max_positions=self.max_model_len, show_progress=config.show_progress, logprobs_mode=config.logprobs_mode,
         )
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now

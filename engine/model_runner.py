@@ -16,6 +16,7 @@ from engine.kv_pool import KVPool, TensorFactory
 from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
+from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
 from engine.weights import check_every_tensor_is_read, iter_tensors
@@ -35,6 +36,7 @@ class ModelRunner:
         device: str,
         max_positions: int,
         show_progress: bool = False,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         self.model_config = model_config
         self.device = device
@@ -47,7 +49,7 @@ class ModelRunner:
         self.load_weights(model_dir, show_progress)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
-        self.sampler = Sampler(model_config.eos_token_ids)
+        self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
         self.kv_pool: KVPool | None = None
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
@@ -151,7 +153,8 @@ class ModelRunner:
         named = list(seq.sampling_params.logprob_token_ids)  # their logprobs at every position too
         for lo in range(max(first, 0), last, PROMPT_LOGPROB_ROWS):
             hi = min(lo + PROMPT_LOGPROB_ROWS, last)
-            logprobs = self.model.compute_logits(hidden[lo:hi]).log_softmax(dim=-1)  # [R, V]
+            # A prompt token is drawn from nothing: its processed logits are its raw ones.
+            logprobs = reported(self.model.compute_logits(hidden[lo:hi]).float(), self.sampler.reports_logits)
             targets = seq.token_ids[first_position + lo + 1:first_position + hi + 1]
             chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
             top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)

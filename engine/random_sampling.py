@@ -1,4 +1,4 @@
-"""Random sampling: temperature, min-p, top-k and top-p, then one draw per row.
+"""Random sampling: temperature, min-p, top-k and top-p (`shaped_logits`), then one draw per row (`draw`).
 
 A seeded request draws from its own generator, seeded for the output position it draws for
 (`position_seed`), so its tokens depend on its seed and position alone, not on the batch.
@@ -15,11 +15,9 @@ from engine.sequence import Sequence
 MASK_64 = (1 << 64) - 1
 
 
-def sample_random(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams]) -> torch.Tensor:
-    """Temperature, min-p, top-k, top-p, then an exponential race. Returns [B] ids.
-
-    Greedy rows go through with temperature 1; the caller overrides them.
-    """
+def shaped_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, min-p, top-k and top-p: the logits a row's token is drawn from. Greedy rows go
+    through with temperature 1 (and their top-k and top-p, which ask nothing by default)."""
     vocab_size, device = logits.shape[-1], logits.device
     temperature = [p.temperature or 1.0 for p in params]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
@@ -27,7 +25,6 @@ def sample_random(logits: torch.Tensor, seqs: list[Sequence], params: list[Sampl
     min_p = [p.min_p for p in params]
     # One host→device copy for all per-row parameters; top_k is exact in fp32.
     cols = torch.tensor([temperature, top_k, top_p, min_p], dtype=torch.float32).to(device)  # [4, B]
-
     if any(t != 1.0 for t in temperature):
         logits = logits / cols[0].unsqueeze(1)
     if any(m > 0.0 for m in min_p):
@@ -37,8 +34,14 @@ def sample_random(logits: torch.Tensor, seqs: list[Sequence], params: list[Sampl
         logits = apply_top_k_top_p(logits, None if max_k is None else cols[1].long(), cols[2])
     elif max_k is not None:
         logits = apply_top_k(logits, cols[1].long(), max_k)
-    probs = logits.softmax(dim=-1)  # [B, V]
+    return logits
 
+
+def draw(shaped: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams]) -> torch.Tensor:
+    """One token per row from its `shaped_logits`, by an exponential race. Returns [B] ids; greedy
+    rows' are drawn too, and the caller overrides them."""
+    vocab_size, device = shaped.shape[-1], shaped.device
+    probs = shaped.softmax(dim=-1)  # [B, V]
     # Exponential race: argmax(p / q), q ~ Exp(1), samples from p (Gumbel-max).
     q = torch.empty_like(probs)  # [B, V]
     seeded = [i for i, seq in enumerate(seqs) if seq.generator is not None and params[i].temperature > 0]

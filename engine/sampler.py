@@ -5,8 +5,8 @@ parameter tensors built once per call, and a stage no row uses is skipped.
 The order is vLLM's: allowed token ids and guided decoding's grammar → logit bias → min
 tokens → penalties → a thinking budget's forced close → greedy argmax → temperature → min-p → top-k
 → top-p → sample.
-Logprobs are of the raw logits, as vLLM's by default. Stop tokens and max_tokens are the
-scheduler's job.
+Logprobs are of the raw logits, as vLLM's by default, or of those the token was drawn from
+(engine/sampled_logprobs.py's modes). Stop tokens and max_tokens are the scheduler's job.
 
 The stages themselves live with their owners: logits processors in engine/logits_processors.py,
 the random draw and its per-position seeds in engine/random_sampling.py, logprobs in
@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 import torch
 
+from engine.config import LOGPROBS_MODES
 from engine.logits_processors import apply_guides, apply_logit_bias, ban_tokens, force_tokens, keep_only, penalize
-from engine.random_sampling import row_argmax, sample_random
+from engine.random_sampling import draw, row_argmax, shaped_logits
 from engine.sampled_logprobs import sampled_logprobs
 from engine.sequence import Sequence
 
@@ -47,8 +48,12 @@ class Sampler:
     text ends at EOS all the same).
     """
 
-    def __init__(self, eos_token_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, eos_token_ids: tuple[int, ...] = (), logprobs_mode: str = "raw_logprobs") -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.eos_token_ids = tuple(eos_token_ids)
+        self.reports_processed = logprobs_mode.startswith("processed")
+        self.reports_logits = logprobs_mode.endswith("_logits")
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         params = [seq.sampling_params for seq in seqs]
@@ -88,13 +93,17 @@ class Sampler:
             logits = force_tokens(logits, forced)
         if all(is_greedy):
             token_ids = row_argmax(logits)  # [B]
+            drawn_from = logits
         else:
-            token_ids = sample_random(logits, seqs, params)
+            drawn_from = shaped_logits(logits, params)
+            token_ids = draw(drawn_from, seqs, params)
             if any(is_greedy):
                 greedy_mask = torch.tensor(is_greedy).to(logits.device)
                 token_ids = torch.where(greedy_mask, row_argmax(logits), token_ids)
-        logprobs = sampled_logprobs(raw_logits, token_ids, params) if needs_logprobs else [None] * len(seqs)
-        return SamplerOutput(token_ids.tolist(), logprobs)
+        if not needs_logprobs:
+            return SamplerOutput(token_ids.tolist(), [None] * len(seqs))
+        reported = drawn_from if self.reports_processed else raw_logits
+        return SamplerOutput(token_ids.tolist(), sampled_logprobs(reported, token_ids, params, self.reports_logits))
 
     def _stops_banned(self, seq: Sequence) -> tuple[int, ...]:
         """The tokens that would end `seq` while it is short of its `min_tokens`: none once it is not."""

@@ -48,6 +48,7 @@ PASSED_FLAGS = (
     PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
     PassedFlag("--kv-cache-dtype", WORKERS, "what the KV pages hold (auto, or an fp8 kind)"),
+    PassedFlag("--logprobs-mode", WORKERS, "what reported logprobs are of (raw_logprobs, processed_logprobs, ...)"),
 )
 
 

@@ -69,7 +69,8 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   enable_prefix_caching=config.prefix_caching,
                                   scheduling_policy=config.scheduling_policy, dtype=config.dtype,
-                                  kv_cache_dtype=config.kv_cache_dtype, lora_modules=config.lora_modules,
+                                  kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,
+                                  lora_modules=config.lora_modules,
                                   max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                   max_cpu_loras=config.max_cpu_loras,
                                   hf_overrides=config.hf_overrides))

@@ -16,6 +16,7 @@ from engine.logits_processors import (
     token_counts,
 )
 from engine.random_sampling import position_seed
+from engine.sampled_logprobs import LOGPROB_FLOOR
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -328,6 +329,37 @@ def test_named_token_ids_logprobs_come_with_the_rest_under_the_raw_logits():
         SamplingParams(logprob_token_ids=(1,))  # logprobs not asked for
     with pytest.raises(ValueError, match="logprob_token_ids"):
         SamplingParams(logprobs=0, logprob_token_ids=(-1,))
+
+
+def test_processed_logprobs_are_those_the_token_was_drawn_from_and_logits_modes_report_logits():
+    """vLLM's --logprobs-mode: processed rows report what penalties, temperature, top-k and top-p made of
+    the logits (a masked token at the floor, not -inf); the *_logits modes the logits themselves."""
+    logits = random_logits(3, 30, seed=5)
+    seqs = [make_seq(temperature=0.5, top_k=3, logprobs=4, seed=2),
+            make_seq(temperature=0.0, logprobs=2, logit_bias={7: 50.0}),
+            make_seq(temperature=1.0, top_p=0.5, repetition_penalty=1.5, output=[1, 2], logprobs=1, seed=4)]
+    shaped = [apply_top_k(logits[0:1] / 0.5, torch.tensor([3]), 3)[0],
+              apply_logit_bias(logits[1:2], [((7, 50.0),)])[0],
+              apply_top_k_top_p(apply_penalties(logits[2:3], *counts_of(seqs[2], 30), torch.tensor([1.5]),
+                                                torch.tensor([0.0]), torch.tensor([0.0])),
+                                None, torch.tensor([0.5]))[0]]
+    for mode, expected in [("processed_logprobs", [row.log_softmax(-1) for row in shaped]),
+                           ("processed_logits", shaped), ("raw_logits", list(logits))]:
+        out = Sampler(logprobs_mode=mode)(logits, seqs)
+        for i, row in enumerate(expected):
+            entry = out.logprobs[i]
+            assert entry == {t: pytest.approx(max(row[t].item(), LOGPROB_FLOOR), abs=1e-5) for t in entry}, mode
+            assert out.token_ids[i] in entry
+        if mode != "raw_logits":  # top-3 of 30: the fourth best is masked, floored
+            assert sorted(out.logprobs[0].values())[0] == LOGPROB_FLOOR
+    assert out.token_ids[1] == 7  # the bias: in the processed row, not the raw one
+    with pytest.raises(ValueError, match="logprobs_mode must be one of"):
+        Sampler(logprobs_mode="processed")
+
+
+def counts_of(seq, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return token_counts([seq.prompt_token_ids], vocab, torch.device("cpu")), \
+        token_counts([seq.output_token_ids], vocab, torch.device("cpu"))
 
 
 def test_logprobs_include_sampled_token_outside_top_n():

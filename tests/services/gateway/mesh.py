@@ -145,6 +145,17 @@ def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gatew
     return Mesh(model_dir, tokenizer, prefill, decode, gateway)
 
 
+@contextmanager
+def running_mesh(model_dir: Path, **options: Any) -> Iterator[Mesh]:
+    """A mesh started with `start_mesh`'s `options`, stopped after; each process must exit cleanly."""
+    mesh = start_mesh(model_dir, **options)
+    try:
+        yield mesh
+    finally:
+        codes = stop_mesh(mesh)
+    assert all(code == 0 for code in codes.values()), codes
+
+
 def stop_mesh(mesh: Mesh) -> dict[str, int]:
     """Exit codes by process, gateway first (it stops taking requests before the workers go)."""
     codes = {"gateway": mesh.gateway.terminate()}

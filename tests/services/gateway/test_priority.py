@@ -7,17 +7,14 @@ import httpx
 import openai
 import pytest
 
-from tests.services.gateway.mesh import start_mesh, stop_mesh
+from tests.services.gateway.mesh import running_mesh
 
 
 @pytest.fixture(scope="module")
 def priority_mesh(tiny_demo_model):
-    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, worker_args=("--scheduling-policy", "priority"),
-                      gateway_args=("--local-prefill-max-tokens", "4"))
-    try:
+    with running_mesh(tiny_demo_model, num_prefill=1, num_decode=1, worker_args=("--scheduling-policy", "priority"),
+                      gateway_args=("--local-prefill-max-tokens", "4")) as mesh:
         yield mesh
-    finally:
-        assert all(code == 0 for code in stop_mesh(mesh).values())
 
 
 @pytest.mark.parametrize("prompt", ["Hi", "Once upon a time there was a prompt long enough for a prefill worker"])
