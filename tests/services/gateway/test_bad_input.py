@@ -115,7 +115,7 @@ CASES = [
      "presence_penalty"),
     ("logprobs 21", "/v1/completions", {"model": "MODEL", "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("empty stop", "/v1/completions", {"model": "MODEL", "prompt": "hi", "stop": [""]}, 400, "stop"),
-    ("n 100", "/v1/completions", {"model": "MODEL", "prompt": "hi", "n": 100}, 400, "n"),
+    ("n 129", "/v1/completions", {"model": "MODEL", "prompt": "hi", "n": 129}, 400, "n"),
     ("token id past the vocabulary", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, 10**6]}, 400, None),
     ("negative token id", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, -1]}, 400, "prompt"),
     ("token id past int32", "/v1/completions", {"model": "MODEL", "prompt": [5, 2**40]}, 400, "prompt"),

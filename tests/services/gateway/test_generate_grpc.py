@@ -142,7 +142,7 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
         (gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[*range(100, 120), -2,
                                                                              *range(100, 130)])), 400),
         (gateway_pb2.GenerateRequest(), 400),
-        (gateway_pb2.GenerateRequest(text="hi", n=17), 400),
+        (gateway_pb2.GenerateRequest(text="hi", n=129), 400),
         (gateway_pb2.GenerateRequest(text="hi", stop_regex=["("]), 400),
         (gateway_pb2.GenerateRequest(text="hi", stop_regex=["x?"]), 400),
         (gateway_pb2.GenerateRequest(text="hi", stop_regex=["x"], beam_search=gateway_pb2.BeamSearch()), 400),

@@ -333,6 +333,11 @@ def test_a_seed_repeats_its_sample_and_n_choices_differ(client, mesh):
     assert several.choices[0].text == first
     assert len({c.text for c in several.choices}) == 3
     assert several.usage.completion_tokens == 48
+    # An RL rollout's group: more choices than the 16 this API once stopped at, the first the same.
+    group = client.completions.create(**{**kwargs, "max_tokens": 2}, n=40)
+    assert [c.index for c in group.choices] == list(range(40)) and group.usage.completion_tokens == 80
+    assert group.choices[0].text == client.completions.create(**{**kwargs, "max_tokens": 2}).choices[0].text
+    mesh.assert_decode_pools_free()
 
 
 def test_logprobs_for_every_token(client, mesh):
