@@ -35,6 +35,11 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
     if sampling_params.priority and not engine.scheduler.is_by_priority:
         raise ValueError(f"priority {sampling_params.priority} asks for priority scheduling, which this engine "
                          f"does not do (scheduling_policy {engine.config.scheduling_policy!r})")
+    most = vocab if engine.config.max_logprobs == -1 else min(engine.config.max_logprobs, vocab)
+    for name in ("logprobs", "prompt_logprobs"):
+        asked = getattr(sampling_params, name)
+        if asked is not None and asked > most:
+            raise ValueError(f"{name} must be at most {most} (max_logprobs), got {asked}")
     bad = next((t for t in output_token_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise ValueError(f"output token id {bad} is outside the vocabulary [0, {vocab})")

@@ -16,6 +16,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 # What the KV pages hold (vLLM's --kv-cache-dtype): auto, the compute dtype; fp8 (= fp8_e4m3) or
 # fp8_e5m2, one byte a number, cast without scales (vLLM's default scale of 1).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's (and OpenAI's top_logprobs bound)
 # What reported logprobs are of (vLLM's --logprobs-mode; engine/sampled_logprobs.py), the default first.
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 
@@ -66,6 +67,9 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of: one of LOGPROBS_MODES
+    # vLLM's --max-logprobs: the most top logprobs a request may ask for per token (and per prompt token);
+    # -1: the whole vocabulary.
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
     # vLLM's --hf-overrides: config.json keys replaced (engine/checkpoint.read_model_config); in the
     # KV fingerprint, so workers that disagree refuse each other's pages.
     hf_overrides: Mapping[str, Any] | None = None
@@ -92,6 +96,8 @@ class EngineConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= -1 (-1: the vocabulary), got {self.max_logprobs}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

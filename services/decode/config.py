@@ -13,10 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.config import DEFAULT_MAX_LOGPROBS
 from engine.speculative import SpeculativeConfig
 from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
-from services.common.logprobs_flag import add_logprobs_mode_flag, check_logprobs_mode
+from services.common.logprobs_flag import (
+    add_logprobs_mode_flag,
+    add_max_logprobs_flag,
+    check_logprobs_mode,
+    check_max_logprobs,
+)
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
@@ -61,6 +67,7 @@ ENV_KV_CACHE_MEMORY_BYTES = "BATON_DECODE_KV_CACHE_MEMORY_BYTES"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LOGPROBS_MODE = "BATON_DECODE_LOGPROBS_MODE"
+ENV_MAX_LOGPROBS = "BATON_DECODE_MAX_LOGPROBS"
 ENV_LEASE_MS = "BATON_DECODE_LEASE_MS"
 ENV_SPECULATIVE_CONFIG = "BATON_DECODE_SPECULATIVE_CONFIG"
 
@@ -81,6 +88,7 @@ class DecodeServiceConfig:
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token; -1: the vocabulary
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
@@ -111,6 +119,7 @@ class DecodeServiceConfig:
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_logprobs_mode(self.logprobs_mode)
+        check_max_logprobs(self.max_logprobs)
         check_lora_limits(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
         check_positive("--lease-ms", self.lease_ms)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
@@ -139,6 +148,7 @@ class DecodeServiceConfig:
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
+        add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
         parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
@@ -156,7 +166,7 @@ class DecodeServiceConfig:
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-                   logprobs_mode=args.logprobs_mode,
+                   logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,

@@ -170,7 +170,7 @@ class GatewayService:
                                         generation_defaults=config.generation_defaults,
                                         request_log=request_log,
                                         default_chat_template_kwargs=config.default_chat_template_kwargs,
-                                        thinking_markers=thinking_markers)
+                                        thinking_markers=thinking_markers, max_logprobs=config.max_logprobs)
         if config.default_chat_template_kwargs:
             log.info("chat template variables for what requests' chat_template_kwargs leave out: %s",
                      config.default_chat_template_kwargs)

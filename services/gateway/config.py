@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.config import DEFAULT_MAX_LOGPROBS
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
+from services.common.logprobs_flag import check_max_logprobs
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
     ConfigError,
@@ -123,6 +125,7 @@ class GatewayConfig:
     force_include_usage: bool = False  # every streamed chat and completion ends with usage (vLLM's flag)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" by default (vLLM's flag)
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
 
     def __post_init__(self):
@@ -179,6 +182,7 @@ class GatewayConfig:
             check_template_kwargs(self.default_chat_template_kwargs)
         except ValueError as e:
             raise ConfigError(f"--default-chat-template-kwargs: {e}") from None
+        check_max_logprobs(self.max_logprobs)
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ConfigError(f"--max-log-len must be >= 0, got {self.max_log_len}")
         if self.max_num_requests < 0:

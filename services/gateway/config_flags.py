@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.logprobs_flag import add_max_logprobs_flag
 from services.common.settings import (
     ConfigError,
     add_bind_flags,
@@ -80,6 +81,7 @@ ENV_STREAM_INTERVAL = "BATON_GATEWAY_STREAM_INTERVAL"
 ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
 ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
 ENV_REASONING_CONFIG = "BATON_GATEWAY_REASONING_CONFIG"
+ENV_MAX_LOGPROBS = "BATON_GATEWAY_MAX_LOGPROBS"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
 ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
 ENV_RESPONSES_TTL = "BATON_GATEWAY_RESPONSES_TTL_S"
@@ -120,7 +122,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         force_include_usage=args.enable_force_include_usage,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
-        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids, max_logprobs=args.max_logprobs,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template)
@@ -253,6 +255,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--return-tokens-as-token-ids", action="store_true",
                         help="logprobs name each token \"token_id:N\" rather than by its text, unless a request's "
                              "return_tokens_as_token_ids says otherwise (as vLLM's flag)")
+    add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
     HttpServing.add_flags(parser, env)
     ChatServing.add_flags(parser)
     add_request_log_flags(parser, env)

@@ -45,7 +45,9 @@ from services.tokenizer.stop_strings import Stop
 INT32_MAX, UINT32_MAX = 2**31 - 1, 2**32 - 1  # the widths of the protos' fields these go into
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]  # the rest of the vocabulary check is the worker's
 MAX_CHOICES = 128  # n (or best_of) per prompt: OpenAI's bound (an RL rollout's group is often 16 to 64)
-MAX_LOGPROBS = 20  # the engine's limit
+# Top logprobs a request may ask for: up to the proto's width here; the gateway's --max-logprobs (vLLM's,
+# 20 by default) refuses more at the pipeline, for every API.
+MAX_LOGPROBS = 2**31 - 1
 UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
             "custom_logit_processor": "custom logits processors are not loaded here",  # SGLang's
             "return_hidden_states": "hidden states are not returned here",  # SGLang's

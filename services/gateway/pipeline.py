@@ -41,6 +41,7 @@ from typing import Any
 
 import grpc
 
+from engine.config import DEFAULT_MAX_LOGPROBS
 from protos import common_pb2
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.admission import Admission
@@ -88,7 +89,7 @@ class RequestPipeline(Admission):
                  max_num_requests: int = 0, stream_interval: int = 1, trust_request_chat_template: bool = False,
                  generation_defaults: GenerationDefaults = GenerationDefaults(), request_log: RequestLog | None = None,
                  default_chat_template_kwargs: Mapping[str, Any] | None = None,
-                 thinking_markers: ThinkingMarkers | None = None):
+                 thinking_markers: ThinkingMarkers | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS):
         self.tokenizers = tokenizers  # the tokenizer services
         self.tokenizer = tokenizer
         self.prefill = prefill  # None: colocated, every prompt prefilled on its decode worker
@@ -110,6 +111,7 @@ class RequestPipeline(Admission):
             worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
         self.request_log = request_log or RequestLog()  # off unless asked (its level may change while serving)
         self.thinking_markers = thinking_markers  # what keeps a thinking_token_budget; None: none can be kept
+        self.max_logprobs = max_logprobs  # top logprobs a request may ask for per token (vLLM's); -1: any
 
     @property
     def prefill_router(self):
@@ -179,6 +181,7 @@ class RequestPipeline(Admission):
                 if any(not s for s in stop):
                     raise InvalidRequestError("stop strings must be non-empty")
                 fill_thinking_budget(params, self.thinking_markers)
+                _check_num_logprobs(params, self.max_logprobs)
                 with spans.phase("tokenize"):
                     prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages,
                                                        chat_options, add_special_tokens)
@@ -337,6 +340,13 @@ class RequestPipeline(Admission):
                 self.steps.abort_soon(decode_worker, request_id, ended)
             if moves is not None:
                 moves.close()
+
+
+def _check_num_logprobs(params: common_pb2.SamplingParams, max_logprobs: int) -> None:
+    for name in ("logprobs", "prompt_logprobs"):
+        if max_logprobs != -1 and params.HasField(name) and getattr(params, name) > max_logprobs:
+            raise InvalidRequestError(f"{name}: at most {max_logprobs} top logprobs (the gateway's --max-logprobs), "
+                                      f"got {getattr(params, name)}", param=name)
 
 
 async def _ended_by_abort() -> AsyncIterator[Step]:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
+from services.gateway.openai_protocol import MAX_LOGPROBS
 from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.request_aliases import without_nulls
 
@@ -57,7 +58,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     include: list[str] | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     reasoning: dict[str, Any] | None = None  # {"effort": ...}: chat's `reasoning_effort`
     cache_salt: str | None = None  # vLLM's, as chat's

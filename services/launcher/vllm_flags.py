@@ -32,6 +32,7 @@ class PassedFlag:
 
 
 GATEWAY, WORKERS, PREFILL = ("gateway",), ("prefill", "decode"), ("prefill",)
+EVERY = (*GATEWAY, *WORKERS)
 PASSED_FLAGS = (
     PassedFlag("--served-model-name", GATEWAY, "the model names clients may send, the first the one answers give",
                many=True),
@@ -48,6 +49,7 @@ PASSED_FLAGS = (
     PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
     PassedFlag("--kv-cache-dtype", WORKERS, "what the KV pages hold (auto, or an fp8 kind)"),
+    PassedFlag("--max-logprobs", EVERY, "the most top logprobs a request may ask for per token; -1: any", type=int),
     PassedFlag("--logprobs-mode", WORKERS, "what reported logprobs are of (raw_logprobs, processed_logprobs, ...)"),
 )
 

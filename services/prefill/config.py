@@ -13,9 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.config import DEFAULT_MAX_LOGPROBS
 from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
-from services.common.logprobs_flag import add_logprobs_mode_flag, check_logprobs_mode
+from services.common.logprobs_flag import (
+    add_logprobs_mode_flag,
+    add_max_logprobs_flag,
+    check_logprobs_mode,
+    check_max_logprobs,
+)
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
@@ -59,6 +65,7 @@ ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_PREFILL_SCHEDULING_POLICY"
 ENV_LOGPROBS_MODE = "BATON_PREFILL_LOGPROBS_MODE"
+ENV_MAX_LOGPROBS = "BATON_PREFILL_MAX_LOGPROBS"
 ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
 ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
 ENV_KVSTORE = "BATON_PREFILL_KVSTORE"
@@ -82,6 +89,7 @@ class PrefillServiceConfig:
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token; -1: the vocabulary
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
@@ -114,6 +122,7 @@ class PrefillServiceConfig:
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_logprobs_mode(self.logprobs_mode)
+        check_max_logprobs(self.max_logprobs)
         check_lora_limits(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
         check_registry(self.redis_url, self.registry_ttl_s, self.index_ttl_s)
@@ -151,6 +160,7 @@ class PrefillServiceConfig:
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
         add_dtype_flag(parser, env)
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
+        add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
         add_limit_flags(parser, env)
@@ -165,7 +175,7 @@ class PrefillServiceConfig:
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-                   logprobs_mode=args.logprobs_mode,
+                   logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,

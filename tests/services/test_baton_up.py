@@ -399,15 +399,16 @@ def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
         "--served-model-name", "a", "b", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--kv-cache-memory-bytes", "2G",
         "--reasoning-config", '{"reasoning_end_str": "</think>"}', "--logprobs-mode", "processed_logprobs",
-        "--gateway-args=--tool-call-parser pythonic", "--decode-args=--max-num-seqs 4"])
+        "--max-logprobs", "64", "--gateway-args=--tool-call-parser pythonic", "--decode-args=--max-num-seqs 4"])
     flags = service_args(args)
     assert flags["gateway"] == ("--served-model-name", "a", "b", "--tool-call-parser", "hermes",
                                 "--enable-auto-tool-choice", "--reasoning-config", '{"reasoning_end_str": "</think>"}',
-                                "--tool-call-parser", "pythonic")  # its own last: they win
+                                "--max-logprobs", "64", "--tool-call-parser", "pythonic")  # its own last: they win
     assert flags["prefill"] == ("--max-num-seqs", "8", "--max-num-batched-tokens", "512",
-                                "--kv-cache-memory-bytes", "2G", "--logprobs-mode", "processed_logprobs")
-    assert flags["decode"] == ("--max-num-seqs", "8", "--kv-cache-memory-bytes", "2G", "--logprobs-mode",
-                               "processed_logprobs", "--max-num-seqs", "4")
+                                "--kv-cache-memory-bytes", "2G", "--max-logprobs", "64", "--logprobs-mode",
+                                "processed_logprobs")
+    assert flags["decode"] == ("--max-num-seqs", "8", "--kv-cache-memory-bytes", "2G", "--max-logprobs", "64",
+                               "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "4")
     assert flags["kvstore"] == ()
     assert service_args(parser.parse_args([]))["gateway"] == ()
 
