@@ -294,7 +294,7 @@ def test_best_of_answers_the_candidates_likeliest_per_token(client, mesh):
     assert [c.index for c in best.choices] == [0, 1, 2, 3] and all(c.logprobs is None for c in best.choices)
     assert best.usage.completion_tokens == 2 * 4 * 8  # all eight candidates were generated
     for given, param in (({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 2, "stream": True}, "best_of"),
-                         ({"best_of": 17}, "best_of")):
+                         ({"best_of": 129}, "best_of")):
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(**{**asked, **given})
         assert refused.value.body["param"] == param
