@@ -109,19 +109,13 @@ class TokensShape:
                 "usage": chat["usage"], "prompt_logprobs": chat.get("prompt_logprobs"), "kv_transfer_params": None}
 
     async def events(self, choices: AsyncIterator[tuple[int, Delta]], prompt_param: str) -> AsyncIterator[bytes]:
+        """APIError before the first event (the response's status then), an error event after it."""
         try:
-            index, delta = await first_choice(choices, prompt_param)
+            first = await first_choice(choices, prompt_param)
             try:
-                while True:
-                    if delta.token_ids or delta.finish_reason:
-                        chunk = self.builder.chunk(index, delta, include_usage=False)
-                        yield sse_event({"request_id": self.builder.id, "choices": [_choice(chunk["choices"][0])]})
-                    else:
-                        self.builder.add(index, delta)
-                    try:
-                        index, delta = await anext(choices)
-                    except StopAsyncIteration:
-                        break
+                yield self._event(*first)
+                async for index, delta in choices:
+                    yield self._event(index, delta)
                 if self.include_usage:
                     yield sse_event({"request_id": self.builder.id, "choices": [], "usage": self.builder.usage})
             except Exception as e:  # after the 200 went out: the error travels as an event
@@ -129,6 +123,10 @@ class TokensShape:
         finally:
             await choices.aclose()
         yield b"data: [DONE]\n\n"
+
+    def _event(self, index: int, delta: Delta) -> bytes:
+        chunk = self.builder.chunk(index, delta, include_usage=False)
+        return sse_event({"request_id": self.builder.id, "choices": [_choice(chunk["choices"][0])]})
 
 
 def _choice(chat_choice: dict[str, Any]) -> dict[str, Any]:
