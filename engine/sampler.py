@@ -100,6 +100,8 @@ class Sampler:
             if any(is_greedy):
                 greedy_mask = torch.tensor(is_greedy).to(logits.device)
                 token_ids = torch.where(greedy_mask, row_argmax(logits), token_ids)
+                if needs_logprobs and self.reports_processed:  # a greedy row's, whatever rows share its batch
+                    drawn_from = torch.where(greedy_mask.unsqueeze(1), logits, drawn_from)
         if not needs_logprobs:
             return SamplerOutput(token_ids.tolist(), [None] * len(seqs))
         reported = drawn_from if self.reports_processed else raw_logits

@@ -353,6 +353,11 @@ def test_processed_logprobs_are_those_the_token_was_drawn_from_and_logits_modes_
         if mode != "raw_logits":  # top-3 of 30: the fourth best is masked, floored
             assert sorted(out.logprobs[0].values())[0] == LOGPROB_FLOOR
     assert out.token_ids[1] == 7  # the bias: in the processed row, not the raw one
+    # A greedy row reports the same alone as beside random rows (its own top-k does not shape it).
+    greedy = make_seq(temperature=0.0, top_k=2, logprobs=3)
+    alone = Sampler(logprobs_mode="processed_logprobs")(logits[:1], [greedy]).logprobs[0]
+    beside = Sampler(logprobs_mode="processed_logprobs")(logits[:2], [greedy, seqs[0]]).logprobs[0]
+    assert alone == pytest.approx(beside) and LOGPROB_FLOOR not in alone.values()
     with pytest.raises(ValueError, match="logprobs_mode must be one of"):
         Sampler(logprobs_mode="processed")
 
