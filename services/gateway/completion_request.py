@@ -104,3 +104,10 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt[0], int):  # list[StrictInt] matched: all of them are
             return [prompt]
         return list(prompt)
+
+
+def pipeline_prompt(prompt: str | list[int], add_special_tokens: bool = True) -> dict[str, Any]:
+    """A text or token-id prompt as the pipeline's `generate` (and beam search) takes it."""
+    if isinstance(prompt, str):
+        return {"prompt_text": prompt, "add_special_tokens": add_special_tokens}
+    return {"prompt_token_ids": prompt}

@@ -20,7 +20,7 @@ from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
-from services.gateway.completion_request import CompletionRequest
+from services.gateway.completion_request import CompletionRequest, pipeline_prompt
 from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
@@ -78,8 +78,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         streams, searches, prompt_of_choice = [], [], []
         for p, prompt in enumerate(prompts):
-            given = ({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
-                     if isinstance(prompt, str) else {"prompt_token_ids": prompt})
+            given = pipeline_prompt(prompt, body.add_special_tokens)
             prompt_of_choice += [p] * body.num_candidates
             if body.use_beam_search:
                 searches.append(beam_search(

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from services.gateway.chat_request import ChatCompletionRequest
-from services.gateway.completion_request import CompletionRequest
+from services.gateway.completion_request import CompletionRequest, pipeline_prompt
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import SamplingFields
@@ -93,8 +93,7 @@ def add_render_routes(app: FastAPI, state: GatewayState, check_model: Callable[[
             raise APIError(400, "best_of greater than n is not rendered: the tokens API keeps every choice",
                            param="best_of")
         return JSONResponse([await rendered(body, "prompt", body.max_tokens, body.logprobs,
-                                            **({"prompt_text": prompt, "add_special_tokens": body.add_special_tokens}
-                                               if isinstance(prompt, str) else {"prompt_token_ids": prompt}))
+                                            **pipeline_prompt(prompt, body.add_special_tokens))
                              for prompt in body.prompts])
 
     app.add_route("/v1/chat/completions/render", render_chat, methods=["POST"])

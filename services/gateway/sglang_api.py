@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from protos import common_pb2
 from services.gateway.choices import first_choice, merge_choices
+from services.gateway.completion_request import pipeline_prompt
 from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
@@ -151,7 +152,7 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                                                     body.token_ids_per_prompt(len(prompts)), strict=True):
             asked = completion_request(prompt, sampling, lora or state.model_name,
                                        body.top_logprobs_num if body.return_logprob else None, prompt_logprobs)
-            given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+            given = pipeline_prompt(prompt)
             for j in range(asked.n):
                 sample_rid = rid if asked.n == 1 else f"{rid}-{j}"
                 sampling_params = asked.sampling(asked.max_tokens_run, asked.logprobs, j,

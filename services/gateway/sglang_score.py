@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from protos import common_pb2
 from services.gateway.choices import merge_choices
+from services.gateway.completion_request import pipeline_prompt
 from services.gateway.errors import APIError
 from services.gateway.openai_protocol import TokenId
 from services.gateway.pipeline import RequestPipeline
@@ -60,7 +61,7 @@ async def sglang_score(pipeline: RequestPipeline, body: SGLangScoreRequest, lora
         sampling.lora_name = lora
     streams = []
     for index, prompt in enumerate(body.prompts()):
-        given = {"prompt_text": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+        given = pipeline_prompt(prompt)
         streams.append(pipeline.generate(f"{request_id}-{index}", **given, sampling=sampling, is_streamed=False))
     logprobs: list[list[float]] = [[] for _ in streams]
     num_prompt_tokens = 0
