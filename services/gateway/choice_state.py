@@ -10,6 +10,7 @@ from protos import common_pb2
 from services.gateway.deltas import Delta, Usage
 from services.gateway.harmony import HarmonyReasoning
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
+from services.gateway.request_timing import RequestTiming
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     usage: Usage | None = None
+    timing: RequestTiming | None = None
     prompt_token_ids: Sequence[int] = ()
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
     # With a reasoning parser: the text split as it came (thinking, answer), and the tokens
@@ -42,6 +44,7 @@ class ChoiceState:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.matched_stop
             self.usage = delta.usage
+            self.timing = delta.timing
 
     def split(self, delta: Delta, reasoning: ReasoningReader) -> tuple[str, str]:
         """A chat delta's (thinking, answer) text, as `reasoning` reads it, recorded here; the choice's

@@ -123,6 +123,7 @@ class GatewayConfig:
     # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     force_include_usage: bool = False  # every streamed chat and completion ends with usage (vLLM's flag)
+    per_request_metrics: bool = False  # replies carry their timing, `metrics` (vLLM's --enable-per-request-metrics)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" by default (vLLM's flag)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any

@@ -90,6 +90,7 @@ ENV_GENERATION_CONFIG = "BATON_GENERATION_CONFIG"
 ENV_OVERRIDE_GENERATION_CONFIG = "BATON_OVERRIDE_GENERATION_CONFIG"
 ENV_DEFAULT_CHAT_TEMPLATE_KWARGS = "BATON_DEFAULT_CHAT_TEMPLATE_KWARGS"
 ENV_FORCE_INCLUDE_USAGE = "BATON_GATEWAY_FORCE_INCLUDE_USAGE"
+ENV_PER_REQUEST_METRICS = "BATON_GATEWAY_PER_REQUEST_METRICS"
 
 
 def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -120,7 +121,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         chat_serving=ChatServing.from_args(args),
         default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
-        force_include_usage=args.enable_force_include_usage,
+        force_include_usage=args.enable_force_include_usage, per_request_metrics=args.enable_per_request_metrics,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids, max_logprobs=args.max_logprobs,
         lora_modules=lora_modules(args.lora_modules),
@@ -249,6 +250,11 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"every streamed chat and completion ends with its usage, as with stream_options."
                              f"include_usage, whether the request asks or not (as vLLM's flag; billing proxies "
                              f"count tokens so) (${ENV_FORCE_INCLUDE_USAGE}=1)")
+    parser.add_argument("--enable-per-request-metrics", action="store_true",
+                        default=env_flag(env, ENV_PER_REQUEST_METRICS),
+                        help=f"a chat, completion or Responses reply of one sequence carries its timing, `metrics`: "
+                             f"time to first token, generation time, queue time, mean inter-token latency, tokens "
+                             f"per second (as vLLM's flag) (${ENV_PER_REQUEST_METRICS}=1)")
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info: the tokenizer's configuration and chat template "
                              "(as vLLM's flag; off, as the template may be private)")

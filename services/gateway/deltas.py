@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from protos import common_pb2
 from services.gateway.request_errors import InvalidRequestError
+from services.gateway.request_timing import RequestTiming
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
 from services.tokenizer.stop_strings import Stop, StopRegexTimeout, StopStringMatcher
 
@@ -36,6 +37,7 @@ class Delta:
     # per prompt token after the first.
     prompt_token_ids: Sequence[int] = ()
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
+    timing: RequestTiming | None = None  # the last delta's: the request's, as vLLM's per-request metrics
 
 
 class TextOutput:

@@ -107,7 +107,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   num_logprobs=body.logprobs or 0, echo_of_prompt=echo_of_prompt,
                                   num_prompt_logprobs=body.prompt_logprobs,
                                   return_token_ids=bool(body.return_token_ids),
-                                  best_of_kept=body.n if body.num_candidates > body.n else None)
+                                  best_of_kept=body.n if body.num_candidates > body.n else None,
+                                  per_request_metrics=state.per_request_metrics)
         choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
         return await respond(request, choices, builder, body.stream, body.include_usage or state.force_include_usage,
                              "prompt",
@@ -156,7 +157,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   include_reasoning=body.include_reasoning, echo_of_prompt=body.echoed,
                                   parallel_tool_calls=body.parallel_tool_calls,
                                   return_token_ids=bool(body.return_token_ids),
-                                  role=state.chat_serving.role_of_reply(body))
+                                  role=state.chat_serving.role_of_reply(body),
+                                  per_request_metrics=state.per_request_metrics)
         return choices, builder, dispatched, timeline
 
     async def chat_completions(request: Request):

@@ -94,6 +94,7 @@ class GatewayState:
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
     tokenizer_info: dict[str, Any] | None = None  # GET /tokenizer_info's answer; None: not served
     force_include_usage: bool = False  # every stream ends with usage, asked for or not (vLLM's flag)
+    per_request_metrics: bool = False  # replies carry their timing, `metrics` (vLLM's flag)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" unless a request says (vLLM's flag)
 
     @property

@@ -25,6 +25,7 @@ from services.gateway.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.gateway.reasoning_parsers import ReasoningReader
+from services.gateway.request_timing import UNKNOWN
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
 from services.gateway.tool_parsers import ToolCallSyntax
 
@@ -56,7 +57,7 @@ class ResponseBuilder:
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
                  include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False,
-                 best_of_kept: int | None = None, role: str = "assistant"):
+                 best_of_kept: int | None = None, role: str = "assistant", per_request_metrics: bool = False):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -73,6 +74,7 @@ class ResponseBuilder:
         # With best_of: how many of each prompt's candidates the whole response keeps (whole() ranks them)
         self.best_of_kept = best_of_kept
         self.role = role  # of a chat reply's message
+        self.per_request_metrics = per_request_metrics  # vLLM's: the whole body and the usage chunk carry `metrics`
         self._sent_role = [False] * num_choices
         # chat: each choice's tool calls, as tool_choice asks for them (choice_calls.py)
         self.calls = ChoiceCalls(num_choices, forced_tool_call, tool_call_syntax, call_id, parallel_tool_calls)
@@ -84,6 +86,14 @@ class ResponseBuilder:
     def usage(self) -> dict[str, Any]:
         usages = [c.usage or Usage(0, len(c.token_ids), 0) for c in self.choices]
         return usage_body(usages, self.prompt_of_choice, self.reasoning_tokens)
+
+    @property
+    def metrics(self) -> dict[str, Any] | None:
+        """The request's timing (request_timing.py), or None for a reply of several sequences (n > 1,
+        best_of, several prompts), whose timings are not one request's."""
+        if len(self.choices) != 1:
+            return None
+        return (self.choices[0].timing or UNKNOWN).to_json()
 
     @property
     def reasoning_tokens(self) -> int | None:
@@ -158,7 +168,10 @@ class ResponseBuilder:
 
     def usage_chunk(self) -> dict[str, Any]:
         """The last chunk when `stream_options.include_usage`: no choices, the whole usage."""
-        return self._chunk_without_choices("usage", self.usage)
+        body = self._chunk_without_choices("usage", self.usage)
+        if self.per_request_metrics:
+            body["metrics"] = self.metrics
+        return body
 
     def timeline_chunk(self, timeline: dict[str, Any]) -> dict[str, Any]:
         """The chunk that carries the request's ledger, when asked for: no choices."""
@@ -216,6 +229,8 @@ class ResponseBuilder:
         if self.kind == "chat" and self.return_token_ids:
             body["prompt_token_ids"] = list(self.choices[0].prompt_token_ids)
         body["usage"] = self.usage
+        if self.per_request_metrics:
+            body["metrics"] = self.metrics
         return body
 
     def _kept(self) -> list[int]:

@@ -55,6 +55,7 @@ from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.reasoning_config import ThinkingMarkers, fill_thinking_budget
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_log import RequestLog
+from services.gateway.request_timing import request_timing
 from services.gateway.request_trace import RequestTrace
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
@@ -298,6 +299,7 @@ class RequestPipeline(Admission):
                                 spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
                                 # Before the last yield: a consumer may close the stream there.
                                 step.settle(clock, arrived)
+                                final.timing = request_timing(clock, timer)
                                 if not is_past_first:
                                     clock.handing_out = "first_token"
                                 yield final

@@ -101,7 +101,7 @@ class ResponsesShape:
                   usage: dict[str, Any] | None) -> dict[str, Any]:
         request = self.request
         status = "in_progress" if finish_reason is None else "incomplete" if finish_reason == "length" else "completed"
-        return {
+        response = {
             "id": self.id, "object": "response", "created_at": self.created_at, "model": self.builder.model,
             "status": status, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -114,6 +114,9 @@ class ResponsesShape:
             "truncation": request.truncation or "disabled",
             "output": output, "usage": _usage(usage) if usage is not None else None,
         }
+        if self.builder.per_request_metrics and finish_reason is not None:
+            response["metrics"] = self.builder.metrics
+        return response
 
 
 class _StreamedItems:

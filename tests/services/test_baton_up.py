@@ -399,10 +399,14 @@ def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
         "--served-model-name", "a", "b", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--kv-cache-memory-bytes", "2G",
         "--reasoning-config", '{"reasoning_end_str": "</think>"}', "--logprobs-mode", "processed_logprobs",
-        "--max-logprobs", "64", "--gateway-args=--tool-call-parser pythonic", "--decode-args=--max-num-seqs 4"])
+        "--max-logprobs", "64", "--enable-per-request-metrics", "--allowed-origins", '["https://a.example"]',
+        "--override-generation-config", '{"temperature": 0.5}',
+        "--gateway-args=--tool-call-parser pythonic", "--decode-args=--max-num-seqs 4"])
     flags = service_args(args)
     assert flags["gateway"] == ("--served-model-name", "a", "b", "--tool-call-parser", "hermes",
                                 "--enable-auto-tool-choice", "--reasoning-config", '{"reasoning_end_str": "</think>"}',
+                                "--enable-per-request-metrics", "--override-generation-config",
+                                '{"temperature": 0.5}', "--allowed-origins", '["https://a.example"]',
                                 "--max-logprobs", "64", "--tool-call-parser", "pythonic")  # its own last: they win
     assert flags["prefill"] == ("--max-num-seqs", "8", "--max-num-batched-tokens", "512",
                                 "--kv-cache-memory-bytes", "2G", "--max-logprobs", "64", "--logprobs-mode",
@@ -411,6 +415,16 @@ def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
                                "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "4")
     assert flags["kvstore"] == ()
     assert service_args(parser.parse_args([]))["gateway"] == ()
+
+
+def test_every_vllm_flag_handed_to_the_gateway_is_one_it_takes():
+    from services.gateway.config_flags import new_gateway_parser
+    from services.launcher.vllm_flags import PASSED_FLAGS
+
+    taken = {option for action in new_gateway_parser({})._actions for option in action.option_strings}
+    handed = {passed.flag for passed in PASSED_FLAGS if "gateway" in passed.kinds}
+    assert handed - taken == set()
+    assert {"--enable-per-request-metrics", "--response-role", "--allowed-origins"} <= handed
 
 
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",

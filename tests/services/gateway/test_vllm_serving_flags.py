@@ -1,7 +1,8 @@
 """vLLM's serving flags for the HTTP server and the chat API: the access log (on by default, as
 vLLM's and SGLang's; --disable-uvicorn-access-log), --root-path behind a proxy that strips it,
 --response-role, --exclude-tools-when-tool-choice-none, and --enable-tokenizer-info-endpoint's
-GET /tokenizer_info, checked against what transformers loads from the same tokenizer."""
+GET /tokenizer_info, checked against what transformers loads from the same tokenizer, and
+--enable-per-request-metrics' `metrics` in replies, checked against their ledgers."""
 from __future__ import annotations
 
 import json
@@ -32,7 +33,8 @@ def flagged(mesh):
                              [d.address for d in mesh.decode], "--api-key", KEY, "--root-path", "/llm",
                              "--disable-uvicorn-access-log", "--response-role", "model",
                              "--exclude-tools-when-tool-choice-none", "--trust-request-chat-template",
-                             "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids")
+                             "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids",
+                             "--enable-per-request-metrics")
     try:
         yield gateway
     finally:
@@ -130,6 +132,62 @@ def test_tools_are_left_out_of_the_prompt_when_tool_choice_is_none(mesh, flagged
         assert grpc_prompt_tokens(tools_json=json.dumps(TOOLS), tool_choice_json='"none"') == without_tools
         assert grpc_prompt_tokens(tools_json=json.dumps(TOOLS), tool_choice_json=json.dumps(forced)) > without_tools
     mesh.assert_decode_pools_free()
+
+
+def check_metrics_against_the_ledger(metrics: dict, timeline: dict, num_tokens: int) -> None:
+    """vLLM's figures, from the engine's queue on: where the ledger says the prompt waited and was
+    computed (the phases before the first token: the gateway's, the way to the worker, its queue)."""
+    [choice] = timeline["choices"]
+    phases, legs = choice["phases_ms"], choice.get("rpc_legs_ms") or {}
+    waits = ("prefill_queue", "host_tier_read", "prefill_admit") if choice["prefilled_on"] == "prefill" \
+        else ("decode_queue",)
+    assert metrics["queue_time_ms"] == pytest.approx(sum(phases[p] for p in waits), abs=0.01)
+    to_first_token = sum(phases[p] for p in ("ingress", "tokenize", "route", "prefill_queue", "host_tier_read",
+                                             "prefill_admit", "prefill_compute", "rpc"))
+    if choice["prefilled_on"] == "decode":
+        to_first_token += phases["decode_queue"]
+    before_queue = phases["ingress"] + phases["tokenize"] + phases["route"] + legs.get("to_prefill", 0.0)
+    # A decode worker's chunk is marked as it is read, the token timed as the gateway takes it up:
+    # the moment between is the ledger's `first_token`.
+    scheduled_to_first_token = to_first_token - before_queue - metrics["queue_time_ms"]
+    assert scheduled_to_first_token - 0.01 <= metrics["time_to_first_token_ms"] \
+        <= scheduled_to_first_token + phases["first_token"] + 0.01
+    assert metrics["time_to_first_token_ms"] > phases["prefill_compute"] > 0
+    assert 0 < metrics["generation_time_ms"] < choice["e2e_ms"] - to_first_token
+    assert metrics["mean_itl_ms"] == pytest.approx(metrics["generation_time_ms"] / (num_tokens - 1), abs=0.01)
+    assert metrics["tokens_per_second"] == pytest.approx(
+        num_tokens * 1e3 / (metrics["time_to_first_token_ms"] + metrics["generation_time_ms"]), rel=1e-3)
+
+
+def test_a_reply_of_one_sequence_carries_its_timing_with_per_request_metrics(mesh, client, flagged_client):
+    kwargs = dict(model=mesh.model_name, max_tokens=6, temperature=0, extra_body={"ignore_eos": True,
+                                                                                   "return_timeline": True})
+    places = set()
+    for prompt in ("Once upon a time", "word " * 400):  # prefilled on the decode worker, then on a prefill worker
+        reply = flagged_client.completions.create(prompt=prompt, **kwargs).model_dump()
+        check_metrics_against_the_ledger(reply["metrics"], reply["timeline"], num_tokens=6)
+        places.add(reply["timeline"]["choices"][0]["prefilled_on"])
+    assert places == {"decode", "prefill"}
+    chat = flagged_client.chat.completions.create(messages=MESSAGES, **kwargs).model_dump()
+    check_metrics_against_the_ledger(chat["metrics"], chat["timeline"], num_tokens=6)
+    one = flagged_client.chat.completions.create(messages=MESSAGES, **{**kwargs, "max_tokens": 1}).model_dump()
+    assert one["metrics"]["mean_itl_ms"] is None and one["metrics"]["generation_time_ms"] == 0.0
+    assert one["metrics"]["time_to_first_token_ms"] > 0
+    # Several sequences: their timings are no one request's.
+    assert flagged_client.completions.create(prompt="Once", n=2, **kwargs).model_dump()["metrics"] is None
+    assert flagged_client.completions.create(prompt=["Once", "Twice"], **kwargs).model_dump()["metrics"] is None
+    # Streamed: on the usage chunk.
+    chunks = list(flagged_client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs,
+                                                         stream_options={"include_usage": True}))
+    usage_chunk = next(c for c in chunks if c.usage is not None)
+    assert set(usage_chunk.model_extra["metrics"]) == {"time_to_first_token_ms", "generation_time_ms",
+                                                       "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
+    assert usage_chunk.model_extra["metrics"]["generation_time_ms"] > 0
+    assert all("metrics" not in (c.model_extra or {}) for c in chunks if c is not usage_chunk)
+    response = flagged_client.responses.create(model=mesh.model_name, input="Hello", max_output_tokens=4)
+    assert response.model_extra["metrics"]["tokens_per_second"] > 0
+    # Without the flag, no `metrics`.
+    assert "metrics" not in client.chat.completions.create(messages=MESSAGES, **kwargs).model_extra
 
 
 def as_vllm_serializes(value):
