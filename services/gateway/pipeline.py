@@ -55,7 +55,7 @@ from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.reasoning_config import ThinkingMarkers, fill_thinking_budget
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_log import RequestLog
-from services.gateway.request_timing import request_timing
+from services.gateway.request_timing import request_timing, scheduled_at
 from services.gateway.request_trace import RequestTrace
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
@@ -295,11 +295,11 @@ class RequestPipeline(Admission):
                                                           usage)
                                 if not is_past_first:
                                     final.prompt_token_ids, final.prompt_logprobs = prompt, step.prompt_logprobs
-                                timer.finish(final.finish_reason)
                                 spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
                                 # Before the last yield: a consumer may close the stream there.
                                 step.settle(clock, arrived)
                                 final.timing = request_timing(clock, timer)
+                                timer.finish(final.finish_reason, scheduled_at(clock), params.max_tokens)
                                 if not is_past_first:
                                     clock.handing_out = "first_token"
                                 yield final

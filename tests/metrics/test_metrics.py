@@ -112,6 +112,18 @@ def test_after_n_requests_the_gateway_counts_match_them(mesh, client):
         assert 0.0 < delta("baton_prefill_rpc_leg_duration_seconds_sum", leg=leg) / n < 0.5
     assert {"0.0001", "0.0005", "0.001"} <= {labels["le"] for labels in
                                             labels_of(after, "baton_prefill_rpc_leg_duration_seconds_bucket")}
+    # vLLM's per-request histograms: one observation each, summing to the usage and the requests' max_tokens.
+    for name in ("prompt_tokens", "generation_tokens", "params_max_tokens", "prefill_time_seconds",
+                 "decode_time_seconds", "inference_time_seconds"):
+        assert delta(f"baton_request_{name}_count") == n, name
+    assert delta("baton_request_prompt_tokens_sum") == num_prompt
+    assert delta("baton_request_generation_tokens_sum") == num_generated
+    assert delta("baton_request_params_max_tokens_sum") == num_generated  # each ran to its max_tokens (ignore_eos)
+    assert delta("baton_request_generation_tokens_bucket", le="5.0") == 3  # of 4, 5, 6, 6, 6 and 5 tokens
+    inference = delta("baton_request_inference_time_seconds_sum")
+    assert inference == pytest.approx(delta("baton_request_prefill_time_seconds_sum")
+                                      + delta("baton_request_decode_time_seconds_sum"), rel=1e-6)
+    assert 0 < inference < delta("baton_e2e_request_latency_seconds_sum")
     # The +Inf bucket holds every observation; the bounds resolve milliseconds, up to a minute.
     assert delta("baton_time_to_first_token_seconds_bucket", le="+Inf") == n
     bounds = {labels["le"] for labels in labels_of(after, "baton_inter_token_latency_seconds_bucket")}

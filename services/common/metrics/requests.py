@@ -8,6 +8,10 @@ from arrival to its last token (as vLLM's frontend counts them).
 - time per output token: (last token − first token) / (tokens − 1), once per finished
   request of at least two tokens;
 - end to end: arrival → the last token, once per finished request;
+- per finished request, as vLLM's `vllm:request_*` histograms: its prompt's and its output's tokens,
+  the `max_tokens` it asked for, and from when the engine that computed its first token took it
+  (`scheduled`, on this clock) to that token (prefill time) and to its last (inference time), and
+  from its first token to its last (decode time);
 - queue: how long the prefill worker's engine took to pick the request up (its
   reported `queue_seconds`), and the KV transfer it then made, by transport;
 - the two legs of the wait for a prefill worker's first token besides the worker's own time,
@@ -24,6 +28,8 @@ from services.common.metrics.service import LABELS, LATENCY_BUCKETS, ServiceMetr
 
 # A hop between two processes of one host takes tenths of a millisecond: LATENCY_BUCKETS' first
 # bound (1 ms) would hold nearly all of them.
+# Tokens, 1-2-5 per decade to a million (vLLM's buckets, for any context).
+TOKEN_BUCKETS = (*(m * 10 ** e for e in range(6) for m in (1, 2, 5)), 1_000_000)
 HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -46,6 +52,20 @@ class RequestMetrics:
         self.inter_token_latency = histogram("baton_inter_token_latency_seconds",
                                              "Each token's share of the wait since the tokens before it came")
         self.e2e_latency = histogram("baton_e2e_request_latency_seconds", "Arrival to the last token")
+        def token_histogram(name: str, documentation: str):
+            return Histogram(name, documentation, LABELS, buckets=TOKEN_BUCKETS, registry=registry).labels(**labels)
+
+        self.request_prompt_tokens = token_histogram("baton_request_prompt_tokens",
+                                                     "Prompt tokens per finished request")
+        self.request_generation_tokens = token_histogram("baton_request_generation_tokens",
+                                                         "Tokens generated per finished request")
+        self.request_max_tokens = token_histogram("baton_request_params_max_tokens",
+                                                  "The max_tokens of each finished request")
+        self.request_prefill_time = histogram("baton_request_prefill_time_seconds",
+                                              "A worker's engine taking a request to its first token")
+        self.request_decode_time = histogram("baton_request_decode_time_seconds", "A request's first token to its last")
+        self.request_inference_time = histogram("baton_request_inference_time_seconds",
+                                                "A worker's engine taking a request to its last token")
         self.prompt_tokens = counter("baton_prompt_tokens", "Prompt tokens of requests that got a first token")
         self.generation_tokens = counter("baton_generation_tokens", "Tokens generated")
         self._kv_duration = Histogram("baton_kv_transfer_duration_seconds", "Writing a prompt's KV pages to decode",
@@ -108,11 +128,22 @@ class RequestTimer:
         self.num_generated += num_tokens
         m.generation_tokens.inc(num_tokens)
 
-    def finish(self, finish_reason: str) -> None:
+    def finish(self, finish_reason: str, scheduled: float | None = None, max_tokens: int = 0) -> None:
+        """`scheduled`: when (a `time.perf_counter()`) the engine that computed the first token took
+        the request; `max_tokens` as the request asked (0: not given)."""
         m = self.metrics
         m.e2e_latency.observe(time.perf_counter() - self.arrival)
         if self.num_generated > 1:
             m.time_per_output_token.observe((self.last_token_time - self.first_token_time) / (self.num_generated - 1))
+        m.request_prompt_tokens.observe(self.num_prompt_tokens)
+        m.request_generation_tokens.observe(self.num_generated)
+        if max_tokens:
+            m.request_max_tokens.observe(max_tokens)
+        if self.first_token_time is not None:
+            m.request_decode_time.observe(self.last_token_time - self.first_token_time)
+            if scheduled is not None:
+                m.request_prefill_time.observe(self.first_token_time - scheduled)
+                m.request_inference_time.observe(self.last_token_time - scheduled)
         m.metrics.count_success(finish_reason)
         self.is_done = True
 
