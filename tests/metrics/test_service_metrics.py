@@ -86,6 +86,7 @@ def test_the_engine_is_read_on_each_scrape(tiny_demo_model):
     engine.step()
     assert value(metrics, "baton_requests_running") == 1
     assert value(metrics, "baton_kv_pages_used") == 3
+    assert value(metrics, "baton_kv_cache_usage_perc") == 3 / 16
     while engine.has_unfinished_requests():
         engine.step()
     list(engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True)))
@@ -95,6 +96,16 @@ def test_the_engine_is_read_on_each_scrape(tiny_demo_model):
     with metrics.time_warmup():
         pass
     assert value(metrics, "baton_warmup_duration_seconds") >= 0
+
+
+def test_preemptions_are_counted(tiny_demo_model):
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=4))  # 64 tokens
+    metrics = ServiceMetrics("decode", "tiny", "decode-0")
+    metrics.watch_engine(engine)
+    # Two requests of 20 prompt tokens each that grow to 60: both cannot hold their pages at once.
+    outputs = engine.generate([list(range(1, 21)), list(range(21, 41))], SamplingParams(max_tokens=40, ignore_eos=True))
+    assert sum(len(output.new_token_ids) for output in outputs) == 80
+    assert value(metrics, "baton_num_preemptions_total") == engine.scheduler.num_preemptions >= 1
 
 
 def test_a_worker_serves_its_registry_over_http():

@@ -24,9 +24,13 @@ class EngineCollector(LabelledCollector):
         yield self.gauge("baton_kv_pages_used", "KV pages held by requests and reservations",
                          blocks.num_blocks - num_free)
         yield self.gauge("baton_kv_pages_free", "KV pages free, cached ones included", num_free)
+        yield self.gauge("baton_kv_cache_usage_perc", "The fraction of KV pages in use, 0 to 1 (vLLM's)",
+                         (blocks.num_blocks - num_free) / blocks.num_blocks)
         yield self.gauge("baton_requests_running", "Requests in the running batch", len(self.scheduler.running))
         yield self.gauge("baton_requests_waiting", "Requests queued for the running batch",
                          len(self.scheduler.waiting))
+        yield self.counter("baton_num_preemptions", "Running requests preempted (their pages freed, to be recomputed)",
+                           self.scheduler.num_preemptions)
         yield self.counter("baton_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                            blocks.num_prefix_query_tokens)
         yield self.counter("baton_prefix_cache_hits", "Prompt tokens found in the prefix cache",
