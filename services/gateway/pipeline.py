@@ -46,16 +46,16 @@ from protos import common_pb2
 from services.common.metrics import RequestMetrics, RequestTimer, ServiceMetrics
 from services.gateway.admission import Admission
 from services.gateway.decode_moves import DecodeMoves
-from services.gateway.deltas import Delta, TextOutput, Usage
+from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
-from services.gateway.prefill_route import NO_LOOKUP
+from services.gateway.prefill_route import prompt_lookup
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.reasoning_config import ThinkingMarkers, fill_thinking_budget
+from services.gateway.request_deltas import RequestDeltas
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_log import RequestLog
-from services.gateway.request_timing import request_timing, scheduled_at
 from services.gateway.request_trace import RequestTrace
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
@@ -231,7 +231,6 @@ class RequestPipeline(Admission):
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace, running: RunningRequest,
                    on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
         self.prompts.check_context(prompt, params)
-        output: TextOutput | None = None  # made once the prompt is on its way: not on its critical path
 
         def make_output() -> TextOutput:
             try:
@@ -240,41 +239,31 @@ class RequestPipeline(Admission):
             except ValueError as e:  # the prompt's tail holds a negative id
                 raise InvalidRequestError(f"prompt {e}") from None
 
+        progress = Progress()
+        deltas = RequestDeltas(make_output, prompt, params, timer, clock, spans, progress)
+
         def dispatched(call: grpc.aio.Call) -> None:
-            nonlocal output
             running.waits_on(call)
-            if output is not None:  # on another prefill worker, after the first went away
+            if not deltas.start():  # on another prefill worker, after the first went away
                 return
-            output = make_output()
             PREFILLED_ON[clock.prefilled_on].inc()
             if on_dispatch is not None:
                 on_dispatch()
 
-        progress = Progress()
-        lookup = NO_LOOKUP
         with spans.phase("route"):
-            # A prompt whose logprobs are asked for is computed whole: no cached prefix or host-tier
-            # block is worth anything to it, so it is placed by load alone.
-            if self.prefill_router is not None and self.prefill is not None and not params.HasField("prompt_logprobs"):
-                # One round trip for both questions: where the prefix is among the prefill workers,
-                # and how much of it this decode worker holds (asked only when it may prefill).
-                try:
-                    lookup = await self.prefill_router.lookup(
-                        prompt, decode_worker.address if self.local_prefill_max_tokens > 0 else None,
-                        params.lora_name if params.HasField("lora_name") else None,
-                        params.cache_salt if params.HasField("cache_salt") else None)
-                except ValueError as e:  # a negative id in a block it hashed
-                    raise InvalidRequestError(f"prompt {e}") from None
+            # How much of it this decode worker holds is asked only when it may prefill.
+            lookup = await prompt_lookup(self.prefill_router if self.prefill is not None else None, prompt, params,
+                                         decode_worker.address if self.local_prefill_max_tokens > 0 else None)
         is_local = prefills_locally(prompt, decode_worker, lookup.decode_cached_tokens, self.prefill,
                                     self.local_prefill_max_tokens)
         clock.prefilled_on = "decode" if is_local else "prefill"
         if running.is_aborted:  # while it waited at a pause, was tokenized or routed: no worker has heard of it
-            output, steps = make_output(), _ended_by_abort()
+            deltas.start()
+            steps = _ended_by_abort()
             progress.is_released = True
         else:
             steps = (self.steps.local if is_local else self.steps.disaggregated)(
                 request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
-        is_past_first = False
         moves: DecodeMoves | None = None  # made at its first move to another decode worker
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
@@ -284,39 +273,12 @@ class RequestPipeline(Admission):
                             arrived = time.perf_counter()
                             if running.request_id != request_id:  # its stream from this worker has begun
                                 running.streams_from(decode_worker, request_id)
-                            text = output.add(step.token_ids, is_stopped_by_last=step.finish_reason == "stop")
-                            if output.stops.is_stopped or step.finish_reason is not None:
-                                timer.add_tokens(len(step.token_ids), arrived)
-                                if not output.stops.is_stopped:
-                                    text += output.finish()
-                                progress.is_stopped_here = step.finish_reason is None
-                                usage = Usage(len(prompt), output.num_tokens, progress.num_cached_tokens)
-                                final = output.last_delta(text, step.token_ids, step.logprobs, step.finish_reason,
-                                                          usage)
-                                if not is_past_first:
-                                    final.prompt_token_ids, final.prompt_logprobs = prompt, step.prompt_logprobs
-                                spans.finish_reason(final.finish_reason, progress.num_cached_tokens)
-                                # Before the last yield: a consumer may close the stream there.
-                                step.settle(clock, arrived)
-                                final.timing = request_timing(clock, timer)
-                                timer.finish(final.finish_reason, scheduled_at(clock), params.max_tokens)
-                                if not is_past_first:
-                                    clock.handing_out = "first_token"
-                                yield final
+                            delta = deltas.of(step, arrived)
+                            yield delta
+                            if delta.finish_reason is not None:
                                 clock.end("finished")
                                 return
-                            if is_past_first:
-                                yield Delta(text, step.token_ids, step.logprobs)
-                            else:
-                                spans.first_token()
-                                yield Delta(text, step.token_ids, step.logprobs, prompt_token_ids=prompt,
-                                            prompt_logprobs=step.prompt_logprobs)
-                            # Counted and marked once handed out, as they arrived: the histograms and the
-                            # worker's figures are not on their way.
-                            step.settle(clock, arrived)
-                            timer.add_tokens(len(step.token_ids), arrived)
-                            clock.mark("detokenize_egress" if is_past_first else "first_token")
-                            is_past_first = True
+                            deltas.handed_out(step, arrived)
                     raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
                                        "without a finish reason")
                 except asyncio.CancelledError:
@@ -327,11 +289,11 @@ class RequestPipeline(Admission):
                     progress.is_released = True
                     steps = _ended_by_abort()
                 except grpc.aio.AioRpcError as e:
-                    if not is_past_first:  # before the first token a prefill worker's error stands (or was retried)
+                    if not deltas.is_past_first:  # before the first token a prefill worker's error stands
                         raise
                     if moves is None:
                         moves = DecodeMoves(self.steps, self.decode, request_id)
-                    moved = moves.move(e, decode_worker, prompt, output, params, progress, clock, spans)
+                    moved = moves.move(e, decode_worker, prompt, deltas.output, params, progress, clock, spans)
                     if moved is None:
                         raise
                     decode_worker, request_id, steps = moved
