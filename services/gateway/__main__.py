@@ -189,9 +189,7 @@ class GatewayService:
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
                                   serving=config.http_serving, chat_serving=config.chat_serving,
-                                  force_include_usage=config.force_include_usage,
-                                  per_request_metrics=config.per_request_metrics,
-                                  return_tokens_as_token_ids=config.return_tokens_as_token_ids)
+                                  replies=config.reply_options)
         if config.allow_runtime_lora_updating:
             worker_pools = [pool for kind, pool in self.pools.items() if kind != "tokenizer"]
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)

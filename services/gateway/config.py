@@ -27,6 +27,7 @@ from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
 from services.gateway.reasoning_config import ReasoningConfig
 from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
+from services.gateway.reply_options import ReplyOptions
 from services.gateway.request_log import ENV_LOG_REQUESTS, LEVELS as LOG_LEVELS
 from services.gateway.tool_parsers import PARSERS
 from services.tokenizer.chat_template import check_template_kwargs
@@ -122,10 +123,8 @@ class GatewayConfig:
     log_requests_level: int | None = None
     # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    force_include_usage: bool = False  # every streamed chat and completion ends with usage (vLLM's flag)
-    per_request_metrics: bool = False  # replies carry their timing, `metrics` (vLLM's --enable-per-request-metrics)
+    reply_options: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (reply_options.py)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
-    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" by default (vLLM's flag)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
 

@@ -60,6 +60,7 @@ from services.gateway.reasoning_parsers import (
     PARSERS as REASONING_PARSERS,
     parser_named as reasoning_parser_named,
 )
+from services.gateway.reply_options import ReplyOptions
 from services.gateway.request_log import add_request_log_flags, log_level_of
 from services.gateway.tool_parsers import parser_named as tool_parser_named
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
@@ -89,8 +90,6 @@ ENV_TRUST_REQUEST_CHAT_TEMPLATE = "BATON_GATEWAY_TRUST_REQUEST_CHAT_TEMPLATE"
 ENV_GENERATION_CONFIG = "BATON_GENERATION_CONFIG"
 ENV_OVERRIDE_GENERATION_CONFIG = "BATON_OVERRIDE_GENERATION_CONFIG"
 ENV_DEFAULT_CHAT_TEMPLATE_KWARGS = "BATON_DEFAULT_CHAT_TEMPLATE_KWARGS"
-ENV_FORCE_INCLUDE_USAGE = "BATON_GATEWAY_FORCE_INCLUDE_USAGE"
-ENV_PER_REQUEST_METRICS = "BATON_GATEWAY_PER_REQUEST_METRICS"
 
 
 def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -121,9 +120,8 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         chat_serving=ChatServing.from_args(args),
         default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
-        force_include_usage=args.enable_force_include_usage, per_request_metrics=args.enable_per_request_metrics,
-        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
-        return_tokens_as_token_ids=args.return_tokens_as_token_ids, max_logprobs=args.max_logprobs,
+        reply_options=ReplyOptions.from_args(args),
+        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template)
@@ -245,25 +243,13 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"chat template variables for what a request's chat_template_kwargs leaves out, a "
                              f"JSON object, e.g. '{{\"enable_thinking\": false}}' (as vLLM's flag) "
                              f"(${ENV_DEFAULT_CHAT_TEMPLATE_KWARGS})")
-    parser.add_argument("--enable-force-include-usage", action="store_true",
-                        default=env_flag(env, ENV_FORCE_INCLUDE_USAGE),
-                        help=f"every streamed chat and completion ends with its usage, as with stream_options."
-                             f"include_usage, whether the request asks or not (as vLLM's flag; billing proxies "
-                             f"count tokens so) (${ENV_FORCE_INCLUDE_USAGE}=1)")
-    parser.add_argument("--enable-per-request-metrics", action="store_true",
-                        default=env_flag(env, ENV_PER_REQUEST_METRICS),
-                        help=f"a chat, completion or Responses reply of one sequence carries its timing, `metrics`: "
-                             f"time to first token, generation time, queue time, mean inter-token latency, tokens "
-                             f"per second (as vLLM's flag) (${ENV_PER_REQUEST_METRICS}=1)")
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info: the tokenizer's configuration and chat template "
                              "(as vLLM's flag; off, as the template may be private)")
-    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
-                        help="logprobs name each token \"token_id:N\" rather than by its text, unless a request's "
-                             "return_tokens_as_token_ids says otherwise (as vLLM's flag)")
     add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
     HttpServing.add_flags(parser, env)
     ChatServing.add_flags(parser)
+    ReplyOptions.add_flags(parser, env)
     add_request_log_flags(parser, env)
     add_lora_flag(parser, env)
     add_chat_template_flag(parser, env)

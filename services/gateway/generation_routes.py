@@ -108,9 +108,9 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   num_prompt_logprobs=body.prompt_logprobs,
                                   return_token_ids=bool(body.return_token_ids),
                                   best_of_kept=body.n if body.num_candidates > body.n else None,
-                                  per_request_metrics=state.per_request_metrics)
+                                  per_request_metrics=state.replies.per_request_metrics)
         choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
-        return await respond(request, choices, builder, body.stream, body.include_usage or state.force_include_usage,
+        return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
@@ -158,14 +158,14 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   parallel_tool_calls=body.parallel_tool_calls,
                                   return_token_ids=bool(body.return_token_ids),
                                   role=state.chat_serving.role_of_reply(body),
-                                  per_request_metrics=state.per_request_metrics)
+                                  per_request_metrics=state.replies.per_request_metrics)
         return choices, builder, dispatched, timeline
 
     async def chat_completions(request: Request):
         body = state.chat_serving.as_served(await parsed_body(request, ChatCompletionRequest))
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
         choices, builder, dispatched, timeline = start_chat(request, body, response_id)
-        return await respond(request, choices, builder, body.stream, body.include_usage or state.force_include_usage,
+        return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
@@ -244,7 +244,7 @@ def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionReq
     """How logprobs name a token: by its text, or "token_id:N" (vLLM's `return_tokens_as_token_ids`, by
     default the gateway's flag)."""
     by_id = body.return_tokens_as_token_ids
-    return token_id_text if (state.return_tokens_as_token_ids if by_id is None else by_id) else state.token_text
+    return token_id_text if (state.replies.return_tokens_as_token_ids if by_id is None else by_id) else state.token_text
 
 
 def token_id_text(token_id: int) -> str:

@@ -61,6 +61,7 @@ from services.gateway.parser_routes import add_parser_routes
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.pooling_routes import add_pooling_routes
 from services.gateway.render_api import add_render_routes
+from services.gateway.reply_options import ReplyOptions
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.sagemaker_routes import add_sagemaker_routes
 from services.gateway.served_models import ServedModels
@@ -93,9 +94,7 @@ class GatewayState:
     chat_serving: ChatServing = ChatServing()
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
     tokenizer_info: dict[str, Any] | None = None  # GET /tokenizer_info's answer; None: not served
-    force_include_usage: bool = False  # every stream ends with usage, asked for or not (vLLM's flag)
-    per_request_metrics: bool = False  # replies carry their timing, `metrics` (vLLM's flag)
-    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" unless a request says (vLLM's flag)
+    replies: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (vLLM's flags)
 
     @property
     def model_name(self) -> str:

@@ -1,0 +1,54 @@
+"""What the gateway's replies carry beyond what a request asks for, with vLLM's flags for it.
+
+--enable-force-include-usage: every streamed chat and completion ends with its usage, as with
+stream_options.include_usage, whether the request asks or not (billing proxies count tokens so).
+
+--enable-per-request-metrics: a chat, completion or Responses reply of one sequence carries its
+timing, `metrics` (request_timing.py).
+
+--return-tokens-as-token-ids: logprobs name each token "token_id:N" rather than by its text, unless
+a request's `return_tokens_as_token_ids` says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.common.settings import env_flag
+
+ENV_FORCE_INCLUDE_USAGE = "BATON_GATEWAY_FORCE_INCLUDE_USAGE"
+ENV_PER_REQUEST_METRICS = "BATON_GATEWAY_PER_REQUEST_METRICS"
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    force_include_usage: bool = False
+    per_request_metrics: bool = False
+    return_tokens_as_token_ids: bool = False
+
+    def includes_usage(self, asked: bool) -> bool:
+        """Whether a stream whose request asked for its usage or not (`asked`) ends with it."""
+        return asked or self.force_include_usage
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+        parser.add_argument("--enable-force-include-usage", action="store_true",
+                            default=env_flag(env, ENV_FORCE_INCLUDE_USAGE),
+                            help=f"every streamed chat and completion ends with its usage, as with stream_options."
+                                 f"include_usage, whether the request asks or not (as vLLM's flag; billing proxies "
+                                 f"count tokens so) (${ENV_FORCE_INCLUDE_USAGE}=1)")
+        parser.add_argument("--enable-per-request-metrics", action="store_true",
+                            default=env_flag(env, ENV_PER_REQUEST_METRICS),
+                            help=f"a chat, completion or Responses reply of one sequence carries its timing, "
+                                 f"`metrics`: time to first token, generation time, queue time, mean inter-token "
+                                 f"latency, tokens per second (as vLLM's flag) (${ENV_PER_REQUEST_METRICS}=1)")
+        parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                            help="logprobs name each token \"token_id:N\" rather than by its text, unless a "
+                                 "request's return_tokens_as_token_ids says otherwise (as vLLM's flag)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ReplyOptions:
+        return cls(force_include_usage=args.enable_force_include_usage,
+                   per_request_metrics=args.enable_per_request_metrics,
+                   return_tokens_as_token_ids=args.return_tokens_as_token_ids)
