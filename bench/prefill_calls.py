@@ -41,7 +41,7 @@ from bench.mesh_overhead import (  # noqa: E402
     random_prompts,
 )
 from engine.demo_model import ensure_demo_model  # noqa: E402
-from engine.model_config import load_model_config  # noqa: E402
+from engine.model_config_loader import load_model_config  # noqa: E402
 from protos import gateway_pb2_grpc  # noqa: E402
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench.local_mesh import LocalMesh, log, streamed_ttft  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
-from engine.model_config import load_model_config  # noqa: E402
+from engine.model_config_loader import load_model_config  # noqa: E402
 
 SETTLE_S = 0.2  # between requests: OpenMP threads spinning after one request would slow the next
 

@@ -1,19 +1,19 @@
 """`BlockManager`: which sequences hold which KV pages, and how many hold each. The pages come from
 its pool (engine/block_pool.py); its prefix cache (engine/prefix_cache.py) names the pages that
-hold cached blocks, its reservations (engine/reservations.py) the pages set aside for remote prefill."""
+hold cached blocks, its reservations (engine/reservations.py) the pages set aside for remote prefill.
+Pages it shares are copied before they are written (engine/copy_on_write.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence as TokenIds
 
 from engine.block import Block
+from engine.block_integrity import check_block_integrity
 from engine.block_pool import BlockPool
+from engine.copy_on_write import CopyPairs, copy_shared_to_write, fork_block_table, num_shared_to_write
 from engine.free_queue import MAX_CHANCES
 from engine.prefix_cache import PrefixCache
 from engine.reservations import Reservations
 from engine.sequence import Sequence
-
-# (src_block, dst_block) page copies the runner must do before the next forward.
-CopyPairs = list[tuple[int, int]]
 
 
 class BlockManager:
@@ -162,9 +162,7 @@ class BlockManager:
 
     def _num_append_blocks(self, seq: Sequence) -> int:
         # Shared blocks about to be written need a private copy; missing slots need a block.
-        to_write = seq.block_table[seq.num_computed_tokens // self.block_size :]
-        num_shared = sum(1 for b in to_write if self.blocks[b].ref_count > 1)
-        return num_shared + max(0, seq.num_blocks - len(seq.block_table))
+        return num_shared_to_write(self.blocks, seq, self.block_size) + max(0, seq.num_blocks - len(seq.block_table))
 
     def can_append_slot(self, seq: Sequence) -> bool:
         return self._num_append_blocks(seq) <= self.num_free_blocks
@@ -180,13 +178,7 @@ class BlockManager:
         if self._num_append_blocks(seq) > self.num_free_blocks:
             raise RuntimeError(f"not enough free KV blocks to append to {seq.request_id!r}")
         table = seq.block_table
-        copies: CopyPairs = []
-        for i in range(seq.num_computed_tokens // self.block_size, len(table)):
-            src = self.blocks[table[i]]
-            if src.ref_count > 1:  # copy-on-write
-                src.ref_count -= 1
-                table[i] = self.pool.take_free_block()
-                copies.append((src.block_id, table[i]))
+        copies = copy_shared_to_write(self.pool, seq, self.block_size)
         # Usually one block, the LRU head; several (a long chunk) come as runs.
         table.extend(self.pool.take_free_blocks(max(0, seq.num_blocks - len(table))))
         return copies
@@ -210,14 +202,7 @@ class BlockManager:
         if not self.can_fork(parent):
             raise RuntimeError(f"not enough free KV blocks to fork {parent.request_id!r}")
         num_shared = min(parent.num_full_blocks, len(parent.block_table))
-        table = parent.block_table[:num_shared]
-        for block_id in table:
-            self.blocks[block_id].ref_count += 1
-        copies: CopyPairs = []
-        for src in parent.block_table[num_shared:]:
-            table.append(self.pool.take_free_block())
-            copies.append((src, table[-1]))
-        child.block_table = table
+        child.block_table, copies = fork_block_table(self.pool, parent.block_table, num_shared)
         child.num_computed_tokens = parent.num_computed_tokens
         self._seqs[child.request_id] = child
         self._seq_hashes[child.request_id] = self._seq_hashes[parent.request_id][:num_shared]
@@ -284,25 +269,6 @@ class BlockManager:
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first inconsistency between pages, tables and map."""
-        held_by = [0] * self.num_blocks
-        assert self._seq_hashes.keys() == self._seqs.keys(), "hash chains and held sequences disagree"
-        for rid, seq in self._seqs.items():
-            table, hashes = seq.block_table, self._seq_hashes[rid]
-            assert len(set(table)) == len(table), f"{rid!r} holds a block twice: {table}"
-            assert len(hashes) <= len(table), f"{rid!r}: {len(hashes)} hashes for {len(table)} blocks"
-            for block_id, h in zip(table, hashes):
-                assert self.blocks[block_id].hash in (None, h), f"{rid!r}: block {block_id} has another hash"
-            for block_id in table:
-                held_by[block_id] += 1
-        for rid, block_ids in self.reservations.block_ids.items():
-            assert rid not in self._seqs, f"{rid!r} is both reserved and held by a sequence"
-            for block_id in block_ids:
-                held_by[block_id] += 1
-        for block in self.blocks:
-            b, ref, is_free = block.block_id, block.ref_count, block.block_id in self.free_block_ids
-            assert ref == held_by[b], f"block {b}: ref_count {ref} but held by {held_by[b]} tables"
-            assert (ref == 0) == is_free, f"block {b}: ref_count {ref} but in free queue: {is_free}"
-        # The queue's ids are unique (an OrderedDict's keys), so no id is queued twice; the count rules out
-        # unknown ids.
-        assert len(self.free_block_ids) == held_by.count(0), "free queue holds unknown block ids"
+        check_block_integrity(self.blocks, self.free_block_ids, self._seqs, self._seq_hashes,
+                              self.reservations.block_ids)
         self.prefix_cache.check_integrity()

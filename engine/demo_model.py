@@ -1,4 +1,4 @@
-"""A tiny Llama with random weights and a locally trained tokenizer.
+"""A tiny Llama with random weights and a locally trained tokenizer (engine/demo_tokenizer.py).
 
 `make_demo_model` writes a Hugging Face `LlamaForCausalLM` directory (config,
 safetensors weights, tokenizer.json, tokenizer and generation configs) from a
@@ -12,46 +12,23 @@ import json
 import math
 import os
 import shutil
-import sysconfig
 import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, pre_tokenizers
 
-from engine.dtypes import TORCH_DTYPES
-
-BOS_TOKEN = "<|begin_of_text|>"
-EOS_TOKEN = "<|end_of_text|>"
-IM_START_TOKEN = "<|im_start|>"
-IM_END_TOKEN = "<|im_end|>"
-# Trained first, so they take ids 0..3 whatever the corpus holds.
-SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
-# With think_tokens: ordinary added tokens, the last two ids, as Qwen3's and DeepSeek-R1's tokenizers have them.
-THINK_TOKENS = ("<think>", "</think>")
-
-# ChatML turns. The template writes bos itself and the rendered text is encoded
-# without special tokens (as transformers' apply_chat_template does), like Llama 3.
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- endif %}"
+from engine.demo_tokenizer import (
+    BOS_TOKEN,
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    IM_END_TOKEN,
+    SPECIAL_TOKENS,
+    THINK_TOKENS,
+    train_tokenizer,
 )
-
-# The corpus is the running Python's own standard library, so it is on every
-# machine and needs no download. It changes with the Python version, and so does
-# the tokenizer; on one interpreter it is byte-for-byte reproducible.
-CORPUS_MAX_BYTES = 4_000_000
-CORPUS_MAX_BYTES_PER_FILE = 12 * 1024  # the head of every module (docstrings!) beats all of a few
-# Tests and installed packages are not the stdlib; encodings/ is mostly generated
-# code-page tables; config-*/ holds build-specific files.
-CORPUS_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__",
-                              "encodings"})
+from engine.dtypes import TORCH_DTYPES
 
 # Weight scales (see `_make_weights`): chosen so the residual stream, attention
 # and logits all stay O(1) at any size, which keeps greedy decoding varied and
@@ -98,7 +75,7 @@ def make_demo_model(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = _train_tokenizer(vocab_size - len(THINK_TOKENS) if think_tokens else vocab_size)
+    tokenizer = train_tokenizer(vocab_size - len(THINK_TOKENS) if think_tokens else vocab_size)
     if think_tokens:
         tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     tokenizer.save(str(out / "tokenizer.json"))
@@ -254,55 +231,6 @@ def _make_weights(config: dict, seed: int, init_gain: float) -> dict[str, torch.
     w["model.norm.weight"] = norm()
     w["lm_head.weight"] = normal((vocab, hidden), LOGIT_STD / math.sqrt(hidden))
     return w
-
-
-def _train_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE (GPT-2 / Llama 3 style) trained on the standard library.
-
-    Encoding with special tokens prepends bos, as Llama 3's tokenizer does.
-    """
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_corpus(), trainer)
-    bos_id = tokenizer.token_to_id(BOS_TOKEN)
-    tokenizer.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(
-            single=f"{BOS_TOKEN} $A",
-            pair=f"{BOS_TOKEN} $A {BOS_TOKEN}:1 $B:1",
-            special_tokens=[(BOS_TOKEN, bos_id)],
-        ),
-    ])
-    return tokenizer
-
-
-def _corpus() -> list[str]:
-    """Standard-library sources in sorted path order, capped in total and per file."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    paths = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in CORPUS_SKIP_DIRS and not d.startswith("config-")]
-        paths += [Path(dirpath, f) for f in filenames
-                  # _sysconfigdata holds build paths and flags: it would make the tokenizer machine-dependent.
-                  if f.endswith(".py") and not f.startswith("_sysconfigdata")]
-    paths.sort(key=lambda p: p.relative_to(root).as_posix())
-    texts, total = [], 0
-    for p in paths:
-        if total >= CORPUS_MAX_BYTES:
-            break
-        data = p.read_bytes()[: min(CORPUS_MAX_BYTES_PER_FILE, CORPUS_MAX_BYTES - total)]
-        texts.append(data.decode("utf-8", errors="ignore"))  # a cut may split a character
-        total += len(data)
-    if not texts:
-        raise RuntimeError(f"no Python sources found under {root} to train the demo tokenizer on")
-    return texts
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -17,7 +17,8 @@ import torch
 
 from engine.batch import ScheduledBatch
 from engine.kv_pool import kv_block_bytes
-from engine.model_config import ModelConfig, load_model_config
+from engine.model_config import ModelConfig
+from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence

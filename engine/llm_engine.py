@@ -9,9 +9,8 @@ from pathlib import Path
 
 import torch
 
-from engine import weight_update
+from engine import offline_generation, weight_update
 from engine.admission import check_new_request, check_reservation
-from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
@@ -23,12 +22,14 @@ from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
 from engine.kv_pool import TensorFactory, num_pool_blocks
 from engine.lora_manager import LoRAManager
-from engine.model_config import load_model_config
+from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
+from engine.output_streams import OutputStreams
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.step_times import sequences_to_time
 from engine.vocabulary import load_tokenizer, vocabulary_ids
 
 
@@ -93,9 +94,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         for name, path in config.lora_modules:
             self.loras.add(self.loras.read(name, path))
-        self._num_emitted: dict[str, int] = {}
-        # Sequences that finished outside a step (aborted, or done at their first token).
-        self._finished_outside_step: list[Sequence] = []
+        self.output_streams = OutputStreams()
         self._request_counter = itertools.count()
         self.init_seconds = time.perf_counter() - start
         # Start-up phases as wall-clock (start_ns, end_ns): "engine_init" holds the other two.
@@ -131,7 +130,7 @@ class LLMEngine:
                        is_prefill_only=prefill_only, output_token_ids=output_token_ids)
         resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
-        self._num_emitted[request_id] = len(output_token_ids)
+        self.output_streams.open(request_id, len(output_token_ids))
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
 
@@ -205,28 +204,26 @@ class LLMEngine:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids)
         self._seqs[request_id] = seq
-        self._num_emitted[request_id] = len(output_token_ids) + 1  # and the first token: all made elsewhere
+        self.output_streams.open(request_id, len(output_token_ids) + 1)  # and the first token: all made elsewhere
         if not self.scheduler.add_running(seq):
-            self._finished_outside_step.append(seq)
+            self.output_streams.finish_outside_step(seq)
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)
         if seq is not None:
-            self._finished_outside_step.append(seq)
+            self.output_streams.finish_outside_step(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._finished_outside_step)
+        return self.scheduler.num_unfinished > 0 or self.output_streams.has_finished_outside_step
 
     def has_finished_outside_step(self) -> bool:
         """Aborted requests whose last output no step has returned yet."""
-        return bool(self._finished_outside_step)
+        return self.output_streams.has_finished_outside_step
 
     def finished_outside_step(self) -> list[RequestOutput]:
         """The last outputs of the requests aborted since the last step, without stepping (stepping is
         paused; a step returns them otherwise)."""
-        outputs = [self._output(seq) for seq in self._finished_outside_step]
-        self._finished_outside_step.clear()
-        return outputs
+        return [self._output(seq) for seq in self.output_streams.take_finished_outside_step()]
 
     # --- the loop ----------------------------------------------------------------
 
@@ -241,7 +238,7 @@ class LLMEngine:
         if not batch.seqs:
             self._drop_retired_adapters()
             return outputs
-        timed = self._to_time(batch)
+        timed = sequences_to_time(batch)
         if self.scheduler.drafter is not None and any(seq.num_draft_tokens for seq in batch.seqs):
             sampled, logits = self.runner.forward(batch)
             self.scheduler.postprocess_drafted(batch, sampled, logits, self.runner.sampler)
@@ -263,55 +260,15 @@ class LLMEngine:
         """Whether an unfinished request computes with LoRA adapter `lora_name`."""
         return any(seq.sampling_params.lora_name == lora_name for seq in self._seqs.values())
 
-    @staticmethod
-    def _to_time(batch: ScheduledBatch) -> list[tuple[Sequence, int, bool]]:
-        """The sequences whose step times this step adds to, and whether each ran a prompt chunk
-        (it has no token of its own before postprocess: a moved request's output came with it).
-        Once its first token is out and its first step known, a sequence costs two comparisons."""
-        timed = []
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            is_prefill = seq.num_tokens - seq.num_draft_tokens == seq.num_tokens_given
-            if is_prefill or seq.step_times.first_step_start_ns is None:
-                timed.append((seq, num_new, is_prefill))
-        return timed
-
     def _output(self, seq: Sequence) -> RequestOutput:
-        start = self._num_emitted[seq.request_id]
-        out_ids = seq.output_token_ids
-        self._num_emitted[seq.request_id] = len(out_ids)
+        held = self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else []
+        output = self.output_streams.diff(seq, held)
         if seq.is_finished:
-            del self._seqs[seq.request_id], self._num_emitted[seq.request_id]
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            new_token_ids=out_ids[start:],
-            token_ids=out_ids,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            new_logprobs=seq.output_logprobs[start:],
-            prompt_logprobs=seq.prompt_logprobs if start == 0 else None,
-            num_cached_tokens=seq.num_cached_tokens,
-            held_block_ids=self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else [],
-            embedding=seq.embedding if seq.is_finished else None,
-            token_embeddings=seq.token_embeddings if seq.is_finished else None,
-            step_times=seq.step_times,
-        )
+            del self._seqs[seq.request_id]
+        return output
 
     def generate(
         self, prompts: list[list[int]], sampling_params: SamplingParams | list[SamplingParams]
     ) -> Iterator[RequestOutput]:
-        """Adds every prompt and streams outputs until all are finished."""
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        ids = [f"gen-{next(self._request_counter)}" for _ in prompts]
-        for request_id, prompt, p in zip(ids, prompts, params):
-            self.add_request(request_id, prompt, p)
-        pending = set(ids)
-        while pending:
-            for out in self.step():
-                if out.request_id in pending:
-                    if out.finished:
-                        pending.discard(out.request_id)
-                    yield out
-
+        """Adds every prompt and streams outputs until all are finished (engine/offline_generation.py)."""
+        return offline_generation.generate(self, prompts, sampling_params, self._request_counter)

@@ -6,7 +6,11 @@ reads per step and, per scheduled request, one comparison once its first token i
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from engine.batch import ScheduledBatch
+    from engine.sequence import Sequence
 
 
 class PrefillChunk(NamedTuple):
@@ -41,3 +45,15 @@ class StepTimes:
         if not self.prefill_chunks:
             return 0.0
         return (self.prefill_chunks[-1].end_ns - self.prefill_chunks[0].start_ns) / 1e9
+
+
+def sequences_to_time(batch: ScheduledBatch) -> list[tuple[Sequence, int, bool]]:
+    """The sequences whose step times this step adds to, and whether each ran a prompt chunk
+    (it has no token of its own before postprocess: a moved request's output came with it).
+    Once its first token is out and its first step known, a sequence costs two comparisons."""
+    timed = []
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        is_prefill = seq.num_tokens - seq.num_draft_tokens == seq.num_tokens_given
+        if is_prefill or seq.step_times.first_step_start_ns is None:
+            timed.append((seq, num_new, is_prefill))
+    return timed

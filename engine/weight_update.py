@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.model_config import ModelConfig, load_model_config
+from engine.model_config import ModelConfig
+from engine.model_config_loader import load_model_config
 from engine.vocabulary import vocabulary_ids
 
 if TYPE_CHECKING:

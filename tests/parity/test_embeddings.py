@@ -14,7 +14,7 @@ import torch
 from engine.checkpoint import read_model_config
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model_config import ModelConfigError
+from engine.model_config_loader import ModelConfigError
 from engine.sampling_params import SamplingParams
 from services.gateway.score_api import is_cross_encoder
 from tests.parity.conftest import COMMON

@@ -11,7 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model_config import ModelConfigError, load_model_config
+from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.sampling_params import SamplingParams
 from tests.encoder_models import make_encoder, transformers_embedding
 

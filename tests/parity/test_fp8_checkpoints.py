@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.model_config import ModelConfigError, load_model_config
+from engine.model_config_loader import ModelConfigError, load_model_config
 from tests.parity.test_transformers_parity import _check_greedy, _check_logits
 
 BLOCK = [16, 32]  # rows, columns; 160-wide and 48-row weights leave partial edge blocks

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.model_config import ModelConfigError, load_model_config
+from engine.model_config_loader import ModelConfigError, load_model_config
 from tests.parity.test_transformers_parity import _check_greedy, _check_logits
 
 GROUP = 32  # input rows a scale and zero point cover: 64 and 160 wide inputs make 2 and 5 groups

@@ -11,7 +11,7 @@ import torch
 from engine.config import EngineConfig
 from engine.kv_pool import kv_block_bytes
 from engine.llm_engine import LLMEngine
-from engine.model_config import load_model_config
+from engine.model_config_loader import load_model_config
 from protos import scheduler_pb2, scheduler_pb2_grpc
 from services.common.kv_pool_flags import byte_count
 from services.common.settings import ConfigError

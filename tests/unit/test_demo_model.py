@@ -11,12 +11,12 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from engine.demo_model import (
-    CHAT_TEMPLATE,
     default_demo_model_dir,
     ensure_demo_model,
     is_demo_model_dir,
     make_demo_model,
 )
+from engine.demo_tokenizer import CHAT_TEMPLATE
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from engine.checkpoint import WeightsError, checkpoint_files, kv_fingerprint, model_fingerprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model_config import ModelConfigError, load_model_config
+from engine.model_config_loader import ModelConfigError, load_model_config
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from engine.demo_model import BOS_TOKEN
+from engine.demo_tokenizer import BOS_TOKEN
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
 from tests.services.gateway.mesh import gateway_client

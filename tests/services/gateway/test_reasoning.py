@@ -13,7 +13,8 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from engine.demo_model import BOS_TOKEN, make_demo_model
+from engine.demo_model import make_demo_model
+from engine.demo_tokenizer import BOS_TOKEN
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig

@@ -1,0 +1,239 @@
+"""`load_model_config`: a Hugging Face `config.json` read into a `ModelConfig` (engine/model_config.py),
+or refused with a `ModelConfigError` that names what Baton does not serve."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engine.architectures import (
+    ATTENTION_BIAS,
+    BARE_MODELS,
+    EPS_1E5,
+    GEMMA2,
+    GEMMA2_SOFTCAPS,
+    GEMMAS,
+    OLMOS,
+    QK_NORM,
+    SEQUENCE_CLASSIFIERS,
+    SMOLLM3,
+    SUPPORTED_ARCHITECTURES,
+)
+from engine.attention_layout import (
+    attention_scale,
+    full_rope_theta,
+    llama4_attention,
+    local_rope_theta,
+    q_temperature,
+    rope_layers,
+    sliding_layers,
+    sliding_window,
+)
+from engine.checkpoint import read_model_config
+from engine.classifier_config import classifier_labels, classifier_tokens
+from engine.config import stored_dtype
+from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
+from engine.fp8_weights import fp8_weights
+from engine.int4_weights import int4_weights
+from engine.mla_config import read_mla_config
+from engine.model_config import ModelConfig
+from engine.moe_config import (
+    DEEPSEEK_V2,
+    DEEPSEEK_V3,
+    GLM4_MOE,
+    GPT_OSS,
+    LLAMA4,
+    MoEConfig,
+    read_moe_config,
+)
+from engine.multimodal import MULTIMODAL, text_config
+from engine.mxfp4_weights import is_mxfp4
+from engine.rope_config import PHI3, partial_rotary_factor, rope_scaling
+
+
+class ModelConfigError(ValueError):
+    pass
+
+
+def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> ModelConfig:
+    """config.json's model, `hf_overrides` (vLLM's) in place of its own keys."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelConfigError(f"{path}: not found (a model directory needs config.json)")
+    try:
+        cfg = read_model_config(model_dir, hf_overrides)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
+    archs = cfg.get("architectures") or []
+    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS, *ENCODERS)
+    arch = next((a for a in archs if a in known), None)
+    if arch is None:
+        raise ModelConfigError(
+            f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(known)}")
+    if arch in ENCODERS:
+        return _encoder_model_config(cfg, arch, model_dir)
+    try:
+        labels = classifier_labels(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
+        head_tokens = classifier_tokens(cfg) if arch in SEQUENCE_CLASSIFIERS else ()
+        # A classifier reads its input's last token, as transformers' does, whatever a Pooling module says.
+        pooling = "last" if arch in SEQUENCE_CLASSIFIERS else sentence_transformers_pooling(model_dir) or "last"
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
+    # No LM head of their own, but a classifier made from its rows keeps the causal LM's.
+    is_bare = arch in BARE_MODELS or (arch in SEQUENCE_CLASSIFIERS and not head_tokens)
+    arch = BARE_MODELS.get(arch) or SEQUENCE_CLASSIFIERS.get(arch) or arch
+    multimodal = MULTIMODAL.get(arch)
+    if multimodal is not None:  # its text model is served (no images)
+        try:
+            cfg, arch = text_config(cfg, arch)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelConfigError(f"{path}: the text model of {archs[0]} is not one Baton serves "
+                                   f"(model_type {cfg.get('model_type')!r})")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in GEMMAS else "silu"
+    if act != supported_act:
+        raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
+    softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
+    for name, cap in softcaps.items():
+        if cap is not None and arch not in GEMMAS:
+            raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
+        if cap is not None and not float(cap) > 0:
+            raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
+    partial = partial_rotary_factor(cfg, 0.5 if arch == GLM4_MOE else 1.0)
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE):  # transformers turns part of a head in these only
+        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
+                               f"(Phi-3's and GLM-4.5's only)")
+    try:
+        scaling = rope_scaling(cfg, arch)
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
+    try:
+        hidden = int(cfg["hidden_size"])
+        num_heads = int(cfg["num_attention_heads"])
+        num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
+        head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+        rotary_dim = int(head_dim * partial)
+        mla = read_mla_config(cfg, arch) if arch in (DEEPSEEK_V2, DEEPSEEK_V3) else None
+        if mla is not None:  # the pages hold the latent, one row a token for every head (kernels/mla_attention.py)
+            num_kv_heads, head_dim, rotary_dim = 1, mla.page_head_dim, mla.qk_rope_head_dim
+        config = ModelConfig(
+            architecture=arch,
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rotary_dim=rotary_dim,
+            # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
+            intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in EPS_1E5 else 1e-6)),
+            rope_theta=full_rope_theta(cfg),
+            rope_scaling=scaling,
+            local_rope_theta=local_rope_theta(cfg, arch),
+            rope_layers=rope_layers(cfg, arch),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
+            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
+            qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
+            or (arch in (*ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
+            o_bias=arch in (*ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
+            attention_sinks=arch == GPT_OSS,
+            mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
+            qk_norm="head" if arch in QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
+            "projection" if arch in OLMOS else None,
+            moe=read_moe_config(cfg, arch),
+            sliding_window=sliding_window(cfg, arch),
+            sliding_layers=sliding_layers(cfg, arch),
+            **llama4_attention(cfg, arch),
+            q_temperature=q_temperature(cfg, arch),
+            multimodal=multimodal,
+            labels=labels,
+            decoder_pooling=pooling,
+            classifier_tokens=head_tokens,
+            classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
+            hidden_act=act,
+            attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
+            mla=mla,
+            **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
+            **_granite_multipliers(cfg, arch),
+            weights_dtype=str(stored_dtype(cfg) or "float32"),
+            fp8_weights=fp8_weights(cfg),
+            mxfp4_weights=is_mxfp4(cfg),
+            int4_weights=int4_weights(cfg),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=_eos_ids(model_dir, cfg),
+        )
+    except KeyError as e:
+        raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ModelConfigError(f"{path}: partial_rotary_factor {partial} turns {rotary_dim} of {head_dim} "
+                               "dimensions a head; RoPE needs an even number, at least 2")
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        for name in ("short_factor", "long_factor"):
+            if len(scaling.get(name) or ()) != rotary_dim // 2:
+                raise ModelConfigError(f"{path}: longrope's {name} needs {rotary_dim // 2} numbers, one a frequency")
+    if num_heads % num_kv_heads:
+        raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
+                               f"num_key_value_heads {num_kv_heads}")
+    return config
+
+
+def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
+    """A BERT-family encoder's: what a decoder has and it has not (experts; RoPE and windows but ModernBERT's) left
+    out."""
+    path = model_dir / "config.json"
+    try:
+        encoder = read_encoder_config(cfg, arch, model_dir)
+        hidden, num_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        head_dim, num_layers = hidden // num_heads, int(cfg["num_hidden_layers"])
+        return ModelConfig(
+            architecture=arch, hidden_size=hidden, num_layers=num_layers, num_heads=num_heads,
+            num_kv_heads=num_heads, head_dim=head_dim, rotary_dim=head_dim,
+            intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=encoder.layer_norm_eps, rope_theta=encoder.rope_theta, rope_scaling=None,
+            local_rope_theta=encoder.local_rope_theta or None, rope_layers=frozenset(),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 512)) - encoder.position_offset,
+            tie_word_embeddings=True, qkv_bias=encoder.attention_bias, o_bias=encoder.attention_bias,
+            mlp_bias=encoder.mlp_bias, qk_norm=None, moe=MoEConfig(), mla=None, sliding_window=encoder.sliding_window,
+            sliding_layers=frozenset(i for i in range(num_layers) if i % encoder.global_every),
+            attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False,
+            q_temperature=None, attention_sinks=False, multimodal=None, hidden_act=encoder.hidden_act,
+            attention_scale=head_dim ** -0.5, attn_logit_softcapping=None, final_logit_softcapping=None,
+            embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+            weights_dtype=str(stored_dtype(cfg) or "float32"), fp8_weights=None, mxfp4_weights=False,
+            int4_weights=None, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(model_dir, cfg),
+            labels=classifier_labels(cfg) if encoder.head else (), encoder=encoder)
+    except KeyError as e:
+        raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
+    except (ValueError, json.JSONDecodeError) as e:
+        raise ModelConfigError(f"{path}: {e}") from None
+
+
+def _granite_multipliers(cfg: dict, arch: str) -> dict:
+    names = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
+    if arch != "GraniteForCausalLM":
+        return dict.fromkeys(names, 1.0)
+    return {name: float(cfg.get(name, 1.0)) for name in names}
+
+
+def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:
+    # generation_config.json is what HF generate() stops on; config.json is the fallback.
+    eos = cfg.get("eos_token_id")
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        try:
+            eos = json.loads(gen_path.read_text()).get("eos_token_id", eos)
+        except json.JSONDecodeError as e:
+            raise ModelConfigError(f"{gen_path}: invalid JSON: {e}") from e
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
