@@ -153,7 +153,8 @@ def check_metrics_against_the_ledger(metrics: dict, timeline: dict, num_tokens: 
     assert scheduled_to_first_token - 0.01 <= metrics["time_to_first_token_ms"] \
         <= scheduled_to_first_token + phases["first_token"] + 0.01
     assert metrics["time_to_first_token_ms"] > phases["prefill_compute"] > 0
-    assert 0 < metrics["generation_time_ms"] < choice["e2e_ms"] - to_first_token
+    # (0 when every token came at once: the gateway times tokens as the workers' chunks bring them.)
+    assert 0 <= metrics["generation_time_ms"] < choice["e2e_ms"] - to_first_token
     assert metrics["mean_itl_ms"] == pytest.approx(metrics["generation_time_ms"] / (num_tokens - 1), abs=0.01)
     assert metrics["tokens_per_second"] == pytest.approx(
         num_tokens * 1e3 / (metrics["time_to_first_token_ms"] + metrics["generation_time_ms"]), rel=1e-3)
@@ -182,7 +183,7 @@ def test_a_reply_of_one_sequence_carries_its_timing_with_per_request_metrics(mes
     usage_chunk = next(c for c in chunks if c.usage is not None)
     assert set(usage_chunk.model_extra["metrics"]) == {"time_to_first_token_ms", "generation_time_ms",
                                                        "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
-    assert usage_chunk.model_extra["metrics"]["generation_time_ms"] > 0
+    assert usage_chunk.model_extra["metrics"]["tokens_per_second"] > 0
     assert all("metrics" not in (c.model_extra or {}) for c in chunks if c is not usage_chunk)
     response = flagged_client.responses.create(model=mesh.model_name, input="Hello", max_output_tokens=4)
     assert response.model_extra["metrics"]["tokens_per_second"] > 0
