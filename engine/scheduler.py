@@ -21,6 +21,7 @@ import torch
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.drafting import Drafter, Drafting
+from engine.iteration_tokens import IterationTokens
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduling_policy import scheduling_policy
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -50,6 +51,7 @@ class Scheduler:
         # Finished prefill-only sequences whose pages wait to be copied out.
         self.held: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self.iteration_tokens = IterationTokens()  # each batch's tokens, in buckets (vLLM's histogram)
         self.policy = scheduling_policy(policy)
         self.is_by_priority = self.policy.is_by_priority
         self.drafter = drafter  # None: no drafts
@@ -163,6 +165,8 @@ class Scheduler:
             num_new = min(seq.num_uncomputed_tokens, budget)
             batch.add(seq, num_new)
             budget -= num_new
+        if batch.seqs:
+            self.iteration_tokens.observe(batch.num_tokens)
         return batch
 
     def retract_running(self) -> int:

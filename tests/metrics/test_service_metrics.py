@@ -92,6 +92,12 @@ def test_the_engine_is_read_on_each_scrape(tiny_demo_model):
     list(engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True)))
     assert value(metrics, "baton_kv_pages_used") == 0 and value(metrics, "baton_requests_running") == 0
     assert value(metrics, "baton_prefix_cache_queries_total") == 80
+    # Steps by their tokens: the first prompt's 40, then 3 decode steps of one; the second prompt's 8
+    # past its cached blocks, then one.
+    assert value(metrics, "baton_iteration_tokens_count") == 6
+    assert value(metrics, "baton_iteration_tokens_sum") == 40 + 3 + 8 + 1
+    assert [value(metrics, "baton_iteration_tokens_bucket", le=le) for le in ("1.0", "8.0", "32.0", "64.0", "+Inf")] \
+        == [4, 5, 5, 6, 6]
     assert value(metrics, "baton_prefix_cache_hits_total") == 32  # the second prompt's two full blocks
     with metrics.time_warmup():
         pass

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from services.common.metrics.collector import LabelledCollector
 
@@ -31,6 +32,12 @@ class EngineCollector(LabelledCollector):
                          len(self.scheduler.waiting))
         yield self.counter("baton_num_preemptions", "Running requests preempted (their pages freed, to be recomputed)",
                            self.scheduler.num_preemptions)
+        tokens = self.scheduler.iteration_tokens
+        steps = HistogramMetricFamily("baton_iteration_tokens", "Tokens each engine step computed (vLLM's "
+                                      "iteration_tokens_total)", labels=self.label_names)
+        steps.add_metric(self.label_values, [(floatToGoString(bound), count)
+                                             for bound, count in tokens.cumulative_buckets()], tokens.num_tokens)
+        yield steps
         yield self.counter("baton_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                            blocks.num_prefix_query_tokens)
         yield self.counter("baton_prefix_cache_hits", "Prompt tokens found in the prefix cache",
