@@ -49,6 +49,7 @@ from services.gateway.anthropic_api import add_anthropic_routes
 from services.gateway.anthropic_errors import in_its_apis_shape
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
+from services.gateway.cancel_api import add_cancel_routes
 from services.gateway.chat_serving import ChatServing
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
 from services.gateway.generation_routes import add_generation_routes
@@ -154,6 +155,7 @@ def create_app(state: GatewayState) -> FastAPI:
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
     add_sglang_encode_route(app, state, lambda model: check_model(state, model))
     add_tokens_routes(app, state, lambda model: check_model(state, model))
+    add_cancel_routes(app, state.pipeline.running)
     add_render_routes(app, state, lambda model: check_model(state, model))
 
     add_tokenize_routes(app, state, lambda model: check_model(state, model))

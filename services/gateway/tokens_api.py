@@ -10,8 +10,8 @@ from prefill to decode itself, so no connector's parameters come back (null). Mu
 Out: `request_id`, `choices` (`index`, `token_ids`, `finish_reason`, `logprobs` as chat's, each
 token named `token_id:N`), `usage`, `prompt_logprobs`, `kv_transfer_params`; streamed, a chunk per
 delta of `request_id` and `choices`, the usage after them with `stream_options.include_usage`, then
-`data: [DONE]`. `POST /abort_requests` (`{"request_ids": [...]}`, the ids the API answered with) ends
-running requests, as vLLM's does for its tokens API: each ends with finish_reason "abort", its pages freed.
+`data: [DONE]`. vLLM's cancel API (cancel_api.py: `POST /abort_requests`, ...) ends running ones by
+the ids the API answered with.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -88,10 +88,6 @@ def _located(error: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
     elif loc and loc[0] == "prompt":
         loc = ("token_ids", *loc[1:])
     return {**error, "loc": loc}
-
-
-class AbortRequests(BaseModel):
-    request_ids: list[str]
 
 
 class TokensShape:
@@ -164,10 +160,4 @@ def add_tokens_routes(app: FastAPI, state: GatewayState, check_model: Callable[[
         return await respond(request, choices, builder, body.stream, False, "token_ids", dispatched,
                              shape=TokensShape(builder, body.include_usage))
 
-    async def abort_requests(request: Request):
-        for request_id in (await parsed_body(request, AbortRequests)).request_ids:
-            state.pipeline.running.abort(request_id)
-        return Response(status_code=200)
-
     app.add_route("/inference/v1/generate", generate_tokens, methods=["POST"])
-    app.add_route("/abort_requests", abort_requests, methods=["POST"])

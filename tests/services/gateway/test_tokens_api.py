@@ -94,12 +94,11 @@ def test_abort_requests_ends_a_running_request_and_frees_its_pages(mesh, prompt)
         assert first["request_id"] == "generate-tokens-to-abort"
         aborted = httpx.post(f"{mesh.gateway.base_url}/abort_requests", timeout=10,
                              json={"request_ids": ["generate-tokens-to-abort", "no-such-request"]})
-        assert aborted.status_code == 200
+        assert aborted.json() == {"status": "cancelled", "cancelled_request_ids": ["generate-tokens-to-abort"]}
         rest = [json.loads(line.removeprefix("data: ")) for line in lines
                 if line.startswith("data: ") and line != "data: [DONE]"]
     made = len(first["choices"][0]["token_ids"]) + sum(len(c["choices"][0]["token_ids"]) for c in rest)
     assert rest[-1]["choices"][0]["finish_reason"] == "abort" and made < 1500
-    assert httpx.post(f"{mesh.gateway.base_url}/abort_requests", json={}, timeout=10).status_code == 400
     mesh.assert_decode_pools_free()
 
 
