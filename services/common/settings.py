@@ -244,9 +244,10 @@ def add_registry_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], 
 
 
 def add_tracing_flag(parser: argparse.ArgumentParser) -> None:
-    """--otlp-endpoint: where OpenTelemetry spans go. Without it the standard variables decide
-    (`OTEL_EXPORTER_OTLP_ENDPOINT` and the rest: services/common/tracing.py)."""
-    parser.add_argument("--otlp-endpoint", metavar="URL", default="",
+    """--otlp-endpoint (or vLLM's name for it, --otlp-traces-endpoint): where OpenTelemetry spans go.
+    Without it the standard variables decide (`OTEL_EXPORTER_OTLP_ENDPOINT` and the rest:
+    services/common/tracing.py)."""
+    parser.add_argument("--otlp-endpoint", "--otlp-traces-endpoint", dest="otlp_endpoint", metavar="URL", default="",
                         help="send trace spans to this OTLP gRPC collector (http://HOST:4317); default: "
                              "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 

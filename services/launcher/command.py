@@ -73,6 +73,10 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="config.json keys every service replaces, as vLLM's --hf-overrides: e.g. "
                          "'{\"rope_scaling\": {...}, \"max_position_embeddings\": 131072}' to serve past the model's "
                          "context (default $BATON_HF_OVERRIDES, else none)")
+    up.add_argument("--otlp-traces-endpoint", metavar="URL",
+                    help="every service sends its trace spans to this OTLP gRPC collector (http://HOST:4317), as "
+                         "vLLM's flag (default: as $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+                         "$OTEL_EXPORTER_OTLP_ENDPOINT say, else no tracing)")
     up.add_argument("--max-model-len", type=int, metavar="N",
                     help="the context every service serves, prompt and output together, shorter than the model's "
                          "(default $BATON_MAX_MODEL_LEN, else the model's); a service's own --KIND-args may set "
@@ -123,6 +127,7 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         service_args=service_args(args), api_key=args.api_key,
                         chat_template=args.chat_template, dtype=args.dtype,
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
+                        otlp_traces_endpoint=args.otlp_traces_endpoint,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None)
 
     async def run() -> int:

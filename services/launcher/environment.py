@@ -18,6 +18,7 @@ from services.launcher.specs import (
 )
 
 REDIS_URL_VARIABLE = "BATON_REDIS_URL"  # what the services (and `baton up --redis`) read
+OTLP_TRACES_ENDPOINT_VARIABLE = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 
 def child_environment(config: MeshConfig, name: str) -> dict[str, str]:
@@ -40,4 +41,6 @@ def child_environment(config: MeshConfig, name: str) -> dict[str, str]:
         env[LORA_MODULES_VARIABLE] = " ".join(config.lora_modules)
     if config.hf_overrides is not None:
         env[HF_OVERRIDES_VARIABLE] = config.hf_overrides
+    if config.otlp_traces_endpoint is not None:  # the standard variable, which every service reads (tracing.py)
+        env[OTLP_TRACES_ENDPOINT_VARIABLE] = config.otlp_traces_endpoint
     return env

@@ -102,6 +102,7 @@ class MeshConfig:
     # children run elsewhere); None: as $BATON_LORA_MODULES says, else none.
     lora_modules: tuple[str, ...] | None = None
     hf_overrides: str | None = None  # every service's (a JSON object); None: as $BATON_HF_OVERRIDES says, else none
+    otlp_traces_endpoint: str | None = None  # where every service's spans go; None: as the OTEL_* variables say
 
     def __post_init__(self) -> None:
         if self.is_colocated:

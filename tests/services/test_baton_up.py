@@ -388,6 +388,18 @@ def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_
     assert up.wait_exit() == 0, up.output()
 
 
+def test_the_otlp_traces_endpoint_reaches_every_child_by_the_standard_variable(tiny_demo_model):
+    from services.launcher.environment import child_environment
+    from services.launcher.specs import MeshConfig
+
+    variable = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    config = MeshConfig(tiny_demo_model, otlp_traces_endpoint="http://collector:4317")
+    for name in ("tokenizer", "prefill-0", "decode-0", "kvstore", "gateway"):
+        assert child_environment(config, name)[variable] == "http://collector:4317"
+    # Without it, each child inherits what baton up was given.
+    assert child_environment(MeshConfig(tiny_demo_model), "gateway").get(variable) == os.environ.get(variable)
+
+
 def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
     import argparse
 

@@ -1,5 +1,6 @@
-"""Real prefill and decode worker processes export their spans to an in-test OTLP receiver
-(OTEL_EXPORTER_OTLP_ENDPOINT): a Prefill then a Decode sent under one client span form one
+"""Real prefill and decode worker processes export their spans to an in-test OTLP receiver (named
+by vLLM's --otlp-traces-endpoint to one, --otlp-endpoint to the other; test_request_trace.py's mesh
+finds it by OTEL_EXPORTER_OTLP_ENDPOINT): a Prefill then a Decode sent under one client span form one
 trace, every worker phase parented to the server span of its call; each worker exports its
 boot phases; GenerateLocally's local prefill is traced and timed too."""
 from __future__ import annotations
@@ -35,15 +36,15 @@ def receiver() -> Iterator[OtlpReceiver]:
 @pytest.fixture(scope="module")
 def workers(tiny_demo_model, receiver):
     """Decode and prefill processes (started side by side), tracing to `receiver`."""
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     with pytest.MonkeyPatch.context() as mp:  # the children inherit it
-        for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME"):
+        for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             mp.delenv(name, raising=False)
-        for name, value in env.items():
-            mp.setenv(name, value)
+        mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
         started: dict[str, ServiceProcess] = {}
-        args = {"decode": (DECODE_SERVICE, "--kv-blocks", "64"),
-                "prefill": (PREFILL_SERVICE, "--kv-blocks", "64", "--max-num-batched-tokens", str(CHUNK_TOKENS))}
+        args = {"decode": (DECODE_SERVICE, "--kv-blocks", "64", "--otlp-endpoint", receiver.endpoint),
+                "prefill": (PREFILL_SERVICE, "--kv-blocks", "64", "--max-num-batched-tokens", str(CHUNK_TOKENS),
+                            "--otlp-traces-endpoint", receiver.endpoint)}
         threads = [threading.Thread(target=lambda n=n: started.__setitem__(
             n, ServiceProcess(n, args[n][0], tiny_demo_model, *args[n][1:]))) for n in args]
         for t in threads:
