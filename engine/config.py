@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from engine.spec_decode_stats import PER_REQUEST_SPEC_DECODE_METRICS
+
 if TYPE_CHECKING:  # the gateway reads this module and loads no numpy: the engine's speculative.py does
     from engine.speculative import SpeculativeConfig
 
@@ -65,6 +67,9 @@ class EngineConfig:
     # Speculative decoding (engine/speculative.py: n-gram or a draft model's drafts, vLLM's --speculative-config);
     # None: none.
     speculative: SpeculativeConfig | None = None
+    # What each request keeps of its speculative steps, for its reply (vLLM's --per-request-spec-decode-metrics:
+    # none, summary or detailed; engine/spec_decode_stats.py).
+    per_request_spec_decode_metrics: str = "none"
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of: one of LOGPROBS_MODES
     # vLLM's --max-logprobs: the most top logprobs a request may ask for per token (and per prompt token);
@@ -96,6 +101,9 @@ class EngineConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.per_request_spec_decode_metrics not in PER_REQUEST_SPEC_DECODE_METRICS:
+            raise ValueError(f"per_request_spec_decode_metrics must be one of {PER_REQUEST_SPEC_DECODE_METRICS}, "
+                             f"got {self.per_request_spec_decode_metrics!r}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: the vocabulary), got {self.max_logprobs}")
         if self.logprobs_mode not in LOGPROBS_MODES:

@@ -13,6 +13,7 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.sampler import Sampler
 from engine.sequence import Sequence
+from engine.spec_decode_stats import PerRequestSpecDecodeMetrics, SpecDecodeStats
 
 
 class Drafter(Protocol):
@@ -34,8 +35,10 @@ class Drafting:
     budget, `postprocess` in place of the plain postprocess after a step that computed drafts. The
     counts only grow."""
 
-    def __init__(self, drafter: Drafter | None, block_manager: BlockManager, max_model_len: int) -> None:
+    def __init__(self, drafter: Drafter | None, block_manager: BlockManager, max_model_len: int,
+                 per_request: PerRequestSpecDecodeMetrics = "none") -> None:
         self.drafter = drafter  # None: no drafts (propose is never called)
+        self.per_request = per_request  # what each sequence keeps of its own steps (spec_decode_stats.py)
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.num_draft_tokens = 0  # drafts proposed, and of them accepted, over the engine's life
@@ -89,6 +92,7 @@ class Drafting:
             first_rows.append(row)
             row += 1 + len(drafts.get(seq.request_id, ()))
         finished: list[Sequence] = []
+        num_accepted = dict.fromkeys(drafts, 0)  # by request id: this step's drafts accepted
         alive, position = list(zip(sampled, first_rows)), 0
         while alive:
             rows = torch.tensor([first + position for _, first in alive], device=logits.device)
@@ -104,9 +108,25 @@ class Drafting:
                     seq.num_computed_tokens += 1
                     bm.cache_computed_blocks(seq)
                     self.num_accepted_tokens += 1
+                    num_accepted[seq.request_id] += 1
                     per_position = self.num_accepted_tokens_per_position
                     per_position += [0] * (position + 1 - len(per_position))
                     per_position[position] += 1
                     going_on.append((seq, first))
             alive, position = going_on, position + 1
+        if self.per_request != "none":
+            self._record_per_request(batch.seqs, drafts, num_accepted)
         return finished
+
+    def keep_stats(self, seq: Sequence) -> None:
+        """Give a new sequence its own count of its steps' drafts, when they are kept per request (a
+        sequence that never drafts reports its steps all zero)."""
+        if self.drafter is not None and self.per_request != "none":
+            seq.spec_decode = SpecDecodeStats(self.drafter.num_speculative_tokens, self.per_request == "detailed")
+
+    def _record_per_request(self, seqs: list[Sequence], drafts: dict[str, list[int]],
+                            num_accepted: dict[str, int]) -> None:
+        for seq in seqs:
+            proposed = drafts.get(seq.request_id)
+            if proposed is not None:
+                seq.spec_decode.record(len(proposed), num_accepted[seq.request_id])

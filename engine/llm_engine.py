@@ -82,6 +82,7 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len, self.eos_token_ids, config.scheduling_policy, drafter, config.max_loras,
             whole_embeddings=self.pools_whole_prompts,
+            per_request_spec_decode=config.per_request_spec_decode_metrics,
         )
         self.tokenizer = load_tokenizer(model_dir)
         if self.model_config.classifier_tokens:

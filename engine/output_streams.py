@@ -54,4 +54,5 @@ class OutputStreams:
             embedding=seq.embedding if seq.is_finished else None,
             token_embeddings=seq.token_embeddings if seq.is_finished else None,
             step_times=seq.step_times,
+            spec_decode=seq.spec_decode if seq.is_finished else None,
         )

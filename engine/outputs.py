@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.sequence import FinishReason
+from engine.spec_decode_stats import SpecDecodeStats
 from engine.step_times import StepTimes
 
 if TYPE_CHECKING:
@@ -36,3 +37,5 @@ class RequestOutput:
     # The request's own record (not a copy): its first step and prompt chunks are final once
     # its first token is out.
     step_times: StepTimes | None = field(default=None, compare=False, repr=False)
+    # A finished request's speculative steps, when the engine keeps them per request (spec_decode_stats.py).
+    spec_decode: SpecDecodeStats | None = field(default=None, compare=False, repr=False)

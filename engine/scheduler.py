@@ -25,6 +25,7 @@ from engine.iteration_tokens import IterationTokens
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduling_policy import scheduling_policy
 from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.spec_decode_stats import PerRequestSpecDecodeMetrics
 from engine.stop_conditions import advance_guide, finish_reason
 
 
@@ -40,6 +41,7 @@ class Scheduler:
         drafter: Drafter | None = None,
         max_loras: int | None = None,
         whole_embeddings: bool = False,
+        per_request_spec_decode: PerRequestSpecDecodeMetrics = "none",
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -55,7 +57,7 @@ class Scheduler:
         self.policy = scheduling_policy(policy)
         self.is_by_priority = self.policy.is_by_priority
         self.drafter = drafter  # None: no drafts
-        self.drafting = Drafting(drafter, block_manager, max_model_len)
+        self.drafting = Drafting(drafter, block_manager, max_model_len, per_request_spec_decode)
         self.max_loras = max_loras  # most LoRA adapters a batch computes with; None: no limit
         # An encoder's embedding requests are computed in one step: their tokens attend to each other.
         self.whole_embeddings = whole_embeddings
@@ -82,6 +84,7 @@ class Scheduler:
         return self.drafting.num_accepted_tokens_per_position
 
     def add(self, seq: Sequence) -> None:
+        self.drafting.keep_stats(seq)
         self.policy.wait(self.waiting, seq)
 
     def _run(self, seq: Sequence) -> None:
@@ -94,6 +97,7 @@ class Scheduler:
         Its last token was sampled elsewhere; if that token already ends it, the
         sequence is finished (pages freed) instead, and False is returned.
         """
+        self.drafting.keep_stats(seq)
         reason = finish_reason(seq, seq.last_token_id, self.eos_token_ids, self.max_model_len)
         if reason is not None:
             self._finish(seq, reason)

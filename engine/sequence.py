@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.spec_decode_stats import SpecDecodeStats
 from engine.step_times import StepTimes
 from engine.thinking_budget import ThinkingMarks
 
@@ -63,6 +64,8 @@ class Sequence:
         self.num_draft_tokens = 0
         self.num_preemptions = 0
         self.step_times = StepTimes()
+        # Its speculative steps' drafts and acceptances, when the engine keeps them per request.
+        self.spec_decode: SpecDecodeStats | None = None
         # Per-token logprob records for the output tokens, when asked for.
         # Output it came with has none: empty records keep them aligned, never emitted.
         self.output_logprobs: list[dict[int, float]] = (

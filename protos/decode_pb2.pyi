@@ -64,20 +64,42 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., first_token_id: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeChunk(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "num_cached_tokens", "timings", "prompt_logprobs")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "num_cached_tokens", "timings", "prompt_logprobs", "spec_decode")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopLogprobs]
     finish_reason: _common_pb2.FinishReason
     num_cached_tokens: int
     timings: DecodeTimings
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopLogprobs]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[DecodeTimings, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ...) -> None: ...
+    spec_decode: SpecDecodeStats
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[DecodeTimings, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., spec_decode: _Optional[_Union[SpecDecodeStats, _Mapping]] = ...) -> None: ...
+
+class SpecDecodeStats(_message.Message):
+    __slots__ = ("num_spec_tokens", "rows", "per_step_drafted", "per_step_accepted")
+    NUM_SPEC_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    PER_STEP_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    PER_STEP_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    num_spec_tokens: int
+    rows: _containers.RepeatedCompositeFieldContainer[SpecDecodeRow]
+    per_step_drafted: _containers.RepeatedScalarFieldContainer[int]
+    per_step_accepted: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_spec_tokens: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[SpecDecodeRow, _Mapping]]] = ..., per_step_drafted: _Optional[_Iterable[int]] = ..., per_step_accepted: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SpecDecodeRow(_message.Message):
+    __slots__ = ("num_drafted", "num_steps")
+    NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    num_drafted: int
+    num_steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_drafted: _Optional[int] = ..., num_steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeTimings(_message.Message):
     __slots__ = ("queue_seconds", "prefill_seconds")

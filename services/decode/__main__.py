@@ -92,7 +92,8 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
                                  max_logprobs=config.max_logprobs, lora_modules=config.lora_modules,
                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                  max_cpu_loras=config.max_cpu_loras,
-                                 speculative=config.speculative, hf_overrides=config.hf_overrides)
+                                 speculative=config.speculative, hf_overrides=config.hf_overrides,
+                                 per_request_spec_decode_metrics=config.per_request_spec_decode_metrics)
     try:
         engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
     except BaseException:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MAX_LOGPROBS
+from engine.spec_decode_stats import PER_REQUEST_SPEC_DECODE_METRICS
 from engine.speculative import SpeculativeConfig
 from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -95,6 +96,7 @@ class DecodeServiceConfig:
     max_lora_rank: int | None = None  # adapters of a higher rank refused; None: any
     max_cpu_loras: int | None = None  # served adapters kept loaded at most; None: all
     speculative: SpeculativeConfig | None = None  # engine/speculative.py's drafts; None: plain decoding
+    per_request_spec_decode_metrics: str = "none"  # what a request's last chunk tells of its drafts
     lease_ms: int = DEFAULT_LEASE_MS  # how long a reservation waits for its Decode call
     max_model_len: int | None = None  # None: the model's own context length
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
@@ -151,6 +153,11 @@ class DecodeServiceConfig:
         add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
+        parser.add_argument("--per-request-spec-decode-metrics", choices=PER_REQUEST_SPEC_DECODE_METRICS,
+                            default="none",
+                            help="each request's last chunk tells of its speculative steps: their drafts and what "
+                                 "was accepted (summary), and each step's (detailed), for the gateway's reply "
+                                 "(as vLLM's flag; default none: nothing kept)")
         parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
                             help='vLLM\'s: speculative decoding, n-gram drafts (\'{"method": "ngram", '
                                  '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\') or a draft model\'s '
@@ -171,6 +178,7 @@ class DecodeServiceConfig:
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                    speculative=speculative_config(args.speculative_config),
+                   per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
                    max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,

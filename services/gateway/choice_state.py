@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from protos import common_pb2
+from protos import common_pb2, decode_pb2
 from services.gateway.deltas import Delta, Usage
 from services.gateway.harmony import HarmonyReasoning
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
@@ -24,6 +24,7 @@ class ChoiceState:
     stop_reason: str | int | None = None
     usage: Usage | None = None
     timing: RequestTiming | None = None
+    spec_decode: decode_pb2.SpecDecodeStats | None = None
     prompt_token_ids: Sequence[int] = ()
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
     # With a reasoning parser: the text split as it came (thinking, answer), and the tokens
@@ -44,7 +45,7 @@ class ChoiceState:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.matched_stop
             self.usage = delta.usage
-            self.timing = delta.timing
+            self.timing, self.spec_decode = delta.timing, delta.spec_decode
 
     def split(self, delta: Delta, reasoning: ReasoningReader) -> tuple[str, str]:
         """A chat delta's (thinking, answer) text, as `reasoning` reads it, recorded here; the choice's

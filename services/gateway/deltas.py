@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from protos import common_pb2
+from protos import common_pb2, decode_pb2
 from services.gateway.request_errors import InvalidRequestError
 from services.gateway.request_timing import RequestTiming
 from services.tokenizer.incremental_detokenizer import Decoder, IncrementalDetokenizer
@@ -38,6 +38,7 @@ class Delta:
     prompt_token_ids: Sequence[int] = ()
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
     timing: RequestTiming | None = None  # the last delta's: the request's, as vLLM's per-request metrics
+    spec_decode: decode_pb2.SpecDecodeStats | None = None  # the last delta's, from a worker that keeps them
 
 
 class TextOutput:

@@ -25,9 +25,13 @@ from services.gateway.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.gateway.reasoning_parsers import ReasoningReader
+from services.gateway.reply_options import ReplyOptions
 from services.gateway.request_timing import UNKNOWN
+from services.gateway.spec_decode_metrics import speculative_decoding
 from services.gateway.tool_calls import ForcedToolCall, new_call_id
 from services.gateway.tool_parsers import ToolCallSyntax
+
+NO_METRICS = ReplyOptions()  # replies carry no `metrics`
 
 
 def usage_body(usages: Sequence[Usage], prompt_of_choice: Sequence[int],
@@ -57,7 +61,7 @@ class ResponseBuilder:
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
                  include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False,
-                 best_of_kept: int | None = None, role: str = "assistant", per_request_metrics: bool = False):
+                 best_of_kept: int | None = None, role: str = "assistant", metrics: ReplyOptions = NO_METRICS):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -74,7 +78,7 @@ class ResponseBuilder:
         # With best_of: how many of each prompt's candidates the whole response keeps (whole() ranks them)
         self.best_of_kept = best_of_kept
         self.role = role  # of a chat reply's message
-        self.per_request_metrics = per_request_metrics  # vLLM's: the whole body and the usage chunk carry `metrics`
+        self.metrics_options = metrics  # vLLM's: the whole body and the usage chunk carry `metrics` (reply_options.py)
         self._sent_role = [False] * num_choices
         # chat: each choice's tool calls, as tool_choice asks for them (choice_calls.py)
         self.calls = ChoiceCalls(num_choices, forced_tool_call, tool_call_syntax, call_id, parallel_tool_calls)
@@ -88,12 +92,22 @@ class ResponseBuilder:
         return usage_body(usages, self.prompt_of_choice, self.reasoning_tokens)
 
     @property
+    def has_metrics(self) -> bool:
+        return self.metrics_options.has_metrics
+
+    @property
     def metrics(self) -> dict[str, Any] | None:
-        """The request's timing (request_timing.py), or None for a reply of several sequences (n > 1,
-        best_of, several prompts), whose timings are not one request's."""
+        """The request's timing (request_timing.py) and speculative steps (spec_decode_metrics.py), as the
+        gateway's flags ask; None for a reply of several sequences (n > 1, best_of, several prompts),
+        whose figures are no one request's."""
         if len(self.choices) != 1:
             return None
-        return (self.choices[0].timing or UNKNOWN).to_json()
+        state, options = self.choices[0], self.metrics_options
+        made = (state.timing or UNKNOWN).to_json() if options.per_request_metrics else {}
+        if options.spec_decode_metrics != "none":
+            made["speculative_decoding"] = None if state.spec_decode is None else speculative_decoding(
+                state.spec_decode, options.spec_decode_metrics == "detailed")
+        return made
 
     @property
     def reasoning_tokens(self) -> int | None:
@@ -169,7 +183,7 @@ class ResponseBuilder:
     def usage_chunk(self) -> dict[str, Any]:
         """The last chunk when `stream_options.include_usage`: no choices, the whole usage."""
         body = self._chunk_without_choices("usage", self.usage)
-        if self.per_request_metrics:
+        if self.has_metrics:
             body["metrics"] = self.metrics
         return body
 
@@ -229,7 +243,7 @@ class ResponseBuilder:
         if self.kind == "chat" and self.return_token_ids:
             body["prompt_token_ids"] = list(self.choices[0].prompt_token_ids)
         body["usage"] = self.usage
-        if self.per_request_metrics:
+        if self.has_metrics:
             body["metrics"] = self.metrics
         return body
 

@@ -73,7 +73,7 @@ class RequestDeltas:
             last.prompt_token_ids, last.prompt_logprobs = self.prompt, step.prompt_logprobs
         self.spans.finish_reason(last.finish_reason, progress.num_cached_tokens)
         step.settle(clock, arrived)
-        last.timing = request_timing(clock, timer)
+        last.timing, last.spec_decode = request_timing(clock, timer), step.spec_decode
         timer.finish(last.finish_reason, scheduled_at(clock), self.params.max_tokens)
         if not self.is_past_first:
             clock.handing_out = "first_token"

@@ -114,7 +114,7 @@ class ResponsesShape:
             "truncation": request.truncation or "disabled",
             "output": output, "usage": _usage(usage) if usage is not None else None,
         }
-        if self.builder.per_request_metrics and finish_reason is not None:
+        if self.builder.has_metrics and finish_reason is not None:
             response["metrics"] = self.builder.metrics
         return response
 

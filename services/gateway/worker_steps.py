@@ -43,6 +43,7 @@ class Step:
     prefill_timings: prefill_pb2.PrefillTimings | None = None  # the first token's, from a prefill worker
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()  # the first step's, when asked for
     prefill_rpc_legs: dict[str, float] | None = None  # `rpc_legs` of the first token, when they can be told
+    spec_decode: decode_pb2.SpecDecodeStats | None = None  # the last step's, from a worker that keeps them
 
     def settle(self, clock: PhaseClock, arrived: float) -> None:
         """Mark the wait for a prefill worker's first token on the ledger, up to `arrived` (a
@@ -91,7 +92,8 @@ async def decode_steps(call, progress: Progress,
             first = False
         reason = FINISH_REASON_NAMES.get(chunk.finish_reason)
         progress.is_released = reason is not None
-        yield Step(list(chunk.token_ids), list(chunk.logprobs), reason, prompt_logprobs=chunk.prompt_logprobs)
+        yield Step(list(chunk.token_ids), list(chunk.logprobs), reason, prompt_logprobs=chunk.prompt_logprobs,
+                   spec_decode=chunk.spec_decode if reason is not None and chunk.HasField("spec_decode") else None)
 
 
 def observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTimings,

@@ -46,6 +46,8 @@ PASSED_FLAGS = (
     PassedFlag("--disable-uvicorn-access-log", GATEWAY, "no log line per HTTP request", is_switch=True),
     PassedFlag("--return-tokens-as-token-ids", GATEWAY, 'logprobs name tokens "token_id:N"', is_switch=True),
     PassedFlag("--enable-per-request-metrics", GATEWAY, "replies carry their timing, `metrics`", is_switch=True),
+    PassedFlag("--per-request-spec-decode-metrics", ("gateway", "decode"),
+               "replies carry their speculative steps: summary or detailed"),
     PassedFlag("--enable-force-include-usage", GATEWAY, "every stream ends with its usage", is_switch=True),
     PassedFlag("--enable-tokenizer-info-endpoint", GATEWAY, "GET /tokenizer_info served", is_switch=True),
     PassedFlag("--response-role", GATEWAY, "the role of a chat reply's message"),

@@ -87,6 +87,30 @@ def test_drafting_changes_how_many_tokens_a_step_makes_never_which(tiny_demo_mod
     assert scheduler.num_preemptions > 0 or "num_kv_blocks" not in engine_options
 
 
+@pytest.mark.parametrize("engine_options", [{}, {"num_kv_blocks": 20}], ids=["roomy", "preempting"])
+def test_each_request_keeps_its_own_drafts_and_they_add_up_to_the_engines(tiny_demo_model, engine_options):
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM,
+                                    per_request_spec_decode_metrics="detailed",
+                                    num_kv_blocks=engine_options.get("num_kv_blocks", 128)))
+    stats = [out.spec_decode for out in _stream(engine)]
+    assert len(stats) == len(PROMPTS) and all(s is not None and s.num_spec_tokens == 4 for s in stats)
+    steps = [step for s in stats for step in s.per_step]
+    scheduler = engine.scheduler
+    assert len(steps) == scheduler.num_drafts
+    assert sum(drafted for drafted, _ in steps) == scheduler.num_draft_tokens
+    assert sum(accepted for _, accepted in steps) == scheduler.num_accepted_tokens > 0
+    for s in stats:  # the rows count the steps the per-step list holds, each by its draft length
+        assert all(len(row) == k + 1 for k, row in s.rows.items())
+        assert {k: sum(row) for k, row in s.rows.items()} == \
+            {k: sum(1 for drafted, _ in s.per_step if drafted == k) for k in s.rows}
+        assert sum(j * n for row in s.rows.values() for j, n in enumerate(row)) == sum(a for _, a in s.per_step)
+    summary = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM,
+                                     per_request_spec_decode_metrics="summary"))
+    assert all(out.spec_decode.per_step is None for out in _stream(summary))
+    plain = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM))
+    assert all(out.spec_decode is None for out in _stream(plain))  # kept only when asked for
+
+
 def assert_same_outputs(drafted: dict, plain: dict) -> None:
     """The same tokens and finish reasons by request id, and logprobs within a chunk's rounding."""
     assert {r: (tokens, reason) for r, (tokens, reason, _) in drafted.items()} == \

@@ -1,7 +1,9 @@
 """Speculative decoding on the decode workers (--speculative-config, vLLM's), n-gram drafts and a draft
 model's: a request streams the same tokens as plain decoding would make, whether its prompt was
 prefilled on a prefill worker (the drafts start from the handed-over KV; a draft model computes the
-prompt itself) or on its decode worker; several tokens may come in one chunk."""
+prompt itself) or on its decode worker; several tokens may come in one chunk. With
+--per-request-spec-decode-metrics, each reply's `metrics.speculative_decoding` tells its own drafts,
+and they add up to the worker's counters."""
 from __future__ import annotations
 
 import json
@@ -34,10 +36,14 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
                                                                               **sampling)) if out.finished]
             expected[len(prompt), name] = done.token_ids
     metrics_port = _free_port()
-    decode_args = ("--speculative-config", json.dumps(speculative), "--metrics-port", str(metrics_port))
-    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, decode_args=decode_args)
+    decode_args = ("--speculative-config", json.dumps(speculative), "--metrics-port", str(metrics_port),
+                   "--per-request-spec-decode-metrics", "detailed")
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, decode_args=decode_args,
+                      gateway_args=("--per-request-spec-decode-metrics", "detailed"))
     try:
         total_chunks = 0
+        before = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text  # after its warm-up
+        replies = []  # each request's metrics.speculative_decoding
         with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
             for (length, name), tokens in expected.items():
                 prompt = short if length == len(short) else long
@@ -50,6 +56,7 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
                 for chunk in stream:
                     if chunk.usage is not None:
                         usage = chunk.usage
+                        replies.append(chunk.model_extra["metrics"]["speculative_decoding"])
                     if chunk.choices and chunk.choices[0].logprobs is not None:
                         made += [int(t.removeprefix("token_id:")) for t in chunk.choices[0].logprobs.tokens]
                         num_chunks += 1
@@ -62,6 +69,23 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
         assert accepted > 0 and _counter(metrics, "baton_spec_decode_num_drafts_total") > 0
         assert _counter(metrics, "baton_spec_decode_num_accepted_tokens_per_pos_total") == accepted
         assert 'position="0"' in metrics
+
+        def made_here(name: str) -> float:
+            return _counter(metrics, name) - _counter(before, name)
+
+        assert sum(r["num_spec_steps"] for r in replies) == made_here("baton_spec_decode_num_drafts_total")
+        assert sum(r["num_draft_tokens"] for r in replies) == made_here("baton_spec_decode_num_draft_tokens_total")
+        assert sum(r["num_accepted_draft_tokens"] for r in replies) \
+            == made_here("baton_spec_decode_num_accepted_tokens_total") > 0
+        k = speculative["num_speculative_tokens"]
+        for r in replies:
+            assert r["num_spec_tokens"] == k and len(r["acceptance_histogram"]) == k + 1
+            assert sum(r["acceptance_histogram"]) == r["num_spec_steps"] == len(r["per_step_accepted"])
+            assert sum(r["per_step_accepted"]) == r["num_accepted_draft_tokens"]
+            assert sum(r["per_step_drafted"]) == r["num_draft_tokens"]
+            if r["num_spec_steps"]:
+                assert r["mean_acceptance_length"] == pytest.approx(
+                    1 + r["num_accepted_draft_tokens"] / r["num_spec_steps"])
         states = httpx.get(f"{mesh.gateway.base_url}/get_server_info", timeout=10).json()["internal_states"]
         [decode] = [s for s in states if s["kind"] == "decode"]
         drafts = _counter(metrics, "baton_spec_decode_num_drafts_total")
