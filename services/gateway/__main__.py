@@ -189,7 +189,7 @@ class GatewayService:
                                   self.readiness, config.max_body_bytes, self.timelines, self.api_keys,
                                   config.tool_call_parser, config.reasoning_parser, self.responses,
                                   serving=config.http_serving, chat_serving=config.chat_serving,
-                                  replies=config.reply_options)
+                                  replies=config.reply_options, sleep_when_idle=config.sleep_when_idle)
         if config.allow_runtime_lora_updating:
             worker_pools = [pool for kind, pool in self.pools.items() if kind != "tokenizer"]
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
@@ -198,6 +198,8 @@ class GatewayService:
         if config.enable_tokenizer_info_endpoint:
             self.state.tokenizer_info = tokenizer_info(config.model_dir, tokenizer.chat_templates)
         app = create_app(self.state)
+        if self.state.idle_sleep is not None:
+            self.state.idle_sleep.start()
         try:
             sock = _bind(config.host, config.http_port)
         except OSError as e:
@@ -257,6 +259,8 @@ class GatewayService:
             await asyncio.gather(self.http_task, return_exceptions=True)
         if self.state is not None:
             await self.state.background.close()
+            if self.state.idle_sleep is not None:
+                await self.state.idle_sleep.aclose()
         if self.pipeline is not None:
             await self.pipeline.aclose()
         if self.router is not None:

@@ -25,6 +25,7 @@ from services.gateway.chat_serving import ChatServing
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
+from services.gateway.idle_sleep import IdleSleepConfig
 from services.gateway.reasoning_config import ReasoningConfig
 from services.gateway.reasoning_parsers import HARMONY, PARSERS as REASONING_PARSERS
 from services.gateway.reply_options import ReplyOptions
@@ -124,6 +125,7 @@ class GatewayConfig:
     # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reply_options: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (reply_options.py)
+    sleep_when_idle: IdleSleepConfig = IdleSleepConfig()  # vLLM's --sleep-idle-ttl (idle_sleep.py)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's

@@ -54,6 +54,7 @@ from services.gateway.config import (
 from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
+from services.gateway.idle_sleep import IdleSleepConfig
 from services.gateway.reasoning_config import ReasoningConfig
 from services.gateway.reasoning_parsers import (
     HARMONY,
@@ -120,7 +121,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         chat_serving=ChatServing.from_args(args),
         default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
-        reply_options=ReplyOptions.from_args(args),
+        reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
@@ -250,6 +251,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     HttpServing.add_flags(parser, env)
     ChatServing.add_flags(parser)
     ReplyOptions.add_flags(parser, env)
+    IdleSleepConfig.add_flags(parser, env)
     add_request_log_flags(parser, env)
     add_lora_flag(parser, env)
     add_chat_template_flag(parser, env)

@@ -55,6 +55,7 @@ from services.gateway.errors import APIError, api_error_response, to_api_error, 
 from services.gateway.generation_routes import add_generation_routes
 from services.gateway.http_middleware import ArrivalTime, BodySizeLimit
 from services.gateway.http_serving import HttpServing
+from services.gateway.idle_sleep import IdleSleep, IdleSleepConfig
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.openai_logprobs import TokenText
 from services.gateway.operator_routes import add_operator_routes
@@ -96,6 +97,8 @@ class GatewayState:
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
     tokenizer_info: dict[str, Any] | None = None  # GET /tokenizer_info's answer; None: not served
     replies: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (vLLM's flags)
+    sleep_when_idle: IdleSleepConfig = IdleSleepConfig()  # vLLM's --sleep-idle-ttl (idle_sleep.py)
+    idle_sleep: IdleSleep | None = None  # what puts the mesh to sleep when idle, made with the routes
 
     @property
     def model_name(self) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from services.gateway.generation_pause import GenerationPause, add_generation_pause_routes
+from services.gateway.idle_sleep import IdleSleep
 from services.gateway.lora_updates import add_lora_update_routes
 from services.gateway.memory_release_api import MeshMemory, add_memory_release_routes
 from services.gateway.prefix_cache_api import add_prefix_cache_routes
@@ -32,6 +33,9 @@ def add_operator_routes(app: FastAPI, state, check_model: Callable[[str], str | 
     add_sglang_routes(app, state, check_model, weight_updates)
     add_weight_update_routes(app, weight_updates)
     add_generation_pause_routes(app, generation)
-    add_memory_release_routes(app, MeshMemory(state.pipeline, pools))
+    memory = MeshMemory(state.pipeline, pools)
+    add_memory_release_routes(app, memory)
+    if state.sleep_when_idle.ttl_s > 0:
+        state.idle_sleep = IdleSleep(memory, state.sleep_when_idle)
     add_server_info_routes(app, state, pools, weight_updates, generation, version)
     add_request_log_routes(app, state.pipeline.request_log)

@@ -3,7 +3,7 @@ change to every worker (a weight update) happens between requests, never inside 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 
@@ -15,6 +15,7 @@ class RequestPause:
         self._open.set()
         self._num_holds = 0
         self.num_waiting = 0  # requests held at the pause now
+        self.on_wait: Callable[[], None] | None = None  # told when a request begins to wait (idle_sleep.py)
 
     @property
     def is_open(self) -> bool:
@@ -25,6 +26,8 @@ class RequestPause:
         if self._open.is_set():
             return
         self.num_waiting += 1
+        if self.on_wait is not None:
+            self.on_wait()
         try:
             await self._open.wait()
         finally:

@@ -48,6 +48,8 @@ PASSED_FLAGS = (
     PassedFlag("--enable-per-request-metrics", GATEWAY, "replies carry their timing, `metrics`", is_switch=True),
     PassedFlag("--per-request-spec-decode-metrics", ("gateway", "decode"),
                "replies carry their speculative steps: summary or detailed"),
+    PassedFlag("--sleep-idle-ttl", GATEWAY, "idle this many seconds, the mesh sleeps; it wakes for the next request",
+               type=float),
     PassedFlag("--enable-force-include-usage", GATEWAY, "every stream ends with its usage", is_switch=True),
     PassedFlag("--enable-tokenizer-info-endpoint", GATEWAY, "GET /tokenizer_info served", is_switch=True),
     PassedFlag("--response-role", GATEWAY, "the role of a chat reply's message"),

@@ -90,6 +90,26 @@ def test_vllms_sleep_levels_and_wake_up_by_tag(mesh, awake):
     assert not is_sleeping(mesh) and greedy(mesh) == expected
 
 
+def test_an_idle_mesh_sleeps_and_the_next_request_wakes_it(mesh, awake):
+    """vLLM's --sleep-idle-ttl, on a gateway of its own over the mesh's workers (the `awake` fixture
+    resumes them through the mesh's gateway, should this one leave them asleep)."""
+    expected = greedy(mesh)
+    idle = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                          [d.address for d in mesh.decode], "--sleep-idle-ttl", "1.5", "--sleep-idle-level", "2")
+    through_idle = SimpleNamespace(gateway=idle)
+    try:
+        wait_for(lambda: is_sleeping(through_idle))
+        assert [sorted(kinds) for kinds in released_by_worker(through_idle)] == [["kv_cache", "weights"]] * 4
+        assert greedy(through_idle) == expected  # it waited while the mesh woke
+        assert not is_sleeping(through_idle) and released_by_worker(through_idle) == [[]] * 4
+        wait_for(lambda: is_sleeping(through_idle))  # idle again
+        assert post(through_idle, "/wake_up").status_code == 200  # an operator's wake ends it too
+        assert not is_sleeping(through_idle) and greedy(through_idle) == expected
+    finally:
+        assert idle.terminate() == 0
+    assert "the mesh sleeps" in "".join(idle.stderr_lines)
+
+
 def test_requests_in_flight_keep_every_workers_memory_and_a_bad_tag_is_refused(mesh, awake):
     sample = StreamedSample(mesh)
     sample.wait_for_tokens(4)
