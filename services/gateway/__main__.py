@@ -12,17 +12,13 @@ SIGINT: both APIs stop taking requests, in-flight ones get a grace period, exit 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import logging
-import socket
 import sys
 from collections.abc import Sequence
 
 import services.common.grpc_env  # noqa: F401  (first: before anything imports grpc)
 
 # isort: split
-import uvicorn
 
 from engine.checkpoint import kv_fingerprint, read_model_config
 from engine.classifier_config import is_sequence_classifier
@@ -46,6 +42,7 @@ from services.gateway.api_keys import ApiKeys
 from services.gateway.config import GatewayConfig, local_prefill_limit
 from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
+from services.gateway.http_listener import HttpListener
 from services.gateway.index_mirror import IndexMirror
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
@@ -86,15 +83,6 @@ KV_TRANSPORTS = {
     "cuda-ipc": common_pb2.KV_TRANSPORT_CUDA_IPC,
 }
 READY_POLL_S = 0.05
-HTTP_BACKLOG = 2048  # uvicorn's own default
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside our event loop: the process's signal handlers stay ours."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
 
 
 class GatewayService:
@@ -112,8 +100,7 @@ class GatewayService:
         self.pools: dict[str, WorkerPool] = {}
         self.pipeline: RequestPipeline | None = None
         self.router: PrefixRouter | RandomRouter | None = None
-        self.http: _EmbeddedServer | None = None
-        self.http_task: asyncio.Task | None = None
+        self.http = HttpListener()
         self.followers: list[asyncio.Task] = []  # each pool following where its workers are (worker_discovery.follow)
         self.registry_redis = None  # with --discover-workers: the client its followers ask the registry with
         self.responses = make_response_store(config)
@@ -200,18 +187,8 @@ class GatewayService:
         app = create_app(self.state)
         if self.state.idle_sleep is not None:
             self.state.idle_sleep.start()
-        try:
-            sock = _bind(config.host, config.http_port)
-        except OSError as e:
-            raise StartError(f"cannot bind HTTP to {config.host}:{config.http_port}: {e}") from e
-        self.http = _EmbeddedServer(uvicorn.Config(app, lifespan="off",
-                                                   timeout_graceful_shutdown=max(1, int(config.grace_s)),
-                                                   **config.http_serving.uvicorn_options()))
-        # In a context of its own, not start()'s (where the `boot` span is current): OpenTelemetry's
-        # ASGI middleware continues the current span, if any, instead of the caller's traceparent.
-        self.http_task = asyncio.get_running_loop().create_task(self.http.serve(sockets=[sock]),
-                                                                context=contextvars.Context())
-        print(f"gateway {config.http_serving.scheme} listening on {config.host}:{sock.getsockname()[1]}", flush=True)
+        port = self.http.start(app, config.host, config.http_port, config.http_serving, config.grace_s)
+        print(f"gateway {config.http_serving.scheme} listening on {config.host}:{port}", flush=True)
 
         while self.readiness() is not None:
             if stop.is_set():
@@ -254,9 +231,7 @@ class GatewayService:
         await asyncio.gather(*self.followers, return_exceptions=True)
         if self.registry_redis is not None:
             await self.registry_redis.aclose()
-        if self.http is not None:
-            self.http.should_exit = True
-            await asyncio.gather(self.http_task, return_exceptions=True)
+        await self.http.stop()
         if self.state is not None:
             await self.state.background.close()
             if self.state.idle_sleep is not None:
@@ -297,18 +272,6 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
                           redis=client, mirror=IndexMirror(client, index))
     router.start()
     return router
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """Bound and listening: the address is printed before uvicorn's task first runs, and a client
-    that connects in between must wait in the backlog, not be refused (uvicorn listens again, as
-    it does on any socket it is given)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(HTTP_BACKLOG)
-    sock.set_inheritable(True)
-    return sock
 
 
 def main(argv: Sequence[str] | None = None) -> int:
