@@ -23,6 +23,7 @@ from services.common.entrypoint import run_service
 from services.common.index_publisher import InstancePublisher, holdings_publisher
 from services.common.metrics import ServiceMetrics
 from services.kvstore.config import KVStoreNodeConfig
+from services.kvstore.disk_tier import DiskPageTier
 from services.kvstore.servicer import SERVICE_NAME, HostTierCacheServicer, KVStoreNodeServicer
 from services.kvstore.tier_holdings import TierHoldings
 from services.kvstore.tier_metrics import TierCollector
@@ -33,7 +34,8 @@ class KVStoreNode:
 
     def __init__(self, config: KVStoreNodeConfig):
         self.config = config
-        self.servicer = KVStoreNodeServicer(config.capacity_bytes)
+        disk = DiskPageTier(config.disk_dir, config.disk_capacity_bytes) if config.disk_dir else None
+        self.servicer = KVStoreNodeServicer(config.capacity_bytes, disk)
         self.servicers = [(kvstore_pb2_grpc.add_KVStoreServicer_to_server, self.servicer),
                           (cache_pb2_grpc.add_PrefixCacheServicer_to_server, HostTierCacheServicer(self.servicer.tier))]
         self.port = 0  # the bound one, set by the entry point before `start`
@@ -47,7 +49,9 @@ class KVStoreNode:
                                             model_key="", block_size=0, publish_blocks=True)
         if self.publisher is not None:
             await self.publisher.start(stop)
-        return f"serving a host page tier of {self.config.capacity_bytes} bytes"
+        disk = f", over a disk tier of {self.config.disk_capacity_bytes} bytes in {self.config.disk_dir}" \
+            if self.config.disk_dir else ""
+        return f"serving a host page tier of {self.config.capacity_bytes} bytes{disk}"
 
     async def close(self) -> None:
         """Leave Redis; the pages live in this process's memory: they go with it."""

@@ -6,9 +6,13 @@ prefix of a list of hashes is read by walking it until the first miss. Keys carr
 the model fingerprint too, so two models' pages never answer for each other; each
 block keeps its layout, and a reader expecting another one is refused.
 
+With a disk tier under it (disk_tier.py), a block it evicts is written there rather than
+forgotten, and read back into host memory when a prefix walk reaches it: the node holds it
+until the disk lets it go.
+
 Like a worker's prefix cache (BlockManager), the tier records which blocks entered
-and left it once `enable_events` is called, as net changes between drains, for the
-node to publish to the prefix index.
+and left the node (either tier) once `enable_events` is called, as net changes between
+drains, for the node to publish to the prefix index.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from services.kvstore.disk_tier import DiskPageTier
 from services.kvstore.layout import PageLayout
 
 
@@ -28,13 +33,15 @@ class StoredBlock(NamedTuple):
 class HostPageTier:
     """Not thread-safe: the node's event loop owns it."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, disk: DiskPageTier | None = None) -> None:
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
+        self.disk = disk  # where evicted blocks go; None: they are forgotten
         self.num_bytes = 0
         self.num_queried_blocks = 0  # by readers, for the node's metrics
-        self.num_hit_blocks = 0
+        self.num_hit_blocks = 0  # of them, those read back (from either tier)
+        self.num_disk_hit_blocks = 0  # of those, the ones read from disk
         self._blocks: OrderedDict[tuple[bytes, int], StoredBlock] = OrderedDict()  # least recently used first
         # (fingerprint, hash) -> True: stored, False: evicted, since the last drain. A key's
         # events alternate, so a second one in a window undoes the first: at most one per key
@@ -65,20 +72,23 @@ class HostPageTier:
         return added, removed
 
     def held(self) -> dict[bytes, list[int]]:
-        """Every stored hash, by model fingerprint."""
+        """Every stored hash (on disk too), by model fingerprint."""
         held: dict[bytes, list[int]] = {}
-        for fingerprint, h in self._blocks:
+        for fingerprint, h in [*self._blocks, *(self.disk.keys() if self.disk is not None else ())]:
             held.setdefault(fingerprint, []).append(h)
         return held
 
     def clear(self) -> int:
-        """Forget every stored block (a prefix-cache reset): the number forgotten, each one's
-        removal recorded for the index as an eviction's is."""
-        for key in self._blocks:
+        """Forget every stored block, on disk too (a prefix-cache reset): the number forgotten, each
+        one's removal recorded for the index as an eviction's is."""
+        on_disk = self.disk.keys() if self.disk is not None else []
+        for key in [*self._blocks, *on_disk]:
             self._record(key, False)
-        forgotten = len(self._blocks)
+        forgotten = len(self._blocks) + len(on_disk)
         self._blocks.clear()
         self.num_bytes = 0
+        if self.disk is not None:
+            self.disk.clear()
         return forgotten
 
     def put(self, block_hash: int, block: StoredBlock) -> None:
@@ -92,24 +102,48 @@ class HostPageTier:
         old = self._blocks.pop(key, None)
         if old is not None:
             self.num_bytes -= old.pages.numel()
+        was_held = old is not None or (self.disk is not None and self.disk.discard(key))
+        self._make_room(size)
+        self._blocks[key] = block
+        self.num_bytes += size
+        if not was_held:
+            self._record(key, True)
+
+    def _make_room(self, size: int) -> None:
+        """Evict the least recently used blocks until `size` bytes more fit: to disk, or forgotten."""
         while self.num_bytes + size > self.capacity_bytes:
             evicted_key, gone = self._blocks.popitem(last=False)
             self.num_bytes -= gone.pages.numel()
-            self._record(evicted_key, False)
-        self._blocks[key] = block
-        self.num_bytes += size
-        if old is None:
-            self._record(key, True)
+            if self.disk is None:
+                self._record(evicted_key, False)
+                continue
+            for deleted in self.disk.put(evicted_key, gone.layout, gone.pages):
+                self._record(deleted, False)
 
     def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:
         """The stored blocks of `block_hashes` up to the first one missing, each marked used."""
         found = []
         self.num_queried_blocks += len(block_hashes)
         for h in block_hashes:
-            block = self._blocks.get((fingerprint, h))
+            key = (fingerprint, h)
+            block = self._blocks.get(key)
+            if block is None and self.disk is not None:
+                block = self._read_back(key)
             if block is None:
                 break
-            self._blocks.move_to_end((fingerprint, h))
+            self._blocks.move_to_end(key)
             found.append(block)
         self.num_hit_blocks += len(found)
         return found
+
+    def _read_back(self, key: tuple[bytes, int]) -> StoredBlock | None:
+        """A block from disk, back in host memory (it leaves the disk); None when the disk has none."""
+        taken = self.disk.take(key)
+        if taken is None:
+            return None
+        block = StoredBlock(*taken)
+        self._make_room(block.pages.numel())
+        self._blocks[key] = block
+        self.num_bytes += block.pages.numel()
+        self.num_disk_hit_blocks += 1
+        return block

@@ -24,6 +24,7 @@ import torch
 from protos import cache_pb2, cache_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc
 from services.common.converters import layout_from_proto
 from services.kvstore.converters import chunk_or_abort, pages_to_proto
+from services.kvstore.disk_tier import DiskPageTier
 from services.kvstore.host_tier import HostPageTier, StoredBlock
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.page_chunks import plan_chunks
@@ -44,8 +45,8 @@ class _StagedBlock:
 
 
 class KVStoreNodeServicer(kvstore_pb2_grpc.KVStoreServicer):
-    def __init__(self, capacity_bytes: int) -> None:
-        self.tier = HostPageTier(capacity_bytes)
+    def __init__(self, capacity_bytes: int, disk: DiskPageTier | None = None) -> None:
+        self.tier = HostPageTier(capacity_bytes, disk)
 
     async def WritePages(self, request_iterator, context):
         layout: PageLayout | None = None  # the stream's, from its first chunk

@@ -22,3 +22,10 @@ class TierCollector(LabelledCollector):
         yield self.counter("baton_kv_tier_queried_blocks", "Blocks asked for by readers (a prefix each)",
                            tier.num_queried_blocks)
         yield self.counter("baton_kv_tier_hit_blocks", "Blocks asked for and read back", tier.num_hit_blocks)
+        if tier.disk is not None:
+            disk = tier.disk
+            yield self.gauge("baton_kv_disk_tier_bytes_used", "Bytes of KV pages the disk tier holds", disk.num_bytes)
+            yield self.gauge("baton_kv_disk_tier_capacity_bytes", "Bytes the disk tier may hold", disk.capacity_bytes)
+            yield self.gauge("baton_kv_disk_tier_blocks", "KV blocks the disk tier holds", disk.num_blocks)
+            yield self.counter("baton_kv_disk_tier_hit_blocks", "Blocks read back from disk",
+                               tier.num_disk_hit_blocks)

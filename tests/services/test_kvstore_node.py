@@ -1,6 +1,7 @@
 """A kvstore node (`python -m services.kvstore`) as a real process: blocks written by
 hash read back byte-exact as the longest stored prefix, least recently used blocks
-evicted under the capacity, and a layout that is not the stored one refused."""
+evicted under the capacity (to a disk tier, with --disk-dir, and read back from it), and a
+layout that is not the stored one refused."""
 from __future__ import annotations
 
 import asyncio
@@ -226,5 +227,32 @@ def test_the_node_exports_what_its_tier_holds_and_serves(pool):
         assert samples["baton_kv_tier_capacity_bytes"] == CAPACITY_BLOCKS * BLOCK_NBYTES
         assert samples["baton_kv_tier_queried_blocks_total"] == 3
         assert samples["baton_kv_tier_hit_blocks_total"] == 2
+    finally:
+        assert node.terminate() == 0
+
+
+def test_with_a_disk_tier_evicted_blocks_are_read_back_from_disk(pool, tmp_path):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    node = KVStoreProcess("--capacity-bytes", str(4 * BLOCK_NBYTES), "--disk-dir", str(tmp_path / "kv"),
+                          "--disk-capacity-bytes", str(6 * BLOCK_NBYTES))
+    node.stub = kvstore_pb2_grpc.KVStoreStub(node.channel)
+    try:
+        url = f"http://{node.proc.stdout.readline().removeprefix('kvstore metrics on ').strip()}/metrics"
+        for first in (0, 4):  # twice what host memory holds, a stream at most as much as it does
+            _store(node, pool, list(range(first, first + 4)), [900 + i for i in range(first, first + 4)])
+        assert len(list((tmp_path / "kv").iterdir())) == 4
+        returned, pages = _read(node, [900 + i for i in range(8)])
+        assert returned == [900 + i for i in range(8)]
+        assert torch.equal(pages, pool[:, :, :, list(range(8))])
+        for first in (8, 12, 16):  # 20 blocks for 10 places
+            _store(node, pool, list(range(first, first + 4)), [1000 + i for i in range(first, first + 4)])
+        assert _read(node, [900])[0] == []  # the disk's least recently used went
+        samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url, timeout=5).text)
+                   for s in f.samples}
+        assert samples["baton_kv_tier_blocks"] == 4 and samples["baton_kv_disk_tier_blocks"] == 6
+        assert samples["baton_kv_disk_tier_bytes_used"] == 6 * BLOCK_NBYTES
+        assert samples["baton_kv_disk_tier_hit_blocks_total"] >= 4
     finally:
         assert node.terminate() == 0

@@ -1,0 +1,76 @@
+"""A kvstore node's host tier over a disk tier: blocks host memory evicts go to disk (one file each)
+and read back byte-exact into memory, leaving the disk; the disk's least recently used go when it is
+full, and only then does the prefix index hear that the node let them go; a reset empties both."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.kvstore.disk_tier import DiskPageTier
+from services.kvstore.host_tier import HostPageTier, StoredBlock
+from services.kvstore.layout import PageLayout
+
+LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, block_size=4, head_dim=8, dtype="float32", num_blocks=1,
+                    fingerprint=b"\x05" * 32)
+BLOCK_BYTES = 2 * 2 * 2 * 4 * 8 * 4  # [L, 2*Hkv, bs*D*itemsize] of uint8
+
+
+def block(seed: int) -> StoredBlock:
+    pages = torch.randint(0, 256, (2, 4, 4 * 8 * 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return StoredBlock(LAYOUT, pages)
+
+
+@pytest.fixture
+def tiers(tmp_path):
+    disk = DiskPageTier(tmp_path / "kv", capacity_bytes=3 * BLOCK_BYTES)
+    tier = HostPageTier(2 * BLOCK_BYTES, disk)
+    tier.enable_events()
+    return tier, disk, tmp_path / "kv"
+
+
+def test_evicted_blocks_go_to_disk_and_read_back_exactly(tiers):
+    tier, disk, directory = tiers
+    written = {h: block(h) for h in range(5)}
+    for h, stored in written.items():
+        tier.put(h, stored)
+    assert tier.num_blocks == 2 and disk.num_blocks == 3 and disk.num_bytes == 3 * BLOCK_BYTES
+    assert len(list(directory.iterdir())) == 3
+    added, removed = tier.drain_events()
+    assert sorted(added[LAYOUT.fingerprint]) == [0, 1, 2, 3, 4] and removed == {}  # all still on the node
+    assert sorted(tier.held()[LAYOUT.fingerprint]) == [0, 1, 2, 3, 4]
+    found = tier.longest_prefix(LAYOUT.fingerprint, [0, 1, 2, 3, 4, 9])
+    assert [torch.equal(f.pages, written[h].pages) for h, f in zip(range(5), found)] == [True] * 5
+    # The three on disk came back, each pushing out a block memory held: 3 and 4 were read from disk too.
+    assert tier.num_disk_hit_blocks == 5 and tier.num_hit_blocks == 5
+    # Read back into memory, each went to the front; the others went to disk in their place: still five.
+    assert tier.num_blocks + disk.num_blocks == 5 and len(list(directory.iterdir())) == disk.num_blocks
+    assert tier.drain_events() == ({}, {})
+
+
+def test_the_disks_least_recently_used_leave_the_node(tiers):
+    tier, disk, _ = tiers
+    for h in range(5):  # two in memory, three on disk
+        tier.put(h, block(h))
+    tier.drain_events()
+    tier.put(5, block(5))  # the first one written goes
+    assert tier.drain_events() == ({LAYOUT.fingerprint: [5]}, {LAYOUT.fingerprint: [0]})
+    assert tier.longest_prefix(LAYOUT.fingerprint, [0, 1]) == []
+    tier.put(3, block(30))  # rewritten: on disk no more, in memory once (no event: it never left)
+    assert 3 not in [h for _, h in disk.keys()] and tier.drain_events()[0] == {}
+    assert torch.equal(tier.longest_prefix(LAYOUT.fingerprint, [3])[0].pages, block(30).pages)
+
+
+def test_a_reset_forgets_both_tiers(tiers):
+    tier, disk, directory = tiers
+    for h in range(4):
+        tier.put(h, block(h))
+    tier.drain_events()
+    assert tier.clear() == 4
+    assert tier.num_blocks == disk.num_blocks == disk.num_bytes == 0 and list(directory.iterdir()) == []
+    assert sorted(tier.drain_events()[1][LAYOUT.fingerprint]) == [0, 1, 2, 3]
+
+
+def test_a_directory_left_from_an_earlier_run_is_emptied(tmp_path):
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "kv" / "stale.kv").write_bytes(b"x" * 10)
+    assert list(DiskPageTier(tmp_path / "kv", 1024).directory.iterdir()) == []
