@@ -18,13 +18,13 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# Non-root. /models is created here, owned by that user, so an empty named volume
-# mounted there starts with that ownership and model-init can write into it.
+# Non-root. /models (and /var/cache/baton-kv, a kvstore node's disk tier) is created here, owned by
+# that user, so an empty named volume mounted there starts with that ownership and can be written.
 # HOME holds the compiled-kernel cache (~/.cache/baton/kernels).
 # The USER (set in each image) is numeric so Kubernetes' runAsNonRoot can verify it.
 RUN groupadd --gid 10001 baton \
     && useradd --create-home --uid 10001 --gid baton --shell /usr/sbin/nologin baton \
-    && mkdir /models && chown baton:baton /models
+    && mkdir /models /var/cache/baton-kv && chown baton:baton /models /var/cache/baton-kv
 
 WORKDIR /app
 # Dependencies first, in their own layer, so a source change does not reinstall them.

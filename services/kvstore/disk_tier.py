@@ -4,11 +4,10 @@ deleted first; a block read from it goes back to host memory and leaves the disk
 hold a block at most once between them). As LMCache's and SGLang's HiCache file backends spill a
 CPU tier to disk: a prefix longer-lived than host memory allows is read back, not recomputed.
 
-The directory is the node's own: what it holds when the node starts is left over from an earlier
-run, which no index remembers, and is deleted."""
+Its pages files (`*.kv`) in the directory when the node starts are left over from an earlier run,
+which no index remembers, and are deleted; nothing else there is touched."""
 from __future__ import annotations
 
-import shutil
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
@@ -34,9 +33,9 @@ class DiskPageTier:
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         self.directory = Path(directory)
-        if self.directory.exists():
-            shutil.rmtree(self.directory)
-        self.directory.mkdir(parents=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob("*.kv"):
+            stale.unlink()
         self.capacity_bytes = capacity_bytes
         self.num_bytes = 0
         self._blocks: OrderedDict[Key, _OnDisk] = OrderedDict()  # least recently used first

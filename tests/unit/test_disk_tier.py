@@ -70,7 +70,7 @@ def test_a_reset_forgets_both_tiers(tiers):
     assert sorted(tier.drain_events()[1][LAYOUT.fingerprint]) == [0, 1, 2, 3]
 
 
-def test_a_directory_left_from_an_earlier_run_is_emptied(tmp_path):
-    (tmp_path / "kv").mkdir()
-    (tmp_path / "kv" / "stale.kv").write_bytes(b"x" * 10)
-    assert list(DiskPageTier(tmp_path / "kv", 1024).directory.iterdir()) == []
+def test_pages_left_from_an_earlier_run_are_deleted_and_nothing_else(tmp_path):
+    (tmp_path / "stale.kv").write_bytes(b"x" * 10)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert [p.name for p in DiskPageTier(tmp_path, 1024).directory.iterdir()] == ["notes.txt"]
