@@ -102,7 +102,7 @@ class GenerateChunk(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class GenerateComplete(_message.Message):
-    __slots__ = ("finish_reason", "usage", "matched_stop", "text", "token_ids", "logprobs", "prompt_logprobs", "reasoning", "tool_calls", "index")
+    __slots__ = ("finish_reason", "usage", "matched_stop", "text", "token_ids", "logprobs", "prompt_logprobs", "reasoning", "tool_calls", "index", "metrics")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class GenerateComplete(_message.Message):
     REASONING_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: _common_pb2.FinishReason
     usage: _common_pb2.Usage
     matched_stop: str
@@ -123,7 +124,22 @@ class GenerateComplete(_message.Message):
     reasoning: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     index: int
-    def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., matched_stop: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    metrics: RequestMetrics
+    def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., matched_stop: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., index: _Optional[int] = ..., metrics: _Optional[_Union[RequestMetrics, _Mapping]] = ...) -> None: ...
+
+class RequestMetrics(_message.Message):
+    __slots__ = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second")
+    TIME_TO_FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ITL_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    time_to_first_token_ms: float
+    generation_time_ms: float
+    queue_time_ms: float
+    mean_itl_ms: float
+    tokens_per_second: float
+    def __init__(self, time_to_first_token_ms: _Optional[float] = ..., generation_time_ms: _Optional[float] = ..., queue_time_ms: _Optional[float] = ..., mean_itl_ms: _Optional[float] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "chunk", "complete", "error")

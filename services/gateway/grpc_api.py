@@ -261,7 +261,9 @@ class _Reply:
             usage=common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                    cached_tokens=usage.cached_tokens) if usage else None,
             matched_stop=last.matched_stop or "", text="".join(self.text), token_ids=self.token_ids,
-            logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs, index=index)
+            logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs, index=index,
+            metrics=gateway_pb2.RequestMetrics(**{name: value for name, value in last.timing.to_json().items()
+                                                  if value is not None}) if last.timing is not None else None)
 
 
 def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:

@@ -81,9 +81,10 @@ def test_n_choices_are_the_http_apis_each_named_by_its_index(stub, mesh):
     mesh.assert_decode_pools_free()
 
 
-def test_a_grpc_request_ledger_is_served_by_its_request_id(stub, mesh):
-    list(stub.Generate(gateway_pb2.GenerateRequest(request_id="grpc-ledger", text=PROMPT, sampling=greedy(4),
-                                                   stream_options=gateway_pb2.StreamOptions(stream=True)), timeout=30))
+def test_a_grpc_request_ledger_is_served_by_its_request_id_and_its_timing_is_in_its_complete(stub, mesh):
+    replies = list(stub.Generate(gateway_pb2.GenerateRequest(
+        request_id="grpc-ledger", text=PROMPT, sampling=greedy(4),
+        stream_options=gateway_pb2.StreamOptions(stream=True)), timeout=30))
     ledger = httpx.get(f"{mesh.gateway.base_url}/v1/requests/grpc-ledger/timeline", timeout=10).json()
     (choice,) = ledger["choices"]
     assert choice["request_id"] == "grpc-ledger" and choice["status"] == "finished"
@@ -91,6 +92,15 @@ def test_a_grpc_request_ledger_is_served_by_its_request_id(stub, mesh):
     phases = choice["phases_ms"]
     assert phases["prefill_compute"] > 0 and phases["first_token"] > 0
     assert abs(sum(phases.values()) - choice["e2e_ms"]) < 1.0
+    metrics = replies[-1].complete.metrics  # as the HTTP API's `metrics` (test_vllm_serving_flags.py)
+    assert phases["prefill_compute"] < metrics.time_to_first_token_ms < choice["e2e_ms"]
+    assert metrics.mean_itl_ms == pytest.approx(metrics.generation_time_ms / 3, abs=0.01)
+    assert metrics.tokens_per_second == pytest.approx(
+        4e3 / (metrics.time_to_first_token_ms + metrics.generation_time_ms), rel=1e-3)
+    assert metrics.HasField("queue_time_ms")
+    [one] = [r.complete for r in stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=greedy(1)),
+                                               timeout=30) if r.HasField("complete")]
+    assert not one.metrics.HasField("mean_itl_ms") and one.metrics.generation_time_ms == 0.0
 
 
 def test_chat_and_token_ids_inputs_with_logprobs_and_stop(stub, mesh):
