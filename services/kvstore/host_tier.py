@@ -117,7 +117,7 @@ class HostPageTier:
             if self.disk is None:
                 self._record(evicted_key, False)
                 continue
-            for deleted in self.disk.put(evicted_key, gone.layout, gone.pages):
+            for deleted in [*self.disk.put(evicted_key, gone.layout, gone.pages), *self.disk.take_lost()]:
                 self._record(deleted, False)
 
     def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:

@@ -8,6 +8,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -242,7 +243,10 @@ def test_with_a_disk_tier_evicted_blocks_are_read_back_from_disk(pool, tmp_path)
         url = f"http://{node.proc.stdout.readline().removeprefix('kvstore metrics on ').strip()}/metrics"
         for first in (0, 4):  # twice what host memory holds, a stream at most as much as it does
             _store(node, pool, list(range(first, first + 4)), [900 + i for i in range(first, first + 4)])
-        assert len(list((tmp_path / "kv").iterdir())) == 4
+        deadline = time.monotonic() + 10  # written on the tier's own thread
+        while len(list((tmp_path / "kv").iterdir())) != 4:
+            assert time.monotonic() < deadline, list((tmp_path / "kv").iterdir())
+            time.sleep(0.02)
         returned, pages = _read(node, [900 + i for i in range(8)])
         assert returned == [900 + i for i in range(8)]
         assert torch.equal(pages, pool[:, :, :, list(range(8))])

@@ -1,7 +1,10 @@
-"""A kvstore node's host tier over a disk tier: blocks host memory evicts go to disk (one file each)
-and read back byte-exact into memory, leaving the disk; the disk's least recently used go when it is
-full, and only then does the prefix index hear that the node let them go; a reset empties both."""
+"""A kvstore node's host tier over a disk tier: blocks host memory evicts go to disk (one file each,
+written on the tier's own thread) and read back byte-exact into memory, leaving the disk, whether
+their write is done or not; the disk's least recently used go when it is full, and only then does
+the prefix index hear that the node let them go (or when a write fails); a reset empties both."""
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -34,6 +37,7 @@ def test_evicted_blocks_go_to_disk_and_read_back_exactly(tiers):
     for h, stored in written.items():
         tier.put(h, stored)
     assert tier.num_blocks == 2 and disk.num_blocks == 3 and disk.num_bytes == 3 * BLOCK_BYTES
+    disk.flush()
     assert len(list(directory.iterdir())) == 3
     added, removed = tier.drain_events()
     assert sorted(added[LAYOUT.fingerprint]) == [0, 1, 2, 3, 4] and removed == {}  # all still on the node
@@ -43,6 +47,7 @@ def test_evicted_blocks_go_to_disk_and_read_back_exactly(tiers):
     # The three on disk came back, each pushing out a block memory held: 3 and 4 were read from disk too.
     assert tier.num_disk_hit_blocks == 5 and tier.num_hit_blocks == 5
     # Read back into memory, each went to the front; the others went to disk in their place: still five.
+    disk.flush()
     assert tier.num_blocks + disk.num_blocks == 5 and len(list(directory.iterdir())) == disk.num_blocks
     assert tier.drain_events() == ({}, {})
 
@@ -66,6 +71,7 @@ def test_a_reset_forgets_both_tiers(tiers):
         tier.put(h, block(h))
     tier.drain_events()
     assert tier.clear() == 4
+    disk.flush()
     assert tier.num_blocks == disk.num_blocks == disk.num_bytes == 0 and list(directory.iterdir()) == []
     assert sorted(tier.drain_events()[1][LAYOUT.fingerprint]) == [0, 1, 2, 3]
 
@@ -74,3 +80,29 @@ def test_pages_left_from_an_earlier_run_are_deleted_and_nothing_else(tmp_path):
     (tmp_path / "stale.kv").write_bytes(b"x" * 10)
     (tmp_path / "notes.txt").write_text("mine")
     assert [p.name for p in DiskPageTier(tmp_path, 1024).directory.iterdir()] == ["notes.txt"]
+
+
+def test_a_block_read_back_while_its_write_is_queued_is_its_pages(tmp_path):
+    disk = DiskPageTier(tmp_path, capacity_bytes=4 * BLOCK_BYTES)
+    release = threading.Event()
+    disk._writer.submit(release.wait)  # the writer is busy: what follows waits behind it
+    disk.put((LAYOUT.fingerprint, 7), LAYOUT, block(7).pages)
+    layout, pages = disk.take((LAYOUT.fingerprint, 7))
+    assert layout == LAYOUT and torch.equal(pages, block(7).pages) and disk.num_bytes == 0
+    release.set()
+    disk.flush()
+    assert list(tmp_path.iterdir()) == []  # written, then deleted, in that order
+
+
+def test_a_block_whose_write_fails_leaves_the_node(tmp_path):
+    disk = DiskPageTier(tmp_path / "kv", capacity_bytes=4 * BLOCK_BYTES)
+    tier = HostPageTier(BLOCK_BYTES, disk)
+    tier.enable_events()
+    tier.put(1, block(1))
+    tier.drain_events()
+    (tmp_path / "kv").rmdir()  # the disk went away
+    tier.put(2, block(2))  # 1 goes to a disk that cannot take it
+    disk.flush()
+    tier.put(3, block(3))  # 2 goes too; the failure of 1 is heard of now
+    assert tier.drain_events()[1] == {LAYOUT.fingerprint: [1]}
+    assert tier.longest_prefix(LAYOUT.fingerprint, [1]) == []
