@@ -54,9 +54,12 @@ class KVStoreNode:
         return f"serving a host page tier of {self.config.capacity_bytes} bytes{disk}"
 
     async def close(self) -> None:
-        """Leave Redis; the pages live in this process's memory: they go with it."""
+        """Leave Redis; the pages live in this process's memory: they go with it, and those on its disk
+        tier are deleted (no index would know them again)."""
         if self.publisher is not None:
             await self.publisher.close()
+        if self.servicer.tier.disk is not None:
+            await asyncio.to_thread(self.servicer.tier.disk.close)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -123,6 +123,8 @@ class DiskPageTier:
         self._settle()
 
     def close(self) -> None:
+        """Delete every file, once the writes queued are done."""
+        self.clear()
         self._writer.shutdown(wait=True)
 
     def _settle(self) -> None:

@@ -260,3 +260,4 @@ def test_with_a_disk_tier_evicted_blocks_are_read_back_from_disk(pool, tmp_path)
         assert samples["baton_kv_disk_tier_hit_blocks_total"] >= 4
     finally:
         assert node.terminate() == 0
+    assert list((tmp_path / "kv").iterdir()) == []  # its pages on disk went with it
