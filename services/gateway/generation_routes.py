@@ -108,7 +108,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   num_prompt_logprobs=body.prompt_logprobs,
                                   return_token_ids=bool(body.return_token_ids),
                                   best_of_kept=body.n if body.num_candidates > body.n else None,
-                                  metrics=state.replies)
+                                  reply_options=state.replies)
         choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "prompt",
@@ -158,7 +158,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   parallel_tool_calls=body.parallel_tool_calls,
                                   return_token_ids=bool(body.return_token_ids),
                                   role=state.chat_serving.role_of_reply(body),
-                                  metrics=state.replies)
+                                  reply_options=state.replies)
         return choices, builder, dispatched, timeline
 
     async def chat_completions(request: Request):

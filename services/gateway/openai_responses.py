@@ -61,7 +61,7 @@ class ResponseBuilder:
                  forced_tool_call: ForcedToolCall | None = None, tool_call_syntax: ToolCallSyntax | None = None,
                  call_id: Callable[[], str] = new_call_id, reasoning: ReasoningReader | None = None,
                  include_reasoning: bool = True, parallel_tool_calls: bool = True, return_token_ids: bool = False,
-                 best_of_kept: int | None = None, role: str = "assistant", metrics: ReplyOptions = NO_METRICS):
+                 best_of_kept: int | None = None, role: str = "assistant", reply_options: ReplyOptions = NO_METRICS):
         self.kind = kind  # "completion" or "chat"
         self.id = response_id
         self.model = model
@@ -78,7 +78,7 @@ class ResponseBuilder:
         # With best_of: how many of each prompt's candidates the whole response keeps (whole() ranks them)
         self.best_of_kept = best_of_kept
         self.role = role  # of a chat reply's message
-        self.metrics_options = metrics  # vLLM's: the whole body and the usage chunk carry `metrics` (reply_options.py)
+        self.reply_options = reply_options  # whether the whole body and the usage chunk carry `metrics` (vLLM's flags)
         self._sent_role = [False] * num_choices
         # chat: each choice's tool calls, as tool_choice asks for them (choice_calls.py)
         self.calls = ChoiceCalls(num_choices, forced_tool_call, tool_call_syntax, call_id, parallel_tool_calls)
@@ -93,7 +93,7 @@ class ResponseBuilder:
 
     @property
     def has_metrics(self) -> bool:
-        return self.metrics_options.has_metrics
+        return self.reply_options.has_metrics
 
     @property
     def metrics(self) -> dict[str, Any] | None:
@@ -102,7 +102,7 @@ class ResponseBuilder:
         whose figures are no one request's."""
         if len(self.choices) != 1:
             return None
-        state, options = self.choices[0], self.metrics_options
+        state, options = self.choices[0], self.reply_options
         made = (state.timing or UNKNOWN).to_json() if options.per_request_metrics else {}
         if options.spec_decode_metrics != "none":
             made["speculative_decoding"] = None if state.spec_decode is None else speculative_decoding(
