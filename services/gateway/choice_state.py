@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from protos import common_pb2, decode_pb2
 from services.gateway.deltas import Delta, Usage
 from services.gateway.harmony import HarmonyReasoning
+from services.gateway.output_token_metrics import TokenKinds
 from services.gateway.reasoning_parsers import ReasoningReader, StreamedReasoning
 from services.gateway.request_timing import RequestTiming
 
@@ -34,6 +35,7 @@ class ChoiceState:
     answer: str = ""
     reasoning_tokens: int = 0
     undecided_tokens: int = 0  # the first ones, while it is not yet known whether they open a think block
+    kinds: TokenKinds = field(default_factory=TokenKinds)  # its tokens by kind as they came, when split
 
     def add(self, delta: Delta) -> None:
         if delta.prompt_token_ids:
@@ -54,6 +56,7 @@ class ChoiceState:
         if stream is None:
             stream = self.thinking = reasoning.stream(self.prompt_token_ids)
         was_thinking = stream.is_thinking is True
+        reasoning_before, undecided_before = self.reasoning_tokens, self.undecided_tokens
         thought, text = stream.add(delta.text)
         if was_thinking or thought or stream.is_thinking:  # the token that ends the thinking is thinking's
             # A delta of several tokens (a chunk, a speculative step) may hold the answer's first ones too.
@@ -64,6 +67,10 @@ class ChoiceState:
             self.undecided_tokens += len(delta.token_ids)
         else:
             self.undecided_tokens = 0
+        num_reasoning = self.reasoning_tokens - reasoning_before  # undecided ones it decided included
+        self.kinds.add("reasoning", num_reasoning, delta.arrived)
+        self.kinds.add("content", len(delta.token_ids) - num_reasoning - (self.undecided_tokens - undecided_before),
+                       delta.arrived)
         if delta.finish_reason is not None:
             more_thought, more_text = stream.finish()
             thought, text = thought + more_thought, text + more_text

@@ -169,6 +169,9 @@ class GatewayConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                               f"got {self.reasoning_parser!r}")
+        if self.reply_options.output_token_metrics and self.reasoning_parser is None:
+            raise ConfigError("--enable-per-request-output-token-metrics tells thinking from answer: it needs "
+                              "--reasoning-parser")
         if self.tool_call_parser == "openai" and self.reasoning_parser != HARMONY:
             raise ConfigError(f"--tool-call-parser openai reads gpt-oss's harmony messages, which --reasoning-parser "
                               f"{HARMONY} takes apart: it cannot go with {self.reasoning_parser!r}")

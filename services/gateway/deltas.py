@@ -39,6 +39,7 @@ class Delta:
     prompt_logprobs: Sequence[common_pb2.TopLogprobs] = ()
     timing: RequestTiming | None = None  # the last delta's: the request's, as vLLM's per-request metrics
     spec_decode: decode_pb2.SpecDecodeStats | None = None  # the last delta's, from a worker that keeps them
+    arrived: float = 0.0  # when (a `time.perf_counter()`) its tokens reached the gateway
 
 
 class TextOutput:

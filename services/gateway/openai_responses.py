@@ -103,7 +103,10 @@ class ResponseBuilder:
         if len(self.choices) != 1:
             return None
         state, options = self.choices[0], self.reply_options
-        made = (state.timing or UNKNOWN).to_json() if options.per_request_metrics else {}
+        made = (state.timing or UNKNOWN).to_json() if options.has_timing else {}
+        if options.output_token_metrics and self.kind == "chat":
+            made["output_token_metrics"] = None if state.thinking is None else state.kinds.to_json(
+                state.timing.scheduled_at if state.timing is not None else None, state.undecided_tokens)
         if options.spec_decode_metrics != "none":
             made["speculative_decoding"] = None if state.spec_decode is None else speculative_decoding(
                 state.spec_decode, options.spec_decode_metrics == "detailed")

@@ -10,6 +10,9 @@ timing, `metrics` (request_timing.py).
 speculative steps, `speculative_decoding` (spec_decode_metrics.py), from decode workers given the
 same flag (null from one with no speculative decoding).
 
+--enable-per-request-output-token-metrics: a chat or Responses reply's `metrics` carries its timing
+and `output_token_metrics`, its thinking's and its answer's (needs --reasoning-parser).
+
 --return-tokens-as-token-ids: logprobs name each token "token_id:N" rather than by its text, unless
 a request's `return_tokens_as_token_ids` says otherwise.
 """
@@ -32,11 +35,16 @@ class ReplyOptions:
     per_request_metrics: bool = False
     return_tokens_as_token_ids: bool = False
     spec_decode_metrics: str = "none"  # one of PER_REQUEST_SPEC_DECODE_METRICS
+    output_token_metrics: bool = False  # timing too, and each kind of token's (output_token_metrics.py)
 
     @property
     def has_metrics(self) -> bool:
         """Whether replies carry `metrics`."""
-        return self.per_request_metrics or self.spec_decode_metrics != "none"
+        return self.per_request_metrics or self.spec_decode_metrics != "none" or self.output_token_metrics
+
+    @property
+    def has_timing(self) -> bool:
+        return self.per_request_metrics or self.output_token_metrics
 
     def includes_usage(self, asked: bool) -> bool:
         """Whether a stream whose request asked for its usage or not (`asked`) ends with it."""
@@ -59,6 +67,9 @@ class ReplyOptions:
                             help="such a reply's `metrics` carries its speculative steps too: their drafts and "
                                  "what was accepted (summary), and each step's (detailed), from decode workers "
                                  "given the same flag (as vLLM's)")
+        parser.add_argument("--enable-per-request-output-token-metrics", action="store_true",
+                            help="a chat or Responses reply of one sequence carries its timing and its tokens' by "
+                                 "kind, thinking and answer (needs --reasoning-parser; as vLLM's, experimental)")
         parser.add_argument("--return-tokens-as-token-ids", action="store_true",
                             help="logprobs name each token \"token_id:N\" rather than by its text, unless a "
                                  "request's return_tokens_as_token_ids says otherwise (as vLLM's flag)")
@@ -68,4 +79,5 @@ class ReplyOptions:
         return cls(force_include_usage=args.enable_force_include_usage,
                    per_request_metrics=args.enable_per_request_metrics,
                    return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-                   spec_decode_metrics=args.per_request_spec_decode_metrics)
+                   spec_decode_metrics=args.per_request_spec_decode_metrics,
+                   output_token_metrics=args.enable_per_request_output_token_metrics)

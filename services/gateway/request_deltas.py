@@ -49,10 +49,10 @@ class RequestDeltas:
         if output.stops.is_stopped or step.finish_reason is not None:
             return self._last(step, text, arrived)
         if self.is_past_first:
-            return Delta(text, step.token_ids, step.logprobs)
+            return Delta(text, step.token_ids, step.logprobs, arrived=arrived)
         self.spans.first_token()
         return Delta(text, step.token_ids, step.logprobs, prompt_token_ids=self.prompt,
-                     prompt_logprobs=step.prompt_logprobs)
+                     prompt_logprobs=step.prompt_logprobs, arrived=arrived)
 
     def handed_out(self, step: Step, arrived: float) -> None:
         """Count and mark `step` (not the last) now that its delta is out."""
@@ -73,7 +73,7 @@ class RequestDeltas:
             last.prompt_token_ids, last.prompt_logprobs = self.prompt, step.prompt_logprobs
         self.spans.finish_reason(last.finish_reason, progress.num_cached_tokens)
         step.settle(clock, arrived)
-        last.timing, last.spec_decode = request_timing(clock, timer), step.spec_decode
+        last.timing, last.spec_decode, last.arrived = request_timing(clock, timer), step.spec_decode, arrived
         timer.finish(last.finish_reason, scheduled_at(clock), self.params.max_tokens)
         if not self.is_past_first:
             clock.handing_out = "first_token"

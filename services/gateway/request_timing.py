@@ -31,6 +31,7 @@ class RequestTiming:
     queue_time_ms: float | None = None  # queued in the worker's engine → scheduled
     mean_itl_ms: float | None = None  # the mean wait for each token after the first
     tokens_per_second: float | None = None  # every token generated over scheduled → the last token
+    scheduled_at: float | None = None  # when (a `time.perf_counter()`) it was scheduled: not in the reply
 
     def to_json(self) -> dict[str, Any]:
         return {"time_to_first_token_ms": self.time_to_first_token_ms, "generation_time_ms": self.generation_time_ms,
@@ -52,7 +53,8 @@ def request_timing(clock: PhaseClock, timer: RequestTimer) -> RequestTiming:
     return RequestTiming(
         time_to_first_token_ms=_ms(first - scheduled), generation_time_ms=_ms(last - first),
         queue_time_ms=_ms(wait), mean_itl_ms=_ms((last - first) / (num_tokens - 1)) if num_tokens > 1 else None,
-        tokens_per_second=round(num_tokens / (last - scheduled), 3) if last > scheduled else None)
+        tokens_per_second=round(num_tokens / (last - scheduled), 3) if last > scheduled else None,
+        scheduled_at=scheduled)
 
 
 def engine_wait(clock: PhaseClock) -> float:

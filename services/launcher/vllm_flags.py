@@ -48,6 +48,8 @@ PASSED_FLAGS = (
     PassedFlag("--enable-per-request-metrics", GATEWAY, "replies carry their timing, `metrics`", is_switch=True),
     PassedFlag("--per-request-spec-decode-metrics", ("gateway", "decode"),
                "replies carry their speculative steps: summary or detailed"),
+    PassedFlag("--enable-per-request-output-token-metrics", GATEWAY, "replies time their thinking and answer apart",
+               is_switch=True),
     PassedFlag("--sleep-idle-ttl", GATEWAY, "idle this many seconds, the mesh sleeps; it wakes for the next request",
                type=float),
     PassedFlag("--enable-force-include-usage", GATEWAY, "every stream ends with its usage", is_switch=True),

@@ -318,3 +318,40 @@ def test_a_budgeted_chat_reply_reasons_so_long_by_every_api(thinking_mesh, tmp_p
     thinking, text = message["content"]
     assert thinking["thinking"] == budgeted.reasoning and text["text"] == budgeted.content
     mesh.assert_decode_pools_free()
+
+
+def test_output_token_metrics_time_the_thinking_and_the_answer_apart(thinking_mesh, tmp_path):
+    """vLLM's --enable-per-request-output-token-metrics: the kinds' counts are the usage's, each kind
+    timed by the deltas that brought it, from the same origin as the reply's own timing."""
+    mesh, _ = thinking_mesh
+    template = tmp_path / "r1.jinja"
+    template.write_text(R1_TEMPLATE)
+    kwargs = dict(model=mesh.model_name, messages=MESSAGES, max_tokens=12, temperature=0,
+                  extra_body={"thinking_token_budget": 3, "ignore_eos": True})
+    with gateway_client(mesh, "--reasoning-parser", "deepseek_r1", "--chat-template", str(template),
+                        "--enable-per-request-output-token-metrics") as r1:
+        reply = r1.chat.completions.create(**kwargs).model_dump()
+        [usage_chunk] = [c for c in r1.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                                **kwargs) if c.usage is not None]
+        completion = r1.completions.create(model=mesh.model_name, prompt="Hello", max_tokens=3).model_dump()
+    metrics, usage = reply["metrics"], reply["usage"]
+    kinds = metrics["output_token_metrics"]
+    thinking, answer = kinds["reasoning"], kinds["content"]
+    assert thinking["token_count"] == usage["completion_tokens_details"]["reasoning_tokens"] == 3
+    assert thinking["token_count"] + answer["token_count"] + kinds["unclassified_token_count"] \
+        == usage["completion_tokens"] == 12
+    # The thinking came first, the answer last: their ends are the reply's.
+    assert thinking["time_to_first_token_ms"] == pytest.approx(metrics["time_to_first_token_ms"], abs=0.01)
+    assert thinking["time_to_first_token_ms"] <= answer["time_to_first_token_ms"]
+    assert answer["time_to_first_token_ms"] + answer["generation_time_ms"] == pytest.approx(
+        metrics["time_to_first_token_ms"] + metrics["generation_time_ms"], abs=0.01)
+    for kind in (thinking, answer):
+        if kind["mean_itl_ms"] is not None:
+            assert kind["mean_itl_ms"] == pytest.approx(kind["generation_time_ms"] / (kind["token_count"] - 1),
+                                                        abs=0.01)
+    streamed_kinds = usage_chunk.model_extra["metrics"]["output_token_metrics"]
+    assert (streamed_kinds["reasoning"]["token_count"], streamed_kinds["content"]["token_count"]) == (3, 9)
+    assert "output_token_metrics" not in completion["metrics"] and completion["metrics"]["tokens_per_second"] > 0
+    with pytest.raises(ConfigError, match="--reasoning-parser"):
+        GatewayConfig.from_args(["--model", str(mesh.model_dir), "--tokenizer", "127.0.0.1:1", "--prefill",
+                                 "127.0.0.1:2", "--decode", "127.0.0.1:3", "--enable-per-request-output-token-metrics"])
