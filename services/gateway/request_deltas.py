@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from protos import common_pb2
 from services.common.metrics import RequestTimer
 from services.gateway.deltas import Delta, TextOutput, Usage
-from services.gateway.request_timing import request_timing, scheduled_at
+from services.gateway.request_timing import request_timing
 from services.gateway.request_trace import RequestTrace
 from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import Progress, Step
@@ -74,7 +74,7 @@ class RequestDeltas:
         self.spans.finish_reason(last.finish_reason, progress.num_cached_tokens)
         step.settle(clock, arrived)
         last.timing, last.spec_decode, last.arrived = request_timing(clock, timer), step.spec_decode, arrived
-        timer.finish(last.finish_reason, scheduled_at(clock), self.params.max_tokens)
+        timer.finish(last.finish_reason, last.timing.scheduled_at, self.params.max_tokens)
         if not self.is_past_first:
             clock.handing_out = "first_token"
         return last

@@ -48,8 +48,8 @@ def request_timing(clock: PhaseClock, timer: RequestTimer) -> RequestTiming:
     first, last, num_tokens = timer.first_token_time, timer.last_token_time, timer.num_generated
     if first is None:
         return UNKNOWN
-    wait = engine_wait(clock)
-    scheduled = scheduled_at(clock)
+    wait = _engine_wait(clock)
+    scheduled = _queued_at(clock) + wait
     return RequestTiming(
         time_to_first_token_ms=_ms(first - scheduled), generation_time_ms=_ms(last - first),
         queue_time_ms=_ms(wait), mean_itl_ms=_ms((last - first) / (num_tokens - 1)) if num_tokens > 1 else None,
@@ -57,18 +57,18 @@ def request_timing(clock: PhaseClock, timer: RequestTimer) -> RequestTiming:
         scheduled_at=scheduled)
 
 
-def engine_wait(clock: PhaseClock) -> float:
+def _engine_wait(clock: PhaseClock) -> float:
     """Seconds the request waited for the worker's engine that computed its first token."""
     seconds = clock.seconds
     return sum(seconds[p] for p in PREFILL_WAIT) if clock.prefilled_on == "prefill" else seconds["decode_queue"]
 
 
-def scheduled_at(clock: PhaseClock) -> float:
-    """When (a `time.perf_counter()`) that engine took the request, on the gateway's clock."""
+def _queued_at(clock: PhaseClock) -> float:
+    """When (a `time.perf_counter()`) the request reached that engine, on the gateway's clock."""
     queued = clock.start + sum(clock.seconds[p] for p in GATEWAY_PHASES)
     if clock.rpc_legs is not None:
         queued += clock.rpc_legs["to_prefill"]
-    return queued + engine_wait(clock)
+    return queued
 
 
 def _ms(seconds: float) -> float:
