@@ -35,7 +35,7 @@ class ChoiceState:
     answer: str = ""
     reasoning_tokens: int = 0
     undecided_tokens: int = 0  # the first ones, while it is not yet known whether they open a think block
-    kinds: TokenKinds = field(default_factory=TokenKinds)  # its tokens by kind as they came, when split
+    kinds: TokenKinds | None = None  # its tokens by kind as they came, once split
 
     def add(self, delta: Delta) -> None:
         if delta.prompt_token_ids:
@@ -55,6 +55,7 @@ class ChoiceState:
         stream = self.thinking
         if stream is None:
             stream = self.thinking = reasoning.stream(self.prompt_token_ids)
+            self.kinds = TokenKinds()
         was_thinking = stream.is_thinking is True
         reasoning_before, undecided_before = self.reasoning_tokens, self.undecided_tokens
         thought, text = stream.add(delta.text)
