@@ -178,14 +178,17 @@ class ReasoningReader:
     def num_answer_tokens(self, token_ids: Sequence[int], answer: str) -> int:
         """Of `token_ids`, a delta in which the thinking ended and `answer` began, how many at its end
         are the answer's: those after the tokens that end the thinking where the tokenizer has them as
-        tokens, else as many as the answer's text holds (the one that completes the end is thinking's)."""
-        if not answer or len(token_ids) < 2:
+        tokens (whether their text is out yet or not: a character held back, whitespace a parser
+        drops), else as many as the answer's text holds (the one that completes the end is thinking's)."""
+        if len(token_ids) < 2:
             return 0
         ends = self.end_token_ids
         if ends:
             for at in range(len(token_ids) - len(ends) + 1):
                 if tuple(token_ids[at:at + len(ends)]) == ends:
                     return len(token_ids) - at - len(ends)
+        if not answer:
+            return 0
         decode = self.decode_text or self.decode
         fewest, most = 0, len(token_ids) - 1  # a longer tail writes more text: the longest that fits
         while fewest < most:

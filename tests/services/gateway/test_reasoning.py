@@ -19,6 +19,7 @@ from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.settings import ConfigError
 from services.gateway.config import GatewayConfig
 from services.gateway.reasoning_config import ReasoningConfig, ThinkingMarkers, thinking_markers
+from services.gateway.reasoning_parsers import reasoning_reader
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from tests.services.gateway.mesh import gateway_client, start_mesh, stop_mesh
 
@@ -355,3 +356,15 @@ def test_output_token_metrics_time_the_thinking_and_the_answer_apart(thinking_me
     with pytest.raises(ConfigError, match="--reasoning-parser"):
         GatewayConfig.from_args(["--model", str(mesh.model_dir), "--tokenizer", "127.0.0.1:1", "--prefill",
                                  "127.0.0.1:2", "--decode", "127.0.0.1:3", "--enable-per-request-output-token-metrics"])
+
+
+def test_the_answer_tokens_after_the_end_of_thinking_count_as_answer_before_their_text_is_out(thinking_mesh):
+    """A delta of several tokens (a chunk) that ends the thinking and begins the answer: the tokens
+    after </think> are the answer's even while the answer's text is empty (a parser drops the
+    newlines after the tag; a character may be held back), whatever the chunking."""
+    mesh, _ = thinking_mesh
+    tokenizer = ModelTokenizer.from_dir(mesh.model_dir)
+    reader = reasoning_reader("deepseek_r1", tokenizer, False)
+    end = tokenizer.token_to_id("</think>")
+    assert reader.num_answer_tokens([40, 41, end, 42, 43, 44], "") == 3
+    assert reader.num_answer_tokens([40, end], "") == 0
