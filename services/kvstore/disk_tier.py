@@ -5,10 +5,13 @@ hold a block at most once between them). As LMCache's and SGLang's HiCache file 
 CPU tier to disk: a prefix longer-lived than host memory allows is read back, not recomputed.
 
 Files are written and deleted on a thread of the tier's own, in order, so that an eviction does not
-stall the node's event loop for the disk: a block still being written is read back from the pages
-it was given. A write that fails (a full disk) loses its block; `take_lost` says which, for the
-index. Its pages files (`*.kv`) in the directory when the node starts are left over from an earlier
-run, which no index remembers, and are deleted; nothing else there is touched."""
+stall the node's event loop for the disk; a block taken back is read by the caller off the loop too
+(`DiskRead.load`), or, while its write is still queued, is the pages it was given. Every write has
+a file name of its own, so a block written again while its earlier file is being read never shares
+it. A write that fails (a full disk) loses its block; `take_lost` says which, for the index.
+
+Its pages files (`*.kv`) in the directory when the node starts are left over from an earlier run,
+which no index remembers, and are deleted; nothing else there is touched."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -16,12 +19,32 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from services.kvstore.layout import PageLayout
 
 Key = tuple[bytes, int]  # (model fingerprint, block hash)
+
+
+class DiskRead(NamedTuple):
+    """A block taken from the tier, to load where blocking on the disk is harmless."""
+    layout: PageLayout
+    pages: torch.Tensor | None  # at hand: its write was still queued
+    path: Path
+    shape: tuple[int, ...]
+
+    def load(self) -> torch.Tensor | None:
+        """The block's pages, its file deleted; None when the file is gone or not whole."""
+        if self.pages is not None:
+            return self.pages
+        pages = torch.empty(self.shape, dtype=torch.uint8)
+        try:
+            with open(self.path, "rb") as f:
+                whole = f.readinto(pages.numpy().reshape(-1)) == pages.numel() and not f.read(1)
+            self.path.unlink()
+        except OSError:
+            return None
+        return pages if whole else None
 
 
 class _OnDisk(NamedTuple):
@@ -53,10 +76,14 @@ class DiskPageTier:
         self._writes: dict[Key, _Write] = {}  # not yet known to be on disk
         self._lost: list[Key] = []  # their write failed
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk")
+        self._num_files = 0  # written so far: each file's name is new
 
     @property
     def num_blocks(self) -> int:
         return len(self._blocks)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._blocks
 
     def keys(self) -> list[Key]:
         return list(self._blocks)
@@ -74,27 +101,26 @@ class DiskPageTier:
             oldest = next(iter(self._blocks))
             self.discard(oldest)
             deleted.append(oldest)
-        path = self.directory / f"{key[0].hex()}-{key[1] & 0xFFFF_FFFF_FFFF_FFFF:016x}.kv"
+        self._num_files += 1
+        path = self.directory / f"{key[0].hex()}-{key[1] & 0xFFFF_FFFF_FFFF_FFFF:016x}-{self._num_files}.kv"
         pages = pages.contiguous()
         self._writes[key] = _Write(self._writer.submit(_write, pages, path), pages)
         self._blocks[key] = _OnDisk(layout, tuple(pages.shape), path, size)
         self.num_bytes += size
         return deleted
 
-    def take(self, key: Key) -> tuple[PageLayout, torch.Tensor] | None:
-        """A block's layout and pages, read and deleted from disk; None when it is not here."""
+    def take(self, key: Key) -> DiskRead | None:
+        """A block, out of the tier (its file goes when it is loaded); None when it is not here."""
         self._settle()
         found = self._blocks.pop(key, None)
         if found is None:
             return None
         self.num_bytes -= found.size
         writing = self._writes.pop(key, None)
-        if writing is not None:  # still being written: its pages are at hand
-            pages = writing.pages
-        else:
-            pages = torch.from_numpy(np.fromfile(found.path, dtype=np.uint8).reshape(found.shape))
+        if writing is None:
+            return DiskRead(found.layout, None, found.path, found.shape)
         self._writer.submit(found.path.unlink, missing_ok=True)  # after its write, which is queued first
-        return found.layout, pages
+        return DiskRead(found.layout, writing.pages, found.path, found.shape)
 
     def discard(self, key: Key) -> bool:
         found = self._blocks.pop(key, None)

@@ -8,7 +8,9 @@ block keeps its layout, and a reader expecting another one is refused.
 
 With a disk tier under it (disk_tier.py), a block it evicts is written there rather than
 forgotten, and read back into host memory when a prefix walk reaches it: the node holds it
-until the disk lets it go.
+until the disk lets it go. The reads run on a thread, the prefix's blocks together, so that
+other requests go on meanwhile; a walk that reaches a block already being read waits for that
+read rather than missing it.
 
 Like a worker's prefix cache (BlockManager), the tier records which blocks entered
 and left the node (either tier) once `enable_events` is called, as net changes between
@@ -16,18 +18,22 @@ drains, for the node to publish to the prefix index.
 """
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
 
-from services.kvstore.disk_tier import DiskPageTier
+from services.kvstore.disk_tier import DiskPageTier, DiskRead
 from services.kvstore.layout import PageLayout
 
 
 class StoredBlock(NamedTuple):
     layout: PageLayout   # num_blocks = 1
     pages: torch.Tensor  # uint8 [L, 2*Hkv, bs*D*itemsize]: one block, every layer
+
+
+Key = tuple[bytes, int]  # (model fingerprint, block hash)
 
 
 class HostPageTier:
@@ -42,7 +48,9 @@ class HostPageTier:
         self.num_queried_blocks = 0  # by readers, for the node's metrics
         self.num_hit_blocks = 0  # of them, those read back (from either tier)
         self.num_disk_hit_blocks = 0  # of those, the ones read from disk
-        self._blocks: OrderedDict[tuple[bytes, int], StoredBlock] = OrderedDict()  # least recently used first
+        self._blocks: OrderedDict[Key, StoredBlock] = OrderedDict()  # least recently used first
+        self._reading: dict[Key, asyncio.Task] = {}  # taken from disk, not yet back in memory
+        self._num_resets = 0  # a read that outlives a reset does not bring its block back
         # (fingerprint, hash) -> True: stored, False: evicted, since the last drain. A key's
         # events alternate, so a second one in a window undoes the first: at most one per key
         # stored now or at the last drain.
@@ -74,18 +82,19 @@ class HostPageTier:
     def held(self) -> dict[bytes, list[int]]:
         """Every stored hash (on disk too), by model fingerprint."""
         held: dict[bytes, list[int]] = {}
-        for fingerprint, h in [*self._blocks, *(self.disk.keys() if self.disk is not None else ())]:
+        for fingerprint, h in [*self._blocks, *self._reading, *(self.disk.keys() if self.disk is not None else ())]:
             held.setdefault(fingerprint, []).append(h)
         return held
 
     def clear(self) -> int:
         """Forget every stored block, on disk too (a prefix-cache reset): the number forgotten, each
         one's removal recorded for the index as an eviction's is."""
-        on_disk = self.disk.keys() if self.disk is not None else []
-        for key in [*self._blocks, *on_disk]:
+        elsewhere = [*self._reading, *(self.disk.keys() if self.disk is not None else ())]
+        for key in [*self._blocks, *elsewhere]:
             self._record(key, False)
-        forgotten = len(self._blocks) + len(on_disk)
+        forgotten = len(self._blocks) + len(elsewhere)
         self._blocks.clear()
+        self._num_resets += 1
         self.num_bytes = 0
         if self.disk is not None:
             self.disk.clear()
@@ -102,7 +111,7 @@ class HostPageTier:
         old = self._blocks.pop(key, None)
         if old is not None:
             self.num_bytes -= old.pages.numel()
-        was_held = old is not None or (self.disk is not None and self.disk.discard(key))
+        was_held = old is not None or key in self._reading or (self.disk is not None and self.disk.discard(key))
         self._make_room(size)
         self._blocks[key] = block
         self.num_bytes += size
@@ -120,30 +129,61 @@ class HostPageTier:
             for deleted in [*self.disk.put(evicted_key, gone.layout, gone.pages), *self.disk.take_lost()]:
                 self._record(deleted, False)
 
-    def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:
-        """The stored blocks of `block_hashes` up to the first one missing, each marked used."""
-        found = []
+    async def longest_prefix(self, fingerprint: bytes, block_hashes: list[int]) -> list[StoredBlock]:
+        """The stored blocks of `block_hashes` up to the first one missing, each marked used; those on
+        disk are read back into memory first."""
         self.num_queried_blocks += len(block_hashes)
+        keys = []
         for h in block_hashes:
             key = (fingerprint, h)
-            block = self._blocks.get(key)
-            if block is None and self.disk is not None:
-                block = self._read_back(key)
-            if block is None:
+            if key not in self._blocks and key not in self._reading and (self.disk is None or key not in self.disk):
                 break
-            self._blocks.move_to_end(key)
-            found.append(block)
+            keys.append(key)
+        blocks = {key: self._blocks[key] for key in keys if key in self._blocks}  # a read may evict them
+        if len(blocks) < len(keys):
+            blocks |= await self._read_back([key for key in keys if key not in blocks])
+        found = []
+        for key in keys:
+            if key not in blocks:
+                break
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+            found.append(blocks[key])
         self.num_hit_blocks += len(found)
         return found
 
-    def _read_back(self, key: tuple[bytes, int]) -> StoredBlock | None:
-        """A block from disk, back in host memory (it leaves the disk); None when the disk has none."""
-        taken = self.disk.take(key)
-        if taken is None:
-            return None
-        block = StoredBlock(*taken)
-        self._make_room(block.pages.numel())
-        self._blocks[key] = block
-        self.num_bytes += block.pages.numel()
-        self.num_disk_hit_blocks += 1
-        return block
+    async def _read_back(self, keys: list[Key]) -> dict[Key, StoredBlock]:
+        """The blocks of `keys` from disk (those not read by an earlier walk now, together), back in
+        host memory; a block the disk lost is missing."""
+        taken = [(key, self.disk.take(key)) for key in keys if key not in self._reading and key in self.disk]
+        if taken:
+            read = asyncio.ensure_future(self._load(taken))
+            self._reading |= {key: read for key, _ in taken}
+        blocks: dict[Key, StoredBlock] = {}
+        for read in {id(r): r for r in (self._reading[key] for key in keys)}.values():
+            blocks |= await asyncio.shield(read)  # a walk cancelled leaves the read to the others waiting
+        return blocks
+
+    async def _load(self, taken: list[tuple[Key, DiskRead]]) -> dict[Key, StoredBlock]:
+        num_resets = self._num_resets
+        try:
+            pages = await asyncio.to_thread(lambda: [r.load() for _, r in taken])
+        finally:
+            for key, _ in taken:
+                self._reading.pop(key, None)
+        blocks = {}
+        for (key, r), loaded in zip(taken, pages):
+            if num_resets != self._num_resets:  # forgotten meanwhile
+                continue
+            if key in self._blocks:  # written again meanwhile
+                blocks[key] = self._blocks[key]
+                continue
+            if loaded is None:
+                self._record(key, False)
+                continue
+            blocks[key] = StoredBlock(r.layout, loaded)
+            self._make_room(loaded.numel())
+            self._blocks[key] = blocks[key]
+            self.num_bytes += loaded.numel()
+            self.num_disk_hit_blocks += 1
+        return blocks

@@ -85,7 +85,7 @@ class KVStoreNodeServicer(kvstore_pb2_grpc.KVStoreServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the query's KV layout is not valid: {e}")
         layer_end = request.layer_end or layout.num_layers
-        blocks = self.tier.longest_prefix(layout.fingerprint, list(request.block_hashes))
+        blocks = await self.tier.longest_prefix(layout.fingerprint, list(request.block_hashes))
         try:
             for block in blocks:
                 layout.check_compatible(block.layout)
