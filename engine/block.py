@@ -18,6 +18,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
+    parent_hash: int | None = None  # the hash of the block before it in its prompt, while `hash` is set
     token_ids: tuple[int, ...] = ()
     chances: int = 0
     lora_name: str | None = None  # the adapter its cached KV was computed with (None: the base model)

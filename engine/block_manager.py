@@ -11,6 +11,7 @@ from engine.block_integrity import check_block_integrity
 from engine.block_pool import BlockPool
 from engine.copy_on_write import CopyPairs, copy_shared_to_write, fork_block_table, num_shared_to_write
 from engine.free_queue import MAX_CHANCES
+from engine.kv_event_log import KVEvent
 from engine.prefix_cache import PrefixCache
 from engine.reservations import Reservations
 from engine.sequence import Sequence
@@ -115,6 +116,16 @@ class BlockManager:
         """(hashes added, hashes removed) since the last drain, as net changes: a hash added
         and evicted in between is in neither list. Empty until `enable_cache_events`."""
         return self.prefix_cache.drain_events()
+
+    def enable_kv_events(self) -> list[KVEvent]:
+        """Start recording every change of the prefix cache, in order (vLLM's KV events, taken by
+        `take_kv_events`); the events that tell a subscriber starting now what is cached."""
+        return self.prefix_cache.enable_kv_events()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """The changes since the last take, in order; none until `enable_kv_events`."""
+        kv_events = self.prefix_cache.kv_events
+        return kv_events.take() if kv_events else []
 
     def cached_hashes(self) -> list[int]:
         """Every hash the prefix cache holds now, in use or evictable (for a full republish)."""

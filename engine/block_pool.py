@@ -70,12 +70,12 @@ class BlockPool:
         stop_block = min(first_block + num_blocks, len(token_ids) // self.prefix_cache.block_size)
         wanted = self.prefix_cache.uncached_blocks(token_ids, first_block, stop_block, hashes[-1] if hashes else None)
         wanted = wanted[: len(self.free_block_ids)]
-        named = list(zip((i for i, _, _ in wanted), self.take_free_blocks(len(wanted))))
+        named = list(zip((i for i, _, _, _ in wanted), self.take_free_blocks(len(wanted))))
         for block_id in revived:
             self.free_block_ids.push(block_id)
-        for (_, h, tokens), (_, block_id) in zip(wanted, named):
+        for (_, h, tokens, parent), (_, block_id) in zip(wanted, named):
             self.blocks[block_id].ref_count = 0
-            self.prefix_cache.cache(self.blocks[block_id], h, tokens, None)
+            self.prefix_cache.cache(self.blocks[block_id], h, tokens, None, parent)
         # Back into the free queue tail first, as `free` does: a prefix's tail is evicted before its head.
         for _, block_id in reversed(named):
             self.free_block_ids.push(block_id)

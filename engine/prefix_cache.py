@@ -7,6 +7,7 @@ from collections.abc import Sequence as TokenIds
 from engine.block import Block
 from engine.block_hash import block_hash, hash_block_chain, request_extra
 from engine.cache_events import CacheEvents
+from engine.kv_event_log import KVEvent, KVEventLog, stored_now
 from engine.sequence import Sequence
 
 
@@ -26,6 +27,7 @@ class PrefixCache:
         self.is_enabled = is_enabled
         self.hash_to_block_id: dict[int, int] = {}
         self.events: CacheEvents | None = None  # recorded once `enable_events` is called
+        self.kv_events: KVEventLog | None = None  # recorded once `enable_kv_events` is called
 
     def extra(self, lora_name: str | None, cache_salt: str | None = None) -> bytes:
         """The hash extra of KV computed with `lora_name`'s adapter (None: the base model) for requests
@@ -64,38 +66,45 @@ class PrefixCache:
         extra = self.extra(lora_name, seq.sampling_params.cache_salt)
         new_hashes = hash_block_chain(seq.token_ids[first * bs : num_full * bs], bs, extra,
                                       hashes[-1] if hashes else None)
-        for i, parent in enumerate(new_hashes, start=first):
-            hashes.append(parent)
+        for i, h in enumerate(new_hashes, start=first):
+            parent = hashes[-1] if hashes else None
+            hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             # Content already cached in another page stays there; this page is an unnamed copy.
-            if block.hash is None and parent not in self.hash_to_block_id:
-                self.cache(block, parent, tuple(seq.block_tokens(i)), lora_name)
+            if block.hash is None and h not in self.hash_to_block_id:
+                self.cache(block, h, tuple(seq.block_tokens(i)), lora_name, parent)
 
     def uncached_blocks(self, token_ids: TokenIds[int], first_block: int, stop_block: int,
-                        parent: int | None) -> list[tuple[int, int, tuple[int, ...]]]:
-        """(block index, chain hash, tokens) of each of the base model's blocks `first_block ..
-        stop_block - 1` of `token_ids` that is not cached, `parent` the chain hash before them."""
+                        parent: int | None) -> list[tuple[int, int, tuple[int, ...], int | None]]:
+        """(block index, chain hash, tokens, parent's chain hash) of each of the base model's blocks
+        `first_block .. stop_block - 1` of `token_ids` that is not cached, `parent` the chain hash
+        before them."""
         bs = self.block_size
-        uncached: list[tuple[int, int, tuple[int, ...]]] = []
+        uncached: list[tuple[int, int, tuple[int, ...], int | None]] = []
         for i in range(first_block, stop_block):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            parent = block_hash(parent, tokens, self.hash_extra)
-            if parent not in self.hash_to_block_id:
-                uncached.append((i, parent, tokens))
+            h = block_hash(parent, tokens, self.hash_extra)
+            if h not in self.hash_to_block_id:
+                uncached.append((i, h, tokens, parent))
+            parent = h
         return uncached
 
-    def cache(self, block: Block, h: int, tokens: tuple[int, ...], lora_name: str | None) -> None:
+    def cache(self, block: Block, h: int, tokens: tuple[int, ...], lora_name: str | None, parent: int | None) -> None:
         """Make `block` the holder of hash `h`, whose KV for `tokens` it holds (computed with
-        `lora_name`'s adapter); `h` must not be cached yet."""
-        block.hash, block.token_ids, block.lora_name = h, tokens, lora_name
+        `lora_name`'s adapter, after the block hashed `parent`); `h` must not be cached yet."""
+        block.hash, block.token_ids, block.lora_name, block.parent_hash = h, tokens, lora_name, parent
         self.hash_to_block_id[h] = block.block_id
         self._record(h, True)
+        if self.kv_events is not None:
+            self.kv_events.stored(h, parent, tokens, lora_name)
 
     def uncache(self, block: Block) -> None:
         """Forget the content of cached `block`: its page is about to be reused, or its KV is stale."""
         del self.hash_to_block_id[block.hash]
         self._record(block.hash, False)
-        block.hash, block.token_ids, block.lora_name = None, (), None
+        if self.kv_events is not None:
+            self.kv_events.removed(block.hash)
+        block.hash, block.token_ids, block.lora_name, block.parent_hash = None, (), None, None
 
     def forget_adapter(self, lora_name: str) -> None:
         """Uncache every block computed with LoRA adapter `lora_name`."""
@@ -108,6 +117,8 @@ class PrefixCache:
         cached = [block for block in self.blocks if block.hash is not None]
         for block in cached:
             self.uncache(block)
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         return len(cached)
 
     # ---- cache events: what a prefix index outside this process must learn -----------
@@ -116,6 +127,12 @@ class PrefixCache:
         """Start recording hashes that enter and leave the cache (for `drain_events`)."""
         if self.events is None:
             self.events = CacheEvents()
+
+    def enable_kv_events(self) -> list[KVEvent]:
+        """Start recording every change in order (`kv_events`); the events that tell a subscriber
+        starting now what is cached."""
+        self.kv_events = KVEventLog()
+        return stored_now(self.blocks)
 
     def _record(self, h: int, is_added: bool) -> None:
         if self.events is not None:

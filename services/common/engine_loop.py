@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from engine import memory_release
+from engine.kv_event_log import KVEvent
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from services.common.engine_stepper import STOP, EngineStepper
@@ -94,6 +95,14 @@ class EngineLoop(EngineStepper):
     def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
         """Fire and forget (from any thread): for cleanup that must happen even if no one awaits it."""
         self._commands.put((fn, None))
+
+    async def publish_kv_events(self, sink: Callable[[list[KVEvent]], None]) -> None:
+        """From now on hand `sink`, on the engine thread, the prefix cache's changes after every step
+        and command that made any (engine/kv_event_log.py); first, what is cached now."""
+        def enable(engine: LLMEngine) -> None:
+            self._kv_event_sink = sink
+            sink(engine.block_manager.enable_kv_events())
+        await self.call(enable)
 
     async def compile_guide(self, params: SamplingParams) -> None:
         """Compile a guided request's regex index or grammar, unless it is cached, on a worker thread:

@@ -38,6 +38,9 @@ class EngineStepper:
         self._is_threaded = threading.Event()
         self.failure: BaseException | None = None  # what ended the loop, once a step failed
         self._is_paused = False  # set only by the engine thread
+        # Given the prefix cache's changes after each step or command that made any; set (on the
+        # engine thread) by EngineLoop.publish_kv_events.
+        self._kv_event_sink: Callable[[list], None] | None = None
 
     def _run(self) -> None:
         # torch fixes a thread's count on its first use of it (the count built with, or the last
@@ -55,6 +58,7 @@ class EngineStepper:
                 if command is STOP:
                     return
                 self._execute(*command)
+                self._hand_kv_events()
                 command = None if commands.empty() else commands.get()
             if self._is_paused:
                 self._deliver(self.engine.finished_outside_step())
@@ -69,6 +73,13 @@ class EngineStepper:
                     self._fail_queued()
                     raise
                 self._deliver(outputs)
+                self._hand_kv_events()
+
+    def _hand_kv_events(self) -> None:
+        if self._kv_event_sink is not None:
+            events = self.engine.block_manager.take_kv_events()
+            if events:
+                self._kv_event_sink(events)
 
     def _has_work(self) -> bool:
         if self._is_paused:

@@ -45,6 +45,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.engine_thread import EngineThread
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
+from services.common.kv_event_publisher import KVEventPublisher, publish_kv_events
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
 from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
@@ -161,6 +162,7 @@ class DecodeService:
         self.engine_loop: EngineLoop | None = None
         self.pool: SharedKVPool | None = None
         self.publisher: InstancePublisher | None = None
+        self.kv_events: KVEventPublisher | None = None
 
     async def start(self, stop: Stop) -> str | None:
         self.servicer.opened_ahead.end_idle_when(stop)
@@ -181,6 +183,8 @@ class DecodeService:
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
+        self.kv_events = await publish_kv_events(self.config.kv_events, self.engine_loop, self.pool.layout.block_size,
+                                                 self.pool.tensor.is_cuda)
         # Its load and free pages, and its prefix cache (prompts handed in by prefill join it):
         # the gateway weighs the part of a prompt this worker lacks when it may prefill it here.
         self.publisher = publisher_for("decode", self.config, self.port, self.engine_loop,
@@ -201,6 +205,8 @@ class DecodeService:
             await asyncio.to_thread(self.engine_loop.stop)
             self.servicer.engine_loop = self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = None
             self.engine_loop = None
+        if self.kv_events is not None:
+            await asyncio.to_thread(self.kv_events.close)
         # The engine's views of the pool must be gone before it is unmapped; some sit in reference
         # cycles, which the collector sees only in the start-up heap unfrozen (entrypoint.py), and
         # frozen again what is left is not walked once more at exit.

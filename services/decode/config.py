@@ -16,6 +16,7 @@ from typing import Any
 from engine.config import DEFAULT_MAX_LOGPROBS
 from engine.spec_decode_stats import PER_REQUEST_SPEC_DECODE_METRICS
 from engine.speculative import SpeculativeConfig
+from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
 from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.logprobs_flag import (
@@ -68,6 +69,7 @@ ENV_KV_CACHE_MEMORY_BYTES = "BATON_DECODE_KV_CACHE_MEMORY_BYTES"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LOGPROBS_MODE = "BATON_DECODE_LOGPROBS_MODE"
+ENV_KV_EVENTS_CONFIG = "BATON_DECODE_KV_EVENTS_CONFIG"
 ENV_MAX_LOGPROBS = "BATON_DECODE_MAX_LOGPROBS"
 ENV_LEASE_MS = "BATON_DECODE_LEASE_MS"
 ENV_SPECULATIVE_CONFIG = "BATON_DECODE_SPECULATIVE_CONFIG"
@@ -90,6 +92,7 @@ class DecodeServiceConfig:
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token; -1: the vocabulary
+    kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config: its prefix cache's changes published
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
@@ -151,6 +154,7 @@ class DecodeServiceConfig:
         add_dtype_flag(parser, env)
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
         add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
+        add_kv_events_flag(parser, env, env_var=ENV_KV_EVENTS_CONFIG)
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
         parser.add_argument("--per-request-spec-decode-metrics", choices=PER_REQUEST_SPEC_DECODE_METRICS,
@@ -174,6 +178,8 @@ class DecodeServiceConfig:
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
+                   kv_events=KVEventsConfig.from_json(args.kv_events_config,
+                                                      f"--kv-events-config (or ${ENV_KV_EVENTS_CONFIG})"),
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,

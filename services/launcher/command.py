@@ -92,6 +92,11 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help='every decode worker\'s speculative decoding, as vLLM\'s: {"method": "ngram", '
                          '"num_speculative_tokens": 4} or {"method": "draft_model", "model": DIR, '
                          '"num_speculative_tokens": 3} (default $BATON_DECODE_SPECULATIVE_CONFIG, else none)')
+    up.add_argument("--kv-events-config", metavar="JSON",
+                    help='every prefill and decode worker\'s, vLLM\'s: publish its prefix cache\'s changes over '
+                         'ZeroMQ for a KV-aware router, e.g. {"enable_kv_cache_events": true, "endpoint": '
+                         '"tcp://*:5557"}; worker k (prefill workers first, then decode) publishes on the '
+                         'endpoint\'s port + k, and replays on the replay endpoint\'s port + k')
     up.add_argument("--stream-interval", type=int, metavar="N",
                     help="the gateway's --stream-interval (as vLLM's): decode workers send a request's tokens "
                          "in chunks of at least N, the first token at once (default 1, every step's)")
@@ -127,7 +132,7 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         service_args=service_args(args), api_key=args.api_key,
                         chat_template=args.chat_template, dtype=args.dtype,
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
-                        otlp_traces_endpoint=args.otlp_traces_endpoint,
+                        otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None)
 
     async def run() -> int:

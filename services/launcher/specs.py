@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from services.common.kv_events_config import KVEventsConfig, as_json, for_worker
 from services.common.settings import (
     ENV_DTYPE,
     ENV_HF_OVERRIDES,
@@ -55,8 +56,9 @@ _BIND_FLAGS = ("--model", "--host", "--port", "--redis", "--shutdown-grace-s")
 LAUNCHER_FLAGS = {
     # --dtype: both pools' (baton up --dtype), which for one alone would make their KV pages differ.
     # --lora-modules: every worker's and the gateway's (baton up --lora-modules), which must agree.
-    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype", "--lora-modules"}),
-    "decode": frozenset({*_BIND_FLAGS, "--dtype", "--lora-modules"}),
+    # --kv-events-config: each worker's own endpoints (baton up --kv-events-config), which one for all would share.
+    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype", "--lora-modules", "--kv-events-config"}),
+    "decode": frozenset({*_BIND_FLAGS, "--dtype", "--lora-modules", "--kv-events-config"}),
     "kvstore": frozenset(_BIND_FLAGS),
     # --chat-template: the tokenizer service's too, which one for the gateway alone would differ from.
     "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port",
@@ -103,6 +105,7 @@ class MeshConfig:
     lora_modules: tuple[str, ...] | None = None
     hf_overrides: str | None = None  # every service's (a JSON object); None: as $BATON_HF_OVERRIDES says, else none
     otlp_traces_endpoint: str | None = None  # where every service's spans go; None: as the OTEL_* variables say
+    kv_events_config: str | None = None  # vLLM's --kv-events-config for every worker, each on its own ports
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -136,6 +139,8 @@ class MeshConfig:
             object.__setattr__(self, "lora_modules", tuple(f"{name}={Path(path).resolve()}" for name, path in pairs))
         if self.hf_overrides is not None:
             hf_overrides(self.hf_overrides)  # refused here rather than by every child
+        if self.kv_events_config is not None:
+            self._check_kv_events_endpoints()
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
         if self.chat_template is not None:
@@ -153,6 +158,18 @@ class MeshConfig:
                 if name.startswith("--") and len(name) > 2 and any(f.startswith(name) for f in LAUNCHER_FLAGS[kind]):
                     raise ValueError(f"--{kind}-args cannot set {name}: baton up sets it itself")
 
+
+    def _check_kv_events_endpoints(self) -> None:
+        """Refused here rather than by every worker, as is a replay endpoint that a later worker's
+        endpoint would take (5557 and 5558 for two workers: the second publishes on 5558)."""
+        given = KVEventsConfig.from_json(self.kv_events_config, "--kv-events-config")
+        num_workers = self.num_prefill + self.num_decode
+        endpoints = [e for i in range(num_workers) for e in (for_worker(given, i).endpoint,
+                                                            for_worker(given, i).replay_endpoint) if e]
+        if len(set(endpoints)) < len(endpoints):
+            raise ValueError(f"--kv-events-config: {num_workers} workers publish on ports {given.endpoint} + 0.."
+                             f"{num_workers - 1} and replay on {given.replay_endpoint} + 0..{num_workers - 1}, "
+                             f"which overlap: move the replay endpoint {num_workers} ports or more away")
 
     @property
     def stop_after_s(self) -> float:
@@ -187,12 +204,23 @@ def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_addre
     specs = [_worker_spec(config, redis_url, "tokenizer", "tokenizer", *model)]
     if config.is_colocated:
         pool = () if DECODE_KV_BLOCKS_VARIABLE in os.environ else ("--kv-blocks", str(COLOCATED_KV_BLOCKS))
-        return specs + [_worker_spec(config, redis_url, f"colocated-{i}", "decode", *model, *pool)
+        return specs + [_worker_spec(config, redis_url, f"colocated-{i}", "decode", *model, *pool,
+                                     *_kv_events_args(config, i))
                         for i in range(config.num_decode)]
-    specs += [_worker_spec(config, redis_url, f"prefill-{i}", "prefill", *model, *tier)
+    specs += [_worker_spec(config, redis_url, f"prefill-{i}", "prefill", *model, *tier, *_kv_events_args(config, i))
               for i in range(config.num_prefill)]
-    specs += [_worker_spec(config, redis_url, f"decode-{i}", "decode", *model) for i in range(config.num_decode)]
+    specs += [_worker_spec(config, redis_url, f"decode-{i}", "decode", *model,
+                           *_kv_events_args(config, config.num_prefill + i))
+              for i in range(config.num_decode)]
     return specs
+
+
+def _kv_events_args(config: MeshConfig, index: int) -> tuple[str, ...]:
+    """The `index`th worker's --kv-events-config (prefill workers first, then decode): its own ports."""
+    if config.kv_events_config is None:
+        return ()
+    given = KVEventsConfig.from_json(config.kv_events_config, "--kv-events-config")
+    return "--kv-events-config", as_json(for_worker(given, index))
 
 
 def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | None = None) -> ChildSpec:

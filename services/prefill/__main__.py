@@ -42,6 +42,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.engine_thread import EngineThread
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
+from services.common.kv_event_publisher import KVEventPublisher, publish_kv_events
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
 from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
@@ -124,6 +125,7 @@ class PrefillService:
                           (scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(self.cache))]
         self.engine_loop: EngineLoop | None = None
         self.publisher: InstancePublisher | None = None
+        self.kv_events: KVEventPublisher | None = None
         self.metrics = ServiceMetrics("prefill")  # the entry point's, labelled and served, replaces it
 
     async def start(self, stop: Stop) -> str | None:
@@ -147,6 +149,8 @@ class PrefillService:
         self.engine_loop.on_failure(lambda e: stop.fail("prefill", f"its engine failed: {e!r}"))
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, lengths)
+        self.kv_events = await publish_kv_events(self.config.kv_events, self.engine_loop, layout.block_size,
+                                                 pool_tensor.is_cuda)
         # Only once warm: a heartbeat puts this worker into routing.
         self.publisher = publisher_for("prefill", self.config, self.port, self.engine_loop,
                                        model_key=layout.fingerprint.hex(), block_size=layout.block_size,
@@ -161,6 +165,8 @@ class PrefillService:
             await self.publisher.close()
         if self.engine_loop is not None:
             await asyncio.to_thread(self.engine_loop.stop)
+        if self.kv_events is not None:
+            await asyncio.to_thread(self.kv_events.close)
         await self.servicer.close()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MAX_LOGPROBS
+from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
 from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.logprobs_flag import (
@@ -65,6 +66,7 @@ ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_PREFILL_SCHEDULING_POLICY"
 ENV_LOGPROBS_MODE = "BATON_PREFILL_LOGPROBS_MODE"
+ENV_KV_EVENTS_CONFIG = "BATON_PREFILL_KV_EVENTS_CONFIG"
 ENV_MAX_LOGPROBS = "BATON_PREFILL_MAX_LOGPROBS"
 ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
 ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
@@ -90,6 +92,7 @@ class PrefillServiceConfig:
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token; -1: the vocabulary
+    kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config: its prefix cache's changes published
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
     max_loras: int | None = None  # most adapters in a step's batch; None: no limit
@@ -161,6 +164,7 @@ class PrefillServiceConfig:
         add_dtype_flag(parser, env)
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
         add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
+        add_kv_events_flag(parser, env, env_var=ENV_KV_EVENTS_CONFIG)
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
         add_limit_flags(parser, env)
@@ -176,6 +180,8 @@ class PrefillServiceConfig:
                    hf_overrides=hf_overrides(args.hf_overrides),
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
+                   kv_events=KVEventsConfig.from_json(args.kv_events_config,
+                                                      f"--kv-events-config (or ${ENV_KV_EVENTS_CONFIG})"),
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,

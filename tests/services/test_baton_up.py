@@ -591,3 +591,35 @@ def test_a_child_is_killed_only_after_its_shutdown_grace(tiny_demo_model):
         MeshConfig(tiny_demo_model, shutdown_grace_s=30, stop_timeout_s=30)
     with pytest.raises(ValueError, match="--shutdown-grace-s must be >= 0"):
         MeshConfig(tiny_demo_model, shutdown_grace_s=-1)
+
+
+def test_every_worker_publishes_its_kv_events_on_ports_of_its_own(tiny_demo_model):
+    import json
+
+    from services.launcher.specs import MeshConfig, worker_specs
+
+    given = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:7000",
+                        "topic": "kv"})
+    specs = worker_specs(MeshConfig(tiny_demo_model, num_prefill=2, num_decode=2, kv_events_config=given))
+    published = {}
+    for spec in specs[1:]:  # the tokenizer takes none
+        argv = list(spec.argv)
+        config = json.loads(argv[argv.index("--kv-events-config") + 1])
+        published[spec.name] = config["endpoint"], config["replay_endpoint"], config["topic"]
+    assert published == {"prefill-0": ("tcp://*:6000", "tcp://*:7000", "kv"),
+                         "prefill-1": ("tcp://*:6001", "tcp://*:7001", "kv"),
+                         "decode-0": ("tcp://*:6002", "tcp://*:7002", "kv"),
+                         "decode-1": ("tcp://*:6003", "tcp://*:7003", "kv")}
+    colocated = worker_specs(MeshConfig(tiny_demo_model, num_prefill=0, num_decode=2, is_colocated=True,
+                                        kv_events_config=given))
+    assert [json.loads(s.argv[s.argv.index("--kv-events-config") + 1])["endpoint"] for s in colocated[1:]] == [
+        "tcp://*:6000", "tcp://*:6001"]
+    assert "--kv-events-config" not in worker_specs(MeshConfig(tiny_demo_model))[1].argv
+    overlapping = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:5557",
+                              "replay_endpoint": "tcp://*:5558"})
+    with pytest.raises(ValueError, match="move the replay endpoint 2 ports or more away"):
+        MeshConfig(tiny_demo_model, num_prefill=1, num_decode=1, kv_events_config=overlapping)
+    with pytest.raises(ValueError, match="publisher must be one of"):
+        MeshConfig(tiny_demo_model, kv_events_config='{"publisher": "kafka"}')
+    with pytest.raises(ValueError, match="--decode-args cannot set --kv-events-config"):
+        MeshConfig(tiny_demo_model, service_args={"decode": ("--kv-events-config", given)})
