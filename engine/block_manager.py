@@ -11,6 +11,7 @@ from engine.block_integrity import check_block_integrity
 from engine.block_pool import BlockPool
 from engine.copy_on_write import CopyPairs, copy_shared_to_write, fork_block_table, num_shared_to_write
 from engine.free_queue import MAX_CHANCES
+from engine.kv_block_residency import KVBlockResidency
 from engine.kv_event_log import KVEvent
 from engine.prefix_cache import PrefixCache
 from engine.reservations import Reservations
@@ -36,12 +37,17 @@ class BlockManager:
         block_size: int,
         hash_extra: bytes = b"",
         enable_prefix_caching: bool = True,
+        residency_sample_rate: float = 0.0,
     ) -> None:
+        """`residency_sample_rate`: the fraction of cached blocks whose residency is measured
+        (engine/kv_block_residency.py); 0: none."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.prefix_cache = PrefixCache(self.blocks, block_size, hash_extra, enable_prefix_caching)
+        if residency_sample_rate:
+            self.prefix_cache.residency = KVBlockResidency(residency_sample_rate)
         self.pool = BlockPool(self.blocks, self.prefix_cache)
         self.free_block_ids = self.pool.free_block_ids  # the pool's, held here too for allocate and free
         # Sequences holding blocks, and the chain hashes of their leading full
@@ -164,6 +170,7 @@ class BlockManager:
                 self.free_block_ids.remove(block_id)
             block.ref_count += 1
             block.chances = min(MAX_CHANCES, block.chances + 1)
+        self.prefix_cache.used(matched)
         seq.block_table = matched + self.pool.take_free_blocks(num_fresh)
         seq.num_cached_tokens = seq.num_computed_tokens = len(matched) * self.block_size
         self._seqs[seq.request_id] = seq

@@ -32,7 +32,7 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.hash is not None:
             # Lazy eviction: the cached content is forgotten only now that the page is reused.
-            self.prefix_cache.uncache(block)
+            self.prefix_cache.evict(block)
         block.chances = 0
         block.ref_count = 1
         return block_id

@@ -78,6 +78,9 @@ class EngineConfig:
     # vLLM's --hf-overrides: config.json keys replaced (engine/checkpoint.read_model_config); in the
     # KV fingerprint, so workers that disagree refuse each other's pages.
     hf_overrides: Mapping[str, Any] | None = None
+    # vLLM's --kv-cache-metrics-sample: the fraction of cached blocks whose lifetime, idle time before
+    # eviction and reuse gaps are measured (engine/kv_block_residency.py); 0: none.
+    kv_cache_metrics_sample: float = 0.0
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model):
@@ -104,6 +107,8 @@ class EngineConfig:
         if self.per_request_spec_decode_metrics not in PER_REQUEST_SPEC_DECODE_METRICS:
             raise ValueError(f"per_request_spec_decode_metrics must be one of {PER_REQUEST_SPEC_DECODE_METRICS}, "
                              f"got {self.per_request_spec_decode_metrics!r}")
+        if not 0 <= self.kv_cache_metrics_sample <= 1:
+            raise ValueError(f"kv_cache_metrics_sample must be in [0, 1], got {self.kv_cache_metrics_sample}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: the vocabulary), got {self.max_logprobs}")
         if self.logprobs_mode not in LOGPROBS_MODES:

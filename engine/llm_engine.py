@@ -74,7 +74,8 @@ class LLMEngine:
         self.is_encoder = self.model_config.encoder is not None
         self.pools_whole_prompts = self.is_encoder or self.model_config.pooling != "last"
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint,
-                                          config.enable_prefix_caching and not self.pools_whole_prompts)
+                                          config.enable_prefix_caching and not self.pools_whole_prompts,
+                                          config.kv_cache_metrics_sample)
         self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
                                  config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name))
         self.eos_token_ids = self.model_config.eos_token_ids

@@ -7,6 +7,7 @@ from collections.abc import Sequence as TokenIds
 from engine.block import Block
 from engine.block_hash import block_hash, hash_block_chain, request_extra
 from engine.cache_events import CacheEvents
+from engine.kv_block_residency import KVBlockResidency
 from engine.kv_event_log import KVEvent, KVEventLog, stored_now
 from engine.sequence import Sequence
 
@@ -28,6 +29,7 @@ class PrefixCache:
         self.hash_to_block_id: dict[int, int] = {}
         self.events: CacheEvents | None = None  # recorded once `enable_events` is called
         self.kv_events: KVEventLog | None = None  # recorded once `enable_kv_events` is called
+        self.residency: KVBlockResidency | None = None  # sampled blocks' lifetimes (vLLM's --kv-cache-metrics)
 
     def extra(self, lora_name: str | None, cache_salt: str | None = None) -> bytes:
         """The hash extra of KV computed with `lora_name`'s adapter (None: the base model) for requests
@@ -97,6 +99,20 @@ class PrefixCache:
         self._record(h, True)
         if self.kv_events is not None:
             self.kv_events.stored(h, parent, tokens, lora_name)
+        if self.residency is not None:
+            self.residency.cached(block.block_id)
+
+    def used(self, block_ids: list[int]) -> None:
+        """Cached blocks a prompt reads instead of computing."""
+        if self.residency is not None:
+            for block_id in block_ids:
+                self.residency.used(block_id)
+
+    def evict(self, block: Block) -> None:
+        """Uncache `block` to reuse its page for other content."""
+        if self.residency is not None:
+            self.residency.evicted(block.block_id)
+        self.uncache(block)
 
     def uncache(self, block: Block) -> None:
         """Forget the content of cached `block`: its page is about to be reused, or its KV is stale."""
@@ -104,6 +120,8 @@ class PrefixCache:
         self._record(block.hash, False)
         if self.kv_events is not None:
             self.kv_events.removed(block.hash)
+        if self.residency is not None:
+            self.residency.forgotten(block.block_id)
         block.hash, block.token_ids, block.lora_name, block.parent_hash = None, (), None, None
 
     def forget_adapter(self, lora_name: str) -> None:

@@ -21,7 +21,7 @@ import torch
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.drafting import Drafter, Drafting
-from engine.iteration_tokens import IterationTokens
+from engine.iteration_tokens import iteration_tokens
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduling_policy import scheduling_policy
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -53,7 +53,7 @@ class Scheduler:
         # Finished prefill-only sequences whose pages wait to be copied out.
         self.held: dict[str, Sequence] = {}
         self.num_preemptions = 0
-        self.iteration_tokens = IterationTokens()  # each batch's tokens, in buckets (vLLM's histogram)
+        self.iteration_tokens = iteration_tokens()  # each batch's tokens, in buckets (vLLM's histogram)
         self.policy = scheduling_policy(policy)
         self.is_by_priority = self.policy.is_by_priority
         self.drafter = drafter  # None: no drafts

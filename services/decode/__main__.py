@@ -91,6 +91,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,
                                  max_logprobs=config.max_logprobs, lora_modules=config.lora_modules,
+                                 kv_cache_metrics_sample=config.kv_cache_metrics_sample,
                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                  max_cpu_loras=config.max_cpu_loras,
                                  speculative=config.speculative, hf_overrides=config.hf_overrides,

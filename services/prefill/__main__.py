@@ -72,6 +72,7 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,
                                   max_logprobs=config.max_logprobs,
+                                  kv_cache_metrics_sample=config.kv_cache_metrics_sample,
                                   lora_modules=config.lora_modules,
                                   max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                   max_cpu_loras=config.max_cpu_loras,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MAX_LOGPROBS
+from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
 from services.common.kv_pool_flags import add_kv_memory_flag
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -92,6 +93,7 @@ class PrefillServiceConfig:
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token; -1: the vocabulary
+    kv_cache_metrics_sample: float = 0.0  # vLLM's --kv-cache-metrics(-sample): blocks' residency measured; 0: none
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config: its prefix cache's changes published
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter directory), served beside the model
     allow_runtime_lora_updating: bool = False  # the LoRAAdapters service loads and unloads adapters
@@ -165,6 +167,7 @@ class PrefillServiceConfig:
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
         add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
         add_kv_events_flag(parser, env, env_var=ENV_KV_EVENTS_CONFIG)
+        add_kv_cache_metrics_flags(parser)
         add_lora_flag(parser, env)
         add_lora_limit_flags(parser)
         add_limit_flags(parser, env)
@@ -180,6 +183,7 @@ class PrefillServiceConfig:
                    hf_overrides=hf_overrides(args.hf_overrides),
                    scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                    logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
+                   kv_cache_metrics_sample=kv_cache_metrics_sample(args),
                    kv_events=KVEventsConfig.from_json(args.kv_events_config,
                                                       f"--kv-events-config (or ${ENV_KV_EVENTS_CONFIG})"),
                    lora_modules=lora_modules(args.lora_modules),

@@ -124,3 +124,38 @@ def test_a_worker_serves_its_registry_over_http():
         metrics.close()
     assert 'baton_request_errors_total{instance="tokenizer-0",model="m",reason="invalid_argument",' \
            'service="tokenizer"} 1.0' in text
+
+
+def test_kv_block_residency_is_exported_with_kv_cache_metrics(tiny_demo_model):
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=4, kv_cache_metrics_sample=1.0))
+    metrics = ServiceMetrics("prefill", "tiny", "prefill-0")
+    metrics.watch_engine(engine)
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    list(engine.generate([list(range(1, 34))], params))  # two full blocks cached
+    list(engine.generate([list(range(1, 34))], params))  # both read again
+    assert value(metrics, "baton_kv_block_lifetime_seconds_count") == 0  # none evicted yet
+    list(engine.generate([list(range(100, 163))], params))  # four fresh pages: both go
+    for name in ("lifetime", "idle_before_evict"):
+        assert value(metrics, f"baton_kv_block_{name}_seconds_count") == 2
+    assert value(metrics, "baton_kv_block_reuse_gap_seconds_count") == 2
+    assert 0 < value(metrics, "baton_kv_block_idle_before_evict_seconds_sum") \
+        <= value(metrics, "baton_kv_block_lifetime_seconds_sum")
+    plain = ServiceMetrics("prefill", "tiny", "prefill-1")
+    plain.watch_engine(LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=4)))
+    assert not any(name.startswith("baton_kv_block_") for name, _ in samples(plain))
+
+
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_the_workers_take_vllms_kv_cache_metrics_flags(tiny_demo_model, kind):
+    from services.common.settings import ConfigError
+    from services.decode.config import DecodeServiceConfig
+    from services.prefill.config import PrefillServiceConfig
+
+    config_type = PrefillServiceConfig if kind == "prefill" else DecodeServiceConfig
+    model = ["--model", str(tiny_demo_model)]
+    assert config_type.from_args(model, env={}).kv_cache_metrics_sample == 0
+    assert config_type.from_args([*model, "--kv-cache-metrics"], env={}).kv_cache_metrics_sample == 0.01
+    assert config_type.from_args([*model, "--kv-cache-metrics", "--kv-cache-metrics-sample", "0.5"],
+                                 env={}).kv_cache_metrics_sample == 0.5
+    with pytest.raises(ConfigError, match=r"--kv-cache-metrics-sample must be in \(0, 1\], got 1.5"):
+        config_type.from_args([*model, "--kv-cache-metrics", "--kv-cache-metrics-sample", "1.5"], env={})

@@ -29,7 +29,9 @@ HISTOGRAMS = {"baton_time_to_first_token_seconds", "baton_time_per_output_token_
               "baton_request_queue_duration_seconds", "baton_kv_transfer_duration_seconds",
               "baton_prefill_rpc_leg_duration_seconds", "baton_request_prompt_tokens",
               "baton_request_generation_tokens", "baton_request_prefill_time_seconds",
-              "baton_request_decode_time_seconds", "baton_request_inference_time_seconds", "baton_iteration_tokens"}
+              "baton_request_decode_time_seconds", "baton_request_inference_time_seconds", "baton_iteration_tokens",
+              "baton_kv_block_lifetime_seconds", "baton_kv_block_idle_before_evict_seconds",
+              "baton_kv_block_reuse_gap_seconds"}
 COUNTERS = {"baton_prompt_tokens_total", "baton_generation_tokens_total", "baton_request_success_total",
             "baton_request_errors_total", "baton_kv_transfer_bytes_total", "baton_prefix_cache_queries_total",
             "baton_prefix_cache_hits_total", "baton_router_requests_total", "baton_spec_decode_num_draft_tokens_total",

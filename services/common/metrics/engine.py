@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from engine.bucket_counts import BucketCounts
 from services.common.metrics.collector import LabelledCollector
 
 
@@ -18,6 +19,12 @@ class EngineCollector(LabelledCollector):
         super().__init__(labels)
         self.scheduler = scheduler
         self.block_manager = block_manager
+
+    def _histogram(self, name: str, documentation: str, counts: BucketCounts) -> HistogramMetricFamily:
+        histogram = HistogramMetricFamily(name, documentation, labels=self.label_names)
+        histogram.add_metric(self.label_values, [(floatToGoString(bound), count)
+                                                 for bound, count in counts.cumulative_buckets()], counts.total)
+        return histogram
 
     def collect(self) -> Iterator[Metric]:
         blocks = self.block_manager
@@ -32,12 +39,18 @@ class EngineCollector(LabelledCollector):
                          len(self.scheduler.waiting))
         yield self.counter("baton_num_preemptions", "Running requests preempted (their pages freed, to be recomputed)",
                            self.scheduler.num_preemptions)
-        tokens = self.scheduler.iteration_tokens
-        steps = HistogramMetricFamily("baton_iteration_tokens", "Tokens each engine step computed (vLLM's "
-                                      "iteration_tokens_total)", labels=self.label_names)
-        steps.add_metric(self.label_values, [(floatToGoString(bound), count)
-                                             for bound, count in tokens.cumulative_buckets()], tokens.num_tokens)
-        yield steps
+        yield self._histogram("baton_iteration_tokens", "Tokens each engine step computed (vLLM's "
+                              "iteration_tokens_total)", self.scheduler.iteration_tokens)
+        residency = blocks.prefix_cache.residency
+        if residency is not None:  # vLLM's --kv-cache-metrics, over the sampled blocks evicted so far
+            yield self._histogram("baton_kv_block_lifetime_seconds",
+                                  "Sampled prefix-cache blocks: from cached to evicted", residency.lifetime)
+            yield self._histogram("baton_kv_block_idle_before_evict_seconds",
+                                  "Sampled prefix-cache blocks: from their last use to their eviction",
+                                  residency.idle_before_evict)
+            yield self._histogram("baton_kv_block_reuse_gap_seconds",
+                                  "Sampled prefix-cache blocks: between their last few uses, caching the first",
+                                  residency.reuse_gap)
         yield self.counter("baton_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                            blocks.num_prefix_query_tokens)
         yield self.counter("baton_prefix_cache_hits", "Prompt tokens found in the prefix cache",
