@@ -159,3 +159,38 @@ def test_the_workers_take_vllms_kv_cache_metrics_flags(tiny_demo_model, kind):
                                  env={}).kv_cache_metrics_sample == 0.5
     with pytest.raises(ConfigError, match=r"--kv-cache-metrics-sample must be in \(0, 1\], got 1.5"):
         config_type.from_args([*model, "--kv-cache-metrics", "--kv-cache-metrics-sample", "1.5"], env={})
+
+
+def test_the_cache_config_and_the_adapters_of_requests_are_exported_in_labels(tiny_demo_model, tmp_path):
+    import time
+
+    import transformers
+
+    from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_demo_model, dtype="float32")
+    make_adapter(tmp_path / "tuned", base, ALL_PROJECTIONS, 4, 8.0, False, seed=5)
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=16, max_num_seqs=1, max_loras=1,
+                                    lora_modules=(("tuned", str(tmp_path / "tuned")),)))
+    metrics = ServiceMetrics("decode", "tiny", "decode-0")
+    metrics.watch_engine(engine)
+    labels = {**metrics.labels, "block_size": "16", "cache_dtype": "auto", "num_gpu_blocks": "16",
+              "enable_prefix_caching": "True"}
+    assert samples(metrics)[("baton_cache_config_info", frozenset(labels.items()))] == 1
+
+    def adapters() -> tuple[str, str, str, float]:
+        (key, when), = [(k, v) for k, v in samples(metrics).items() if k[0] == "baton_lora_requests_info"]
+        got = dict(key[1])
+        return got["max_lora"], got["running_lora_adapters"], got["waiting_lora_adapters"], when
+
+    assert adapters()[:3] == ("1", "", "")
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=3))
+    engine.add_request("b", [4, 5, 6], SamplingParams(max_tokens=3, lora_name="tuned"))  # one at a time: it waits
+    engine.step()
+    max_lora, running, waiting, when = adapters()
+    assert (max_lora, running, waiting) == ("1", "", "tuned") and abs(when - time.time()) < 60
+    seen = set()
+    while engine.has_unfinished_requests():
+        engine.step()
+        seen.add(adapters()[1:3])
+    assert ("tuned", "") in seen and adapters()[:3] == ("1", "", "")

@@ -2,10 +2,11 @@
 nothing is added to the engine's step."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from engine.bucket_counts import BucketCounts
@@ -13,12 +14,21 @@ from services.common.metrics.collector import LabelledCollector
 
 
 class EngineCollector(LabelledCollector):
-    """`scheduler` and `block_manager` are the engine's (`engine.scheduler`, `engine.block_manager`)."""
+    """`scheduler` and `block_manager` are the engine's (`engine.scheduler`, `engine.block_manager`);
+    `cache_config`, its KV cache's settings by vLLM's label names; `max_loras`, its --max-loras."""
 
-    def __init__(self, scheduler: Any, block_manager: Any, labels: Mapping[str, str]) -> None:
+    def __init__(self, scheduler: Any, block_manager: Any, labels: Mapping[str, str],
+                 cache_config: Mapping[str, str] | None = None, max_loras: int | None = None) -> None:
         super().__init__(labels)
         self.scheduler = scheduler
         self.block_manager = block_manager
+        self.cache_config = dict(cache_config or {})
+        self.max_loras = max_loras
+
+    def _info(self, name: str, documentation: str, info: Mapping[str, str], value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation, labels=[*self.label_names, *info])
+        family.add_metric([*self.label_values, *info.values()], value)
+        return family
 
     def _histogram(self, name: str, documentation: str, counts: BucketCounts) -> HistogramMetricFamily:
         histogram = HistogramMetricFamily(name, documentation, labels=self.label_names)
@@ -37,6 +47,14 @@ class EngineCollector(LabelledCollector):
         yield self.gauge("baton_requests_running", "Requests in the running batch", len(self.scheduler.running))
         yield self.gauge("baton_requests_waiting", "Requests queued for the running batch",
                          len(self.scheduler.waiting))
+        yield self._info("baton_cache_config_info", "The KV cache's settings, in its labels (vLLM's cache_config_info)",
+                         self.cache_config, 1)
+        # A tuple of each queue is taken whole under the GIL: the engine thread cannot change it midway.
+        yield self._info("baton_lora_requests_info", "The LoRA adapters of running and waiting requests, in its "
+                         "labels; its value, when read (vLLM's lora_requests_info)",
+                         {"max_lora": str(self.max_loras or 0),
+                          "running_lora_adapters": _adapters(tuple(self.scheduler.running)),
+                          "waiting_lora_adapters": _adapters(tuple(self.scheduler.waiting))}, time.time())
         yield self.counter("baton_num_preemptions", "Running requests preempted (their pages freed, to be recomputed)",
                            self.scheduler.num_preemptions)
         yield self._histogram("baton_iteration_tokens", "Tokens each engine step computed (vLLM's "
@@ -70,3 +88,7 @@ class EngineCollector(LabelledCollector):
             for position, count in enumerate(list(self.scheduler.num_accepted_tokens_per_position)):
                 per_position.add_metric([*self.label_values, str(position)], count)
             yield per_position
+
+
+def _adapters(seqs: tuple) -> str:
+    return ",".join(sorted({seq.sampling_params.lora_name for seq in seqs if seq.sampling_params.lora_name}))

@@ -67,7 +67,11 @@ class ServiceMetrics:
         Holds the scheduler and block manager only: never a view of the KV pool."""
         self._engine_init.labels(**self.labels).set(engine.init_seconds)
         self._weight_loading.labels(**self.labels).set(engine.runner.weight_loading_seconds)
-        self.registry.register(EngineCollector(engine.scheduler, engine.block_manager, self.labels))
+        cache_config = {"block_size": str(engine.config.block_size), "cache_dtype": engine.config.kv_cache_dtype,
+                        "num_gpu_blocks": str(engine.num_kv_blocks),  # vLLM's name, wherever the pool lives
+                        "enable_prefix_caching": str(engine.block_manager.prefix_cache.is_enabled)}
+        self.registry.register(EngineCollector(engine.scheduler, engine.block_manager, self.labels, cache_config,
+                                               engine.config.max_loras))
 
     def time_warmup(self) -> AbstractContextManager:
         """`with metrics.time_warmup(): await warm_up(...)` sets `baton_warmup_duration_seconds`."""
