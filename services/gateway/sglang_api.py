@@ -159,6 +159,8 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                                                  defaults=pipeline.prompts.generation_defaults)
                 if lora is not None:
                     sampling_params.lora_name = lora
+                if body.priority is not None:
+                    sampling_params.priority = -body.priority
                 sampling_params.stream_interval = stream_interval(sampling)
                 sampling_params.logprob_token_ids.extend(named_ids)
                 aborted = aborts[sample_rid] = asyncio.Event()

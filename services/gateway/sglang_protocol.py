@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from services.gateway.completion_request import CompletionRequest
 from services.gateway.errors import APIError, validation_error
-from services.gateway.openai_protocol import MAX_LOGPROBS, TokenId
+from services.gateway.openai_protocol import INT32_MAX, MAX_LOGPROBS, TokenId
 
 # SGLang's sampling field → the OpenAI API's (CompletionRequest's) that checks and carries it.
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "no_stop_trim":
@@ -97,6 +97,9 @@ class GenerateRequest(SGLangInput):
     logprob_start_len: int = -1  # the first prompt position whose logprob is returned; -1: none
     top_logprobs_num: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
     return_text_in_logprobs: bool = False
+    # SGLang's: on workers run with --scheduling-policy priority, a larger value is scheduled first (SGLang's
+    # order unless --schedule-low-priority-values-first), so it goes to them negated: vLLM's order, lower first.
+    priority: Annotated[int, Field(ge=-INT32_MAX, le=INT32_MAX)] | None = None
     # These ids' logprobs at each output position too: one list for every prompt, or a list per prompt
     token_ids_logprob: list[TokenId] | list[list[TokenId]] | None = None
 

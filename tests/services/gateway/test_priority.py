@@ -1,7 +1,10 @@
 """vLLM's `priority` through the mesh: workers on the priority scheduling policy take it (the
 engine's order is tests/unit/test_engine.py's to check), workers on fcfs refuse any but 0 with a 400
-that says why, before anything is generated."""
+that says why, before anything is generated. SGLang's `/generate` takes its own, larger first."""
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -37,3 +40,35 @@ def test_fcfs_workers_refuse_a_priority(mesh):
     assert "priority scheduling" in refused.json()["error"]["message"]
     assert httpx.post(url, json={**body, "priority": 2**31}, timeout=30).status_code == 400
     mesh.assert_decode_pools_free()
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tiny_demo_model):
+    """A colocated worker running one sequence at a time: requests that arrive while one runs wait in its
+    queue, and go in their priority's order (a prompt handed over by a prefill worker would join the
+    running batch at once: its reservation admitted it)."""
+    with running_mesh(tiny_demo_model, num_prefill=0, num_decode=1, gateway_args=("--colocated",),
+                      worker_args=("--scheduling-policy", "priority", "--max-num-seqs", "1")) as mesh:
+        yield mesh
+
+
+def test_sglangs_priority_schedules_larger_values_first(one_at_a_time):
+    url = f"{one_at_a_time.gateway.base_url}/generate"
+
+    def finished_at(max_new_tokens: int, priority: int | None = None) -> float:
+        body = {"text": "Hi", "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
+        reply = httpx.post(url, json=body if priority is None else {**body, "priority": priority}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return time.monotonic()
+
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(finished_at, 1500, 10)  # holds the worker's one place (~1 s), preempted by neither
+        time.sleep(0.3)
+        low = pool.submit(finished_at, 2, 1)  # arrives first: first under fcfs, and under vLLM's order
+        time.sleep(0.1)
+        high = pool.submit(finished_at, 2, 5)
+        finished = {"running": running.result(), "high": high.result(), "low": low.result()}
+        assert sorted(finished, key=finished.get) == ["running", "high", "low"], finished
+    refused = httpx.post(url, json={"text": "Hi", "priority": 2**31}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority", refused.text
+    one_at_a_time.assert_decode_pools_free()
