@@ -83,9 +83,11 @@ class BlockManager:
         """A sequence that reads every prompt row (its logprobs, or each token's embedding) reads no prefix."""
         return 0 if seq.reads_every_prompt_row else self._max_cached_blocks(seq.num_tokens)
 
-    def num_cached_prefix_tokens(self, token_ids: TokenIds[int], lora_name: str | None = None) -> int:
+    def num_cached_prefix_tokens(self, token_ids: TokenIds[int], lora_name: str | None = None,
+                                 cache_salt: str | None = None) -> int:
         """Leading tokens of `token_ids` that `allocate` would take from the cache now."""
-        block_ids, _ = self.prefix_cache.match(token_ids, self._max_cached_blocks(len(token_ids)), lora_name)
+        block_ids, _ = self.prefix_cache.match(token_ids, self._max_cached_blocks(len(token_ids)), lora_name,
+                                               cache_salt)
         return len(block_ids) * self.block_size
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
@@ -268,11 +270,12 @@ class BlockManager:
 
     # ---- blocks computed elsewhere ------------------------------------------------
 
-    def import_cached_blocks(self, token_ids: TokenIds[int], first_block: int,
-                             num_blocks: int) -> list[tuple[int, int]]:
+    def import_cached_blocks(self, token_ids: TokenIds[int], first_block: int, num_blocks: int,
+                             cache_salt: str | None = None) -> list[tuple[int, int]]:
         """Name fresh pages as the cached blocks `first_block .. first_block + num_blocks - 1` of
-        `token_ids`, whose KV another instance computed (read back from the host tier), so
-        that the next `allocate` of a prompt with this prefix takes them instead of computing.
+        `token_ids` (the base model's, salted with `cache_salt` if given), whose KV another instance
+        computed (read back from the host tier), so that the next `allocate` of a prompt with this
+        prefix takes them instead of computing.
 
         Returns (block index, page id) for each block named, in order: the caller writes that
         block's KV into the page before anything else touches this manager (the same engine
@@ -281,7 +284,7 @@ class BlockManager:
         them), none when that prefix is not all cached here (they would be unreachable), and a
         block already cached is skipped.
         """
-        return self.pool.import_cached_blocks(token_ids, first_block, num_blocks)
+        return self.pool.import_cached_blocks(token_ids, first_block, num_blocks, cache_salt)
 
     # ---- checking -------------------------------------------------------------
 

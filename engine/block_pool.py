@@ -53,13 +53,13 @@ class BlockPool:
             raise RuntimeError(f"{n} free KV blocks wanted, {num_free} free: check can_reserve first")
         return sorted(self._claim(b) for b in self.free_block_ids.next_in_runs(n))
 
-    def import_cached_blocks(self, token_ids: TokenIds[int], first_block: int,
-                             num_blocks: int) -> list[tuple[int, int]]:
+    def import_cached_blocks(self, token_ids: TokenIds[int], first_block: int, num_blocks: int,
+                             cache_salt: str | None = None) -> list[tuple[int, int]]:
         """Fresh pages named as cached blocks of `token_ids`, left free: the contract of
         `BlockManager.import_cached_blocks`."""
         if not self.prefix_cache.is_enabled or num_blocks < 1:
             return []
-        matched, hashes = self.prefix_cache.match(token_ids, first_block)
+        matched, hashes = self.prefix_cache.match(token_ids, first_block, cache_salt=cache_salt)
         if len(matched) < first_block:
             return []
         # The prefix these blocks extend leaves the queue while fresh pages are taken (so none of
@@ -68,7 +68,8 @@ class BlockPool:
         for block_id in revived:
             self.free_block_ids.remove(block_id)
         stop_block = min(first_block + num_blocks, len(token_ids) // self.prefix_cache.block_size)
-        wanted = self.prefix_cache.uncached_blocks(token_ids, first_block, stop_block, hashes[-1] if hashes else None)
+        wanted = self.prefix_cache.uncached_blocks(token_ids, first_block, stop_block, hashes[-1] if hashes else None,
+                                                   cache_salt)
         wanted = wanted[: len(self.free_block_ids)]
         named = list(zip((i for i, _, _, _ in wanted), self.take_free_blocks(len(wanted))))
         for block_id in revived:

@@ -76,16 +76,16 @@ class PrefixCache:
             if block.hash is None and h not in self.hash_to_block_id:
                 self.cache(block, h, tuple(seq.block_tokens(i)), lora_name, parent)
 
-    def uncached_blocks(self, token_ids: TokenIds[int], first_block: int, stop_block: int,
-                        parent: int | None) -> list[tuple[int, int, tuple[int, ...], int | None]]:
+    def uncached_blocks(self, token_ids: TokenIds[int], first_block: int, stop_block: int, parent: int | None,
+                        cache_salt: str | None = None) -> list[tuple[int, int, tuple[int, ...], int | None]]:
         """(block index, chain hash, tokens, parent's chain hash) of each of the base model's blocks
-        `first_block .. stop_block - 1` of `token_ids` that is not cached, `parent` the chain hash
-        before them."""
-        bs = self.block_size
+        `first_block .. stop_block - 1` of `token_ids` (salted with `cache_salt`, if given) that is not
+        cached, `parent` the chain hash before them."""
+        bs, extra = self.block_size, self.extra(None, cache_salt)
         uncached: list[tuple[int, int, tuple[int, ...], int | None]] = []
         for i in range(first_block, stop_block):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = block_hash(parent, tokens, self.hash_extra)
+            h = block_hash(parent, tokens, extra)
             if h not in self.hash_to_block_id:
                 uncached.append((i, h, tokens, parent))
             parent = h

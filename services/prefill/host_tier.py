@@ -29,7 +29,7 @@ from collections.abc import Callable
 import grpc
 import torch
 
-from engine.block_hash import hash_block_chain
+from engine.block_hash import hash_block_chain, request_extra
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from services.common.engine_loop import EngineLoop
@@ -40,10 +40,11 @@ from services.prefill.host_tier_client import HostTierClient
 log = logging.getLogger("baton.prefill.host_tier")
 
 
-def import_pages(engine: LLMEngine, prompt: list[int], first_block: int, pages: torch.Tensor) -> int:
-    """On the engine thread: `pages` (blocks `first_block ..` of `prompt`, a pool
+def import_pages(engine: LLMEngine, prompt: list[int], first_block: int, pages: torch.Tensor,
+                 cache_salt: str | None = None) -> int:
+    """On the engine thread: `pages` (blocks `first_block ..` of `prompt` salted with `cache_salt`, a pool
     `[L, 2, Hkv, n, bs, D]`) into fresh cached pages; returns the blocks imported."""
-    named = engine.block_manager.import_cached_blocks(prompt, first_block, pages.shape[3])
+    named = engine.block_manager.import_cached_blocks(prompt, first_block, pages.shape[3], cache_salt)
     if named:
         copy_pages(pages, [i - first_block for i, _ in named], engine.runner.kv_pool.tensor, [b for _, b in named])
     return len(named)
@@ -80,20 +81,22 @@ class PrefillHostTier:
         when = self._on_tier.get(h)
         return when is not None and now - when < self.remember_s
 
-    def hashes(self, prompt: list[int], num_blocks: int) -> list[int]:
-        return hash_block_chain(prompt[: num_blocks * self.block_size], self.block_size, self.layout.fingerprint)
+    def hashes(self, prompt: list[int], num_blocks: int, cache_salt: str | None = None) -> list[int]:
+        return hash_block_chain(prompt[: num_blocks * self.block_size], self.block_size,
+                                request_extra(self.layout.fingerprint, None, cache_salt))
 
     async def fill_prefix(self, engine_loop: EngineLoop, request_id: str, prompt: list[int], address: str,
-                          num_blocks: int) -> int:
-        """Import the blocks among the prompt's first `num_blocks` that the local cache lacks from
-        the node at `address`; returns the prompt tokens imported (0 on any failure)."""
+                          num_blocks: int, cache_salt: str | None = None) -> int:
+        """Import the blocks among the prompt's first `num_blocks` (salted with `cache_salt`) that the
+        local cache lacks from the node at `address`; returns the prompt tokens imported (0 on any failure)."""
         bs = self.block_size
         # At least one prompt token is always computed: it yields the first token's logits.
         num_blocks = min(num_blocks, (len(prompt) - 1) // bs)
-        local = await engine_loop.call(lambda engine: engine.block_manager.num_cached_prefix_tokens(prompt)) // bs
+        local = await engine_loop.call(
+            lambda engine: engine.block_manager.num_cached_prefix_tokens(prompt, None, cache_salt)) // bs
         if local >= num_blocks:
             return 0
-        wanted = self.hashes(prompt, num_blocks)[local:]
+        wanted = self.hashes(prompt, num_blocks, cache_salt)[local:]
         try:
             pages = await self.client.read(address, wanted, request_id)
         except (grpc.aio.AioRpcError, ValueError) as e:
@@ -102,20 +105,21 @@ class PrefillHostTier:
             return 0
         if pages.shape[3] == 0:
             return 0
-        imported = await engine_loop.call(lambda engine: import_pages(engine, prompt, local, pages))
+        imported = await engine_loop.call(lambda engine: import_pages(engine, prompt, local, pages, cache_salt))
         self._remember(wanted[: pages.shape[3]])
         return imported * bs
 
     def store_then(self, request_id: str, prompt: list[int], num_cached_tokens: int, held_block_ids: list[int],
-                   release: Callable[[], None]) -> bool:
-        """Stream the prompt's leading `num_cached_tokens` (reused from the cache) that the tier is
-        not known to hold to the node, then `release` the held pages. False, with nothing
-        started, when there is nothing to store or no free slot: the caller releases at once."""
+                   release: Callable[[], None], cache_salt: str | None = None) -> bool:
+        """Stream the prompt's leading `num_cached_tokens` (reused from the cache; salted with
+        `cache_salt`) that the tier is not known to hold to the node, then `release` the held pages.
+        False, with nothing started, when there is nothing to store or no free slot: the caller
+        releases at once."""
         num_reused = num_cached_tokens // self.block_size
         if not self.store_address or num_reused == 0 or len(self._stores) >= self.max_stores_in_flight:
             return False
         now = time.monotonic()
-        hashes = self.hashes(prompt, num_reused)
+        hashes = self.hashes(prompt, num_reused, cache_salt)
         missing = [i for i, h in enumerate(hashes) if not self._is_on_tier(h, now)]
         if not missing:
             return False
@@ -164,6 +168,8 @@ def _describe(e: Exception) -> str:
 
 
 def holds_prefix_of(params: SamplingParams) -> bool:
-    """Whether the tier holds (and takes) a request's prefix pages: those of the base model, unsalted. A
-    LoRA request's are its adapter's own, and a salted request's only for requests giving its salt."""
-    return params.lora_name is None and params.cache_salt is None
+    """Whether the tier holds (and takes) a request's prefix pages: the base model's, salted or not (a
+    salted prefix is stored under hashes its salt is in, which only requests giving that salt ask
+    for). Not a LoRA request's: its KV is an adapter's, which may be reloaded under the same name with
+    other weights, and the node would not forget it then as a worker does."""
+    return params.lora_name is None

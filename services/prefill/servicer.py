@@ -194,7 +194,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     with tracing.tracer().start_as_current_span("host_tier.read", attributes=attrs) as span:
                         tier_tokens = await self._host_tier.fill_prefix(engine_loop, request_id, prompt,
                                                                         request.host_tier.address,
-                                                                        request.host_tier.num_blocks)
+                                                                        request.host_tier.num_blocks,
+                                                                        params.cache_salt)
                         span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
                     tier_seconds = time.perf_counter() - read_start
                 outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True,
@@ -279,7 +280,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     release_after(self.engine_loop, request_id, pending_copy)
 
                 if held is None or not holds_prefix_of(params) or not self._host_tier.store_then(
-                        request_id, prompt, held.num_cached_tokens, held.held_block_ids, release):
+                        request_id, prompt, held.num_cached_tokens, held.held_block_ids, release, params.cache_salt):
                     release()
             if reservation is not None and not is_handed_on:
                 self._reservations.abort_after(reservation, request.target.decode_address, request_id)

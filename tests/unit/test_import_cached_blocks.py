@@ -56,3 +56,18 @@ def test_a_busy_pool_imports_nothing_and_a_disabled_cache_never_does():
     assert mgr.import_cached_blocks(PROMPT, 0, 3) == []
     mgr.check_integrity()
     assert BlockManager(8, BS, enable_prefix_caching=False).import_cached_blocks(PROMPT, 0, 3) == []
+
+
+def test_salted_blocks_are_imported_for_their_salt_only():
+    from engine.block_hash import request_extra
+
+    mgr = BlockManager(16, BS)
+    mgr.enable_cache_events()
+    named = mgr.import_cached_blocks(PROMPT, 0, 3, cache_salt="tenant")
+    assert [i for i, _ in named] == [0, 1, 2]
+    assert mgr.drain_cache_events() == (hash_block_chain(PROMPT, BS, request_extra(b"", None, "tenant"))[:3], [])
+    assert mgr.num_cached_prefix_tokens(PROMPT, cache_salt="tenant") == 3 * BS
+    assert mgr.num_cached_prefix_tokens(PROMPT) == mgr.num_cached_prefix_tokens(PROMPT, cache_salt="other") == 0
+    assert [i for i, _ in mgr.import_cached_blocks(PROMPT, 3, 1, cache_salt="tenant")] == [3]  # it extends them
+    assert mgr.import_cached_blocks(PROMPT, 3, 1) == []  # an unsalted prompt's block 3 has no prefix here
+    mgr.check_integrity()

@@ -59,11 +59,14 @@ def colocated_tokens(tiny_demo_model):
     return _colocated_run(engine, "ref", PROMPT, GREEDY).token_ids
 
 
-def generate(decode, prefill, request_id: str, prompt: list[int], host_tier=None
+def generate(decode, prefill, request_id: str, prompt: list[int], host_tier=None, cache_salt: str | None = None
              ) -> tuple[prefill_pb2.PrefillResponse, list[int]]:
     reservation = decode.stub.Reserve(decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(prompt)),
                                       timeout=5)
-    request = prefill_pb2.PrefillRequest(request_id=request_id, token_ids=prompt, sampling=_sampling_to_proto(GREEDY),
+    sampling = _sampling_to_proto(GREEDY)
+    if cache_salt is not None:
+        sampling.cache_salt = cache_salt
+    request = prefill_pb2.PrefillRequest(request_id=request_id, token_ids=prompt, sampling=sampling,
                                          target=_target(reservation))
     if host_tier is not None:
         request.host_tier.CopyFrom(host_tier)
@@ -71,7 +74,7 @@ def generate(decode, prefill, request_id: str, prompt: list[int], host_tier=None
     tokens = [response.first_token_id]
     for chunk in decode.stub.Decode(decode_pb2.DecodeRequest(
             request_id=request_id, reservation_id=reservation.reservation_id, prompt_token_ids=prompt,
-            first_token_id=response.first_token_id, sampling=_sampling_to_proto(GREEDY)), timeout=20):
+            first_token_id=response.first_token_id, sampling=sampling), timeout=20):
         tokens += chunk.token_ids
     return response, tokens
 
@@ -115,6 +118,32 @@ def test_a_prefix_computed_by_one_worker_is_read_by_another(decode, workers, kvs
     response, tokens = generate(decode, b, "on-b-again", PROMPT, source)
     assert response.num_host_tier_tokens == 0 and response.num_cached_tokens == 10 * BLOCK_SIZE
     assert tokens == colocated_tokens
+
+
+def test_a_salted_prefix_is_stored_and_read_under_its_salt_only(decode, workers, kvstore, tiny_demo_model):
+    """A tenant's salted prefix goes to the tier under hashes its salt is in: another worker reads it
+    for a request giving the same salt, and one giving another salt (or none) finds nothing there."""
+    from engine.block_hash import request_extra
+
+    a, b = workers
+    layout = decode.stub.Reserve(decode_pb2.ReserveRequest(request_id="probe-salt", num_tokens=1), timeout=5).layout
+    decode.stub.Abort(decode_pb2.AbortRequest(request_id="probe-salt"), timeout=5)
+    prompt = [(53 * j) % 1000 + 3 for j in range(6 * BLOCK_SIZE + 3)]  # 6 full blocks
+    salted = hash_block_chain(prompt, BLOCK_SIZE, request_extra(layout.model_fingerprint, None, "tenant-1"))
+    _, tokens = generate(decode, a, "salted-a", prompt, cache_salt="tenant-1")
+    response, again = generate(decode, a, "salted-a-again", prompt, cache_salt="tenant-1")  # reused: stored
+    assert response.num_cached_tokens == 6 * BLOCK_SIZE and again == tokens
+    deadline = time.monotonic() + 5
+    while stored_blocks(kvstore, layout, salted) < len(salted):
+        assert time.monotonic() < deadline, "worker A never stored the salted prompt's blocks"
+        time.sleep(0.05)
+    assert stored_blocks(kvstore, layout, hash_block_chain(prompt, BLOCK_SIZE, layout.model_fingerprint)) == 0
+
+    source = prefill_pb2.HostTierSource(address=kvstore.address, num_blocks=len(salted))
+    response, _ = generate(decode, b, "other-salt-b", prompt, source, cache_salt="tenant-2")
+    assert response.num_host_tier_tokens == 0 and response.num_cached_tokens == 0
+    response, read = generate(decode, b, "salted-b", prompt, source, cache_salt="tenant-1")
+    assert response.num_host_tier_tokens == 6 * BLOCK_SIZE and read == tokens
 
 
 def test_a_tier_that_cannot_answer_costs_a_recomputation_not_the_request(decode, workers, colocated_tokens):
