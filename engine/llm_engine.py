@@ -197,8 +197,8 @@ class LLMEngine:
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
         `add_request` takes them) was written into the pages reserved under `request_id` and
-        whose next token was sampled elsewhere. It joins the running batch at once: the
-        reservation, not max_num_seqs, admitted it."""
+        whose next token was sampled elsewhere. It joins the running batch, or, with max_num_seqs
+        running, waits for a place in it holding its pages (the reservation admitted them)."""
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")

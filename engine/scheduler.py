@@ -92,7 +92,8 @@ class Scheduler:
         self.policy.run(self.running, seq)
 
     def add_running(self, seq: Sequence) -> bool:
-        """Adds a sequence that already holds its pages (adopted from a reservation).
+        """Adds a sequence that already holds its pages (adopted from a reservation): it runs, or,
+        with `max_num_seqs` running, waits in the queue holding them, taken in its policy's order.
 
         Its last token was sampled elsewhere; if that token already ends it, the
         sequence is finished (pages freed) instead, and False is returned.
@@ -102,7 +103,10 @@ class Scheduler:
         if reason is not None:
             self._finish(seq, reason)
             return False
-        self._run(seq)
+        if len(self.running) < self.max_num_seqs:
+            self._run(seq)
+        else:
+            self.policy.wait(self.waiting, seq)
         return True
 
     def release(self, request_id: str) -> bool:
@@ -159,11 +163,16 @@ class Scheduler:
                     i += 1
                     continue
                 adapters.add(lora_name)
-            if not bm.can_allocate(seq):
-                break
-            if self.whole_embeddings and seq.sampling_params.embed and seq.num_uncomputed_tokens > budget:
-                break  # the next step's budget takes it whole (LLMEngine refuses one it never could)
-            bm.allocate(seq)
+            if seq.block_table:  # handed over with its pages (add_running): a slot for its next token
+                if not bm.can_append_slot(seq):
+                    break
+                batch.block_copies += bm.append_slot(seq)
+            else:
+                if not bm.can_allocate(seq):
+                    break
+                if self.whole_embeddings and seq.sampling_params.embed and seq.num_uncomputed_tokens > budget:
+                    break  # the next step's budget takes it whole (LLMEngine refuses one it never could)
+                bm.allocate(seq)
             del self.waiting[i]
             self._run(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)

@@ -202,3 +202,45 @@ def test_first_token_that_ends_the_request_finishes_without_a_step(tiny_demo_mod
     assert outs[0].token_ids == [42] and outs[0].finish_reason in ("length", "stop")
     assert not engine.has_unfinished_requests()
     assert_clean(engine)
+
+
+def test_handed_over_requests_past_max_num_seqs_wait_holding_their_pages(tiny_demo_model):
+    """vLLM's and SGLang's decode: a prompt handed over runs only while fewer than max_num_seqs do;
+    the rest wait with their pages, in the policy's order (here priority: lower first), and each gives
+    the colocated tokens. One aborted while it waits frees its pages."""
+    prompts = {f"r{i}": [(13 * j + 7 * i) % 900 + 5 for j in range(40)] for i in range(5)}
+    priorities = {"r0": 5, "r1": 5, "r2": 9, "r3": 1, "r4": 9}  # r0, r1 run first; then r3 before r2
+
+    def params(rid: str | None = None) -> SamplingParams:  # a priority for the decode engine only
+        return SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, priority=priorities.get(rid, 0))
+
+    colocated = make_engine(tiny_demo_model)
+    for rid, prompt in prompts.items():
+        colocated.add_request(rid, prompt, params())
+    expected = {rid: out.token_ids for rid, out in finish(colocated).items()}
+
+    prefill = make_engine(tiny_demo_model)
+    decode = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=128, max_num_seqs=2,
+                                    scheduling_policy="priority"))
+    for rid, prompt in prompts.items():
+        prefill.add_request(rid, prompt, params(), prefill_only=True)
+        first = finish(prefill)[rid]
+        dst = decode.reserve(rid, len(prompt))
+        decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, prefill.held_block_ids(rid)]
+        prefill.release(rid)
+        decode.add_prefilled_request(rid, prompt, first.token_ids[0], params(rid))
+    assert [s.request_id for s in decode.scheduler.running] == ["r0", "r1"]
+    assert sorted(s.request_id for s in decode.scheduler.waiting) == ["r2", "r3", "r4"]
+    assert all(s.block_table for s in decode.scheduler.waiting)  # their pages held meanwhile
+    decode.abort("r4")
+    started, outs = [], {}
+    while decode.has_unfinished_requests():
+        for out in decode.step():
+            if out.finished:
+                outs[out.request_id] = out.token_ids
+        started += [s.request_id for s in decode.scheduler.running if s.request_id not in started]
+        assert len(decode.scheduler.running) <= 2
+    assert started == ["r0", "r1", "r3", "r2"]
+    ran = ("r0", "r1", "r2", "r3")
+    assert {rid: outs[rid] for rid in ran} == {rid: expected[rid] for rid in ran}
+    assert_clean(decode)
