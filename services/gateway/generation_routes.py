@@ -33,6 +33,7 @@ from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import StoredResponse
 from services.gateway.responses_api import ResponsesShape
 from services.gateway.responses_request import ResponsesRequest, fit_to_context
+from services.gateway.sequence_groups import counted_by_prompt
 from services.gateway.timeline import ResponseTimeline
 from services.gateway.tool_parsers import (
     call_ids,
@@ -109,7 +110,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                                   return_token_ids=bool(body.return_token_ids),
                                   best_of_kept=body.n if body.num_candidates > body.n else None,
                                   reply_options=state.replies)
-        choices = beam_choices(searches) if body.use_beam_search else merge_choices(streams)
+        choices = counted_by_prompt(beam_choices(searches) if body.use_beam_search else merge_choices(streams),
+                                    prompt_of_choice, state.pipeline.requests)
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "prompt",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
@@ -148,6 +150,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                 clock=timeline.clock(request_id), on_dispatch=on_dispatch,
                 guide_after=reasoning.guide_after if reasoning is not None else None, is_streamed=body.stream)
                 for j, request_id in enumerate(request_ids)])
+        choices = counted_by_prompt(choices, [0] * body.n, state.pipeline.requests)
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
                                   num_choices=body.n,
                                   prompt_of_choice=[0] * body.n, token_text=_token_text(state, body),

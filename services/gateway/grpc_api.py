@@ -40,6 +40,7 @@ from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.openai_protocol import MAX_CHOICES
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
+from services.gateway.sequence_groups import counted_by_prompt
 from services.gateway.served_models import ServedModels
 from services.gateway.stop_regexes import compiled_stop_regexes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
@@ -123,8 +124,9 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 if request.WhichOneof("input") == "chat" and self.pipeline is not None:
                     chat, tools = ChatReply.start(request, request_id, self.model_name, self.pipeline.tokenizer,
                                                   self.tool_call_parser, self.reasoning_parser, num_choices)
-                choices = self._choices(request, request_id, num_choices, arrival, headers.send_soon, tools,
-                                        chat.reasoning if chat is not None else None)
+                choices = counted_by_prompt(self._choices(request, request_id, num_choices, arrival, headers.send_soon,
+                                                          tools, chat.reasoning if chat is not None else None),
+                                            [0] * num_choices, self.pipeline.requests)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
                     self.pipeline.metrics.count_error(e.code or "invalid_request")

@@ -39,6 +39,7 @@ from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import ClientDisconnected, sse_event, unless_disconnected
+from services.gateway.sequence_groups import counted_by_prompt
 from services.gateway.sglang_protocol import AbortRequest, GenerateRequest, completion_request, stream_interval
 from services.gateway.weight_updates import WeightUpdates
 
@@ -148,8 +149,10 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
         if body.token_ids_logprob and not body.return_logprob:
             raise APIError(400, "token_ids_logprob: their logprobs come with return_logprob true",
                            param="token_ids_logprob")
-        for prompt, sampling, rid, named_ids in zip(prompts, body.sampling_per_prompt(len(prompts)), rids,
-                                                    body.token_ids_per_prompt(len(prompts)), strict=True):
+        prompt_of_choice = []
+        for p, (prompt, sampling, rid, named_ids) in enumerate(zip(
+                prompts, body.sampling_per_prompt(len(prompts)), rids, body.token_ids_per_prompt(len(prompts)),
+                strict=True)):
             asked = completion_request(prompt, sampling, lora or state.model_name,
                                        body.top_logprobs_num if body.return_logprob else None, prompt_logprobs)
             given = pipeline_prompt(prompt)
@@ -171,10 +174,11 @@ def add_sglang_routes(app: FastAPI, state, check_model: Callable[[str], str | No
                 streams.append(prompt_only(stream) if asked.max_tokens == 0 else stream)  # scoring the prompt
                 outputs.append(_Output(sample_rid, aborted=aborted))
                 max_new_tokens.append(asked.max_tokens)
+                prompt_of_choice.append(p)
         shape = _Shape(started, max_new_tokens, state.token_text if body.return_text_in_logprobs else None,
                        body.return_logprob, body.logprob_start_len, is_batch=len(outputs) > 1 or body.is_batch,
                        has_token_ids_logprobs=bool(body.token_ids_logprob))
-        choices = merge_choices(streams)
+        choices = counted_by_prompt(merge_choices(streams), prompt_of_choice, pipeline.requests)
         prompt_param = "text" if body.text is not None else "input_ids"
         index, delta = await first_choice(choices, prompt_param)  # a bad prompt: its 400 before any event
         outputs[index].add(delta, max_new_tokens[index])

@@ -33,6 +33,7 @@ from services.gateway.http_responses import respond, sse_event
 from services.gateway.openai_protocol import TokenId, encoded_bad_words, header_safe
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import reasoning_reader
+from services.gateway.sequence_groups import counted_by_prompt
 
 if TYPE_CHECKING:
     from services.gateway.http_app import GatewayState
@@ -153,6 +154,7 @@ def add_tokens_routes(app: FastAPI, state: GatewayState, check_model: Callable[[
             clock=timeline.clock(request_id), on_dispatch=on_dispatch, is_streamed=body.stream,
             guide_after=reasoning.guide_after if reasoning is not None else None)
             for j, request_id in enumerate(request_ids)])
+        choices = counted_by_prompt(choices, [0] * body.n, state.pipeline.requests)
         builder = ResponseBuilder(kind="chat", response_id=response_id, model=lora or state.model_name,
                                   num_choices=body.n, prompt_of_choice=[0] * body.n, token_text=token_id_text,
                                   want_logprobs=body.logprobs is not None, num_prompt_logprobs=body.prompt_logprobs,

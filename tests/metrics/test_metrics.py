@@ -120,6 +120,9 @@ def test_after_n_requests_the_gateway_counts_match_them(mesh, client):
     assert delta("baton_request_generation_tokens_sum") == num_generated
     assert delta("baton_request_params_max_tokens_sum") == num_generated  # each ran to its max_tokens (ignore_eos)
     assert delta("baton_request_generation_tokens_bucket", le="5.0") == 3  # of 4, 5, 6, 6, 6 and 5 tokens
+    # Each request one prompt of one sequence: n 1, its one sequence's tokens the most.
+    assert delta("baton_request_params_n_count") == delta("baton_request_params_n_sum") == n
+    assert delta("baton_request_max_num_generation_tokens_sum") == num_generated
     inference = delta("baton_request_inference_time_seconds_sum")
     assert inference == pytest.approx(delta("baton_request_prefill_time_seconds_sum")
                                       + delta("baton_request_decode_time_seconds_sum"), rel=1e-6)
@@ -133,6 +136,33 @@ def test_after_n_requests_the_gateway_counts_match_them(mesh, client):
         assert (labels["model"], labels["service"], labels["instance"]) == (mesh.model_name, "gateway", instance)
     # The router's and the placement counter are still served beside them.
     assert delta("baton_gateway_prefills_total", place="prefill") == n
+
+
+def test_a_prompts_sequences_are_counted_once_they_all_end(mesh, client):
+    """vLLM's request_params_n and request_max_num_generation_tokens: one observation per prompt, by
+    every API that answers several sequences of one or several prompts."""
+    url = f"{mesh.gateway.base_url}/metrics"
+    before = scrape(url)
+    completion = client.completions.create(model=mesh.model_name, prompt=["One", "Two"], n=3, max_tokens=4,
+                                           temperature=0.8, extra_body={"ignore_eos": True})
+    assert len(completion.choices) == 6
+    chat = client.chat.completions.create(model=mesh.model_name, messages=[{"role": "user", "content": "Hi"}], n=2,
+                                          max_tokens=3, temperature=0.8, extra_body={"ignore_eos": True})
+    assert len(chat.choices) == 2
+    answer = httpx.post(f"{mesh.gateway.base_url}/generate", timeout=30, json={
+        "text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True, "n": 2},
+                                                {"max_new_tokens": 5, "ignore_eos": True}]})
+    assert answer.status_code == 200, answer.text
+    after = scrape(url)
+
+    def delta(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    # Prompts of 3, 3, 2, 2 and 1 sequences, whose longest made 4, 4, 3, 2 and 5 tokens.
+    assert delta("baton_request_params_n_count") == 5 and delta("baton_request_params_n_sum") == 3 + 3 + 2 + 2 + 1
+    assert [delta("baton_request_params_n_bucket", le=le) for le in ("1.0", "2.0", "5.0")] == [1, 3, 5]
+    assert delta("baton_request_max_num_generation_tokens_count") == 5
+    assert delta("baton_request_max_num_generation_tokens_sum") == 4 + 4 + 3 + 2 + 5
 
 
 def test_refused_requests_are_counted_by_reason(mesh, client):

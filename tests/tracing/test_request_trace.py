@@ -54,10 +54,14 @@ def test_a_streamed_chat_is_one_tree_from_http_to_the_last_token(traced_mesh, re
     assert events[-1] == "[DONE]"
     response_id = json.loads(events[0])["id"]
 
+    # Every span the tree is checked for, each server span with its children: a process exports a span
+    # once it ends, so a parent may come in a later batch than its children (the prefill call's did).
     expected = {("baton-gateway", "POST /v1/chat/completions"), ("baton-gateway", f"chat {traced_mesh.model_name}"),
                 ("baton-tokenizer", "/baton.tokenizer.v1.Tokenizer/ApplyChatTemplate"),
-                ("baton-prefill", "kv.transfer"), ("baton-decode", "/baton.decode.v1.Decode/Decode"),
-                ("baton-decode", "decode.first_step")}
+                ("baton-prefill", "/baton.prefill.v1.Prefill/PrefillStream"), ("baton-prefill", "prefill.queue"),
+                ("baton-prefill", "prefill.chunk"), ("baton-prefill", "kv.transfer"),
+                ("baton-decode", "/baton.decode.v1.Decode/Reserve"), ("baton-decode", "/baton.decode.v1.Decode/Decode"),
+                ("baton-decode", "decode.queue"), ("baton-decode", "decode.first_step")}
 
     def complete(spans: list[ReceivedSpan]) -> bool:  # each process exports on its own schedule
         return expected <= {(s.service, s.name) for s in spans if s.trace_id == TRACE_ID}

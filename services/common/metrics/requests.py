@@ -8,6 +8,8 @@ from arrival to its last token (as vLLM's frontend counts them).
 - time per output token: (last token − first token) / (tokens − 1), once per finished
   request of at least two tokens;
 - end to end: arrival → the last token, once per finished request;
+- per prompt whose sequences all ended, as vLLM's: how many there were (`n`) and the most tokens one
+  generated;
 - per finished request, as vLLM's `vllm:request_*` histograms: its prompt's and its output's tokens,
   the `max_tokens` it asked for, and from when the engine that computed its first token took it
   (`scheduled`, on this clock) to that token (prefill time) and to its last (inference time), and
@@ -30,6 +32,7 @@ from services.common.metrics.service import LABELS, LATENCY_BUCKETS, ServiceMetr
 # bound (1 ms) would hold nearly all of them.
 # Tokens, 1-2-5 per decade to a million (vLLM's buckets, for any context).
 TOKEN_BUCKETS = (*(m * 10 ** e for e in range(6) for m in (1, 2, 5)), 1_000_000)
+N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's, for a request's n
 HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -61,6 +64,10 @@ class RequestMetrics:
                                                          "Tokens generated per finished request")
         self.request_max_tokens = token_histogram("baton_request_params_max_tokens",
                                                   "The max_tokens of each finished request")
+        self.request_n = Histogram("baton_request_params_n", "Sequences generated for each prompt (its n)", LABELS,
+                                   buckets=N_BUCKETS, registry=registry).labels(**labels)
+        self.request_max_generation_tokens = token_histogram(
+            "baton_request_max_num_generation_tokens", "The most tokens any one sequence of a prompt generated")
         self.request_prefill_time = histogram("baton_request_prefill_time_seconds",
                                               "A worker's engine taking a request to its first token")
         self.request_decode_time = histogram("baton_request_decode_time_seconds", "A request's first token to its last")
@@ -80,6 +87,11 @@ class RequestMetrics:
     def start(self) -> RequestTimer:
         """A request arrives now."""
         return RequestTimer(self, time.perf_counter())
+
+    def observe_sequence_group(self, num_sequences: int, max_generation_tokens: int) -> None:
+        """One prompt's sequences have all ended (the gateway's sequence_groups.py counts them)."""
+        self.request_n.observe(num_sequences)
+        self.request_max_generation_tokens.observe(max_generation_tokens)
 
     def observe_prefill(self, queue_s: float, transport: str | None, transfer_s: float, transfer_bytes: int,
                         rpc_legs: dict[str, float] | None = None) -> None:
