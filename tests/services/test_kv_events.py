@@ -1,7 +1,7 @@
-"""vLLM's KV events from a real decode worker (--kv-events-config), read as a KV-aware router
-written for vLLM reads them: a ZeroMQ SUB socket getting (topic, sequence number, msgpack batch),
-and the replay socket for what it missed. A prompt's blocks arrive as one BlockStored under the
-hashes the prefix index knows them by; evictions as BlockRemoved; a cache reset as AllBlocksCleared."""
+"""vLLM's KV events from real prefill and decode workers (--kv-events-config), read as a KV-aware
+router written for vLLM reads them: a ZeroMQ SUB socket getting (topic, sequence number, msgpack
+batch), and the replay socket for what it missed. A prompt's blocks arrive as one BlockStored under
+the hashes the prefix index knows them by; evictions as BlockRemoved; a cache reset as AllBlocksCleared."""
 from __future__ import annotations
 
 import json
@@ -21,6 +21,7 @@ from services.decode.config import DecodeServiceConfig
 from services.decode.servicer import SERVICE_NAME
 from services.kvstore.shared_memory import NAME_PREFIX
 from services.prefill.config import PrefillServiceConfig
+from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.conftest import port_outside_ephemeral_range
 from tests.services.decode.test_decode_service import Service
 from tests.services.service_process import ServiceProcess
@@ -118,6 +119,24 @@ def test_a_router_follows_the_workers_cache_by_its_events(worker, tiny_demo_mode
         router.receive_until(lambda events: events[-1] == {"type": "AllBlocksCleared"})
     finally:
         router.close()
+
+
+def test_a_prefill_worker_publishes_what_its_warm_up_cached(tiny_demo_model):
+    port, replay_port = port_outside_ephemeral_range(), port_outside_ephemeral_range()
+    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}"}
+    worker = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "64", "--kv-events-config",
+                            json.dumps(config))
+    router = Router(port, replay_port, b"")
+    try:
+        router.replay(0)
+        events = router.events()
+        assert events[0] == {"type": "AllBlocksCleared"} and len(events) > 1
+        for stored in events[1:]:  # its warm-up prompts' blocks, each chain after its parent
+            assert stored["type"] == "BlockStored" and stored["medium"] == "CPU" and stored["block_size"] == BLOCK_SIZE
+            assert len(stored["token_ids"]) == BLOCK_SIZE * len(stored["block_hashes"])
+    finally:
+        router.close()
+        assert worker.terminate() == 0
 
 
 def test_a_second_worker_on_the_same_endpoint_fails_to_start(worker, tiny_demo_model):
