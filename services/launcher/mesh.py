@@ -31,7 +31,14 @@ from services.launcher.gateway_probe import http_model_name
 from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit
 from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
-from services.launcher.specs import DECODE_NAME_PREFIXES, MeshConfig, gateway_spec, kvstore_spec, worker_specs
+from services.launcher.specs import (
+    DECODE_NAME_PREFIXES,
+    MeshConfig,
+    gateway_spec,
+    kv_events_endpoints,
+    kvstore_spec,
+    worker_specs,
+)
 
 REDIS_START_TIMEOUT_S = 10.0  # it answers PING within milliseconds; bounded by --start-timeout
 SERVICES_ROOT = Path(__file__).resolve().parents[2]  # where `python -m services.<name>` resolves
@@ -177,6 +184,9 @@ class Mesh:
     def _table(self) -> str:
         shown = {name: f"{address}, {self.metrics_addresses[name]} (metrics)" if name in self.metrics_addresses
                  else address for name, address in self.addresses.items()}
+        for name, endpoints in kv_events_endpoints(self.config).items():
+            if name in shown:
+                shown[name] += f", {endpoints} (KV events)"
         return process_table(self.children, shown)
 
     async def _learn_segments(self) -> None:

@@ -215,6 +215,20 @@ def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_addre
     return specs
 
 
+def kv_events_endpoints(config: MeshConfig) -> dict[str, str]:
+    """Where each worker publishes its KV events (and replays them), by name; none without --kv-events-config."""
+    if config.kv_events_config is None:
+        return {}
+    given = KVEventsConfig.from_json(config.kv_events_config, "--kv-events-config")
+    names = ([f"colocated-{i}" for i in range(config.num_decode)] if config.is_colocated else
+             [*(f"prefill-{i}" for i in range(config.num_prefill)), *(f"decode-{i}" for i in range(config.num_decode))])
+    shown = {}
+    for index, name in enumerate(names):
+        worker = for_worker(given, index)
+        shown[name] = worker.endpoint + (f", replay {worker.replay_endpoint}" if worker.replay_endpoint else "")
+    return shown
+
+
 def _kv_events_args(config: MeshConfig, index: int) -> tuple[str, ...]:
     """The `index`th worker's --kv-events-config (prefill workers first, then decode): its own ports."""
     if config.kv_events_config is None:

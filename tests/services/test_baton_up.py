@@ -596,7 +596,7 @@ def test_a_child_is_killed_only_after_its_shutdown_grace(tiny_demo_model):
 def test_every_worker_publishes_its_kv_events_on_ports_of_its_own(tiny_demo_model):
     import json
 
-    from services.launcher.specs import MeshConfig, worker_specs
+    from services.launcher.specs import MeshConfig, kv_events_endpoints, worker_specs
 
     given = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:7000",
                         "topic": "kv"})
@@ -610,11 +610,14 @@ def test_every_worker_publishes_its_kv_events_on_ports_of_its_own(tiny_demo_mode
                          "prefill-1": ("tcp://*:6001", "tcp://*:7001", "kv"),
                          "decode-0": ("tcp://*:6002", "tcp://*:7002", "kv"),
                          "decode-1": ("tcp://*:6003", "tcp://*:7003", "kv")}
+    assert kv_events_endpoints(MeshConfig(tiny_demo_model, num_prefill=2, num_decode=2, kv_events_config=given)) == {
+        name: f"{endpoint}, replay {replay}" for name, (endpoint, replay, _) in published.items()}  # its table's
     colocated = worker_specs(MeshConfig(tiny_demo_model, num_prefill=0, num_decode=2, is_colocated=True,
                                         kv_events_config=given))
     assert [json.loads(s.argv[s.argv.index("--kv-events-config") + 1])["endpoint"] for s in colocated[1:]] == [
         "tcp://*:6000", "tcp://*:6001"]
     assert "--kv-events-config" not in worker_specs(MeshConfig(tiny_demo_model))[1].argv
+    assert kv_events_endpoints(MeshConfig(tiny_demo_model)) == {}
     overlapping = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:5557",
                               "replay_endpoint": "tcp://*:5558"})
     with pytest.raises(ValueError, match="move the replay endpoint 2 ports or more away"):
