@@ -105,22 +105,36 @@ def _read(path: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-async def run_batch(lines: list[str], url: str, api_key: str | None, max_concurrency: int,
-                    timeout_s: float) -> list[dict[str, Any]]:
-    """Each line's result, in order."""
-    import httpx
-
+def parsed_lines(lines: list[str]) -> list[dict[str, Any]]:
+    """Each line's request, or {"custom_id", "error"} saying why it cannot be sent."""
     requests, seen = [], set()
     for number, line in enumerate(lines, 1):
         request = _parsed(number, line, seen)
         requests.append(request)
         if "error" not in request:
             seen.add(request["custom_id"])
+    return requests
+
+
+async def run_batch(lines: list[str], url: str, api_key: str | None, max_concurrency: int,
+                    timeout_s: float, transport=None, on_result=None) -> list[dict[str, Any]]:
+    """Each line's result, in order. `transport`: httpx's way to the server (None: the network; the
+    gateway's Batch API hands it the app itself); `on_result(index, result)`: told of each as it comes."""
+    import httpx
+
+    requests = parsed_lines(lines)
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency)
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, limits=limits) as client:
-        async def one(request: dict[str, Any]) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, limits=limits,
+                                 transport=transport) as client:
+        async def one(index: int, request: dict[str, Any]) -> dict[str, Any]:
+            result = await answer(request)
+            if on_result is not None:
+                on_result(index, result)
+            return result
+
+        async def answer(request: dict[str, Any]) -> dict[str, Any]:
             if "error" in request:
                 return _result(request.get("custom_id"), error=request["error"])
             async with limit:
@@ -136,7 +150,7 @@ async def run_batch(lines: list[str], url: str, api_key: str | None, max_concurr
             return _result(request["custom_id"], {"status_code": response.status_code,
                                                   "request_id": response.headers.get("x-request-id"), "body": body})
 
-        return list(await asyncio.gather(*(one(request) for request in requests)))
+        return list(await asyncio.gather(*(one(i, request) for i, request in enumerate(requests))))
 
 
 def _parsed(number: int, line: str, seen: set[str]) -> dict[str, Any]:

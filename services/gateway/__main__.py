@@ -234,6 +234,7 @@ class GatewayService:
         await self.http.stop()
         if self.state is not None:
             await self.state.background.close()
+            await self.state.batches.close()
             if self.state.idle_sleep is not None:
                 await self.state.idle_sleep.aclose()
         if self.pipeline is not None:

@@ -34,6 +34,10 @@ class ApiKeys:
             raise ValueError("ApiKeys needs at least one key")
         self._keys = [key.encode() for key in keys]
 
+    def any_key(self) -> str:
+        """One of the keys, for a request the gateway sends itself (a batch's)."""
+        return self._keys[0].decode()
+
     def admits(self, authorization: str | bytes | None) -> bool:
         """Whether an `Authorization` header value carries one of the keys."""
         if authorization is None:

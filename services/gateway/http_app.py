@@ -49,6 +49,7 @@ from services.gateway.anthropic_api import add_anthropic_routes
 from services.gateway.anthropic_errors import in_its_apis_shape
 from services.gateway.api_keys import ApiKeys, RequireApiKey
 from services.gateway.background_responses import BackgroundResponses
+from services.gateway.batch_api import BatchJobs, add_batch_routes
 from services.gateway.cancel_api import add_cancel_routes
 from services.gateway.chat_serving import ChatServing
 from services.gateway.errors import APIError, api_error_response, to_api_error, validation_error
@@ -92,6 +93,7 @@ class GatewayState:
     reasoning_parser: str | None = None  # None: a chat reply's text is all content
     responses: MemoryResponseStore | RedisResponseStore | None = None  # None: no response is stored
     background: BackgroundResponses = field(default_factory=BackgroundResponses)
+    batches: BatchJobs = field(default_factory=BatchJobs)  # OpenAI's Batch API, and the files it reads and writes
     serving: HttpServing = HttpServing()  # CORS (and TLS, which uvicorn serves)
     chat_serving: ChatServing = ChatServing()
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
@@ -158,6 +160,7 @@ def create_app(state: GatewayState) -> FastAPI:
     add_pooling_routes(app, state.pipeline, state.models, lambda model: check_model(state, model))
     add_sglang_encode_route(app, state, lambda model: check_model(state, model))
     add_tokens_routes(app, state, lambda model: check_model(state, model))
+    add_batch_routes(app, state.batches, state.api_keys.any_key() if state.api_keys is not None else None)
     add_cancel_routes(app, state.pipeline.running)
     add_render_routes(app, state, lambda model: check_model(state, model))
 

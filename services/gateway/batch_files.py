@@ -1,0 +1,64 @@
+"""OpenAI's Files API as batches use it (`POST /v1/files` with purpose "batch", `GET /v1/files`,
+`GET /v1/files/{id}`, `GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`), as SGLang's server
+serves it: the files uploaded and the batches' output and error files, kept in a directory of the
+gateway's own (made when the first is stored, deleted when it stops): they last as long as it runs."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from services.gateway.errors import APIError
+
+PURPOSES = ("batch",)  # what a client uploads; a batch's own files are "batch_output"
+
+
+class FileStore:
+    def __init__(self) -> None:
+        self._directory: Path | None = None
+        self._files: dict[str, dict[str, Any]] = {}  # id -> its File object, in the order stored
+
+    def add(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
+        """Store a file; its File object."""
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="baton-files-"))
+        file_id = f"file-{uuid.uuid4().hex}"
+        (self._directory / file_id).write_bytes(data)
+        self._files[file_id] = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
+                                "filename": filename, "purpose": purpose, "status": "processed",
+                                "status_details": None, "expires_at": None}
+        return self._files[file_id]
+
+    def get(self, file_id: str) -> dict[str, Any]:
+        found = self._files.get(file_id)
+        if found is None:
+            raise APIError(404, f"No file with id {file_id!r}", code="not_found", param="file_id")
+        return found
+
+    def content(self, file_id: str) -> bytes:
+        self.get(file_id)
+        return (self._directory / file_id).read_bytes()
+
+    def delete(self, file_id: str) -> dict[str, Any]:
+        self.get(file_id)
+        del self._files[file_id]
+        (self._directory / file_id).unlink()
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    def listed(self, purpose: str | None, limit: int, after: str | None) -> dict[str, Any]:
+        """OpenAI's list: newest first, `limit` of them after the file `after` (None: from the newest)."""
+        files = [f for f in reversed(self._files.values()) if purpose is None or f["purpose"] == purpose]
+        if after is not None:
+            ids = [f["id"] for f in files]
+            files = files[ids.index(after) + 1:] if after in ids else []
+        return {"object": "list", "data": files[:limit], "first_id": files[0]["id"] if files else None,
+                "last_id": files[:limit][-1]["id"] if files else None, "has_more": len(files) > limit}
+
+    def close(self) -> None:
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+            self._files.clear()
