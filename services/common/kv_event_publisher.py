@@ -138,8 +138,12 @@ class KVEventPublisher:
                     continue
                 if batch is None:
                     return
-                payload = encoder.encode(self._on_wire(*batch))
-                pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
+                try:
+                    payload = encoder.encode(self._on_wire(*batch))
+                    pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
+                except (zmq.ZMQError, TypeError, OverflowError):  # one batch lost, not the publisher
+                    log.exception("a batch of KV events could not be sent")
+                    continue
                 kept.append((seq, payload))
                 seq += 1
         finally:
