@@ -31,6 +31,8 @@ from engine.kv_event_log import AllBlocksCleared, KVEvent, RemovedBlocks, Stored
 from services.common.engine_loop import EngineLoop
 from services.common.entrypoint import StartError
 from services.common.kv_events_config import KVEventsConfig
+from services.common.metrics import ServiceMetrics
+from services.common.metrics.collector import LabelledCollector
 
 log = logging.getLogger("baton.kv_events")
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
@@ -66,11 +68,13 @@ class _KVEventBatch(msgspec.Struct, omit_defaults=True, gc=False):
 
 
 async def publish_kv_events(config: KVEventsConfig | None, engine_loop: EngineLoop, block_size: int,
-                            on_gpu: bool) -> KVEventPublisher | None:
-    """A worker's publisher, handed its engine's changes from now on; None unless the config says to publish."""
+                            on_gpu: bool, metrics: ServiceMetrics) -> KVEventPublisher | None:
+    """A worker's publisher, handed its engine's changes from now on, and counted in `metrics`; None
+    unless the config says to publish."""
     if config is None or not config.publishes:
         return None
     publisher = await asyncio.to_thread(KVEventPublisher, config, block_size, "GPU" if on_gpu else "CPU")
+    metrics.registry.register(_PublisherCollector(publisher, metrics.labels))
     await engine_loop.publish_kv_events(publisher.publish)
     log.info("publishing KV events on %s%s", config.endpoint,
              f", replaying them on {config.replay_endpoint}" if config.replay_endpoint else "")
@@ -85,6 +89,7 @@ class KVEventPublisher:
         self.block_size = block_size
         self.medium = medium
         self.num_dropped = 0  # batches the queue had no room for
+        self.num_sent = 0  # batches sent (each one message, one sequence number)
         self._batches: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
         self._bound = threading.Event()
         self._failure: Exception | None = None
@@ -146,6 +151,7 @@ class KVEventPublisher:
                     continue
                 kept.append((seq, payload))
                 seq += 1
+                self.num_sent = seq
         finally:
             pub.close(linger=0)
             if replay is not None:
@@ -162,6 +168,20 @@ class KVEventPublisher:
             elif isinstance(event, AllBlocksCleared):
                 wire.append(_AllBlocksCleared())
         return _KVEventBatch(ts, wire, 0)
+
+
+class _PublisherCollector(LabelledCollector):
+    """The publisher's counts, read when Prometheus scrapes."""
+
+    def __init__(self, publisher: KVEventPublisher, labels) -> None:
+        super().__init__(labels)
+        self.publisher = publisher
+
+    def collect(self):
+        yield self.counter("baton_kv_events_batches_sent", "Batches of KV events published", self.publisher.num_sent)
+        yield self.counter("baton_kv_events_batches_dropped", "Batches of KV events dropped, the queue to the "
+                           "publisher full (a subscriber's copy of the cache is stale since)",
+                           self.publisher.num_dropped)
 
 
 def _open(socket: zmq.Socket, endpoint: str) -> None:

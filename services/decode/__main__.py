@@ -185,7 +185,7 @@ class DecodeService:
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, self.pool.layout.block_size, max_model_len, self.pool.layout.num_blocks)
         self.kv_events = await publish_kv_events(self.config.kv_events, self.engine_loop, self.pool.layout.block_size,
-                                                 self.pool.tensor.is_cuda)
+                                                 self.pool.tensor.is_cuda, self.metrics)
         # Its load and free pages, and its prefix cache (prompts handed in by prefill join it):
         # the gateway weighs the part of a prompt this worker lacks when it may prefill it here.
         self.publisher = publisher_for("decode", self.config, self.port, self.engine_loop,

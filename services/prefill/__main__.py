@@ -151,7 +151,7 @@ class PrefillService:
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
             await warm_up(self.engine_loop, lengths)
         self.kv_events = await publish_kv_events(self.config.kv_events, self.engine_loop, layout.block_size,
-                                                 pool_tensor.is_cuda)
+                                                 pool_tensor.is_cuda, self.metrics)
         # Only once warm: a heartbeat puts this worker into routing.
         self.publisher = publisher_for("prefill", self.config, self.port, self.engine_loop,
                                        model_key=layout.fingerprint.hex(), block_size=layout.block_size,

@@ -8,9 +8,11 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.block_hash import hash_block_chain
 from engine.checkpoint import model_fingerprint
@@ -117,6 +119,20 @@ def test_a_router_follows_the_workers_cache_by_its_events(worker, tiny_demo_mode
         reset = cache_pb2_grpc.PrefixCacheStub(worker.channel).Reset(cache_pb2.ResetPrefixCacheRequest(), timeout=10)
         assert reset.reset
         router.receive_until(lambda events: events[-1] == {"type": "AllBlocksCleared"})
+        # Its /metrics count every batch it sent: the router got them all, numbered from 0.
+        address = worker.proc.stdout.readline().removeprefix("decode metrics on ").strip()
+
+        def scraped() -> dict[str, float]:
+            text = httpx.get(f"http://{address}/metrics", timeout=10).text
+            return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+        deadline = time.monotonic() + 5  # counted just after each is sent
+        while scraped()["baton_kv_events_batches_sent_total"] < len(router.batches):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        samples = scraped()
+        assert samples["baton_kv_events_batches_sent_total"] == len(router.batches) == max(router.batches) + 1
+        assert samples["baton_kv_events_batches_dropped_total"] == 0
     finally:
         router.close()
 
