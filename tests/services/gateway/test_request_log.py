@@ -57,7 +57,10 @@ def test_a_request_is_logged_as_it_arrives_and_ends_with_where_its_time_went(mes
     e2e = float(re.search(r"e2e_ms=([\d.]+)", finished)[1])
     assert 0 < float(re.search(r"ttft_ms=([\d.]+)", finished)[1]) < e2e
     phases = dict(re.findall(r"(\w+)=([\d.]+)", finished.split("phases_ms: ")[1]))
-    assert {"ingress", "route", "decode_steps"} <= phases.keys()
+    assert {"ingress", "route"} <= phases.keys()
+    # Its worker's part: its steps after the first token, unless a loaded worker sent all five tokens in
+    # the chunk of the first (then its compute and queue hold them).
+    assert phases.keys() & {"decode_steps", "prefill_compute", "decode_queue"}
     assert sum(map(float, phases.values())) == pytest.approx(e2e, abs=0.01 * len(phases) + 0.01)
 
 
