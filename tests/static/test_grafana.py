@@ -31,13 +31,14 @@ HISTOGRAMS = {"baton_time_to_first_token_seconds", "baton_time_per_output_token_
               "baton_request_generation_tokens", "baton_request_prefill_time_seconds",
               "baton_request_decode_time_seconds", "baton_request_inference_time_seconds", "baton_iteration_tokens",
               "baton_kv_block_lifetime_seconds", "baton_kv_block_idle_before_evict_seconds",
-              "baton_kv_block_reuse_gap_seconds"}
+              "baton_kv_block_reuse_gap_seconds", "baton_request_params_n", "baton_request_max_num_generation_tokens"}
 COUNTERS = {"baton_prompt_tokens_total", "baton_generation_tokens_total", "baton_request_success_total",
             "baton_request_errors_total", "baton_kv_transfer_bytes_total", "baton_prefix_cache_queries_total",
             "baton_prefix_cache_hits_total", "baton_router_requests_total", "baton_spec_decode_num_draft_tokens_total",
             "baton_spec_decode_num_accepted_tokens_total", "baton_spec_decode_num_drafts_total",
             "baton_spec_decode_num_accepted_tokens_per_pos_total", "baton_num_preemptions_total",
-            "baton_kv_disk_tier_hit_blocks_total"}
+            "baton_kv_disk_tier_hit_blocks_total", "baton_kv_events_batches_sent_total",
+            "baton_kv_events_batches_dropped_total"}
 GAUGES = {"baton_kv_pages_used", "baton_kv_pages_free", "baton_requests_running", "baton_requests_waiting",
           "baton_engine_init_duration_seconds", "baton_weight_loading_duration_seconds",
           "baton_warmup_duration_seconds", "baton_router_redis_up", "baton_kv_tier_bytes_used",
