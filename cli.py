@@ -112,6 +112,13 @@ def _build_parser() -> argparse.ArgumentParser:
     add_run_batch_arguments(batch)
     batch.set_defaults(run=_run_batch)
 
+    from services.common.kv_event_subscriber import DESCRIPTION as KV_EVENTS_DESCRIPTION, add_kv_events_arguments
+
+    events = sub.add_parser("kv-events", help="print a worker's KV events as JSON lines, as a KV-aware router reads "
+                                               "them", description=KV_EVENTS_DESCRIPTION)
+    add_kv_events_arguments(events)
+    events.set_defaults(run=_kv_events)
+
     demo = sub.add_parser("make-demo-model", help="write a tiny random-weight Llama model directory",
                           description="Write a random-weight LlamaForCausalLM directory with a locally "
                                       "trained byte-level BPE tokenizer.")
@@ -136,6 +143,12 @@ def _token_ids(text: str) -> list[int]:
     if not ids or min(ids) < 0:
         raise argparse.ArgumentTypeError(f"expected one or more non-negative token ids, got {text!r}")
     return ids
+
+
+def _kv_events(args: argparse.Namespace) -> int:
+    from services.common.kv_event_subscriber import kv_events_command
+
+    return kv_events_command(args)
 
 
 def _make_demo_model(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ the hashes the prefix index knows them by; evictions as BlockRemoved; a cache re
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from tests.conftest import port_outside_ephemeral_range
 from tests.services.decode.test_decode_service import Service
-from tests.services.service_process import ServiceProcess
+from tests.services.service_process import REPO_ROOT, ServiceProcess
 
 BLOCK_SIZE = 16
 PROMPT = [(31 * j) % 1000 + 3 for j in range(53)]  # three full blocks and a bit
@@ -135,6 +137,24 @@ def test_a_router_follows_the_workers_cache_by_its_events(worker, tiny_demo_mode
         assert samples["baton_kv_events_batches_dropped_total"] == 0
     finally:
         router.close()
+
+
+def test_baton_kv_events_prints_every_batch_once_in_order(worker, tiny_demo_model):
+    """`baton kv-events`: from batch 0 by the replay socket, then live, each batch one JSON line."""
+    port, replay_port = worker.ports
+    watch = subprocess.Popen([sys.executable, "-m", "cli", "kv-events", "--endpoint", f"tcp://127.0.0.1:{port}",
+                              "--replay", f"tcp://127.0.0.1:{replay_port}", "--idle-timeout", "3"],
+                             cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # replayed what came before; now live
+    watched = [(29 * j) % 1000 + 9 for j in range(3 * BLOCK_SIZE + 1)]
+    generate(worker, "watched", watched)
+    out, _ = watch.communicate(timeout=30)
+    assert watch.returncode == 0
+    batches = [json.loads(line) for line in out.splitlines()]
+    assert [b["seq"] for b in batches] == list(range(len(batches)))
+    assert batches[0]["events"][0] == {"type": "AllBlocksCleared"}
+    hashes = hash_block_chain(watched, BLOCK_SIZE, model_fingerprint(tiny_demo_model))
+    assert any(e.get("block_hashes") == hashes for e in batches[-1]["events"])  # the last, heard live
 
 
 def test_a_prefill_worker_publishes_what_its_warm_up_cached(tiny_demo_model):
