@@ -64,9 +64,9 @@ def test_sglangs_priority_schedules_larger_values_first(one_at_a_time):
     with ThreadPoolExecutor(3) as pool:
         running = pool.submit(finished_at, 1500, 10)  # holds the worker's one place (~1 s), preempted by neither
         time.sleep(0.3)
-        low = pool.submit(finished_at, 2, 1)  # arrives first: first under fcfs, and under vLLM's order
+        low = pool.submit(finished_at, 60, 1)  # arrives first: first under fcfs, and under vLLM's order
         time.sleep(0.1)
-        high = pool.submit(finished_at, 2, 5)
+        high = pool.submit(finished_at, 60, 5)  # tens of ms each: an order no thread switch can turn
         finished = {"running": running.result(), "high": high.result(), "low": low.result()}
         assert sorted(finished, key=finished.get) == ["running", "high", "low"], finished
     refused = httpx.post(url, json={"text": "Hi", "priority": 2**31}, timeout=30)
