@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 from loadgen.run_batch import SERVED_URLS, parsed_lines, run_batch
-from services.gateway.batch_files import PURPOSES, FileStore
+from services.gateway.batch_files import PURPOSES, FileStore, page
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
 
@@ -94,13 +94,7 @@ class BatchJobs:
         return found
 
     def listed(self, limit: int, after: str | None) -> dict[str, Any]:
-        batches = list(reversed(self._batches.values()))  # newest first
-        if after is not None:
-            ids = [b["id"] for b in batches]
-            batches = batches[ids.index(after) + 1:] if after in ids else []
-        page = batches[:limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(batches) > limit}
+        return page(list(self._batches.values()), limit, after)
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
         batch = self.get(batch_id)
@@ -133,8 +127,8 @@ class BatchJobs:
                             transport=self.transport, on_result=finished)
         except asyncio.CancelledError:  # cancelled: what finished is written all the same
             pass
-        batch.update(status="cancelling" if batch["status"] == "cancelling" else "finalizing",
-                     finalizing_at=int(time.time()))
+        is_cancelled = batch["status"] == "cancelling"
+        batch.update(status=batch["status"] if is_cancelled else "finalizing", finalizing_at=int(time.time()))
         done = [results[i] for i in sorted(results)]
         answered = [r for r in done if _succeeded(r)]
         refused = [r for r in done if not _succeeded(r)]
@@ -142,7 +136,7 @@ class BatchJobs:
             batch["output_file_id"] = self._write(f"{batch['id']}_output.jsonl", answered)
         if refused:
             batch["error_file_id"] = self._write(f"{batch['id']}_error.jsonl", refused)
-        if batch["status"] == "cancelling":
+        if is_cancelled:
             batch.update(status="cancelled", cancelled_at=int(time.time()))
         else:
             batch.update(status="completed", completed_at=int(time.time()))

@@ -49,16 +49,22 @@ class FileStore:
         return {"id": file_id, "object": "file", "deleted": True}
 
     def listed(self, purpose: str | None, limit: int, after: str | None) -> dict[str, Any]:
-        """OpenAI's list: newest first, `limit` of them after the file `after` (None: from the newest)."""
-        files = [f for f in reversed(self._files.values()) if purpose is None or f["purpose"] == purpose]
-        if after is not None:
-            ids = [f["id"] for f in files]
-            files = files[ids.index(after) + 1:] if after in ids else []
-        return {"object": "list", "data": files[:limit], "first_id": files[0]["id"] if files else None,
-                "last_id": files[:limit][-1]["id"] if files else None, "has_more": len(files) > limit}
+        return page([f for f in self._files.values() if purpose is None or f["purpose"] == purpose], limit, after)
 
     def close(self) -> None:
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
             self._files.clear()
+
+
+def page(objects: list[dict[str, Any]], limit: int, after: str | None) -> dict[str, Any]:
+    """OpenAI's list of `objects` (oldest first): newest first, `limit` of them after the one whose id
+    is `after` (None: from the newest)."""
+    newest_first = list(reversed(objects))
+    if after is not None:
+        ids = [o["id"] for o in newest_first]
+        newest_first = newest_first[ids.index(after) + 1:] if after in ids else []
+    shown = newest_first[:limit]
+    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
+            "last_id": shown[-1]["id"] if shown else None, "has_more": len(newest_first) > limit}

@@ -160,7 +160,7 @@ class HostPageTier:
             read = asyncio.ensure_future(self._load(taken))
             self._reading |= {key: read for key, _ in taken}
         blocks: dict[Key, StoredBlock] = {}
-        for read in {id(r): r for r in (self._reading[key] for key in keys)}.values():
+        for read in {self._reading[key] for key in keys}:  # each read once, however many of its keys
             blocks |= await asyncio.shield(read)  # a walk cancelled leaves the read to the others waiting
         return blocks
 

@@ -162,14 +162,14 @@ class MeshConfig:
     def _check_kv_events_endpoints(self) -> None:
         """Refused here rather than by every worker, as is a replay endpoint that a later worker's
         endpoint would take (5557 and 5558 for two workers: the second publishes on 5558)."""
-        given = KVEventsConfig.from_json(self.kv_events_config, "--kv-events-config")
-        num_workers = self.num_prefill + self.num_decode
-        endpoints = [e for i in range(num_workers) for e in (for_worker(given, i).endpoint,
-                                                            for_worker(given, i).replay_endpoint) if e]
+        workers = kv_events_by_worker(self).values()
+        endpoints = [e for worker in workers for e in (worker.endpoint, worker.replay_endpoint) if e]
         if len(set(endpoints)) < len(endpoints):
-            raise ValueError(f"--kv-events-config: {num_workers} workers publish on ports {given.endpoint} + 0.."
-                             f"{num_workers - 1} and replay on {given.replay_endpoint} + 0..{num_workers - 1}, "
-                             f"which overlap: move the replay endpoint {num_workers} ports or more away")
+            given = KVEventsConfig.from_json(self.kv_events_config, "--kv-events-config")
+            n = len(workers)
+            raise ValueError(f"--kv-events-config: {n} workers publish on ports {given.endpoint} + 0..{n - 1} and "
+                             f"replay on {given.replay_endpoint} + 0..{n - 1}, which overlap: move the replay "
+                             f"endpoint {n} ports or more away")
 
     @property
     def stop_after_s(self) -> float:
@@ -202,39 +202,41 @@ def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_addre
     model = ("--model", str(config.model_dir))
     tier = ("--kvstore", kvstore_address) if kvstore_address else ()
     specs = [_worker_spec(config, redis_url, "tokenizer", "tokenizer", *model)]
+    kv_events = kv_events_by_worker(config)
+
+    def events(name: str) -> tuple[str, ...]:
+        return ("--kv-events-config", as_json(kv_events[name])) if name in kv_events else ()
+
     if config.is_colocated:
         pool = () if DECODE_KV_BLOCKS_VARIABLE in os.environ else ("--kv-blocks", str(COLOCATED_KV_BLOCKS))
-        return specs + [_worker_spec(config, redis_url, f"colocated-{i}", "decode", *model, *pool,
-                                     *_kv_events_args(config, i))
-                        for i in range(config.num_decode)]
-    specs += [_worker_spec(config, redis_url, f"prefill-{i}", "prefill", *model, *tier, *_kv_events_args(config, i))
-              for i in range(config.num_prefill)]
-    specs += [_worker_spec(config, redis_url, f"decode-{i}", "decode", *model,
-                           *_kv_events_args(config, config.num_prefill + i))
-              for i in range(config.num_decode)]
+        return specs + [_worker_spec(config, redis_url, name, "decode", *model, *pool, *events(name))
+                        for name in _worker_names(config)]
+    specs += [_worker_spec(config, redis_url, name, name.partition("-")[0], *model,
+                           *(tier if name.startswith("prefill-") else ()), *events(name))
+              for name in _worker_names(config)]
     return specs
 
 
-def kv_events_endpoints(config: MeshConfig) -> dict[str, str]:
-    """Where each worker publishes its KV events (and replays them), by name; none without --kv-events-config."""
+def _worker_names(config: MeshConfig) -> list[str]:
+    """The prefill and decode workers' names (colocated ones'), in order: prefill workers first."""
+    if config.is_colocated:
+        return [f"colocated-{i}" for i in range(config.num_decode)]
+    return [*(f"prefill-{i}" for i in range(config.num_prefill)), *(f"decode-{i}" for i in range(config.num_decode))]
+
+
+def kv_events_by_worker(config: MeshConfig) -> dict[str, KVEventsConfig]:
+    """Each worker's --kv-events-config by name, the `index`th in order on its own ports (for_worker);
+    none without `baton up --kv-events-config`."""
     if config.kv_events_config is None:
         return {}
     given = KVEventsConfig.from_json(config.kv_events_config, "--kv-events-config")
-    names = ([f"colocated-{i}" for i in range(config.num_decode)] if config.is_colocated else
-             [*(f"prefill-{i}" for i in range(config.num_prefill)), *(f"decode-{i}" for i in range(config.num_decode))])
-    shown = {}
-    for index, name in enumerate(names):
-        worker = for_worker(given, index)
-        shown[name] = worker.endpoint + (f", replay {worker.replay_endpoint}" if worker.replay_endpoint else "")
-    return shown
+    return {name: for_worker(given, index) for index, name in enumerate(_worker_names(config))}
 
 
-def _kv_events_args(config: MeshConfig, index: int) -> tuple[str, ...]:
-    """The `index`th worker's --kv-events-config (prefill workers first, then decode): its own ports."""
-    if config.kv_events_config is None:
-        return ()
-    given = KVEventsConfig.from_json(config.kv_events_config, "--kv-events-config")
-    return "--kv-events-config", as_json(for_worker(given, index))
+def kv_events_endpoints(config: MeshConfig) -> dict[str, str]:
+    """Where each worker publishes its KV events (and replays them), by name, for `baton up`'s table."""
+    return {name: worker.endpoint + (f", replay {worker.replay_endpoint}" if worker.replay_endpoint else "")
+            for name, worker in kv_events_by_worker(config).items()}
 
 
 def gateway_spec(config: MeshConfig, workers: dict[str, str], redis_url: str | None = None) -> ChildSpec:
