@@ -1,11 +1,11 @@
 """Baton against `transformers.generate`: offline throughput, batch-1 decode, per-step CPU overhead.
 
     .venv/bin/python bench/engine_throughput.py [--models 7m,160m] [--quick]
-        [--max-num-batched-tokens 2048] [--sweep 512,1024,4096] [--threads N]
+        [--max-num-batched-tokens 2048] [--sweep 512,1024,4096] [--threads N] [--device cuda]
 
 Our machines are small and shared, so absolute tokens/s mean little: every
 figure is a ratio against transformers measured on the same model in the same
-process. The last line of output is one JSON object with all the figures.
+process (on `--device`, both sides). The last line of output is one JSON object with all the figures.
 On a busy machine `--threads 1` is steadier: torch's default of one thread
 per core stalls whenever a neighbour takes a core, and `--repeats 3` keeps
 the best of three alternating Baton/transformers runs.
@@ -141,12 +141,14 @@ class StepProfiler:
         return outputs
 
 
-def make_engine(model_dir: Path, workloads: list[list[Request]], max_num_batched_tokens: int) -> LLMEngine:
+def make_engine(model_dir: Path, workloads: list[list[Request]], max_num_batched_tokens: int,
+                device: str) -> LLMEngine:
     # Room for every request of a workload at once (no preemption), plus the warm-up and batch-1 requests.
     need = max(sum(math.ceil((len(r.prompt) + r.output_len) / BLOCK_SIZE) for r in w) for w in workloads)
     extra = 2 * math.ceil((BATCH1_PROMPT_LEN + BATCH1_OUTPUT_LEN) / BLOCK_SIZE)
-    config = EngineConfig(model=str(model_dir), dtype="float32", block_size=BLOCK_SIZE, num_kv_blocks=need + extra,
-                          max_num_seqs=max(64, len(workloads[0])), max_num_batched_tokens=max_num_batched_tokens)
+    config = EngineConfig(model=str(model_dir), dtype="float32", device=device, block_size=BLOCK_SIZE,
+                          num_kv_blocks=need + extra, max_num_seqs=max(64, len(workloads[0])),
+                          max_num_batched_tokens=max_num_batched_tokens)
     engine = LLMEngine(config)
     # Warm-up: the first steps pay for allocator growth and lazy initialisation.
     list(engine.generate([[1] * 40, [2] * 70], greedy(8)))
@@ -184,10 +186,10 @@ def baton_decode_only(profiler: StepProfiler, prompt: list[int], n: int, request
 # --- transformers ---------------------------------------------------------------------
 
 
-def load_hf(model_dir: Path):
+def load_hf(model_dir: Path, device: str):
     from transformers import AutoModelForCausalLM  # a test-only dependency
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     # No eos: every sequence runs to max_new_tokens, like ignore_eos on the Baton side.
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = PAD_ID
@@ -202,6 +204,7 @@ def hf_generate(model, prompts: list[list[int]], max_new: int, streamer=None) ->
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
                              do_sample=False, streamer=streamer)
@@ -215,7 +218,8 @@ def run_hf(model, workload: list[Request]) -> tuple[float, int]:
     start = time.perf_counter()
     for i in range(0, len(workload), HF_BATCH_SIZE):
         batch = workload[i:i + HF_BATCH_SIZE]
-        hf_generate(model, [r.prompt for r in batch], max(r.output_len for r in batch))
+        last = hf_generate(model, [r.prompt for r in batch], max(r.output_len for r in batch))
+    last.cpu()  # waits for a device's queued work
     return time.perf_counter() - start, sum(r.output_len for r in workload)
 
 
@@ -272,7 +276,7 @@ def bench_throughput(name: str, model_dir: Path, workloads: list[list[Request]],
         f"us/step, {decode_steps['overhead']} on decode-only steps ({len(best_recs)} steps)")
     sweep = {args.max_num_batched_tokens: round(best_tps, 1)}
     for mnbt in args.sweep:
-        w, t, _ = run_baton(StepProfiler(make_engine(model_dir, workloads, mnbt)), workloads[0])
+        w, t, _ = run_baton(StepProfiler(make_engine(model_dir, workloads, mnbt, args.device)), workloads[0])
         sweep[mnbt] = round(t / w, 1)
         log(f"[{name}] sweep: max_num_batched_tokens={mnbt}: {sweep[mnbt]:.0f} tok/s")
     if args.sweep:
@@ -317,12 +321,12 @@ def bench_model(name: str, args) -> dict:
     workloads = [make_workload(n, vocab, prompt_range, output_range, seed=args.seed + rep)
                  for rep in range(args.repeats)]
     workload = workloads[0]
-    profiler = StepProfiler(make_engine(model_dir, workloads, args.max_num_batched_tokens))
+    profiler = StepProfiler(make_engine(model_dir, workloads, args.max_num_batched_tokens, args.device))
     num_params = sum(p.numel() for p in profiler.engine.runner.model.parameters())
     kernels = profiler.engine.runner.kernels.name
     log(f"[{name}] {num_params / 1e6:.1f}M parameters, {MODELS[name]}, Baton kernels {kernels!r}; {n} requests, "
         f"{sum(len(r.prompt) for r in workload)} prompt tokens, {sum(r.output_len for r in workload)} output tokens")
-    hf = load_hf(model_dir)
+    hf = load_hf(model_dir, args.device)
     hf_generate(hf, [[1] * 40, [2] * 70], 8)  # warm-up
     return ({"params": num_params, "kernels": kernels}
             | bench_throughput(name, model_dir, workloads, profiler, hf, args)
@@ -339,6 +343,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="throughput runs per side, alternating; best counts")
     parser.add_argument("--batch1-repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where both sides run: cpu, cuda or cuda:N")
     args = parser.parse_args()
     args.sweep = [int(x) for x in args.sweep.split(",") if x]
     names = [m for m in args.models.split(",") if m]
@@ -351,7 +356,7 @@ def main() -> None:
 
     results = {name: bench_model(name, args) for name in names}
     summary = {"load_average": [round(x, 2) for x in os.getloadavg()], "threads": torch.get_num_threads(),
-               "quick": args.quick, "max_num_batched_tokens": args.max_num_batched_tokens}
+               "quick": args.quick, "max_num_batched_tokens": args.max_num_batched_tokens, "device": args.device}
     # The issue's key names: unprefixed keys are the 7m model, "small_" ones the 160m model.
     for name, prefix in (("7m", ""), ("160m", "small_")):
         r = results.get(name, {})

@@ -106,7 +106,8 @@ def decode_attention_torch(
         out = _written_out_attention(qh, keys, values, mask[None, :, None, :], scale, softcap, sink_logits)
     else:
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
-    return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
+    # Contiguous, as callers view it: CUDA's fused kernels lay their output out by query position.
+    return out.transpose(0, 1).reshape(batch, num_heads, head_dim).contiguous()
 
 
 def _written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

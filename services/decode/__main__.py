@@ -1,5 +1,5 @@
 """`python -m services.decode --model DIR [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--kv-blocks N]
-[--max-num-seqs N] [--lease-ms MS] [--redis URL] [--instance-id ID]`
+[--max-num-seqs N] [--lease-ms MS] [--device auto|cpu|cuda[:N]] [--redis URL] [--instance-id ID]`
 
 Serves Decode, and beside it on the same port KVStore (kv_receiver.py), through which
 a prefill worker on another host streams pages into the reservations.
@@ -7,10 +7,11 @@ a prefill worker on another host streams pages into the reservations.
 Runs through services/common/entrypoint.py: binds and prints `decode listening on
 HOST:PORT` (the line `baton up` reads) and `decode metrics on HOST:PORT` (Prometheus'
 /metrics: services/common/metrics/), then, while health reports NOT_SERVING,
-loads the engine with its KV pool in a shared-memory segment this process owns,
-and warms it up with dummy requests through reserve → add_prefilled_request →
-decode; then SERVING. With --redis it then heartbeats its load and free pages into
-the instance registry and publishes its prefix cache (services/common/index_publisher.py).
+loads the engine with its KV pool in a shared-memory segment this process owns
+(on a GPU: in device memory, offered by its CUDA IPC handle), and warms it up with
+dummy requests through reserve → add_prefilled_request → decode; then SERVING. With
+--redis it then heartbeats its load and free pages into the instance registry and
+publishes its prefix cache (services/common/index_publisher.py).
 SIGTERM or SIGINT: it leaves the registry, health turns NOT_SERVING, in-flight calls get a grace period,
 the segment is unlinked, exit code 0. A bad setting, an address that cannot be
 bound or an unloadable model exits 2 with one line on stderr.
@@ -56,9 +57,11 @@ from services.common.weights_servicer import SERVICE_NAME as WEIGHTS_SERVICE_NAM
 from services.decode.config import DecodeServiceConfig
 from services.decode.kv_receiver import SERVICE_NAME as KVSTORE_SERVICE_NAME, KVReceiver
 from services.decode.servicer import SERVICE_NAME, DecodeServicer
+from services.kvstore.cuda_pool import CudaKVPool
 from services.kvstore.layout import PageLayout
 from services.kvstore.shared_memory import SharedKVPool
 
+KVPool = SharedKVPool | CudaKVPool
 log = logging.getLogger("baton.decode")
 
 # Every sampler path a request can take: greedy, and seeded sampling with filters,
@@ -70,22 +73,21 @@ WARMUP_PARAMS = (
 )
 
 
-def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
-    """The engine, its KV pool placed in a new shared-memory segment (owned, unlinked on failure)."""
+def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
+    """The engine, its KV pool placed where prefill workers on this host can write it: a new shared-memory
+    segment (owned, unlinked on failure) on the CPU, a pool exported by its CUDA IPC handle on a GPU."""
     model_dir = config.model_dir
     fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
-    pools: list[SharedKVPool] = []
+    pools: list[KVPool] = []
 
-    def shared_tensor(shape, dtype, device):
-        if device != "cpu":
-            raise ValueError(f"the shared-memory KV pool is host memory; device {device!r} is not supported")
+    def placed_tensor(shape, dtype, device):
         # shape: [L, 2, Hkv, N, bs, D]
         layout = PageLayout(num_layers=shape[0], num_kv_heads=shape[2], num_blocks=shape[3], block_size=shape[4],
                             head_dim=shape[5], dtype=str(dtype).removeprefix("torch."), fingerprint=fingerprint)
-        pools.append(SharedKVPool.create(layout))
+        pools.append(SharedKVPool.create(layout) if device == "cpu" else CudaKVPool(layout, device))
         return pools[-1].tensor
 
-    engine_config = EngineConfig(model=str(model_dir), num_kv_blocks=config.num_kv_blocks,
+    engine_config = EngineConfig(model=str(model_dir), device=config.device, num_kv_blocks=config.num_kv_blocks,
                                  kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
@@ -97,7 +99,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, SharedKVPool]:
                                  speculative=config.speculative, hf_overrides=config.hf_overrides,
                                  per_request_spec_decode_metrics=config.per_request_spec_decode_metrics)
     try:
-        engine = LLMEngine(engine_config, kv_tensor_factory=shared_tensor)
+        engine = LLMEngine(engine_config, kv_tensor_factory=placed_tensor)
     except BaseException:
         gc.collect()
         for pool in pools:
@@ -128,7 +130,7 @@ async def warm_up(engine_loop: EngineLoop, block_size: int, max_model_len: int, 
         await finished(outputs)
 
 
-def _close_pool(pool: SharedKVPool) -> None:
+def _close_pool(pool: KVPool) -> None:
     try:
         pool.close()
     except BufferError as e:  # a view outlived the engine; the name is unlinked all the same
@@ -161,7 +163,7 @@ class DecodeService:
                           (scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                            SchedulerServicer(self.cache, lambda: self.servicer.leases))]
         self.engine_loop: EngineLoop | None = None
-        self.pool: SharedKVPool | None = None
+        self.pool: KVPool | None = None
         self.publisher: InstancePublisher | None = None
         self.kv_events: KVEventPublisher | None = None
 
@@ -179,7 +181,8 @@ class DecodeService:
         self.engine_loop.on_failure(lambda e: stop.fail("decode", f"its engine failed: {e!r}"))
         if stop.is_set():
             return None
-        self.servicer.attach(self.engine_loop, self.pool.layout, self.pool.name, self.metrics)
+        self.servicer.attach(self.engine_loop, self.pool.layout, self.metrics, shm_name=self.pool.name,
+                             cuda_ipc_handle=getattr(self.pool, "ipc_handle", b""))
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):
@@ -193,8 +196,8 @@ class DecodeService:
                                        block_size=self.pool.layout.block_size, publish_blocks=True)
         if self.publisher is not None:
             await self.publisher.start(stop)
-        return (f"serving {self.config.model_dir} in {self.config.dtype}: {self.pool.num_blocks} KV blocks in shared "
-                f"memory {self.pool.name}")
+        where = f"shared memory {self.pool.name}" if self.pool.name else f"{self.config.device} memory (CUDA IPC)"
+        return f"serving {self.config.model_dir} in {self.config.dtype}: {self.pool.num_blocks} KV blocks in {where}"
 
     async def close(self) -> None:
         if self.publisher is not None:

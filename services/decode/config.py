@@ -16,6 +16,7 @@ from typing import Any
 from engine.config import DEFAULT_MAX_LOGPROBS
 from engine.spec_decode_stats import PER_REQUEST_SPEC_DECODE_METRICS
 from engine.speculative import SpeculativeConfig
+from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
 from services.common.kv_pool_flags import add_kv_memory_flag
@@ -89,6 +90,7 @@ class DecodeServiceConfig:
     kv_cache_memory_bytes: int | None = None  # its size in bytes instead (kv_pool_flags.py)
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
+    device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
@@ -116,6 +118,7 @@ class DecodeServiceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
+        object.__setattr__(self, "device", resolved_device(self.device))
         object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
         check_bind(self.host, self.port, ENV_HOST)
         check_metrics_port(self.metrics_port)
@@ -153,6 +156,7 @@ class DecodeServiceConfig:
                             help=f"how long an unclaimed reservation holds its pages (${ENV_LEASE_MS})")
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
+        add_device_flag(parser, env)
         add_dtype_flag(parser, env)
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
         add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
@@ -179,7 +183,8 @@ class DecodeServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
-                   scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                   scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
+                   kv_cache_dtype=args.kv_cache_dtype,
                    logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
                    kv_cache_metrics_sample=kv_cache_metrics_sample(args),
                    kv_events=KVEventsConfig.from_json(args.kv_events_config,

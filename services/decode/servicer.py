@@ -68,16 +68,26 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.leases: LeaseTable | None = None
         self.layout: PageLayout | None = None
         self.shm_name = ""
+        self.cuda_ipc_handle = b""
+        self.transports: list[int] = []
         self.host_id = host_id()
         self.metrics = ServiceMetrics("decode")  # until `attach` gives the service's
         self._streaming: dict[str, _Phases] = {}  # request id -> its Decode or GenerateLocally call, while it runs
         self.opened_ahead = OpenedAhead("the decode worker")  # DecodePreopened's calls
 
-    def attach(self, engine_loop: EngineLoop, layout: PageLayout, shm_name: str, metrics: ServiceMetrics) -> None:
-        """Must run on the server's event loop (the lease timers live there)."""
+    def attach(self, engine_loop: EngineLoop, layout: PageLayout, metrics: ServiceMetrics, *, shm_name: str = "",
+               cuda_ipc_handle: bytes = b"") -> None:
+        """Must run on the server's event loop (the lease timers live there). The pool is reached on this host
+        through its segment `shm_name` (a CPU pool) or `cuda_ipc_handle` (a GPU pool), from any by the stream."""
         self.engine_loop = engine_loop
         self.layout = layout
         self.shm_name = shm_name
+        self.cuda_ipc_handle = cuda_ipc_handle
+        self.transports = [common_pb2.KV_TRANSPORT_GRPC_STREAM]
+        if cuda_ipc_handle:
+            self.transports.insert(0, common_pb2.KV_TRANSPORT_CUDA_IPC)
+        if shm_name:
+            self.transports.insert(0, common_pb2.KV_TRANSPORT_SHARED_MEMORY)
         self.metrics = metrics
         self.leases = LeaseTable(self.lease_ms / 1000, self._on_lease_expired)
 
@@ -120,8 +130,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         reservation_id = self.leases.grant(request.request_id, block_ids)
         return decode_pb2.Reservation(
             reservation_id=reservation_id, block_ids=block_ids, lease_ms=self.lease_ms,
-            layout=layout_to_proto(self.layout), shm_name=self.shm_name,
-            transports=[common_pb2.KV_TRANSPORT_SHARED_MEMORY, common_pb2.KV_TRANSPORT_GRPC_STREAM],
+            layout=layout_to_proto(self.layout), shm_name=self.shm_name, cuda_ipc_handle=self.cuda_ipc_handle,
+            transports=self.transports,
             host_id=self.host_id,
         )
 

@@ -1,6 +1,6 @@
 """`python -m services.prefill --model DIR [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--kv-blocks N]
-[--max-num-batched-tokens N] [--max-num-seqs N] [--no-kv-checksum] [--kvstore HOST:PORT] [--redis URL]
-[--instance-id ID]`
+[--max-num-batched-tokens N] [--max-num-seqs N] [--device auto|cpu|cuda[:N]] [--no-kv-checksum]
+[--kvstore HOST:PORT] [--redis URL] [--instance-id ID]`
 
 Runs through services/common/entrypoint.py: binds and prints `prefill listening on
 HOST:PORT` (the line `baton up` reads) and `prefill metrics on HOST:PORT` (Prometheus'
@@ -64,7 +64,7 @@ WARMUP_PARAMS = (
 
 
 def load_engine(config: PrefillServiceConfig) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(config.model_dir), num_kv_blocks=config.num_kv_blocks,
+    return LLMEngine(EngineConfig(model=str(config.model_dir), device=config.device, num_kv_blocks=config.num_kv_blocks,
                                   kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MAX_LOGPROBS
+from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
 from services.common.kv_pool_flags import add_kv_memory_flag
@@ -89,6 +90,7 @@ class PrefillServiceConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
+    device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
     dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
@@ -117,6 +119,7 @@ class PrefillServiceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
+        object.__setattr__(self, "device", resolved_device(self.device))
         object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--kv-blocks", self.num_kv_blocks)
@@ -163,6 +166,7 @@ class PrefillServiceConfig:
                             help="kvstore node to store the prefixes this worker reuses on, for other "
                                  f"workers to read instead of computing (${ENV_KVSTORE}; default: none)")
         add_scheduling_flag(parser, env, env_var=ENV_SCHEDULING_POLICY)
+        add_device_flag(parser, env)
         add_dtype_flag(parser, env)
         add_logprobs_mode_flag(parser, env, env_var=ENV_LOGPROBS_MODE)
         add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
@@ -181,7 +185,8 @@ class PrefillServiceConfig:
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),
-                   scheduling_policy=args.scheduling_policy, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                   scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
+                   kv_cache_dtype=args.kv_cache_dtype,
                    logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
                    kv_cache_metrics_sample=kv_cache_metrics_sample(args),
                    kv_events=KVEventsConfig.from_json(args.kv_events_config,

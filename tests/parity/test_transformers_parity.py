@@ -58,7 +58,7 @@ def _prefill_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
         _, logits = engine.runner.forward(batch)
         seq.num_computed_tokens += batch.num_new_tokens[0]
     engine.block_manager.free(seq)
-    return logits[0]
+    return logits[0].cpu()
 
 
 def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_lengths=PROMPT_LENGTHS,

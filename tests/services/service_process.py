@@ -64,8 +64,11 @@ class ServiceProcess:
                     != health_pb2.HealthCheckResponse.SERVING:
                 assert time.monotonic() < deadline, f"the {self.name} service never reported SERVING"
                 time.sleep(0.05)
-        except BaseException:  # no one holds it to terminate it: it would outlive the tests
+        except BaseException as e:  # no one holds it to terminate it: it would outlive the tests
             stop_process(self.proc)
+            if isinstance(e, grpc.RpcError):  # it stopped answering: what it logged says why
+                raise AssertionError(f"the {self.name} service did not come up ({e.code()}); it logged:\n"
+                                     f"{self.stderr_text()}") from e
             raise
 
     def _read_listening_line(self, timeout_s: float) -> str:

@@ -1,11 +1,13 @@
-"""--dtype of prefill and decode workers: read from the flag or the shared variable, checked by name
-(baton up passes it to both; tests/services/test_baton_up.py serves a bfloat16 mesh)."""
+"""--dtype and --device of prefill and decode workers: read from the flag or the shared variable, checked
+by name (baton up passes --dtype to both; tests/services/test_baton_up.py serves a bfloat16 mesh; workers on
+a CUDA device: tests/services/test_cuda_workers.py)."""
 from __future__ import annotations
 
 import json
 import shutil
 
 import pytest
+import torch
 
 from services.common.settings import ConfigError
 from services.decode.config import DecodeServiceConfig
@@ -41,3 +43,21 @@ def test_kv_cache_dtype_comes_from_the_flag_or_the_shared_variable(config, tiny_
     assert config.from_args([*model, "--kv-cache-dtype", "fp8_e5m2"], {}).kv_cache_dtype == "fp8_e5m2"
     with pytest.raises(ConfigError, match="--kv-cache-dtype must be one of auto, fp8, fp8_e4m3, fp8_e5m2, got 'int4'"):
         config.from_args([*model, "--kv-cache-dtype", "int4"], {})
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_device_is_the_cpu_or_a_cuda_device_torch_sees(config, tiny_demo_model):
+    model = ["--model", str(tiny_demo_model)]
+    has_cuda = torch.cuda.is_available()
+    assert config.from_args(model, {}).device == ("cuda:0" if has_cuda else "cpu")
+    assert config.from_args(model, {"BATON_DEVICE": "cpu"}).device == "cpu"
+    assert config.from_args([*model, "--device", "cpu"], {"BATON_DEVICE": "cuda"}).device == "cpu"
+    with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda or cuda:N, got 'tpu'"):
+        config.from_args([*model, "--device", "tpu"], {})
+    if has_cuda:
+        assert config.from_args([*model, "--device", "cuda"], {}).device == "cuda:0"
+        with pytest.raises(ConfigError, match=r"--device cuda:99: torch sees \d+ CUDA device"):
+            config.from_args([*model, "--device", "cuda:99"], {})
+    else:
+        with pytest.raises(ConfigError, match="--device cuda: torch sees no CUDA device here"):
+            config.from_args([*model], {"BATON_DEVICE": "cuda"})

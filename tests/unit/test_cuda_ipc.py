@@ -48,7 +48,7 @@ def _owner(handles: mp.Queue, results: mp.Queue, done: mp.Event) -> None:
     pool = torch.zeros(LAYOUT.shape, dtype=torch.float16, device="cuda")
     handles.put(export_handle(pool))
     done.wait(60)
-    results.put(pool.cpu())
+    results.put(pool.cpu().numpy())  # by value: a shared tensor's memory would leave with this process
 
 
 @needs_cuda
@@ -67,7 +67,7 @@ def test_pages_land_in_the_other_process_pool():
         assert num_bytes == 3 * LAYOUT.block_nbytes
         asyncio.run(transport.close())
         done.set()
-        written = results.get(timeout=60)
+        written = torch.from_numpy(results.get(timeout=60))
         expected = torch.zeros(LAYOUT.shape, dtype=torch.float16)
         expected[:, :, :, [4, 5, 9]] = src[:, :, :, [1, 2, 3]].cpu()
         assert torch.equal(written, expected)
