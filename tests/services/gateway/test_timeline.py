@@ -125,7 +125,9 @@ def local_gateway(mesh):
 
 def test_a_prompt_prefilled_on_decode_has_no_prefill_worker_phases(mesh, local_gateway):
     body = httpx.post(f"{local_gateway.base_url}/v1/completions", timeout=30, json={
-        "model": mesh.model_name, "prompt": [7, 8, 9, 10] * 10, "max_tokens": 8, "temperature": 0,
+        # Enough tokens that they come in more than one chunk: a chunk after the first marks decode_steps
+        # (8 once all came in the first, the decode worker's engine done before its stream first wrote).
+        "model": mesh.model_name, "prompt": [7, 8, 9, 10] * 10, "max_tokens": 64, "temperature": 0,
         "ignore_eos": True, "return_timeline": True}).json()
     (choice,) = body["timeline"]["choices"]
     assert choice["prefilled_on"] == "decode"
