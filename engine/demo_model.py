@@ -26,7 +26,7 @@ from engine.demo_tokenizer import (
     IM_END_TOKEN,
     SPECIAL_TOKENS,
     THINK_TOKENS,
-    train_tokenizer,
+    demo_tokenizer,
 )
 from engine.dtypes import TORCH_DTYPES
 
@@ -60,10 +60,10 @@ def make_demo_model(
 ) -> Path:
     """Write a random-weight Llama model directory at `path` and return it.
 
-    The same arguments give byte-identical files (on one Python and torch
-    version). `intermediate_size=None` means 8/3 x hidden, rounded up to a
-    multiple of 64. The tokenizer may hold fewer than `vocab_size` tokens when
-    the corpus runs out of merges; the embedding rows beyond it are unused.
+    The same arguments give byte-identical files (on one torch version; the tokenizer is the same
+    on every Python up to engine/demo_tokenizer.py's SHIPPED_VOCAB_SIZE). `intermediate_size=None`
+    means 8/3 x hidden, rounded up to a multiple of 64. The tokenizer may hold fewer than `vocab_size`
+    tokens when the corpus runs out of merges; the embedding rows beyond it are unused.
     `init_gain` scales every projection's weights (1.0: unit-variance outputs
     for unit-RMS inputs). `think_tokens`: the tokenizer also has `<think>` and `</think>` as
     tokens of their own, as reasoning models' do. Existing files of the same names are overwritten.
@@ -75,7 +75,7 @@ def make_demo_model(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = train_tokenizer(vocab_size - len(THINK_TOKENS) if think_tokens else vocab_size)
+    tokenizer = demo_tokenizer(vocab_size - len(THINK_TOKENS) if think_tokens else vocab_size)
     if think_tokens:
         tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     tokenizer.save(str(out / "tokenizer.json"))

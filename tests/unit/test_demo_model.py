@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 import torch
@@ -198,3 +199,29 @@ def test_ensure_demo_model_refuses_a_foreign_directory(tmp_path):
 def test_does_not_import_transformers():
     code = "import sys, engine.demo_model; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_tokenizer_is_the_shipped_ones_first_tokens_whatever_the_python(tmp_path, monkeypatch):
+    """The demo model is the same on every Python: its tokenizer is not trained on the running one's
+    standard library (here an empty one) but cut from the shipped one, trained on Python 3.11's."""
+    from engine import demo_tokenizer as module
+
+    made = [Tokenizer.from_file(str(make_demo_model(tmp_path / str(n), **{**SMALL, "vocab_size": n})
+                                     / "tokenizer.json")).to_str() for n in (1024, 8192)]
+    empty = tmp_path / "empty-stdlib"
+    empty.mkdir()
+    paths = sysconfig.get_paths()
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *args, **kwargs: {**paths, "stdlib": str(empty)})
+    with pytest.raises(RuntimeError, match="no Python sources found"):  # training would need one
+        module.train_tokenizer(1024)
+    assert [module.demo_tokenizer(n).to_str() for n in (1024, 8192)] == made
+    assert module.demo_tokenizer(1024).get_vocab_size() == 1024
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11),
+                    reason="the shipped tokenizer was trained on Python 3.11's library")
+def test_the_shipped_tokenizers_first_tokens_are_a_smaller_one_trained_on_the_same_library():
+    from engine.demo_tokenizer import SHIPPED_VOCAB_SIZE, demo_tokenizer, train_tokenizer
+
+    for vocab_size in (300, 1024, 5000, SHIPPED_VOCAB_SIZE):
+        assert demo_tokenizer(vocab_size).to_str() == train_tokenizer(vocab_size).to_str()
