@@ -20,6 +20,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
+GPU_OVERRIDE = REPO_ROOT / "compose.gpu.yaml"
 # gRPC services and the port each listens on inside its container.
 GRPC_PORTS = {"tokenizer": 50051, "prefill": 50052, "decode": 50053, "kvstore": 50054, "gateway": 50050}
 BATON_SERVICES = ["model-init", *GRPC_PORTS]
@@ -27,15 +28,17 @@ BATON_SERVICES = ["model-init", *GRPC_PORTS]
 COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "TOKENIZER_REPLICAS", "BATON_PORT",
                 "BATON_GRPC_PORT",
                 "DECODE_SHM_SIZE", "KVSTORE_CAPACITY_BYTES", "GRAFANA_PORT", "PROMETHEUS_PORT", "JAEGER_UI_PORT",
-                "COMPOSE_FILE", "COMPOSE_PROJECT_NAME"]
+                "COMPOSE_FILE", "COMPOSE_PROJECT_NAME", "WORKER_GPUS", "TORCH_INDEX_URL"]
 
 
-def compose_config(**env: str) -> dict:
-    """The resolved configuration, as `docker-compose config` prints it, under `env`."""
+def compose_config(*overrides: Path, **env: str) -> dict:
+    """The resolved configuration of compose.yaml (and `overrides` over it), as `docker-compose config`
+    prints it, under `env`."""
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose is not on PATH (scripts/install-system-packages.sh installs it as root)")
     full_env = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARS} | env
-    result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "config"], cwd=REPO_ROOT, env=full_env,
+    files = [arg for path in (COMPOSE_FILE, *overrides) for arg in ("-f", str(path))]
+    result = subprocess.run(["docker-compose", *files, "config"], cwd=REPO_ROOT, env=full_env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
     return yaml.safe_load(result.stdout)
@@ -189,3 +192,22 @@ def test_replicas_come_from_the_environment(env, prefill, decode, tokenizer):
 def test_decode_has_room_for_its_shared_memory_pool():
     # Docker's default /dev/shm (64 MiB) is smaller than the demo model's default pool.
     assert default_config()["services"]["decode"].get("shm_size")
+
+
+def test_the_gpu_override_puts_prefill_and_decode_on_gpus_and_leaves_the_rest_alone():
+    base = default_config()["services"]
+    gpu = compose_config(GPU_OVERRIDE)["services"]
+    for name in ("prefill", "decode"):
+        service = gpu[name]
+        assert service["environment"] == base[name]["environment"] | {"BATON_DEVICE": "cuda"}
+        assert service["image"] == "baton-cuda:latest" and service["build"]["target"] == "full"
+        assert service["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cu128"
+        [device] = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and int(device["count"]) == 1
+        assert service["deploy"]["replicas"] == base[name]["deploy"]["replicas"]
+        assert command_of(service) == command_of(base[name])
+    assert {name: gpu[name] for name in base.keys() - {"prefill", "decode"}} == \
+        {name: base[name] for name in base.keys() - {"prefill", "decode"}}
+    more = compose_config(GPU_OVERRIDE, WORKER_GPUS="2", PREFILL_REPLICAS="3")["services"]["prefill"]
+    assert int(more["deploy"]["resources"]["reservations"]["devices"][0]["count"]) == 2
+    assert more["deploy"]["replicas"] == 3
