@@ -133,12 +133,21 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         chat_template=args.chat_template, dtype=args.dtype,
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
                         otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
-                        lora_modules=tuple(args.lora_modules) if args.lora_modules else None)
+                        lora_modules=tuple(args.lora_modules) if args.lora_modules else None,
+                        num_gpus=visible_gpu_count())
 
     async def run() -> int:
         return await Mesh(config).run()
 
     return asyncio.run(run())
+
+
+def visible_gpu_count() -> int:
+    """The CUDA devices torch sees here (as CUDA_VISIBLE_DEVICES leaves them; the count makes no CUDA
+    context in the launcher); 0 without a GPU or torch's CUDA build."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:

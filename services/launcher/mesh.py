@@ -34,6 +34,7 @@ from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_seg
 from services.launcher.specs import (
     DECODE_NAME_PREFIXES,
     MeshConfig,
+    devices_by_worker,
     gateway_spec,
     kv_events_endpoints,
     kvstore_spec,
@@ -187,6 +188,9 @@ class Mesh:
         for name, endpoints in kv_events_endpoints(self.config).items():
             if name in shown:
                 shown[name] += f", {endpoints} (KV events)"
+        for name, device in devices_by_worker(self.config).items():
+            if name in shown:
+                shown[name] += f", on {device}"
         return process_table(self.children, shown)
 
     async def _learn_segments(self) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from services.common.device_flag import ENV_DEVICE
 from services.common.kv_events_config import KVEventsConfig, as_json, for_worker
 from services.common.settings import (
     ENV_DTYPE,
@@ -106,6 +107,7 @@ class MeshConfig:
     hf_overrides: str | None = None  # every service's (a JSON object); None: as $BATON_HF_OVERRIDES says, else none
     otlp_traces_endpoint: str | None = None  # where every service's spans go; None: as the OTEL_* variables say
     kv_events_config: str | None = None  # vLLM's --kv-events-config for every worker, each on its own ports
+    num_gpus: int = 0  # the CUDA devices the workers spread over (baton up counts torch's); under 2: none placed
 
     def __post_init__(self) -> None:
         if self.is_colocated:
@@ -204,15 +206,18 @@ def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_addre
     specs = [_worker_spec(config, redis_url, "tokenizer", "tokenizer", *model)]
     kv_events = kv_events_by_worker(config)
 
-    def events(name: str) -> tuple[str, ...]:
-        return ("--kv-events-config", as_json(kv_events[name])) if name in kv_events else ()
+    devices = devices_by_worker(config)
+
+    def own_flags(name: str) -> tuple[str, ...]:
+        placed = ("--device", devices[name]) if name in devices else ()
+        return placed + (("--kv-events-config", as_json(kv_events[name])) if name in kv_events else ())
 
     if config.is_colocated:
         pool = () if DECODE_KV_BLOCKS_VARIABLE in os.environ else ("--kv-blocks", str(COLOCATED_KV_BLOCKS))
-        return specs + [_worker_spec(config, redis_url, name, "decode", *model, *pool, *events(name))
+        return specs + [_worker_spec(config, redis_url, name, "decode", *model, *pool, *own_flags(name))
                         for name in _worker_names(config)]
     specs += [_worker_spec(config, redis_url, name, name.partition("-")[0], *model,
-                           *(tier if name.startswith("prefill-") else ()), *events(name))
+                           *(tier if name.startswith("prefill-") else ()), *own_flags(name))
               for name in _worker_names(config)]
     return specs
 
@@ -222,6 +227,16 @@ def _worker_names(config: MeshConfig) -> list[str]:
     if config.is_colocated:
         return [f"colocated-{i}" for i in range(config.num_decode)]
     return [*(f"prefill-{i}" for i in range(config.num_prefill)), *(f"decode-{i}" for i in range(config.num_decode))]
+
+
+def devices_by_worker(config: MeshConfig) -> dict[str, str]:
+    """Each worker's CUDA device by name, round robin in order (prefill workers first, so one prefill and
+    one decode worker on two GPUs take one each), where there are several GPUs and no device is asked
+    for ($BATON_DEVICE auto or unset; a --device in --prefill-args or --decode-args comes after and wins).
+    With one GPU or none, none: each worker's --device auto takes the GPU or the CPU."""
+    if config.num_gpus < 2 or os.environ.get(ENV_DEVICE, "auto") not in ("", "auto"):
+        return {}
+    return {name: f"cuda:{index % config.num_gpus}" for index, name in enumerate(_worker_names(config))}
 
 
 def kv_events_by_worker(config: MeshConfig) -> dict[str, KVEventsConfig]:

@@ -626,3 +626,25 @@ def test_every_worker_publishes_its_kv_events_on_ports_of_its_own(tiny_demo_mode
         MeshConfig(tiny_demo_model, kv_events_config='{"publisher": "kafka"}')
     with pytest.raises(ValueError, match="--decode-args cannot set --kv-events-config"):
         MeshConfig(tiny_demo_model, service_args={"decode": ("--kv-events-config", given)})
+
+
+def test_workers_spread_over_several_gpus_unless_a_device_is_asked_for(tiny_demo_model, monkeypatch):
+    from services.launcher.specs import MeshConfig, worker_specs
+
+    def devices(config: MeshConfig) -> dict[str, str | None]:
+        # The last --device wins (argparse), as a --prefill-args or --decode-args one does over baton up's.
+        return {s.name: next((s.argv[i + 1] for i in reversed(range(len(s.argv))) if s.argv[i] == "--device"), None)
+                for s in worker_specs(config)[1:]}
+
+    monkeypatch.delenv("BATON_DEVICE", raising=False)
+    assert devices(MeshConfig(tiny_demo_model, num_prefill=2, num_decode=3, num_gpus=2)) == {
+        "prefill-0": "cuda:0", "prefill-1": "cuda:1", "decode-0": "cuda:0", "decode-1": "cuda:1", "decode-2": "cuda:0"}
+    assert devices(MeshConfig(tiny_demo_model, num_prefill=0, num_decode=2, is_colocated=True, num_gpus=4)) == {
+        "colocated-0": "cuda:0", "colocated-1": "cuda:1"}
+    # One GPU or none: each worker's own --device auto picks it (or the CPU).
+    assert set(devices(MeshConfig(tiny_demo_model, num_gpus=1)).values()) == {None}
+    assert devices(MeshConfig(tiny_demo_model, num_gpus=2, service_args={"decode": ("--device", "cuda:1")})) == {
+        "prefill-0": "cuda:0", "decode-0": "cuda:1"}
+    for asked in ("cpu", "cuda:1"):
+        monkeypatch.setenv("BATON_DEVICE", asked)
+        assert set(devices(MeshConfig(tiny_demo_model, num_prefill=2, num_decode=2, num_gpus=2)).values()) == {None}
