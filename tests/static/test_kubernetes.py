@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
+import subprocess
 
 import kubernetes_validate
 import pytest
@@ -16,6 +18,7 @@ from tests.static.test_compose import GRPC_PORTS, REPO_ROOT, command_of, default
 from tests.static.test_grafana import GAUGES
 
 KUBE_DIR = REPO_ROOT / "deploy" / "kubernetes"
+GPU_OVERLAY = REPO_ROOT / "deploy" / "kubernetes-gpu"
 KUBERNETES_VERSION = "1.31.0"  # gRPC probes are GA from 1.27, autoscaling/v2 from 1.23
 NOT_APPLIED = {"kustomization.yaml", "prometheus-adapter-values.yaml", "podmonitor.yaml"}
 LIGHT_SERVICES = ("tokenizer", "gateway")  # as compose.yaml builds them: the image without torch
@@ -164,3 +167,33 @@ def test_the_pod_monitor_scrapes_every_baton_pods_metrics_port():
         annotations = named("Deployment", name)["spec"]["template"]["metadata"]["annotations"]
         [port_name] = [p for p in scraped if p in ports]
         assert ports[port_name] == int(annotations["prometheus.io/port"])
+
+
+def rendered(directory) -> list[dict]:
+    """What `kubectl kustomize` makes of `directory`: the objects `kubectl apply -k` would send."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not on PATH: it renders kustomizations without a cluster")
+    result = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def test_the_gpu_overlay_gives_each_worker_a_gpu_and_changes_nothing_else():
+    base = {(o["kind"], o["metadata"]["name"]): o for o in rendered(KUBE_DIR)}
+    gpu = {(o["kind"], o["metadata"]["name"]): o for o in rendered(GPU_OVERLAY)}
+    assert gpu.keys() == base.keys()
+    for key, made in gpu.items():
+        kubernetes_validate.validate(made, KUBERNETES_VERSION, strict=True)
+        if key not in (("Deployment", "prefill"), ("Deployment", "decode")):
+            assert made == base[key], key
+            continue
+        name, before = key[1], base[key]["spec"]["template"]["spec"]
+        [worker] = [c for c in made["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+        [was] = [c for c in before["containers"] if c["name"] == name]
+        assert worker["image"] == "baton-cuda:latest" and was["image"] == "baton:latest"
+        assert worker["resources"] == was["resources"] | {"limits": {"nvidia.com/gpu": 1}}
+        assert sorted(worker["env"], key=lambda e: e["name"]) == sorted(
+            [*was["env"], {"name": "BATON_DEVICE", "value": "cuda"}], key=lambda e: e["name"])
+        assert {k: v for k, v in worker.items() if k not in ("image", "resources", "env")} == \
+            {k: v for k, v in was.items() if k not in ("image", "resources", "env")}
+        assert made["spec"]["template"]["spec"]["initContainers"] == before["initContainers"]  # the CPU image
