@@ -26,7 +26,8 @@ _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 class MemoryBusyError(RuntimeError):
-    """Requests are in the engine (running, waiting or holding reserved pages): nothing is released."""
+    """Requests are in the engine (running, waiting or holding reserved pages), or its memory is not
+    host memory: nothing is released."""
 
 
 def release_pages(tensor: torch.Tensor) -> int:
@@ -58,6 +59,10 @@ def release(engine, kinds: Iterable[str]) -> int:
     """Release `kinds` of an idle `engine`'s memory (see KINDS); the bytes given back. MemoryBusyError
     while requests are in it. Until its weights come back (`resume`) it takes no request."""
     kinds = check_kinds(kinds)
+    if engine.config.device != "cpu":
+        # madvise gives back host pages; device memory would need its physical pages unmapped under
+        # addresses kept (CUDA's virtual memory API), which the engine does not do yet.
+        raise MemoryBusyError(f"the engine's memory is on {engine.config.device}: only host memory is released")
     if engine.has_unfinished_requests():
         raise MemoryBusyError("requests are running or waiting in the engine")
     released = 0

@@ -181,8 +181,9 @@ class DecodeService:
         self.engine_loop.on_failure(lambda e: stop.fail("decode", f"its engine failed: {e!r}"))
         if stop.is_set():
             return None
+        cuda_ipc_handle = self.pool.ipc_handle if isinstance(self.pool, CudaKVPool) else b""
         self.servicer.attach(self.engine_loop, self.pool.layout, self.metrics, shm_name=self.pool.name,
-                             cuda_ipc_handle=getattr(self.pool, "ipc_handle", b""))
+                             cuda_ipc_handle=cuda_ipc_handle)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
         with self.metrics.time_warmup(), tracer().start_as_current_span("warmup"):

@@ -5,13 +5,22 @@ worker's shared memory and a CPU prefill into a GPU decode worker by the gRPC st
 Skipped where torch sees no CUDA device (CI); run on a GPU machine."""
 from __future__ import annotations
 
+import grpc
 import pytest
 import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from protos import (
+    common_pb2,
+    decode_pb2,
+    decode_pb2_grpc,
+    prefill_pb2,
+    prefill_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.converters import reserved_target
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
@@ -84,3 +93,16 @@ def test_a_prompt_handed_over_continues_as_on_one_engine(workers, engine_on_cuda
         first_token_id=response.first_token_id, sampling=_sampling_to_proto(params)), timeout=30))
     assert [response.first_token_id] + [t for c in chunks for t in c.token_ids] == expected
     assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+
+def test_a_gpu_worker_refuses_to_release_its_memory_and_goes_on_serving(workers):
+    """Releasing memory gives host pages back (engine/memory_release.py); on a GPU it is refused
+    as a precondition, with nothing released, and the worker serves on."""
+    decode = workers("decode", "cuda")
+    with pytest.raises(grpc.RpcError) as refused:
+        scheduler_pb2_grpc.SchedulerStub(decode.channel).ReleaseMemory(scheduler_pb2.MemoryRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "only host memory is released" in refused.value.details()
+    reservation = reserve(decode, "after-refusal", PROMPT)
+    assert reservation.cuda_ipc_handle
+    assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="after-refusal"), timeout=5).found
