@@ -46,8 +46,9 @@ class LoRAAdapter:
 
     @classmethod
     def load(cls, name: str, path: str | Path, target_of: Callable[[str], Target | None],
-             dtype: torch.dtype) -> LoRAAdapter:
-        """`target_of`: the model's place for a projection's name (`model.layers.0.self_attn.q_proj`)."""
+             dtype: torch.dtype, device: torch.device | str = "cpu") -> LoRAAdapter:
+        """`target_of`: the model's place for a projection's name (`model.layers.0.self_attn.q_proj`);
+        the matrices are kept in `dtype` on `device`, the model's."""
         path = Path(path)
         config = _read_config(path)
         rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
@@ -72,18 +73,18 @@ class LoRAAdapter:
                 b_key = key.removesuffix(".lora_A.weight") + ".lora_B.weight"
                 if b_key not in names:
                     raise LoRAError(f"{weights_path}: {key!r} has no {b_key!r}")
-                adapter._add(target, f.get_tensor(key), f.get_tensor(b_key), rank, scale, module, dtype)
+                adapter._add(target, f.get_tensor(key), f.get_tensor(b_key), rank, scale, module, dtype, device)
         if not adapter.deltas:
             raise LoRAError(f"{weights_path}: no LoRA matrices")
         return adapter
 
     def _add(self, target: Target, a: torch.Tensor, b: torch.Tensor, rank: int, scale: float, module: str,
-             dtype: torch.dtype) -> None:
+             dtype: torch.dtype, device: torch.device | str) -> None:
         layer, group, lo, hi = target
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape != (hi - lo, rank):
             raise LoRAError(f"{self.path}: {module}'s A {tuple(a.shape)} and B {tuple(b.shape)} do not make a rank-"
                             f"{rank} delta of its {hi - lo} outputs")
-        delta = LoRADelta(lo, hi, a.to(dtype).contiguous(), (b.float() * scale).to(dtype).contiguous())
+        delta = LoRADelta(lo, hi, a.to(device, dtype).contiguous(), (b.float() * scale).to(device, dtype).contiguous())
         self.deltas.setdefault((layer, group), []).append(delta)
 
 
