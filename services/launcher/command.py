@@ -65,6 +65,9 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="what every prefill and decode worker computes in and keeps its KV pages in; auto: the "
                          "checkpoint's own (default $BATON_DTYPE, else float32, the fast one on CPUs; bfloat16 on "
                          "GPUs)")
+    up.add_argument("--device", help="where every prefill and decode worker computes: cpu, cuda, cuda:N, or auto (a "
+                                     "GPU where torch sees one; several: the workers spread over them) (default "
+                                     "$BATON_DEVICE, else auto)")
     up.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
                     help="LoRA adapters (PEFT directories) every prefill and decode worker serves beside the "
                          "model, each under NAME, which a request names as its model (the gateway lists them in "
@@ -130,7 +133,7 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
                         shutdown_grace_s=args.shutdown_grace_s,
                         service_args=service_args(args), api_key=args.api_key,
-                        chat_template=args.chat_template, dtype=args.dtype,
+                        chat_template=args.chat_template, dtype=args.dtype, device=args.device,
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
                         otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None,

@@ -10,6 +10,7 @@ import os
 from services.launcher.specs import (
     API_KEY_VARIABLE,
     CHAT_TEMPLATE_VARIABLE,
+    DEVICE_VARIABLE,
     DTYPE_VARIABLE,
     HF_OVERRIDES_VARIABLE,
     LORA_MODULES_VARIABLE,
@@ -35,6 +36,8 @@ def child_environment(config: MeshConfig, name: str) -> dict[str, str]:
         env[CHAT_TEMPLATE_VARIABLE] = config.chat_template
     if config.dtype is not None:
         env[DTYPE_VARIABLE] = config.dtype
+    if config.device is not None:
+        env[DEVICE_VARIABLE] = config.device
     if config.max_model_len is not None:
         env[MAX_MODEL_LEN_VARIABLE] = str(config.max_model_len)
     if config.lora_modules is not None:

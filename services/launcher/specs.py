@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.common.device_flag import ENV_DEVICE
+from services.common.device_flag import DEVICE, ENV_DEVICE
 from services.common.kv_events_config import KVEventsConfig, as_json, for_worker
 from services.common.settings import (
     ENV_DTYPE,
@@ -68,6 +68,7 @@ LAUNCHER_FLAGS = {
 API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
 CHAT_TEMPLATE_VARIABLE = "BATON_CHAT_TEMPLATE"  # how `baton up --chat-template` reaches the services that render
 DTYPE_VARIABLE = ENV_DTYPE  # how `baton up --dtype` reaches every worker
+DEVICE_VARIABLE = ENV_DEVICE  # and `baton up --device`
 # How `baton up --max-model-len` reaches every service that reads it; one's own --max-model-len
 # still wins (a gateway may take shorter requests than its workers serve).
 MAX_MODEL_LEN_VARIABLE = ENV_MAX_MODEL_LEN
@@ -100,6 +101,7 @@ class MeshConfig:
     # Replaces the model's chat template (a file's absolute path, or the template); None: the model's.
     chat_template: str | None = None
     dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32
+    device: str | None = None  # every worker's --device; None: as $BATON_DEVICE says, else auto
     max_model_len: int | None = None  # every service's context; None: as $BATON_MAX_MODEL_LEN says, else the model's
     # LoRA adapters every worker and the gateway serve, NAME=PATH each (paths made absolute: the
     # children run elsewhere); None: as $BATON_LORA_MODULES says, else none.
@@ -119,6 +121,8 @@ class MeshConfig:
             raise ValueError("--prefill must be at least 1 (or --colocated for none)")
         if self.num_decode < 1:
             raise ValueError("--decode must be at least 1")
+        if self.device is not None and DEVICE.fullmatch(self.device) is None:
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         for flag, port in (("--port", self.http_port), ("--grpc-port", self.grpc_port)):
             if not 0 <= port <= 65535:
                 raise ValueError(f"{flag} must be in 0..65535, got {port}")
@@ -234,7 +238,8 @@ def devices_by_worker(config: MeshConfig) -> dict[str, str]:
     one decode worker on two GPUs take one each), where there are several GPUs and no device is asked
     for ($BATON_DEVICE auto or unset; a --device in --prefill-args or --decode-args comes after and wins).
     With one GPU or none, none: each worker's --device auto takes the GPU or the CPU."""
-    if config.num_gpus < 2 or os.environ.get(ENV_DEVICE, "auto") not in ("", "auto"):
+    asked = config.device if config.device is not None else os.environ.get(ENV_DEVICE, "auto")
+    if config.num_gpus < 2 or asked not in ("", "auto"):
         return {}
     return {name: f"cuda:{index % config.num_gpus}" for index, name in enumerate(_worker_names(config))}
 

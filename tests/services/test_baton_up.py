@@ -314,7 +314,8 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
                  ("self_attn.q_proj",), 2, 2.0, False, seed=0)
     up = start_up("--no-redis", "--decode-args=--kv-blocks 96 --lease-ms=4000", "--prefill-args", "--kv-blocks 80",
                   "--scheduling-policy", "priority", "--shutdown-grace-s", "2.5", "--speculative-config", NGRAM,
-                  "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--max-model-len", "200",
+                  "--chat-template", str(tmp_path / "chat.jinja"), "--dtype", "bfloat16", "--device", "cpu",
+                  "--max-model-len", "200",
                   "--lora-modules", f"tuned={tmp_path / 'tuned'}",
                   "--max-num-seqs", "7",
                   *(("--api-key", "sk-up", "--served-model-name", "served-x", "--stream-interval", "4")
@@ -329,6 +330,8 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
         if child != "redis":
             assert "--shutdown-grace-s 2.5" in " ".join(command_line(pid)), child
             assert "BATON_MAX_MODEL_LEN=200" in Path(f"/proc/{pid}/environ").read_text().split("\0"), child
+    for worker in ("prefill-0", "decode-0"):  # --device: every worker's
+        assert "BATON_DEVICE=cpu" in Path(f"/proc/{up.pids[worker]}/environ").read_text().split("\0"), worker
     assert up.wait_for(lambda: any(line.startswith("[decode-0]") and "in bfloat16: 96 KV blocks in shared memory"
                                    in line for line in up.stderr)), up.output()
     assert any(line.startswith("[prefill-0]") and "in bfloat16: 80 local KV blocks" in line for line in up.stderr), \
@@ -645,6 +648,11 @@ def test_workers_spread_over_several_gpus_unless_a_device_is_asked_for(tiny_demo
     assert set(devices(MeshConfig(tiny_demo_model, num_gpus=1)).values()) == {None}
     assert devices(MeshConfig(tiny_demo_model, num_gpus=2, service_args={"decode": ("--device", "cuda:1")})) == {
         "prefill-0": "cuda:0", "decode-0": "cuda:1"}
-    for asked in ("cpu", "cuda:1"):
+    for asked in ("cpu", "cuda:1"):  # baton up --device, or $BATON_DEVICE, for every worker
+        assert set(devices(MeshConfig(tiny_demo_model, num_prefill=2, num_decode=2, num_gpus=2, device=asked)
+                           ).values()) == {None}
         monkeypatch.setenv("BATON_DEVICE", asked)
         assert set(devices(MeshConfig(tiny_demo_model, num_prefill=2, num_decode=2, num_gpus=2)).values()) == {None}
+    assert len(set(devices(MeshConfig(tiny_demo_model, num_gpus=2, device="auto")).values())) == 2
+    with pytest.raises(ValueError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        MeshConfig(tiny_demo_model, device="gpu")
