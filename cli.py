@@ -75,6 +75,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, metavar="S", help="per-request sampling seed")
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
+    gen.add_argument("--device", default=None, help="where it computes: cpu, cuda, cuda:N or auto (a GPU where "
+                                                    "torch sees one) (default $BATON_DEVICE, else auto)")
     gen.add_argument("--lora", metavar="DIR", help="generate with this LoRA adapter (a PEFT adapter directory) "
                                                   "on the model")
     gen.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", metavar="DTYPE",
@@ -198,11 +200,13 @@ def _generate(args: argparse.Namespace) -> int:
 
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from services.common.device_flag import ENV_DEVICE, resolved_device
     from services.common.settings import ConfigError, hf_overrides
     from services.decode.config import speculative_config
 
     try:
-        config = EngineConfig(model=model_dir, dtype=args.dtype, show_progress=sys.stderr.isatty(),
+        device = resolved_device(args.device or os.environ.get(ENV_DEVICE) or "auto")
+        config = EngineConfig(model=model_dir, dtype=args.dtype, device=device, show_progress=sys.stderr.isatty(),
                               lora_modules=(("lora", args.lora),) if args.lora else (),
                               kv_cache_dtype=args.kv_cache_dtype,
                               speculative=speculative_config(args.speculative_config, "--speculative-config"),

@@ -20,7 +20,7 @@ def baton(*args: str) -> subprocess.CompletedProcess:
 
 def test_generate_json_matches_the_engine(tiny_demo_model):
     result = baton("generate", "--model", str(tiny_demo_model), "--prompt-ids", "5,6,7,8", "--max-tokens", "6",
-                   "--ignore-eos", "--json")
+                   "--ignore-eos", "--json", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert set(out) >= {"prompt_token_ids", "token_ids", "text", "finish_reason"}
@@ -48,6 +48,10 @@ def test_errors_are_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2 and "--kv-cache-dtype: invalid choice: 'int4'" in result.stderr
     result = baton("generate", "--prompt", "x", "--speculative-config", '{"method": "ngram"}')
     assert result.returncode == 2 and "num_speculative_tokens" in result.stderr
+    result = baton("generate", "--prompt", "x", "--device", "tpu")
+    assert result.returncode == 2 and "--device must be auto, cpu, cuda or cuda:N, got 'tpu'" in result.stderr
+    result = baton("generate", "--prompt", "x", "--device", "cuda:64")
+    assert result.returncode == 2 and "--device cuda:64: torch sees" in result.stderr
 
 
 def test_generate_with_drafts_fp8_pages_and_overrides(tiny_demo_model):
