@@ -19,7 +19,8 @@ per_test=()  # a hung test fails alone where pytest-timeout is installed
 $py -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
 timeout 240 $py -m pytest -v -p no:cacheprovider "${per_test[@]}" \
     tests/unit/test_cuda_ipc.py tests/services/test_cuda_workers.py tests/services/test_worker_dtype.py \
-    tests/parity/test_cuda_parity.py 2>&1 | tee "$out/tests.log"
+    tests/parity/test_cuda_parity.py tests/parity/test_transformers_parity.py tests/unit/test_speculative.py \
+    tests/unit/test_draft_model.py tests/unit/test_guided_decoding.py -k cuda 2>&1 | tee "$out/tests.log"
 status=${PIPESTATUS[0]}
 BATON_DEVICE=cuda timeout 240 $py -m pytest -v -p no:cacheprovider "${per_test[@]}" \
     tests/services/gateway/test_openai_api.py tests/services/gateway/test_bad_input.py \

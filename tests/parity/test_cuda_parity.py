@@ -9,12 +9,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from tests.cuda import needs_cuda
 from tests.parity.conftest import TINY_MODELS
 from tests.parity.test_lora import _last_logits, served  # noqa: F401  (served: the adapters, a fixture)
 from tests.parity.test_transformers_parity import _check_greedy, _check_logits, _random_prompt
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="the engine on a CUDA device needs one; torch.cuda.is_available() is False here")
+pytestmark = needs_cuda
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))

@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.cuda import DEVICES
 from tests.parity.conftest import (
     COMMON,
     ENGINE_OPTIONS,
@@ -179,14 +180,15 @@ def test_longrope_long_context_matches_transformers(tiny_model_dirs, budget):
         assert results[f"long{i}"] == ref[0, len(prompt):].tolist(), f"request {i} diverges from transformers"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
 @pytest.mark.parametrize("budget", [512, 33])
-def test_prompt_logprobs_match_transformers(tiny_model_dirs, name, budget):
+def test_prompt_logprobs_match_transformers(tiny_model_dirs, name, budget, device):
     """Each prompt token's logprob and the top 3 there, as `transformers`' log-softmaxed logits give
     them; chunked (a budget of 33 leaves one-token chunks between longer ones), batched with other
     requests, and whole again for a prompt whose blocks the prefix cache holds."""
     model_dir = tiny_model_dirs[name]
-    engine = _engine(model_dir, max_num_batched_tokens=budget)
+    engine = _engine(model_dir, max_num_batched_tokens=budget, device=device)
     hf = _hf_model(model_dir)
     vocab = engine.model_config.vocab_size
     prompts = [_random_prompt(n, vocab, seed=200 + n) for n in (1, 40, 130)]
@@ -257,15 +259,18 @@ def test_mla_pages_hold_the_latent_not_each_heads_keys_and_values(tiny_model_dir
     assert engine.runner.kv_pool.tensor.shape[2] == 1  # one row every head reads
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
-def test_fp8_kv_cache_takes_a_quarter_of_float32s_room_and_stays_near_transformers(tiny_model_dirs, kv_cache_dtype):
+def test_fp8_kv_cache_takes_a_quarter_of_float32s_room_and_stays_near_transformers(tiny_model_dirs, kv_cache_dtype,
+                                                                                   device):
     """--kv-cache-dtype fp8: pages of one byte a number, cast without scales. What that costs is
     precision: past the first chunk the logits stay near transformers' but no closer (within 2, a 2-
     or 3-bit mantissa's worth); the first chunk's are as exact as ever (it reads no page)."""
     from engine.kv_pool import kv_block_bytes
 
     model_dir = tiny_model_dirs["llama-gqa-untied"]
-    exact, engine = _engine(model_dir), _engine(model_dir, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32)
+    exact = _engine(model_dir, device=device)
+    engine = _engine(model_dir, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32, device=device)
     assert engine.runner.kv_pool.tensor.element_size() == 1
     assert kv_block_bytes(engine.model_config, 16, engine.runner.kv_pool.tensor.dtype) * 4 == \
         kv_block_bytes(exact.model_config, 16, exact.runner.kv_pool.tensor.dtype)

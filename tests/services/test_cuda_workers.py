@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -24,11 +23,11 @@ from protos import (
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.prefill.converters import reserved_target
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from tests.cuda import needs_cuda
 from tests.services.prefill.test_prefill_service import _colocated_run, _sampling_to_proto, do_prefill, reserve
 from tests.services.service_process import ServiceProcess as Service
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="workers on a CUDA device need one; torch.cuda.is_available() is False here")
+pytestmark = needs_cuda
 
 PROMPT = [(29 * j) % 1000 + 3 for j in range(75)]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

@@ -11,10 +11,9 @@ import torch
 from services.kvstore.cuda_ipc import CudaIpcTransport, export_handle, open_handle
 from services.kvstore.layout import PageLayout
 from services.kvstore.transport import DestinationError, KVDestination, TransportKind, choose_transport
+from tests.cuda import needs_cuda
 
 LAYOUT = PageLayout(2, 2, 16, 16, "float16", 32, b"\x05" * 32)
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="CUDA IPC needs a CUDA device; torch.cuda.is_available() is False here")
 
 
 def _dest(**fields) -> KVDestination:

@@ -14,6 +14,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.speculative import SpeculativeConfig
+from tests.cuda import ON_CUDA
 from tests.draft_models import first_layers_copy
 from tests.unit.test_speculative import PARAMS, PROMPTS, assert_same_outputs
 
@@ -47,8 +48,9 @@ def _run(model_dir, speculative, prompts=PROMPTS, params=PARAMS, **engine_option
     return finished, engine.scheduler, num_steps
 
 
-@pytest.mark.parametrize("engine_options", [{}, {"max_num_batched_tokens": 16}, {"num_kv_blocks": 20}],
-                         ids=["roomy", "tight-budget", "preempting"])
+@pytest.mark.parametrize("engine_options", [pytest.param({}, id="roomy"),
+                                            pytest.param({"max_num_batched_tokens": 16}, id="tight-budget"),
+                                            pytest.param({"num_kv_blocks": 20}, id="preempting"), ON_CUDA])
 def test_a_draft_model_changes_how_many_tokens_a_step_makes_never_which(tiny_demo_model, first_layer_draft,
                                                                          engine_options):
     plain, _, _ = _run(tiny_demo_model, None, **dict(engine_options))

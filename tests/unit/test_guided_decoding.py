@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.guided_decoding import token_bytes
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.cuda import DEVICES
 from tests.parity.conftest import shared_model_dirs
 from tests.unit.test_disaggregation import assert_clean, finish
 from tests.unit.test_engine import run_all
@@ -26,8 +27,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer", "minimum": 0}}, "required": ["name", "age"]}
 
 
-def make_engine(model_dir) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=256, max_num_batched_tokens=64))
+def make_engine(model_dir, device: str = "cpu") -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=256, max_num_batched_tokens=64, device=device))
 
 
 def text(engine: LLMEngine, token_ids: list[int]) -> str:
@@ -47,9 +48,10 @@ def test_token_bytes_are_what_the_tokenizer_decodes(model_dir, tiny_demo_model):
         assert tokenizer.decode(sample) in (joined, joined.removeprefix(" "))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, seed=7)])
-def test_guided_output_matches_its_regex_and_ends_there(tiny_demo_model, sampling):
-    engine = make_engine(tiny_demo_model)
+def test_guided_output_matches_its_regex_and_ends_there(tiny_demo_model, sampling, device):
+    engine = make_engine(tiny_demo_model, device)
     person = build_regex_from_schema(json.dumps(PERSON))
     outs = run_all(engine, {
         "date": (PROMPT, SamplingParams(max_tokens=40, guided_regex=DATE, ignore_eos=True, **sampling)),
@@ -60,8 +62,8 @@ def test_guided_output_matches_its_regex_and_ends_there(tiny_demo_model, samplin
     assert re.fullmatch(DATE, text(engine, date.token_ids)) and date.finish_reason == "stop"  # ignore_eos or not
     parsed = json.loads(text(engine, outs["person"].token_ids))
     assert isinstance(parsed["name"], str) and isinstance(parsed["age"], int) and parsed["age"] >= 0
-    alone = run_all(make_engine(tiny_demo_model), {"free": (PROMPT, SamplingParams(max_tokens=8, ignore_eos=True,
-                                                                              **sampling))})
+    free = SamplingParams(max_tokens=8, ignore_eos=True, **sampling)
+    alone = run_all(make_engine(tiny_demo_model, device), {"free": (PROMPT, free)})
     assert outs["free"].token_ids == alone["free"].token_ids  # batched with guided rows, untouched
     assert_clean(engine)
 

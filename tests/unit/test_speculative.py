@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig, ngram_drafts
+from tests.cuda import ON_CUDA
 
 NGRAM = SpeculativeConfig(num_speculative_tokens=4)
 
@@ -72,8 +73,9 @@ def _stream(engine: LLMEngine):
                 yield out
 
 
-@pytest.mark.parametrize("engine_options", [{}, {"max_num_batched_tokens": 16}, {"num_kv_blocks": 20}],
-                         ids=["roomy", "tight-budget", "preempting"])
+@pytest.mark.parametrize("engine_options", [pytest.param({}, id="roomy"),
+                                            pytest.param({"max_num_batched_tokens": 16}, id="tight-budget"),
+                                            pytest.param({"num_kv_blocks": 20}, id="preempting"), ON_CUDA])
 def test_drafting_changes_how_many_tokens_a_step_makes_never_which(tiny_demo_model, engine_options):
     plain, _ = _outputs(tiny_demo_model, None, **dict(engine_options))
     drafted, scheduler = _outputs(tiny_demo_model, NGRAM, **dict(engine_options))
