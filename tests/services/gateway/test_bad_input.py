@@ -141,6 +141,8 @@ CASES = [
      {"model": "MODEL", "prompt": "hi", "guided_grammar": 'start: "a" value'}, 400, None),
     ("an empty grammar", "/v1/completions", {"model": "MODEL", "prompt": "hi", "guided_grammar": " "}, 400,
      "guided_grammar"),
+    ("vLLM's prompt embeddings", "/v1/completions", {"model": "MODEL", "prompt": "hi", "prompt_embeds": "AAAA"}, 400,
+     "prompt_embeds"),
     ("logits processors", "/v1/chat/completions", {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
                                                    "logits_processors": ["my.module:Processor"]}, 400,
      "logits_processors"),
