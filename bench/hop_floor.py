@@ -69,8 +69,8 @@ class EngineThread:
     first token handed back to the event loop by call_soon_threadsafe: the shape of
     services/common/engine_loop.py."""
 
-    def __init__(self, model_dir: str, prompt_tokens: int):
-        self.engine = LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=KV_BLOCKS))
+    def __init__(self, model_dir: str, prompt_tokens: int, device: str = "cpu"):
+        self.engine = LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=KV_BLOCKS, device=device))
         self.prompts = random_prompts(10_000, prompt_tokens, self.engine.model_config.vocab_size, seed=2)
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, daemon=True).start()
@@ -89,8 +89,8 @@ class EngineThread:
             loop.call_soon_threadsafe(done, time.perf_counter() - start)
 
 
-async def serve_worker(model_dir: str, prompt_tokens: int) -> None:
-    engine_thread = EngineThread(model_dir, prompt_tokens)
+async def serve_worker(model_dir: str, prompt_tokens: int, device: str) -> None:
+    engine_thread = EngineThread(model_dir, prompt_tokens, device)
 
     async def prefilled(number: int) -> bytes:
         loop = asyncio.get_running_loop()
@@ -166,13 +166,13 @@ def start(*args: str) -> tuple[subprocess.Popen, str]:
 
 
 @contextmanager
-def running(model_dir: Path, prompt_tokens: int) -> Iterator[str]:
-    """A worker and a relay in front of it, each its own process; yields the relay's address and
-    stops both."""
+def running(model_dir: Path, prompt_tokens: int, device: str = "cpu") -> Iterator[str]:
+    """A worker (its engine on `device`) and a relay in front of it, each its own process; yields the
+    relay's address and stops both."""
     procs = []
     try:
         worker, worker_address = start("--role", "worker", "--model", str(model_dir),
-                                       "--prompt-tokens", str(prompt_tokens))
+                                       "--prompt-tokens", str(prompt_tokens), "--device", device)
         procs.append(worker)
         relay, relay_address = start("--role", "relay", "--worker", worker_address)
         procs.append(relay)
@@ -212,18 +212,19 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
     parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--device", default="cpu", help="where the worker's engine computes: cpu, cuda or cuda:N")
     parser.add_argument("--role", choices=["worker", "relay"], help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role is not None:
         import uvloop
 
-        uvloop.run(serve_worker(str(args.model), args.prompt_tokens) if args.role == "worker"
+        uvloop.run(serve_worker(str(args.model), args.prompt_tokens, args.device) if args.role == "worker"
                    else serve_relay(args.worker))
         return 0
 
     model_dir = args.model or ensure_demo_model()
-    with running(model_dir, args.prompt_tokens) as relay_address:
+    with running(model_dir, args.prompt_tokens, args.device) as relay_address:
         samples = measure(relay_address, args.requests, args.warmup)
     p50_ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     rtt_ms = p50_ms.pop("rtt")

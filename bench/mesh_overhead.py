@@ -1,7 +1,7 @@
 """What the mesh costs: TTFT through `baton up` against the in-process engine, and KV
 transfer speed by shared memory and by the gRPC page stream.
 
-    .venv/bin/python bench/mesh_overhead.py [--model DIR] [--prompt-tokens 512] [--requests 50]
+    .venv/bin/python bench/mesh_overhead.py [--model DIR] [--prompt-tokens 512] [--requests 50] [--device cuda]
 
 - TTFT: the same kind of 512-token prompt (token ids, each request a different one,
   so no prefix-cache hits anywhere) through a real mesh (gateway, tokenizer, 1
@@ -49,6 +49,12 @@ transfer speed by shared memory and by the gRPC page stream.
   host's L3, which neighbours share: taken one after the other, their ratio moved from
   0.47 to 0.89 between runs).
 
+- On a GPU (--device cuda: every worker of the mesh, the in-process engine and the floor's on it),
+  the KV pages go from a pool on the device into the decode worker's device pool by CUDA IPC, as a
+  prefill worker on the host writes them, against a device-to-device copy of the same bytes in this
+  process (cuda_ipc_vs_d2d, in place of the shared-memory figures); the gRPC stream sends them from
+  the device.
+
 The last line of output is one JSON object with every figure.
 """
 from __future__ import annotations
@@ -82,9 +88,11 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common.converters import layout_from_proto  # noqa: E402
+from services.kvstore.cuda_ipc import CudaIpcTransport  # noqa: E402
 from services.kvstore.grpc_stream import GrpcStreamSender  # noqa: E402
 from services.kvstore.page_copy import block_runs, copy_pages  # noqa: E402
 from services.kvstore.shared_memory import SharedKVPool  # noqa: E402
+from services.kvstore.transport import KVDestination  # noqa: E402
 
 KV_BLOCKS = 1024  # both sides: what the prefill and decode workers default to
 SETTLE_S = 0.3
@@ -173,7 +181,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     (no prefix-cache hits)."""
     from bench import hop_floor  # here: it imports this module
 
-    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=KV_BLOCKS))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=KV_BLOCKS, device=args.device))
     vocab = engine.model_config.vocab_size
     rounds = args.requests + args.warmup
     samples: dict[str, list[float]] = {"http": [], "grpc": [], "inprocess": [], "rtt": [], "floor": []}
@@ -181,7 +189,7 @@ def bench_ttft(mesh: LocalMesh, model_dir: Path, args) -> dict:
     host, port = mesh.http.rsplit(":", 1)
     http_conn = http.client.HTTPConnection(host, int(port), timeout=120)
     with httpx.Client(timeout=120) as client, client_channel(mesh.grpc) as channel, closing(http_conn), \
-            hop_floor.running(model_dir, args.prompt_tokens) as floor_relay_address, \
+            hop_floor.running(model_dir, args.prompt_tokens, args.device) as floor_relay_address, \
             client_channel(floor_relay_address) as floor_channel:
         stub = gateway_pb2_grpc.GenerateStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
@@ -293,21 +301,30 @@ def bench_transfer(mesh: LocalMesh, args) -> dict:
                     break  # the pool is full: measure what it holds
             dst_blocks = [b for r in reservations for b in r.block_ids]
             layout = layout_from_proto(probe.layout, num_blocks=len(dst_blocks))
-            src = torch.randn(layout.shape).to(TORCH_DTYPES[layout.dtype])
+            src = torch.randn(layout.shape).to(TORCH_DTYPES[layout.dtype]).to(args.device)
             src_blocks = list(range(len(dst_blocks)))
             nbytes = src.numel() * src.element_size()
-
-            target = SharedKVPool.attach(probe.shm_name, layout)
-            try:
-                # The same bytes between two plain buffers of this process, both already touched.
-                flat_src = src.view(-1).view(torch.uint8)
-                flat_dst = torch.empty_like(flat_src)
-                flat_dst.zero_()
-                shm_s, memcpy_s = best_seconds_alternating(
-                    [lambda: copy_pages(src, src_blocks, target.tensor, dst_blocks),
-                     lambda: flat_dst.copy_(flat_src)], args.repeats)
-            finally:
-                target.close()
+            # The same bytes between two plain buffers of this process, both already touched.
+            flat_src = src.view(-1).view(torch.uint8)
+            flat_dst = torch.empty_like(flat_src)
+            flat_dst.zero_()
+            if probe.cuda_ipc_handle:  # a pool on a GPU: written device to device, as prefill on the host does
+                transport = CudaIpcTransport(layout)  # opened once, kept, as a prefill worker keeps it
+                ipc_s, d2d_s = best_seconds_alternating(
+                    [lambda: asyncio.run(cuda_ipc_write(transport, probe, reservations, src, src_blocks)),
+                     lambda: (flat_dst.copy_(flat_src), torch.cuda.synchronize(flat_dst.device))], args.repeats)
+                copied = {"cuda_ipc_gbps": nbytes / ipc_s / 1e9, "d2d_gbps": nbytes / d2d_s / 1e9,
+                          "cuda_ipc_vs_d2d": d2d_s / ipc_s}
+            else:
+                target = SharedKVPool.attach(probe.shm_name, layout)
+                try:
+                    shm_s, memcpy_s = best_seconds_alternating(
+                        [lambda: copy_pages(src, src_blocks, target.tensor, dst_blocks),
+                         lambda: flat_dst.copy_(flat_src)], args.repeats)
+                finally:
+                    target.close()
+                copied = {"shm_gbps": nbytes / shm_s / 1e9, "memcpy_gbps": nbytes / memcpy_s / 1e9,
+                          "shm_vs_memcpy": memcpy_s / shm_s}
 
             async def stream_all() -> None:
                 sender = GrpcStreamSender(layout, checksum=True)
@@ -324,10 +341,22 @@ def bench_transfer(mesh: LocalMesh, args) -> dict:
         finally:
             for i in range(len(reservations)):
                 stub.Abort(decode_pb2.AbortRequest(request_id=f"bench-kv-{i}"), timeout=10)
-    gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
     # Runs of block ids consecutive on both ends: one slice copy per (layer, K/V, head) row each.
-    return {"kv_bytes": nbytes, "kv_runs": len(block_runs(src_blocks, dst_blocks)), "shm_gbps": gbps(shm_s),
-            "memcpy_gbps": gbps(memcpy_s), "shm_vs_memcpy": memcpy_s / shm_s, "grpc_stream_gbps": gbps(stream_s)}
+    return {"kv_bytes": nbytes, "kv_runs": len(block_runs(src_blocks, dst_blocks)), **copied,
+            "grpc_stream_gbps": nbytes / stream_s / 1e9}
+
+
+async def cuda_ipc_write(transport: CudaIpcTransport, probe, reservations, src: torch.Tensor,
+                         src_blocks: list[int]) -> None:
+    """`src_blocks` into the reservations' pages of the decode worker's GPU pool, by its CUDA IPC handle."""
+    start = 0
+    for r in reservations:
+        dest = KVDestination(reservation_id=r.reservation_id, block_ids=tuple(r.block_ids),
+                             cuda_ipc_handle=probe.cuda_ipc_handle)
+        transport.open(dest)
+        n = len(r.block_ids)
+        await transport.write(r.reservation_id, src, src_blocks[start:start + n], dest, list(r.block_ids))
+        start += n
 
 
 def main(argv=None) -> int:
@@ -339,11 +368,13 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-mib", type=int, default=64,
                         help="KV bytes per transfer, in MiB (at most one full context's pages)")
     parser.add_argument("--repeats", type=int, default=20, help="transfers timed (the best counts)")
+    parser.add_argument("--device", default="cpu",
+                        help="where every engine computes and its KV pages live: cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
     model_dir = args.model or ensure_demo_model()
     log(f"model {model_dir}; torch threads {torch.get_num_threads()}")
 
-    mesh = LocalMesh(model_dir)
+    mesh = LocalMesh(model_dir, "--device", args.device)
     try:
         log(f"mesh up: HTTP {mesh.http}, gRPC {mesh.grpc}; {mesh.addresses}")
         rtt_back_to_back_ms = measure_rtt(mesh.grpc) * 1e3
@@ -376,9 +407,12 @@ def main(argv=None) -> int:
             f"round trips (what Baton's own code on the path costs)")
         time.sleep(1.0)  # the in-process engine's OpenMP threads stop spinning first
         kv = bench_transfer(mesh, args)
-        log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: shared memory "
-            f"{kv['shm_gbps']:.2f} GB/s, plain memcpy {kv['memcpy_gbps']:.2f} GB/s, ratio {kv['shm_vs_memcpy']:.2f} "
-            f"(target >= 0.7; {kv['kv_runs']} runs of consecutive blocks); gRPC stream (2 MiB chunks, CRC-32) "
+        copied = (f"shared memory {kv['shm_gbps']:.2f} GB/s, plain memcpy {kv['memcpy_gbps']:.2f} GB/s, ratio "
+                  f"{kv['shm_vs_memcpy']:.2f} (target >= 0.7" if "shm_gbps" in kv else
+                  f"CUDA IPC {kv['cuda_ipc_gbps']:.1f} GB/s, device-to-device copy {kv['d2d_gbps']:.1f} GB/s, "
+                  f"ratio {kv['cuda_ipc_vs_d2d']:.2f} (")
+        log(f"KV transfer of {kv['kv_bytes'] / 2**20:.1f} MiB into the decode worker's reserved pages: {copied}; "
+            f"{kv['kv_runs']} runs of consecutive blocks); gRPC stream (2 MiB chunks, CRC-32) "
             f"{kv['grpc_stream_gbps']:.3f} GB/s")
     finally:
         mesh.stop()
@@ -391,15 +425,17 @@ def main(argv=None) -> int:
                "http_overhead_ms": round(http_overhead_ms, 3),
                "http_overhead_rtt_units": round(http_overhead_ms / rtt_ms, 2),
                "http_overhead_unpaired_ms": round(http_unpaired_ms, 3),
-               "shm_vs_memcpy": round(kv["shm_vs_memcpy"], 3), "grpc_stream_gbps": round(kv["grpc_stream_gbps"], 3),
-               "shm_gbps": round(kv["shm_gbps"], 2), "memcpy_gbps": round(kv["memcpy_gbps"], 2),
+               **{key: round(kv[key], 3) for key in ("shm_vs_memcpy", "cuda_ipc_vs_d2d") if key in kv},
+               "grpc_stream_gbps": round(kv["grpc_stream_gbps"], 3),
+               **{key: round(kv[key], 2) for key in ("shm_gbps", "memcpy_gbps", "cuda_ipc_gbps", "d2d_gbps")
+                  if key in kv},
                "kv_bytes": kv["kv_bytes"], "kv_runs": kv["kv_runs"], "rtt_ms": round(rtt_ms, 4),
                "rtt_back_to_back_ms": round(rtt_back_to_back_ms, 4),
                "overhead_back_to_back_rtt_units": round(overhead_ms / rtt_back_to_back_ms, 2),
                **{k: round(v, 3) for k, v in ttft.items()},
                "first_token_phases_grpc_p50_ms": {phase: round(ms, 3) for phase, ms in phases_ms.items()},
                "rpc_legs_grpc_p50_ms": {leg: round(ms, 3) for leg, ms in legs_ms.items()},
-               "prompt_tokens": args.prompt_tokens, "requests": args.requests}
+               "prompt_tokens": args.prompt_tokens, "requests": args.requests, "device": args.device}
     print(json.dumps(figures))
     return 0
 

@@ -2,7 +2,8 @@
 # The checks CI cannot run, for a machine with a CUDA device: the tests that skip without one
 # (the CUDA IPC transport, prefill and decode workers on the GPU, the engine's parity with
 # transformers there), the end-to-end tests of the mesh with every worker on the GPU
-# (BATON_DEVICE=cuda), and the engine's throughput against transformers.generate on the GPU.
+# (BATON_DEVICE=cuda), the engine's throughput against transformers.generate on the GPU, and the
+# mesh's overhead there (bench/mesh_overhead.py --device cuda: CUDA IPC against a device copy).
 #
 #   bash scripts/gpu-checks.sh [OUT_DIR]     (PYTHON=python3 by default; the repo's packages importable)
 #
@@ -29,4 +30,5 @@ BATON_DEVICE=cuda timeout 240 $py -m pytest -v -p no:cacheprovider "${per_test[@
 [ "$status" -ne 0 ] || status=${PIPESTATUS[0]}
 timeout 150 $py bench/engine_throughput.py --device cuda --models 7m,160m --quick --batch1-repeats 2 \
     2>&1 | tee "$out/bench.log"
+timeout 200 $py bench/mesh_overhead.py --device cuda --requests 30 2>&1 | tee "$out/mesh-overhead.log"
 exit "$status"
