@@ -100,19 +100,24 @@ def add_scheduling_flag(parser: argparse.ArgumentParser, env: Mapping[str, str],
 
 def add_dtype_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """--dtype of a worker's engine: what it computes in and keeps its KV pages in; and --kv-cache-dtype."""
-    parser.add_argument("--dtype", default=env.get(ENV_DTYPE) or "float32",
+    parser.add_argument("--dtype", default=env.get(ENV_DTYPE) or None,
                         help=f"what the model computes in and the KV pages hold: {', '.join(DTYPES)}, or auto (the "
-                             f"checkpoint's own); default float32, the fast one on CPUs (bfloat16 on GPUs); prefill "
-                             f"and decode workers must agree (${ENV_DTYPE})")
+                             f"checkpoint's own); default float32 on a CPU, the fast one there, and auto on a GPU (a "
+                             f"bfloat16 checkpoint in bfloat16, as vLLM's default); prefill and decode workers must "
+                             f"agree (${ENV_DTYPE})")
     parser.add_argument("--kv-cache-dtype", default=env.get(ENV_KV_CACHE_DTYPE) or "auto",
                         help=f"what the KV pages hold, vLLM's: auto (--dtype), fp8 (= fp8_e4m3) or fp8_e5m2, one "
                              f"byte a number (a quarter of float32's room: four times the tokens), cast without "
                              f"scales; prefill and decode workers must agree (${ENV_KV_CACHE_DTYPE})")
 
 
-def resolved_dtype(dtype: str, model_dir: Path, hf_overrides: Mapping[str, Any] | None = None) -> str:
+def resolved_dtype(dtype: str | None, model_dir: Path, hf_overrides: Mapping[str, Any] | None = None,
+                   device: str = "cpu") -> str:
     """`dtype`, checked; `auto`: the checkpoint's (config.json's torch_dtype, as vLLM's auto reads it, the
-    overrides' where they give one) where the engine computes in it, else float32."""
+    overrides' where they give one) where the engine computes in it, else float32. None: float32 on the
+    CPU, auto on a GPU (`device`)."""
+    if dtype is None:
+        dtype = "float32" if device == "cpu" else "auto"
     if dtype == "auto":
         try:
             config = read_model_config(model_dir, hf_overrides)

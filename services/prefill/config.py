@@ -91,7 +91,9 @@ class PrefillServiceConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
-    dtype: str = "float32"  # the engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved)
+    # The engine's compute dtype and its KV pages' (engine/config.py's DTYPES; auto resolved; None: float32 on
+    # the CPU, auto on a GPU).
+    dtype: str | None = None
     kv_cache_dtype: str = "auto"  # what the KV pages hold: engine/config.py's KV_CACHE_DTYPES
     logprobs_mode: str = "raw_logprobs"  # what reported logprobs are of (engine/sampled_logprobs.py)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token; -1: the vocabulary
@@ -120,7 +122,7 @@ class PrefillServiceConfig:
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
         object.__setattr__(self, "device", resolved_device(self.device))
-        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides))
+        object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides, self.device))
         check_bind(self.host, self.port, ENV_HOST)
         check_positive("--kv-blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from services.common.settings import ConfigError
+from services.common.settings import ConfigError, resolved_dtype
 from services.decode.config import DecodeServiceConfig
 from services.prefill.config import PrefillServiceConfig
 
@@ -33,6 +33,9 @@ def test_auto_is_the_checkpoints_own_dtype(config, tiny_demo_model, tmp_path):
         settings.update(torch_dtype=stored, dtype=stored)
         (model / "config.json").write_text(json.dumps(settings))
         assert config.from_args(["--model", str(model)], {"BATON_DTYPE": "auto"}).dtype == computed
+        # No --dtype: float32 on the CPU (the fast one there), the checkpoint's own on a GPU (vLLM's default).
+        assert config.from_args(["--model", str(model), "--device", "cpu"], {}).dtype == "float32"
+        assert resolved_dtype(None, model, device="cuda:0") == computed
 
 
 @pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
