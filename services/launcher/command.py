@@ -63,8 +63,8 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                              "lists them)")
     up.add_argument("--dtype", choices=(*DTYPES, "auto"),
                     help="what every prefill and decode worker computes in and keeps its KV pages in; auto: the "
-                         "checkpoint's own (default $BATON_DTYPE, else float32, the fast one on CPUs; bfloat16 on "
-                         "GPUs)")
+                         "checkpoint's own (default $BATON_DTYPE, else float32 on CPUs, the fast one there, and the "
+                         "checkpoint's own on GPUs)")
     up.add_argument("--device", help="where every prefill and decode worker computes: cpu, cuda, cuda:N, or auto (a "
                                      "GPU where torch sees one; several: the workers spread over them) (default "
                                      "$BATON_DEVICE, else auto)")

@@ -100,7 +100,7 @@ class MeshConfig:
     api_key: str | None = field(default=None, repr=False)  # the gateway asks clients for it; None: for none
     # Replaces the model's chat template (a file's absolute path, or the template); None: the model's.
     chat_template: str | None = None
-    dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32
+    dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32 on CPUs, auto on GPUs
     device: str | None = None  # every worker's --device; None: as $BATON_DEVICE says, else auto
     max_model_len: int | None = None  # every service's context; None: as $BATON_MAX_MODEL_LEN says, else the model's
     # LoRA adapters every worker and the gateway serve, NAME=PATH each (paths made absolute: the
