@@ -1,8 +1,10 @@
 """How a worker's KV pool is sized: --kv-blocks pages, or vLLM's --kv-cache-memory-bytes, a size
 in bytes that holds as many pages as fit for the model's layout and KV dtype (a draft model's pages
-beside them), which operators plan memory by. Where both are given the bytes win, as vLLM's flag
-wins over its other sizing; `baton up` passes --kv-blocks to colocated workers, which a size in
---decode-args then replaces.
+beside them), which operators plan memory by, or --kv-memory-fraction, the share of the memory free
+once the weights are loaded (the host's on a CPU, the device's on a GPU: several workers on one GPU
+split it so). The bytes win over the fraction, the fraction over the pages, as vLLM's size wins
+over its other sizing; `baton up` passes --kv-blocks to colocated workers, which a size or a
+fraction in --decode-args then replaces.
 
 Sizes are read as vLLM reads them: a plain integer, or one with a suffix, lowercase decimal
 (k, m, g, t: 25.6k is 25,600) or uppercase binary (K, M, G, T: 16G is 16 x 2^30, whole numbers only).
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
+
+from services.common.settings import ConfigError
 
 DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -30,7 +34,31 @@ def byte_count(text: str) -> int:
     return int(number) * BINARY.get(suffix, 1)
 
 
-def add_kv_memory_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_var: str) -> None:
+MAX_MEMORY_FRACTION = 0.95  # engine/config.py's bound: the rest is the step's own working memory
+
+
+def add_kv_memory_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], *, env_var: str,
+                       fraction_env_var: str) -> None:
     given = env.get(env_var) or None
     parser.add_argument("--kv-cache-memory-bytes", type=byte_count, default=given, metavar="SIZE",
                         help=f"KV pool size in bytes, e.g. 8G (as vLLM's flag; replaces --kv-blocks) (${env_var})")
+    fraction = env.get(fraction_env_var) or None
+    parser.add_argument("--kv-memory-fraction", type=float, default=None if fraction is None else float(fraction),
+                        metavar="F",
+                        help=f"KV pool size as this share of the memory free once the weights are loaded (the "
+                             f"host's on a CPU, the device's on a GPU), in (0, {MAX_MEMORY_FRACTION}]; replaces "
+                             f"--kv-blocks, --kv-cache-memory-bytes replaces it (${fraction_env_var})")
+
+
+def pool_size_options(config) -> dict:
+    """A worker config's pool size as EngineConfig takes it (which reads bytes first, then pages, then
+    the fraction): its pages left out where a fraction is given."""
+    fraction = config.kv_memory_fraction
+    return {"kv_cache_memory_bytes": config.kv_cache_memory_bytes,
+            "num_kv_blocks": None if fraction is not None else config.num_kv_blocks,
+            **({"kv_memory_fraction": fraction} if fraction is not None else {})}
+
+
+def check_memory_fraction(fraction: float | None) -> None:
+    if fraction is not None and not 0 < fraction <= MAX_MEMORY_FRACTION:
+        raise ConfigError(f"--kv-memory-fraction must be in (0, {MAX_MEMORY_FRACTION}], got {fraction}")

@@ -47,6 +47,7 @@ from services.common.engine_thread import EngineThread
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.kv_event_publisher import KVEventPublisher, publish_kv_events
+from services.common.kv_pool_flags import pool_size_options
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
 from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
@@ -87,8 +88,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
         pools.append(SharedKVPool.create(layout) if device == "cpu" else CudaKVPool(layout, device))
         return pools[-1].tensor
 
-    engine_config = EngineConfig(model=str(model_dir), device=config.device, num_kv_blocks=config.num_kv_blocks,
-                                 kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+    engine_config = EngineConfig(model=str(model_dir), device=config.device, **pool_size_options(config),
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,

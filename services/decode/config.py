@@ -19,7 +19,7 @@ from engine.speculative import SpeculativeConfig
 from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
-from services.common.kv_pool_flags import add_kv_memory_flag
+from services.common.kv_pool_flags import add_kv_memory_flag, check_memory_fraction
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.logprobs_flag import (
     add_logprobs_mode_flag,
@@ -68,6 +68,7 @@ ENV_METRICS_PORT = "BATON_DECODE_METRICS_PORT"
 ENV_INSTANCE_ID = "BATON_DECODE_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
 ENV_KV_CACHE_MEMORY_BYTES = "BATON_DECODE_KV_CACHE_MEMORY_BYTES"
+ENV_KV_MEMORY_FRACTION = "BATON_DECODE_KV_MEMORY_FRACTION"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LOGPROBS_MODE = "BATON_DECODE_LOGPROBS_MODE"
@@ -88,6 +89,7 @@ class DecodeServiceConfig:
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the shared-memory pool's size in pages
     kv_cache_memory_bytes: int | None = None  # its size in bytes instead (kv_pool_flags.py)
+    kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
@@ -127,6 +129,7 @@ class DecodeServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
+        check_memory_fraction(self.kv_memory_fraction)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -151,7 +154,7 @@ class DecodeServiceConfig:
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT)
         parser.add_argument("--kv-blocks", type=int, default=env_int(env, ENV_KV_BLOCKS, DEFAULT_KV_BLOCKS),
                             help=f"KV pool size in pages (${ENV_KV_BLOCKS})")
-        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES)
+        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES, fraction_env_var=ENV_KV_MEMORY_FRACTION)
         parser.add_argument("--max-num-seqs", type=int, default=env_int(env, ENV_MAX_NUM_SEQS, 128),
                             help=f"most requests decoding at once (${ENV_MAX_NUM_SEQS})")
         parser.add_argument("--lease-ms", type=int, default=env_int(env, ENV_LEASE_MS, DEFAULT_LEASE_MS),
@@ -184,6 +187,7 @@ class DecodeServiceConfig:
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                   kv_memory_fraction=args.kv_memory_fraction,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
                    kv_cache_dtype=args.kv_cache_dtype,

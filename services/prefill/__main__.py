@@ -43,6 +43,7 @@ from services.common.engine_thread import EngineThread
 from services.common.entrypoint import Stop, load_in_thread, run_service
 from services.common.index_publisher import InstancePublisher, publisher_for
 from services.common.kv_event_publisher import KVEventPublisher, publish_kv_events
+from services.common.kv_pool_flags import pool_size_options
 from services.common.lora_servicer import SERVICE_NAME as LORA_SERVICE_NAME, LoRAAdaptersServicer
 from services.common.metrics import ServiceMetrics
 from services.common.profiler_servicer import SERVICE_NAME as PROFILER_SERVICE_NAME, ProfilerServicer
@@ -64,8 +65,7 @@ WARMUP_PARAMS = (
 
 
 def load_engine(config: PrefillServiceConfig) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(config.model_dir), device=config.device, num_kv_blocks=config.num_kv_blocks,
-                                  kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+    return LLMEngine(EngineConfig(model=str(config.model_dir), device=config.device, **pool_size_options(config),
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   enable_prefix_caching=config.prefix_caching,

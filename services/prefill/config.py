@@ -17,7 +17,7 @@ from engine.config import DEFAULT_MAX_LOGPROBS
 from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
-from services.common.kv_pool_flags import add_kv_memory_flag
+from services.common.kv_pool_flags import add_kv_memory_flag, check_memory_fraction
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.logprobs_flag import (
     add_logprobs_mode_flag,
@@ -64,6 +64,7 @@ ENV_PORT = "BATON_PREFILL_PORT"
 ENV_INSTANCE_ID = "BATON_PREFILL_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
 ENV_KV_CACHE_MEMORY_BYTES = "BATON_PREFILL_KV_CACHE_MEMORY_BYTES"
+ENV_KV_MEMORY_FRACTION = "BATON_PREFILL_KV_MEMORY_FRACTION"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_PREFILL_SCHEDULING_POLICY"
@@ -87,6 +88,7 @@ class PrefillServiceConfig:
     port: int = 0  # 0: any free port (the listening line says which)
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the local pool: prompts in flight plus the prefix cache
     kv_cache_memory_bytes: int | None = None  # the pool's size in bytes instead (kv_pool_flags.py)
+    kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
@@ -127,6 +129,7 @@ class PrefillServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
+        check_memory_fraction(self.kv_memory_fraction)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
@@ -152,7 +155,7 @@ class PrefillServiceConfig:
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT)
         parser.add_argument("--kv-blocks", type=int, default=env_int(env, ENV_KV_BLOCKS, DEFAULT_KV_BLOCKS),
                             help=f"local KV pool size in pages (${ENV_KV_BLOCKS})")
-        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES)
+        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES, fraction_env_var=ENV_KV_MEMORY_FRACTION)
         parser.add_argument("--max-num-batched-tokens", type=int,
                             default=env_int(env, ENV_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS),
                             help=f"tokens per step; longer prompts are chunked (${ENV_MAX_NUM_BATCHED_TOKENS})")
@@ -184,6 +187,7 @@ class PrefillServiceConfig:
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                   kv_memory_fraction=args.kv_memory_fraction,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),

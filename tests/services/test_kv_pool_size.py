@@ -1,6 +1,8 @@
 """A worker's KV pool sized in bytes (vLLM's --kv-cache-memory-bytes, read as vLLM reads sizes):
 as many pages as the bytes hold for the model's layout and KV dtype, replacing --kv-blocks; a size
-that holds no page, or that is not a size, is refused. The kvstore node's capacity is read as a size too."""
+that holds no page, or that is not a size, is refused. Or sized as a share of the memory free once
+the weights are loaded (--kv-memory-fraction), which a size replaces. The kvstore node's capacity is
+read as a size too."""
 from __future__ import annotations
 
 import argparse
@@ -84,3 +86,46 @@ def test_workers_size_their_pools_by_it(tiny_demo_model):
             assert info.num_kv_blocks == size // one > 16, worker.name
     finally:
         assert stop_processes(workers) == [0, 0]
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_the_fraction_flag_and_its_variable(tiny_demo_model, config):
+    kind = "PREFILL" if config is PrefillServiceConfig else "DECODE"
+    model = ["--model", str(tiny_demo_model)]
+    assert config.from_args([*model, "--kv-memory-fraction", "0.5"], {}).kv_memory_fraction == 0.5
+    assert config.from_args(model, {f"BATON_{kind}_KV_MEMORY_FRACTION": "0.25"}).kv_memory_fraction == 0.25
+    assert config.from_args(model, {}).kv_memory_fraction is None
+    for wrong in ("0", "0.96", "-0.1"):
+        with pytest.raises(ConfigError, match=r"--kv-memory-fraction must be in \(0, 0.95\]"):
+            config.from_args([*model, "--kv-memory-fraction", wrong], {})
+
+
+def available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def test_workers_size_their_pools_by_a_share_of_free_memory_and_a_size_wins_over_it(tiny_demo_model):
+    one, fraction = block_bytes(tiny_demo_model), 0.002
+    before = available_bytes()
+    shared = [ServiceProcess(name, service, tiny_demo_model, "--kv-blocks", "16", "--kv-memory-fraction",
+                             str(fraction), wait=False)
+              for name, service in (("prefill", PREFILL_SERVICE), ("decode", DECODE_SERVICE))]
+    sized = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-memory-fraction", str(fraction),
+                           "--kv-cache-memory-bytes", "1M", wait=False)
+    workers = [*shared, sized]
+    try:
+        wait_all_serving(workers)
+        after = available_bytes()
+
+        def num_blocks(worker) -> int:
+            return scheduler_pb2_grpc.SchedulerStub(worker.channel).Describe(scheduler_pb2.DescribeRequest(),
+                                                                             timeout=10).num_kv_blocks
+        # The memory free when each carved its pool lies between what was free before they started and
+        # after (other tenants of this machine move it too: a tenth either way).
+        for worker in shared:
+            assert 0.9 * fraction * after // one <= num_blocks(worker) <= 1.1 * fraction * before // one, worker.name
+            assert num_blocks(worker) > 16
+        assert num_blocks(sized) == 2**20 // one
+    finally:
+        assert stop_processes(workers) == [0, 0, 0]
