@@ -74,6 +74,7 @@ from services.gateway.timeline import TimelineStore
 from services.gateway.tokenize_api import add_tokenize_routes
 from services.gateway.tokenizer_info import add_tokenizer_info_route
 from services.gateway.tokens_api import add_tokens_routes
+from services.gateway.vertex_routes import add_vertex_routes
 
 log = logging.getLogger("baton.gateway")
 
@@ -198,6 +199,7 @@ def create_app(state: GatewayState) -> FastAPI:
         return state.models.card(model)
 
     add_sagemaker_routes(app)
+    add_vertex_routes(app)
     add_operator_routes(app, state, lambda model: check_model(state, model), BATON_VERSION)
 
     @app.get("/v1/requests/{response_id}/timeline")
