@@ -8,7 +8,7 @@ event); consecutive removals are one `RemovedBlocks`; a reset is one `AllBlocksC
 makes whatever came before it in the same batch moot."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from engine.block import Block
@@ -19,6 +19,7 @@ class StoredBlocks(NamedTuple):
     parent_block_hash: int | None  # the first block's parent; None: the first block of a prompt
     token_ids: list[int]          # every block's tokens, one after another
     lora_name: str | None         # the adapter whose KV the blocks hold (None: the base model's)
+    lora_id: int | None = None    # its id (LoRAManager.id_of), filled in as the engine hands the events out
 
 
 class RemovedBlocks(NamedTuple):
@@ -30,6 +31,12 @@ class AllBlocksCleared(NamedTuple):
 
 
 KVEvent = StoredBlocks | RemovedBlocks | AllBlocksCleared
+
+
+def with_lora_ids(events: list[KVEvent], id_of: Callable[[str], int | None]) -> list[KVEvent]:
+    """`events`, each adapter's stored blocks given its id too (`id_of`: LoRAManager's), as vLLM's carry both."""
+    return [event._replace(lora_id=id_of(event.lora_name))
+            if isinstance(event, StoredBlocks) and event.lora_name is not None else event for event in events]
 
 
 class KVEventLog:

@@ -43,6 +43,10 @@ class LoRAManager:
         self._device = next(model.parameters()).device  # where the adapters' matrices are kept
         self._block_manager = block_manager
         self._retiring: set[str] = set()
+        # Each served adapter's id, as vLLM numbers its LoRARequests: from 1, in the order they were served;
+        # one unloaded and loaded again takes a new one.
+        self._ids: dict[str, int] = {}
+        self._num_ids = 0
 
     def read(self, name: str, path: str | Path) -> LoRAAdapter:
         """The adapter in directory `path`, read and checked against the model (any thread: it touches
@@ -60,6 +64,8 @@ class LoRAManager:
         if adapter.name in self._paths:
             raise LoRAConflictError(f"LoRA adapter {adapter.name!r} is already loaded")
         self._paths[adapter.name] = adapter.path
+        self._num_ids += 1
+        self._ids[adapter.name] = self._num_ids
         self._hold(adapter)
 
     def _hold(self, adapter: LoRAAdapter) -> None:
@@ -78,6 +84,10 @@ class LoRAManager:
         go), and it the most recently asked for. LoRAError when its directory no longer reads."""
         adapter = self._loras.pop(name, None)
         self._hold(adapter if adapter is not None else self.read(name, self._paths[name]))
+
+    def id_of(self, name: str) -> int | None:
+        """A served (or retiring) adapter's id; None for a name not served."""
+        return self._ids.get(name)
 
     def is_served(self, name: str) -> bool:
         return name in self._paths and name not in self._retiring
@@ -113,5 +123,6 @@ class LoRAManager:
         for name in [name for name in self._retiring if not in_use(name)]:
             self._retiring.discard(name)
             del self._paths[name]
+            del self._ids[name]
             self._loras.pop(name, None)
             self._block_manager.forget_adapter(name)

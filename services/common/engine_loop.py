@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from engine import memory_release
-from engine.kv_event_log import KVEvent
+from engine.kv_event_log import KVEvent, with_lora_ids
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from services.common.engine_stepper import STOP, EngineStepper
@@ -101,7 +101,7 @@ class EngineLoop(EngineStepper):
         and command that made any (engine/kv_event_log.py); first, what is cached now."""
         def enable(engine: LLMEngine) -> None:
             self._kv_event_sink = sink
-            sink(engine.block_manager.enable_kv_events())
+            sink(with_lora_ids(engine.block_manager.enable_kv_events(), engine.loras.id_of))
         await self.call(enable)
 
     async def compile_guide(self, params: SamplingParams) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from engine.kv_event_log import with_lora_ids
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from services.common.request_outputs import IntoQueue, hand_over
@@ -79,7 +80,7 @@ class EngineStepper:
         if self._kv_event_sink is not None:
             events = self.engine.block_manager.take_kv_events()
             if events:
-                self._kv_event_sink(events)
+                self._kv_event_sink(with_lora_ids(events, self.engine.loras.id_of))
 
     def _has_work(self) -> bool:
         if self._is_paused:

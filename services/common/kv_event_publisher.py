@@ -162,7 +162,7 @@ class KVEventPublisher:
         for event in events:
             if isinstance(event, StoredBlocks):
                 wire.append(_BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                                         self.block_size, None, self.medium, event.lora_name))
+                                         self.block_size, event.lora_id, self.medium, event.lora_name))
             elif isinstance(event, RemovedBlocks):
                 wire.append(_BlockRemoved(event.block_hashes, self.medium))
             elif isinstance(event, AllBlocksCleared):

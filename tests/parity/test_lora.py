@@ -159,6 +159,7 @@ def test_adapters_load_and_unload_at_run_time(served, tiny_model_dirs):
     with pytest.raises(ValueError, match="'x' is not served here \\(served: none\\)"):
         engine.add_request("early", prompt, greedy)
     engine.loras.add(engine.loras.read("x", root / "tuned"))
+    assert engine.loras.id_of("x") == 1  # vLLM's numbering: from 1, in the order adapters are served
     with pytest.raises(LoRAConflictError, match="already loaded"):
         engine.loras.add(engine.loras.read("x", root / "qv"))
     assert _run(engine, {"first": (prompt, greedy)}) == {"first": expected("tuned")}
@@ -176,7 +177,9 @@ def test_adapters_load_and_unload_at_run_time(served, tiny_model_dirs):
     assert engine.block_manager.num_prefix_hit_tokens - hits_before == 32  # read the first run's two blocks
     assert not engine.loras.is_served("x") and "x" not in engine.runner.loras
     assert not engine.loras.remove("x", engine.is_adapter_in_use)
-    engine.loras.add(engine.loras.read("x", root / "qv"))  # another adapter under the name
+    assert engine.loras.id_of("x") is None
+    engine.loras.add(engine.loras.read("x", root / "qv"))  # another adapter under the name, and a new id
+    assert engine.loras.id_of("x") == 2
     hits_before = engine.block_manager.num_prefix_hit_tokens
     assert _run(engine, {"third": (prompt, greedy)}) == {"third": expected("qv")}
     assert engine.block_manager.num_prefix_hit_tokens == hits_before

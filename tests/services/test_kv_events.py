@@ -207,3 +207,40 @@ def test_vllms_defaults_and_the_environment(tiny_demo_model):
             f"BATON_{kind}_KV_EVENTS_CONFIG": '{"enable_kv_cache_events": true, "topic": "t"}'})
         assert config.kv_events == KVEventsConfig(enable_kv_cache_events=True, topic="t")
         assert config_type.from_args(["--model", str(tiny_demo_model)], env={}).kv_events is None
+
+
+def test_an_adapters_blocks_carry_its_name_and_its_id(tiny_demo_model, tmp_path):
+    """vLLM numbers its adapters from 1 in the order they are served; a router keys their blocks apart
+    from the base model's by it. The base model's blocks carry neither."""
+    transformers = pytest.importorskip("transformers")
+    from tests.lora_adapters import make_adapter
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_demo_model)
+    for i, name in enumerate(("first", "second")):
+        make_adapter(tmp_path / name, base, ("self_attn.q_proj",), 2, 2.0, False, seed=i)
+    port, replay_port = port_outside_ephemeral_range(), port_outside_ephemeral_range()
+    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}"}
+    worker = Service(tiny_demo_model, "--kv-blocks", "48", "--kv-events-config", json.dumps(config),
+                     "--lora-modules", f"first={tmp_path / 'first'}", f"second={tmp_path / 'second'}")
+    router = Router(port, replay_port, b"")
+    try:
+        router.replay(0)
+        for lora_name in ("second", None):
+            sampling = common_pb2.SamplingParams()
+            sampling.CopyFrom(GREEDY)
+            if lora_name is not None:
+                sampling.lora_name = lora_name
+            chunks = list(worker.stub.GenerateLocally(decode_pb2.GenerateLocallyRequest(
+                request_id=f"lora-{lora_name}", prompt_token_ids=PROMPT, sampling=sampling), timeout=30))
+            assert chunks[-1].finish_reason
+
+        def prompts_stored(events: list[dict]) -> list[dict]:
+            return [e for e in events if e["type"] == "BlockStored" and e["token_ids"][:BLOCK_SIZE] == PROMPT[:16]]
+        router.receive_until(lambda events: len(prompts_stored(events)) == 2)
+        adapted, plain = prompts_stored(router.events())
+        assert (adapted["lora_name"], adapted["lora_id"]) == ("second", 2)
+        assert (plain["lora_name"], plain["lora_id"]) == (None, None)
+        assert adapted["block_hashes"] != plain["block_hashes"]  # the adapter's KV is its own
+    finally:
+        router.close()
+        assert worker.terminate() == 0
