@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 from loadgen.run_batch import SERVED_URLS, parsed_lines, run_batch
-from services.gateway.batch_files import PURPOSES, FileStore, page
+from services.gateway.batch_files import PURPOSES, ExpiresAfter, FileStore, expiry_seconds, page
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
 
@@ -40,6 +40,7 @@ class CreateBatch(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None  # its output and error files', from their creation
 
 
 class BatchJobs:
@@ -62,6 +63,7 @@ class BatchJobs:
         if asked.endpoint not in SERVED_URLS:
             raise APIError(400, f"endpoint must be one of {', '.join(SERVED_URLS)}, got {asked.endpoint!r}",
                            param="endpoint")
+        output_expiry_s = expiry_seconds(asked.output_expires_after, "output_expires_after")
         if asked.completion_window != COMPLETION_WINDOW:
             raise APIError(400, f"completion_window must be {COMPLETION_WINDOW!r}, got {asked.completion_window!r}",
                            param="completion_window")
@@ -82,7 +84,7 @@ class BatchJobs:
             batch.update(status="failed", failed_at=now, errors={"object": "list", "data": errors})
             return batch
         batch.update(status="in_progress", in_progress_at=now)
-        task = asyncio.ensure_future(self._run(batch, lines))
+        task = asyncio.ensure_future(self._run(batch, lines, output_expiry_s))
         self._running[batch["id"]] = task
         task.add_done_callback(lambda _: self._running.pop(batch["id"], None))
         return batch
@@ -114,7 +116,7 @@ class BatchJobs:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
         self.files.close()
 
-    async def _run(self, batch: dict[str, Any], lines: list[str]) -> None:
+    async def _run(self, batch: dict[str, Any], lines: list[str], output_expiry_s: int | None) -> None:
         results: dict[int, dict[str, Any]] = {}
         counts = batch["request_counts"]
 
@@ -133,17 +135,17 @@ class BatchJobs:
         answered = [r for r in done if _succeeded(r)]
         refused = [r for r in done if not _succeeded(r)]
         if answered:
-            batch["output_file_id"] = self._write(f"{batch['id']}_output.jsonl", answered)
+            batch["output_file_id"] = self._write(f"{batch['id']}_output.jsonl", answered, output_expiry_s)
         if refused:
-            batch["error_file_id"] = self._write(f"{batch['id']}_error.jsonl", refused)
+            batch["error_file_id"] = self._write(f"{batch['id']}_error.jsonl", refused, output_expiry_s)
         if is_cancelled:
             batch.update(status="cancelled", cancelled_at=int(time.time()))
         else:
             batch.update(status="completed", completed_at=int(time.time()))
 
-    def _write(self, filename: str, results: list[dict[str, Any]]) -> str:
+    def _write(self, filename: str, results: list[dict[str, Any]], expires_after_s: int | None) -> str:
         data = "".join(json.dumps(r) + "\n" for r in results).encode()
-        return self.files.add(filename, "batch_output", data)["id"]
+        return self.files.add(filename, "batch_output", data, expires_after_s)["id"]
 
 
 def _succeeded(result: dict[str, Any]) -> bool:
@@ -173,10 +175,16 @@ def add_batch_routes(app: FastAPI, jobs: BatchJobs, api_key: str | None) -> None
     files = jobs.files
 
     @app.post("/v1/files")
-    async def upload(file: UploadFile = File(...), purpose: str = Form(...)):
+    async def upload(file: UploadFile = File(...), purpose: str = Form(...),
+                     expires_anchor: str | None = Form(None, alias="expires_after[anchor]"),
+                     expires_seconds: int | None = Form(None, alias="expires_after[seconds]")):
         if purpose not in PURPOSES:
             raise APIError(400, f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}", param="purpose")
-        return files.add(file.filename or "upload.jsonl", purpose, await file.read())
+        asked = None
+        if expires_anchor is not None or expires_seconds is not None:
+            asked = ExpiresAfter(anchor=expires_anchor or "", seconds=expires_seconds or 0)
+        return files.add(file.filename or "upload.jsonl", purpose, await file.read(),
+                         expiry_seconds(asked, "expires_after"))
 
     @app.get("/v1/files")
     async def list_files(purpose: str | None = None, limit: int = Query(10000, ge=1, le=10000),

@@ -140,3 +140,46 @@ def test_a_gateway_with_api_keys_runs_its_batches(mesh, tmp_path):
             client_of(gateway.base_url, "wrong").batches.retrieve(batch.id)
     finally:
         assert gateway.terminate() == 0
+
+
+def test_files_expire_when_openais_expires_after_says(mesh, tmp_path):
+    client = client_of(mesh.gateway.base_url)
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps(chat_line("c0", mesh.model_name, "Hi")) + "\n")
+    with path.open("rb") as f:
+        source = client.files.create(file=f, purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600})
+    assert source.expires_at == source.created_at + 3600
+    assert uploaded(client, tmp_path, [chat_line("c0", mesh.model_name, "Hi")]).expires_at is None  # none asked
+    for expires_after, param in (({"anchor": "created_at", "seconds": 60}, "expires_after.seconds"),
+                                 ({"anchor": "last_active_at", "seconds": 3600}, "expires_after.anchor")):
+        with path.open("rb") as f, pytest.raises(openai.BadRequestError) as refused:
+            client.files.create(file=f, purpose="batch", expires_after=expires_after)
+        assert refused.value.body["param"] == param
+    batch = finished(client, client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200}).id)
+    output = client.files.retrieve(batch.output_file_id)
+    assert output.expires_at == output.created_at + 7200
+    with pytest.raises(openai.BadRequestError, match="output_expires_after.seconds"):
+        client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h",
+                              output_expires_after={"anchor": "created_at", "seconds": 10**9})
+    mesh.assert_decode_pools_free()
+
+
+def test_an_expired_file_is_gone_as_a_deleted_one_is():
+    from services.gateway.batch_files import FileStore
+    from services.gateway.errors import APIError
+
+    now = [1_000_000.0]
+    store = FileStore(clock=lambda: now[0])
+    try:
+        lasting, expiring = store.add("a.jsonl", "batch", b"a"), store.add("b.jsonl", "batch", b"b", 3600)
+        now[0] += 3599
+        assert store.content(expiring["id"]) == b"b"
+        now[0] += 1
+        with pytest.raises(APIError, match="No file with id"):
+            store.get(expiring["id"])
+        assert [f["id"] for f in store.listed(None, 10, None)["data"]] == [lasting["id"]]
+        assert store.content(lasting["id"]) == b"a"
+    finally:
+        store.close()
