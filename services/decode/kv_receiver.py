@@ -16,6 +16,7 @@ import grpc
 import torch
 
 from protos import kvstore_pb2, kvstore_pb2_grpc
+from services.common.stream_refusal import RefusingAfterStream
 from services.decode.leases import LeaseTable
 from services.kvstore.converters import chunk_or_abort
 from services.kvstore.layout import PageLayout
@@ -40,6 +41,7 @@ class KVReceiver(kvstore_pb2_grpc.KVStoreServicer):
         self.pool = None
 
     async def WritePages(self, request_iterator, context):
+        context = RefusingAfterStream(context, request_iterator)
         if self.pool is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the decode worker is still loading")
         num_chunks = num_bytes = 0

@@ -23,6 +23,7 @@ import torch
 
 from protos import cache_pb2, cache_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc
 from services.common.converters import layout_from_proto
+from services.common.stream_refusal import RefusingAfterStream
 from services.kvstore.converters import chunk_or_abort, pages_to_proto
 from services.kvstore.disk_tier import DiskPageTier
 from services.kvstore.host_tier import HostPageTier, StoredBlock
@@ -49,6 +50,7 @@ class KVStoreNodeServicer(kvstore_pb2_grpc.KVStoreServicer):
         self.tier = HostPageTier(capacity_bytes, disk)
 
     async def WritePages(self, request_iterator, context):
+        context = RefusingAfterStream(context, request_iterator)
         layout: PageLayout | None = None  # the stream's, from its first chunk
         staged: dict[int, _StagedBlock] = {}
         num_chunks = num_bytes = 0

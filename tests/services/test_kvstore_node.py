@@ -109,6 +109,25 @@ def test_least_recently_used_blocks_are_evicted(node, pool):
     assert _read(node, [300])[0] == [300]
 
 
+def test_a_stream_refused_midway_reaches_the_client_with_its_status(node, pool):
+    """The node refuses a stream over its capacity after its first chunks, while the client still sends:
+    the client must get RESOURCE_EXHAUSTED, not grpcio's INTERNAL for a write that failed as the call
+    ended (grpc/grpc#36066), every time."""
+    async def send() -> None:
+        sender = GrpcStreamSender(LAYOUT, max_chunk_bytes=layer_block_nbytes(LAYOUT))  # many small chunks
+        try:
+            await sender.write(node.address, pool, list(range(24)), request_id="big",
+                               block_hashes=[500 + i for i in range(24)])
+        finally:
+            await sender.close()
+
+    for _ in range(5):
+        with pytest.raises(grpc.RpcError) as e:
+            asyncio.run(send())
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+    assert _read(node, [500])[0] == []
+
+
 def test_a_layout_mismatch_is_refused(node, pool):
     _store(node, pool, [5], [500])
     for wrong in (PageLayout(4, 4, 16, 64, "bfloat16", 1, LAYOUT.fingerprint),
