@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from fastapi import FastAPI, Request
-from starlette.routing import Route
 
 from services.gateway.errors import APIError
+from services.gateway.route_endpoints import route_endpoint
 
 # A body's telling field(s) → the API's route, tried in this order.
 INVOCATIONS = ((("messages",), "/v1/chat/completions"), (("prompt",), "/v1/completions"),
@@ -18,12 +18,8 @@ INVOCATIONS = ((("messages",), "/v1/chat/completions"), (("prompt",), "/v1/compl
 
 
 def add_sagemaker_routes(app: FastAPI) -> None:
-    def endpoint(path: str, method: str):
-        return next(route.endpoint for route in app.routes
-                    if isinstance(route, Route) and route.path == path and method in (route.methods or ()))
-
     async def ping(request: Request):
-        return await endpoint("/health", "GET")()
+        return await route_endpoint(app, "/health", "GET")()
 
     async def invocations(request: Request):
         try:
@@ -37,7 +33,7 @@ def add_sagemaker_routes(app: FastAPI) -> None:
             raise APIError(400, "the body is none of the APIs' requests: it needs messages (chat), prompt "
                                 "(completions), query and documents (rerank), text_1 and text_2 (score) or input "
                                 "(embeddings)", param="body")
-        return await endpoint(path, "POST")(request)
+        return await route_endpoint(app, path, "POST")(request)
 
     app.add_route("/ping", ping, methods=["GET", "POST"])
     app.add_route("/invocations", invocations, methods=["POST"])

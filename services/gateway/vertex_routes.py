@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.routing import Route
 
 from services.gateway.errors import APIError
+from services.gateway.route_endpoints import route_endpoint
 
 PREDICT_ROUTE_VARIABLE = "AIP_PREDICT_ROUTE"
 HEALTH_ROUTE_VARIABLE = "AIP_HEALTH_ROUTE"
@@ -24,22 +24,18 @@ PROMPT_FIELDS = ("text", "input_ids")  # an instance's prompt, as /generate name
 def add_vertex_routes(app: FastAPI, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
 
-    def endpoint(path: str, method: str):
-        return next(route.endpoint for route in app.routes
-                    if isinstance(route, Route) and route.path == path and method in (route.methods or ()))
-
     async def predict(request: Request):
         generate_body = _generate_body(await _json_body(request))
         if generate_body is None:
             return JSONResponse({"predictions": []})
-        answer = await endpoint("/generate", "POST")(_with_body(request, generate_body))
+        answer = await route_endpoint(app, "/generate", "POST")(_with_body(request, generate_body))
         if answer.status_code != 200:
             return answer
         predictions = json.loads(answer.body)
         return JSONResponse({"predictions": predictions if isinstance(predictions, list) else [predictions]})
 
     async def health(request: Request):
-        return await endpoint("/health", "GET")()
+        return await route_endpoint(app, "/health", "GET")()
 
     app.add_route(env.get(PREDICT_ROUTE_VARIABLE) or DEFAULT_PREDICT_ROUTE, predict, methods=["POST"])
     if env.get(HEALTH_ROUTE_VARIABLE):
