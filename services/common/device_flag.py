@@ -23,10 +23,14 @@ def add_device_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> 
                              f"CUDA device where torch sees one, else the CPU) (${ENV_DEVICE})")
 
 
-def resolved_device(device: str) -> str:
-    """`device`, checked: auto resolved, a CUDA device refused where torch has none or not that one."""
+def check_device_name(device: str) -> None:
     if DEVICE.fullmatch(device) is None:
         raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+
+
+def resolved_device(device: str) -> str:
+    """`device`, checked: auto resolved, a CUDA device refused where torch has none or not that one."""
+    check_device_name(device)
     if device == "cpu":
         return device
     import torch

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.common.device_flag import DEVICE, ENV_DEVICE
+from services.common.device_flag import ENV_DEVICE, check_device_name
 from services.common.kv_events_config import KVEventsConfig, as_json, for_worker
 from services.common.settings import (
     ENV_DTYPE,
@@ -121,8 +121,8 @@ class MeshConfig:
             raise ValueError("--prefill must be at least 1 (or --colocated for none)")
         if self.num_decode < 1:
             raise ValueError("--decode must be at least 1")
-        if self.device is not None and DEVICE.fullmatch(self.device) is None:
-            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device is not None:
+            check_device_name(self.device)
         for flag, port in (("--port", self.http_port), ("--grpc-port", self.grpc_port)):
             if not 0 <= port <= 65535:
                 raise ValueError(f"{flag} must be in 0..65535, got {port}")
