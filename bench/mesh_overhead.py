@@ -310,9 +310,15 @@ def bench_transfer(mesh: LocalMesh, args) -> dict:
             flat_dst.zero_()
             if probe.cuda_ipc_handle:  # a pool on a GPU: written device to device, as prefill on the host does
                 transport = CudaIpcTransport(layout)  # opened once, kept, as a prefill worker keeps it
-                ipc_s, d2d_s = best_seconds_alternating(
-                    [lambda: asyncio.run(cuda_ipc_write(transport, probe, reservations, src, src_blocks)),
-                     lambda: (flat_dst.copy_(flat_src), torch.cuda.synchronize(flat_dst.device))], args.repeats)
+                # One loop for every write, as a prefill worker has: a loop (and its executor's
+                # thread) made per write would be timed as well.
+                with closing(asyncio.new_event_loop()) as loop:
+                    def write_by_ipc() -> None:
+                        loop.run_until_complete(cuda_ipc_write(transport, probe, reservations, src, src_blocks))
+
+                    ipc_s, d2d_s = best_seconds_alternating(
+                        [write_by_ipc, lambda: (flat_dst.copy_(flat_src), torch.cuda.synchronize(flat_dst.device))],
+                        args.repeats)
                 copied = {"cuda_ipc_gbps": nbytes / ipc_s / 1e9, "d2d_gbps": nbytes / d2d_s / 1e9,
                           "cuda_ipc_vs_d2d": d2d_s / ipc_s}
             else:

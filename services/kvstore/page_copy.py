@@ -7,7 +7,10 @@ bf16 strided path is slow), while a byte-view slice copy per run of consecutive 
 ids moved 4.6-6.7 GB/s against 5-8 GB/s for a plain contiguous copy_. Prefill's fresh
 pages and decode's reservations are mostly long runs, so the loop is over runs, not
 blocks; a fully scattered list costs one small Python step per (1 MiB-ish) block.
-GPU tensors take the single index_select/index_copy_ call instead.
+On a GPU a run is one strided copy kernel, where index_select/index_copy_ makes two
+passes through a temporary after uploading two index tensors (each upload a wait on the
+host), so runs go first there too; a list scattered over more than MAX_RUN_COPIES runs,
+where a launch per run would cost more, takes the indexed path.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 _BLOCK_DIM = 3  # of [L, 2, Hkv, N, bs, D]
+MAX_RUN_COPIES = 16  # beyond it a GPU copy gathers by index: a launch per run costs more
 
 
 def _check_pool(name: str, tensor: torch.Tensor) -> None:
@@ -76,9 +80,10 @@ def copy_pages(src: torch.Tensor, src_blocks: list[int], dst: torch.Tensor, dst_
     if not src_blocks:
         return 0
     block_nbytes = src.numel() // src.shape[_BLOCK_DIM] * src.element_size()
-    if src.device.type == "cpu" and dst.device.type == "cpu":
+    runs = block_runs(src_blocks, dst_blocks)
+    if (src.device.type == "cpu" and dst.device.type == "cpu") or len(runs) <= MAX_RUN_COPIES:
         src_rows, dst_rows = _as_rows_of_bytes(src), _as_rows_of_bytes(dst)
-        for s, d, n in block_runs(src_blocks, dst_blocks):
+        for s, d, n in runs:
             dst_rows[:, d : d + n].copy_(src_rows[:, s : s + n])
     else:
         src_idx = torch.tensor(src_blocks, device=src.device)

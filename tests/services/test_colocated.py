@@ -90,7 +90,7 @@ def test_the_table_shows_one_colocated_worker_and_no_prefill_process(up):
     assert "--colocated" in gateway and "--prefill" not in gateway
     assert gateway[gateway.index("--decode") + 1] == up.addresses["colocated-0"].split(",")[0]
     assert not any("services.prefill" in command_line(pid) for pid in up.pids.values())
-    assert up.wait_for(lambda: set(up.segments()) == {"colocated-0"}), up.output()
+    assert up.wait_for(lambda: set(up.pools()) == {"colocated-0"}), up.output()
 
 
 def test_every_prompt_is_prefilled_on_the_worker_with_the_engines_greedy_tokens(api, client, engine, tokenizer):
@@ -120,7 +120,7 @@ def test_sigterm_stops_every_process_and_exits_0(up):
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0, up.output()
     assert wait_all_dead(up.pids.values(), 1.0) == []
-    assert set(up.segments()) == {"colocated-0"} and leftover_segments(up) == []
+    assert set(up.pools()) == {"colocated-0"} and leftover_segments(up) == []
     # Unmapped cleanly: nothing (the Redis publisher once) kept the engine's views of the pool alive.
     assert not [line for line in up.stderr if "still alive" in line or "BufferError" in line], up.output()
     assert up.stderr[-1] == "baton: stopped"

@@ -13,8 +13,9 @@ import torch
 
 from engine.dtypes import TORCH_DTYPES
 from services.kvstore.layout import LayoutMismatchError, PageLayout
-from services.kvstore.page_copy import copy_pages, page_checksum
+from services.kvstore.page_copy import MAX_RUN_COPIES, block_runs, copy_pages, page_checksum
 from services.kvstore.shared_memory import NAME_PREFIX, SharedKVPool
+from tests.cuda import needs_cuda
 
 REPO = Path(__file__).resolve().parents[3]
 FINGERPRINT = bytes(range(16))
@@ -224,6 +225,25 @@ def test_copy_pages_matches_advanced_indexing_for_runs_and_scatter():
     assert torch.equal(dst, expected)
     assert page_checksum(src, src_blocks) == page_checksum(dst, dst_blocks)
     assert page_checksum(src, src_blocks) != page_checksum(src, src_blocks[::-1])
+
+
+@pytest.mark.parametrize("src_device, dst_device", [
+    ("cpu", "cpu"), *(pytest.param(*pair, id="-".join(pair) + "-cuda", marks=needs_cuda)
+                      for pair in [("cuda", "cuda"), ("cpu", "cuda"), ("cuda", "cpu")])])
+@pytest.mark.parametrize("scattered", [False, True], ids=["runs", "scattered"])
+def test_copy_pages_between_devices_in_runs_and_scattered(src_device, dst_device, scattered):
+    """A few runs are copied run by run; more than MAX_RUN_COPIES of them by index on a GPU."""
+    torch.manual_seed(1)
+    num_blocks = 2 * MAX_RUN_COPIES + 8
+    src = torch.randn(make_layout(num_blocks=num_blocks).shape).to(torch.bfloat16).to(src_device)
+    dst = torch.zeros(make_layout(num_blocks=num_blocks + 6).shape, dtype=torch.bfloat16, device=dst_device)
+    src_blocks = list(range(num_blocks))
+    dst_blocks = list(range(num_blocks + 6))[::-1][:num_blocks] if scattered else list(range(3, num_blocks + 3))
+    assert len(block_runs(src_blocks, dst_blocks)) == (num_blocks if scattered else 1)
+    expected = dst.cpu().clone()
+    expected[:, :, :, dst_blocks] = src.cpu()[:, :, :, src_blocks]
+    assert copy_pages(src, src_blocks, dst, dst_blocks) == num_blocks * make_layout().block_nbytes
+    assert torch.equal(dst.cpu(), expected)
 
 
 def test_throughput_copy_pages_into_shm_vs_plain_copy(capsys):
