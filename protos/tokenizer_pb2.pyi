@@ -24,7 +24,7 @@ class EncodeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyChatTemplateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "tools_json", "chat_template", "documents_json", "add_special_tokens")
+    __slots__ = ("request_id", "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "tools_json", "chat_template", "documents_json", "add_special_tokens", "content_format")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class ApplyChatTemplateRequest(_message.Message):
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     add_generation_prompt: bool
@@ -43,7 +44,8 @@ class ApplyChatTemplateRequest(_message.Message):
     chat_template: str
     documents_json: str
     add_special_tokens: bool
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    content_format: str
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., content_format: _Optional[str] = ...) -> None: ...
 
 class ApplyChatTemplateResponse(_message.Message):
     __slots__ = ("token_ids", "text")

@@ -157,6 +157,7 @@ class GatewayService:
                                         generation_defaults=config.generation_defaults,
                                         request_log=request_log,
                                         default_chat_template_kwargs=config.default_chat_template_kwargs,
+                                        chat_content_format=config.chat_template_content_format,
                                         thinking_markers=thinking_markers, max_logprobs=config.max_logprobs)
         if config.default_chat_template_kwargs:
             log.info("chat template variables for what requests' chat_template_kwargs leave out: %s",

@@ -39,9 +39,12 @@ class ChatMessage(BaseModel):
         return self
 
     def as_template_input(self) -> dict[str, Any]:
-        """The message as chat templates read it: its text, and its tool calls with their arguments
-        as objects (templates write them with `tojson`; OpenAI sends them as JSON text)."""
-        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        """The message as chat templates read it: its text (or its text parts, which the template's
+        content format joins or keeps), and its tool calls with their arguments as objects (templates
+        write them with `tojson`; OpenAI sends them as JSON text)."""
+        content = [{"type": "text", "text": part.text} for part in self.content] \
+            if isinstance(self.content, list) else self.text
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             message["tool_calls"] = [with_parsed_arguments(call) for call in self.tool_calls]
         if self.tool_call_id is not None:

@@ -124,6 +124,8 @@ class GatewayConfig:
     log_requests_level: int | None = None
     # Chat template variables a request's chat_template_kwargs leaves out (vLLM's --default-chat-template-kwargs).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Messages' content as text or as text parts to the template; auto: as it reads it (content_format.py).
+    chat_template_content_format: str = "auto"
     reply_options: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (reply_options.py)
     sleep_when_idle: IdleSleepConfig = IdleSleepConfig()  # vLLM's --sleep-idle-ttl (idle_sleep.py)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)

@@ -64,6 +64,7 @@ from services.gateway.reasoning_parsers import (
 from services.gateway.reply_options import ReplyOptions
 from services.gateway.request_log import add_request_log_flags, log_level_of
 from services.gateway.tool_parsers import parser_named as tool_parser_named
+from services.tokenizer.content_format import CONTENT_FORMATS
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
 # The variable each flag falls back to; those config.py's checks name in their messages are defined there.
@@ -120,6 +121,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
         chat_serving=ChatServing.from_args(args),
         default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
+        chat_template_content_format=args.chat_template_content_format,
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
@@ -244,6 +246,10 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help=f"chat template variables for what a request's chat_template_kwargs leaves out, a "
                              f"JSON object, e.g. '{{\"enable_thinking\": false}}' (as vLLM's flag) "
                              f"(${ENV_DEFAULT_CHAT_TEMPLATE_KWARGS})")
+    parser.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default="auto",
+                        help="messages' content to the chat template as one text (string: parts joined by "
+                             "newlines) or as OpenAI's list of text parts (openai); auto, the default, as the "
+                             "template reads it: parts where it loops over a message's content (as vLLM's flag)")
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info: the tokenizer's configuration and chat template "
                              "(as vLLM's flag; off, as the template may be private)")

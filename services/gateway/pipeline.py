@@ -89,7 +89,7 @@ class RequestPipeline(Admission):
                  preopen_prefill_calls: bool = True, metrics: ServiceMetrics | None = None,
                  max_num_requests: int = 0, stream_interval: int = 1, trust_request_chat_template: bool = False,
                  generation_defaults: GenerationDefaults = GenerationDefaults(), request_log: RequestLog | None = None,
-                 default_chat_template_kwargs: Mapping[str, Any] | None = None,
+                 default_chat_template_kwargs: Mapping[str, Any] | None = None, chat_content_format: str = "auto",
                  thinking_markers: ThinkingMarkers | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS):
         self.tokenizers = tokenizers  # the tokenizer services
         self.tokenizer = tokenizer
@@ -104,7 +104,8 @@ class RequestPipeline(Admission):
         # Its trust_request_chat_template, template defaults and generation_defaults are the APIs' too
         # (/tokenize, sampling).
         self.prompts = PromptEncoder(tokenizer, tokenizers, deadlines.tokenizer_s, local_tokenize_max_chars,
-                                     trust_request_chat_template, generation_defaults, default_chat_template_kwargs)
+                                     trust_request_chat_template, generation_defaults, default_chat_template_kwargs,
+                                     chat_content_format)
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API

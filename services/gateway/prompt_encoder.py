@@ -17,6 +17,7 @@ from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE, ContextLengthError, InvalidRequestError
 from services.gateway.workers import WorkerPool
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
+from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_template_request
 from services.tokenizer.incremental_detokenizer import Decoder
 
@@ -45,11 +46,12 @@ class PromptEncoder:
     with `tokenizer` (0: none are). A request's own chat template only with
     `trust_request_chat_template`. `generation_defaults.max_new_tokens` caps a request with no max_tokens.
     `default_template_kwargs`: chat template variables a request's `chat_template_kwargs` leaves out
-    (vLLM's --default-chat-template-kwargs)."""
+    (vLLM's --default-chat-template-kwargs); `content_format`: how messages' content reaches the
+    template (vLLM's --chat-template-content-format, content_format.py)."""
 
     def __init__(self, tokenizer: ModelText, tokenizers: WorkerPool, timeout_s: float, local_tokenize_max_chars: int,
                  trust_request_chat_template: bool, generation_defaults: GenerationDefaults,
-                 default_template_kwargs: Mapping[str, Any] | None = None) -> None:
+                 default_template_kwargs: Mapping[str, Any] | None = None, content_format: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.tokenizers = tokenizers
         self.timeout_s = timeout_s
@@ -57,9 +59,13 @@ class PromptEncoder:
         self.trust_request_chat_template = trust_request_chat_template
         self.generation_defaults = generation_defaults
         self.default_template_kwargs = dict(default_template_kwargs or {})
+        self.content_format = content_format
 
     def chat_options(self, options: ChatOptions) -> ChatOptions:
-        """`options` with the gateway's default template variables under the request's own."""
+        """`options` with the gateway's default template variables under the request's own, and its
+        content format."""
+        if self.content_format != options.content_format:
+            options = replace(options, content_format=self.content_format)
         if not self.default_template_kwargs:
             return options
         return replace(options, template_kwargs={**self.default_template_kwargs, **options.template_kwargs})
@@ -95,14 +101,15 @@ class PromptEncoder:
                 raise InvalidRequestError(UNTRUSTED_TEMPLATE, param="chat_template")
             # A request's own template is rendered by the tokenizer service: nothing bounds its time,
             # which here would stall every other request's tokens.
-            if chat_options.template is None and sum(len(m["content"]) for m in chat) <= self.local_tokenize_max_chars:
+            num_chars = sum(content_chars(m["content"]) for m in chat)
+            if chat_options.template is None and num_chars <= self.local_tokenize_max_chars:
                 try:
                     check_messages(chat)
                     prompt = self.tokenizer.apply_chat_template(chat, **chat_options.as_template_inputs())[1]
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
-                with self.tokenizers.hold(num_tokens=sum(len(m["content"]) for m in chat)) as service:
+                with self.tokenizers.hold(num_tokens=num_chars) as service:
                     prompt = (await service.stub.ApplyChatTemplate(
                         chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
         if not prompt:

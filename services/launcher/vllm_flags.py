@@ -60,6 +60,7 @@ PASSED_FLAGS = (
     PassedFlag("--trust-request-chat-template", GATEWAY, "requests may bring their own chat template",
                is_switch=True),
     PassedFlag("--default-chat-template-kwargs", GATEWAY, "JSON: chat template variables requests leave out"),
+    PassedFlag("--chat-template-content-format", GATEWAY, "messages' content to the template as text or as parts"),
     PassedFlag("--generation-config", GATEWAY, "where sampling defaults come from (auto, vllm, a folder)"),
     PassedFlag("--override-generation-config", GATEWAY, "JSON: sampling defaults over --generation-config's"),
     PassedFlag("--uvicorn-log-level", GATEWAY, "how much the HTTP server logs"),

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from services.tokenizer.content_format import CONTENT_FORMATS, detect_content_format, part_texts, shaped_content
+from services.tokenizer.template_sandbox import make_environment
 
 # Older names for a message's reasoning; templates read `reasoning_content`, gpt-oss
 # templates read `thinking`. transformers fills both from whichever is present.
@@ -30,7 +30,7 @@ _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # What a template is given by name, and `ChatTemplate.render`'s own parameters: extra variables
 # may not take these.
 RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-                                "special_tokens", "self", "chat_template"})
+                                "special_tokens", "self", "chat_template", "content_format"})
 
 
 class ChatTemplateError(ValueError):
@@ -50,13 +50,14 @@ class ChatOptions:
     # None: the model's. The gateway takes one only when started trusting them.
     template: str | None = None
     add_special_tokens: bool = False  # special tokens (BOS) added to the rendered text as well, as vLLM's
+    content_format: str = "auto"  # how messages' content reaches the template (content_format.py)
 
     def as_template_inputs(self) -> dict[str, Any]:
         """The keyword arguments of `ModelTokenizer.apply_chat_template` beyond the messages."""
         return {"add_generation_prompt": self.add_generation_prompt, "tools": self.tools,
                 "continue_final_message": self.continue_final_message, "documents": self.documents,
                 "chat_template": self.template, "add_special_tokens": self.add_special_tokens,
-                **self.template_kwargs}
+                "content_format": self.content_format, **self.template_kwargs}
 
 
 class ChatTemplate:
@@ -68,8 +69,10 @@ class ChatTemplate:
 
     def __init__(self, source: str):
         self.source = source
+        environment = make_environment()
         try:
-            self._template = _make_environment().from_string(source)
+            self._template = environment.from_string(source)
+            self.content_format = detect_content_format(environment.parse(source))  # what "auto" means here
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the chat template does not compile: {e}") from e
 
@@ -82,6 +85,7 @@ class ChatTemplate:
         tools: Sequence[Mapping[str, Any]] | None = None,
         documents: Sequence[Mapping[str, Any]] | None = None,
         special_tokens: Mapping[str, str] | None = None,
+        content_format: str = "auto",
         **template_kwargs: Any,
     ) -> str:
         """Render `messages` (dicts with at least "role") into the prompt text.
@@ -89,20 +93,27 @@ class ChatTemplate:
         `continue_final_message`: the text ends inside the last message, which the reply then
         continues (a prefilled assistant turn), as transformers cuts it. `special_tokens` maps
         names such as "bos_token" to their strings; explicit `template_kwargs` override them,
-        as in transformers. Raises `ChatTemplateError` when the template rejects the conversation.
+        as in transformers. `content_format`: messages' content as text ("string"), as text parts
+        ("openai"), or as this template reads it ("auto"). Raises `ChatTemplateError` when the
+        template rejects the conversation.
         """
         if not messages:
             raise ChatTemplateError("cannot apply a chat template to an empty conversation")
+        if content_format not in CONTENT_FORMATS:
+            raise ChatTemplateError(f"content format must be one of {', '.join(CONTENT_FORMATS)}, "
+                                    f"got {content_format!r}")
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set: the "
+                                    "reply continues the last message, or starts a new one")
         chat = _alias_reasoning_fields(normalize_messages(messages))
         final = None
-        if continue_final_message:
-            if add_generation_prompt:
-                raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set: the "
-                                        "reply continues the last message, or starts a new one")
-            final = chat[-1].get("content")
-            if not isinstance(final, str):
-                raise ChatTemplateError("continue_final_message is set but the last message has no text to continue")
-            chat[-1] = {**chat[-1], "content": final + _CONTINUE_TAG}
+        try:
+            chat = [shaped_content(m, self.content_format if content_format == "auto" else content_format)
+                    for m in chat]
+            if continue_final_message:
+                final, chat[-1] = _marked_final(chat[-1])
+        except ValueError as e:  # a content part that is not text
+            raise ChatTemplateError(str(e)) from None
         variables = {**(special_tokens or {}), **_plain_data(template_kwargs)}
         try:
             text = self._template.render(
@@ -118,6 +129,19 @@ class ChatTemplate:
             # A template doing arithmetic or indexing on a malformed message.
             raise ChatTemplateError(f"chat template failed on these messages: {e!r}") from e
         return text if final is None else _cut_at_continuation(text, final)
+
+
+def _marked_final(message: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The text the reply continues, and the last message with the continuation tag after it (in
+    its last part, for content given as parts, where transformers continues too)."""
+    content = message.get("content")
+    if isinstance(content, list) and content:
+        *head, last = content
+        final = part_texts([last])[0]
+        return final, {**message, "content": [*head, {**last, "text": final + _CONTINUE_TAG}]}
+    if not isinstance(content, str):
+        raise ChatTemplateError("continue_final_message is set but the last message has no text to continue")
+    return content, {**message, "content": content + _CONTINUE_TAG}
 
 
 def _cut_at_continuation(text: str, final: str) -> str:
@@ -225,76 +249,3 @@ def _plain_data(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_plain_data(v) for v in value)
     return f"<{type(value).__name__}>"  # an inert placeholder, as transformers writes
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson HTML-escapes '<', '>', '&' and "'"; templates expect plain JSON.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
-
-
-class _TemplateDict:
-    """`dict(...)` for templates without exposing the dict type itself."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
-        return dict.fromkeys(*args, **kwargs)
-
-
-class _TemplateNamespace(jinja2.utils.Namespace):
-    """A Jinja namespace that refuses underscore names (a way into CPython internals)."""
-
-    # No named `self`: Jinja's own signature trick, so that `namespace(self=...)` works.
-    def __init__(*args: Any, **kwargs: Any):
-        self, args = args[0], args[1:]
-        attrs = dict(*args, **kwargs)
-        for name in attrs:
-            _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-    @staticmethod
-    def _check_name(name: Any) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(
-                f"chat templates cannot store underscore-prefixed attributes on a namespace, got {name!r}")
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """Accepts `{% generation %}...{% endgeneration %}` (assistant-mask markers) and
-    renders the body unchanged; Baton does not compute assistant masks."""
-
-    tags: ClassVar[set[str]] = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
-
-    def _render_body(self, caller: Any) -> str:
-        return caller()
-
-
-def _make_environment() -> ImmutableSandboxedEnvironment:
-    # The same options, filters and globals as transformers' `_cached_compile_jinja_template`.
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _TemplateDict()
-    env.globals["namespace"] = _TemplateNamespace
-    return env

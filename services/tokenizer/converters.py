@@ -7,6 +7,7 @@ from typing import Any
 
 from protos import common_pb2, tokenizer_pb2
 from services.tokenizer.chat_template import ChatOptions
+from services.tokenizer.content_format import part_texts
 
 
 def chat_messages_from_proto(messages: Sequence[common_pb2.ChatMessage]) -> list[dict[str, Any]]:
@@ -19,7 +20,9 @@ def chat_messages_from_proto(messages: Sequence[common_pb2.ChatMessage]) -> list
 def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
     """The converse, for the gateway: a message dict as the tokenizer service takes it."""
     tool_calls = message.get("tool_calls")
-    return common_pb2.ChatMessage(role=message["role"], content=message.get("content") or "",
+    content = message.get("content") or ""
+    parts = part_texts(content) if isinstance(content, list) else []
+    return common_pb2.ChatMessage(role=message["role"], content="" if parts else content, content_parts=parts,
                                   tool_calls_json=json.dumps(tool_calls) if tool_calls else "",
                                   tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "",
                                   reasoning_content=message.get("reasoning_content") or "")
@@ -35,11 +38,13 @@ def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]],
         chat_template_kwargs_json=json.dumps(kwargs) if kwargs else "",
         tools_json=json.dumps(list(options.tools)) if options.tools else "",
         chat_template=options.template or "", documents_json=json.dumps(list(options.documents))
-        if options.documents is not None else "", add_special_tokens=options.add_special_tokens)
+        if options.documents is not None else "", add_special_tokens=options.add_special_tokens,
+        content_format=options.content_format)
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": m.role, "content": m.content}
+    content = [{"type": "text", "text": text} for text in m.content_parts] if m.content_parts else m.content
+    message: dict[str, Any] = {"role": m.role, "content": content}
     if m.tool_calls_json:
         message["tool_calls"] = json.loads(m.tool_calls_json)
         if not isinstance(message["tool_calls"], list) or not all(isinstance(c, dict) for c in message["tool_calls"]):

@@ -24,6 +24,7 @@ from services.tokenizer.chat_template import (
     template_kwargs_from_json,
     tools_from_json,
 )
+from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
 
@@ -56,13 +57,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             kwargs = template_kwargs_from_json(request.chat_template_kwargs_json)
             tools = tools_from_json(request.tools_json)
             documents = documents_from_json(request.documents_json)
-            num_chars = sum(len(m["content"]) for m in messages)
+            num_chars = sum(content_chars(m["content"]) for m in messages)
             # Rendering is Jinja (Python, holds the GIL) but encoding the result is not. A request's own
             # template always renders on a thread: nothing bounds what it does.
             text, ids = await _run(num_chars > INLINE_LIMIT or bool(request.chat_template), functools.partial(
                 tokenizer.apply_chat_template, tools=tools, continue_final_message=request.continue_final_message,
                 documents=documents, chat_template=request.chat_template or None,
-                add_special_tokens=request.add_special_tokens, **kwargs), messages, request.add_generation_prompt)
+                add_special_tokens=request.add_special_tokens, content_format=request.content_format or "auto",
+                **kwargs), messages, request.add_generation_prompt)
         except ValueError as e:  # ChatTemplateError among them: a template's refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)

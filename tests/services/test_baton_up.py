@@ -420,12 +420,13 @@ def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
         "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--kv-cache-memory-bytes", "2G",
         "--reasoning-config", '{"reasoning_end_str": "</think>"}', "--logprobs-mode", "processed_logprobs",
         "--max-logprobs", "64", "--enable-per-request-metrics", "--allowed-origins", '["https://a.example"]',
-        "--override-generation-config", '{"temperature": 0.5}',
+        "--override-generation-config", '{"temperature": 0.5}', "--chat-template-content-format", "openai",
         "--gateway-args=--tool-call-parser pythonic", "--decode-args=--max-num-seqs 4"])
     flags = service_args(args)
     assert flags["gateway"] == ("--served-model-name", "a", "b", "--tool-call-parser", "hermes",
                                 "--enable-auto-tool-choice", "--reasoning-config", '{"reasoning_end_str": "</think>"}',
-                                "--enable-per-request-metrics", "--override-generation-config",
+                                "--enable-per-request-metrics", "--chat-template-content-format", "openai",
+                                "--override-generation-config",
                                 '{"temperature": 0.5}', "--allowed-origins", '["https://a.example"]',
                                 "--max-logprobs", "64", "--tool-call-parser", "pythonic")  # its own last: they win
     assert flags["prefill"] == ("--max-num-seqs", "8", "--max-num-batched-tokens", "512",

@@ -28,8 +28,8 @@ def hf_tokenizer(mesh):
     return transformers.AutoTokenizer.from_pretrained(str(mesh.model_dir))
 
 
-def transformers_ids(hf_tokenizer, **kwargs) -> list[int]:
-    out = hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, **kwargs)
+def transformers_ids(hf_tokenizer, messages=MESSAGES, **kwargs) -> list[int]:
+    out = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
@@ -155,3 +155,36 @@ def test_add_special_tokens_puts_the_tokenizers_own_before_the_templates_text(me
             chat=chat, sampling=common_pb2.SamplingParams(max_tokens=1),
             chat_options=gateway_pb2.ChatOptions(documents_json='{"title": "not a list"}')), timeout=30)
         assert refused.error.code == 400 and refused.error.param == "chat_options.documents_json"
+
+
+# Gemma 3's way with a message's content: each text part trimmed, the parts one after another.
+PARTS_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] | trim }}"
+                  "{% else %}{% for part in m['content'] %}{{ part['text'] | trim }}{% endfor %}{% endif %}\n"
+                  "{% endfor %}<|assistant|>")
+PARTS = [{"type": "text", "text": " How warm is it "}, {"type": "text", "text": "in Zürich? "}]
+
+
+def test_text_parts_reach_a_template_that_loops_over_them_as_parts(mesh, hf_tokenizer):
+    """vLLM's --chat-template-content-format: auto gives a template that loops over a message's content
+    its parts (as transformers gives a list), any other the parts joined by newlines; the flag forces one."""
+    messages = [MESSAGES[0], {"role": "user", "content": PARTS}]
+    joined = [MESSAGES[0], {"role": "user", "content": "\n".join(p["text"] for p in PARTS)}]
+    as_parts = transformers_ids(hf_tokenizer, chat_template=PARTS_TEMPLATE, messages=messages)
+    as_text = transformers_ids(hf_tokenizer, chat_template=PARTS_TEMPLATE, messages=joined)
+    assert "Zürich" in hf_tokenizer.decode(as_parts) and as_parts != as_text
+    for extra, expected in (((), as_parts), (("--chat-template-content-format", "string"), as_text)):
+        with gateway_client(mesh, "--trust-request-chat-template", *extra) as trusted:
+            chat = trusted.chat.completions.create(model=mesh.model_name, messages=messages, max_tokens=1,
+                                                   extra_body={"chat_template": PARTS_TEMPLATE})
+            assert chat.usage.prompt_tokens == len(expected)
+            tokenized = httpx.post(f"{base_url(trusted)}/tokenize", timeout=30,
+                                   json={"messages": messages, "chat_template": PARTS_TEMPLATE}).json()
+            assert tokenized["tokens"] == expected
+    # The model's own template reads text: parts sent by the gRPC API are joined for it.
+    with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+        *_, reply = gateway_pb2_grpc.GenerateStub(channel).Generate(gateway_pb2.GenerateRequest(
+            chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**MESSAGES[0]), common_pb2.ChatMessage(
+                role="user", content_parts=[p["text"] for p in PARTS])]),
+            sampling=common_pb2.SamplingParams(max_tokens=1)), timeout=30)
+    assert reply.complete.usage.prompt_tokens == len(transformers_ids(hf_tokenizer, messages=joined))
+    mesh.assert_decode_pools_free()

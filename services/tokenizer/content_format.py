@@ -1,0 +1,75 @@
+"""How a message's content reaches a chat template, as vLLM's --chat-template-content-format has it.
+
+OpenAI clients send a message's content as text or as a list of parts (`[{"type": "text", "text":
+...}, ...]`). Templates read it one of two ways: "string", the content as one text (parts joined by
+newlines, as vLLM joins them), or "openai", the list of parts, which templates written for
+multimodal models loop over (Gemma 3's, Llama 4's, Mistral 3's: `{% for item in
+message['content'] %}`); there text content goes as a list of one part. "auto", vLLM's default,
+reads the template: one that loops over a message's content gets parts. The two renderings differ
+for a message of several parts (Gemma 3 trims and concatenates its parts: "a" and "b" make "ab",
+where the joined text makes "a\\nb"), so a prompt matches vLLM's only if the format does.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jinja2 import nodes
+
+CONTENT_FORMATS = ("auto", "string", "openai")
+
+
+def detect_content_format(template: nodes.Template) -> str:
+    """"openai" for a parsed template that loops over a message's content (`message['content']`,
+    `message.content`, or a variable set to either), else "string"."""
+    aliases = {assign.target.name for assign in template.find_all(nodes.Assign)
+               if isinstance(assign.target, nodes.Name) and _is_content(assign.node)}
+    for loop in template.find_all(nodes.For):
+        source = _unfiltered(loop.iter)
+        if _is_content(source) or (isinstance(source, nodes.Name) and source.name in aliases):
+            return "openai"
+    return "string"
+
+
+def shaped_content(message: Mapping[str, Any], content_format: str) -> Mapping[str, Any]:
+    """`message` with its content as `content_format` ("string" or "openai") has it. ValueError for
+    a part that is not a text part."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content}]} if content_format == "openai" else message
+    if isinstance(content, list):
+        texts = part_texts(content)  # parts of other kinds (images) are refused either way
+        return {**message, "content": "\n".join(texts)} if content_format == "string" else message
+    return message
+
+
+def part_texts(parts: list[Any]) -> list[str]:
+    texts = []
+    for part in parts:
+        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"a content part must be {{\"type\": \"text\", \"text\": ...}}, got {part!r}")
+        texts.append(part["text"])
+    return texts
+
+
+def content_chars(content: str | list[Any] | None) -> int:
+    """The characters of a message's content, given as text or as text parts."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    return sum(len(part.get("text") or "") for part in content if isinstance(part, Mapping))
+
+
+def _is_content(node: nodes.Node) -> bool:
+    node = _unfiltered(node)
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+    return isinstance(node, nodes.Getattr) and node.attr == "content"
+
+
+def _unfiltered(node: nodes.Node) -> nodes.Node:
+    # `message['content'] | selectattr('type', 'eq', 'text')` loops over the content all the same.
+    while isinstance(node, nodes.Filter) and node.node is not None:
+        node = node.node
+    return node
