@@ -229,7 +229,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
     start = time.perf_counter()
-    text = _StreamingText(tokenizer, sys.stdout if not args.json else None)
+    from engine.streaming_text import StreamingText
+
+    text = StreamingText(tokenizer, sys.stdout if not args.json else None)
     last = None
     for last in engine.generate([prompt_ids], params):
         text.update(last.token_ids)
@@ -276,38 +278,6 @@ def _demo_model_dir() -> str:
     if not is_demo_model_dir(default_demo_model_dir()):
         print(f"baton: making the demo model in {default_demo_model_dir()} (first run only)", file=sys.stderr)
     return str(ensure_demo_model())
-
-
-class _StreamingText:
-    """Decodes a growing list of output ids and writes only the new text.
-
-    The whole output is re-decoded each time, because a byte-level token may end
-    mid-character; text ending in U+FFFD (an incomplete UTF-8 sequence) is held
-    back until the next token completes it, or until `finish`.
-    """
-
-    def __init__(self, tokenizer, stream) -> None:
-        self.tokenizer = tokenizer
-        self.stream = stream
-        self.text = ""
-        self.num_written = 0
-
-    def update(self, token_ids: Sequence[int]) -> None:
-        self.text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-        self._write(self.text.rstrip("\ufffd"))
-
-    def finish(self) -> None:
-        self._write(self.text)
-        if self.stream is not None and self.num_written:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _write(self, stable: str) -> None:
-        if self.stream is None or len(stable) <= self.num_written:
-            return
-        self.stream.write(stable[self.num_written:])
-        self.stream.flush()
-        self.num_written = len(stable)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ class EngineConfig:
     """How one engine instance runs a model directory.
 
     The KV pool is sized once: to `kv_cache_memory_bytes` when given (vLLM's --kv-cache-memory-bytes),
-    else `num_kv_blocks` when given, otherwise `kv_memory_fraction` of the memory that is free at start-up.
+    else on a GPU to what `gpu_memory_utilization` of the device's memory leaves beside the weights
+    (engine/kv_pool.py), else `num_kv_blocks` when given, otherwise `kv_memory_fraction` of the memory
+    that is free at start-up.
     """
 
     model: str
@@ -44,6 +46,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     kv_memory_fraction: float = 0.3
+    gpu_memory_utilization: float | None = None  # a CUDA engine's share of its device's memory; ignored on the CPU
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they
@@ -95,6 +98,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
         if not 0 < self.kv_memory_fraction <= 0.95:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):

@@ -30,6 +30,34 @@ def available_memory_bytes(device: str) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
+def utilization_pool_bytes(utilization: float, total: int, held: int, free: int) -> int:
+    """The KV pool's bytes under vLLM's --gpu-memory-utilization, sized as SGLang sizes its
+    --mem-fraction-static: the weights and the pool of this process within `utilization` of the
+    device's `total` memory, a step's activations in the rest. `held`: what the process holds now
+    (its weights, a draft model's); `free`: the device's free memory. ValueError when the weights
+    leave no room, or the room is more than is free (other processes hold it)."""
+    budget = int(utilization * total)
+    room = budget - held
+    if room <= 0:
+        raise ValueError(f"--gpu-memory-utilization {utilization} gives this worker {_gib(budget)} of the device's "
+                         f"{_gib(total)} and its weights take {_gib(held)}: no room is left for KV pages")
+    if room > free:
+        raise ValueError(f"--gpu-memory-utilization {utilization} asks for {_gib(room)} of KV pages beside the "
+                         f"weights, but {_gib(free)} of the device's {_gib(total)} is free (other processes hold "
+                         f"the rest): ask for less, or for a KV pool size (--kv-cache-memory-bytes)")
+    return room
+
+
+def device_pool_bytes(device: str, utilization: float) -> int:
+    """`utilization_pool_bytes` on CUDA device `device`, for this process as it stands."""
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return utilization_pool_bytes(utilization, total, torch.cuda.memory_reserved(torch.device(device)), free)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
 def num_pool_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, device: str, num_bytes: int | None,
                     num_blocks: int | None, fraction: float, other_block_bytes: int = 0) -> int:
     """The pool's blocks: as many as `num_bytes` holds (ValueError where it holds none), else `num_blocks`,

@@ -20,7 +20,7 @@ from engine.drafters import make_drafter
 from engine.dtypes import TORCH_DTYPES, kv_cache_dtype
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
-from engine.kv_pool import TensorFactory, num_pool_blocks
+from engine.kv_pool import TensorFactory, device_pool_bytes, num_pool_blocks
 from engine.lora_manager import LoRAManager
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
@@ -59,8 +59,11 @@ class LLMEngine:
         # Made before the pools are sized, so that a draft model's weights are in memory by then.
         drafter = make_drafter(config.speculative, self.model_config, dtype, config.device, self.max_model_len)
         draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
+        pool_bytes = config.kv_cache_memory_bytes
+        if pool_bytes is None and config.gpu_memory_utilization is not None and config.device.startswith("cuda"):
+            pool_bytes = device_pool_bytes(config.device, config.gpu_memory_utilization)
         self.num_kv_blocks = num_pool_blocks(
-            self.model_config, config.block_size, kv_dtype, config.device, config.kv_cache_memory_bytes,
+            self.model_config, config.block_size, kv_dtype, config.device, pool_bytes,
             config.num_kv_blocks, config.kv_memory_fraction,
             draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0)
         kv_pool_start_ns = time.time_ns()

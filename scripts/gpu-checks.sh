@@ -23,7 +23,7 @@ pytest_args=(-q -rfE -p no:cacheprovider)
 $py -c 'import pytest_timeout' 2>/dev/null && pytest_args+=(--timeout 150)  # a hung test fails alone
 timeout 240 $py -m pytest "${pytest_args[@]}" \
     tests/unit/test_cuda_ipc.py tests/services/test_cuda_workers.py tests/services/test_worker_dtype.py \
-    tests/services/kvstore/test_shared_memory.py tests/parity/test_cuda_parity.py \
+    tests/services/kvstore/test_shared_memory.py tests/services/test_kv_pool_size.py tests/parity/test_cuda_parity.py \
     tests/parity/test_transformers_parity.py tests/unit/test_speculative.py tests/unit/test_draft_model.py \
     tests/unit/test_guided_decoding.py -k cuda 2>&1 | tee "$out/tests.log"
 status=${PIPESTATUS[0]}

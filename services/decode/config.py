@@ -27,6 +27,7 @@ from services.common.logprobs_flag import (
     check_logprobs_mode,
     check_max_logprobs,
 )
+from services.common.lora_flags import add_lora_flag, add_lora_limit_flags, check_lora_limits, lora_modules
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
@@ -37,8 +38,6 @@ from services.common.settings import (
     add_bind_flags,
     add_dtype_flag,
     add_limit_flags,
-    add_lora_flag,
-    add_lora_limit_flags,
     add_metrics_flag,
     add_profiler_flag,
     add_registry_flags,
@@ -47,7 +46,6 @@ from services.common.settings import (
     check_bind,
     check_kv_cache_dtype,
     check_limits,
-    check_lora_limits,
     check_metrics_port,
     check_model_dir,
     check_positive,
@@ -56,7 +54,6 @@ from services.common.settings import (
     env_int,
     hf_overrides,
     json_object,
-    lora_modules,
     model_arg,
     new_parser,
     resolved_dtype,
@@ -69,6 +66,7 @@ ENV_INSTANCE_ID = "BATON_DECODE_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_DECODE_KV_BLOCKS"
 ENV_KV_CACHE_MEMORY_BYTES = "BATON_DECODE_KV_CACHE_MEMORY_BYTES"
 ENV_KV_MEMORY_FRACTION = "BATON_DECODE_KV_MEMORY_FRACTION"
+ENV_GPU_MEMORY_UTILIZATION = "BATON_DECODE_GPU_MEMORY_UTILIZATION"
 ENV_MAX_NUM_SEQS = "BATON_DECODE_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_DECODE_SCHEDULING_POLICY"
 ENV_LOGPROBS_MODE = "BATON_DECODE_LOGPROBS_MODE"
@@ -90,6 +88,7 @@ class DecodeServiceConfig:
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the shared-memory pool's size in pages
     kv_cache_memory_bytes: int | None = None  # its size in bytes instead (kv_pool_flags.py)
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
+    gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
@@ -129,7 +128,7 @@ class DecodeServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
-        check_memory_fraction(self.kv_memory_fraction)
+        check_memory_fraction(self.kv_memory_fraction, self.gpu_memory_utilization)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -154,7 +153,8 @@ class DecodeServiceConfig:
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT)
         parser.add_argument("--kv-blocks", type=int, default=env_int(env, ENV_KV_BLOCKS, DEFAULT_KV_BLOCKS),
                             help=f"KV pool size in pages (${ENV_KV_BLOCKS})")
-        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES, fraction_env_var=ENV_KV_MEMORY_FRACTION)
+        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES, fraction_env_var=ENV_KV_MEMORY_FRACTION,
+                           utilization_env_var=ENV_GPU_MEMORY_UTILIZATION)
         parser.add_argument("--max-num-seqs", type=int, default=env_int(env, ENV_MAX_NUM_SEQS, 128),
                             help=f"most requests decoding at once (${ENV_MAX_NUM_SEQS})")
         parser.add_argument("--lease-ms", type=int, default=env_int(env, ENV_LEASE_MS, DEFAULT_LEASE_MS),
@@ -188,6 +188,7 @@ class DecodeServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
+                   gpu_memory_utilization=args.gpu_memory_utilization,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
                    kv_cache_dtype=args.kv_cache_dtype,

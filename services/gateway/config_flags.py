@@ -13,23 +13,21 @@ for a key (api_keys.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from services.common.logprobs_flag import add_max_logprobs_flag
+from services.common.lora_flags import add_lora_flag, lora_modules
 from services.common.settings import (
     ConfigError,
     add_bind_flags,
     add_limit_flags,
-    add_lora_flag,
     add_tracing_flag,
     env_flag,
     env_float,
     env_int,
     hf_overrides,
-    lora_modules,
+    json_object,
     model_arg,
     new_parser,
 )
@@ -55,15 +53,9 @@ from services.gateway.generation_defaults import SOURCES_HELP, GenerationDefault
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
 from services.gateway.http_serving import HttpServing
 from services.gateway.idle_sleep import IdleSleepConfig
-from services.gateway.reasoning_config import ReasoningConfig
-from services.gateway.reasoning_parsers import (
-    HARMONY,
-    PARSERS as REASONING_PARSERS,
-    parser_named as reasoning_parser_named,
-)
+from services.gateway.parser_flags import add_parser_flags, reasoning_config, reasoning_parser, tool_call_parser
 from services.gateway.reply_options import ReplyOptions
 from services.gateway.request_log import add_request_log_flags, log_level_of
-from services.gateway.tool_parsers import parser_named as tool_parser_named
 from services.tokenizer.content_format import CONTENT_FORMATS
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
@@ -81,9 +73,6 @@ ENV_COLOCATED = "BATON_GATEWAY_COLOCATED"
 ENV_PREFILL_CALLS = "BATON_PREFILL_CALLS"
 ENV_MAX_NUM_REQUESTS = "BATON_GATEWAY_MAX_NUM_REQUESTS"
 ENV_STREAM_INTERVAL = "BATON_GATEWAY_STREAM_INTERVAL"
-ENV_TOOL_CALL_PARSER = "BATON_GATEWAY_TOOL_CALL_PARSER"
-ENV_REASONING_PARSER = "BATON_GATEWAY_REASONING_PARSER"
-ENV_REASONING_CONFIG = "BATON_GATEWAY_REASONING_CONFIG"
 ENV_MAX_LOGPROBS = "BATON_GATEWAY_MAX_LOGPROBS"
 ENV_RESOLVE_WORKERS = "BATON_GATEWAY_RESOLVE_WORKERS_S"
 ENV_DISCOVER_WORKERS = "BATON_GATEWAY_DISCOVER_WORKERS"
@@ -113,14 +102,15 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         local_tokenize_max_chars=args.local_tokenize_max_chars, is_colocated=args.colocated,
         prefill_calls=args.prefill_calls, otlp_endpoint=args.otlp_endpoint, api_keys=tuple(api_keys),
         max_num_requests=args.max_num_requests,
-        stream_interval=args.stream_interval, tool_call_parser=_tool_call_parser(args),
-        reasoning_parser=_reasoning_parser(args), reasoning_config=_reasoning_config(args),
+        stream_interval=args.stream_interval, tool_call_parser=tool_call_parser(args),
+        reasoning_parser=reasoning_parser(args), reasoning_config=reasoning_config(args),
         resolve_workers_s=args.resolve_workers_s,
         discover_workers=args.discover_workers, responses_ttl_s=args.responses_ttl_s,
         chat_template=chat_template_source(args.chat_template),
         generation_defaults=_generation_defaults(args), http_serving=HttpServing.from_args(args),
         chat_serving=ChatServing.from_args(args),
-        default_chat_template_kwargs=_json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs"),
+        default_chat_template_kwargs=json_object(args.default_chat_template_kwargs,
+                                                 "--default-chat-template-kwargs") or {},
         chat_template_content_format=args.chat_template_content_format,
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
@@ -197,22 +187,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              f"the first and the last: fewer messages and SSE events per token, each event later "
                              f"(as vLLM's and SGLang's); SGLang's sampling_params.stream_interval sets a "
                              f"request's own; default 1, every step's (${ENV_STREAM_INTERVAL})")
-    parser.add_argument("--tool-call-parser", default=env.get(ENV_TOOL_CALL_PARSER) or None,
-                        help=f"the served model's tool-call syntax, read out of its text for tool_choice "
-                             f"\"auto\" (without it, \"auto\" is refused); vLLM's names or SGLang's "
-                             f"(${ENV_TOOL_CALL_PARSER})")
-    parser.add_argument("--enable-auto-tool-choice", action="store_true",
-                        help="vLLM's: tool_choice \"auto\" served, which --tool-call-parser alone does here "
-                             "(taken so that vLLM's command lines start the gateway; it needs --tool-call-parser)")
-    parser.add_argument("--reasoning-parser", default=env.get(ENV_REASONING_PARSER) or None,
-                        help=f"the served model's way of thinking ({', '.join(REASONING_PARSERS)}): chat "
-                             f"replies give its thinking as `reasoning`, apart from the answer; SGLang's names "
-                             f"too (${ENV_REASONING_PARSER})")
-    parser.add_argument("--reasoning-config", default=env.get(ENV_REASONING_CONFIG, ""),
-                        help=f"vLLM's: a JSON object naming the thinking's tags a request's thinking_token_budget "
-                             f"is kept by, where --reasoning-parser does not or to override it: "
-                             f"reasoning_start_str, reasoning_end_str (written to close the thinking: it may lead "
-                             f"into the close with a phrase) (${ENV_REASONING_CONFIG})")
+    add_parser_flags(parser, env)
     parser.add_argument("--resolve-workers-s", type=float,
                         default=env_float(env, ENV_RESOLVE_WORKERS, DEFAULT_RESOLVE_WORKERS_S),
                         help=f"how often the --prefill and --decode host names are resolved again: a name "
@@ -271,42 +246,8 @@ def _split(addresses: str) -> tuple[str, ...]:
 
 
 def _generation_defaults(args) -> GenerationDefaults:
-    overrides = _json_object(args.override_generation_config, "--override-generation-config")
+    overrides = json_object(args.override_generation_config, "--override-generation-config") or {}
     try:
         return GenerationDefaults.load(args.generation_config, model_arg(args), overrides)
     except ValueError as e:
         raise ConfigError(f"--generation-config: {e}") from None
-
-
-def _json_object(text: str, flag: str) -> dict[str, Any]:
-    """The JSON object `flag` was given as `text` ("": an empty one)."""
-    try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{flag} is not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{flag} must be a JSON object")
-    return value
-
-
-def _tool_call_parser(args) -> str | None:
-    if args.tool_call_parser is None:
-        if args.enable_auto_tool_choice:  # as vLLM refuses it
-            raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser: the model's tool-call syntax, "
-                              "which tool_choice \"auto\" reads its calls by")
-        return None
-    return tool_parser_named(args.tool_call_parser)
-
-
-def _reasoning_config(args) -> ReasoningConfig | None:
-    if not args.reasoning_config:
-        return None
-    return ReasoningConfig.from_json(_json_object(args.reasoning_config, "--reasoning-config"))
-
-
-def _reasoning_parser(args) -> str | None:
-    """The flag's parser; gpt-oss's tool calls (`--tool-call-parser openai`) bring their reasoning
-    parser, as vLLM reads every harmony reply's channels."""
-    if args.reasoning_parser is None:
-        return HARMONY if _tool_call_parser(args) == "openai" else None
-    return reasoning_parser_named(args.reasoning_parser)

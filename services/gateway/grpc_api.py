@@ -29,7 +29,6 @@ from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
-from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
 from services.gateway.chat_serving import ChatServing
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
@@ -37,6 +36,7 @@ from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
+from services.gateway.grpc_conversation import chat_messages, chat_options
 from services.gateway.openai_protocol import MAX_CHOICES
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
@@ -45,13 +45,6 @@ from services.gateway.served_models import ServedModels
 from services.gateway.stop_regexes import compiled_stop_regexes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tool_parsers import keeps_special_tokens, with_template_call_ids
-from services.tokenizer.chat_template import (
-    ChatOptions,
-    ChatTemplateError,
-    documents_from_json,
-    template_kwargs_from_json,
-)
-from services.tokenizer.converters import chat_messages_from_proto
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 
@@ -210,8 +203,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         elif given == "text":
             inputs = {"prompt_text": request.text}
         else:
-            inputs = {"messages": with_template_call_ids(_chat_messages(request.chat), self.tool_call_parser),
-                      "chat_options": _chat_options(request.chat_options, self.chat_serving.tools_in_prompt(
+            inputs = {"messages": with_template_call_ids(chat_messages(request.chat), self.tool_call_parser),
+                      "chat_options": chat_options(request.chat_options, self.chat_serving.tools_in_prompt(
                           tools.tools, tools.choice) if tools else None)}
         sampling = request.sampling
         forced = tools is not None and tools.forced is not None
@@ -266,43 +259,6 @@ class _Reply:
             logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs, index=index,
             metrics=gateway_pb2.RequestMetrics(**{name: value for name, value in last.timing.to_json().items()
                                                   if value is not None}) if last.timing is not None else None)
-
-
-def _chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:
-    """The messages as the pipeline takes them, held to what the HTTP API accepts: at least one, each
-    with a role OpenAI's API knows (a template fed another may fail, or render what its author did not
-    mean); an assistant's tool calls with their arguments as objects, as templates read them."""
-    if not chat.messages:
-        raise APIError(400, "chat.messages must not be empty", param="chat.messages")
-    for i, message in enumerate(chat.messages):
-        if message.role not in CHAT_ROLES:
-            raise APIError(400, f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got "
-                                f"{message.role!r}", param=f"chat.messages[{i}].role")
-    try:
-        messages = chat_messages_from_proto(chat.messages)
-    except ValueError as e:  # tool_calls_json that is not a JSON list of objects
-        raise APIError(400, f"chat.messages: {e}", param="chat.messages") from None
-    for message in messages:
-        if "tool_calls" in message:
-            message["tool_calls"] = [with_parsed_arguments(call) for call in message["tool_calls"]]
-    return messages
-
-
-def _chat_options(options: gateway_pb2.ChatOptions, tools: list | None) -> ChatOptions:
-    add_generation_prompt = options.add_generation_prompt if options.HasField("add_generation_prompt") else True
-    if add_generation_prompt and options.continue_final_message:
-        raise APIError(400, "chat_options: continue_final_message and add_generation_prompt cannot both be true "
-                            "(add_generation_prompt is true unless set false)", param="chat_options")
-    try:
-        kwargs = template_kwargs_from_json(options.chat_template_kwargs_json)
-    except ChatTemplateError as e:
-        raise APIError(400, str(e), param="chat_options.chat_template_kwargs_json") from None
-    try:
-        documents = documents_from_json(options.documents_json)
-    except ChatTemplateError as e:
-        raise APIError(400, str(e), param="chat_options.documents_json") from None
-    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs, tools, documents,
-                       options.chat_template or None, options.add_special_tokens)
 
 
 def _input_field(request: gateway_pb2.GenerateRequest) -> str:

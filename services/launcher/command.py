@@ -68,6 +68,10 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--device", help="where every prefill and decode worker computes: cpu, cuda, cuda:N, or auto (a "
                                      "GPU where torch sees one; several: the workers spread over them) (default "
                                      "$BATON_DEVICE, else auto)")
+    up.add_argument("--gpu-memory-utilization", "--mem-fraction-static", type=float, metavar="F",
+                    help="on GPUs, the share of each GPU's memory the workers on it take together, for their "
+                         "weights and KV pools, split evenly between them (each worker's own flag; vLLM's and "
+                         "SGLang's names); ignored by workers on the CPU")
     up.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
                     help="LoRA adapters (PEFT directories) every prefill and decode worker serves beside the "
                          "model, each under NAME, which a request names as its model (the gateway lists them in "
@@ -137,7 +141,7 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
                         otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None,
-                        num_gpus=visible_gpu_count())
+                        gpu_memory_utilization=args.gpu_memory_utilization, num_gpus=visible_gpu_count())
 
     async def run() -> int:
         return await Mesh(config).run()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +20,8 @@ from urllib.parse import urlsplit
 
 from services.common.device_flag import ENV_DEVICE, check_device_name
 from services.common.kv_events_config import KVEventsConfig, as_json, for_worker
-from services.common.settings import (
-    ENV_DTYPE,
-    ENV_HF_OVERRIDES,
-    ENV_LORA_MODULES,
-    ENV_MAX_MODEL_LEN,
-    hf_overrides,
-    lora_modules,
-)
+from services.common.lora_flags import ENV_LORA_MODULES, lora_modules
+from services.common.settings import ENV_DTYPE, ENV_HF_OVERRIDES, ENV_MAX_MODEL_LEN, hf_overrides
 from services.launcher.process import ChildSpec
 from services.tokenizer.template_setting import chat_template_source
 
@@ -109,6 +104,7 @@ class MeshConfig:
     hf_overrides: str | None = None  # every service's (a JSON object); None: as $BATON_HF_OVERRIDES says, else none
     otlp_traces_endpoint: str | None = None  # where every service's spans go; None: as the OTEL_* variables say
     kv_events_config: str | None = None  # vLLM's --kv-events-config for every worker, each on its own ports
+    gpu_memory_utilization: float | None = None  # each GPU's share for the workers on it, split between them
     num_gpus: int = 0  # the CUDA devices the workers spread over (baton up counts torch's); under 2: none placed
 
     def __post_init__(self) -> None:
@@ -211,10 +207,12 @@ def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_addre
     kv_events = kv_events_by_worker(config)
 
     devices = devices_by_worker(config)
+    shares = gpu_shares_by_worker(config)
 
     def own_flags(name: str) -> tuple[str, ...]:
         placed = ("--device", devices[name]) if name in devices else ()
-        return placed + (("--kv-events-config", as_json(kv_events[name])) if name in kv_events else ())
+        share = ("--gpu-memory-utilization", f"{shares[name]:.6g}") if name in shares else ()
+        return placed + share + (("--kv-events-config", as_json(kv_events[name])) if name in kv_events else ())
 
     if config.is_colocated:
         pool = () if DECODE_KV_BLOCKS_VARIABLE in os.environ else ("--kv-blocks", str(COLOCATED_KV_BLOCKS))
@@ -242,6 +240,18 @@ def devices_by_worker(config: MeshConfig) -> dict[str, str]:
     if config.num_gpus < 2 or asked not in ("", "auto"):
         return {}
     return {name: f"cuda:{index % config.num_gpus}" for index, name in enumerate(_worker_names(config))}
+
+
+def gpu_shares_by_worker(config: MeshConfig) -> dict[str, float]:
+    """Each worker's --gpu-memory-utilization by name: `baton up --gpu-memory-utilization` split evenly
+    between the workers placed on a GPU (devices_by_worker), or between all of them where none is
+    placed (one GPU: they share it); none without the flag."""
+    if config.gpu_memory_utilization is None:
+        return {}
+    names = _worker_names(config)
+    devices = devices_by_worker(config)
+    sharing = Counter(devices.get(name, "") for name in names)
+    return {name: config.gpu_memory_utilization / sharing[devices.get(name, "")] for name in names}
 
 
 def kv_events_by_worker(config: MeshConfig) -> dict[str, KVEventsConfig]:

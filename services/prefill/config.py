@@ -25,6 +25,7 @@ from services.common.logprobs_flag import (
     check_logprobs_mode,
     check_max_logprobs,
 )
+from services.common.lora_flags import add_lora_flag, add_lora_limit_flags, check_lora_limits, lora_modules
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
@@ -35,8 +36,6 @@ from services.common.settings import (
     add_bind_flags,
     add_dtype_flag,
     add_limit_flags,
-    add_lora_flag,
-    add_lora_limit_flags,
     add_metrics_flag,
     add_profiler_flag,
     add_registry_flags,
@@ -45,7 +44,6 @@ from services.common.settings import (
     check_bind,
     check_kv_cache_dtype,
     check_limits,
-    check_lora_limits,
     check_metrics_port,
     check_model_dir,
     check_positive,
@@ -53,7 +51,6 @@ from services.common.settings import (
     check_scheduling_policy,
     env_int,
     hf_overrides,
-    lora_modules,
     model_arg,
     new_parser,
     resolved_dtype,
@@ -65,6 +62,7 @@ ENV_INSTANCE_ID = "BATON_PREFILL_INSTANCE_ID"
 ENV_KV_BLOCKS = "BATON_PREFILL_KV_BLOCKS"
 ENV_KV_CACHE_MEMORY_BYTES = "BATON_PREFILL_KV_CACHE_MEMORY_BYTES"
 ENV_KV_MEMORY_FRACTION = "BATON_PREFILL_KV_MEMORY_FRACTION"
+ENV_GPU_MEMORY_UTILIZATION = "BATON_PREFILL_GPU_MEMORY_UTILIZATION"
 ENV_MAX_NUM_BATCHED_TOKENS = "BATON_PREFILL_MAX_NUM_BATCHED_TOKENS"
 ENV_MAX_NUM_SEQS = "BATON_PREFILL_MAX_NUM_SEQS"
 ENV_SCHEDULING_POLICY = "BATON_PREFILL_SCHEDULING_POLICY"
@@ -89,6 +87,7 @@ class PrefillServiceConfig:
     num_kv_blocks: int = DEFAULT_KV_BLOCKS  # the local pool: prompts in flight plus the prefix cache
     kv_cache_memory_bytes: int | None = None  # the pool's size in bytes instead (kv_pool_flags.py)
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
+    gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
@@ -129,7 +128,7 @@ class PrefillServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
-        check_memory_fraction(self.kv_memory_fraction)
+        check_memory_fraction(self.kv_memory_fraction, self.gpu_memory_utilization)
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
@@ -155,7 +154,8 @@ class PrefillServiceConfig:
         add_bind_flags(parser, env, env_host=ENV_HOST, env_port=ENV_PORT)
         parser.add_argument("--kv-blocks", type=int, default=env_int(env, ENV_KV_BLOCKS, DEFAULT_KV_BLOCKS),
                             help=f"local KV pool size in pages (${ENV_KV_BLOCKS})")
-        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES, fraction_env_var=ENV_KV_MEMORY_FRACTION)
+        add_kv_memory_flag(parser, env, env_var=ENV_KV_CACHE_MEMORY_BYTES, fraction_env_var=ENV_KV_MEMORY_FRACTION,
+                           utilization_env_var=ENV_GPU_MEMORY_UTILIZATION)
         parser.add_argument("--max-num-batched-tokens", type=int,
                             default=env_int(env, ENV_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS),
                             help=f"tokens per step; longer prompts are chunked (${ENV_MAX_NUM_BATCHED_TOKENS})")
@@ -188,6 +188,7 @@ class PrefillServiceConfig:
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
+                   gpu_memory_utilization=args.gpu_memory_utilization,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),

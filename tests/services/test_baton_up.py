@@ -662,3 +662,24 @@ def test_workers_spread_over_several_gpus_unless_a_device_is_asked_for(tiny_demo
     assert len(set(devices(MeshConfig(tiny_demo_model, num_gpus=2, device="auto")).values())) == 2
     with pytest.raises(ValueError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
         MeshConfig(tiny_demo_model, device="gpu")
+
+
+def test_a_gpu_share_is_split_between_the_workers_on_each_gpu(tiny_demo_model, monkeypatch):
+    """baton up --gpu-memory-utilization F: the workers on one GPU take F of it together."""
+    from services.launcher.specs import MeshConfig, worker_specs
+
+    def shares(config: MeshConfig) -> dict[str, float | None]:
+        return {s.name: next((float(s.argv[i + 1]) for i in reversed(range(len(s.argv)))
+                              if s.argv[i] == "--gpu-memory-utilization"), None) for s in worker_specs(config)[1:]}
+
+    monkeypatch.delenv("BATON_DEVICE", raising=False)
+    assert shares(MeshConfig(tiny_demo_model, num_prefill=1, num_decode=2, num_gpus=1,
+                             gpu_memory_utilization=0.9)) == {"prefill-0": 0.3, "decode-0": 0.3, "decode-1": 0.3}
+    # Three workers over two GPUs: cuda:0 holds prefill-0 and decode-1, cuda:1 decode-0 alone.
+    assert shares(MeshConfig(tiny_demo_model, num_prefill=1, num_decode=2, num_gpus=2,
+                             gpu_memory_utilization=0.9)) == {"prefill-0": 0.45, "decode-0": 0.9, "decode-1": 0.45}
+    assert set(shares(MeshConfig(tiny_demo_model, num_gpus=1)).values()) == {None}
+    # A worker's own flag comes after baton up's and wins.
+    assert shares(MeshConfig(tiny_demo_model, num_gpus=1, gpu_memory_utilization=0.8,
+                             service_args={"decode": ("--gpu-memory-utilization", "0.6")})) == {
+        "prefill-0": 0.4, "decode-0": 0.6}

@@ -22,6 +22,7 @@ from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
 from services.kvstore.config import DEFAULT_CAPACITY_BYTES, KVStoreNodeConfig
 from services.prefill.config import PrefillServiceConfig
 from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
+from tests.cuda import needs_cuda
 from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
 
 
@@ -129,3 +130,53 @@ def test_workers_size_their_pools_by_a_share_of_free_memory_and_a_size_wins_over
         assert num_blocks(sized) == 2**20 // one
     finally:
         assert stop_processes(workers) == [0, 0, 0]
+
+
+def test_a_share_of_the_gpu_leaves_the_weights_theirs_and_refuses_what_does_not_fit(tiny_demo_model):
+    from engine.kv_pool import utilization_pool_bytes
+
+    gib = 2**30
+    # An 80 GiB device, 16 GiB of weights, 70 GiB free: 0.9 leaves 0.9 x 80 - 16 GiB for pages.
+    assert utilization_pool_bytes(0.9, 80 * gib, 16 * gib, 70 * gib) == int(0.9 * 80 * gib) - 16 * gib
+    with pytest.raises(ValueError, match=r"gives this worker 8.00 GiB of the device's 80.00 GiB and its weights "
+                                         r"take 16.00 GiB: no room is left"):
+        utilization_pool_bytes(0.1, 80 * gib, 16 * gib, 70 * gib)
+    # Another process holds 40 GiB: 56 GiB of pages are more than the 24 GiB free.
+    with pytest.raises(ValueError, match=r"asks for 56.00 GiB of KV pages .* but 24.00 GiB of the device's "
+                                         r"80.00 GiB is free"):
+        utilization_pool_bytes(0.9, 80 * gib, 16 * gib, 24 * gib)
+    for wrong in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+            EngineConfig(model=str(tiny_demo_model), gpu_memory_utilization=wrong)
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_the_gpu_share_flag_its_sglang_name_and_its_variable(tiny_demo_model, config):
+    kind = "PREFILL" if config is PrefillServiceConfig else "DECODE"
+    model = ["--model", str(tiny_demo_model)]
+    assert config.from_args([*model, "--gpu-memory-utilization", "0.9"], {}).gpu_memory_utilization == 0.9
+    assert config.from_args([*model, "--mem-fraction-static", "0.8"], {}).gpu_memory_utilization == 0.8
+    assert config.from_args(model, {f"BATON_{kind}_GPU_MEMORY_UTILIZATION": "0.5"}).gpu_memory_utilization == 0.5
+    assert config.from_args(model, {}).gpu_memory_utilization is None
+    for wrong in ("0", "1.01", "-0.5"):
+        with pytest.raises(ConfigError, match=r"--gpu-memory-utilization must be in \(0, 1\]"):
+            config.from_args([*model, "--gpu-memory-utilization", wrong], {})
+
+
+def test_a_cpu_engine_sizes_its_pool_as_if_no_gpu_share_were_given(tiny_demo_model):
+    """As vLLM's CPU backend: the share is of a GPU's memory, and there is none."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=24, gpu_memory_utilization=0.9))
+    assert engine.num_kv_blocks == 24
+
+
+@needs_cuda
+def test_a_cuda_engine_takes_its_share_of_the_device_for_weights_and_pages_cuda(tiny_demo_model):
+    torch.cuda.empty_cache()  # earlier tests' cached blocks would count as this process's
+    free, total = torch.cuda.mem_get_info()
+    share = min(0.05, 0.5 * free / total)  # a small one: the device may have other tenants
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), device="cuda", gpu_memory_utilization=share))
+    config = load_model_config(tiny_demo_model)
+    pages = engine.num_kv_blocks * kv_block_bytes(config, engine.config.block_size, engine.runner.kv_pool.tensor.dtype)
+    held = torch.cuda.memory_reserved()
+    assert share * total - 2 * kv_block_bytes(config, 16, torch.float32) - 2**26 <= held <= share * total + 2**26
+    assert pages >= 0.5 * share * total  # the tiny model's weights are a sliver of the share

@@ -1,0 +1,53 @@
+"""A gRPC Generate request's conversation as the pipeline takes it: its messages and chat options, held
+to what the HTTP API accepts, each refusal a 400 naming the field."""
+from __future__ import annotations
+
+from typing import Any
+
+from protos import common_pb2, gateway_pb2
+from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
+from services.gateway.errors import APIError
+from services.tokenizer.chat_template import (
+    ChatOptions,
+    ChatTemplateError,
+    documents_from_json,
+    template_kwargs_from_json,
+)
+from services.tokenizer.converters import chat_messages_from_proto
+
+
+def chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:
+    """The messages as the pipeline takes them, held to what the HTTP API accepts: at least one, each
+    with a role OpenAI's API knows (a template fed another may fail, or render what its author did not
+    mean); an assistant's tool calls with their arguments as objects, as templates read them."""
+    if not chat.messages:
+        raise APIError(400, "chat.messages must not be empty", param="chat.messages")
+    for i, message in enumerate(chat.messages):
+        if message.role not in CHAT_ROLES:
+            raise APIError(400, f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got "
+                                f"{message.role!r}", param=f"chat.messages[{i}].role")
+    try:
+        messages = chat_messages_from_proto(chat.messages)
+    except ValueError as e:  # tool_calls_json that is not a JSON list of objects
+        raise APIError(400, f"chat.messages: {e}", param="chat.messages") from None
+    for message in messages:
+        if "tool_calls" in message:
+            message["tool_calls"] = [with_parsed_arguments(call) for call in message["tool_calls"]]
+    return messages
+
+
+def chat_options(options: gateway_pb2.ChatOptions, tools: list | None) -> ChatOptions:
+    add_generation_prompt = options.add_generation_prompt if options.HasField("add_generation_prompt") else True
+    if add_generation_prompt and options.continue_final_message:
+        raise APIError(400, "chat_options: continue_final_message and add_generation_prompt cannot both be true "
+                            "(add_generation_prompt is true unless set false)", param="chat_options")
+    try:
+        kwargs = template_kwargs_from_json(options.chat_template_kwargs_json)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="chat_options.chat_template_kwargs_json") from None
+    try:
+        documents = documents_from_json(options.documents_json)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="chat_options.documents_json") from None
+    return ChatOptions(add_generation_prompt, options.continue_final_message, kwargs, tools, documents,
+                       options.chat_template or None, options.add_special_tokens)
