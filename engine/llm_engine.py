@@ -24,8 +24,8 @@ from engine.kv_pool import TensorFactory, device_pool_bytes, num_pool_blocks
 from engine.lora_manager import LoRAManager
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
-from engine.output_streams import OutputStreams
-from engine.outputs import RequestOutput
+from engine.output_streams import OutputStreams, computed_pages
+from engine.outputs import ComputedPages, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -97,6 +97,7 @@ class LLMEngine:
         self._guides: GuideFactory | None = None
         self._guides_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}
+        self._page_reports: set[str] = set()  # prefill-only requests whose computed pages each step reports
         for name, path in config.lora_modules:
             self.loras.add(self.loras.read(name, path))
         self.output_streams = OutputStreams()
@@ -118,12 +119,15 @@ class LLMEngine:
         sampling_params: SamplingParams,
         prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
+        reports_pages: bool = False,
     ) -> None:
         """Queues a request; raises ValueError for one that can never be served.
 
         `prefill_only`: stop after the first token; unless that token already
         ends the request, it finishes as "prefilled" and keeps its pages until
-        `release` (another worker decodes the rest from a copy of them).
+        `release` (another worker decodes the rest from a copy of them). With
+        `reports_pages`, each step that computes a chunk of its prompt but not the last
+        returns its `ComputedPages` too, so they can be copied out meanwhile.
         `output_token_ids`: its output so far, made by another engine (a request that
         moved): computed after the prompt, and from then on as if made here.
         """
@@ -135,6 +139,8 @@ class LLMEngine:
                        is_prefill_only=prefill_only, output_token_ids=output_token_ids)
         resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
+        if reports_pages and prefill_only:
+            self._page_reports.add(request_id)
         self.output_streams.open(request_id, len(output_token_ids))
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
@@ -232,8 +238,9 @@ class LLMEngine:
 
     # --- the loop ----------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Schedules, runs and samples one batch; returns a diff per request that moved.
+    def step(self) -> list[RequestOutput | ComputedPages]:
+        """Schedules, runs and samples one batch; returns a diff per request that moved (and the
+        `ComputedPages` of the requests that report them).
 
         Its requests' step times run from before scheduling to their outputs: all of the step
         is engine time, as a caller waiting on `step` for a first token sees it."""
@@ -251,6 +258,8 @@ class LLMEngine:
             sampled, sampler_output = self.runner.execute(batch)
             self.scheduler.postprocess(batch, sampled, sampler_output)
         outputs += [self._output(seq) for seq in sampled]
+        if self._page_reports:
+            outputs += computed_pages(batch.seqs, sampled, self._page_reports, self.config.block_size)
         end_ns = time.time_ns()
         for seq, num_new, is_prefill in timed:
             seq.step_times.record(start_ns, end_ns, num_new, len(batch.seqs), is_prefill)
@@ -270,6 +279,7 @@ class LLMEngine:
         output = self.output_streams.diff(seq, held)
         if seq.is_finished:
             del self._seqs[seq.request_id]
+            self._page_reports.discard(seq.request_id)
         return output
 
     def generate(

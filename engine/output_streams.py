@@ -3,7 +3,7 @@
 requests that finished outside one."""
 from __future__ import annotations
 
-from engine.outputs import RequestOutput
+from engine.outputs import ComputedPages, RequestOutput
 from engine.sequence import Sequence
 
 
@@ -55,4 +55,14 @@ class OutputStreams:
             token_embeddings=seq.token_embeddings if seq.is_finished else None,
             step_times=seq.step_times,
             spec_decode=seq.spec_decode if seq.is_finished else None,
+            num_preemptions=seq.num_preemptions,
         )
+
+
+def computed_pages(seqs: list[Sequence], sampled: list[Sequence], wanted: set[str], block_size: int
+                   ) -> list[ComputedPages]:
+    """The `ComputedPages` of the requests in `wanted` among a step's `seqs` whose prompt it computed a
+    chunk of but did not finish (none was `sampled`)."""
+    done = {seq.request_id for seq in sampled}
+    return [ComputedPages(seq.request_id, seq.block_table[:seq.num_computed_tokens // block_size], seq.num_preemptions)
+            for seq in seqs if seq.request_id in wanted and seq.request_id not in done and not seq.is_finished]

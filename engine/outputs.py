@@ -39,3 +39,16 @@ class RequestOutput:
     step_times: StepTimes | None = field(default=None, compare=False, repr=False)
     # A finished request's speculative steps, when the engine keeps them per request (spec_decode_stats.py).
     spec_decode: SpecDecodeStats | None = field(default=None, compare=False, repr=False)
+    num_preemptions: int = 0  # times its pages were freed to be computed again
+
+
+@dataclass
+class ComputedPages:
+    """A prefill-only request's pages whose KV is computed, after a step that did not finish its prompt
+    (for a request added with `reports_pages`): those pages may be copied out while the rest computes,
+    unless it is preempted (`num_preemptions` moves), which frees them."""
+
+    request_id: str
+    block_ids: list[int]  # its first pages, in prompt order, each whole
+    num_preemptions: int
+    finished: bool = False  # not the request's last output

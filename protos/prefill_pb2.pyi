@@ -54,7 +54,7 @@ class HostTierSource(_message.Message):
     def __init__(self, address: _Optional[str] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds", "admit_seconds", "received_monotonic_ns", "first_token_sent_monotonic_ns", "host_id")
+    __slots__ = ("queue_seconds", "prefill_seconds", "kv_transfer_seconds", "kv_transfer_bytes", "kv_transport", "host_tier_read_seconds", "admit_seconds", "received_monotonic_ns", "first_token_sent_monotonic_ns", "host_id", "kv_transfer_early_bytes")
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class PrefillTimings(_message.Message):
     RECEIVED_MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_SENT_MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_EARLY_BYTES_FIELD_NUMBER: _ClassVar[int]
     queue_seconds: float
     prefill_seconds: float
     kv_transfer_seconds: float
@@ -75,7 +76,8 @@ class PrefillTimings(_message.Message):
     received_monotonic_ns: int
     first_token_sent_monotonic_ns: int
     host_id: str
-    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ..., admit_seconds: _Optional[float] = ..., received_monotonic_ns: _Optional[int] = ..., first_token_sent_monotonic_ns: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
+    kv_transfer_early_bytes: int
+    def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ..., admit_seconds: _Optional[float] = ..., received_monotonic_ns: _Optional[int] = ..., first_token_sent_monotonic_ns: _Optional[int] = ..., host_id: _Optional[str] = ..., kv_transfer_early_bytes: _Optional[int] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id", "num_host_tier_tokens", "prompt_logprobs")

@@ -3,8 +3,9 @@
 # (the CUDA IPC transport, prefill and decode workers on the GPU, the engine's parity with
 # transformers there), the end-to-end tests of the mesh and `baton up` with every worker on the
 # GPU (BATON_DEVICE=cuda), the mesh's overhead there (bench/mesh_overhead.py --device cuda: CUDA
-# IPC against a device copy) and, with ENGINE_BENCH=1, the engine's throughput against
-# transformers.generate on the GPU.
+# IPC against a device copy), a long prompt's pages sent while it computes
+# (bench/early_kv_transfer.py --device cuda) and, with ENGINE_BENCH=1, the engine's throughput
+# against transformers.generate on the GPU.
 #
 #   bash scripts/gpu-checks.sh [OUT_DIR]     (PYTHON=python3 by default; the repo's packages importable)
 #
@@ -25,12 +26,13 @@ timeout 240 $py -m pytest "${pytest_args[@]}" \
     tests/unit/test_cuda_ipc.py tests/services/test_cuda_workers.py tests/services/test_worker_dtype.py \
     tests/services/kvstore/test_shared_memory.py tests/services/test_kv_pool_size.py tests/parity/test_cuda_parity.py \
     tests/parity/test_transformers_parity.py tests/unit/test_speculative.py tests/unit/test_draft_model.py \
-    tests/unit/test_guided_decoding.py -k cuda 2>&1 | tee "$out/tests.log"
+    tests/unit/test_guided_decoding.py tests/services/prefill/test_early_pages.py -k cuda 2>&1 | tee "$out/tests.log"
 status=${PIPESTATUS[0]}
 BATON_DEVICE=cuda timeout 300 $py -m pytest "${pytest_args[@]}" \
     tests/services/gateway/test_openai_api.py tests/services/gateway/test_bad_input.py \
     tests/services/gateway/test_generate_grpc.py tests/services/gateway/test_cancel_api.py \
-    tests/services/test_baton_up.py tests/services/test_colocated.py 2>&1 | tee "$out/mesh-tests.log"
+    tests/services/test_baton_up.py tests/services/test_colocated.py tests/services/prefill/test_early_pages.py \
+    2>&1 | tee "$out/mesh-tests.log"
 [ "$status" -ne 0 ] || status=${PIPESTATUS[0]}
 
 if [ "${ENGINE_BENCH:-0}" = 1 ]; then
@@ -38,4 +40,5 @@ if [ "${ENGINE_BENCH:-0}" = 1 ]; then
         2>&1 | tee "$out/bench.log"
 fi
 timeout 150 $py bench/mesh_overhead.py --device cuda --requests 30 2>&1 | tee "$out/mesh-overhead.log"
+timeout 150 $py bench/early_kv_transfer.py --device cuda --requests 8 2>&1 | tee "$out/early-kv.log"
 exit "$status"

@@ -174,19 +174,21 @@ class EngineLoop(EngineStepper):
         return stream[1]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prefill_only: bool = False, output_token_ids: list[int] | tuple[int, ...] = ()) -> asyncio.Queue:
+                    prefill_only: bool = False, output_token_ids: list[int] | tuple[int, ...] = (),
+                    reports_pages: bool = False) -> asyncio.Queue:
         """Queue a new request in the engine; returns the queue of its RequestOutputs at once.
 
         Their first item is a `RequestRefusedError` for a request the engine refuses (the
         ValueError of `LLMEngine.add_request`), and then the only one; an `EngineDeadError`
         for one queued as the engine died (raised at once once it is dead). A `prefill_only`
         request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`). A
-        moved request comes with its `output_token_ids` so far (`LLMEngine.add_request`)."""
+        moved request comes with its `output_token_ids` so far; one that `reports_pages` gets its
+        `ComputedPages` too, before its first token (`LLMEngine.add_request`)."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only,
-                               output_token_ids=output_token_ids)
+                               output_token_ids=output_token_ids, reports_pages=reports_pages)
             self._streams[request_id] = stream
 
         self._queue(add, IntoQueue(*stream))

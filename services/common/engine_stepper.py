@@ -17,7 +17,7 @@ import torch
 
 from engine.kv_event_log import with_lora_ids
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import ComputedPages, RequestOutput
 from services.common.request_outputs import IntoQueue, hand_over
 
 log = logging.getLogger("baton.engine_loop")
@@ -114,7 +114,7 @@ class EngineStepper:
         if future is not None:
             future.set_result(result)
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver(self, outputs: list[RequestOutput | ComputedPages]) -> None:
         for out in outputs:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is None:

@@ -6,8 +6,10 @@ Each chunk is checked on its own, then copied in: layout and model fingerprint
 this request (NOT_FOUND), block ids all inside it and a data length that fits
 (INVALID_ARGUMENT). The reservation check and the copy run without an await between
 them on the event loop, where leases expire and Decode claims them: a page freed or
-handed to Decode in the meantime is never written. A refused stream leaves the pages
-it wrote reserved; Abort or the lease frees them as for any reservation.
+handed to Decode in the meantime is never written. Each chunk written renews the lease: a
+prefill worker may send a long prompt's pages as they are computed, over several streams. A
+refused stream leaves the pages it wrote reserved; Abort or the lease frees them as for any
+reservation.
 ReadPages is the host tier's (a kvstore node), not a decode worker's: UNIMPLEMENTED.
 """
 from __future__ import annotations
@@ -63,6 +65,7 @@ class KVReceiver(kvstore_pb2_grpc.KVStoreServicer):
             if len(set(received.block_ids)) != len(received.block_ids):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the chunk's block_ids have duplicates")
             scatter_chunk(self.pool, received.block_ids, received.layer_start, received.pages)
+            self.leases.renew(lease)
             num_chunks += 1
             num_bytes += len(chunk.data)
         return kvstore_pb2.WriteAck(num_chunks=num_chunks, num_bytes=num_bytes)

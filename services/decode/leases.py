@@ -62,6 +62,13 @@ class LeaseTable:
         """The live lease (pages still reserved, not yet claimed by Decode), or None."""
         return self._by_reservation.get(reservation_id)
 
+    def renew(self, lease: Lease) -> None:
+        """A whole lease again from now: its pages are being written (a prompt's, while the rest of it
+        computes), so the prefill filling them is alive."""
+        if lease.timer is not None:
+            lease.timer.cancel()
+            lease.timer = self._timer(lease.reservation_id)
+
     def claim(self, reservation_id: str, request_id: str) -> bool:
         """End the lease because Decode took the pages. False if unknown, expired or someone else's."""
         lease = self._by_reservation.get(reservation_id)

@@ -70,6 +70,8 @@ ENV_LOGPROBS_MODE = "BATON_PREFILL_LOGPROBS_MODE"
 ENV_KV_EVENTS_CONFIG = "BATON_PREFILL_KV_EVENTS_CONFIG"
 ENV_MAX_LOGPROBS = "BATON_PREFILL_MAX_LOGPROBS"
 ENV_KV_CHECKSUM = "BATON_PREFILL_KV_CHECKSUM"
+ENV_EARLY_KV_TRANSFER = "BATON_PREFILL_EARLY_KV_TRANSFER"
+EARLY_KV_TRANSFER = ("auto", "on", "off")
 ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
 ENV_KVSTORE = "BATON_PREFILL_KVSTORE"
 ENV_METRICS_PORT = "BATON_PREFILL_METRICS_PORT"
@@ -109,6 +111,9 @@ class PrefillServiceConfig:
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
+    # A long prompt's pages sent by GRPC_STREAM as its chunks compute: on, off, or auto (on where the
+    # engine is on a GPU: on a CPU the sending takes the cores the prompt computes on).
+    early_kv_transfer: str = "auto"
     prefix_caching: bool = True  # off: every prompt computed whole (for measuring what the cache saves)
     kvstore_address: str = ""  # host:port of the kvstore node reused prefix blocks are stored on; "": none
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
@@ -120,6 +125,10 @@ class PrefillServiceConfig:
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
     profiler_dir: str = ""  # where torch profiler traces go at /start_profile; "": profiling refused
 
+    @property
+    def sends_pages_early(self) -> bool:
+        return self.early_kv_transfer == "on" or (self.early_kv_transfer == "auto" and self.device.startswith("cuda"))
+
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
         object.__setattr__(self, "device", resolved_device(self.device))
@@ -129,6 +138,9 @@ class PrefillServiceConfig:
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
         check_memory_fraction(self.kv_memory_fraction, self.gpu_memory_utilization)
+        if self.early_kv_transfer not in EARLY_KV_TRANSFER:
+            raise ConfigError(f"--early-kv-transfer must be one of {', '.join(EARLY_KV_TRANSFER)}, "
+                              f"got {self.early_kv_transfer!r}")
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
@@ -164,6 +176,12 @@ class PrefillServiceConfig:
         parser.add_argument("--no-kv-checksum", dest="kv_checksum", action="store_false",
                             default=env.get(ENV_KV_CHECKSUM, "1") != "0",
                             help=f"send GRPC_STREAM page chunks without a CRC-32 (${ENV_KV_CHECKSUM}=0)")
+        parser.add_argument("--early-kv-transfer", choices=EARLY_KV_TRANSFER,
+                            default=env.get(ENV_EARLY_KV_TRANSFER) or "auto",
+                            help=f"send a long prompt's pages by GRPC_STREAM chunk by chunk as it computes (on), "
+                                 f"or all once it is computed (off); auto, the default: on where the engine is on "
+                                 f"a GPU, off on a CPU, where sending takes the cores the prompt computes on "
+                                 f"(${ENV_EARLY_KV_TRANSFER})")
         parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                             default=env.get(ENV_PREFIX_CACHING, "1") != "0",
                             help=f"compute every prompt whole, reusing no cached prefix (${ENV_PREFIX_CACHING}=0)")
@@ -203,6 +221,7 @@ class PrefillServiceConfig:
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
+                   early_kv_transfer=args.early_kv_transfer,
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,
                    metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    profiler_dir=args.profiler_dir)

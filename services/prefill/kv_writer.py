@@ -33,9 +33,10 @@ class KVWriter:
         return transport
 
     async def write(self, transport: PageTransport, request_id: str, src_blocks: list[int],
-                    dest: KVDestination) -> int:
-        """Our held `src_blocks` into `dest.block_ids` (as many); returns the bytes moved."""
-        return await transport.write(request_id, self.pool, src_blocks, dest, dest.block_ids)
+                    dest: KVDestination, start: int = 0) -> int:
+        """Our held `src_blocks` into `dest.block_ids` from its `start`th (as many); returns the bytes moved."""
+        return await transport.write(request_id, self.pool, src_blocks, dest,
+                                     dest.block_ids[start:start + len(src_blocks)])
 
     async def close(self) -> None:
         """After the server stopped (no write in flight)."""

@@ -32,9 +32,13 @@ Status codes:
 - INTERNAL: the engine failed in a step that was computing the prompt.
 - ABORTED: the request was aborted in the engine.
 
+A long prompt whose pages go by GRPC_STREAM (computed in several chunks) may send each chunk's
+pages while the next computes, reserving them after its first chunk (early_pages.py); the handoff
+then writes only the last ones.
+
 Timings: the first token's as first_token_timings.py says; `kv_transfer_seconds` runs from
 the first token's arrival on this call to the end of the page write, by the transport named
-in `kv_transport`.
+in `kv_transport`; `kv_transfer_early_bytes` were written before it.
 
 Spans (services/common/tracing.py), children of the call's server span: `host_tier.read`,
 `prefill.queue` (arrival until the engine's first step with the request), one
@@ -59,6 +63,7 @@ from functools import partialmethod
 import grpc
 import torch
 
+from engine.outputs import ComputedPages
 from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
 from services.common.engine_loop import EngineLoop
@@ -75,6 +80,7 @@ from services.prefill.converters import (
     transport_to_proto,
 )
 from services.prefill.decode_reservations import DecodeReservations
+from services.prefill.early_pages import EarlyPages, EarlySending
 from services.prefill.first_token_timings import first_token_timings
 from services.prefill.held_pages import release_after
 from services.prefill.host_tier import PrefillHostTier, holds_prefix_of
@@ -89,8 +95,9 @@ ENGINE_DEAD = "the prefill engine failed; the worker is stopping"
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     """`attach` is called once the engine is loaded; until then every call is UNAVAILABLE."""
 
-    def __init__(self, kv_checksum: bool = True) -> None:
+    def __init__(self, kv_checksum: bool = True, early_kv_transfer: bool = True) -> None:
         self.kv_checksum = kv_checksum  # on GRPC_STREAM page chunks
+        self._early = EarlySending(early_kv_transfer)  # a long prompt's pages sent as it computes
         self.engine_loop: EngineLoop | None = None
         self.layout: PageLayout | None = None
         self._writer: KVWriter | None = None
@@ -154,6 +161,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         is_handed_on = False  # the decode worker now owns the reservation we made
         reservation: asyncio.Future | None = None  # our own Reserve on the decode worker, in flight
         pending_copy: asyncio.Future | None = None
+        early: EarlyPages | None = None  # the pages sent while the prompt computes, if any
         held = None  # the "prefilled" output, while its pages are held
         try:
             arrival = time.perf_counter()
@@ -198,8 +206,11 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                                                         params.cache_salt)
                         span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
                     tier_seconds = time.perf_counter() - read_start
+                early = self._early.pages_for(self._writer, self._reservations, request_id, target, num_tokens,
+                                              self.layout.block_size, params.max_tokens - len(output),
+                                              transport if target.reservation_id else None)
                 outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True,
-                                                  output_token_ids=output)
+                                                  output_token_ids=output, reports_pages=early is not None)
             except EngineDeadError:  # it failed since `_ready`
                 is_added = False
                 await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
@@ -207,6 +218,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             if not is_preopened:  # a preopened call sent them as it was opened
                 headers.send_soon()  # while the prompt computes: the first token goes without them
             out = await outputs.get()
+            while isinstance(out, ComputedPages):  # a chunk of a long prompt: its pages go out meanwhile
+                early.computed(out)
+                out = await outputs.get()
             computed = time.perf_counter()
             await headers.sent()  # long since, as a rule: a message or an abort may follow now
             if isinstance(out, RequestRefusedError):
@@ -238,8 +252,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             # call made while the prompt computed slowed its forward pass by more than the call's
             # round trip (bench: ~2.4 ms of 35, on two vCPUs shared with the decode worker).
             yield first_token
+            num_sent = await early.settle(out.num_preemptions) if early is not None else 0
             if not target.reservation_id:
-                reservation = self._reservations.reserve(target.decode_address, request_id, num_tokens)
+                reservation = early.reservation if early is not None and early.reservation is not None else \
+                    self._reservations.reserve(target.decode_address, request_id, num_tokens)
                 try:
                     made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
                 except grpc.aio.AioRpcError as e:
@@ -249,10 +265,12 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             src_blocks = out.held_block_ids[:num_blocks]
             write_start_ns = time.time_ns()
             # Shielded: a cancelled call must not release the pages while the write still reads them.
-            pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks, dest))
+            pending_copy = asyncio.ensure_future(self._writer.write(transport, request_id, src_blocks[num_sent:],
+                                                                    dest, start=num_sent))
             timings = prefill_pb2.PrefillTimings(**timings)
             try:
-                timings.kv_transfer_bytes = await asyncio.shield(pending_copy)
+                timings.kv_transfer_early_bytes = early.num_bytes if early is not None else 0
+                timings.kv_transfer_bytes = await asyncio.shield(pending_copy) + timings.kv_transfer_early_bytes
             except ValueError as e:  # refused before writing anything (copy_pages checks first)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
             except grpc.aio.AioRpcError as e:
@@ -263,6 +281,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     tracing.BATON_KV_BLOCKS: len(src_blocks), tracing.BATON_KV_BYTES: timings.kv_transfer_bytes})
             timings.kv_transport = transport_to_proto(transport.kind)
             timings.kv_transfer_seconds = time.perf_counter() - computed
+            self._early.handed_over(target.decode_address, transport.kind)
             is_handed_on = True
             yield prefill_pb2.PrefillEvent(handoff=prefill_pb2.KVHandoff(reservation_id=target.reservation_id,
                                                                          timings=timings))
@@ -275,6 +294,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             self.metrics.count_error(code.name.lower() if code is not None else "internal")
             raise
         finally:
+            if early is not None:
+                early.cancel()
+                if reservation is None:  # made early, and the call ended before it was taken up
+                    reservation = early.reservation
             if is_added:
                 def release() -> None:
                     release_after(self.engine_loop, request_id, pending_copy)

@@ -244,3 +244,39 @@ def test_handed_over_requests_past_max_num_seqs_wait_holding_their_pages(tiny_de
     ran = ("r0", "r1", "r2", "r3")
     assert {rid: outs[rid] for rid in ran} == {rid: expected[rid] for rid in ran}
     assert_clean(decode)
+
+
+def test_a_long_prompts_computed_pages_are_reported_chunk_by_chunk_and_copy_as_the_handoff_would(tiny_demo_model):
+    """`reports_pages`: after each chunk of a prefill-only prompt but its last, the pages whose KV is
+    computed, each whole; copied out as they come, and the rest after the first token, they give the
+    decode engine the colocated tokens."""
+    params = PARAMS["greedy"]
+    prompt = [(29 * j) % 900 + 5 for j in range(200)]  # 13 pages, computed 64 tokens a step
+    colocated = make_engine(tiny_demo_model)
+    colocated.add_request("r", prompt, params)
+    expected = finish(colocated)["r"].token_ids
+
+    prefill, decode = make_engine(tiny_demo_model), make_engine(tiny_demo_model)
+    prefill.add_request("r", prompt, params, prefill_only=True, reports_pages=True)
+    prefill.add_request("quiet", prompt[:100], params, prefill_only=True)  # reports none
+    dst = decode.reserve("r", len(prompt))
+    reports, first, copied = [], None, 0
+    while first is None:
+        for out in prefill.step():
+            assert out.request_id == "r" or out.finished
+            if out.finished:
+                first = out if out.request_id == "r" else first
+                continue
+            reports.append(out.block_ids)
+            decode.runner.kv_pool.tensor[:, :, :, dst[copied:len(out.block_ids)]] = \
+                prefill.runner.kv_pool.tensor[:, :, :, out.block_ids[copied:]]
+            copied = len(out.block_ids)
+    assert [len(r) for r in reports] == [4, 8, 12]  # after 64, 128 and 192 tokens; 200 with the first token
+    assert all(r == first.held_block_ids[:len(r)] for r in reports) and first.num_preemptions == 0
+    decode.runner.kv_pool.tensor[:, :, :, dst[copied:]] = prefill.runner.kv_pool.tensor[:, :, :,
+                                                                                        first.held_block_ids[copied:]]
+    decode.add_prefilled_request("r", prompt, first.token_ids[0], params)
+    assert finish(decode)["r"].token_ids == expected
+    finish(prefill)
+    assert prefill.release("r") and prefill.release("quiet")
+    assert_clean(prefill)
