@@ -47,6 +47,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     kv_memory_fraction: float = 0.3
     gpu_memory_utilization: float | None = None  # a CUDA engine's share of its device's memory; ignored on the CPU
+    # The process's random generator seeded at start (vLLM's --seed): unseeded requests then draw the
+    # same tokens run after run, given the same requests in the same order. None: not seeded.
+    seed: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they

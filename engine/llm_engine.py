@@ -42,6 +42,8 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if config.seed is not None:
+            torch.manual_seed(config.seed)
         if config.device == "cpu" and config.retain_freed_host_memory:
             retain_freed_memory()
         model_dir = Path(config.model)

@@ -192,6 +192,13 @@ def add_registry_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], 
                         help=f"this worker's id in Redis; default KIND-HOST-PORT once bound (${env_instance_id})")
 
 
+def add_seed_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help="seed the worker's random generator at start, as vLLM's --seed: requests without a "
+                             "seed of their own then sample the same tokens run after run, given the same "
+                             "requests in the same order (default: not seeded)")
+
+
 def add_tracing_flag(parser: argparse.ArgumentParser) -> None:
     """--otlp-endpoint (or vLLM's name for it, --otlp-traces-endpoint): where OpenTelemetry spans go.
     Without it the standard variables decide (`OTEL_EXPORTER_OTLP_ENDPOINT` and the rest:

@@ -89,7 +89,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
         return pools[-1].tensor
 
     engine_config = EngineConfig(model=str(model_dir), device=config.device, **pool_size_options(config),
-                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, seed=config.seed,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,
                                  max_logprobs=config.max_logprobs, lora_modules=config.lora_modules,

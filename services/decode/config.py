@@ -42,6 +42,7 @@ from services.common.settings import (
     add_profiler_flag,
     add_registry_flags,
     add_scheduling_flag,
+    add_seed_flag,
     add_tracing_flag,
     check_bind,
     check_kv_cache_dtype,
@@ -89,6 +90,7 @@ class DecodeServiceConfig:
     kv_cache_memory_bytes: int | None = None  # its size in bytes instead (kv_pool_flags.py)
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
+    seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
@@ -183,12 +185,14 @@ class DecodeServiceConfig:
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
+        add_seed_flag(parser)
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
+                   seed=args.seed,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
                    kv_cache_dtype=args.kv_cache_dtype,

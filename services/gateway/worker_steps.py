@@ -101,7 +101,7 @@ def observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTiming
     moved = timings.kv_transport != common_pb2.KV_TRANSPORT_UNSPECIFIED
     transport = common_pb2.KVTransport.Name(timings.kv_transport).removeprefix("KV_TRANSPORT_").lower()
     requests.observe_prefill(timings.queue_seconds, transport if moved else None, timings.kv_transfer_seconds,
-                             timings.kv_transfer_bytes, legs)
+                             timings.kv_transfer_bytes, legs, timings.kv_transfer_early_bytes)
 
 
 def went_away(error: BaseException) -> bool:

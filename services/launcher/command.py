@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from engine.config import DTYPES
+from services.launcher.vllm_checked_flags import add_checked_vllm_flags, check_vllm_flags
 from services.launcher.vllm_flags import add_vllm_flags, with_vllm_flags
 
 # `baton up --KIND-args`: the services whose command lines take more flags from its user.
@@ -108,6 +109,7 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="the gateway's --stream-interval (as vLLM's): decode workers send a request's tokens "
                          "in chunks of at least N, the first token at once (default 1, every step's)")
     add_vllm_flags(up)
+    add_checked_vllm_flags(up)
     up.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
                     help="seconds each process may take to become healthy (default 300)")
     up.add_argument("--shutdown-grace-s", type=float, metavar="S",
@@ -122,6 +124,7 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
 def run_up(args: argparse.Namespace, model_dir: Path) -> int:
     """The mesh of `args` (model_dir: the model, found or made), run until it stops: its exit status.
     ValueError for flags that cannot run."""
+    check_vllm_flags(args)
     import asyncio
 
     from services.launcher.mesh import Mesh

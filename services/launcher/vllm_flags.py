@@ -18,17 +18,19 @@ class PassedFlag:
     type: Callable[[str], object] = str
     many: bool = False  # takes one value or more
     is_switch: bool = False  # takes none
+    to: str = ""  # the services' own name for it, where it differs
 
     @property
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
     def argv(self, value) -> tuple[str, ...]:
+        name = self.to or self.flag
         if self.is_switch:
-            return (self.flag,) if value else ()
+            return (name,) if value else ()
         if value is None:
             return ()
-        return (self.flag, *map(str, value)) if self.many else (self.flag, str(value))
+        return (name, *map(str, value)) if self.many else (name, str(value))
 
 
 GATEWAY, WORKERS, PREFILL = ("gateway",), ("prefill", "decode"), ("prefill",)
@@ -71,6 +73,10 @@ PASSED_FLAGS = (
     PassedFlag("--max-num-seqs", WORKERS, "most requests in a worker's batch", type=int),
     PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
+    PassedFlag("--num-gpu-blocks-override", WORKERS, "each worker's KV pool in pages", type=int, to="--kv-blocks"),
+    PassedFlag("--no-enable-prefix-caching", PREFILL, "compute every prompt whole, reusing no cached prefix",
+               is_switch=True, to="--no-prefix-caching"),
+    PassedFlag("--seed", WORKERS, "seed each worker's random generator at start", type=int),
     PassedFlag("--kv-cache-dtype", WORKERS, "what the KV pages hold (auto, or an fp8 kind)"),
     PassedFlag("--max-logprobs", EVERY, "the most top logprobs a request may ask for per token; -1: any", type=int),
     PassedFlag("--logprobs-mode", WORKERS, "what reported logprobs are of (raw_logprobs, processed_logprobs, ...)"),

@@ -34,7 +34,7 @@ def test_a_request_is_timed_once_and_ends_once():
     timer.finish("stop")
     timer.fail("cancelled")  # the consumer closing after the last delta is no error
     requests.start().fail("overloaded")
-    requests.observe_prefill(0.004, "grpc_stream", 0.003, 1000)
+    requests.observe_prefill(0.004, "grpc_stream", 0.003, 1000, early_bytes=600)  # 600 of them sent early
     requests.observe_prefill(0.004, None, 0.0, 0)  # no pages moved: queue only
     assert value(metrics, "baton_time_to_first_token_seconds_count") == 1
     assert value(metrics, "baton_inter_token_latency_seconds_count") == 2  # each token after the first
@@ -50,6 +50,7 @@ def test_a_request_is_timed_once_and_ends_once():
     assert value(metrics, "baton_request_queue_duration_seconds_bucket", le="0.002") == 0
     assert value(metrics, "baton_kv_transfer_duration_seconds_count", transport="grpc_stream") == 1
     assert value(metrics, "baton_kv_transfer_bytes_total", transport="grpc_stream") == 1000
+    assert value(metrics, "baton_kv_transfer_early_bytes_total", transport="grpc_stream") == 600
 
 
 def test_tokens_that_come_together_share_the_wait_before_them():

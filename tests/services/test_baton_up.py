@@ -448,11 +448,53 @@ def test_every_vllm_flag_handed_to_the_gateway_is_one_it_takes():
     assert {"--enable-per-request-metrics", "--response-role", "--allowed-origins"} <= handed
 
 
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_every_vllm_flag_handed_to_a_worker_is_one_it_takes_by_its_own_name(kind, tiny_demo_model):
+    from services.decode.config import DecodeServiceConfig
+    from services.launcher.vllm_flags import PASSED_FLAGS
+    from services.prefill.config import PrefillServiceConfig
+
+    config = PrefillServiceConfig if kind == "prefill" else DecodeServiceConfig
+    for passed in PASSED_FLAGS:
+        if kind in passed.kinds:
+            value = {"--kv-cache-memory-bytes": "1M", "--kv-cache-dtype": "auto", "--logprobs-mode": "raw_logprobs",
+                     "--per-request-spec-decode-metrics": "summary"}.get(passed.flag, "3")
+            config.from_args(["--model", str(tiny_demo_model), *passed.argv(True if passed.is_switch else value)], {})
+
+
+def test_a_vllm_serve_command_line_starts_baton_up_as_it_is():
+    """The flags of a typical `vllm serve` command line: passed on where they mean something here,
+    taken where they ask for what Baton always does."""
+    import argparse
+
+    from services.launcher.command import add_up_arguments, service_args
+    from services.launcher.vllm_checked_flags import check_vllm_flags
+
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args([
+        "--tensor-parallel-size", "1", "-pp", "1", "--data-parallel-size", "1", "--block-size", "16",
+        "--load-format", "safetensors", "--enforce-eager", "--trust-remote-code", "--enable-chunked-prefill",
+        "--enable-prefix-caching", "--enable-prompt-tokens-details", "--disable-log-requests", "--disable-log-stats",
+        "--gpu-memory-utilization", "0.9", "--max-model-len", "1024", "--seed", "7",
+        "--num-gpu-blocks-override", "96", "--no-enable-prefix-caching"])
+    check_vllm_flags(args)
+    flags = service_args(args)
+    assert flags["prefill"] == ("--kv-blocks", "96", "--no-prefix-caching", "--seed", "7")
+    assert flags["decode"] == ("--kv-blocks", "96", "--seed", "7")
+    for wrong, said in ((["-tp", "2"], "--tensor-parallel-size 2: each Baton worker runs its model on one device"),
+                        (["--data-parallel-size", "4"], "scale out with --prefill N and --decode M"),
+                        (["--block-size", "32"], "--block-size 32: Baton's KV pages hold 16 tokens")):
+        with pytest.raises(ValueError, match=said):
+            check_vllm_flags(parser.parse_args(wrong))
+
+
 @pytest.mark.parametrize("flags", ["--decode-args=--port 9000", "--gateway-args=--prefill=127.0.0.1:1",
                                    "--kvstore-args=--po 9000", "--prefill-args=--kv-blocks '64",
                                    "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
                                    "--prefill-args=--dtype=float16", "--decode-args=--lora-modules=a=/tmp",
                                    "--chat-template=no-such-template.jinja", "--stream-interval=0",
+                                   "--tensor-parallel-size=2", "--block-size=32",
                                    '--speculative-config={"method": "eagle", "num_speculative_tokens": 2}'])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],

@@ -299,3 +299,21 @@ def test_the_priority_policy_preempts_the_least_urgent(tiny_demo_model):
     assert seqs["relaxed"].num_preemptions > 0 and seqs["urgent"].num_preemptions == 0
     assert done["relaxed"].token_ids == done["urgent"].token_ids == expected
     assert_pool_clean(engine)
+
+
+def test_a_seeded_engine_samples_unseeded_requests_alike_run_after_run(tiny_demo_model):
+    """vLLM's --seed: the engine's random generator seeded at start; requests without a seed of their own
+    then draw the same tokens from one start to the next (given the same requests in the same order)."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    def sampled(seed: int) -> list[int]:
+        engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=16, seed=seed))
+        engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True))
+        tokens = []
+        while engine.has_unfinished_requests():
+            tokens += [t for out in engine.step() for t in out.new_token_ids]
+        return tokens
+
+    assert sampled(7) == sampled(7) != sampled(8)

@@ -79,6 +79,9 @@ class RequestMetrics:
                                       [*LABELS, "transport"], buckets=LATENCY_BUCKETS, registry=registry)
         self._kv_bytes = Counter("baton_kv_transfer_bytes", "KV bytes written from prefill to decode",
                                  [*LABELS, "transport"], registry=registry)
+        self._kv_early_bytes = Counter("baton_kv_transfer_early_bytes",
+                                       "Of those, the bytes written while the prompt was still computing",
+                                       [*LABELS, "transport"], registry=registry)
         self._rpc_legs = Histogram("baton_prefill_rpc_leg_duration_seconds",
                                    "The prompt's way to a prefill worker on this host (to_prefill) and its first "
                                    "token's way back (from_prefill)", [*LABELS, "leg"], buckets=HOP_BUCKETS,
@@ -94,13 +97,15 @@ class RequestMetrics:
         self.request_max_generation_tokens.observe(max_generation_tokens)
 
     def observe_prefill(self, queue_s: float, transport: str | None, transfer_s: float, transfer_bytes: int,
-                        rpc_legs: dict[str, float] | None = None) -> None:
+                        rpc_legs: dict[str, float] | None = None, early_bytes: int = 0) -> None:
         """What a prefill worker reported; `transport` None when no pages moved; `rpc_legs` (seconds by
-        leg) None when they are not known (a worker on another host)."""
+        leg) None when they are not known (a worker on another host); `early_bytes`: of `transfer_bytes`,
+        those written while the prompt computed."""
         self.queue.observe(queue_s)
         if transport is not None:
             self._kv_duration.labels(**self.metrics.labels, transport=transport).observe(transfer_s)
             self._kv_bytes.labels(**self.metrics.labels, transport=transport).inc(transfer_bytes)
+            self._kv_early_bytes.labels(**self.metrics.labels, transport=transport).inc(early_bytes)
         for leg, seconds in (rpc_legs or {}).items():
             self._rpc_legs.labels(**self.metrics.labels, leg=leg).observe(seconds)
 
