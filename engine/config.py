@@ -50,6 +50,7 @@ class EngineConfig:
     # The process's random generator seeded at start (vLLM's --seed): unseeded requests then draw the
     # same tokens run after run, given the same requests in the same order. None: not seeded.
     seed: int | None = None
+    tokenizer: str | None = None  # the tokenizer's directory, when not the model's (vLLM's --tokenizer)
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they

@@ -90,7 +90,7 @@ class LLMEngine:
             whole_embeddings=self.pools_whole_prompts,
             per_request_spec_decode=config.per_request_spec_decode_metrics,
         )
-        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(Path(config.tokenizer) if config.tokenizer is not None else model_dir)
         if self.model_config.classifier_tokens:
             self.runner.model.make_classifier(vocabulary_ids(self.model_config.classifier_tokens, self.tokenizer))
         sep = self.model_config.encoder.sep_token if self.is_encoder else None

@@ -59,6 +59,7 @@ from services.common.settings import (
     new_parser,
     resolved_dtype,
 )
+from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
 
 ENV_HOST = "BATON_DECODE_HOST"
 ENV_PORT = "BATON_DECODE_PORT"
@@ -91,6 +92,7 @@ class DecodeServiceConfig:
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
+    tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
     device: str = "auto"  # where the engine computes and keeps its KV pool (device_flag.py; auto resolved)
@@ -186,13 +188,14 @@ class DecodeServiceConfig:
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
         add_seed_flag(parser)
+        add_tokenizer_dir_flag(parser, env)
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
-                   seed=args.seed,
+                   seed=args.seed, tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
                    kv_cache_dtype=args.kv_cache_dtype,

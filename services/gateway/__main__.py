@@ -116,7 +116,7 @@ class GatewayService:
         config = self.config
         tokenizer = await load_in_thread(stop, ModelTokenizer.from_dir, config.model_dir,
                                          max_model_len=config.max_model_len, chat_template=config.chat_template,
-                                         hf_overrides=config.hf_overrides)
+                                         hf_overrides=config.hf_overrides, tokenizer_dir=config.tokenizer_dir)
         if tokenizer is None:
             return None
         limit = config.max_message_bytes
@@ -184,7 +184,8 @@ class GatewayService:
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         if config.enable_tokenizer_info_endpoint:
-            self.state.tokenizer_info = tokenizer_info(config.model_dir, tokenizer.chat_templates)
+            self.state.tokenizer_info = tokenizer_info(config.tokenizer_dir or config.model_dir,
+                                                       tokenizer.chat_templates)
         app = create_app(self.state)
         if self.state.idle_sleep is not None:
             self.state.idle_sleep.start()

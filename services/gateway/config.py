@@ -21,6 +21,7 @@ from services.common.settings import (
     check_model_dir,
     check_positive,
 )
+from services.common.tokenizer_dir_flag import tokenizer_dir
 from services.gateway.chat_serving import ChatServing
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.http_app import DEFAULT_MAX_BODY_BYTES
@@ -131,9 +132,12 @@ class GatewayConfig:
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
+    tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
 
     def __post_init__(self):
-        object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
+        object.__setattr__(self, "tokenizer_dir", tokenizer_dir(self.tokenizer_dir))
+        object.__setattr__(self, "model_dir", check_model_dir(
+            self.model_dir, "config.json" if self.tokenizer_dir is not None else "tokenizer.json"))
         if not self.served_model_names:
             object.__setattr__(self, "served_model_names", (self.model_dir.resolve().name,))
         if any(not name or name != name.strip() for name in self.served_model_names):

@@ -31,6 +31,7 @@ from services.common.settings import (
     model_arg,
     new_parser,
 )
+from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag
 from services.gateway.chat_serving import ChatServing
 from services.gateway.config import (
     DEFAULT_HTTP_PORT,
@@ -117,7 +118,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-        trust_request_chat_template=args.trust_request_chat_template)
+        trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)
 
 
 def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -236,6 +237,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     add_request_log_flags(parser, env)
     add_lora_flag(parser, env)
     add_chat_template_flag(parser, env)
+    add_tokenizer_dir_flag(parser, env)
     add_limit_flags(parser, env)
     add_tracing_flag(parser)
     return parser

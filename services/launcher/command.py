@@ -93,6 +93,10 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="render chat conversations by this Jinja template (a file, or the template itself) "
                          "instead of the model's own: the tokenizer service's and the gateway's "
                          "(default $BATON_CHAT_TEMPLATE, else the model's)")
+    up.add_argument("--tokenizer", metavar="DIR",
+                    help="the model's tokenizer from this directory (tokenizer.json, tokenizer_config.json, its chat "
+                         "templates), for every service, as vLLM's flag: for a checkpoint saved without one "
+                         "(default $BATON_TOKENIZER_DIR, else the model's own)")
     up.add_argument("--scheduling-policy", choices=("fcfs", "priority"),
                     help="every prefill and decode worker's --scheduling-policy (default fcfs): priority "
                          "serves requests by their `priority`, lower first")
@@ -140,7 +144,8 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         start_timeout_s=args.start_timeout, stop_timeout_s=args.stop_timeout,
                         shutdown_grace_s=args.shutdown_grace_s,
                         service_args=service_args(args), api_key=args.api_key,
-                        chat_template=args.chat_template, dtype=args.dtype, device=args.device,
+                        chat_template=args.chat_template, tokenizer_dir=args.tokenizer, dtype=args.dtype,
+                        device=args.device,
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
                         otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None,

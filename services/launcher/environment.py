@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from services.common.tokenizer_dir_flag import ENV_TOKENIZER_DIR
 from services.launcher.specs import (
     API_KEY_VARIABLE,
     CHAT_TEMPLATE_VARIABLE,
@@ -34,6 +35,8 @@ def child_environment(config: MeshConfig, name: str) -> dict[str, str]:
         env[API_KEY_VARIABLE] = config.api_key
     if config.chat_template is not None:
         env[CHAT_TEMPLATE_VARIABLE] = config.chat_template
+    if config.tokenizer_dir is not None:
+        env[ENV_TOKENIZER_DIR] = config.tokenizer_dir
     if config.dtype is not None:
         env[DTYPE_VARIABLE] = config.dtype
     if config.device is not None:

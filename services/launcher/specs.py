@@ -22,6 +22,7 @@ from services.common.device_flag import ENV_DEVICE, check_device_name
 from services.common.kv_events_config import KVEventsConfig, as_json, for_worker
 from services.common.lora_flags import ENV_LORA_MODULES, lora_modules
 from services.common.settings import ENV_DTYPE, ENV_HF_OVERRIDES, ENV_MAX_MODEL_LEN, hf_overrides
+from services.common.tokenizer_dir_flag import ENV_TOKENIZER_DIR, tokenizer_dir
 from services.launcher.process import ChildSpec
 from services.tokenizer.template_setting import chat_template_source
 
@@ -53,12 +54,14 @@ LAUNCHER_FLAGS = {
     # --dtype: both pools' (baton up --dtype), which for one alone would make their KV pages differ.
     # --lora-modules: every worker's and the gateway's (baton up --lora-modules), which must agree.
     # --kv-events-config: each worker's own endpoints (baton up --kv-events-config), which one for all would share.
-    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype", "--lora-modules", "--kv-events-config"}),
-    "decode": frozenset({*_BIND_FLAGS, "--dtype", "--lora-modules", "--kv-events-config"}),
+    # --tokenizer-dir: every service's that reads the tokenizer (baton up --tokenizer), which must agree.
+    "prefill": frozenset({*_BIND_FLAGS, "--kvstore", "--dtype", "--lora-modules", "--kv-events-config",
+                          "--tokenizer-dir"}),
+    "decode": frozenset({*_BIND_FLAGS, "--dtype", "--lora-modules", "--kv-events-config", "--tokenizer-dir"}),
     "kvstore": frozenset(_BIND_FLAGS),
     # --chat-template: the tokenizer service's too, which one for the gateway alone would differ from.
     "gateway": frozenset({*_BIND_FLAGS, "--tokenizer", "--prefill", "--decode", "--colocated", "--http-port",
-                          "--api-key", "--chat-template", "--lora-modules"}),
+                          "--api-key", "--chat-template", "--lora-modules", "--tokenizer-dir"}),
 }
 API_KEY_VARIABLE = "BATON_API_KEY"  # how the gateway is given `baton up --api-key`: not on its command line
 CHAT_TEMPLATE_VARIABLE = "BATON_CHAT_TEMPLATE"  # how `baton up --chat-template` reaches the services that render
@@ -95,6 +98,7 @@ class MeshConfig:
     api_key: str | None = field(default=None, repr=False)  # the gateway asks clients for it; None: for none
     # Replaces the model's chat template (a file's absolute path, or the template); None: the model's.
     chat_template: str | None = None
+    tokenizer_dir: str | None = None  # every service's --tokenizer-dir (baton up --tokenizer); None: the model's
     dtype: str | None = None  # every worker's; None: as $BATON_DTYPE says, else float32 on CPUs, auto on GPUs
     device: str | None = None  # every worker's --device; None: as $BATON_DEVICE says, else auto
     max_model_len: int | None = None  # every service's context; None: as $BATON_MAX_MODEL_LEN says, else the model's
@@ -151,6 +155,10 @@ class MeshConfig:
                 object.__setattr__(self, "chat_template", str(Path(self.chat_template).expanduser().resolve()))
         if not (self.model_dir / "config.json").is_file():
             raise ValueError(f"not a model directory (no config.json): {self.model_dir}")
+        if self.tokenizer_dir is not None:  # refused here rather than by every child; they run elsewhere
+            object.__setattr__(self, "tokenizer_dir", str(tokenizer_dir(self.tokenizer_dir)))
+        elif not (self.model_dir / "tokenizer.json").is_file() and not os.environ.get(ENV_TOKENIZER_DIR):
+            raise ValueError(f"no tokenizer.json in {self.model_dir}: give the tokenizer's directory with --tokenizer")
         for kind, args in self.service_args.items():
             if kind not in LAUNCHER_FLAGS:
                 raise ValueError(f"no {kind} service to give flags to")

@@ -56,6 +56,7 @@ from services.common.settings import (
     new_parser,
     resolved_dtype,
 )
+from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
 
 ENV_HOST = "BATON_PREFILL_HOST"
 ENV_PORT = "BATON_PREFILL_PORT"
@@ -92,6 +93,7 @@ class PrefillServiceConfig:
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
+    tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
@@ -204,13 +206,14 @@ class PrefillServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_tracing_flag(parser)
         add_seed_flag(parser)
+        add_tokenizer_dir_flag(parser, env)
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port,
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
-                   seed=args.seed,
+                   seed=args.seed, tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),

@@ -36,7 +36,7 @@ class TokenizerService:
         tokenizer = await load_in_thread(stop, ModelTokenizer.from_dir, self.config.model_dir,
                                          max_model_len=self.config.max_model_len,
                                          chat_template=self.config.chat_template,
-                                         hf_overrides=self.config.hf_overrides)
+                                         hf_overrides=self.config.hf_overrides, tokenizer_dir=self.config.tokenizer_dir)
         if tokenizer is None:
             return None
         self.servicer.metrics = self.metrics

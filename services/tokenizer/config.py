@@ -32,6 +32,7 @@ from services.common.settings import (
     model_arg,
     new_parser,
 )
+from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
 from services.tokenizer.template_setting import add_chat_template_flag, chat_template_source
 
 ENV_HOST = "BATON_TOKENIZER_HOST"
@@ -51,9 +52,12 @@ class TokenizerServiceConfig:
     grace_s: float = DEFAULT_SHUTDOWN_GRACE_S  # after SIGTERM, how long in-flight calls may finish
     otlp_endpoint: str = ""  # OTLP gRPC collector for trace spans; "": as the OTEL_* variables say
     chat_template: str | None = None  # Jinja source replacing the model's templates (--chat-template)
+    tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
 
     def __post_init__(self):
-        object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "tokenizer.json"))
+        object.__setattr__(self, "tokenizer_dir", tokenizer_dir(self.tokenizer_dir))
+        object.__setattr__(self, "model_dir", check_model_dir(
+            self.model_dir, "config.json" if self.tokenizer_dir is not None else "tokenizer.json"))
         check_bind(self.host, self.port, ENV_HOST)
         check_metrics_port(self.metrics_port)
         check_limits(self.max_model_len, self.max_message_bytes, self.grace_s)
@@ -75,9 +79,11 @@ class TokenizerServiceConfig:
         add_limit_flags(parser, env)
         add_tracing_flag(parser)
         add_chat_template_flag(parser, env)
+        add_tokenizer_dir_flag(parser, env)
         args = parser.parse_args(argv)
         return cls(model_dir=model_arg(args), host=args.host, port=args.port, metrics_port=args.metrics_port,
                    max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
-                   otlp_endpoint=args.otlp_endpoint, chat_template=chat_template_source(args.chat_template))
+                   otlp_endpoint=args.otlp_endpoint, chat_template=chat_template_source(args.chat_template),
+                   tokenizer_dir=args.tokenizer_dir)

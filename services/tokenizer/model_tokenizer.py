@@ -66,12 +66,16 @@ class ModelTokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike, *, max_model_len: int | None = None,
-                 chat_template: str | None = None, hf_overrides: Mapping[str, Any] | None = None) -> ModelTokenizer:
+                 chat_template: str | None = None, hf_overrides: Mapping[str, Any] | None = None,
+                 tokenizer_dir: str | os.PathLike | None = None) -> ModelTokenizer:
         """Load a Hugging Face model directory. `max_model_len` overrides the context
         length found in config.json (and may only shorten it); `chat_template` (Jinja source)
         replaces the model's templates, as vLLM's --chat-template does; `hf_overrides` replaces
-        config.json's keys, as vLLM's --hf-overrides does."""
-        path = Path(model_dir)
+        config.json's keys, as vLLM's --hf-overrides does; `tokenizer_dir`: where the tokenizer's
+        files are (tokenizer.json, tokenizer_config.json, chat templates), when not in `model_dir`
+        (vLLM's --tokenizer)."""
+        model_path = Path(model_dir)
+        path = Path(tokenizer_dir) if tokenizer_dir is not None else model_path
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise FileNotFoundError(f"{path} has no tokenizer.json (only fast tokenizers are supported)")
@@ -80,15 +84,15 @@ class ModelTokenizer:
         except Exception as e:  # the Rust library raises a bare Exception for a corrupt file
             raise ValueError(f"{tokenizer_file}: not a valid tokenizer.json ({e})") from e
         tok_config = _read_json(path / "tokenizer_config.json")
-        model_config = {**_read_json(path / "config.json"), **(hf_overrides or {})}
-        gen_config = _read_json(path / "generation_config.json")
+        model_config = {**_read_json(model_path / "config.json"), **(hf_overrides or {})}
+        gen_config = _read_json(model_path / "generation_config.json")
 
         special_tokens = _special_tokens(tok_config)
         eos_ids = _eos_token_ids(tokenizer, special_tokens, model_config, gen_config)
         context = _context_length(model_config, tok_config)
         if max_model_len is not None:
             if max_model_len < 1 or (context is not None and max_model_len > context):
-                raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {path}")
+                raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {model_path}")
             context = max_model_len
         templates = {"default": chat_template} if chat_template is not None else _chat_templates(path, tok_config)
         return cls(tokenizer, special_tokens=special_tokens, chat_templates=templates,
