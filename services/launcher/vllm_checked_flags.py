@@ -15,6 +15,9 @@ ALWAYS = (
     ("--enable-prompt-tokens-details", "usage always gives prompt_tokens_details.cached_tokens"),
     ("--disable-log-requests", "requests are logged only with --enable-log-requests"),
     ("--disable-log-stats", "no stats are logged periodically: they are at each service's /metrics"),
+    ("--enable-lora", "LoRA adapters are served wherever --lora-modules names them or runtime loading is on"),
+    ("--enable-sleep-mode", "/sleep and /wake_up are always served"),
+    ("--disable-fastapi-docs", "the HTTP API serves no /docs nor /openapi.json"),
 )
 # vLLM's parallelism within one engine: each Baton worker runs its model on one device, and scales out.
 SCALE_OUT = "scale out with --prefill N and --decode M instead (workers spread over the GPUs)"

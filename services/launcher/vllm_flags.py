@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class PassedFlag:
         if value is None:
             return ()
         return (name, *map(str, value)) if self.many else (name, str(value))
+
+
+def _path(value: str) -> str:
+    """A file's path as the services find it: they run in another directory."""
+    return str(Path(value).expanduser().resolve())
 
 
 GATEWAY, WORKERS, PREFILL = ("gateway",), ("prefill", "decode"), ("prefill",)
@@ -70,6 +76,11 @@ PASSED_FLAGS = (
     PassedFlag("--allowed-methods", GATEWAY, "CORS: a JSON list of methods"),
     PassedFlag("--allowed-headers", GATEWAY, "CORS: a JSON list of headers"),
     PassedFlag("--allow-credentials", GATEWAY, "CORS: cookies and HTTP authentication", is_switch=True),
+    PassedFlag("--ssl-keyfile", GATEWAY, "serve the HTTP API over TLS with this private key (PEM)", type=_path),
+    PassedFlag("--ssl-certfile", GATEWAY, "... and this certificate chain (PEM)", type=_path),
+    PassedFlag("--ssl-ca-certs", GATEWAY, "the CA certificates client certificates are checked by", type=_path),
+    PassedFlag("--ssl-cert-reqs", GATEWAY, "client certificates: 0 not asked for, 1 checked if shown, 2 required",
+               type=int),
     PassedFlag("--max-num-seqs", WORKERS, "most requests in a worker's batch", type=int),
     PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
@@ -77,6 +88,9 @@ PASSED_FLAGS = (
     PassedFlag("--no-enable-prefix-caching", PREFILL, "compute every prompt whole, reusing no cached prefix",
                is_switch=True, to="--no-prefix-caching"),
     PassedFlag("--seed", WORKERS, "seed each worker's random generator at start", type=int),
+    PassedFlag("--max-loras", WORKERS, "most LoRA adapters one step's batch computes with", type=int),
+    PassedFlag("--max-lora-rank", WORKERS, "refuse LoRA adapters of a higher rank", type=int),
+    PassedFlag("--max-cpu-loras", WORKERS, "most LoRA adapters kept in memory", type=int),
     PassedFlag("--kv-cache-dtype", WORKERS, "what the KV pages hold (auto, or an fp8 kind)"),
     PassedFlag("--max-logprobs", EVERY, "the most top logprobs a request may ask for per token; -1: any", type=int),
     PassedFlag("--logprobs-mode", WORKERS, "what reported logprobs are of (raw_logprobs, processed_logprobs, ...)"),

@@ -380,13 +380,16 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
 
 
 @pytest.mark.skipif(not HAS_GATEWAY, reason="no gateway in this checkout")
-def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_certificate):
+@pytest.mark.parametrize("given_as", ["gateway-args", "vllm-flags"])
+def test_a_gateway_serving_https_is_probed_and_printed_so(start_up, self_signed_certificate, given_as):
     import ssl
 
     import httpx
 
     key, cert = self_signed_certificate
-    up = start_up("--no-redis", f"--gateway-args=--ssl-keyfile {key} --ssl-certfile {cert}")
+    tls = (f"--gateway-args=--ssl-keyfile {key} --ssl-certfile {cert}",) if given_as == "gateway-args" else \
+        ("--ssl-keyfile", str(key), "--ssl-certfile", str(cert))  # as `vllm serve` takes them
+    up = start_up("--no-redis", *tls)
     check_up(up, 1, 1, redis=False)
     base = up.wait_up().split(" at ", 1)[1].split(" ", 1)[0]
     assert base.startswith("https://"), up.output()
@@ -477,11 +480,14 @@ def test_a_vllm_serve_command_line_starts_baton_up_as_it_is():
         "--load-format", "safetensors", "--enforce-eager", "--trust-remote-code", "--enable-chunked-prefill",
         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--disable-log-requests", "--disable-log-stats",
         "--gpu-memory-utilization", "0.9", "--max-model-len", "1024", "--seed", "7",
-        "--num-gpu-blocks-override", "96", "--no-enable-prefix-caching"])
+        "--num-gpu-blocks-override", "96", "--no-enable-prefix-caching", "--enable-lora", "--max-loras", "2",
+        "--max-lora-rank", "16", "--enable-sleep-mode", "--disable-fastapi-docs", "--ssl-cert-reqs", "0"])
     check_vllm_flags(args)
     flags = service_args(args)
-    assert flags["prefill"] == ("--kv-blocks", "96", "--no-prefix-caching", "--seed", "7")
-    assert flags["decode"] == ("--kv-blocks", "96", "--seed", "7")
+    lora = ("--max-loras", "2", "--max-lora-rank", "16")
+    assert flags["prefill"] == ("--kv-blocks", "96", "--no-prefix-caching", "--seed", "7", *lora)
+    assert flags["decode"] == ("--kv-blocks", "96", "--seed", "7", *lora)
+    assert flags["gateway"] == ("--ssl-cert-reqs", "0")
     for wrong, said in ((["-tp", "2"], "--tensor-parallel-size 2: each Baton worker runs its model on one device"),
                         (["--data-parallel-size", "4"], "scale out with --prefill N and --decode M"),
                         (["--block-size", "32"], "--block-size 32: Baton's KV pages hold 16 tokens")):
