@@ -17,6 +17,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 _BLOCK_DIM = 3  # of [L, 2, Hkv, N, bs, D]
@@ -36,6 +37,8 @@ def _check_blocks(name: str, blocks: list[int], num_blocks: int) -> None:
 
 def block_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[tuple[int, int, int]]:
     """(src_start, dst_start, length) for maximal runs consecutive on both sides."""
+    if len(src_blocks) > _VECTOR_RUNS_FROM:
+        return _vector_block_runs(src_blocks, dst_blocks)
     runs: list[tuple[int, int, int]] = []
     for s, d in zip(src_blocks, dst_blocks):
         if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
@@ -44,6 +47,17 @@ def block_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[tup
         else:
             runs.append((s, d, 1))
     return runs
+
+
+_VECTOR_RUNS_FROM = 64  # blocks: below it the Python loop is the quicker (numpy's setup costs ~20 us)
+
+
+def _vector_block_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    src = np.fromiter(src_blocks, dtype=np.int64, count=len(src_blocks))
+    dst = np.fromiter(dst_blocks, dtype=np.int64, count=len(dst_blocks))
+    starts = np.concatenate(([0], np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1))
+    lengths = np.diff(np.append(starts, len(src)))
+    return list(zip(src[starts].tolist(), dst[starts].tolist(), lengths.tolist()))
 
 
 def _as_rows_of_bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,10 @@ last. Each chunk written renews the reservation's lease on the decode worker.
 
 The pages written so far count only if the prompt was never preempted since: a preemption frees
 them (a copy in flight may then read pages given to another request), so the handoff writes them
-all again. Any failure here (a reservation refused, a write refused) stops the early writes and is
-reported by the handoff's own reservation or write, which meets it again.
+all again. (A prompt gets all its pages when admitted, so on a prefill worker only a pause that
+retracts running requests, SGLang's pause_generation "retract", preempts one.) Any failure here
+(a reservation refused, a write refused) stops the early writes and is reported by the handoff's
+own reservation or write, which meets it again.
 """
 from __future__ import annotations
 

@@ -275,3 +275,24 @@ def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def test_block_runs_of_long_lists_are_those_of_the_loop():
+    """Long block lists are split into runs with numpy; the runs are the plain loop's."""
+    import random
+
+    def by_loop(src, dst):
+        runs = []
+        for s, d in zip(src, dst):
+            if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((s, d, 1))
+        return runs
+
+    rng = random.Random(3)
+    for n in (0, 1, 63, 64, 65, 200, 3000):
+        src = sorted(rng.sample(range(4 * n + 8), n))  # runs and gaps
+        dst = list(range(10, 10 + n)) if n % 2 else sorted(rng.sample(range(3 * n + 8), n))
+        assert block_runs(src, dst) == by_loop(src, dst), n
+        assert block_runs(range(n), range(5, 5 + n)) == ([(0, 5, n)] if n else [])
