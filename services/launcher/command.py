@@ -25,7 +25,7 @@ DESCRIPTION = (
 
 
 def add_up_arguments(up: argparse.ArgumentParser) -> None:
-    up.add_argument("--model", metavar="DIR",
+    up.add_argument("--model", "--model-path", metavar="DIR",
                     help="Hugging Face model directory (default: the demo model, made on first use "
                          "in $BATON_DEMO_MODEL or ~/.cache/baton/demo-model)")
     layout = up.add_mutually_exclusive_group()
@@ -85,7 +85,7 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="every service sends its trace spans to this OTLP gRPC collector (http://HOST:4317), as "
                          "vLLM's flag (default: as $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
                          "$OTEL_EXPORTER_OTLP_ENDPOINT say, else no tracing)")
-    up.add_argument("--max-model-len", type=int, metavar="N",
+    up.add_argument("--max-model-len", "--context-length", type=int, metavar="N",
                     help="the context every service serves, prompt and output together, shorter than the model's "
                          "(default $BATON_MAX_MODEL_LEN, else the model's); a service's own --KIND-args may set "
                          "another")
@@ -93,7 +93,7 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="render chat conversations by this Jinja template (a file, or the template itself) "
                          "instead of the model's own: the tokenizer service's and the gateway's "
                          "(default $BATON_CHAT_TEMPLATE, else the model's)")
-    up.add_argument("--tokenizer", metavar="DIR",
+    up.add_argument("--tokenizer", "--tokenizer-path", metavar="DIR",
                     help="the model's tokenizer from this directory (tokenizer.json, tokenizer_config.json, its chat "
                          "templates), for every service, as vLLM's flag: for a checkpoint saved without one "
                          "(default $BATON_TOKENIZER_DIR, else the model's own)")

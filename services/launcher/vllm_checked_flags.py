@@ -1,7 +1,7 @@
-"""vLLM's flags that `baton up` takes from a `vllm serve` command line without passing them on: those
-that ask for what Baton always does, and those whose only value here is the one Baton runs with
-(checked, a clear refusal otherwise, rather than argparse's "unrecognized arguments" for a whole
-command line)."""
+"""vLLM's flags (and SGLang's) that `baton up` takes from a `vllm serve` or `sglang.launch_server` command
+line without passing them on: those that ask for what Baton always does, and those whose only value
+here is the one Baton runs with (checked, a clear refusal otherwise, rather than argparse's
+"unrecognized arguments" for a whole command line)."""
 from __future__ import annotations
 
 import argparse
@@ -18,11 +18,12 @@ ALWAYS = (
     ("--enable-lora", "LoRA adapters are served wherever --lora-modules names them or runtime loading is on"),
     ("--enable-sleep-mode", "/sleep and /wake_up are always served"),
     ("--disable-fastapi-docs", "the HTTP API serves no /docs nor /openapi.json"),
+    ("--enable-metrics", "SGLang's: every service serves Prometheus metrics at its /metrics"),
 )
 # vLLM's parallelism within one engine: each Baton worker runs its model on one device, and scales out.
 SCALE_OUT = "scale out with --prefill N and --decode M instead (workers spread over the GPUs)"
-ONE_DEVICE = (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp"),
-              ("--data-parallel-size", "-dp"))
+ONE_DEVICE = (("--tensor-parallel-size", "-tp", "--tp-size", "--tp"), ("--pipeline-parallel-size", "-pp", "--pp-size"),
+              ("--data-parallel-size", "-dp", "--dp-size"))  # vLLM's names, then SGLang's
 BLOCK_SIZE = 16  # the tokens a KV page holds: the block hashes the router, workers and kvstore nodes share
 LOAD_FORMATS = ("auto", "safetensors")
 
@@ -33,7 +34,7 @@ def add_checked_vllm_flags(up: argparse.ArgumentParser) -> None:
         group.add_argument(flag, action="store_true", help=f"taken: {does}")
     for names in ONE_DEVICE:
         group.add_argument(*names, type=int, metavar="1", help=f"1 only: {SCALE_OUT}")
-    group.add_argument("--block-size", type=int, metavar=str(BLOCK_SIZE),
+    group.add_argument("--block-size", "--page-size", type=int, metavar=str(BLOCK_SIZE),
                        help=f"{BLOCK_SIZE} only: the tokens of a KV page, which the block hashes shared by the "
                             f"router, the workers and the kvstore nodes are of")
     group.add_argument("--load-format", choices=LOAD_FORMATS, help="weights are read from safetensors files")
@@ -41,7 +42,7 @@ def add_checked_vllm_flags(up: argparse.ArgumentParser) -> None:
 
 def check_vllm_flags(args: argparse.Namespace) -> None:
     """ValueError, naming the flag and what to do instead, for a value Baton does not run with."""
-    for flag, _ in ONE_DEVICE:
+    for flag, *_ in ONE_DEVICE:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and value != 1:
             raise ValueError(f"{flag} {value}: each Baton worker runs its model on one device; {SCALE_OUT}")

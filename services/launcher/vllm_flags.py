@@ -1,8 +1,10 @@
-"""vLLM's serving flags that `baton up` takes as `vllm serve` takes them and hands to the services
-they belong to, so that the common flags of a vLLM command line start a mesh as they are: the
-gateway's model names, parsers, request log and HTTP serving, the workers' batch and KV pool sizes.
-Each goes before the service's own --KIND-args, which may set it otherwise; each service checks
-its value as it starts (a bad one stops `baton up` with the service's reason)."""
+"""vLLM's serving flags that `baton up` takes as `vllm serve` takes them (and by SGLang's names for
+some: `--max-running-requests`, `--chunked-prefill-size`, `--random-seed`, `--disable-radix-cache`,
+`--log-requests`) and hands to the services they belong to, so that the common flags of a vLLM or
+SGLang command line start a mesh as they are: the gateway's model names, parsers, request log and
+HTTP serving, the workers' batch and KV pool sizes. Each goes before the service's own --KIND-args,
+which may set it otherwise; each service checks its value as it starts (a bad one stops `baton up`
+with the service's reason)."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +22,7 @@ class PassedFlag:
     many: bool = False  # takes one value or more
     is_switch: bool = False  # takes none
     to: str = ""  # the services' own name for it, where it differs
+    aliases: tuple[str, ...] = ()  # other names baton up takes it by (SGLang's)
 
     @property
     def dest(self) -> str:
@@ -50,6 +53,8 @@ PASSED_FLAGS = (
     PassedFlag("--reasoning-config", GATEWAY, "JSON: the thinking's tags, for thinking_token_budget"),
     PassedFlag("--enable-log-requests", GATEWAY, "log each request as it arrives and ends", is_switch=True),
     PassedFlag("--enable-log-outputs", GATEWAY, "... with its texts", is_switch=True),
+    PassedFlag("--log-requests", GATEWAY, "SGLang's: log requests at --log-requests-level", is_switch=True),
+    PassedFlag("--log-requests-level", GATEWAY, "SGLang's: how much a request's lines say, 0 to 3", type=int),
     PassedFlag("--root-path", GATEWAY, "the path prefix a proxy serves the HTTP API under and strips"),
     PassedFlag("--disable-uvicorn-access-log", GATEWAY, "no log line per HTTP request", is_switch=True),
     PassedFlag("--return-tokens-as-token-ids", GATEWAY, 'logprobs name tokens "token_id:N"', is_switch=True),
@@ -81,13 +86,16 @@ PASSED_FLAGS = (
     PassedFlag("--ssl-ca-certs", GATEWAY, "the CA certificates client certificates are checked by", type=_path),
     PassedFlag("--ssl-cert-reqs", GATEWAY, "client certificates: 0 not asked for, 1 checked if shown, 2 required",
                type=int),
-    PassedFlag("--max-num-seqs", WORKERS, "most requests in a worker's batch", type=int),
-    PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int),
+    PassedFlag("--max-num-seqs", WORKERS, "most requests in a worker's batch", type=int,
+               aliases=("--max-running-requests",)),
+    PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int,
+               aliases=("--chunked-prefill-size",)),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
     PassedFlag("--num-gpu-blocks-override", WORKERS, "each worker's KV pool in pages", type=int, to="--kv-blocks"),
     PassedFlag("--no-enable-prefix-caching", PREFILL, "compute every prompt whole, reusing no cached prefix",
-               is_switch=True, to="--no-prefix-caching"),
-    PassedFlag("--seed", WORKERS, "seed each worker's random generator at start", type=int),
+               is_switch=True, to="--no-prefix-caching", aliases=("--disable-radix-cache",)),
+    PassedFlag("--seed", WORKERS, "seed each worker's random generator at start", type=int,
+               aliases=("--random-seed",)),
     PassedFlag("--max-loras", WORKERS, "most LoRA adapters one step's batch computes with", type=int),
     PassedFlag("--max-lora-rank", WORKERS, "refuse LoRA adapters of a higher rank", type=int),
     PassedFlag("--max-cpu-loras", WORKERS, "most LoRA adapters kept in memory", type=int),
@@ -101,10 +109,11 @@ def add_vllm_flags(up: argparse.ArgumentParser) -> None:
     group = up.add_argument_group("vLLM's serving flags, passed to the services they belong to")
     for passed in PASSED_FLAGS:
         where = " and ".join(passed.kinds)
+        names = (passed.flag, *passed.aliases)
         if passed.is_switch:
-            group.add_argument(passed.flag, action="store_true", help=f"{passed.help} ({where})")
+            group.add_argument(*names, dest=passed.dest, action="store_true", help=f"{passed.help} ({where})")
         else:
-            group.add_argument(passed.flag, type=passed.type, nargs="+" if passed.many else None,
+            group.add_argument(*names, dest=passed.dest, type=passed.type, nargs="+" if passed.many else None,
                                help=f"{passed.help} ({where})")
 
 

@@ -441,6 +441,35 @@ def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
     assert service_args(parser.parse_args([]))["gateway"] == ()
 
 
+def test_an_sglang_launch_server_command_line_starts_baton_up_as_it_is(tiny_demo_model):
+    """SGLang's names for the same settings: `python -m sglang.launch_server`'s common flags."""
+    import argparse
+
+    from services.launcher.command import add_up_arguments, service_args
+    from services.launcher.vllm_checked_flags import check_vllm_flags
+
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args([
+        "--model-path", str(tiny_demo_model), "--tp-size", "1", "--dp-size", "1", "--page-size", "16",
+        "--context-length", "1024", "--mem-fraction-static", "0.8", "--max-running-requests", "32",
+        "--chunked-prefill-size", "256", "--random-seed", "3", "--disable-radix-cache", "--enable-metrics",
+        "--log-requests", "--log-requests-level", "1", "--tokenizer-path", str(tiny_demo_model),
+        "--trust-remote-code"])
+    check_vllm_flags(args)
+    assert (args.model, args.max_model_len, args.tokenizer) == (str(tiny_demo_model), 1024, str(tiny_demo_model))
+    assert args.gpu_memory_utilization == 0.8
+    flags = service_args(args)
+    assert flags["gateway"] == ("--log-requests", "--log-requests-level", "1")
+    assert flags["prefill"] == ("--max-num-seqs", "32", "--max-num-batched-tokens", "256", "--no-prefix-caching",
+                                "--seed", "3")
+    assert flags["decode"] == ("--max-num-seqs", "32", "--seed", "3")
+    for wrong, said in ((["--tp", "4"], "--tensor-parallel-size 4: each Baton worker"),
+                        (["--page-size", "1"], "--block-size 1: Baton's KV pages hold 16 tokens")):
+        with pytest.raises(ValueError, match=said):
+            check_vllm_flags(parser.parse_args(wrong))
+
+
 def test_every_vllm_flag_handed_to_the_gateway_is_one_it_takes():
     from services.gateway.config_flags import new_gateway_parser
     from services.launcher.vllm_flags import PASSED_FLAGS
