@@ -97,7 +97,7 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
                     help="the model's tokenizer from this directory (tokenizer.json, tokenizer_config.json, its chat "
                          "templates), for every service, as vLLM's flag: for a checkpoint saved without one "
                          "(default $BATON_TOKENIZER_DIR, else the model's own)")
-    up.add_argument("--scheduling-policy", choices=("fcfs", "priority"),
+    up.add_argument("--scheduling-policy", "--schedule-policy", choices=("fcfs", "priority"),
                     help="every prefill and decode worker's --scheduling-policy (default fcfs): priority "
                          "serves requests by their `priority`, lower first")
     up.add_argument("--speculative-config", metavar="JSON",

@@ -19,6 +19,8 @@ ALWAYS = (
     ("--enable-sleep-mode", "/sleep and /wake_up are always served"),
     ("--disable-fastapi-docs", "the HTTP API serves no /docs nor /openapi.json"),
     ("--enable-metrics", "SGLang's: every service serves Prometheus metrics at its /metrics"),
+    ("--enable-cache-report", "SGLang's: usage always gives prompt_tokens_details.cached_tokens"),
+    ("--disable-cuda-graph", "SGLang's: no CUDA graphs are captured yet"),
 )
 # vLLM's parallelism within one engine: each Baton worker runs its model on one device, and scales out.
 SCALE_OUT = "scale out with --prefill N and --decode M instead (workers spread over the GPUs)"

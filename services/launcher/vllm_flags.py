@@ -1,6 +1,6 @@
 """vLLM's serving flags that `baton up` takes as `vllm serve` takes them (and by SGLang's names for
 some: `--max-running-requests`, `--chunked-prefill-size`, `--random-seed`, `--disable-radix-cache`,
-`--log-requests`) and hands to the services they belong to, so that the common flags of a vLLM or
+`--max-total-tokens`, `--log-requests`) and hands to the services they belong to, so that the common flags of a vLLM or
 SGLang command line start a mesh as they are: the gateway's model names, parsers, request log and
 HTTP serving, the workers' batch and KV pool sizes. Each goes before the service's own --KIND-args,
 which may set it otherwise; each service checks its value as it starts (a bad one stops `baton up`
@@ -92,6 +92,8 @@ PASSED_FLAGS = (
                aliases=("--chunked-prefill-size",)),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
     PassedFlag("--num-gpu-blocks-override", WORKERS, "each worker's KV pool in pages", type=int, to="--kv-blocks"),
+    PassedFlag("--max-total-tokens", WORKERS, "SGLang's: each worker's KV pool in tokens (pages of 16)",
+               type=lambda tokens: -(-int(tokens) // 16), to="--kv-blocks"),
     PassedFlag("--no-enable-prefix-caching", PREFILL, "compute every prompt whole, reusing no cached prefix",
                is_switch=True, to="--no-prefix-caching", aliases=("--disable-radix-cache",)),
     PassedFlag("--seed", WORKERS, "seed each worker's random generator at start", type=int,

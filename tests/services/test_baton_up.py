@@ -455,15 +455,18 @@ def test_an_sglang_launch_server_command_line_starts_baton_up_as_it_is(tiny_demo
         "--context-length", "1024", "--mem-fraction-static", "0.8", "--max-running-requests", "32",
         "--chunked-prefill-size", "256", "--random-seed", "3", "--disable-radix-cache", "--enable-metrics",
         "--log-requests", "--log-requests-level", "1", "--tokenizer-path", str(tiny_demo_model),
-        "--trust-remote-code"])
+        "--trust-remote-code", "--enable-cache-report", "--disable-cuda-graph", "--schedule-policy", "priority",
+        "--max-total-tokens", "1000"])
     check_vllm_flags(args)
     assert (args.model, args.max_model_len, args.tokenizer) == (str(tiny_demo_model), 1024, str(tiny_demo_model))
     assert args.gpu_memory_utilization == 0.8
     flags = service_args(args)
     assert flags["gateway"] == ("--log-requests", "--log-requests-level", "1")
-    assert flags["prefill"] == ("--max-num-seqs", "32", "--max-num-batched-tokens", "256", "--no-prefix-caching",
-                                "--seed", "3")
-    assert flags["decode"] == ("--max-num-seqs", "32", "--seed", "3")
+    pool = ("--kv-blocks", "63")  # 1,000 tokens in pages of 16
+    policy = ("--scheduling-policy", "priority")
+    assert flags["prefill"] == ("--max-num-seqs", "32", "--max-num-batched-tokens", "256", *pool,
+                                "--no-prefix-caching", "--seed", "3", *policy)
+    assert flags["decode"] == ("--max-num-seqs", "32", *pool, "--seed", "3", *policy)
     for wrong, said in ((["--tp", "4"], "--tensor-parallel-size 4: each Baton worker"),
                         (["--page-size", "1"], "--block-size 1: Baton's KV pages hold 16 tokens")):
         with pytest.raises(ValueError, match=said):
