@@ -1,12 +1,15 @@
 """The SHARED_MEMORY transport: same host, CPU pools. Prefill maps the decode worker's
 pool segment and copies its pages straight into the reserved blocks (one copy).
 
-Attachments are kept per segment name for the life of the transport: attaching maps
-the segment (a syscall and a header check), which is not worth repeating per request.
+Attachments are kept per segment name: attaching maps the segment (a syscall and a header
+check), which is not worth repeating per request. A segment whose name is gone (its decode
+worker stopped, or was replaced by one with a new segment) is unmapped when the next is attached:
+a mapping keeps the whole pool's memory alive, unlinked or not, for as long as it lasts.
 """
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -14,6 +17,7 @@ from services.kvstore.shared_memory import SharedKVPool
 from services.kvstore.transport import CopyTransport, DestinationError, KVDestination, TransportKind
 
 log = logging.getLogger("baton.kvstore")
+SHM_DIR = "/dev/shm"  # where POSIX shared memory names live on Linux
 
 
 class SharedMemoryTransport(CopyTransport):
@@ -30,14 +34,23 @@ class SharedMemoryTransport(CopyTransport):
             raise DestinationError("target.shm_name must be set for SHARED_MEMORY")
         pool = self._pools.get(dest.shm_name)
         if pool is None:
+            self._detach_gone()
             pool = self._pools[dest.shm_name] = SharedKVPool.attach(dest.shm_name, self.layout)
         return pool.tensor
+
+    def _detach_gone(self) -> None:
+        for name in [name for name in self._pools if not Path(SHM_DIR, name).exists()]:
+            self._close(self._pools.pop(name))
+
+    @staticmethod
+    def _close(pool: SharedKVPool) -> None:
+        try:
+            pool.close()
+        except BufferError as e:  # a copy's view outlived its write; the mapping goes with the view
+            log.warning("%s", e)
 
     async def close(self) -> None:
         """Unmap every attachment (never unlinks: the decode workers own the segments)."""
         for pool in self._pools.values():
-            try:
-                pool.close()
-            except BufferError as e:  # a copy's view outlived the server; the mapping stays until exit
-                log.warning("%s", e)
+            self._close(pool)
         self._pools.clear()

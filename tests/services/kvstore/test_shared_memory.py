@@ -296,3 +296,28 @@ def test_block_runs_of_long_lists_are_those_of_the_loop():
         dst = list(range(10, 10 + n)) if n % 2 else sorted(rng.sample(range(3 * n + 8), n))
         assert block_runs(src, dst) == by_loop(src, dst), n
         assert block_runs(range(n), range(5, 5 + n)) == ([(0, 5, n)] if n else [])
+
+
+def test_a_gone_decode_pools_segment_is_unmapped_once_the_next_is_attached():
+    """A prefill worker's mapping of a decode worker's pool keeps the pool's memory alive, unlinked or
+    not: once the decode worker is gone (its segment's name with it), attaching the next segment unmaps it."""
+    import asyncio
+
+    from services.kvstore.shm_transport import SharedMemoryTransport
+    from services.kvstore.transport import KVDestination
+
+    def mapped(name: str) -> bool:
+        return name in Path("/proc/self/maps").read_text()
+
+    layout = make_layout(num_blocks=8)
+    transport = SharedMemoryTransport(layout)
+    src = torch.randn(layout.shape).to(torch.bfloat16)
+    first = SharedKVPool.create(layout)
+    asyncio.run(transport.write("r", src, [0, 1], KVDestination("r", (3, 4), shm_name=first.name), [3, 4]))
+    first.close()  # its owner unlinks it and goes: a decode worker that stopped
+    assert mapped(first.name)  # the prefill side's mapping holds its memory still
+    with SharedKVPool.create(layout) as second:
+        asyncio.run(transport.write("s", src, [0, 1], KVDestination("s", (5, 6), shm_name=second.name), [5, 6]))
+        assert not mapped(first.name) and mapped(second.name)
+        assert torch.equal(second.tensor[:, :, :, [5, 6]], src[:, :, :, [0, 1]])
+        asyncio.run(transport.close())
