@@ -53,6 +53,9 @@ class EngineConfig:
     tokenizer: str | None = None  # the tokenizer's directory, when not the model's (vLLM's --tokenizer)
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
+    # vLLM's long_prefill_token_threshold: no prompt computes more than this many tokens a step (0: no
+    # cap), so that a long one leaves room in the step for short ones. An encoder's prompt goes whole.
+    long_prefill_token_threshold: int = 0
     # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they
     # came (vLLM's two policies). Preemption takes the last in that order.
     scheduling_policy: str = "fcfs"
@@ -104,6 +107,8 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):

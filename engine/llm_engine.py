@@ -89,6 +89,7 @@ class LLMEngine:
             self.max_model_len, self.eos_token_ids, config.scheduling_policy, drafter, config.max_loras,
             whole_embeddings=self.pools_whole_prompts,
             per_request_spec_decode=config.per_request_spec_decode_metrics,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
         self.tokenizer = load_tokenizer(Path(config.tokenizer) if config.tokenizer is not None else model_dir)
         if self.model_config.classifier_tokens:

@@ -42,8 +42,10 @@ class Scheduler:
         max_loras: int | None = None,
         whole_embeddings: bool = False,
         per_request_spec_decode: PerRequestSpecDecodeMetrics = "none",
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         self.block_manager = block_manager
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # a step's most for one prompt; 0: none
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -148,7 +150,7 @@ class Scheduler:
                     break
             else:
                 batch.block_copies += bm.append_slot(seq)
-                num_new = min(seq.num_uncomputed_tokens, budget)
+                num_new = self._num_new(seq, budget)
                 batch.add(seq, num_new)
                 budget -= num_new
                 i += 1
@@ -175,12 +177,21 @@ class Scheduler:
                 bm.allocate(seq)
             del self.waiting[i]
             self._run(seq)
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._num_new(seq, budget)
             batch.add(seq, num_new)
             budget -= num_new
         if batch.seqs:
             self.iteration_tokens.observe(batch.num_tokens)
         return batch
+
+    def _num_new(self, seq: Sequence, budget: int) -> int:
+        """The tokens `seq` computes this step: what it has left, within the step's budget and, for a
+        prompt (no drafts to verify, not an encoder's, which goes whole), the long-prefill cap."""
+        num_new = min(seq.num_uncomputed_tokens, budget)
+        cap = self.long_prefill_token_threshold
+        if 0 < cap < num_new and not seq.num_draft_tokens and not (self.whole_embeddings and seq.sampling_params.embed):
+            return cap
+        return num_new
 
     def retract_running(self) -> int:
         """Preempt every running sequence (SGLang's pause in retract mode): their pages are freed and

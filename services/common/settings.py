@@ -192,6 +192,12 @@ def add_registry_flags(parser: argparse.ArgumentParser, env: Mapping[str, str], 
                         help=f"this worker's id in Redis; default KIND-HOST-PORT once bound (${env_instance_id})")
 
 
+def add_long_prefill_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                        help="no prompt computes more than N tokens a step, so that a long one leaves room in each "
+                             "step for short ones (vLLM's flag; default 0: no cap but the step's own)")
+
+
 def add_seed_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, metavar="N",
                         help="seed the worker's random generator at start, as vLLM's --seed: requests without a "

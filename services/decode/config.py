@@ -38,6 +38,7 @@ from services.common.settings import (
     add_bind_flags,
     add_dtype_flag,
     add_limit_flags,
+    add_long_prefill_flag,
     add_metrics_flag,
     add_profiler_flag,
     add_registry_flags,
@@ -92,6 +93,7 @@ class DecodeServiceConfig:
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
+    long_prefill_token_threshold: int = 0  # a step's most tokens for one prompt; 0: no cap
     tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
     max_num_seqs: int = 128
     scheduling_policy: str = "fcfs"  # engine/config.py's: fcfs or priority
@@ -133,6 +135,9 @@ class DecodeServiceConfig:
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
         check_memory_fraction(self.kv_memory_fraction, self.gpu_memory_utilization)
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"--long-prefill-token-threshold must be 0 (no cap) or more, "
+                              f"got {self.long_prefill_token_threshold}")
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -188,6 +193,7 @@ class DecodeServiceConfig:
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
         add_seed_flag(parser)
+        add_long_prefill_flag(parser)
         add_tokenizer_dir_flag(parser, env)
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
@@ -196,6 +202,7 @@ class DecodeServiceConfig:
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    seed=args.seed, tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
+                   long_prefill_token_threshold=args.long_prefill_token_threshold,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
                    kv_cache_dtype=args.kv_cache_dtype,

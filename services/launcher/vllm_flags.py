@@ -90,6 +90,7 @@ PASSED_FLAGS = (
                aliases=("--max-running-requests",)),
     PassedFlag("--max-num-batched-tokens", PREFILL, "a prefill step's tokens; longer prompts are chunked", type=int,
                aliases=("--chunked-prefill-size",)),
+    PassedFlag("--long-prefill-token-threshold", WORKERS, "no prompt computes more than N tokens a step", type=int),
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
     PassedFlag("--num-gpu-blocks-override", WORKERS, "each worker's KV pool in pages", type=int, to="--kv-blocks"),
     PassedFlag("--max-total-tokens", WORKERS, "SGLang's: each worker's KV pool in tokens (pages of 16)",

@@ -70,6 +70,7 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   seed=config.seed,
                                   tokenizer=str(config.tokenizer_dir) if config.tokenizer_dir is not None else None,
+                                  long_prefill_token_threshold=config.long_prefill_token_threshold,
                                   enable_prefix_caching=config.prefix_caching,
                                   scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,

@@ -36,6 +36,7 @@ from services.common.settings import (
     add_bind_flags,
     add_dtype_flag,
     add_limit_flags,
+    add_long_prefill_flag,
     add_metrics_flag,
     add_profiler_flag,
     add_registry_flags,
@@ -93,6 +94,7 @@ class PrefillServiceConfig:
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
+    long_prefill_token_threshold: int = 0  # a step's most tokens for one prompt; 0: no cap
     tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
@@ -142,6 +144,9 @@ class PrefillServiceConfig:
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
         check_memory_fraction(self.kv_memory_fraction, self.gpu_memory_utilization)
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"--long-prefill-token-threshold must be 0 (no cap) or more, "
+                              f"got {self.long_prefill_token_threshold}")
         if self.early_kv_transfer not in EARLY_KV_TRANSFER:
             raise ConfigError(f"--early-kv-transfer must be one of {', '.join(EARLY_KV_TRANSFER)}, "
                               f"got {self.early_kv_transfer!r}")
@@ -206,6 +211,7 @@ class PrefillServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_tracing_flag(parser)
         add_seed_flag(parser)
+        add_long_prefill_flag(parser)
         add_tokenizer_dir_flag(parser, env)
         add_profiler_flag(parser, env)
         args = parser.parse_args(argv)
@@ -214,6 +220,7 @@ class PrefillServiceConfig:
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    seed=args.seed, tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
+                   long_prefill_token_threshold=args.long_prefill_token_threshold,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides),

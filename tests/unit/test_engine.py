@@ -317,3 +317,29 @@ def test_a_seeded_engine_samples_unseeded_requests_alike_run_after_run(tiny_demo
         return tokens
 
     assert sampled(7) == sampled(7) != sampled(8)
+
+
+@pytest.mark.parametrize("threshold", [0, 64])
+def test_a_long_prefill_cap_leaves_room_in_each_step_for_short_prompts(tiny_demo_model, threshold):
+    """vLLM's long_prefill_token_threshold: with it, a long prompt computes at most that many tokens a step,
+    and a short prompt behind it gets its first token in the first step; without it, the long prompt takes
+    the whole step's budget and the short one waits."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=64, max_num_batched_tokens=256,
+                                    long_prefill_token_threshold=threshold))
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    engine.add_request("long", [(7 * j) % 900 + 3 for j in range(600)], params)
+    engine.add_request("short", [5, 6, 7, 8], params)
+    first_token_step = {}
+    step = 0
+    while engine.has_unfinished_requests():
+        step += 1
+        first_token_step.update({out.request_id: step for out in engine.step() if out.new_token_ids})
+    # 64 a step: the short prompt beside the long one's first 64, the long one in 10 steps. No cap: the
+    # long one's 256, 256, then 88 with the short one.
+    assert first_token_step == ({"short": 1, "long": 10} if threshold else {"short": 3, "long": 3})
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
+        EngineConfig(model=str(tiny_demo_model), long_prefill_token_threshold=-1)
