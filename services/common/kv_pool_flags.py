@@ -61,8 +61,8 @@ def add_kv_memory_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], 
 
 
 def pool_size_options(config) -> dict:
-    """A worker config's pool size as EngineConfig takes it (which reads bytes first, then pages, then
-    the fraction): its pages left out where a fraction is given."""
+    """A worker config's pool size as EngineConfig takes it (which reads bytes first, then a GPU's share,
+    then pages, then the fraction): its pages left out where a fraction is given."""
     fraction = config.kv_memory_fraction
     return {"kv_cache_memory_bytes": config.kv_cache_memory_bytes,
             "gpu_memory_utilization": config.gpu_memory_utilization,
@@ -70,7 +70,8 @@ def pool_size_options(config) -> dict:
             **({"kv_memory_fraction": fraction} if fraction is not None else {})}
 
 
-def check_memory_fraction(fraction: float | None, utilization: float | None = None) -> None:
+def check_memory_shares(fraction: float | None, utilization: float | None) -> None:
+    """--kv-memory-fraction and --gpu-memory-utilization, each where given."""
     if fraction is not None and not 0 < fraction <= MAX_MEMORY_FRACTION:
         raise ConfigError(f"--kv-memory-fraction must be in (0, {MAX_MEMORY_FRACTION}], got {fraction}")
     if utilization is not None and not 0 < utilization <= 1:

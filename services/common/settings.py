@@ -198,6 +198,11 @@ def add_long_prefill_flag(parser: argparse.ArgumentParser) -> None:
                              "step for short ones (vLLM's flag; default 0: no cap but the step's own)")
 
 
+def check_long_prefill(threshold: int) -> None:
+    if threshold < 0:
+        raise ConfigError(f"--long-prefill-token-threshold must be 0 (no cap) or more, got {threshold}")
+
+
 def add_seed_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, metavar="N",
                         help="seed the worker's random generator at start, as vLLM's --seed: requests without a "

@@ -19,7 +19,7 @@ from engine.speculative import SpeculativeConfig
 from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
-from services.common.kv_pool_flags import add_kv_memory_flag, check_memory_fraction
+from services.common.kv_pool_flags import add_kv_memory_flag, check_memory_shares
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.logprobs_flag import (
     add_logprobs_mode_flag,
@@ -48,6 +48,7 @@ from services.common.settings import (
     check_bind,
     check_kv_cache_dtype,
     check_limits,
+    check_long_prefill,
     check_metrics_port,
     check_model_dir,
     check_positive,
@@ -127,6 +128,7 @@ class DecodeServiceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_dir", check_model_dir(self.model_dir, "config.json"))
+        object.__setattr__(self, "tokenizer_dir", tokenizer_dir(self.tokenizer_dir))
         object.__setattr__(self, "device", resolved_device(self.device))
         object.__setattr__(self, "dtype", resolved_dtype(self.dtype, self.model_dir, self.hf_overrides, self.device))
         check_bind(self.host, self.port, ENV_HOST)
@@ -134,10 +136,8 @@ class DecodeServiceConfig:
         check_positive("--kv-blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
-        check_memory_fraction(self.kv_memory_fraction, self.gpu_memory_utilization)
-        if self.long_prefill_token_threshold < 0:
-            raise ConfigError(f"--long-prefill-token-threshold must be 0 (no cap) or more, "
-                              f"got {self.long_prefill_token_threshold}")
+        check_memory_shares(self.kv_memory_fraction, self.gpu_memory_utilization)
+        check_long_prefill(self.long_prefill_token_threshold)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -201,7 +201,7 @@ class DecodeServiceConfig:
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
-                   seed=args.seed, tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
+                   seed=args.seed, tokenizer_dir=args.tokenizer_dir,
                    long_prefill_token_threshold=args.long_prefill_token_threshold,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,

@@ -1,16 +1,18 @@
 """vLLM's serving flags that `baton up` takes as `vllm serve` takes them (and by SGLang's names for
 some: `--max-running-requests`, `--chunked-prefill-size`, `--random-seed`, `--disable-radix-cache`,
-`--max-total-tokens`, `--log-requests`) and hands to the services they belong to, so that the common flags of a vLLM or
-SGLang command line start a mesh as they are: the gateway's model names, parsers, request log and
-HTTP serving, the workers' batch and KV pool sizes. Each goes before the service's own --KIND-args,
-which may set it otherwise; each service checks its value as it starts (a bad one stops `baton up`
-with the service's reason)."""
+`--max-total-tokens`, `--log-requests`) and hands to the services they belong to, so that the common
+flags of a vLLM or SGLang command line start a mesh as they are: the gateway's model names, parsers,
+request log and HTTP serving, the workers' batch and KV pool sizes. Each goes before the service's
+own --KIND-args, which may set it otherwise; each service checks its value as it starts (a bad one
+stops `baton up` with the service's reason)."""
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.launcher.vllm_checked_flags import BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class PassedFlag:
 def _path(value: str) -> str:
     """A file's path as the services find it: they run in another directory."""
     return str(Path(value).expanduser().resolve())
+
+
+def _pages_of(tokens: str) -> int:
+    return -(-int(tokens) // BLOCK_SIZE)
 
 
 GATEWAY, WORKERS, PREFILL = ("gateway",), ("prefill", "decode"), ("prefill",)
@@ -94,7 +100,7 @@ PASSED_FLAGS = (
     PassedFlag("--kv-cache-memory-bytes", WORKERS, "each worker's KV pool in bytes, e.g. 8G"),
     PassedFlag("--num-gpu-blocks-override", WORKERS, "each worker's KV pool in pages", type=int, to="--kv-blocks"),
     PassedFlag("--max-total-tokens", WORKERS, "SGLang's: each worker's KV pool in tokens (pages of 16)",
-               type=lambda tokens: -(-int(tokens) // 16), to="--kv-blocks"),
+               type=_pages_of, to="--kv-blocks"),
     PassedFlag("--no-enable-prefix-caching", PREFILL, "compute every prompt whole, reusing no cached prefix",
                is_switch=True, to="--no-prefix-caching", aliases=("--disable-radix-cache",)),
     PassedFlag("--seed", WORKERS, "seed each worker's random generator at start", type=int,

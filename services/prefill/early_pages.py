@@ -107,15 +107,18 @@ class EarlySending:
     its decode worker's pages last went by: a worker's host does not change) and the first token
     will not end the request."""
 
-    def __init__(self, is_enabled: bool) -> None:
+    def __init__(self, is_enabled: bool, writer: KVWriter, reservations: DecodeReservations,
+                 block_size: int) -> None:
         self.is_enabled = is_enabled
+        self._writer = writer
+        self._reservations = reservations
+        self._block_size = block_size
         self._transport_by_decode: dict[str, TransportKind] = {}
 
     def handed_over(self, decode_address: str, kind: TransportKind) -> None:
         self._transport_by_decode[decode_address] = kind
 
-    def pages_for(self, writer: KVWriter, reservations: DecodeReservations, request_id: str,
-                  target: prefill_pb2.KVTarget, num_tokens: int, block_size: int, max_new_tokens: int,
+    def pages_for(self, request_id: str, target: prefill_pb2.KVTarget, num_tokens: int, max_new_tokens: int,
                   transport: PageTransport | None) -> EarlyPages | None:
         """The request's EarlyPages, or None where it sends none early."""
         if not self.is_enabled or max_new_tokens <= 1:
@@ -128,6 +131,6 @@ class EarlySending:
         if kind is not TransportKind.GRPC_STREAM:
             return None
         reserve = None if target.reservation_id else \
-            (lambda: reservations.reserve(target.decode_address, request_id, num_tokens))
-        return EarlyPages(writer, request_id, target, -(-num_tokens // block_size), reserve)
+            (lambda: self._reservations.reserve(target.decode_address, request_id, num_tokens))
+        return EarlyPages(self._writer, request_id, target, -(-num_tokens // self._block_size), reserve)
 

@@ -97,7 +97,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
 
     def __init__(self, kv_checksum: bool = True, early_kv_transfer: bool = True) -> None:
         self.kv_checksum = kv_checksum  # on GRPC_STREAM page chunks
-        self._early = EarlySending(early_kv_transfer)  # a long prompt's pages sent as it computes
+        self.early_kv_transfer = early_kv_transfer  # a long prompt's pages sent as it computes
+        self._early: EarlySending | None = None
         self.engine_loop: EngineLoop | None = None
         self.layout: PageLayout | None = None
         self._writer: KVWriter | None = None
@@ -115,6 +116,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.layout = layout
         self.metrics = metrics or self.metrics
         self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
+        self._early = EarlySending(self.early_kv_transfer, self._writer, self._reservations, layout.block_size)
         self._host_tier = PrefillHostTier(pool_tensor, layout, kvstore_address, checksum=self.kv_checksum)
 
     async def reset_host_tier(self) -> int:
@@ -206,8 +208,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                                                         params.cache_salt)
                         span.set_attribute(tracing.BATON_HOST_TIER_TOKENS, tier_tokens)
                     tier_seconds = time.perf_counter() - read_start
-                early = self._early.pages_for(self._writer, self._reservations, request_id, target, num_tokens,
-                                              self.layout.block_size, params.max_tokens - len(output),
+                early = self._early.pages_for(request_id, target, num_tokens, params.max_tokens - len(output),
                                               transport if target.reservation_id else None)
                 outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True,
                                                   output_token_ids=output, reports_pages=early is not None)
