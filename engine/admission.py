@@ -3,8 +3,12 @@ inside the context and the KV pool, what it asks for (an adapter, a priority) se
 reservation of pages for a prompt prefilled elsewhere."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
+import torch
+
+from engine.block_hash import embeddings_digest, salted_with_embeddings
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -17,7 +21,8 @@ def check_weights_held(engine: LLMEngine) -> None:
 
 
 def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
-                      sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = ()) -> None:
+                      sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
+                      prompt_embeds: torch.Tensor | None = None) -> None:
     """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
     `add_request` and `add_prefilled_request` take it); changes nothing."""
     check_weights_held(engine)
@@ -70,6 +75,8 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
         if bad is not None:  # a forced one would index past the logits
             raise ValueError(f"thinking budget: token id {bad} is outside the vocabulary [0, {vocab})")
     n = len(prompt_token_ids)
+    if prompt_embeds is not None:
+        check_prompt_embeds(engine, n, sampling_params, prompt_embeds)
     # An embedding's one token is made and dropped, never computed: its prompt may fill the context.
     if n + len(output_token_ids) >= engine.max_model_len + sampling_params.embed:
         raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
@@ -86,6 +93,38 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
             f"request needs up to {max_tokens_total} tokens of KV, more than the pool's "
             f"{engine.num_kv_blocks * bs}"
         )
+
+
+def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_params: SamplingParams,
+                        prompt_embeds: torch.Tensor) -> None:
+    """A prompt given as embeddings: one row of the model's hidden size per (placeholder) token, of
+    floats. What needs the prompt's tokens is refused: their logprobs, an embedding or pooling of it
+    (an encoder's own embeddings are not given)."""
+    hidden = engine.model_config.hidden_size
+    if prompt_embeds.dim() != 2 or prompt_embeds.shape[1] != hidden or not prompt_embeds.is_floating_point():
+        raise ValueError(f"prompt_embeds must be floats of shape [tokens, {hidden}] (the model's hidden size), "
+                         f"got {prompt_embeds.dtype} of shape {list(prompt_embeds.shape)}")
+    if prompt_embeds.shape[0] != num_prompt_tokens:
+        raise ValueError(f"prompt_embeds has {prompt_embeds.shape[0]} rows for a prompt of {num_prompt_tokens} tokens")
+    if sampling_params.prompt_logprobs is not None:
+        raise ValueError("prompt_logprobs are not available for a prompt given as embeddings: it has no tokens")
+    if sampling_params.embed or sampling_params.embed_tokens or engine.model_config.encoder is not None:
+        raise ValueError("a prompt given as embeddings is generated from, not embedded or pooled")
+    if not bool(torch.isfinite(prompt_embeds).all()):
+        raise ValueError("prompt_embeds holds a value that is not finite (inf or NaN)")
+
+
+def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | None) -> SamplingParams:
+    """A prompt given as embeddings shares cached blocks only with prompts given the same ones: its
+    cache salt names them (unchanged where its caller salted it so, as the gateway does for its
+    router's hashes to match the workers')."""
+    if prompt_embeds is None:
+        return sampling_params
+    raw = prompt_embeds.contiguous().view(torch.uint8).numpy().tobytes()
+    digest = embeddings_digest(str(prompt_embeds.dtype).removeprefix("torch."), prompt_embeds.shape, raw)
+    salt = salted_with_embeddings(sampling_params.cache_salt, digest)
+    return sampling_params if salt == sampling_params.cache_salt else \
+        dataclasses.replace(sampling_params, cache_salt=salt)
 
 
 def check_reservation(engine: LLMEngine, request_id: str, num_prompt_tokens: int) -> int:

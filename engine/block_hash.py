@@ -46,6 +46,23 @@ def request_extra(extra: bytes, lora_name: str | None = None, cache_salt: str | 
     return extra
 
 
+def embeddings_digest(dtype: str, shape: Sequence[int], data: bytes) -> str:
+    """What names a prompt given as embeddings: their dtype ("bfloat16"), shape and bytes, hashed."""
+    h = hashlib.blake2b(f"{dtype}{list(shape)}".encode(), digest_size=16)
+    h.update(data)
+    return h.hexdigest()
+
+
+def salted_with_embeddings(cache_salt: str | None, digest: str) -> str:
+    """The cache salt of a prompt given as the embeddings `digest` names: its placeholder tokens name
+    no content, so its blocks are shared only with prompts given the same embeddings (and the same
+    salt). A salt already so salted is returned as it is."""
+    marker = f"\x00prompt_embeds:{digest}"
+    if cache_salt is not None and cache_salt.endswith(marker):
+        return cache_salt
+    return f"{cache_salt or ''}{marker}"
+
+
 def hash_block_chain(token_ids: Sequence[int], block_size: int, extra: bytes = b"",
                      parent_hash: int | None = None) -> list[int]:
     """Chained hashes of every full block of `token_ids`; a partial tail block has none.

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from engine import offline_generation, weight_update
-from engine.admission import check_new_request, check_reservation
+from engine.admission import check_new_request, check_reservation, salted
 from engine.block_manager import BlockManager
 from engine.checkpoint import kv_fingerprint
 from engine.config import EngineConfig
@@ -123,6 +123,7 @@ class LLMEngine:
         prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
         reports_pages: bool = False,
+        prompt_embeds: torch.Tensor | None = None,
     ) -> None:
         """Queues a request; raises ValueError for one that can never be served.
 
@@ -133,13 +134,16 @@ class LLMEngine:
         returns its `ComputedPages` too, so they can be copied out meanwhile.
         `output_token_ids`: its output so far, made by another engine (a request that
         moved): computed after the prompt, and from then on as if made here.
+        `prompt_embeds`: the prompt given as embeddings, a [P, hidden_size] tensor read in place of
+        the embeddings of its P `prompt_token_ids` (placeholders then).
         """
         start_ns = time.time_ns()
-        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids)
+        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds)
+        sampling_params = salted(sampling_params, prompt_embeds)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
-                       is_prefill_only=prefill_only, output_token_ids=output_token_ids)
+                       is_prefill_only=prefill_only, output_token_ids=output_token_ids, prompt_embeds=prompt_embeds)
         resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
         if reports_pages and prefill_only:
@@ -205,18 +209,21 @@ class LLMEngine:
 
     def add_prefilled_request(
         self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams,
-        output_token_ids: list[int] | tuple[int, ...] = (),
+        output_token_ids: list[int] | tuple[int, ...] = (), prompt_embeds: torch.Tensor | None = None,
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
         `add_request` takes them) was written into the pages reserved under `request_id` and
         whose next token was sampled elsewhere. It joins the running batch, or, with max_num_seqs
-        running, waits for a place in it holding its pages (the reservation admitted them)."""
-        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids)
+        running, waits for a place in it holding its pages (the reservation admitted them).
+        `prompt_embeds` as `add_request` takes them: a preempted request computes its prompt again."""
+        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds)
+        sampling_params = salted(sampling_params, prompt_embeds)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
-        seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids)
+        seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids,
+                                 prompt_embeds)
         self._seqs[request_id] = seq
         self.output_streams.open(request_id, len(output_token_ids) + 1)  # and the first token: all made elsewhere
         if not self.scheduler.add_running(seq):

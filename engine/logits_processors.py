@@ -60,7 +60,9 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingPa
     """Apply penalties to the rows that have any; other rows pass through."""
     rows = [i for i, p in enumerate(params) if p.has_penalties]
     vocab_size, device = logits.shape[-1], logits.device
-    prompt_counts = token_counts([seqs[i].prompt_token_ids for i in rows], vocab_size, device)
+    # A prompt given as embeddings has no tokens to repeat: its placeholders are not penalized.
+    prompt_counts = token_counts([seqs[i].prompt_token_ids if seqs[i].prompt_embeds is None else []
+                                  for i in rows], vocab_size, device)
     output_counts = token_counts([seqs[i].output_token_ids for i in rows], vocab_size, device)
     penalties = torch.tensor(
         [[params[i].repetition_penalty, params[i].presence_penalty, params[i].frequency_penalty] for i in rows],

@@ -16,6 +16,7 @@ from engine.kv_pool import KVPool, TensorFactory
 from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
+from engine.prompt_embeds import GivenEmbeddings
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
@@ -121,11 +122,11 @@ class ModelRunner:
         rows after its last token and after each of its drafts, in turn."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
-        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows = self._prepare(
-            batch, pool.block_size)
+        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows, given = \
+            self._prepare(batch, pool.block_size)
         if self.loras:
             self.model.lora_batch.active = self._lora_rows(batch)
-        hidden = self.model(input_ids, positions, meta, pool.layers)
+        hidden = self.model(input_ids, positions, meta, pool.layers, given)
         for seq, row, n in prompt_rows:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
         for seq, first, last in embed_rows:
@@ -195,12 +196,16 @@ class ModelRunner:
         embed_rows: list[tuple[Sequence, int, int]] = []
         # (request pooling every token, first row, rows, the first row's position) of each of its chunks
         token_rows: list[tuple[Sequence, int, int, int]] = []
+        # (first row, its embeddings) of each run of prompt rows given as embeddings
+        given: list[tuple[int, torch.Tensor]] = []
         # Decode rows first: one a token, each attending to its sequence's pages up to itself (a
         # drafted sequence's last token and drafts are rows of their own: speculative.py).
         context_lens: list[int] = []
         row_seqs: list[Sequence] = []
         for seq, n in decodes:
             first, c = len(input_ids), seq.num_computed_tokens
+            if seq.prompt_embeds is not None and c < seq.prompt_embeds.shape[0]:  # a one-token prompt chunk
+                given.append((first, seq.prompt_embeds[c:c + 1]))
             for pos in range(c, c + n):
                 input_ids.append(seq.token_ids[pos])
                 positions.append(pos)
@@ -230,6 +235,8 @@ class ModelRunner:
         start = len(input_ids)
         for seq, n in prefills:
             c = seq.num_computed_tokens
+            if seq.prompt_embeds is not None and c < seq.prompt_embeds.shape[0]:
+                given.append((start, seq.prompt_embeds[c:c + n]))
             input_ids.extend(seq.token_ids[c : c + n])
             positions.extend(range(c, c + n))
             table = seq.block_table
@@ -263,6 +270,7 @@ class ModelRunner:
             prompt_rows,
             embed_rows,
             token_rows,
+            GivenEmbeddings.of(given, self.device),
         )
 
 

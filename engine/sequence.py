@@ -41,14 +41,18 @@ class Sequence:
         arrival_time: float | None = None,
         is_prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
+        prompt_embeds: torch.Tensor | None = None,
     ) -> None:
         """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
-        is computed after the prompt's, and it counts as output, not prompt."""
+        is computed after the prompt's, and it counts as output, not prompt. `prompt_embeds`: the
+        prompt given as embeddings, a [P, H] tensor whose rows the model reads in place of its
+        token ids' (placeholders then, as in vLLM)."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         self.request_id = request_id
         self.token_ids: list[int] = [*prompt_token_ids, *output_token_ids]
         self.num_prompt_tokens = len(prompt_token_ids)
+        self.prompt_embeds = prompt_embeds
         self.num_tokens_given = len(self.token_ids)  # on arrival: tokens past them were made here
         self.sampling_params = sampling_params
         self.block_size = block_size

@@ -34,7 +34,7 @@ KV_TRANSPORT_GRPC_STREAM: KVTransport
 KV_TRANSPORT_CUDA_IPC: KVTransport
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_token_ids", "ignore_eos", "logprobs", "logit_bias", "min_tokens", "prompt_logprobs", "allowed_token_ids", "guided_regex", "guided_grammar", "guide_after_token_id", "guide_after_token_ids", "priority", "bad_words", "lora_name", "stream_interval", "cache_salt", "logprob_token_ids", "thinking_budget")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_token_ids", "ignore_eos", "logprobs", "logit_bias", "min_tokens", "prompt_logprobs", "allowed_token_ids", "guided_regex", "guided_grammar", "guide_after_token_id", "guide_after_token_ids", "priority", "bad_words", "lora_name", "stream_interval", "cache_salt", "logprob_token_ids", "thinking_budget", "prompt_embeds")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class SamplingParams(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     THINKING_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_EMBEDS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -96,7 +97,20 @@ class SamplingParams(_message.Message):
     cache_salt: str
     logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
     thinking_budget: ThinkingBudget
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., guided_regex: _Optional[str] = ..., guided_grammar: _Optional[str] = ..., guide_after_token_id: _Optional[int] = ..., guide_after_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., bad_words: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lora_name: _Optional[str] = ..., stream_interval: _Optional[int] = ..., cache_salt: _Optional[str] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., thinking_budget: _Optional[_Union[ThinkingBudget, _Mapping]] = ...) -> None: ...
+    prompt_embeds: PromptEmbeds
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., guided_regex: _Optional[str] = ..., guided_grammar: _Optional[str] = ..., guide_after_token_id: _Optional[int] = ..., guide_after_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., bad_words: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lora_name: _Optional[str] = ..., stream_interval: _Optional[int] = ..., cache_salt: _Optional[str] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., thinking_budget: _Optional[_Union[ThinkingBudget, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
+
+class PromptEmbeds(_message.Message):
+    __slots__ = ("data", "num_rows", "hidden_size", "dtype")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    num_rows: int
+    hidden_size: int
+    dtype: str
+    def __init__(self, data: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class ThinkingBudget(_message.Message):
     __slots__ = ("max_tokens", "start_token_ids", "end_token_ids", "forced_end_token_ids")

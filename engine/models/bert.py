@@ -121,7 +121,8 @@ class BertModel(nn.Module):
             self.classifier_bias = empty_param(len(config.labels), dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[KVCache]) -> torch.Tensor:
+                kv_caches: list[KVCache], given: None = None) -> torch.Tensor:
+        # `given`: None, as admission refuses a prompt given as embeddings to an encoder.
         types = self._token_types(input_ids, meta)
         h = (F.embedding(input_ids, self.word_embeddings)
              + F.embedding(positions + self.config.encoder.position_offset, self.position_embeddings)

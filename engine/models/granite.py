@@ -5,7 +5,6 @@ attention_scale), logits divided by `logits_scaling`."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.model_config import ModelConfig
@@ -29,8 +28,8 @@ class GraniteForCausalLM(LlamaForCausalLM):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return GraniteDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed) * self.config.embedding_multiplier
+    def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
+        return h * self.config.embedding_multiplier
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return super().compute_logits(hidden) / self.config.logits_scaling

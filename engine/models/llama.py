@@ -19,6 +19,7 @@ from engine.model_config import ModelConfig
 from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
+from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache
 
@@ -56,15 +57,26 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        given: GivenEmbeddings | None = None,
     ) -> torch.Tensor:
-        # input_ids, positions: [T]; returns hidden states [T, H].
+        # input_ids, positions: [T]; returns hidden states [T, H]. `given`: prompt rows whose
+        # embeddings replace the embedding module's (as transformers' inputs_embeds do), before any
+        # scaling the model applies to its inputs.
         h = self._embed(input_ids)
+        if given is not None:
+            h = given.placed(h)
+        h = self._scaled_inputs(h)
         for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, self._ropes(positions)):
             h = layer(h, cos, sin, kv_cache, meta)
         return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """What transformers' input embeddings module gives for `input_ids`."""
         return F.embedding(input_ids, self.embed)
+
+    def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
+        """The model's own scaling of its input embeddings, given or looked up."""
+        return h
 
     def serve_loras(self) -> None:
         """Hooks every attention and dense MLP projection to the step's LoRA adapters (a model serving

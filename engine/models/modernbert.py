@@ -92,7 +92,8 @@ class ModernBertModel(nn.Module):
             self.classifier_bias = empty_param(len(config.labels), dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[KVCache]) -> torch.Tensor:
+                kv_caches: list[KVCache], given: None = None) -> torch.Tensor:
+        # `given`: None, as admission refuses a prompt given as embeddings to an encoder.
         cfg, eps = self.config, self.config.rms_norm_eps
         h = _layer_norm(F.embedding(input_ids, self.embed), self.embed_norm_weight, self.embed_norm_bias, eps)
         ropes = {theta: (cos[positions], sin[positions]) for theta, (cos, sin) in self.ropes.items()}

@@ -36,6 +36,8 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
     (about 50 us of each prefill's way to the engine here: six fields looked up by name, a
     frozen dataclass's checks). Equal bytes give equal params, and requests may share one
     immutable SamplingParams, as `LLMEngine.generate`'s prompts do."""
+    if p.HasField("prompt_embeds"):  # the prompt's, not its sampling (services/common/prompt_embeds.py)
+        p = _without_prompt_embeds(p)
     key = p.SerializeToString(deterministic=True)
     params = _sampling_memo.get(key)
     if params is None:
@@ -44,6 +46,13 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
             del _sampling_memo[next(iter(_sampling_memo))]  # the oldest
         _sampling_memo[key] = params
     return params
+
+
+def _without_prompt_embeds(p: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
+    stripped = common_pb2.SamplingParams()
+    stripped.CopyFrom(p)
+    stripped.ClearField("prompt_embeds")
+    return stripped
 
 
 def _sampling_params(p: common_pb2.SamplingParams) -> SamplingParams:

@@ -183,6 +183,12 @@ class GatewayService:
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
+        if config.enable_prompt_embeds:
+            # torch, only where they are taken
+            from engine.model_config_loader import load_model_config
+            from services.gateway.prompt_embeds import PromptEmbedsReader
+            model = load_model_config(config.model_dir, config.hf_overrides)
+            self.state.prompt_embeds = PromptEmbedsReader(model.hidden_size)
         if config.enable_tokenizer_info_endpoint:
             self.state.tokenizer_info = tokenizer_info(config.tokenizer_dir or config.model_dir,
                                                        tokenizer.chat_templates)

@@ -42,9 +42,12 @@ class ChatCompletionRequest(SamplingFields):
     # (gpt-oss's writes it into its system message), as vLLM gives it.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     echo: bool = False  # vLLM's: the reply starts with the last message's text when that is the assistant's
+    prompt_embeds: Any = None  # refused: a prompt given as embeddings is completions' (completion_request.py)
 
     @model_validator(mode="after")
     def _check_supported(self):
+        if self.prompt_embeds:
+            raise FieldError("prompt_embeds", "a prompt given as embeddings is taken by /v1/completions, not by chat")
         self._forced_tool_call = forced_tool_call(self.tools, self.tool_choice, self.parallel_tool_calls)
         if self._forced_tool_call is not None:
             if self._output_guide is not None:

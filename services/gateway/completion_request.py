@@ -1,7 +1,8 @@
 """POST /v1/completions' body (`CompletionRequest`): the fields chat shares (openai_protocol.py), the
-prompts (text or token ids, one or a batch), `echo`, `best_of`, and `max_tokens` 0 for the prompt alone."""
+prompts (text, token ids or embeddings, one or a batch), `echo`, `best_of`, and `max_tokens` 0 for the prompt alone."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any
 
@@ -26,7 +27,11 @@ class CompletionRequest(SamplingFields):
 
     # Tried in this order, ids strictly: pydantic's default (smart) union validated a 512-id
     # prompt against every member, 0.13 ms of the gateway's time before the request starts.
-    prompt: Annotated[str | list[TokenId] | list[str] | list[list[TokenId]], Field(union_mode="left_to_right")]
+    prompt: Annotated[str | list[TokenId] | list[str] | list[list[TokenId]], Field(union_mode="left_to_right")] | None \
+        = None
+    # vLLM's (with --enable-prompt-embeds): prompts given as embeddings, each the base64 of a torch.save'd
+    # [tokens, hidden] tensor (prompt_embeds.py); with `prompt` too, their choices come first.
+    prompt_embeds: str | list[str] | None = None
     # OpenAI's default for completions; 0 with echo: the prompt alone, with its logprobs (vLLM's)
     max_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
@@ -49,6 +54,10 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_supported(self):
+        if self.prompt is None and not self.prompt_embeds:
+            raise FieldError("prompt", "prompt (or prompt_embeds) is required")
+        if self.prompt_embeds:
+            self._check_embedded()
         if self.suffix:
             raise FieldError("suffix", "suffix is not supported")
         if self.echo and self.truncate_prompt_tokens is not None:
@@ -67,6 +76,15 @@ class CompletionRequest(SamplingFields):
                              f"at most {MAX_CHOICES_PER_REQUEST} choices per request (prompts × best_of, or × n)")
         self._check_beam_search()
         return self
+
+    def _check_embedded(self) -> None:
+        """What a prompt given as embeddings cannot do: it has no tokens to echo, score or search from."""
+        if self.echo:
+            raise FieldError("echo", "a prompt given as embeddings has no text or tokens to echo")
+        if self.prompt_logprobs is not None:
+            raise FieldError("prompt_logprobs", "a prompt given as embeddings has no tokens to give logprobs of")
+        if self.use_beam_search:
+            raise FieldError("use_beam_search", "beam search takes text or token-id prompts, not embeddings")
 
     @property
     def max_tokens_run(self) -> int | None:
@@ -94,16 +112,25 @@ class CompletionRequest(SamplingFields):
         return self.prompt_logprobs
 
     @cached_property
-    def prompts(self) -> list[str | list[int]]:
-        """One entry per prompt: text, or token ids."""
+    def prompts(self) -> list[str | list[int] | EmbeddedPrompt]:
+        """One entry per prompt: given as embeddings (first, as vLLM orders them), text, or token ids."""
+        given = self.prompt_embeds
+        embedded = [EmbeddedPrompt(encoded) for encoded in ([given] if isinstance(given, str) else given or [])]
         prompt = self.prompt
+        if prompt is None:
+            return embedded
         if isinstance(prompt, str):
-            return [prompt]
+            return [*embedded, prompt]
         if not prompt:
             raise ValueError("prompt must not be empty")
         if isinstance(prompt[0], int):  # list[StrictInt] matched: all of them are
-            return [prompt]
-        return list(prompt)
+            return [*embedded, prompt]
+        return [*embedded, *prompt]
+
+
+@dataclass(frozen=True)
+class EmbeddedPrompt:
+    encoded: str  # as the request gave it (prompt_embeds.py reads it)
 
 
 def pipeline_prompt(prompt: str | list[int], add_special_tokens: bool = True) -> dict[str, Any]:

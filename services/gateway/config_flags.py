@@ -116,6 +116,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         log_requests_level=log_level_of(args, env), max_log_len=args.max_log_len,
         reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
+        enable_prompt_embeds=args.enable_prompt_embeds,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)
@@ -229,6 +230,10 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info: the tokenizer's configuration and chat template "
                              "(as vLLM's flag; off, as the template may be private)")
+    parser.add_argument("--enable-prompt-embeds", action="store_true",
+                        help="take /v1/completions' prompt_embeds: prompts given as embeddings, the base64 of "
+                             "torch.save'd [tokens, hidden_size] tensors (as vLLM's flag; off, as vLLM's: "
+                             "reading them takes torch into the gateway)")
     add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
     HttpServing.add_flags(parser, env)
     ChatServing.add_flags(parser)

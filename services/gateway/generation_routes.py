@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -20,7 +20,7 @@ from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.beam_search import beam_choices, beam_search
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
-from services.gateway.completion_request import CompletionRequest, pipeline_prompt
+from services.gateway.completion_request import CompletionRequest, EmbeddedPrompt, pipeline_prompt
 from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError
 from services.gateway.http_body import parsed_body
@@ -79,7 +79,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         streams, searches, prompt_of_choice = [], [], []
         for p, prompt in enumerate(prompts):
-            given = pipeline_prompt(prompt, body.add_special_tokens)
+            given = _given_prompt(state, prompt, body.add_special_tokens)
             prompt_of_choice += [p] * body.num_candidates
             if body.use_beam_search:
                 searches.append(beam_search(
@@ -241,6 +241,18 @@ def dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
     """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
     dispatched = asyncio.get_running_loop().create_future()
     return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
+
+
+def _given_prompt(state: GatewayState, prompt: str | list[int] | EmbeddedPrompt,
+                  add_special_tokens: bool) -> dict[str, Any]:
+    """A completion's prompt as the pipeline takes it; APIError (400) for embeddings this gateway does
+    not take, or cannot read."""
+    if not isinstance(prompt, EmbeddedPrompt):
+        return pipeline_prompt(prompt, add_special_tokens)
+    if state.prompt_embeds is None:
+        raise APIError(400, "prompt_embeds are taken only by a server started with --enable-prompt-embeds "
+                            "(as vLLM's)", param="prompt_embeds")
+    return {"prompt_embeds": state.prompt_embeds.read(prompt.encoded)}
 
 
 def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionRequest) -> TokenText:

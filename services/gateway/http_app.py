@@ -36,7 +36,7 @@ import importlib.metadata
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,6 +76,9 @@ from services.gateway.tokenizer_info import add_tokenizer_info_route
 from services.gateway.tokens_api import add_tokens_routes
 from services.gateway.vertex_routes import add_vertex_routes
 
+if TYPE_CHECKING:  # imported by a gateway that serves them: it takes torch
+    from services.gateway.prompt_embeds import PromptEmbedsReader
+
 log = logging.getLogger("baton.gateway")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -99,6 +102,7 @@ class GatewayState:
     chat_serving: ChatServing = ChatServing()
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
     tokenizer_info: dict[str, Any] | None = None  # GET /tokenizer_info's answer; None: not served
+    prompt_embeds: PromptEmbedsReader | None = None  # what reads completions' prompt_embeds; None: refused
     replies: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (vLLM's flags)
     sleep_when_idle: IdleSleepConfig = IdleSleepConfig()  # vLLM's --sleep-idle-ttl (idle_sleep.py)
     idle_sleep: IdleSleep | None = None  # what puts the mesh to sleep when idle, made with the routes

@@ -51,9 +51,7 @@ MAX_LOGPROBS = 2**31 - 1
 UNSERVED = {"logits_processors": "custom logits processors are not loaded here",
             "custom_logit_processor": "custom logits processors are not loaded here",  # SGLang's
             "return_hidden_states": "hidden states are not returned here",  # SGLang's
-            "session_params": "sessions are not kept here",  # SGLang's
-            # vLLM's (with its --enable-prompt-embeds): the workers take token ids, not embeddings
-            "prompt_embeds": "a prompt is taken as text or token ids here, not as embeddings"}
+            "session_params": "sessions are not kept here"}  # SGLang's
 # What a beam search cannot honour, by the values that ask for nothing: it ranks beams by the model's
 # own logprobs, so a field that would change them, or end a beam on its text, is refused with it
 # (vLLM's ignores them).
@@ -155,7 +153,6 @@ class SamplingFields(BaseModel):
     custom_logit_processor: Any = None
     return_hidden_states: Any = None
     session_params: Any = None
-    prompt_embeds: Any = None
     # SGLang's: the LoRA adapter, by its served name (as `model` may name it)
     lora_path: str | None = None
     # SGLang's: the request's id, as the `x-request-id` header names it (its response's id; what

@@ -48,6 +48,7 @@ from services.gateway.admission import Admission
 from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
+from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, with_prompt_embeds
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import prompt_lookup
@@ -131,6 +132,7 @@ class RequestPipeline(Admission):
         prompt_text: str | None = None,
         prompt_token_ids: Sequence[int] | None = None,
         messages: Sequence[Mapping[str, str]] | None = None,
+        prompt_embeds: common_pb2.PromptEmbeds | None = None,
         chat_options: ChatOptions = ChatOptions(),
         add_special_tokens: bool = True,
         sampling: common_pb2.SamplingParams | None = None,
@@ -143,7 +145,8 @@ class RequestPipeline(Admission):
         guide_after: Callable[[Sequence[int]], Sequence[int] | None] | None = None,
         is_streamed: bool = True,
     ) -> AsyncIterator[Delta]:
-        """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say). Raises
+        """Exactly one of `prompt_text`, `prompt_token_ids`, `messages` (rendered as `chat_options` say) and
+        `prompt_embeds` (a prompt given as embeddings: placeholder tokens, one per row). Raises
         `InvalidRequestError` (incl. `ContextLengthError`) for bad input, `OverloadedError`
         when no pages are free, `grpc.aio.AioRpcError` for a worker that failed. `add_special_tokens`: a
         `prompt_text` is encoded with the tokenizer's (its BOS); False for a text that has them already,
@@ -178,8 +181,11 @@ class RequestPipeline(Admission):
                 await self._pause_passed(running)
                 self.admit()
                 is_admitted = True
-                if sum(x is not None for x in (prompt_text, prompt_token_ids, messages)) != 1:
-                    raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids and messages is required")
+                if sum(x is not None for x in (prompt_text, prompt_token_ids, messages, prompt_embeds)) != 1:
+                    raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids, messages and "
+                                              "prompt_embeds is required")
+                if prompt_embeds is not None:
+                    prompt_token_ids = [PLACEHOLDER_TOKEN_ID] * prompt_embeds.num_rows
                 if any(not s for s in stop):
                     raise InvalidRequestError("stop strings must be non-empty")
                 fill_thinking_budget(params, self.thinking_markers)
@@ -189,6 +195,8 @@ class RequestPipeline(Admission):
                                                        chat_options, add_special_tokens)
                     if truncate_prompt_tokens is not None:
                         prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
+                if prompt_embeds is not None:
+                    with_prompt_embeds(params, prompt_embeds, len(prompt))
                 if guide_after is not None and is_guided(params):
                     token_ids = guide_after(prompt)
                     if token_ids:
@@ -235,7 +243,9 @@ class RequestPipeline(Admission):
 
         def make_output() -> TextOutput:
             try:
-                return TextOutput(self.tokenizer, prompt, stop, include_stop_str_in_output, params.min_tokens,
+                # Placeholders are no text to detokenize after: embeddings' output starts from none.
+                context = () if params.HasField("prompt_embeds") else prompt
+                return TextOutput(self.tokenizer, context, stop, include_stop_str_in_output, params.min_tokens,
                                   skip_special_tokens)
             except ValueError as e:  # the prompt's tail holds a negative id
                 raise InvalidRequestError(f"prompt {e}") from None

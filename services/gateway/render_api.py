@@ -86,6 +86,9 @@ def add_render_routes(app: FastAPI, state: GatewayState, check_model: Callable[[
         body = await parsed_body(request, CompletionRequest)
         check_model(body.model)
         _refuse_what_tokens_cannot_carry(body)
+        if body.prompt_embeds:
+            raise APIError(400, "a prompt given as embeddings is not rendered: the tokens API takes token ids",
+                           param="prompt_embeds")
         if body.max_tokens == 0:
             raise APIError(400, "max_tokens 0 (the prompt alone) is not rendered: the tokens API makes at least "
                                 "one token", param="max_tokens")

@@ -2,14 +2,18 @@
 and the gateway sends requests that share a prefix to the worker that holds it."""
 from __future__ import annotations
 
+import base64
+import io
 import time
 
 import httpx
 import openai
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
+from safetensors.torch import load_file
 
-from tests.services.gateway.mesh import BLOCK_SIZE, GatewayProcess, start_mesh, stop_mesh
+from tests.services.gateway.mesh import BLOCK_SIZE, GatewayProcess, gateway_client, start_mesh, stop_mesh
 
 PREFIX_TOKENS = 320  # 20 blocks
 SYSTEM_PROMPTS = [[(37 * j + 11 * k) % 900 + 5 for j in range(PREFIX_TOKENS)] for k in range(4)]
@@ -70,6 +74,31 @@ def test_a_salted_prefix_is_shared_only_with_requests_giving_its_salt(routed_mes
         assert refused.value.body["param"] == "cache_salt"
 
 
+def test_a_prompt_given_as_embeddings_shares_its_blocks_only_with_the_same_embeddings(routed_mesh, redis_server):
+    """Its placeholder tokens are all alike: were it not salted with its embeddings (the gateway's salt
+    matching the workers'), the router would send the second prompt to the worker holding the first,
+    and it would hit there; were the salts unlike, the repeats would go by load and miss half the time."""
+    table = load_file(str(routed_mesh.model_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    given = [table[[(43 * j + 13 * k) % 900 + 5 for j in range(PREFIX_TOKENS + 1)]] for k in range(2)]
+    with gateway_client(routed_mesh, "--redis", redis_server.url, "--local-prefill-max-tokens", "0",
+                        "--enable-prompt-embeds") as client:
+        def cached(rows) -> int:
+            saved = io.BytesIO()
+            torch.save(rows, saved)
+            response = client.completions.create(model=routed_mesh.model_name, prompt=None, max_tokens=2,
+                                                 extra_body={"prompt_embeds": base64.b64encode(saved.getvalue())
+                                                             .decode()})
+            return response.usage.prompt_tokens_details.cached_tokens
+
+        assert cached(given[0]) == 0
+        time.sleep(0.5)  # the worker publishes what it cached
+        hits = [cached(given[0]) for _ in range(4)]
+        assert all(hit >= PREFIX_TOKENS for hit in hits), hits
+        assert cached(given[1]) == 0
+        decisions = router_metrics(str(client.base_url).removesuffix("/v1/"))
+        assert decisions.get("prefix") == 4, decisions  # the repeats found by their salted hashes
+
+
 def test_a_prompt_whose_logprobs_are_asked_for_is_placed_by_load(routed_mesh):
     # Its prefix is cached (the test above), but it is computed whole: routing by prefix would only
     # pile such prompts onto the worker that holds it.
@@ -86,8 +115,9 @@ def test_a_prompt_whose_logprobs_are_asked_for_is_placed_by_load(routed_mesh):
     assert cached_tokens(routed_mesh, SYSTEM_PROMPTS[0] + [971]) >= PREFIX_TOKENS  # the others still by prefix
 
 
-def router_metrics(mesh) -> dict[str, float]:
-    text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
+def router_metrics(mesh_or_url) -> dict[str, float]:
+    base_url = mesh_or_url if isinstance(mesh_or_url, str) else mesh_or_url.gateway.base_url
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
