@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/gateway.proto\x12\x10\x62\x61ton.gateway.v1\x1a\x13protos/common.proto\"\x1f\n\rStreamOptions\x12\x0e\n\x06stream\x18\x01 \x01(\x08\"\xb9\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12-\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1d.baton.common.v1.ChatMessagesH\x00\x12.\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x19.baton.common.v1.TokenIdsH\x00\x12\x31\n\x08sampling\x18\x06 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x37\n\x0estream_options\x18\x08 \x01(\x0b\x32\x1f.baton.gateway.v1.StreamOptions\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x33\n\x0c\x63hat_options\x18\x0b \x01(\x0b\x32\x1d.baton.gateway.v1.ChatOptions\x12\x12\n\ntools_json\x18\x0c \x01(\t\x12\x18\n\x10tool_choice_json\x18\r \x01(\t\x12\t\n\x01n\x18\x0e \x01(\r\x12\x31\n\x0b\x62\x65\x61m_search\x18\x0f \x01(\x0b\x32\x1c.baton.gateway.v1.BeamSearch\x12\x12\n\nstop_regex\x18\x10 \x03(\tB\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"<\n\nBeamSearch\x12\x1b\n\x0elength_penalty\x18\x01 \x01(\x02H\x00\x88\x01\x01\x42\x11\n\x0f_length_penalty\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xd9\x01\n\x0b\x43hatOptions\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x02 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x03 \x01(\t\x12\x15\n\rchat_template\x18\x04 \x01(\t\x12\x16\n\x0e\x64ocuments_json\x18\x05 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x06 \x01(\x08\x42\x18\n\x16_add_generation_prompt\"\xe9\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12.\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x05 \x01(\t\x12.\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1a.baton.gateway.v1.ToolCall\x12\r\n\x05index\x18\x07 \x01(\r\"\x92\x03\n\x10GenerateComplete\x12\x34\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12%\n\x05usage\x18\x02 \x01(\x0b\x32\x16.baton.common.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x08 \x01(\t\x12.\n\ntool_calls\x18\t \x03(\x0b\x32\x1a.baton.gateway.v1.ToolCall\x12\r\n\x05index\x18\n \x01(\r\x12\x31\n\x07metrics\x18\x0b \x01(\x0b\x32 .baton.gateway.v1.RequestMetrics\"\x96\x02\n\x0eRequestMetrics\x12#\n\x16time_to_first_token_ms\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x12generation_time_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1a\n\rqueue_time_ms\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x18\n\x0bmean_itl_ms\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11tokens_per_second\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x19\n\x17_time_to_first_token_msB\x15\n\x13_generation_time_msB\x10\n\x0e_queue_time_msB\x0e\n\x0c_mean_itl_msB\x14\n\x12_tokens_per_second\"\xc5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.baton.gateway.v1.GenerateChunkH\x00\x12\x36\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\".baton.gateway.v1.GenerateCompleteH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.baton.common.v1.ErrorH\x00\x42\n\n\x08response\"\xc8\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05texts\x18\x03 \x03(\t\x12,\n\ttoken_ids\x18\x04 \x03(\x0b\x32\x19.baton.common.v1.TokenIds\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x16\n\tnormalize\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16truncate_prompt_tokens\x18\x07 \x01(\rB\x0c\n\n_normalize\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"N\n\nEmbeddings\x12)\n\x04\x64\x61ta\x18\x01 \x03(\x0b\x32\x1b.baton.gateway.v1.Embedding\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\x8c\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x32\n\nembeddings\x18\x02 \x01(\x0b\x32\x1c.baton.gateway.v1.EmbeddingsH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.baton.common.v1.ErrorH\x00\x42\n\n\x08response2\xa9\x01\n\x08Generate\x12S\n\x08Generate\x12!.baton.gateway.v1.GenerateRequest\x1a\".baton.gateway.v1.GenerateResponse0\x01\x12H\n\x05\x45mbed\x12\x1e.baton.gateway.v1.EmbedRequest\x1a\x1f.baton.gateway.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/gateway.proto\x12\x10\x62\x61ton.gateway.v1\x1a\x13protos/common.proto\"\x1f\n\rStreamOptions\x12\x0e\n\x06stream\x18\x01 \x01(\x08\"\xf1\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12-\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1d.baton.common.v1.ChatMessagesH\x00\x12.\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x19.baton.common.v1.TokenIdsH\x00\x12\x36\n\rprompt_embeds\x18\x11 \x01(\x0b\x32\x1d.baton.common.v1.PromptEmbedsH\x00\x12\x31\n\x08sampling\x18\x06 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x37\n\x0estream_options\x18\x08 \x01(\x0b\x32\x1f.baton.gateway.v1.StreamOptions\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x33\n\x0c\x63hat_options\x18\x0b \x01(\x0b\x32\x1d.baton.gateway.v1.ChatOptions\x12\x12\n\ntools_json\x18\x0c \x01(\t\x12\x18\n\x10tool_choice_json\x18\r \x01(\t\x12\t\n\x01n\x18\x0e \x01(\r\x12\x31\n\x0b\x62\x65\x61m_search\x18\x0f \x01(\x0b\x32\x1c.baton.gateway.v1.BeamSearch\x12\x12\n\nstop_regex\x18\x10 \x03(\tB\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"<\n\nBeamSearch\x12\x1b\n\x0elength_penalty\x18\x01 \x01(\x02H\x00\x88\x01\x01\x42\x11\n\x0f_length_penalty\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xd9\x01\n\x0b\x43hatOptions\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x02 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x03 \x01(\t\x12\x15\n\rchat_template\x18\x04 \x01(\t\x12\x16\n\x0e\x64ocuments_json\x18\x05 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x06 \x01(\x08\x42\x18\n\x16_add_generation_prompt\"\xe9\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12.\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x05 \x01(\t\x12.\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1a.baton.gateway.v1.ToolCall\x12\r\n\x05index\x18\x07 \x01(\r\"\x92\x03\n\x10GenerateComplete\x12\x34\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12%\n\x05usage\x18\x02 \x01(\x0b\x32\x16.baton.common.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x11\n\treasoning\x18\x08 \x01(\t\x12.\n\ntool_calls\x18\t \x03(\x0b\x32\x1a.baton.gateway.v1.ToolCall\x12\r\n\x05index\x18\n \x01(\r\x12\x31\n\x07metrics\x18\x0b \x01(\x0b\x32 .baton.gateway.v1.RequestMetrics\"\x96\x02\n\x0eRequestMetrics\x12#\n\x16time_to_first_token_ms\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x12generation_time_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1a\n\rqueue_time_ms\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x18\n\x0bmean_itl_ms\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11tokens_per_second\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x19\n\x17_time_to_first_token_msB\x15\n\x13_generation_time_msB\x10\n\x0e_queue_time_msB\x0e\n\x0c_mean_itl_msB\x14\n\x12_tokens_per_second\"\xc5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.baton.gateway.v1.GenerateChunkH\x00\x12\x36\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\".baton.gateway.v1.GenerateCompleteH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.baton.common.v1.ErrorH\x00\x42\n\n\x08response\"\xc8\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05texts\x18\x03 \x03(\t\x12,\n\ttoken_ids\x18\x04 \x03(\x0b\x32\x19.baton.common.v1.TokenIds\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x16\n\tnormalize\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16truncate_prompt_tokens\x18\x07 \x01(\rB\x0c\n\n_normalize\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"N\n\nEmbeddings\x12)\n\x04\x64\x61ta\x18\x01 \x03(\x0b\x32\x1b.baton.gateway.v1.Embedding\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\x8c\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x32\n\nembeddings\x18\x02 \x01(\x0b\x32\x1c.baton.gateway.v1.EmbeddingsH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.baton.common.v1.ErrorH\x00\x42\n\n\x08response2\xa9\x01\n\x08Generate\x12S\n\x08Generate\x12!.baton.gateway.v1.GenerateRequest\x1a\".baton.gateway.v1.GenerateResponse0\x01\x12H\n\x05\x45mbed\x12\x1e.baton.gateway.v1.EmbedRequest\x1a\x1f.baton.gateway.v1.EmbedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,29 +35,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMOPTIONS']._serialized_start=63
   _globals['_STREAMOPTIONS']._serialized_end=94
   _globals['_GENERATEREQUEST']._serialized_start=97
-  _globals['_GENERATEREQUEST']._serialized_end=666
-  _globals['_BEAMSEARCH']._serialized_start=668
-  _globals['_BEAMSEARCH']._serialized_end=728
-  _globals['_TOOLCALL']._serialized_start=730
-  _globals['_TOOLCALL']._serialized_end=800
-  _globals['_CHATOPTIONS']._serialized_start=803
-  _globals['_CHATOPTIONS']._serialized_end=1020
-  _globals['_GENERATECHUNK']._serialized_start=1023
-  _globals['_GENERATECHUNK']._serialized_end=1256
-  _globals['_GENERATECOMPLETE']._serialized_start=1259
-  _globals['_GENERATECOMPLETE']._serialized_end=1661
-  _globals['_REQUESTMETRICS']._serialized_start=1664
-  _globals['_REQUESTMETRICS']._serialized_end=1942
-  _globals['_GENERATERESPONSE']._serialized_start=1945
-  _globals['_GENERATERESPONSE']._serialized_end=2142
-  _globals['_EMBEDREQUEST']._serialized_start=2145
-  _globals['_EMBEDREQUEST']._serialized_end=2345
-  _globals['_EMBEDDING']._serialized_start=2347
-  _globals['_EMBEDDING']._serialized_end=2374
-  _globals['_EMBEDDINGS']._serialized_start=2376
-  _globals['_EMBEDDINGS']._serialized_end=2454
-  _globals['_EMBEDRESPONSE']._serialized_start=2457
-  _globals['_EMBEDRESPONSE']._serialized_end=2597
-  _globals['_GENERATE']._serialized_start=2600
-  _globals['_GENERATE']._serialized_end=2769
+  _globals['_GENERATEREQUEST']._serialized_end=722
+  _globals['_BEAMSEARCH']._serialized_start=724
+  _globals['_BEAMSEARCH']._serialized_end=784
+  _globals['_TOOLCALL']._serialized_start=786
+  _globals['_TOOLCALL']._serialized_end=856
+  _globals['_CHATOPTIONS']._serialized_start=859
+  _globals['_CHATOPTIONS']._serialized_end=1076
+  _globals['_GENERATECHUNK']._serialized_start=1079
+  _globals['_GENERATECHUNK']._serialized_end=1312
+  _globals['_GENERATECOMPLETE']._serialized_start=1315
+  _globals['_GENERATECOMPLETE']._serialized_end=1717
+  _globals['_REQUESTMETRICS']._serialized_start=1720
+  _globals['_REQUESTMETRICS']._serialized_end=1998
+  _globals['_GENERATERESPONSE']._serialized_start=2001
+  _globals['_GENERATERESPONSE']._serialized_end=2198
+  _globals['_EMBEDREQUEST']._serialized_start=2201
+  _globals['_EMBEDREQUEST']._serialized_end=2401
+  _globals['_EMBEDDING']._serialized_start=2403
+  _globals['_EMBEDDING']._serialized_end=2430
+  _globals['_EMBEDDINGS']._serialized_start=2432
+  _globals['_EMBEDDINGS']._serialized_end=2510
+  _globals['_EMBEDRESPONSE']._serialized_start=2513
+  _globals['_EMBEDRESPONSE']._serialized_end=2653
+  _globals['_GENERATE']._serialized_start=2656
+  _globals['_GENERATE']._serialized_end=2825
 # @@protoc_insertion_point(module_scope)

@@ -14,12 +14,13 @@ class StreamOptions(_message.Message):
     def __init__(self, stream: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "chat", "token_ids", "sampling", "stop", "stream_options", "include_stop_str_in_output", "skip_special_tokens", "chat_options", "tools_json", "tool_choice_json", "n", "beam_search", "stop_regex")
+    __slots__ = ("request_id", "model", "text", "chat", "token_ids", "prompt_embeds", "sampling", "stop", "stream_options", "include_stop_str_in_output", "skip_special_tokens", "chat_options", "tools_json", "tool_choice_json", "n", "beam_search", "stop_regex")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_EMBEDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +37,7 @@ class GenerateRequest(_message.Message):
     text: str
     chat: _common_pb2.ChatMessages
     token_ids: _common_pb2.TokenIds
+    prompt_embeds: _common_pb2.PromptEmbeds
     sampling: _common_pb2.SamplingParams
     stop: _containers.RepeatedScalarFieldContainer[str]
     stream_options: StreamOptions
@@ -47,7 +49,7 @@ class GenerateRequest(_message.Message):
     n: int
     beam_search: BeamSearch
     stop_regex: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., n: _Optional[int] = ..., beam_search: _Optional[_Union[BeamSearch, _Mapping]] = ..., stop_regex: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_embeds: _Optional[_Union[_common_pb2.PromptEmbeds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., n: _Optional[int] = ..., beam_search: _Optional[_Union[BeamSearch, _Mapping]] = ..., stop_regex: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BeamSearch(_message.Message):
     __slots__ = ("length_penalty",)

@@ -189,6 +189,7 @@ class GatewayService:
             from services.gateway.prompt_embeds import PromptEmbedsReader
             model = load_model_config(config.model_dir, config.hf_overrides)
             self.state.prompt_embeds = PromptEmbedsReader(model.hidden_size)
+            self.servicer.takes_prompt_embeds = True
         if config.enable_tokenizer_info_endpoint:
             self.state.tokenizer_info = tokenizer_info(config.tokenizer_dir or config.model_dir,
                                                        tokenizer.chat_templates)

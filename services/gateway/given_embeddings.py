@@ -5,8 +5,35 @@ from __future__ import annotations
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
 from protos import common_pb2
+from services.gateway.errors import APIError
+from services.gateway.request_errors import InvalidRequestError
 
 PLACEHOLDER_TOKEN_ID = 0  # each row's token, as vLLM's: what routes, counts and fills the context
+DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def checked_embeddings(embeds: common_pb2.PromptEmbeds, param: str = "prompt_embeds") -> common_pb2.PromptEmbeds:
+    """`embeds` as the gRPC API takes them, when their bytes are their shape; APIError (400) else. (Their
+    width against the model's, and their values, are the workers' to check: the engine refuses them.)"""
+    size = DTYPE_SIZES.get(embeds.dtype)
+    if size is None:
+        raise APIError(400, f"{param}.dtype must be one of {', '.join(DTYPE_SIZES)}, got {embeds.dtype!r}",
+                       param=param)
+    if not embeds.num_rows or not embeds.hidden_size or len(embeds.data) != embeds.num_rows * embeds.hidden_size * size:
+        raise APIError(400, f"{param} holds {len(embeds.data)} bytes, not {embeds.num_rows} rows of "
+                            f"{embeds.hidden_size} {embeds.dtype} values (at least one row)", param=param)
+    return embeds
+
+def check_embedded(params: common_pb2.SamplingParams, prompt_embeds: common_pb2.PromptEmbeds | None) -> None:
+    """InvalidRequestError for sampling a prompt given as `prompt_embeds` cannot take (a prompt of tokens
+    does not give them in its params: the pipeline puts them there)."""
+    if params.HasField("prompt_embeds"):
+        raise InvalidRequestError("sampling.prompt_embeds is set by the gateway: give a prompt as embeddings as "
+                                  "the request's prompt_embeds", param="sampling.prompt_embeds")
+    if prompt_embeds is not None and params.HasField("prompt_logprobs"):
+        raise InvalidRequestError("a prompt given as embeddings has no tokens to give logprobs of",
+                                  param="prompt_logprobs")
+
 
 def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.PromptEmbeds, num_rows: int) -> None:
     """`params` carrying the last `num_rows` rows of `embeds` (all of them, or as truncate_prompt_tokens

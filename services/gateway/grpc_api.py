@@ -34,6 +34,7 @@ from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, FieldError, to_api_error
+from services.gateway.given_embeddings import checked_embeddings
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.grpc_conversation import chat_messages, chat_options
@@ -63,6 +64,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         self.reasoning_parser = reasoning_parser  # reasoning_parsers.py: a chat reply's thinking apart
         self.chat_serving = chat_serving  # which tools a chat prompt shows
         self.pipeline: RequestPipeline | None = None
+        self.takes_prompt_embeds = False  # the gateway's --enable-prompt-embeds
         self.timelines = timelines if timelines is not None else TimelineStore()
 
     async def _check_caller(self, context) -> None:
@@ -197,9 +199,17 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                                 f"{served}); name an adapter as the model", param="sampling.lora_name")
         given = request.WhichOneof("input")
         if given is None:
-            raise APIError(400, "one of text, chat or token_ids is required", param="input")
+            raise APIError(400, "one of text, chat, token_ids or prompt_embeds is required", param="input")
         if given == "token_ids":
             inputs = {"prompt_token_ids": request.token_ids.token_ids}
+        elif given == "prompt_embeds":
+            if not self.takes_prompt_embeds:
+                raise APIError(400, "prompt_embeds are taken only by a gateway started with --enable-prompt-embeds",
+                               param="prompt_embeds")
+            if request.HasField("beam_search"):
+                raise APIError(400, "beam search takes text, chat or token-id prompts, not embeddings",
+                               param="beam_search")
+            inputs = {"prompt_embeds": checked_embeddings(request.prompt_embeds)}
         elif given == "text":
             inputs = {"prompt_text": request.text}
         else:

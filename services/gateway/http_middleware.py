@@ -65,8 +65,8 @@ class BodySizeLimit:
 
     async def _refuse(self, scope, send) -> None:
         self.on_refuse()
-        too_large = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes).",
-                             code="request_too_large")
+        too_large = APIError(413, f"The request body is larger than this server accepts ({self.max_bytes} bytes: "
+                                  f"the gateway's --max-body-bytes).", code="request_too_large")
         error = in_its_apis_shape(scope, too_large)  # (the Messages API's in Anthropic's shape)
         payload = json.dumps(error.body()).encode()
         await send({"type": "http.response.start", "status": 413,

@@ -48,7 +48,7 @@ from services.gateway.admission import Admission
 from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
-from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, with_prompt_embeds
+from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, check_embedded, with_prompt_embeds
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import prompt_lookup
@@ -184,6 +184,7 @@ class RequestPipeline(Admission):
                 if sum(x is not None for x in (prompt_text, prompt_token_ids, messages, prompt_embeds)) != 1:
                     raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids, messages and "
                                               "prompt_embeds is required")
+                check_embedded(params, prompt_embeds)
                 if prompt_embeds is not None:
                     prompt_token_ids = [PLACEHOLDER_TOKEN_ID] * prompt_embeds.num_rows
                 if any(not s for s in stop):

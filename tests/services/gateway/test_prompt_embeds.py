@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -15,6 +16,7 @@ from safetensors.torch import load_file
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.services.gateway.mesh import GatewayProcess
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
@@ -152,3 +154,36 @@ def test_a_gateway_without_the_flag_refuses_them(mesh, embedding_table):
     error = refusal(mesh.gateway.base_url, {"model": mesh.model_name,
                                             "prompt_embeds": encoded(embedding_table[ids(5, seed=1)])})
     assert "--enable-prompt-embeds" in error["message"] and error["param"] == "prompt_embeds"
+
+
+def test_the_grpc_api_takes_them_as_its_prompt_embeds_input(mesh, gateway, embeds_gateway, embedding_table):
+    prompt = ids(LONG, seed=10)
+    expected = greedy(embeds_gateway, mesh.model_name, prompt=prompt).choices[0]
+    rows = embedding_table[prompt].bfloat16()
+    given = common_pb2.PromptEmbeds(data=rows.view(torch.uint8).numpy().tobytes(), num_rows=LONG, hidden_size=64,
+                                    dtype="bfloat16")
+    sampling = common_pb2.SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+    def generate(address: str, **request) -> gateway_pb2.GenerateResponse:
+        with grpc.insecure_channel(address) as channel:
+            responses = list(gateway_pb2_grpc.GenerateStub(channel).Generate(
+                gateway_pb2.GenerateRequest(request_id="embeds", **{"sampling": sampling, **request}), timeout=30))
+        return responses[-1]
+
+    reply = generate(gateway.grpc_address, prompt_embeds=given)
+    assert list(reply.complete.token_ids) == expected.token_ids and reply.complete.usage.prompt_tokens == LONG
+    short = common_pb2.PromptEmbeds(data=given.data[:-2], num_rows=LONG, hidden_size=64, dtype="bfloat16")
+    refusals = [
+        (mesh.gateway.grpc_address, {"prompt_embeds": given}, "prompt_embeds"),  # no --enable-prompt-embeds
+        (gateway.grpc_address, {"prompt_embeds": short}, "prompt_embeds"),
+        (gateway.grpc_address, {"prompt_embeds": given, "beam_search": gateway_pb2.BeamSearch()}, "beam_search"),
+        (gateway.grpc_address, {"prompt_embeds": given, "sampling": common_pb2.SamplingParams(
+            max_tokens=4, prompt_logprobs=1)}, "prompt_logprobs"),
+        (gateway.grpc_address, {"token_ids": common_pb2.TokenIds(token_ids=[5] * LONG),
+                                "sampling": common_pb2.SamplingParams(max_tokens=4, prompt_embeds=given)},
+         "sampling.prompt_embeds"),
+    ]
+    for address, request, param in refusals:
+        response = generate(address, **request)
+        assert response.error.code == 400 and response.error.param == param, response
+    mesh.assert_decode_pools_free()
