@@ -1,13 +1,14 @@
 """Multimodal checkpoints whose text model is served (images are not: a request is text or token ids).
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
-under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick) and
-Mistral 3 (Mistral Small 3.1/3.2, Magistral Small, Ministral 3) are released so.
+under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
+(Mistral Small 3.1/3.2, Magistral Small, Ministral 3) and Gemma 3 (4B, 12B, 27B) are released so.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,9 @@ class MultimodalCheckpoint:
     # (checkpoint prefix, the text model's), the first that matches a tensor's name applies
     text_prefixes: tuple[tuple[str, str], ...]
     vision_prefixes: tuple[str, ...]  # the tensors left unread
+    # What transformers' text config class takes where text_config leaves a key out (released configs
+    # may give only what differs from them).
+    text_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def text_name(self, name: str) -> str | None:
         """The text model's name of checkpoint tensor `name`; None for a tensor of the vision side."""
@@ -29,12 +33,28 @@ class MultimodalCheckpoint:
 
 MISTRAL3_TEXT = {"ministral3": "Ministral3ForCausalLM", "mistral": "MistralForCausalLM"}
 
+# Gemma3TextConfig's: Gemma 3's 4B, 12B and 27B configs give text_config only their sizes, window and RoPE scaling.
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
+                        "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                        "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6,
+                        "attention_bias": False, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1}
+
 MULTIMODAL = {
     "Llama4ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=lambda text_config: "Llama4ForCausalLM",
         text_prefixes=(("language_model.", ""),),
         vision_prefixes=("vision_model.", "multi_modal_projector.")),
     # As released (llava's names) and as transformers 5 saves it.
+    # As released (llava's names: the language model's `model.` under `language_model.`) and as transformers 5
+    # saves it; Gemma 3's LM head is its embedding.
+    "Gemma3ForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=lambda text_config: "Gemma3ForCausalLM",
+        text_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                       ("model.language_model.", "model.")),
+        vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                         "model.multi_modal_projector."),
+        text_defaults=GEMMA3_TEXT_DEFAULTS),
     "Mistral3ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=lambda text_config: MISTRAL3_TEXT.get(text_config.get("model_type"), "?"),
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),
@@ -49,7 +69,8 @@ def text_config(cfg: dict, wrapper: str) -> tuple[dict, str]:
     text = cfg.get("text_config")
     if not isinstance(text, dict):
         raise ValueError(f"{wrapper} without a text_config")
-    merged = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}, **text}
+    wrapper_keys = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+    merged = {**MULTIMODAL[wrapper].text_defaults, **wrapper_keys, **text}
     if "tie_word_embeddings" in cfg:  # whether the LM head is the embedding: the wrapper's, as transformers reads it
         merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     return merged, MULTIMODAL[wrapper].text_architecture(text)

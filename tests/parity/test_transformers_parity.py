@@ -339,6 +339,45 @@ def test_mistral3s_multimodal_checkpoint_serves_its_text_model(tmp_path, text_mo
             assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, (model_dir.name, n)
 
 
+def test_gemma3s_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Gemma 3 as released (Gemma3ForConditionalGeneration: the language model under `language_model.`, a
+    SigLIP tower beside it, the LM head its embedding) and as transformers 5 saves it; and its config as
+    the 4B's, whose text_config gives only sizes, window and RoPE scaling, the rest Gemma3TextConfig's
+    defaults (8 heads of 256, 4 kv heads, theta 1e6 and 1e4, a window layer in every 6 but the last)."""
+    from safetensors.torch import load_file, save_file
+
+    text = transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=7,
+                                         sliding_window=16, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                         initializer_range=0.2)
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    torch.manual_seed(6)
+    model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4)).eval()
+    model.save_pretrained(tmp_path / "hub")
+    tensors = load_file(tmp_path / "hub" / "model.safetensors")
+    assert any(name.startswith("language_model.model.") for name in tensors)
+    internal = shutil.copytree(tmp_path / "hub", tmp_path / "internal")
+    save_file({("model.language_model." + name.removeprefix("language_model.model.")
+                if name.startswith("language_model.model.") else "model." + name): t
+               for name, t in tensors.items()}, internal / "model.safetensors")
+    released = shutil.copytree(tmp_path / "hub", tmp_path / "released")
+    config = json.loads((released / "config.json").read_text())
+    config["text_config"] = {"hidden_size": 64, "intermediate_size": 160, "model_type": "gemma3_text",
+                             "num_hidden_layers": 7, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                             "sliding_window": 16}
+    (released / "config.json").write_text(json.dumps(config))
+    for model_dir in (tmp_path / "hub", internal, released):
+        engine = _engine(model_dir, max_num_batched_tokens=32, max_model_len=1024)
+        assert engine.model_config.architecture == "Gemma3ForCausalLM"
+        assert engine.model_config.sliding_layers == frozenset({0, 1, 2, 3, 4, 6})
+        for n in (17, 300):
+            prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+            with torch.no_grad():
+                ref = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+            assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, (model_dir.name, n)
+
+
 def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [E, in, out] as MXFP4 blocks [E, out, in / 32, 16] and scales [E, out, in / 32], each group
     of 32 numbers to the nearest of the e2m1 values times its power of two."""
