@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
+from engine.prompt_images import check_images
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ def check_weights_held(engine: LLMEngine) -> None:
 
 def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
                       sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                      prompt_embeds: torch.Tensor | None = None) -> None:
+                      prompt_embeds: torch.Tensor | None = None, images: list[torch.Tensor] = ()) -> None:
     """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
     `add_request` and `add_prefilled_request` take it); changes nothing."""
     check_weights_held(engine)
@@ -77,6 +78,10 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
     n = len(prompt_token_ids)
     if prompt_embeds is not None:
         check_prompt_embeds(engine, n, sampling_params, prompt_embeds)
+    if images:
+        if prompt_embeds is not None:
+            raise ValueError("a prompt given as embeddings takes no images")
+        check_images(engine, prompt_token_ids, images)
     # An embedding's one token is made and dropped, never computed: its prompt may fill the context.
     if n + len(output_token_ids) >= engine.max_model_len + sampling_params.embed:
         raise ValueError(f"prompt of {n} tokens (and {len(output_token_ids)} of output) does not fit the "
@@ -114,14 +119,16 @@ def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_para
         raise ValueError("prompt_embeds holds a value that is not finite (inf or NaN)")
 
 
-def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | None) -> SamplingParams:
-    """A prompt given as embeddings shares cached blocks only with prompts given the same ones: its
-    cache salt names them (unchanged where its caller salted it so, as the gateway does for its
+def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | None,
+           images: list[torch.Tensor] = ()) -> SamplingParams:
+    """A prompt given as embeddings, or with images, shares cached blocks only with prompts given the same
+    ones: its cache salt names them (unchanged where its caller salted it so, as the gateway does for its
     router's hashes to match the workers')."""
-    if prompt_embeds is None:
+    if prompt_embeds is None and not images:
         return sampling_params
-    raw = prompt_embeds.contiguous().view(torch.uint8).numpy().tobytes()
-    digest = embeddings_digest(str(prompt_embeds.dtype).removeprefix("torch."), prompt_embeds.shape, raw)
+    given = prompt_embeds if prompt_embeds is not None else torch.stack(images)
+    raw = given.contiguous().view(torch.uint8).numpy().tobytes()
+    digest = embeddings_digest(str(given.dtype).removeprefix("torch."), given.shape, raw)
     salt = salted_with_embeddings(sampling_params.cache_salt, digest)
     return sampling_params if salt == sampling_params.cache_salt else \
         dataclasses.replace(sampling_params, cache_salt=salt)

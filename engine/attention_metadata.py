@@ -14,6 +14,9 @@ class PrefillChunk:
     end: int
     context_len: int
     block_table: torch.Tensor  # [num_blocks_of_seq] int64
+    # Spans of positions [start, end) attended bidirectionally (an image's tokens, in Gemma 3) that
+    # the chunk's tokens are in; the chunk holds each one's end (the scheduler's).
+    bidirectional: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

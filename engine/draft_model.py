@@ -39,9 +39,11 @@ class DraftSequence:
     num_verified: int = 0  # the owner's tokens when its last drafts were made: the drafts follow them
     sampling_params: SamplingParams = _DRAFTING
     prompt_logprobs: None = None
-    # A prompt given as embeddings is read by the draft model as its placeholder tokens: its
-    # drafts are worse, never wrong (the target verifies them).
+    # A prompt given as embeddings, or its images, are read by the draft model as their placeholder
+    # tokens: its drafts are worse, never wrong (the target verifies them).
     prompt_embeds: None = None
+    given_embeddings: tuple = ()
+    bidirectional_spans: tuple = ()
     num_draft_tokens: int = 0
 
     @property

@@ -26,6 +26,7 @@ from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
+from engine.prompt_images import encoded_images, image_runs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -124,6 +125,7 @@ class LLMEngine:
         output_token_ids: list[int] | tuple[int, ...] = (),
         reports_pages: bool = False,
         prompt_embeds: torch.Tensor | None = None,
+        images: list[torch.Tensor] = (),
     ) -> None:
         """Queues a request; raises ValueError for one that can never be served.
 
@@ -135,15 +137,19 @@ class LLMEngine:
         `output_token_ids`: its output so far, made by another engine (a request that
         moved): computed after the prompt, and from then on as if made here.
         `prompt_embeds`: the prompt given as embeddings, a [P, hidden_size] tensor read in place of
-        the embeddings of its P `prompt_token_ids` (placeholders then).
+        the embeddings of its P `prompt_token_ids` (placeholders then). `images`: each one's pixels
+        ([channels, size, size], normalized), for its run of image tokens in the prompt.
         """
         start_ns = time.time_ns()
-        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds)
-        sampling_params = salted(sampling_params, prompt_embeds)
+        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
+                          images)
+        image_rows, spans = self._images(prompt_token_ids, images)
+        sampling_params = salted(sampling_params, prompt_embeds, images)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
-                       is_prefill_only=prefill_only, output_token_ids=output_token_ids, prompt_embeds=prompt_embeds)
+                       is_prefill_only=prefill_only, output_token_ids=output_token_ids, prompt_embeds=prompt_embeds,
+                       image_rows=image_rows, bidirectional_spans=spans)
         resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
         if reports_pages and prefill_only:
@@ -151,6 +157,12 @@ class LLMEngine:
         self.output_streams.open(request_id, len(output_token_ids))
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
+
+    def _images(self, prompt_token_ids: list[int], images: list[torch.Tensor]):
+        """A prompt's images encoded: each one's rows by position, and its spans (engine/prompt_images.py)."""
+        if not images:
+            return (), ()
+        return encoded_images(self, image_runs(prompt_token_ids, self.model_config.vision.image_token_id), images)
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is here: waiting, running, or holding its pages."""
@@ -210,20 +222,22 @@ class LLMEngine:
     def add_prefilled_request(
         self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams,
         output_token_ids: list[int] | tuple[int, ...] = (), prompt_embeds: torch.Tensor | None = None,
+        images: list[torch.Tensor] = (),
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
         `add_request` takes them) was written into the pages reserved under `request_id` and
         whose next token was sampled elsewhere. It joins the running batch, or, with max_num_seqs
         running, waits for a place in it holding its pages (the reservation admitted them).
-        `prompt_embeds` as `add_request` takes them: a preempted request computes its prompt again."""
-        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds)
-        sampling_params = salted(sampling_params, prompt_embeds)
+        `prompt_embeds` and `images` as `add_request` takes them: a preempted request computes its prompt again."""
+        check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
+                          images)
+        sampling_params = salted(sampling_params, prompt_embeds, images)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids,
-                                 prompt_embeds)
+                                 prompt_embeds, *self._images(prompt_token_ids, images))
         self._seqs[request_id] = seq
         self.output_streams.open(request_id, len(output_token_ids) + 1)  # and the first token: all made elsewhere
         if not self.scheduler.add_running(seq):

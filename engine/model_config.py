@@ -11,6 +11,7 @@ from engine.int4_weights import Int4Weights
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
 from engine.multimodal import MultimodalCheckpoint
+from engine.vision.vision_config import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class ModelConfig:
     q_temperature: QTemperature | None  # Llama 4's NoPE layers', Ministral 3's: q scaled by position
     attention_sinks: bool  # gpt-oss's: a learnt logit per q head takes its share of each softmax
     multimodal: MultimodalCheckpoint | None  # how a multimodal checkpoint names its text model's tensors
+    vision: VisionConfig | None  # its images' encoder (engine/vision/); None: text only
     hidden_act: str  # the MLP's gate: "silu", or Gemma's "gelu_pytorch_tanh"
     attention_scale: float  # of q·k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
     # Gemma's soft caps, cap * tanh(x / cap): of attention scores before the mask, of the final logits.

@@ -84,9 +84,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     # No LM head of their own, but a classifier made from its rows keeps the causal LM's.
     is_bare = arch in BARE_MODELS or (arch in SEQUENCE_CLASSIFIERS and not head_tokens)
     arch = BARE_MODELS.get(arch) or SEQUENCE_CLASSIFIERS.get(arch) or arch
-    multimodal = MULTIMODAL.get(arch)
-    if multimodal is not None:  # its text model is served (no images)
+    multimodal, vision = MULTIMODAL.get(arch), None
+    if multimodal is not None:  # its text model is served, and its images where it has an image encoder here
         try:
+            vision = multimodal.vision_config(cfg) if multimodal.vision_config is not None else None
             cfg, arch = text_config(cfg, arch)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
@@ -154,6 +155,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             **llama4_attention(cfg, arch),
             q_temperature=q_temperature(cfg, arch),
             multimodal=multimodal,
+            vision=vision,
             labels=labels,
             decoder_pooling=pooling,
             classifier_tokens=head_tokens,
@@ -206,7 +208,7 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
             mlp_bias=encoder.mlp_bias, qk_norm=None, moe=MoEConfig(), mla=None, sliding_window=encoder.sliding_window,
             sliding_layers=frozenset(i for i in range(num_layers) if i % encoder.global_every),
             attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False, rope_interleaved=False,
-            q_temperature=None, attention_sinks=False, multimodal=None, hidden_act=encoder.hidden_act,
+            q_temperature=None, attention_sinks=False, multimodal=None, vision=None, hidden_act=encoder.hidden_act,
             attention_scale=head_dim ** -0.5, attn_logit_softcapping=None, final_logit_softcapping=None,
             embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
             weights_dtype=str(stored_dtype(cfg) or "float32"), fp8_weights=None, mxfp4_weights=False,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,10 +17,11 @@ from engine.kv_pool import KVPool, TensorFactory
 from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
-from engine.prompt_embeds import GivenEmbeddings
+from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
+from engine.vision.gemma3_images import Gemma3ImageEncoder
 from engine.weights import check_every_tensor_is_read, iter_tensors
 from kernels.registry import select_kernels
 
@@ -45,6 +47,9 @@ class ModelRunner:
         arch = MODEL_REGISTRY[model_config.architecture]
         with torch.device(device):
             self.model = arch(model_config, self.kernels, dtype, max_positions)
+            # What turns a request's images into rows of the prompt (a multimodal checkpoint's, where served).
+            self.image_encoder = Gemma3ImageEncoder(model_config.vision, model_config.hidden_size, dtype) \
+                if model_config.vision is not None else None
         start_ns = time.time_ns()
         start = time.perf_counter()
         self.load_weights(model_dir, show_progress)
@@ -101,6 +106,13 @@ class ModelRunner:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():
             self.model.load_weights(tensors)
+            if self.image_encoder is not None:
+                self._load_image_encoder(checkpoint_files(model_dir))
+
+    def _load_image_encoder(self, files: dict[str, Path]) -> None:
+        """Its tensors, by its own names (the text model's loading leaves them out)."""
+        names = {stored: name for stored in files if (name := self.image_encoder.checkpoint_name(stored)) is not None}
+        self.image_encoder.load_weights({names[stored]: tensor for stored, tensor in iter_tensors(files, list(names))})
 
     def allocate_kv_pool(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None
@@ -204,8 +216,8 @@ class ModelRunner:
         row_seqs: list[Sequence] = []
         for seq, n in decodes:
             first, c = len(input_ids), seq.num_computed_tokens
-            if seq.prompt_embeds is not None and c < seq.prompt_embeds.shape[0]:  # a one-token prompt chunk
-                given.append((first, seq.prompt_embeds[c:c + 1]))
+            if seq.given_embeddings:  # a one-token prompt chunk
+                given += given_in(seq.given_embeddings, first, c, n)
             for pos in range(c, c + n):
                 input_ids.append(seq.token_ids[pos])
                 positions.append(pos)
@@ -235,13 +247,14 @@ class ModelRunner:
         start = len(input_ids)
         for seq, n in prefills:
             c = seq.num_computed_tokens
-            if seq.prompt_embeds is not None and c < seq.prompt_embeds.shape[0]:
-                given.append((start, seq.prompt_embeds[c:c + n]))
+            if seq.given_embeddings:
+                given += given_in(seq.given_embeddings, start, c, n)
             input_ids.extend(seq.token_ids[c : c + n])
             positions.extend(range(c, c + n))
             table = seq.block_table
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(c, c + n))
-            chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64, device=self.device)))
+            chunks.append(PrefillChunk(start, start + n, c, torch.tensor(table, dtype=torch.int64, device=self.device),
+                                       spans_in(seq.bidirectional_spans, c, n)))
             if seq.prompt_logprobs is not None and c < seq.num_prompt_tokens - 1:
                 prompt_rows.append((seq, start, n))
             if seq.sampling_params.embed_tokens:

@@ -1,4 +1,5 @@
-"""Multimodal checkpoints whose text model is served (images are not: a request is text or token ids).
+"""Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
+(Gemma 3's: engine/vision/); the others' requests are text or token ids.
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -10,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.vision.vision_config import VisionConfig, gemma3_vision_config
+
 
 @dataclass(frozen=True)
 class MultimodalCheckpoint:
@@ -20,6 +23,8 @@ class MultimodalCheckpoint:
     # What transformers' text config class takes where text_config leaves a key out (released configs
     # may give only what differs from them).
     text_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Its images' encoder settings from config.json, where Baton serves its images (engine/vision/); None: text only.
+    vision_config: Callable[[dict], VisionConfig] | None = None
 
     def text_name(self, name: str) -> str | None:
         """The text model's name of checkpoint tensor `name`; None for a tensor of the vision side."""
@@ -54,7 +59,7 @@ MULTIMODAL = {
                        ("model.language_model.", "model.")),
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                          "model.multi_modal_projector."),
-        text_defaults=GEMMA3_TEXT_DEFAULTS),
+        text_defaults=GEMMA3_TEXT_DEFAULTS, vision_config=gemma3_vision_config),
     "Mistral3ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=lambda text_config: MISTRAL3_TEXT.get(text_config.get("model_type"), "?"),
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),

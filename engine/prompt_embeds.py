@@ -1,10 +1,27 @@
-"""A step's prompt rows given as embeddings (vLLM's prompt embeds): where they sit among the step's
-token rows, and what the model reads there in place of its embedding of their placeholder tokens."""
+"""A step's prompt rows given as embeddings (vLLM's prompt embeds, an image's rows): where they sit among
+the step's token rows, and what the model reads there in place of its embedding of their placeholder tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+
+def given_in(given: tuple[tuple[int, torch.Tensor], ...], first_row: int, start: int, n: int
+             ) -> list[tuple[int, torch.Tensor]]:
+    """Of a sequence's `given` embeddings ((first position, rows) each), those of positions [start, start + n),
+    computed in a step's rows from `first_row` on: (row, rows) each."""
+    pieces = []
+    for position, rows in given:
+        lo, hi = max(start, position), min(start + n, position + rows.shape[0])
+        if lo < hi:
+            pieces.append((first_row + lo - start, rows[lo - position:hi - position]))
+    return pieces
+
+
+def spans_in(spans: tuple[tuple[int, int], ...], start: int, n: int) -> tuple[tuple[int, int], ...]:
+    """The spans that hold any of positions [start, start + n)."""
+    return tuple((lo, hi) for lo, hi in spans if lo < start + n and hi > start)
 
 
 @dataclass(frozen=True)

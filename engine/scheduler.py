@@ -190,8 +190,8 @@ class Scheduler:
         num_new = min(seq.num_uncomputed_tokens, budget)
         cap = self.long_prefill_token_threshold
         if 0 < cap < num_new and not seq.num_draft_tokens and not (self.whole_embeddings and seq.sampling_params.embed):
-            return cap
-        return num_new
+            num_new = cap
+        return _past_spans(seq, num_new) if seq.bidirectional_spans else num_new
 
     def retract_running(self) -> int:
         """Preempt every running sequence (SGLang's pause in retract mode): their pages are freed and
@@ -259,3 +259,14 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+
+def _past_spans(seq: Sequence, num_new: int) -> int:
+    """`num_new`, or what keeps the chunk from ending inside a span its tokens attend bidirectionally (an
+    image's, in Gemma 3): it stops before the span, or takes the span whole, past the step's budget if
+    need be (the span's tokens computed together, as they attend to each other)."""
+    start = seq.num_computed_tokens
+    end = start + num_new
+    for lo, hi in seq.bidirectional_spans:
+        if lo < end < hi:
+            return lo - start if lo > start else hi - start
+    return num_new

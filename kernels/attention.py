@@ -27,8 +27,11 @@ def prefill_attention_torch(
     softcap: float | None = None,
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
+    bidirectional: tuple[tuple[int, int], ...] = (),
 ) -> torch.Tensor:
     """One sequence's chunk of `n` new tokens after `context_len` cached ones. `sinks`: [Hq].
+    `bidirectional`: spans of positions [start, end) whose tokens attend to each other whatever their
+    order (an image's, in Gemma 3), within any sliding window; the chunk holds each one's end.
 
     q: [n, Hq, D]; k, v: [n, Hkv, D] (already written to the pages);
     block_table: [num_blocks_of_seq] int64. Returns [n, Hq, D].
@@ -40,7 +43,7 @@ def prefill_attention_torch(
     # ones a path several times slower.
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     if (context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None
-            and (chunk_size is None or n <= chunk_size) and sinks is None):
+            and (chunk_size is None or n <= chunk_size) and sinks is None and not bidirectional):
         out = F.scaled_dot_product_attention(
             qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
             is_causal=True, scale=scale, enable_gqa=True,
@@ -53,6 +56,8 @@ def prefill_attention_torch(
     q_pos = torch.arange(context_len, total, device=q.device).unsqueeze(1)  # [n, 1]
     k_pos = torch.arange(total, device=q.device).unsqueeze(0)  # [1, total]
     mask = k_pos <= q_pos
+    for start, end in bidirectional:
+        mask |= (q_pos >= start) & (q_pos < end) & (k_pos >= start) & (k_pos < end)
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
     if chunk_size is not None:

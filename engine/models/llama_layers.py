@@ -41,7 +41,8 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end
         out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                                         chunk.context_len, scale, sliding_window, softcap, chunk_size, sinks)
+                                         chunk.context_len, scale, sliding_window, softcap, chunk_size, sinks,
+                                         chunk.bidirectional)
     return out
 
 

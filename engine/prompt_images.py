@@ -1,0 +1,54 @@
+"""A prompt's images (Gemma 3's): each one's run of image tokens in the prompt, the rows its encoder
+makes for them, and the spans those rows attend bidirectionally in."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+
+
+def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
+    """Each run of consecutive image tokens, as positions [start, end)."""
+    runs: list[tuple[int, int]] = []
+    for position, token in enumerate(prompt_token_ids):
+        if token != image_token_id:
+            continue
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
+def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """Where each image goes: its run of image tokens. ValueError for images the model takes none of, or
+    that the prompt does not place (a run for each, of the encoder's rows), or pixels not its input's shape."""
+    vision = engine.model_config.vision
+    if vision is None:
+        raise ValueError(f"{engine.model_config.architecture} takes no images here")
+    runs = image_runs(prompt_token_ids, vision.image_token_id)
+    if len(runs) != len(images):
+        raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "
+                         f"{len(images)} image(s)")
+    for start, end in runs:
+        if end - start != vision.tokens_per_image:
+            raise ValueError(f"an image takes {vision.tokens_per_image} image tokens, the prompt has {end - start} "
+                             f"at position {start}")
+    shape = (vision.num_channels, vision.image_size, vision.image_size)
+    for image in images:
+        if tuple(image.shape) != shape or not image.is_floating_point():
+            raise ValueError(f"an image's pixels must be floats of shape {list(shape)}, got {image.dtype} of "
+                             f"shape {list(image.shape)}")
+    return runs
+
+
+def encoded_images(engine: LLMEngine, runs: list[tuple[int, int]], images: list[torch.Tensor]
+                   ) -> tuple[tuple[tuple[int, torch.Tensor], ...], tuple[tuple[int, int], ...]]:
+    """Each image's rows at its run's first position, and the runs as spans attended bidirectionally
+    (Gemma 3's: an image's tokens attend to each other whatever their order)."""
+    encoder = engine.runner.image_encoder
+    features = encoder(torch.stack(images).to(engine.runner.device))
+    return tuple((start, rows) for (start, _), rows in zip(runs, features, strict=True)), tuple(runs)

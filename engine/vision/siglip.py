@@ -1,0 +1,83 @@
+"""SigLIP's vision transformer (Gemma 3's tower), as transformers' SiglipVisionModel computes its
+last hidden state: patches by a strided convolution, learnt position embeddings, pre-norm encoder
+layers of full attention and a tanh-GELU MLP, a final LayerNorm. (Its pooling head is not read: the
+projectors that follow take every patch.)"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.parameters import empty_param
+from engine.vision.vision_config import VisionConfig
+
+
+class SiglipEncoderLayer(nn.Module):
+    def __init__(self, config: VisionConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.num_heads, self.eps = config.num_heads, config.layer_norm_eps
+        self.norm1_weight, self.norm1_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
+        self.norm2_weight, self.norm2_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
+        self.qkv_weight = empty_param(3 * hidden, hidden, dtype=dtype)
+        self.qkv_bias = empty_param(3 * hidden, dtype=dtype)
+        self.out_weight, self.out_bias = empty_param(hidden, hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
+        self.fc1_weight, self.fc1_bias = empty_param(inner, hidden, dtype=dtype), empty_param(inner, dtype=dtype)
+        self.fc2_weight, self.fc2_bias = empty_param(hidden, inner, dtype=dtype), empty_param(hidden, dtype=dtype)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [B, P, hidden]
+        hidden = h.shape[-1]
+        x = F.layer_norm(h, (hidden,), self.norm1_weight, self.norm1_bias, self.eps)
+        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).unflatten(-1, (3, self.num_heads, -1)).unbind(2)
+        attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        h = h + F.linear(attended.transpose(1, 2).flatten(2), self.out_weight, self.out_bias)
+        x = F.layer_norm(h, (hidden,), self.norm2_weight, self.norm2_bias, self.eps)
+        x = F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias), approximate="tanh")
+        return h + F.linear(x, self.fc2_weight, self.fc2_bias)
+
+
+class SiglipVisionTower(nn.Module):
+    def __init__(self, config: VisionConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, patch = config.hidden_size, config.patch_size
+        self.config = config
+        self.patch_weight = empty_param(hidden, config.num_channels, patch, patch, dtype=dtype)
+        self.patch_bias = empty_param(hidden, dtype=dtype)
+        self.positions = empty_param(config.patches_per_side ** 2, hidden, dtype=dtype)
+        self.layers = nn.ModuleList(SiglipEncoderLayer(config, dtype) for _ in range(config.num_layers))
+        self.post_norm_weight, self.post_norm_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, C, image_size, image_size] (normalized) → each patch's hidden state [B, P, hidden]."""
+        patches = F.conv2d(pixels.to(self.patch_weight.dtype), self.patch_weight, self.patch_bias,
+                           stride=self.config.patch_size)
+        h = patches.flatten(2).transpose(1, 2) + self.positions
+        for layer in self.layers:
+            h = layer(h)
+        return F.layer_norm(h, (h.shape[-1],), self.post_norm_weight, self.post_norm_bias, self.config.layer_norm_eps)
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """From SiglipVisionModel's names under `vision_model.` (q, k and v fused as they load);
+        KeyError for a missing one, ValueError for a wrong shape."""
+        def put(target: torch.Tensor, *names: str) -> None:
+            tensor = torch.cat([tensors[name] for name in names])
+            if target.shape != tensor.shape:
+                raise ValueError(f"vision tensor {names[0]!r} has shape {tuple(tensor.shape)}, expected "
+                                 f"{tuple(target.shape)}")
+            target.copy_(tensor)
+
+        p = "embeddings."
+        put(self.patch_weight, p + "patch_embedding.weight")
+        put(self.patch_bias, p + "patch_embedding.bias")
+        put(self.positions, p + "position_embedding.weight")
+        for i, layer in enumerate(self.layers):
+            p = f"encoder.layers.{i}."
+            for kind in ("weight", "bias"):
+                put(getattr(layer, f"norm1_{kind}"), p + f"layer_norm1.{kind}")
+                put(getattr(layer, f"norm2_{kind}"), p + f"layer_norm2.{kind}")
+                put(getattr(layer, f"qkv_{kind}"), *(p + f"self_attn.{x}_proj.{kind}" for x in "qkv"))
+                put(getattr(layer, f"out_{kind}"), p + f"self_attn.out_proj.{kind}")
+                put(getattr(layer, f"fc1_{kind}"), p + f"mlp.fc1.{kind}")
+                put(getattr(layer, f"fc2_{kind}"), p + f"mlp.fc2.{kind}")
+        put(self.post_norm_weight, "post_layernorm.weight")
+        put(self.post_norm_bias, "post_layernorm.bias")

@@ -1,0 +1,153 @@
+"""Gemma 3's images against transformers' Gemma3ForConditionalGeneration on the same weights: the SigLIP
+tower and projector's rows in place of each image's tokens, which attend to each other bidirectionally
+(token_type_ids' blocks), logits and greedy tokens, in one chunk or many, and recomputed after a preemption."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.parity.conftest import transformers
+
+IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 500, 498, 499
+TOKENS_PER_IMAGE = 16  # 8x8 patches pooled 2x2
+MAX_NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def gemma3_with_images(tmp_path_factory):
+    text = transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=3, head_dim=16,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                         sliding_window=24, query_pre_attn_scalar=24, initializer_range=0.2,
+                                         layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=2, image_size=112, patch_size=14)
+    torch.manual_seed(11)
+    model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=TOKENS_PER_IMAGE,
+        image_token_index=IMAGE_TOKEN, boi_token_index=BEGIN_IMAGE, eoi_token_index=END_IMAGE)).eval()
+    with torch.no_grad():  # norms, biases and the projection off their init, so each one counts
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias") or "projection" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    model.generation_config.eos_token_id = None
+    path = tmp_path_factory.mktemp("gemma3-images")
+    model.save_pretrained(path)
+    return path, model
+
+
+def _image(n: int) -> list[int]:
+    return [BEGIN_IMAGE, *[IMAGE_TOKEN] * TOKENS_PER_IMAGE, END_IMAGE]
+
+
+def _prompt(seed: int, num_images: int = 2) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(3, 490, (n,), generator=g).tolist()  # noqa: E731
+    prompt = [2, *text(5)]
+    for i in range(num_images):
+        prompt += _image(i) + text(7 + i)
+    return prompt
+
+
+def _pixels(seed: int, n: int) -> torch.Tensor:
+    return torch.randn(n, 3, 112, 112, generator=torch.Generator().manual_seed(seed))
+
+
+def _hf_greedy(model, prompt: list[int], pixels: torch.Tensor) -> list[int]:
+    """Greedy tokens by whole forward passes (no cache): image tokens typed 1, as the processor types them."""
+    tokens: list[int] = []
+    with torch.no_grad():
+        for _ in range(MAX_NEW_TOKENS):
+            ids = torch.tensor([prompt + tokens])
+            logits = model(input_ids=ids, pixel_values=pixels, token_type_ids=(ids == IMAGE_TOKEN).long()).logits
+            tokens.append(int(logits[0, -1].argmax()))
+    return tokens
+
+
+def _engine(path, **options) -> LLMEngine:
+    return LLMEngine(EngineConfig(**{"model": str(path), "dtype": "float32", "num_kv_blocks": 64,
+                                     "max_num_batched_tokens": 512, **options}))
+
+
+def _generate(engine: LLMEngine, requests: dict[str, tuple[list[int], list[torch.Tensor]]]) -> dict[str, list[int]]:
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    for request_id, (prompt, images) in requests.items():
+        engine.add_request(request_id, prompt, params, images=images)
+    results = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.token_ids
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    return results
+
+
+def test_image_rows_match_transformers_image_features(gemma3_with_images):
+    path, model = gemma3_with_images
+    engine = _engine(path)
+    pixels = _pixels(1, 2)
+    with torch.no_grad():
+        ref = model.model.get_image_features(pixels).pooler_output
+    assert (engine.runner.image_encoder(pixels) - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("budget", [512, 16, 20])
+def test_greedy_tokens_with_images_match_transformers(gemma3_with_images, budget):
+    """Budgets of 16 and 20 split the prompts into chunks: an image's 16 tokens are never split, as they attend
+    to each other."""
+    path, model = gemma3_with_images
+    prompts = {"two": (_prompt(2), list(_pixels(2, 2))), "one": (_prompt(3, 1), list(_pixels(3, 1))),
+               "text": (_prompt(4, 0), [])}
+    results = _generate(_engine(path, max_num_batched_tokens=budget), prompts)
+    for request_id, (prompt, images) in prompts.items():
+        pixels = torch.stack(images) if images else None
+        assert results[request_id] == _hf_greedy(model, prompt, pixels), request_id
+
+
+@pytest.mark.parametrize("budget", [512, 16])
+def test_first_token_logprobs_with_images_match_transformers(gemma3_with_images, budget):
+    """Logprobs, not only tokens: an image's tokens attended causally would still give these greedy tokens
+    here, but not these numbers."""
+    path, model = gemma3_with_images
+    prompt, pixels = _prompt(7), _pixels(7, 2)
+    engine = _engine(path, max_num_batched_tokens=budget)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=20), images=list(pixels))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    ours = outputs[-1].new_logprobs[0]
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        logits = model(input_ids=ids, pixel_values=pixels, token_type_ids=(ids == IMAGE_TOKEN).long()).logits[0, -1]
+    ref = torch.log_softmax(logits, dim=-1)
+    assert max(abs(logprob - float(ref[token])) for token, logprob in ours.items()) < 1e-4
+
+
+def test_an_image_computed_again_after_a_preemption_gives_the_same_tokens(gemma3_with_images):
+    path, model = gemma3_with_images
+    # 62-token prompts: both admitted into 8 of the 9 pages, both past their 4th page within 3 tokens.
+    prompts = {f"r{i}": (_prompt(5 + i) + [7, 8, 9, 10, 11], list(_pixels(5 + i, 2))) for i in range(2)}
+    engine = _engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
+    results = _generate(engine, prompts)
+    assert engine.scheduler.num_preemptions > 0
+    for request_id, (prompt, images) in prompts.items():
+        assert results[request_id] == _hf_greedy(model, prompt, torch.stack(images)), request_id
+
+
+def test_images_the_prompt_does_not_place_are_refused(gemma3_with_images, tiny_model_dirs):
+    path, _ = gemma3_with_images
+    engine = _engine(path)
+    params = SamplingParams(max_tokens=4)
+    refusals = {
+        "1 run\\(s\\) of image tokens .* for 2 image": (_prompt(6, 1), list(_pixels(6, 2))),
+        "takes 16 image tokens, the prompt has 15": ([2, *[IMAGE_TOKEN] * 15, 7], list(_pixels(6, 1))),
+        "shape \\[3, 112, 112\\]": (_prompt(6, 1), [torch.zeros(3, 56, 56)]),
+    }
+    for message, (prompt, images) in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            engine.add_request("r", prompt, params, images=images)
+    with pytest.raises(ValueError, match="takes no images"):
+        _engine(tiny_model_dirs["gemma3"]).add_request("r", _prompt(6, 1), params, images=list(_pixels(6, 1)))
+    assert not engine.has_unfinished_requests()
