@@ -196,3 +196,20 @@ def shared_model_dirs() -> list[Path]:
     if not SHARED_MODELS.is_dir():
         return []
     return sorted(p for p in SHARED_MODELS.iterdir() if (p / "config.json").is_file())
+
+
+def greedy_outputs(engine, requests: dict[str, tuple[list[int], dict]], max_tokens: int) -> dict[str, list[int]]:
+    """Each request's greedy tokens (ignoring EOS) run to its end beside the others: `requests` maps an
+    id to its prompt and the rest of what `add_request` takes for it. Every page is free after."""
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for request_id, (prompt, given) in requests.items():
+        engine.add_request(request_id, prompt, params, **given)
+    results = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.token_ids
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    return results

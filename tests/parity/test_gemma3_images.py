@@ -9,7 +9,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.parity.conftest import transformers
+from tests.parity.conftest import greedy_outputs, transformers
 
 IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 500, 498, 499
 TOKENS_PER_IMAGE = 16  # 8x8 patches pooled 2x2
@@ -72,16 +72,8 @@ def _engine(path, **options) -> LLMEngine:
 
 
 def _generate(engine: LLMEngine, requests: dict[str, tuple[list[int], list[torch.Tensor]]]) -> dict[str, list[int]]:
-    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    for request_id, (prompt, images) in requests.items():
-        engine.add_request(request_id, prompt, params, images=images)
-    results = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                results[out.request_id] = out.token_ids
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-    return results
+    return greedy_outputs(engine, {request_id: (prompt, {"images": images})
+                                   for request_id, (prompt, images) in requests.items()}, MAX_NEW_TOKENS)
 
 
 def test_image_rows_match_transformers_image_features(gemma3_with_images):

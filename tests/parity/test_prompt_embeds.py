@@ -10,7 +10,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.parity.conftest import transformers
+from tests.parity.conftest import greedy_outputs, transformers
 
 # Granite scales given embeddings as its own (embedding_multiplier); Gemma 2 and 3 scale inside
 # their embedding module, so given ones are not; DeepSeek-V3's attention is MLA.
@@ -51,16 +51,8 @@ def _engine(model_dir, **options) -> LLMEngine:
 
 
 def _run(engine: LLMEngine, requests: dict[str, tuple[list[int], torch.Tensor | None]]) -> dict[str, list[int]]:
-    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    for request_id, (prompt, embeds) in requests.items():
-        engine.add_request(request_id, prompt, params, prompt_embeds=embeds)
-    results = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                results[out.request_id] = out.token_ids
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-    return results
+    return greedy_outputs(engine, {request_id: (prompt, {"prompt_embeds": embeds})
+                                   for request_id, (prompt, embeds) in requests.items()}, MAX_NEW_TOKENS)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
