@@ -32,7 +32,7 @@ def resume_guide(engine: LLMEngine, seq: Sequence, made_elsewhere: list[int] | t
 def prefilled_sequence(engine: LLMEngine, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                        sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...],
                        prompt_embeds: torch.Tensor | None = None,
-                       image_rows: tuple[tuple[int, torch.Tensor], ...] = (),
+                       images: tuple[tuple[int, torch.Tensor], ...] = (),
                        bidirectional_spans: tuple[tuple[int, int], ...] = ()) -> Sequence:
     """`request_id`'s sequence, holding the pages reserved under that id (their KV written for its
     prompt and `output_token_ids`), `first_token_id` its last token. ValueError when its output does
@@ -40,7 +40,7 @@ def prefilled_sequence(engine: LLMEngine, request_id: str, prompt_token_ids: lis
     # The prefill worker sampled it as this engine would have: under the same guide, seed and position.
     made_elsewhere = [*output_token_ids, first_token_id]
     seq = Sequence(request_id, prompt_token_ids, sampling_params, engine.config.block_size,
-                   output_token_ids=output_token_ids, prompt_embeds=prompt_embeds, image_rows=image_rows,
+                   output_token_ids=output_token_ids, prompt_embeds=prompt_embeds, images=images,
                    bidirectional_spans=bidirectional_spans)
     try:
         resume_guide(engine, seq, made_elsewhere)

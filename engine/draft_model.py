@@ -43,6 +43,7 @@ class DraftSequence:
     # tokens: its drafts are worse, never wrong (the target verifies them).
     prompt_embeds: None = None
     given_embeddings: tuple = ()
+    pending_images: tuple = ()
     bidirectional_spans: tuple = ()
     num_draft_tokens: int = 0
 

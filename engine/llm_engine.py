@@ -26,7 +26,7 @@ from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
-from engine.prompt_images import encoded_images, image_runs
+from engine.prompt_images import image_runs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -143,13 +143,13 @@ class LLMEngine:
         start_ns = time.time_ns()
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
-        image_rows, spans = self._images(prompt_token_ids, images)
+        pending, spans = self._images(prompt_token_ids, images)
         sampling_params = salted(sampling_params, prompt_embeds, images)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        is_prefill_only=prefill_only, output_token_ids=output_token_ids, prompt_embeds=prompt_embeds,
-                       image_rows=image_rows, bidirectional_spans=spans)
+                       images=pending, bidirectional_spans=spans)
         resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
         if reports_pages and prefill_only:
@@ -159,10 +159,12 @@ class LLMEngine:
         seq.step_times.admit_ns = (start_ns, time.time_ns())
 
     def _images(self, prompt_token_ids: list[int], images: list[torch.Tensor]):
-        """A prompt's images encoded: each one's rows by position, and its spans (engine/prompt_images.py)."""
+        """A prompt's images by the first position of each one's run of image tokens, and the runs (their
+        spans attended bidirectionally, engine/prompt_images.py)."""
         if not images:
             return (), ()
-        return encoded_images(self, image_runs(prompt_token_ids, self.model_config.vision.image_token_id), images)
+        runs = image_runs(prompt_token_ids, self.model_config.vision.image_token_id)
+        return tuple((start, pixels) for (start, _), pixels in zip(runs, images, strict=True)), tuple(runs)
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is here: waiting, running, or holding its pages."""

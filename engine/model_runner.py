@@ -18,6 +18,7 @@ from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
+from engine.prompt_images import encode_pending_images
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
@@ -197,6 +198,8 @@ class ModelRunner:
         prefills: list[tuple[Sequence, int]] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             (decodes if _is_decode(seq, n) else prefills).append((seq, n))
+            if seq.pending_images and seq.pending_images[0][0] < seq.num_computed_tokens + n:
+                encode_pending_images(self.image_encoder, seq, self.device)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []

@@ -79,3 +79,10 @@ def text_config(cfg: dict, wrapper: str) -> tuple[dict, str]:
     if "tie_word_embeddings" in cfg:  # whether the LM head is the embedding: the wrapper's, as transformers reads it
         merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     return merged, MULTIMODAL[wrapper].text_architecture(text)
+
+
+def takes_images(cfg: dict) -> bool:
+    """Whether config.json's model is one whose images Baton serves."""
+    archs = cfg.get("architectures") or [None]
+    checkpoint = MULTIMODAL.get(archs[0])
+    return checkpoint is not None and checkpoint.vision_config is not None

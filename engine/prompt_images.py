@@ -1,5 +1,5 @@
-"""A prompt's images (Gemma 3's): each one's run of image tokens in the prompt, the rows its encoder
-makes for them, and the spans those rows attend bidirectionally in."""
+"""A prompt's images (Gemma 3's): each one's run of image tokens in the prompt (the span its rows attend
+bidirectionally in), and the rows its encoder makes for them, made when a step first computes them."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,6 +8,7 @@ import torch
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
+    from engine.sequence import Sequence
 
 
 def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
@@ -45,10 +46,10 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: list[to
     return runs
 
 
-def encoded_images(engine: LLMEngine, runs: list[tuple[int, int]], images: list[torch.Tensor]
-                   ) -> tuple[tuple[tuple[int, torch.Tensor], ...], tuple[tuple[int, int], ...]]:
-    """Each image's rows at its run's first position, and the runs as spans attended bidirectionally
-    (Gemma 3's: an image's tokens attend to each other whatever their order)."""
-    encoder = engine.runner.image_encoder
-    features = encoder(torch.stack(images).to(engine.runner.device))
-    return tuple((start, rows) for (start, _), rows in zip(runs, features, strict=True)), tuple(runs)
+def encode_pending_images(encoder: torch.nn.Module, seq: Sequence, device: torch.device | str) -> None:
+    """Encode `seq`'s images into its given embeddings, rows by position (once: a request that never
+    computes its prompt here, as a decode worker's unless preempted, never encodes them)."""
+    starts = [start for start, _ in seq.pending_images]
+    features = encoder(torch.stack([pixels for _, pixels in seq.pending_images]).to(device))
+    seq.given_embeddings = tuple(zip(starts, features, strict=True))
+    seq.pending_images = ()

@@ -42,14 +42,14 @@ class Sequence:
         is_prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
         prompt_embeds: torch.Tensor | None = None,
-        image_rows: tuple[tuple[int, torch.Tensor], ...] = (),
+        images: tuple[tuple[int, torch.Tensor], ...] = (),
         bidirectional_spans: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
         is computed after the prompt's, and it counts as output, not prompt. `prompt_embeds`: the
         prompt given as embeddings, a [P, H] tensor whose rows the model reads in place of its
-        token ids' (placeholders then, as in vLLM). `image_rows`: (first position, rows) of each image
-        in the prompt, the rows read in place of its image tokens' embeddings; `bidirectional_spans`:
+        token ids' (placeholders then, as in vLLM). `images`: (first position, pixels) of each image in
+        the prompt, whose encoder's rows are read in place of its image tokens' embeddings; `bidirectional_spans`:
         positions [start, end) whose tokens attend to each other whatever their order (Gemma 3's images)."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -57,8 +57,11 @@ class Sequence:
         self.token_ids: list[int] = [*prompt_token_ids, *output_token_ids]
         self.num_prompt_tokens = len(prompt_token_ids)
         self.prompt_embeds = prompt_embeds
-        # Prompt rows given as embeddings, (first position, rows) in order: the whole prompt's, or each image's.
-        self.given_embeddings = ((0, prompt_embeds),) if prompt_embeds is not None else image_rows
+        # Prompt rows given as embeddings, (first position, rows) in order: the whole prompt's, or each image's
+        # once its pixels, pending till then, are encoded (engine/prompt_images.py).
+        self.given_embeddings: tuple[tuple[int, torch.Tensor], ...] = \
+            ((0, prompt_embeds),) if prompt_embeds is not None else ()
+        self.pending_images = images
         self.bidirectional_spans = bidirectional_spans
         self.num_tokens_given = len(self.token_ids)  # on arrival: tokens past them were made here
         self.sampling_params = sampling_params

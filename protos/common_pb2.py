@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x0f\x62\x61ton.common.v1\"\xb7\x08\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x11\n\x04seed\x18\t \x01(\x04H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\x05\x88\x01\x01\x12\x42\n\nlogit_bias\x18\r \x03(\x0b\x32..baton.common.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x06\x88\x01\x01\x12\x19\n\x11\x61llowed_token_ids\x18\x10 \x03(\x05\x12\x19\n\x0cguided_regex\x18\x11 \x01(\tH\x07\x88\x01\x01\x12\x1b\n\x0eguided_grammar\x18\x17 \x01(\tH\x08\x88\x01\x01\x12!\n\x14guide_after_token_id\x18\x12 \x01(\x05H\t\x88\x01\x01\x12\x1d\n\x15guide_after_token_ids\x18\x16 \x03(\x05\x12\x10\n\x08priority\x18\x13 \x01(\x05\x12,\n\tbad_words\x18\x14 \x03(\x0b\x32\x19.baton.common.v1.TokenIds\x12\x16\n\tlora_name\x18\x15 \x01(\tH\n\x88\x01\x01\x12\x17\n\x0fstream_interval\x18\x18 \x01(\r\x12\x17\n\ncache_salt\x18\x19 \x01(\tH\x0b\x88\x01\x01\x12\x19\n\x11logprob_token_ids\x18\x1a \x03(\x05\x12\x38\n\x0fthinking_budget\x18\x1b \x01(\x0b\x32\x1f.baton.common.v1.ThinkingBudget\x12\x34\n\rprompt_embeds\x18\x1c \x01(\x0b\x32\x1d.baton.common.v1.PromptEmbeds\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x0f\n\r_guided_regexB\x11\n\x0f_guided_grammarB\x17\n\x15_guide_after_token_idB\x0c\n\n_lora_nameB\r\n\x0b_cache_salt\"R\n\x0cPromptEmbeds\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08num_rows\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\"r\n\x0eThinkingBudget\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x17\n\x0fstart_token_ids\x18\x02 \x03(\x05\x12\x15\n\rend_token_ids\x18\x03 \x03(\x05\x12\x1c\n\x14\x66orced_end_token_ids\x18\x04 \x03(\x05\"\x84\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x1d\n\x10reasoning_tokens\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_reasoning_tokens\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\x9b\x01\n\x0bTopLogprobs\x12.\n\x07sampled\x18\x01 \x01(\x0b\x32\x1d.baton.common.v1.TokenLogprob\x12*\n\x03top\x18\x02 \x03(\x0b\x32\x1d.baton.common.v1.TokenLogprob\x12\x30\n\trequested\x18\x03 \x03(\x0b\x32\x1d.baton.common.v1.TokenLogprob\"\x84\x01\n\x08KVLayout\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\x0c\"\x9b\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x17\n\x0ftool_calls_json\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x19\n\x11reasoning_content\x18\x06 \x01(\t\x12\x15\n\rcontent_parts\x18\x07 \x03(\t\">\n\x0c\x43hatMessages\x12.\n\x08messages\x18\x01 \x03(\x0b\x32\x1c.baton.common.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"C\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05param\x18\x04 \x01(\t*\xaf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x05*\x84\x01\n\x0bKVTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aKV_TRANSPORT_SHARED_MEMORY\x10\x01\x12\x1c\n\x18KV_TRANSPORT_GRPC_STREAM\x10\x02\x12\x19\n\x15KV_TRANSPORT_CUDA_IPC\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x0f\x62\x61ton.common.v1\"\xe5\x08\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x11\n\x04seed\x18\t \x01(\x04H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\x05\x88\x01\x01\x12\x42\n\nlogit_bias\x18\r \x03(\x0b\x32..baton.common.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x06\x88\x01\x01\x12\x19\n\x11\x61llowed_token_ids\x18\x10 \x03(\x05\x12\x19\n\x0cguided_regex\x18\x11 \x01(\tH\x07\x88\x01\x01\x12\x1b\n\x0eguided_grammar\x18\x17 \x01(\tH\x08\x88\x01\x01\x12!\n\x14guide_after_token_id\x18\x12 \x01(\x05H\t\x88\x01\x01\x12\x1d\n\x15guide_after_token_ids\x18\x16 \x03(\x05\x12\x10\n\x08priority\x18\x13 \x01(\x05\x12,\n\tbad_words\x18\x14 \x03(\x0b\x32\x19.baton.common.v1.TokenIds\x12\x16\n\tlora_name\x18\x15 \x01(\tH\n\x88\x01\x01\x12\x17\n\x0fstream_interval\x18\x18 \x01(\r\x12\x17\n\ncache_salt\x18\x19 \x01(\tH\x0b\x88\x01\x01\x12\x19\n\x11logprob_token_ids\x18\x1a \x03(\x05\x12\x38\n\x0fthinking_budget\x18\x1b \x01(\x0b\x32\x1f.baton.common.v1.ThinkingBudget\x12\x34\n\rprompt_embeds\x18\x1c \x01(\x0b\x32\x1d.baton.common.v1.PromptEmbeds\x12,\n\x06images\x18\x1d \x03(\x0b\x32\x1c.baton.common.v1.PromptImage\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x0f\n\r_guided_regexB\x11\n\x0f_guided_grammarB\x17\n\x15_guide_after_token_idB\x0c\n\n_lora_nameB\r\n\x0b_cache_salt\"N\n\x0bPromptImage\x12\x0e\n\x06pixels\x18\x01 \x01(\x0c\x12\x10\n\x08\x63hannels\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\x12\r\n\x05width\x18\x04 \x01(\r\"R\n\x0cPromptEmbeds\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08num_rows\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\"r\n\x0eThinkingBudget\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x17\n\x0fstart_token_ids\x18\x02 \x03(\x05\x12\x15\n\rend_token_ids\x18\x03 \x03(\x05\x12\x1c\n\x14\x66orced_end_token_ids\x18\x04 \x03(\x05\"\x84\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x1d\n\x10reasoning_tokens\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_reasoning_tokens\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\x9b\x01\n\x0bTopLogprobs\x12.\n\x07sampled\x18\x01 \x01(\x0b\x32\x1d.baton.common.v1.TokenLogprob\x12*\n\x03top\x18\x02 \x03(\x0b\x32\x1d.baton.common.v1.TokenLogprob\x12\x30\n\trequested\x18\x03 \x03(\x0b\x32\x1d.baton.common.v1.TokenLogprob\"\x84\x01\n\x08KVLayout\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\x0c\"\xb0\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x17\n\x0ftool_calls_json\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x19\n\x11reasoning_content\x18\x06 \x01(\t\x12\x15\n\rcontent_parts\x18\x07 \x03(\t\x12\x13\n\x0bimage_parts\x18\x08 \x03(\r\">\n\x0c\x43hatMessages\x12.\n\x08messages\x18\x01 \x03(\x0b\x32\x1c.baton.common.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"C\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05param\x18\x04 \x01(\t*\xaf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x05*\x84\x01\n\x0bKVTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aKV_TRANSPORT_SHARED_MEMORY\x10\x01\x12\x1c\n\x18KV_TRANSPORT_GRPC_STREAM\x10\x02\x12\x19\n\x15KV_TRANSPORT_CUDA_IPC\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2124
-  _globals['_FINISHREASON']._serialized_end=2299
-  _globals['_KVTRANSPORT']._serialized_start=2302
-  _globals['_KVTRANSPORT']._serialized_end=2434
+  _globals['_FINISHREASON']._serialized_start=2271
+  _globals['_FINISHREASON']._serialized_end=2446
+  _globals['_KVTRANSPORT']._serialized_start=2449
+  _globals['_KVTRANSPORT']._serialized_end=2581
   _globals['_SAMPLINGPARAMS']._serialized_start=41
-  _globals['_SAMPLINGPARAMS']._serialized_end=1120
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=876
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=924
-  _globals['_PROMPTEMBEDS']._serialized_start=1122
-  _globals['_PROMPTEMBEDS']._serialized_end=1204
-  _globals['_THINKINGBUDGET']._serialized_start=1206
-  _globals['_THINKINGBUDGET']._serialized_end=1320
-  _globals['_USAGE']._serialized_start=1323
-  _globals['_USAGE']._serialized_end=1455
-  _globals['_TOKENLOGPROB']._serialized_start=1457
-  _globals['_TOKENLOGPROB']._serialized_end=1506
-  _globals['_TOPLOGPROBS']._serialized_start=1509
-  _globals['_TOPLOGPROBS']._serialized_end=1664
-  _globals['_KVLAYOUT']._serialized_start=1667
-  _globals['_KVLAYOUT']._serialized_end=1799
-  _globals['_CHATMESSAGE']._serialized_start=1802
-  _globals['_CHATMESSAGE']._serialized_end=1957
-  _globals['_CHATMESSAGES']._serialized_start=1959
-  _globals['_CHATMESSAGES']._serialized_end=2021
-  _globals['_TOKENIDS']._serialized_start=2023
-  _globals['_TOKENIDS']._serialized_end=2052
-  _globals['_ERROR']._serialized_start=2054
-  _globals['_ERROR']._serialized_end=2121
+  _globals['_SAMPLINGPARAMS']._serialized_end=1166
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=922
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=970
+  _globals['_PROMPTIMAGE']._serialized_start=1168
+  _globals['_PROMPTIMAGE']._serialized_end=1246
+  _globals['_PROMPTEMBEDS']._serialized_start=1248
+  _globals['_PROMPTEMBEDS']._serialized_end=1330
+  _globals['_THINKINGBUDGET']._serialized_start=1332
+  _globals['_THINKINGBUDGET']._serialized_end=1446
+  _globals['_USAGE']._serialized_start=1449
+  _globals['_USAGE']._serialized_end=1581
+  _globals['_TOKENLOGPROB']._serialized_start=1583
+  _globals['_TOKENLOGPROB']._serialized_end=1632
+  _globals['_TOPLOGPROBS']._serialized_start=1635
+  _globals['_TOPLOGPROBS']._serialized_end=1790
+  _globals['_KVLAYOUT']._serialized_start=1793
+  _globals['_KVLAYOUT']._serialized_end=1925
+  _globals['_CHATMESSAGE']._serialized_start=1928
+  _globals['_CHATMESSAGE']._serialized_end=2104
+  _globals['_CHATMESSAGES']._serialized_start=2106
+  _globals['_CHATMESSAGES']._serialized_end=2168
+  _globals['_TOKENIDS']._serialized_start=2170
+  _globals['_TOKENIDS']._serialized_end=2199
+  _globals['_ERROR']._serialized_start=2201
+  _globals['_ERROR']._serialized_end=2268
 # @@protoc_insertion_point(module_scope)

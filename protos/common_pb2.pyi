@@ -34,7 +34,7 @@ KV_TRANSPORT_GRPC_STREAM: KVTransport
 KV_TRANSPORT_CUDA_IPC: KVTransport
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_token_ids", "ignore_eos", "logprobs", "logit_bias", "min_tokens", "prompt_logprobs", "allowed_token_ids", "guided_regex", "guided_grammar", "guide_after_token_id", "guide_after_token_ids", "priority", "bad_words", "lora_name", "stream_interval", "cache_salt", "logprob_token_ids", "thinking_budget", "prompt_embeds")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_token_ids", "ignore_eos", "logprobs", "logit_bias", "min_tokens", "prompt_logprobs", "allowed_token_ids", "guided_regex", "guided_grammar", "guide_after_token_id", "guide_after_token_ids", "priority", "bad_words", "lora_name", "stream_interval", "cache_salt", "logprob_token_ids", "thinking_budget", "prompt_embeds", "images")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class SamplingParams(_message.Message):
     LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     THINKING_BUDGET_FIELD_NUMBER: _ClassVar[int]
     PROMPT_EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -98,7 +99,20 @@ class SamplingParams(_message.Message):
     logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
     thinking_budget: ThinkingBudget
     prompt_embeds: PromptEmbeds
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., guided_regex: _Optional[str] = ..., guided_grammar: _Optional[str] = ..., guide_after_token_id: _Optional[int] = ..., guide_after_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., bad_words: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lora_name: _Optional[str] = ..., stream_interval: _Optional[int] = ..., cache_salt: _Optional[str] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., thinking_budget: _Optional[_Union[ThinkingBudget, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[PromptImage]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., guided_regex: _Optional[str] = ..., guided_grammar: _Optional[str] = ..., guide_after_token_id: _Optional[int] = ..., guide_after_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., bad_words: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lora_name: _Optional[str] = ..., stream_interval: _Optional[int] = ..., cache_salt: _Optional[str] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., thinking_budget: _Optional[_Union[ThinkingBudget, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., images: _Optional[_Iterable[_Union[PromptImage, _Mapping]]] = ...) -> None: ...
+
+class PromptImage(_message.Message):
+    __slots__ = ("pixels", "channels", "height", "width")
+    PIXELS_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    pixels: bytes
+    channels: int
+    height: int
+    width: int
+    def __init__(self, pixels: _Optional[bytes] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class PromptEmbeds(_message.Message):
     __slots__ = ("data", "num_rows", "hidden_size", "dtype")
@@ -171,7 +185,7 @@ class KVLayout(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts")
+    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +193,7 @@ class ChatMessage(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     REASONING_CONTENT_FIELD_NUMBER: _ClassVar[int]
     CONTENT_PARTS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PARTS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls_json: str
@@ -186,7 +201,8 @@ class ChatMessage(_message.Message):
     name: str
     reasoning_content: str
     content_parts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ...) -> None: ...
+    image_parts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)

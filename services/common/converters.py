@@ -36,8 +36,8 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
     (about 50 us of each prefill's way to the engine here: six fields looked up by name, a
     frozen dataclass's checks). Equal bytes give equal params, and requests may share one
     immutable SamplingParams, as `LLMEngine.generate`'s prompts do."""
-    if p.HasField("prompt_embeds"):  # the prompt's, not its sampling (services/common/prompt_embeds.py)
-        p = _without_prompt_embeds(p)
+    if p.HasField("prompt_embeds") or p.images:  # the prompt's, not its sampling (services/common/prompt_embeds.py)
+        p = _without_prompt_inputs(p)
     key = p.SerializeToString(deterministic=True)
     params = _sampling_memo.get(key)
     if params is None:
@@ -48,10 +48,11 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
     return params
 
 
-def _without_prompt_embeds(p: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
+def _without_prompt_inputs(p: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
     stripped = common_pb2.SamplingParams()
     stripped.CopyFrom(p)
     stripped.ClearField("prompt_embeds")
+    stripped.ClearField("images")
     return stripped
 
 

@@ -158,7 +158,7 @@ class EngineLoop(EngineStepper):
 
     def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                         params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                        prompt_embeds: torch.Tensor | None = None) -> asyncio.Queue:
+                        prompt_embeds: torch.Tensor | None = None, images: list[torch.Tensor] = ()) -> asyncio.Queue:
         """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
         (see `add_request`). A refused request has its reservation released: the claim consumed it."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
@@ -166,7 +166,7 @@ class EngineLoop(EngineStepper):
         def add(engine: LLMEngine) -> None:
             try:
                 engine.add_prefilled_request(request_id, prompt_token_ids, first_token_id, params, output_token_ids,
-                                             prompt_embeds)
+                                             prompt_embeds, images)
             except BaseException:
                 engine.release_reservation(request_id)
                 raise
@@ -177,7 +177,8 @@ class EngineLoop(EngineStepper):
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prefill_only: bool = False, output_token_ids: list[int] | tuple[int, ...] = (),
-                    reports_pages: bool = False, prompt_embeds: torch.Tensor | None = None) -> asyncio.Queue:
+                    reports_pages: bool = False, prompt_embeds: torch.Tensor | None = None,
+                    images: list[torch.Tensor] = ()) -> asyncio.Queue:
         """Queue a new request in the engine; returns the queue of its RequestOutputs at once.
 
         Their first item is a `RequestRefusedError` for a request the engine refuses (the
@@ -185,14 +186,14 @@ class EngineLoop(EngineStepper):
         for one queued as the engine died (raised at once once it is dead). A `prefill_only`
         request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`). A
         moved request comes with its `output_token_ids` so far; one that `reports_pages` gets its
-        `ComputedPages` too, before its first token; a prompt given as embeddings comes with them
-        (`LLMEngine.add_request`)."""
+        `ComputedPages` too, before its first token; a prompt given as embeddings, or with images,
+        comes with them (`LLMEngine.add_request`)."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only,
                                output_token_ids=output_token_ids, reports_pages=reports_pages,
-                               prompt_embeds=prompt_embeds)
+                               prompt_embeds=prompt_embeds, images=images)
             self._streams[request_id] = stream
 
         self._queue(add, IntoQueue(*stream))

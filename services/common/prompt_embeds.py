@@ -1,4 +1,5 @@
-"""A request's prompt given as embeddings (common.proto's PromptEmbeds), as the workers' engines take it."""
+"""A request's prompt given as embeddings (common.proto's PromptEmbeds), and its images (PromptImage), as
+the workers' engines take them."""
 from __future__ import annotations
 
 import torch
@@ -24,3 +25,17 @@ def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | None
                          f"{given.hidden_size} {given.dtype} values")
     # A copy the tensor owns: the message's bytes are immutable, and the request outlives it.
     return torch.frombuffer(bytearray(given.data), dtype=dtype).view(given.num_rows, given.hidden_size)
+
+
+def given_images(sampling: common_pb2.SamplingParams) -> list[torch.Tensor]:
+    """Each of `sampling.images` as a float32 [channels, height, width] tensor; ValueError for bytes that
+    are not their shape (the engine checks the shape against the model's)."""
+    images = []
+    for image in sampling.images:
+        if not image.channels or not image.height or not image.width \
+                or len(image.pixels) != 4 * image.channels * image.height * image.width:
+            raise ValueError(f"an image holds {len(image.pixels)} bytes, not float32 pixels of "
+                             f"[{image.channels}, {image.height}, {image.width}]")
+        images.append(torch.frombuffer(bytearray(image.pixels), dtype=torch.float32)
+                      .view(image.channels, image.height, image.width))
+    return images

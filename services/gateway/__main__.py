@@ -24,6 +24,7 @@ from engine.checkpoint import kv_fingerprint, read_model_config
 from engine.classifier_config import is_sequence_classifier
 from engine.config import EngineConfig
 from engine.encoder_config import is_encoder
+from engine.multimodal import takes_images
 from protos import (
     common_pb2,
     decode_pb2,
@@ -183,6 +184,9 @@ class GatewayService:
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
+        if takes_images(model_json):  # PIL and numpy, only where images are read
+            from services.gateway.image_inputs import ChatImages, ImageProcessing
+            self.state.images = ChatImages(ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path)
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config

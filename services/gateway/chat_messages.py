@@ -1,5 +1,6 @@
-"""A chat message as the OpenAI API sends it (`ChatMessage`), and as chat templates read it: the
-chat API's, the Responses API's, /tokenize's and the gRPC API's messages alike."""
+"""A chat message as the OpenAI API sends it (`ChatMessage`: text, and image parts for a model that takes
+images), and as chat templates read it: the chat API's, the Responses API's, /tokenize's and the gRPC
+API's messages alike."""
 from __future__ import annotations
 
 import json
@@ -7,11 +8,27 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from services.tokenizer.content_format import IMAGE_PART
+
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
+
+
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    url: str
+    detail: str | None = None  # OpenAI's; an image is read at the model's one resolution here
+
+
+class ImagePart(BaseModel):
+    """OpenAI's image part: its pixels read from `image_url.url` (image_inputs.py), where the model takes images."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["image_url"]
+    image_url: ImageURL
 
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
@@ -22,7 +39,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: ChatRole
-    content: str | list[TextPart | dict[str, Any]] | None = None
+    content: str | list[TextPart | ImagePart | dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
     tool_call_id: str | None = None  # a tool message answers this call
@@ -32,18 +49,25 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = None
 
     @model_validator(mode="after")
-    def _text_only(self):
+    def _text_or_images(self):
         for part in self.content if isinstance(self.content, list) else ():
-            if not isinstance(part, TextPart):
-                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+            if not isinstance(part, (TextPart, ImagePart)):
+                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text and "
+                                 "image_url only)")
         return self
+
+    @property
+    def image_urls(self) -> list[str]:
+        """Its images' URLs, in the order of its parts."""
+        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)] \
+            if isinstance(self.content, list) else []
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as chat templates read it: its text (or its text parts, which the template's
         content format joins or keeps), and its tool calls with their arguments as objects (templates
         write them with `tojson`; OpenAI sends them as JSON text)."""
-        content = [{"type": "text", "text": part.text} for part in self.content] \
-            if isinstance(self.content, list) else self.text
+        content = [{"type": "text", "text": part.text} if isinstance(part, TextPart) else dict(IMAGE_PART)
+                   for part in self.content] if isinstance(self.content, list) else self.text
         message: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             message["tool_calls"] = [with_parsed_arguments(call) for call in self.tool_calls]
@@ -63,7 +87,7 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 def with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:

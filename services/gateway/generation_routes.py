@@ -117,9 +117,11 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
 
-    def start_chat(request: Request, body: ChatCompletionRequest, response_id: str
+    def start_chat(request: Request, body: ChatCompletionRequest, response_id: str,
+                   images: list[common_pb2.PromptImage] | None = None,
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
-        """A chat request's choices on their way, and what builds their output."""
+        """A chat request's choices on their way, and what builds their output; `images`: its messages'
+        pixels (read by `chat_images`)."""
         lora = adapter_of(body)
         state.models.check_generates()
         if body.lets_the_model_call_tools and state.tool_call_parser is None:
@@ -133,6 +135,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
         split = reasoning if body.separate_reasoning else None  # what reads the thinking out of the text
         skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, split)
+        if body.use_beam_search and images:
+            raise APIError(400, "beam search takes text messages, not images", param="use_beam_search")
         if body.use_beam_search:
             choices = beam_choices([beam_search(
                 state.pipeline, response_id, with_adapter(body.sampling(body.completion_budget, body.num_logprobs, 0),
@@ -142,7 +146,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                 skip_special_tokens=skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch)])
         else:
             choices = merge_choices([state.pipeline.generate(
-                request_id, messages=messages, chat_options=body.chat_options(),
+                request_id, messages=messages, chat_options=body.chat_options(), images=images or (),
                 sampling=with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
                                                      state.pipeline.prompts.generation_defaults), lora),
                 stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
@@ -167,7 +171,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     async def chat_completions(request: Request):
         body = state.chat_serving.as_served(await parsed_body(request, ChatCompletionRequest))
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
-        choices, builder, dispatched, timeline = start_chat(request, body, response_id)
+        choices, builder, dispatched, timeline = start_chat(request, body, response_id,
+                                                            await chat_images(state, body))
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
@@ -241,6 +246,17 @@ def dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
     """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
     dispatched = asyncio.get_running_loop().create_future()
     return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
+
+
+async def chat_images(state: GatewayState, body: ChatCompletionRequest) -> list[common_pb2.PromptImage]:
+    """The pixels of the messages' images, in order; APIError (400) where the model takes none, or one
+    cannot be read."""
+    urls = [url for message in body.messages for url in message.image_urls]
+    if not urls:
+        return []
+    if state.images is None:
+        raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param="messages")
+    return await state.images.read(urls)
 
 
 def _given_prompt(state: GatewayState, prompt: str | list[int] | EmbeddedPrompt,

@@ -1,7 +1,9 @@
-"""A prompt given as embeddings on its way to the workers: its rows in the request's SamplingParams
-(common.proto's PromptEmbeds, which every worker it reaches reads), and its cache salt naming them.
-(Reading them from a request is prompt_embeds.py's, in a gateway that serves them.)"""
+"""A prompt given as embeddings, or a chat's images, on their way to the workers: in the request's
+SamplingParams (common.proto's PromptEmbeds and PromptImage, which every worker it reaches reads), and
+its cache salt naming them. (Reading them from a request is prompt_embeds.py's and image_inputs.py's.)"""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
 from protos import common_pb2
@@ -44,4 +46,14 @@ def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.Pro
     kept.data = embeds.data[-num_rows * row_bytes:] if num_rows < embeds.num_rows else embeds.data
     params.prompt_embeds.CopyFrom(kept)
     digest = embeddings_digest(kept.dtype, (kept.num_rows, kept.hidden_size), kept.data)
+    params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None, digest)
+
+
+def with_images(params: common_pb2.SamplingParams, images: Sequence[common_pb2.PromptImage]) -> None:
+    """`params` carrying the prompt's `images`, and salted with them as the engine salts them (their pixels
+    stacked: engine/admission.py's `salted`): the same placeholder tokens show other images."""
+    params.images.extend(images)
+    first = images[0]
+    shape = (len(images), first.channels, first.height, first.width)
+    digest = embeddings_digest("float32", shape, b"".join(image.pixels for image in images))
     params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None, digest)

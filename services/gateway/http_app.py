@@ -77,6 +77,7 @@ from services.gateway.tokens_api import add_tokens_routes
 from services.gateway.vertex_routes import add_vertex_routes
 
 if TYPE_CHECKING:  # imported by a gateway that serves them: it takes torch
+    from services.gateway.image_inputs import ChatImages
     from services.gateway.prompt_embeds import PromptEmbedsReader
 
 log = logging.getLogger("baton.gateway")
@@ -103,6 +104,7 @@ class GatewayState:
     lora_updates: LoRAUpdates | None = None  # None: no adapter loaded or unloaded at run time
     tokenizer_info: dict[str, Any] | None = None  # GET /tokenizer_info's answer; None: not served
     prompt_embeds: PromptEmbedsReader | None = None  # what reads completions' prompt_embeds; None: refused
+    images: ChatImages | None = None  # what reads a chat's images, for a model that takes them; None: refused
     replies: ReplyOptions = ReplyOptions()  # usage forced, timing, token ids (vLLM's flags)
     sleep_when_idle: IdleSleepConfig = IdleSleepConfig()  # vLLM's --sleep-idle-ttl (idle_sleep.py)
     idle_sleep: IdleSleep | None = None  # what puts the mesh to sleep when idle, made with the routes

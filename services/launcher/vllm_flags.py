@@ -74,6 +74,7 @@ PASSED_FLAGS = (
     PassedFlag("--enable-force-include-usage", GATEWAY, "every stream ends with its usage", is_switch=True),
     PassedFlag("--enable-tokenizer-info-endpoint", GATEWAY, "GET /tokenizer_info served", is_switch=True),
     PassedFlag("--enable-prompt-embeds", GATEWAY, "completions take prompts given as embeddings", is_switch=True),
+    PassedFlag("--allowed-local-media-path", GATEWAY, "a chat's file:// images are read under this directory"),
     PassedFlag("--response-role", GATEWAY, "the role of a chat reply's message"),
     PassedFlag("--exclude-tools-when-tool-choice-none", GATEWAY, "tools left out of the prompt for tool_choice none",
                is_switch=True),

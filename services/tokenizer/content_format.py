@@ -38,9 +38,42 @@ def shaped_content(message: Mapping[str, Any], content_format: str) -> Mapping[s
     if isinstance(content, str):
         return {**message, "content": [{"type": "text", "text": content}]} if content_format == "openai" else message
     if isinstance(content, list):
-        texts = part_texts(content)  # parts of other kinds (images) are refused either way
-        return {**message, "content": "\n".join(texts)} if content_format == "string" else message
+        if content_format == "openai":
+            split_parts(content)  # each a text part or an image's place: what templates read
+            return message
+        if num_image_parts(message):
+            raise ValueError("this chat template reads a message's content as text: it cannot place images "
+                             "(--chat-template-content-format openai, or a template that loops over the parts)")
+        return {**message, "content": "\n".join(part_texts(content))}
     return message
+
+
+IMAGE_PART = {"type": "image"}  # where an image goes, as templates of multimodal models read it
+
+
+def num_image_parts(message: Mapping[str, Any]) -> int:
+    content = message.get("content")
+    return sum(part == IMAGE_PART for part in content) if isinstance(content, list) else 0
+
+
+def split_parts(parts: list[Any]) -> tuple[list[str], list[int]]:
+    """Content parts as their texts and the indexes of their images (common.proto's ChatMessage);
+    ValueError for a part of another kind."""
+    texts, images = [], []
+    for index, part in enumerate(parts):
+        if part == IMAGE_PART:
+            images.append(index)
+        else:
+            texts += part_texts([part])
+    return texts, images
+
+
+def joined_parts(texts: list[str], image_indexes: list[int]) -> list[dict[str, Any]]:
+    """The converse of `split_parts`."""
+    text_parts = iter(texts)
+    images = set(image_indexes)
+    return [dict(IMAGE_PART) if index in images else {"type": "text", "text": next(text_parts)}
+            for index in range(len(texts) + len(images))]
 
 
 def part_texts(parts: list[Any]) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from protos import common_pb2, tokenizer_pb2
 from services.tokenizer.chat_template import ChatOptions
-from services.tokenizer.content_format import part_texts
+from services.tokenizer.content_format import joined_parts, split_parts
 
 
 def chat_messages_from_proto(messages: Sequence[common_pb2.ChatMessage]) -> list[dict[str, Any]]:
@@ -21,8 +21,9 @@ def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
     """The converse, for the gateway: a message dict as the tokenizer service takes it."""
     tool_calls = message.get("tool_calls")
     content = message.get("content") or ""
-    parts = part_texts(content) if isinstance(content, list) else []
-    return common_pb2.ChatMessage(role=message["role"], content="" if parts else content, content_parts=parts,
+    parts, images = split_parts(content) if isinstance(content, list) else ([], [])
+    return common_pb2.ChatMessage(role=message["role"], content="" if parts or images else content,
+                                  content_parts=parts, image_parts=images,
                                   tool_calls_json=json.dumps(tool_calls) if tool_calls else "",
                                   tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "",
                                   reasoning_content=message.get("reasoning_content") or "")
@@ -43,7 +44,8 @@ def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]],
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:
-    content = [{"type": "text", "text": text} for text in m.content_parts] if m.content_parts else m.content
+    content = joined_parts(list(m.content_parts), list(m.image_parts)) if m.content_parts or m.image_parts \
+        else m.content
     message: dict[str, Any] = {"role": m.role, "content": content}
     if m.tool_calls_json:
         message["tool_calls"] = json.loads(m.tool_calls_json)

@@ -21,6 +21,8 @@ from tokenizers import Tokenizer
 
 from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
+from services.tokenizer.content_format import num_image_parts
+from services.tokenizer.image_tokens import ImageTokens
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), as strings, when set.
@@ -55,6 +57,7 @@ class ModelTokenizer:
         chat_templates: Mapping[str, str] | None = None,
         eos_token_ids: Sequence[int] = (),
         max_model_len: int | None = None,
+        image_tokens: ImageTokens | None = None,
     ):
         self.tokenizer = tokenizer
         self.special_tokens = dict(special_tokens or {})
@@ -63,6 +66,7 @@ class ModelTokenizer:
         self._request_templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))  # ordered, no repeats
         self.max_model_len = max_model_len
+        self.image_tokens = image_tokens  # how a prompt holds an image; None: the model takes none
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike, *, max_model_len: int | None = None,
@@ -95,8 +99,9 @@ class ModelTokenizer:
                 raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {model_path}")
             context = max_model_len
         templates = {"default": chat_template} if chat_template is not None else _chat_templates(path, tok_config)
+        image_tokens = ImageTokens.read(tok_config, _read_json(path / "processor_config.json"), model_config)
         return cls(tokenizer, special_tokens=special_tokens, chat_templates=templates,
-                   eos_token_ids=eos_ids, max_model_len=context)
+                   eos_token_ids=eos_ids, max_model_len=context, image_tokens=image_tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -170,11 +175,17 @@ class ModelTokenizer:
     ) -> tuple[str, list[int]]:
         """Render `messages` by `chat_template` (see `chat_template`; None: the model's) and encode
         the text, without adding special tokens unless `add_special_tokens` (the template writes bos
-        itself, as transformers assumes). Returns (text, ids). Raises `ChatTemplateError` (a
+        itself, as transformers assumes); each {"type": "image"} part's mark made its run of image
+        tokens. Returns (text, ids). Raises `ChatTemplateError` (a
         ValueError) when the template does not compile or rejects them."""
         text = self.chat_template(tools, chat_template).render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
             continue_final_message=continue_final_message, special_tokens=self.special_tokens, **kwargs)
+        num_images = sum(map(num_image_parts, messages))
+        if num_images:  # each image's mark made its run of image tokens, as the model's processor does
+            if self.image_tokens is None:
+                raise ValueError("this model takes no images (its tokenizer names no image tokens)")
+            text = self.image_tokens.expanded(text, num_images)
         return text, self.encode(text, add_special_tokens=add_special_tokens)
 
     def _request_template(self, source: str) -> ChatTemplate:

@@ -1,0 +1,137 @@
+"""A chat message's images, as the model's image processor makes its pixels (preprocessor_config.json):
+read from a data: URL, an http(s) URL, or a file:// one under --allowed-local-media-path; made RGB,
+resized to the processor's size (PIL's resampling), rescaled and normalized per channel, channels first,
+float32, as transformers' PIL image processors compute them (Gemma 3's, without pan-and-scan)."""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import httpx
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from protos import common_pb2
+from services.gateway.errors import APIError
+
+MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
+FETCH_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ImageProcessing:
+    height: int
+    width: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    rescale_factor: float = 1 / 255
+    resample: int = Image.Resampling.BILINEAR
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ImageProcessing:
+        """The model's image processor's settings: preprocessor_config.json's (as released), or
+        processor_config.json's `image_processor` (as transformers 5 saves them); ValueError for none,
+        or one this gateway cannot follow."""
+        path = Path(model_dir) / "preprocessor_config.json"
+        if path.is_file():
+            config = json.loads(path.read_text())
+        else:
+            path = Path(model_dir) / "processor_config.json"
+            config = json.loads(path.read_text()).get("image_processor") if path.is_file() else None
+            if not isinstance(config, dict):
+                raise ValueError(f"{model_dir}: no preprocessor_config.json (a model that takes images needs its "
+                                 "image processor's settings)")
+        if config.get("do_pan_and_scan"):
+            raise ValueError(f"{path}: do_pan_and_scan (crops of an image beside it) is not served")
+        if config.get("do_center_crop"):
+            raise ValueError(f"{path}: do_center_crop is not served")
+        size = config.get("size") or {}
+        if "height" not in size or "width" not in size:
+            raise ValueError(f"{path}: size must give height and width, got {size}")
+        return cls(height=int(size["height"]), width=int(size["width"]), mean=tuple(config["image_mean"]),
+                   std=tuple(config["image_std"]), rescale_factor=float(config.get("rescale_factor", 1 / 255)),
+                   resample=int(config.get("resample", Image.Resampling.BILINEAR)))
+
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        """`image` as the model reads it: float32 [3, height, width]."""
+        resized = np.array(rgb(image).resize((self.width, self.height), resample=self.resample))
+        rescaled = (resized.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        normalized = (rescaled - np.array(self.mean, dtype=np.float32)) / np.array(self.std, dtype=np.float32)
+        return np.ascontiguousarray(normalized.transpose(2, 0, 1))
+
+    def as_proto(self, image: Image.Image) -> common_pb2.PromptImage:
+        pixels = self.pixels(image)
+        return common_pb2.PromptImage(pixels=pixels.astype("<f4").tobytes(), channels=pixels.shape[0],
+                                      height=pixels.shape[1], width=pixels.shape[2])
+
+
+def rgb(image: Image.Image) -> Image.Image:
+    """`image` in RGB, any transparency composited onto white (as transformers' convert_to_rgb)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image).convert("RGB")
+    return image.convert("RGB")
+
+
+@dataclass(frozen=True)
+class ChatImages:
+    """What reads a chat's images for a model that takes them."""
+
+    processing: ImageProcessing
+    allowed_local_path: Path | None = None  # file:// images are read under it (--allowed-local-media-path)
+
+    async def read(self, urls: list[str], param: str = "messages") -> list[common_pb2.PromptImage]:
+        """Each image's pixels, in order; APIError (400) naming `param` for one that cannot be read."""
+        return [self.processing.as_proto(await read_image(url, self.allowed_local_path, param)) for url in urls]
+
+
+async def read_image(url: str, allowed_local_path: Path | None, param: str) -> Image.Image:
+    """The image `url` names; APIError (400) for one that cannot be read as an image."""
+    data = await _image_bytes(url, allowed_local_path, param)
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        raise APIError(400, f"{param}: not an image this server reads: {e}", param=param) from None
+    return image
+
+
+async def _image_bytes(url: str, allowed_local_path: Path | None, param: str) -> bytes:
+    scheme = urlparse(url).scheme
+    if scheme == "data":
+        header, _, encoded = url.partition(",")
+        if not header.endswith(";base64"):
+            raise APIError(400, f"{param}: a data URL's image must be base64 (data:image/...;base64,...)", param=param)
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except binascii.Error as e:
+            raise APIError(400, f"{param}: the data URL is not base64: {e}", param=param) from None
+    if scheme in ("http", "https"):
+        try:
+            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client, \
+                    client.stream("GET", url) as response:
+                response.raise_for_status()
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_IMAGE_BYTES:
+                        raise APIError(400, f"{param}: the image is over {MAX_IMAGE_BYTES} bytes", param=param)
+                return bytes(body)
+        except httpx.HTTPError as e:
+            raise APIError(400, f"{param}: the image could not be fetched: {e}", param=param) from None
+    if scheme == "file":
+        if allowed_local_path is None:
+            raise APIError(400, f"{param}: file:// images are read only under the gateway's "
+                                "--allowed-local-media-path", param=param)
+        path = Path(unquote(urlparse(url).path)).resolve()
+        if not path.is_relative_to(allowed_local_path.resolve()) or not path.is_file():
+            raise APIError(400, f"{param}: {path} is not a file under --allowed-local-media-path", param=param)
+        if path.stat().st_size > MAX_IMAGE_BYTES:
+            raise APIError(400, f"{param}: the image is over {MAX_IMAGE_BYTES} bytes", param=param)
+        return path.read_bytes()
+    raise APIError(400, f"{param}: an image URL is data:, http(s): or file:, got {url[:40]!r}", param=param)

@@ -1,0 +1,206 @@
+"""A chat's images through the mesh, by the `openai` client: a tiny Gemma 3 (SigLIP tower, projector, text
+model) with its processor (tokenizer, chat template, image processor) saved by transformers; image parts
+as data: and file:// URLs. The greedy tokens equal transformers' on what Gemma3Processor makes of the same
+messages and images."""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+import torch
+from PIL import Image
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from tests.parity.conftest import transformers
+from tests.services.gateway.mesh import GatewayProcess, running_mesh
+
+IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 500, 498, 499
+MAX_TOKENS = 8
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+IMAGE_MARKS = {"<start_of_image>": BEGIN_IMAGE, "<end_of_image>": END_IMAGE, "<image_soft_token>": IMAGE_TOKEN}
+# Gemma 3's template, shortened: a message's parts in turn, an image part as the image's mark.
+TEMPLATE = ("{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }} "
+            "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
+            "{% for item in message['content'] %}{% if item['type'] == 'image' %}<start_of_image>"
+            "{% elif item['type'] == 'text' %}{{ item['text'] | trim }} {% endif %}{% endfor %}{% endif %}"
+            "<end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn>model {% endif %}")
+
+
+def _tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """Words w0..w489 (and the roles) by a word-level vocabulary of 512, Gemma 3's image marks at 498..500."""
+    vocab = {token: i for i, token in enumerate(SPECIALS + [f"w{i}" for i in range(490)] + ["user", "model"])}
+    vocab.update({f"unused{i}": i for i in range(len(vocab), 512) if i not in IMAGE_MARKS.values()})
+    vocab.update(IMAGE_MARKS)
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in [*SPECIALS, *IMAGE_MARKS]])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                              "image_token": "<image_soft_token>"})
+
+
+@pytest.fixture(scope="module")
+def gemma3_vlm(tmp_path_factory):
+    """The model and its processor, saved as transformers saves them."""
+    text = transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=3, head_dim=16,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                         sliding_window=24, query_pre_attn_scalar=24, initializer_range=0.2,
+                                         max_position_embeddings=2048)
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=2, image_size=112, patch_size=14)
+    torch.manual_seed(12)
+    model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=16,
+        image_token_index=IMAGE_TOKEN, boi_token_index=BEGIN_IMAGE, eoi_token_index=END_IMAGE,
+        eos_token_id=1)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias") or "projection" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    processor = transformers.Gemma3Processor(
+        image_processor=transformers.Gemma3ImageProcessorPil(size={"height": 112, "width": 112},
+                                                             image_mean=[0.5] * 3, image_std=[0.5] * 3),
+        tokenizer=_tokenizer(), chat_template=TEMPLATE, image_seq_length=16)
+    path = tmp_path_factory.mktemp("gemma3-vlm")
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path, model, processor
+
+
+@pytest.fixture(scope="module")
+def vlm_mesh(gemma3_vlm, tmp_path_factory):
+    media = tmp_path_factory.mktemp("media")
+    with running_mesh(gemma3_vlm[0], num_prefill=1, num_decode=1, worker_args=("--dtype", "float32"),
+                      gateway_args=("--local-prefill-max-tokens", "0", "--allowed-local-media-path",
+                                    str(media))) as mesh:
+        yield mesh, media
+
+
+@pytest.fixture(scope="module")
+def client(vlm_mesh):
+    with openai.OpenAI(base_url=f"{vlm_mesh[0].gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def _image(seed: int, size: tuple[int, int] = (60, 40), mode: str = "RGB") -> Image.Image:
+    pixels = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def _data_url(image: Image.Image) -> str:
+    saved = io.BytesIO()
+    image.save(saved, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
+
+
+def _transformers_greedy(gemma3_vlm, messages: list[dict]) -> tuple[list[int], list[torch.Tensor], int]:
+    """transformers' greedy tokens for `messages` (image parts holding their PIL images), the logprobs each
+    was drawn from, and its prompt's length."""
+    _, model, processor = gemma3_vlm
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")
+    ids, tokens, logprobs = inputs["input_ids"], [], []
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
+            logits = model(input_ids=current, pixel_values=inputs["pixel_values"],
+                           token_type_ids=(current == IMAGE_TOKEN).long()).logits
+            tokens.append(int(logits[0, -1].argmax()))
+            logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
+    return tokens, logprobs, ids.shape[1]
+
+
+def _assert_same_reply(reply, expected: list[int], logprobs: list[torch.Tensor]) -> None:
+    """The tokens, and every top logprob of each within 1e-4 of transformers' (the tokens alone are not
+    enough: a tiny model's greedy tokens barely move with its images' pixels)."""
+    choice = reply.choices[0]
+    assert choice.token_ids == expected
+    for position, entry in zip(logprobs, choice.logprobs.content, strict=True):
+        for top in entry.top_logprobs:
+            token = int(top.token.removeprefix("token_id:"))
+            assert abs(top.logprob - float(position[token])) < 1e-4
+
+
+def _chat(client, model: str, content: list[dict], **extra):
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=5,
+                                          extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                      "return_tokens_as_token_ids": True, **extra})
+
+
+def test_an_images_greedy_reply_is_transformers(vlm_mesh, client, gemma3_vlm):
+    mesh = vlm_mesh[0]
+    image = _image(1)
+    reply = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(image)}},
+                                            {"type": "text", "text": "w5 w6 w7"}])
+    expected, logprobs, num_prompt = _transformers_greedy(gemma3_vlm, [{"role": "user", "content": [
+        {"type": "image", "image": image}, {"type": "text", "text": "w5 w6 w7"}]}])
+    _assert_same_reply(reply, expected, logprobs)
+    assert reply.usage.prompt_tokens == num_prompt  # the image's 16 tokens among them
+    mesh.assert_decode_pools_free()
+
+
+def test_two_images_one_from_a_file_and_one_grayscale(vlm_mesh, client, gemma3_vlm):
+    mesh, media = vlm_mesh
+    first, second = _image(2, (200, 120)), _image(3, (50, 50), mode="L")
+    first.save(media / "first.png")
+    reply = _chat(client, mesh.model_name, [
+        {"type": "text", "text": "w1 w2"}, {"type": "image_url", "image_url": {"url": f"file://{media}/first.png"}},
+        {"type": "text", "text": "w3"}, {"type": "image_url", "image_url": {"url": _data_url(second)}}])
+    expected, logprobs, _ = _transformers_greedy(gemma3_vlm, [{"role": "user", "content": [
+        {"type": "text", "text": "w1 w2"}, {"type": "image", "image": first}, {"type": "text", "text": "w3"},
+        {"type": "image", "image": second}]}])
+    _assert_same_reply(reply, expected, logprobs)
+
+
+def test_the_same_image_again_is_served_from_the_prefix_cache_and_another_is_not(vlm_mesh, client):
+    mesh = vlm_mesh[0]
+    content = lambda seed: [{"type": "image_url", "image_url": {"url": _data_url(_image(seed))}},  # noqa: E731
+                            {"type": "text", "text": " ".join(f"w{i}" for i in range(40))}]
+    first = _chat(client, mesh.model_name, content(4))
+    again = _chat(client, mesh.model_name, content(4))
+    other = _chat(client, mesh.model_name, content(5))
+    assert again.usage.prompt_tokens_details.cached_tokens >= 48
+    assert other.usage.prompt_tokens_details.cached_tokens == 0  # same placeholder tokens, another image
+    assert again.choices[0].token_ids == first.choices[0].token_ids
+
+
+def test_unreadable_images_are_refused(vlm_mesh, client, tmp_path):
+    mesh, media = vlm_mesh
+    (tmp_path / "outside.png").write_bytes(b"")
+    (media / "not-an-image.png").write_bytes(b"hello")
+    for url, message in [("data:image/png;base64,@@@", "not base64"), ("data:image/png,raw", "must be base64"),
+                         (f"file://{tmp_path}/outside.png", "--allowed-local-media-path"),
+                         (f"file://{media}/not-an-image.png", "not an image"), ("ftp://host/x.png", "data:, http")]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": url}}])
+        assert message in refused.value.message and refused.value.body["param"] == "messages", url
+    with pytest.raises(openai.BadRequestError, match="beam search"):
+        _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(_image(6))}}],
+              use_beam_search=True)
+    mesh.assert_decode_pools_free()
+
+
+def test_a_text_model_refuses_images(mesh, client):
+    """The gateway package's text-only demo mesh."""
+    with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as text_client, \
+            pytest.raises(openai.BadRequestError, match="takes no images"):
+        _chat(text_client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(_image(7))}}])
+
+
+def test_a_gateway_alone_reads_its_models_image_processor(vlm_mesh):
+    """Without --allowed-local-media-path, a file:// image is refused."""
+    mesh = vlm_mesh[0]
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode])
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as other, \
+                pytest.raises(openai.BadRequestError, match="allowed-local-media-path"):
+            _chat(other, mesh.model_name, [{"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}])
+    finally:
+        assert gateway.terminate() == 0

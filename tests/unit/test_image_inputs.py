@@ -1,0 +1,34 @@
+"""A chat image's pixels as transformers' Gemma 3 image processor (its PIL backend) makes them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from services.gateway.image_inputs import ImageProcessing
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize(("size", "mode"), [((60, 40), "RGB"), ((896, 1200), "RGB"), ((31, 77), "L"),
+                                            ((300, 300), "RGBA"), ((112, 112), "P")])
+def test_pixels_equal_gemma3s_image_processor(tmp_path, size, mode):
+    reference = transformers.Gemma3ImageProcessorPil(size={"height": 112, "width": 96}, image_mean=[0.5, 0.4, 0.3],
+                                                     image_std=[0.2, 0.25, 0.3])
+    reference.save_pretrained(tmp_path)  # preprocessor_config.json
+    ours = ImageProcessing.from_dir(tmp_path)
+    rng = np.random.default_rng(sum(size))
+    image = Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype(np.uint8)).convert(mode)
+    if mode == "RGBA":  # transparency, composited onto white
+        image.putalpha(Image.fromarray((rng.random((size[1], size[0])) * 255).astype(np.uint8)))
+    expected = reference(images=image, return_tensors="np")["pixel_values"][0]
+    assert ours.pixels(image).shape == (3, 112, 96)
+    np.testing.assert_allclose(ours.pixels(image), expected, rtol=0, atol=1e-6)
+
+
+def test_settings_it_cannot_follow_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="no preprocessor_config.json"):
+        ImageProcessing.from_dir(tmp_path)
+    transformers.Gemma3ImageProcessorPil(do_pan_and_scan=True).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="do_pan_and_scan"):
+        ImageProcessing.from_dir(tmp_path)
