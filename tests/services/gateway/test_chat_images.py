@@ -5,7 +5,10 @@ messages and images."""
 from __future__ import annotations
 
 import base64
+import functools
+import http.server
 import io
+import threading
 
 import numpy as np
 import openai
@@ -16,6 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
 from tests.services.gateway.mesh import GatewayProcess, running_mesh
+from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
 IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 500, 498, 499
 MAX_TOKENS = 8
@@ -193,14 +197,32 @@ def test_a_text_model_refuses_images(mesh, client):
         _chat(text_client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(_image(7))}}])
 
 
-def test_a_gateway_alone_reads_its_models_image_processor(vlm_mesh):
-    """Without --allowed-local-media-path, a file:// image is refused."""
+def test_a_decode_worker_prefilling_itself_and_an_image_over_http(vlm_mesh, client, tmp_path):
+    """A second gateway, which lets the decode worker prefill short prompts (GenerateLocally, the images
+    with them), gives the reply the disaggregated one gives; an http:// image is fetched (a real server
+    here); without --allowed-local-media-path a file:// image is refused."""
     mesh = vlm_mesh[0]
+    image = _image(8)
+    image.save(tmp_path / "served.png")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
-                             [d.address for d in mesh.decode])
+                             [d.address for d in mesh.decode], "--local-prefill-max-tokens", "1000")
     try:
-        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as other, \
-                pytest.raises(openai.BadRequestError, match="allowed-local-media-path"):
-            _chat(other, mesh.model_name, [{"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}])
+        content = [{"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{server.server_port}/served.png"}},
+                   {"type": "text", "text": "w9"}]
+        expected = _chat(client, mesh.model_name, content)
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as local:
+            assert _chat(local, mesh.model_name, content).choices[0].token_ids == expected.choices[0].token_ids
+            with pytest.raises(openai.BadRequestError, match="allowed-local-media-path"):
+                _chat(local, mesh.model_name, [{"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}])
+            with pytest.raises(openai.BadRequestError, match="could not be fetched"):
+                _chat(local, mesh.model_name, [{"type": "image_url", "image_url": {
+                    "url": f"http://127.0.0.1:{server.server_port}/missing.png"}}])
+        places = prefills_by_place(gateway)
+        assert places.get("decode") == 1 and not places.get("prefill"), places
     finally:
+        server.shutdown()
         assert gateway.terminate() == 0
+    mesh.assert_decode_pools_free()
