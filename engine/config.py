@@ -56,6 +56,9 @@ class EngineConfig:
     # vLLM's long_prefill_token_threshold: no prompt computes more than this many tokens a step (0: no
     # cap), so that a long one leaves room in the step for short ones. An encoder's prompt goes whole.
     long_prefill_token_threshold: int = 0
+    # vLLM's --limit-mm-per-prompt's images: the most a prompt may hold (None: no limit); 0 serves a
+    # multimodal model's text only, its image encoder never loaded.
+    limit_images: int | None = None
     # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they
     # came (vLLM's two policies). Preemption takes the last in that order.
     scheduling_policy: str = "fcfs"
@@ -107,6 +110,8 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.limit_images is not None and self.limit_images < 0:
+            raise ValueError(f"limit_images must be >= 0 (0: text only), got {self.limit_images}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.max_num_seqs < 1:

@@ -1,6 +1,7 @@
 """`LLMEngine`: add_request → step → outputs, over one model directory."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -49,6 +50,8 @@ class LLMEngine:
             retain_freed_memory()
         model_dir = Path(config.model)
         self.model_config = load_model_config(model_dir, config.hf_overrides)
+        if config.limit_images == 0 and self.model_config.vision is not None:  # text only: no image encoder
+            self.model_config = dataclasses.replace(self.model_config, vision=None)
         self.fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         dtype = TORCH_DTYPES[config.dtype]

@@ -27,9 +27,12 @@ def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[i
 def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: list[torch.Tensor]) -> list[tuple[int, int]]:
     """Where each image goes: its run of image tokens. ValueError for images the model takes none of, or
     that the prompt does not place (a run for each, of the encoder's rows), or pixels not its input's shape."""
-    vision = engine.model_config.vision
+    vision, limit = engine.model_config.vision, engine.config.limit_images
     if vision is None:
-        raise ValueError(f"{engine.model_config.architecture} takes no images here")
+        raise ValueError(f"{engine.model_config.architecture} takes no images here"
+                         + (" (its images are limited to 0 a prompt)" if limit == 0 else ""))
+    if limit is not None and len(images) > limit:
+        raise ValueError(f"{len(images)} images in one prompt, more than its limit of {limit}")
     runs = image_runs(prompt_token_ids, vision.image_token_id)
     if len(runs) != len(images):
         raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "

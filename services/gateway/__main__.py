@@ -184,9 +184,10 @@ class GatewayService:
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
-        if takes_images(model_json):  # PIL and numpy, only where images are read
+        if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
             from services.gateway.image_inputs import ChatImages, ImageProcessing
-            self.state.images = ChatImages(ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path)
+            self.state.images = ChatImages(ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path,
+                                           config.limit_images)
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config

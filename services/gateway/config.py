@@ -132,6 +132,7 @@ class GatewayConfig:
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     enable_prompt_embeds: bool = False  # completions' prompt_embeds taken (vLLM's flag; off, as vLLM's)
     allowed_local_media_path: Path | None = None  # file:// images are read under it (vLLM's flag); None: none are
+    limit_images: int | None = None  # a prompt's most images (vLLM's --limit-mm-per-prompt); None: any
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
     tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)

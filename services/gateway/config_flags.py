@@ -19,6 +19,7 @@ from pathlib import Path
 
 from services.common.logprobs_flag import add_max_logprobs_flag
 from services.common.lora_flags import add_lora_flag, lora_modules
+from services.common.mm_limits import add_limit_mm_flag, image_limit
 from services.common.settings import (
     ConfigError,
     add_bind_flags,
@@ -118,6 +119,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         enable_prompt_embeds=args.enable_prompt_embeds, allowed_local_media_path=args.allowed_local_media_path,
+        limit_images=image_limit(args.limit_mm_per_prompt),
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)
@@ -235,6 +237,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="take /v1/completions' prompt_embeds: prompts given as embeddings, the base64 of "
                              "torch.save'd [tokens, hidden_size] tensors (as vLLM's flag; off, as vLLM's: "
                              "reading them takes torch into the gateway)")
+    add_limit_mm_flag(parser)
     parser.add_argument("--allowed-local-media-path", type=Path, metavar="DIR",
                         help="a chat's file:// image URLs are read under this directory (as vLLM's flag; none "
                              "are without it)")

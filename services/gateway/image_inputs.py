@@ -84,9 +84,14 @@ class ChatImages:
 
     processing: ImageProcessing
     allowed_local_path: Path | None = None  # file:// images are read under it (--allowed-local-media-path)
+    limit: int | None = None  # a prompt's most images (--limit-mm-per-prompt); None: any
 
     async def read(self, urls: list[str], param: str = "messages") -> list[common_pb2.PromptImage]:
-        """Each image's pixels, in order; APIError (400) naming `param` for one that cannot be read."""
+        """Each image's pixels, in order; APIError (400) naming `param` for one that cannot be read, or
+        for more than the limit."""
+        if self.limit is not None and len(urls) > self.limit:
+            raise APIError(400, f"{len(urls)} images in one prompt, more than this server's limit of {self.limit} "
+                                "(--limit-mm-per-prompt)", param=param)
         return [self.processing.as_proto(await read_image(url, self.allowed_local_path, param)) for url in urls]
 
 

@@ -143,3 +143,18 @@ def test_images_the_prompt_does_not_place_are_refused(gemma3_with_images, tiny_m
     with pytest.raises(ValueError, match="takes no images"):
         _engine(tiny_model_dirs["gemma3"]).add_request("r", _prompt(6, 1), params, images=list(_pixels(6, 1)))
     assert not engine.has_unfinished_requests()
+
+
+def test_limits_on_a_prompts_images(gemma3_with_images):
+    """vLLM's --limit-mm-per-prompt: more images than the limit are refused; 0 serves the text model alone,
+    its image encoder never loaded, with the same tokens for a prompt without images."""
+    path, model = gemma3_with_images
+    params = SamplingParams(max_tokens=4)
+    with pytest.raises(ValueError, match="more than its limit of 1"):
+        _engine(path, limit_images=1).add_request("r", _prompt(8), params, images=list(_pixels(8, 2)))
+    text_only = _engine(path, limit_images=0)
+    assert text_only.runner.image_encoder is None
+    with pytest.raises(ValueError, match="limited to 0"):
+        text_only.add_request("r", _prompt(8, 1), params, images=list(_pixels(8, 1)))
+    prompt = _prompt(9, 0)
+    assert _generate(text_only, {"text": (prompt, [])})["text"] == _hf_greedy(model, prompt, None)

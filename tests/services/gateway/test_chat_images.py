@@ -190,6 +190,20 @@ def test_unreadable_images_are_refused(vlm_mesh, client, tmp_path):
     mesh.assert_decode_pools_free()
 
 
+def test_a_gateway_limiting_images_a_prompt(vlm_mesh):
+    mesh = vlm_mesh[0]
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], "--limit-mm-per-prompt", '{"image": 1}')
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as limited:
+            image = {"type": "image_url", "image_url": {"url": _data_url(_image(9))}}
+            assert len(_chat(limited, mesh.model_name, [image]).choices[0].token_ids) == MAX_TOKENS
+            with pytest.raises(openai.BadRequestError, match="limit of 1 \\(--limit-mm-per-prompt\\)"):
+                _chat(limited, mesh.model_name, [image, image])
+    finally:
+        assert gateway.terminate() == 0
+
+
 def test_a_text_model_refuses_images(mesh, client):
     """The gateway package's text-only demo mesh."""
     with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as text_client, \

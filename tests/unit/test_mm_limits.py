@@ -1,0 +1,30 @@
+"""vLLM's --limit-mm-per-prompt as the gateway and the workers read it."""
+from __future__ import annotations
+
+import pytest
+
+from services.common.mm_limits import image_limit
+from services.common.settings import ConfigError
+from services.decode.config import DecodeServiceConfig
+from services.gateway.config_flags import config_from_args
+
+
+def test_the_images_a_prompt_may_hold():
+    assert image_limit("") is None
+    assert image_limit('{"image": 3}') == 3
+    assert image_limit('{"image": 0, "video": 0}') == 0
+    assert image_limit("{}") is None
+    for bad, message in (("3", "JSON object"), ('{"image": -1}', "maps image"), ('{"image": true}', "maps image"),
+                         ('{"images": 2}', "maps image"), ("{image: 2}", "not JSON"),
+                         ('{"video": 1}', "not served")):
+        with pytest.raises(ConfigError, match=message):
+            image_limit(bad)
+
+
+def test_the_gateway_and_the_workers_take_the_flag(tiny_demo_model):
+    gateway = config_from_args(["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--decode",
+                                "127.0.0.1:2", "--colocated", "--limit-mm-per-prompt", '{"image": 2}'], env={})
+    assert gateway.limit_images == 2
+    decode = DecodeServiceConfig.from_args(["--model", str(tiny_demo_model), "--limit-mm-per-prompt",
+                                            '{"image": 0}'], env={})
+    assert decode.limit_images == 0
