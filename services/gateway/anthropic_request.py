@@ -16,7 +16,8 @@ template variables reasoning models' templates switch thinking by (`enable_think
 thinking as chat's `thinking_token_budget` does where the gateway knows the model's thinking tags
 (reasoning_config.py), and is a hint it cannot keep elsewhere. `metadata` and `service_tier` ask nothing
 here.
-Images, documents and Anthropic's server tools are refused (400): the models served here read text.
+A user's `image` blocks (base64 or url sources) are chat's image parts, for a model that takes images;
+documents and Anthropic's server tools are refused (400).
 """
 from __future__ import annotations
 
@@ -105,10 +106,14 @@ def _turn(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     thinking: list[str] = []
     results: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []  # the texts and images in order, where a user's turn has images
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image" and role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), f"{where}[{j}]")}})
         elif kind == "tool_use" and role == "assistant":
             calls.append({"id": block.get("id"), "type": "function", "function": {
                 "name": block.get("name"), "arguments": json.dumps(block.get("input") or {})}})
@@ -125,13 +130,25 @@ def _turn(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
                             "content": content if isinstance(content, str) else _texts(content or [], f"{where}[{j}]")})
         else:
             raise APIError(400, f"{where}[{j}]: blocks of type {kind!r} are not supported in a {role} message "
-                                "(text, tool_use, tool_result and thinking are)", param=f"{where}[{j}]")
-    turn: dict[str, Any] = {"role": role, "content": "\n".join(texts) if texts or not calls else None}
+                                "(text, a user's image, tool_use, tool_result and thinking are)", param=f"{where}[{j}]")
+    has_images = len(parts) > len(texts)
+    turn: dict[str, Any] = {"role": role, "content": parts if has_images else
+                            "\n".join(texts) if texts or not calls else None}
     if calls:
         turn["tool_calls"] = calls
     if thinking:
         turn["reasoning_content"] = "\n".join(thinking)
-    return results + [turn] if texts or calls or thinking or not results else results
+    return results + [turn] if texts or has_images or calls or thinking or not results else results
+
+
+def _image_url(source: Any, where: str) -> str:
+    """An image block's source as chat's image URL: base64 data as a data: URL, or its url."""
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise APIError(400, f"{where}.source: an image's source is {{\"type\": \"base64\", \"media_type\", \"data\"}} "
+                        "or {\"type\": \"url\", \"url\"}", param=f"{where}.source")
 
 
 def _switch_thinking(chat: dict[str, Any], thinking: dict[str, Any]) -> None:

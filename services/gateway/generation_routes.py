@@ -195,7 +195,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
             body = await asyncio.to_thread(fit_to_context, body, state.pipeline.prompts)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
-        choices, builder, dispatched, _ = start_chat(request, body, response_id)
+        images = await chat_images(state, body, "input")
+        choices, builder, dispatched, _ = start_chat(request, body, response_id, images)
         shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])
         if asked.background:
             return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
@@ -207,7 +208,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             raise APIError(400, "max_tokens: Field required", param="max_tokens")
         response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
         chat = asked.as_chat(keeps_thinking_budgets=state.pipeline.thinking_markers is not None)
-        choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(chat), response_id)
+        choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(chat), response_id,
+                                                     await chat_images(state, chat))
         return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
                              shape=MessagesShape(builder))
 
@@ -248,15 +250,16 @@ def dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
     return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
 
 
-async def chat_images(state: GatewayState, body: ChatCompletionRequest) -> list[common_pb2.PromptImage]:
-    """The pixels of the messages' images, in order; APIError (400) where the model takes none, or one
-    cannot be read."""
+async def chat_images(state: GatewayState, body: ChatCompletionRequest,
+                      param: str = "messages") -> list[common_pb2.PromptImage]:
+    """The pixels of the messages' images, in order; APIError (400) naming `param` where the model takes
+    none, or one cannot be read."""
     urls = [url for message in body.messages for url in message.image_urls]
     if not urls:
         return []
     if state.images is None:
-        raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param="messages")
-    return await state.images.read(urls)
+        raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
+    return await state.images.read(urls, param)
 
 
 def _given_prompt(state: GatewayState, prompt: str | list[int] | EmbeddedPrompt,

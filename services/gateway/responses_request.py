@@ -119,7 +119,7 @@ class ResponsesRequest(BaseModel):
             if kind == "message":
                 if item.get("role") not in ROLES:
                     raise APIError(400, f"input[{i}].role must be one of {', '.join(ROLES)}", param=f"input[{i}].role")
-                messages.append({"role": item["role"], "content": _text(item.get("content"), i)})
+                messages.append({"role": item["role"], "content": _content(item.get("content"), i)})
             elif kind == "function_call":
                 call = {"id": item.get("call_id"), "type": "function",
                         "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
@@ -184,20 +184,26 @@ def _stored_item(item: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-def _text(content: Any, index: int) -> str:
-    """A message item's text: a string, or its text parts joined."""
+def _content(content: Any, index: int) -> str | list[dict[str, Any]]:
+    """A message item's content as chat's: a string, its text parts joined, or (with an input_image among
+    them) chat's text and image_url parts in order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise APIError(400, f"input[{index}].content must be a string or a list of parts", param=f"input[{index}]")
-    texts = []
+    parts = []
     for part in content:
-        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise APIError(400, f"input[{index}].content: parts of type {kind!r} are not supported (text only)",
-                           param=f"input[{index}].content")
-        texts.append(str(part.get("text", "")))
-    return "\n".join(texts)
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind in ("input_text", "output_text", "text"):
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            raise APIError(400, f"input[{index}].content: parts of type {kind!r} are not supported (text, and "
+                                "input_image with an image_url)", param=f"input[{index}].content")
+    if any(part["type"] == "image_url" for part in parts):
+        return parts
+    return "\n".join(part["text"] for part in parts)
 
 
 def _reasoning_text(item: dict[str, Any], index: int) -> str:

@@ -10,6 +10,7 @@ import http.server
 import io
 import threading
 
+import anthropic
 import numpy as np
 import openai
 import pytest
@@ -172,6 +173,26 @@ def test_the_same_image_again_is_served_from_the_prefix_cache_and_another_is_not
     assert again.usage.prompt_tokens_details.cached_tokens >= 48
     assert other.usage.prompt_tokens_details.cached_tokens == 0  # same placeholder tokens, another image
     assert again.choices[0].token_ids == first.choices[0].token_ids
+
+
+def test_the_responses_and_messages_apis_take_images_as_chat_does(vlm_mesh, client):
+    mesh = vlm_mesh[0]
+    url = _data_url(_image(10))
+    expected = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": "w5 w6"}]).choices[0].message.content
+    response = client.responses.create(model=mesh.model_name, max_output_tokens=MAX_TOKENS, temperature=0,
+                                       input=[{"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                                                           {"type": "input_text", "text": "w5 w6"}]}],
+                                       extra_body={"ignore_eos": True})
+    assert response.output_text == expected
+    media_type, data = url.removeprefix("data:").split(";base64,")
+    with anthropic.Anthropic(base_url=mesh.gateway.base_url, api_key="unused", max_retries=0) as claude:
+        message = claude.messages.create(model=mesh.model_name, max_tokens=MAX_TOKENS, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": media_type,
+                                                                      "data": data}},
+                                         {"type": "text", "text": "w5 w6"}]}],
+            extra_body={"ignore_eos": True, "temperature": 0})
+    assert message.content[0].text == expected
 
 
 def test_unreadable_images_are_refused(vlm_mesh, client, tmp_path):

@@ -331,7 +331,8 @@ def test_the_gateways_own_store_keeps_the_most_recent_for_their_time():
 
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"previous_response_id": "resp_1"}, 404, "previous_response_id"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input"),  # text model
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]}, 400, "input[0].content"),
     ({"input": [{"type": "web_search_call"}]}, 400, "input[0]"),
     ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"text": {"format": "json"}}, 400, "text.format"),
