@@ -186,8 +186,8 @@ class GatewayService:
             self.state.background.follow_cancels(self.responses)
         if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
             from services.gateway.image_inputs import ChatImages, ImageProcessing
-            self.state.images = ChatImages(ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path,
-                                           config.limit_images)
+            self.state.images = self.servicer.images = ChatImages(
+                ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path, config.limit_images)
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config

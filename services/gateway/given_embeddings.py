@@ -27,11 +27,14 @@ def checked_embeddings(embeds: common_pb2.PromptEmbeds, param: str = "prompt_emb
     return embeds
 
 def check_embedded(params: common_pb2.SamplingParams, prompt_embeds: common_pb2.PromptEmbeds | None) -> None:
-    """InvalidRequestError for sampling a prompt given as `prompt_embeds` cannot take (a prompt of tokens
-    does not give them in its params: the pipeline puts them there)."""
+    """InvalidRequestError for sampling a prompt given as `prompt_embeds` cannot take, and for embeddings or
+    images given in the params (the pipeline puts them there)."""
     if params.HasField("prompt_embeds"):
         raise InvalidRequestError("sampling.prompt_embeds is set by the gateway: give a prompt as embeddings as "
                                   "the request's prompt_embeds", param="sampling.prompt_embeds")
+    if params.images:
+        raise InvalidRequestError("sampling.images is set by the gateway: give a chat's images as its messages' "
+                                  "image parts", param="sampling.images")
     if prompt_embeds is not None and params.HasField("prompt_logprobs"):
         raise InvalidRequestError("a prompt given as embeddings has no tokens to give logprobs of",
                                   param="prompt_logprobs")

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from pydantic import ValidationError
@@ -47,6 +47,9 @@ from services.gateway.stop_regexes import compiled_stop_regexes
 from services.gateway.timeline import ResponseTimeline, TimelineStore
 from services.gateway.tool_parsers import keeps_special_tokens, with_template_call_ids
 
+if TYPE_CHECKING:  # imported by a gateway whose model takes images: it takes PIL and numpy
+    from services.gateway.image_inputs import ChatImages
+
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Generate"].full_name
 
 
@@ -65,6 +68,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
         self.chat_serving = chat_serving  # which tools a chat prompt shows
         self.pipeline: RequestPipeline | None = None
         self.takes_prompt_embeds = False  # the gateway's --enable-prompt-embeds
+        self.images: ChatImages | None = None  # what reads a chat's images, for a model that takes them
         self.timelines = timelines if timelines is not None else TimelineStore()
 
     async def _check_caller(self, context) -> None:
@@ -119,8 +123,9 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 if request.WhichOneof("input") == "chat" and self.pipeline is not None:
                     chat, tools = ChatReply.start(request, request_id, self.model_name, self.pipeline.tokenizer,
                                                   self.tool_call_parser, self.reasoning_parser, num_choices)
+                images = await self._chat_images(request)
                 choices = counted_by_prompt(self._choices(request, request_id, num_choices, arrival, headers.send_soon,
-                                                          tools, chat.reasoning if chat is not None else None),
+                                                          tools, chat.reasoning if chat is not None else None, images),
                                             [0] * num_choices, self.pipeline.requests)
             except APIError as e:  # refused before the pipeline saw it
                 if self.pipeline is not None:
@@ -165,12 +170,33 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
+    async def _chat_images(self, request: gateway_pb2.GenerateRequest) -> list[common_pb2.PromptImage]:
+        """The pixels of a chat's images (its messages' image_urls), in order; APIError (400) where the model
+        takes none, or one cannot be read."""
+        if request.WhichOneof("input") != "chat":
+            return []
+        for i, message in enumerate(request.chat.messages):
+            if len(message.image_urls) != len(message.image_parts):
+                raise APIError(400, f"chat.messages[{i}] has {len(message.image_parts)} image_parts for "
+                                    f"{len(message.image_urls)} image_urls", param=f"chat.messages[{i}].image_urls")
+        urls = [url for message in request.chat.messages for url in message.image_urls]
+        if not urls:
+            return []
+        if self.images is None:
+            raise APIError(400, f"{self.model_name} takes no images", param="chat.messages")
+        if request.HasField("beam_search"):
+            raise APIError(400, "beam search takes text messages, not images", param="beam_search")
+        return await self.images.read(urls, "chat.messages")
+
     def _choices(self, request: gateway_pb2.GenerateRequest, request_id: str, num_choices: int, arrival: float,
-                 on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None):
+                 on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None,
+                 images: list[common_pb2.PromptImage]):
         """The request's choices on their way: (index, delta) as they come (choices.py)."""
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         shared = self._shared_arguments(request, tools, reasoning)
+        if images:
+            shared["images"] = images
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)
         if request.HasField("beam_search"):

@@ -493,7 +493,8 @@ def test_every_vllm_flag_handed_to_a_worker_is_one_it_takes_by_its_own_name(kind
     for passed in PASSED_FLAGS:
         if kind in passed.kinds:
             value = {"--kv-cache-memory-bytes": "1M", "--kv-cache-dtype": "auto", "--logprobs-mode": "raw_logprobs",
-                     "--per-request-spec-decode-metrics": "summary"}.get(passed.flag, "3")
+                     "--per-request-spec-decode-metrics": "summary",
+                     "--limit-mm-per-prompt": '{"image": 3}'}.get(passed.flag, "3")
             config.from_args(["--model", str(tiny_demo_model), *passed.argv(True if passed.is_switch else value)], {})
 
 

@@ -11,6 +11,7 @@ import io
 import threading
 
 import anthropic
+import grpc
 import numpy as np
 import openai
 import pytest
@@ -18,6 +19,7 @@ import torch
 from PIL import Image
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.parity.conftest import transformers
 from tests.services.gateway.mesh import GatewayProcess, running_mesh
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
@@ -193,6 +195,25 @@ def test_the_responses_and_messages_apis_take_images_as_chat_does(vlm_mesh, clie
                                          {"type": "text", "text": "w5 w6"}]}],
             extra_body={"ignore_eos": True, "temperature": 0})
     assert message.content[0].text == expected
+
+
+def test_the_grpc_api_takes_a_messages_image_urls(vlm_mesh, client):
+    mesh = vlm_mesh[0]
+    url = _data_url(_image(11))
+    expected = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": "w7"}]).choices[0].token_ids
+
+    def generate(**message) -> gateway_pb2.GenerateResponse:
+        request = gateway_pb2.GenerateRequest(
+            request_id="image", chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", **message)]),
+            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+        with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
+            return list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+
+    reply = generate(content_parts=["w7"], image_parts=[0], image_urls=[url])
+    assert list(reply.complete.token_ids) == expected
+    refused = generate(content_parts=["w7"], image_parts=[0])  # where an image goes, but not which
+    assert refused.error.code == 400 and refused.error.param == "chat.messages[0].image_urls", refused
 
 
 def test_unreadable_images_are_refused(vlm_mesh, client, tmp_path):
