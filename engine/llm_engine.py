@@ -27,7 +27,7 @@ from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
-from engine.prompt_images import image_runs
+from engine.prompt_images import placed_images
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -146,7 +146,7 @@ class LLMEngine:
         start_ns = time.time_ns()
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
-        pending, spans = self._images(prompt_token_ids, images)
+        pending, spans = placed_images(self.model_config.vision, prompt_token_ids, images)
         sampling_params = salted(sampling_params, prompt_embeds, images)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
@@ -160,14 +160,6 @@ class LLMEngine:
         self.output_streams.open(request_id, len(output_token_ids))
         self.scheduler.add(seq)
         seq.step_times.admit_ns = (start_ns, time.time_ns())
-
-    def _images(self, prompt_token_ids: list[int], images: list[torch.Tensor]):
-        """A prompt's images by the first position of each one's run of image tokens, and the runs (their
-        spans attended bidirectionally, engine/prompt_images.py)."""
-        if not images:
-            return (), ()
-        runs = image_runs(prompt_token_ids, self.model_config.vision.image_token_id)
-        return tuple((start, pixels) for (start, _), pixels in zip(runs, images, strict=True)), tuple(runs)
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is here: waiting, running, or holding its pages."""
@@ -242,7 +234,7 @@ class LLMEngine:
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids,
-                                 prompt_embeds, *self._images(prompt_token_ids, images))
+                                 prompt_embeds, *placed_images(self.model_config.vision, prompt_token_ids, images))
         self._seqs[request_id] = seq
         self.output_streams.open(request_id, len(output_token_ids) + 1)  # and the first token: all made elsewhere
         if not self.scheduler.add_running(seq):

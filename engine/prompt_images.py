@@ -9,6 +9,7 @@ import torch
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
     from engine.sequence import Sequence
+    from engine.vision.vision_config import VisionConfig
 
 
 def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
@@ -22,6 +23,16 @@ def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[i
         else:
             runs.append((position, position + 1))
     return runs
+
+
+def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int], images: list[torch.Tensor]
+                  ) -> tuple[tuple[tuple[int, torch.Tensor], ...], tuple[tuple[int, int], ...]]:
+    """A prompt's images (as `check_images` passed them) by the first position of each one's run of image
+    tokens, and the runs: the spans its rows attend bidirectionally in."""
+    if not images:
+        return (), ()
+    runs = image_runs(prompt_token_ids, vision.image_token_id)
+    return tuple((start, pixels) for (start, _), pixels in zip(runs, images, strict=True)), tuple(runs)
 
 
 def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: list[torch.Tensor]) -> list[tuple[int, int]]:
