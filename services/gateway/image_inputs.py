@@ -4,6 +4,7 @@ resized to the processor's size (PIL's resampling), rescaled and normalized per 
 float32, as transformers' PIL image processors compute them (Gemma 3's, without pan-and-scan)."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -92,12 +93,13 @@ class ChatImages:
         if self.limit is not None and len(urls) > self.limit:
             raise APIError(400, f"{len(urls)} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
-        return [self.processing.as_proto(await read_image(url, self.allowed_local_path, param)) for url in urls]
+        encoded = [await _image_bytes(url, self.allowed_local_path, param) for url in urls]
+        # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL).
+        return await asyncio.to_thread(lambda: [self.processing.as_proto(read_image(data, param)) for data in encoded])
 
 
-async def read_image(url: str, allowed_local_path: Path | None, param: str) -> Image.Image:
-    """The image `url` names; APIError (400) for one that cannot be read as an image."""
-    data = await _image_bytes(url, allowed_local_path, param)
+def read_image(data: bytes, param: str) -> Image.Image:
+    """The image `data` encodes (PNG, JPEG, ...); APIError (400) for bytes that are not one."""
     try:
         image = Image.open(io.BytesIO(data))
         image.load()
