@@ -23,6 +23,7 @@ from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.completion_request import CompletionRequest, EmbeddedPrompt, pipeline_prompt
 from services.gateway.deltas import Delta, prompt_only
 from services.gateway.errors import APIError
+from services.gateway.given_embeddings import GivenImages
 from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY
 from services.gateway.http_responses import respond
@@ -118,7 +119,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                              continuous_usage=body.continuous_usage)
 
     def start_chat(request: Request, body: ChatCompletionRequest, response_id: str,
-                   images: list[common_pb2.PromptImage] | None = None,
+                   images: GivenImages | None = None,
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
         """A chat request's choices on their way, and what builds their output; `images`: its messages'
         pixels (read by `chat_images`)."""
@@ -146,7 +147,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                 skip_special_tokens=skip_special_tokens, timeline=timeline, on_dispatch=on_dispatch)])
         else:
             choices = merge_choices([state.pipeline.generate(
-                request_id, messages=messages, chat_options=body.chat_options(), images=images or (),
+                request_id, messages=messages, chat_options=body.chat_options(), images=images,
                 sampling=with_adapter(body.sampling(body.completion_budget, body.num_logprobs, j, bad_words,
                                                      state.pipeline.prompts.generation_defaults), lora),
                 stop=body.stops, include_stop_str_in_output=body.include_stop_str_in_output,
@@ -251,12 +252,12 @@ def dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
 
 
 async def chat_images(state: GatewayState, body: ChatCompletionRequest,
-                      param: str = "messages") -> list[common_pb2.PromptImage]:
+                      param: str = "messages") -> GivenImages | None:
     """The pixels of the messages' images, in order; APIError (400) naming `param` where the model takes
     none, or one cannot be read."""
     urls = [url for message in body.messages for url in message.image_urls]
     if not urls:
-        return []
+        return None
     if state.images is None:
         raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
     return await state.images.read(urls, param)

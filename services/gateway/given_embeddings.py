@@ -4,6 +4,7 @@ its cache salt naming them. (Reading them from a request is prompt_embeds.py's a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
 from protos import common_pb2
@@ -25,6 +26,7 @@ def checked_embeddings(embeds: common_pb2.PromptEmbeds, param: str = "prompt_emb
         raise APIError(400, f"{param} holds {len(embeds.data)} bytes, not {embeds.num_rows} rows of "
                             f"{embeds.hidden_size} {embeds.dtype} values (at least one row)", param=param)
     return embeds
+
 
 def check_embedded(params: common_pb2.SamplingParams, prompt_embeds: common_pb2.PromptEmbeds | None) -> None:
     """InvalidRequestError for sampling a prompt given as `prompt_embeds` cannot take, and for embeddings or
@@ -52,11 +54,22 @@ def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.Pro
     params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None, digest)
 
 
-def with_images(params: common_pb2.SamplingParams, images: Sequence[common_pb2.PromptImage]) -> None:
-    """`params` carrying the prompt's `images`, and salted with them as the engine salts them (their pixels
-    stacked: engine/admission.py's `salted`): the same placeholder tokens show other images."""
-    params.images.extend(images)
-    first = images[0]
-    shape = (len(images), first.channels, first.height, first.width)
-    digest = embeddings_digest("float32", shape, b"".join(image.pixels for image in images))
-    params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None, digest)
+@dataclass(frozen=True)
+class GivenImages:
+    """A prompt's images as the workers take them, and what names them in its cache salt: their pixels
+    stacked, as the engine salts them (engine/admission.py's `salted`), hashed once for all its choices."""
+
+    images: tuple[common_pb2.PromptImage, ...]
+    digest: str
+
+    @classmethod
+    def of(cls, images: Sequence[common_pb2.PromptImage]) -> GivenImages:
+        first = images[0]
+        shape = (len(images), first.channels, first.height, first.width)
+        return cls(tuple(images), embeddings_digest("float32", shape, b"".join(image.pixels for image in images)))
+
+    def given_to(self, params: common_pb2.SamplingParams) -> None:
+        """`params` carrying them, and salted with them: the same placeholder tokens show other images."""
+        params.images.extend(self.images)
+        params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
+                                                   self.digest)

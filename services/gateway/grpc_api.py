@@ -34,7 +34,7 @@ from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
 from services.gateway.embeddings_api import EmbeddingRequest, embeddings
 from services.gateway.errors import APIError, FieldError, to_api_error
-from services.gateway.given_embeddings import checked_embeddings
+from services.gateway.given_embeddings import GivenImages, checked_embeddings
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
 from services.gateway.grpc_conversation import chat_messages, chat_options
@@ -170,18 +170,18 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             yield gateway_pb2.GenerateResponse(request_id=request_id, error=common_pb2.Error(
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
-    async def _chat_images(self, request: gateway_pb2.GenerateRequest) -> list[common_pb2.PromptImage]:
+    async def _chat_images(self, request: gateway_pb2.GenerateRequest) -> GivenImages | None:
         """The pixels of a chat's images (its messages' image_urls), in order; APIError (400) where the model
         takes none, or one cannot be read."""
         if request.WhichOneof("input") != "chat":
-            return []
+            return None
         for i, message in enumerate(request.chat.messages):
             if len(message.image_urls) != len(message.image_parts):
                 raise APIError(400, f"chat.messages[{i}] has {len(message.image_parts)} image_parts for "
                                     f"{len(message.image_urls)} image_urls", param=f"chat.messages[{i}].image_urls")
         urls = [url for message in request.chat.messages for url in message.image_urls]
         if not urls:
-            return []
+            return None
         if self.images is None:
             raise APIError(400, f"{self.model_name} takes no images", param="chat.messages")
         if request.HasField("beam_search"):
@@ -190,12 +190,12 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
 
     def _choices(self, request: gateway_pb2.GenerateRequest, request_id: str, num_choices: int, arrival: float,
                  on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None,
-                 images: list[common_pb2.PromptImage]):
+                 images: GivenImages | None):
         """The request's choices on their way: (index, delta) as they come (choices.py)."""
         if self.pipeline is None:
             raise APIError(503, "the gateway is starting", code="unavailable")
         shared = self._shared_arguments(request, tools, reasoning)
-        if images:
+        if images is not None:
             shared["images"] = images
         timeline = ResponseTimeline(request_id, arrival, int(time.time()))
         self.timelines.add(timeline)

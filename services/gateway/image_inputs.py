@@ -19,6 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from protos import common_pb2
 from services.gateway.errors import APIError
+from services.gateway.given_embeddings import GivenImages
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
 FETCH_TIMEOUT_S = 10.0
@@ -87,15 +88,17 @@ class ChatImages:
     allowed_local_path: Path | None = None  # file:// images are read under it (--allowed-local-media-path)
     limit: int | None = None  # a prompt's most images (--limit-mm-per-prompt); None: any
 
-    async def read(self, urls: list[str], param: str = "messages") -> list[common_pb2.PromptImage]:
-        """Each image's pixels, in order; APIError (400) naming `param` for one that cannot be read, or
+    async def read(self, urls: list[str], param: str = "messages") -> GivenImages:
+        """The images' pixels, in order; APIError (400) naming `param` for one that cannot be read, or
         for more than the limit."""
         if self.limit is not None and len(urls) > self.limit:
             raise APIError(400, f"{len(urls)} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
         encoded = [await _image_bytes(url, self.allowed_local_path, param) for url in urls]
-        # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL).
-        return await asyncio.to_thread(lambda: [self.processing.as_proto(read_image(data, param)) for data in encoded])
+        # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
+        # and hashing its pixels a few more.
+        return await asyncio.to_thread(lambda: GivenImages.of([self.processing.as_proto(read_image(data, param))
+                                                              for data in encoded]))
 
 
 def read_image(data: bytes, param: str) -> Image.Image:

@@ -48,7 +48,7 @@ from services.gateway.admission import Admission
 from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
-from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, check_embedded, with_images, with_prompt_embeds
+from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, GivenImages, check_embedded, with_prompt_embeds
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import prompt_lookup
@@ -133,7 +133,7 @@ class RequestPipeline(Admission):
         prompt_token_ids: Sequence[int] | None = None,
         messages: Sequence[Mapping[str, str]] | None = None,
         prompt_embeds: common_pb2.PromptEmbeds | None = None,
-        images: Sequence[common_pb2.PromptImage] = (),
+        images: GivenImages | None = None,
         chat_options: ChatOptions = ChatOptions(),
         add_special_tokens: bool = True,
         sampling: common_pb2.SamplingParams | None = None,
@@ -200,8 +200,8 @@ class RequestPipeline(Admission):
                         prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
                 if prompt_embeds is not None:
                     with_prompt_embeds(params, prompt_embeds, len(prompt))
-                if images:
-                    with_images(params, images)
+                if images is not None:
+                    images.given_to(params)
                 if guide_after is not None and is_guided(params):
                     token_ids = guide_after(prompt)
                     if token_ids:

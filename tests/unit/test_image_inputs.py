@@ -32,3 +32,25 @@ def test_settings_it_cannot_follow_are_refused(tmp_path):
     transformers.Gemma3ImageProcessorPil(do_pan_and_scan=True).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="do_pan_and_scan"):
         ImageProcessing.from_dir(tmp_path)
+
+
+def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
+    """Salted so by the gateway, the engine keeps the salt as it is: the router's hashes of a prompt with
+    images are the ones its prefill worker publishes."""
+    from engine.admission import salted
+    from engine.sampling_params import SamplingParams
+    from protos import common_pb2
+    from services.common.prompt_embeds import given_images
+    from services.gateway.given_embeddings import GivenImages
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    processing = ImageProcessing.from_dir(tmp_path)
+    rng = np.random.default_rng(3)
+    given = GivenImages.of([processing.as_proto(Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)))
+                            for _ in range(2)])
+    params = common_pb2.SamplingParams(cache_salt="tenant")
+    given.given_to(params)
+    assert params.cache_salt.startswith("tenant\x00prompt_embeds:")
+    engine_params = SamplingParams(cache_salt=params.cache_salt)
+    assert salted(engine_params, None, given_images(params)) is engine_params
+    assert salted(SamplingParams(cache_salt="tenant"), None, given_images(params)).cache_salt == params.cache_salt
