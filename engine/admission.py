@@ -4,12 +4,13 @@ reservation of pages for a prompt prefilled elsewhere."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
-from engine.prompt_images import check_images
+from engine.prompt_images import ImageInput, check_images, digest_of
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def check_weights_held(engine: LLMEngine) -> None:
 
 def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
                       sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                      prompt_embeds: torch.Tensor | None = None, images: list[torch.Tensor] = ()) -> None:
+                      prompt_embeds: torch.Tensor | None = None, images: Sequence[ImageInput] = ()) -> None:
     """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
     `add_request` and `add_prefilled_request` take it); changes nothing."""
     check_weights_held(engine)
@@ -120,15 +121,17 @@ def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_para
 
 
 def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | None,
-           images: list[torch.Tensor] = ()) -> SamplingParams:
+           images: Sequence[ImageInput] = ()) -> SamplingParams:
     """A prompt given as embeddings, or with images, shares cached blocks only with prompts given the same
     ones: its cache salt names them (unchanged where its caller salted it so, as the gateway does for its
     router's hashes to match the workers')."""
-    if prompt_embeds is None and not images:
+    if prompt_embeds is not None:
+        raw = prompt_embeds.contiguous().view(torch.uint8).numpy().tobytes()
+        digest = embeddings_digest(str(prompt_embeds.dtype).removeprefix("torch."), prompt_embeds.shape, raw)
+    elif images:
+        digest = digest_of(images)
+    else:
         return sampling_params
-    given = prompt_embeds if prompt_embeds is not None else torch.stack(images)
-    raw = given.contiguous().view(torch.uint8).numpy().tobytes()
-    digest = embeddings_digest(str(given.dtype).removeprefix("torch."), given.shape, raw)
     salt = salted_with_embeddings(sampling_params.cache_salt, digest)
     return sampling_params if salt == sampling_params.cache_salt else \
         dataclasses.replace(sampling_params, cache_salt=salt)

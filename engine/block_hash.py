@@ -53,6 +53,16 @@ def embeddings_digest(dtype: str, shape: Sequence[int], data: bytes) -> str:
     return h.hexdigest()
 
 
+def images_digest(images: Sequence[tuple[bytes, tuple[int, ...], float, Sequence[float], Sequence[float]]]) -> str:
+    """What names a prompt's images: each one's resized RGB bytes and shape, and the rescale factor, mean
+    and std its pixels are normalized by, hashed (the gateway's and the engine's the same)."""
+    h = hashlib.blake2b(digest_size=16)
+    for rgb, shape, rescale_factor, mean, std in images:
+        h.update(f"{list(shape)} {rescale_factor!r} {[float(m) for m in mean]} {[float(s) for s in std]}".encode())
+        h.update(rgb)
+    return h.hexdigest()
+
+
 def salted_with_embeddings(cache_salt: str | None, digest: str) -> str:
     """The cache salt of a prompt given as the embeddings `digest` names: its placeholder tokens name
     no content, so its blocks are shared only with prompts given the same embeddings (and the same

@@ -27,7 +27,7 @@ from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
-from engine.prompt_images import placed_images
+from engine.prompt_images import ImageInput, placed_images
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -128,7 +128,7 @@ class LLMEngine:
         output_token_ids: list[int] | tuple[int, ...] = (),
         reports_pages: bool = False,
         prompt_embeds: torch.Tensor | None = None,
-        images: list[torch.Tensor] = (),
+        images: list[ImageInput] | tuple[ImageInput, ...] = (),
     ) -> None:
         """Queues a request; raises ValueError for one that can never be served.
 
@@ -140,8 +140,8 @@ class LLMEngine:
         `output_token_ids`: its output so far, made by another engine (a request that
         moved): computed after the prompt, and from then on as if made here.
         `prompt_embeds`: the prompt given as embeddings, a [P, hidden_size] tensor read in place of
-        the embeddings of its P `prompt_token_ids` (placeholders then). `images`: each one's pixels
-        ([channels, size, size], normalized), for its run of image tokens in the prompt.
+        the embeddings of its P `prompt_token_ids` (placeholders then). `images`: each one, resized by the
+        model's image processor, for its run of image tokens in the prompt.
         """
         start_ns = time.time_ns()
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
@@ -219,7 +219,7 @@ class LLMEngine:
     def add_prefilled_request(
         self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams,
         output_token_ids: list[int] | tuple[int, ...] = (), prompt_embeds: torch.Tensor | None = None,
-        images: list[torch.Tensor] = (),
+        images: list[ImageInput] | tuple[ImageInput, ...] = (),
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
         `add_request` takes them) was written into the pages reserved under `request_id` and

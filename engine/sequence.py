@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -11,6 +11,9 @@ from engine.sampling_params import SamplingParams
 from engine.spec_decode_stats import SpecDecodeStats
 from engine.step_times import StepTimes
 from engine.thinking_budget import ThinkingMarks
+
+if TYPE_CHECKING:
+    from engine.prompt_images import ImageInput
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
 # wait for another worker to take them over (disaggregated serving).
@@ -42,13 +45,13 @@ class Sequence:
         is_prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
         prompt_embeds: torch.Tensor | None = None,
-        images: tuple[tuple[int, torch.Tensor], ...] = (),
+        images: tuple[tuple[int, ImageInput], ...] = (),
         bidirectional_spans: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
         is computed after the prompt's, and it counts as output, not prompt. `prompt_embeds`: the
         prompt given as embeddings, a [P, H] tensor whose rows the model reads in place of its
-        token ids' (placeholders then, as in vLLM). `images`: (first position, pixels) of each image in
+        token ids' (placeholders then, as in vLLM). `images`: (first position, image) of each image in
         the prompt, whose encoder's rows are read in place of its image tokens' embeddings; `bidirectional_spans`:
         positions [start, end) whose tokens attend to each other whatever their order (Gemma 3's images)."""
         if not prompt_token_ids:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -33,6 +33,7 @@ import torch
 from engine import memory_release
 from engine.kv_event_log import KVEvent, with_lora_ids
 from engine.llm_engine import LLMEngine
+from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
 from services.common.engine_stepper import STOP, EngineStepper
 from services.common.engine_thread import EngineThread
@@ -158,7 +159,7 @@ class EngineLoop(EngineStepper):
 
     def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                         params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                        prompt_embeds: torch.Tensor | None = None, images: list[torch.Tensor] = ()) -> asyncio.Queue:
+                        prompt_embeds: torch.Tensor | None = None, images: Sequence[ImageInput] = ()) -> asyncio.Queue:
         """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
         (see `add_request`). A refused request has its reservation released: the claim consumed it."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
@@ -178,7 +179,7 @@ class EngineLoop(EngineStepper):
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prefill_only: bool = False, output_token_ids: list[int] | tuple[int, ...] = (),
                     reports_pages: bool = False, prompt_embeds: torch.Tensor | None = None,
-                    images: list[torch.Tensor] = ()) -> asyncio.Queue:
+                    images: Sequence[ImageInput] = ()) -> asyncio.Queue:
         """Queue a new request in the engine; returns the queue of its RequestOutputs at once.
 
         Their first item is a `RequestRefusedError` for a request the engine refuses (the

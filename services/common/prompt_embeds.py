@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.prompt_images import ImageInput
 from protos import common_pb2
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,15 +28,14 @@ def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | None
     return torch.frombuffer(bytearray(given.data), dtype=dtype).view(given.num_rows, given.hidden_size)
 
 
-def given_images(sampling: common_pb2.SamplingParams) -> list[torch.Tensor]:
-    """Each of `sampling.images` as a float32 [channels, height, width] tensor; ValueError for bytes that
-    are not their shape (the engine checks the shape against the model's)."""
+def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput]:
+    """Each of `sampling.images` as the engine takes it; ValueError for bytes that are not its shape (the
+    engine checks the shape, and the normalization's numbers, against the model's)."""
     images = []
     for image in sampling.images:
-        if not image.channels or not image.height or not image.width \
-                or len(image.pixels) != 4 * image.channels * image.height * image.width:
-            raise ValueError(f"an image holds {len(image.pixels)} bytes, not float32 pixels of "
-                             f"[{image.channels}, {image.height}, {image.width}]")
-        images.append(torch.frombuffer(bytearray(image.pixels), dtype=torch.float32)
-                      .view(image.channels, image.height, image.width))
+        if len(image.rgb) != image.channels * image.height * image.width or not image.rgb:
+            raise ValueError(f"an image holds {len(image.rgb)} bytes, not uint8 RGB of "
+                             f"[{image.height}, {image.width}, {image.channels}]")
+        rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8).view(image.height, image.width, image.channels)
+        images.append(ImageInput(rgb, image.rescale_factor, tuple(image.mean), tuple(image.std)))
     return images

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.block_hash import embeddings_digest, salted_with_embeddings
+from engine.block_hash import embeddings_digest, images_digest, salted_with_embeddings
 from protos import common_pb2
 from services.gateway.errors import APIError
 from services.gateway.request_errors import InvalidRequestError
@@ -56,17 +56,16 @@ def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.Pro
 
 @dataclass(frozen=True)
 class GivenImages:
-    """A prompt's images as the workers take them, and what names them in its cache salt: their pixels
-    stacked, as the engine salts them (engine/admission.py's `salted`), hashed once for all its choices."""
+    """A prompt's images as the workers take them, and what names them in its cache salt, as the engine
+    names them (engine/admission.py's `salted`): hashed once for all its choices."""
 
     images: tuple[common_pb2.PromptImage, ...]
     digest: str
 
     @classmethod
     def of(cls, images: Sequence[common_pb2.PromptImage]) -> GivenImages:
-        first = images[0]
-        shape = (len(images), first.channels, first.height, first.width)
-        return cls(tuple(images), embeddings_digest("float32", shape, b"".join(image.pixels for image in images)))
+        return cls(tuple(images), images_digest([(image.rgb, (image.height, image.width, image.channels),
+                                                  image.rescale_factor, image.mean, image.std) for image in images]))
 
     def given_to(self, params: common_pb2.SamplingParams) -> None:
         """`params` carrying them, and salted with them: the same placeholder tokens show other images."""

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from protos import common_pb2
+from services.common.image_pixels import normalized
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
 
@@ -59,17 +60,19 @@ class ImageProcessing:
                    std=tuple(config["image_std"]), rescale_factor=float(config.get("rescale_factor", 1 / 255)),
                    resample=int(config.get("resample", Image.Resampling.BILINEAR)))
 
+    def resized(self, image: Image.Image) -> np.ndarray:
+        """`image` in RGB at the processor's size: uint8 [height, width, 3]."""
+        return np.array(rgb(image).resize((self.width, self.height), resample=self.resample))
+
     def pixels(self, image: Image.Image) -> np.ndarray:
         """`image` as the model reads it: float32 [3, height, width]."""
-        resized = np.array(rgb(image).resize((self.width, self.height), resample=self.resample))
-        rescaled = (resized.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        normalized = (rescaled - np.array(self.mean, dtype=np.float32)) / np.array(self.std, dtype=np.float32)
-        return np.ascontiguousarray(normalized.transpose(2, 0, 1))
+        return normalized(self.resized(image), self.rescale_factor, self.mean, self.std)
 
     def as_proto(self, image: Image.Image) -> common_pb2.PromptImage:
-        pixels = self.pixels(image)
-        return common_pb2.PromptImage(pixels=pixels.astype("<f4").tobytes(), channels=pixels.shape[0],
-                                      height=pixels.shape[1], width=pixels.shape[2])
+        resized = self.resized(image)
+        return common_pb2.PromptImage(rgb=resized.tobytes(), height=resized.shape[0], width=resized.shape[1],
+                                      channels=resized.shape[2], rescale_factor=self.rescale_factor, mean=self.mean,
+                                      std=self.std)
 
 
 def rgb(image: Image.Image) -> Image.Image:

@@ -8,6 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import greedy_outputs, transformers
 
@@ -51,8 +52,15 @@ def _prompt(seed: int, num_images: int = 2) -> list[int]:
     return prompt
 
 
-def _pixels(seed: int, n: int) -> torch.Tensor:
-    return torch.randn(n, 3, 112, 112, generator=torch.Generator().manual_seed(seed))
+def _images(seed: int, n: int) -> list[ImageInput]:
+    """Random images as an image processor resized them, normalized as Gemma 3's is."""
+    rgb = torch.randint(0, 256, (n, 112, 112, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return [ImageInput(image, 1 / 255, (0.5, 0.4, 0.3), (0.5, 0.25, 0.2)) for image in rgb]
+
+
+def _pixels(images: list[ImageInput]) -> torch.Tensor | None:
+    """What transformers' model reads of them."""
+    return torch.stack([image.pixels() for image in images]) if images else None
 
 
 def _hf_greedy(model, prompt: list[int], pixels: torch.Tensor) -> list[int]:
@@ -79,7 +87,7 @@ def _generate(engine: LLMEngine, requests: dict[str, tuple[list[int], list[torch
 def test_image_rows_match_transformers_image_features(gemma3_with_images):
     path, model = gemma3_with_images
     engine = _engine(path)
-    pixels = _pixels(1, 2)
+    pixels = _pixels(_images(1, 2))
     with torch.no_grad():
         ref = model.model.get_image_features(pixels).pooler_output
     assert (engine.runner.image_encoder(pixels) - ref).abs().max().item() < 1e-5
@@ -90,12 +98,10 @@ def test_greedy_tokens_with_images_match_transformers(gemma3_with_images, budget
     """Budgets of 16 and 20 split the prompts into chunks: an image's 16 tokens are never split, as they attend
     to each other."""
     path, model = gemma3_with_images
-    prompts = {"two": (_prompt(2), list(_pixels(2, 2))), "one": (_prompt(3, 1), list(_pixels(3, 1))),
-               "text": (_prompt(4, 0), [])}
+    prompts = {"two": (_prompt(2), _images(2, 2)), "one": (_prompt(3, 1), _images(3, 1)), "text": (_prompt(4, 0), [])}
     results = _generate(_engine(path, max_num_batched_tokens=budget), prompts)
     for request_id, (prompt, images) in prompts.items():
-        pixels = torch.stack(images) if images else None
-        assert results[request_id] == _hf_greedy(model, prompt, pixels), request_id
+        assert results[request_id] == _hf_greedy(model, prompt, _pixels(images)), request_id
 
 
 @pytest.mark.parametrize("budget", [512, 16])
@@ -103,9 +109,10 @@ def test_first_token_logprobs_with_images_match_transformers(gemma3_with_images,
     """Logprobs, not only tokens: an image's tokens attended causally would still give these greedy tokens
     here, but not these numbers."""
     path, model = gemma3_with_images
-    prompt, pixels = _prompt(7), _pixels(7, 2)
+    prompt, images = _prompt(7), _images(7, 2)
+    pixels = _pixels(images)
     engine = _engine(path, max_num_batched_tokens=budget)
-    engine.add_request("r", prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=20), images=list(pixels))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=20), images=images)
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()
@@ -120,12 +127,12 @@ def test_first_token_logprobs_with_images_match_transformers(gemma3_with_images,
 def test_an_image_computed_again_after_a_preemption_gives_the_same_tokens(gemma3_with_images):
     path, model = gemma3_with_images
     # 62-token prompts: both admitted into 8 of the 9 pages, both past their 4th page within 3 tokens.
-    prompts = {f"r{i}": (_prompt(5 + i) + [7, 8, 9, 10, 11], list(_pixels(5 + i, 2))) for i in range(2)}
+    prompts = {f"r{i}": (_prompt(5 + i) + [7, 8, 9, 10, 11], _images(5 + i, 2)) for i in range(2)}
     engine = _engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
     results = _generate(engine, prompts)
     assert engine.scheduler.num_preemptions > 0
     for request_id, (prompt, images) in prompts.items():
-        assert results[request_id] == _hf_greedy(model, prompt, torch.stack(images)), request_id
+        assert results[request_id] == _hf_greedy(model, prompt, _pixels(images)), request_id
 
 
 def test_images_the_prompt_does_not_place_are_refused(gemma3_with_images, tiny_model_dirs):
@@ -133,15 +140,18 @@ def test_images_the_prompt_does_not_place_are_refused(gemma3_with_images, tiny_m
     engine = _engine(path)
     params = SamplingParams(max_tokens=4)
     refusals = {
-        "1 run\\(s\\) of image tokens .* for 2 image": (_prompt(6, 1), list(_pixels(6, 2))),
-        "takes 16 image tokens, the prompt has 15": ([2, *[IMAGE_TOKEN] * 15, 7], list(_pixels(6, 1))),
-        "shape \\[3, 112, 112\\]": (_prompt(6, 1), [torch.zeros(3, 56, 56)]),
+        "1 run\\(s\\) of image tokens .* for 2 image": (_prompt(6, 1), _images(6, 2)),
+        "takes 16 image tokens, the prompt has 15": ([2, *[IMAGE_TOKEN] * 15, 7], _images(6, 1)),
+        "shape \\[112, 112, 3\\]": (_prompt(6, 1), [ImageInput(torch.zeros(56, 56, 3, dtype=torch.uint8), 1 / 255,
+                                                                   (0.5,) * 3, (0.5,) * 3)]),
+        "a number for each of its 3 channels": (_prompt(6, 1), [ImageInput(_images(6, 1)[0].rgb, 1 / 255, (0.5,),
+                                                                           (0.5,))]),
     }
     for message, (prompt, images) in refusals.items():
         with pytest.raises(ValueError, match=message):
             engine.add_request("r", prompt, params, images=images)
     with pytest.raises(ValueError, match="takes no images"):
-        _engine(tiny_model_dirs["gemma3"]).add_request("r", _prompt(6, 1), params, images=list(_pixels(6, 1)))
+        _engine(tiny_model_dirs["gemma3"]).add_request("r", _prompt(6, 1), params, images=_images(6, 1))
     assert not engine.has_unfinished_requests()
 
 
@@ -151,10 +161,10 @@ def test_limits_on_a_prompts_images(gemma3_with_images):
     path, model = gemma3_with_images
     params = SamplingParams(max_tokens=4)
     with pytest.raises(ValueError, match="more than its limit of 1"):
-        _engine(path, limit_images=1).add_request("r", _prompt(8), params, images=list(_pixels(8, 2)))
+        _engine(path, limit_images=1).add_request("r", _prompt(8), params, images=_images(8, 2))
     text_only = _engine(path, limit_images=0)
     assert text_only.runner.image_encoder is None
     with pytest.raises(ValueError, match="limited to 0"):
-        text_only.add_request("r", _prompt(8, 1), params, images=list(_pixels(8, 1)))
+        text_only.add_request("r", _prompt(8, 1), params, images=_images(8, 1))
     prompt = _prompt(9, 0)
     assert _generate(text_only, {"text": (prompt, [])})["text"] == _hf_greedy(model, prompt, None)

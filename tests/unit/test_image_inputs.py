@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from protos import common_pb2
+from services.common.prompt_embeds import given_images
 from services.gateway.image_inputs import ImageProcessing
 
 transformers = pytest.importorskip("transformers")
@@ -24,6 +26,9 @@ def test_pixels_equal_gemma3s_image_processor(tmp_path, size, mode):
     expected = reference(images=image, return_tensors="np")["pixel_values"][0]
     assert ours.pixels(image).shape == (3, 112, 96)
     np.testing.assert_allclose(ours.pixels(image), expected, rtol=0, atol=1e-6)
+    # What a worker makes of the image as the gateway sends it (resized RGB, normalized there).
+    sent = common_pb2.SamplingParams(images=[ours.as_proto(image)])
+    np.testing.assert_allclose(given_images(sent)[0].pixels().numpy(), expected, rtol=0, atol=1e-6)
 
 
 def test_settings_it_cannot_follow_are_refused(tmp_path):
@@ -39,8 +44,6 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     images are the ones its prefill worker publishes."""
     from engine.admission import salted
     from engine.sampling_params import SamplingParams
-    from protos import common_pb2
-    from services.common.prompt_embeds import given_images
     from services.gateway.given_embeddings import GivenImages
 
     transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
