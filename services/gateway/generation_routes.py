@@ -80,7 +80,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
         streams, searches, prompt_of_choice = [], [], []
         for p, prompt in enumerate(prompts):
-            given = _given_prompt(state, prompt, body.add_special_tokens)
+            given = await _given_prompt(state, prompt, body.add_special_tokens)
             prompt_of_choice += [p] * body.num_candidates
             if body.use_beam_search:
                 searches.append(beam_search(
@@ -263,16 +263,16 @@ async def chat_images(state: GatewayState, body: ChatCompletionRequest,
     return await state.images.read(urls, param)
 
 
-def _given_prompt(state: GatewayState, prompt: str | list[int] | EmbeddedPrompt,
-                  add_special_tokens: bool) -> dict[str, Any]:
+async def _given_prompt(state: GatewayState, prompt: str | list[int] | EmbeddedPrompt,
+                        add_special_tokens: bool) -> dict[str, Any]:
     """A completion's prompt as the pipeline takes it; APIError (400) for embeddings this gateway does
-    not take, or cannot read."""
+    not take, or cannot read (read on a thread: torch.load of megabytes takes milliseconds)."""
     if not isinstance(prompt, EmbeddedPrompt):
         return pipeline_prompt(prompt, add_special_tokens)
     if state.prompt_embeds is None:
         raise APIError(400, "prompt_embeds are taken only by a server started with --enable-prompt-embeds "
                             "(as vLLM's)", param="prompt_embeds")
-    return {"prompt_embeds": state.prompt_embeds.read(prompt.encoded)}
+    return {"prompt_embeds": await asyncio.to_thread(state.prompt_embeds.read, prompt.encoded)}
 
 
 def _token_text(state: GatewayState, body: CompletionRequest | ChatCompletionRequest) -> TokenText:
