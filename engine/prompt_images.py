@@ -12,8 +12,8 @@ import torch
 from engine.block_hash import images_digest
 
 if TYPE_CHECKING:
+    from engine import sequence
     from engine.llm_engine import LLMEngine
-    from engine.sequence import Sequence
     from engine.vision.vision_config import VisionConfig
 
 
@@ -92,7 +92,7 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
     return runs
 
 
-def encode_pending_images(encoder: torch.nn.Module, seq: Sequence, device: torch.device | str) -> None:
+def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, device: torch.device | str) -> None:
     """Encode `seq`'s images into its given embeddings, rows by position (once: a request that never
     computes its prompt here, as a decode worker's unless preempted, never normalizes or encodes them)."""
     starts = [start for start, _ in seq.pending_images]

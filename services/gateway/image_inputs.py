@@ -1,7 +1,8 @@
-"""A chat message's images, as the model's image processor makes its pixels (preprocessor_config.json):
-read from a data: URL, an http(s) URL, or a file:// one under --allowed-local-media-path; made RGB,
-resized to the processor's size (PIL's resampling), rescaled and normalized per channel, channels first,
-float32, as transformers' PIL image processors compute them (Gemma 3's, without pan-and-scan)."""
+"""A chat message's images, as the model's image processor makes them (preprocessor_config.json): read
+from a data: URL, an http(s) URL, or a file:// one under --allowed-local-media-path; made RGB and resized
+to the processor's size (PIL's resampling), as transformers' PIL image processors do (Gemma 3's, without
+pan-and-scan). They go to the workers so, with the processor's rescale factor, mean and std, which the
+engine normalizes them by when it encodes them (engine/prompt_images.py's ImageInput)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,6 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from protos import common_pb2
-from services.common.image_pixels import normalized
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
 
@@ -63,10 +63,6 @@ class ImageProcessing:
     def resized(self, image: Image.Image) -> np.ndarray:
         """`image` in RGB at the processor's size: uint8 [height, width, 3]."""
         return np.array(rgb(image).resize((self.width, self.height), resample=self.resample))
-
-    def pixels(self, image: Image.Image) -> np.ndarray:
-        """`image` as the model reads it: float32 [3, height, width]."""
-        return normalized(self.resized(image), self.rescale_factor, self.mean, self.std)
 
     def as_proto(self, image: Image.Image) -> common_pb2.PromptImage:
         resized = self.resized(image)
