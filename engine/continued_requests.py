@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.llm_engine import LLMEngine
-    from engine.prompt_images import ImageInput
+    from engine.prompt_images import PlacedImage
 
 
 def resume_guide(engine: LLMEngine, seq: Sequence, made_elsewhere: list[int] | tuple[int, ...]) -> None:
@@ -33,7 +33,7 @@ def resume_guide(engine: LLMEngine, seq: Sequence, made_elsewhere: list[int] | t
 def prefilled_sequence(engine: LLMEngine, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                        sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...],
                        prompt_embeds: torch.Tensor | None = None,
-                       images: tuple[tuple[int, ImageInput], ...] = (),
+                       images: tuple[PlacedImage, ...] = (),
                        bidirectional_spans: tuple[tuple[int, int], ...] = ()) -> Sequence:
     """`request_id`'s sequence, holding the pages reserved under that id (their KV written for its
     prompt and `output_token_ids`), `first_token_id` its last token. ValueError when its output does

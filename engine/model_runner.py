@@ -22,7 +22,7 @@ from engine.prompt_images import encode_pending_images
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
-from engine.vision.gemma3_images import Gemma3ImageEncoder
+from engine.vision.image_encoders import image_encoder
 from engine.weights import check_every_tensor_is_read, iter_tensors
 from kernels.registry import select_kernels
 
@@ -49,7 +49,7 @@ class ModelRunner:
         with torch.device(device):
             self.model = arch(model_config, self.kernels, dtype, max_positions)
             # What turns a request's images into rows of the prompt (a multimodal checkpoint's, where served).
-            self.image_encoder = Gemma3ImageEncoder(model_config.vision, model_config.hidden_size, dtype) \
+            self.image_encoder = image_encoder(model_config.vision, model_config.hidden_size, dtype) \
                 if model_config.vision is not None else None
         start_ns = time.time_ns()
         start = time.perf_counter()
@@ -198,7 +198,7 @@ class ModelRunner:
         prefills: list[tuple[Sequence, int]] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             (decodes if _is_decode(seq, n) else prefills).append((seq, n))
-            if seq.pending_images and seq.pending_images[0][0] < seq.num_computed_tokens + n:
+            if seq.pending_images and seq.pending_images[0].start < seq.num_computed_tokens + n:
                 encode_pending_images(self.image_encoder, seq, self.device)
         input_ids: list[int] = []
         positions: list[int] = []

@@ -1,5 +1,5 @@
 """Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
-(Gemma 3's: engine/vision/); the others' requests are text or token ids.
+(Gemma 3's and Mistral 3's: engine/vision/); Llama 4's requests are text or token ids.
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.vision.vision_config import VisionConfig, gemma3_vision_config
+from engine.vision.vision_config import VisionConfig, gemma3_vision_config, mistral3_vision_config
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ MULTIMODAL = {
         text_architecture=lambda text_config: MISTRAL3_TEXT.get(text_config.get("model_type"), "?"),
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                         "model.multi_modal_projector.")),
+                         "model.multi_modal_projector."),
+        vision_config=mistral3_vision_config),
 }
 
 

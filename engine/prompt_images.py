@@ -1,6 +1,7 @@
-"""A prompt's images (Gemma 3's): each as its model's image processor resized it (`ImageInput`), its run of
-image tokens in the prompt (the span its rows attend bidirectionally in), and the rows its encoder makes
-for them, made when a step first computes them (a decode worker's request, only after a preemption)."""
+"""A prompt's images (Gemma 3's, Mistral 3's): each as its model's image processor resized it (`ImageInput`),
+its runs of image tokens in the prompt (Gemma 3's one run, a span its rows attend bidirectionally in;
+Mistral 3's a run a row of its grid), and the rows its encoder makes for them, made when a step first
+computes them (a decode worker's request, only after a preemption)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.block_hash import images_digest
+from engine.vision.vision_config import GEMMA3
 
 if TYPE_CHECKING:
     from engine import sequence
@@ -54,48 +56,83 @@ def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[i
     return runs
 
 
+@dataclass(frozen=True, eq=False)
+class PlacedImage:
+    """An image and the runs of image tokens its rows take, in order (Gemma 3's one run; Mistral 3's one a
+    row of its grid)."""
+
+    runs: tuple[tuple[int, int], ...]
+    image: ImageInput
+
+    @property
+    def start(self) -> int:
+        return self.runs[0][0]
+
+
+def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Sequence[ImageInput]
+                   ) -> list[tuple[tuple[int, int], ...]]:
+    """`runs` dealt out to `images` in order, each taking as many as its grid has rows (ValueError for a
+    prompt whose runs do not fit them)."""
+    grids = [vision.token_grid(*image.rgb.shape[:2]) for image in images]
+    wanted = sum(rows for rows, _ in grids)
+    if len(runs) != wanted:
+        raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "
+                         f"{len(images)} image(s)" + (f", which take {wanted} (one a row of each image's grid)"
+                                                      if vision.family != GEMMA3 else ""))
+    dealt, taken = [], iter(runs)
+    for rows, cols in grids:
+        its_runs = tuple(next(taken) for _ in range(rows))
+        for start, end in its_runs:
+            if end - start != cols:
+                raise ValueError(f"an image {'takes' if rows == 1 else 'row takes'} {cols} image tokens, the prompt "
+                                 f"has {end - start} at position {start}")
+        dealt.append(its_runs)
+    return dealt
+
+
 def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int], images: Sequence[ImageInput]
-                  ) -> tuple[tuple[tuple[int, ImageInput], ...], tuple[tuple[int, int], ...]]:
-    """A prompt's images (as `check_images` passed them) by the first position of each one's run of image
-    tokens, and the runs: the spans its rows attend bidirectionally in."""
+                  ) -> tuple[tuple[PlacedImage, ...], tuple[tuple[int, int], ...]]:
+    """A prompt's images (as `check_images` passed them) with their runs of image tokens, and the spans
+    their tokens attend bidirectionally in (Gemma 3's runs; none of Mistral 3's)."""
     if not images:
         return (), ()
-    runs = image_runs(prompt_token_ids, vision.image_token_id)
-    return tuple((start, image) for (start, _), image in zip(runs, images, strict=True)), tuple(runs)
+    dealt = _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
+    placed = tuple(PlacedImage(runs, image) for runs, image in zip(dealt, images, strict=True))
+    return placed, tuple(run for runs in dealt for run in runs) if vision.bidirectional else ()
 
 
-def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> list[tuple[int, int]]:
-    """Where each image goes: its run of image tokens. ValueError for images the model takes none of, or
-    that the prompt does not place (a run for each, of the encoder's rows), or pixels not its input's shape."""
+def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> None:
+    """ValueError for images the model takes none of, or that the prompt does not place (its runs of image
+    tokens, as many and as long as each image's grid of rows), or pixels its tower does not take."""
     vision, limit = engine.model_config.vision, engine.config.limit_images
     if vision is None:
         raise ValueError(f"{engine.model_config.architecture} takes no images here"
                          + (" (its images are limited to 0 a prompt)" if limit == 0 else ""))
     if limit is not None and len(images) > limit:
         raise ValueError(f"{len(images)} images in one prompt, more than its limit of {limit}")
-    runs = image_runs(prompt_token_ids, vision.image_token_id)
-    if len(runs) != len(images):
-        raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "
-                         f"{len(images)} image(s)")
-    for start, end in runs:
-        if end - start != vision.tokens_per_image:
-            raise ValueError(f"an image takes {vision.tokens_per_image} image tokens, the prompt has {end - start} "
-                             f"at position {start}")
-    shape = (vision.image_size, vision.image_size, vision.num_channels)
     for image in images:
-        if tuple(image.rgb.shape) != shape or image.rgb.dtype != torch.uint8:
-            raise ValueError(f"an image must be uint8 of shape {list(shape)} (resized by the model's image "
-                             f"processor), got {image.rgb.dtype} of shape {list(image.rgb.shape)}")
+        shape = tuple(image.rgb.shape)
+        if len(shape) != 3 or shape[2] != vision.num_channels or image.rgb.dtype != torch.uint8:
+            raise ValueError(f"an image must be uint8 [height, width, {vision.num_channels}] (resized by the model's "
+                             f"image processor), got {image.rgb.dtype} of shape {list(shape)}")
+        error = vision.shape_error(*shape[:2])
+        if error is not None:
+            raise ValueError(f"an image {error} (resized by the model's image processor), got {shape[0]}x{shape[1]}")
         if len(image.mean) != vision.num_channels or len(image.std) != vision.num_channels or 0 in image.std:
             raise ValueError(f"an image's mean and std must give a number for each of its {vision.num_channels} "
                              "channels, std not 0")
-    return runs
+    _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
 
 
 def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, device: torch.device | str) -> None:
     """Encode `seq`'s images into its given embeddings, rows by position (once: a request that never
     computes its prompt here, as a decode worker's unless preempted, never normalizes or encodes them)."""
-    starts = [start for start, _ in seq.pending_images]
-    features = encoder(torch.stack([image.pixels() for _, image in seq.pending_images]).to(device))
-    seq.given_embeddings = tuple(zip(starts, features, strict=True))
+    features = encoder.encode([placed.image.pixels().to(device) for placed in seq.pending_images])
+    given = []
+    for placed, rows in zip(seq.pending_images, features, strict=True):
+        offset = 0
+        for start, end in placed.runs:
+            given.append((start, rows[offset:offset + end - start]))
+            offset += end - start
+    seq.given_embeddings = tuple(given)
     seq.pending_images = ()

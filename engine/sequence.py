@@ -13,7 +13,7 @@ from engine.step_times import StepTimes
 from engine.thinking_budget import ThinkingMarks
 
 if TYPE_CHECKING:
-    from engine.prompt_images import ImageInput
+    from engine.prompt_images import PlacedImage
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
 # wait for another worker to take them over (disaggregated serving).
@@ -45,14 +45,14 @@ class Sequence:
         is_prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
         prompt_embeds: torch.Tensor | None = None,
-        images: tuple[tuple[int, ImageInput], ...] = (),
+        images: tuple[PlacedImage, ...] = (),
         bidirectional_spans: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
         is computed after the prompt's, and it counts as output, not prompt. `prompt_embeds`: the
         prompt given as embeddings, a [P, H] tensor whose rows the model reads in place of its
-        token ids' (placeholders then, as in vLLM). `images`: (first position, image) of each image in
-        the prompt, whose encoder's rows are read in place of its image tokens' embeddings; `bidirectional_spans`:
+        token ids' (placeholders then, as in vLLM). `images`: each image in the prompt with its runs of
+        image tokens, whose encoder's rows are read in place of those tokens' embeddings; `bidirectional_spans`:
         positions [start, end) whose tokens attend to each other whatever their order (Gemma 3's images)."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -61,7 +61,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.prompt_embeds = prompt_embeds
         # Prompt rows given as embeddings, (first position, rows) in order: the whole prompt's, or each image's
-        # once its pixels, pending till then, are encoded (engine/prompt_images.py).
+        # runs' once its pixels, pending till then, are encoded (engine/prompt_images.py).
         self.given_embeddings: tuple[tuple[int, torch.Tensor], ...] = \
             ((0, prompt_embeds),) if prompt_embeds is not None else ()
         self.pending_images = images

@@ -24,7 +24,7 @@ class EncodeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyChatTemplateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "tools_json", "chat_template", "documents_json", "add_special_tokens", "content_format")
+    __slots__ = ("request_id", "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "tools_json", "chat_template", "documents_json", "add_special_tokens", "content_format", "image_sizes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class ApplyChatTemplateRequest(_message.Message):
     DOCUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SIZES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     add_generation_prompt: bool
@@ -45,7 +46,16 @@ class ApplyChatTemplateRequest(_message.Message):
     documents_json: str
     add_special_tokens: bool
     content_format: str
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., content_format: _Optional[str] = ...) -> None: ...
+    image_sizes: _containers.RepeatedCompositeFieldContainer[ImageSize]
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., content_format: _Optional[str] = ..., image_sizes: _Optional[_Iterable[_Union[ImageSize, _Mapping]]] = ...) -> None: ...
+
+class ImageSize(_message.Message):
+    __slots__ = ("height", "width")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    width: int
+    def __init__(self, height: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class ApplyChatTemplateResponse(_message.Message):
     __slots__ = ("token_ids", "text")

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.parameters import empty_param
+from engine.vision.loading import put_tensor
 from engine.vision.siglip import SiglipVisionTower
 from engine.vision.vision_config import VisionConfig
 
@@ -35,6 +36,10 @@ class Gemma3ImageEncoder(nn.Module):
         normed = (normed * (1.0 + self.norm_weight.float())).type_as(pooled)
         return (normed @ self.projection).type_as(patches)
 
+    def encode(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's rows [tokens_per_image, text hidden size], of its pixels [C, image_size, image_size]."""
+        return list(self(torch.stack(pixels)))
+
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
         """Its name for checkpoint tensor `name`, as released (the tower's under `vision_tower.vision_model.`)
@@ -49,8 +54,5 @@ class Gemma3ImageEncoder(nn.Module):
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """`tensors` by `checkpoint_name`."""
         self.tower.load_weights({name.removeprefix(TOWER): t for name, t in tensors.items() if name.startswith(TOWER)})
-        for target, name in ((self.norm_weight, PROJECTOR + "mm_soft_emb_norm.weight"),
-                             (self.projection, PROJECTOR + "mm_input_projection_weight")):
-            if target.shape != tensors[name].shape:
-                raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {tuple(target.shape)}")
-            target.copy_(tensors[name])
+        put_tensor(self.norm_weight, tensors, PROJECTOR + "mm_soft_emb_norm.weight")
+        put_tensor(self.projection, tensors, PROJECTOR + "mm_input_projection_weight")

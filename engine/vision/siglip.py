@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.parameters import empty_param
+from engine.vision.loading import put_tensor
 from engine.vision.vision_config import VisionConfig
 
 
@@ -60,11 +61,7 @@ class SiglipVisionTower(nn.Module):
         """From SiglipVisionModel's names under `vision_model.` (q, k and v fused as they load);
         KeyError for a missing one, ValueError for a wrong shape."""
         def put(target: torch.Tensor, *names: str) -> None:
-            tensor = torch.cat([tensors[name] for name in names])
-            if target.shape != tensor.shape:
-                raise ValueError(f"vision tensor {names[0]!r} has shape {tuple(tensor.shape)}, expected "
-                                 f"{tuple(target.shape)}")
-            target.copy_(tensor)
+            put_tensor(target, tensors, *names)
 
         p = "embeddings."
         put(self.patch_weight, p + "patch_embedding.weight")

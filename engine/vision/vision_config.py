@@ -1,28 +1,68 @@
-"""A multimodal checkpoint's image side, from config.json: its vision tower's shape and how many
-embedding rows an image becomes in the prompt, under which token."""
+"""A multimodal checkpoint's image side, from config.json: its vision tower's shape, and how an image's
+embedding rows sit in the prompt, under which token."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+GEMMA3, PIXTRAL = "gemma3", "pixtral"
+
 
 @dataclass(frozen=True)
 class VisionConfig:
+    family: str  # GEMMA3: a SigLIP tower pooled to a fixed size; PIXTRAL: Mistral 3's tower, any size
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_heads: int
-    image_size: int  # the tower's square input, in pixels
+    image_size: int  # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side
     patch_size: int
     layer_norm_eps: float
     hidden_act: str
-    tokens_per_image: int  # embedding rows an image becomes (Gemma 3's mm_tokens_per_image)
     image_token_id: int  # the prompt's placeholder of each row
+    tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image)
     num_channels: int = 3
+    # PIXTRAL: patches merged into one row (a side's count), the tower's RoPE base, and its projector's
+    # activation, biases and RMSNorm epsilon (the text model's).
+    spatial_merge_size: int = 1
+    rope_theta: float = 10_000.0
+    projector_act: str = "gelu"
+    projector_bias: bool = False
+    projector_norm_eps: float = 1e-5
 
     @property
     def patches_per_side(self) -> int:
         return self.image_size // self.patch_size
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether an image's tokens attend to each other both ways (Gemma 3's do; Mistral 3's causally)."""
+        return self.family == GEMMA3
+
+    @property
+    def pixels_per_row(self) -> int:
+        """PIXTRAL: the pixels one image token stands for on a side."""
+        return self.patch_size * self.spatial_merge_size
+
+    def token_grid(self, height: int, width: int) -> tuple[int, int]:
+        """An image of `height` x `width` pixels (as its image processor resized it) as runs of image tokens
+        in the prompt: how many runs, and how many tokens each. Gemma 3's is one run; Mistral 3's a run a row,
+        each row ended by a break token (the last by an end token), as transformers' PixtralProcessor writes them."""
+        if self.family == GEMMA3:
+            return 1, self.tokens_per_image
+        return height // self.pixels_per_row, width // self.pixels_per_row
+
+    def shape_error(self, height: int, width: int) -> str | None:
+        """Why the tower cannot take an image of this size as it stands (resized by the model's image
+        processor), or None."""
+        if self.family == GEMMA3:
+            side = self.image_size
+            return None if (height, width) == (side, side) else f"must be {side}x{side} pixels"
+        step = self.pixels_per_row
+        most = -(-self.image_size // step) * step  # the processor rounds a side up to a whole row's pixels
+        if not (0 < height <= most and 0 < width <= most) or height % step or width % step:
+            return f"must have sides of at most {most} pixels (its processor's longest_edge), each a multiple of {step}"
+        return None
 
 
 # Gemma3Config's and SiglipVisionConfig's, where config.json leaves them out.
@@ -30,6 +70,11 @@ GEMMA3_IMAGE_DEFAULTS = {"mm_tokens_per_image": 256, "image_token_index": 262_14
 SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
                    "image_size": 224, "patch_size": 16, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
                    "num_channels": 3}
+# Mistral3Config's and its PixtralVisionConfig's (Mistral Small 3.1's), where config.json leaves them out.
+MISTRAL3_IMAGE_DEFAULTS = {"image_token_index": 10, "spatial_merge_size": 2, "vision_feature_layer": -1,
+                           "projector_hidden_act": "gelu", "multimodal_projector_bias": False}
+PIXTRAL_DEFAULTS = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+                    "image_size": 1540, "patch_size": 14, "hidden_act": "gelu", "num_channels": 3}
 
 
 def gemma3_vision_config(cfg: dict[str, Any]) -> VisionConfig:
@@ -38,7 +83,7 @@ def gemma3_vision_config(cfg: dict[str, Any]) -> VisionConfig:
     vision = {**SIGLIP_DEFAULTS, **(cfg.get("vision_config") or {})}
     image = {**GEMMA3_IMAGE_DEFAULTS, **{k: cfg[k] for k in GEMMA3_IMAGE_DEFAULTS if k in cfg}}
     config = VisionConfig(
-        hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
+        family=GEMMA3, hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
         num_layers=int(vision["num_hidden_layers"]), num_heads=int(vision["num_attention_heads"]),
         image_size=int(vision["image_size"]), patch_size=int(vision["patch_size"]),
         layer_norm_eps=float(vision["layer_norm_eps"]), hidden_act=vision["hidden_act"],
@@ -50,4 +95,36 @@ def gemma3_vision_config(cfg: dict[str, Any]) -> VisionConfig:
                          f"{config.patches_per_side}x{config.patches_per_side} grid of patches")
     if config.hidden_act != "gelu_pytorch_tanh":
         raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (gelu_pytorch_tanh only)")
+    return config
+
+
+def mistral3_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Mistral 3's (Mistral3ForConditionalGeneration's config.json: Mistral Small 3.1/3.2, Magistral Small,
+    Ministral 3): a Pixtral tower over an image of any size, its patches merged spatial_merge_size x
+    spatial_merge_size into one row each. ValueError for settings not served."""
+    vision = {**PIXTRAL_DEFAULTS, **(cfg.get("vision_config") or {})}
+    image = {**MISTRAL3_IMAGE_DEFAULTS, **{k: cfg[k] for k in MISTRAL3_IMAGE_DEFAULTS if k in cfg}}
+    rope = vision.get("rope_parameters") or {}
+    text = cfg.get("text_config") or {}
+    config = VisionConfig(
+        family=PIXTRAL, hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
+        num_layers=int(vision["num_hidden_layers"]), num_heads=int(vision["num_attention_heads"]),
+        image_size=int(vision["image_size"]), patch_size=int(vision["patch_size"]), layer_norm_eps=1e-5,
+        hidden_act=vision["hidden_act"], image_token_id=int(image["image_token_index"]),
+        num_channels=int(vision["num_channels"]), spatial_merge_size=int(image["spatial_merge_size"]),
+        rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10_000.0))),
+        projector_act=image["projector_hidden_act"], projector_bias=bool(image["multimodal_projector_bias"]),
+        projector_norm_eps=float(text.get("rms_norm_eps", 1e-5)))
+    if image["vision_feature_layer"] != -1:
+        raise ValueError(f"vision_feature_layer {image['vision_feature_layer']!r} is not served (-1, the tower's "
+                         "last layer, only)")
+    if rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"vision_config's rope_type {rope['rope_type']!r} is not served (axial only)")
+    head_dim = config.hidden_size // config.num_heads
+    if head_dim % 4 or int(vision.get("head_dim", head_dim)) != head_dim:
+        raise ValueError(f"vision_config's head_dim must be hidden_size / num_attention_heads and a multiple of 4 "
+                         f"(2D RoPE), got {vision.get('head_dim', head_dim)}")
+    for name, act in (("vision_config.hidden_act", config.hidden_act), ("projector_hidden_act", config.projector_act)):
+        if act not in ("gelu", "silu"):
+            raise ValueError(f"{name} {act!r} is not served (gelu or silu)")
     return config

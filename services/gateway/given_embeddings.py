@@ -67,6 +67,11 @@ class GivenImages:
         return cls(tuple(images), images_digest([(image.rgb, (image.height, image.width, image.channels),
                                                   image.rescale_factor, image.mean, image.std) for image in images]))
 
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """Each image's (height, width) as resized: how many tokens some models' images take."""
+        return [(image.height, image.width) for image in self.images]
+
     def given_to(self, params: common_pb2.SamplingParams) -> None:
         """`params` carrying them, and salted with them: the same placeholder tokens show other images."""
         params.images.extend(self.images)

@@ -1,8 +1,9 @@
 """A chat message's images, as the model's image processor makes them (preprocessor_config.json): read
 from a data: URL, an http(s) URL, or a file:// one under --allowed-local-media-path; made RGB and resized
-to the processor's size (PIL's resampling), as transformers' PIL image processors do (Gemma 3's, without
-pan-and-scan). They go to the workers so, with the processor's rescale factor, mean and std, which the
-engine normalizes them by when it encodes them (engine/prompt_images.py's ImageInput)."""
+(PIL's resampling) as transformers' PIL image processors do: to the processor's size (Gemma 3's, without
+pan-and-scan), or to at most its longest edge in whole tokens' pixels (Mistral 3's Pixtral processor).
+They go to the workers so, with the processor's rescale factor, mean and std, which the engine normalizes
+them by when it encodes them (engine/prompt_images.py's ImageInput)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ import base64
 import binascii
 import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -21,6 +23,7 @@ from PIL import Image, UnidentifiedImageError
 from protos import common_pb2
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
+from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
 FETCH_TIMEOUT_S = 10.0
@@ -28,12 +31,18 @@ FETCH_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class ImageProcessing:
+    """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's), or, with
+    `longest_edge`, to at most that on a side, its aspect kept, each side rounded up to a whole number of
+    `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge)."""
+
     height: int
     width: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
     rescale_factor: float = 1 / 255
     resample: int = Image.Resampling.BILINEAR
+    longest_edge: int | None = None
+    pixels_per_token: int = 1
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ImageProcessing:
@@ -41,11 +50,12 @@ class ImageProcessing:
         processor_config.json's `image_processor` (as transformers 5 saves them); ValueError for none,
         or one this gateway cannot follow."""
         path = Path(model_dir) / "preprocessor_config.json"
+        processor = _read_json(Path(model_dir) / "processor_config.json")
         if path.is_file():
             config = json.loads(path.read_text())
         else:
             path = Path(model_dir) / "processor_config.json"
-            config = json.loads(path.read_text()).get("image_processor") if path.is_file() else None
+            config = processor.get("image_processor")
             if not isinstance(config, dict):
                 raise ValueError(f"{model_dir}: no preprocessor_config.json (a model that takes images needs its "
                                  "image processor's settings)")
@@ -54,21 +64,44 @@ class ImageProcessing:
         if config.get("do_center_crop"):
             raise ValueError(f"{path}: do_center_crop is not served")
         size = config.get("size") or {}
+        settings = {"mean": tuple(config["image_mean"]), "std": tuple(config["image_std"]),
+                    "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
+                    "resample": int(config.get("resample", Image.Resampling.BILINEAR))}
+        if "longest_edge" in size and "height" not in size:
+            longest = int(size["longest_edge"])
+            step = pixtral_pixels_per_token(processor, _read_json(Path(model_dir) / "config.json"))
+            return cls(height=longest, width=longest, longest_edge=longest, pixels_per_token=step, **settings)
         if "height" not in size or "width" not in size:
-            raise ValueError(f"{path}: size must give height and width, got {size}")
-        return cls(height=int(size["height"]), width=int(size["width"]), mean=tuple(config["image_mean"]),
-                   std=tuple(config["image_std"]), rescale_factor=float(config.get("rescale_factor", 1 / 255)),
-                   resample=int(config.get("resample", Image.Resampling.BILINEAR)))
+            raise ValueError(f"{path}: size must give height and width, or longest_edge, got {size}")
+        return cls(height=int(size["height"]), width=int(size["width"]), **settings)
+
+    def size_of(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) of an image of that size once resized, as transformers' processor resizes it."""
+        if self.longest_edge is None:
+            return self.height, self.width
+        ratio = max(height / self.longest_edge, width / self.longest_edge)
+        if ratio > 1:
+            height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+        step = self.pixels_per_token
+        return (height - 1) // step * step + step, (width - 1) // step * step + step
 
     def resized(self, image: Image.Image) -> np.ndarray:
         """`image` in RGB at the processor's size: uint8 [height, width, 3]."""
-        return np.array(rgb(image).resize((self.width, self.height), resample=self.resample))
+        height, width = self.size_of(image.height, image.width)
+        if not height or not width:  # a side under one pixel once the other fits the longest edge
+            raise APIError(400, f"an image of {image.width}x{image.height} pixels is too narrow for this model's "
+                                f"image processor (longest edge {self.longest_edge})", param="messages")
+        return np.array(rgb(image).resize((width, height), resample=self.resample))
 
     def as_proto(self, image: Image.Image) -> common_pb2.PromptImage:
         resized = self.resized(image)
         return common_pb2.PromptImage(rgb=resized.tobytes(), height=resized.shape[0], width=resized.shape[1],
                                       channels=resized.shape[2], rescale_factor=self.rescale_factor, mean=self.mean,
                                       std=self.std)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def rgb(image: Image.Image) -> Image.Image:

@@ -195,7 +195,8 @@ class RequestPipeline(Admission):
                 _check_num_logprobs(params, self.max_logprobs)
                 with spans.phase("tokenize"):
                     prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages,
-                                                       chat_options, add_special_tokens)
+                                                       chat_options, add_special_tokens,
+                                                       images.sizes if images is not None else ())
                     if truncate_prompt_tokens is not None:
                         prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
                 if prompt_embeds is not None:

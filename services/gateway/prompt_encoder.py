@@ -72,8 +72,9 @@ class PromptEncoder:
 
     async def encode(self, request_id: str, prompt_text: str | None, prompt_token_ids: Sequence[int] | None,
                      messages: Sequence[Mapping[str, Any]] | None, chat_options: ChatOptions,
-                     add_special_tokens: bool = True) -> Sequence[int]:
-        """The ids of exactly one of `prompt_text`, `prompt_token_ids` and `messages`. Raises
+                     add_special_tokens: bool = True, image_sizes: Sequence[tuple[int, int]] = ()) -> Sequence[int]:
+        """The ids of exactly one of `prompt_text`, `prompt_token_ids` and `messages` (`image_sizes`: their
+        images' (height, width) as resized, which some models' image tokens depend on). Raises
         InvalidRequestError for what cannot be a prompt."""
         timeout = self.timeout_s
         if prompt_token_ids is not None:
@@ -105,13 +106,15 @@ class PromptEncoder:
             if chat_options.template is None and num_chars <= self.local_tokenize_max_chars:
                 try:
                     check_messages(chat)
-                    prompt = self.tokenizer.apply_chat_template(chat, **chat_options.as_template_inputs())[1]
+                    prompt = self.tokenizer.apply_chat_template(chat, image_sizes=image_sizes,
+                                                                **chat_options.as_template_inputs())[1]
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
             else:
                 with self.tokenizers.hold(num_tokens=num_chars) as service:
                     prompt = (await service.stub.ApplyChatTemplate(
-                        chat_template_request(request_id, chat, chat_options), timeout=timeout)).token_ids
+                        chat_template_request(request_id, chat, chat_options, image_sizes),
+                        timeout=timeout)).token_ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt

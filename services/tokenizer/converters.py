@@ -29,9 +29,10 @@ def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
                                   reasoning_content=message.get("reasoning_content") or "")
 
 
-def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]],
-                          options: ChatOptions) -> tokenizer_pb2.ApplyChatTemplateRequest:
-    """What asks the tokenizer service to render `messages` as `options` say."""
+def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]], options: ChatOptions,
+                          image_sizes: Sequence[tuple[int, int]] = ()) -> tokenizer_pb2.ApplyChatTemplateRequest:
+    """What asks the tokenizer service to render `messages` as `options` say; `image_sizes`: their images'
+    (height, width), as `ModelTokenizer.apply_chat_template` takes them."""
     kwargs = options.template_kwargs
     return tokenizer_pb2.ApplyChatTemplateRequest(
         request_id=request_id, messages=[chat_message_to_proto(m) for m in messages],
@@ -40,7 +41,8 @@ def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]],
         tools_json=json.dumps(list(options.tools)) if options.tools else "",
         chat_template=options.template or "", documents_json=json.dumps(list(options.documents))
         if options.documents is not None else "", add_special_tokens=options.add_special_tokens,
-        content_format=options.content_format)
+        content_format=options.content_format,
+        image_sizes=[tokenizer_pb2.ImageSize(height=height, width=width) for height, width in image_sizes])
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:

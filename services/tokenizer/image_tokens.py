@@ -1,38 +1,90 @@
-"""How a multimodal model's prompt holds an image (Gemma 3's processor): the chat template writes a mark
-where each image goes, which becomes the mark, a run of one placeholder token per row of the image's
-encoding, and an end mark (blank lines around them), as transformers' processor expands it."""
+"""How a multimodal model's prompt holds an image, as transformers' processor expands the mark its chat template
+writes where each image goes: Gemma 3's a run of one placeholder token per row of the image's encoding between
+begin and end marks; Mistral 3's (Pixtral's processor) a row of placeholders per row of the image's grid of
+tokens, each row ended by a break, the last by an end token, so as many tokens as the image's size makes."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 
 
 @dataclass(frozen=True)
 class ImageTokens:
-    begin: str  # the template's mark of an image: Gemma 3's "<start_of_image>"
+    """Gemma 3's: every image the same run."""
+
+    begin: str  # the template's mark of an image: "<start_of_image>"
     token: str  # each row's placeholder: "<image_soft_token>"
     end: str  # "<end_of_image>"
     tokens_per_image: int
 
-    @classmethod
-    def read(cls, tokenizer_config: dict[str, Any], processor_config: dict[str, Any],
-             model_config: dict[str, Any]) -> ImageTokens | None:
-        """From tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special tokens)
-        and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); None for a
-        model without them."""
-        extra = tokenizer_config.get("extra_special_tokens")
-        named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
-        marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
-        count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
-        if not all(isinstance(mark, str) and mark for mark in marks) or not count:
-            return None
-        return cls(*marks, tokens_per_image=int(count))
-
-    def expanded(self, text: str, num_images: int) -> str:
+    def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
         """`text` (a rendered chat) with each image's mark made its whole run; ValueError unless it has a
-        mark for each of `num_images`."""
-        marks = text.count(self.begin)
-        if marks != num_images:
-            raise ValueError(f"the chat template wrote {marks} image mark(s) ({self.begin}) for {num_images} "
-                             "image(s)")
+        mark for each of `num_images` (their sizes, as resized, do not matter)."""
+        _check_marks(text, self.begin, num_images)
         return text.replace(self.begin, f"\n\n{self.begin}{self.token * self.tokens_per_image}{self.end}\n\n")
+
+
+@dataclass(frozen=True)
+class ImageGridTokens:
+    """Mistral 3's: an image's tokens a grid of its size."""
+
+    token: str  # the template's mark of an image, and each of its tokens' placeholder: "[IMG]"
+    row_break: str  # "[IMG_BREAK]"
+    end: str  # "[IMG_END]"
+    pixels_per_token: int  # on a side: the processor's patch size times its spatial merge
+
+    def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
+        """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
+        made its grid of tokens; ValueError without a mark and a size for each of `num_images`."""
+        if image_sizes is None or len(image_sizes) != num_images:
+            raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
+                             f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
+        _check_marks(text, self.token, num_images)
+        pieces = text.split(self.token)
+        expanded = [pieces[0]]
+        for (height, width), after in zip(image_sizes, pieces[1:], strict=True):
+            rows, cols = height // self.pixels_per_token, width // self.pixels_per_token
+            if not rows or not cols:
+                raise ValueError(f"an image of {height}x{width} pixels makes no tokens (a token takes "
+                                 f"{self.pixels_per_token}x{self.pixels_per_token})")
+            grid = (self.token * cols + self.row_break) * rows
+            expanded += [grid[:-len(self.row_break)], self.end, after]
+        return "".join(expanded)
+
+
+def _check_marks(text: str, mark: str, num_images: int) -> None:
+    marks = text.count(mark)
+    if marks != num_images:
+        raise ValueError(f"the chat template wrote {marks} image mark(s) ({mark}) for {num_images} image(s)")
+
+
+def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[str, Any],
+                      model_config: dict[str, Any]) -> ImageTokens | ImageGridTokens | None:
+    """Gemma 3's from tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special
+    tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Mistral 3's
+    from processor_config.json (PixtralProcessor's tokens, patch size and spatial merge; config.json's where
+    it has none); None for a model without them."""
+    extra = tokenizer_config.get("extra_special_tokens")
+    named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
+    marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
+    count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
+    if all(isinstance(mark, str) and mark for mark in marks) and count:
+        return ImageTokens(*marks, tokens_per_image=int(count))
+    if processor_config.get("processor_class") != "PixtralProcessor" and model_config.get("model_type") != "mistral3":
+        return None
+    tokens = {name: processor_config.get(name) or default for name, default in PIXTRAL_TOKENS.items()}
+    return ImageGridTokens(tokens["image_token"], tokens["image_break_token"], tokens["image_end_token"],
+                           pixels_per_token=pixtral_pixels_per_token(processor_config, model_config))
+
+
+def pixtral_pixels_per_token(processor_config: dict[str, Any], model_config: dict[str, Any]) -> int:
+    """A side of the square of pixels one of Mistral 3's image tokens stands for: its processor's patch size
+    times its spatial merge (processor_config.json's, as transformers' PixtralProcessor reads them; else
+    config.json's, as Mistral3Config has them by default)."""
+    vision = model_config.get("vision_config") or {}
+    patch = processor_config.get("patch_size") or vision.get("patch_size") or 14
+    merge = processor_config.get("spatial_merge_size") or model_config.get("spatial_merge_size") or 2
+    return int(patch) * int(merge)

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from services.tokenizer.content_format import num_image_parts
-from services.tokenizer.image_tokens import ImageTokens
+from services.tokenizer.image_tokens import ImageGridTokens, ImageTokens, read_image_tokens
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), as strings, when set.
@@ -57,7 +57,7 @@ class ModelTokenizer:
         chat_templates: Mapping[str, str] | None = None,
         eos_token_ids: Sequence[int] = (),
         max_model_len: int | None = None,
-        image_tokens: ImageTokens | None = None,
+        image_tokens: ImageTokens | ImageGridTokens | None = None,
     ):
         self.tokenizer = tokenizer
         self.special_tokens = dict(special_tokens or {})
@@ -99,7 +99,7 @@ class ModelTokenizer:
                 raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {model_path}")
             context = max_model_len
         templates = {"default": chat_template} if chat_template is not None else _chat_templates(path, tok_config)
-        image_tokens = ImageTokens.read(tok_config, _read_json(path / "processor_config.json"), model_config)
+        image_tokens = read_image_tokens(tok_config, _read_json(path / "processor_config.json"), model_config)
         return cls(tokenizer, special_tokens=special_tokens, chat_templates=templates,
                    eos_token_ids=eos_ids, max_model_len=context, image_tokens=image_tokens)
 
@@ -171,12 +171,14 @@ class ModelTokenizer:
         documents: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         add_special_tokens: bool = False,
+        image_sizes: Sequence[tuple[int, int]] | None = None,
         **kwargs: Any,
     ) -> tuple[str, list[int]]:
         """Render `messages` by `chat_template` (see `chat_template`; None: the model's) and encode
         the text, without adding special tokens unless `add_special_tokens` (the template writes bos
-        itself, as transformers assumes); each {"type": "image"} part's mark made its run of image
-        tokens. Returns (text, ids). Raises `ChatTemplateError` (a
+        itself, as transformers assumes); each {"type": "image"} part's mark made its image tokens, as many
+        as its (height, width) in `image_sizes` (as its processor resized it) makes, for a model whose count
+        depends on them (Mistral 3's). Returns (text, ids). Raises `ChatTemplateError` (a
         ValueError) when the template does not compile or rejects them."""
         text = self.chat_template(tools, chat_template).render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
@@ -185,7 +187,7 @@ class ModelTokenizer:
         if num_images:  # each image's mark made its run of image tokens, as the model's processor does
             if self.image_tokens is None:
                 raise ValueError("this model takes no images (its tokenizer names no image tokens)")
-            text = self.image_tokens.expanded(text, num_images)
+            text = self.image_tokens.expanded(text, image_sizes, num_images)
         return text, self.encode(text, add_special_tokens=add_special_tokens)
 
     def _request_template(self, source: str) -> ChatTemplate:

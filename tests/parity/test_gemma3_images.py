@@ -142,7 +142,7 @@ def test_images_the_prompt_does_not_place_are_refused(gemma3_with_images, tiny_m
     refusals = {
         "1 run\\(s\\) of image tokens .* for 2 image": (_prompt(6, 1), _images(6, 2)),
         "takes 16 image tokens, the prompt has 15": ([2, *[IMAGE_TOKEN] * 15, 7], _images(6, 1)),
-        "shape \\[112, 112, 3\\]": (_prompt(6, 1), [ImageInput(torch.zeros(56, 56, 3, dtype=torch.uint8), 1 / 255,
+        "must be 112x112 pixels": (_prompt(6, 1), [ImageInput(torch.zeros(56, 56, 3, dtype=torch.uint8), 1 / 255,
                                                                    (0.5,) * 3, (0.5,) * 3)]),
         "a number for each of its 3 channels": (_prompt(6, 1), [ImageInput(_images(6, 1)[0].rgb, 1 / 255, (0.5,),
                                                                            (0.5,))]),

@@ -1,4 +1,5 @@
-"""A chat image's pixels as transformers' Gemma 3 image processor (its PIL backend) makes them."""
+"""A chat image's pixels as transformers' Gemma 3 and Pixtral (Mistral 3's) image processors (their PIL
+backends) make them."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,6 +29,22 @@ def test_pixels_equal_gemma3s_image_processor(tmp_path, size, mode):
     pixels = given_images(common_pb2.SamplingParams(images=[ours.as_proto(image)]))[0].pixels().numpy()
     assert pixels.shape == (3, 112, 96)
     np.testing.assert_allclose(pixels, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [(60, 40), (2000, 700), (300, 1700), (5, 9), (56, 56), (1, 3)])
+def test_pixels_equal_pixtrals_image_processor(tmp_path, size):
+    """Mistral 3's: at most the longest edge, aspect kept, each side rounded up to whole tokens (the processor's
+    patch of 14 times its spatial merge of 2, from processor_config.json), bicubic."""
+    transformers.PixtralImageProcessorPil(size={"longest_edge": 1540}, patch_size=28).save_pretrained(tmp_path)
+    reference = transformers.PixtralImageProcessorPil.from_pretrained(tmp_path)
+    (tmp_path / "processor_config.json").write_text('{"processor_class": "PixtralProcessor", "patch_size": 14, '
+                                                    '"spatial_merge_size": 2}')
+    ours = ImageProcessing.from_dir(tmp_path)
+    image = Image.fromarray((np.random.default_rng(sum(size)).random((size[1], size[0], 3)) * 255).astype(np.uint8))
+    expected = reference(images=image, return_tensors="np")
+    pixels = given_images(common_pb2.SamplingParams(images=[ours.as_proto(image)]))[0].pixels().numpy()
+    assert pixels.shape[1:] == tuple(expected["image_sizes"][0]) and pixels.shape[1] % 28 == pixels.shape[2] % 28 == 0
+    np.testing.assert_allclose(pixels, expected["pixel_values"][0], rtol=0, atol=1e-6)
 
 
 def test_settings_it_cannot_follow_are_refused(tmp_path):

@@ -1,0 +1,15 @@
+"""The image encoder of a multimodal checkpoint's family."""
+from __future__ import annotations
+
+import torch
+
+from engine.vision.gemma3_images import Gemma3ImageEncoder
+from engine.vision.mistral3_images import Mistral3ImageEncoder
+from engine.vision.vision_config import GEMMA3, PIXTRAL, VisionConfig
+
+ENCODERS = {GEMMA3: Gemma3ImageEncoder, PIXTRAL: Mistral3ImageEncoder}
+
+
+def image_encoder(config: VisionConfig, text_hidden_size: int, dtype: torch.dtype
+                  ) -> Gemma3ImageEncoder | Mistral3ImageEncoder:
+    return ENCODERS[config.family](config, text_hidden_size, dtype)

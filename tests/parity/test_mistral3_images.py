@@ -1,0 +1,222 @@
+"""Mistral 3's images against transformers' Mistral3ForConditionalGeneration on the same weights: the Pixtral
+tower (2D RoPE over an image of any size) and the projector (RMSNorm, 2x2 patch merger, MLP), whose rows take
+the places of each image's [IMG] tokens, a run a row of its grid between [IMG_BREAK]s; features, logits and
+greedy tokens, in one chunk or many, recomputed after a preemption, for Mistral and Ministral 3 text models,
+in the released layout and transformers 4's."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.prompt_images import ImageInput
+from engine.sampling_params import SamplingParams
+from tests.parity.conftest import greedy_outputs, transformers
+
+IMAGE, BREAK, END = 10, 12, 13  # Mistral's [IMG], [IMG_BREAK], [IMG_END]
+PIXELS_PER_TOKEN = 8  # patches of 4 pixels, merged 2x2
+MAX_NEW_TOKENS = 8
+MEAN, STD = (0.48, 0.46, 0.41), (0.27, 0.26, 0.28)
+
+
+def _save(text, tmp_path_factory, name: str, seed: int):
+    vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=4, image_size=64, patch_size=4, hidden_act="silu")
+    torch.manual_seed(seed)
+    model = transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=IMAGE,
+        multimodal_projector_bias=True)).eval()
+    with torch.no_grad():  # norms and biases off their init, so each one counts
+        for param_name, p in model.named_parameters():
+            if "norm" in param_name or param_name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    model.generation_config.eos_token_id = None
+    path = tmp_path_factory.mktemp(name)
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def mistral3(tmp_path_factory):
+    text = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                      sliding_window=None, initializer_range=0.2)
+    return _save(text, tmp_path_factory, "mistral3", 21)
+
+
+@pytest.fixture(scope="module")
+def ministral3(tmp_path_factory):
+    text = transformers.Ministral3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                         initializer_range=0.2, max_position_embeddings=4096)
+    return _save(text, tmp_path_factory, "ministral3", 22)
+
+
+def _image_tokens(height: int, width: int) -> list[int]:
+    """As transformers' PixtralProcessor expands an image's [IMG] mark (a row of [IMG]s and a break for each row
+    of its grid, the last break an end). The processor itself needs torchvision, which has no build for this
+    torch here: the expansion is written out."""
+    rows, cols = height // PIXELS_PER_TOKEN, width // PIXELS_PER_TOKEN
+    tokens = ([IMAGE] * cols + [BREAK]) * rows
+    return tokens[:-1] + [END]
+
+
+SIZES = [(32, 48), (64, 16), (24, 24)]
+
+
+def _images(seed: int, sizes: list[tuple[int, int]]) -> list[ImageInput]:
+    g = torch.Generator().manual_seed(seed)
+    return [ImageInput(torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g), 1 / 255, MEAN, STD)
+            for h, w in sizes]
+
+
+def _prompt(seed: int, images: list[ImageInput]) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(20, 500, (n,), generator=g).tolist()  # noqa: E731
+    prompt = [1, 3, *text(5)]
+    for i, image in enumerate(images):
+        prompt += _image_tokens(*image.rgb.shape[:2]) + text(4 + i)
+    return prompt + [4]
+
+
+def _hf_inputs(images: list[ImageInput]) -> dict:
+    """What transformers' model reads of them: pixels padded to the largest (as the processor pads a batch), and
+    each one's size."""
+    if not images:
+        return {}
+    pixels = [image.pixels() for image in images]
+    height, width = max(p.shape[1] for p in pixels), max(p.shape[2] for p in pixels)
+    padded = torch.stack([torch.nn.functional.pad(p, (0, width - p.shape[2], 0, height - p.shape[1])) for p in pixels])
+    return {"pixel_values": padded, "image_sizes": torch.tensor([list(p.shape[1:]) for p in pixels])}
+
+
+def _hf_logits(model, ids: list[int], images: list[ImageInput]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), **_hf_inputs(images)).logits[0, -1]
+
+
+def _hf_greedy(model, prompt: list[int], images: list[ImageInput]) -> list[int]:
+    tokens: list[int] = []
+    for _ in range(MAX_NEW_TOKENS):
+        tokens.append(int(_hf_logits(model, prompt + tokens, images).argmax()))
+    return tokens
+
+
+def _engine(path, **options) -> LLMEngine:
+    return LLMEngine(EngineConfig(**{"model": str(path), "dtype": "float32", "num_kv_blocks": 64,
+                                     "max_num_batched_tokens": 512, **options}))
+
+
+def _requests(seed: int) -> dict[str, tuple[list[int], list[ImageInput]]]:
+    three, one = _images(seed, SIZES), _images(seed + 1, [(40, 56)])
+    return {"three": (_prompt(seed, three), three), "one": (_prompt(seed + 1, one), one),
+            "text": (_prompt(seed, []), [])}
+
+
+def _generate(engine: LLMEngine, requests: dict[str, tuple[list[int], list[ImageInput]]]) -> dict[str, list[int]]:
+    return greedy_outputs(engine, {request_id: (prompt, {"images": images})
+                                   for request_id, (prompt, images) in requests.items()}, MAX_NEW_TOKENS)
+
+
+def test_image_rows_match_transformers_image_features(mistral3):
+    path, model = mistral3
+    encoder = _engine(path).runner.image_encoder
+    images = _images(1, SIZES)
+    inputs = _hf_inputs(images)
+    with torch.no_grad():
+        ref = model.model.get_image_features(inputs["pixel_values"], inputs["image_sizes"]).pooler_output
+    ours = encoder.encode([image.pixels() for image in images])
+    for (height, width), rows, expected in zip(SIZES, ours, ref, strict=True):
+        assert rows.shape == (height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN), 64)
+        assert (rows - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("budget", [512, 16, 21])
+def test_greedy_tokens_with_images_match_transformers(mistral3, budget):
+    """Budgets of 16 and 21 end chunks inside images' rows: Mistral 3's image tokens attend causally."""
+    path, model = mistral3
+    requests = _requests(2)
+    results = _generate(_engine(path, max_num_batched_tokens=budget), requests)
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+def test_a_ministral3_text_model_with_images_matches_transformers(ministral3):
+    path, model = ministral3
+    requests = _requests(3)
+    results = _generate(_engine(path), requests)
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+@pytest.mark.parametrize("budget", [512, 16])
+def test_first_token_logprobs_with_images_match_transformers(mistral3, budget):
+    """Logprobs, not only tokens: rows placed a token off, or an image's rows transposed, would still give some
+    greedy tokens here, but not these numbers."""
+    path, model = mistral3
+    images = _images(7, SIZES)
+    prompt = _prompt(7, images)
+    engine = _engine(path, max_num_batched_tokens=budget)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=20), images=images)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    ref = torch.log_softmax(_hf_logits(model, prompt, images), dim=-1)
+    ours = outputs[-1].new_logprobs[0]
+    assert max(abs(logprob - float(ref[token])) for token, logprob in ours.items()) < 1e-4
+
+
+def test_images_computed_again_after_a_preemption_give_the_same_tokens(mistral3):
+    path, model = mistral3
+    # 64-token prompts: both admitted into 8 of the 9 pages, both past their 4th page within 3 tokens.
+    requests = {}
+    for i in range(2):
+        images = _images(5 + i, [(32, 48), (16, 32)])
+        prompt = _prompt(5 + i, images)
+        requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
+    engine = _engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
+    results = _generate(engine, requests)
+    assert engine.scheduler.num_preemptions > 0
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+def test_transformers_4_layout_gives_the_same_tokens(mistral3, tmp_path):
+    """transformers 4.5x saved Mistral 3 under `model.` (model.vision_tower, model.multi_modal_projector,
+    model.language_model) with its own lm_head."""
+    path, model = mistral3
+    tensors = load_file(path / "model.safetensors")
+    renamed = {"model." + name.replace("language_model.model.", "language_model."): t for name, t in tensors.items()}
+    renamed["lm_head.weight"] = tensors["language_model.model.embed_tokens.weight"].clone()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(path / name, tmp_path / name)
+    save_file(renamed, tmp_path / "model.safetensors")
+    requests = _requests(4)
+    results = _generate(_engine(tmp_path), requests)
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+def test_images_the_prompt_does_not_place_are_refused(mistral3):
+    path, _ = mistral3
+    engine = _engine(path)
+    params = SamplingParams(max_tokens=4)
+    image = _images(6, [(32, 48)])
+    refusals = {
+        "3 run\\(s\\) of image tokens .* for 1 image\\(s\\), which take 4": ([1, *_image_tokens(24, 48), 5], image),
+        "an image row takes 6 image tokens, the prompt has 5 at position 8": (
+            [1, *_image_tokens(32, 48)[:7], *_image_tokens(32, 40)[6:], 5], image),
+        "must have sides of at most 64 pixels .* each a multiple of 8": (
+            [1, *_image_tokens(32, 48), 5], _images(6, [(32, 44)])),
+        "at most 64 pixels": ([1, *_image_tokens(72, 8), 5], _images(6, [(72, 8)])),
+        "\\[height, width, 3\\]": ([1, *_image_tokens(32, 48), 5],
+                                  [ImageInput(torch.zeros(32, 48, dtype=torch.uint8), 1 / 255, MEAN, STD)]),
+    }
+    for message, (prompt, images) in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            engine.add_request("r", prompt, params, images=images)
+    assert not engine.has_unfinished_requests()
