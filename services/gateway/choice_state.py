@@ -35,6 +35,9 @@ class ChoiceState:
     answer: str = ""
     reasoning_tokens: int = 0
     undecided_tokens: int = 0  # the first ones, while it is not yet known whether they open a think block
+    # Whether the tokens that end the thinking have come, their text yet or not (held back while a character
+    # is incomplete): the tokens after them are the answer's.
+    closed_by_tokens: bool = False
     kinds: TokenKinds | None = None  # its tokens by kind as they came, once split
 
     def add(self, delta: Delta) -> None:
@@ -59,9 +62,14 @@ class ChoiceState:
         was_thinking = stream.is_thinking is True
         reasoning_before, undecided_before = self.reasoning_tokens, self.undecided_tokens
         thought, text = stream.add(delta.text)
-        if was_thinking or thought or stream.is_thinking:  # the token that ends the thinking is thinking's
+        if self.closed_by_tokens:
+            pass  # the answer's tokens, whatever text of the close is still held back
+        elif was_thinking or thought or stream.is_thinking:  # the token that ends the thinking is thinking's
             # A delta of several tokens (a chunk, a speculative step) may hold the answer's first ones too.
-            num_answer = 0 if stream.is_thinking else reasoning.num_answer_tokens(delta.token_ids, text)
+            num_answer = reasoning.tokens_after_close(self.token_ids, len(delta.token_ids))
+            self.closed_by_tokens = num_answer is not None
+            if num_answer is None:
+                num_answer = 0 if stream.is_thinking else reasoning.num_answer_tokens(delta.token_ids, text)
             self.reasoning_tokens += len(delta.token_ids) - num_answer + self.undecided_tokens
             self.undecided_tokens = 0
         elif stream.is_thinking is None:  # e.g. "<th" of a "<think>" spelled in pieces, or a harmony header

@@ -175,6 +175,19 @@ class ReasoningReader:
         is_guided_from_start = self.is_guided and (self.end_token_ids is None or self._guide_after(tail) is None)
         return starts_thinking(self.parser, tail, is_guided_from_start)
 
+    def tokens_after_close(self, token_ids: Sequence[int], num_new: int) -> int | None:
+        """Of a reply's `token_ids` so far, whose last `num_new` are a delta's, how many of those follow the
+        tokens that end the thinking, where they end among them (begun in an earlier delta or not); None
+        where they do not, or the tokenizer has no such tokens. By the tokens, not the text: a delta's text
+        is held back while its last character is incomplete, the close's with it."""
+        ends = self.end_token_ids
+        if not ends:
+            return None
+        for at in range(max(len(token_ids) - num_new - len(ends) + 1, 0), len(token_ids) - len(ends) + 1):
+            if tuple(token_ids[at:at + len(ends)]) == ends:
+                return len(token_ids) - at - len(ends)
+        return None
+
     def num_answer_tokens(self, token_ids: Sequence[int], answer: str) -> int:
         """Of `token_ids`, a delta in which the thinking ended and `answer` began, how many at its end
         are the answer's: those after the tokens that end the thinking where the tokenizer has them as
