@@ -198,8 +198,8 @@ class ModelRunner:
         prefills: list[tuple[Sequence, int]] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             (decodes if _is_decode(seq, n) else prefills).append((seq, n))
-            if seq.pending_images and seq.pending_images[0].start < seq.num_computed_tokens + n:
-                encode_pending_images(self.image_encoder, seq, self.device)
+            if seq.pending_images:
+                encode_pending_images(self.image_encoder, seq, seq.num_computed_tokens, n, self.device)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []

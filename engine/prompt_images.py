@@ -68,6 +68,10 @@ class PlacedImage:
     def start(self) -> int:
         return self.runs[0][0]
 
+    @property
+    def end(self) -> int:
+        return self.runs[-1][1]
+
 
 def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Sequence[ImageInput]
                    ) -> list[tuple[tuple[int, int], ...]]:
@@ -124,15 +128,21 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
     _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
 
 
-def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, device: torch.device | str) -> None:
-    """Encode `seq`'s images into its given embeddings, rows by position (once: a request that never
-    computes its prompt here, as a decode worker's unless preempted, never normalizes or encodes them)."""
-    features = encoder.encode([placed.image.pixels().to(device) for placed in seq.pending_images])
-    given = []
-    for placed, rows in zip(seq.pending_images, features, strict=True):
+def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, start: int, n: int,
+                          device: torch.device | str) -> None:
+    """Encode those of `seq`'s images that positions [start, start + n) (a step's chunk of its prompt) reach
+    into its given embeddings, rows by position. Each once, and only when a step computes its tokens: a
+    decode worker's request never, unless preempted; an image wholly in a prefix the cache holds not
+    unless a preemption has its tokens computed again; an image later in a chunked prompt with its chunk."""
+    due = [placed for placed in seq.pending_images if placed.start < start + n and placed.end > start]
+    if not due:
+        return
+    features = encoder.encode([placed.image.pixels().to(device) for placed in due])
+    given = list(seq.given_embeddings)
+    for placed, rows in zip(due, features, strict=True):
         offset = 0
-        for start, end in placed.runs:
-            given.append((start, rows[offset:offset + end - start]))
-            offset += end - start
+        for run_start, run_end in placed.runs:
+            given.append((run_start, rows[offset:offset + run_end - run_start]))
+            offset += run_end - run_start
     seq.given_embeddings = tuple(given)
-    seq.pending_images = ()
+    seq.pending_images = tuple(placed for placed in seq.pending_images if all(placed is not d for d in due))

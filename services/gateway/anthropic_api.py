@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 
 from services.gateway.anthropic_errors import AnthropicError, error_object
 from services.gateway.anthropic_request import MessagesRequest
+from services.gateway.chat_images import chat_image_sizes
 from services.gateway.choices import first_choice
 from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, to_api_error
@@ -150,8 +151,9 @@ def add_anthropic_routes(app: FastAPI, state, check_model: Callable[[str], str |
         options = chat.chat_options()  # as generation renders the message: its effort, documents and all
         asked = TokenizeRequest(messages=chat.messages, tools=options.tools, documents=options.documents,
                                 chat_template_kwargs=dict(options.template_kwargs), chat_template=options.template)
+        sizes = await chat_image_sizes(state, chat.messages)
         with tokenizer_service(pipeline.tokenizers, "messages") as service:
-            tokens = await tokenize(service.stub, asked, pipeline.prompts, state.tool_call_parser)
+            tokens = await tokenize(service.stub, asked, pipeline.prompts, state.tool_call_parser, sizes)
         return JSONResponse({"input_tokens": len(tokens)})
 
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])

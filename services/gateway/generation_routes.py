@@ -18,6 +18,7 @@ from protos import common_pb2
 from services.gateway.anthropic_api import MessagesShape
 from services.gateway.anthropic_request import MessagesRequest
 from services.gateway.beam_search import beam_choices, beam_search
+from services.gateway.chat_images import chat_images
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.completion_request import CompletionRequest, EmbeddedPrompt, pipeline_prompt
@@ -173,7 +174,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         body = state.chat_serving.as_served(await parsed_body(request, ChatCompletionRequest))
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
         choices, builder, dispatched, timeline = start_chat(request, body, response_id,
-                                                            await chat_images(state, body))
+                                                            await chat_images(state, body.messages))
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
@@ -193,10 +194,10 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             previous = await stored_response(asked.previous_response_id, "previous_response_id")
             earlier = previous.continued()
         body = state.chat_serving.as_served(asked.as_chat(earlier))
+        images = await chat_images(state, body.messages, "input")
         if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
-            body = await asyncio.to_thread(fit_to_context, body, state.pipeline.prompts)
+            body, images = await asyncio.to_thread(fit_to_context, body, state.pipeline.prompts, images)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
-        images = await chat_images(state, body, "input")
         choices, builder, dispatched, _ = start_chat(request, body, response_id, images)
         shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])
         if asked.background:
@@ -210,7 +211,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
         chat = asked.as_chat(keeps_thinking_budgets=state.pipeline.thinking_markers is not None)
         choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(chat), response_id,
-                                                     await chat_images(state, chat))
+                                                     await chat_images(state, chat.messages))
         return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
                              shape=MessagesShape(builder))
 
@@ -249,18 +250,6 @@ def dispatch_signal() -> tuple[asyncio.Future, Callable[[], None]]:
     """A future, and the pipeline's `on_dispatch` that makes it done (for the first choice sent)."""
     dispatched = asyncio.get_running_loop().create_future()
     return dispatched, lambda: dispatched.done() or dispatched.set_result(None)
-
-
-async def chat_images(state: GatewayState, body: ChatCompletionRequest,
-                      param: str = "messages") -> GivenImages | None:
-    """The pixels of the messages' images, in order; APIError (400) naming `param` where the model takes
-    none, or one cannot be read."""
-    urls = [url for message in body.messages for url in message.image_urls]
-    if not urls:
-        return None
-    if state.images is None:
-        raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
-    return await state.images.read(urls, param)
 
 
 async def _given_prompt(state: GatewayState, prompt: str | list[int] | EmbeddedPrompt,

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
+from services.gateway.given_embeddings import GivenImages
 from services.gateway.openai_protocol import MAX_LOGPROBS
 from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.request_aliases import without_nulls
@@ -142,29 +143,37 @@ class ResponsesRequest(BaseModel):
         return messages
 
 
-def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder) -> ChatCompletionRequest:
+def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder, images: GivenImages | None = None
+                   ) -> tuple[ChatCompletionRequest, GivenImages | None]:
     """`truncation: "auto"`: `chat` with its conversation's oldest turns left out, as few as make its
-    prompt fit the context with room for `max_output_tokens` (one token when none is set). What is left
-    starts at a user message, after the instructions. Unchanged when it fits, or when even its last
-    user turn does not (the context check then refuses it as it would without truncation)."""
+    prompt fit the context with room for `max_output_tokens` (one token when none is set), and those of its
+    `images` (its messages', in order) the turns kept hold. What is left starts at a user message, after the
+    instructions. Unchanged when it fits, or when even its last user turn does not (the context check then
+    refuses it as it would without truncation)."""
     tokenizer = prompts.tokenizer
     if tokenizer.max_model_len is None:
-        return chat
+        return chat, images
     room = tokenizer.max_model_len - (chat.completion_budget or 1)
     messages, options = chat.messages, prompts.chat_options(chat.chat_options())
     first = 1 if messages[0].role in ("system", "developer") else 0  # the instructions stay
+    given = iter(images.images if images is not None else ())
+    by_message = [[next(given) for _ in message.image_urls] for message in messages]
+
+    def kept_images(start: int) -> list:
+        return [image for i in (*range(first), *range(start, len(messages))) for image in by_message[i]]
 
     def fits(start: int) -> bool:
         kept = [m.as_template_input() for m in (*messages[:first], *messages[start:])]
+        sizes = [(image.height, image.width) for image in kept_images(start)]
         try:
-            prompt = tokenizer.apply_chat_template(kept, **options.as_template_inputs())[1]
+            prompt = tokenizer.apply_chat_template(kept, image_sizes=sizes, **options.as_template_inputs())[1]
         except ValueError:  # the template refuses it: the chat path says so, for the whole conversation
             return True
         return len(prompt) <= room
 
     starts = [i for i in range(first + 1, len(messages)) if messages[i].role == "user"]
     if fits(first) or not starts or not fits(starts[-1]):
-        return chat
+        return chat, images
     low, high = 0, len(starts) - 1  # the earliest start that fits: the prompt shrinks as it moves on
     while low < high:
         middle = (low + high) // 2
@@ -172,7 +181,9 @@ def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder) -> ChatC
             high = middle
         else:
             low = middle + 1
-    return chat.model_copy(update={"messages": [*messages[:first], *messages[starts[low]:]]})
+    kept_chat = chat.model_copy(update={"messages": [*messages[:first], *messages[starts[low]:]]})
+    kept = kept_images(starts[low])
+    return kept_chat, GivenImages.of(kept) if kept else None
 
 
 def _stored_item(item: dict[str, Any]) -> dict[str, Any]:

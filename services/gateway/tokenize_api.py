@@ -19,7 +19,7 @@ Decode), so a long prompt is not encoded on the gateway's event loop; what it re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import grpc
@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protos import tokenizer_pb2
+from services.gateway.chat_images import chat_image_sizes
 from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.http_body import parsed_body
@@ -77,11 +78,12 @@ class DetokenizeRequest(BaseModel):
     skip_special_tokens: bool | None = None  # None: the path's default, vLLM's (kept) or SGLang's (skipped)
 
 
-async def tokenize(stub, body: TokenizeRequest, prompts: PromptEncoder,
-                   tool_call_parser: str | None = None) -> list[int]:
+async def tokenize(stub, body: TokenizeRequest, prompts: PromptEncoder, tool_call_parser: str | None = None,
+                   image_sizes: Sequence[tuple[int, int]] = ()) -> list[int]:
     """The prompt's token ids, by the tokenizer service behind `stub`, as `prompts` (the pipeline's) make
     generation's (its trust in requests' templates, its template defaults); chat messages' tool-call ids
-    as generation gives them to the template (`tool_call_parser`: the gateway's)."""
+    as generation gives them to the template (`tool_call_parser`: the gateway's), their images' tokens as
+    many as their sizes (`image_sizes`, chat_images.py's) make."""
     if body.chat_template is not None and not prompts.trust_request_chat_template:
         raise APIError(400, UNTRUSTED_TEMPLATE, param="chat_template")
     try:
@@ -91,7 +93,7 @@ async def tokenize(stub, body: TokenizeRequest, prompts: PromptEncoder,
         options = prompts.chat_options(ChatOptions(
             body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {},
             body.tools or None, body.documents, body.chat_template, bool(body.add_special_tokens)))
-        return list((await stub.ApplyChatTemplate(chat_template_request("", messages, options),
+        return list((await stub.ApplyChatTemplate(chat_template_request("", messages, options, image_sizes),
                                                   timeout=prompts.timeout_s)).token_ids)
     except grpc.aio.AioRpcError as e:
         raise _refused(e, "prompt" if body.prompt is not None else "messages") from None
@@ -136,8 +138,10 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         if body.model is not None:
             check_model(body.model)
 
+        sizes = await chat_image_sizes(state, body.messages or ())
+
         async def tokenized(one: TokenizeRequest) -> list[int]:
-            return await tokenize(service.stub, one, pipeline.prompts, state.tool_call_parser)
+            return await tokenize(service.stub, one, pipeline.prompts, state.tool_call_parser, sizes)
 
         def token_strs(tokens: list[int]) -> list[str]:
             return [pipeline.tokenizer.id_to_token(t) for t in tokens]

@@ -220,3 +220,45 @@ def test_images_the_prompt_does_not_place_are_refused(mistral3):
         with pytest.raises(ValueError, match=message):
             engine.add_request("r", prompt, params, images=images)
     assert not engine.has_unfinished_requests()
+
+
+def test_an_image_is_encoded_with_the_chunk_that_reaches_it_and_not_again_from_the_prefix_cache(mistral3):
+    """A prompt chunked by 16 encodes each of its images with the chunk that first holds its tokens; a second
+    request whose prefix the cache holds, the image wholly in it, encodes none and still gives transformers'
+    tokens (its image is in the cached pages' KV)."""
+    path, model = mistral3
+    engine = _engine(path, max_num_batched_tokens=16)
+    encoded: list[int] = []
+    encode = engine.runner.image_encoder.encode
+    engine.runner.image_encoder.encode = lambda pixels: encoded.append(len(pixels)) or encode(pixels)
+    two = _images(11, [(16, 48), (16, 32)])
+    prompt = _prompt(11, two)  # images at [7, 21) and [25, 35): chunks [0, 16) and [16, 32) reach one each
+    assert _generate(engine, {"two": (prompt, two)})["two"] == _hf_greedy(model, prompt, two)
+    assert encoded == [1, 1]
+    encoded.clear()
+    image = two[:1]
+    prefix = [1, 3, 50, 51, 52, *_image_tokens(16, 48), *range(60, 73)]  # 32 tokens: two whole pages
+    first, second = prefix + [80, 81, 82], prefix + [90, 91, 92, 93]
+    assert _generate(engine, {"first": (first, image)})["first"] == _hf_greedy(model, first, image)
+    assert encoded == [1]
+    assert _generate(engine, {"second": (second, image)})["second"] == _hf_greedy(model, second, image)
+    assert encoded == [1]
+
+
+def test_a_cached_image_is_encoded_when_its_tokens_are_computed_after_all(mistral3):
+    """An image a step never reached stays pending (a prefix cache hit over it, a decode worker's request): a
+    later chunk that holds its tokens (after a preemption, the cache evicted) encodes it then."""
+    from engine.prompt_images import encode_pending_images, placed_images
+    from engine.sequence import Sequence
+
+    path, _ = mistral3
+    engine = _engine(path)
+    images = _images(12, [(16, 48)])
+    prompt = _prompt(12, images)
+    pending, spans = placed_images(engine.model_config.vision, prompt, images)
+    seq = Sequence("r", prompt, SamplingParams(max_tokens=1), 16, images=pending, bidirectional_spans=spans)
+    encode_pending_images(engine.runner.image_encoder, seq, 32, len(prompt) - 32, "cpu")
+    assert seq.pending_images == pending and seq.given_embeddings == ()
+    encode_pending_images(engine.runner.image_encoder, seq, 0, 16, "cpu")
+    assert seq.pending_images == () and [start for start, _ in seq.given_embeddings] == [7, 14]
+    assert spans == ()  # Mistral 3's image tokens attend causally

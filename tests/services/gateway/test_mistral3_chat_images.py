@@ -13,6 +13,7 @@ import base64
 import io
 import json
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -205,3 +206,41 @@ def test_an_image_too_narrow_to_make_a_token_is_refused(vlm_mesh, client):
     with pytest.raises(openai.BadRequestError, match="too narrow"):
         _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(_image(6, (400, 1)))}}])
     mesh.assert_decode_pools_free()
+
+
+def test_tokenize_and_count_tokens_count_an_images_grid(vlm_mesh, client):
+    """vLLM's /tokenize and Anthropic's count_tokens read a chat's images to count their tokens, as many as
+    their sizes make (here 2 rows of 5 tokens)."""
+    mesh = vlm_mesh[0]
+    url = _data_url(_image(7, (40, 16)))
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w8"}]
+    prompt_tokens = _chat(client, mesh.model_name, content).usage.prompt_tokens
+    assert prompt_tokens == 4 + 2 * 6  # <s> [INST] w8 [/INST], and the image
+    tokenized = httpx.post(f"{mesh.gateway.base_url}/tokenize",
+                           json={"model": mesh.model_name, "messages": [{"role": "user", "content": content}]}).json()
+    assert tokenized["count"] == prompt_tokens and tokenized["tokens"].count(MARKS[IMAGE]) == 10
+    media_type, data = url.removeprefix("data:").split(";base64,")
+    counted = httpx.post(f"{mesh.gateway.base_url}/v1/messages/count_tokens", json={
+        "model": mesh.model_name, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}},
+            {"type": "text", "text": "w8"}]}]}).json()
+    assert counted["input_tokens"] == prompt_tokens
+
+
+def test_a_truncated_conversation_keeps_its_last_turns_images(vlm_mesh, client):
+    """The Responses API's truncation "auto" counts each turn's images by their sizes, and what is left out
+    takes its images with it: the reply is chat's to the last turn alone."""
+    mesh = vlm_mesh[0]
+    first, last = _data_url(_image(8, (64, 64))), _data_url(_image(9, (24, 48)))
+    long_text = " ".join(f"w{i % 400}" for i in range(1990))  # with its image, more than the context of 2048
+    response = client.responses.create(model=mesh.model_name, max_output_tokens=MAX_TOKENS, temperature=0,
+                                       truncation="auto", extra_body={"ignore_eos": True}, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": first},
+                                     {"type": "input_text", "text": long_text}]},
+        {"role": "assistant", "content": "w1"},
+        {"role": "user", "content": [{"type": "input_image", "image_url": last},
+                                     {"type": "input_text", "text": "w2"}]}])
+    expected = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": last}},
+                                               {"type": "text", "text": "w2"}])
+    assert response.output_text == expected.choices[0].message.content
+    assert response.usage.input_tokens == expected.usage.prompt_tokens

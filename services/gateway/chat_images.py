@@ -1,0 +1,27 @@
+"""A chat's images, read (image_inputs.py's ChatImages, where the model takes images) as every API that takes
+chat messages reads them: generation's, /tokenize's and count_tokens' alike."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.gateway.chat_messages import ChatMessage
+from services.gateway.errors import APIError
+from services.gateway.given_embeddings import GivenImages
+
+
+async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages") -> GivenImages | None:
+    """The pixels of the messages' images, in order (None for none); APIError (400) naming `param` where the
+    model takes none, or one cannot be read. `state`: the gateway's (http_app.GatewayState)."""
+    urls = [url for message in messages for url in message.image_urls]
+    if not urls:
+        return None
+    if state.images is None:
+        raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
+    return await state.images.read(urls, param)
+
+
+async def chat_image_sizes(state, messages: Sequence[ChatMessage]) -> list[tuple[int, int]]:
+    """Each of their images' (height, width) as the model's image processor resizes it: what a count of their
+    tokens needs (some models' images take as many as their size makes)."""
+    images = await chat_images(state, messages)
+    return images.sizes if images is not None else []
