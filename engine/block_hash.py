@@ -53,14 +53,20 @@ def embeddings_digest(dtype: str, shape: Sequence[int], data: bytes) -> str:
     return h.hexdigest()
 
 
-def images_digest(images: Sequence[tuple[bytes, tuple[int, ...], float, Sequence[float], Sequence[float]]]) -> str:
-    """What names a prompt's images: each one's resized RGB bytes and shape, and the rescale factor, mean
-    and std its pixels are normalized by, hashed (the gateway's and the engine's the same)."""
+def image_digest(rgb: bytes, shape: tuple[int, ...], rescale_factor: float, mean: Sequence[float],
+                 std: Sequence[float]) -> str:
+    """What names one image: its resized RGB bytes and shape, and the rescale factor, mean and std its pixels
+    are normalized by, hashed (the gateway's and the engine's the same)."""
     h = hashlib.blake2b(digest_size=16)
-    for rgb, shape, rescale_factor, mean, std in images:
-        h.update(f"{list(shape)} {rescale_factor!r} {[float(m) for m in mean]} {[float(s) for s in std]}".encode())
-        h.update(rgb)
+    h.update(f"{list(shape)} {rescale_factor!r} {[float(m) for m in mean]} {[float(s) for s in std]}".encode())
+    h.update(rgb)
     return h.hexdigest()
+
+
+def images_digest(digests: Sequence[str]) -> str:
+    """What names a prompt's images, of their `image_digest`s in order: an image's own digest may be kept
+    (the gateway's cache of processed images) and its bytes not hashed again."""
+    return hashlib.blake2b(" ".join(digests).encode(), digest_size=16).hexdigest()
 
 
 def salted_with_embeddings(cache_salt: str | None, digest: str) -> str:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.llm_engine import LLMEngine
-    from engine.prompt_images import PlacedImage
+    from engine.prompt_images import MRoPEPositions, PlacedImage
 
 
 def resume_guide(engine: LLMEngine, seq: Sequence, made_elsewhere: list[int] | tuple[int, ...]) -> None:
@@ -34,7 +34,8 @@ def prefilled_sequence(engine: LLMEngine, request_id: str, prompt_token_ids: lis
                        sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...],
                        prompt_embeds: torch.Tensor | None = None,
                        images: tuple[PlacedImage, ...] = (),
-                       bidirectional_spans: tuple[tuple[int, int], ...] = ()) -> Sequence:
+                       bidirectional_spans: tuple[tuple[int, int], ...] = (),
+                       rope_positions: MRoPEPositions | None = None) -> Sequence:
     """`request_id`'s sequence, holding the pages reserved under that id (their KV written for its
     prompt and `output_token_ids`), `first_token_id` its last token. ValueError when its output does
     not follow its guide, or the reservation does not hold it."""
@@ -42,7 +43,7 @@ def prefilled_sequence(engine: LLMEngine, request_id: str, prompt_token_ids: lis
     made_elsewhere = [*output_token_ids, first_token_id]
     seq = Sequence(request_id, prompt_token_ids, sampling_params, engine.config.block_size,
                    output_token_ids=output_token_ids, prompt_embeds=prompt_embeds, images=images,
-                   bidirectional_spans=bidirectional_spans)
+                   bidirectional_spans=bidirectional_spans, rope_positions=rope_positions)
     try:
         resume_guide(engine, seq, made_elsewhere)
     except ValueError:

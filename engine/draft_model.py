@@ -45,6 +45,7 @@ class DraftSequence:
     given_embeddings: tuple = ()
     pending_images: tuple = ()
     bidirectional_spans: tuple = ()
+    rope_positions: None = None
     num_draft_tokens: int = 0
 
     @property

@@ -146,13 +146,13 @@ class LLMEngine:
         start_ns = time.time_ns()
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
-        pending, spans = placed_images(self.model_config.vision, prompt_token_ids, images)
+        pending, spans, rope = placed_images(self.model_config.vision, prompt_token_ids, images)
         sampling_params = salted(sampling_params, prompt_embeds, images)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
                        is_prefill_only=prefill_only, output_token_ids=output_token_ids, prompt_embeds=prompt_embeds,
-                       images=pending, bidirectional_spans=spans)
+                       images=pending, bidirectional_spans=spans, rope_positions=rope)
         resume_guide(self, seq, output_token_ids)
         self._seqs[request_id] = seq
         if reports_pages and prefill_only:

@@ -78,6 +78,9 @@ class ModelConfig:
     encoder: EncoderConfig | None = None  # a BERT-family encoder's (engine/encoder_config.py); None: a decoder
     # A decoder embedding model's sentence-transformers Pooling mode (stella's mean); "last" without one.
     decoder_pooling: str = "last"
+    # Multimodal RoPE's (Qwen2.5-VL's): a head's frequencies turned by a token's time, height and width positions,
+    # so many each; None: one position a token. A text token's three are one, as a 1D position turns them all.
+    mrope_section: tuple[int, ...] | None = None
 
     @property
     def pooling(self) -> str:

@@ -49,7 +49,7 @@ from engine.moe_config import (
 )
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
-from engine.rope_config import PHI3, partial_rotary_factor, rope_scaling
+from engine.rope_config import PHI3, mrope_section, partial_rotary_factor, rope_scaling
 
 
 class ModelConfigError(ValueError):
@@ -112,6 +112,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         scaling = rope_scaling(cfg, arch)
     except ValueError as e:
         raise ModelConfigError(f"{path}: {e}") from None
+    section = mrope_section(cfg)
+    rotated = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    if section is not None and sum(section) * 2 != rotated:
+        raise ModelConfigError(f"{path}: mrope_section {list(section)} must split a head's frequencies (head_dim / 2)")
     if cfg.get("use_bidirectional_attention"):
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -171,6 +175,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             int4_weights=int4_weights(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
+            mrope_section=section,
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e

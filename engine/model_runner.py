@@ -269,6 +269,12 @@ class ModelRunner:
                 if seq.sampling_params.embed:
                     embed_rows.append((seq, start - n, start - 1))
         position_tensor = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        rope_positions = position_tensor
+        if any(seq.rope_positions is not None for seq in batch.seqs):  # a prompt with Qwen2.5-VL's images
+            rope_positions = torch.cat([seq.rope_positions.rows(seq.num_computed_tokens, n)
+                                        if seq.rope_positions is not None else
+                                        torch.arange(seq.num_computed_tokens, seq.num_computed_tokens + n).expand(3, n)
+                                        for seq, n in (*decodes, *prefills)], dim=1).to(self.device)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(row_seqs),
@@ -279,7 +285,7 @@ class ModelRunner:
         )
         return (
             torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            position_tensor,
+            rope_positions,
             meta,
             torch.tensor(sample_rows, dtype=torch.int64, device=self.device),
             sampled_seqs,

@@ -1,5 +1,5 @@
 """Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
-(Gemma 3's and Mistral 3's: engine/vision/); Llama 4's requests are text or token ids.
+(Gemma 3's, Mistral 3's and Qwen2.5-VL's: engine/vision/); Llama 4's requests are text or token ids.
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -11,7 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.vision.vision_config import VisionConfig, gemma3_vision_config, mistral3_vision_config
+from engine.vision.vision_config import (
+    VisionConfig,
+    gemma3_vision_config,
+    mistral3_vision_config,
+    qwen2_5_vl_vision_config,
+)
 
 
 @dataclass(frozen=True)
@@ -66,13 +71,22 @@ MULTIMODAL = {
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                          "model.multi_modal_projector."),
         vision_config=mistral3_vision_config),
+    # As released (a flat config.json: the text model's settings at its top level, its tensors the causal LM's,
+    # the tower's under `visual.`) and as transformers 5 saves it (text_config; `model.language_model.`).
+    "Qwen2_5_VLForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=lambda text_config: "Qwen2ForCausalLM",
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen2_5_vl_vision_config),
 }
 
 
 def text_config(cfg: dict, wrapper: str) -> tuple[dict, str]:
     """A multimodal config.json's text model settings (the top level's, text_config's over them, but
-    for tie_word_embeddings) and architecture. ValueError without a text_config."""
+    for tie_word_embeddings) and architecture: the top level's alone where the text model's sizes are there
+    (Qwen2.5-VL's released configs). ValueError without them."""
     text = cfg.get("text_config")
+    if text is None and "hidden_size" in cfg:
+        text = {}
     if not isinstance(text, dict):
         raise ValueError(f"{wrapper} without a text_config")
     wrapper_keys = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.block_hash import images_digest
-from engine.vision.vision_config import GEMMA3
+from engine.block_hash import image_digest, images_digest
+from engine.vision.vision_config import GEMMA3, QWEN2_5_VL
 
 if TYPE_CHECKING:
     from engine import sequence
@@ -39,8 +39,8 @@ class ImageInput:
 
 def digest_of(images: Sequence[ImageInput]) -> str:
     """What names them in a cache salt (engine/block_hash.py's `images_digest`)."""
-    return images_digest([(image.rgb.contiguous().numpy().tobytes(), tuple(image.rgb.shape), image.rescale_factor,
-                           image.mean, image.std) for image in images])
+    return images_digest([image_digest(image.rgb.contiguous().numpy().tobytes(), tuple(image.rgb.shape),
+                                       image.rescale_factor, image.mean, image.std) for image in images])
 
 
 def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
@@ -94,15 +94,52 @@ def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Se
     return dealt
 
 
+@dataclass(frozen=True, eq=False)
+class MRoPEPositions:
+    """Multimodal RoPE's positions of a prompt with images (Qwen2.5-VL's): each prompt token's time, height and
+    width positions [3, P] (a text token's three one number, counting on from the position before it; an image's
+    tokens at its first one, plus their row and column), and what every later token's position is past its index."""
+
+    prompt: torch.Tensor
+    delta: int
+
+    def rows(self, start: int, n: int) -> torch.Tensor:
+        """Positions [3, n] of the sequence's tokens [start, start + n)."""
+        rows = (torch.arange(start, start + n) + self.delta).expand(3, n).clone()
+        end = min(start + n, self.prompt.shape[1])
+        if start < end:
+            rows[:, :end - start] = self.prompt[:, start:end]
+        return rows
+
+
+def mrope_positions(vision: VisionConfig, num_tokens: int, placed: Sequence[PlacedImage]) -> MRoPEPositions:
+    """As transformers' Qwen2_5_VLModel.get_rope_index places a prompt of `num_tokens` with its images."""
+    positions = torch.empty(3, num_tokens, dtype=torch.int64)
+    token, position = 0, 0  # the next text token, and its position
+    for image in placed:
+        positions[:, token:image.start] = torch.arange(position, position + image.start - token)
+        position += image.start - token
+        rows, cols = (side // vision.pixels_per_row for side in image.image.rgb.shape[:2])
+        positions[0, image.start:image.end] = position
+        positions[1, image.start:image.end] = position + torch.arange(rows).repeat_interleave(cols)
+        positions[2, image.start:image.end] = position + torch.arange(cols).repeat(rows)
+        token, position = image.end, position + max(rows, cols)
+    positions[:, token:] = torch.arange(position, position + num_tokens - token)
+    return MRoPEPositions(positions, position + num_tokens - token - num_tokens)
+
+
 def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int], images: Sequence[ImageInput]
-                  ) -> tuple[tuple[PlacedImage, ...], tuple[tuple[int, int], ...]]:
-    """A prompt's images (as `check_images` passed them) with their runs of image tokens, and the spans
-    their tokens attend bidirectionally in (Gemma 3's runs; none of Mistral 3's)."""
+                  ) -> tuple[tuple[PlacedImage, ...], tuple[tuple[int, int], ...], MRoPEPositions | None]:
+    """A prompt's images (as `check_images` passed them) with their runs of image tokens, the spans their
+    tokens attend bidirectionally in (Gemma 3's runs; none of Mistral 3's), and the prompt's multimodal RoPE
+    positions where the model has them (Qwen2.5-VL's; else None)."""
     if not images:
-        return (), ()
+        return (), (), None
     dealt = _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
     placed = tuple(PlacedImage(runs, image) for runs, image in zip(dealt, images, strict=True))
-    return placed, tuple(run for runs in dealt for run in runs) if vision.bidirectional else ()
+    spans = tuple(run for runs in dealt for run in runs) if vision.bidirectional else ()
+    rope = mrope_positions(vision, len(prompt_token_ids), placed) if vision.family == QWEN2_5_VL else None
+    return placed, spans, rope
 
 
 def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> None:

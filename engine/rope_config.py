@@ -41,6 +41,8 @@ def rope_scaling(cfg: dict, arch: str) -> dict | None:
     # Early Phi-3 configs name LongRoPE "su" or "yarn"; transformers reads both as longrope there.
     if rope_type == "su" or (rope_type == "yarn" and arch == PHI3):
         rope_type = "longrope"
+    if rope_type == "mrope":  # Qwen2.5-VL's older configs: its sections are `mrope_section`'s, its frequencies default
+        rope_type = "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
     scaling["rope_type"] = rope_type
@@ -77,3 +79,11 @@ def context_dependent_rope(cfg: dict, arch: str, max_model_len: int | None) -> s
         return None
     max_positions = max_model_len or int(cfg.get("max_position_embeddings", 2048))
     return "longrope-long" if uses_long_factors(scaling, max_positions) else "longrope-short"
+
+
+def mrope_section(cfg: dict) -> tuple[int, ...] | None:
+    """Multimodal RoPE's (Qwen2.5-VL's) split of a head's frequencies between a token's time, height and width
+    positions, in numbers of frequencies; None for a model with one position a token."""
+    scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
+    section = scaling.get("mrope_section")
+    return tuple(int(n) for n in section) if section else None

@@ -13,7 +13,7 @@ from engine.step_times import StepTimes
 from engine.thinking_budget import ThinkingMarks
 
 if TYPE_CHECKING:
-    from engine.prompt_images import PlacedImage
+    from engine.prompt_images import MRoPEPositions, PlacedImage
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
 # wait for another worker to take them over (disaggregated serving).
@@ -47,13 +47,15 @@ class Sequence:
         prompt_embeds: torch.Tensor | None = None,
         images: tuple[PlacedImage, ...] = (),
         bidirectional_spans: tuple[tuple[int, int], ...] = (),
+        rope_positions: MRoPEPositions | None = None,
     ) -> None:
         """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
         is computed after the prompt's, and it counts as output, not prompt. `prompt_embeds`: the
         prompt given as embeddings, a [P, H] tensor whose rows the model reads in place of its
         token ids' (placeholders then, as in vLLM). `images`: each image in the prompt with its runs of
         image tokens, whose encoder's rows are read in place of those tokens' embeddings; `bidirectional_spans`:
-        positions [start, end) whose tokens attend to each other whatever their order (Gemma 3's images)."""
+        positions [start, end) whose tokens attend to each other whatever their order (Gemma 3's images);
+        `rope_positions`: its tokens' multimodal RoPE positions where its images give them (Qwen2.5-VL's)."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         self.request_id = request_id
@@ -66,6 +68,7 @@ class Sequence:
             ((0, prompt_embeds),) if prompt_embeds is not None else ()
         self.pending_images = images
         self.bidirectional_spans = bidirectional_spans
+        self.rope_positions = rope_positions
         self.num_tokens_given = len(self.token_ids)  # on arrival: tokens past them were made here
         self.sampling_params = sampling_params
         self.block_size = block_size

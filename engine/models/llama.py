@@ -115,7 +115,10 @@ class LlamaForCausalLM(nn.Module):
 
     def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Each layer's cos and sin at `positions` ([T, D] each): the model's, the sliding-window
-        layers' own where they have one (Gemma 3, OLMo 3), None for a layer without RoPE (SmolLM3)."""
+        layers' own where they have one (Gemma 3, OLMo 3), None for a layer without RoPE (SmolLM3).
+        `positions` [3, T]: multimodal RoPE's time, height and width positions, each turning its section."""
+        if positions.dim() == 2:
+            return itertools.repeat((self._mrope(self.rope_cos, positions), self._mrope(self.rope_sin, positions)))
         full = self.rope_cos[positions], self.rope_sin[positions]
         if self._has_one_rope:
             return itertools.repeat(full)
@@ -123,6 +126,12 @@ class LlamaForCausalLM(nn.Module):
                  if self.config.local_rope_theta is not None else full)
         return [(None, None) if i not in self.config.rope_layers else local if layer.attn.sliding_window is not None
                 else full for i, layer in enumerate(self.layers)]
+
+    def _mrope(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[T, D] of `table` (cos or sin by position), each section of it (both halves of a head alike) at the
+        position of its kind: time, height, width, in turn (transformers' apply_multimodal_rotary_pos_emb)."""
+        sections = table[positions].split(list(self.config.mrope_section) * 2, dim=-1)
+        return torch.cat([section[i % 3] for i, section in enumerate(sections)], dim=-1)
 
     def make_classifier(self, token_ids: list[int]) -> None:
         """The classification head from the LM head's rows of `token_ids` (ModelConfig.classifier_tokens):

@@ -5,30 +5,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GEMMA3, PIXTRAL = "gemma3", "pixtral"
+GEMMA3, PIXTRAL, QWEN2_5_VL = "gemma3", "pixtral", "qwen2_5_vl"
 
 
 @dataclass(frozen=True)
 class VisionConfig:
-    family: str  # GEMMA3: a SigLIP tower pooled to a fixed size; PIXTRAL: Mistral 3's tower, any size
+    # GEMMA3: a SigLIP tower pooled to a fixed size; PIXTRAL: Mistral 3's tower, any size; QWEN2_5_VL: Qwen2.5-VL's
+    # windowed tower, any size, its rows placed by multimodal RoPE (ModelConfig.mrope_section).
+    family: str
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_heads: int
-    image_size: int  # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side
+    image_size: int  # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side; QWEN2_5_VL: 0
     patch_size: int
     layer_norm_eps: float
     hidden_act: str
     image_token_id: int  # the prompt's placeholder of each row
     tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image)
     num_channels: int = 3
-    # PIXTRAL: patches merged into one row (a side's count), the tower's RoPE base, and its projector's
-    # activation, biases and RMSNorm epsilon (the text model's).
+    # PIXTRAL, QWEN2_5_VL: patches merged into one row (a side's count), the tower's RoPE base; PIXTRAL: its
+    # projector's activation, biases and RMSNorm epsilon (the text model's).
     spatial_merge_size: int = 1
     rope_theta: float = 10_000.0
     projector_act: str = "gelu"
     projector_bias: bool = False
     projector_norm_eps: float = 1e-5
+    # QWEN2_5_VL: frames a patch spans (an image its one frame repeated), the pixels on a side of the windows
+    # most layers attend within, the layers that attend over the whole image, and its rows' width.
+    temporal_patch_size: int = 1
+    window_size: int = 0
+    full_attention_layers: tuple[int, ...] = ()
+    out_hidden_size: int = 0
 
     @property
     def patches_per_side(self) -> int:
@@ -50,6 +58,8 @@ class VisionConfig:
         each row ended by a break token (the last by an end token), as transformers' PixtralProcessor writes them."""
         if self.family == GEMMA3:
             return 1, self.tokens_per_image
+        if self.family == QWEN2_5_VL:  # one run, row-major
+            return 1, (height // self.pixels_per_row) * (width // self.pixels_per_row)
         return height // self.pixels_per_row, width // self.pixels_per_row
 
     def shape_error(self, height: int, width: int) -> str | None:
@@ -59,6 +69,9 @@ class VisionConfig:
             side = self.image_size
             return None if (height, width) == (side, side) else f"must be {side}x{side} pixels"
         step = self.pixels_per_row
+        if self.family == QWEN2_5_VL:
+            return None if height > 0 and width > 0 and not height % step and not width % step else \
+                f"must have sides of whole multiples of {step} pixels"
         most = -(-self.image_size // step) * step  # the processor rounds a side up to a whole row's pixels
         if not (0 < height <= most and 0 < width <= most) or height % step or width % step:
             return f"must have sides of at most {most} pixels (its processor's longest_edge), each a multiple of {step}"
@@ -127,4 +140,37 @@ def mistral3_vision_config(cfg: dict[str, Any]) -> VisionConfig:
     for name, act in (("vision_config.hidden_act", config.hidden_act), ("projector_hidden_act", config.projector_act)):
         if act not in ("gelu", "silu"):
             raise ValueError(f"{name} {act!r} is not served (gelu or silu)")
+    return config
+
+
+# Qwen2_5_VLVisionConfig's and Qwen2_5_VLConfig's, where config.json leaves them out.
+QWEN2_5_VL_DEFAULTS = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+                       "fullatt_block_indexes": [7, 15, 23, 31], "hidden_act": "silu"}
+
+
+def qwen2_5_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Qwen2.5-VL's (Qwen2_5_VLForConditionalGeneration's config.json): a windowed tower over an image of any
+    size in whole 28-pixel squares, each square's four patches merged into one row. ValueError for settings
+    not served."""
+    vision = {**QWEN2_5_VL_DEFAULTS, **(cfg.get("vision_config") or {})}
+    rope = vision.get("rope_parameters") or {}
+    text = cfg.get("text_config") or cfg
+    config = VisionConfig(
+        family=QWEN2_5_VL, hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
+        num_layers=int(vision["depth"]), num_heads=int(vision["num_heads"]), image_size=0,
+        patch_size=int(vision["patch_size"]), layer_norm_eps=1e-6, hidden_act=vision["hidden_act"],
+        image_token_id=int(cfg.get("image_token_id", 151_655)),
+        num_channels=int(vision.get("in_channels", vision.get("in_chans", 3))),
+        spatial_merge_size=int(vision["spatial_merge_size"]), rope_theta=float(rope.get("rope_theta", 10_000.0)),
+        temporal_patch_size=int(vision["temporal_patch_size"]), window_size=int(vision["window_size"]),
+        full_attention_layers=tuple(int(i) for i in vision["fullatt_block_indexes"]),
+        out_hidden_size=int(vision.get("out_hidden_size", text.get("hidden_size", 0))))
+    if config.hidden_act != "silu":
+        raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (silu only)")
+    if (config.hidden_size // config.num_heads) % 4:
+        raise ValueError("vision_config's head size must be a multiple of 4 (2D RoPE)")
+    if config.window_size % config.pixels_per_row:
+        raise ValueError(f"vision_config.window_size {config.window_size} must be a multiple of "
+                         f"{config.pixels_per_row}")
     return config

@@ -185,9 +185,11 @@ class GatewayService:
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
-            from services.gateway.image_inputs import ChatImages, ImageProcessing
+            from services.gateway.image_inputs import ChatImages, ImageProcessing, ProcessedImageCache
+            cache_bytes = int(config.mm_processor_cache_gb * 2**30)
             self.state.images = self.servicer.images = ChatImages(
-                ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path, config.limit_images)
+                ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path, config.limit_images,
+                ProcessedImageCache(cache_bytes) if cache_bytes else None)
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config

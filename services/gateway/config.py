@@ -133,6 +133,7 @@ class GatewayConfig:
     enable_prompt_embeds: bool = False  # completions' prompt_embeds taken (vLLM's flag; off, as vLLM's)
     allowed_local_media_path: Path | None = None  # file:// images are read under it (vLLM's flag); None: none are
     limit_images: int | None = None  # a prompt's most images (vLLM's --limit-mm-per-prompt); None: any
+    mm_processor_cache_gb: float = 4.0  # processed images kept, GiB of pixels (vLLM's flag and default); 0: none
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
     tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
@@ -165,6 +166,8 @@ class GatewayConfig:
         if self.local_prefill_max_tokens < LOCAL_PREFILL_AUTO:
             raise ConfigError(f"--local-prefill-max-tokens must be >= 0 (or -1: auto), got "
                               f"{self.local_prefill_max_tokens}")
+        if not self.mm_processor_cache_gb >= 0:
+            raise ConfigError(f"--mm-processor-cache-gb must be >= 0, got {self.mm_processor_cache_gb}")
         if self.local_tokenize_max_chars < 0:
             raise ConfigError(f"--local-tokenize-max-chars must be >= 0, got {self.local_tokenize_max_chars}")
         if self.routing not in ROUTING_POLICIES:

@@ -119,7 +119,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         enable_prompt_embeds=args.enable_prompt_embeds, allowed_local_media_path=args.allowed_local_media_path,
-        limit_images=image_limit(args.limit_mm_per_prompt),
+        limit_images=image_limit(args.limit_mm_per_prompt), mm_processor_cache_gb=args.mm_processor_cache_gb,
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)
@@ -238,6 +238,10 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              "torch.save'd [tokens, hidden_size] tensors (as vLLM's flag; off, as vLLM's: "
                              "reading them takes torch into the gateway)")
     add_limit_mm_flag(parser)
+    parser.add_argument("--mm-processor-cache-gb", type=float, default=4.0, metavar="GIB",
+                        help="GiB of images kept as the model's image processor made them, by their encoded bytes: "
+                             "a conversation's images, sent again each turn, are decoded and resized once (as "
+                             "vLLM's flag; default 4; 0: none kept)")
     parser.add_argument("--allowed-local-media-path", type=Path, metavar="DIR",
                         help="a chat's file:// image URLs are read under this directory (as vLLM's flag; none "
                              "are without it)")

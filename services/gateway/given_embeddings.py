@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from engine.block_hash import embeddings_digest, images_digest, salted_with_embeddings
+from engine.block_hash import embeddings_digest, image_digest, images_digest, salted_with_embeddings
 from protos import common_pb2
 from services.gateway.errors import APIError
 from services.gateway.request_errors import InvalidRequestError
@@ -55,25 +56,41 @@ def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.Pro
 
 
 @dataclass(frozen=True)
+class ProcessedImage:
+    """An image as the model's image processor made it, and what names it (engine/block_hash.py's
+    `image_digest`, the engine's the same)."""
+
+    proto: common_pb2.PromptImage
+    digest: str
+
+    @classmethod
+    def of(cls, proto: common_pb2.PromptImage) -> ProcessedImage:
+        return cls(proto, image_digest(proto.rgb, (proto.height, proto.width, proto.channels), proto.rescale_factor,
+                                       proto.mean, proto.std))
+
+
+@dataclass(frozen=True)
 class GivenImages:
     """A prompt's images as the workers take them, and what names them in its cache salt, as the engine
     names them (engine/admission.py's `salted`): hashed once for all its choices."""
 
-    images: tuple[common_pb2.PromptImage, ...]
-    digest: str
+    images: tuple[ProcessedImage, ...]
 
     @classmethod
     def of(cls, images: Sequence[common_pb2.PromptImage]) -> GivenImages:
-        return cls(tuple(images), images_digest([(image.rgb, (image.height, image.width, image.channels),
-                                                  image.rescale_factor, image.mean, image.std) for image in images]))
+        return cls(tuple(ProcessedImage.of(image) for image in images))
+
+    @cached_property
+    def digest(self) -> str:
+        return images_digest([image.digest for image in self.images])
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
         """Each image's (height, width) as resized: how many tokens some models' images take."""
-        return [(image.height, image.width) for image in self.images]
+        return [(image.proto.height, image.proto.width) for image in self.images]
 
     def given_to(self, params: common_pb2.SamplingParams) -> None:
         """`params` carrying them, and salted with them: the same placeholder tokens show other images."""
-        params.images.extend(self.images)
+        params.images.extend(image.proto for image in self.images)
         params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
                                                    self.digest)

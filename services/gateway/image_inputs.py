@@ -9,9 +9,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import io
 import json
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -19,21 +23,27 @@ from urllib.parse import unquote, urlparse
 import httpx
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from prometheus_client import Counter
 
 from protos import common_pb2
 from services.gateway.errors import APIError
-from services.gateway.given_embeddings import GivenImages
+from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
+# vLLM's vllm:mm_cache_queries and vllm:mm_cache_hits.
+CACHE_QUERIES = Counter("baton_gateway_mm_cache_queries_total", "Images looked up in the processed-image cache")
+CACHE_HITS = Counter("baton_gateway_mm_cache_hits_total", "Images the processed-image cache held")
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
 FETCH_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
 class ImageProcessing:
-    """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's), or, with
+    """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's); or, with
     `longest_edge`, to at most that on a side, its aspect kept, each side rounded up to a whole number of
-    `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge)."""
+    `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge); or, with
+    `max_pixels`, each side rounded to whole tokens, the pixels kept within [min_pixels, max_pixels] (Qwen2.5-VL's
+    smart resize)."""
 
     height: int
     width: int
@@ -43,6 +53,8 @@ class ImageProcessing:
     resample: int = Image.Resampling.BILINEAR
     longest_edge: int | None = None
     pixels_per_token: int = 1
+    min_pixels: int = 0
+    max_pixels: int | None = None
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ImageProcessing:
@@ -67,6 +79,12 @@ class ImageProcessing:
         settings = {"mean": tuple(config["image_mean"]), "std": tuple(config["image_std"]),
                     "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
                     "resample": int(config.get("resample", Image.Resampling.BILINEAR))}
+        if "merge_size" in config:  # Qwen2-VL's processor: bicubic unless it says
+            settings["resample"] = int(config.get("resample", Image.Resampling.BICUBIC))
+            step = int(config.get("patch_size", 14)) * int(config["merge_size"])
+            most = int(config.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
+            return cls(height=0, width=0, pixels_per_token=step, max_pixels=most,
+                       min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or 56 * 56), **settings)
         if "longest_edge" in size and "height" not in size:
             longest = int(size["longest_edge"])
             step = pixtral_pixels_per_token(processor, _read_json(Path(model_dir) / "config.json"))
@@ -77,6 +95,8 @@ class ImageProcessing:
 
     def size_of(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) of an image of that size once resized, as transformers' processor resizes it."""
+        if self.max_pixels is not None:
+            return smart_resize(height, width, self.pixels_per_token, self.min_pixels, self.max_pixels)
         if self.longest_edge is None:
             return self.height, self.width
         ratio = max(height / self.longest_edge, width / self.longest_edge)
@@ -100,6 +120,24 @@ class ImageProcessing:
                                       std=self.std)
 
 
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's processor's (height, width): each side rounded to a multiple of `factor`, scaled down or up, its
+    aspect kept, where its pixels fall outside [min_pixels, max_pixels]. APIError (400) for an image more than 200
+    times as long as it is wide, as transformers refuses it."""
+    if max(height, width) / min(height, width) > 200:
+        raise APIError(400, f"an image of {width}x{height} pixels: its aspect ratio must be under 200",
+                       param="messages")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -112,6 +150,41 @@ def rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+class ProcessedImageCache:
+    """vLLM's --mm-processor-cache-gb: images as the model's processor made them, by a hash of their encoded
+    bytes (of a data: URL's text), the least recently used left out past `max_bytes` of pixels. A conversation
+    sends its images again with every turn: each is decoded, resized and hashed once (a photo's tens of
+    milliseconds of every turn's time to its first token), its bytes hashed again (a millisecond a megabyte).
+    Safe across threads."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._images: OrderedDict[bytes, ProcessedImage] = OrderedDict()
+        self._num_bytes = 0
+        self._lock = threading.Lock()
+
+    def processed(self, data: bytes, make: Callable[[], ProcessedImage]) -> ProcessedImage:
+        """The image `data` names, from the cache or made by `make` (and kept, where it fits)."""
+        key = hashlib.blake2b(data, digest_size=16).digest()
+        CACHE_QUERIES.inc()
+        with self._lock:
+            image = self._images.get(key)
+            if image is not None:
+                self._images.move_to_end(key)
+                CACHE_HITS.inc()
+                return image
+        image = make()  # outside the lock: two requests may make the same image at once, and both keep it
+        size = len(image.proto.rgb)
+        with self._lock:
+            if size <= self.max_bytes and key not in self._images:
+                self._images[key] = image
+                self._num_bytes += size
+                while self._num_bytes > self.max_bytes:
+                    _, dropped = self._images.popitem(last=False)
+                    self._num_bytes -= len(dropped.proto.rgb)
+        return image
+
+
 @dataclass(frozen=True)
 class ChatImages:
     """What reads a chat's images for a model that takes them."""
@@ -119,6 +192,7 @@ class ChatImages:
     processing: ImageProcessing
     allowed_local_path: Path | None = None  # file:// images are read under it (--allowed-local-media-path)
     limit: int | None = None  # a prompt's most images (--limit-mm-per-prompt); None: any
+    cache: ProcessedImageCache | None = None  # None: each image made again (--mm-processor-cache-gb 0)
 
     async def read(self, urls: list[str], param: str = "messages") -> GivenImages:
         """The images' pixels, in order; APIError (400) naming `param` for one that cannot be read, or
@@ -126,11 +200,23 @@ class ChatImages:
         if self.limit is not None and len(urls) > self.limit:
             raise APIError(400, f"{len(urls)} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
-        encoded = [await _image_bytes(url, self.allowed_local_path, param) for url in urls]
+        # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
+        sources = [url if is_data_url(url) else await _image_bytes(url, self.allowed_local_path, param) for url in urls]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
-        # and hashing its pixels a few more.
-        return await asyncio.to_thread(lambda: GivenImages.of([self.processing.as_proto(read_image(data, param))
-                                                              for data in encoded]))
+        # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte.
+        return await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, param)
+                                                                 for source in sources)))
+
+    def _processed(self, source: str | bytes, param: str) -> ProcessedImage:
+        """The image of a data: URL (`source` a str) or of encoded bytes, from the cache where it holds it (by
+        the URL's text: a hit decodes no base64)."""
+        def make() -> ProcessedImage:
+            data = data_url_bytes(source, param) if isinstance(source, str) else source
+            return ProcessedImage.of(self.processing.as_proto(read_image(data, param)))
+
+        if self.cache is None:
+            return make()
+        return self.cache.processed(source.encode() if isinstance(source, str) else source, make)
 
 
 def read_image(data: bytes, param: str) -> Image.Image:
@@ -143,16 +229,24 @@ def read_image(data: bytes, param: str) -> Image.Image:
     return image
 
 
+def is_data_url(url: str) -> bool:
+    return url[:5].lower() == "data:"
+
+
+def data_url_bytes(url: str, param: str) -> bytes:
+    """The bytes a base64 data: URL holds; APIError (400) for another."""
+    header, _, encoded = url.partition(",")
+    if not header.endswith(";base64"):
+        raise APIError(400, f"{param}: a data URL's image must be base64 (data:image/...;base64,...)", param=param)
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error as e:
+        raise APIError(400, f"{param}: the data URL is not base64: {e}", param=param) from None
+
+
 async def _image_bytes(url: str, allowed_local_path: Path | None, param: str) -> bytes:
+    """The encoded bytes of an http(s) or file:// URL's image."""
     scheme = urlparse(url).scheme
-    if scheme == "data":
-        header, _, encoded = url.partition(",")
-        if not header.endswith(";base64"):
-            raise APIError(400, f"{param}: a data URL's image must be base64 (data:image/...;base64,...)", param=param)
-        try:
-            return base64.b64decode(encoded, validate=True)
-        except binascii.Error as e:
-            raise APIError(400, f"{param}: the data URL is not base64: {e}", param=param) from None
     if scheme in ("http", "https"):
         try:
             async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client, \

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.chat_request import ChatCompletionRequest, chat_request
 from services.gateway.errors import APIError
-from services.gateway.given_embeddings import GivenImages
+from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.openai_protocol import MAX_LOGPROBS
 from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.request_aliases import without_nulls
@@ -159,12 +159,12 @@ def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder, images: 
     given = iter(images.images if images is not None else ())
     by_message = [[next(given) for _ in message.image_urls] for message in messages]
 
-    def kept_images(start: int) -> list:
+    def kept_images(start: int) -> list[ProcessedImage]:
         return [image for i in (*range(first), *range(start, len(messages))) for image in by_message[i]]
 
     def fits(start: int) -> bool:
         kept = [m.as_template_input() for m in (*messages[:first], *messages[start:])]
-        sizes = [(image.height, image.width) for image in kept_images(start)]
+        sizes = [(image.proto.height, image.proto.width) for image in kept_images(start)]
         try:
             prompt = tokenizer.apply_chat_template(kept, image_sizes=sizes, **options.as_template_inputs())[1]
         except ValueError:  # the template refuses it: the chat path says so, for the whole conversation
@@ -183,7 +183,7 @@ def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder, images: 
             low = middle + 1
     kept_chat = chat.model_copy(update={"messages": [*messages[:first], *messages[starts[low]:]]})
     kept = kept_images(starts[low])
-    return kept_chat, GivenImages.of(kept) if kept else None
+    return kept_chat, GivenImages(tuple(kept)) if kept else None
 
 
 def _stored_item(item: dict[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,7 @@ PASSED_FLAGS = (
     PassedFlag("--enable-tokenizer-info-endpoint", GATEWAY, "GET /tokenizer_info served", is_switch=True),
     PassedFlag("--enable-prompt-embeds", GATEWAY, "completions take prompts given as embeddings", is_switch=True),
     PassedFlag("--allowed-local-media-path", GATEWAY, "a chat's file:// images are read under this directory"),
+    PassedFlag("--mm-processor-cache-gb", GATEWAY, "GiB of images kept as the image processor made them", type=float),
     PassedFlag("--limit-mm-per-prompt", ("gateway", "prefill", "decode"),
                "JSON: a prompt's most images; 0 serves a multimodal model's text only"),
     PassedFlag("--response-role", GATEWAY, "the role of a chat reply's message"),

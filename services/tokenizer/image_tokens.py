@@ -1,13 +1,15 @@
 """How a multimodal model's prompt holds an image, as transformers' processor expands the mark its chat template
 writes where each image goes: Gemma 3's a run of one placeholder token per row of the image's encoding between
 begin and end marks; Mistral 3's (Pixtral's processor) a row of placeholders per row of the image's grid of
-tokens, each row ended by a break, the last by an end token, so as many tokens as the image's size makes."""
+tokens, each row ended by a break, the last by an end token; Qwen2.5-VL's one run of the grid's tokens: as many
+tokens as the image's size makes, for those two."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+QWEN_IMAGE_TOKEN = "<|image_pad|>"
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 
 
@@ -39,9 +41,7 @@ class ImageGridTokens:
     def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
         """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
         made its grid of tokens; ValueError without a mark and a size for each of `num_images`."""
-        if image_sizes is None or len(image_sizes) != num_images:
-            raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
-                             f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
+        _check_sizes(image_sizes, num_images)
         _check_marks(text, self.token, num_images)
         pieces = text.split(self.token)
         expanded = [pieces[0]]
@@ -55,6 +55,31 @@ class ImageGridTokens:
         return "".join(expanded)
 
 
+@dataclass(frozen=True)
+class ImageRunTokens:
+    """Qwen2.5-VL's: an image's tokens one run, as many as the squares of its size."""
+
+    token: str  # the template's mark of an image, and each of its tokens: "<|image_pad|>"
+    pixels_per_token: int  # on a side: the patch size times the spatial merge
+
+    def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
+        """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
+        made its run; ValueError without a mark and a size for each of `num_images`."""
+        _check_sizes(image_sizes, num_images)
+        _check_marks(text, self.token, num_images)
+        pieces = text.split(self.token)
+        expanded = [pieces[0]]
+        for (height, width), after in zip(image_sizes, pieces[1:], strict=True):
+            expanded += [self.token * ((height // self.pixels_per_token) * (width // self.pixels_per_token)), after]
+        return "".join(expanded)
+
+
+def _check_sizes(image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> None:
+    if image_sizes is None or len(image_sizes) != num_images:
+        raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
+                         f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
+
+
 def _check_marks(text: str, mark: str, num_images: int) -> None:
     marks = text.count(mark)
     if marks != num_images:
@@ -62,17 +87,21 @@ def _check_marks(text: str, mark: str, num_images: int) -> None:
 
 
 def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[str, Any],
-                      model_config: dict[str, Any]) -> ImageTokens | ImageGridTokens | None:
+                      model_config: dict[str, Any]) -> ImageTokens | ImageGridTokens | ImageRunTokens | None:
     """Gemma 3's from tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special
     tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Mistral 3's
     from processor_config.json (PixtralProcessor's tokens, patch size and spatial merge; config.json's where
-    it has none); None for a model without them."""
+    it has none); Qwen2.5-VL's from config.json; None for a model without them."""
     extra = tokenizer_config.get("extra_special_tokens")
     named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
     marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
     count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
     if all(isinstance(mark, str) and mark for mark in marks) and count:
         return ImageTokens(*marks, tokens_per_image=int(count))
+    if model_config.get("model_type") == "qwen2_5_vl":
+        vision = model_config.get("vision_config") or {}
+        step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
+        return ImageRunTokens(QWEN_IMAGE_TOKEN, step)
     if processor_config.get("processor_class") != "PixtralProcessor" and model_config.get("model_type") != "mistral3":
         return None
     tokens = {name: processor_config.get(name) or default for name, default in PIXTRAL_TOKENS.items()}

@@ -11,11 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
-from tests.parity.conftest import greedy_outputs, transformers
+from tests.parity.conftest import transformers
+from tests.parity.images import Requests, generate_with_images, hf_greedy, image_engine
 
 IMAGE, BREAK, END = 10, 12, 13  # Mistral's [IMG], [IMG_BREAK], [IMG_END]
 PIXELS_PER_TOKEN = 8  # patches of 4 pixels, merged 2x2
@@ -100,31 +99,22 @@ def _hf_logits(model, ids: list[int], images: list[ImageInput]) -> torch.Tensor:
 
 
 def _hf_greedy(model, prompt: list[int], images: list[ImageInput]) -> list[int]:
-    tokens: list[int] = []
-    for _ in range(MAX_NEW_TOKENS):
-        tokens.append(int(_hf_logits(model, prompt + tokens, images).argmax()))
-    return tokens
+    return hf_greedy(lambda ids: _hf_logits(model, ids, images), prompt, MAX_NEW_TOKENS)
 
 
-def _engine(path, **options) -> LLMEngine:
-    return LLMEngine(EngineConfig(**{"model": str(path), "dtype": "float32", "num_kv_blocks": 64,
-                                     "max_num_batched_tokens": 512, **options}))
-
-
-def _requests(seed: int) -> dict[str, tuple[list[int], list[ImageInput]]]:
+def _requests(seed: int) -> Requests:
     three, one = _images(seed, SIZES), _images(seed + 1, [(40, 56)])
     return {"three": (_prompt(seed, three), three), "one": (_prompt(seed + 1, one), one),
             "text": (_prompt(seed, []), [])}
 
 
-def _generate(engine: LLMEngine, requests: dict[str, tuple[list[int], list[ImageInput]]]) -> dict[str, list[int]]:
-    return greedy_outputs(engine, {request_id: (prompt, {"images": images})
-                                   for request_id, (prompt, images) in requests.items()}, MAX_NEW_TOKENS)
+def _generate(engine, requests: Requests) -> dict[str, list[int]]:
+    return generate_with_images(engine, requests, MAX_NEW_TOKENS)
 
 
 def test_image_rows_match_transformers_image_features(mistral3):
     path, model = mistral3
-    encoder = _engine(path).runner.image_encoder
+    encoder = image_engine(path).runner.image_encoder
     images = _images(1, SIZES)
     inputs = _hf_inputs(images)
     with torch.no_grad():
@@ -140,7 +130,7 @@ def test_greedy_tokens_with_images_match_transformers(mistral3, budget):
     """Budgets of 16 and 21 end chunks inside images' rows: Mistral 3's image tokens attend causally."""
     path, model = mistral3
     requests = _requests(2)
-    results = _generate(_engine(path, max_num_batched_tokens=budget), requests)
+    results = _generate(image_engine(path, max_num_batched_tokens=budget), requests)
     for request_id, (prompt, images) in requests.items():
         assert results[request_id] == _hf_greedy(model, prompt, images), request_id
 
@@ -148,7 +138,7 @@ def test_greedy_tokens_with_images_match_transformers(mistral3, budget):
 def test_a_ministral3_text_model_with_images_matches_transformers(ministral3):
     path, model = ministral3
     requests = _requests(3)
-    results = _generate(_engine(path), requests)
+    results = _generate(image_engine(path), requests)
     for request_id, (prompt, images) in requests.items():
         assert results[request_id] == _hf_greedy(model, prompt, images), request_id
 
@@ -160,7 +150,7 @@ def test_first_token_logprobs_with_images_match_transformers(mistral3, budget):
     path, model = mistral3
     images = _images(7, SIZES)
     prompt = _prompt(7, images)
-    engine = _engine(path, max_num_batched_tokens=budget)
+    engine = image_engine(path, max_num_batched_tokens=budget)
     engine.add_request("r", prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=20), images=images)
     outputs = []
     while engine.has_unfinished_requests():
@@ -178,7 +168,7 @@ def test_images_computed_again_after_a_preemption_give_the_same_tokens(mistral3)
         images = _images(5 + i, [(32, 48), (16, 32)])
         prompt = _prompt(5 + i, images)
         requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
-    engine = _engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
+    engine = image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
     results = _generate(engine, requests)
     assert engine.scheduler.num_preemptions > 0
     for request_id, (prompt, images) in requests.items():
@@ -196,14 +186,14 @@ def test_transformers_4_layout_gives_the_same_tokens(mistral3, tmp_path):
         shutil.copy(path / name, tmp_path / name)
     save_file(renamed, tmp_path / "model.safetensors")
     requests = _requests(4)
-    results = _generate(_engine(tmp_path), requests)
+    results = _generate(image_engine(tmp_path), requests)
     for request_id, (prompt, images) in requests.items():
         assert results[request_id] == _hf_greedy(model, prompt, images), request_id
 
 
 def test_images_the_prompt_does_not_place_are_refused(mistral3):
     path, _ = mistral3
-    engine = _engine(path)
+    engine = image_engine(path)
     params = SamplingParams(max_tokens=4)
     image = _images(6, [(32, 48)])
     refusals = {
@@ -227,7 +217,7 @@ def test_an_image_is_encoded_with_the_chunk_that_reaches_it_and_not_again_from_t
     request whose prefix the cache holds, the image wholly in it, encodes none and still gives transformers'
     tokens (its image is in the cached pages' KV)."""
     path, model = mistral3
-    engine = _engine(path, max_num_batched_tokens=16)
+    engine = image_engine(path, max_num_batched_tokens=16)
     encoded: list[int] = []
     encode = engine.runner.image_encoder.encode
     engine.runner.image_encoder.encode = lambda pixels: encoded.append(len(pixels)) or encode(pixels)
@@ -252,13 +242,13 @@ def test_a_cached_image_is_encoded_when_its_tokens_are_computed_after_all(mistra
     from engine.sequence import Sequence
 
     path, _ = mistral3
-    engine = _engine(path)
+    engine = image_engine(path)
     images = _images(12, [(16, 48)])
     prompt = _prompt(12, images)
-    pending, spans = placed_images(engine.model_config.vision, prompt, images)
+    pending, spans, rope = placed_images(engine.model_config.vision, prompt, images)
     seq = Sequence("r", prompt, SamplingParams(max_tokens=1), 16, images=pending, bidirectional_spans=spans)
     encode_pending_images(engine.runner.image_encoder, seq, 32, len(prompt) - 32, "cpu")
     assert seq.pending_images == pending and seq.given_embeddings == ()
     encode_pending_images(engine.runner.image_encoder, seq, 0, 16, "cpu")
     assert seq.pending_images == () and [start for start, _ in seq.given_embeddings] == [7, 14]
-    assert spans == ()  # Mistral 3's image tokens attend causally
+    assert spans == () and rope is None  # Mistral 3's image tokens attend causally, at their token positions

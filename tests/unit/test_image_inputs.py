@@ -2,6 +2,10 @@
 backends) make them."""
 from __future__ import annotations
 
+import asyncio
+import base64
+import io
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -47,6 +51,25 @@ def test_pixels_equal_pixtrals_image_processor(tmp_path, size):
     np.testing.assert_allclose(pixels, expected["pixel_values"][0], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("size", [(60, 40), (3000, 2000), (700, 5000), (9, 20), (1000, 8)])
+def test_pixels_equal_qwen2_vls_image_processor(tmp_path, size):
+    """Qwen2.5-VL's smart resize: each side to whole 28-pixel squares, the pixels within [min_pixels, max_pixels]
+    (here 56x56 and 1280 squares: a large photo scaled down, a small one up), bicubic. Compared through
+    transformers' processor's own patches: of the image it resizes, and of the one the gateway resized."""
+    reference = transformers.Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    reference.save_pretrained(tmp_path)
+    ours = ImageProcessing.from_dir(tmp_path)
+    image = Image.fromarray((np.random.default_rng(sum(size)).random((size[1], size[0], 3)) * 255).astype(np.uint8))
+    expected = reference(images=image, return_tensors="np")
+    proto = ours.as_proto(image)
+    resized = Image.frombytes("RGB", (proto.width, proto.height), proto.rgb)
+    got = reference(images=resized, do_resize=False, return_tensors="np")
+    assert (got["image_grid_thw"] == expected["image_grid_thw"]).all()
+    np.testing.assert_allclose(got["pixel_values"], expected["pixel_values"], rtol=0, atol=1e-6)
+    pixels = given_images(common_pb2.SamplingParams(images=[proto]))[0].pixels().numpy()
+    assert pixels.shape == (3, *(expected["image_grid_thw"][0][1:] * 14))
+
+
 def test_settings_it_cannot_follow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no preprocessor_config.json"):
         ImageProcessing.from_dir(tmp_path)
@@ -73,3 +96,33 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     engine_params = SamplingParams(cache_salt=params.cache_salt)
     assert salted(engine_params, None, given_images(params)) is engine_params
     assert salted(SamplingParams(cache_salt="tenant"), None, given_images(params)).cache_salt == params.cache_salt
+
+
+def _png(seed: int, size: tuple[int, int] = (90, 60)) -> str:
+    pixels = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
+    saved = io.BytesIO()
+    Image.fromarray(pixels).save(saved, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
+
+
+def test_a_conversations_images_are_processed_once_and_the_least_used_left_out(tmp_path):
+    """vLLM's --mm-processor-cache-gb: an image sent again (the next turn) is the one made before, its digest
+    the one hashing it anew gives; past the cache's bytes the least recently used is made again."""
+    from prometheus_client import REGISTRY
+
+    from services.gateway.given_embeddings import GivenImages
+    from services.gateway.image_inputs import ChatImages, ProcessedImageCache
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    images = ChatImages(ImageProcessing.from_dir(tmp_path), cache=ProcessedImageCache(2 * 56 * 56 * 3))
+    hits = lambda: REGISTRY.get_sample_value("baton_gateway_mm_cache_hits_total") or 0  # noqa: E731
+    before = hits()
+    urls = [_png(seed) for seed in range(3)]
+    first = asyncio.run(images.read(urls[:2]))
+    again = asyncio.run(images.read([urls[1], urls[0]]))  # the first now the most recently used
+    assert again.images[0] is first.images[1] and again.images[1] is first.images[0] and hits() == before + 2
+    assert again.digest == GivenImages.of([image.proto for image in again.images]).digest != first.digest
+    asyncio.run(images.read([urls[2]]))  # the second image out
+    made_again = asyncio.run(images.read([urls[0], urls[1]]))  # the first found; the second made again
+    assert made_again.images[0] is first.images[0] and made_again.images[1] is not first.images[1]
+    assert made_again.digest == first.digest and hits() == before + 3

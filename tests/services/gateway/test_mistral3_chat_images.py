@@ -9,27 +9,30 @@ transformers' PixtralProcessor needs torchvision, which has no build for this to
 template's [IMG] marks as that processor does (`_expanded`), from the image sizes its image processor gives."""
 from __future__ import annotations
 
-import base64
-import io
 import json
 
 import httpx
-import numpy as np
 import openai
 import pytest
 import torch
-from PIL import Image
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
-from tests.services.gateway.mesh import GatewayProcess, running_mesh
+from tests.services.gateway.image_chats import (
+    MAX_TOKENS,
+    assert_same_reply,
+    data_url,
+    greedy_chat,
+    greedy_chat_by_a_local_gateway,
+    random_image,
+)
+from tests.services.gateway.mesh import running_mesh
 
 IMAGE, BREAK, END = "[IMG]", "[IMG_BREAK]", "[IMG_END]"
 SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
 MARKS = {IMAGE: 10, BREAK: 12, END: 13}
 PIXELS_PER_TOKEN = 8  # the processor's patch of 4, merged 2x2
 LONGEST_EDGE = 64
-MAX_TOKENS = 8
 # Mistral Small 3.1's template, shortened: a user message's parts in turn, an image part as [IMG].
 TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}[INST] "
             "{% if message['content'] is string %}{{ message['content'] }} {% else %}"
@@ -98,17 +101,6 @@ def client(vlm_mesh):
         yield client
 
 
-def _image(seed: int, size: tuple[int, int]) -> Image.Image:
-    pixels = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
-    return Image.fromarray(pixels)
-
-
-def _data_url(image: Image.Image) -> str:
-    saved = io.BytesIO()
-    image.save(saved, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
-
-
 def _expanded(text: str, image_sizes: list[tuple[int, int]]) -> str:
     """PixtralProcessor's: each [IMG] mark, in turn, made its image's rows of [IMG]s with a break after each
     row but the last, which ends with [IMG_END]."""
@@ -140,62 +132,41 @@ def _transformers_greedy(mistral3_vlm, content: list[dict]) -> tuple[list[int], 
     return tokens, logprobs, ids.shape[1]
 
 
-def _chat(client, model: str, content: list[dict]):
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                          max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=5,
-                                          extra_body={"ignore_eos": True, "return_token_ids": True,
-                                                      "return_tokens_as_token_ids": True})
-
-
-def _assert_same_reply(reply, expected: list[int], logprobs: list[torch.Tensor]) -> None:
-    choice = reply.choices[0]
-    assert choice.token_ids == expected
-    for position, entry in zip(logprobs, choice.logprobs.content, strict=True):
-        for top in entry.top_logprobs:
-            assert abs(top.logprob - float(position[int(top.token.removeprefix("token_id:"))])) < 1e-4
-
-
 def test_images_of_other_sizes_give_transformers_reply(vlm_mesh, client, mistral3_vlm):
     """A wide photo over the longest edge (scaled down to 64x24 pixels: 3 rows of 8 tokens), a small tall one
     from a file (scaled up to whole tokens: 16x40, 5 rows of 2)."""
     mesh, media = vlm_mesh
-    wide, tall = _image(1, (200, 70)), _image(2, (13, 37))
+    wide, tall = random_image(1, (200, 70)), random_image(2, (13, 37))
     tall.save(media / "tall.png")
-    reply = _chat(client, mesh.model_name, [
-        {"type": "text", "text": "w1 w2"}, {"type": "image_url", "image_url": {"url": _data_url(wide)}},
+    reply = greedy_chat(client, mesh.model_name, [
+        {"type": "text", "text": "w1 w2"}, {"type": "image_url", "image_url": {"url": data_url(wide)}},
         {"type": "text", "text": "w3"}, {"type": "image_url", "image_url": {"url": f"file://{media}/tall.png"}}])
     expected, logprobs, num_prompt = _transformers_greedy(mistral3_vlm, [
         {"type": "text", "text": "w1 w2"}, {"type": "image", "image": wide}, {"type": "text", "text": "w3"},
         {"type": "image", "image": tall}])
-    _assert_same_reply(reply, expected, logprobs)
+    assert_same_reply(reply, expected, logprobs)
     assert reply.usage.prompt_tokens == num_prompt == 6 + 3 * 9 + 5 * 3  # the words and marks, the two grids
     mesh.assert_decode_pools_free()
 
 
 def test_a_gateway_rendering_chats_itself_gives_the_same_reply(vlm_mesh, client, mistral3_vlm):
     mesh = vlm_mesh[0]
-    image = _image(3, (40, 64))
-    content = [{"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": "w5 w6"}]
-    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
-                             [d.address for d in mesh.decode])
-    try:
-        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as local:
-            reply = _chat(local, mesh.model_name, content)
-    finally:
-        assert gateway.terminate() == 0
+    image = random_image(3, (40, 64))
+    content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": "w5 w6"}]
+    reply = greedy_chat_by_a_local_gateway(mesh, content)
     expected, logprobs, _ = _transformers_greedy(mistral3_vlm, [{"type": "image", "image": image},
                                                                 {"type": "text", "text": "w5 w6"}])
-    _assert_same_reply(reply, expected, logprobs)
-    assert reply.choices[0].token_ids == _chat(client, mesh.model_name, content).choices[0].token_ids
+    assert_same_reply(reply, expected, logprobs)
+    assert reply.choices[0].token_ids == greedy_chat(client, mesh.model_name, content).choices[0].token_ids
 
 
 def test_the_same_image_again_hits_the_prefix_cache_and_another_of_its_size_does_not(vlm_mesh, client):
     mesh = vlm_mesh[0]
-    content = lambda seed: [{"type": "image_url", "image_url": {"url": _data_url(_image(seed, (64, 64)))}},  # noqa: E731
+    content = lambda seed: [{"type": "image_url", "image_url": {"url": data_url(random_image(seed, (64, 64)))}},  # noqa: E731
                             {"type": "text", "text": " ".join(f"w{i}" for i in range(30))}]
-    first = _chat(client, mesh.model_name, content(4))
-    again = _chat(client, mesh.model_name, content(4))
-    other = _chat(client, mesh.model_name, content(5))
+    first = greedy_chat(client, mesh.model_name, content(4))
+    again = greedy_chat(client, mesh.model_name, content(4))
+    other = greedy_chat(client, mesh.model_name, content(5))
     assert again.usage.prompt_tokens_details.cached_tokens >= 64
     assert other.usage.prompt_tokens_details.cached_tokens == 0
     assert again.choices[0].token_ids == first.choices[0].token_ids
@@ -204,7 +175,8 @@ def test_the_same_image_again_hits_the_prefix_cache_and_another_of_its_size_does
 def test_an_image_too_narrow_to_make_a_token_is_refused(vlm_mesh, client):
     mesh = vlm_mesh[0]
     with pytest.raises(openai.BadRequestError, match="too narrow"):
-        _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(_image(6, (400, 1)))}}])
+        greedy_chat(client, mesh.model_name,
+                    [{"type": "image_url", "image_url": {"url": data_url(random_image(6, (400, 1)))}}])
     mesh.assert_decode_pools_free()
 
 
@@ -212,9 +184,9 @@ def test_tokenize_and_count_tokens_count_an_images_grid(vlm_mesh, client):
     """vLLM's /tokenize and Anthropic's count_tokens read a chat's images to count their tokens, as many as
     their sizes make (here 2 rows of 5 tokens)."""
     mesh = vlm_mesh[0]
-    url = _data_url(_image(7, (40, 16)))
+    url = data_url(random_image(7, (40, 16)))
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w8"}]
-    prompt_tokens = _chat(client, mesh.model_name, content).usage.prompt_tokens
+    prompt_tokens = greedy_chat(client, mesh.model_name, content).usage.prompt_tokens
     assert prompt_tokens == 4 + 2 * 6  # <s> [INST] w8 [/INST], and the image
     tokenized = httpx.post(f"{mesh.gateway.base_url}/tokenize",
                            json={"model": mesh.model_name, "messages": [{"role": "user", "content": content}]}).json()
@@ -231,7 +203,7 @@ def test_a_truncated_conversation_keeps_its_last_turns_images(vlm_mesh, client):
     """The Responses API's truncation "auto" counts each turn's images by their sizes, and what is left out
     takes its images with it: the reply is chat's to the last turn alone."""
     mesh = vlm_mesh[0]
-    first, last = _data_url(_image(8, (64, 64))), _data_url(_image(9, (24, 48)))
+    first, last = data_url(random_image(8, (64, 64))), data_url(random_image(9, (24, 48)))
     long_text = " ".join(f"w{i % 400}" for i in range(1990))  # with its image, more than the context of 2048
     response = client.responses.create(model=mesh.model_name, max_output_tokens=MAX_TOKENS, temperature=0,
                                        truncation="auto", extra_body={"ignore_eos": True}, input=[
@@ -240,7 +212,7 @@ def test_a_truncated_conversation_keeps_its_last_turns_images(vlm_mesh, client):
         {"role": "assistant", "content": "w1"},
         {"role": "user", "content": [{"type": "input_image", "image_url": last},
                                      {"type": "input_text", "text": "w2"}]}])
-    expected = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": last}},
+    expected = greedy_chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": last}},
                                                {"type": "text", "text": "w2"}])
     assert response.output_text == expected.choices[0].message.content
     assert response.usage.input_tokens == expected.usage.prompt_tokens

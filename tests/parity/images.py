@@ -1,0 +1,40 @@
+"""What the parity tests of multimodal checkpoints share: their engines, their greedy tokens with images, and
+Qwen2.5-VL's tiny config (the end-to-end test's too)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.prompt_images import ImageInput
+from tests.parity.conftest import greedy_outputs
+
+Requests = dict[str, tuple[list[int], list[ImageInput]]]
+
+# Qwen2.5-VL's sizes, tiny: 4-pixel patches merged 2x2 (8-pixel squares), windows of 2x2 squares.
+QWEN2_5_VL_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, initializer_range=0.2,
+                       bos_token_id=1, eos_token_id=3,
+                       rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+QWEN2_5_VL_VISION = dict(hidden_size=32, intermediate_size=64, depth=4, num_heads=4, out_hidden_size=64, patch_size=4,
+                         spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1, 3])
+
+
+def image_engine(path, **options) -> LLMEngine:
+    return LLMEngine(EngineConfig(**{"model": str(path), "dtype": "float32", "num_kv_blocks": 64,
+                                     "max_num_batched_tokens": 512, **options}))
+
+
+def generate_with_images(engine: LLMEngine, requests: Requests, max_tokens: int) -> dict[str, list[int]]:
+    return greedy_outputs(engine, {request_id: (prompt, {"images": images})
+                                   for request_id, (prompt, images) in requests.items()}, max_tokens)
+
+
+def hf_greedy(logits_of: Callable[[list[int]], torch.Tensor], prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens by whole forward passes of transformers' model (`logits_of` ids: the last position's)."""
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        tokens.append(int(logits_of(prompt + tokens).argmax()))
+    return tokens

@@ -1,0 +1,162 @@
+"""Qwen2.5-VL against transformers' Qwen2_5_VLForConditionalGeneration on the same weights: its text model with
+multimodal RoPE (a text token's three positions one), and its images: the windowed tower and patch merger's rows
+in place of each image's run of tokens, placed by their time, height and width positions (the tokens after an
+image counting on from the position past its larger side); features, logits and greedy tokens, in one chunk or
+many, recomputed after a preemption; the pixels as transformers' Qwen2-VL image processor gives them."""
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from engine.prompt_images import ImageInput
+from engine.sampling_params import SamplingParams
+from tests.parity.conftest import transformers
+from tests.parity.images import (
+    QWEN2_5_VL_TEXT,
+    QWEN2_5_VL_VISION,
+    Requests,
+    generate_with_images,
+    hf_greedy,
+    image_engine,
+)
+
+IMAGE, VISION_START, VISION_END = 500, 498, 499
+PIXELS_PER_TOKEN = 8  # patches of 4 pixels, merged 2x2
+MAX_NEW_TOKENS = 8
+MEAN, STD = (0.48, 0.46, 0.41), (0.27, 0.26, 0.28)
+SIZES = [(32, 48), (16, 40), (40, 24)]  # (height, width): windows of 2x2 squares, some cut by the edge
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_vl(tmp_path_factory):
+    torch.manual_seed(41)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(
+        text_config=QWEN2_5_VL_TEXT, vision_config=QWEN2_5_VL_VISION, image_token_id=IMAGE,
+        vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)).eval()
+    with torch.no_grad():  # norms and biases off their init, so each one counts
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    model.generation_config.eos_token_id = None
+    path = tmp_path_factory.mktemp("qwen2_5_vl")
+    model.save_pretrained(path)
+    return path, model
+
+
+def _images(seed: int, sizes: list[tuple[int, int]]) -> list[ImageInput]:
+    g = torch.Generator().manual_seed(seed)
+    return [ImageInput(torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g), 1 / 255, MEAN, STD)
+            for h, w in sizes]
+
+
+def _prompt(seed: int, images: list[ImageInput]) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(3, 490, (n,), generator=g).tolist()  # noqa: E731
+    prompt = text(5)
+    for i, image in enumerate(images):
+        height, width = image.rgb.shape[:2]
+        prompt += [VISION_START, *[IMAGE] * (height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN)), VISION_END]
+        prompt += text(4 + i)
+    return prompt
+
+
+def _hf_inputs(images: list[ImageInput]) -> dict:
+    """What transformers' image processor makes of the same pixels (no resizing: they fit its grid)."""
+    if not images:
+        return {}
+    processor = transformers.Qwen2VLImageProcessorPil(do_resize=False, patch_size=4, merge_size=2,
+                                                      temporal_patch_size=2, image_mean=list(MEAN), image_std=list(STD))
+    out = processor(images=[Image.fromarray(image.rgb.numpy()) for image in images], return_tensors="pt")
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+def _hf_logits(model, ids: list[int], images: list[ImageInput]) -> torch.Tensor:
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        return model(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(),
+                     **_hf_inputs(images)).logits[0, -1]
+
+
+def _hf_greedy(model, prompt: list[int], images: list[ImageInput]) -> list[int]:
+    return hf_greedy(lambda ids: _hf_logits(model, ids, images), prompt, MAX_NEW_TOKENS)
+
+
+def _requests(seed: int) -> Requests:
+    three, one = _images(seed, SIZES), _images(seed + 1, [(24, 56)])
+    return {"three": (_prompt(seed, three), three), "one": (_prompt(seed + 1, one), one),
+            "text": (_prompt(seed, []), [])}
+
+
+def _generate(engine, requests: Requests) -> dict[str, list[int]]:
+    return generate_with_images(engine, requests, MAX_NEW_TOKENS)
+
+
+def test_image_rows_match_transformers_image_features(qwen2_5_vl):
+    path, model = qwen2_5_vl
+    encoder = image_engine(path).runner.image_encoder
+    images = _images(1, SIZES)
+    with torch.no_grad():
+        ref = model.model.get_image_features(**_hf_inputs(images)).pooler_output
+    ours = encoder.encode([image.pixels() for image in images])
+    for (height, width), rows, expected in zip(SIZES, ours, ref, strict=True):
+        assert rows.shape == (height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN), 64)
+        assert (rows - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("budget", [512, 16, 21])
+def test_greedy_tokens_with_images_match_transformers(qwen2_5_vl, budget):
+    path, model = qwen2_5_vl
+    requests = _requests(2)
+    results = _generate(image_engine(path, max_num_batched_tokens=budget), requests)
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+@pytest.mark.parametrize("budget", [512, 16])
+def test_first_and_later_token_logprobs_with_images_match_transformers(qwen2_5_vl, budget):
+    """Logprobs of the first token and of the third (two decode steps on, at positions past the images' larger
+    sides): a position off by one, an image's rows transposed, would leave tokens but not these numbers."""
+    path, model = qwen2_5_vl
+    images = _images(7, SIZES)
+    prompt = _prompt(7, images)
+    engine = image_engine(path, max_num_batched_tokens=budget)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=3, temperature=0.0, logprobs=20, ignore_eos=True),
+                       images=images)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    tokens = [t for out in outputs for t in out.new_token_ids]
+    logprobs = [lp for out in outputs for lp in out.new_logprobs]
+    for step in (0, 2):
+        ref = torch.log_softmax(_hf_logits(model, prompt + tokens[:step], images), dim=-1)
+        assert max(abs(logprob - float(ref[token])) for token, logprob in logprobs[step].items()) < 1e-4, step
+
+
+def test_images_computed_again_after_a_preemption_give_the_same_tokens(qwen2_5_vl):
+    path, model = qwen2_5_vl
+    requests = {}
+    for i in range(2):  # 64-token prompts: both admitted into 8 of the 9 pages, both past their 4th within 3 tokens
+        images = _images(5 + i, [(32, 32), (16, 24)])
+        prompt = _prompt(5 + i, images)
+        requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
+    engine = image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
+    results = _generate(engine, requests)
+    assert engine.scheduler.num_preemptions > 0
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+def test_images_the_prompt_does_not_place_are_refused(qwen2_5_vl):
+    path, _ = qwen2_5_vl
+    engine = image_engine(path)
+    params = SamplingParams(max_tokens=4)
+    image = _images(6, [(32, 48)])
+    refusals = {
+        "an image takes 24 image tokens, the prompt has 20": ([1, VISION_START, *[IMAGE] * 20, VISION_END], image),
+        "sides of whole multiples of 8 pixels": (_prompt(6, image), _images(6, [(32, 44)])),
+    }
+    for message, (prompt, images) in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            engine.add_request("r", prompt, params, images=images)
+    assert not engine.has_unfinished_requests()

@@ -1,0 +1,56 @@
+"""What the end-to-end tests of multimodal models share: a chat of one user message asked greedily with its top
+logprobs, its images' data: URLs, and its reply held to transformers' tokens and logprobs."""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import torch
+from PIL import Image
+
+from tests.services.gateway.mesh import GatewayProcess
+
+MAX_TOKENS = 8
+
+
+def random_image(seed: int, size: tuple[int, int]) -> Image.Image:
+    """(width, height) of random RGB pixels."""
+    return Image.fromarray((np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8))
+
+
+def data_url(image: Image.Image) -> str:
+    saved = io.BytesIO()
+    image.save(saved, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
+
+
+def greedy_chat(client, model: str, content: list[dict]):
+    """MAX_TOKENS greedy tokens past EOS, their ids and top-5 logprobs by id."""
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=5,
+                                          extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                      "return_tokens_as_token_ids": True})
+
+
+def assert_same_reply(reply, expected: list[int], logprobs: list[torch.Tensor]) -> None:
+    """The tokens, and every top logprob of each within 1e-4 of transformers' (the tokens alone are not enough: a
+    tiny model's greedy tokens barely move with its images' pixels)."""
+    choice = reply.choices[0]
+    assert choice.token_ids == expected
+    for position, entry in zip(logprobs, choice.logprobs.content, strict=True):
+        for top in entry.top_logprobs:
+            assert abs(top.logprob - float(position[int(top.token.removeprefix("token_id:"))])) < 1e-4
+
+
+def greedy_chat_by_a_local_gateway(mesh, content: list[dict]):
+    """`greedy_chat`'s reply from a second gateway over the same workers, one that renders short chats itself
+    (the mesh's asks its tokenizer service)."""
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode])
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as local:
+            return greedy_chat(local, mesh.model_name, content)
+    finally:
+        assert gateway.terminate() == 0

@@ -1,0 +1,131 @@
+"""Qwen2.5-VL's images through the mesh, by the `openai` client: a tiny Qwen2_5_VLForConditionalGeneration with its
+tokenizer, chat template and Qwen2-VL image processor saved by transformers. Images are smart-resized to whole
+8-pixel squares (the tiny tower's 4-pixel patches merged 2x2) within the processor's pixel bounds, and take one
+run of <|image_pad|> tokens a square, placed by multimodal RoPE; greedy tokens and their top logprobs equal
+transformers' on what its image processor makes of the same images.
+
+transformers' Qwen2_5_VLProcessor needs torchvision (its video processor), which has no build for this torch
+here: the test expands the template's <|image_pad|> marks as that processor does (`_expanded`)."""
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from tests.parity.conftest import transformers
+from tests.parity.images import QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION
+from tests.services.gateway.image_chats import (
+    MAX_TOKENS,
+    assert_same_reply,
+    data_url,
+    greedy_chat,
+    greedy_chat_by_a_local_gateway,
+    random_image,
+)
+from tests.services.gateway.mesh import running_mesh
+
+IMAGE, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
+SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MARKS = {VISION_START: 498, VISION_END: 499, IMAGE: 500}
+PIXELS_PER_TOKEN = 8
+MIN_PIXELS, MAX_PIXELS = 16 * 16, 40 * 8 * 8  # at most 40 squares an image
+# Qwen2-VL's template, shortened: a message's parts in turn, an image part as its vision marks.
+TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }} {% if message['content'] is string %}"
+            "{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+            "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+            "{% elif content['type'] == 'text' %}{{ content['text'] }} {% endif %}{% endfor %}{% endif %}<|im_end|> "
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+
+
+def _tokenizer() -> transformers.PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(SPECIALS)}
+    vocab.update({f"w{i}": 10 + i for i in range(480)} | {"user": 495, "assistant": 496} | MARKS)
+    vocab.update({f"unused{i}": i for i in range(512) if i not in vocab.values()})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in [*SPECIALS, *MARKS]])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+                                                unk_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def qwen_vlm(tmp_path_factory):
+    torch.manual_seed(51)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(
+        text_config=QWEN2_5_VL_TEXT, vision_config=QWEN2_5_VL_VISION, image_token_id=MARKS[IMAGE],
+        vision_start_token_id=MARKS[VISION_START], vision_end_token_id=MARKS[VISION_END])).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    path = tmp_path_factory.mktemp("qwen2_5_vl")
+    model.save_pretrained(path)
+    tokenizer = _tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    image_processor = transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                                                            min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    image_processor.save_pretrained(path)
+    return path, model, tokenizer, image_processor
+
+
+@pytest.fixture(scope="module")
+def vlm_mesh(qwen_vlm):
+    """Chats rendered by the tokenizer service (the gateway renders none itself)."""
+    with running_mesh(qwen_vlm[0], num_prefill=1, num_decode=1, worker_args=("--dtype", "float32"),
+                      gateway_args=("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0")) as mesh:
+        yield mesh
+
+
+def _expanded(text: str, grids: list[list[int]]) -> str:
+    """Qwen2_5_VLProcessor's: each <|image_pad|> mark, in turn, made one for each square of its image (t * h * w
+    patches over the 2x2 merge)."""
+    pieces = text.split(IMAGE)
+    return pieces[0] + "".join(IMAGE * (t * h * w // 4) + after for (t, h, w), after in zip(grids, pieces[1:],
+                                                                                            strict=True))
+
+
+def _transformers_greedy(qwen_vlm, content: list[dict]) -> tuple[list[int], list[torch.Tensor], int]:
+    _, model, tokenizer, image_processor = qwen_vlm
+    inputs = image_processor(images=[part["image"] for part in content if part["type"] == "image"],
+                             return_tensors="pt")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = tokenizer(_expanded(text, inputs["image_grid_thw"].tolist()), add_special_tokens=False,
+                    return_tensors="pt")["input_ids"]
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
+            logits = model(input_ids=current, pixel_values=inputs["pixel_values"],
+                           image_grid_thw=inputs["image_grid_thw"],
+                           mm_token_type_ids=(current == MARKS[IMAGE]).int()).logits
+            tokens.append(int(logits[0, -1].argmax()))
+            logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
+    return tokens, logprobs, ids.shape[1]
+
+
+def test_images_of_other_sizes_give_transformers_reply(vlm_mesh, qwen_vlm):
+    """A wide photo over the pixel bound (scaled down to at most 40 squares), a tiny one under it (scaled up)."""
+    wide, tiny = random_image(1, (300, 90)), random_image(2, (9, 13))
+    with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        reply = greedy_chat(client, vlm_mesh.model_name, [
+            {"type": "text", "text": "w1 w2"}, {"type": "image_url", "image_url": {"url": data_url(wide)}},
+            {"type": "text", "text": "w3"}, {"type": "image_url", "image_url": {"url": data_url(tiny)}}])
+    expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
+        {"type": "text", "text": "w1 w2"}, {"type": "image", "image": wide}, {"type": "text", "text": "w3"},
+        {"type": "image", "image": tiny}])
+    assert_same_reply(reply, expected, logprobs)
+    assert reply.usage.prompt_tokens == num_prompt
+    vlm_mesh.assert_decode_pools_free()
+
+
+def test_a_gateway_rendering_chats_itself_gives_the_same_reply(vlm_mesh, qwen_vlm):
+    image = random_image(3, (40, 64))
+    content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": "w5 w6"}]
+    reply = greedy_chat_by_a_local_gateway(vlm_mesh, content)
+    expected, logprobs, _ = _transformers_greedy(qwen_vlm, [{"type": "image", "image": image},
+                                                            {"type": "text", "text": "w5 w6"}])
+    assert_same_reply(reply, expected, logprobs)
