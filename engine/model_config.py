@@ -81,6 +81,7 @@ class ModelConfig:
     # Multimodal RoPE's (Qwen2.5-VL's): a head's frequencies turned by a token's time, height and width positions,
     # so many each; None: one position a token. A text token's three are one, as a 1D position turns them all.
     mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False  # the sections interleaved over a head's frequencies (Qwen3-VL's), not in turn
 
     @property
     def pooling(self) -> str:

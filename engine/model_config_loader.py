@@ -49,7 +49,7 @@ from engine.moe_config import (
 )
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
-from engine.rope_config import PHI3, mrope_section, partial_rotary_factor, rope_scaling
+from engine.rope_config import PHI3, mrope_interleaved, mrope_section, partial_rotary_factor, rope_scaling
 
 
 class ModelConfigError(ValueError):
@@ -176,6 +176,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
             mrope_section=section,
+            mrope_interleaved=mrope_interleaved(cfg) or (multimodal is not None and multimodal.interleaved_mrope),
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e

@@ -1,5 +1,5 @@
 """Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
-(Gemma 3's, Mistral 3's and Qwen2.5-VL's: engine/vision/); Llama 4's requests are text or token ids.
+(Gemma 3's, Mistral 3's, Qwen2.5-VL's and Qwen3-VL's: engine/vision/); Llama 4's requests are text or token ids.
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -16,6 +16,7 @@ from engine.vision.vision_config import (
     gemma3_vision_config,
     mistral3_vision_config,
     qwen2_5_vl_vision_config,
+    qwen3_vl_vision_config,
 )
 
 
@@ -30,6 +31,8 @@ class MultimodalCheckpoint:
     text_defaults: Mapping[str, Any] = field(default_factory=dict)
     # Its images' encoder settings from config.json, where Baton serves its images (engine/vision/); None: text only.
     vision_config: Callable[[dict], VisionConfig] | None = None
+    # Its multimodal RoPE's sections interleaved over a head's frequencies (Qwen3-VL's), whatever config.json says.
+    interleaved_mrope: bool = False
 
     def text_name(self, name: str) -> str | None:
         """The text model's name of checkpoint tensor `name`; None for a tensor of the vision side."""
@@ -77,6 +80,11 @@ MULTIMODAL = {
         text_architecture=lambda text_config: "Qwen2ForCausalLM",
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen2_5_vl_vision_config),
+    # As released and as transformers 5 saves it: its text model Qwen3's, with interleaved multimodal RoPE.
+    "Qwen3VLForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=lambda text_config: "Qwen3ForCausalLM",
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 def given_in(given: tuple[tuple[int, torch.Tensor], ...], first_row: int, start: int, n: int
@@ -31,13 +32,26 @@ class GivenEmbeddings:
 
     @classmethod
     def of(cls, pieces: list[tuple[int, torch.Tensor]], device: torch.device) -> GivenEmbeddings | None:
-        """From each chunk's (first row, its given rows); None when the step has none."""
+        """From each chunk's (first row, its given rows); None when the step has none. Rows narrower than others
+        (a prompt's embeddings beside Qwen3-VL's images and their DeepStack) add nothing to the layers after."""
         if not pieces:
             return None
         rows = [first + i for first, values in pieces for i in range(values.shape[0])]
+        width = max(values.shape[1] for _, values in pieces)
         return cls(torch.tensor(rows, dtype=torch.int64, device=device),
-                   torch.cat([values for _, values in pieces]).to(device))
+                   torch.cat([F.pad(values, (0, width - values.shape[1])) for _, values in pieces]).to(device))
 
     def placed(self, embedded: torch.Tensor) -> torch.Tensor:
         """`embedded` (the step's token embeddings) with the given rows in their places."""
-        return embedded.index_copy(0, self.rows, self.values.to(embedded.dtype))
+        return embedded.index_copy(0, self.rows, self.values[:, :embedded.shape[1]].to(embedded.dtype))
+
+    def num_added_layers(self, hidden_size: int) -> int:
+        """How many of the model's first layers' outputs take more of these rows (Qwen3-VL's DeepStack)."""
+        return self.values.shape[1] // hidden_size - 1
+
+    def added_after(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """`h` (the step's states out of `layer`, one of the first `num_added_layers`) with the given rows' share
+        for that layer added at their places, as transformers' Qwen3VLTextModel adds its DeepStack rows."""
+        width = h.shape[1]
+        added = self.values[:, width * (layer + 1):width * (layer + 2)]
+        return h.index_add(0, self.rows, added.to(h.dtype))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.block_hash import image_digest, images_digest
-from engine.vision.vision_config import GEMMA3, QWEN2_5_VL
+from engine.vision.vision_config import GEMMA3, QWENS
 
 if TYPE_CHECKING:
     from engine import sequence
@@ -132,13 +132,13 @@ def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int], imag
                   ) -> tuple[tuple[PlacedImage, ...], tuple[tuple[int, int], ...], MRoPEPositions | None]:
     """A prompt's images (as `check_images` passed them) with their runs of image tokens, the spans their
     tokens attend bidirectionally in (Gemma 3's runs; none of Mistral 3's), and the prompt's multimodal RoPE
-    positions where the model has them (Qwen2.5-VL's; else None)."""
+    positions where the model has them (Qwen2.5-VL's and Qwen3-VL's; else None)."""
     if not images:
         return (), (), None
     dealt = _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
     placed = tuple(PlacedImage(runs, image) for runs, image in zip(dealt, images, strict=True))
     spans = tuple(run for runs in dealt for run in runs) if vision.bidirectional else ()
-    rope = mrope_positions(vision, len(prompt_token_ids), placed) if vision.family == QWEN2_5_VL else None
+    rope = mrope_positions(vision, len(prompt_token_ids), placed) if vision.family in QWENS else None
     return placed, spans, rope
 
 

@@ -87,3 +87,10 @@ def mrope_section(cfg: dict) -> tuple[int, ...] | None:
     scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
     section = scaling.get("mrope_section")
     return tuple(int(n) for n in section) if section else None
+
+
+def mrope_interleaved(cfg: dict) -> bool:
+    """Whether multimodal RoPE's sections interleave over a head's frequencies (Qwen3-VL's: time, height, width,
+    time, ...) rather than follow one another (Qwen2.5-VL's)."""
+    scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
+    return bool(scaling.get("mrope_interleaved"))

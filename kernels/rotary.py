@@ -128,3 +128,17 @@ def apply_rope_torch(
     if turning is not qk:
         turned = torch.cat((turned, qk[..., rotary_dim:]), dim=-1)
     return turned.split((q.shape[1], k.shape[1]), dim=1)
+
+
+def mrope_kinds(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
+    """Multimodal RoPE's: which of a token's positions (0 time, 1 height, 2 width) turns each of a head's
+    dimensions [2 x sum(section)]: the sections in turn (Qwen2.5-VL's), or interleaved, time, height, width, time,
+    ... while each lasts, time after (Qwen3-VL's); both halves of a head alike."""
+    num = sum(section)
+    if interleaved:
+        kinds = torch.zeros(num, dtype=torch.int64)
+        for kind in (1, 2):
+            kinds[kind:section[kind] * 3:3] = kind
+    else:
+        kinds = torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section))
+    return torch.cat([kinds, kinds])

@@ -21,7 +21,7 @@ from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
-from kernels.rotary import build_rope_cache
+from kernels.rotary import build_rope_cache, mrope_kinds
 
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 
@@ -41,6 +41,9 @@ class LlamaForCausalLM(nn.Module):
         # A sequence classifier's head (`score`): a row of logits per label from the last hidden state.
         self.classifier = (empty_param(len(config.labels), config.hidden_size, dtype=dtype)
                            if config.labels and not config.classifier_tokens else None)
+        if config.mrope_section is not None:
+            self.register_buffer("mrope_kinds", mrope_kinds(config.mrope_section, config.mrope_interleaved),
+                                 persistent=False)
         cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -66,8 +69,11 @@ class LlamaForCausalLM(nn.Module):
         if given is not None:
             h = given.placed(h)
         h = self._scaled_inputs(h)
-        for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, self._ropes(positions)):
+        num_added = given.num_added_layers(h.shape[1]) if given is not None else 0
+        for i, (layer, kv_cache, (cos, sin)) in enumerate(zip(self.layers, kv_caches, self._ropes(positions))):
             h = layer(h, cos, sin, kv_cache, meta)
+            if i < num_added:
+                h = given.added_after(i, h)
         return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -128,10 +134,11 @@ class LlamaForCausalLM(nn.Module):
                 else full for i, layer in enumerate(self.layers)]
 
     def _mrope(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[T, D] of `table` (cos or sin by position), each section of it (both halves of a head alike) at the
-        position of its kind: time, height, width, in turn (transformers' apply_multimodal_rotary_pos_emb)."""
-        sections = table[positions].split(list(self.config.mrope_section) * 2, dim=-1)
-        return torch.cat([section[i % 3] for i, section in enumerate(sections)], dim=-1)
+        """[T, D] of `table` (cos or sin by position), each of a head's dimensions at the position of its kind
+        (`mrope_kinds`)."""
+        by_kind = table[positions]  # [3, T, D]
+        kinds = self.mrope_kinds.view(1, 1, -1).expand(1, *by_kind.shape[1:])
+        return by_kind.gather(0, kinds)[0]
 
     def make_classifier(self, token_ids: list[int]) -> None:
         """The classification head from the LM head's rows of `token_ids` (ModelConfig.classifier_tokens):

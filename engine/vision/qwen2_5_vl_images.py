@@ -92,7 +92,27 @@ class QwenVisionBlock(nn.Module):
         return h + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
 
 
-class Qwen2_5_VLImageEncoder(nn.Module):
+class QwenImageEncoder(nn.Module):
+    """What Qwen's image encoders share: their tensors under `visual.` (as released; under `model.visual.` as
+    transformers 5 saves them), and images encoded one at a time (their sizes differ)."""
+
+    def encode(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's rows."""
+        return [self(image) for image in pixels]
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str | None:
+        """Its name for checkpoint tensor `name`; None for another."""
+        name = name.removeprefix("model.")
+        return name if name.startswith(TOWER) else None
+
+    @staticmethod
+    def put(target: torch.Tensor, tensors: dict[str, torch.Tensor], *names: str) -> None:
+        """`target` from the tower's tensors `names` (under `visual.`), concatenated."""
+        put_tensor(target, tensors, *(TOWER + name for name in names))
+
+
+class Qwen2_5_VLImageEncoder(QwenImageEncoder):
     def __init__(self, config: VisionConfig, text_hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
         hidden, merge, patch = config.hidden_size, config.spatial_merge_size, config.patch_size
@@ -126,21 +146,10 @@ class Qwen2_5_VLImageEncoder(nn.Module):
         return F.linear(F.gelu(F.linear(squares, self.merge1_weight, self.merge1_bias)), self.merge2_weight,
                         self.merge2_bias)
 
-    def encode(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each image's rows, one image at a time (their sizes differ)."""
-        return [self(image) for image in pixels]
-
-    @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        """Its name for checkpoint tensor `name`, as released (under `visual.`) or as transformers 5 saves it
-        (`model.visual.`); None for another."""
-        name = name.removeprefix("model.")
-        return name if name.startswith(TOWER) else None
-
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """`tensors` by `checkpoint_name` (each block's gate and up fused as they load)."""
         def put(target: torch.Tensor, *names: str) -> None:
-            put_tensor(target, tensors, *(TOWER + name for name in names))
+            self.put(target, tensors, *names)
 
         put(self.patch_weight, "patch_embed.proj.weight")
         for i, block in enumerate(self.blocks):

@@ -5,19 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GEMMA3, PIXTRAL, QWEN2_5_VL = "gemma3", "pixtral", "qwen2_5_vl"
+GEMMA3, PIXTRAL, QWEN2_5_VL, QWEN3_VL = "gemma3", "pixtral", "qwen2_5_vl", "qwen3_vl"
+QWENS = (QWEN2_5_VL, QWEN3_VL)  # images of any size in whole squares, one run of tokens, placed by multimodal RoPE
 
 
 @dataclass(frozen=True)
 class VisionConfig:
     # GEMMA3: a SigLIP tower pooled to a fixed size; PIXTRAL: Mistral 3's tower, any size; QWEN2_5_VL: Qwen2.5-VL's
-    # windowed tower, any size, its rows placed by multimodal RoPE (ModelConfig.mrope_section).
+    # windowed tower, any size, its rows placed by multimodal RoPE (ModelConfig.mrope_section); QWEN3_VL: Qwen3-VL's,
+    # learnt positions resampled to the image, its rows placed so and added to the text model's first layers' too.
     family: str
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_heads: int
-    image_size: int  # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side; QWEN2_5_VL: 0
+    image_size: int  # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side; QWENS: 0
     patch_size: int
     layer_norm_eps: float
     hidden_act: str
@@ -31,12 +33,16 @@ class VisionConfig:
     projector_act: str = "gelu"
     projector_bias: bool = False
     projector_norm_eps: float = 1e-5
-    # QWEN2_5_VL: frames a patch spans (an image its one frame repeated), the pixels on a side of the windows
-    # most layers attend within, the layers that attend over the whole image, and its rows' width.
+    # QWENS: frames a patch spans (an image its one frame repeated) and its rows' width; QWEN2_5_VL: the pixels on
+    # a side of the windows most layers attend within, the layers that attend over the whole image.
     temporal_patch_size: int = 1
     window_size: int = 0
     full_attention_layers: tuple[int, ...] = ()
     out_hidden_size: int = 0
+    # QWEN3_VL: its learnt positions (a square grid of them), and the tower layers whose states, merged, are added
+    # to the text model's first layers' outputs at the image's tokens (DeepStack), one layer each in turn.
+    num_position_embeddings: int = 0
+    deepstack_layers: tuple[int, ...] = ()
 
     @property
     def patches_per_side(self) -> int:
@@ -58,7 +64,7 @@ class VisionConfig:
         each row ended by a break token (the last by an end token), as transformers' PixtralProcessor writes them."""
         if self.family == GEMMA3:
             return 1, self.tokens_per_image
-        if self.family == QWEN2_5_VL:  # one run, row-major
+        if self.family in QWENS:  # one run, row-major
             return 1, (height // self.pixels_per_row) * (width // self.pixels_per_row)
         return height // self.pixels_per_row, width // self.pixels_per_row
 
@@ -69,7 +75,7 @@ class VisionConfig:
             side = self.image_size
             return None if (height, width) == (side, side) else f"must be {side}x{side} pixels"
         step = self.pixels_per_row
-        if self.family == QWEN2_5_VL:
+        if self.family in QWENS:
             return None if height > 0 and width > 0 and not height % step and not width % step else \
                 f"must have sides of whole multiples of {step} pixels"
         most = -(-self.image_size // step) * step  # the processor rounds a side up to a whole row's pixels
@@ -173,4 +179,37 @@ def qwen2_5_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
     if config.window_size % config.pixels_per_row:
         raise ValueError(f"vision_config.window_size {config.window_size} must be a multiple of "
                          f"{config.pixels_per_row}")
+    return config
+
+
+# Qwen3VLVisionConfig's, where config.json leaves them out.
+QWEN3_VL_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
+                     "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                     "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24],
+                     "hidden_act": "gelu_pytorch_tanh"}
+
+
+def qwen3_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Qwen3-VL's (Qwen3VLForConditionalGeneration's config.json): a tower over an image of any size in whole
+    32-pixel squares, learnt positions resampled to its grid, each square's four patches merged into one row, and
+    rows merged from some of its layers (DeepStack). ValueError for settings not served."""
+    vision = {**QWEN3_VL_DEFAULTS, **(cfg.get("vision_config") or {})}
+    rope = vision.get("rope_parameters") or {}
+    config = VisionConfig(
+        family=QWEN3_VL, hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
+        num_layers=int(vision["depth"]), num_heads=int(vision["num_heads"]), image_size=0,
+        patch_size=int(vision["patch_size"]), layer_norm_eps=1e-6, hidden_act=vision["hidden_act"],
+        image_token_id=int(cfg.get("image_token_id", 151_655)), num_channels=int(vision["in_channels"]),
+        spatial_merge_size=int(vision["spatial_merge_size"]), rope_theta=float(rope.get("rope_theta", 10_000.0)),
+        temporal_patch_size=int(vision["temporal_patch_size"]),
+        out_hidden_size=int(vision.get("out_hidden_size", (cfg.get("text_config") or cfg).get("hidden_size", 0))),
+        num_position_embeddings=int(vision["num_position_embeddings"]),
+        deepstack_layers=tuple(int(i) for i in vision["deepstack_visual_indexes"]))
+    if config.hidden_act != "gelu_pytorch_tanh":
+        raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (gelu_pytorch_tanh only)")
+    if (config.hidden_size // config.num_heads) % 4:
+        raise ValueError("vision_config's head size must be a multiple of 4 (2D RoPE)")
+    side = round(config.num_position_embeddings ** 0.5)
+    if side * side != config.num_position_embeddings:
+        raise ValueError(f"vision_config.num_position_embeddings {config.num_position_embeddings} is not a square")
     return config

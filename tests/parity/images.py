@@ -1,5 +1,5 @@
 """What the parity tests of multimodal checkpoints share: their engines, their greedy tokens with images, and
-Qwen2.5-VL's tiny config (the end-to-end test's too)."""
+Qwen2.5-VL's and Qwen3-VL's tiny configs (the end-to-end test's too)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -20,6 +20,18 @@ QWEN2_5_VL_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=
                        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
 QWEN2_5_VL_VISION = dict(hidden_size=32, intermediate_size=64, depth=4, num_heads=4, out_hidden_size=64, patch_size=4,
                          spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1, 3])
+# Qwen3-VL's: its text model Qwen3's (q/k norms, head_dim 16: the interleaved sections' last cut short, as in
+# transformers), learnt positions on a 4x4 grid, DeepStack from the tower's layers 0 and 2 into the first two.
+QWEN3_VL_TEXT = dict(QWEN2_5_VL_TEXT, num_hidden_layers=3, head_dim=16,
+                     rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True,
+                                      "rope_theta": 10000.0})
+QWEN3_VL_VISION = dict(hidden_size=32, intermediate_size=64, depth=4, num_heads=4, out_hidden_size=64, patch_size=4,
+                       spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                       deepstack_visual_indexes=[0, 2])
+QWEN_VL = {  # config class, model class, tiny text and vision settings
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", QWEN3_VL_TEXT, QWEN3_VL_VISION),
+}
 
 
 def image_engine(path, **options) -> LLMEngine:

@@ -1,11 +1,13 @@
-"""Qwen2.5-VL's images through the mesh, by the `openai` client: a tiny Qwen2_5_VLForConditionalGeneration with its
-tokenizer, chat template and Qwen2-VL image processor saved by transformers. Images are smart-resized to whole
+"""Qwen2.5-VL's and Qwen3-VL's images through the mesh, by the `openai` client: a tiny
+Qwen2_5_VLForConditionalGeneration and Qwen3VLForConditionalGeneration with their tokenizer, chat template and
+Qwen2-VL image processor saved by transformers. Images are smart-resized to whole
 8-pixel squares (the tiny tower's 4-pixel patches merged 2x2) within the processor's pixel bounds, and take one
 run of <|image_pad|> tokens a square, placed by multimodal RoPE; greedy tokens and their top logprobs equal
 transformers' on what its image processor makes of the same images.
 
-transformers' Qwen2_5_VLProcessor needs torchvision (its video processor), which has no build for this torch
-here: the test expands the template's <|image_pad|> marks as that processor does (`_expanded`)."""
+transformers' Qwen2_5_VLProcessor and Qwen3VLProcessor need torchvision (their video processors), which has no
+build for this torch here: the test expands the template's <|image_pad|> marks as those processors do
+(`_expanded`)."""
 from __future__ import annotations
 
 import openai
@@ -14,7 +16,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
-from tests.parity.images import QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION
+from tests.parity.images import QWEN_VL
 from tests.services.gateway.image_chats import (
     MAX_TOKENS,
     assert_same_reply,
@@ -50,17 +52,18 @@ def _tokenizer() -> transformers.PreTrainedTokenizerFast:
                                                 unk_token="<unk>")
 
 
-@pytest.fixture(scope="module")
-def qwen_vlm(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(QWEN_VL))
+def qwen_vlm(request, tmp_path_factory):
+    config_class, model_class, text, vision = QWEN_VL[request.param]
     torch.manual_seed(51)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(
-        text_config=QWEN2_5_VL_TEXT, vision_config=QWEN2_5_VL_VISION, image_token_id=MARKS[IMAGE],
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(
+        text_config=text, vision_config=vision, image_token_id=MARKS[IMAGE],
         vision_start_token_id=MARKS[VISION_START], vision_end_token_id=MARKS[VISION_END])).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or "ln_q" in name:
                 p.add_(torch.randn_like(p) * 0.3)
-    path = tmp_path_factory.mktemp("qwen2_5_vl")
+    path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
     tokenizer = _tokenizer()
     tokenizer.chat_template = TEMPLATE

@@ -1,8 +1,10 @@
-"""Qwen2.5-VL against transformers' Qwen2_5_VLForConditionalGeneration on the same weights: its text model with
-multimodal RoPE (a text token's three positions one), and its images: the windowed tower and patch merger's rows
-in place of each image's run of tokens, placed by their time, height and width positions (the tokens after an
-image counting on from the position past its larger side); features, logits and greedy tokens, in one chunk or
-many, recomputed after a preemption; the pixels as transformers' Qwen2-VL image processor gives them."""
+"""Qwen2.5-VL and Qwen3-VL against transformers' Qwen2_5_VLForConditionalGeneration and
+Qwen3VLForConditionalGeneration on the same weights: their text models with multimodal RoPE (a text token's three
+positions one; Qwen3-VL's sections interleaved), and their images: the tower and patch merger's rows in place of
+each image's run of tokens (Qwen2.5-VL's windowed tower; Qwen3-VL's with learnt positions resampled to the image,
+and DeepStack's rows added to the text model's first layers), placed by their time, height and width positions (the
+tokens after an image counting on from the position past its larger side); features, logits and greedy tokens, in
+one chunk or many, recomputed after a preemption; the pixels as transformers' Qwen2-VL image processor gives them."""
 from __future__ import annotations
 
 import pytest
@@ -13,8 +15,7 @@ from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import transformers
 from tests.parity.images import (
-    QWEN2_5_VL_TEXT,
-    QWEN2_5_VL_VISION,
+    QWEN_VL,
     Requests,
     generate_with_images,
     hf_greedy,
@@ -28,18 +29,19 @@ MEAN, STD = (0.48, 0.46, 0.41), (0.27, 0.26, 0.28)
 SIZES = [(32, 48), (16, 40), (40, 24)]  # (height, width): windows of 2x2 squares, some cut by the edge
 
 
-@pytest.fixture(scope="module")
-def qwen2_5_vl(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(QWEN_VL))
+def qwen_vl(request, tmp_path_factory):
+    config_class, model_class, text, vision = QWEN_VL[request.param]
     torch.manual_seed(41)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(
-        text_config=QWEN2_5_VL_TEXT, vision_config=QWEN2_5_VL_VISION, image_token_id=IMAGE,
-        vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)).eval()
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(
+        text_config=text, vision_config=vision, image_token_id=IMAGE, vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END)).eval()
     with torch.no_grad():  # norms and biases off their init, so each one counts
         for name, p in model.named_parameters():
             if "norm" in name or "ln_q" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.3)
     model.generation_config.eos_token_id = None
-    path = tmp_path_factory.mktemp("qwen2_5_vl")
+    path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
     return path, model
 
@@ -92,21 +94,25 @@ def _generate(engine, requests: Requests) -> dict[str, list[int]]:
     return generate_with_images(engine, requests, MAX_NEW_TOKENS)
 
 
-def test_image_rows_match_transformers_image_features(qwen2_5_vl):
-    path, model = qwen2_5_vl
+def test_image_rows_match_transformers_image_features(qwen_vl):
+    path, model = qwen_vl
     encoder = image_engine(path).runner.image_encoder
     images = _images(1, SIZES)
     with torch.no_grad():
-        ref = model.model.get_image_features(**_hf_inputs(images)).pooler_output
+        features = model.model.get_image_features(**_hf_inputs(images))
+    # Qwen3-VL's DeepStack rows beside the input's, layer by layer.
+    deepstack = getattr(features, "deepstack_features", None) or []
+    ref = [torch.cat([rows, *(layer[i] for layer in deepstack)], dim=-1)
+           for i, rows in enumerate(features.pooler_output)]
     ours = encoder.encode([image.pixels() for image in images])
     for (height, width), rows, expected in zip(SIZES, ours, ref, strict=True):
-        assert rows.shape == (height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN), 64)
+        assert rows.shape == (height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN), 64 * (1 + len(deepstack)))
         assert (rows - expected).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("budget", [512, 16, 21])
-def test_greedy_tokens_with_images_match_transformers(qwen2_5_vl, budget):
-    path, model = qwen2_5_vl
+def test_greedy_tokens_with_images_match_transformers(qwen_vl, budget):
+    path, model = qwen_vl
     requests = _requests(2)
     results = _generate(image_engine(path, max_num_batched_tokens=budget), requests)
     for request_id, (prompt, images) in requests.items():
@@ -114,10 +120,10 @@ def test_greedy_tokens_with_images_match_transformers(qwen2_5_vl, budget):
 
 
 @pytest.mark.parametrize("budget", [512, 16])
-def test_first_and_later_token_logprobs_with_images_match_transformers(qwen2_5_vl, budget):
+def test_first_and_later_token_logprobs_with_images_match_transformers(qwen_vl, budget):
     """Logprobs of the first token and of the third (two decode steps on, at positions past the images' larger
     sides): a position off by one, an image's rows transposed, would leave tokens but not these numbers."""
-    path, model = qwen2_5_vl
+    path, model = qwen_vl
     images = _images(7, SIZES)
     prompt = _prompt(7, images)
     engine = image_engine(path, max_num_batched_tokens=budget)
@@ -133,8 +139,8 @@ def test_first_and_later_token_logprobs_with_images_match_transformers(qwen2_5_v
         assert max(abs(logprob - float(ref[token])) for token, logprob in logprobs[step].items()) < 1e-4, step
 
 
-def test_images_computed_again_after_a_preemption_give_the_same_tokens(qwen2_5_vl):
-    path, model = qwen2_5_vl
+def test_images_computed_again_after_a_preemption_give_the_same_tokens(qwen_vl):
+    path, model = qwen_vl
     requests = {}
     for i in range(2):  # 64-token prompts: both admitted into 8 of the 9 pages, both past their 4th within 3 tokens
         images = _images(5 + i, [(32, 32), (16, 24)])
@@ -147,8 +153,8 @@ def test_images_computed_again_after_a_preemption_give_the_same_tokens(qwen2_5_v
         assert results[request_id] == _hf_greedy(model, prompt, images), request_id
 
 
-def test_images_the_prompt_does_not_place_are_refused(qwen2_5_vl):
-    path, _ = qwen2_5_vl
+def test_images_the_prompt_does_not_place_are_refused(qwen_vl):
+    path, _ = qwen_vl
     engine = image_engine(path)
     params = SamplingParams(max_tokens=4)
     image = _images(6, [(32, 48)])
