@@ -40,6 +40,9 @@ class MoEConfig:
     num_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    # Qwen3-VL-MoE's: each layer's experts stored as two tensors, `experts.gate_up_proj` and `experts.down_proj`
+    # ([E, in, out] as released, [E, out, in] as transformers 5 saves them), not a tensor a projection an expert.
+    fused_experts: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -61,7 +64,8 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]),
                         shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]) if is_qwen2 else 0,
                         shared_expert_gated=is_qwen2, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                        dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step))
+                        dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step),
+                        fused_experts=cfg.get("model_type") == "qwen3_vl_moe_text")
     elif arch in _GROUPED_DEFAULTS:
         inter = int(cfg["moe_intermediate_size"])
         defaults = _GROUPED_DEFAULTS[arch]

@@ -85,6 +85,11 @@ MULTIMODAL = {
         text_architecture=lambda text_config: "Qwen3ForCausalLM",
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
+    # Its text model Qwen3-MoE's, each layer's experts fused in two tensors (MoEConfig.fused_experts).
+    "Qwen3VLMoeForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=lambda text_config: "Qwen3MoeForCausalLM",
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
 }
 
 

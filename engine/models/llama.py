@@ -23,6 +23,8 @@ from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache, mrope_kinds
 
+FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # Qwen3-VL-MoE's (MoEConfig.fused_experts)
+
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
@@ -214,6 +216,8 @@ class LlamaForCausalLM(nn.Module):
             return [p + "block_sparse_moe.gate.weight"] + [
                 p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(moe.num_experts)
                 for w in ("w1", "w2", "w3")]
+        if moe.fused_experts:
+            return [p + "mlp.gate.weight", p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"]
         names = [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
                                            for e in range(moe.num_experts) for x in ("gate", "up", "down")]
         if moe.scoring == "sigmoid":
@@ -236,7 +240,10 @@ class LlamaForCausalLM(nn.Module):
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where checkpoint tensor `name` goes, and the tensor as it goes there (a model that stores
         some tensors otherwise reorders or transposes them here)."""
-        return self._target(name), tensor
+        target = self._target(name)
+        if name.endswith(FUSED_EXPERTS) and tensor.shape != target.shape:  # [E, in, out], as released
+            tensor = tensor.transpose(1, 2)
+        return target, tensor
 
     def _target(self, name: str) -> torch.Tensor:
         cfg = self.config
@@ -271,6 +278,8 @@ class LlamaForCausalLM(nn.Module):
                 return layer.mlp.shared_slice("weight_gate")
             if parts[4] in ("shared_expert", "shared_experts"):
                 return layer.mlp.shared_slice(parts[5].removesuffix("_proj"))
+            if leaf in FUSED_EXPERTS:  # every expert's at once, [E, out, in]
+                return (layer.mlp.gate_up_weight if leaf == "experts.gate_up_proj" else layer.mlp.down_weight).data
             proj = MIXTRAL_EXPERT_PROJS.get(parts[6], parts[6].removesuffix("_proj"))
             return layer.mlp.weight_slice(int(parts[5]), proj)
         if module == "mlp":

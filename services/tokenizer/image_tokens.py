@@ -98,7 +98,7 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
     if all(isinstance(mark, str) and mark for mark in marks) and count:
         return ImageTokens(*marks, tokens_per_image=int(count))
-    if model_config.get("model_type") in ("qwen2_5_vl", "qwen3_vl"):
+    if model_config.get("model_type") in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         vision = model_config.get("vision_config") or {}
         step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
         return ImageRunTokens(QWEN_IMAGE_TOKEN, step)

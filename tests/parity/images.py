@@ -28,9 +28,14 @@ QWEN3_VL_TEXT = dict(QWEN2_5_VL_TEXT, num_hidden_layers=3, head_dim=16,
 QWEN3_VL_VISION = dict(hidden_size=32, intermediate_size=64, depth=4, num_heads=4, out_hidden_size=64, patch_size=4,
                        spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
                        deepstack_visual_indexes=[0, 2])
+# Qwen3-VL-MoE's: 4 experts, 2 a token, each layer's stored fused (their 2 x 24 rows unlike the hidden 64, so the
+# layouts tell apart by shape).
+QWEN3_VL_MOE_TEXT = dict(QWEN3_VL_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                         decoder_sparse_step=1, norm_topk_prob=True)
 QWEN_VL = {  # config class, model class, tiny text and vision settings
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION),
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", QWEN3_VL_TEXT, QWEN3_VL_VISION),
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", QWEN3_VL_MOE_TEXT, QWEN3_VL_VISION),
 }
 
 

@@ -1,15 +1,20 @@
-"""Qwen2.5-VL and Qwen3-VL against transformers' Qwen2_5_VLForConditionalGeneration and
-Qwen3VLForConditionalGeneration on the same weights: their text models with multimodal RoPE (a text token's three
-positions one; Qwen3-VL's sections interleaved), and their images: the tower and patch merger's rows in place of
-each image's run of tokens (Qwen2.5-VL's windowed tower; Qwen3-VL's with learnt positions resampled to the image,
-and DeepStack's rows added to the text model's first layers), placed by their time, height and width positions (the
-tokens after an image counting on from the position past its larger side); features, logits and greedy tokens, in
-one chunk or many, recomputed after a preemption; the pixels as transformers' Qwen2-VL image processor gives them."""
+"""Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE against transformers' Qwen2_5_VLForConditionalGeneration,
+Qwen3VLForConditionalGeneration and Qwen3VLMoeForConditionalGeneration on the same weights: their text models with
+multimodal RoPE (a text token's three positions one; Qwen3-VL's sections interleaved; Qwen3-VL-MoE's experts
+fused, as released or as transformers 5 saves them), and their images: the tower and patch merger's rows in place
+of each image's run of tokens (Qwen2.5-VL's windowed tower; Qwen3-VL's with learnt positions resampled to the
+image, and DeepStack's rows added to the text model's first layers), placed by their time, height and width
+positions (the tokens after an image counting on from the position past its larger side); features, logits and
+greedy tokens, in one chunk or many, recomputed after a preemption; the pixels as transformers' Qwen2-VL image
+processor gives them."""
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file, save_file
 
 from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
@@ -166,3 +171,22 @@ def test_images_the_prompt_does_not_place_are_refused(qwen_vl):
         with pytest.raises(ValueError, match=message):
             engine.add_request("r", prompt, params, images=images)
     assert not engine.has_unfinished_requests()
+
+
+def test_qwen3_vl_moe_experts_as_released_give_the_same_tokens(qwen_vl, tmp_path, request):
+    """Released Qwen3-VL-MoE checkpoints store each layer's experts [E, in, out]; transformers 5 saves them
+    [E, out, in] (the fixture's): both load alike."""
+    if request.node.callspec.params["qwen_vl"] != "qwen3_vl_moe":
+        pytest.skip("Qwen3-VL-MoE's experts only")
+    path, model = qwen_vl
+    tensors = load_file(path / "model.safetensors")
+    released = {name: t.transpose(1, 2).contiguous() if name.endswith(("experts.gate_up_proj", "experts.down_proj"))
+                else t for name, t in tensors.items()}
+    assert any(t.shape != tensors[n].shape for n, t in released.items())
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(path / name, tmp_path / name)
+    save_file(released, tmp_path / "model.safetensors")
+    requests = _requests(4)
+    results = _generate(image_engine(tmp_path), requests)
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
