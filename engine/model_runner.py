@@ -270,7 +270,7 @@ class ModelRunner:
                     embed_rows.append((seq, start - n, start - 1))
         position_tensor = torch.tensor(positions, dtype=torch.int64, device=self.device)
         rope_positions = position_tensor
-        if any(seq.rope_positions is not None for seq in batch.seqs):  # a prompt with Qwen2.5-VL's images
+        if any(seq.rope_positions is not None for seq in batch.seqs):  # a prompt with Qwen-VL's images
             rope_positions = torch.cat([seq.rope_positions.rows(seq.num_computed_tokens, n)
                                         if seq.rope_positions is not None else
                                         torch.arange(seq.num_computed_tokens, seq.num_computed_tokens + n).expand(3, n)

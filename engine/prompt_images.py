@@ -4,6 +4,7 @@ Mistral 3's a run a row of its grid), and the rows its encoder makes for them, m
 computes them (a decode worker's request, only after a preemption)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.block_hash import image_digest, images_digest
+from engine.step_times import ImageEncode
 from engine.vision.vision_config import GEMMA3, QWENS
 
 if TYPE_CHECKING:
@@ -174,7 +176,12 @@ def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, star
     due = [placed for placed in seq.pending_images if placed.start < start + n and placed.end > start]
     if not due:
         return
+    start_ns = time.time_ns()
     features = encoder.encode([placed.image.pixels().to(device) for placed in due])
+    if features[0].is_cuda:  # its time is the kernels', not their launches' (the forward pass waits for them anyway)
+        torch.cuda.synchronize(features[0].device)
+    seq.step_times.image_encodes.append(ImageEncode(start_ns, time.time_ns(), len(due), sum(
+        end - begin for placed in due for begin, end in placed.runs)))
     given = list(seq.given_embeddings)
     for placed, rows in zip(due, features, strict=True):
         offset = 0

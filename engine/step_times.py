@@ -1,4 +1,5 @@
-"""When the engine ran a request: its first step, and each chunk of its prompt before the first token.
+"""When the engine ran a request: its first step, each chunk of its prompt before the first token, and each
+encoding of its images.
 
 Wall-clock nanoseconds (`time.time_ns()`), so a service can turn them into trace spans and
 queue times after the fact; the engine itself never reads them. Recording costs two clock
@@ -22,16 +23,25 @@ class PrefillChunk(NamedTuple):
     num_seqs: int    # requests in the same batch (this one included)
 
 
+class ImageEncode(NamedTuple):
+    """A step's encoding of some of a request's images (before the forward pass that reads their rows)."""
+    start_ns: int
+    end_ns: int
+    num_images: int
+    num_tokens: int  # the prompt tokens their rows take
+
+
 class StepTimes:
     """Filled by `LLMEngine.step` on the engine thread; read once the request's first output is out."""
 
-    __slots__ = ("admit_ns", "first_step_end_ns", "first_step_start_ns", "prefill_chunks")
+    __slots__ = ("admit_ns", "first_step_end_ns", "first_step_start_ns", "image_encodes", "prefill_chunks")
 
     def __init__(self) -> None:
         self.admit_ns: tuple[int, int] | None = None  # `LLMEngine.add_request`'s start and end
         self.first_step_start_ns: int | None = None  # None: never scheduled (finished outside a step)
         self.first_step_end_ns: int | None = None
         self.prefill_chunks: list[PrefillChunk] = []
+        self.image_encodes: list[ImageEncode] = []
 
     def record(self, start_ns: int, end_ns: int, num_tokens: int, num_seqs: int, is_prefill: bool) -> None:
         if self.first_step_start_ns is None:

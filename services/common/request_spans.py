@@ -29,7 +29,8 @@ def record_queue(name: str, arrival_ns: int, times: StepTimes | None, attributes
 
 
 def record_prefill_chunks(times: StepTimes | None, attributes: Mapping[str, Any], parent=None) -> None:
-    """One `prefill.chunk` per forward pass over the prompt, before the first token."""
+    """One `prefill.chunk` per forward pass over the prompt, before the first token, and one
+    `prefill.encode_images` per encoding of its images."""
     if tracing.is_enabled() and times is not None:
         tracing.soon(_record_prefill_chunks, times, attributes, parent)
 
@@ -39,6 +40,10 @@ def _record_prefill_chunks(times: StepTimes, attributes: Mapping[str, Any], pare
         tracing.record_span("prefill.chunk", chunk.start_ns, chunk.end_ns,
                             {**attributes, tracing.BATON_CHUNK_INDEX: i, tracing.BATON_CHUNK_TOKENS: chunk.num_tokens,
                              tracing.BATON_BATCH_SEQS: chunk.num_seqs}, parent=parent)
+    for encode in times.image_encodes:  # within the chunk whose step encoded them
+        tracing.record_span("prefill.encode_images", encode.start_ns, encode.end_ns,
+                            {**attributes, tracing.BATON_IMAGES: encode.num_images,
+                             tracing.BATON_IMAGE_TOKENS: encode.num_tokens}, parent=parent)
 
 
 def record_local_prefill(times: StepTimes | None, attributes: Mapping[str, Any]) -> None:

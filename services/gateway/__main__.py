@@ -185,7 +185,8 @@ class GatewayService:
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
         if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
-            from services.gateway.image_inputs import ChatImages, ImageProcessing, ProcessedImageCache
+            from services.gateway.image_cache import ProcessedImageCache
+            from services.gateway.image_inputs import ChatImages, ImageProcessing
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
             self.state.images = self.servicer.images = ChatImages(
                 ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path, config.limit_images,

@@ -9,13 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import io
 import json
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -23,16 +19,13 @@ from urllib.parse import unquote, urlparse
 import httpx
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from prometheus_client import Counter
 
 from protos import common_pb2
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
+from services.gateway.image_cache import ProcessedImageCache
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
-# vLLM's vllm:mm_cache_queries and vllm:mm_cache_hits.
-CACHE_QUERIES = Counter("baton_gateway_mm_cache_queries_total", "Images looked up in the processed-image cache")
-CACHE_HITS = Counter("baton_gateway_mm_cache_hits_total", "Images the processed-image cache held")
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
 FETCH_TIMEOUT_S = 10.0
 
@@ -148,41 +141,6 @@ def rgb(image: Image.Image) -> Image.Image:
         image = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image).convert("RGB")
     return image.convert("RGB")
-
-
-class ProcessedImageCache:
-    """vLLM's --mm-processor-cache-gb: images as the model's processor made them, by a hash of their encoded
-    bytes (of a data: URL's text), the least recently used left out past `max_bytes` of pixels. A conversation
-    sends its images again with every turn: each is decoded, resized and hashed once (a photo's tens of
-    milliseconds of every turn's time to its first token), its bytes hashed again (a millisecond a megabyte).
-    Safe across threads."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._images: OrderedDict[bytes, ProcessedImage] = OrderedDict()
-        self._num_bytes = 0
-        self._lock = threading.Lock()
-
-    def processed(self, data: bytes, make: Callable[[], ProcessedImage]) -> ProcessedImage:
-        """The image `data` names, from the cache or made by `make` (and kept, where it fits)."""
-        key = hashlib.blake2b(data, digest_size=16).digest()
-        CACHE_QUERIES.inc()
-        with self._lock:
-            image = self._images.get(key)
-            if image is not None:
-                self._images.move_to_end(key)
-                CACHE_HITS.inc()
-                return image
-        image = make()  # outside the lock: two requests may make the same image at once, and both keep it
-        size = len(image.proto.rgb)
-        with self._lock:
-            if size <= self.max_bytes and key not in self._images:
-                self._images[key] = image
-                self._num_bytes += size
-                while self._num_bytes > self.max_bytes:
-                    _, dropped = self._images.popitem(last=False)
-                    self._num_bytes -= len(dropped.proto.rgb)
-        return image
 
 
 @dataclass(frozen=True)

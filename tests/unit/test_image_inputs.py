@@ -111,7 +111,8 @@ def test_a_conversations_images_are_processed_once_and_the_least_used_left_out(t
     from prometheus_client import REGISTRY
 
     from services.gateway.given_embeddings import GivenImages
-    from services.gateway.image_inputs import ChatImages, ProcessedImageCache
+    from services.gateway.image_cache import ProcessedImageCache
+    from services.gateway.image_inputs import ChatImages
 
     transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
     images = ChatImages(ImageProcessing.from_dir(tmp_path), cache=ProcessedImageCache(2 * 56 * 56 * 3))
