@@ -1,5 +1,6 @@
 """vLLM's --limit-mm-per-prompt: how many images a prompt may hold (the gateway refuses more), 0 making a
-multimodal model text-only (its workers then load no image encoder)."""
+multimodal model text-only (its workers then load no image encoder); and vLLM's --mm-processor-kwargs: the
+image processor's settings a gateway reads images by, over the model's."""
 from __future__ import annotations
 
 import argparse
@@ -26,3 +27,28 @@ def image_limit(text: str) -> int | None:
     if any(limits.get(kind) for kind in ("video", "audio")):
         raise ConfigError("--limit-mm-per-prompt: videos and audio are not served here, only images")
     return limits.get("image")
+
+
+# What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, and any processor's size (Pixtral's longest_edge).
+PROCESSOR_KWARGS = ("min_pixels", "max_pixels", "size")
+
+
+def add_mm_processor_kwargs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mm-processor-kwargs", metavar="JSON", default="",
+                        help="the image processor's settings over the model's, as vLLM's flag: Qwen-VL's "
+                             "'{\"max_pixels\": N}' (and min_pixels) bounds an image's tokens, '{\"size\": "
+                             "{\"longest_edge\": N}}' Pixtral's")
+
+
+def processor_kwargs(text: str) -> dict:
+    """--mm-processor-kwargs' settings ({} when not given); ConfigError for one not served here, or a value that
+    is not a positive number (or, for size, an object of them)."""
+    kwargs = json_object(text, "--mm-processor-kwargs") or {}
+    for key, value in kwargs.items():
+        if key not in PROCESSOR_KWARGS:
+            raise ConfigError(f"--mm-processor-kwargs: {key!r} is not served here (only {', '.join(PROCESSOR_KWARGS)})")
+        values = value.values() if key == "size" and isinstance(value, dict) else [value]
+        if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+            raise ConfigError(f"--mm-processor-kwargs: {key} must be a positive integer"
+                              f"{' or an object of them' if key == 'size' else ''}, got {value!r}")
+    return kwargs

@@ -189,7 +189,8 @@ class GatewayService:
             from services.gateway.image_inputs import ChatImages, ImageProcessing
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
             self.state.images = self.servicer.images = ChatImages(
-                ImageProcessing.from_dir(config.model_dir), config.allowed_local_media_path, config.limit_images,
+                ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs), config.allowed_local_media_path,
+                config.limit_images,
                 ProcessedImageCache(cache_bytes) if cache_bytes else None)
         if config.enable_prompt_embeds:
             # torch, only where they are taken

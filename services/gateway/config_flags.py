@@ -19,7 +19,7 @@ from pathlib import Path
 
 from services.common.logprobs_flag import add_max_logprobs_flag
 from services.common.lora_flags import add_lora_flag, lora_modules
-from services.common.mm_limits import add_limit_mm_flag, image_limit
+from services.common.mm_limits import add_limit_mm_flag, add_mm_processor_kwargs_flag, image_limit, processor_kwargs
 from services.common.settings import (
     ConfigError,
     add_bind_flags,
@@ -120,6 +120,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         enable_prompt_embeds=args.enable_prompt_embeds, allowed_local_media_path=args.allowed_local_media_path,
         limit_images=image_limit(args.limit_mm_per_prompt), mm_processor_cache_gb=args.mm_processor_cache_gb,
+        mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)
@@ -238,6 +239,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              "torch.save'd [tokens, hidden_size] tensors (as vLLM's flag; off, as vLLM's: "
                              "reading them takes torch into the gateway)")
     add_limit_mm_flag(parser)
+    add_mm_processor_kwargs_flag(parser)
     parser.add_argument("--mm-processor-cache-gb", type=float, default=4.0, metavar="GIB",
                         help="GiB of images kept as the model's image processor made them, by their encoded bytes: "
                              "a conversation's images, sent again each turn, are decoded and resized once (as "

@@ -50,10 +50,11 @@ class ImageProcessing:
     max_pixels: int | None = None
 
     @classmethod
-    def from_dir(cls, model_dir: Path) -> ImageProcessing:
+    def from_dir(cls, model_dir: Path, overrides: dict | None = None) -> ImageProcessing:
         """The model's image processor's settings: preprocessor_config.json's (as released), or
-        processor_config.json's `image_processor` (as transformers 5 saves them); ValueError for none,
-        or one this gateway cannot follow."""
+        processor_config.json's `image_processor` (as transformers 5 saves them), `overrides` over them
+        (--mm-processor-kwargs: min_pixels, max_pixels, size's keys); ValueError for none, or one this gateway
+        cannot follow."""
         path = Path(model_dir) / "preprocessor_config.json"
         processor = _read_json(Path(model_dir) / "processor_config.json")
         if path.is_file():
@@ -64,6 +65,8 @@ class ImageProcessing:
             if not isinstance(config, dict):
                 raise ValueError(f"{model_dir}: no preprocessor_config.json (a model that takes images needs its "
                                  "image processor's settings)")
+        overrides = dict(overrides or {})
+        config = {**config, **overrides, "size": {**(config.get("size") or {}), **overrides.get("size", {})}}
         if config.get("do_pan_and_scan"):
             raise ValueError(f"{path}: do_pan_and_scan (crops of an image beside it) is not served")
         if config.get("do_center_crop"):

@@ -76,6 +76,7 @@ PASSED_FLAGS = (
     PassedFlag("--enable-prompt-embeds", GATEWAY, "completions take prompts given as embeddings", is_switch=True),
     PassedFlag("--allowed-local-media-path", GATEWAY, "a chat's file:// images are read under this directory"),
     PassedFlag("--mm-processor-cache-gb", GATEWAY, "GiB of images kept as the image processor made them", type=float),
+    PassedFlag("--mm-processor-kwargs", GATEWAY, "JSON: the image processor's settings over the model's"),
     PassedFlag("--limit-mm-per-prompt", ("gateway", "prefill", "decode"),
                "JSON: a prompt's most images; 0 serves a multimodal model's text only"),
     PassedFlag("--response-role", GATEWAY, "the role of a chat reply's message"),

@@ -70,6 +70,24 @@ def test_pixels_equal_qwen2_vls_image_processor(tmp_path, size):
     assert pixels.shape == (3, *(expected["image_grid_thw"][0][1:] * 14))
 
 
+def test_mm_processor_kwargs_over_the_processors_own(tmp_path):
+    """--mm-processor-kwargs: Qwen's pixel bounds and Pixtral's longest edge, over preprocessor_config.json's."""
+    qwen, pixtral = tmp_path / "qwen", tmp_path / "pixtral"
+    transformers.Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280).save_pretrained(qwen)
+    transformers.PixtralImageProcessorPil(size={"longest_edge": 1540}, patch_size=28).save_pretrained(pixtral)
+    (pixtral / "processor_config.json").write_text('{"patch_size": 14, "spatial_merge_size": 2}')
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    bounds = {"min_pixels": 28 * 28 * 9, "max_pixels": 28 * 28 * 64}
+    bounded, unbounded = ImageProcessing.from_dir(qwen, bounds), ImageProcessing.from_dir(qwen)
+    for size in ((2000, 3000), (20, 20)):
+        assert bounded.size_of(*size) == smart_resize(*size, 28, **bounds) != unbounded.size_of(*size)
+    image = Image.new("RGB", (3000, 2000))
+    expected = transformers.PixtralImageProcessorPil(size={"longest_edge": 560}, patch_size=28)(images=image)
+    assert ImageProcessing.from_dir(pixtral, {"size": {"longest_edge": 560}}).size_of(2000, 3000) == \
+        tuple(expected["image_sizes"][0]) != ImageProcessing.from_dir(pixtral).size_of(2000, 3000)
+
+
 def test_settings_it_cannot_follow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no preprocessor_config.json"):
         ImageProcessing.from_dir(tmp_path)

@@ -1,9 +1,9 @@
-"""vLLM's --limit-mm-per-prompt as the gateway and the workers read it."""
+"""vLLM's --limit-mm-per-prompt as the gateway and the workers read it, and its --mm-processor-kwargs."""
 from __future__ import annotations
 
 import pytest
 
-from services.common.mm_limits import image_limit
+from services.common.mm_limits import image_limit, processor_kwargs
 from services.common.settings import ConfigError
 from services.decode.config import DecodeServiceConfig
 from services.gateway.config_flags import config_from_args
@@ -28,3 +28,15 @@ def test_the_gateway_and_the_workers_take_the_flag(tiny_demo_model):
     decode = DecodeServiceConfig.from_args(["--model", str(tiny_demo_model), "--limit-mm-per-prompt",
                                             '{"image": 0}'], env={})
     assert decode.limit_images == 0
+
+
+def test_mm_processor_kwargs_as_vllm_takes_them():
+    assert processor_kwargs("") == {}
+    assert processor_kwargs('{"max_pixels": 1003520, "min_pixels": 3136}') == {"max_pixels": 1003520,
+                                                                               "min_pixels": 3136}
+    assert processor_kwargs('{"size": {"longest_edge": 1024}}') == {"size": {"longest_edge": 1024}}
+    for bad, message in [('{"fps": 2}', "'fps' is not served"), ('{"max_pixels": 0}', "positive integer"),
+                         ('{"max_pixels": true}', "positive integer"), ('{"size": {}}', "object of them"),
+                         ('{"size": {"longest_edge": "big"}}', "object of them"), ("[1]", "JSON object")]:
+        with pytest.raises(ConfigError, match=message):
+            processor_kwargs(bad)

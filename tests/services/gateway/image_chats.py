@@ -44,11 +44,11 @@ def assert_same_reply(reply, expected: list[int], logprobs: list[torch.Tensor]) 
             assert abs(top.logprob - float(position[int(top.token.removeprefix("token_id:"))])) < 1e-4
 
 
-def greedy_chat_by_a_local_gateway(mesh, content: list[dict]):
+def greedy_chat_by_a_local_gateway(mesh, content: list[dict], *gateway_args: str):
     """`greedy_chat`'s reply from a second gateway over the same workers, one that renders short chats itself
-    (the mesh's asks its tokenizer service)."""
+    (the mesh's asks its tokenizer service), started with `gateway_args`."""
     gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
-                             [d.address for d in mesh.decode])
+                             [d.address for d in mesh.decode], *gateway_args)
     try:
         with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as local:
             return greedy_chat(local, mesh.model_name, content)

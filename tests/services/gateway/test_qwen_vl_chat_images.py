@@ -10,6 +10,8 @@ build for this torch here: the test expands the template's <|image_pad|> marks a
 (`_expanded`)."""
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import torch
@@ -90,10 +92,11 @@ def _expanded(text: str, grids: list[list[int]]) -> str:
                                                                                             strict=True))
 
 
-def _transformers_greedy(qwen_vlm, content: list[dict]) -> tuple[list[int], list[torch.Tensor], int]:
+def _transformers_greedy(qwen_vlm, content: list[dict],
+                         **processor_kwargs) -> tuple[list[int], list[torch.Tensor], int]:
     _, model, tokenizer, image_processor = qwen_vlm
     inputs = image_processor(images=[part["image"] for part in content if part["type"] == "image"],
-                             return_tensors="pt")
+                             return_tensors="pt", **processor_kwargs)
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                          add_generation_prompt=True)
     ids = tokenizer(_expanded(text, inputs["image_grid_thw"].tolist()), add_special_tokens=False,
@@ -132,3 +135,16 @@ def test_a_gateway_rendering_chats_itself_gives_the_same_reply(vlm_mesh, qwen_vl
     expected, logprobs, _ = _transformers_greedy(qwen_vlm, [{"type": "image", "image": image},
                                                             {"type": "text", "text": "w5 w6"}])
     assert_same_reply(reply, expected, logprobs)
+
+
+def test_a_gateways_mm_processor_kwargs_bound_an_images_tokens(vlm_mesh, qwen_vlm):
+    """vLLM's --mm-processor-kwargs '{"max_pixels": N}': a photo smart-resized within 16 squares, not the
+    processor's 40, as transformers' processor resizes it with the same bound."""
+    image = random_image(4, (300, 200))
+    content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": "w9"}]
+    reply = greedy_chat_by_a_local_gateway(vlm_mesh, content, "--mm-processor-kwargs",
+                                           json.dumps({"max_pixels": 16 * 8 * 8}))
+    expected, logprobs, num_prompt = _transformers_greedy(
+        qwen_vlm, [{"type": "image", "image": image}, {"type": "text", "text": "w9"}], max_pixels=16 * 8 * 8)
+    assert_same_reply(reply, expected, logprobs)
+    assert reply.usage.prompt_tokens == num_prompt <= 8 + 16
