@@ -1,7 +1,8 @@
-"""A prompt's images (Gemma 3's, Mistral 3's): each as its model's image processor resized it (`ImageInput`),
-its runs of image tokens in the prompt (Gemma 3's one run, a span its rows attend bidirectionally in;
-Mistral 3's a run a row of its grid), and the rows its encoder makes for them, made when a step first
-computes them (a decode worker's request, only after a preemption)."""
+"""A prompt's images (Gemma 3's, Mistral 3's, Qwen-VL's): each as its model's image processor resized it
+(`ImageInput`), its runs of image tokens in the prompt (Gemma 3's one run, a span its rows attend
+bidirectionally in; Mistral 3's a run a row of its grid; Qwen-VL's one run, placed by multimodal RoPE), and the
+rows its encoder makes for them, made when a step first computes them (a decode worker's request, only after a
+preemption)."""
 from __future__ import annotations
 
 import time
@@ -13,7 +14,7 @@ import torch
 
 from engine.block_hash import image_digest, images_digest
 from engine.step_times import ImageEncode
-from engine.vision.vision_config import GEMMA3, QWENS
+from engine.vision.vision_config import PIXTRAL, QWENS
 
 if TYPE_CHECKING:
     from engine import sequence
@@ -60,8 +61,8 @@ def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[i
 
 @dataclass(frozen=True, eq=False)
 class PlacedImage:
-    """An image and the runs of image tokens its rows take, in order (Gemma 3's one run; Mistral 3's one a
-    row of its grid)."""
+    """An image and the runs of image tokens its rows take, in order (Gemma 3's and Qwen-VL's one run; Mistral
+    3's one a row of its grid)."""
 
     runs: tuple[tuple[int, int], ...]
     image: ImageInput
@@ -84,7 +85,7 @@ def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Se
     if len(runs) != wanted:
         raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "
                          f"{len(images)} image(s)" + (f", which take {wanted} (one a row of each image's grid)"
-                                                      if vision.family != GEMMA3 else ""))
+                                                      if vision.family == PIXTRAL else ""))
     dealt, taken = [], iter(runs)
     for rows, cols in grids:
         its_runs = tuple(next(taken) for _ in range(rows))
@@ -98,7 +99,7 @@ def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Se
 
 @dataclass(frozen=True, eq=False)
 class MRoPEPositions:
-    """Multimodal RoPE's positions of a prompt with images (Qwen2.5-VL's): each prompt token's time, height and
+    """Multimodal RoPE's positions of a prompt with images (Qwen-VL's): each prompt token's time, height and
     width positions [3, P] (a text token's three one number, counting on from the position before it; an image's
     tokens at its first one, plus their row and column), and what every later token's position is past its index."""
 

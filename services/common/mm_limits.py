@@ -42,13 +42,23 @@ def add_mm_processor_kwargs_flag(parser: argparse.ArgumentParser) -> None:
 
 def processor_kwargs(text: str) -> dict:
     """--mm-processor-kwargs' settings ({} when not given); ConfigError for one not served here, or a value that
-    is not a positive number (or, for size, an object of them)."""
-    kwargs = json_object(text, "--mm-processor-kwargs") or {}
+    is not a positive integer (or, for size, an object of them)."""
+    try:
+        return checked_processor_kwargs(json_object(text, "--mm-processor-kwargs") or {}, "--mm-processor-kwargs")
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def checked_processor_kwargs(kwargs: dict, source: str) -> dict:
+    """`kwargs` (the flag's, or a request's mm_processor_kwargs) as they are; ValueError naming `source` for a
+    setting not served here, or a value that is not a positive integer (or, for size, an object of them)."""
     for key, value in kwargs.items():
         if key not in PROCESSOR_KWARGS:
-            raise ConfigError(f"--mm-processor-kwargs: {key!r} is not served here (only {', '.join(PROCESSOR_KWARGS)})")
-        values = value.values() if key == "size" and isinstance(value, dict) else [value]
+            raise ValueError(f"{source}: {key!r} is not served here (only {', '.join(PROCESSOR_KWARGS)})")
+        values = list(value.values()) if key == "size" and isinstance(value, dict) else [value]
         if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
-            raise ConfigError(f"--mm-processor-kwargs: {key} must be a positive integer"
-                              f"{' or an object of them' if key == 'size' else ''}, got {value!r}")
+            raise ValueError(f"{source}: {key} must be a positive integer"
+                             f"{' or an object of them' if key == 'size' else ''}, got {value!r}")
     return kwargs

@@ -2,22 +2,25 @@
 chat messages reads them: generation's, /tokenize's and count_tokens' alike."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
 
 
-async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages") -> GivenImages | None:
-    """The pixels of the messages' images, in order (None for none); APIError (400) naming `param` where the
-    model takes none, or one cannot be read. `state`: the gateway's (http_app.GatewayState)."""
+async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages",
+                      processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages | None:
+    """The pixels of the messages' images, in order (None for none), read with a request's `processor_kwargs`
+    (vLLM's mm_processor_kwargs); APIError (400) naming `param` where the model takes none, or one cannot be
+    read. `state`: the gateway's (http_app.GatewayState)."""
     urls = [url for message in messages for url in message.image_urls]
     if not urls:
         return None
     if state.images is None:
         raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
-    return await state.images.read(urls, param)
+    return await state.images.read(urls, param, processor_kwargs)
 
 
 async def chat_image_sizes(state, messages: Sequence[ChatMessage]) -> list[tuple[int, int]]:

@@ -173,8 +173,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     async def chat_completions(request: Request):
         body = state.chat_serving.as_served(await parsed_body(request, ChatCompletionRequest))
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
-        choices, builder, dispatched, timeline = start_chat(request, body, response_id,
-                                                            await chat_images(state, body.messages))
+        images = await chat_images(state, body.messages, processor_kwargs=body.mm_processor_kwargs)
+        choices, builder, dispatched, timeline = start_chat(request, body, response_id, images)
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,

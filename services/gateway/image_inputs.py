@@ -12,8 +12,10 @@ import binascii
 import io
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import httpx
@@ -21,6 +23,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from protos import common_pb2
+from services.common.mm_limits import checked_processor_kwargs
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
@@ -65,8 +68,6 @@ class ImageProcessing:
             if not isinstance(config, dict):
                 raise ValueError(f"{model_dir}: no preprocessor_config.json (a model that takes images needs its "
                                  "image processor's settings)")
-        overrides = dict(overrides or {})
-        config = {**config, **overrides, "size": {**(config.get("size") or {}), **overrides.get("size", {})}}
         if config.get("do_pan_and_scan"):
             raise ValueError(f"{path}: do_pan_and_scan (crops of an image beside it) is not served")
         if config.get("do_center_crop"):
@@ -80,14 +81,37 @@ class ImageProcessing:
             step = int(config.get("patch_size", 14)) * int(config["merge_size"])
             most = int(config.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
             return cls(height=0, width=0, pixels_per_token=step, max_pixels=most,
-                       min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or 56 * 56), **settings)
+                       min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
+                       **settings).with_kwargs(overrides or {})
         if "longest_edge" in size and "height" not in size:
             longest = int(size["longest_edge"])
             step = pixtral_pixels_per_token(processor, _read_json(Path(model_dir) / "config.json"))
-            return cls(height=longest, width=longest, longest_edge=longest, pixels_per_token=step, **settings)
+            return cls(height=longest, width=longest, longest_edge=longest, pixels_per_token=step,
+                       **settings).with_kwargs(overrides or {})
         if "height" not in size or "width" not in size:
             raise ValueError(f"{path}: size must give height and width, or longest_edge, got {size}")
-        return cls(height=int(size["height"]), width=int(size["width"]), **settings)
+        return cls(height=int(size["height"]), width=int(size["width"]), **settings).with_kwargs(overrides or {})
+
+    def with_kwargs(self, kwargs: Mapping[str, Any]) -> ImageProcessing:
+        """These settings with `kwargs` (--mm-processor-kwargs', or a request's mm_processor_kwargs, as
+        `checked_processor_kwargs` passed them) over them, as transformers' processors take them: Qwen-VL's
+        min_pixels and max_pixels (or size's shortest_edge and longest_edge), Pixtral's size's longest_edge.
+        ValueError for one this processor has not (a fixed size's tower takes no other)."""
+        size = dict(kwargs.get("size") or {})
+        pixel_bounds = {"min_pixels", "max_pixels"} & set(kwargs)
+        if self.max_pixels is not None:  # Qwen-VL's smart resize
+            unknown = set(size) - {"shortest_edge", "longest_edge"}
+            changes = {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge", self.min_pixels)),
+                       "max_pixels": kwargs.get("max_pixels", size.get("longest_edge", self.max_pixels))}
+        elif self.longest_edge is not None:  # Pixtral's
+            unknown = set(size) - {"longest_edge"} | pixel_bounds
+            edge = size.get("longest_edge", self.longest_edge)
+            changes = {"longest_edge": edge, "height": edge, "width": edge}
+        else:
+            unknown, changes = set(size) | pixel_bounds, {}
+        if unknown:
+            raise ValueError(f"this model's image processor takes no {', '.join(sorted(unknown))}")
+        return replace(self, **changes) if changes else self
 
     def size_of(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) of an image of that size once resized, as transformers' processor resizes it."""
@@ -155,29 +179,39 @@ class ChatImages:
     limit: int | None = None  # a prompt's most images (--limit-mm-per-prompt); None: any
     cache: ProcessedImageCache | None = None  # None: each image made again (--mm-processor-cache-gb 0)
 
-    async def read(self, urls: list[str], param: str = "messages") -> GivenImages:
-        """The images' pixels, in order; APIError (400) naming `param` for one that cannot be read, or
-        for more than the limit."""
+    async def read(self, urls: list[str], param: str = "messages",
+                   processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
+        """The images' pixels, in order, read by the processor's settings with `processor_kwargs` (a request's
+        mm_processor_kwargs, as vLLM takes them) over them; APIError (400) naming `param` for one that cannot be
+        read, or for more than the limit, and naming mm_processor_kwargs for settings not served."""
         if self.limit is not None and len(urls) > self.limit:
             raise APIError(400, f"{len(urls)} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
+        processing = self.processing
+        if processor_kwargs:
+            try:
+                processing = processing.with_kwargs(checked_processor_kwargs(dict(processor_kwargs),
+                                                                             "mm_processor_kwargs"))
+            except ValueError as e:
+                raise APIError(400, str(e), param="mm_processor_kwargs") from None
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
         sources = [url if is_data_url(url) else await _image_bytes(url, self.allowed_local_path, param) for url in urls]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte.
-        return await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, param)
+        return await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, processing, param)
                                                                  for source in sources)))
 
-    def _processed(self, source: str | bytes, param: str) -> ProcessedImage:
+    def _processed(self, source: str | bytes, processing: ImageProcessing, param: str) -> ProcessedImage:
         """The image of a data: URL (`source` a str) or of encoded bytes, from the cache where it holds it (by
-        the URL's text: a hit decodes no base64)."""
+        the URL's text, and the settings it was read by: a hit decodes no base64)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(source, param) if isinstance(source, str) else source
-            return ProcessedImage.of(self.processing.as_proto(read_image(data, param)))
+            return ProcessedImage.of(processing.as_proto(read_image(data, param)))
 
         if self.cache is None:
             return make()
-        return self.cache.processed(source.encode() if isinstance(source, str) else source, make)
+        settings = b"" if processing is self.processing else repr(processing).encode()
+        return self.cache.processed(settings + (source.encode() if isinstance(source, str) else source), make)
 
 
 def read_image(data: bytes, param: str) -> Image.Image:

@@ -88,6 +88,16 @@ def test_mm_processor_kwargs_over_the_processors_own(tmp_path):
         tuple(expected["image_sizes"][0]) != ImageProcessing.from_dir(pixtral).size_of(2000, 3000)
 
 
+def test_a_fixed_sizes_processor_takes_no_other(tmp_path):
+    """Gemma 3's tower takes one size: neither pixel bounds nor another size are settings of its processor."""
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    processing = ImageProcessing.from_dir(tmp_path)
+    assert processing.with_kwargs({}) is processing
+    for kwargs, message in [({"max_pixels": 100}, "takes no max_pixels"), ({"size": {"height": 28}}, "no height")]:
+        with pytest.raises(ValueError, match=message):
+            processing.with_kwargs(kwargs)
+
+
 def test_settings_it_cannot_follow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no preprocessor_config.json"):
         ImageProcessing.from_dir(tmp_path)

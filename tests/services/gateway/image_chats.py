@@ -26,12 +26,12 @@ def data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
 
 
-def greedy_chat(client, model: str, content: list[dict]):
-    """MAX_TOKENS greedy tokens past EOS, their ids and top-5 logprobs by id."""
+def greedy_chat(client, model: str, content: list[dict], **extra):
+    """MAX_TOKENS greedy tokens past EOS, their ids and top-5 logprobs by id (`extra`: more of the body's)."""
     return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
                                           max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=5,
                                           extra_body={"ignore_eos": True, "return_token_ids": True,
-                                                      "return_tokens_as_token_ids": True})
+                                                      "return_tokens_as_token_ids": True, **extra})
 
 
 def assert_same_reply(reply, expected: list[int], logprobs: list[torch.Tensor]) -> None:

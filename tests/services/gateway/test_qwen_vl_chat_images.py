@@ -148,3 +148,23 @@ def test_a_gateways_mm_processor_kwargs_bound_an_images_tokens(vlm_mesh, qwen_vl
         qwen_vlm, [{"type": "image", "image": image}, {"type": "text", "text": "w9"}], max_pixels=16 * 8 * 8)
     assert_same_reply(reply, expected, logprobs)
     assert reply.usage.prompt_tokens == num_prompt <= 8 + 16
+
+
+def test_a_requests_mm_processor_kwargs_bound_its_images_tokens(vlm_mesh, qwen_vlm):
+    """vLLM's per-request mm_processor_kwargs over the processor's (and the cache keeps the image read each way
+    apart); settings it has not are a 400 naming them."""
+    image = random_image(5, (300, 200))
+    content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": "w9"}]
+    with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        whole = greedy_chat(client, vlm_mesh.model_name, content)
+        bounded = greedy_chat(client, vlm_mesh.model_name, content, mm_processor_kwargs={"max_pixels": 9 * 8 * 8})
+        for kwargs, message in [({"fps": 2}, "'fps' is not served"), ({"max_pixels": 0}, "positive integer"),
+                                ({"size": {"height": 64}}, "takes no height")]:
+            with pytest.raises(openai.BadRequestError, match=message) as refused:
+                greedy_chat(client, vlm_mesh.model_name, content, mm_processor_kwargs=kwargs)
+            assert refused.value.body["param"] == "mm_processor_kwargs"
+    expected, logprobs, num_prompt = _transformers_greedy(
+        qwen_vlm, [{"type": "image", "image": image}, {"type": "text", "text": "w9"}], max_pixels=9 * 8 * 8)
+    assert_same_reply(bounded, expected, logprobs)
+    assert bounded.usage.prompt_tokens == num_prompt < whole.usage.prompt_tokens
+    vlm_mesh.assert_decode_pools_free()
