@@ -1,5 +1,6 @@
 """Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
-(Gemma 3's, Mistral 3's, Qwen2.5-VL's and Qwen3-VL's: engine/vision/); Llama 4's requests are text or token ids.
+(Gemma 3's, Mistral 3's, Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's: engine/vision/); Llama 4's requests are text or
+token ids.
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -16,6 +17,7 @@ from engine.vision.vision_config import (
     gemma3_vision_config,
     mistral3_vision_config,
     qwen2_5_vl_vision_config,
+    qwen2_vl_vision_config,
     qwen3_vl_vision_config,
 )
 
@@ -76,6 +78,10 @@ MULTIMODAL = {
         vision_config=mistral3_vision_config),
     # As released (a flat config.json: the text model's settings at its top level, its tensors the causal LM's,
     # the tower's under `visual.`) and as transformers 5 saves it (text_config; `model.language_model.`).
+    "Qwen2VLForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=lambda text_config: "Qwen2ForCausalLM",
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen2_vl_vision_config),
     "Qwen2_5_VLForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=lambda text_config: "Qwen2ForCausalLM",
         text_prefixes=(("model.language_model.", "model."),),

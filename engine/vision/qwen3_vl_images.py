@@ -3,7 +3,10 @@
 positions (a square grid) resampled bilinearly to the image's grid, pre-norm layers of full attention with 2D
 rotary positions and a tanh-GELU MLP; each square's four patches merged into one row of the text model's width,
 and merged so too from a few of its layers (DeepStack): rows the text model adds to its first layers' outputs at
-the image's tokens. An image's rows come as [tokens, text hidden x (1 + those layers)], the input's first."""
+the image's tokens. An image's rows come as [tokens, text hidden x (1 + those layers)], the input's first.
+
+Qwen2-VL's tower (Qwen2VisionTransformerPretrainedModel) is the same without learnt positions or DeepStack, its
+MLP's activation quick-GELU, its tensors named as transformers names them there."""
 from __future__ import annotations
 
 import torch
@@ -14,16 +17,27 @@ from engine.models.parameters import empty_param
 from engine.vision.loading import put_tensor
 from engine.vision.pixtral import rotated
 from engine.vision.qwen2_5_vl_images import TOWER, QwenImageEncoder, attended, rope_angles, square_major
-from engine.vision.vision_config import VisionConfig
+from engine.vision.vision_config import QWEN2_VL, QWEN3_VL, VisionConfig
 
 EPS = 1e-6
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "quick_gelu": quick_gelu}
+# Each family's tensor names: a block's MLP, and the last merger's norm and layers.
+NAMES = {QWEN3_VL: {"fc1": "mlp.linear_fc1", "fc2": "mlp.linear_fc2", "norm": "norm", "merge1": "linear_fc1",
+                    "merge2": "linear_fc2"},
+         QWEN2_VL: {"fc1": "mlp.fc1", "fc2": "mlp.fc2", "norm": "ln_q", "merge1": "mlp.0", "merge2": "mlp.2"}}
 
 
 class Qwen3VisionBlock(nn.Module):
     def __init__(self, config: VisionConfig, dtype: torch.dtype) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.num_heads = config.num_heads
+        self.num_heads, self.act = config.num_heads, ACTIVATIONS[config.hidden_act]
         shapes = {"norm1_weight": (hidden,), "norm1_bias": (hidden,), "norm2_weight": (hidden,),
                   "norm2_bias": (hidden,),
                   "qkv_weight": (3 * hidden, hidden), "qkv_bias": (3 * hidden,), "proj_weight": (hidden, hidden),
@@ -39,8 +53,7 @@ class Qwen3VisionBlock(nn.Module):
         q, k = (rotated(t.float(), cos, sin).to(t.dtype) for t in (q, k))  # in float32, as transformers turns them
         h = h + F.linear(attended(q, k, v, None).flatten(1), self.proj_weight, self.proj_bias)
         x = F.layer_norm(h, (hidden,), self.norm2_weight, self.norm2_bias, EPS)
-        return h + F.linear(F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias), approximate="tanh"), self.fc2_weight,
-                            self.fc2_bias)
+        return h + F.linear(self.act(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
 
 
 class Qwen3PatchMerger(nn.Module):
@@ -64,11 +77,12 @@ class Qwen3PatchMerger(nn.Module):
         x = F.layer_norm(h, (width,), self.norm_weight, self.norm_bias, EPS).reshape(-1, self.fc1_weight.shape[1])
         return F.linear(F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
 
-    def load_weights(self, tensors: dict[str, torch.Tensor], prefix: str) -> None:
-        for name in ("weight", "bias"):
-            put_tensor(getattr(self, f"norm_{name}"), tensors, f"{prefix}norm.{name}")
-            put_tensor(getattr(self, f"fc1_{name}"), tensors, f"{prefix}linear_fc1.{name}")
-            put_tensor(getattr(self, f"fc2_{name}"), tensors, f"{prefix}linear_fc2.{name}")
+    def load_weights(self, tensors: dict[str, torch.Tensor], prefix: str, names: dict[str, str] = NAMES[QWEN3_VL]
+                     ) -> None:
+        for kind in ("weight", "bias"):
+            put_tensor(getattr(self, f"norm_{kind}"), tensors, f"{prefix}{names['norm']}.{kind}")
+            put_tensor(getattr(self, f"fc1_{kind}"), tensors, f"{prefix}{names['merge1']}.{kind}")
+            put_tensor(getattr(self, f"fc2_{kind}"), tensors, f"{prefix}{names['merge2']}.{kind}")
 
 
 class Qwen3VLImageEncoder(QwenImageEncoder):
@@ -78,8 +92,10 @@ class Qwen3VLImageEncoder(QwenImageEncoder):
         self.config = config
         self.patch_weight = empty_param(hidden, config.num_channels, config.temporal_patch_size, patch, patch,
                                         dtype=dtype)
-        self.patch_bias = empty_param(hidden, dtype=dtype)
-        self.positions = empty_param(config.num_position_embeddings, hidden, dtype=dtype)
+        # Qwen3-VL's patches have a bias and learnt positions, Qwen2-VL's neither.
+        self.patch_bias = empty_param(hidden, dtype=dtype) if config.num_position_embeddings else None
+        self.positions = empty_param(config.num_position_embeddings, hidden, dtype=dtype) \
+            if config.num_position_embeddings else None
         self.blocks = nn.ModuleList(Qwen3VisionBlock(config, dtype) for _ in range(config.num_layers))
         self.merger = Qwen3PatchMerger(config, dtype, norm_after=False)
         self.deepstack = nn.ModuleList(Qwen3PatchMerger(config, dtype, norm_after=True)
@@ -93,10 +109,12 @@ class Qwen3VLImageEncoder(QwenImageEncoder):
         kernel = self.patch_weight.sum(dim=2)  # the patch's frames are the image's one frame
         patches = F.conv2d(pixels[None].to(kernel.dtype), kernel, self.patch_bias, stride=config.patch_size)[0]
         rows, cols = patches.shape[1:]
-        side = round(config.num_position_embeddings ** 0.5)
-        grid = self.positions.float().T.reshape(1, -1, side, side)
-        learnt = F.interpolate(grid, size=(rows, cols), mode="bilinear", align_corners=True)[0]
-        h = square_major((patches + learnt.to(patches.dtype)).permute(1, 2, 0), merge)
+        if self.positions is not None:
+            side = round(config.num_position_embeddings ** 0.5)
+            grid = self.positions.float().T.reshape(1, -1, side, side)
+            patches = patches + F.interpolate(grid, size=(rows, cols), mode="bilinear", align_corners=True)[0].to(
+                patches.dtype)
+        h = square_major(patches.permute(1, 2, 0), merge)
         angles = rope_angles(rows, cols, config.hidden_size // config.num_heads, config.rope_theta, merge, h.device)
         cos, sin = angles.cos()[:, None], angles.sin()[:, None]
         stacked = []
@@ -111,9 +129,11 @@ class Qwen3VLImageEncoder(QwenImageEncoder):
         def put(target: torch.Tensor, *names: str) -> None:
             self.put(target, tensors, *names)
 
+        names = NAMES[self.config.family]
         put(self.patch_weight, "patch_embed.proj.weight")
-        put(self.patch_bias, "patch_embed.proj.bias")
-        put(self.positions, "pos_embed.weight")
+        if self.positions is not None:
+            put(self.patch_bias, "patch_embed.proj.bias")
+            put(self.positions, "pos_embed.weight")
         for i, block in enumerate(self.blocks):
             p = f"blocks.{i}."
             for kind in ("weight", "bias"):
@@ -121,8 +141,8 @@ class Qwen3VLImageEncoder(QwenImageEncoder):
                 put(getattr(block, f"norm2_{kind}"), p + f"norm2.{kind}")
                 put(getattr(block, f"qkv_{kind}"), p + f"attn.qkv.{kind}")
                 put(getattr(block, f"proj_{kind}"), p + f"attn.proj.{kind}")
-                put(getattr(block, f"fc1_{kind}"), p + f"mlp.linear_fc1.{kind}")
-                put(getattr(block, f"fc2_{kind}"), p + f"mlp.linear_fc2.{kind}")
-        self.merger.load_weights(tensors, TOWER + "merger.")
+                put(getattr(block, f"fc1_{kind}"), p + f"{names['fc1']}.{kind}")
+                put(getattr(block, f"fc2_{kind}"), p + f"{names['fc2']}.{kind}")
+        self.merger.load_weights(tensors, TOWER + "merger.", names)
         for i, merger in enumerate(self.deepstack):
             merger.load_weights(tensors, TOWER + f"deepstack_merger_list.{i}.")

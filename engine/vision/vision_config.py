@@ -5,15 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GEMMA3, PIXTRAL, QWEN2_5_VL, QWEN3_VL = "gemma3", "pixtral", "qwen2_5_vl", "qwen3_vl"
-QWENS = (QWEN2_5_VL, QWEN3_VL)  # images of any size in whole squares, one run of tokens, placed by multimodal RoPE
+GEMMA3, PIXTRAL, QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "gemma3", "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
+# Images of any size in whole squares, one run of tokens, placed by multimodal RoPE.
+QWENS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
 
 @dataclass(frozen=True)
 class VisionConfig:
     # GEMMA3: a SigLIP tower pooled to a fixed size; PIXTRAL: Mistral 3's tower, any size; QWEN2_5_VL: Qwen2.5-VL's
     # windowed tower, any size, its rows placed by multimodal RoPE (ModelConfig.mrope_section); QWEN3_VL: Qwen3-VL's,
-    # learnt positions resampled to the image, its rows placed so and added to the text model's first layers' too.
+    # learnt positions resampled to the image, its rows placed so and added to the text model's first layers' too;
+    # QWEN2_VL: Qwen2-VL's, Qwen3-VL's without those (engine/vision/qwen3_vl_images.py).
     family: str
     hidden_size: int
     intermediate_size: int
@@ -212,4 +214,32 @@ def qwen3_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
     side = round(config.num_position_embeddings ** 0.5)
     if side * side != config.num_position_embeddings:
         raise ValueError(f"vision_config.num_position_embeddings {config.num_position_embeddings} is not a square")
+    return config
+
+
+# Qwen2VLVisionConfig's, where config.json leaves them out: its width is embed_dim, its rows' hidden_size.
+QWEN2_VL_DEFAULTS = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
+                     "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                     "hidden_act": "quick_gelu"}
+
+
+def qwen2_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Qwen2-VL's (Qwen2VLForConditionalGeneration's config.json): a tower of full attention over an image of any
+    size in whole 28-pixel squares, each square's four patches merged into one row. ValueError for settings not
+    served."""
+    vision = {**QWEN2_VL_DEFAULTS, **(cfg.get("vision_config") or {})}
+    rope = vision.get("rope_parameters") or {}
+    width = int(vision["embed_dim"])
+    config = VisionConfig(
+        family=QWEN2_VL, hidden_size=width, intermediate_size=int(width * vision["mlp_ratio"]),
+        num_layers=int(vision["depth"]), num_heads=int(vision["num_heads"]), image_size=0,
+        patch_size=int(vision["patch_size"]), layer_norm_eps=1e-6, hidden_act=vision["hidden_act"],
+        image_token_id=int(cfg.get("image_token_id", 151_655)),
+        num_channels=int(vision.get("in_channels", vision.get("in_chans", 3))),
+        spatial_merge_size=int(vision["spatial_merge_size"]), rope_theta=float(rope.get("rope_theta", 10_000.0)),
+        temporal_patch_size=int(vision["temporal_patch_size"]), out_hidden_size=int(vision["hidden_size"]))
+    if config.hidden_act != "quick_gelu":
+        raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (quick_gelu only)")
+    if (config.hidden_size // config.num_heads) % 4:
+        raise ValueError("vision_config's head size must be a multiple of 4 (2D RoPE)")
     return config

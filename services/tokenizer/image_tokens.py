@@ -91,14 +91,14 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     """Gemma 3's from tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special
     tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Mistral 3's
     from processor_config.json (PixtralProcessor's tokens, patch size and spatial merge; config.json's where
-    it has none); Qwen2.5-VL's and Qwen3-VL's from config.json; None for a model without them."""
+    it has none); Qwen-VL's from config.json; None for a model without them."""
     extra = tokenizer_config.get("extra_special_tokens")
     named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
     marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
     count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
     if all(isinstance(mark, str) and mark for mark in marks) and count:
         return ImageTokens(*marks, tokens_per_image=int(count))
-    if model_config.get("model_type") in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
+    if model_config.get("model_type") in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         vision = model_config.get("vision_config") or {}
         step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
         return ImageRunTokens(QWEN_IMAGE_TOKEN, step)

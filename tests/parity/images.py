@@ -32,7 +32,11 @@ QWEN3_VL_VISION = dict(hidden_size=32, intermediate_size=64, depth=4, num_heads=
 # layouts tell apart by shape).
 QWEN3_VL_MOE_TEXT = dict(QWEN3_VL_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                          decoder_sparse_step=1, norm_topk_prob=True)
+# Qwen2-VL's: its tower's width embed_dim, its rows' hidden_size.
+QWEN2_VL_VISION = dict(embed_dim=32, hidden_size=64, depth=4, num_heads=4, mlp_ratio=2, patch_size=4,
+                       spatial_merge_size=2, temporal_patch_size=2)
 QWEN_VL = {  # config class, model class, tiny text and vision settings
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", QWEN2_5_VL_TEXT, QWEN2_VL_VISION),
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION),
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", QWEN3_VL_TEXT, QWEN3_VL_VISION),
     "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", QWEN3_VL_MOE_TEXT, QWEN3_VL_VISION),
