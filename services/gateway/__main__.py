@@ -186,12 +186,12 @@ class GatewayService:
             self.state.background.follow_cancels(self.responses)
         if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
             from services.gateway.image_cache import ProcessedImageCache
-            from services.gateway.image_inputs import ChatImages, ImageProcessing
+            from services.gateway.image_inputs import MESSAGE_HEADROOM_BYTES, ChatImages, ImageProcessing
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
             self.state.images = self.servicer.images = ChatImages(
                 ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs), config.allowed_local_media_path,
-                config.limit_images,
-                ProcessedImageCache(cache_bytes) if cache_bytes else None)
+                config.limit_images, ProcessedImageCache(cache_bytes) if cache_bytes else None,
+                max_bytes=max(config.max_message_bytes - MESSAGE_HEADROOM_BYTES, 0))
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config

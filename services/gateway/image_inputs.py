@@ -30,6 +30,8 @@ from services.gateway.image_cache import ProcessedImageCache
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
+# Of a message to a worker, what a prompt's images leave for the rest of the request (its prompt's token ids).
+MESSAGE_HEADROOM_BYTES = 2**20
 FETCH_TIMEOUT_S = 10.0
 
 
@@ -178,6 +180,9 @@ class ChatImages:
     allowed_local_path: Path | None = None  # file:// images are read under it (--allowed-local-media-path)
     limit: int | None = None  # a prompt's most images (--limit-mm-per-prompt); None: any
     cache: ProcessedImageCache | None = None  # None: each image made again (--mm-processor-cache-gb 0)
+    # The most bytes of pixels a prompt's images may take: they travel in one gRPC message to each worker
+    # (--max-message-bytes); None: no bound here.
+    max_bytes: int | None = None
 
     async def read(self, urls: list[str], param: str = "messages",
                    processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
@@ -198,8 +203,15 @@ class ChatImages:
         sources = [url if is_data_url(url) else await _image_bytes(url, self.allowed_local_path, param) for url in urls]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte.
-        return await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, processing, param)
-                                                                 for source in sources)))
+        images = await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, processing, param)
+                                                                   for source in sources)))
+        size = sum(len(image.proto.rgb) for image in images.images)
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise APIError(413, f"the prompt's images take {size / 2**20:.1f} MiB as the model's image processor "
+                                f"resizes them, more than a message to a worker carries ({self.max_bytes / 2**20:.1f} "
+                                "MiB, --max-message-bytes): send fewer or smaller images, or bound them by "
+                                "mm_processor_kwargs (Qwen-VL's max_pixels)", param=param)
+        return images
 
     def _processed(self, source: str | bytes, processing: ImageProcessing, param: str) -> ProcessedImage:
         """The image of a data: URL (`source` a str) or of encoded bytes, from the cache where it holds it (by

@@ -56,10 +56,13 @@ def from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(e.details())
     if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        if "larger than max" in (e.details() or ""):
-            # gRPC's own words for a message over a channel's size limit (the gateway's may be smaller
-            # than a worker's): the same request would fail again, so not a 429 a client retries.
-            return InvalidRequestError(f"the answer is larger than the gateway takes from a worker "
-                                       f"(--max-message-bytes): {e.details()}")
+        details = e.details() or ""
+        if "larger than max" in details:
+            # gRPC's own words for a message over a channel's size limit ("Sent message ...", or "Received
+            # message ...": the gateway's may be smaller than a worker's): the same request would fail again,
+            # so not a 429 a client retries.
+            what = "request to" if details.startswith("Sent") else "answer from"
+            return InvalidRequestError(f"the {what} a worker is larger than a message carries (--max-message-bytes): "
+                                       f"{details}")
         return OverloadedError(e.details())
     return e

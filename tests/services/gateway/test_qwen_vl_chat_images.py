@@ -168,3 +168,16 @@ def test_a_requests_mm_processor_kwargs_bound_its_images_tokens(vlm_mesh, qwen_v
     assert_same_reply(bounded, expected, logprobs)
     assert bounded.usage.prompt_tokens == num_prompt < whole.usage.prompt_tokens
     vlm_mesh.assert_decode_pools_free()
+
+
+def test_images_over_a_message_to_a_worker_are_refused_whole(vlm_mesh):
+    """A prompt's images travel to each worker in one gRPC message: past --max-message-bytes (less room for the
+    rest of the request) they are a 413 naming the flag and max_pixels, before any worker is asked."""
+    image = random_image(6, (900, 700))  # 1.8 MiB of pixels with max_pixels raised
+    content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": "w1"}]
+    with pytest.raises(openai.APIStatusError) as refused:
+        greedy_chat_by_a_local_gateway(vlm_mesh, content, "--max-message-bytes", str(2 * 2**20),
+                                       "--mm-processor-kwargs", json.dumps({"max_pixels": 900 * 700}))
+    assert refused.value.status_code == 413 and "--max-message-bytes" in refused.value.message
+    assert "max_pixels" in refused.value.message
+    vlm_mesh.assert_decode_pools_free()
