@@ -28,7 +28,7 @@ class VisionConfig:
     image_token_id: int  # the prompt's placeholder of each row
     tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image)
     num_channels: int = 3
-    # PIXTRAL, QWEN2_5_VL: patches merged into one row (a side's count), the tower's RoPE base; PIXTRAL: its
+    # PIXTRAL, QWENS: patches merged into one row (a side's count), the tower's RoPE base; PIXTRAL: its
     # projector's activation, biases and RMSNorm epsilon (the text model's).
     spatial_merge_size: int = 1
     rope_theta: float = 10_000.0
@@ -57,13 +57,14 @@ class VisionConfig:
 
     @property
     def pixels_per_row(self) -> int:
-        """PIXTRAL: the pixels one image token stands for on a side."""
+        """PIXTRAL, QWENS: the pixels one image token stands for on a side."""
         return self.patch_size * self.spatial_merge_size
 
     def token_grid(self, height: int, width: int) -> tuple[int, int]:
         """An image of `height` x `width` pixels (as its image processor resized it) as runs of image tokens
-        in the prompt: how many runs, and how many tokens each. Gemma 3's is one run; Mistral 3's a run a row,
-        each row ended by a break token (the last by an end token), as transformers' PixtralProcessor writes them."""
+        in the prompt: how many runs, and how many tokens each. Gemma 3's and Qwen-VL's are one run; Mistral 3's a
+        run a row, each row ended by a break token (the last by an end token), as transformers' PixtralProcessor
+        writes them."""
         if self.family == GEMMA3:
             return 1, self.tokens_per_image
         if self.family in QWENS:  # one run, row-major

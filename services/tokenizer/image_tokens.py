@@ -5,7 +5,7 @@ tokens, each row ended by a break, the last by an end token; Qwen2.5-VL's one ru
 tokens as the image's size makes, for those two."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,18 +41,15 @@ class ImageGridTokens:
     def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
         """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
         made its grid of tokens; ValueError without a mark and a size for each of `num_images`."""
-        _check_sizes(image_sizes, num_images)
-        _check_marks(text, self.token, num_images)
-        pieces = text.split(self.token)
-        expanded = [pieces[0]]
-        for (height, width), after in zip(image_sizes, pieces[1:], strict=True):
-            rows, cols = height // self.pixels_per_token, width // self.pixels_per_token
-            if not rows or not cols:
-                raise ValueError(f"an image of {height}x{width} pixels makes no tokens (a token takes "
-                                 f"{self.pixels_per_token}x{self.pixels_per_token})")
-            grid = (self.token * cols + self.row_break) * rows
-            expanded += [grid[:-len(self.row_break)], self.end, after]
-        return "".join(expanded)
+        return _each_image(text, self.token, image_sizes, num_images, self._grid)
+
+    def _grid(self, height: int, width: int) -> str:
+        rows, cols = height // self.pixels_per_token, width // self.pixels_per_token
+        if not rows or not cols:
+            raise ValueError(f"an image of {height}x{width} pixels makes no tokens (a token takes "
+                             f"{self.pixels_per_token}x{self.pixels_per_token})")
+        grid = (self.token * cols + self.row_break) * rows
+        return grid[:-len(self.row_break)] + self.end
 
 
 @dataclass(frozen=True)
@@ -65,19 +62,22 @@ class ImageRunTokens:
     def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
         """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
         made its run; ValueError without a mark and a size for each of `num_images`."""
-        _check_sizes(image_sizes, num_images)
-        _check_marks(text, self.token, num_images)
-        pieces = text.split(self.token)
-        expanded = [pieces[0]]
-        for (height, width), after in zip(image_sizes, pieces[1:], strict=True):
-            expanded += [self.token * ((height // self.pixels_per_token) * (width // self.pixels_per_token)), after]
-        return "".join(expanded)
+        step = self.pixels_per_token
+        return _each_image(text, self.token, image_sizes, num_images,
+                           lambda height, width: self.token * ((height // step) * (width // step)))
 
 
-def _check_sizes(image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> None:
+def _each_image(text: str, mark: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int,
+                tokens_of: Callable[[int, int], str]) -> str:
+    """`text` with each image's `mark`, in turn, made `tokens_of` its (height, width); ValueError without a mark
+    and a size for each of `num_images`."""
     if image_sizes is None or len(image_sizes) != num_images:
         raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
                          f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
+    _check_marks(text, mark, num_images)
+    pieces = text.split(mark)
+    return pieces[0] + "".join(tokens_of(height, width) + after
+                               for (height, width), after in zip(image_sizes, pieces[1:], strict=True))
 
 
 def _check_marks(text: str, mark: str, num_images: int) -> None:
