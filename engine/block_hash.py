@@ -53,7 +53,7 @@ def embeddings_digest(dtype: str, shape: Sequence[int], data: bytes) -> str:
     return h.hexdigest()
 
 
-def image_digest(rgb: bytes, shape: tuple[int, ...], rescale_factor: float, mean: Sequence[float],
+def image_digest(rgb: bytes | memoryview, shape: tuple[int, ...], rescale_factor: float, mean: Sequence[float],
                  std: Sequence[float]) -> str:
     """What names one image: its resized RGB bytes and shape, and the rescale factor, mean and std its pixels
     are normalized by, hashed (the gateway's and the engine's the same)."""

@@ -18,7 +18,7 @@ from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
-from engine.prompt_images import encode_pending_images
+from engine.prompt_images import encode_pending_images, multimodal_positions
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
@@ -271,10 +271,7 @@ class ModelRunner:
         position_tensor = torch.tensor(positions, dtype=torch.int64, device=self.device)
         rope_positions = position_tensor
         if any(seq.rope_positions is not None for seq in batch.seqs):  # a prompt with Qwen-VL's images
-            rope_positions = torch.cat([seq.rope_positions.rows(seq.num_computed_tokens, n)
-                                        if seq.rope_positions is not None else
-                                        torch.arange(seq.num_computed_tokens, seq.num_computed_tokens + n).expand(3, n)
-                                        for seq, n in (*decodes, *prefills)], dim=1).to(self.device)
+            rope_positions = multimodal_positions((*decodes, *prefills), position_tensor)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(row_seqs),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,11 +40,17 @@ class ImageInput:
         mean, std = torch.tensor(self.mean, dtype=torch.float32), torch.tensor(self.std, dtype=torch.float32)
         return ((rescaled - mean) / std).permute(2, 0, 1).contiguous()
 
+    @cached_property
+    def digest(self) -> str:
+        """What names it (engine/block_hash.py's `image_digest`): made once, where the image is first read
+        (a worker does so off its engine thread: services/common/prompt_embeds.py)."""
+        return image_digest(memoryview(self.rgb.contiguous().numpy().reshape(-1)), tuple(self.rgb.shape),
+                            self.rescale_factor, self.mean, self.std)
+
 
 def digest_of(images: Sequence[ImageInput]) -> str:
     """What names them in a cache salt (engine/block_hash.py's `images_digest`)."""
-    return images_digest([image_digest(image.rgb.contiguous().numpy().tobytes(), tuple(image.rgb.shape),
-                                       image.rescale_factor, image.mean, image.std) for image in images])
+    return images_digest([image.digest for image in images])
 
 
 def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
@@ -106,13 +113,23 @@ class MRoPEPositions:
     prompt: torch.Tensor
     delta: int
 
-    def rows(self, start: int, n: int) -> torch.Tensor:
-        """Positions [3, n] of the sequence's tokens [start, start + n)."""
-        rows = (torch.arange(start, start + n) + self.delta).expand(3, n).clone()
-        end = min(start + n, self.prompt.shape[1])
-        if start < end:
-            rows[:, :end - start] = self.prompt[:, start:end]
-        return rows
+
+def multimodal_positions(chunks: Sequence[tuple[sequence.Sequence, int]], positions: torch.Tensor) -> torch.Tensor:
+    """A step's rows' multimodal RoPE positions [3, T], of its `chunks` ((sequence, its rows) in row order) and
+    their token positions [T]: a token's own three past its prompt (or without images) its position plus its
+    sequence's delta; its prompt's from the sequence's table. Per step a list and one tensor, and a copy a prompt
+    chunk: a decode step costs about what one of 1D positions does."""
+    deltas: list[int] = []
+    prompt_rows: list[tuple[int, torch.Tensor]] = []
+    for seq, n in chunks:
+        rope, start = seq.rope_positions, seq.num_computed_tokens
+        if rope is not None and start < rope.prompt.shape[1]:
+            prompt_rows.append((len(deltas), rope.prompt[:, start:start + n]))
+        deltas += [rope.delta if rope is not None else 0] * n
+    rows = (positions + torch.tensor(deltas, dtype=positions.dtype, device=positions.device)).expand(3, -1).clone()
+    for first, table in prompt_rows:
+        rows[:, first:first + table.shape[1]] = table.to(rows.device)
+    return rows
 
 
 def mrope_positions(vision: VisionConfig, num_tokens: int, placed: Sequence[PlacedImage]) -> MRoPEPositions:

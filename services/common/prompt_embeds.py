@@ -2,9 +2,11 @@
 the workers' engines take them."""
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
-from engine.prompt_images import ImageInput
+from engine.prompt_images import ImageInput, digest_of
 from protos import common_pb2
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,4 +40,19 @@ def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput]:
                              f"[{image.height}, {image.width}, {image.channels}]")
         rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8).view(image.height, image.width, image.channels)
         images.append(ImageInput(rgb, image.rescale_factor, tuple(image.mean), tuple(image.std)))
+    return images
+
+
+async def given_images_hashed(sampling: common_pb2.SamplingParams) -> list[ImageInput]:
+    """`given_images`, off the event loop, each one's digest made there too: copying a large image's bytes and
+    hashing them (the engine's cache salt names them) take milliseconds that neither the worker's event loop nor
+    its engine thread should spend. At once, [] for a request without images."""
+    if not sampling.images:
+        return []
+    return await asyncio.to_thread(_hashed_images, sampling)
+
+
+def _hashed_images(sampling: common_pb2.SamplingParams) -> list[ImageInput]:
+    images = given_images(sampling)
+    digest_of(images)  # each image's digest, kept on it
     return images

@@ -70,7 +70,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
-from services.common.prompt_embeds import given_embeddings, given_images
+from services.common.prompt_embeds import given_embeddings, given_images_hashed
 from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
@@ -180,7 +180,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
             try:
                 params = sampling_params_from_proto(request.sampling)
-                prompt_embeds, images = given_embeddings(request.sampling), given_images(request.sampling)
+                prompt_embeds, images = given_embeddings(request.sampling), await given_images_hashed(request.sampling)
                 await engine_loop.compile_guide(params)
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
