@@ -1,5 +1,5 @@
 """A chat's images, read (image_inputs.py's ChatImages, where the model takes images) as every API that takes
-chat messages reads them: generation's, /tokenize's and count_tokens' alike."""
+chat messages reads them: the HTTP APIs' generation, /tokenize and count_tokens, and the gRPC API's alike."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -14,7 +14,8 @@ async def chat_images(state, messages: Sequence[ChatMessage], param: str = "mess
                       processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages | None:
     """The pixels of the messages' images, in order (None for none), read with a request's `processor_kwargs`
     (vLLM's mm_processor_kwargs); APIError (400) naming `param` where the model takes none, or one cannot be
-    read. `state`: the gateway's (http_app.GatewayState)."""
+    read. `state`: what has the gateway's `images` and `model_name` (http_app.GatewayState, the gRPC API's
+    servicer)."""
     urls = [url for message in messages for url in message.image_urls]
     if not urls:
         return None

@@ -29,6 +29,7 @@ from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.converters import FINISH_REASONS
 from services.common.grpc_server import EarlyHeaders
 from services.gateway.api_keys import ApiKeys, refusal
+from services.gateway.chat_images import chat_images
 from services.gateway.chat_serving import ChatServing
 from services.gateway.choices import choice_request_id, merge_choices
 from services.gateway.deltas import Delta
@@ -179,14 +180,10 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             if len(message.image_urls) != len(message.image_parts):
                 raise APIError(400, f"chat.messages[{i}] has {len(message.image_parts)} image_parts for "
                                     f"{len(message.image_urls)} image_urls", param=f"chat.messages[{i}].image_urls")
-        urls = [url for message in request.chat.messages for url in message.image_urls]
-        if not urls:
-            return None
-        if self.images is None:
-            raise APIError(400, f"{self.model_name} takes no images", param="chat.messages")
-        if request.HasField("beam_search"):
+        images = await chat_images(self, request.chat.messages, "chat.messages")  # its images and model_name
+        if images is not None and request.HasField("beam_search"):
             raise APIError(400, "beam search takes text messages, not images", param="beam_search")
-        return await self.images.read(urls, "chat.messages")
+        return images
 
     def _choices(self, request: gateway_pb2.GenerateRequest, request_id: str, num_choices: int, arrival: float,
                  on_dispatch: Callable[[], None], tools: ChatRequestTools | None, reasoning: ReasoningReader | None,
