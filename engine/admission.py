@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
-from engine.prompt_images import ImageInput, check_images, digest_of
+from engine.prompt_images import ImageInput, WithheldImage, check_images, digest_of
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ def check_weights_held(engine: LLMEngine) -> None:
 
 def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
                       sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                      prompt_embeds: torch.Tensor | None = None, images: Sequence[ImageInput] = ()) -> None:
+                      prompt_embeds: torch.Tensor | None = None,
+                      images: Sequence[ImageInput | WithheldImage] = ()) -> None:
     """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
     `add_request` and `add_prefilled_request` take it); changes nothing."""
     check_weights_held(engine)
@@ -121,7 +122,7 @@ def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_para
 
 
 def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | None,
-           images: Sequence[ImageInput] = ()) -> SamplingParams:
+           images: Sequence[ImageInput | WithheldImage] = ()) -> SamplingParams:
     """A prompt given as embeddings, or with images, shares cached blocks only with prompts given the same
     ones: its cache salt names them (unchanged where its caller salted it so, as the gateway does for its
     router's hashes to match the workers')."""

@@ -33,6 +33,11 @@ class ImageInput:
     rescale_factor: float
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    given_digest: str = ""  # its `digest` as its sender made it (the gateway's): not hashed again
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.rgb.shape)
 
     def pixels(self) -> torch.Tensor:
         """float32 [channels, height, width]."""
@@ -42,13 +47,25 @@ class ImageInput:
 
     @cached_property
     def digest(self) -> str:
-        """What names it (engine/block_hash.py's `image_digest`): made once, where the image is first read
-        (a worker does so off its engine thread: services/common/prompt_embeds.py)."""
-        return image_digest(memoryview(self.rgb.contiguous().numpy().reshape(-1)), tuple(self.rgb.shape),
-                            self.rescale_factor, self.mean, self.std)
+        """What names it (engine/block_hash.py's `image_digest`): given, or made once where the image is first
+        read (a worker does so off its engine thread: services/common/prompt_embeds.py)."""
+        if self.given_digest:
+            return self.given_digest
+        return image_digest(memoryview(self.rgb.contiguous().numpy().reshape(-1)), self.shape, self.rescale_factor,
+                            self.mean, self.std)
 
 
-def digest_of(images: Sequence[ImageInput]) -> str:
+@dataclass(frozen=True, eq=False)
+class WithheldImage:
+    """An image whose pixels were not sent (a decode worker's: protos/decode.proto's DecodeRequest): its size,
+    which places its tokens (and Qwen-VL's RoPE positions), and what names it. Never encoded: a preempted request
+    whose prefix cache no longer holds its tokens ends instead (engine/scheduler.py's `WITHHELD`)."""
+
+    shape: tuple[int, int, int]  # [height, width, channels]
+    digest: str
+
+
+def digest_of(images: Sequence[ImageInput | WithheldImage]) -> str:
     """What names them in a cache salt (engine/block_hash.py's `images_digest`)."""
     return images_digest([image.digest for image in images])
 
@@ -72,7 +89,7 @@ class PlacedImage:
     3's one a row of its grid)."""
 
     runs: tuple[tuple[int, int], ...]
-    image: ImageInput
+    image: ImageInput | WithheldImage
 
     @property
     def start(self) -> int:
@@ -83,11 +100,11 @@ class PlacedImage:
         return self.runs[-1][1]
 
 
-def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Sequence[ImageInput]
+def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Sequence[ImageInput | WithheldImage]
                    ) -> list[tuple[tuple[int, int], ...]]:
     """`runs` dealt out to `images` in order, each taking as many as its grid has rows (ValueError for a
     prompt whose runs do not fit them)."""
-    grids = [vision.token_grid(*image.rgb.shape[:2]) for image in images]
+    grids = [vision.token_grid(*image.shape[:2]) for image in images]
     wanted = sum(rows for rows, _ in grids)
     if len(runs) != wanted:
         raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "
@@ -139,7 +156,7 @@ def mrope_positions(vision: VisionConfig, num_tokens: int, placed: Sequence[Plac
     for image in placed:
         positions[:, token:image.start] = torch.arange(position, position + image.start - token)
         position += image.start - token
-        rows, cols = (side // vision.pixels_per_row for side in image.image.rgb.shape[:2])
+        rows, cols = (side // vision.pixels_per_row for side in image.image.shape[:2])
         positions[0, image.start:image.end] = position
         positions[1, image.start:image.end] = position + torch.arange(rows).repeat_interleave(cols)
         positions[2, image.start:image.end] = position + torch.arange(cols).repeat(rows)
@@ -148,7 +165,8 @@ def mrope_positions(vision: VisionConfig, num_tokens: int, placed: Sequence[Plac
     return MRoPEPositions(positions, position + num_tokens - token - num_tokens)
 
 
-def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int], images: Sequence[ImageInput]
+def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int],
+                  images: Sequence[ImageInput | WithheldImage]
                   ) -> tuple[tuple[PlacedImage, ...], tuple[tuple[int, int], ...], MRoPEPositions | None]:
     """A prompt's images (as `check_images` passed them) with their runs of image tokens, the spans their
     tokens attend bidirectionally in (Gemma 3's runs; none of Mistral 3's), and the prompt's multimodal RoPE
@@ -162,9 +180,11 @@ def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int], imag
     return placed, spans, rope
 
 
-def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> None:
+def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequence[ImageInput | WithheldImage]
+                 ) -> None:
     """ValueError for images the model takes none of, or that the prompt does not place (its runs of image
-    tokens, as many and as long as each image's grid of rows), or pixels its tower does not take."""
+    tokens, as many and as long as each image's grid of rows), or pixels its tower does not take (a withheld
+    image's, its size)."""
     vision, limit = engine.model_config.vision, engine.config.limit_images
     if vision is None:
         raise ValueError(f"{engine.model_config.architecture} takes no images here"
@@ -172,17 +192,27 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
     if limit is not None and len(images) > limit:
         raise ValueError(f"{len(images)} images in one prompt, more than its limit of {limit}")
     for image in images:
-        shape = tuple(image.rgb.shape)
-        if len(shape) != 3 or shape[2] != vision.num_channels or image.rgb.dtype != torch.uint8:
+        shape = image.shape
+        dtype = image.rgb.dtype if isinstance(image, ImageInput) else torch.uint8
+        if len(shape) != 3 or shape[2] != vision.num_channels or dtype != torch.uint8:
             raise ValueError(f"an image must be uint8 [height, width, {vision.num_channels}] (resized by the model's "
-                             f"image processor), got {image.rgb.dtype} of shape {list(shape)}")
+                             f"image processor), got {dtype} of shape {list(shape)}")
         error = vision.shape_error(*shape[:2])
         if error is not None:
             raise ValueError(f"an image {error} (resized by the model's image processor), got {shape[0]}x{shape[1]}")
+        if isinstance(image, WithheldImage):
+            continue
         if len(image.mean) != vision.num_channels or len(image.std) != vision.num_channels or 0 in image.std:
             raise ValueError(f"an image's mean and std must give a number for each of its {vision.num_channels} "
                              "channels, std not 0")
     _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
+
+
+def lacks_pixels(seq: sequence.Sequence) -> bool:
+    """Whether `seq`'s next step would compute tokens of an image whose pixels were withheld: past its
+    computed (or cached) prefix."""
+    return any(placed.end > seq.num_computed_tokens for placed in seq.pending_images
+               if isinstance(placed.image, WithheldImage))
 
 
 def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, start: int, n: int,

@@ -4,7 +4,9 @@ Each step spends a token budget: running sequences first (one token for a
 decode, the next chunk for a prompt still being prefilled), then waiting ones,
 oldest first. When a running sequence needs a page and none is free, the most
 recently admitted sequence is preempted: its pages are freed and it waits to be
-recomputed from its tokens, so the pool never deadlocks.
+recomputed from its tokens, so the pool never deadlocks. One whose images' pixels were
+withheld (a decode worker's) is recomputed only as far as its prefix cache still holds
+them: else it ends "withheld", for its caller to resume where its pixels are.
 
 Under the priority policy both queues are kept in (priority, arrival) order instead: the
 budget goes to the most urgent first, the most urgent waiting sequence is admitted
@@ -22,6 +24,7 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.drafting import Drafter, Drafting
 from engine.iteration_tokens import iteration_tokens
+from engine.prompt_images import lacks_pixels
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduling_policy import scheduling_policy
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -54,6 +57,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Finished prefill-only sequences whose pages wait to be copied out.
         self.held: dict[str, Sequence] = {}
+        # Finished "withheld" while scheduling (`take_withheld`).
+        self._withheld: list[Sequence] = []
         self.num_preemptions = 0
         self.iteration_tokens = iteration_tokens()  # each batch's tokens, in buckets (vLLM's histogram)
         self.policy = scheduling_policy(policy)
@@ -175,6 +180,11 @@ class Scheduler:
                 if self.whole_embeddings and seq.sampling_params.embed and seq.num_uncomputed_tokens > budget:
                     break  # the next step's budget takes it whole (LLMEngine refuses one it never could)
                 bm.allocate(seq)
+                if seq.pending_images and lacks_pixels(seq):
+                    del self.waiting[i]
+                    self._finish(seq, "withheld")
+                    self._withheld.append(seq)
+                    continue
             del self.waiting[i]
             self._run(seq)
             num_new = self._num_new(seq, budget)
@@ -183,6 +193,11 @@ class Scheduler:
         if batch.seqs:
             self.iteration_tokens.observe(batch.num_tokens)
         return batch
+
+    def take_withheld(self) -> list[Sequence]:
+        """The sequences finished "withheld" since the last take."""
+        withheld, self._withheld = self._withheld, []
+        return withheld
 
     def _num_new(self, seq: Sequence, budget: int) -> int:
         """The tokens `seq` computes this step: what it has left, within the step's budget and, for a

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     from engine.prompt_images import MRoPEPositions, PlacedImage
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
-# wait for another worker to take them over (disaggregated serving).
-FinishReason = Literal["stop", "length", "abort", "prefilled"]
+# wait for another worker to take them over (disaggregated serving). "withheld": one preempted
+# whose images' pixels it was not given (a decode worker's), where its prefix cache no longer
+# holds their tokens: it cannot be computed again here; its caller resumes it elsewhere.
+FinishReason = Literal["stop", "length", "abort", "prefilled", "withheld"]
 
 
 class SequenceStatus(enum.Enum):

@@ -3,6 +3,8 @@ spans (`CallPhases`), its counts by finish reason, and an abort of the request w
 early (the client went away, the server stops), which frees its pages."""
 from __future__ import annotations
 
+import dataclasses
+
 import grpc
 
 from engine.outputs import RequestOutput
@@ -17,6 +19,10 @@ from services.common.metrics import ServiceMetrics
 from services.common.request_outputs import RequestRefusedError
 from services.decode.converters import chunk_from_output
 from services.decode.output_batches import OutputBatches
+
+# How a Decode call ends whose request the engine finished "withheld" (protos/decode.proto's DecodeRequest).
+WITHHELD = ("preempted, and the prefix cache no longer holds the tokens of its images, whose pixels were not sent: "
+            "resume it, with them, through a prefill worker")
 
 
 class CallPhases:
@@ -78,6 +84,13 @@ async def decode_chunks(engine_loop: EngineLoop, request_id: str, outputs: Outpu
                 is_counted = True
                 await headers.sent()
                 await context.abort(grpc.StatusCode.INTERNAL, f"the decode engine failed: {out}")
+            if out.finish_reason == "withheld":  # its pages are freed: nothing to abort
+                is_finished = is_counted = True
+                metrics.count_error("withheld")
+                if out.new_token_ids:  # batched behind the stream interval: the caller resumes after them
+                    yield chunk_from_output(dataclasses.replace(out, finished=False, finish_reason=None), params)
+                await headers.sent()
+                await context.abort(grpc.StatusCode.ABORTED, WITHHELD)
             is_finished = out.finished
             chunk = chunk_from_output(out, params)
             if is_finished:

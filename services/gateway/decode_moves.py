@@ -1,6 +1,7 @@
 """`DecodeMoves`: a request's moves to other decode workers, each after the one it streamed from went
-away mid-stream (past its first token): the workers it left, the one it moved to (counted busy until
-the request ends) and its id there. step_sources.py says whether and where it may go
+away mid-stream (past its first token), or ended it for want of its images' pixels (to the least
+loaded, that one too): the workers that went away, the one it moved to (counted busy until the
+request ends) and its id there. step_sources.py says whether and where it may go
 (`next_decode_worker`) and makes the new worker's calls (`moved`). pipeline.py makes one at a
 request's first move, so a request that never moves pays nothing for it on its path."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from services.gateway.deltas import TextOutput
 from services.gateway.request_trace import RequestTrace
 from services.gateway.step_sources import StepSources
 from services.gateway.timeline import PhaseClock
-from services.gateway.worker_steps import Progress, Step
+from services.gateway.worker_steps import Progress, Step, was_withheld
 from services.gateway.workers import Worker, WorkerPool
 
 
@@ -27,6 +28,7 @@ class DecodeMoves:
         self.steps = steps
         self.decode = decode
         self.first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
+        self.num_moves = 0
         self.gone: list[Worker] = []  # decode workers that went away mid-stream
         self.held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
 
@@ -36,12 +38,14 @@ class DecodeMoves:
         """After `error` from `decode_worker`, the worker the request moved to, its id there and its steps
         from there on; None where it does not move (the error stands)."""
         generated = list(output.detokenizer.output_token_ids)
-        moved_to = self.steps.next_decode_worker(error, params, len(generated), [*self.gone, decode_worker])
+        gone = self.gone if was_withheld(error) else [*self.gone, decode_worker]
+        moved_to = self.steps.next_decode_worker(error, params, len(generated), gone)
         if moved_to is None:
             return None
-        self.gone.append(decode_worker)
+        self.gone = gone
+        self.num_moves += 1
         decode_worker = self.held.enter_context(self.decode.hold(moved_to))
-        request_id = f"{self.first_id}~{len(self.gone)}"
+        request_id = f"{self.first_id}~{self.num_moves}"
         steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock, spans)
         return decode_worker, request_id, steps
 

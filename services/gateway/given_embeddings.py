@@ -90,7 +90,30 @@ class GivenImages:
         return [(image.proto.height, image.proto.width) for image in self.images]
 
     def given_to(self, params: common_pb2.SamplingParams) -> None:
-        """`params` carrying them, and salted with them: the same placeholder tokens show other images."""
+        """`params` carrying them, each named by its digest (no worker hashes it again), and salted with them:
+        the same placeholder tokens show other images."""
         params.images.extend(image.proto for image in self.images)
+        for given, image in zip(params.images[-len(self.images):], self.images, strict=True):
+            given.digest = image.digest
         params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
                                                    self.digest)
+
+
+def pixels_withheld(params: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
+    """`params` as a decode worker takes them (protos/decode.proto's DecodeRequest): their images' sizes and
+    digests without their pixels; `params` themselves where they have no images. Copied field by field: a
+    copy of the whole would copy every image's pixels first."""
+    if not params.images:
+        return params
+    withheld = common_pb2.SamplingParams()
+    for field, value in params.ListFields():
+        if field.name == "images":
+            continue
+        if field.type == field.TYPE_MESSAGE or field.is_repeated:
+            getattr(withheld, field.name).MergeFrom(value)
+        else:
+            setattr(withheld, field.name, value)
+    for image in params.images:
+        withheld.images.add(channels=image.channels, height=image.height, width=image.width,
+                            rescale_factor=image.rescale_factor, mean=image.mean, std=image.std, digest=image.digest)
+    return withheld

@@ -5,7 +5,8 @@ the request through them):
   then writes the KV into pages it reserved on the decode worker; the rest from the decode worker.
   A prefill worker that goes away before the first token is replaced (up to MAX_PREFILL_RETRIES);
 - `local`: every token from the decode worker, which prefills the prompt itself;
-- `moved`: the rest of a request whose decode worker went away mid-stream, on another.
+- `moved`: the rest of a request whose decode worker went away mid-stream, on another; or that its decode
+  worker preempted and could not compute again without its images' pixels, on the least loaded one.
 
 Calls go out on calls kept open ahead of requests where there are some (kept_calls.py); a stream
 cut short is cancelled, and a request's pages on its decode worker are Aborted in the background
@@ -25,6 +26,7 @@ from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics
+from services.gateway.given_embeddings import pixels_withheld
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
 from services.gateway.prefill_route import NO_LOOKUP, Lookup
 from services.gateway.request_errors import InvalidRequestError
@@ -38,6 +40,7 @@ from services.gateway.worker_steps import (
     observe_prefill,
     read_to_end,
     rpc_legs,
+    was_withheld,
     went_away,
 )
 from services.gateway.workers import Worker, WorkerPool
@@ -53,6 +56,10 @@ MAX_PREFILL_RETRIES = 2
 DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
                             "Requests moved to another decode worker because theirs went away (UNAVAILABLE) "
                             "mid-stream: prompt and output so far prefilled again there")
+DECODE_RESUMES = Counter("baton_gateway_decode_resumes_total",
+                         "Requests a decode worker preempted and could not compute again without their images' "
+                         "pixels, which it is not sent (ABORTED): prompt, images and output so far prefilled again, "
+                         "for the least loaded decode worker")
 MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
 
 
@@ -111,19 +118,27 @@ class StepSources:
         continued = common_pb2.SamplingParams()
         continued.CopyFrom(params)
         continued.ClearField("prompt_logprobs")
-        DECODE_MIGRATIONS.inc()
         steps = self.disaggregated if self.prefill is not None else self.local
         return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
                      lambda call: None, output)
 
     def next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
                            num_generated: int, gone: list[Worker]) -> Worker | None:
-        """Where a request goes after `error` from its decode worker, past its first token: another
-        serving decode worker, when the worker went away, tokens are left to make and it has moved fewer
-        than MAX_DECODE_MIGRATIONS times; else None."""
-        if not (went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS and num_generated < params.max_tokens):
+        """Where a request goes after `error` from its decode worker, past its first token, while tokens are
+        left to make: the least loaded serving decode worker not `gone` when its worker lacked its images'
+        pixels (each such resume makes a token at its prefill: no bound needed); another when the worker went
+        away, `gone` with the rest, and it has moved fewer than MAX_DECODE_MIGRATIONS times; else None."""
+        if num_generated >= params.max_tokens:
             return None
-        return self.decode.pick_other(gone)
+        if was_withheld(error):
+            moved_to, counter = self.decode.pick_other(gone), DECODE_RESUMES
+        elif went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS:
+            moved_to, counter = self.decode.pick_other(gone), DECODE_MIGRATIONS
+        else:
+            return None
+        if moved_to is not None:
+            counter.inc()
+        return moved_to
 
     def _next_prefill_worker(self, error: BaseException, gone: list[Worker]) -> Worker | None:
         """Where a prompt goes after `error` from its prefill worker, before its first token: another
@@ -199,7 +214,7 @@ class StepSources:
         with spans.calls():
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=params, output_token_ids=output))
+                first_token_id=response.first_token_id, sampling=pixels_withheld(params), output_token_ids=output))
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)

@@ -104,6 +104,12 @@ def observe_prefill(requests: RequestMetrics, timings: prefill_pb2.PrefillTiming
                              timings.kv_transfer_bytes, legs, timings.kv_transfer_early_bytes)
 
 
+def was_withheld(error: BaseException) -> bool:
+    """A decode worker's call ended because it preempted the request, whose images' pixels it was not sent,
+    and can compute their tokens no more (protos/decode.proto's DecodeRequest): ABORTED."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.ABORTED
+
+
 def went_away(error: BaseException) -> bool:
     """A worker's call ended because the worker is gone or going (it stopped, died, or its engine failed
     on another request): UNAVAILABLE."""

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from engine.prompt_images import ImageInput
+from engine.prompt_images import ImageInput, WithheldImage
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import transformers
 from tests.parity.images import (
@@ -156,6 +156,65 @@ def test_images_computed_again_after_a_preemption_give_the_same_tokens(qwen_vl):
     assert engine.scheduler.num_preemptions > 0
     for request_id, (prompt, images) in requests.items():
         assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+
+
+def _decoded_with_pixels_withheld(path, requests: Requests, max_tokens: dict[str, int]) -> dict:
+    """Each request prefilled by one engine and decoded by another from a copy of its pages, which has its
+    images' sizes and digests but not their pixels (a decode worker's, as the gateway sends them); the
+    decoding one has 9 pages, so the second request is preempted at its first step. Its outputs by id."""
+    prefill, decode = image_engine(path), image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
+    for request_id, (prompt, images) in requests.items():
+        params = SamplingParams(max_tokens=max_tokens[request_id], temperature=0.0, ignore_eos=True)
+        prefill.add_request(request_id, prompt, params, prefill_only=True, images=images)
+        first = next(out for step in iter(prefill.step, None) for out in step if out.finished)
+        source, target = prefill.held_block_ids(request_id), decode.reserve(request_id, len(prompt))
+        decode.runner.kv_pool.tensor[:, :, :, target] = prefill.runner.kv_pool.tensor[:, :, :, source]
+        prefill.release(request_id)
+        withheld = [WithheldImage(image.shape, image.digest) for image in images]
+        decode.add_prefilled_request(request_id, prompt, first.token_ids[0], params, images=withheld)
+    outputs = {}
+    while decode.has_unfinished_requests():
+        for out in decode.step():
+            assert not out.step_times.image_encodes  # no pixels to encode
+            if out.finished:
+                outputs[out.request_id] = out
+    assert decode.scheduler.num_preemptions == 1
+    decode.block_manager.check_integrity()
+    assert decode.block_manager.num_free_blocks == decode.num_kv_blocks
+    return outputs
+
+
+def _two_requests() -> Requests:
+    """Two 64-token prompts (4 pages each), their second image's tokens past the 32nd."""
+    requests = {}
+    for i in range(2):
+        images = _images(7 + i, [(32, 32), (16, 24)])
+        prompt = _prompt(7 + i, images)
+        requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
+    return requests
+
+
+def test_a_request_decoded_without_its_pixels_goes_on_from_its_cached_pages_after_a_preemption(qwen_vl):
+    """Preempted, its pages freed but kept by the prefix cache while the other request ends: readmitted from
+    them, it computes no image again and makes transformers' tokens."""
+    path, model = qwen_vl
+    requests = _two_requests()
+    outputs = _decoded_with_pixels_withheld(path, requests, {"r0": MAX_NEW_TOKENS, "r1": MAX_NEW_TOKENS})
+    for request_id, (prompt, images) in requests.items():
+        assert outputs[request_id].finish_reason == "length"
+        assert outputs[request_id].token_ids == _hf_greedy(model, prompt, images), request_id
+
+
+def test_a_request_decoded_without_its_pixels_ends_withheld_where_its_cache_lost_its_images(qwen_vl):
+    """The other request's 40 tokens take two of its cached pages: its images' tokens cannot be computed
+    again without their pixels, so it ends "withheld" (its caller resumes it with them), its pages freed."""
+    path, model = qwen_vl
+    requests = _two_requests()
+    outputs = _decoded_with_pixels_withheld(path, requests, {"r0": 40, "r1": MAX_NEW_TOKENS})
+    assert outputs["r0"].finish_reason == "length" and len(outputs["r0"].token_ids) == 40
+    prompt, images = requests["r1"]
+    assert outputs["r1"].finish_reason == "withheld"
+    assert outputs["r1"].token_ids == _hf_greedy(model, prompt, images)[:1]  # its first, from the prefill
 
 
 def test_images_the_prompt_does_not_place_are_refused(qwen_vl):

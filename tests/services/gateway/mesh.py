@@ -84,8 +84,8 @@ class Mesh:
     def model_name(self) -> str:
         return self.model_dir.name
 
-    def assert_decode_pools_free(self, within_s: float = 1.0) -> None:
-        assert_decode_pools_free(self.decode, within_s)
+    def assert_decode_pools_free(self, within_s: float = 1.0, num_tokens: int = WHOLE_POOL_TOKENS) -> None:
+        assert_decode_pools_free(self.decode, within_s, num_tokens)
 
 
 @contextmanager
@@ -101,14 +101,16 @@ def gateway_client(mesh: Mesh, *extra_args: str) -> Iterator[openai.OpenAI]:
         assert gateway.terminate() == 0
 
 
-def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0) -> None:
-    """Reserving every page of every decode worker succeeds (retried for `within_s`)."""
+def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0,
+                             num_tokens: int = WHOLE_POOL_TOKENS) -> None:
+    """Reserving every page of every decode worker (`num_tokens`' pages: the default pool's) succeeds
+    (retried for `within_s`)."""
     for svc in decode:
         stub = decode_pb2_grpc.DecodeStub(svc.channel)
         deadline = time.monotonic() + within_s
         while True:
             try:
-                stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+                stub.Reserve(decode_pb2.ReserveRequest(request_id="probe", num_tokens=num_tokens), timeout=5)
                 break
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e

@@ -11,10 +11,13 @@ build for this torch here: the test expands the template's <|image_pad|> marks a
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
@@ -92,8 +95,9 @@ def _expanded(text: str, grids: list[list[int]]) -> str:
                                                                                             strict=True))
 
 
-def _transformers_greedy(qwen_vlm, content: list[dict],
+def _transformers_greedy(qwen_vlm, content: list[dict], max_tokens: int = MAX_TOKENS, logit_bias: float = 0.0,
                          **processor_kwargs) -> tuple[list[int], list[torch.Tensor], int]:
+    """`logit_bias`: added to the image token's logit (transformers takes none the model makes)."""
     _, model, tokenizer, image_processor = qwen_vlm
     inputs = image_processor(images=[part["image"] for part in content if part["type"] == "image"],
                              return_tensors="pt", **processor_kwargs)
@@ -103,11 +107,12 @@ def _transformers_greedy(qwen_vlm, content: list[dict],
                     return_tensors="pt")["input_ids"]
     tokens, logprobs = [], []
     with torch.no_grad():
-        for _ in range(MAX_TOKENS):
+        for _ in range(max_tokens):
             current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
             logits = model(input_ids=current, pixel_values=inputs["pixel_values"],
                            image_grid_thw=inputs["image_grid_thw"],
                            mm_token_type_ids=(current == MARKS[IMAGE]).int()).logits
+            logits[0, -1, MARKS[IMAGE]] += logit_bias
             tokens.append(int(logits[0, -1].argmax()))
             logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
     return tokens, logprobs, ids.shape[1]
@@ -181,3 +186,51 @@ def test_images_over_a_message_to_a_worker_are_refused_whole(vlm_mesh):
     assert refused.value.status_code == 413 and "--max-message-bytes" in refused.value.message
     assert "max_pixels" in refused.value.message
     vlm_mesh.assert_decode_pools_free()
+
+
+PAGES = 12  # of 16 tokens: a 32-token chat's 160 greedy tokens take them all
+
+
+@pytest.fixture(scope="module")
+def small_pool_mesh(qwen_vlm):
+    """A decode worker of PAGES pages, behind one prefill worker."""
+    if type(qwen_vlm[1]).__name__ != "Qwen2_5_VLForConditionalGeneration":
+        pytest.skip("one model's: what the gateway sends a decode worker is alike for all")
+    with running_mesh(qwen_vlm[0], num_prefill=1, num_decode=1, worker_args=("--dtype", "float32"),
+                      decode_args=("--kv-blocks", str(PAGES)),
+                      gateway_args=("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0")) as mesh:
+        yield mesh
+
+
+def _resumes(base_url: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               if family.name == "baton_gateway_decode_resumes" for sample in family.samples
+               if sample.name == "baton_gateway_decode_resumes_total")
+
+
+def test_a_chat_its_decode_worker_preempted_without_its_pixels_is_resumed_with_them(small_pool_mesh, qwen_vlm):
+    """The gateway sends a decode worker no pixels. Two chats whose replies each fill its pool: one is
+    preempted, and the other's last pages take its cached ones, images' KV and all; without their pixels its
+    worker cannot compute them again, so it ends the stream and the gateway resumes the chat through the
+    prefill worker, images given again. Both replies are transformers' 160 greedy tokens (the image token
+    biased out: transformers reads every image token as an image's)."""
+    images = [random_image(20 + i, (32, 32)) for i in range(2)]
+    texts = [" ".join(f"w{10 * i + k}" for k in range(9)) for i in range(2)]
+    contents = [[{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": text}]
+                for image, text in zip(images, texts, strict=True)]
+    before = _resumes(small_pool_mesh.gateway.base_url)
+    with openai.OpenAI(base_url=f"{small_pool_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda content: client.chat.completions.create(
+                model=small_pool_mesh.model_name, messages=[{"role": "user", "content": content}],
+                max_tokens=PAGES * 16 - 32, temperature=0, logit_bias={str(MARKS[IMAGE]): -100},
+                extra_body={"ignore_eos": True, "return_token_ids": True}), contents))
+    assert _resumes(small_pool_mesh.gateway.base_url) - before >= 1
+    for image, text, reply in zip(images, texts, replies, strict=True):
+        expected, _, num_prompt = _transformers_greedy(qwen_vlm, [{"type": "image", "image": image},
+                                                                  {"type": "text", "text": text}],
+                                                       max_tokens=PAGES * 16 - 32, logit_bias=-100)
+        assert reply.usage.prompt_tokens == num_prompt == 32
+        assert reply.choices[0].token_ids == expected
+    small_pool_mesh.assert_decode_pools_free(num_tokens=PAGES * 16 - 1)
