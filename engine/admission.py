@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.block_hash import embeddings_digest, salted_with_embeddings
+from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import ImageInput, WithheldImage, check_images, digest_of
 from engine.sampling_params import SamplingParams
 
@@ -24,7 +25,7 @@ def check_weights_held(engine: LLMEngine) -> None:
 
 def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
                       sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                      prompt_embeds: torch.Tensor | None = None,
+                      prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
                       images: Sequence[ImageInput | WithheldImage] = ()) -> None:
     """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
     `add_request` and `add_prefilled_request` take it); changes nothing."""
@@ -103,30 +104,34 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
 
 
 def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_params: SamplingParams,
-                        prompt_embeds: torch.Tensor) -> None:
+                        prompt_embeds: torch.Tensor | WithheldEmbeddings) -> None:
     """A prompt given as embeddings: one row of the model's hidden size per (placeholder) token, of
     floats. What needs the prompt's tokens is refused: their logprobs, an embedding or pooling of it
     (an encoder's own embeddings are not given)."""
     hidden = engine.model_config.hidden_size
-    if prompt_embeds.dim() != 2 or prompt_embeds.shape[1] != hidden or not prompt_embeds.is_floating_point():
+    is_withheld = isinstance(prompt_embeds, WithheldEmbeddings)
+    dtype = torch.float32 if is_withheld else prompt_embeds.dtype  # a withheld one's was checked where it was given
+    if len(prompt_embeds.shape) != 2 or prompt_embeds.shape[1] != hidden or not dtype.is_floating_point:
         raise ValueError(f"prompt_embeds must be floats of shape [tokens, {hidden}] (the model's hidden size), "
-                         f"got {prompt_embeds.dtype} of shape {list(prompt_embeds.shape)}")
+                         f"got {dtype} of shape {list(prompt_embeds.shape)}")
     if prompt_embeds.shape[0] != num_prompt_tokens:
         raise ValueError(f"prompt_embeds has {prompt_embeds.shape[0]} rows for a prompt of {num_prompt_tokens} tokens")
     if sampling_params.prompt_logprobs is not None:
         raise ValueError("prompt_logprobs are not available for a prompt given as embeddings: it has no tokens")
     if sampling_params.embed or sampling_params.embed_tokens or engine.model_config.encoder is not None:
         raise ValueError("a prompt given as embeddings is generated from, not embedded or pooled")
-    if not bool(torch.isfinite(prompt_embeds).all()):
+    if not is_withheld and not bool(torch.isfinite(prompt_embeds).all()):
         raise ValueError("prompt_embeds holds a value that is not finite (inf or NaN)")
 
 
-def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | None,
+def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | WithheldEmbeddings | None,
            images: Sequence[ImageInput | WithheldImage] = ()) -> SamplingParams:
     """A prompt given as embeddings, or with images, shares cached blocks only with prompts given the same
     ones: its cache salt names them (unchanged where its caller salted it so, as the gateway does for its
     router's hashes to match the workers')."""
-    if prompt_embeds is not None:
+    if isinstance(prompt_embeds, WithheldEmbeddings):
+        digest = prompt_embeds.digest
+    elif prompt_embeds is not None:
         raw = prompt_embeds.contiguous().view(torch.uint8).numpy().tobytes()
         digest = embeddings_digest(str(prompt_embeds.dtype).removeprefix("torch."), prompt_embeds.shape, raw)
     elif images:

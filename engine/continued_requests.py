@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.llm_engine import LLMEngine
+    from engine.prompt_embeds import WithheldEmbeddings
     from engine.prompt_images import MRoPEPositions, PlacedImage
 
 
@@ -32,7 +33,7 @@ def resume_guide(engine: LLMEngine, seq: Sequence, made_elsewhere: list[int] | t
 
 def prefilled_sequence(engine: LLMEngine, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                        sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...],
-                       prompt_embeds: torch.Tensor | None = None,
+                       prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
                        images: tuple[PlacedImage, ...] = (),
                        bidirectional_spans: tuple[tuple[int, int], ...] = (),
                        rope_positions: MRoPEPositions | None = None) -> Sequence:

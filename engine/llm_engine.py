@@ -27,6 +27,7 @@ from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
+from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import ImageInput, WithheldImage, placed_images
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -144,9 +145,9 @@ class LLMEngine:
         model's image processor, for its run of image tokens in the prompt.
         """
         start_ns = time.time_ns()
-        if any(isinstance(image, WithheldImage) for image in images):
-            raise ValueError("an image's pixels are needed to prefill its prompt: only a request prefilled elsewhere "
-                             "takes its images' sizes and digests alone")
+        if isinstance(prompt_embeds, WithheldEmbeddings) or any(isinstance(image, WithheldImage) for image in images):
+            raise ValueError("a prompt's embeddings and images' pixels are needed to prefill it: only a request "
+                             "prefilled elsewhere takes their sizes and digests alone")
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
         pending, spans, rope = placed_images(self.model_config.vision, prompt_token_ids, images)
@@ -221,7 +222,8 @@ class LLMEngine:
 
     def add_prefilled_request(
         self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams,
-        output_token_ids: list[int] | tuple[int, ...] = (), prompt_embeds: torch.Tensor | None = None,
+        output_token_ids: list[int] | tuple[int, ...] = (),
+        prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
         images: list[ImageInput | WithheldImage] | tuple[ImageInput | WithheldImage, ...] = (),
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
@@ -229,8 +231,9 @@ class LLMEngine:
         whose next token was sampled elsewhere. It joins the running batch, or, with max_num_seqs
         running, waits for a place in it holding its pages (the reservation admitted them).
         `prompt_embeds` and `images` as `add_request` takes them: a preempted request computes its prompt again.
-        Its images may be `WithheldImage`s (their pixels not sent): preempted, it is computed again only as far
-        as its prefix cache still holds their tokens, else it finishes "withheld"."""
+        Its prompt embeddings and images may be withheld (`WithheldEmbeddings`, `WithheldImage`: not sent):
+        preempted, it is computed again only where its prefix cache still holds their tokens, else it finishes
+        "withheld"."""
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
         sampling_params = salted(sampling_params, prompt_embeds, images)

@@ -8,6 +8,16 @@ import torch
 import torch.nn.functional as F
 
 
+@dataclass(frozen=True)
+class WithheldEmbeddings:
+    """A prompt given as embeddings whose rows were not sent (a decode worker's: protos/decode.proto's
+    DecodeRequest): their shape, and what names them in the cache salt. Never read: a preempted request
+    whose prefix cache no longer holds its prompt ends instead (engine/sequence.py's `withheld_end`)."""
+
+    shape: tuple[int, int]  # [rows, hidden_size]
+    digest: str
+
+
 def given_in(given: tuple[tuple[int, torch.Tensor], ...], first_row: int, start: int, n: int
              ) -> list[tuple[int, torch.Tensor]]:
     """Of a sequence's `given` embeddings ((first position, rows) each), those of positions [start, start + n),

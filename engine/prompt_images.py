@@ -59,7 +59,7 @@ class ImageInput:
 class WithheldImage:
     """An image whose pixels were not sent (a decode worker's: protos/decode.proto's DecodeRequest): its size,
     which places its tokens (and Qwen-VL's RoPE positions), and what names it. Never encoded: a preempted request
-    whose prefix cache no longer holds its tokens ends instead (engine/scheduler.py's `WITHHELD`)."""
+    whose prefix cache no longer holds its tokens ends instead (engine/sequence.py's `withheld_end`)."""
 
     shape: tuple[int, int, int]  # [height, width, channels]
     digest: str
@@ -206,13 +206,6 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
             raise ValueError(f"an image's mean and std must give a number for each of its {vision.num_channels} "
                              "channels, std not 0")
     _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
-
-
-def lacks_pixels(seq: sequence.Sequence) -> bool:
-    """Whether `seq`'s next step would compute tokens of an image whose pixels were withheld: past its
-    computed (or cached) prefix."""
-    return any(placed.end > seq.num_computed_tokens for placed in seq.pending_images
-               if isinstance(placed.image, WithheldImage))
 
 
 def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, start: int, n: int,

@@ -4,9 +4,9 @@ Each step spends a token budget: running sequences first (one token for a
 decode, the next chunk for a prompt still being prefilled), then waiting ones,
 oldest first. When a running sequence needs a page and none is free, the most
 recently admitted sequence is preempted: its pages are freed and it waits to be
-recomputed from its tokens, so the pool never deadlocks. One whose images' pixels were
-withheld (a decode worker's) is recomputed only as far as its prefix cache still holds
-them: else it ends "withheld", for its caller to resume where its pixels are.
+recomputed from its tokens, so the pool never deadlocks. One whose prompt rows or images'
+pixels were withheld (a decode worker's) is recomputed only where its prefix cache still
+holds them: else it ends "withheld", for its caller to resume where they are.
 
 Under the priority policy both queues are kept in (priority, arrival) order instead: the
 budget goes to the most urgent first, the most urgent waiting sequence is admitted
@@ -24,7 +24,6 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager
 from engine.drafting import Drafter, Drafting
 from engine.iteration_tokens import iteration_tokens
-from engine.prompt_images import lacks_pixels
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduling_policy import scheduling_policy
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -180,7 +179,7 @@ class Scheduler:
                 if self.whole_embeddings and seq.sampling_params.embed and seq.num_uncomputed_tokens > budget:
                     break  # the next step's budget takes it whole (LLMEngine refuses one it never could)
                 bm.allocate(seq)
-                if seq.pending_images and lacks_pixels(seq):
+                if seq.num_computed_tokens < seq.withheld_end:
                     del self.waiting[i]
                     self._finish(seq, "withheld")
                     self._withheld.append(seq)

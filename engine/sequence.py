@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from engine.prompt_embeds import WithheldEmbeddings
+from engine.prompt_images import WithheldImage
 from engine.sampling_params import SamplingParams
 from engine.spec_decode_stats import SpecDecodeStats
 from engine.step_times import StepTimes
@@ -17,8 +19,9 @@ if TYPE_CHECKING:
 
 # "prefilled": a prefill-only request whose first token is out and whose pages
 # wait for another worker to take them over (disaggregated serving). "withheld": one preempted
-# whose images' pixels it was not given (a decode worker's), where its prefix cache no longer
-# holds their tokens: it cannot be computed again here; its caller resumes it elsewhere.
+# whose prompt rows or images' pixels it was not given (a decode worker's), where its prefix
+# cache no longer holds their tokens: it cannot be computed again here; its caller resumes it
+# elsewhere.
 FinishReason = Literal["stop", "length", "abort", "prefilled", "withheld"]
 
 
@@ -46,7 +49,7 @@ class Sequence:
         arrival_time: float | None = None,
         is_prefill_only: bool = False,
         output_token_ids: list[int] | tuple[int, ...] = (),
-        prompt_embeds: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
         images: tuple[PlacedImage, ...] = (),
         bidirectional_spans: tuple[tuple[int, int], ...] = (),
         rope_positions: MRoPEPositions | None = None,
@@ -54,10 +57,11 @@ class Sequence:
         """`output_token_ids`: output it already has, made elsewhere (a request that moved): its KV
         is computed after the prompt's, and it counts as output, not prompt. `prompt_embeds`: the
         prompt given as embeddings, a [P, H] tensor whose rows the model reads in place of its
-        token ids' (placeholders then, as in vLLM). `images`: each image in the prompt with its runs of
-        image tokens, whose encoder's rows are read in place of those tokens' embeddings; `bidirectional_spans`:
-        positions [start, end) whose tokens attend to each other whatever their order (Gemma 3's images);
-        `rope_positions`: its tokens' multimodal RoPE positions where its images give them (Qwen2.5-VL's)."""
+        token ids' (placeholders then, as in vLLM), or withheld (a decode worker's). `images`: each image in the
+        prompt with its runs of image tokens, whose encoder's rows are read in place of those tokens' embeddings;
+        `bidirectional_spans`: positions [start, end) whose tokens attend to each other whatever their order
+        (Gemma 3's images); `rope_positions`: its tokens' multimodal RoPE positions where its images give them
+        (Qwen2.5-VL's)."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         self.request_id = request_id
@@ -67,8 +71,12 @@ class Sequence:
         # Prompt rows given as embeddings, (first position, rows) in order: the whole prompt's, or each image's
         # runs' once its pixels, pending till then, are encoded (engine/prompt_images.py).
         self.given_embeddings: tuple[tuple[int, torch.Tensor], ...] = \
-            ((0, prompt_embeds),) if prompt_embeds is not None else ()
+            ((0, prompt_embeds),) if isinstance(prompt_embeds, torch.Tensor) else ()
         self.pending_images = images
+        # Its tokens before this position cannot be computed here, their rows or images' pixels not sent (a
+        # decode worker's request): preempted, it goes on only where its prefix cache still holds them.
+        self.withheld_end = max([len(prompt_token_ids) if isinstance(prompt_embeds, WithheldEmbeddings) else 0,
+                                 *(placed.end for placed in images if isinstance(placed.image, WithheldImage))])
         self.bidirectional_spans = bidirectional_spans
         self.rope_positions = rope_positions
         self.num_tokens_given = len(self.token_ids)  # on arrival: tokens past them were made here

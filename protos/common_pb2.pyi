@@ -123,16 +123,18 @@ class PromptImage(_message.Message):
     def __init__(self, rgb: _Optional[bytes] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., rescale_factor: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class PromptEmbeds(_message.Message):
-    __slots__ = ("data", "num_rows", "hidden_size", "dtype")
+    __slots__ = ("data", "num_rows", "hidden_size", "dtype", "digest")
     DATA_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     num_rows: int
     hidden_size: int
     dtype: str
-    def __init__(self, data: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    digest: str
+    def __init__(self, data: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class ThinkingBudget(_message.Message):
     __slots__ = ("max_tokens", "start_token_ids", "end_token_ids", "forced_end_token_ids")

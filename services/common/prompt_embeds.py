@@ -6,14 +6,16 @@ import asyncio
 
 import torch
 
+from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import ImageInput, WithheldImage, digest_of
 from protos import common_pb2
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | None:
-    """The [rows, hidden] tensor `sampling.prompt_embeds` holds; None when the prompt is token ids.
+def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | WithheldEmbeddings | None:
+    """The [rows, hidden] tensor `sampling.prompt_embeds` holds (with its rows withheld, a `WithheldEmbeddings`:
+    the engine takes those only in a request prefilled elsewhere); None when the prompt is token ids.
     ValueError for a dtype it cannot be or bytes that are not its shape (the engine checks the
     shape against the model)."""
     if not sampling.HasField("prompt_embeds"):
@@ -22,6 +24,8 @@ def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | None
     dtype = DTYPES.get(given.dtype)
     if dtype is None:
         raise ValueError(f"prompt_embeds.dtype must be one of {', '.join(DTYPES)}, got {given.dtype!r}")
+    if not given.data and given.digest and given.num_rows:
+        return WithheldEmbeddings((given.num_rows, given.hidden_size), given.digest)
     expected = given.num_rows * given.hidden_size * dtype.itemsize
     if not given.num_rows or len(given.data) != expected:
         raise ValueError(f"prompt_embeds holds {len(given.data)} bytes, not {given.num_rows} rows of "

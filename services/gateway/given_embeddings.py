@@ -50,9 +50,10 @@ def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.Pro
     kept = common_pb2.PromptEmbeds(num_rows=num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype)
     row_bytes = len(embeds.data) // embeds.num_rows
     kept.data = embeds.data[-num_rows * row_bytes:] if num_rows < embeds.num_rows else embeds.data
+    kept.digest = embeddings_digest(kept.dtype, (kept.num_rows, kept.hidden_size), kept.data)
     params.prompt_embeds.CopyFrom(kept)
-    digest = embeddings_digest(kept.dtype, (kept.num_rows, kept.hidden_size), kept.data)
-    params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None, digest)
+    params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
+                                               kept.digest)
 
 
 @dataclass(frozen=True)
@@ -99,15 +100,15 @@ class GivenImages:
                                                    self.digest)
 
 
-def pixels_withheld(params: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
+def inputs_withheld(params: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
     """`params` as a decode worker takes them (protos/decode.proto's DecodeRequest): their images' sizes and
-    digests without their pixels; `params` themselves where they have no images. Copied field by field: a
-    copy of the whole would copy every image's pixels first."""
-    if not params.images:
+    digests without their pixels, their prompt embeddings' shape and digest without their rows; `params`
+    themselves where they have neither. Copied field by field: a copy of the whole would copy them first."""
+    if not params.images and not params.HasField("prompt_embeds"):
         return params
     withheld = common_pb2.SamplingParams()
     for field, value in params.ListFields():
-        if field.name == "images":
+        if field.name in ("images", "prompt_embeds"):
             continue
         if field.type == field.TYPE_MESSAGE or field.is_repeated:
             getattr(withheld, field.name).MergeFrom(value)
@@ -116,4 +117,8 @@ def pixels_withheld(params: common_pb2.SamplingParams) -> common_pb2.SamplingPar
     for image in params.images:
         withheld.images.add(channels=image.channels, height=image.height, width=image.width,
                             rescale_factor=image.rescale_factor, mean=image.mean, std=image.std, digest=image.digest)
+    if params.HasField("prompt_embeds"):
+        embeds = params.prompt_embeds
+        withheld.prompt_embeds.CopyFrom(common_pb2.PromptEmbeds(
+            num_rows=embeds.num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype, digest=embeds.digest))
     return withheld

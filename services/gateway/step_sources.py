@@ -26,7 +26,7 @@ from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics
-from services.gateway.given_embeddings import pixels_withheld
+from services.gateway.given_embeddings import inputs_withheld
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
 from services.gateway.prefill_route import NO_LOOKUP, Lookup
 from services.gateway.request_errors import InvalidRequestError
@@ -214,7 +214,8 @@ class StepSources:
         with spans.calls():
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=pixels_withheld(params), output_token_ids=output))
+                first_token_id=response.first_token_id, sampling=inputs_withheld(params),
+                output_token_ids=output))
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)

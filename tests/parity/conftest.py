@@ -213,3 +213,27 @@ def greedy_outputs(engine, requests: dict[str, tuple[list[int], dict]], max_toke
                 results[out.request_id] = out.token_ids
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
     return results
+
+
+def decoded_from_handed_over_pages(prefill, decode, requests: dict[str, tuple[list[int], int, dict, dict]]) -> dict:
+    """Each request prefilled by `prefill`, then decoded greedily by `decode` from a copy of its pages, as a
+    decode worker decodes: `requests` maps an id to its prompt, its max_tokens, and what `add_request` and
+    `add_prefilled_request` take for it besides. Its finished outputs by id; every page free after."""
+    from engine.sampling_params import SamplingParams
+
+    for request_id, (prompt, max_tokens, given, given_to_decode) in requests.items():
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        prefill.add_request(request_id, prompt, params, prefill_only=True, **given)
+        first = next(out for step in iter(prefill.step, None) for out in step if out.finished)
+        source, target = prefill.held_block_ids(request_id), decode.reserve(request_id, len(prompt))
+        decode.runner.kv_pool.tensor[:, :, :, target] = prefill.runner.kv_pool.tensor[:, :, :, source]
+        prefill.release(request_id)
+        decode.add_prefilled_request(request_id, prompt, first.token_ids[0], params, **given_to_decode)
+    outputs = {}
+    while decode.has_unfinished_requests():
+        for out in decode.step():
+            if out.finished:
+                outputs[out.request_id] = out
+    decode.block_manager.check_integrity()
+    assert decode.block_manager.num_free_blocks == decode.num_kv_blocks
+    return outputs

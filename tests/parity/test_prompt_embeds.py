@@ -7,10 +7,12 @@ import dataclasses
 import pytest
 import torch
 
+from engine.block_hash import embeddings_digest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.prompt_embeds import WithheldEmbeddings
 from engine.sampling_params import SamplingParams
-from tests.parity.conftest import greedy_outputs, transformers
+from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs, transformers
 
 # Granite scales given embeddings as its own (embedding_multiplier); Gemma 2 and 3 scale inside
 # their embedding module, so given ones are not; DeepSeek-V3's attention is MLA.
@@ -98,6 +100,53 @@ def test_a_preempted_request_computes_its_given_embeddings_again(tiny_model_dirs
     results = _run(engine, requests)
     assert engine.scheduler.num_preemptions > 0
     assert results == {f"r{i}": _hf_greedy(hf, e) for i, e in enumerate(embeds)}
+
+
+def _decoded_with_rows_withheld(model_dir, embeds: list[torch.Tensor], max_tokens: list[int]) -> dict:
+    """Each prompt prefilled by one engine and decoded by another from a copy of its pages, which has its
+    embeddings' shape and digest but not their rows (a decode worker's, as the gateway sends them); the
+    decoding one has 9 pages, so the second request is preempted at its first step."""
+    decode = _engine(model_dir, num_kv_blocks=9, max_num_batched_tokens=128)
+    outputs = decoded_from_handed_over_pages(_engine(model_dir), decode, {
+        f"r{i}": ([0] * len(e), n, {"prompt_embeds": e},
+                  {"prompt_embeds": WithheldEmbeddings(tuple(e.shape), _digest_of_rows(e))})
+        for i, (e, n) in enumerate(zip(embeds, max_tokens, strict=True))})
+    assert decode.scheduler.num_preemptions == 1
+    return outputs
+
+
+def _digest_of_rows(embeds: torch.Tensor) -> str:
+    return embeddings_digest("float32", tuple(embeds.shape), embeds.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def test_a_request_decoded_without_its_rows_goes_on_from_its_cached_pages_after_a_preemption(tiny_model_dirs):
+    """Preempted, its pages kept by the prefix cache while the other request ends: readmitted from them, it
+    makes transformers' tokens (64 rows: 4 whole pages)."""
+    model_dir = tiny_model_dirs["llama-gqa-untied"]
+    hf = _hf(model_dir)
+    embeds = [_embeddings(hf, seed, n=64) for seed in (7, 8)]
+    outputs = _decoded_with_rows_withheld(model_dir, embeds, [MAX_NEW_TOKENS, MAX_NEW_TOKENS])
+    for i, e in enumerate(embeds):
+        assert outputs[f"r{i}"].finish_reason == "length"
+        assert outputs[f"r{i}"].token_ids == _hf_greedy(hf, e)
+
+
+def test_a_request_decoded_without_its_rows_ends_withheld_where_its_cache_lost_them(tiny_model_dirs):
+    """The other request's 40 tokens take two of its cached pages: its prompt cannot be computed again
+    without its rows, so it ends "withheld" (its caller resumes it with them), its pages freed."""
+    model_dir = tiny_model_dirs["llama-gqa-untied"]
+    hf = _hf(model_dir)
+    embeds = [_embeddings(hf, seed, n=64) for seed in (7, 8)]
+    outputs = _decoded_with_rows_withheld(model_dir, embeds, [40, MAX_NEW_TOKENS])
+    assert outputs["r0"].finish_reason == "length" and len(outputs["r0"].token_ids) == 40
+    assert outputs["r1"].finish_reason == "withheld"
+    assert outputs["r1"].token_ids == _hf_greedy(hf, embeds[1])[:1]
+
+
+def test_withheld_rows_are_refused_where_the_prompt_is_computed(tiny_model_dirs):
+    engine = _engine(tiny_model_dirs["llama-gqa-untied"])
+    with pytest.raises(ValueError, match="needed to prefill it"):
+        engine.add_request("r", [0] * 8, SamplingParams(max_tokens=2), prompt_embeds=WithheldEmbeddings((8, 64), "d"))
 
 
 def test_given_embeddings_are_checked(tiny_model_dirs):

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.prompt_images import ImageInput, WithheldImage
 from engine.sampling_params import SamplingParams
-from tests.parity.conftest import transformers
+from tests.parity.conftest import decoded_from_handed_over_pages, transformers
 from tests.parity.images import (
     QWEN_VL,
     Requests,
@@ -162,25 +162,13 @@ def _decoded_with_pixels_withheld(path, requests: Requests, max_tokens: dict[str
     """Each request prefilled by one engine and decoded by another from a copy of its pages, which has its
     images' sizes and digests but not their pixels (a decode worker's, as the gateway sends them); the
     decoding one has 9 pages, so the second request is preempted at its first step. Its outputs by id."""
-    prefill, decode = image_engine(path), image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
-    for request_id, (prompt, images) in requests.items():
-        params = SamplingParams(max_tokens=max_tokens[request_id], temperature=0.0, ignore_eos=True)
-        prefill.add_request(request_id, prompt, params, prefill_only=True, images=images)
-        first = next(out for step in iter(prefill.step, None) for out in step if out.finished)
-        source, target = prefill.held_block_ids(request_id), decode.reserve(request_id, len(prompt))
-        decode.runner.kv_pool.tensor[:, :, :, target] = prefill.runner.kv_pool.tensor[:, :, :, source]
-        prefill.release(request_id)
-        withheld = [WithheldImage(image.shape, image.digest) for image in images]
-        decode.add_prefilled_request(request_id, prompt, first.token_ids[0], params, images=withheld)
-    outputs = {}
-    while decode.has_unfinished_requests():
-        for out in decode.step():
-            assert not out.step_times.image_encodes  # no pixels to encode
-            if out.finished:
-                outputs[out.request_id] = out
+    decode = image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
+    outputs = decoded_from_handed_over_pages(image_engine(path), decode, {
+        request_id: (prompt, max_tokens[request_id], {"images": images},
+                     {"images": [WithheldImage(image.shape, image.digest) for image in images]})
+        for request_id, (prompt, images) in requests.items()})
     assert decode.scheduler.num_preemptions == 1
-    decode.block_manager.check_integrity()
-    assert decode.block_manager.num_free_blocks == decode.num_kv_blocks
+    assert not any(out.step_times.image_encodes for out in outputs.values())  # no pixels to encode
     return outputs
 
 

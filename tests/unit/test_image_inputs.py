@@ -126,38 +126,6 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     assert salted(SamplingParams(cache_salt="tenant"), None, given_images(params)).cache_salt == params.cache_salt
 
 
-def test_a_decode_workers_params_name_the_images_by_size_and_digest_without_their_pixels(tmp_path):
-    """What the gateway sends a decode worker: the params but the images' pixels (the pages hold their KV),
-    each image's digest that of its pixels, as a worker given them makes it; the engine's salt unchanged."""
-    from dataclasses import replace
-
-    from engine.admission import salted
-    from engine.prompt_images import WithheldImage
-    from engine.sampling_params import SamplingParams
-    from services.gateway.given_embeddings import GivenImages, pixels_withheld
-
-    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
-    processing = ImageProcessing.from_dir(tmp_path)
-    rng = np.random.default_rng(4)
-    params = common_pb2.SamplingParams(max_tokens=9, temperature=0.5, stop_token_ids=[4, 5], cache_salt="tenant")
-    params.logit_bias[7] = 2.5
-    params.thinking_budget.max_tokens = 3
-    GivenImages.of([processing.as_proto(Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)))
-                    for _ in range(2)]).given_to(params)
-    withheld = pixels_withheld(params)
-    expected = common_pb2.SamplingParams()
-    expected.CopyFrom(params)
-    for image in expected.images:
-        image.ClearField("rgb")
-    assert withheld == expected and all(image.rgb for image in params.images)
-    assert pixels_withheld(expected.__class__(max_tokens=2)) == expected.__class__(max_tokens=2)
-    images, named = given_images(withheld), given_images(params)
-    assert all(isinstance(image, WithheldImage) and image.shape == (56, 56, 3) for image in images)
-    assert [image.digest for image in images] == [replace(image, given_digest="").digest for image in named]
-    engine_params = SamplingParams(cache_salt=params.cache_salt)
-    assert salted(engine_params, None, images) is engine_params
-
-
 def _png(seed: int, size: tuple[int, int] = (90, 60)) -> str:
     pixels = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
     saved = io.BytesIO()
