@@ -21,8 +21,8 @@ from services.decode.converters import chunk_from_output
 from services.decode.output_batches import OutputBatches
 
 # How a Decode call ends whose request the engine finished "withheld" (protos/decode.proto's DecodeRequest).
-WITHHELD = ("preempted, and the prefix cache no longer holds the tokens of its images, whose pixels were not sent: "
-            "resume it, with them, through a prefill worker")
+WITHHELD = ("preempted, and the prefix cache no longer holds the tokens of its images or prompt embeddings, whose "
+            "pixels or rows were not sent: resume it, giving them (GenerateLocally with the output so far)")
 
 
 class CallPhases:

@@ -1,9 +1,9 @@
 """`DecodeMoves`: a request's moves to other decode workers, each after the one it streamed from went
-away mid-stream (past its first token), or ended it for want of its images' pixels (to the least
-loaded, that one too): the workers that went away, the one it moved to (counted busy until the
-request ends) and its id there. step_sources.py says whether and where it may go
-(`next_decode_worker`) and makes the new worker's calls (`moved`). pipeline.py makes one at a
-request's first move, so a request that never moves pays nothing for it on its path."""
+away mid-stream (past its first token), or ended it for want of its images' pixels or prompt rows (to
+the least loaded, that one too, which prefills it again itself): the workers that went away, the one
+it moved to (counted busy until the request ends) and its id there. step_sources.py says whether and
+where it may go (`next_decode_worker`) and makes the new worker's calls (`moved`). pipeline.py makes
+one at a request's first move, so a request that never moves pays nothing for it on its path."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
@@ -38,7 +38,11 @@ class DecodeMoves:
         """After `error` from `decode_worker`, the worker the request moved to, its id there and its steps
         from there on; None where it does not move (the error stands)."""
         generated = list(output.detokenizer.output_token_ids)
-        gone = self.gone if was_withheld(error) else [*self.gone, decode_worker]
+        # A request its worker preempted without its images or prompt rows is computed again where it is
+        # decoded, as a preempted request is, given them now: queued there while pages are short, where a
+        # prefill worker's reservation would be refused.
+        is_resumed = was_withheld(error)
+        gone = self.gone if is_resumed else [*self.gone, decode_worker]
         moved_to = self.steps.next_decode_worker(error, params, len(generated), gone)
         if moved_to is None:
             return None
@@ -46,7 +50,8 @@ class DecodeMoves:
         self.num_moves += 1
         decode_worker = self.held.enter_context(self.decode.hold(moved_to))
         request_id = f"{self.first_id}~{self.num_moves}"
-        steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock, spans)
+        steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock, spans,
+                                 locally=is_resumed)
         return decode_worker, request_id, steps
 
     def close(self) -> None:

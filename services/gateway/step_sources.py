@@ -6,7 +6,8 @@ the request through them):
   A prefill worker that goes away before the first token is replaced (up to MAX_PREFILL_RETRIES);
 - `local`: every token from the decode worker, which prefills the prompt itself;
 - `moved`: the rest of a request whose decode worker went away mid-stream, on another; or that its decode
-  worker preempted and could not compute again without its images' pixels, on the least loaded one.
+  worker preempted and could not compute again without its images' pixels or prompt rows, prefilled again
+  by the least loaded decode worker itself, given them.
 
 Calls go out on calls kept open ahead of requests where there are some (kept_calls.py); a stream
 cut short is cancelled, and a request's pages on its decode worker are Aborted in the background
@@ -58,8 +59,8 @@ DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
                             "mid-stream: prompt and output so far prefilled again there")
 DECODE_RESUMES = Counter("baton_gateway_decode_resumes_total",
                          "Requests a decode worker preempted and could not compute again without their images' "
-                         "pixels, which it is not sent (ABORTED): prompt, images and output so far prefilled again, "
-                         "for the least loaded decode worker")
+                         "pixels or prompt rows, which it is not sent (ABORTED): prompt, images and output so far "
+                         "prefilled again by the least loaded decode worker, given them")
 MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
 
 
@@ -110,15 +111,16 @@ class StepSources:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def moved(self, request_id: str, prompt: list[int], output: list[int], params: common_pb2.SamplingParams,
-              decode_worker: Worker, progress: Progress, clock: PhaseClock, spans: RequestTrace) -> AsyncIterator[Step]:
+              decode_worker: Worker, progress: Progress, clock: PhaseClock, spans: RequestTrace,
+              locally: bool = False) -> AsyncIterator[Step]:
         """The rest of a request moved to `decode_worker`: its prompt and its output so far prefilled
-        again for it (their prefix mostly cached where the prompt was computed), the next token its first
-        step. The workers take the output as the request's own, made elsewhere: its penalties, guide and
-        seeded draws go on from it, as in a request that never moved."""
+        again for it (their prefix mostly cached where the prompt was computed; by `decode_worker` itself
+        when `locally`), the next token its first step. The workers take the output as the request's own,
+        made elsewhere: its penalties, guide and seeded draws go on from it, as in a request that never moved."""
         continued = common_pb2.SamplingParams()
         continued.CopyFrom(params)
         continued.ClearField("prompt_logprobs")
-        steps = self.disaggregated if self.prefill is not None else self.local
+        steps = self.disaggregated if self.prefill is not None and not locally else self.local
         return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
                      lambda call: None, output)
 
@@ -126,8 +128,9 @@ class StepSources:
                            num_generated: int, gone: list[Worker]) -> Worker | None:
         """Where a request goes after `error` from its decode worker, past its first token, while tokens are
         left to make: the least loaded serving decode worker not `gone` when its worker lacked its images'
-        pixels (each such resume makes a token at its prefill: no bound needed); another when the worker went
-        away, `gone` with the rest, and it has moved fewer than MAX_DECODE_MIGRATIONS times; else None."""
+        pixels or prompt rows (each such resume makes a token at its prefill: no bound needed); another when
+        the worker went away, `gone` with the rest, and it has moved fewer than MAX_DECODE_MIGRATIONS times;
+        else None."""
         if num_generated >= params.max_tokens:
             return None
         if was_withheld(error):

@@ -212,8 +212,8 @@ def _resumes(base_url: str) -> float:
 def test_a_chat_its_decode_worker_preempted_without_its_pixels_is_resumed_with_them(small_pool_mesh, qwen_vlm):
     """The gateway sends a decode worker no pixels. Two chats whose replies each fill its pool: one is
     preempted, and the other's last pages take its cached ones, images' KV and all; without their pixels its
-    worker cannot compute them again, so it ends the stream and the gateway resumes the chat through the
-    prefill worker, images given again. Both replies are transformers' 160 greedy tokens (the image token
+    worker cannot compute them again, so it ends the stream and the gateway resumes the chat there, images
+    given again (GenerateLocally). Both replies are transformers' 160 greedy tokens (the image token
     biased out: transformers reads every image token as an image's)."""
     images = [random_image(20 + i, (32, 32)) for i in range(2)]
     texts = [" ".join(f"w{10 * i + k}" for k in range(9)) for i in range(2)]
