@@ -11,7 +11,7 @@ photo is bench/image_cache.py's JPEG.
 - In this process: a --width x --height photo, read as the gateway reads it, in the DecodeRequest the gateway
   builds (step_sources.py's) with its pixels (as before e569391) and without: its serialized bytes, the time to
   build and serialize it (`inputs_withheld` included), the worker's time to parse it and to read its images
-  (`given_images_hashed`: with pixels, a copy of them into a tensor), p50 over --rounds rounds, the two
+  (`given_inputs`: with pixels, a copy of them into a tensor), p50 over --rounds rounds, the two
   alternating. `*_saved` figures are with pixels / without (decode_request_bytes_saved: bytes with / without).
 - Through a real mesh (1 prefill, 1 decode, a tokenizer and the gateway, each its own process; the tests'
   `running_mesh`), by the gateway's gRPC API: the time from the first streamed token (prefill's) to the second
@@ -52,7 +52,7 @@ from bench.image_cache import CLIP_MEAN, CLIP_STD, photo_url  # noqa: E402
 from bench.local_mesh import log  # noqa: E402
 from bench.mesh_overhead import SETTLE_S, client_channel, p50_ms  # noqa: E402
 from protos import common_pb2, decode_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
-from services.common.prompt_embeds import given_images_hashed  # noqa: E402
+from services.common.prompt_embeds import given_inputs  # noqa: E402
 from services.gateway.given_embeddings import GivenImages, inputs_withheld  # noqa: E402
 from services.gateway.image_inputs import ChatImages, ImageProcessing  # noqa: E402
 from tests.parity.images import QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION  # noqa: E402
@@ -139,7 +139,7 @@ def bench_request(model_dir: Path, args) -> dict:
     parsed = {name: decode_pb2.DecodeRequest.FromString(body) for name, body in sent.items()}
     # One loop for every read, as a worker has: a loop made per read would be timed as well.
     with closing(asyncio.new_event_loop()) as loop:
-        read_ms = p50s_alternating({name: lambda r=request: loop.run_until_complete(given_images_hashed(r.sampling))
+        read_ms = p50s_alternating({name: lambda r=request: loop.run_until_complete(given_inputs(r.sampling))
                                     for name, request in parsed.items()}, args.rounds)
     figures: dict[str, float] = {}
     for figure, by_kind in [("decode_request_bytes", {name: len(body) for name, body in sent.items()}),

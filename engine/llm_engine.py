@@ -130,6 +130,7 @@ class LLMEngine:
         reports_pages: bool = False,
         prompt_embeds: torch.Tensor | None = None,
         images: list[ImageInput] | tuple[ImageInput, ...] = (),
+        prompt_embeds_digest: str = "",
     ) -> None:
         """Queues a request; raises ValueError for one that can never be served.
 
@@ -142,7 +143,8 @@ class LLMEngine:
         moved): computed after the prompt, and from then on as if made here.
         `prompt_embeds`: the prompt given as embeddings, a [P, hidden_size] tensor read in place of
         the embeddings of its P `prompt_token_ids` (placeholders then). `images`: each one, resized by the
-        model's image processor, for its run of image tokens in the prompt.
+        model's image processor, for its run of image tokens in the prompt. `prompt_embeds_digest`: what names
+        the embeddings, where their sender hashed them (engine/admission.py's `salted`).
         """
         start_ns = time.time_ns()
         if isinstance(prompt_embeds, WithheldEmbeddings) or any(isinstance(image, WithheldImage) for image in images):
@@ -151,7 +153,7 @@ class LLMEngine:
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
         pending, spans, rope = placed_images(self.model_config.vision, prompt_token_ids, images)
-        sampling_params = salted(sampling_params, prompt_embeds, images)
+        sampling_params = salted(sampling_params, prompt_embeds, images, prompt_embeds_digest)
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.config.block_size,
@@ -225,6 +227,7 @@ class LLMEngine:
         output_token_ids: list[int] | tuple[int, ...] = (),
         prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
         images: list[ImageInput | WithheldImage] | tuple[ImageInput | WithheldImage, ...] = (),
+        prompt_embeds_digest: str = "",
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
         `add_request` takes them) was written into the pages reserved under `request_id` and
@@ -236,7 +239,7 @@ class LLMEngine:
         "withheld"."""
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
-        sampling_params = salted(sampling_params, prompt_embeds, images)
+        sampling_params = salted(sampling_params, prompt_embeds, images, prompt_embeds_digest)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
         if sampling_params.lora_name is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
@@ -33,10 +33,10 @@ import torch
 from engine import memory_release
 from engine.kv_event_log import KVEvent, with_lora_ids
 from engine.llm_engine import LLMEngine
-from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
 from services.common.engine_stepper import STOP, EngineStepper
 from services.common.engine_thread import EngineThread
+from services.common.prompt_embeds import NO_INPUTS, GivenInputs
 from services.common.request_outputs import IntoQueue
 
 log = logging.getLogger("baton.engine_loop")
@@ -159,7 +159,7 @@ class EngineLoop(EngineStepper):
 
     def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                         params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                        prompt_embeds: torch.Tensor | None = None, images: Sequence[ImageInput] = ()) -> asyncio.Queue:
+                        given: GivenInputs = NO_INPUTS) -> asyncio.Queue:
         """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
         (see `add_request`). A refused request has its reservation released: the claim consumed it."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
@@ -167,7 +167,7 @@ class EngineLoop(EngineStepper):
         def add(engine: LLMEngine) -> None:
             try:
                 engine.add_prefilled_request(request_id, prompt_token_ids, first_token_id, params, output_token_ids,
-                                             prompt_embeds, images)
+                                             **given.as_kwargs())
             except BaseException:
                 engine.release_reservation(request_id)
                 raise
@@ -178,8 +178,7 @@ class EngineLoop(EngineStepper):
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prefill_only: bool = False, output_token_ids: list[int] | tuple[int, ...] = (),
-                    reports_pages: bool = False, prompt_embeds: torch.Tensor | None = None,
-                    images: Sequence[ImageInput] = ()) -> asyncio.Queue:
+                    reports_pages: bool = False, given: GivenInputs = NO_INPUTS) -> asyncio.Queue:
         """Queue a new request in the engine; returns the queue of its RequestOutputs at once.
 
         Their first item is a `RequestRefusedError` for a request the engine refuses (the
@@ -188,13 +187,13 @@ class EngineLoop(EngineStepper):
         request that finishes "prefilled" holds its pages until `release` (or `cancel_soon`). A
         moved request comes with its `output_token_ids` so far; one that `reports_pages` gets its
         `ComputedPages` too, before its first token; a prompt given as embeddings, or with images,
-        comes with them (`LLMEngine.add_request`)."""
+        comes with them (`given`)."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only,
                                output_token_ids=output_token_ids, reports_pages=reports_pages,
-                               prompt_embeds=prompt_embeds, images=images)
+                               **given.as_kwargs())
             self._streams[request_id] = stream
 
         self._queue(add, IntoQueue(*stream))

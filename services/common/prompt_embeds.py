@@ -3,6 +3,9 @@ the workers' engines take them."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -52,16 +55,33 @@ def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | Withh
     return images
 
 
-async def given_images_hashed(sampling: common_pb2.SamplingParams) -> list[ImageInput | WithheldImage]:
-    """`given_images`, off the event loop, each one's digest made there too: copying a large image's bytes and
-    hashing them (the engine's cache salt names them) take milliseconds that neither the worker's event loop nor
-    its engine thread should spend. At once, [] for a request without images."""
-    if not sampling.images:
-        return []
-    return await asyncio.to_thread(_hashed_images, sampling)
+@dataclass(frozen=True)
+class GivenInputs:
+    """What a request gives besides its token ids, as the engine takes it (`LLMEngine.add_request`'s keywords)."""
+
+    prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None
+    images: Sequence[ImageInput | WithheldImage] = ()
+    prompt_embeds_digest: str = ""  # the gateway's name for the embeddings: the engine does not hash them again
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {"prompt_embeds": self.prompt_embeds, "images": self.images,
+                "prompt_embeds_digest": self.prompt_embeds_digest}
 
 
-def _hashed_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | WithheldImage]:
+NO_INPUTS = GivenInputs()
+
+
+async def given_inputs(sampling: common_pb2.SamplingParams) -> GivenInputs:
+    """`sampling`'s prompt embeddings and images (`given_embeddings`, `given_images`), read off the event loop,
+    each image's digest made there too where the gateway did not give it: copying MBs of rows or pixels and
+    hashing them take milliseconds that neither the worker's event loop nor its engine thread should spend.
+    At once for a request with neither. ValueError as those two raise it."""
+    if not sampling.images and not sampling.HasField("prompt_embeds"):
+        return GivenInputs()
+    return await asyncio.to_thread(_read_inputs, sampling)
+
+
+def _read_inputs(sampling: common_pb2.SamplingParams) -> GivenInputs:
     images = given_images(sampling)
     digest_of(images)  # each image's digest, kept on it
-    return images
+    return GivenInputs(given_embeddings(sampling), images, sampling.prompt_embeds.digest)

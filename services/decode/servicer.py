@@ -44,7 +44,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import OpenedAhead
 from services.common.metrics import ServiceMetrics
-from services.common.prompt_embeds import given_embeddings, given_images_hashed
+from services.common.prompt_embeds import given_inputs
 from services.decode.decode_chunks import CallPhases, decode_chunks
 from services.decode.leases import LeaseTable
 from services.decode.output_batches import OutputBatches
@@ -148,7 +148,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         engine_loop = await self._ready(context)
         try:
             params = sampling_params_from_proto(request.sampling)
-            prompt_embeds, images = given_embeddings(request.sampling), await given_images_hashed(request.sampling)
+            given = await given_inputs(request.sampling)
             # before the claim: a refusal leaves the reservation be
             await engine_loop.compile_guide(params)
         except ValueError as e:
@@ -160,7 +160,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         try:
             started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
                                                   request.first_token_id, params, list(request.output_token_ids),
-                                                  prompt_embeds, images)
+                                                  given)
             phases = CallPhases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
             outputs = OutputBatches(started, request.sampling.stream_interval, is_first_token_sent=True)
@@ -179,14 +179,14 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         try:
             params = sampling_params_from_proto(request.sampling)
-            prompt_embeds, images = given_embeddings(request.sampling), await given_images_hashed(request.sampling)
+            given = await given_inputs(request.sampling)
             await engine_loop.compile_guide(params)
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
             started = engine_loop.add_request(request.request_id, list(request.prompt_token_ids), params,
                                               output_token_ids=list(request.output_token_ids),
-                                              prompt_embeds=prompt_embeds, images=images)
+                                              given=given)
             phases = CallPhases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=True)
             outputs = OutputBatches(started, request.sampling.stream_interval,

@@ -70,7 +70,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
-from services.common.prompt_embeds import given_embeddings, given_images_hashed
+from services.common.prompt_embeds import given_inputs
 from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
@@ -180,7 +180,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty")
             try:
                 params = sampling_params_from_proto(request.sampling)
-                prompt_embeds, images = given_embeddings(request.sampling), await given_images_hashed(request.sampling)
+                given = await given_inputs(request.sampling)
                 await engine_loop.compile_guide(params)
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -214,7 +214,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                               transport if target.reservation_id else None)
                 outputs = engine_loop.add_request(request_id, prompt, params, prefill_only=True,
                                                   output_token_ids=output, reports_pages=early is not None,
-                                                  prompt_embeds=prompt_embeds, images=images)
+                                                  given=given)
             except EngineDeadError:  # it failed since `_ready`
                 is_added = False
                 await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)

@@ -2,6 +2,7 @@
 images' pixels and its prompt embeddings' rows, which the pages' KV stands for, each named by its digest."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import numpy as np
@@ -9,12 +10,12 @@ import torch
 from PIL import Image
 
 from engine.admission import salted
-from engine.block_hash import embeddings_digest
+from engine.block_hash import embeddings_digest, salted_with_embeddings
 from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import WithheldImage
 from engine.sampling_params import SamplingParams
 from protos import common_pb2
-from services.common.prompt_embeds import given_embeddings, given_images
+from services.common.prompt_embeds import given_embeddings, given_images, given_inputs
 from services.gateway.given_embeddings import GivenImages, inputs_withheld, with_prompt_embeds
 from services.gateway.image_inputs import ImageProcessing
 from tests.parity.conftest import transformers
@@ -64,3 +65,16 @@ def test_a_decode_workers_params_name_the_prompt_embeddings_by_shape_and_digest_
     assert torch.equal(given_embeddings(params), rows[2:])
     engine_params = SamplingParams(cache_salt=params.cache_salt)
     assert salted(engine_params, given, ()) is engine_params
+
+
+def test_a_worker_takes_the_gateways_name_for_the_rows_it_is_given():
+    """Not hashed again on its engine thread: the salt the gateway's digest makes."""
+    rows = torch.randn(6, 8)
+    params = common_pb2.SamplingParams(max_tokens=3)
+    with_prompt_embeds(params, common_pb2.PromptEmbeds(data=rows.numpy().tobytes(), num_rows=6, hidden_size=8,
+                                                       dtype="float32"), 6)
+    given = asyncio.run(given_inputs(params))
+    assert torch.equal(given.prompt_embeds, rows) and given.prompt_embeds_digest == params.prompt_embeds.digest
+    engine_params = SamplingParams(cache_salt=params.cache_salt)
+    assert salted(engine_params, given.prompt_embeds, (), given.prompt_embeds_digest) is engine_params
+    assert salted(SamplingParams(), rows, (), "named").cache_salt == salted_with_embeddings(None, "named")
