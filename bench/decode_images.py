@@ -1,5 +1,6 @@
 """What a decode worker is spared now that the gateway sends it a request's images without their pixels
-(e569391: their sizes and digests only, given_embeddings.py's `inputs_withheld`; the pages hold their KV).
+(e569391: their sizes and digests only, as the gateway's params carry them since given_embeddings.py's `given_to`
+put no pixels there; the pages hold their KV).
 
     .venv/bin/python bench/decode_images.py [--rounds 30] [--width 3000 --height 2000]
         [--requests 10] [--mesh-width 1344 --mesh-height 1008] [--no-mesh]
@@ -9,22 +10,22 @@ its default max_pixels 12845056), saved by transformers with a tiny Qwen2_5_VLFo
 photo is bench/image_cache.py's JPEG.
 
 - In this process: a --width x --height photo, read as the gateway reads it, in the DecodeRequest the gateway
-  builds (step_sources.py's) with its pixels (as before e569391) and without: its serialized bytes, the time to
-  build and serialize it (`inputs_withheld` included), the worker's time to parse it and to read its images
-  (`given_inputs`: with pixels, a copy of them into a tensor), p50 over --rounds rounds, the two
-  alternating. `*_saved` figures are with pixels / without (decode_request_bytes_saved: bytes with / without).
+  builds (step_sources.py's) with its pixels (as before e569391; request_bytes.py's `with_pixels` splicing them
+  in) and without: its serialized bytes, the time to build and serialize it, the worker's time to parse it and
+  to read its images (`given_inputs`: with pixels, a copy of them into a tensor), p50 over --rounds rounds, the
+  two alternating. `*_saved` figures are with pixels / without (decode_request_bytes_saved: bytes with / without).
 - Through a real mesh (1 prefill, 1 decode, a tokenizer and the gateway, each its own process; the tests'
   `running_mesh`), by the gateway's gRPC API: the time from the first streamed token (prefill's) to the second
   (the decode worker's first: the KV handoff, the Decode call and its first step) of a chat with a
   --mesh-width x --mesh-height photo, against a text chat of as many prompt tokens, p50 over --requests each,
   the three kinds alternating. The image chat goes both through the mesh's gateway and through a second
-  gateway over the same workers that gives the decode worker every pixel (`inputs_withheld` undone: the
-  gateway before e569391). image_gap_vs_text and image_gap_with_pixels_vs_text are each image chat's p50 gap /
-  the text chat's, image_gap_saved the one with pixels / the one without. The photo is smaller here so that
-  prefill stays quick on a CPU: its pixels are MBs, its tokens under 2,000 (the tiny model's context is 2,048);
-  and the tiny tower is one block, of full attention: its attention over the photo's ~7,000 patches took 3.4 s
-  a chat with the tests' four blocks, 1 s with one (the gap after the first token does not depend on it). Each
-  chat opens with a word of its own, so no prompt finds another's pages in a prefix cache.
+  gateway over the same workers that gives the decode worker every pixel (the pixels put in the params again,
+  as the gateway before e569391 put them). image_gap_vs_text and image_gap_with_pixels_vs_text are each image
+  chat's p50 gap / the text chat's, image_gap_saved the one with pixels / the one without. The photo is smaller
+  here so that prefill stays quick on a CPU: its pixels are MBs, its tokens under 2,000 (the tiny model's
+  context is 2,048); and the tiny tower is one block, of full attention: its attention over the photo's ~7,000
+  patches took 3.4 s a chat with the tests' four blocks, 1 s with one (the gap after the first token does not
+  depend on it). Each chat opens with a word of its own, so no prompt finds another's pages in a prefix cache.
 
 The last line is one JSON object with every figure.
 """
@@ -55,6 +56,7 @@ from protos import common_pb2, decode_pb2, gateway_pb2, gateway_pb2_grpc  # noqa
 from services.common.prompt_embeds import given_inputs  # noqa: E402
 from services.gateway.given_embeddings import GivenImages, inputs_withheld  # noqa: E402
 from services.gateway.image_inputs import ChatImages, ImageProcessing  # noqa: E402
+from services.gateway.request_bytes import with_pixels  # noqa: E402
 from tests.parity.images import QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION  # noqa: E402
 from tests.services.gateway import mesh as test_mesh  # noqa: E402
 from tests.services.gateway.test_qwen_vl_chat_images import (  # noqa: E402
@@ -72,11 +74,17 @@ QWEN2_5_VL_MAX_PIXELS = 12845056  # its preprocessor_config.json's: 38 MB of RGB
 VISION = dict(QWEN2_5_VL_VISION, patch_size=14, window_size=112, depth=1, fullatt_block_indexes=[0])
 # Every chat to a prefill worker, then to the decode worker (no gateway renders a chat or prefills one itself).
 GATEWAY_ARGS = ("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0")
-# The gateway before e569391, as the mesh's gateway would run: every Decode call carries its images' pixels.
+# The gateway before e569391, as the mesh's gateway would run: its params carry the images' pixels, and so
+# does every request it makes of them, each Decode call's too.
 WITH_PIXELS_GATEWAY = """
 import sys
-from services.gateway import step_sources
-step_sources.inputs_withheld = lambda params: params
+from services.gateway import given_embeddings, step_sources
+def given_to(self, params):
+    params.images.extend(image.proto() for image in self.images)
+    params.cache_salt = given_embeddings.salted_with_embeddings(
+        params.cache_salt if params.HasField("cache_salt") else None, self.digest)
+given_embeddings.GivenImages.given_to = given_to
+step_sources.with_pixels = lambda request, images: request
 from services.gateway.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -113,10 +121,14 @@ def p50s_alternating(fns: dict[str, Callable[[], object]], rounds: int) -> dict[
     return {name: p50_ms(values) for name, values in samples.items()}
 
 
-def decode_request(prompt: list[int], sampling: common_pb2.SamplingParams) -> bytes:
-    """The DecodeRequest the gateway sends after a handoff (step_sources.py's), serialized as gRPC sends it."""
-    return decode_pb2.DecodeRequest(request_id="bench", reservation_id="bench", prompt_token_ids=prompt,
-                                    first_token_id=10, sampling=sampling).SerializeToString()
+def decode_request(prompt: list[int], sampling: common_pb2.SamplingParams, images: GivenImages | None = None
+                   ) -> bytes:
+    """The DecodeRequest the gateway sends after a handoff (step_sources.py's), serialized as gRPC sends it;
+    with `images`, their pixels in it too (with_pixels, as the gateway before e569391 sent them)."""
+    request = decode_pb2.DecodeRequest(request_id="bench", reservation_id="bench", prompt_token_ids=prompt,
+                                       first_token_id=10, sampling=inputs_withheld(sampling))
+    made = with_pixels(request, images)
+    return made if isinstance(made, bytes) else made.SerializeToString()
 
 
 def bench_request(model_dir: Path, args) -> dict:
@@ -129,11 +141,11 @@ def bench_request(model_dir: Path, args) -> dict:
     (height, width), = images.sizes
     num_image_tokens = height * width // processing.pixels_per_token ** 2
     prompt = [MARKS[VISION_START], *[MARKS[IMAGE]] * num_image_tokens, MARKS[VISION_END], 10, 11]
-    sent = {"with_pixels": decode_request(prompt, params), "withheld": decode_request(prompt, inputs_withheld(params))}
+    sent = {"with_pixels": decode_request(prompt, params, images), "withheld": decode_request(prompt, params)}
     log(f"photo {args.width}x{args.height} resized to {width}x{height}: {num_image_tokens} tokens, "
-        f"{len(images.images[0].proto.rgb) / 2**20:.1f} MiB of pixels")
-    build_ms = p50s_alternating({"with_pixels": lambda: decode_request(prompt, params),
-                                 "withheld": lambda: decode_request(prompt, inputs_withheld(params))}, args.rounds)
+        f"{images.num_bytes / 2**20:.1f} MiB of pixels")
+    build_ms = p50s_alternating({"with_pixels": lambda: decode_request(prompt, params, images),
+                                 "withheld": lambda: decode_request(prompt, params)}, args.rounds)
     parse_ms = p50s_alternating({name: lambda b=body: decode_pb2.DecodeRequest.FromString(b)
                                  for name, body in sent.items()}, args.rounds)
     parsed = {name: decode_pb2.DecodeRequest.FromString(body) for name, body in sent.items()}

@@ -49,6 +49,7 @@ from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.random_router import RandomRouter
 from services.gateway.reasoning_config import thinking_markers as thinking_markers_of
+from services.gateway.request_bytes import stub_taking_bytes
 from services.gateway.request_log import RequestLog
 from services.gateway.response_store import MemoryResponseStore, RedisResponseStore
 from services.gateway.router import PrefixRouter, RouterConfig
@@ -124,10 +125,12 @@ class GatewayService:
         self.pools = {"tokenizer": WorkerPool.connect(expand_addresses(config.tokenizer_addresses),
                                                       tokenizer_pb2_grpc.TokenizerStub, "tokenizer", limit)}
         if not config.is_colocated:
-            self.pools["prefill"] = WorkerPool.connect(expand_addresses(config.prefill_addresses),
-                                                       prefill_pb2_grpc.PrefillStub, "prefill", limit)
-        self.pools["decode"] = WorkerPool.connect(expand_addresses(config.decode_addresses),
-                                                  decode_pb2_grpc.DecodeStub, "decode", limit)
+            self.pools["prefill"] = WorkerPool.connect(
+                expand_addresses(config.prefill_addresses),
+                stub_taking_bytes(prefill_pb2_grpc.PrefillStub, "baton.prefill.v1.Prefill"), "prefill", limit)
+        self.pools["decode"] = WorkerPool.connect(
+            expand_addresses(config.decode_addresses),
+            stub_taking_bytes(decode_pb2_grpc.DecodeStub, "baton.decode.v1.Decode"), "decode", limit)
         workers = self.metrics.gauge("baton_gateway_workers", "Workers the gateway routes to, by kind: in its pool "
                                      "(known) and of those, the ones whose health check says SERVING (serving)",
                                      ["kind", "state"])

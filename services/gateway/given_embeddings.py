@@ -58,16 +58,32 @@ def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.Pro
 
 @dataclass(frozen=True)
 class ProcessedImage:
-    """An image as the model's image processor made it, and what names it (engine/block_hash.py's
+    """An image as the model's image processor made it: its pixels, kept out of every message the gateway makes
+    but the worker requests they are spliced into (request_bytes.py: copying MBs into messages held the event
+    loop), and the rest of what a worker reads of it, `meta`, its digest among it (engine/block_hash.py's
     `image_digest`, the engine's the same)."""
 
-    proto: common_pb2.PromptImage
-    digest: str
+    meta: common_pb2.PromptImage  # without `rgb`
+    rgb: bytes
 
     @classmethod
-    def of(cls, proto: common_pb2.PromptImage) -> ProcessedImage:
-        return cls(proto, image_digest(proto.rgb, (proto.height, proto.width, proto.channels), proto.rescale_factor,
-                                       proto.mean, proto.std))
+    def of(cls, rgb: bytes, shape: tuple[int, int, int], rescale_factor: float, mean: Sequence[float],
+           std: Sequence[float]) -> ProcessedImage:
+        """`rgb`, uint8 [height, width, channels] (`shape`), normalized by `rescale_factor`, `mean` and `std`."""
+        height, width, channels = shape
+        return cls(common_pb2.PromptImage(height=height, width=width, channels=channels, rescale_factor=rescale_factor,
+                                          mean=mean, std=std,
+                                          digest=image_digest(rgb, shape, rescale_factor, mean, std)), rgb)
+
+    @property
+    def digest(self) -> str:
+        return self.meta.digest
+
+    def proto(self) -> common_pb2.PromptImage:
+        """The image as one message, pixels and all (a copy of them)."""
+        whole = common_pb2.PromptImage(rgb=self.rgb)
+        whole.MergeFrom(self.meta)
+        return whole
 
 
 @dataclass(frozen=True)
@@ -77,10 +93,6 @@ class GivenImages:
 
     images: tuple[ProcessedImage, ...]
 
-    @classmethod
-    def of(cls, images: Sequence[common_pb2.PromptImage]) -> GivenImages:
-        return cls(tuple(ProcessedImage.of(image) for image in images))
-
     @cached_property
     def digest(self) -> str:
         return images_digest([image.digest for image in self.images])
@@ -88,37 +100,37 @@ class GivenImages:
     @property
     def sizes(self) -> list[tuple[int, int]]:
         """Each image's (height, width) as resized: how many tokens some models' images take."""
-        return [(image.proto.height, image.proto.width) for image in self.images]
+        return [(image.meta.height, image.meta.width) for image in self.images]
+
+    @property
+    def num_bytes(self) -> int:
+        """Their pixels' bytes."""
+        return sum(len(image.rgb) for image in self.images)
 
     def given_to(self, params: common_pb2.SamplingParams) -> None:
-        """`params` carrying them, each named by its digest (no worker hashes it again), and salted with them:
-        the same placeholder tokens show other images."""
-        params.images.extend(image.proto for image in self.images)
-        for given, image in zip(params.images[-len(self.images):], self.images, strict=True):
-            given.digest = image.digest
+        """`params` carrying them without their pixels (a worker's request takes those: request_bytes.py), each
+        named by its digest (no worker hashes it again), and salted with them: the same placeholder tokens show
+        other images."""
+        params.images.extend(image.meta for image in self.images)
         params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
                                                    self.digest)
 
 
 def inputs_withheld(params: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
-    """`params` as a decode worker takes them (protos/decode.proto's DecodeRequest): their images' sizes and
-    digests without their pixels, their prompt embeddings' shape and digest without their rows; `params`
-    themselves where they have neither. Copied field by field: a copy of the whole would copy them first."""
-    if not params.images and not params.HasField("prompt_embeds"):
+    """`params` as a decode worker takes them (protos/decode.proto's DecodeRequest): their prompt embeddings'
+    shape and digest without their rows (their images have come without pixels since `given_to`); `params`
+    themselves where they have none. Copied field by field: a copy of the whole would copy the rows first."""
+    if not params.HasField("prompt_embeds"):
         return params
     withheld = common_pb2.SamplingParams()
     for field, value in params.ListFields():
-        if field.name in ("images", "prompt_embeds"):
+        if field.name == "prompt_embeds":
             continue
         if field.type == field.TYPE_MESSAGE or field.is_repeated:
             getattr(withheld, field.name).MergeFrom(value)
         else:
             setattr(withheld, field.name, value)
-    for image in params.images:
-        withheld.images.add(channels=image.channels, height=image.height, width=image.width,
-                            rescale_factor=image.rescale_factor, mean=image.mean, std=image.std, digest=image.digest)
-    if params.HasField("prompt_embeds"):
-        embeds = params.prompt_embeds
-        withheld.prompt_embeds.CopyFrom(common_pb2.PromptEmbeds(
-            num_rows=embeds.num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype, digest=embeds.digest))
+    embeds = params.prompt_embeds
+    withheld.prompt_embeds.CopyFrom(common_pb2.PromptEmbeds(
+        num_rows=embeds.num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype, digest=embeds.digest))
     return withheld

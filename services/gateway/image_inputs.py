@@ -22,7 +22,6 @@ import httpx
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from protos import common_pb2
 from services.common.mm_limits import checked_processor_kwargs
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
@@ -135,11 +134,9 @@ class ImageProcessing:
                                 f"image processor (longest edge {self.longest_edge})", param="messages")
         return np.array(rgb(image).resize((width, height), resample=self.resample))
 
-    def as_proto(self, image: Image.Image) -> common_pb2.PromptImage:
+    def processed(self, image: Image.Image) -> ProcessedImage:
         resized = self.resized(image)
-        return common_pb2.PromptImage(rgb=resized.tobytes(), height=resized.shape[0], width=resized.shape[1],
-                                      channels=resized.shape[2], rescale_factor=self.rescale_factor, mean=self.mean,
-                                      std=self.std)
+        return ProcessedImage.of(resized.tobytes(), resized.shape, self.rescale_factor, self.mean, self.std)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -205,7 +202,7 @@ class ChatImages:
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte.
         images = await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, processing, param)
                                                                    for source in sources)))
-        size = sum(len(image.proto.rgb) for image in images.images)
+        size = images.num_bytes
         if self.max_bytes is not None and size > self.max_bytes:
             raise APIError(413, f"the prompt's images take {size / 2**20:.1f} MiB as the model's image processor "
                                 f"resizes them, more than a message to a worker carries ({self.max_bytes / 2**20:.1f} "
@@ -218,7 +215,7 @@ class ChatImages:
         the URL's text, and the settings it was read by: a hit decodes no base64)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(source, param) if isinstance(source, str) else source
-            return ProcessedImage.of(processing.as_proto(read_image(data, param)))
+            return processing.processed(read_image(data, param))
 
         if self.cache is None:
             return make()

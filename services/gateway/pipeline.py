@@ -199,8 +199,8 @@ class RequestPipeline(Admission):
                                                        images.sizes if images is not None else ())
                     if truncate_prompt_tokens is not None:
                         prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
-                if prompt_embeds is not None:
-                    with_prompt_embeds(params, prompt_embeds, len(prompt))
+                if prompt_embeds is not None:  # MBs of rows copied and hashed: off the event loop
+                    await asyncio.to_thread(with_prompt_embeds, params, prompt_embeds, len(prompt))
                 if images is not None:
                     images.given_to(params)
                 if guide_after is not None and is_guided(params):
@@ -216,7 +216,7 @@ class RequestPipeline(Admission):
                 with self.decode.hold() as decode_worker:
                     async for delta in self._run(request_id, prompt, params, decode_worker, stop,
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
-                                                 running, on_dispatch):
+                                                 running, on_dispatch, images):
                         last = delta
                         if logs_texts:
                             output.append(delta.text)
@@ -244,7 +244,8 @@ class RequestPipeline(Admission):
                    decode_worker: Worker, stop: Sequence[Stop], include_stop_str_in_output: bool,
                    skip_special_tokens: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace, running: RunningRequest,
-                   on_dispatch: Callable[[], None] | None) -> AsyncIterator[Delta]:
+                   on_dispatch: Callable[[], None] | None, images: GivenImages | None) -> AsyncIterator[Delta]:
+        """The request's deltas from its workers; `images`: the pixels of those `params` carry."""
         self.prompts.check_context(prompt, params)
 
         def make_output() -> TextOutput:
@@ -280,7 +281,7 @@ class RequestPipeline(Admission):
             progress.is_released = True
         else:
             steps = (self.steps.local if is_local else self.steps.disaggregated)(
-                request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched)
+                request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched, images=images)
         moves: DecodeMoves | None = None  # made at its first move to another decode worker
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
@@ -310,7 +311,7 @@ class RequestPipeline(Admission):
                         raise
                     if moves is None:
                         moves = DecodeMoves(self.steps, self.decode, request_id)
-                    moved = moves.move(e, decode_worker, prompt, deltas.output, params, progress, clock, spans)
+                    moved = moves.move(e, decode_worker, prompt, deltas.output, params, progress, clock, spans, images)
                     if moved is None:
                         raise
                     decode_worker, request_id, steps = moved

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ def test_pixels_equal_gemma3s_image_processor(tmp_path, size, mode):
         image.putalpha(Image.fromarray((rng.random((size[1], size[0])) * 255).astype(np.uint8)))
     expected = reference(images=image, return_tensors="np")["pixel_values"][0]
     # What a worker makes of the image as the gateway sends it (resized RGB, normalized there).
-    pixels = given_images(common_pb2.SamplingParams(images=[ours.as_proto(image)]))[0].pixels().numpy()
+    pixels = given_images(common_pb2.SamplingParams(images=[ours.processed(image).proto()]))[0].pixels().numpy()
     assert pixels.shape == (3, 112, 96)
     np.testing.assert_allclose(pixels, expected, rtol=0, atol=1e-6)
 
@@ -46,7 +47,7 @@ def test_pixels_equal_pixtrals_image_processor(tmp_path, size):
     ours = ImageProcessing.from_dir(tmp_path)
     image = Image.fromarray((np.random.default_rng(sum(size)).random((size[1], size[0], 3)) * 255).astype(np.uint8))
     expected = reference(images=image, return_tensors="np")
-    pixels = given_images(common_pb2.SamplingParams(images=[ours.as_proto(image)]))[0].pixels().numpy()
+    pixels = given_images(common_pb2.SamplingParams(images=[ours.processed(image).proto()]))[0].pixels().numpy()
     assert pixels.shape[1:] == tuple(expected["image_sizes"][0]) and pixels.shape[1] % 28 == pixels.shape[2] % 28 == 0
     np.testing.assert_allclose(pixels, expected["pixel_values"][0], rtol=0, atol=1e-6)
 
@@ -61,7 +62,7 @@ def test_pixels_equal_qwen2_vls_image_processor(tmp_path, size):
     ours = ImageProcessing.from_dir(tmp_path)
     image = Image.fromarray((np.random.default_rng(sum(size)).random((size[1], size[0], 3)) * 255).astype(np.uint8))
     expected = reference(images=image, return_tensors="np")
-    proto = ours.as_proto(image)
+    proto = ours.processed(image).proto()
     resized = Image.frombytes("RGB", (proto.width, proto.height), proto.rgb)
     got = reference(images=resized, do_resize=False, return_tensors="np")
     assert (got["image_grid_thw"] == expected["image_grid_thw"]).all()
@@ -111,19 +112,23 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     images are the ones its prefill worker publishes."""
     from engine.admission import salted
     from engine.sampling_params import SamplingParams
+    from protos import prefill_pb2
     from services.gateway.given_embeddings import GivenImages
+    from services.gateway.request_bytes import with_pixels
 
     transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
     processing = ImageProcessing.from_dir(tmp_path)
     rng = np.random.default_rng(3)
-    given = GivenImages.of([processing.as_proto(Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)))
-                            for _ in range(2)])
+    given = GivenImages(tuple(processing.processed(Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)))
+                              for _ in range(2)))
     params = common_pb2.SamplingParams(cache_salt="tenant")
     given.given_to(params)
     assert params.cache_salt.startswith("tenant\x00prompt_embeds:")
+    sent = prefill_pb2.PrefillRequest.FromString(with_pixels(prefill_pb2.PrefillRequest(sampling=params), given))
+    hashed_by_the_engine = [replace(image, given_digest="") for image in given_images(sent.sampling)]
     engine_params = SamplingParams(cache_salt=params.cache_salt)
-    assert salted(engine_params, None, given_images(params)) is engine_params
-    assert salted(SamplingParams(cache_salt="tenant"), None, given_images(params)).cache_salt == params.cache_salt
+    assert salted(engine_params, None, hashed_by_the_engine) is engine_params
+    assert salted(SamplingParams(cache_salt="tenant"), None, hashed_by_the_engine).cache_salt == params.cache_salt
 
 
 def _png(seed: int, size: tuple[int, int] = (90, 60)) -> str:
@@ -138,7 +143,7 @@ def test_a_conversations_images_are_processed_once_and_the_least_used_left_out(t
     the one hashing it anew gives; past the cache's bytes the least recently used is made again."""
     from prometheus_client import REGISTRY
 
-    from services.gateway.given_embeddings import GivenImages
+    from services.gateway.given_embeddings import GivenImages, ProcessedImage
     from services.gateway.image_cache import ProcessedImageCache
     from services.gateway.image_inputs import ChatImages
 
@@ -150,7 +155,9 @@ def test_a_conversations_images_are_processed_once_and_the_least_used_left_out(t
     first = asyncio.run(images.read(urls[:2]))
     again = asyncio.run(images.read([urls[1], urls[0]]))  # the first now the most recently used
     assert again.images[0] is first.images[1] and again.images[1] is first.images[0] and hits() == before + 2
-    assert again.digest == GivenImages.of([image.proto for image in again.images]).digest != first.digest
+    hashed_anew = GivenImages(tuple(ProcessedImage.of(image.rgb, (56, 56, 3), image.meta.rescale_factor,
+                                                      image.meta.mean, image.meta.std) for image in again.images))
+    assert again.digest == hashed_anew.digest != first.digest
     asyncio.run(images.read([urls[2]]))  # the second image out
     made_again = asyncio.run(images.read([urls[0], urls[1]]))  # the first found; the second made again
     assert made_again.images[0] is first.images[0] and made_again.images[1] is not first.images[1]
