@@ -10,7 +10,7 @@ its default max_pixels 12845056), saved by transformers with a tiny Qwen2_5_VLFo
 photo is bench/image_cache.py's JPEG.
 
 - In this process: a --width x --height photo, read as the gateway reads it, in the DecodeRequest the gateway
-  builds (step_sources.py's) with its pixels (as before e569391; request_bytes.py's `with_pixels` splicing them
+  builds (step_sources.py's) with its pixels (as before e569391; request_bytes.py's `with_inputs` splicing them
   in) and without: its serialized bytes, the time to build and serialize it, the worker's time to parse it and
   to read its images (`given_inputs`: with pixels, a copy of them into a tensor), p50 over --rounds rounds, the
   two alternating. `*_saved` figures are with pixels / without (decode_request_bytes_saved: bytes with / without).
@@ -54,9 +54,9 @@ from bench.local_mesh import log  # noqa: E402
 from bench.mesh_overhead import SETTLE_S, client_channel, p50_ms  # noqa: E402
 from protos import common_pb2, decode_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common.prompt_embeds import given_inputs  # noqa: E402
-from services.gateway.given_embeddings import GivenImages, inputs_withheld  # noqa: E402
+from services.gateway.given_embeddings import GivenImages  # noqa: E402
 from services.gateway.image_inputs import ChatImages, ImageProcessing  # noqa: E402
-from services.gateway.request_bytes import with_pixels  # noqa: E402
+from services.gateway.request_bytes import BulkInputs, with_inputs  # noqa: E402
 from tests.parity.images import QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION  # noqa: E402
 from tests.services.gateway import mesh as test_mesh  # noqa: E402
 from tests.services.gateway.test_qwen_vl_chat_images import (  # noqa: E402
@@ -84,7 +84,7 @@ def given_to(self, params):
     params.cache_salt = given_embeddings.salted_with_embeddings(
         params.cache_salt if params.HasField("cache_salt") else None, self.digest)
 given_embeddings.GivenImages.given_to = given_to
-step_sources.with_pixels = lambda request, images: request
+step_sources.with_inputs = lambda request, bulk: request
 from services.gateway.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -124,10 +124,10 @@ def p50s_alternating(fns: dict[str, Callable[[], object]], rounds: int) -> dict[
 def decode_request(prompt: list[int], sampling: common_pb2.SamplingParams, images: GivenImages | None = None
                    ) -> bytes:
     """The DecodeRequest the gateway sends after a handoff (step_sources.py's), serialized as gRPC sends it;
-    with `images`, their pixels in it too (with_pixels, as the gateway before e569391 sent them)."""
+    with `images`, their pixels in it too (with_inputs, as the gateway before e569391 sent them)."""
     request = decode_pb2.DecodeRequest(request_id="bench", reservation_id="bench", prompt_token_ids=prompt,
-                                       first_token_id=10, sampling=inputs_withheld(sampling))
-    made = with_pixels(request, images)
+                                       first_token_id=10, sampling=sampling)
+    made = with_inputs(request, BulkInputs(images=images) if images is not None else None)
     return made if isinstance(made, bytes) else made.SerializeToString()
 
 

@@ -1,7 +1,7 @@
 """How long a chat with a large image holds the gateway's event loop while its prefill worker's request is made:
 with its pixels put in the params, copied into the request and serialized with it (the gateway before
 request_bytes.py), against the params without them and the pixels spliced into the request's bytes
-(`given_to` and `with_pixels`, as the pipeline and the step sources now call them), alternating round by round
+(`given_to` and `with_inputs`, as the pipeline and the step sources now call them), alternating round by round
 in this process. (Making the first on a thread held the loop 61 ms of its 160: protobuf holds the GIL through
 each copy.)
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from protos import common_pb2, prefill_pb2  # noqa: E402
 from services.gateway.given_embeddings import GivenImages, ProcessedImage  # noqa: E402
-from services.gateway.request_bytes import with_pixels  # noqa: E402
+from services.gateway.request_bytes import BulkInputs, with_inputs  # noqa: E402
 
 PROBE_S = 0.001
 
@@ -56,7 +56,7 @@ async def in_params(images: GivenImages, tokens: list[int]) -> bytes:
 async def spliced(images: GivenImages, tokens: list[int]) -> bytes:
     params = common_pb2.SamplingParams(max_tokens=16)
     images.given_to(params)
-    return with_pixels(_request(params, tokens), images)
+    return with_inputs(_request(params, tokens), BulkInputs(images=images))
 
 
 async def blocked_s(make, images: GivenImages, tokens: list[int]) -> tuple[float, float, int]:

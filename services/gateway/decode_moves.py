@@ -13,7 +13,7 @@ import grpc
 
 from protos import common_pb2
 from services.gateway.deltas import TextOutput
-from services.gateway.given_embeddings import GivenImages
+from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_trace import RequestTrace
 from services.gateway.step_sources import StepSources
 from services.gateway.timeline import PhaseClock
@@ -35,9 +35,9 @@ class DecodeMoves:
 
     def move(self, error: grpc.aio.AioRpcError, decode_worker: Worker, prompt: Sequence[int], output: TextOutput,
              params: common_pb2.SamplingParams, progress: Progress, clock: PhaseClock,
-             spans: RequestTrace, images: GivenImages | None) -> tuple[Worker, str, AsyncIterator[Step]] | None:
+             spans: RequestTrace, bulk: BulkInputs | None) -> tuple[Worker, str, AsyncIterator[Step]] | None:
         """After `error` from `decode_worker`, the worker the request moved to, its id there and its steps
-        from there on; None where it does not move (the error stands). `images`: the pixels of those
+        from there on; None where it does not move (the error stands). `bulk`: the bytes of the inputs
         `params` carry."""
         generated = list(output.detokenizer.output_token_ids)
         # A request its worker preempted without its images or prompt rows is computed again where it is
@@ -53,7 +53,7 @@ class DecodeMoves:
         decode_worker = self.held.enter_context(self.decode.hold(moved_to))
         request_id = f"{self.first_id}~{self.num_moves}"
         steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock, spans,
-                                 locally=is_resumed, images=images)
+                                 locally=is_resumed, bulk=bulk)
         return decode_worker, request_id, steps
 
     def close(self) -> None:

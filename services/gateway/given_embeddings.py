@@ -43,17 +43,32 @@ def check_embedded(params: common_pb2.SamplingParams, prompt_embeds: common_pb2.
                                   param="prompt_logprobs")
 
 
-def with_prompt_embeds(params: common_pb2.SamplingParams, embeds: common_pb2.PromptEmbeds, num_rows: int) -> None:
-    """`params` carrying the last `num_rows` rows of `embeds` (all of them, or as truncate_prompt_tokens
-    keeps), and salted with them: the router's hashes and the workers' caches then tell prompts given
-    as embeddings apart, their placeholder tokens being all alike."""
-    kept = common_pb2.PromptEmbeds(num_rows=num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype)
-    row_bytes = len(embeds.data) // embeds.num_rows
-    kept.data = embeds.data[-num_rows * row_bytes:] if num_rows < embeds.num_rows else embeds.data
-    kept.digest = embeddings_digest(kept.dtype, (kept.num_rows, kept.hidden_size), kept.data)
-    params.prompt_embeds.CopyFrom(kept)
-    params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
-                                               kept.digest)
+@dataclass(frozen=True)
+class GivenRows:
+    """A prompt given as embeddings, as the workers take it: its rows, kept out of every message the gateway
+    makes but the worker requests they are spliced into (request_bytes.py), and the rest, `meta`, their digest
+    among it: the router's hashes and the workers' caches tell prompts given as embeddings apart by it, their
+    placeholder tokens being all alike."""
+
+    meta: common_pb2.PromptEmbeds  # without `data`
+    rows: memoryview
+
+    @classmethod
+    def of(cls, embeds: common_pb2.PromptEmbeds, num_rows: int) -> GivenRows:
+        """The last `num_rows` rows of `embeds` (all of them, or as truncate_prompt_tokens keeps): one copy
+        of their bytes, out of the message, and a hash of them (call off the event loop)."""
+        data = memoryview(embeds.data)
+        row_bytes = len(data) // embeds.num_rows
+        rows = data[-num_rows * row_bytes:] if num_rows < embeds.num_rows else data
+        return cls(common_pb2.PromptEmbeds(
+            num_rows=num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype,
+            digest=embeddings_digest(embeds.dtype, (num_rows, embeds.hidden_size), rows)), rows)
+
+    def given_to(self, params: common_pb2.SamplingParams) -> None:
+        """`params` carrying them without their rows, and salted with them."""
+        params.prompt_embeds.CopyFrom(self.meta)
+        params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
+                                                   self.meta.digest)
 
 
 @dataclass(frozen=True)
@@ -114,23 +129,3 @@ class GivenImages:
         params.images.extend(image.meta for image in self.images)
         params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
                                                    self.digest)
-
-
-def inputs_withheld(params: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
-    """`params` as a decode worker takes them (protos/decode.proto's DecodeRequest): their prompt embeddings'
-    shape and digest without their rows (their images have come without pixels since `given_to`); `params`
-    themselves where they have none. Copied field by field: a copy of the whole would copy the rows first."""
-    if not params.HasField("prompt_embeds"):
-        return params
-    withheld = common_pb2.SamplingParams()
-    for field, value in params.ListFields():
-        if field.name == "prompt_embeds":
-            continue
-        if field.type == field.TYPE_MESSAGE or field.is_repeated:
-            getattr(withheld, field.name).MergeFrom(value)
-        else:
-            setattr(withheld, field.name, value)
-    embeds = params.prompt_embeds
-    withheld.prompt_embeds.CopyFrom(common_pb2.PromptEmbeds(
-        num_rows=embeds.num_rows, hidden_size=embeds.hidden_size, dtype=embeds.dtype, digest=embeds.digest))
-    return withheld

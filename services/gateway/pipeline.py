@@ -48,12 +48,13 @@ from services.gateway.admission import Admission
 from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
-from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, GivenImages, check_embedded, with_prompt_embeds
+from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, GivenImages, GivenRows, check_embedded
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import prompt_lookup
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
 from services.gateway.reasoning_config import ThinkingMarkers, fill_thinking_budget
+from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_deltas import RequestDeltas
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_log import RequestLog
@@ -199,10 +200,13 @@ class RequestPipeline(Admission):
                                                        images.sizes if images is not None else ())
                     if truncate_prompt_tokens is not None:
                         prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
+                rows = None
                 if prompt_embeds is not None:  # MBs of rows copied and hashed: off the event loop
-                    await asyncio.to_thread(with_prompt_embeds, params, prompt_embeds, len(prompt))
+                    rows = await asyncio.to_thread(GivenRows.of, prompt_embeds, len(prompt))
+                    rows.given_to(params)
                 if images is not None:
                     images.given_to(params)
+                bulk = BulkInputs(images, rows) if images is not None or rows is not None else None
                 if guide_after is not None and is_guided(params):
                     token_ids = guide_after(prompt)
                     if token_ids:
@@ -216,7 +220,7 @@ class RequestPipeline(Admission):
                 with self.decode.hold() as decode_worker:
                     async for delta in self._run(request_id, prompt, params, decode_worker, stop,
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
-                                                 running, on_dispatch, images):
+                                                 running, on_dispatch, bulk):
                         last = delta
                         if logs_texts:
                             output.append(delta.text)
@@ -244,8 +248,8 @@ class RequestPipeline(Admission):
                    decode_worker: Worker, stop: Sequence[Stop], include_stop_str_in_output: bool,
                    skip_special_tokens: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace, running: RunningRequest,
-                   on_dispatch: Callable[[], None] | None, images: GivenImages | None) -> AsyncIterator[Delta]:
-        """The request's deltas from its workers; `images`: the pixels of those `params` carry."""
+                   on_dispatch: Callable[[], None] | None, bulk: BulkInputs | None) -> AsyncIterator[Delta]:
+        """The request's deltas from its workers; `bulk`: the bytes of the inputs `params` carry."""
         self.prompts.check_context(prompt, params)
 
         def make_output() -> TextOutput:
@@ -281,7 +285,7 @@ class RequestPipeline(Admission):
             progress.is_released = True
         else:
             steps = (self.steps.local if is_local else self.steps.disaggregated)(
-                request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched, images=images)
+                request_id, prompt, params, decode_worker, progress, clock, spans, lookup, dispatched, bulk=bulk)
         moves: DecodeMoves | None = None  # made at its first move to another decode worker
         try:
             while True:  # a request whose decode worker goes away mid-stream moves to another
@@ -311,7 +315,7 @@ class RequestPipeline(Admission):
                         raise
                     if moves is None:
                         moves = DecodeMoves(self.steps, self.decode, request_id)
-                    moved = moves.move(e, decode_worker, prompt, deltas.output, params, progress, clock, spans, images)
+                    moved = moves.move(e, decode_worker, prompt, deltas.output, params, progress, clock, spans, bulk)
                     if moved is None:
                         raise
                     decode_worker, request_id, steps = moved

@@ -1,17 +1,19 @@
-"""A worker's request with a prompt's images' pixels spliced into its bytes, and the workers' stubs that take a
-request as its bytes.
+"""A worker's request with a prompt's images' pixels and its embeddings' rows spliced into its bytes, and the
+workers' stubs that take a request as its bytes.
 
-The gateway's params carry each image without its pixels (given_embeddings.py's `given_to`); only a request
-that prefills the prompt needs them, and gets them here: its message made and serialized without them (a few
-KB), each image's pixels joined in after, as protobuf frames them (a repeated field's elements are frames one
-after another; a message's fields may come in any order). Pixels put into messages (a Qwen-VL image's are up to
-38 MB), copied into the worker's request and serialized with it had held the event loop 160 ms for one such
+The gateway's params carry each image without its pixels, and a prompt's embeddings without their rows
+(given_embeddings.py's `given_to`s); only a request that prefills the prompt needs them, and gets them here:
+its message made and serialized without them (a few KB), the pixels and rows joined in after, as protobuf
+frames them (a repeated field's elements are frames one after another; a singular message field's frames are
+merged; a message's fields may come in any order). Pixels put into messages (a Qwen-VL image's are up to
+38 MB), copied into the worker's request and serialized with it had held the event loop 168 ms for one such
 image here, every other stream it serves waiting: protobuf holds the GIL through each copy, so a thread did
 not help (bench/gateway_loop_images.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -19,30 +21,45 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from protos import common_pb2, decode_pb2, prefill_pb2
-from services.gateway.given_embeddings import GivenImages
+from services.gateway.given_embeddings import GivenImages, GivenRows
 
 _LENGTH_DELIMITED = 2
 _IMAGES = common_pb2.SamplingParams.DESCRIPTOR.fields_by_name["images"].number
+_PROMPT_EMBEDS = common_pb2.SamplingParams.DESCRIPTOR.fields_by_name["prompt_embeds"].number
 _RGB = common_pb2.PromptImage.DESCRIPTOR.fields_by_name["rgb"].number
+_DATA = common_pb2.PromptEmbeds.DESCRIPTOR.fields_by_name["data"].number
 
 
-def with_pixels(request: Message, images: GivenImages | None) -> Message | bytes:
-    """`request`, whose `sampling` carries `images` without their pixels, as a worker that prefills its prompt
-    takes it: its bytes, each image's pixels in its frame; `request` itself where it has no images."""
-    if images is None or not images.images:
+@dataclass(frozen=True)
+class BulkInputs:
+    """What a request's params carry without its bytes: its images' pixels, its prompt embeddings' rows."""
+
+    images: GivenImages | None = None
+    rows: GivenRows | None = None
+
+
+def with_inputs(request: Message, bulk: BulkInputs | None) -> Message | bytes:
+    """`request`, whose `sampling` carries `bulk` without its bytes, as a worker that prefills its prompt
+    takes it: its bytes, each image's pixels and the embeddings' rows in their frames; `request` itself
+    where there are none."""
+    if bulk is None:
         return request
     head = type(request)()
-    head.CopyFrom(request)  # its params' images are a few numbers each
+    head.CopyFrom(request)  # its params' images and embeddings are a few numbers each
     head.ClearField("sampling")
     sampling = common_pb2.SamplingParams()
     sampling.CopyFrom(request.sampling)
     metas = list(sampling.images)
     sampling.ClearField("images")
     parts = [sampling.SerializeToString()]
-    for meta, image in zip(metas, images.images, strict=True):
+    for meta, image in zip(metas, bulk.images.images if bulk.images is not None else (), strict=True):
         rest = meta.SerializeToString()
         pixels_frame = _frame_head(_RGB, len(image.rgb))
         parts += [_frame_head(_IMAGES, len(pixels_frame) + len(image.rgb) + len(rest)), pixels_frame, image.rgb, rest]
+    if bulk.rows is not None:  # merged into the embeddings' frame above, which has the rest
+        rows = bulk.rows.rows
+        rows_frame = _frame_head(_DATA, len(rows))
+        parts += [_frame_head(_PROMPT_EMBEDS, len(rows_frame) + len(rows)), rows_frame, rows]
     sampling_size = sum(len(part) for part in parts)
     number = type(request).DESCRIPTOR.fields_by_name["sampling"].number
     return b"".join([head.SerializeToString(), _frame_head(number, sampling_size), *parts])
@@ -68,7 +85,7 @@ def _serialized(request: Message | bytes) -> bytes:
 
 def stub_taking_bytes(stub_class: Callable[[grpc.aio.Channel], Any], service_name: str
                       ) -> Callable[[grpc.aio.Channel], Any]:
-    """`stub_class`'s maker, whose methods take a request as a message or as its bytes (`with_pixels`').
+    """`stub_class`'s maker, whose methods take a request as a message or as its bytes (`with_inputs`').
     `service_name`: its service's full name in the protos ("baton.prefill.v1.Prefill")."""
     service = _SERVICES[service_name]
     kinds = {(False, False): "unary_unary", (False, True): "unary_stream", (True, False): "stream_unary",

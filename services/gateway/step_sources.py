@@ -27,10 +27,9 @@ from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics
-from services.gateway.given_embeddings import GivenImages, inputs_withheld
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
 from services.gateway.prefill_route import NO_LOOKUP, Lookup
-from services.gateway.request_bytes import with_pixels
+from services.gateway.request_bytes import BulkInputs, with_inputs
 from services.gateway.request_errors import InvalidRequestError
 from services.gateway.request_trace import RequestTrace
 from services.gateway.timeline import PhaseClock
@@ -113,7 +112,7 @@ class StepSources:
 
     def moved(self, request_id: str, prompt: list[int], output: list[int], params: common_pb2.SamplingParams,
               decode_worker: Worker, progress: Progress, clock: PhaseClock, spans: RequestTrace,
-              locally: bool = False, images: GivenImages | None = None) -> AsyncIterator[Step]:
+              locally: bool = False, bulk: BulkInputs | None = None) -> AsyncIterator[Step]:
         """The rest of a request moved to `decode_worker`: its prompt and its output so far prefilled
         again for it (their prefix mostly cached where the prompt was computed; by `decode_worker` itself
         when `locally`), the next token its first step. The workers take the output as the request's own,
@@ -123,7 +122,7 @@ class StepSources:
         continued.ClearField("prompt_logprobs")
         steps = self.disaggregated if self.prefill is not None and not locally else self.local
         return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
-                     lambda call: None, output, images)
+                     lambda call: None, output, bulk)
 
     def next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
                            num_generated: int, gone: list[Worker]) -> Worker | None:
@@ -155,10 +154,10 @@ class StepSources:
     async def disaggregated(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                             decode_worker: Worker, progress: Progress, clock: PhaseClock,
                             spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[grpc.aio.Call], None],
-                            output: Sequence[int] = (), images: GivenImages | None = None) -> AsyncIterator[Step]:
+                            output: Sequence[int] = (), bulk: BulkInputs | None = None) -> AsyncIterator[Step]:
         """The first token from a prefill worker, which then writes the KV into pages it reserved
         on the decode worker; then the rest from the decode worker, once the pages are there.
-        `output`: a moved request's so far (`moved`); `images`: the pixels of those `params` carry."""
+        `output`: a moved request's so far (`moved`); `bulk`: the bytes of the inputs `params` carry."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
         route = self.prefill_router.choose(prompt, lookup) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
@@ -172,11 +171,11 @@ class StepSources:
                 sent_ns = time.monotonic_ns()
                 try:  # from here on, whatever fails stops the prefill worker's work too
                     with spans.calls():
-                        prefill_call = await self.prefill_calls.start(prefill_worker, with_pixels(
+                        prefill_call = await self.prefill_calls.start(prefill_worker, with_inputs(
                             prefill_pb2.PrefillRequest(
                                 request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
                                 target={"decode_address": decode_worker.address, "transport": self.kv_transport},
-                                output_token_ids=output), images))
+                                output_token_ids=output), bulk))
                     on_dispatch(prefill_call)
                     if not gone and route is not None:
                         try:
@@ -219,7 +218,7 @@ class StepSources:
         with spans.calls():
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
-                first_token_id=response.first_token_id, sampling=inputs_withheld(params),
+                first_token_id=response.first_token_id, sampling=params,
                 output_token_ids=output))
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
@@ -244,12 +243,12 @@ class StepSources:
     async def local(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                     decode_worker: Worker, progress: Progress, clock: PhaseClock,
                     spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[grpc.aio.Call], None],
-                    output: Sequence[int] = (), images: GivenImages | None = None) -> AsyncIterator[Step]:
+                    output: Sequence[int] = (), bulk: BulkInputs | None = None) -> AsyncIterator[Step]:
         """Every token from the decode worker, which prefills the prompt itself: no prefill
         worker, no transfer. The part it does not hold counts against its room until the first token.
-        `output`: a moved request's so far (`moved`); `images`: the pixels of those `params` carry."""
-        request = with_pixels(decode_pb2.GenerateLocallyRequest(
-            request_id=request_id, prompt_token_ids=prompt, sampling=params, output_token_ids=output), images)
+        `output`: a moved request's so far (`moved`); `bulk`: the bytes of the inputs `params` carry."""
+        request = with_inputs(decode_pb2.GenerateLocallyRequest(
+            request_id=request_id, prompt_token_ids=prompt, sampling=params, output_token_ids=output), bulk)
         uncached = len(prompt) + len(output) - lookup.decode_cached_tokens
         decode_worker.queued_tokens += uncached
         is_counted = True

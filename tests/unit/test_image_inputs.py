@@ -114,7 +114,7 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     from engine.sampling_params import SamplingParams
     from protos import prefill_pb2
     from services.gateway.given_embeddings import GivenImages
-    from services.gateway.request_bytes import with_pixels
+    from services.gateway.request_bytes import BulkInputs, with_inputs
 
     transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
     processing = ImageProcessing.from_dir(tmp_path)
@@ -124,7 +124,8 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     params = common_pb2.SamplingParams(cache_salt="tenant")
     given.given_to(params)
     assert params.cache_salt.startswith("tenant\x00prompt_embeds:")
-    sent = prefill_pb2.PrefillRequest.FromString(with_pixels(prefill_pb2.PrefillRequest(sampling=params), given))
+    sent = prefill_pb2.PrefillRequest.FromString(with_inputs(prefill_pb2.PrefillRequest(sampling=params),
+                                                                  BulkInputs(images=given)))
     hashed_by_the_engine = [replace(image, given_digest="") for image in given_images(sent.sampling)]
     engine_params = SamplingParams(cache_salt=params.cache_salt)
     assert salted(engine_params, None, hashed_by_the_engine) is engine_params

@@ -9,9 +9,9 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2
-from services.gateway.given_embeddings import GivenImages, ProcessedImage
+from services.gateway.given_embeddings import GivenImages, GivenRows, ProcessedImage
 from services.gateway.kept_calls import KeptCalls
-from services.gateway.request_bytes import stub_taking_bytes, with_pixels
+from services.gateway.request_bytes import BulkInputs, stub_taking_bytes, with_inputs
 from services.gateway.workers import Worker
 
 
@@ -20,24 +20,30 @@ def _processed(seed: int, side: int) -> ProcessedImage:
     return ProcessedImage.of(rgb, (side, side, 3), 1 / 255, [0.5] * 3, [0.5] * 3)
 
 
-def test_a_requests_images_pixels_are_spliced_into_its_bytes_as_protobuf_frames_them():
-    """As the request made with each image whole parses: pixels of lengths whose varints take 2 and 3 bytes
-    (a 16x16 image's 768; a 1000x1000's 3 MB), beside every other field of the request and its params."""
+def test_a_requests_pixels_and_rows_are_spliced_into_its_bytes_as_protobuf_frames_them():
+    """As the request made with each image and the embeddings whole parses: pixels of lengths whose varints take
+    2 and 3 bytes (a 16x16 image's 768; a 1000x1000's 3 MB), beside every other field of the request and its
+    params. (A prompt has images or embeddings, not both; the bytes have room for either.)"""
     images = GivenImages((_processed(1, 16), _processed(2, 1000)))
+    rows = np.random.default_rng(3).random((5, 8), dtype=np.float32)
+    embeds = GivenRows.of(common_pb2.PromptEmbeds(data=rows.tobytes(), num_rows=5, hidden_size=8, dtype="float32"),
+                          5)
     params = common_pb2.SamplingParams(max_tokens=7, temperature=0.5, stop_token_ids=[4, 5], cache_salt="t")
     params.logit_bias[3] = 1.5
     images.given_to(params)
+    embeds.given_to(params)
     whole = common_pb2.SamplingParams()
     whole.CopyFrom(params)
     del whole.images[:]
     whole.images.extend(image.proto() for image in images.images)
+    whole.prompt_embeds.data = rows.tobytes()
     for request_class, fields in ((prefill_pb2.PrefillRequest, {"token_ids": [1, 2, 3], "output_token_ids": [9],
                                                                 "target": {"decode_address": "127.0.0.1:1"}}),
                                   (decode_pb2.GenerateLocallyRequest, {"prompt_token_ids": [1, 2, 3]})):
-        spliced = with_pixels(request_class(request_id="r", sampling=params, **fields), images)
+        spliced = with_inputs(request_class(request_id="r", sampling=params, **fields), BulkInputs(images, embeds))
         assert request_class.FromString(spliced) == request_class(request_id="r", sampling=whole, **fields)
     text = decode_pb2.GenerateLocallyRequest(request_id="r", prompt_token_ids=[1])
-    assert with_pixels(text, None) is text
+    assert with_inputs(text, None) is text
 
 
 def _with_image() -> common_pb2.SamplingParams:
