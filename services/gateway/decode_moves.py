@@ -1,29 +1,51 @@
-"""`DecodeMoves`: a request's moves to other decode workers, each after the one it streamed from went
-away mid-stream (past its first token), or ended it for want of its images' pixels or prompt rows (to
-the least loaded, that one too, which prefills it again itself): the workers that went away, the one
-it moved to (counted busy until the request ends) and its id there. step_sources.py says whether and
-where it may go (`next_decode_worker`) and makes the new worker's calls (`moved`). pipeline.py makes
-one at a request's first move, so a request that never moves pays nothing for it on its path."""
+"""`DecodeMoves`: a request's moves to other decode workers, after the one it streamed from ended its stream
+past its first token:
+
+- the worker went away (UNAVAILABLE): the request goes to another serving decode worker, its prompt and its
+  output so far prefilled again for it (their prefix mostly cached where the prompt was computed), at most
+  MAX_DECODE_MIGRATIONS times;
+- the worker preempted it and could not compute it again without its images' pixels or prompt rows, which it
+  is not sent (ABORTED; protos/decode.proto's DecodeRequest): the least loaded serving decode worker, that one
+  too, prefills it again itself, given them, as a preempted request is computed again where it is decoded
+  (queued there while pages are short, where a prefill worker's reservation would be refused). Each such
+  resume makes a token at its prefill: no bound is needed.
+
+The workers take the output as the request's own, made elsewhere: its penalties, guide and seeded draws go on
+from it, as in a request that never moved. pipeline.py makes one `DecodeMoves` at a request's first move, so a
+request that never moves pays nothing for it on its path.
+"""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import ExitStack
 
 import grpc
+from prometheus_client import Counter
 
 from protos import common_pb2
 from services.gateway.deltas import TextOutput
+from services.gateway.prefill_route import NO_LOOKUP
 from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_trace import RequestTrace
 from services.gateway.step_sources import StepSources
 from services.gateway.timeline import PhaseClock
-from services.gateway.worker_steps import Progress, Step, was_withheld
+from services.gateway.worker_steps import Progress, Step, was_withheld, went_away
 from services.gateway.workers import Worker, WorkerPool
+
+DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
+                            "Requests moved to another decode worker because theirs went away (UNAVAILABLE) "
+                            "mid-stream: prompt and output so far prefilled again there")
+DECODE_RESUMES = Counter("baton_gateway_decode_resumes_total",
+                         "Requests a decode worker preempted and could not compute again without their images' "
+                         "pixels or prompt rows, which it is not sent (ABORTED): prompt, images and output so far "
+                         "prefilled again by the least loaded decode worker, given them")
+MAX_DECODE_MIGRATIONS = 2  # moves after a decode worker went away, at most, a request
 
 
 class DecodeMoves:
     """The moves of request `request_id`, whose steps come from `steps` and whose decode workers are
-    `decode`'s. `close` once the request has ended."""
+    `decode`'s: the workers that went away, the one it moved to (counted busy until the request ends) and
+    its id there. `close` once the request has ended."""
 
     def __init__(self, steps: StepSources, decode: WorkerPool, request_id: str) -> None:
         self.steps = steps
@@ -40,21 +62,29 @@ class DecodeMoves:
         from there on; None where it does not move (the error stands). `bulk`: the bytes of the inputs
         `params` carry."""
         generated = list(output.detokenizer.output_token_ids)
-        # A request its worker preempted without its images or prompt rows is computed again where it is
-        # decoded, as a preempted request is, given them now: queued there while pages are short, where a
-        # prefill worker's reservation would be refused.
+        if len(generated) >= params.max_tokens:
+            return None
         is_resumed = was_withheld(error)
-        gone = self.gone if is_resumed else [*self.gone, decode_worker]
-        moved_to = self.steps.next_decode_worker(error, params, len(generated), gone)
+        if is_resumed:
+            gone, counter = self.gone, DECODE_RESUMES
+        elif went_away(error) and len(self.gone) < MAX_DECODE_MIGRATIONS:
+            gone, counter = [*self.gone, decode_worker], DECODE_MIGRATIONS
+        else:
+            return None
+        moved_to = self.decode.pick_other(gone)
         if moved_to is None:
             return None
+        counter.inc()
         self.gone = gone
         self.num_moves += 1
         decode_worker = self.held.enter_context(self.decode.hold(moved_to))
         request_id = f"{self.first_id}~{self.num_moves}"
-        steps = self.steps.moved(request_id, prompt, generated, params, moved_to, progress, clock, spans,
-                                 locally=is_resumed, bulk=bulk)
-        return decode_worker, request_id, steps
+        continued = common_pb2.SamplingParams()
+        continued.CopyFrom(params)
+        continued.ClearField("prompt_logprobs")
+        steps = self.steps.local if is_resumed or self.steps.prefill is None else self.steps.disaggregated
+        return decode_worker, request_id, steps(request_id, prompt, continued, moved_to, progress, clock, spans,
+                                                NO_LOOKUP, lambda call: None, generated, bulk)
 
     def close(self) -> None:
         """The request has ended: the worker it moved to is no longer busy with it."""

@@ -4,10 +4,10 @@ the request through them):
 - `disaggregated`: the first token from a prefill worker (chosen by the router, or by load), which
   then writes the KV into pages it reserved on the decode worker; the rest from the decode worker.
   A prefill worker that goes away before the first token is replaced (up to MAX_PREFILL_RETRIES);
-- `local`: every token from the decode worker, which prefills the prompt itself;
-- `moved`: the rest of a request whose decode worker went away mid-stream, on another; or that its decode
-  worker preempted and could not compute again without its images' pixels or prompt rows, prefilled again
-  by the least loaded decode worker itself, given them.
+- `local`: every token from the decode worker, which prefills the prompt itself.
+
+Where a request goes after its decode worker ended its stream is decode_moves.py's to say: it calls one of
+these again, with the request's output so far.
 
 Calls go out on calls kept open ahead of requests where there are some (kept_calls.py); a stream
 cut short is cancelled, and a request's pages on its decode worker are Aborted in the background
@@ -28,7 +28,7 @@ from services.common import tracing
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics
 from services.gateway.kept_calls import DECODE_CALLS, PREFILL_CALLS, KeptCalls
-from services.gateway.prefill_route import NO_LOOKUP, Lookup
+from services.gateway.prefill_route import Lookup
 from services.gateway.request_bytes import BulkInputs, with_inputs
 from services.gateway.request_errors import InvalidRequestError
 from services.gateway.request_trace import RequestTrace
@@ -41,7 +41,6 @@ from services.gateway.worker_steps import (
     observe_prefill,
     read_to_end,
     rpc_legs,
-    was_withheld,
     went_away,
 )
 from services.gateway.workers import Worker, WorkerPool
@@ -54,14 +53,6 @@ PREFILL_RETRIES = Counter("baton_gateway_prefill_retries_total",
 # token has sent nothing anyone saw, so the prompt goes to another. Not after any other failure: a
 # prompt that made a worker's engine fail may make the next one's fail too.
 MAX_PREFILL_RETRIES = 2
-DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
-                            "Requests moved to another decode worker because theirs went away (UNAVAILABLE) "
-                            "mid-stream: prompt and output so far prefilled again there")
-DECODE_RESUMES = Counter("baton_gateway_decode_resumes_total",
-                         "Requests a decode worker preempted and could not compute again without their images' "
-                         "pixels or prompt rows, which it is not sent (ABORTED): prompt, images and output so far "
-                         "prefilled again by the least loaded decode worker, given them")
-MAX_DECODE_MIGRATIONS = 2  # a request's decode workers after the first, at most
 
 
 @dataclass(frozen=True)
@@ -109,39 +100,6 @@ class StepSources:
         self.decode_calls.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
-
-    def moved(self, request_id: str, prompt: list[int], output: list[int], params: common_pb2.SamplingParams,
-              decode_worker: Worker, progress: Progress, clock: PhaseClock, spans: RequestTrace,
-              locally: bool = False, bulk: BulkInputs | None = None) -> AsyncIterator[Step]:
-        """The rest of a request moved to `decode_worker`: its prompt and its output so far prefilled
-        again for it (their prefix mostly cached where the prompt was computed; by `decode_worker` itself
-        when `locally`), the next token its first step. The workers take the output as the request's own,
-        made elsewhere: its penalties, guide and seeded draws go on from it, as in a request that never moved."""
-        continued = common_pb2.SamplingParams()
-        continued.CopyFrom(params)
-        continued.ClearField("prompt_logprobs")
-        steps = self.disaggregated if self.prefill is not None and not locally else self.local
-        return steps(request_id, prompt, continued, decode_worker, progress, clock, spans, NO_LOOKUP,
-                     lambda call: None, output, bulk)
-
-    def next_decode_worker(self, error: grpc.aio.AioRpcError, params: common_pb2.SamplingParams,
-                           num_generated: int, gone: list[Worker]) -> Worker | None:
-        """Where a request goes after `error` from its decode worker, past its first token, while tokens are
-        left to make: the least loaded serving decode worker not `gone` when its worker lacked its images'
-        pixels or prompt rows (each such resume makes a token at its prefill: no bound needed); another when
-        the worker went away, `gone` with the rest, and it has moved fewer than MAX_DECODE_MIGRATIONS times;
-        else None."""
-        if num_generated >= params.max_tokens:
-            return None
-        if was_withheld(error):
-            moved_to, counter = self.decode.pick_other(gone), DECODE_RESUMES
-        elif went_away(error) and len(gone) <= MAX_DECODE_MIGRATIONS:
-            moved_to, counter = self.decode.pick_other(gone), DECODE_MIGRATIONS
-        else:
-            return None
-        if moved_to is not None:
-            counter.inc()
-        return moved_to
 
     def _next_prefill_worker(self, error: BaseException, gone: list[Worker]) -> Worker | None:
         """Where a prompt goes after `error` from its prefill worker, before its first token: another
