@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos import decode_pb2, decode_pb2_grpc
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
@@ -99,6 +100,13 @@ def gateway_client(mesh: Mesh, *extra_args: str) -> Iterator[openai.OpenAI]:
             yield client
     finally:
         assert gateway.terminate() == 0
+
+
+def metric_value(base_url: str, sample_name: str) -> float:
+    """A sample of the /metrics at `base_url`, summed over its labels ("baton_gateway_decode_resumes_total")."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == sample_name)
 
 
 def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -17,7 +18,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.services.gateway.mesh import GatewayProcess
+from tests.services.gateway.mesh import GatewayProcess, metric_value, running_mesh
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
 LOCAL_LIMIT = 64  # rows up to this are prefilled by the decode worker, more by a prefill worker
@@ -187,3 +188,31 @@ def test_the_grpc_api_takes_them_as_its_prompt_embeds_input(mesh, gateway, embed
         response = generate(address, **request)
         assert response.error.code == 400 and response.error.param == param, response
     mesh.assert_decode_pools_free()
+
+
+RESUMES = "baton_gateway_decode_resumes_total"
+PAGES = 12  # of 16 tokens: a 32-row prompt's 160 greedy tokens take them all
+
+
+def test_a_prompt_its_decode_worker_preempted_without_its_rows_is_resumed_with_them(tiny_demo_model):
+    """The gateway sends a decode worker no rows. Two prompts given as embeddings whose replies each fill its
+    pool: one is preempted, and the other's last pages take its cached ones; without its rows its worker cannot
+    compute its prompt again, so it ends the stream and the gateway resumes it there, rows given again
+    (GenerateLocally with its output so far). Each reply is its token prompt's, asked alone."""
+    table = load_file(str(tiny_demo_model / "model.safetensors"))["model.embed_tokens.weight"].float()
+    prompts = [ids(32, seed) for seed in (3, 4)]
+    with running_mesh(tiny_demo_model, num_prefill=1, num_decode=1, decode_args=("--kv-blocks", str(PAGES)),
+                      gateway_args=("--enable-prompt-embeds", "--local-prefill-max-tokens", "0")) as small:
+        with openai.OpenAI(base_url=f"{small.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            def reply(**prompt) -> list[int]:
+                return client.completions.create(model=small.model_name, max_tokens=PAGES * 16 - 32, temperature=0,
+                                                 extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                             **prompt.pop("extra", {})}, **prompt).choices[0].token_ids
+            alone = [reply(prompt=prompt) for prompt in prompts]
+            before = metric_value(small.gateway.base_url, RESUMES)
+            with ThreadPoolExecutor(2) as pool:
+                together = list(pool.map(lambda prompt: reply(prompt=None, extra={
+                    "prompt_embeds": encoded(table[prompt])}), prompts))
+            assert metric_value(small.gateway.base_url, RESUMES) - before >= 1
+        assert together == alone
+        small.assert_decode_pools_free(num_tokens=PAGES * 16 - 1)

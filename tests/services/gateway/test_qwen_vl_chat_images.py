@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import openai
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
@@ -30,7 +28,7 @@ from tests.services.gateway.image_chats import (
     greedy_chat_by_a_local_gateway,
     random_image,
 )
-from tests.services.gateway.mesh import running_mesh
+from tests.services.gateway.mesh import metric_value, running_mesh
 
 IMAGE, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -188,6 +186,7 @@ def test_images_over_a_message_to_a_worker_are_refused_whole(vlm_mesh):
     vlm_mesh.assert_decode_pools_free()
 
 
+RESUMES = "baton_gateway_decode_resumes_total"
 PAGES = 12  # of 16 tokens: a 32-token chat's 160 greedy tokens take them all
 
 
@@ -202,12 +201,6 @@ def small_pool_mesh(qwen_vlm):
         yield mesh
 
 
-def _resumes(base_url: str) -> float:
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               if family.name == "baton_gateway_decode_resumes" for sample in family.samples
-               if sample.name == "baton_gateway_decode_resumes_total")
-
 
 def test_a_chat_its_decode_worker_preempted_without_its_pixels_is_resumed_with_them(small_pool_mesh, qwen_vlm):
     """The gateway sends a decode worker no pixels. Two chats whose replies each fill its pool: one is
@@ -219,14 +212,14 @@ def test_a_chat_its_decode_worker_preempted_without_its_pixels_is_resumed_with_t
     texts = [" ".join(f"w{10 * i + k}" for k in range(9)) for i in range(2)]
     contents = [[{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": text}]
                 for image, text in zip(images, texts, strict=True)]
-    before = _resumes(small_pool_mesh.gateway.base_url)
+    before = metric_value(small_pool_mesh.gateway.base_url, RESUMES)
     with openai.OpenAI(base_url=f"{small_pool_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
         with ThreadPoolExecutor(2) as pool:
             replies = list(pool.map(lambda content: client.chat.completions.create(
                 model=small_pool_mesh.model_name, messages=[{"role": "user", "content": content}],
                 max_tokens=PAGES * 16 - 32, temperature=0, logit_bias={str(MARKS[IMAGE]): -100},
                 extra_body={"ignore_eos": True, "return_token_ids": True}), contents))
-    assert _resumes(small_pool_mesh.gateway.base_url) - before >= 1
+    assert metric_value(small_pool_mesh.gateway.base_url, RESUMES) - before >= 1
     for image, text, reply in zip(images, texts, replies, strict=True):
         expected, _, num_prompt = _transformers_greedy(qwen_vlm, [{"type": "image", "image": image},
                                                                   {"type": "text", "text": text}],

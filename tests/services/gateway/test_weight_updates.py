@@ -9,9 +9,9 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.demo_model import make_demo_model
+from tests.services.gateway.mesh import metric_value
 from tests.unit.test_weight_update import SHAPE
 
 PROMPT = [(13 * j) % 900 + 5 for j in range(40)]
@@ -28,12 +28,6 @@ def greedy(mesh, max_tokens: int = 8) -> list[int]:
         "input_ids": PROMPT, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
     assert answer.status_code == 200, answer.text
     return answer.json()["output_ids"]
-
-
-def _gauge(mesh, name: str) -> float:
-    text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name)
 
 
 def _wait_for(condition, within_s: float = 10.0) -> None:
@@ -84,11 +78,12 @@ def test_a_running_request_finishes_on_the_old_weights_and_one_arriving_waits_fo
                "update": threading.Thread(target=lambda: results.update(update=update(mesh, next_checkpoint))),
                "arriving": threading.Thread(target=lambda: results.update(arriving=greedy(mesh)))}
     threads["running"].start()
-    _wait_for(lambda: _gauge(mesh, "baton_gateway_requests_in_progress") == 1)  # the long request is running
+    # the long request is running
+    _wait_for(lambda: metric_value(mesh.gateway.base_url, "baton_gateway_requests_in_progress") == 1)
     threads["update"].start()
     time.sleep(0.3)  # the update waits for it, and holds what arrives
     threads["arriving"].start()
-    _wait_for(lambda: _gauge(mesh, "baton_gateway_requests_held") == 1)
+    _wait_for(lambda: metric_value(mesh.gateway.base_url, "baton_gateway_requests_held") == 1)
     assert threads["running"].is_alive(), "the long request ended before the update held the arriving one"
     for thread in threads.values():
         thread.join(timeout=120)
