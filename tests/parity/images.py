@@ -48,14 +48,24 @@ def image_engine(path, **options) -> LLMEngine:
                                      "max_num_batched_tokens": 512, **options}))
 
 
-def generate_with_images(engine: LLMEngine, requests: Requests, max_tokens: int) -> dict[str, list[int]]:
-    return greedy_outputs(engine, {request_id: (prompt, {"images": images})
-                                   for request_id, (prompt, images) in requests.items()}, max_tokens)
-
-
 def hf_greedy(logits_of: Callable[[list[int]], torch.Tensor], prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens by whole forward passes of transformers' model (`logits_of` ids: the last position's)."""
     tokens: list[int] = []
     for _ in range(max_tokens):
         tokens.append(int(logits_of(prompt + tokens).argmax()))
     return tokens
+
+
+def assert_transformers_tokens(engine: LLMEngine, requests: Requests,
+                               greedy_of: Callable[[list[int], list[ImageInput]], list[int]], max_tokens: int) -> None:
+    """Each of `requests`, run greedily by `engine` beside the others, gives transformers' tokens
+    (`greedy_of(prompt, images)`); every page free after."""
+    results = greedy_outputs(engine, {request_id: (prompt, {"images": images})
+                                      for request_id, (prompt, images) in requests.items()}, max_tokens)
+    for request_id, (prompt, images) in requests.items():
+        assert results[request_id] == greedy_of(prompt, images), request_id
+
+
+def padded(prompt: list[int], length: int) -> list[int]:
+    """`prompt` with text tokens after it up to `length` (pages filled for a preemption)."""
+    return prompt + [30 + k for k in range(length - len(prompt))]

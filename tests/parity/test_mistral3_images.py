@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from engine.prompt_images import ImageInput
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import transformers
-from tests.parity.images import Requests, generate_with_images, hf_greedy, image_engine
+from tests.parity.images import Requests, assert_transformers_tokens, hf_greedy, image_engine, padded
 
 IMAGE, BREAK, END = 10, 12, 13  # Mistral's [IMG], [IMG_BREAK], [IMG_END]
 PIXELS_PER_TOKEN = 8  # patches of 4 pixels, merged 2x2
@@ -89,8 +89,8 @@ def _hf_inputs(images: list[ImageInput]) -> dict:
         return {}
     pixels = [image.pixels() for image in images]
     height, width = max(p.shape[1] for p in pixels), max(p.shape[2] for p in pixels)
-    padded = torch.stack([torch.nn.functional.pad(p, (0, width - p.shape[2], 0, height - p.shape[1])) for p in pixels])
-    return {"pixel_values": padded, "image_sizes": torch.tensor([list(p.shape[1:]) for p in pixels])}
+    stacked = torch.stack([torch.nn.functional.pad(p, (0, width - p.shape[2], 0, height - p.shape[1])) for p in pixels])
+    return {"pixel_values": stacked, "image_sizes": torch.tensor([list(p.shape[1:]) for p in pixels])}
 
 
 def _hf_logits(model, ids: list[int], images: list[ImageInput]) -> torch.Tensor:
@@ -108,8 +108,9 @@ def _requests(seed: int) -> Requests:
             "text": (_prompt(seed, []), [])}
 
 
-def _generate(engine, requests: Requests) -> dict[str, list[int]]:
-    return generate_with_images(engine, requests, MAX_NEW_TOKENS)
+def _assert_transformers_tokens(engine, model, requests: Requests) -> None:
+    assert_transformers_tokens(engine, requests, lambda prompt, images: _hf_greedy(model, prompt, images),
+                               MAX_NEW_TOKENS)
 
 
 def test_image_rows_match_transformers_image_features(mistral3):
@@ -130,17 +131,13 @@ def test_greedy_tokens_with_images_match_transformers(mistral3, budget):
     """Budgets of 16 and 21 end chunks inside images' rows: Mistral 3's image tokens attend causally."""
     path, model = mistral3
     requests = _requests(2)
-    results = _generate(image_engine(path, max_num_batched_tokens=budget), requests)
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+    _assert_transformers_tokens(image_engine(path, max_num_batched_tokens=budget), model, requests)
 
 
 def test_a_ministral3_text_model_with_images_matches_transformers(ministral3):
     path, model = ministral3
     requests = _requests(3)
-    results = _generate(image_engine(path), requests)
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+    _assert_transformers_tokens(image_engine(path), model, requests)
 
 
 @pytest.mark.parametrize("budget", [512, 16])
@@ -167,12 +164,10 @@ def test_images_computed_again_after_a_preemption_give_the_same_tokens(mistral3)
     for i in range(2):
         images = _images(5 + i, [(32, 48), (16, 32)])
         prompt = _prompt(5 + i, images)
-        requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
+        requests[f"r{i}"] = (padded(prompt, 64), images)
     engine = image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
-    results = _generate(engine, requests)
+    _assert_transformers_tokens(engine, model, requests)
     assert engine.scheduler.num_preemptions > 0
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
 
 
 def test_transformers_4_layout_gives_the_same_tokens(mistral3, tmp_path):
@@ -186,9 +181,7 @@ def test_transformers_4_layout_gives_the_same_tokens(mistral3, tmp_path):
         shutil.copy(path / name, tmp_path / name)
     save_file(renamed, tmp_path / "model.safetensors")
     requests = _requests(4)
-    results = _generate(image_engine(tmp_path), requests)
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+    _assert_transformers_tokens(image_engine(tmp_path), model, requests)
 
 
 def test_images_the_prompt_does_not_place_are_refused(mistral3):
@@ -223,15 +216,15 @@ def test_an_image_is_encoded_with_the_chunk_that_reaches_it_and_not_again_from_t
     engine.runner.image_encoder.encode = lambda pixels: encoded.append(len(pixels)) or encode(pixels)
     two = _images(11, [(16, 48), (16, 32)])
     prompt = _prompt(11, two)  # images at [7, 21) and [25, 35): chunks [0, 16) and [16, 32) reach one each
-    assert _generate(engine, {"two": (prompt, two)})["two"] == _hf_greedy(model, prompt, two)
+    _assert_transformers_tokens(engine, model, {"two": (prompt, two)})
     assert encoded == [1, 1]
     encoded.clear()
     image = two[:1]
     prefix = [1, 3, 50, 51, 52, *_image_tokens(16, 48), *range(60, 73)]  # 32 tokens: two whole pages
     first, second = prefix + [80, 81, 82], prefix + [90, 91, 92, 93]
-    assert _generate(engine, {"first": (first, image)})["first"] == _hf_greedy(model, first, image)
+    _assert_transformers_tokens(engine, model, {"first": (first, image)})
     assert encoded == [1]
-    assert _generate(engine, {"second": (second, image)})["second"] == _hf_greedy(model, second, image)
+    _assert_transformers_tokens(engine, model, {"second": (second, image)})
     assert encoded == [1]
 
 

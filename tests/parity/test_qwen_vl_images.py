@@ -22,9 +22,10 @@ from tests.parity.conftest import decoded_from_handed_over_pages, transformers
 from tests.parity.images import (
     QWEN_VL,
     Requests,
-    generate_with_images,
+    assert_transformers_tokens,
     hf_greedy,
     image_engine,
+    padded,
 )
 
 IMAGE, VISION_START, VISION_END = 500, 498, 499
@@ -95,8 +96,9 @@ def _requests(seed: int) -> Requests:
             "text": (_prompt(seed, []), [])}
 
 
-def _generate(engine, requests: Requests) -> dict[str, list[int]]:
-    return generate_with_images(engine, requests, MAX_NEW_TOKENS)
+def _assert_transformers_tokens(engine, model, requests: Requests) -> None:
+    assert_transformers_tokens(engine, requests, lambda prompt, images: _hf_greedy(model, prompt, images),
+                               MAX_NEW_TOKENS)
 
 
 def test_image_rows_match_transformers_image_features(qwen_vl):
@@ -119,9 +121,7 @@ def test_image_rows_match_transformers_image_features(qwen_vl):
 def test_greedy_tokens_with_images_match_transformers(qwen_vl, budget):
     path, model = qwen_vl
     requests = _requests(2)
-    results = _generate(image_engine(path, max_num_batched_tokens=budget), requests)
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+    _assert_transformers_tokens(image_engine(path, max_num_batched_tokens=budget), model, requests)
 
 
 @pytest.mark.parametrize("budget", [512, 16])
@@ -150,12 +150,10 @@ def test_images_computed_again_after_a_preemption_give_the_same_tokens(qwen_vl):
     for i in range(2):  # 64-token prompts: both admitted into 8 of the 9 pages, both past their 4th within 3 tokens
         images = _images(5 + i, [(32, 32), (16, 24)])
         prompt = _prompt(5 + i, images)
-        requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
+        requests[f"r{i}"] = (padded(prompt, 64), images)
     engine = image_engine(path, num_kv_blocks=9, max_num_batched_tokens=128)
-    results = _generate(engine, requests)
+    _assert_transformers_tokens(engine, model, requests)
     assert engine.scheduler.num_preemptions > 0
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
 
 
 def _decoded_with_pixels_withheld(path, requests: Requests, max_tokens: dict[str, int]) -> dict:
@@ -178,7 +176,7 @@ def _two_requests() -> Requests:
     for i in range(2):
         images = _images(7 + i, [(32, 32), (16, 24)])
         prompt = _prompt(7 + i, images)
-        requests[f"r{i}"] = (prompt + [30 + k for k in range(64 - len(prompt))], images)
+        requests[f"r{i}"] = (padded(prompt, 64), images)
     return requests
 
 
@@ -234,6 +232,4 @@ def test_qwen3_vl_moe_experts_as_released_give_the_same_tokens(qwen_vl, tmp_path
         shutil.copy(path / name, tmp_path / name)
     save_file(released, tmp_path / "model.safetensors")
     requests = _requests(4)
-    results = _generate(image_engine(tmp_path), requests)
-    for request_id, (prompt, images) in requests.items():
-        assert results[request_id] == _hf_greedy(model, prompt, images), request_id
+    _assert_transformers_tokens(image_engine(tmp_path), model, requests)

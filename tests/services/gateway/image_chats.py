@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import openai
 import torch
 from PIL import Image
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from tests.parity.conftest import transformers
 from tests.services.gateway.mesh import GatewayProcess
 
 MAX_TOKENS = 8
+
+
+def word_level_tokenizer(vocab: Mapping[str, int], specials: Sequence[str], unknown: str,
+                         **named: Any) -> transformers.PreTrainedTokenizerFast:
+    """A tokenizer of whitespace-split words by `vocab` (every other id under 512 an unused word), `specials` (the
+    image marks among them) kept whole, `unknown` for a word it has not; `named`: its named tokens (bos_token=...)."""
+    whole = {**vocab, **{f"unused{i}": i for i in range(512) if i not in vocab.values()}}
+    tokenizer = Tokenizer(models.WordLevel(whole, unk_token=unknown))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in specials])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, **named)
 
 
 def random_image(seed: int, size: tuple[int, int]) -> Image.Image:

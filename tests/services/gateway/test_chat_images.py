@@ -17,10 +17,10 @@ import openai
 import pytest
 import torch
 from PIL import Image
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.parity.conftest import transformers
+from tests.services.gateway.image_chats import word_level_tokenizer
 from tests.services.gateway.mesh import GatewayProcess, running_mesh
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
@@ -38,17 +38,11 @@ TEMPLATE = ("{{ bos_token }}{% for message in messages %}<start_of_turn>{{ messa
 
 def _tokenizer() -> transformers.PreTrainedTokenizerFast:
     """Words w0..w489 (and the roles) by a word-level vocabulary of 512, Gemma 3's image marks at 498..500."""
-    vocab = {token: i for i, token in enumerate(SPECIALS + [f"w{i}" for i in range(490)] + ["user", "model"])}
-    vocab.update({f"unused{i}": i for i in range(len(vocab), 512) if i not in IMAGE_MARKS.values()})
-    vocab.update(IMAGE_MARKS)
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in [*SPECIALS, *IMAGE_MARKS]])
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
-                              "image_token": "<image_soft_token>"})
+    words = SPECIALS + [f"w{i}" for i in range(490)] + ["user", "model"]
+    return word_level_tokenizer({token: i for i, token in enumerate(words)} | IMAGE_MARKS, [*SPECIALS, *IMAGE_MARKS],
+                                "<pad>", bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                                      "image_token": "<image_soft_token>"})
 
 
 @pytest.fixture(scope="module")

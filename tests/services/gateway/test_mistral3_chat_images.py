@@ -15,7 +15,6 @@ import httpx
 import openai
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
 from tests.services.gateway.image_chats import (
@@ -25,6 +24,7 @@ from tests.services.gateway.image_chats import (
     greedy_chat,
     greedy_chat_by_a_local_gateway,
     random_image,
+    word_level_tokenizer,
 )
 from tests.services.gateway.mesh import running_mesh
 
@@ -43,16 +43,9 @@ TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] =
 
 def _tokenizer() -> transformers.PreTrainedTokenizerFast:
     """Words w0..w489 by a word-level vocabulary of 512, Mistral's image tokens at their ids (10, 12, 13)."""
-    vocab = {token: i for i, token in enumerate(SPECIALS)}
-    vocab.update(MARKS)
-    vocab.update({f"w{i}": 20 + i for i in range(490)})
-    vocab.update({f"unused{i}": i for i in range(512) if i not in vocab.values()})
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in [*SPECIALS, *MARKS]])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                                unk_token="<unk>")
+    vocab = {token: i for i, token in enumerate(SPECIALS)} | MARKS | {f"w{i}": 20 + i for i in range(490)}
+    return word_level_tokenizer(vocab, [*SPECIALS, *MARKS], "<unk>", bos_token="<s>", eos_token="</s>",
+                                unk_token="<unk>")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
 from tests.parity.images import QWEN_VL
@@ -27,6 +26,7 @@ from tests.services.gateway.image_chats import (
     greedy_chat,
     greedy_chat_by_a_local_gateway,
     random_image,
+    word_level_tokenizer,
 )
 from tests.services.gateway.mesh import metric_value, running_mesh
 
@@ -44,15 +44,9 @@ TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }} {% i
 
 
 def _tokenizer() -> transformers.PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(SPECIALS)}
-    vocab.update({f"w{i}": 10 + i for i in range(480)} | {"user": 495, "assistant": 496} | MARKS)
-    vocab.update({f"unused{i}": i for i in range(512) if i not in vocab.values()})
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in [*SPECIALS, *MARKS]])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
-                                                unk_token="<unk>")
+    vocab = ({token: i for i, token in enumerate(SPECIALS)} | {f"w{i}": 10 + i for i in range(480)}
+             | {"user": 495, "assistant": 496} | MARKS)
+    return word_level_tokenizer(vocab, [*SPECIALS, *MARKS], "<unk>", eos_token="<|im_end|>", unk_token="<unk>")
 
 
 @pytest.fixture(scope="module", params=list(QWEN_VL))
