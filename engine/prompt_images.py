@@ -34,6 +34,7 @@ class ImageInput:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     given_digest: str = ""  # its `digest` as its sender made it (the gateway's): not hashed again
+    crop: bool = False  # a crop of the image before it (Gemma 3's pan-and-scan): not counted an image of its own
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -63,6 +64,7 @@ class WithheldImage:
 
     shape: tuple[int, int, int]  # [height, width, channels]
     digest: str
+    crop: bool = False
 
 
 def digest_of(images: Sequence[ImageInput | WithheldImage]) -> str:
@@ -189,8 +191,9 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
     if vision is None:
         raise ValueError(f"{engine.model_config.architecture} takes no images here"
                          + (" (its images are limited to 0 a prompt)" if limit == 0 else ""))
-    if limit is not None and len(images) > limit:
-        raise ValueError(f"{len(images)} images in one prompt, more than its limit of {limit}")
+    num_images = sum(not image.crop for image in images)  # a crop goes with its image, as the gateway counts it
+    if limit is not None and num_images > limit:
+        raise ValueError(f"{num_images} images in one prompt, more than its limit of {limit}")
     for image in images:
         shape = image.shape
         dtype = image.rgb.dtype if isinstance(image, ImageInput) else torch.uint8

@@ -29,15 +29,19 @@ def image_limit(text: str) -> int | None:
     return limits.get("image")
 
 
-# What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, and any processor's size (Pixtral's longest_edge).
-PROCESSOR_KWARGS = ("min_pixels", "max_pixels", "size")
+# What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, any processor's size (Pixtral's longest_edge), and
+# Gemma 3's pan-and-scan (a switch, and the rest positive integers but its ratio, a positive number).
+PROCESSOR_KWARGS = ("min_pixels", "max_pixels", "size", "do_pan_and_scan", "pan_and_scan_min_crop_size",
+                    "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
+SWITCHES, NUMBERS = ("do_pan_and_scan",), ("pan_and_scan_min_ratio_to_activate",)
 
 
 def add_mm_processor_kwargs_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mm-processor-kwargs", metavar="JSON", default="",
                         help="the image processor's settings over the model's, as vLLM's flag: Qwen-VL's "
                              "'{\"max_pixels\": N}' (and min_pixels) bounds an image's tokens, '{\"size\": "
-                             "{\"longest_edge\": N}}' Pixtral's")
+                             "{\"longest_edge\": N}}' Pixtral's, '{\"do_pan_and_scan\": true}' has Gemma 3 read "
+                             "crops of an image far from square beside it")
 
 
 def processor_kwargs(text: str) -> dict:
@@ -53,10 +57,18 @@ def processor_kwargs(text: str) -> dict:
 
 def checked_processor_kwargs(kwargs: dict, source: str) -> dict:
     """`kwargs` (the flag's, or a request's mm_processor_kwargs) as they are; ValueError naming `source` for a
-    setting not served here, or a value that is not a positive integer (or, for size, an object of them)."""
+    setting not served here, or a value not of its kind: a positive integer (or, for size, an object of them)."""
     for key, value in kwargs.items():
         if key not in PROCESSOR_KWARGS:
             raise ValueError(f"{source}: {key!r} is not served here (only {', '.join(PROCESSOR_KWARGS)})")
+        if key in SWITCHES:
+            if not isinstance(value, bool):
+                raise ValueError(f"{source}: {key} must be true or false, got {value!r}")
+            continue
+        if key in NUMBERS:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{source}: {key} must be a positive number, got {value!r}")
+            continue
         values = list(value.values()) if key == "size" and isinstance(value, dict) else [value]
         if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
             raise ValueError(f"{source}: {key} must be a positive integer"

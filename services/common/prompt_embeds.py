@@ -45,13 +45,14 @@ def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | Withh
     for image in sampling.images:
         shape = (image.height, image.width, image.channels)
         if not image.rgb and image.digest:
-            images.append(WithheldImage(shape, image.digest))
+            images.append(WithheldImage(shape, image.digest, image.crop))
             continue
         if len(image.rgb) != image.channels * image.height * image.width or not image.rgb:
             raise ValueError(f"an image holds {len(image.rgb)} bytes, not uint8 RGB of [{', '.join(map(str, shape))}]"
                              " (nor none, its pixels withheld, with its digest)")
         rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8).view(*shape)
-        images.append(ImageInput(rgb, image.rescale_factor, tuple(image.mean), tuple(image.std), image.digest))
+        images.append(ImageInput(rgb, image.rescale_factor, tuple(image.mean), tuple(image.std), image.digest,
+                                 image.crop))
     return images
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
+from services.tokenizer.image_tokens import ImageSize
 
 
 async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages",
@@ -24,8 +25,9 @@ async def chat_images(state, messages: Sequence[ChatMessage], param: str = "mess
     return await state.images.read(urls, param, processor_kwargs)
 
 
-async def chat_image_sizes(state, messages: Sequence[ChatMessage]) -> list[tuple[int, int]]:
-    """Each of their images' (height, width) as the model's image processor resizes it: what a count of their
-    tokens needs (some models' images take as many as their size makes)."""
-    images = await chat_images(state, messages)
+async def chat_image_sizes(state, messages: Sequence[ChatMessage],
+                           processor_kwargs: Mapping[str, Any] | None = None) -> list[ImageSize]:
+    """Each of their images' size as the model's image processor resizes it (with `processor_kwargs`), and its
+    crops' count: what a count of their tokens needs (some models' images take as many as their size makes)."""
+    images = await chat_images(state, messages, processor_kwargs=processor_kwargs)
     return images.sizes if images is not None else []

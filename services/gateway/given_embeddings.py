@@ -11,6 +11,7 @@ from engine.block_hash import embeddings_digest, image_digest, images_digest, sa
 from protos import common_pb2
 from services.gateway.errors import APIError
 from services.gateway.request_errors import InvalidRequestError
+from services.tokenizer.image_tokens import ImageSize
 
 PLACEHOLDER_TOKEN_ID = 0  # each row's token, as vLLM's: what routes, counts and fills the context
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -76,10 +77,12 @@ class ProcessedImage:
     """An image as the model's image processor made it: its pixels, kept out of every message the gateway makes
     but the worker requests they are spliced into (request_bytes.py: copying MBs into messages held the event
     loop), and the rest of what a worker reads of it, `meta`, its digest among it (engine/block_hash.py's
-    `image_digest`, the engine's the same)."""
+    `image_digest`, the engine's the same); and the crops made of it that go beside it (Gemma 3's
+    pan-and-scan), images of their own to the workers."""
 
     meta: common_pb2.PromptImage  # without `rgb`
     rgb: bytes
+    crops: tuple[ProcessedImage, ...] = ()
 
     @classmethod
     def of(cls, rgb: bytes, shape: tuple[int, int, int], rescale_factor: float, mean: Sequence[float],
@@ -94,6 +97,28 @@ class ProcessedImage:
     def digest(self) -> str:
         return self.meta.digest
 
+    @property
+    def size(self) -> ImageSize:
+        """Its size as resized, and its crops' count: how many tokens it takes in a prompt."""
+        return ImageSize(self.meta.height, self.meta.width, len(self.crops))
+
+    @property
+    def with_crops(self) -> tuple[ProcessedImage, ...]:
+        """It, then its crops: as many images as the workers take of it, in the prompt's order."""
+        return (self, *self.crops)
+
+    @property
+    def num_bytes(self) -> int:
+        """Its pixels' bytes, and its crops'."""
+        return sum(len(image.rgb) for image in self.with_crops)
+
+    def as_crop(self) -> ProcessedImage:
+        """It marked a crop of the image before it in the prompt (not counted an image of its own)."""
+        meta = common_pb2.PromptImage()
+        meta.CopyFrom(self.meta)
+        meta.crop = True
+        return ProcessedImage(meta, self.rgb)
+
     def proto(self) -> common_pb2.PromptImage:
         """The image as one message, pixels and all (a copy of them)."""
         whole = common_pb2.PromptImage(rgb=self.rgb)
@@ -106,26 +131,31 @@ class GivenImages:
     """A prompt's images as the workers take them, and what names them in its cache salt, as the engine
     names them (engine/admission.py's `salted`): hashed once for all its choices."""
 
-    images: tuple[ProcessedImage, ...]
+    images: tuple[ProcessedImage, ...]  # one each image the prompt's messages hold, its crops with it
+
+    @cached_property
+    def sent(self) -> tuple[ProcessedImage, ...]:
+        """The images as the workers take them: each followed by its crops."""
+        return tuple(item for image in self.images for item in image.with_crops)
 
     @cached_property
     def digest(self) -> str:
-        return images_digest([image.digest for image in self.images])
+        return images_digest([image.digest for image in self.sent])
 
     @property
-    def sizes(self) -> list[tuple[int, int]]:
-        """Each image's (height, width) as resized: how many tokens some models' images take."""
-        return [(image.meta.height, image.meta.width) for image in self.images]
+    def sizes(self) -> list[ImageSize]:
+        """Each image's size as resized and its crops' count: how many tokens some models' images take."""
+        return [image.size for image in self.images]
 
     @property
     def num_bytes(self) -> int:
-        """Their pixels' bytes."""
-        return sum(len(image.rgb) for image in self.images)
+        """Their pixels' bytes, their crops' with them."""
+        return sum(image.num_bytes for image in self.images)
 
     def given_to(self, params: common_pb2.SamplingParams) -> None:
         """`params` carrying them without their pixels (a worker's request takes those: request_bytes.py), each
         named by its digest (no worker hashes it again), and salted with them: the same placeholder tokens show
         other images."""
-        params.images.extend(image.meta for image in self.images)
+        params.images.extend(image.meta for image in self.sent)
         params.cache_salt = salted_with_embeddings(params.cache_salt if params.HasField("cache_salt") else None,
                                                    self.digest)

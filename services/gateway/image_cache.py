@@ -39,12 +39,12 @@ class ProcessedImageCache:
                 CACHE_HITS.inc()
                 return image
         image = make()  # outside the lock: two requests may make the same image at once, and both keep it
-        size = len(image.rgb)
+        size = image.num_bytes
         with self._lock:
             if size <= self.max_bytes and key not in self._images:
                 self._images[key] = image
                 self._num_bytes += size
                 while self._num_bytes > self.max_bytes:
                     _, dropped = self._images.popitem(last=False)
-                    self._num_bytes -= len(dropped.rgb)
+                    self._num_bytes -= dropped.num_bytes
         return image

@@ -1,9 +1,10 @@
 """A chat message's images, as the model's image processor makes them (preprocessor_config.json): read
 from a data: URL, an http(s) URL, or a file:// one under --allowed-local-media-path; made RGB and resized
-(PIL's resampling) as transformers' PIL image processors do: to the processor's size (Gemma 3's, without
-pan-and-scan), or to at most its longest edge in whole tokens' pixels (Mistral 3's Pixtral processor).
-They go to the workers so, with the processor's rescale factor, mean and std, which the engine normalizes
-them by when it encodes them (engine/prompt_images.py's ImageInput)."""
+(PIL's resampling) as transformers' PIL image processors do: to the processor's size (Gemma 3's, with its
+pan-and-scan crops where it is on), or to at most its longest edge in whole tokens' pixels (Mistral 3's
+Pixtral processor), or to whole tokens within pixel bounds (Qwen-VL's). They go to the workers so, with the
+processor's rescale factor, mean and std, which the engine normalizes them by when it encodes them
+(engine/prompt_images.py's ImageInput)."""
 from __future__ import annotations
 
 import asyncio
@@ -26,6 +27,7 @@ from services.common.mm_limits import checked_processor_kwargs
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
+from services.gateway.pan_and_scan import KWARGS as PAN_AND_SCAN_KWARGS, PanAndScan
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
@@ -36,7 +38,8 @@ FETCH_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class ImageProcessing:
-    """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's); or, with
+    """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's, crops of the image
+    beside it by `pan_and_scan`); or, with
     `longest_edge`, to at most that on a side, its aspect kept, each side rounded up to a whole number of
     `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge); or, with
     `max_pixels`, each side rounded to whole tokens, the pixels kept within [min_pixels, max_pixels] (Qwen2.5-VL's
@@ -52,6 +55,7 @@ class ImageProcessing:
     pixels_per_token: int = 1
     min_pixels: int = 0
     max_pixels: int | None = None
+    pan_and_scan: PanAndScan | None = None  # None: a processor that makes no crops (only Gemma 3's does)
 
     @classmethod
     def from_dir(cls, model_dir: Path, overrides: dict | None = None) -> ImageProcessing:
@@ -69,8 +73,6 @@ class ImageProcessing:
             if not isinstance(config, dict):
                 raise ValueError(f"{model_dir}: no preprocessor_config.json (a model that takes images needs its "
                                  "image processor's settings)")
-        if config.get("do_pan_and_scan"):
-            raise ValueError(f"{path}: do_pan_and_scan (crops of an image beside it) is not served")
         if config.get("do_center_crop"):
             raise ValueError(f"{path}: do_center_crop is not served")
         size = config.get("size") or {}
@@ -91,25 +93,29 @@ class ImageProcessing:
                        **settings).with_kwargs(overrides or {})
         if "height" not in size or "width" not in size:
             raise ValueError(f"{path}: size must give height and width, or longest_edge, got {size}")
-        return cls(height=int(size["height"]), width=int(size["width"]), **settings).with_kwargs(overrides or {})
+        return cls(height=int(size["height"]), width=int(size["width"]),
+                   pan_and_scan=PanAndScan().with_kwargs(config), **settings).with_kwargs(overrides or {})
 
     def with_kwargs(self, kwargs: Mapping[str, Any]) -> ImageProcessing:
         """These settings with `kwargs` (--mm-processor-kwargs', or a request's mm_processor_kwargs, as
         `checked_processor_kwargs` passed them) over them, as transformers' processors take them: Qwen-VL's
-        min_pixels and max_pixels (or size's shortest_edge and longest_edge), Pixtral's size's longest_edge.
-        ValueError for one this processor has not (a fixed size's tower takes no other)."""
+        min_pixels and max_pixels (or size's shortest_edge and longest_edge), Pixtral's size's longest_edge, Gemma
+        3's pan-and-scan settings. ValueError for one this processor has not (a fixed size's tower takes no other
+        size)."""
         size = dict(kwargs.get("size") or {})
         pixel_bounds = {"min_pixels", "max_pixels"} & set(kwargs)
+        cropping = set(PAN_AND_SCAN_KWARGS) & set(kwargs)
         if self.max_pixels is not None:  # Qwen-VL's smart resize
-            unknown = set(size) - {"shortest_edge", "longest_edge"}
+            unknown = set(size) - {"shortest_edge", "longest_edge"} | cropping
             changes = {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge", self.min_pixels)),
                        "max_pixels": kwargs.get("max_pixels", size.get("longest_edge", self.max_pixels))}
         elif self.longest_edge is not None:  # Pixtral's
-            unknown = set(size) - {"longest_edge"} | pixel_bounds
+            unknown = set(size) - {"longest_edge"} | pixel_bounds | cropping
             edge = size.get("longest_edge", self.longest_edge)
             changes = {"longest_edge": edge, "height": edge, "width": edge}
-        else:
-            unknown, changes = set(size) | pixel_bounds, {}
+        else:  # Gemma 3's
+            unknown = set(size) | pixel_bounds | (cropping if self.pan_and_scan is None else set())
+            changes = {"pan_and_scan": self.pan_and_scan.with_kwargs(kwargs)} if cropping and not unknown else {}
         if unknown:
             raise ValueError(f"this model's image processor takes no {', '.join(sorted(unknown))}")
         return replace(self, **changes) if changes else self
@@ -127,14 +133,26 @@ class ImageProcessing:
         return (height - 1) // step * step + step, (width - 1) // step * step + step
 
     def resized(self, image: Image.Image) -> np.ndarray:
-        """`image` in RGB at the processor's size: uint8 [height, width, 3]."""
+        """`image` (RGB) at the processor's size: uint8 [height, width, 3]."""
         height, width = self.size_of(image.height, image.width)
         if not height or not width:  # a side under one pixel once the other fits the longest edge
             raise APIError(400, f"an image of {image.width}x{image.height} pixels is too narrow for this model's "
                                 f"image processor (longest edge {self.longest_edge})", param="messages")
-        return np.array(rgb(image).resize((width, height), resample=self.resample))
+        return np.array(image.resize((width, height), resample=self.resample))
 
     def processed(self, image: Image.Image) -> ProcessedImage:
+        """`image` as the processor makes it, with its crops where it makes them (cut from the image before
+        either is resized, as transformers' processor cuts them)."""
+        image = rgb(image)
+        whole, *crops = [self._processed(part) for part in (image, *self._crops(image))]
+        return replace(whole, crops=tuple(crop.as_crop() for crop in crops)) if crops else whole
+
+    def _crops(self, image: Image.Image) -> list[Image.Image]:
+        if self.pan_and_scan is None:
+            return []
+        return [image.crop(box) for box in self.pan_and_scan.crop_boxes(image.height, image.width)]
+
+    def _processed(self, image: Image.Image) -> ProcessedImage:
         resized = self.resized(image)
         return ProcessedImage.of(resized.tobytes(), resized.shape, self.rescale_factor, self.mean, self.std)
 

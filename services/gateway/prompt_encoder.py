@@ -19,6 +19,7 @@ from services.gateway.workers import WorkerPool
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
 from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_template_request
+from services.tokenizer.image_tokens import ImageSize
 from services.tokenizer.incremental_detokenizer import Decoder
 
 
@@ -72,9 +73,9 @@ class PromptEncoder:
 
     async def encode(self, request_id: str, prompt_text: str | None, prompt_token_ids: Sequence[int] | None,
                      messages: Sequence[Mapping[str, Any]] | None, chat_options: ChatOptions,
-                     add_special_tokens: bool = True, image_sizes: Sequence[tuple[int, int]] = ()) -> Sequence[int]:
+                     add_special_tokens: bool = True, image_sizes: Sequence[ImageSize] = ()) -> Sequence[int]:
         """The ids of exactly one of `prompt_text`, `prompt_token_ids` and `messages` (`image_sizes`: their
-        images' (height, width) as resized, which some models' image tokens depend on). Raises
+        images' sizes as resized and their crops' counts, which some models' image tokens depend on). Raises
         InvalidRequestError for what cannot be a prompt."""
         timeout = self.timeout_s
         if prompt_token_ids is not None:

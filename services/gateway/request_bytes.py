@@ -52,7 +52,7 @@ def with_inputs(request: Message, bulk: BulkInputs | None) -> Message | bytes:
     metas = list(sampling.images)
     sampling.ClearField("images")
     parts = [sampling.SerializeToString()]
-    for meta, image in zip(metas, bulk.images.images if bulk.images is not None else (), strict=True):
+    for meta, image in zip(metas, bulk.images.sent if bulk.images is not None else (), strict=True):
         rest = meta.SerializeToString()
         pixels_frame = _frame_head(_RGB, len(image.rgb))
         parts += [_frame_head(_IMAGES, len(pixels_frame) + len(image.rgb) + len(rest)), pixels_frame, image.rgb, rest]

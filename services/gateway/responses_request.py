@@ -164,7 +164,7 @@ def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder, images: 
 
     def fits(start: int) -> bool:
         kept = [m.as_template_input() for m in (*messages[:first], *messages[start:])]
-        sizes = [(image.meta.height, image.meta.width) for image in kept_images(start)]
+        sizes = [image.size for image in kept_images(start)]
         try:
             prompt = tokenizer.apply_chat_template(kept, image_sizes=sizes, **options.as_template_inputs())[1]
         except ValueError:  # the template refuses it: the chat path says so, for the whole conversation

@@ -39,6 +39,7 @@ from services.gateway.tool_parsers import with_template_call_ids
 from services.gateway.workers import NoHealthyWorkerError, WorkerPool
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
 from services.tokenizer.converters import chat_template_request
+from services.tokenizer.image_tokens import ImageSize
 
 
 class TokenizeRequest(BaseModel):
@@ -55,6 +56,7 @@ class TokenizeRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None  # shown to the model by templates that list them
     documents: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
+    mm_processor_kwargs: dict[str, Any] | None = None  # the messages' images read by these, as chat's would be
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -79,7 +81,7 @@ class DetokenizeRequest(BaseModel):
 
 
 async def tokenize(stub, body: TokenizeRequest, prompts: PromptEncoder, tool_call_parser: str | None = None,
-                   image_sizes: Sequence[tuple[int, int]] = ()) -> list[int]:
+                   image_sizes: Sequence[ImageSize] = ()) -> list[int]:
     """The prompt's token ids, by the tokenizer service behind `stub`, as `prompts` (the pipeline's) make
     generation's (its trust in requests' templates, its template defaults); chat messages' tool-call ids
     as generation gives them to the template (`tool_call_parser`: the gateway's), their images' tokens as
@@ -138,7 +140,7 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         if body.model is not None:
             check_model(body.model)
 
-        sizes = await chat_image_sizes(state, body.messages or ())
+        sizes = await chat_image_sizes(state, body.messages or (), body.mm_processor_kwargs)
 
         async def tokenized(one: TokenizeRequest) -> list[int]:
             return await tokenize(service.stub, one, pipeline.prompts, state.tool_call_parser, sizes)

@@ -8,6 +8,7 @@ from typing import Any
 from protos import common_pb2, tokenizer_pb2
 from services.tokenizer.chat_template import ChatOptions
 from services.tokenizer.content_format import joined_parts, split_parts
+from services.tokenizer.image_tokens import ImageSize
 
 
 def chat_messages_from_proto(messages: Sequence[common_pb2.ChatMessage]) -> list[dict[str, Any]]:
@@ -30,9 +31,9 @@ def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
 
 
 def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]], options: ChatOptions,
-                          image_sizes: Sequence[tuple[int, int]] = ()) -> tokenizer_pb2.ApplyChatTemplateRequest:
-    """What asks the tokenizer service to render `messages` as `options` say; `image_sizes`: their images'
-    (height, width), as `ModelTokenizer.apply_chat_template` takes them."""
+                          image_sizes: Sequence[ImageSize] = ()) -> tokenizer_pb2.ApplyChatTemplateRequest:
+    """What asks the tokenizer service to render `messages` as `options` say; `image_sizes`: their images',
+    as `ModelTokenizer.apply_chat_template` takes them."""
     kwargs = options.template_kwargs
     return tokenizer_pb2.ApplyChatTemplateRequest(
         request_id=request_id, messages=[chat_message_to_proto(m) for m in messages],
@@ -42,7 +43,8 @@ def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]], o
         chat_template=options.template or "", documents_json=json.dumps(list(options.documents))
         if options.documents is not None else "", add_special_tokens=options.add_special_tokens,
         content_format=options.content_format,
-        image_sizes=[tokenizer_pb2.ImageSize(height=height, width=width) for height, width in image_sizes])
+        image_sizes=[tokenizer_pb2.ImageSize(height=size.height, width=size.width, num_crops=size.num_crops)
+                     for size in image_sizes])
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:

@@ -2,15 +2,25 @@
 writes where each image goes: Gemma 3's a run of one placeholder token per row of the image's encoding between
 begin and end marks; Mistral 3's (Pixtral's processor) a row of placeholders per row of the image's grid of
 tokens, each row ended by a break, the last by an end token; Qwen2.5-VL's one run of the grid's tokens: as many
-tokens as the image's size makes, for those two."""
+tokens as the image's size makes, for those two. Gemma 3's image with pan-and-scan crops is written as its
+processor writes it: the original's run, then each crop's."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 QWEN_IMAGE_TOKEN = "<|image_pad|>"
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+
+
+class ImageSize(NamedTuple):
+    """An image's size in pixels as its processor resized it, and the crops made of it that go beside it
+    (Gemma 3's pan-and-scan)."""
+
+    height: int
+    width: int
+    num_crops: int = 0
 
 
 @dataclass(frozen=True)
@@ -22,11 +32,21 @@ class ImageTokens:
     end: str  # "<end_of_image>"
     tokens_per_image: int
 
-    def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
-        """`text` (a rendered chat) with each image's mark made its whole run; ValueError unless it has a
-        mark for each of `num_images` (their sizes, as resized, do not matter)."""
+    def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
+        """`text` (a rendered chat) with each image's mark made its whole run, and with its crops' runs after it
+        where `image_sizes` gives it crops, in Gemma3Processor's words; ValueError unless it has a mark for
+        each of `num_images` (their sizes, as resized, do not matter)."""
         _check_marks(text, self.begin, num_images)
-        return text.replace(self.begin, f"\n\n{self.begin}{self.token * self.tokens_per_image}{self.end}\n\n")
+        run = f"\n\n{self.begin}{self.token * self.tokens_per_image}{self.end}\n\n"
+        crops = [size.num_crops for size in image_sizes or ()]
+        if not any(crops):
+            return text.replace(self.begin, run)
+        if len(crops) != num_images:
+            raise ValueError(f"{num_images} image(s) need their crops' counts, got {len(crops)}")
+        pieces = text.split(self.begin)
+        return pieces[0] + "".join(
+            (f"Here is the original image {run} and here are some crops to help you see better "
+             + " ".join([run] * n) if n else run) + after for n, after in zip(crops, pieces[1:], strict=True))
 
 
 @dataclass(frozen=True)
@@ -38,8 +58,8 @@ class ImageGridTokens:
     end: str  # "[IMG_END]"
     pixels_per_token: int  # on a side: the processor's patch size times its spatial merge
 
-    def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
-        """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
+    def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
+        """`text` with the mark of each image, of `image_sizes` as its processor resized it,
         made its grid of tokens; ValueError without a mark and a size for each of `num_images`."""
         return _each_image(text, self.token, image_sizes, num_images, self._grid)
 
@@ -59,25 +79,27 @@ class ImageRunTokens:
     token: str  # the template's mark of an image, and each of its tokens: "<|image_pad|>"
     pixels_per_token: int  # on a side: the patch size times the spatial merge
 
-    def expanded(self, text: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int) -> str:
-        """`text` with the mark of each image, of (height, width) `image_sizes` as its processor resized it,
+    def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
+        """`text` with the mark of each image, of `image_sizes` as its processor resized it,
         made its run; ValueError without a mark and a size for each of `num_images`."""
         step = self.pixels_per_token
         return _each_image(text, self.token, image_sizes, num_images,
                            lambda height, width: self.token * ((height // step) * (width // step)))
 
 
-def _each_image(text: str, mark: str, image_sizes: Sequence[tuple[int, int]] | None, num_images: int,
+def _each_image(text: str, mark: str, image_sizes: Sequence[ImageSize] | None, num_images: int,
                 tokens_of: Callable[[int, int], str]) -> str:
     """`text` with each image's `mark`, in turn, made `tokens_of` its (height, width); ValueError without a mark
-    and a size for each of `num_images`."""
+    and a size for each of `num_images`, or for crops (only Gemma 3's images take them)."""
     if image_sizes is None or len(image_sizes) != num_images:
         raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
                          f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
+    if any(size.num_crops for size in image_sizes):
+        raise ValueError("this model's images take no crops (pan-and-scan is Gemma 3's)")
     _check_marks(text, mark, num_images)
     pieces = text.split(mark)
-    return pieces[0] + "".join(tokens_of(height, width) + after
-                               for (height, width), after in zip(image_sizes, pieces[1:], strict=True))
+    return pieces[0] + "".join(tokens_of(size.height, size.width) + after
+                               for size, after in zip(image_sizes, pieces[1:], strict=True))
 
 
 def _check_marks(text: str, mark: str, num_images: int) -> None:

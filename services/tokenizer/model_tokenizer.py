@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from services.tokenizer.content_format import num_image_parts
-from services.tokenizer.image_tokens import ImageGridTokens, ImageRunTokens, ImageTokens, read_image_tokens
+from services.tokenizer.image_tokens import ImageGridTokens, ImageRunTokens, ImageSize, ImageTokens, read_image_tokens
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), as strings, when set.
@@ -171,15 +171,15 @@ class ModelTokenizer:
         documents: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         add_special_tokens: bool = False,
-        image_sizes: Sequence[tuple[int, int]] | None = None,
+        image_sizes: Sequence[ImageSize] | None = None,
         **kwargs: Any,
     ) -> tuple[str, list[int]]:
         """Render `messages` by `chat_template` (see `chat_template`; None: the model's) and encode
         the text, without adding special tokens unless `add_special_tokens` (the template writes bos
         itself, as transformers assumes); each {"type": "image"} part's mark made its image tokens, as many
-        as its (height, width) in `image_sizes` (as its processor resized it) makes, for a model whose count
-        depends on them (Mistral 3's). Returns (text, ids). Raises `ChatTemplateError` (a
-        ValueError) when the template does not compile or rejects them."""
+        as its size in `image_sizes` (as its processor resized it) makes, for a model whose count depends on
+        them (Mistral 3's), and its crops' runs beside it (Gemma 3's pan-and-scan). Returns (text, ids).
+        Raises `ChatTemplateError` (a ValueError) when the template does not compile or rejects them."""
         text = self.chat_template(tools, chat_template).render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
             continue_final_message=continue_final_message, special_tokens=self.special_tokens, **kwargs)

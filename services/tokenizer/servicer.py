@@ -26,6 +26,7 @@ from services.tokenizer.chat_template import (
 )
 from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_messages_from_proto
+from services.tokenizer.image_tokens import ImageSize
 from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
 
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
@@ -64,8 +65,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 tokenizer.apply_chat_template, tools=tools, continue_final_message=request.continue_final_message,
                 documents=documents, chat_template=request.chat_template or None,
                 add_special_tokens=request.add_special_tokens, content_format=request.content_format or "auto",
-                image_sizes=[(size.height, size.width) for size in request.image_sizes], **kwargs), messages,
-                request.add_generation_prompt)
+                image_sizes=[ImageSize(size.height, size.width, size.num_crops) for size in request.image_sizes],
+                **kwargs), messages, request.add_generation_prompt)
         except ValueError as e:  # ChatTemplateError among them: a template's refusal
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return tokenizer_pb2.ApplyChatTemplateResponse(token_ids=ids, text=text)

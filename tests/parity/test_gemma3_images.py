@@ -3,6 +3,8 @@ tower and projector's rows in place of each image's tokens, which attend to each
 (token_type_ids' blocks), logits and greedy tokens, in one chunk or many, and recomputed after a preemption."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -156,12 +158,16 @@ def test_images_the_prompt_does_not_place_are_refused(gemma3_with_images, tiny_m
 
 
 def test_limits_on_a_prompts_images(gemma3_with_images):
-    """vLLM's --limit-mm-per-prompt: more images than the limit are refused; 0 serves the text model alone,
-    its image encoder never loaded, with the same tokens for a prompt without images."""
+    """vLLM's --limit-mm-per-prompt: more images than the limit are refused, an image's pan-and-scan crops
+    counted with it; 0 serves the text model alone, its image encoder never loaded, with the same tokens for a
+    prompt without images."""
     path, model = gemma3_with_images
     params = SamplingParams(max_tokens=4)
+    limited = _engine(path, limit_images=1)
     with pytest.raises(ValueError, match="more than its limit of 1"):
-        _engine(path, limit_images=1).add_request("r", _prompt(8), params, images=_images(8, 2))
+        limited.add_request("r", _prompt(8), params, images=_images(8, 2))
+    image, *crops = _images(8, 3)
+    limited.add_request("cropped", _prompt(8, 3), params, images=[image, *(replace(c, crop=True) for c in crops)])
     text_only = _engine(path, limit_images=0)
     assert text_only.runner.image_encoder is None
     with pytest.raises(ValueError, match="limited to 0"):

@@ -13,7 +13,9 @@ from PIL import Image
 
 from protos import common_pb2
 from services.common.prompt_embeds import given_images
+from services.gateway.given_embeddings import GivenImages
 from services.gateway.image_inputs import ImageProcessing
+from services.tokenizer.image_tokens import ImageSize
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,9 +104,59 @@ def test_a_fixed_sizes_processor_takes_no_other(tmp_path):
 def test_settings_it_cannot_follow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no preprocessor_config.json"):
         ImageProcessing.from_dir(tmp_path)
-    transformers.Gemma3ImageProcessorPil(do_pan_and_scan=True).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="do_pan_and_scan"):
+    transformers.Gemma3ImageProcessorPil(do_center_crop=True).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="do_center_crop"):
         ImageProcessing.from_dir(tmp_path)
+
+
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4,
+                "pan_and_scan_min_ratio_to_activate": 1.2}  # Gemma3Processor's defaults, switched on
+
+
+@pytest.mark.parametrize("size", [(1000, 300), (300, 1000), (1001, 299), (2000, 500), (600, 500), (5000, 400),
+                                  (560, 500), (400, 300), (100, 900)])
+@pytest.mark.parametrize("switched_on_by", ["preprocessor_config.json", "mm_processor_kwargs"])
+def test_pan_and_scan_crops_equal_gemma3s_image_processor(tmp_path, size, switched_on_by):
+    """Gemma 3's pan-and-scan: an image far enough from square, its crops along its longer side (2 to 4, none
+    narrower than 256 pixels, the last cut at the edge) after it, each resized as it is; one near square (560x500),
+    or whose crops would be too narrow (400x300, 100x900), alone. Pixels, crops' count and order as transformers'
+    processor makes them, switched on in the model's processor config or by a request's kwargs."""
+    settings = {"size": {"height": 112, "width": 96}, "image_mean": [0.5, 0.4, 0.3], "image_std": [0.2, 0.25, 0.3]}
+    reference = transformers.Gemma3ImageProcessorPil(**settings)
+    if switched_on_by == "preprocessor_config.json":
+        transformers.Gemma3ImageProcessorPil(**settings, do_pan_and_scan=True).save_pretrained(tmp_path)
+        ours = ImageProcessing.from_dir(tmp_path)
+    else:
+        reference.save_pretrained(tmp_path)
+        ours = ImageProcessing.from_dir(tmp_path).with_kwargs({"do_pan_and_scan": True})
+    image = Image.fromarray((np.random.default_rng(sum(size)).random((size[1], size[0], 3)) * 255).astype(np.uint8))
+    expected = reference(images=image, return_tensors="np", **PAN_AND_SCAN)
+    images = GivenImages((ours.processed(image),))
+    params = common_pb2.SamplingParams()
+    images.given_to(params)
+    assert images.sizes == [ImageSize(112, 96, int(expected["num_crops"][0]))]
+    assert [image.crop for image in params.images] == [False] + [True] * int(expected["num_crops"][0])
+    given = given_images(common_pb2.SamplingParams(images=[image.proto() for image in images.sent]))
+    pixels = np.stack([image.pixels().numpy() for image in given])
+    assert pixels.shape == expected["pixel_values"].shape
+    np.testing.assert_allclose(pixels, expected["pixel_values"], rtol=0, atol=1e-6)
+    assert [image.crop for image in given] == [image.crop for image in params.images]
+
+
+def test_pan_and_scan_settings(tmp_path):
+    """Its settings over the processor's defaults (a request's kwargs over the model's config); a processor that
+    makes no crops (Qwen-VL's, Pixtral's) takes none of them."""
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path / "gemma3")
+    gemma3 = ImageProcessing.from_dir(tmp_path / "gemma3")
+    assert gemma3.pan_and_scan.crop_boxes(300, 1000) == []  # off by default
+    fewer = gemma3.with_kwargs({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 2})
+    assert fewer.pan_and_scan.crop_boxes(300, 1000) == [(0, 0, 500, 300), (500, 0, 1000, 300)]
+    eager = fewer.with_kwargs({"pan_and_scan_min_ratio_to_activate": 1.05, "pan_and_scan_min_crop_size": 100})
+    assert eager.pan_and_scan.crop_boxes(210, 200) == [(0, 0, 200, 105), (0, 105, 200, 210)]  # portrait: rows
+    assert fewer.pan_and_scan.crop_boxes(210, 200) == []
+    transformers.Qwen2VLImageProcessorPil().save_pretrained(tmp_path / "qwen")
+    with pytest.raises(ValueError, match="takes no do_pan_and_scan"):
+        ImageProcessing.from_dir(tmp_path / "qwen", {"do_pan_and_scan": True})
 
 
 def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
@@ -113,7 +165,6 @@ def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     from engine.admission import salted
     from engine.sampling_params import SamplingParams
     from protos import prefill_pb2
-    from services.gateway.given_embeddings import GivenImages
     from services.gateway.request_bytes import BulkInputs, with_inputs
 
     transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)

@@ -35,7 +35,16 @@ def test_mm_processor_kwargs_as_vllm_takes_them():
     assert processor_kwargs('{"max_pixels": 1003520, "min_pixels": 3136}') == {"max_pixels": 1003520,
                                                                                "min_pixels": 3136}
     assert processor_kwargs('{"size": {"longest_edge": 1024}}') == {"size": {"longest_edge": 1024}}
+    pan_and_scan = ('{"do_pan_and_scan": true, "pan_and_scan_min_crop_size": 128, "pan_and_scan_max_num_crops": 3, '
+                    '"pan_and_scan_min_ratio_to_activate": 1.5}')
+    assert processor_kwargs(pan_and_scan) == {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 128,
+                                              "pan_and_scan_max_num_crops": 3,
+                                              "pan_and_scan_min_ratio_to_activate": 1.5}
     for bad, message in [('{"fps": 2}', "'fps' is not served"), ('{"max_pixels": 0}', "positive integer"),
+                         ('{"do_pan_and_scan": 1}', "true or false"),
+                         ('{"pan_and_scan_max_num_crops": 2.5}', "positive integer"),
+                         ('{"pan_and_scan_min_ratio_to_activate": 0}', "positive number"),
+                         ('{"pan_and_scan_min_ratio_to_activate": true}', "positive number"),
                          ('{"max_pixels": true}', "positive integer"), ('{"size": {}}', "object of them"),
                          ('{"size": {"longest_edge": "big"}}', "object of them"), ("[1]", "JSON object")]:
         with pytest.raises(ConfigError, match=message):

@@ -12,6 +12,7 @@ import threading
 
 import anthropic
 import grpc
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -99,12 +100,13 @@ def _data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
 
 
-def _transformers_greedy(gemma3_vlm, messages: list[dict]) -> tuple[list[int], list[torch.Tensor], int]:
+def _transformers_greedy(gemma3_vlm, messages: list[dict], **processor_kwargs
+                         ) -> tuple[list[int], list[torch.Tensor], int]:
     """transformers' greedy tokens for `messages` (image parts holding their PIL images), the logprobs each
     was drawn from, and its prompt's length."""
     _, model, processor = gemma3_vlm
     inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                           return_tensors="pt")
+                                           return_tensors="pt", **processor_kwargs)
     ids, tokens, logprobs = inputs["input_ids"], [], []
     with torch.no_grad():
         for _ in range(MAX_TOKENS):
@@ -157,6 +159,31 @@ def test_two_images_one_from_a_file_and_one_grayscale(vlm_mesh, client, gemma3_v
         {"type": "text", "text": "w1 w2"}, {"type": "image", "image": first}, {"type": "text", "text": "w3"},
         {"type": "image", "image": second}]}])
     _assert_same_reply(reply, expected, logprobs)
+
+
+def test_pan_and_scan_crops_beside_a_wide_image_are_transformers(vlm_mesh, client, gemma3_vlm):
+    """vLLM's mm_processor_kwargs {"do_pan_and_scan": true}: a 3:1 image also goes as its three crops, the
+    prompt as Gemma3Processor writes it ("Here is the original image ... and here are some crops ..."), a square
+    one beside it alone; the greedy reply transformers'. /tokenize counts the same prompt by the same kwargs."""
+    mesh = vlm_mesh[0]
+    wide, square = _image(10, (900, 300)), _image(11, (80, 80))
+    kwargs = {"do_pan_and_scan": True}
+    content = [{"type": "image_url", "image_url": {"url": _data_url(wide)}}, {"type": "text", "text": "w5 w6"},
+               {"type": "image_url", "image_url": {"url": _data_url(square)}}]
+    reply = _chat(client, mesh.model_name, content, mm_processor_kwargs=kwargs)
+    expected, logprobs, num_prompt = _transformers_greedy(gemma3_vlm, [{"role": "user", "content": [
+        {"type": "image", "image": wide}, {"type": "text", "text": "w5 w6"}, {"type": "image", "image": square}]}],
+        **kwargs)
+    _assert_same_reply(reply, expected, logprobs)
+    assert reply.usage.prompt_tokens == num_prompt
+    plain = _chat(client, mesh.model_name, content)
+    assert plain.usage.prompt_tokens < num_prompt - 3 * 16  # the crops' runs are its own
+    counted = httpx.post(f"{mesh.gateway.base_url}/tokenize", json={
+        "model": mesh.model_name, "messages": [{"role": "user", "content": content}], "mm_processor_kwargs": kwargs})
+    assert counted.status_code == 200 and counted.json()["count"] == num_prompt
+    with pytest.raises(openai.BadRequestError, match="do_pan_and_scan must be true or false"):
+        _chat(client, mesh.model_name, content, mm_processor_kwargs={"do_pan_and_scan": "yes"})
+    mesh.assert_decode_pools_free()
 
 
 def test_the_same_image_again_is_served_from_the_prefix_cache_and_another_is_not(vlm_mesh, client):
