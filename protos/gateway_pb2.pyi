@@ -70,20 +70,22 @@ class ToolCall(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ChatOptions(_message.Message):
-    __slots__ = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "chat_template", "documents_json", "add_special_tokens")
+    __slots__ = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "chat_template", "documents_json", "add_special_tokens", "mm_processor_kwargs_json")
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MM_PROCESSOR_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     add_generation_prompt: bool
     continue_final_message: bool
     chat_template_kwargs_json: str
     chat_template: str
     documents_json: str
     add_special_tokens: bool
-    def __init__(self, add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    mm_processor_kwargs_json: str
+    def __init__(self, add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., mm_processor_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "prompt_logprobs", "reasoning", "tool_calls", "index")

@@ -38,7 +38,7 @@ from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.given_embeddings import GivenImages, checked_embeddings
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
-from services.gateway.grpc_conversation import chat_messages, chat_options
+from services.gateway.grpc_conversation import chat_messages, chat_options, mm_processor_kwargs
 from services.gateway.openai_protocol import MAX_CHOICES
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
@@ -180,7 +180,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             if len(message.image_urls) != len(message.image_parts):
                 raise APIError(400, f"chat.messages[{i}] has {len(message.image_parts)} image_parts for "
                                     f"{len(message.image_urls)} image_urls", param=f"chat.messages[{i}].image_urls")
-        images = await chat_images(self, request.chat.messages, "chat.messages")  # its images and model_name
+        images = await chat_images(self, request.chat.messages, "chat.messages",  # its images and model_name
+                                   mm_processor_kwargs(request.chat_options))
         if images is not None and request.HasField("beam_search"):
             raise APIError(400, "beam search takes text messages, not images", param="beam_search")
         return images

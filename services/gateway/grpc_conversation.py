@@ -2,9 +2,11 @@
 to what the HTTP API accepts, each refusal a 400 naming the field."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from protos import common_pb2, gateway_pb2
+from services.common.mm_limits import checked_processor_kwargs
 from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
 from services.gateway.errors import APIError
 from services.tokenizer.chat_template import (
@@ -34,6 +36,21 @@ def chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:
         if "tool_calls" in message:
             message["tool_calls"] = [with_parsed_arguments(call) for call in message["tool_calls"]]
     return messages
+
+
+def mm_processor_kwargs(options: gateway_pb2.ChatOptions) -> dict[str, Any] | None:
+    """The image processor's settings the request asks for its images (None for none); APIError (400) for JSON
+    that is not an object of settings served here."""
+    if not options.mm_processor_kwargs_json:
+        return None
+    param = "chat_options.mm_processor_kwargs_json"
+    try:
+        kwargs = json.loads(options.mm_processor_kwargs_json)
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"{param} must be a JSON object")
+        return checked_processor_kwargs(kwargs, param)
+    except ValueError as e:  # JSONDecodeError among them
+        raise APIError(400, str(e), param=param) from None
 
 
 def chat_options(options: gateway_pb2.ChatOptions, tools: list | None) -> ChatOptions:

@@ -224,10 +224,11 @@ def test_the_grpc_api_takes_a_messages_image_urls(vlm_mesh, client):
     expected = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": url}},
                                                {"type": "text", "text": "w7"}]).choices[0].token_ids
 
-    def generate(**message) -> gateway_pb2.GenerateResponse:
+    def generate(options: gateway_pb2.ChatOptions | None = None, **message) -> gateway_pb2.GenerateResponse:
         request = gateway_pb2.GenerateRequest(
             request_id="image", chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", **message)]),
-            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+            chat_options=options)
         with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
             return list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
 
@@ -235,6 +236,19 @@ def test_the_grpc_api_takes_a_messages_image_urls(vlm_mesh, client):
     assert list(reply.complete.token_ids) == expected
     refused = generate(content_parts=["w7"], image_parts=[0])  # where an image goes, but not which
     assert refused.error.code == 400 and refused.error.param == "chat.messages[0].image_urls", refused
+    # An image's crops, asked as the HTTP API's mm_processor_kwargs asks them: the same reply.
+    wide = _data_url(_image(12, (900, 300)))
+    cropped = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": wide}},
+                                              {"type": "text", "text": "w7"}], mm_processor_kwargs={
+        "do_pan_and_scan": True})
+    reply = generate(gateway_pb2.ChatOptions(mm_processor_kwargs_json='{"do_pan_and_scan": true}'),
+                     content_parts=["w7"], image_parts=[0], image_urls=[wide])
+    assert list(reply.complete.token_ids) == cropped.choices[0].token_ids
+    assert reply.complete.usage.prompt_tokens == cropped.usage.prompt_tokens > 4 * 16
+    for bad in ('{"do_pan_and_scan": 1}', "[1]", "{"):
+        refused = generate(gateway_pb2.ChatOptions(mm_processor_kwargs_json=bad), content_parts=["w7"],
+                           image_parts=[0], image_urls=[wide])
+        assert refused.error.code == 400 and refused.error.param == "chat_options.mm_processor_kwargs_json", refused
 
 
 def test_unreadable_images_are_refused(vlm_mesh, client, tmp_path):
