@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 GEMMA3, PIXTRAL, QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "gemma3", "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
+LLAMA4 = "llama4"
 # Images of any size in whole squares, one run of tokens, placed by multimodal RoPE.
 QWENS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
@@ -15,20 +16,23 @@ class VisionConfig:
     # GEMMA3: a SigLIP tower pooled to a fixed size; PIXTRAL: Mistral 3's tower, any size; QWEN2_5_VL: Qwen2.5-VL's
     # windowed tower, any size, its rows placed by multimodal RoPE (ModelConfig.mrope_section); QWEN3_VL: Qwen3-VL's,
     # learnt positions resampled to the image, its rows placed so and added to the text model's first layers' too;
-    # QWEN2_VL: Qwen2-VL's, Qwen3-VL's without those (engine/vision/qwen3_vl_images.py).
+    # QWEN2_VL: Qwen2-VL's, Qwen3-VL's without those (engine/vision/qwen3_vl_images.py); LLAMA4: Llama 4's tower over
+    # square tiles of a fixed size, each tile's patches pixel-shuffled 2x2 into its rows.
     family: str
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_heads: int
-    image_size: int  # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side; QWENS: 0
+    # GEMMA3: the tower's square input; PIXTRAL: the most pixels on a side; QWENS: 0; LLAMA4: a tile's side
+    image_size: int
     patch_size: int
     layer_norm_eps: float
     hidden_act: str
     image_token_id: int  # the prompt's placeholder of each row
-    tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image)
+    tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image); LLAMA4: a tile
     num_channels: int = 3
-    # PIXTRAL, QWENS: patches merged into one row (a side's count), the tower's RoPE base; PIXTRAL: its
+    # PIXTRAL, QWENS, LLAMA4: patches merged into one row (a side's count; LLAMA4's pixel shuffle), the tower's RoPE
+    # base; PIXTRAL: its
     # projector's activation, biases and RMSNorm epsilon (the text model's).
     spatial_merge_size: int = 1
     rope_theta: float = 10_000.0
@@ -45,6 +49,10 @@ class VisionConfig:
     # to the text model's first layers' outputs at the image's tokens (DeepStack), one layer each in turn.
     num_position_embeddings: int = 0
     deepstack_layers: tuple[int, ...] = ()
+    # LLAMA4: the widths of its adapter's MLP after the pixel shuffle (in, out); `out_hidden_size` its rows' width
+    # into the projector.
+    projector_input_dim: int = 0
+    projector_output_dim: int = 0
 
     @property
     def patches_per_side(self) -> int:
@@ -56,6 +64,11 @@ class VisionConfig:
         return self.family == GEMMA3
 
     @property
+    def normalizes_in_bfloat16(self) -> bool:
+        """Whether its image processor rescales and normalizes pixels in bfloat16 (Llama 4's does), not float32."""
+        return self.family == LLAMA4
+
+    @property
     def pixels_per_row(self) -> int:
         """PIXTRAL, QWENS: the pixels one image token stands for on a side."""
         return self.patch_size * self.spatial_merge_size
@@ -64,9 +77,12 @@ class VisionConfig:
         """An image of `height` x `width` pixels (as its image processor resized it) as runs of image tokens
         in the prompt: how many runs, and how many tokens each. Gemma 3's and Qwen-VL's are one run; Mistral 3's a
         run a row, each row ended by a break token (the last by an end token), as transformers' PixtralProcessor
-        writes them."""
+        writes them; Llama 4's a run a tile of the image's canvas of tiles, row by row (an image of more than one
+        tile followed by another image, its global tile, a run of its own)."""
         if self.family == GEMMA3:
             return 1, self.tokens_per_image
+        if self.family == LLAMA4:
+            return (height // self.image_size) * (width // self.image_size), self.tokens_per_image
         if self.family in QWENS:  # one run, row-major
             return 1, (height // self.pixels_per_row) * (width // self.pixels_per_row)
         return height // self.pixels_per_row, width // self.pixels_per_row
@@ -77,6 +93,10 @@ class VisionConfig:
         if self.family == GEMMA3:
             side = self.image_size
             return None if (height, width) == (side, side) else f"must be {side}x{side} pixels"
+        if self.family == LLAMA4:
+            side = self.image_size
+            return None if height > 0 and width > 0 and not height % side and not width % side else \
+                f"must be a canvas of whole {side}x{side}-pixel tiles"
         step = self.pixels_per_row
         if self.family in QWENS:
             return None if height > 0 and width > 0 and not height % step and not width % step else \
@@ -241,6 +261,48 @@ def qwen2_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
         temporal_patch_size=int(vision["temporal_patch_size"]), out_hidden_size=int(vision["hidden_size"]))
     if config.hidden_act != "quick_gelu":
         raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (quick_gelu only)")
+    if (config.hidden_size // config.num_heads) % 4:
+        raise ValueError("vision_config's head size must be a multiple of 4 (2D RoPE)")
+    return config
+
+
+# Llama4VisionConfig's and Llama4Config's, where config.json leaves them out.
+LLAMA4_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 5632, "num_hidden_layers": 34,
+                          "num_attention_heads": 16, "num_channels": 3, "image_size": 448, "patch_size": 14,
+                          "vision_output_dim": 7680, "pixel_shuffle_ratio": 0.5, "projector_input_dim": 4096,
+                          "projector_output_dim": 4096, "hidden_act": "gelu"}
+
+
+def llama4_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Llama 4's (Llama4ForConditionalGeneration's config.json: Scout, Maverick): a tower over square tiles of
+    image_size pixels, patches by an unfolded linear map, 2D RoPE, each tile's patch states pixel-shuffled (2x2 of
+    them into one, at pixel_shuffle_ratio 0.5) through an MLP, then projected: (image_size / patch_size)^2 x
+    ratio^2 rows a tile. Its activations are GELU and its projector has no bias whatever config.json says, as
+    transformers builds it. ValueError for settings not served."""
+    vision = {**LLAMA4_VISION_DEFAULTS, **(cfg.get("vision_config") or {})}
+    rope = vision.get("rope_parameters") or {}
+    ratio = float(vision["pixel_shuffle_ratio"])
+    merge = round(1 / ratio) if ratio > 0 else 0
+    patches = int(vision["image_size"]) // int(vision["patch_size"])
+    config = VisionConfig(
+        family=LLAMA4, hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
+        num_layers=int(vision["num_hidden_layers"]), num_heads=int(vision["num_attention_heads"]),
+        image_size=int(vision["image_size"]), patch_size=int(vision["patch_size"]), layer_norm_eps=1e-5,
+        hidden_act=vision["hidden_act"], image_token_id=int(cfg.get("image_token_index", 200_092)),
+        tokens_per_image=(patches // merge) ** 2 if merge else 0, num_channels=int(vision["num_channels"]),
+        spatial_merge_size=merge, rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10_000.0))),
+        out_hidden_size=int(vision["vision_output_dim"]), projector_input_dim=int(vision["projector_input_dim"]),
+        projector_output_dim=int(vision["projector_output_dim"]))
+    if merge < 1 or merge * ratio != 1 or patches % merge or patches * config.patch_size != config.image_size:
+        raise ValueError(f"vision_config: pixel_shuffle_ratio {ratio} must be 1/n for an n dividing the "
+                         f"{patches} patches on a tile's side (image_size / patch_size, whole)")
+    if config.intermediate_size != config.hidden_size * merge * merge:
+        raise ValueError("vision_config.intermediate_size must be hidden_size x (1 / pixel_shuffle_ratio)^2: the "
+                         "adapter's MLP takes the pixel-shuffled states")
+    if config.projector_input_dim != config.projector_output_dim or \
+            config.out_hidden_size != config.projector_output_dim:
+        raise ValueError("vision_config: projector_input_dim, projector_output_dim and vision_output_dim must be "
+                         "equal (the adapter's second layer and the projector take the first's output)")
     if (config.hidden_size // config.num_heads) % 4:
         raise ValueError("vision_config's head size must be a multiple of 4 (2D RoPE)")
     return config
