@@ -55,7 +55,8 @@ from bench.mesh_overhead import SETTLE_S, client_channel, p50_ms  # noqa: E402
 from protos import common_pb2, decode_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common.prompt_embeds import given_inputs  # noqa: E402
 from services.gateway.given_embeddings import GivenImages  # noqa: E402
-from services.gateway.image_inputs import ChatImages, ImageProcessing  # noqa: E402
+from services.gateway.image_inputs import ChatImages  # noqa: E402
+from services.gateway.image_processing import ImageProcessing  # noqa: E402
 from services.gateway.request_bytes import BulkInputs, with_inputs  # noqa: E402
 from tests.parity.images import QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION  # noqa: E402
 from tests.services.gateway import mesh as test_mesh  # noqa: E402

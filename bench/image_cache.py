@@ -30,7 +30,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from services.gateway.image_cache import ProcessedImageCache  # noqa: E402
-from services.gateway.image_inputs import ChatImages, ImageProcessing  # noqa: E402
+from services.gateway.image_inputs import ChatImages  # noqa: E402
+from services.gateway.image_processing import ImageProcessing  # noqa: E402
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 PROCESSORS = {

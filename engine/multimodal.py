@@ -1,6 +1,5 @@
 """Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
-(Gemma 3's, Mistral 3's, Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's: engine/vision/); Llama 4's requests are text or
-token ids.
+(Gemma 3's, Mistral 3's, Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Llama 4's: engine/vision/).
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -15,6 +14,7 @@ from typing import Any
 from engine.vision.vision_config import (
     VisionConfig,
     gemma3_vision_config,
+    llama4_vision_config,
     mistral3_vision_config,
     qwen2_5_vl_vision_config,
     qwen2_vl_vision_config,
@@ -58,8 +58,10 @@ GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "num_attention_heads": 8, "num_ke
 MULTIMODAL = {
     "Llama4ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=lambda text_config: "Llama4ForCausalLM",
-        text_prefixes=(("language_model.", ""),),
-        vision_prefixes=("vision_model.", "multi_modal_projector.")),
+        text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),
+        vision_prefixes=("vision_model.", "multi_modal_projector.", "model.vision_model.",
+                         "model.multi_modal_projector."),
+        vision_config=llama4_vision_config),
     # As released (llava's names) and as transformers 5 saves it.
     # As released (llava's names: the language model's `model.` under `language_model.`) and as transformers 5
     # saves it; Gemma 3's LM head is its embedding.

@@ -40,10 +40,14 @@ class ImageInput:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.rgb.shape)
 
-    def pixels(self) -> torch.Tensor:
-        """float32 [channels, height, width]."""
-        rescaled = (self.rgb.double() * self.rescale_factor).float()
-        mean, std = torch.tensor(self.mean, dtype=torch.float32), torch.tensor(self.std, dtype=torch.float32)
+    def pixels(self, in_bfloat16: bool = False) -> torch.Tensor:
+        """float32 [channels, height, width]; or bfloat16, rescaled and normalized in bfloat16 as Llama 4's
+        processor does (VisionConfig.normalizes_in_bfloat16)."""
+        if in_bfloat16:
+            rescaled = self.rgb.to(torch.bfloat16) * self.rescale_factor
+        else:
+            rescaled = (self.rgb.double() * self.rescale_factor).float()
+        mean, std = torch.tensor(self.mean, dtype=rescaled.dtype), torch.tensor(self.std, dtype=rescaled.dtype)
         return ((rescaled - mean) / std).permute(2, 0, 1).contiguous()
 
     @cached_property
@@ -221,7 +225,8 @@ def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, star
     if not due:
         return
     start_ns = time.time_ns()
-    features = encoder.encode([placed.image.pixels().to(device) for placed in due])
+    in_bfloat16 = encoder.config.normalizes_in_bfloat16
+    features = encoder.encode([placed.image.pixels(in_bfloat16).to(device) for placed in due])
     if features[0].is_cuda:  # its time is the kernels', not their launches' (the forward pass waits for them anyway)
         torch.cuda.synchronize(features[0].device)
     seq.step_times.image_encodes.append(ImageEncode(start_ns, time.time_ns(), len(due), sum(

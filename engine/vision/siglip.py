@@ -4,6 +4,8 @@ layers of full attention and a tanh-GELU MLP, a final LayerNorm. (Its pooling he
 projectors that follow take every patch.)"""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,11 +15,14 @@ from engine.vision.loading import put_tensor
 from engine.vision.vision_config import VisionConfig
 
 
-class SiglipEncoderLayer(nn.Module):
-    def __init__(self, config: VisionConfig, dtype: torch.dtype) -> None:
+class EncoderLayer(nn.Module):
+    """A pre-norm layer of full attention and a GELU MLP, biases everywhere: SigLIP's (GELU's tanh
+    approximation); Llama 4's tower's too (exact GELU, its q and k turned by 2D RoPE)."""
+
+    def __init__(self, config: VisionConfig, dtype: torch.dtype, gelu_approximate: str = "tanh") -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.num_heads, self.eps = config.num_heads, config.layer_norm_eps
+        self.num_heads, self.eps, self.gelu_approximate = config.num_heads, config.layer_norm_eps, gelu_approximate
         self.norm1_weight, self.norm1_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
         self.norm2_weight, self.norm2_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
         self.qkv_weight = empty_param(3 * hidden, hidden, dtype=dtype)
@@ -26,14 +31,18 @@ class SiglipEncoderLayer(nn.Module):
         self.fc1_weight, self.fc1_bias = empty_param(inner, hidden, dtype=dtype), empty_param(inner, dtype=dtype)
         self.fc2_weight, self.fc2_bias = empty_param(hidden, inner, dtype=dtype), empty_param(hidden, dtype=dtype)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [B, P, hidden]
+    def forward(self, h: torch.Tensor, turned: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor:  # h [B, P, hidden]; `turned`: q and k [B, heads, P, dim] as positions turn them
         hidden = h.shape[-1]
         x = F.layer_norm(h, (hidden,), self.norm1_weight, self.norm1_bias, self.eps)
         q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).unflatten(-1, (3, self.num_heads, -1)).unbind(2)
-        attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if turned is not None:
+            q, k = turned(q), turned(k)
+        attended = F.scaled_dot_product_attention(q, k, v)
         h = h + F.linear(attended.transpose(1, 2).flatten(2), self.out_weight, self.out_bias)
         x = F.layer_norm(h, (hidden,), self.norm2_weight, self.norm2_bias, self.eps)
-        x = F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias), approximate="tanh")
+        x = F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias), approximate=self.gelu_approximate)
         return h + F.linear(x, self.fc2_weight, self.fc2_bias)
 
 
@@ -45,7 +54,7 @@ class SiglipVisionTower(nn.Module):
         self.patch_weight = empty_param(hidden, config.num_channels, patch, patch, dtype=dtype)
         self.patch_bias = empty_param(hidden, dtype=dtype)
         self.positions = empty_param(config.patches_per_side ** 2, hidden, dtype=dtype)
-        self.layers = nn.ModuleList(SiglipEncoderLayer(config, dtype) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.num_layers))
         self.post_norm_weight, self.post_norm_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:

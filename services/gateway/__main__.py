@@ -189,7 +189,8 @@ class GatewayService:
             self.state.background.follow_cancels(self.responses)
         if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
             from services.gateway.image_cache import ProcessedImageCache
-            from services.gateway.image_inputs import MESSAGE_HEADROOM_BYTES, ChatImages, ImageProcessing
+            from services.gateway.image_inputs import MESSAGE_HEADROOM_BYTES, ChatImages
+            from services.gateway.image_processing import ImageProcessing
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
             self.state.images = self.servicer.images = ChatImages(
                 ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs), config.allowed_local_media_path,

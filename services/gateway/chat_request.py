@@ -43,7 +43,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     echo: bool = False  # vLLM's: the reply starts with the last message's text when that is the assistant's
     prompt_embeds: Any = None  # refused: a prompt given as embeddings is completions' (completion_request.py)
-    # vLLM's: the image processor's settings for this request's images (image_inputs.py's with_kwargs), e.g.
+    # vLLM's: the image processor's settings for this request's images (image_processing.py's with_kwargs), e.g.
     # Qwen-VL's {"max_pixels": N}
     mm_processor_kwargs: dict[str, Any] | None = None
 

@@ -2,8 +2,9 @@
 writes where each image goes: Gemma 3's a run of one placeholder token per row of the image's encoding between
 begin and end marks; Mistral 3's (Pixtral's processor) a row of placeholders per row of the image's grid of
 tokens, each row ended by a break, the last by an end token; Qwen2.5-VL's one run of the grid's tokens: as many
-tokens as the image's size makes, for those two. Gemma 3's image with pan-and-scan crops is written as its
-processor writes it: the original's run, then each crop's."""
+tokens as the image's size makes, for those two; Llama 4's a run a tile of the image's canvas, between tile
+separators, then its global tile's run. Gemma 3's image with pan-and-scan crops is written as its processor writes
+it: the original's run, then each crop's."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -12,6 +13,10 @@ from typing import Any, NamedTuple
 
 QWEN_IMAGE_TOKEN = "<|image_pad|>"
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+# Llama4Processor's, by the names processor_config.json gives them.
+LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
+                 "end_of_image_token": "<|image_end|>", "patch_token": "<|patch|>",
+                 "tile_x_separator_token": "<|tile_x_separator|>", "tile_y_separator_token": "<|tile_y_separator|>"}
 
 
 class ImageSize(NamedTuple):
@@ -87,14 +92,44 @@ class ImageRunTokens:
                            lambda height, width: self.token * ((height // step) * (width // step)))
 
 
+@dataclass(frozen=True)
+class TiledImageTokens:
+    """Llama 4's: an image's tokens a run of patch tokens a tile of its canvas, tiles in a row between column
+    separators, each row ended by a row separator, then the mark and its global tile's run (a one-tile image's
+    canvas is its only run), between begin and end marks."""
+
+    mark: str  # the template's mark of an image, and the one before its global tile: "<|image|>"
+    begin: str  # "<|image_start|>"
+    end: str  # "<|image_end|>"
+    patch: str  # each of a tile's tokens: "<|patch|>"
+    column_break: str  # "<|tile_x_separator|>"
+    row_break: str  # "<|tile_y_separator|>"
+    tile_size: int  # a tile's side in pixels
+    tokens_per_tile: int
+
+    def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
+        """`text` with the mark of each image, of `image_sizes` (its canvas, as its processor resized it), made its
+        tiles' tokens; ValueError without a mark and a size for each of `num_images`."""
+        return _each_image(text, self.mark, image_sizes, num_images, self._tiles, takes_crops=True)
+
+    def _tiles(self, height: int, width: int) -> str:
+        rows, cols = height // self.tile_size, width // self.tile_size
+        if not rows or not cols:
+            raise ValueError(f"an image's canvas of {height}x{width} pixels holds no {self.tile_size}-pixel tile")
+        run = self.patch * self.tokens_per_tile
+        tiles = (self.column_break.join([run] * cols) + self.row_break) * rows if rows * cols > 1 else ""
+        return f"{self.begin}{tiles}{self.mark}{run}{self.end}"
+
+
 def _each_image(text: str, mark: str, image_sizes: Sequence[ImageSize] | None, num_images: int,
-                tokens_of: Callable[[int, int], str]) -> str:
+                tokens_of: Callable[[int, int], str], takes_crops: bool = False) -> str:
     """`text` with each image's `mark`, in turn, made `tokens_of` its (height, width); ValueError without a mark
-    and a size for each of `num_images`, or for crops (only Gemma 3's images take them)."""
+    and a size for each of `num_images`, or for crops of an image that takes none (Gemma 3's pan-and-scan crops,
+    Llama 4's global tile, go with theirs)."""
     if image_sizes is None or len(image_sizes) != num_images:
         raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
                          f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
-    if any(size.num_crops for size in image_sizes):
+    if not takes_crops and any(size.num_crops for size in image_sizes):
         raise ValueError("this model's images take no crops (pan-and-scan is Gemma 3's)")
     _check_marks(text, mark, num_images)
     pieces = text.split(mark)
@@ -109,11 +144,16 @@ def _check_marks(text: str, mark: str, num_images: int) -> None:
 
 
 def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[str, Any],
-                      model_config: dict[str, Any]) -> ImageTokens | ImageGridTokens | ImageRunTokens | None:
+                      model_config: dict[str, Any]
+                      ) -> ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | None:
     """Gemma 3's from tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special
     tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Mistral 3's
     from processor_config.json (PixtralProcessor's tokens, patch size and spatial merge; config.json's where
-    it has none); Qwen-VL's from config.json; None for a model without them."""
+    it has none); Qwen-VL's from config.json; Llama 4's from processor_config.json's tokens, patch size and pixel
+    shuffle ratio (Llama4Processor's defaults where it has none) and config.json's tile size; None for a model
+    without them."""
+    if model_config.get("model_type") == "llama4":
+        return _llama4_tokens(processor_config, model_config)
     extra = tokenizer_config.get("extra_special_tokens")
     named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
     marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
@@ -139,3 +179,14 @@ def pixtral_pixels_per_token(processor_config: dict[str, Any], model_config: dic
     patch = processor_config.get("patch_size") or vision.get("patch_size") or 14
     merge = processor_config.get("spatial_merge_size") or model_config.get("spatial_merge_size") or 2
     return int(patch) * int(merge)
+
+
+def _llama4_tokens(processor_config: dict[str, Any], model_config: dict[str, Any]) -> TiledImageTokens:
+    vision = model_config.get("vision_config") or {}
+    tokens = [processor_config.get(name) or default for name, default in LLAMA4_TOKENS.items()]
+    patch = int(processor_config.get("patch_size") or vision.get("patch_size") or 14)
+    ratio = float(processor_config.get("pixel_shuffle_ratio") or vision.get("pixel_shuffle_ratio") or 0.5)
+    tile = int(vision.get("image_size") or 448)  # Llama4VisionConfig's default
+    # As Llama4Processor counts them: a tile's patches, fewer by the pixel shuffle's 1 / ratio^2.
+    per_tile = (tile // patch) * (tile // patch) // round(1 / ratio ** 2)
+    return TiledImageTokens(*tokens, tile_size=tile, tokens_per_tile=per_tile)

@@ -22,7 +22,14 @@ from tokenizers import Tokenizer
 from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from services.tokenizer.content_format import num_image_parts
-from services.tokenizer.image_tokens import ImageGridTokens, ImageRunTokens, ImageSize, ImageTokens, read_image_tokens
+from services.tokenizer.image_tokens import (
+    ImageGridTokens,
+    ImageRunTokens,
+    ImageSize,
+    ImageTokens,
+    TiledImageTokens,
+    read_image_tokens,
+)
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), as strings, when set.
@@ -57,7 +64,7 @@ class ModelTokenizer:
         chat_templates: Mapping[str, str] | None = None,
         eos_token_ids: Sequence[int] = (),
         max_model_len: int | None = None,
-        image_tokens: ImageTokens | ImageGridTokens | ImageRunTokens | None = None,
+        image_tokens: ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | None = None,
     ):
         self.tokenizer = tokenizer
         self.special_tokens = dict(special_tokens or {})

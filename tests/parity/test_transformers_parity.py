@@ -285,19 +285,21 @@ def test_fp8_kv_cache_takes_a_quarter_of_float32s_room_and_stays_near_transforme
 
 def test_llama4s_multimodal_checkpoint_serves_its_text_model(tmp_path):
     """Llama 4 as released (Llama4ForConditionalGeneration: the text model under `language_model.`,
-    its settings in text_config, a vision model beside it): the text model is served, the vision
-    weights left unread, and its logits equal the checkpoint's language model's."""
+    its settings in text_config, a vision model beside it): the text model is served, its image encoder
+    loaded beside it (tests/parity/test_llama4_images.py), and its logits equal the checkpoint's language
+    model's."""
     config_cls, extra, _ = TINY_MODELS["llama4"]
     text = getattr(transformers, config_cls)(**{**COMMON, **extra})
     vision = transformers.Llama4VisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64, image_size=28, patch_size=14, vision_output_dim=32,
-                                             projector_input_dim=32, projector_output_dim=64, pixel_shuffle_ratio=0.5)
+                                             intermediate_size=128, image_size=28, patch_size=14, vision_output_dim=32,
+                                             projector_input_dim=32, projector_output_dim=32, pixel_shuffle_ratio=0.5)
     torch.manual_seed(4)
     model = transformers.Llama4ForConditionalGeneration(
         transformers.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
     model.save_pretrained(tmp_path / "llama4")
     engine = _engine(tmp_path / "llama4", max_num_batched_tokens=32)
     assert engine.model_config.architecture == "Llama4ForCausalLM" and engine.model_config.multimodal is not None
+    assert engine.runner.image_encoder is not None
     for n in (17, 100):
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():

@@ -14,7 +14,7 @@ from PIL import Image
 from protos import common_pb2
 from services.common.prompt_embeds import given_images
 from services.gateway.given_embeddings import GivenImages
-from services.gateway.image_inputs import ImageProcessing
+from services.gateway.image_processing import ImageProcessing
 from services.tokenizer.image_tokens import ImageSize
 
 transformers = pytest.importorskip("transformers")

@@ -19,7 +19,7 @@ from engine.sampling_params import SamplingParams
 from protos import common_pb2, prefill_pb2
 from services.common.prompt_embeds import given_embeddings, given_images, given_inputs
 from services.gateway.given_embeddings import GivenImages, GivenRows
-from services.gateway.image_inputs import ImageProcessing
+from services.gateway.image_processing import ImageProcessing
 from services.gateway.request_bytes import BulkInputs, with_inputs
 from tests.parity.conftest import transformers
 

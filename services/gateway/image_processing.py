@@ -1,0 +1,190 @@
+"""A model's image processor's settings (preprocessor_config.json, --mm-processor-kwargs and a request's
+mm_processor_kwargs over them), and an image made by them as transformers' processor makes it: RGB, resized
+(PIL's resampling, as transformers' PIL processors do) to the processor's size (Gemma 3's, with its pan-and-scan
+crops where it is on), or to at most its longest edge in whole tokens' pixels (Mistral 3's Pixtral processor), or
+to whole tokens within pixel bounds (Qwen-VL's); or into a canvas of tiles (Llama 4's, torchvision's resampling).
+The workers get it so, with the processor's rescale factor, mean and std, which the engine normalizes it by when
+it encodes it (engine/prompt_images.py's ImageInput)."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from services.gateway.errors import APIError
+from services.gateway.given_embeddings import ProcessedImage
+from services.gateway.llama4_tiles import TileCanvas
+from services.gateway.pan_and_scan import KWARGS as PAN_AND_SCAN_KWARGS, PanAndScan
+from services.tokenizer.image_tokens import pixtral_pixels_per_token
+
+
+@dataclass(frozen=True)
+class ImageProcessing:
+    """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's, crops of the image
+    beside it by `pan_and_scan`); or, with `tiles`, into a canvas of `height` x `width` tiles (Llama 4's, its global
+    tile beside it); or, with
+    `longest_edge`, to at most that on a side, its aspect kept, each side rounded up to a whole number of
+    `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge); or, with
+    `max_pixels`, each side rounded to whole tokens, the pixels kept within [min_pixels, max_pixels] (Qwen2.5-VL's
+    smart resize)."""
+
+    height: int
+    width: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    rescale_factor: float = 1 / 255
+    resample: int = Image.Resampling.BILINEAR
+    longest_edge: int | None = None
+    pixels_per_token: int = 1
+    min_pixels: int = 0
+    max_pixels: int | None = None
+    pan_and_scan: PanAndScan | None = None  # None: a processor that makes no crops (only Gemma 3's does)
+    tiles: TileCanvas | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir: Path, overrides: dict | None = None) -> ImageProcessing:
+        """The model's image processor's settings: preprocessor_config.json's (as released), or
+        processor_config.json's `image_processor` (as transformers 5 saves them), `overrides` over them
+        (--mm-processor-kwargs: min_pixels, max_pixels, size's keys); ValueError for none, or one this gateway
+        cannot follow."""
+        path = Path(model_dir) / "preprocessor_config.json"
+        processor = _read_json(Path(model_dir) / "processor_config.json")
+        if path.is_file():
+            config = json.loads(path.read_text())
+        else:
+            path = Path(model_dir) / "processor_config.json"
+            config = processor.get("image_processor")
+            if not isinstance(config, dict):
+                raise ValueError(f"{model_dir}: no preprocessor_config.json (a model that takes images needs its "
+                                 "image processor's settings)")
+        if config.get("do_center_crop"):
+            raise ValueError(f"{path}: do_center_crop is not served")
+        size = config.get("size") or {}
+        settings = {"mean": tuple(config["image_mean"]), "std": tuple(config["image_std"]),
+                    "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
+                    "resample": int(config.get("resample", Image.Resampling.BILINEAR))}
+        if "merge_size" in config:  # Qwen2-VL's processor: bicubic unless it says
+            settings["resample"] = int(config.get("resample", Image.Resampling.BICUBIC))
+            step = int(config.get("patch_size", 14)) * int(config["merge_size"])
+            most = int(config.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
+            return cls(height=0, width=0, pixels_per_token=step, max_pixels=most,
+                       min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
+                       **settings).with_kwargs(overrides or {})
+        if "longest_edge" in size and "height" not in size:
+            longest = int(size["longest_edge"])
+            step = pixtral_pixels_per_token(processor, _read_json(Path(model_dir) / "config.json"))
+            return cls(height=longest, width=longest, longest_edge=longest, pixels_per_token=step,
+                       **settings).with_kwargs(overrides or {})
+        if "height" not in size or "width" not in size:
+            raise ValueError(f"{path}: size must give height and width, or longest_edge, got {size}")
+        if "max_patches" in config or str(config.get("image_processor_type", "")).startswith("Llama4"):
+            if size["height"] != size["width"]:
+                raise ValueError(f"{path}: a tile must be square, got {size}")
+            tiles = TileCanvas(int(size["height"]), int(config.get("max_patches", 16)),
+                               bool(config.get("resize_to_max_canvas", False)))
+            return cls(height=tiles.tile_size, width=tiles.tile_size, tiles=tiles,
+                       **settings).with_kwargs(overrides or {})
+        return cls(height=int(size["height"]), width=int(size["width"]),
+                   pan_and_scan=PanAndScan().with_kwargs(config), **settings).with_kwargs(overrides or {})
+
+    def with_kwargs(self, kwargs: Mapping[str, Any]) -> ImageProcessing:
+        """These settings with `kwargs` (--mm-processor-kwargs', or a request's mm_processor_kwargs, as
+        `checked_processor_kwargs` passed them) over them, as transformers' processors take them: Qwen-VL's
+        min_pixels and max_pixels (or size's shortest_edge and longest_edge), Pixtral's size's longest_edge, Gemma
+        3's pan-and-scan settings. ValueError for one this processor has not (a fixed size's tower takes no other
+        size)."""
+        size = dict(kwargs.get("size") or {})
+        pixel_bounds = {"min_pixels", "max_pixels"} & set(kwargs)
+        cropping = set(PAN_AND_SCAN_KWARGS) & set(kwargs)
+        if self.max_pixels is not None:  # Qwen-VL's smart resize
+            unknown = set(size) - {"shortest_edge", "longest_edge"} | cropping
+            changes = {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge", self.min_pixels)),
+                       "max_pixels": kwargs.get("max_pixels", size.get("longest_edge", self.max_pixels))}
+        elif self.longest_edge is not None:  # Pixtral's
+            unknown = set(size) - {"longest_edge"} | pixel_bounds | cropping
+            edge = size.get("longest_edge", self.longest_edge)
+            changes = {"longest_edge": edge, "height": edge, "width": edge}
+        else:  # Gemma 3's
+            unknown = set(size) | pixel_bounds | (cropping if self.pan_and_scan is None else set())
+            changes = {"pan_and_scan": self.pan_and_scan.with_kwargs(kwargs)} if cropping and not unknown else {}
+        if unknown:
+            raise ValueError(f"this model's image processor takes no {', '.join(sorted(unknown))}")
+        return replace(self, **changes) if changes else self
+
+    def size_of(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) of an image of that size once resized, as transformers' processor resizes it."""
+        if self.max_pixels is not None:
+            return smart_resize(height, width, self.pixels_per_token, self.min_pixels, self.max_pixels)
+        if self.longest_edge is None:
+            return self.height, self.width
+        ratio = max(height / self.longest_edge, width / self.longest_edge)
+        if ratio > 1:
+            height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+        step = self.pixels_per_token
+        return (height - 1) // step * step + step, (width - 1) // step * step + step
+
+    def resized(self, image: Image.Image) -> np.ndarray:
+        """`image` (RGB) at the processor's size: uint8 [height, width, 3]."""
+        height, width = self.size_of(image.height, image.width)
+        if not height or not width:  # a side under one pixel once the other fits the longest edge
+            raise APIError(400, f"an image of {image.width}x{image.height} pixels is too narrow for this model's "
+                                f"image processor (longest edge {self.longest_edge})", param="messages")
+        return np.array(image.resize((width, height), resample=self.resample))
+
+    def processed(self, image: Image.Image) -> ProcessedImage:
+        """`image` as the processor makes it, with its crops where it makes them (cut from the image before
+        either is resized, as transformers' processor cuts them)."""
+        image = rgb(image)
+        if self.tiles is not None:
+            canvas, global_tile = self.tiles.tiled(image)
+            whole, *crops = [self._of(part) for part in (canvas, global_tile) if part is not None]
+        else:
+            whole, *crops = [self._processed(part) for part in (image, *self._crops(image))]
+        return replace(whole, crops=tuple(crop.as_crop() for crop in crops)) if crops else whole
+
+    def _crops(self, image: Image.Image) -> list[Image.Image]:
+        if self.pan_and_scan is None:
+            return []
+        return [image.crop(box) for box in self.pan_and_scan.crop_boxes(image.height, image.width)]
+
+    def _processed(self, image: Image.Image) -> ProcessedImage:
+        return self._of(self.resized(image))
+
+    def _of(self, resized: np.ndarray) -> ProcessedImage:
+        return ProcessedImage.of(resized.tobytes(), resized.shape, self.rescale_factor, self.mean, self.std)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's processor's (height, width): each side rounded to a multiple of `factor`, scaled down or up, its
+    aspect kept, where its pixels fall outside [min_pixels, max_pixels]. APIError (400) for an image more than 200
+    times as long as it is wide, as transformers refuses it."""
+    if max(height, width) / min(height, width) > 200:
+        raise APIError(400, f"an image of {width}x{height} pixels: its aspect ratio must be under 200",
+                       param="messages")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def rgb(image: Image.Image) -> Image.Image:
+    """`image` in RGB, any transparency composited onto white (as transformers' convert_to_rgb)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image).convert("RGB")
+    return image.convert("RGB")
