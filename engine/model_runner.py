@@ -111,9 +111,24 @@ class ModelRunner:
                 self._load_image_encoder(checkpoint_files(model_dir))
 
     def _load_image_encoder(self, files: dict[str, Path]) -> None:
-        """Its tensors, by its own names (the text model's loading leaves them out)."""
+        """Its tensors, by its own names (the text model's loading leaves them out), an FP8 checkpoint's
+        dequantized by their scales as the text model's are. WeightsError for one it cannot read: a weight
+        quantized otherwise (a packed 4-bit one is not there by its own name, an FP8 one without scales would
+        be read as its raw numbers)."""
         names = {stored: name for stored in files if (name := self.image_encoder.checkpoint_name(stored)) is not None}
-        self.image_encoder.load_weights({names[stored]: tensor for stored, tensor in iter_tensors(files, list(names))})
+        tensors = dict(iter_tensors(files, list(names)))
+        fp8 = self.model_config.fp8_weights
+        if fp8 is not None:
+            scales = {name: tensors.pop(name) for name in list(tensors) if name.endswith(fp8.scale_suffix)}
+            tensors = dict(dequantized(iter(tensors.items()), scales, fp8))
+        quantized = sorted(name for name, t in tensors.items() if t.dtype.is_floating_point and t.element_size() == 1)
+        if quantized:
+            raise WeightsError(f"{quantized[0]}: the image encoder's weights are FP8 without scales Baton reads")
+        try:
+            self.image_encoder.load_weights({names[stored]: tensor for stored, tensor in tensors.items()})
+        except KeyError as e:
+            raise WeightsError(f"the image encoder's tensor {e.args[0]} is not in the checkpoint (its vision tower "
+                               "is read unquantized, or in FP8 with scales)") from None
 
     def allocate_kv_pool(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None

@@ -95,3 +95,36 @@ def test_quantizations_not_loaded_are_refused_by_name(fp8_and_dequantized, tmp_p
     (model_dir / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
     with pytest.raises(ModelConfigError, match=named):
         load_model_config(model_dir)
+
+
+def test_an_fp8_vision_tower_encodes_images_as_its_dequantized_weights_do(tmp_path):
+    """A multimodal FP8 checkpoint whose vision tower and projector are FP8 too (block scales): the image encoder
+    dequantizes them as the text model's weights are, its rows transformers' from the dequantized weights (read
+    raw, the FP8 numbers would be the weights, their scales left out)."""
+    from transformers.image_transforms import split_to_tiles
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from tests.parity.test_llama4_images import TILE, tiny_llama4
+
+    model = tiny_llama4(590, seed=5)
+    model.save_pretrained(tmp_path)
+    stored, dequantized = {}, {}
+    for name, tensor in load_file(tmp_path / "model.safetensors").items():
+        if name.startswith(("vision_model.", "multi_modal_projector.")) and name.endswith("weight") \
+                and tensor.dim() == 2:
+            stored[name], stored[name + "_scale_inv"], dequantized[name] = quantize(tensor.float(), BLOCK)
+        else:
+            stored[name] = tensor
+    assert len(dequantized) > 10
+    save_file(stored, tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": LAYOUTS["block"][2]}))
+    assert not model.load_state_dict(dequantized, strict=False).unexpected_keys
+    pixels = torch.randn(3, TILE, 2 * TILE, generator=torch.Generator().manual_seed(3))
+    [ours] = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32")).runner.image_encoder.encode([pixels])
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=split_to_tiles(pixels[None], 1, 2)[0],
+                                            return_dict=True).last_hidden_state
+        theirs = model.multi_modal_projector(features).flatten(0, 1)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
