@@ -194,7 +194,8 @@ class GatewayService:
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
             self.state.images = self.servicer.images = ChatImages(
                 ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs), config.allowed_local_media_path,
-                config.limit_images, ProcessedImageCache(cache_bytes) if cache_bytes else None,
+                config.allowed_media_domains, config.limit_images,
+                ProcessedImageCache(cache_bytes) if cache_bytes else None,
                 max_bytes=max(config.max_message_bytes - MESSAGE_HEADROOM_BYTES, 0))
         if config.enable_prompt_embeds:
             # torch, only where they are taken

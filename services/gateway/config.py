@@ -132,6 +132,8 @@ class GatewayConfig:
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     enable_prompt_embeds: bool = False  # completions' prompt_embeds taken (vLLM's flag; off, as vLLM's)
     allowed_local_media_path: Path | None = None  # file:// images are read under it (vLLM's flag); None: none are
+    # The hosts http(s) images are fetched from (vLLM's --allowed-media-domains); None: any.
+    allowed_media_domains: frozenset[str] | None = None
     limit_images: int | None = None  # a prompt's most images (vLLM's --limit-mm-per-prompt); None: any
     mm_processor_cache_gb: float = 4.0  # processed images kept, GiB of pixels (vLLM's flag and default); 0: none
     mm_processor_kwargs: dict = field(default_factory=dict)  # the image processor's settings over the model's

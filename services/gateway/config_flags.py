@@ -119,6 +119,8 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         reply_options=ReplyOptions.from_args(args), sleep_when_idle=IdleSleepConfig.from_args(args),
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         enable_prompt_embeds=args.enable_prompt_embeds, allowed_local_media_path=args.allowed_local_media_path,
+        allowed_media_domains=frozenset(d.lower() for d in args.allowed_media_domains)
+        if args.allowed_media_domains else None,
         limit_images=image_limit(args.limit_mm_per_prompt), mm_processor_cache_gb=args.mm_processor_cache_gb,
         mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
         lora_modules=lora_modules(args.lora_modules),
@@ -247,6 +249,9 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--allowed-local-media-path", type=Path, metavar="DIR",
                         help="a chat's file:// image URLs are read under this directory (as vLLM's flag; none "
                              "are without it)")
+    parser.add_argument("--allowed-media-domains", nargs="+", metavar="HOST",
+                        help="http(s) image URLs are fetched only from these hosts, and redirected only to them (as "
+                             "vLLM's flag; default: any), against requests that name internal services")
     add_max_logprobs_flag(parser, env, env_var=ENV_MAX_LOGPROBS)
     HttpServing.add_flags(parser, env)
     ChatServing.add_flags(parser)

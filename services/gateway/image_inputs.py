@@ -35,6 +35,10 @@ class ChatImages:
 
     processing: ImageProcessing
     allowed_local_path: Path | None = None  # file:// images are read under it (--allowed-local-media-path)
+    # The hosts http(s) images are fetched from, and redirected to (vLLM's --allowed-media-domains, against
+    # server-side request forgery: a request's URL naming the cloud's metadata service, or an internal one);
+    # None: any.
+    allowed_domains: frozenset[str] | None = None
     limit: int | None = None  # a prompt's most images (--limit-mm-per-prompt); None: any
     cache: ProcessedImageCache | None = None  # None: each image made again (--mm-processor-cache-gb 0)
     # The most bytes of pixels a prompt's images may take: they travel in one gRPC message to each worker
@@ -57,7 +61,8 @@ class ChatImages:
             except ValueError as e:
                 raise APIError(400, str(e), param="mm_processor_kwargs") from None
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
-        sources = [url if is_data_url(url) else await _image_bytes(url, self.allowed_local_path, param) for url in urls]
+        sources = [url if is_data_url(url) else await _image_bytes(url, self.allowed_local_path, self.allowed_domains,
+                                                                   param) for url in urls]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte.
         images = await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, processing, param)
@@ -108,12 +113,19 @@ def data_url_bytes(url: str, param: str) -> bytes:
         raise APIError(400, f"{param}: the data URL is not base64: {e}", param=param) from None
 
 
-async def _image_bytes(url: str, allowed_local_path: Path | None, param: str) -> bytes:
+async def _image_bytes(url: str, allowed_local_path: Path | None, allowed_domains: frozenset[str] | None,
+                       param: str) -> bytes:
     """The encoded bytes of an http(s) or file:// URL's image."""
     scheme = urlparse(url).scheme
     if scheme in ("http", "https"):
+        async def check_host(request: httpx.Request) -> None:  # the URL's, and each redirect's
+            if allowed_domains is not None and request.url.host not in allowed_domains:
+                raise APIError(400, f"{param}: images are fetched only from the gateway's --allowed-media-domains "
+                                    f"({', '.join(sorted(allowed_domains))}), not {request.url.host!r}", param=param)
+
         try:
-            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client, \
+            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True,
+                                         event_hooks={"request": [check_host]}) as client, \
                     client.stream("GET", url) as response:
                 response.raise_for_status()
                 body = bytearray()

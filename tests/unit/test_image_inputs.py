@@ -214,3 +214,48 @@ def test_a_conversations_images_are_processed_once_and_the_least_used_left_out(t
     made_again = asyncio.run(images.read([urls[0], urls[1]]))  # the first found; the second made again
     assert made_again.images[0] is first.images[0] and made_again.images[1] is not first.images[1]
     assert made_again.digest == first.digest and hits() == before + 3
+
+
+def test_http_images_are_fetched_only_from_the_allowed_media_domains(tmp_path):
+    """vLLM's --allowed-media-domains: an image URL naming another host is refused before anything is fetched,
+    and so is a redirect from an allowed host to another (the way around the list that vLLM leaves to
+    VLLM_MEDIA_URL_ALLOW_REDIRECTS=0); without the list, any host."""
+    import functools
+    import http.server
+    import threading
+
+    from services.gateway.errors import APIError
+    from services.gateway.image_inputs import ChatImages
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    (tmp_path / "image.png").write_bytes(base64.b64decode(_png(1).partition(",")[2]))
+    requested: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            requested.append(self.path)
+            if self.path == "/elsewhere":  # to the same server by another name
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/image.png")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_port
+    processing = ImageProcessing.from_dir(tmp_path)
+    listed = ChatImages(processing, allowed_domains=frozenset({"localhost"}))
+    try:
+        assert asyncio.run(listed.read([f"http://localhost:{port}/image.png"])).sizes == [(56, 56, 0)]
+        for url in (f"http://127.0.0.1:{port}/image.png", f"http://localhost:{port}/elsewhere"):
+            with pytest.raises(APIError, match="only from the gateway's --allowed-media-domains .*'127.0.0.1'"):
+                asyncio.run(listed.read([url]))
+        assert requested == ["/image.png", "/elsewhere"]  # the refused URL and redirect never fetched
+        assert asyncio.run(ChatImages(processing).read([f"http://localhost:{port}/elsewhere"])).sizes == \
+            [(56, 56, 0)]
+    finally:
+        server.shutdown()

@@ -23,8 +23,10 @@ def test_the_images_a_prompt_may_hold():
 
 def test_the_gateway_and_the_workers_take_the_flag(tiny_demo_model):
     gateway = config_from_args(["--model", str(tiny_demo_model), "--tokenizer", "127.0.0.1:1", "--decode",
-                                "127.0.0.1:2", "--colocated", "--limit-mm-per-prompt", '{"image": 2}'], env={})
+                                "127.0.0.1:2", "--colocated", "--limit-mm-per-prompt", '{"image": 2}',
+                                "--allowed-media-domains", "upload.wikimedia.org", "GitHub.com"], env={})
     assert gateway.limit_images == 2
+    assert gateway.allowed_media_domains == {"upload.wikimedia.org", "github.com"}
     decode = DecodeServiceConfig.from_args(["--model", str(tiny_demo_model), "--limit-mm-per-prompt",
                                             '{"image": 0}'], env={})
     assert decode.limit_images == 0
