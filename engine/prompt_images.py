@@ -34,7 +34,8 @@ class ImageInput:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     given_digest: str = ""  # its `digest` as its sender made it (the gateway's): not hashed again
-    crop: bool = False  # a crop of the image before it (Gemma 3's pan-and-scan): not counted an image of its own
+    # Of the image before it (Gemma 3's pan-and-scan crop, Llama 4's global tile): not counted an image of its own.
+    crop: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:

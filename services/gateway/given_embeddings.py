@@ -77,8 +77,8 @@ class ProcessedImage:
     """An image as the model's image processor made it: its pixels, kept out of every message the gateway makes
     but the worker requests they are spliced into (request_bytes.py: copying MBs into messages held the event
     loop), and the rest of what a worker reads of it, `meta`, its digest among it (engine/block_hash.py's
-    `image_digest`, the engine's the same); and the crops made of it that go beside it (Gemma 3's
-    pan-and-scan), images of their own to the workers."""
+    `image_digest`, the engine's the same); and the crops made of it that go beside it (Gemma 3's pan-and-scan
+    crops, Llama 4's global tile), images of their own to the workers."""
 
     meta: common_pb2.PromptImage  # without `rgb`
     rgb: bytes
