@@ -27,12 +27,11 @@ from services.tokenizer.image_tokens import pixtral_pixels_per_token
 @dataclass(frozen=True)
 class ImageProcessing:
     """A model's image processor's settings: to a fixed size (`height` x `width`: Gemma 3's, crops of the image
-    beside it by `pan_and_scan`); or, with `tiles`, into a canvas of `height` x `width` tiles (Llama 4's, its global
-    tile beside it); or, with
-    `longest_edge`, to at most that on a side, its aspect kept, each side rounded up to a whole number of
-    `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge); or, with
-    `max_pixels`, each side rounded to whole tokens, the pixels kept within [min_pixels, max_pixels] (Qwen2.5-VL's
-    smart resize)."""
+    beside it by `pan_and_scan`); or, with `tiles`, into a canvas of square tiles of that size (Llama 4's, its
+    global tile beside it); or, with `longest_edge`, to at most that on a side, its aspect kept, each side rounded
+    up to a whole number of `pixels_per_token` (Mistral 3's Pixtral processor: its patch times its spatial merge);
+    or, with `max_pixels`, each side rounded to whole tokens, the pixels kept within [min_pixels, max_pixels]
+    (Qwen2.5-VL's smart resize)."""
 
     height: int
     width: int
@@ -110,7 +109,7 @@ class ImageProcessing:
             unknown = set(size) - {"longest_edge"} | pixel_bounds | cropping
             edge = size.get("longest_edge", self.longest_edge)
             changes = {"longest_edge": edge, "height": edge, "width": edge}
-        else:  # Gemma 3's
+        else:  # a tower of one size: Gemma 3's, Llama 4's tiles
             unknown = set(size) | pixel_bounds | (cropping if self.pan_and_scan is None else set())
             changes = {"pan_and_scan": self.pan_and_scan.with_kwargs(kwargs)} if cropping and not unknown else {}
         if unknown:
