@@ -80,7 +80,7 @@ class ChatImages:
         the URL's text, and the settings it was read by: a hit decodes no base64)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(source, param) if isinstance(source, str) else source
-            return processing.processed(read_image(data, param))
+            return processing.processed(read_image(data, param), self.max_bytes)
 
         if self.cache is None:
             return make()

@@ -136,21 +136,29 @@ class ImageProcessing:
                                 f"image processor (longest edge {self.longest_edge})", param="messages")
         return np.array(image.resize((width, height), resample=self.resample))
 
-    def processed(self, image: Image.Image) -> ProcessedImage:
+    def processed(self, image: Image.Image, most_bytes: int | None = None) -> ProcessedImage:
         """`image` as the processor makes it, with its crops where it makes them (cut from the image before
-        either is resized, as transformers' processor cuts them)."""
+        either is resized, as transformers' processor cuts them). APIError (413) before any is resized for crops
+        whose pixels would take more than `most_bytes` (a request's pan-and-scan settings may ask hundreds)."""
         image = rgb(image)
         if self.tiles is not None:
             canvas, global_tile = self.tiles.tiled(image)
             whole, *crops = [self._of(part) for part in (canvas, global_tile) if part is not None]
         else:
-            whole, *crops = [self._processed(part) for part in (image, *self._crops(image))]
+            whole, *crops = [self._processed(part) for part in (image, *self._crops(image, most_bytes))]
         return replace(whole, crops=tuple(crop.as_crop() for crop in crops)) if crops else whole
 
-    def _crops(self, image: Image.Image) -> list[Image.Image]:
+    def _crops(self, image: Image.Image, most_bytes: int | None) -> list[Image.Image]:
         if self.pan_and_scan is None:
             return []
-        return [image.crop(box) for box in self.pan_and_scan.crop_boxes(image.height, image.width)]
+        boxes = self.pan_and_scan.crop_boxes(image.height, image.width)
+        num_bytes = (1 + len(boxes)) * self.height * self.width * 3
+        if most_bytes is not None and num_bytes > most_bytes:
+            raise APIError(413, f"an image and its {len(boxes)} pan-and-scan crops take {num_bytes / 2**20:.1f} MiB "
+                                f"as the model's image processor resizes them, more than a message to a worker "
+                                f"carries ({most_bytes / 2**20:.1f} MiB): ask fewer crops "
+                                "(pan_and_scan_max_num_crops)", param="mm_processor_kwargs")
+        return [image.crop(box) for box in boxes]
 
     def _processed(self, image: Image.Image) -> ProcessedImage:
         return self._of(self.resized(image))

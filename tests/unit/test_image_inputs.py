@@ -159,6 +159,22 @@ def test_pan_and_scan_settings(tmp_path):
         ImageProcessing.from_dir(tmp_path / "qwen", {"do_pan_and_scan": True})
 
 
+def test_crops_past_a_messages_bytes_are_refused_before_they_are_made(tmp_path):
+    """A request may ask hundreds of crops (pan_and_scan_max_num_crops, its min crop size): refused 413 from the
+    image's size alone, not after hundreds of resizes."""
+    from services.gateway.errors import APIError
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    many = ImageProcessing.from_dir(tmp_path, {"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 500,
+                                               "pan_and_scan_min_crop_size": 1})
+    wide = Image.new("RGB", (4000, 10))
+    assert len(many.pan_and_scan.crop_boxes(10, 4000)) == 400
+    with pytest.raises(APIError, match="its 400 pan-and-scan crops take 3.6 MiB") as refused:
+        many.processed(wide, most_bytes=2**20)
+    assert refused.value.status == 413
+    assert len(many.processed(wide, most_bytes=4 * 2**20).crops) == 400
+
+
 def test_the_gateways_salt_for_a_prompts_images_is_the_engines(tmp_path):
     """Salted so by the gateway, the engine keeps the salt as it is: the router's hashes of a prompt with
     images are the ones its prefill worker publishes."""
