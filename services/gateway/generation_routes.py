@@ -209,7 +209,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if asked.max_tokens is None:
             raise APIError(400, "max_tokens: Field required", param="max_tokens")
         response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
-        chat = asked.as_chat(keeps_thinking_budgets=state.pipeline.thinking_markers is not None)
+        chat = asked.as_chat(keeps_thinking_budgets=state.pipeline.checks.thinking_markers is not None)
         choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(chat), response_id,
                                                      await chat_images(state, chat.messages))
         return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,

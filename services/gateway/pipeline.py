@@ -18,8 +18,9 @@ in its own running batch; no prefill worker and no KV transfer.
 and out as a stream of `Delta`s. The HTTP and public gRPC layers sit on top of this. This
 module decides a request's path and turns its steps into deltas; step_sources.py makes the
 workers' calls that give the steps. Its base, Admission (admission.py), lets a request in;
-prefill_places.py says where its prompt is prefilled; decode_moves.py moves its stream to
-another decode worker when its own goes away.
+request_prompt.py makes its prompt's token ids and sampling parameters; prefill_places.py says
+where its prompt is prefilled; decode_moves.py moves its stream to another decode worker when
+its own goes away.
 
 Pages are never left held: a prompt that does not fit, a prefill that fails or
 finishes by itself, a stop string, and a consumer that goes away (cancels the task
@@ -48,20 +49,20 @@ from services.gateway.admission import Admission
 from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
-from services.gateway.given_embeddings import PLACEHOLDER_TOKEN_ID, GivenImages, GivenRows, check_embedded
+from services.gateway.given_embeddings import GivenImages
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import prompt_lookup
 from services.gateway.prompt_encoder import ModelText, PromptEncoder
-from services.gateway.reasoning_config import ThinkingMarkers, fill_thinking_budget
+from services.gateway.reasoning_config import ThinkingMarkers
 from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_deltas import RequestDeltas
 from services.gateway.request_errors import InvalidRequestError, error_reason, from_rpc_error
 from services.gateway.request_log import RequestLog
+from services.gateway.request_prompt import PromptChecks, RequestPrompt, prepared_prompt
 from services.gateway.request_trace import RequestTrace
 from services.gateway.running_requests import RunningRequest, RunningRequests
 from services.gateway.step_sources import Deadlines, StepSources
-from services.gateway.structured_output import is_guided
 from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import Progress, Step
 from services.gateway.workers import Worker, WorkerPool
@@ -114,8 +115,7 @@ class RequestPipeline(Admission):
         self.running = RunningRequests(lambda worker, request_id: self.steps.abort_soon(
             worker, request_id, common_pb2.FINISH_REASON_UNSPECIFIED))
         self.request_log = request_log or RequestLog()  # off unless asked (its level may change while serving)
-        self.thinking_markers = thinking_markers  # what keeps a thinking_token_budget; None: none can be kept
-        self.max_logprobs = max_logprobs  # top logprobs a request may ask for per token (vLLM's); -1: any
+        self.checks = PromptChecks(thinking_markers, max_logprobs)
 
     @property
     def prefill_router(self):
@@ -184,34 +184,9 @@ class RequestPipeline(Admission):
                 await self._pause_passed(running)
                 self.admit()
                 is_admitted = True
-                if sum(x is not None for x in (prompt_text, prompt_token_ids, messages, prompt_embeds)) != 1:
-                    raise InvalidRequestError("exactly one of prompt_text, prompt_token_ids, messages and "
-                                              "prompt_embeds is required")
-                check_embedded(params, prompt_embeds)
-                if prompt_embeds is not None:
-                    prompt_token_ids = [PLACEHOLDER_TOKEN_ID] * prompt_embeds.num_rows
-                if any(not s for s in stop):
-                    raise InvalidRequestError("stop strings must be non-empty")
-                fill_thinking_budget(params, self.thinking_markers)
-                _check_num_logprobs(params, self.max_logprobs)
-                with spans.phase("tokenize"):
-                    prompt = await self.prompts.encode(request_id, prompt_text, prompt_token_ids, messages,
-                                                       chat_options, add_special_tokens,
-                                                       images.sizes if images is not None else ())
-                    if truncate_prompt_tokens is not None:
-                        prompt = self.prompts.truncated(prompt, truncate_prompt_tokens)
-                rows = None
-                if prompt_embeds is not None:  # MBs of rows copied and hashed: off the event loop
-                    rows = await asyncio.to_thread(GivenRows.of, prompt_embeds, len(prompt))
-                    rows.given_to(params)
-                if images is not None:
-                    images.given_to(params)
-                bulk = BulkInputs(images, rows) if images is not None or rows is not None else None
-                if guide_after is not None and is_guided(params):
-                    token_ids = guide_after(prompt)
-                    if token_ids:
-                        params.ClearField("guide_after_token_id")
-                        params.guide_after_token_ids[:] = token_ids
+                prompt, bulk = await prepared_prompt(self.prompts, request_id, RequestPrompt(
+                    prompt_text, prompt_token_ids, messages, prompt_embeds, images, chat_options, add_special_tokens,
+                    truncate_prompt_tokens), params, stop, self.checks, guide_after, spans)
                 clock.mark("tokenize")
                 timer.num_prompt_tokens = len(prompt)
                 if request_log is not None:
@@ -326,13 +301,6 @@ class RequestPipeline(Admission):
                 self.steps.abort_soon(decode_worker, request_id, ended)
             if moves is not None:
                 moves.close()
-
-
-def _check_num_logprobs(params: common_pb2.SamplingParams, max_logprobs: int) -> None:
-    for name in ("logprobs", "prompt_logprobs"):
-        if max_logprobs != -1 and params.HasField(name) and getattr(params, name) > max_logprobs:
-            raise InvalidRequestError(f"{name}: at most {max_logprobs} top logprobs (the gateway's --max-logprobs), "
-                                      f"got {getattr(params, name)}", param=name)
 
 
 async def _ended_by_abort() -> AsyncIterator[Step]:
