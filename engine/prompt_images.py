@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.block_hash import image_digest, images_digest
+from engine.block_hash import embeddings_digest, image_digest, images_digest
 from engine.step_times import ImageEncode
 from engine.vision.vision_config import PIXTRAL, QWENS
 
@@ -59,6 +59,26 @@ class ImageInput:
             return self.given_digest
         return image_digest(memoryview(self.rgb.contiguous().numpy().reshape(-1)), self.shape, self.rescale_factor,
                             self.mean, self.std)
+
+
+@dataclass(frozen=True, eq=False)
+class ImageRows:
+    """An image given as its encoder's rows (vLLM's image_embeds): taken in place of its tokens' embeddings as an
+    encoded image's are, never encoded here. `shape` is the size that places its tokens (Qwen-VL's grid of patches
+    in pixels, and its RoPE positions; Gemma 3's tower's square)."""
+
+    rows: torch.Tensor  # [tokens, text hidden size]
+    shape: tuple[int, int, int]  # [height, width, channels]
+    given_digest: str = ""  # its `digest` as its sender made it (the gateway's): not hashed again
+    crop: bool = False
+
+    @cached_property
+    def digest(self) -> str:
+        if self.given_digest:
+            return self.given_digest
+        rows = self.rows.contiguous()
+        return embeddings_digest(str(rows.dtype).removeprefix("torch."), [*rows.shape, *self.shape],
+                                 rows.view(torch.uint8).numpy().tobytes())
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,14 +221,18 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
         raise ValueError(f"{num_images} images in one prompt, more than its limit of {limit}")
     for image in images:
         shape = image.shape
-        dtype = image.rgb.dtype if isinstance(image, ImageInput) else torch.uint8
+        if isinstance(image, ImageRows):
+            _check_rows(engine, vision, image)
+            dtype = torch.uint8
+        else:
+            dtype = image.rgb.dtype if isinstance(image, ImageInput) else torch.uint8
         if len(shape) != 3 or shape[2] != vision.num_channels or dtype != torch.uint8:
             raise ValueError(f"an image must be uint8 [height, width, {vision.num_channels}] (resized by the model's "
                              f"image processor), got {dtype} of shape {list(shape)}")
         error = vision.shape_error(*shape[:2])
         if error is not None:
             raise ValueError(f"an image {error} (resized by the model's image processor), got {shape[0]}x{shape[1]}")
-        if isinstance(image, WithheldImage):
+        if isinstance(image, (WithheldImage, ImageRows)):
             continue
         if len(image.mean) != vision.num_channels or len(image.std) != vision.num_channels or 0 in image.std:
             raise ValueError(f"an image's mean and std must give a number for each of its {vision.num_channels} "
@@ -216,7 +240,23 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
     _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
 
 
-def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, start: int, n: int,
+def _check_rows(engine: LLMEngine, vision: VisionConfig, image: ImageRows) -> None:
+    """ValueError for rows that are not as many as its tokens, each of the text model's width, in floats, or for
+    a model whose images give more than the rows its tokens take (Qwen3-VL's DeepStack rows)."""
+    if vision.deepstack_layers:
+        raise ValueError("an image given as its encoder's rows is not taken by this model: its images also add "
+                         "rows to its first layers (Qwen3-VL's DeepStack)")
+    rows, cols = vision.token_grid(*image.shape[:2])
+    hidden = engine.model_config.hidden_size
+    if not image.rows.is_floating_point() or tuple(image.rows.shape) != (rows * cols, hidden):
+        raise ValueError(f"an image of {image.shape[0]}x{image.shape[1]} given as its encoder's rows needs "
+                         f"{rows * cols} rows of {hidden} floats (the text model's width), got "
+                         f"{str(image.rows.dtype).removeprefix('torch.')} of shape {list(image.rows.shape)}")
+    if not bool(torch.isfinite(image.rows).all()):
+        raise ValueError("an image's rows hold a value that is not finite (inf or NaN)")
+
+
+def encode_pending_images(encoder: torch.nn.Module | None, seq: sequence.Sequence, start: int, n: int,
                           device: torch.device | str) -> None:
     """Encode those of `seq`'s images that positions [start, start + n) (a step's chunk of its prompt) reach
     into its given embeddings, rows by position. Each once, and only when a step computes its tokens: a
@@ -226,8 +266,12 @@ def encode_pending_images(encoder: torch.nn.Module, seq: sequence.Sequence, star
     if not due:
         return
     start_ns = time.time_ns()
-    in_bfloat16 = encoder.config.normalizes_in_bfloat16
-    features = encoder.encode([placed.image.pixels(in_bfloat16).to(device) for placed in due])
+    encoded = [placed for placed in due if not isinstance(placed.image, ImageRows)]
+    if encoded:
+        in_bfloat16 = encoder.config.normalizes_in_bfloat16
+        rows = iter(encoder.encode([placed.image.pixels(in_bfloat16).to(device) for placed in encoded]))
+    # Given rows as they are, in the dtype of the rows the encoder makes (the text model's).
+    features = [placed.image.rows.to(device) if isinstance(placed.image, ImageRows) else next(rows) for placed in due]
     if features[0].is_cuda:  # its time is the kernels', not their launches' (the forward pass waits for them anyway)
         torch.cuda.synchronize(features[0].device)
     seq.step_times.image_encodes.append(ImageEncode(start_ns, time.time_ns(), len(due), sum(

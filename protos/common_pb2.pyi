@@ -103,7 +103,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., guided_regex: _Optional[str] = ..., guided_grammar: _Optional[str] = ..., guide_after_token_id: _Optional[int] = ..., guide_after_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., bad_words: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lora_name: _Optional[str] = ..., stream_interval: _Optional[int] = ..., cache_salt: _Optional[str] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., thinking_budget: _Optional[_Union[ThinkingBudget, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., images: _Optional[_Iterable[_Union[PromptImage, _Mapping]]] = ...) -> None: ...
 
 class PromptImage(_message.Message):
-    __slots__ = ("rgb", "channels", "height", "width", "rescale_factor", "mean", "std", "digest", "crop")
+    __slots__ = ("rgb", "channels", "height", "width", "rescale_factor", "mean", "std", "digest", "crop", "embeds")
     RGB_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class PromptImage(_message.Message):
     STD_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CROP_FIELD_NUMBER: _ClassVar[int]
+    EMBEDS_FIELD_NUMBER: _ClassVar[int]
     rgb: bytes
     channels: int
     height: int
@@ -122,7 +123,8 @@ class PromptImage(_message.Message):
     std: _containers.RepeatedScalarFieldContainer[float]
     digest: str
     crop: bool
-    def __init__(self, rgb: _Optional[bytes] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., rescale_factor: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., digest: _Optional[str] = ..., crop: _Optional[bool] = ...) -> None: ...
+    embeds: PromptEmbeds
+    def __init__(self, rgb: _Optional[bytes] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., rescale_factor: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., digest: _Optional[str] = ..., crop: _Optional[bool] = ..., embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
 
 class PromptEmbeds(_message.Message):
     __slots__ = ("data", "num_rows", "hidden_size", "dtype", "digest")

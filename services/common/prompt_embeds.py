@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from engine.prompt_embeds import WithheldEmbeddings
-from engine.prompt_images import ImageInput, WithheldImage, digest_of
+from engine.prompt_images import ImageInput, ImageRows, WithheldImage, digest_of
 from protos import common_pb2
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,26 +24,35 @@ def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | With
     if not sampling.HasField("prompt_embeds"):
         return None
     given = sampling.prompt_embeds
-    dtype = DTYPES.get(given.dtype)
-    if dtype is None:
-        raise ValueError(f"prompt_embeds.dtype must be one of {', '.join(DTYPES)}, got {given.dtype!r}")
     if not given.data and given.digest and given.num_rows:
         return WithheldEmbeddings((given.num_rows, given.hidden_size), given.digest)
+    return _rows(given, "prompt_embeds")
+
+
+def _rows(given: common_pb2.PromptEmbeds, name: str) -> torch.Tensor:
+    """The [rows, hidden] tensor `given` holds; ValueError for a dtype it cannot be or bytes not its shape."""
+    dtype = DTYPES.get(given.dtype)
+    if dtype is None:
+        raise ValueError(f"{name}.dtype must be one of {', '.join(DTYPES)}, got {given.dtype!r}")
     expected = given.num_rows * given.hidden_size * dtype.itemsize
     if not given.num_rows or len(given.data) != expected:
-        raise ValueError(f"prompt_embeds holds {len(given.data)} bytes, not {given.num_rows} rows of "
+        raise ValueError(f"{name} holds {len(given.data)} bytes, not {given.num_rows} rows of "
                          f"{given.hidden_size} {given.dtype} values")
     # A copy the tensor owns: the message's bytes are immutable, and the request outlives it.
     return torch.frombuffer(bytearray(given.data), dtype=dtype).view(given.num_rows, given.hidden_size)
 
 
-def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | WithheldImage]:
-    """Each of `sampling.images` as the engine takes it (one with its pixels withheld, a `WithheldImage`: the
-    engine takes those only in a request prefilled elsewhere); ValueError for bytes that are not its shape (the
-    engine checks the shape, and the normalization's numbers, against the model's)."""
-    images: list[ImageInput | WithheldImage] = []
+def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | ImageRows | WithheldImage]:
+    """Each of `sampling.images` as the engine takes it (one given as its encoder's rows, `ImageRows`; one with
+    its pixels or rows withheld, a `WithheldImage`: the engine takes those only in a request prefilled elsewhere);
+    ValueError for bytes that are not its shape (the engine checks the shape, and the normalization's numbers,
+    against the model's)."""
+    images: list[ImageInput | ImageRows | WithheldImage] = []
     for image in sampling.images:
         shape = (image.height, image.width, image.channels)
+        if image.embeds.data:
+            images.append(ImageRows(_rows(image.embeds, "an image's embeds"), shape, image.digest, image.crop))
+            continue
         if not image.rgb and image.digest:
             images.append(WithheldImage(shape, image.digest, image.crop))
             continue
@@ -61,7 +70,7 @@ class GivenInputs:
     """What a request gives besides its token ids, as the engine takes it (`LLMEngine.add_request`'s keywords)."""
 
     prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None
-    images: Sequence[ImageInput | WithheldImage] = ()
+    images: Sequence[ImageInput | ImageRows | WithheldImage] = ()
     prompt_embeds_digest: str = ""  # the gateway's name for the embeddings: the engine does not hash them again
 
     def as_kwargs(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.prompt_images import ImageInput
+from engine.prompt_images import ImageInput, ImageRows
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import greedy_outputs, transformers
 
@@ -104,6 +104,18 @@ def test_greedy_tokens_with_images_match_transformers(gemma3_with_images, budget
     results = _generate(_engine(path, max_num_batched_tokens=budget), prompts)
     for request_id, (prompt, images) in prompts.items():
         assert results[request_id] == _hf_greedy(model, prompt, _pixels(images)), request_id
+
+
+def test_images_given_as_their_rows_give_the_tokens_their_pixels_give(gemma3_with_images):
+    """vLLM's image_embeds: each image given as transformers' tower, pooling and projector's rows for it
+    (attended both ways, as an encoded image's)."""
+    path, model = gemma3_with_images
+    prompt, images = _prompt(12), _images(12, 2)
+    with torch.no_grad():
+        rows = model.model.get_image_features(_pixels(images)).pooler_output
+    given = [ImageRows(image_rows, (112, 112, 3)) for image_rows in rows]
+    engine = _engine(path, max_num_batched_tokens=16)
+    assert _generate(engine, {"rows": (prompt, given)})["rows"] == _hf_greedy(model, prompt, _pixels(images))
 
 
 @pytest.mark.parametrize("budget", [512, 16])

@@ -16,9 +16,9 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from engine.prompt_images import ImageInput, WithheldImage
+from engine.prompt_images import ImageInput, ImageRows, WithheldImage
 from engine.sampling_params import SamplingParams
-from tests.parity.conftest import decoded_from_handed_over_pages, transformers
+from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs, transformers
 from tests.parity.images import (
     QWEN_VL,
     Requests,
@@ -122,6 +122,28 @@ def test_greedy_tokens_with_images_match_transformers(qwen_vl, budget):
     path, model = qwen_vl
     requests = _requests(2)
     _assert_transformers_tokens(image_engine(path, max_num_batched_tokens=budget), model, requests)
+
+
+def test_images_given_as_their_rows_give_the_tokens_their_pixels_give(qwen_vl):
+    """vLLM's image_embeds: each image given as transformers' tower and merger's rows for it, at the size that
+    places them (their multimodal RoPE positions): transformers' greedy tokens for the pixels, in one chunk or
+    many. Qwen3-VL's images also add DeepStack rows to its first layers: given rows are refused there."""
+    path, model = qwen_vl
+    requests = _requests(3)
+    with torch.no_grad():
+        features = model.model.get_image_features(**_hf_inputs(requests["three"][1]))
+    given = [ImageRows(rows, tuple(image.rgb.shape)) for rows, image in zip(features.pooler_output,
+                                                                          requests["three"][1], strict=True)]
+    engine = image_engine(path, max_num_batched_tokens=16)
+    if getattr(features, "deepstack_features", None):
+        with pytest.raises(ValueError, match="DeepStack"):
+            engine.add_request("rows", requests["three"][0], SamplingParams(max_tokens=2), images=given)
+        return
+    assert greedy_outputs(engine, {"rows": (requests["three"][0], {"images": given})}, MAX_NEW_TOKENS)["rows"] == \
+        _hf_greedy(model, *requests["three"])
+    with pytest.raises(ValueError, match="needs 24 rows of 64 floats"):
+        engine.add_request("short", requests["three"][0], SamplingParams(max_tokens=2),
+                           images=[ImageRows(given[0].rows[:-1], given[0].shape), *given[1:]])
 
 
 @pytest.mark.parametrize("budget", [512, 16])
