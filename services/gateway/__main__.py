@@ -192,11 +192,12 @@ class GatewayService:
             from services.gateway.image_inputs import MESSAGE_HEADROOM_BYTES, ChatImages
             from services.gateway.image_processing import ImageProcessing
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
+            processing = ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs)
             self.state.images = self.servicer.images = ChatImages(
-                ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs), config.allowed_local_media_path,
-                config.allowed_media_domains, config.limit_images,
+                processing, config.allowed_local_media_path, config.allowed_media_domains, config.limit_images,
                 ProcessedImageCache(cache_bytes) if cache_bytes else None,
-                max_bytes=max(config.max_message_bytes - MESSAGE_HEADROOM_BYTES, 0))
+                max_bytes=max(config.max_message_bytes - MESSAGE_HEADROOM_BYTES, 0),
+                embeds=self._image_embeds(config, processing) if config.enable_mm_embeds else None)
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config
@@ -227,6 +228,15 @@ class GatewayService:
         return (f"serving {config.served_model_name}: {counts['prefill']} prefill and {counts['decode']} decode "
                 f"workers, KV transport {config.kv_transport}, {routing}, decode prefills prompts of up to "
                 f"{self.pipeline.local_prefill_max_tokens} tokens itself{keyed}")
+
+    @staticmethod
+    def _image_embeds(config: GatewayConfig, processing):
+        """What reads chat's image_embeds parts (torch, only where they are taken), rows of the text model's width."""
+        from engine.model_config_loader import load_model_config
+        from services.gateway.image_embeds import ImageEmbedsReader
+        from services.gateway.prompt_embeds import PromptEmbedsReader
+        hidden_size = load_model_config(config.model_dir, config.hf_overrides).hidden_size
+        return ImageEmbedsReader(processing, PromptEmbedsReader(hidden_size))
 
     def _follow_workers(self) -> None:
         """Keep the pools on their names as they resolve now, and with --discover-workers the prefill

@@ -13,16 +13,17 @@ from services.tokenizer.image_tokens import ImageSize
 
 async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages",
                       processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages | None:
-    """The pixels of the messages' images, in order (None for none), read with a request's `processor_kwargs`
-    (vLLM's mm_processor_kwargs); APIError (400) naming `param` where the model takes none, or one cannot be
-    read. `state`: what has the gateway's `images` and `model_name` (http_app.GatewayState, the gRPC API's
-    servicer)."""
-    urls = [url for message in messages for url in message.image_urls]
-    if not urls:
+    """The messages' images (their pixels, or rows given as image_embeds parts), in order (None for none), read
+    with a request's `processor_kwargs` (vLLM's mm_processor_kwargs); APIError (400) naming `param` where the
+    model takes none, or one cannot be read. `state`: what has the gateway's `images` and `model_name`
+    (http_app.GatewayState, the gRPC API's servicer, whose messages give their images' URLs)."""
+    sources = [source for message in messages for source in (
+        message.image_sources if isinstance(message, ChatMessage) else message.image_urls)]  # the gRPC API's: URLs
+    if not sources:
         return None
     if state.images is None:
         raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
-    return await state.images.read(urls, param, processor_kwargs)
+    return await state.images.read(sources, param, processor_kwargs)
 
 
 async def chat_image_sizes(state, messages: Sequence[ChatMessage],

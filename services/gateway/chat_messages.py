@@ -31,6 +31,16 @@ class ImagePart(BaseModel):
     image_url: ImageURL
 
 
+class ImageEmbedsPart(BaseModel):
+    """vLLM's image given as its encoder's rows (the gateway's --enable-mm-embeds; image_embeds.py): the base64 of
+    a torch.save'd [tokens, hidden] tensor, or, for Qwen-VL, an object of it and of its image_grid_thw's."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["image_embeds"]
+    image_embeds: str | dict[str, str]
+    uuid: str | None = None  # vLLM's name for the item; its rows name it here
+
+
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 CHAT_ROLES = frozenset(get_args(ChatRole))  # the gRPC API's chat messages are held to them too
 
@@ -39,7 +49,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: ChatRole
-    content: str | list[TextPart | ImagePart | dict[str, Any]] | None = None
+    content: str | list[TextPart | ImagePart | ImageEmbedsPart | dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
     tool_call_id: str | None = None  # a tool message answers this call
@@ -51,16 +61,18 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _text_or_images(self):
         for part in self.content if isinstance(self.content, list) else ():
-            if not isinstance(part, (TextPart, ImagePart)):
-                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text and "
-                                 "image_url only)")
+            if not isinstance(part, (TextPart, ImagePart, ImageEmbedsPart)):
+                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text, "
+                                 "image_url and image_embeds only)")
         return self
 
     @property
-    def image_urls(self) -> list[str]:
-        """Its images' URLs, in the order of its parts."""
-        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)] \
-            if isinstance(self.content, list) else []
+    def image_sources(self) -> list[str | ImageEmbedsPart]:
+        """Its images, in the order of its parts: each one's URL, or its part given as its encoder's rows."""
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url.url if isinstance(part, ImagePart) else part
+                for part in self.content if isinstance(part, (ImagePart, ImageEmbedsPart))]
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as chat templates read it: its text (or its text parts, which the template's

@@ -132,6 +132,7 @@ class GatewayConfig:
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info served (vLLM's flag)
     enable_prompt_embeds: bool = False  # completions' prompt_embeds taken (vLLM's flag; off, as vLLM's)
     allowed_local_media_path: Path | None = None  # file:// images are read under it (vLLM's flag); None: none are
+    enable_mm_embeds: bool = False  # chat's image_embeds parts taken (vLLM's flag; off, as vLLM's)
     # The hosts http(s) images are fetched from (vLLM's --allowed-media-domains); None: any.
     allowed_media_domains: frozenset[str] | None = None
     limit_images: int | None = None  # a prompt's most images (vLLM's --limit-mm-per-prompt); None: any

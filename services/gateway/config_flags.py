@@ -120,7 +120,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, max_logprobs=args.max_logprobs,
         enable_prompt_embeds=args.enable_prompt_embeds, allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=frozenset(d.lower() for d in args.allowed_media_domains)
-        if args.allowed_media_domains else None,
+        if args.allowed_media_domains else None, enable_mm_embeds=args.enable_mm_embeds,
         limit_images=image_limit(args.limit_mm_per_prompt), mm_processor_cache_gb=args.mm_processor_cache_gb,
         mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
         lora_modules=lora_modules(args.lora_modules),
@@ -249,6 +249,10 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--allowed-local-media-path", type=Path, metavar="DIR",
                         help="a chat's file:// image URLs are read under this directory (as vLLM's flag; none "
                              "are without it)")
+    parser.add_argument("--enable-mm-embeds", action="store_true",
+                        help="chat messages may give an image as its encoder's rows (image_embeds parts, as vLLM's "
+                             "flag: Gemma 3's, Qwen2-VL's and Qwen2.5-VL's; reading them takes torch into the "
+                             "gateway)")
     parser.add_argument("--allowed-media-domains", nargs="+", metavar="HOST",
                         help="http(s) image URLs are fetched only from these hosts, and redirected only to them (as "
                              "vLLM's flag; default: any), against requests that name internal services")

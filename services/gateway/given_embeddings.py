@@ -127,14 +127,49 @@ class ProcessedImage:
 
 
 @dataclass(frozen=True)
+class EmbeddedImage:
+    """An image given as its encoder's rows (vLLM's image_embeds; image_embeds.py): `meta` its size that places
+    its tokens, its rows' shape and dtype, and what names it (the engine's ImageRows' digest); its rows beside it,
+    spliced into a worker's request as an image's pixels are."""
+
+    meta: common_pb2.PromptImage  # its `embeds` without their `data`
+    rows: bytes
+
+    @classmethod
+    def of(cls, embeds: common_pb2.PromptEmbeds, height: int, width: int) -> EmbeddedImage:
+        """`embeds` (rows and all) placed as an image of `height` x `width` pixels."""
+        meta = common_pb2.PromptImage(height=height, width=width, channels=3, digest=embeddings_digest(
+            embeds.dtype, [embeds.num_rows, embeds.hidden_size, height, width, 3], embeds.data))
+        meta.embeds.CopyFrom(embeds)
+        meta.embeds.ClearField("data")
+        return cls(meta, embeds.data)
+
+    @property
+    def digest(self) -> str:
+        return self.meta.digest
+
+    @property
+    def size(self) -> ImageSize:
+        return ImageSize(self.meta.height, self.meta.width)
+
+    @property
+    def with_crops(self) -> tuple[EmbeddedImage, ...]:
+        return (self,)
+
+    @property
+    def num_bytes(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
 class GivenImages:
     """A prompt's images as the workers take them, and what names them in its cache salt, as the engine
     names them (engine/admission.py's `salted`): hashed once for all its choices."""
 
-    images: tuple[ProcessedImage, ...]  # one each image the prompt's messages hold, its crops with it
+    images: tuple[ProcessedImage | EmbeddedImage, ...]  # one each image the prompt's messages hold, its crops with it
 
     @cached_property
-    def sent(self) -> tuple[ProcessedImage, ...]:
+    def sent(self) -> tuple[ProcessedImage | EmbeddedImage, ...]:
         """The images as the workers take them: each followed by its crops."""
         return tuple(item for image in self.images for item in image.with_crops)
 

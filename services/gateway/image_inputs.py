@@ -8,20 +8,24 @@ import asyncio
 import base64
 import binascii
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import httpx
 from PIL import Image, UnidentifiedImageError
 
 from services.common.mm_limits import checked_processor_kwargs
+from services.gateway.chat_messages import ImageEmbedsPart
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
 from services.gateway.image_processing import ImageProcessing
+
+if TYPE_CHECKING:
+    from services.gateway.image_embeds import ImageEmbedsReader
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
 # Of a message to a worker, what a prompt's images leave for the rest of the request (its prompt's token ids).
@@ -44,14 +48,16 @@ class ChatImages:
     # The most bytes of pixels a prompt's images may take: they travel in one gRPC message to each worker
     # (--max-message-bytes); None: no bound here.
     max_bytes: int | None = None
+    embeds: ImageEmbedsReader | None = None  # what reads images given as their encoder's rows (--enable-mm-embeds)
 
-    async def read(self, urls: list[str], param: str = "messages",
+    async def read(self, sources: Sequence[str | ImageEmbedsPart], param: str = "messages",
                    processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
-        """The images' pixels, in order, read by the processor's settings with `processor_kwargs` (a request's
-        mm_processor_kwargs, as vLLM takes them) over them; APIError (400) naming `param` for one that cannot be
-        read, or for more than the limit, and naming mm_processor_kwargs for settings not served."""
-        if self.limit is not None and len(urls) > self.limit:
-            raise APIError(400, f"{len(urls)} images in one prompt, more than this server's limit of {self.limit} "
+        """The images of their URLs (or given as their encoder's rows), in order, read by the processor's settings
+        with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) over them; APIError (400)
+        naming `param` for one that cannot be read, or for more than the limit, and naming mm_processor_kwargs
+        for settings not served."""
+        if self.limit is not None and len(sources) > self.limit:
+            raise APIError(400, f"{len(sources)} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
         processing = self.processing
         if processor_kwargs:
@@ -61,12 +67,16 @@ class ChatImages:
             except ValueError as e:
                 raise APIError(400, str(e), param="mm_processor_kwargs") from None
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
-        sources = [url if is_data_url(url) else await _image_bytes(url, self.allowed_local_path, self.allowed_domains,
-                                                                   param) for url in urls]
+        if self.embeds is None and any(isinstance(source, ImageEmbedsPart) for source in sources):
+            raise APIError(400, f"{param}: image_embeds parts are taken only by a gateway started with "
+                                "--enable-mm-embeds", param=param)
+        read = [source if isinstance(source, ImageEmbedsPart) or is_data_url(source) else
+                await _image_bytes(source, self.allowed_local_path, self.allowed_domains, param) for source in sources]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
-        # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte.
-        images = await asyncio.to_thread(lambda: GivenImages(tuple(self._processed(source, processing, param)
-                                                                   for source in sources)))
+        # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte (rows given: torch.load's).
+        images = await asyncio.to_thread(lambda: GivenImages(tuple(
+            self.embeds.read(source, param) if isinstance(source, ImageEmbedsPart) else
+            self._processed(source, processing, param) for source in read)))
         size = images.num_bytes
         if self.max_bytes is not None and size > self.max_bytes:
             raise APIError(413, f"the prompt's images take {size / 2**20:.1f} MiB as the model's image processor "

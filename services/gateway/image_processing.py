@@ -41,6 +41,7 @@ class ImageProcessing:
     resample: int = Image.Resampling.BILINEAR
     longest_edge: int | None = None
     pixels_per_token: int = 1
+    merge_size: int = 1  # Qwen-VL's: patches merged into a token, on a side
     min_pixels: int = 0
     max_pixels: int | None = None
     pan_and_scan: PanAndScan | None = None  # None: a processor that makes no crops (only Gemma 3's does)
@@ -72,7 +73,7 @@ class ImageProcessing:
             settings["resample"] = int(config.get("resample", Image.Resampling.BICUBIC))
             step = int(config.get("patch_size", 14)) * int(config["merge_size"])
             most = int(config.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
-            return cls(height=0, width=0, pixels_per_token=step, max_pixels=most,
+            return cls(height=0, width=0, pixels_per_token=step, merge_size=int(config["merge_size"]), max_pixels=most,
                        min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
                        **settings).with_kwargs(overrides or {})
         if "longest_edge" in size and "height" not in size:

@@ -27,16 +27,7 @@ class PromptEmbedsReader:
     def read(self, encoded: str, param: str = "prompt_embeds") -> common_pb2.PromptEmbeds:
         """The tensor `encoded` holds, as the workers take it; APIError (400) naming `param` for anything
         else."""
-        try:
-            saved = base64.b64decode(encoded, validate=True)
-            tensor = torch.load(io.BytesIO(saved), map_location="cpu", weights_only=True)
-        except (binascii.Error, ValueError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
-            raise APIError(400, f"{param} must be the base64 of a tensor saved by torch.save: {e}",
-                           param=param) from None
-        if not isinstance(tensor, torch.Tensor):
-            raise APIError(400, f"{param} must hold a tensor, not a {type(tensor).__name__}", param=param)
-        if tensor.is_sparse:
-            tensor = tensor.to_dense()
+        tensor = loaded_tensor(encoded, param)
         if tensor.dim() == 3 and tensor.shape[0] == 1:
             tensor = tensor[0]
         if tensor.dtype not in DTYPES or tensor.dim() != 2 or not tensor.shape[0] \
@@ -49,3 +40,15 @@ class PromptEmbedsReader:
         return common_pb2.PromptEmbeds(data=tensor.contiguous().view(torch.uint8).numpy().tobytes(),
                                        num_rows=tensor.shape[0], hidden_size=tensor.shape[1],
                                        dtype=DTYPES[tensor.dtype])
+
+
+def loaded_tensor(encoded: str, param: str) -> torch.Tensor:
+    """The tensor the base64 of a torch.save'd one holds (dense); APIError (400) naming `param` for anything else."""
+    try:
+        saved = base64.b64decode(encoded, validate=True)
+        tensor = torch.load(io.BytesIO(saved), map_location="cpu", weights_only=True)
+    except (binascii.Error, ValueError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        raise APIError(400, f"{param} must be the base64 of a tensor saved by torch.save: {e}", param=param) from None
+    if not isinstance(tensor, torch.Tensor):
+        raise APIError(400, f"{param} must hold a tensor, not a {type(tensor).__name__}", param=param)
+    return tensor.to_dense() if tensor.is_sparse else tensor

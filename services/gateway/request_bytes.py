@@ -21,12 +21,13 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from protos import common_pb2, decode_pb2, prefill_pb2
-from services.gateway.given_embeddings import GivenImages, GivenRows
+from services.gateway.given_embeddings import EmbeddedImage, GivenImages, GivenRows
 
 _LENGTH_DELIMITED = 2
 _IMAGES = common_pb2.SamplingParams.DESCRIPTOR.fields_by_name["images"].number
 _PROMPT_EMBEDS = common_pb2.SamplingParams.DESCRIPTOR.fields_by_name["prompt_embeds"].number
 _RGB = common_pb2.PromptImage.DESCRIPTOR.fields_by_name["rgb"].number
+_EMBEDS = common_pb2.PromptImage.DESCRIPTOR.fields_by_name["embeds"].number
 _DATA = common_pb2.PromptEmbeds.DESCRIPTOR.fields_by_name["data"].number
 
 
@@ -54,8 +55,14 @@ def with_inputs(request: Message, bulk: BulkInputs | None) -> Message | bytes:
     parts = [sampling.SerializeToString()]
     for meta, image in zip(metas, bulk.images.sent if bulk.images is not None else (), strict=True):
         rest = meta.SerializeToString()
-        pixels_frame = _frame_head(_RGB, len(image.rgb))
-        parts += [_frame_head(_IMAGES, len(pixels_frame) + len(image.rgb) + len(rest)), pixels_frame, image.rgb, rest]
+        if isinstance(image, EmbeddedImage):  # its rows in a frame of `embeds`, which merges with the rest's
+            data = image.rows
+            data_frame = _frame_head(_DATA, len(data))
+            data_head = _frame_head(_EMBEDS, len(data_frame) + len(data)) + data_frame
+        else:
+            data = image.rgb
+            data_head = _frame_head(_RGB, len(data))
+        parts += [_frame_head(_IMAGES, len(data_head) + len(data) + len(rest)), data_head, data, rest]
     if bulk.rows is not None:  # merged into the embeddings' frame above, which has the rest
         rows = bulk.rows.rows
         rows_frame = _frame_head(_DATA, len(rows))

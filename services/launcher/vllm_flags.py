@@ -76,6 +76,8 @@ PASSED_FLAGS = (
     PassedFlag("--enable-prompt-embeds", GATEWAY, "completions take prompts given as embeddings", is_switch=True),
     PassedFlag("--allowed-local-media-path", GATEWAY, "a chat's file:// images are read under this directory"),
     PassedFlag("--allowed-media-domains", GATEWAY, "http(s) images are fetched only from these hosts", many=True),
+    PassedFlag("--enable-mm-embeds", GATEWAY, "chat messages may give images as their encoder's rows",
+               is_switch=True),
     PassedFlag("--mm-processor-cache-gb", GATEWAY, "GiB of images kept as the image processor made them", type=float),
     PassedFlag("--mm-processor-kwargs", GATEWAY, "JSON: the image processor's settings over the model's"),
     PassedFlag("--limit-mm-per-prompt", ("gateway", "prefill", "decode"),

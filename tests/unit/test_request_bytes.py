@@ -9,7 +9,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2
-from services.gateway.given_embeddings import GivenImages, GivenRows, ProcessedImage
+from services.gateway.given_embeddings import EmbeddedImage, GivenImages, GivenRows, ProcessedImage
 from services.gateway.kept_calls import KeptCalls
 from services.gateway.request_bytes import BulkInputs, stub_taking_bytes, with_inputs
 from services.gateway.workers import Worker
@@ -61,6 +61,31 @@ class EchoesItsRequest(decode_pb2_grpc.DecodeServicer):
     async def DecodePreopened(self, request_iterator, context):
         request = await request_iterator.__anext__()
         yield decode_pb2.DecodeChunk(token_ids=[len(request.request_id), len(request.sampling.images[0].rgb)])
+
+
+def test_an_image_given_as_rows_is_spliced_beside_one_given_as_pixels():
+    """An image_embeds image's rows in a frame of PromptImage.embeds, which merges with the rest of its embeds'
+    numbers: the request parses as the one made with the rows in place, and the worker's ImageRows names them as
+    the gateway did."""
+    from dataclasses import replace
+
+    from services.common.prompt_embeds import given_images
+
+    rows = np.random.default_rng(4).random((16, 64), dtype=np.float32).tobytes()
+    embedded = EmbeddedImage.of(common_pb2.PromptEmbeds(data=rows, num_rows=16, hidden_size=64, dtype="float32"),
+                                112, 112)
+    images = GivenImages((embedded, _processed(5, 40)))
+    params = common_pb2.SamplingParams(max_tokens=3)
+    images.given_to(params)
+    request = prefill_pb2.PrefillRequest(request_id="r", sampling=params)
+    sent = prefill_pb2.PrefillRequest.FromString(with_inputs(request, BulkInputs(images=images)))
+    whole = common_pb2.PromptImage()
+    whole.CopyFrom(embedded.meta)
+    whole.embeds.data = rows
+    assert list(sent.sampling.images) == [whole, images.images[1].proto()]
+    given = given_images(sent.sampling)
+    assert given[0].rows.numpy().tobytes() == rows and given[0].shape == (112, 112, 3)
+    assert replace(given[0], given_digest="").digest == embedded.digest
 
 
 def test_the_workers_stubs_send_a_request_as_its_bytes_or_as_a_message():

@@ -42,6 +42,13 @@ def data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
 
 
+def saved_tensor(tensor: torch.Tensor) -> str:
+    """The base64 of `tensor` saved by torch.save: how vLLM's image_embeds and prompt_embeds are sent."""
+    saved = io.BytesIO()
+    torch.save(tensor, saved)
+    return base64.b64encode(saved.getvalue()).decode()
+
+
 def greedy_chat(client, model: str, content: list[dict], **extra):
     """MAX_TOKENS greedy tokens past EOS, their ids and top-5 logprobs by id (`extra`: more of the body's)."""
     return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],

@@ -21,7 +21,7 @@ from PIL import Image
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.parity.conftest import transformers
-from tests.services.gateway.image_chats import word_level_tokenizer
+from tests.services.gateway.image_chats import saved_tensor, word_level_tokenizer
 from tests.services.gateway.mesh import GatewayProcess, running_mesh
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
@@ -315,5 +315,40 @@ def test_a_decode_worker_prefilling_itself_and_an_image_over_http(vlm_mesh, clie
         assert places.get("decode") == 1 and not places.get("prefill"), places
     finally:
         server.shutdown()
+        assert gateway.terminate() == 0
+    mesh.assert_decode_pools_free()
+
+
+def test_an_image_given_as_its_encoders_rows_gets_the_reply_its_pixels_get(vlm_mesh, client, gemma3_vlm):
+    """vLLM's image_embeds part (--enable-mm-embeds): transformers' tower, pooling and projector's rows for an
+    image, given in its place, get the reply the image gets, beside an image given by its URL; a gateway without
+    the flag refuses them."""
+    mesh = vlm_mesh[0]
+    _, model, processor = gemma3_vlm
+    image, other = _image(13), _image(14)
+    with torch.no_grad():
+        rows = model.model.get_image_features(processor.image_processor(images=image, return_tensors="pt")[
+            "pixel_values"]).pooler_output[0]
+    as_url = [{"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": "w3 w4"},
+              {"type": "image_url", "image_url": {"url": _data_url(other)}}]
+    as_rows = [{"type": "image_embeds", "image_embeds": saved_tensor(rows)}, *as_url[1:]]
+    expected = _chat(client, mesh.model_name, as_url)
+    with pytest.raises(openai.BadRequestError, match="--enable-mm-embeds"):
+        _chat(client, mesh.model_name, as_rows)
+    gateway = GatewayProcess(mesh.model_dir, mesh.tokenizer.address, [p.address for p in mesh.prefill],
+                             [d.address for d in mesh.decode], "--enable-mm-embeds")
+    try:
+        with openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0) as embedding:
+            reply = _chat(embedding, mesh.model_name, as_rows)
+            assert reply.choices[0].token_ids == expected.choices[0].token_ids
+            assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
+            for ours, theirs in zip(reply.choices[0].logprobs.content, expected.choices[0].logprobs.content,
+                                    strict=True):
+                assert abs(ours.logprob - theirs.logprob) < 1e-4
+            with pytest.raises(openai.BadRequestError, match="needs 16 rows of 64 floats"):
+                _chat(embedding, mesh.model_name, [{"type": "image_embeds", "image_embeds": saved_tensor(rows[:-1])}])
+            with pytest.raises(openai.BadRequestError, match="base64 of a torch.save'd tensor"):
+                _chat(embedding, mesh.model_name, [{"type": "image_embeds", "image_embeds": {"image_embeds": "x"}}])
+    finally:
         assert gateway.terminate() == 0
     mesh.assert_decode_pools_free()

@@ -26,6 +26,7 @@ from tests.services.gateway.image_chats import (
     greedy_chat,
     greedy_chat_by_a_local_gateway,
     random_image,
+    saved_tensor,
     word_level_tokenizer,
 )
 from tests.services.gateway.mesh import metric_value, running_mesh
@@ -132,6 +133,31 @@ def test_a_gateway_rendering_chats_itself_gives_the_same_reply(vlm_mesh, qwen_vl
     expected, logprobs, _ = _transformers_greedy(qwen_vlm, [{"type": "image", "image": image},
                                                             {"type": "text", "text": "w5 w6"}])
     assert_same_reply(reply, expected, logprobs)
+
+
+def test_an_image_given_as_its_encoders_rows_and_grid_gets_transformers_reply(vlm_mesh, qwen_vlm):
+    """vLLM's image_embeds part for Qwen-VL (--enable-mm-embeds): transformers' tower and merger's rows for an
+    image and its image_grid_thw, given in its place, get transformers' reply to the image (its tokens placed by
+    the grid, their RoPE positions too). Qwen3-VL's images also add DeepStack rows: its workers refuse rows."""
+    _, model, _, image_processor = qwen_vlm
+    image = random_image(6, (72, 40))
+    inputs = image_processor(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(pixel_values=inputs["pixel_values"],
+                                                  image_grid_thw=inputs["image_grid_thw"])
+    part = {"type": "image_embeds", "image_embeds": {"image_embeds": saved_tensor(features.pooler_output[0]),
+                                                     "image_grid_thw": saved_tensor(inputs["image_grid_thw"])}}
+    content = [{"type": "text", "text": "w2"}, part]
+    if getattr(features, "deepstack_features", None):
+        with pytest.raises(openai.BadRequestError, match="DeepStack"):
+            greedy_chat_by_a_local_gateway(vlm_mesh, content, "--enable-mm-embeds")
+        return
+    reply = greedy_chat_by_a_local_gateway(vlm_mesh, content, "--enable-mm-embeds")
+    expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [{"type": "text", "text": "w2"},
+                                                                     {"type": "image", "image": image}])
+    assert_same_reply(reply, expected, logprobs)
+    assert reply.usage.prompt_tokens == num_prompt
+    vlm_mesh.assert_decode_pools_free()
 
 
 def test_a_gateways_mm_processor_kwargs_bound_an_images_tokens(vlm_mesh, qwen_vlm):
