@@ -59,6 +59,9 @@ class EngineConfig:
     # vLLM's --limit-mm-per-prompt's images: the most a prompt may hold (None: no limit); 0 serves a
     # multimodal model's text only, its image encoder never loaded.
     limit_images: int | None = None
+    # vLLM's --enable-mm-embeds: images may come as their encoder's rows (engine/prompt_images.py's ImageRows); with
+    # limit_images 0, only so, the image encoder never loaded.
+    enable_mm_embeds: bool = False
     # fcfs: requests are scheduled as they came; priority: by SamplingParams.priority, then as they
     # came (vLLM's two policies). Preemption takes the last in that order.
     scheduling_policy: str = "fcfs"

@@ -51,8 +51,8 @@ class LLMEngine:
             retain_freed_memory()
         model_dir = Path(config.model)
         self.model_config = load_model_config(model_dir, config.hf_overrides)
-        if config.limit_images == 0 and self.model_config.vision is not None:  # text only: no image encoder
-            self.model_config = dataclasses.replace(self.model_config, vision=None)
+        if config.limit_images == 0 and self.model_config.vision is not None and not config.enable_mm_embeds:
+            self.model_config = dataclasses.replace(self.model_config, vision=None)  # text only
         self.fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         dtype = TORCH_DTYPES[config.dtype]
@@ -60,6 +60,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress, logprobs_mode=config.logprobs_mode,
+            loads_image_encoder=config.limit_images != 0,
         )
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now

@@ -41,6 +41,7 @@ class ModelRunner:
         max_positions: int,
         show_progress: bool = False,
         logprobs_mode: str = "raw_logprobs",
+        loads_image_encoder: bool = True,  # False: images come as their encoder's rows alone
     ) -> None:
         self.model_config = model_config
         self.device = device
@@ -50,7 +51,7 @@ class ModelRunner:
             self.model = arch(model_config, self.kernels, dtype, max_positions)
             # What turns a request's images into rows of the prompt (a multimodal checkpoint's, where served).
             self.image_encoder = image_encoder(model_config.vision, model_config.hidden_size, dtype) \
-                if model_config.vision is not None else None
+                if model_config.vision is not None and loads_image_encoder else None
         start_ns = time.time_ns()
         start = time.perf_counter()
         self.load_weights(model_dir, show_progress)

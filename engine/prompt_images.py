@@ -217,7 +217,11 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
         raise ValueError(f"{engine.model_config.architecture} takes no images here"
                          + (" (its images are limited to 0 a prompt)" if limit == 0 else ""))
     num_images = sum(not image.crop for image in images)  # a crop goes with its image, as the gateway counts it
-    if limit is not None and num_images > limit:
+    if limit == 0:  # no image encoder here: images given as their rows only (--enable-mm-embeds)
+        if not all(isinstance(image, (ImageRows, WithheldImage)) for image in images):
+            raise ValueError("this worker loads no image encoder (its images are limited to 0 a prompt): images "
+                             "come only as their encoder's rows (image_embeds)")
+    elif limit is not None and num_images > limit:
         raise ValueError(f"{num_images} images in one prompt, more than its limit of {limit}")
     for image in images:
         shape = image.shape

@@ -1,6 +1,7 @@
 """vLLM's --limit-mm-per-prompt: how many images a prompt may hold (the gateway refuses more), 0 making a
-multimodal model text-only (its workers then load no image encoder); and vLLM's --mm-processor-kwargs: the
-image processor's settings a gateway reads images by, over the model's."""
+multimodal model text-only (its workers then load no image encoder; with --enable-mm-embeds, images still come as
+their encoder's rows); vLLM's --enable-mm-embeds; and vLLM's --mm-processor-kwargs: the image processor's
+settings a gateway reads images by, over the model's."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,13 @@ def add_limit_mm_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit-mm-per-prompt", metavar="JSON", default="",
                         help="the most images a prompt may hold, as vLLM's flag: '{\"image\": N}'; 0 serves a "
                              "multimodal model's text only, without loading its image encoder (default: no limit)")
+
+
+def add_mm_embeds_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--enable-mm-embeds", action="store_true",
+                        help="images may come as their encoder's rows (chat's image_embeds parts, as vLLM's flag: "
+                             "Gemma 3's, Qwen2-VL's and Qwen2.5-VL's); with --limit-mm-per-prompt '{\"image\": 0}' "
+                             "only so, the workers loading no image encoder")
 
 
 def image_limit(text: str) -> int | None:

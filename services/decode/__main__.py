@@ -92,7 +92,7 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, seed=config.seed,
                                  tokenizer=str(config.tokenizer_dir) if config.tokenizer_dir is not None else None,
                                  long_prefill_token_threshold=config.long_prefill_token_threshold,
-                                 limit_images=config.limit_images,
+                                 limit_images=config.limit_images, enable_mm_embeds=config.enable_mm_embeds,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                  kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,
                                  max_logprobs=config.max_logprobs, lora_modules=config.lora_modules,

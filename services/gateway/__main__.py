@@ -187,7 +187,8 @@ class GatewayService:
             self.state.lora_updates = LoRAUpdates(self.models, worker_pools)
         if isinstance(self.responses, RedisResponseStore):  # a cancel may come through another gateway
             self.state.background.follow_cancels(self.responses)
-        if takes_images(model_json) and config.limit_images != 0:  # PIL and numpy, only where images are read
+        # PIL and numpy, only where images are read (with a limit of 0, only as their encoder's rows)
+        if takes_images(model_json) and (config.limit_images != 0 or config.enable_mm_embeds):
             from services.gateway.image_cache import ProcessedImageCache
             from services.gateway.image_inputs import MESSAGE_HEADROOM_BYTES, ChatImages
             from services.gateway.image_processing import ImageProcessing

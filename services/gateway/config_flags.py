@@ -19,7 +19,13 @@ from pathlib import Path
 
 from services.common.logprobs_flag import add_max_logprobs_flag
 from services.common.lora_flags import add_lora_flag, lora_modules
-from services.common.mm_limits import add_limit_mm_flag, add_mm_processor_kwargs_flag, image_limit, processor_kwargs
+from services.common.mm_limits import (
+    add_limit_mm_flag,
+    add_mm_embeds_flag,
+    add_mm_processor_kwargs_flag,
+    image_limit,
+    processor_kwargs,
+)
 from services.common.settings import (
     ConfigError,
     add_bind_flags,
@@ -249,10 +255,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--allowed-local-media-path", type=Path, metavar="DIR",
                         help="a chat's file:// image URLs are read under this directory (as vLLM's flag; none "
                              "are without it)")
-    parser.add_argument("--enable-mm-embeds", action="store_true",
-                        help="chat messages may give an image as its encoder's rows (image_embeds parts, as vLLM's "
-                             "flag: Gemma 3's, Qwen2-VL's and Qwen2.5-VL's; reading them takes torch into the "
-                             "gateway)")
+    add_mm_embeds_flag(parser)
     parser.add_argument("--allowed-media-domains", nargs="+", metavar="HOST",
                         help="http(s) image URLs are fetched only from these hosts, and redirected only to them (as "
                              "vLLM's flag; default: any), against requests that name internal services")

@@ -56,7 +56,11 @@ class ChatImages:
         with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) over them; APIError (400)
         naming `param` for one that cannot be read, or for more than the limit, and naming mm_processor_kwargs
         for settings not served."""
-        if self.limit is not None and len(sources) > self.limit:
+        if self.limit == 0:  # its workers load no image encoder (--enable-mm-embeds with a limit of 0)
+            if not all(isinstance(source, ImageEmbedsPart) for source in sources):
+                raise APIError(400, f"{param}: this server takes images only as their encoder's rows (image_embeds "
+                                    "parts; --limit-mm-per-prompt 0 with --enable-mm-embeds)", param=param)
+        elif self.limit is not None and len(sources) > self.limit:
             raise APIError(400, f"{len(sources)} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
         processing = self.processing

@@ -71,7 +71,7 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   seed=config.seed,
                                   tokenizer=str(config.tokenizer_dir) if config.tokenizer_dir is not None else None,
                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
-                                  limit_images=config.limit_images,
+                                  limit_images=config.limit_images, enable_mm_embeds=config.enable_mm_embeds,
                                   enable_prefix_caching=config.prefix_caching,
                                   scheduling_policy=config.scheduling_policy, dtype=config.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, logprobs_mode=config.logprobs_mode,

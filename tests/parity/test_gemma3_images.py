@@ -118,6 +118,21 @@ def test_images_given_as_their_rows_give_the_tokens_their_pixels_give(gemma3_wit
     assert _generate(engine, {"rows": (prompt, given)})["rows"] == _hf_greedy(model, prompt, _pixels(images))
 
 
+def test_an_engine_without_its_image_encoder_takes_images_as_their_rows_alone(gemma3_with_images):
+    """vLLM's encoder-less serving (--limit-mm-per-prompt '{"image": 0}' with --enable-mm-embeds): the image
+    encoder never loaded, images given as their rows get transformers' tokens for their pixels; pixels are refused."""
+    path, model = gemma3_with_images
+    prompt, images = _prompt(13), _images(13, 2)
+    with torch.no_grad():
+        rows = model.model.get_image_features(_pixels(images)).pooler_output
+    engine = _engine(path, limit_images=0, enable_mm_embeds=True)
+    assert engine.runner.image_encoder is None
+    given = [ImageRows(image_rows, (112, 112, 3)) for image_rows in rows]
+    assert _generate(engine, {"rows": (prompt, given)})["rows"] == _hf_greedy(model, prompt, _pixels(images))
+    with pytest.raises(ValueError, match="images come only as their encoder's rows"):
+        engine.add_request("pixels", prompt, SamplingParams(max_tokens=2), images=images)
+
+
 @pytest.mark.parametrize("budget", [512, 16])
 def test_first_token_logprobs_with_images_match_transformers(gemma3_with_images, budget):
     """Logprobs, not only tokens: an image's tokens attended causally would still give these greedy tokens

@@ -352,3 +352,26 @@ def test_an_image_given_as_its_encoders_rows_gets_the_reply_its_pixels_get(vlm_m
     finally:
         assert gateway.terminate() == 0
     mesh.assert_decode_pools_free()
+
+
+def test_a_mesh_without_image_encoders_takes_images_as_their_rows(vlm_mesh, client, gemma3_vlm):
+    """vLLM's encoder-less serving: every service started with --limit-mm-per-prompt '{"image": 0}' and
+    --enable-mm-embeds, so no worker loads the image encoder (an encoder elsewhere makes the rows): an image given
+    as its rows gets the reply the full mesh gives its pixels; an image by its URL is refused."""
+    _, model, processor = gemma3_vlm
+    image = _image(15)
+    with torch.no_grad():
+        rows = model.model.get_image_features(processor.image_processor(images=image, return_tensors="pt")[
+            "pixel_values"]).pooler_output[0]
+    expected = _chat(client, vlm_mesh[0].model_name, [{"type": "image_url", "image_url": {"url": _data_url(image)}},
+                                                      {"type": "text", "text": "w8"}])
+    flags = ("--limit-mm-per-prompt", '{"image": 0}', "--enable-mm-embeds")
+    with running_mesh(gemma3_vlm[0], num_prefill=1, num_decode=1, worker_args=("--dtype", "float32", *flags),
+                      gateway_args=("--local-prefill-max-tokens", "0", *flags)) as mesh, \
+            openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as encoderless:
+        reply = _chat(encoderless, mesh.model_name, [{"type": "image_embeds", "image_embeds": saved_tensor(rows)},
+                                                     {"type": "text", "text": "w8"}])
+        assert reply.choices[0].token_ids == expected.choices[0].token_ids
+        with pytest.raises(openai.BadRequestError, match="only as their encoder's rows"):
+            _chat(encoderless, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(image)}}])
+        mesh.assert_decode_pools_free()
