@@ -199,7 +199,7 @@ class KVLayout(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts", "image_urls")
+    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts", "image_urls", "image_embeds")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class ChatMessage(_message.Message):
     CONTENT_PARTS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PARTS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_URLS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_EMBEDS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls_json: str
@@ -218,7 +219,18 @@ class ChatMessage(_message.Message):
     content_parts: _containers.RepeatedScalarFieldContainer[str]
     image_parts: _containers.RepeatedScalarFieldContainer[int]
     image_urls: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ...) -> None: ...
+    image_embeds: _containers.RepeatedCompositeFieldContainer[ChatImageEmbeds]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ..., image_embeds: _Optional[_Iterable[_Union[ChatImageEmbeds, _Mapping]]] = ...) -> None: ...
+
+class ChatImageEmbeds(_message.Message):
+    __slots__ = ("index", "rows", "image_grid_thw")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    rows: PromptEmbeds
+    image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., rows: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., image_grid_thw: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)

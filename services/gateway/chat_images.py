@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from protos import common_pb2
 from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
@@ -18,7 +19,7 @@ async def chat_images(state, messages: Sequence[ChatMessage], param: str = "mess
     model takes none, or one cannot be read. `state`: what has the gateway's `images` and `model_name`
     (http_app.GatewayState, the gRPC API's servicer, whose messages give their images' URLs)."""
     sources = [source for message in messages for source in (
-        message.image_sources if isinstance(message, ChatMessage) else message.image_urls)]  # the gRPC API's: URLs
+        message.image_sources if isinstance(message, ChatMessage) else grpc_image_sources(message))]
     if not sources:
         return None
     if state.images is None:
@@ -32,3 +33,11 @@ async def chat_image_sizes(state, messages: Sequence[ChatMessage],
     crops' count: what a count of their tokens needs (some models' images take as many as their size makes)."""
     images = await chat_images(state, messages, processor_kwargs=processor_kwargs)
     return images.sizes if images is not None else []
+
+
+def grpc_image_sources(message: common_pb2.ChatMessage) -> list[str | common_pb2.ChatImageEmbeds]:
+    """A gRPC API message's images in order: each given as rows at its index, its URLs in the other places
+    (the gRPC API checked they fill its image_parts)."""
+    urls = iter(message.image_urls)
+    by_index = {embeds.index: embeds for embeds in message.image_embeds}
+    return [by_index[i] if i in by_index else next(urls) for i in range(len(message.image_parts))]

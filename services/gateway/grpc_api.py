@@ -172,14 +172,19 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
     async def _chat_images(self, request: gateway_pb2.GenerateRequest) -> GivenImages | None:
-        """The pixels of a chat's images (its messages' image_urls), in order; APIError (400) where the model
-        takes none, or one cannot be read."""
+        """A chat's images (its messages' image_urls, and image_embeds given as rows), in order; APIError (400)
+        where the model takes none, or one cannot be read."""
         if request.WhichOneof("input") != "chat":
             return None
         for i, message in enumerate(request.chat.messages):
-            if len(message.image_urls) != len(message.image_parts):
+            indexes = {embeds.index for embeds in message.image_embeds}
+            if len(message.image_urls) + len(message.image_embeds) != len(message.image_parts):
                 raise APIError(400, f"chat.messages[{i}] has {len(message.image_parts)} image_parts for "
-                                    f"{len(message.image_urls)} image_urls", param=f"chat.messages[{i}].image_urls")
+                                    f"{len(message.image_urls)} image_urls and {len(message.image_embeds)} "
+                                    "image_embeds", param=f"chat.messages[{i}].image_urls")
+            if len(indexes) != len(message.image_embeds) or any(index >= len(message.image_parts) for index in indexes):
+                raise APIError(400, f"chat.messages[{i}].image_embeds' indexes must be distinct, each under its "
+                                    f"{len(message.image_parts)} image_parts", param=f"chat.messages[{i}].image_embeds")
         images = await chat_images(self, request.chat.messages, "chat.messages",  # its images and model_name
                                    mm_processor_kwargs(request.chat_options))
         if images is not None and request.HasField("beam_search"):

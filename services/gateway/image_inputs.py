@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlparse
 import httpx
 from PIL import Image, UnidentifiedImageError
 
+from protos import common_pb2
 from services.common.mm_limits import checked_processor_kwargs
 from services.gateway.chat_messages import ImageEmbedsPart
 from services.gateway.errors import APIError
@@ -26,6 +27,9 @@ from services.gateway.image_processing import ImageProcessing
 
 if TYPE_CHECKING:
     from services.gateway.image_embeds import ImageEmbedsReader
+
+# An image given as its encoder's rows: the HTTP API's image_embeds part, or the gRPC API's.
+ImageGivenAsRows = ImageEmbedsPart | common_pb2.ChatImageEmbeds
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
 # Of a message to a worker, what a prompt's images leave for the rest of the request (its prompt's token ids).
@@ -50,14 +54,14 @@ class ChatImages:
     max_bytes: int | None = None
     embeds: ImageEmbedsReader | None = None  # what reads images given as their encoder's rows (--enable-mm-embeds)
 
-    async def read(self, sources: Sequence[str | ImageEmbedsPart], param: str = "messages",
+    async def read(self, sources: Sequence[str | ImageGivenAsRows], param: str = "messages",
                    processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
         """The images of their URLs (or given as their encoder's rows), in order, read by the processor's settings
         with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) over them; APIError (400)
         naming `param` for one that cannot be read, or for more than the limit, and naming mm_processor_kwargs
         for settings not served."""
         if self.limit == 0:  # its workers load no image encoder (--enable-mm-embeds with a limit of 0)
-            if not all(isinstance(source, ImageEmbedsPart) for source in sources):
+            if any(isinstance(source, str) for source in sources):
                 raise APIError(400, f"{param}: this server takes images only as their encoder's rows (image_embeds "
                                     "parts; --limit-mm-per-prompt 0 with --enable-mm-embeds)", param=param)
         elif self.limit is not None and len(sources) > self.limit:
@@ -70,16 +74,16 @@ class ChatImages:
                                                                              "mm_processor_kwargs"))
             except ValueError as e:
                 raise APIError(400, str(e), param="mm_processor_kwargs") from None
-        # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
-        if self.embeds is None and any(isinstance(source, ImageEmbedsPart) for source in sources):
+        if self.embeds is None and any(not isinstance(source, str) for source in sources):
             raise APIError(400, f"{param}: image_embeds parts are taken only by a gateway started with "
                                 "--enable-mm-embeds", param=param)
-        read = [source if isinstance(source, ImageEmbedsPart) or is_data_url(source) else
-                await _image_bytes(source, self.allowed_local_path, self.allowed_domains, param) for source in sources]
+        # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
+        read = [await _image_bytes(source, self.allowed_local_path, self.allowed_domains, param)
+                if isinstance(source, str) and not is_data_url(source) else source for source in sources]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte (rows given: torch.load's).
         images = await asyncio.to_thread(lambda: GivenImages(tuple(
-            self.embeds.read(source, param) if isinstance(source, ImageEmbedsPart) else
+            self.embeds.read(source, param) if isinstance(source, ImageGivenAsRows) else
             self._processed(source, processing, param) for source in read)))
         size = images.num_bytes
         if self.max_bytes is not None and size > self.max_bytes:

@@ -349,6 +349,20 @@ def test_an_image_given_as_its_encoders_rows_gets_the_reply_its_pixels_get(vlm_m
                 _chat(embedding, mesh.model_name, [{"type": "image_embeds", "image_embeds": saved_tensor(rows[:-1])}])
             with pytest.raises(openai.BadRequestError, match="base64 of a torch.save'd tensor"):
                 _chat(embedding, mesh.model_name, [{"type": "image_embeds", "image_embeds": {"image_embeds": "x"}}])
+        # The gRPC API's: the rows at their index among the message's images, the other image by its URL.
+        embeds = common_pb2.ChatImageEmbeds(index=0, rows=common_pb2.PromptEmbeds(
+            data=rows.numpy().tobytes(), num_rows=rows.shape[0], hidden_size=rows.shape[1], dtype="float32"))
+        message = common_pb2.ChatMessage(role="user", content_parts=["w3 w4"], image_parts=[0, 2],
+                                          image_urls=[_data_url(other)], image_embeds=[embeds])
+        request = gateway_pb2.GenerateRequest(
+            request_id="rows", chat=common_pb2.ChatMessages(messages=[message]),
+            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+        with grpc.insecure_channel(gateway.grpc_address) as channel:
+            answered = list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+            assert list(answered.complete.token_ids) == expected.choices[0].token_ids, answered
+            del request.chat.messages[0].image_urls[:]  # two image_parts, one image
+            refused = list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+        assert refused.error.code == 400 and "image_embeds" in refused.error.message
     finally:
         assert gateway.terminate() == 0
     mesh.assert_decode_pools_free()
