@@ -37,11 +37,13 @@ def image_limit(text: str) -> int | None:
     return limits.get("image")
 
 
-# What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, any processor's size (Pixtral's longest_edge), and
-# Gemma 3's pan-and-scan (a switch, and the rest positive integers but its ratio, a positive number).
+# What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, any processor's size (Pixtral's longest_edge), Gemma
+# 3's pan-and-scan (a switch, and the rest positive integers but its ratio, a positive number), and Llama 4's tiles
+# (max_patches, and the switch resize_to_max_canvas).
 PROCESSOR_KWARGS = ("min_pixels", "max_pixels", "size", "do_pan_and_scan", "pan_and_scan_min_crop_size",
-                    "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
-SWITCHES, NUMBERS = ("do_pan_and_scan",), ("pan_and_scan_min_ratio_to_activate",)
+                    "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate", "max_patches",
+                    "resize_to_max_canvas")
+SWITCHES, NUMBERS = ("do_pan_and_scan", "resize_to_max_canvas"), ("pan_and_scan_min_ratio_to_activate",)
 
 
 def add_mm_processor_kwargs_flag(parser: argparse.ArgumentParser) -> None:

@@ -97,21 +97,27 @@ class ImageProcessing:
         """These settings with `kwargs` (--mm-processor-kwargs', or a request's mm_processor_kwargs, as
         `checked_processor_kwargs` passed them) over them, as transformers' processors take them: Qwen-VL's
         min_pixels and max_pixels (or size's shortest_edge and longest_edge), Pixtral's size's longest_edge, Gemma
-        3's pan-and-scan settings. ValueError for one this processor has not (a fixed size's tower takes no other
-        size)."""
+        3's pan-and-scan settings, Llama 4's max_patches and resize_to_max_canvas. ValueError for one this processor
+        has not (a fixed size's tower takes no other size)."""
         size = dict(kwargs.get("size") or {})
         pixel_bounds = {"min_pixels", "max_pixels"} & set(kwargs)
         cropping = set(PAN_AND_SCAN_KWARGS) & set(kwargs)
+        tiling = {"max_patches", "resize_to_max_canvas"} & set(kwargs)
         if self.max_pixels is not None:  # Qwen-VL's smart resize
-            unknown = set(size) - {"shortest_edge", "longest_edge"} | cropping
+            unknown = set(size) - {"shortest_edge", "longest_edge"} | cropping | tiling
             changes = {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge", self.min_pixels)),
                        "max_pixels": kwargs.get("max_pixels", size.get("longest_edge", self.max_pixels))}
         elif self.longest_edge is not None:  # Pixtral's
-            unknown = set(size) - {"longest_edge"} | pixel_bounds | cropping
+            unknown = set(size) - {"longest_edge"} | pixel_bounds | cropping | tiling
             edge = size.get("longest_edge", self.longest_edge)
             changes = {"longest_edge": edge, "height": edge, "width": edge}
-        else:  # a tower of one size: Gemma 3's, Llama 4's tiles
-            unknown = set(size) | pixel_bounds | (cropping if self.pan_and_scan is None else set())
+        elif self.tiles is not None:  # Llama 4's
+            unknown = set(size) | pixel_bounds | cropping
+            changes = {"tiles": TileCanvas(self.tiles.tile_size, kwargs.get("max_patches", self.tiles.max_tiles),
+                                           kwargs.get("resize_to_max_canvas", self.tiles.resize_to_max_canvas))
+                       } if tiling else {}
+        else:  # a tower of one size: Gemma 3's
+            unknown = set(size) | pixel_bounds | tiling | (cropping if self.pan_and_scan is None else set())
             changes = {"pan_and_scan": self.pan_and_scan.with_kwargs(kwargs)} if cropping and not unknown else {}
         if unknown:
             raise ValueError(f"this model's image processor takes no {', '.join(sorted(unknown))}")

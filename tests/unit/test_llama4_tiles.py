@@ -84,3 +84,20 @@ def test_pixels_equal_llama4s_image_processor(tmp_path):
             tuple(part.meta.std)).pixels(in_bfloat16=True) for part in processed.with_crops]
         tiles = [split_to_tiles(pixels[0][None], rows, cols)[0], *(p[None] for p in pixels[1:])]
         assert torch.equal(torch.cat(tiles), expected["pixel_values"]), (width, height)
+
+
+def test_max_patches_and_resize_to_max_canvas_as_a_requests_kwargs(tmp_path):
+    """Llama4ImageProcessor's own settings over preprocessor_config.json's, as vLLM passes a request's
+    mm_processor_kwargs to it: fewer tiles, or the largest canvas; another processor takes neither."""
+    (tmp_path / "preprocessor_config.json").write_text(
+        '{"image_processor_type": "Llama4ImageProcessorFast", "max_patches": 16, "size": {"height": 336, '
+        '"width": 336}, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}')
+    processing = ImageProcessing.from_dir(tmp_path)
+    assert processing.tiles.canvas_of(2000, 1500) == (4 * 336, 3 * 336)
+    fewer = processing.with_kwargs({"max_patches": 4})
+    assert fewer.tiles.canvas_of(2000, 1500) == TileCanvas(336, 4).canvas_of(2000, 1500) == (2 * 336, 2 * 336)
+    largest = processing.with_kwargs({"resize_to_max_canvas": True})
+    assert largest.tiles.canvas_of(100, 100) == (4 * 336, 4 * 336) != processing.tiles.canvas_of(100, 100)
+    transformers.Qwen2VLImageProcessorPil().save_pretrained(tmp_path / "qwen")
+    with pytest.raises(ValueError, match="takes no max_patches"):
+        ImageProcessing.from_dir(tmp_path / "qwen", {"max_patches": 4})
