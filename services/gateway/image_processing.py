@@ -19,7 +19,7 @@ from PIL import Image
 
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import ProcessedImage
-from services.gateway.llama4_tiles import TileCanvas
+from services.gateway.llama4_tiles import MOST_TILES, TileCanvas
 from services.gateway.pan_and_scan import KWARGS as PAN_AND_SCAN_KWARGS, PanAndScan
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
@@ -113,6 +113,8 @@ class ImageProcessing:
             changes = {"longest_edge": edge, "height": edge, "width": edge}
         elif self.tiles is not None:  # Llama 4's
             unknown = set(size) | pixel_bounds | cropping
+            if kwargs.get("max_patches", 0) > MOST_TILES:  # its canvases are listed, and one allocated, per image
+                raise ValueError(f"max_patches must be at most {MOST_TILES}, got {kwargs['max_patches']}")
             changes = {"tiles": TileCanvas(self.tiles.tile_size, kwargs.get("max_patches", self.tiles.max_tiles),
                                            kwargs.get("resize_to_max_canvas", self.tiles.resize_to_max_canvas))
                        } if tiling else {}
@@ -149,6 +151,14 @@ class ImageProcessing:
         whose pixels would take more than `most_bytes` (a request's pan-and-scan settings may ask hundreds)."""
         image = rgb(image)
         if self.tiles is not None:
+            height, width = self.tiles.canvas_of(image.height, image.width)
+            num_bytes = (height * width + (self.height * self.width if (height, width) != (self.height, self.width)
+                                           else 0)) * 3
+            if most_bytes is not None and num_bytes > most_bytes:
+                raise APIError(413, f"an image's canvas of {height // self.height}x{width // self.width} tiles takes "
+                                    f"{num_bytes / 2**20:.1f} MiB, more than a message to a worker carries "
+                                    f"({most_bytes / 2**20:.1f} MiB): ask fewer tiles (max_patches)",
+                               param="mm_processor_kwargs")
             canvas, global_tile = self.tiles.tiled(image)
             whole, *crops = [self._of(part) for part in (canvas, global_tile) if part is not None]
         else:

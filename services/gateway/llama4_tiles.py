@@ -12,6 +12,8 @@ from functools import cached_property
 import numpy as np
 from PIL import Image
 
+MOST_TILES = 256  # a request's max_patches at most (Llama 4's processor's default is 16)
+
 
 @dataclass(frozen=True)
 class TileCanvas:

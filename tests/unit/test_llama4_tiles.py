@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from services.gateway.errors import APIError
 from services.gateway.image_processing import ImageProcessing
 from services.gateway.llama4_tiles import TileCanvas
 
@@ -101,3 +102,10 @@ def test_max_patches_and_resize_to_max_canvas_as_a_requests_kwargs(tmp_path):
     transformers.Qwen2VLImageProcessorPil().save_pretrained(tmp_path / "qwen")
     with pytest.raises(ValueError, match="takes no max_patches"):
         ImageProcessing.from_dir(tmp_path / "qwen", {"max_patches": 4})
+    with pytest.raises(ValueError, match="max_patches must be at most 256"):
+        processing.with_kwargs({"max_patches": 10**6})
+    # A canvas past a worker message's bytes: refused from the image's size, before its pixels are made.
+    many = processing.with_kwargs({"max_patches": 256, "resize_to_max_canvas": True})
+    with pytest.raises(APIError, match="canvas of 16x16 tiles takes 83.0 MiB") as refused:
+        many.processed(Image.new("RGB", (40, 40)), most_bytes=64 * 2**20)
+    assert refused.value.status == 413
