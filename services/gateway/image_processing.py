@@ -162,6 +162,11 @@ class ImageProcessing:
             canvas, global_tile = self.tiles.tiled(image)
             whole, *crops = [self._of(part) for part in (canvas, global_tile) if part is not None]
         else:
+            height, width = self.size_of(image.height, image.width)
+            if most_bytes is not None and height * width * 3 > most_bytes:  # a request's min_pixels may ask so
+                raise APIError(413, f"an image of {image.width}x{image.height} pixels resized to {width}x{height} "
+                                    f"takes {height * width * 3 / 2**20:.1f} MiB, more than a message to a worker "
+                                    f"carries ({most_bytes / 2**20:.1f} MiB)", param="mm_processor_kwargs")
             whole, *crops = [self._processed(part) for part in (image, *self._crops(image, most_bytes))]
         return replace(whole, crops=tuple(crop.as_crop() for crop in crops)) if crops else whole
 

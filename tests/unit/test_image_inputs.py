@@ -159,6 +159,18 @@ def test_pan_and_scan_settings(tmp_path):
         ImageProcessing.from_dir(tmp_path / "qwen", {"do_pan_and_scan": True})
 
 
+def test_an_image_resized_past_a_messages_bytes_is_refused_before_it_is_made(tmp_path):
+    """A request's Qwen-VL min_pixels may ask a small image scaled up to billions of pixels: refused 413 from the
+    sizes alone."""
+    from services.gateway.errors import APIError
+
+    transformers.Qwen2VLImageProcessorPil().save_pretrained(tmp_path)
+    huge = ImageProcessing.from_dir(tmp_path, {"min_pixels": 10**12})
+    with pytest.raises(APIError, match="resized to 1154720x866040 takes 2861119.4 MiB") as refused:
+        huge.processed(Image.new("RGB", (40, 30)), most_bytes=64 * 2**20)
+    assert refused.value.status == 413
+
+
 def test_crops_past_a_messages_bytes_are_refused_before_they_are_made(tmp_path):
     """A request may ask hundreds of crops (pan_and_scan_max_num_crops, its min crop size): refused 413 from the
     image's size alone, not after hundreds of resizes."""
