@@ -154,19 +154,16 @@ class ImageProcessing:
             height, width = self.tiles.canvas_of(image.height, image.width)
             num_bytes = (height * width + (self.height * self.width if (height, width) != (self.height, self.width)
                                            else 0)) * 3
-            if most_bytes is not None and num_bytes > most_bytes:
-                raise APIError(413, f"an image's canvas of {height // self.height}x{width // self.width} tiles takes "
-                                    f"{num_bytes / 2**20:.1f} MiB, more than a message to a worker carries "
-                                    f"({most_bytes / 2**20:.1f} MiB): ask fewer tiles (max_patches)",
-                               param="mm_processor_kwargs")
+            _check_bytes(f"an image's canvas of {height // self.height}x{width // self.width} tiles", num_bytes,
+                         most_bytes, "ask fewer tiles (mm_processor_kwargs' max_patches)")
             canvas, global_tile = self.tiles.tiled(image)
             whole, *crops = [self._of(part) for part in (canvas, global_tile) if part is not None]
         else:
             height, width = self.size_of(image.height, image.width)
-            if most_bytes is not None and height * width * 3 > most_bytes:  # a request's min_pixels may ask so
-                raise APIError(413, f"an image of {image.width}x{image.height} pixels resized to {width}x{height} "
-                                    f"takes {height * width * 3 / 2**20:.1f} MiB, more than a message to a worker "
-                                    f"carries ({most_bytes / 2**20:.1f} MiB)", param="mm_processor_kwargs")
+            # Before resizing: a request's min_pixels (Qwen-VL's) may ask a small image scaled up to billions.
+            _check_bytes(f"an image of {image.width}x{image.height} pixels resized to {width}x{height}",
+                         height * width * 3, most_bytes, "send a smaller one, or bound it by mm_processor_kwargs "
+                         "(Qwen-VL's max_pixels)")
             whole, *crops = [self._processed(part) for part in (image, *self._crops(image, most_bytes))]
         return replace(whole, crops=tuple(crop.as_crop() for crop in crops)) if crops else whole
 
@@ -175,11 +172,8 @@ class ImageProcessing:
             return []
         boxes = self.pan_and_scan.crop_boxes(image.height, image.width)
         num_bytes = (1 + len(boxes)) * self.height * self.width * 3
-        if most_bytes is not None and num_bytes > most_bytes:
-            raise APIError(413, f"an image and its {len(boxes)} pan-and-scan crops take {num_bytes / 2**20:.1f} MiB "
-                                f"as the model's image processor resizes them, more than a message to a worker "
-                                f"carries ({most_bytes / 2**20:.1f} MiB): ask fewer crops "
-                                "(pan_and_scan_max_num_crops)", param="mm_processor_kwargs")
+        _check_bytes(f"an image with its {len(boxes)} pan-and-scan crops", num_bytes, most_bytes,
+                     "ask fewer crops (mm_processor_kwargs' pan_and_scan_max_num_crops)")
         return [image.crop(box) for box in boxes]
 
     def _processed(self, image: Image.Image) -> ProcessedImage:
@@ -187,6 +181,14 @@ class ImageProcessing:
 
     def _of(self, resized: np.ndarray) -> ProcessedImage:
         return ProcessedImage.of(resized.tobytes(), resized.shape, self.rescale_factor, self.mean, self.std)
+
+
+def _check_bytes(what: str, num_bytes: int, most_bytes: int | None, remedy: str) -> None:
+    """APIError (413) for pixels past what a message to a worker carries, before they are made."""
+    if most_bytes is not None and num_bytes > most_bytes:
+        raise APIError(413, f"{what} takes {num_bytes / 2**20:.1f} MiB as the model's image processor makes it, "
+                            f"more than a message to a worker carries ({most_bytes / 2**20:.1f} MiB, "
+                            f"--max-message-bytes): {remedy}", param="messages")
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
