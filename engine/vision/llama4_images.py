@@ -11,7 +11,7 @@ from torch import nn
 
 from engine.models.parameters import empty_param
 from engine.vision.loading import put_tensor
-from engine.vision.siglip import EncoderLayer
+from engine.vision.siglip import LLAMA4_LAYER_NAMES, EncoderLayer
 from engine.vision.vision_config import VisionConfig
 
 TOWER, PROJECTOR = "vision_model.", "multi_modal_projector."
@@ -109,14 +109,8 @@ class Llama4ImageEncoder(nn.Module):
         for kind in ("weight", "bias"):
             put(getattr(self, f"pre_norm_{kind}"), f"layernorm_pre.{kind}")
             put(getattr(self, f"post_norm_{kind}"), f"layernorm_post.{kind}")
-            for i, layer in enumerate(self.layers):
-                p = f"model.layers.{i}."
-                put(getattr(layer, f"norm1_{kind}"), p + f"input_layernorm.{kind}")
-                put(getattr(layer, f"norm2_{kind}"), p + f"post_attention_layernorm.{kind}")
-                put(getattr(layer, f"qkv_{kind}"), *(p + f"self_attn.{x}_proj.{kind}" for x in "qkv"))
-                put(getattr(layer, f"out_{kind}"), p + f"self_attn.o_proj.{kind}")
-                put(getattr(layer, f"fc1_{kind}"), p + f"mlp.fc1.{kind}")
-                put(getattr(layer, f"fc2_{kind}"), p + f"mlp.fc2.{kind}")
+        for i, layer in enumerate(self.layers):
+            layer.load_weights(tensors, f"{TOWER}model.layers.{i}.", LLAMA4_LAYER_NAMES)
         put(self.adapter1_weight, "vision_adapter.mlp.fc1.weight")
         put(self.adapter2_weight, "vision_adapter.mlp.fc2.weight")
         put_tensor(self.projection, tensors, PROJECTOR + "linear_1.weight")

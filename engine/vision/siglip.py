@@ -14,6 +14,11 @@ from engine.models.parameters import empty_param
 from engine.vision.loading import put_tensor
 from engine.vision.vision_config import VisionConfig
 
+# An EncoderLayer's tensors' names in a checkpoint (its two norms and its attention's output projection): SigLIP's,
+# and Llama 4's tower's.
+SIGLIP_LAYER_NAMES = ("layer_norm1", "layer_norm2", "self_attn.out_proj")
+LLAMA4_LAYER_NAMES = ("input_layernorm", "post_attention_layernorm", "self_attn.o_proj")
+
 
 class EncoderLayer(nn.Module):
     """A pre-norm layer of full attention and a GELU MLP, biases everywhere: SigLIP's (GELU's tanh
@@ -30,6 +35,16 @@ class EncoderLayer(nn.Module):
         self.out_weight, self.out_bias = empty_param(hidden, hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
         self.fc1_weight, self.fc1_bias = empty_param(inner, hidden, dtype=dtype), empty_param(inner, dtype=dtype)
         self.fc2_weight, self.fc2_bias = empty_param(hidden, inner, dtype=dtype), empty_param(hidden, dtype=dtype)
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], prefix: str, names: tuple[str, str, str]) -> None:
+        """From the checkpoint's names under `prefix`, its norms' and output projection's as `names` give them
+        (q, k and v fused as they load)."""
+        norm1, norm2, out = names
+        stored = {"norm1": norm1, "norm2": norm2, "out": out, "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+        for kind in ("weight", "bias"):
+            for ours, name in stored.items():
+                put_tensor(getattr(self, f"{ours}_{kind}"), tensors, f"{prefix}{name}.{kind}")
+            put_tensor(getattr(self, f"qkv_{kind}"), tensors, *(f"{prefix}self_attn.{x}_proj.{kind}" for x in "qkv"))
 
     def forward(self, h: torch.Tensor, turned: Callable[[torch.Tensor], torch.Tensor] | None = None
                 ) -> torch.Tensor:  # h [B, P, hidden]; `turned`: q and k [B, heads, P, dim] as positions turn them
@@ -77,13 +92,6 @@ class SiglipVisionTower(nn.Module):
         put(self.patch_bias, p + "patch_embedding.bias")
         put(self.positions, p + "position_embedding.weight")
         for i, layer in enumerate(self.layers):
-            p = f"encoder.layers.{i}."
-            for kind in ("weight", "bias"):
-                put(getattr(layer, f"norm1_{kind}"), p + f"layer_norm1.{kind}")
-                put(getattr(layer, f"norm2_{kind}"), p + f"layer_norm2.{kind}")
-                put(getattr(layer, f"qkv_{kind}"), *(p + f"self_attn.{x}_proj.{kind}" for x in "qkv"))
-                put(getattr(layer, f"out_{kind}"), p + f"self_attn.out_proj.{kind}")
-                put(getattr(layer, f"fc1_{kind}"), p + f"mlp.fc1.{kind}")
-                put(getattr(layer, f"fc2_{kind}"), p + f"mlp.fc2.{kind}")
+            layer.load_weights(tensors, f"encoder.layers.{i}.", SIGLIP_LAYER_NAMES)
         put(self.post_norm_weight, "post_layernorm.weight")
         put(self.post_norm_bias, "post_layernorm.bias")
