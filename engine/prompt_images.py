@@ -227,9 +227,7 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
         shape = image.shape
         if isinstance(image, ImageRows):
             _check_rows(engine, vision, image)
-            dtype = torch.uint8
-        else:
-            dtype = image.rgb.dtype if isinstance(image, ImageInput) else torch.uint8
+        dtype = image.rgb.dtype if isinstance(image, ImageInput) else torch.uint8  # the others' sizes alone
         if len(shape) != 3 or shape[2] != vision.num_channels or dtype != torch.uint8:
             raise ValueError(f"an image must be uint8 [height, width, {vision.num_channels}] (resized by the model's "
                              f"image processor), got {dtype} of shape {list(shape)}")

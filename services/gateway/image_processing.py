@@ -147,8 +147,9 @@ class ImageProcessing:
 
     def processed(self, image: Image.Image, most_bytes: int | None = None) -> ProcessedImage:
         """`image` as the processor makes it, with its crops where it makes them (cut from the image before
-        either is resized, as transformers' processor cuts them). APIError (413) before any is resized for crops
-        whose pixels would take more than `most_bytes` (a request's pan-and-scan settings may ask hundreds)."""
+        either is resized, as transformers' processor cuts them). APIError (413), before any pixels are made, where
+        they would take more than `most_bytes` (a request's settings may ask a huge resize, canvas or hundreds of
+        crops)."""
         image = rgb(image)
         if self.tiles is not None:
             height, width = self.tiles.canvas_of(image.height, image.width)
@@ -156,7 +157,7 @@ class ImageProcessing:
                                            else 0)) * 3
             _check_bytes(f"an image's canvas of {height // self.height}x{width // self.width} tiles", num_bytes,
                          most_bytes, "ask fewer tiles (mm_processor_kwargs' max_patches)")
-            canvas, global_tile = self.tiles.tiled(image)
+            canvas, global_tile = self.tiles.tiled(image, (height, width))
             whole, *crops = [self._of(part) for part in (canvas, global_tile) if part is not None]
         else:
             height, width = self.size_of(image.height, image.width)

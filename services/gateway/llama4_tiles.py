@@ -63,13 +63,15 @@ class TileCanvas:
             new_height, new_width = target_height, min(math.floor(width * scale_h), target_width)
         return max(new_height, 1), max(new_width, 1)
 
-    def tiled(self, image: Image.Image) -> tuple[np.ndarray, np.ndarray | None]:
+    def tiled(self, image: Image.Image, canvas: tuple[int, int] | None = None
+              ) -> tuple[np.ndarray, np.ndarray | None]:
         """`image` (RGB) as the canvas of tiles, uint8 [canvas height, canvas width, 3], and its global tile
-        (uint8 [tile, tile, 3]) where the canvas has more than one tile, else None."""
+        (uint8 [tile, tile, 3]) where the canvas has more than one tile, else None. `canvas`: its `canvas_of`, where
+        the caller has it already."""
         import torch  # noqa: PLC0415 (the gateway of another model never loads it)
 
         pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None]  # [1, 3, H, W] uint8, channels last
-        canvas = self.canvas_of(image.height, image.width)
+        canvas = canvas or self.canvas_of(image.height, image.width)
         height, width = self.resized_size(image.height, image.width, canvas)
         whole = torch.zeros(canvas[0], canvas[1], 3, dtype=torch.uint8)  # the padding black, as the processor's
         whole[:height, :width] = _resized(torch, pixels, height, width)
