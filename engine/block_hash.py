@@ -54,11 +54,14 @@ def embeddings_digest(dtype: str, shape: Sequence[int], data: bytes) -> str:
 
 
 def image_digest(rgb: bytes | memoryview, shape: tuple[int, ...], rescale_factor: float, mean: Sequence[float],
-                 std: Sequence[float]) -> str:
-    """What names one image: its resized RGB bytes and shape, and the rescale factor, mean and std its pixels
-    are normalized by, hashed (the gateway's and the engine's the same)."""
+                 std: Sequence[float], fps: float = 0.0) -> str:
+    """What names one image (or video): its resized RGB bytes and shape, the rescale factor, mean and std its pixels
+    are normalized by, and a video's frames a second (which place its tokens), hashed (the gateway's and the
+    engine's the same)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{list(shape)} {rescale_factor!r} {[float(m) for m in mean]} {[float(s) for s in std]}".encode())
+    if fps:
+        h.update(f" fps {fps!r}".encode())
     h.update(rgb)
     return h.hexdigest()
 

@@ -59,6 +59,8 @@ class EngineConfig:
     # vLLM's --limit-mm-per-prompt's images: the most a prompt may hold (None: no limit); 0 serves a
     # multimodal model's text only, its image encoder never loaded.
     limit_images: int | None = None
+    # Its videos' (None: no limit): encoded by the image encoder, so none where limit_images is 0.
+    limit_videos: int | None = None
     # vLLM's --enable-mm-embeds: images may come as their encoder's rows (engine/prompt_images.py's ImageRows); with
     # limit_images 0, only so, the image encoder never loaded.
     enable_mm_embeds: bool = False
@@ -115,6 +117,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.limit_images is not None and self.limit_images < 0:
             raise ValueError(f"limit_images must be >= 0 (0: text only), got {self.limit_images}")
+        if self.limit_videos is not None and self.limit_videos < 0:
+            raise ValueError(f"limit_videos must be >= 0, got {self.limit_videos}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.max_num_seqs < 1:

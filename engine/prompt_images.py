@@ -1,5 +1,5 @@
-"""A prompt's images (Gemma 3's, Mistral 3's, Qwen-VL's): each as its model's image processor resized it
-(`ImageInput`), its runs of image tokens in the prompt (Gemma 3's one run, a span its rows attend
+"""A prompt's images (Gemma 3's, Mistral 3's, Qwen-VL's) and videos (Qwen2-VL's, Qwen2.5-VL's): each as its model's
+processor resized it (`ImageInput`), its runs of image tokens in the prompt (Gemma 3's one run, a span its rows attend
 bidirectionally in; Mistral 3's a run a row of its grid; Qwen-VL's one run, placed by multimodal RoPE), and the
 rows its encoder makes for them, made when a step first computes them (a decode worker's request, only after a
 preemption)."""
@@ -25,31 +25,40 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, eq=False)
 class ImageInput:
-    """An image resized by its model's image processor, and what its pixels are normalized by: a quarter of
-    the float pixels' bytes, normalized only when it is encoded (as transformers' processors normalize:
+    """An image (or a video's frames) resized by its model's processor, and what its pixels are normalized by: a
+    quarter of the float pixels' bytes, normalized only when it is encoded (as transformers' processors normalize:
     rescaled in float64, cast to float32, less the mean, over the std, channels first)."""
 
-    rgb: torch.Tensor  # uint8 [height, width, channels]
+    rgb: torch.Tensor  # uint8 [height, width, channels]; a video's [frames, height, width, channels]
     rescale_factor: float
     mean: tuple[float, ...]
     std: tuple[float, ...]
     given_digest: str = ""  # its `digest` as its sender made it (the gateway's): not hashed again
     # Of the image before it (Gemma 3's pan-and-scan crop, Llama 4's global tile): not counted an image of its own.
     crop: bool = False
+    # A video's frames a second as sampled (Qwen2.5-VL's temporal positions: a frame pair spans 2 / fps seconds).
+    fps: float = 0.0
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.rgb.shape)
+        """[height, width, channels], a video's frames' too."""
+        return tuple(self.rgb.shape[-3:])
+
+    @property
+    def frames(self) -> int:
+        """A video's frames; 0 for an image."""
+        return self.rgb.shape[0] if self.rgb.dim() == 4 else 0
 
     def pixels(self, in_bfloat16: bool = False) -> torch.Tensor:
-        """float32 [channels, height, width]; or bfloat16, rescaled and normalized in bfloat16 as Llama 4's
-        processor does (VisionConfig.normalizes_in_bfloat16)."""
+        """float32 [channels, height, width] (a video's [channels, frames, height, width]); or bfloat16, rescaled
+        and normalized in bfloat16 as Llama 4's processor does (VisionConfig.normalizes_in_bfloat16)."""
         if in_bfloat16:
             rescaled = self.rgb.to(torch.bfloat16) * self.rescale_factor
         else:
             rescaled = (self.rgb.double() * self.rescale_factor).float()
         mean, std = torch.tensor(self.mean, dtype=rescaled.dtype), torch.tensor(self.std, dtype=rescaled.dtype)
-        return ((rescaled - mean) / std).permute(2, 0, 1).contiguous()
+        normalized = (rescaled - mean) / std
+        return normalized.movedim(-1, 0).contiguous()
 
     @cached_property
     def digest(self) -> str:
@@ -57,8 +66,8 @@ class ImageInput:
         read (a worker does so off its engine thread: services/common/prompt_embeds.py)."""
         if self.given_digest:
             return self.given_digest
-        return image_digest(memoryview(self.rgb.contiguous().numpy().reshape(-1)), self.shape, self.rescale_factor,
-                            self.mean, self.std)
+        return image_digest(memoryview(self.rgb.contiguous().numpy().reshape(-1)), tuple(self.rgb.shape),
+                            self.rescale_factor, self.mean, self.std, self.fps)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +80,7 @@ class ImageRows:
     shape: tuple[int, int, int]  # [height, width, channels]
     given_digest: str = ""  # its `digest` as its sender made it (the gateway's): not hashed again
     crop: bool = False
+    frames, fps = 0, 0.0  # an image's: a video is not taken as rows here
 
     @cached_property
     def digest(self) -> str:
@@ -90,6 +100,8 @@ class WithheldImage:
     shape: tuple[int, int, int]  # [height, width, channels]
     digest: str
     crop: bool = False
+    frames: int = 0  # a video's, and its frames a second (its tokens' positions)
+    fps: float = 0.0
 
 
 def digest_of(images: Sequence[ImageInput | WithheldImage]) -> str:
@@ -97,16 +109,17 @@ def digest_of(images: Sequence[ImageInput | WithheldImage]) -> str:
     return images_digest([image.digest for image in images])
 
 
-def image_runs(prompt_token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
-    """Each run of consecutive image tokens, as positions [start, end)."""
-    runs: list[tuple[int, int]] = []
+def image_runs(prompt_token_ids: list[int], vision: VisionConfig) -> list[tuple[int, int, int]]:
+    """Each run of consecutive image tokens (or of a video's), as positions [start, end) and the token."""
+    runs: list[tuple[int, int, int]] = []
+    marks = (vision.image_token_id, vision.video_token_id)
     for position, token in enumerate(prompt_token_ids):
-        if token != image_token_id:
+        if token not in marks:
             continue
-        if runs and runs[-1][1] == position:
-            runs[-1] = (runs[-1][0], position + 1)
+        if runs and runs[-1][1] == position and runs[-1][2] == token:
+            runs[-1] = (runs[-1][0], position + 1, token)
         else:
-            runs.append((position, position + 1))
+            runs.append((position, position + 1, token))
     return runs
 
 
@@ -127,24 +140,29 @@ class PlacedImage:
         return self.runs[-1][1]
 
 
-def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int]], images: Sequence[ImageInput | WithheldImage]
-                   ) -> list[tuple[tuple[int, int], ...]]:
-    """`runs` dealt out to `images` in order, each taking as many as its grid has rows (ValueError for a
-    prompt whose runs do not fit them)."""
-    grids = [vision.token_grid(*image.shape[:2]) for image in images]
+def _runs_by_image(vision: VisionConfig, runs: list[tuple[int, int, int]],
+                   images: Sequence[ImageInput | WithheldImage]) -> list[tuple[tuple[int, int], ...]]:
+    """`runs` dealt out to `images` (and videos) in order, each taking as many as its grid has rows (ValueError
+    for a prompt whose runs do not fit them)."""
+    grids = [vision.token_grid(*image.shape[:2], image.frames) for image in images]
     wanted = sum(rows for rows, _ in grids)
     if len(runs) != wanted:
-        raise ValueError(f"the prompt holds {len(runs)} run(s) of image tokens (id {vision.image_token_id}) for "
-                         f"{len(images)} image(s)" + (f", which take {wanted} (one a row of each image's grid)"
-                                                      if vision.family == PIXTRAL else ""))
+        what = "image and video" if vision.takes_videos else "image"
+        raise ValueError(f"the prompt holds {len(runs)} run(s) of {what} tokens (id {vision.image_token_id}"
+                         + (f", {vision.video_token_id}" if vision.takes_videos else "") + f") for {len(images)} "
+                         f"{what}(s)" + (f", which take {wanted} (one a row of each image's grid)"
+                                         if vision.family == PIXTRAL else ""))
     dealt, taken = [], iter(runs)
-    for rows, cols in grids:
+    for image, (rows, cols) in zip(images, grids, strict=True):
         its_runs = tuple(next(taken) for _ in range(rows))
-        for start, end in its_runs:
+        kind, token = ("a video", vision.video_token_id) if image.frames else ("an image", vision.image_token_id)
+        for start, end, mark in its_runs:
+            if mark != token:
+                raise ValueError(f"{kind} is placed by tokens {token}, the prompt has {mark} at position {start}")
             if end - start != cols:
-                raise ValueError(f"an image {'takes' if rows == 1 else 'row takes'} {cols} image tokens, the prompt "
+                raise ValueError(f"{kind} {'takes' if rows == 1 else 'row takes'} {cols} image tokens, the prompt "
                                  f"has {end - start} at position {start}")
-        dealt.append(its_runs)
+        dealt.append(tuple((start, end) for start, end, _ in its_runs))
     return dealt
 
 
@@ -177,19 +195,32 @@ def multimodal_positions(chunks: Sequence[tuple[sequence.Sequence, int]], positi
 
 
 def mrope_positions(vision: VisionConfig, num_tokens: int, placed: Sequence[PlacedImage]) -> MRoPEPositions:
-    """As transformers' Qwen2_5_VLModel.get_rope_index places a prompt of `num_tokens` with its images."""
+    """As Qwen's get_rope_index places a prompt of `num_tokens` with its images and videos: a video's frame pairs
+    one time position apart (Qwen2-VL's) or `tokens_per_second` a second of the video apart (Qwen2.5-VL's), and the
+    text after it from one past its largest position, as Qwen's own code and vLLM place it (transformers 5 counts on
+    from its largest row or column instead, which differs only after a video longer than it is wide)."""
     positions = torch.empty(3, num_tokens, dtype=torch.int64)
     token, position = 0, 0  # the next text token, and its position
     for image in placed:
         positions[:, token:image.start] = torch.arange(position, position + image.start - token)
         position += image.start - token
         rows, cols = (side // vision.pixels_per_row for side in image.image.shape[:2])
-        positions[0, image.start:image.end] = position
-        positions[1, image.start:image.end] = position + torch.arange(rows).repeat_interleave(cols)
-        positions[2, image.start:image.end] = position + torch.arange(cols).repeat(rows)
-        token, position = image.end, position + max(rows, cols)
+        pairs = max(image.image.frames // vision.temporal_patch_size, 1)
+        times = (torch.arange(pairs) * _time_step(vision, image.image)).long()
+        positions[0, image.start:image.end] = position + times.repeat_interleave(rows * cols)
+        positions[1, image.start:image.end] = position + torch.arange(rows).repeat_interleave(cols).repeat(pairs)
+        positions[2, image.start:image.end] = position + torch.arange(cols).repeat(rows * pairs)
+        token, position = image.end, position + max(int(times[-1]), rows - 1, cols - 1) + 1
     positions[:, token:] = torch.arange(position, position + num_tokens - token)
     return MRoPEPositions(positions, position + num_tokens - token - num_tokens)
+
+
+def _time_step(vision: VisionConfig, image: ImageInput | WithheldImage | ImageRows) -> float:
+    """How far apart a video's frame pairs' time positions are: Qwen2.5-VL's the seconds a pair spans times its
+    tokens_per_second; Qwen2-VL's (and an image's) one."""
+    if not image.frames or not vision.tokens_per_second:
+        return 1.0
+    return vision.tokens_per_second * (vision.temporal_patch_size / image.fps)
 
 
 def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int],
@@ -200,7 +231,7 @@ def placed_images(vision: VisionConfig | None, prompt_token_ids: list[int],
     positions where the model has them (Qwen2.5-VL's and Qwen3-VL's; else None)."""
     if not images:
         return (), (), None
-    dealt = _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
+    dealt = _runs_by_image(vision, image_runs(prompt_token_ids, vision), images)
     placed = tuple(PlacedImage(runs, image) for runs, image in zip(dealt, images, strict=True))
     spans = tuple(run for runs in dealt for run in runs) if vision.bidirectional else ()
     rope = mrope_positions(vision, len(prompt_token_ids), placed) if vision.family in QWENS else None
@@ -216,7 +247,8 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
     if vision is None:
         raise ValueError(f"{engine.model_config.architecture} takes no images here"
                          + (" (its images are limited to 0 a prompt)" if limit == 0 else ""))
-    num_images = sum(not image.crop for image in images)  # a crop goes with its image, as the gateway counts it
+    num_images = sum(not image.crop and not image.frames for image in images)  # a crop goes with its image
+    _check_videos(engine, vision, [image for image in images if image.frames])
     if limit == 0:  # no image encoder here: images given as their rows only (--enable-mm-embeds)
         if not all(isinstance(image, (ImageRows, WithheldImage)) for image in images):
             raise ValueError("this worker loads no image encoder (its images are limited to 0 a prompt): images "
@@ -239,7 +271,28 @@ def check_images(engine: LLMEngine, prompt_token_ids: list[int], images: Sequenc
         if len(image.mean) != vision.num_channels or len(image.std) != vision.num_channels or 0 in image.std:
             raise ValueError(f"an image's mean and std must give a number for each of its {vision.num_channels} "
                              "channels, std not 0")
-    _runs_by_image(vision, image_runs(prompt_token_ids, vision.image_token_id), images)
+    _runs_by_image(vision, image_runs(prompt_token_ids, vision), images)
+
+
+def _check_videos(engine: LLMEngine, vision: VisionConfig, videos: Sequence[ImageInput | WithheldImage]) -> None:
+    """ValueError for videos the model takes none of, more than the limit, or frames its tower does not take in
+    pairs."""
+    if not videos:
+        return
+    if not vision.takes_videos:
+        raise ValueError(f"{engine.model_config.architecture} takes no videos here (Qwen2-VL's and Qwen2.5-VL's do)")
+    if engine.config.limit_images == 0:
+        raise ValueError("this worker loads no image encoder (its images are limited to 0 a prompt), which its videos "
+                         "need")
+    limit = engine.config.limit_videos
+    if limit is not None and len(videos) > limit:
+        raise ValueError(f"{len(videos)} videos in one prompt, more than its limit of {limit}")
+    for video in videos:
+        if video.frames % vision.temporal_patch_size:
+            raise ValueError(f"a video's frames come in whole groups of {vision.temporal_patch_size} (its processor "
+                             f"repeats the last), got {video.frames}")
+        if vision.tokens_per_second and not video.fps > 0:
+            raise ValueError(f"a video needs its frames a second (its tokens' time positions), got {video.fps}")
 
 
 def _check_rows(engine: LLMEngine, vision: VisionConfig, image: ImageRows) -> None:

@@ -3,7 +3,9 @@
 square, four to a square; pre-norm layers of attention with 2D rotary positions and a gated MLP, most of them
 attending within windows of squares, a few over the whole image; then each square's four patches merged into one
 row of the text model's width. The rows come out row-major over the squares: the order of the image's run of
-tokens. Images are encoded one at a time (transformers keeps each image's attention to itself all the same)."""
+tokens. Images are encoded one at a time (transformers keeps each image's attention to itself all the same). A
+video's frames are taken two at a time, a pair's patches spanning both; each pair is encoded as an image is (its
+patches attend within it, at the same 2D positions), the pairs' rows one after another."""
 from __future__ import annotations
 
 import torch
@@ -94,11 +96,38 @@ class QwenVisionBlock(nn.Module):
 
 class QwenImageEncoder(nn.Module):
     """What Qwen's image encoders share: their tensors under `visual.` (as released; under `model.visual.` as
-    transformers 5 saves them), and images encoded one at a time (their sizes differ)."""
+    transformers 5 saves them), images encoded one at a time (their sizes differ), and a video's frame pairs
+    each encoded as an image is."""
+
+    config: VisionConfig
+    patch_weight: torch.Tensor  # [hidden, channels, temporal_patch_size, patch, patch]
+    patch_bias: torch.Tensor | None  # Qwen3-VL's
 
     def encode(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each image's rows."""
+        """Each image's (or video's) rows."""
         return [self(image) for image in pixels]
+
+    @torch.inference_mode()
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [C, height, width], or a video's [C, frames, height, width] (frames in whole pairs), each side a
+        multiple of patch_size x spatial_merge_size → its rows [pairs x rows x cols of squares, text hidden size
+        (x (1 + DeepStack's layers))], a pair's row-major after another's."""
+        return torch.cat([self.encoded(patches) for patches in self.patches(pixels)])
+
+    def patches(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Each frame pair's patches [pairs, hidden, rows, cols]: an image's one frame standing for the two a patch
+        spans (the kernel's frames summed take them at once)."""
+        stride = self.config.patch_size
+        if pixels.dim() == 3:
+            kernel = self.patch_weight.sum(dim=2)
+            return F.conv2d(pixels[None].to(kernel.dtype), kernel, self.patch_bias, stride=stride)
+        kernel = self.patch_weight
+        strides = (self.config.temporal_patch_size, stride, stride)
+        return F.conv3d(pixels[None].to(kernel.dtype), kernel, self.patch_bias, stride=strides)[0].transpose(0, 1)
+
+    def encoded(self, patches: torch.Tensor) -> torch.Tensor:
+        """One image's (or frame pair's) rows of its patches [hidden, rows, cols]."""
+        raise NotImplementedError
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
@@ -119,6 +148,7 @@ class Qwen2_5_VLImageEncoder(QwenImageEncoder):
         self.config = config
         self.patch_weight = empty_param(hidden, config.num_channels, config.temporal_patch_size, patch, patch,
                                         dtype=dtype)
+        self.patch_bias = None
         self.blocks = nn.ModuleList(QwenVisionBlock(config, dtype) for _ in range(config.num_layers))
         merged = hidden * merge * merge
         self.merge_norm = empty_param(hidden, dtype=dtype)
@@ -127,14 +157,8 @@ class Qwen2_5_VLImageEncoder(QwenImageEncoder):
         self.merge2_weight = empty_param(text_hidden_size, merged, dtype=dtype)
         self.merge2_bias = empty_param(text_hidden_size, dtype=dtype)
 
-    @torch.inference_mode()
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [C, height, width], each side a multiple of patch_size x spatial_merge_size → the image's rows
-        [rows x cols of squares, text hidden size], row-major."""
+    def encoded(self, patches: torch.Tensor) -> torch.Tensor:
         config, merge = self.config, self.config.spatial_merge_size
-        # The patch's frames are the image's one frame: the kernel's frames summed take them at once.
-        kernel = self.patch_weight.sum(dim=2)
-        patches = F.conv2d(pixels[None].to(kernel.dtype), kernel, stride=config.patch_size)[0]  # [hidden, rows, cols]
         rows, cols = patches.shape[1:]
         h = square_major(patches.permute(1, 2, 0), merge)
         angles = rope_angles(rows, cols, config.hidden_size // config.num_heads, config.rope_theta, merge, h.device)

@@ -101,13 +101,8 @@ class Qwen3VLImageEncoder(QwenImageEncoder):
         self.deepstack = nn.ModuleList(Qwen3PatchMerger(config, dtype, norm_after=True)
                                        for _ in config.deepstack_layers)
 
-    @torch.inference_mode()
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [C, height, width], each side a multiple of patch_size x spatial_merge_size → the image's rows
-        [rows x cols of squares, text hidden size x (1 + DeepStack's layers)], row-major."""
+    def encoded(self, patches: torch.Tensor) -> torch.Tensor:
         config, merge = self.config, self.config.spatial_merge_size
-        kernel = self.patch_weight.sum(dim=2)  # the patch's frames are the image's one frame
-        patches = F.conv2d(pixels[None].to(kernel.dtype), kernel, self.patch_bias, stride=config.patch_size)[0]
         rows, cols = patches.shape[1:]
         if self.positions is not None:
             side = round(config.num_position_embeddings ** 0.5)

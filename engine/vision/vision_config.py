@@ -29,6 +29,8 @@ class VisionConfig:
     layer_norm_eps: float
     hidden_act: str
     image_token_id: int  # the prompt's placeholder of each row
+    # QWEN2_VL, QWEN2_5_VL: a video's placeholder (its frames' rows one run, frame pair by frame pair); -1: none
+    video_token_id: int = -1
     tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image); LLAMA4: a tile
     num_channels: int = 3
     # PIXTRAL, QWENS, LLAMA4: patches merged into one row (a side's count; LLAMA4's pixel shuffle), the tower's RoPE
@@ -45,6 +47,8 @@ class VisionConfig:
     window_size: int = 0
     full_attention_layers: tuple[int, ...] = ()
     out_hidden_size: int = 0
+    # QWEN2_5_VL: how far a video's temporal positions step a second of it (its frame pairs' times spaced so)
+    tokens_per_second: float = 0.0
     # QWEN3_VL: its learnt positions (a square grid of them), and the tower layers whose states, merged, are added
     # to the text model's first layers' outputs at the image's tokens (DeepStack), one layer each in turn.
     num_position_embeddings: int = 0
@@ -73,9 +77,14 @@ class VisionConfig:
         """PIXTRAL, QWENS: the pixels one image token stands for on a side."""
         return self.patch_size * self.spatial_merge_size
 
-    def token_grid(self, height: int, width: int) -> tuple[int, int]:
-        """An image of `height` x `width` pixels (as its image processor resized it) as runs of image tokens
-        in the prompt: how many runs, and how many tokens each. Gemma 3's and Qwen-VL's are one run; Mistral 3's a
+    @property
+    def takes_videos(self) -> bool:
+        return self.video_token_id >= 0
+
+    def token_grid(self, height: int, width: int, frames: int = 0) -> tuple[int, int]:
+        """An image of `height` x `width` pixels (as its image processor resized it), or a video of `frames` such
+        frames, as runs of image tokens in the prompt: how many runs, and how many tokens each. A Qwen-VL video's
+        is one run, a frame pair's grid after another. Gemma 3's and Qwen-VL's are one run; Mistral 3's a
         run a row, each row ended by a break token (the last by an end token), as transformers' PixtralProcessor
         writes them; Llama 4's a run a tile of the image's canvas of tiles, row by row (an image of more than one
         tile followed by another image, its global tile, a run of its own)."""
@@ -84,7 +93,8 @@ class VisionConfig:
         if self.family == LLAMA4:
             return (height // self.image_size) * (width // self.image_size), self.tokens_per_image
         if self.family in QWENS:  # one run, row-major
-            return 1, (height // self.pixels_per_row) * (width // self.pixels_per_row)
+            pairs = max(frames // self.temporal_patch_size, 1)
+            return 1, pairs * (height // self.pixels_per_row) * (width // self.pixels_per_row)
         return height // self.pixels_per_row, width // self.pixels_per_row
 
     def shape_error(self, height: int, width: int) -> str | None:
@@ -194,7 +204,9 @@ def qwen2_5_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
         spatial_merge_size=int(vision["spatial_merge_size"]), rope_theta=float(rope.get("rope_theta", 10_000.0)),
         temporal_patch_size=int(vision["temporal_patch_size"]), window_size=int(vision["window_size"]),
         full_attention_layers=tuple(int(i) for i in vision["fullatt_block_indexes"]),
-        out_hidden_size=int(vision.get("out_hidden_size", text.get("hidden_size", 0))))
+        out_hidden_size=int(vision.get("out_hidden_size", text.get("hidden_size", 0))),
+        video_token_id=int(cfg.get("video_token_id", 151_656)),
+        tokens_per_second=float(vision.get("tokens_per_second", 4)))
     if config.hidden_act != "silu":
         raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (silu only)")
     if (config.hidden_size // config.num_heads) % 4:
@@ -258,7 +270,8 @@ def qwen2_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
         image_token_id=int(cfg.get("image_token_id", 151_655)),
         num_channels=int(vision.get("in_channels", vision.get("in_chans", 3))),
         spatial_merge_size=int(vision["spatial_merge_size"]), rope_theta=float(rope.get("rope_theta", 10_000.0)),
-        temporal_patch_size=int(vision["temporal_patch_size"]), out_hidden_size=int(vision["hidden_size"]))
+        temporal_patch_size=int(vision["temporal_patch_size"]), out_hidden_size=int(vision["hidden_size"]),
+        video_token_id=int(cfg.get("video_token_id", 151_656)))
     if config.hidden_act != "quick_gelu":
         raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (quick_gelu only)")
     if (config.hidden_size // config.num_heads) % 4:

@@ -9,7 +9,8 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.prompt_images import ImageInput
-from tests.parity.conftest import greedy_outputs
+from engine.sampling_params import SamplingParams
+from tests.parity.conftest import greedy_outputs, transformers
 
 Requests = dict[str, tuple[list[int], list[ImageInput]]]
 
@@ -43,6 +44,22 @@ QWEN_VL = {  # config class, model class, tiny text and vision settings
 }
 
 
+def saved_qwen_vl(kind: str, path, seed: int, vision_overrides: dict | None = None, **config):
+    """A tiny `kind` of QWEN_VL, random but for its norms and biases off their init (so each one counts), saved
+    under `path` with `config` (its tokens' ids) over its config's; the model."""
+    config_class, model_class, text, vision = QWEN_VL[kind]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(
+        text_config=text, vision_config={**vision, **(vision_overrides or {})}, **config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    return model
+
+
 def image_engine(path, **options) -> LLMEngine:
     return LLMEngine(EngineConfig(**{"model": str(path), "dtype": "float32", "num_kv_blocks": 64,
                                      "max_num_batched_tokens": 512, **options}))
@@ -69,3 +86,19 @@ def assert_transformers_tokens(engine: LLMEngine, requests: Requests,
 def padded(prompt: list[int], length: int) -> list[int]:
     """`prompt` with text tokens after it up to `length` (pages filled for a preemption)."""
     return prompt + [30 + k for k in range(length - len(prompt))]
+
+
+def assert_logprobs_match(engine: LLMEngine, prompt: list[int], images: list[ImageInput],
+                          logits_of: Callable[[list[int]], torch.Tensor], steps: tuple[int, ...] = (0, 2)) -> None:
+    """The top-20 logprobs of the tokens at `steps` of a greedy request are transformers' (`logits_of` ids: the last
+    position's logits) within 1e-4."""
+    engine.add_request("r", prompt, SamplingParams(max_tokens=max(steps) + 1, temperature=0.0, logprobs=20,
+                                                   ignore_eos=True), images=images)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    tokens = [t for out in outputs for t in out.new_token_ids]
+    logprobs = [lp for out in outputs for lp in out.new_logprobs]
+    for step in steps:
+        ref = torch.log_softmax(logits_of(prompt + tokens[:step]), dim=-1)
+        assert max(abs(logprob - float(ref[token])) for token, logprob in logprobs[step].items()) < 1e-4, step
