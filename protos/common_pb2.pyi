@@ -103,7 +103,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., guided_regex: _Optional[str] = ..., guided_grammar: _Optional[str] = ..., guide_after_token_id: _Optional[int] = ..., guide_after_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., bad_words: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lora_name: _Optional[str] = ..., stream_interval: _Optional[int] = ..., cache_salt: _Optional[str] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., thinking_budget: _Optional[_Union[ThinkingBudget, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., images: _Optional[_Iterable[_Union[PromptImage, _Mapping]]] = ...) -> None: ...
 
 class PromptImage(_message.Message):
-    __slots__ = ("rgb", "channels", "height", "width", "rescale_factor", "mean", "std", "digest", "crop", "embeds")
+    __slots__ = ("rgb", "channels", "height", "width", "rescale_factor", "mean", "std", "digest", "crop", "embeds", "frames", "fps")
     RGB_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,8 @@ class PromptImage(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CROP_FIELD_NUMBER: _ClassVar[int]
     EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
     rgb: bytes
     channels: int
     height: int
@@ -124,7 +126,9 @@ class PromptImage(_message.Message):
     digest: str
     crop: bool
     embeds: PromptEmbeds
-    def __init__(self, rgb: _Optional[bytes] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., rescale_factor: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., digest: _Optional[str] = ..., crop: _Optional[bool] = ..., embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
+    frames: int
+    fps: float
+    def __init__(self, rgb: _Optional[bytes] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., rescale_factor: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., digest: _Optional[str] = ..., crop: _Optional[bool] = ..., embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., frames: _Optional[int] = ..., fps: _Optional[float] = ...) -> None: ...
 
 class PromptEmbeds(_message.Message):
     __slots__ = ("data", "num_rows", "hidden_size", "dtype", "digest")
@@ -199,7 +203,7 @@ class KVLayout(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts", "image_urls", "image_embeds")
+    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts", "image_urls", "image_embeds", "video_parts", "video_urls")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +214,8 @@ class ChatMessage(_message.Message):
     IMAGE_PARTS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_URLS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_PARTS_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_URLS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls_json: str
@@ -220,7 +226,9 @@ class ChatMessage(_message.Message):
     image_parts: _containers.RepeatedScalarFieldContainer[int]
     image_urls: _containers.RepeatedScalarFieldContainer[str]
     image_embeds: _containers.RepeatedCompositeFieldContainer[ChatImageEmbeds]
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ..., image_embeds: _Optional[_Iterable[_Union[ChatImageEmbeds, _Mapping]]] = ...) -> None: ...
+    video_parts: _containers.RepeatedScalarFieldContainer[int]
+    video_urls: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ..., image_embeds: _Optional[_Iterable[_Union[ChatImageEmbeds, _Mapping]]] = ..., video_parts: _Optional[_Iterable[int]] = ..., video_urls: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChatImageEmbeds(_message.Message):
     __slots__ = ("index", "rows", "image_grid_thw")

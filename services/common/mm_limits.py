@@ -1,20 +1,21 @@
-"""vLLM's --limit-mm-per-prompt: how many images a prompt may hold (the gateway refuses more), 0 making a
-multimodal model text-only (its workers then load no image encoder; with --enable-mm-embeds, images still come as
-their encoder's rows); vLLM's --enable-mm-embeds; and vLLM's --mm-processor-kwargs: the image processor's
-settings a gateway reads images by, over the model's."""
+"""vLLM's --limit-mm-per-prompt: how many images and videos a prompt may hold (the gateway refuses more), 0 images
+making a multimodal model text-only (its workers then load no image encoder, which its videos need too; with
+--enable-mm-embeds, images still come as their encoder's rows); vLLM's --enable-mm-embeds; and vLLM's
+--mm-processor-kwargs: the image processor's settings a gateway reads images by, over the model's."""
 from __future__ import annotations
 
 import argparse
 
 from services.common.settings import ConfigError, json_object
 
-MODALITIES = ("image", "video", "audio")  # vLLM's names; only images are served here
+MODALITIES = ("image", "video", "audio")  # vLLM's names; images and videos are served here
 
 
 def add_limit_mm_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit-mm-per-prompt", metavar="JSON", default="",
-                        help="the most images a prompt may hold, as vLLM's flag: '{\"image\": N}'; 0 serves a "
-                             "multimodal model's text only, without loading its image encoder (default: no limit)")
+                        help="the most images and videos a prompt may hold, as vLLM's flag: '{\"image\": N, "
+                             "\"video\": M}'; 0 images serves a multimodal model's text only, without loading its "
+                             "image encoder (default: no limit)")
 
 
 def add_mm_embeds_flag(parser: argparse.ArgumentParser) -> None:
@@ -26,15 +27,29 @@ def add_mm_embeds_flag(parser: argparse.ArgumentParser) -> None:
 
 def image_limit(text: str) -> int | None:
     """The images a prompt may hold by `text` (the flag's JSON); None for no limit. ConfigError for JSON that
-    is not an object of modalities to counts, or a count of video or audio, which are not served."""
+    is not an object of modalities to counts, a count of audio, which is not served, or of videos beside no
+    images (no image encoder)."""
+    return _limits(text).get("image")
+
+
+def video_limit(text: str) -> int | None:
+    """The videos a prompt may hold by `text`; None for no limit, 0 where images are limited to 0."""
+    limits = _limits(text)
+    return 0 if limits.get("image") == 0 else limits.get("video")
+
+
+def _limits(text: str) -> dict:
     limits = json_object(text, "--limit-mm-per-prompt")
     if limits is None:
-        return None
+        return {}
     if any(k not in MODALITIES or not isinstance(v, int) or isinstance(v, bool) or v < 0 for k, v in limits.items()):
         raise ConfigError(f"--limit-mm-per-prompt maps {', '.join(MODALITIES)} to counts of at least 0, got {text}")
-    if any(limits.get(kind) for kind in ("video", "audio")):
-        raise ConfigError("--limit-mm-per-prompt: videos and audio are not served here, only images")
-    return limits.get("image")
+    if limits.get("audio"):
+        raise ConfigError("--limit-mm-per-prompt: audio is not served here, only images and videos")
+    if limits.get("image") == 0 and limits.get("video"):
+        raise ConfigError("--limit-mm-per-prompt: videos are encoded by the image encoder, which 0 images leaves "
+                          "unloaded: give videos 0 too, or images more")
+    return limits
 
 
 # What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, any processor's size (Pixtral's longest_edge), Gemma
@@ -52,6 +67,28 @@ def add_mm_processor_kwargs_flag(parser: argparse.ArgumentParser) -> None:
                              "'{\"max_pixels\": N}' (and min_pixels) bounds an image's tokens, '{\"size\": "
                              "{\"longest_edge\": N}}' Pixtral's, '{\"do_pan_and_scan\": true}' has Gemma 3 read "
                              "crops of an image far from square beside it")
+
+
+def add_media_io_kwargs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--media-io-kwargs", metavar="JSON", default="",
+                        help="how media are read, as vLLM's flag: '{\"video\": {\"num_frames\": N}}' samples N "
+                             "frames of a video, evenly (-1: every frame; default: Qwen's 2 a second, as vLLM "
+                             "samples them)")
+
+
+def video_frames(text: str) -> int | None:
+    """The frames sampled of a video by --media-io-kwargs (None where it leaves it); ConfigError for a setting not
+    served here or not a positive integer."""
+    kwargs = json_object(text, "--media-io-kwargs") or {}
+    video = kwargs.get("video", {})
+    if set(kwargs) - {"video"} or not isinstance(video, dict) or set(video) - {"num_frames"}:
+        raise ConfigError(f"--media-io-kwargs: only {{\"video\": {{\"num_frames\": N}}}} is served here, got {text}")
+    frames = video.get("num_frames")
+    if frames is not None and (not isinstance(frames, int) or isinstance(frames, bool) or not (frames > 0 or
+                                                                                            frames == -1)):
+        raise ConfigError(f"--media-io-kwargs: video's num_frames must be a positive integer or -1 (every frame), "
+                          f"got {frames!r}")
+    return frames
 
 
 def processor_kwargs(text: str) -> dict:

@@ -3,6 +3,7 @@ the workers' engines take them."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,14 +55,15 @@ def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | Image
             images.append(ImageRows(_rows(image.embeds, "an image's embeds"), shape, image.digest, image.crop))
             continue
         if not image.rgb and image.digest:
-            images.append(WithheldImage(shape, image.digest, image.crop))
+            images.append(WithheldImage(shape, image.digest, image.crop, image.frames, image.fps))
             continue
-        if len(image.rgb) != image.channels * image.height * image.width or not image.rgb:
-            raise ValueError(f"an image holds {len(image.rgb)} bytes, not uint8 RGB of [{', '.join(map(str, shape))}]"
-                             " (nor none, its pixels withheld, with its digest)")
-        rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8).view(*shape)
+        full_shape = (image.frames, *shape) if image.frames else shape
+        if len(image.rgb) != math.prod(full_shape) or not image.rgb:
+            raise ValueError(f"an image holds {len(image.rgb)} bytes, not uint8 RGB of "
+                             f"[{', '.join(map(str, full_shape))}] (nor none, its pixels withheld, with its digest)")
+        rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8).view(*full_shape)
         images.append(ImageInput(rgb, image.rescale_factor, tuple(image.mean), tuple(image.std), image.digest,
-                                 image.crop))
+                                 image.crop, image.fps))
     return images
 
 

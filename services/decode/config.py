@@ -28,7 +28,7 @@ from services.common.logprobs_flag import (
     check_max_logprobs,
 )
 from services.common.lora_flags import add_lora_flag, add_lora_limit_flags, check_lora_limits, lora_modules
-from services.common.mm_limits import add_limit_mm_flag, add_mm_embeds_flag, image_limit
+from services.common.mm_limits import add_limit_mm_flag, add_mm_embeds_flag, image_limit, video_limit
 from services.common.settings import (
     DEFAULT_SHUTDOWN_GRACE_S,
     ENV_MAX_MESSAGE_BYTES as ENV_MAX_MESSAGE_BYTES,
@@ -97,6 +97,7 @@ class DecodeServiceConfig:
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
     long_prefill_token_threshold: int = 0  # a step's most tokens for one prompt; 0: no cap
     limit_images: int | None = None  # a prompt's most images (--limit-mm-per-prompt); 0: text only; None: any
+    limit_videos: int | None = None  # its videos' (0 where images are)
     enable_mm_embeds: bool = False  # images may come as their encoder's rows (vLLM's --enable-mm-embeds)
     tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)
     max_num_seqs: int = 128
@@ -208,7 +209,8 @@ class DecodeServiceConfig:
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    seed=args.seed, tokenizer_dir=args.tokenizer_dir,
                    long_prefill_token_threshold=args.long_prefill_token_threshold,
-                   limit_images=image_limit(args.limit_mm_per_prompt), enable_mm_embeds=args.enable_mm_embeds,
+                   limit_images=image_limit(args.limit_mm_per_prompt),
+                   limit_videos=video_limit(args.limit_mm_per_prompt), enable_mm_embeds=args.enable_mm_embeds,
                    max_num_seqs=args.max_num_seqs, lease_ms=args.lease_ms,
                    scheduling_policy=args.scheduling_policy, device=args.device, dtype=args.dtype,
                    kv_cache_dtype=args.kv_cache_dtype,

@@ -12,6 +12,7 @@ SIGINT: both APIs stop taking requests, in-flight ones get a grace period, exit 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -66,6 +67,7 @@ from services.gateway.worker_discovery import (
 )
 from services.gateway.workers import WorkerPool
 from services.kvstore.prefix_index import PrefixIndex
+from services.tokenizer.image_tokens import QWEN_VIDEOS
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
 log = logging.getLogger("baton.gateway")
@@ -198,7 +200,8 @@ class GatewayService:
                 processing, config.allowed_local_media_path, config.allowed_media_domains, config.limit_images,
                 ProcessedImageCache(cache_bytes) if cache_bytes else None,
                 max_bytes=max(config.max_message_bytes - MESSAGE_HEADROOM_BYTES, 0),
-                embeds=self._image_embeds(config, processing) if config.enable_mm_embeds else None)
+                embeds=self._image_embeds(config, processing) if config.enable_mm_embeds else None,
+                videos=self._videos(config, model_json), video_limit=config.limit_videos)
         if config.enable_prompt_embeds:
             # torch, only where they are taken
             from engine.model_config_loader import load_model_config
@@ -238,6 +241,18 @@ class GatewayService:
         from services.gateway.prompt_embeds import PromptEmbedsReader
         hidden_size = load_model_config(config.model_dir, config.hf_overrides).hidden_size
         return ImageEmbedsReader(processing, PromptEmbedsReader(hidden_size))
+
+    @staticmethod
+    def _videos(config: GatewayConfig, model_json: dict):
+        """What reads chat's videos, for a model whose videos are served and not limited to 0; else None."""
+        if config.limit_videos == 0 or model_json.get("model_type") not in QWEN_VIDEOS:
+            return None
+        if importlib.util.find_spec("torch") is None:  # the Dockerfile's light image: frames are resized by torch
+            log.warning("videos are not served: this gateway has no torch to resize their frames with")
+            return None
+        from services.gateway.video_frames import VideoProcessing
+        return VideoProcessing.from_dir(config.model_dir, {"num_frames": config.video_frames}
+                                        if config.video_frames else None)
 
     def _follow_workers(self) -> None:
         """Keep the pools on their names as they resolve now, and with --discover-workers the prefill

@@ -1,12 +1,12 @@
-"""A chat's images, read (image_inputs.py's ChatImages, where the model takes images) as every API that takes
-chat messages reads them: the HTTP APIs' generation, /tokenize and count_tokens, and the gRPC API's alike."""
+"""A chat's images and videos, read (image_inputs.py's ChatImages, where the model takes images) as every API that
+takes chat messages reads them: the HTTP APIs' generation, /tokenize and count_tokens, and the gRPC API's alike."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from protos import common_pb2
-from services.gateway.chat_messages import ChatMessage
+from services.gateway.chat_messages import ChatMessage, VideoPart, VideoURL
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
 from services.tokenizer.image_tokens import ImageSize
@@ -14,12 +14,12 @@ from services.tokenizer.image_tokens import ImageSize
 
 async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages",
                       processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages | None:
-    """The messages' images (their pixels, or rows given as image_embeds parts), in order (None for none), read
-    with a request's `processor_kwargs` (vLLM's mm_processor_kwargs); APIError (400) naming `param` where the
-    model takes none, or one cannot be read. `state`: what has the gateway's `images` and `model_name`
+    """The messages' images (their pixels, or rows given as image_embeds parts) and videos, in order (None for
+    none), read with a request's `processor_kwargs` (vLLM's mm_processor_kwargs); APIError (400) naming `param`
+    where the model takes none, or one cannot be read. `state`: what has the gateway's `images` and `model_name`
     (http_app.GatewayState, the gRPC API's servicer, whose messages give their images' URLs)."""
     sources = [source for message in messages for source in (
-        message.image_sources if isinstance(message, ChatMessage) else grpc_image_sources(message))]
+        message.media_sources if isinstance(message, ChatMessage) else grpc_media_sources(message))]
     if not sources:
         return None
     if state.images is None:
@@ -35,9 +35,12 @@ async def chat_image_sizes(state, messages: Sequence[ChatMessage],
     return images.sizes if images is not None else []
 
 
-def grpc_image_sources(message: common_pb2.ChatMessage) -> list[str | common_pb2.ChatImageEmbeds]:
-    """A gRPC API message's images in order: each given as rows at its index, its URLs in the other places
-    (the gRPC API checked they fill its image_parts)."""
+def grpc_media_sources(message: common_pb2.ChatMessage) -> list[str | common_pb2.ChatImageEmbeds | VideoPart]:
+    """A gRPC API message's images and videos in the order of its parts: each image given as rows at its index, its
+    URLs in the other places (the gRPC API checked they fill its image_parts), each video by its URL."""
     urls = iter(message.image_urls)
     by_index = {embeds.index: embeds for embeds in message.image_embeds}
-    return [by_index[i] if i in by_index else next(urls) for i in range(len(message.image_parts))]
+    images = [by_index[i] if i in by_index else next(urls) for i in range(len(message.image_parts))]
+    videos = [VideoPart(type="video_url", video_url=VideoURL(url=url)) for url in message.video_urls]
+    placed = sorted([*zip(message.image_parts, images), *zip(message.video_parts, videos)], key=lambda p: p[0])
+    return [source for _, source in placed]

@@ -1,5 +1,5 @@
-"""A chat message as the OpenAI API sends it (`ChatMessage`: text, and image parts for a model that takes
-images), and as chat templates read it: the chat API's, the Responses API's, /tokenize's and the gRPC
+"""A chat message as the OpenAI API sends it (`ChatMessage`: text, and image and video parts for a model that takes
+them), and as chat templates read it: the chat API's, the Responses API's, /tokenize's and the gRPC
 API's messages alike."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from services.tokenizer.content_format import IMAGE_PART
+from services.tokenizer.content_format import IMAGE_PART, VIDEO_PART
 
 
 class TextPart(BaseModel):
@@ -31,6 +31,20 @@ class ImagePart(BaseModel):
     image_url: ImageURL
 
 
+class VideoURL(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    url: str
+
+
+class VideoPart(BaseModel):
+    """vLLM's video part: its frames read from `video_url.url` (image_inputs.py), where the model takes videos
+    (Qwen2-VL's, Qwen2.5-VL's)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
 class ImageEmbedsPart(BaseModel):
     """vLLM's image given as its encoder's rows (the gateway's --enable-mm-embeds; image_embeds.py): the base64 of
     a torch.save'd [tokens, hidden] tensor, or, for Qwen-VL, an object of it and of its image_grid_thw's."""
@@ -49,7 +63,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: ChatRole
-    content: str | list[TextPart | ImagePart | ImageEmbedsPart | dict[str, Any]] | None = None
+    content: str | list[TextPart | ImagePart | VideoPart | ImageEmbedsPart | dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's, earlier in the conversation
     tool_call_id: str | None = None  # a tool message answers this call
@@ -61,24 +75,26 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _text_or_images(self):
         for part in self.content if isinstance(self.content, list) else ():
-            if not isinstance(part, (TextPart, ImagePart, ImageEmbedsPart)):
+            if not isinstance(part, (TextPart, ImagePart, VideoPart, ImageEmbedsPart)):
                 raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text, "
-                                 "image_url and image_embeds only)")
+                                 "image_url, video_url and image_embeds only)")
         return self
 
     @property
-    def image_sources(self) -> list[str | ImageEmbedsPart]:
-        """Its images, in the order of its parts: each one's URL, or its part given as its encoder's rows."""
+    def media_sources(self) -> list[str | ImageEmbedsPart | VideoPart]:
+        """Its images and videos, in the order of its parts: each image's URL, or its part given as its encoder's
+        rows; each video's part."""
         if not isinstance(self.content, list):
             return []
         return [part.image_url.url if isinstance(part, ImagePart) else part
-                for part in self.content if isinstance(part, (ImagePart, ImageEmbedsPart))]
+                for part in self.content if isinstance(part, (ImagePart, VideoPart, ImageEmbedsPart))]
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as chat templates read it: its text (or its text parts, which the template's
         content format joins or keeps), and its tool calls with their arguments as objects (templates
         write them with `tojson`; OpenAI sends them as JSON text)."""
-        content = [{"type": "text", "text": part.text} if isinstance(part, TextPart) else dict(IMAGE_PART)
+        content = [{"type": "text", "text": part.text} if isinstance(part, TextPart) else
+                   dict(VIDEO_PART) if isinstance(part, VideoPart) else dict(IMAGE_PART)
                    for part in self.content] if isinstance(self.content, list) else self.text
         message: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:

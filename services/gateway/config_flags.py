@@ -21,10 +21,13 @@ from services.common.logprobs_flag import add_max_logprobs_flag
 from services.common.lora_flags import add_lora_flag, lora_modules
 from services.common.mm_limits import (
     add_limit_mm_flag,
+    add_media_io_kwargs_flag,
     add_mm_embeds_flag,
     add_mm_processor_kwargs_flag,
     image_limit,
     processor_kwargs,
+    video_frames,
+    video_limit,
 )
 from services.common.settings import (
     ConfigError,
@@ -127,8 +130,10 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         enable_prompt_embeds=args.enable_prompt_embeds, allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=frozenset(d.lower() for d in args.allowed_media_domains)
         if args.allowed_media_domains else None, enable_mm_embeds=args.enable_mm_embeds,
-        limit_images=image_limit(args.limit_mm_per_prompt), mm_processor_cache_gb=args.mm_processor_cache_gb,
+        limit_images=image_limit(args.limit_mm_per_prompt), limit_videos=video_limit(args.limit_mm_per_prompt),
+        mm_processor_cache_gb=args.mm_processor_cache_gb,
         mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
+        video_frames=video_frames(args.media_io_kwargs),
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)
@@ -248,6 +253,7 @@ def new_gateway_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              "reading them takes torch into the gateway)")
     add_limit_mm_flag(parser)
     add_mm_processor_kwargs_flag(parser)
+    add_media_io_kwargs_flag(parser)
     parser.add_argument("--mm-processor-cache-gb", type=float, default=4.0, metavar="GIB",
                         help="GiB of images kept as the model's image processor made them, by their encoded bytes: "
                              "a conversation's images, sent again each turn, are decoded and resized once (as "

@@ -86,12 +86,13 @@ class ProcessedImage:
 
     @classmethod
     def of(cls, rgb: bytes, shape: tuple[int, int, int], rescale_factor: float, mean: Sequence[float],
-           std: Sequence[float]) -> ProcessedImage:
-        """`rgb`, uint8 [height, width, channels] (`shape`), normalized by `rescale_factor`, `mean` and `std`."""
+           std: Sequence[float], frames: int = 0, fps: float = 0.0) -> ProcessedImage:
+        """`rgb`, uint8 [height, width, channels] (`shape`; a video's `frames` of it at `fps`), normalized by
+        `rescale_factor`, `mean` and `std`."""
         height, width, channels = shape
+        digest = image_digest(rgb, (frames, *shape) if frames else shape, rescale_factor, mean, std, fps)
         return cls(common_pb2.PromptImage(height=height, width=width, channels=channels, rescale_factor=rescale_factor,
-                                          mean=mean, std=std,
-                                          digest=image_digest(rgb, shape, rescale_factor, mean, std)), rgb)
+                                          mean=mean, std=std, digest=digest, frames=frames, fps=fps), rgb)
 
     @property
     def digest(self) -> str:
@@ -99,8 +100,8 @@ class ProcessedImage:
 
     @property
     def size(self) -> ImageSize:
-        """Its size as resized, and its crops' count: how many tokens it takes in a prompt."""
-        return ImageSize(self.meta.height, self.meta.width, len(self.crops))
+        """Its size as resized, its crops' count and a video's frames: how many tokens it takes in a prompt."""
+        return ImageSize(self.meta.height, self.meta.width, len(self.crops), self.meta.frames)
 
     @property
     def with_crops(self) -> tuple[ProcessedImage, ...]:

@@ -172,8 +172,8 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 code=error.status, message=error.message, type=error.type, param=error.param or ""))
 
     async def _chat_images(self, request: gateway_pb2.GenerateRequest) -> GivenImages | None:
-        """A chat's images (its messages' image_urls, and image_embeds given as rows), in order; APIError (400)
-        where the model takes none, or one cannot be read."""
+        """A chat's images (its messages' image_urls, and image_embeds given as rows) and videos (video_urls), in
+        order; APIError (400) where the model takes none, or one cannot be read."""
         if request.WhichOneof("input") != "chat":
             return None
         for i, message in enumerate(request.chat.messages):
@@ -185,6 +185,13 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             if len(indexes) != len(message.image_embeds) or any(index >= len(message.image_parts) for index in indexes):
                 raise APIError(400, f"chat.messages[{i}].image_embeds' indexes must be distinct, each under its "
                                     f"{len(message.image_parts)} image_parts", param=f"chat.messages[{i}].image_embeds")
+            if len(message.video_urls) != len(message.video_parts):
+                raise APIError(400, f"chat.messages[{i}] has {len(message.video_parts)} video_parts for "
+                                    f"{len(message.video_urls)} video_urls", param=f"chat.messages[{i}].video_urls")
+            parts = [*message.image_parts, *message.video_parts]
+            if len(set(parts)) != len(parts):
+                raise APIError(400, f"chat.messages[{i}]'s image_parts and video_parts must name distinct indexes",
+                                    param=f"chat.messages[{i}].video_parts")
         images = await chat_images(self, request.chat.messages, "chat.messages",  # its images and model_name
                                    mm_processor_kwargs(request.chat_options))
         if images is not None and request.HasField("beam_search"):

@@ -1,7 +1,7 @@
-"""A chat message's images, read from a data: URL, an http(s) URL, or a file:// one under
---allowed-local-media-path, and made by the model's image processor (image_processing.py) into what the
-workers take: each prompt's within --limit-mm-per-prompt and a message's size, a conversation's kept by their
-bytes (--mm-processor-cache-gb)."""
+"""A chat message's images and videos, read from a data: URL, an http(s) URL, or a file:// one under
+--allowed-local-media-path, and made by the model's image processor (image_processing.py) or video processor
+(video_frames.py) into what the workers take: each prompt's within --limit-mm-per-prompt and a message's size, a
+conversation's kept by their bytes (--mm-processor-cache-gb)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from protos import common_pb2
 from services.common.mm_limits import checked_processor_kwargs
-from services.gateway.chat_messages import ImageEmbedsPart
+from services.gateway.chat_messages import ImageEmbedsPart, VideoPart
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
@@ -27,11 +27,13 @@ from services.gateway.image_processing import ImageProcessing
 
 if TYPE_CHECKING:
     from services.gateway.image_embeds import ImageEmbedsReader
+    from services.gateway.video_frames import VideoProcessing
 
 # An image given as its encoder's rows: the HTTP API's image_embeds part, or the gRPC API's.
 ImageGivenAsRows = ImageEmbedsPart | common_pb2.ChatImageEmbeds
 
 MAX_IMAGE_BYTES = 32 * 2**20  # an image's encoded bytes, fetched or given
+MAX_VIDEO_BYTES = 256 * 2**20  # a video's, fetched
 # Of a message to a worker, what a prompt's images leave for the rest of the request (its prompt's token ids).
 MESSAGE_HEADROOM_BYTES = 2**20
 FETCH_TIMEOUT_S = 10.0
@@ -53,19 +55,29 @@ class ChatImages:
     # (--max-message-bytes); None: no bound here.
     max_bytes: int | None = None
     embeds: ImageEmbedsReader | None = None  # what reads images given as their encoder's rows (--enable-mm-embeds)
+    videos: VideoProcessing | None = None  # what reads videos (Qwen2-VL's, Qwen2.5-VL's); None: the model takes none
+    video_limit: int | None = None  # a prompt's most videos; None: any
 
-    async def read(self, sources: Sequence[str | ImageGivenAsRows], param: str = "messages",
+    async def read(self, sources: Sequence[str | ImageGivenAsRows | VideoPart], param: str = "messages",
                    processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
-        """The images of their URLs (or given as their encoder's rows), in order, read by the processor's settings
-        with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) over them; APIError (400)
-        naming `param` for one that cannot be read, or for more than the limit, and naming mm_processor_kwargs
-        for settings not served."""
+        """The images of their URLs (or given as their encoder's rows) and the videos of theirs, in order, read by
+        the processor's settings with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) over
+        them; APIError (400) naming `param` for one that cannot be read, or for more than the limit, and naming
+        mm_processor_kwargs for settings not served."""
+        num_videos = sum(isinstance(source, VideoPart) for source in sources)
+        num_images = len(sources) - num_videos
+        if num_videos and self.videos is None:
+            raise APIError(400, f"{param}: this model takes no videos here (Qwen2-VL's and Qwen2.5-VL's do, unless "
+                                "--limit-mm-per-prompt gives them 0)", param=param)
+        if self.video_limit is not None and num_videos > self.video_limit:
+            raise APIError(400, f"{num_videos} videos in one prompt, more than this server's limit of "
+                                f"{self.video_limit} (--limit-mm-per-prompt)", param=param)
         if self.limit == 0:  # its workers load no image encoder (--enable-mm-embeds with a limit of 0)
             if any(isinstance(source, str) for source in sources):
                 raise APIError(400, f"{param}: this server takes images only as their encoder's rows (image_embeds "
                                     "parts; --limit-mm-per-prompt 0 with --enable-mm-embeds)", param=param)
-        elif self.limit is not None and len(sources) > self.limit:
-            raise APIError(400, f"{len(sources)} images in one prompt, more than this server's limit of {self.limit} "
+        elif self.limit is not None and num_images > self.limit:
+            raise APIError(400, f"{num_images} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
         processing = self.processing
         if processor_kwargs:
@@ -74,16 +86,16 @@ class ChatImages:
                                                                              "mm_processor_kwargs"))
             except ValueError as e:
                 raise APIError(400, str(e), param="mm_processor_kwargs") from None
-        if self.embeds is None and any(not isinstance(source, str) for source in sources):
+        if self.embeds is None and any(isinstance(source, ImageGivenAsRows) for source in sources):
             raise APIError(400, f"{param}: image_embeds parts are taken only by a gateway started with "
                                 "--enable-mm-embeds", param=param)
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
-        read = [await _image_bytes(source, self.allowed_local_path, self.allowed_domains, param)
-                if isinstance(source, str) and not is_data_url(source) else source for source in sources]
+        read = [await self._fetched(source, param) for source in sources]
         # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte (rows given: torch.load's).
         images = await asyncio.to_thread(lambda: GivenImages(tuple(
             self.embeds.read(source, param) if isinstance(source, ImageGivenAsRows) else
+            self._video(source, param) if isinstance(source, Video) else
             self._processed(source, processing, param) for source in read)))
         size = images.num_bytes
         if self.max_bytes is not None and size > self.max_bytes:
@@ -92,6 +104,28 @@ class ChatImages:
                                 "MiB, --max-message-bytes): send fewer or smaller images, or bound them by "
                                 "mm_processor_kwargs (Qwen-VL's max_pixels)", param=param)
         return images
+
+    async def _fetched(self, source: str | ImageGivenAsRows | VideoPart, param: str
+                       ) -> str | bytes | ImageGivenAsRows | Video:
+        """An http(s) or file:// URL's bytes, fetched or read; a data: URL (or rows) as it is."""
+        if isinstance(source, VideoPart):
+            url = source.video_url.url
+            return Video(url if is_data_url(url) else await _media_bytes(
+                url, self.allowed_local_path, self.allowed_domains, param, "video", MAX_VIDEO_BYTES))
+        if isinstance(source, str) and not is_data_url(source):
+            return await _media_bytes(source, self.allowed_local_path, self.allowed_domains, param)
+        return source
+
+    def _video(self, video: Video, param: str) -> ProcessedImage:
+        """A video's frames as the model's video processor makes them, from the cache where it holds them."""
+        def make() -> ProcessedImage:
+            data = data_url_bytes(video.source, param) if isinstance(video.source, str) else video.source
+            return self.videos.processed(data, self.max_bytes, param)
+
+        if self.cache is None:
+            return make()
+        source = video.source.encode() if isinstance(video.source, str) else video.source
+        return self.cache.processed(b"video " + source, make)
 
     def _processed(self, source: str | bytes, processing: ImageProcessing, param: str) -> ProcessedImage:
         """The image of a data: URL (`source` a str) or of encoded bytes, from the cache where it holds it (by
@@ -104,6 +138,13 @@ class ChatImages:
             return make()
         settings = b"" if processing is self.processing else repr(processing).encode()
         return self.cache.processed(settings + (source.encode() if isinstance(source, str) else source), make)
+
+
+@dataclass(frozen=True)
+class Video:
+    """A video part's data: URL, or its bytes as fetched."""
+
+    source: str | bytes
 
 
 def read_image(data: bytes, param: str) -> Image.Image:
@@ -131,14 +172,14 @@ def data_url_bytes(url: str, param: str) -> bytes:
         raise APIError(400, f"{param}: the data URL is not base64: {e}", param=param) from None
 
 
-async def _image_bytes(url: str, allowed_local_path: Path | None, allowed_domains: frozenset[str] | None,
-                       param: str) -> bytes:
-    """The encoded bytes of an http(s) or file:// URL's image."""
+async def _media_bytes(url: str, allowed_local_path: Path | None, allowed_domains: frozenset[str] | None,
+                       param: str, kind: str = "image", most_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The encoded bytes of an http(s) or file:// URL's image (or video: `kind`), at most `most_bytes`."""
     scheme = urlparse(url).scheme
     if scheme in ("http", "https"):
         async def check_host(request: httpx.Request) -> None:  # the URL's, and each redirect's
             if allowed_domains is not None and request.url.host not in allowed_domains:
-                raise APIError(400, f"{param}: images are fetched only from the gateway's --allowed-media-domains "
+                raise APIError(400, f"{param}: {kind}s are fetched only from the gateway's --allowed-media-domains "
                                     f"({', '.join(sorted(allowed_domains))}), not {request.url.host!r}", param=param)
 
         try:
@@ -149,19 +190,19 @@ async def _image_bytes(url: str, allowed_local_path: Path | None, allowed_domain
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk
-                    if len(body) > MAX_IMAGE_BYTES:
-                        raise APIError(400, f"{param}: the image is over {MAX_IMAGE_BYTES} bytes", param=param)
+                    if len(body) > most_bytes:
+                        raise APIError(400, f"{param}: the {kind} is over {most_bytes} bytes", param=param)
                 return bytes(body)
         except httpx.HTTPError as e:
-            raise APIError(400, f"{param}: the image could not be fetched: {e}", param=param) from None
+            raise APIError(400, f"{param}: the {kind} could not be fetched: {e}", param=param) from None
     if scheme == "file":
         if allowed_local_path is None:
-            raise APIError(400, f"{param}: file:// images are read only under the gateway's "
+            raise APIError(400, f"{param}: file:// {kind}s are read only under the gateway's "
                                 "--allowed-local-media-path", param=param)
         path = Path(unquote(urlparse(url).path)).resolve()
         if not path.is_relative_to(allowed_local_path.resolve()) or not path.is_file():
             raise APIError(400, f"{param}: {path} is not a file under --allowed-local-media-path", param=param)
-        if path.stat().st_size > MAX_IMAGE_BYTES:
-            raise APIError(400, f"{param}: the image is over {MAX_IMAGE_BYTES} bytes", param=param)
+        if path.stat().st_size > most_bytes:
+            raise APIError(400, f"{param}: the {kind} is over {most_bytes} bytes", param=param)
         return path.read_bytes()
-    raise APIError(400, f"{param}: an image URL is data:, http(s): or file:, got {url[:40]!r}", param=param)
+    raise APIError(400, f"{param}: the {kind}'s URL must be data:, http(s): or file:, got {url[:40]!r}", param=param)

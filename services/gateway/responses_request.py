@@ -157,7 +157,7 @@ def fit_to_context(chat: ChatCompletionRequest, prompts: PromptEncoder, images: 
     messages, options = chat.messages, prompts.chat_options(chat.chat_options())
     first = 1 if messages[0].role in ("system", "developer") else 0  # the instructions stay
     given = iter(images.images if images is not None else ())
-    by_message = [[next(given) for _ in message.image_sources] for message in messages]
+    by_message = [[next(given) for _ in message.media_sources] for message in messages]
 
     def kept_images(start: int) -> list[ProcessedImage]:
         return [image for i in (*range(first), *range(start, len(messages))) for image in by_message[i]]

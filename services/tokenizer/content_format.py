@@ -41,39 +41,43 @@ def shaped_content(message: Mapping[str, Any], content_format: str) -> Mapping[s
         if content_format == "openai":
             split_parts(content)  # each a text part or an image's place: what templates read
             return message
-        if num_image_parts(message):
-            raise ValueError("this chat template reads a message's content as text: it cannot place images "
+        if num_media_parts(message):
+            raise ValueError("this chat template reads a message's content as text: it cannot place images or videos "
                              "(--chat-template-content-format openai, or a template that loops over the parts)")
         return {**message, "content": "\n".join(part_texts(content))}
     return message
 
 
 IMAGE_PART = {"type": "image"}  # where an image goes, as templates of multimodal models read it
+VIDEO_PART = {"type": "video"}  # and a video (Qwen-VL's templates)
 
 
-def num_image_parts(message: Mapping[str, Any]) -> int:
+def num_media_parts(message: Mapping[str, Any]) -> int:
+    """Its images and videos."""
     content = message.get("content")
-    return sum(part == IMAGE_PART for part in content) if isinstance(content, list) else 0
+    return sum(part in (IMAGE_PART, VIDEO_PART) for part in content) if isinstance(content, list) else 0
 
 
-def split_parts(parts: list[Any]) -> tuple[list[str], list[int]]:
-    """Content parts as their texts and the indexes of their images (common.proto's ChatMessage);
-    ValueError for a part of another kind."""
-    texts, images = [], []
+def split_parts(parts: list[Any]) -> tuple[list[str], list[int], list[int]]:
+    """Content parts as their texts and the indexes of their images and of their videos (common.proto's
+    ChatMessage); ValueError for a part of another kind."""
+    texts, images, videos = [], [], []
     for index, part in enumerate(parts):
         if part == IMAGE_PART:
             images.append(index)
+        elif part == VIDEO_PART:
+            videos.append(index)
         else:
             texts += part_texts([part])
-    return texts, images
+    return texts, images, videos
 
 
-def joined_parts(texts: list[str], image_indexes: list[int]) -> list[dict[str, Any]]:
+def joined_parts(texts: list[str], image_indexes: list[int], video_indexes: list[int] = ()) -> list[dict[str, Any]]:
     """The converse of `split_parts`."""
     text_parts = iter(texts)
-    images = set(image_indexes)
-    return [dict(IMAGE_PART) if index in images else {"type": "text", "text": next(text_parts)}
-            for index in range(len(texts) + len(images))]
+    images, videos = set(image_indexes), set(video_indexes)
+    return [dict(IMAGE_PART) if index in images else dict(VIDEO_PART) if index in videos else
+            {"type": "text", "text": next(text_parts)} for index in range(len(texts) + len(images) + len(videos))]
 
 
 def part_texts(parts: list[Any]) -> list[str]:

@@ -22,9 +22,9 @@ def chat_message_to_proto(message: dict[str, Any]) -> common_pb2.ChatMessage:
     """The converse, for the gateway: a message dict as the tokenizer service takes it."""
     tool_calls = message.get("tool_calls")
     content = message.get("content") or ""
-    parts, images = split_parts(content) if isinstance(content, list) else ([], [])
-    return common_pb2.ChatMessage(role=message["role"], content="" if parts or images else content,
-                                  content_parts=parts, image_parts=images,
+    parts, images, videos = split_parts(content) if isinstance(content, list) else ([], [], [])
+    return common_pb2.ChatMessage(role=message["role"], content="" if parts or images or videos else content,
+                                  content_parts=parts, image_parts=images, video_parts=videos,
                                   tool_calls_json=json.dumps(tool_calls) if tool_calls else "",
                                   tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "",
                                   reasoning_content=message.get("reasoning_content") or "")
@@ -43,13 +43,13 @@ def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]], o
         chat_template=options.template or "", documents_json=json.dumps(list(options.documents))
         if options.documents is not None else "", add_special_tokens=options.add_special_tokens,
         content_format=options.content_format,
-        image_sizes=[tokenizer_pb2.ImageSize(height=size.height, width=size.width, num_crops=size.num_crops)
-                     for size in image_sizes])
+        image_sizes=[tokenizer_pb2.ImageSize(height=size.height, width=size.width, num_crops=size.num_crops,
+                                             frames=size.frames) for size in image_sizes])
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:
-    content = joined_parts(list(m.content_parts), list(m.image_parts)) if m.content_parts or m.image_parts \
-        else m.content
+    content = joined_parts(list(m.content_parts), list(m.image_parts), list(m.video_parts)) \
+        if m.content_parts or m.image_parts or m.video_parts else m.content
     message: dict[str, Any] = {"role": m.role, "content": content}
     if m.tool_calls_json:
         message["tool_calls"] = json.loads(m.tool_calls_json)

@@ -2,16 +2,19 @@
 writes where each image goes: Gemma 3's a run of one placeholder token per row of the image's encoding between
 begin and end marks; Mistral 3's (Pixtral's processor) a row of placeholders per row of the image's grid of
 tokens, each row ended by a break, the last by an end token; Qwen2.5-VL's one run of the grid's tokens: as many
-tokens as the image's size makes, for those two; Llama 4's a run a tile of the image's canvas, between tile
+tokens as the image's size makes, for those two (Qwen2-VL's and Qwen2.5-VL's videos one run of their frame pairs' grids
+of tokens); Llama 4's a run a tile of the image's canvas, between tile
 separators, then its global tile's run. Gemma 3's image with pan-and-scan crops is written as its processor writes
 it: the original's run, then each crop's."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-QWEN_IMAGE_TOKEN = "<|image_pad|>"
+QWEN_IMAGE_TOKEN, QWEN_VIDEO_TOKEN = "<|image_pad|>", "<|video_pad|>"
+QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl")  # whose videos are served: Qwen3-VL writes each frame pair's time in text
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 # Llama4Processor's, by the names processor_config.json gives them.
 LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
@@ -21,11 +24,12 @@ LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_st
 
 class ImageSize(NamedTuple):
     """An image's size in pixels as its processor resized it, and the crops made of it that go beside it
-    (Gemma 3's pan-and-scan)."""
+    (Gemma 3's pan-and-scan); or a video's frames' size, and how many there are."""
 
     height: int
     width: int
     num_crops: int = 0
+    frames: int = 0  # a video's; 0 for an image
 
 
 @dataclass(frozen=True)
@@ -79,17 +83,41 @@ class ImageGridTokens:
 
 @dataclass(frozen=True)
 class ImageRunTokens:
-    """Qwen2.5-VL's: an image's tokens one run, as many as the squares of its size."""
+    """Qwen2.5-VL's: an image's tokens one run, as many as the squares of its size; a video's one run of as many a
+    pair of its frames (Qwen2-VL's and Qwen2.5-VL's)."""
 
     token: str  # the template's mark of an image, and each of its tokens: "<|image_pad|>"
     pixels_per_token: int  # on a side: the patch size times the spatial merge
+    video: str | None = None  # the mark of a video, and each of its tokens: "<|video_pad|>"; None: takes none
+    frames_per_patch: int = 2  # a video's frames one patch spans (temporal_patch_size)
 
     def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
-        """`text` with the mark of each image, of `image_sizes` as its processor resized it,
-        made its run; ValueError without a mark and a size for each of `num_images`."""
+        """`text` with the mark of each image (and video), of `image_sizes` as its processor resized it, made its
+        run; ValueError without a mark and a size for each of `num_images`, or for a video's size at an image's
+        mark (or the converse)."""
+        if not self.video:
+            return _each_image(text, self.token, image_sizes, num_images, self._run)
+        marks = re.compile(f"{re.escape(self.token)}|{re.escape(self.video)}")
+        found = marks.findall(text)
+        if len(found) != num_images:
+            raise ValueError(f"the chat template wrote {len(found)} image or video mark(s) ({self.token}, "
+                             f"{self.video}) for {num_images} image(s) and video(s)")
+        _check_sizes(image_sizes, num_images)
+        pieces = marks.split(text)
+        runs = []
+        for mark, size in zip(found, image_sizes, strict=True):
+            if (mark == self.video) != bool(size.frames):
+                raise ValueError(f"the chat template wrote {mark} where the prompt's {len(runs) + 1}. item is "
+                                 f"{'a video' if size.frames else 'an image'}")
+            runs.append(self._run(size.height, size.width, size.frames))
+        return pieces[0] + "".join(run + after for run, after in zip(runs, pieces[1:], strict=True))
+
+    def _run(self, height: int, width: int, frames: int = 0) -> str:
         step = self.pixels_per_token
-        return _each_image(text, self.token, image_sizes, num_images,
-                           lambda height, width: self.token * ((height // step) * (width // step)))
+        squares = (height // step) * (width // step)
+        if frames:
+            return self.video * (-(-frames // self.frames_per_patch) * squares)
+        return self.token * squares
 
 
 @dataclass(frozen=True)
@@ -126,15 +154,19 @@ def _each_image(text: str, mark: str, image_sizes: Sequence[ImageSize] | None, n
     """`text` with each image's `mark`, in turn, made `tokens_of` its (height, width); ValueError without a mark
     and a size for each of `num_images`, or for crops of an image that takes none (Gemma 3's pan-and-scan crops,
     Llama 4's global tile, go with theirs)."""
-    if image_sizes is None or len(image_sizes) != num_images:
-        raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
-                         f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
+    _check_sizes(image_sizes, num_images)
     if not takes_crops and any(size.num_crops for size in image_sizes):
         raise ValueError("this model's images take no crops (pan-and-scan is Gemma 3's)")
     _check_marks(text, mark, num_images)
     pieces = text.split(mark)
     return pieces[0] + "".join(tokens_of(size.height, size.width) + after
                                for size, after in zip(image_sizes, pieces[1:], strict=True))
+
+
+def _check_sizes(image_sizes: Sequence[ImageSize] | None, num_images: int) -> None:
+    if image_sizes is None or len(image_sizes) != num_images:
+        raise ValueError(f"this model's image tokens depend on each image's size: {num_images} image(s) need "
+                         f"their sizes, got {0 if image_sizes is None else len(image_sizes)}")
 
 
 def _check_marks(text: str, mark: str, num_images: int) -> None:
@@ -163,7 +195,8 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     if model_config.get("model_type") in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         vision = model_config.get("vision_config") or {}
         step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
-        return ImageRunTokens(QWEN_IMAGE_TOKEN, step)
+        video = QWEN_VIDEO_TOKEN if model_config["model_type"] in QWEN_VIDEOS else None
+        return ImageRunTokens(QWEN_IMAGE_TOKEN, step, video, int(vision.get("temporal_patch_size", 2)))
     if processor_config.get("processor_class") != "PixtralProcessor" and model_config.get("model_type") != "mistral3":
         return None
     tokens = {name: processor_config.get(name) or default for name, default in PIXTRAL_TOKENS.items()}

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
-from services.tokenizer.content_format import num_image_parts
+from services.tokenizer.content_format import num_media_parts
 from services.tokenizer.image_tokens import (
     ImageGridTokens,
     ImageRunTokens,
@@ -185,16 +185,20 @@ class ModelTokenizer:
         the text, without adding special tokens unless `add_special_tokens` (the template writes bos
         itself, as transformers assumes); each {"type": "image"} part's mark made its image tokens, as many
         as its size in `image_sizes` (as its processor resized it) makes, for a model whose count depends on
-        them (Mistral 3's), and its crops' runs beside it (Gemma 3's pan-and-scan). Returns (text, ids).
+        them (Mistral 3's), and its crops' runs beside it (Gemma 3's pan-and-scan); each {"type": "video"} part's
+        its frames' (Qwen2-VL's, Qwen2.5-VL's). Returns (text, ids).
         Raises `ChatTemplateError` (a ValueError) when the template does not compile or rejects them."""
         text = self.chat_template(tools, chat_template).render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
             continue_final_message=continue_final_message, special_tokens=self.special_tokens, **kwargs)
-        num_images = sum(map(num_image_parts, messages))
-        if num_images:  # each image's mark made its run of image tokens, as the model's processor does
+        num_items = sum(map(num_media_parts, messages))
+        if num_items:  # each image's (and video's) mark made its run of tokens, as the model's processor does
             if self.image_tokens is None:
                 raise ValueError("this model takes no images (its tokenizer names no image tokens)")
-            text = self.image_tokens.expanded(text, image_sizes, num_images)
+            if any(size.frames for size in image_sizes or ()) and not (
+                    isinstance(self.image_tokens, ImageRunTokens) and self.image_tokens.video):
+                raise ValueError("this model takes no videos here (Qwen2-VL's and Qwen2.5-VL's do)")
+            text = self.image_tokens.expanded(text, image_sizes, num_items)
         return text, self.encode(text, add_special_tokens=add_special_tokens)
 
     def _request_template(self, source: str) -> ChatTemplate:

@@ -102,3 +102,14 @@ def assert_logprobs_match(engine: LLMEngine, prompt: list[int], images: list[Ima
     for step in steps:
         ref = torch.log_softmax(logits_of(prompt + tokens[:step]), dim=-1)
         assert max(abs(logprob - float(ref[token])) for token, logprob in logprobs[step].items()) < 1e-4, step
+
+
+def patchified_video(pixels: torch.Tensor, patch: int, merge: int = 2) -> torch.Tensor:
+    """A video's normalized frames [channels, frames, height, width] as transformers' Qwen2VLVideoProcessor lays
+    them out (its patchify: pairs, then squares, then a square's patches, each patch channels x 2 frames x pixels),
+    written out here because that processor needs torchvision, which has no CPU build for this torch."""
+    channels, frames, height, width = pixels.shape
+    rows, cols = height // patch, width // patch
+    grid = pixels.transpose(0, 1).reshape(frames // 2, 2, channels, rows // merge, merge, patch, cols // merge, merge,
+                                          patch)
+    return grid.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(frames // 2 * rows * cols, channels * 2 * patch * patch)

@@ -19,6 +19,7 @@ from tests.parity.images import (
     assert_transformers_tokens,
     hf_greedy,
     image_engine,
+    patchified_video,
     saved_qwen_vl,
 )
 from tests.parity.test_qwen_vl_images import IMAGE, MEAN, PIXELS_PER_TOKEN, STD, VISION_END, VISION_START, _hf_inputs
@@ -66,23 +67,11 @@ def _prompt(seed: int, items: list[ImageInput]) -> list[int]:
     return prompt
 
 
-def _patchified(video: ImageInput) -> torch.Tensor:
-    """A video's normalized frames as transformers' Qwen2VLVideoProcessor lays them out (its patchify: pairs, then
-    squares, then a square's patches, each patch channels x frames x pixels), written out here because that
-    processor needs torchvision, which has no CPU build for this torch."""
-    pixels = video.pixels().transpose(0, 1)  # [frames, channels, height, width]
-    frames, channels, height, width = pixels.shape
-    patch, merge = PIXELS_PER_TOKEN // 2, 2
-    rows, cols = height // patch, width // patch
-    grid = pixels.view(frames // 2, 2, channels, rows // merge, merge, patch, cols // merge, merge, patch)
-    return grid.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(frames // 2 * rows * cols, channels * 2 * patch * patch)
-
-
 def _hf_video_inputs(videos: list[ImageInput], with_times: bool) -> dict:
     if not videos:
         return {}
     grids = [[video.frames // 2, video.shape[0] // 4, video.shape[1] // 4] for video in videos]
-    inputs = {"pixel_values_videos": torch.cat([_patchified(video) for video in videos]),
+    inputs = {"pixel_values_videos": torch.cat([patchified_video(video.pixels(), 4) for video in videos]),
               "video_grid_thw": torch.tensor(grids)}
     if with_times:
         inputs["second_per_grid_ts"] = torch.tensor([2 / video.fps for video in videos])

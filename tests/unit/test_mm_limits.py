@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.mm_limits import image_limit, processor_kwargs
+from services.common.mm_limits import image_limit, processor_kwargs, video_frames, video_limit
 from services.common.settings import ConfigError
 from services.decode.config import DecodeServiceConfig
 from services.gateway.config_flags import config_from_args
@@ -16,9 +16,28 @@ def test_the_images_a_prompt_may_hold():
     assert image_limit("{}") is None
     for bad, message in (("3", "JSON object"), ('{"image": -1}', "maps image"), ('{"image": true}', "maps image"),
                          ('{"images": 2}', "maps image"), ("{image: 2}", "not JSON"),
-                         ('{"video": 1}', "not served")):
+                         ('{"audio": 1}', "audio is not served"), ('{"image": 0, "video": 1}', "give videos 0")):
         with pytest.raises(ConfigError, match=message):
             image_limit(bad)
+
+
+def test_the_videos_a_prompt_may_hold():
+    assert video_limit("") is None
+    assert video_limit('{"image": 3}') is None
+    assert video_limit('{"video": 2}') == 2
+    assert video_limit('{"image": 1, "video": 0}') == 0
+    assert video_limit('{"image": 0}') == 0  # no image encoder, none to encode them
+
+
+def test_media_io_kwargs_as_vllm_takes_a_videos_frames():
+    assert video_frames("") is None
+    assert video_frames('{"video": {"num_frames": 16}}') == 16
+    assert video_frames('{"video": {"num_frames": -1}}') == -1
+    for bad, message in (('{"video": {"num_frames": 0}}', "positive integer or -1"),
+                         ('{"video": {"num_frames": true}}', "positive integer or -1"),
+                         ('{"video": {"fps": 2}}', "only"), ('{"image": {}}', "only"), ('{"video": 3}', "only")):
+        with pytest.raises(ConfigError, match=message):
+            video_frames(bad)
 
 
 def test_the_gateway_and_the_workers_take_the_flag(tiny_demo_model):
@@ -29,7 +48,7 @@ def test_the_gateway_and_the_workers_take_the_flag(tiny_demo_model):
     assert gateway.allowed_media_domains == {"upload.wikimedia.org", "github.com"}
     decode = DecodeServiceConfig.from_args(["--model", str(tiny_demo_model), "--limit-mm-per-prompt",
                                             '{"image": 0}'], env={})
-    assert decode.limit_images == 0
+    assert decode.limit_images == 0 and decode.limit_videos == 0
 
 
 def test_mm_processor_kwargs_as_vllm_takes_them():

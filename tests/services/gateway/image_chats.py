@@ -14,7 +14,7 @@ from PIL import Image
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from tests.parity.conftest import transformers
-from tests.services.gateway.mesh import GatewayProcess
+from tests.services.gateway.mesh import GatewayProcess, running_mesh
 
 MAX_TOKENS = 8
 
@@ -31,6 +31,24 @@ def word_level_tokenizer(vocab: Mapping[str, int], specials: Sequence[str], unkn
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, **named)
 
 
+def qwen_vl_tokenizer(marks: Mapping[str, int], template: str) -> transformers.PreTrainedTokenizerFast:
+    """A Qwen-VL chat's tokenizer, tiny: its chat tokens, `marks` (its vision marks) and words w0 to w479, writing
+    chats by `template`."""
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = ({token: i for i, token in enumerate(specials)} | {f"w{i}": 10 + i for i in range(480)}
+             | {"user": 495, "assistant": 496} | dict(marks))
+    tokenizer = word_level_tokenizer(vocab, [*specials, *marks], "<unk>", eos_token="<|im_end|>", unk_token="<unk>")
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def rendering_mesh(model_dir):
+    """A mesh of one prefill and one decode worker in float32 whose chats the tokenizer service renders (the
+    gateway renders none itself)."""
+    return running_mesh(model_dir, num_prefill=1, num_decode=1, worker_args=("--dtype", "float32"),
+                        gateway_args=("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0"))
+
+
 def random_image(seed: int, size: tuple[int, int]) -> Image.Image:
     """(width, height) of random RGB pixels."""
     return Image.fromarray((np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8))
@@ -40,6 +58,21 @@ def data_url(image: Image.Image) -> str:
     saved = io.BytesIO()
     image.save(saved, format="PNG")
     return "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
+
+
+def encoded_video(frames: np.ndarray, fps: int = 10, codec: str = "ffv1", pix_fmt: str = "bgr0",
+                  container: str = "matroska") -> bytes:
+    """`frames` (uint8 [T, H, W, 3]) as a video file: by default lossless (FFV1 in Matroska, RGB kept bit for bit)."""
+    import av  # noqa: PLC0415 (only the tests of videos)
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as output:
+        stream = output.add_stream(codec, rate=fps)
+        stream.height, stream.width, stream.pix_fmt = frames.shape[1], frames.shape[2], pix_fmt
+        for frame in frames:
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        output.mux(stream.encode())
+    return buffer.getvalue()
 
 
 def saved_tensor(tensor: torch.Tensor) -> str:

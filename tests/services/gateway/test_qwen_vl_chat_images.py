@@ -25,14 +25,14 @@ from tests.services.gateway.image_chats import (
     data_url,
     greedy_chat,
     greedy_chat_by_a_local_gateway,
+    qwen_vl_tokenizer,
     random_image,
+    rendering_mesh,
     saved_tensor,
-    word_level_tokenizer,
 )
 from tests.services.gateway.mesh import metric_value, running_mesh
 
 IMAGE, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
-SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKS = {VISION_START: 498, VISION_END: 499, IMAGE: 500}
 PIXELS_PER_TOKEN = 8
 MIN_PIXELS, MAX_PIXELS = 16 * 16, 40 * 8 * 8  # at most 40 squares an image
@@ -42,12 +42,6 @@ TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }} {% i
             "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
             "{% elif content['type'] == 'text' %}{{ content['text'] }} {% endif %}{% endfor %}{% endif %}<|im_end|> "
             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
-
-
-def _tokenizer() -> transformers.PreTrainedTokenizerFast:
-    vocab = ({token: i for i, token in enumerate(SPECIALS)} | {f"w{i}": 10 + i for i in range(480)}
-             | {"user": 495, "assistant": 496} | MARKS)
-    return word_level_tokenizer(vocab, [*SPECIALS, *MARKS], "<unk>", eos_token="<|im_end|>", unk_token="<unk>")
 
 
 @pytest.fixture(scope="module", params=list(QWEN_VL))
@@ -63,8 +57,7 @@ def qwen_vlm(request, tmp_path_factory):
                 p.add_(torch.randn_like(p) * 0.3)
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
-    tokenizer = _tokenizer()
-    tokenizer.chat_template = TEMPLATE
+    tokenizer = qwen_vl_tokenizer(MARKS, TEMPLATE)
     tokenizer.save_pretrained(path)
     image_processor = transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
                                                             min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
@@ -74,9 +67,7 @@ def qwen_vlm(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vlm_mesh(qwen_vlm):
-    """Chats rendered by the tokenizer service (the gateway renders none itself)."""
-    with running_mesh(qwen_vlm[0], num_prefill=1, num_decode=1, worker_args=("--dtype", "float32"),
-                      gateway_args=("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0")) as mesh:
+    with rendering_mesh(qwen_vlm[0]) as mesh:
         yield mesh
 
 

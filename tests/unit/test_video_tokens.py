@@ -1,0 +1,36 @@
+"""How a Qwen-VL prompt holds a video, as transformers' Qwen2-VL and Qwen2.5-VL processors expand the template's
+<|video_pad|> mark: one run of a token a square of each frame pair, beside images' runs in the prompt's order; and
+where the tokenizer refuses one."""
+from __future__ import annotations
+
+import pytest
+
+from services.tokenizer.image_tokens import ImageSize, read_image_tokens
+
+IMAGE, VIDEO = "<|image_pad|>", "<|video_pad|>"
+QWEN2_VL = {"model_type": "qwen2_vl", "vision_config": {"patch_size": 14, "spatial_merge_size": 2,
+                                                        "temporal_patch_size": 2}}
+
+
+def test_a_videos_mark_is_made_a_run_of_its_frame_pairs_squares_beside_images():
+    tokens = read_image_tokens({}, {}, QWEN2_VL)
+    text = f"a {VIDEO} b {IMAGE} c {VIDEO}"
+    sizes = [ImageSize(56, 84, frames=4), ImageSize(28, 56), ImageSize(28, 28, frames=6)]
+    assert tokens.expanded(text, sizes, 3) == f"a {VIDEO * (2 * 2 * 3)} b {IMAGE * 2} c {VIDEO * 3}"
+
+
+@pytest.mark.parametrize("text, sizes, message", [
+    (f"{IMAGE}", [ImageSize(28, 28, frames=2)], "wrote <|image_pad|> where the prompt's 1. item is a video"),
+    (f"{VIDEO}", [ImageSize(28, 28)], "wrote <|video_pad|> where the prompt's 1. item is an image"),
+    (f"{VIDEO} {VIDEO}", [ImageSize(28, 28, frames=2)], "wrote 2 image or video mark"),
+    (f"{VIDEO}", None, "need their sizes"),
+])
+def test_marks_that_do_not_fit_the_items_are_refused(text, sizes, message):
+    with pytest.raises(ValueError, match=message):
+        read_image_tokens({}, {}, QWEN2_VL).expanded(text, sizes, 1)
+
+
+def test_qwen3_vl_takes_no_videos_here():
+    """It writes each frame pair's time in the text: not served yet."""
+    assert read_image_tokens({}, {}, {**QWEN2_VL, "model_type": "qwen3_vl"}).video is None
+    assert read_image_tokens({}, {}, {**QWEN2_VL, "model_type": "qwen2_5_vl"}).video == VIDEO
