@@ -1,4 +1,4 @@
-"""A prompt's images (Gemma 3's, Mistral 3's, Qwen-VL's) and videos (Qwen2-VL's, Qwen2.5-VL's): each as its model's
+"""A prompt's images (Gemma 3's, Mistral 3's, Qwen-VL's) and videos (Qwen-VL's): each as its model's
 processor resized it (`ImageInput`), its runs of image tokens in the prompt (Gemma 3's one run, a span its rows attend
 bidirectionally in; Mistral 3's a run a row of its grid; Qwen-VL's one run, placed by multimodal RoPE), and the
 rows its encoder makes for them, made when a step first computes them (a decode worker's request, only after a
@@ -198,19 +198,21 @@ def mrope_positions(vision: VisionConfig, num_tokens: int, placed: Sequence[Plac
     """As Qwen's get_rope_index places a prompt of `num_tokens` with its images and videos: a video's frame pairs
     one time position apart (Qwen2-VL's) or `tokens_per_second` a second of the video apart (Qwen2.5-VL's), and the
     text after it from one past its largest position, as Qwen's own code and vLLM place it (transformers 5 counts on
-    from its largest row or column instead, which differs only after a video longer than it is wide)."""
+    from its largest row or column instead, which differs only after a video longer than it is wide); Qwen3-VL's
+    frame pairs each a run of its own, placed as an image is (their times are in the text between them)."""
     positions = torch.empty(3, num_tokens, dtype=torch.int64)
     token, position = 0, 0  # the next text token, and its position
     for image in placed:
-        positions[:, token:image.start] = torch.arange(position, position + image.start - token)
-        position += image.start - token
         rows, cols = (side // vision.pixels_per_row for side in image.image.shape[:2])
-        pairs = max(image.image.frames // vision.temporal_patch_size, 1)
+        pairs = max(image.image.frames // vision.temporal_patch_size, 1) if len(image.runs) == 1 else 1
         times = (torch.arange(pairs) * _time_step(vision, image.image)).long()
-        positions[0, image.start:image.end] = position + times.repeat_interleave(rows * cols)
-        positions[1, image.start:image.end] = position + torch.arange(rows).repeat_interleave(cols).repeat(pairs)
-        positions[2, image.start:image.end] = position + torch.arange(cols).repeat(rows * pairs)
-        token, position = image.end, position + max(int(times[-1]), rows - 1, cols - 1) + 1
+        for start, end in image.runs:
+            positions[:, token:start] = torch.arange(position, position + start - token)
+            position += start - token
+            positions[0, start:end] = position + times.repeat_interleave(rows * cols)
+            positions[1, start:end] = position + torch.arange(rows).repeat_interleave(cols).repeat(pairs)
+            positions[2, start:end] = position + torch.arange(cols).repeat(rows * pairs)
+            token, position = end, position + max(int(times[-1]), rows - 1, cols - 1) + 1
     positions[:, token:] = torch.arange(position, position + num_tokens - token)
     return MRoPEPositions(positions, position + num_tokens - token - num_tokens)
 
@@ -280,7 +282,7 @@ def _check_videos(engine: LLMEngine, vision: VisionConfig, videos: Sequence[Imag
     if not videos:
         return
     if not vision.takes_videos:
-        raise ValueError(f"{engine.model_config.architecture} takes no videos here (Qwen2-VL's and Qwen2.5-VL's do)")
+        raise ValueError(f"{engine.model_config.architecture} takes no videos here (Qwen-VL's do)")
     if engine.config.limit_images == 0:
         raise ValueError("this worker loads no image encoder (its images are limited to 0 a prompt), which its videos "
                          "need")

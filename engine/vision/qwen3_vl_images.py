@@ -3,7 +3,8 @@
 positions (a square grid) resampled bilinearly to the image's grid, pre-norm layers of full attention with 2D
 rotary positions and a tanh-GELU MLP; each square's four patches merged into one row of the text model's width,
 and merged so too from a few of its layers (DeepStack): rows the text model adds to its first layers' outputs at
-the image's tokens. An image's rows come as [tokens, text hidden x (1 + those layers)], the input's first.
+the image's tokens. An image's rows come as [tokens, text hidden x (1 + those layers)], the input's first. A
+video's frame pairs are each encoded as an image is, their rows one after another.
 
 Qwen2-VL's tower (Qwen2VisionTransformerPretrainedModel) is the same without learnt positions or DeepStack, its
 MLP's activation quick-GELU, its tensors named as transformers names them there."""

@@ -29,7 +29,8 @@ class VisionConfig:
     layer_norm_eps: float
     hidden_act: str
     image_token_id: int  # the prompt's placeholder of each row
-    # QWEN2_VL, QWEN2_5_VL: a video's placeholder (its frames' rows one run, frame pair by frame pair); -1: none
+    # QWENS: a video's placeholder (Qwen2-VL's and Qwen2.5-VL's frames' rows one run, frame pair by frame pair;
+    # Qwen3-VL's a run a frame pair, each after its time in text); -1: none
     video_token_id: int = -1
     tokens_per_image: int = 0  # GEMMA3: the rows an image becomes (mm_tokens_per_image); LLAMA4: a tile
     num_channels: int = 3
@@ -83,8 +84,9 @@ class VisionConfig:
 
     def token_grid(self, height: int, width: int, frames: int = 0) -> tuple[int, int]:
         """An image of `height` x `width` pixels (as its image processor resized it), or a video of `frames` such
-        frames, as runs of image tokens in the prompt: how many runs, and how many tokens each. A Qwen-VL video's
-        is one run, a frame pair's grid after another. Gemma 3's and Qwen-VL's are one run; Mistral 3's a
+        frames, as runs of image tokens in the prompt: how many runs, and how many tokens each. A Qwen2-VL or
+        Qwen2.5-VL video's is one run, a frame pair's grid after another; Qwen3-VL's a run a frame pair. Gemma 3's
+        and Qwen-VL's images are one run; Mistral 3's a
         run a row, each row ended by a break token (the last by an end token), as transformers' PixtralProcessor
         writes them; Llama 4's a run a tile of the image's canvas of tiles, row by row (an image of more than one
         tile followed by another image, its global tile, a run of its own)."""
@@ -94,7 +96,8 @@ class VisionConfig:
             return (height // self.image_size) * (width // self.image_size), self.tokens_per_image
         if self.family in QWENS:  # one run, row-major
             pairs = max(frames // self.temporal_patch_size, 1)
-            return 1, pairs * (height // self.pixels_per_row) * (width // self.pixels_per_row)
+            squares = (height // self.pixels_per_row) * (width // self.pixels_per_row)
+            return (pairs, squares) if self.family == QWEN3_VL else (1, pairs * squares)
         return height // self.pixels_per_row, width // self.pixels_per_row
 
     def shape_error(self, height: int, width: int) -> str | None:
@@ -239,7 +242,8 @@ def qwen3_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
         temporal_patch_size=int(vision["temporal_patch_size"]),
         out_hidden_size=int(vision.get("out_hidden_size", (cfg.get("text_config") or cfg).get("hidden_size", 0))),
         num_position_embeddings=int(vision["num_position_embeddings"]),
-        deepstack_layers=tuple(int(i) for i in vision["deepstack_visual_indexes"]))
+        deepstack_layers=tuple(int(i) for i in vision["deepstack_visual_indexes"]),
+        video_token_id=int(cfg.get("video_token_id", 151_656)))
     if config.hidden_act != "gelu_pytorch_tanh":
         raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (gelu_pytorch_tanh only)")
     if (config.hidden_size // config.num_heads) % 4:

@@ -67,7 +67,7 @@ from services.gateway.worker_discovery import (
 )
 from services.gateway.workers import WorkerPool
 from services.kvstore.prefix_index import PrefixIndex
-from services.tokenizer.image_tokens import QWEN_VIDEOS
+from services.tokenizer.image_tokens import QWEN_VIDEOS, TIMED_VIDEOS
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
 log = logging.getLogger("baton.gateway")
@@ -252,7 +252,7 @@ class GatewayService:
             return None
         from services.gateway.video_frames import VideoProcessing
         return VideoProcessing.from_dir(config.model_dir, {"num_frames": config.video_frames}
-                                        if config.video_frames else None)
+                                        if config.video_frames else None, model_json["model_type"] in TIMED_VIDEOS)
 
     def _follow_workers(self) -> None:
         """Keep the pools on their names as they resolve now, and with --discover-workers the prefill

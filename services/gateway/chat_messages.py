@@ -38,7 +38,7 @@ class VideoURL(BaseModel):
 
 class VideoPart(BaseModel):
     """vLLM's video part: its frames read from `video_url.url` (image_inputs.py), where the model takes videos
-    (Qwen2-VL's, Qwen2.5-VL's)."""
+    (Qwen-VL's)."""
 
     model_config = ConfigDict(extra="ignore")
     type: Literal["video_url"]

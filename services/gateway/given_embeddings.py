@@ -83,6 +83,7 @@ class ProcessedImage:
     meta: common_pb2.PromptImage  # without `rgb`
     rgb: bytes
     crops: tuple[ProcessedImage, ...] = ()
+    times: tuple[float, ...] = ()  # a video's frame pairs' times, in seconds (Qwen3-VL's prompt writes them)
 
     @classmethod
     def of(cls, rgb: bytes, shape: tuple[int, int, int], rescale_factor: float, mean: Sequence[float],
@@ -101,7 +102,7 @@ class ProcessedImage:
     @property
     def size(self) -> ImageSize:
         """Its size as resized, its crops' count and a video's frames: how many tokens it takes in a prompt."""
-        return ImageSize(self.meta.height, self.meta.width, len(self.crops), self.meta.frames)
+        return ImageSize(self.meta.height, self.meta.width, len(self.crops), self.meta.frames, self.times)
 
     @property
     def with_crops(self) -> tuple[ProcessedImage, ...]:

@@ -55,7 +55,7 @@ class ChatImages:
     # (--max-message-bytes); None: no bound here.
     max_bytes: int | None = None
     embeds: ImageEmbedsReader | None = None  # what reads images given as their encoder's rows (--enable-mm-embeds)
-    videos: VideoProcessing | None = None  # what reads videos (Qwen2-VL's, Qwen2.5-VL's); None: the model takes none
+    videos: VideoProcessing | None = None  # what reads videos (Qwen-VL's); None: the model takes none
     video_limit: int | None = None  # a prompt's most videos; None: any
 
     async def read(self, sources: Sequence[str | ImageGivenAsRows | VideoPart], param: str = "messages",
@@ -67,7 +67,7 @@ class ChatImages:
         num_videos = sum(isinstance(source, VideoPart) for source in sources)
         num_images = len(sources) - num_videos
         if num_videos and self.videos is None:
-            raise APIError(400, f"{param}: this model takes no videos here (Qwen2-VL's and Qwen2.5-VL's do, unless "
+            raise APIError(400, f"{param}: this model takes no videos here (Qwen-VL's do, unless "
                                 "--limit-mm-per-prompt gives them 0)", param=param)
         if self.video_limit is not None and num_videos > self.video_limit:
             raise APIError(400, f"{num_videos} videos in one prompt, more than this server's limit of "

@@ -1,9 +1,10 @@
-"""A chat's video (an mp4, webm, mkv... file's bytes) as a Qwen2-VL / Qwen2.5-VL worker takes it: decoded by FFmpeg's
-libraries (PyAV), frames sampled as vLLM samples these models' videos (Qwen's 2 frames a second, at least 4 and at
-most 768; or, where --media-io-kwargs gives num_frames, that many spread evenly from the first frame to the last, as
-vLLM's OpenCV loader spreads them), each resized as it is decoded as transformers' Qwen2VLVideoProcessor resizes
-them (smart resize within the processor's pixel bounds, torchvision's antialiased bicubic on uint8), then padded to a
-whole number of temporal patches. PyAV and torch are imported only when a video is read: a text model's gateway
+"""A chat's video (an mp4, webm, mkv... file's bytes) as a Qwen-VL worker takes it: decoded by FFmpeg's libraries
+(PyAV), frames sampled as vLLM samples these models' videos (Qwen's 2 frames a second, at least 4 and at most 768;
+or, where --media-io-kwargs gives num_frames, that many spread evenly from the first frame to the last, as vLLM's
+OpenCV loader spreads them), each resized as it is decoded as transformers' Qwen2VLVideoProcessor resizes them (smart
+resize within the processor's pixel bounds, torchvision's antialiased bicubic on uint8; Qwen3VLVideoProcessor's
+bounds are the whole video's), then padded to a whole number of temporal patches; Qwen3-VL's with each frame pair's
+time, which its prompt writes. PyAV and torch are imported only when a video is read: a text model's gateway
 never loads them."""
 from __future__ import annotations
 
@@ -42,12 +43,19 @@ class VideoFrames:
         """The sampled frames' rate: Qwen2.5-VL spaces its temporal positions by temporal_patch_size / this."""
         return len(self.indices) / self.total_frames * self.fps
 
+    def pair_times(self, pair: int) -> tuple[float, ...]:
+        """Each frame pair's time in seconds, the mean of its first and last frame's (Qwen3VLProcessor's
+        _calculate_timestamps: the last frame repeated to whole pairs)."""
+        indices = [*self.indices, *[self.indices[-1]] * (-len(self.indices) % pair)]
+        times = [index / self.fps for index in indices]
+        return tuple((times[i] + times[i + pair - 1]) / 2 for i in range(0, len(times), pair))
+
 
 @dataclass(frozen=True)
 class VideoProcessing:
-    """A model's video processor's settings (transformers' Qwen2VLVideoProcessor's), and how a video's frames are
-    sampled: `fps` a second within [min_frames, max_frames] (Qwen's), or `num_frames` of them spread evenly (vLLM's
-    --media-io-kwargs; -1: every frame)."""
+    """A model's video processor's settings (transformers' Qwen2VLVideoProcessor's; `timed`, Qwen3VLVideoProcessor's),
+    and how a video's frames are sampled: `fps` a second within [min_frames, max_frames] (Qwen's), or `num_frames` of
+    them spread evenly (vLLM's --media-io-kwargs; -1: every frame)."""
 
     min_pixels: int = 128 * 28 * 28
     max_pixels: int = 28 * 28 * 768
@@ -61,11 +69,15 @@ class VideoProcessing:
     min_frames: int = 4
     max_frames: int = 768
     num_frames: int | None = None
+    # Qwen3-VL's: frames sampled by rounding, the pixel bounds the whole video's, each frame pair's time kept
+    timed: bool = False
 
     @classmethod
-    def from_dir(cls, model_dir: Path, overrides: Mapping[str, Any] | None = None) -> VideoProcessing:
-        """The settings as transformers' AutoVideoProcessor loads them from `model_dir`, `overrides`
-        (--media-io-kwargs' video num_frames; min_pixels, max_pixels) over them."""
+    def from_dir(cls, model_dir: Path, overrides: Mapping[str, Any] | None = None,
+                 timed: bool = False) -> VideoProcessing:
+        """The settings as transformers' AutoVideoProcessor loads them from `model_dir` (`timed`: Qwen3-VL's, its
+        processor's defaults under them), `overrides` (--media-io-kwargs' video num_frames; min_pixels,
+        max_pixels) over them."""
         config = _video_processor_config(Path(model_dir))
         if config.get("resample", 3) != 3 or config.get("cap_pixels_per_frame"):  # 3: PIL's BICUBIC
             raise ValueError(f"{model_dir}: only the video processor's bicubic resize without a per-video pixel cap "
@@ -73,7 +85,9 @@ class VideoProcessing:
         given = {name: value for name, value in config.items() if value is not None}
         # As Qwen2VLVideoProcessor.__init__: size's bounds, top-level min_pixels/max_pixels over them (a released
         # Qwen2-VL's preprocessor_config.json gives only those, its images' bounds), the class's where neither does.
-        size = given.get("size", {"shortest_edge": cls.min_pixels, "longest_edge": cls.max_pixels})
+        defaults = QWEN3_VL_DEFAULTS if timed else {}
+        size = given.get("size", {"shortest_edge": defaults.get("min_pixels", cls.min_pixels),
+                                  "longest_edge": defaults.get("max_pixels", cls.max_pixels)})
         bounds = {"min_pixels": given.get("min_pixels", size.get("shortest_edge")),
                   "max_pixels": given.get("max_pixels", size.get("longest_edge"))}
         if missing := [name for name, value in bounds.items() if value is None]:
@@ -82,7 +96,8 @@ class VideoProcessing:
                                                    "rescale_factor", "fps", "min_frames", "max_frames")
                     if name in given}
         settings |= {name: tuple(given[name]) for name in ("image_mean", "image_std") if name in given}
-        return cls(**settings).with_overrides(bounds | dict(overrides or {}))
+        settings = {name: value for name, value in defaults.items() if "pixels" not in name} | settings
+        return cls(**settings, timed=timed).with_overrides(bounds | dict(overrides or {}))
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> VideoProcessing:
         """These settings with `overrides` over them; ValueError naming any key not taken or value not allowed."""
@@ -97,11 +112,15 @@ class VideoProcessing:
     def sampled_indices(self, total_frames: int, fps: float) -> list[int]:
         """The frames kept of `total_frames` at `fps`: `num_frames` spread evenly from the first to the last,
         truncated to whole frames (every frame where there are no more, or for -1), as vLLM's OpenCV loader keeps
-        them; else Qwen's rate, as Qwen2VLVideoProcessor.sample_frames and vLLM's Qwen-VL loader keep them."""
+        them; else Qwen's rate, as Qwen2VLVideoProcessor.sample_frames and vLLM's Qwen-VL loader keep them (Qwen3-VL's
+        processor's: the frames rounded to the nearest, not in whole pairs)."""
         if self.num_frames is not None:
             if self.num_frames == -1 or total_frames <= self.num_frames:
                 return list(range(total_frames))
             return np.linspace(0, total_frames - 1, self.num_frames, dtype=int).tolist()
+        if self.timed:
+            wanted = min(max(int(total_frames / fps * self.fps), self.min_frames), self.max_frames, total_frames)
+            return np.linspace(0, total_frames - 1, wanted).round().astype(int).tolist()
         import torch  # noqa: PLC0415 (only a video model's gateway loads it)
 
         pair = self.temporal_patch_size
@@ -113,12 +132,16 @@ class VideoProcessing:
         # Its float steps, as the processor takes them (torch's float32 arange).
         return torch.arange(0, total_frames, total_frames / wanted).int().clamp(max=total_frames - 1).tolist()
 
-    def resized_size(self, height: int, width: int) -> tuple[int, int]:
-        """(height, width) of a frame of that size once resized; ValueError for one over 200 times as long as
-        it is wide, as transformers refuses it."""
+    def resized_size(self, height: int, width: int, num_frames: int) -> tuple[int, int]:
+        """(height, width) of `num_frames` frames of that size once resized; ValueError for one over 200 times as
+        long as it is wide, as transformers refuses it (or for fewer frames than a pair, as Qwen3-VL's does)."""
+        factor = self.patch_size * self.merge_size
+        if self.timed:
+            return _whole_video_resize(num_frames, height, width, self.temporal_patch_size, factor, self.min_pixels,
+                                       self.max_pixels)
         if max(height, width) / min(height, width) > 200:
             raise ValueError(f"a video of {width}x{height} pixels: its aspect ratio must be under 200")
-        return smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
+        return smart_resize(height, width, factor, self.min_pixels, self.max_pixels)
 
     def frames_after_padding(self, num_frames: int) -> int:
         """`num_frames` rounded up to whole temporal patches, as the processor pads them."""
@@ -126,7 +149,7 @@ class VideoProcessing:
 
     def num_bytes(self, height: int, width: int, num_frames: int) -> int:
         """The bytes of `num_frames` frames of height x width once resized and padded: to refuse before any are made."""
-        resized_height, resized_width = self.resized_size(height, width)
+        resized_height, resized_width = self.resized_size(height, width, num_frames)
         return self.frames_after_padding(num_frames) * resized_height * resized_width * 3
 
     def processed(self, data: bytes, max_bytes: int | None, param: str) -> ProcessedImage:
@@ -140,8 +163,9 @@ class VideoProcessing:
         except ValueError as e:
             raise APIError(400, f"{param}: {e}", param=param) from None
         frames, height, width, channels = video.frames.shape
-        return ProcessedImage.of(video.frames.tobytes(), (height, width, channels), self.rescale_factor,
-                                 self.image_mean, self.image_std, frames=frames, fps=video.sampled_fps)
+        image = ProcessedImage.of(video.frames.tobytes(), (height, width, channels), self.rescale_factor,
+                                  self.image_mean, self.image_std, frames=frames, fps=video.sampled_fps)
+        return replace(image, times=video.pair_times(self.temporal_patch_size)) if self.timed else image
 
     def read(self, data: bytes, max_bytes: int | None = None) -> VideoFrames:
         """The frames of `data`'s video stream (FFmpeg's best, as OpenCV's) at `sampled_indices`, in RGB, each
@@ -172,7 +196,7 @@ class VideoProcessing:
         frames that are not there: those past the end are left out, as vLLM leaves them)."""
         import torch  # noqa: PLC0415
 
-        height, width = self.resized_size(stream.height, stream.width)
+        height, width = self.resized_size(stream.height, stream.width, len(indices))
         frames = np.empty((self.frames_after_padding(len(indices)), height, width, 3), dtype=np.uint8)
         wanted, kept = set(indices), []
         for index, frame in enumerate(container.decode(stream)):
@@ -199,6 +223,34 @@ class VideoProcessing:
 
 class VideoTooLarge(ValueError):
     """Frames that would pass what a message to a worker carries."""
+
+
+# Qwen3VLVideoProcessor's, where its settings leave them out.
+QWEN3_VL_DEFAULTS = {"min_pixels": 128 * 32 * 32, "max_pixels": 32 * 32 * 768, "patch_size": 16,
+                     "image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)}
+
+
+def _whole_video_resize(num_frames: int, height: int, width: int, pair: int, factor: int, min_pixels: int,
+                        max_pixels: int) -> tuple[int, int]:
+    """Qwen3VLVideoProcessor's smart resize: each side to whole `factor`s (a side under one scaled up to it first),
+    the whole video's pixels (its frames rounded to whole pairs) kept within [min_pixels, max_pixels]."""
+    if num_frames < pair:
+        raise ValueError(f"a video of {num_frames} frame(s) is too short: its frames go in pairs")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"a video of {width}x{height} pixels: its aspect ratio must be under 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / pair) * pair
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
 
 
 def _num_frames(av, data: bytes) -> int:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 QWEN_IMAGE_TOKEN, QWEN_VIDEO_TOKEN = "<|image_pad|>", "<|video_pad|>"
-QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl")  # whose videos are served: Qwen3-VL writes each frame pair's time in text
+QWEN_VISION_START, QWEN_VISION_END = "<|vision_start|>", "<|vision_end|>"
+QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # whose videos are served
+TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe")  # whose frame pairs each go after their time in text
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 # Llama4Processor's, by the names processor_config.json gives them.
 LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
@@ -30,6 +32,7 @@ class ImageSize(NamedTuple):
     width: int
     num_crops: int = 0
     frames: int = 0  # a video's; 0 for an image
+    times: tuple[float, ...] = ()  # a video's frame pairs' times in seconds (Qwen3-VL writes them)
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,16 @@ class ImageGridTokens:
 
 @dataclass(frozen=True)
 class ImageRunTokens:
-    """Qwen2.5-VL's: an image's tokens one run, as many as the squares of its size; a video's one run of as many a
-    pair of its frames (Qwen2-VL's and Qwen2.5-VL's)."""
+    """Qwen-VL's: an image's tokens one run, as many as the squares of its size; a video's one run of as many a
+    pair of its frames (Qwen2-VL's and Qwen2.5-VL's), or a run a pair, each after its time (Qwen3-VL's)."""
 
     token: str  # the template's mark of an image, and each of its tokens: "<|image_pad|>"
     pixels_per_token: int  # on a side: the patch size times the spatial merge
     video: str | None = None  # the mark of a video, and each of its tokens: "<|video_pad|>"; None: takes none
     frames_per_patch: int = 2  # a video's frames one patch spans (temporal_patch_size)
+    # Qwen3-VL's: the template's video between its vision marks made a run of each frame pair, between marks of its
+    # own, after its time ("<1.5 seconds>"), as Qwen3VLProcessor writes it.
+    timed: bool = False
 
     def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
         """`text` with the mark of each image (and video), of `image_sizes` as its processor resized it, made its
@@ -97,7 +103,8 @@ class ImageRunTokens:
         mark (or the converse)."""
         if not self.video:
             return _each_image(text, self.token, image_sizes, num_images, self._run)
-        marks = re.compile(f"{re.escape(self.token)}|{re.escape(self.video)}")
+        video_mark = QWEN_VISION_START + self.video + QWEN_VISION_END if self.timed else self.video
+        marks = re.compile(f"{re.escape(self.token)}|{re.escape(video_mark)}")
         found = marks.findall(text)
         if len(found) != num_images:
             raise ValueError(f"the chat template wrote {len(found)} image or video mark(s) ({self.token}, "
@@ -106,18 +113,27 @@ class ImageRunTokens:
         pieces = marks.split(text)
         runs = []
         for mark, size in zip(found, image_sizes, strict=True):
-            if (mark == self.video) != bool(size.frames):
+            if (mark == video_mark) != bool(size.frames):
                 raise ValueError(f"the chat template wrote {mark} where the prompt's {len(runs) + 1}. item is "
                                  f"{'a video' if size.frames else 'an image'}")
-            runs.append(self._run(size.height, size.width, size.frames))
+            runs.append(self._timed_runs(size) if self.timed and size.frames else
+                        self._run(size.height, size.width, size.frames))
         return pieces[0] + "".join(run + after for run, after in zip(runs, pieces[1:], strict=True))
 
+    def _timed_runs(self, size: ImageSize) -> str:
+        pairs = -(-size.frames // self.frames_per_patch)
+        if len(size.times) != pairs:
+            raise ValueError(f"a video of {pairs} frame pair(s) needs each one's time, got {len(size.times)}")
+        run = self.video * self._squares(size.height, size.width)
+        return "".join(f"<{time:.1f} seconds>{QWEN_VISION_START}{run}{QWEN_VISION_END}" for time in size.times)
+
     def _run(self, height: int, width: int, frames: int = 0) -> str:
-        step = self.pixels_per_token
-        squares = (height // step) * (width // step)
         if frames:
-            return self.video * (-(-frames // self.frames_per_patch) * squares)
-        return self.token * squares
+            return self.video * (-(-frames // self.frames_per_patch) * self._squares(height, width))
+        return self.token * self._squares(height, width)
+
+    def _squares(self, height: int, width: int) -> int:
+        return (height // self.pixels_per_token) * (width // self.pixels_per_token)
 
 
 @dataclass(frozen=True)
@@ -195,8 +211,8 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     if model_config.get("model_type") in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         vision = model_config.get("vision_config") or {}
         step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
-        video = QWEN_VIDEO_TOKEN if model_config["model_type"] in QWEN_VIDEOS else None
-        return ImageRunTokens(QWEN_IMAGE_TOKEN, step, video, int(vision.get("temporal_patch_size", 2)))
+        return ImageRunTokens(QWEN_IMAGE_TOKEN, step, QWEN_VIDEO_TOKEN, int(vision.get("temporal_patch_size", 2)),
+                              timed=model_config["model_type"] in TIMED_VIDEOS)
     if processor_config.get("processor_class") != "PixtralProcessor" and model_config.get("model_type") != "mistral3":
         return None
     tokens = {name: processor_config.get(name) or default for name, default in PIXTRAL_TOKENS.items()}

@@ -186,7 +186,7 @@ class ModelTokenizer:
         itself, as transformers assumes); each {"type": "image"} part's mark made its image tokens, as many
         as its size in `image_sizes` (as its processor resized it) makes, for a model whose count depends on
         them (Mistral 3's), and its crops' runs beside it (Gemma 3's pan-and-scan); each {"type": "video"} part's
-        its frames' (Qwen2-VL's, Qwen2.5-VL's). Returns (text, ids).
+        its frames' (Qwen-VL's). Returns (text, ids).
         Raises `ChatTemplateError` (a ValueError) when the template does not compile or rejects them."""
         text = self.chat_template(tools, chat_template).render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
@@ -197,7 +197,7 @@ class ModelTokenizer:
                 raise ValueError("this model takes no images (its tokenizer names no image tokens)")
             if any(size.frames for size in image_sizes or ()) and not (
                     isinstance(self.image_tokens, ImageRunTokens) and self.image_tokens.video):
-                raise ValueError("this model takes no videos here (Qwen2-VL's and Qwen2.5-VL's do)")
+                raise ValueError("this model takes no videos here (Qwen-VL's do)")
             text = self.image_tokens.expanded(text, image_sizes, num_items)
         return text, self.encode(text, add_special_tokens=add_special_tokens)
 

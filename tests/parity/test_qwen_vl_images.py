@@ -239,15 +239,3 @@ def test_qwen3_vl_moe_experts_as_released_give_the_same_tokens(qwen_vl, tmp_path
     requests = _requests(4)
     _assert_transformers_tokens(image_engine(tmp_path), model, requests)
 
-
-def test_a_video_is_refused_by_qwen3_vl_here(qwen_vl, request):
-    """Qwen3-VL writes a video's frame pairs apart, each after its time in text: not served here yet."""
-    if not request.node.callspec.params["qwen_vl"].startswith("qwen3_vl"):
-        pytest.skip("Qwen3-VL's only: Qwen2-VL's and Qwen2.5-VL's videos are tests/parity/test_qwen_vl_videos.py's")
-    path, _ = qwen_vl
-    g = torch.Generator().manual_seed(3)
-    video = ImageInput(torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8, generator=g), 1 / 255, MEAN, STD,
-                       fps=2.0)
-    with pytest.raises(ValueError, match="takes no videos here"):
-        image_engine(path).add_request("r", [1, VISION_START, *[501] * 4, VISION_END], SamplingParams(max_tokens=2),
-                                       images=[video])

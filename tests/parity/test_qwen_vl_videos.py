@@ -1,9 +1,10 @@
-"""Qwen2-VL's and Qwen2.5-VL's videos against transformers' Qwen2VLForConditionalGeneration and
-Qwen2_5_VLForConditionalGeneration on the same weights: a video's frames taken two at a time by the tower (a pair's
-patches spanning both frames, each pair attending within itself), its rows one run of video tokens, placed by
-multimodal RoPE with its frame pairs one time position apart (Qwen2-VL's) or tokens_per_second a second apart
-(Qwen2.5-VL's, by the video's frames a second); beside images in the same prompt; features, greedy tokens and
-logprobs, in one chunk or many; decoded from handed-over pages without its pixels."""
+"""Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's videos against transformers' Qwen2VLForConditionalGeneration,
+Qwen2_5_VLForConditionalGeneration and Qwen3VLForConditionalGeneration on the same weights: a video's frames taken two
+at a time by the tower (a pair's patches spanning both frames, each pair attending within itself), its rows one run of
+video tokens placed by multimodal RoPE with its frame pairs one time position apart (Qwen2-VL's) or tokens_per_second
+a second apart (Qwen2.5-VL's, by the video's frames a second); Qwen3-VL's a run a frame pair, each after its time in
+text and placed as an image is, DeepStack's rows added at them; beside images in the same prompt; features, greedy
+tokens and logprobs, in one chunk or many; decoded from handed-over pages without its pixels."""
 from __future__ import annotations
 
 import pytest
@@ -32,7 +33,7 @@ FPS = 4.0  # Qwen2.5-VL's pairs then 2 / 4 s x 2 tokens a second = one time posi
 VIDEOS = [(4, 32, 48), (6, 24, 16)]
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def qwen_vl(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     times = {"tokens_per_second": 2} if request.param == "qwen2_5_vl" else {}
@@ -52,19 +53,31 @@ def _images(seed: int, sizes: list[tuple[int, int]]) -> list[ImageInput]:
             for h, w in sizes]
 
 
-def _tokens(item: ImageInput) -> list[int]:
+def _squares(item: ImageInput) -> int:
     height, width = item.shape[:2]
-    grid = height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN)
-    return [VIDEO] * (item.frames // 2 * grid) if item.frames else [IMAGE] * grid
+    return height // PIXELS_PER_TOKEN * (width // PIXELS_PER_TOKEN)
 
 
-def _prompt(seed: int, items: list[ImageInput]) -> list[int]:
+def _prompt(seed: int, items: list[ImageInput], timed: bool = False) -> list[int]:
+    """Text, and each item's tokens between vision marks; `timed` (Qwen3-VL's), a video's frame pairs each between
+    its own marks after its time (two text tokens here: "<0.5 seconds>")."""
     g = torch.Generator().manual_seed(seed)
     text = lambda n: torch.randint(3, 490, (n,), generator=g).tolist()  # noqa: E731
     prompt = text(5)
     for i, item in enumerate(items):
-        prompt += [VISION_START, *_tokens(item), VISION_END, *text(3 + i)]
+        if not item.frames:
+            prompt += [VISION_START, *[IMAGE] * _squares(item), VISION_END]
+        elif timed:
+            for _ in range(item.frames // 2):
+                prompt += [*text(2), VISION_START, *[VIDEO] * _squares(item), VISION_END]
+        else:
+            prompt += [VISION_START, *[VIDEO] * (item.frames // 2 * _squares(item)), VISION_END]
+        prompt += text(3 + i)
     return prompt
+
+
+def _timed(model) -> bool:
+    return "Qwen3" in type(model).__name__
 
 
 def _hf_video_inputs(videos: list[ImageInput], with_times: bool) -> dict:
@@ -93,10 +106,11 @@ def _hf_greedy(model, prompt: list[int], items: list[ImageInput]) -> list[int]:
     return hf_greedy(lambda ids: _hf_logits(model, ids, items), prompt, MAX_NEW_TOKENS)
 
 
-def _requests(seed: int) -> Requests:
+def _requests(seed: int, model) -> Requests:
     mixed = [_videos(seed, VIDEOS[:1])[0], _images(seed, [(16, 24)])[0], _videos(seed + 1, VIDEOS[1:])[0]]
     alone = _videos(seed + 2, [(2, 16, 32)])
-    return {"mixed": (_prompt(seed, mixed), mixed), "alone": (_prompt(seed + 1, alone), alone)}
+    timed = _timed(model)
+    return {"mixed": (_prompt(seed, mixed, timed), mixed), "alone": (_prompt(seed + 1, alone, timed), alone)}
 
 
 def test_video_rows_match_transformers_video_features(qwen_vl):
@@ -104,17 +118,21 @@ def test_video_rows_match_transformers_video_features(qwen_vl):
     encoder = image_engine(path).runner.image_encoder
     videos = _videos(1, VIDEOS)
     with torch.no_grad():
-        features = model.model.get_video_features(**{k: v for k, v in _hf_video_inputs(videos, False).items()})
+        features = model.model.get_video_features(**_hf_video_inputs(videos, False))
+    # Qwen3-VL's DeepStack rows beside the input's, layer by layer.
+    deepstack = getattr(features, "deepstack_features", None) or []
+    ref = [torch.cat([rows, *(layer[i] for layer in deepstack)], dim=-1)
+           for i, rows in enumerate(features.pooler_output)]
     ours = encoder.encode([video.pixels() for video in videos])
-    for video, rows, expected in zip(videos, ours, features.pooler_output, strict=True):
-        assert rows.shape == (len(_tokens(video)), 64)
+    for video, rows, expected in zip(videos, ours, ref, strict=True):
+        assert rows.shape == (video.frames // 2 * _squares(video), 64 * (1 + len(deepstack)))
         assert (rows - expected).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("budget", [512, 16, 21])
 def test_greedy_tokens_with_videos_and_images_match_transformers(qwen_vl, budget):
     path, model = qwen_vl
-    assert_transformers_tokens(image_engine(path, max_num_batched_tokens=budget), _requests(2),
+    assert_transformers_tokens(image_engine(path, max_num_batched_tokens=budget), _requests(2, model),
                                lambda prompt, items: _hf_greedy(model, prompt, items), MAX_NEW_TOKENS)
 
 
@@ -122,7 +140,7 @@ def test_logprobs_after_a_video_match_transformers(qwen_vl):
     """The first token's and the third's (two decode steps on, past the video's time positions): a frame pair's
     rows out of order, or a time position off, would leave tokens but not these numbers."""
     path, model = qwen_vl
-    prompt, items = _requests(7)["mixed"]
+    prompt, items = _requests(7, model)["mixed"]
     assert_logprobs_match(image_engine(path, max_num_batched_tokens=16), prompt, items,
                           lambda ids: _hf_logits(model, ids, items))
 
@@ -131,7 +149,7 @@ def test_a_video_decoded_without_its_pixels_gives_the_tokens_it_gives_with_them(
     """A decode worker's copy of the request: each video's frame count and frames a second (its positions) and
     digest, not its pixels."""
     path, model = qwen_vl
-    requests = _requests(9)
+    requests = _requests(9, model)
     outputs = decoded_from_handed_over_pages(image_engine(path), image_engine(path), {
         request_id: (prompt, MAX_NEW_TOKENS, {"images": items},
                      {"images": [WithheldImage(item.shape, item.digest, frames=item.frames, fps=item.fps)
@@ -157,16 +175,17 @@ def test_the_text_after_a_long_video_counts_on_from_past_its_last_time():
 
 
 def test_videos_the_model_or_the_prompt_cannot_take_are_refused(qwen_vl):
-    path, _ = qwen_vl
+    path, model = qwen_vl
     engine = image_engine(path)
     params = SamplingParams(max_tokens=4)
     video = _videos(6, [(2, 16, 16)])
+    # Two pairs' tokens one run: Qwen3-VL's want a run a pair.
+    short = "the prompt holds 1 run" if _timed(model) else "a video takes 8 image tokens, the prompt has 4"
     refusals = {
         "frames come in whole groups of 2": ([1, VISION_START, *[VIDEO] * 4, VISION_END],
                                              _videos(6, [(3, 16, 16)])),
         "a video is placed by tokens 501, the prompt has 500": ([1, VISION_START, *[IMAGE] * 4, VISION_END], video),
-        "a video takes 8 image tokens, the prompt has 4": ([1, VISION_START, *[VIDEO] * 4, VISION_END],
-                                                          _videos(6, [(4, 16, 16)])),
+        short: ([1, VISION_START, *[VIDEO] * 4, VISION_END], _videos(6, [(4, 16, 16)])),
     }
     if "2_5" in path.name:
         refusals["needs its frames a second"] = (_prompt(6, video), _videos(6, [(2, 16, 16)], fps=0.0))

@@ -279,12 +279,12 @@ def test_http_images_are_fetched_only_from_the_allowed_media_domains(tmp_path):
     processing = ImageProcessing.from_dir(tmp_path)
     listed = ChatImages(processing, allowed_domains=frozenset({"localhost"}))
     try:
-        assert asyncio.run(listed.read([f"http://localhost:{port}/image.png"])).sizes == [(56, 56, 0, 0)]
+        assert asyncio.run(listed.read([f"http://localhost:{port}/image.png"])).sizes == [ImageSize(56, 56)]
         for url in (f"http://127.0.0.1:{port}/image.png", f"http://localhost:{port}/elsewhere"):
             with pytest.raises(APIError, match="only from the gateway's --allowed-media-domains .*'127.0.0.1'"):
                 asyncio.run(listed.read([url]))
         assert requested == ["/image.png", "/elsewhere"]  # the refused URL and redirect never fetched
         assert asyncio.run(ChatImages(processing).read([f"http://localhost:{port}/elsewhere"])).sizes == \
-            [(56, 56, 0, 0)]
+            [ImageSize(56, 56)]
     finally:
         server.shutdown()

@@ -124,13 +124,60 @@ def test_resized_size_is_transformers_smart_resize(bounds):
 
     processing = VideoProcessing().with_overrides(bounds)
     for height, width in SIZES:
-        assert processing.resized_size(height, width) == smart_resize(
+        assert processing.resized_size(height, width, 8) == smart_resize(
             height, width, 28, min_pixels=processing.min_pixels, max_pixels=processing.max_pixels)
 
 
 def test_a_frame_over_200_times_as_long_as_it_is_wide_is_refused():
     with pytest.raises(ValueError, match="aspect ratio"):
-        VideoProcessing().resized_size(2, 500)
+        VideoProcessing().resized_size(2, 500, 4)
+
+
+QWEN3_VL = VideoProcessing(timed=True, patch_size=16, min_pixels=128 * 32 * 32, max_pixels=32 * 32 * 768,
+                           image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
+
+
+@pytest.mark.parametrize("total_frames, fps", [(37, 10.0), (300, 30.0), (90, 29.97), (7, 25.0), (4, 1.0),
+                                               (10_000, 24.0), (3, 30.0), (1, 30.0), (451, 29.97)])
+def test_qwen3_vls_frames_are_sampled_as_its_processor_samples_them(total_frames, fps):
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    theirs = Qwen3VLVideoProcessor().sample_frames(VideoMetadata(total_num_frames=total_frames, fps=fps)).tolist()
+    assert QWEN3_VL.sampled_indices(total_frames, fps) == theirs
+
+
+@pytest.mark.parametrize("num_frames", [2, 3, 8, 64, 768])
+def test_qwen3_vls_frames_are_resized_within_the_whole_videos_bounds(num_frames):
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+    for height, width in [*SIZES, (20, 40), (10, 3000)]:
+        for bounds in ({}, {"max_pixels": 4096 * 64}, {"min_pixels": 2**22, "max_pixels": 2**24}):
+            processing = QWEN3_VL.with_overrides(bounds)
+            try:
+                theirs = smart_resize(num_frames, height, width, 2, 32, processing.min_pixels, processing.max_pixels)
+            except ValueError:
+                with pytest.raises(ValueError):
+                    processing.resized_size(height, width, num_frames)
+                continue
+            assert processing.resized_size(height, width, num_frames) == theirs, (height, width, bounds)
+
+
+def test_qwen3_vls_frame_pairs_times_are_its_processors():
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    for indices, fps in [((0, 6, 12, 18, 24, 30, 36), 10.0), ((0, 15, 30, 45), 29.97), ((3,), 1.0)]:
+        video = VideoFrames(np.zeros((1, 1, 1, 3), np.uint8), fps, 100, indices)
+        assert list(video.pair_times(2)) == Qwen3VLProcessor._calculate_timestamps(None, list(indices), fps, 2)
+
+
+def test_a_qwen3_vl_video_goes_with_its_frame_pairs_times():
+    data = encoded(frames_of(37, 64, 96), fps=10)
+    video = QWEN3_VL.processed(data, None, "messages")
+    assert video.size.frames == 8 and video.size.times == (0.3, 1.5, 2.7, 3.6)  # frames 0, 6, ... 36, and 36 again
+    # 8 frames of 64x96 are fewer pixels than its least: scaled up
+    assert (video.size.height, video.size.width) == QWEN3_VL.resized_size(64, 96, 7) == (128, 192)
+    assert VideoProcessing().processed(data, None, "messages").size.times == ()  # Qwen2-VL's write none
 
 
 @pytest.mark.parametrize("bounds", [{"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 4},  # 50x90 down to 28x56
@@ -139,7 +186,7 @@ def test_read_frames_are_resized_by_torchvisions_bicubic_on_uint8(bounds):
     processing = VideoProcessing(num_frames=-1).with_overrides(bounds)
     source = frames_of(5, 50, 90)
     resized = processing.read(encoded(source)).frames
-    height, width = processing.resized_size(50, 90)
+    height, width = processing.resized_size(50, 90, 5)
     assert resized.shape == (6, height, width, 3) and resized.dtype == np.uint8 and resized.flags.c_contiguous
     pixels = torch.from_numpy(source).permute(0, 3, 1, 2).contiguous()
     # torchvision's resize_image, for a uint8 CPU tensor and BICUBIC: torch's uint8 kernel on it as it is.

@@ -30,7 +30,13 @@ def test_marks_that_do_not_fit_the_items_are_refused(text, sizes, message):
         read_image_tokens({}, {}, QWEN2_VL).expanded(text, sizes, 1)
 
 
-def test_qwen3_vl_takes_no_videos_here():
-    """It writes each frame pair's time in the text: not served yet."""
-    assert read_image_tokens({}, {}, {**QWEN2_VL, "model_type": "qwen3_vl"}).video is None
-    assert read_image_tokens({}, {}, {**QWEN2_VL, "model_type": "qwen2_5_vl"}).video == VIDEO
+def test_qwen3_vls_video_is_a_run_a_frame_pair_each_after_its_time():
+    """As Qwen3VLProcessor writes it: the template's video between its vision marks made each pair's."""
+    tokens = read_image_tokens({}, {}, {**QWEN2_VL, "model_type": "qwen3_vl"})
+    start, end = "<|vision_start|>", "<|vision_end|>"
+    text = f"a {start}{VIDEO}{end} b {start}{IMAGE}{end}"
+    sizes = [ImageSize(28, 56, frames=4, times=(0.25, 1.75)), ImageSize(28, 28)]
+    pair = f"{start}{VIDEO * 2}{end}"
+    assert tokens.expanded(text, sizes, 2) == f"a <0.2 seconds>{pair}<1.8 seconds>{pair} b {start}{IMAGE}{end}"
+    with pytest.raises(ValueError, match="2 frame pair.* needs each one's time, got 1"):
+        tokens.expanded(text, [ImageSize(28, 56, frames=4, times=(0.25,)), ImageSize(28, 28)], 2)

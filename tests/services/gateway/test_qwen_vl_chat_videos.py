@@ -1,10 +1,11 @@
-"""Qwen2-VL's and Qwen2.5-VL's videos through the mesh, by the `openai` client and the gRPC API: a chat's video_url
-part (a lossless video made here, as a data: URL) decoded by the gateway, its frames sampled as vLLM samples them
-(Qwen's 2 a second; or --media-io-kwargs' num_frames spread evenly), kept at their size (whole 8-pixel squares within
-the processor's bounds, so the test's frames are the model's), padded to whole pairs; the tokenizer service writes
-the template's <|video_pad|> mark as a run of the frame pairs' squares; the workers encode the frames two at a time
-and place them by multimodal RoPE (Qwen2.5-VL's frame pairs at their times). Greedy tokens and their top logprobs
-equal transformers' on the same frames, with an image beside the video.
+"""Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's videos through the mesh, by the `openai` client and the gRPC API: a chat's
+video_url part (a lossless video made here, as a data: URL) decoded by the gateway, its frames sampled as vLLM
+samples them (Qwen's 2 a second; or --media-io-kwargs' num_frames spread evenly), kept at their size (whole 8-pixel
+squares within the processor's bounds, so the test's frames are the model's), padded to whole pairs; the tokenizer
+service writes the template's <|video_pad|> mark as a run of the frame pairs' squares (Qwen3-VL's a run a pair, each
+after its time); the workers encode the frames two at a time and place them by multimodal RoPE (Qwen2.5-VL's frame
+pairs at their times). Greedy tokens and their top logprobs equal transformers' on the same frames, with an image
+beside the video.
 
 transformers' Qwen2VLVideoProcessor needs torchvision, which has no build for this torch here: the test lays the
 frames out as it does (tests/parity/images.py's patchified_video)."""
@@ -40,6 +41,7 @@ pytest.importorskip("av")
 IMAGE, VIDEO, VISION_START, VISION_END = "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"
 MARKS = {VISION_START: 498, VISION_END: 499, IMAGE: 500, VIDEO: 501}
 MIN_PIXELS, MAX_PIXELS = 16 * 16, 40 * 8 * 8
+VIDEO_MAX_PIXELS = 64 * 8 * 8 * 8  # Qwen2-VL's a frame's, Qwen3-VL's the whole video's: the test videos' as they are
 MEAN, STD = (0.48, 0.46, 0.41), (0.27, 0.26, 0.28)
 # Qwen2-VL's template, shortened: a message's parts in turn, an image or video part as its vision marks.
 TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }} {% if message['content'] is string %}"
@@ -48,10 +50,10 @@ TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }} {% i
             "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
             "{% elif content['type'] == 'text' %}{{ content['text'] }} {% endif %}{% endfor %}{% endif %}<|im_end|> "
             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
-FPS = 5  # the test videos': 10 frames, 2 s, sampled at 2 a second to 4 (frames 0, 2, 5 and 7)
+FPS = 5  # the test videos': 10 frames, 2 s, sampled at 2 a second to 4 (frames 0, 2, 5 and 7; Qwen3-VL's 0, 3, 6, 9)
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def qwen_vlm(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     times = {"tokens_per_second": 2} if request.param == "qwen2_5_vl" else {}
@@ -64,8 +66,8 @@ def qwen_vlm(request, tmp_path_factory):
                                                             image_mean=list(MEAN), image_std=list(STD))
     image_processor.save_pretrained(path)
     (path / "video_preprocessor_config.json").write_text(json.dumps({
-        "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 4, "merge_size": 2, "temporal_patch_size": 2,
-        "image_mean": list(MEAN), "image_std": list(STD), "video_processor_type": "Qwen2VLVideoProcessor"}))
+        "min_pixels": MIN_PIXELS, "max_pixels": VIDEO_MAX_PIXELS, "patch_size": 4, "merge_size": 2,
+        "temporal_patch_size": 2, "image_mean": list(MEAN), "image_std": list(STD)}))
     return path, model, tokenizer, image_processor
 
 
@@ -83,9 +85,22 @@ def _video_url(frames: np.ndarray) -> str:
     return "data:video/x-matroska;base64," + base64.b64encode(encoded_video(frames, fps=FPS)).decode()
 
 
+def _timed(qwen_vlm) -> bool:
+    return "Qwen3" in type(qwen_vlm[1]).__name__
+
+
+def _video_part(qwen_vlm, frames: np.ndarray, indices: list[int] | None = None) -> dict:
+    """The part of `_transformers_greedy` for a video of `frames` at FPS sampled to `indices` (by default as the
+    model's processor samples 10 frames at 2 a second)."""
+    if indices is None:
+        indices = [0, 3, 6, 9] if _timed(qwen_vlm) else [0, 2, 5, 7]
+    times = transformers.Qwen3VLProcessor._calculate_timestamps(None, list(indices), FPS, 2)
+    return {"type": "video", "video": frames[indices], "fps": len(indices) / len(frames) * FPS, "times": times}
+
+
 def _transformers_greedy(qwen_vlm, content: list[dict]) -> tuple[list[int], list[torch.Tensor], int]:
     """Transformers' greedy tokens and logprobs for a user message of `content`: text, {"type": "image", "image":
-    PIL image} and {"type": "video", "video": sampled frames, "fps": their rate} parts."""
+    PIL image} and `_video_part` parts."""
     _, model, tokenizer, image_processor = qwen_vlm
     images = [part["image"] for part in content if part["type"] == "image"]
     videos = [part for part in content if part["type"] == "video"]
@@ -102,7 +117,13 @@ def _transformers_greedy(qwen_vlm, content: list[dict]) -> tuple[list[int], list
     text = tokenizer.apply_chat_template([{"role": "user", "content": [
         {"type": part["type"]} if part["type"] != "text" else part for part in content]}], tokenize=False,
         add_generation_prompt=True)
-    for mark in (IMAGE, VIDEO):  # as Qwen2_5_VLProcessor expands them: a token a square of each frame pair
+    if _timed(qwen_vlm):  # as Qwen3VLProcessor writes a video: a run a frame pair, each after its time
+        pieces, times = text.split(VISION_START + VIDEO + VISION_END), iter(v["times"] for v in videos)
+        text = pieces[0] + "".join("".join(f"<{time:.1f} seconds>{VISION_START}{VIDEO * (h * w // 4)}{VISION_END}"
+                                           for time in next(times)) + after
+                                   for after in pieces[1:] for _, h, w in [next(grids[VIDEO])])
+    for mark in (IMAGE,) if _timed(qwen_vlm) else (IMAGE, VIDEO):  # as Qwen2_5_VLProcessor expands them: a token
+        # a square of each frame pair
         pieces = text.split(mark)
         text = pieces[0] + "".join(mark * (t * h * w // 4) + after for after in pieces[1:]
                                    for t, h, w in [next(grids[mark])])
@@ -126,7 +147,7 @@ def test_a_video_beside_an_image_gets_transformers_reply(vlm_mesh, qwen_vlm):
             {"type": "text", "text": "w1"}, {"type": "video_url", "video_url": {"url": _video_url(frames)}},
             {"type": "text", "text": "w2 w3"}, {"type": "image_url", "image_url": {"url": data_url(image)}}])
     expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
-        {"type": "text", "text": "w1"}, {"type": "video", "video": frames[[0, 2, 5, 7]], "fps": 2.0},
+        {"type": "text", "text": "w1"}, _video_part(qwen_vlm, frames),
         {"type": "text", "text": "w2 w3"}, {"type": "image", "image": image}])
     assert_same_reply(reply, expected, logprobs)
     assert reply.usage.prompt_tokens == num_prompt
@@ -141,7 +162,7 @@ def test_media_io_kwargs_num_frames_spread_a_videos_frames_evenly(vlm_mesh, qwen
     reply = greedy_chat_by_a_local_gateway(vlm_mesh, content, "--media-io-kwargs",
                                            json.dumps({"video": {"num_frames": 3}}))
     expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
-        {"type": "video", "video": frames[[0, 4, 9]], "fps": 1.5}, {"type": "text", "text": "w4"}])
+        _video_part(qwen_vlm, frames, [0, 4, 9]), {"type": "text", "text": "w4"}])
     assert_same_reply(reply, expected, logprobs)
     assert reply.usage.prompt_tokens == num_prompt
 
@@ -159,7 +180,7 @@ def test_the_grpc_api_takes_a_messages_video_urls(vlm_mesh, qwen_vlm):
 
     reply = generate(content_parts=["w5"], video_parts=[1], video_urls=[url])
     expected, _, num_prompt = _transformers_greedy(qwen_vlm, [
-        {"type": "text", "text": "w5"}, {"type": "video", "video": frames[[0, 2, 5, 7]], "fps": 2.0}])
+        {"type": "text", "text": "w5"}, _video_part(qwen_vlm, frames)])
     assert list(reply.complete.token_ids) == expected and reply.complete.usage.prompt_tokens == num_prompt
     for message, param in [({"content_parts": ["w5"], "video_parts": [1]}, "chat.messages[0].video_urls"),
                            ({"video_parts": [0], "image_parts": [0], "video_urls": [url],
