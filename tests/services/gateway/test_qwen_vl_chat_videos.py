@@ -15,6 +15,7 @@ import base64
 import json
 
 import grpc
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -142,15 +143,18 @@ def _transformers_greedy(qwen_vlm, content: list[dict]) -> tuple[list[int], list
 def test_a_video_beside_an_image_gets_transformers_reply(vlm_mesh, qwen_vlm):
     """10 frames at 5 a second: 4 kept (2 a second), 2 pairs of 3x4 squares."""
     frames, image = _frames(1), random_image(2, (24, 16))
+    content = [{"type": "text", "text": "w1"}, {"type": "video_url", "video_url": {"url": _video_url(frames)}},
+               {"type": "text", "text": "w2 w3"}, {"type": "image_url", "image_url": {"url": data_url(image)}}]
     with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
-        reply = greedy_chat(client, vlm_mesh.model_name, [
-            {"type": "text", "text": "w1"}, {"type": "video_url", "video_url": {"url": _video_url(frames)}},
-            {"type": "text", "text": "w2 w3"}, {"type": "image_url", "image_url": {"url": data_url(image)}}])
+        reply = greedy_chat(client, vlm_mesh.model_name, content)
     expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
         {"type": "text", "text": "w1"}, _video_part(qwen_vlm, frames),
         {"type": "text", "text": "w2 w3"}, {"type": "image", "image": image}])
     assert_same_reply(reply, expected, logprobs)
     assert reply.usage.prompt_tokens == num_prompt
+    counted = httpx.post(f"{vlm_mesh.gateway.base_url}/tokenize", timeout=30, json={
+        "model": vlm_mesh.model_name, "messages": [{"role": "user", "content": content}]})
+    assert counted.status_code == 200 and counted.json()["count"] == num_prompt
     vlm_mesh.assert_decode_pools_free()
 
 
