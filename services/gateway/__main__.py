@@ -252,7 +252,8 @@ class GatewayService:
             return None
         from services.gateway.video_frames import VideoProcessing
         return VideoProcessing.from_dir(config.model_dir, {"num_frames": config.video_frames}
-                                        if config.video_frames else None, model_json["model_type"] in TIMED_VIDEOS)
+                                        if config.video_frames else None, model_json["model_type"] in TIMED_VIDEOS
+                                        ).with_request_kwargs(config.mm_processor_kwargs)
 
     def _follow_workers(self) -> None:
         """Keep the pools on their names as they resolve now, and with --discover-workers the prefill

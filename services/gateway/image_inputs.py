@@ -18,7 +18,7 @@ import httpx
 from PIL import Image, UnidentifiedImageError
 
 from protos import common_pb2
-from services.common.mm_limits import checked_processor_kwargs
+from services.common.mm_limits import VIDEO_KWARGS, checked_processor_kwargs
 from services.gateway.chat_messages import ImageEmbedsPart, VideoPart
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
@@ -79,13 +79,18 @@ class ChatImages:
         elif self.limit is not None and num_images > self.limit:
             raise APIError(400, f"{num_images} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
-        processing = self.processing
+        processing, videos = self.processing, self.videos
         if processor_kwargs:
             try:
-                processing = processing.with_kwargs(checked_processor_kwargs(dict(processor_kwargs),
-                                                                             "mm_processor_kwargs"))
+                kwargs = checked_processor_kwargs(dict(processor_kwargs), "mm_processor_kwargs")
+                processing = processing.with_kwargs(kwargs)
             except ValueError as e:
                 raise APIError(400, str(e), param="mm_processor_kwargs") from None
+            if videos is not None:
+                videos = videos.with_request_kwargs(kwargs)
+            elif video_kwargs := sorted(set(VIDEO_KWARGS) & set(kwargs)):
+                raise APIError(400, f"mm_processor_kwargs: this model takes no videos here, nor "
+                                    f"{', '.join(video_kwargs)}", param="mm_processor_kwargs")
         if self.embeds is None and any(isinstance(source, ImageGivenAsRows) for source in sources):
             raise APIError(400, f"{param}: image_embeds parts are taken only by a gateway started with "
                                 "--enable-mm-embeds", param=param)
@@ -95,7 +100,7 @@ class ChatImages:
         # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte (rows given: torch.load's).
         images = await asyncio.to_thread(lambda: GivenImages(tuple(
             self.embeds.read(source, param) if isinstance(source, ImageGivenAsRows) else
-            self._video(source, param) if isinstance(source, Video) else
+            self._video(source, videos, param) if isinstance(source, Video) else
             self._processed(source, processing, param) for source in read)))
         size = images.num_bytes
         if self.max_bytes is not None and size > self.max_bytes:
@@ -116,16 +121,17 @@ class ChatImages:
             return await _media_bytes(source, self.allowed_local_path, self.allowed_domains, param)
         return source
 
-    def _video(self, video: Video, param: str) -> ProcessedImage:
-        """A video's frames as the model's video processor makes them, from the cache where it holds them."""
+    def _video(self, video: Video, videos: VideoProcessing, param: str) -> ProcessedImage:
+        """A video's frames as the model's video processor (`videos`: its settings, a request's over them) makes
+        them, from the cache where it holds them (by its bytes and those settings)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(video.source, param) if isinstance(video.source, str) else video.source
-            return self.videos.processed(data, self.max_bytes, param)
+            return videos.processed(data, self.max_bytes, param)
 
         if self.cache is None:
             return make()
         source = video.source.encode() if isinstance(video.source, str) else video.source
-        return self.cache.processed(b"video " + source, make)
+        return self.cache.processed(repr(videos).encode() + source, make)
 
     def _processed(self, source: str | bytes, processing: ImageProcessing, param: str) -> ProcessedImage:
         """The image of a data: URL (`source` a str) or of encoded bytes, from the cache where it holds it (by

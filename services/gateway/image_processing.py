@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from services.common.mm_limits import VIDEO_KWARGS
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import ProcessedImage
 from services.gateway.llama4_tiles import MOST_TILES, TileCanvas
@@ -97,8 +98,10 @@ class ImageProcessing:
         """These settings with `kwargs` (--mm-processor-kwargs', or a request's mm_processor_kwargs, as
         `checked_processor_kwargs` passed them) over them, as transformers' processors take them: Qwen-VL's
         min_pixels and max_pixels (or size's shortest_edge and longest_edge), Pixtral's size's longest_edge, Gemma
-        3's pan-and-scan settings, Llama 4's max_patches and resize_to_max_canvas. ValueError for one this processor
-        has not (a fixed size's tower takes no other size)."""
+        3's pan-and-scan settings, Llama 4's max_patches and resize_to_max_canvas; a video's (VIDEO_KWARGS) left
+        to the video processor. ValueError for one this processor has not (a fixed size's tower takes no other
+        size)."""
+        kwargs = {key: value for key, value in kwargs.items() if key not in VIDEO_KWARGS}
         size = dict(kwargs.get("size") or {})
         pixel_bounds = {"min_pixels", "max_pixels"} & set(kwargs)
         cropping = set(PAN_AND_SCAN_KWARGS) & set(kwargs)

@@ -109,6 +109,16 @@ class VideoProcessing:
                                  f"got {value!r}")
         return replace(self, **overrides)
 
+    def with_request_kwargs(self, kwargs: Mapping[str, Any]) -> VideoProcessing:
+        """These settings with a request's (or --mm-processor-kwargs') sampling over them, as vLLM hands them to the
+        processor: `fps` samples the whole video at that rate, `do_sample_frames` false keeps every frame loaded
+        (all of them, or --media-io-kwargs' num_frames)."""
+        if kwargs.get("do_sample_frames") is False:
+            return replace(self, num_frames=self.num_frames if self.num_frames is not None else -1)
+        if "fps" in kwargs:
+            return replace(self, fps=float(kwargs["fps"]), num_frames=None)
+        return self
+
     def sampled_indices(self, total_frames: int, fps: float) -> list[int]:
         """The frames kept of `total_frames` at `fps`: `num_frames` spread evenly from the first to the last,
         truncated to whole frames (every frame where there are no more, or for -1), as vLLM's OpenCV loader keeps

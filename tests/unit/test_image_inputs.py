@@ -101,6 +101,20 @@ def test_a_fixed_sizes_processor_takes_no_other(tmp_path):
             processing.with_kwargs(kwargs)
 
 
+def test_a_videos_sampling_is_the_video_processors_and_refused_where_there_is_none(tmp_path):
+    """fps and do_sample_frames go to a Qwen-VL video processor (video_frames.py); a model that takes no videos
+    refuses them in a request with images, its image processor taking none."""
+    from services.gateway.errors import APIError
+    from services.gateway.image_inputs import ChatImages
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    processing = ImageProcessing.from_dir(tmp_path, {"fps": 1.0})
+    assert processing.with_kwargs({"fps": 4, "do_sample_frames": False}) is processing
+    with pytest.raises(APIError, match="takes no videos here, nor do_sample_frames, fps") as refused:
+        asyncio.run(ChatImages(processing).read([_png(2)], processor_kwargs={"fps": 4, "do_sample_frames": True}))
+    assert refused.value.status == 400
+
+
 def test_settings_it_cannot_follow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no preprocessor_config.json"):
         ImageProcessing.from_dir(tmp_path)

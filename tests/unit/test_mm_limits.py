@@ -61,7 +61,9 @@ def test_mm_processor_kwargs_as_vllm_takes_them():
     assert processor_kwargs(pan_and_scan) == {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 128,
                                               "pan_and_scan_max_num_crops": 3,
                                               "pan_and_scan_min_ratio_to_activate": 1.5}
-    for bad, message in [('{"fps": 2}', "'fps' is not served"), ('{"max_pixels": 0}', "positive integer"),
+    assert processor_kwargs('{"fps": 0.5, "do_sample_frames": true}') == {"fps": 0.5, "do_sample_frames": True}
+    for bad, message in [('{"num_frames": 2}', "'num_frames' is not served"), ('{"fps": 0}', "positive number"),
+                         ('{"do_sample_frames": "no"}', "true or false"), ('{"max_pixels": 0}', "positive integer"),
                          ('{"do_pan_and_scan": 1}', "true or false"),
                          ('{"pan_and_scan_max_num_crops": 2.5}', "positive integer"),
                          ('{"pan_and_scan_min_ratio_to_activate": 0}', "positive number"),

@@ -344,3 +344,14 @@ def test_overrides_not_taken_are_refused(overrides, message):
 
 def test_every_frame_is_sampled_with_num_frames_minus_one():
     assert VideoProcessing().with_overrides({"num_frames": -1}).num_frames == -1
+
+
+def test_a_requests_sampling_over_the_processors():
+    """vLLM's mm_processor_kwargs for a video, as its processor takes them."""
+    processing = VideoProcessing()
+    assert processing.with_request_kwargs({"fps": 1}) == VideoProcessing(fps=1.0)
+    assert processing.with_request_kwargs({"do_sample_frames": False}).num_frames == -1  # every frame
+    assert processing.with_request_kwargs({"do_sample_frames": True, "max_pixels": 64}) is processing
+    spread = VideoProcessing(num_frames=8)
+    assert spread.with_request_kwargs({"do_sample_frames": False}).num_frames == 8  # those loaded
+    assert spread.with_request_kwargs({"fps": 1}).num_frames is None  # the whole video at that rate

@@ -172,8 +172,8 @@ def test_a_requests_mm_processor_kwargs_bound_its_images_tokens(vlm_mesh, qwen_v
     with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
         whole = greedy_chat(client, vlm_mesh.model_name, content)
         bounded = greedy_chat(client, vlm_mesh.model_name, content, mm_processor_kwargs={"max_pixels": 9 * 8 * 8})
-        for kwargs, message in [({"fps": 2}, "'fps' is not served"), ({"max_pixels": 0}, "positive integer"),
-                                ({"size": {"height": 64}}, "takes no height")]:
+        for kwargs, message in [({"num_frames": 2}, "'num_frames' is not served"),
+                                ({"max_pixels": 0}, "positive integer"), ({"size": {"height": 64}}, "takes no height")]:
             with pytest.raises(openai.BadRequestError, match=message) as refused:
                 greedy_chat(client, vlm_mesh.model_name, content, mm_processor_kwargs=kwargs)
             assert refused.value.body["param"] == "mm_processor_kwargs"

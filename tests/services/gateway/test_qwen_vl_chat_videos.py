@@ -171,6 +171,22 @@ def test_media_io_kwargs_num_frames_spread_a_videos_frames_evenly(vlm_mesh, qwen
     assert reply.usage.prompt_tokens == num_prompt
 
 
+def test_a_requests_mm_processor_kwargs_sample_its_video(vlm_mesh, qwen_vlm):
+    """As Qwen's model cards ask of vLLM: `fps` samples the video at that rate (8 of its 10 frames at 4 a second),
+    `do_sample_frames` false keeps every frame (5 pairs: 5 squares wide, so transformers 5 places the text after
+    them where Qwen's code does)."""
+    frames = _frames(9, 10, (24, 40))
+    content = [{"type": "video_url", "video_url": {"url": _video_url(frames)}}, {"type": "text", "text": "w6"}]
+    faster = [0, 1, 3, 4, 5, 6, 8, 9] if _timed(qwen_vlm) else [0, 1, 2, 3, 5, 6, 7, 8]
+    with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        for kwargs, indices in [({"fps": 4}, faster), ({"do_sample_frames": False}, list(range(10)))]:
+            reply = greedy_chat(client, vlm_mesh.model_name, content, mm_processor_kwargs=kwargs)
+            expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
+                _video_part(qwen_vlm, frames, indices), {"type": "text", "text": "w6"}])
+            assert reply.usage.prompt_tokens == num_prompt, kwargs
+            assert_same_reply(reply, expected, logprobs)
+
+
 def test_the_grpc_api_takes_a_messages_video_urls(vlm_mesh, qwen_vlm):
     frames = _frames(4)
     url = _video_url(frames)
