@@ -189,9 +189,10 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 raise APIError(400, f"chat.messages[{i}] has {len(message.video_parts)} video_parts for "
                                     f"{len(message.video_urls)} video_urls", param=f"chat.messages[{i}].video_urls")
             parts = [*message.image_parts, *message.video_parts]
-            if len(set(parts)) != len(parts):
-                raise APIError(400, f"chat.messages[{i}]'s image_parts and video_parts must name distinct indexes",
-                                    param=f"chat.messages[{i}].video_parts")
+            if len(set(parts)) != len(parts) or any(index >= len(parts) + len(message.content_parts)
+                                                    for index in parts):
+                raise APIError(400, f"chat.messages[{i}]'s image_parts and video_parts must name distinct indexes "
+                                    "among its parts", param=f"chat.messages[{i}].video_parts")
         images = await chat_images(self, request.chat.messages, "chat.messages",  # its images and model_name
                                    mm_processor_kwargs(request.chat_options))
         if images is not None and request.HasField("beam_search"):

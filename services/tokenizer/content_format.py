@@ -73,9 +73,12 @@ def split_parts(parts: list[Any]) -> tuple[list[str], list[int], list[int]]:
 
 
 def joined_parts(texts: list[str], image_indexes: list[int], video_indexes: list[int] = ()) -> list[dict[str, Any]]:
-    """The converse of `split_parts`."""
+    """The converse of `split_parts`; ValueError for indexes that are not distinct places among the parts."""
     text_parts = iter(texts)
     images, videos = set(image_indexes), set(video_indexes)
+    places = len(texts) + len(images) + len(videos)
+    if len(images | videos) != len(image_indexes) + len(video_indexes) or any(i >= places for i in images | videos):
+        raise ValueError("a message's image_parts and video_parts must be distinct indexes among its parts")
     return [dict(IMAGE_PART) if index in images else dict(VIDEO_PART) if index in videos else
             {"type": "text", "text": next(text_parts)} for index in range(len(texts) + len(images) + len(videos))]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.tokenizer.content_format import joined_parts, split_parts
 from services.tokenizer.image_tokens import ImageSize, read_image_tokens
 
 IMAGE, VIDEO = "<|image_pad|>", "<|video_pad|>"
@@ -40,3 +41,14 @@ def test_qwen3_vls_video_is_a_run_a_frame_pair_each_after_its_time():
     assert tokens.expanded(text, sizes, 2) == f"a <0.2 seconds>{pair}<1.8 seconds>{pair} b {start}{IMAGE}{end}"
     with pytest.raises(ValueError, match="2 frame pair.* needs each one's time, got 1"):
         tokens.expanded(text, [ImageSize(28, 56, frames=4, times=(0.25,)), ImageSize(28, 28)], 2)
+
+
+def test_a_messages_parts_place_its_videos_among_its_texts_and_images():
+    """common.proto's ChatMessage: texts in order, images and videos at their indexes; indexes that repeat or fall
+    past the parts refused (the tokenizer service's INVALID_ARGUMENT), not a crash."""
+    parts = [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}, {"type": "video"}]
+    assert split_parts(parts) == (["a", "b"], [1], [3])
+    assert joined_parts(["a", "b"], [1], [3]) == parts
+    for images, videos in (([1], [1]), ([], [5]), ([2, 2], [])):
+        with pytest.raises(ValueError, match="distinct indexes among its parts"):
+            joined_parts(["a"], images, videos)

@@ -203,6 +203,8 @@ def test_the_grpc_api_takes_a_messages_video_urls(vlm_mesh, qwen_vlm):
         {"type": "text", "text": "w5"}, _video_part(qwen_vlm, frames)])
     assert list(reply.complete.token_ids) == expected and reply.complete.usage.prompt_tokens == num_prompt
     for message, param in [({"content_parts": ["w5"], "video_parts": [1]}, "chat.messages[0].video_urls"),
+                           ({"content_parts": ["w5"], "video_parts": [3], "video_urls": [url]},
+                            "chat.messages[0].video_parts"),
                            ({"video_parts": [0], "image_parts": [0], "video_urls": [url],
                              "image_urls": [data_url(random_image(5, (16, 16)))]}, "chat.messages[0].video_parts")]:
         refused = generate(**message)
