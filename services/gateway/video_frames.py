@@ -110,14 +110,21 @@ class VideoProcessing:
         return replace(self, **overrides)
 
     def with_request_kwargs(self, kwargs: Mapping[str, Any]) -> VideoProcessing:
-        """These settings with a request's (or --mm-processor-kwargs') sampling over them, as vLLM hands them to the
-        processor: `fps` samples the whole video at that rate, `do_sample_frames` false keeps every frame loaded
-        (all of them, or --media-io-kwargs' num_frames)."""
+        """These settings with a request's (or --mm-processor-kwargs') over them, as vLLM hands them to the model's
+        processor, which gives its video processor those it takes too: `fps` samples the whole video at that rate,
+        `do_sample_frames` false keeps every frame loaded (all of them, or --media-io-kwargs' num_frames); size's
+        shortest_edge and longest_edge (and Qwen2VLVideoProcessor's min_pixels and max_pixels, which
+        Qwen3VLVideoProcessor has not) bound its pixels, as they bound an image's."""
+        size = kwargs.get("size") or {}
+        bounds = {"min_pixels": size.get("shortest_edge"), "max_pixels": size.get("longest_edge")}
+        if not self.timed:
+            bounds = {name: kwargs.get(name, value) for name, value in bounds.items()}
+        changes: dict[str, Any] = {name: value for name, value in bounds.items() if value is not None}
         if kwargs.get("do_sample_frames") is False:
-            return replace(self, num_frames=self.num_frames if self.num_frames is not None else -1)
-        if "fps" in kwargs:
-            return replace(self, fps=float(kwargs["fps"]), num_frames=None)
-        return self
+            changes["num_frames"] = self.num_frames if self.num_frames is not None else -1
+        elif "fps" in kwargs:
+            changes |= {"fps": float(kwargs["fps"]), "num_frames": None}
+        return replace(self, **changes) if changes else self
 
     def sampled_indices(self, total_frames: int, fps: float) -> list[int]:
         """The frames kept of `total_frames` at `fps`: `num_frames` spread evenly from the first to the last,
@@ -168,8 +175,9 @@ class VideoProcessing:
         try:
             video = self.read(data, max_bytes)
         except VideoTooLarge as e:
-            raise APIError(413, f"{param}: {e}: send a shorter or smaller video, or sample fewer frames "
-                                "(--media-io-kwargs' num_frames)", param=param) from None
+            raise APIError(413, f"{param}: {e}: send a shorter or smaller video, sample fewer frames (mm_processor_"
+                                "kwargs' fps, --media-io-kwargs' num_frames) or bound them (max_pixels)",
+                           param=param) from None
         except ValueError as e:
             raise APIError(400, f"{param}: {e}", param=param) from None
         frames, height, width, channels = video.frames.shape

@@ -355,3 +355,14 @@ def test_a_requests_sampling_over_the_processors():
     spread = VideoProcessing(num_frames=8)
     assert spread.with_request_kwargs({"do_sample_frames": False}).num_frames == 8  # those loaded
     assert spread.with_request_kwargs({"fps": 1}).num_frames is None  # the whole video at that rate
+
+
+def test_a_requests_pixel_bounds_bound_its_videos_too():
+    """transformers' processors hand min_pixels and max_pixels (Qwen2-VL's) and size's edges to their video
+    processor as well as their image processor; Qwen3VLVideoProcessor takes only size."""
+    processing = VideoProcessing()
+    assert processing.with_request_kwargs({"max_pixels": 64 * 28 * 28}).max_pixels == 64 * 28 * 28
+    assert processing.with_request_kwargs({"size": {"shortest_edge": 4096, "longest_edge": 65536}}) == \
+        VideoProcessing(min_pixels=4096, max_pixels=65536)
+    assert QWEN3_VL.with_request_kwargs({"max_pixels": 64 * 28 * 28}) is QWEN3_VL
+    assert QWEN3_VL.with_request_kwargs({"size": {"longest_edge": 2**20}}).max_pixels == 2**20
