@@ -351,7 +351,7 @@ def test_a_requests_sampling_over_the_processors():
     processing = VideoProcessing()
     assert processing.with_request_kwargs({"fps": 1}) == VideoProcessing(fps=1.0)
     assert processing.with_request_kwargs({"do_sample_frames": False}).num_frames == -1  # every frame
-    assert processing.with_request_kwargs({"do_sample_frames": True, "max_pixels": 64}) is processing
+    assert processing.with_request_kwargs({"do_sample_frames": True, "max_patches": 4}) is processing
     spread = VideoProcessing(num_frames=8)
     assert spread.with_request_kwargs({"do_sample_frames": False}).num_frames == 8  # those loaded
     assert spread.with_request_kwargs({"fps": 1}).num_frames is None  # the whole video at that rate
