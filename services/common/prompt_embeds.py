@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,22 +26,24 @@ def given_embeddings(sampling: common_pb2.SamplingParams) -> torch.Tensor | With
     if not sampling.HasField("prompt_embeds"):
         return None
     given = sampling.prompt_embeds
-    if not given.data and given.digest and given.num_rows:
+    data = given.data  # each read of a bytes field copies it out of the message: read once
+    if not data and given.digest and given.num_rows:
         return WithheldEmbeddings((given.num_rows, given.hidden_size), given.digest)
-    return _rows(given, "prompt_embeds")
+    return _rows(given, data, "prompt_embeds")
 
 
-def _rows(given: common_pb2.PromptEmbeds, name: str) -> torch.Tensor:
-    """The [rows, hidden] tensor `given` holds; ValueError for a dtype it cannot be or bytes not its shape."""
+def _rows(given: common_pb2.PromptEmbeds, data: bytes, name: str) -> torch.Tensor:
+    """The [rows, hidden] tensor `given` holds (`data`, its bytes as read); ValueError for a dtype it cannot be or
+    bytes not its shape."""
     dtype = DTYPES.get(given.dtype)
     if dtype is None:
         raise ValueError(f"{name}.dtype must be one of {', '.join(DTYPES)}, got {given.dtype!r}")
     expected = given.num_rows * given.hidden_size * dtype.itemsize
-    if not given.num_rows or len(given.data) != expected:
-        raise ValueError(f"{name} holds {len(given.data)} bytes, not {given.num_rows} rows of "
+    if not given.num_rows or len(data) != expected:
+        raise ValueError(f"{name} holds {len(data)} bytes, not {given.num_rows} rows of "
                          f"{given.hidden_size} {given.dtype} values")
-    # A copy the tensor owns: the message's bytes are immutable, and the request outlives it.
-    return torch.frombuffer(bytearray(given.data), dtype=dtype).view(given.num_rows, given.hidden_size)
+    # A copy the tensor owns and may write: the bytes read are immutable.
+    return torch.frombuffer(bytearray(data), dtype=dtype).view(given.num_rows, given.hidden_size)
 
 
 def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | ImageRows | WithheldImage]:
@@ -51,17 +54,20 @@ def given_images(sampling: common_pb2.SamplingParams) -> list[ImageInput | Image
     images: list[ImageInput | ImageRows | WithheldImage] = []
     for image in sampling.images:
         shape = (image.height, image.width, image.channels)
-        if image.embeds.data:
-            images.append(ImageRows(_rows(image.embeds, "an image's embeds"), shape, image.digest, image.crop))
+        if image.HasField("embeds") and (rows := image.embeds.data):
+            images.append(ImageRows(_rows(image.embeds, rows, "an image's embeds"), shape, image.digest, image.crop))
             continue
-        if not image.rgb and image.digest:
+        data = image.rgb  # each read of a bytes field copies it out of the message (a video's, tens of MB): once
+        if not data and image.digest:
             images.append(WithheldImage(shape, image.digest, image.crop, image.frames, image.fps))
             continue
         full_shape = (image.frames, *shape) if image.frames else shape
-        if len(image.rgb) != math.prod(full_shape) or not image.rgb:
-            raise ValueError(f"an image holds {len(image.rgb)} bytes, not uint8 RGB of "
+        if len(data) != math.prod(full_shape) or not data:
+            raise ValueError(f"an image holds {len(data)} bytes, not uint8 RGB of "
                              f"[{', '.join(map(str, full_shape))}] (nor none, its pixels withheld, with its digest)")
-        rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8).view(*full_shape)
+        with warnings.catch_warnings():  # read-only bytes: nothing writes an image's pixels, which it keeps alive
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            rgb = torch.frombuffer(data, dtype=torch.uint8).view(*full_shape)
         images.append(ImageInput(rgb, image.rescale_factor, tuple(image.mean), tuple(image.std), image.digest,
                                  image.crop, image.fps))
     return images
