@@ -67,7 +67,7 @@ class KVReceiver(kvstore_pb2_grpc.KVStoreServicer):
             scatter_chunk(self.pool, received.block_ids, received.layer_start, received.pages)
             self.leases.renew(lease)
             num_chunks += 1
-            num_bytes += len(chunk.data)
+            num_bytes += received.num_bytes
         return kvstore_pb2.WriteAck(num_chunks=num_chunks, num_bytes=num_bytes)
 
     async def ReadPages(self, request, context):

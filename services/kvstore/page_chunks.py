@@ -111,8 +111,7 @@ def chunk_view(data: bytes, layout: PageLayout, num_layers: int, num_blocks: int
                          f"in this layout are {expected}")
     if expected == 0:
         raise ValueError("a chunk holds at least one layer of one block")
-    # torch warns that bytes are not writable: the view is only ever read. It does not
-    # keep `data` alive: the caller holds it while the view is in use.
+    # torch warns that bytes are not writable: the view is only ever read. It keeps `data` alive.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(data, dtype=torch.uint8)

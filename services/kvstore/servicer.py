@@ -60,7 +60,7 @@ class KVStoreNodeServicer(kvstore_pb2_grpc.KVStoreServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "a kvstore node stores pages by block hash, not reservation block ids")
             layout = layout or received.layout.with_num_blocks(1)
-            num_bytes += len(chunk.data)
+            num_bytes += received.num_bytes
             if num_bytes > self.tier.capacity_bytes:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                     f"the stream is over this node's capacity of {self.tier.capacity_bytes} bytes")
