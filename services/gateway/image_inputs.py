@@ -95,9 +95,11 @@ class ChatImages:
             raise APIError(400, f"{param}: image_embeds parts are taken only by a gateway started with "
                                 "--enable-mm-embeds", param=param)
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
-        read = [await self._fetched(source, param) for source in sources]
-        # Off the event loop: decoding and resizing a photo takes tens of milliseconds (PIL lets go of the GIL),
-        # hashing its pixels a few more, and a data: URL's base64 3 ms a megabyte (rows given: torch.load's).
+        # Fetched at once (each URL's round trips its own).
+        read = await asyncio.gather(*(self._fetched(source, param) for source in sources))
+        # Off the event loop, in turn (the cache's order of use is the prompt's): decoding and resizing a photo takes
+        # tens of milliseconds (PIL lets go of the GIL), hashing its pixels a few more, and a data: URL's base64 3 ms
+        # a megabyte (rows given: torch.load's).
         images = await asyncio.to_thread(lambda: GivenImages(tuple(
             self.embeds.read(source, param) if isinstance(source, ImageGivenAsRows) else
             self._video(source, videos, param) if isinstance(source, Video) else

@@ -302,3 +302,37 @@ def test_http_images_are_fetched_only_from_the_allowed_media_domains(tmp_path):
             [ImageSize(56, 56)]
     finally:
         server.shutdown()
+
+
+def test_a_prompts_http_images_are_fetched_at_once(tmp_path):
+    """Each URL's round trips its own: the server answers neither of two images until both are asked for (in turn,
+    the first would wait for the second and time out)."""
+    import functools
+    import http.server
+    import threading
+
+    from services.gateway.image_inputs import ChatImages, read_image
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    for seed in range(2):
+        (tmp_path / f"{seed}.png").write_bytes(base64.b64decode(_png(seed).partition(",")[2]))
+    both_asked = threading.Barrier(2, timeout=5)
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            both_asked.wait()
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        urls = [f"http://127.0.0.1:{server.server_port}/{seed}.png" for seed in range(2)]
+        images = asyncio.run(ChatImages(ImageProcessing.from_dir(tmp_path)).read(urls))
+        assert [image.rgb for image in images.images] == [
+            ImageProcessing.from_dir(tmp_path).processed(read_image(base64.b64decode(_png(seed).partition(",")[2]),
+                                                                    "messages")).rgb for seed in range(2)]
+    finally:
+        server.shutdown()
