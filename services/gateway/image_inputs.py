@@ -8,6 +8,7 @@ import asyncio
 import base64
 import binascii
 import io
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,10 @@ from urllib.parse import unquote, urlparse
 
 import httpx
 from PIL import Image, UnidentifiedImageError
+from prometheus_client import Counter, Histogram
 
 from protos import common_pb2
+from services.common.metrics.service import LATENCY_BUCKETS
 from services.common.mm_limits import VIDEO_KWARGS, checked_processor_kwargs
 from services.gateway.chat_messages import ImageEmbedsPart, VideoPart
 from services.gateway.errors import APIError
@@ -37,6 +40,12 @@ MAX_VIDEO_BYTES = 256 * 2**20  # a video's, fetched
 # Of a message to a worker, what a prompt's images leave for the rest of the request (its prompt's token ids).
 MESSAGE_HEADROOM_BYTES = 2**20
 FETCH_TIMEOUT_S = 10.0
+VIDEO_FETCH_TIMEOUT_S = 30.0  # vLLM's VLLM_VIDEO_FETCH_TIMEOUT
+
+# Where a request's time before its prompt goes with media in it (the ledger's `ingress`): fetched, decoded, resized.
+MEDIA_READ = Histogram("baton_gateway_media_read_seconds", "Reading a prompt's images and videos (fetched, decoded, "
+                       "resized, hashed), by whether it holds a video", ["kind"], buckets=LATENCY_BUCKETS)
+VIDEO_FRAMES = Counter("baton_gateway_video_frames_total", "Frames of videos read, as sampled and padded to pairs")
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class ChatImages:
             raise APIError(400, f"{param}: image_embeds parts are taken only by a gateway started with "
                                 "--enable-mm-embeds", param=param)
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
+        start = time.perf_counter()
         # Fetched at once (each URL's round trips its own).
         read = await asyncio.gather(*(self._fetched(source, param) for source in sources))
         # Off the event loop, in turn (the cache's order of use is the prompt's): decoding and resizing a photo takes
@@ -104,6 +114,8 @@ class ChatImages:
             self.embeds.read(source, param) if isinstance(source, ImageGivenAsRows) else
             self._video(source, videos, param) if isinstance(source, Video) else
             self._processed(source, processing, param) for source in read)))
+        MEDIA_READ.labels("video" if num_videos else "image").observe(time.perf_counter() - start)
+        VIDEO_FRAMES.inc(sum(image.size.frames for image in images.images))
         size = images.num_bytes
         if self.max_bytes is not None and size > self.max_bytes:
             raise APIError(413, f"the prompt's images take {size / 2**20:.1f} MiB as the model's image processor "
@@ -118,7 +130,8 @@ class ChatImages:
         if isinstance(source, VideoPart):
             url = source.video_url.url
             return Video(url if is_data_url(url) else await _media_bytes(
-                url, self.allowed_local_path, self.allowed_domains, param, "video", MAX_VIDEO_BYTES))
+                url, self.allowed_local_path, self.allowed_domains, param, "video", MAX_VIDEO_BYTES,
+                VIDEO_FETCH_TIMEOUT_S))
         if isinstance(source, str) and not is_data_url(source):
             return await _media_bytes(source, self.allowed_local_path, self.allowed_domains, param)
         return source
@@ -181,8 +194,10 @@ def data_url_bytes(url: str, param: str) -> bytes:
 
 
 async def _media_bytes(url: str, allowed_local_path: Path | None, allowed_domains: frozenset[str] | None,
-                       param: str, kind: str = "image", most_bytes: int = MAX_IMAGE_BYTES) -> bytes:
-    """The encoded bytes of an http(s) or file:// URL's image (or video: `kind`), at most `most_bytes`."""
+                       param: str, kind: str = "image", most_bytes: int = MAX_IMAGE_BYTES,
+                       timeout_s: float = FETCH_TIMEOUT_S) -> bytes:
+    """The encoded bytes of an http(s) or file:// URL's image (or video: `kind`), at most `most_bytes`, fetched
+    within `timeout_s`."""
     scheme = urlparse(url).scheme
     if scheme in ("http", "https"):
         async def check_host(request: httpx.Request) -> None:  # the URL's, and each redirect's
@@ -191,7 +206,7 @@ async def _media_bytes(url: str, allowed_local_path: Path | None, allowed_domain
                                     f"({', '.join(sorted(allowed_domains))}), not {request.url.host!r}", param=param)
 
         try:
-            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True,
+            async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=True,
                                          event_hooks={"request": [check_host]}) as client, \
                     client.stream("GET", url) as response:
                 response.raise_for_status()

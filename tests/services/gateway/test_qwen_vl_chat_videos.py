@@ -36,6 +36,7 @@ from tests.services.gateway.image_chats import (
     random_image,
     rendering_mesh,
 )
+from tests.services.gateway.mesh import metric_value
 
 pytest.importorskip("av")
 
@@ -145,6 +146,8 @@ def test_a_video_beside_an_image_gets_transformers_reply(vlm_mesh, qwen_vlm):
     frames, image = _frames(1), random_image(2, (24, 16))
     content = [{"type": "text", "text": "w1"}, {"type": "video_url", "video_url": {"url": _video_url(frames)}},
                {"type": "text", "text": "w2 w3"}, {"type": "image_url", "image_url": {"url": data_url(image)}}]
+    read_before = metric_value(vlm_mesh.gateway.base_url, "baton_gateway_media_read_seconds_count")
+    frames_before = metric_value(vlm_mesh.gateway.base_url, "baton_gateway_video_frames_total")
     with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
         reply = greedy_chat(client, vlm_mesh.model_name, content)
     expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
@@ -155,6 +158,9 @@ def test_a_video_beside_an_image_gets_transformers_reply(vlm_mesh, qwen_vlm):
     counted = httpx.post(f"{vlm_mesh.gateway.base_url}/tokenize", timeout=30, json={
         "model": vlm_mesh.model_name, "messages": [{"role": "user", "content": content}]})
     assert counted.status_code == 200 and counted.json()["count"] == num_prompt
+    # Both reads of its media (the chat's, /tokenize's) timed; its 4 frames counted each time.
+    assert metric_value(vlm_mesh.gateway.base_url, "baton_gateway_media_read_seconds_count") == read_before + 2
+    assert metric_value(vlm_mesh.gateway.base_url, "baton_gateway_video_frames_total") == frames_before + 8
     vlm_mesh.assert_decode_pools_free()
 
 
