@@ -214,17 +214,21 @@ class VideoProcessing:
         frames that are not there: those past the end are left out, as vLLM leaves them)."""
         import torch  # noqa: PLC0415
 
-        height, width = self.resized_size(stream.height, stream.width, len(indices))
-        frames = np.empty((self.frames_after_padding(len(indices)), height, width, 3), dtype=np.uint8)
+        frames: np.ndarray | None = None
         wanted, kept = set(indices), []
         for index, frame in enumerate(container.decode(stream)):
             if index in wanted:
                 if (frame.height, frame.width) != (stream.height, stream.width):
                     raise ValueError(f"a video's frames must keep one size ({stream.width}x{stream.height}), got "
                                      f"{frame.width}x{frame.height}")
+                # Turned as it is shown (its display matrix: a phone's portrait video), as vLLM's OpenCV turns it.
+                rgb = np.ascontiguousarray(np.rot90(frame.to_ndarray(format="rgb24"), k=round(frame.rotation / 90)))
+                if frames is None:  # a turned video's sides swapped (its pixels, and so its bytes, the same)
+                    height, width = self.resized_size(*rgb.shape[:2], len(indices))
+                    frames = np.empty((self.frames_after_padding(len(indices)), height, width, 3), dtype=np.uint8)
                 # [1, 3, H, W] uint8, as transformers lays a frame out before resizing it
-                pixels = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)[None]
-                if (height, width) != (stream.height, stream.width):  # torchvision returns a same-size frame as it is
+                pixels = torch.from_numpy(rgb).permute(2, 0, 1)[None]
+                if (height, width) != rgb.shape[:2]:  # torchvision returns a same-size frame as it is
                     # torchvision's resize of a uint8 CPU tensor with BICUBIC: torch's own uint8 kernel, never in float
                     pixels = torch.nn.functional.interpolate(pixels, size=[height, width], mode="bicubic",
                                                              align_corners=False, antialias=True)
@@ -232,7 +236,7 @@ class VideoProcessing:
                 kept.append(index)
             if index >= indices[-1]:
                 break
-        if not kept:
+        if frames is None:
             raise ValueError("the video has no frames")
         frames = frames[:self.frames_after_padding(len(kept))]
         frames[len(kept):] = frames[len(kept) - 1]  # the last frame repeated, as the processor pads

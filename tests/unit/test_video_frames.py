@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -92,6 +93,31 @@ def test_read_frames_are_the_sampled_frames_encoded(container, codec, pix_fmt, h
         assert (video.frames[len(expected):] == source[expected[-1]]).all()  # the last repeated to a whole pair
         assert (video.total_frames, video.fps) == (37, 10.0)
         assert video.sampled_fps == pytest.approx(len(video.indices) / 37 * 10)
+
+
+def shown_turned(data: bytes, matrix: tuple[int, ...]) -> bytes:
+    """A QuickTime/MP4 file's video track shown through `matrix` (its track header's display matrix: how a phone
+    marks a portrait video)."""
+    turned = bytearray(data)
+    box = turned.find(b"tkhd") - 4
+    assert turned[box + 8] == 0  # a version 0 header: its matrix 48 bytes in
+    turned[box + 48:box + 84] = struct.pack(">9i", *matrix, 0, 0, 1 << 30)
+    return bytes(turned)
+
+
+CLOCKWISE, ANTICLOCKWISE, UPSIDE_DOWN = (0, 1 << 16, -(1 << 16), 0), (0, -(1 << 16), 1 << 16, 0), \
+    (-(1 << 16), 0, 0, -(1 << 16))
+
+
+@pytest.mark.parametrize("matrix, turns", [(CLOCKWISE, -1), (ANTICLOCKWISE, 1), (UPSIDE_DOWN, 2)])
+def test_a_video_shown_turned_is_read_as_it_is_shown(matrix, turns):
+    """As vLLM's OpenCV loader reads it (its display matrix applied): a portrait phone video comes upright, its
+    sides swapped."""
+    source = frames_of(6, 32, 64)
+    data = shown_turned(encoded(source, codec="qtrle", pix_fmt="rgb24", container="mov"),
+                        (matrix[0], matrix[1], 0, matrix[2], matrix[3], 0))
+    frames = AS_THEY_ARE.with_overrides({"num_frames": -1}).read(data).frames
+    np.testing.assert_array_equal(frames, np.rot90(source, k=turns, axes=(1, 2)))
 
 
 def test_a_lossy_mp4_decodes():
