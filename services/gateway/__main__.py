@@ -250,7 +250,7 @@ class GatewayService:
         if importlib.util.find_spec("torch") is None:  # the Dockerfile's light image: frames are resized by torch
             log.warning("videos are not served: this gateway has no torch to resize their frames with")
             return None
-        from services.gateway.video_frames import VideoProcessing
+        from services.gateway.video_processing import VideoProcessing
         return VideoProcessing.from_dir(config.model_dir, {"num_frames": config.video_frames}
                                         if config.video_frames else None, model_json["model_type"] in TIMED_VIDEOS
                                         ).with_request_kwargs(config.mm_processor_kwargs)

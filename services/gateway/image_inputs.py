@@ -1,7 +1,7 @@
 """A chat message's images and videos, read from a data: URL, an http(s) URL, or a file:// one under
 --allowed-local-media-path, and made by the model's image processor (image_processing.py) or video processor
-(video_frames.py) into what the workers take: each prompt's within --limit-mm-per-prompt and a message's size, a
-conversation's kept by their bytes (--mm-processor-cache-gb)."""
+(video_processing.py, video_frames.py) into what the workers take: each prompt's within --limit-mm-per-prompt and a
+message's size, a conversation's kept by their bytes (--mm-processor-cache-gb)."""
 from __future__ import annotations
 
 import asyncio
@@ -27,10 +27,11 @@ from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
 from services.gateway.image_processing import ImageProcessing
+from services.gateway.video_frames import processed_video
 
 if TYPE_CHECKING:
     from services.gateway.image_embeds import ImageEmbedsReader
-    from services.gateway.video_frames import VideoProcessing
+    from services.gateway.video_processing import VideoProcessing
 
 # An image given as its encoder's rows: the HTTP API's image_embeds part, or the gRPC API's.
 ImageGivenAsRows = ImageEmbedsPart | common_pb2.ChatImageEmbeds
@@ -141,7 +142,7 @@ class ChatImages:
         them, from the cache where it holds them (by its bytes and those settings)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(video.source, param) if isinstance(video.source, str) else video.source
-            return videos.processed(data, self.max_bytes, param)
+            return processed_video(videos, data, self.max_bytes, param)
 
         if self.cache is None:
             return make()

@@ -13,7 +13,8 @@ import torch
 
 from services.gateway import video_frames
 from services.gateway.errors import APIError
-from services.gateway.video_frames import VideoFrames, VideoProcessing, VideoTooLarge
+from services.gateway.video_frames import VideoFrames, VideoTooLarge, processed_video, read_video
+from services.gateway.video_processing import VideoProcessing
 from tests.services.gateway.image_chats import encoded_video as encoded
 
 av = pytest.importorskip("av")
@@ -84,7 +85,7 @@ def test_read_frames_are_the_sampled_frames_encoded(container, codec, pix_fmt, h
     data = encoded(source, fps=10, codec=codec, pix_fmt=pix_fmt, container=container)
     for num_frames in (5, 32, 37, 40, -1, None):
         processing = AS_THEY_ARE.with_overrides({"num_frames": num_frames} if num_frames else {})
-        video = processing.read(data)
+        video = read_video(processing, data)
         expected = vllms_indices(37, num_frames) if num_frames else qwens_indices(37, 10.0)
         assert video.indices == tuple(expected)
         padded = len(expected) + len(expected) % 2
@@ -116,7 +117,7 @@ def test_a_video_shown_turned_is_read_as_it_is_shown(matrix, turns):
     source = frames_of(6, 32, 64)
     data = shown_turned(encoded(source, codec="qtrle", pix_fmt="rgb24", container="mov"),
                         (matrix[0], matrix[1], 0, matrix[2], matrix[3], 0))
-    frames = AS_THEY_ARE.with_overrides({"num_frames": -1}).read(data).frames
+    frames = read_video(AS_THEY_ARE.with_overrides({"num_frames": -1}), data).frames
     np.testing.assert_array_equal(frames, np.rot90(source, k=turns, axes=(1, 2)))
 
 
@@ -124,7 +125,7 @@ def test_a_lossy_mp4_decodes():
     gradient = np.linspace(0, 255, 64 * 48 * 3).reshape(48, 64, 3)
     source = np.stack([np.roll(gradient, shift, axis=1) for shift in range(37)]).astype(np.uint8)
     data = encoded(source, fps=30, codec="libx264", pix_fmt="yuv420p", container="mp4")
-    video = AS_THEY_ARE.with_overrides({"num_frames": 8}).read(data)
+    video = read_video(AS_THEY_ARE.with_overrides({"num_frames": 8}), data)
     assert video.indices == (0, 5, 10, 15, 20, 25, 30, 36) and (video.total_frames, video.fps) == (37, 30.0)
     assert np.abs(video.frames.astype(int) - source[list(video.indices)]).mean() < 8
     assert video.sampled_fps == pytest.approx(8 / 37 * 30)
@@ -199,11 +200,11 @@ def test_qwen3_vls_frame_pairs_times_are_its_processors():
 
 def test_a_qwen3_vl_video_goes_with_its_frame_pairs_times():
     data = encoded(frames_of(37, 64, 96), fps=10)
-    video = QWEN3_VL.processed(data, None, "messages")
+    video = processed_video(QWEN3_VL, data, None, "messages")
     assert video.size.frames == 8 and video.size.times == (0.3, 1.5, 2.7, 3.6)  # frames 0, 6, ... 36, and 36 again
     # 8 frames of 64x96 are fewer pixels than its least: scaled up
     assert (video.size.height, video.size.width) == QWEN3_VL.resized_size(64, 96, 7) == (128, 192)
-    assert VideoProcessing().processed(data, None, "messages").size.times == ()  # Qwen2-VL's write none
+    assert processed_video(VideoProcessing(), data, None, "messages").size.times == ()  # Qwen2-VL's write none
 
 
 @pytest.mark.parametrize("bounds", [{"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 4},  # 50x90 down to 28x56
@@ -211,7 +212,7 @@ def test_a_qwen3_vl_video_goes_with_its_frame_pairs_times():
 def test_read_frames_are_resized_by_torchvisions_bicubic_on_uint8(bounds):
     processing = VideoProcessing(num_frames=-1).with_overrides(bounds)
     source = frames_of(5, 50, 90)
-    resized = processing.read(encoded(source)).frames
+    resized = read_video(processing, encoded(source)).frames
     height, width = processing.resized_size(50, 90, 5)
     assert resized.shape == (6, height, width, 3) and resized.dtype == np.uint8 and resized.flags.c_contiguous
     pixels = torch.from_numpy(source).permute(0, 3, 1, 2).contiguous()
@@ -238,7 +239,7 @@ def test_read_frames_are_transformers_video_processors():
                                                 ({}, (48, 64), 4), ({}, (50, 90), 7), ({}, (56, 112), 3)]:
         processing = VideoProcessing(num_frames=-1).with_overrides(bounds)
         source = frames_of(num_frames, height, width)
-        ours = torch.from_numpy(processing.read(encoded(source)).frames).permute(0, 3, 1, 2)[None].float()
+        ours = torch.from_numpy(read_video(processing, encoded(source)).frames).permute(0, 3, 1, 2)[None].float()
         reference = Qwen2VLVideoProcessor(min_pixels=processing.min_pixels, max_pixels=processing.max_pixels)
         theirs = reference(videos=[source], do_rescale=False, do_normalize=False, cap_pixels_per_frame=False,
                            return_tensors="pt")
@@ -251,7 +252,7 @@ def test_read_frames_are_transformers_video_processors():
 def test_frames_are_padded_to_whole_temporal_patches_by_the_last(num_frames, padded):
     processing = VideoProcessing(min_pixels=28 * 56, num_frames=-1)
     source = frames_of(num_frames, 28, 56)
-    frames = processing.read(encoded(source)).frames  # 28x56 is already whole tokens within bounds: kept as it is
+    frames = read_video(processing, encoded(source)).frames  # 28x56: whole tokens within bounds, kept as it is
     assert processing.frames_after_padding(num_frames) == padded == len(frames)
     np.testing.assert_array_equal(frames[:num_frames], source)
     assert (frames[num_frames:] == source[-1]).all()
@@ -261,16 +262,16 @@ def test_frames_are_padded_to_whole_temporal_patches_by_the_last(num_frames, pad
 def test_frames_past_a_messages_bytes_are_refused_before_any_is_made():
     processing = VideoProcessing(num_frames=3)
     data = encoded(frames_of(3, 50, 90))
-    assert processing.num_bytes(50, 90, 3) == processing.read(data).frames.nbytes == 4 * 252 * 448 * 3
+    assert processing.num_bytes(50, 90, 3) == read_video(processing, data).frames.nbytes == 4 * 252 * 448 * 3
     with pytest.raises(VideoTooLarge, match="3 frames take 1.3 MiB"):
-        processing.read(data, max_bytes=2**20)
+        read_video(processing, data, max_bytes=2**20)
     with pytest.raises(APIError, match="--media-io-kwargs") as refused:
-        processing.processed(data, 2**20, "messages")
+        processed_video(processing, data, 2**20, "messages")
     assert refused.value.status == 413
     with pytest.raises(APIError, match="could not be decoded") as refused:
-        processing.processed(b"not a video", 2**20, "messages")
+        processed_video(processing, b"not a video", 2**20, "messages")
     assert refused.value.status == 400
-    video = processing.processed(data, 2**30, "messages")
+    video = processed_video(processing, data, 2**30, "messages")
     assert (video.meta.frames, video.meta.height, video.meta.width) == (4, 252, 448)
     assert video.meta.fps == pytest.approx(3 / 3 * 10) and len(video.rgb) == 4 * 252 * 448 * 3
 
@@ -291,24 +292,24 @@ def audio_only() -> bytes:
                                            (audio_only(), "no video stream")])
 def test_bytes_that_are_no_video_are_refused(data, message):
     with pytest.raises(ValueError, match=message):
-        VideoProcessing().read(data)
+        read_video(VideoProcessing(), data)
 
 
 def test_a_concat_list_among_the_bytes_opens_no_file(tmp_path, monkeypatch):
     (tmp_path / "secret.mkv").write_bytes(encoded(frames_of(3, 16, 16)))
     monkeypatch.chdir(tmp_path)  # FFmpeg's concat demuxer opens a relative name from here where protocols are allowed
     with pytest.raises(ValueError, match="could not be decoded"):
-        VideoProcessing().read(b"ffconcat version 1.0\nfile secret.mkv\n")
+        read_video(VideoProcessing(), b"ffconcat version 1.0\nfile secret.mkv\n")
 
 
 def test_videos_past_the_bounds_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="8192"):
-        VideoProcessing().read(encoded(np.zeros((1, 8, 8200, 3), np.uint8)))
+        read_video(VideoProcessing(), encoded(np.zeros((1, 8, 8200, 3), np.uint8)))
     monkeypatch.setattr(video_frames, "MOST_FRAMES", 36)
     for container, codec, pix_fmt in [("matroska", "ffv1", "bgr0"), ("mov", "qtrle", "rgb24")]:
         data = encoded(frames_of(37, 16, 16), codec=codec, pix_fmt=pix_fmt, container=container)
         with pytest.raises(ValueError, match="more than 36 frames"):
-            VideoProcessing(num_frames=4).read(data)
+            read_video(VideoProcessing(num_frames=4), data)
 
 
 def write_json(path, config):
