@@ -70,7 +70,7 @@ class ToolCall(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ChatOptions(_message.Message):
-    __slots__ = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "chat_template", "documents_json", "add_special_tokens", "mm_processor_kwargs_json")
+    __slots__ = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs_json", "chat_template", "documents_json", "add_special_tokens", "mm_processor_kwargs_json", "media_io_kwargs_json")
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class ChatOptions(_message.Message):
     DOCUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MM_PROCESSOR_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_IO_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     add_generation_prompt: bool
     continue_final_message: bool
     chat_template_kwargs_json: str
@@ -85,7 +86,8 @@ class ChatOptions(_message.Message):
     documents_json: str
     add_special_tokens: bool
     mm_processor_kwargs_json: str
-    def __init__(self, add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., mm_processor_kwargs_json: _Optional[str] = ...) -> None: ...
+    media_io_kwargs_json: str
+    def __init__(self, add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., mm_processor_kwargs_json: _Optional[str] = ..., media_io_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "prompt_logprobs", "reasoning", "tool_calls", "index")

@@ -5,6 +5,7 @@ making a multimodal model text-only (its workers then load no image encoder, whi
 from __future__ import annotations
 
 import argparse
+import json
 
 from services.common.settings import ConfigError, json_object
 
@@ -76,22 +77,46 @@ def add_media_io_kwargs_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--media-io-kwargs", metavar="JSON", default="",
                         help="how media are read, as vLLM's flag: '{\"video\": {\"num_frames\": N}}' samples N "
                              "frames of a video, evenly (-1: every frame; default: Qwen's 2 a second, as vLLM "
-                             "samples them)")
+                             "samples them); '{\"image\": {\"rgba_background_color\": [R, G, B]}}' what an "
+                             "image's transparency shows (default white); a request's media_io_kwargs over them")
 
 
-def video_frames(text: str) -> int | None:
-    """The frames sampled of a video by --media-io-kwargs (None where it leaves it); ConfigError for a setting not
-    served here or not a positive integer."""
-    kwargs = json_object(text, "--media-io-kwargs") or {}
-    video = kwargs.get("video", {})
-    if set(kwargs) - {"video"} or not isinstance(video, dict) or set(video) - {"num_frames"}:
-        raise ConfigError(f"--media-io-kwargs: only {{\"video\": {{\"num_frames\": N}}}} is served here, got {text}")
-    frames = video.get("num_frames")
-    if frames is not None and (not isinstance(frames, int) or isinstance(frames, bool) or not (frames > 0 or
-                                                                                            frames == -1)):
-        raise ConfigError(f"--media-io-kwargs: video's num_frames must be a positive integer or -1 (every frame), "
-                          f"got {frames!r}")
-    return frames
+# What --media-io-kwargs (and a request's media_io_kwargs) may set, by modality.
+MEDIA_IO_KWARGS = {"video": ("num_frames",), "image": ("rgba_background_color",)}
+
+
+def media_io_kwargs(text: str) -> dict:
+    """--media-io-kwargs' settings ({} when not given), as `checked_media_io_kwargs` gives them; ConfigError for
+    one not served here."""
+    try:
+        return checked_media_io_kwargs(json_object(text, "--media-io-kwargs") or {}, "--media-io-kwargs")
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def checked_media_io_kwargs(kwargs: dict, source: str) -> dict:
+    """`kwargs` (the flag's, or a request's media_io_kwargs), an image's background color as a tuple; ValueError
+    naming `source` for a modality or setting not served here, or a value not of its kind: a video's num_frames a
+    positive integer or -1 (every frame), an image's rgba_background_color three integers in [0, 255]."""
+    checked: dict = {}
+    for modality, settings in kwargs.items():
+        if modality not in MEDIA_IO_KWARGS or not isinstance(settings, dict) or \
+                set(settings) - set(MEDIA_IO_KWARGS[modality]):
+            raise ValueError(f"{source}: only {json.dumps({m: dict.fromkeys(k) for m, k in MEDIA_IO_KWARGS.items()})}"
+                             f" are served here, got {json.dumps(kwargs)}")
+        frames = settings.get("num_frames")
+        if frames is not None and (type(frames) is not int or not (frames > 0 or frames == -1)):  # bool is no int
+            raise ValueError(f"{source}: video's num_frames must be a positive integer or -1 (every frame), "
+                             f"got {frames!r}")
+        color = settings.get("rgba_background_color")
+        if color is not None and (not isinstance(color, list | tuple) or len(color) != 3 or
+                                  any(type(c) is not int or not 0 <= c <= 255 for c in color)):
+            raise ValueError(f"{source}: image's rgba_background_color must be three integers in [0, 255], "
+                             f"got {color!r}")
+        checked[modality] = {**settings, **({"rgba_background_color": tuple(color)} if color is not None else {})}
+    return checked
 
 
 def processor_kwargs(text: str) -> dict:

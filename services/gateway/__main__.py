@@ -195,7 +195,8 @@ class GatewayService:
             from services.gateway.image_inputs import MESSAGE_HEADROOM_BYTES, ChatImages
             from services.gateway.image_processing import ImageProcessing
             cache_bytes = int(config.mm_processor_cache_gb * 2**30)
-            processing = ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs)
+            processing = ImageProcessing.from_dir(config.model_dir, config.mm_processor_kwargs).with_media_io(
+                config.media_io_kwargs)
             self.state.images = self.servicer.images = ChatImages(
                 processing, config.allowed_local_media_path, config.allowed_media_domains, config.limit_images,
                 ProcessedImageCache(cache_bytes) if cache_bytes else None,
@@ -251,8 +252,8 @@ class GatewayService:
             log.warning("videos are not served: this gateway has no torch to resize their frames with")
             return None
         from services.gateway.video_processing import VideoProcessing
-        return VideoProcessing.from_dir(config.model_dir, {"num_frames": config.video_frames}
-                                        if config.video_frames else None, model_json["model_type"] in TIMED_VIDEOS
+        return VideoProcessing.from_dir(config.model_dir, config.media_io_kwargs.get("video"),
+                                        model_json["model_type"] in TIMED_VIDEOS
                                         ).with_request_kwargs(config.mm_processor_kwargs)
 
     def _follow_workers(self) -> None:

@@ -13,9 +13,10 @@ from services.tokenizer.image_tokens import ImageSize
 
 
 async def chat_images(state, messages: Sequence[ChatMessage], param: str = "messages",
-                      processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages | None:
+                      processor_kwargs: Mapping[str, Any] | None = None,
+                      media_io_kwargs: Mapping[str, Any] | None = None) -> GivenImages | None:
     """The messages' images (their pixels, or rows given as image_embeds parts) and videos, in order (None for
-    none), read with a request's `processor_kwargs` (vLLM's mm_processor_kwargs); APIError (400) naming `param`
+    none), read with a request's `processor_kwargs` and `media_io_kwargs` (vLLM's); APIError (400) naming `param`
     where the model takes none, or one cannot be read. `state`: what has the gateway's `images` and `model_name`
     (http_app.GatewayState, the gRPC API's servicer, whose messages give their images' URLs)."""
     sources = [source for message in messages for source in (
@@ -24,14 +25,14 @@ async def chat_images(state, messages: Sequence[ChatMessage], param: str = "mess
         return None
     if state.images is None:
         raise APIError(400, f"{state.model_name} takes no images: a message's content is text here", param=param)
-    return await state.images.read(sources, param, processor_kwargs)
+    return await state.images.read(sources, param, processor_kwargs, media_io_kwargs)
 
 
-async def chat_image_sizes(state, messages: Sequence[ChatMessage],
-                           processor_kwargs: Mapping[str, Any] | None = None) -> list[ImageSize]:
+async def chat_image_sizes(state, messages: Sequence[ChatMessage], processor_kwargs: Mapping[str, Any] | None = None,
+                           media_io_kwargs: Mapping[str, Any] | None = None) -> list[ImageSize]:
     """Each of their images' size as the model's image processor resizes it (with `processor_kwargs`), and its
     crops' count: what a count of their tokens needs (some models' images take as many as their size makes)."""
-    images = await chat_images(state, messages, processor_kwargs=processor_kwargs)
+    images = await chat_images(state, messages, processor_kwargs=processor_kwargs, media_io_kwargs=media_io_kwargs)
     return images.sizes if images is not None else []
 
 

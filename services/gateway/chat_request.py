@@ -46,6 +46,9 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's: the image processor's settings for this request's images (image_processing.py's with_kwargs), e.g.
     # Qwen-VL's {"max_pixels": N}
     mm_processor_kwargs: dict[str, Any] | None = None
+    # vLLM's: how this request's media are read (a video's num_frames, an image's rgba_background_color), over the
+    # gateway's --media-io-kwargs
+    media_io_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_supported(self):

@@ -139,7 +139,7 @@ class GatewayConfig:
     limit_videos: int | None = None  # its videos' (0 where images are)
     mm_processor_cache_gb: float = 4.0  # processed images kept, GiB of pixels (vLLM's flag and default); 0: none
     mm_processor_kwargs: dict = field(default_factory=dict)  # the image processor's settings over the model's
-    video_frames: int | None = None  # frames sampled of a video (vLLM's --media-io-kwargs); None: vLLM's default
+    media_io_kwargs: dict = field(default_factory=dict)  # how media are read (vLLM's --media-io-kwargs), by modality
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # top logprobs a request may ask for per token (vLLM's); -1: any
     max_log_len: int | None = None  # logged texts cut to this many characters (ids: this many); None: the level's
     tokenizer_dir: Path | None = None  # where the tokenizer is, when not in model_dir (vLLM's --tokenizer)

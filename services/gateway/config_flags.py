@@ -25,8 +25,8 @@ from services.common.mm_limits import (
     add_mm_embeds_flag,
     add_mm_processor_kwargs_flag,
     image_limit,
+    media_io_kwargs,
     processor_kwargs,
-    video_frames,
     video_limit,
 )
 from services.common.settings import (
@@ -133,7 +133,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] |
         limit_images=image_limit(args.limit_mm_per_prompt), limit_videos=video_limit(args.limit_mm_per_prompt),
         mm_processor_cache_gb=args.mm_processor_cache_gb,
         mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
-        video_frames=video_frames(args.media_io_kwargs),
+        media_io_kwargs=media_io_kwargs(args.media_io_kwargs),
         lora_modules=lora_modules(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         trust_request_chat_template=args.trust_request_chat_template, tokenizer_dir=args.tokenizer_dir)

@@ -173,7 +173,8 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
     async def chat_completions(request: Request):
         body = state.chat_serving.as_served(await parsed_body(request, ChatCompletionRequest))
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
-        images = await chat_images(state, body.messages, processor_kwargs=body.mm_processor_kwargs)
+        images = await chat_images(state, body.messages, processor_kwargs=body.mm_processor_kwargs,
+                                   media_io_kwargs=body.media_io_kwargs)
         choices, builder, dispatched, timeline = start_chat(request, body, response_id, images)
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "messages",

@@ -38,7 +38,7 @@ from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.given_embeddings import GivenImages, checked_embeddings
 from services.gateway.grpc_beam_search import beam_search_choices
 from services.gateway.grpc_chat import ChatReply, ChatRequestTools
-from services.gateway.grpc_conversation import chat_messages, chat_options, mm_processor_kwargs
+from services.gateway.grpc_conversation import chat_messages, chat_options, media_io_kwargs, mm_processor_kwargs
 from services.gateway.openai_protocol import MAX_CHOICES
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.reasoning_parsers import ReasoningReader
@@ -194,7 +194,7 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
                 raise APIError(400, f"chat.messages[{i}]'s image_parts and video_parts must name distinct indexes "
                                     "among its parts", param=f"chat.messages[{i}].video_parts")
         images = await chat_images(self, request.chat.messages, "chat.messages",  # its images and model_name
-                                   mm_processor_kwargs(request.chat_options))
+                                   mm_processor_kwargs(request.chat_options), media_io_kwargs(request.chat_options))
         if images is not None and request.HasField("beam_search"):
             raise APIError(400, "beam search takes text messages, not images", param="beam_search")
         return images

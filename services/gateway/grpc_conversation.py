@@ -3,10 +3,11 @@ to what the HTTP API accepts, each refusal a 400 naming the field."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from protos import common_pb2, gateway_pb2
-from services.common.mm_limits import checked_processor_kwargs
+from services.common.mm_limits import checked_media_io_kwargs, checked_processor_kwargs
 from services.gateway.chat_messages import CHAT_ROLES, with_parsed_arguments
 from services.gateway.errors import APIError
 from services.tokenizer.chat_template import (
@@ -41,14 +42,23 @@ def chat_messages(chat: common_pb2.ChatMessages) -> list[dict[str, Any]]:
 def mm_processor_kwargs(options: gateway_pb2.ChatOptions) -> dict[str, Any] | None:
     """The image processor's settings the request asks for its images (None for none); APIError (400) for JSON
     that is not an object of settings served here."""
-    if not options.mm_processor_kwargs_json:
+    return _checked_json(options.mm_processor_kwargs_json, "chat_options.mm_processor_kwargs_json",
+                         checked_processor_kwargs)
+
+
+def media_io_kwargs(options: gateway_pb2.ChatOptions) -> dict[str, Any] | None:
+    """How the request asks its media read (None for as the gateway reads them); APIError (400) likewise."""
+    return _checked_json(options.media_io_kwargs_json, "chat_options.media_io_kwargs_json", checked_media_io_kwargs)
+
+
+def _checked_json(text: str, param: str, checked: Callable[[dict, str], dict]) -> dict[str, Any] | None:
+    if not text:
         return None
-    param = "chat_options.mm_processor_kwargs_json"
     try:
-        kwargs = json.loads(options.mm_processor_kwargs_json)
+        kwargs = json.loads(text)
         if not isinstance(kwargs, dict):
             raise ValueError(f"{param} must be a JSON object")
-        return checked_processor_kwargs(kwargs, param)
+        return checked(kwargs, param)
     except ValueError as e:  # JSONDecodeError among them
         raise APIError(400, str(e), param=param) from None
 

@@ -21,7 +21,7 @@ from prometheus_client import Counter, Histogram
 
 from protos import common_pb2
 from services.common.metrics.service import LATENCY_BUCKETS
-from services.common.mm_limits import VIDEO_KWARGS, checked_processor_kwargs
+from services.common.mm_limits import VIDEO_KWARGS, checked_media_io_kwargs, checked_processor_kwargs
 from services.gateway.chat_messages import ImageEmbedsPart, VideoPart
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
@@ -69,11 +69,13 @@ class ChatImages:
     video_limit: int | None = None  # a prompt's most videos; None: any
 
     async def read(self, sources: Sequence[str | ImageGivenAsRows | VideoPart], param: str = "messages",
-                   processor_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
+                   processor_kwargs: Mapping[str, Any] | None = None,
+                   media_io_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
         """The images of their URLs (or given as their encoder's rows) and the videos of theirs, in order, read by
-        the processor's settings with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) over
-        them; APIError (400) naming `param` for one that cannot be read, or for more than the limit, and naming
-        mm_processor_kwargs for settings not served."""
+        the processor's settings with `processor_kwargs` (a request's mm_processor_kwargs, as vLLM takes them) and
+        `media_io_kwargs` (a request's, vLLM's: a video's num_frames, an image's rgba_background_color) over them;
+        APIError (400) naming `param` for one that cannot be read, or for more than the limit, and naming
+        mm_processor_kwargs or media_io_kwargs for settings not served."""
         num_videos = sum(isinstance(source, VideoPart) for source in sources)
         num_images = len(sources) - num_videos
         if num_videos and self.videos is None:
@@ -90,6 +92,14 @@ class ChatImages:
             raise APIError(400, f"{num_images} images in one prompt, more than this server's limit of {self.limit} "
                                 "(--limit-mm-per-prompt)", param=param)
         processing, videos = self.processing, self.videos
+        if media_io_kwargs:
+            try:
+                media_io = checked_media_io_kwargs(dict(media_io_kwargs), "media_io_kwargs")
+            except ValueError as e:
+                raise APIError(400, str(e), param="media_io_kwargs") from None
+            processing = processing.with_media_io(media_io)
+            if videos is not None and "video" in media_io:
+                videos = videos.with_overrides(media_io["video"])
         if processor_kwargs:
             try:
                 kwargs = checked_processor_kwargs(dict(processor_kwargs), "mm_processor_kwargs")

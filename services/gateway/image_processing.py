@@ -47,6 +47,7 @@ class ImageProcessing:
     max_pixels: int | None = None
     pan_and_scan: PanAndScan | None = None  # None: a processor that makes no crops (only Gemma 3's does)
     tiles: TileCanvas | None = None
+    background: tuple[int, int, int] = (255, 255, 255)  # what transparency shows (vLLM's rgba_background_color)
 
     @classmethod
     def from_dir(cls, model_dir: Path, overrides: dict | None = None) -> ImageProcessing:
@@ -128,6 +129,12 @@ class ImageProcessing:
             raise ValueError(f"this model's image processor takes no {', '.join(sorted(unknown))}")
         return replace(self, **changes) if changes else self
 
+    def with_media_io(self, kwargs: Mapping[str, Any]) -> ImageProcessing:
+        """These settings with --media-io-kwargs' (or a request's media_io_kwargs, as `checked_media_io_kwargs` gave
+        them) image settings over them: its rgba_background_color."""
+        color = kwargs.get("image", {}).get("rgba_background_color")
+        return replace(self, background=color) if color is not None and color != self.background else self
+
     def size_of(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) of an image of that size once resized, as transformers' processor resizes it."""
         if self.max_pixels is not None:
@@ -153,7 +160,7 @@ class ImageProcessing:
         either is resized, as transformers' processor cuts them). APIError (413), before any pixels are made, where
         they would take more than `most_bytes` (a request's settings may ask a huge resize, canvas or hundreds of
         crops)."""
-        image = rgb(image)
+        image = rgb(image, self.background)
         if self.tiles is not None:
             height, width = self.tiles.canvas_of(image.height, image.width)
             num_bytes = (height * width + (self.height * self.width if (height, width) != (self.height, self.width)
@@ -217,9 +224,10 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def rgb(image: Image.Image) -> Image.Image:
-    """`image` in RGB, any transparency composited onto white (as transformers' convert_to_rgb)."""
+def rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """`image` in RGB, any transparency composited onto `background` (white: as transformers' convert_to_rgb and
+    vLLM do)."""
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         image = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image).convert("RGB")
+        return Image.alpha_composite(Image.new("RGBA", image.size, (*background, 255)), image).convert("RGB")
     return image.convert("RGB")

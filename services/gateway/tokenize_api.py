@@ -57,6 +57,7 @@ class TokenizeRequest(BaseModel):
     documents: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
     mm_processor_kwargs: dict[str, Any] | None = None  # the messages' images read by these, as chat's would be
+    media_io_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -140,7 +141,7 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         if body.model is not None:
             check_model(body.model)
 
-        sizes = await chat_image_sizes(state, body.messages or (), body.mm_processor_kwargs)
+        sizes = await chat_image_sizes(state, body.messages or (), body.mm_processor_kwargs, body.media_io_kwargs)
 
         async def tokenized(one: TokenizeRequest) -> list[int]:
             return await tokenize(service.stub, one, pipeline.prompts, state.tool_call_parser, sizes)

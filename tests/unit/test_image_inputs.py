@@ -115,6 +115,28 @@ def test_a_videos_sampling_is_the_video_processors_and_refused_where_there_is_no
     assert refused.value.status == 400
 
 
+def test_an_images_transparency_shows_the_background_media_io_kwargs_asks(tmp_path):
+    """vLLM's rgba_background_color (--media-io-kwargs', a request's media_io_kwargs): white by default, as
+    transformers' convert_to_rgb composites it."""
+    from services.gateway.errors import APIError
+    from services.gateway.image_inputs import ChatImages
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    saved = io.BytesIO()
+    Image.new("RGBA", (56, 56), (255, 0, 0, 0)).save(saved, format="PNG")  # red, wholly transparent
+    url = "data:image/png;base64," + base64.b64encode(saved.getvalue()).decode()
+    images = ChatImages(ImageProcessing.from_dir(tmp_path))
+    assert set(asyncio.run(images.read([url])).images[0].rgb) == {255}
+    black = asyncio.run(images.read([url], media_io_kwargs={"image": {"rgba_background_color": [0, 0, 0]}}))
+    assert set(black.images[0].rgb) == {0}
+    green = {"image": {"rgba_background_color": (0, 9, 0)}}  # as the flag's checked_media_io_kwargs gives it
+    flagged = ChatImages(ImageProcessing.from_dir(tmp_path).with_media_io(green))
+    assert set(asyncio.run(flagged.read([url])).images[0].rgb) == {0, 9}
+    with pytest.raises(APIError, match="three integers") as refused:
+        asyncio.run(images.read([url], media_io_kwargs={"image": {"rgba_background_color": "black"}}))
+    assert refused.value.param == "media_io_kwargs"
+
+
 def test_settings_it_cannot_follow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no preprocessor_config.json"):
         ImageProcessing.from_dir(tmp_path)

@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.mm_limits import image_limit, processor_kwargs, video_frames, video_limit
+from services.common.mm_limits import (
+    checked_media_io_kwargs,
+    image_limit,
+    media_io_kwargs,
+    processor_kwargs,
+    video_limit,
+)
 from services.common.settings import ConfigError
 from services.decode.config import DecodeServiceConfig
 from services.gateway.config_flags import config_from_args
@@ -29,15 +35,20 @@ def test_the_videos_a_prompt_may_hold():
     assert video_limit('{"image": 0}') == 0  # no image encoder, none to encode them
 
 
-def test_media_io_kwargs_as_vllm_takes_a_videos_frames():
-    assert video_frames("") is None
-    assert video_frames('{"video": {"num_frames": 16}}') == 16
-    assert video_frames('{"video": {"num_frames": -1}}') == -1
+def test_media_io_kwargs_as_vllm_takes_them():
+    assert media_io_kwargs("") == {}
+    assert media_io_kwargs('{"video": {"num_frames": 16}}') == {"video": {"num_frames": 16}}
+    assert media_io_kwargs('{"video": {"num_frames": -1}, "image": {"rgba_background_color": [0, 0, 0]}}') == {
+        "video": {"num_frames": -1}, "image": {"rgba_background_color": (0, 0, 0)}}
     for bad, message in (('{"video": {"num_frames": 0}}', "positive integer or -1"),
                          ('{"video": {"num_frames": true}}', "positive integer or -1"),
-                         ('{"video": {"fps": 2}}', "only"), ('{"image": {}}', "only"), ('{"video": 3}', "only")):
+                         ('{"image": {"rgba_background_color": [0, 0]}}', "three integers"),
+                         ('{"image": {"rgba_background_color": [0, 0, 256]}}', "three integers"),
+                         ('{"video": {"fps": 2}}', "only"), ('{"audio": {}}', "only"), ('{"video": 3}', "only")):
         with pytest.raises(ConfigError, match=message):
-            video_frames(bad)
+            media_io_kwargs(bad)
+    with pytest.raises(ValueError, match="media_io_kwargs: only"):
+        checked_media_io_kwargs({"image": {"rgba": 1}}, "media_io_kwargs")
 
 
 def test_the_gateway_and_the_workers_take_the_flag(tiny_demo_model):

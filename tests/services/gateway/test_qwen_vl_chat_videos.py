@@ -165,16 +165,22 @@ def test_a_video_beside_an_image_gets_transformers_reply(vlm_mesh, qwen_vlm):
 
 
 def test_media_io_kwargs_num_frames_spread_a_videos_frames_evenly(vlm_mesh, qwen_vlm):
-    """vLLM's --media-io-kwargs '{"video": {"num_frames": 3}}': frames 0, 4 and 9 (the last repeated to a pair), at
-    1.5 a second."""
+    """vLLM's --media-io-kwargs '{"video": {"num_frames": 3}}', or a request's media_io_kwargs: frames 0, 4 and 9 (the
+    last repeated to a pair), at 1.5 a second."""
     frames = _frames(3)
     content = [{"type": "video_url", "video_url": {"url": _video_url(frames)}}, {"type": "text", "text": "w4"}]
-    reply = greedy_chat_by_a_local_gateway(vlm_mesh, content, "--media-io-kwargs",
-                                           json.dumps({"video": {"num_frames": 3}}))
+    three = {"video": {"num_frames": 3}}
+    by_the_gateway = greedy_chat_by_a_local_gateway(vlm_mesh, content, "--media-io-kwargs", json.dumps(three))
+    with openai.OpenAI(base_url=f"{vlm_mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+        by_the_request = greedy_chat(client, vlm_mesh.model_name, content, media_io_kwargs=three)
+        with pytest.raises(openai.BadRequestError, match="positive integer or -1") as refused:
+            greedy_chat(client, vlm_mesh.model_name, content, media_io_kwargs={"video": {"num_frames": 0}})
+        assert refused.value.body["param"] == "media_io_kwargs"
     expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [
         _video_part(qwen_vlm, frames, [0, 4, 9]), {"type": "text", "text": "w4"}])
-    assert_same_reply(reply, expected, logprobs)
-    assert reply.usage.prompt_tokens == num_prompt
+    for reply in (by_the_gateway, by_the_request):
+        assert_same_reply(reply, expected, logprobs)
+        assert reply.usage.prompt_tokens == num_prompt
 
 
 def test_a_requests_mm_processor_kwargs_sample_its_video(vlm_mesh, qwen_vlm):
@@ -197,10 +203,11 @@ def test_the_grpc_api_takes_a_messages_video_urls(vlm_mesh, qwen_vlm):
     frames = _frames(4)
     url = _video_url(frames)
 
-    def generate(**message) -> gateway_pb2.GenerateResponse:
+    def generate(options: gateway_pb2.ChatOptions | None = None, **message) -> gateway_pb2.GenerateResponse:
         request = gateway_pb2.GenerateRequest(
             request_id="video", chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", **message)]),
-            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+            chat_options=options)
         with grpc.insecure_channel(vlm_mesh.gateway.grpc_address) as channel:
             return list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
 
@@ -208,6 +215,15 @@ def test_the_grpc_api_takes_a_messages_video_urls(vlm_mesh, qwen_vlm):
     expected, _, num_prompt = _transformers_greedy(qwen_vlm, [
         {"type": "text", "text": "w5"}, _video_part(qwen_vlm, frames)])
     assert list(reply.complete.token_ids) == expected and reply.complete.usage.prompt_tokens == num_prompt
+    # The HTTP API's media_io_kwargs: three frames spread evenly.
+    reply = generate(gateway_pb2.ChatOptions(media_io_kwargs_json='{"video": {"num_frames": 3}}'),
+                     content_parts=["w5"], video_parts=[1], video_urls=[url])
+    expected, _, num_prompt = _transformers_greedy(qwen_vlm, [
+        {"type": "text", "text": "w5"}, _video_part(qwen_vlm, frames, [0, 4, 9])])
+    assert list(reply.complete.token_ids) == expected and reply.complete.usage.prompt_tokens == num_prompt
+    refused = generate(gateway_pb2.ChatOptions(media_io_kwargs_json="[3]"), content_parts=["w5"], video_parts=[1],
+                       video_urls=[url])
+    assert refused.error.code == 400 and refused.error.param == "chat_options.media_io_kwargs_json", refused
     for message, param in [({"content_parts": ["w5"], "video_parts": [1]}, "chat.messages[0].video_urls"),
                            ({"content_parts": ["w5"], "video_parts": [3], "video_urls": [url]},
                             "chat.messages[0].video_parts"),
