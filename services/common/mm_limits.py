@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 from services.common.settings import ConfigError, json_object
 
@@ -88,12 +89,7 @@ MEDIA_IO_KWARGS = {"video": ("num_frames",), "image": ("rgba_background_color",)
 def media_io_kwargs(text: str) -> dict:
     """--media-io-kwargs' settings ({} when not given), as `checked_media_io_kwargs` gives them; ConfigError for
     one not served here."""
-    try:
-        return checked_media_io_kwargs(json_object(text, "--media-io-kwargs") or {}, "--media-io-kwargs")
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    return _flag_kwargs(text, "--media-io-kwargs", checked_media_io_kwargs)
 
 
 def checked_media_io_kwargs(kwargs: dict, source: str) -> dict:
@@ -122,8 +118,13 @@ def checked_media_io_kwargs(kwargs: dict, source: str) -> dict:
 def processor_kwargs(text: str) -> dict:
     """--mm-processor-kwargs' settings ({} when not given); ConfigError for one not served here, or a value that
     is not a positive integer (or, for size, an object of them)."""
+    return _flag_kwargs(text, "--mm-processor-kwargs", checked_processor_kwargs)
+
+
+def _flag_kwargs(text: str, flag: str, checked: Callable[[dict, str], dict]) -> dict:
+    """A flag's JSON object of settings, `checked`; ConfigError for JSON that is not one, or a setting refused."""
     try:
-        return checked_processor_kwargs(json_object(text, "--mm-processor-kwargs") or {}, "--mm-processor-kwargs")
+        return checked(json_object(text, flag) or {}, flag)
     except ConfigError:
         raise
     except ValueError as e:
