@@ -7,12 +7,14 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import grpc
 import numpy as np
 import openai
 import torch
 from PIL import Image
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.parity.conftest import transformers
 from tests.services.gateway.mesh import GatewayProcess, running_mesh
 
@@ -88,6 +90,18 @@ def greedy_chat(client, model: str, content: list[dict], **extra):
                                           max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=5,
                                           extra_body={"ignore_eos": True, "return_token_ids": True,
                                                       "return_tokens_as_token_ids": True, **extra})
+
+
+def greedy_grpc_chat(address: str, options: gateway_pb2.ChatOptions | None = None,
+                     **message) -> gateway_pb2.GenerateResponse:
+    """A user message of `message`'s fields asked of the gRPC API at `address`, MAX_TOKENS greedy tokens past EOS:
+    its last response (the complete reply, or the error)."""
+    request = gateway_pb2.GenerateRequest(
+        request_id="chat", chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", **message)]),
+        sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+        chat_options=options)
+    with grpc.insecure_channel(address) as channel:
+        return list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
 
 
 def assert_same_reply(reply, expected: list[int], logprobs: list[torch.Tensor]) -> None:

@@ -21,7 +21,7 @@ from PIL import Image
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.parity.conftest import transformers
-from tests.services.gateway.image_chats import saved_tensor, word_level_tokenizer
+from tests.services.gateway.image_chats import greedy_grpc_chat, saved_tensor, word_level_tokenizer
 from tests.services.gateway.mesh import GatewayProcess, running_mesh
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
@@ -225,12 +225,7 @@ def test_the_grpc_api_takes_a_messages_image_urls(vlm_mesh, client):
                                                {"type": "text", "text": "w7"}]).choices[0].token_ids
 
     def generate(options: gateway_pb2.ChatOptions | None = None, **message) -> gateway_pb2.GenerateResponse:
-        request = gateway_pb2.GenerateRequest(
-            request_id="image", chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", **message)]),
-            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
-            chat_options=options)
-        with grpc.insecure_channel(mesh.gateway.grpc_address) as channel:
-            return list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+        return greedy_grpc_chat(mesh.gateway.grpc_address, options, **message)
 
     reply = generate(content_parts=["w7"], image_parts=[0], image_urls=[url])
     assert list(reply.complete.token_ids) == expected

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 
-import grpc
 import httpx
 import numpy as np
 import openai
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 from engine.prompt_images import ImageInput
-from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from protos import gateway_pb2
 from tests.parity.conftest import transformers
 from tests.parity.images import patchified_video, saved_qwen_vl
 from tests.services.gateway.image_chats import (
@@ -32,6 +31,7 @@ from tests.services.gateway.image_chats import (
     encoded_video,
     greedy_chat,
     greedy_chat_by_a_local_gateway,
+    greedy_grpc_chat,
     qwen_vl_tokenizer,
     random_image,
     rendering_mesh,
@@ -204,12 +204,7 @@ def test_the_grpc_api_takes_a_messages_video_urls(vlm_mesh, qwen_vlm):
     url = _video_url(frames)
 
     def generate(options: gateway_pb2.ChatOptions | None = None, **message) -> gateway_pb2.GenerateResponse:
-        request = gateway_pb2.GenerateRequest(
-            request_id="video", chat=common_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role="user", **message)]),
-            sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
-            chat_options=options)
-        with grpc.insecure_channel(vlm_mesh.gateway.grpc_address) as channel:
-            return list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+        return greedy_grpc_chat(vlm_mesh.gateway.grpc_address, options, **message)
 
     reply = generate(content_parts=["w5"], video_parts=[1], video_urls=[url])
     expected, _, num_prompt = _transformers_greedy(qwen_vlm, [
