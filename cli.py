@@ -87,6 +87,9 @@ def _build_parser() -> argparse.ArgumentParser:
                           '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3} (the same tokens, '
                           "in fewer steps where the drafts are right)")
     gen.add_argument("--hf-overrides", metavar="JSON", help="config.json keys replaced, as vLLM's --hf-overrides")
+    gen.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                     help="split the model's heads and MLP width across N processes on this host, as vLLM's "
+                          "(the Llama family's dense models, on the CPU) (default 1)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
                           "instead of streaming text")
@@ -210,7 +213,8 @@ def _generate(args: argparse.Namespace) -> int:
                               lora_modules=(("lora", args.lora),) if args.lora else (),
                               kv_cache_dtype=args.kv_cache_dtype,
                               speculative=speculative_config(args.speculative_config, "--speculative-config"),
-                              hf_overrides=hf_overrides(args.hf_overrides))
+                              hf_overrides=hf_overrides(args.hf_overrides),
+                              tensor_parallel_size=args.tensor_parallel_size)
     except (ValueError, ConfigError) as exc:
         raise UsageError(str(exc)) from None
     # One request needs only its own pages; a pool carved from a fraction of
@@ -225,7 +229,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:
         engine = LLMEngine(dataclasses.replace(config, num_kv_blocks=num_blocks))
-    except LoRAError as exc:
+    except (LoRAError, ValueError) as exc:  # ValueError: a model the config cannot split (--tensor-parallel-size)
         raise UsageError(str(exc)) from None
 
     start = time.perf_counter()

@@ -70,7 +70,10 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     show_progress: bool = False
-    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default (split between ranks)
+    # vLLM's --tensor-parallel-size: the model's heads and MLP width split across this many processes on
+    # this host (engine/tensor_parallel.py), the first this one.
+    tensor_parallel_size: int = 1
     # On the CPU, keep freed host memory for the next step instead of faulting it in again
     # (engine/host_memory.py); it sets the process's malloc.
     retain_freed_host_memory: bool = True
@@ -121,6 +124,10 @@ class EngineConfig:
             raise ValueError(f"limit_videos must be >= 0, got {self.limit_videos}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.lora_modules:
+            raise ValueError("LoRA adapters are not served by a model split across ranks (tensor_parallel_size) yet")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):

@@ -83,7 +83,8 @@ class KVPool:
     """K and V pages for every layer.
 
     `tensor` is `[L, 2, Hkv, N, bs, D]`: one allocation, so it can later live in
-    shared memory or be exported as one CUDA IPC handle.
+    shared memory or be exported as one CUDA IPC handle. A rank of a model split across ranks
+    (engine/tensor_parallel.py) computes with its `heads` of every page: `layers` views those alone.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class KVPool:
         dtype: torch.dtype,
         device: str,
         tensor_factory: TensorFactory | None = None,
+        heads: slice = slice(None),
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -104,7 +106,7 @@ class KVPool:
         if self.tensor.shape != shape or self.tensor.dtype != dtype or not self.tensor.is_contiguous():
             raise ValueError(f"KV pool tensor must be contiguous {dtype} {shape}, "
                              f"got {self.tensor.dtype} {tuple(self.tensor.shape)}")
-        self.layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(config.num_layers)]
+        self.layers = [(self.tensor[i, 0, heads], self.tensor[i, 1, heads]) for i in range(config.num_layers)]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -43,8 +44,11 @@ class LLMEngine:
         start = time.perf_counter()
         start_ns = time.time_ns()
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        # A model split across ranks on one host: each rank its share of the cores, unless told.
+        num_threads = config.num_threads or (
+            max(1, (os.cpu_count() or 1) // config.tensor_parallel_size) if config.tensor_parallel_size > 1 else None)
+        if num_threads:
+            torch.set_num_threads(num_threads)
         if config.seed is not None:
             torch.manual_seed(config.seed)
         if config.device == "cpu" and config.retain_freed_host_memory:
@@ -60,7 +64,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             config.model, self.model_config, dtype, config.device,
             max_positions=self.max_model_len, show_progress=config.show_progress, logprobs_mode=config.logprobs_mode,
-            loads_image_encoder=config.limit_images != 0,
+            loads_image_encoder=config.limit_images != 0, tensor_parallel_size=config.tensor_parallel_size,
+            num_threads=num_threads,
         )
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now
@@ -88,7 +93,8 @@ class LLMEngine:
                                           config.enable_prefix_caching and not self.pools_whole_prompts,
                                           config.kv_cache_metrics_sample)
         self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
-                                 config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name))
+                                 config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name),
+                                 is_model_split=config.tensor_parallel_size > 1)
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -204,6 +210,11 @@ class LLMEngine:
         """The KV pools' tensors: the model's, and its draft model's where it has one."""
         pools = [self.runner.kv_pool, self.draft_model.runner.kv_pool if self.draft_model is not None else None]
         return [pool.tensor for pool in pools if pool is not None]
+
+    def close(self) -> None:
+        """Stops the processes of the model's other tensor-parallel ranks, where it has them (they stop too
+        when this process ends)."""
+        self.runner.close()
 
     # --- disaggregated serving: pages handed from a prefill engine to a decode engine ---
 

@@ -63,6 +63,8 @@ def release(engine, kinds: Iterable[str]) -> int:
         # madvise gives back host pages; device memory would need its physical pages unmapped under
         # addresses kept (CUDA's virtual memory API), which the engine does not do yet.
         raise MemoryBusyError(f"the engine's memory is on {engine.config.device}: only host memory is released")
+    if engine.config.tensor_parallel_size > 1:
+        raise MemoryBusyError("the model is split across tensor-parallel ranks: their memory is not released yet")
     if engine.has_unfinished_requests():
         raise MemoryBusyError("requests are running or waiting in the engine")
     released = 0

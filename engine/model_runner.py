@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from engine.prompt_images import encode_pending_images, multimodal_positions
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
+from engine.tensor_parallel import RankGroup, check_shardable, checkpoint_shards, listening_store, shard_config
+from engine.tensor_parallel_workers import RankArgs, RankWorkers, StepInputs
 from engine.vision.image_encoders import image_encoder
 from engine.weights import check_every_tensor_is_read, iter_tensors
 from kernels.registry import select_kernels
@@ -42,19 +45,34 @@ class ModelRunner:
         show_progress: bool = False,
         logprobs_mode: str = "raw_logprobs",
         loads_image_encoder: bool = True,  # False: images come as their encoder's rows alone
+        tensor_parallel_size: int = 1,  # the ranks the model is split across (engine/tensor_parallel.py)
+        rank: int = 0,  # this runner's; rank 0 starts the others, and alone schedules and samples
+        num_threads: int | None = None,  # the other ranks' torch threads
     ) -> None:
-        self.model_config = model_config
+        check_shardable(model_config, tensor_parallel_size, device)
+        self.model_config = model_config  # the whole model's, even where this rank holds a share of it
         self.device = device
         self.kernels = select_kernels(device)
+        self.rank, self.tensor_parallel_size = rank, tensor_parallel_size
+        # Started first, so that every rank loads its weights at once.
+        self.rank_workers: RankWorkers | None = None
+        if rank == 0 and tensor_parallel_size > 1:
+            store = listening_store(tensor_parallel_size)
+            self.rank_workers = RankWorkers(tensor_parallel_size, store.port, RankArgs(
+                model_dir, model_config, dtype, device, max_positions, num_threads))
+            self._finalizer = weakref.finalize(self, self.rank_workers.close)
         arch = MODEL_REGISTRY[model_config.architecture]
         with torch.device(device):
-            self.model = arch(model_config, self.kernels, dtype, max_positions)
+            self.model = arch(shard_config(model_config, tensor_parallel_size), self.kernels, dtype, max_positions)
             # What turns a request's images into rows of the prompt (a multimodal checkpoint's, where served).
             self.image_encoder = image_encoder(model_config.vision, model_config.hidden_size, dtype) \
                 if model_config.vision is not None and loads_image_encoder else None
         start_ns = time.time_ns()
         start = time.perf_counter()
-        self.load_weights(model_dir, show_progress)
+        self._load_shard(model_dir, show_progress)
+        if self.rank_workers is not None:
+            self.rank_workers.wait_loaded()
+            self.model.sum_across_ranks(RankGroup(0, tensor_parallel_size, store.port, store).all_reduce)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
@@ -62,9 +80,18 @@ class ModelRunner:
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
 
-    def load_weights(self, model_dir: str, show_progress: bool = False) -> None:
+    def load_weights(self, model_dir: str) -> None:
         """Read `model_dir`'s checkpoint into the model's tensors, in place (engine/llm_engine.py's
-        `update_weights` reads a later one so)."""
+        `update_weights` reads a later one so); every rank's share, where the model is split."""
+        if self.rank_workers is None:
+            self._load_shard(model_dir)
+            return
+        self.rank_workers.start_loading(model_dir)
+        self._load_shard(model_dir)
+        self.rank_workers.wait_loaded()
+
+    def _load_shard(self, model_dir: str, show_progress: bool = False) -> None:
+        """This rank's share of `model_dir`'s checkpoint (the whole of it, unsplit) into its tensors."""
         files, stored_names = checkpoint_files(model_dir), None
         if self.model_config.multimodal is not None:  # the text model's tensors, by the names the model reads
             stored_names = {}
@@ -104,6 +131,7 @@ class ModelRunner:
             tensors = mxfp4.dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)))
         elif int4:
             tensors = int4_weights.dequantized(tensors, dict(iter_tensors(files, scale_names, stored_names)), int4)
+        tensors = checkpoint_shards(tensors, self.model_config, self.rank, self.tensor_parallel_size)
         if show_progress:
             tensors = tqdm(tensors, total=len(names), desc="Loading weights", unit="tensor", leave=False)
         with torch.no_grad():
@@ -134,8 +162,22 @@ class ModelRunner:
     def allocate_kv_pool(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None
     ) -> KVPool:
-        self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device, tensor_factory)
+        """The KV pool of every head (rank 0's, shared with the other ranks where the model is split); this
+        rank computes with its own heads of it."""
+        if self.rank_workers is not None:
+            if tensor_factory is not None:
+                raise ValueError("a KV pool placed by its caller (a decode worker's shared memory) is not split "
+                                 "across tensor-parallel ranks yet")
+            tensor_factory = self.rank_workers.shared_pool
+        heads = self.model.config.num_kv_heads
+        self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device, tensor_factory,
+                              slice(self.rank * heads, (self.rank + 1) * heads))
         return self.kv_pool
+
+    def close(self) -> None:
+        """Stops the other ranks of a split model (they stop too when this process ends)."""
+        if self.rank_workers is not None:
+            self._finalizer()
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
         """Runs one step; returns the sequences that were sampled and their tokens."""
@@ -155,7 +197,7 @@ class ModelRunner:
             self._prepare(batch, pool.block_size)
         if self.loras:
             self.model.lora_batch.active = self._lora_rows(batch)
-        hidden = self.model(input_ids, positions, meta, pool.layers, given)
+        hidden = self._model_forward(input_ids, positions, meta, given)
         for seq, row, n in prompt_rows:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
         for seq, first, last in embed_rows:
@@ -167,6 +209,23 @@ class ModelRunner:
         if not sampled_seqs:
             return [], None
         return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+
+    def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       given: GivenEmbeddings | None) -> torch.Tensor:
+        """The model's hidden states for the step, every rank computing its share where it is split."""
+        if self.rank_workers is None:
+            return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
+        self.rank_workers.step(StepInputs(input_ids, positions, meta, given))
+        try:
+            return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
+        except RuntimeError:  # a sum across ranks broke off: say which rank went, where one did
+            self.rank_workers.raise_if_exited()
+            raise
+
+    @torch.inference_mode()
+    def forward_shard(self, inputs: StepInputs) -> None:
+        """A rank other than 0's share of a step's forward (its KV written, its sums made with the others')."""
+        self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_pool.layers, inputs.given)
 
     def _pooled(self, rows: torch.Tensor) -> torch.Tensor:
         """A prompt's embedding from its chunk's last hidden states (an encoder's chunk is its whole prompt)."""

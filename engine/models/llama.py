@@ -16,7 +16,7 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
 from engine.model_config import ModelConfig
-from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache
+from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache, RankSum
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.prompt_embeds import GivenEmbeddings
@@ -96,6 +96,12 @@ class LlamaForCausalLM(nn.Module):
                 if isinstance(module, (Attention, MLP)):
                     module.lora = LoRAHook(self.lora_batch, i)
         self.has_loras = True
+
+    def sum_across_ranks(self, rank_sum: RankSum) -> None:
+        """Ends every layer's attention and MLP in `rank_sum`: this model holds one rank's share of their heads
+        and width (engine/tensor_parallel.py)."""
+        for layer in self.layers:
+            layer.attn.rank_sum = layer.mlp.rank_sum = rank_sum
 
     def lora_target(self, module: str) -> Target | None:
         """Where a LoRA on projection `module` (`model.layers.3.self_attn.q_proj`) adds to this model's

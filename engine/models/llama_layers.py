@@ -5,6 +5,7 @@ reuse or subclass these; the model that stacks them is engine/models/llama.py.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +54,14 @@ def q_temperature(q: torch.Tensor, temperature: QTemperature, positions: torch.T
     return (q * scales[:, None, None]).to(q.dtype)
 
 
+# Set by a model split across ranks (engine/tensor_parallel.py): a projection back to the hidden size made
+# from this rank's heads or width alone, summed across the ranks.
+RankSum = Callable[[torch.Tensor], torch.Tensor]
+
+
 class Attention(nn.Module):
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
+    rank_sum: RankSum | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
         super().__init__()
@@ -114,11 +121,14 @@ class Attention(nn.Module):
         """Attention's output [T, Hq, D] through o_proj (with the step's LoRA delta): [T, hidden]."""
         attended = out.view(out.shape[0], self.config.q_size)
         projected = self.kernels.linear(attended, self.o_weight, self.o_bias)
-        return projected if self.lora is None else self.lora.add("o", attended, projected)
+        if self.lora is not None:
+            projected = self.lora.add("o", attended, projected)
+        return projected if self.rank_sum is None else self.rank_sum(projected)
 
 
 class MLP(nn.Module):
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to gate, up and down
+    rank_sum: RankSum | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
         super().__init__()
@@ -137,7 +147,9 @@ class MLP(nn.Module):
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         h = self.activation(gate) * up
         out = self.linear(h, self.down_weight, self.down_bias)
-        return out if self.lora is None else self.lora.add("down", h, out)
+        if self.lora is not None:
+            out = self.lora.add("down", h, out)
+        return out if self.rank_sum is None else self.rank_sum(out)
 
 
 class DecoderLayer(nn.Module):

@@ -77,6 +77,7 @@ def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_len
         assert diff < 1e-4, f"{model_dir.name}: prompt of {n} tokens, max |logit diff| {diff}"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    engine.close()
 
 
 def _mixed_prompts(vocab: int) -> list[list[int]]:
@@ -121,6 +122,7 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
     assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    engine.close()
     refs = _hf_greedy(reference_dir or model_dir, max_new_tokens)
     for i, prompt in enumerate(prompts):
         assert results[f"r{i}"] == refs[i], \
@@ -141,6 +143,21 @@ def test_logits_match_transformers_chunked(tiny_model_dirs, name):
 @pytest.mark.parametrize("budget", [512, 32])
 def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
     _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=budget)
+
+
+# The Llama family's dense variants that tensor parallelism splits: GQA, tied and scaled RoPE, every bias
+# (o's and down's added once after the ranks' sum), per-head q/k norms, sliding windows, q scaled by
+# position, NoPE layers.
+SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
+                "mistral-window", "ministral3", "smollm3")
+
+
+@pytest.mark.parametrize("name", SPLIT_MODELS)
+def test_a_model_split_across_two_ranks_matches_transformers(tiny_model_dirs, name):
+    """Each rank computes its heads and MLP width in its own process, rank 0 samples: the logits and the
+    greedy tokens (chunked, batched, a shared prefix served from the cache) are transformers'."""
+    _check_logits(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
+    _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
 
 
 @pytest.mark.skipif(not SHARED, reason="../shared/models is not present")

@@ -1,0 +1,213 @@
+"""The processes of a model split across ranks (engine/tensor_parallel.py). Rank 0 is the engine's own
+ModelRunner: it schedules, samples and hands each step's inputs to the others. Ranks 1..N-1 are
+processes of their own, started here, that run their share of each step's forward and nothing else.
+
+Every rank computes in one KV pool: rank 0's, in a file of shared memory the others map (each reads
+and writes its own heads of every page), so the pages of a request are whole in rank 0's process,
+where prefix-cache copies and KV transfers read them.
+
+Each rank is a `python -m engine.tensor_parallel_workers` process, not a multiprocessing child: a
+spawned child imports the parent's main module again, which a script without a `__main__` guard does
+not survive. Control goes over a socket pair to each (a step's inputs pickled once); the sums inside a
+step go over the ranks' gloo group.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import traceback
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from engine.model_config import ModelConfig
+from engine.prompt_embeds import GivenEmbeddings
+from engine.tensor_parallel import RankGroup
+
+POOL_DIR = "/dev/shm"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REPLY_POLL_SECONDS = 1.0  # how often a wait for a rank's reply checks that the rank is still alive
+
+
+@dataclass(frozen=True)
+class RankArgs:
+    """What a rank needs to build its share of the model."""
+
+    model_dir: str
+    model_config: ModelConfig  # the whole model's
+    dtype: torch.dtype
+    device: str
+    max_positions: int
+    num_threads: int | None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a step's forward reads besides the KV pool: ModelRunner._prepare's."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    given: GivenEmbeddings | None
+
+
+class RankError(RuntimeError):
+    """A rank failed to start, to load its weights or to map the KV pool, or exited."""
+
+
+class RankWorkers:
+    """Ranks 1..size-1, from rank 0's side: started at once (each loads its own weights while rank 0 loads
+    its), then told what to do."""
+
+    def __init__(self, size: int, store_port: int, args: RankArgs) -> None:
+        self._pipes: list[Connection] = []
+        self._processes: list[subprocess.Popen] = []
+        # `-m engine...` wherever the caller runs from, Baton installed or not.
+        python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+        env = {**os.environ, "PYTHONPATH": python_path}
+        for rank in range(1, size):
+            ours, theirs = multiprocessing.Pipe()
+            process = subprocess.Popen([sys.executable, "-m", "engine.tensor_parallel_workers", str(theirs.fileno())],
+                                       pass_fds=(theirs.fileno(),), env=env)
+            theirs.close()
+            ours.send((rank, size, store_port, args))
+            self._pipes.append(ours)
+            self._processes.append(process)
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self._processes]
+
+    def wait_loaded(self) -> None:
+        """Returns once every rank holds its weights; RankError naming the first that could not."""
+        for rank in range(1, len(self._pipes) + 1):
+            self._reply(rank)
+
+    def start_loading(self, model_dir: str) -> None:
+        """Every rank starts reading its share of `model_dir`'s checkpoint again (`wait_loaded` waits for them)."""
+        self._send(("weights", model_dir))
+
+    def shared_pool(self, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+        """A KVPool TensorFactory: the whole pool, zero-filled, in shared memory that every rank maps."""
+        path = os.path.join(POOL_DIR, f"baton-kv-pool-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        try:
+            pool = _mapped_pool(path, shape, dtype)
+            self._send(("pool", path, shape, dtype))
+            for rank in range(1, len(self._pipes) + 1):
+                self._reply(rank)
+        finally:
+            # Mapped by every rank by now (or failed): its name is not needed, and no file outlives them.
+            os.unlink(path)
+        return pool
+
+    def step(self, inputs: StepInputs) -> None:
+        """Starts the other ranks on a step; their sums with rank 0's inside the forward end it."""
+        self._send(("step", inputs))
+
+    def raise_if_exited(self, grace_seconds: float = 1.0) -> None:
+        """RankError naming a rank that has exited (its connections close before it is gone: it gets
+        `grace_seconds`)."""
+        for rank, process in enumerate(self._processes, start=1):
+            try:
+                code = process.wait(timeout=grace_seconds)
+            except subprocess.TimeoutExpired:
+                continue
+            raise RankError(f"tensor-parallel rank {rank} has exited (exit code {code})")
+
+    def close(self) -> None:
+        """Stops every rank; waits for them a little, then kills what is left."""
+        for pipe in self._pipes:
+            try:
+                pipe.send_bytes(pickle.dumps(("stop",)))
+            except OSError:
+                pass  # exited already
+        for process in self._processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes, self._processes = [], []
+
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, pipe in enumerate(self._pipes, start=1):
+            try:
+                pipe.send_bytes(data)
+            except OSError:
+                raise RankError(f"tensor-parallel rank {rank} has exited "
+                                f"(exit code {self._processes[rank - 1].poll()})") from None
+
+    def _reply(self, rank: int) -> None:
+        pipe, process = self._pipes[rank - 1], self._processes[rank - 1]
+        while not pipe.poll(REPLY_POLL_SECONDS):
+            if process.poll() is not None:
+                raise RankError(f"tensor-parallel rank {rank} exited (exit code {process.returncode})")
+        try:
+            kind, detail = pipe.recv()
+        except EOFError:
+            raise RankError(f"tensor-parallel rank {rank} exited (exit code {process.wait()})") from None
+        if kind == "error":
+            raise RankError(f"tensor-parallel rank {rank}: {detail}")
+
+
+def _mapped_pool(path: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The KV pool in file `path` of shared memory, made if new: a new file's pages are zeros until written,
+    and none is touched here."""
+    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_file(path, shared=True, size=num_bytes, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def _serve_rank(pipe: Connection) -> None:
+    """A rank's process: its share of the model, then steps until rank 0 stops it or goes away."""
+    from engine.model_runner import ModelRunner  # here: the runner starts these processes
+
+    rank, size, store_port, args = pipe.recv()
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    try:
+        runner = ModelRunner(args.model_dir, args.model_config, args.dtype, args.device, args.max_positions,
+                             tensor_parallel_size=size, rank=rank)
+    except Exception as e:
+        pipe.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    pipe.send(("loaded", None))
+    group = RankGroup(rank, size, store_port)
+    runner.model.sum_across_ranks(group.all_reduce)
+    while True:
+        try:
+            message = pickle.loads(pipe.recv_bytes())
+        except EOFError:  # rank 0 has gone
+            return
+        kind = message[0]
+        if kind == "stop":
+            return
+        if kind == "step":
+            runner.forward_shard(message[1])
+        elif kind == "pool":
+            _, path, shape, dtype = message
+            pool = _mapped_pool(path, shape, dtype)
+            runner.allocate_kv_pool(shape[3], shape[4], dtype, lambda *_: pool)
+            pipe.send(("attached", None))
+        elif kind == "weights":
+            try:
+                runner.load_weights(message[1])
+            except Exception as e:
+                traceback.print_exc()
+                pipe.send(("error", f"{type(e).__name__}: {e}"))
+                continue
+            pipe.send(("loaded", None))
+
+
+if __name__ == "__main__":
+    _serve_rank(Connection(int(sys.argv[1])))

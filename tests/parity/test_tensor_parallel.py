@@ -1,0 +1,130 @@
+"""A model split across tensor-parallel ranks (engine/tensor_parallel.py): what it refuses, its ranks'
+processes and KV pool coming and going with the engine, a rank that dies, weights read again. That it
+computes transformers' logits and tokens is test_transformers_parity.py's."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_config_loader import load_model_config
+from engine.sampling_params import SamplingParams
+from engine.tensor_parallel import check_shardable
+from tests.parity.conftest import greedy_outputs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = {"a": (list(range(3, 40)), {}), "b": (list(range(100, 107)), {})}
+
+
+def _engine(model_dir: Path, tensor_parallel_size: int = 2, **options) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, tensor_parallel_size=tensor_parallel_size,
+                                  **options))
+
+
+def _is_running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow to collect it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (running := [pid for pid in pids if _is_running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return running
+
+
+def _pool_files(pid: int) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"baton-kv-pool-{pid}-")]
+
+
+@pytest.mark.parametrize(("name", "size", "refusal"), [
+    ("llama-linear-rope-bf16", 2, "must divide the model's num_kv_heads (1)"),
+    ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
+    ("qwen3-moe", 2, "experts (MoE)"),
+    ("olmo2", 2, "Llama family"),
+    ("gemma3", 2, "Llama family"),
+])
+def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_starts(tiny_model_dirs, name, size, refusal):
+    with pytest.raises(ValueError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
+        _engine(tiny_model_dirs[name], size)
+
+
+def test_what_a_split_model_does_not_serve_yet_is_refused(tiny_model_dirs):
+    config = load_model_config(tiny_model_dirs["llama-gqa-untied"])
+    with pytest.raises(ValueError, match="CPU only"):
+        check_shardable(config, 2, "cuda:0")
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        _engine(tiny_model_dirs["llama-gqa-untied"], 0)
+    with pytest.raises(ValueError, match="LoRA adapters are not served"):
+        _engine(tiny_model_dirs["llama-gqa-untied"], lora_modules=(("a", "/nonexistent"),))
+
+
+def test_the_ranks_processes_and_pool_file_go_with_the_engine(tiny_model_dirs):
+    engine = _engine(tiny_model_dirs["llama-gqa-untied"])
+    pids = engine.runner.rank_workers.pids
+    assert len(pids) == 1 and all(_is_running(pid) for pid in pids)
+    # Every rank maps the pool by now: its file is gone already, so none is left behind whatever happens.
+    assert _pool_files(os.getpid()) == []
+    assert greedy_outputs(engine, PROMPTS, 8).keys() == PROMPTS.keys()
+    engine.close()
+    assert _wait_gone(pids, 0.0) == []
+
+
+def test_the_ranks_stop_when_their_engine_is_killed(tiny_model_dirs):
+    script = ("import sys, time; from engine.config import EngineConfig; from engine.llm_engine import LLMEngine; "
+              f"e = LLMEngine(EngineConfig(model={str(tiny_model_dirs['llama-gqa-untied'])!r}, num_kv_blocks=64, "
+              "tensor_parallel_size=2)); print(*e.runner.rank_workers.pids, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert pids and all(_is_running(pid) for pid in pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    assert _wait_gone(pids) == [], "a rank outlived its engine's process"
+
+
+def test_a_rank_that_dies_fails_the_next_step_instead_of_hanging(tiny_model_dirs):
+    engine = _engine(tiny_model_dirs["llama-gqa-untied"])
+    os.kill(engine.runner.rank_workers.pids[0], signal.SIGKILL)
+    assert _wait_gone(engine.runner.rank_workers.pids) == []
+    engine.add_request("r", list(range(3, 20)), SamplingParams(max_tokens=4))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 has exited"):
+        engine.step()
+    assert time.monotonic() - start < 5
+    engine.close()
+
+
+def test_weights_read_again_reach_every_rank(tiny_model_dirs, tmp_path):
+    """update_weights on a split model: each rank reads its share of the new checkpoint (one whose every
+    tensor differs), and the tokens are those of an unsplit engine on it."""
+    served = tiny_model_dirs["llama-gqa-untied"]
+    later = tmp_path / "later"
+    later.mkdir()
+    for file in served.iterdir():
+        (later / file.name).write_bytes(file.read_bytes())
+    generator = torch.Generator().manual_seed(0)
+    tensors = {name: t + 0.05 * torch.randn(t.shape, generator=generator)
+               for name, t in load_file(served / "model.safetensors").items()}
+    save_file(tensors, later / "model.safetensors", metadata={"format": "pt"})
+    engine = _engine(served)
+    before = greedy_outputs(engine, PROMPTS, 12)
+    assert engine.update_weights(later) is not None
+    after = greedy_outputs(engine, PROMPTS, 12)
+    engine.close()
+    unsplit = _engine(later, tensor_parallel_size=1)
+    assert after == greedy_outputs(unsplit, PROMPTS, 12) != before
