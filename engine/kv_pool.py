@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,6 +12,19 @@ from engine.model_config import ModelConfig
 
 # (shape, dtype, device) → a zero-filled contiguous tensor that will hold the pool.
 TensorFactory = Callable[[tuple[int, ...], torch.dtype, str], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PoolFile:
+    """Where a KV pool placed in a file of shared memory lies: what another process of this host maps to
+    compute in the same pages (a rank of a model split across ranks, engine/tensor_parallel_workers.py)."""
+
+    path: str
+    offset: int = 0  # of the pool's first byte in the file
+
+
+# (shape, dtype, device) → a TensorFactory's tensor, placed in a file of shared memory, and where it lies.
+SharedTensorFactory = Callable[[tuple[int, ...], torch.dtype, str], tuple[torch.Tensor, PoolFile]]
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -79,6 +93,11 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dty
     return max(1, int(available_memory_bytes(device) * fraction) // block_bytes)
 
 
+def pool_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """`[L, 2, Hkv, N, bs, D]`: a KVPool tensor's."""
+    return config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim
+
+
 class KVPool:
     """K and V pages for every layer.
 
@@ -99,7 +118,7 @@ class KVPool:
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim)
+        shape = pool_shape(config, num_blocks, block_size)
         # A decode worker passes a factory that places the pool in shared memory,
         # so a prefill worker on the same host can write pages into it directly.
         self.tensor = (tensor_factory or _zeros)(shape, dtype, device)

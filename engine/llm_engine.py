@@ -22,7 +22,7 @@ from engine.drafters import make_drafter
 from engine.dtypes import TORCH_DTYPES, kv_cache_dtype
 from engine.guided_decoding import GuideFactory
 from engine.host_memory import retain_freed_memory
-from engine.kv_pool import TensorFactory, device_pool_bytes, num_pool_blocks
+from engine.kv_pool import SharedTensorFactory, TensorFactory, device_pool_bytes, num_pool_blocks
 from engine.lora_manager import LoRAManager
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
@@ -38,9 +38,11 @@ from engine.vocabulary import load_tokenizer, vocabulary_ids
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, kv_tensor_factory: TensorFactory | None = None) -> None:
-        """`kv_tensor_factory` places the KV pool's one tensor (shared memory for a
-        decode worker); by default it is private, zero-filled memory."""
+    def __init__(self, config: EngineConfig, kv_tensor_factory: TensorFactory | None = None,
+                 kv_shared_factory: SharedTensorFactory | None = None) -> None:
+        """`kv_tensor_factory` places the KV pool's one tensor, or `kv_shared_factory` places it in a file of
+        shared memory that the model's other tensor-parallel ranks map too (a decode worker's); by default it is
+        private, zero-filled memory (shared with the other ranks where the model is split)."""
         start = time.perf_counter()
         start_ns = time.time_ns()
         self.config = config
@@ -80,7 +82,8 @@ class LLMEngine:
             config.num_kv_blocks, config.kv_memory_fraction,
             draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0)
         kv_pool_start_ns = time.time_ns()
-        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory)
+        self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory,
+                                     kv_shared_factory)
         if draft_model is not None:  # as many pages as the target's; a sequence finding none left decodes plainly
             draft_model.allocate_kv_pool(self.num_kv_blocks, config.block_size)
         kv_pool_end_ns = time.time_ns()

@@ -14,7 +14,7 @@ from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.batch import ScheduledBatch
 from engine.checkpoint import WeightsError, checkpoint_files
 from engine.fp8_weights import dequantized
-from engine.kv_pool import KVPool, TensorFactory
+from engine.kv_pool import KVPool, SharedTensorFactory, TensorFactory, pool_shape
 from engine.lora import LoRAAdapter
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
@@ -160,18 +160,26 @@ class ModelRunner:
                                "is read unquantized, or in FP8 with scales)") from None
 
     def allocate_kv_pool(
-        self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None,
+        shared_factory: SharedTensorFactory | None = None,
     ) -> KVPool:
-        """The KV pool of every head (rank 0's, shared with the other ranks where the model is split); this
-        rank computes with its own heads of it."""
-        if self.rank_workers is not None:
+        """The KV pool of every head, placed by `tensor_factory` or `shared_factory` (private memory where neither
+        is given); this rank computes with its own heads of it. Where the model is split, the other ranks map the
+        pool too: `shared_factory`'s file, or a file of its own (ValueError for a `tensor_factory`'s)."""
+        if shared_factory is not None:
+            shared, pool_file = shared_factory(pool_shape(self.model_config, num_blocks, block_size), dtype,
+                                               self.device)
+            tensor_factory = lambda *_: shared  # noqa: E731
+        elif self.rank_workers is not None:
             if tensor_factory is not None:
-                raise ValueError("a KV pool placed by its caller (a decode worker's shared memory) is not split "
-                                 "across tensor-parallel ranks yet")
+                raise ValueError("a KV pool placed in memory the other tensor-parallel ranks cannot map is not "
+                                 "split across them")
             tensor_factory = self.rank_workers.shared_pool
         heads = self.model.config.num_kv_heads
         self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device, tensor_factory,
                               slice(self.rank * heads, (self.rank + 1) * heads))
+        if shared_factory is not None and self.rank_workers is not None:
+            self.rank_workers.share_pool(pool_file, self.kv_pool.tensor.shape, dtype)
         return self.kv_pool
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.kv_pool import PoolFile
 from engine.model_config import ModelConfig
 from engine.prompt_embeds import GivenEmbeddings
 from engine.tensor_parallel import RankGroup
@@ -96,17 +97,21 @@ class RankWorkers:
         self._send(("weights", model_dir))
 
     def shared_pool(self, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-        """A KVPool TensorFactory: the whole pool, zero-filled, in shared memory that every rank maps."""
+        """A KVPool TensorFactory: the whole pool, zero-filled, in a new file of shared memory every rank maps."""
         path = os.path.join(POOL_DIR, f"baton-kv-pool-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
-            pool = _mapped_pool(path, shape, dtype)
-            self._send(("pool", path, shape, dtype))
-            for rank in range(1, len(self._pipes) + 1):
-                self._reply(rank)
+            pool = _mapped_pool(PoolFile(path), shape, dtype)
+            self.share_pool(PoolFile(path), shape, dtype)
         finally:
             # Mapped by every rank by now (or failed): its name is not needed, and no file outlives them.
             os.unlink(path)
         return pool
+
+    def share_pool(self, pool: PoolFile, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Every rank maps the KV pool in `pool` (the whole of it, every head)."""
+        self._send(("pool", pool, shape, dtype))
+        for rank in range(1, len(self._pipes) + 1):
+            self._reply(rank)
 
     def step(self, inputs: StepInputs) -> None:
         """Starts the other ranks on a step; their sums with rank 0's inside the forward end it."""
@@ -161,11 +166,12 @@ class RankWorkers:
             raise RankError(f"tensor-parallel rank {rank}: {detail}")
 
 
-def _mapped_pool(path: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """The KV pool in file `path` of shared memory, made if new: a new file's pages are zeros until written,
-    and none is touched here."""
+def _mapped_pool(pool: PoolFile, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The KV pool in `pool`'s file of shared memory, made if new: a new file's pages are zeros until
+    written, and none is touched here."""
     num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_file(path, shared=True, size=num_bytes, dtype=torch.uint8).view(dtype).view(shape)
+    mapped = torch.from_file(pool.path, shared=True, size=pool.offset + num_bytes, dtype=torch.uint8)
+    return mapped[pool.offset:].view(dtype).view(shape)
 
 
 def _serve_rank(pipe: Connection) -> None:
@@ -195,8 +201,8 @@ def _serve_rank(pipe: Connection) -> None:
         if kind == "step":
             runner.forward_shard(message[1])
         elif kind == "pool":
-            _, path, shape, dtype = message
-            pool = _mapped_pool(path, shape, dtype)
+            _, pool_file, shape, dtype = message
+            pool = _mapped_pool(pool_file, shape, dtype)
             runner.allocate_kv_pool(shape[3], shape[4], dtype, lambda *_: pool)
             pipe.send(("attached", None))
         elif kind == "weights":

@@ -210,6 +210,17 @@ def add_seed_flag(parser: argparse.ArgumentParser) -> None:
                              "requests in the same order (default: not seeded)")
 
 
+def add_tensor_parallel_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                        help="split the model's heads and MLP width across N processes on this host, as vLLM's "
+                             "(the Llama family's dense models, on the CPU so far) (default 1)")
+
+
+def check_tensor_parallel_size(size: int) -> None:
+    if size < 1:
+        raise ConfigError(f"--tensor-parallel-size must be 1 or more, got {size}")
+
+
 def add_tracing_flag(parser: argparse.ArgumentParser) -> None:
     """--otlp-endpoint (or vLLM's name for it, --otlp-traces-endpoint): where OpenTelemetry spans go.
     Without it the standard variables decide (`OTEL_EXPORTER_OTLP_ENDPOINT` and the rest:

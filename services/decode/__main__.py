@@ -81,12 +81,18 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
     fingerprint = kv_fingerprint(model_dir, config.max_model_len, config.hf_overrides)
     pools: list[KVPool] = []
 
-    def placed_tensor(shape, dtype, device):
+    def layout(shape, dtype) -> PageLayout:
         # shape: [L, 2, Hkv, N, bs, D]
-        layout = PageLayout(num_layers=shape[0], num_kv_heads=shape[2], num_blocks=shape[3], block_size=shape[4],
-                            head_dim=shape[5], dtype=str(dtype).removeprefix("torch."), fingerprint=fingerprint)
-        pools.append(SharedKVPool.create(layout) if device == "cpu" else CudaKVPool(layout, device))
+        return PageLayout(num_layers=shape[0], num_kv_heads=shape[2], num_blocks=shape[3], block_size=shape[4],
+                          head_dim=shape[5], dtype=str(dtype).removeprefix("torch."), fingerprint=fingerprint)
+
+    def device_tensor(shape, dtype, device):
+        pools.append(CudaKVPool(layout(shape, dtype), device))
         return pools[-1].tensor
+
+    def shared_tensor(shape, dtype, device):  # which the engine's other tensor-parallel ranks map too
+        pools.append(SharedKVPool.create(layout(shape, dtype)))
+        return pools[-1].tensor, pools[-1].pool_file
 
     engine_config = EngineConfig(model=str(model_dir), device=config.device, **pool_size_options(config),
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, seed=config.seed,
@@ -101,9 +107,11 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
                                  max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                  max_cpu_loras=config.max_cpu_loras,
                                  speculative=config.speculative, hf_overrides=config.hf_overrides,
-                                 per_request_spec_decode_metrics=config.per_request_spec_decode_metrics)
+                                 per_request_spec_decode_metrics=config.per_request_spec_decode_metrics,
+                                 tensor_parallel_size=config.tensor_parallel_size)
     try:
-        engine = LLMEngine(engine_config, kv_tensor_factory=placed_tensor)
+        engine = (LLMEngine(engine_config, kv_shared_factory=shared_tensor) if config.device == "cpu"
+                  else LLMEngine(engine_config, kv_tensor_factory=device_tensor))
     except BaseException:
         gc.collect()
         for pool in pools:

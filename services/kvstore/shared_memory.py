@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from engine.dtypes import PAGE_DTYPES
+from engine.kv_pool import PoolFile
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 
 MAGIC = b"BATONKV\x00"
@@ -171,6 +172,12 @@ class SharedKVPool:
     @property
     def num_blocks(self) -> int:
         return self.layout.num_blocks
+
+    @property
+    def pool_file(self) -> PoolFile:
+        """Where its tensor lies, for the engine's other tensor-parallel ranks to map (Linux names a POSIX
+        segment so under /dev/shm)."""
+        return PoolFile(f"/dev/shm/{self.name}", DATA_OFFSET)
 
     def close(self) -> None:
         """Unmap (and, for the owner, unlink). Every view of `.tensor` must be gone first."""

@@ -22,9 +22,10 @@ ALWAYS = (
     ("--enable-cache-report", "SGLang's: usage always gives prompt_tokens_details.cached_tokens"),
     ("--disable-cuda-graph", "SGLang's: no CUDA graphs are captured yet"),
 )
-# vLLM's parallelism within one engine: each Baton worker runs its model on one device, and scales out.
+# vLLM's parallelism within one engine besides tensor parallelism (vllm_flags.py passes that on): a Baton
+# worker runs its layers in one pipeline stage, and scales out.
 SCALE_OUT = "scale out with --prefill N and --decode M instead (workers spread over the GPUs)"
-ONE_DEVICE = (("--tensor-parallel-size", "-tp", "--tp-size", "--tp"), ("--pipeline-parallel-size", "-pp", "--pp-size"),
+ONE_STAGE = (("--pipeline-parallel-size", "-pp", "--pp-size"),
               ("--data-parallel-size", "-dp", "--dp-size"))  # vLLM's names, then SGLang's
 BLOCK_SIZE = 16  # the tokens a KV page holds: the block hashes the router, workers and kvstore nodes share
 LOAD_FORMATS = ("auto", "safetensors")
@@ -34,7 +35,7 @@ def add_checked_vllm_flags(up: argparse.ArgumentParser) -> None:
     group = up.add_argument_group("vLLM's flags for what Baton always does, or must be as given here")
     for flag, does in ALWAYS:
         group.add_argument(flag, action="store_true", help=f"taken: {does}")
-    for names in ONE_DEVICE:
+    for names in ONE_STAGE:
         group.add_argument(*names, type=int, metavar="1", help=f"1 only: {SCALE_OUT}")
     group.add_argument("--block-size", "--page-size", type=int, metavar=str(BLOCK_SIZE),
                        help=f"{BLOCK_SIZE} only: the tokens of a KV page, which the block hashes shared by the "
@@ -44,10 +45,10 @@ def add_checked_vllm_flags(up: argparse.ArgumentParser) -> None:
 
 def check_vllm_flags(args: argparse.Namespace) -> None:
     """ValueError, naming the flag and what to do instead, for a value Baton does not run with."""
-    for flag, *_ in ONE_DEVICE:
+    for flag, *_ in ONE_STAGE:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and value != 1:
-            raise ValueError(f"{flag} {value}: each Baton worker runs its model on one device; {SCALE_OUT}")
+            raise ValueError(f"{flag} {value}: each Baton worker runs its model's layers in one stage; {SCALE_OUT}")
     if args.block_size is not None and args.block_size != BLOCK_SIZE:
         raise ValueError(f"--block-size {args.block_size}: Baton's KV pages hold {BLOCK_SIZE} tokens (the block "
                          f"hashes its router, workers and kvstore nodes share are of {BLOCK_SIZE})")

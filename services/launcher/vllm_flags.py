@@ -121,6 +121,8 @@ PASSED_FLAGS = (
     PassedFlag("--kv-cache-dtype", WORKERS, "what the KV pages hold (auto, or an fp8 kind)"),
     PassedFlag("--max-logprobs", EVERY, "the most top logprobs a request may ask for per token; -1: any", type=int),
     PassedFlag("--logprobs-mode", WORKERS, "what reported logprobs are of (raw_logprobs, processed_logprobs, ...)"),
+    PassedFlag("--tensor-parallel-size", WORKERS, "each worker's model split across N processes on its host (the "
+               "Llama family's dense models, on the CPU so far)", type=int, aliases=("-tp", "--tp-size", "--tp")),
 )
 
 

@@ -68,7 +68,7 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(config.model_dir), device=config.device, **pool_size_options(config),
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                  seed=config.seed,
+                                  seed=config.seed, tensor_parallel_size=config.tensor_parallel_size,
                                   tokenizer=str(config.tokenizer_dir) if config.tokenizer_dir is not None else None,
                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
                                   limit_images=config.limit_images, limit_videos=config.limit_videos,

@@ -43,6 +43,7 @@ from services.common.settings import (
     add_registry_flags,
     add_scheduling_flag,
     add_seed_flag,
+    add_tensor_parallel_flag,
     add_tracing_flag,
     check_bind,
     check_kv_cache_dtype,
@@ -53,6 +54,7 @@ from services.common.settings import (
     check_positive,
     check_registry,
     check_scheduling_policy,
+    check_tensor_parallel_size,
     env_int,
     hf_overrides,
     model_arg,
@@ -96,6 +98,7 @@ class PrefillServiceConfig:
     kv_memory_fraction: float | None = None  # or its share of the memory free after the weights load
     gpu_memory_utilization: float | None = None  # on a GPU: its share of the device's memory, weights and pool
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
+    tensor_parallel_size: int = 1  # the model split across this many processes (engine/tensor_parallel.py)
     long_prefill_token_threshold: int = 0  # a step's most tokens for one prompt; 0: no cap
     limit_images: int | None = None  # a prompt's most images (--limit-mm-per-prompt); 0: text only; None: any
     limit_videos: int | None = None  # its videos' (0 where images are)
@@ -156,6 +159,7 @@ class PrefillServiceConfig:
                               f"got {self.early_kv_transfer!r}")
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
+        check_tensor_parallel_size(self.tensor_parallel_size)
         check_scheduling_policy(self.scheduling_policy)
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_logprobs_mode(self.logprobs_mode)
@@ -215,6 +219,7 @@ class PrefillServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_tracing_flag(parser)
         add_seed_flag(parser)
+        add_tensor_parallel_flag(parser)
         add_long_prefill_flag(parser)
         add_limit_mm_flag(parser)
         add_mm_embeds_flag(parser)
@@ -225,7 +230,7 @@ class PrefillServiceConfig:
                    num_kv_blocks=args.kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                    kv_memory_fraction=args.kv_memory_fraction,
                    gpu_memory_utilization=args.gpu_memory_utilization,
-                   seed=args.seed, tokenizer_dir=args.tokenizer_dir,
+                   seed=args.seed, tensor_parallel_size=args.tensor_parallel_size, tokenizer_dir=args.tokenizer_dir,
                    long_prefill_token_threshold=args.long_prefill_token_threshold,
                    limit_images=image_limit(args.limit_mm_per_prompt),
                    limit_videos=video_limit(args.limit_mm_per_prompt), enable_mm_embeds=args.enable_mm_embeds,

@@ -20,6 +20,7 @@ from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
 from engine.tensor_parallel import check_shardable
 from tests.parity.conftest import greedy_outputs
+from tests.services.test_baton_up import is_alive, wait_all_dead
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = {"a": (list(range(3, 40)), {}), "b": (list(range(100, 107)), {})}
@@ -28,22 +29,6 @@ PROMPTS = {"a": (list(range(3, 40)), {}), "b": (list(range(100, 107)), {})}
 def _engine(model_dir: Path, tensor_parallel_size: int = 2, **options) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, tensor_parallel_size=tensor_parallel_size,
                                   **options))
-
-
-def _is_running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's reaper may be slow to collect it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (running := [pid for pid in pids if _is_running(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return running
 
 
 def _pool_files(pid: int) -> list[str]:
@@ -75,12 +60,12 @@ def test_what_a_split_model_does_not_serve_yet_is_refused(tiny_model_dirs):
 def test_the_ranks_processes_and_pool_file_go_with_the_engine(tiny_model_dirs):
     engine = _engine(tiny_model_dirs["llama-gqa-untied"])
     pids = engine.runner.rank_workers.pids
-    assert len(pids) == 1 and all(_is_running(pid) for pid in pids)
+    assert len(pids) == 1 and all(is_alive(pid) for pid in pids)
     # Every rank maps the pool by now: its file is gone already, so none is left behind whatever happens.
     assert _pool_files(os.getpid()) == []
     assert greedy_outputs(engine, PROMPTS, 8).keys() == PROMPTS.keys()
     engine.close()
-    assert _wait_gone(pids, 0.0) == []
+    assert wait_all_dead(pids, 0.0) == []
 
 
 def test_the_ranks_stop_when_their_engine_is_killed(tiny_model_dirs):
@@ -90,17 +75,17 @@ def test_the_ranks_stop_when_their_engine_is_killed(tiny_model_dirs):
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(pid) for pid in parent.stdout.readline().split()]
-        assert pids and all(_is_running(pid) for pid in pids)
+        assert pids and all(is_alive(pid) for pid in pids)
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-    assert _wait_gone(pids) == [], "a rank outlived its engine's process"
+    assert wait_all_dead(pids, 15.0) == [], "a rank outlived its engine's process"
 
 
 def test_a_rank_that_dies_fails_the_next_step_instead_of_hanging(tiny_model_dirs):
     engine = _engine(tiny_model_dirs["llama-gqa-untied"])
     os.kill(engine.runner.rank_workers.pids[0], signal.SIGKILL)
-    assert _wait_gone(engine.runner.rank_workers.pids) == []
+    assert wait_all_dead(engine.runner.rank_workers.pids, 15.0) == []
     engine.add_request("r", list(range(3, 20)), SamplingParams(max_tokens=4))
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 1 has exited"):

@@ -464,10 +464,11 @@ def test_an_sglang_launch_server_command_line_starts_baton_up_as_it_is(tiny_demo
     assert flags["gateway"] == ("--log-requests", "--log-requests-level", "1")
     pool = ("--kv-blocks", "63")  # 1,000 tokens in pages of 16
     policy = ("--scheduling-policy", "priority")
+    split = ("--tensor-parallel-size", "1")
     assert flags["prefill"] == ("--max-num-seqs", "32", "--max-num-batched-tokens", "256", *pool,
-                                "--no-prefix-caching", "--seed", "3", *policy)
-    assert flags["decode"] == ("--max-num-seqs", "32", *pool, "--seed", "3", *policy)
-    for wrong, said in ((["--tp", "4"], "--tensor-parallel-size 4: each Baton worker"),
+                                "--no-prefix-caching", "--seed", "3", *split, *policy)
+    assert flags["decode"] == ("--max-num-seqs", "32", *pool, "--seed", "3", *split, *policy)
+    for wrong, said in ((["--pp-size", "4"], "--pipeline-parallel-size 4: each Baton worker"),
                         (["--page-size", "1"], "--block-size 1: Baton's KV pages hold 16 tokens")):
         with pytest.raises(ValueError, match=said):
             check_vllm_flags(parser.parse_args(wrong))
@@ -518,10 +519,11 @@ def test_a_vllm_serve_command_line_starts_baton_up_as_it_is():
     check_vllm_flags(args)
     flags = service_args(args)
     lora = ("--max-loras", "2", "--max-lora-rank", "16")
-    assert flags["prefill"] == ("--kv-blocks", "96", "--no-prefix-caching", "--seed", "7", *lora)
-    assert flags["decode"] == ("--kv-blocks", "96", "--seed", "7", *lora)
+    split = ("--tensor-parallel-size", "1")
+    assert flags["prefill"] == ("--kv-blocks", "96", "--no-prefix-caching", "--seed", "7", *lora, *split)
+    assert flags["decode"] == ("--kv-blocks", "96", "--seed", "7", *lora, *split)
     assert flags["gateway"] == ("--ssl-cert-reqs", "0")
-    for wrong, said in ((["-tp", "2"], "--tensor-parallel-size 2: each Baton worker runs its model on one device"),
+    for wrong, said in ((["-pp", "2"], "--pipeline-parallel-size 2: each Baton worker runs its model's layers in one"),
                         (["--data-parallel-size", "4"], "scale out with --prefill N and --decode M"),
                         (["--block-size", "32"], "--block-size 32: Baton's KV pages hold 16 tokens")):
         with pytest.raises(ValueError, match=said):
@@ -533,7 +535,7 @@ def test_a_vllm_serve_command_line_starts_baton_up_as_it_is():
                                    "--decode-args=--shutdown-grace-s=30", "--gateway-args=--chat-template={{x}}",
                                    "--prefill-args=--dtype=float16", "--decode-args=--lora-modules=a=/tmp",
                                    "--chat-template=no-such-template.jinja", "--stream-interval=0",
-                                   "--tensor-parallel-size=2", "--block-size=32",
+                                   "--pipeline-parallel-size=2", "--block-size=32",
                                    '--speculative-config={"method": "eagle", "num_speculative_tokens": 2}'])
 def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_model, flags):
     done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flags],

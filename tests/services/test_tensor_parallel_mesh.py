@@ -1,0 +1,64 @@
+"""Workers whose model is split across tensor-parallel ranks (--tensor-parallel-size), in a real mesh
+through the `openai` client: the tokens of one unsplit engine, pages handed between workers split or
+not alike (a split worker's pool holds every head), and no rank or pool file left behind."""
+from __future__ import annotations
+
+import os
+
+import openai
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.services.gateway.mesh import running_mesh
+from tests.services.service_process import ServiceProcess
+from tests.services.test_baton_up import children_of, command_line
+
+PROMPTS = [list(range(5, 60)), list(range(300, 310)), list(range(7, 40)) * 3]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def unsplit_tokens(tiny_demo_model) -> list[list[int]]:
+    engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=64))
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    finished = {out.request_id: out.token_ids for out in engine.generate(PROMPTS, params) if out.finished}
+    return [finished[f"gen-{i}"] for i in range(len(PROMPTS))]
+
+
+def _rank_pids(worker: ServiceProcess) -> list[int]:
+    """The worker's children running a rank (engine/tensor_parallel_workers.py)."""
+    return [pid for pid in children_of(worker.proc.pid) if "engine.tensor_parallel_workers" in command_line(pid)]
+
+
+def _greedy(client: openai.OpenAI, model: str, prompt: list[int], stream: bool) -> str:
+    kwargs = dict(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True})
+    if not stream:
+        return client.completions.create(**kwargs).choices[0].text
+    return "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs)
+                   if chunk.choices)
+
+
+@pytest.mark.parametrize(("prefill_size", "decode_size"), [(2, 2), (1, 2), (2, 1)])
+def test_split_workers_answer_as_one_unsplit_engine(tiny_demo_model, unsplit_tokens, prefill_size, decode_size):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_demo_model / "tokenizer.json"))
+    expected = [tokenizer.decode(tokens) for tokens in unsplit_tokens]
+    # Every prompt prefilled by the prefill worker, its pages handed over: none computed by the decode worker.
+    with running_mesh(tiny_demo_model, num_prefill=1, num_decode=1, gateway_args=("--local-prefill-max-tokens", "0"),
+                      prefill_args=("--tensor-parallel-size", str(prefill_size)),
+                      decode_args=("--tensor-parallel-size", str(decode_size))) as mesh:
+        ranks = {worker: _rank_pids(worker) for worker in (*mesh.prefill, *mesh.decode)}
+        assert [len(pids) for pids in ranks.values()] == [prefill_size - 1, decode_size - 1]
+        with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            for prompt, text in zip(PROMPTS, expected, strict=True):
+                assert _greedy(client, mesh.model_name, prompt, stream=False) == text
+                assert _greedy(client, mesh.model_name, prompt, stream=True) == text
+        mesh.assert_decode_pools_free()
+    rank_pids = [pid for pids in ranks.values() for pid in pids]
+    assert [pid for pid in rank_pids if os.path.exists(f"/proc/{pid}")] == []
+    owners = {str(worker.proc.pid) for worker in ranks}
+    assert [name for name in os.listdir("/dev/shm") if name.startswith("baton-kv-pool-")
+            and name.split("-")[3] in owners] == []
