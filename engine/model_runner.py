@@ -1,6 +1,7 @@
 """Executes a ScheduledBatch: builds the flat token batch, runs the model, samples."""
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from pathlib import Path
@@ -72,7 +73,9 @@ class ModelRunner:
         self._load_shard(model_dir, show_progress)
         if self.rank_workers is not None:
             self.rank_workers.wait_loaded()
-            self.model.sum_across_ranks(RankGroup(0, tensor_parallel_size, store.port, store).all_reduce)
+            group = RankGroup(0, tensor_parallel_size, store.port, store,
+                              check_peers=functools.partial(self.rank_workers.raise_if_exited, 0))
+            self.model.sum_across_ranks(group.all_reduce)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)

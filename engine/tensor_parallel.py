@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Iterable, Iterator
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
+from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.models.llama import LlamaForCausalLM
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
 REDUCE_TIMEOUT = datetime.timedelta(minutes=5)
+SHARED_DIR = "/dev/shm"
+SUMS_FILE_KEY = "shared-memory-sums"
 
 
 def check_shardable(config: ModelConfig, size: int, device: str) -> None:
@@ -84,16 +89,33 @@ def checkpoint_shards(tensors: Iterable[tuple[str, torch.Tensor]], config: Model
 
 
 class RankGroup:
-    """The ranks of one model, joined over TCP on this host (gloo): `all_reduce` sums a tensor across them."""
+    """The ranks of one model on this host: `all_reduce` sums a tensor across them, through shared memory
+    (engine/shared_memory_sum.py) where it fits and the CPU allows, else gloo's over TCP. `check_peers`
+    raises when a rank the sums wait for is gone."""
 
-    def __init__(self, rank: int, size: int, store_port: int, store: dist.TCPStore | None = None) -> None:
+    def __init__(self, rank: int, size: int, store_port: int, store: dist.TCPStore | None = None,
+                 check_peers: Callable[[], None] = lambda: None) -> None:
         self.rank, self.size = rank, size
         # Rank 0 made the store (`listening_store`); the others reach it by its port.
         self._store = store or dist.TCPStore("127.0.0.1", store_port, size, False, timeout=REDUCE_TIMEOUT)
-        self._group = dist.ProcessGroupGloo(self._store, rank, size, REDUCE_TIMEOUT)
+        self._shared_sum = None
+        if shared_memory_sum.is_supported():
+            if rank == 0:
+                path = os.path.join(SHARED_DIR, f"baton-rank-sums-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+                self._store.set(SUMS_FILE_KEY, path)
+            path = self._store.get(SUMS_FILE_KEY).decode()
+            self._shared_sum = shared_memory_sum.SharedMemorySum(path, rank, size, check_peers)
+        try:
+            self._group = dist.ProcessGroupGloo(self._store, rank, size, REDUCE_TIMEOUT)
+        finally:
+            # Every rank has joined (or it failed): each has mapped the sums' file, whose name is not needed.
+            if self._shared_sum is not None and rank == 0:
+                os.unlink(path)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed across the ranks, in place."""
+        if self._shared_sum is not None and self._shared_sum.fits(tensor) and tensor.is_contiguous():
+            return self._shared_sum(tensor)
         self._group.allreduce([tensor]).wait()
         return tensor
 

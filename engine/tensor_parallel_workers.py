@@ -21,6 +21,7 @@ import subprocess
 import sys
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -31,9 +32,8 @@ from engine.attention_metadata import AttentionMetadata
 from engine.kv_pool import PoolFile
 from engine.model_config import ModelConfig
 from engine.prompt_embeds import GivenEmbeddings
-from engine.tensor_parallel import RankGroup
+from engine.tensor_parallel import SHARED_DIR, RankGroup
 
-POOL_DIR = "/dev/shm"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPLY_POLL_SECONDS = 1.0  # how often a wait for a rank's reply checks that the rank is still alive
 
@@ -98,8 +98,9 @@ class RankWorkers:
 
     def shared_pool(self, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
         """A KVPool TensorFactory: the whole pool, zero-filled, in a new file of shared memory every rank maps."""
-        path = os.path.join(POOL_DIR, f"baton-kv-pool-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        path = os.path.join(SHARED_DIR, f"baton-kv-pool-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
+            _allocate(path, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
             pool = _mapped_pool(PoolFile(path), shape, dtype)
             self.share_pool(PoolFile(path), shape, dtype)
         finally:
@@ -166,12 +167,31 @@ class RankWorkers:
             raise RankError(f"tensor-parallel rank {rank}: {detail}")
 
 
+def _allocate(path: str, num_bytes: int) -> None:
+    """A new file of shared memory holding `num_bytes`, allocated now: a /dev/shm too small fails here with
+    OSError, not with SIGBUS in a rank's first write to a page past its end."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, num_bytes)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot allocate a {num_bytes}-byte KV pool in {SHARED_DIR}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def _mapped_pool(pool: PoolFile, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """The KV pool in `pool`'s file of shared memory, made if new: a new file's pages are zeros until
-    written, and none is touched here."""
+    """The KV pool in `pool`'s file of shared memory (zeros until written)."""
     num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     mapped = torch.from_file(pool.path, shared=True, size=pool.offset + num_bytes, dtype=torch.uint8)
     return mapped[pool.offset:].view(dtype).view(shape)
+
+
+def _exit_if_orphaned(parent: int) -> Callable[[], None]:
+    """A RankGroup's check_peers for ranks 1..N-1: rank 0 gone (this process orphaned), this one goes too."""
+    def check() -> None:
+        if os.getppid() != parent:
+            raise SystemExit("tensor-parallel rank 0 has exited")
+    return check
 
 
 def _serve_rank(pipe: Connection) -> None:
@@ -188,7 +208,7 @@ def _serve_rank(pipe: Connection) -> None:
         pipe.send(("error", f"{type(e).__name__}: {e}"))
         return
     pipe.send(("loaded", None))
-    group = RankGroup(rank, size, store_port)
+    group = RankGroup(rank, size, store_port, check_peers=_exit_if_orphaned(os.getppid()))
     runner.model.sum_across_ranks(group.all_reduce)
     while True:
         try:

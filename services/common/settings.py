@@ -28,6 +28,7 @@ ENV_SHUTDOWN_GRACE = "BATON_SHUTDOWN_GRACE_S"
 # Shared by prefill and decode workers on purpose: the KV pages one writes, the other reads.
 ENV_DTYPE = "BATON_DTYPE"
 ENV_KV_CACHE_DTYPE = "BATON_KV_CACHE_DTYPE"
+ENV_TENSOR_PARALLEL_SIZE = "BATON_TENSOR_PARALLEL_SIZE"
 # Shared by every service: the gateway and tokenizer read the model's context from config.json too.
 ENV_HF_OVERRIDES = "BATON_HF_OVERRIDES"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
@@ -210,10 +211,11 @@ def add_seed_flag(parser: argparse.ArgumentParser) -> None:
                              "requests in the same order (default: not seeded)")
 
 
-def add_tensor_parallel_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                        help="split the model's heads and MLP width across N processes on this host, as vLLM's "
-                             "(the Llama family's dense models, on the CPU so far) (default 1)")
+def add_tensor_parallel_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=env_int(env, ENV_TENSOR_PARALLEL_SIZE, 1),
+                        metavar="N", help="split the model's heads and MLP width across N processes on this host, "
+                                          "as vLLM's (the Llama family's dense models, on the CPU so far) "
+                                          f"(${ENV_TENSOR_PARALLEL_SIZE}; default 1)")
 
 
 def check_tensor_parallel_size(size: int) -> None:

@@ -201,7 +201,7 @@ class DecodeServiceConfig:
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)
         add_tracing_flag(parser)
         add_seed_flag(parser)
-        add_tensor_parallel_flag(parser)
+        add_tensor_parallel_flag(parser, env)
         add_long_prefill_flag(parser)
         add_limit_mm_flag(parser)
         add_mm_embeds_flag(parser)

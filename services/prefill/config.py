@@ -219,7 +219,7 @@ class PrefillServiceConfig:
         add_metrics_flag(parser, env, env_metrics_port=ENV_METRICS_PORT)
         add_tracing_flag(parser)
         add_seed_flag(parser)
-        add_tensor_parallel_flag(parser)
+        add_tensor_parallel_flag(parser, env)
         add_long_prefill_flag(parser)
         add_limit_mm_flag(parser)
         add_mm_embeds_flag(parser)

@@ -11,6 +11,9 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from services.common.settings import ConfigError
+from services.decode.config import DecodeServiceConfig
+from services.prefill.config import PrefillServiceConfig
 from tests.services.gateway.mesh import running_mesh
 from tests.services.service_process import ServiceProcess
 from tests.services.test_baton_up import children_of, command_line
@@ -38,6 +41,16 @@ def _greedy(client: openai.OpenAI, model: str, prompt: list[int], stream: bool) 
         return client.completions.create(**kwargs).choices[0].text
     return "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs)
                    if chunk.choices)
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_a_workers_split_comes_from_its_flag_or_the_shared_variable(config, tiny_demo_model):
+    model = ["--model", str(tiny_demo_model)]
+    assert config.from_args(model, {}).tensor_parallel_size == 1
+    assert config.from_args(model, {"BATON_TENSOR_PARALLEL_SIZE": "2"}).tensor_parallel_size == 2
+    assert config.from_args([*model, "-tp", "4"], {"BATON_TENSOR_PARALLEL_SIZE": "2"}).tensor_parallel_size == 4
+    with pytest.raises(ConfigError, match="--tensor-parallel-size must be 1 or more, got 0"):
+        config.from_args([*model, "--tensor-parallel-size", "0"], {})
 
 
 @pytest.mark.parametrize(("prefill_size", "decode_size"), [(2, 2), (1, 2), (2, 1)])

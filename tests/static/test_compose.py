@@ -27,7 +27,8 @@ BATON_SERVICES = ["model-init", *GRPC_PORTS]
 # Variables compose.yaml reads: cleared so the caller's shell cannot change the results.
 COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "TOKENIZER_REPLICAS", "BATON_PORT",
                 "BATON_GRPC_PORT",
-                "DECODE_SHM_SIZE", "KVSTORE_CAPACITY_BYTES", "GRAFANA_PORT", "PROMETHEUS_PORT", "JAEGER_UI_PORT",
+                "DECODE_SHM_SIZE", "PREFILL_SHM_SIZE", "BATON_TENSOR_PARALLEL_SIZE", "KVSTORE_CAPACITY_BYTES",
+                "GRAFANA_PORT", "PROMETHEUS_PORT", "JAEGER_UI_PORT",
                 "COMPOSE_FILE", "COMPOSE_PROJECT_NAME", "WORKER_GPUS", "TORCH_INDEX_URL"]
 
 
@@ -192,6 +193,13 @@ def test_replicas_come_from_the_environment(env, prefill, decode, tokenizer):
 def test_decode_has_room_for_its_shared_memory_pool():
     # Docker's default /dev/shm (64 MiB) is smaller than the demo model's default pool.
     assert default_config()["services"]["decode"].get("shm_size")
+
+
+def test_workers_split_across_ranks_as_asked_with_room_for_the_pool_their_ranks_share():
+    services = compose_config(BATON_TENSOR_PARALLEL_SIZE="2", PREFILL_SHM_SIZE="2gb")["services"]
+    for name in ("prefill", "decode"):
+        assert services[name]["environment"]["BATON_TENSOR_PARALLEL_SIZE"] == "2"
+    assert services["prefill"]["shm_size"] in ("2gb", 2 << 30)
 
 
 def test_the_gpu_override_puts_prefill_and_decode_on_gpus_and_leaves_the_rest_alone():

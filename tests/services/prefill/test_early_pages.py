@@ -152,8 +152,8 @@ def test_a_call_cancelled_while_its_pages_go_out_leaves_nothing_reserved(decode,
             decode.stub.Abort(decode_pb2.AbortRequest(request_id=f"cancelled-{i}"), timeout=5)
         # Each call's pages freed before the next reserves its own: a cancelled call's reservation is aborted
         # once its Reserve has answered, which a loaded machine may not have done by the next call's (a CI
-        # run's next call was refused 81 pages with 47 free).
-        assert_decode_pool_free(decode, within_s=3.0)
+        # run's next call was refused 81 pages with 47 free, and one loaded by other tests beside it still after 3 s).
+        assert_decode_pool_free(decode, within_s=10.0)
     assert num_cancelled >= 2
 
 
