@@ -1,9 +1,11 @@
 """Executes a ScheduledBatch: builds the flat token batch, runs the model, samples."""
 from __future__ import annotations
 
-import functools
+import contextlib
+import os
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ from engine.prompt_images import encode_pending_images, multimodal_positions
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
-from engine.tensor_parallel import RankGroup, check_shardable, checkpoint_shards, listening_store, shard_config
+from engine.tensor_parallel import check_shardable, checkpoint_shards, listening_store, shard_config
 from engine.tensor_parallel_workers import RankArgs, RankWorkers, StepInputs
 from engine.vision.image_encoders import image_encoder
 from engine.weights import check_every_tensor_is_read, iter_tensors
@@ -73,9 +75,7 @@ class ModelRunner:
         self._load_shard(model_dir, show_progress)
         if self.rank_workers is not None:
             self.rank_workers.wait_loaded()
-            group = RankGroup(0, tensor_parallel_size, store.port, store,
-                              check_peers=functools.partial(self.rank_workers.raise_if_exited, 0))
-            self.model.sum_across_ranks(group.all_reduce)
+            self.model.sum_across_ranks(self.rank_workers.join(store).all_reduce)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
@@ -219,7 +219,10 @@ class ModelRunner:
             seq.token_embeddings[position:position + n] = hidden[row:row + n]
         if not sampled_seqs:
             return [], None
-        return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+        if self.rank_workers is None:
+            return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+        with every_core():  # the LM head is rank 0's alone, the other ranks waiting for the next step
+            return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
 
     def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                        given: GivenEmbeddings | None) -> torch.Tensor:
@@ -377,6 +380,18 @@ class ModelRunner:
             token_rows,
             GivenEmbeddings.of(given, self.device),
         )
+
+
+@contextlib.contextmanager
+def every_core() -> Iterator[None]:
+    """torch computes on every core of the host for a while (a split model's rank 0, which shares them with
+    its other ranks, alone at work)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

@@ -112,6 +112,10 @@ class RankGroup:
             if self._shared_sum is not None and rank == 0:
                 os.unlink(path)
 
+    def close(self) -> None:
+        """Lets go of gloo's group now: left to the interpreter's teardown, its threads can abort the process."""
+        self._group = None
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed across the ranks, in place."""
         if self._shared_sum is not None and self._shared_sum.fits(tensor) and tensor.is_contiguous():

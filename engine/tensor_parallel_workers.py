@@ -13,6 +13,7 @@ step go over the ranks' gloo group.
 """
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import os
@@ -25,14 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from engine.attention_metadata import AttentionMetadata
 from engine.kv_pool import PoolFile
 from engine.model_config import ModelConfig
 from engine.prompt_embeds import GivenEmbeddings
 from engine.tensor_parallel import SHARED_DIR, RankGroup
+
+if TYPE_CHECKING:  # the runner starts these processes: it imports this module
+    from engine.model_runner import ModelRunner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPLY_POLL_SECONDS = 1.0  # how often a wait for a rank's reply checks that the rank is still alive
@@ -71,6 +77,7 @@ class RankWorkers:
     def __init__(self, size: int, store_port: int, args: RankArgs) -> None:
         self._pipes: list[Connection] = []
         self._processes: list[subprocess.Popen] = []
+        self._group: RankGroup | None = None
         # `-m engine...` wherever the caller runs from, Baton installed or not.
         python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
         env = {**os.environ, "PYTHONPATH": python_path}
@@ -91,6 +98,13 @@ class RankWorkers:
         """Returns once every rank holds its weights; RankError naming the first that could not."""
         for rank in range(1, len(self._pipes) + 1):
             self._reply(rank)
+
+    def join(self, store: dist.TCPStore) -> RankGroup:
+        """Rank 0's place in the ranks' group (made at `store`), once every rank holds its weights; it closes with
+        them."""
+        self._group = RankGroup(0, len(self._pipes) + 1, store.port, store,
+                                check_peers=functools.partial(self.raise_if_exited, 0))
+        return self._group
 
     def start_loading(self, model_dir: str) -> None:
         """Every rank starts reading its share of `model_dir`'s checkpoint again (`wait_loaded` waits for them)."""
@@ -144,6 +158,8 @@ class RankWorkers:
         for pipe in self._pipes:
             pipe.close()
         self._pipes, self._processes = [], []
+        if self._group is not None:
+            self._group.close()
 
     def _send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -210,6 +226,14 @@ def _serve_rank(pipe: Connection) -> None:
     pipe.send(("loaded", None))
     group = RankGroup(rank, size, store_port, check_peers=_exit_if_orphaned(os.getppid()))
     runner.model.sum_across_ranks(group.all_reduce)
+    try:
+        _serve_steps(runner, pipe)
+    finally:
+        group.close()
+
+
+def _serve_steps(runner: ModelRunner, pipe: Connection) -> None:
+    """Rank 0's messages, each done in turn, until it says stop or goes away."""
     while True:
         try:
             message = pickle.loads(pipe.recv_bytes())

@@ -34,6 +34,7 @@ group = RankGroup(rank, size, port)
 for _ in range(calls):
     for shape in (SMALL, LARGE):
         print(hashlib.sha256(group.all_reduce(rank_values(rank, shape)).numpy().tobytes()).hexdigest(), flush=True)
+group.close()
 """
 
 
@@ -55,6 +56,7 @@ def test_every_rank_holds_the_same_sum_small_and_large(size):
             expected = sum(rank_values(rank, shape) for rank in range(size))
             torch.testing.assert_close(total, expected, rtol=1e-6, atol=1e-3)
             ours.append(hashlib.sha256(total.numpy().tobytes()).hexdigest())
+    group.close()
     for other in others:
         out, _ = other.communicate(timeout=60)
         assert other.returncode == 0
