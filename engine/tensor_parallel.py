@@ -22,12 +22,22 @@ import torch.distributed as dist
 from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
+from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
 REDUCE_TIMEOUT = datetime.timedelta(minutes=5)
 SHARED_DIR = "/dev/shm"
 SUMS_FILE_KEY = "shared-memory-sums"
+
+
+# Models whose layers are llama_layers.py's Attention and MLP (or moe.py's experts), by their classes.
+SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM)
+ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks"})
+COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2"})
 
 
 def check_shardable(config: ModelConfig, size: int, device: str) -> None:
@@ -38,11 +48,12 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         return
     if not device.startswith("cpu"):
         raise ValueError("tensor parallelism runs on the CPU only so far (its ranks share one host's KV pool)")
-    if MODEL_REGISTRY.get(config.architecture) is not LlamaForCausalLM:
-        raise ValueError(f"tensor parallelism serves the Llama family's dense models (Llama, Mistral, Qwen2, Qwen3, "
-                         f"SmolLM3, Ministral 3) so far, not {config.architecture}")
+    if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
+        raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
+                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3 and GLM-4.5 so far, not "
+                         f"{config.architecture}")
     unsupported = [what for what, present in (
-        ("experts (MoE)", any(config.moe.is_sparse(i) for i in range(config.num_layers))),
+        ("experts stored fused", config.moe.fused_experts),
         ("q/k norms over whole projections", config.qk_norm == "projection"),
         ("an image encoder", config.vision is not None),
         ("multimodal checkpoints", config.multimodal is not None),
@@ -50,36 +61,47 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     ) if present]
     if unsupported:
         raise ValueError(f"tensor parallelism does not split models with {', '.join(unsupported)} yet")
-    for name in ("num_heads", "num_kv_heads", "intermediate_size"):
-        if getattr(config, name) % size:
-            raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({getattr(config, name)})")
+    widths = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+              "intermediate_size": config.intermediate_size, "moe_intermediate_size": config.moe.moe_intermediate_size,
+              "shared_expert_intermediate_size": config.moe.shared_expert_intermediate_size}
+    for name, width in widths.items():
+        if width % size:
+            raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
 
 
 def shard_config(config: ModelConfig, size: int) -> ModelConfig:
-    """The model one rank of `size` runs: its share of the heads and of the MLP's width."""
+    """The model one rank of `size` runs: its share of the heads and of the MLPs' and experts' widths."""
+    moe = dataclasses.replace(config.moe, moe_intermediate_size=config.moe.moe_intermediate_size // size,
+                              shared_expert_intermediate_size=config.moe.shared_expert_intermediate_size // size)
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=config.num_kv_heads // size,
-                               intermediate_size=config.intermediate_size // size)
+                               intermediate_size=config.intermediate_size // size, moe=moe)
 
 
 def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int, size: int) -> torch.Tensor:
-    """Rank `rank`'s part of checkpoint tensor `name` of the whole model `config`: a slice of its rows
-    (q, k, v, gate, up, sinks) or columns (o, down), or the whole tensor. A bias added after the sum
-    across ranks is rank 0's alone (the others' zeros), or it would be added `size` times."""
+    """Rank `rank`'s part of checkpoint tensor `name` of the whole model `config`: its share of the rows (q, k, v,
+    gate and up, each expert's and the shared experts' too; Phi-3's fused q/k/v and gate/up each part's) or of
+    the columns (o, down), or the whole tensor (embeddings, norms, routers). A bias added after the sum across
+    ranks is rank 0's alone (the others' zeros), or it would be added `size` times."""
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
         return tensor
-    proj = parts[4]
-    rows = {"q_proj": config.q_size, "k_proj": config.kv_size, "v_proj": config.kv_size, "sinks": config.num_heads,
-            "gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}
-    if proj in rows:
-        share = rows[proj] // size
-        return tensor.narrow(0, rank * share, share)
-    if proj in ("o_proj", "down_proj"):
+    proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
+    if proj in ROW_SPLIT:
+        return _share(tensor, 0, rank, size)
+    if proj in COLUMN_SPLIT:
         if parts[-1] == "bias":
             return tensor if rank == 0 else torch.zeros_like(tensor)
-        share = tensor.shape[1] // size
-        return tensor.narrow(1, rank * share, share)
+        return _share(tensor, 1, rank, size)
+    fused = {"qkv_proj": (config.q_size, config.kv_size, config.kv_size),
+             "gate_up_proj": (config.intermediate_size, config.intermediate_size)}.get(proj)
+    if fused is not None:
+        return torch.cat([_share(part, 0, rank, size) for part in tensor.split(fused)])
     return tensor
+
+
+def _share(tensor: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    share = tensor.shape[dim] // size
+    return tensor.narrow(dim, rank * share, share)
 
 
 def checkpoint_shards(tensors: Iterable[tuple[str, torch.Tensor]], config: ModelConfig, rank: int, size: int

@@ -8,6 +8,8 @@ weighted by its router weight (Llama 4: each input) and summed into the token's 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,6 +20,10 @@ from kernels.registry import Kernels
 
 
 class SparseMoE(nn.Module):
+    # Set by a model split across ranks (engine/tensor_parallel.py): each expert's output made from this rank's
+    # share of its width, summed across the ranks.
+    rank_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
         super().__init__()
         self.linear = kernels.linear  # (the routers keep F.linear: their choices are discrete, their rows few)
@@ -51,13 +57,13 @@ class SparseMoE(nn.Module):
             gated = F.silu(gate) * up if self.moe.swiglu_limit is None else self._clamped_glu(gate, up)
             expert_out = self.linear(gated, self.down_weight[expert], self.down_bias[expert] if has_bias else None)
             out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
-        if self.shared_down_weight is None:
-            return out
-        gate, up = self.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
-        shared_out = self.linear(F.silu(gate) * up, self.shared_down_weight)
-        if self.shared_weight_gate is not None:
-            shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
-        return out + shared_out
+        if self.shared_down_weight is not None:
+            gate, up = self.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
+            shared_out = self.linear(F.silu(gate) * up, self.shared_down_weight)
+            if self.shared_weight_gate is not None:
+                shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
+            out = out + shared_out
+        return out if self.rank_sum is None else self.rank_sum(out)
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe

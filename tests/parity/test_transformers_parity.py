@@ -145,11 +145,13 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
     _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=budget)
 
 
-# The Llama family's dense variants that tensor parallelism splits: GQA, tied and scaled RoPE, every bias
-# (o's and down's added once after the ranks' sum), per-head q/k norms, sliding windows, q scaled by
-# position, NoPE layers.
+# What tensor parallelism splits: GQA, tied and scaled RoPE, every bias (o's and down's added once after the
+# ranks' sum), per-head q/k norms, sliding windows, q scaled by position, NoPE layers; experts (top-k of a
+# router every rank runs alike, with shared experts, gated or not, and dense layers among them); Gemma's
+# norms and soft caps, Granite's multipliers, Phi-3's fused q/k/v and gate/up, GLM's half-turned heads.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
-                "mistral-window", "ministral3", "smollm3")
+                "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
+                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
