@@ -8,12 +8,18 @@ LLMEngine gives each rank unless told). Per round:
 - prefill: time to the first token of a new random 512-token prompt (no prefix-cache hits);
 - decode: 8 random 64-token prompts decoded together for 64 tokens each, output tokens/s.
 Figures are p50s over the rounds, the ratios split over unsplit (above 1: the split engine is
-faster). The greedy tokens of both must be the same, or the run stops. On a CPU the ranks share
+faster). The greedy tokens of both must be the same, or the run stops. OpenMP spins as briefly as in
+the prefill and decode workers (services/common/openmp_env.py): with its default spin, rank 0's extra
+thread for the LM head (model_runner.every_core) holds a core the next step's other rank needs. On a CPU the ranks share
 one memory bus and the sums between them cost a round trip through the kernel each, two a layer:
 this measures what the split costs here, not what it gains on GPUs, where each rank has a device's
 memory and bandwidth of its own. The last line is one JSON object.
 """
 from __future__ import annotations
+
+# isort: off
+import services.common.openmp_env  # noqa: F401  (before torch loads OpenMP: its short spin, as the workers run)
+# isort: on
 
 import argparse
 import json
