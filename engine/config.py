@@ -126,8 +126,6 @@ class EngineConfig:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.tensor_parallel_size > 1 and self.lora_modules:
-            raise ValueError("LoRA adapters are not served by a model split across ranks (tensor_parallel_size) yet")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):

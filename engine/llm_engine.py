@@ -97,7 +97,7 @@ class LLMEngine:
                                           config.kv_cache_metrics_sample)
         self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
                                  config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name),
-                                 is_model_split=config.tensor_parallel_size > 1)
+                                 sharding=self.runner.lora_sharding())
         self.eos_token_ids = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,

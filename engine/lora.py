@@ -11,6 +11,7 @@ per-module ranks are refused by name rather than served wrong.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -23,6 +24,10 @@ from safetensors import safe_open
 PEFT_PREFIX = "base_model.model."
 # Where a projection's delta goes: (layer, group of fused weights, first row, end row) in the base model.
 Target = tuple[int, str, int, int]
+# A projection's A and B as this process computes with them: a tensor-parallel rank's share
+# (engine/tensor_parallel.py's lora_shard), by the projection's name.
+Sharding = Callable[[str, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+_loads = itertools.count()
 
 
 class LoRAError(ValueError):
@@ -43,12 +48,16 @@ class LoRAAdapter:
     path: Path
     rank: int
     deltas: dict[tuple[int, str], list[LoRADelta]] = field(default_factory=dict)
+    # Which read of an adapter this is, in this process: another under the same name (unloaded and loaded
+    # again, or read again after eviction) has another; a tensor-parallel rank reads it again on seeing one.
+    serial: int = field(default_factory=lambda: next(_loads))
 
     @classmethod
     def load(cls, name: str, path: str | Path, target_of: Callable[[str], Target | None],
-             dtype: torch.dtype, device: torch.device | str = "cpu") -> LoRAAdapter:
+             dtype: torch.dtype, device: torch.device | str = "cpu", sharding: Sharding | None = None) -> LoRAAdapter:
         """`target_of`: the model's place for a projection's name (`model.layers.0.self_attn.q_proj`);
-        the matrices are kept in `dtype` on `device`, the model's."""
+        the matrices are kept in `dtype` on `device`, the model's; `sharding`: where the model holds a rank's
+        share of its projections, that share of each A and B."""
         path = Path(path)
         config = _read_config(path)
         rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
@@ -73,7 +82,10 @@ class LoRAAdapter:
                 b_key = key.removesuffix(".lora_A.weight") + ".lora_B.weight"
                 if b_key not in names:
                     raise LoRAError(f"{weights_path}: {key!r} has no {b_key!r}")
-                adapter._add(target, f.get_tensor(key), f.get_tensor(b_key), rank, scale, module, dtype, device)
+                a, b = f.get_tensor(key), f.get_tensor(b_key)
+                if sharding is not None:
+                    a, b = sharding(module, a, b)
+                adapter._add(target, a, b, rank, scale, module, dtype, device)
         if not adapter.deltas:
             raise LoRAError(f"{weights_path}: no LoRA matrices")
         return adapter

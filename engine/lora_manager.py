@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager
-from engine.lora import LoRAAdapter, LoRAError, Target
+from engine.lora import LoRAAdapter, LoRAError, Sharding, Target
 
 
 class LoRAConflictError(LoRAError):
@@ -31,13 +31,13 @@ class LoRAManager:
 
     def __init__(self, loras: dict[str, LoRAAdapter], model, dtype: torch.dtype, block_manager: BlockManager,
                  max_rank: int | None = None, max_loaded: int | None = None,
-                 in_use: Callable[[str], bool] = lambda name: False, is_model_split: bool = False) -> None:
+                 in_use: Callable[[str], bool] = lambda name: False, sharding: Sharding | None = None) -> None:
         self._loras = loras  # loaded, least recently asked for first
         self._paths: dict[str, Path] = {}  # served, loaded or not: where each is read from
         self._max_loaded = max_loaded  # None: every served adapter stays loaded
         self._in_use = in_use
         self._max_rank = max_rank  # None: any
-        self._is_model_split = is_model_split  # across tensor-parallel ranks: its projections hold a rank's share
+        self._sharding = sharding  # a tensor-parallel rank's share of each adapter (lora.py); None: unsplit
         self._target_of: Callable[[str], Target | None] = model.lora_target  # a projection's place in the model
         self._serve: Callable[[], None] = model.serve_loras  # hooks the model's projections to adapters, once
         self._dtype = dtype
@@ -52,9 +52,7 @@ class LoRAManager:
     def read(self, name: str, path: str | Path) -> LoRAAdapter:
         """The adapter in directory `path`, read and checked against the model (any thread: it touches
         nothing served). LoRAError for one the model cannot serve, or of a rank over `max_rank`."""
-        if self._is_model_split:
-            raise LoRAError("LoRA adapters are not served by a model split across tensor-parallel ranks yet")
-        adapter = LoRAAdapter.load(name, path, self._target_of, self._dtype, self._device)
+        adapter = LoRAAdapter.load(name, path, self._target_of, self._dtype, self._device, self._sharding)
         if self._max_rank is not None and adapter.rank > self._max_rank:
             raise LoRAError(f"{path}: LoRA rank {adapter.rank} is greater than max_lora_rank {self._max_rank}")
         return adapter

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import weakref
@@ -18,7 +19,7 @@ from engine.batch import ScheduledBatch
 from engine.checkpoint import WeightsError, checkpoint_files
 from engine.fp8_weights import dequantized
 from engine.kv_pool import KVPool, SharedTensorFactory, TensorFactory, pool_shape
-from engine.lora import LoRAAdapter
+from engine.lora import LoRAAdapter, Sharding
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
@@ -26,7 +27,7 @@ from engine.prompt_images import encode_pending_images, multimodal_positions
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
-from engine.tensor_parallel import check_shardable, checkpoint_shards, listening_store, shard_config
+from engine.tensor_parallel import check_shardable, checkpoint_shards, listening_store, lora_shard, shard_config
 from engine.tensor_parallel_workers import RankArgs, RankWorkers, StepInputs
 from engine.vision.image_encoders import image_encoder
 from engine.weights import check_every_tensor_is_read, iter_tensors
@@ -229,7 +230,10 @@ class ModelRunner:
         """The model's hidden states for the step, every rank computing its share where it is split."""
         if self.rank_workers is None:
             return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
-        self.rank_workers.step(StepInputs(input_ids, positions, meta, given))
+        loras = tuple((adapter.name, adapter.serial, str(adapter.path), rows)
+                      for adapter, rows in self.model.lora_batch.active) if self.loras else ()
+        held = frozenset((adapter.name, adapter.serial) for adapter in self.loras.values())
+        self.rank_workers.step(StepInputs(input_ids, positions, meta, given, loras, held))
         try:
             return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
         except RuntimeError:  # a sum across ranks broke off: say which rank went, where one did
@@ -239,7 +243,31 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_shard(self, inputs: StepInputs) -> None:
         """A rank other than 0's share of a step's forward (its KV written, its sums made with the others')."""
+        if inputs.loras_held or self.loras:
+            self.model.lora_batch.active = self._rank_loras(inputs)
         self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_pool.layers, inputs.given)
+
+    def _rank_loras(self, inputs: StepInputs) -> list[tuple[LoRAAdapter, torch.Tensor]]:
+        """A rank other than 0's share of the step's adapters, read where it does not hold them; those rank 0 no
+        longer holds let go."""
+        for name in [name for name, adapter in self.loras.items() if (name, adapter.serial) not in inputs.loras_held]:
+            del self.loras[name]
+        active = []
+        for name, serial, path, rows in inputs.loras:
+            if name not in self.loras or self.loras[name].serial != serial:
+                self.loras[name] = LoRAAdapter.load(name, path, self.model.lora_target, self.dtype, self.device,
+                                                    self.lora_sharding())
+                self.loras[name].serial = serial  # rank 0's: what names this read of it
+                self.model.serve_loras()
+            active.append((self.loras[name], rows))
+        return active
+
+    def lora_sharding(self) -> Sharding | None:
+        """This rank's share of a LoRA adapter's matrices, where the model is split (engine/lora.py)."""
+        if self.tensor_parallel_size == 1:
+            return None
+        return functools.partial(lora_shard, config=self.model_config, rank=self.rank,
+                                 size=self.tensor_parallel_size)
 
     def _pooled(self, rows: torch.Tensor) -> torch.Tensor:
         """A prompt's embedding from its chunk's last hidden states (an encoder's chunk is its whole prompt)."""

@@ -92,11 +92,32 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
         if parts[-1] == "bias":
             return tensor if rank == 0 else torch.zeros_like(tensor)
         return _share(tensor, 1, rank, size)
-    fused = {"qkv_proj": (config.q_size, config.kv_size, config.kv_size),
-             "gate_up_proj": (config.intermediate_size, config.intermediate_size)}.get(proj)
+    fused = _fused_parts(proj, config)
     if fused is not None:
         return torch.cat([_share(part, 0, rank, size) for part in tensor.split(fused)])
     return tensor
+
+
+def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfig, rank: int, size: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s part of a LoRA adapter's A [r, in] and B [out, r] on projection `module` of the whole model
+    `config`: B's share of the rows of a projection split by rows, A's share of the columns of one split by
+    columns (its delta then summed across the ranks with the projection's), as the base weights are split."""
+    proj = module.split(".")[-1]
+    if proj in ROW_SPLIT:
+        return a, _share(b, 0, rank, size)
+    if proj in COLUMN_SPLIT:
+        return _share(a, 1, rank, size), b
+    fused = _fused_parts(proj, config)
+    if fused is not None:
+        return a, torch.cat([_share(part, 0, rank, size) for part in b.split(fused)])
+    return a, b
+
+
+def _fused_parts(proj: str, config: ModelConfig) -> tuple[int, ...] | None:
+    """The rows of each projection fused in `proj` (Phi-3's q/k/v and gate/up), each split on its own."""
+    return {"qkv_proj": (config.q_size, config.kv_size, config.kv_size),
+            "gate_up_proj": (config.intermediate_size, config.intermediate_size)}.get(proj)
 
 
 def _share(tensor: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:

@@ -64,6 +64,11 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     given: GivenEmbeddings | None
+    # The step's LoRA adapters, each with its token rows (a rank reads one it does not hold from its directory),
+    # and every adapter rank 0 holds (a rank lets go of the others): (name, serial, directory, rows), (name,
+    # serial). Empty where rank 0 holds none.
+    loras: tuple[tuple[str, int, str, torch.Tensor], ...] = ()
+    loras_held: frozenset[tuple[str, int]] = frozenset()
 
 
 class RankError(RuntimeError):

@@ -257,3 +257,37 @@ def test_baton_generate_takes_an_adapter(tiny_demo_model, tmp_path):
 
 
 assert transformers  # the module is skipped without it (tests/parity/conftest.py)
+
+
+def test_a_model_split_across_ranks_serves_adapters_as_transformers_merges_them(served, tiny_model_dirs):
+    """Split in two (each rank its share of each A or B: rows of q, k, v, gate and up's B, columns of o and
+    down's A), an adapter computes as its merged model, beside the base model in one batch; one loaded at run
+    time reaches every rank, and another loaded under its name after it is read again by each."""
+    _, merged, root = served
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama-gqa-untied"]), dtype="float32",
+                                    num_kv_blocks=256, max_num_batched_tokens=64, tensor_parallel_size=2,
+                                    lora_modules=(("tuned", str(root / "tuned")),)))
+    vocab = engine.model_config.vocab_size
+    for name in (None, "tuned"):
+        prompt = _random_prompt(100, vocab, seed=5)  # chunked by the budget of 64
+        with torch.no_grad():
+            ref = merged[name](torch.tensor([prompt])).logits[0, -1]
+        assert (_last_logits(engine, prompt, name) - ref).abs().max().item() < 1e-4, name
+    prompt = _random_prompt(30, vocab, seed=6)
+
+    def greedy(*names: str | None) -> dict[str, list[int]]:
+        return _run(engine, {f"{name}-{i}": (prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                                   lora_name=name)) for i, name in enumerate(names)})
+
+    def expected(model) -> list[int]:
+        with torch.no_grad():
+            return model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
+
+    assert greedy(None, "tuned") == {"None-0": expected(merged[None]), "tuned-1": expected(merged["tuned"])}
+    engine.loras.add(engine.loras.read("x", root / "qv"))
+    assert greedy("x") == {"x-0": expected(merged["qv"])}
+    assert engine.loras.remove("x", engine.is_adapter_in_use)
+    engine.loras.add(engine.loras.read("x", root / "tuned"))
+    assert greedy("x") == {"x-0": expected(merged["tuned"])}
+    engine.close()

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.memory_release import MemoryBusyError, release
 from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
 from engine.tensor_parallel import check_shardable
@@ -53,8 +54,10 @@ def test_what_a_split_model_does_not_serve_yet_is_refused(tiny_model_dirs):
         check_shardable(config, 2, "cuda:0")
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         _engine(tiny_model_dirs["llama-gqa-untied"], 0)
-    with pytest.raises(ValueError, match="LoRA adapters are not served"):
-        _engine(tiny_model_dirs["llama-gqa-untied"], lora_modules=(("a", "/nonexistent"),))
+    engine = _engine(tiny_model_dirs["llama-gqa-untied"])
+    with pytest.raises(MemoryBusyError, match="split across tensor-parallel ranks"):
+        release(engine, ["kv_cache"])
+    engine.close()
 
 
 def test_the_ranks_processes_and_pool_file_go_with_the_engine(tiny_model_dirs):
