@@ -4,6 +4,8 @@ not alike (a split worker's pool holds every head), and no rank or pool file lef
 from __future__ import annotations
 
 import os
+import re
+import signal
 
 import openai
 import pytest
@@ -16,7 +18,14 @@ from services.decode.config import DecodeServiceConfig
 from services.prefill.config import PrefillServiceConfig
 from tests.services.gateway.mesh import running_mesh
 from tests.services.service_process import ServiceProcess
-from tests.services.test_baton_up import children_of, command_line
+from tests.services.test_baton_up import (
+    BatonUp,
+    check_up,
+    children_of,
+    command_line,
+    leftover_segments,
+    wait_all_dead,
+)
 
 PROMPTS = [list(range(5, 60)), list(range(300, 310)), list(range(7, 40)) * 3]
 MAX_TOKENS = 12
@@ -33,6 +42,12 @@ def unsplit_tokens(tiny_demo_model) -> list[list[int]]:
 def _rank_pids(worker: ServiceProcess) -> list[int]:
     """The worker's children running a rank (engine/tensor_parallel_workers.py)."""
     return [pid for pid in children_of(worker.proc.pid) if "engine.tensor_parallel_workers" in command_line(pid)]
+
+
+def _files_left_by(pids: set[int]) -> list[str]:
+    """The KV pool and sums files of shared memory that the split workers `pids` made and left."""
+    return [name for name in os.listdir("/dev/shm") if name.startswith(("baton-kv-pool-", "baton-rank-sums-"))
+            and int(name.split("-")[3]) in pids]
 
 
 def _greedy(client: openai.OpenAI, model: str, prompt: list[int], stream: bool) -> str:
@@ -70,8 +85,31 @@ def test_split_workers_answer_as_one_unsplit_engine(tiny_demo_model, unsplit_tok
                 assert _greedy(client, mesh.model_name, prompt, stream=False) == text
                 assert _greedy(client, mesh.model_name, prompt, stream=True) == text
         mesh.assert_decode_pools_free()
-    rank_pids = [pid for pids in ranks.values() for pid in pids]
-    assert [pid for pid in rank_pids if os.path.exists(f"/proc/{pid}")] == []
-    owners = {str(worker.proc.pid) for worker in ranks}
-    assert [name for name in os.listdir("/dev/shm") if name.startswith("baton-kv-pool-")
-            and name.split("-")[3] in owners] == []
+    assert wait_all_dead([pid for pids in ranks.values() for pid in pids], 5.0) == []
+    assert _files_left_by({worker.proc.pid for worker in ranks}) == []
+
+
+def test_baton_up_splits_its_workers_and_stops_their_ranks_with_them(tiny_demo_model, unsplit_tokens):
+    """`baton up --tensor-parallel-size 2` (vLLM's flag): each worker runs a second rank, the mesh answers as an
+    unsplit engine, and SIGTERM leaves no rank, pool file or segment behind."""
+    up = BatonUp(tiny_demo_model, "--tensor-parallel-size", "2", "--gateway-args=--local-prefill-max-tokens 0")
+    try:
+        check_up(up, 1, 1)
+        ranks = [pid for name in ("prefill-0", "decode-0") for pid in children_of(up.pids[name])
+                 if "engine.tensor_parallel_workers" in command_line(pid)]
+        assert len(ranks) == 2, up.output()
+        url = next(match[1] for line in up.stdout if (match := re.search(r"OpenAI API at (\S+/v1)", line)))
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+            answer = client.completions.create(model=tiny_demo_model.name, prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                               temperature=0.0, extra_body={"ignore_eos": True})
+        from tokenizers import Tokenizer
+
+        assert answer.choices[0].text == Tokenizer.from_file(str(tiny_demo_model / "tokenizer.json")).decode(
+            unsplit_tokens[0])
+        up.proc.send_signal(signal.SIGTERM)
+        assert up.wait_exit() == 0, up.output()
+        assert wait_all_dead([*up.pids.values(), *ranks], 5.0) == []
+        assert leftover_segments(up) == []
+        assert _files_left_by(set(up.pids.values())) == []
+    finally:
+        up.cleanup()
