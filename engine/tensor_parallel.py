@@ -24,6 +24,7 @@ from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
@@ -35,7 +36,11 @@ SUMS_FILE_KEY = "shared-memory-sums"
 
 
 # Models whose layers are llama_layers.py's Attention and MLP (or moe.py's experts), by their classes.
-SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM)
+SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
+                GptOssForCausalLM)
+# gpt-oss's experts, stored fused for every expert: the dimension of each that runs along an expert's width
+# (gate and up interleaved column by column, so a rank's columns are its share of both); None: down's bias.
+GPT_OSS_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
 ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks"})
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2"})
 
@@ -50,7 +55,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError("tensor parallelism runs on the CPU only so far (its ranks share one host's KV pool)")
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
-                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3 and GLM-4.5 so far, not "
+                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5 and gpt-oss so far, not "
                          f"{config.architecture}")
     unsupported = [what for what, present in (
         ("experts stored fused", config.moe.fused_experts),
@@ -85,6 +90,11 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
         return tensor
+    if parts[-2] == "experts" and parts[-1] in GPT_OSS_EXPERTS:
+        dim = GPT_OSS_EXPERTS[parts[-1]]
+        if dim is None:  # down's bias
+            return tensor if rank == 0 else torch.zeros_like(tensor)
+        return _share(tensor, dim, rank, size)
     proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
     if proj in ROW_SPLIT:
         return _share(tensor, 0, rank, size)

@@ -148,10 +148,11 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # What tensor parallelism splits: GQA, tied and scaled RoPE, every bias (o's and down's added once after the
 # ranks' sum), per-head q/k norms, sliding windows, q scaled by position, NoPE layers; experts (top-k of a
 # router every rank runs alike, with shared experts, gated or not, and dense layers among them); Gemma's
-# norms and soft caps, Granite's multipliers, Phi-3's fused q/k/v and gate/up, GLM's half-turned heads.
+# norms and soft caps, Granite's multipliers, Phi-3's fused q/k/v and gate/up, GLM's half-turned heads, gpt-oss's
+# sinks and fused experts with biases.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
-                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope")
+                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -412,9 +413,11 @@ def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks, (exponent.int() + 127).to(torch.uint8)
 
 
-def test_gpt_oss_released_in_mxfp4_computes_as_its_dequantized_weights(tiny_model_dirs, tmp_path):
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2])
+def test_gpt_oss_released_in_mxfp4_computes_as_its_dequantized_weights(tiny_model_dirs, tmp_path,
+                                                                         tensor_parallel_size):
     """gpt-oss's experts as released: MXFP4 blocks and scales, dequantized as they load (as transformers'
-    own dequantizer does); the logits equal transformers' on the dequantized weights."""
+    own dequantizer does), split across ranks after; the logits equal transformers' on the dequantized weights."""
     from safetensors.torch import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -438,9 +441,10 @@ def test_gpt_oss_released_in_mxfp4_computes_as_its_dequantized_weights(tiny_mode
     (model_dir / "config.json").write_text(json.dumps(config))
     reference = _hf_model(tiny_model_dirs["gpt-oss"])
     reference.load_state_dict({**reference.state_dict(), **dequantized})
-    engine = _engine(model_dir)
+    engine = _engine(model_dir, tensor_parallel_size=tensor_parallel_size)
     for n in (17, 100):
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():
             ref = reference(torch.tensor([prompt])).logits[0, -1]
         assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4
+    engine.close()
