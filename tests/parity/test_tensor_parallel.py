@@ -3,6 +3,7 @@ processes and KV pool coming and going with the engine, a rank that dies, weight
 computes transformers' logits and tokens is test_transformers_parity.py's."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from engine.llm_engine import LLMEngine
 from engine.memory_release import MemoryBusyError, release
 from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
+from engine.speculative import SpeculativeConfig
 from engine.tensor_parallel import check_shardable
 from tests.parity.conftest import greedy_outputs
 from tests.services.test_baton_up import is_alive, wait_all_dead
@@ -116,3 +118,41 @@ def test_weights_read_again_reach_every_rank(tiny_model_dirs, tmp_path):
     engine.close()
     unsplit = _engine(later, tensor_parallel_size=1)
     assert after == greedy_outputs(unsplit, PROMPTS, 12) != before
+
+
+@pytest.mark.parametrize("options", [
+    {"speculative": SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})},
+    {"kv_cache_dtype": "fp8"},
+    {"enable_prefix_caching": False, "max_num_batched_tokens": 16},
+], ids=["ngram-drafts", "fp8-pages", "no-prefix-cache-chunks-of-16"])
+def test_a_split_model_decodes_as_the_unsplit_one_with_the_engines_other_settings(tiny_model_dirs, options):
+    """Drafts checked in one step, pages of one byte a number, small chunks: the greedy tokens and the prompt's
+    logprobs of the same settings unsplit."""
+    model_dir = tiny_model_dirs["llama-gqa-untied"]
+    prompt = list(range(3, 40)) * 2  # repeats: n-gram drafts are proposed, and some are right
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    tokens, prompt_logprobs = {}, {}
+    for size in (1, 2):
+        engine = _engine(model_dir, size, **options)
+        outputs = list(engine.generate([prompt], params))  # the first holds the prompt's logprobs
+        tokens[size], prompt_logprobs[size] = outputs[-1].token_ids, outputs[0].prompt_logprobs
+        engine.close()
+    assert tokens[2] == tokens[1]
+    for split, unsplit in zip(prompt_logprobs[2][1:], prompt_logprobs[1][1:], strict=True):
+        assert split.keys() == unsplit.keys()
+        assert max(abs(split[t] - unsplit[t]) for t in split) < 1e-4
+
+
+def test_baton_generate_splits_the_model_as_asked(tiny_demo_model):
+    def generate(*flags: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "cli", "generate", "--model", str(tiny_demo_model),
+                               "--prompt-ids", "5,6,7,8,9", "--max-tokens", "12", "--json", *flags],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    assert generate("-tp", "2") == generate()
+    done = subprocess.run([sys.executable, "-m", "cli", "generate", "--model", str(tiny_demo_model),
+                           "--prompt-ids", "5,6", "--tensor-parallel-size", "3"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "tensor_parallel_size 3 must divide the model's num_heads (4)" in done.stderr
