@@ -27,6 +27,7 @@ from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
@@ -37,10 +38,12 @@ SUMS_FILE_KEY = "shared-memory-sums"
 
 # Models whose layers are llama_layers.py's Attention and MLP (or moe.py's experts), by their classes.
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
-                GptOssForCausalLM)
-# gpt-oss's experts, stored fused for every expert: the dimension of each that runs along an expert's width
-# (gate and up interleaved column by column, so a rank's columns are its share of both); None: down's bias.
-GPT_OSS_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
+                GptOssForCausalLM, Llama4ForCausalLM)
+# Experts stored fused for every expert (gpt-oss's, Llama 4's): the dimension of each that runs along an expert's
+# width; None: down's bias. Gate and up lie one after the other along it, or interleaved column by column
+# (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
+FUSED_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
+INTERLEAVED_GATE_UP = frozenset({"GptOssForCausalLM"})
 ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks"})
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2"})
 
@@ -55,8 +58,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError("tensor parallelism runs on the CPU only so far (its ranks share one host's KV pool)")
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
-                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5 and gpt-oss so far, not "
-                         f"{config.architecture}")
+                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss and Llama 4 so "
+                         f"far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("experts stored fused", config.moe.fused_experts),
         ("q/k norms over whole projections", config.qk_norm == "projection"),
@@ -90,10 +93,12 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
         return tensor
-    if parts[-2] == "experts" and parts[-1] in GPT_OSS_EXPERTS:
-        dim = GPT_OSS_EXPERTS[parts[-1]]
+    if parts[-2] == "experts" and parts[-1] in FUSED_EXPERTS:
+        dim = FUSED_EXPERTS[parts[-1]]
         if dim is None:  # down's bias
             return tensor if rank == 0 else torch.zeros_like(tensor)
+        if parts[-1].startswith("gate_up") and config.architecture not in INTERLEAVED_GATE_UP:
+            return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
     proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
     if proj in ROW_SPLIT:

@@ -43,7 +43,6 @@ def _pool_files(pid: int) -> list[str]:
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
     ("olmo2", 2, "Llama family"),
     ("deepseek-v3", 2, "Llama family"),
-    ("llama4", 2, "Llama family"),
 ])
 def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_starts(tiny_model_dirs, name, size, refusal):
     with pytest.raises(ValueError, match=refusal.replace("(", r"\(").replace(")", r"\)")):

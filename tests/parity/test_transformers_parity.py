@@ -149,10 +149,10 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # ranks' sum), per-head q/k norms, sliding windows, q scaled by position, NoPE layers; experts (top-k of a
 # router every rank runs alike, with shared experts, gated or not, and dense layers among them); Gemma's
 # norms and soft caps, Granite's multipliers, Phi-3's fused q/k/v and gate/up, GLM's half-turned heads, gpt-oss's
-# sinks and fused experts with biases.
+# sinks and fused experts with biases, Llama 4's chunked attention and experts weighing their inputs.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
-                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss")
+                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
