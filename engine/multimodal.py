@@ -7,6 +7,7 @@ under a prefix, beside a vision model and a projector left unread. Llama 4 (Scou
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,15 @@ class MultimodalCheckpoint:
 
 MISTRAL3_TEXT = {"ministral3": "Ministral3ForCausalLM", "mistral": "MistralForCausalLM"}
 
+
+# Module-level, not lambdas: a ModelConfig is pickled to a model's other tensor-parallel ranks.
+def _named(architecture: str, text_config: dict) -> str:
+    return architecture
+
+
+def _mistral3_text_architecture(text_config: dict) -> str:
+    return MISTRAL3_TEXT.get(text_config.get("model_type"), "?")
+
 # Gemma3TextConfig's: Gemma 3's 4B, 12B and 27B configs give text_config only their sizes, window and RoPE scaling.
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                         "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
@@ -57,7 +67,7 @@ GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "num_attention_heads": 8, "num_ke
 
 MULTIMODAL = {
     "Llama4ForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: "Llama4ForCausalLM",
+        text_architecture=functools.partial(_named, "Llama4ForCausalLM"),
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),
         vision_prefixes=("vision_model.", "multi_modal_projector.", "model.vision_model.",
                          "model.multi_modal_projector."),
@@ -66,14 +76,14 @@ MULTIMODAL = {
     # As released (llava's names: the language model's `model.` under `language_model.`) and as transformers 5
     # saves it; Gemma 3's LM head is its embedding.
     "Gemma3ForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: "Gemma3ForCausalLM",
+        text_architecture=functools.partial(_named, "Gemma3ForCausalLM"),
         text_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                        ("model.language_model.", "model.")),
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                          "model.multi_modal_projector."),
         text_defaults=GEMMA3_TEXT_DEFAULTS, vision_config=gemma3_vision_config),
     "Mistral3ForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: MISTRAL3_TEXT.get(text_config.get("model_type"), "?"),
+        text_architecture=_mistral3_text_architecture,
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                          "model.multi_modal_projector."),
@@ -81,21 +91,21 @@ MULTIMODAL = {
     # As released (a flat config.json: the text model's settings at its top level, its tensors the causal LM's,
     # the tower's under `visual.`) and as transformers 5 saves it (text_config; `model.language_model.`).
     "Qwen2VLForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: "Qwen2ForCausalLM",
+        text_architecture=functools.partial(_named, "Qwen2ForCausalLM"),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen2_vl_vision_config),
     "Qwen2_5_VLForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: "Qwen2ForCausalLM",
+        text_architecture=functools.partial(_named, "Qwen2ForCausalLM"),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen2_5_vl_vision_config),
     # As released and as transformers 5 saves it: its text model Qwen3's, with interleaved multimodal RoPE.
     "Qwen3VLForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: "Qwen3ForCausalLM",
+        text_architecture=functools.partial(_named, "Qwen3ForCausalLM"),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
     # Its text model Qwen3-MoE's, each layer's experts fused in two tensors (MoEConfig.fused_experts).
     "Qwen3VLMoeForConditionalGeneration": MultimodalCheckpoint(
-        text_architecture=lambda text_config: "Qwen3MoeForCausalLM",
+        text_architecture=functools.partial(_named, "Qwen3MoeForCausalLM"),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
 }

@@ -63,8 +63,6 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     unsupported = [what for what, present in (
         ("experts stored fused", config.moe.fused_experts),
         ("q/k norms over whole projections", config.qk_norm == "projection"),
-        ("an image encoder", config.vision is not None),
-        ("multimodal checkpoints", config.multimodal is not None),
         ("encoders", config.encoder is not None),
     ) if present]
     if unsupported:

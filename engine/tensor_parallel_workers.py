@@ -223,8 +223,9 @@ def _serve_rank(pipe: Connection) -> None:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     try:
+        # Images are encoded by rank 0, whole, and come in a step's inputs as rows of the prompt.
         runner = ModelRunner(args.model_dir, args.model_config, args.dtype, args.device, args.max_positions,
-                             tensor_parallel_size=size, rank=rank)
+                             loads_image_encoder=False, tensor_parallel_size=size, rank=rank)
     except Exception as e:
         pipe.send(("error", f"{type(e).__name__}: {e}"))
         return

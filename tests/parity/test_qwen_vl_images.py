@@ -116,6 +116,18 @@ def test_greedy_tokens_with_images_match_transformers(qwen_vl, budget):
     _assert_transformers_tokens(image_engine(path, max_num_batched_tokens=budget), model, requests)
 
 
+def test_a_text_model_split_across_ranks_gives_transformers_tokens_with_images(qwen_vl, request):
+    """The image encoder whole on rank 0, its rows (and DeepStack's) handed to every rank with the step."""
+    path, model = qwen_vl
+    if "moe" in request.node.callspec.id:
+        with pytest.raises(ValueError, match="experts stored fused"):
+            image_engine(path, tensor_parallel_size=2)
+        return
+    engine = image_engine(path, max_num_batched_tokens=16, tensor_parallel_size=2)
+    _assert_transformers_tokens(engine, model, _requests(2))
+    engine.close()
+
+
 def test_images_given_as_their_rows_give_the_tokens_their_pixels_give(qwen_vl):
     """vLLM's image_embeds: each image given as transformers' tower and merger's rows for it, at the size that
     places them (their multimodal RoPE positions): transformers' greedy tokens for the pixels, in one chunk or
