@@ -170,6 +170,10 @@ def _make_demo_model(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    # Before torch loads OpenMP: its threads spin briefly, as the workers' do (a split model's rank 0 would
+    # otherwise keep the cores its other ranks need spinning).
+    import services.common.openmp_env  # noqa: F401
+
     # Imported here so `baton --help` and argument errors stay instant.
     from engine.sampling_params import SamplingParams
 
