@@ -1,12 +1,12 @@
 """Tensor parallelism (vLLM's --tensor-parallel-size): one model's layers split across N ranks, as
 Megatron-LM splits them. Each rank holds its share of the attention heads (q, k and v by rows,
-o_proj by columns) and of the MLP's inner width (gate and up by rows, down by columns); the two
-projections back to the hidden size end in a sum across ranks, so every rank holds the whole
-hidden state between layers. Embeddings, norms and the LM head are whole on every rank.
+o_proj by columns) and of the MLP's inner width (gate and up by rows, down by columns; each expert's
+alike); the projections back to the hidden size end in a sum across ranks, so every rank holds the
+whole hidden state between layers. Embeddings, norms, routers and the LM head are whole on every rank.
 
 This module says what a rank holds: its model's shape (`shard_config`), its slice of each
-checkpoint tensor (`checkpoint_shard`), and the sum across ranks (`RankGroup`). The processes
-that run the ranks are engine/tensor_parallel_workers.py's.
+checkpoint tensor (`checkpoint_shard`) and of each LoRA adapter (`lora_shard`), and the sum across
+ranks (`RankGroup`). The processes that run the ranks are engine/tensor_parallel_workers.py's.
 """
 from __future__ import annotations
 
