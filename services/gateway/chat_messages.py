@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from services.tokenizer.content_format import IMAGE_PART, VIDEO_PART
 
@@ -24,11 +24,20 @@ class ImageURL(BaseModel):
 
 
 class ImagePart(BaseModel):
-    """OpenAI's image part: its pixels read from `image_url.url` (image_inputs.py), where the model takes images."""
+    """OpenAI's image part: its pixels read from `image_url.url` (image_inputs.py), where the model takes images.
+    vLLM's `uuid` names it in the processed-image cache in place of its bytes; a part that gives only its uuid (its
+    image_url null) is the image sent before under it."""
 
     model_config = ConfigDict(extra="ignore")
     type: Literal["image_url"]
-    image_url: ImageURL
+    image_url: ImageURL | None = None
+    uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _given_or_named(self):
+        if self.image_url is None and self.uuid is None:
+            raise ValueError("an image_url part gives its image_url, or the uuid of an image sent before")
+        return self
 
 
 class VideoURL(BaseModel):
@@ -38,11 +47,18 @@ class VideoURL(BaseModel):
 
 class VideoPart(BaseModel):
     """vLLM's video part: its frames read from `video_url.url` (image_inputs.py), where the model takes videos
-    (Qwen-VL's)."""
+    (Qwen-VL's); named by its `uuid`, or only by it, as an image part is."""
 
     model_config = ConfigDict(extra="ignore")
     type: Literal["video_url"]
-    video_url: VideoURL
+    video_url: VideoURL | None = None
+    uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _given_or_named(self):
+        if self.video_url is None and self.uuid is None:
+            raise ValueError("a video_url part gives its video_url, or the uuid of a video sent before")
+        return self
 
 
 class ImageEmbedsPart(BaseModel):
@@ -55,6 +71,7 @@ class ImageEmbedsPart(BaseModel):
     uuid: str | None = None  # vLLM's name for the item; its rows name it here
 
 
+PART_TYPES = {"text": TextPart, "image_url": ImagePart, "video_url": VideoPart, "image_embeds": ImageEmbedsPart}
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 CHAT_ROLES = frozenset(get_args(ChatRole))  # the gRPC API's chat messages are held to them too
 
@@ -76,17 +93,24 @@ class ChatMessage(BaseModel):
     def _text_or_images(self):
         for part in self.content if isinstance(self.content, list) else ():
             if not isinstance(part, (TextPart, ImagePart, VideoPart, ImageEmbedsPart)):
+                kind = PART_TYPES.get(part.get("type"))
+                if kind is not None:  # a part of a kind served, left a plain dict by what is wrong in it
+                    try:
+                        kind.model_validate(part)
+                    except ValidationError as e:
+                        raise ValueError("; ".join(error["msg"].removeprefix("Value error, ")
+                                                   for error in e.errors())) from None
                 raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text, "
                                  "image_url, video_url and image_embeds only)")
         return self
 
     @property
-    def media_sources(self) -> list[str | ImageEmbedsPart | VideoPart]:
-        """Its images and videos, in the order of its parts: each image's URL, or its part given as its encoder's
-        rows; each video's part."""
+    def media_sources(self) -> list[str | ImagePart | ImageEmbedsPart | VideoPart]:
+        """Its images and videos, in the order of its parts: each image's URL (its part, where a uuid names it), or
+        its part given as its encoder's rows; each video's part."""
         if not isinstance(self.content, list):
             return []
-        return [part.image_url.url if isinstance(part, ImagePart) else part
+        return [part.image_url.url if isinstance(part, ImagePart) and part.uuid is None else part
                 for part in self.content if isinstance(part, (ImagePart, VideoPart, ImageEmbedsPart))]
 
     def as_template_input(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from prometheus_client import Counter, Histogram
 from protos import common_pb2
 from services.common.metrics.service import LATENCY_BUCKETS
 from services.common.mm_limits import VIDEO_KWARGS, checked_media_io_kwargs, checked_processor_kwargs
-from services.gateway.chat_messages import ImageEmbedsPart, VideoPart
+from services.gateway.chat_messages import ImageEmbedsPart, ImagePart, VideoPart
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
@@ -68,7 +68,7 @@ class ChatImages:
     videos: VideoProcessing | None = None  # what reads videos (Qwen-VL's); None: the model takes none
     video_limit: int | None = None  # a prompt's most videos; None: any
 
-    async def read(self, sources: Sequence[str | ImageGivenAsRows | VideoPart], param: str = "messages",
+    async def read(self, sources: Sequence[str | ImagePart | ImageGivenAsRows | VideoPart], param: str = "messages",
                    processor_kwargs: Mapping[str, Any] | None = None,
                    media_io_kwargs: Mapping[str, Any] | None = None) -> GivenImages:
         """The images of their URLs (or given as their encoder's rows) and the videos of theirs, in order, read by
@@ -85,7 +85,7 @@ class ChatImages:
             raise APIError(400, f"{num_videos} videos in one prompt, more than this server's limit of "
                                 f"{self.video_limit} (--limit-mm-per-prompt)", param=param)
         if self.limit == 0:  # its workers load no image encoder (--enable-mm-embeds with a limit of 0)
-            if any(isinstance(source, str) for source in sources):
+            if any(isinstance(source, (str, ImagePart)) for source in sources):
                 raise APIError(400, f"{param}: this server takes images only as their encoder's rows (image_embeds "
                                     "parts; --limit-mm-per-prompt 0 with --enable-mm-embeds)", param=param)
         elif self.limit is not None and num_images > self.limit:
@@ -116,15 +116,14 @@ class ChatImages:
                                 "--enable-mm-embeds", param=param)
         # A data: URL as it is (its text names its bytes), another's bytes fetched or read here.
         start = time.perf_counter()
-        # Fetched at once (each URL's round trips its own).
-        read = await asyncio.gather(*(self._fetched(source, param) for source in sources))
+        # Fetched at once (each URL's round trips its own); one named by its uuid not at all where the cache holds it.
+        read = await asyncio.gather(*(self._named(source, param, processing, videos) if _is_named(source) else
+                                      self._fetched(source, param) for source in sources))
         # Off the event loop, in turn (the cache's order of use is the prompt's): decoding and resizing a photo takes
         # tens of milliseconds (PIL lets go of the GIL), hashing its pixels a few more, and a data: URL's base64 3 ms
         # a megabyte (rows given: torch.load's).
         images = await asyncio.to_thread(lambda: GivenImages(tuple(
-            self.embeds.read(source, param) if isinstance(source, ImageGivenAsRows) else
-            self._video(source, videos, param) if isinstance(source, Video) else
-            self._processed(source, processing, param) for source in read)))
+            self._made(source, processing, videos, param) for source in read)))
         MEDIA_READ.labels("video" if num_videos else "image").observe(time.perf_counter() - start)
         VIDEO_FRAMES.inc(sum(image.size.frames for image in images.images))
         size = images.num_bytes
@@ -134,6 +133,38 @@ class ChatImages:
                                 "MiB, --max-message-bytes): send fewer or smaller images, or bound them by "
                                 "mm_processor_kwargs (Qwen-VL's max_pixels)", param=param)
         return images
+
+    async def _named(self, part: ImagePart | VideoPart, param: str, processing: ImageProcessing,
+                     videos: VideoProcessing | None) -> Named:
+        """A part named by its uuid (vLLM's): what the cache holds under it, made by the same settings, or else its
+        URL's data as `_fetched` reads it; APIError (400) for a part that gives only its uuid and is not cached."""
+        kind = "video" if isinstance(part, VideoPart) else "image"
+        settings = repr(videos) if kind == "video" else "" if processing is self.processing else repr(processing)
+        key = b"\0".join((b"uuid", kind.encode(), settings.encode(), part.uuid.encode()))
+        held = self.cache.cached(key) if self.cache is not None else None
+        if held is not None:
+            return Named(key, held)
+        url = part.video_url if kind == "video" else part.image_url
+        if url is None:
+            off = "" if self.cache is not None else " (this server caches none: --mm-processor-cache-gb 0)"
+            raise APIError(400, f"{param}: no {kind} is cached under uuid {part.uuid!r} (read by these settings) here: "
+                                f"send it with its {kind}_url{off}", param=param)
+        return Named(key, await self._fetched(VideoPart(type="video_url", video_url=url) if kind == "video"
+                                              else url.url, param))
+
+    def _made(self, source: str | bytes | ImageGivenAsRows | Video | Named, processing: ImageProcessing,
+              videos: VideoProcessing | None, param: str) -> ProcessedImage:
+        """What the workers take of a prompt's image or video as it was read (`_fetched`, `_named`)."""
+        key = None
+        if isinstance(source, Named):
+            if isinstance(source.source, ProcessedImage):
+                return source.source
+            key, source = source.key, source.source
+        if isinstance(source, ImageGivenAsRows):
+            return self.embeds.read(source, param)
+        if isinstance(source, Video):
+            return self._video(source, videos, param, key)
+        return self._processed(source, processing, param, key)
 
     async def _fetched(self, source: str | ImageGivenAsRows | VideoPart, param: str
                        ) -> str | bytes | ImageGivenAsRows | Video:
@@ -147,9 +178,9 @@ class ChatImages:
             return await _media_bytes(source, self.allowed_local_path, self.allowed_domains, param)
         return source
 
-    def _video(self, video: Video, videos: VideoProcessing, param: str) -> ProcessedImage:
+    def _video(self, video: Video, videos: VideoProcessing, param: str, key: bytes | None = None) -> ProcessedImage:
         """A video's frames as the model's video processor (`videos`: its settings, a request's over them) makes
-        them, from the cache where it holds them (by its bytes and those settings)."""
+        them, from the cache where it holds them (by its bytes and those settings, or by `key`: its uuid's)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(video.source, param) if isinstance(video.source, str) else video.source
             return processed_video(videos, data, self.max_bytes, param)
@@ -157,11 +188,12 @@ class ChatImages:
         if self.cache is None:
             return make()
         source = video.source.encode() if isinstance(video.source, str) else video.source
-        return self.cache.processed(repr(videos).encode() + source, make)
+        return self.cache.processed(key or repr(videos).encode() + source, make)
 
-    def _processed(self, source: str | bytes, processing: ImageProcessing, param: str) -> ProcessedImage:
+    def _processed(self, source: str | bytes, processing: ImageProcessing, param: str,
+                   key: bytes | None = None) -> ProcessedImage:
         """The image of a data: URL (`source` a str) or of encoded bytes, from the cache where it holds it (by
-        the URL's text, and the settings it was read by: a hit decodes no base64)."""
+        the URL's text, and the settings it was read by: a hit decodes no base64; or by `key`: its uuid's)."""
         def make() -> ProcessedImage:
             data = data_url_bytes(source, param) if isinstance(source, str) else source
             return processing.processed(read_image(data, param), self.max_bytes)
@@ -169,7 +201,7 @@ class ChatImages:
         if self.cache is None:
             return make()
         settings = b"" if processing is self.processing else repr(processing).encode()
-        return self.cache.processed(settings + (source.encode() if isinstance(source, str) else source), make)
+        return self.cache.processed(key or settings + (source.encode() if isinstance(source, str) else source), make)
 
 
 @dataclass(frozen=True)
@@ -177,6 +209,19 @@ class Video:
     """A video part's data: URL, or its bytes as fetched."""
 
     source: str | bytes
+
+
+@dataclass(frozen=True)
+class Named:
+    """An image or video a request named by its uuid: its key in the cache, and what the cache held under it, or
+    else its part's data as read."""
+
+    key: bytes
+    source: ProcessedImage | str | bytes | Video
+
+
+def _is_named(source: object) -> bool:
+    return isinstance(source, (ImagePart, VideoPart)) and source.uuid is not None
 
 
 def read_image(data: bytes, param: str) -> Image.Image:

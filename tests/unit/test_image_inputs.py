@@ -358,3 +358,41 @@ def test_a_prompts_http_images_are_fetched_at_once(tmp_path):
                                                                     "messages")).rgb for seed in range(2)]
     finally:
         server.shutdown()
+
+
+def test_an_image_named_by_its_uuid_is_made_once_and_may_then_be_sent_by_its_uuid_alone(tmp_path):
+    """vLLM's `uuid` on an image part: the cache keeps the image under it (vLLM trusts a uuid to name one image:
+    other bytes under it are the image first sent), a part giving only its uuid is that image, unfetched and
+    unmade, and a uuid the cache does not hold (or holds read by other settings, or a server caching none) is a
+    400 naming it; a part giving neither its image_url nor a uuid is not a part."""
+    from pydantic import ValidationError
+
+    from services.gateway.chat_messages import ChatMessage, ImagePart
+    from services.gateway.errors import APIError
+    from services.gateway.image_cache import ProcessedImageCache
+    from services.gateway.image_inputs import ChatImages
+
+    transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(tmp_path)
+    images = ChatImages(ImageProcessing.from_dir(tmp_path), cache=ProcessedImageCache(1 << 20))
+
+    def part(uuid: str, url: str | None = None) -> ImagePart:
+        return ImagePart.model_validate({"type": "image_url", "uuid": uuid,
+                                         **({"image_url": {"url": url}} if url else {})})
+
+    first = asyncio.run(images.read([part("sku-1", _png(1))]))
+    assert asyncio.run(images.read([part("sku-1")])).images[0] is first.images[0]
+    assert asyncio.run(images.read([part("sku-1", _png(2))])).images[0] is first.images[0]
+    unnamed = asyncio.run(images.read([_png(1)])).images[0]  # its bytes name another entry, made alike
+    assert unnamed is not first.images[0] and unnamed.digest == first.images[0].digest
+    with pytest.raises(APIError, match="no image is cached under uuid 'sku-2' .*send it with its image_url"):
+        asyncio.run(images.read([part("sku-2")]))
+    with pytest.raises(APIError, match="no image is cached under uuid 'sku-1'"):
+        asyncio.run(images.read([part("sku-1")], processor_kwargs={"do_pan_and_scan": True}))
+    with pytest.raises(APIError, match="caches none: --mm-processor-cache-gb 0"):
+        asyncio.run(ChatImages(ImageProcessing.from_dir(tmp_path)).read([part("sku-1")]))
+    message = ChatMessage.model_validate({"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _png(1)}}, {"type": "image_url", "image_url": None, "uuid": "a"},
+        {"type": "video_url", "video_url": None, "uuid": "v"}]})
+    assert [type(source).__name__ for source in message.media_sources] == ["str", "ImagePart", "VideoPart"]
+    with pytest.raises(ValidationError, match="gives its image_url, or the uuid of an image sent before"):
+        ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url", "image_url": None}]})

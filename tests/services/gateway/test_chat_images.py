@@ -186,6 +186,23 @@ def test_pan_and_scan_crops_beside_a_wide_image_are_transformers(vlm_mesh, clien
     mesh.assert_decode_pools_free()
 
 
+def test_an_image_sent_once_with_its_uuid_is_then_sent_by_its_uuid_alone(vlm_mesh, client, gemma3_vlm):
+    """vLLM's uuid on a part: the image sent with it once, a later request giving the uuid alone (image_url null)
+    gets transformers' reply on that image; a uuid never sent is a 400 naming it, no page left reserved."""
+    mesh = vlm_mesh[0]
+    image = _image(21)
+    text = {"type": "text", "text": "w5 w6 w7"}
+    _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": _data_url(image)}, "uuid": "sku-21"},
+                                    text])
+    reply = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": None, "uuid": "sku-21"}, text])
+    expected, logprobs, _ = _transformers_greedy(gemma3_vlm, [{"role": "user", "content": [
+        {"type": "image", "image": image}, text]}])
+    _assert_same_reply(reply, expected, logprobs)
+    with pytest.raises(openai.BadRequestError, match="no image is cached under uuid 'sku-22'"):
+        _chat(client, mesh.model_name, [{"type": "image_url", "image_url": None, "uuid": "sku-22"}, text])
+    mesh.assert_decode_pools_free()
+
+
 def test_the_same_image_again_is_served_from_the_prefix_cache_and_another_is_not(vlm_mesh, client):
     mesh = vlm_mesh[0]
     content = lambda seed: [{"type": "image_url", "image_url": {"url": _data_url(_image(seed))}},  # noqa: E731
