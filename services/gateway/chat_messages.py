@@ -23,21 +23,25 @@ class ImageURL(BaseModel):
     detail: str | None = None  # OpenAI's; an image is read at the model's one resolution here
 
 
-class ImagePart(BaseModel):
-    """OpenAI's image part: its pixels read from `image_url.url` (image_inputs.py), where the model takes images.
-    vLLM's `uuid` names it in the processed-image cache in place of its bytes; a part that gives only its uuid (its
-    image_url null) is the image sent before under it."""
+class MediaPart(BaseModel):
+    """An image or video part, which vLLM's `uuid` may name in the processed-image cache in place of its bytes; one
+    that gives only its uuid (its URL null) is the image or video sent before under it."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["image_url"]
-    image_url: ImageURL | None = None
     uuid: str | None = None
 
     @model_validator(mode="after")
     def _given_or_named(self):
-        if self.image_url is None and self.uuid is None:
-            raise ValueError("an image_url part gives its image_url, or the uuid of an image sent before")
+        if getattr(self, self.type) is None and self.uuid is None:
+            raise ValueError(f"{self.type} part: give its {self.type}, or the uuid of one sent before")
         return self
+
+
+class ImagePart(MediaPart):
+    """OpenAI's image part: its pixels read from `image_url.url` (image_inputs.py), where the model takes images."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL | None = None
 
 
 class VideoURL(BaseModel):
@@ -45,20 +49,12 @@ class VideoURL(BaseModel):
     url: str
 
 
-class VideoPart(BaseModel):
+class VideoPart(MediaPart):
     """vLLM's video part: its frames read from `video_url.url` (image_inputs.py), where the model takes videos
-    (Qwen-VL's); named by its `uuid`, or only by it, as an image part is."""
+    (Qwen-VL's)."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["video_url"]
     video_url: VideoURL | None = None
-    uuid: str | None = None
-
-    @model_validator(mode="after")
-    def _given_or_named(self):
-        if self.video_url is None and self.uuid is None:
-            raise ValueError("a video_url part gives its video_url, or the uuid of a video sent before")
-        return self
 
 
 class ImageEmbedsPart(BaseModel):

@@ -394,5 +394,5 @@ def test_an_image_named_by_its_uuid_is_made_once_and_may_then_be_sent_by_its_uui
         {"type": "image_url", "image_url": {"url": _png(1)}}, {"type": "image_url", "image_url": None, "uuid": "a"},
         {"type": "video_url", "video_url": None, "uuid": "v"}]})
     assert [type(source).__name__ for source in message.media_sources] == ["str", "ImagePart", "VideoPart"]
-    with pytest.raises(ValidationError, match="gives its image_url, or the uuid of an image sent before"):
+    with pytest.raises(ValidationError, match="image_url part: give its image_url, or the uuid of one sent before"):
         ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url", "image_url": None}]})
