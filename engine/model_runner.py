@@ -236,8 +236,10 @@ class ModelRunner:
         self.rank_workers.step(StepInputs(input_ids, positions, meta, given, loras, held))
         try:
             return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
-        except RuntimeError:  # a sum across ranks broke off: say which rank went, where one did
-            self.rank_workers.raise_if_exited()
+        except BaseException as e:
+            if isinstance(e, RuntimeError):  # a sum across ranks broke off: say which rank went, where one did
+                self.rank_workers.raise_if_exited()
+            self.rank_workers.break_off(f"{type(e).__name__}: {e}")
             raise
 
     @torch.inference_mode()

@@ -83,6 +83,7 @@ class RankWorkers:
         self._pipes: list[Connection] = []
         self._processes: list[subprocess.Popen] = []
         self._group: RankGroup | None = None
+        self._broken: str | None = None  # why the ranks can take no step (break_off)
         # `-m engine...` wherever the caller runs from, Baton installed or not.
         python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
         env = {**os.environ, "PYTHONPATH": python_path}
@@ -135,7 +136,17 @@ class RankWorkers:
 
     def step(self, inputs: StepInputs) -> None:
         """Starts the other ranks on a step; their sums with rank 0's inside the forward end it."""
+        if self._broken is not None:
+            raise RankError(self._broken)
         self._send(("step", inputs))
+
+    def break_off(self, reason: str) -> None:
+        """Rank 0's step failed part way: the other ranks wait for sums it will never make, and every later step's
+        would pair with theirs wrongly. They are killed, and each later step refused naming `reason`."""
+        self._broken = f"a step failed part way ({reason}): the model's ranks are out of step; start the engine again"
+        for process in self._processes:
+            process.kill()
+        self.close()
 
     def raise_if_exited(self, grace_seconds: float = 1.0) -> None:
         """RankError naming a rank that has exited (its connections close before it is gone: it gets

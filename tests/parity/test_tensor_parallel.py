@@ -22,6 +22,7 @@ from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from engine.tensor_parallel import check_shardable
+from engine.tensor_parallel_workers import RankError
 from tests.parity.conftest import greedy_outputs
 from tests.services.test_baton_up import is_alive, wait_all_dead
 
@@ -155,3 +156,24 @@ def test_baton_generate_splits_the_model_as_asked(tiny_demo_model):
                            "--prompt-ids", "5,6", "--tensor-parallel-size", "3"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "tensor_parallel_size 3 must divide the model's num_heads (4)" in done.stderr
+
+
+def test_a_step_rank_0_fails_part_way_stops_the_ranks_and_every_later_step(tiny_model_dirs):
+    """Its other ranks wait for sums rank 0 will not make, and their next step's would pair with the wrong
+    ones: they are killed at once, and each later step is refused with the reason."""
+    engine = _engine(tiny_model_dirs["llama-gqa-untied"])
+    pids = engine.runner.rank_workers.pids
+    second = engine.runner.model.layers[1]
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    second.forward = failing
+    engine.add_request("r", list(range(3, 20)), SamplingParams(max_tokens=4))
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    assert wait_all_dead(pids, 5.0) == []
+    del second.forward
+    with pytest.raises(RankError, match=r"a step failed part way \(RuntimeError: injected\).*start the engine again"):
+        engine.step()
+    engine.close()
