@@ -203,7 +203,7 @@ class KVLayout(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts", "image_urls", "image_embeds", "video_parts", "video_urls")
+    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name", "reasoning_content", "content_parts", "image_parts", "image_urls", "image_embeds", "video_parts", "video_urls", "image_uuids", "video_uuids")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,8 @@ class ChatMessage(_message.Message):
     IMAGE_EMBEDS_FIELD_NUMBER: _ClassVar[int]
     VIDEO_PARTS_FIELD_NUMBER: _ClassVar[int]
     VIDEO_URLS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_UUIDS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls_json: str
@@ -228,7 +230,9 @@ class ChatMessage(_message.Message):
     image_embeds: _containers.RepeatedCompositeFieldContainer[ChatImageEmbeds]
     video_parts: _containers.RepeatedScalarFieldContainer[int]
     video_urls: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ..., image_embeds: _Optional[_Iterable[_Union[ChatImageEmbeds, _Mapping]]] = ..., video_parts: _Optional[_Iterable[int]] = ..., video_urls: _Optional[_Iterable[str]] = ...) -> None: ...
+    image_uuids: _containers.RepeatedScalarFieldContainer[str]
+    video_uuids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ..., image_embeds: _Optional[_Iterable[_Union[ChatImageEmbeds, _Mapping]]] = ..., video_parts: _Optional[_Iterable[int]] = ..., video_urls: _Optional[_Iterable[str]] = ..., image_uuids: _Optional[_Iterable[str]] = ..., video_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChatImageEmbeds(_message.Message):
     __slots__ = ("index", "rows", "image_grid_thw")

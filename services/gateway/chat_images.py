@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from protos import common_pb2
-from services.gateway.chat_messages import ChatMessage, VideoPart, VideoURL
+from services.gateway.chat_messages import ChatMessage, ImagePart, ImageURL, VideoPart, VideoURL
 from services.gateway.errors import APIError
 from services.gateway.given_embeddings import GivenImages
 from services.tokenizer.image_tokens import ImageSize
@@ -36,12 +36,18 @@ async def chat_image_sizes(state, messages: Sequence[ChatMessage], processor_kwa
     return images.sizes if images is not None else []
 
 
-def grpc_media_sources(message: common_pb2.ChatMessage) -> list[str | common_pb2.ChatImageEmbeds | VideoPart]:
+def grpc_media_sources(message: common_pb2.ChatMessage
+                       ) -> list[str | ImagePart | common_pb2.ChatImageEmbeds | VideoPart]:
     """A gRPC API message's images and videos in the order of its parts: each image given as rows at its index, its
-    URLs in the other places (the gRPC API checked they fill its image_parts), each video by its URL."""
-    urls = iter(message.image_urls)
+    URLs in the other places (the gRPC API checked they fill its image_parts), each video by its URL; an image or
+    video its uuid names, as the HTTP API's part with that uuid (its URL "": the uuid alone)."""
+    image_uuids = message.image_uuids or [""] * len(message.image_urls)
+    urls = iter([ImagePart(type="image_url", image_url=ImageURL(url=url) if url else None, uuid=uuid) if uuid else url
+                 for url, uuid in zip(message.image_urls, image_uuids, strict=True)])
     by_index = {embeds.index: embeds for embeds in message.image_embeds}
     images = [by_index[i] if i in by_index else next(urls) for i in range(len(message.image_parts))]
-    videos = [VideoPart(type="video_url", video_url=VideoURL(url=url)) for url in message.video_urls]
+    video_uuids = message.video_uuids or [""] * len(message.video_urls)
+    videos = [VideoPart(type="video_url", video_url=VideoURL(url=url) if url else None, uuid=uuid or None)
+              for url, uuid in zip(message.video_urls, video_uuids, strict=True)]
     placed = sorted([*zip(message.image_parts, images), *zip(message.video_parts, videos)], key=lambda p: p[0])
     return [source for _, source in placed]

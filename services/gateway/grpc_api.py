@@ -188,6 +188,15 @@ class GenerateServicer(gateway_pb2_grpc.GenerateServicer):
             if len(message.video_urls) != len(message.video_parts):
                 raise APIError(400, f"chat.messages[{i}] has {len(message.video_parts)} video_parts for "
                                     f"{len(message.video_urls)} video_urls", param=f"chat.messages[{i}].video_urls")
+            for kind, urls, uuids in (("image", message.image_urls, message.image_uuids),
+                                      ("video", message.video_urls, message.video_uuids)):
+                if uuids and len(uuids) != len(urls):
+                    raise APIError(400, f"chat.messages[{i}] has {len(uuids)} {kind}_uuids for {len(urls)} "
+                                        f"{kind}_urls: one each, or none", param=f"chat.messages[{i}].{kind}_uuids")
+                if any(not url and not (uuids and uuids[j]) for j, url in enumerate(urls)):
+                    raise APIError(400, f"chat.messages[{i}]'s {kind}_urls: an empty one needs its {kind}_uuids "
+                                        f"entry (the {kind} sent before under it)",
+                                   param=f"chat.messages[{i}].{kind}_urls")
             parts = [*message.image_parts, *message.video_parts]
             if len(set(parts)) != len(parts) or any(index >= len(parts) + len(message.content_parts)
                                                     for index in parts):

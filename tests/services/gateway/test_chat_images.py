@@ -248,6 +248,18 @@ def test_the_grpc_api_takes_a_messages_image_urls(vlm_mesh, client):
     assert list(reply.complete.token_ids) == expected
     refused = generate(content_parts=["w7"], image_parts=[0])  # where an image goes, but not which
     assert refused.error.code == 400 and refused.error.param == "chat.messages[0].image_urls", refused
+    # vLLM's uuids: the image sent under one, then the uuid alone; an empty URL without one, and uuids that do not
+    # pair with the URLs, refused.
+    assert list(generate(content_parts=["w7"], image_parts=[0], image_urls=[url],
+                         image_uuids=["grpc-11"]).complete.token_ids) == expected
+    assert list(generate(content_parts=["w7"], image_parts=[0], image_urls=[""],
+                         image_uuids=["grpc-11"]).complete.token_ids) == expected
+    refused = generate(content_parts=["w7"], image_parts=[0], image_urls=[""])
+    assert refused.error.code == 400 and refused.error.param == "chat.messages[0].image_urls", refused
+    refused = generate(content_parts=["w7"], image_parts=[0], image_urls=[url], image_uuids=["a", "b"])
+    assert refused.error.code == 400 and refused.error.param == "chat.messages[0].image_uuids", refused
+    refused = generate(content_parts=["w7"], image_parts=[0], image_urls=[""], image_uuids=["never-sent"])
+    assert refused.error.code == 400 and "no image is cached under uuid 'never-sent'" in refused.error.message
     # An image's crops, asked as the HTTP API's mm_processor_kwargs asks them: the same reply.
     wide = _data_url(_image(12, (900, 300)))
     cropped = _chat(client, mesh.model_name, [{"type": "image_url", "image_url": {"url": wide}},
