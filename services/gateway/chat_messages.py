@@ -57,14 +57,12 @@ class VideoPart(MediaPart):
     video_url: VideoURL | None = None
 
 
-class ImageEmbedsPart(BaseModel):
+class ImageEmbedsPart(MediaPart):
     """vLLM's image given as its encoder's rows (the gateway's --enable-mm-embeds; image_embeds.py): the base64 of
     a torch.save'd [tokens, hidden] tensor, or, for Qwen-VL, an object of it and of its image_grid_thw's."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["image_embeds"]
-    image_embeds: str | dict[str, str]
-    uuid: str | None = None  # vLLM's name for the item; its rows name it here
+    image_embeds: str | dict[str, str] | None = None
 
 
 PART_TYPES = {"text": TextPart, "image_url": ImagePart, "video_url": VideoPart, "image_embeds": ImageEmbedsPart}

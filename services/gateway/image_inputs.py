@@ -134,21 +134,26 @@ class ChatImages:
                                 "mm_processor_kwargs (Qwen-VL's max_pixels)", param=param)
         return images
 
-    async def _named(self, part: ImagePart | VideoPart, param: str, processing: ImageProcessing,
+    async def _named(self, part: ImagePart | VideoPart | ImageEmbedsPart, param: str, processing: ImageProcessing,
                      videos: VideoProcessing | None) -> Named:
         """A part named by its uuid (vLLM's): what the cache holds under it, made by the same settings, or else its
         URL's data as `_fetched` reads it; APIError (400) for a part that gives only its uuid and is not cached."""
-        kind = "video" if isinstance(part, VideoPart) else "image"
-        settings = repr(videos) if kind == "video" else "" if processing is self.processing else repr(processing)
+        kind = part.type.removesuffix("_url")
+        # Rows given are taken as they are: no settings read them.
+        settings = repr(videos) if kind == "video" else "" if kind == "image_embeds" or processing is self.processing \
+            else repr(processing)
         key = b"\0".join((b"uuid", kind.encode(), settings.encode(), part.uuid.encode()))
         held = self.cache.cached(key) if self.cache is not None else None
         if held is not None:
             return Named(key, held)
-        url = part.video_url if kind == "video" else part.image_url
+        if kind == "image_embeds" and part.image_embeds is not None:
+            return Named(key, part)
+        url = part.video_url if kind == "video" else getattr(part, "image_url", None)
         if url is None:
             off = "" if self.cache is not None else " (this server caches none: --mm-processor-cache-gb 0)"
-            raise APIError(400, f"{param}: no {kind} is cached under uuid {part.uuid!r} (read by these settings) here: "
-                                f"send it with its {kind}_url{off}", param=param)
+            what = "image given as rows" if kind == "image_embeds" else kind
+            raise APIError(400, f"{param}: no {what} is cached under uuid {part.uuid!r} (read by these settings) here: "
+                                f"send it with its {part.type}{off}", param=param)
         return Named(key, await self._fetched(VideoPart(type="video_url", video_url=url) if kind == "video"
                                               else url.url, param))
 
@@ -161,7 +166,9 @@ class ChatImages:
                 return source.source
             key, source = source.key, source.source
         if isinstance(source, ImageGivenAsRows):
-            return self.embeds.read(source, param)
+            if key is None or self.cache is None:
+                return self.embeds.read(source, param)
+            return self.cache.processed(key, lambda: self.embeds.read(source, param))
         if isinstance(source, Video):
             return self._video(source, videos, param, key)
         return self._processed(source, processing, param, key)
@@ -221,7 +228,7 @@ class Named:
 
 
 def _is_named(source: object) -> bool:
-    return isinstance(source, (ImagePart, VideoPart)) and source.uuid is not None
+    return isinstance(source, (ImagePart, VideoPart, ImageEmbedsPart)) and source.uuid is not None
 
 
 def read_image(data: bytes, param: str) -> Image.Image:

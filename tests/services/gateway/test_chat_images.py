@@ -369,6 +369,13 @@ def test_an_image_given_as_its_encoders_rows_gets_the_reply_its_pixels_get(vlm_m
             for ours, theirs in zip(reply.choices[0].logprobs.content, expected.choices[0].logprobs.content,
                                     strict=True):
                 assert abs(ours.logprob - theirs.logprob) < 1e-4
+            # vLLM's uuid: the rows given under it once, then the uuid alone (image_embeds null).
+            named = [{"type": "image_embeds", "image_embeds": saved_tensor(rows), "uuid": "rows-13"}, *as_url[1:]]
+            assert _chat(embedding, mesh.model_name, named).choices[0].token_ids == expected.choices[0].token_ids
+            named[0] = {"type": "image_embeds", "image_embeds": None, "uuid": "rows-13"}
+            assert _chat(embedding, mesh.model_name, named).choices[0].token_ids == expected.choices[0].token_ids
+            with pytest.raises(openai.BadRequestError, match="no image given as rows is cached under uuid 'rows-14'"):
+                _chat(embedding, mesh.model_name, [{"type": "image_embeds", "image_embeds": None, "uuid": "rows-14"}])
             with pytest.raises(openai.BadRequestError, match="needs 16 rows of 64 floats"):
                 _chat(embedding, mesh.model_name, [{"type": "image_embeds", "image_embeds": saved_tensor(rows[:-1])}])
             with pytest.raises(openai.BadRequestError, match="base64 of a torch.save'd tensor"):
