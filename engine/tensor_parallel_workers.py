@@ -9,7 +9,7 @@ where prefix-cache copies and KV transfers read them.
 Each rank is a `python -m engine.tensor_parallel_workers` process, not a multiprocessing child: a
 spawned child imports the parent's main module again, which a script without a `__main__` guard does
 not survive. Control goes over a socket pair to each (a step's inputs pickled once); the sums inside a
-step go over the ranks' gloo group.
+step are RankGroup's (engine/tensor_parallel.py).
 """
 from __future__ import annotations
 

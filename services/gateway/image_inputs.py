@@ -24,7 +24,7 @@ from services.common.metrics.service import LATENCY_BUCKETS
 from services.common.mm_limits import VIDEO_KWARGS, checked_media_io_kwargs, checked_processor_kwargs
 from services.gateway.chat_messages import ImageEmbedsPart, ImagePart, VideoPart
 from services.gateway.errors import APIError
-from services.gateway.given_embeddings import GivenImages, ProcessedImage
+from services.gateway.given_embeddings import EmbeddedImage, GivenImages, ProcessedImage
 from services.gateway.image_cache import ProcessedImageCache
 from services.gateway.image_processing import ImageProcessing
 from services.gateway.video_frames import processed_video
@@ -139,13 +139,15 @@ class ChatImages:
         """A part named by its uuid (vLLM's): what the cache holds under it, made by the same settings, or else its
         URL's data as `_fetched` reads it; APIError (400) for a part that gives only its uuid and is not cached."""
         kind = part.type.removesuffix("_url")
-        # Rows given are taken as they are: no settings read them.
-        settings = repr(videos) if kind == "video" else "" if kind == "image_embeds" or processing is self.processing \
-            else repr(processing)
+        settings = ""  # the model's own, or rows given: taken as they are
+        if kind == "video":
+            settings = repr(videos)
+        elif kind == "image" and processing is not self.processing:
+            settings = repr(processing)
         key = b"\0".join((b"uuid", kind.encode(), settings.encode(), part.uuid.encode()))
         held = self.cache.cached(key) if self.cache is not None else None
         if held is not None:
-            return Named(key, held)
+            return Named(key, None, held)
         if kind == "image_embeds" and part.image_embeds is not None:
             return Named(key, part)
         url = part.video_url if kind == "video" else getattr(part, "image_url", None)
@@ -158,12 +160,12 @@ class ChatImages:
                                               else url.url, param))
 
     def _made(self, source: str | bytes | ImageGivenAsRows | Video | Named, processing: ImageProcessing,
-              videos: VideoProcessing | None, param: str) -> ProcessedImage:
+              videos: VideoProcessing | None, param: str) -> ProcessedImage | EmbeddedImage:
         """What the workers take of a prompt's image or video as it was read (`_fetched`, `_named`)."""
         key = None
         if isinstance(source, Named):
-            if isinstance(source.source, ProcessedImage):
-                return source.source
+            if source.held is not None:
+                return source.held
             key, source = source.key, source.source
         if isinstance(source, ImageGivenAsRows):
             if key is None or self.cache is None:
@@ -224,7 +226,8 @@ class Named:
     else its part's data as read."""
 
     key: bytes
-    source: ProcessedImage | str | bytes | Video
+    source: str | bytes | Video | ImageGivenAsRows | None
+    held: ProcessedImage | EmbeddedImage | None = None
 
 
 def _is_named(source: object) -> bool:
