@@ -27,7 +27,14 @@ from engine.prompt_images import encode_pending_images, multimodal_positions
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
-from engine.tensor_parallel import check_shardable, checkpoint_shards, listening_store, lora_shard, shard_config
+from engine.tensor_parallel import (
+    check_shardable,
+    checkpoint_shards,
+    listening_store,
+    lora_shard,
+    rank_heads,
+    shard_config,
+)
 from engine.tensor_parallel_workers import RankArgs, RankWorkers, StepInputs
 from engine.vision.image_encoders import image_encoder
 from engine.weights import check_every_tensor_is_read, iter_tensors
@@ -76,7 +83,8 @@ class ModelRunner:
         self._load_shard(model_dir, show_progress)
         if self.rank_workers is not None:
             self.rank_workers.wait_loaded()
-            self.model.sum_across_ranks(self.rank_workers.join(store).all_reduce)
+            group = self.rank_workers.join(store)
+            self.model.sum_across_ranks(group.all_reduce, group.size)
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
@@ -179,9 +187,8 @@ class ModelRunner:
                 raise ValueError("a KV pool placed in memory the other tensor-parallel ranks cannot map is not "
                                  "split across them")
             tensor_factory = self.rank_workers.shared_pool
-        heads = self.model.config.num_kv_heads
         self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device, tensor_factory,
-                              slice(self.rank * heads, (self.rank + 1) * heads))
+                              rank_heads(self.model_config, self.rank, self.tensor_parallel_size))
         if shared_factory is not None and self.rank_workers is not None:
             self.rank_workers.share_pool(pool_file, self.kv_pool.tensor.shape, dtype)
         return self.kv_pool

@@ -3,6 +3,9 @@ Megatron-LM splits them. Each rank holds its share of the attention heads (q, k 
 o_proj by columns) and of the MLP's inner width (gate and up by rows, down by columns; each expert's
 alike); the projections back to the hidden size end in a sum across ranks, so every rank holds the
 whole hidden state between layers. Embeddings, norms, routers and the LM head are whole on every rank.
+OLMo 2's q/k norms over whole projections are split with them, their squares summed across the ranks. Multi-head
+latent attention (DeepSeek's) splits its heads' q and up-projections of the latent; the latent itself, one row a
+token for every head, is computed and written whole by every rank, as vLLM's ranks each hold it whole.
 
 This module says what a rank holds: its model's shape (`shard_config`), its slice of each
 checkpoint tensor (`checkpoint_shard`) and of each LoRA adapter (`lora_shard`), and the sum across
@@ -22,12 +25,14 @@ import torch.distributed as dist
 from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
+from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
+from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
@@ -36,15 +41,19 @@ SHARED_DIR = "/dev/shm"
 SUMS_FILE_KEY = "shared-memory-sums"
 
 
-# Models whose layers are llama_layers.py's Attention and MLP (or moe.py's experts), by their classes.
+# Models whose layers are llama_layers.py's Attention and MLP (or mla.py's attention, moe.py's experts), by their
+# classes.
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
-                GptOssForCausalLM, Llama4ForCausalLM)
+                GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's): the dimension of each that runs along an expert's
 # width; None: down's bias. Gate and up lie one after the other along it, or interleaved column by column
 # (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
 FUSED_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
 INTERLEAVED_GATE_UP = frozenset({"GptOssForCausalLM"})
-ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks"})
+# MLA's q_b_proj and kv_b_proj hold each head's rows in turn.
+ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks", "q_b_proj",
+                       "kv_b_proj"})
+PROJECTION_NORMS = frozenset({"q_norm", "k_norm"})  # where a model norms whole projections (OLMo 2's), not heads
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2"})
 
 
@@ -58,11 +67,10 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError("tensor parallelism runs on the CPU only so far (its ranks share one host's KV pool)")
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
-                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss and Llama 4 so "
-                         f"far, not {config.architecture}")
+                         f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
+                         f"OLMo 2 and 3 and DeepSeek V2 and V3 so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("experts stored fused", config.moe.fused_experts),
-        ("q/k norms over whole projections", config.qk_norm == "projection"),
         ("encoders", config.encoder is not None),
     ) if present]
     if unsupported:
@@ -70,6 +78,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     widths = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
               "intermediate_size": config.intermediate_size, "moe_intermediate_size": config.moe.moe_intermediate_size,
               "shared_expert_intermediate_size": config.moe.shared_expert_intermediate_size}
+    if config.mla is not None:
+        del widths["num_kv_heads"]  # MLA's one latent row a token serves every head: whole on each rank
     for name, width in widths.items():
         if width % size:
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
@@ -79,8 +89,18 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     """The model one rank of `size` runs: its share of the heads and of the MLPs' and experts' widths."""
     moe = dataclasses.replace(config.moe, moe_intermediate_size=config.moe.moe_intermediate_size // size,
                               shared_expert_intermediate_size=config.moe.shared_expert_intermediate_size // size)
-    return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=config.num_kv_heads // size,
+    # MLA's pages hold one latent row a token for every head (num_kv_heads 1): whole on every rank.
+    num_kv_heads = config.num_kv_heads if config.mla is not None else config.num_kv_heads // size
+    return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
                                intermediate_size=config.intermediate_size // size, moe=moe)
+
+
+def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
+    """The KV heads of every page that rank `rank` of `size` computes with: MLA's latent rows are every rank's."""
+    if config.mla is not None or size == 1:
+        return slice(None)
+    heads = config.num_kv_heads // size
+    return slice(rank * heads, (rank + 1) * heads)
 
 
 def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int, size: int) -> torch.Tensor:
@@ -99,7 +119,7 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
     proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
-    if proj in ROW_SPLIT:
+    if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm == "projection"):
         return _share(tensor, 0, rank, size)
     if proj in COLUMN_SPLIT:
         if parts[-1] == "bias":

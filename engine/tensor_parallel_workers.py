@@ -242,7 +242,7 @@ def _serve_rank(pipe: Connection) -> None:
         return
     pipe.send(("loaded", None))
     group = RankGroup(rank, size, store_port, check_peers=_exit_if_orphaned(os.getppid()))
-    runner.model.sum_across_ranks(group.all_reduce)
+    runner.model.sum_across_ranks(group.all_reduce, size)
     try:
         _serve_steps(runner, pipe)
     finally:

@@ -97,11 +97,12 @@ class LlamaForCausalLM(nn.Module):
                     module.lora = LoRAHook(self.lora_batch, i)
         self.has_loras = True
 
-    def sum_across_ranks(self, rank_sum: RankSum) -> None:
-        """Ends every layer's attention and MLP in `rank_sum`: this model holds one rank's share of their heads
-        and width (engine/tensor_parallel.py)."""
+    def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int) -> None:
+        """Ends every layer's attention and MLP in `rank_sum`: this model holds one of `num_ranks` ranks' share
+        of their heads and width (engine/tensor_parallel.py)."""
         for layer in self.layers:
             layer.attn.rank_sum = layer.mlp.rank_sum = rank_sum
+            layer.attn.num_ranks = num_ranks
 
     def lora_target(self, module: str) -> Target | None:
         """Where a LoRA on projection `module` (`model.layers.3.self_attn.q_proj`) adds to this model's

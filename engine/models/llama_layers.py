@@ -62,6 +62,7 @@ RankSum = Callable[[torch.Tensor], torch.Tensor]
 class Attention(nn.Module):
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
     rank_sum: RankSum | None = None
+    num_ranks = 1  # the ranks whose heads `rank_sum` sums over
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
         super().__init__()
@@ -112,10 +113,23 @@ class Attention(nn.Module):
             self.lora.add("qkv", x, qkv)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         if self.q_norm is not None and not self.is_qk_norm_per_head:
-            q = self.kernels.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = self.kernels.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+            q, k = self._projection_norms(q, k)
         return (q.view(num_tokens, cfg.num_heads, cfg.head_dim), k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim),
                 v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim))
+
+    def _projection_norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, q_size] and k [T, kv_size] RMS-normed over the whole projections (OLMo 2's). Split across
+        ranks, each holds its heads' part of them: the squares are summed across the ranks first, so that
+        every rank norms its part by the whole projection's mean."""
+        eps = self.config.rms_norm_eps
+        if self.rank_sum is None:
+            return self.kernels.rms_norm(q, self.q_norm, eps), self.kernels.rms_norm(k, self.k_norm, eps)
+        q32, k32 = q.float(), k.float()
+        squares = self.rank_sum(torch.stack((q32.pow(2).sum(-1), k32.pow(2).sum(-1)), dim=-1))  # [T, 2]
+        q_scale = torch.rsqrt(squares[:, :1] / (q.shape[-1] * self.num_ranks) + eps)
+        k_scale = torch.rsqrt(squares[:, 1:] / (k.shape[-1] * self.num_ranks) + eps)
+        # As kernels' rms_norm computes outside float32: normed in float32, cast, then weighed.
+        return self.q_norm * (q32 * q_scale).to(q.dtype), self.k_norm * (k32 * k_scale).to(k.dtype)
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """Attention's output [T, Hq, D] through o_proj (with the step's LoRA delta): [T, hidden]."""

@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.model_config import ModelConfig
-from engine.models.llama_layers import KVCache
+from engine.models.llama_layers import KVCache, RankSum
 from engine.models.parameters import empty_param
 from kernels.mla_attention import (
     causal_attention_torch,
@@ -31,6 +31,9 @@ from kernels.rotary import pairs_half_apart
 
 class MLAttention(nn.Module):
     lora: None = None  # LoRA adapters on MLA's projections are not served
+    # Set where the model is split across ranks (engine/tensor_parallel.py): o_proj made from this rank's heads
+    # alone, summed across the ranks. Every rank writes the whole latent rows: they are the same on each.
+    rank_sum: RankSum | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
         super().__init__()
@@ -77,7 +80,8 @@ class MLAttention(nn.Module):
         for chunk in meta.prefills:
             s, e = chunk.start, chunk.end
             out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk)
-        return ops.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
+        projected = ops.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
+        return projected if self.rank_sum is None else self.rank_sum(projected)
 
     def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's projections of the latent to its k (nope part) and to its v: [H, nope, rank],

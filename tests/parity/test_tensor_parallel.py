@@ -23,6 +23,7 @@ from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from engine.tensor_parallel import check_shardable
 from engine.tensor_parallel_workers import RankError
+from tests.encoder_models import make_encoder
 from tests.parity.conftest import greedy_outputs
 from tests.services.test_baton_up import is_alive, wait_all_dead
 
@@ -42,12 +43,14 @@ def _pool_files(pid: int) -> list[str]:
 @pytest.mark.parametrize(("name", "size", "refusal"), [
     ("llama-linear-rope-bf16", 2, "must divide the model's num_kv_heads (1)"),
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
-    ("olmo2", 2, "Llama family"),
-    ("deepseek-v3", 2, "Llama family"),
+    ("deepseek-v3", 3, "must divide the model's num_heads (4)"),  # MLA's one latent row is not split
+    ("encoder", 2, "Llama family"),
 ])
-def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_starts(tiny_model_dirs, name, size, refusal):
+def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_starts(tiny_model_dirs, tmp_path, name, size,
+                                                                             refusal):
+    model_dir = make_encoder(tmp_path / name) if name == "encoder" else tiny_model_dirs[name]
     with pytest.raises(ValueError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
-        _engine(tiny_model_dirs[name], size)
+        _engine(model_dir, size)
 
 
 def test_what_a_split_model_does_not_serve_yet_is_refused(tiny_model_dirs):

@@ -149,10 +149,13 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # ranks' sum), per-head q/k norms, sliding windows, q scaled by position, NoPE layers; experts (top-k of a
 # router every rank runs alike, with shared experts, gated or not, and dense layers among them); Gemma's
 # norms and soft caps, Granite's multipliers, Phi-3's fused q/k/v and gate/up, GLM's half-turned heads, gpt-oss's
-# sinks and fused experts with biases, Llama 4's chunked attention and experts weighing their inputs.
+# sinks and fused experts with biases, Llama 4's chunked attention and experts weighing their inputs, OLMo 2's
+# and 3's norms over whole q and k projections (their squares summed across the ranks), DeepSeek's multi-head
+# latent attention (heads split, the latent whole: q through a latent or one projection, interleaved RoPE).
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
-                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4")
+                "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
+                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
