@@ -7,7 +7,9 @@ weights, a prefill worker's mapping of a decode worker's shared pool): its pages
 madvise, and read as zeros until written. So the KV cache comes back empty (its prefix cache is
 forgotten first), and the weights are read again from the checkpoint the engine serves
 (`weights_dir`: its model, or the last weight update's) when they come back. Only the pages wholly
-inside a tensor's storage are released: a page it shares with other memory stays.
+inside a tensor's storage are released: a page it shares with other memory stays. A model split
+across tensor-parallel ranks gives back every rank's weights, and its KV pool, one file of shared
+memory every rank maps, once for all of them.
 """
 from __future__ import annotations
 
@@ -63,8 +65,6 @@ def release(engine, kinds: Iterable[str]) -> int:
         # madvise gives back host pages; device memory would need its physical pages unmapped under
         # addresses kept (CUDA's virtual memory API), which the engine does not do yet.
         raise MemoryBusyError(f"the engine's memory is on {engine.config.device}: only host memory is released")
-    if engine.config.tensor_parallel_size > 1:
-        raise MemoryBusyError("the model is split across tensor-parallel ranks: their memory is not released yet")
     if engine.has_unfinished_requests():
         raise MemoryBusyError("requests are running or waiting in the engine")
     released = 0
@@ -74,6 +74,8 @@ def release(engine, kinds: Iterable[str]) -> int:
         released += sum(release_pages(t) for t in engine.kv_pool_tensors())
     if "weights" in kinds:
         released += sum(release_pages(p) for p in unique_storages(engine.runner.model.parameters()))
+        if engine.runner.rank_workers is not None:  # a split model's other ranks give back theirs
+            released += engine.runner.rank_workers.release_weights()
     engine.released_memory |= set(kinds)
     return released
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from engine.attention_metadata import AttentionMetadata
 from engine.kv_pool import PoolFile
+from engine.memory_release import release_pages, unique_storages
 from engine.model_config import ModelConfig
 from engine.prompt_embeds import GivenEmbeddings
 from engine.tensor_parallel import SHARED_DIR, RankGroup
@@ -116,6 +117,11 @@ class RankWorkers:
         """Every rank starts reading its share of `model_dir`'s checkpoint again (`wait_loaded` waits for them)."""
         self._send(("weights", model_dir))
 
+    def release_weights(self) -> int:
+        """Every rank gives its weights' memory back (engine/memory_release.py); the bytes they gave, together."""
+        self._send(("release",))
+        return sum(self._reply(rank) for rank in range(1, len(self._pipes) + 1))
+
     def shared_pool(self, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
         """A KVPool TensorFactory: the whole pool, zero-filled, in a new file of shared memory every rank maps."""
         path = os.path.join(SHARED_DIR, f"baton-kv-pool-{os.getpid()}-{uuid.uuid4().hex[:12]}")
@@ -186,7 +192,8 @@ class RankWorkers:
                 raise RankError(f"tensor-parallel rank {rank} has exited "
                                 f"(exit code {self._processes[rank - 1].poll()})") from None
 
-    def _reply(self, rank: int) -> None:
+    def _reply(self, rank: int):
+        """What rank `rank` answered the last message with; RankError where it failed or exited."""
         pipe, process = self._pipes[rank - 1], self._processes[rank - 1]
         while not pipe.poll(REPLY_POLL_SECONDS):
             if process.poll() is not None:
@@ -197,6 +204,7 @@ class RankWorkers:
             raise RankError(f"tensor-parallel rank {rank} exited (exit code {process.wait()})") from None
         if kind == "error":
             raise RankError(f"tensor-parallel rank {rank}: {detail}")
+        return detail
 
 
 def _allocate(path: str, num_bytes: int) -> None:
@@ -266,6 +274,8 @@ def _serve_steps(runner: ModelRunner, pipe: Connection) -> None:
             pool = _mapped_pool(pool_file, shape, dtype)
             runner.allocate_kv_pool(shape[3], shape[4], dtype, lambda *_: pool)
             pipe.send(("attached", None))
+        elif kind == "release":
+            pipe.send(("released", sum(release_pages(p) for p in unique_storages(runner.model.parameters()))))
         elif kind == "weights":
             try:
                 runner.load_weights(message[1])

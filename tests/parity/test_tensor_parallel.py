@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
+from engine.demo_model import make_demo_model
 from engine.llm_engine import LLMEngine
-from engine.memory_release import MemoryBusyError, release
+from engine.memory_release import release, resume, unique_storages
 from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
@@ -26,6 +27,9 @@ from engine.tensor_parallel_workers import RankError
 from tests.encoder_models import make_encoder
 from tests.parity.conftest import greedy_outputs
 from tests.services.test_baton_up import is_alive, wait_all_dead
+from tests.unit.test_engine import assert_pool_clean, run_all
+from tests.unit.test_memory_release import resident_bytes
+from tests.unit.test_weight_update import GREEDY, PROMPT, SHAPE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = {"a": (list(range(3, 40)), {}), "b": (list(range(100, 107)), {})}
@@ -59,9 +63,37 @@ def test_what_a_split_model_does_not_serve_yet_is_refused(tiny_model_dirs):
         check_shardable(config, 2, "cuda:0")
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         _engine(tiny_model_dirs["llama-gqa-untied"], 0)
-    engine = _engine(tiny_model_dirs["llama-gqa-untied"])
-    with pytest.raises(MemoryBusyError, match="split across tensor-parallel ranks"):
-        release(engine, ["kv_cache"])
+
+
+def _anonymous_bytes(pid: int) -> int:
+    """The private memory process `pid` has resident (its weights, in a rank's process)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["RssAnon"].split()[0]) * 1024
+
+
+def test_a_split_model_gives_every_ranks_memory_back_and_computes_as_before_once_resumed(tmp_path):
+    """vLLM's sleep and wake_up, SGLang's release and resume of memory, on a split model: every rank's weights
+    leave its process (rank 1's private memory drops by its share), the shared KV pool's pages leave the
+    host, and once resumed every rank has read its share again."""
+    model_dir = make_demo_model(tmp_path / "wide", seed=3, **{**SHAPE, "hidden_size": 256, "vocab_size": 4096})
+    engine = _engine(model_dir, max_num_batched_tokens=64)
+    before = run_all(engine, {"a": (PROMPT, GREEDY)})["a"]
+    (rank_1,) = engine.runner.rank_workers.pids
+    held = _anonymous_bytes(rank_1)
+    weights = unique_storages(engine.runner.model.parameters())
+    held_by_rank_0 = sum(resident_bytes(w) for w in weights)
+    released = release(engine, ["weights", "kv_cache"])
+    rank_1_released = held - _anonymous_bytes(rank_1)
+    assert rank_1_released > 4 * 2**20  # its embeddings, LM head and half the layers: 4 MiB each and more
+    assert released >= held_by_rank_0 + rank_1_released  # and the KV pool's pages
+    assert sum(resident_bytes(w) for w in weights) == 0
+    assert sum(resident_bytes(t) for t in engine.kv_pool_tensors()) == 0
+    with pytest.raises(ValueError, match="weights are released"):
+        engine.add_request("asleep", PROMPT, GREEDY)
+    resume(engine, ["weights", "kv_cache"])
+    after = run_all(engine, {"b": (PROMPT, GREEDY)})["b"]
+    assert after.token_ids == before.token_ids and after.num_cached_tokens == 0
+    assert_pool_clean(engine)
     engine.close()
 
 
