@@ -235,14 +235,16 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., content_parts: _Optional[_Iterable[str]] = ..., image_parts: _Optional[_Iterable[int]] = ..., image_urls: _Optional[_Iterable[str]] = ..., image_embeds: _Optional[_Iterable[_Union[ChatImageEmbeds, _Mapping]]] = ..., video_parts: _Optional[_Iterable[int]] = ..., video_urls: _Optional[_Iterable[str]] = ..., image_uuids: _Optional[_Iterable[str]] = ..., video_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChatImageEmbeds(_message.Message):
-    __slots__ = ("index", "rows", "image_grid_thw")
+    __slots__ = ("index", "rows", "image_grid_thw", "uuid")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
     index: int
     rows: PromptEmbeds
     image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., rows: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., image_grid_thw: _Optional[_Iterable[int]] = ...) -> None: ...
+    uuid: str
+    def __init__(self, index: _Optional[int] = ..., rows: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., image_grid_thw: _Optional[_Iterable[int]] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)

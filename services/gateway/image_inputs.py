@@ -134,11 +134,13 @@ class ChatImages:
                                 "mm_processor_kwargs (Qwen-VL's max_pixels)", param=param)
         return images
 
-    async def _named(self, part: ImagePart | VideoPart | ImageEmbedsPart, param: str, processing: ImageProcessing,
+    async def _named(self, part: ImagePart | VideoPart | ImageGivenAsRows, param: str, processing: ImageProcessing,
                      videos: VideoProcessing | None) -> Named:
         """A part named by its uuid (vLLM's): what the cache holds under it, made by the same settings, or else its
-        URL's data as `_fetched` reads it; APIError (400) for a part that gives only its uuid and is not cached."""
-        kind = part.type.removesuffix("_url")
+        URL's data as `_fetched` reads it (its rows, the gRPC API's image_embeds' too: a uuid names them in either
+        API); APIError (400) for a part that gives only its uuid and is not cached."""
+        is_grpc_rows = isinstance(part, common_pb2.ChatImageEmbeds)
+        kind = "image_embeds" if is_grpc_rows else part.type.removesuffix("_url")
         settings = ""  # the model's own, or rows given: taken as they are
         if kind == "video":
             settings = repr(videos)
@@ -148,14 +150,14 @@ class ChatImages:
         held = self.cache.cached(key) if self.cache is not None else None
         if held is not None:
             return Named(key, None, held)
-        if kind == "image_embeds" and part.image_embeds is not None:
+        if kind == "image_embeds" and (part.HasField("rows") if is_grpc_rows else part.image_embeds is not None):
             return Named(key, part)
         url = part.video_url if kind == "video" else getattr(part, "image_url", None)
         if url is None:
             off = "" if self.cache is not None else " (this server caches none: --mm-processor-cache-gb 0)"
             what = "image given as rows" if kind == "image_embeds" else kind
             raise APIError(400, f"{param}: no {what} is cached under uuid {part.uuid!r} (read by these settings) here: "
-                                f"send it with its {part.type}{off}", param=param)
+                                f"send it with its {'rows' if is_grpc_rows else part.type}{off}", param=param)
         return Named(key, await self._fetched(VideoPart(type="video_url", video_url=url) if kind == "video"
                                               else url.url, param))
 
@@ -231,6 +233,8 @@ class Named:
 
 
 def _is_named(source: object) -> bool:
+    if isinstance(source, common_pb2.ChatImageEmbeds):
+        return bool(source.uuid)
     return isinstance(source, (ImagePart, VideoPart, ImageEmbedsPart)) and source.uuid is not None
 
 

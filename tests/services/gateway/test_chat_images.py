@@ -389,10 +389,22 @@ def test_an_image_given_as_its_encoders_rows_gets_the_reply_its_pixels_get(vlm_m
             request_id="rows", chat=common_pb2.ChatMessages(messages=[message]),
             sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
         with grpc.insecure_channel(gateway.grpc_address) as channel:
-            answered = list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+            generate = gateway_pb2_grpc.GenerateStub(channel).Generate
+            answered = list(generate(request, timeout=30))[-1]
             assert list(answered.complete.token_ids) == expected.choices[0].token_ids, answered
+            # A uuid names them in either API: the rows the HTTP request sent under "rows-13", by their uuid alone.
+            named = request.chat.messages[0].image_embeds[0]
+            named.ClearField("rows")
+            named.uuid = "rows-13"
+            answered = list(generate(request, timeout=30))[-1]
+            assert list(answered.complete.token_ids) == expected.choices[0].token_ids, answered
+            named.uuid = "rows-15"
+            refused = list(generate(request, timeout=30))[-1]
+            assert refused.error.code == 400, refused
+            assert "no image given as rows is cached under uuid 'rows-15'" in refused.error.message
+            assert "send it with its rows" in refused.error.message
             del request.chat.messages[0].image_urls[:]  # two image_parts, one image
-            refused = list(gateway_pb2_grpc.GenerateStub(channel).Generate(request, timeout=30))[-1]
+            refused = list(generate(request, timeout=30))[-1]
         assert refused.error.code == 400 and "image_embeds" in refused.error.message
     finally:
         assert gateway.terminate() == 0
