@@ -78,8 +78,11 @@ class DraftModel:
         if config.vocab_size > target.vocab_size:
             raise ValueError(f"draft model {model_dir}: its vocabulary ({config.vocab_size} tokens) is larger than "
                              f"the target's ({target.vocab_size}); a draft model must share the target's tokenizer")
+        self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
+
+    def _start(self, runner: ModelRunner, num_speculative_tokens: int, dtype: torch.dtype) -> None:
         self.num_speculative_tokens = num_speculative_tokens
-        self.runner = ModelRunner(model_dir, config, dtype, device, max_positions)
+        self.runner = runner
         self.dtype = dtype
         self.block_size = self.num_blocks = 0
         self._free_blocks: list[int] = []
@@ -105,27 +108,45 @@ class DraftModel:
         for seq, room in wanted:
             draft = self._draft_sequence(seq)
             if self._reserve(draft, seq.num_tokens + room - 1):
-                rooms[id(draft)] = room
-                pending = draft.num_tokens - draft.num_computed_tokens
-                if pending <= self.num_speculative_tokens + 1:
-                    # The tokens since its last drafts: decode rows, batched with the other sequences'
-                    # (a chunk's attention runs alone), as the runner lays out a token and its drafts.
-                    draft.num_draft_tokens = pending - 1
-                batch.add(draft, pending)
+                self._add(batch, draft, room, rooms)
+        return self._drafts(batch, rooms)
+
+    def _add(self, batch: ScheduledBatch, draft: DraftSequence, room: int, rooms: dict[int, int]) -> None:
+        """`draft`'s inputs since its last drafts into the first forward of a proposal, its `room` noted."""
+        rooms[id(draft)] = room
+        pending = draft.num_tokens - draft.num_computed_tokens
+        if pending <= self.num_speculative_tokens + 1:
+            # The tokens since its last drafts: decode rows, batched with the other sequences'
+            # (a chunk's attention runs alone), as the runner lays out a token and its drafts.
+            draft.num_draft_tokens = pending - 1
+        batch.add(draft, pending)
+
+    def _drafts(self, batch: ScheduledBatch, rooms: dict[int, int]) -> dict[str, list[int]]:
+        """Greedy drafts for `batch`'s sequences, by request id, each up to its room: a forward a draft, each
+        fed the one before."""
         made: dict[str, list[int]] = {}
         while batch.seqs:
-            sampled, logits = self.runner.forward(batch)  # (decode rows first: its order, not the batch's)
-            tokens = logits[_last_rows(sampled, logits.device)].argmax(dim=-1).tolist()
+            sampled, tokens, outputs = self._forward(batch)
             batch = ScheduledBatch()
-            for draft, token in zip(sampled, tokens):
+            for draft, token, output in zip(sampled, tokens, outputs):
                 draft.num_computed_tokens = draft.num_tokens
                 draft.num_draft_tokens = 0
                 drafts = made.setdefault(draft.owner.request_id, [])
                 drafts.append(token)
                 if len(drafts) < rooms[id(draft)]:
                     draft.token_ids.append(token)
+                    self._feed(draft, output)
                     batch.add(draft, 1)
         return made
+
+    def _forward(self, batch: ScheduledBatch) -> tuple[list[DraftSequence], list[int], list]:
+        """The sequences the forward sampled (decode rows first: its order, not the batch's), each one's greedy
+        draft, and what else its next input needs (nothing, for a draft model)."""
+        sampled, logits = self.runner.forward(batch)
+        return sampled, logits[last_rows(sampled, logits.device)].argmax(dim=-1).tolist(), [None] * len(sampled)
+
+    def _feed(self, draft: DraftSequence, output: object) -> None:
+        """Give `draft`'s next input (its last draft, appended) what `_forward` made for it besides the token."""
 
     def forget(self, request_id: str) -> None:
         """Free the pages of a sequence that finished or was preempted."""
@@ -151,7 +172,7 @@ class DraftModel:
         return True
 
 
-def _last_rows(sampled: list[DraftSequence], device: torch.device) -> torch.Tensor:
+def last_rows(sampled: list[DraftSequence], device: torch.device) -> torch.Tensor:
     """Each sequence's last logits row: a sequence computed as decode rows has one a row."""
     ends = itertools.accumulate(1 + draft.num_draft_tokens for draft in sampled)
     return torch.tensor([end - 1 for end in ends], device=device)

@@ -1,21 +1,26 @@
-"""The drafter a config's speculative decoding names: n-gram drafts (engine/speculative.py) or a
-draft model's (engine/draft_model.py)."""
+"""The drafter a config's speculative decoding names: n-gram drafts (engine/speculative.py), a draft model's
+(engine/draft_model.py) or an EAGLE head's (engine/eagle.py)."""
 from __future__ import annotations
 
 import torch
 
 from engine.draft_model import DraftModel
-from engine.model_config import ModelConfig
+from engine.eagle import EagleDrafter
+from engine.model_runner import ModelRunner
 from engine.scheduler import Drafter
 from engine.speculative import NgramDrafter, SpeculativeConfig
 
 
-def make_drafter(speculative: SpeculativeConfig | None, model_config: ModelConfig, dtype: torch.dtype,
-                 device: str, max_model_len: int) -> Drafter | None:
-    """None without speculative decoding; a draft model is loaded, its weights and all."""
+def make_drafter(speculative: SpeculativeConfig | None, target: ModelRunner, dtype: torch.dtype, device: str,
+                 max_model_len: int) -> Drafter | None:
+    """None without speculative decoding; a draft model or head is loaded, its weights and all (a head hooked to
+    `target`'s runner, whose hidden states it reads)."""
     if speculative is None:
         return None
     if speculative.method == "ngram":
         return NgramDrafter(speculative)
-    return DraftModel(speculative.model, speculative.num_speculative_tokens, model_config, dtype,
+    if speculative.method in ("eagle", "eagle3"):
+        return EagleDrafter(speculative.model, speculative.method, speculative.num_speculative_tokens, target, dtype,
+                            device, max_model_len)
+    return DraftModel(speculative.model, speculative.num_speculative_tokens, target.model_config, dtype,
                       device, max_model_len)

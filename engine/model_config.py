@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.attention_layout import QTemperature
+from engine.eagle_config import EagleConfig
 from engine.encoder_config import EncoderConfig
 from engine.fp8_weights import Fp8Weights
 from engine.int4_weights import Int4Weights
@@ -82,6 +83,7 @@ class ModelConfig:
     # so many each; None: one position a token. A text token's three are one, as a 1D position turns them all.
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False  # the sections interleaved over a head's frequencies (Qwen3-VL's), not in turn
+    eagle: EagleConfig | None = None  # an EAGLE draft head's (engine/eagle_config.py); None: a model of its own
 
     @property
     def pooling(self) -> str:

@@ -6,7 +6,7 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +91,9 @@ class ModelRunner:
         self.kv_pool: KVPool | None = None
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
+        # An EAGLE head drafting for this model (engine/eagle.py): after each forward, every sequence's (first row,
+        # rows) of the step, and the model's hidden states there (or the layer inputs it captured).
+        self.hidden_listener: Callable[[list[tuple[Sequence, int, int]], torch.Tensor], None] | None = None
 
     def load_weights(self, model_dir: str) -> None:
         """Read `model_dir`'s checkpoint into the model's tensors, in place (engine/llm_engine.py's
@@ -112,7 +115,8 @@ class ModelRunner:
                 if text_name is not None:
                     stored_names[text_name] = name
             files = {text_name: files[name] for text_name, name in stored_names.items()}
-        elif "model.embed_tokens.weight" not in files and "embed_tokens.weight" in files:
+        elif ("model.embed_tokens.weight" not in files and "embed_tokens.weight" in files
+              and not getattr(self.model, "reads_bare_names", False)):
             # Saved as the bare model (Qwen3-Embedding's checkpoints are): read by the causal LM's names.
             stored_names = {f"model.{name}": name for name in files}
             files = {model_name: files[name] for model_name, name in stored_names.items()}
@@ -210,13 +214,27 @@ class ModelRunner:
         """Runs the model over the batch; returns the sequences whose chunk ended
         at their last token, and their next-token logits [S, V]: a drafted sequence's
         rows after its last token and after each of its drafts, in turn."""
+        sampled_seqs, hidden = self.forward_hidden(batch)
+        if not sampled_seqs:
+            return [], None
+        if self.rank_workers is None:
+            return sampled_seqs, self.model.compute_logits(hidden)
+        with every_core():  # the LM head is rank 0's alone, the other ranks waiting for the next step
+            return sampled_seqs, self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def forward_hidden(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor | None]:
+        """`forward`'s sequences, and the hidden states its logits are made of (an EAGLE head's own are its next
+        drafts' features)."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
-        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows, given = \
-            self._prepare(batch, pool.block_size)
+        input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows, given, \
+            seq_rows = self._prepare(batch, pool.block_size)
         if self.loras:
             self.model.lora_batch.active = self._lora_rows(batch)
         hidden = self._model_forward(input_ids, positions, meta, given)
+        if self.hidden_listener is not None:
+            self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
         for seq, row, n in prompt_rows:
             self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
         for seq, first, last in embed_rows:
@@ -227,10 +245,7 @@ class ModelRunner:
             seq.token_embeddings[position:position + n] = hidden[row:row + n]
         if not sampled_seqs:
             return [], None
-        if self.rank_workers is None:
-            return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
-        with every_core():  # the LM head is rank 0's alone, the other ranks waiting for the next step
-            return sampled_seqs, self.model.compute_logits(hidden[sample_rows])
+        return sampled_seqs, hidden[sample_rows]
 
     def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                        given: GivenEmbeddings | None) -> torch.Tensor:
@@ -343,8 +358,10 @@ class ModelRunner:
         # drafted sequence's last token and drafts are rows of their own: speculative.py).
         context_lens: list[int] = []
         row_seqs: list[Sequence] = []
+        seq_rows: list[tuple[Sequence, int, int]] = []  # each sequence's (first row, rows)
         for seq, n in decodes:
             first, c = len(input_ids), seq.num_computed_tokens
+            seq_rows.append((seq, first, n))
             if seq.given_embeddings:  # a one-token prompt chunk
                 given += given_in(seq.given_embeddings, first, c, n)
             for pos in range(c, c + n):
@@ -376,6 +393,7 @@ class ModelRunner:
         start = len(input_ids)
         for seq, n in prefills:
             c = seq.num_computed_tokens
+            seq_rows.append((seq, start, n))
             if seq.given_embeddings:
                 given += given_in(seq.given_embeddings, start, c, n)
             input_ids.extend(seq.token_ids[c : c + n])
@@ -416,6 +434,7 @@ class ModelRunner:
             embed_rows,
             token_rows,
             GivenEmbeddings.of(given, self.device),
+            seq_rows,
         )
 
 

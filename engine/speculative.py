@@ -1,6 +1,7 @@
 """Speculative decoding, as vLLM's --speculative-config: n-gram (prompt lookup) drafts
-(`{"method": "ngram"}`) or a small draft model's (`{"method": "draft_model", "model": DIR}`:
-engine/draft_model.py).
+(`{"method": "ngram"}`), a small draft model's (`{"method": "draft_model", "model": DIR}`:
+engine/draft_model.py) or an EAGLE head's, reading the target's hidden states (`{"method": "eagle" or
+"eagle3", "model": DIR}`: engine/eagle.py).
 
 With n-gram drafts, a decoding sequence whose last tokens appeared earlier in it is guessed to go
 on as it went on there. Either way, up to `num_speculative_tokens` drafts are appended for one
@@ -21,7 +22,8 @@ import numpy as np
 if TYPE_CHECKING:
     from engine.sequence import Sequence
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3"})  # those that draft with a model directory
 
 
 @dataclass(frozen=True)
@@ -30,14 +32,14 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4  # the longest suffix looked up (ngram)
     prompt_lookup_min: int = 1  # ... and the shortest
     method: str = "ngram"
-    model: str | None = None  # the draft model's directory (draft_model)
+    model: str | None = None  # the draft model's or EAGLE head's directory
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r} is not supported; supported: {', '.join(METHODS)}")
-        if (self.method == "draft_model") != (self.model is not None):
-            raise ValueError("a draft_model config needs the draft's directory as model" if self.model is None else
-                             f"{self.method} drafts take no model")
+        if (self.method in MODEL_METHODS) != (self.model is not None):
+            raise ValueError(f"{self.method} drafts need the draft's directory as model" if self.model is None
+                             else f"{self.method} drafts take no model")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

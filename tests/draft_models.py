@@ -1,4 +1,4 @@
-"""Draft models for speculative decoding's tests and benchmark, cut from the model they draft for."""
+"""Draft models and EAGLE heads for speculative decoding's tests and benchmark, made from the model they draft for."""
 from __future__ import annotations
 
 import json
@@ -19,3 +19,81 @@ def first_layers_copy(model_dir, target_dir, num_layers: int):
             if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers}
     save_file(kept, target_dir / "model.safetensors")
     return target_dir
+
+
+def eagle_head(target_dir, head_dir, method: str, seed: int = 0, draft_vocab_size: int | None = None,
+               target_layers: list[int] | None = None):
+    """A random EAGLE head for the model in `target_dir`, as EAGLE's releases lay it out: EAGLE-1's (`"eagle"`) a
+    Llama config of one layer and `fc` (with its bias), the first layer's unused input norm and a copy of the
+    target's embeddings beside it; EAGLE-3's (`"eagle3"`) `midlayer` reading [embedding; feature] twice as wide,
+    `fc` over three target layers' inputs, its final norm, and an LM head over `draft_vocab_size` tokens
+    (`d2t`: each one's offset to its target id; `t2d` the mask the other way) where given, the target's
+    vocabulary's else. `target_layers`: config.json's eagle_aux_hidden_state_layer_ids."""
+    import torch
+
+    target_config = json.loads((target_dir / "config.json").read_text())
+    hidden, heads = target_config["hidden_size"], target_config["num_attention_heads"]
+    kv_heads, inter = target_config["num_key_value_heads"], target_config["intermediate_size"]
+    head_dim, vocab = target_config.get("head_dim", hidden // heads), target_config["vocab_size"]
+    generator = torch.Generator().manual_seed(seed)
+
+    def random(*shape, fan_in=None):
+        return torch.randn(*shape, generator=generator) / (fan_in or shape[-1]) ** 0.5
+
+    def norm():
+        return 1.0 + 0.1 * torch.randn(hidden, generator=generator)
+
+    width = 2 * hidden if method == "eagle3" else hidden
+    layer = {"self_attn.q_proj.weight": random(heads * head_dim, width),
+             "self_attn.k_proj.weight": random(kv_heads * head_dim, width),
+             "self_attn.v_proj.weight": random(kv_heads * head_dim, width),
+             "self_attn.o_proj.weight": random(hidden, heads * head_dim),
+             "mlp.gate_proj.weight": random(inter, hidden), "mlp.up_proj.weight": random(inter, hidden),
+             "mlp.down_proj.weight": random(hidden, inter),
+             "input_layernorm.weight": norm(), "post_attention_layernorm.weight": norm()}
+    config = {**target_config, "num_hidden_layers": 1}
+    if method == "eagle":
+        tensors = {f"layers.0.{name}": t for name, t in layer.items()}
+        tensors |= {"fc.weight": random(hidden, 2 * hidden), "fc.bias": 0.1 * torch.randn(hidden, generator=generator),
+                    "embed_tokens.weight": load_file(target_dir / "model.safetensors")["model.embed_tokens.weight"]}
+    else:
+        tensors = {f"midlayer.{name}": t for name, t in layer.items()}
+        tensors |= {"midlayer.hidden_norm.weight": norm(), "norm.weight": norm(),
+                    "fc.weight": random(hidden, 3 * hidden)}
+        config["architectures"] = ["LlamaForCausalLMEagle3"]
+        if draft_vocab_size is not None:
+            ids = torch.randperm(vocab, generator=generator)[:draft_vocab_size].sort().values
+            tensors |= {"lm_head.weight": random(draft_vocab_size, hidden), "d2t": ids - torch.arange(draft_vocab_size),
+                        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, ids, True)}
+            config["draft_vocab_size"] = draft_vocab_size
+        if target_layers is not None:
+            config["eagle_aux_hidden_state_layer_ids"] = target_layers
+    head_dir.mkdir(parents=True, exist_ok=True)
+    (head_dir / "config.json").write_text(json.dumps(config))
+    save_file({name: t.contiguous() for name, t in tensors.items()}, head_dir / "model.safetensors")
+    return head_dir
+
+
+def eagle_replica(model_dir, target_dir, head_dir):
+    """A target and an EAGLE-1 head that computes it: the target's embedding rows scaled to an RMS of 1 and its
+    first input norm and final norm made ones (so that its first layer's input norm changes nothing, and its final
+    norm no token's rank); the head's fc passes the embedding alone into the target's own layers, and its output,
+    unnormed, ranks the next token as the target's does. Its drafts differ from the target's only where the
+    target attends to the prompt's first token, which the head never sees (its input at a position is the next
+    token): what a trained head's agreement with its target can be held to, here where no trained head lies."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    tensors = load_file(target_dir / "model.safetensors")
+    embed = tensors["model.embed_tokens.weight"]
+    tensors["model.embed_tokens.weight"] = embed / embed.pow(2).mean(dim=-1, keepdim=True).sqrt()
+    tensors["model.layers.0.input_layernorm.weight"] = torch.ones_like(tensors["model.norm.weight"])
+    tensors["model.norm.weight"] = torch.ones_like(tensors["model.norm.weight"])
+    save_file(tensors, target_dir / "model.safetensors")
+    hidden = embed.shape[1]
+    head = {name.removeprefix("model."): t for name, t in tensors.items() if name.startswith("model.layers.")}
+    head["fc.weight"] = torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), dim=1)
+    head_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(target_dir / "config.json", head_dir / "config.json")
+    save_file(head, head_dir / "model.safetensors")
+    return target_dir, head_dir

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from engine.models.bert import BertModel
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
@@ -36,6 +37,9 @@ MODEL_REGISTRY = {
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Ministral3ForCausalLM": LlamaForCausalLM,  # Mistral with its q scaled by position, as its ModelConfig says
     "GptOssForCausalLM": GptOssForCausalLM,
+    # EAGLE draft heads, read only as a speculative config's (engine/eagle.py): no model of their own.
+    "EagleLlamaForCausalLM": EagleLlamaForCausalLM,
+    "Eagle3LlamaForCausalLM": Eagle3LlamaForCausalLM,
     # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
     "BertModel": BertModel,
     "RobertaModel": BertModel,

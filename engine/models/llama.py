@@ -29,6 +29,11 @@ MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 class LlamaForCausalLM(nn.Module):
+    # Set by an EAGLE-3 head drafting for this model (engine/eagle.py): the layers whose inputs each forward keeps,
+    # side by side in `captured` ([T, hidden * len(captured_layers)]), as vLLM's aux hidden states.
+    captured_layers: tuple[int, ...] = ()
+    captured: torch.Tensor | None = None
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
         self.config = config
@@ -72,10 +77,15 @@ class LlamaForCausalLM(nn.Module):
             h = given.placed(h)
         h = self._scaled_inputs(h)
         num_added = given.num_added_layers(h.shape[1]) if given is not None else 0
+        captured = []
         for i, (layer, kv_cache, (cos, sin)) in enumerate(zip(self.layers, kv_caches, self._ropes(positions))):
+            if i in self.captured_layers:
+                captured.append(h)
             h = layer(h, cos, sin, kv_cache, meta)
             if i < num_added:
                 h = given.added_after(i, h)
+        if captured:
+            self.captured = torch.cat(captured, dim=-1)
         return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -193,9 +193,10 @@ class DecodeServiceConfig:
                                  "(as vLLM's flag; default none: nothing kept)")
         parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
                             help='vLLM\'s: speculative decoding, n-gram drafts (\'{"method": "ngram", '
-                                 '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\') or a draft model\'s '
-                                 '(\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}\'); the '
-                                 'same tokens come out, in fewer steps where the drafts are right '
+                                 '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'), a draft model\'s '
+                                 '(\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}\') or an '
+                                 'EAGLE head\'s (\'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}\', '
+                                 'or "eagle"); the same tokens come out, in fewer steps where the drafts are right '
                                  f'(${ENV_SPECULATIVE_CONFIG})')
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)

@@ -99,7 +99,7 @@ def test_a_draft_model_the_target_cannot_verify_is_refused(tiny_demo_model, tmp_
         SpeculativeConfig.from_dict({"model": str(larger)})
     with pytest.raises(ValueError, match="n-gram keys; a draft model takes none"):
         SpeculativeConfig.from_dict({"model": str(larger), "num_speculative_tokens": 2, "prompt_lookup_max": 3})
-    with pytest.raises(ValueError, match="needs the draft's directory as model"):
+    with pytest.raises(ValueError, match="need the draft's directory as model"):
         SpeculativeConfig.from_dict({"method": "draft_model", "num_speculative_tokens": 2})
 
 

@@ -27,7 +27,9 @@ def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix():
 def test_the_config_reads_vllms_keys_and_refuses_what_it_does_not_serve():
     config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3})
     assert config == SpeculativeConfig(num_speculative_tokens=5, prompt_lookup_max=3, prompt_lookup_min=1)
-    with pytest.raises(ValueError, match="'eagle' is not supported"):
+    with pytest.raises(ValueError, match="'medusa' is not supported"):
+        SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="eagle drafts need the draft's directory as model"):
         SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="ngram drafts take no model"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "model": "x"})

@@ -1,7 +1,8 @@
-"""Speculative decoding on the decode workers (--speculative-config, vLLM's), n-gram drafts and a draft
-model's: a request streams the same tokens as plain decoding would make, whether its prompt was
-prefilled on a prefill worker (the drafts start from the handed-over KV; a draft model computes the
-prompt itself) or on its decode worker; several tokens may come in one chunk. With
+"""Speculative decoding on the decode workers (--speculative-config, vLLM's), n-gram drafts, a draft
+model's and an EAGLE head's: a request streams the same tokens as plain decoding would make, whether its
+prompt was prefilled on a prefill worker (the drafts start from the handed-over KV; a draft model computes
+the prompt itself; an EAGLE head drafts from the first token the decode worker computes) or on its decode
+worker; several tokens may come in one chunk. With
 --per-request-spec-decode-metrics, each reply's `metrics.speculative_decoding` tells its own drafts,
 and they add up to the worker's counters."""
 from __future__ import annotations
@@ -16,16 +17,22 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.draft_models import first_layers_copy
+from tests.draft_models import eagle_replica, first_layers_copy
 from tests.services.gateway.mesh import start_mesh, stop_mesh
 
 MAX_TOKENS = 48
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
 def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_model, tmp_path, method):
-    speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3} if method == "ngram" else \
-        {"model": str(first_layers_copy(tiny_demo_model, tmp_path / "draft", 1)), "num_speculative_tokens": 3}
+    if method == "ngram":
+        speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    elif method == "draft_model":
+        speculative = {"model": str(first_layers_copy(tiny_demo_model, tmp_path / "draft", 1)),
+                       "num_speculative_tokens": 3}
+    else:  # a head that computes its target (most of its drafts right: no trained head lies here)
+        tiny_demo_model, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
+        speculative = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
     short, long = [5, 6, 7, 8] * 5, [40 + (i * 7) % 60 for i in range(300)]  # prefilled on decode; on prefill
     seeded = dict(temperature=0.9, top_p=0.95, seed=7)
     engine = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=128))

@@ -1,0 +1,199 @@
+"""Speculative drafts from an EAGLE head, as vLLM's `{"method": "eagle", "model": DIR}` and
+`{"method": "eagle3", "model": DIR}` (the head: engine/models/eagle.py).
+
+The head drafts from the target's own hidden states: its input at position q is the token at q + 1 and
+the target's hidden state at q (EAGLE-3's: three layers' inputs there, through `fc`), and its output there
+predicts the token at q + 2. So after each target step the head takes the hidden states of the positions the
+step verified (the target's runner hands them over, `_take_rows`), and its first forward at the next step's
+proposal both extends its own KV over them and makes the first draft; each further draft is one row, fed the
+head's own output.
+
+The head's KV pages are its own (as a draft model's: as many pages as the target's). Its context starts
+where the target's hidden states do: at the prompt's start in an engine that computes prompts itself, after
+a prefix the cache served, and at the first token a decode worker computed for a prompt whose KV came from a
+prefill worker (whose hidden states stay there: the head drafts from what it has seen since, with worse
+drafts, never wrong ones). A gap in the states it was handed restarts its context after the gap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.batch import ScheduledBatch
+from engine.checkpoint import checkpoint_files
+from engine.draft_model import DraftModel, DraftSequence, last_rows
+from engine.eagle_config import EagleConfig
+from engine.model_config import ModelConfig
+from engine.model_config_loader import load_model_config
+from engine.model_runner import ModelRunner
+from engine.sequence import Sequence
+
+HEAD_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
+
+
+def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelConfig:
+    """The EAGLE head in `model_dir` (its config.json a Llama's, as EAGLE's releases are) drafting for `target`;
+    ValueError where it cannot."""
+    path = Path(model_dir)
+    raw = json.loads((path / "config.json").read_text())
+    config = load_model_config(path, {"architectures": ["LlamaForCausalLM"]})
+    names = set(checkpoint_files(path))
+    where = f"EAGLE head {model_dir}"
+    if config.vocab_size != target.vocab_size:
+        raise ValueError(f"{where}: its vocabulary ({config.vocab_size} tokens) is not the target's "
+                         f"({target.vocab_size}); an EAGLE head is trained for one target")
+    if method == "eagle":
+        if config.hidden_size != target.hidden_size:
+            raise ValueError(f"{where}: its hidden size ({config.hidden_size}) is not the target's "
+                             f"({target.hidden_size})")
+        eagle = EagleConfig("eagle", target.vocab_size, target.hidden_size, has_fc_bias="fc.bias" in names)
+    else:
+        target_hidden = int(raw.get("target_hidden_size") or config.hidden_size)
+        if target_hidden != target.hidden_size:
+            raise ValueError(f"{where}: it reads hidden states {target_hidden} wide, the target's are "
+                             f"{target.hidden_size}")
+        layers = raw.get("eagle_aux_hidden_state_layer_ids") or \
+            (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or \
+            (2, target.num_layers // 2, target.num_layers - 3)  # vLLM's default: early, middle, late
+        if len(set(layers)) != 3 or not all(0 <= int(layer) < target.num_layers for layer in layers):
+            raise ValueError(f"{where}: it reads three of the target's {target.num_layers} layers' inputs, got "
+                             f"layers {list(layers)} (config.json's eagle_aux_hidden_state_layer_ids)")
+        draft_vocab = int(raw.get("draft_vocab_size") or config.vocab_size)
+        has_lm_head, has_draft_ids = "lm_head.weight" in names, "d2t" in names
+        if draft_vocab != target.vocab_size and not (has_lm_head and has_draft_ids):
+            raise ValueError(f"{where}: a draft vocabulary of its own ({draft_vocab} tokens) needs its lm_head and "
+                             "d2t tensors")
+        eagle = EagleConfig("eagle3", draft_vocab, target_hidden, has_embeddings="embed_tokens.weight" in names,
+                            has_lm_head=has_lm_head, has_draft_ids=has_draft_ids,
+                            target_layers=tuple(sorted(int(layer) for layer in layers)),  # as the target meets them
+                            norm_before_residual=bool(raw.get("norm_before_residual", False)),
+                            first_layer_name="midlayer." if any(n.startswith("midlayer.") for n in names)
+                            else "layers.0.")
+    return dataclasses.replace(config, architecture=HEAD_ARCHITECTURES[method], eagle=eagle)
+
+
+@dataclass(eq=False)
+class EagleSequence(DraftSequence):
+    """A sequence as the head holds it: its EAGLE inputs by index (index j at the owner's position `base` + j: the
+    owner's token at `base` + j + 1, or a draft), `num_features` of them the target's hidden states' (the rest
+    drafts'), and the hidden states handed over since that it has not taken in yet (`pieces`: (the owner's
+    position of the first, rows))."""
+
+    base: int = 0
+    num_features: int = 0
+    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    last_feature: torch.Tensor | None = None  # the target's at index num_features - 1: to compute it again
+
+    def add_rows(self, start: int, rows: torch.Tensor) -> None:
+        """A step computed the owner's positions from `start` on: rows there replace those kept from `start` on
+        (a rejected draft's)."""
+        self.pieces = [(s, kept[:start - s]) for s, kept in self.pieces if s < start]
+        self.pieces.append((start, rows))
+
+    def take_features(self, verified: int) -> bool:
+        """Take in the hidden states of the owner's positions up to `verified` (those its tokens are computed at),
+        as inputs not yet computed; False where they do not reach it (no draft can follow yet)."""
+        run_start, run_end, rows = self._contiguous_rows()
+        self.pieces = []  # (rows past `verified`: a rejected draft's)
+        next_position = self.base + self.num_features
+        if run_end is None or run_end < verified:  # nothing handed over since, or a gap before the end
+            return run_end is None and verified == next_position and self._again()
+        if run_start > next_position or next_position > verified:  # a gap: its context starts again after it
+            self.base, self.num_features, self.num_computed_tokens = run_start, 0, 0
+            self.token_ids, self.given_embeddings, next_position = [], (), run_start
+        rows = rows[next_position - run_start:verified - run_start]
+        if not rows.shape[0]:
+            return self._again()
+        del self.token_ids[self.num_features:]  # its last drafts' inputs
+        self.num_computed_tokens = min(self.num_computed_tokens, self.num_features)
+        self.token_ids += self.owner.token_ids[next_position + 1:verified + 1]
+        self.given_embeddings = (*self._target_features(), (self.num_features, rows))
+        self.num_features += rows.shape[0]
+        self.last_feature = rows[-1:]
+        return True
+
+    def _again(self) -> bool:
+        """Its last target input computed again (nothing verified since its last drafts), for its output."""
+        if self.last_feature is None:
+            return False
+        del self.token_ids[self.num_features:]
+        if self.num_computed_tokens >= self.num_features - 1:
+            self.num_computed_tokens = self.num_features - 1
+            self.given_embeddings = ((self.num_features - 1, self.last_feature),)
+        else:  # (inputs taken in and never computed: no pages were free then)
+            self.given_embeddings = self._target_features()
+        return True
+
+    def _target_features(self) -> tuple[tuple[int, torch.Tensor], ...]:
+        """The given features of target inputs not yet computed (none of drafts')."""
+        return tuple((i, rows) for i, rows in self.given_embeddings
+                     if i < self.num_features and i + rows.shape[0] > self.num_computed_tokens)
+
+    def _contiguous_rows(self) -> tuple[int | None, int | None, torch.Tensor | None]:
+        """The last run of handed-over rows without a gap: its first and end positions, and its rows."""
+        if not self.pieces:
+            return None, None, None
+        run = [self.pieces[-1]]
+        for start, rows in reversed(self.pieces[:-1]):
+            if start + rows.shape[0] != run[0][0]:
+                break
+            run.insert(0, (start, rows))
+        end = run[-1][0] + run[-1][1].shape[0]
+        return run[0][0], end, torch.cat([rows for _, rows in run]) if len(run) > 1 else run[0][1]
+
+
+class EagleDrafter(DraftModel):
+    """The scheduler's drafter for `{"method": "eagle"}` and `{"method": "eagle3"}`: the head beside the
+    target, reading its hidden states, with a KV pool of its own (DraftModel's)."""
+
+    def __init__(self, model_dir: str, method: str, num_speculative_tokens: int, target: ModelRunner,
+                 dtype: torch.dtype, device: str, max_positions: int) -> None:
+        """ValueError for a head that cannot draft for `target`'s model."""
+        config = load_head_config(model_dir, method, target.model_config)
+        self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
+        self.runner.model.share(target.model)
+        target.model.captured_layers = config.eagle.target_layers
+        target.hidden_listener = self._take_rows
+
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """`room` greedy drafts for what follows each sequence's tokens, by request id: none for a sequence the
+        head has no hidden states of, or whose drafts find no pages."""
+        rooms: dict[int, int] = {}
+        batch = ScheduledBatch()
+        for seq, room in wanted:
+            eagle = self._draft_sequence(seq)
+            # Pages for its inputs up to its last draft's input (the last draft is no input).
+            if eagle.take_features(seq.num_computed_tokens) and self._reserve(eagle, eagle.num_features + room - 1):
+                self._add(batch, eagle, room, rooms)
+        return self._drafts(batch, rooms)
+
+    def _forward(self, batch: ScheduledBatch) -> tuple[list[EagleSequence], list[int], torch.Tensor]:
+        """Each sampled sequence's greedy draft, and the head's output there: the next draft's feature."""
+        sampled, hidden = self.runner.forward_hidden(batch)
+        outputs = hidden[last_rows(sampled, hidden.device)]
+        return sampled, self.runner.model.draft_tokens(outputs).tolist(), outputs
+
+    def _feed(self, draft: EagleSequence, output: torch.Tensor) -> None:
+        draft.given_embeddings = ((draft.num_tokens - 1, output.unsqueeze(0)),)
+
+    def _draft_sequence(self, seq: Sequence) -> EagleSequence:
+        eagle = self._held.get(seq.request_id)
+        if eagle is None or eagle.owner is not seq:  # (an id used again: none of its KV is this one's)
+            self.forget(seq.request_id)
+            eagle = self._held[seq.request_id] = EagleSequence(seq)
+        return eagle
+
+    def _take_rows(self, seq_rows: list[tuple[Sequence, int, int]], features: torch.Tensor) -> None:
+        """The target runner's hidden states of a step (ModelRunner.hidden_listener): kept for each sequence that
+        may decode, by the positions they were computed at."""
+        kept = [(seq, first, n) for seq, first, n in seq_rows
+                if not seq.is_prefill_only and not seq.sampling_params.embed]
+        if not kept:
+            return
+        features = self.runner.model.combine(features)
+        for seq, first, n in kept:
+            self._draft_sequence(seq).add_rows(seq.num_computed_tokens, features[first:first + n].clone())
