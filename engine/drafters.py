@@ -1,5 +1,5 @@
 """The drafter a config's speculative decoding names: n-gram drafts (engine/speculative.py), a draft model's
-(engine/draft_model.py) or an EAGLE head's (engine/eagle.py)."""
+(engine/draft_model.py), or an EAGLE head's or MTP layer's (engine/eagle.py)."""
 from __future__ import annotations
 
 import torch
@@ -11,16 +11,17 @@ from engine.scheduler import Drafter
 from engine.speculative import NgramDrafter, SpeculativeConfig
 
 
-def make_drafter(speculative: SpeculativeConfig | None, target: ModelRunner, dtype: torch.dtype, device: str,
-                 max_model_len: int) -> Drafter | None:
+def make_drafter(speculative: SpeculativeConfig | None, target: ModelRunner, target_dir: str, dtype: torch.dtype,
+                 device: str, max_model_len: int) -> Drafter | None:
     """None without speculative decoding; a draft model or head is loaded, its weights and all (a head hooked to
-    `target`'s runner, whose hidden states it reads)."""
+    `target`'s runner, whose hidden states it reads; an MTP layer from `target_dir`'s checkpoint unless the config
+    names another directory)."""
     if speculative is None:
         return None
     if speculative.method == "ngram":
         return NgramDrafter(speculative)
-    if speculative.method in ("eagle", "eagle3"):
-        return EagleDrafter(speculative.model, speculative.method, speculative.num_speculative_tokens, target, dtype,
-                            device, max_model_len)
+    if speculative.method in ("eagle", "eagle3", "mtp"):
+        return EagleDrafter(speculative.model or target_dir, speculative.method, speculative.num_speculative_tokens,
+                            target, dtype, device, max_model_len)
     return DraftModel(speculative.model, speculative.num_speculative_tokens, target.model_config, dtype,
                       device, max_model_len)

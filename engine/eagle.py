@@ -30,6 +30,7 @@ from engine.eagle_config import EagleConfig
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
+from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
 from engine.sequence import Sequence
 
 HEAD_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
@@ -76,6 +77,24 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
     return dataclasses.replace(config, architecture=HEAD_ARCHITECTURES[method], eagle=eagle)
 
 
+def load_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
+    """The multi-token prediction layer in `model_dir`'s checkpoint (the target's own, or a copy) as a head
+    drafting for `target`; ValueError where it has none Baton reads."""
+    if target.architecture not in MTP_HEADS:
+        raise ValueError(f"{target.architecture} checkpoints carry no multi-token prediction layer Baton reads "
+                         f"(those of {', '.join(MTP_HEADS)} do)")
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    num_mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
+    if num_mtp_layers != 1:
+        raise ValueError(f"{model_dir}: config.json's num_nextn_predict_layers is {num_mtp_layers}; Baton drafts "
+                         "with a checkpoint's one MTP layer")
+    layer = target.num_layers
+    if f"model.layers.{layer}.eh_proj.weight" not in checkpoint_files(model_dir):
+        raise ValueError(f"{model_dir}: the checkpoint has no MTP layer (model.layers.{layer}.eh_proj.weight); some "
+                         "releases leave it out")
+    return mtp_head_config(target, layer)
+
+
 @dataclass(eq=False)
 class EagleSequence(DraftSequence):
     """A sequence as the head holds it: its EAGLE inputs by index (index j at the owner's position `base` + j: the
@@ -83,6 +102,7 @@ class EagleSequence(DraftSequence):
     drafts'), and the hidden states handed over since that it has not taken in yet (`pieces`: (the owner's
     position of the first, rows))."""
 
+    masks_first: bool = False  # its input at the owner's position 0 is MASKED (an MTP layer's)
     base: int = 0
     num_features: int = 0
     pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
@@ -111,6 +131,8 @@ class EagleSequence(DraftSequence):
         del self.token_ids[self.num_features:]  # its last drafts' inputs
         self.num_computed_tokens = min(self.num_computed_tokens, self.num_features)
         self.token_ids += self.owner.token_ids[next_position + 1:verified + 1]
+        if self.masks_first and next_position == 0:
+            self.token_ids[0] = MASKED
         self.given_embeddings = (*self._target_features(), (self.num_features, rows))
         self.num_features += rows.shape[0]
         self.last_feature = rows[-1:]
@@ -153,7 +175,9 @@ class EagleDrafter(DraftModel):
     def __init__(self, model_dir: str, method: str, num_speculative_tokens: int, target: ModelRunner,
                  dtype: torch.dtype, device: str, max_positions: int) -> None:
         """ValueError for a head that cannot draft for `target`'s model."""
-        config = load_head_config(model_dir, method, target.model_config)
+        config = load_mtp_config(model_dir, target.model_config) if method == "mtp" else \
+            load_head_config(model_dir, method, target.model_config)
+        self._masks_first = method == "mtp"  # the first position's embedding: engine/models/mtp.py
         self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
         self.runner.model.share(target.model)
         target.model.captured_layers = config.eagle.target_layers
@@ -184,7 +208,7 @@ class EagleDrafter(DraftModel):
         eagle = self._held.get(seq.request_id)
         if eagle is None or eagle.owner is not seq:  # (an id used again: none of its KV is this one's)
             self.forget(seq.request_id)
-            eagle = self._held[seq.request_id] = EagleSequence(seq)
+            eagle = self._held[seq.request_id] = EagleSequence(seq, masks_first=self._masks_first)
         return eagle
 
     def _take_rows(self, seq_rows: list[tuple[Sequence, int, int]], features: torch.Tensor) -> None:

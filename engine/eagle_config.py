@@ -1,15 +1,16 @@
-"""What an EAGLE draft head's directory says of it (vLLM's `{"method": "eagle"}` and `{"method": "eagle3"}`:
-engine/eagle.py drafts with it, engine/models/eagle.py computes it)."""
+"""What an EAGLE draft head's directory says of it (vLLM's `{"method": "eagle"}` and `{"method": "eagle3"}`), or of
+a checkpoint's multi-token prediction layer (`{"method": "mtp"}`): engine/eagle.py drafts with them,
+engine/models/eagle.py and engine/models/mtp.py compute them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("eagle", "eagle3")
-
 
 @dataclass(frozen=True)
 class EagleConfig:
-    method: str  # "eagle" (EAGLE-1: the target's last hidden states) or "eagle3" (three of its layers' inputs)
+    # "eagle" (EAGLE-1: the target's last hidden states), "eagle3" (three of its layers' inputs) or "mtp" (a
+    # multi-token prediction layer of the target's checkpoint: engine/models/mtp.py)
+    method: str
     draft_vocab_size: int  # EAGLE-3's own LM head's rows, each a target token (`d2t`); the target's vocabulary else
     target_hidden_size: int  # the width of each target hidden state it reads
     # Tensors its checkpoint holds: EAGLE-1's fc bias; EAGLE-3's own embeddings, LM head and draft-to-target ids
@@ -23,3 +24,4 @@ class EagleConfig:
     target_layers: tuple[int, ...] = ()
     norm_before_residual: bool = False
     first_layer_name: str = "layers.0."  # EAGLE-3's releases name it "midlayer."
+    mtp_layer: int = 0  # an MTP head's layer's index in the checkpoint (the target's layer count)

@@ -72,7 +72,7 @@ class LLMEngine:
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now
         # Made before the pools are sized, so that a draft model's weights are in memory by then.
-        drafter = make_drafter(config.speculative, self.runner, dtype, config.device, self.max_model_len)
+        drafter = make_drafter(config.speculative, self.runner, config.model, dtype, config.device, self.max_model_len)
         draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
         pool_bytes = config.kv_cache_memory_bytes
         if pool_bytes is None and config.gpu_memory_utilization is not None and config.device.startswith("cuda"):

@@ -1,7 +1,7 @@
 """Speculative decoding, as vLLM's --speculative-config: n-gram (prompt lookup) drafts
 (`{"method": "ngram"}`), a small draft model's (`{"method": "draft_model", "model": DIR}`:
-engine/draft_model.py) or an EAGLE head's, reading the target's hidden states (`{"method": "eagle" or
-"eagle3", "model": DIR}`: engine/eagle.py).
+engine/draft_model.py), or an EAGLE head's or the checkpoint's multi-token prediction layer's, reading the
+target's hidden states (`{"method": "eagle" or "eagle3", "model": DIR}`, `{"method": "mtp"}`: engine/eagle.py).
 
 With n-gram drafts, a decoding sequence whose last tokens appeared earlier in it is guessed to go
 on as it went on there. Either way, up to `num_speculative_tokens` drafts are appended for one
@@ -22,8 +22,10 @@ import numpy as np
 if TYPE_CHECKING:
     from engine.sequence import Sequence
 
-METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3"})  # those that draft with a model directory
+# vLLM's older names of its "mtp" method, one a model family
+MTP_ALIASES = frozenset({"deepseek_mtp", "glm4_moe_mtp"})
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,12 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4  # the longest suffix looked up (ngram)
     prompt_lookup_min: int = 1  # ... and the shortest
     method: str = "ngram"
-    model: str | None = None  # the draft model's or EAGLE head's directory
+    model: str | None = None  # the draft model's or EAGLE head's directory (mtp: the target's, if given)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r} is not supported; supported: {', '.join(METHODS)}")
-        if (self.method in MODEL_METHODS) != (self.model is not None):
+        if (self.method in MODEL_METHODS) != (self.model is not None) and self.method != "mtp":
             raise ValueError(f"{self.method} drafts need the draft's directory as model" if self.model is None
                              else f"{self.method} drafts take no model")
         if self.num_speculative_tokens < 1:
@@ -64,6 +66,8 @@ class SpeculativeConfig:
                        model=str(given["model"]))
         if "method" not in given or "num_speculative_tokens" not in given:
             raise ValueError("speculative config needs method and num_speculative_tokens")
+        if given["method"] in MTP_ALIASES:
+            given = {**given, "method": "mtp"}
         lookup_max = int(given.get("prompt_lookup_max") or given.get("prompt_lookup_min") or 4)
         lookup_min = int(given.get("prompt_lookup_min") or min(lookup_max, 1))
         return cls(num_speculative_tokens=int(given["num_speculative_tokens"]), prompt_lookup_max=lookup_max,

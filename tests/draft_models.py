@@ -97,3 +97,37 @@ def eagle_replica(model_dir, target_dir, head_dir):
     shutil.copy(target_dir / "config.json", head_dir / "config.json")
     save_file(head, head_dir / "model.safetensors")
     return target_dir, head_dir
+
+
+def with_mtp_layer(model_dir, target_dir, seed: int = 0):
+    """A copy of a DeepSeek-V3 or GLM-4.5 checkpoint with the multi-token prediction layer their releases carry
+    past the last (num_nextn_predict_layers 1): its decoder layer shaped as the last one, random, beside `enorm`,
+    `hnorm`, `eh_proj`, `shared_head` and a copy of the embeddings, under the names DeepSeek-V3 gives them."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    last, mtp = config["num_hidden_layers"] - 1, config["num_hidden_layers"]
+    config["num_nextn_predict_layers"] = 1
+    (target_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(target_dir / "model.safetensors")
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config["hidden_size"]
+
+    def like(t):
+        if t.dim() == 1:  # norms about one, biases about nothing
+            return (t.mean() + 0.1 * torch.randn(t.shape, generator=generator)).to(t.dtype)
+        return (torch.randn(t.shape, generator=generator) / t.shape[-1] ** 0.5).to(t.dtype)
+
+    for name, t in list(tensors.items()):
+        if name.startswith(f"model.layers.{last}."):
+            tensors[name.replace(f"model.layers.{last}.", f"model.layers.{mtp}.", 1)] = like(t)
+    p = f"model.layers.{mtp}."
+    norm = tensors["model.norm.weight"]
+    tensors |= {p + "enorm.weight": like(norm), p + "hnorm.weight": like(norm),
+                p + "eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=generator) / (2 * hidden) ** 0.5,
+                p + "shared_head.norm.weight": like(norm),
+                p + "shared_head.head.weight": tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"]),
+                p + "embed_tokens.weight": tensors["model.embed_tokens.weight"]}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir

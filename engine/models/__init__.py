@@ -11,6 +11,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.modernbert import ModernBertModel
+from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 
@@ -40,6 +41,8 @@ MODEL_REGISTRY = {
     # EAGLE draft heads, read only as a speculative config's (engine/eagle.py): no model of their own.
     "EagleLlamaForCausalLM": EagleLlamaForCausalLM,
     "Eagle3LlamaForCausalLM": Eagle3LlamaForCausalLM,
+    "DeepseekV3MTP": DeepseekV3MTP,  # and the multi-token prediction layers of these checkpoints (engine/models/mtp.py)
+    "Glm4MoeMTP": Glm4MoeMTP,
     # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
     "BertModel": BertModel,
     "RobertaModel": BertModel,

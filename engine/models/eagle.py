@@ -91,7 +91,7 @@ class EagleLlamaForCausalLM(LlamaForCausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
-        x = self.kernels.linear(torch.cat((F.embedding(input_ids, self.embed), _features(given, input_ids)), dim=-1),
+        x = self.kernels.linear(torch.cat((F.embedding(input_ids, self.embed), features_of(given, input_ids)), dim=-1),
                                 self.fc_weight, self.fc_bias)
         for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, self._ropes(positions)):
             x = layer(x, cos, sin, kv_cache, meta)
@@ -158,7 +158,7 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
         ropes = iter(self._ropes(positions))
         cos, sin = next(ropes)
-        x = self.layers[0](F.embedding(input_ids, self.embed), _features(given, input_ids), cos, sin, kv_caches[0],
+        x = self.layers[0](F.embedding(input_ids, self.embed), features_of(given, input_ids), cos, sin, kv_caches[0],
                            meta)
         for layer, kv_cache, (cos, sin) in zip(self.layers[1:], kv_caches[1:], ropes):
             x = layer(x, cos, sin, kv_cache, meta)
@@ -209,7 +209,7 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
             target.copy_(tensor)
 
 
-def _features(given: GivenEmbeddings | None, input_ids: torch.Tensor) -> torch.Tensor:
+def features_of(given: GivenEmbeddings | None, input_ids: torch.Tensor) -> torch.Tensor:
     """Each row's feature, in row order: every row of an EAGLE head's step has one."""
     if given is None or given.rows.numel() != input_ids.shape[0]:
         raise ValueError("every row of an EAGLE head's step needs its feature")

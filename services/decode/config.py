@@ -196,7 +196,9 @@ class DecodeServiceConfig:
                                  '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'), a draft model\'s '
                                  '(\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}\') or an '
                                  'EAGLE head\'s (\'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}\', '
-                                 'or "eagle"); the same tokens come out, in fewer steps where the drafts are right '
+                                 'or "eagle") or the checkpoint\'s MTP layer\'s (\'{"method": "mtp", '
+                                 '"num_speculative_tokens": 1}\'); the same tokens come out, in fewer steps where the '
+                                 'drafts are right '
                                  f'(${ENV_SPECULATIVE_CONFIG})')
         add_limit_flags(parser, env)
         add_registry_flags(parser, env, env_instance_id=ENV_INSTANCE_ID)

@@ -103,9 +103,10 @@ def add_up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--speculative-config", metavar="JSON",
                     help='every decode worker\'s speculative decoding, as vLLM\'s: {"method": "ngram", '
                          '"num_speculative_tokens": 4}, {"method": "draft_model", "model": DIR, '
-                         '"num_speculative_tokens": 3} or an EAGLE head\'s, {"method": "eagle3" (or "eagle"), '
-                         '"model": DIR, "num_speculative_tokens": 3} (default $BATON_DECODE_SPECULATIVE_CONFIG, '
-                         'else none)')
+                         '"num_speculative_tokens": 3}, an EAGLE head\'s, {"method": "eagle3" (or "eagle"), '
+                         '"model": DIR, "num_speculative_tokens": 3}, or a DeepSeek-V3 or GLM-4.5 checkpoint\'s '
+                         'MTP layer\'s, {"method": "mtp", "num_speculative_tokens": 1} (default '
+                         '$BATON_DECODE_SPECULATIVE_CONFIG, else none)')
     up.add_argument("--kv-events-config", metavar="JSON",
                     help='every prefill and decode worker\'s, vLLM\'s: publish its prefix cache\'s changes over '
                          'ZeroMQ for a KV-aware router, e.g. {"enable_kv_cache_events": true, "endpoint": '

@@ -31,6 +31,9 @@ def test_the_config_reads_vllms_keys_and_refuses_what_it_does_not_serve():
         SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="eagle drafts need the draft's directory as model"):
         SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 2})
+    for mtp in ("mtp", "deepseek_mtp", "glm4_moe_mtp"):  # vLLM's names, old and new; the target's own layer
+        assert SpeculativeConfig.from_dict({"method": mtp, "num_speculative_tokens": 1}) == \
+            SpeculativeConfig(num_speculative_tokens=1, method="mtp")
     with pytest.raises(ValueError, match="ngram drafts take no model"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "model": "x"})
     with pytest.raises(ValueError, match="unknown keys \\['draft_tensor_parallel_size'\\]"):

@@ -1,0 +1,117 @@
+"""Multi-token prediction layers as draft heads: the layer past the last that DeepSeek-V3 (R1, V3.1) and
+GLM-4.5/4.6 checkpoints carry, trained to predict the token after next (vLLM's `{"method": "mtp"}`, once
+`deepseek_mtp`; engine/eagle.py drafts with it as with an EAGLE head).
+
+At position q the layer reads the token at q + 1 and the target's last hidden state at q (normed), each
+normed again (`enorm`, `hnorm`), joined by `eh_proj`, through one decoder layer of the target's own kind
+(multi-head latent attention and experts for DeepSeek); its output, normed by `shared_head.norm`, makes logits
+through `shared_head.head`, and is itself the next draft's hidden state. The first position's embedding is
+zeroed, as vLLM's layer zeroes it (the head is handed the token id MASKED there).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention_metadata import AttentionMetadata
+from engine.eagle_config import EagleConfig
+from engine.model_config import ModelConfig
+from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from engine.models.eagle import features_of
+from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.llama_layers import KVCache
+from engine.models.parameters import empty_param
+from engine.prompt_embeds import GivenEmbeddings
+from kernels.registry import Kernels
+
+MASKED = -1  # the input id of a position whose embedding the layer zeroes
+
+
+class _MultiTokenPredictor:
+    """The MTP layer over a target model class's decoder layer (mixed in before that class). Its ModelConfig is
+    the target's with one layer, and EagleConfig.mtp_layer that layer's index in the checkpoint."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        self._checkpoint_layer = config.eagle.mtp_layer  # (read as the layer is made)
+        super().__init__(config, kernels, dtype, max_positions)
+        hidden = config.hidden_size
+        self.enorm = empty_param(hidden, dtype=dtype)
+        self.hnorm = empty_param(hidden, dtype=dtype)
+        self.eh_proj = empty_param(hidden, 2 * hidden, dtype=dtype)
+
+    def _is_sparse(self, layer: int) -> bool:
+        return self.config.moe.is_sparse(self._checkpoint_layer)  # its place in the target's stack says
+
+    def share(self, target) -> None:
+        """Its embeddings and head are its own (the checkpoint's copies)."""
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:
+        return features  # the target's last hidden states, as they are
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
+        embedded = F.embedding(input_ids.clamp(min=0), self.embed)
+        embedded = embedded.masked_fill((input_ids == MASKED).unsqueeze(-1), 0.0)
+        eps, norm = self.config.rms_norm_eps, self.kernels.rms_norm
+        x = self.kernels.linear(torch.cat((norm(embedded, self.enorm, eps), norm(features_of(given, input_ids),
+                                                                                   self.hnorm, eps)), dim=-1),
+                                self.eh_proj)
+        cos, sin = next(iter(self._ropes(positions)))
+        return self.layers[0](x, cos, sin, kv_caches[0], meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.kernels.linear(self.kernels.rms_norm(hidden, self.norm, self.config.rms_norm_eps),
+                                   self.lm_head).float()
+
+    def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(hidden).argmax(dim=-1)
+
+    def _own_names(self) -> dict[str, torch.Tensor]:
+        p = f"model.layers.{self._checkpoint_layer}."
+        return {p + "enorm.weight": self.enorm, p + "hnorm.weight": self.hnorm, p + "eh_proj.weight": self.eh_proj,
+                p + "shared_head.norm.weight": self.norm, p + "shared_head.head.weight": self.lm_head,
+                p + "embed_tokens.weight": self.embed}
+
+    def checkpoint_names(self) -> list[str]:
+        layer = [name.replace("model.layers.0.", f"model.layers.{self._checkpoint_layer}.", 1)
+                 for name in super().checkpoint_names() if name.startswith("model.layers.0.")]
+        return [*self._own_names(), *layer]
+
+    def is_unused_tensor(self, name: str) -> bool:
+        return not name.startswith(f"model.layers.{self._checkpoint_layer}.")  # the target's own tensors
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        own, prefix = self._own_names(), f"model.layers.{self._checkpoint_layer}."
+
+        def the_layer() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in tensors:
+                if name in own:
+                    if own[name].shape != tensor.shape:
+                        raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected "
+                                         f"{tuple(own[name].shape)}")
+                    own[name].data.copy_(tensor)
+                else:
+                    yield "model.layers.0." + name.removeprefix(prefix), tensor
+        super().load_weights(the_layer())
+
+
+class DeepseekV3MTP(_MultiTokenPredictor, DeepseekV3ForCausalLM):
+    pass
+
+
+class Glm4MoeMTP(_MultiTokenPredictor, Glm4MoeForCausalLM):
+    pass
+
+
+# The target architectures whose checkpoints carry MTP layers, and the head each makes.
+MTP_HEADS = {"DeepseekV3ForCausalLM": "DeepseekV3MTP", "Glm4MoeForCausalLM": "Glm4MoeMTP"}
+
+
+def mtp_head_config(target: ModelConfig, mtp_layer: int) -> ModelConfig:
+    """The head's ModelConfig: the target's, of the one layer at `mtp_layer` in its checkpoint."""
+    return dataclasses.replace(target, architecture=MTP_HEADS[target.architecture], num_layers=1,
+                               rope_layers=frozenset({0}), sliding_layers=frozenset(), tie_word_embeddings=False,
+                               eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size, mtp_layer=mtp_layer))

@@ -1,0 +1,128 @@
+"""Speculative decoding with a checkpoint's multi-token prediction layer (engine/models/mtp.py), vLLM's
+`{"method": "mtp"}` (`deepseek_mtp`): for DeepSeek-V3 and GLM-4.5, the drafts are the layer's as transformers'
+own decoder layer of the model computes it from transformers' hidden states of the target, and the tokens are
+plain decoding's; a checkpoint without the layer is refused."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.speculative import SpeculativeConfig
+from tests.draft_models import with_mtp_layer
+from tests.unit.test_draft_model import _run
+from tests.unit.test_speculative import assert_same_outputs
+
+MODELS = ["deepseek-v3", "glm4-moe"]
+MTP = SpeculativeConfig.from_dict({"method": "deepseek_mtp", "num_speculative_tokens": 3})
+PROMPTS = [[5, 6, 7, 8] * 30, list(range(10, 60)), [9] * 5]  # the tiny models' vocabulary: 512 tokens
+PARAMS = [
+    SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=40, temperature=0.8, seed=3, top_p=0.9, top_k=50, repetition_penalty=1.2,
+                   presence_penalty=0.3, logprobs=2, ignore_eos=True),
+    SamplingParams(max_tokens=33, temperature=0.0, min_tokens=10, stop_token_ids=(439, 130), logprobs=0),
+]
+
+
+@pytest.fixture(scope="module")
+def mtp_models(tiny_model_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    return {name: with_mtp_layer(tiny_model_dirs[name], root / name) for name in MODELS}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_checkpoints_mtp_layer_changes_how_many_tokens_a_step_makes_never_which(mtp_models, name):
+    plain, _, _ = _run(mtp_models[name], None, PROMPTS, PARAMS, max_num_batched_tokens=32)
+    drafted, scheduler, _ = _run(mtp_models[name], MTP, PROMPTS, PARAMS, max_num_batched_tokens=32)
+    assert_same_outputs(drafted, plain)
+    assert scheduler.drafting.num_draft_tokens > 0
+
+
+def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int]:
+    """The MTP layer's greedy drafts after the prompt and the target's first token, as vLLM's layer computes them,
+    with transformers' decoder layer of the model (its attention, experts and RoPE) and transformers' hidden states
+    of the target: at position q, the token at q + 1 (zeroed at position 0) and the target's last, normed hidden
+    state at q, each normed, joined by eh_proj, through the layer; its output normed by shared_head.norm makes the
+    logits, and is the next draft's hidden state."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+    from transformers.models.glm4_moe import modeling_glm4_moe as glm
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config._attn_implementation = "eager"
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = target(torch.tensor([prompt]), output_hidden_states=True)
+    modeling = deepseek if config.model_type == "deepseek_v3" else glm
+    prefix = "DeepseekV3" if config.model_type == "deepseek_v3" else "Glm4Moe"
+    mtp = config.num_hidden_layers
+    tensors = {name.removeprefix(f"model.layers.{mtp}."): t for name, t in load_file(
+        model_dir / "model.safetensors").items() if name.startswith(f"model.layers.{mtp}.")}
+    layer = getattr(modeling, f"{prefix}DecoderLayer")(config, mtp)
+    own = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.")
+    state = {name: t for name, t in tensors.items() if not name.startswith(own + ("mlp.experts.",))}
+    experts = range(config.n_routed_experts)  # transformers holds them fused: [E, gate + up, in], [E, out, in]
+    state["mlp.experts.gate_up_proj"] = torch.stack([torch.cat((tensors[f"mlp.experts.{e}.gate_proj.weight"],
+                                                                tensors[f"mlp.experts.{e}.up_proj.weight"]))
+                                                     for e in experts])
+    state["mlp.experts.down_proj"] = torch.stack([tensors[f"mlp.experts.{e}.down_proj.weight"] for e in experts])
+    layer.load_state_dict(state)
+    rope = getattr(modeling, f"{prefix}RotaryEmbedding")(config)
+
+    def rms(x, weight):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
+        return weight * x
+
+    features = out.hidden_states[-1][0]  # the target's last hidden states, normed
+    tokens = prompt[1:] + [int(out.logits[0, -1].argmax())]
+    drafts = []
+    with torch.no_grad():
+        for _ in range(num_drafts):
+            n = len(tokens)
+            embedded = tensors["embed_tokens.weight"][torch.tensor(tokens)].clone()
+            embedded[0] = 0.0  # position 0
+            x = torch.cat((rms(embedded, tensors["enorm.weight"]), rms(features, tensors["hnorm.weight"])), dim=-1)
+            x = (x @ tensors["eh_proj.weight"].T)[None]
+            positions = torch.arange(n)[None]
+            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+            output = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope(x, positions))[0]
+            logits = rms(output[-1], tensors["shared_head.norm.weight"]) @ tensors["shared_head.head.weight"].T
+            token = int(logits.argmax())
+            drafts.append(token)
+            tokens.append(token)
+            features = torch.cat((features, output[-1:]))
+    return drafts
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("length", [37, 3])  # a short one: its first position weighs in every draft
+def test_the_mtp_layers_drafts_are_its_layer_computed_by_transformers(mtp_models, name, length):
+    prompt = [(13 * j) % 400 + 5 for j in range(length)]
+    engine = LLMEngine(EngineConfig(model=str(mtp_models[name]), num_kv_blocks=64, max_num_batched_tokens=16,
+                                    speculative=MTP))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    engine.step()
+    seq = engine.scheduler.running[0]
+    while seq.num_uncomputed_tokens > 1:  # the prompt, in chunks of 16, then its first token sampled
+        engine.step()
+    assert engine.scheduler.drafter.propose([(seq, 3)])["r"] == _reference_drafts(mtp_models[name], prompt, 3)
+
+
+def test_a_checkpoint_without_an_mtp_layer_is_refused(tiny_model_dirs, mtp_models, tmp_path):
+    # GLM-4.5's config says it has one; the checkpoint, as some releases are, leaves it out
+    with pytest.raises(ValueError, match=r"the checkpoint has no MTP layer \(model.layers.3.eh_proj.weight\)"):
+        LLMEngine(EngineConfig(model=str(tiny_model_dirs["glm4-moe"]), num_kv_blocks=32, speculative=MTP))
+    with pytest.raises(ValueError, match="LlamaForCausalLM checkpoints carry no multi-token prediction layer"):
+        LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama-gqa-untied"]), num_kv_blocks=32, speculative=MTP))
+    several = tmp_path / "several"
+    shutil.copytree(mtp_models["deepseek-v3"], several)
+    config = json.loads((several / "config.json").read_text())
+    (several / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 2}))
+    with pytest.raises(ValueError, match="num_nextn_predict_layers is 2; Baton drafts with a checkpoint's one"):
+        LLMEngine(EngineConfig(model=str(several), num_kv_blocks=32, speculative=MTP))
