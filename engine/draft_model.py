@@ -69,6 +69,8 @@ class DraftModel:
     """The scheduler's drafter for `{"method": "draft_model"}`: a model beside the target, with a KV
     pool of its own (`allocate_kv_pool`: as many pages as the target's, of the same size)."""
 
+    reads_served_checkpoint = False  # its weights are the served checkpoint's: read again when it changes
+
     def __init__(self, model_dir: str, num_speculative_tokens: int, target: ModelConfig, dtype: torch.dtype,
                  device: str, max_positions: int) -> None:
         """ValueError for a directory that cannot draft for `target`."""

@@ -22,6 +22,6 @@ def make_drafter(speculative: SpeculativeConfig | None, target: ModelRunner, tar
         return NgramDrafter(speculative)
     if speculative.method in ("eagle", "eagle3", "mtp"):
         return EagleDrafter(speculative.model or target_dir, speculative.method, speculative.num_speculative_tokens,
-                            target, dtype, device, max_model_len)
+                            target, dtype, device, max_model_len, reads_served_checkpoint=speculative.model is None)
     return DraftModel(speculative.model, speculative.num_speculative_tokens, target.model_config, dtype,
                       device, max_model_len)

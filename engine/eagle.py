@@ -1,5 +1,6 @@
 """Speculative drafts from an EAGLE head, as vLLM's `{"method": "eagle", "model": DIR}` and
-`{"method": "eagle3", "model": DIR}` (the head: engine/models/eagle.py).
+`{"method": "eagle3", "model": DIR}` (the head: engine/models/eagle.py), or from a checkpoint's multi-token
+prediction layer, `{"method": "mtp"}` (engine/models/mtp.py), which drafts alike.
 
 The head drafts from the target's own hidden states: its input at position q is the token at q + 1 and
 the target's hidden state at q (EAGLE-3's: three layers' inputs there, through `fc`), and its output there
@@ -169,15 +170,17 @@ class EagleSequence(DraftSequence):
 
 
 class EagleDrafter(DraftModel):
-    """The scheduler's drafter for `{"method": "eagle"}` and `{"method": "eagle3"}`: the head beside the
-    target, reading its hidden states, with a KV pool of its own (DraftModel's)."""
+    """The scheduler's drafter for `{"method": "eagle"}`, `{"method": "eagle3"}` and `{"method": "mtp"}`: the head
+    beside the target, reading its hidden states, with a KV pool of its own (DraftModel's)."""
 
     def __init__(self, model_dir: str, method: str, num_speculative_tokens: int, target: ModelRunner,
-                 dtype: torch.dtype, device: str, max_positions: int) -> None:
-        """ValueError for a head that cannot draft for `target`'s model."""
+                 dtype: torch.dtype, device: str, max_positions: int, reads_served_checkpoint: bool = False) -> None:
+        """ValueError for a head that cannot draft for `target`'s model. `reads_served_checkpoint`: `model_dir` is
+        the checkpoint the target serves (an MTP layer's), whose weight updates it reads too."""
         config = load_mtp_config(model_dir, target.model_config) if method == "mtp" else \
             load_head_config(model_dir, method, target.model_config)
         self._masks_first = method == "mtp"  # the first position's embedding: engine/models/mtp.py
+        self.reads_served_checkpoint = reads_served_checkpoint
         self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
         self.runner.model.share(target.model)
         target.model.captured_layers = config.eagle.target_layers

@@ -202,7 +202,8 @@ class LLMEngine:
         number of blocks forgotten. None, nothing changed, while any request holds pages. ValueError
         for a directory whose model is not this one's shape (its dtype on disk may differ); a checkpoint
         that fails part way through is raised after the one served before is read back. LoRA adapters
-        and a draft model stay as they are."""
+        and a draft model stay as they are; a multi-token prediction layer drafting from the served
+        checkpoint is read from the new one too."""
         return weight_update.update_weights(self, model_dir)
 
     def reload_weights(self) -> None:

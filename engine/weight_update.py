@@ -38,6 +38,8 @@ def update_weights(engine: LLMEngine, model_dir: str | Path) -> int | None:
 def reload_weights(engine: LLMEngine) -> None:
     """`LLMEngine.reload_weights`: the served checkpoint (`weights_dir`) read into the model again."""
     engine.runner.load_weights(engine.weights_dir)
+    if engine.draft_model is not None and engine.draft_model.reads_served_checkpoint:  # its MTP layer is in it
+        engine.draft_model.runner.load_weights(engine.weights_dir)
     if engine.model_config.classifier_tokens:  # made from the LM head's rows, which have changed
         engine.runner.model.make_classifier(vocabulary_ids(engine.model_config.classifier_tokens, engine.tokenizer))
     engine.released_memory.discard("weights")

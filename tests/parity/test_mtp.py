@@ -106,12 +106,29 @@ def test_the_mtp_layers_drafts_are_its_layer_computed_by_transformers(mtp_models
     prompt = [(13 * j) % 400 + 5 for j in range(length)]
     engine = LLMEngine(EngineConfig(model=str(mtp_models[name]), num_kv_blocks=64, max_num_batched_tokens=16,
                                     speculative=MTP))
+    assert _first_drafts(engine, prompt) == _reference_drafts(mtp_models[name], prompt, 3)
+
+
+def _first_drafts(engine: LLMEngine, prompt: list[int]) -> list[int]:
+    """The three drafts the engine's MTP layer makes after the prompt (in chunks of 16) and its first token."""
     engine.add_request("r", prompt, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
     engine.step()
     seq = engine.scheduler.running[0]
-    while seq.num_uncomputed_tokens > 1:  # the prompt, in chunks of 16, then its first token sampled
+    while seq.num_uncomputed_tokens > 1:
         engine.step()
-    assert engine.scheduler.drafter.propose([(seq, 3)])["r"] == _reference_drafts(mtp_models[name], prompt, 3)
+    return engine.scheduler.drafter.propose([(seq, 3)])["r"]
+
+
+def test_a_weight_update_brings_the_new_checkpoints_mtp_layer(tiny_model_dirs, mtp_models, tmp_path):
+    """SGLang's update_weights_from_disk: the MTP layer drafting from the served checkpoint is read from the next
+    (here the same model with another MTP layer)."""
+    served = mtp_models["deepseek-v3"]
+    following = with_mtp_layer(tiny_model_dirs["deepseek-v3"], tmp_path / "next", seed=5)
+    prompt = [(13 * j) % 400 + 5 for j in range(20)]
+    engine = LLMEngine(EngineConfig(model=str(served), num_kv_blocks=64, speculative=MTP))
+    assert engine.update_weights(following) is not None
+    assert _first_drafts(engine, prompt) == _reference_drafts(following, prompt, 3) != \
+        _reference_drafts(served, prompt, 3)
 
 
 def test_a_checkpoint_without_an_mtp_layer_is_refused(tiny_model_dirs, mtp_models, tmp_path):
