@@ -8,6 +8,7 @@ and they add up to the worker's counters."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 
 import httpx
@@ -15,9 +16,10 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
+from engine.demo_model import make_demo_model
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.draft_models import eagle_replica, first_layers_copy
+from tests.draft_models import eagle_replica, first_layers_copy, with_mtp_layer
 from tests.services.gateway.mesh import start_mesh, stop_mesh
 
 MAX_TOKENS = 48
@@ -98,6 +100,44 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
         drafts = _counter(metrics, "baton_spec_decode_num_drafts_total")
         assert decode["avg_spec_accept_length"] == pytest.approx(1 + accepted / drafts)  # SGLang's figure
         mesh.assert_decode_pools_free()
+    finally:
+        assert all(code == 0 for code in stop_mesh(mesh).values())
+
+
+def test_a_deepseek_checkpoints_mtp_layer_drafts_on_the_decode_workers(tmp_path):
+    """`{"method": "mtp"}` on decode workers serving DeepSeek-V3 (latent attention and experts, in the MTP layer
+    too): streams equal plain decoding whether the prompt was prefilled on the decode worker (the layer's context
+    its own) or on a prefill worker (from the decode worker's first token); the layer drafts (its random weights
+    are seldom right)."""
+    from tests.parity.conftest import make_tiny_model
+
+    model = with_mtp_layer(make_tiny_model(tmp_path / "deepseek", "deepseek-v3"), tmp_path / "deepseek-mtp")
+    tokenizer = make_demo_model(tmp_path / "tokenizer", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                vocab_size=512)  # its tokenizer: 512 tokens, as the model's vocabulary
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, model / name)
+    short, long = [5, 6, 7, 8] * 5, [40 + (i * 7) % 60 for i in range(300)]  # prefilled on decode; on prefill
+    engine = LLMEngine(EngineConfig(model=str(model), num_kv_blocks=128))
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
+    expected = {len(p): [out for out in engine.generate([p], params) if out.finished][0].token_ids
+                for p in (short, long)}
+    metrics_port = _free_port()
+    mesh = start_mesh(model, num_prefill=1, num_decode=1, decode_args=(
+        "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2}),
+        "--metrics-port", str(metrics_port), "--kv-blocks", "64"))  # as many pages as the context of 1024 tokens
+    try:
+        with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
+            for prompt in (short, long):
+                made = []
+                for chunk in client.completions.create(
+                        model=mesh.model_name, prompt=prompt, max_tokens=MAX_TOKENS, stream=True, logprobs=0,
+                        temperature=0.0, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}):
+                    if chunk.choices and chunk.choices[0].logprobs is not None:
+                        made += [int(t.removeprefix("token_id:")) for t in chunk.choices[0].logprobs.tokens]
+                assert made == expected[len(prompt)], len(prompt)
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert _counter(metrics, "baton_spec_decode_num_draft_tokens_total") > 0
+        mesh.assert_decode_pools_free(num_tokens=1023)
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
 
