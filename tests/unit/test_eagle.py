@@ -78,6 +78,39 @@ def test_a_head_that_computes_its_target_has_most_drafts_taken(tiny_demo_model, 
     assert drafted_steps < 0.75 * plain_steps
 
 
+def test_a_head_keeps_drafting_through_prefix_hits_and_gives_its_pages_back_on_abort(tiny_demo_model, tmp_path):
+    """A prompt whose prefix the cache serves: the head's context starts after it (no hidden states before), and
+    the tokens are still plain decoding's; an aborted request's head pages come back."""
+    replica, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
+    prefix = [(11 * j) % 900 + 5 for j in range(64)]
+    prompts = {"first": prefix + [7, 8, 9], "second": prefix + [10, 11, 12, 13]}
+    expected = {}
+    for request_id, prompt in prompts.items():  # each alone: no cache between them
+        plain = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64))
+        plain.add_request(request_id, prompt, GREEDY)
+        expected[request_id] = finish(plain)[request_id].token_ids
+    engine = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64, speculative=_config(head, "eagle")))
+    drafter = engine.scheduler.drafter
+    made = {}
+    for request_id, prompt in prompts.items():  # in turn: the second's prefix served from the cache
+        engine.add_request(request_id, prompt, GREEDY)
+        out = finish(engine)[request_id]
+        made[request_id] = out.token_ids
+    assert out.num_cached_tokens == 64
+    assert made == expected
+    assert drafter.num_free_blocks == drafter.num_blocks
+    accepted = engine.scheduler.drafting.num_accepted_tokens
+    assert accepted > 0
+    engine.add_request("aborted", list(range(30, 90)), SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    assert drafter.num_free_blocks < drafter.num_blocks
+    engine.abort("aborted")
+    engine.step()
+    assert drafter.num_free_blocks == drafter.num_blocks
+    assert_clean(engine)
+
+
 def _transformers_target(target_dir):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, attn_implementation="eager")
