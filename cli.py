@@ -83,9 +83,11 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="the KV pages' dtype: auto (the compute dtype), or fp8, fp8_e4m3, fp8_e5m2 (one byte a "
                           "number), as vLLM's")
     gen.add_argument("--speculative-config", metavar="JSON",
-                     help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": 4} or '
-                          '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3} (the same tokens, '
-                          "in fewer steps where the drafts are right)")
+                     help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": 4}, '
+                          '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}, an EAGLE head\'s '
+                          '({"method": "eagle3" or "eagle", "model": DIR, ...}) or the checkpoint\'s MTP layer\'s '
+                          '({"method": "mtp", "num_speculative_tokens": 1}): the same tokens, in fewer steps where the '
+                          "drafts are right")
     gen.add_argument("--hf-overrides", metavar="JSON", help="config.json keys replaced, as vLLM's --hf-overrides")
     gen.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                      help="split the model's heads and MLP width across N processes on this host, as vLLM's "
