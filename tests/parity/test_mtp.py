@@ -44,6 +44,14 @@ def test_the_checkpoints_mtp_layer_changes_how_many_tokens_a_step_makes_never_wh
     assert scheduler.drafting.num_draft_tokens > 0
 
 
+def test_a_target_split_across_ranks_drafts_with_its_mtp_layer_on_rank_0(mtp_models):
+    """The layer reads rank 0's hidden states (whole after each layer's sum) and computes unsplit beside the ranks."""
+    plain, _, _ = _run(mtp_models["deepseek-v3"], None, PROMPTS[:2], PARAMS[:2])
+    drafted, scheduler, _ = _run(mtp_models["deepseek-v3"], MTP, PROMPTS[:2], PARAMS[:2], tensor_parallel_size=2)
+    assert_same_outputs(drafted, plain)
+    assert scheduler.drafting.num_draft_tokens > 0
+
+
 def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int]:
     """The MTP layer's greedy drafts after the prompt and the target's first token, as vLLM's layer computes them,
     with transformers' decoder layer of the model (its attention, experts and RoPE) and transformers' hidden states
