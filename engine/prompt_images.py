@@ -298,16 +298,14 @@ def _check_videos(engine: LLMEngine, vision: VisionConfig, videos: Sequence[Imag
 
 
 def _check_rows(engine: LLMEngine, vision: VisionConfig, image: ImageRows) -> None:
-    """ValueError for rows that are not as many as its tokens, each of the text model's width, in floats, or for
-    a model whose images give more than the rows its tokens take (Qwen3-VL's DeepStack rows)."""
-    if vision.deepstack_layers:
-        raise ValueError("an image given as its encoder's rows is not taken by this model: its images also add "
-                         "rows to its first layers (Qwen3-VL's DeepStack)")
+    """ValueError for rows that are not as many as its tokens, each of the text model's width (Qwen3-VL's with its
+    DeepStack layers' rows beside, as its encoder makes them), in floats."""
     rows, cols = vision.token_grid(*image.shape[:2])
-    hidden = engine.model_config.hidden_size
+    hidden = engine.model_config.hidden_size * (1 + len(vision.deepstack_layers))
     if not image.rows.is_floating_point() or tuple(image.rows.shape) != (rows * cols, hidden):
+        width = "the text model's width" + (" for it and each DeepStack layer" if vision.deepstack_layers else "")
         raise ValueError(f"an image of {image.shape[0]}x{image.shape[1]} given as its encoder's rows needs "
-                         f"{rows * cols} rows of {hidden} floats (the text model's width), got "
+                         f"{rows * cols} rows of {hidden} floats ({width}), got "
                          f"{str(image.rows.dtype).removeprefix('torch.')} of shape {list(image.rows.shape)}")
     if not bool(torch.isfinite(image.rows).all()):
         raise ValueError("an image's rows hold a value that is not finite (inf or NaN)")

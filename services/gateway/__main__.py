@@ -236,12 +236,17 @@ class GatewayService:
 
     @staticmethod
     def _image_embeds(config: GatewayConfig, processing):
-        """What reads chat's image_embeds parts (torch, only where they are taken), rows of the text model's width."""
+        """What reads chat's image_embeds parts (torch, only where they are taken), rows of the text model's width
+        (Qwen3-VL's once more for each DeepStack layer: vLLM takes its rows with theirs beside them)."""
         from engine.model_config_loader import load_model_config
         from services.gateway.image_embeds import ImageEmbedsReader
         from services.gateway.prompt_embeds import PromptEmbedsReader
-        hidden_size = load_model_config(config.model_dir, config.hf_overrides).hidden_size
-        return ImageEmbedsReader(processing, PromptEmbedsReader(hidden_size))
+        model = load_model_config(config.model_dir, config.hf_overrides)
+        if model.vision is None or not model.vision.deepstack_layers:
+            return ImageEmbedsReader(processing, PromptEmbedsReader(model.hidden_size))
+        width = model.hidden_size * (1 + len(model.vision.deepstack_layers))
+        return ImageEmbedsReader(processing, PromptEmbedsReader(
+            width, "the model's hidden size for its rows, then for each DeepStack layer's"))
 
     @staticmethod
     def _videos(config: GatewayConfig, model_json: dict):

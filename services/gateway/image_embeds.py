@@ -1,10 +1,11 @@
 """vLLM's image_embeds parts (the gateway's --enable-mm-embeds): an image given as its encoder's rows, which the
 workers take in place of its tokens' embeddings without encoding anything, so that an encoder elsewhere (vLLM's
 disaggregated encoder) or a client's cache can do that work. Gemma 3's: the base64 of a torch.save'd [256, hidden]
-tensor (the tower, pooling and projector's rows), placed as an image of its tower's size; Qwen2-VL's and
-Qwen2.5-VL's: an object of that [tokens, hidden] tensor and of its image's `image_grid_thw` (one frame, its height
-and width in patches), which places its tokens and their RoPE positions. Other models' images are refused. Imported
-only by a gateway that takes them: torch."""
+tensor (the tower, pooling and projector's rows), placed as an image of its tower's size; Qwen2-VL's,
+Qwen2.5-VL's and Qwen3-VL's: an object of that [tokens, hidden] tensor (Qwen3-VL's with each DeepStack layer's rows
+beside, [tokens, hidden x (1 + layers)], as vLLM takes them) and of its image's `image_grid_thw` (one frame, its
+height and width in patches), which places its tokens and their RoPE positions. Other models' images are
+refused. Imported only by a gateway that takes them: torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ class ImageEmbedsReader:
         if isinstance(part, common_pb2.ChatImageEmbeds):
             rows = checked_embeddings(part.rows, param)
             if rows.hidden_size != self.rows.hidden_size:
-                raise APIError(400, f"{param}: rows of {self.rows.hidden_size} values (the model's hidden size), got "
+                raise APIError(400, f"{param}: rows of {self.rows.hidden_size} values ({self.rows.width}), got "
                                     f"{rows.hidden_size}", param=param)
             return self._placed(rows, list(part.image_grid_thw) if takes_grid else None, param)
         given = part.image_embeds
@@ -54,6 +55,6 @@ class ImageEmbedsReader:
             patch = processing.pixels_per_token // processing.merge_size
             return EmbeddedImage.of(rows, grid[1] * patch, grid[2] * patch)
         if processing.pan_and_scan is None:  # Gemma 3's the only other processor of one size
-            raise APIError(400, f"{param}: image_embeds are taken for Gemma 3's and Qwen2-VL's and Qwen2.5-VL's "
-                                "images only", param=param)
+            raise APIError(400, f"{param}: image_embeds are taken for Gemma 3's and Qwen2-VL's, Qwen2.5-VL's and "
+                                "Qwen3-VL's images only", param=param)
         return EmbeddedImage.of(rows, processing.height, processing.width)

@@ -19,10 +19,11 @@ DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "
 
 
 class PromptEmbedsReader:
-    """Reads a request's prompt_embeds for a model of `hidden_size`."""
+    """Reads a request's prompt_embeds for a model of `hidden_size` (rows that wide; `width`: what that is)."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, width: str = "the model's hidden size"):
         self.hidden_size = hidden_size
+        self.width = width
 
     def read(self, encoded: str, param: str = "prompt_embeds") -> common_pb2.PromptEmbeds:
         """The tensor `encoded` holds, as the workers take it; APIError (400) naming `param` for anything
@@ -32,7 +33,7 @@ class PromptEmbedsReader:
             tensor = tensor[0]
         if tensor.dtype not in DTYPES or tensor.dim() != 2 or not tensor.shape[0] \
                 or tensor.shape[1] != self.hidden_size:
-            raise APIError(400, f"{param} must be a [tokens, {self.hidden_size}] tensor (the model's hidden size) "
+            raise APIError(400, f"{param} must be a [tokens, {self.hidden_size}] tensor ({self.width}) "
                                 f"of {', '.join(DTYPES.values())}, got {str(tensor.dtype).removeprefix('torch.')} "
                                 f"of shape {list(tensor.shape)}", param=param)
         if not bool(torch.isfinite(tensor).all()):

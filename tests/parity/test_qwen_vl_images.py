@@ -131,21 +131,20 @@ def test_a_text_model_split_across_ranks_gives_transformers_tokens_with_images(q
 def test_images_given_as_their_rows_give_the_tokens_their_pixels_give(qwen_vl):
     """vLLM's image_embeds: each image given as transformers' tower and merger's rows for it, at the size that
     places them (their multimodal RoPE positions): transformers' greedy tokens for the pixels, in one chunk or
-    many. Qwen3-VL's images also add DeepStack rows to its first layers: given rows are refused there."""
+    many. Qwen3-VL's images add DeepStack rows to its first layers: each image's are given beside its own rows, as
+    vLLM takes them."""
     path, model = qwen_vl
     requests = _requests(3)
     with torch.no_grad():
         features = model.model.get_image_features(**_hf_inputs(requests["three"][1]))
-    given = [ImageRows(rows, tuple(image.rgb.shape)) for rows, image in zip(features.pooler_output,
-                                                                          requests["three"][1], strict=True)]
+    rows = list(features.pooler_output)
+    levels = getattr(features, "deepstack_features", None) or []  # each level's rows, split by image
+    rows = [torch.cat([own, *(level[i] for level in levels)], dim=-1) for i, own in enumerate(rows)]
+    given = [ImageRows(own, tuple(image.rgb.shape)) for own, image in zip(rows, requests["three"][1], strict=True)]
     engine = image_engine(path, max_num_batched_tokens=16)
-    if getattr(features, "deepstack_features", None):
-        with pytest.raises(ValueError, match="DeepStack"):
-            engine.add_request("rows", requests["three"][0], SamplingParams(max_tokens=2), images=given)
-        return
     assert greedy_outputs(engine, {"rows": (requests["three"][0], {"images": given})}, MAX_NEW_TOKENS)["rows"] == \
         _hf_greedy(model, *requests["three"])
-    with pytest.raises(ValueError, match="needs 24 rows of 64 floats"):
+    with pytest.raises(ValueError, match=f"needs 24 rows of {64 * (1 + len(levels))} floats"):
         engine.add_request("short", requests["three"][0], SamplingParams(max_tokens=2),
                            images=[ImageRows(given[0].rows[:-1], given[0].shape), *given[1:]])
 

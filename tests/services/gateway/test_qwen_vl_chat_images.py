@@ -129,20 +129,25 @@ def test_a_gateway_rendering_chats_itself_gives_the_same_reply(vlm_mesh, qwen_vl
 def test_an_image_given_as_its_encoders_rows_and_grid_gets_transformers_reply(vlm_mesh, qwen_vlm):
     """vLLM's image_embeds part for Qwen-VL (--enable-mm-embeds): transformers' tower and merger's rows for an
     image and its image_grid_thw, given in its place, get transformers' reply to the image (its tokens placed by
-    the grid, their RoPE positions too). Qwen3-VL's images also add DeepStack rows: its workers refuse rows."""
+    the grid, their RoPE positions too). Qwen3-VL's rows carry its DeepStack layers' beside them, as vLLM takes
+    them; without those they are a 400 naming the width."""
     _, model, _, image_processor = qwen_vlm
     image = random_image(6, (72, 40))
     inputs = image_processor(images=[image], return_tensors="pt")
     with torch.no_grad():
         features = model.model.get_image_features(pixel_values=inputs["pixel_values"],
                                                   image_grid_thw=inputs["image_grid_thw"])
-    part = {"type": "image_embeds", "image_embeds": {"image_embeds": saved_tensor(features.pooler_output[0]),
-                                                     "image_grid_thw": saved_tensor(inputs["image_grid_thw"])}}
+    rows, deepstack = features.pooler_output[0], getattr(features, "deepstack_features", None)
+    grid = saved_tensor(inputs["image_grid_thw"])
+    if deepstack:
+        part = {"type": "image_embeds", "image_embeds": {"image_embeds": saved_tensor(rows), "image_grid_thw": grid}}
+        with pytest.raises(openai.BadRequestError, match=rf"\[tokens, {rows.shape[1] * (1 + len(deepstack))}\] "
+                                                         r"tensor \(the model's hidden size for its rows, then for "
+                                                         "each DeepStack layer's"):
+            greedy_chat_by_a_local_gateway(vlm_mesh, [part], "--enable-mm-embeds")
+        rows = torch.cat([rows, *(level[0] for level in deepstack)], dim=-1)  # each level split by image
+    part = {"type": "image_embeds", "image_embeds": {"image_embeds": saved_tensor(rows), "image_grid_thw": grid}}
     content = [{"type": "text", "text": "w2"}, part]
-    if getattr(features, "deepstack_features", None):
-        with pytest.raises(openai.BadRequestError, match="DeepStack"):
-            greedy_chat_by_a_local_gateway(vlm_mesh, content, "--enable-mm-embeds")
-        return
     reply = greedy_chat_by_a_local_gateway(vlm_mesh, content, "--enable-mm-embeds")
     expected, logprobs, num_prompt = _transformers_greedy(qwen_vlm, [{"type": "text", "text": "w2"},
                                                                      {"type": "image", "image": image}])
