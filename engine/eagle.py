@@ -181,6 +181,11 @@ class EagleDrafter(DraftModel):
             load_head_config(model_dir, method, target.model_config)
         self._masks_first = method == "mtp"  # the first position's embedding: engine/models/mtp.py
         self.reads_served_checkpoint = reads_served_checkpoint
+        eagle = config.eagle
+        if target.model.vocabulary is not None and (method == "eagle" or (
+                method == "eagle3" and not (eagle.has_embeddings and eagle.has_lm_head))):
+            raise ValueError(f"{model_dir}: an EAGLE head computing with the target's embeddings and LM head does not "
+                             "draft for a target split across tensor-parallel ranks (each holds a share of them)")
         self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
         self.runner.model.share(target.model)
         target.model.captured_layers = config.eagle.target_layers

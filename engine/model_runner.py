@@ -34,6 +34,7 @@ from engine.tensor_parallel import (
     lora_shard,
     rank_heads,
     shard_config,
+    split_vocabulary_size,
 )
 from engine.tensor_parallel_workers import RankArgs, RankWorkers, StepInputs
 from engine.vision.image_encoders import image_encoder
@@ -84,7 +85,7 @@ class ModelRunner:
         if self.rank_workers is not None:
             self.rank_workers.wait_loaded()
             group = self.rank_workers.join(store)
-            self.model.sum_across_ranks(group.all_reduce, group.size)
+            self.model.sum_across_ranks(group.all_reduce, group.size, 0, split_vocabulary_size(model_config))
         self.weight_loading_seconds = time.perf_counter() - start
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
@@ -217,7 +218,7 @@ class ModelRunner:
         sampled_seqs, hidden = self.forward_hidden(batch)
         if not sampled_seqs:
             return [], None
-        if self.rank_workers is None:
+        if self.rank_workers is None or self.model.vocabulary is not None:  # (split: every rank its columns)
             return sampled_seqs, self.model.compute_logits(hidden)
         with every_core():  # the LM head is rank 0's alone, the other ranks waiting for the next step
             return sampled_seqs, self.model.compute_logits(hidden)
@@ -225,18 +226,24 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_hidden(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor | None]:
         """`forward`'s sequences, and the hidden states its logits are made of (an EAGLE head's own are its next
-        drafts' features)."""
+        drafts' features). A model whose vocabulary is split has its other ranks make their logits for them too:
+        `forward` makes rank 0's."""
         pool = self.kv_pool
         pool.copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows, given, \
             seq_rows = self._prepare(batch, pool.block_size)
         if self.loras:
             self.model.lora_batch.active = self._lora_rows(batch)
-        hidden = self._model_forward(input_ids, positions, meta, given)
+        prompt_logprob_rows = [row for seq, first, n in prompt_rows for row in self._prompt_logprob_rows(seq, first, n)]
+        logit_rows = ()  # the rows of each logits call the step makes, in turn, where every rank makes them
+        if self.rank_workers is not None and self.model.vocabulary is not None:
+            logit_rows = (*(torch.arange(lo, hi) for _, lo, hi, _ in prompt_logprob_rows),
+                          *((sample_rows,) if sampled_seqs else ()))
+        hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
-        for seq, row, n in prompt_rows:
-            self._record_prompt_logprobs(seq, hidden[row:row + n], seq.num_computed_tokens)
+        for seq, lo, hi, position in prompt_logprob_rows:
+            self._record_prompt_logprobs(seq, hidden[lo:hi], position)
         for seq, first, last in embed_rows:
             seq.embedding = self._pooled(hidden[first:last + 1]).float().tolist()
         for seq, row, n, position in token_rows:
@@ -248,14 +255,15 @@ class ModelRunner:
         return sampled_seqs, hidden[sample_rows]
 
     def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                       given: GivenEmbeddings | None) -> torch.Tensor:
-        """The model's hidden states for the step, every rank computing its share where it is split."""
+                       given: GivenEmbeddings | None, logit_rows: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        """The model's hidden states for the step, every rank computing its share where it is split (and then its
+        columns of the logits at each of `logit_rows`, where its vocabulary is)."""
         if self.rank_workers is None:
             return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
         loras = tuple((adapter.name, adapter.serial, str(adapter.path), rows)
                       for adapter, rows in self.model.lora_batch.active) if self.loras else ()
         held = frozenset((adapter.name, adapter.serial) for adapter in self.loras.values())
-        self.rank_workers.step(StepInputs(input_ids, positions, meta, given, loras, held))
+        self.rank_workers.step(StepInputs(input_ids, positions, meta, given, loras, held, logit_rows))
         try:
             return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
         except BaseException as e:
@@ -269,7 +277,9 @@ class ModelRunner:
         """A rank other than 0's share of a step's forward (its KV written, its sums made with the others')."""
         if inputs.loras_held or self.loras:
             self.model.lora_batch.active = self._rank_loras(inputs)
-        self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_pool.layers, inputs.given)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_pool.layers, inputs.given)
+        for rows in inputs.logit_rows:  # its columns of each of rank 0's logits calls, in turn
+            self.model.compute_logits(hidden[rows])
 
     def _rank_loras(self, inputs: StepInputs) -> list[tuple[LoRAAdapter, torch.Tensor]]:
         """A rank other than 0's share of the step's adapters, read where it does not hold them; those rank 0 no
@@ -298,28 +308,33 @@ class ModelRunner:
         pooling = self.model_config.pooling
         return rows[0] if pooling == "cls" else rows.mean(dim=0) if pooling == "mean" else rows[-1]
 
-    def _record_prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor, first_position: int) -> None:
-        """Append the records of the prompt tokens this chunk predicts (row i, at position p, predicts
-        the token at p + 1) and `seq` has none for yet: a chunk run again after a preemption adds none."""
-        num_prompt = seq.num_prompt_tokens
+    @staticmethod
+    def _prompt_logprob_rows(seq: Sequence, first_row: int, n: int) -> list[tuple[Sequence, int, int, int]]:
+        """The logits calls for the prompt tokens a chunk of `n` rows from `first_row` predicts (row i, at position
+        p, predicts the token at p + 1) and `seq` has no record of yet (a chunk run again after a preemption makes
+        none): (seq, first row, end row, the first row's position) each, at most PROMPT_LOGPROB_ROWS rows."""
+        first_position = seq.num_computed_tokens
         first = len(seq.prompt_logprobs) - 1 - first_position  # the first row whose token has no record
-        last = min(hidden.shape[0], num_prompt - 1 - first_position)  # rows past it predict output tokens
+        last = min(n, seq.num_prompt_tokens - 1 - first_position)  # rows past it predict output tokens
+        return [(seq, first_row + lo, first_row + min(lo + PROMPT_LOGPROB_ROWS, last), first_position + lo)
+                for lo in range(max(first, 0), last, PROMPT_LOGPROB_ROWS)]
+
+    def _record_prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor, position: int) -> None:
+        """Append the records of the prompt tokens `hidden`'s rows (from `position` on) predict."""
         num_top = seq.sampling_params.prompt_logprobs
         named = list(seq.sampling_params.logprob_token_ids)  # their logprobs at every position too
-        for lo in range(max(first, 0), last, PROMPT_LOGPROB_ROWS):
-            hi = min(lo + PROMPT_LOGPROB_ROWS, last)
-            # A prompt token is drawn from nothing: its processed logits are its raw ones.
-            logprobs = reported(self.model.compute_logits(hidden[lo:hi]).float(), self.sampler.reports_logits)
-            targets = seq.token_ids[first_position + lo + 1:first_position + hi + 1]
-            chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
-            top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
-            named_values = logprobs[:, named].tolist() if named else None
-            for r, (target, logprob) in enumerate(zip(targets, chosen)):
-                record = dict(zip(top_ids[r].tolist(), top_values[r].tolist())) if num_top else {}
-                record.setdefault(target, logprob)
-                if named:
-                    record.update((t, lp) for t, lp in zip(named, named_values[r]) if t not in record)
-                seq.prompt_logprobs.append(record)
+        # A prompt token is drawn from nothing: its processed logits are its raw ones.
+        logprobs = reported(self.model.compute_logits(hidden).float(), self.sampler.reports_logits)
+        targets = seq.token_ids[position + 1:position + 1 + hidden.shape[0]]
+        chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
+        top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+        named_values = logprobs[:, named].tolist() if named else None
+        for r, (target, logprob) in enumerate(zip(targets, chosen)):
+            record = dict(zip(top_ids[r].tolist(), top_values[r].tolist())) if num_top else {}
+            record.setdefault(target, logprob)
+            if named:
+                record.update((t, lp) for t, lp in zip(named, named_values[r]) if t not in record)
+            seq.prompt_logprobs.append(record)
 
     def _lora_rows(self, batch: ScheduledBatch) -> list[tuple[LoRAAdapter, torch.Tensor]]:
         """Each adapter of the step's requests, with its token rows (decodes first, as `_prepare` lays them)."""

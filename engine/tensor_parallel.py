@@ -2,7 +2,11 @@
 Megatron-LM splits them. Each rank holds its share of the attention heads (q, k and v by rows,
 o_proj by columns) and of the MLP's inner width (gate and up by rows, down by columns; each expert's
 alike); the projections back to the hidden size end in a sum across ranks, so every rank holds the
-whole hidden state between layers. Embeddings, norms, routers and the LM head are whole on every rank.
+whole hidden state between layers. Norms and routers are whole on every rank; the embeddings and the LM head
+are split by vocabulary, as vLLM's VocabParallelEmbedding and ParallelLMHead are: each rank holds a run of
+token rows (the last padded with zeros), a token's embedding comes from the rank holding its row (the others
+add zeros), and each rank's logits fill its run of columns of the whole (the others add zeros). A model whose
+classifier is made of LM head rows keeps them whole.
 OLMo 2's q/k norms over whole projections are split with them, their squares summed across the ranks. Multi-head
 latent attention (DeepSeek's) splits its heads' q and up-projections of the latent; the latent itself, one row a
 token for every head, is computed and written whole by every rank, as vLLM's ranks each hold it whole.
@@ -55,6 +59,7 @@ ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1
                        "kv_b_proj"})
 PROJECTION_NORMS = frozenset({"q_norm", "k_norm"})  # where a model norms whole projections (OLMo 2's), not heads
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2"})
+VOCABULARY_ROWS = frozenset({"model.embed_tokens.weight", "lm_head.weight"})  # split by token
 
 
 def check_shardable(config: ModelConfig, size: int, device: str) -> None:
@@ -85,14 +90,32 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
 
 
+def splits_vocabulary(config: ModelConfig) -> bool:
+    """Whether a split model's ranks each hold a share of its embeddings and LM head: all but a classifier made of
+    LM head rows (Qwen3-Reranker's), which rank 0 reads whole."""
+    return not config.classifier_tokens
+
+
+def split_vocabulary_size(config: ModelConfig) -> int | None:
+    """The whole vocabulary's size where a split model's ranks split it too; None where each holds it whole."""
+    return config.vocab_size if splits_vocabulary(config) else None
+
+
+def vocabulary_share(config: ModelConfig, size: int) -> int:
+    """The token rows each of `size` ranks holds (the last's past the vocabulary zeros)."""
+    return -(-config.vocab_size // size)
+
+
 def shard_config(config: ModelConfig, size: int) -> ModelConfig:
-    """The model one rank of `size` runs: its share of the heads and of the MLPs' and experts' widths."""
+    """The model one rank of `size` runs: its share of the heads, of the MLPs' and experts' widths and of the
+    vocabulary's rows."""
     moe = dataclasses.replace(config.moe, moe_intermediate_size=config.moe.moe_intermediate_size // size,
                               shared_expert_intermediate_size=config.moe.shared_expert_intermediate_size // size)
     # MLA's pages hold one latent row a token for every head (num_kv_heads 1): whole on every rank.
     num_kv_heads = config.num_kv_heads if config.mla is not None else config.num_kv_heads // size
+    vocab_size = vocabulary_share(config, size) if size > 1 and splits_vocabulary(config) else config.vocab_size
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
-                               intermediate_size=config.intermediate_size // size, moe=moe)
+                               intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size)
 
 
 def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
@@ -106,8 +129,14 @@ def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
 def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int, size: int) -> torch.Tensor:
     """Rank `rank`'s part of checkpoint tensor `name` of the whole model `config`: its share of the rows (q, k, v,
     gate and up, each expert's and the shared experts' too; Phi-3's fused q/k/v and gate/up each part's) or of
-    the columns (o, down), or the whole tensor (embeddings, norms, routers). A bias added after the sum across
-    ranks is rank 0's alone (the others' zeros), or it would be added `size` times."""
+    the columns (o, down), its run of the vocabulary's rows (embeddings, LM head), or the whole tensor (norms,
+    routers). A bias added after the sum across ranks is rank 0's alone (the others' zeros), or it would be added
+    `size` times."""
+    if name in VOCABULARY_ROWS and size > 1 and splits_vocabulary(config):
+        share = vocabulary_share(config, size)
+        rows = tensor[rank * share:(rank + 1) * share]
+        return torch.cat((rows, rows.new_zeros(share - rows.shape[0], rows.shape[1]))) if rows.shape[0] < share \
+            else rows
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
         return tensor

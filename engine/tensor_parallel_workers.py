@@ -36,7 +36,7 @@ from engine.kv_pool import PoolFile
 from engine.memory_release import release_pages, unique_storages
 from engine.model_config import ModelConfig
 from engine.prompt_embeds import GivenEmbeddings
-from engine.tensor_parallel import SHARED_DIR, RankGroup
+from engine.tensor_parallel import SHARED_DIR, RankGroup, split_vocabulary_size
 
 if TYPE_CHECKING:  # the runner starts these processes: it imports this module
     from engine.model_runner import ModelRunner
@@ -70,6 +70,9 @@ class StepInputs:
     # serial). Empty where rank 0 holds none.
     loras: tuple[tuple[str, int, str, torch.Tensor], ...] = ()
     loras_held: frozenset[tuple[str, int]] = frozenset()
+    # Where the vocabulary is split: the rows of each logits call rank 0 makes of the step's hidden states, in turn
+    # (each rank makes its columns of them).
+    logit_rows: tuple[torch.Tensor, ...] = ()
 
 
 class RankError(RuntimeError):
@@ -250,7 +253,7 @@ def _serve_rank(pipe: Connection) -> None:
         return
     pipe.send(("loaded", None))
     group = RankGroup(rank, size, store_port, check_peers=_exit_if_orphaned(os.getppid()))
-    runner.model.sum_across_ranks(group.all_reduce, size)
+    runner.model.sum_across_ranks(group.all_reduce, size, rank, split_vocabulary_size(args.model_config))
     try:
         _serve_steps(runner, pipe)
     finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.model_config import ModelConfig
@@ -55,7 +54,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embedded = F.embedding(input_ids, self.embed)
+        embedded = super()._embed(input_ids)
         return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)  # rounded to the dtype, as transformers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +29,24 @@ FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # Qwen3-VL-MoE's 
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
+@dataclass(frozen=True)
+class VocabularyShare:
+    """The run of a split vocabulary's token rows one rank holds: from `start`, of a vocabulary of `size`."""
+
+    start: int
+    size: int
+    num_ranks: int
+    rank_sum: RankSum
+
+
 class LlamaForCausalLM(nn.Module):
     # Set by an EAGLE-3 head drafting for this model (engine/eagle.py): the layers whose inputs each forward keeps,
     # side by side in `captured` ([T, hidden * len(captured_layers)]), as vLLM's aux hidden states.
     captured_layers: tuple[int, ...] = ()
     captured: torch.Tensor | None = None
+    # Set where the model is split across ranks with its vocabulary (engine/tensor_parallel.py): this rank's first
+    # token row, the whole vocabulary's size, and the sum across the ranks.
+    vocabulary: VocabularyShare | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
@@ -89,8 +103,14 @@ class LlamaForCausalLM(nn.Module):
         return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """What transformers' input embeddings module gives for `input_ids`."""
-        return F.embedding(input_ids, self.embed)
+        """What transformers' input embeddings module gives for `input_ids` (the rank holding a token's row gives
+        it, where the vocabulary is split)."""
+        if self.vocabulary is None:
+            return F.embedding(input_ids, self.embed)
+        local = input_ids - self.vocabulary.start
+        held = (local >= 0) & (local < self.embed.shape[0])
+        embedded = F.embedding(local.clamp(0, self.embed.shape[0] - 1), self.embed)
+        return self.vocabulary.rank_sum(embedded.masked_fill(~held.unsqueeze(-1), 0.0))
 
     def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
         """The model's own scaling of its input embeddings, given or looked up."""
@@ -107,12 +127,15 @@ class LlamaForCausalLM(nn.Module):
                     module.lora = LoRAHook(self.lora_batch, i)
         self.has_loras = True
 
-    def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int) -> None:
-        """Ends every layer's attention and MLP in `rank_sum`: this model holds one of `num_ranks` ranks' share
-        of their heads and width (engine/tensor_parallel.py)."""
+    def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int, rank: int, vocab_size: int | None) -> None:
+        """Ends every layer's attention and MLP in `rank_sum`: this model holds rank `rank` of `num_ranks`' share
+        of their heads and width (engine/tensor_parallel.py), and of the rows of a vocabulary of `vocab_size`
+        tokens where it is split with them (None: whole)."""
         for layer in self.layers:
             layer.attn.rank_sum = layer.mlp.rank_sum = rank_sum
             layer.attn.num_ranks = num_ranks
+        if vocab_size is not None:
+            self.vocabulary = VocabularyShare(rank * self.embed.shape[0], vocab_size, num_ranks, rank_sum)
 
     def lora_target(self, module: str) -> Target | None:
         """Where a LoRA on projection `module` (`model.layers.3.self_attn.q_proj`) adds to this model's
@@ -170,8 +193,15 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(last_state, self.classifier.float())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [N, H] → logits [N, V] in float32 for the sampler.
-        return self.kernels.linear(hidden, self.lm_head).float()
+        """hidden: [N, H] → logits [N, V] in float32 for the sampler. Where the vocabulary is split, every rank
+        makes its run of columns and they are summed into the whole on each (every rank calls this in turn)."""
+        logits = self.kernels.linear(hidden, self.lm_head).float()
+        if self.vocabulary is None:
+            return logits
+        vocabulary = self.vocabulary
+        whole = logits.new_zeros(logits.shape[0], self.lm_head.shape[0] * vocabulary.num_ranks)
+        whole[:, vocabulary.start:vocabulary.start + logits.shape[1]] = logits
+        return vocabulary.rank_sum(whole)[:, :vocabulary.size]
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return DecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))

@@ -24,6 +24,7 @@ from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from engine.tensor_parallel import check_shardable
 from engine.tensor_parallel_workers import RankError
+from tests.draft_models import eagle_head
 from tests.encoder_models import make_encoder
 from tests.parity.conftest import greedy_outputs
 from tests.services.test_baton_up import is_alive, wait_all_dead
@@ -176,6 +177,36 @@ def test_a_split_model_decodes_as_the_unsplit_one_with_the_engines_other_setting
     for split, unsplit in zip(prompt_logprobs[2][1:], prompt_logprobs[1][1:], strict=True):
         assert split.keys() == unsplit.keys()
         assert max(abs(split[t] - unsplit[t]) for t in split) < 1e-4
+
+
+def test_the_vocabulary_is_split_across_the_ranks_even_where_it_does_not_divide(tmp_path):
+    """Each rank holds a run of the embeddings' and LM head's token rows (vLLM's VocabParallelEmbedding and
+    ParallelLMHead), the last padded: 1021 tokens in two runs of 511. The greedy tokens, and the logprobs of a
+    prompt long enough that its logits come in several calls each rank makes in turn, are the unsplit model's."""
+    model_dir = make_demo_model(tmp_path / "odd-vocabulary", hidden_size=64, num_layers=2, num_heads=4,
+                                num_kv_heads=2, vocab_size=1021, seed=4)
+    prompt = [(7 * j) % 1000 + 3 for j in range(600)] + [1019, 1020]  # the last tokens: the padded run's
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    tokens, prompt_logprobs = {}, {}
+    for size in (1, 2):
+        engine = _engine(model_dir, size, max_num_batched_tokens=1024)
+        if size == 2:
+            assert engine.runner.model.embed.shape[0] == engine.runner.model.lm_head.shape[0] == 511
+        outputs = list(engine.generate([prompt], params))
+        tokens[size], prompt_logprobs[size] = outputs[-1].token_ids, outputs[0].prompt_logprobs
+        engine.close()
+    assert tokens[2] == tokens[1]
+    assert len(prompt_logprobs[2]) == len(prompt) == len(prompt_logprobs[1])
+    for split, unsplit in zip(prompt_logprobs[2][1:], prompt_logprobs[1][1:], strict=True):
+        assert split.keys() == unsplit.keys()
+        assert max(abs(split[t] - unsplit[t]) for t in split) < 1e-4
+
+
+def test_an_eagle_head_sharing_the_targets_embeddings_does_not_draft_for_a_split_target(tiny_demo_model, tmp_path):
+    head = eagle_head(tiny_demo_model, tmp_path / "head", "eagle")
+    with pytest.raises(ValueError, match="does not draft for a target split across tensor-parallel ranks"):
+        _engine(tiny_demo_model, speculative=SpeculativeConfig(num_speculative_tokens=2, method="eagle",
+                                                               model=str(head)))
 
 
 def test_baton_generate_splits_the_model_as_asked(tiny_demo_model):
