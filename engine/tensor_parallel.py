@@ -49,9 +49,9 @@ SUMS_FILE_KEY = "shared-memory-sums"
 # classes.
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)
-# Experts stored fused for every expert (gpt-oss's, Llama 4's): the dimension of each that runs along an expert's
-# width; None: down's bias. Gate and up lie one after the other along it, or interleaved column by column
-# (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
+# Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
+# an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
+# interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
 FUSED_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
 INTERLEAVED_GATE_UP = frozenset({"GptOssForCausalLM"})
 # MLA's q_b_proj and kv_b_proj hold each head's rows in turn.
@@ -75,8 +75,10 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
                          f"OLMo 2 and 3 and DeepSeek V2 and V3 so far, not {config.architecture}")
     unsupported = [what for what, present in (
-        ("experts stored fused", config.moe.fused_experts),
         ("encoders", config.encoder is not None),
+        # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.
+        ("experts stored fused as wide as the hidden size", config.moe.fused_experts and config.hidden_size in (
+            config.moe.moe_intermediate_size, 2 * config.moe.moe_intermediate_size)),
     ) if present]
     if unsupported:
         raise ValueError(f"tensor parallelism does not split models with {', '.join(unsupported)} yet")
@@ -144,6 +146,9 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
         dim = FUSED_EXPERTS[parts[-1]]
         if dim is None:  # down's bias
             return tensor if rank == 0 else torch.zeros_like(tensor)
+        if config.moe.fused_experts:  # Qwen3-VL-MoE's, stored either way round: the dimension its width's size says
+            width = config.moe.moe_intermediate_size * (2 if parts[-1].startswith("gate_up") else 1)
+            dim = _expert_width_dim(name, tensor, width)
         if parts[-1].startswith("gate_up") and config.architecture not in INTERLEAVED_GATE_UP:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
@@ -174,6 +179,15 @@ def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfi
     if fused is not None:
         return a, torch.cat([_share(part, 0, rank, size) for part in b.split(fused)])
     return a, b
+
+
+def _expert_width_dim(name: str, tensor: torch.Tensor, width: int) -> int:
+    """The dimension of fused experts' tensor `name` that is `width` long (past the experts' own)."""
+    dims = [dim for dim in range(1, tensor.dim()) if tensor.shape[dim] == width]
+    if len(dims) != 1:
+        raise ValueError(f"tensor {name!r} of shape {tuple(tensor.shape)}: no one dimension is the experts' width "
+                         f"({width}) to split")
+    return dims[0]
 
 
 def _fused_parts(proj: str, config: ModelConfig) -> tuple[int, ...] | None:
