@@ -80,9 +80,11 @@ class DraftModel:
         if config.vocab_size > target.vocab_size:
             raise ValueError(f"draft model {model_dir}: its vocabulary ({config.vocab_size} tokens) is larger than "
                              f"the target's ({target.vocab_size}); a draft model must share the target's tokenizer")
-        self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
+        self._start(model_dir, ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens,
+                    dtype)
 
-    def _start(self, runner: ModelRunner, num_speculative_tokens: int, dtype: torch.dtype) -> None:
+    def _start(self, model_dir: str, runner: ModelRunner, num_speculative_tokens: int, dtype: torch.dtype) -> None:
+        self.model_dir = model_dir  # its weights' checkpoint, read again after they were released
         self.num_speculative_tokens = num_speculative_tokens
         self.runner = runner
         self.dtype = dtype

@@ -186,7 +186,8 @@ class EagleDrafter(DraftModel):
                 method == "eagle3" and not (eagle.has_embeddings and eagle.has_lm_head))):
             raise ValueError(f"{model_dir}: an EAGLE head computing with the target's embeddings and LM head does not "
                              "draft for a target split across tensor-parallel ranks (each holds a share of them)")
-        self._start(ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens, dtype)
+        self._start(model_dir, ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens,
+                    dtype)
         self.runner.model.share(target.model)
         target.model.captured_layers = config.eagle.target_layers
         target.hidden_listener = self._take_rows

@@ -15,11 +15,13 @@ from torch import nn
 from engine.config import EngineConfig
 from engine.demo_model import make_demo_model
 from engine.llm_engine import LLMEngine
+from engine.memory_release import release, resume, unique_storages
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from tests.draft_models import eagle_head, eagle_replica
 from tests.unit.test_disaggregation import assert_clean, finish
 from tests.unit.test_draft_model import _run
+from tests.unit.test_memory_release import resident_bytes
 from tests.unit.test_speculative import assert_same_outputs
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -109,6 +111,27 @@ def test_a_head_keeps_drafting_through_prefix_hits_and_gives_its_pages_back_on_a
     engine.step()
     assert drafter.num_free_blocks == drafter.num_blocks
     assert_clean(engine)
+
+
+def test_sleep_mode_gives_back_the_heads_weights_too_and_wakes_it_drafting_as_before(tiny_demo_model, tmp_path):
+    """vLLM's sleep and wake_up: the head's weights leave the process with the target's, and come back from its
+    own checkpoint: the same tokens, and the same drafts taken, as before."""
+    replica, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
+    engine = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64, speculative=_config(head, "eagle")))
+    prompt = [(7 * j) % 900 + 5 for j in range(60)]
+
+    def drafted(request_id: str) -> tuple[list[int], int]:
+        before = engine.scheduler.drafting.num_accepted_tokens
+        engine.add_request(request_id, prompt, GREEDY)
+        return finish(engine)[request_id].token_ids, engine.scheduler.drafting.num_accepted_tokens - before
+
+    awake = drafted("awake")
+    assert awake[1] > 0
+    head_weights = unique_storages(engine.scheduler.drafter.runner.model.parameters())
+    release(engine, ["weights", "kv_cache"])
+    assert sum(resident_bytes(w) for w in head_weights) == 0
+    resume(engine, ["weights", "kv_cache"])
+    assert drafted("woken") == awake
 
 
 def _transformers_target(target_dir):
