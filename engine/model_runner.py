@@ -218,8 +218,11 @@ class ModelRunner:
         sampled_seqs, hidden = self.forward_hidden(batch)
         if not sampled_seqs:
             return [], None
-        if self.rank_workers is None or self.model.vocabulary is not None:  # (split: every rank its columns)
+        if self.rank_workers is None:
             return sampled_seqs, self.model.compute_logits(hidden)
+        if self.model.vocabulary is not None:  # every rank makes its columns
+            with self._in_step():
+                return sampled_seqs, self.model.compute_logits(hidden)
         with every_core():  # the LM head is rank 0's alone, the other ranks waiting for the next step
             return sampled_seqs, self.model.compute_logits(hidden)
 
@@ -242,8 +245,9 @@ class ModelRunner:
         hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
-        for seq, lo, hi, position in prompt_logprob_rows:
-            self._record_prompt_logprobs(seq, hidden[lo:hi], position)
+        with self._in_step():
+            for seq, lo, hi, position in prompt_logprob_rows:
+                self._record_prompt_logprobs(seq, hidden[lo:hi], position)
         for seq, first, last in embed_rows:
             seq.embedding = self._pooled(hidden[first:last + 1]).float().tolist()
         for seq, row, n, position in token_rows:
@@ -264,8 +268,18 @@ class ModelRunner:
                       for adapter, rows in self.model.lora_batch.active) if self.loras else ()
         held = frozenset((adapter.name, adapter.serial) for adapter in self.loras.values())
         self.rank_workers.step(StepInputs(input_ids, positions, meta, given, loras, held, logit_rows))
-        try:
+        with self._in_step():
             return self.model(input_ids, positions, meta, self.kv_pool.layers, given)
+
+    @contextlib.contextmanager
+    def _in_step(self) -> Iterator[None]:
+        """Rank 0's part of a step the other ranks take part in (where the model is split): failing part way, it
+        breaks them off, as they would wait for sums it will not make."""
+        if self.rank_workers is None:
+            yield
+            return
+        try:
+            yield
         except BaseException as e:
             if isinstance(e, RuntimeError):  # a sum across ranks broke off: say which rank went, where one did
                 self.rank_workers.raise_if_exited()
