@@ -58,10 +58,13 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
         if target_hidden != target.hidden_size:
             raise ValueError(f"{where}: it reads hidden states {target_hidden} wide, the target's are "
                              f"{target.hidden_size}")
+        eagle_config = raw.get("eagle_config") or {}
         layers = raw.get("eagle_aux_hidden_state_layer_ids") or \
-            (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or \
+            eagle_config.get("eagle_aux_hidden_state_layer_ids") or \
             (2, target.num_layers // 2, target.num_layers - 3)  # vLLM's default: early, middle, late
-        if len(set(layers)) != 3 or not all(0 <= int(layer) < target.num_layers for layer in layers):
+        if eagle_config.get("use_aux_hidden_state") is False:  # the target's last hidden states, as EAGLE-1's
+            layers = ()
+        elif len(set(layers)) != 3 or not all(0 <= int(layer) < target.num_layers for layer in layers):
             raise ValueError(f"{where}: it reads three of the target's {target.num_layers} layers' inputs, got "
                              f"layers {list(layers)} (config.json's eagle_aux_hidden_state_layer_ids)")
         draft_vocab = int(raw.get("draft_vocab_size") or config.vocab_size)

@@ -22,13 +22,14 @@ def first_layers_copy(model_dir, target_dir, num_layers: int):
 
 
 def eagle_head(target_dir, head_dir, method: str, seed: int = 0, draft_vocab_size: int | None = None,
-               target_layers: list[int] | None = None):
+               target_layers: list[int] | None = None, reads_last_hidden_state: bool = False):
     """A random EAGLE head for the model in `target_dir`, as EAGLE's releases lay it out: EAGLE-1's (`"eagle"`) a
     Llama config of one layer and `fc` (with its bias), the first layer's unused input norm and a copy of the
     target's embeddings beside it; EAGLE-3's (`"eagle3"`) `midlayer` reading [embedding; feature] twice as wide,
     `fc` over three target layers' inputs, its final norm, and an LM head over `draft_vocab_size` tokens
     (`d2t`: each one's offset to its target id; `t2d` the mask the other way) where given, the target's
-    vocabulary's else. `target_layers`: config.json's eagle_aux_hidden_state_layer_ids."""
+    vocabulary's else. `target_layers`: config.json's eagle_aux_hidden_state_layer_ids. `reads_last_hidden_state`:
+    an EAGLE-3 head of eagle_config's use_aux_hidden_state false (the target's last hidden states, no fc)."""
     import torch
 
     target_config = json.loads((target_dir / "config.json").read_text())
@@ -68,6 +69,9 @@ def eagle_head(target_dir, head_dir, method: str, seed: int = 0, draft_vocab_siz
             config["draft_vocab_size"] = draft_vocab_size
         if target_layers is not None:
             config["eagle_aux_hidden_state_layer_ids"] = target_layers
+        if reads_last_hidden_state:
+            config["eagle_config"] = {"use_aux_hidden_state": False}
+            del tensors["fc.weight"]
     head_dir.mkdir(parents=True, exist_ok=True)
     (head_dir / "config.json").write_text(json.dumps(config))
     save_file({name: t.contiguous() for name, t in tensors.items()}, head_dir / "model.safetensors")

@@ -132,7 +132,9 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
         super().__init__(dataclasses.replace(config, vocab_size=config.vocab_size if eagle.has_embeddings else 0,
                                              tie_word_embeddings=True), kernels, dtype, max_positions)
         self.config = config
-        self.fc_weight = empty_param(config.hidden_size, 3 * eagle.target_hidden_size, dtype=dtype)
+        # None where it reads the target's last hidden states (eagle_config's use_aux_hidden_state false).
+        self.fc_weight = empty_param(config.hidden_size, 3 * eagle.target_hidden_size, dtype=dtype) \
+            if eagle.target_layers else None
         self.lm_head = empty_param(eagle.draft_vocab_size if eagle.has_lm_head else 0, config.hidden_size, dtype=dtype)
         self.register_buffer("draft_ids", torch.zeros(eagle.draft_vocab_size if eagle.has_draft_ids else 0,
                                                       dtype=torch.int64), persistent=False)
@@ -151,8 +153,9 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
             self.lm_head = target.lm_head
 
     def combine(self, features: torch.Tensor) -> torch.Tensor:
-        """The target's captured layer inputs [T, 3 x its hidden] as this head reads them: through fc."""
-        return self.kernels.linear(features, self.fc_weight)
+        """The target's captured layer inputs [T, 3 x its hidden] as this head reads them: through fc (its last
+        hidden states, as they are, where it reads those)."""
+        return features if self.fc_weight is None else self.kernels.linear(features, self.fc_weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
@@ -177,7 +180,7 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
     def checkpoint_names(self) -> list[str]:
         eagle = self.config.eagle
         first = eagle.first_layer_name
-        names = ["fc.weight", "norm.weight"]
+        names = ["norm.weight"] + (["fc.weight"] if self.fc_weight is not None else [])
         names += ["embed_tokens.weight"] if eagle.has_embeddings else []
         names += ["lm_head.weight"] if eagle.has_lm_head else []
         names += ["d2t"] if eagle.has_draft_ids else []
@@ -190,7 +193,8 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
         return names
 
     def is_unused_tensor(self, name: str) -> bool:
-        return name == "t2d"  # the target-to-draft mask: drafting reads d2t alone
+        # the target-to-draft mask (drafting reads d2t alone); fc where the head reads the last hidden states
+        return name == "t2d" or (name == "fc.weight" and self.fc_weight is None)
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         first, first_name = self.layers[0], self.config.eagle.first_layer_name

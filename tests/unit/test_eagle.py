@@ -26,7 +26,8 @@ from tests.unit.test_speculative import assert_same_outputs
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 LAYERS = [0, 1, 3]  # the target's layers whose inputs the EAGLE-3 heads read
-METHODS = {"eagle": "eagle", "eagle3": "eagle3", "eagle3-whole-vocabulary": "eagle3"}
+METHODS = {"eagle": "eagle", "eagle3": "eagle3", "eagle3-whole-vocabulary": "eagle3",
+           "eagle3-last-hidden-state": "eagle3"}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,10 @@ def heads(target, tmp_path_factory):
             "eagle3": eagle_head(target, root / "eagle3", "eagle3", draft_vocab_size=256, target_layers=LAYERS),
             # the target's embeddings and LM head
             "eagle3-whole-vocabulary": eagle_head(target, root / "eagle3-whole", "eagle3", seed=2,
-                                                  target_layers=LAYERS)}
+                                                  target_layers=LAYERS),
+            # eagle_config's use_aux_hidden_state false: the target's last hidden states, no fc
+            "eagle3-last-hidden-state": eagle_head(target, root / "eagle3-last", "eagle3", seed=3,
+                                                   reads_last_hidden_state=True)}
 
 
 def _config(head_dir, method: str = "eagle3", num_speculative_tokens: int = 3) -> SpeculativeConfig:
@@ -178,8 +182,11 @@ def _reference_drafts(target_dir, head_dir, method: str, prompt: list[int], num_
         layer.load_state_dict({k.removeprefix("midlayer."): v for k, v in tensors.items()
                                if k.startswith("midlayer.") and "hidden_norm" not in k})
         hidden_norm, final_norm = rms(tensors["midlayer.hidden_norm.weight"]), rms(tensors["norm.weight"])
-        aux = torch.cat([out.hidden_states[i][0] for i in config_json["eagle_aux_hidden_state_layer_ids"]], dim=-1)
-        features = aux @ tensors["fc.weight"].T
+        if "fc.weight" in tensors:
+            aux = torch.cat([out.hidden_states[i][0] for i in config_json["eagle_aux_hidden_state_layer_ids"]], dim=-1)
+            features = aux @ tensors["fc.weight"].T
+        else:  # use_aux_hidden_state false: the target's last hidden states, normed
+            features = out.hidden_states[-1][0]
         if "lm_head.weight" in tensors:
             lm_head = tensors["lm_head.weight"]
     tokens, drafts = prompt[1:] + [first_token], []
@@ -209,7 +216,7 @@ def _reference_drafts(target_dir, head_dir, method: str, prompt: list[int], num_
     return drafts
 
 
-@pytest.mark.parametrize("head", ["eagle", "eagle3", "eagle3-whole-vocabulary"])
+@pytest.mark.parametrize("head", sorted(METHODS))
 def test_an_eagle_heads_drafts_are_its_architecture_computed_by_transformers(target, heads, head):
     method = METHODS[head]
     prompt = [(13 * j) % 900 + 5 for j in range(37)]
