@@ -51,10 +51,16 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, given: dict[str, Any]) -> SpeculativeConfig:
         """vLLM's --speculative-config keys; ValueError for a missing, unknown or bad one."""
-        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                 "draft_tensor_parallel_size"}
         unknown = sorted(set(given) - known)
         if unknown:
             raise ValueError(f"speculative config: unknown keys {unknown}; known: {sorted(known)}")
+        # vLLM's docs give it for EAGLE heads: 1, the draft computed whole on one rank, as every draft is here.
+        if given.get("draft_tensor_parallel_size", 1) != 1:
+            raise ValueError(f"speculative config: draft_tensor_parallel_size must be 1 (a draft computes whole, "
+                             f"beside a target split or not), got {given['draft_tensor_parallel_size']}")
+        given = {key: value for key, value in given.items() if key != "draft_tensor_parallel_size"}
         if given.get("model") is not None and given.get("method") in (None, "draft_model"):
             # vLLM takes a model without a method as a draft model too.
             lookups = sorted({"prompt_lookup_max", "prompt_lookup_min"} & set(given))

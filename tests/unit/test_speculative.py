@@ -36,8 +36,15 @@ def test_the_config_reads_vllms_keys_and_refuses_what_it_does_not_serve():
             SpeculativeConfig(num_speculative_tokens=1, method="mtp")
     with pytest.raises(ValueError, match="ngram drafts take no model"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "model": "x"})
-    with pytest.raises(ValueError, match="unknown keys \\['draft_tensor_parallel_size'\\]"):
-        SpeculativeConfig.from_dict({"model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1})
+    with pytest.raises(ValueError, match="unknown keys \\['disable_by_batch_size'\\]"):
+        SpeculativeConfig.from_dict({"model": "x", "num_speculative_tokens": 2, "disable_by_batch_size": 4})
+    # vLLM's EAGLE examples give draft_tensor_parallel_size 1: the draft computes whole, as here
+    assert SpeculativeConfig.from_dict({"method": "eagle3", "model": "x", "num_speculative_tokens": 2,
+                                        "draft_tensor_parallel_size": 1}) == \
+        SpeculativeConfig(num_speculative_tokens=2, method="eagle3", model="x")
+    with pytest.raises(ValueError, match="draft_tensor_parallel_size must be 1"):
+        SpeculativeConfig.from_dict({"method": "eagle3", "model": "x", "num_speculative_tokens": 2,
+                                     "draft_tensor_parallel_size": 2})
     with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 0})
     with pytest.raises(ValueError, match="prompt_lookup_min <= prompt_lookup_max"):
