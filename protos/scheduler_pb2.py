@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/scheduler.proto\x12\x12\x62\x61ton.scheduler.v1\">\n\rMemoryRequest\x12-\n\x05kinds\x18\x01 \x03(\x0e\x32\x1e.baton.scheduler.v1.MemoryKind\"/\n\x15ReleaseMemoryResponse\x12\x16\n\x0e\x62ytes_released\x18\x01 \x01(\x04\"\x16\n\x14ResumeMemoryResponse\";\n\x0cPauseRequest\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.baton.scheduler.v1.PauseMode\"$\n\rPauseResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\"\x0f\n\rResumeRequest\"\x10\n\x0eResumeResponse\"\x11\n\x0f\x44\x65scribeRequest\"\xf0\x03\n\rSchedulerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x08 \x01(\r\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x19\n\x11scheduling_policy\x18\n \x01(\t\x12\x1d\n\x15\x65nable_prefix_caching\x18\x0b \x01(\x08\x12\x13\n\x0bnum_running\x18\x0c \x01(\r\x12\x13\n\x0bnum_waiting\x18\r \x01(\r\x12\x11\n\tis_paused\x18\x0e \x01(\x08\x12\x17\n\x0fnum_preemptions\x18\x0f \x01(\x04\x12\x1e\n\x16num_speculative_tokens\x18\x10 \x01(\r\x12\x12\n\nnum_drafts\x18\x11 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x12 \x01(\x04\x12\x37\n\x0freleased_memory\x18\x13 \x03(\x0e\x32\x1e.baton.scheduler.v1.MemoryKind*\\\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMORY_KIND_WEIGHTS\x10\x01\x12\x18\n\x14MEMORY_KIND_KV_CACHE\x10\x02*X\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13PAUSE_MODE_IN_PLACE\x10\x01\x12\x16\n\x12PAUSE_MODE_RETRACT\x10\x02\x32\xba\x03\n\tScheduler\x12L\n\x05Pause\x12 .baton.scheduler.v1.PauseRequest\x1a!.baton.scheduler.v1.PauseResponse\x12O\n\x06Resume\x12!.baton.scheduler.v1.ResumeRequest\x1a\".baton.scheduler.v1.ResumeResponse\x12R\n\x08\x44\x65scribe\x12#.baton.scheduler.v1.DescribeRequest\x1a!.baton.scheduler.v1.SchedulerInfo\x12]\n\rReleaseMemory\x12!.baton.scheduler.v1.MemoryRequest\x1a).baton.scheduler.v1.ReleaseMemoryResponse\x12[\n\x0cResumeMemory\x12!.baton.scheduler.v1.MemoryRequest\x1a(.baton.scheduler.v1.ResumeMemoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/scheduler.proto\x12\x12\x62\x61ton.scheduler.v1\">\n\rMemoryRequest\x12-\n\x05kinds\x18\x01 \x03(\x0e\x32\x1e.baton.scheduler.v1.MemoryKind\"/\n\x15ReleaseMemoryResponse\x12\x16\n\x0e\x62ytes_released\x18\x01 \x01(\x04\"\x16\n\x14ResumeMemoryResponse\";\n\x0cPauseRequest\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.baton.scheduler.v1.PauseMode\"$\n\rPauseResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\"\x0f\n\rResumeRequest\"\x10\n\x0eResumeResponse\"\x11\n\x0f\x44\x65scribeRequest\"\x8c\x04\n\rSchedulerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x08 \x01(\r\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x19\n\x11scheduling_policy\x18\n \x01(\t\x12\x1d\n\x15\x65nable_prefix_caching\x18\x0b \x01(\x08\x12\x13\n\x0bnum_running\x18\x0c \x01(\r\x12\x13\n\x0bnum_waiting\x18\r \x01(\r\x12\x11\n\tis_paused\x18\x0e \x01(\x08\x12\x17\n\x0fnum_preemptions\x18\x0f \x01(\x04\x12\x1e\n\x16num_speculative_tokens\x18\x10 \x01(\r\x12\x12\n\nnum_drafts\x18\x11 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x12 \x01(\x04\x12\x37\n\x0freleased_memory\x18\x13 \x03(\x0e\x32\x1e.baton.scheduler.v1.MemoryKind\x12\x1a\n\x12speculative_method\x18\x14 \x01(\t*\\\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMORY_KIND_WEIGHTS\x10\x01\x12\x18\n\x14MEMORY_KIND_KV_CACHE\x10\x02*X\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13PAUSE_MODE_IN_PLACE\x10\x01\x12\x16\n\x12PAUSE_MODE_RETRACT\x10\x02\x32\xba\x03\n\tScheduler\x12L\n\x05Pause\x12 .baton.scheduler.v1.PauseRequest\x1a!.baton.scheduler.v1.PauseResponse\x12O\n\x06Resume\x12!.baton.scheduler.v1.ResumeRequest\x1a\".baton.scheduler.v1.ResumeResponse\x12R\n\x08\x44\x65scribe\x12#.baton.scheduler.v1.DescribeRequest\x1a!.baton.scheduler.v1.SchedulerInfo\x12]\n\rReleaseMemory\x12!.baton.scheduler.v1.MemoryRequest\x1a).baton.scheduler.v1.ReleaseMemoryResponse\x12[\n\x0cResumeMemory\x12!.baton.scheduler.v1.MemoryRequest\x1a(.baton.scheduler.v1.ResumeMemoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMORYKIND']._serialized_start=835
-  _globals['_MEMORYKIND']._serialized_end=927
-  _globals['_PAUSEMODE']._serialized_start=929
-  _globals['_PAUSEMODE']._serialized_end=1017
+  _globals['_MEMORYKIND']._serialized_start=863
+  _globals['_MEMORYKIND']._serialized_end=955
+  _globals['_PAUSEMODE']._serialized_start=957
+  _globals['_PAUSEMODE']._serialized_end=1045
   _globals['_MEMORYREQUEST']._serialized_start=46
   _globals['_MEMORYREQUEST']._serialized_end=108
   _globals['_RELEASEMEMORYRESPONSE']._serialized_start=110
@@ -52,7 +52,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_start=317
   _globals['_DESCRIBEREQUEST']._serialized_end=334
   _globals['_SCHEDULERINFO']._serialized_start=337
-  _globals['_SCHEDULERINFO']._serialized_end=833
-  _globals['_SCHEDULER']._serialized_start=1020
-  _globals['_SCHEDULER']._serialized_end=1462
+  _globals['_SCHEDULERINFO']._serialized_end=861
+  _globals['_SCHEDULER']._serialized_start=1048
+  _globals['_SCHEDULER']._serialized_end=1490
 # @@protoc_insertion_point(module_scope)

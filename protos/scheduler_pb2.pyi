@@ -66,7 +66,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerInfo(_message.Message):
-    __slots__ = ("model", "dtype", "kv_cache_dtype", "block_size", "num_kv_blocks", "num_free_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "scheduling_policy", "enable_prefix_caching", "num_running", "num_waiting", "is_paused", "num_preemptions", "num_speculative_tokens", "num_drafts", "num_accepted_tokens", "released_memory")
+    __slots__ = ("model", "dtype", "kv_cache_dtype", "block_size", "num_kv_blocks", "num_free_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "scheduling_policy", "enable_prefix_caching", "num_running", "num_waiting", "is_paused", "num_preemptions", "num_speculative_tokens", "num_drafts", "num_accepted_tokens", "released_memory", "speculative_method")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class SchedulerInfo(_message.Message):
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RELEASED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_METHOD_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     kv_cache_dtype: str
@@ -105,4 +106,5 @@ class SchedulerInfo(_message.Message):
     num_drafts: int
     num_accepted_tokens: int
     released_memory: _containers.RepeatedScalarFieldContainer[MemoryKind]
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., scheduling_policy: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., is_paused: _Optional[bool] = ..., num_preemptions: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., released_memory: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...
+    speculative_method: str
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., scheduling_policy: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., is_paused: _Optional[bool] = ..., num_preemptions: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., released_memory: _Optional[_Iterable[_Union[MemoryKind, str]]] = ..., speculative_method: _Optional[str] = ...) -> None: ...

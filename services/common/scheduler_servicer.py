@@ -108,5 +108,6 @@ def describe(engine: LLMEngine) -> scheduler_pb2.SchedulerInfo:
         enable_prefix_caching=config.enable_prefix_caching, num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting), num_preemptions=scheduler.num_preemptions,
         num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative else 0,
+        speculative_method=config.speculative.method if config.speculative else "",
         num_drafts=scheduler.num_drafts, num_accepted_tokens=scheduler.num_accepted_tokens,
         released_memory=[kind for kind, name in MEMORY_KINDS.items() if name in engine.released_memory])

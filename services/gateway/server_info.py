@@ -29,6 +29,9 @@ from services.gateway.weight_updates import WeightUpdates
 from services.gateway.workers import Worker, WorkerPool
 
 DESCRIBE_TIMEOUT_S = 5.0
+# SGLang's --speculative-algorithm names of a decode worker's speculative method (its own where SGLang has none).
+SGLANG_ALGORITHMS = {"ngram": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3",
+                     "mtp": "NEXTN"}
 
 
 Described = tuple[str, Worker, scheduler_pb2.SchedulerInfo | BaseException]
@@ -60,8 +63,9 @@ def _state(kind: str, worker: Worker, info: scheduler_pb2.SchedulerInfo | BaseEx
                  num_preemptions=info.num_preemptions,
                  released_memory=[MEMORY_KINDS[kind] for kind in info.released_memory])
     if info.num_speculative_tokens:
-        # SGLang's: tokens a verifying step yields, the one the target samples itself included.
-        state.update(speculative_num_draft_tokens=info.num_speculative_tokens,
+        # SGLang's: tokens a verifying step yields, the one the target samples itself included; its algorithm's name.
+        state.update(speculative_algorithm=SGLANG_ALGORITHMS.get(info.speculative_method, info.speculative_method),
+                     speculative_num_draft_tokens=info.num_speculative_tokens,
                      avg_spec_accept_length=(1 + info.num_accepted_tokens / info.num_drafts) if info.num_drafts
                      else None)
     return state

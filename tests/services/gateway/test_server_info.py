@@ -28,7 +28,7 @@ def test_the_mesh_reports_its_workers_limits_as_sglang_names_them(mesh):
     assert info["page_size"] == BLOCK_SIZE and info["context_length"] == 2048
     assert info["model_path"] == mesh.model_name and info["disaggregation_mode"] == "prefill-decode"
     assert info["weight_version"] == "default" and info["generation_paused"] is None
-    assert "avg_spec_accept_length" not in states[0]  # no speculative decoding here
+    assert "avg_spec_accept_length" not in states[0] and "speculative_algorithm" not in states[0]  # none here
     assert httpx.get(f"{mesh.gateway.base_url}/server_info", timeout=10).json().keys() == info.keys()
 
 

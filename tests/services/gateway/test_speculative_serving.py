@@ -99,6 +99,8 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
         [decode] = [s for s in states if s["kind"] == "decode"]
         drafts = _counter(metrics, "baton_spec_decode_num_drafts_total")
         assert decode["avg_spec_accept_length"] == pytest.approx(1 + accepted / drafts)  # SGLang's figure
+        assert decode["speculative_algorithm"] == {"ngram": "NGRAM", "draft_model": "STANDALONE",
+                                                   "eagle": "EAGLE"}[method]
         mesh.assert_decode_pools_free()
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
