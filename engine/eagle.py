@@ -7,7 +7,7 @@ the target's hidden state at q (EAGLE-3's: three layers' inputs there, through `
 predicts the token at q + 2. So after each target step the head takes the hidden states of the positions the
 step verified (the target's runner hands them over, `_take_rows`), and its first forward at the next step's
 proposal both extends its own KV over them and makes the first draft; each further draft is one row, fed the
-head's own output.
+head's own output. A chunk of a prompt that goes on it takes in at once, a forward of its own.
 
 The head's KV pages are its own (as a draft model's: as many pages as the target's). Its context starts
 where the target's hidden states do: at the prompt's start in an engine that computes prompts itself, after
@@ -231,5 +231,16 @@ class EagleDrafter(DraftModel):
         if not kept:
             return
         features = self.runner.model.combine(features)
+        batch = ScheduledBatch()
         for seq, first, n in kept:
-            self._draft_sequence(seq).add_rows(seq.num_computed_tokens, features[first:first + n].clone())
+            eagle = self._draft_sequence(seq)
+            eagle.add_rows(seq.num_computed_tokens, features[first:first + n].clone())
+            # A chunk of a prompt that goes on: every token after its positions is known, so the head takes them in
+            # now, a chunk at a time, rather than the whole prompt's at its first drafts (held till then).
+            end = seq.num_computed_tokens + n
+            if end < seq.num_prompt_tokens and eagle.take_features(end) and self._reserve(eagle, eagle.num_features):
+                batch.add(eagle, eagle.num_tokens - eagle.num_computed_tokens)
+        if batch.seqs:
+            self.runner.forward_hidden(batch)
+            for eagle in batch.seqs:
+                eagle.num_computed_tokens = eagle.num_tokens

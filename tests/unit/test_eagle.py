@@ -117,6 +117,21 @@ def test_a_head_keeps_drafting_through_prefix_hits_and_gives_its_pages_back_on_a
     assert_clean(engine)
 
 
+def test_a_long_prompts_hidden_states_are_taken_in_a_chunk_at_a_time(target, heads):
+    """The head takes in each chunk of a prompt as it is computed (every token after it known), not the whole
+    prompt's hidden states at its first drafts: what it holds stays a chunk's."""
+    engine = LLMEngine(EngineConfig(model=str(target), num_kv_blocks=64, max_num_batched_tokens=32,
+                                    speculative=_config(heads["eagle3"], "eagle3")))
+    engine.add_request("long", [(7 * j) % 900 + 5 for j in range(200)], GREEDY)
+    engine.step()
+    eagle = engine.scheduler.drafter._held["long"]
+    for chunk in range(1, 6):  # 32 positions a step, the head's inputs up to them computed
+        assert (eagle.num_features, eagle.num_computed_tokens, eagle.pieces) == (32 * chunk, 32 * chunk, [])
+        engine.step()
+    assert finish(engine)["long"].token_ids == _run(target, None, [[(7 * j) % 900 + 5 for j in range(200)]],
+                                                     [GREEDY])[0]["0"][0]
+
+
 def test_sleep_mode_gives_back_the_heads_weights_too_and_wakes_it_drafting_as_before(tiny_demo_model, tmp_path):
     """vLLM's sleep and wake_up: the head's weights leave the process with the target's, and come back from its
     own checkpoint: the same tokens, and the same drafts taken, as before."""
