@@ -211,7 +211,7 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.llm_engine import LLMEngine
     from services.common.device_flag import ENV_DEVICE, resolved_device
     from services.common.settings import ConfigError, hf_overrides
-    from services.decode.config import speculative_config
+    from services.common.speculative_flag import speculative_config
 
     try:
         device = resolved_device(args.device or os.environ.get(ENV_DEVICE) or "auto")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from engine.batch import ScheduledBatch
-from engine.kv_pool import kv_block_bytes
+from engine.kv_pool import KVPool, kv_block_bytes
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
@@ -70,6 +70,7 @@ class DraftModel:
     pool of its own (`allocate_kv_pool`: as many pages as the target's, of the same size)."""
 
     reads_served_checkpoint = False  # its weights are the served checkpoint's: read again when it changes
+    pool_layers = 0  # layers it keeps in the target's pages (an EAGLE head's: engine/eagle.py); 0: a pool of its own
 
     def __init__(self, model_dir: str, num_speculative_tokens: int, target: ModelConfig, dtype: torch.dtype,
                  device: str, max_positions: int) -> None:
@@ -95,10 +96,16 @@ class DraftModel:
     def kv_block_bytes(self, block_size: int) -> int:
         return kv_block_bytes(self.runner.model_config, block_size, self.dtype)
 
-    def allocate_kv_pool(self, num_blocks: int, block_size: int) -> None:
+    def allocate_kv_pool(self, num_blocks: int, block_size: int, target_pool: KVPool | None = None) -> None:
+        """A pool of its own, as many pages as the target's (`target_pool`: the target's, for a drafter whose
+        layers are in its pages)."""
         self.runner.allocate_kv_pool(num_blocks, block_size, self.dtype)
         self.block_size, self.num_blocks = block_size, num_blocks
         self._free_blocks = list(range(num_blocks))
+
+    def prefilled(self, seq: Sequence) -> None:
+        """`seq`'s prompt is computed and its first token sampled, and its pages go on to a decode worker: what a
+        drafter keeping its layers in them computes there first (nothing, for a draft model)."""
 
     @property
     def num_free_blocks(self) -> int:

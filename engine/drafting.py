@@ -25,6 +25,8 @@ class Drafter(Protocol):
 
     def forget(self, request_id: str) -> None: ...
 
+    def prefilled(self, seq: Sequence) -> None: ...
+
 
 # Appends a sampled token (and its logprobs) to a sequence; True if the token finished it.
 Accept = Callable[[Sequence, int, dict[int, float] | None], bool]

@@ -28,6 +28,7 @@ from engine.batch import ScheduledBatch
 from engine.checkpoint import checkpoint_files
 from engine.draft_model import DraftModel, DraftSequence, last_rows
 from engine.eagle_config import EagleConfig
+from engine.kv_pool import KVPool
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
@@ -107,6 +108,9 @@ class EagleSequence(DraftSequence):
     position of the first, rows))."""
 
     masks_first: bool = False  # its input at the owner's position 0 is MASKED (an MTP layer's)
+    # Its KV in its owner's pages (the head's layers of them): what they hold before the hidden states it was
+    # handed (a cached prefix, a prompt a prefill worker computed) is its own, its context from position 0.
+    in_owners_pages: bool = False
     base: int = 0
     num_features: int = 0
     pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
@@ -126,7 +130,10 @@ class EagleSequence(DraftSequence):
         next_position = self.base + self.num_features
         if run_end is None or run_end < verified:  # nothing handed over since, or a gap before the end
             return run_end is None and verified == next_position and self._again()
-        if run_start > next_position or next_position > verified:  # a gap: its context starts again after it
+        if self.in_owners_pages and run_start != next_position:  # the owner's pages hold its KV up to there
+            self._held_up_to(run_start)
+            next_position = run_start
+        elif run_start > next_position or next_position > verified:  # a gap: its context starts again after it
             self.base, self.num_features, self.num_computed_tokens = run_start, 0, 0
             self.token_ids, self.given_embeddings, next_position = [], (), run_start
         rows = rows[next_position - run_start:verified - run_start]
@@ -141,6 +148,14 @@ class EagleSequence(DraftSequence):
         self.num_features += rows.shape[0]
         self.last_feature = rows[-1:]
         return True
+
+    def _held_up_to(self, position: int) -> None:
+        """Its inputs up to `position` computed already, in its owner's pages."""
+        self.token_ids = self.owner.token_ids[1:position + 1]
+        if self.masks_first and position:
+            self.token_ids[0] = MASKED
+        self.num_features = self.num_computed_tokens = position
+        self.given_embeddings, self.last_feature = (), None
 
     def _again(self) -> bool:
         """Its last target input computed again (nothing verified since its last drafts), for its output."""
@@ -174,7 +189,12 @@ class EagleSequence(DraftSequence):
 
 class EagleDrafter(DraftModel):
     """The scheduler's drafter for `{"method": "eagle"}`, `{"method": "eagle3"}` and `{"method": "mtp"}`: the head
-    beside the target, reading its hidden states, with a KV pool of its own (DraftModel's)."""
+    beside the target, reading its hidden states. A head whose layers' KV is shaped as the target's (every
+    released one's: EAGLE heads of the target's heads, an MTP layer of its kind) keeps it in the target's own pages,
+    as layers past the target's (`pool_layers`), so that it goes where they go: to a decode worker with a prompt's
+    pages, into the prefix cache and out of it. Its context is then the whole sequence wherever the pages were
+    computed (each prefill worker having the head too: the pages' layouts say so). Another keeps a pool of its own
+    (DraftModel's), its context starting where the hidden states it was handed do."""
 
     def __init__(self, model_dir: str, method: str, num_speculative_tokens: int, target: ModelRunner,
                  dtype: torch.dtype, device: str, max_positions: int, reads_served_checkpoint: bool = False) -> None:
@@ -191,21 +211,70 @@ class EagleDrafter(DraftModel):
                              "draft for a target split across tensor-parallel ranks (each holds a share of them)")
         self._start(model_dir, ModelRunner(model_dir, config, dtype, device, max_positions), num_speculative_tokens,
                     dtype)
+        whole = target.model_config
+        if (config.num_kv_heads, config.head_dim, config.mla is None) == (whole.num_kv_heads, whole.head_dim,
+                                                                          whole.mla is None):
+            self.pool_layers = config.num_layers
         self.runner.model.share(target.model)
         target.model.captured_layers = config.eagle.target_layers
         target.hidden_listener = self._take_rows
 
+    def allocate_kv_pool(self, num_blocks: int, block_size: int, target_pool: KVPool | None = None) -> None:
+        """Its layers of `target_pool`'s pages, past the target's; or a pool of its own (DraftModel's)."""
+        if target_pool is None:
+            super().allocate_kv_pool(num_blocks, block_size)
+            return
+        pages = target_pool.tensor[target_pool.tensor.shape[0] - self.pool_layers:]
+        self.runner.kv_pool = KVPool(self.runner.model_config, num_blocks, block_size, pages.dtype,
+                                     self.runner.device, lambda *_: pages)
+        self.block_size = block_size  # (num_blocks 0: no page of its own)
+
     def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
         """`room` greedy drafts for what follows each sequence's tokens, by request id: none for a sequence the
-        head has no hidden states of, or whose drafts find no pages."""
+        head has no hidden states of, or whose drafts find no pages. A head in the target's pages drafts no
+        further than they reach (the step's own are allocated after its drafts)."""
         rooms: dict[int, int] = {}
         batch = ScheduledBatch()
         for seq, room in wanted:
             eagle = self._draft_sequence(seq)
+            if not eagle.take_features(seq.num_computed_tokens):
+                continue
+            if self.pool_layers:
+                room = min(room, len(seq.block_table) * self.block_size - eagle.num_features + 1)
             # Pages for its inputs up to its last draft's input (the last draft is no input).
-            if eagle.take_features(seq.num_computed_tokens) and self._reserve(eagle, eagle.num_features + room - 1):
+            if self._reserve(eagle, eagle.num_features + room - 1):
                 self._add(batch, eagle, room, rooms)
         return self._drafts(batch, rooms)
+
+    def prefilled(self, seq: Sequence) -> None:
+        """A prompt computed for a decode worker, its first token sampled: a head in the target's pages computes
+        its KV of the prompt's last positions into them, before they go."""
+        eagle = self._held.get(seq.request_id)
+        if not self.pool_layers or eagle is None or eagle.owner is not seq:
+            return
+        if eagle.take_features(seq.num_computed_tokens) and self._reserve(eagle, eagle.num_features):
+            self._take_in([eagle])
+
+    def forget(self, request_id: str) -> None:
+        if self.pool_layers:  # its pages are its owner's
+            self._held.pop(request_id, None)
+        else:
+            super().forget(request_id)
+
+    def _reserve(self, draft: EagleSequence, num_positions: int) -> bool:
+        if not self.pool_layers:
+            return super()._reserve(draft, num_positions)
+        draft.block_table = list(draft.owner.block_table)
+        return num_positions <= len(draft.block_table) * self.block_size
+
+    def _take_in(self, eagles: list[EagleSequence]) -> None:
+        """Compute each one's inputs taken in and not yet computed (no draft made)."""
+        batch = ScheduledBatch()
+        for eagle in eagles:
+            batch.add(eagle, eagle.num_tokens - eagle.num_computed_tokens)
+        self.runner.forward_hidden(batch)
+        for eagle in eagles:
+            eagle.num_computed_tokens = eagle.num_tokens
 
     def _forward(self, batch: ScheduledBatch) -> tuple[list[EagleSequence], list[int], torch.Tensor]:
         """Each sampled sequence's greedy draft, and the head's output there: the next draft's feature."""
@@ -220,18 +289,20 @@ class EagleDrafter(DraftModel):
         eagle = self._held.get(seq.request_id)
         if eagle is None or eagle.owner is not seq:  # (an id used again: none of its KV is this one's)
             self.forget(seq.request_id)
-            eagle = self._held[seq.request_id] = EagleSequence(seq, masks_first=self._masks_first)
+            eagle = self._held[seq.request_id] = EagleSequence(seq, masks_first=self._masks_first,
+                                                               in_owners_pages=self.pool_layers > 0)
         return eagle
 
     def _take_rows(self, seq_rows: list[tuple[Sequence, int, int]], features: torch.Tensor) -> None:
         """The target runner's hidden states of a step (ModelRunner.hidden_listener): kept for each sequence that
         may decode, by the positions they were computed at."""
+        # (A prompt prefilled for a decode worker: taken in where the head's KV goes with its pages.)
         kept = [(seq, first, n) for seq, first, n in seq_rows
-                if not seq.is_prefill_only and not seq.sampling_params.embed]
+                if (self.pool_layers or not seq.is_prefill_only) and not seq.sampling_params.embed]
         if not kept:
             return
         features = self.runner.model.combine(features)
-        batch = ScheduledBatch()
+        taken = []
         for seq, first, n in kept:
             eagle = self._draft_sequence(seq)
             eagle.add_rows(seq.num_computed_tokens, features[first:first + n].clone())
@@ -239,8 +310,6 @@ class EagleDrafter(DraftModel):
             # now, a chunk at a time, rather than the whole prompt's at its first drafts (held till then).
             end = seq.num_computed_tokens + n
             if end < seq.num_prompt_tokens and eagle.take_features(end) and self._reserve(eagle, eagle.num_features):
-                batch.add(eagle, eagle.num_tokens - eagle.num_computed_tokens)
-        if batch.seqs:
-            self.runner.forward_hidden(batch)
-            for eagle in batch.seqs:
-                eagle.num_computed_tokens = eagle.num_tokens
+                taken.append(eagle)
+        if taken:
+            self._take_in(taken)

@@ -93,9 +93,9 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dty
     return max(1, int(available_memory_bytes(device) * fraction) // block_bytes)
 
 
-def pool_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    """`[L, 2, Hkv, N, bs, D]`: a KVPool tensor's."""
-    return config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim
+def pool_shape(config: ModelConfig, num_blocks: int, block_size: int, extra_layers: int = 0) -> tuple[int, ...]:
+    """`[L, 2, Hkv, N, bs, D]`: a KVPool tensor's (`extra_layers` past the model's: an EAGLE head's)."""
+    return config.num_layers + extra_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim
 
 
 class KVPool:
@@ -104,6 +104,8 @@ class KVPool:
     `tensor` is `[L, 2, Hkv, N, bs, D]`: one allocation, so it can later live in
     shared memory or be exported as one CUDA IPC handle. A rank of a model split across ranks
     (engine/tensor_parallel.py) computes with its `heads` of every page: `layers` views those alone.
+    `extra_layers` past the model's are an EAGLE head's (engine/eagle.py), so that every page holds the
+    head's KV beside the model's wherever it goes.
     """
 
     def __init__(
@@ -115,10 +117,11 @@ class KVPool:
         device: str,
         tensor_factory: TensorFactory | None = None,
         heads: slice = slice(None),
+        extra_layers: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = pool_shape(config, num_blocks, block_size)
+        shape = pool_shape(config, num_blocks, block_size, extra_layers)
         # A decode worker passes a factory that places the pool in shared memory,
         # so a prefill worker on the same host can write pages into it directly.
         self.tensor = (tensor_factory or _zeros)(shape, dtype, device)

@@ -82,10 +82,12 @@ class LLMEngine:
             config.num_kv_blocks, config.kv_memory_fraction,
             draft_model.kv_block_bytes(config.block_size) if draft_model is not None else 0)
         kv_pool_start_ns = time.time_ns()
+        head_layers = draft_model.pool_layers if draft_model is not None else 0  # an EAGLE head's, in every page
         self.runner.allocate_kv_pool(self.num_kv_blocks, config.block_size, kv_dtype, kv_tensor_factory,
-                                     kv_shared_factory)
+                                     kv_shared_factory, extra_layers=head_layers)
         if draft_model is not None:  # as many pages as the target's; a sequence finding none left decodes plainly
-            draft_model.allocate_kv_pool(self.num_kv_blocks, config.block_size)
+            draft_model.allocate_kv_pool(self.num_kv_blocks, config.block_size,
+                                         self.runner.kv_pool if head_layers else None)
         kv_pool_end_ns = time.time_ns()
         # An encoder's tokens attend to later ones too: no prefix of a prompt is the same computed alone. An
         # embedding pooled from every token (mean, [CLS]) needs every token's hidden state: its prompt is

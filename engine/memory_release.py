@@ -71,7 +71,7 @@ def release(engine, kinds: Iterable[str]) -> int:
     if "kv_cache" in kinds:
         if engine.reset_prefix_cache() is None:
             raise MemoryBusyError("requests hold KV pages (reserved, or handed over)")
-        released += sum(release_pages(t) for t in engine.kv_pool_tensors())
+        released += sum(release_pages(t) for t in unique_storages(engine.kv_pool_tensors()))
     if "weights" in kinds:  # the model's, and its draft model's or head's (which may share some of them)
         drafter = engine.draft_model.runner.model.parameters() if engine.draft_model is not None else ()
         released += sum(release_pages(p) for p in unique_storages([*engine.runner.model.parameters(), *drafter]))

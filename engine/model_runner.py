@@ -178,14 +178,15 @@ class ModelRunner:
 
     def allocate_kv_pool(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, tensor_factory: TensorFactory | None = None,
-        shared_factory: SharedTensorFactory | None = None,
+        shared_factory: SharedTensorFactory | None = None, extra_layers: int = 0,
     ) -> KVPool:
         """The KV pool of every head, placed by `tensor_factory` or `shared_factory` (private memory where neither
         is given); this rank computes with its own heads of it. Where the model is split, the other ranks map the
-        pool too: `shared_factory`'s file, or a file of its own (ValueError for a `tensor_factory`'s)."""
+        pool too: `shared_factory`'s file, or a file of its own (ValueError for a `tensor_factory`'s).
+        `extra_layers`: an EAGLE head's, in every page past the model's (engine/eagle.py)."""
         if shared_factory is not None:
-            shared, pool_file = shared_factory(pool_shape(self.model_config, num_blocks, block_size), dtype,
-                                               self.device)
+            shared, pool_file = shared_factory(pool_shape(self.model_config, num_blocks, block_size, extra_layers),
+                                               dtype, self.device)
             tensor_factory = lambda *_: shared  # noqa: E731
         elif self.rank_workers is not None:
             if tensor_factory is not None:
@@ -193,7 +194,7 @@ class ModelRunner:
                                  "split across them")
             tensor_factory = self.rank_workers.shared_pool
         self.kv_pool = KVPool(self.model_config, num_blocks, block_size, dtype, self.device, tensor_factory,
-                              rank_heads(self.model_config, self.rank, self.tensor_parallel_size))
+                              rank_heads(self.model_config, self.rank, self.tensor_parallel_size), extra_layers)
         if shared_factory is not None and self.rank_workers is not None:
             self.rank_workers.share_pool(pool_file, self.kv_pool.tensor.shape, dtype)
         return self.kv_pool

@@ -265,6 +265,8 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if self.drafter is not None:
+            if reason == "prefilled":  # its pages go on to a decode worker: an EAGLE head's layers first filled
+                self.drafter.prefilled(seq)
             self.drafter.forget(seq.request_id)
         if reason == "prefilled":
             self.held[seq.request_id] = seq

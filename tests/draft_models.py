@@ -22,19 +22,21 @@ def first_layers_copy(model_dir, target_dir, num_layers: int):
 
 
 def eagle_head(target_dir, head_dir, method: str, seed: int = 0, draft_vocab_size: int | None = None,
-               target_layers: list[int] | None = None, reads_last_hidden_state: bool = False):
+               target_layers: list[int] | None = None, reads_last_hidden_state: bool = False,
+               num_kv_heads: int | None = None):
     """A random EAGLE head for the model in `target_dir`, as EAGLE's releases lay it out: EAGLE-1's (`"eagle"`) a
     Llama config of one layer and `fc` (with its bias), the first layer's unused input norm and a copy of the
     target's embeddings beside it; EAGLE-3's (`"eagle3"`) `midlayer` reading [embedding; feature] twice as wide,
     `fc` over three target layers' inputs, its final norm, and an LM head over `draft_vocab_size` tokens
     (`d2t`: each one's offset to its target id; `t2d` the mask the other way) where given, the target's
     vocabulary's else. `target_layers`: config.json's eagle_aux_hidden_state_layer_ids. `reads_last_hidden_state`:
-    an EAGLE-3 head of eagle_config's use_aux_hidden_state false (the target's last hidden states, no fc)."""
+    an EAGLE-3 head of eagle_config's use_aux_hidden_state false (the target's last hidden states, no fc).
+    `num_kv_heads`: its own, where not the target's (its KV then shaped otherwise)."""
     import torch
 
     target_config = json.loads((target_dir / "config.json").read_text())
     hidden, heads = target_config["hidden_size"], target_config["num_attention_heads"]
-    kv_heads, inter = target_config["num_key_value_heads"], target_config["intermediate_size"]
+    kv_heads, inter = num_kv_heads or target_config["num_key_value_heads"], target_config["intermediate_size"]
     head_dim, vocab = target_config.get("head_dim", hidden // heads), target_config["vocab_size"]
     generator = torch.Generator().manual_seed(seed)
 
@@ -52,7 +54,7 @@ def eagle_head(target_dir, head_dir, method: str, seed: int = 0, draft_vocab_siz
              "mlp.gate_proj.weight": random(inter, hidden), "mlp.up_proj.weight": random(inter, hidden),
              "mlp.down_proj.weight": random(hidden, inter),
              "input_layernorm.weight": norm(), "post_attention_layernorm.weight": norm()}
-    config = {**target_config, "num_hidden_layers": 1}
+    config = {**target_config, "num_hidden_layers": 1, "num_key_value_heads": kv_heads}
     if method == "eagle":
         tensors = {f"layers.0.{name}": t for name, t in layer.items()}
         tensors |= {"fc.weight": random(hidden, 2 * hidden), "fc.bias": 0.1 * torch.randn(hidden, generator=generator),

@@ -59,11 +59,11 @@ from services.common.settings import (
     check_tensor_parallel_size,
     env_int,
     hf_overrides,
-    json_object,
     model_arg,
     new_parser,
     resolved_dtype,
 )
+from services.common.speculative_flag import speculative_config
 from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
 
 ENV_HOST = "BATON_DECODE_HOST"
@@ -229,22 +229,11 @@ class DecodeServiceConfig:
                    lora_modules=lora_modules(args.lora_modules),
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
-                   speculative=speculative_config(args.speculative_config),
+                   speculative=speculative_config(args.speculative_config,
+                                                  f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"),
                    per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
                    max_model_len=args.max_model_len,
                    hf_overrides=hf_overrides(args.hf_overrides), max_message_bytes=args.max_message_bytes,
                    grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, otlp_endpoint=args.otlp_endpoint,
                    profiler_dir=args.profiler_dir)
-
-
-def speculative_config(given: str | None, source: str = f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"
-                       ) -> SpeculativeConfig | None:
-    """--speculative-config's JSON as the engine's config; ConfigError (naming `source`) for one it cannot be."""
-    parsed = json_object(given, source)
-    if parsed is None:
-        return None
-    try:
-        return SpeculativeConfig.from_dict(parsed)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{source}: {e}") from None

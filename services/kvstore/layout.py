@@ -96,6 +96,9 @@ class PageLayout:
                     mine, theirs = mine.hex(), theirs.hex()
                     why = (" (another checkpoint, or a LongRoPE model served with a --max-model-len on the "
                            "other side of its original context)")
+                elif f.name == "num_layers":  # an EAGLE head's or MTP layer's KV is in every page past the model's
+                    why = (" (an EAGLE head or MTP layer on one side only: prefill and decode workers need the same "
+                           "--speculative-config)")
                 raise LayoutMismatchError(f"KV layout mismatch in {f.name}: expected {mine!r}, got {theirs!r}{why}")
 
     @classmethod

@@ -170,7 +170,8 @@ def visible_gpu_count() -> int:
 
 def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     """`--KIND-args` strings, split as a shell splits them, --scheduling-policy for the workers,
-    --speculative-config for the decode workers, --stream-interval for the gateway and vLLM's
+    --speculative-config for the decode workers (and the prefill workers, an EAGLE head's or MTP layer's),
+    --stream-interval for the gateway and vLLM's
     serving flags for theirs (vllm_flags.py)."""
     import shlex
 
@@ -183,15 +184,20 @@ def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     if args.scheduling_policy is not None:  # before their own flags, which may set it otherwise
         for kind in ("prefill", "decode"):
             flags[kind] = ("--scheduling-policy", args.scheduling_policy, *flags[kind])
-    if args.speculative_config is not None:  # refused here rather than by every decode worker
+    given = args.speculative_config or os.environ.get("BATON_DECODE_SPECULATIVE_CONFIG") or None
+    if given is not None:  # refused here rather than by every decode worker
         from services.common.settings import ConfigError
-        from services.decode.config import speculative_config
+        from services.common.speculative_flag import speculative_config
 
+        source = "--speculative-config" if args.speculative_config else "$BATON_DECODE_SPECULATIVE_CONFIG"
         try:
-            speculative_config(args.speculative_config, "--speculative-config")
+            speculative = speculative_config(given, source)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
-        flags["decode"] = ("--speculative-config", args.speculative_config, *flags["decode"])
+        if args.speculative_config:
+            flags["decode"] = ("--speculative-config", given, *flags["decode"])
+        if speculative.method in ("eagle", "eagle3", "mtp"):  # its KV in every page: the prefill workers' too
+            flags["prefill"] = ("--speculative-config", given, *flags["prefill"])
     if args.stream_interval is not None:
         if args.stream_interval < 1:
             raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")

@@ -27,6 +27,7 @@ import services.common.openmp_env  # noqa: F401  (first: before torch loads Open
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.speculative import SpeculativeConfig
 from protos import (
     cache_pb2_grpc,
     embed_pb2_grpc,
@@ -81,7 +82,13 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   lora_modules=config.lora_modules,
                                   max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                   max_cpu_loras=config.max_cpu_loras,
-                                  hf_overrides=config.hf_overrides))
+                                  hf_overrides=config.hf_overrides, speculative=prefill_drafter(config.speculative)))
+
+
+def prefill_drafter(speculative: SpeculativeConfig | None) -> SpeculativeConfig | None:
+    """The speculative config a prefill worker's engine takes: an EAGLE head's or MTP layer's (whose KV it computes
+    into the pages it hands over); a prompt computed here is never drafted for, so any other is none."""
+    return speculative if speculative is not None and speculative.method in ("eagle", "eagle3", "mtp") else None
 
 
 def warmup_lengths(engine: LLMEngine) -> list[int]:

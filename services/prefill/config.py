@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MAX_LOGPROBS
+from engine.speculative import SpeculativeConfig
 from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
@@ -61,6 +62,7 @@ from services.common.settings import (
     new_parser,
     resolved_dtype,
 )
+from services.common.speculative_flag import speculative_config
 from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
 
 ENV_HOST = "BATON_PREFILL_HOST"
@@ -82,6 +84,7 @@ EARLY_KV_TRANSFER = ("auto", "on", "off")
 ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
 ENV_KVSTORE = "BATON_PREFILL_KVSTORE"
 ENV_METRICS_PORT = "BATON_PREFILL_METRICS_PORT"
+ENV_SPECULATIVE_CONFIG = "BATON_PREFILL_SPECULATIVE_CONFIG"
 
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # the token budget of one step: longer prompts are chunked
@@ -128,6 +131,9 @@ class PrefillServiceConfig:
     # A long prompt's pages sent by GRPC_STREAM as its chunks compute: on, off, or auto (on where the
     # engine is on a GPU: on a CPU the sending takes the cores the prompt computes on).
     early_kv_transfer: str = "auto"
+    # The decode workers' speculative config, where their EAGLE head's (or MTP layer's) KV is in every page: this
+    # worker computes the head's KV of each prompt into its pages (engine/eagle.py). None: none.
+    speculative: SpeculativeConfig | None = None
     prefix_caching: bool = True  # off: every prompt computed whole (for measuring what the cache saves)
     kvstore_address: str = ""  # host:port of the kvstore node reused prefix blocks are stored on; "": none
     metrics_port: int = 0  # Prometheus /metrics; 0: any free port (printed), -1: none
@@ -199,6 +205,11 @@ class PrefillServiceConfig:
                                  f"or all once it is computed (off); auto, the default: on where the engine is on "
                                  f"a GPU, off on a CPU, where sending takes the cores the prompt computes on "
                                  f"(${ENV_EARLY_KV_TRANSFER})")
+        parser.add_argument("--speculative-config", metavar="JSON", default=env.get(ENV_SPECULATIVE_CONFIG) or None,
+                            help="the decode workers' --speculative-config, where they draft with an EAGLE head or a "
+                                 "checkpoint's MTP layer whose KV is in every page: this worker computes the head's KV "
+                                 "of each prompt into the pages it hands over (their layouts must agree); n-gram and "
+                                 f"draft-model configs change nothing here (${ENV_SPECULATIVE_CONFIG})")
         parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                             default=env.get(ENV_PREFIX_CACHING, "1") != "0",
                             help=f"compute every prompt whole, reusing no cached prefix (${ENV_PREFIX_CACHING}=0)")
@@ -249,6 +260,8 @@ class PrefillServiceConfig:
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
                    early_kv_transfer=args.early_kv_transfer,
+                   speculative=speculative_config(args.speculative_config,
+                                                  f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"),
                    prefix_caching=args.prefix_caching, kvstore_address=args.kvstore,
                    metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    profiler_dir=args.profiler_dir)

@@ -330,7 +330,8 @@ def test_flags_given_per_kind_of_service_reach_those_services(start_up, tmp_path
         assert "--scheduling-policy priority" in " ".join(command_line(up.pids[worker])), worker
         assert "--max-num-seqs 7" in " ".join(command_line(up.pids[worker])), worker
     assert NGRAM in command_line(up.pids["decode-0"])
-    assert NGRAM not in command_line(up.pids["prefill-0"])  # drafts are the decode workers' alone
+    assert NGRAM not in command_line(up.pids["prefill-0"])  # drafts are the decode workers' alone (but an EAGLE
+    # head's KV in every page, which prefill workers compute too: test_speculative_serving.py)
     for child, pid in up.pids.items():  # --shutdown-grace-s and --max-model-len are every service's
         if child != "redis":
             assert "--shutdown-grace-s 2.5" in " ".join(command_line(pid)), child
@@ -439,6 +440,26 @@ def test_vllms_serving_flags_go_to_their_services_before_their_own_flags():
                                "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "4")
     assert flags["kvstore"] == ()
     assert service_args(parser.parse_args([]))["gateway"] == ()
+
+
+def test_an_eagle_heads_speculative_config_reaches_the_prefill_workers_too(monkeypatch):
+    """An EAGLE head's or MTP layer's KV is in every page: the prefill workers compute it into the prompts' pages,
+    so they take the config too (from --speculative-config, or the decode workers' variable); n-gram drafts are the
+    decode workers' alone."""
+    import argparse
+
+    from services.launcher.command import add_up_arguments, service_args
+
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    eagle = json.dumps({"method": "eagle3", "model": "/heads/eagle3", "num_speculative_tokens": 3})
+    flags = service_args(parser.parse_args(["--speculative-config", eagle]))
+    assert flags["prefill"] == flags["decode"] == ("--speculative-config", eagle)
+    assert service_args(parser.parse_args(["--speculative-config", NGRAM]))["prefill"] == ()
+    mtp = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    monkeypatch.setenv("BATON_DECODE_SPECULATIVE_CONFIG", mtp)  # the decode workers read it themselves
+    flags = service_args(parser.parse_args([]))
+    assert (flags["prefill"], flags["decode"]) == (("--speculative-config", mtp), ())
 
 
 def test_an_sglang_launch_server_command_line_starts_baton_up_as_it_is(tiny_demo_model):

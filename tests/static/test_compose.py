@@ -28,6 +28,7 @@ BATON_SERVICES = ["model-init", *GRPC_PORTS]
 COMPOSE_VARS = ["BATON_MODEL", "PREFILL_REPLICAS", "DECODE_REPLICAS", "TOKENIZER_REPLICAS", "BATON_PORT",
                 "BATON_GRPC_PORT",
                 "DECODE_SHM_SIZE", "PREFILL_SHM_SIZE", "BATON_TENSOR_PARALLEL_SIZE", "KVSTORE_CAPACITY_BYTES",
+                "BATON_DECODE_SPECULATIVE_CONFIG",
                 "GRAFANA_PORT", "PROMETHEUS_PORT", "JAEGER_UI_PORT",
                 "COMPOSE_FILE", "COMPOSE_PROJECT_NAME", "WORKER_GPUS", "TORCH_INDEX_URL"]
 
@@ -200,6 +201,14 @@ def test_workers_split_across_ranks_as_asked_with_room_for_the_pool_their_ranks_
     for name in ("prefill", "decode"):
         assert services[name]["environment"]["BATON_TENSOR_PARALLEL_SIZE"] == "2"
     assert services["prefill"]["shm_size"] in ("2gb", 2 << 30)
+
+
+def test_an_eagle_heads_speculative_config_reaches_prefill_and_decode():
+    """An EAGLE head's KV is in every page: the prefill workers compute it too, so both take the config."""
+    eagle = '{"method": "eagle3", "model": "/models/eagle3", "num_speculative_tokens": 3}'
+    services = compose_config(BATON_DECODE_SPECULATIVE_CONFIG=eagle)["services"]
+    assert services["decode"]["environment"]["BATON_DECODE_SPECULATIVE_CONFIG"] == eagle
+    assert services["prefill"]["environment"]["BATON_PREFILL_SPECULATIVE_CONFIG"] == eagle
 
 
 def test_the_gpu_override_puts_prefill_and_decode_on_gpus_and_leaves_the_rest_alone():

@@ -84,36 +84,36 @@ def test_a_head_that_computes_its_target_has_most_drafts_taken(tiny_demo_model, 
     assert drafted_steps < 0.75 * plain_steps
 
 
-def test_a_head_keeps_drafting_through_prefix_hits_and_gives_its_pages_back_on_abort(tiny_demo_model, tmp_path):
-    """A prompt whose prefix the cache serves: the head's context starts after it (no hidden states before), and
-    the tokens are still plain decoding's; an aborted request's head pages come back."""
+def test_a_heads_kv_in_the_targets_pages_serves_it_across_a_prefix_hit(tiny_demo_model, tmp_path):
+    """The head's KV is in the target's pages (its layers past the target's): a prompt whose prefix the cache
+    serves has the head's KV of it too, so its drafts are those it makes computing the prompt whole (the same
+    drafts taken); an aborted request leaves the head nothing of it."""
     replica, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
-    prefix = [(11 * j) % 900 + 5 for j in range(64)]
-    prompts = {"first": prefix + [7, 8, 9], "second": prefix + [10, 11, 12, 13]}
-    expected = {}
-    for request_id, prompt in prompts.items():  # each alone: no cache between them
-        plain = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64))
-        plain.add_request(request_id, prompt, GREEDY)
-        expected[request_id] = finish(plain)[request_id].token_ids
+    prefix = [(11 * j) % 900 + 5 for j in range(64)]  # 4 pages, each prompt's next token after them the same
+    first, second = prefix + [7, 8, 9], prefix + [7, 10, 11, 12]
+    alone = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64, speculative=_config(head, "eagle")))
+    alone.add_request("second", second, GREEDY)
+    expected = finish(alone)["second"].token_ids
+    expected_accepted = alone.scheduler.drafting.num_accepted_tokens
+    assert expected_accepted > 0
     engine = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64, speculative=_config(head, "eagle")))
-    drafter = engine.scheduler.drafter
-    made = {}
-    for request_id, prompt in prompts.items():  # in turn: the second's prefix served from the cache
-        engine.add_request(request_id, prompt, GREEDY)
-        out = finish(engine)[request_id]
-        made[request_id] = out.token_ids
+    assert engine.scheduler.drafter.pool_layers == 2  # the replica's: the target's two layers again
+    assert engine.runner.kv_pool.tensor.shape[0] == 4
+    engine.add_request("first", first, GREEDY)
+    finish(engine)
+    accepted_before = engine.scheduler.drafting.num_accepted_tokens
+    engine.add_request("second", second, GREEDY)
+    out = finish(engine)["second"]
     assert out.num_cached_tokens == 64
-    assert made == expected
-    assert drafter.num_free_blocks == drafter.num_blocks
-    accepted = engine.scheduler.drafting.num_accepted_tokens
-    assert accepted > 0
+    assert out.token_ids == expected
+    assert engine.scheduler.drafting.num_accepted_tokens - accepted_before == expected_accepted
     engine.add_request("aborted", list(range(30, 90)), SamplingParams(max_tokens=50, ignore_eos=True))
     for _ in range(4):
         engine.step()
-    assert drafter.num_free_blocks < drafter.num_blocks
+    assert "aborted" in engine.scheduler.drafter._held
     engine.abort("aborted")
     engine.step()
-    assert drafter.num_free_blocks == drafter.num_blocks
+    assert not engine.scheduler.drafter._held
     assert_clean(engine)
 
 
@@ -246,24 +246,55 @@ def test_an_eagle_heads_drafts_are_its_architecture_computed_by_transformers(tar
     assert drafts == _reference_drafts(target, heads[head], method, prompt, 4)
 
 
-@pytest.mark.parametrize("head", ["eagle", "eagle3"])
-def test_a_decode_engine_handed_a_prompts_pages_drafts_from_its_first_token_on(target, heads, head):
-    """A decode worker's prompt came as the target's KV, its hidden states left with the prefill engine: the head
-    drafts from the first token the decode engine computes, and the tokens are the colocated engine's."""
+@pytest.mark.parametrize("prefill_budget", [512, 32])  # the prompt in one chunk; in three (two taken in as computed)
+def test_a_decode_engine_handed_a_prompts_pages_has_the_heads_kv_of_it_too(tiny_demo_model, tmp_path,
+                                                                           prefill_budget):
+    """Prefill in one engine, decode in another, each with the head: the pages handed over hold the head's KV of
+    the prompt (computed by the prefill engine, its last position once its first token is sampled), so the decode
+    engine drafts with the whole prompt as context from its second step on (its first has no hidden state before
+    it), taking as many drafts as one engine doing both, less a step's; the tokens are the colocated engine's."""
+    replica, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
     prompt = [(17 * j) % 900 + 5 for j in range(70)]
-    colocated = LLMEngine(EngineConfig(model=str(target), num_kv_blocks=128))
+    speculative = _config(head, "eagle")
+    colocated = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=128, speculative=speculative))
     colocated.add_request("r", prompt, GREEDY)
     expected = finish(colocated)["r"].token_ids
-    prefill = LLMEngine(EngineConfig(model=str(target), num_kv_blocks=128))
-    decode = LLMEngine(EngineConfig(model=str(target), num_kv_blocks=128, speculative=_config(heads[head], head)))
+    prefill = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=128, max_num_batched_tokens=prefill_budget,
+                                     speculative=speculative))
+    decode = LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=128, speculative=speculative))
+    prefill.add_request("r", prompt, GREEDY, prefill_only=True)
+    first = finish(prefill)["r"]
+    src, dst = prefill.held_block_ids("r"), decode.reserve("r", len(prompt))
+    decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]  # the head's layers too
+    prefill.release("r")
+    decode.add_prefilled_request("r", prompt, first.token_ids[0], GREEDY)
+    decode.step()  # the first token computed: no hidden state before it to draft from
+    assert decode.scheduler.drafting.num_draft_tokens == 0
+    assert finish(decode)["r"].token_ids == expected
+    drafts = speculative.num_speculative_tokens
+    assert decode.scheduler.drafting.num_accepted_tokens >= colocated.scheduler.drafting.num_accepted_tokens - drafts
+    assert_clean(decode)
+
+
+def test_a_decode_engine_without_the_prompts_head_kv_drafts_from_what_it_computed(target, tmp_path):
+    """A head whose KV is not shaped as the target's (4 KV heads to its 2) keeps a pool of its own, and on a
+    decode engine drafts from the first token it computes on (the prompt's hidden states stayed with the prefill
+    engine)."""
+    wide = eagle_head(target, tmp_path / "wide", "eagle3", target_layers=LAYERS, num_kv_heads=4)
+    engine_options = dict(model=str(target), num_kv_blocks=128)
+    prompt = [(17 * j) % 900 + 5 for j in range(70)]
+    colocated = LLMEngine(EngineConfig(**engine_options))
+    colocated.add_request("r", prompt, GREEDY)
+    expected = finish(colocated)["r"].token_ids
+    prefill = LLMEngine(EngineConfig(**engine_options))
+    decode = LLMEngine(EngineConfig(**engine_options, speculative=_config(wide, "eagle3")))
+    assert decode.scheduler.drafter.pool_layers == 0
     prefill.add_request("r", prompt, GREEDY, prefill_only=True)
     first = finish(prefill)["r"]
     src, dst = prefill.held_block_ids("r"), decode.reserve("r", len(prompt))
     decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]
     prefill.release("r")
     decode.add_prefilled_request("r", prompt, first.token_ids[0], GREEDY)
-    decode.step()  # the first token computed: no hidden state before it to draft from
-    assert decode.scheduler.drafting.num_draft_tokens == 0
     assert finish(decode)["r"].token_ids == expected
     assert decode.scheduler.drafting.num_draft_tokens > 0
     assert_clean(decode)

@@ -47,7 +47,9 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
     metrics_port = _free_port()
     decode_args = ("--speculative-config", json.dumps(speculative), "--metrics-port", str(metrics_port),
                    "--per-request-spec-decode-metrics", "detailed")
-    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, decode_args=decode_args,
+    # An EAGLE head's KV is in every page: the prefill worker computes it into the prompts' pages it hands over.
+    prefill_args = ("--speculative-config", json.dumps(speculative)) if method == "eagle" else ()
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, decode_args=decode_args, prefill_args=prefill_args,
                       gateway_args=("--per-request-spec-decode-metrics", "detailed"))
     try:
         total_chunks = 0
@@ -124,9 +126,9 @@ def test_a_deepseek_checkpoints_mtp_layer_drafts_on_the_decode_workers(tmp_path)
     expected = {len(p): [out for out in engine.generate([p], params) if out.finished][0].token_ids
                 for p in (short, long)}
     metrics_port = _free_port()
-    mesh = start_mesh(model, num_prefill=1, num_decode=1, decode_args=(
-        "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2}),
-        "--metrics-port", str(metrics_port), "--kv-blocks", "64"))  # as many pages as the context of 1024 tokens
+    speculative = ("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2}))
+    mesh = start_mesh(model, num_prefill=1, num_decode=1, prefill_args=speculative, decode_args=(
+        *speculative, "--metrics-port", str(metrics_port), "--kv-blocks", "64"))  # pages for a context of 1024
     try:
         with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
             for prompt in (short, long):

@@ -184,6 +184,9 @@ def test_layout_properties_and_check_compatible():
     layout.check_compatible(make_layout(num_blocks=99))
     with pytest.raises(LayoutMismatchError, match="fingerprint"):
         layout.check_compatible(make_layout(fingerprint=b"other"))
+    # An EAGLE head's layers in one side's pages only: the flag both sides need is named
+    with pytest.raises(LayoutMismatchError, match="num_layers.*the same --speculative-config"):
+        layout.check_compatible(make_layout(num_layers=3))
     with pytest.raises(ValueError):
         make_layout(dtype="int8")
 

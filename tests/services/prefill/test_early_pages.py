@@ -165,3 +165,21 @@ def test_early_transfer_by_default_only_where_the_prompt_computes_on_a_gpu(tiny_
     assert not PrefillServiceConfig.from_args(model, {"BATON_PREFILL_EARLY_KV_TRANSFER": "off"}).sends_pages_early
     with pytest.raises(ConfigError, match="--early-kv-transfer must be one of auto, on, off, got 'yes'"):
         PrefillServiceConfig.from_args(model, {"BATON_PREFILL_EARLY_KV_TRANSFER": "yes"})
+
+
+def test_a_prefill_worker_takes_the_decode_workers_eagle_head_to_compute_its_kv_into_the_pages(tiny_demo_model):
+    """--speculative-config (or its variable): an EAGLE head's or MTP layer's, whose KV the engine computes into the
+    pages it hands over; an n-gram or draft-model config gives its engine none (it never drafts)."""
+    from services.prefill.__main__ import prefill_drafter
+
+    model = ["--model", str(tiny_demo_model)]
+    eagle = '{"method": "eagle", "model": "/heads/eagle", "num_speculative_tokens": 3}'
+    config = PrefillServiceConfig.from_args([*model, "--speculative-config", eagle], {})
+    assert prefill_drafter(config.speculative).method == "eagle"
+    config = PrefillServiceConfig.from_args(model, {"BATON_PREFILL_SPECULATIVE_CONFIG": eagle})
+    assert config.speculative.model == "/heads/eagle"
+    ngram = '{"method": "ngram", "num_speculative_tokens": 3}'
+    assert prefill_drafter(PrefillServiceConfig.from_args([*model, "--speculative-config", ngram], {}).speculative) \
+        is None
+    with pytest.raises(ConfigError, match=r"--speculative-config \(or \$BATON_PREFILL_SPECULATIVE_CONFIG\)"):
+        PrefillServiceConfig.from_args([*model, "--speculative-config", '{"method": "eagle"}'], {})
