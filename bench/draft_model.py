@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 
 from engine_throughput import ensure_model
-from speculative_decoding import compare
+from speculative_decoding import compare_on_random_prompts
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -53,11 +52,8 @@ def main() -> None:
     for name, draft_dir in (("first_layer", first_layer_draft(model_dir)), ("self", model_dir)):
         speculative = SpeculativeConfig(num_speculative_tokens=args.drafts, method="draft_model",
                                         model=str(draft_dir))
-        for batch in (1, 8):
-            rng, num = random.Random(batch), 8 if batch > 1 else 4
-            prompts = [[rng.randrange(vocab) for _ in range(128)] for _ in range(num)]
-            figures.update(compare(f"{name}_batch{batch}", model_dir, prompts, batch, speculative, args.repeats,
-                                   prefix="draft_model"))
+        figures.update(compare_on_random_prompts(name, model_dir, vocab, speculative, args.repeats,
+                                                 prefix="draft_model"))
     print(json.dumps({"model": args.model, "num_speculative_tokens": args.drafts, **figures}))
 
 

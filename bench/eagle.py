@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import sys
 from pathlib import Path
 
 from engine_throughput import MODELS, ensure_model
-from speculative_decoding import compare
+from speculative_decoding import compare_on_random_prompts
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -62,11 +61,7 @@ def main() -> None:
     figures: dict[str, float] = {}
     for name, (target, method, head) in heads(args.model, model_dir).items():
         speculative = SpeculativeConfig(num_speculative_tokens=args.drafts, method=method, model=str(head))
-        for batch in (1, 8):
-            rng, num = random.Random(batch), 8 if batch > 1 else 4
-            prompts = [[rng.randrange(vocab) for _ in range(128)] for _ in range(num)]
-            figures.update(compare(f"{name}_batch{batch}", target, prompts, batch, speculative, args.repeats,
-                                   prefix="eagle"))
+        figures.update(compare_on_random_prompts(name, target, vocab, speculative, args.repeats, prefix="eagle"))
     print(json.dumps({"model": args.model, "num_speculative_tokens": args.drafts, **figures}))
 
 

@@ -100,6 +100,18 @@ def compare(key: str, model_dir, prompts: list[list[int]], batch: int, speculati
             f"{prefix}_tokens_per_step_{key}": round(tokens_per_step, 3)}
 
 
+def compare_on_random_prompts(name: str, model_dir, vocab_size: int, speculative: SpeculativeConfig, repeats: int,
+                              prefix: str) -> dict[str, float]:
+    """`compare` at batch 1 (4 prompts) and batch 8 (8 prompts), on random 128-token prompts of `vocab_size`
+    tokens: the figures named `{prefix}_..._{name}_batch1` and `..._batch8`."""
+    figures: dict[str, float] = {}
+    for batch in (1, 8):
+        rng, num = random.Random(batch), 8 if batch > 1 else 4
+        prompts = [[rng.randrange(vocab_size) for _ in range(128)] for _ in range(num)]
+        figures.update(compare(f"{name}_batch{batch}", model_dir, prompts, batch, speculative, repeats, prefix))
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="160m", choices=("7m", "160m"))
