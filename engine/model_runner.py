@@ -246,9 +246,10 @@ class ModelRunner:
         hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
-        with self._in_step():
-            for seq, lo, hi, position in prompt_logprob_rows:
-                self._record_prompt_logprobs(seq, hidden[lo:hi], position)
+        if prompt_logprob_rows:  # (most steps have none: no context entered for them)
+            with self._in_step():
+                for seq, lo, hi, position in prompt_logprob_rows:
+                    self._record_prompt_logprobs(seq, hidden[lo:hi], position)
         for seq, first, last in embed_rows:
             seq.embedding = self._pooled(hidden[first:last + 1]).float().tolist()
         for seq, row, n, position in token_rows:
