@@ -120,6 +120,9 @@ def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_para
         raise ValueError("prompt_logprobs are not available for a prompt given as embeddings: it has no tokens")
     if sampling_params.embed or sampling_params.embed_tokens or engine.model_config.encoder is not None:
         raise ValueError("a prompt given as embeddings is generated from, not embedded or pooled")
+    layout = engine.model_config.gemma4
+    if layout is not None and layout.per_layer_width:
+        raise ValueError("a prompt given as embeddings has no tokens to look up Gemma 4's per-layer embeddings by")
     if not is_withheld and not bool(torch.isfinite(prompt_embeds).all()):
         raise ValueError("prompt_embeds holds a value that is not finite (inf or NaN)")
 

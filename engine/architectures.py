@@ -2,6 +2,7 @@
 config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
+from engine.gemma4_config import GEMMA4
 from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, GPT_OSS, LLAMA4, QWEN_MOES
 
 MINISTRAL3 = "Ministral3ForCausalLM"
@@ -9,7 +10,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
-                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS)
+                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).

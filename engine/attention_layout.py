@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.architectures import GEMMA2, GEMMA3, GEMMAS, MINISTRAL3, MISTRAL_SLIDING, OLMO3, QWENS, SMOLLM3
+from engine.gemma4_config import GEMMA4
 from engine.mla_config import MLAConfig
 from engine.moe_config import GPT_OSS, LLAMA4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
@@ -32,6 +33,8 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return scale
     if arch in GEMMAS:
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    if arch == GEMMA4:  # its q and k normed per head set the scores' size
+        return 1.0
     if arch == "GraniteForCausalLM":  # absent, transformers' default: 1, not head_dim ** -0.5
         return float(cfg.get("attention_multiplier", 1.0))
     return head_dim ** -0.5
@@ -89,7 +92,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, OLMO3, GPT_OSS):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS):
         return cfg.get("sliding_window")
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None

@@ -30,7 +30,7 @@ SharedTensorFactory = Callable[[tuple[int, ...], torch.dtype, str], tuple[torch.
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one block across all layers, K and V."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+    return 2 * config.num_kv_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
 
 
 def available_memory_bytes(device: str) -> int:
@@ -95,7 +95,7 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dty
 
 def pool_shape(config: ModelConfig, num_blocks: int, block_size: int, extra_layers: int = 0) -> tuple[int, ...]:
     """`[L, 2, Hkv, N, bs, D]`: a KVPool tensor's (`extra_layers` past the model's: an EAGLE head's)."""
-    return config.num_layers + extra_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim
+    return config.num_kv_layers + extra_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim
 
 
 class KVPool:
@@ -128,7 +128,7 @@ class KVPool:
         if self.tensor.shape != shape or self.tensor.dtype != dtype or not self.tensor.is_contiguous():
             raise ValueError(f"KV pool tensor must be contiguous {dtype} {shape}, "
                              f"got {self.tensor.dtype} {tuple(self.tensor.shape)}")
-        self.layers = [(self.tensor[i, 0, heads], self.tensor[i, 1, heads]) for i in range(config.num_layers)]
+        self.layers = [(self.tensor[i, 0, heads], self.tensor[i, 1, heads]) for i in range(config.num_kv_layers)]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:

@@ -8,6 +8,7 @@ from engine.attention_layout import QTemperature
 from engine.eagle_config import EagleConfig
 from engine.encoder_config import EncoderConfig
 from engine.fp8_weights import Fp8Weights
+from engine.gemma4_config import Gemma4Layout
 from engine.int4_weights import Int4Weights
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
@@ -84,12 +85,20 @@ class ModelConfig:
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False  # the sections interleaved over a head's frequencies (Qwen3-VL's), not in turn
     eagle: EagleConfig | None = None  # an EAGLE draft head's (engine/eagle_config.py); None: a model of its own
+    # Gemma 4's layers of two head shapes and KV shared (engine/gemma4_config.py): num_kv_heads and head_dim are then
+    # its pages', which hold every layer's heads.
+    gemma4: Gemma4Layout | None = None
 
     @property
     def pooling(self) -> str:
         """Which last hidden states make a prompt's embedding: "last" (a decoder's unless its Pooling
         module says otherwise), "cls" or "mean"."""
         return self.encoder.pooling if self.encoder is not None else self.decoder_pooling
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers whose K and V the pages hold: all but those attending over an earlier layer's (Gemma 4's)."""
+        return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
 
     @property
     def q_size(self) -> int:

@@ -35,6 +35,7 @@ from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
 from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
 from engine.fp8_weights import fp8_weights
+from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
@@ -94,29 +95,39 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelConfigError(f"{path}: the text model of {archs[0]} is not one Baton serves "
                                    f"(model_type {cfg.get('model_type')!r})")
+    gemma4 = None
+    if arch == GEMMA4:
+        cfg = {**GEMMA4_TEXT_DEFAULTS, **cfg}
+        try:
+            gemma4 = read_gemma4_layout(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    supported_act = "gelu_pytorch_tanh" if arch in GEMMAS else "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4) else "silu"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
     softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
+    if arch == GEMMA4:  # its attention scores are not capped (transformers reads no such setting for it)
+        softcaps["attn_logit_softcapping"] = None
     for name, cap in softcaps.items():
-        if cap is not None and arch not in GEMMAS:
+        if cap is not None and arch not in (*GEMMAS, GEMMA4):
             raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
-    partial = partial_rotary_factor(cfg, 0.5 if arch == GLM4_MOE else 1.0)
+    # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py).
+    partial = 1.0 if arch == GEMMA4 else partial_rotary_factor(cfg, 0.5 if arch == GLM4_MOE else 1.0)
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE):  # transformers turns part of a head in these only
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's and GLM-4.5's only)")
     try:
-        scaling = rope_scaling(cfg, arch)
+        scaling = None if arch == GEMMA4 else rope_scaling(cfg, arch)
     except ValueError as e:
         raise ModelConfigError(f"{path}: {e}") from None
     section = mrope_section(cfg)
     rotated = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split a head's frequencies (head_dim / 2)")
-    if cfg.get("use_bidirectional_attention"):
+    if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
         hidden = int(cfg["hidden_size"])
@@ -127,6 +138,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         mla = read_mla_config(cfg, arch) if arch in (DEEPSEEK_V2, DEEPSEEK_V3) else None
         if mla is not None:  # the pages hold the latent, one row a token for every head (kernels/mla_attention.py)
             num_kv_heads, head_dim, rotary_dim = 1, mla.page_head_dim, mla.qk_rope_head_dim
+        if gemma4 is not None:  # its pages' heads, which hold either kind of layer's
+            num_kv_heads, head_dim = gemma4.page_heads, gemma4.page_head_dim
+            rotary_dim = head_dim
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -151,11 +165,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             o_bias=arch in (*ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
             attention_sinks=arch == GPT_OSS,
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
-            qk_norm="head" if arch in QK_NORM or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
+            qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in OLMOS else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),
-            sliding_layers=sliding_layers(cfg, arch),
+            sliding_layers=sliding_layers(cfg, arch) if gemma4 is None else
+            frozenset(i for i, kind in enumerate(gemma4.layer_types) if kind == "sliding_attention"),
             **llama4_attention(cfg, arch),
             q_temperature=q_temperature(cfg, arch),
             multimodal=multimodal,
@@ -177,6 +192,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             eos_token_ids=_eos_ids(model_dir, cfg),
             mrope_section=section,
             mrope_interleaved=mrope_interleaved(cfg) or (multimodal is not None and multimodal.interleaved_mrope),
+            gemma4=gemma4,
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e

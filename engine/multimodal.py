@@ -3,7 +3,7 @@
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
-(Mistral Small 3.1/3.2, Magistral Small, Ministral 3) and Gemma 3 (4B, 12B, 27B) are released so.
+(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B) and Gemma 4 are released so.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.vision.vision_config import (
     VisionConfig,
     gemma3_vision_config,
@@ -82,6 +83,13 @@ MULTIMODAL = {
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                          "model.multi_modal_projector."),
         text_defaults=GEMMA3_TEXT_DEFAULTS, vision_config=gemma3_vision_config),
+    # Gemma 4 (E2B, E4B, 31B) as released and as transformers 5 saves it: its text model served, its image and audio
+    # encoders not yet (a request with an image is refused as any text model refuses it).
+    "Gemma4ForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, GEMMA4),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
+        text_defaults=GEMMA4_TEXT_DEFAULTS),
     "Mistral3ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=_mistral3_text_architecture,
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),

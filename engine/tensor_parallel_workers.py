@@ -276,7 +276,7 @@ def _serve_steps(runner: ModelRunner, pipe: Connection) -> None:
             _, pool_file, shape, dtype = message
             pool = _mapped_pool(pool_file, shape, dtype)
             runner.allocate_kv_pool(shape[3], shape[4], dtype, lambda *_: pool,
-                                    extra_layers=shape[0] - runner.model_config.num_layers)  # an EAGLE head's
+                                    extra_layers=shape[0] - runner.model_config.num_kv_layers)  # an EAGLE head's
             pipe.send(("attached", None))
         elif kind == "release":
             pipe.send(("released", sum(release_pages(p) for p in unique_storages(runner.model.parameters()))))

@@ -6,7 +6,8 @@ and handle grouped-query attention, causal masking with a cached prefix, an
 optional sliding window (Mistral) or attention within fixed chunks of positions (Llama 4's
 chunked layers: a token attends to the earlier tokens of its own chunk), optional logit
 soft-capping (Gemma 2), and optional attention sinks (gpt-oss: a learnt logit per q head that
-takes its share of the softmax and attends to nothing).
+takes its share of the softmax and attends to nothing). A head wider than the pages' (Gemma 4's full
+layers') spans `head_parts` of their heads, side by side: page heads 2h and 2h + 1 hold head h's halves.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch.nn.functional as F
 
 def prefill_attention_torch(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
@@ -28,21 +29,23 @@ def prefill_attention_torch(
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
     bidirectional: tuple[tuple[int, int], ...] = (),
+    head_parts: int = 1,
 ) -> torch.Tensor:
     """One sequence's chunk of `n` new tokens after `context_len` cached ones. `sinks`: [Hq].
     `bidirectional`: spans of positions [start, end) whose tokens attend to each other whatever their
     order (an image's, in Gemma 3), within any sliding window; the chunk holds each one's end.
 
-    q: [n, Hq, D]; k, v: [n, Hkv, D] (already written to the pages);
+    q: [n, Hq, D]; k, v: [n, Hkv, D] (already written to the pages), or None where the chunk's keys and
+    values are another layer's, read from its pages; k_cache, v_cache: [Hkv * head_parts, N, bs, D / head_parts];
     block_table: [num_blocks_of_seq] int64. Returns [n, Hq, D].
     """
     n = q.shape[0]
-    num_kv_heads, _, block_size, head_dim = k_cache.shape
+    num_kv_heads, block_size = k_cache.shape[0] // head_parts, k_cache.shape[2]
     total = context_len + n
     # A leading batch dim of 1: 4-D inputs take torch's fused CPU kernel, 3-D
     # ones a path several times slower.
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-    if (context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None
+    if (k is not None and context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None
             and (chunk_size is None or n <= chunk_size) and sinks is None and not bidirectional):
         out = F.scaled_dot_product_attention(
             qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
@@ -51,8 +54,8 @@ def prefill_attention_torch(
         return out[0].transpose(0, 1)
     num_blocks = (total + block_size - 1) // block_size
     blocks = block_table[:num_blocks]
-    keys = k_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total].to(q.dtype)
-    values = v_cache.index_select(1, blocks).view(num_kv_heads, -1, head_dim)[:, :total].to(q.dtype)
+    keys = _gathered(k_cache, blocks, head_parts)[:, :total].to(q.dtype)
+    values = _gathered(v_cache, blocks, head_parts)[:, :total].to(q.dtype)
     q_pos = torch.arange(context_len, total, device=q.device).unsqueeze(1)  # [n, 1]
     k_pos = torch.arange(total, device=q.device).unsqueeze(0)  # [1, total]
     mask = k_pos <= q_pos
@@ -84,20 +87,21 @@ def decode_attention_torch(
     softcap: float | None = None,
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
+    head_parts: int = 1,
 ) -> torch.Tensor:
     """One new token per sequence over its pages. `sinks`: [Hq].
 
-    q: [B, Hq, D]; block_tables: [B, max_blocks] int64 (padding may be any valid
-    block id: it is masked); context_lens: [B] int64, counting the new token.
+    q: [B, Hq, D]; k_cache, v_cache: [Hkv * head_parts, N, bs, D / head_parts]; block_tables: [B, max_blocks]
+    int64 (padding may be any valid block id: it is masked); context_lens: [B] int64, counting the new token.
     Returns [B, Hq, D].
     """
     batch, num_heads, head_dim = q.shape
-    num_kv_heads, _, block_size, _ = k_cache.shape
+    num_kv_heads, block_size = k_cache.shape[0] // head_parts, k_cache.shape[2]
     group = num_heads // num_kv_heads
     max_len = block_tables.shape[1] * block_size
     flat = block_tables.reshape(-1)
-    keys = k_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim).to(q.dtype)
-    values = v_cache.index_select(1, flat).view(num_kv_heads, batch, max_len, head_dim).to(q.dtype)
+    keys = _gathered(k_cache, flat, head_parts).view(num_kv_heads, batch, max_len, head_dim).to(q.dtype)
+    values = _gathered(v_cache, flat, head_parts).view(num_kv_heads, batch, max_len, head_dim).to(q.dtype)
     # Heads lead, so each (kv head, sequence) slice is contiguous and no K/V copy is needed.
     qh = q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, B, g, D]
     k_pos = torch.arange(max_len, device=q.device).unsqueeze(0)  # [1, L]
@@ -113,6 +117,15 @@ def decode_attention_torch(
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
     # Contiguous, as callers view it: CUDA's fused kernels lay their output out by query position.
     return out.transpose(0, 1).reshape(batch, num_heads, head_dim).contiguous()
+
+
+def _gathered(cache: torch.Tensor, blocks: torch.Tensor, head_parts: int) -> torch.Tensor:
+    """The pages `blocks` of `cache` [H * head_parts, N, bs, d], in turn: [H, len(blocks) * bs, d * head_parts]."""
+    pages = cache.index_select(1, blocks)
+    if head_parts == 1:
+        return pages.view(pages.shape[0], -1, pages.shape[-1])
+    parts = pages.view(pages.shape[0] // head_parts, head_parts, -1, pages.shape[-1])
+    return parts.transpose(1, 2).reshape(parts.shape[0], parts.shape[2], -1)
 
 
 def _written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

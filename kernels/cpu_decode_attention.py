@@ -84,14 +84,16 @@ def decode_attention_cpu(
     softcap: float | None = None,
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
+    head_parts: int = 1,
 ) -> torch.Tensor:
-    """Same contract as `decode_attention_torch`; float32 (pages too) on CPU without soft-capping, chunks or
-    sinks, otherwise it defers to it."""
+    """Same contract as `decode_attention_torch`; float32 (pages too) on CPU without soft-capping, chunks, sinks
+    or heads wider than the pages', otherwise it defers to it."""
     lib = load_library()
     if (lib is None or q.dtype != torch.float32 or k_cache.dtype != torch.float32 or q.device.type != "cpu"
-            or not k_cache.is_contiguous() or softcap is not None or chunk_size is not None or sinks is not None):
+            or not k_cache.is_contiguous() or softcap is not None or chunk_size is not None or sinks is not None
+            or head_parts != 1):
         return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, softcap,
-                                      chunk_size, sinks)
+                                      chunk_size, sinks, head_parts)
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_blocks, block_size, _ = k_cache.shape
     q = q.contiguous()

@@ -5,6 +5,7 @@ from engine.models.bert import BertModel
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
@@ -27,6 +28,7 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,

@@ -22,28 +22,33 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
-def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                    meta: AttentionMetadata, scale: float, sliding_window: int | None,
+def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                    kv_cache: KVCache, meta: AttentionMetadata, scale: float, sliding_window: int | None,
                     softcap: float | None, chunk_size: int | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, head_parts: int = 1) -> torch.Tensor:
     """The step's new k and v written into their pages, then each token's attention over its
-    sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first)."""
+    sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first). k and v None:
+    the pages hold them already (another layer's, which this one shares: Gemma 4's). `head_parts`: of
+    the pages' heads each of k's spans (kernels/attention.py)."""
     k_cache, v_cache = kv_cache
-    ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if k is not None:
+        page_dim = k_cache.shape[-1]
+        ops.write_kv(k.reshape(k.shape[0], -1, page_dim), v.reshape(v.shape[0], -1, page_dim), k_cache, v_cache,
+                     meta.slot_mapping)
     num_decode, num_tokens = meta.num_decode_tokens, q.shape[0]
     if num_decode == num_tokens:
         return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                    sliding_window, softcap, chunk_size, sinks)
+                                    sliding_window, softcap, chunk_size, sinks, head_parts)
     out = torch.empty_like(q)
     if num_decode:
         out[:num_decode] = ops.decode_attention(q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
                                                 meta.decode_context_lens, scale, sliding_window, softcap, chunk_size,
-                                                sinks)
+                                                sinks, head_parts)
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end
-        out[s:e] = ops.prefill_attention(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk.block_table,
-                                         chunk.context_len, scale, sliding_window, softcap, chunk_size, sinks,
-                                         chunk.bidirectional)
+        out[s:e] = ops.prefill_attention(q[s:e], *((None, None) if k is None else (k[s:e], v[s:e])),
+                                         k_cache, v_cache, chunk.block_table, chunk.context_len, scale,
+                                         sliding_window, softcap, chunk_size, sinks, chunk.bidirectional, head_parts)
     return out
 
 

@@ -135,6 +135,24 @@ TINY_MODELS = {
                                                                             "rope_theta": 100000.0},
                                                          "sliding_attention": {"rope_type": "default",
                                                                                "rope_theta": 1000.0}}), {}),
+    # Gemma 4 as its small models (E2B, E4B) are made: full layers of heads twice as wide (turned by proportional
+    # RoPE over a quarter of them), per-layer embeddings, the last two layers attending over the KV of the last
+    # earlier layer of their kind, with MLPs twice as wide; soft-capped logits.
+    "gemma4-e": ("Gemma4TextConfig", dict(
+        head_dim=16, global_head_dim=32, num_hidden_layers=6, sliding_window=16, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=512, num_kv_shared_layers=2, use_double_wide_mlp=True, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, pad_token_id=0), {}),
+    # Gemma 4 as its large dense model (31B) is made: the full layers' values are their keys, of one KV head.
+    "gemma4-k-eq-v": ("Gemma4TextConfig", dict(
+        head_dim=16, global_head_dim=32, num_hidden_layers=3, sliding_window=16, hidden_size_per_layer_input=0,
+        attention_k_eq_v=True, num_global_key_value_heads=1, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "full_attention"], pad_token_id=0), {}),
+    # Gemma 4 as its mixture of experts (26B-A4B) is made: beside each layer's MLP, 2 of 4 experts a token.
+    "gemma4-moe": ("Gemma4TextConfig", dict(
+        head_dim=16, global_head_dim=32, num_hidden_layers=3, sliding_window=16, hidden_size_per_layer_input=0,
+        attention_k_eq_v=True, num_global_key_value_heads=1, final_logit_softcapping=30.0, enable_moe_block=True,
+        num_experts=4, top_k_experts=2, moe_intermediate_size=48,
+        layer_types=["sliding_attention", "full_attention", "full_attention"], pad_token_id=0), {}),
     # Gemma 2: sliding-window layers every other one, one RoPE, attention scores and final logits
     # soft-capped (caps low enough here to bend the tiny model's scores and logits).
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,
@@ -175,10 +193,11 @@ def make_tiny_model(path: Path, name: str) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname or pname.endswith("bias"):
+            if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale")):
                 p.add_(torch.randn_like(p) * 0.2)
-        for pname, b in model.named_buffers():  # a router's learnt bias (GLM's) is a buffer, zeros at init
-            if pname.endswith("correction_bias"):
+        # A router's learnt bias (GLM's) and Gemma 4's layer scalars are buffers, zeros and ones at init.
+        for pname, b in model.named_buffers():
+            if pname.endswith(("correction_bias", "layer_scalar")):
                 b.add_(torch.randn_like(b) * 0.2)
     if "dtype" in save:
         model = model.to(save["dtype"])

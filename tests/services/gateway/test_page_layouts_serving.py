@@ -1,6 +1,8 @@
-"""A DeepSeek-V3 model (multi-head latent attention: its pages hold the latent rows, not per-head
-k and v) through the mesh: the rows a prefill worker computes are handed to the decode worker over
-shared memory or the gRPC stream, and what it decodes from them equals `transformers.generate`."""
+"""Models whose pages are not Llama's through the mesh: DeepSeek-V3's (multi-head latent attention: its pages
+hold the latent rows, not per-head k and v) and Gemma 4's (heads of two sizes, the wider over several of the
+pages' heads; no pages for the layers sharing an earlier layer's KV). The pages a prefill worker computes are
+handed to the decode worker over shared memory or the gRPC stream, and what it decodes from them equals
+`transformers.generate`."""
 from __future__ import annotations
 
 import json
@@ -18,10 +20,10 @@ MAX_TOKENS = 12
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-@pytest.fixture(scope="module")
-def deepseek_model(tiny_demo_model, tmp_path_factory):
-    # Its cache rows are of odd width (8 + 23): padded in the pages, and so in every transfer.
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("mla") / "deepseek-v3", "deepseek-v3-q-proj")
+@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "gemma4-e"])
+def paged_model(request, tiny_demo_model, tmp_path_factory):
+    # DeepSeek's cache rows are of odd width (8 + 23): padded in the pages, and so in every transfer.
+    model_dir = make_tiny_model(tmp_path_factory.mktemp("pages") / request.param, request.param)
     # The demo model's tokenizer: its vocabulary covers every id of the tiny model's (512).
     for name in TOKENIZER_FILES:
         shutil.copy(tiny_demo_model / name, model_dir / name)
@@ -43,11 +45,11 @@ def transformers_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("transport", ["shared-memory", "grpc-stream"])
-def test_deepseek_decodes_from_the_latent_rows_prefill_handed_over(deepseek_model, transport):
+def test_a_decode_worker_decodes_from_the_pages_prefill_handed_over(paged_model, transport):
     short, long = [3 + (i * 11) % 500 for i in range(20)], [3 + (i * 7) % 500 for i in range(300)]
-    expected = transformers_greedy(deepseek_model, [short, long])
+    expected = transformers_greedy(paged_model, [short, long])
     # Short prompts prefill on their decode worker (no handoff), long ones on the prefill worker.
-    mesh = start_mesh(deepseek_model, num_prefill=1, num_decode=1, gateway_args=("--kv-transport", transport))
+    mesh = start_mesh(paged_model, num_prefill=1, num_decode=1, gateway_args=("--kv-transport", transport))
     try:
         with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
             for prompt, tokens in zip((short, long), expected):
