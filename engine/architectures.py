@@ -3,14 +3,14 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.gemma4_config import GEMMA4
-from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, GPT_OSS, LLAMA4, QWEN_MOES
+from engine.moe_config import DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE, GPT_OSS, LLAMA4, MINIMAX_M2, QWEN_MOES
 
 MINISTRAL3 = "Ministral3ForCausalLM"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
-                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4)
+                           DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).
@@ -25,6 +25,8 @@ SEQUENCE_CLASSIFIERS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+# Mixtral's names for their experts (`block_sparse_moe.experts.{e}.w1`), as released and as transformers 5 saves them.
+MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2)
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}

@@ -45,6 +45,7 @@ from engine.moe_config import (
     GLM4_MOE,
     GPT_OSS,
     LLAMA4,
+    MINIMAX_M2,
     MoEConfig,
     read_moe_config,
 )
@@ -116,9 +117,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py).
     partial = 1.0 if arch == GEMMA4 else partial_rotary_factor(cfg, 0.5 if arch == GLM4_MOE else 1.0)
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE):  # transformers turns part of a head in these only
+    if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
+        partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2):  # transformers turns part of a head in these only
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
-                               f"(Phi-3's and GLM-4.5's only)")
+                               f"(Phi-3's, GLM-4.5's and MiniMax-M2's only)")
     try:
         scaling = None if arch == GEMMA4 else rope_scaling(cfg, arch)
     except ValueError as e:
@@ -166,7 +169,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             attention_sinks=arch == GPT_OSS,
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
-            "projection" if arch in OLMOS else None,
+            "projection" if arch in (*OLMOS, MINIMAX_M2) else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),
             sliding_layers=sliding_layers(cfg, arch) if gemma4 is None else

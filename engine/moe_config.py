@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
+MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
@@ -79,6 +80,12 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         num_groups=int(given["n_group"]),
                         topk_groups=int(given["topk_group"]),
                         routed_scaling_factor=float(given["routed_scaling_factor"]))
+    elif arch == MINIMAX_M2:
+        # Every layer's experts (intermediate_size wide), chosen by sigmoid score plus a correction bias among them
+        # all, weighed by the score renormalized: GLM's routing of one group, unscaled.
+        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
+                        weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid")
     elif arch == DEEPSEEK_V2:
         # transformers' V2 router: softmax, the top-k within the best groups with group_limited_greedy,
         # the weights scaled but not renormalized.

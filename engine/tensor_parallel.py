@@ -73,7 +73,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
-                         f"OLMo 2 and 3 and DeepSeek V2 and V3 so far, not {config.architecture}")
+                         f"OLMo 2 and 3, DeepSeek V2 and V3 and MiniMax-M2 so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.

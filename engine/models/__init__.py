@@ -22,6 +22,7 @@ MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": LlamaForCausalLM,
+    "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.architectures import MIXTRAL_NAMED
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
 from engine.model_config import ModelConfig
@@ -259,10 +260,11 @@ class LlamaForCausalLM(nn.Module):
             kinds = ("weight", "bias") if self.config.mlp_bias else ("weight",)
             return [p + f"mlp.{x}_proj.{kind}" for x in ("gate", "up", "down") for kind in kinds]
         moe = self.config.moe
-        if self.config.architecture == "MixtralForCausalLM":
-            return [p + "block_sparse_moe.gate.weight"] + [
+        if self.config.architecture in MIXTRAL_NAMED:
+            names = [p + "block_sparse_moe.gate.weight"] + [
                 p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(moe.num_experts)
                 for w in ("w1", "w2", "w3")]
+            return names + [p + "block_sparse_moe.e_score_correction_bias"] if moe.scoring == "sigmoid" else names
         if moe.fused_experts:
             return [p + "mlp.gate.weight", p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"]
         names = [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
@@ -318,6 +320,8 @@ class LlamaForCausalLM(nn.Module):
             lo, hi = qkv_rows[proj]
             return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
         if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):
+            if parts[4] == "e_score_correction_bias":  # beside the router (MiniMax-M2's)
+                return layer.mlp.router_bias.data
             if parts[4] == "gate":  # the router
                 is_bias = parts[5] == "e_score_correction_bias"
                 return (layer.mlp.router_bias if is_bias else layer.mlp.router_weight).data

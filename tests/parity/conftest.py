@@ -126,6 +126,10 @@ TINY_MODELS = {
         num_hidden_layers=2, pad_token_id=0,
         rope_parameters={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
                          "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 10000.0}), {}),
+    # MiniMax-M2: q and k normed over whole projections, RoPE over half of each head (the released config's
+    # rotary_dim), 2 of 4 experts a token by sigmoid score plus a correction bias, renormalized.
+    "minimax-m2": ("MiniMaxM2Config", dict(head_dim=16, intermediate_size=48, num_local_experts=4,
+                                           num_experts_per_tok=2, rotary_dim=8, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -151,11 +151,12 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # norms and soft caps, Granite's multipliers, Phi-3's fused q/k/v and gate/up, GLM's half-turned heads, gpt-oss's
 # sinks and fused experts with biases, Llama 4's chunked attention and experts weighing their inputs, OLMo 2's
 # and 3's norms over whole q and k projections (their squares summed across the ranks), DeepSeek's multi-head
-# latent attention (heads split, the latent whole: q through a latent or one projection, interleaved RoPE).
+# latent attention (heads split, the latent whole: q through a latent or one projection, interleaved RoPE),
+# MiniMax-M2's experts by sigmoid score beside whole-projection q/k norms.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
-                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite")
+                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -241,6 +242,24 @@ def test_prompt_logprobs_match_transformers(tiny_model_dirs, name, budget, devic
                     assert record[token_id] == pytest.approx(value, abs=1e-4)
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_minimax_m2s_released_config_turns_its_rotary_dim(tiny_model_dirs, tmp_path):
+    """MiniMax-M2's config as released: RoPE's part of a head as `rotary_dim` (transformers reads it as
+    partial_rotary_factor), theta at the top level, and its settings transformers takes as fixed."""
+    import shutil
+
+    source = tiny_model_dirs["minimax-m2"]
+    released = shutil.copytree(source, tmp_path / "minimax-m2")
+    config = json.loads((released / "config.json").read_text())
+    theta = config.pop("rope_parameters")["rope_theta"]
+    (released / "config.json").write_text(json.dumps({
+        **config, "rope_theta": theta, "rotary_dim": 8, "use_qk_norm": True, "qk_norm_type": "per_layer",
+        "scoring_func": "sigmoid", "use_routing_bias": True}))
+    engine = _engine(released)
+    assert engine.model_config.rotary_dim == 8
+    engine.close()
+    _check_logits(released, reference_dir=source)
 
 
 def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_path):
