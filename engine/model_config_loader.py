@@ -14,6 +14,7 @@ from engine.architectures import (
     GEMMA2,
     GEMMA2_SOFTCAPS,
     GEMMAS,
+    MLA_MODELS,
     OLMOS,
     QK_NORM,
     SEQUENCE_CLASSIFIERS,
@@ -40,8 +41,6 @@ from engine.int4_weights import int4_weights
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
-    DEEPSEEK_V2,
-    DEEPSEEK_V3,
     GLM4_MOE,
     GPT_OSS,
     LLAMA4,
@@ -138,7 +137,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
         head_dim = int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
-        mla = read_mla_config(cfg, arch) if arch in (DEEPSEEK_V2, DEEPSEEK_V3) else None
+        mla = read_mla_config(cfg, arch) if arch in MLA_MODELS else None
         if mla is not None:  # the pages hold the latent, one row a token for every head (kernels/mla_attention.py)
             num_kv_heads, head_dim, rotary_dim = 1, mla.page_head_dim, mla.qk_rope_head_dim
         if gemma4 is not None:  # its pages' heads, which hold either kind of layer's
@@ -164,8 +163,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
-            or (arch in (*ATTENTION_BIAS, GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias"))),
-            o_bias=arch in (*ATTENTION_BIAS, DEEPSEEK_V2, DEEPSEEK_V3) and bool(cfg.get("attention_bias")),
+            or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and bool(cfg.get("attention_bias"))),
+            o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and bool(cfg.get("attention_bias")),
             attention_sinks=arch == GPT_OSS,
             mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else

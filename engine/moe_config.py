@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
+GLM4_MOE_LITE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: DeepSeek-V3's latent attention and routing
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
-                     DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5)}
+                     DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
+                     GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8)}
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
                         shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-                        dense_layers=frozenset(range(int(given["first_k_dense_replace"]))),
+                        dense_layers=_grouped_dense_layers(cfg, int(given["first_k_dense_replace"])),
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
                         num_groups=int(given["n_group"]),
                         topk_groups=int(given["topk_group"]),
@@ -124,3 +126,14 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         raise ValueError(f"{moe.num_experts} experts cannot make {moe.num_groups} groups of two or more, of which "
                          f"{moe.topk_groups} are chosen")
     return moe
+
+
+def _grouped_dense_layers(cfg: dict, first_k_dense: int) -> frozenset[int]:
+    """The dense layers of a GLM-4.5 or DeepSeek-V3 kind of MoE: `mlp_layer_types`' "dense" ones (GLM-4.7-Flash's
+    config gives them so), else the first `first_k_dense`."""
+    types = cfg.get("mlp_layer_types")
+    if types is None:
+        return frozenset(range(first_k_dense))
+    if len(types) != int(cfg["num_hidden_layers"]) or not set(types) <= {"dense", "sparse"}:
+        raise ValueError("mlp_layer_types must name every layer's MLP 'dense' or 'sparse'")
+    return frozenset(i for i, kind in enumerate(types) if kind == "dense")

@@ -38,6 +38,7 @@ MODEL_REGISTRY = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Glm4MoeLiteForCausalLM": DeepseekV3ForCausalLM,  # GLM-4.7-Flash, its dense layers by its MoEConfig
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Ministral3ForCausalLM": LlamaForCausalLM,  # Mistral with its q scaled by position, as its ModelConfig says
     "GptOssForCausalLM": GptOssForCausalLM,

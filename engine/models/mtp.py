@@ -1,6 +1,6 @@
-"""Multi-token prediction layers as draft heads: the layer past the last that DeepSeek-V3 (R1, V3.1) and
-GLM-4.5/4.6 checkpoints carry, trained to predict the token after next (vLLM's `{"method": "mtp"}`, once
-`deepseek_mtp`; engine/eagle.py drafts with it as with an EAGLE head).
+"""Multi-token prediction layers as draft heads: the layer past the last that DeepSeek-V3 (R1, V3.1),
+GLM-4.5/4.6 and GLM-4.7-Flash checkpoints carry, trained to predict the token after next (vLLM's
+`{"method": "mtp"}`, once `deepseek_mtp`; engine/eagle.py drafts with it as with an EAGLE head).
 
 At position q the layer reads the token at q + 1 and the target's last hidden state at q (normed), each
 normed again (`enorm`, `hnorm`), joined by `eh_proj`, through one decoder layer of the target's own kind
@@ -107,7 +107,8 @@ class Glm4MoeMTP(_MultiTokenPredictor, Glm4MoeForCausalLM):
 
 
 # The target architectures whose checkpoints carry MTP layers, and the head each makes.
-MTP_HEADS = {"DeepseekV3ForCausalLM": "DeepseekV3MTP", "Glm4MoeForCausalLM": "Glm4MoeMTP"}
+MTP_HEADS = {"DeepseekV3ForCausalLM": "DeepseekV3MTP", "Glm4MoeForCausalLM": "Glm4MoeMTP",
+             "Glm4MoeLiteForCausalLM": "DeepseekV3MTP"}  # GLM-4.7-Flash's: DeepSeek-V3's kind of layer
 
 
 def mtp_head_config(target: ModelConfig, mtp_layer: int) -> ModelConfig:

@@ -81,6 +81,12 @@ TINY_MODELS = {
         num_hidden_layers=3, pad_token_id=0,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
+    # GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's latent attention and routing in one group, scaled by 1.8, its
+    # dense layers named by mlp_layer_types (here the first two).
+    "glm4-moe-lite": ("Glm4MoeLiteConfig", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_shared_experts=1, num_hidden_layers=3, mlp_layer_types=["dense", "dense", "sparse"], pad_token_id=0), {}),
     # Moonlight's variant of it: q through one projection, RoPE pairs half a part apart, no YaRN; a
     # cache row of odd width (8 + 23), padded in the pages.
     "deepseek-v3-q-proj": ("DeepseekV3Config", dict(

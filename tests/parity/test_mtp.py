@@ -1,7 +1,7 @@
 """Speculative decoding with a checkpoint's multi-token prediction layer (engine/models/mtp.py), vLLM's
-`{"method": "mtp"}` (`deepseek_mtp`): for DeepSeek-V3 and GLM-4.5, the drafts are the layer's as transformers'
-own decoder layer of the model computes it from transformers' hidden states of the target, and the tokens are
-plain decoding's; a checkpoint without the layer is refused."""
+`{"method": "mtp"}` (`deepseek_mtp`): for DeepSeek-V3, GLM-4.5 and GLM-4.7-Flash, the drafts are the layer's as
+transformers' own decoder layer of the model computes it from transformers' hidden states of the target, and the
+tokens are plain decoding's; a checkpoint without the layer is refused."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from tests.draft_models import with_mtp_layer
 from tests.unit.test_draft_model import _run
 from tests.unit.test_speculative import assert_same_outputs
 
-MODELS = ["deepseek-v3", "glm4-moe"]
+MODELS = ["deepseek-v3", "glm4-moe", "glm4-moe-lite"]
 MTP = SpeculativeConfig.from_dict({"method": "deepseek_mtp", "num_speculative_tokens": 3})
 PROMPTS = [[5, 6, 7, 8] * 30, list(range(10, 60)), [9] * 5]  # the tiny models' vocabulary: 512 tokens
 PARAMS = [
@@ -61,14 +61,17 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
     from transformers.models.glm4_moe import modeling_glm4_moe as glm
+    from transformers.models.glm4_moe_lite import modeling_glm4_moe_lite as glm_lite
 
     config = AutoConfig.from_pretrained(model_dir)
     config._attn_implementation = "eager"
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         out = target(torch.tensor([prompt]), output_hidden_states=True)
-    modeling = deepseek if config.model_type == "deepseek_v3" else glm
-    prefix = "DeepseekV3" if config.model_type == "deepseek_v3" else "Glm4Moe"
+    modeling, prefix = {"deepseek_v3": (deepseek, "DeepseekV3"), "glm4_moe": (glm, "Glm4Moe"),
+                        "glm4_moe_lite": (glm_lite, "Glm4MoeLite")}[config.model_type]
+    if config.model_type == "glm4_moe_lite":  # its layer types name the model's layers, not the MTP layer past them
+        config.mlp_layer_types = [*config.mlp_layer_types, "sparse"]
     mtp = config.num_hidden_layers
     tensors = {name.removeprefix(f"model.layers.{mtp}."): t for name, t in load_file(
         model_dir / "model.safetensors").items() if name.startswith(f"model.layers.{mtp}.")}
