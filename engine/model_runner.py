@@ -130,8 +130,8 @@ class ModelRunner:
             scale_names = [n + mxfp4.SCALES for n in packed]
         int4 = self.model_config.int4_weights
         if int4:  # read as their packed numbers, their zero points and scales beside them
-            packed = set(int4_weights.packed_names(names, files))
-            names = [n.removesuffix(int4_weights.WEIGHT) + int4_weights.QWEIGHT if n in packed else n for n in names]
+            packed = set(int4_weights.packed_names(names, files, int4.method))
+            names = [int4_weights.packed_name(n, int4.method) if n in packed else n for n in names]
             scale_names = [part for n in packed for part in int4_weights.stored_parts(n, int4.method, files)]
             spare = int4_weights.spare_biases(packed, names, files)
             for name, bias in iter_tensors(files, spare, stored_names):

@@ -82,7 +82,7 @@ def test_an_fp8_checkpoint_computes_its_dequantized_weights(fp8_and_dequantized)
     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "FP8 without weight_block_size"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
      "activation_scheme 'static'"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format 'pack-quantized'"),
+    ({"quant_method": "compressed-tensors", "format": "int-quantized"}, "format 'int-quantized'"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized",
       "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "group"}}}}, "per channel"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
