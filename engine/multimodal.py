@@ -3,7 +3,8 @@
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
-(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B) and Gemma 4 are released so.
+(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B), Gemma 4 and Kimi K2.5 are
+released so.
 """
 from __future__ import annotations
 
@@ -90,6 +91,13 @@ MULTIMODAL = {
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
         text_defaults=GEMMA4_TEXT_DEFAULTS),
+    # Kimi K2.5 as released (remote code's name; its text model DeepSeek-V3's, `kimi_k2`) and as transformers 5 names
+    # it: its text model served, its MoonViT tower not yet.
+    **dict.fromkeys(("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, "DeepseekV3ForCausalLM"),
+        text_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                       ("model.language_model.", "model.")),
+        vision_prefixes=("vision_tower.", "mm_projector.", "model.vision_tower.", "model.mm_projector."))),
     "Mistral3ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=_mistral3_text_architecture,
         text_prefixes=(("language_model.", ""), ("model.language_model.", "model.")),

@@ -422,6 +422,49 @@ def test_gemma3s_multimodal_checkpoint_serves_its_text_model(tmp_path):
             assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, (model_dir.name, n)
 
 
+def test_kimi_k25s_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Kimi K2.5 as released (remote code's KimiK25ForConditionalGeneration, its text model `kimi_k2`, DeepSeek-V3's,
+    under `language_model.`, each expert's projections of their own, a MoonViT tower and projector beside it)."""
+    from safetensors.torch import save_file
+
+    text = transformers.DeepseekV3Config(**{**COMMON, **TINY_MODELS["deepseek-v3"][1], "tie_word_embeddings": False})
+    vision = transformers.Kimi_K25VisionConfig(num_attention_heads=2, num_hidden_layers=1, hidden_size=32,
+                                               intermediate_size=64, pos_emb_height=8, pos_emb_width=8)
+    torch.manual_seed(25)
+    model = transformers.Kimi_K25ForConditionalGeneration(transformers.Kimi_K25Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), tie_word_embeddings=False)).eval()
+    model.save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    released = {}
+    for name, t in model.state_dict().items():
+        if name.startswith("model.language_model."):
+            name = "language_model.model." + name.removeprefix("model.language_model.")
+        else:
+            name = "language_model.lm_head.weight" if name == "lm_head.weight" else name.removeprefix("model.")
+        if name.endswith("experts.gate_up_proj"):  # [E, gate + up, in], as transformers holds them
+            for e, (gate, up) in enumerate(zip(*t.chunk(2, dim=1))):
+                released[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate.contiguous()
+                released[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = up.contiguous()
+        elif name.endswith("experts.down_proj"):
+            released |= {name.replace("down_proj", f"{e}.down_proj.weight"): d.contiguous() for e, d in enumerate(t)}
+        else:
+            released[name] = t.contiguous()
+    model_dir = tmp_path / "released"
+    model_dir.mkdir()
+    save_file(released, model_dir / "model.safetensors")
+    (model_dir / "config.json").write_text(json.dumps({
+        **config, "architectures": ["KimiK25ForConditionalGeneration"],
+        "text_config": {**config["text_config"], "model_type": "kimi_k2"}}))
+    engine = _engine(model_dir, max_num_batched_tokens=32)
+    assert engine.model_config.architecture == "DeepseekV3ForCausalLM"
+    for n in (17, 300):
+        prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+        with torch.no_grad():
+            ref = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, n
+    engine.close()
+
+
 def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [E, in, out] as MXFP4 blocks [E, out, in / 32, 16] and scales [E, out, in / 32], each group
     of 32 numbers to the nearest of the e2m1 values times its power of two."""
