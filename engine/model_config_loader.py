@@ -11,12 +11,14 @@ from engine.architectures import (
     ATTENTION_BIAS,
     BARE_MODELS,
     EPS_1E5,
+    ERNIE45,
     GEMMA2,
     GEMMA2_SOFTCAPS,
     GEMMAS,
     MLA_MODELS,
     OLMOS,
     QK_NORM,
+    SEED_OSS,
     SEQUENCE_CLASSIFIERS,
     SMOLLM3,
     SUPPORTED_ARCHITECTURES,
@@ -161,12 +163,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             rope_layers=rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3))),
-            qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
-            or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and bool(cfg.get("attention_bias"))),
-            o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and bool(cfg.get("attention_bias")),
+            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3, ERNIE45))),
+            **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
-            mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")),
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in (*OLMOS, MINIMAX_M2) else None,
             moe=read_moe_config(cfg, arch),
@@ -242,6 +241,22 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
     except (ValueError, json.JSONDecodeError) as e:
         raise ModelConfigError(f"{path}: {e}") from None
+
+
+def _biases(cfg: dict, arch: str) -> dict:
+    """Where the architecture's layers have biases (on q, k and v; on o; on gate, up and down), as config.json's
+    switches for it say."""
+    if arch == ERNIE45:  # one switch for them all
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
+    if arch == SEED_OSS:  # q, k and v's on unless it says, o's a switch of its own
+        return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=bool(cfg.get("attention_out_bias")),
+                    mlp_bias=bool(cfg.get("mlp_bias")))
+    attention = bool(cfg.get("attention_bias"))
+    return dict(
+        qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
+        or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and attention),
+        o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and attention,
+        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")))
 
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:

@@ -22,6 +22,8 @@ MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": LlamaForCausalLM,
+    "SeedOssForCausalLM": LlamaForCausalLM,  # biases as its ModelConfig says
+    "Ernie4_5ForCausalLM": LlamaForCausalLM,  # biases, and RoPE pairs side by side, as its ModelConfig says
     "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen2MoeForCausalLM": LlamaForCausalLM,

@@ -23,11 +23,14 @@ from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
-from kernels.rotary import build_rope_cache, mrope_kinds
+from kernels.rotary import build_rope_cache, mrope_kinds, pairs_half_apart
 
 FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # Qwen3-VL-MoE's (MoEConfig.fused_experts)
 
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
+# What RoPE turns: q's and k's rows, which a model storing each pair side by side (ModelConfig.rope_interleaved)
+# has reordered as they load.
+ROPE_TURNED = tuple(f"self_attn.{x}_proj.{kind}" for x in "qk" for kind in ("weight", "bias"))
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,8 @@ class LlamaForCausalLM(nn.Module):
         target = self._target(name)
         if name.endswith(FUSED_EXPERTS) and tensor.shape != target.shape:  # [E, in, out], as released
             tensor = tensor.transpose(1, 2)
+        if self.config.rope_interleaved and name.endswith(ROPE_TURNED):
+            tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
         return target, tensor
 
     def _target(self, name: str) -> torch.Tensor:
@@ -344,3 +349,11 @@ class LlamaForCausalLM(nn.Module):
         if module == "post_attention_layernorm":
             return layer.post_attention_norm.data
         raise KeyError(f"unexpected checkpoint tensor {name!r} ({leaf})")
+
+
+def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    # Each head's rows reordered (kernels/rotary.py): attention is the same whichever layers use RoPE,
+    # q and k being reordered alike.
+    order = pairs_half_apart(head_dim)
+    rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + order).reshape(-1)
+    return weight[rows]

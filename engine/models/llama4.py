@@ -23,7 +23,6 @@ from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import Attention, DecoderLayer, KVCache, paged_attention, q_temperature
 from kernels.registry import Kernels
-from kernels.rotary import pairs_half_apart
 
 
 class Llama4Attention(Attention):
@@ -69,8 +68,6 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         parts = name.split(".")
         if len(parts) > 4 and parts[3] == "feed_forward":
             return self._feed_forward_target(int(parts[2]), ".".join(parts[4:]), tensor)
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
         return super()._placed(name, tensor)
 
     def _feed_forward_target(self, layer: int, leaf: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,10 +85,3 @@ class Llama4ForCausalLM(LlamaForCausalLM):
             return target.data, tensor.transpose(1, 2)
         return mlp.shared_slice(leaf.split(".")[1].removesuffix("_proj")), tensor
 
-
-def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
-    # Each head's rows reordered (kernels/rotary.py): attention is the same whichever layers use RoPE,
-    # q and k being reordered alike.
-    order = pairs_half_apart(head_dim)
-    rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + order).reshape(-1)
-    return weight[rows]

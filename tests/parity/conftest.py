@@ -136,6 +136,10 @@ TINY_MODELS = {
     # rotary_dim), 2 of 4 experts a token by sigmoid score plus a correction bias, renormalized.
     "minimax-m2": ("MiniMaxM2Config", dict(head_dim=16, intermediate_size=48, num_local_experts=4,
                                            num_experts_per_tok=2, rotary_dim=8, pad_token_id=0), {}),
+    # Seed-OSS: biases on q, k and v (its default) and on o (attention_out_bias).
+    "seed-oss": ("SeedOssConfig", dict(head_dim=16, attention_out_bias=True, pad_token_id=0), {}),
+    # Ernie 4.5: biases everywhere (use_bias), RoPE's pairs side by side in q and k.
+    "ernie4.5": ("Ernie4_5Config", dict(head_dim=16, use_bias=True, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
