@@ -11,7 +11,7 @@ from engine.architectures import (
     ATTENTION_BIAS,
     BARE_MODELS,
     EPS_1E5,
-    ERNIE45,
+    ERNIE45S,
     GEMMA2,
     GEMMA2_SOFTCAPS,
     GEMMAS,
@@ -163,7 +163,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             rope_layers=rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3, ERNIE45))),
+            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3, *ERNIE45S))),
             **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
@@ -246,7 +246,7 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
 def _biases(cfg: dict, arch: str) -> dict:
     """Where the architecture's layers have biases (on q, k and v; on o; on gate, up and down), as config.json's
     switches for it say."""
-    if arch == ERNIE45:  # one switch for them all
+    if arch in ERNIE45S:  # one switch for them all
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch == SEED_OSS:  # q, k and v's on unless it says, o's a switch of its own
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=bool(cfg.get("attention_out_bias")),

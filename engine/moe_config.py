@@ -9,6 +9,7 @@ GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalL
 GLM4_MOE_LITE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: DeepSeek-V3's latent attention and routing
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
+ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
@@ -46,6 +47,8 @@ class MoEConfig:
     # Qwen3-VL-MoE's: each layer's experts stored as two tensors, `experts.gate_up_proj` and `experts.down_proj`
     # ([E, in, out] as released, [E, out, in] as transformers 5 saves them), not a tensor a projection an expert.
     fused_experts: bool = False
+    # Ernie 4.5's: softmax scores chosen by score plus a learnt correction bias, weighed by the score alone.
+    choice_bias: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -88,6 +91,18 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid")
+    elif arch == ERNIE45_MOE:
+        # Experts in every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index (-1: the
+        # last), ungated shared experts beside them.
+        inter, num_experts = int(cfg.get("moe_intermediate_size", 1536)), int(cfg.get("moe_num_experts", 64))
+        start, end = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_end_index", -1))
+        end, interval = num_layers - 1 if end == -1 else end, int(cfg.get("moe_layer_interval", 1))
+        moe = MoEConfig(num_experts=num_experts, num_experts_per_tok=int(cfg.get("moe_k", 6)),
+                        moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=inter * int(cfg.get("moe_num_shared_experts", 2)),
+                        norm_topk_prob=True, router_in_float32=True, choice_bias=True,
+                        dense_layers=frozenset(i for i in range(num_layers)
+                                               if (i + 1) % interval or not start <= i <= end))
     elif arch == DEEPSEEK_V2:
         # transformers' V2 router: softmax, the top-k within the best groups with group_limited_greedy,
         # the weights scaled but not renormalized.

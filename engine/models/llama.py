@@ -21,6 +21,7 @@ from engine.model_config import ModelConfig
 from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache, RankSum
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
+from engine.moe_config import ERNIE45_MOE
 from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache, mrope_kinds, pairs_half_apart
@@ -237,6 +238,8 @@ class LlamaForCausalLM(nn.Module):
     def is_unused_tensor(self, name: str) -> bool:
         """A checkpoint tensor this model does not read, which is not a sign of a setting it ignores."""
         parts = name.split(".")
+        if self.config.architecture == ERNIE45_MOE and name.startswith("model.mtp"):  # its MTP block, as transformers
+            return True
         return (self.has_mtp_layers and len(parts) > 2 and parts[:2] == ["model", "layers"]
                 and int(parts[2]) >= self.config.num_layers)
 
@@ -274,6 +277,8 @@ class LlamaForCausalLM(nn.Module):
                                            for e in range(moe.num_experts) for x in ("gate", "up", "down")]
         if moe.scoring == "sigmoid":
             names.append(p + "mlp.gate.e_score_correction_bias")
+        if moe.choice_bias:  # Ernie 4.5's, [1, E]
+            names.append(p + "mlp.moe_statics.e_score_correction_bias")
         if moe.shared_expert_intermediate_size:  # Qwen2-MoE's one gated shared expert, GLM's shared experts
             shared = "mlp.shared_expert" if moe.shared_expert_gated else "mlp.shared_experts"
             names += [p + f"{shared}.{x}_proj.weight" for x in ("gate", "up", "down")]
@@ -327,6 +332,8 @@ class LlamaForCausalLM(nn.Module):
         if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):
             if parts[4] == "e_score_correction_bias":  # beside the router (MiniMax-M2's)
                 return layer.mlp.router_bias.data
+            if parts[4] == "moe_statics":  # Ernie 4.5's, [1, E]
+                return layer.mlp.router_bias.data.view(1, -1)
             if parts[4] == "gate":  # the router
                 is_bias = parts[5] == "e_score_correction_bias"
                 return (layer.mlp.router_bias if is_bias else layer.mlp.router_weight).data

@@ -1,4 +1,4 @@
-"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, DeepSeek, Llama 4): each
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, DeepSeek, Llama 4, Ernie 4.5): each
 token's top-k experts by its router, and the shared experts every token passes through (Qwen2-MoE's
 weighed by a gate of their own, the others' not). engine/moe_config.py says how a model routes.
 
@@ -32,8 +32,8 @@ class SparseMoE(nn.Module):
         # DeepSeek and GLM keep their routers in float32.
         self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if moe.router_in_float32 else dtype)
         # GLM's and DeepSeek-V3's correction bias, in float32; gpt-oss's router's own bias.
-        self.router_bias = (empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" else
-                            empty_param(num_experts, dtype=dtype) if moe.has_biases else None)
+        self.router_bias = (empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" or moe.choice_bias
+                            else empty_param(num_experts, dtype=dtype) if moe.has_biases else None)
         self.gate_up_bias = empty_param(num_experts, 2 * inter, dtype=dtype) if moe.has_biases else None
         self.down_bias = empty_param(num_experts, hidden, dtype=dtype) if moe.has_biases else None
         self.gate_up_weight = empty_param(num_experts, 2 * inter, hidden, dtype=dtype)  # each expert's slices filled
@@ -83,7 +83,11 @@ class SparseMoE(nn.Module):
             best_groups = grouped.max(dim=-1).values.topk(moe.topk_groups, dim=-1, sorted=False)[1]
             in_best = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)
             probs = probs.masked_fill(~in_best.repeat_interleave(grouped.shape[-1], dim=1), 0.0)
-        weights, experts = torch.topk(probs, moe.num_experts_per_tok, dim=-1)
+        if moe.choice_bias:  # Ernie 4.5's: chosen by score plus the bias, weighed by the score
+            experts = torch.topk(probs + self.router_bias, moe.num_experts_per_tok, dim=-1)[1]
+            weights = probs.gather(1, experts)
+        else:
+            weights, experts = torch.topk(probs, moe.num_experts_per_tok, dim=-1)
         if moe.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights * moe.routed_scaling_factor if moe.routed_scaling_factor != 1.0 else weights

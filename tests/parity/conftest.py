@@ -140,6 +140,11 @@ TINY_MODELS = {
     "seed-oss": ("SeedOssConfig", dict(head_dim=16, attention_out_bias=True, pad_token_id=0), {}),
     # Ernie 4.5: biases everywhere (use_bias), RoPE's pairs side by side in q and k.
     "ernie4.5": ("Ernie4_5Config", dict(head_dim=16, use_bias=True, pad_token_id=0), {}),
+    # Ernie 4.5 MoE (21B-A3B): 2 of 4 experts by softmax score plus a correction bias, from the second layer on,
+    # beside an ungated shared expert; RoPE pairs side by side.
+    "ernie4.5-moe": ("Ernie4_5_MoeConfig", dict(
+        head_dim=16, moe_num_experts=4, moe_k=2, moe_intermediate_size=48, moe_num_shared_experts=1,
+        moe_layer_start_index=1, num_hidden_layers=3, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -158,7 +158,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
-                "seed-oss", "ernie4.5")
+                "seed-oss", "ernie4.5", "ernie4.5-moe")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -262,6 +262,19 @@ def test_minimax_m2s_released_config_turns_its_rotary_dim(tiny_model_dirs, tmp_p
     assert engine.model_config.rotary_dim == 8
     engine.close()
     _check_logits(released, reference_dir=source)
+
+
+def test_ernie_moes_multi_token_prediction_block_is_left_unread(tiny_model_dirs, tmp_path):
+    """Ernie 4.5's MoE checkpoints carry an MTP block (`model.mtp_*`), which transformers leaves unread too."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model_dir = shutil.copytree(tiny_model_dirs["ernie4.5-moe"], tmp_path / "ernie")
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({**tensors, "model.mtp_block.0.input_layernorm.weight": torch.ones(64),
+               "model.mtp_linear_proj.0.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
+    _check_logits(model_dir, prompt_lengths=(17,))
 
 
 def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_path):
