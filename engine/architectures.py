@@ -14,6 +14,7 @@ from engine.moe_config import (
     MINIMAX_M2,
     QWEN_MOES,
 )
+from engine.rope_config import HUNYUAN
 
 MINISTRAL3 = "Ministral3ForCausalLM"
 SEED_OSS, ERNIE45 = "SeedOssForCausalLM", "Ernie4_5ForCausalLM"
@@ -23,7 +24,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
-                           ERNIE45, ERNIE45_MOE)
+                           ERNIE45, ERNIE45_MOE, HUNYUAN)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -49,10 +50,10 @@ GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30
 QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
-EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S)
+EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, HUNYUAN)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
-                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS)
+                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, HUNYUAN)
 # Mistral's sliding window, where config.json gives one.
 MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)

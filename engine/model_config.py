@@ -38,7 +38,7 @@ class ModelConfig:
     o_bias: bool
     mlp_bias: bool  # biases on gate, up and down (Llama's mlp_bias)
     # q and k RMS-normed before RoPE: "head", each head's (Qwen3, Gemma 3); "projection", the whole
-    # q and k projections' (OLMo 2); None: not.
+    # q and k projections' (OLMo 2); "head_after_rope": each head's after RoPE (HunYuan's); None: not.
     qk_norm: str | None
     moe: MoEConfig  # its mixture of experts (engine/moe_config.py); one of no experts for a dense model
     mla: MLAConfig | None  # DeepSeek-V3's multi-head latent attention (engine/mla_config.py); None: not MLA

@@ -25,7 +25,6 @@ from engine.architectures import (
 )
 from engine.attention_layout import (
     attention_scale,
-    full_rope_theta,
     llama4_attention,
     local_rope_theta,
     q_temperature,
@@ -52,7 +51,15 @@ from engine.moe_config import (
 )
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
-from engine.rope_config import PHI3, mrope_interleaved, mrope_section, partial_rotary_factor, rope_scaling
+from engine.rope_config import (
+    HUNYUAN,
+    PHI3,
+    mrope_interleaved,
+    mrope_section,
+    partial_rotary_factor,
+    rope_scaling,
+    rope_theta_of,
+)
 
 
 class ModelConfigError(ValueError):
@@ -157,7 +164,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in EPS_1E5 else 1e-6)),
-            rope_theta=full_rope_theta(cfg),
+            rope_theta=rope_theta_of(cfg, arch, head_dim),
             rope_scaling=scaling,
             local_rope_theta=local_rope_theta(cfg, arch),
             rope_layers=rope_layers(cfg, arch),
@@ -167,7 +174,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
-            "projection" if arch in (*OLMOS, MINIMAX_M2) else None,
+            "projection" if arch in (*OLMOS, MINIMAX_M2) else "head_after_rope" if arch == HUNYUAN else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),
             sliding_layers=sliding_layers(cfg, arch) if gemma4 is None else

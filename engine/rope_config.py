@@ -8,6 +8,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # transformers 5 nests a config's RoPE settings by these layer types.
 LAYER_TYPES = ("full_attention", "sliding_attention")
 PHI3 = "Phi3ForCausalLM"
+HUNYUAN = "HunYuanDenseV1ForCausalLM"
 
 
 def rope_parameters(cfg: dict, layer_type: str) -> dict:
@@ -38,6 +39,8 @@ def rope_scaling(cfg: dict, arch: str) -> dict | None:
         return None
     scaling = dict(scaling)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if ntk_alpha(cfg, arch) is not None:  # only a longer theta (rope_theta_of)
+        return None
     # Early Phi-3 configs name LongRoPE "su" or "yarn"; transformers reads both as longrope there.
     if rope_type == "su" or (rope_type == "yarn" and arch == PHI3):
         rope_type = "longrope"
@@ -53,6 +56,25 @@ def rope_scaling(cfg: dict, arch: str) -> dict | None:
     if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:  # DeepSeek's, Phi-3's: the contexts' ratio
         scaling["factor"] = cfg.get("max_position_embeddings", 2048) / scaling["original_max_position_embeddings"]
     return None if rope_type == "default" else scaling
+
+
+def ntk_alpha(cfg: dict, arch: str) -> float | None:
+    """HunYuan's fixed NTK scaling: "dynamic" with an `alpha`, which only stretches the base (transformers reads
+    it so for HunYuan alone; a "dynamic" scaling otherwise is refused as any unsupported kind)."""
+    if arch != HUNYUAN:
+        return None
+    scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
+    alpha = scaling.get("alpha")
+    if scaling.get("rope_type", scaling.get("type")) != "dynamic" or not alpha:
+        return None
+    return float(alpha)
+
+
+def rope_theta_of(cfg: dict, arch: str, head_dim: int) -> float:
+    """The full-attention layers' RoPE base: its theta, stretched by an NTK alpha to theta * alpha ** (d / (d - 2))."""
+    theta = rope_theta(cfg, rope_parameters(cfg, "full_attention"))
+    alpha = ntk_alpha(cfg, arch)
+    return theta if alpha is None else theta * alpha ** (head_dim / (head_dim - 2))
 
 
 def yarn_temperature(factor: float, mscale: float = 1.0) -> float:

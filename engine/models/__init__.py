@@ -25,6 +25,7 @@ MODEL_REGISTRY = {
     "SeedOssForCausalLM": LlamaForCausalLM,  # biases as its ModelConfig says
     "Ernie4_5ForCausalLM": LlamaForCausalLM,  # biases, and RoPE pairs side by side, as its ModelConfig says
     "Ernie4_5_MoeForCausalLM": LlamaForCausalLM,  # and its experts, routed as its MoEConfig says
+    "HunYuanDenseV1ForCausalLM": LlamaForCausalLM,  # q and k normed after RoPE, as its ModelConfig says
     "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen2MoeForCausalLM": LlamaForCausalLM,

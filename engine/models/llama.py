@@ -29,6 +29,8 @@ from kernels.rotary import build_rope_cache, mrope_kinds, pairs_half_apart
 FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # Qwen3-VL-MoE's (MoEConfig.fused_experts)
 
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
+# q's and k's norms, as most checkpoints name them and as HunYuan's (whose norms follow RoPE) do.
+QK_NORM_NAMES = {False: ("q_norm", "k_norm"), True: ("query_layernorm", "key_layernorm")}
 # What RoPE turns: q's and k's rows, which a model storing each pair side by side (ModelConfig.rope_interleaved)
 # has reordered as they load.
 ROPE_TURNED = tuple(f"self_attn.{x}_proj.{kind}" for x in "qk" for kind in ("weight", "bias"))
@@ -255,7 +257,7 @@ class LlamaForCausalLM(nn.Module):
         if self.config.o_bias:
             names.append(p + "o_proj.bias")
         if self.config.qk_norm:
-            names += [p + "q_norm.weight", p + "k_norm.weight"]
+            names += [p + f"{norm}.weight" for norm in QK_NORM_NAMES[self.config.qk_norm == "head_after_rope"]]
         if self.config.attention_sinks:
             names.append(p + "sinks")
         return names
@@ -325,8 +327,8 @@ class LlamaForCausalLM(nn.Module):
             proj, kind = parts[4], parts[5]
             if proj == "o_proj":
                 return (layer.attn.o_weight if kind == "weight" else layer.attn.o_bias).data
-            if proj in ("q_norm", "k_norm"):
-                return (layer.attn.q_norm if proj == "q_norm" else layer.attn.k_norm).data
+            if proj in ("q_norm", "k_norm", "query_layernorm", "key_layernorm"):
+                return (layer.attn.q_norm if proj in ("q_norm", "query_layernorm") else layer.attn.k_norm).data
             lo, hi = qkv_rows[proj]
             return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
         if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):

@@ -82,7 +82,8 @@ class Attention(nn.Module):
         self.o_weight = empty_param(config.hidden_size, config.q_size, dtype=dtype)
         self.o_bias = empty_param(config.hidden_size, dtype=dtype) if config.o_bias else None
         # Each head's q and k normed (Qwen3, Gemma 3), or the whole q and k projections (OLMo 2).
-        self.is_qk_norm_per_head = config.qk_norm == "head"
+        self.is_qk_norm_per_head = config.qk_norm in ("head", "head_after_rope")
+        self.norms_after_rope = config.qk_norm == "head_after_rope"  # HunYuan's
         q_norm_size, k_norm_size = (config.head_dim, config.head_dim) if self.is_qk_norm_per_head else \
             (config.q_size, config.kv_size)
         self.q_norm = empty_param(q_norm_size, dtype=dtype) if config.qk_norm else None
@@ -99,11 +100,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         cfg, ops = self.config, self.kernels
         q, k, v = self._qkv(x)
-        if self.q_norm is not None and self.is_qk_norm_per_head:  # over head_dim
-            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        if self.q_norm is not None and self.is_qk_norm_per_head and not self.norms_after_rope:  # over head_dim
+            q, k = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps), ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         if cos is not None:
             q, k = ops.apply_rope(q, k, cos, sin)
+        if self.norms_after_rope:
+            q, k = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps), ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         if cfg.q_temperature is not None and cfg.q_temperature.layers is None:  # Ministral 3's
             q = q_temperature(q, cfg.q_temperature, meta.positions)
         return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window,

@@ -145,6 +145,10 @@ TINY_MODELS = {
     "ernie4.5-moe": ("Ernie4_5_MoeConfig", dict(
         head_dim=16, moe_num_experts=4, moe_k=2, moe_intermediate_size=48, moe_num_shared_experts=1,
         moe_layer_start_index=1, num_hidden_layers=3, pad_token_id=0), {}),
+    # HunYuan dense (Hunyuan-0.5B to 7B): each head's q and k normed after RoPE, its base stretched by an NTK alpha;
+    # attention biases.
+    "hunyuan": ("HunYuanDenseV1Config", dict(head_dim=16, attention_bias=True, pad_token_id=0, rope_parameters={
+        "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
