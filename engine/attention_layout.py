@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.architectures import ERNIE45S, GEMMA2, GEMMA3, GEMMAS, MINISTRAL3, MISTRAL_SLIDING, OLMO3, QWENS, SMOLLM3
+from engine.architectures import (
+    ERNIE45S,
+    GEMMA2,
+    GEMMA3,
+    GEMMAS,
+    GLMS,
+    MINISTRAL3,
+    MISTRAL_SLIDING,
+    OLMO3,
+    QWENS,
+    SMOLLM3,
+)
 from engine.gemma4_config import GEMMA4
 from engine.mla_config import MLAConfig
 from engine.moe_config import GPT_OSS, LLAMA4
@@ -66,9 +77,9 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
 
 
 def llama4_attention(cfg: dict, arch: str) -> dict:
-    if arch != LLAMA4:  # Ernie 4.5's q and k hold RoPE's pairs side by side too
+    if arch != LLAMA4:  # Ernie 4.5's and GLM-4's q and k hold RoPE's pairs side by side too
         return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False,
-                    rope_interleaved=arch in ERNIE45S)
+                    rope_interleaved=arch in (*ERNIE45S, *GLMS))
     with_rope = rope_layers(cfg, arch)
     chunk = cfg.get("attention_chunk_size")
     types = cfg.get("layer_types") or ["chunked_attention" if i in with_rope and chunk else "full_attention"

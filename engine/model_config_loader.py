@@ -15,6 +15,8 @@ from engine.architectures import (
     GEMMA2,
     GEMMA2_SOFTCAPS,
     GEMMAS,
+    GLM4,
+    GLMS,
     MLA_MODELS,
     OLMOS,
     QK_NORM,
@@ -124,12 +126,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py).
-    partial = 1.0 if arch == GEMMA4 else partial_rotary_factor(cfg, 0.5 if arch == GLM4_MOE else 1.0)
+    partial = 1.0 if arch == GEMMA4 else partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2):  # transformers turns part of a head in these only
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS):  # transformers turns part of a head in these
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
-                               f"(Phi-3's, GLM-4.5's and MiniMax-M2's only)")
+                               f"(Phi-3's, GLM-4's, GLM-4.5's and MiniMax-M2's only)")
     try:
         scaling = None if arch == GEMMA4 else rope_scaling(cfg, arch)
     except ValueError as e:
@@ -163,7 +165,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
             intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if arch in EPS_1E5 else 1e-6)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", _default_eps(arch))),
             rope_theta=rope_theta_of(cfg, arch, head_dim),
             rope_scaling=scaling,
             local_rope_theta=local_rope_theta(cfg, arch),
@@ -250,11 +252,18 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
         raise ModelConfigError(f"{path}: {e}") from None
 
 
+def _default_eps(arch: str) -> float:
+    """transformers' rms_norm_eps for the architecture, where config.json leaves it out."""
+    return 1e-5 if arch in EPS_1E5 else 1.5625e-7 if arch == GLM4 else 1e-6
+
+
 def _biases(cfg: dict, arch: str) -> dict:
     """Where the architecture's layers have biases (on q, k and v; on o; on gate, up and down), as config.json's
     switches for it say."""
     if arch in ERNIE45S:  # one switch for them all
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
+    if arch in GLMS:  # on q, k and v unless it says
+        return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch == SEED_OSS:  # q, k and v's on unless it says, o's a switch of its own
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=bool(cfg.get("attention_out_bias")),
                     mlp_bias=bool(cfg.get("mlp_bias")))

@@ -31,6 +31,7 @@ from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
@@ -48,7 +49,8 @@ SUMS_FILE_KEY = "shared-memory-sums"
 # Models whose layers are llama_layers.py's Attention and MLP (or mla.py's attention, moe.py's experts), by their
 # classes.
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
-                GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)
+                GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
+                GlmForCausalLM, Glm4ForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -73,7 +75,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
-                         f"OLMo 2 and 3, DeepSeek V2 and V3 and MiniMax-M2 so far, not {config.architecture}")
+                         f"OLMo 2 and 3, DeepSeek V2 and V3, MiniMax-M2 and GLM-4 so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.

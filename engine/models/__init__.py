@@ -6,6 +6,7 @@ from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausal
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
+from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
@@ -40,6 +41,8 @@ MODEL_REGISTRY = {
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GlmForCausalLM": GlmForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Glm4MoeLiteForCausalLM": DeepseekV3ForCausalLM,  # GLM-4.7-Flash, its dense layers by its MoEConfig

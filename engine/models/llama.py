@@ -303,7 +303,7 @@ class LlamaForCausalLM(nn.Module):
         if name.endswith(FUSED_EXPERTS) and tensor.shape != target.shape:  # [E, in, out], as released
             tensor = tensor.transpose(1, 2)
         if self.config.rope_interleaved and name.endswith(ROPE_TURNED):
-            tensor = _rope_rows_paired_apart(tensor, self.config.head_dim)
+            tensor = _rope_rows_paired_apart(tensor, self.config.head_dim, self.config.rotary_dim)
         return target, tensor
 
     def _target(self, name: str) -> torch.Tensor:
@@ -360,9 +360,9 @@ class LlamaForCausalLM(nn.Module):
         raise KeyError(f"unexpected checkpoint tensor {name!r} ({leaf})")
 
 
-def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
-    # Each head's rows reordered (kernels/rotary.py): attention is the same whichever layers use RoPE,
-    # q and k being reordered alike.
-    order = pairs_half_apart(head_dim)
+def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int, rotary_dim: int) -> torch.Tensor:
+    # Each head's rows reordered (kernels/rotary.py), the first `rotary_dim` (those RoPE turns): attention is the same
+    # whichever layers use RoPE, q and k being reordered alike.
+    order = torch.cat((pairs_half_apart(rotary_dim), torch.arange(rotary_dim, head_dim)))
     rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + order).reshape(-1)
     return weight[rows]

@@ -149,6 +149,10 @@ TINY_MODELS = {
     # attention biases.
     "hunyuan": ("HunYuanDenseV1Config", dict(head_dim=16, attention_bias=True, pad_token_id=0, rope_parameters={
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
+    # GLM-4 (glm-4-9b-chat-hf) and GLM-4-0414 (with norms after attention and the MLP): gate and up fused, biases
+    # on q, k and v, RoPE over half of each head with its pairs side by side.
+    "glm": ("GlmConfig", dict(head_dim=16, pad_token_id=0), {}),
+    "glm4": ("Glm4Config", dict(head_dim=16, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
