@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from engine.architectures import (
     ERNIE45S,
+    EXAONE4,
     GEMMA2,
     GEMMA3,
     GEMMAS,
@@ -68,6 +69,8 @@ def full_rope_theta(cfg: dict) -> float:
 
 def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
+    if arch == EXAONE4 and sliding_window(cfg, arch) is not None:  # its full layers without RoPE
+        return sliding_layers(cfg, arch)
     if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))
     # SmolLM3's and Llama 4's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
@@ -106,6 +109,8 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 def sliding_window(cfg: dict, arch: str) -> int | None:
     if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS):
         return cfg.get("sliding_window")
+    if arch == EXAONE4:  # absent, transformers' default
+        return cfg.get("sliding_window", 4096)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     if arch in QWENS and cfg.get("use_sliding_window"):
@@ -115,11 +120,16 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
         return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    if arch == EXAONE4:  # its pattern a count ("every fourth full") or a string of them ("LLLG": L sliding, G full)
+        pattern = cfg.get("sliding_window_pattern", 4) if sliding_window(cfg, arch) is not None else 0
+        if isinstance(pattern, str):
+            return frozenset(i for i in range(num_layers) if pattern[i % len(pattern)] == "L")
+        return frozenset(i for i in range(num_layers) if pattern and (i + 1) % int(pattern))
     if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers
         return frozenset(range(num_layers)) - rope_layers(cfg, arch)
     # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every

@@ -153,6 +153,13 @@ TINY_MODELS = {
     # on q, k and v, RoPE over half of each head with its pairs side by side.
     "glm": ("GlmConfig", dict(head_dim=16, pad_token_id=0), {}),
     "glm4": ("Glm4Config", dict(head_dim=16, pad_token_id=0), {}),
+    # EXAONE 4: OLMo 2's norms after each block, q and k normed per head, sliding windows (16) in three layers of
+    # four, RoPE (llama3-scaled) in those only.
+    "exaone4": ("Exaone4Config", dict(head_dim=16, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4,
+                                      pad_token_id=0, rope_parameters={
+                                          "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                          "rope_theta": 10000.0}), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -158,7 +158,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
-                "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4")
+                "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -275,6 +275,24 @@ def test_ernie_moes_multi_token_prediction_block_is_left_unread(tiny_model_dirs,
     save_file({**tensors, "model.mtp_block.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_linear_proj.0.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, prompt_lengths=(17,))
+
+
+def test_exaone4s_window_pattern_as_a_string_names_its_sliding_layers(tiny_model_dirs, tmp_path):
+    """EXAONE 4's released configs give `sliding_window_pattern` as "LLLG" (L a sliding-window layer, G a full one)
+    beside their layer_types; without layer_types, the string says. Without a window, every layer turns by RoPE."""
+    import shutil
+
+    from engine.model_config_loader import load_model_config
+
+    model_dir = shutil.copytree(tiny_model_dirs["exaone4"], tmp_path / "exaone4")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["layer_types"]
+    for pattern, sliding in (("LLLG", {0, 1, 2}), ("LG", {0, 2}), (4, {0, 1, 2})):
+        (model_dir / "config.json").write_text(json.dumps({**config, "sliding_window_pattern": pattern}))
+        loaded = load_model_config(model_dir)
+        assert (loaded.sliding_layers, loaded.rope_layers) == (sliding, sliding), pattern
+    (model_dir / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
+    assert load_model_config(model_dir).rope_layers == frozenset(range(4))
 
 
 def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_path):
