@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.architectures import (
+    COHERE2,
+    COHERES,
     ERNIE45S,
     EXAONE4,
     GEMMA2,
@@ -69,8 +71,8 @@ def full_rope_theta(cfg: dict) -> float:
 
 def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch == EXAONE4 and sliding_window(cfg, arch) is not None:  # its full layers without RoPE
-        return sliding_layers(cfg, arch)
+    if arch == COHERE2 or (arch == EXAONE4 and sliding_window(cfg, arch) is not None):  # full layers without RoPE
+        return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))
     # SmolLM3's and Llama 4's NoPE layers: a 0 in no_rope_layers, else every no_rope_layer_interval-th layer.
@@ -80,9 +82,9 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
 
 
 def llama4_attention(cfg: dict, arch: str) -> dict:
-    if arch != LLAMA4:  # Ernie 4.5's and GLM-4's q and k hold RoPE's pairs side by side too
+    if arch != LLAMA4:  # Ernie 4.5's, GLM-4's and Cohere's q and k hold RoPE's pairs side by side too
         return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False,
-                    rope_interleaved=arch in (*ERNIE45S, *GLMS))
+                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES))
     with_rope = rope_layers(cfg, arch)
     chunk = cfg.get("attention_chunk_size")
     types = cfg.get("layer_types") or ["chunked_attention" if i in with_rope and chunk else "full_attention"
@@ -109,7 +111,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 def sliding_window(cfg: dict, arch: str) -> int | None:
     if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS):
         return cfg.get("sliding_window")
-    if arch == EXAONE4:  # absent, transformers' default
+    if arch in (EXAONE4, COHERE2):  # absent, transformers' default
         return cfg.get("sliding_window", 4096)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
@@ -120,7 +122,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4, COHERE2):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
@@ -134,6 +136,6 @@ def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(range(num_layers)) - rope_layers(cfg, arch)
     # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every
     # other, OLMo 3's every fourth).
-    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2}[arch]
+    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2, COHERE2: 4}[arch]
     pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
     return frozenset(i for i in range(num_layers) if (i + 1) % pattern)

@@ -38,7 +38,8 @@ class ModelConfig:
     o_bias: bool
     mlp_bias: bool  # biases on gate, up and down (Llama's mlp_bias)
     # q and k RMS-normed before RoPE: "head", each head's (Qwen3, Gemma 3); "projection", the whole
-    # q and k projections' (OLMo 2); "head_after_rope": each head's after RoPE (HunYuan's); None: not.
+    # q and k projections' (OLMo 2); "head_after_rope": each head's after RoPE (HunYuan's); "head_layer_norm":
+    # each head layer-normed by weights of its own (Command R+'s); None: not.
     qk_norm: str | None
     moe: MoEConfig  # its mixture of experts (engine/moe_config.py); one of no experts for a dense model
     mla: MLAConfig | None  # DeepSeek-V3's multi-head latent attention (engine/mla_config.py); None: not MLA
@@ -84,6 +85,7 @@ class ModelConfig:
     # so many each; None: one position a token. A text token's three are one, as a 1D position turns them all.
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False  # the sections interleaved over a head's frequencies (Qwen3-VL's), not in turn
+    logit_scale: float = 1.0  # Cohere's: logits multiplied by it
     eagle: EagleConfig | None = None  # an EAGLE draft head's (engine/eagle_config.py); None: a model of its own
     # Gemma 4's layers of two head shapes and KV shared (engine/gemma4_config.py): num_kv_heads and head_dim are then
     # its pages', which hold every layer's heads.

@@ -10,6 +10,9 @@ from typing import Any
 from engine.architectures import (
     ATTENTION_BIAS,
     BARE_MODELS,
+    COHERE,
+    COHERE2,
+    COHERES,
     EPS_1E5,
     ERNIE45S,
     GEMMA2,
@@ -146,7 +149,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
         num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
-        head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+        # Cohere 2's is its width's share whatever config.json says (transformers sets it so).
+        head_dim = hidden // num_heads if arch == COHERE2 else int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
         mla = read_mla_config(cfg, arch) if arch in MLA_MODELS else None
         if mla is not None:  # the pages hold the latent, one row a token for every head (kernels/mla_attention.py)
@@ -165,18 +169,20 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
             intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", _default_eps(arch))),
+            rms_norm_eps=float(cfg.get("layer_norm_eps" if arch in COHERES else "rms_norm_eps", _default_eps(arch))),
             rope_theta=rope_theta_of(cfg, arch, head_dim),
             rope_scaling=scaling,
             local_rope_theta=local_rope_theta(cfg, arch),
             rope_layers=rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", arch in (*GEMMAS, SMOLLM3, *ERNIE45S))),
+            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings",
+                                                        arch in (*GEMMAS, SMOLLM3, *ERNIE45S, *COHERES))),
             **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
-            "projection" if arch in (*OLMOS, MINIMAX_M2) else "head_after_rope" if arch == HUNYUAN else None,
+            "projection" if arch in (*OLMOS, MINIMAX_M2) else "head_after_rope" if arch == HUNYUAN else
+            "head_layer_norm" if arch == COHERE and cfg.get("use_qk_norm") else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),
             sliding_layers=sliding_layers(cfg, arch) if gemma4 is None else
@@ -203,6 +209,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mrope_section=section,
             mrope_interleaved=mrope_interleaved(cfg) or (multimodal is not None and multimodal.interleaved_mrope),
             gemma4=gemma4,
+            logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e

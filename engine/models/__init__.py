@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.models.bert import BertModel
+from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
@@ -43,6 +44,8 @@ MODEL_REGISTRY = {
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GlmForCausalLM": GlmForCausalLM,
+    "CohereForCausalLM": CohereForCausalLM,
+    "Cohere2ForCausalLM": CohereForCausalLM,  # with sliding-window layers, RoPE in those only, as its ModelConfig says
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,

@@ -181,7 +181,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
                       kv_caches[self.layout.kv_places[i][0]], meta)
         if captured:
             self.captured = torch.cat(captured, dim=-1)
-        return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
+        return self._final_norm(h)
 
     def _per_layer_inputs(self, input_ids: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         """[T, layers, width]: each token's row of the per-layer table (scaled by sqrt(width)) and the projection

@@ -107,6 +107,9 @@ class LlamaForCausalLM(nn.Module):
                 h = given.added_after(i, h)
         if captured:
             self.captured = torch.cat(captured, dim=-1)
+        return self._final_norm(h)
+
+    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -360,9 +363,13 @@ class LlamaForCausalLM(nn.Module):
         raise KeyError(f"unexpected checkpoint tensor {name!r} ({leaf})")
 
 
+def rope_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """A head's dimensions in the order the kernels turn them, where a checkpoint stores RoPE's pairs side by side in
+    the first `rotary_dim` (kernels/rotary.py)."""
+    return torch.cat((pairs_half_apart(rotary_dim), torch.arange(rotary_dim, head_dim)))
+
+
 def _rope_rows_paired_apart(weight: torch.Tensor, head_dim: int, rotary_dim: int) -> torch.Tensor:
-    # Each head's rows reordered (kernels/rotary.py), the first `rotary_dim` (those RoPE turns): attention is the same
-    # whichever layers use RoPE, q and k being reordered alike.
-    order = torch.cat((pairs_half_apart(rotary_dim), torch.arange(rotary_dim, head_dim)))
-    rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + order).reshape(-1)
-    return weight[rows]
+    # Each head's rows reordered: attention is the same whichever layers use RoPE, q and k being reordered alike.
+    rows = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + rope_order(head_dim, rotary_dim))
+    return weight[rows.reshape(-1)]

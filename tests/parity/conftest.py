@@ -160,6 +160,11 @@ TINY_MODELS = {
                                           "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
                                           "rope_theta": 10000.0}), {}),
+    # Command R+: attention and the MLP side by side from one layer norm (no bias), each head's q and k layer-normed
+    # by weights of its own, RoPE's pairs side by side, logits scaled; attention biases.
+    "cohere": ("CohereConfig", dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5, pad_token_id=0), {}),
+    # Command R7B and A: sliding windows (16) in three layers of four, RoPE in those only.
+    "cohere2": ("Cohere2Config", dict(num_hidden_layers=4, sliding_window=16, logit_scale=0.5, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
