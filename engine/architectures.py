@@ -12,6 +12,7 @@ from engine.moe_config import (
     GPT_OSS,
     LLAMA4,
     MINIMAX_M2,
+    OLMOE,
     QWEN_MOES,
 )
 from engine.rope_config import HUNYUAN
@@ -29,7 +30,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
-                           ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2)
+                           ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -46,6 +47,8 @@ SEQUENCE_CLASSIFIERS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+# q and k RMS-normed over their whole projections (ModelConfig.qk_norm "projection").
+PROJECTION_NORMED = (*OLMOS, MINIMAX_M2, OLMOE)
 # Mixtral's names for their experts (`block_sparse_moe.experts.{e}.w1`), as released and as transformers 5 saves them.
 MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2)
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
@@ -56,10 +59,10 @@ QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, EXAONE4)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, HUNYUAN, EXAONE4,
-           *COHERES)
+           *COHERES, OLMOE)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, "GraniteForCausalLM",
-                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, HUNYUAN, *COHERES)
+                   *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, HUNYUAN, *COHERES, OLMOE)
 # Mistral's sliding window, where config.json gives one.
 MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)

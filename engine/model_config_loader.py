@@ -21,7 +21,7 @@ from engine.architectures import (
     GLM4,
     GLMS,
     MLA_MODELS,
-    OLMOS,
+    PROJECTION_NORMED,
     QK_NORM,
     SEED_OSS,
     SEQUENCE_CLASSIFIERS,
@@ -143,6 +143,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     rotated = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split a head's frequencies (head_dim / 2)")
+    if cfg.get("clip_qkv") is not None:  # OLMoE's and DBRX's option, which their releases leave off
+        raise ModelConfigError(f"{path}: clip_qkv is not supported")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -181,7 +183,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
             qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
-            "projection" if arch in (*OLMOS, MINIMAX_M2) else "head_after_rope" if arch == HUNYUAN else
+            "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch == HUNYUAN else
             "head_layer_norm" if arch == COHERE and cfg.get("use_qk_norm") else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),

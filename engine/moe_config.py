@@ -10,6 +10,7 @@ GLM4_MOE_LITE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: DeepSeek-V3's latent 
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
+OLMOE = "OlmoeForCausalLM"
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
@@ -91,6 +92,10 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid")
+    elif arch == OLMOE:  # experts in every layer, intermediate_size wide, routed as Qwen's
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["intermediate_size"]),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)))
     elif arch == ERNIE45_MOE:
         # Experts in every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index (-1: the
         # last), ungated shared experts beside them.

@@ -40,6 +40,7 @@ MODEL_REGISTRY = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
+    "OlmoeForCausalLM": LlamaForCausalLM,  # q/k normed over whole projections, experts as its MoEConfig says
     "Exaone4ForCausalLM": Olmo2ForCausalLM,  # with q/k normed per head, RoPE on its sliding-window layers only
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,

@@ -165,6 +165,8 @@ TINY_MODELS = {
     "cohere": ("CohereConfig", dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5, pad_token_id=0), {}),
     # Command R7B and A: sliding windows (16) in three layers of four, RoPE in those only.
     "cohere2": ("Cohere2Config", dict(num_hidden_layers=4, sliding_window=16, logit_scale=0.5, pad_token_id=0), {}),
+    # OLMoE: Llama's norms, q and k normed over whole projections, 2 of 4 experts in every layer (not renormalized).
+    "olmoe": ("OlmoeConfig", dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -158,7 +158,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
-                "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4")
+                "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
