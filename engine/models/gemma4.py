@@ -109,8 +109,9 @@ class Gemma4DecoderLayer(nn.Module):
         layout = config.gemma4
         self.eps, self.rms_norm = config.rms_norm_eps, kernels.rms_norm
         self.linear = kernels.linear
-        for name in NORMS.values():
-            setattr(self, name, empty_param(config.hidden_size, dtype=dtype))
+        for checkpoint_name, name in NORMS.items():
+            if checkpoint_name != "post_per_layer_input_norm" or layout.per_layer_width:
+                setattr(self, name, empty_param(config.hidden_size, dtype=dtype))
         self.attn = Gemma4Attention(config, kernels, dtype, layout.heads(layer), sliding_window,
                                     layout.computes_kv(layer), layout.kv_places[layer][1])
         width = config.intermediate_size * (2 if layer in layout.double_wide_layers else 1)
