@@ -22,6 +22,7 @@ SEED_OSS, ERNIE45 = "SeedOssForCausalLM", "Ernie4_5ForCausalLM"
 GLM, GLM4 = "GlmForCausalLM", "Glm4ForCausalLM"  # glm-4-9b-chat-hf; GLM-4-0414
 GLMS = (GLM, GLM4)
 EXAONE4 = "Exaone4ForCausalLM"
+MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
 COHERE, COHERE2 = "CohereForCausalLM", "Cohere2ForCausalLM"  # Command R and R+; Command R7B and A
 COHERES = (COHERE, COHERE2)
 ERNIE45S = (ERNIE45, ERNIE45_MOE)
@@ -30,7 +31,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
-                           ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE)
+                           ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE, MIMO)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -55,7 +56,7 @@ SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
-QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES)
+QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, EXAONE4)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, HUNYUAN, EXAONE4,

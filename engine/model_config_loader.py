@@ -20,6 +20,7 @@ from engine.architectures import (
     GEMMAS,
     GLM4,
     GLMS,
+    MIMO,
     MLA_MODELS,
     PROJECTION_NORMED,
     QK_NORM,
@@ -278,7 +279,8 @@ def _biases(cfg: dict, arch: str) -> dict:
                     mlp_bias=bool(cfg.get("mlp_bias")))
     attention = bool(cfg.get("attention_bias"))
     return dict(
-        qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
+        qkv_bias=arch in ("Qwen2ForCausalLM", MIMO)
+        or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
         or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and attention),
         o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and attention,
         mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")))

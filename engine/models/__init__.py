@@ -30,6 +30,7 @@ MODEL_REGISTRY = {
     "HunYuanDenseV1ForCausalLM": LlamaForCausalLM,  # q and k normed after RoPE, as its ModelConfig says
     "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,

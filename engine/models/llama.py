@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.architectures import MIXTRAL_NAMED
+from engine.architectures import MIMO, MIXTRAL_NAMED
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
 from engine.model_config import ModelConfig
@@ -29,6 +29,9 @@ from kernels.rotary import build_rope_cache, mrope_kinds, pairs_half_apart
 FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # Qwen3-VL-MoE's (MoEConfig.fused_experts)
 
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
+# Checkpoints carrying multi-token prediction blocks beside the model, by the prefix of their tensors' names: left
+# unread, as transformers (Ernie 4.5's) and vLLM's model (MiMo's) leave them.
+MTP_BLOCKS = {ERNIE45_MOE: "model.mtp", MIMO: "model.mtp_layers."}
 # q's and k's norms, as most checkpoints name them and as HunYuan's (whose norms follow RoPE) do.
 QK_NORM_NAMES = {False: ("q_norm", "k_norm"), True: ("query_layernorm", "key_layernorm")}
 # What RoPE turns: q's and k's rows, which a model storing each pair side by side (ModelConfig.rope_interleaved)
@@ -243,7 +246,7 @@ class LlamaForCausalLM(nn.Module):
     def is_unused_tensor(self, name: str) -> bool:
         """A checkpoint tensor this model does not read, which is not a sign of a setting it ignores."""
         parts = name.split(".")
-        if self.config.architecture == ERNIE45_MOE and name.startswith("model.mtp"):  # its MTP block, as transformers
+        if self.config.architecture in MTP_BLOCKS and name.startswith(MTP_BLOCKS[self.config.architecture]):
             return True
         return (self.has_mtp_layers and len(parts) > 2 and parts[:2] == ["model", "layers"]
                 and int(parts[2]) >= self.config.num_layers)

@@ -295,6 +295,24 @@ def test_exaone4s_window_pattern_as_a_string_names_its_sliding_layers(tiny_model
     assert load_model_config(model_dir).rope_layers == frozenset(range(4))
 
 
+def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny_model_dirs, tmp_path):
+    """Xiaomi MiMo (MiMoForCausalLM, remote code): Qwen2's model, its MTP layers under `model.mtp_layers.` beside it,
+    which vLLM's MiMo leaves unread as the model computes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_model_dirs["qwen2-bias"]
+    model_dir = shutil.copytree(source, tmp_path / "mimo")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "architectures": ["MiMoForCausalLM"],
+                                                       "model_type": "mimo", "num_nextn_predict_layers": 1}))
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
+               "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
+    _check_logits(model_dir, reference_dir=source)
+
+
 def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_path):
     """GLM-4.5 checkpoints carry layers past the model's (multi-token prediction, for speculative
     decoding): left unread, as transformers leaves them; an unknown tensor within the model's
