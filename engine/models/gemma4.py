@@ -161,6 +161,11 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             self.register_buffer(f"{kind}_rope_cos", cos, persistent=False)
             self.register_buffer(f"{kind}_rope_sin", sin, persistent=False)
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Scaled by its embedding module, as transformers' (so rows given in place of it are not).
+        embedded = super()._embed(input_ids)
+        return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)  # rounded to the dtype, as transformers
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return Gemma4DecoderLayer(self.config, self.kernels, dtype, layer, self._window(layer))
 
@@ -169,7 +174,6 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         h = self._embed(input_ids)
         if given is not None:
             h = given.placed(h)
-        h = h * torch.tensor(self.embed_scale, dtype=h.dtype)  # rounded to the dtype, as transformers
         per_layer = self._per_layer_inputs(input_ids, h) if self.layout.per_layer_width else None
         ropes = {SLIDING: (self.sliding_rope_cos[positions], self.sliding_rope_sin[positions]),
                  FULL: (self.full_rope_cos[positions], self.full_rope_sin[positions])}

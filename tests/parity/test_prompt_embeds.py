@@ -15,8 +15,9 @@ from engine.sampling_params import SamplingParams
 from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs, transformers
 
 # Granite scales given embeddings as its own (embedding_multiplier); Gemma 2 and 3 scale inside
-# their embedding module, so given ones are not; DeepSeek-V3's attention is MLA.
-ARCHITECTURES = ["llama-gqa-untied", "granite", "gemma2", "gemma3", "deepseek-v3"]
+# their embedding module, so given ones are not, and so does Gemma 4 (the 31B's kind: no per-layer embeddings);
+# DeepSeek-V3's attention is MLA.
+ARCHITECTURES = ["llama-gqa-untied", "granite", "gemma2", "gemma3", "deepseek-v3", "gemma4-k-eq-v"]
 PROMPT_ROWS = 45
 MAX_NEW_TOKENS = 12
 
