@@ -72,6 +72,7 @@ class Gemma4Layout:
     page_heads: int
     page_head_dim: int
     experts: Gemma4Experts | None = None  # beside every layer's MLP; None: dense
+    pad_token_id: int = 0  # whose per-layer embeddings an image's rows take (as transformers' Gemma4Model gives them)
 
     def heads(self, layer: int) -> Gemma4Heads:
         return self.full if self.layer_types[layer] == FULL else self.sliding
@@ -131,7 +132,8 @@ def read_gemma4_layout(cfg: dict) -> Gemma4Layout:
         else frozenset(),
         per_layer_width=per_layer_width,
         per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input") or cfg["vocab_size"]),
-        page_heads=page_heads, page_head_dim=page_dim, experts=_experts(cfg))
+        page_heads=page_heads, page_head_dim=page_dim, experts=_experts(cfg),
+        pad_token_id=int(cfg.get("pad_token_id") or 0))
 
 
 def _experts(cfg: dict) -> Gemma4Experts | None:

@@ -1,5 +1,5 @@
 """Multimodal checkpoints whose text model is served, and their images where Baton has their encoder
-(Gemma 3's, Mistral 3's, Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Llama 4's: engine/vision/).
+(Gemma 3's and 4's, Mistral 3's, Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Llama 4's: engine/vision/).
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
@@ -17,6 +17,7 @@ from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.vision.vision_config import (
     VisionConfig,
     gemma3_vision_config,
+    gemma4_vision_config,
     llama4_vision_config,
     mistral3_vision_config,
     qwen2_5_vl_vision_config,
@@ -84,13 +85,13 @@ MULTIMODAL = {
         vision_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                          "model.multi_modal_projector."),
         text_defaults=GEMMA3_TEXT_DEFAULTS, vision_config=gemma3_vision_config),
-    # Gemma 4 (E2B, E4B, 31B) as released and as transformers 5 saves it: its text model served, its image and audio
-    # encoders not yet (a request with an image is refused as any text model refuses it).
+    # Gemma 4 (E2B, E4B, 31B, 26B-A4B) as released and as transformers 5 saves it: its text model and its images
+    # served, its audio encoder not yet (left unread).
     "Gemma4ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=functools.partial(_named, GEMMA4),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
-        text_defaults=GEMMA4_TEXT_DEFAULTS),
+        text_defaults=GEMMA4_TEXT_DEFAULTS, vision_config=gemma4_vision_config),
     # Kimi K2.5 as released (remote code's name; its text model DeepSeek-V3's, `kimi_k2`) and as transformers 5 names
     # it: its text model served, its MoonViT tower not yet.
     **dict.fromkeys(("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), MultimodalCheckpoint(

@@ -65,8 +65,9 @@ class Gemma4Attention(nn.Module):
         else:
             q, _ = ops.apply_rope(q, q[:, :0], cos, sin)
         pages = tuple(cache[self.page_heads] for cache in kv_cache)
-        out = paged_attention(ops, q, k, v, pages, meta, 1.0, self.sliding_window, None,
-                              head_parts=heads.page_parts)
+        # An image's tokens attend to each other both ways in the sliding-window layers only (transformers' masks).
+        out = paged_attention(ops, q, k, v, pages, meta, 1.0, self.sliding_window, None, head_parts=heads.page_parts,
+                              bidirectional=self.sliding_window is not None)
         return ops.linear(out.view(num_tokens, self.q_size), self.o_weight)
 
 
@@ -174,7 +175,10 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         h = self._embed(input_ids)
         if given is not None:
             h = given.placed(h)
-        per_layer = self._per_layer_inputs(input_ids, h) if self.layout.per_layer_width else None
+        per_layer = None
+        if self.layout.per_layer_width:  # an image's rows take the padding token's rows of the per-layer table
+            ids = input_ids if given is None else input_ids.index_fill(0, given.rows, self.layout.pad_token_id)
+            per_layer = self._per_layer_inputs(ids, h)
         ropes = {SLIDING: (self.sliding_rope_cos[positions], self.sliding_rope_sin[positions]),
                  FULL: (self.full_rope_cos[positions], self.full_rope_sin[positions])}
         captured = []

@@ -25,11 +25,13 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, ap
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     kv_cache: KVCache, meta: AttentionMetadata, scale: float, sliding_window: int | None,
                     softcap: float | None, chunk_size: int | None = None,
-                    sinks: torch.Tensor | None = None, head_parts: int = 1) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, head_parts: int = 1, bidirectional: bool = True
+                    ) -> torch.Tensor:
     """The step's new k and v written into their pages, then each token's attention over its
     sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first). k and v None:
     the pages hold them already (another layer's, which this one shares: Gemma 4's). `head_parts`: of
-    the pages' heads each of k's spans (kernels/attention.py)."""
+    the pages' heads each of k's spans (kernels/attention.py). `bidirectional`: whether the chunks' spans of tokens
+    attending to each other both ways (an image's) do so in this layer."""
     k_cache, v_cache = kv_cache
     if k is not None:
         page_dim = k_cache.shape[-1]
@@ -48,7 +50,8 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: to
         s, e = chunk.start, chunk.end
         out[s:e] = ops.prefill_attention(q[s:e], *((None, None) if k is None else (k[s:e], v[s:e])),
                                          k_cache, v_cache, chunk.block_table, chunk.context_len, scale,
-                                         sliding_window, softcap, chunk_size, sinks, chunk.bidirectional, head_parts)
+                                         sliding_window, softcap, chunk_size, sinks,
+                                         chunk.bidirectional if bidirectional else (), head_parts)
     return out
 
 

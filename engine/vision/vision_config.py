@@ -7,6 +7,7 @@ from typing import Any
 
 GEMMA3, PIXTRAL, QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "gemma3", "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 LLAMA4 = "llama4"
+GEMMA4 = "gemma4"
 # Images of any size in whole squares, one run of tokens, placed by multimodal RoPE.
 QWENS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
@@ -17,7 +18,8 @@ class VisionConfig:
     # windowed tower, any size, its rows placed by multimodal RoPE (ModelConfig.mrope_section); QWEN3_VL: Qwen3-VL's,
     # learnt positions resampled to the image, its rows placed so and added to the text model's first layers' too;
     # QWEN2_VL: Qwen2-VL's, Qwen3-VL's without those (engine/vision/qwen3_vl_images.py); LLAMA4: Llama 4's tower over
-    # square tiles of a fixed size, each tile's patches pixel-shuffled 2x2 into its rows.
+    # square tiles of a fixed size, each tile's patches pixel-shuffled 2x2 into its rows; GEMMA4: Gemma 4's tower over
+    # an image of any size in whole squares of spatial_merge_size x spatial_merge_size patches, each averaged to a row.
     family: str
     hidden_size: int
     intermediate_size: int
@@ -58,6 +60,12 @@ class VisionConfig:
     # into the projector.
     projector_input_dim: int = 0
     projector_output_dim: int = 0
+    # GEMMA4: its attention's KV heads and head size, its learnt positions a side (num_position_embeddings), its
+    # linear layers' inputs and outputs clamped (use_clipped_linears), its rows standardized (standardize).
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    clipped_linears: bool = False
+    standardize: bool = False
 
     @property
     def patches_per_side(self) -> int:
@@ -65,8 +73,9 @@ class VisionConfig:
 
     @property
     def bidirectional(self) -> bool:
-        """Whether an image's tokens attend to each other both ways (Gemma 3's do; Mistral 3's causally)."""
-        return self.family == GEMMA3
+        """Whether an image's tokens attend to each other both ways (Gemma 3's do, Gemma 4's in its sliding-window
+        layers; Mistral 3's causally)."""
+        return self.family in (GEMMA3, GEMMA4)
 
     @property
     def normalizes_in_bfloat16(self) -> bool:
@@ -92,6 +101,8 @@ class VisionConfig:
         tile followed by another image, its global tile, a run of its own)."""
         if self.family == GEMMA3:
             return 1, self.tokens_per_image
+        if self.family == GEMMA4:  # one run, a row a square of patches
+            return 1, (height // self.pixels_per_row) * (width // self.pixels_per_row)
         if self.family == LLAMA4:
             return (height // self.image_size) * (width // self.image_size), self.tokens_per_image
         if self.family in QWENS:  # one run, row-major
@@ -111,6 +122,10 @@ class VisionConfig:
             return None if height > 0 and width > 0 and not height % side and not width % side else \
                 f"must be a canvas of whole {side}x{side}-pixel tiles"
         step = self.pixels_per_row
+        if self.family == GEMMA4:
+            most = self.num_position_embeddings * self.patch_size  # a patch's learnt positions go no further
+            return None if 0 < height <= most and 0 < width <= most and not height % step and not width % step else \
+                f"must have sides of whole multiples of {step} pixels, at most {most}"
         if self.family in QWENS:
             return None if height > 0 and width > 0 and not height % step and not width % step else \
                 f"must have sides of whole multiples of {step} pixels"
@@ -125,6 +140,13 @@ GEMMA3_IMAGE_DEFAULTS = {"mm_tokens_per_image": 256, "image_token_index": 262_14
 SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
                    "image_size": 224, "patch_size": 16, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
                    "num_channels": 3}
+# Gemma4VisionConfig's and Gemma4Config's, where config.json leaves them out.
+GEMMA4_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16,
+                          "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64,
+                          "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "pooling_kernel_size": 3,
+                          "patch_size": 16, "position_embedding_size": 10 * 1024, "use_clipped_linears": False,
+                          "standardize": False}
+GEMMA4_IMAGE_TOKEN = 258_880
 # Mistral3Config's and its PixtralVisionConfig's (Mistral Small 3.1's), where config.json leaves them out.
 MISTRAL3_IMAGE_DEFAULTS = {"image_token_index": 10, "spatial_merge_size": 2, "vision_feature_layer": -1,
                            "projector_hidden_act": "gelu", "multimodal_projector_bias": False}
@@ -150,6 +172,32 @@ def gemma3_vision_config(cfg: dict[str, Any]) -> VisionConfig:
                          f"{config.patches_per_side}x{config.patches_per_side} grid of patches")
     if config.hidden_act != "gelu_pytorch_tanh":
         raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (gelu_pytorch_tanh only)")
+    return config
+
+
+def gemma4_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Gemma 4's (Gemma4ForConditionalGeneration's config.json): a tower over an image of any size in whole squares of
+    pooling_kernel_size x pooling_kernel_size patches, each square averaged into one row. ValueError for settings not
+    served."""
+    vision = {**GEMMA4_VISION_DEFAULTS, **(cfg.get("vision_config") or {})}
+    rope = vision.get("rope_parameters") or {}
+    if rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"vision_config's rope_type {rope['rope_type']!r} is not served (axial only)")
+    if vision["hidden_activation"] != "gelu_pytorch_tanh":
+        raise ValueError(f"vision_config.hidden_activation {vision['hidden_activation']!r} is not served "
+                         "(gelu_pytorch_tanh only)")
+    config = VisionConfig(
+        family=GEMMA4, hidden_size=int(vision["hidden_size"]), intermediate_size=int(vision["intermediate_size"]),
+        num_layers=int(vision["num_hidden_layers"]), num_heads=int(vision["num_attention_heads"]), image_size=0,
+        patch_size=int(vision["patch_size"]), layer_norm_eps=float(vision["rms_norm_eps"]),
+        hidden_act=vision["hidden_activation"], image_token_id=int(cfg.get("image_token_id", GEMMA4_IMAGE_TOKEN)),
+        spatial_merge_size=int(vision["pooling_kernel_size"]), rope_theta=float(rope.get("rope_theta", 100.0)),
+        num_position_embeddings=int(vision["position_embedding_size"]),
+        num_kv_heads=int(vision["num_key_value_heads"]), head_dim=int(vision["head_dim"]),
+        clipped_linears=bool(vision["use_clipped_linears"]), standardize=bool(vision["standardize"]))
+    if config.head_dim % 4 or config.num_heads % config.num_kv_heads:
+        raise ValueError(f"vision_config's head_dim must be a multiple of 4 (2D RoPE, each axis half a head) and its "
+                         f"KV heads divide its heads, got {config.head_dim} and {config.num_kv_heads}")
     return config
 
 

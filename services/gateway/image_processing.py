@@ -2,7 +2,8 @@
 mm_processor_kwargs over them), and an image made by them as transformers' processor makes it: RGB, resized
 (PIL's resampling, as transformers' PIL processors do) to the processor's size (Gemma 3's, with its pan-and-scan
 crops where it is on), or to at most its longest edge in whole tokens' pixels (Mistral 3's Pixtral processor), or
-to whole tokens within pixel bounds (Qwen-VL's); or into a canvas of tiles (Llama 4's, torchvision's resampling).
+to whole tokens within pixel bounds (Qwen-VL's), or to the most patches within a budget in whole squares of them
+(Gemma 4's); or into a canvas of tiles (Llama 4's, torchvision's resampling).
 The workers get it so, with the processor's rescale factor, mean and std, which the engine normalizes it by when
 it encodes it (engine/prompt_images.py's ImageInput)."""
 from __future__ import annotations
@@ -22,6 +23,7 @@ from services.gateway.errors import APIError
 from services.gateway.given_embeddings import ProcessedImage
 from services.gateway.llama4_tiles import MOST_TILES, TileCanvas
 from services.gateway.pan_and_scan import KWARGS as PAN_AND_SCAN_KWARGS, PanAndScan
+from services.gateway.patch_budget import PatchBudget
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
 
@@ -47,6 +49,7 @@ class ImageProcessing:
     max_pixels: int | None = None
     pan_and_scan: PanAndScan | None = None  # None: a processor that makes no crops (only Gemma 3's does)
     tiles: TileCanvas | None = None
+    patch_budget: PatchBudget | None = None  # Gemma 4's: to the most patches within its budget, its aspect kept
     background: tuple[int, int, int] = (255, 255, 255)  # what transparency shows (vLLM's rgba_background_color)
 
     @classmethod
@@ -68,6 +71,16 @@ class ImageProcessing:
         if config.get("do_center_crop"):
             raise ValueError(f"{path}: do_center_crop is not served")
         size = config.get("size") or {}
+        if str(config.get("image_processor_type", "")).startswith("Gemma4") or "max_soft_tokens" in config:
+            # Gemma 4's: rescaled, not normalized (its tower recenters the pixels itself); bicubic unless it says
+            budget = PatchBudget(int(config.get("patch_size", 16)), int(config.get("pooling_kernel_size", 3)),
+                                 int(config.get("max_soft_tokens", 280)))
+            normalized = config.get("do_normalize", False)
+            return cls(height=0, width=0, mean=tuple(config["image_mean"]) if normalized else (0.0, 0.0, 0.0),
+                       std=tuple(config["image_std"]) if normalized else (1.0, 1.0, 1.0),
+                       rescale_factor=float(config.get("rescale_factor", 1 / 255)),
+                       resample=int(config.get("resample", Image.Resampling.BICUBIC)), pixels_per_token=budget.square,
+                       patch_budget=budget).with_kwargs(overrides or {})
         settings = {"mean": tuple(config["image_mean"]), "std": tuple(config["image_std"]),
                     "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
                     "resample": int(config.get("resample", Image.Resampling.BILINEAR))}
@@ -107,7 +120,11 @@ class ImageProcessing:
         pixel_bounds = {"min_pixels", "max_pixels"} & set(kwargs)
         cropping = set(PAN_AND_SCAN_KWARGS) & set(kwargs)
         tiling = {"max_patches", "resize_to_max_canvas"} & set(kwargs)
-        if self.max_pixels is not None:  # Qwen-VL's smart resize
+        if self.patch_budget is not None:  # Gemma 4's
+            unknown = set(kwargs) - {"max_soft_tokens"}
+            changes = {"patch_budget": self.patch_budget.with_soft_tokens(kwargs["max_soft_tokens"])
+                       } if "max_soft_tokens" in kwargs and not unknown else {}
+        elif self.max_pixels is not None:  # Qwen-VL's smart resize
             unknown = set(size) - {"shortest_edge", "longest_edge"} | cropping | tiling
             changes = {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge", self.min_pixels)),
                        "max_pixels": kwargs.get("max_pixels", size.get("longest_edge", self.max_pixels))}
@@ -137,6 +154,11 @@ class ImageProcessing:
 
     def size_of(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) of an image of that size once resized, as transformers' processor resizes it."""
+        if self.patch_budget is not None:
+            try:
+                return self.patch_budget.size_of(height, width)
+            except ValueError as e:
+                raise APIError(400, str(e), param="messages") from None
         if self.max_pixels is not None:
             return smart_resize(height, width, self.pixels_per_token, self.min_pixels, self.max_pixels)
         if self.longest_edge is None:

@@ -4,8 +4,9 @@ begin and end marks; Mistral 3's (Pixtral's processor) a row of placeholders per
 tokens, each row ended by a break, the last by an end token; Qwen2.5-VL's one run of the grid's tokens: as many
 tokens as the image's size makes, for those two (Qwen2-VL's and Qwen2.5-VL's videos one run of their frame pairs' grids
 of tokens); Llama 4's a run a tile of the image's canvas, between tile
-separators, then its global tile's run. Gemma 3's image with pan-and-scan crops is written as its processor writes
-it: the original's run, then each crop's."""
+separators, then its global tile's run; Gemma 4's a run of a token a square of its patches between begin and end
+marks. Gemma 3's image with pan-and-scan crops is written as its processor writes it: the original's run, then each
+crop's."""
 from __future__ import annotations
 
 import re
@@ -165,6 +166,28 @@ class TiledImageTokens:
         return f"{self.begin}{tiles}{self.mark}{run}{self.end}"
 
 
+@dataclass(frozen=True)
+class SquareRunTokens:
+    """Gemma 4's: an image's tokens one run between begin and end marks, a token a square of its patches."""
+
+    token: str  # the template's mark of an image, and each of its tokens' placeholder: "<|image|>"
+    begin: str  # "<|image>"
+    end: str  # "<image|>"
+    pixels_per_token: int  # on a side: the patch size times the pooling kernel's
+
+    def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
+        """`text` with the mark of each image, of `image_sizes` as its processor resized it, made its run, as
+        Gemma4Processor writes it; ValueError without a mark and a size for each of `num_images`."""
+        return _each_image(text, self.token, image_sizes, num_images, self._run)
+
+    def _run(self, height: int, width: int) -> str:
+        squares = (height // self.pixels_per_token) * (width // self.pixels_per_token)
+        if not squares:
+            raise ValueError(f"an image of {height}x{width} pixels makes no tokens (a token takes "
+                             f"{self.pixels_per_token}x{self.pixels_per_token})")
+        return f"{self.begin}{self.token * squares}{self.end}"
+
+
 def _each_image(text: str, mark: str, image_sizes: Sequence[ImageSize] | None, num_images: int,
                 tokens_of: Callable[[int, int], str], takes_crops: bool = False) -> str:
     """`text` with each image's `mark`, in turn, made `tokens_of` its (height, width); ValueError without a mark
@@ -193,9 +216,10 @@ def _check_marks(text: str, mark: str, num_images: int) -> None:
 
 def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[str, Any],
                       model_config: dict[str, Any]
-                      ) -> ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | None:
+                      ) -> ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | SquareRunTokens | None:
     """Gemma 3's from tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special
-    tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Mistral 3's
+    tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Gemma 4's from the
+    same tokens and its image processor's patch and pooling kernel; Mistral 3's
     from processor_config.json (PixtralProcessor's tokens, patch size and spatial merge; config.json's where
     it has none); Qwen-VL's from config.json; Llama 4's from processor_config.json's tokens, patch size and pixel
     shuffle ratio (Llama4Processor's defaults where it has none) and config.json's tile size; None for a model
@@ -205,6 +229,8 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     extra = tokenizer_config.get("extra_special_tokens")
     named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
     marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
+    if model_config.get("model_type") == "gemma4" and all(isinstance(mark, str) and mark for mark in marks):
+        return _gemma4_tokens(*marks, processor_config, model_config)
     count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
     if all(isinstance(mark, str) and mark for mark in marks) and count:
         return ImageTokens(*marks, tokens_per_image=int(count))
@@ -228,6 +254,17 @@ def pixtral_pixels_per_token(processor_config: dict[str, Any], model_config: dic
     patch = processor_config.get("patch_size") or vision.get("patch_size") or 14
     merge = processor_config.get("spatial_merge_size") or model_config.get("spatial_merge_size") or 2
     return int(patch) * int(merge)
+
+
+def _gemma4_tokens(begin: str, token: str, end: str, processor_config: dict[str, Any], model_config: dict[str, Any]
+                   ) -> SquareRunTokens:
+    """Its square's side: processor_config.json's image processor's patch and pooling kernel (as transformers 5 saves
+    them), else config.json's vision_config's (Gemma4VisionConfig's defaults where neither gives them)."""
+    image = processor_config.get("image_processor") or processor_config
+    vision = model_config.get("vision_config") or {}
+    patch = image.get("patch_size") or vision.get("patch_size") or 16
+    pooling = image.get("pooling_kernel_size") or vision.get("pooling_kernel_size") or 3
+    return SquareRunTokens(token, begin, end, pixels_per_token=int(patch) * int(pooling))
 
 
 def _llama4_tokens(processor_config: dict[str, Any], model_config: dict[str, Any]) -> TiledImageTokens:

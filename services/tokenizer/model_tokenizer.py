@@ -27,6 +27,7 @@ from services.tokenizer.image_tokens import (
     ImageRunTokens,
     ImageSize,
     ImageTokens,
+    SquareRunTokens,
     TiledImageTokens,
     read_image_tokens,
 )
@@ -64,7 +65,7 @@ class ModelTokenizer:
         chat_templates: Mapping[str, str] | None = None,
         eos_token_ids: Sequence[int] = (),
         max_model_len: int | None = None,
-        image_tokens: ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | None = None,
+        image_tokens: ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | SquareRunTokens | None = None,
     ):
         self.tokenizer = tokenizer
         self.special_tokens = dict(special_tokens or {})

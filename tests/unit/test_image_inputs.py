@@ -73,6 +73,27 @@ def test_pixels_equal_qwen2_vls_image_processor(tmp_path, size):
     assert pixels.shape == (3, *(expected["image_grid_thw"][0][1:] * 14))
 
 
+@pytest.mark.parametrize("size", [(60, 40), (3000, 2000), (700, 5000), (9, 20), (5000, 30), (48, 48), (30, 4000)])
+@pytest.mark.parametrize("max_soft_tokens", [None, 140])
+def test_pixels_equal_gemma4s_image_processor(tmp_path, size, max_soft_tokens):
+    """Gemma 4's: the aspect kept, to the most 16-pixel patches within its budget of soft tokens (each a square of 3x3
+    patches; a mm_processor_kwargs' own), up or down, bicubic; rescaled, not normalized. Compared as the patches
+    transformers' processor gives its model (the real ones: it pads them to the budget)."""
+    transformers.Gemma4ImageProcessorPil(patch_size=16, max_soft_tokens=70, pooling_kernel_size=3).save_pretrained(
+        tmp_path)
+    reference = transformers.Gemma4ImageProcessorPil.from_pretrained(tmp_path)
+    kwargs = {"max_soft_tokens": max_soft_tokens} if max_soft_tokens else {}
+    ours = ImageProcessing.from_dir(tmp_path, kwargs)
+    image = Image.fromarray((np.random.default_rng(sum(size)).random((size[1], size[0], 3)) * 255).astype(np.uint8))
+    expected = reference(images=image, return_tensors="np", **kwargs)
+    pixels = given_images(common_pb2.SamplingParams(images=[ours.processed(image).proto()]))[0].pixels().numpy()
+    rows, cols = pixels.shape[1] // 16, pixels.shape[2] // 16
+    assert rows * cols // 9 == expected["num_soft_tokens_per_image"][0] <= (max_soft_tokens or 70)
+    patches = pixels.reshape(3, rows, 16, cols, 16).transpose(1, 3, 2, 4, 0).reshape(rows * cols, -1)
+    np.testing.assert_allclose(patches, expected["pixel_values"][0][:rows * cols], rtol=0, atol=1e-6)
+    assert (expected["image_position_ids"][0][rows * cols:] == -1).all()
+
+
 def test_mm_processor_kwargs_over_the_processors_own(tmp_path):
     """--mm-processor-kwargs: Qwen's pixel bounds and Pixtral's longest edge, over preprocessor_config.json's."""
     qwen, pixtral = tmp_path / "qwen", tmp_path / "pixtral"
