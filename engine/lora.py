@@ -54,10 +54,12 @@ class LoRAAdapter:
 
     @classmethod
     def load(cls, name: str, path: str | Path, target_of: Callable[[str], Target | None],
-             dtype: torch.dtype, device: torch.device | str = "cpu", sharding: Sharding | None = None) -> LoRAAdapter:
+             dtype: torch.dtype, device: torch.device | str = "cpu", sharding: Sharding | None = None,
+             placed: Sharding | None = None) -> LoRAAdapter:
         """`target_of`: the model's place for a projection's name (`model.layers.0.self_attn.q_proj`);
         the matrices are kept in `dtype` on `device`, the model's; `sharding`: where the model holds a rank's
-        share of its projections, that share of each A and B."""
+        share of its projections, that share of each A and B; `placed`: each A and B as the model holds its
+        projection (its rows reordered where the model's are: engine/models/llama.py's `lora_matrices`)."""
         path = Path(path)
         config = _read_config(path)
         rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
@@ -83,6 +85,8 @@ class LoRAAdapter:
                 if b_key not in names:
                     raise LoRAError(f"{weights_path}: {key!r} has no {b_key!r}")
                 a, b = f.get_tensor(key), f.get_tensor(b_key)
+                if placed is not None:
+                    a, b = placed(module, a, b)
                 if sharding is not None:
                     a, b = sharding(module, a, b)
                 adapter._add(target, a, b, rank, scale, module, dtype, device)

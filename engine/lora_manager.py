@@ -39,6 +39,7 @@ class LoRAManager:
         self._max_rank = max_rank  # None: any
         self._sharding = sharding  # a tensor-parallel rank's share of each adapter (lora.py); None: unsplit
         self._target_of: Callable[[str], Target | None] = model.lora_target  # a projection's place in the model
+        self._placed: Sharding | None = getattr(model, "lora_matrices", None)  # A and B as the model holds them
         self._serve: Callable[[], None] = model.serve_loras  # hooks the model's projections to adapters, once
         self._dtype = dtype
         self._device = next(model.parameters()).device  # where the adapters' matrices are kept
@@ -52,7 +53,8 @@ class LoRAManager:
     def read(self, name: str, path: str | Path) -> LoRAAdapter:
         """The adapter in directory `path`, read and checked against the model (any thread: it touches
         nothing served). LoRAError for one the model cannot serve, or of a rank over `max_rank`."""
-        adapter = LoRAAdapter.load(name, path, self._target_of, self._dtype, self._device, self._sharding)
+        adapter = LoRAAdapter.load(name, path, self._target_of, self._dtype, self._device, self._sharding,
+                                   self._placed)
         if self._max_rank is not None and adapter.rank > self._max_rank:
             raise LoRAError(f"{path}: LoRA rank {adapter.rank} is greater than max_lora_rank {self._max_rank}")
         return adapter

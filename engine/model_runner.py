@@ -306,7 +306,7 @@ class ModelRunner:
         for name, serial, path, rows in inputs.loras:
             if name not in self.loras or self.loras[name].serial != serial:
                 self.loras[name] = LoRAAdapter.load(name, path, self.model.lora_target, self.dtype, self.device,
-                                                    self.lora_sharding())
+                                                    self.lora_sharding(), self.model.lora_matrices)
                 self.loras[name].serial = serial  # rank 0's: what names this read of it
                 self.model.serve_loras()
             active.append((self.loras[name], rows))

@@ -174,6 +174,13 @@ class LlamaForCausalLM(nn.Module):
             return (layer, "gate_up", *rows[proj]) if proj in rows else None
         return None
 
+    def lora_matrices(self, module: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """An adapter's A and B on projection `module` as this model holds the projection: q's and k's B rows
+        reordered as their weights' are where RoPE's pairs lie side by side in the checkpoint."""
+        if self.config.rope_interleaved and module.endswith(("self_attn.q_proj", "self_attn.k_proj")):
+            b = _rope_rows_paired_apart(b, self.config.head_dim, self.config.rotary_dim)
+        return a, b
+
     def _ropes(self, positions: torch.Tensor) -> Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Each layer's cos and sin at `positions` ([T, D] each): the model's, the sliding-window
         layers' own where they have one (Gemma 3, OLMo 3), None for a layer without RoPE (SmolLM3).

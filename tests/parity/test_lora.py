@@ -67,6 +67,23 @@ def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lo
                    > 1e-2 for other in others.values())
 
 
+@pytest.mark.parametrize("name", ["ernie4.5", "glm"])
+def test_an_adapter_on_a_model_storing_ropes_pairs_side_by_side(tiny_model_dirs, tmp_path, name):
+    """Ernie 4.5's and GLM-4's q and k rows are reordered as they load (RoPE's pairs, side by side in the checkpoint,
+    half a head apart in the kernels): an adapter's B rows of q and k are reordered alike."""
+    model_dir = tiny_model_dirs[name]
+    base = _hf_model(model_dir)
+    targets = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    merged = make_adapter(tmp_path / "qkvo", base, targets, 4, 8.0, False, seed=3)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64,
+                                    lora_modules=(("qkvo", str(tmp_path / "qkvo")),)))
+    prompt = _random_prompt(17, engine.model_config.vocab_size, seed=17)
+    with torch.no_grad():
+        ref = merged(torch.tensor([prompt])).logits[0, -1]
+    assert (_last_logits(engine, prompt, "qkvo") - ref).abs().max().item() < 1e-4
+    engine.close()
+
+
 def test_a_batch_mixing_adapters_decodes_each_as_its_model_and_shares_no_cached_prefix(served):
     engine, merged, _ = served
     vocab = engine.model_config.vocab_size
