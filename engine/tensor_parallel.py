@@ -29,6 +29,7 @@ import torch.distributed as dist
 from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
+from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
@@ -50,7 +51,7 @@ SUMS_FILE_KEY = "shared-memory-sums"
 # classes.
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
-                GlmForCausalLM, Glm4ForCausalLM)
+                GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -75,7 +76,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
-                         f"OLMo 2 and 3, DeepSeek V2 and V3, MiniMax-M2 and GLM-4 so far, not {config.architecture}")
+                         f"OLMo 2 and 3, DeepSeek V2 and V3, MiniMax-M2, GLM-4 and Command R so far, not "
+                         f"{config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.
@@ -155,7 +157,8 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
     proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
-    if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm == "projection"):
+    # q's and k's norms over whole projections (OLMo 2's) or of each head's own weights (Command R+'s): by heads.
+    if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm in ("projection", "head_layer_norm")):
         return _share(tensor, 0, rank, size)
     if proj in COLUMN_SPLIT:
         if parts[-1] == "bias":

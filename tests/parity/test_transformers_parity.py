@@ -153,12 +153,13 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # and 3's norms over whole q and k projections (their squares summed across the ranks), DeepSeek's multi-head
 # latent attention (heads split, the latent whole: q through a latent or one projection, interleaved RoPE),
 # MiniMax-M2's experts by sigmoid score beside whole-projection q/k norms, Seed-OSS's and Ernie 4.5's biases (Ernie's
-# RoPE pairs side by side, reordered within each rank's heads).
+# RoPE pairs side by side, reordered within each rank's heads), Command R+'s per-head q/k layer norms split by heads.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
-                "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe")
+                "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
+                "cohere2")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
