@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.gemma4_config import FULL, SLIDING, Gemma4Experts, Gemma4Heads
+from engine.lora import LoRAHook, Target
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import ACTIVATIONS, MLP, KVCache, paged_attention
@@ -35,6 +36,8 @@ EXPERT_NORMS = {"post_feedforward_layernorm_1": "post_mlp_norm", "pre_feedforwar
 
 
 class Gemma4Attention(nn.Module):
+    lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, heads: Gemma4Heads,
                  sliding_window: int | None, computes_kv: bool, first_page_head: int) -> None:
         super().__init__()
@@ -55,6 +58,8 @@ class Gemma4Attention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         ops, heads, num_tokens = self.kernels, self.heads, x.shape[0]
         qkv = ops.linear(x, self.qkv_weight)
+        if self.lora is not None:
+            self.lora.add("qkv", x, qkv)
         q = ops.rms_norm(qkv[:, :self.q_size].view(num_tokens, self.num_heads, heads.head_dim), self.q_norm, self.eps)
         k = v = None
         if self.computes_kv:
@@ -68,7 +73,9 @@ class Gemma4Attention(nn.Module):
         # An image's tokens attend to each other both ways in the sliding-window layers only (transformers' masks).
         out = paged_attention(ops, q, k, v, pages, meta, 1.0, self.sliding_window, None, head_parts=heads.page_parts,
                               bidirectional=self.sliding_window is not None)
-        return ops.linear(out.view(num_tokens, self.q_size), self.o_weight)
+        attended = out.view(num_tokens, self.q_size)
+        projected = ops.linear(attended, self.o_weight)
+        return projected if self.lora is None else self.lora.add("o", attended, projected)
 
 
 class Gemma4MoE(nn.Module):
@@ -209,8 +216,33 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             return logits
         return torch.tanh(logits / self.final_softcap) * self.final_softcap
 
-    def lora_target(self, module: str):
-        return None  # LoRA adapters are not served on Gemma 4 yet: each is refused by name
+    def serve_loras(self) -> None:
+        """Its MLPs' projections hooked as any model's, and its attention's (each layer of its own shape)."""
+        if self.has_loras:
+            return
+        super().serve_loras()
+        for i, layer in enumerate(self.layers):
+            layer.attn.lora = LoRAHook(self.lora_batch, i)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        """Its layers' own rows of the fused q/k/v (no k or v in a layer sharing another's KV; no v where values are
+        keys) and gate/up (twice as wide in a KV-sharing layer under use_double_wide_mlp); experts take none."""
+        attn, mlp = self.layers[layer].attn, self.layers[layer].mlp
+        q, kv = attn.q_size, attn.kv_size
+        has_k, has_v = attn.computes_kv, attn.computes_kv and not attn.heads.values_are_keys
+        if place == "self_attn":
+            rows = {"q_proj": (0, q), "k_proj": (q, q + kv) if has_k else None,
+                    "v_proj": (q + kv, q + 2 * kv) if has_v else None}
+            if proj == "o_proj":
+                return layer, "o", 0, self.config.hidden_size
+            return (layer, "qkv", *rows[proj]) if rows.get(proj) else None
+        if place == "mlp":
+            width = mlp.intermediate_size
+            rows = {"gate_proj": (0, width), "up_proj": (width, 2 * width)}
+            if proj == "down_proj":
+                return layer, "down", 0, self.config.hidden_size
+            return (layer, "gate_up", *rows[proj]) if proj in rows else None
+        return None
 
     # --- weights -----------------------------------------------------------------
 

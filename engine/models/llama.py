@@ -156,9 +156,11 @@ class LlamaForCausalLM(nn.Module):
         parts = module.split(".")
         if len(parts) != 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
             return None
-        layer, place, proj = int(parts[2]), parts[3], parts[4]
-        if layer >= self.config.num_layers:
-            return None
+        layer = int(parts[2])
+        return self._lora_rows(layer, parts[3], parts[4]) if layer < self.config.num_layers else None
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        """`lora_target` of `place`'s (self_attn, mlp) projection `proj` of `layer`."""
         cfg = self.config
         q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
         if place == "self_attn":

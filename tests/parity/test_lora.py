@@ -84,6 +84,23 @@ def test_an_adapter_on_a_model_storing_ropes_pairs_side_by_side(tiny_model_dirs,
     engine.close()
 
 
+@pytest.mark.parametrize("name", ["gemma4-e", "gemma4-k-eq-v"])
+def test_an_adapter_on_gemma4s_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name):
+    """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
+    values are keys, MLPs twice as wide in the sharing layers; an adapter on every projection each has."""
+    model_dir = tiny_model_dirs[name]
+    base = _hf_model(model_dir)
+    merged = make_adapter(tmp_path / "all", base, ALL_PROJECTIONS, 4, 8.0, False, seed=5)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64,
+                                    lora_modules=(("all", str(tmp_path / "all")),)))
+    for n in (17, 40):
+        prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
+        with torch.no_grad():
+            ref = merged(torch.tensor([prompt])).logits[0, -1]
+        assert (_last_logits(engine, prompt, "all") - ref).abs().max().item() < 1e-4
+    engine.close()
+
+
 def test_a_batch_mixing_adapters_decodes_each_as_its_model_and_shares_no_cached_prefix(served):
     engine, merged, _ = served
     vocab = engine.model_config.vocab_size
