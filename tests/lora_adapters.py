@@ -14,21 +14,23 @@ ALL_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "
                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bool, seed: int):
+def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bool, seed: int,
+                 layers: str = "model.layers"):
     """A PEFT LoRA adapter on `targets` of every layer that has them (Gemma 4's layers sharing KV have no k or v),
-    written to `where`; and `base` with its delta merged."""
+    written to `where`; and `base` with its delta merged. `layers`: where `base` holds them (a multimodal model's
+    under its language model)."""
     g = torch.Generator().manual_seed(seed)
     merged, tensors = copy.deepcopy(base), {}
     scale = alpha / math.sqrt(rank) if rslora else alpha / rank
-    for i, layer in enumerate(merged.model.layers):
+    for i, layer in enumerate(merged.get_submodule(layers)):
         for target in targets:
             linear = getattr(layer.get_submodule(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1], None)
             if linear is None:
                 continue
             a = torch.randn(rank, linear.in_features, generator=g) * 0.3
             b = torch.randn(linear.out_features, rank, generator=g) * 0.3
-            tensors[f"base_model.model.model.layers.{i}.{target}.lora_A.weight"] = a
-            tensors[f"base_model.model.model.layers.{i}.{target}.lora_B.weight"] = b
+            tensors[f"base_model.model.{layers}.{i}.{target}.lora_A.weight"] = a
+            tensors[f"base_model.model.{layers}.{i}.{target}.lora_B.weight"] = b
             with torch.no_grad():
                 linear.weight += scale * b @ a
     where.mkdir(parents=True)

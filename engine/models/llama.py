@@ -151,8 +151,11 @@ class LlamaForCausalLM(nn.Module):
             self.vocabulary = VocabularyShare(rank * self.embed.shape[0], vocab_size, num_ranks, rank_sum)
 
     def lora_target(self, module: str) -> Target | None:
-        """Where a LoRA on projection `module` (`model.layers.3.self_attn.q_proj`) adds to this model's
-        fused weights; None for one it does not serve (embeddings, the LM head, experts)."""
+        """Where a LoRA on projection `module` (`model.layers.3.self_attn.q_proj`; a multimodal checkpoint's its own
+        model's name of it, `model.language_model.layers.3.self_attn.q_proj`) adds to this model's fused weights;
+        None for one it does not serve (embeddings, the LM head, experts, an image encoder's)."""
+        if self.config.multimodal is not None:  # named as in the multimodal model: its language model's, or none
+            module = self.config.multimodal.text_name(module) or ""
         parts = module.split(".")
         if len(parts) != 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
             return None

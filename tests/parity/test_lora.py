@@ -101,6 +101,35 @@ def test_an_adapter_on_gemma4s_layers_of_their_own_shapes(tiny_model_dirs, tmp_p
     engine.close()
 
 
+def test_an_adapter_on_a_multimodal_models_language_model(tmp_path):
+    """Named as PEFT names the multimodal model's (Gemma4ForConditionalGeneration's `model.language_model.layers`),
+    the adapter adds to the text model served; one on its image tower is refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.parity.test_gemma4 import _tiny_gemma4_multimodal
+
+    base = _tiny_gemma4_multimodal(seed=6)
+    base.save_pretrained(tmp_path / "model")
+    merged = make_adapter(tmp_path / "text", base, ALL_PROJECTIONS, 4, 8.0, False, seed=7,
+                          layers="model.language_model.layers")
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "model"), dtype="float32", num_kv_blocks=64,
+                                    lora_modules=(("text", str(tmp_path / "text")),)))
+    prompt = _random_prompt(40, engine.model_config.vocab_size, seed=40)
+    with torch.no_grad():
+        ref = merged(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert (_last_logits(engine, prompt, "text") - ref).abs().max().item() < 1e-4
+    tower = tmp_path / "tower"
+    tower.mkdir()
+    (tower / "adapter_config.json").write_text((tmp_path / "text" / "adapter_config.json").read_text())
+    key = "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.linear"
+    save_file({**load_file(tmp_path / "text" / "adapter_model.safetensors"),
+               key + ".lora_A.weight": torch.zeros(4, 32), key + ".lora_B.weight": torch.zeros(32, 4)},
+              tower / "adapter_model.safetensors")
+    with pytest.raises(LoRAError, match="vision_tower"):
+        engine.loras.read("tower", tower)
+    engine.close()
+
+
 def test_a_batch_mixing_adapters_decodes_each_as_its_model_and_shares_no_cached_prefix(served):
     engine, merged, _ = served
     vocab = engine.model_config.vocab_size
