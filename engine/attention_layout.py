@@ -22,7 +22,7 @@ from engine.architectures import (
 )
 from engine.gemma4_config import GEMMA4
 from engine.mla_config import MLAConfig
-from engine.moe_config import GPT_OSS, LLAMA4
+from engine.moe_config import GPT_OSS, LLAMA4, MISTRAL4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
 
 
@@ -101,7 +101,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
         return QTemperature(floor_scale=float(cfg.get("floor_scale", 8192)), scale=float(cfg.get("attn_scale", 0.1)),
                             offset=1, layers=nope_layers)
     beta = rope_parameters(cfg, "full_attention").get("llama_4_scaling_beta")
-    if arch == MINISTRAL3 and beta is not None:
+    if arch in (MINISTRAL3, MISTRAL4) and beta is not None:
         original = rope_parameters(cfg, "full_attention").get("original_max_position_embeddings")
         return QTemperature(floor_scale=float(original or cfg["max_position_embeddings"]), scale=float(beta),
                             offset=0, layers=None)

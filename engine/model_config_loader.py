@@ -129,8 +129,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
-    # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py).
-    partial = 1.0 if arch == GEMMA4 else partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 1.0)
+    # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
+    # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
+    partial = 1.0 if arch in (GEMMA4, *MLA_MODELS) else partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS)
+                                                                               else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS):  # transformers turns part of a head in these

@@ -11,6 +11,7 @@ LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
 OLMOE = "OlmoeForCausalLM"
+MISTRAL4 = "Mistral4ForCausalLM"  # Mistral Small 4's text model: DeepSeek's latent attention, softmax-routed experts
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
@@ -92,6 +93,17 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid")
+    elif arch == MISTRAL4:
+        if int(cfg.get("n_group") or 1) != 1:
+            raise ValueError(f"n_group {cfg['n_group']} is not supported for {arch} (its experts in one group)")
+        inter = int(cfg["moe_intermediate_size"])
+        # As transformers holds them (each layer's experts fused in two tensors), and with shared experts beside.
+        moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        dense_layers=frozenset(range(int(cfg.get("first_k_dense_replace") or 0))),
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0), fused_experts=True)
     elif arch == OLMOE:  # experts in every layer, intermediate_size wide, routed as Qwen's
         moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]),

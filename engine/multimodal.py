@@ -50,7 +50,8 @@ class MultimodalCheckpoint:
         return name
 
 
-MISTRAL3_TEXT = {"ministral3": "Ministral3ForCausalLM", "mistral": "MistralForCausalLM"}
+MISTRAL3_TEXT = {"ministral3": "Ministral3ForCausalLM", "mistral": "MistralForCausalLM",
+                 "mistral4": "Mistral4ForCausalLM"}  # Mistral Small 4's
 
 
 # Module-level, not lambdas: a ModelConfig is pickled to a model's other tensor-parallel ranks.

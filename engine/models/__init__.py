@@ -52,6 +52,7 @@ MODEL_REGISTRY = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Glm4MoeLiteForCausalLM": DeepseekV3ForCausalLM,  # GLM-4.7-Flash, its dense layers by its MoEConfig
+    "Mistral4ForCausalLM": DeepseekV3ForCausalLM,  # Mistral Small 4's text model, q scaled by position
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Ministral3ForCausalLM": LlamaForCausalLM,  # Mistral with its q scaled by position, as its ModelConfig says
     "GptOssForCausalLM": GptOssForCausalLM,

@@ -291,10 +291,10 @@ class LlamaForCausalLM(nn.Module):
                 p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(moe.num_experts)
                 for w in ("w1", "w2", "w3")]
             return names + [p + "block_sparse_moe.e_score_correction_bias"] if moe.scoring == "sigmoid" else names
-        if moe.fused_experts:
-            return [p + "mlp.gate.weight", p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"]
-        names = [p + "mlp.gate.weight"] + [p + f"mlp.experts.{e}.{x}_proj.weight"
-                                           for e in range(moe.num_experts) for x in ("gate", "up", "down")]
+        names = [p + "mlp.gate.weight"] + ([p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"]
+                                           if moe.fused_experts else
+                                           [p + f"mlp.experts.{e}.{x}_proj.weight"
+                                            for e in range(moe.num_experts) for x in ("gate", "up", "down")])
         if moe.scoring == "sigmoid":
             names.append(p + "mlp.gate.e_score_correction_bias")
         if moe.choice_bias:  # Ernie 4.5's, [1, E]

@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
 from engine.model_config import ModelConfig
-from engine.models.llama_layers import KVCache, RankSum
+from engine.models.llama_layers import KVCache, RankSum, q_temperature
 from engine.models.parameters import empty_param
 from kernels.mla_attention import (
     causal_attention_torch,
@@ -71,6 +71,9 @@ class MLAttention(nn.Module):
         latent, k_rope = ops.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
         latent = ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps)
         q_rope, k_rope = ops.apply_rope(q_rope, k_rope.unsqueeze(1), cos, sin)
+        if cfg.q_temperature is not None:  # Mistral 4's: q (both parts) scaled by its position
+            q_nope = q_temperature(q_nope, cfg.q_temperature, meta.positions)
+            q_rope = q_temperature(q_rope, cfg.q_temperature, meta.positions)
         rows = torch.cat((k_rope.squeeze(1), latent), dim=-1)  # [T, rope + rank]: what the pages keep
         write_latent_rows(rows, *kv_cache, meta.slot_mapping)
         out = q.new_empty(num_tokens, heads, mla.v_head_dim)
