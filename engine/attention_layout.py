@@ -14,6 +14,7 @@ from engine.architectures import (
     GEMMA3,
     GEMMAS,
     GLMS,
+    GRANITES,
     MINISTRAL3,
     MISTRAL_SLIDING,
     OLMO3,
@@ -49,7 +50,7 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
     if arch == GEMMA4:  # its q and k normed per head set the scores' size
         return 1.0
-    if arch == "GraniteForCausalLM":  # absent, transformers' default: 1, not head_dim ** -0.5
+    if arch in GRANITES:  # absent, transformers' default: 1, not head_dim ** -0.5
         return float(cfg.get("attention_multiplier", 1.0))
     return head_dim ** -0.5
 

@@ -20,6 +20,7 @@ from engine.architectures import (
     GEMMAS,
     GLM4,
     GLMS,
+    GRANITES,
     MIMO,
     MLA_MODELS,
     PROJECTION_NORMED,
@@ -290,7 +291,7 @@ def _biases(cfg: dict, arch: str) -> dict:
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:
     names = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
-    if arch != "GraniteForCausalLM":
+    if arch not in GRANITES:
         return dict.fromkeys(names, 1.0)
     return {name: float(cfg.get(name, 1.0)) for name in names}
 

@@ -156,6 +156,11 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
         if parts[-1].startswith("gate_up") and config.architecture not in INTERLEAVED_GATE_UP:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
+    if parts[-2] in ("input_linear", "output_linear"):  # Granite MoE's fused experts [E, ...] and shared MLP
+        dim = tensor.dim() - (2 if parts[-2] == "input_linear" else 1)  # along their width
+        if parts[-2] == "input_linear":  # gate, then up
+            return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
+        return _share(tensor, dim, rank, size)
     proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
     # q's and k's norms over whole projections (OLMo 2's) or of each head's own weights (Command R+'s): by heads.
     if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm in ("projection", "head_layer_norm")):

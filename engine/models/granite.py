@@ -1,7 +1,8 @@
-"""IBM Granite (GraniteForCausalLM, Granite 3): Llama with four scalings of its own, read into
-ModelConfig: embeddings times `embedding_multiplier`, each block's output times
-`residual_multiplier` before it joins the residual, q·k scaled by `attention_multiplier` (its
-attention_scale), logits divided by `logits_scaling`."""
+"""IBM Granite (GraniteForCausalLM, Granite 3; GraniteMoeForCausalLM and GraniteMoeSharedForCausalLM, Granite 3.0/3.1
+MoE): Llama with four scalings of its own, read into ModelConfig: embeddings times `embedding_multiplier`, each
+block's output times `residual_multiplier` before it joins the residual, q·k scaled by `attention_multiplier` (its
+attention_scale), logits divided by `logits_scaling`. The MoE's experts are stored fused (`input_linear`: gate and
+up, `output_linear`: down), as is its shared MLP, beside a router (`router.layer`)."""
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ from kernels.registry import Kernels
 
 
 class GraniteDecoderLayer(DecoderLayer):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
-        super().__init__(config, kernels, dtype, sliding_window)
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 is_sparse: bool) -> None:
+        super().__init__(config, kernels, dtype, sliding_window, is_sparse)
         self.residual_multiplier = config.residual_multiplier
 
     def forward(self, h, cos, sin, kv_cache, meta):
@@ -24,9 +26,29 @@ class GraniteDecoderLayer(DecoderLayer):
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)) * scale
 
 
+# The MoE's tensors, by where they go in SparseMoE.
+MOE_TENSORS = {"block_sparse_moe.input_linear.weight": "gate_up_weight",
+               "block_sparse_moe.output_linear.weight": "down_weight",
+               "block_sparse_moe.router.layer.weight": "router_weight",
+               "shared_mlp.input_linear.weight": "shared_gate_up_weight",
+               "shared_mlp.output_linear.weight": "shared_down_weight"}
+
+
 class GraniteForCausalLM(LlamaForCausalLM):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        return GraniteDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+        return GraniteDecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        if not self._is_sparse(layer):
+            return super()._mlp_names(layer)
+        shared = self.config.moe.shared_expert_intermediate_size
+        return [f"model.layers.{layer}.{name}" for name in MOE_TENSORS if shared or not name.startswith("shared")]
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".", 3)
+        if len(parts) == 4 and parts[3] in MOE_TENSORS:
+            return getattr(self.layers[int(parts[2])].mlp, MOE_TENSORS[parts[3]]).data
+        return super()._target(name)
 
     def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
         return h * self.config.embedding_multiplier

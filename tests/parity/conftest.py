@@ -167,6 +167,16 @@ TINY_MODELS = {
     "cohere2": ("Cohere2Config", dict(num_hidden_layers=4, sliding_window=16, logit_scale=0.5, pad_token_id=0), {}),
     # OLMoE: Llama's norms, q and k normed over whole projections, 2 of 4 experts in every layer (not renormalized).
     "olmoe": ("OlmoeConfig", dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2, pad_token_id=0), {}),
+    # Granite 3.0/3.1 MoE: Granite's scalings, 2 of 4 experts a token by the softmax of the top logits, fused; the
+    # shared variant's MLP beside them.
+    "granite-moe": ("GraniteMoeConfig", dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                                             embedding_multiplier=6.0, residual_multiplier=0.4,
+                                             attention_multiplier=0.2, logits_scaling=3.0, pad_token_id=0), {}),
+    "granite-moe-shared": ("GraniteMoeSharedConfig", dict(intermediate_size=48, num_local_experts=4,
+                                                          num_experts_per_tok=2, shared_intermediate_size=40,
+                                                          embedding_multiplier=6.0, residual_multiplier=0.4,
+                                                          attention_multiplier=0.2, logits_scaling=3.0,
+                                                          pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

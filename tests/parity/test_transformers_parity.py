@@ -159,7 +159,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
-                "cohere2")
+                "cohere2", "granite-moe-shared")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
