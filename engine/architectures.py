@@ -10,6 +10,7 @@ from engine.moe_config import (
     GLM4_MOE,
     GLM4_MOE_LITE,
     GPT_OSS,
+    GRANITE_HYBRID,
     GRANITE_MOES,
     LLAMA4,
     MINIMAX_M2,
@@ -34,7 +35,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
                            ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
-                           *GRANITE_MOES)
+                           *GRANITE_MOES, GRANITE_HYBRID)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -66,7 +67,7 @@ EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_L
            *COHERES, OLMOE)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-GRANITES = ("GraniteForCausalLM", *GRANITE_MOES)  # Granite's four scalings
+GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID)  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, HUNYUAN, *COHERES, OLMOE)
 # Mistral's sliding window, where config.json gives one.

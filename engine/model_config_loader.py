@@ -51,6 +51,7 @@ from engine.model_config import ModelConfig
 from engine.moe_config import (
     GLM4_MOE,
     GPT_OSS,
+    GRANITE_HYBRID,
     LLAMA4,
     MINIMAX_M2,
     MoEConfig,
@@ -147,6 +148,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     rotated = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split a head's frequencies (head_dim / 2)")
+    if arch == GRANITE_HYBRID:
+        kinds = set(cfg.get("layer_types") or cfg.get("layers_block_type") or ["attention"])
+        if kinds - {"attention", "full_attention"}:
+            raise ModelConfigError(f"{path}: Granite 4.0's {sorted(kinds - {'attention', 'full_attention'})} layers "
+                                   "(Mamba) are not supported; its attention-only checkpoints are")
     if cfg.get("clip_qkv") is not None:  # OLMoE's and DBRX's option, which their releases leave off
         raise ModelConfigError(f"{path}: clip_qkv is not supported")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
@@ -173,7 +179,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             head_dim=head_dim,
             rotary_dim=rotary_dim,
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
-            intermediate_size=int(cfg["intermediate_size_mlp" if arch == LLAMA4 else "intermediate_size"]),
+            intermediate_size=int(cfg[_mlp_width_key(cfg, arch)]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("layer_norm_eps" if arch in COHERES else "rms_norm_eps", _default_eps(arch))),
             rope_theta=rope_theta_of(cfg, arch, head_dim),
@@ -263,6 +269,15 @@ def _encoder_model_config(cfg: dict, arch: str, model_dir: Path) -> ModelConfig:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
     except (ValueError, json.JSONDecodeError) as e:
         raise ModelConfigError(f"{path}: {e}") from None
+
+
+def _mlp_width_key(cfg: dict, arch: str) -> str:
+    """config.json's width of the dense MLP: Llama 4's own key; Granite 4.0's without experts its shared MLP's."""
+    if arch == LLAMA4:
+        return "intermediate_size_mlp"
+    if arch == GRANITE_HYBRID and not int(cfg.get("num_local_experts") or 0):
+        return "shared_intermediate_size"
+    return "intermediate_size"
 
 
 def _default_eps(arch: str) -> float:

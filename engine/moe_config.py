@@ -12,6 +12,7 @@ MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
 OLMOE = "OlmoeForCausalLM"
 GRANITE_MOES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")  # Granite 3.0/3.1 MoE; with a shared MLP
+GRANITE_HYBRID = "GraniteMoeHybridForCausalLM"  # Granite 4.0: its attention-only checkpoints (4.0-Micro)
 MISTRAL4 = "Mistral4ForCausalLM"  # Mistral Small 4's text model: DeepSeek's latent attention, softmax-routed experts
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
@@ -94,7 +95,8 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid")
-    elif arch in GRANITE_MOES:  # every layer's experts, intermediate_size wide, by softmax of the top-k logits
+    elif arch in GRANITE_MOES or (arch == GRANITE_HYBRID and int(cfg.get("num_local_experts") or 0)):
+        # Every layer's experts, intermediate_size wide, by softmax of the top-k logits
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), scoring="softmax_of_top_k",
                         shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size") or 0))

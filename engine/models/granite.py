@@ -2,7 +2,9 @@
 MoE): Llama with four scalings of its own, read into ModelConfig: embeddings times `embedding_multiplier`, each
 block's output times `residual_multiplier` before it joins the residual, q·k scaled by `attention_multiplier` (its
 attention_scale), logits divided by `logits_scaling`. The MoE's experts are stored fused (`input_linear`: gate and
-up, `output_linear`: down), as is its shared MLP, beside a router (`router.layer`)."""
+up, `output_linear`: down), as is its shared MLP, beside a router (`router.layer`). Granite 4.0's
+(GraniteMoeHybridForCausalLM) attention-only checkpoints (4.0-Micro) name their dense MLP so (`shared_mlp`), their
+layers NoPE where `position_embedding_type` says; its Mamba layers are not served."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +12,8 @@ from torch import nn
 
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import DecoderLayer
+from engine.models.llama_layers import MLP, DecoderLayer
+from engine.moe_config import GRANITE_HYBRID
 from kernels.registry import Kernels
 
 
@@ -39,6 +42,8 @@ class GraniteForCausalLM(LlamaForCausalLM):
         return GraniteDecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
 
     def _mlp_names(self, layer: int) -> list[str]:
+        if not self._is_sparse(layer) and self.config.architecture == GRANITE_HYBRID:  # its dense MLP, fused
+            return [f"model.layers.{layer}.shared_mlp.{x}.weight" for x in ("input_linear", "output_linear")]
         if not self._is_sparse(layer):
             return super()._mlp_names(layer)
         shared = self.config.moe.shared_expert_intermediate_size
@@ -47,7 +52,10 @@ class GraniteForCausalLM(LlamaForCausalLM):
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".", 3)
         if len(parts) == 4 and parts[3] in MOE_TENSORS:
-            return getattr(self.layers[int(parts[2])].mlp, MOE_TENSORS[parts[3]]).data
+            mlp = self.layers[int(parts[2])].mlp
+            if isinstance(mlp, MLP):  # Granite 4.0's dense MLP under the shared MLP's names
+                return (mlp.gate_up_weight if "input_linear" in parts[3] else mlp.down_weight).data
+            return getattr(mlp, MOE_TENSORS[parts[3]]).data
         return super()._target(name)
 
     def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:

@@ -177,6 +177,11 @@ TINY_MODELS = {
                                                           embedding_multiplier=6.0, residual_multiplier=0.4,
                                                           attention_multiplier=0.2, logits_scaling=3.0,
                                                           pad_token_id=0), {}),
+    # Granite 4.0's attention-only checkpoints (4.0-Micro): Granite's scalings, the dense MLP named shared_mlp, NoPE.
+    "granite4": ("GraniteMoeHybridConfig", dict(intermediate_size=48, shared_intermediate_size=80, num_local_experts=0,
+                                                layer_types=["attention"] * 2, position_embedding_type="nope",
+                                                embedding_multiplier=6.0, residual_multiplier=0.4,
+                                                attention_multiplier=0.2, logits_scaling=3.0, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -159,7 +159,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
-                "cohere2", "granite-moe-shared")
+                "cohere2", "granite-moe-shared", "granite4")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -312,6 +312,18 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, reference_dir=source)
+
+
+def test_granite4s_mamba_layers_are_refused_by_name(tiny_model_dirs, tmp_path):
+    import shutil
+
+    from engine.model_config_loader import ModelConfigError, load_model_config
+
+    model_dir = shutil.copytree(tiny_model_dirs["granite4"], tmp_path / "granite4-h")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "layer_types": ["mamba", "attention"]}))
+    with pytest.raises(ModelConfigError, match=r"\['mamba'\] layers \(Mamba\) are not supported"):
+        load_model_config(model_dir)
 
 
 def test_glm_multi_token_prediction_layers_are_left_unread(tiny_model_dirs, tmp_path):
