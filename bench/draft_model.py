@@ -16,16 +16,13 @@ tokens/s, drafts over plain, printed beside the acceptance rate. The last line i
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from engine_throughput import ensure_model
-from speculative_decoding import compare_on_random_prompts
+from speculative_decoding import bench_args, compare_on_random_prompts, vocab_size
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.speculative import SpeculativeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,13 +38,9 @@ def first_layer_draft(model_dir: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="160m", choices=("7m", "160m"))
-    parser.add_argument("--drafts", type=int, default=3, help="num_speculative_tokens")
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = bench_args(__doc__, drafts=3)
     model_dir = ensure_model(args.model)
-    vocab = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=16)).model_config.vocab_size
+    vocab = vocab_size(model_dir)
     figures: dict[str, float] = {}
     for name, draft_dir in (("first_layer", first_layer_draft(model_dir)), ("self", model_dir)):
         speculative = SpeculativeConfig(num_speculative_tokens=args.drafts, method="draft_model",

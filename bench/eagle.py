@@ -17,17 +17,14 @@ The last line is one JSON object.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 from pathlib import Path
 
 from engine_throughput import MODELS, ensure_model
-from speculative_decoding import compare_on_random_prompts
+from speculative_decoding import bench_args, compare_on_random_prompts, vocab_size
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.speculative import SpeculativeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,13 +48,9 @@ def heads(model_name: str, model_dir: Path) -> dict[str, tuple[Path, str, Path]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="160m", choices=("7m", "160m"))
-    parser.add_argument("--drafts", type=int, default=3, help="num_speculative_tokens")
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = bench_args(__doc__, drafts=3)
     model_dir = ensure_model(args.model)
-    vocab = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=16)).model_config.vocab_size
+    vocab = vocab_size(model_dir)
     figures: dict[str, float] = {}
     for name, (target, method, head) in heads(args.model, model_dir).items():
         speculative = SpeculativeConfig(num_speculative_tokens=args.drafts, method=method, model=str(head))

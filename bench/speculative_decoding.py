@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 
@@ -100,6 +101,19 @@ def compare(key: str, model_dir, prompts: list[list[int]], batch: int, speculati
             f"{prefix}_tokens_per_step_{key}": round(tokens_per_step, 3)}
 
 
+def bench_args(description: str, drafts: int) -> argparse.Namespace:
+    """A speculative decoding bench's flags: --model, --drafts (`drafts` unless given), --repeats."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="160m", choices=("7m", "160m"))
+    parser.add_argument("--drafts", type=int, default=drafts, help="num_speculative_tokens")
+    parser.add_argument("--repeats", type=int, default=2)
+    return parser.parse_args()
+
+
+def vocab_size(model_dir: Path) -> int:
+    return load_model_config(model_dir).vocab_size
+
+
 def compare_on_random_prompts(name: str, model_dir, vocab_size: int, speculative: SpeculativeConfig, repeats: int,
                               prefix: str) -> dict[str, float]:
     """`compare` at batch 1 (4 prompts) and batch 8 (8 prompts), on random 128-token prompts of `vocab_size`
@@ -113,16 +127,12 @@ def compare_on_random_prompts(name: str, model_dir, vocab_size: int, speculative
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="160m", choices=("7m", "160m"))
-    parser.add_argument("--drafts", type=int, default=4, help="num_speculative_tokens")
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = bench_args(__doc__, drafts=4)
     model_dirs = {"cycling": cycling_copy(ensure_model(args.model)), "random": ensure_model(args.model)}
     speculative = SpeculativeConfig(num_speculative_tokens=args.drafts)
     figures: dict[str, float] = {}
     for name, model_dir in model_dirs.items():
-        vocab = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=16)).model_config.vocab_size
+        vocab = vocab_size(model_dir)
         for batch in (1, 8):
             rng, num = random.Random(batch), 8 if batch > 1 else 4
             prompts = (cycle_prompts(model_dir, vocab, num, rng) if name == "cycling" else

@@ -163,8 +163,10 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             self.per_layer_embed = empty_param(layout.per_layer_vocab_size, width, dtype=dtype)
             self.per_layer_model_projection = empty_param(width, config.hidden_size, dtype=dtype)
             self.per_layer_projection_norm = empty_param(layout.per_layer_width, dtype=dtype)
-        del self.rope_cos, self.rope_sin  # the model's one RoPE: Gemma 4's two kinds of layer turn by their own
-        for kind, heads in (("sliding", layout.sliding), ("full", layout.full)):
+
+    def _register_ropes(self, max_positions: int) -> None:
+        """Its two kinds of layer's own tables (no table of the model's one RoPE)."""
+        for kind, heads in (("sliding", self.config.gemma4.sliding), ("full", self.config.gemma4.full)):
             cos, sin = _rope_cache(heads, max_positions)
             self.register_buffer(f"{kind}_rope_cos", cos, persistent=False)
             self.register_buffer(f"{kind}_rope_sin", sin, persistent=False)

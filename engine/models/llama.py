@@ -75,6 +75,13 @@ class LlamaForCausalLM(nn.Module):
         if config.mrope_section is not None:
             self.register_buffer("mrope_kinds", mrope_kinds(config.mrope_section, config.mrope_interleaved),
                                  persistent=False)
+        self._register_ropes(max_positions)
+        self._has_one_rope = (config.local_rope_theta is None
+                              and config.rope_layers == frozenset(range(config.num_layers)))
+
+    def _register_ropes(self, max_positions: int) -> None:
+        """Its cos and sin tables by position: the model's, and the sliding-window layers' own where they have one."""
+        config = self.config
         cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.rope_theta, config.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -82,8 +89,6 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.local_rope_theta, None)
             self.register_buffer("local_rope_cos", cos, persistent=False)
             self.register_buffer("local_rope_sin", sin, persistent=False)
-        self._has_one_rope = (config.local_rope_theta is None
-                              and config.rope_layers == frozenset(range(config.num_layers)))
 
     def forward(
         self,
