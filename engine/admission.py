@@ -158,7 +158,7 @@ def check_reservation(engine: LLMEngine, request_id: str, num_prompt_tokens: int
                          f"{engine.max_model_len} tokens")
     if engine.has_request(request_id):
         raise ValueError(f"request id {request_id!r} is already in use")
-    num_blocks = -(-num_prompt_tokens // engine.config.block_size)
+    num_blocks = -(-num_prompt_tokens // engine.config.block_size) + engine.block_manager.num_state_blocks
     if not engine.block_manager.can_reserve(num_blocks):
         raise RuntimeError(f"no room for {num_blocks} KV blocks now ({engine.block_manager.num_free_blocks} free)")
     return num_blocks

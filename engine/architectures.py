@@ -3,6 +3,7 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.gemma4_config import GEMMA4
+from engine.linear_attention_config import HYBRID_LINEAR
 from engine.moe_config import (
     DEEPSEEK_V2,
     DEEPSEEK_V3,
@@ -35,7 +36,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
                            ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
-                           *GRANITE_MOES, GRANITE_HYBRID)
+                           *GRANITE_MOES, GRANITE_HYBRID, *HYBRID_LINEAR)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.recurrent_state import RecurrentStates
 
 
 @dataclass(frozen=True)
@@ -31,3 +35,5 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None  # [num_decode_tokens] int64, counting the row's token
     prefills: tuple[PrefillChunk, ...]
     positions: torch.Tensor | None = None  # [T] int64: each token's position (Llama 4's NoPE layers scale q by it)
+    # A hybrid model's recurrent states, a row a decode token then a row a prefill chunk (engine/recurrent_state.py).
+    recurrent: RecurrentStates | None = None

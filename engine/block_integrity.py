@@ -12,9 +12,11 @@ from engine.sequence import Sequence
 
 
 def check_block_integrity(blocks: list[Block], free_block_ids: FreeQueue, seqs: Mapping[str, Sequence],
-                          seq_hashes: Mapping[str, list[int]], reserved: Mapping[str, list[int]]) -> None:
+                          seq_hashes: Mapping[str, list[int]], reserved: Mapping[str, list[int]],
+                          num_state_blocks: int = 0) -> None:
     """Raise AssertionError naming the first inconsistency between pages, tables and map: `seqs` hold
-    pages by their block tables, `seq_hashes` are their chain hashes, `reserved` each reservation's pages."""
+    pages by their block tables (and `num_state_blocks` each for their states), `seq_hashes` are their chain
+    hashes, `reserved` each reservation's pages."""
     held_by = [0] * len(blocks)
     assert seq_hashes.keys() == seqs.keys(), "hash chains and held sequences disagree"
     for rid, seq in seqs.items():
@@ -23,7 +25,9 @@ def check_block_integrity(blocks: list[Block], free_block_ids: FreeQueue, seqs: 
         assert len(hashes) <= len(table), f"{rid!r}: {len(hashes)} hashes for {len(table)} blocks"
         for block_id, h in zip(table, hashes):
             assert blocks[block_id].hash in (None, h), f"{rid!r}: block {block_id} has another hash"
-        for block_id in table:
+        assert len(seq.state_blocks) == num_state_blocks, f"{rid!r} holds {len(seq.state_blocks)} state blocks"
+        assert not set(seq.state_blocks) & set(table), f"{rid!r}: a state block is in its block table"
+        for block_id in (*table, *seq.state_blocks):
             held_by[block_id] += 1
     for rid, block_ids in reserved.items():
         assert rid not in seqs, f"{rid!r} is both reserved and held by a sequence"

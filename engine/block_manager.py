@@ -38,12 +38,15 @@ class BlockManager:
         hash_extra: bytes = b"",
         enable_prefix_caching: bool = True,
         residency_sample_rate: float = 0.0,
+        num_state_blocks: int = 0,
     ) -> None:
         """`residency_sample_rate`: the fraction of cached blocks whose residency is measured
-        (engine/kv_block_residency.py); 0: none."""
+        (engine/kv_block_residency.py); 0: none. `num_state_blocks`: the pages each sequence holds beside its
+        tokens' for a hybrid model's recurrent states (engine/recurrent_state.py), none of them shared."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.block_size = block_size
+        self.num_state_blocks = num_state_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.prefix_cache = PrefixCache(self.blocks, block_size, hash_extra, enable_prefix_caching)
         if residency_sample_rate:
@@ -149,7 +152,8 @@ class BlockManager:
         matched, _ = self.prefix_cache.match(seq.token_ids, self._max_blocks_read(seq),
                                              seq.sampling_params.lora_name,
                                              seq.sampling_params.cache_salt)
-        return seq.num_blocks - len(matched) <= self.num_free_blocks - self._num_revived(matched)
+        num_wanted = seq.num_blocks - len(matched) + self.num_state_blocks
+        return num_wanted <= self.num_free_blocks - self._num_revived(matched)
 
     def allocate(self, seq: Sequence) -> None:
         """Give a sequence without pages (new or preempted) its cached prefix plus fresh blocks.
@@ -162,7 +166,7 @@ class BlockManager:
                                                   seq.sampling_params.lora_name,
                                                   seq.sampling_params.cache_salt)
         num_fresh = seq.num_blocks - len(matched)
-        if num_fresh > self.num_free_blocks - self._num_revived(matched):
+        if num_fresh + self.num_state_blocks > self.num_free_blocks - self._num_revived(matched):
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")
         # Claim the matched blocks before taking fresh ones, so no fresh
         # allocation can evict a block this sequence is about to share.
@@ -174,6 +178,7 @@ class BlockManager:
             block.chances = min(MAX_CHANCES, block.chances + 1)
         self.prefix_cache.used(matched)
         seq.block_table = matched + self.pool.take_free_blocks(num_fresh)
+        seq.state_blocks = self.pool.take_free_blocks(self.num_state_blocks) if self.num_state_blocks else []
         seq.num_cached_tokens = seq.num_computed_tokens = len(matched) * self.block_size
         self._seqs[seq.request_id] = seq
         self._seq_hashes[seq.request_id] = hashes
@@ -204,8 +209,8 @@ class BlockManager:
         return copies
 
     def can_fork(self, parent: Sequence) -> bool:
-        # Only the partially filled tail needs a fresh block.
-        return max(0, len(parent.block_table) - parent.num_full_blocks) <= self.num_free_blocks
+        # Only the partially filled tail needs a fresh block, and the states their own.
+        return max(0, len(parent.block_table) - parent.num_full_blocks) + self.num_state_blocks <= self.num_free_blocks
 
     def fork(self, parent: Sequence, child: Sequence) -> CopyPairs:
         """Give `child` (same tokens as `parent`, no pages) the parent's KV.
@@ -223,6 +228,9 @@ class BlockManager:
             raise RuntimeError(f"not enough free KV blocks to fork {parent.request_id!r}")
         num_shared = min(parent.num_full_blocks, len(parent.block_table))
         child.block_table, copies = fork_block_table(self.pool, parent.block_table, num_shared)
+        if self.num_state_blocks:  # the parent's states go on in the child's own pages
+            child.state_blocks = self.pool.take_free_blocks(self.num_state_blocks)
+            copies = [*copies, *zip(parent.state_blocks, child.state_blocks)]
         child.num_computed_tokens = parent.num_computed_tokens
         self._seqs[child.request_id] = child
         self._seq_hashes[child.request_id] = self._seq_hashes[parent.request_id][:num_shared]
@@ -236,12 +244,12 @@ class BlockManager:
         del self._seq_hashes[seq.request_id]
         # Reverse order: a prefix's tail is evicted before its head, which more
         # requests share.
-        for block_id in reversed(held.block_table):
+        for block_id in (*reversed(held.block_table), *held.state_blocks):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_block_ids.push(block_id)
-        held.block_table = []
+        held.block_table, held.state_blocks = [], []
 
     # ---- reservations -----------------------------------------------------------
 
@@ -260,10 +268,13 @@ class BlockManager:
 
     def adopt(self, reservation_id: str, seq: Sequence) -> None:
         """Make the reserved pages `seq`'s leading blocks, their KV already written for
-        its first `seq.num_computed_tokens` tokens. Full blocks join the prefix cache."""
+        its first `seq.num_computed_tokens` tokens (and its states, in the last `num_state_blocks`).
+        Full blocks join the prefix cache."""
         if seq.block_table or seq.request_id in self._seqs:
             raise ValueError(f"{seq.request_id!r} already holds blocks")
-        seq.block_table = self.reservations.hand_over(reservation_id, seq.num_computed_tokens)
+        block_ids = self.reservations.hand_over(reservation_id, seq.num_computed_tokens, self.num_state_blocks)
+        num_token_blocks = len(block_ids) - self.num_state_blocks
+        seq.block_table, seq.state_blocks = block_ids[:num_token_blocks], block_ids[num_token_blocks:]
         self._seqs[seq.request_id] = seq
         self._seq_hashes[seq.request_id] = []
         self.cache_computed_blocks(seq)
@@ -291,5 +302,5 @@ class BlockManager:
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first inconsistency between pages, tables and map."""
         check_block_integrity(self.blocks, self.free_block_ids, self._seqs, self._seq_hashes,
-                              self.reservations.block_ids)
+                              self.reservations.block_ids, self.num_state_blocks)
         self.prefix_cache.check_integrity()

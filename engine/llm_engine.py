@@ -30,6 +30,7 @@ from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
 from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import ImageInput, WithheldImage, placed_images
+from engine.recurrent_state import check_state_pages
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -94,9 +95,14 @@ class LLMEngine:
         # computed whole, none of it read from a cache.
         self.is_encoder = self.model_config.encoder is not None
         self.pools_whole_prompts = self.is_encoder or self.model_config.pooling != "last"
+        state_pages = self.runner.state_pages
+        num_state_blocks = state_pages.num_pages if state_pages is not None else 0
+        check_state_pages(self.num_kv_blocks, num_state_blocks, drafter is not None)
+        # A prefix's KV is not all a hybrid model reads at its end: its recurrent states there would be too.
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint,
-                                          config.enable_prefix_caching and not self.pools_whole_prompts,
-                                          config.kv_cache_metrics_sample)
+                                          config.enable_prefix_caching and not self.pools_whole_prompts
+                                          and not num_state_blocks,
+                                          config.kv_cache_metrics_sample, num_state_blocks=num_state_blocks)
         self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
                                  config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name),
                                  sharding=self.runner.lora_sharding())
@@ -225,8 +231,12 @@ class LLMEngine:
     # --- disaggregated serving: pages handed from a prefill engine to a decode engine ---
 
     def held_block_ids(self, request_id: str) -> list[int]:
-        """The pages of a "prefilled" request, in order; its KV covers the prompt."""
-        return list(self.scheduler.held[request_id].block_table)
+        """The pages of a "prefilled" request, in order; its KV covers the prompt (and its recurrent states follow,
+        where the model has them)."""
+        seq = self.scheduler.held[request_id]
+        if not seq.state_blocks:
+            return list(seq.block_table)
+        return [*seq.block_table[:-(-seq.num_computed_tokens // self.config.block_size)], *seq.state_blocks]
 
     def release(self, request_id: str) -> bool:
         """Frees a "prefilled" request's pages once they were copied out."""

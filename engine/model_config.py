@@ -10,6 +10,7 @@ from engine.encoder_config import EncoderConfig
 from engine.fp8_weights import Fp8Weights
 from engine.gemma4_config import Gemma4Layout
 from engine.int4_weights import Int4Weights
+from engine.linear_attention_config import LinearAttention
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
 from engine.multimodal import MultimodalCheckpoint
@@ -90,6 +91,9 @@ class ModelConfig:
     # Gemma 4's layers of two head shapes and KV shared (engine/gemma4_config.py): num_kv_heads and head_dim are then
     # its pages', which hold every layer's heads.
     gemma4: Gemma4Layout | None = None
+    # A hybrid model's linear-attention layers (engine/linear_attention_config.py): they hold no pages, but a
+    # recurrent state a sequence.
+    linear_attention: LinearAttention | None = None
 
     @property
     def pooling(self) -> str:
@@ -99,7 +103,10 @@ class ModelConfig:
 
     @property
     def num_kv_layers(self) -> int:
-        """The layers whose K and V the pages hold: all but those attending over an earlier layer's (Gemma 4's)."""
+        """The layers whose K and V the pages hold: all but those attending over an earlier layer's (Gemma 4's) and
+        linear-attention layers (Qwen3-Next's, Qwen3.5's)."""
+        if self.linear_attention is not None:
+            return len(self.linear_attention.kv_places)
         return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
 
     @property

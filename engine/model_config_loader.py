@@ -46,6 +46,7 @@ from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transf
 from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
+from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
@@ -119,6 +120,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             gemma4 = read_gemma4_layout(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
+    linear_attention = None
+    if arch in HYBRID_LINEAR:
+        try:
+            linear_attention = read_linear_attention(cfg, arch)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4) else "silu"
     if act != supported_act:
@@ -137,17 +144,18 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                                                                                else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS):  # transformers turns part of a head in these
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR):  # turning part of a head
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
-                               f"(Phi-3's, GLM-4's, GLM-4.5's and MiniMax-M2's only)")
+                               f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
         scaling = None if arch == GEMMA4 else rope_scaling(cfg, arch)
     except ValueError as e:
         raise ModelConfigError(f"{path}: {e}") from None
     section = mrope_section(cfg)
-    rotated = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    rotated = int(int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]) * partial)
     if section is not None and sum(section) * 2 != rotated:
-        raise ModelConfigError(f"{path}: mrope_section {list(section)} must split a head's frequencies (head_dim / 2)")
+        raise ModelConfigError(f"{path}: mrope_section {list(section)} must split the frequencies RoPE turns "
+                               f"({rotated // 2} a head)")
     if arch == GRANITE_HYBRID:
         kinds = set(cfg.get("layer_types") or cfg.get("layers_block_type") or ["attention"])
         if kinds - {"attention", "full_attention"}:
@@ -192,7 +200,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                                                         arch in (*GEMMAS, SMOLLM3, *ERNIE45S, *COHERES))),
             **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
-            qk_norm="head" if arch in (*QK_NORM, GEMMA4) or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
+            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR)
+            or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch == HUNYUAN else
             "head_layer_norm" if arch == COHERE and cfg.get("use_qk_norm") else None,
             moe=read_moe_config(cfg, arch),
@@ -221,6 +230,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mrope_section=section,
             mrope_interleaved=mrope_interleaved(cfg) or (multimodal is not None and multimodal.interleaved_mrope),
             gemma4=gemma4,
+            linear_attention=linear_attention,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:

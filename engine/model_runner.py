@@ -24,6 +24,7 @@ from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
 from engine.prompt_images import encode_pending_images, multimodal_positions
+from engine.recurrent_state import StatePages, StateShape
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
@@ -90,6 +91,7 @@ class ModelRunner:
         self.weight_loading_ns = (start_ns, time.time_ns())  # wall clock, for trace spans
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
         self.kv_pool: KVPool | None = None
+        self.state_pages: StatePages | None = None  # a hybrid model's recurrent states, in pages of the pool
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
         # An EAGLE head drafting for this model (engine/eagle.py): after each forward, every sequence's (first row,
@@ -197,6 +199,8 @@ class ModelRunner:
                               rank_heads(self.model_config, self.rank, self.tensor_parallel_size), extra_layers)
         if shared_factory is not None and self.rank_workers is not None:
             self.rank_workers.share_pool(pool_file, self.kv_pool.tensor.shape, dtype)
+        if self.model_config.linear_attention is not None:
+            self.state_pages = StatePages(StateShape.of(self.model_config.linear_attention), self.kv_pool.tensor)
         return self.kv_pool
 
     def close(self) -> None:
@@ -244,6 +248,8 @@ class ModelRunner:
             logit_rows = (*(torch.arange(lo, hi) for _, lo, hi, _ in prompt_logprob_rows),
                           *((sample_rows,) if sampled_seqs else ()))
         hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
+        if meta.recurrent is not None:
+            self.state_pages.write(meta.recurrent)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
         if prompt_logprob_rows:  # (most steps have none: no context entered for them)
@@ -447,6 +453,11 @@ class ModelRunner:
         rope_positions = position_tensor
         if any(seq.rope_positions is not None for seq in batch.seqs):  # a prompt with Qwen-VL's images
             rope_positions = multimodal_positions((*decodes, *prefills), position_tensor)
+        recurrent = None
+        if self.state_pages is not None:  # a row a sequence (no drafts), read fresh where it starts
+            stepped = [seq for seq, _ in (*decodes, *prefills)]
+            recurrent = self.state_pages.read([seq.state_blocks for seq in stepped],
+                                              [seq.num_computed_tokens == 0 for seq in stepped])
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(row_seqs),
@@ -454,6 +465,7 @@ class ModelRunner:
             decode_context_lens=decode_lens,
             prefills=tuple(chunks),
             positions=position_tensor,
+            recurrent=recurrent,
         )
         return (
             torch.tensor(input_ids, dtype=torch.int64, device=self.device),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
+from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
 from engine.vision.vision_config import (
     VisionConfig,
     gemma3_vision_config,
@@ -126,6 +127,15 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, "Qwen3MoeForCausalLM"),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
+    # Qwen3.5 as released (each size multimodal): its text model (engine/models/qwen3_next.py) served, not its tower.
+    "Qwen3_5ForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, QWEN3_5),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual.")),
+    "Qwen3_5MoeForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, QWEN3_5_MOE),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual.")),
 }
 
 

@@ -35,14 +35,14 @@ class Reservations:
             self.pool.free_block_ids.push(block_id)
         return True
 
-    def hand_over(self, reservation_id: str, num_computed_tokens: int) -> list[int]:
+    def hand_over(self, reservation_id: str, num_computed_tokens: int, num_state_blocks: int = 0) -> list[int]:
         """The pages of `reservation_id`, reserved no more, for a sequence whose KV they hold for
-        its first `num_computed_tokens` tokens; the references pass to it. ValueError for an
-        unknown reservation or one too small."""
+        its first `num_computed_tokens` tokens (and its recurrent states, in the last `num_state_blocks`); the
+        references pass to it. ValueError for an unknown reservation or one too small."""
         block_ids = self.block_ids.get(reservation_id)
         if block_ids is None:
             raise ValueError(f"no reservation {reservation_id!r}")
-        if len(block_ids) * self.block_size < num_computed_tokens:
+        if (len(block_ids) - num_state_blocks) * self.block_size < num_computed_tokens:
             raise ValueError(
                 f"reservation {reservation_id!r} holds {len(block_ids)} blocks, too few for "
                 f"{num_computed_tokens} computed tokens"

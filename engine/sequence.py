@@ -87,6 +87,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.block_table: list[int] = []
+        # A hybrid model's pages of this sequence's recurrent states (engine/recurrent_state.py), beside its tokens'.
+        self.state_blocks: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         # Speculative drafts at the end of `token_ids`, from the scheduling of a step to its

@@ -153,7 +153,8 @@ class PrefillService:
         lengths = warmup_lengths(engine)
         self.metrics.watch_engine(engine)
         self.servicer.attach(EngineLoop(engine, thread), pool_tensor, layout,
-                             kvstore_address=self.config.kvstore_address, metrics=self.metrics)
+                             kvstore_address=self.config.kvstore_address, metrics=self.metrics,
+                             num_state_blocks=engine.block_manager.num_state_blocks)
         self.engine_loop = self.servicer.engine_loop
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
         self.cache.host_tier_reset = self.servicer.reset_host_tier

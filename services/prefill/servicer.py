@@ -108,16 +108,24 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.opened_ahead = OpenedAhead("the prefill worker")  # PrefillPreopened's calls
         self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's
         self._host_id = host_id()  # whose monotonic clock stamps the first token's timings
+        self.num_state_blocks = 0  # a hybrid model's pages of a request's recurrent states, after its tokens'
 
     def attach(self, engine_loop: EngineLoop, pool_tensor: torch.Tensor, layout: PageLayout,
-               kvstore_address: str = "", metrics: ServiceMetrics | None = None) -> None:
+               kvstore_address: str = "", metrics: ServiceMetrics | None = None, num_state_blocks: int = 0) -> None:
         """`pool_tensor`: our KV pool [L, 2, Hkv, N, bs, D]. `kvstore_address`: the kvstore node
-        that computed prefix blocks are stored on ("": none)."""
+        that computed prefix blocks are stored on ("": none). `num_state_blocks`: the pages of a request's
+        recurrent states (a hybrid model's), handed over after its tokens' once its last chunk is computed: its
+        pages are then not sent early, and its prefixes not stored (a prefix's KV serves no other prompt without
+        the states at its end)."""
         self.engine_loop = engine_loop
         self.layout = layout
         self.metrics = metrics or self.metrics
+        self.num_state_blocks = num_state_blocks
+        if num_state_blocks:
+            kvstore_address = ""
         self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
-        self._early = EarlySending(self.early_kv_transfer, self._writer, self._reservations, layout.block_size)
+        self._early = EarlySending(self.early_kv_transfer and not num_state_blocks, self._writer, self._reservations,
+                                   layout.block_size)
         self._host_tier = PrefillHostTier(pool_tensor, layout, kvstore_address, checksum=self.kv_checksum)
 
     async def reset_host_tier(self) -> int:
@@ -190,7 +198,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 tracing.set_current_attributes({**attrs, tracing.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
                                                 tracing.GEN_AI_USAGE_INPUT_TOKENS: len(prompt)})
             num_tokens = len(prompt) + len(output)  # what the pages hold
-            num_blocks = -(-num_tokens // self.layout.block_size)
+            num_blocks = -(-num_tokens // self.layout.block_size) + self.num_state_blocks
             target = request.target
             if target.reservation_id:
                 transport, dest = await open_target(self.layout, self._writer, target, num_blocks, context)

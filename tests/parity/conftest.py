@@ -30,6 +30,11 @@ COMMON = dict(
 
 LONGROPE_ORIGINAL_CONTEXT = 512  # past the longest generic prompt and its output (300 + 64)
 
+# Gated DeltaNet's heads in the tiny hybrid models (Qwen3.5, Qwen3-Next), and their experts.
+LINEAR_HEADS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8)
+HYBRID_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                      shared_expert_intermediate_size=40)
+
 # name → (config class name, extra config, save options)
 TINY_MODELS = {
     "llama-gqa-untied": ("LlamaConfig", dict(tie_word_embeddings=False), {}),
@@ -182,6 +187,17 @@ TINY_MODELS = {
                                                 layer_types=["attention"] * 2, position_embedding_type="nope",
                                                 embedding_multiplier=6.0, residual_multiplier=0.4,
                                                 attention_multiplier=0.2, logits_scaling=3.0, pad_token_id=0), {}),
+    # Qwen3.5's hybrid: Gated DeltaNet linear-attention layers (two value heads a key head) between full-attention
+    # layers whose q heads have gates beside them, a quarter of each head turned by RoPE, norms offset from 1.
+    "qwen3.5": ("Qwen3_5TextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, pad_token_id=0,
+                                          layer_types=["linear_attention", "full_attention"] * 2), {}),
+    # Its mixture of experts: every layer's MLP experts (stored one by one) beside a gated shared expert.
+    "qwen3.5-moe": ("Qwen3_5MoeTextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS,
+                                                 pad_token_id=0,
+                                                 layer_types=["linear_attention", "full_attention"] * 2), {}),
+    # Qwen3-Next: projections grouped by key head (in_proj_qkvz, in_proj_ba), full layers by interval, a dense layer.
+    "qwen3-next": ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS,
+                                           full_attention_interval=2, mlp_only_layers=[2], pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -267,6 +267,28 @@ def test_out_of_blocks_raises_before_changing_anything():
     mgr.check_integrity()
 
 
+def test_a_hybrid_models_sequence_holds_state_pages_beside_its_tokens():
+    """Each sequence of a hybrid model takes `num_state_blocks` pages of its own for its recurrent states: counted
+    before it is admitted, copied to a forked child, handed over with a reservation (its last pages), freed."""
+    mgr = BlockManager(12, BS, enable_prefix_caching=False, num_state_blocks=2)
+    assert not mgr.can_allocate(make_seq("big", range(4 * 11)))  # 11 pages of tokens, 2 of states: 13 of 12
+    a = admitted(mgr, "a", range(6), computed=True)
+    assert (a.block_table, a.state_blocks) == ([0, 1], [2, 3])
+    child = make_seq("c", range(6))
+    assert mgr.fork(a, child) == [(1, 4), (2, 5), (3, 6)]  # the tail page, then each state page
+    assert (child.block_table, child.state_blocks) == ([0, 4], [5, 6])
+    assert mgr.reserve("r", 3 + 2) == [7, 8, 9, 10, 11]  # a 12-token prompt's pages and its states'
+    seq = make_seq("r", range(12))
+    seq.num_computed_tokens = 12
+    mgr.adopt("r", seq)
+    assert (seq.block_table, seq.state_blocks) == ([7, 8, 9], [10, 11])
+    mgr.check_integrity()
+    for held in (a, child, seq):
+        mgr.free(held)
+    assert mgr.num_free_blocks == 12 and refs(mgr) == [0] * 12
+    mgr.check_integrity()
+
+
 def interleaved(mgr: BlockManager, rids, num_blocks: int) -> list[Sequence]:
     """Sequences decoding side by side, each taking one page per step: their pages interleave."""
     seqs = [admitted(mgr, rid, [7]) for rid in rids]

@@ -1,8 +1,9 @@
 """Models whose pages are not Llama's through the mesh: DeepSeek-V3's (multi-head latent attention: its pages
-hold the latent rows, not per-head k and v) and Gemma 4's (heads of two sizes, the wider over several of the
-pages' heads; no pages for the layers sharing an earlier layer's KV). The pages a prefill worker computes are
-handed to the decode worker over shared memory or the gRPC stream, and what it decodes from them equals
-`transformers.generate`."""
+hold the latent rows, not per-head k and v), Gemma 4's (heads of two sizes, the wider over several of the
+pages' heads; no pages for the layers sharing an earlier layer's KV) and Qwen3.5's (pages for its full-attention
+layers only, and a request's recurrent states in pages of their own after its tokens'). The pages a prefill
+worker computes are handed to the decode worker over shared memory or the gRPC stream, and what it decodes from
+them equals `transformers.generate`."""
 from __future__ import annotations
 
 import json
@@ -12,15 +13,19 @@ import openai
 import pytest
 import torch
 
+from engine.kv_pool import kv_block_bytes
+from engine.model_config_loader import load_model_config
+from engine.recurrent_state import StateShape
 from tests.parity.conftest import make_tiny_model
-from tests.services.gateway.mesh import start_mesh, stop_mesh
+from tests.services.gateway.mesh import BLOCK_SIZE, WHOLE_POOL_TOKENS, start_mesh, stop_mesh
+from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
 
 transformers = pytest.importorskip("transformers")
 MAX_TOKENS = 12
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "gemma4-e"])
+@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "gemma4-e", "qwen3.5"])
 def paged_model(request, tiny_demo_model, tmp_path_factory):
     # DeepSeek's cache rows are of odd width (8 + 23): padded in the pages, and so in every transfer.
     model_dir = make_tiny_model(tmp_path_factory.mktemp("pages") / request.param, request.param)
@@ -32,6 +37,14 @@ def paged_model(request, tiny_demo_model, tmp_path_factory):
     assert config.get("rope_scaling") is None
     (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
     return model_dir
+
+
+def num_state_pages(model_dir) -> int:
+    """The pages of a request's recurrent states (a hybrid model's; float32 pages), which a reservation adds."""
+    config = load_model_config(model_dir)
+    if config.linear_attention is None:
+        return 0
+    return StateShape.of(config.linear_attention).num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
 
 
 def transformers_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
@@ -49,7 +62,8 @@ def test_a_decode_worker_decodes_from_the_pages_prefill_handed_over(paged_model,
     short, long = [3 + (i * 11) % 500 for i in range(20)], [3 + (i * 7) % 500 for i in range(300)]
     expected = transformers_greedy(paged_model, [short, long])
     # Short prompts prefill on their decode worker (no handoff), long ones on the prefill worker.
-    mesh = start_mesh(paged_model, num_prefill=1, num_decode=1, gateway_args=("--kv-transport", transport))
+    mesh = start_mesh(paged_model, num_prefill=1, num_decode=1,
+                      gateway_args=("--kv-transport", transport, "--local-prefill-max-tokens", "100"))
     try:
         with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
             for prompt, tokens in zip((short, long), expected):
@@ -58,6 +72,7 @@ def test_a_decode_worker_decodes_from_the_pages_prefill_handed_over(paged_model,
                                                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
                 made = [int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens]
                 assert made == tokens, len(prompt)
-        mesh.assert_decode_pools_free()
+        assert prefills_by_place(mesh.gateway) == {"decode": 1.0, "prefill": 1.0}
+        mesh.assert_decode_pools_free(num_tokens=WHOLE_POOL_TOKENS - num_state_pages(paged_model) * BLOCK_SIZE)
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())

@@ -1,0 +1,81 @@
+"""Hybrid models whose layers are mostly Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5), read from their
+config.json: which layers attend over pages and what the others keep instead.
+
+A linear-attention layer keeps no KV a token: a sequence's whole past is a state of fixed size, a recurrent
+matrix a value head (`key_head_dim` x `value_head_dim`) and the last `conv_kernel - 1` inputs of its short
+causal convolution. Only the full-attention layers have pages (ModelConfig.num_kv_layers); each sequence's
+states live in pages of its own beside them (engine/recurrent_state.py), so they move with its KV.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QWEN3_NEXT = "Qwen3NextForCausalLM"
+QWEN3_5 = "Qwen3_5ForCausalLM"
+QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
+HYBRID_LINEAR = (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE)
+LINEAR, FULL = "linear_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    layer_types: tuple[str, ...]  # LINEAR or FULL, a layer
+    num_key_heads: int
+    num_value_heads: int  # a multiple of the key heads: each key head serves that many value heads in turn
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+    fused_projections: bool  # Qwen3-Next's in_proj_qkvz and in_proj_ba, grouped by key head; else Qwen3.5's four
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == LINEAR)
+
+    @property
+    def kv_places(self) -> dict[int, int]:
+        """Each full-attention layer's layer of the pages."""
+        full = (i for i, kind in enumerate(self.layer_types) if kind == FULL)
+        return {layer: place for place, layer in enumerate(full)}
+
+    @property
+    def key_size(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_size(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels convolved: q, k and v side by side."""
+        return 2 * self.key_size + self.value_size
+
+
+def read_linear_attention(cfg: dict, arch: str) -> LinearAttention:
+    """ValueError for a layout that is not one of full and linear-attention layers, or without full ones."""
+    num_layers = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("layer_types")
+    if kinds is None:  # transformers' default: every `full_attention_interval`-th layer attends fully
+        interval = int(cfg.get("full_attention_interval", 4))
+        kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
+    kinds = tuple(kinds)
+    if len(kinds) != num_layers or set(kinds) - {LINEAR, FULL}:
+        raise ValueError(f"layer_types must name {LINEAR!r} or {FULL!r} for each of {num_layers} layers, "
+                         f"got {list(kinds)}")
+    if FULL not in kinds:
+        raise ValueError("a model of linear-attention layers alone is not supported (its pages would hold nothing)")
+    layout = LinearAttention(
+        layer_types=kinds,
+        num_key_heads=int(cfg["linear_num_key_heads"]),
+        num_value_heads=int(cfg["linear_num_value_heads"]),
+        key_head_dim=int(cfg["linear_key_head_dim"]),
+        value_head_dim=int(cfg["linear_value_head_dim"]),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        fused_projections=arch == QWEN3_NEXT,
+    )
+    if layout.num_value_heads % layout.num_key_heads:
+        raise ValueError(f"linear_num_value_heads {layout.num_value_heads} must be a multiple of "
+                         f"linear_num_key_heads {layout.num_key_heads}")
+    if layout.conv_kernel < 2:
+        raise ValueError(f"linear_conv_kernel_dim must be at least 2, got {layout.conv_kernel}")
+    return layout

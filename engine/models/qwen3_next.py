@@ -1,0 +1,213 @@
+"""Qwen3-Next and Qwen3.5 (Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM; the text models of
+Qwen3.5's multimodal checkpoints): three Gated DeltaNet linear-attention layers to one of full attention
+(engine/linear_attention_config.py).
+
+- A linear-attention layer projects q, k and v (one key head serving several value heads), convolves them
+  over the last few tokens (depthwise, causal), and runs the gated delta rule (kernels/gated_delta_rule.py)
+  over the sequence's recurrent state; its output is RMS-normed, gated by SiLU of a projection z, projected
+  back. Its states live in the sequence's state pages (engine/recurrent_state.py); a step reads them before
+  the forward and writes them back after (engine/model_runner.py).
+- A full-attention layer projects each q head with a gate beside it: the output is weighed by its sigmoid.
+  q and k are normed a head; RoPE turns a quarter of each head.
+- Every RMS norm but the linear layers' output norm scales by 1 + weight (the 1 added as the weights load).
+- Qwen3-Next stores q, k, v and z in one projection (and b and a in another) grouped by key head: the rows are
+  put in Qwen3.5's order as they load.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.lora import Target
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import MLP, Attention, KVCache, paged_attention
+from engine.models.moe import SparseMoE
+from engine.models.parameters import empty_param
+from engine.prompt_embeds import GivenEmbeddings
+from kernels import gated_delta_rule as rule
+from kernels.registry import Kernels
+
+# Norms stored as offsets from 1 (the linear layers' output norm, linear_attn.norm, is not).
+OFFSET_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
+                "model.norm.weight")
+
+
+class GatedAttention(Attention):
+    """Full attention whose output is gated a head by a sigmoid of a second q-sized projection."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        # Each head's q rows then its gate rows, as the checkpoint's q_proj holds them.
+        self.qkv_weight = empty_param(2 * config.q_size + 2 * config.kv_size, config.hidden_size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        cfg, ops, num_tokens = self.config, self.kernels, x.shape[0]
+        qkv = ops.linear(x, self.qkv_weight)
+        q_gate, k, v = qkv.split([2 * cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q, gate = q_gate.view(num_tokens, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
+        q = ops.rms_norm(q.contiguous(), self.q_norm, cfg.rms_norm_eps)
+        k = ops.rms_norm(k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim), self.k_norm, cfg.rms_norm_eps)
+        q, k = ops.apply_rope(q, k, cos, sin)
+        out = paged_attention(ops, q, k, v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim), kv_cache, meta,
+                              self.scale, None, None)
+        gated = out.reshape(num_tokens, cfg.q_size) * torch.sigmoid(gate.reshape(num_tokens, cfg.q_size))
+        return self._output(gated)
+
+
+class GatedDeltaNet(nn.Module):
+    """A linear-attention layer; `index`: its place among the model's linear-attention layers (its states')."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
+        super().__init__()
+        self.linear, self.eps, self.index = kernels.linear, config.rms_norm_eps, index
+        self.layout = la = config.linear_attention
+        # q, k, v (the convolved channels), then z, b and a: one matmul.
+        self.in_weight = empty_param(la.conv_dim + la.value_size + 2 * la.num_value_heads, config.hidden_size,
+                                     dtype=dtype)
+        self.conv_weight = empty_param(la.conv_dim, la.conv_kernel, dtype=dtype)
+        self.dt_bias = empty_param(la.num_value_heads, dtype=dtype)
+        self.a_log = empty_param(la.num_value_heads, dtype=dtype)
+        self.norm = empty_param(la.value_head_dim, dtype=dtype)
+        self.out_weight = empty_param(config.hidden_size, la.value_size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        la, num_tokens = self.layout, x.shape[0]
+        windows, states = meta.recurrent.layer(self.index)
+        mixed, z, b, a = self.linear(x, self.in_weight).split(
+            [la.conv_dim, la.value_size, la.num_value_heads, la.num_value_heads], dim=-1)
+        convolved = self._convolved(mixed, windows, meta)
+        q, k, v = convolved.split([la.key_size, la.key_size, la.value_size], dim=-1)
+        repeats = la.num_value_heads // la.num_key_heads  # each key head serves that many value heads, in turn
+        q = rule.l2_normed(q.float().view(num_tokens, la.num_key_heads, la.key_head_dim)) * la.key_head_dim ** -0.5
+        k = rule.l2_normed(k.float().view(num_tokens, la.num_key_heads, la.key_head_dim))
+        q, k = q.repeat_interleave(repeats, dim=1), k.repeat_interleave(repeats, dim=1)
+        v = v.view(num_tokens, la.num_value_heads, la.value_head_dim)
+        beta = torch.sigmoid(b)
+        g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # the log of each token's decay
+        out = torch.empty(num_tokens, la.num_value_heads, la.value_head_dim, dtype=torch.float32, device=x.device)
+        num_decode = meta.num_decode_tokens
+        if num_decode:
+            out[:num_decode] = rule.recurrent_step(q[:num_decode], k[:num_decode], v[:num_decode], g[:num_decode],
+                                                   beta[:num_decode], states[:num_decode])
+        for row, chunk in enumerate(meta.prefills, start=num_decode):
+            s, e = chunk.start, chunk.end
+            out[s:e] = rule.chunked(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states[row])
+        normed = F.rms_norm(out, (la.value_head_dim,), eps=self.eps).to(x.dtype) * self.norm
+        gated = normed.float() * F.silu(z.float().view(normed.shape))
+        return self.linear(gated.to(x.dtype).view(num_tokens, la.value_size), self.out_weight)
+
+    def _convolved(self, mixed: torch.Tensor, windows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q, k and v through the causal convolution, each sequence continuing from its window, and SiLU."""
+        out = torch.empty_like(mixed)
+        num_decode = meta.num_decode_tokens
+        if num_decode:
+            out[:num_decode] = rule.conv_step(mixed[:num_decode], windows[:num_decode], self.conv_weight)
+        for row, chunk in enumerate(meta.prefills, start=num_decode):
+            out[chunk.start:chunk.end] = rule.conv_run(mixed[chunk.start:chunk.end], windows[row], self.conv_weight)
+        return F.silu(out)
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, layer: int) -> None:
+        super().__init__()
+        self.eps, self.rms_norm = config.rms_norm_eps, kernels.rms_norm
+        self.input_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
+        linear_layers = config.linear_attention.linear_layers
+        self.is_linear = layer in linear_layers
+        self.attn = GatedDeltaNet(config, kernels, dtype, linear_layers.index(layer)) if self.is_linear else \
+            GatedAttention(config, kernels, dtype, None)
+        self.mlp = SparseMoE(config, kernels, dtype) if config.moe.is_sparse(layer) else MLP(config, kernels, dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        x = self.rms_norm(h, self.input_norm, self.eps)
+        h = h + (self.attn(x, meta) if self.is_linear else self.attn(x, cos, sin, kv_cache, meta))
+        return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps))
+
+
+class Qwen3NextForCausalLM(LlamaForCausalLM):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return HybridDecoderLayer(self.config, self.kernels, dtype, layer)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
+        h = self._embed(input_ids)
+        if given is not None:
+            h = given.placed(h)
+        places = self.config.linear_attention.kv_places
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self._ropes(positions))):
+            h = layer(h, cos, sin, kv_caches[places[i]] if i in places else None, meta)
+        return self._final_norm(h)
+
+    def serve_loras(self) -> None:
+        raise ValueError(f"LoRA adapters are not supported for {self.config.architecture} yet")
+
+    def lora_target(self, module: str) -> Target | None:
+        return None
+
+    def is_unused_tensor(self, name: str) -> bool:
+        # Its multi-token prediction layer (mtp.*), which transformers leaves unread too.
+        return name.startswith("mtp.") or super().is_unused_tensor(name)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        if layer not in self.config.linear_attention.linear_layers:
+            return super()._attention_names(layer)
+        p = f"model.layers.{layer}.linear_attn."
+        projections = ("in_proj_qkvz", "in_proj_ba") if self.config.linear_attention.fused_projections else \
+            ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        return [p + f"{x}.weight" for x in (*projections, "conv1d", "norm", "out_proj")] + [p + "dt_bias",
+                                                                                             p + "A_log"]
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights((name, tensor.float() + 1.0 if name.endswith(OFFSET_NORMS) else tensor)
+                             for name, tensor in tensors)
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if ".linear_attn.in_proj_" in name and self.config.linear_attention.fused_projections:
+            tensor = self._ungrouped(name.rsplit(".", 2)[-2], tensor)
+        elif name.endswith(".linear_attn.conv1d.weight"):  # [C, 1, K]
+            tensor = tensor.squeeze(1)
+        return super()._placed(name, tensor)
+
+    def _ungrouped(self, projection: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Qwen3-Next's rows, grouped by key head ([q, k, v, z] or [b, a] a group), in Qwen3.5's order (every
+        head's q, then k, v, z; every b, then a)."""
+        la = self.config.linear_attention
+        per_key = la.num_value_heads // la.num_key_heads
+        parts = [la.key_head_dim, la.key_head_dim, per_key * la.value_head_dim, per_key * la.value_head_dim] \
+            if projection == "in_proj_qkvz" else [per_key, per_key]
+        grouped = tensor.view(la.num_key_heads, sum(parts), -1).split(parts, dim=1)
+        return torch.cat([part.reshape(-1, tensor.shape[-1]) for part in grouped])
+
+    def _target(self, name: str) -> torch.Tensor:
+        cfg = self.config
+        parts = name.split(".")
+        if len(parts) < 5 or parts[3] not in ("linear_attn", "self_attn"):
+            return super()._target(name)
+        layer = self.layers[int(parts[2])]
+        if parts[3] == "self_attn":
+            q = 2 * cfg.q_size
+            rows = {"q_proj": (0, q), "k_proj": (q, q + cfg.kv_size), "v_proj": (q + cfg.kv_size, q + 2 * cfg.kv_size)}
+            if parts[4] in rows:
+                lo, hi = rows[parts[4]]
+                return layer.attn.qkv_weight.data[lo:hi]
+            return super()._target(name)
+        la, attn = cfg.linear_attention, layer.attn
+        leaf = parts[4]
+        if leaf.startswith("in_proj_"):
+            inner = la.conv_dim + la.value_size
+            rows = {"in_proj_qkvz": (0, inner), "in_proj_qkv": (0, la.conv_dim), "in_proj_z": (la.conv_dim, inner),
+                    "in_proj_ba": (inner, inner + 2 * la.num_value_heads),
+                    "in_proj_b": (inner, inner + la.num_value_heads),
+                    "in_proj_a": (inner + la.num_value_heads, inner + 2 * la.num_value_heads)}
+            lo, hi = rows[leaf]
+            return attn.in_weight.data[lo:hi]
+        named = {"conv1d": attn.conv_weight, "norm": attn.norm, "out_proj": attn.out_weight, "dt_bias": attn.dt_bias,
+                 "A_log": attn.a_log}
+        return named[leaf].data

@@ -1,0 +1,113 @@
+"""The recurrent states of a hybrid model's linear-attention layers (engine/linear_attention_config.py), kept in
+KV pages of their own: each sequence holds `StatePages.num_pages` pages beside those of its tokens
+(Sequence.state_blocks), the states' float32 bytes laid across them.
+
+In pages, the states need nothing of their own: the pool's bytes count them, a sequence that cannot get them
+waits as for any page, and a prefill worker hands them to a decode worker with the prompt's pages by the same
+transports, layout check and checksum (they follow the prompt's pages in a reservation).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.linear_attention_config import LinearAttention
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """One sequence's states: for each linear-attention layer, its convolution's last inputs [C, K-1] and its
+    recurrent matrix a value head [H, Dk, Dv], float32 (as transformers keeps them)."""
+
+    num_layers: int
+    conv_dim: int
+    conv_width: int
+    num_heads: int
+    key_dim: int
+    value_dim: int
+
+    @classmethod
+    def of(cls, layout: LinearAttention) -> StateShape:
+        return cls(len(layout.linear_layers), layout.conv_dim, layout.conv_kernel - 1, layout.num_value_heads,
+                   layout.key_head_dim, layout.value_head_dim)
+
+    @property
+    def conv_floats(self) -> int:
+        return self.conv_dim * self.conv_width
+
+    @property
+    def layer_floats(self) -> int:
+        return self.conv_floats + self.num_heads * self.key_dim * self.value_dim
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_layers * self.layer_floats * 4
+
+    def num_pages(self, page_bytes: int) -> int:
+        return math.ceil(self.nbytes / page_bytes)
+
+
+def page_bytes(pool: torch.Tensor) -> int:
+    """Bytes of one page across a pool `[L, 2, Hkv, N, bs, D]`'s layers."""
+    return pool[:, :, :, 0].numel() * pool.element_size()
+
+
+@dataclass(frozen=True)
+class RecurrentStates:
+    """A step's states, a row a sequence in the batch's order (decodes, then prefill chunks): read from their
+    pages before the forward, updated in place by it, written back after."""
+
+    shape: StateShape
+    rows: torch.Tensor  # [B, S * page_bytes / 4] float32, each row's states from its start
+    page_ids: torch.Tensor  # [B, S] int64: each row's pages
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `index`-th linear-attention layer's convolution windows [B, C, K-1] and recurrent states
+        [B, H, Dk, Dv]: views of `rows`."""
+        s, num_rows = self.shape, self.rows.shape[0]
+        start = index * s.layer_floats
+        conv = self.rows[:, start:start + s.conv_floats].view(num_rows, s.conv_dim, s.conv_width)
+        recurrent = self.rows[:, start + s.conv_floats:start + s.layer_floats]
+        return conv, recurrent.view(num_rows, s.num_heads, s.key_dim, s.value_dim)
+
+
+class StatePages:
+    """Reads and writes sequences' states in their pages of `pool` (a KVPool's tensor)."""
+
+    def __init__(self, shape: StateShape, pool: torch.Tensor) -> None:
+        self.shape = shape
+        self.page_bytes = page_bytes(pool)
+        if self.page_bytes % 4:  # a row of pages must read as float32
+            raise ValueError(f"a page of {self.page_bytes} bytes cannot hold float32 states")
+        self.num_pages = shape.num_pages(self.page_bytes)
+        self._bytes = pool.view(torch.uint8)  # [L, 2, Hkv, N, bs, D * itemsize]
+
+    def read(self, page_ids: list[list[int]], fresh: list[bool]) -> RecurrentStates:
+        """The states in each row's pages; zeros for a `fresh` row (a sequence at its start: its pages hold
+        another's old bytes)."""
+        ids = torch.tensor(page_ids, dtype=torch.int64, device=self._bytes.device).view(len(page_ids), -1)
+        raw = self._bytes[:, :, :, ids.flatten()].movedim(3, 0)  # [B * S, L, 2, Hkv, bs, Db]
+        rows = raw.reshape(len(page_ids), -1).view(torch.float32)
+        if any(fresh):
+            rows[torch.tensor(fresh, device=rows.device)] = 0.0
+        return RecurrentStates(self.shape, rows, ids)
+
+    def write(self, states: RecurrentStates) -> None:
+        ids = states.page_ids.flatten()
+        raw = states.rows.view(torch.uint8).reshape(len(ids), *self._bytes.shape[:3], *self._bytes.shape[4:])
+        self._bytes[:, :, :, ids] = raw.movedim(0, 3)
+
+
+def check_state_pages(num_blocks: int, num_state_blocks: int, has_drafter: bool) -> None:
+    """ValueError where a pool of `num_blocks` pages cannot serve a model whose sequences each hold
+    `num_state_blocks` for their states (none: not a hybrid model), or drafts for it would need states of their own."""
+    if not num_state_blocks:
+        return
+    if has_drafter:
+        raise ValueError("speculative decoding is not supported for hybrid linear-attention models yet (a rejected "
+                         "draft would need the recurrent states from before it)")
+    if num_blocks <= num_state_blocks:
+        raise ValueError(f"a KV pool of {num_blocks} pages holds no sequence of this model: its recurrent states "
+                         f"alone take {num_state_blocks} pages; give the pool more memory")

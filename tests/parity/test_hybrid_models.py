@@ -1,0 +1,147 @@
+"""Hybrid linear-attention models (Qwen3.5, Qwen3-Next): the recurrent states each sequence keeps in pages of its
+own, as they start, continue, move to a decode engine and are computed again, against transformers; and what is
+refused for them. Their logits and batched greedy tokens are test_transformers_parity.py's (TINY_MODELS)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_config_loader import ModelConfigError, load_model_config
+from engine.recurrent_state import StateShape
+from engine.sampling_params import SamplingParams
+from engine.speculative import SpeculativeConfig
+from tests.parity.conftest import COMMON, LINEAR_HEADS, TINY_MODELS, decoded_from_handed_over_pages, greedy_outputs
+from tests.parity.test_transformers_parity import (
+    _check_greedy,
+    _check_last_logits,
+    _engine,
+    _hf_model,
+    _mixed_prompts,
+    _random_prompt,
+    transformers,
+)
+
+HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next")
+
+
+def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    hf = _hf_model(model_dir)
+    return [hf.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False)[0, len(p):].tolist()
+            for p in prompts]
+
+
+def test_a_sequence_holds_its_states_pages_beside_its_tokens_and_gives_them_back(tiny_model_dirs):
+    # Pages of 4 tokens (2 layers x 2 KV x 2 heads x 4 x 16 floats: 2048 bytes) hold 2 layers' states
+    # (convolution 96 channels x 3, recurrent 4 heads x 16 x 8: 3200 bytes each) in 4 pages.
+    engine = _engine(tiny_model_dirs["qwen3.5"], block_size=4)
+    layout = engine.model_config.linear_attention
+    assert StateShape.of(layout).nbytes == 2 * (96 * 3 + 4 * 16 * 8) * 4
+    assert engine.block_manager.num_state_blocks == 4
+    assert engine.runner.kv_pool.tensor.shape[0] == 2  # the full-attention layers' pages alone
+    engine.add_request("r", list(range(3, 13)), SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    seq = engine.scheduler.running[0]
+    assert len(seq.state_blocks) == 4 and not set(seq.state_blocks) & set(seq.block_table)
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks - 4 - len(seq.block_table)
+    engine.block_manager.check_integrity()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    engine.close()
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_states_laid_across_several_pages_give_transformers_tokens_and_no_prefix_is_cached(tiny_model_dirs, name):
+    """Pages of 4 tokens: each sequence's states span 4 (qwen3.5) or more pages; the shared prefix of the mixed
+    prompts is computed again, not read from a cache (its states at its end are not kept)."""
+    _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=32, block_size=4)
+    engine = _engine(tiny_model_dirs[name], block_size=4)
+    prompts = {f"r{i}": (p, {}) for i, p in enumerate(_mixed_prompts(engine.model_config.vocab_size)[2:4])}
+    greedy_outputs(engine, prompts, 2)
+    greedy_outputs(engine, prompts, 2)
+    assert engine.block_manager.num_prefix_hit_tokens == 0
+    engine.close()
+
+
+def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs):
+    model_dir = tiny_model_dirs["qwen3-next"]
+    prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
+    decode = _engine(model_dir, block_size=4)
+    prompts = [_random_prompt(n, 512, seed=n) for n in (1, 45, 130)]
+    requests = {f"r{i}": (p, 10, {}, {}) for i, p in enumerate(prompts)}
+    outputs = decoded_from_handed_over_pages(prefill, decode, requests)
+    for i, expected in enumerate(_greedy(model_dir, prompts, 10)):  # the first token prefill's, then decode's
+        assert outputs[f"r{i}"].token_ids == expected, i
+    prefill.close()
+    decode.close()
+
+
+def test_preempted_sequences_compute_their_states_again(tiny_model_dirs):
+    """A pool too small for every sequence at once: sequences are preempted (their pages, states among them,
+    freed) and computed again from their tokens, from fresh states."""
+    model_dir = tiny_model_dirs["qwen3.5"]
+    engine = _engine(model_dir, num_kv_blocks=20, max_num_batched_tokens=64)
+    prompts = [_random_prompt(n, 512, seed=200 + n) for n in (60, 70, 80, 90)]
+    outputs = greedy_outputs(engine, {f"r{i}": (p, {}) for i, p in enumerate(prompts)}, 40)
+    assert engine.scheduler.num_preemptions > 0
+    for i, expected in enumerate(_greedy(model_dir, prompts, 40)):
+        assert outputs[f"r{i}"] == expected, i
+    engine.close()
+
+
+def test_qwen3_5s_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_layer_unread(tmp_path):
+    """Qwen3.5 as released (every size a Qwen3_5ForConditionalGeneration: its text model under
+    `model.language_model.`, its vision tower under `model.visual.`, its MTP layer under `mtp.`)."""
+    from safetensors.torch import load_file, save_file
+
+    text = transformers.Qwen3_5TextConfig(**{**COMMON, **TINY_MODELS["qwen3.5"][1]})
+    vision = transformers.Qwen3_5VisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                              out_hidden_size=64)
+    torch.manual_seed(35)
+    model = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert any(name.startswith("model.visual.") for name in tensors)
+    save_file({**tensors, "mtp.fc.weight": torch.zeros(64, 128)}, tmp_path / "model.safetensors")
+    engine = _engine(tmp_path, max_num_batched_tokens=32)
+    assert engine.model_config.architecture == "Qwen3_5ForCausalLM"
+    _check_last_logits(engine, model)
+    engine.close()
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (dict(speculative=SpeculativeConfig(num_speculative_tokens=2)), "speculative decoding is not supported"),
+    (dict(tensor_parallel_size=2), "tensor parallelism splits"),
+    (dict(num_kv_blocks=1), "its recurrent states alone take 1 pages"),
+])
+def test_what_a_hybrid_model_cannot_do_yet_is_refused_by_name(tiny_model_dirs, overrides, refused):
+    with pytest.raises(ValueError, match=refused):
+        LLMEngine(EngineConfig(model=str(tiny_model_dirs["qwen3.5"]), dtype="float32", **overrides))
+
+
+@pytest.mark.parametrize("layer_types, refused", [
+    (["linear_attention"] * 4, "linear-attention layers alone"),
+    (["linear_attention", "mamba", "linear_attention", "full_attention"], "layer_types must name"),
+])
+def test_a_layout_not_of_linear_and_full_attention_layers_is_refused(tiny_model_dirs, tmp_path, layer_types, refused):
+    model_dir = shutil.copytree(tiny_model_dirs["qwen3.5"], tmp_path / "bad")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "layer_types": layer_types}))
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(model_dir)
+
+
+def test_qwen3_nexts_layers_default_to_one_full_attention_layer_in_four(tiny_model_dirs, tmp_path):
+    model_dir = shutil.copytree(tiny_model_dirs["qwen3-next"], tmp_path / "next")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["layer_types"]
+    (model_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 8,
+                                                       "full_attention_interval": 4, **LINEAR_HEADS}))
+    layout = load_model_config(model_dir).linear_attention
+    assert layout.linear_layers == (0, 1, 2, 4, 5, 6) and layout.kv_places == {3: 0, 7: 1}
