@@ -1,11 +1,13 @@
 """Baton against `transformers.generate`: offline throughput, batch-1 decode, per-step CPU overhead.
 
-    .venv/bin/python bench/engine_throughput.py [--models 7m,160m] [--quick]
+    .venv/bin/python bench/engine_throughput.py [--models 7m,160m,qwen3.5-40m] [--quick]
         [--max-num-batched-tokens 2048] [--sweep 512,1024,4096] [--threads N] [--device cuda]
 
 Our machines are small and shared, so absolute tokens/s mean little: every
 figure is a ratio against transformers measured on the same model in the same
 process (on `--device`, both sides). The last line of output is one JSON object with all the figures.
+qwen3.5-40m is a hybrid (engine/models/qwen3_next.py: six Gated DeltaNet layers, two of full attention),
+random weights made by transformers: its figures are keyed "hybrid_" in the last line.
 On a busy machine `--threads 1` is steadier: torch's default of one thread
 per core stalls whenever a neighbour takes a core, and `--repeats 3` keeps
 the best of three alternating Baton/transformers runs.
@@ -27,7 +29,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.demo_model import is_demo_model_dir, make_demo_model
+from engine.kv_pool import kv_block_bytes
 from engine.llm_engine import LLMEngine
+from engine.model_config_loader import load_model_config
+from engine.recurrent_state import StateShape
 from engine.sampling_params import SamplingParams
 
 MODEL_CACHE = Path(__file__).resolve().parent.parent / ".baton" / "bench-models"
@@ -35,7 +40,12 @@ MODEL_CACHE = Path(__file__).resolve().parent.parent / ".baton" / "bench-models"
 MODELS = {
     "7m": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "vocab_size": 8192},
     "160m": {"hidden_size": 1024, "num_layers": 8, "num_heads": 16, "num_kv_heads": 8, "vocab_size": 32000},
+    "qwen3.5-40m": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 2, "vocab_size": 8192},
 }
+# Models made by transformers (the demo model's tokenizer beside them): Qwen3_5TextConfig's settings past MODELS'.
+HYBRID_MODELS = {"qwen3.5-40m": dict(head_dim=64, intermediate_size=1536, linear_num_key_heads=4,
+                                     linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+                                     layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2)}
 BLOCK_SIZE = 16
 HF_BATCH_SIZE = 16
 PAD_ID = 0  # any id works: padded positions are masked out
@@ -56,9 +66,32 @@ def ensure_model(name: str) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=MODEL_CACHE))
         make_demo_model(tmp, **MODELS[name])
+        if name in HYBRID_MODELS:
+            make_hybrid_model(tmp, name)
         tmp.chmod(0o755)  # mkdtemp makes it 0700
         os.rename(tmp, target)
     return target
+
+
+def make_hybrid_model(path: Path, name: str) -> None:
+    """Qwen3.5's text model of MODELS' and HYBRID_MODELS' sizes, random, over the demo model's weights and config."""
+    import transformers  # a test-only dependency
+
+    dims = MODELS[name]
+    config = transformers.Qwen3_5TextConfig(
+        hidden_size=dims["hidden_size"], num_hidden_layers=dims["num_layers"], num_attention_heads=dims["num_heads"],
+        num_key_value_heads=dims["num_kv_heads"], vocab_size=dims["vocab_size"], **HYBRID_MODELS[name],
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+
+
+def state_pages(model_dir: Path) -> int:
+    """The pages each sequence holds for its recurrent states (a hybrid model's; 0 for others)."""
+    config = load_model_config(model_dir)
+    if config.linear_attention is None:
+        return 0
+    return StateShape.of(config.linear_attention).num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
 
 
 # --- workload -------------------------------------------------------------------------
@@ -144,8 +177,9 @@ class StepProfiler:
 def make_engine(model_dir: Path, workloads: list[list[Request]], max_num_batched_tokens: int,
                 device: str) -> LLMEngine:
     # Room for every request of a workload at once (no preemption), plus the warm-up and batch-1 requests.
-    need = max(sum(math.ceil((len(r.prompt) + r.output_len) / BLOCK_SIZE) for r in w) for w in workloads)
-    extra = 2 * math.ceil((BATCH1_PROMPT_LEN + BATCH1_OUTPUT_LEN) / BLOCK_SIZE)
+    states = state_pages(model_dir)
+    need = max(sum(math.ceil((len(r.prompt) + r.output_len) / BLOCK_SIZE) + states for r in w) for w in workloads)
+    extra = 2 * (math.ceil((BATCH1_PROMPT_LEN + BATCH1_OUTPUT_LEN) / BLOCK_SIZE) + states)
     config = EngineConfig(model=str(model_dir), dtype="float32", device=device, block_size=BLOCK_SIZE,
                           num_kv_blocks=need + extra, max_num_seqs=max(64, len(workloads[0])),
                           max_num_batched_tokens=max_num_batched_tokens)
@@ -358,7 +392,7 @@ def main() -> None:
     summary = {"load_average": [round(x, 2) for x in os.getloadavg()], "threads": torch.get_num_threads(),
                "quick": args.quick, "max_num_batched_tokens": args.max_num_batched_tokens, "device": args.device}
     # The issue's key names: unprefixed keys are the 7m model, "small_" ones the 160m model.
-    for name, prefix in (("7m", ""), ("160m", "small_")):
+    for name, prefix in (("7m", ""), ("160m", "small_"), ("qwen3.5-40m", "hybrid_")):
         r = results.get(name, {})
         for key in ("ratio_vs_transformers", "baton_tokens_per_s", "transformers_tokens_per_s",
                     "cpu_overhead_us_per_step", "batch1_ratio_vs_transformers", "batch1_baton_tokens_per_s",

@@ -23,6 +23,7 @@ from engine.vision.vision_config import (
     mistral3_vision_config,
     qwen2_5_vl_vision_config,
     qwen2_vl_vision_config,
+    qwen3_5_vision_config,
     qwen3_vl_vision_config,
 )
 
@@ -127,15 +128,16 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, "Qwen3MoeForCausalLM"),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
-    # Qwen3.5 as released (each size multimodal): its text model (engine/models/qwen3_next.py) served, not its tower.
+    # Qwen3.5 as released (each size multimodal): its hybrid text model (engine/models/qwen3_next.py) and Qwen3-VL's
+    # tower without DeepStack, with Qwen3-VL's interleaved multimodal RoPE.
     "Qwen3_5ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=functools.partial(_named, QWEN3_5),
         text_prefixes=(("model.language_model.", "model."),),
-        vision_prefixes=("visual.", "model.visual.")),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_5_vision_config, interleaved_mrope=True),
     "Qwen3_5MoeForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=functools.partial(_named, QWEN3_5_MOE),
         text_prefixes=(("model.language_model.", "model."),),
-        vision_prefixes=("visual.", "model.visual.")),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_5_vision_config, interleaved_mrope=True),
 }
 
 

@@ -82,22 +82,22 @@ class StatePages:
         if self.page_bytes % 4:  # a row of pages must read as float32
             raise ValueError(f"a page of {self.page_bytes} bytes cannot hold float32 states")
         self.num_pages = shape.num_pages(self.page_bytes)
-        self._bytes = pool.view(torch.uint8)  # [L, 2, Hkv, N, bs, D * itemsize]
+        # The pool's words as float32, pages first: [N, L, 2, Hkv, bs, D * itemsize / 4], a view. Indexed by page,
+        # it gives a row's pages in one copy, and takes them back in one.
+        self._pages = pool.view(torch.float32).movedim(3, 0)
 
     def read(self, page_ids: list[list[int]], fresh: list[bool]) -> RecurrentStates:
         """The states in each row's pages; zeros for a `fresh` row (a sequence at its start: its pages hold
         another's old bytes)."""
-        ids = torch.tensor(page_ids, dtype=torch.int64, device=self._bytes.device).view(len(page_ids), -1)
-        raw = self._bytes[:, :, :, ids.flatten()].movedim(3, 0)  # [B * S, L, 2, Hkv, bs, Db]
-        rows = raw.reshape(len(page_ids), -1).view(torch.float32)
+        ids = torch.tensor(page_ids, dtype=torch.int64, device=self._pages.device).view(len(page_ids), -1)
+        rows = self._pages[ids.flatten()].view(len(page_ids), -1)
         if any(fresh):
             rows[torch.tensor(fresh, device=rows.device)] = 0.0
         return RecurrentStates(self.shape, rows, ids)
 
     def write(self, states: RecurrentStates) -> None:
         ids = states.page_ids.flatten()
-        raw = states.rows.view(torch.uint8).reshape(len(ids), *self._bytes.shape[:3], *self._bytes.shape[4:])
-        self._bytes[:, :, :, ids] = raw.movedim(0, 3)
+        self._pages[ids] = states.rows.view(len(ids), *self._pages.shape[1:])
 
 
 def check_state_pages(num_blocks: int, num_state_blocks: int, has_drafter: bool) -> None:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
-from engine.lora import Target
+from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, Attention, KVCache, paged_attention
@@ -145,11 +145,8 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
             h = layer(h, cos, sin, kv_caches[places[i]] if i in places else None, meta)
         return self._final_norm(h)
 
-    def serve_loras(self) -> None:
-        raise ValueError(f"LoRA adapters are not supported for {self.config.architecture} yet")
-
     def lora_target(self, module: str) -> Target | None:
-        return None
+        raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} yet")
 
     def is_unused_tensor(self, name: str) -> bool:
         # Its multi-token prediction layer (mtp.*), which transformers leaves unread too.

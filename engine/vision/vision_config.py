@@ -275,6 +275,12 @@ QWEN3_VL_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304
                      "hidden_act": "gelu_pytorch_tanh"}
 
 
+def qwen3_5_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Qwen3.5's (Qwen3_5ForConditionalGeneration's config.json): Qwen3-VL's tower without DeepStack."""
+    vision = {**(cfg.get("vision_config") or {}), "deepstack_visual_indexes": []}
+    return qwen3_vl_vision_config({**cfg, "vision_config": vision})
+
+
 def qwen3_vl_vision_config(cfg: dict[str, Any]) -> VisionConfig:
     """Qwen3-VL's (Qwen3VLForConditionalGeneration's config.json): a tower over an image of any size in whole
     32-pixel squares, learnt positions resampled to its grid, each square's four patches merged into one row, and

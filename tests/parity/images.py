@@ -42,12 +42,22 @@ QWEN_VL = {  # config class, model class, tiny text and vision settings
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", QWEN3_VL_TEXT, QWEN3_VL_VISION),
     "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", QWEN3_VL_MOE_TEXT, QWEN3_VL_VISION),
 }
+# Qwen3.5's: its hybrid text model (Gated DeltaNet layers between full-attention ones, a quarter of each 32-wide head
+# turned by multimodal RoPE, interleaved whatever the config says), Qwen3-VL's tower without DeepStack.
+QWEN3_5_TEXT = dict(QWEN2_5_VL_TEXT, num_hidden_layers=4, head_dim=32, pad_token_id=0,
+                    layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                    rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.25,
+                                     "rope_theta": 10000.0})
+QWEN3_5_VISION = {k: v for k, v in QWEN3_VL_VISION.items() if k != "deepstack_visual_indexes"}
+# Models of Qwen-VL's images beside QWEN_VL, not in its shared tests (test_qwen3_5_images.py has Qwen3.5's).
+HYBRID_VL = {"qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", QWEN3_5_TEXT, QWEN3_5_VISION)}
 
 
 def saved_qwen_vl(kind: str, path, seed: int, vision_overrides: dict | None = None, **config):
-    """A tiny `kind` of QWEN_VL, random but for its norms and biases off their init (so each one counts), saved
-    under `path` with `config` (its tokens' ids) over its config's; the model."""
-    config_class, model_class, text, vision = QWEN_VL[kind]
+    """A tiny `kind` of QWEN_VL (or HYBRID_VL), random but for its norms and biases off their init (so each one
+    counts), saved under `path` with `config` (its tokens' ids) over its config's; the model."""
+    config_class, model_class, text, vision = {**QWEN_VL, **HYBRID_VL}[kind]
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(
         text_config=text, vision_config={**vision, **(vision_overrides or {})}, **config)).eval()

@@ -11,10 +11,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.lora import LoRAError
 from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.recurrent_state import StateShape
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
+from tests.lora_adapters import make_adapter
 from tests.parity.conftest import COMMON, LINEAR_HEADS, TINY_MODELS, decoded_from_handed_over_pages, greedy_outputs
 from tests.parity.test_transformers_parity import (
     _check_greedy,
@@ -123,6 +125,14 @@ def test_qwen3_5s_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_la
 def test_what_a_hybrid_model_cannot_do_yet_is_refused_by_name(tiny_model_dirs, overrides, refused):
     with pytest.raises(ValueError, match=refused):
         LLMEngine(EngineConfig(model=str(tiny_model_dirs["qwen3.5"]), dtype="float32", **overrides))
+
+
+def test_a_lora_adapter_for_a_hybrid_model_is_refused_by_name(tiny_model_dirs, tmp_path):
+    model_dir = tiny_model_dirs["qwen3.5"]
+    make_adapter(tmp_path / "adapter", _hf_model(model_dir), ["mlp.down_proj"], rank=2, alpha=4.0, rslora=False,
+                 seed=0)
+    with pytest.raises(LoRAError, match="LoRA adapters are not supported for Qwen3_5ForCausalLM yet"):
+        _engine(model_dir, lora_modules=(("tuned", str(tmp_path / "adapter")),))
 
 
 @pytest.mark.parametrize("layer_types, refused", [

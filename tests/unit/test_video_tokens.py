@@ -52,3 +52,10 @@ def test_a_messages_parts_place_its_videos_among_its_texts_and_images():
     for images, videos in (([1], [1]), ([], [5]), ([2, 2], [])):
         with pytest.raises(ValueError, match="distinct indexes among its parts"):
             joined_parts(["a"], images, videos)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5s_image_mark_is_a_run_of_a_token_a_square(model_type):
+    """Qwen3.5's processor (Qwen3-VL's): a token for each 32-pixel square of the resized image."""
+    config = {"model_type": model_type, "vision_config": {"patch_size": 16, "spatial_merge_size": 2}}
+    assert read_image_tokens({}, {}, config).expanded(f"a {IMAGE} b", [ImageSize(64, 96)], 1) == f"a {IMAGE * 6} b"
