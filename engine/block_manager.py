@@ -5,6 +5,7 @@ Pages it shares are copied before they are written (engine/copy_on_write.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence as TokenIds
+from typing import TYPE_CHECKING
 
 from engine.block import Block
 from engine.block_integrity import check_block_integrity
@@ -16,6 +17,9 @@ from engine.kv_event_log import KVEvent
 from engine.prefix_cache import PrefixCache
 from engine.reservations import Reservations
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.state_snapshots import StateSnapshots
 
 
 class BlockManager:
@@ -39,14 +43,18 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         residency_sample_rate: float = 0.0,
         num_state_blocks: int = 0,
+        snapshots: StateSnapshots | None = None,
     ) -> None:
         """`residency_sample_rate`: the fraction of cached blocks whose residency is measured
         (engine/kv_block_residency.py); 0: none. `num_state_blocks`: the pages each sequence holds beside its
-        tokens' for a hybrid model's recurrent states (engine/recurrent_state.py), none of them shared."""
+        tokens' for a hybrid model's recurrent states (engine/recurrent_state.py), none of them shared; `snapshots`:
+        the states kept at the ends of cached prefixes (engine/state_snapshots.py), where a cached prefix is
+        continued from only if they are kept at its end."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.block_size = block_size
         self.num_state_blocks = num_state_blocks
+        self.snapshots = snapshots
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.prefix_cache = PrefixCache(self.blocks, block_size, hash_extra, enable_prefix_caching)
         if residency_sample_rate:
@@ -86,12 +94,26 @@ class BlockManager:
         """A sequence that reads every prompt row (its logprobs, or each token's embedding) reads no prefix."""
         return 0 if seq.reads_every_prompt_row else self._max_cached_blocks(seq.num_tokens)
 
+    def _match(self, token_ids: TokenIds[int], max_blocks: int, lora_name: str | None,
+               cache_salt: str | None) -> tuple[list[int], list[int]]:
+        """The prefix cache's match: the cached pages of the leading blocks, and every full block's chain hash; for a
+        hybrid model, cut back to the longest prefix whose recurrent states were kept at its end."""
+        block_ids, hashes = self.prefix_cache.match(token_ids, max_blocks, lora_name, cache_salt)
+        if self.snapshots is not None:
+            num_kept = next((n for n in range(len(block_ids), 0, -1) if hashes[n - 1] in self.snapshots), 0)
+            block_ids, hashes = block_ids[:num_kept], hashes[:num_kept]
+        return block_ids, hashes
+
     def num_cached_prefix_tokens(self, token_ids: TokenIds[int], lora_name: str | None = None,
                                  cache_salt: str | None = None) -> int:
         """Leading tokens of `token_ids` that `allocate` would take from the cache now."""
-        block_ids, _ = self.prefix_cache.match(token_ids, self._max_cached_blocks(len(token_ids)), lora_name,
-                                               cache_salt)
+        block_ids, _ = self._match(token_ids, self._max_cached_blocks(len(token_ids)), lora_name, cache_salt)
         return len(block_ids) * self.block_size
+
+    def block_hash(self, seq: Sequence, index: int) -> int | None:
+        """The chain hash of `seq`'s block `index`, once it is a full, computed block the cache knows."""
+        hashes = self._seq_hashes.get(seq.request_id, ())
+        return hashes[index] if index < len(hashes) else None
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register every full, computed block of `seq` that is not registered yet.
@@ -115,6 +137,8 @@ class BlockManager:
         what comes next, which requests still running would not see."""
         if self.num_free_blocks < self.num_blocks:
             return None
+        if self.snapshots is not None:  # the states at cached prefixes' ends go with them
+            self.snapshots.clear()
         return self.prefix_cache.reset()
 
     # ---- cache events: what a prefix index outside this process must learn -----------
@@ -149,9 +173,8 @@ class BlockManager:
         return sum(1 for b in block_ids if self.blocks[b].ref_count == 0)
 
     def can_allocate(self, seq: Sequence) -> bool:
-        matched, _ = self.prefix_cache.match(seq.token_ids, self._max_blocks_read(seq),
-                                             seq.sampling_params.lora_name,
-                                             seq.sampling_params.cache_salt)
+        matched, _ = self._match(seq.token_ids, self._max_blocks_read(seq), seq.sampling_params.lora_name,
+                                 seq.sampling_params.cache_salt)
         num_wanted = seq.num_blocks - len(matched) + self.num_state_blocks
         return num_wanted <= self.num_free_blocks - self._num_revived(matched)
 
@@ -162,9 +185,8 @@ class BlockManager:
         """
         if seq.block_table or seq.request_id in self._seqs:
             raise ValueError(f"{seq.request_id!r} already holds blocks")
-        matched, hashes = self.prefix_cache.match(seq.token_ids, self._max_blocks_read(seq),
-                                                  seq.sampling_params.lora_name,
-                                                  seq.sampling_params.cache_salt)
+        matched, hashes = self._match(seq.token_ids, self._max_blocks_read(seq), seq.sampling_params.lora_name,
+                                      seq.sampling_params.cache_salt)
         num_fresh = seq.num_blocks - len(matched)
         if num_fresh + self.num_state_blocks > self.num_free_blocks - self._num_revived(matched):
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")
@@ -179,6 +201,8 @@ class BlockManager:
         self.prefix_cache.used(matched)
         seq.block_table = matched + self.pool.take_free_blocks(num_fresh)
         seq.state_blocks = self.pool.take_free_blocks(self.num_state_blocks) if self.num_state_blocks else []
+        if self.snapshots is not None and matched:  # its states start where the cached prefix ends
+            seq.restored_state = self.snapshots.get(hashes[len(matched) - 1])
         seq.num_cached_tokens = seq.num_computed_tokens = len(matched) * self.block_size
         self._seqs[seq.request_id] = seq
         self._seq_hashes[seq.request_id] = hashes

@@ -69,6 +69,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
+    # A hybrid model's recurrent states kept at the ends of cached prefixes (engine/state_snapshots.py), in host
+    # memory: at most this many bytes.
+    state_cache_bytes: int = 2 * 2**30
     show_progress: bool = False
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default (split between ranks)
     # vLLM's --tensor-parallel-size: the model's heads and MLP width split across this many processes on

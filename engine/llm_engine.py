@@ -34,6 +34,7 @@ from engine.recurrent_state import check_state_pages
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.state_snapshots import StateSnapshots, keep_state_snapshots
 from engine.step_times import sequences_to_time
 from engine.vocabulary import load_tokenizer, vocabulary_ids
 
@@ -98,11 +99,14 @@ class LLMEngine:
         state_pages = self.runner.state_pages
         num_state_blocks = state_pages.num_pages if state_pages is not None else 0
         check_state_pages(self.num_kv_blocks, num_state_blocks, drafter is not None)
-        # A prefix's KV is not all a hybrid model reads at its end: its recurrent states there would be too.
-        self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint,
-                                          config.enable_prefix_caching and not self.pools_whole_prompts
-                                          and not num_state_blocks,
-                                          config.kv_cache_metrics_sample, num_state_blocks=num_state_blocks)
+        caches_prefixes = config.enable_prefix_caching and not self.pools_whole_prompts
+        # A hybrid model continues a cached prefix from the recurrent states kept at its end.
+        self.state_snapshots = StateSnapshots(config.state_cache_bytes) if num_state_blocks and caches_prefixes \
+            else None
+        self.runner.keeps_boundary_states = self.state_snapshots is not None
+        self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint, caches_prefixes,
+                                          config.kv_cache_metrics_sample, num_state_blocks=num_state_blocks,
+                                          snapshots=self.state_snapshots)
         self.loras = LoRAManager(self.runner.loras, self.runner.model, dtype, self.block_manager, config.max_lora_rank,
                                  config.max_cpu_loras, in_use=lambda name: self.is_adapter_in_use(name),
                                  sharding=self.runner.lora_sharding())
@@ -318,6 +322,8 @@ class LLMEngine:
         else:
             sampled, sampler_output = self.runner.execute(batch)
             self.scheduler.postprocess(batch, sampled, sampler_output)
+        if self.state_snapshots is not None:
+            keep_state_snapshots(batch.seqs, self.block_manager, self.state_snapshots)
         outputs += [self._output(seq) for seq in sampled]
         if self._page_reports:
             outputs += computed_pages(batch.seqs, sampled, self._page_reports, self.config.block_size)
@@ -339,6 +345,9 @@ class LLMEngine:
         held = self.held_block_ids(seq.request_id) if seq.finish_reason == "prefilled" else []
         output = self.output_streams.diff(seq, held)
         if seq.is_finished:
+            if seq.pending_snapshot is not None:  # where its conversation's next turn will start
+                self.state_snapshots.put(*seq.pending_snapshot)
+                seq.pending_snapshot = None
             del self._seqs[seq.request_id]
             self._page_reports.discard(seq.request_id)
         return output

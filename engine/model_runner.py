@@ -24,7 +24,7 @@ from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
 from engine.prompt_images import encode_pending_images, multimodal_positions
-from engine.recurrent_state import StatePages, StateShape
+from engine.recurrent_state import RecurrentStates, StatePages, StateShape
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
@@ -92,6 +92,7 @@ class ModelRunner:
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
         self.kv_pool: KVPool | None = None
         self.state_pages: StatePages | None = None  # a hybrid model's recurrent states, in pages of the pool
+        self.keeps_boundary_states = False  # each sequence's states at block ends, for its prefix cache to keep
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
         # An EAGLE head drafting for this model (engine/eagle.py): after each forward, every sequence's (first row,
@@ -250,6 +251,8 @@ class ModelRunner:
         hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
         if meta.recurrent is not None:
             self.state_pages.write(meta.recurrent)
+            if self.keeps_boundary_states:
+                keep_boundary_states(seq_rows, meta.recurrent, self.kv_pool.block_size)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
         if prompt_logprob_rows:  # (most steps have none: no context entered for them)
@@ -458,6 +461,10 @@ class ModelRunner:
             stepped = [seq for seq, _ in (*decodes, *prefills)]
             recurrent = self.state_pages.read([seq.state_blocks for seq in stepped],
                                               [seq.num_computed_tokens == 0 for seq in stepped])
+            for row, seq in enumerate(stepped):
+                if seq.restored_state is not None:  # it starts where a cached prefix ends
+                    recurrent.rows[row] = seq.restored_state
+                    seq.restored_state = None
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(row_seqs),
@@ -491,6 +498,15 @@ def every_core() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def keep_boundary_states(seq_rows: list[tuple[Sequence, int, int]], states: RecurrentStates, block_size: int) -> None:
+    """Each sequence whose step ends at a block's end keeps its states there (`Sequence.boundary_state`); `seq_rows`
+    in the states' order."""
+    for row, (seq, _, num_new) in enumerate(seq_rows):
+        num_computed = seq.num_computed_tokens + num_new
+        if num_computed % block_size == 0:
+            seq.boundary_state = (num_computed // block_size - 1, states.rows[row].clone())
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

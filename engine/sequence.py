@@ -89,6 +89,12 @@ class Sequence:
         self.block_table: list[int] = []
         # A hybrid model's pages of this sequence's recurrent states (engine/recurrent_state.py), beside its tokens'.
         self.state_blocks: list[int] = []
+        # Its states where a cached prefix it starts from ends, until its first step reads them into its pages; its
+        # states at its last block end since its prompt, (block index, their rows), and (that block's chain hash,
+        # the rows) once the cache knows the block (engine/state_snapshots.py keeps them when it finishes).
+        self.restored_state: torch.Tensor | None = None
+        self.boundary_state: tuple[int, torch.Tensor] | None = None
+        self.pending_snapshot: tuple[int, torch.Tensor] | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         # Speculative drafts at the end of `token_ids`, from the scheduling of a step to its

@@ -58,15 +58,40 @@ def test_a_sequence_holds_its_states_pages_beside_its_tokens_and_gives_them_back
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
-def test_states_laid_across_several_pages_give_transformers_tokens_and_no_prefix_is_cached(tiny_model_dirs, name):
-    """Pages of 4 tokens: each sequence's states span 4 (qwen3.5) or more pages; the shared prefix of the mixed
-    prompts is computed again, not read from a cache (its states at its end are not kept)."""
+def test_states_laid_across_several_pages_give_transformers_tokens(tiny_model_dirs, name):
+    """Pages of 4 tokens: each sequence's states span 4 (qwen3.5) or more pages."""
     _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=32, block_size=4)
-    engine = _engine(tiny_model_dirs[name], block_size=4)
-    prompts = {f"r{i}": (p, {}) for i, p in enumerate(_mixed_prompts(engine.model_config.vocab_size)[2:4])}
-    greedy_outputs(engine, prompts, 2)
-    greedy_outputs(engine, prompts, 2)
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_model_dirs, name):
+    """Chunks of 32 tokens keep the states at each chunk's end (a block's end): two prompts sharing 40 tokens with
+    a computed one continue from its first 32, cached, and give transformers' tokens."""
+    model_dir = tiny_model_dirs[name]
+    engine = _engine(model_dir, max_num_batched_tokens=32)
+    prompts = _mixed_prompts(engine.model_config.vocab_size)
+    first, later = {"r2": (prompts[2], {})}, {"r3": (prompts[3], {}), "r7": (prompts[7], {})}
+    outputs = {**greedy_outputs(engine, first, 8), **greedy_outputs(engine, later, 8)}
+    assert engine.block_manager.num_prefix_hit_tokens == 2 * 32
+    for rid, expected in zip(("r2", "r3", "r7"), _greedy(model_dir, [prompts[2], prompts[3], prompts[7]], 8)):
+        assert outputs[rid] == expected, rid
+    engine.close()
+
+
+def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(tiny_model_dirs):
+    """A prompt computed in one chunk keeps no states inside it, but its output's last block end does (kept as the
+    request finishes): the next turn (prompt, answer, more) continues from there."""
+    model_dir = tiny_model_dirs["qwen3-next"]
+    engine = _engine(model_dir)
+    turn = _random_prompt(45, 512, seed=45)
+    answer = greedy_outputs(engine, {"turn1": (turn, {})}, 30)["turn1"]
     assert engine.block_manager.num_prefix_hit_tokens == 0
+    next_turn = [*turn, *answer, *_random_prompt(10, 512, seed=10)]
+    assert engine.block_manager.num_cached_prefix_tokens(next_turn) == 64  # 45 + 30 computed: its 4th block's end
+    assert greedy_outputs(engine, {"turn2": (next_turn, {})}, 8)["turn2"] == _greedy(model_dir, [next_turn], 8)[0]
+    assert engine.block_manager.num_prefix_hit_tokens == 64
+    assert engine.reset_prefix_cache() is not None  # the kept states go with the cached blocks
+    assert len(engine.state_snapshots) == 0 and engine.block_manager.num_cached_prefix_tokens(next_turn) == 0
     engine.close()
 
 

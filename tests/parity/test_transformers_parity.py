@@ -128,7 +128,8 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
         for out in engine.step():
             if out.finished:
                 results[out.request_id] = out.token_ids
-    if not engine.block_manager.num_state_blocks:  # a hybrid model's prefixes are not cached (test_hybrid_models.py)
+    # A hybrid model continues only from prefixes whose recurrent states were kept (test_hybrid_models.py).
+    if not engine.block_manager.num_state_blocks:
         assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
