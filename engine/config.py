@@ -72,6 +72,9 @@ class EngineConfig:
     # A hybrid model's recurrent states kept at the ends of cached prefixes (engine/state_snapshots.py), in host
     # memory: at most this many bytes.
     state_cache_bytes: int = 2 * 2**30
+    # ... kept also every this many tokens inside a prompt's chunk (rounded up to whole blocks), beside each chunk's
+    # and each sequence's last block end: where prompts sharing a long prefix continue from.
+    state_snapshot_interval: int = 512
     show_progress: bool = False
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default (split between ranks)
     # vLLM's --tensor-parallel-size: the model's heads and MLP width split across this many processes on

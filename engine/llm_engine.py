@@ -30,7 +30,7 @@ from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
 from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import ImageInput, WithheldImage, placed_images
-from engine.recurrent_state import check_state_pages
+from engine.recurrent_state import check_drafts, check_state_pages
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -74,6 +74,7 @@ class LLMEngine:
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now
         # Made before the pools are sized, so that a draft model's weights are in memory by then.
+        check_drafts(self.model_config.linear_attention, config.speculative and config.speculative.method)
         drafter = make_drafter(config.speculative, self.runner, config.model, dtype, config.device, self.max_model_len)
         draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
         pool_bytes = config.kv_cache_memory_bytes
@@ -98,12 +99,13 @@ class LLMEngine:
         self.pools_whole_prompts = self.is_encoder or self.model_config.pooling != "last"
         state_pages = self.runner.state_pages
         num_state_blocks = state_pages.num_pages if state_pages is not None else 0
-        check_state_pages(self.num_kv_blocks, num_state_blocks, drafter is not None)
+        check_state_pages(self.num_kv_blocks, num_state_blocks)
         caches_prefixes = config.enable_prefix_caching and not self.pools_whole_prompts
         # A hybrid model continues a cached prefix from the recurrent states kept at its end.
         self.state_snapshots = StateSnapshots(config.state_cache_bytes) if num_state_blocks and caches_prefixes \
             else None
-        self.runner.keeps_boundary_states = self.state_snapshots is not None
+        if self.state_snapshots is not None:
+            self.runner.snapshot_interval = -(-config.state_snapshot_interval // config.block_size) * config.block_size
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, self.fingerprint, caches_prefixes,
                                           config.kv_cache_metrics_sample, num_state_blocks=num_state_blocks,
                                           snapshots=self.state_snapshots)
@@ -319,6 +321,8 @@ class LLMEngine:
         if self.scheduler.drafter is not None and any(seq.num_draft_tokens for seq in batch.seqs):
             sampled, logits = self.runner.forward(batch)
             self.scheduler.postprocess_drafted(batch, sampled, logits, self.runner.sampler)
+            if self.runner.state_pages is not None:
+                self.runner.settle_draft_states(batch.seqs)
         else:
             sampled, sampler_output = self.runner.execute(batch)
             self.scheduler.postprocess(batch, sampled, sampler_output)

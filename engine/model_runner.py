@@ -92,7 +92,9 @@ class ModelRunner:
         self.sampler = Sampler(model_config.eos_token_ids, logprobs_mode)
         self.kv_pool: KVPool | None = None
         self.state_pages: StatePages | None = None  # a hybrid model's recurrent states, in pages of the pool
-        self.keeps_boundary_states = False  # each sequence's states at block ends, for its prefix cache to keep
+        # Each sequence's states at block ends, for its prefix cache to keep: at its steps' ends, and inside a prompt
+        # chunk every `snapshot_interval` tokens (None: not kept).
+        self.snapshot_interval: int | None = None
         self.loras: dict[str, LoRAAdapter] = {}  # what a request may compute with, by name (engine/lora_manager.py)
         self.dtype = dtype
         # An EAGLE head drafting for this model (engine/eagle.py): after each forward, every sequence's (first row,
@@ -251,7 +253,10 @@ class ModelRunner:
         hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
         if meta.recurrent is not None:
             self.state_pages.write(meta.recurrent)
-            if self.keeps_boundary_states:
+            for row, (seq, _, _) in enumerate(seq_rows):
+                if seq.num_draft_tokens:
+                    seq.draft_states = (seq.num_computed_tokens, meta.recurrent.kept[row])
+            if self.snapshot_interval is not None:
                 keep_boundary_states(seq_rows, meta.recurrent, self.kv_pool.block_size)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
@@ -361,6 +366,30 @@ class ModelRunner:
                 record.update((t, lp) for t, lp in zip(named, named_values[r]) if t not in record)
             seq.prompt_logprobs.append(record)
 
+    def _state_cuts(self, seq_rows: list[tuple[Sequence, int, int]]) -> dict[int, tuple[int, ...]]:
+        """RecurrentStates.cuts: after each token of a drafted sequence but its last (its next step goes on from
+        the last it keeps), and each prompt chunk's multiples of `snapshot_interval` inside it."""
+        interval, cuts = self.snapshot_interval, {}
+        for row, (seq, _, n) in enumerate(seq_rows):
+            if seq.num_draft_tokens:
+                cuts[row] = tuple(range(1, n))
+            elif interval is not None and n > 1:
+                start = seq.num_computed_tokens
+                cuts[row] = tuple(range(interval - start % interval, n, interval))
+        return cuts
+
+    def settle_draft_states(self, seqs: list[Sequence]) -> None:
+        """After a drafted step is sampled: each drafted sequence whose drafts were not all taken goes on from its
+        states after the last token it kept, not after its last draft (a hybrid model's: `draft_states`)."""
+        for seq in seqs:
+            if seq.draft_states is None:
+                continue
+            start, kept = seq.draft_states
+            seq.draft_states = None
+            num_kept = seq.num_computed_tokens - start  # its last token's and the drafts taken
+            if not seq.is_finished and num_kept <= len(kept):
+                self.state_pages.write_row(seq.state_blocks, kept[num_kept - 1])
+
     def _lora_rows(self, batch: ScheduledBatch) -> list[tuple[LoRAAdapter, torch.Tensor]]:
         """Each adapter of the step's requests, with its token rows (decodes first, as `_prepare` lays them)."""
         rows: dict[str, list[int]] = {}
@@ -460,7 +489,9 @@ class ModelRunner:
         if self.state_pages is not None:  # a row a sequence (no drafts), read fresh where it starts
             stepped = [seq for seq, _ in (*decodes, *prefills)]
             recurrent = self.state_pages.read([seq.state_blocks for seq in stepped],
-                                              [seq.num_computed_tokens == 0 for seq in stepped])
+                                              [seq.num_computed_tokens == 0 for seq in stepped],
+                                              tuple((first, first + n) for _, first, n in seq_rows),
+                                              self._state_cuts(seq_rows))
             for row, seq in enumerate(stepped):
                 if seq.restored_state is not None:  # it starts where a cached prefix ends
                     recurrent.rows[row] = seq.restored_state
@@ -501,12 +532,16 @@ def every_core() -> Iterator[None]:
 
 
 def keep_boundary_states(seq_rows: list[tuple[Sequence, int, int]], states: RecurrentStates, block_size: int) -> None:
-    """Each sequence whose step ends at a block's end keeps its states there (`Sequence.boundary_state`); `seq_rows`
-    in the states' order."""
+    """Each sequence keeps its states at the block ends of its step (`Sequence.boundary_states`): those its run was
+    cut at, and its step's end if one; `seq_rows` in the states' order."""
     for row, (seq, _, num_new) in enumerate(seq_rows):
-        num_computed = seq.num_computed_tokens + num_new
-        if num_computed % block_size == 0:
-            seq.boundary_state = (num_computed // block_size - 1, states.rows[row].clone())
+        if seq.num_draft_tokens:  # where it ends is known once its drafts are sampled
+            continue
+        start = seq.num_computed_tokens
+        seq.boundary_states = [((start + cut) // block_size - 1, kept)
+                               for cut, kept in zip(states.cuts.get(row, ()), states.kept.get(row, ()))]
+        if (start + num_new) % block_size == 0:
+            seq.boundary_states.append(((start + num_new) // block_size - 1, states.rows[row].clone()))
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

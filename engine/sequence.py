@@ -90,11 +90,14 @@ class Sequence:
         # A hybrid model's pages of this sequence's recurrent states (engine/recurrent_state.py), beside its tokens'.
         self.state_blocks: list[int] = []
         # Its states where a cached prefix it starts from ends, until its first step reads them into its pages; its
-        # states at its last block end since its prompt, (block index, their rows), and (that block's chain hash,
-        # the rows) once the cache knows the block (engine/state_snapshots.py keeps them when it finishes).
+        # states at the block ends of its last step, (block index, their rows); and (the chain hash, the rows) of
+        # the last block end past its prompt (engine/state_snapshots.py keeps them as it finishes).
         self.restored_state: torch.Tensor | None = None
-        self.boundary_state: tuple[int, torch.Tensor] | None = None
+        self.boundary_states: list[tuple[int, torch.Tensor]] = []
         self.pending_snapshot: tuple[int, torch.Tensor] | None = None
+        # A drafted step's (tokens computed before it, its states after each token but the last), until its drafts
+        # are sampled (ModelRunner.settle_draft_states).
+        self.draft_states: tuple[int, torch.Tensor] | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         # Speculative drafts at the end of `token_ids`, from the scheduling of a step to its

@@ -57,17 +57,15 @@ class StateSnapshots:
 
 
 def keep_state_snapshots(seqs: list[Sequence], block_manager: BlockManager, snapshots: StateSnapshots) -> None:
-    """After a step (its blocks cached): each of `seqs` whose states stood at a block's end keeps them, at once in
+    """After a step (its blocks cached): each of `seqs` keeps its states at the block ends of its step, at once in
     its prompt, else as its pending snapshot (kept when it finishes, the last such one)."""
     for seq in seqs:
-        if seq.boundary_state is None:
-            continue
-        index, rows = seq.boundary_state
-        seq.boundary_state = None
-        block_hash = block_manager.block_hash(seq, index)
-        if block_hash is None:
-            continue
-        if (index + 1) * block_manager.block_size <= seq.num_prompt_tokens:
-            snapshots.put(block_hash, rows)
-        else:
-            seq.pending_snapshot = (block_hash, rows)
+        for index, rows in seq.boundary_states:
+            block_hash = block_manager.block_hash(seq, index)
+            if block_hash is None:
+                continue
+            if (index + 1) * block_manager.block_size <= seq.num_prompt_tokens:
+                snapshots.put(block_hash, rows)
+            else:
+                seq.pending_snapshot = (block_hash, rows)
+        seq.boundary_states = []

@@ -29,16 +29,15 @@ def l2_normed(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor) -> torch.Tensor:
+                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of each of B sequences: q, k [B, H, Dk] (normed and scaled), v [B, H, Dv], g and beta [B, H];
-    `state` [B, H, Dk, Dv] float32, updated in place. Returns o [B, H, Dv] float32."""
+    `state` [B, H, Dk, Dv] float32, before it. Returns o [B, H, Dv] float32 and the state after it."""
     s = state * g.float().exp()[..., None, None]
     k, v, q = k.float(), v.float(), q.float()
     recalled = torch.einsum("bhkv,bhk->bhv", s, k)
     written = (v - recalled) * beta.float()[..., None]
     s = s + k[..., :, None] * written[..., None, :]
-    state.copy_(s)
-    return torch.einsum("bhkv,bhk->bhv", s, q)
+    return torch.einsum("bhkv,bhk->bhv", s, q), s
 
 
 def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -78,12 +77,11 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     return out.reshape(out.shape[0], -1, out.shape[-1])[:, :num_tokens].transpose(0, 1)
 
 
-def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of each of B sequences through a depthwise causal convolution: x [B, C]; `window` [B, C, K-1]
-    the sequences' last inputs, updated in place; weight [C, K]. Returns [B, C] (before the activation)."""
+    the sequences' last inputs; weight [C, K]. Returns [B, C] (before the activation) and the windows after it."""
     full = torch.cat((window, x[..., None].to(window.dtype)), dim=-1)  # [B, C, K]
-    window.copy_(full[..., 1:])
-    return (full.to(weight.dtype) * weight).sum(-1)
+    return (full.to(weight.dtype) * weight).sum(-1), full[..., 1:]
 
 
 def conv_run(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from engine.models.llama_layers import MLP, Attention, KVCache, paged_attention
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.prompt_embeds import GivenEmbeddings
+from engine.recurrent_state import RecurrentStates
 from kernels import gated_delta_rule as rule
 from kernels.registry import Kernels
 
@@ -91,13 +92,20 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b)
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # the log of each token's decay
         out = torch.empty(num_tokens, la.num_value_heads, la.value_head_dim, dtype=torch.float32, device=x.device)
-        num_decode = meta.num_decode_tokens
-        if num_decode:
-            out[:num_decode] = rule.recurrent_step(q[:num_decode], k[:num_decode], v[:num_decode], g[:num_decode],
-                                                   beta[:num_decode], states[:num_decode])
-        for row, chunk in enumerate(meta.prefills, start=num_decode):
-            s, e = chunk.start, chunk.end
-            out[s:e] = rule.chunked(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states[row])
+        batch = meta.recurrent
+        rows, tokens = _single_rows(batch)
+        if rows is not None:  # a token each, together
+            out[tokens], states[rows] = rule.recurrent_step(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
+                                                            states[rows])
+        for row in _run_rows(batch):
+            for s, e, kept in batch.runs(row):
+                if e - s == 1:  # a drafted sequence's token
+                    out[s:e], new = rule.recurrent_step(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states[row:row + 1])
+                    states[row] = new[0]
+                else:
+                    out[s:e] = rule.chunked(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states[row])
+                if kept is not None:
+                    batch.kept_layer(row, self.index)[1][kept] = states[row]
         normed = F.rms_norm(out, (la.value_head_dim,), eps=self.eps).to(x.dtype) * self.norm
         gated = normed.float() * F.silu(z.float().view(normed.shape))
         return self.linear(gated.to(x.dtype).view(num_tokens, la.value_size), self.out_weight)
@@ -105,12 +113,35 @@ class GatedDeltaNet(nn.Module):
     def _convolved(self, mixed: torch.Tensor, windows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q, k and v through the causal convolution, each sequence continuing from its window, and SiLU."""
         out = torch.empty_like(mixed)
-        num_decode = meta.num_decode_tokens
-        if num_decode:
-            out[:num_decode] = rule.conv_step(mixed[:num_decode], windows[:num_decode], self.conv_weight)
-        for row, chunk in enumerate(meta.prefills, start=num_decode):
-            out[chunk.start:chunk.end] = rule.conv_run(mixed[chunk.start:chunk.end], windows[row], self.conv_weight)
+        batch = meta.recurrent
+        rows, tokens = _single_rows(batch)
+        if rows is not None:
+            out[tokens], windows[rows] = rule.conv_step(mixed[tokens], windows[rows], self.conv_weight)
+        for row in _run_rows(batch):
+            for s, e, kept in batch.runs(row):
+                out[s:e] = rule.conv_run(mixed[s:e], windows[row], self.conv_weight)
+                if kept is not None:
+                    batch.kept_layer(row, self.index)[0][kept] = windows[row]
         return F.silu(out)
+
+
+def _single_rows(batch: RecurrentStates) -> tuple[slice | torch.Tensor | None, slice | torch.Tensor | None]:
+    """The rows of one token computed together, and their tokens: slices where they lead both (a step's decodes,
+    as a rule), else index tensors; (None, None) where there are none."""
+    rows = batch.singles
+    if not rows:
+        return None, None
+    tokens = [batch.spans[row][0] for row in rows]
+    if rows == tokens == list(range(len(rows))):
+        return slice(0, len(rows)), slice(0, len(rows))
+    device = batch.rows.device
+    return torch.tensor(rows, device=device), torch.tensor(tokens, device=device)
+
+
+def _run_rows(batch: RecurrentStates) -> list[int]:
+    """The rows computed a run at a time: prompt chunks, drafted sequences, and rows whose states are kept."""
+    singles = set(batch.singles)
+    return [row for row in range(len(batch.spans)) if row not in singles]
 
 
 class HybridDecoderLayer(nn.Module):

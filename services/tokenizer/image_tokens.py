@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 QWEN_IMAGE_TOKEN, QWEN_VIDEO_TOKEN = "<|image_pad|>", "<|video_pad|>"
 QWEN_VISION_START, QWEN_VISION_END = "<|vision_start|>", "<|vision_end|>"
-QWEN_IMAGES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")  # by model_type
-QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # whose videos are served
-TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe")  # whose frame pairs each go after their time in text
+# Whose images and videos are served, by model_type.
+QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")  # whose frame pairs each go after their time
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 # Llama4Processor's, by the names processor_config.json gives them.
 LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
@@ -235,7 +235,7 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     count = processor_config.get("image_seq_length") or model_config.get("mm_tokens_per_image")
     if all(isinstance(mark, str) and mark for mark in marks) and count:
         return ImageTokens(*marks, tokens_per_image=int(count))
-    if model_config.get("model_type") in QWEN_IMAGES:
+    if model_config.get("model_type") in QWEN_VIDEOS:
         vision = model_config.get("vision_config") or {}
         step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
         return ImageRunTokens(QWEN_IMAGE_TOKEN, step, QWEN_VIDEO_TOKEN, int(vision.get("temporal_patch_size", 2)),

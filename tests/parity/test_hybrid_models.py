@@ -15,7 +15,7 @@ from engine.lora import LoRAError
 from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.recurrent_state import StateShape
 from engine.sampling_params import SamplingParams
-from engine.speculative import SpeculativeConfig
+from engine.speculative import NgramDrafter, SpeculativeConfig
 from tests.lora_adapters import make_adapter
 from tests.parity.conftest import COMMON, LINEAR_HEADS, TINY_MODELS, decoded_from_handed_over_pages, greedy_outputs
 from tests.parity.test_transformers_parity import (
@@ -24,6 +24,7 @@ from tests.parity.test_transformers_parity import (
     _engine,
     _hf_model,
     _mixed_prompts,
+    _prefill_logits,
     _random_prompt,
     transformers,
 )
@@ -78,6 +79,26 @@ def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_m
     engine.close()
 
 
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next"])
+def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prompts_sharing_its_prefix(
+        tiny_model_dirs, name):
+    """A 300-token prompt in one chunk keeps its states every 64 tokens (the run cut there): a prompt sharing its
+    first 200 continues from its 192nd, its logits transformers', and both give transformers' tokens."""
+    model_dir = tiny_model_dirs[name]
+    engine = _engine(model_dir, state_snapshot_interval=64)
+    shared = _random_prompt(300, 512, seed=300)
+    other = [*shared[:200], *_random_prompt(30, 512, seed=30)]
+    outputs = greedy_outputs(engine, {"shared": (shared, {})}, 8)
+    assert len(engine.state_snapshots) == 4 + 1  # at 64, 128, 192 and 256; and 304, its output's last block end
+    with torch.no_grad():
+        expected = _hf_model(model_dir)(torch.tensor([other])).logits[0, -1]
+    assert (_prefill_logits(engine, other) - expected).abs().max().item() < 1e-4
+    assert engine.block_manager.num_prefix_hit_tokens == 192
+    outputs |= greedy_outputs(engine, {"other": (other, {})}, 8)
+    assert [outputs["shared"], outputs["other"]] == _greedy(model_dir, [shared, other], 8)
+    engine.close()
+
+
 def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(tiny_model_dirs):
     """A prompt computed in one chunk keeps no states inside it, but its output's last block end does (kept as the
     request finishes): the next turn (prompt, answer, more) continues from there."""
@@ -106,6 +127,56 @@ def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over
         assert outputs[f"r{i}"].token_ids == expected, i
     prefill.close()
     decode.close()
+
+
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next"])
+def test_n_gram_drafts_give_transformers_tokens(tiny_model_dirs, name):
+    """The tiny models' outputs do not repeat, so their n-gram drafts are refused: each drafted step computes the
+    last token and its drafts, and the next goes on from the states after the last token alone."""
+    model_dir = tiny_model_dirs[name]
+    engine = _engine(model_dir, speculative=SpeculativeConfig(num_speculative_tokens=3))
+    prompts = [_random_prompt(n, 512, seed=n) for n in (5, 20, 40)]
+    outputs = greedy_outputs(engine, {f"r{i}": (p, {}) for i, p in enumerate(prompts)}, 48)
+    assert engine.scheduler.drafting.num_draft_tokens > 0
+    for i, expected in enumerate(_greedy(model_dir, prompts, 48)):
+        assert outputs[f"r{i}"] == expected, i
+    engine.close()
+
+
+class KnowingDrafter(NgramDrafter):
+    """Drafts what transformers makes next, the first `n` of them right and the rest off by one, `n` going 0, 1, 2,
+    3 from step to step: drafts taken in every number, so each step goes on from the states after a different
+    token of the last (what n-gram drafts of a model that repeats itself would give)."""
+
+    def __init__(self, expected: dict[tuple[int, ...], list[int]]) -> None:
+        super().__init__(SpeculativeConfig(num_speculative_tokens=3))
+        self.expected = expected  # each prompt's transformers tokens
+        self.num_right = 0
+
+    def propose(self, wanted):
+        drafts = {}
+        for seq, room in wanted:
+            prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
+            made = len(seq.token_ids) - len(prompt)
+            right = self.expected[prompt][made:made + room]
+            drafts[seq.request_id] = [t if i < self.num_right else (t + 1) % 512 for i, t in enumerate(right)]
+        self.num_right = (self.num_right + 1) % 4
+        return drafts
+
+
+def test_each_drafted_step_goes_on_from_the_states_after_the_last_token_it_kept(tiny_model_dirs):
+    model_dir = tiny_model_dirs["qwen3-next"]
+    prompts = [_random_prompt(n, 512, seed=n) for n in (5, 20, 40)]
+    expected = _greedy(model_dir, prompts, 40)
+    engine = _engine(model_dir, speculative=SpeculativeConfig(num_speculative_tokens=3))
+    engine.scheduler.drafter = engine.scheduler.drafting.drafter = KnowingDrafter(
+        {tuple(p): e for p, e in zip(prompts, expected)})
+    outputs = greedy_outputs(engine, {f"r{i}": (p, {}) for i, p in enumerate(prompts)}, 40)
+    drafting = engine.scheduler.drafting
+    assert 0 < drafting.num_accepted_tokens < drafting.num_draft_tokens
+    assert all(drafting.num_accepted_tokens_per_position[:3])  # some steps took one, two and three
+    assert [outputs[f"r{i}"] for i in range(3)] == expected
+    engine.close()
 
 
 def test_preempted_sequences_compute_their_states_again(tiny_model_dirs):
@@ -143,7 +214,8 @@ def test_qwen3_5s_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_la
 
 
 @pytest.mark.parametrize("overrides, refused", [
-    (dict(speculative=SpeculativeConfig(num_speculative_tokens=2)), "speculative decoding is not supported"),
+    (dict(speculative=SpeculativeConfig(num_speculative_tokens=2, method="mtp")),
+     "speculative decoding by mtp drafts is not supported"),
     (dict(tensor_parallel_size=2), "tensor parallelism splits"),
     (dict(num_kv_blocks=1), "its recurrent states alone take 1 pages"),
 ])
