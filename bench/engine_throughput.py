@@ -32,7 +32,6 @@ from engine.demo_model import is_demo_model_dir, make_demo_model
 from engine.kv_pool import kv_block_bytes
 from engine.llm_engine import LLMEngine
 from engine.model_config_loader import load_model_config
-from engine.recurrent_state import StateShape
 from engine.sampling_params import SamplingParams
 
 MODEL_CACHE = Path(__file__).resolve().parent.parent / ".baton" / "bench-models"
@@ -89,9 +88,9 @@ def make_hybrid_model(path: Path, name: str) -> None:
 def state_pages(model_dir: Path) -> int:
     """The pages each sequence holds for its recurrent states (a hybrid model's; 0 for others)."""
     config = load_model_config(model_dir)
-    if config.linear_attention is None:
+    if config.state_shape is None:
         return 0
-    return StateShape.of(config.linear_attention).num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
+    return config.state_shape.num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
 
 
 # --- workload -------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # A hybrid model's recurrent states kept at the ends of cached prefixes (engine/state_snapshots.py), in host
     # memory: at most this many bytes.
-    state_cache_bytes: int = 2 * 2**30
+    state_cache_bytes: int = 2 * 2**30  # 0: none kept
     # ... kept also every this many tokens inside a prompt's chunk (rounded up to whole blocks), beside each chunk's
     # and each sequence's last block end: where prompts sharing a long prefix continue from.
     state_snapshot_interval: int = 512

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.state_shape import StateShape
+
 QWEN3_NEXT = "Qwen3NextForCausalLM"
 QWEN3_5 = "Qwen3_5ForCausalLM"
 QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
@@ -49,6 +51,11 @@ class LinearAttention:
     def conv_dim(self) -> int:
         """The channels convolved: q, k and v side by side."""
         return 2 * self.key_size + self.value_size
+
+    @property
+    def state_shape(self) -> StateShape:
+        return StateShape(len(self.linear_layers), self.conv_dim, self.conv_kernel - 1, self.num_value_heads,
+                          self.key_head_dim, self.value_head_dim)
 
 
 def read_linear_attention(cfg: dict, arch: str) -> LinearAttention:

@@ -11,9 +11,11 @@ from engine.fp8_weights import Fp8Weights
 from engine.gemma4_config import Gemma4Layout
 from engine.int4_weights import Int4Weights
 from engine.linear_attention_config import LinearAttention
+from engine.mamba_config import Mamba2Layout
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
 from engine.multimodal import MultimodalCheckpoint
+from engine.state_shape import StateShape
 from engine.vision.vision_config import VisionConfig
 
 
@@ -94,6 +96,8 @@ class ModelConfig:
     # A hybrid model's linear-attention layers (engine/linear_attention_config.py): they hold no pages, but a
     # recurrent state a sequence.
     linear_attention: LinearAttention | None = None
+    # A hybrid model's Mamba-2 layers (engine/mamba_config.py: Granite 4.0-H's), as linear_attention.
+    mamba: Mamba2Layout | None = None
 
     @property
     def pooling(self) -> str:
@@ -105,9 +109,23 @@ class ModelConfig:
     def num_kv_layers(self) -> int:
         """The layers whose K and V the pages hold: all but those attending over an earlier layer's (Gemma 4's) and
         linear-attention layers (Qwen3-Next's, Qwen3.5's)."""
-        if self.linear_attention is not None:
-            return len(self.linear_attention.kv_places)
+        if self.kv_places is not None:
+            return len(self.kv_places)
         return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
+
+    @property
+    def _recurrent(self) -> LinearAttention | Mamba2Layout | None:
+        return self.linear_attention or self.mamba
+
+    @property
+    def state_shape(self) -> StateShape | None:
+        """What each sequence keeps for its recurrent layers (a hybrid model's); None for a model without them."""
+        return self._recurrent.state_shape if self._recurrent is not None else None
+
+    @property
+    def kv_places(self) -> dict[int, int] | None:
+        """A hybrid model's attention layers' layers of the pages; None for a model without recurrent layers."""
+        return self._recurrent.kv_places if self._recurrent is not None else None
 
     @property
     def q_size(self) -> int:

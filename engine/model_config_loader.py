@@ -47,6 +47,7 @@ from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
+from engine.mamba_config import read_mamba2
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
@@ -156,11 +157,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split the frequencies RoPE turns "
                                f"({rotated // 2} a head)")
+    mamba = None
     if arch == GRANITE_HYBRID:
-        kinds = set(cfg.get("layer_types") or cfg.get("layers_block_type") or ["attention"])
-        if kinds - {"attention", "full_attention"}:
-            raise ModelConfigError(f"{path}: Granite 4.0's {sorted(kinds - {'attention', 'full_attention'})} layers "
-                                   "(Mamba) are not supported; its attention-only checkpoints are")
+        try:
+            mamba = read_mamba2(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     if cfg.get("clip_qkv") is not None:  # OLMoE's and DBRX's option, which their releases leave off
         raise ModelConfigError(f"{path}: clip_qkv is not supported")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
@@ -231,6 +233,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mrope_interleaved=mrope_interleaved(cfg) or (multimodal is not None and multimodal.interleaved_mrope),
             gemma4=gemma4,
             linear_attention=linear_attention,
+            mamba=mamba,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:

@@ -24,7 +24,7 @@ from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.prompt_embeds import GivenEmbeddings, given_in, spans_in
 from engine.prompt_images import encode_pending_images, multimodal_positions
-from engine.recurrent_state import RecurrentStates, StatePages, StateShape
+from engine.recurrent_state import StatePages, step_states, stepped_states
 from engine.sampled_logprobs import reported
 from engine.sampler import Sampler, SamplerOutput
 from engine.sequence import Sequence
@@ -202,8 +202,8 @@ class ModelRunner:
                               rank_heads(self.model_config, self.rank, self.tensor_parallel_size), extra_layers)
         if shared_factory is not None and self.rank_workers is not None:
             self.rank_workers.share_pool(pool_file, self.kv_pool.tensor.shape, dtype)
-        if self.model_config.linear_attention is not None:
-            self.state_pages = StatePages(StateShape.of(self.model_config.linear_attention), self.kv_pool.tensor)
+        if self.model_config.state_shape is not None:
+            self.state_pages = StatePages(self.model_config.state_shape, self.kv_pool.tensor)
         return self.kv_pool
 
     def close(self) -> None:
@@ -252,12 +252,8 @@ class ModelRunner:
                           *((sample_rows,) if sampled_seqs else ()))
         hidden = self._model_forward(input_ids, positions, meta, given, logit_rows)
         if meta.recurrent is not None:
-            self.state_pages.write(meta.recurrent)
-            for row, (seq, _, _) in enumerate(seq_rows):
-                if seq.num_draft_tokens:
-                    seq.draft_states = (seq.num_computed_tokens, meta.recurrent.kept[row])
-            if self.snapshot_interval is not None:
-                keep_boundary_states(seq_rows, meta.recurrent, self.kv_pool.block_size)
+            stepped_states(self.state_pages, meta.recurrent, seq_rows,
+                           self.kv_pool.block_size if self.snapshot_interval is not None else None)
         if self.hidden_listener is not None:
             self.hidden_listener(seq_rows, self.model.captured if self.model.captured_layers else hidden)
         if prompt_logprob_rows:  # (most steps have none: no context entered for them)
@@ -366,30 +362,6 @@ class ModelRunner:
                 record.update((t, lp) for t, lp in zip(named, named_values[r]) if t not in record)
             seq.prompt_logprobs.append(record)
 
-    def _state_cuts(self, seq_rows: list[tuple[Sequence, int, int]]) -> dict[int, tuple[int, ...]]:
-        """RecurrentStates.cuts: after each token of a drafted sequence but its last (its next step goes on from
-        the last it keeps), and each prompt chunk's multiples of `snapshot_interval` inside it."""
-        interval, cuts = self.snapshot_interval, {}
-        for row, (seq, _, n) in enumerate(seq_rows):
-            if seq.num_draft_tokens:
-                cuts[row] = tuple(range(1, n))
-            elif interval is not None and n > 1:
-                start = seq.num_computed_tokens
-                cuts[row] = tuple(range(interval - start % interval, n, interval))
-        return cuts
-
-    def settle_draft_states(self, seqs: list[Sequence]) -> None:
-        """After a drafted step is sampled: each drafted sequence whose drafts were not all taken goes on from its
-        states after the last token it kept, not after its last draft (a hybrid model's: `draft_states`)."""
-        for seq in seqs:
-            if seq.draft_states is None:
-                continue
-            start, kept = seq.draft_states
-            seq.draft_states = None
-            num_kept = seq.num_computed_tokens - start  # its last token's and the drafts taken
-            if not seq.is_finished and num_kept <= len(kept):
-                self.state_pages.write_row(seq.state_blocks, kept[num_kept - 1])
-
     def _lora_rows(self, batch: ScheduledBatch) -> list[tuple[LoRAAdapter, torch.Tensor]]:
         """Each adapter of the step's requests, with its token rows (decodes first, as `_prepare` lays them)."""
         rows: dict[str, list[int]] = {}
@@ -485,17 +457,8 @@ class ModelRunner:
         rope_positions = position_tensor
         if any(seq.rope_positions is not None for seq in batch.seqs):  # a prompt with Qwen-VL's images
             rope_positions = multimodal_positions((*decodes, *prefills), position_tensor)
-        recurrent = None
-        if self.state_pages is not None:  # a row a sequence (no drafts), read fresh where it starts
-            stepped = [seq for seq, _ in (*decodes, *prefills)]
-            recurrent = self.state_pages.read([seq.state_blocks for seq in stepped],
-                                              [seq.num_computed_tokens == 0 for seq in stepped],
-                                              tuple((first, first + n) for _, first, n in seq_rows),
-                                              self._state_cuts(seq_rows))
-            for row, seq in enumerate(stepped):
-                if seq.restored_state is not None:  # it starts where a cached prefix ends
-                    recurrent.rows[row] = seq.restored_state
-                    seq.restored_state = None
+        recurrent = step_states(self.state_pages, seq_rows, self.snapshot_interval) \
+            if self.state_pages is not None else None
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
             num_decode_tokens=len(row_seqs),
@@ -529,19 +492,6 @@ def every_core() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def keep_boundary_states(seq_rows: list[tuple[Sequence, int, int]], states: RecurrentStates, block_size: int) -> None:
-    """Each sequence keeps its states at the block ends of its step (`Sequence.boundary_states`): those its run was
-    cut at, and its step's end if one; `seq_rows` in the states' order."""
-    for row, (seq, _, num_new) in enumerate(seq_rows):
-        if seq.num_draft_tokens:  # where it ends is known once its drafts are sampled
-            continue
-        start = seq.num_computed_tokens
-        seq.boundary_states = [((start + cut) // block_size - 1, kept)
-                               for cut, kept in zip(states.cuts.get(row, ()), states.kept.get(row, ()))]
-        if (start + num_new) % block_size == 0:
-            seq.boundary_states.append(((start + num_new) // block_size - 1, states.rows[row].clone()))
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

@@ -1,4 +1,4 @@
-"""The recurrent states of a hybrid model's linear-attention layers (engine/linear_attention_config.py), kept in
+"""The recurrent states of a hybrid model's linear-attention or Mamba-2 layers (engine/state_shape.py), kept in
 KV pages of their own: each sequence holds `StatePages.num_pages` pages beside those of its tokens
 (Sequence.state_blocks), the states' float32 bytes laid across them.
 
@@ -8,45 +8,18 @@ transports, layout check and checksum (they follow the prompt's pages in a reser
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.linear_attention_config import LinearAttention
+from engine.state_shape import StateShape
 
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
 
-@dataclass(frozen=True)
-class StateShape:
-    """One sequence's states: for each linear-attention layer, its convolution's last inputs [C, K-1] and its
-    recurrent matrix a value head [H, Dk, Dv], float32 (as transformers keeps them)."""
-
-    num_layers: int
-    conv_dim: int
-    conv_width: int
-    num_heads: int
-    key_dim: int
-    value_dim: int
-
-    @classmethod
-    def of(cls, layout: LinearAttention) -> StateShape:
-        return cls(len(layout.linear_layers), layout.conv_dim, layout.conv_kernel - 1, layout.num_value_heads,
-                   layout.key_head_dim, layout.value_head_dim)
-
-    @property
-    def conv_floats(self) -> int:
-        return self.conv_dim * self.conv_width
-
-    @property
-    def layer_floats(self) -> int:
-        return self.conv_floats + self.num_heads * self.key_dim * self.value_dim
-
-    @property
-    def nbytes(self) -> int:
-        return self.num_layers * self.layer_floats * 4
-
-    def num_pages(self, page_bytes: int) -> int:
-        return math.ceil(self.nbytes / page_bytes)
+IndexRows = slice | torch.Tensor  # rows of a batch: a slice where they lead it, else their indices
 
 
 def page_bytes(pool: torch.Tensor) -> int:
@@ -73,6 +46,27 @@ class RecurrentStates:
     def singles(self) -> list[int]:
         """The rows of one token and nothing kept: computed together, a step each."""
         return [row for row, (start, end) in enumerate(self.spans) if end - start == 1 and row not in self.cuts]
+
+    def advance(self, out: torch.Tensor, states: torch.Tensor, kept: Callable[[int], torch.Tensor],
+                step: Callable[[IndexRows, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                run: Callable[[int, int, torch.Tensor], torch.Tensor]) -> None:
+        """Every row's tokens through one of a layer's recurrences (its convolution, its scan), `states` (the
+        recurrence's, a row a sequence) going on in place into `out`: the rows of one token at once by
+        `step(tokens, their states)` (out and the states after), the others run by run by `run(start, end, state)`
+        (out; the state updated in place), each state after a run but the last into `kept(row)`."""
+        singles = self.singles
+        if singles:
+            tokens = [self.spans[row][0] for row in singles]
+            if singles == tokens == list(range(len(singles))):  # leading both (a step's decodes, as a rule)
+                rows = tokens = slice(0, len(singles))
+            else:
+                rows, tokens = (torch.tensor(x, device=out.device) for x in (singles, tokens))
+            out[tokens], states[rows] = step(tokens, states[rows])
+        for row in sorted(set(range(len(self.spans))) - set(singles)):
+            for start, end, index in self.runs(row):
+                out[start:end] = run(start, end, states[row])
+                if index is not None:
+                    kept(row)[index] = states[row]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The `index`-th linear-attention layer's convolution windows [B, C, K-1] and recurrent states
@@ -132,10 +126,67 @@ class StatePages:
         self._pages[ids] = row.view(len(page_ids), *self._pages.shape[1:])
 
 
-def check_drafts(layout: LinearAttention | None, method: str | None) -> None:
-    """ValueError where a hybrid model's (`layout`: its linear attention; None: not a hybrid) drafts would come
-    from a model or head of their own (`method`: the speculative config's; n-gram drafts are served)."""
-    if layout is not None and method not in (None, "ngram"):
+# Each sequence of a step, its first row and its rows, in the order of the step's rows (ModelRunner._prepare's).
+SeqRows = list[tuple["Sequence", int, int]]
+
+
+def step_states(pages: StatePages, seq_rows: SeqRows, snapshot_interval: int | None) -> RecurrentStates:
+    """The step's states, a row a sequence: zeros where it starts, the kept states of the cached prefix it continues
+    from where it does (`Sequence.restored_state`), else its pages'; kept too after each token of a drafted sequence
+    but its last (its next step goes on from the last it takes), and every `snapshot_interval` tokens inside a prompt
+    chunk (None: nowhere inside)."""
+    cuts = {}
+    for row, (seq, _, n) in enumerate(seq_rows):
+        if seq.num_draft_tokens:
+            cuts[row] = tuple(range(1, n))
+        elif snapshot_interval is not None and n > 1:
+            start = seq.num_computed_tokens
+            cuts[row] = tuple(range(snapshot_interval - start % snapshot_interval, n, snapshot_interval))
+    states = pages.read([seq.state_blocks for seq, _, _ in seq_rows],
+                        [seq.num_computed_tokens == 0 for seq, _, _ in seq_rows],
+                        tuple((first, first + n) for _, first, n in seq_rows), cuts)
+    for row, (seq, _, _) in enumerate(seq_rows):
+        if seq.restored_state is not None:
+            states.rows[row] = seq.restored_state
+            seq.restored_state = None
+    return states
+
+
+def stepped_states(pages: StatePages, states: RecurrentStates, seq_rows: SeqRows, block_size: int | None) -> None:
+    """After the forward: the states into their pages; a drafted sequence's states after each token held till its
+    drafts are sampled (`Sequence.draft_states`); and, where the prefix cache keeps states (`block_size` given),
+    each other sequence's at the block ends of its step (`Sequence.boundary_states`)."""
+    pages.write(states)
+    for row, (seq, _, num_new) in enumerate(seq_rows):
+        start = seq.num_computed_tokens
+        if seq.num_draft_tokens:  # where it ends is known once its drafts are sampled
+            seq.draft_states = (start, states.kept[row])
+            continue
+        if block_size is None:
+            continue
+        seq.boundary_states = [((start + cut) // block_size - 1, kept)
+                               for cut, kept in zip(states.cuts.get(row, ()), states.kept.get(row, ()))]
+        if (start + num_new) % block_size == 0:
+            seq.boundary_states.append(((start + num_new) // block_size - 1, states.rows[row].clone()))
+
+
+def settle_draft_states(pages: StatePages, seqs: list[Sequence]) -> None:
+    """After a drafted step is sampled: each drafted sequence whose drafts were not all taken goes on from its states
+    after the last token it kept, not after its last draft (`Sequence.draft_states`)."""
+    for seq in seqs:
+        if seq.draft_states is None:
+            continue
+        start, kept = seq.draft_states
+        seq.draft_states = None
+        num_kept = seq.num_computed_tokens - start  # its last token's and the drafts taken
+        if not seq.is_finished and num_kept <= len(kept):
+            pages.write_row(seq.state_blocks, kept[num_kept - 1])
+
+
+def check_drafts(shape: StateShape | None, method: str | None) -> None:
+    """ValueError where a hybrid model's (`shape`: its states'; None: not a hybrid) drafts would come from a model
+    or head of their own (`method`: the speculative config's; n-gram drafts are served)."""
+    if shape is not None and method not in (None, "ngram"):
         raise ValueError(f"speculative decoding by {method} drafts is not supported for hybrid linear-attention "
                          "models yet (n-gram drafts are)")
 

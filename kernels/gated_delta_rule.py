@@ -1,6 +1,5 @@
-"""The gated delta rule (Gated DeltaNet's linear attention) over a recurrent state, and the short causal
-convolution before it, both continuing from a sequence's saved state (float32; the convolution computes in
-its weights' dtype). Plain torch.
+"""The gated delta rule (Gated DeltaNet's linear attention) over a recurrent state, continuing from a sequence's
+saved state. Plain torch, in float32.
 
 Per value head, with state S (key_dim x value_dim), each token t decays the state by exp(g_t) (g_t <= 0), then
 writes the part of v_t the decayed state does not already recall for k_t, weighed by beta_t, and reads with q_t:
@@ -75,18 +74,3 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         s = s * end_decay[:, c] + k_to_end[:, c].transpose(-1, -2) @ u
     state.copy_(s)
     return out.reshape(out.shape[0], -1, out.shape[-1])[:, :num_tokens].transpose(0, 1)
-
-
-def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of each of B sequences through a depthwise causal convolution: x [B, C]; `window` [B, C, K-1]
-    the sequences' last inputs; weight [C, K]. Returns [B, C] (before the activation) and the windows after it."""
-    full = torch.cat((window, x[..., None].to(window.dtype)), dim=-1)  # [B, C, K]
-    return (full.to(weight.dtype) * weight).sum(-1), full[..., 1:]
-
-
-def conv_run(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """T tokens of one sequence: x [T, C]; `window` [C, K-1] its inputs before them (zeros at its start), updated
-    in place to the last K-1 inputs. Returns [T, C] (before the activation)."""
-    full = torch.cat((window, x.t().to(window.dtype)), dim=-1)  # [C, K-1+T]
-    window.copy_(full[:, full.shape[1] - window.shape[1]:])
-    return F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[0].t()

@@ -3,16 +3,18 @@ MoE): Llama with four scalings of its own, read into ModelConfig: embeddings tim
 block's output times `residual_multiplier` before it joins the residual, q·k scaled by `attention_multiplier` (its
 attention_scale), logits divided by `logits_scaling`. The MoE's experts are stored fused (`input_linear`: gate and
 up, `output_linear`: down), as is its shared MLP, beside a router (`router.layer`). Granite 4.0's
-(GraniteMoeHybridForCausalLM) attention-only checkpoints (4.0-Micro) name their dense MLP so (`shared_mlp`), their
-layers NoPE where `position_embedding_type` says; its Mamba layers are not served."""
+(GraniteMoeHybridForCausalLM) name their dense MLP so (`shared_mlp`), their layers NoPE where
+`position_embedding_type` says; 4.0-H's Mamba-2 layers (engine/models/mamba2.py) keep states in place of pages
+(engine/models/hybrid.py), its attention layers' pages at their places in the pool."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from engine.model_config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
+from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, DecoderLayer
+from engine.models.mamba2 import Mamba2Mixer
 from engine.moe_config import GRANITE_HYBRID
 from kernels.registry import Kernels
 
@@ -29,6 +31,19 @@ class GraniteDecoderLayer(DecoderLayer):
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)) * scale
 
 
+class GraniteMambaLayer(GraniteDecoderLayer):
+    """Granite 4.0-H's Mamba-2 layer in place of attention; `index`: its place among the Mamba-2 layers."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, is_sparse: bool, index: int) -> None:
+        super().__init__(config, kernels, dtype, None, is_sparse)
+        self.attn = Mamba2Mixer(config, kernels, dtype, index)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        scale = self.residual_multiplier
+        h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), meta) * scale
+        return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)) * scale
+
+
 # The MoE's tensors, by where they go in SparseMoE.
 MOE_TENSORS = {"block_sparse_moe.input_linear.weight": "gate_up_weight",
                "block_sparse_moe.output_linear.weight": "down_weight",
@@ -37,9 +52,32 @@ MOE_TENSORS = {"block_sparse_moe.input_linear.weight": "gate_up_weight",
                "shared_mlp.output_linear.weight": "shared_down_weight"}
 
 
-class GraniteForCausalLM(LlamaForCausalLM):
+# A Mamba-2 layer's tensors (under `mamba.`), by where they go in Mamba2Mixer.
+MAMBA_TENSORS = {"in_proj.weight": "in_weight", "in_proj.bias": "in_bias", "conv1d.weight": "conv_weight",
+                 "conv1d.bias": "conv_bias", "dt_bias": "dt_bias", "A_log": "a_log", "D": "d", "norm.weight": "norm",
+                 "out_proj.weight": "out_weight", "out_proj.bias": "out_bias"}
+
+
+class GraniteForCausalLM(HybridForward):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        mamba = self.config.mamba
+        if mamba is not None and layer in mamba.mamba_layers:
+            return GraniteMambaLayer(self.config, self.kernels, dtype, self._is_sparse(layer),
+                                     mamba.mamba_layers.index(layer))
         return GraniteDecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
+
+    def _attention_names(self, layer: int) -> list[str]:
+        mamba = self.config.mamba
+        if mamba is None or layer not in mamba.mamba_layers:
+            return super()._attention_names(layer)
+        mixer = self.layers[layer].attn
+        return [f"model.layers.{layer}.mamba.{name}" for name, attr in MAMBA_TENSORS.items()
+                if getattr(mixer, attr) is not None]
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]
+            tensor = tensor.squeeze(1)
+        return super()._placed(name, tensor)
 
     def _mlp_names(self, layer: int) -> list[str]:
         if not self._is_sparse(layer) and self.config.architecture == GRANITE_HYBRID:  # its dense MLP, fused
@@ -51,6 +89,8 @@ class GraniteForCausalLM(LlamaForCausalLM):
 
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".", 3)
+        if len(parts) == 4 and parts[3].startswith("mamba."):
+            return getattr(self.layers[int(parts[2])].attn, MAMBA_TENSORS[parts[3].removeprefix("mamba.")]).data
         if len(parts) == 4 and parts[3] in MOE_TENSORS:
             mlp = self.layers[int(parts[2])].mlp
             if isinstance(mlp, MLP):  # Granite 4.0's dense MLP under the shared MLP's names

@@ -24,13 +24,12 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
+from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, Attention, KVCache, paged_attention
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
-from engine.prompt_embeds import GivenEmbeddings
-from engine.recurrent_state import RecurrentStates
 from kernels import gated_delta_rule as rule
+from kernels.causal_conv import conv_run, conv_step
 from kernels.registry import Kernels
 
 # Norms stored as offsets from 1 (the linear layers' output norm, linear_attn.norm, is not).
@@ -92,20 +91,18 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b)
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # the log of each token's decay
         out = torch.empty(num_tokens, la.num_value_heads, la.value_head_dim, dtype=torch.float32, device=x.device)
-        batch = meta.recurrent
-        rows, tokens = _single_rows(batch)
-        if rows is not None:  # a token each, together
-            out[tokens], states[rows] = rule.recurrent_step(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
-                                                            states[rows])
-        for row in _run_rows(batch):
-            for s, e, kept in batch.runs(row):
-                if e - s == 1:  # a drafted sequence's token
-                    out[s:e], new = rule.recurrent_step(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states[row:row + 1])
-                    states[row] = new[0]
-                else:
-                    out[s:e] = rule.chunked(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states[row])
-                if kept is not None:
-                    batch.kept_layer(row, self.index)[1][kept] = states[row]
+
+        def step(tokens, before):
+            return rule.recurrent_step(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], before)
+
+        def run(start, end, state):
+            if end - start > 1:
+                return rule.chunked(q[start:end], k[start:end], v[start:end], g[start:end], beta[start:end], state)
+            made, after = step(slice(start, end), state[None])  # a drafted sequence's token
+            state.copy_(after[0])
+            return made
+
+        meta.recurrent.advance(out, states, lambda row: meta.recurrent.kept_layer(row, self.index)[1], step, run)
         normed = F.rms_norm(out, (la.value_head_dim,), eps=self.eps).to(x.dtype) * self.norm
         gated = normed.float() * F.silu(z.float().view(normed.shape))
         return self.linear(gated.to(x.dtype).view(num_tokens, la.value_size), self.out_weight)
@@ -113,35 +110,10 @@ class GatedDeltaNet(nn.Module):
     def _convolved(self, mixed: torch.Tensor, windows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q, k and v through the causal convolution, each sequence continuing from its window, and SiLU."""
         out = torch.empty_like(mixed)
-        batch = meta.recurrent
-        rows, tokens = _single_rows(batch)
-        if rows is not None:
-            out[tokens], windows[rows] = rule.conv_step(mixed[tokens], windows[rows], self.conv_weight)
-        for row in _run_rows(batch):
-            for s, e, kept in batch.runs(row):
-                out[s:e] = rule.conv_run(mixed[s:e], windows[row], self.conv_weight)
-                if kept is not None:
-                    batch.kept_layer(row, self.index)[0][kept] = windows[row]
+        meta.recurrent.advance(out, windows, lambda row: meta.recurrent.kept_layer(row, self.index)[0],
+                               lambda tokens, before: conv_step(mixed[tokens], before, self.conv_weight),
+                               lambda start, end, window: conv_run(mixed[start:end], window, self.conv_weight))
         return F.silu(out)
-
-
-def _single_rows(batch: RecurrentStates) -> tuple[slice | torch.Tensor | None, slice | torch.Tensor | None]:
-    """The rows of one token computed together, and their tokens: slices where they lead both (a step's decodes,
-    as a rule), else index tensors; (None, None) where there are none."""
-    rows = batch.singles
-    if not rows:
-        return None, None
-    tokens = [batch.spans[row][0] for row in rows]
-    if rows == tokens == list(range(len(rows))):
-        return slice(0, len(rows)), slice(0, len(rows))
-    device = batch.rows.device
-    return torch.tensor(rows, device=device), torch.tensor(tokens, device=device)
-
-
-def _run_rows(batch: RecurrentStates) -> list[int]:
-    """The rows computed a run at a time: prompt chunks, drafted sequences, and rows whose states are kept."""
-    singles = set(batch.singles)
-    return [row for row in range(len(batch.spans)) if row not in singles]
 
 
 class HybridDecoderLayer(nn.Module):
@@ -162,19 +134,9 @@ class HybridDecoderLayer(nn.Module):
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps))
 
 
-class Qwen3NextForCausalLM(LlamaForCausalLM):
+class Qwen3NextForCausalLM(HybridForward):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return HybridDecoderLayer(self.config, self.kernels, dtype, layer)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
-        h = self._embed(input_ids)
-        if given is not None:
-            h = given.placed(h)
-        places = self.config.linear_attention.kv_places
-        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self._ropes(positions))):
-            h = layer(h, cos, sin, kv_caches[places[i]] if i in places else None, meta)
-        return self._final_norm(h)
 
     def lora_target(self, module: str) -> Target | None:
         raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} yet")

@@ -60,6 +60,28 @@ def add_kv_memory_flag(parser: argparse.ArgumentParser, env: Mapping[str, str], 
                              f"replaces --kv-memory-fraction and --kv-blocks (${utilization_env_var})")
 
 
+DEFAULT_STATE_CACHE_BYTES, DEFAULT_STATE_SNAPSHOT_INTERVAL = 2 * 2**30, 512  # engine/config.py's
+
+
+def add_state_cache_flags(parser: argparse.ArgumentParser) -> None:
+    """A hybrid model's (Qwen3.5's, Qwen3-Next's) recurrent states kept for its prefix cache
+    (engine/state_snapshots.py)."""
+    parser.add_argument("--state-cache-bytes", type=byte_count, default=DEFAULT_STATE_CACHE_BYTES, metavar="SIZE",
+                        help="a hybrid model's recurrent states kept at the ends of cached prefixes, in host memory: "
+                             "at most SIZE (default 2G; 0: none kept, so no prefix is continued from)")
+    parser.add_argument("--state-snapshot-interval", type=int, default=DEFAULT_STATE_SNAPSHOT_INTERVAL, metavar="N",
+                        help="... kept also every N tokens inside a prompt's chunk (rounded up to whole pages; "
+                             f"default {DEFAULT_STATE_SNAPSHOT_INTERVAL}), beside each chunk's end and a request's "
+                             "last page end")
+
+
+def check_state_cache(num_bytes: int, interval: int) -> None:
+    if num_bytes < 0:
+        raise ConfigError(f"--state-cache-bytes must be 0 or more, got {num_bytes}")
+    if interval < 1:
+        raise ConfigError(f"--state-snapshot-interval must be at least 1, got {interval}")
+
+
 def pool_size_options(config) -> dict:
     """A worker config's pool size as EngineConfig takes it (which reads bytes first, then a GPU's share,
     then pages, then the fraction): its pages left out where a fraction is given."""

@@ -98,6 +98,8 @@ def load_engine(config: DecodeServiceConfig) -> tuple[LLMEngine, KVPool]:
                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, seed=config.seed,
                                  tokenizer=str(config.tokenizer_dir) if config.tokenizer_dir is not None else None,
                                  long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                 state_cache_bytes=config.state_cache_bytes,
+                                 state_snapshot_interval=config.state_snapshot_interval,
                                  limit_images=config.limit_images, limit_videos=config.limit_videos,
                                  enable_mm_embeds=config.enable_mm_embeds,
                                  scheduling_policy=config.scheduling_policy, dtype=config.dtype,

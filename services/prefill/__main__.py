@@ -72,6 +72,8 @@ def load_engine(config: PrefillServiceConfig) -> LLMEngine:
                                   seed=config.seed, tensor_parallel_size=config.tensor_parallel_size,
                                   tokenizer=str(config.tokenizer_dir) if config.tokenizer_dir is not None else None,
                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                  state_cache_bytes=config.state_cache_bytes,
+                                  state_snapshot_interval=config.state_snapshot_interval,
                                   limit_images=config.limit_images, limit_videos=config.limit_videos,
                                   enable_mm_embeds=config.enable_mm_embeds,
                                   enable_prefix_caching=config.prefix_caching,

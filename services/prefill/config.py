@@ -18,7 +18,14 @@ from engine.speculative import SpeculativeConfig
 from services.common.device_flag import add_device_flag, resolved_device
 from services.common.kv_cache_metrics_flags import add_kv_cache_metrics_flags, kv_cache_metrics_sample
 from services.common.kv_events_config import KVEventsConfig, add_kv_events_flag
-from services.common.kv_pool_flags import add_kv_memory_flag, check_memory_shares
+from services.common.kv_pool_flags import (
+    DEFAULT_STATE_CACHE_BYTES,
+    DEFAULT_STATE_SNAPSHOT_INTERVAL,
+    add_kv_memory_flag,
+    add_state_cache_flags,
+    check_memory_shares,
+    check_state_cache,
+)
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.logprobs_flag import (
     add_logprobs_mode_flag,
@@ -103,6 +110,9 @@ class PrefillServiceConfig:
     seed: int | None = None  # the engine's random generator seeded at start (vLLM's --seed)
     tensor_parallel_size: int = 1  # the model split across this many processes (engine/tensor_parallel.py)
     long_prefill_token_threshold: int = 0  # a step's most tokens for one prompt; 0: no cap
+    # A hybrid model's recurrent states kept for its prefix cache: their bytes, and tokens between them in a chunk.
+    state_cache_bytes: int = DEFAULT_STATE_CACHE_BYTES
+    state_snapshot_interval: int = DEFAULT_STATE_SNAPSHOT_INTERVAL
     limit_images: int | None = None  # a prompt's most images (--limit-mm-per-prompt); 0: text only; None: any
     limit_videos: int | None = None  # its videos' (0 where images are)
     enable_mm_embeds: bool = False  # images may come as their encoder's rows (vLLM's --enable-mm-embeds)
@@ -160,6 +170,7 @@ class PrefillServiceConfig:
             check_positive("--kv-cache-memory-bytes", self.kv_cache_memory_bytes)
         check_memory_shares(self.kv_memory_fraction, self.gpu_memory_utilization)
         check_long_prefill(self.long_prefill_token_threshold)
+        check_state_cache(self.state_cache_bytes, self.state_snapshot_interval)
         if self.early_kv_transfer not in EARLY_KV_TRANSFER:
             raise ConfigError(f"--early-kv-transfer must be one of {', '.join(EARLY_KV_TRANSFER)}, "
                               f"got {self.early_kv_transfer!r}")
@@ -232,6 +243,7 @@ class PrefillServiceConfig:
         add_seed_flag(parser)
         add_tensor_parallel_flag(parser, env)
         add_long_prefill_flag(parser)
+        add_state_cache_flags(parser)
         add_limit_mm_flag(parser)
         add_mm_embeds_flag(parser)
         add_tokenizer_dir_flag(parser, env)
@@ -243,6 +255,7 @@ class PrefillServiceConfig:
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    seed=args.seed, tensor_parallel_size=args.tensor_parallel_size, tokenizer_dir=args.tokenizer_dir,
                    long_prefill_token_threshold=args.long_prefill_token_threshold,
+                   state_cache_bytes=args.state_cache_bytes, state_snapshot_interval=args.state_snapshot_interval,
                    limit_images=image_limit(args.limit_mm_per_prompt),
                    limit_videos=video_limit(args.limit_mm_per_prompt), enable_mm_embeds=args.enable_mm_embeds,
                    max_num_batched_tokens=args.max_num_batched_tokens,

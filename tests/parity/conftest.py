@@ -35,6 +35,10 @@ LINEAR_HEADS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key
 HYBRID_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                       shared_expert_intermediate_size=40)
 
+# Granite 4.0-H's Mamba-2 layers, tiny.
+MAMBA_HEADS = dict(mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+                   mamba_expand=2)
+
 # name → (config class name, extra config, save options)
 TINY_MODELS = {
     "llama-gqa-untied": ("LlamaConfig", dict(tie_word_embeddings=False), {}),
@@ -198,6 +202,20 @@ TINY_MODELS = {
     # Qwen3-Next: projections grouped by key head (in_proj_qkvz, in_proj_ba), full layers by interval, a dense layer.
     "qwen3-next": ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS,
                                            full_attention_interval=2, mlp_only_layers=[2], pad_token_id=0), {}),
+    # Granite 4.0-H: Mamba-2 layers (4 heads of 32, states of 16, B and C in 2 groups) between attention layers
+    # without RoPE, the dense MLP under shared_mlp's names, Granite's scalings.
+    "granite4-h": ("GraniteMoeHybridConfig", dict(
+        intermediate_size=48, shared_intermediate_size=80, num_local_experts=0, num_hidden_layers=4,
+        layer_types=["mamba", "attention"] * 2, position_embedding_type="nope", **MAMBA_HEADS,
+        embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=3.0,
+        pad_token_id=0), {}),
+    # Its mixtures of experts (4.0-H-Tiny, -Small): experts beside the shared MLP; RoPE here; biases on the convolution
+    # and the projections.
+    "granite4-h-moe": ("GraniteMoeHybridConfig", dict(
+        intermediate_size=48, shared_intermediate_size=40, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["mamba", "mamba", "attention"], position_embedding_type="rope", **MAMBA_HEADS,
+        mamba_proj_bias=True, embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2,
+        logits_scaling=3.0, pad_token_id=0, num_hidden_layers=3), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
@@ -265,7 +283,7 @@ def make_tiny_model(path: Path, name: str) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale")):
+            if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D")):
                 p.add_(torch.randn_like(p) * 0.2)
         # A router's learnt bias (GLM's) and Gemma 4's layer scalars are buffers, zeros and ones at init.
         for pname, b in model.named_buffers():

@@ -1,6 +1,7 @@
-"""Hybrid linear-attention models (Qwen3.5, Qwen3-Next): the recurrent states each sequence keeps in pages of its
-own, as they start, continue, move to a decode engine and are computed again, against transformers; and what is
-refused for them. Their logits and batched greedy tokens are test_transformers_parity.py's (TINY_MODELS)."""
+"""Hybrid models (Qwen3.5's and Qwen3-Next's Gated DeltaNet, Granite 4.0-H's Mamba-2): the recurrent states each
+sequence keeps in pages of its own, as they start, continue, move to a decode engine and are computed again, against
+transformers; and what is refused for them. Their logits and batched greedy tokens are test_transformers_parity.py's
+(TINY_MODELS)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.lora import LoRAError
 from engine.model_config_loader import ModelConfigError, load_model_config
-from engine.recurrent_state import StateShape
 from engine.sampling_params import SamplingParams
 from engine.speculative import NgramDrafter, SpeculativeConfig
 from tests.lora_adapters import make_adapter
@@ -29,7 +29,7 @@ from tests.parity.test_transformers_parity import (
     transformers,
 )
 
-HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next")
+HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -43,7 +43,7 @@ def test_a_sequence_holds_its_states_pages_beside_its_tokens_and_gives_them_back
     # (convolution 96 channels x 3, recurrent 4 heads x 16 x 8: 3200 bytes each) in 4 pages.
     engine = _engine(tiny_model_dirs["qwen3.5"], block_size=4)
     layout = engine.model_config.linear_attention
-    assert StateShape.of(layout).nbytes == 2 * (96 * 3 + 4 * 16 * 8) * 4
+    assert layout.state_shape.nbytes == 2 * (96 * 3 + 4 * 16 * 8) * 4
     assert engine.block_manager.num_state_blocks == 4
     assert engine.runner.kv_pool.tensor.shape[0] == 2  # the full-attention layers' pages alone
     engine.add_request("r", list(range(3, 13)), SamplingParams(max_tokens=4, ignore_eos=True))
@@ -79,7 +79,7 @@ def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_m
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h"])
 def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prompts_sharing_its_prefix(
         tiny_model_dirs, name):
     """A 300-token prompt in one chunk keeps its states every 64 tokens (the run cut there): a prompt sharing its
@@ -96,6 +96,14 @@ def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prom
     assert engine.block_manager.num_prefix_hit_tokens == 192
     outputs |= greedy_outputs(engine, {"other": (other, {})}, 8)
     assert [outputs["shared"], outputs["other"]] == _greedy(model_dir, [shared, other], 8)
+    engine.close()
+
+
+def test_without_room_for_kept_states_no_prefix_is_continued_from(tiny_model_dirs):
+    engine = _engine(tiny_model_dirs["qwen3.5"], max_num_batched_tokens=32, state_cache_bytes=0)
+    prompt = _random_prompt(100, 512, seed=100)
+    greedy_outputs(engine, {"first": (prompt, {})}, 4)
+    assert len(engine.state_snapshots) == 0 and engine.block_manager.num_cached_prefix_tokens(prompt) == 0
     engine.close()
 
 
@@ -116,8 +124,9 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
     engine.close()
 
 
-def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs):
-    model_dir = tiny_model_dirs["qwen3-next"]
+@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h"])
+def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
+    model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
     decode = _engine(model_dir, block_size=4)
     prompts = [_random_prompt(n, 512, seed=n) for n in (1, 45, 130)]
@@ -129,7 +138,7 @@ def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over
     decode.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h-moe"])
 def test_n_gram_drafts_give_transformers_tokens(tiny_model_dirs, name):
     """The tiny models' outputs do not repeat, so their n-gram drafts are refused: each drafted step computes the
     last token and its drafts, and the next goes on from the states after the last token alone."""
@@ -179,11 +188,13 @@ def test_each_drafted_step_goes_on_from_the_states_after_the_last_token_it_kept(
     engine.close()
 
 
-def test_preempted_sequences_compute_their_states_again(tiny_model_dirs):
-    """A pool too small for every sequence at once: sequences are preempted (their pages, states among them,
-    freed) and computed again from their tokens, from fresh states."""
-    model_dir = tiny_model_dirs["qwen3.5"]
-    engine = _engine(model_dir, num_kv_blocks=20, max_num_batched_tokens=64)
+@pytest.mark.parametrize("name, num_pages", [("qwen3.5", 20), ("granite4-h-moe", 22)])
+def test_preempted_sequences_compute_their_states_again(tiny_model_dirs, name, num_pages):
+    """A pool too small for every sequence at once (its states take 1 page a sequence in qwen3.5, 6 in
+    granite4-h-moe): sequences are preempted (their pages, states among them, freed) and computed again from their
+    tokens, from fresh states."""
+    model_dir = tiny_model_dirs[name]
+    engine = _engine(model_dir, num_kv_blocks=num_pages, max_num_batched_tokens=64)
     prompts = [_random_prompt(n, 512, seed=200 + n) for n in (60, 70, 80, 90)]
     outputs = greedy_outputs(engine, {f"r{i}": (p, {}) for i, p in enumerate(prompts)}, 40)
     assert engine.scheduler.num_preemptions > 0
@@ -213,15 +224,16 @@ def test_qwen3_5s_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_la
     engine.close()
 
 
-@pytest.mark.parametrize("overrides, refused", [
-    (dict(speculative=SpeculativeConfig(num_speculative_tokens=2, method="mtp")),
+@pytest.mark.parametrize("name, overrides, refused", [
+    ("qwen3.5", dict(speculative=SpeculativeConfig(num_speculative_tokens=2, method="mtp")),
      "speculative decoding by mtp drafts is not supported"),
-    (dict(tensor_parallel_size=2), "tensor parallelism splits"),
-    (dict(num_kv_blocks=1), "its recurrent states alone take 1 pages"),
+    ("qwen3.5", dict(tensor_parallel_size=2), "tensor parallelism splits"),
+    ("granite4-h", dict(tensor_parallel_size=2), "does not split models with recurrent layers"),
+    ("qwen3.5", dict(num_kv_blocks=1), "its recurrent states alone take 1 pages"),
 ])
-def test_what_a_hybrid_model_cannot_do_yet_is_refused_by_name(tiny_model_dirs, overrides, refused):
+def test_what_a_hybrid_model_cannot_do_yet_is_refused_by_name(tiny_model_dirs, name, overrides, refused):
     with pytest.raises(ValueError, match=refused):
-        LLMEngine(EngineConfig(model=str(tiny_model_dirs["qwen3.5"]), dtype="float32", **overrides))
+        LLMEngine(EngineConfig(model=str(tiny_model_dirs[name]), dtype="float32", **overrides))
 
 
 def test_a_lora_adapter_for_a_hybrid_model_is_refused_by_name(tiny_model_dirs, tmp_path):

@@ -325,15 +325,19 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     _check_logits(model_dir, reference_dir=source)
 
 
-def test_granite4s_mamba_layers_are_refused_by_name(tiny_model_dirs, tmp_path):
+@pytest.mark.parametrize("layer_types, refused", [
+    (["mamba", "mamba"], "Mamba-2 layers alone is not supported"),
+    (["mamba", "shortconv"], r"must name Mamba or attention layers, one a layer of 2, got \['shortconv'\]"),
+])
+def test_granite4s_layers_of_other_kinds_are_refused_by_name(tiny_model_dirs, tmp_path, layer_types, refused):
     import shutil
 
     from engine.model_config_loader import ModelConfigError, load_model_config
 
     model_dir = shutil.copytree(tiny_model_dirs["granite4"], tmp_path / "granite4-h")
     config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**config, "layer_types": ["mamba", "attention"]}))
-    with pytest.raises(ModelConfigError, match=r"\['mamba'\] layers \(Mamba\) are not supported"):
+    (model_dir / "config.json").write_text(json.dumps({**config, "layer_types": layer_types}))
+    with pytest.raises(ModelConfigError, match=refused):
         load_model_config(model_dir)
 
 

@@ -180,3 +180,16 @@ def test_a_cuda_engine_takes_its_share_of_the_device_for_weights_and_pages_cuda(
     held = torch.cuda.memory_reserved()
     assert share * total - 2 * kv_block_bytes(config, 16, torch.float32) - 2**26 <= held <= share * total + 2**26
     assert pages >= 0.5 * share * total  # the tiny model's weights are a sliver of the share
+
+
+@pytest.mark.parametrize("config", [PrefillServiceConfig, DecodeServiceConfig])
+def test_a_hybrid_models_state_cache_flags(tiny_demo_model, config):
+    """--state-cache-bytes (a size, as the pool's) and --state-snapshot-interval; bad ones refused."""
+    parsed = config.from_args(["--model", str(tiny_demo_model), "--state-cache-bytes", "512M",
+                               "--state-snapshot-interval", "1024"], {})
+    assert (parsed.state_cache_bytes, parsed.state_snapshot_interval) == (512 * 2**20, 1024)
+    defaults = config.from_args(["--model", str(tiny_demo_model)], {})
+    assert (defaults.state_cache_bytes, defaults.state_snapshot_interval) == (EngineConfig.state_cache_bytes,
+                                                                              EngineConfig.state_snapshot_interval)
+    with pytest.raises(ConfigError, match="--state-snapshot-interval must be at least 1"):
+        config.from_args(["--model", str(tiny_demo_model), "--state-snapshot-interval", "0"], {})

@@ -15,7 +15,6 @@ import torch
 
 from engine.kv_pool import kv_block_bytes
 from engine.model_config_loader import load_model_config
-from engine.recurrent_state import StateShape
 from tests.parity.conftest import make_tiny_model
 from tests.services.gateway.mesh import BLOCK_SIZE, WHOLE_POOL_TOKENS, start_mesh, stop_mesh
 from tests.services.gateway.test_conditional_disaggregation import prefills_by_place
@@ -25,7 +24,7 @@ MAX_TOKENS = 12
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "gemma4-e", "qwen3.5"])
+@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "gemma4-e", "qwen3.5", "granite4-h"])
 def paged_model(request, tiny_demo_model, tmp_path_factory):
     # DeepSeek's cache rows are of odd width (8 + 23): padded in the pages, and so in every transfer.
     model_dir = make_tiny_model(tmp_path_factory.mktemp("pages") / request.param, request.param)
@@ -42,9 +41,9 @@ def paged_model(request, tiny_demo_model, tmp_path_factory):
 def num_state_pages(model_dir) -> int:
     """The pages of a request's recurrent states (a hybrid model's; float32 pages), which a reservation adds."""
     config = load_model_config(model_dir)
-    if config.linear_attention is None:
+    if config.state_shape is None:
         return 0
-    return StateShape.of(config.linear_attention).num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
+    return config.state_shape.num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
 
 
 def transformers_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:

@@ -1,0 +1,89 @@
+"""Granite 4.0-H's Mamba-2 layers (GraniteMoeHybridForCausalLM), read from its config.json: which layers attend
+over pages and what the others keep instead.
+
+A Mamba-2 layer keeps no KV a token: a sequence's past is its state, a matrix a head (head_dim x state_size) that
+every token decays by exp(dt * A) and writes dt * x B^T into, read by C, and the last `conv_kernel - 1` inputs of
+its short causal convolution (engine/recurrent_state.py keeps both in the sequence's pages). Layer kinds are named
+as transformers names them now ("linear_attention", "full_attention") or as released ("mamba", "attention").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.state_shape import StateShape
+
+MAMBA, ATTENTION = "mamba", "attention"
+KINDS = {"mamba": MAMBA, "linear_attention": MAMBA, "attention": ATTENTION, "full_attention": ATTENTION}
+
+
+@dataclass(frozen=True)
+class Mamba2Layout:
+    layer_types: tuple[str, ...]  # MAMBA or ATTENTION, a layer
+    num_heads: int
+    head_dim: int
+    state_size: int
+    num_groups: int  # of B and C, each serving num_heads / num_groups heads in turn
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool
+    dt_limit: tuple[float, float]  # each token's dt clamped to it
+
+    @property
+    def mamba_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == MAMBA)
+
+    @property
+    def kv_places(self) -> dict[int, int]:
+        """Each attention layer's layer of the pages."""
+        attention = (i for i, kind in enumerate(self.layer_types) if kind == ATTENTION)
+        return {layer: place for place, layer in enumerate(attention)}
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels convolved: x, B and C side by side."""
+        return self.intermediate_size + 2 * self.num_groups * self.state_size
+
+    @property
+    def state_shape(self) -> StateShape:
+        return StateShape(len(self.mamba_layers), self.conv_dim, self.conv_kernel - 1, self.num_heads,
+                          self.head_dim, self.state_size)
+
+
+def read_mamba2(cfg: dict) -> Mamba2Layout | None:
+    """The Mamba-2 layers of a Granite 4.0 config.json; None where it has none (4.0-Micro's attention-only
+    checkpoints). ValueError for other layer kinds, or a model of Mamba-2 layers alone."""
+    num_layers = int(cfg["num_hidden_layers"])
+    given = cfg.get("layer_types") or cfg.get("layers_block_type") or ["linear_attention"] * num_layers
+    unknown = sorted(set(given) - set(KINDS))
+    if unknown or len(given) != num_layers:
+        raise ValueError(f"layer_types must name Mamba or attention layers, one a layer of {num_layers}, got "
+                         f"{unknown or len(given)}")
+    kinds = tuple(KINDS[kind] for kind in given)
+    if MAMBA not in kinds:
+        return None
+    if ATTENTION not in kinds:
+        raise ValueError("a model of Mamba-2 layers alone is not supported (its pages would hold nothing)")
+    hidden = int(cfg["hidden_size"])
+    num_heads = int(cfg.get("mamba_n_heads", 128))
+    head_dim = cfg.get("mamba_d_head", "auto")
+    intermediate = int(cfg.get("mamba_expand", 2)) * hidden
+    head_dim = intermediate // num_heads if head_dim == "auto" else int(head_dim)
+    if head_dim * num_heads != intermediate:
+        raise ValueError(f"mamba_n_heads {num_heads} x mamba_d_head {head_dim} must be mamba_expand x hidden_size "
+                         f"({intermediate})")
+    num_groups = int(cfg.get("mamba_n_groups", 1))
+    if num_heads % num_groups:
+        raise ValueError(f"mamba_n_groups {num_groups} must divide mamba_n_heads {num_heads}")
+    low, high = cfg.get("time_step_limit") or (0.0, float("inf"))
+    return Mamba2Layout(kinds, num_heads, head_dim, int(cfg.get("mamba_d_state", 256)), num_groups,
+                        int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
+                        bool(cfg.get("mamba_proj_bias", False)), (_number(low), _number(high)))
+
+
+def _number(value) -> float:
+    """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
+    return float(value["__float__"] if isinstance(value, dict) else value)

@@ -1,0 +1,26 @@
+"""The forward of a hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's): only its attention layers have pages,
+each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
+(AttentionMetadata.recurrent)."""
+from __future__ import annotations
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import KVCache
+from engine.prompt_embeds import GivenEmbeddings
+
+
+class HybridForward(LlamaForCausalLM):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
+        places = self.config.kv_places
+        if places is None:  # a model of attention layers alone (Granite 4.0-Micro's)
+            return super().forward(input_ids, positions, meta, kv_caches, given)
+        h = self._embed(input_ids)
+        if given is not None:
+            h = given.placed(h)
+        h = self._scaled_inputs(h)
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self._ropes(positions))):
+            h = layer(h, cos, sin, kv_caches[places[i]] if i in places else None, meta)
+        return self._final_norm(h)

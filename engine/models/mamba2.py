@@ -1,0 +1,70 @@
+"""A Mamba-2 layer over the step's recurrent states (Granite 4.0-H's: engine/mamba_config.py): x, B and C
+projected and convolved over the last few tokens (depthwise, causal), the selective scan (kernels/ssd.py) over the
+sequence's state with a skip of D x, the output gated by SiLU of a projection z, RMS-normed in groups, projected
+back. Its states live in the sequence's state pages (engine/recurrent_state.py)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.model_config import ModelConfig
+from engine.models.parameters import empty_param
+from kernels import ssd
+from kernels.causal_conv import conv_run, conv_step
+from kernels.registry import Kernels
+
+
+class Mamba2Mixer(nn.Module):
+    """`index`: its place among the model's Mamba-2 layers (its states')."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
+        super().__init__()
+        self.linear, self.eps, self.index = kernels.linear, config.rms_norm_eps, index
+        self.layout = m = config.mamba
+        width = m.intermediate_size + m.conv_dim + m.num_heads  # z, then x, B and C (the convolved), then dt
+        self.in_weight = empty_param(width, config.hidden_size, dtype=dtype)
+        self.in_bias = empty_param(width, dtype=dtype) if m.proj_bias else None
+        self.conv_weight = empty_param(m.conv_dim, m.conv_kernel, dtype=dtype)
+        self.conv_bias = empty_param(m.conv_dim, dtype=dtype) if m.conv_bias else None
+        self.dt_bias = empty_param(m.num_heads, dtype=dtype)
+        self.a_log = empty_param(m.num_heads, dtype=dtype)
+        self.d = empty_param(m.num_heads, dtype=dtype)
+        self.norm = empty_param(m.intermediate_size, dtype=dtype)
+        self.out_weight = empty_param(config.hidden_size, m.intermediate_size, dtype=dtype)
+        self.out_bias = empty_param(config.hidden_size, dtype=dtype) if m.proj_bias else None
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        m, batch, num_tokens = self.layout, meta.recurrent, x.shape[0]
+        windows, states = batch.layer(self.index)
+        z, xbc, dt = self.linear(x, self.in_weight, self.in_bias).split(
+            [m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
+        convolved = torch.empty_like(xbc)
+        batch.advance(convolved, windows, lambda row: batch.kept_layer(row, self.index)[0],
+                      lambda tokens, before: conv_step(xbc[tokens], before, self.conv_weight, self.conv_bias),
+                      lambda start, end, window: conv_run(xbc[start:end], window, self.conv_weight, self.conv_bias))
+        xs, b, c = F.silu(convolved).split([m.intermediate_size, m.num_groups * m.state_size,
+                                            m.num_groups * m.state_size], dim=-1)
+        xs = xs.view(num_tokens, m.num_heads, m.head_dim)
+        per_group = m.num_heads // m.num_groups  # each group's B and C serve that many heads, in turn
+        b, c = (t.view(num_tokens, m.num_groups, m.state_size).repeat_interleave(per_group, dim=1) for t in (b, c))
+        dt = F.softplus(dt + self.dt_bias).clamp(*m.dt_limit)
+        a = -self.a_log.float().exp()
+        y = torch.empty(num_tokens, m.num_heads, m.head_dim, dtype=torch.float32, device=x.device)
+
+        def step(tokens, before):
+            return ssd.step(xs[tokens], dt[tokens], a, b[tokens], c[tokens], before)
+
+        def run(start, end, state):
+            if end - start > 1:
+                return ssd.run(xs[start:end], dt[start:end], a, b[start:end], c[start:end], state)
+            made, after = step(slice(start, end), state[None])  # a drafted sequence's token
+            state.copy_(after[0])
+            return made
+
+        batch.advance(y, states, lambda row: batch.kept_layer(row, self.index)[1], step, run)
+        y = (y + self.d.float()[:, None] * xs.float()).view(num_tokens, m.intermediate_size)
+        gated = (y * F.silu(z.float())).view(num_tokens, m.num_groups, -1)
+        normed = F.rms_norm(gated, (gated.shape[-1],), eps=self.eps).view(num_tokens, m.intermediate_size)
+        return self.linear(self.norm * normed.to(x.dtype), self.out_weight, self.out_bias)
