@@ -1,5 +1,5 @@
-"""Granite 4.0-H's Mamba-2 layers (GraniteMoeHybridForCausalLM), read from its config.json: which layers attend
-over pages and what the others keep instead.
+"""The Mamba-2 layers of Granite 4.0-H (GraniteMoeHybridForCausalLM) and Nemotron-H (NemotronHForCausalLM), read
+from their config.json: which layers attend over pages and what the others keep instead.
 
 A Mamba-2 layer keeps no KV a token: a sequence's past is its state, a matrix a head (head_dim x state_size) that
 every token decays by exp(dt * A) and writes dt * x B^T into, read by C, and the last `conv_kernel - 1` inputs of
@@ -12,13 +12,16 @@ from dataclasses import dataclass
 
 from engine.state_shape import StateShape
 
-MAMBA, ATTENTION = "mamba", "attention"
+NEMOTRON_H = "NemotronHForCausalLM"
+MAMBA, ATTENTION, MLP = "mamba", "attention", "mlp"
 KINDS = {"mamba": MAMBA, "linear_attention": MAMBA, "attention": ATTENTION, "full_attention": ATTENTION}
+# Nemotron-H's layers, each one of these (its hybrid_override_pattern's letters, as released).
+NEMOTRON_KINDS = {**KINDS, "mlp": MLP, "M": MAMBA, "*": ATTENTION, "-": MLP}
 
 
 @dataclass(frozen=True)
 class Mamba2Layout:
-    layer_types: tuple[str, ...]  # MAMBA or ATTENTION, a layer
+    layer_types: tuple[str, ...]  # MAMBA, ATTENTION or (Nemotron-H's) MLP, a layer
     num_heads: int
     head_dim: int
     state_size: int
@@ -82,6 +85,28 @@ def read_mamba2(cfg: dict) -> Mamba2Layout | None:
     return Mamba2Layout(kinds, num_heads, head_dim, int(cfg.get("mamba_d_state", 256)), num_groups,
                         int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
                         bool(cfg.get("mamba_proj_bias", False)), (_number(low), _number(high)))
+
+
+def read_nemotron_h(cfg: dict) -> Mamba2Layout:
+    """Nemotron-H's layers (`layers_block_type`, or as released `hybrid_override_pattern`: M, * and -) and their
+    Mamba-2 settings. ValueError for its experts' layers (Nemotron 3's "moe", "E": not served yet) and other kinds."""
+    given = cfg.get("layers_block_type") or cfg.get("layer_types") or list(cfg.get("hybrid_override_pattern") or "")
+    unknown = sorted(set(given) - set(NEMOTRON_KINDS))
+    if unknown:
+        raise ValueError(f"Nemotron-H's {unknown} layers are not supported (its Mamba-2, attention and MLP layers are)")
+    kinds = tuple(NEMOTRON_KINDS[kind] for kind in given)
+    if MAMBA not in kinds or ATTENTION not in kinds:
+        raise ValueError("a Nemotron-H model needs Mamba-2 and attention layers both")
+    num_heads, head_dim = int(cfg.get("mamba_num_heads", 128)), int(cfg.get("mamba_head_dim", 64))
+    num_groups = int(cfg.get("n_groups", cfg.get("mamba_n_groups", 8)))
+    if num_heads % num_groups:
+        raise ValueError(f"n_groups {num_groups} must divide mamba_num_heads {num_heads}")
+    # transformers clamps a step's dt from below by time_step_min (it names no upper limit).
+    return Mamba2Layout(kinds, num_heads, head_dim, int(cfg.get("ssm_state_size", 128)), num_groups,
+                        int(cfg.get("conv_kernel", cfg.get("mamba_d_conv", 4))),
+                        bool(cfg.get("use_conv_bias", cfg.get("mamba_conv_bias", True))),
+                        bool(cfg.get("use_bias", False)),
+                        (_number(cfg.get("time_step_min", cfg.get("mamba_dt_min", 0.001))), float("inf")))
 
 
 def _number(value) -> float:

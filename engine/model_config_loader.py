@@ -47,7 +47,7 @@ from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
-from engine.mamba_config import read_mamba2
+from engine.mamba_config import NEMOTRON_H, read_mamba2, read_nemotron_h
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
@@ -129,6 +129,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4) else "silu"
+    if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
+        act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
     softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
@@ -158,11 +160,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split the frequencies RoPE turns "
                                f"({rotated // 2} a head)")
     mamba = None
-    if arch == GRANITE_HYBRID:
+    if arch in (GRANITE_HYBRID, NEMOTRON_H):
         try:
-            mamba = read_mamba2(cfg)
+            mamba = read_mamba2(cfg) if arch == GRANITE_HYBRID else read_nemotron_h(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
+        if arch == NEMOTRON_H:  # its layers' count is its pattern's
+            cfg = {**cfg, "num_hidden_layers": len(mamba.layer_types)}
     if cfg.get("clip_qkv") is not None:  # OLMoE's and DBRX's option, which their releases leave off
         raise ModelConfigError(f"{path}: clip_qkv is not supported")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
@@ -191,7 +195,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
             intermediate_size=int(cfg[_mlp_width_key(cfg, arch)]),
             vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("layer_norm_eps" if arch in COHERES else "rms_norm_eps", _default_eps(arch))),
+            rms_norm_eps=float(cfg.get(_eps_key(arch), _default_eps(arch))),
             rope_theta=rope_theta_of(cfg, arch, head_dim),
             rope_scaling=scaling,
             local_rope_theta=local_rope_theta(cfg, arch),
@@ -291,6 +295,10 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
     if arch == GRANITE_HYBRID and not int(cfg.get("num_local_experts") or 0):
         return "shared_intermediate_size"
     return "intermediate_size"
+
+
+def _eps_key(arch: str) -> str:
+    return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:

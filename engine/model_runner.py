@@ -121,6 +121,10 @@ class ModelRunner:
                 if text_name is not None:
                     stored_names[text_name] = name
             files = {text_name: files[name] for text_name, name in stored_names.items()}
+        elif any(name.startswith("backbone.") for name in files):  # Nemotron-H's as released: its model `backbone.`
+            stored_names = {"model." + name.removeprefix("backbone.") if name.startswith("backbone.") else name: name
+                            for name in files}
+            files = {model_name: files[name] for model_name, name in stored_names.items()}
         elif ("model.embed_tokens.weight" not in files and "embed_tokens.weight" in files
               and not getattr(self.model, "reads_bare_names", False)):
             # Saved as the bare model (Qwen3-Embedding's checkpoints are): read by the causal LM's names.

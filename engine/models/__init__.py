@@ -15,6 +15,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
+from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
@@ -39,6 +40,7 @@ MODEL_REGISTRY = {
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out

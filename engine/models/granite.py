@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, DecoderLayer
@@ -52,12 +53,6 @@ MOE_TENSORS = {"block_sparse_moe.input_linear.weight": "gate_up_weight",
                "shared_mlp.output_linear.weight": "shared_down_weight"}
 
 
-# A Mamba-2 layer's tensors (under `mamba.`), by where they go in Mamba2Mixer.
-MAMBA_TENSORS = {"in_proj.weight": "in_weight", "in_proj.bias": "in_bias", "conv1d.weight": "conv_weight",
-                 "conv1d.bias": "conv_bias", "dt_bias": "dt_bias", "A_log": "a_log", "D": "d", "norm.weight": "norm",
-                 "out_proj.weight": "out_weight", "out_proj.bias": "out_bias"}
-
-
 class GraniteForCausalLM(HybridForward):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         mamba = self.config.mamba
@@ -70,9 +65,12 @@ class GraniteForCausalLM(HybridForward):
         mamba = self.config.mamba
         if mamba is None or layer not in mamba.mamba_layers:
             return super()._attention_names(layer)
-        mixer = self.layers[layer].attn
-        return [f"model.layers.{layer}.mamba.{name}" for name, attr in MAMBA_TENSORS.items()
-                if getattr(mixer, attr) is not None]
+        return [f"model.layers.{layer}.mamba.{name}" for name in self.layers[layer].attn.tensor_names()]
+
+    def lora_target(self, module: str) -> Target | None:
+        if self.config.mamba is not None:
+            raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture}'s Mamba-2 models yet")
+        return super().lora_target(module)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]
@@ -90,7 +88,7 @@ class GraniteForCausalLM(HybridForward):
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".", 3)
         if len(parts) == 4 and parts[3].startswith("mamba."):
-            return getattr(self.layers[int(parts[2])].attn, MAMBA_TENSORS[parts[3].removeprefix("mamba.")]).data
+            return self.layers[int(parts[2])].attn.tensor(parts[3].removeprefix("mamba."))
         if len(parts) == 4 and parts[3] in MOE_TENSORS:
             mlp = self.layers[int(parts[2])].mlp
             if isinstance(mlp, MLP):  # Granite 4.0's dense MLP under the shared MLP's names

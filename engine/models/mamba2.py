@@ -15,6 +15,11 @@ from kernels import ssd
 from kernels.causal_conv import conv_run, conv_step
 from kernels.registry import Kernels
 
+# Its tensors as checkpoints name them (under a layer's `mamba.` or `mixer.`), by its attributes.
+TENSORS = {"in_proj.weight": "in_weight", "in_proj.bias": "in_bias", "conv1d.weight": "conv_weight",
+           "conv1d.bias": "conv_bias", "dt_bias": "dt_bias", "A_log": "a_log", "D": "d", "norm.weight": "norm",
+           "out_proj.weight": "out_weight", "out_proj.bias": "out_bias"}
+
 
 class Mamba2Mixer(nn.Module):
     """`index`: its place among the model's Mamba-2 layers (its states')."""
@@ -35,6 +40,14 @@ class Mamba2Mixer(nn.Module):
         self.out_weight = empty_param(config.hidden_size, m.intermediate_size, dtype=dtype)
         self.out_bias = empty_param(config.hidden_size, dtype=dtype) if m.proj_bias else None
 
+    def tensor_names(self) -> list[str]:
+        """Its tensors' names in a checkpoint (under its layer's prefix): its biases where it has them."""
+        return [name for name, attr in TENSORS.items() if getattr(self, attr) is not None]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Where checkpoint tensor `name` (under its layer's prefix) goes; its convolution's as [C, K]."""
+        return getattr(self, TENSORS[name]).data
+
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         m, batch, num_tokens = self.layout, meta.recurrent, x.shape[0]
         windows, states = batch.layer(self.index)
@@ -49,7 +62,13 @@ class Mamba2Mixer(nn.Module):
         xs = xs.view(num_tokens, m.num_heads, m.head_dim)
         per_group = m.num_heads // m.num_groups  # each group's B and C serve that many heads, in turn
         b, c = (t.view(num_tokens, m.num_groups, m.state_size).repeat_interleave(per_group, dim=1) for t in (b, c))
-        dt = F.softplus(dt + self.dt_bias).clamp(*m.dt_limit)
+        # A prompt chunk's steps clamped to dt_limit, a decoded token's not, as transformers' and mamba_ssm's scans do.
+        dt = F.softplus(dt + self.dt_bias)
+        if meta.prefills and m.dt_limit != (0.0, float("inf")):
+            prompt = torch.zeros(num_tokens, 1, dtype=torch.bool, device=x.device)
+            for chunk in meta.prefills:
+                prompt[chunk.start:chunk.end] = True
+            dt = torch.where(prompt, dt.clamp(*m.dt_limit), dt)
         a = -self.a_log.float().exp()
         y = torch.empty(num_tokens, m.num_heads, m.head_dim, dtype=torch.float32, device=x.device)
 

@@ -216,6 +216,11 @@ TINY_MODELS = {
         layer_types=["mamba", "mamba", "attention"], position_embedding_type="rope", **MAMBA_HEADS,
         mamba_proj_bias=True, embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2,
         logits_scaling=3.0, pad_token_id=0, num_hidden_layers=3), {}),
+    # Nemotron-H: blocks of one mixer each, Mamba-2 (Granite's sizes), attention without RoPE, or an MLP of squared
+    # ReLU, as its hybrid_override_pattern "M-*-M-" lays them out.
+    "nemotron-h": ("NemotronHConfig", dict(
+        layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"], head_dim=16, mamba_num_heads=4,
+        mamba_head_dim=32, n_groups=2, ssm_state_size=16, conv_kernel=4, layer_norm_epsilon=1e-5, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

@@ -29,7 +29,7 @@ from tests.parity.test_transformers_parity import (
     transformers,
 )
 
-HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe")
+HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -124,7 +124,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h"])
+@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -236,11 +236,13 @@ def test_what_a_hybrid_model_cannot_do_yet_is_refused_by_name(tiny_model_dirs, n
         LLMEngine(EngineConfig(model=str(tiny_model_dirs[name]), dtype="float32", **overrides))
 
 
-def test_a_lora_adapter_for_a_hybrid_model_is_refused_by_name(tiny_model_dirs, tmp_path):
-    model_dir = tiny_model_dirs["qwen3.5"]
-    make_adapter(tmp_path / "adapter", _hf_model(model_dir), ["mlp.down_proj"], rank=2, alpha=4.0, rslora=False,
-                 seed=0)
-    with pytest.raises(LoRAError, match="LoRA adapters are not supported for Qwen3_5ForCausalLM yet"):
+@pytest.mark.parametrize("name, target", [("qwen3.5", "mlp.down_proj"), ("nemotron-h", "mixer.up_proj"),
+                                          ("granite4-h", "shared_mlp.output_linear")])
+def test_a_lora_adapter_for_a_hybrid_model_is_refused_by_name(tiny_model_dirs, tmp_path, name, target):
+    model_dir = tiny_model_dirs[name]
+    make_adapter(tmp_path / "adapter", _hf_model(model_dir), [target], rank=2, alpha=4.0, rslora=False, seed=0)
+    architecture = load_model_config(model_dir).architecture
+    with pytest.raises(LoRAError, match=f"LoRA adapters are not supported for {architecture}"):
         _engine(model_dir, lora_modules=(("tuned", str(tmp_path / "adapter")),))
 
 
@@ -264,3 +266,31 @@ def test_qwen3_nexts_layers_default_to_one_full_attention_layer_in_four(tiny_mod
                                                        "full_attention_interval": 4, **LINEAR_HEADS}))
     layout = load_model_config(model_dir).linear_attention
     assert layout.linear_layers == (0, 1, 2, 4, 5, 6) and layout.kv_places == {3: 0, 7: 1}
+
+
+def test_nemotron_hs_released_config_lays_its_layers_out_by_its_pattern(tiny_model_dirs, tmp_path):
+    """Nemotron-H as released: its layers by `hybrid_override_pattern` (M, * and -), its tensors under `backbone.`
+    (as transformers saves them too)."""
+    source = tiny_model_dirs["nemotron-h"]
+    model_dir = shutil.copytree(source, tmp_path / "released")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["layers_block_type"]
+    (model_dir / "config.json").write_text(json.dumps({**config, "hybrid_override_pattern": "M-*-M-",
+                                                       "num_hidden_layers": 6}))
+    assert load_model_config(model_dir).mamba.kv_places == {2: 0}
+    engine = _engine(model_dir, max_num_batched_tokens=32)
+    _check_last_logits(engine, _hf_model(source))
+    engine.close()
+
+
+@pytest.mark.parametrize("pattern, refused", [
+    ("M-*-ME", r"Nemotron-H's \['E'\] layers are not supported"),
+    ("--*---", "needs Mamba-2 and attention layers both"),
+])
+def test_nemotron_hs_layers_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, pattern, refused):
+    model_dir = shutil.copytree(tiny_model_dirs["nemotron-h"], tmp_path / "refused")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["layers_block_type"]
+    (model_dir / "config.json").write_text(json.dumps({**config, "hybrid_override_pattern": pattern}))
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(model_dir)

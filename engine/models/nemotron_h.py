@@ -1,0 +1,106 @@
+"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 8B/47B, Nemotron Nano 9B v2 and 12B v2): a stack of blocks, each
+one mixer behind an RMS norm with the residual around it — a Mamba-2 layer (engine/models/mamba2.py), attention
+without positions (no RoPE: the Mamba-2 layers before it carry order), or an MLP of squared ReLU without a gate.
+Its attention layers alone have pages; its Mamba-2 layers keep states (engine/models/hybrid.py). Its checkpoints as
+released name the model `backbone.` (read as `model.`: engine/model_runner.py)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.lora import LoRAError, Target
+from engine.mamba_config import ATTENTION, MAMBA
+from engine.model_config import ModelConfig
+from engine.models.hybrid import HybridForward
+from engine.models.llama_layers import Attention
+from engine.models.mamba2 import Mamba2Mixer
+from engine.models.parameters import empty_param
+from kernels.registry import Kernels
+
+
+class SquaredReLUMLP(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear = kernels.linear
+        self.up_weight = empty_param(config.intermediate_size, config.hidden_size, dtype=dtype)
+        self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)
+        self.up_bias = empty_param(config.intermediate_size, dtype=dtype) if config.mlp_bias else None
+        self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(F.relu(self.linear(x, self.up_weight, self.up_bias)).square(), self.down_weight,
+                           self.down_bias)
+
+
+class NemotronHBlock(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, layer: int) -> None:
+        super().__init__()
+        self.eps, self.rms_norm = config.rms_norm_eps, kernels.rms_norm
+        self.norm = empty_param(config.hidden_size, dtype=dtype)
+        layout = config.mamba
+        self.kind = layout.layer_types[layer]
+        self.mixer = Mamba2Mixer(config, kernels, dtype, layout.mamba_layers.index(layer)) if self.kind == MAMBA \
+            else Attention(config, kernels, dtype, None) if self.kind == ATTENTION \
+            else SquaredReLUMLP(config, kernels, dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        x = self.rms_norm(h, self.norm, self.eps)
+        if self.kind == MAMBA:
+            return h + self.mixer(x, meta)
+        if self.kind == ATTENTION:
+            return h + self.mixer(x, cos, sin, kv_cache, meta)
+        return h + self.mixer(x)
+
+
+class NemotronHForCausalLM(HybridForward):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return NemotronHBlock(self.config, self.kernels, dtype, layer)
+
+    def checkpoint_names(self) -> list[str]:
+        names = ["model.embeddings.weight", "model.norm_f.weight"]
+        if not self.config.tie_word_embeddings:
+            names.append("lm_head.weight")
+        for i, block in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            names.append(p + "norm.weight")
+            if block.kind == MAMBA:
+                names += [p + f"mixer.{name}" for name in block.mixer.tensor_names()]
+            elif block.kind == ATTENTION:
+                names += [p + f"mixer.{x}_proj.weight" for x in "qkvo"]
+            else:
+                names += [p + f"mixer.{x}_proj.{kind}" for x in ("up", "down")
+                          for kind in (("weight", "bias") if self.config.mlp_bias else ("weight",))]
+        return names
+
+    def lora_target(self, module: str) -> Target | None:
+        raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} yet")
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if name.endswith(".mixer.conv1d.weight"):  # [C, 1, K]
+            tensor = tensor.squeeze(1)
+        return self._target(name), tensor
+
+    def _target(self, name: str) -> torch.Tensor:
+        named = {"model.embeddings.weight": self.embed, "model.norm_f.weight": self.norm,
+                 "lm_head.weight": self.lm_head}
+        if name in named:
+            return named[name].data
+        parts = name.split(".", 4)  # model, layers, i, norm or mixer, the rest
+        block = self.layers[int(parts[2])]
+        if parts[3] == "norm":
+            return block.norm.data
+        leaf = parts[4]
+        if block.kind == MAMBA:
+            return block.mixer.tensor(leaf)
+        if block.kind == ATTENTION:
+            attn, cfg = block.mixer, self.config
+            q, kv = cfg.q_size, cfg.kv_size
+            rows = {"q_proj.weight": (0, q), "k_proj.weight": (q, q + kv), "v_proj.weight": (q + kv, q + 2 * kv)}
+            if leaf == "o_proj.weight":
+                return attn.o_weight.data
+            lo, hi = rows[leaf]
+            return attn.qkv_weight.data[lo:hi]
+        mlp = block.mixer
+        return {"up_proj.weight": mlp.up_weight, "down_proj.weight": mlp.down_weight, "up_proj.bias": mlp.up_bias,
+                "down_proj.bias": mlp.down_bias}[leaf].data
