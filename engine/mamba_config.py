@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from engine.state_shape import StateShape
 
 NEMOTRON_H = "NemotronHForCausalLM"
-MAMBA, ATTENTION, MLP = "mamba", "attention", "mlp"
+MAMBA, ATTENTION, MLP, MOE = "mamba", "attention", "mlp", "moe"
 KINDS = {"mamba": MAMBA, "linear_attention": MAMBA, "attention": ATTENTION, "full_attention": ATTENTION}
-# Nemotron-H's layers, each one of these (its hybrid_override_pattern's letters, as released).
-NEMOTRON_KINDS = {**KINDS, "mlp": MLP, "M": MAMBA, "*": ATTENTION, "-": MLP}
+# Nemotron-H's layers, each one of these (its hybrid_override_pattern's letters, as released; E: Nemotron 3's experts).
+NEMOTRON_KINDS = {**KINDS, "mlp": MLP, "moe": MOE, "M": MAMBA, "*": ATTENTION, "-": MLP, "E": MOE}
 
 
 @dataclass(frozen=True)
 class Mamba2Layout:
-    layer_types: tuple[str, ...]  # MAMBA, ATTENTION or (Nemotron-H's) MLP, a layer
+    layer_types: tuple[str, ...]  # MAMBA, ATTENTION or (Nemotron-H's) MLP or MOE, a layer
     num_heads: int
     head_dim: int
     state_size: int
@@ -88,12 +88,13 @@ def read_mamba2(cfg: dict) -> Mamba2Layout | None:
 
 
 def read_nemotron_h(cfg: dict) -> Mamba2Layout:
-    """Nemotron-H's layers (`layers_block_type`, or as released `hybrid_override_pattern`: M, * and -) and their
-    Mamba-2 settings. ValueError for its experts' layers (Nemotron 3's "moe", "E": not served yet) and other kinds."""
+    """Nemotron-H's layers (`layers_block_type`, or as released `hybrid_override_pattern`: M, *, - and E) and their
+    Mamba-2 settings. ValueError for other kinds."""
     given = cfg.get("layers_block_type") or cfg.get("layer_types") or list(cfg.get("hybrid_override_pattern") or "")
     unknown = sorted(set(given) - set(NEMOTRON_KINDS))
     if unknown:
-        raise ValueError(f"Nemotron-H's {unknown} layers are not supported (its Mamba-2, attention and MLP layers are)")
+        raise ValueError(f"Nemotron-H's {unknown} layers are not supported (its Mamba-2, attention, MLP and expert "
+                         "layers are)")
     kinds = tuple(NEMOTRON_KINDS[kind] for kind in given)
     if MAMBA not in kinds or ATTENTION not in kinds:
         raise ValueError("a Nemotron-H model needs Mamba-2 and attention layers both")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.linear_attention_config import QWEN3_5_MOE, QWEN3_NEXT
+from engine.mamba_config import NEMOTRON_H
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -55,6 +56,8 @@ class MoEConfig:
     fused_experts: bool = False
     # Ernie 4.5's: softmax scores chosen by score plus a learnt correction bias, weighed by the score alone.
     choice_bias: bool = False
+    # Nemotron 3's: the routed experts compute in a narrower width, projected into it and back; 0: none.
+    latent_size: int = 0
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -94,6 +97,17 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         num_groups=int(given["n_group"]),
                         topk_groups=int(given["topk_group"]),
                         routed_scaling_factor=float(given["routed_scaling_factor"]))
+    elif arch == NEMOTRON_H and int(cfg.get("n_routed_experts") or 0):  # Nemotron 3: routed as DeepSeek-V3
+        kinds = cfg.get("layers_block_type") or cfg.get("layer_types") or list(cfg.get("hybrid_override_pattern") or "")
+        moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        shared_expert_intermediate_size=int(cfg.get("moe_shared_expert_intermediate_size") or 0),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        dense_layers=frozenset(i for i, kind in enumerate(kinds) if kind not in ("moe", "E")),
+                        weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
+                        num_groups=int(cfg.get("n_group") or 1), topk_groups=int(cfg.get("topk_group") or 1),
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+                        latent_size=int(cfg.get("moe_latent_size") or 0))
     elif arch == MINIMAX_M2:
         # Every layer's experts (intermediate_size wide), chosen by sigmoid score plus a correction bias among them
         # all, weighed by the score renormalized: GLM's routing of one group, unscaled.

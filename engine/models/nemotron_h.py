@@ -1,6 +1,7 @@
-"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 8B/47B, Nemotron Nano 9B v2 and 12B v2): a stack of blocks, each
-one mixer behind an RMS norm with the residual around it — a Mamba-2 layer (engine/models/mamba2.py), attention
-without positions (no RoPE: the Mamba-2 layers before it carry order), or an MLP of squared ReLU without a gate.
+"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 8B/47B, Nemotron Nano 9B v2 and 12B v2, Nemotron 3): a stack of
+blocks, each one mixer behind an RMS norm with the residual around it — a Mamba-2 layer (engine/models/mamba2.py),
+attention without positions (no RoPE: the Mamba-2 layers before it carry order), an MLP of squared ReLU without a
+gate, or (Nemotron 3's) experts of that MLP's kind routed as DeepSeek-V3's, beside a shared one.
 Its attention layers alone have pages; its Mamba-2 layers keep states (engine/models/hybrid.py). Its checkpoints as
 released name the model `backbone.` (read as `model.`: engine/model_runner.py)."""
 from __future__ import annotations
@@ -10,27 +11,63 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.lora import LoRAError, Target
-from engine.mamba_config import ATTENTION, MAMBA
+from engine.mamba_config import ATTENTION, MAMBA, MOE
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import Attention
 from engine.models.mamba2 import Mamba2Mixer
+from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
 
 class SquaredReLUMLP(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, width: int | None = None) -> None:
         super().__init__()
         self.linear = kernels.linear
-        self.up_weight = empty_param(config.intermediate_size, config.hidden_size, dtype=dtype)
-        self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)
-        self.up_bias = empty_param(config.intermediate_size, dtype=dtype) if config.mlp_bias else None
+        width = width or config.intermediate_size
+        self.up_weight = empty_param(width, config.hidden_size, dtype=dtype)
+        self.down_weight = empty_param(config.hidden_size, width, dtype=dtype)
+        self.up_bias = empty_param(width, dtype=dtype) if config.mlp_bias else None
         self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(F.relu(self.linear(x, self.up_weight, self.up_bias)).square(), self.down_weight,
                            self.down_bias)
+
+
+class SquaredReLUExperts(nn.Module):
+    """Nemotron 3's experts: chosen by sigmoid score plus a correction bias within the best groups, weighed by their
+    scores (renormalized, scaled), as DeepSeek-V3's (SparseMoE's router); each an MLP of squared ReLU without a gate,
+    in a narrower latent width where the model has one; a shared MLP of that kind beside them."""
+
+    route = SparseMoE._route_by_groups
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear, self.moe = kernels.linear, config.moe
+        moe = config.moe
+        hidden, inter = config.hidden_size, moe.moe_intermediate_size
+        width = moe.latent_size or hidden
+        self.router_weight = empty_param(moe.num_experts, hidden, dtype=torch.float32)
+        self.router_bias = empty_param(moe.num_experts, dtype=torch.float32)
+        self.up_weight = empty_param(moe.num_experts, inter, width, dtype=dtype)
+        self.down_weight = empty_param(moe.num_experts, width, inter, dtype=dtype)
+        self.latent_in = empty_param(width, hidden, dtype=dtype) if moe.latent_size else None
+        self.latent_out = empty_param(hidden, width, dtype=dtype) if moe.latent_size else None
+        self.shared = SquaredReLUMLP(config, kernels, dtype, moe.shared_expert_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.route(x)  # [T, k] each, the weights float32
+        h = x if self.latent_in is None else self.linear(x, self.latent_in)
+        out = torch.zeros(h.shape, dtype=weights.dtype, device=x.device)
+        for expert in experts.unique().tolist():  # ascending, as transformers sums them
+            tokens, slot = torch.where(experts == expert)
+            up = F.relu(self.linear(h[tokens], self.up_weight[expert])).square()
+            made = self.linear(up, self.down_weight[expert])
+            out.index_add_(0, tokens, made * weights[tokens, slot, None])
+        out = out.to(x.dtype)
+        return (out if self.latent_out is None else self.linear(out, self.latent_out)) + self.shared(x)
 
 
 class NemotronHBlock(nn.Module):
@@ -42,6 +79,7 @@ class NemotronHBlock(nn.Module):
         self.kind = layout.layer_types[layer]
         self.mixer = Mamba2Mixer(config, kernels, dtype, layout.mamba_layers.index(layer)) if self.kind == MAMBA \
             else Attention(config, kernels, dtype, None) if self.kind == ATTENTION \
+            else SquaredReLUExperts(config, kernels, dtype) if self.kind == MOE \
             else SquaredReLUMLP(config, kernels, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
@@ -68,6 +106,8 @@ class NemotronHForCausalLM(HybridForward):
                 names += [p + f"mixer.{name}" for name in block.mixer.tensor_names()]
             elif block.kind == ATTENTION:
                 names += [p + f"mixer.{x}_proj.weight" for x in "qkvo"]
+            elif block.kind == MOE:
+                names += [p + f"mixer.{name}" for name in self._expert_names(block.mixer)]
             else:
                 names += [p + f"mixer.{x}_proj.{kind}" for x in ("up", "down")
                           for kind in (("weight", "bias") if self.config.mlp_bias else ("weight",))]
@@ -101,6 +141,25 @@ class NemotronHForCausalLM(HybridForward):
                 return attn.o_weight.data
             lo, hi = rows[leaf]
             return attn.qkv_weight.data[lo:hi]
+        if block.kind == MOE:
+            return self._expert_target(block.mixer, leaf)
         mlp = block.mixer
         return {"up_proj.weight": mlp.up_weight, "down_proj.weight": mlp.down_weight, "up_proj.bias": mlp.up_bias,
                 "down_proj.bias": mlp.down_bias}[leaf].data
+
+    @staticmethod
+    def _expert_names(experts: SquaredReLUExperts) -> list[str]:
+        names = ["gate.weight", "gate.e_score_correction_bias", "shared_experts.up_proj.weight",
+                 "shared_experts.down_proj.weight"]
+        names += [f"experts.{e}.{x}_proj.weight" for e in range(experts.moe.num_experts) for x in ("up", "down")]
+        return names + (["fc1_latent_proj.weight", "fc2_latent_proj.weight"] if experts.latent_in is not None else [])
+
+    @staticmethod
+    def _expert_target(experts: SquaredReLUExperts, leaf: str) -> torch.Tensor:
+        parts = leaf.split(".")
+        if parts[0] == "experts":  # experts.{e}.up_proj.weight
+            return (experts.up_weight if parts[2] == "up_proj" else experts.down_weight).data[int(parts[1])]
+        if parts[0] == "shared_experts":
+            return (experts.shared.up_weight if parts[1] == "up_proj" else experts.shared.down_weight).data
+        return {"gate.weight": experts.router_weight, "gate.e_score_correction_bias": experts.router_bias,
+                "fc1_latent_proj.weight": experts.latent_in, "fc2_latent_proj.weight": experts.latent_out}[leaf].data

@@ -221,6 +221,13 @@ TINY_MODELS = {
     "nemotron-h": ("NemotronHConfig", dict(
         layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"], head_dim=16, mamba_num_heads=4,
         mamba_head_dim=32, n_groups=2, ssm_state_size=16, conv_kernel=4, layer_norm_epsilon=1e-5, pad_token_id=0), {}),
+    # Nemotron 3 (Nano 30B-A3B): expert layers too, routed within the best of 2 groups by sigmoid score plus a
+    # correction bias, a shared expert beside them; and (Super's) a latent width the routed experts compute in.
+    "nemotron-h-moe": ("NemotronHConfig", dict(
+        layers_block_type=["mamba", "moe", "attention", "moe"], head_dim=16, mamba_num_heads=4, mamba_head_dim=32,
+        n_groups=2, ssm_state_size=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+        moe_shared_expert_intermediate_size=40, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        moe_latent_size=32, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

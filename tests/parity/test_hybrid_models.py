@@ -29,7 +29,7 @@ from tests.parity.test_transformers_parity import (
     transformers,
 )
 
-HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h")
+HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -284,7 +284,7 @@ def test_nemotron_hs_released_config_lays_its_layers_out_by_its_pattern(tiny_mod
 
 
 @pytest.mark.parametrize("pattern, refused", [
-    ("M-*-ME", r"Nemotron-H's \['E'\] layers are not supported"),
+    ("M-*-MX", r"Nemotron-H's \['X'\] layers are not supported"),
     ("--*---", "needs Mamba-2 and attention layers both"),
 ])
 def test_nemotron_hs_layers_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, pattern, refused):
