@@ -294,3 +294,16 @@ def test_nemotron_hs_layers_it_does_not_serve_are_refused_by_name(tiny_model_dir
     (model_dir / "config.json").write_text(json.dumps({**config, "hybrid_override_pattern": pattern}))
     with pytest.raises(ModelConfigError, match=refused):
         load_model_config(model_dir)
+
+
+def test_a_mamba_layers_steps_are_clamped_in_prompts_and_not_in_decoded_tokens(tiny_model_dirs, tmp_path):
+    """With dt_bias far below zero every step's dt falls under Nemotron-H's time_step_min: transformers clamps a
+    prompt's (its chunked scan) and not a decoded token's (its one-token update), and so does every step here,
+    decoded tokens beside prompt chunks too."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = shutil.copytree(tiny_model_dirs["nemotron-h"], tmp_path / "slow")
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({name: torch.full_like(t, -10.0) if name.endswith("mixer.dt_bias") else t
+               for name, t in tensors.items()}, model_dir / "model.safetensors")
+    _check_greedy(model_dir, max_num_batched_tokens=32)
