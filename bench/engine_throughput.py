@@ -29,7 +29,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.demo_model import is_demo_model_dir, make_demo_model
-from engine.kv_pool import kv_block_bytes
+from engine.kv_pool import num_state_blocks
 from engine.llm_engine import LLMEngine
 from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
@@ -83,14 +83,6 @@ def make_hybrid_model(path: Path, name: str) -> None:
         bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-
-
-def state_pages(model_dir: Path) -> int:
-    """The pages each sequence holds for its recurrent states (a hybrid model's; 0 for others)."""
-    config = load_model_config(model_dir)
-    if config.state_shape is None:
-        return 0
-    return config.state_shape.num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
 
 
 # --- workload -------------------------------------------------------------------------
@@ -176,7 +168,7 @@ class StepProfiler:
 def make_engine(model_dir: Path, workloads: list[list[Request]], max_num_batched_tokens: int,
                 device: str) -> LLMEngine:
     # Room for every request of a workload at once (no preemption), plus the warm-up and batch-1 requests.
-    states = state_pages(model_dir)
+    states = num_state_blocks(load_model_config(model_dir), BLOCK_SIZE, torch.float32)
     need = max(sum(math.ceil((len(r.prompt) + r.output_len) / BLOCK_SIZE) + states for r in w) for w in workloads)
     extra = 2 * (math.ceil((BATCH1_PROMPT_LEN + BATCH1_OUTPUT_LEN) / BLOCK_SIZE) + states)
     config = EngineConfig(model=str(model_dir), dtype="float32", device=device, block_size=BLOCK_SIZE,

@@ -33,6 +33,13 @@ def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> 
     return 2 * config.num_kv_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
 
 
+def num_state_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """The pages each sequence holds for a hybrid model's recurrent states (engine/recurrent_state.py); 0 for a
+    model without them."""
+    shape = config.state_shape
+    return shape.num_pages(kv_block_bytes(config, block_size, dtype)) if shape is not None else 0
+
+
 def available_memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))

@@ -41,11 +41,24 @@ class RecurrentStates:
     # goes on from), and the states there, [len(offsets), rows' width].
     cuts: dict[int, tuple[int, ...]] = field(default_factory=dict)
     kept: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Worked out once a step, for every layer's `advance`: the rows of one token and nothing kept (computed together)
+    # and their tokens, slices where they lead both (a step's decodes, as a rule), else indices (None: no such rows);
+    # the other rows, computed run by run.
+    single_rows: IndexRows | None = field(init=False)
+    single_tokens: IndexRows | None = field(init=False)
+    run_rows: tuple[int, ...] = field(init=False)
 
-    @property
-    def singles(self) -> list[int]:
-        """The rows of one token and nothing kept: computed together, a step each."""
-        return [row for row, (start, end) in enumerate(self.spans) if end - start == 1 and row not in self.cuts]
+    def __post_init__(self) -> None:
+        singles = [row for row, (start, end) in enumerate(self.spans) if end - start == 1 and row not in self.cuts]
+        tokens = [self.spans[row][0] for row in singles]
+        single_rows = single_tokens = None
+        if singles and singles == tokens == list(range(len(singles))):
+            single_rows = single_tokens = slice(0, len(singles))
+        elif singles:
+            single_rows, single_tokens = (torch.tensor(x, device=self.rows.device) for x in (singles, tokens))
+        object.__setattr__(self, "single_rows", single_rows)
+        object.__setattr__(self, "single_tokens", single_tokens)
+        object.__setattr__(self, "run_rows", tuple(sorted(set(range(len(self.spans))) - set(singles))))
 
     def advance(self, out: torch.Tensor, states: torch.Tensor, kept: Callable[[int], torch.Tensor],
                 step: Callable[[IndexRows, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
@@ -54,15 +67,10 @@ class RecurrentStates:
         recurrence's, a row a sequence) going on in place into `out`: the rows of one token at once by
         `step(tokens, their states)` (out and the states after), the others run by run by `run(start, end, state)`
         (out; the state updated in place), each state after a run but the last into `kept(row)`."""
-        singles = self.singles
-        if singles:
-            tokens = [self.spans[row][0] for row in singles]
-            if singles == tokens == list(range(len(singles))):  # leading both (a step's decodes, as a rule)
-                rows = tokens = slice(0, len(singles))
-            else:
-                rows, tokens = (torch.tensor(x, device=out.device) for x in (singles, tokens))
+        rows, tokens = self.single_rows, self.single_tokens
+        if rows is not None:
             out[tokens], states[rows] = step(tokens, states[rows])
-        for row in sorted(set(range(len(self.spans))) - set(singles)):
+        for row in self.run_rows:
             for start, end, index in self.runs(row):
                 out[start:end] = run(start, end, states[row])
                 if index is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, DecoderLayer
@@ -66,11 +65,6 @@ class GraniteForCausalLM(HybridForward):
         if mamba is None or layer not in mamba.mamba_layers:
             return super()._attention_names(layer)
         return [f"model.layers.{layer}.mamba.{name}" for name in self.layers[layer].attn.tensor_names()]
-
-    def lora_target(self, module: str) -> Target | None:
-        if self.config.mamba is not None:
-            raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture}'s Mamba-2 models yet")
-        return super().lora_target(module)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]

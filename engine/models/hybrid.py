@@ -1,17 +1,23 @@
-"""The forward of a hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's): only its attention layers have pages,
+"""A hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's, Nemotron-H's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
-(AttentionMetadata.recurrent)."""
+(AttentionMetadata.recurrent). LoRA adapters are refused for it."""
 from __future__ import annotations
 
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRAError, Target
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import KVCache
 from engine.prompt_embeds import GivenEmbeddings
 
 
 class HybridForward(LlamaForCausalLM):
+    def lora_target(self, module: str) -> Target | None:
+        if self.config.state_shape is not None:
+            raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} with recurrent layers yet")
+        return super().lora_target(module)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
         places = self.config.kv_places

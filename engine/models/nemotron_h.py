@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.lora import LoRAError, Target
 from engine.mamba_config import ATTENTION, MAMBA, MOE
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
@@ -112,9 +111,6 @@ class NemotronHForCausalLM(HybridForward):
                 names += [p + f"mixer.{x}_proj.{kind}" for x in ("up", "down")
                           for kind in (("weight", "bias") if self.config.mlp_bias else ("weight",))]
         return names
-
-    def lora_target(self, module: str) -> Target | None:
-        raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} yet")
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".mixer.conv1d.weight"):  # [C, 1, K]

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
-from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, Attention, KVCache, paged_attention
@@ -137,9 +136,6 @@ class HybridDecoderLayer(nn.Module):
 class Qwen3NextForCausalLM(HybridForward):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return HybridDecoderLayer(self.config, self.kernels, dtype, layer)
-
-    def lora_target(self, module: str) -> Target | None:
-        raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} yet")
 
     def is_unused_tensor(self, name: str) -> bool:
         # Its multi-token prediction layer (mtp.*), which transformers leaves unread too.

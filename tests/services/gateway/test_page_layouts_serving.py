@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from engine.kv_pool import kv_block_bytes
+from engine.kv_pool import num_state_blocks
 from engine.model_config_loader import load_model_config
 from tests.parity.conftest import make_tiny_model
 from tests.services.gateway.mesh import BLOCK_SIZE, WHOLE_POOL_TOKENS, start_mesh, stop_mesh
@@ -36,14 +36,6 @@ def paged_model(request, tiny_demo_model, tmp_path_factory):
     assert config.get("rope_scaling") is None
     (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
     return model_dir
-
-
-def num_state_pages(model_dir) -> int:
-    """The pages of a request's recurrent states (a hybrid model's; float32 pages), which a reservation adds."""
-    config = load_model_config(model_dir)
-    if config.state_shape is None:
-        return 0
-    return config.state_shape.num_pages(kv_block_bytes(config, BLOCK_SIZE, torch.float32))
 
 
 def transformers_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
@@ -72,6 +64,8 @@ def test_a_decode_worker_decodes_from_the_pages_prefill_handed_over(paged_model,
                 made = [int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens]
                 assert made == tokens, len(prompt)
         assert prefills_by_place(mesh.gateway) == {"decode": 1.0, "prefill": 1.0}
-        mesh.assert_decode_pools_free(num_tokens=WHOLE_POOL_TOKENS - num_state_pages(paged_model) * BLOCK_SIZE)
+        # A reservation adds a hybrid model's pages of the request's recurrent states.
+        num_states = num_state_blocks(load_model_config(paged_model), BLOCK_SIZE, torch.float32)
+        mesh.assert_decode_pools_free(num_tokens=WHOLE_POOL_TOKENS - num_states * BLOCK_SIZE)
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
