@@ -78,6 +78,10 @@ class DraftModel:
         config = load_model_config(Path(model_dir))
         if config.encoder is not None or config.multimodal is not None:
             raise ValueError(f"draft model {model_dir}: a draft model must be a text decoder")
+        if config.state_shape is not None:  # its sequences would need state pages of their own
+            raise ValueError(f"draft model {model_dir}: a draft model with recurrent layers ({config.architecture}) "
+                             "is not supported yet; one of attention layers alone, an EAGLE head or the target's MTP "
+                             "layer drafts for any model")
         if config.vocab_size > target.vocab_size:
             raise ValueError(f"draft model {model_dir}: its vocabulary ({config.vocab_size} tokens) is larger than "
                              f"the target's ({target.vocab_size}); a draft model must share the target's tokenizer")

@@ -29,10 +29,12 @@ from engine.checkpoint import checkpoint_files
 from engine.draft_model import DraftModel, DraftSequence, last_rows
 from engine.eagle_config import EagleConfig
 from engine.kv_pool import KVPool
+from engine.linear_attention_config import HYBRID_LINEAR
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
+from engine.models.qwen3_next_mtp import qwen3_next_mtp_config
 from engine.sequence import Sequence
 
 HEAD_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
@@ -85,9 +87,11 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
 def load_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
     """The multi-token prediction layer in `model_dir`'s checkpoint (the target's own, or a copy) as a head
     drafting for `target`; ValueError where it has none Baton reads."""
+    if target.architecture in HYBRID_LINEAR:
+        return _qwen3_next_mtp_config(model_dir, target)
     if target.architecture not in MTP_HEADS:
         raise ValueError(f"{target.architecture} checkpoints carry no multi-token prediction layer Baton reads "
-                         f"(those of {', '.join(MTP_HEADS)} do)")
+                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR])} do)")
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     num_mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
     if num_mtp_layers != 1:
@@ -100,6 +104,23 @@ def load_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
     return mtp_head_config(target, layer)
 
 
+def _qwen3_next_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
+    """Qwen3-Next's or Qwen3.5's MTP layer (engine/models/qwen3_next_mtp.py): config.json's (or its text_config's)
+    mtp_num_hidden_layers, the layer's tensors under `mtp.`."""
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    text = raw.get("text_config") or raw
+    num_mtp_layers = int(text.get("mtp_num_hidden_layers", 1))
+    if num_mtp_layers != 1:
+        raise ValueError(f"{model_dir}: config.json's mtp_num_hidden_layers is {num_mtp_layers}; Baton drafts with "
+                         "a checkpoint's one MTP layer")
+    if text.get("mtp_use_dedicated_embeddings"):
+        raise ValueError(f"{model_dir}: an MTP layer with embeddings of its own (mtp_use_dedicated_embeddings) is not "
+                         "read yet; Baton's computes with the target's")
+    if "mtp.fc.weight" not in checkpoint_files(model_dir):
+        raise ValueError(f"{model_dir}: the checkpoint has no MTP layer (mtp.fc.weight); some releases leave it out")
+    return qwen3_next_mtp_config(target)
+
+
 @dataclass(eq=False)
 class EagleSequence(DraftSequence):
     """A sequence as the head holds it: its EAGLE inputs by index (index j at the owner's position `base` + j: the
@@ -107,7 +128,7 @@ class EagleSequence(DraftSequence):
     drafts'), and the hidden states handed over since that it has not taken in yet (`pieces`: (the owner's
     position of the first, rows))."""
 
-    masks_first: bool = False  # its input at the owner's position 0 is MASKED (an MTP layer's)
+    masks_first: bool = False  # its input at the owner's position 0 is MASKED (DeepSeek-V3's MTP layer's)
     # Its KV in its owner's pages (the head's layers of them): what they hold before the hidden states it was
     # handed (a cached prefix, a prompt a prefill worker computed) is its own, its context from position 0.
     in_owners_pages: bool = False
@@ -202,7 +223,7 @@ class EagleDrafter(DraftModel):
         the checkpoint the target serves (an MTP layer's), whose weight updates it reads too."""
         config = load_mtp_config(model_dir, target.model_config) if method == "mtp" else \
             load_head_config(model_dir, method, target.model_config)
-        self._masks_first = method == "mtp"  # the first position's embedding: engine/models/mtp.py
+        self._masks_first = config.eagle.masks_first  # the first position's embedding: engine/models/mtp.py
         self.reads_served_checkpoint = reads_served_checkpoint
         eagle = config.eagle
         if target.model.vocabulary is not None and (method == "eagle" or (

@@ -25,3 +25,4 @@ class EagleConfig:
     norm_before_residual: bool = False
     first_layer_name: str = "layers.0."  # EAGLE-3's releases name it "midlayer."
     mtp_layer: int = 0  # an MTP head's layer's index in the checkpoint (the target's layer count)
+    masks_first: bool = False  # its input at position 0 has its embedding zeroed (DeepSeek-V3's MTP layer's)

@@ -30,7 +30,7 @@ from engine.output_streams import OutputStreams, computed_pages
 from engine.outputs import ComputedPages, RequestOutput
 from engine.prompt_embeds import WithheldEmbeddings
 from engine.prompt_images import ImageInput, WithheldImage, placed_images
-from engine.recurrent_state import check_drafts, check_state_pages, settle_draft_states
+from engine.recurrent_state import check_state_pages, settle_draft_states
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -74,7 +74,6 @@ class LLMEngine:
         self.weights_dir = config.model  # the checkpoint served: the model's, or the last weight update's
         self.released_memory: set[str] = set()  # memory_release.py's kinds given back to the host now
         # Made before the pools are sized, so that a draft model's weights are in memory by then.
-        check_drafts(self.model_config.state_shape, config.speculative and config.speculative.method)
         drafter = make_drafter(config.speculative, self.runner, config.model, dtype, config.device, self.max_model_len)
         draft_model = self.draft_model = drafter if isinstance(drafter, DraftModel) else None
         pool_bytes = config.kv_cache_memory_bytes

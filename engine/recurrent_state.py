@@ -191,14 +191,6 @@ def settle_draft_states(pages: StatePages, seqs: list[Sequence]) -> None:
             pages.write_row(seq.state_blocks, kept[num_kept - 1])
 
 
-def check_drafts(shape: StateShape | None, method: str | None) -> None:
-    """ValueError where a hybrid model's (`shape`: its states'; None: not a hybrid) drafts would come from a model
-    or head of their own (`method`: the speculative config's; n-gram drafts are served)."""
-    if shape is not None and method not in (None, "ngram"):
-        raise ValueError(f"speculative decoding by {method} drafts is not supported for hybrid linear-attention "
-                         "models yet (n-gram drafts are)")
-
-
 def check_state_pages(num_blocks: int, num_state_blocks: int) -> None:
     """ValueError where a pool of `num_blocks` pages cannot serve a model whose sequences each hold
     `num_state_blocks` for their states (none: not a hybrid model)."""

@@ -137,3 +137,63 @@ def with_mtp_layer(model_dir, target_dir, seed: int = 0):
                 p + "embed_tokens.weight": tensors["model.embed_tokens.weight"]}
     save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
     return target_dir
+
+
+def with_qwen3_next_mtp_layer(model_dir, target_dir, seed: int = 0):
+    """A copy of a Qwen3-Next or Qwen3.5 checkpoint with the multi-token prediction layer their releases carry
+    under `mtp.` (mtp_num_hidden_layers 1): a full-attention decoder layer shaped as the model's last, random,
+    beside `fc` and the norms `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm` (offsets from 1, as the
+    model's); no embeddings or LM head of its own."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    text["mtp_num_hidden_layers"] = 1
+    (target_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(target_dir / "model.safetensors")
+    layers = "model.language_model.layers." if "text_config" in config else "model.layers."
+    kinds = text.get("layer_types") or ["linear_attention" if (i + 1) % text["full_attention_interval"] else
+                                        "full_attention" for i in range(text["num_hidden_layers"])]
+    last_full = max(i for i, kind in enumerate(kinds) if kind == "full_attention")
+    generator = torch.Generator().manual_seed(seed)
+    hidden = text["hidden_size"]
+
+    def like(t):
+        if t.dim() == 1:  # norms about their offsets, biases about nothing
+            return (t.mean() + 0.1 * torch.randn(t.shape, generator=generator)).to(t.dtype)
+        return (torch.randn(t.shape, generator=generator) / t.shape[-1] ** 0.5).to(t.dtype)
+
+    for name, t in list(tensors.items()):
+        if name.startswith(f"{layers}{last_full}."):
+            tensors[name.replace(f"{layers}{last_full}.", "mtp.layers.0.", 1)] = like(t)
+    norm = tensors[layers.removesuffix("layers.") + "norm.weight"]
+    tensors |= {"mtp.fc.weight": torch.randn(hidden, 2 * hidden, generator=generator) / (2 * hidden) ** 0.5,
+                "mtp.pre_fc_norm_embedding.weight": like(norm), "mtp.pre_fc_norm_hidden.weight": like(norm),
+                "mtp.norm.weight": like(norm)}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir
+
+
+def qwen3_next_mtp_replica(model_dir, target_dir, layer_scale: float):
+    """A Qwen3-Next or Qwen3.5 checkpoint whose MTP layer agrees with it often: each of the model's layers adds
+    `layer_scale` of what it added (its output projections scaled), so that its next token is mostly its LM head's
+    pick for the token it reads; the MTP layer passes that token's normed embedding alone through (fc, its layer
+    adding nothing) into the model's final norm and LM head, and so drafts that pick. Where the scaled layers
+    change it, the draft is rejected: what a trained layer's agreement can be held to, here where none lies."""
+    import torch
+
+    with_qwen3_next_mtp_layer(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    tensors = load_file(target_dir / "model.safetensors")
+    outputs = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+    for name, t in tensors.items():
+        if name.endswith(outputs):
+            tensors[name] = t * (0.0 if name.startswith("mtp.") else layer_scale)
+    hidden = text["hidden_size"]
+    final_norm = "model.language_model.norm.weight" if "text_config" in config else "model.norm.weight"
+    tensors |= {"mtp.fc.weight": torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), dim=1),
+                "mtp.pre_fc_norm_embedding.weight": torch.zeros(hidden), "mtp.norm.weight": tensors[final_norm]}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir

@@ -19,6 +19,7 @@ from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
+from engine.models.qwen3_next_mtp import Qwen3NextMTP
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -71,6 +72,7 @@ MODEL_REGISTRY = {
     "Eagle3LlamaForCausalLM": Eagle3LlamaForCausalLM,
     "DeepseekV3MTP": DeepseekV3MTP,  # and the multi-token prediction layers of these checkpoints (engine/models/mtp.py)
     "Glm4MoeMTP": Glm4MoeMTP,
+    "Qwen3NextMTP": Qwen3NextMTP,  # Qwen3-Next's and Qwen3.5's (engine/models/qwen3_next_mtp.py)
     # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
     "BertModel": BertModel,
     "RobertaModel": BertModel,

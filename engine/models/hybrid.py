@@ -27,6 +27,11 @@ class HybridForward(LlamaForCausalLM):
         if given is not None:
             h = given.placed(h)
         h = self._scaled_inputs(h)
+        captured = []
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self._ropes(positions))):
+            if i in self.captured_layers:
+                captured.append(h)
             h = layer(h, cos, sin, kv_caches[places[i]] if i in places else None, meta)
+        if captured:
+            self.captured = torch.cat(captured, dim=-1)
         return self._final_norm(h)

@@ -11,7 +11,7 @@ zeroed, as vLLM's layer zeroes it (the head is handed the token id MASKED there)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -84,18 +84,23 @@ class _MultiTokenPredictor:
         return not name.startswith(f"model.layers.{self._checkpoint_layer}.")  # the target's own tensors
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        own, prefix = self._own_names(), f"model.layers.{self._checkpoint_layer}."
+        prefix = f"model.layers.{self._checkpoint_layer}."
+        super().load_weights(("model.layers.0." + name.removeprefix(prefix), tensor)
+                             for name, tensor in read_own(tensors, self._own_names()))
 
-        def the_layer() -> Iterable[tuple[str, torch.Tensor]]:
-            for name, tensor in tensors:
-                if name in own:
-                    if own[name].shape != tensor.shape:
-                        raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected "
-                                         f"{tuple(own[name].shape)}")
-                    own[name].data.copy_(tensor)
-                else:
-                    yield "model.layers.0." + name.removeprefix(prefix), tensor
-        super().load_weights(the_layer())
+
+def read_own(tensors: Iterable[tuple[str, torch.Tensor]], own: dict[str, torch.Tensor],
+             stored: Callable[[str, torch.Tensor], torch.Tensor] = lambda name, tensor: tensor,
+             ) -> Iterator[tuple[str, torch.Tensor]]:
+    """An MTP layer's tensors of its own (`own`, by checkpoint name) copied in, as `stored` makes them of the
+    checkpoint's (ValueError for another shape); the others, its decoder layer's, yielded for the model to read."""
+    for name, tensor in tensors:
+        if name not in own:
+            yield name, tensor
+            continue
+        if own[name].shape != tensor.shape:
+            raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}")
+        own[name].data.copy_(stored(name, tensor))
 
 
 class DeepseekV3MTP(_MultiTokenPredictor, DeepseekV3ForCausalLM):
@@ -115,4 +120,5 @@ def mtp_head_config(target: ModelConfig, mtp_layer: int) -> ModelConfig:
     """The head's ModelConfig: the target's, of the one layer at `mtp_layer` in its checkpoint."""
     return dataclasses.replace(target, architecture=MTP_HEADS[target.architecture], num_layers=1,
                                rope_layers=frozenset({0}), sliding_layers=frozenset(), tie_word_embeddings=False,
-                               eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size, mtp_layer=mtp_layer))
+                               eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size, mtp_layer=mtp_layer,
+                                                 masks_first=True))

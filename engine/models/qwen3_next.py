@@ -121,7 +121,8 @@ class HybridDecoderLayer(nn.Module):
         self.eps, self.rms_norm = config.rms_norm_eps, kernels.rms_norm
         self.input_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
-        linear_layers = config.linear_attention.linear_layers
+        # (none in a multi-token prediction layer's config: engine/models/qwen3_next_mtp.py)
+        linear_layers = config.linear_attention.linear_layers if config.linear_attention is not None else ()
         self.is_linear = layer in linear_layers
         self.attn = GatedDeltaNet(config, kernels, dtype, linear_layers.index(layer)) if self.is_linear else \
             GatedAttention(config, kernels, dtype, None)
@@ -142,7 +143,8 @@ class Qwen3NextForCausalLM(HybridForward):
         return name.startswith("mtp.") or super().is_unused_tensor(name)
 
     def _attention_names(self, layer: int) -> list[str]:
-        if layer not in self.config.linear_attention.linear_layers:
+        linear = self.config.linear_attention
+        if linear is None or layer not in linear.linear_layers:
             return super()._attention_names(layer)
         p = f"model.layers.{layer}.linear_attn."
         projections = ("in_proj_qkvz", "in_proj_ba") if self.config.linear_attention.fused_projections else \

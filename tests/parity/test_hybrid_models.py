@@ -225,8 +225,6 @@ def test_qwen3_5s_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_la
 
 
 @pytest.mark.parametrize("name, overrides, refused", [
-    ("qwen3.5", dict(speculative=SpeculativeConfig(num_speculative_tokens=2, method="mtp")),
-     "speculative decoding by mtp drafts is not supported"),
     ("qwen3.5", dict(tensor_parallel_size=2), "tensor parallelism splits"),
     ("granite4-h", dict(tensor_parallel_size=2), "does not split models with recurrent layers"),
     ("qwen3.5", dict(num_kv_blocks=1), "its recurrent states alone take 1 pages"),

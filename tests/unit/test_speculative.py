@@ -31,7 +31,8 @@ def test_the_config_reads_vllms_keys_and_refuses_what_it_does_not_serve():
         SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="eagle drafts need the draft's directory as model"):
         SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 2})
-    for mtp in ("mtp", "deepseek_mtp", "glm4_moe_mtp"):  # vLLM's names, old and new; the target's own layer
+    # vLLM's names, old and new; the target's own layer
+    for mtp in ("mtp", "deepseek_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "qwen3_next_mtp", "qwen3_5_mtp"):
         assert SpeculativeConfig.from_dict({"method": mtp, "num_speculative_tokens": 1}) == \
             SpeculativeConfig(num_speculative_tokens=1, method="mtp")
     with pytest.raises(ValueError, match="ngram drafts take no model"):

@@ -19,7 +19,8 @@ from engine.config import EngineConfig
 from engine.demo_model import make_demo_model
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.draft_models import eagle_replica, first_layers_copy, with_mtp_layer
+from engine.speculative import SpeculativeConfig
+from tests.draft_models import eagle_replica, first_layers_copy, qwen3_next_mtp_replica, with_mtp_layer
 from tests.services.gateway.mesh import start_mesh, stop_mesh
 
 MAX_TOKENS = 48
@@ -108,14 +109,19 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
         assert all(code == 0 for code in stop_mesh(mesh).values())
 
 
-def test_a_deepseek_checkpoints_mtp_layer_drafts_on_the_decode_workers(tmp_path):
+@pytest.mark.parametrize("kind", ["deepseek-v3", "qwen3.5"])
+def test_a_checkpoints_mtp_layer_drafts_on_the_decode_workers(tmp_path, kind):
     """`{"method": "mtp"}` on decode workers serving DeepSeek-V3 (latent attention and experts, in the MTP layer
-    too): streams equal plain decoding whether the prompt was prefilled on the decode worker (the layer's context
-    its own) or on a prefill worker (from the decode worker's first token); the layer drafts (its random weights
-    are seldom right)."""
+    too) or Qwen3.5 (its recurrent states handed over beside the pages, the layer's KV in them): streams equal plain
+    decoding whether the prompt was prefilled on the decode worker (the layer's context its own) or on a prefill
+    worker (from the decode worker's first token); the layer drafts (DeepSeek's random weights are seldom right;
+    Qwen3.5's layer is made to agree with its model often)."""
     from tests.parity.conftest import make_tiny_model
 
-    model = with_mtp_layer(make_tiny_model(tmp_path / "deepseek", "deepseek-v3"), tmp_path / "deepseek-mtp")
+    if kind == "deepseek-v3":
+        model = with_mtp_layer(make_tiny_model(tmp_path / "tiny", kind), tmp_path / "mtp")
+    else:
+        model = qwen3_next_mtp_replica(make_tiny_model(tmp_path / "tiny", kind), tmp_path / "mtp", layer_scale=0.01)
     tokenizer = make_demo_model(tmp_path / "tokenizer", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                                 vocab_size=512)  # its tokenizer: 512 tokens, as the model's vocabulary
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -141,7 +147,12 @@ def test_a_deepseek_checkpoints_mtp_layer_drafts_on_the_decode_workers(tmp_path)
                 assert made == expected[len(prompt)], len(prompt)
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
         assert _counter(metrics, "baton_spec_decode_num_draft_tokens_total") > 0
-        mesh.assert_decode_pools_free(num_tokens=1023)
+        if kind == "qwen3.5":
+            assert _counter(metrics, "baton_spec_decode_num_accepted_tokens_total") > 0
+        # A reservation adds a hybrid model's pages of the request's recurrent states (the MTP layer's in each).
+        drafted = LLMEngine(EngineConfig(model=str(model), num_kv_blocks=64, speculative=SpeculativeConfig.from_dict(
+            json.loads(speculative[1]))))
+        mesh.assert_decode_pools_free(num_tokens=1023 - 16 * drafted.block_manager.num_state_blocks)
     finally:
         assert all(code == 0 for code in stop_mesh(mesh).values())
 
