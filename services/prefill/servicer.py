@@ -114,9 +114,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                kvstore_address: str = "", metrics: ServiceMetrics | None = None, num_state_blocks: int = 0) -> None:
         """`pool_tensor`: our KV pool [L, 2, Hkv, N, bs, D]. `kvstore_address`: the kvstore node
         that computed prefix blocks are stored on ("": none). `num_state_blocks`: the pages of a request's
-        recurrent states (a hybrid model's), handed over after its tokens' once its last chunk is computed: its
-        pages are then not sent early, and its prefixes not stored (a prefix's KV serves no other prompt without
-        the states at its end)."""
+        recurrent states (a hybrid model's), handed over after its tokens' once its last chunk is computed (its
+        tokens' pages may go early, as any model's: they do not change once computed); its prefixes are then not
+        stored (a prefix's KV serves no other prompt without the states at its end)."""
         self.engine_loop = engine_loop
         self.layout = layout
         self.metrics = metrics or self.metrics
@@ -124,8 +124,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         if num_state_blocks:
             kvstore_address = ""
         self._writer = KVWriter(pool_tensor, layout, host_id(), checksum=self.kv_checksum)
-        self._early = EarlySending(self.early_kv_transfer and not num_state_blocks, self._writer, self._reservations,
-                                   layout.block_size)
+        self._early = EarlySending(self.early_kv_transfer, self._writer, self._reservations, layout.block_size)
         self._host_tier = PrefillHostTier(pool_tensor, layout, kvstore_address, checksum=self.kv_checksum)
 
     async def reset_host_tier(self) -> int:

@@ -183,3 +183,30 @@ def test_a_prefill_worker_takes_the_decode_workers_eagle_head_to_compute_its_kv_
         is None
     with pytest.raises(ConfigError, match=r"--speculative-config \(or \$BATON_PREFILL_SPECULATIVE_CONFIG\)"):
         PrefillServiceConfig.from_args([*model, "--speculative-config", '{"method": "eagle"}'], {})
+
+
+def test_a_hybrid_models_token_pages_go_early_and_its_state_pages_after_the_first_token(tmp_path):
+    """Qwen3.5's full-attention pages of each chunk go while the rest computes; its recurrent states, final only at
+    the prompt's end, go with the last pages after the first token; the decode worker continues from both."""
+    from tests.parity.conftest import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "qwen3.5", "qwen3.5")
+    prompt = [token % 500 + 3 for token in long_prompt(9)[:10 * CHUNK_TOKENS + 5]]  # 512 tokens, a context of 1024
+    colocated = LLMEngine(EngineConfig(model=str(model), num_kv_blocks=256))
+    expected = _colocated_run(colocated, "ref", prompt, GREEDY).token_ids
+    num_states = colocated.block_manager.num_state_blocks
+    decode = Service("decode", DECODE_SERVICE, model, "--kv-blocks", "64")  # pages for one context
+    decode.stub = decode_pb2_grpc.DecodeStub(decode.channel)
+    prefill = prefill_worker(model, "--early-kv-transfer", "on")
+    try:
+        first, handoff = prefill_stream(prefill, "hybrid", prompt,
+                                        prefill_pb2.KVTarget(decode_address=decode.address, transport=GRPC))
+        timings = handoff.handoff.timings
+        num_pages = -(-len(prompt) // BLOCK_SIZE) + num_states
+        assert timings.kv_transfer_bytes == num_pages * page_bytes(decode)
+        assert 0.5 * timings.kv_transfer_bytes <= timings.kv_transfer_early_bytes < timings.kv_transfer_bytes
+        assert decoded(decode, "hybrid", prompt, first, handoff) == expected
+        assert_decode_pool_free(decode, num_tokens=(64 - num_states) * BLOCK_SIZE - 1)
+    finally:
+        assert prefill.terminate() == 0
+        assert decode.terminate() == 0

@@ -204,12 +204,13 @@ def test_cancelled_prefill_releases_its_pages(decode, prefill):
     assert_prefill_pool_free(decode, prefill)
 
 
-def assert_decode_pool_free(decode, within_s: float = 1.0) -> None:
-    """Reserving every page of the decode pool succeeds (retried for `within_s`)."""
+def assert_decode_pool_free(decode, within_s: float = 1.0, num_tokens: int = DECODE_KV_BLOCKS * BLOCK_SIZE - 1
+                            ) -> None:
+    """Reserving every page of the decode pool (`num_tokens`' pages) succeeds (retried for `within_s`)."""
     deadline = time.monotonic() + within_s
     while True:
         try:
-            reserve(decode, "whole-pool", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
+            reserve(decode, "whole-pool", [1] * num_tokens)
             break
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, e
