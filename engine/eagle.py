@@ -30,10 +30,12 @@ from engine.draft_model import DraftModel, DraftSequence, last_rows
 from engine.eagle_config import EagleConfig
 from engine.kv_pool import KVPool
 from engine.linear_attention_config import HYBRID_LINEAR
+from engine.mamba_config import NEMOTRON_H
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
 from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
+from engine.models.nemotron_h_mtp import nemotron_h_mtp_config
 from engine.models.qwen3_next_mtp import qwen3_next_mtp_config
 from engine.sequence import Sequence
 
@@ -89,9 +91,11 @@ def load_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
     drafting for `target`; ValueError where it has none Baton reads."""
     if target.architecture in HYBRID_LINEAR:
         return _qwen3_next_mtp_config(model_dir, target)
+    if target.architecture == NEMOTRON_H:
+        return _nemotron_h_mtp_config(model_dir, target)
     if target.architecture not in MTP_HEADS:
         raise ValueError(f"{target.architecture} checkpoints carry no multi-token prediction layer Baton reads "
-                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR])} do)")
+                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR, NEMOTRON_H])} do)")
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     num_mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
     if num_mtp_layers != 1:
@@ -119,6 +123,21 @@ def _qwen3_next_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
     if "mtp.fc.weight" not in checkpoint_files(model_dir):
         raise ValueError(f"{model_dir}: the checkpoint has no MTP layer (mtp.fc.weight); some releases leave it out")
     return qwen3_next_mtp_config(target)
+
+
+def _nemotron_h_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
+    """Nemotron 3's MTP layer (engine/models/nemotron_h_mtp.py): config.json's num_nextn_predict_layers and
+    mtp_layers_block_type (or mtp_hybrid_override_pattern), its blocks' tensors under `mtp.layers.`."""
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    num_mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
+    if num_mtp_layers != 1:
+        raise ValueError(f"{model_dir}: config.json's num_nextn_predict_layers is {num_mtp_layers}; Baton drafts "
+                         "with a checkpoint's one MTP layer")
+    if "mtp.layers.0.eh_proj.weight" not in checkpoint_files(model_dir):
+        raise ValueError(f"{model_dir}: the checkpoint has no MTP layer (mtp.layers.0.eh_proj.weight); some releases "
+                         "leave it out")
+    return nemotron_h_mtp_config(target, list(raw.get("mtp_layers_block_type") or
+                                              raw.get("mtp_hybrid_override_pattern") or ""))
 
 
 @dataclass(eq=False)
@@ -235,7 +254,7 @@ class EagleDrafter(DraftModel):
         whole = target.model_config
         if (config.num_kv_heads, config.head_dim, config.mla is None) == (whole.num_kv_heads, whole.head_dim,
                                                                           whole.mla is None):
-            self.pool_layers = config.num_layers
+            self.pool_layers = config.num_kv_layers
         self.runner.model.share(target.model)
         target.model.captured_layers = config.eagle.target_layers
         target.hidden_listener = self._take_rows

@@ -51,7 +51,10 @@ class Mamba2Layout:
         return self.intermediate_size + 2 * self.num_groups * self.state_size
 
     @property
-    def state_shape(self) -> StateShape:
+    def state_shape(self) -> StateShape | None:
+        """None for blocks without a Mamba-2 layer (Nemotron-H's MTP layer: engine/models/nemotron_h_mtp.py)."""
+        if not self.mamba_layers:
+            return None
         return StateShape(len(self.mamba_layers), self.conv_dim, self.conv_kernel - 1, self.num_heads,
                           self.head_dim, self.state_size)
 

@@ -120,11 +120,7 @@ def with_mtp_layer(model_dir, target_dir, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     hidden = config["hidden_size"]
 
-    def like(t):
-        if t.dim() == 1:  # norms about one, biases about nothing
-            return (t.mean() + 0.1 * torch.randn(t.shape, generator=generator)).to(t.dtype)
-        return (torch.randn(t.shape, generator=generator) / t.shape[-1] ** 0.5).to(t.dtype)
-
+    like = random_like(generator)
     for name, t in list(tensors.items()):
         if name.startswith(f"model.layers.{last}."):
             tensors[name.replace(f"model.layers.{last}.", f"model.layers.{mtp}.", 1)] = like(t)
@@ -159,11 +155,7 @@ def with_qwen3_next_mtp_layer(model_dir, target_dir, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     hidden = text["hidden_size"]
 
-    def like(t):
-        if t.dim() == 1:  # norms about their offsets, biases about nothing
-            return (t.mean() + 0.1 * torch.randn(t.shape, generator=generator)).to(t.dtype)
-        return (torch.randn(t.shape, generator=generator) / t.shape[-1] ** 0.5).to(t.dtype)
-
+    like = random_like(generator)
     for name, t in list(tensors.items()):
         if name.startswith(f"{layers}{last_full}."):
             tensors[name.replace(f"{layers}{last_full}.", "mtp.layers.0.", 1)] = like(t)
@@ -197,3 +189,46 @@ def qwen3_next_mtp_replica(model_dir, target_dir, layer_scale: float):
                 "mtp.pre_fc_norm_embedding.weight": torch.zeros(hidden), "mtp.norm.weight": tensors[final_norm]}
     save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
     return target_dir
+
+
+def with_nemotron_h_mtp_layer(model_dir, target_dir, seed: int = 0):
+    """A copy of a Nemotron 3 checkpoint (experts in its blocks) with the multi-token prediction layer its releases
+    carry under `mtp.layers.` (num_nextn_predict_layers 1, mtp_hybrid_override_pattern "*E"): an attention block
+    and an expert block shaped as the model's, random, the first with `enorm`, `hnorm` and `eh_proj`, the last with
+    `final_layernorm`."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    config |= {"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*E"}
+    config.pop("mtp_layers_block_type", None)
+    (target_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(target_dir / "model.safetensors")
+    kinds = config["layers_block_type"]
+    blocks = {"mtp.layers.0.": kinds.index("full_attention"), "mtp.layers.1.": kinds.index("moe")}
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config["hidden_size"]
+
+    like = random_like(generator)
+    for prefix, layer in blocks.items():
+        for name, t in list(tensors.items()):
+            if name.startswith(f"backbone.layers.{layer}."):
+                tensors[name.replace(f"backbone.layers.{layer}.", prefix, 1)] = like(t)
+    norm = tensors["backbone.norm_f.weight"]
+    tensors |= {"mtp.layers.0.enorm.weight": like(norm), "mtp.layers.0.hnorm.weight": like(norm),
+                "mtp.layers.0.eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=generator) / hidden,
+                "mtp.layers.1.final_layernorm.weight": like(norm)}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir
+
+
+def random_like(generator):
+    """A random tensor shaped as the one it is given: a vector (a norm, a bias) about its mean, a matrix scaled by
+    its inputs' count."""
+    import torch
+
+    def like(t):
+        if t.dim() == 1:
+            return (t.mean() + 0.1 * torch.randn(t.shape, generator=generator)).to(t.dtype)
+        return (torch.randn(t.shape, generator=generator) / t.shape[-1] ** 0.5).to(t.dtype)
+    return like

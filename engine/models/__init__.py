@@ -16,6 +16,7 @@ from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.nemotron_h import NemotronHForCausalLM
+from engine.models.nemotron_h_mtp import NemotronHMTP
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
@@ -73,6 +74,7 @@ MODEL_REGISTRY = {
     "DeepseekV3MTP": DeepseekV3MTP,  # and the multi-token prediction layers of these checkpoints (engine/models/mtp.py)
     "Glm4MoeMTP": Glm4MoeMTP,
     "Qwen3NextMTP": Qwen3NextMTP,  # Qwen3-Next's and Qwen3.5's (engine/models/qwen3_next_mtp.py)
+    "NemotronHMTP": NemotronHMTP,  # Nemotron 3's (engine/models/nemotron_h_mtp.py)
     # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
     "BertModel": BertModel,
     "RobertaModel": BertModel,

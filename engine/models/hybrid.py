@@ -26,7 +26,12 @@ class HybridForward(LlamaForCausalLM):
         h = self._embed(input_ids)
         if given is not None:
             h = given.placed(h)
-        h = self._scaled_inputs(h)
+        return self._through_layers(self._scaled_inputs(h), positions, meta, kv_caches)
+
+    def _through_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                        kv_caches: list[KVCache]) -> torch.Tensor:
+        """`h` through every layer (an attention layer reading its place's pages) and the final norm."""
+        places = self.config.kv_places
         captured = []
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self._ropes(positions))):
             if i in self.captured_layers:

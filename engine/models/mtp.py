@@ -30,17 +30,45 @@ from kernels.registry import Kernels
 MASKED = -1  # the input id of a position whose embedding the layer zeroes
 
 
-class _MultiTokenPredictor:
-    """The MTP layer over a target model class's decoder layer (mixed in before that class). Its ModelConfig is
-    the target's with one layer, and EagleConfig.mtp_layer that layer's index in the checkpoint."""
+class JoinedInputs:
+    """An MTP layer's first step (mixed in before the model class whose layers it runs): the next token's embedding
+    and the target's hidden state, each RMS-normed, joined by a projection; its drafts greedy. Its embeddings and
+    LM head are the target's unless `share` is told otherwise."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__(config, kernels, dtype, max_positions)
+        hidden = config.hidden_size
+        self.embedding_norm = empty_param(hidden, dtype=dtype)
+        self.hidden_norm = empty_param(hidden, dtype=dtype)
+        self.fc_weight = empty_param(hidden, 2 * hidden, dtype=dtype)
+
+    def share(self, target) -> None:
+        """Compute with the target's embeddings and LM head (the very tensors: a weight update reaches both)."""
+        self.embed, self.lm_head = target.embed, target.lm_head
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:
+        return features  # the target's last hidden states, as they are
+
+    def joined(self, input_ids: torch.Tensor, given: GivenEmbeddings | None) -> torch.Tensor:
+        eps, norm = self.config.rms_norm_eps, self.kernels.rms_norm
+        return self.kernels.linear(torch.cat((norm(self._embedded(input_ids), self.embedding_norm, eps),
+                                              norm(features_of(given, input_ids), self.hidden_norm, eps)), dim=-1),
+                                   self.fc_weight)
+
+    def _embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed)
+
+    def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(hidden).argmax(dim=-1)
+
+
+class _MultiTokenPredictor(JoinedInputs):
+    """DeepSeek-V3's MTP layer over a target model class's decoder layer (mixed in before that class). Its
+    ModelConfig is the target's with one layer, and EagleConfig.mtp_layer that layer's index in the checkpoint."""
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         self._checkpoint_layer = config.eagle.mtp_layer  # (read as the layer is made)
         super().__init__(config, kernels, dtype, max_positions)
-        hidden = config.hidden_size
-        self.enorm = empty_param(hidden, dtype=dtype)
-        self.hnorm = empty_param(hidden, dtype=dtype)
-        self.eh_proj = empty_param(hidden, 2 * hidden, dtype=dtype)
 
     def _is_sparse(self, layer: int) -> bool:
         return self.config.moe.is_sparse(self._checkpoint_layer)  # its place in the target's stack says
@@ -48,30 +76,23 @@ class _MultiTokenPredictor:
     def share(self, target) -> None:
         """Its embeddings and head are its own (the checkpoint's copies)."""
 
-    def combine(self, features: torch.Tensor) -> torch.Tensor:
-        return features  # the target's last hidden states, as they are
+    def _embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedded = F.embedding(input_ids.clamp(min=0), self.embed)
+        return embedded.masked_fill((input_ids == MASKED).unsqueeze(-1), 0.0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
-        embedded = F.embedding(input_ids.clamp(min=0), self.embed)
-        embedded = embedded.masked_fill((input_ids == MASKED).unsqueeze(-1), 0.0)
-        eps, norm = self.config.rms_norm_eps, self.kernels.rms_norm
-        x = self.kernels.linear(torch.cat((norm(embedded, self.enorm, eps), norm(features_of(given, input_ids),
-                                                                                   self.hnorm, eps)), dim=-1),
-                                self.eh_proj)
         cos, sin = next(iter(self._ropes(positions)))
-        return self.layers[0](x, cos, sin, kv_caches[0], meta)
+        return self.layers[0](self.joined(input_ids, given), cos, sin, kv_caches[0], meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kernels.linear(self.kernels.rms_norm(hidden, self.norm, self.config.rms_norm_eps),
                                    self.lm_head).float()
 
-    def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.compute_logits(hidden).argmax(dim=-1)
-
     def _own_names(self) -> dict[str, torch.Tensor]:
         p = f"model.layers.{self._checkpoint_layer}."
-        return {p + "enorm.weight": self.enorm, p + "hnorm.weight": self.hnorm, p + "eh_proj.weight": self.eh_proj,
+        return {p + "enorm.weight": self.embedding_norm, p + "hnorm.weight": self.hidden_norm,
+                p + "eh_proj.weight": self.fc_weight,
                 p + "shared_head.norm.weight": self.norm, p + "shared_head.head.weight": self.lm_head,
                 p + "embed_tokens.weight": self.embed}
 

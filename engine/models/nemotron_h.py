@@ -94,6 +94,11 @@ class NemotronHForCausalLM(HybridForward):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return NemotronHBlock(self.config, self.kernels, dtype, layer)
 
+    def is_unused_tensor(self, name: str) -> bool:
+        # Nemotron 3's multi-token prediction layer (mtp.*: engine/models/nemotron_h_mtp.py), which transformers leaves
+        # unread too.
+        return name.startswith("mtp.") or super().is_unused_tensor(name)
+
     def checkpoint_names(self) -> list[str]:
         names = ["model.embeddings.weight", "model.norm_f.weight"]
         if not self.config.tie_word_embeddings:

@@ -14,49 +14,24 @@ import dataclasses
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention_metadata import AttentionMetadata
 from engine.eagle_config import EagleConfig
 from engine.model_config import ModelConfig
-from engine.models.eagle import features_of
 from engine.models.llama_layers import KVCache
-from engine.models.mtp import read_own
-from engine.models.parameters import empty_param
+from engine.models.mtp import JoinedInputs, read_own
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.prompt_embeds import GivenEmbeddings
-from kernels.registry import Kernels
 
 PREFIX = "mtp."
 LAYER = PREFIX + "layers.0."
 
 
-class Qwen3NextMTP(Qwen3NextForCausalLM):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
-        super().__init__(config, kernels, dtype, max_positions)
-        hidden = config.hidden_size
-        self.embedding_norm = empty_param(hidden, dtype=dtype)
-        self.hidden_norm = empty_param(hidden, dtype=dtype)
-        self.fc_weight = empty_param(hidden, 2 * hidden, dtype=dtype)
-
-    def share(self, target: Qwen3NextForCausalLM) -> None:
-        """Compute with the target's embeddings and LM head (the very tensors: a weight update reaches both)."""
-        self.embed, self.lm_head = target.embed, target.lm_head
-
-    def combine(self, features: torch.Tensor) -> torch.Tensor:
-        return features  # the target's last hidden states, as they are
-
+class Qwen3NextMTP(JoinedInputs, Qwen3NextForCausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
-        eps, norm = self.config.rms_norm_eps, self.kernels.rms_norm
-        joined = torch.cat((norm(F.embedding(input_ids, self.embed), self.embedding_norm, eps),
-                            norm(features_of(given, input_ids), self.hidden_norm, eps)), dim=-1)
         cos, sin = next(iter(self._ropes(positions)))
-        return self._final_norm(self.layers[0](self.kernels.linear(joined, self.fc_weight), cos, sin, kv_caches[0],
-                                               meta))
-
-    def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.compute_logits(hidden).argmax(dim=-1)
+        return self._final_norm(self.layers[0](self.joined(input_ids, given), cos, sin, kv_caches[0], meta))
 
     def _own_names(self) -> dict[str, torch.Tensor]:
         return {PREFIX + "fc.weight": self.fc_weight, PREFIX + "pre_fc_norm_embedding.weight": self.embedding_norm,

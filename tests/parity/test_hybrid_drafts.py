@@ -3,8 +3,9 @@ prediction layer (engine/models/qwen3_next_mtp.py; vLLM's `{"method": "mtp"}`, o
 are the layer's as transformers' own decoder layer of the model computes it from transformers' hidden states of the
 target; the tokens are plain decoding's and transformers', whether the drafts are taken or not (the recurrent states
 going on from the last token taken), in one engine, from a cached prefix and after a prefill engine's handoff (the
-layer's KV in the pages handed over). An EAGLE-3 head and a draft model of attention layers draft for them too;
-what is refused."""
+layer's KV in the pages handed over). Nemotron 3's MTP layer (engine/models/nemotron_h_mtp.py: an attention block
+and an expert block) alike. An EAGLE-3 head and a draft model of attention layers draft for them too; what is
+refused."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,12 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
-from tests.draft_models import eagle_head, qwen3_next_mtp_replica, with_qwen3_next_mtp_layer
+from tests.draft_models import (
+    eagle_head,
+    qwen3_next_mtp_replica,
+    with_nemotron_h_mtp_layer,
+    with_qwen3_next_mtp_layer,
+)
 from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs
 from tests.parity.test_hybrid_models import _greedy
 from tests.parity.test_mtp import PARAMS, PROMPTS, _first_drafts
@@ -237,3 +243,94 @@ def test_a_draft_model_with_recurrent_layers_is_refused(tiny_model_dirs):
     speculative = SpeculativeConfig.from_dict({"model": str(tiny_model_dirs["qwen3.5"]), "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match=r"a draft model with recurrent layers \(Qwen3_5ForCausalLM\) is not"):
         LLMEngine(EngineConfig(model=str(tiny_model_dirs["qwen3-next"]), num_kv_blocks=32, speculative=speculative))
+
+
+@pytest.fixture(scope="module")
+def nemotron_mtp(tiny_model_dirs, tmp_path_factory):
+    return with_nemotron_h_mtp_layer(tiny_model_dirs["nemotron-h-moe"], tmp_path_factory.mktemp("nemotron") / "mtp")
+
+
+def _nemotron_reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int]:
+    """Nemotron 3's MTP layer's greedy drafts after the prompt and the target's first token, as vLLM's layer computes
+    them, with transformers' Nemotron-H blocks of the pattern's kinds (attention without RoPE; experts of squared
+    ReLU in the latent width) and transformers' last, normed hidden states of the target: the token at q + 1 and the
+    hidden state at q, each normed, joined by eh_proj, through the blocks, normed by the last one's final_layernorm
+    into the target's LM head; its output is the next draft's hidden state."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.nemotron_h import modeling_nemotron_h as nemotron
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config._attn_implementation = "eager"
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        features = target.get_decoder()(torch.tensor([prompt])).last_hidden_state[0]
+        first = int(target.lm_head(features[-1]).argmax())
+    assert config.mtp_layers_block_type == ["full_attention", "moe"]  # read from mtp_hybrid_override_pattern "*E"
+    config.layers_block_type = config.mtp_layers_block_type
+    tensors = {name.removeprefix("mtp.layers."): t for name, t in load_file(model_dir / "model.safetensors").items()
+               if name.startswith("mtp.layers.")}
+    blocks = []
+    for i in range(2):
+        block = nemotron.NemotronHBlock(config, i).eval()
+        state = {name.removeprefix(f"{i}."): t for name, t in tensors.items()
+                 if name.startswith(f"{i}.") and ".experts." not in name}
+        if i == 1:  # transformers holds the experts fused: [E, out, in] each
+            for projection in ("up_proj", "down_proj"):
+                state[f"mixer.experts.{projection}"] = torch.stack([tensors[f"1.mixer.experts.{e}.{projection}.weight"]
+                                                                    for e in range(config.n_routed_experts)])
+        own = ("enorm.", "hnorm.", "eh_proj.", "final_layernorm.")
+        block.load_state_dict({name: t for name, t in state.items() if not name.startswith(own)})
+        blocks.append(block)
+
+    def rms(x, weight):
+        return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.layer_norm_epsilon)
+
+    tokens = prompt[1:] + [first]
+    drafts = []
+    with torch.no_grad():
+        for _ in range(num_drafts):
+            n = len(tokens)
+            embedded = target.get_input_embeddings()(torch.tensor(tokens))
+            x = torch.cat((rms(embedded, tensors["0.enorm.weight"]), rms(features, tensors["0.hnorm.weight"])), dim=-1)
+            x = (x @ tensors["0.eh_proj.weight"].T)[None]
+            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+            for block in blocks:
+                x = block(x, attention_mask=mask)
+            output = rms(x[0], tensors["1.final_layernorm.weight"])
+            token = int(target.lm_head(output[-1]).argmax())
+            drafts.append(token)
+            tokens.append(token)
+            features = torch.cat((features, output[-1:]))
+    return drafts
+
+
+@pytest.mark.parametrize("length", [37, 3])
+def test_nemotron_3s_mtp_layers_drafts_are_its_blocks_computed_by_transformers(nemotron_mtp, length):
+    prompt = [(13 * j) % 400 + 5 for j in range(length)]
+    engine = LLMEngine(EngineConfig(model=str(nemotron_mtp), num_kv_blocks=64, max_num_batched_tokens=16,
+                                    speculative=MTP))
+    assert engine.runner.kv_pool.tensor.shape[0] == 2  # its attention block's KV in every page, past the model's one
+    assert _first_drafts(engine, prompt) == _nemotron_reference_drafts(nemotron_mtp, prompt, 3)
+    engine.close()
+
+
+def test_nemotron_3s_mtp_layer_changes_how_many_tokens_a_step_makes_never_which(nemotron_mtp):
+    plain, _, _ = _run(nemotron_mtp, None, PROMPTS, PARAMS, max_num_batched_tokens=32)
+    drafted, scheduler, _ = _run(nemotron_mtp, MTP, PROMPTS, PARAMS, max_num_batched_tokens=32)
+    assert_same_outputs(drafted, plain)
+    assert scheduler.num_draft_tokens > 0
+
+
+def test_nemotron_mtp_layers_baton_does_not_read_are_refused(tiny_model_dirs, nemotron_mtp, tmp_path):
+    def engine(model_dir):
+        return LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=32, speculative=MTP))
+
+    with pytest.raises(ValueError, match="num_nextn_predict_layers is 0"):
+        engine(tiny_model_dirs["nemotron-h-moe"])
+    for changes, message in [({"num_nextn_predict_layers": 2}, "num_nextn_predict_layers is 2; Baton drafts with"),
+                             ({"mtp_hybrid_override_pattern": "M*"}, r"blocks \['M', '\*'\] is not supported")]:
+        changed = shutil.copytree(nemotron_mtp, tmp_path / str(len(message)))
+        config = json.loads((changed / "config.json").read_text())
+        (changed / "config.json").write_text(json.dumps({**config, **changes}))
+        with pytest.raises(ValueError, match=message):
+            engine(changed)

@@ -20,7 +20,13 @@ from engine.demo_model import make_demo_model
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
-from tests.draft_models import eagle_replica, first_layers_copy, qwen3_next_mtp_replica, with_mtp_layer
+from tests.draft_models import (
+    eagle_replica,
+    first_layers_copy,
+    qwen3_next_mtp_replica,
+    with_mtp_layer,
+    with_nemotron_h_mtp_layer,
+)
 from tests.services.gateway.mesh import start_mesh, stop_mesh
 
 MAX_TOKENS = 48
@@ -109,17 +115,19 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
         assert all(code == 0 for code in stop_mesh(mesh).values())
 
 
-@pytest.mark.parametrize("kind", ["deepseek-v3", "qwen3.5"])
+@pytest.mark.parametrize("kind", ["deepseek-v3", "qwen3.5", "nemotron-h-moe"])
 def test_a_checkpoints_mtp_layer_drafts_on_the_decode_workers(tmp_path, kind):
     """`{"method": "mtp"}` on decode workers serving DeepSeek-V3 (latent attention and experts, in the MTP layer
-    too) or Qwen3.5 (its recurrent states handed over beside the pages, the layer's KV in them): streams equal plain
-    decoding whether the prompt was prefilled on the decode worker (the layer's context its own) or on a prefill
-    worker (from the decode worker's first token); the layer drafts (DeepSeek's random weights are seldom right;
-    Qwen3.5's layer is made to agree with its model often)."""
+    too), Qwen3.5 or Nemotron 3 (their recurrent states handed over beside the pages, the layer's KV in them):
+    streams equal plain decoding whether the prompt was prefilled on the decode worker (the layer's context its own)
+    or on a prefill worker (from the decode worker's first token); the layer drafts (random weights are seldom
+    right; Qwen3.5's layer is made to agree with its model often)."""
     from tests.parity.conftest import make_tiny_model
 
     if kind == "deepseek-v3":
         model = with_mtp_layer(make_tiny_model(tmp_path / "tiny", kind), tmp_path / "mtp")
+    elif kind == "nemotron-h-moe":
+        model = with_nemotron_h_mtp_layer(make_tiny_model(tmp_path / "tiny", kind), tmp_path / "mtp")
     else:
         model = qwen3_next_mtp_replica(make_tiny_model(tmp_path / "tiny", kind), tmp_path / "mtp", layer_scale=0.01)
     tokenizer = make_demo_model(tmp_path / "tokenizer", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
