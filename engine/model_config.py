@@ -15,6 +15,7 @@ from engine.mamba_config import Mamba2Layout
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
 from engine.multimodal import MultimodalCheckpoint
+from engine.short_conv_config import ShortConvLayout
 from engine.state_shape import StateShape
 from engine.vision.vision_config import VisionConfig
 
@@ -98,6 +99,8 @@ class ModelConfig:
     linear_attention: LinearAttention | None = None
     # A hybrid model's Mamba-2 layers (engine/mamba_config.py: Granite 4.0-H's), as linear_attention.
     mamba: Mamba2Layout | None = None
+    # LFM2's short convolution layers (engine/short_conv_config.py), as linear_attention.
+    short_conv: ShortConvLayout | None = None
 
     @property
     def pooling(self) -> str:
@@ -114,8 +117,8 @@ class ModelConfig:
         return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
 
     @property
-    def _recurrent(self) -> LinearAttention | Mamba2Layout | None:
-        return self.linear_attention or self.mamba
+    def _recurrent(self) -> LinearAttention | Mamba2Layout | ShortConvLayout | None:
+        return self.linear_attention or self.mamba or self.short_conv
 
     @property
     def state_shape(self) -> StateShape | None:

@@ -70,6 +70,7 @@ from engine.rope_config import (
     rope_scaling,
     rope_theta_of,
 )
+from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, lfm2_intermediate_size, read_short_conv
 
 
 class ModelConfigError(ValueError):
@@ -159,6 +160,15 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split the frequencies RoPE turns "
                                f"({rotated // 2} a head)")
+    short_conv = None
+    if arch in LFM2S:
+        if arch == LFM2_MOE and not cfg.get("use_expert_bias", True):
+            raise ModelConfigError(f"{path}: LFM2-MoE's routing without its expert bias (use_expert_bias false) is "
+                                   "not supported")
+        try:
+            short_conv = read_short_conv(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     mamba = None
     if arch in (GRANITE_HYBRID, NEMOTRON_H):
         try:
@@ -193,7 +203,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             head_dim=head_dim,
             rotary_dim=rotary_dim,
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
-            intermediate_size=int(cfg[_mlp_width_key(cfg, arch)]),
+            intermediate_size=lfm2_intermediate_size(cfg) if arch == LFM2 else int(cfg[_mlp_width_key(cfg, arch)]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get(_eps_key(arch), _default_eps(arch))),
             rope_theta=rope_theta_of(cfg, arch, head_dim),
@@ -202,11 +212,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             rope_layers=rope_layers(cfg, arch),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
-            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings",
-                                                        arch in (*GEMMAS, SMOLLM3, *ERNIE45S, *COHERES))),
+            tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
+                "tie_embedding", arch in (*GEMMAS, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch == GPT_OSS,
-            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR)
+            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch == HUNYUAN else
             "head_layer_norm" if arch == COHERE and cfg.get("use_qk_norm") else None,
@@ -238,6 +248,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             gemma4=gemma4,
             linear_attention=linear_attention,
             mamba=mamba,
+            short_conv=short_conv,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:
@@ -298,7 +309,8 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 
 
 def _eps_key(arch: str) -> str:
-    return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else "rms_norm_eps"
+    return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
+        "norm_eps" if arch in LFM2S else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.linear_attention_config import QWEN3_5_MOE, QWEN3_NEXT
 from engine.mamba_config import NEMOTRON_H
+from engine.short_conv_config import LFM2_MOE
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -130,6 +131,12 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
                         dense_layers=frozenset(range(int(cfg.get("first_k_dense_replace") or 0))),
                         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0), fused_experts=True)
+    elif arch == LFM2_MOE:  # LFM2-8B-A1B: after its first dense layers, experts routed as DeepSeek-V3's in one group
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        dense_layers=frozenset(range(int(cfg.get("num_dense_layers", 2)))), scoring="sigmoid",
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
     elif arch == OLMOE:  # experts in every layer, intermediate_size wide, routed as Qwen's
         moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]),

@@ -11,6 +11,7 @@ from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
+from engine.models.lfm2 import Lfm2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.modernbert import ModernBertModel
@@ -40,6 +41,8 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     # Hybrids of Gated DeltaNet and full attention, as their ModelConfig's linear_attention lays them out.
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Lfm2ForCausalLM": Lfm2ForCausalLM,  # LFM2's convolutions between attention layers (engine/models/lfm2.py)
+    "Lfm2MoeForCausalLM": Lfm2ForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says

@@ -228,6 +228,15 @@ TINY_MODELS = {
         n_groups=2, ssm_state_size=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
         moe_shared_expert_intermediate_size=40, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         moe_latent_size=32, pad_token_id=0), {}),
+    # LFM2: short gated convolutions (3 taps) between attention layers whose q and k heads are normed, SwiGLU MLPs two
+    # thirds as wide as configured, rounded up to a multiple of 16.
+    "lfm2": ("Lfm2Config", dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                                block_multiple_of=16, pad_token_id=0), {}),
+    # LFM2-MoE: after a dense first layer, 2 of 4 experts by sigmoid score plus a learnt bias, renormalized, scaled.
+    "lfm2-moe": ("Lfm2MoeConfig", dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv",
+                                                                          "full_attention"],
+                                       num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=48, routed_scaling_factor=2.0, pad_token_id=0), {}),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48), {}),
     # Sliding-window layers (window 16, their own RoPE theta) between full ones with scaled RoPE.
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
@@ -297,9 +306,9 @@ def make_tiny_model(path: Path, name: str) -> Path:
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D")):
                 p.add_(torch.randn_like(p) * 0.2)
-        # A router's learnt bias (GLM's) and Gemma 4's layer scalars are buffers, zeros and ones at init.
+        # A router's learnt bias (GLM's, LFM2-MoE's) and Gemma 4's layer scalars are buffers, zeros and ones at init.
         for pname, b in model.named_buffers():
-            if pname.endswith(("correction_bias", "layer_scalar")):
+            if pname.endswith(("correction_bias", "layer_scalar", "expert_bias")):
                 b.add_(torch.randn_like(b) * 0.2)
     if "dtype" in save:
         model = model.to(save["dtype"])

@@ -29,7 +29,8 @@ from tests.parity.test_transformers_parity import (
     transformers,
 )
 
-HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe")
+HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
+           "lfm2", "lfm2-moe")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -79,7 +80,7 @@ def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_m
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2"])
 def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prompts_sharing_its_prefix(
         tiny_model_dirs, name):
     """A 300-token prompt in one chunk keeps its states every 64 tokens (the run cut there): a prompt sharing its
@@ -124,7 +125,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h"])
+@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -305,3 +306,36 @@ def test_a_mamba_layers_steps_are_clamped_in_prompts_and_not_in_decoded_tokens(t
     save_file({name: torch.full_like(t, -10.0) if name.endswith("mixer.dt_bias") else t
                for name, t in tensors.items()}, model_dir / "model.safetensors")
     _check_greedy(model_dir, max_num_batched_tokens=32)
+
+
+def test_lfm2s_released_config_reads_its_attention_layers_and_its_mlps_width_as_transformers_does(tiny_model_dirs,
+                                                                                                 tmp_path):
+    """LFM2 as released: `full_attn_idxs` for its attention layers (convolutions elsewhere), `block_ff_dim` for the
+    width two thirds of which (rounded up to `block_multiple_of`) its MLPs are, `tie_embedding`."""
+    source = tiny_model_dirs["lfm2"]
+    model_dir = shutil.copytree(source, tmp_path / "released")
+    config = json.loads((model_dir / "config.json").read_text())
+    for key in ("layer_types", "intermediate_size", "tie_word_embeddings"):
+        del config[key]
+    (model_dir / "config.json").write_text(json.dumps({**config, "full_attn_idxs": [1, 3], "block_ff_dim": 160,
+                                                       "tie_embedding": True}))
+    loaded = load_model_config(model_dir)
+    assert loaded.short_conv.conv_layers == (0, 2) and loaded.kv_places == {1: 0, 3: 1}
+    assert loaded.intermediate_size == 112 and loaded.tie_word_embeddings  # 106, rounded up to a multiple of 16
+    engine = _engine(model_dir, max_num_batched_tokens=32)
+    _check_last_logits(engine, _hf_model(source))
+    engine.close()
+
+
+@pytest.mark.parametrize("name, changes, refused", [
+    ("lfm2", {"layer_types": ["conv"] * 4}, "of one kind of layer alone is not supported"),
+    ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "full_attention"]},
+     r"must name convolution or full-attention layers, one a layer of 4, got \['sliding_attention'\]"),
+    ("lfm2-moe", {"use_expert_bias": False}, r"without its expert bias \(use_expert_bias false\) is not supported"),
+])
+def test_lfm2_layouts_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, name, changes, refused):
+    model_dir = shutil.copytree(tiny_model_dirs[name], tmp_path / "refused")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(model_dir)
