@@ -8,6 +8,7 @@ from engine.mamba_config import NEMOTRON_H
 from engine.moe_config import (
     DEEPSEEK_V2,
     DEEPSEEK_V3,
+    DEEPSEEK_V32,
     ERNIE45_MOE,
     GLM4_MOE,
     GLM4_MOE_LITE,
@@ -38,9 +39,9 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
                            ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
-                           *GRANITE_MOES, GRANITE_HYBRID, *HYBRID_LINEAR, NEMOTRON_H, *LFM2S)
+                           *GRANITE_MOES, GRANITE_HYBRID, *HYBRID_LINEAR, NEMOTRON_H, *LFM2S, DEEPSEEK_V32)
 # Multi-head latent attention's (engine/models/mla.py).
-MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4)
+MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, DEEPSEEK_V32, GLM4_MOE_LITE, MISTRAL4)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).

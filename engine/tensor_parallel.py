@@ -9,7 +9,8 @@ add zeros), and each rank's logits fill its run of columns of the whole (the oth
 classifier is made of LM head rows keeps them whole.
 OLMo 2's q/k norms over whole projections are split with them, their squares summed across the ranks. Multi-head
 latent attention (DeepSeek's) splits its heads' q and up-projections of the latent; the latent itself, one row a
-token for every head, is computed and written whole by every rank, as vLLM's ranks each hold it whole.
+token for every head, is computed and written whole by every rank, as vLLM's ranks each hold it whole (and
+DeepSeek-V3.2's indexer with it: each rank chooses the same tokens).
 
 This module says what a rank holds: its model's shape (`shard_config`), its slice of each
 checkpoint tensor (`checkpoint_shard`) and of each LoRA adapter (`lora_shard`), and the sum across
@@ -76,7 +77,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
-                         f"OLMo 2 and 3, DeepSeek V2 and V3, MiniMax-M2, GLM-4 and Command R so far, not "
+                         f"OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4 and Command R so far, not "
                          f"{config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),

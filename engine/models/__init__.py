@@ -66,6 +66,7 @@ MODEL_REGISTRY = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "DeepseekV32ForCausalLM": DeepseekV3ForCausalLM,  # its latent attention sparse, as its MLAConfig says (DSA)
     "Glm4MoeLiteForCausalLM": DeepseekV3ForCausalLM,  # GLM-4.7-Flash, its dense layers by its MoEConfig
     "Mistral4ForCausalLM": DeepseekV3ForCausalLM,  # Mistral Small 4's text model, q scaled by position
     "Llama4ForCausalLM": Llama4ForCausalLM,

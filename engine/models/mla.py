@@ -9,10 +9,16 @@ chunk after projecting its context up to each head's k and v.
 
 DeepSeek's weights hold each RoPE pair's dimensions side by side (`rope_interleave`); their rows are
 reordered as they load so that the usual pairing, half a part apart, is the same rotation.
+
+DeepSeek-V3.2's sparse attention (DSA): an indexer beside it scores every earlier token for each query (its own
+small heads' ReLU'd dot products with a key a token, weighed by the query's heads' weights and summed), and the query
+attends to the `index_topk` best alone. The indexer's key is a third part of each token's row in the pages, so it
+moves, is cached and handed over with the rest.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata, PrefillChunk
@@ -21,12 +27,19 @@ from engine.models.llama_layers import KVCache, RankSum, q_temperature
 from engine.models.parameters import empty_param
 from kernels.mla_attention import (
     causal_attention_torch,
+    latent_decode_attention,
     mla_decode_attention_torch,
     read_latent_rows,
+    sparse_selection,
     write_latent_rows,
 )
 from kernels.registry import Kernels
 from kernels.rotary import pairs_half_apart
+
+# DeepSeek-V3.2's indexer's tensors, by their names within self_attn.
+INDEXER_TENSORS = {"indexer.wq_b.weight": "index_q_weight", "indexer.wk.weight": "index_k_weight",
+                   "indexer.k_norm.weight": "index_k_norm", "indexer.k_norm.bias": "index_k_norm_bias",
+                   "indexer.weights_proj.weight": "index_head_weights"}
 
 
 class MLAttention(nn.Module):
@@ -57,6 +70,12 @@ class MLAttention(nn.Module):
         self.kv_b_weight = empty_param(heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, dtype=dtype)
         self.o_weight = empty_param(hidden, heads * mla.v_head_dim, dtype=dtype)
         self.o_bias = empty_param(hidden, dtype=dtype) if config.o_bias else None
+        if mla.index_topk:  # DeepSeek-V3.2's indexer (DSA): whole on every rank, as the latent is
+            self.index_q_weight = empty_param(mla.index_heads * mla.index_head_dim, mla.q_lora_rank, dtype=dtype)
+            self.index_k_weight = empty_param(mla.index_head_dim, hidden, dtype=dtype)
+            self.index_k_norm = empty_param(mla.index_head_dim, dtype=dtype)
+            self.index_k_norm_bias = empty_param(mla.index_head_dim, dtype=dtype)
+            self.index_head_weights = empty_param(mla.index_heads, hidden, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -74,15 +93,24 @@ class MLAttention(nn.Module):
         if cfg.q_temperature is not None:  # Mistral 4's: q (both parts) scaled by its position
             q_nope = q_temperature(q_nope, cfg.q_temperature, meta.positions)
             q_rope = q_temperature(q_rope, cfg.q_temperature, meta.positions)
-        rows = torch.cat((k_rope.squeeze(1), latent), dim=-1)  # [T, rope + rank]: what the pages keep
+        parts = [k_rope.squeeze(1), latent]
+        index = None  # DSA's queries and their heads' weights, a token
+        if mla.index_topk:
+            index_queries, index_weights, index_keys = self._indexer(x, q_latent, cos, sin)
+            parts.append(index_keys)
+        rows = torch.cat(parts, dim=-1)  # [T, rope + rank (+ index key)]: what the pages keep
         write_latent_rows(rows, *kv_cache, meta.slot_mapping)
         out = q.new_empty(num_tokens, heads, mla.v_head_dim)
         num_decode = meta.num_decode_tokens
         if num_decode:
-            out[:num_decode] = self._decode(q_nope[:num_decode], q_rope[:num_decode], kv_cache, meta)
+            if mla.index_topk:
+                index = index_queries[:num_decode], index_weights[:num_decode]
+            out[:num_decode] = self._decode(q_nope[:num_decode], q_rope[:num_decode], kv_cache, meta, index)
         for chunk in meta.prefills:
             s, e = chunk.start, chunk.end
-            out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk)
+            if mla.index_topk:
+                index = index_queries[s:e], index_weights[s:e]
+            out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk, index)
         projected = ops.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
         return projected if self.rank_sum is None else self.rank_sum(projected)
 
@@ -93,27 +121,66 @@ class MLAttention(nn.Module):
         up = self.kv_b_weight.view(self.config.num_heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
         return up[:, :mla.qk_nope_head_dim], up[:, mla.qk_nope_head_dim:]
 
-    def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """One new token a sequence, in the latent space: q_nope [B, H, nope], q_rope [B, H, rope] → [B, H, v]."""
+    def _indexer(self, x: torch.Tensor, q_latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """DSA's queries [T, Hi, D] (from q's latent), their heads' weights [T, Hi] and keys [T, D] (layer-normed),
+        the first qk_rope_head_dim of each turned by RoPE, pairs half apart (unlike MLA's own)."""
+        mla, ops, rope = self.mla, self.kernels, self.mla.qk_rope_head_dim
+        queries = ops.linear(q_latent, self.index_q_weight).view(x.shape[0], mla.index_heads, mla.index_head_dim)
+        keys = F.layer_norm(ops.linear(x, self.index_k_weight), (mla.index_head_dim,), self.index_k_norm,
+                            self.index_k_norm_bias, eps=1e-6).unsqueeze(1)
+        turned_q, turned_k = ops.apply_rope(queries[..., :rope].contiguous(), keys[..., :rope].contiguous(), cos, sin)
+        queries = torch.cat((turned_q, queries[..., rope:]), dim=-1)
+        keys = torch.cat((turned_k, keys[..., rope:]), dim=-1).squeeze(1)
+        weights = ops.linear(x, self.index_head_weights).float() * mla.index_heads ** -0.5
+        return queries, weights, keys
+
+    def _chosen(self, index: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, visible: torch.Tensor
+                ) -> torch.Tensor:
+        """Which of `rows` (their index keys last) each query DSA lets attend: `visible` [..., n, T] narrowed."""
+        mla = self.mla
+        queries, weights = index
+        return sparse_selection(queries, weights, rows[..., mla.qk_rope_head_dim + mla.kv_lora_rank:], visible,
+                                mla.index_topk, mla.index_head_dim ** -0.5)
+
+    def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata,
+                index: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One new token a sequence, in the latent space: q_nope [B, H, nope], q_rope [B, H, rope] → [B, H, v].
+        `index`: DSA's queries [B, Hi, D] and weights [B, Hi], where the model has them."""
         to_k, to_v = self._up_projections()
         q_absorbed = torch.einsum("bhn,hnr->bhr", q_nope, to_k)  # q_nope · k_nope without making k_nope
-        attended = mla_decode_attention_torch(q_rope, q_absorbed, *kv_cache, meta.decode_block_tables,
-                                              meta.decode_context_lens, self.scale)  # [B, H, rank]
+        if index is None:
+            attended = mla_decode_attention_torch(q_rope, q_absorbed, *kv_cache, meta.decode_block_tables,
+                                                  meta.decode_context_lens, self.scale)  # [B, H, rank]
+        else:
+            rows = read_latent_rows(*kv_cache, meta.decode_block_tables, self.mla.cache_row_width, q_rope.dtype)
+            positions = torch.arange(rows.shape[1], device=rows.device).unsqueeze(0)
+            visible = (positions < meta.decode_context_lens.unsqueeze(1)).unsqueeze(1)  # [B, 1, L]
+            chosen = self._chosen((index[0].unsqueeze(1), index[1].unsqueeze(1)), rows, visible)
+            attended = latent_decode_attention(q_rope, q_absorbed, rows, chosen.squeeze(1), self.scale)
         return torch.einsum("bhr,hvr->bhv", attended, to_v)
 
     def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, rows: torch.Tensor, kv_cache: KVCache,
-                 chunk: PrefillChunk) -> torch.Tensor:
+                 chunk: PrefillChunk, index: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One sequence's chunk, its context's rows (the cached ones, then `rows`: [n, R]) projected up to
-        each head's k and v: q_nope [n, H, nope], q_rope [n, H, rope] → [n, H, v]."""
-        mla, heads = self.mla, self.config.num_heads
+        each head's k and v: q_nope [n, H, nope], q_rope [n, H, rope] → [n, H, v]. `index`: DSA's queries
+        [n, Hi, D] and weights [n, Hi], where the model has them."""
+        mla, heads, rope = self.mla, self.config.num_heads, self.mla.qk_rope_head_dim
+        num_new = rows.shape[0]
         if chunk.context_len:
-            rows = self._context_rows(kv_cache, chunk, rows.shape[0])
-        k_rope, latent = rows.split([mla.qk_rope_head_dim, mla.kv_lora_rank], dim=-1)
+            rows = self._context_rows(kv_cache, chunk, num_new)
+        k_rope, latent = rows[:, :rope], rows[:, rope:rope + mla.kv_lora_rank]
         k_nope, v = self.kernels.linear(latent, self.kv_b_weight).view(
             -1, heads, mla.qk_nope_head_dim + mla.v_head_dim).split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
-        k = torch.cat((k_rope.unsqueeze(1).expand(-1, heads, mla.qk_rope_head_dim), k_nope), dim=-1)
-        return causal_attention_torch(torch.cat((q_rope, q_nope), dim=-1), k, v, chunk.context_len, self.scale)
+        k = torch.cat((k_rope.unsqueeze(1).expand(-1, heads, rope), k_nope), dim=-1)
+        chosen = None
+        if index is not None:
+            total = rows.shape[0]
+            positions = torch.arange(total, device=rows.device)
+            visible = positions.unsqueeze(0) <= positions[total - num_new:].unsqueeze(1)  # [n, total]
+            chosen = self._chosen(index, rows, visible)
+        return causal_attention_torch(torch.cat((q_rope, q_nope), dim=-1), k, v, chunk.context_len, self.scale,
+                                      chosen)
 
     def _context_rows(self, kv_cache: KVCache, chunk: PrefillChunk, num_new: int) -> torch.Tensor:
         """The cached rows of a chunk's sequence up to its last new token: [context_len + num_new, R]."""
@@ -128,7 +195,7 @@ class MLAttention(nn.Module):
                    "q_a_layernorm.weight": "q_a_norm", "q_b_proj.weight": "q_b_weight",
                    "kv_a_proj_with_mqa.weight": "kv_a_weight", "kv_a_proj_with_mqa.bias": "kv_a_bias",
                    "kv_a_layernorm.weight": "kv_a_norm", "kv_b_proj.weight": "kv_b_weight",
-                   "o_proj.weight": "o_weight", "o_proj.bias": "o_bias"}
+                   "o_proj.weight": "o_weight", "o_proj.bias": "o_bias", **INDEXER_TENSORS}
         target = getattr(self, targets[name]).data
         if target.shape != tensor.shape:
             raise ValueError(f"tensor self_attn.{name!r} has shape {tuple(tensor.shape)}, "
@@ -159,4 +226,5 @@ class MLAttention(nn.Module):
         names += ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"]
         names += ["kv_a_proj_with_mqa.bias"] if self.kv_a_bias is not None else []
         names += ["o_proj.bias"] if self.o_bias is not None else []
+        names += list(INDEXER_TENSORS) if self.mla.index_topk else []
         return [prefix + name for name in names]

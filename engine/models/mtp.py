@@ -133,7 +133,8 @@ class Glm4MoeMTP(_MultiTokenPredictor, Glm4MoeForCausalLM):
 
 
 # The target architectures whose checkpoints carry MTP layers, and the head each makes.
-MTP_HEADS = {"DeepseekV3ForCausalLM": "DeepseekV3MTP", "Glm4MoeForCausalLM": "Glm4MoeMTP",
+MTP_HEADS = {"DeepseekV3ForCausalLM": "DeepseekV3MTP", "DeepseekV32ForCausalLM": "DeepseekV3MTP",  # (its indexer too)
+             "Glm4MoeForCausalLM": "Glm4MoeMTP",
              "Glm4MoeLiteForCausalLM": "DeepseekV3MTP"}  # GLM-4.7-Flash's: DeepSeek-V3's kind of layer
 
 

@@ -90,6 +90,16 @@ TINY_MODELS = {
         num_hidden_layers=3, pad_token_id=0,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
+    # DeepSeek-V3.2: V3's model, each query attending to the 8 earlier tokens its indexer (16 heads of 16, RoPE over
+    # the first 8 of each) scores best (DSA). (With few heads, a query whose heads all weigh negatively scores many
+    # tokens exactly 0, and which of them is chosen is the sort's whim: transformers' and ours may differ.)
+    "deepseek-v3.2": ("DeepseekV32Config", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1,
+        num_hidden_layers=3, pad_token_id=0, index_topk=8, index_head_dim=16, index_n_heads=16,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                      "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
     # GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's latent attention and routing in one group, scaled by 1.8, its
     # dense layers named by mlp_layer_types (here the first two).
     "glm4-moe-lite": ("Glm4MoeLiteConfig", dict(

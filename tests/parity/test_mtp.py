@@ -19,7 +19,7 @@ from tests.draft_models import with_mtp_layer
 from tests.unit.test_draft_model import _run
 from tests.unit.test_speculative import assert_same_outputs
 
-MODELS = ["deepseek-v3", "glm4-moe", "glm4-moe-lite"]
+MODELS = ["deepseek-v3", "deepseek-v3.2", "glm4-moe", "glm4-moe-lite"]
 MTP = SpeculativeConfig.from_dict({"method": "deepseek_mtp", "num_speculative_tokens": 3})
 PROMPTS = [[5, 6, 7, 8] * 30, list(range(10, 60)), [9] * 5]  # the tiny models' vocabulary: 512 tokens
 PARAMS = [
@@ -60,6 +60,7 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
     logits, and is the next draft's hidden state."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as deepseek_v32
     from transformers.models.glm4_moe import modeling_glm4_moe as glm
     from transformers.models.glm4_moe_lite import modeling_glm4_moe_lite as glm_lite
 
@@ -68,9 +69,11 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         out = target(torch.tensor([prompt]), output_hidden_states=True)
-    modeling, prefix = {"deepseek_v3": (deepseek, "DeepseekV3"), "glm4_moe": (glm, "Glm4Moe"),
+    modeling, prefix = {"deepseek_v3": (deepseek, "DeepseekV3"), "deepseek_v32": (deepseek_v32, "DeepseekV32"),
+                        "glm4_moe": (glm, "Glm4Moe"),
                         "glm4_moe_lite": (glm_lite, "Glm4MoeLite")}[config.model_type]
-    if config.model_type == "glm4_moe_lite":  # its layer types name the model's layers, not the MTP layer past them
+    if config.model_type in ("glm4_moe_lite", "deepseek_v32"):  # its layer types name the model's layers, not the
+        # MTP layer past them
         config.mlp_layer_types = [*config.mlp_layer_types, "sparse"]
     mtp = config.num_hidden_layers
     tensors = {name.removeprefix(f"model.layers.{mtp}."): t for name, t in load_file(

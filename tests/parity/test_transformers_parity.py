@@ -168,7 +168,8 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
-                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v2", "deepseek-v2-lite", "minimax-m2", "glm4-moe-lite",
+                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v3.2", "deepseek-v2", "deepseek-v2-lite", "minimax-m2",
+                "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
                 "cohere2", "granite-moe-shared", "granite4")
 

@@ -1,9 +1,10 @@
 """Models whose pages are not Llama's through the mesh: DeepSeek-V3's (multi-head latent attention: its pages
-hold the latent rows, not per-head k and v), Gemma 4's (heads of two sizes, the wider over several of the
-pages' heads; no pages for the layers sharing an earlier layer's KV) and the hybrids' (Qwen3.5's Gated DeltaNet,
-Granite 4.0-H's and Nemotron-H's Mamba-2: pages for their attention layers only, and a request's recurrent states in
-pages of their own after its tokens'). The pages a prefill worker computes are handed to the decode worker over
-shared memory or the gRPC stream, and what it decodes from them equals `transformers.generate`."""
+hold the latent rows, not per-head k and v; V3.2's its indexer's keys beside them), Gemma 4's (heads of two sizes,
+the wider over several of the pages' heads; no pages for the layers sharing an earlier layer's KV) and the hybrids'
+(Qwen3.5's Gated DeltaNet, Granite 4.0-H's and Nemotron-H's Mamba-2, LFM2's convolutions: pages for their attention
+layers only, and a request's recurrent states in pages of their own after its tokens'). The pages a prefill worker
+computes are handed to the decode worker over shared memory or the gRPC stream, and what it decodes from them equals
+`transformers.generate`."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ MAX_TOKENS = 12
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "gemma4-e", "qwen3.5", "granite4-h", "nemotron-h"])
+@pytest.fixture(scope="module", params=["deepseek-v3-q-proj", "deepseek-v3.2", "gemma4-e", "qwen3.5", "granite4-h",
+                                        "nemotron-h", "lfm2"])
 def paged_model(request, tiny_demo_model, tmp_path_factory):
     # DeepSeek's cache rows are of odd width (8 + 23): padded in the pages, and so in every transfer.
     model_dir = make_tiny_model(tmp_path_factory.mktemp("pages") / request.param, request.param)
