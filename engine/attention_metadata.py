@@ -1,7 +1,7 @@
 """What attention needs to know about a flattened batch of tokens."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,3 +37,6 @@ class AttentionMetadata:
     positions: torch.Tensor | None = None  # [T] int64: each token's position (Llama 4's NoPE layers scale q by it)
     # A hybrid model's recurrent states, a row a decode token then a row a prefill chunk (engine/recurrent_state.py).
     recurrent: RecurrentStates | None = None
+    # Sparse attention's choices (engine/models/mla.py) of the last layer that made them this step, by where: "decode"
+    # or a chunk's start; a layer without an indexer of its own (GLM-5's shared ones) attends by them.
+    index_choices: dict[str | int, torch.Tensor] = field(default_factory=dict)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEEPSEEK_V32 = "DeepseekV32ForCausalLM"  # DeepSeek-V3.2: V3's model, its attention sparse (DSA)
+GLM_MOE_DSA = "GlmMoeDsaForCausalLM"  # GLM-5: V3.2's, its indexer's RoPE pairs side by side, some layers sharing
+SPARSE_MLA = (DEEPSEEK_V32, GLM_MOE_DSA)
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,9 @@ class MLAConfig:
     index_heads: int = 0
     index_head_dim: int = 0
     index_topk: int = 0
+    index_rope_interleave: bool = False  # the indexer's RoPE pairs side by side (GLM-5's), not half a part apart
+    # Layers without an indexer of their own, attending to the tokens the last layer with one chose (GLM-5's "shared").
+    shared_index_layers: frozenset[int] = frozenset()
 
     @property
     def qk_head_dim(self) -> int:
@@ -42,9 +47,11 @@ def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     # DeepSeek-V2 turns its RoPE dimensions as complex numbers, pairs side by side: V3's interleaving.
     interleaved = True if arch == "DeepseekV2ForCausalLM" else bool(cfg.get("rope_interleave", True))
     index = {}
-    if arch == DEEPSEEK_V32:
-        index = dict(index_heads=int(cfg.get("index_n_heads", 64)), index_head_dim=int(cfg.get("index_head_dim", 128)),
-                     index_topk=int(cfg.get("index_topk", 2048)))
+    if arch in SPARSE_MLA:
+        index = dict(index_heads=int(cfg.get("index_n_heads", 64 if arch == DEEPSEEK_V32 else 32)),
+                     index_head_dim=int(cfg.get("index_head_dim", 128)), index_topk=int(cfg.get("index_topk", 2048)),
+                     index_rope_interleave=arch == GLM_MOE_DSA,
+                     shared_index_layers=_shared_index_layers(cfg) if arch == GLM_MOE_DSA else frozenset())
         if not q_lora_rank:
             raise ValueError("DeepSeek-V3.2's indexer reads q's low-rank latent: q_lora_rank is needed")
         if index["index_head_dim"] < int(cfg["qk_rope_head_dim"]) or index["index_topk"] < 1:
@@ -53,3 +60,21 @@ def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     return MLAConfig(q_lora_rank=int(q_lora_rank) if q_lora_rank else None, kv_lora_rank=int(cfg["kv_lora_rank"]),
                      qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
                      v_head_dim=int(cfg["v_head_dim"]), rope_interleave=interleaved, **index)
+
+
+def _shared_index_layers(cfg: dict) -> frozenset[int]:
+    """GLM-5's layers that reuse the last full layer's choice, as transformers reads them: config.json's
+    `indexer_types` ("full" or "shared" a layer), else `index_topk_pattern` ("F"/"S"), else every
+    `index_topk_freq`-th layer full from `index_skip_topk_offset` - 1 on (and the layers before it)."""
+    num_layers = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("indexer_types")
+    pattern = cfg.get("index_topk_pattern")
+    if kinds is None and pattern is not None:
+        kinds = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
+    if kinds is None:
+        freq, offset = max(int(cfg.get("index_topk_freq", 1)), 1), int(cfg.get("index_skip_topk_offset", 2))
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(num_layers)]
+    if len(kinds) != num_layers or not set(kinds) <= {"full", "shared"} or kinds[0] != "full":
+        raise ValueError(f"indexer_types must name each of the {num_layers} layers 'full' or 'shared', the first "
+                         f"full, got {list(kinds)}")
+    return frozenset(i for i, kind in enumerate(kinds) if kind == "shared")

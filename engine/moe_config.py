@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.linear_attention_config import QWEN3_5_MOE, QWEN3_NEXT
 from engine.mamba_config import NEMOTRON_H
-from engine.mla_config import DEEPSEEK_V32
+from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.short_conv_config import LFM2_MOE
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -23,6 +23,7 @@ MISTRAL4 = "Mistral4ForCausalLM"  # Mistral Small 4's text model: DeepSeek's lat
 _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0),
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      DEEPSEEK_V32: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
+                     GLM_MOE_DSA: dict(n_group=1, topk_group=1, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8)}
 
 

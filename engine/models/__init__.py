@@ -67,6 +67,7 @@ MODEL_REGISTRY = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "DeepseekV32ForCausalLM": DeepseekV3ForCausalLM,  # its latent attention sparse, as its MLAConfig says (DSA)
+    "GlmMoeDsaForCausalLM": DeepseekV3ForCausalLM,  # GLM-5: V3.2's, some layers sharing another's choice
     "Glm4MoeLiteForCausalLM": DeepseekV3ForCausalLM,  # GLM-4.7-Flash, its dense layers by its MoEConfig
     "Mistral4ForCausalLM": DeepseekV3ForCausalLM,  # Mistral Small 4's text model, q scaled by position
     "Llama4ForCausalLM": Llama4ForCausalLM,

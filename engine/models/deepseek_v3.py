@@ -5,6 +5,7 @@ engine/moe_config.py reads (V3 as GLM-4.5: sigmoid scores within groups; V2 by s
 multi-token-prediction layers left unread."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -20,8 +21,9 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
     has_mtp_layers = True
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        shares_choice = layer in self.config.mla.shared_index_layers  # (GLM-5's layers without an indexer)
         return DecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer),
-                            attention=MLAttention)
+                            attention=functools.partial(MLAttention, shares_choice=shares_choice))
 
     def _attention_names(self, layer: int) -> list[str]:
         return self.layers[layer].attn.checkpoint_names(f"model.layers.{layer}.self_attn.")

@@ -48,9 +48,12 @@ class MLAttention(nn.Module):
     # alone, summed across the ranks. Every rank writes the whole latent rows: they are the same on each.
     rank_sum: RankSum | None = None
 
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 shares_choice: bool = False) -> None:
+        """`shares_choice`: a layer of a sparse model without an indexer of its own (GLM-5's shared layers)."""
         super().__init__()
         mla = config.mla
+        self.shares_choice = shares_choice
         self.config, self.mla, self.kernels = config, mla, kernels
         self.scale = config.attention_scale
         if sliding_window is not None:
@@ -70,12 +73,17 @@ class MLAttention(nn.Module):
         self.kv_b_weight = empty_param(heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, dtype=dtype)
         self.o_weight = empty_param(hidden, heads * mla.v_head_dim, dtype=dtype)
         self.o_bias = empty_param(hidden, dtype=dtype) if config.o_bias else None
-        if mla.index_topk:  # DeepSeek-V3.2's indexer (DSA): whole on every rank, as the latent is
+        self.has_indexer = bool(mla.index_topk) and not shares_choice
+        if self.has_indexer:  # DeepSeek-V3.2's indexer (DSA): whole on every rank, as the latent is
             self.index_q_weight = empty_param(mla.index_heads * mla.index_head_dim, mla.q_lora_rank, dtype=dtype)
             self.index_k_weight = empty_param(mla.index_head_dim, hidden, dtype=dtype)
             self.index_k_norm = empty_param(mla.index_head_dim, dtype=dtype)
             self.index_k_norm_bias = empty_param(mla.index_head_dim, dtype=dtype)
             self.index_head_weights = empty_param(mla.index_heads, hidden, dtype=dtype)
+            # A head's dimensions in the order that turns side-by-side RoPE pairs into pairs half apart (GLM-5's).
+            order = torch.cat((pairs_half_apart(mla.qk_rope_head_dim),
+                               torch.arange(mla.qk_rope_head_dim, mla.index_head_dim)))
+            self.register_buffer("index_order", order, persistent=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -95,22 +103,24 @@ class MLAttention(nn.Module):
             q_rope = q_temperature(q_rope, cfg.q_temperature, meta.positions)
         parts = [k_rope.squeeze(1), latent]
         index = None  # DSA's queries and their heads' weights, a token
-        if mla.index_topk:
+        if self.has_indexer:
             index_queries, index_weights, index_keys = self._indexer(x, q_latent, cos, sin)
             parts.append(index_keys)
+        elif mla.index_topk:  # (a layer sharing another's choice keeps no key of its own)
+            parts.append(latent.new_zeros(num_tokens, mla.index_head_dim))
         rows = torch.cat(parts, dim=-1)  # [T, rope + rank (+ index key)]: what the pages keep
         write_latent_rows(rows, *kv_cache, meta.slot_mapping)
         out = q.new_empty(num_tokens, heads, mla.v_head_dim)
         num_decode = meta.num_decode_tokens
         if num_decode:
-            if mla.index_topk:
+            if self.has_indexer:
                 index = index_queries[:num_decode], index_weights[:num_decode]
             out[:num_decode] = self._decode(q_nope[:num_decode], q_rope[:num_decode], kv_cache, meta, index)
         for chunk in meta.prefills:
             s, e = chunk.start, chunk.end
-            if mla.index_topk:
+            if self.has_indexer:
                 index = index_queries[s:e], index_weights[s:e]
-            out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk, index)
+            out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk, meta, index)
         projected = ops.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
         return projected if self.rank_sum is None else self.rank_sum(projected)
 
@@ -129,19 +139,26 @@ class MLAttention(nn.Module):
         queries = ops.linear(q_latent, self.index_q_weight).view(x.shape[0], mla.index_heads, mla.index_head_dim)
         keys = F.layer_norm(ops.linear(x, self.index_k_weight), (mla.index_head_dim,), self.index_k_norm,
                             self.index_k_norm_bias, eps=1e-6).unsqueeze(1)
+        if mla.index_rope_interleave:  # pairs side by side: the even dimensions, then the odd, are pairs half apart
+            queries, keys = queries[..., self.index_order], keys[..., self.index_order]
         turned_q, turned_k = ops.apply_rope(queries[..., :rope].contiguous(), keys[..., :rope].contiguous(), cos, sin)
         queries = torch.cat((turned_q, queries[..., rope:]), dim=-1)
         keys = torch.cat((turned_k, keys[..., rope:]), dim=-1).squeeze(1)
         weights = ops.linear(x, self.index_head_weights).float() * mla.index_heads ** -0.5
         return queries, weights, keys
 
-    def _chosen(self, index: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, visible: torch.Tensor
-                ) -> torch.Tensor:
-        """Which of `rows` (their index keys last) each query DSA lets attend: `visible` [..., n, T] narrowed."""
+    def _chosen(self, meta: AttentionMetadata, where: str | int, index: tuple[torch.Tensor, torch.Tensor] | None,
+                rows: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Which of `rows` (their index keys last) each query DSA lets attend (`visible` [..., n, T] narrowed): by
+        this layer's indexer (its choice kept in `meta` for the layers sharing it), or the last one's."""
+        if self.shares_choice:
+            return meta.index_choices[where]
         mla = self.mla
         queries, weights = index
-        return sparse_selection(queries, weights, rows[..., mla.qk_rope_head_dim + mla.kv_lora_rank:], visible,
-                                mla.index_topk, mla.index_head_dim ** -0.5)
+        chosen = sparse_selection(queries, weights, rows[..., mla.qk_rope_head_dim + mla.kv_lora_rank:], visible,
+                                  mla.index_topk, mla.index_head_dim ** -0.5)
+        meta.index_choices[where] = chosen
+        return chosen
 
     def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata,
                 index: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -149,19 +166,22 @@ class MLAttention(nn.Module):
         `index`: DSA's queries [B, Hi, D] and weights [B, Hi], where the model has them."""
         to_k, to_v = self._up_projections()
         q_absorbed = torch.einsum("bhn,hnr->bhr", q_nope, to_k)  # q_nope · k_nope without making k_nope
-        if index is None:
+        if not self.mla.index_topk:
             attended = mla_decode_attention_torch(q_rope, q_absorbed, *kv_cache, meta.decode_block_tables,
                                                   meta.decode_context_lens, self.scale)  # [B, H, rank]
         else:
             rows = read_latent_rows(*kv_cache, meta.decode_block_tables, self.mla.cache_row_width, q_rope.dtype)
             positions = torch.arange(rows.shape[1], device=rows.device).unsqueeze(0)
             visible = (positions < meta.decode_context_lens.unsqueeze(1)).unsqueeze(1)  # [B, 1, L]
-            chosen = self._chosen((index[0].unsqueeze(1), index[1].unsqueeze(1)), rows, visible)
+            if index is not None:
+                index = index[0].unsqueeze(1), index[1].unsqueeze(1)
+            chosen = self._chosen(meta, "decode", index, rows, visible)
             attended = latent_decode_attention(q_rope, q_absorbed, rows, chosen.squeeze(1), self.scale)
         return torch.einsum("bhr,hvr->bhv", attended, to_v)
 
     def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, rows: torch.Tensor, kv_cache: KVCache,
-                 chunk: PrefillChunk, index: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 chunk: PrefillChunk, meta: AttentionMetadata, index: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
         """One sequence's chunk, its context's rows (the cached ones, then `rows`: [n, R]) projected up to
         each head's k and v: q_nope [n, H, nope], q_rope [n, H, rope] → [n, H, v]. `index`: DSA's queries
         [n, Hi, D] and weights [n, Hi], where the model has them."""
@@ -174,11 +194,11 @@ class MLAttention(nn.Module):
             -1, heads, mla.qk_nope_head_dim + mla.v_head_dim).split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
         k = torch.cat((k_rope.unsqueeze(1).expand(-1, heads, rope), k_nope), dim=-1)
         chosen = None
-        if index is not None:
+        if mla.index_topk:
             total = rows.shape[0]
             positions = torch.arange(total, device=rows.device)
             visible = positions.unsqueeze(0) <= positions[total - num_new:].unsqueeze(1)  # [n, total]
-            chosen = self._chosen(index, rows, visible)
+            chosen = self._chosen(meta, chunk.start, index, rows, visible)
         return causal_attention_torch(torch.cat((q_rope, q_nope), dim=-1), k, v, chunk.context_len, self.scale,
                                       chosen)
 
@@ -226,5 +246,5 @@ class MLAttention(nn.Module):
         names += ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"]
         names += ["kv_a_proj_with_mqa.bias"] if self.kv_a_bias is not None else []
         names += ["o_proj.bias"] if self.o_bias is not None else []
-        names += list(INDEXER_TENSORS) if self.mla.index_topk else []
+        names += list(INDEXER_TENSORS) if self.has_indexer else []
         return [prefix + name for name in names]

@@ -168,8 +168,8 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
-                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v3.2", "deepseek-v2", "deepseek-v2-lite", "minimax-m2",
-                "glm4-moe-lite",
+                "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v3.2", "glm5", "deepseek-v2", "deepseek-v2-lite",
+                "minimax-m2", "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
                 "cohere2", "granite-moe-shared", "granite4")
 
@@ -379,6 +379,29 @@ def test_mla_pages_hold_the_latent_not_each_heads_keys_and_values(tiny_model_dir
     assert kv_block_bytes(engine.model_config, block_size, torch.float32) == \
         config["num_hidden_layers"] * block_size * per_token_layer * 4
     assert engine.runner.kv_pool.tensor.shape[2] == 1  # one row every head reads
+
+
+def test_sparse_mla_pages_hold_the_indexers_key_beside_the_latent(tiny_model_dirs):
+    from engine.kv_pool import kv_block_bytes
+
+    engine = _engine(tiny_model_dirs["deepseek-v3.2"])
+    block_size = engine.config.block_size
+    assert kv_block_bytes(engine.model_config, block_size, torch.float32) == 3 * block_size * (8 + 24 + 16) * 4
+    engine.close()
+
+
+@pytest.mark.parametrize("given", [{}, {"index_topk_freq": 3, "index_skip_topk_offset": 3},
+                                   {"index_topk_pattern": "FFSFSS"}, {"indexer_types": ["full", "shared"] * 3}])
+def test_glm5s_layers_sharing_an_indexers_choice_are_transformers(given):
+    """Which of GLM-5's layers reuse the last full layer's choice: `indexer_types`, else `index_topk_pattern`, else
+    every `index_topk_freq`-th layer from an offset, as transformers' config reads them."""
+    from engine.mla_config import GLM_MOE_DSA, read_mla_config
+
+    cfg = {"num_hidden_layers": 6, "q_lora_rank": 32, "kv_lora_rank": 24, "qk_nope_head_dim": 16,
+           "qk_rope_head_dim": 8, "v_head_dim": 20, "index_head_dim": 16, **given}
+    expected = transformers.GlmMoeDsaConfig(**cfg).indexer_types
+    assert read_mla_config(cfg, GLM_MOE_DSA).shared_index_layers == \
+        {i for i, kind in enumerate(expected) if kind == "shared"}
 
 
 @pytest.mark.parametrize("device", DEVICES)
