@@ -58,5 +58,6 @@ def nemotron_h_mtp_config(target: ModelConfig, blocks: list[str]) -> ModelConfig
         raise ValueError(f"an MTP layer of Nemotron-H blocks {blocks} is not supported (of attention, MLP and expert "
                          "blocks it is)")
     return dataclasses.replace(target, architecture="NemotronHMTP", num_layers=len(kinds),
-                               mamba=dataclasses.replace(target.mamba, layer_types=kinds), tie_word_embeddings=False,
+                               mamba=dataclasses.replace(target.mamba, layer_types=kinds),
+                               tie_word_embeddings=True,  # (one table until share: the target's)
                                eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size))

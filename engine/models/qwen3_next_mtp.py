@@ -57,5 +57,5 @@ def qwen3_next_mtp_config(target: ModelConfig) -> ModelConfig:
     sequence's (an image's multimodal positions are not read: drafts after one are worse, never wrong)."""
     return dataclasses.replace(target, architecture="Qwen3NextMTP", num_layers=1, rope_layers=frozenset({0}),
                                sliding_layers=frozenset(), linear_attention=None, multimodal=None, vision=None,
-                               mrope_section=None, tie_word_embeddings=False,
+                               mrope_section=None, tie_word_embeddings=True,  # (one table until share: the target's)
                                eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size))
