@@ -20,6 +20,7 @@ from engine.kv_pool import KVPool, kv_block_bytes
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
+from engine.prompt_images import MRoPEPositions
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -45,7 +46,7 @@ class DraftSequence:
     given_embeddings: tuple = ()
     pending_images: tuple = ()
     bidirectional_spans: tuple = ()
-    rope_positions: None = None
+    rope_positions: MRoPEPositions | None = None  # an EAGLE head's of multimodal RoPE: its owner's (engine/eagle.py)
     num_draft_tokens: int = 0
 
     @property

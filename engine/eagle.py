@@ -175,6 +175,7 @@ class EagleSequence(DraftSequence):
             next_position = run_start
         elif run_start > next_position or next_position > verified:  # a gap: its context starts again after it
             self.base, self.num_features, self.num_computed_tokens = run_start, 0, 0
+            self.rope_positions = None  # (its indices no longer its owner's positions: worse drafts, never wrong)
             self.token_ids, self.given_embeddings, next_position = [], (), run_start
         rows = rows[next_position - run_start:verified - run_start]
         if not rows.shape[0]:
@@ -329,8 +330,11 @@ class EagleDrafter(DraftModel):
         eagle = self._held.get(seq.request_id)
         if eagle is None or eagle.owner is not seq:  # (an id used again: none of its KV is this one's)
             self.forget(seq.request_id)
+            # A head of multimodal RoPE reads its owner's positions (its input j at the owner's position j).
+            positions = seq.rope_positions if self.runner.model_config.mrope_section is not None else None
             eagle = self._held[seq.request_id] = EagleSequence(seq, masks_first=self._masks_first,
-                                                               in_owners_pages=self.pool_layers > 0)
+                                                               in_owners_pages=self.pool_layers > 0,
+                                                               rope_positions=positions)
         return eagle
 
     def _take_rows(self, seq_rows: list[tuple[Sequence, int, int]], features: torch.Tensor) -> None:

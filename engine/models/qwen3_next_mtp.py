@@ -53,9 +53,9 @@ class Qwen3NextMTP(JoinedInputs, Qwen3NextForCausalLM):
 
 
 def qwen3_next_mtp_config(target: ModelConfig) -> ModelConfig:
-    """The head's ModelConfig: the target's text model of its one full-attention layer, its positions a
-    sequence's (an image's multimodal positions are not read: drafts after one are worse, never wrong)."""
+    """The head's ModelConfig: the target's text model of its one full-attention layer (Qwen3.5's multimodal
+    positions too: a prompt's images place its tokens for the layer as for the model)."""
     return dataclasses.replace(target, architecture="Qwen3NextMTP", num_layers=1, rope_layers=frozenset({0}),
                                sliding_layers=frozenset(), linear_attention=None, multimodal=None, vision=None,
-                               mrope_section=None, tie_word_embeddings=True,  # (one table until share: the target's)
+                               tie_word_embeddings=True,  # (one table until share: the target's)
                                eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size))

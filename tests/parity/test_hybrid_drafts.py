@@ -192,15 +192,40 @@ def test_the_mtp_layers_kv_handed_over_is_what_one_engine_computes(mtp_models):
 
 def test_a_multimodal_qwen3_5_checkpoints_mtp_layer_drafts_beside_its_images(tmp_path):
     """Qwen3.5 as released: mtp_num_hidden_layers in text_config, the layer under `mtp.` beside the text model's
-    `model.language_model.` and the tower's `model.visual.`; prompts with images give transformers' tokens."""
+    `model.language_model.` and the tower's `model.visual.`; prompts with images give transformers' tokens, and the
+    layer's input at position j is turned by the model's multimodal position j (an image's tokens by their rows and
+    columns, the text after it counting on from one past the largest), as vLLM's layer is."""
+    from engine.prompt_images import MRoPEPositions
     from tests.parity.images import image_engine, saved_qwen_vl
     from tests.parity.test_qwen_vl_images import IMAGE, VISION_END, VISION_START, _assert_transformers_tokens, _requests
 
     model = saved_qwen_vl("qwen3_5", tmp_path / "vl", 35, image_token_id=IMAGE, vision_start_token_id=VISION_START,
                           vision_end_token_id=VISION_END)
-    engine = image_engine(with_qwen3_next_mtp_layer(tmp_path / "vl", tmp_path / "vl-mtp"), speculative=MTP)
+    model_dir = with_qwen3_next_mtp_layer(tmp_path / "vl", tmp_path / "vl-mtp")
+    engine = image_engine(model_dir, speculative=MTP)
     _assert_transformers_tokens(engine, model, _requests(2))
     assert engine.scheduler.num_draft_tokens > 0
+    engine.close()
+
+    engine = image_engine(model_dir, speculative=MTP)
+    drafter = engine.scheduler.drafter
+    seen, forward = [], drafter.runner.model.forward
+
+    def recorded(ids, positions, meta, *rest):  # (the one sequence's positions as the layer reads them)
+        seen.append((positions, meta.positions, drafter._held["three"].rope_positions))
+        return forward(ids, positions, meta, *rest)
+
+    drafter.runner.model.forward = recorded
+    prompt, images = _requests(2)["three"]
+    greedy_outputs(engine, {"three": (prompt, {"images": images})}, 8)
+    assert len(seen) > 2
+    for turned, flat, table in seen:  # each step's rows: the prompt's from its table, later ones past it by the delta
+        assert isinstance(table, MRoPEPositions)
+        in_prompt = flat < table.prompt.shape[1]
+        expected = (flat + table.delta).expand(3, -1).clone()
+        expected[:, in_prompt] = table.prompt[:, flat[in_prompt]]
+        assert torch.equal(turned, expected)
+    assert any(len(set(column)) > 1 for turned, _, _ in seen for column in turned.t().tolist())  # an image's tokens
     engine.close()
 
 
