@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from engine.state_shape import StateShape
 
 NEMOTRON_H = "NemotronHForCausalLM"
-MAMBA, ATTENTION, MLP, MOE = "mamba", "attention", "mlp", "moe"
+FALCON_H1 = "FalconH1ForCausalLM"
+# PARALLEL: a layer of attention and Mamba-2 side by side, on the same input (Falcon-H1's).
+MAMBA, ATTENTION, MLP, MOE, PARALLEL = "mamba", "attention", "mlp", "moe", "parallel"
+# How a Mamba-2 layer's output meets its gate z: RMS-normed in groups after the gate (Granite's, Nemotron-H's),
+# before it, or not normed (Falcon-H1's mamba_rms_norm false).
+NORM_AFTER_GATE, NORM_BEFORE_GATE, NO_NORM = "after_gate", "before_gate", "none"
 KINDS = {"mamba": MAMBA, "linear_attention": MAMBA, "attention": ATTENTION, "full_attention": ATTENTION}
 # Nemotron-H's layers, each one of these (its hybrid_override_pattern's letters, as released; E: Nemotron 3's experts).
 NEMOTRON_KINDS = {**KINDS, "mlp": MLP, "moe": MOE, "M": MAMBA, "*": ATTENTION, "-": MLP, "E": MOE}
@@ -21,7 +26,7 @@ NEMOTRON_KINDS = {**KINDS, "mlp": MLP, "moe": MOE, "M": MAMBA, "*": ATTENTION, "
 
 @dataclass(frozen=True)
 class Mamba2Layout:
-    layer_types: tuple[str, ...]  # MAMBA, ATTENTION or (Nemotron-H's) MLP or MOE, a layer
+    layer_types: tuple[str, ...]  # MAMBA, ATTENTION, PARALLEL or (Nemotron-H's) MLP or MOE, a layer
     num_heads: int
     head_dim: int
     state_size: int
@@ -30,15 +35,17 @@ class Mamba2Layout:
     conv_bias: bool
     proj_bias: bool
     dt_limit: tuple[float, float]  # each token's dt clamped to it
+    out_proj_bias: bool | None = None  # None: as proj_bias (Falcon-H1's projectors_bias is a switch of its own)
+    gated_norm: str = NORM_AFTER_GATE
 
     @property
     def mamba_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(self.layer_types) if kind == MAMBA)
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind in (MAMBA, PARALLEL))
 
     @property
     def kv_places(self) -> dict[int, int]:
         """Each attention layer's layer of the pages."""
-        attention = (i for i, kind in enumerate(self.layer_types) if kind == ATTENTION)
+        attention = (i for i, kind in enumerate(self.layer_types) if kind in (ATTENTION, PARALLEL))
         return {layer: place for place, layer in enumerate(attention)}
 
     @property
@@ -116,3 +123,24 @@ def read_nemotron_h(cfg: dict) -> Mamba2Layout:
 def _number(value) -> float:
     """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
     return float(value["__float__"] if isinstance(value, dict) else value)
+
+
+def read_falcon_h1(cfg: dict) -> Mamba2Layout:
+    """Falcon-H1's layers: attention and Mamba-2 side by side in each, the Mamba-2 layers `mamba_d_ssm` wide."""
+    num_layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    num_heads = int(cfg.get("mamba_n_heads", 128))
+    width = int(cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * hidden)
+    head_dim = cfg.get("mamba_d_head", "auto")
+    head_dim = width // num_heads if head_dim == "auto" else int(head_dim)
+    if head_dim * num_heads != width:
+        raise ValueError(f"mamba_n_heads {num_heads} x mamba_d_head {head_dim} must be the Mamba-2 width ({width})")
+    num_groups = int(cfg.get("mamba_n_groups", 1))
+    if num_heads % num_groups:
+        raise ValueError(f"mamba_n_groups {num_groups} must divide mamba_n_heads {num_heads}")
+    low, high = cfg.get("time_step_limit") or (0.0, float("inf"))
+    norm = NO_NORM if not cfg.get("mamba_rms_norm", False) else \
+        NORM_BEFORE_GATE if cfg.get("mamba_norm_before_gate", True) else NORM_AFTER_GATE
+    return Mamba2Layout((PARALLEL,) * num_layers, num_heads, head_dim, int(cfg.get("mamba_d_state", 256)), num_groups,
+                        int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
+                        bool(cfg.get("mamba_proj_bias", False)), (_number(low), _number(high)),
+                        out_proj_bias=bool(cfg.get("projectors_bias", False)), gated_norm=norm)

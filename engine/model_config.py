@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from engine.attention_layout import QTemperature
 from engine.eagle_config import EagleConfig
 from engine.encoder_config import EncoderConfig
+from engine.falcon_h1_config import MupMultipliers
 from engine.fp8_weights import Fp8Weights
 from engine.gemma4_config import Gemma4Layout
 from engine.int4_weights import Int4Weights
@@ -101,6 +102,7 @@ class ModelConfig:
     mamba: Mamba2Layout | None = None
     # LFM2's short convolution layers (engine/short_conv_config.py), as linear_attention.
     short_conv: ShortConvLayout | None = None
+    mup: MupMultipliers | None = None  # Falcon-H1's muP multipliers (engine/falcon_h1_config.py)
 
     @property
     def pooling(self) -> str:

@@ -43,11 +43,12 @@ from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
 from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
+from engine.falcon_h1_config import read_mup
 from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
-from engine.mamba_config import NEMOTRON_H, read_mamba2, read_nemotron_h
+from engine.mamba_config import FALCON_H1, NEMOTRON_H, read_falcon_h1, read_mamba2, read_nemotron_h
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
@@ -169,10 +170,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             short_conv = read_short_conv(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
-    mamba = None
-    if arch in (GRANITE_HYBRID, NEMOTRON_H):
+    mamba = mup = None
+    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1):
         try:
-            mamba = read_mamba2(cfg) if arch == GRANITE_HYBRID else read_nemotron_h(cfg)
+            mamba = read_mamba2(cfg) if arch == GRANITE_HYBRID else read_nemotron_h(cfg) if arch == NEMOTRON_H else \
+                read_falcon_h1(cfg)
+            mup = read_mup(cfg) if arch == FALCON_H1 else None
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
         if arch == NEMOTRON_H:  # its layers' count is its pattern's
@@ -249,6 +252,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             linear_attention=linear_attention,
             mamba=mamba,
             short_conv=short_conv,
+            mup=mup,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:
@@ -325,6 +329,9 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
+    if arch == FALCON_H1:
+        attention = bool(cfg.get("attention_bias"))
+        return dict(qkv_bias=attention, o_bias=attention, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == SEED_OSS:  # q, k and v's on unless it says, o's a switch of its own
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=bool(cfg.get("attention_out_bias")),
                     mlp_bias=bool(cfg.get("mlp_bias")))

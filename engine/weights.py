@@ -47,3 +47,11 @@ def iter_tensors(files: dict[str, Path], names: list[str],
                 if stored not in header:
                     raise WeightsError(f"{path}: tensor {stored!r} listed in the index is not in the file")
                 yield name, f.get_tensor(stored)
+
+
+def renamed(name: str, fragments: tuple[tuple[str, str], ...], back: bool = False) -> str:
+    """A checkpoint's tensor name read as Baton's model names it: each (theirs, ours) of `fragments` replaced in turn
+    (the more particular first); `back`: ours back into theirs."""
+    for theirs, ours in fragments:
+        name = name.replace(ours, theirs) if back else name.replace(theirs, ours)
+    return name

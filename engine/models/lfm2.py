@@ -23,6 +23,7 @@ from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
+from engine.weights import renamed
 from kernels.causal_conv import conv_run, conv_step
 from kernels.registry import Kernels
 
@@ -32,18 +33,6 @@ RENAMED = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_atten
            (".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias"), (".feed_forward.", ".mlp."),
            (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."),
            ("model.embedding_norm.", "model.norm."))
-
-
-def as_llama_name(name: str) -> str:
-    for lfm2, llama in RENAMED:
-        name = name.replace(lfm2, llama)
-    return name
-
-
-def as_lfm2_name(name: str) -> str:
-    for lfm2, llama in RENAMED:
-        name = name.replace(llama, lfm2)
-    return name
 
 
 class ShortConv(nn.Module):
@@ -110,10 +99,10 @@ class Lfm2ForCausalLM(HybridForward):
         return super()._attention_names(layer)
 
     def checkpoint_names(self) -> list[str]:
-        return [as_lfm2_name(name) for name in super().checkpoint_names()]
+        return [renamed(name, RENAMED, back=True) for name in super().checkpoint_names()]
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((as_llama_name(name), tensor) for name, tensor in tensors)
+        super().load_weights((renamed(name, RENAMED), tensor) for name, tensor in tensors)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".conv.conv.weight"):  # [C, 1, K]

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.mamba_config import NO_NORM, NORM_BEFORE_GATE
 from engine.model_config import ModelConfig
 from engine.models.parameters import empty_param
 from kernels import ssd
@@ -36,9 +37,10 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = empty_param(m.num_heads, dtype=dtype)
         self.a_log = empty_param(m.num_heads, dtype=dtype)
         self.d = empty_param(m.num_heads, dtype=dtype)
-        self.norm = empty_param(m.intermediate_size, dtype=dtype)
+        self.norm = empty_param(m.intermediate_size, dtype=dtype) if m.gated_norm != NO_NORM else None
         self.out_weight = empty_param(config.hidden_size, m.intermediate_size, dtype=dtype)
-        self.out_bias = empty_param(config.hidden_size, dtype=dtype) if m.proj_bias else None
+        out_bias = m.proj_bias if m.out_proj_bias is None else m.out_proj_bias
+        self.out_bias = empty_param(config.hidden_size, dtype=dtype) if out_bias else None
 
     def tensor_names(self) -> list[str]:
         """Its tensors' names in a checkpoint (under its layer's prefix): its biases where it has them."""
@@ -84,6 +86,11 @@ class Mamba2Mixer(nn.Module):
 
         batch.advance(y, states, lambda row: batch.kept_layer(row, self.index)[1], step, run)
         y = (y + self.d.float()[:, None] * xs.float()).view(num_tokens, m.intermediate_size)
-        gated = (y * F.silu(z.float())).view(num_tokens, m.num_groups, -1)
-        normed = F.rms_norm(gated, (gated.shape[-1],), eps=self.eps).view(num_tokens, m.intermediate_size)
-        return self.linear(self.norm * normed.to(x.dtype), self.out_weight, self.out_bias)
+        gate = F.silu(z.float())
+        if m.gated_norm == NO_NORM:
+            return self.linear((y * gate).to(x.dtype), self.out_weight, self.out_bias)
+        grouped = (y if m.gated_norm == NORM_BEFORE_GATE else y * gate).view(num_tokens, m.num_groups, -1)
+        normed = self.norm * F.rms_norm(grouped, (grouped.shape[-1],), eps=self.eps).view(num_tokens, -1).to(x.dtype)
+        if m.gated_norm == NORM_BEFORE_GATE:
+            normed = (normed.float() * gate).to(x.dtype)
+        return self.linear(normed, self.out_weight, self.out_bias)

@@ -246,6 +246,19 @@ TINY_MODELS = {
         n_groups=2, ssm_state_size=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
         moe_shared_expert_intermediate_size=40, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         moe_latent_size=32, pad_token_id=0), {}),
+    # Falcon-H1: attention and Mamba-2 (4 heads of 16, states of 16, B and C in 2 groups) side by side in each layer,
+    # every muP multiplier of its own; the Mamba-2 output RMS-normed in groups after its gate, or not normed.
+    "falcon-h1": ("FalconH1Config", dict(
+        num_hidden_layers=3, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=False, mamba_conv_bias=True,
+        embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.7, attention_in_multiplier=1.3,
+        attention_out_multiplier=0.8, ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,
+        ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 1.1], mlp_multipliers=[1.4, 0.6], pad_token_id=0), {}),
+    "falcon-h1-unnormed": ("FalconH1Config", dict(
+        num_hidden_layers=2, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+        mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, projectors_bias=True, attention_bias=True,
+        embedding_multiplier=3.0, key_multiplier=1.5, ssm_multipliers=[1.2, 0.7, 1.0, 1.3, 0.9], pad_token_id=0),
+                           {}),
     # LFM2: short gated convolutions (3 taps) between attention layers whose q and k heads are normed, SwiGLU MLPs two
     # thirds as wide as configured, rounded up to a multiple of 16.
     "lfm2": ("Lfm2Config", dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
