@@ -14,6 +14,7 @@ from engine.state_shape import StateShape
 
 NEMOTRON_H = "NemotronHForCausalLM"
 FALCON_H1 = "FalconH1ForCausalLM"
+BAMBA = "BambaForCausalLM"
 # PARALLEL: a layer of attention and Mamba-2 side by side, on the same input (Falcon-H1's).
 MAMBA, ATTENTION, MLP, MOE, PARALLEL = "mamba", "attention", "mlp", "moe", "parallel"
 # How a Mamba-2 layer's output meets its gate z: RMS-normed in groups after the gate (Granite's, Nemotron-H's),
@@ -144,3 +145,10 @@ def read_falcon_h1(cfg: dict) -> Mamba2Layout:
                         int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
                         bool(cfg.get("mamba_proj_bias", False)), (_number(low), _number(high)),
                         out_proj_bias=bool(cfg.get("projectors_bias", False)), gated_norm=norm)
+
+
+def read_bamba(cfg: dict) -> Mamba2Layout:
+    """Bamba's layers: attention at `attn_layer_indices`, Mamba-2 (Granite 4.0-H's settings) elsewhere."""
+    attention = set(cfg.get("attn_layer_indices") or ())
+    kinds = ["attention" if i in attention else "mamba" for i in range(int(cfg["num_hidden_layers"]))]
+    return read_mamba2({**cfg, "layer_types": cfg.get("layer_types") or kinds})

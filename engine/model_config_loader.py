@@ -48,7 +48,15 @@ from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
-from engine.mamba_config import FALCON_H1, NEMOTRON_H, read_falcon_h1, read_mamba2, read_nemotron_h
+from engine.mamba_config import (
+    BAMBA,
+    FALCON_H1,
+    NEMOTRON_H,
+    read_bamba,
+    read_falcon_h1,
+    read_mamba2,
+    read_nemotron_h,
+)
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
@@ -145,11 +153,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
-    partial = 1.0 if arch in (GEMMA4, *MLA_MODELS) else partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS)
-                                                                               else 1.0)
+    partial = 1.0 if arch in (GEMMA4, *MLA_MODELS) else 0.5 if arch == BAMBA else \
+        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR):  # turning part of a head
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA):  # part of a head
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -171,10 +179,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     mamba = mup = None
-    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1):
+    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1, BAMBA):
         try:
-            mamba = read_mamba2(cfg) if arch == GRANITE_HYBRID else read_nemotron_h(cfg) if arch == NEMOTRON_H else \
-                read_falcon_h1(cfg)
+            mamba = {GRANITE_HYBRID: read_mamba2, NEMOTRON_H: read_nemotron_h, FALCON_H1: read_falcon_h1,
+                     BAMBA: read_bamba}[arch](cfg)
             mup = read_mup(cfg) if arch == FALCON_H1 else None
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
@@ -329,7 +337,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
-    if arch == FALCON_H1:
+    if arch in (FALCON_H1, BAMBA):
         attention = bool(cfg.get("attention_bias"))
         return dict(qkv_bias=attention, o_bias=attention, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == SEED_OSS:  # q, k and v's on unless it says, o's a switch of its own

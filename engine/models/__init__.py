@@ -1,6 +1,7 @@
 """Model architectures, keyed by the `architectures` entry of config.json."""
 from __future__ import annotations
 
+from engine.models.bamba import BambaForCausalLM
 from engine.models.bert import BertModel
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
@@ -42,6 +43,7 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     # Hybrids of Gated DeltaNet and full attention, as their ModelConfig's linear_attention lays them out.
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)
     "FalconH1ForCausalLM": FalconH1ForCausalLM,  # attention and Mamba-2 side by side (engine/models/falcon_h1.py)
     "Lfm2ForCausalLM": Lfm2ForCausalLM,  # LFM2's convolutions between attention layers (engine/models/lfm2.py)
     "Lfm2MoeForCausalLM": Lfm2ForCausalLM,

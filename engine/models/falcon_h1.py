@@ -15,16 +15,12 @@ import torch
 from torch import nn
 
 from engine.model_config import ModelConfig
-from engine.models.hybrid import HybridForward
+from engine.models.bamba import BambaForCausalLM
+from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, Attention
 from engine.models.mamba2 import Mamba2Mixer
 from engine.models.parameters import empty_param
-from engine.weights import renamed
 from kernels.registry import Kernels
-
-# Falcon-H1's names and Llama's, each way.
-RENAMED = ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
-           ("model.final_layernorm.", "model.norm."))
 
 
 class ParallelLayer(nn.Module):
@@ -43,19 +39,17 @@ class ParallelLayer(nn.Module):
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps))
 
 
-class FalconH1ForCausalLM(HybridForward):
+class FalconH1ForCausalLM(BambaForCausalLM):  # (Bamba's names, and its Mamba-2 layers' tensors)
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return ParallelLayer(self.config, self.kernels, dtype, layer)
 
     def _attention_names(self, layer: int) -> list[str]:
+        # Both kinds a layer: Llama's attention names (Bamba's would give a Mamba-2 layer's alone), then its Mamba-2's.
         mamba = [f"model.layers.{layer}.mamba.{name}" for name in self.layers[layer].mamba.tensor_names()]
-        return super()._attention_names(layer) + mamba
-
-    def checkpoint_names(self) -> list[str]:
-        return [renamed(name, RENAMED, back=True) for name in super().checkpoint_names()]
+        return LlamaForCausalLM._attention_names(self, layer) + mamba
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, RENAMED), self._scaled(name, tensor)) for name, tensor in tensors)
+        super().load_weights((name, self._scaled(name, tensor)) for name, tensor in tensors)
 
     def _scaled(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Checkpoint tensor `name` times the multipliers its outputs (or, a weight, its inputs) take."""
@@ -80,17 +74,6 @@ class FalconH1ForCausalLM(HybridForward):
         groups = m.num_groups * m.state_size
         sizes = (m.intermediate_size, m.intermediate_size, groups, groups, m.num_heads)
         return torch.cat([torch.full((size,), scale, dtype=tensor.dtype) for size, scale in zip(sizes, mup.ssm)])
-
-    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]
-            tensor = tensor.squeeze(1)
-        return super()._placed(name, tensor)
-
-    def _target(self, name: str) -> torch.Tensor:
-        parts = name.split(".", 4)
-        if len(parts) == 5 and parts[3] == "mamba":
-            return self.layers[int(parts[2])].mamba.tensor(parts[4])
-        return super()._target(name)
 
     def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
         return h * self.config.mup.embedding

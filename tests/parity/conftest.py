@@ -259,6 +259,9 @@ TINY_MODELS = {
         mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, projectors_bias=True, attention_bias=True,
         embedding_multiplier=3.0, key_multiplier=1.5, ssm_multipliers=[1.2, 0.7, 1.0, 1.3, 0.9], pad_token_id=0),
                            {}),
+    # Bamba: Mamba-2 layers (Granite 4.0-H's kind) between attention layers at attn_layer_indices, RoPE over half of
+    # each head.
+    "bamba": ("BambaConfig", dict(num_hidden_layers=4, attn_layer_indices=[1, 3], **MAMBA_HEADS, pad_token_id=0), {}),
     # LFM2: short gated convolutions (3 taps) between attention layers whose q and k heads are normed, SwiGLU MLPs two
     # thirds as wide as configured, rounded up to a multiple of 16.
     "lfm2": ("Lfm2Config", dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],

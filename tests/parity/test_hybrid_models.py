@@ -30,7 +30,7 @@ from tests.parity.test_transformers_parity import (
 )
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
-           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed")
+           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed", "bamba")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
