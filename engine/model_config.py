@@ -12,6 +12,7 @@ from engine.fp8_weights import Fp8Weights
 from engine.gemma4_config import Gemma4Layout
 from engine.int4_weights import Int4Weights
 from engine.linear_attention_config import LinearAttention
+from engine.mamba1_config import Mamba1Layout
 from engine.mamba_config import Mamba2Layout
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
@@ -103,6 +104,7 @@ class ModelConfig:
     # LFM2's short convolution layers (engine/short_conv_config.py), as linear_attention.
     short_conv: ShortConvLayout | None = None
     mup: MupMultipliers | None = None  # Falcon-H1's muP multipliers (engine/falcon_h1_config.py)
+    mamba1: Mamba1Layout | None = None  # Jamba's Mamba-1 layers (engine/mamba1_config.py), as linear_attention
 
     @property
     def pooling(self) -> str:
@@ -119,8 +121,8 @@ class ModelConfig:
         return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
 
     @property
-    def _recurrent(self) -> LinearAttention | Mamba2Layout | ShortConvLayout | None:
-        return self.linear_attention or self.mamba or self.short_conv
+    def _recurrent(self) -> LinearAttention | Mamba2Layout | ShortConvLayout | Mamba1Layout | None:
+        return self.linear_attention or self.mamba or self.short_conv or self.mamba1
 
     @property
     def state_shape(self) -> StateShape | None:

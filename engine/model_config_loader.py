@@ -48,6 +48,7 @@ from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
+from engine.mamba1_config import JAMBA, read_jamba
 from engine.mamba_config import (
     BAMBA,
     FALCON_H1,
@@ -169,6 +170,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split the frequencies RoPE turns "
                                f"({rotated // 2} a head)")
+    mamba1 = None
+    if arch == JAMBA:
+        try:
+            mamba1 = read_jamba(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     short_conv = None
     if arch in LFM2S:
         if arch == LFM2_MOE and not cfg.get("use_expert_bias", True):
@@ -261,6 +268,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mamba=mamba,
             short_conv=short_conv,
             mup=mup,
+            mamba1=mamba1,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.linear_attention_config import QWEN3_5_MOE, QWEN3_NEXT
+from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.short_conv_config import LFM2_MOE
@@ -134,6 +135,11 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
                         dense_layers=frozenset(range(int(cfg.get("first_k_dense_replace") or 0))),
                         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0), fused_experts=True)
+    elif arch == JAMBA and int(cfg.get("num_experts", 16)) > 1:  # top-2 by softmax, unrenormalized, every other layer
+        experts = jamba_expert_layers(cfg)
+        moe = MoEConfig(num_experts=int(cfg.get("num_experts", 16)), num_experts_per_tok=int(cfg.get(
+            "num_experts_per_tok", 2)), moe_intermediate_size=int(cfg["intermediate_size"]),
+                        dense_layers=frozenset(range(num_layers)) - experts)
     elif arch == LFM2_MOE:  # LFM2-8B-A1B: after its first dense layers, experts routed as DeepSeek-V3's in one group
         moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]),

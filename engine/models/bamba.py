@@ -37,22 +37,30 @@ class MambaDecoderLayer(nn.Module):
 
 
 class BambaForCausalLM(HybridForward):
+    """(Jamba's and Falcon-H1's models are built on it: their Mamba layers' tensors under `mamba.`, their names
+    Llama's by `renames`.)"""
+
+    renames = RENAMED
+
+    @property
+    def _mamba_layers(self) -> tuple[int, ...]:
+        return self.config.mamba.mamba_layers
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        mamba_layers = self.config.mamba.mamba_layers
-        if layer not in mamba_layers:
+        if layer not in self._mamba_layers:
             return super()._make_layer(layer, dtype)
-        return MambaDecoderLayer(self.config, self.kernels, dtype, mamba_layers.index(layer))
+        return MambaDecoderLayer(self.config, self.kernels, dtype, self._mamba_layers.index(layer))
 
     def _attention_names(self, layer: int) -> list[str]:
-        if layer not in self.config.mamba.mamba_layers:
+        if layer not in self._mamba_layers:
             return super()._attention_names(layer)
         return [f"model.layers.{layer}.mamba.{name}" for name in self.layers[layer].mamba.tensor_names()]
 
     def checkpoint_names(self) -> list[str]:
-        return [renamed(name, RENAMED, back=True) for name in super().checkpoint_names()]
+        return [renamed(name, self.renames, back=True) for name in super().checkpoint_names()]
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, RENAMED), tensor) for name, tensor in tensors)
+        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]

@@ -259,6 +259,12 @@ TINY_MODELS = {
         mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, projectors_bias=True, attention_bias=True,
         embedding_multiplier=3.0, key_multiplier=1.5, ssm_multipliers=[1.2, 0.7, 1.0, 1.3, 0.9], pad_token_id=0),
                            {}),
+    # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
+    # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
+    "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,
+                                  num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=16,
+                                  mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False,
+                                  pad_token_id=0), {}),
     # Bamba: Mamba-2 layers (Granite 4.0-H's kind) between attention layers at attn_layer_indices, RoPE over half of
     # each head.
     "bamba": ("BambaConfig", dict(num_hidden_layers=4, attn_layer_indices=[1, 3], **MAMBA_HEADS, pad_token_id=0), {}),

@@ -30,7 +30,7 @@ from tests.parity.test_transformers_parity import (
 )
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
-           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed", "bamba")
+           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -80,7 +80,7 @@ def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_m
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2", "falcon-h1"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2", "falcon-h1", "jamba"])
 def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prompts_sharing_its_prefix(
         tiny_model_dirs, name):
     """A 300-token prompt in one chunk keeps its states every 64 tokens (the run cut there): a prompt sharing its
@@ -125,7 +125,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1"])
+@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -332,8 +332,10 @@ def test_lfm2s_released_config_reads_its_attention_layers_and_its_mlps_width_as_
     ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "full_attention"]},
      r"must name convolution or full-attention layers, one a layer of 4, got \['sliding_attention'\]"),
     ("lfm2-moe", {"use_expert_bias": False}, r"without its expert bias \(use_expert_bias false\) is not supported"),
+    ("jamba", {"attn_layer_period": 1, "attn_layer_offset": 0}, "Jamba needs Mamba and attention layers both"),
 ])
-def test_lfm2_layouts_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, name, changes, refused):
+def test_lfm2_and_jamba_layouts_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, name, changes,
+                                                                      refused):
     model_dir = shutil.copytree(tiny_model_dirs[name], tmp_path / "refused")
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, **changes}))
