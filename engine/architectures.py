@@ -3,7 +3,7 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.gemma4_config import GEMMA4
-from engine.linear_attention_config import HYBRID_LINEAR
+from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import BAMBA, FALCON_H1, NEMOTRON_H
 from engine.mla_config import GLM_MOE_DSA, SPARSE_MLA
@@ -41,9 +41,9 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
                            ERNIE45, ERNIE45_MOE, HUNYUAN, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, *HYBRID_LINEAR, NEMOTRON_H, *LFM2S, *SPARSE_MLA, FALCON_H1,
-                           BAMBA, JAMBA)
+                           BAMBA, JAMBA, KIMI_LINEAR)
 # Multi-head latent attention's (engine/models/mla.py).
-MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA)
+MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).
@@ -70,7 +70,7 @@ QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, EXAONE4)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, HUNYUAN, EXAONE4,
-           *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA)
+           *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID)  # Granite's four scalings

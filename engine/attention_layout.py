@@ -22,6 +22,7 @@ from engine.architectures import (
     SMOLLM3,
 )
 from engine.gemma4_config import GEMMA4
+from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import MLAConfig
@@ -76,7 +77,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch == COHERE2 or (arch == EXAONE4 and sliding_window(cfg, arch) is not None):  # full layers without RoPE
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
-    if (arch == GRANITE_HYBRID and cfg.get("position_embedding_type") == "nope") or arch in (NEMOTRON_H, JAMBA):
+    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR) or cfg.get("position_embedding_type") == "nope"
+    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR):
         return frozenset()  # NoPE
     if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))

@@ -16,6 +16,7 @@ QWEN3_NEXT = "Qwen3NextForCausalLM"
 QWEN3_5 = "Qwen3_5ForCausalLM"
 QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
 HYBRID_LINEAR = (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE)
+KIMI_LINEAR = "KimiLinearForCausalLM"  # Kimi Delta Attention (engine/models/kimi_linear.py) beside MLA
 LINEAR, FULL = "linear_attention", "full_attention"
 
 
@@ -86,3 +87,33 @@ def read_linear_attention(cfg: dict, arch: str) -> LinearAttention:
     if layout.conv_kernel < 2:
         raise ValueError(f"linear_conv_kernel_dim must be at least 2, got {layout.conv_kernel}")
     return layout
+
+
+# Kimi-Linear's config.json names for settings other models name otherwise (transformers maps them so).
+KIMI_LINEAR_KEYS = {"model_max_length": "max_position_embeddings", "moe_renormalize": "norm_topk_prob",
+                    "num_expert_group": "n_group", "num_experts": "n_routed_experts",
+                    "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}
+
+
+def kimi_linear_keys(cfg: dict) -> dict:
+    """`cfg` with Kimi-Linear's own names of its settings read as the usual ones (those given under them win)."""
+    return {**{KIMI_LINEAR_KEYS[key]: value for key, value in cfg.items() if key in KIMI_LINEAR_KEYS}, **cfg}
+
+
+def read_kimi_linear(cfg: dict) -> LinearAttention:
+    """Kimi-Linear's layers: `layer_types`, or as released linear_attn_config's `full_attn_layers` and `kda_layers`
+    (counted from 1); its KDA heads (as many keys as values, one width)."""
+    linear = cfg.get("linear_attn_config") or {}
+    num_layers = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("layer_types")
+    if kinds is None and "full_attn_layers" in linear:
+        full = {int(layer) - 1 for layer in linear["full_attn_layers"]}
+        kinds = [FULL if i in full else LINEAR for i in range(num_layers)]
+    if kinds is None:
+        kinds = [FULL if i and i % 4 == 0 else LINEAR for i in range(num_layers)]
+    heads = int(linear.get("num_heads", cfg.get("linear_num_heads", 32)))
+    head_dim = int(linear.get("head_dim", cfg.get("linear_head_dim", 128)))
+    kernel = int(linear.get("short_conv_kernel_size", cfg.get("linear_conv_kernel_dim", 4)))
+    return read_linear_attention({"num_hidden_layers": num_layers, "layer_types": kinds, "linear_num_key_heads": heads,
+                                  "linear_num_value_heads": heads, "linear_key_head_dim": head_dim,
+                                  "linear_value_head_dim": head_dim, "linear_conv_kernel_dim": kernel}, KIMI_LINEAR)

@@ -47,7 +47,13 @@ from engine.falcon_h1_config import read_mup
 from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.int4_weights import int4_weights
-from engine.linear_attention_config import HYBRID_LINEAR, read_linear_attention
+from engine.linear_attention_config import (
+    HYBRID_LINEAR,
+    KIMI_LINEAR,
+    kimi_linear_keys,
+    read_kimi_linear,
+    read_linear_attention,
+)
 from engine.mamba1_config import JAMBA, read_jamba
 from engine.mamba_config import (
     BAMBA,
@@ -132,10 +138,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             gemma4 = read_gemma4_layout(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
+    if arch == KIMI_LINEAR:
+        cfg = kimi_linear_keys(cfg)
     linear_attention = None
-    if arch in HYBRID_LINEAR:
+    if arch in (*HYBRID_LINEAR, KIMI_LINEAR):
         try:
-            linear_attention = read_linear_attention(cfg, arch)
+            linear_attention = read_kimi_linear(cfg) if arch == KIMI_LINEAR else read_linear_attention(cfg, arch)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.linear_attention_config import QWEN3_5_MOE, QWEN3_NEXT
+from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
@@ -25,6 +25,7 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      DEEPSEEK_V3: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      DEEPSEEK_V32: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      GLM_MOE_DSA: dict(n_group=1, topk_group=1, first_k_dense_replace=3, routed_scaling_factor=2.5),
+                     KIMI_LINEAR: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446),
                      GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8)}
 
 
@@ -93,7 +94,8 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         inter = int(cfg["moe_intermediate_size"])
         defaults = _GROUPED_DEFAULTS[arch]
         given = {key: defaults[key] if cfg.get(key) is None else cfg[key] for key in defaults}
-        moe = MoEConfig(num_experts=int(cfg.get("n_routed_experts") or cfg["num_local_experts"]),
+        num_experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg["num_experts"]
+        moe = MoEConfig(num_experts=int(num_experts),
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
                         shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),

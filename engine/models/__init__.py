@@ -14,6 +14,7 @@ from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.jamba import JambaForCausalLM
+from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.lfm2 import Lfm2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
@@ -44,6 +45,7 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     # Hybrids of Gated DeltaNet and full attention, as their ModelConfig's linear_attention lays them out.
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "KimiLinearForCausalLM": KimiLinearForCausalLM,  # KDA and latent attention (engine/models/kimi_linear.py)
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)
     "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)
     "FalconH1ForCausalLM": FalconH1ForCausalLM,  # attention and Mamba-2 side by side (engine/models/falcon_h1.py)

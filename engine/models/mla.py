@@ -97,7 +97,10 @@ class MLAttention(nn.Module):
         q_nope, q_rope = q.view(num_tokens, heads, mla.qk_head_dim).split([nope, rope], dim=-1)
         latent, k_rope = ops.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
         latent = ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps)
-        q_rope, k_rope = ops.apply_rope(q_rope, k_rope.unsqueeze(1), cos, sin)
+        if cos is not None:  # (Kimi-Linear's layers have no positions: their RoPE part of k is still shared)
+            q_rope, k_rope = ops.apply_rope(q_rope, k_rope.unsqueeze(1), cos, sin)
+        else:
+            k_rope = k_rope.unsqueeze(1)
         if cfg.q_temperature is not None:  # Mistral 4's: q (both parts) scaled by its position
             q_nope = q_temperature(q_nope, cfg.q_temperature, meta.positions)
             q_rope = q_temperature(q_rope, cfg.q_temperature, meta.positions)

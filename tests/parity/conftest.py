@@ -6,10 +6,12 @@ each change the greedy tokens.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 
@@ -259,6 +261,17 @@ TINY_MODELS = {
         mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, projectors_bias=True, attention_bias=True,
         embedding_multiplier=3.0, key_multiplier=1.5, ssm_multipliers=[1.2, 0.7, 1.0, 1.3, 0.9], pad_token_id=0),
                            {}),
+    # Kimi-Linear: KDA layers (4 heads of 16, a decay a key channel) between latent-attention layers without RoPE,
+    # DeepSeek-V3's experts after the first, dense, layer (one group, shared experts).
+    "kimi-linear": ("KimiLinearConfig", dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, q_lora_rank=None,
+        kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20, num_key_value_heads=4,
+        num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+        routed_scaling_factor=2.446, linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
+        pad_token_id=0),
+        # transformers saves a dense layer's MLP under block_sparse_moe (its renaming undone blindly); the release,
+        # as vLLM reads it, under mlp.
+        {"renamed": ((r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj."),)}),
     # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
     # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
     "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,
@@ -353,6 +366,11 @@ def make_tiny_model(path: Path, name: str) -> Path:
     if "dtype" in save:
         model = model.to(save["dtype"])
     model.save_pretrained(path, max_shard_size=save.get("max_shard_size", "2GB"))
+    if save.get("renamed"):
+        tensors = load_file(path / "model.safetensors")
+        for pattern, replacement in save["renamed"]:
+            tensors = {re.sub(pattern, replacement, name): t for name, t in tensors.items()}
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return path
 
 

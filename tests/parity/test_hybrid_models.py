@@ -30,7 +30,7 @@ from tests.parity.test_transformers_parity import (
 )
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
-           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba")
+           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -80,7 +80,7 @@ def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_m
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2", "falcon-h1", "jamba"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2", "falcon-h1", "jamba", "kimi-linear"])
 def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prompts_sharing_its_prefix(
         tiny_model_dirs, name):
     """A 300-token prompt in one chunk keeps its states every 64 tokens (the run cut there): a prompt sharing its
@@ -125,7 +125,8 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba"])
+@pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
+                                  "kimi-linear"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
