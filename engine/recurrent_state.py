@@ -1,5 +1,5 @@
-"""The recurrent states of a hybrid model's linear-attention or Mamba-2 layers (engine/state_shape.py), kept in
-KV pages of their own: each sequence holds `StatePages.num_pages` pages beside those of its tokens
+"""The recurrent states of a hybrid model's linear-attention, Mamba or convolution layers (engine/state_shape.py),
+kept in KV pages of their own: each sequence holds `StatePages.num_pages` pages beside those of its tokens
 (Sequence.state_blocks), the states' float32 bytes laid across them.
 
 In pages, the states need nothing of their own: the pool's bytes count them, a sequence that cannot get them

@@ -1,5 +1,6 @@
-"""The size of what a hybrid model's sequence keeps in place of KV for its recurrent layers (Gated DeltaNet's,
-engine/linear_attention_config.py; Mamba-2's, engine/mamba_config.py): engine/recurrent_state.py lays it in pages."""
+"""The size of what a hybrid model's sequence keeps in place of KV for its recurrent layers (Gated DeltaNet's and
+KDA's, engine/linear_attention_config.py; Mamba-2's, engine/mamba_config.py; Mamba-1's, engine/mamba1_config.py;
+LFM2's convolutions, engine/short_conv_config.py): engine/recurrent_state.py lays it in pages."""
 from __future__ import annotations
 
 import math
