@@ -81,7 +81,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"{config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
-        ("recurrent layers (Mamba-2's, Gated DeltaNet's)", config.state_shape is not None),
+        ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),
         # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.
         ("experts stored fused as wide as the hidden size", config.moe.fused_experts and config.hidden_size in (
             config.moe.moe_intermediate_size, 2 * config.moe.moe_intermediate_size)),
