@@ -28,6 +28,7 @@ from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import MLAConfig
 from engine.moe_config import GPT_OSS, GRANITE_HYBRID, LLAMA4, MISTRAL4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
+from engine.short_conv_config import LFM3
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
 
 
 def local_rope_theta(cfg: dict, arch: str) -> float | None:
-    if arch not in (GEMMA3, OLMO3):
+    if arch not in (GEMMA3, OLMO3, LFM3):
         return None
     params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
@@ -77,6 +78,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch == COHERE2 or (arch == EXAONE4 and sliding_window(cfg, arch) is not None):  # full layers without RoPE
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
+    if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
+        return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR) or cfg.get("position_embedding_type") == "nope"
     if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR):
         return frozenset()  # NoPE
@@ -118,6 +121,8 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 def sliding_window(cfg: dict, arch: str) -> int | None:
     if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS):
         return cfg.get("sliding_window")
+    if arch == LFM3:
+        return cfg.get("sliding_window", 256)
     if arch in (EXAONE4, COHERE2):  # absent, transformers' default
         return cfg.get("sliding_window", 4096)
     if arch == SMOLLM3:
@@ -129,7 +134,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4, COHERE2):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4, COHERE2, LFM3):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

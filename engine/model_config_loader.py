@@ -86,7 +86,7 @@ from engine.rope_config import (
     rope_scaling,
     rope_theta_of,
 )
-from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, lfm2_intermediate_size, read_short_conv
+from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, LFM3, lfm2_intermediate_size, read_short_conv
 
 
 class ModelConfigError(ValueError):
@@ -162,7 +162,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
-    partial = 1.0 if arch in (GEMMA4, *MLA_MODELS) else 0.5 if arch == BAMBA else \
+    partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
         partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
@@ -353,7 +353,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
-    if arch in (FALCON_H1, BAMBA):
+    if arch in (FALCON_H1, BAMBA, LFM3):
         attention = bool(cfg.get("attention_bias"))
         return dict(qkv_bias=attention, o_bias=attention, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == SEED_OSS:  # q, k and v's on unless it says, o's a switch of its own

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 # transformers 5 nests a config's RoPE settings by these layer types.
 LAYER_TYPES = ("full_attention", "sliding_attention")
 PHI3 = "Phi3ForCausalLM"

@@ -1,5 +1,5 @@
-"""Liquid AI's LFM2 (Lfm2ForCausalLM, Lfm2MoeForCausalLM), read from their config.json: which layers attend over
-pages and which are short gated convolutions, and what those keep instead.
+"""Liquid AI's LFM2 and LFM3 (Lfm2ForCausalLM, Lfm2MoeForCausalLM, Lfm3ForCausalLM), read from their config.json:
+which layers attend over pages and which are short gated convolutions, and what those keep instead.
 
 A convolution layer keeps no KV a token: a sequence's past is the last `conv_L_cache - 1` inputs of its depthwise
 causal convolution (its gated inputs, hidden_size channels), kept in the sequence's state pages as a recurrent
@@ -11,17 +11,21 @@ from dataclasses import dataclass
 
 from engine.state_shape import StateShape
 
-LFM2, LFM2_MOE = "Lfm2ForCausalLM", "Lfm2MoeForCausalLM"
-LFM2S = (LFM2, LFM2_MOE)
-CONV, FULL = "conv", "full_attention"
+LFM2, LFM2_MOE, LFM3 = "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm3ForCausalLM"
+LFM2S = (LFM2, LFM2_MOE, LFM3)
+CONV, FULL, SLIDING = "conv", "full_attention", "sliding_attention"  # (LFM3's attention layers of either kind)
 
 
 @dataclass(frozen=True)
 class ShortConvLayout:
-    layer_types: tuple[str, ...]  # CONV or FULL, a layer
+    layer_types: tuple[str, ...]  # CONV, FULL or (LFM3's) SLIDING, a layer
     channels: int  # the hidden size
     conv_kernel: int  # conv_L_cache
     conv_bias: bool  # on in_proj, the convolution and out_proj
+    # LFM3's: every operator's and MLP's output RMS-normed before the residual takes it; each attention head's output
+    # weighed by a sigmoid of the layer's input.
+    sandwich_norms: bool = False
+    attention_gates: bool = False
 
     @property
     def conv_layers(self) -> tuple[int, ...]:
@@ -30,7 +34,7 @@ class ShortConvLayout:
     @property
     def kv_places(self) -> dict[int, int]:
         """Each attention layer's layer of the pages."""
-        full = (i for i, kind in enumerate(self.layer_types) if kind == FULL)
+        full = (i for i, kind in enumerate(self.layer_types) if kind != CONV)
         return {layer: place for place, layer in enumerate(full)}
 
     @property
@@ -46,17 +50,20 @@ def read_short_conv(cfg: dict) -> ShortConvLayout:
     if given is None:
         full = set(cfg.get("full_attn_idxs") if cfg.get("full_attn_idxs") is not None else range(num_layers))
         given = [FULL if i in full else CONV for i in range(num_layers)]
-    unknown = sorted(set(given) - {CONV, FULL})
+    unknown = sorted(set(given) - {CONV, FULL, SLIDING})
     if unknown or len(given) != num_layers:
-        raise ValueError(f"layer_types must name convolution or full-attention layers, one a layer of {num_layers}, "
+        raise ValueError(f"layer_types must name convolution or attention layers, one a layer of {num_layers}, "
                          f"got {unknown or len(given)}")
-    if CONV not in given or FULL not in given:
+    if CONV not in given or set(given) == {CONV}:
         raise ValueError("an LFM2 model of one kind of layer alone is not supported (it needs convolutions and "
                          "attention both)")
-    kernel = int(cfg.get("conv_L_cache", 3))
+    kernel = int(cfg.get("conv_L_cache", 7 if cfg.get("model_type") == "lfm3" else 3))
     if kernel < 2:
         raise ValueError(f"conv_L_cache must be at least 2, got {kernel}")
-    return ShortConvLayout(tuple(given), int(cfg["hidden_size"]), kernel, bool(cfg.get("conv_bias", False)))
+    is_lfm3 = cfg.get("model_type") == "lfm3"
+    return ShortConvLayout(tuple(given), int(cfg["hidden_size"]), kernel, bool(cfg.get("conv_bias", False)),
+                           sandwich_norms=is_lfm3 and bool(cfg.get("use_sandwich_norm", True)),
+                           attention_gates=is_lfm3 and bool(cfg.get("use_attention_gate", True)))
 
 
 def lfm2_intermediate_size(cfg: dict) -> int:

@@ -26,6 +26,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
         return _llama3_inv_freq(inv_freq, scaling)
     if rope_type == "yarn":
         return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
+    if rope_type == "proportional":  # (LFM3's full layers): the first part of the frequencies turn, the rest not
+        inv_freq[int(float(scaling.get("partial_rotary_factor", 1.0)) * head_dim // 2):] = 0.0
+        return inv_freq / float(scaling.get("factor", 1.0))
     raise ValueError(f"unsupported rope type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
 
 

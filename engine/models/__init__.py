@@ -15,7 +15,7 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
-from engine.models.lfm2 import Lfm2ForCausalLM
+from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.modernbert import ModernBertModel
@@ -51,6 +51,7 @@ MODEL_REGISTRY = {
     "FalconH1ForCausalLM": FalconH1ForCausalLM,  # attention and Mamba-2 side by side (engine/models/falcon_h1.py)
     "Lfm2ForCausalLM": Lfm2ForCausalLM,  # LFM2's convolutions between attention layers (engine/models/lfm2.py)
     "Lfm2MoeForCausalLM": Lfm2ForCausalLM,
+    "Lfm3ForCausalLM": Lfm3ForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says

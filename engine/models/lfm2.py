@@ -20,7 +20,7 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
-from engine.models.llama_layers import MLP
+from engine.models.llama_layers import MLP, Attention
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.weights import renamed
@@ -87,6 +87,8 @@ class ConvDecoderLayer(nn.Module):
 
 
 class Lfm2ForCausalLM(HybridForward):
+    renames = RENAMED
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         conv_layers = self.config.short_conv.conv_layers
         if layer not in conv_layers:
@@ -99,10 +101,10 @@ class Lfm2ForCausalLM(HybridForward):
         return super()._attention_names(layer)
 
     def checkpoint_names(self) -> list[str]:
-        return [renamed(name, RENAMED, back=True) for name in super().checkpoint_names()]
+        return [renamed(name, self.renames, back=True) for name in super().checkpoint_names()]
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, RENAMED), tensor) for name, tensor in tensors)
+        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".conv.conv.weight"):  # [C, 1, K]
@@ -113,4 +115,94 @@ class Lfm2ForCausalLM(HybridForward):
         parts = name.split(".", 4)
         if len(parts) == 5 and parts[3] == "conv":
             return self.layers[int(parts[2])].conv.tensor(parts[4])
+        return super()._target(name)
+
+
+# LFM3's names and Llama's: its attention's are Llama's (q_norm, k_norm, o_proj; its gate gate_proj).
+LFM3_RENAMED = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+                (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
+                (".feed_forward.w2.", ".mlp.down_proj."), ("model.embedding_norm.", "model.norm."))
+
+
+class HeadGatedAttention(Attention):
+    """Attention whose every head's output is weighed by the sigmoid of a projection of the layer's input (LFM3's
+    gate_proj: a number a head)."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        self.g_weight = empty_param(config.num_heads, config.hidden_size, dtype=dtype)
+        self._gates: torch.Tensor | None = None  # the step's, while its attention runs
+
+    def forward(self, x, cos, sin, kv_cache, meta):
+        self._gates = torch.sigmoid(self.kernels.linear(x, self.g_weight))
+        try:
+            return super().forward(x, cos, sin, kv_cache, meta)
+        finally:
+            self._gates = None
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        heads = out.view(out.shape[0], self.config.num_heads, -1)
+        return super()._output(heads * self._gates[..., None].to(heads.dtype))
+
+
+class SandwichLayer(nn.Module):
+    """LFM3's layer: its operator (attention or a convolution) and its MLP, each behind an RMS norm and (where the
+    model has them) before another, the residual around each."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, operator: nn.Module,
+                 is_conv: bool) -> None:
+        super().__init__()
+        self.eps, self.rms_norm, self.is_conv = config.rms_norm_eps, kernels.rms_norm, is_conv
+        hidden, sandwich = config.hidden_size, config.short_conv.sandwich_norms
+        self.input_norm = empty_param(hidden, dtype=dtype)
+        self.post_attention_norm = empty_param(hidden, dtype=dtype)
+        self.post_operator_norm = empty_param(hidden, dtype=dtype) if sandwich else None
+        self.post_ffn_norm = empty_param(hidden, dtype=dtype) if sandwich else None
+        if is_conv:
+            self.conv = operator
+        else:
+            self.attn = operator
+        self.mlp = MLP(config, kernels, dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        x = self.rms_norm(h, self.input_norm, self.eps)
+        out = self.conv(x, meta) if self.is_conv else self.attn(x, cos, sin, kv_cache, meta)
+        h = h + self._normed(out, self.post_operator_norm)
+        return h + self._normed(self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)), self.post_ffn_norm)
+
+    def _normed(self, out: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+        return out if norm is None else self.rms_norm(out, norm, self.eps)
+
+
+class Lfm3ForCausalLM(Lfm2ForCausalLM):
+    """LFM3: LFM2's convolutions between attention layers, some of them within a sliding window (RoPE of their own
+    there; a proportional one, part of each head turning, in the full ones), each head's output gated, every
+    operator's and MLP's output normed (engine/short_conv_config.py's flags)."""
+
+    renames = LFM3_RENAMED
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        config, conv_layers = self.config, self.config.short_conv.conv_layers
+        if layer in conv_layers:
+            return SandwichLayer(config, self.kernels, dtype, ShortConv(config, self.kernels, dtype,
+                                                                         conv_layers.index(layer)), is_conv=True)
+        attention = HeadGatedAttention if config.short_conv.attention_gates else Attention
+        return SandwichLayer(config, self.kernels, dtype, attention(config, self.kernels, dtype, self._window(layer)),
+                             is_conv=False)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        gate = [f"model.layers.{layer}.self_attn.gate_proj.weight"] \
+            if layer not in self.config.short_conv.conv_layers and self.config.short_conv.attention_gates else []
+        return super()._attention_names(layer) + gate
+
+    def _norm_names(self) -> tuple[str, ...]:
+        sandwich = ("post_operator_norm", "post_ffn_norm") if self.config.short_conv.sandwich_norms else ()
+        return (*super()._norm_names(), *sandwich)
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".")
+        if len(parts) == 5 and parts[3] in ("post_operator_norm", "post_ffn_norm"):
+            return getattr(self.layers[int(parts[2])], parts[3]).data
+        if len(parts) == 6 and parts[3:5] == ["self_attn", "gate_proj"]:
+            return self.layers[int(parts[2])].attn.g_weight.data
         return super()._target(name)

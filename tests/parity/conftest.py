@@ -285,6 +285,12 @@ TINY_MODELS = {
     # thirds as wide as configured, rounded up to a multiple of 16.
     "lfm2": ("Lfm2Config", dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
                                 block_multiple_of=16, pad_token_id=0), {}),
+    # LFM3: LFM2's convolutions (7 taps) between attention layers, a sliding window (16) in some with RoPE of their own,
+    # a proportional RoPE (half of each head's frequencies) in the full ones; each head's output gated, every
+    # operator's and MLP's output normed.
+    "lfm3": ("Lfm3Config", dict(num_hidden_layers=5, head_dim=16, sliding_window=16,
+                                layer_types=["conv", "sliding_attention", "conv", "full_attention", "conv"],
+                                pad_token_id=0), {}),
     # LFM2-MoE: after a dense first layer, 2 of 4 experts by sigmoid score plus a learnt bias, renormalized, scaled.
     "lfm2-moe": ("Lfm2MoeConfig", dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv",
                                                                           "full_attention"],

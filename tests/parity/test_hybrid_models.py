@@ -30,7 +30,7 @@ from tests.parity.test_transformers_parity import (
 )
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
-           "lfm2", "lfm2-moe", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear")
+           "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -330,8 +330,8 @@ def test_lfm2s_released_config_reads_its_attention_layers_and_its_mlps_width_as_
 
 @pytest.mark.parametrize("name, changes, refused", [
     ("lfm2", {"layer_types": ["conv"] * 4}, "of one kind of layer alone is not supported"),
-    ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "full_attention"]},
-     r"must name convolution or full-attention layers, one a layer of 4, got \['sliding_attention'\]"),
+    ("lfm2", {"layer_types": ["conv", "mamba", "conv", "full_attention"]},
+     r"must name convolution or attention layers, one a layer of 4, got \['mamba'\]"),
     ("lfm2-moe", {"use_expert_bias": False}, r"without its expert bias \(use_expert_bias false\) is not supported"),
     ("jamba", {"attn_layer_period": 1, "attn_layer_offset": 0}, "Jamba needs Mamba and attention layers both"),
 ])
