@@ -43,7 +43,7 @@ class KimiDeltaAttention(nn.Module):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
                  index: int) -> None:
         super().__init__()
-        self.linear, self.rms_norm, self.eps, self.index = kernels.linear, kernels.rms_norm, config.rms_norm_eps, index
+        self.linear, self.eps, self.index = kernels.linear, config.rms_norm_eps, index
         self.layout = la = config.linear_attention
         hidden, width, heads, head_dim = config.hidden_size, la.key_size, la.num_key_heads, la.key_head_dim
         self.qkv_weight = empty_param(3 * width, hidden, dtype=dtype)
