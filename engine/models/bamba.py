@@ -4,8 +4,6 @@ attention layers have pages, its Mamba-2 layers keep states (engine/models/hybri
 Llama's where the layers are."""
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torch import nn
 
@@ -14,7 +12,6 @@ from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP
 from engine.models.mamba2 import Mamba2Mixer
 from engine.models.parameters import empty_param
-from engine.weights import renamed
 from kernels.registry import Kernels
 
 # Bamba's names and Llama's, each way.
@@ -55,12 +52,6 @@ class BambaForCausalLM(HybridForward):
         if layer not in self._mamba_layers:
             return super()._attention_names(layer)
         return [f"model.layers.{layer}.mamba.{name}" for name in self.layers[layer].mamba.tensor_names()]
-
-    def checkpoint_names(self) -> list[str]:
-        return [renamed(name, self.renames, back=True) for name in super().checkpoint_names()]
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]

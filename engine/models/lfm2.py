@@ -12,8 +12,6 @@ between grouped-query attention layers (engine/short_conv_config.py).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torch import nn
 
@@ -23,7 +21,6 @@ from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, Attention
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
-from engine.weights import renamed
 from kernels.causal_conv import conv_run, conv_step
 from kernels.registry import Kernels
 
@@ -99,12 +96,6 @@ class Lfm2ForCausalLM(HybridForward):
         if layer in self.config.short_conv.conv_layers:
             return [f"model.layers.{layer}.conv.{name}" for name in self.layers[layer].conv.tensor_names()]
         return super()._attention_names(layer)
-
-    def checkpoint_names(self) -> list[str]:
-        return [renamed(name, self.renames, back=True) for name in super().checkpoint_names()]
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".conv.conv.weight"):  # [C, 1, K]
