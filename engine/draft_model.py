@@ -108,9 +108,11 @@ class DraftModel:
         self.block_size, self.num_blocks = block_size, num_blocks
         self._free_blocks = list(range(num_blocks))
 
-    def prefilled(self, seq: Sequence) -> None:
+    def prefilled(self, seq: Sequence, room: int) -> list[int]:
         """`seq`'s prompt is computed and its first token sampled, and its pages go on to a decode worker: what a
-        drafter keeping its layers in them computes there first (nothing, for a draft model)."""
+        drafter keeping its layers in them computes there first, and drafts up to `room` for what follows (nothing
+        and none, for a draft model: it computes the prompt on the decode worker at its first step)."""
+        return []
 
     @property
     def num_free_blocks(self) -> int:

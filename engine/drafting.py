@@ -25,7 +25,7 @@ class Drafter(Protocol):
 
     def forget(self, request_id: str) -> None: ...
 
-    def prefilled(self, seq: Sequence) -> None: ...
+    def prefilled(self, seq: Sequence, room: int) -> list[int]: ...
 
 
 # Appends a sampled token (and its logprobs) to a sequence; True if the token finished it.
@@ -52,19 +52,30 @@ class Drafting:
         """Drafts for the decoding sequences, all at once (a draft model computes them as batches), as
         many as the budget would leave each were the running sequences scheduled in turn, its
         max_tokens and the context leave room for (speculative.py)."""
-        wanted = []
+        wanted, handed = [], {}
         for seq in running:
             if budget <= 0:
                 break
             room = 0
             if seq.num_uncomputed_tokens == 1 and not seq.is_prefill_only:
-                room = max(0, min(budget - 1, self.drafter.num_speculative_tokens,
-                                  seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
-                                  self.max_model_len - seq.num_tokens - 1))
-                if room > 0:
+                room = self._room(seq, budget - 1)
+                if seq.handoff_drafts:  # a decode worker's first step: the prefill worker's drafts
+                    handed[seq.request_id], seq.handoff_drafts = seq.handoff_drafts[:room], []
+                elif room > 0:
                     wanted.append((seq, room))
             budget -= min(seq.num_uncomputed_tokens, budget) + room
-        return self.drafter.propose(wanted) if wanted else {}
+        return {**handed, **self.drafter.propose(wanted)} if wanted else handed
+
+    def prefilled(self, seq: Sequence) -> list[int]:
+        """A prompt computed for a decode worker, its first token sampled: the drafter's drafts for what follows
+        it, as many as its first decode step may take (none from a drafter that can draft there itself)."""
+        return self.drafter.prefilled(seq, self._room(seq, self.drafter.num_speculative_tokens))
+
+    def _room(self, seq: Sequence, budget: int) -> int:
+        """The drafts a decoding sequence's step may take within `budget`, its max_tokens and the context."""
+        return max(0, min(budget, self.drafter.num_speculative_tokens,
+                          seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
+                          self.max_model_len - seq.num_tokens - 1))
 
     def add(self, seq: Sequence, drafts: list[int], budget: int) -> None:
         """Append a decoding sequence's drafts, as many as the budget leaves room for and its pages can

@@ -287,14 +287,20 @@ class EagleDrafter(DraftModel):
                 self._add(batch, eagle, room, rooms)
         return self._drafts(batch, rooms)
 
-    def prefilled(self, seq: Sequence) -> None:
+    def prefilled(self, seq: Sequence, room: int) -> list[int]:
         """A prompt computed for a decode worker, its first token sampled: a head in the target's pages computes
-        its KV of the prompt's last positions into them, before they go."""
+        its KV of the prompt's last positions into them, before they go, and up to `room` drafts for what follows
+        (the first from the same forward): only here is the prompt's last hidden state, so the decode worker's
+        first step takes them rather than none. (The drafts' own KV past the prompt, in its last page, is computed
+        again there.)"""
         eagle = self._held.get(seq.request_id)
         if not self.pool_layers or eagle is None or eagle.owner is not seq:
-            return
+            return []
+        if room > 0:
+            return self.propose([(seq, room)]).get(seq.request_id, [])
         if eagle.take_features(seq.num_computed_tokens) and self._reserve(eagle, eagle.num_features):
             self._take_in([eagle])
+        return []
 
     def forget(self, request_id: str) -> None:
         if self.pool_layers:  # its pages are its owner's

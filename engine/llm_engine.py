@@ -261,6 +261,7 @@ class LLMEngine:
         prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
         images: list[ImageInput | WithheldImage] | tuple[ImageInput | WithheldImage, ...] = (),
         prompt_embeds_digest: str = "",
+        draft_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
         """Continues a request whose prompt KV (and its `output_token_ids`' after it, as
         `add_request` takes them) was written into the pages reserved under `request_id` and
@@ -269,16 +270,20 @@ class LLMEngine:
         `prompt_embeds` and `images` as `add_request` takes them: a preempted request computes its prompt again.
         Its prompt embeddings and images may be withheld (`WithheldEmbeddings`, `WithheldImage`: not sent):
         preempted, it is computed again only where its prefix cache still holds their tokens, else it finishes
-        "withheld"."""
+        "withheld". `draft_token_ids`: the prefill worker's drafts for what follows `first_token_id`, which its first
+        step verifies (with speculative decoding on)."""
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
                           images)
         sampling_params = salted(sampling_params, prompt_embeds, images, prompt_embeds_digest)
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise ValueError(f"first token id {first_token_id} is outside the vocabulary")
+        if not all(0 <= token < self.model_config.vocab_size for token in draft_token_ids):
+            raise ValueError(f"draft token ids {list(draft_token_ids)} are not all in the vocabulary")
         if sampling_params.lora_name is not None:
             self.loras.ensure_loaded(sampling_params.lora_name)
         seq = prefilled_sequence(self, request_id, prompt_token_ids, first_token_id, sampling_params, output_token_ids,
                                  prompt_embeds, *placed_images(self.model_config.vision, prompt_token_ids, images))
+        seq.handoff_drafts = list(draft_token_ids)
         self._seqs[request_id] = seq
         self.output_streams.open(request_id, len(output_token_ids) + 1)  # and the first token: all made elsewhere
         if not self.scheduler.add_running(seq):

@@ -56,6 +56,7 @@ class OutputStreams:
             step_times=seq.step_times,
             spec_decode=seq.spec_decode if seq.is_finished else None,
             num_preemptions=seq.num_preemptions,
+            handoff_drafts=seq.handoff_drafts if seq.finish_reason == "prefilled" else [],
         )
 
 

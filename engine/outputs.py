@@ -40,6 +40,9 @@ class RequestOutput:
     # A finished request's speculative steps, when the engine keeps them per request (spec_decode_stats.py).
     spec_decode: SpecDecodeStats | None = field(default=None, compare=False, repr=False)
     num_preemptions: int = 0  # times its pages were freed to be computed again
+    # A "prefilled" request's drafts for what follows its first token (Sequence.handoff_drafts), for the decode
+    # worker's first step.
+    handoff_drafts: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -266,7 +266,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if self.drafter is not None:
             if reason == "prefilled":  # its pages go on to a decode worker: an EAGLE head's layers first filled
-                self.drafter.prefilled(seq)
+                seq.handoff_drafts = self.drafting.prefilled(seq)
             self.drafter.forget(seq.request_id)
         if reason == "prefilled":
             self.held[seq.request_id] = seq

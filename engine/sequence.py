@@ -103,6 +103,10 @@ class Sequence:
         # Speculative drafts at the end of `token_ids`, from the scheduling of a step to its
         # verification (engine/speculative.py); 0 at any other time.
         self.num_draft_tokens = 0
+        # Drafts for what follows its first token, made where its prompt was prefilled by an EAGLE head or MTP
+        # layer that saw the prompt's last hidden state (set there as it finishes "prefilled"; here, until its
+        # first step proposes them).
+        self.handoff_drafts: list[int] = []
         self.num_preemptions = 0
         self.step_times = StepTimes()
         # Its speculative steps' drafts and acceptances, when the engine keeps them per request.

@@ -97,8 +97,10 @@ class NgramDrafter:
     def forget(self, request_id: str) -> None:
         """A sequence that finished or was preempted: n-gram drafts keep nothing of it."""
 
-    def prefilled(self, seq: Sequence) -> None:
-        """A prompt computed for a decode worker: n-gram drafts need nothing of it."""
+    def prefilled(self, seq: Sequence, room: int) -> list[int]:
+        """A prompt computed for a decode worker: n-gram drafts need nothing of it, the decode worker drafting from
+        its tokens at its first step."""
+        return []
 
 
 def ngram_drafts(token_ids: list[int], num_drafts: int, min_n: int, max_n: int) -> list[int]:

@@ -80,7 +80,7 @@ class PrefillTimings(_message.Message):
     def __init__(self, queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., kv_transfer_seconds: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., host_tier_read_seconds: _Optional[float] = ..., admit_seconds: _Optional[float] = ..., received_monotonic_ns: _Optional[int] = ..., first_token_sent_monotonic_ns: _Optional[int] = ..., host_id: _Optional[str] = ..., kv_transfer_early_bytes: _Optional[int] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id", "num_host_tier_tokens", "prompt_logprobs")
+    __slots__ = ("first_token_id", "logprobs", "num_cached_tokens", "timings", "finish_reason", "reservation_id", "num_host_tier_tokens", "prompt_logprobs", "draft_token_ids")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class PrefillResponse(_message.Message):
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_HOST_TIER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     logprobs: _common_pb2.TopLogprobs
     num_cached_tokens: int
@@ -97,7 +98,8 @@ class PrefillResponse(_message.Message):
     reservation_id: str
     num_host_tier_tokens: int
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopLogprobs]
-    def __init__(self, first_token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TopLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., reservation_id: _Optional[str] = ..., num_host_tier_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ...) -> None: ...
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first_token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TopLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., reservation_id: _Optional[str] = ..., num_host_tier_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillEvent(_message.Message):
     __slots__ = ("first_token", "handoff")

@@ -159,15 +159,17 @@ class EngineLoop(EngineStepper):
 
     def start_prefilled(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
                         params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
-                        given: GivenInputs = NO_INPUTS) -> asyncio.Queue:
-        """Adopt the reserved pages and join the running batch; returns the queue of RequestOutputs
-        (see `add_request`). A refused request has its reservation released: the claim consumed it."""
+                        given: GivenInputs = NO_INPUTS, draft_token_ids: list[int] | tuple[int, ...] = ()
+                        ) -> asyncio.Queue:
+        """Adopt the reserved pages and join the running batch, the prefill worker's `draft_token_ids` its first
+        step's drafts; returns the queue of RequestOutputs (see `add_request`). A refused request has its
+        reservation released: the claim consumed it."""
         stream = (asyncio.get_running_loop(), asyncio.Queue())
 
         def add(engine: LLMEngine) -> None:
             try:
                 engine.add_prefilled_request(request_id, prompt_token_ids, first_token_id, params, output_token_ids,
-                                             **given.as_kwargs())
+                                             draft_token_ids=draft_token_ids, **given.as_kwargs())
             except BaseException:
                 engine.release_reservation(request_id)
                 raise

@@ -160,7 +160,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         try:
             started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
                                                   request.first_token_id, params, list(request.output_token_ids),
-                                                  given)
+                                                  given, list(request.draft_token_ids))
             phases = CallPhases(request.request_id, arrival_ns, len(request.prompt_token_ids), params.max_tokens,
                              is_local=False)
             outputs = OutputBatches(started, request.sampling.stream_interval, is_first_token_sent=True)

@@ -177,7 +177,7 @@ class StepSources:
             call = await self.decode_calls.start(decode_worker, decode_pb2.DecodeRequest(
                 request_id=request_id, reservation_id=handoff.reservation_id, prompt_token_ids=prompt,
                 first_token_id=response.first_token_id, sampling=params,
-                output_token_ids=output))
+                output_token_ids=output, draft_token_ids=response.draft_token_ids))
         # Once this request is done with the prefill worker: the next request's call is opened
         # off both this one's first token and its handoff.
         self.prefill_calls.replenish(prefill_worker)

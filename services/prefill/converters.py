@@ -40,7 +40,8 @@ def first_token_event(out: RequestOutput, num_logprobs: int | None, timings: dic
     reason = None if out.finish_reason == "prefilled" else out.finish_reason
     event = prefill_pb2.PrefillEvent(first_token={
         "first_token_id": first, "num_cached_tokens": out.num_cached_tokens, "timings": timings,
-        "finish_reason": FINISH_REASONS[reason], "num_host_tier_tokens": num_host_tier_tokens})
+        "finish_reason": FINISH_REASONS[reason], "num_host_tier_tokens": num_host_tier_tokens,
+        "draft_token_ids": out.handoff_drafts})
     if num_logprobs is not None and out.new_logprobs:
         event.first_token.logprobs.CopyFrom(top_logprobs(first, out.new_logprobs[0], num_logprobs,
                                                           logprob_token_ids))

@@ -412,7 +412,8 @@ def greedy_outputs(engine, requests: dict[str, tuple[list[int], dict]], max_toke
 def decoded_from_handed_over_pages(prefill, decode, requests: dict[str, tuple[list[int], int, dict, dict]]) -> dict:
     """Each request prefilled by `prefill`, then decoded greedily by `decode` from a copy of its pages, as a
     decode worker decodes: `requests` maps an id to its prompt, its max_tokens, and what `add_request` and
-    `add_prefilled_request` take for it besides. Its finished outputs by id; every page free after."""
+    `add_prefilled_request` take for it besides; the prefill engine's drafts (with speculative decoding) go with its
+    first token. Its finished outputs by id; every page free after."""
     from engine.sampling_params import SamplingParams
 
     for request_id, (prompt, max_tokens, given, given_to_decode) in requests.items():
@@ -422,7 +423,8 @@ def decoded_from_handed_over_pages(prefill, decode, requests: dict[str, tuple[li
         source, target = prefill.held_block_ids(request_id), decode.reserve(request_id, len(prompt))
         decode.runner.kv_pool.tensor[:, :, :, target] = prefill.runner.kv_pool.tensor[:, :, :, source]
         prefill.release(request_id)
-        decode.add_prefilled_request(request_id, prompt, first.token_ids[0], params, **given_to_decode)
+        decode.add_prefilled_request(request_id, prompt, first.token_ids[0], params,
+                                     draft_token_ids=first.handoff_drafts, **given_to_decode)
     outputs = {}
     while decode.has_unfinished_requests():
         for out in decode.step():

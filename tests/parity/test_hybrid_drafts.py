@@ -156,14 +156,25 @@ def test_prompts_drafted_for_continue_from_a_cached_prefix(replicas):
 
 def test_a_decode_engine_drafts_from_the_mtp_layers_kv_its_prefill_engine_computed(replicas):
     """The prefill engine computes the MTP layer's KV of the prompt into the pages it hands over (with the states'
-    pages), so the decode engine's layer drafts over the whole prompt from its first step."""
+    pages), and drafts from the prompt's last hidden state for the decode engine's first step, which takes them
+    (as one engine doing both drafts there); its layer drafts over the whole prompt from then on."""
     model_dir = replicas["qwen3-next"]
-    prefill, decode = (LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_batched_tokens=32,
-                                              speculative=MTP)) for _ in range(2))
+    prefill, decode, one = (LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_batched_tokens=32,
+                                                   speculative=MTP, per_request_spec_decode_metrics="detailed"))
+                            for _ in range(3))
     prompts = _mixed_prompts(512)[1:4]
     outputs = decoded_from_handed_over_pages(prefill, decode, {f"r{i}": (p, 16, {}, {}) for i, p in enumerate(prompts)})
     assert [outputs[f"r{i}"].token_ids for i in range(3)] == _greedy(model_dir, prompts, 16)
+    for i, prompt in enumerate(prompts):
+        one.add_request(f"r{i}", prompt, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    one_outputs = {}
+    while one.has_unfinished_requests():
+        one_outputs |= {out.request_id: out for out in one.step() if out.finished}
+    for i in range(3):  # each step's drafts and those taken
+        assert outputs[f"r{i}"].spec_decode.per_step == one_outputs[f"r{i}"].spec_decode.per_step
+        assert outputs[f"r{i}"].spec_decode.per_step[0][0] == MTP.num_speculative_tokens
     assert decode.scheduler.num_accepted_tokens > 0
+    one.close()
     prefill.close()
     decode.close()
 

@@ -251,8 +251,9 @@ def test_a_decode_engine_handed_a_prompts_pages_has_the_heads_kv_of_it_too(tiny_
                                                                            prefill_budget):
     """Prefill in one engine, decode in another, each with the head: the pages handed over hold the head's KV of
     the prompt (computed by the prefill engine, its last position once its first token is sampled), so the decode
-    engine drafts with the whole prompt as context from its second step on (its first has no hidden state before
-    it), taking as many drafts as one engine doing both, less a step's; the tokens are the colocated engine's."""
+    engine drafts with the whole prompt as context; its first step verifies the drafts the prefill engine's head
+    made from the prompt's last hidden state (which only it has), those one engine doing both drafts there, so it
+    takes as many drafts as that engine; the tokens are the colocated engine's."""
     replica, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
     prompt = [(17 * j) % 900 + 5 for j in range(70)]
     speculative = _config(head, "eagle")
@@ -267,13 +268,37 @@ def test_a_decode_engine_handed_a_prompts_pages_has_the_heads_kv_of_it_too(tiny_
     src, dst = prefill.held_block_ids("r"), decode.reserve("r", len(prompt))
     decode.runner.kv_pool.tensor[:, :, :, dst] = prefill.runner.kv_pool.tensor[:, :, :, src]  # the head's layers too
     prefill.release("r")
-    decode.add_prefilled_request("r", prompt, first.token_ids[0], GREEDY)
-    decode.step()  # the first token computed: no hidden state before it to draft from
-    assert decode.scheduler.drafting.num_draft_tokens == 0
-    assert finish(decode)["r"].token_ids == expected
     drafts = speculative.num_speculative_tokens
-    assert decode.scheduler.drafting.num_accepted_tokens >= colocated.scheduler.drafting.num_accepted_tokens - drafts
+    assert len(first.handoff_drafts) == drafts  # (the prompt's last page has room for their KV)
+    decode.add_prefilled_request("r", prompt, first.token_ids[0], GREEDY, draft_token_ids=first.handoff_drafts)
+    decode.step()
+    assert decode.scheduler.drafting.num_draft_tokens == drafts
+    assert finish(decode)["r"].token_ids == expected
+    assert decode.scheduler.drafting.num_accepted_tokens == colocated.scheduler.drafting.num_accepted_tokens
     assert_clean(decode)
+
+
+def test_a_prefill_engines_drafts_fit_the_prompts_last_page_and_out_of_vocabulary_ones_are_refused(
+        tiny_demo_model, tmp_path):
+    """The head's drafts past a prompt's first token compute their KV in the prompt's last page (the pages that
+    go): a prompt filling its pages hands over one draft, the head's output at its last position; a decode engine
+    refuses drafts outside the vocabulary, its reservation then left to the caller."""
+    replica, head = eagle_replica(tiny_demo_model, tmp_path / "target", tmp_path / "head")
+    engines = [LLMEngine(EngineConfig(model=str(replica), num_kv_blocks=64, speculative=_config(head, "eagle")))
+               for _ in range(2)]
+    prefill, decode = engines
+    firsts = {}
+    for request_id, length in (("full", 4 * prefill.config.block_size), ("room", 4 * prefill.config.block_size - 2)):
+        prefill.add_request(request_id, [(17 * j) % 900 + 5 for j in range(length)], GREEDY, prefill_only=True)
+        firsts[request_id] = finish(prefill)[request_id]
+        prefill.release(request_id)
+    assert [len(firsts["full"].handoff_drafts), len(firsts["room"].handoff_drafts)] == [1, 3]
+    decode.reserve("r", 10)
+    with pytest.raises(ValueError, match="draft token ids .* not all in the vocabulary"):
+        decode.add_prefilled_request("r", list(range(5, 15)), 7, GREEDY, draft_token_ids=[3, 1024])
+    assert decode.release_reservation("r")
+    assert_clean(decode)
+    assert_clean(prefill)
 
 
 def test_a_decode_engine_without_the_prompts_head_kv_drafts_from_what_it_computed(target, tmp_path):

@@ -1,8 +1,9 @@
 """Speculative decoding on the decode workers (--speculative-config, vLLM's), n-gram drafts, a draft
 model's and an EAGLE head's: a request streams the same tokens as plain decoding would make, whether its
 prompt was prefilled on a prefill worker (the drafts start from the handed-over KV; a draft model computes
-the prompt itself; an EAGLE head drafts from the first token the decode worker computes) or on its decode
-worker; several tokens may come in one chunk. With
+the prompt itself; an EAGLE head's first drafts come from the prefill worker, which alone has the prompt's last
+hidden state, so each step drafts and takes as one engine doing both would) or on its decode worker; several
+tokens may come in one chunk. With
 --per-request-spec-decode-metrics, each reply's `metrics.speculative_decoding` tells its own drafts,
 and they add up to the worker's counters."""
 from __future__ import annotations
@@ -51,6 +52,15 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
             [done] = [out for out in engine.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
                                                                               **sampling)) if out.finished]
             expected[len(prompt), name] = done.token_ids
+    one_engines_steps = {}  # the long prompt's (drafted, accepted) a step, with an EAGLE head
+    if method == "eagle":
+        drafting = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=128,
+                                          speculative=SpeculativeConfig.from_dict(speculative),
+                                          per_request_spec_decode_metrics="detailed"))
+        for name, sampling in (("greedy", {"temperature": 0.0}), ("seeded", seeded)):
+            [done] = [out for out in drafting.generate([long], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                                              **sampling)) if out.finished]
+            one_engines_steps[name] = done.spec_decode.per_step
     metrics_port = _free_port()
     decode_args = ("--speculative-config", json.dumps(speculative), "--metrics-port", str(metrics_port),
                    "--per-request-spec-decode-metrics", "detailed")
@@ -80,6 +90,9 @@ def test_drafted_streams_equal_plain_decoding_on_both_prefill_paths(tiny_demo_mo
                         num_chunks += 1
                 assert made == tokens, (length, name)
                 assert usage.completion_tokens == MAX_TOKENS
+                if one_engines_steps and prompt is long:
+                    assert list(zip(replies[-1]["per_step_drafted"], replies[-1]["per_step_accepted"])) \
+                        == one_engines_steps[name]
                 total_chunks += num_chunks
         assert total_chunks < MAX_TOKENS * len(expected)  # some steps made several tokens
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
