@@ -26,7 +26,7 @@ from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import MLAConfig
-from engine.moe_config import GPT_OSS, GRANITE_HYBRID, LLAMA4, MISTRAL4
+from engine.moe_config import DOTS1, GPT_OSS, GRANITE_HYBRID, LLAMA4, MISTRAL4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
 
@@ -127,6 +127,9 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window", 4096)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if arch == DOTS1:  # absent, transformers' default, for the layers from max_window_layers on (if any)
+        window = cfg.get("sliding_window", 4096)
+        return window if window is not None and sliding_layers(cfg, arch) else None
     if arch in QWENS and cfg.get("use_sliding_window"):
         raise ValueError("use_sliding_window=true is not supported")
     return None
@@ -134,11 +137,14 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4, COHERE2, LFM3):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4, COHERE2, LFM3, DOTS1):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
         return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    if arch == DOTS1:  # transformers': windowed from max_window_layers on, where there is a window
+        first = int(cfg.get("max_window_layers", 62))
+        return frozenset(range(first, num_layers)) if cfg.get("sliding_window", 4096) is not None else frozenset()
     if arch == EXAONE4:  # its pattern a count ("every fourth full") or a string of them ("LLLG": L sliding, G full)
         pattern = cfg.get("sliding_window_pattern", 4) if sliding_window(cfg, arch) is not None else 0
         if isinstance(pattern, str):

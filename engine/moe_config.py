@@ -13,6 +13,7 @@ from engine.short_conv_config import LFM2_MOE
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 GLM4_MOE_LITE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: DeepSeek-V3's latent attention and routing
+DOTS1 = "Dots1ForCausalLM"  # rednote's dots.llm1: Qwen3's attention, DeepSeek-V3's experts and routing
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
@@ -26,7 +27,8 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      DEEPSEEK_V32: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      GLM_MOE_DSA: dict(n_group=1, topk_group=1, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      KIMI_LINEAR: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446),
-                     GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8)}
+                     GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8),
+                     DOTS1: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0)}
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(num_experts),
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
                         shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
-                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", arch != DOTS1)),
                         dense_layers=_grouped_dense_layers(cfg, int(given["first_k_dense_replace"])),
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
                         num_groups=int(given["n_group"]),

@@ -82,6 +82,12 @@ TINY_MODELS = {
                                        n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
                                        first_k_dense_replace=1, use_qk_norm=True, attention_bias=True,
                                        num_hidden_layers=3, pad_token_id=0), {}),
+    # dots.llm1: Qwen3's attention (q/k normed per head, biases here), the first layer dense, then experts routed
+    # as DeepSeek-V3's in groups beside a shared one; layers from max_window_layers on windowed.
+    "dots1": ("Dots1Config", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                                  n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                  first_k_dense_replace=1, norm_topk_prob=True, attention_bias=True,
+                                  sliding_window=16, max_window_layers=2, num_hidden_layers=3, pad_token_id=0), {}),
     # DeepSeek-V3: multi-head latent attention (q through a rank-32 latent, k and v from a rank-24
     # one, RoPE over 8 of each head's 24 q/k dimensions, interleaved in the weights; v 20 wide),
     # YaRN with DeepSeek's mscale; the first layer dense, then 8 experts in 4 groups.

@@ -112,6 +112,26 @@ def test_an_older_gemma3_config_is_read_as_transformers_reads_it(model_copy):
             load_model_config(model_copy)
 
 
+def test_a_dots1_config_is_read_as_transformers_reads_it(model_copy):
+    # Without layer types: the layers from max_window_layers on windowed where there is a window (transformers'
+    # 4096 where absent, none where null); its routing's defaults (no renormalizing, no dense layer) are dots1's own.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["Dots1ForCausalLM"], num_hidden_layers=5, max_window_layers=3, n_routed_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=2)
+    cfg.pop("layer_types", None)
+    for window, windowed in ((64, {3, 4}), (None, set())):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, "sliding_window": window}))
+        config = load_model_config(model_copy)
+        assert (config.sliding_window, config.sliding_layers) == (window, windowed)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.sliding_window, config.sliding_layers) == (4096, {3, 4})
+    assert (config.qk_norm, config.moe.scoring, config.moe.norm_topk_prob) == ("head", "sigmoid", False)
+    assert (config.moe.dense_layers, config.moe.shared_expert_intermediate_size) == (frozenset(), 96)
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "max_window_layers": 5}))
+    assert load_model_config(model_copy).sliding_window is None
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
