@@ -78,7 +78,7 @@ from engine.moe_config import (
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
 from engine.rope_config import (
-    HUNYUAN,
+    HUNYUANS,
     PHI3,
     mrope_interleaved,
     mrope_section,
@@ -244,7 +244,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             attention_sinks=arch == GPT_OSS,
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
-            "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch == HUNYUAN else
+            "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in HUNYUANS else
             "head_layer_norm" if arch == COHERE and cfg.get("use_qk_norm") else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),

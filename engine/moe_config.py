@@ -8,6 +8,7 @@ from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
+from engine.rope_config import HUNYUAN_MOE
 from engine.short_conv_config import LFM2_MOE
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -150,6 +151,15 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
                         dense_layers=frozenset(range(int(cfg.get("num_dense_layers", 2)))), scoring="sigmoid",
                         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+    elif arch == HUNYUAN_MOE:
+        # Experts in every layer, by softmax renormalized, the router in float32, beside a shared MLP (its
+        # use_mixed_mlp_moe): transformers' are intermediate_size wide, as Hunyuan-A13B's moe_intermediate_size is.
+        inter = int(_uniform(cfg, "moe_intermediate_size", cfg["intermediate_size"]))
+        shared = int(cfg["intermediate_size"]) * int(_uniform(cfg, "num_shared_expert", 1))
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(_uniform(cfg, "moe_topk", 1)),
+                        moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=shared if cfg.get("use_mixed_mlp_moe", True) else 0,
+                        norm_topk_prob=True, weighs_experts_in_float32=True, router_in_float32=True)
     elif arch == OLMOE:  # experts in every layer, intermediate_size wide, routed as Qwen's
         moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]),
@@ -204,6 +214,16 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         raise ValueError(f"{moe.num_experts} experts cannot make {moe.num_groups} groups of two or more, of which "
                          f"{moe.topk_groups} are chosen")
     return moe
+
+
+def _uniform(cfg: dict, key: str, default: object) -> object:
+    """config.json's `key`, one value or one a layer (Hunyuan's lists): ValueError where the layers differ."""
+    value = cfg.get(key, default)
+    if not isinstance(value, list):
+        return value
+    if len(set(value)) != 1:
+        raise ValueError(f"{key} {value} differs by layer; Baton's experts are alike in every layer")
+    return value[0]
 
 
 def _grouped_dense_layers(cfg: dict, first_k_dense: int) -> frozenset[int]:

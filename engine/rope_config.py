@@ -8,7 +8,8 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "prop
 # transformers 5 nests a config's RoPE settings by these layer types.
 LAYER_TYPES = ("full_attention", "sliding_attention")
 PHI3 = "Phi3ForCausalLM"
-HUNYUAN = "HunYuanDenseV1ForCausalLM"
+HUNYUAN, HUNYUAN_MOE = "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM"  # Hunyuan dense; Hunyuan-A13B
+HUNYUANS = (HUNYUAN, HUNYUAN_MOE)
 
 
 def rope_parameters(cfg: dict, layer_type: str) -> dict:
@@ -61,7 +62,7 @@ def rope_scaling(cfg: dict, arch: str) -> dict | None:
 def ntk_alpha(cfg: dict, arch: str) -> float | None:
     """HunYuan's fixed NTK scaling: "dynamic" with an `alpha`, which only stretches the base (transformers reads
     it so for HunYuan alone; a "dynamic" scaling otherwise is refused as any unsupported kind)."""
-    if arch != HUNYUAN:
+    if arch not in HUNYUANS:
         return None
     scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
     alpha = scaling.get("alpha")

@@ -37,6 +37,7 @@ MODEL_REGISTRY = {
     "Ernie4_5ForCausalLM": LlamaForCausalLM,  # biases, and RoPE pairs side by side, as its ModelConfig says
     "Ernie4_5_MoeForCausalLM": LlamaForCausalLM,  # and its experts, routed as its MoEConfig says
     "HunYuanDenseV1ForCausalLM": LlamaForCausalLM,  # q and k normed after RoPE, as its ModelConfig says
+    "HunYuanMoEV1ForCausalLM": LlamaForCausalLM,  # and experts beside a shared MLP, as its MoEConfig says
     "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread

@@ -23,6 +23,7 @@ from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.moe_config import ERNIE45_MOE
 from engine.prompt_embeds import GivenEmbeddings
+from engine.rope_config import HUNYUAN_MOE
 from kernels.registry import Kernels
 from kernels.rotary import build_rope_cache, mrope_kinds, pairs_half_apart
 
@@ -296,16 +297,17 @@ class LlamaForCausalLM(nn.Module):
                 p + f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(moe.num_experts)
                 for w in ("w1", "w2", "w3")]
             return names + [p + "block_sparse_moe.e_score_correction_bias"] if moe.scoring == "sigmoid" else names
-        names = [p + "mlp.gate.weight"] + ([p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"]
-                                           if moe.fused_experts else
-                                           [p + f"mlp.experts.{e}.{x}_proj.weight"
-                                            for e in range(moe.num_experts) for x in ("gate", "up", "down")])
+        is_hunyuan = self.config.architecture == HUNYUAN_MOE  # its router under gate.wg, its shared MLP shared_mlp
+        names = [p + ("mlp.gate.wg.weight" if is_hunyuan else "mlp.gate.weight")]
+        names += [p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"] if moe.fused_experts else \
+            [p + f"mlp.experts.{e}.{x}_proj.weight" for e in range(moe.num_experts) for x in ("gate", "up", "down")]
         if moe.scoring == "sigmoid":
             names.append(p + "mlp.gate.e_score_correction_bias")
         if moe.choice_bias:  # Ernie 4.5's, [1, E]
             names.append(p + "mlp.moe_statics.e_score_correction_bias")
         if moe.shared_expert_intermediate_size:  # Qwen2-MoE's one gated shared expert, GLM's shared experts
-            shared = "mlp.shared_expert" if moe.shared_expert_gated else "mlp.shared_experts"
+            shared = "mlp.shared_expert" if moe.shared_expert_gated else \
+                "mlp.shared_mlp" if is_hunyuan else "mlp.shared_experts"
             names += [p + f"{shared}.{x}_proj.weight" for x in ("gate", "up", "down")]
             if moe.shared_expert_gated:
                 names.append(p + "mlp.shared_expert_gate.weight")
@@ -364,7 +366,7 @@ class LlamaForCausalLM(nn.Module):
                 return (layer.mlp.router_bias if is_bias else layer.mlp.router_weight).data
             if parts[4] == "shared_expert_gate":
                 return layer.mlp.shared_slice("weight_gate")
-            if parts[4] in ("shared_expert", "shared_experts"):
+            if parts[4] in ("shared_expert", "shared_experts", "shared_mlp"):
                 return layer.mlp.shared_slice(parts[5].removesuffix("_proj"))
             if leaf in FUSED_EXPERTS:  # every expert's at once, [E, out, in]
                 return (layer.mlp.gate_up_weight if leaf == "experts.gate_up_proj" else layer.mlp.down_weight).data

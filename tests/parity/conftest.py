@@ -184,6 +184,12 @@ TINY_MODELS = {
     # attention biases.
     "hunyuan": ("HunYuanDenseV1Config", dict(head_dim=16, attention_bias=True, pad_token_id=0, rope_parameters={
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
+    # Hunyuan-A13B: the dense model's attention and RoPE, experts in every layer (softmax, renormalized) beside a
+    # shared MLP.
+    "hunyuan-moe": ("HunYuanMoEV1Config", dict(head_dim=16, attention_bias=True, pad_token_id=0, num_experts=8,
+                                               moe_topk=2, intermediate_size=48, rope_parameters={
+                                                   "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                                   "rope_theta": 10000.0}), {}),
     # GLM-4 (glm-4-9b-chat-hf) and GLM-4-0414 (with norms after attention and the MLP): gate and up fused, biases
     # on q, k and v, RoPE over half of each head with its pairs side by side.
     "glm": ("GlmConfig", dict(head_dim=16, pad_token_id=0), {}),

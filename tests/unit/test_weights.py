@@ -132,6 +132,24 @@ def test_a_dots1_config_is_read_as_transformers_reads_it(model_copy):
     assert load_model_config(model_copy).sliding_window is None
 
 
+def test_a_hunyuan_a13b_config_is_read_as_released(model_copy):
+    # As Hunyuan-A13B's config.json has them: top-k, expert width and shared experts a layer each, alike; its shared
+    # MLP switched by use_mixed_mlp_moe. Layers that differ are refused by name (Baton's experts are alike).
+    cfg = json.loads((model_copy / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    cfg.update(architectures=["HunYuanMoEV1ForCausalLM"], num_experts=8, moe_topk=[2] * layers,
+               moe_intermediate_size=[48] * layers, num_shared_expert=[2] * layers, use_mixed_mlp_moe=True)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    moe = load_model_config(model_copy).moe
+    assert (moe.num_experts_per_tok, moe.moe_intermediate_size) == (2, 48)
+    assert moe.shared_expert_intermediate_size == 2 * cfg["intermediate_size"]
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "use_mixed_mlp_moe": False}))
+    assert load_model_config(model_copy).moe.shared_expert_intermediate_size == 0
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "moe_topk": [2] + [3] * (layers - 1)}))
+    with pytest.raises(ModelConfigError, match="moe_topk .* differs by layer"):
+        load_model_config(model_copy)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
