@@ -12,6 +12,7 @@ from engine.moe_config import (
     DEEPSEEK_V3,
     DOTS1,
     ERNIE45_MOE,
+    EXAONE_MOE,
     GLM4_MOE,
     GLM4_MOE_LITE,
     GPT_OSS,
@@ -31,6 +32,7 @@ SEED_OSS, ERNIE45 = "SeedOssForCausalLM", "Ernie4_5ForCausalLM"
 GLM, GLM4 = "GlmForCausalLM", "Glm4ForCausalLM"  # glm-4-9b-chat-hf; GLM-4-0414
 GLMS = (GLM, GLM4)
 EXAONE4 = "Exaone4ForCausalLM"
+EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike
 MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
 COHERE, COHERE2 = "CohereForCausalLM", "Cohere2ForCausalLM"  # Command R and R+; Command R7B and A
 COHERES = (COHERE, COHERE2)
@@ -40,7 +42,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
-                           ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, EXAONE4, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
+                           ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, *HYBRID_LINEAR, NEMOTRON_H, *LFM2S, *SPARSE_MLA, FALCON_H1,
                            BAMBA, JAMBA, KIMI_LINEAR, DOTS1)
 # Multi-head latent attention's (engine/models/mla.py).
@@ -68,9 +70,9 @@ SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
-QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, EXAONE4, DOTS1)
+QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
-EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, EXAONE4,
+EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).

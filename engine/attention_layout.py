@@ -9,7 +9,7 @@ from engine.architectures import (
     COHERE2,
     COHERES,
     ERNIE45S,
-    EXAONE4,
+    EXAONES,
     GEMMA2,
     GEMMA3,
     GEMMAS,
@@ -76,7 +76,7 @@ def full_rope_theta(cfg: dict) -> float:
 
 def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch == COHERE2 or (arch == EXAONE4 and sliding_window(cfg, arch) is not None):  # full layers without RoPE
+    if arch == COHERE2 or (arch in EXAONES and sliding_window(cfg, arch) is not None):  # full layers without RoPE
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
@@ -123,7 +123,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
-    if arch in (EXAONE4, COHERE2):  # absent, transformers' default
+    if arch in (*EXAONES, COHERE2):  # absent, transformers' default
         return cfg.get("sliding_window", 4096)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
@@ -137,7 +137,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, EXAONE4, COHERE2, LFM3, DOTS1):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
@@ -145,7 +145,7 @@ def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     if arch == DOTS1:  # transformers': windowed from max_window_layers on, where there is a window
         first = int(cfg.get("max_window_layers", 62))
         return frozenset(range(first, num_layers)) if cfg.get("sliding_window", 4096) is not None else frozenset()
-    if arch == EXAONE4:  # its pattern a count ("every fourth full") or a string of them ("LLLG": L sliding, G full)
+    if arch in EXAONES:  # its pattern a count ("every fourth full") or a string of them ("LLLG": L sliding, G full)
         pattern = cfg.get("sliding_window_pattern", 4) if sliding_window(cfg, arch) is not None else 0
         if isinstance(pattern, str):
             return frozenset(i for i in range(num_layers) if pattern[i % len(pattern)] == "L")

@@ -15,6 +15,7 @@ QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 GLM4_MOE_LITE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: DeepSeek-V3's latent attention and routing
 DOTS1 = "Dots1ForCausalLM"  # rednote's dots.llm1: Qwen3's attention, DeepSeek-V3's experts and routing
+EXAONE_MOE = "ExaoneMoeForCausalLM"  # K-EXAONE: EXAONE 4.0's attention in pre-norm layers, DeepSeek-V3's experts
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
@@ -29,7 +30,8 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      GLM_MOE_DSA: dict(n_group=1, topk_group=1, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      KIMI_LINEAR: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446),
                      GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8),
-                     DOTS1: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0)}
+                     DOTS1: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
+                     EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5)}
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,10 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         defaults = _GROUPED_DEFAULTS[arch]
         given = {key: defaults[key] if cfg.get(key) is None else cfg[key] for key in defaults}
         num_experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg["num_experts"]
+        num_shared = cfg.get("num_shared_experts", 1) if arch == EXAONE_MOE else cfg.get("n_shared_experts", 1)
         moe = MoEConfig(num_experts=int(num_experts),
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=inter,
-                        shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts", 1)),
+                        shared_expert_intermediate_size=inter * int(num_shared),
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", arch != DOTS1)),
                         dense_layers=_grouped_dense_layers(cfg, int(given["first_k_dense_replace"])),
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",

@@ -69,6 +69,7 @@ MODEL_REGISTRY = {
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
     "OlmoeForCausalLM": LlamaForCausalLM,  # q/k normed over whole projections, experts as its MoEConfig says
     "Exaone4ForCausalLM": Olmo2ForCausalLM,  # with q/k normed per head, RoPE on its sliding-window layers only
+    "ExaoneMoeForCausalLM": LlamaForCausalLM,  # EXAONE 4.0's attention before its norms, experts as DeepSeek-V3's
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GlmForCausalLM": GlmForCausalLM,

@@ -21,7 +21,7 @@ from engine.model_config import ModelConfig
 from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache, RankSum
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
-from engine.moe_config import ERNIE45_MOE
+from engine.moe_config import ERNIE45_MOE, EXAONE_MOE
 from engine.prompt_embeds import GivenEmbeddings
 from engine.rope_config import HUNYUAN_MOE
 from kernels.registry import Kernels
@@ -301,8 +301,9 @@ class LlamaForCausalLM(nn.Module):
         names = [p + ("mlp.gate.wg.weight" if is_hunyuan else "mlp.gate.weight")]
         names += [p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj"] if moe.fused_experts else \
             [p + f"mlp.experts.{e}.{x}_proj.weight" for e in range(moe.num_experts) for x in ("gate", "up", "down")]
-        if moe.scoring == "sigmoid":
-            names.append(p + "mlp.gate.e_score_correction_bias")
+        if moe.scoring == "sigmoid":  # (beside the router in K-EXAONE's)
+            names.append(p + ("mlp.e_score_correction_bias" if self.config.architecture == EXAONE_MOE
+                              else "mlp.gate.e_score_correction_bias"))
         if moe.choice_bias:  # Ernie 4.5's, [1, E]
             names.append(p + "mlp.moe_statics.e_score_correction_bias")
         if moe.shared_expert_intermediate_size:  # Qwen2-MoE's one gated shared expert, GLM's shared experts

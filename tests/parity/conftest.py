@@ -184,6 +184,12 @@ TINY_MODELS = {
     # attention biases.
     "hunyuan": ("HunYuanDenseV1Config", dict(head_dim=16, attention_bias=True, pad_token_id=0, rope_parameters={
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
+    # K-EXAONE: EXAONE 4.0's attention (q and k normed per head, windows in three layers of four, RoPE in those only)
+    # in pre-norm layers, the first dense, then experts routed as DeepSeek-V3's beside shared ones.
+    "exaone-moe": ("ExaoneMoeConfig", dict(head_dim=16, num_hidden_layers=4, sliding_window=16,
+                                           sliding_window_pattern=4, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=48, num_shared_experts=2, n_group=4, topk_group=2,
+                                           first_k_dense_replace=1, pad_token_id=0), {}),
     # Hunyuan-A13B: the dense model's attention and RoPE, experts in every layer (softmax, renormalized) beside a
     # shared MLP.
     "hunyuan-moe": ("HunYuanMoEV1Config", dict(head_dim=16, attention_bias=True, pad_token_id=0, num_experts=8,
