@@ -18,6 +18,7 @@ from engine.moe_config import (
     GPT_OSS,
     GRANITE_HYBRID,
     GRANITE_MOES,
+    GRANITE_SWAS,
     LLAMA4,
     MINIMAX_M2,
     MISTRAL4,
@@ -43,8 +44,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
                            ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
-                           *GRANITE_MOES, GRANITE_HYBRID, *HYBRID_LINEAR, NEMOTRON_H, *LFM2S, *SPARSE_MLA, FALCON_H1,
-                           BAMBA, JAMBA, KIMI_LINEAR, DOTS1)
+                           *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
+                           *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -73,10 +74,10 @@ QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
-           *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
+           *GRANITE_SWAS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID)  # Granite's four scalings
+GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1)
 # Mistral's sliding window, where config.json gives one.

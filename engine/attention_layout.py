@@ -26,7 +26,7 @@ from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import MLAConfig
-from engine.moe_config import DOTS1, GPT_OSS, GRANITE_HYBRID, LLAMA4, MISTRAL4
+from engine.moe_config import DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
 
@@ -59,7 +59,31 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
     return head_dim ** -0.5
 
 
+def layer_rope_thetas(cfg: dict, arch: str) -> tuple[float | None, float | None]:
+    """Granite SWA's `layer_rope_theta` (a theta a layer, 0 for none) as Baton's two RoPEs: the full layers' theta and
+    the sliding-window layers' own where it differs (None: none given, or the same); ValueError where they take
+    more than that."""
+    thetas = cfg.get("layer_rope_theta")
+    if arch not in GRANITE_SWAS or thetas is None:
+        return None, None
+    if len(thetas) != int(cfg["num_hidden_layers"]):
+        raise ValueError(f"layer_rope_theta needs a theta for each of the {cfg['num_hidden_layers']} layers")
+    windowed = sliding_layers(cfg, arch)
+    full, local = ({float(t) for i, t in enumerate(thetas) if t and (i in windowed) == sliding} for sliding in (0, 1))
+    if len(full) > 1 or len(local) > 1:
+        raise ValueError(f"layer_rope_theta {thetas}: Baton turns the full layers by one theta and the sliding-window "
+                         "layers by one")
+    full_theta, local_theta = next(iter(full or local), None), next(iter(local), None)
+    if local_theta == full_theta:
+        return full_theta, None
+    if rope_parameters(cfg, "full_attention").get("rope_type", "default") != "default":
+        raise ValueError("a scaled RoPE with a theta of the sliding-window layers' own is not supported")
+    return full_theta, local_theta
+
+
 def local_rope_theta(cfg: dict, arch: str) -> float | None:
+    if arch in GRANITE_SWAS:
+        return layer_rope_thetas(cfg, arch)[1]
     if arch not in (GEMMA3, OLMO3, LFM3):
         return None
     params = rope_parameters(cfg, "sliding_attention")
@@ -80,6 +104,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
+    if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
+        return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
     nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR) or cfg.get("position_embedding_type") == "nope"
     if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR):
         return frozenset()  # NoPE
@@ -125,6 +151,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window", 256)
     if arch in (*EXAONES, COHERE2):  # absent, transformers' default
         return cfg.get("sliding_window", 4096)
+    if arch in GRANITE_SWAS:
+        return cfg.get("sliding_window", 128)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     if arch == DOTS1:  # absent, transformers' default, for the layers from max_window_layers on (if any)
@@ -137,7 +165,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
@@ -150,6 +178,8 @@ def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
         if isinstance(pattern, str):
             return frozenset(i for i in range(num_layers) if pattern[i % len(pattern)] == "L")
         return frozenset(i for i in range(num_layers) if pattern and (i + 1) % int(pattern))
+    if arch in GRANITE_SWAS:  # every fourth layer full, from the first
+        return frozenset(i for i in range(num_layers) if i % 4)
     if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers
         return frozenset(range(num_layers)) - rope_layers(cfg, arch)
     # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every

@@ -32,6 +32,7 @@ from engine.architectures import (
 )
 from engine.attention_layout import (
     attention_scale,
+    layer_rope_thetas,
     llama4_attention,
     local_rope_theta,
     q_temperature,
@@ -70,6 +71,7 @@ from engine.moe_config import (
     GLM4_MOE,
     GPT_OSS,
     GRANITE_HYBRID,
+    GRANITE_SWAS,
     LLAMA4,
     MINIMAX_M2,
     MoEConfig,
@@ -232,7 +234,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             intermediate_size=lfm2_intermediate_size(cfg) if arch == LFM2 else int(cfg[_mlp_width_key(cfg, arch)]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get(_eps_key(arch), _default_eps(arch))),
-            rope_theta=rope_theta_of(cfg, arch, head_dim),
+            rope_theta=layer_rope_thetas(cfg, arch)[0] or rope_theta_of(cfg, arch, head_dim),
             rope_scaling=scaling,
             local_rope_theta=local_rope_theta(cfg, arch),
             rope_layers=rope_layers(cfg, arch),
@@ -241,7 +243,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
                 "tie_embedding", arch in (*GEMMAS, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
-            attention_sinks=arch == GPT_OSS,
+            attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in HUNYUANS else

@@ -20,7 +20,9 @@ LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
 OLMOE = "OlmoeForCausalLM"
-GRANITE_MOES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")  # Granite 3.0/3.1 MoE; with a shared MLP
+# Granite 3.0/3.1 MoE; with a shared MLP; Granite SWA's MoE (windows, sinks and RoPE a layer: attention_layout.py)
+GRANITE_MOES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "GraniteMoeSWAForCausalLM")
+GRANITE_SWAS = ("GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
 GRANITE_HYBRID = "GraniteMoeHybridForCausalLM"  # Granite 4.0: its attention-only checkpoints (4.0-Micro)
 MISTRAL4 = "Mistral4ForCausalLM"  # Mistral Small 4's text model: DeepSeek's latent attention, softmax-routed experts
 # Where config.json leaves them out, transformers' defaults for the routing GLM-4.5 and DeepSeek-V3 share.

@@ -64,6 +64,8 @@ MODEL_REGISTRY = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteForCausalLM,  # with experts (and a shared MLP), as its MoEConfig says
     "GraniteMoeSharedForCausalLM": GraniteForCausalLM,
+    "GraniteSWAForCausalLM": GraniteForCausalLM,  # with windows, sinks and RoPE a layer, as its ModelConfig says
+    "GraniteMoeSWAForCausalLM": GraniteForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteForCausalLM,  # its attention-only checkpoints, its MLP named shared_mlp
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says

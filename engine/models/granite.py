@@ -1,11 +1,12 @@
 """IBM Granite (GraniteForCausalLM, Granite 3; GraniteMoeForCausalLM and GraniteMoeSharedForCausalLM, Granite 3.0/3.1
-MoE): Llama with four scalings of its own, read into ModelConfig: embeddings times `embedding_multiplier`, each
-block's output times `residual_multiplier` before it joins the residual, q·k scaled by `attention_multiplier` (its
-attention_scale), logits divided by `logits_scaling`. The MoE's experts are stored fused (`input_linear`: gate and
-up, `output_linear`: down), as is its shared MLP, beside a router (`router.layer`). Granite 4.0's
-(GraniteMoeHybridForCausalLM) name their dense MLP so (`shared_mlp`), their layers NoPE where
-`position_embedding_type` says; 4.0-H's Mamba-2 layers (engine/models/mamba2.py) keep states in place of pages
-(engine/models/hybrid.py), its attention layers' pages at their places in the pool."""
+MoE; GraniteSWAForCausalLM and GraniteMoeSWAForCausalLM, with windows, sinks and RoPE by layer as their ModelConfig
+says, the MoE's tensors as transformers 5 names them): Llama with four scalings of its own, read into ModelConfig:
+embeddings times `embedding_multiplier`, each block's output times `residual_multiplier` before it joins the
+residual, q·k scaled by `attention_multiplier` (its attention_scale), logits divided by `logits_scaling`. The MoE's
+experts are stored fused (`input_linear`: gate and up, `output_linear`: down), as is its shared MLP, beside a router
+(`router.layer`). Granite 4.0's (GraniteMoeHybridForCausalLM) name their dense MLP so (`shared_mlp`), their layers
+NoPE where `position_embedding_type` says; 4.0-H's Mamba-2 layers (engine/models/mamba2.py) keep states in place of
+pages (engine/models/hybrid.py), its attention layers' pages at their places in the pool."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,7 @@ from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, DecoderLayer
 from engine.models.mamba2 import Mamba2Mixer
-from engine.moe_config import GRANITE_HYBRID
+from engine.moe_config import GRANITE_HYBRID, GRANITE_SWAS
 from kernels.registry import Kernels
 
 
@@ -51,8 +52,17 @@ MOE_TENSORS = {"block_sparse_moe.input_linear.weight": "gate_up_weight",
                "shared_mlp.input_linear.weight": "shared_gate_up_weight",
                "shared_mlp.output_linear.weight": "shared_down_weight"}
 
+# Granite SWA's MoE as transformers 5 saves it (its own names for the same tensors).
+MOE_SWA_RENAMED = (("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.input_linear.weight"),
+                   ("block_sparse_moe.experts.down_proj", "block_sparse_moe.output_linear.weight"),
+                   ("block_sparse_moe.router.weight", "block_sparse_moe.router.layer.weight"))
+
 
 class GraniteForCausalLM(HybridForward):
+    @property
+    def renames(self) -> tuple[tuple[str, str], ...]:
+        return MOE_SWA_RENAMED if self.config.architecture == GRANITE_SWAS[1] else ()
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         mamba = self.config.mamba
         if mamba is not None and layer in mamba.mamba_layers:

@@ -348,6 +348,19 @@ TINY_MODELS = {
     # Granite's four scalings, away from 1 (and the attention's from head_dim ** -0.5) to count.
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2,
                                       logits_scaling=3.0, attention_bias=True), {}),
+    # Granite SWA (granite-swash): Granite's scalings, windowed layers but every fourth from the first, a sink a head;
+    # RoPE a layer by layer_rope_theta: none in the full layers, the sliding ones' theta their own. Its MoE: shared
+    # experts beside the routed ones, every full layer turned by a theta of its own, other than the windowed ones'.
+    "granite-swa": ("GraniteSWAConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4,
+                                             attention_multiplier=0.2, logits_scaling=3.0, sliding_window=16,
+                                             num_hidden_layers=5, layer_rope_theta=[0, 10000.0, 10000.0, 10000.0, 0],
+                                             pad_token_id=0), {}),
+    "granite-moe-swa": ("GraniteMoeSWAConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4,
+                                                    attention_multiplier=0.2, logits_scaling=3.0, sliding_window=16,
+                                                    num_hidden_layers=5, num_local_experts=4, num_experts_per_tok=2,
+                                                    shared_intermediate_size=40,
+                                                    layer_rope_theta=[500.0, 10000.0, 10000.0, 10000.0, 500.0],
+                                                    pad_token_id=0), {}),
     # OLMo 2: norms after attention and the MLP, none before; q and k normed over whole projections.
     "olmo2": ("Olmo2Config", dict(attention_bias=True), {}),
     # OLMo 3: OLMo 2 with sliding-window layers (three in four) and YaRN on the full layers only.

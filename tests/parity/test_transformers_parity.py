@@ -171,7 +171,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "deepseek-v3", "deepseek-v3-q-proj", "deepseek-v3.2", "glm5", "deepseek-v2", "deepseek-v2-lite",
                 "minimax-m2", "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
-                "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe")
+                "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe", "granite-swa",
+                "granite-moe-swa")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)

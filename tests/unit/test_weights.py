@@ -150,6 +150,33 @@ def test_a_hunyuan_a13b_config_is_read_as_released(model_copy):
         load_model_config(model_copy)
 
 
+def test_a_granite_swa_config_is_read_as_transformers_reads_it(model_copy):
+    # Without layer types: every fourth layer full from the first, the others windowed (128 where absent); RoPE a
+    # layer by layer_rope_theta (0: none), else the model's everywhere; sinks; rms_norm_eps 1e-5 where absent.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["GraniteSWAForCausalLM"], num_hidden_layers=6)
+    for absent in ("layer_types", "sliding_window", "rms_norm_eps"):
+        cfg.pop(absent, None)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.sliding_window, config.sliding_layers) == (128, {1, 2, 3, 5})
+    assert (config.rope_layers, config.local_rope_theta) == (frozenset(range(6)), None)
+    assert config.attention_sinks and config.rms_norm_eps == 1e-5
+    thetas = [0, 1e4, 1e4, 1e4, 0, 1e4]  # NoPE full layers
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "layer_rope_theta": thetas}))
+    config = load_model_config(model_copy)
+    assert (config.rope_layers, config.rope_theta, config.local_rope_theta) == ({1, 2, 3, 5}, 1e4, None)
+    thetas = [5e5, 1e4, 1e4, 1e4, 5e5, 1e4]  # a theta for each kind
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "layer_rope_theta": thetas}))
+    config = load_model_config(model_copy)
+    assert (config.rope_layers, config.rope_theta, config.local_rope_theta) == (frozenset(range(6)), 5e5, 1e4)
+    for refused, named in (([5e5, 1e4, 2e4, 1e4, 5e5, 1e4], "one theta and the sliding-window layers by one"),
+                           ([1e4] * 5, "a theta for each of the 6 layers")):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, "layer_rope_theta": refused}))
+        with pytest.raises(ModelConfigError, match=named):
+            load_model_config(model_copy)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
