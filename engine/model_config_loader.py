@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.architectures import (
+    ARCEE,
     ATTENTION_BIAS,
     BARE_MODELS,
     COHERE,
@@ -152,6 +153,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4) else "silu"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
+    if arch == ARCEE:  # its MLP's: up, squared ReLU, down (transformers' default for it)
+        act, supported_act = cfg.get("hidden_act") or "relu2", "relu2"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
     softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
@@ -367,7 +370,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
         or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and attention),
         o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and attention,
-        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3) and bool(cfg.get("mlp_bias")))
+        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3, ARCEE) and bool(cfg.get("mlp_bias")))
 
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:

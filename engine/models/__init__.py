@@ -40,6 +40,7 @@ MODEL_REGISTRY = {
     "HunYuanMoEV1ForCausalLM": LlamaForCausalLM,  # and experts beside a shared MLP, as its MoEConfig says
     "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "ArceeForCausalLM": LlamaForCausalLM,  # its MLP without a gate, by its ModelConfig's hidden_act
     "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,

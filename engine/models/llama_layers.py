@@ -19,7 +19,9 @@ from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+               "relu2": lambda x: F.relu(x).square()}
+UNGATED = frozenset({"relu2"})  # activations of an MLP without a gate (up, the activation, down: Arcee's)
 
 
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
@@ -151,6 +153,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """gate and up fused (`gate_up_weight`: gate's rows, then up's), the activation of gate times up, then down; or,
+    for an activation in UNGATED, up alone (`gate_up_weight` its rows) through the activation."""
+
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to gate, up and down
     rank_sum: RankSum | None = None
 
@@ -159,17 +164,22 @@ class MLP(nn.Module):
         self.linear = kernels.linear
         self.intermediate_size = config.intermediate_size
         self.activation = ACTIVATIONS[config.hidden_act]
-        self.gate_up_weight = empty_param(2 * config.intermediate_size, config.hidden_size, dtype=dtype)
+        self.is_gated = config.hidden_act not in UNGATED
+        rows = (1 + self.is_gated) * config.intermediate_size
+        self.gate_up_weight = empty_param(rows, config.hidden_size, dtype=dtype)
         self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)
-        self.gate_up_bias = empty_param(2 * config.intermediate_size, dtype=dtype) if config.mlp_bias else None
+        self.gate_up_bias = empty_param(rows, dtype=dtype) if config.mlp_bias else None
         self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.linear(x, self.gate_up_weight, self.gate_up_bias)
         if self.lora is not None:
             self.lora.add("gate_up", x, gate_up)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        h = self.activation(gate) * up
+        if self.is_gated:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            h = self.activation(gate) * up
+        else:
+            h = self.activation(gate_up)
         out = self.linear(h, self.down_weight, self.down_bias)
         if self.lora is not None:
             out = self.lora.add("down", h, out)

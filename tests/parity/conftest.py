@@ -361,6 +361,8 @@ TINY_MODELS = {
                                                     shared_intermediate_size=40,
                                                     layer_rope_theta=[500.0, 10000.0, 10000.0, 10000.0, 500.0],
                                                     pad_token_id=0), {}),
+    # Arcee's AFM: Llama with an MLP of squared ReLU and no gate (biases on it here, and on attention).
+    "arcee": ("ArceeConfig", dict(mlp_bias=True, attention_bias=True, pad_token_id=0), {}),
     # OLMo 2: norms after attention and the MLP, none before; q and k normed over whole projections.
     "olmo2": ("Olmo2Config", dict(attention_bias=True), {}),
     # OLMo 3: OLMo 2 with sliding-window layers (three in four) and YaRN on the full layers only.

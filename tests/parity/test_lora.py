@@ -67,20 +67,22 @@ def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lo
                    > 1e-2 for other in others.values())
 
 
-@pytest.mark.parametrize("name", ["ernie4.5", "glm"])
-def test_an_adapter_on_a_model_storing_ropes_pairs_side_by_side(tiny_model_dirs, tmp_path, name):
+@pytest.mark.parametrize("name", ["ernie4.5", "glm", "arcee"])
+def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs, tmp_path, name):
     """Ernie 4.5's and GLM-4's q and k rows are reordered as they load (RoPE's pairs, side by side in the checkpoint,
-    half a head apart in the kernels): an adapter's B rows of q and k are reordered alike."""
+    half a head apart in the kernels): an adapter's B rows of q and k are reordered alike. Arcee's MLP is up, squared
+    ReLU, down: an adapter's up rows are its MLP's first, not those after a gate."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
-    targets = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
-    merged = make_adapter(tmp_path / "qkvo", base, targets, 4, 8.0, False, seed=3)
+    targets = ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "mlp.down_proj") if name == "arcee" else \
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    merged = make_adapter(tmp_path / "adapter", base, targets, 4, 8.0, False, seed=3)
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64,
-                                    lora_modules=(("qkvo", str(tmp_path / "qkvo")),)))
+                                    lora_modules=(("adapter", str(tmp_path / "adapter")),)))
     prompt = _random_prompt(17, engine.model_config.vocab_size, seed=17)
     with torch.no_grad():
         ref = merged(torch.tensor([prompt])).logits[0, -1]
-    assert (_last_logits(engine, prompt, "qkvo") - ref).abs().max().item() < 1e-4
+    assert (_last_logits(engine, prompt, "adapter") - ref).abs().max().item() < 1e-4
     engine.close()
 
 
