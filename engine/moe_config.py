@@ -20,6 +20,7 @@ LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
 OLMOE = "OlmoeForCausalLM"
+FLEX_OLMO = "FlexOlmoForCausalLM"  # OLMo 2's layers with OLMoE's experts
 # Granite 3.0/3.1 MoE; with a shared MLP; Granite SWA's MoE (windows, sinks and RoPE a layer: attention_layout.py)
 GRANITE_MOES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "GraniteMoeSWAForCausalLM")
 GRANITE_SWAS = ("GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
@@ -165,7 +166,7 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         moe_intermediate_size=inter,
                         shared_expert_intermediate_size=shared if cfg.get("use_mixed_mlp_moe", True) else 0,
                         norm_topk_prob=True, weighs_experts_in_float32=True, router_in_float32=True)
-    elif arch == OLMOE:  # experts in every layer, intermediate_size wide, routed as Qwen's
+    elif arch in (OLMOE, FLEX_OLMO):  # experts in every layer, intermediate_size wide, routed as Qwen's
         moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]),
                         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)))

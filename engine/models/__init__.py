@@ -70,6 +70,7 @@ MODEL_REGISTRY = {
     "GraniteMoeHybridForCausalLM": GraniteForCausalLM,  # its attention-only checkpoints, its MLP named shared_mlp
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
+    "FlexOlmoForCausalLM": Olmo2ForCausalLM,  # with OLMoE's experts, as its MoEConfig says
     "OlmoeForCausalLM": LlamaForCausalLM,  # q/k normed over whole projections, experts as its MoEConfig says
     "Exaone4ForCausalLM": Olmo2ForCausalLM,  # with q/k normed per head, RoPE on its sliding-window layers only
     "ExaoneMoeForCausalLM": LlamaForCausalLM,  # EXAONE 4.0's attention before its norms, experts as DeepSeek-V3's

@@ -363,6 +363,9 @@ TINY_MODELS = {
                                                     pad_token_id=0), {}),
     # Arcee's AFM: Llama with an MLP of squared ReLU and no gate (biases on it here, and on attention).
     "arcee": ("ArceeConfig", dict(mlp_bias=True, attention_bias=True, pad_token_id=0), {}),
+    # FlexOlmo: OLMo 2's layers with OLMoE's experts (softmax, not renormalized).
+    "flex-olmo": ("FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=48,
+                                         attention_bias=True, pad_token_id=0), {}),
     # OLMo 2: norms after attention and the MLP, none before; q and k normed over whole projections.
     "olmo2": ("Olmo2Config", dict(attention_bias=True), {}),
     # OLMo 3: OLMo 2 with sliding-window layers (three in four) and YaRN on the full layers only.
