@@ -26,7 +26,7 @@ from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import MLAConfig
-from engine.moe_config import DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
+from engine.moe_config import AFMOE, DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
 
@@ -100,6 +100,8 @@ def full_rope_theta(cfg: dict) -> float:
 
 def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
+    if arch == AFMOE:  # its sliding-window layers alone
+        return sliding_layers(cfg, arch)
     if arch == COHERE2 or (arch in EXAONES and sliding_window(cfg, arch) is not None):  # full layers without RoPE
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
@@ -153,6 +155,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window", 4096)
     if arch in GRANITE_SWAS:
         return cfg.get("sliding_window", 128)
+    if arch == AFMOE:
+        return cfg.get("sliding_window", 1024)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     if arch == DOTS1:  # absent, transformers' default, for the layers from max_window_layers on (if any)
@@ -165,7 +169,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
@@ -178,6 +182,9 @@ def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
         if isinstance(pattern, str):
             return frozenset(i for i in range(num_layers) if pattern[i % len(pattern)] == "L")
         return frozenset(i for i in range(num_layers) if pattern and (i + 1) % int(pattern))
+    if arch == AFMOE:  # every global_attn_every_n_layers-th full
+        every = int(cfg.get("global_attn_every_n_layers") or 4)
+        return frozenset(i for i in range(num_layers) if (i + 1) % every)
     if arch in GRANITE_SWAS:  # every fourth layer full, from the first
         return frozenset(i for i in range(num_layers) if i % 4)
     if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers

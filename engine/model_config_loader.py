@@ -69,6 +69,7 @@ from engine.mamba_config import (
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
+    AFMOE,
     GLM4_MOE,
     GPT_OSS,
     GRANITE_HYBRID,
@@ -375,6 +376,9 @@ def _biases(cfg: dict, arch: str) -> dict:
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:
     names = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
+    if arch == AFMOE:  # Trinity's muP: its embeddings times sqrt(hidden_size), where mup_enabled
+        return dict.fromkeys(names, 1.0) | (
+            {"embedding_multiplier": int(cfg["hidden_size"]) ** 0.5} if cfg.get("mup_enabled") else {})
     if arch not in GRANITES:
         return dict.fromkeys(names, 1.0)
     return {name: float(cfg.get(name, 1.0)) for name in names}

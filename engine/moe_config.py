@@ -20,6 +20,7 @@ LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
 ERNIE45_MOE = "Ernie4_5_MoeForCausalLM"
 OLMOE = "OlmoeForCausalLM"
+AFMOE = "AfmoeForCausalLM"  # Arcee's Trinity (engine/models/afmoe.py)
 FLEX_OLMO = "FlexOlmoForCausalLM"  # OLMo 2's layers with OLMoE's experts
 # Granite 3.0/3.1 MoE; with a shared MLP; Granite SWA's MoE (windows, sinks and RoPE a layer: attention_layout.py)
 GRANITE_MOES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "GraniteMoeSWAForCausalLM")
@@ -166,6 +167,16 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         moe_intermediate_size=inter,
                         shared_expert_intermediate_size=shared if cfg.get("use_mixed_mlp_moe", True) else 0,
                         norm_topk_prob=True, weighs_experts_in_float32=True, router_in_float32=True)
+    elif arch == AFMOE:
+        # After its first num_dense_layers, experts chosen by sigmoid score plus a learnt bias, weighed by the score
+        # renormalized and scaled by route_scale (DeepSeek-V3's routing in one group), beside shared experts.
+        inter = int(cfg["moe_intermediate_size"])
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=inter * int(cfg.get("num_shared_experts", 2)),
+                        norm_topk_prob=True, dense_layers=frozenset(range(int(cfg.get("num_dense_layers", 1)))),
+                        weighs_experts_in_float32=True, scoring="sigmoid",
+                        routed_scaling_factor=float(cfg.get("route_scale", 1.0)))
     elif arch in (OLMOE, FLEX_OLMO):  # experts in every layer, intermediate_size wide, routed as Qwen's
         moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]),

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
+from engine.models.afmoe import AfmoeForCausalLM
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
@@ -54,7 +55,7 @@ SUMS_FILE_KEY = "shared-memory-sums"
 # classes.
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
-                GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM)
+                GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM, AfmoeForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -80,8 +81,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 2 and 3, Granite, Phi-3, GLM-4.5, gpt-oss, Llama 4, "
-                         f"OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4 and Command R so far, not "
-                         f"{config.architecture}")
+                         f"OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and Trinity so far, "
+                         f"not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

@@ -1,6 +1,7 @@
 """Model architectures, keyed by the `architectures` entry of config.json."""
 from __future__ import annotations
 
+from engine.models.afmoe import AfmoeForCausalLM
 from engine.models.bamba import BambaForCausalLM
 from engine.models.bert import BertModel
 from engine.models.cohere import CohereForCausalLM
@@ -70,6 +71,7 @@ MODEL_REGISTRY = {
     "GraniteMoeHybridForCausalLM": GraniteForCausalLM,  # its attention-only checkpoints, its MLP named shared_mlp
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,  # with sliding-window layers and their own RoPE, as its ModelConfig says
+    "AfmoeForCausalLM": AfmoeForCausalLM,  # Arcee's Trinity (engine/models/afmoe.py)
     "FlexOlmoForCausalLM": Olmo2ForCausalLM,  # with OLMoE's experts, as its MoEConfig says
     "OlmoeForCausalLM": LlamaForCausalLM,  # q/k normed over whole projections, experts as its MoEConfig says
     "Exaone4ForCausalLM": Olmo2ForCausalLM,  # with q/k normed per head, RoPE on its sliding-window layers only

@@ -21,12 +21,17 @@ from torch import nn
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, Attention
+from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+    """Attention and the MLP each between two norms, the residual around each (Trinity's layers too, with their own
+    `attention` and experts)."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 attention: type[Attention] = Attention, is_sparse: bool = False) -> None:
         super().__init__()
         self.eps = config.rms_norm_eps
         self.rms_norm = kernels.rms_norm
@@ -34,8 +39,8 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
         self.pre_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_feedforward_norm = empty_param(config.hidden_size, dtype=dtype)
-        self.attn = Attention(config, kernels, dtype, sliding_window)
-        self.mlp = MLP(config, kernels, dtype)
+        self.attn = attention(config, kernels, dtype, sliding_window)
+        self.mlp = SparseMoE(config, kernels, dtype) if is_sparse else MLP(config, kernels, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
         norm, eps = self.rms_norm, self.eps

@@ -18,7 +18,7 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
-from engine.models.llama_layers import MLP, Attention
+from engine.models.llama_layers import MLP, Attention, GatedOutputAttention
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.causal_conv import conv_run, conv_step
@@ -115,27 +115,6 @@ LFM3_RENAMED = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_
                 (".feed_forward.w2.", ".mlp.down_proj."), ("model.embedding_norm.", "model.norm."))
 
 
-class HeadGatedAttention(Attention):
-    """Attention whose every head's output is weighed by the sigmoid of a projection of the layer's input (LFM3's
-    gate_proj: a number a head)."""
-
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
-        super().__init__(config, kernels, dtype, sliding_window)
-        self.g_weight = empty_param(config.num_heads, config.hidden_size, dtype=dtype)
-        self._gates: torch.Tensor | None = None  # the step's, while its attention runs
-
-    def forward(self, x, cos, sin, kv_cache, meta):
-        self._gates = torch.sigmoid(self.kernels.linear(x, self.g_weight))
-        try:
-            return super().forward(x, cos, sin, kv_cache, meta)
-        finally:
-            self._gates = None
-
-    def _output(self, out: torch.Tensor) -> torch.Tensor:
-        heads = out.view(out.shape[0], self.config.num_heads, -1)
-        return super()._output(heads * self._gates[..., None].to(heads.dtype))
-
-
 class SandwichLayer(nn.Module):
     """LFM3's layer: its operator (attention or a convolution) and its MLP, each behind an RMS norm and (where the
     model has them) before another, the residual around each."""
@@ -177,7 +156,7 @@ class Lfm3ForCausalLM(Lfm2ForCausalLM):
         if layer in conv_layers:
             return SandwichLayer(config, self.kernels, dtype, ShortConv(config, self.kernels, dtype,
                                                                          conv_layers.index(layer)), is_conv=True)
-        attention = HeadGatedAttention if config.short_conv.attention_gates else Attention
+        attention = GatedOutputAttention if config.short_conv.attention_gates else Attention
         return SandwichLayer(config, self.kernels, dtype, attention(config, self.kernels, dtype, self._window(layer)),
                              is_conv=False)
 

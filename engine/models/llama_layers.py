@@ -152,6 +152,35 @@ class Attention(nn.Module):
         return projected if self.rank_sum is None else self.rank_sum(projected)
 
 
+class GatedOutputAttention(Attention):
+    """Attention whose output is weighed by the sigmoid of a projection of the layer's input (`gate_proj`): a number a
+    head (LFM3's), or one an output element (Trinity's: `per_element`)."""
+
+    per_element = False
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        rows = config.q_size if self.per_element else config.num_heads
+        self.g_weight = empty_param(rows, config.hidden_size, dtype=dtype)
+        self._gates: torch.Tensor | None = None  # the step's, while its attention runs
+
+    def forward(self, x, cos, sin, kv_cache, meta):
+        self._gates = torch.sigmoid(self.kernels.linear(x, self.g_weight))
+        try:
+            return super().forward(x, cos, sin, kv_cache, meta)
+        finally:
+            self._gates = None
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        heads = out.view(out.shape[0], self.config.num_heads, -1)
+        gates = self._gates.view(out.shape[0], self.config.num_heads, -1)  # [T, H, 1] or [T, H, D]
+        return super()._output(heads * gates.to(heads.dtype))
+
+
+class ElementGatedAttention(GatedOutputAttention):
+    per_element = True
+
+
 class MLP(nn.Module):
     """gate and up fused (`gate_up_weight`: gate's rows, then up's), the activation of gate times up, then down; or,
     for an activation in UNGATED, up alone (`gate_up_weight` its rows) through the activation."""

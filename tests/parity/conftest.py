@@ -363,6 +363,12 @@ TINY_MODELS = {
                                                     pad_token_id=0), {}),
     # Arcee's AFM: Llama with an MLP of squared ReLU and no gate (biases on it here, and on attention).
     "arcee": ("ArceeConfig", dict(mlp_bias=True, attention_bias=True, pad_token_id=0), {}),
+    # Arcee's Trinity: four norms a layer, attention's output gated element by element, q and k normed per head,
+    # windows (16) in three layers of four and RoPE in those only; the first layer dense, then experts by sigmoid
+    # score plus a bias, renormalized, scaled, beside shared ones; muP's embedding scale.
+    "afmoe": ("AfmoeConfig", dict(head_dim=16, num_hidden_layers=4, sliding_window=16, global_attn_every_n_layers=4,
+                                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, num_shared_experts=2,
+                                  num_dense_layers=1, route_scale=2.5, mup_enabled=True, pad_token_id=0), {}),
     # FlexOlmo: OLMo 2's layers with OLMoE's experts (softmax, not renormalized).
     "flex-olmo": ("FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=48,
                                          attention_bias=True, pad_token_id=0), {}),
