@@ -36,6 +36,8 @@ GLM, GLM4 = "GlmForCausalLM", "Glm4ForCausalLM"  # glm-4-9b-chat-hf; GLM-4-0414
 GLMS = (GLM, GLM4)
 EXAONE4 = "Exaone4ForCausalLM"
 ARCEE = "ArceeForCausalLM"  # Arcee's AFM: Llama with an MLP of squared ReLU and no gate
+STARCODER2 = "Starcoder2ForCausalLM"  # Mistral's attention, layer norms with biases, an MLP without a gate
+GEMMA = "GemmaForCausalLM"  # Gemma (1), CodeGemma: Llama's layers, Gemma's norms and embedding scale
 EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike
 MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
 COHERE, COHERE2 = "CohereForCausalLM", "Cohere2ForCausalLM"  # Command R and R+; Command R7B and A
@@ -49,7 +51,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
-                           FLEX_OLMO, AFMOE)
+                           FLEX_OLMO, AFMOE, STARCODER2, GEMMA)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -78,12 +80,13 @@ QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
-           *GRANITE_SWAS, ARCEE, AFMOE, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
+           *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA,
+           KIMI_LINEAR)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
-                  AFMOE)
+                  AFMOE, GEMMA)
 # Mistral's sliding window, where config.json gives one.
-MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3)
+MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2)

@@ -16,6 +16,7 @@ from engine.architectures import (
     COHERES,
     EPS_1E5,
     ERNIE45S,
+    GEMMA,
     GEMMA2,
     GEMMA2_SOFTCAPS,
     GEMMAS,
@@ -29,6 +30,7 @@ from engine.architectures import (
     SEED_OSS,
     SEQUENCE_CLASSIFIERS,
     SMOLLM3,
+    STARCODER2,
     SUPPORTED_ARCHITECTURES,
 )
 from engine.attention_layout import (
@@ -151,7 +153,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4) else "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2) else "silu"
+    if arch == GEMMA and act == "gelu":  # Gemma's releases' legacy name of it, transformers reads it so
+        act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
     if arch == ARCEE:  # its MLP's: up, squared ReLU, down (transformers' default for it)
@@ -245,7 +249,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
-                "tie_embedding", arch in (*GEMMAS, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
+                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
@@ -265,6 +269,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
+            mlp_gated=arch not in (ARCEE, STARCODER2),
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
@@ -344,7 +349,7 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
-        "norm_eps" if arch in LFM2S else "rms_norm_eps"
+        "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -359,6 +364,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
+    if arch == STARCODER2:  # one switch for them all, on unless it says
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias", True)))
     if arch in (FALCON_H1, BAMBA, LFM3):
         attention = bool(cfg.get("attention_bias"))
         return dict(qkv_bias=attention, o_bias=attention, mlp_bias=bool(cfg.get("mlp_bias")))

@@ -8,7 +8,7 @@ from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
-from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
@@ -27,6 +27,7 @@ from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
+from engine.models.starcoder2 import Starcoder2ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -59,6 +60,8 @@ MODEL_REGISTRY = {
     "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
+    "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
+    "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out

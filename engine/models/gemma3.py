@@ -1,5 +1,6 @@
 """Gemma 2's and Gemma 3's text decoders (Gemma2ForCausalLM, Gemma3ForCausalLM) over paged KV:
-Llama's attention and MLP, arranged and scaled Gemma's way.
+Llama's attention and MLP, arranged and scaled Gemma's way. Gemma's first (GemmaForCausalLM) has Llama's two norms
+a layer, scaled and its embeddings scaled as here.
 
 - Four norms a layer: after attention and after the MLP as well as before each.
 - Norms scale by 1 + weight: the 1 is added as the weights load (in float32, as transformers
@@ -20,7 +21,7 @@ from torch import nn
 
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import MLP, Attention
+from engine.models.llama_layers import MLP, Attention, DecoderLayer
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
@@ -82,3 +83,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             return (layer.pre_feedforward_norm if parts[3] == "pre_feedforward_layernorm"
                     else layer.post_feedforward_norm).data
         return super()._target(name)
+
+
+class GemmaForCausalLM(Gemma3ForCausalLM):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+
+    def _norm_names(self) -> tuple[str, ...]:
+        return LlamaForCausalLM._norm_names(self)

@@ -18,7 +18,7 @@ from engine.architectures import MIMO, MIXTRAL_NAMED
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
 from engine.model_config import ModelConfig
-from engine.models.llama_layers import MLP, UNGATED, Attention, DecoderLayer, KVCache, RankSum
+from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache, RankSum
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from engine.moe_config import ERNIE45_MOE, EXAONE_MOE
@@ -180,7 +180,7 @@ class LlamaForCausalLM(nn.Module):
             return (layer, "qkv", *rows[proj]) if proj in rows else None
         if place == "mlp" and not self._is_sparse(layer):
             rows = {"gate_proj": (0, inter), "up_proj": (inter, 2 * inter), "gate_up_proj": (0, 2 * inter)} \
-                if self.config.hidden_act not in UNGATED else {"up_proj": (0, inter)}
+                if self.config.mlp_gated else {"up_proj": (0, inter)}
             if proj == "down_proj":
                 return layer, "down", 0, cfg.hidden_size
             return (layer, "gate_up", *rows[proj]) if proj in rows else None
@@ -291,7 +291,7 @@ class LlamaForCausalLM(nn.Module):
         p = f"model.layers.{layer}."
         if not self._is_sparse(layer):
             kinds = ("weight", "bias") if self.config.mlp_bias else ("weight",)
-            projs = ("gate", "up", "down") if self.config.hidden_act not in UNGATED else ("up", "down")
+            projs = ("gate", "up", "down") if self.config.mlp_gated else ("up", "down")
             return [p + f"mlp.{x}_proj.{kind}" for x in projs for kind in kinds]
         moe = self.config.moe
         if self.config.architecture in MIXTRAL_NAMED:

@@ -21,7 +21,6 @@ from kernels.registry import Kernels
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
                "relu2": lambda x: F.relu(x).square()}
-UNGATED = frozenset({"relu2"})  # activations of an MLP without a gate (up, the activation, down: Arcee's)
 
 
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
@@ -183,7 +182,7 @@ class ElementGatedAttention(GatedOutputAttention):
 
 class MLP(nn.Module):
     """gate and up fused (`gate_up_weight`: gate's rows, then up's), the activation of gate times up, then down; or,
-    for an activation in UNGATED, up alone (`gate_up_weight` its rows) through the activation."""
+    without a gate (ModelConfig.mlp_gated), up alone (`gate_up_weight` its rows) through the activation."""
 
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to gate, up and down
     rank_sum: RankSum | None = None
@@ -193,7 +192,7 @@ class MLP(nn.Module):
         self.linear = kernels.linear
         self.intermediate_size = config.intermediate_size
         self.activation = ACTIVATIONS[config.hidden_act]
-        self.is_gated = config.hidden_act not in UNGATED
+        self.is_gated = config.mlp_gated
         rows = (1 + self.is_gated) * config.intermediate_size
         self.gate_up_weight = empty_param(rows, config.hidden_size, dtype=dtype)
         self.down_weight = empty_param(config.hidden_size, config.intermediate_size, dtype=dtype)

@@ -341,6 +341,11 @@ TINY_MODELS = {
         attention_k_eq_v=True, num_global_key_value_heads=1, final_logit_softcapping=30.0, enable_moe_block=True,
         num_experts=4, top_k_experts=2, moe_intermediate_size=48,
         layer_types=["sliding_attention", "full_attention", "full_attention"], pad_token_id=0), {}),
+    # Gemma (1): Llama's layers with Gemma's norms (1 + weight), GELU (tanh) as its releases' legacy "gelu" names it,
+    # embeddings scaled, tied.
+    "gemma": ("GemmaConfig", dict(head_dim=16, hidden_act="gelu", attention_bias=True), {}),
+    # StarCoder 2: Mistral's window (16), layer norms with biases, biases everywhere, c_fc/GELU/c_proj without a gate.
+    "starcoder2": ("Starcoder2Config", dict(sliding_window=16, pad_token_id=0), {}),
     # Gemma 2: sliding-window layers every other one, one RoPE, attention scores and final logits
     # soft-capped (caps low enough here to bend the tiny model's scores and logits).
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,

@@ -67,15 +67,19 @@ def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lo
                    > 1e-2 for other in others.values())
 
 
-@pytest.mark.parametrize("name", ["ernie4.5", "glm", "arcee"])
+UNGATED_TARGETS = {"arcee": ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "mlp.down_proj"),
+                   "starcoder2": ("self_attn.q_proj", "self_attn.v_proj", "mlp.c_fc", "mlp.c_proj")}
+
+
+@pytest.mark.parametrize("name", ["ernie4.5", "glm", "arcee", "starcoder2"])
 def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs, tmp_path, name):
     """Ernie 4.5's and GLM-4's q and k rows are reordered as they load (RoPE's pairs, side by side in the checkpoint,
-    half a head apart in the kernels): an adapter's B rows of q and k are reordered alike. Arcee's MLP is up, squared
-    ReLU, down: an adapter's up rows are its MLP's first, not those after a gate."""
+    half a head apart in the kernels): an adapter's B rows of q and k are reordered alike. Arcee's and StarCoder 2's
+    MLPs are up, the activation, down (StarCoder 2's named c_fc and c_proj): an adapter's up rows are the MLP's first,
+    not those after a gate."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
-    targets = ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "mlp.down_proj") if name == "arcee" else \
-        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    targets = UNGATED_TARGETS.get(name, tuple(f"self_attn.{x}_proj" for x in "qkvo"))
     merged = make_adapter(tmp_path / "adapter", base, targets, 4, 8.0, False, seed=3)
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64,
                                     lora_modules=(("adapter", str(tmp_path / "adapter")),)))

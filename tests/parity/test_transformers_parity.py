@@ -172,7 +172,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "minimax-m2", "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
                 "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe", "granite-swa",
-                "granite-moe-swa", "arcee", "flex-olmo", "afmoe")
+                "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma",
+                "starcoder2")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)

@@ -177,6 +177,19 @@ def test_a_granite_swa_config_is_read_as_transformers_reads_it(model_copy):
             load_model_config(model_copy)
 
 
+def test_a_gemma_configs_legacy_gelu_is_read_as_transformers_reads_it(model_copy):
+    # Gemma 7B's and 2B's releases name their MLP's GELU "gelu"; transformers computes it with the tanh approximation.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["GemmaForCausalLM"], hidden_act="gelu", head_dim=16)
+    cfg.pop("tie_word_embeddings", None)
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.hidden_act, config.tie_word_embeddings, config.mlp_gated) == ("gelu_pytorch_tanh", True, True)
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "hidden_act": "relu"}))
+    with pytest.raises(ModelConfigError, match="unsupported hidden_act 'relu'"):
+        load_model_config(model_copy)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.

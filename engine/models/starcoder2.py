@@ -1,0 +1,68 @@
+"""StarCoder 2 (Starcoder2ForCausalLM) over paged KV: Mistral's attention and sliding window, with
+
+- layer norms with a bias (before attention, before the MLP, and the final one);
+- biases on q, k, v and o and on the MLP, by `use_bias` (read into ModelConfig);
+- an MLP without a gate: `c_fc`, GELU (tanh), `c_proj` (ModelConfig.mlp_gated false).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.lora import Target
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import DecoderLayer
+from engine.models.parameters import empty_param
+from kernels.registry import Kernels
+
+MLP_NAMES = {"c_fc": "up_proj", "c_proj": "down_proj"}  # its MLP's projections as Llama's names them
+
+
+class LayerNormDecoderLayer(DecoderLayer):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        self.input_norm_bias = empty_param(config.hidden_size, dtype=dtype)
+        self.post_attention_norm_bias = empty_param(config.hidden_size, dtype=dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        width = (h.shape[-1],)
+        h = h + self.attn(F.layer_norm(h, width, self.input_norm, self.input_norm_bias, self.eps), cos, sin, kv_cache,
+                          meta)
+        return h + self.mlp(F.layer_norm(h, width, self.post_attention_norm, self.post_attention_norm_bias, self.eps))
+
+
+class Starcoder2ForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__(config, kernels, dtype, max_positions)
+        self.norm_bias = empty_param(config.hidden_size, dtype=dtype)
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return LayerNormDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+
+    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(h, (h.shape[-1],), self.norm, self.norm_bias, self.config.rms_norm_eps)
+
+    def checkpoint_names(self) -> list[str]:
+        biases = [f"model.layers.{i}.{norm}.bias" for i in range(self.config.num_layers) for norm in self._norm_names()]
+        return [*super().checkpoint_names(), "model.norm.bias", *biases]
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        return [f"model.layers.{layer}.mlp.{proj}.{kind}" for proj in MLP_NAMES for kind in ("weight", "bias")
+                if kind == "weight" or self.config.mlp_bias]
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        return super()._lora_rows(layer, place, MLP_NAMES.get(proj, proj) if place == "mlp" else proj)
+
+    def _target(self, name: str) -> torch.Tensor:
+        if name == "model.norm.bias":
+            return self.norm_bias.data
+        parts = name.split(".")
+        if len(parts) == 5 and parts[4] == "bias" and parts[3] in self._norm_names():
+            layer = self.layers[int(parts[2])]
+            return (layer.input_norm_bias if parts[3] == "input_layernorm" else layer.post_attention_norm_bias).data
+        if len(parts) == 6 and parts[3] == "mlp" and parts[4] in MLP_NAMES:
+            parts[4] = MLP_NAMES[parts[4]]
+            return super()._target(".".join(parts))
+        return super()._target(name)
