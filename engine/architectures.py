@@ -3,7 +3,7 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.gemma4_config import GEMMA4
-from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR
+from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import BAMBA, FALCON_H1, NEMOTRON_H
 from engine.mla_config import GLM_MOE_DSA, SPARSE_MLA
@@ -51,7 +51,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
-                           FLEX_OLMO, AFMOE, STARCODER2, GEMMA)
+                           FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -69,7 +69,7 @@ GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 GEMMAS = (GEMMA2, GEMMA3)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 # q and k RMS-normed over their whole projections (ModelConfig.qk_norm "projection").
-PROJECTION_NORMED = (*OLMOS, MINIMAX_M2, OLMOE, FLEX_OLMO)
+PROJECTION_NORMED = (*OLMOS, MINIMAX_M2, OLMOE, FLEX_OLMO, OLMO_HYBRID)
 # Mixtral's names for their experts (`block_sparse_moe.experts.{e}.w1`), as released and as transformers 5 saves them.
 MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2)
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
@@ -87,6 +87,6 @@ EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_L
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
-                  AFMOE, GEMMA)
+                  AFMOE, GEMMA, OLMO_HYBRID)
 # Mistral's sliding window, where config.json gives one.
 MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2)

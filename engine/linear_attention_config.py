@@ -8,6 +8,7 @@ states live in pages of its own beside them (engine/recurrent_state.py), so they
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from engine.state_shape import StateShape
@@ -17,6 +18,7 @@ QWEN3_5 = "Qwen3_5ForCausalLM"
 QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
 HYBRID_LINEAR = (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE)
 KIMI_LINEAR = "KimiLinearForCausalLM"  # Kimi Delta Attention (engine/models/kimi_linear.py) beside MLA
+OLMO_HYBRID = "OlmoHybridForCausalLM"  # Gated DeltaNet layers beside OLMo 3's attention (engine/models/olmo_hybrid.py)
 LINEAR, FULL = "linear_attention", "full_attention"
 
 
@@ -29,6 +31,8 @@ class LinearAttention:
     value_head_dim: int
     conv_kernel: int
     fused_projections: bool  # Qwen3-Next's in_proj_qkvz and in_proj_ba, grouped by key head; else Qwen3.5's four
+    beta_scale: float = 1.0  # OLMo Hybrid's 2 (allow_neg_eigval): each token's write strength in (0, 2)
+    output_norm_eps: float | None = None  # the output norm's own (OLMo Hybrid's 1e-5); None: the model's
 
     @property
     def linear_layers(self) -> tuple[int, ...]:
@@ -117,3 +121,24 @@ def read_kimi_linear(cfg: dict) -> LinearAttention:
     return read_linear_attention({"num_hidden_layers": num_layers, "layer_types": kinds, "linear_num_key_heads": heads,
                                   "linear_num_value_heads": heads, "linear_key_head_dim": head_dim,
                                   "linear_value_head_dim": head_dim, "linear_conv_kernel_dim": kernel}, KIMI_LINEAR)
+
+
+def read_olmo_hybrid(cfg: dict) -> LinearAttention:
+    """OLMo Hybrid's layers and Gated DeltaNet heads, with transformers' defaults where config.json leaves them out:
+    every fourth layer full (the last at least), as many key and value heads as attention heads, keys 3/4 of the
+    hidden size across them, values twice as wide; write strengths up to 2 unless linear_allow_neg_eigval is off."""
+    num_layers, heads = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        kinds = [FULL if i % 4 == 3 else LINEAR for i in range(num_layers)]
+        if FULL not in kinds:
+            kinds[-1] = FULL
+    key_heads = int(cfg.get("linear_num_key_heads") or heads)
+    key_dim = int(cfg.get("linear_key_head_dim") or int(0.75 * int(cfg["hidden_size"]) / key_heads))
+    layout = read_linear_attention({
+        "num_hidden_layers": num_layers, "layer_types": kinds, "linear_num_key_heads": key_heads,
+        "linear_num_value_heads": int(cfg.get("linear_num_value_heads") or heads), "linear_key_head_dim": key_dim,
+        "linear_value_head_dim": int(cfg.get("linear_value_head_dim") or 2 * key_dim),
+        "linear_conv_kernel_dim": cfg.get("linear_conv_kernel_dim", 4)}, OLMO_HYBRID)
+    return dataclasses.replace(layout, beta_scale=2.0 if cfg.get("linear_allow_neg_eigval", True) else 1.0,
+                               output_norm_eps=1e-5)

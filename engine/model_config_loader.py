@@ -54,9 +54,11 @@ from engine.int4_weights import int4_weights
 from engine.linear_attention_config import (
     HYBRID_LINEAR,
     KIMI_LINEAR,
+    OLMO_HYBRID,
     kimi_linear_keys,
     read_kimi_linear,
     read_linear_attention,
+    read_olmo_hybrid,
 )
 from engine.mamba1_config import JAMBA, read_jamba
 from engine.mamba_config import (
@@ -147,9 +149,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
     linear_attention = None
-    if arch in (*HYBRID_LINEAR, KIMI_LINEAR):
+    if arch in (*HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID):
         try:
-            linear_attention = read_kimi_linear(cfg) if arch == KIMI_LINEAR else read_linear_attention(cfg, arch)
+            linear_attention = read_kimi_linear(cfg) if arch == KIMI_LINEAR else read_olmo_hybrid(cfg) \
+                if arch == OLMO_HYBRID else read_linear_attention(cfg, arch)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"

@@ -24,6 +24,7 @@ from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.nemotron_h_mtp import NemotronHMTP
 from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.olmo_hybrid import OlmoHybridForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
@@ -57,6 +58,7 @@ MODEL_REGISTRY = {
     "Lfm2ForCausalLM": Lfm2ForCausalLM,  # LFM2's convolutions between attention layers (engine/models/lfm2.py)
     "Lfm2MoeForCausalLM": Lfm2ForCausalLM,
     "Lfm3ForCausalLM": Lfm3ForCausalLM,
+    "OlmoHybridForCausalLM": OlmoHybridForCausalLM,  # Gated DeltaNet beside OLMo 3's attention (olmo_hybrid.py)
     "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says

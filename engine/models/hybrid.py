@@ -1,5 +1,5 @@
 """A hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's, Nemotron-H's, LFM2's, Falcon-H1's, Bamba's, Jamba's,
-Kimi-Linear's): only its attention layers have pages,
+Kimi-Linear's, OLMo Hybrid's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
 (AttentionMetadata.recurrent). LoRA adapters are refused for it."""
 from __future__ import annotations

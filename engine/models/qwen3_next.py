@@ -64,8 +64,9 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
-        self.linear, self.eps, self.index = kernels.linear, config.rms_norm_eps, index
+        self.linear, self.index = kernels.linear, index
         self.layout = la = config.linear_attention
+        self.eps = la.output_norm_eps or config.rms_norm_eps
         # q, k, v (the convolved channels), then z, b and a: one matmul.
         self.in_weight = empty_param(la.conv_dim + la.value_size + 2 * la.num_value_heads, config.hidden_size,
                                      dtype=dtype)
@@ -87,7 +88,7 @@ class GatedDeltaNet(nn.Module):
         k = rule.l2_normed(k.float().view(num_tokens, la.num_key_heads, la.key_head_dim))
         q, k = q.repeat_interleave(repeats, dim=1), k.repeat_interleave(repeats, dim=1)
         v = v.view(num_tokens, la.num_value_heads, la.value_head_dim)
-        beta = torch.sigmoid(b)
+        beta = torch.sigmoid(b) if la.beta_scale == 1.0 else torch.sigmoid(b) * la.beta_scale
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # the log of each token's decay
         out = torch.empty(num_tokens, la.num_value_heads, la.value_head_dim, dtype=torch.float32, device=x.device)
 

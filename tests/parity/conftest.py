@@ -374,6 +374,9 @@ TINY_MODELS = {
     "afmoe": ("AfmoeConfig", dict(head_dim=16, num_hidden_layers=4, sliding_window=16, global_attn_every_n_layers=4,
                                   num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, num_shared_experts=2,
                                   num_dense_layers=1, route_scale=2.5, mup_enabled=True, pad_token_id=0), {}),
+    # OLMo Hybrid: Gated DeltaNet layers (write strengths up to 2, heads by transformers' defaults: 4 key and value
+    # heads, keys 12 wide, values 24) and OLMo 3's attention every fourth layer.
+    "olmo-hybrid": ("OlmoHybridConfig", dict(num_hidden_layers=4, pad_token_id=0, attention_bias=True), {}),
     # FlexOlmo: OLMo 2's layers with OLMoE's experts (softmax, not renormalized).
     "flex-olmo": ("FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=48,
                                          attention_bias=True, pad_token_id=0), {}),

@@ -30,7 +30,8 @@ from tests.parity.test_transformers_parity import (
 )
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
-           "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear")
+           "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear",
+           "olmo-hybrid")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -126,7 +127,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
 
 
 @pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
-                                  "kimi-linear"])
+                                  "kimi-linear", "olmo-hybrid"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -140,7 +141,7 @@ def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over
     decode.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h-moe"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h-moe", "olmo-hybrid"])
 def test_n_gram_drafts_give_transformers_tokens(tiny_model_dirs, name):
     """The tiny models' outputs do not repeat, so their n-gram drafts are refused: each drafted step computes the
     last token and its drafts, and the next goes on from the states after the last token alone."""
@@ -266,6 +267,24 @@ def test_qwen3_nexts_layers_default_to_one_full_attention_layer_in_four(tiny_mod
                                                        "full_attention_interval": 4, **LINEAR_HEADS}))
     layout = load_model_config(model_dir).linear_attention
     assert layout.linear_layers == (0, 1, 2, 4, 5, 6) and layout.kv_places == {3: 0, 7: 1}
+
+
+def test_olmo_hybrids_config_defaults_are_transformers(tiny_model_dirs, tmp_path):
+    """Without layer types, every fourth layer full, and the last where no layer would be; heads as many as
+    attention's, keys 3/4 of the hidden size across them, values twice as wide; write strengths up to 2 unless
+    linear_allow_neg_eigval is off."""
+    model_dir = shutil.copytree(tiny_model_dirs["olmo-hybrid"], tmp_path / "olmo")
+    config = json.loads((model_dir / "config.json").read_text())
+    for key in ("layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim"):
+        config.pop(key, None)
+    for num_layers, linear in ((8, (0, 1, 2, 4, 5, 6)), (2, (0,))):
+        (model_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": num_layers}))
+        layout = load_model_config(model_dir).linear_attention
+        assert layout.linear_layers == linear
+        assert (layout.num_key_heads, layout.key_head_dim, layout.value_head_dim, layout.beta_scale) == (4, 12, 24, 2)
+    (model_dir / "config.json").write_text(json.dumps({**config, "linear_allow_neg_eigval": False}))
+    assert load_model_config(model_dir).linear_attention.beta_scale == 1.0
 
 
 def test_nemotron_hs_released_config_lays_its_layers_out_by_its_pattern(tiny_model_dirs, tmp_path):
