@@ -37,6 +37,19 @@ GLMS = (GLM, GLM4)
 EXAONE4 = "Exaone4ForCausalLM"
 ARCEE = "ArceeForCausalLM"  # Arcee's AFM: Llama with an MLP of squared ReLU and no gate
 STARCODER2 = "Starcoder2ForCausalLM"  # Mistral's attention, layer norms with biases, an MLP without a gate
+JAIS2 = "Jais2ForCausalLM"  # Llama's attention, layer norms with biases, Arcee's MLP
+CWM = "CwmForCausalLM"  # Meta's Code World Model: Llama with three windowed layers in four
+APERTUS = "ApertusForCausalLM"  # Swiss AI's: Llama with q/k norms and an xIELU MLP without a gate
+HELIUM = "HeliumForCausalLM"  # Kyutai's Helium: Llama with RoPE's pairs side by side, biases on q, k and v
+# What transformers gives Apertus where config.json leaves it out: a Llama 3 RoPE of theta 1.2e7.
+APERTUS_DEFAULTS = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
+                                        "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                        "original_max_position_embeddings": 8192}}
+# What transformers gives CWM where config.json leaves it out: a Llama 3 RoPE of theta 1e6, Llama 3's stop tokens.
+CWM_DEFAULTS = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0,
+                                    "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                    "original_max_position_embeddings": 8192},
+                "eos_token_id": [128001, 128008, 128009]}
 GEMMA = "GemmaForCausalLM"  # Gemma (1), CodeGemma: Llama's layers, Gemma's norms and embedding scale
 EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike
 MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
@@ -51,7 +64,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
-                           FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID)
+                           FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
+                           APERTUS, HELIUM)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -77,16 +91,16 @@ SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
-QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE)
+QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE, APERTUS)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
-           *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA,
-           KIMI_LINEAR)
+           *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM, APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA,
+           FALCON_H1, BAMBA, KIMI_LINEAR)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
-                  AFMOE, GEMMA, OLMO_HYBRID)
+                  AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS)
 # Mistral's sliding window, where config.json gives one.
 MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.architectures import (
     COHERE2,
     COHERES,
+    CWM,
     ERNIE45S,
     EXAONES,
     GEMMA2,
@@ -15,6 +16,7 @@ from engine.architectures import (
     GEMMAS,
     GLMS,
     GRANITES,
+    HELIUM,
     MINISTRAL3,
     MISTRAL_SLIDING,
     OLMO3,
@@ -122,7 +124,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
 def llama4_attention(cfg: dict, arch: str) -> dict:
     if arch != LLAMA4:  # Ernie 4.5's, GLM-4's and Cohere's q and k hold RoPE's pairs side by side too
         return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False,
-                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES))
+                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES, HELIUM))
     with_rope = rope_layers(cfg, arch)
     chunk = cfg.get("attention_chunk_size")
     types = cfg.get("layer_types") or ["chunked_attention" if i in with_rope and chunk else "full_attention"
@@ -155,6 +157,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window", 4096)
     if arch in GRANITE_SWAS:
         return cfg.get("sliding_window", 128)
+    if arch == CWM:
+        return cfg.get("sliding_window", 8192) or None
     if arch == AFMOE:
         return cfg.get("sliding_window", 1024)
     if arch == SMOLLM3:
@@ -169,7 +173,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
@@ -185,7 +189,7 @@ def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     if arch == AFMOE:  # every global_attn_every_n_layers-th full
         every = int(cfg.get("global_attn_every_n_layers") or 4)
         return frozenset(i for i in range(num_layers) if (i + 1) % every)
-    if arch in GRANITE_SWAS:  # every fourth layer full, from the first
+    if arch in (*GRANITE_SWAS, CWM):  # every fourth layer full, from the first
         return frozenset(i for i in range(num_layers) if i % 4)
     if arch == SMOLLM3:  # windowed where it is on, in the NoPE layers
         return frozenset(range(num_layers)) - rope_layers(cfg, arch)

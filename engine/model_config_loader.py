@@ -8,12 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from engine.architectures import (
+    APERTUS,
+    APERTUS_DEFAULTS,
     ARCEE,
     ATTENTION_BIAS,
     BARE_MODELS,
     COHERE,
     COHERE2,
     COHERES,
+    CWM,
+    CWM_DEFAULTS,
     EPS_1E5,
     ERNIE45S,
     GEMMA,
@@ -23,6 +27,8 @@ from engine.architectures import (
     GLM4,
     GLMS,
     GRANITES,
+    HELIUM,
+    JAIS2,
     MIMO,
     MLA_MODELS,
     PROJECTION_NORMED,
@@ -148,6 +154,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
+    if arch in (CWM, APERTUS) and not (cfg.get("rope_parameters") or cfg.get("rope_scaling") or cfg.get("rope_theta")):
+        cfg = {**(CWM_DEFAULTS if arch == CWM else APERTUS_DEFAULTS), **cfg}
+    if arch == CWM and cfg.get("eos_token_id") is None:
+        cfg = {**cfg, "eos_token_id": CWM_DEFAULTS["eos_token_id"]}
     linear_attention = None
     if arch in (*HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID):
         try:
@@ -161,8 +171,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
-    if arch == ARCEE:  # its MLP's: up, squared ReLU, down (transformers' default for it)
+    if arch in (ARCEE, JAIS2):  # its MLP's: up, squared ReLU, down (transformers' default for it)
         act, supported_act = cfg.get("hidden_act") or "relu2", "relu2"
+    if arch == APERTUS:  # its MLP's: up, xIELU (engine/models/apertus.py), down
+        act, supported_act = cfg.get("hidden_act") or "xielu", "xielu"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
     softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
@@ -272,7 +284,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS),
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
@@ -352,12 +364,13 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
-        "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else "rms_norm_eps"
+        "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
+        "layer_norm_eps" if arch == JAIS2 else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
     """transformers' rms_norm_eps for the architecture, where config.json leaves it out."""
-    return 1e-5 if arch in EPS_1E5 else 1.5625e-7 if arch == GLM4 else 1e-6
+    return 1e-5 if arch in EPS_1E5 else 1.5625e-7 if arch == GLM4 else 1e-8 if arch == HELIUM else 1e-6
 
 
 def _biases(cfg: dict, arch: str) -> dict:
@@ -367,6 +380,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
+    if arch == HELIUM:  # on q, k and v by attention_bias; its o has none
+        return dict(qkv_bias=bool(cfg.get("attention_bias")), o_bias=False, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == STARCODER2:  # one switch for them all, on unless it says
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias", True)))
     if arch in (FALCON_H1, BAMBA, LFM3):
@@ -381,7 +396,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
         or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and attention),
         o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and attention,
-        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3, ARCEE) and bool(cfg.get("mlp_bias")))
+        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3, ARCEE, JAIS2)
+        and bool(cfg.get("mlp_bias")))
 
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:

@@ -31,6 +31,7 @@ from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.models.afmoe import AfmoeForCausalLM
+from engine.models.apertus import ApertusForCausalLM
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM
@@ -42,7 +43,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
-from engine.models.starcoder2 import Starcoder2ForCausalLM
+from engine.models.starcoder2 import Jais2ForCausalLM, Starcoder2ForCausalLM
 from engine.moe_config import GRANITE_SWAS
 from engine.weights import renamed
 
@@ -57,7 +58,7 @@ SUMS_FILE_KEY = "shared-memory-sums"
 SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
                 GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM, AfmoeForCausalLM, GemmaForCausalLM,
-                Starcoder2ForCausalLM)
+                Starcoder2ForCausalLM, Jais2ForCausalLM, ApertusForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -82,9 +83,9 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError("tensor parallelism runs on the CPU only so far (its ranks share one host's KV pool)")
     if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
-                         f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Granite, Phi-3, GLM-4.5, gpt-oss, "
-                         f"Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and Trinity "
-                         f"so far, not {config.architecture}")
+                         f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
+                         f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
+                         f"Trinity, Apertus so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.models.afmoe import AfmoeForCausalLM
+from engine.models.apertus import ApertusForCausalLM
 from engine.models.bamba import BambaForCausalLM
 from engine.models.bert import BertModel
 from engine.models.cohere import CohereForCausalLM
@@ -28,7 +29,7 @@ from engine.models.olmo_hybrid import OlmoHybridForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
-from engine.models.starcoder2 import Starcoder2ForCausalLM
+from engine.models.starcoder2 import Jais2ForCausalLM, Starcoder2ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -43,6 +44,9 @@ MODEL_REGISTRY = {
     "HunYuanMoEV1ForCausalLM": LlamaForCausalLM,  # and experts beside a shared MLP, as its MoEConfig says
     "MiniMaxM2ForCausalLM": LlamaForCausalLM,  # q and k normed over whole projections, routed as its MoEConfig says
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "HeliumForCausalLM": LlamaForCausalLM,  # RoPE's pairs side by side, as its ModelConfig says
+    "CwmForCausalLM": LlamaForCausalLM,  # with its windowed layers, as its ModelConfig says
+    "ApertusForCausalLM": ApertusForCausalLM,  # an xIELU MLP without a gate (engine/models/apertus.py)
     "ArceeForCausalLM": LlamaForCausalLM,  # its MLP without a gate, by its ModelConfig's hidden_act
     "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
@@ -64,6 +68,7 @@ MODEL_REGISTRY = {
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate
+    "Jais2ForCausalLM": Jais2ForCausalLM,  # layer norms with biases, Arcee's MLP
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out

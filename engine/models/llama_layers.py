@@ -191,7 +191,7 @@ class MLP(nn.Module):
         super().__init__()
         self.linear = kernels.linear
         self.intermediate_size = config.intermediate_size
-        self.activation = ACTIVATIONS[config.hidden_act]
+        self.activation = ACTIVATIONS.get(config.hidden_act)  # (a model of another's sets its own)
         self.is_gated = config.mlp_gated
         rows = (1 + self.is_gated) * config.intermediate_size
         self.gate_up_weight = empty_param(rows, config.hidden_size, dtype=dtype)

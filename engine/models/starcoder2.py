@@ -1,8 +1,10 @@
-"""StarCoder 2 (Starcoder2ForCausalLM) over paged KV: Mistral's attention and sliding window, with
+"""Llama's layers with layer norms that have a bias (before attention, before the MLP, and the final one), and an MLP
+without a gate (ModelConfig.mlp_gated false):
 
-- layer norms with a bias (before attention, before the MLP, and the final one);
-- biases on q, k, v and o and on the MLP, by `use_bias` (read into ModelConfig);
-- an MLP without a gate: `c_fc`, GELU (tanh), `c_proj` (ModelConfig.mlp_gated false).
+- Jais 2 (Jais2ForCausalLM): its MLP up, squared ReLU, down; biases on q, k, v, o and the MLP by attention_bias and
+  mlp_bias;
+- StarCoder 2 (Starcoder2ForCausalLM): Mistral's sliding window; its MLP `c_fc`, GELU (tanh), `c_proj`; biases
+  everywhere by `use_bias`.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class LayerNormDecoderLayer(DecoderLayer):
         return h + self.mlp(F.layer_norm(h, width, self.post_attention_norm, self.post_attention_norm_bias, self.eps))
 
 
-class Starcoder2ForCausalLM(LlamaForCausalLM):
+class Jais2ForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         self.norm_bias = empty_param(config.hidden_size, dtype=dtype)
@@ -48,6 +50,17 @@ class Starcoder2ForCausalLM(LlamaForCausalLM):
         biases = [f"model.layers.{i}.{norm}.bias" for i in range(self.config.num_layers) for norm in self._norm_names()]
         return [*super().checkpoint_names(), "model.norm.bias", *biases]
 
+    def _target(self, name: str) -> torch.Tensor:
+        if name == "model.norm.bias":
+            return self.norm_bias.data
+        parts = name.split(".")
+        if len(parts) == 5 and parts[4] == "bias" and parts[3] in self._norm_names():
+            layer = self.layers[int(parts[2])]
+            return (layer.input_norm_bias if parts[3] == "input_layernorm" else layer.post_attention_norm_bias).data
+        return super()._target(name)
+
+
+class Starcoder2ForCausalLM(Jais2ForCausalLM):
     def _mlp_names(self, layer: int) -> list[str]:
         return [f"model.layers.{layer}.mlp.{proj}.{kind}" for proj in MLP_NAMES for kind in ("weight", "bias")
                 if kind == "weight" or self.config.mlp_bias]
@@ -56,12 +69,7 @@ class Starcoder2ForCausalLM(LlamaForCausalLM):
         return super()._lora_rows(layer, place, MLP_NAMES.get(proj, proj) if place == "mlp" else proj)
 
     def _target(self, name: str) -> torch.Tensor:
-        if name == "model.norm.bias":
-            return self.norm_bias.data
         parts = name.split(".")
-        if len(parts) == 5 and parts[4] == "bias" and parts[3] in self._norm_names():
-            layer = self.layers[int(parts[2])]
-            return (layer.input_norm_bias if parts[3] == "input_layernorm" else layer.post_attention_norm_bias).data
         if len(parts) == 6 and parts[3] == "mlp" and parts[4] in MLP_NAMES:
             parts[4] = MLP_NAMES[parts[4]]
             return super()._target(".".join(parts))

@@ -346,6 +346,14 @@ TINY_MODELS = {
     "gemma": ("GemmaConfig", dict(head_dim=16, hidden_act="gelu", attention_bias=True), {}),
     # StarCoder 2: Mistral's window (16), layer norms with biases, biases everywhere, c_fc/GELU/c_proj without a gate.
     "starcoder2": ("Starcoder2Config", dict(sliding_window=16, pad_token_id=0), {}),
+    # Swiss AI's Apertus: q and k normed per head, an MLP of xIELU (its four numbers a layer noisy here) without a gate.
+    "apertus": ("ApertusConfig", dict(head_dim=16, attention_bias=True, pad_token_id=0), {}),
+    # Kyutai's Helium: Llama with RoPE's pairs side by side (reordered as they load), biases on q, k, v and the MLP.
+    "helium": ("HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True, pad_token_id=0), {}),
+    # Meta's CWM: Llama with every fourth layer full from the first, the others windowed (16), a Llama 3 RoPE.
+    "cwm": ("CwmConfig", dict(head_dim=16, sliding_window=16, num_hidden_layers=5, pad_token_id=0), {}),
+    # Jais 2: Llama's attention with biases, layer norms with biases, an MLP of squared ReLU without a gate.
+    "jais2": ("Jais2Config", dict(pad_token_id=0), {}),
     # Gemma 2: sliding-window layers every other one, one RoPE, attention scores and final logits
     # soft-capped (caps low enough here to bend the tiny model's scores and logits).
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,
@@ -413,11 +421,13 @@ def make_tiny_model(path: Path, name: str) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D")):
+            if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D", ".alpha_p",
+                                                  ".alpha_n")):
                 p.add_(torch.randn_like(p) * 0.2)
-        # A router's learnt bias (GLM's, LFM2-MoE's) and Gemma 4's layer scalars are buffers, zeros and ones at init.
+        # A router's learnt bias (GLM's, LFM2-MoE's), Gemma 4's layer scalars and xIELU's beta (Apertus's) are buffers,
+        # at init zeros, ones and one half.
         for pname, b in model.named_buffers():
-            if pname.endswith(("correction_bias", "layer_scalar", "expert_bias")):
+            if pname.endswith(("correction_bias", "layer_scalar", "expert_bias", "act_fn.beta")):
                 b.add_(torch.randn_like(b) * 0.2)
     if "dtype" in save:
         model = model.to(save["dtype"])

@@ -190,6 +190,26 @@ def test_a_gemma_configs_legacy_gelu_is_read_as_transformers_reads_it(model_copy
         load_model_config(model_copy)
 
 
+def test_cwm_and_apertus_configs_left_bare_are_read_with_transformers_defaults(model_copy):
+    # CWM without layer types: every fourth layer full from the first, the others windowed (8192 where absent); both
+    # without RoPE settings: a Llama 3 RoPE (CWM's of theta 1e6, Apertus's 1.2e7); CWM without stop tokens: Llama 3's.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    for absent in ("layer_types", "sliding_window", "rope_parameters", "rope_scaling", "rope_theta", "eos_token_id"):
+        cfg.pop(absent, None)
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "architectures": ["CwmForCausalLM"],
+                                                        "num_hidden_layers": 6}))
+    (model_copy / "generation_config.json").unlink(missing_ok=True)
+    config = load_model_config(model_copy)
+    assert (config.sliding_window, config.sliding_layers) == (8192, {1, 2, 3, 5})
+    assert (config.rope_theta, config.rope_scaling["rope_type"], config.rope_scaling["factor"]) == (1e6, "llama3", 16)
+    assert config.eos_token_ids == (128001, 128008, 128009)
+    cfg.pop("hidden_act", None)
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "architectures": ["ApertusForCausalLM"]}))
+    config = load_model_config(model_copy)
+    assert (config.rope_theta, config.rope_scaling["factor"], config.hidden_act, config.mlp_gated) == (
+        1.2e7, 8.0, "xielu", False)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
