@@ -86,6 +86,7 @@ from engine.moe_config import (
     GRANITE_SWAS,
     LLAMA4,
     MINIMAX_M2,
+    PHIMOE,
     MoEConfig,
     read_moe_config,
 )
@@ -285,6 +286,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
             mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS),
+            lm_head_bias=arch == PHIMOE and bool(cfg.get("lm_head_bias")),
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},

@@ -8,7 +8,7 @@ from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
-from engine.rope_config import HUNYUAN_MOE
+from engine.rope_config import HUNYUAN_MOE, PHIMOE
 from engine.short_conv_config import LFM2_MOE
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -73,6 +73,9 @@ class MoEConfig:
     choice_bias: bool = False
     # Nemotron 3's: the routed experts compute in a narrower width, projected into it and back; 0: none.
     latent_size: int = 0
+    # "sparsemixer" (Phi-3.5-MoE's, at inference): the best expert, then the best of the rest, each weighed by the
+    # softmax of the logits within `jitter_eps` (relatively, twice it) of its own.
+    jitter_eps: float = 0.0
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -167,6 +170,12 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         moe_intermediate_size=inter,
                         shared_expert_intermediate_size=shared if cfg.get("use_mixed_mlp_moe", True) else 0,
                         norm_topk_prob=True, weighs_experts_in_float32=True, router_in_float32=True)
+    elif arch == PHIMOE:  # experts in every layer, intermediate_size wide, two a token by SparseMixer
+        if int(cfg.get("num_experts_per_tok", 2)) != 2:
+            raise ValueError(f"num_experts_per_tok {cfg['num_experts_per_tok']}: SparseMixer chooses two experts")
+        moe = MoEConfig(num_experts=int(cfg.get("num_local_experts", 16)), num_experts_per_tok=2,
+                        moe_intermediate_size=int(cfg["intermediate_size"]), scoring="sparsemixer",
+                        jitter_eps=float(cfg.get("router_jitter_noise", 0.01)))
     elif arch == AFMOE:
         # After its first num_dense_layers, experts chosen by sigmoid score plus a learnt bias, weighed by the score
         # renormalized and scaled by route_scale (DeepSeek-V3's routing in one group), beside shared experts.

@@ -10,6 +10,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 PHI3 = "Phi3ForCausalLM"
 HUNYUAN, HUNYUAN_MOE = "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM"  # Hunyuan dense; Hunyuan-A13B
 HUNYUANS = (HUNYUAN, HUNYUAN_MOE)
+PHIMOE = "PhimoeForCausalLM"  # Phi-3.5-MoE, Phi-mini-MoE: its LongRoPE scales cos and sin by its own mscale
 
 
 def rope_parameters(cfg: dict, layer_type: str) -> dict:
@@ -56,6 +57,13 @@ def rope_scaling(cfg: dict, arch: str) -> dict | None:
         scaling["original_max_position_embeddings"] = original or cfg.get("max_position_embeddings", 2048)
     if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:  # DeepSeek's, Phi-3's: the contexts' ratio
         scaling["factor"] = cfg.get("max_position_embeddings", 2048) / scaling["original_max_position_embeddings"]
+    if arch == PHIMOE and rope_type == "longrope" and {"short_mscale", "long_mscale"} & set(scaling):
+        # transformers multiplies cos and sin by the one of the context it runs in; Baton's are the same at any length.
+        mscales = {float(scaling.get(key, 1.0)) for key in ("short_mscale", "long_mscale")}
+        if len(mscales) > 1:
+            raise ValueError(f"short_mscale {scaling.get('short_mscale')} and long_mscale {scaling.get('long_mscale')} "
+                             "differ: Baton's LongRoPE scales by one at any context length")
+        scaling["attention_factor"] = mscales.pop()
     return None if rope_type == "default" else scaling
 
 

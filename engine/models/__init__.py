@@ -29,7 +29,7 @@ from engine.models.olmo_hybrid import OlmoHybridForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
-from engine.models.starcoder2 import Jais2ForCausalLM, Starcoder2ForCausalLM
+from engine.models.starcoder2 import Jais2ForCausalLM, PhimoeForCausalLM, Starcoder2ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -69,6 +69,7 @@ MODEL_REGISTRY = {
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate
     "Jais2ForCausalLM": Jais2ForCausalLM,  # layer norms with biases, Arcee's MLP
+    "PhimoeForCausalLM": PhimoeForCausalLM,  # layer norms with biases, Mixtral's experts by SparseMixer
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out

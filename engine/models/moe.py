@@ -73,6 +73,8 @@ class SparseMoE(nn.Module):
             logits = F.linear(x, self.router_weight, self.router_bias)
             top, experts = torch.topk(logits, moe.num_experts_per_tok, dim=-1)
             return F.softmax(top, dim=-1), experts
+        if moe.scoring == "sparsemixer":
+            return sparse_mixer(F.linear(x, self.router_weight), moe.jitter_eps)
         if moe.scoring == "sigmoid_of_top_k":  # Llama 4's
             top, experts = torch.topk(F.linear(x, self.router_weight), moe.num_experts_per_tok, dim=-1)
             return top.float().sigmoid().to(x.dtype), experts
@@ -131,3 +133,18 @@ class SparseMoE(nn.Module):
             return self.shared_down_weight.data
         inter = self.moe.shared_expert_intermediate_size
         return self.shared_gate_up_weight.data[:inter] if proj == "gate" else self.shared_gate_up_weight.data[inter:]
+
+
+def sparse_mixer(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE's two experts a token (SparseMixer at inference) from the router's `logits` [T, E]: the best, then
+    the best of the others; each weighed by the softmax of the logits near enough to its own (their gap to it, over the
+    larger of its size and each logit's, within twice `jitter_eps`), the first's among all, the second's among the
+    others."""
+    weights, experts, left = [], [], logits
+    for _ in range(2):
+        best, expert = left.max(dim=-1, keepdim=True)
+        far = (best - logits) / logits.abs().clamp(min=best) > 2 * jitter_eps
+        weights.append(F.softmax(left.masked_fill(far, float("-inf")), dim=-1).gather(1, expert))
+        experts.append(expert)
+        left = left.scatter(1, expert, float("-inf"))
+    return torch.cat(weights, dim=-1), torch.cat(experts, dim=-1)

@@ -5,6 +5,9 @@ without a gate (ModelConfig.mlp_gated false):
   mlp_bias;
 - StarCoder 2 (Starcoder2ForCausalLM): Mistral's sliding window; its MLP `c_fc`, GELU (tanh), `c_proj`; biases
   everywhere by `use_bias`.
+
+Phi-3.5-MoE (PhimoeForCausalLM) has such layer norms too, before Mixtral's experts (routed by SparseMixer:
+engine/models/moe.py), with biases on q, k, v and o by `attention_bias` and on its LM head by `lm_head_bias`.
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ MLP_NAMES = {"c_fc": "up_proj", "c_proj": "down_proj"}  # its MLP's projections 
 
 
 class LayerNormDecoderLayer(DecoderLayer):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
-        super().__init__(config, kernels, dtype, sliding_window)
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 is_sparse: bool = False) -> None:
+        super().__init__(config, kernels, dtype, sliding_window, is_sparse)
         self.input_norm_bias = empty_param(config.hidden_size, dtype=dtype)
         self.post_attention_norm_bias = empty_param(config.hidden_size, dtype=dtype)
 
@@ -39,20 +43,28 @@ class Jais2ForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         self.norm_bias = empty_param(config.hidden_size, dtype=dtype)
+        self.lm_head_bias = empty_param(config.vocab_size, dtype=dtype) if config.lm_head_bias else None
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        return LayerNormDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+        return LayerNormDecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
 
     def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(h, (h.shape[-1],), self.norm, self.norm_bias, self.config.rms_norm_eps)
 
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        return logits if self.lm_head_bias is None else logits + self.lm_head_bias
+
     def checkpoint_names(self) -> list[str]:
         biases = [f"model.layers.{i}.{norm}.bias" for i in range(self.config.num_layers) for norm in self._norm_names()]
-        return [*super().checkpoint_names(), "model.norm.bias", *biases]
+        head = ["lm_head.bias"] if self.config.lm_head_bias else []
+        return [*super().checkpoint_names(), "model.norm.bias", *biases, *head]
 
     def _target(self, name: str) -> torch.Tensor:
         if name == "model.norm.bias":
             return self.norm_bias.data
+        if name == "lm_head.bias":
+            return self.lm_head_bias.data
         parts = name.split(".")
         if len(parts) == 5 and parts[4] == "bias" and parts[3] in self._norm_names():
             layer = self.layers[int(parts[2])]
@@ -74,3 +86,7 @@ class Starcoder2ForCausalLM(Jais2ForCausalLM):
             parts[4] = MLP_NAMES[parts[4]]
             return super()._target(".".join(parts))
         return super()._target(name)
+
+
+class PhimoeForCausalLM(Jais2ForCausalLM):
+    """(Its layers' and final norms, and its experts' names, are Jais 2's and Mixtral's: nothing of its own to read.)"""

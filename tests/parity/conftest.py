@@ -348,6 +348,14 @@ TINY_MODELS = {
     "starcoder2": ("Starcoder2Config", dict(sliding_window=16, pad_token_id=0), {}),
     # Swiss AI's Apertus: q and k normed per head, an MLP of xIELU (its four numbers a layer noisy here) without a gate.
     "apertus": ("ApertusConfig", dict(head_dim=16, attention_bias=True, pad_token_id=0), {}),
+    # Phi-3.5-MoE: layer norms with biases, biases on attention and the LM head, two of four experts a token by
+    # SparseMixer (its jitter wide enough here to weigh both by the softmax of more than one logit), LongRoPE scaled by
+    # its mscale (served within its original context: the short factors).
+    "phimoe": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.3,
+                                    attention_bias=True, lm_head_bias=True, pad_token_id=0, rope_parameters={
+                                        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.1] * 8,
+                                        "long_factor": [2.5] * 8, "short_mscale": 1.2, "long_mscale": 1.2,
+                                        "original_max_position_embeddings": 512}), {}),
     # Kyutai's Helium: Llama with RoPE's pairs side by side (reordered as they load), biases on q, k, v and the MLP.
     "helium": ("HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True, pad_token_id=0), {}),
     # Meta's CWM: Llama with every fourth layer full from the first, the others windowed (16), a Llama 3 RoPE.
@@ -411,7 +419,8 @@ TINY_MODELS = {
                       "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}), {}),
 }
 # Engine settings a model's generic parity tests need.
-ENGINE_OPTIONS = {"phi4-mini-longrope": {"max_model_len": LONGROPE_ORIGINAL_CONTEXT}}
+ENGINE_OPTIONS = {"phi4-mini-longrope": {"max_model_len": LONGROPE_ORIGINAL_CONTEXT},
+                  "phimoe": {"max_model_len": LONGROPE_ORIGINAL_CONTEXT}}
 
 
 def make_tiny_model(path: Path, name: str) -> Path:

@@ -173,7 +173,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
                 "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe", "granite-swa",
                 "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma",
-                "starcoder2", "jais2", "cwm", "apertus", "helium")
+                "starcoder2", "jais2", "cwm", "apertus", "helium")  # (phimoe's LM head bias: not split yet)
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)

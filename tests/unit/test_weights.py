@@ -210,6 +210,20 @@ def test_cwm_and_apertus_configs_left_bare_are_read_with_transformers_defaults(m
         1.2e7, 8.0, "xielu", False)
 
 
+def test_phimoe_configs_baton_cannot_serve_are_refused_by_name(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 512}
+    cfg.update(architectures=["PhimoeForCausalLM"], num_local_experts=4, num_experts_per_tok=2)
+    cfg.pop("rope_scaling", None)
+    for refused, named in (({"num_experts_per_tok": 3}, "SparseMixer chooses two experts"),
+                           ({"rope_parameters": {**rope, "short_mscale": 1.1, "long_mscale": 1.2}},
+                            "short_mscale 1.1 and long_mscale 1.2 differ")):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, **refused}))
+        with pytest.raises(ModelConfigError, match=named):
+            load_model_config(model_copy)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
