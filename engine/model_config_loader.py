@@ -36,6 +36,7 @@ from engine.architectures import (
     SEED_OSS,
     SEQUENCE_CLASSIFIERS,
     SMOLLM3,
+    STABLELM,
     STARCODER2,
     SUPPORTED_ARCHITECTURES,
 )
@@ -189,10 +190,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
     partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
-        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 1.0)
+        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 0.25 if arch == STABLELM else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA):  # part of a head
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA, STABLELM):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -271,7 +272,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in HUNYUANS else
-            "head_layer_norm" if arch == COHERE and cfg.get("use_qk_norm") else None,
+            "head_layer_norm" if (arch == COHERE and cfg.get("use_qk_norm"))
+            or (arch == STABLELM and cfg.get("qk_layernorm")) else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),
             sliding_layers=sliding_layers(cfg, arch) if gemma4 is None else
@@ -287,6 +289,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             hidden_act=act,
             mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS),
             lm_head_bias=arch == PHIMOE and bool(cfg.get("lm_head_bias")),
+            parallel_residual=arch == STABLELM and bool(cfg.get("use_parallel_residual")),
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
@@ -367,7 +370,7 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
-        "layer_norm_eps" if arch == JAIS2 else "rms_norm_eps"
+        "layer_norm_eps" if arch in (JAIS2, STABLELM) else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -382,6 +385,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
+    if arch == STABLELM:  # on q, k and v by use_qkv_bias alone
+        return dict(qkv_bias=bool(cfg.get("use_qkv_bias")), o_bias=False, mlp_bias=False)
     if arch == HELIUM:  # on q, k and v by attention_bias; its o has none
         return dict(qkv_bias=bool(cfg.get("attention_bias")), o_bias=False, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == STARCODER2:  # one switch for them all, on unless it says

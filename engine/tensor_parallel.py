@@ -39,11 +39,11 @@ from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import MOE_SWA_RENAMED, GraniteForCausalLM
+from engine.models.layer_norm_llama import Jais2ForCausalLM, Starcoder2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
-from engine.models.starcoder2 import Jais2ForCausalLM, Starcoder2ForCausalLM
 from engine.moe_config import GRANITE_SWAS
 from engine.weights import renamed
 

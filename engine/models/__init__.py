@@ -17,6 +17,12 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
+from engine.models.layer_norm_llama import (
+    Jais2ForCausalLM,
+    PhimoeForCausalLM,
+    StableLmForCausalLM,
+    Starcoder2ForCausalLM,
+)
 from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
@@ -29,7 +35,6 @@ from engine.models.olmo_hybrid import OlmoHybridForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
-from engine.models.starcoder2 import Jais2ForCausalLM, PhimoeForCausalLM, Starcoder2ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -70,6 +75,7 @@ MODEL_REGISTRY = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate
     "Jais2ForCausalLM": Jais2ForCausalLM,  # layer norms with biases, Arcee's MLP
     "PhimoeForCausalLM": PhimoeForCausalLM,  # layer norms with biases, Mixtral's experts by SparseMixer
+    "StableLmForCausalLM": StableLmForCausalLM,  # layer norms with biases, q/k layer-normed a head, parallel blocks
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out

@@ -356,6 +356,10 @@ TINY_MODELS = {
                                         "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.1] * 8,
                                         "long_factor": [2.5] * 8, "short_mscale": 1.2, "long_mscale": 1.2,
                                         "original_max_position_embeddings": 512}), {}),
+    # StableLM 2 (1.6B): layer norms with biases, biases on q, k and v, RoPE over a quarter of each head; 12B's q and k
+    # layer-normed a head by weights of their own, attention and the MLP side by side from one norm.
+    "stablelm": ("StableLmConfig", dict(use_qkv_bias=True, pad_token_id=0), {}),
+    "stablelm-parallel": ("StableLmConfig", dict(qk_layernorm=True, use_parallel_residual=True, pad_token_id=0), {}),
     # Kyutai's Helium: Llama with RoPE's pairs side by side (reordered as they load), biases on q, k, v and the MLP.
     "helium": ("HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True, pad_token_id=0), {}),
     # Meta's CWM: Llama with every fourth layer full from the first, the others windowed (16), a Llama 3 RoPE.

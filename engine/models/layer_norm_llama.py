@@ -7,7 +7,10 @@ without a gate (ModelConfig.mlp_gated false):
   everywhere by `use_bias`.
 
 Phi-3.5-MoE (PhimoeForCausalLM) has such layer norms too, before Mixtral's experts (routed by SparseMixer:
-engine/models/moe.py), with biases on q, k, v and o by `attention_bias` and on its LM head by `lm_head_bias`.
+engine/models/moe.py), with biases on q, k, v and o by `attention_bias` and on its LM head by `lm_head_bias`; and
+StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k and v by `use_qkv_bias`, RoPE over part of
+each head, q and k layer-normed a head by weights of its own (`qk_layernorm`, as Command R+'s:
+engine/models/cohere.py), and attention and the MLP side by side from the one norm (`use_parallel_residual`).
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from torch import nn
 
 from engine.lora import Target
 from engine.model_config import ModelConfig
+from engine.models.cohere import CohereAttention
 from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import DecoderLayer
+from engine.models.llama_layers import Attention, DecoderLayer
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
@@ -27,8 +31,8 @@ MLP_NAMES = {"c_fc": "up_proj", "c_proj": "down_proj"}  # its MLP's projections 
 
 class LayerNormDecoderLayer(DecoderLayer):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
-                 is_sparse: bool = False) -> None:
-        super().__init__(config, kernels, dtype, sliding_window, is_sparse)
+                 is_sparse: bool = False, attention: type[Attention] = Attention) -> None:
+        super().__init__(config, kernels, dtype, sliding_window, is_sparse, attention)
         self.input_norm_bias = empty_param(config.hidden_size, dtype=dtype)
         self.post_attention_norm_bias = empty_param(config.hidden_size, dtype=dtype)
 
@@ -90,3 +94,38 @@ class Starcoder2ForCausalLM(Jais2ForCausalLM):
 
 class PhimoeForCausalLM(Jais2ForCausalLM):
     """(Its layers' and final norms, and its experts' names, are Jais 2's and Mixtral's: nothing of its own to read.)"""
+
+
+class ParallelLayerNormDecoderLayer(LayerNormDecoderLayer):
+    """Attention and the MLP side by side from one layer norm, both added to the residual."""
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        x = F.layer_norm(h, (h.shape[-1],), self.input_norm, self.input_norm_bias, self.eps)
+        return h + self.attn(x, cos, sin, kv_cache, meta) + self.mlp(x)
+
+
+class StableLmForCausalLM(Jais2ForCausalLM):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        kind = ParallelLayerNormDecoderLayer if self.config.parallel_residual else LayerNormDecoderLayer
+        attention = CohereAttention if self.config.qk_norm == "head_layer_norm" else Attention
+        return kind(self.config, self.kernels, dtype, self._window(layer), attention=attention)
+
+    def _norm_names(self) -> tuple[str, ...]:
+        return ("input_layernorm",) if self.config.parallel_residual else super()._norm_names()
+
+    def _attention_names(self, layer: int) -> list[str]:
+        names = [name for name in super()._attention_names(layer) if not name.endswith(("q_norm.weight",
+                                                                                         "k_norm.weight"))]
+        if self.config.qk_norm is None:
+            return names
+        p = f"model.layers.{layer}.self_attn."
+        heads = {"q_layernorm": self.config.num_heads, "k_layernorm": self.config.num_kv_heads}
+        return names + [p + f"{norm}.norms.{h}.weight" for norm, count in heads.items() for h in range(count)]
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".")
+        if len(parts) == 8 and parts[4] in ("q_layernorm", "k_layernorm"):  # one head's weights of the norm
+            attn = self.layers[int(parts[2])].attn
+            norm = attn.q_norm if parts[4] == "q_layernorm" else attn.k_norm
+            return norm.data.view(-1, self.config.head_dim)[int(parts[6])]
+        return super()._target(name)
