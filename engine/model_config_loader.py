@@ -31,6 +31,7 @@ from engine.architectures import (
     JAIS2,
     MIMO,
     MLA_MODELS,
+    PHI,
     PROJECTION_NORMED,
     QK_NORM,
     SEED_OSS,
@@ -168,7 +169,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2) else "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2, PHI) else "silu"
+    if arch == PHI and act == "gelu_new":  # Phi's name of GELU's tanh approximation, the same numbers
+        act = "gelu_pytorch_tanh"
     if arch == GEMMA and act == "gelu":  # Gemma's releases' legacy name of it, transformers reads it so
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
@@ -190,10 +193,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
     partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
-        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS) else 0.25 if arch == STABLELM else 1.0)
+        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI) else 0.25 if arch == STABLELM else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA, STABLELM):
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA, STABLELM, PHI):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -230,6 +233,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
         if arch == NEMOTRON_H:  # its layers' count is its pattern's
             cfg = {**cfg, "num_hidden_layers": len(mamba.layer_types)}
+    if arch == PHI and cfg.get("qk_layernorm"):
+        raise ModelConfigError(f"{path}: qk_layernorm is not supported for {arch} (no released Phi sets it)")
     if cfg.get("clip_qkv") is not None:  # OLMoE's and DBRX's option, which their releases leave off
         raise ModelConfigError(f"{path}: clip_qkv is not supported")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
@@ -287,9 +292,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS),
-            lm_head_bias=arch == PHIMOE and bool(cfg.get("lm_head_bias")),
-            parallel_residual=arch == STABLELM and bool(cfg.get("use_parallel_residual")),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI),
+            lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
+            parallel_residual=arch == PHI or (arch == STABLELM and bool(cfg.get("use_parallel_residual"))),
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
@@ -370,7 +375,7 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
-        "layer_norm_eps" if arch in (JAIS2, STABLELM) else "rms_norm_eps"
+        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI) else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -385,6 +390,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
+    if arch == PHI:  # everywhere
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
     if arch == STABLELM:  # on q, k and v by use_qkv_bias alone
         return dict(qkv_bias=bool(cfg.get("use_qkv_bias")), o_bias=False, mlp_bias=False)
     if arch == HELIUM:  # on q, k and v by attention_bias; its o has none

@@ -8,11 +8,15 @@ without a gate (ModelConfig.mlp_gated false):
 
 Phi-3.5-MoE (PhimoeForCausalLM) has such layer norms too, before Mixtral's experts (routed by SparseMixer:
 engine/models/moe.py), with biases on q, k, v and o by `attention_bias` and on its LM head by `lm_head_bias`; and
-StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k and v by `use_qkv_bias`, RoPE over part of
-each head, q and k layer-normed a head by weights of its own (`qk_layernorm`, as Command R+'s:
+Phi-2 (PhiForCausalLM, Phi-1 and 1.5 too) computes attention and an MLP without a gate (`fc1`, GELU (tanh), `fc2`)
+side by side from one such norm, with biases everywhere, its LM head's too, o named `dense`, RoPE over part of each
+head; and StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k and v by `use_qkv_bias`, RoPE
+over part of each head, q and k layer-normed a head by weights of its own (`qk_layernorm`, as Command R+'s:
 engine/models/cohere.py), and attention and the MLP side by side from the one norm (`use_parallel_residual`).
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +28,7 @@ from engine.models.cohere import CohereAttention
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import Attention, DecoderLayer
 from engine.models.parameters import empty_param
+from engine.weights import renamed
 from kernels.registry import Kernels
 
 MLP_NAMES = {"c_fc": "up_proj", "c_proj": "down_proj"}  # its MLP's projections as Llama's names them
@@ -129,3 +134,26 @@ class StableLmForCausalLM(Jais2ForCausalLM):
             norm = attn.q_norm if parts[4] == "q_layernorm" else attn.k_norm
             return norm.data.view(-1, self.config.head_dim)[int(parts[6])]
         return super()._target(name)
+
+
+# Phi-2's names against Llama's.
+PHI_RENAMED = ((".self_attn.dense.", ".self_attn.o_proj."), (".mlp.fc1.", ".mlp.up_proj."),
+               (".mlp.fc2.", ".mlp.down_proj."), ("model.final_layernorm.", "model.norm."))
+PHI_PROJECTIONS = {"dense": "o_proj", "fc1": "up_proj", "fc2": "down_proj"}
+
+
+class PhiForCausalLM(Jais2ForCausalLM):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return ParallelLayerNormDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+
+    def _norm_names(self) -> tuple[str, ...]:
+        return ("input_layernorm",)
+
+    def checkpoint_names(self) -> list[str]:
+        return [renamed(name, PHI_RENAMED, back=True) for name in super().checkpoint_names()]
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights((renamed(name, PHI_RENAMED), tensor) for name, tensor in tensors)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        return super()._lora_rows(layer, place, PHI_PROJECTIONS.get(proj, proj))

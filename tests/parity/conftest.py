@@ -356,6 +356,9 @@ TINY_MODELS = {
                                         "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.1] * 8,
                                         "long_factor": [2.5] * 8, "short_mscale": 1.2, "long_mscale": 1.2,
                                         "original_max_position_embeddings": 512}), {}),
+    # Phi-2: attention beside fc1/GELU/fc2 from one layer norm, biases everywhere (the LM head's too), RoPE over half of
+    # each head (transformers' default; Phi-2's config gives 0.4).
+    "phi": ("PhiConfig", dict(pad_token_id=0), {}),
     # StableLM 2 (1.6B): layer norms with biases, biases on q, k and v, RoPE over a quarter of each head; 12B's q and k
     # layer-normed a head by weights of their own, attention and the MLP side by side from one norm.
     "stablelm": ("StableLmConfig", dict(use_qkv_bias=True, pad_token_id=0), {}),
