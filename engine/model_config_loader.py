@@ -26,6 +26,7 @@ from engine.architectures import (
     GEMMAS,
     GLM4,
     GLMS,
+    GPTNEOX,
     GRANITES,
     HELIUM,
     JAIS2,
@@ -157,6 +158,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
+    if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
+        cfg = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base"), **cfg}
     if arch in (CWM, APERTUS) and not (cfg.get("rope_parameters") or cfg.get("rope_scaling") or cfg.get("rope_theta")):
         cfg = {**(CWM_DEFAULTS if arch == CWM else APERTUS_DEFAULTS), **cfg}
     if arch == CWM and cfg.get("eos_token_id") is None:
@@ -172,6 +175,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2, PHI) else "silu"
     if arch == PHI and act == "gelu_new":  # Phi's name of GELU's tanh approximation, the same numbers
         act = "gelu_pytorch_tanh"
+    if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
+        act = {"gelu_new": "gelu_pytorch_tanh", "gelu_fast": "gelu_pytorch_tanh"}.get(act, act)
+        supported_act = act if act in ("gelu", "gelu_pytorch_tanh") else "gelu"
     if arch == GEMMA and act == "gelu":  # Gemma's releases' legacy name of it, transformers reads it so
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
@@ -193,10 +199,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
     partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
-        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI) else 0.25 if arch == STABLELM else 1.0)
+        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI) else
+                              0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA, STABLELM, PHI):
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA, STABLELM, PHI,
+                                       GPTNEOX):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -242,7 +250,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     try:
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
-        num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
+        # (GPT-NeoX's heads are every one q's, k's and v's, whatever num_key_value_heads says)
+        num_kv_heads = num_heads if arch == GPTNEOX else int(cfg.get("num_key_value_heads") or num_heads)
         # Cohere 2's is its width's share whatever config.json says (transformers sets it so).
         head_dim = hidden // num_heads if arch == COHERE2 else int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
@@ -292,9 +301,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
-            parallel_residual=arch == PHI or (arch == STABLELM and bool(cfg.get("use_parallel_residual"))),
+            parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
+                                                                                             arch == GPTNEOX))),
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
@@ -375,7 +385,7 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
-        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI) else "rms_norm_eps"
+        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -392,6 +402,9 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch == PHI:  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
+    if arch == GPTNEOX:  # on its attention by attention_bias (on unless it says), always on its MLP
+        attention = bool(cfg.get("attention_bias", True))
+        return dict(qkv_bias=attention, o_bias=attention, mlp_bias=True)
     if arch == STABLELM:  # on q, k and v by use_qkv_bias alone
         return dict(qkv_bias=bool(cfg.get("use_qkv_bias")), o_bias=False, mlp_bias=False)
     if arch == HELIUM:  # on q, k and v by attention_bias; its o has none

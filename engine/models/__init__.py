@@ -18,6 +18,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.layer_norm_llama import (
+    GPTNeoXForCausalLM,
     Jais2ForCausalLM,
     PhiForCausalLM,
     PhimoeForCausalLM,
@@ -76,6 +77,7 @@ MODEL_REGISTRY = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate
     "Jais2ForCausalLM": Jais2ForCausalLM,  # layer norms with biases, Arcee's MLP
     "PhimoeForCausalLM": PhimoeForCausalLM,  # layer norms with biases, Mixtral's experts by SparseMixer
+    "GPTNeoXForCausalLM": GPTNeoXForCausalLM,  # q, k and v fused a head at a time, GPT-NeoX's names
     "PhiForCausalLM": PhiForCausalLM,  # attention beside an ungated MLP from one layer norm, Phi-2's names
     "StableLmForCausalLM": StableLmForCausalLM,  # layer norms with biases, q/k layer-normed a head, parallel blocks
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says

@@ -10,9 +10,12 @@ Phi-3.5-MoE (PhimoeForCausalLM) has such layer norms too, before Mixtral's exper
 engine/models/moe.py), with biases on q, k, v and o by `attention_bias` and on its LM head by `lm_head_bias`; and
 Phi-2 (PhiForCausalLM, Phi-1 and 1.5 too) computes attention and an MLP without a gate (`fc1`, GELU (tanh), `fc2`)
 side by side from one such norm, with biases everywhere, its LM head's too, o named `dense`, RoPE over part of each
-head; and StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k and v by `use_qkv_bias`, RoPE
-over part of each head, q and k layer-normed a head by weights of its own (`qk_layernorm`, as Command R+'s:
-engine/models/cohere.py), and attention and the MLP side by side from the one norm (`use_parallel_residual`).
+head; GPT-NeoX (GPTNeoXForCausalLM: Pythia, Dolly) has an MLP without a gate (`dense_h_to_4h`, exact GELU,
+`dense_4h_to_h`) beside attention, each from a norm of its own (`use_parallel_residual`), q, k and v fused a head at
+a time, RoPE over part of each head; and StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k
+and v by `use_qkv_bias`, RoPE over part of each head, q and k layer-normed a head by weights of its own
+(`qk_layernorm`, as Command R+'s: engine/models/cohere.py), and attention and the MLP side by side from the one norm
+(`use_parallel_residual`).
 """
 from __future__ import annotations
 
@@ -157,3 +160,51 @@ class PhiForCausalLM(Jais2ForCausalLM):
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         return super()._lora_rows(layer, place, PHI_PROJECTIONS.get(proj, proj))
+
+
+class ParallelTwoNormLayer(LayerNormDecoderLayer):
+    """Attention and the MLP side by side, each from a layer norm of its own, both added to the residual."""
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        width = (h.shape[-1],)
+        attended = self.attn(F.layer_norm(h, width, self.input_norm, self.input_norm_bias, self.eps), cos, sin,
+                             kv_cache, meta)
+        return h + attended + self.mlp(F.layer_norm(h, width, self.post_attention_norm, self.post_attention_norm_bias,
+                                                    self.eps))
+
+
+# GPT-NeoX's names against Llama's (q, k and v fused, each head's three in turn: reordered as they load).
+NEOX_RENAMED = (("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.final_layer_norm.", "model.norm."),
+                ("gpt_neox.layers.", "model.layers."), (".attention.query_key_value.", ".self_attn.qkv_proj."),
+                (".attention.dense.", ".self_attn.o_proj."), (".mlp.dense_h_to_4h.", ".mlp.up_proj."),
+                (".mlp.dense_4h_to_h.", ".mlp.down_proj."), ("embed_out.", "lm_head."))
+# Buffers older checkpoints (Pythia's) saved beside the weights: masks and RoPE's frequencies, made here anew.
+NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+
+
+class GPTNeoXForCausalLM(Jais2ForCausalLM):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        kind = ParallelTwoNormLayer if self.config.parallel_residual else LayerNormDecoderLayer
+        return kind(self.config, self.kernels, dtype, self._window(layer))
+
+    def checkpoint_names(self) -> list[str]:
+        return [renamed(name, NEOX_RENAMED, back=True) for name in super().checkpoint_names()]
+
+    def is_unused_tensor(self, name: str) -> bool:
+        return name.endswith(NEOX_BUFFERS) or super().is_unused_tensor(name)
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights((renamed(name, NEOX_RENAMED), tensor) for name, tensor in tensors)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}.self_attn."
+        kinds = ("weight", "bias") if self.config.qkv_bias else ("weight",)
+        return [p + f"{proj}.{kind}" for proj in ("qkv_proj", "o_proj") for kind in kinds]
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if ".self_attn.qkv_proj." in name:  # [heads, (q, k, v), head_dim, ...] -> every q row, then k's, then v's
+            attn = self.layers[int(name.split(".")[2])].attn
+            target = attn.qkv_weight if name.endswith("weight") else attn.qkv_bias
+            heads = tensor.view(self.config.num_heads, 3, self.config.head_dim, *tensor.shape[1:])
+            return target.data, heads.transpose(0, 1).reshape(tensor.shape)
+        return super()._placed(name, tensor)

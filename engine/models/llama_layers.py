@@ -19,7 +19,7 @@ from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"), "gelu": F.gelu,
                "relu2": lambda x: F.relu(x).square()}
 
 

@@ -359,6 +359,10 @@ TINY_MODELS = {
     # Phi-2: attention beside fc1/GELU/fc2 from one layer norm, biases everywhere (the LM head's too), RoPE over half of
     # each head (transformers' default; Phi-2's config gives 0.4).
     "phi": ("PhiConfig", dict(pad_token_id=0), {}),
+    # GPT-NeoX (Pythia): attention and an MLP of exact GELU without a gate side by side, each from its own layer norm,
+    # q, k and v fused a head at a time, RoPE over a quarter of each head; and sequential blocks.
+    "gpt-neox": ("GPTNeoXConfig", dict(pad_token_id=0), {}),
+    "gpt-neox-sequential": ("GPTNeoXConfig", dict(use_parallel_residual=False, pad_token_id=0), {}),
     # StableLM 2 (1.6B): layer norms with biases, biases on q, k and v, RoPE over a quarter of each head; 12B's q and k
     # layer-normed a head by weights of their own, attention and the MLP side by side from one norm.
     "stablelm": ("StableLmConfig", dict(use_qkv_bias=True, pad_token_id=0), {}),

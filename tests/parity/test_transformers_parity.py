@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from engine.batch import ScheduledBatch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model_config_loader import load_model_config
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.cuda import DEVICES
@@ -182,6 +184,25 @@ def test_a_model_split_across_two_ranks_matches_transformers(tiny_model_dirs, na
     greedy tokens (chunked, batched, a shared prefix served from the cache) are transformers'."""
     _check_logits(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
     _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
+
+
+def test_a_pythia_checkpoint_as_released_reads_its_older_config_names_and_leaves_its_buffers(tiny_model_dirs, tmp_path):
+    """Pythia's config.json names RoPE's part of a head and its base `rotary_pct` and `rotary_emb_base`, and its
+    checkpoints hold the attention masks and RoPE frequencies as buffers beside the weights: the logits are still
+    transformers' (which reads the same config as the newer one it writes)."""
+    model_dir = shutil.copytree(tiny_model_dirs["gpt-neox"], tmp_path / "pythia")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["rope_parameters"]
+    config.update(rotary_pct=0.5, rotary_emb_base=500.0)  # (not transformers' defaults, 0.25 and 10000)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(model_dir / "model.safetensors")
+    for layer in range(config["num_hidden_layers"]):
+        p = f"gpt_neox.layers.{layer}.attention."
+        tensors |= {p + "bias": torch.ones(1, 1, 8, 8, dtype=torch.bool), p + "masked_bias": torch.tensor(-1e9),
+                    p + "rotary_emb.inv_freq": torch.ones(2)}
+    save_file(tensors, model_dir / "model.safetensors")
+    assert (load_model_config(model_dir).rotary_dim, load_model_config(model_dir).rope_theta) == (8, 500.0)
+    _check_logits(model_dir)
 
 
 @pytest.mark.skipif(not SHARED, reason="../shared/models is not present")
