@@ -20,6 +20,7 @@ from engine.architectures import (
     MINISTRAL3,
     MISTRAL_SLIDING,
     OLMO3,
+    OPT,
     QWENS,
     SMOLLM3,
 )
@@ -110,8 +111,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
         return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
-    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR) or cfg.get("position_embedding_type") == "nope"
-    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR):
+    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, OPT) or cfg.get("position_embedding_type") == "nope"
+    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, OPT):  # (OPT's positions learnt instead)
         return frozenset()  # NoPE
     if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))

@@ -32,6 +32,7 @@ from engine.architectures import (
     JAIS2,
     MIMO,
     MLA_MODELS,
+    OPT,
     PHI,
     PROJECTION_NORMED,
     QK_NORM,
@@ -158,6 +159,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
+    if arch == OPT:
+        cfg = _opt_keys(cfg, path)
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
         cfg = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base"), **cfg}
     if arch in (CWM, APERTUS) and not (cfg.get("rope_parameters") or cfg.get("rope_scaling") or cfg.get("rope_theta")):
@@ -175,6 +178,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2, PHI) else "silu"
     if arch == PHI and act == "gelu_new":  # Phi's name of GELU's tanh approximation, the same numbers
         act = "gelu_pytorch_tanh"
+    if arch == OPT:  # its MLP's (fc1, the activation, fc2)
+        supported_act = "relu"
     if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh", "gelu_fast": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = act if act in ("gelu", "gelu_pytorch_tanh") else "gelu"
@@ -280,7 +285,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
-                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
+                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
@@ -301,7 +306,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX))),
@@ -402,6 +407,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch == PHI:  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
+    if arch == OPT:  # everywhere by enable_bias
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("enable_bias", True)))
     if arch == GPTNEOX:  # on its attention by attention_bias (on unless it says), always on its MLP
         attention = bool(cfg.get("attention_bias", True))
         return dict(qkv_bias=attention, o_bias=attention, mlp_bias=True)
@@ -425,6 +432,21 @@ def _biases(cfg: dict, arch: str) -> dict:
         o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and attention,
         mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3, ARCEE, JAIS2)
         and bool(cfg.get("mlp_bias")))
+
+
+def _opt_keys(cfg: dict, path: Path) -> dict:
+    """OPT's config.json read by the usual names (its MLP's width `ffn_dim`, its activation `activation_function`, no
+    RoPE); ModelConfigError for its layouts Baton does not serve."""
+    for key, served, what in (("do_layer_norm_before", True, "norms after each block (opt-350m's)"),
+                              ("layer_norm_elementwise_affine", True, "layer norms without weights"),
+                              ("_remove_final_layer_norm", False, "no final norm")):
+        if bool(cfg.get(key, served)) != served:
+            raise ModelConfigError(f"{path}: {key} {cfg[key]}: OPT with {what} is not supported")
+    if int(cfg.get("word_embed_proj_dim") or cfg["hidden_size"]) != int(cfg["hidden_size"]):
+        raise ModelConfigError(f"{path}: word_embed_proj_dim {cfg['word_embed_proj_dim']} (embeddings projected in and "
+                               "out of the hidden size, opt-350m's) is not supported")
+    return {**cfg, "intermediate_size": cfg["ffn_dim"], "hidden_act": cfg.get("activation_function", "relu"),
+            "num_key_value_heads": cfg["num_attention_heads"]}  # (every head its own k and v)
 
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:

@@ -24,7 +24,8 @@ def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bo
     scale = alpha / math.sqrt(rank) if rslora else alpha / rank
     for i, layer in enumerate(merged.get_submodule(layers)):
         for target in targets:
-            linear = getattr(layer.get_submodule(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1], None)
+            parent, _, leaf = target.rpartition(".")  # (OPT's fc1 and fc2 lie directly under a layer)
+            linear = getattr(layer.get_submodule(parent), leaf, None)
             if linear is None:
                 continue
             a = torch.randn(rank, linear.in_features, generator=g) * 0.3

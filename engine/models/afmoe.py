@@ -25,7 +25,7 @@ class AfmoeForCausalLM(LlamaForCausalLM):
         return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer), ElementGatedAttention,
                                   self._is_sparse(layer))
 
-    def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
+    def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         scale = self.config.embedding_multiplier
         return h if scale == 1.0 else h * scale
 

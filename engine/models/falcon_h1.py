@@ -75,7 +75,7 @@ class FalconH1ForCausalLM(BambaForCausalLM):  # (Bamba's names, and its Mamba-2 
         sizes = (m.intermediate_size, m.intermediate_size, groups, groups, m.num_heads)
         return torch.cat([torch.full((size,), scale, dtype=tensor.dtype) for size, scale in zip(sizes, mup.ssm)])
 
-    def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
+    def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return h * self.config.mup.embedding
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -100,7 +100,7 @@ class GraniteForCausalLM(HybridForward):
             return getattr(mlp, MOE_TENSORS[parts[3]]).data
         return super()._target(name)
 
-    def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
+    def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return h * self.config.embedding_multiplier
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ class HybridForward(LlamaForCausalLM):
         h = self._embed(input_ids)
         if given is not None:
             h = given.placed(h)
-        return self._through_layers(self._scaled_inputs(h), positions, meta, kv_caches)
+        return self._through_layers(self._scaled_inputs(h, positions), positions, meta, kv_caches)
 
     def _through_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                         kv_caches: list[KVCache]) -> torch.Tensor:

@@ -105,7 +105,7 @@ class LlamaForCausalLM(nn.Module):
         h = self._embed(input_ids)
         if given is not None:
             h = given.placed(h)
-        h = self._scaled_inputs(h)
+        h = self._scaled_inputs(h, positions)
         num_added = given.num_added_layers(h.shape[1]) if given is not None else 0
         captured = []
         for i, (layer, kv_cache, (cos, sin)) in enumerate(zip(self.layers, kv_caches, self._ropes(positions))):
@@ -131,8 +131,9 @@ class LlamaForCausalLM(nn.Module):
         embedded = F.embedding(local.clamp(0, self.embed.shape[0] - 1), self.embed)
         return self.vocabulary.rank_sum(embedded.masked_fill(~held.unsqueeze(-1), 0.0))
 
-    def _scaled_inputs(self, h: torch.Tensor) -> torch.Tensor:
-        """The model's own scaling of its input embeddings, given or looked up."""
+    def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The model's own scaling of its input embeddings, given or looked up (and what it adds to them by position:
+        OPT's learnt embeddings of positions)."""
         return h
 
     def serve_loras(self) -> None:

@@ -20,7 +20,7 @@ from kernels.registry import Kernels
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # each [Hkv, N, bs, D]
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"), "gelu": F.gelu,
-               "relu2": lambda x: F.relu(x).square()}
+               "relu": F.relu, "relu2": lambda x: F.relu(x).square()}
 
 
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,

@@ -359,6 +359,8 @@ TINY_MODELS = {
     # Phi-2: attention beside fc1/GELU/fc2 from one layer norm, biases everywhere (the LM head's too), RoPE over half of
     # each head (transformers' default; Phi-2's config gives 0.4).
     "phi": ("PhiConfig", dict(pad_token_id=0), {}),
+    # Meta's OPT: learnt positions (offset by 2), layer norms with biases, fc1/ReLU/fc2, biases everywhere, tied.
+    "opt": ("OPTConfig", dict(ffn_dim=160, pad_token_id=1), {}),
     # GPT-NeoX (Pythia): attention and an MLP of exact GELU without a gate side by side, each from its own layer norm,
     # q, k and v fused a head at a time, RoPE over a quarter of each head; and sequential blocks.
     "gpt-neox": ("GPTNeoXConfig", dict(pad_token_id=0), {}),

@@ -69,19 +69,22 @@ def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lo
 
 UNGATED_TARGETS = {"arcee": ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "mlp.down_proj"),
                    "starcoder2": ("self_attn.q_proj", "self_attn.v_proj", "mlp.c_fc", "mlp.c_proj"),
-                   "phi": ("self_attn.q_proj", "self_attn.dense", "mlp.fc1", "mlp.fc2")}
+                   "phi": ("self_attn.q_proj", "self_attn.dense", "mlp.fc1", "mlp.fc2"),
+                   "opt": ("self_attn.q_proj", "self_attn.out_proj", "fc1", "fc2")}
 
 
-@pytest.mark.parametrize("name", ["ernie4.5", "glm", "arcee", "starcoder2", "phi"])
+@pytest.mark.parametrize("name", ["ernie4.5", "glm", "arcee", "starcoder2", "phi", "opt"])
 def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs, tmp_path, name):
     """Ernie 4.5's and GLM-4's q and k rows are reordered as they load (RoPE's pairs, side by side in the checkpoint,
     half a head apart in the kernels): an adapter's B rows of q and k are reordered alike. Arcee's, StarCoder 2's and
-    Phi-2's MLPs are up, the activation, down (StarCoder 2's named c_fc and c_proj, Phi-2's fc1 and fc2, its o dense):
-    an adapter's up rows are the MLP's first, not those after a gate."""
+    Phi-2's MLPs are up, the activation, down (StarCoder 2's named c_fc and c_proj, Phi-2's fc1 and fc2, its o dense;
+    OPT's fc1 and fc2 directly under each layer, under model.decoder): an adapter's up rows are the MLP's first, not
+    those after a gate."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     targets = UNGATED_TARGETS.get(name, tuple(f"self_attn.{x}_proj" for x in "qkvo"))
-    merged = make_adapter(tmp_path / "adapter", base, targets, 4, 8.0, False, seed=3)
+    merged = make_adapter(tmp_path / "adapter", base, targets, 4, 8.0, False, seed=3,
+                          layers="model.decoder.layers" if name == "opt" else "model.layers")
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64,
                                     lora_modules=(("adapter", str(tmp_path / "adapter")),)))
     prompt = _random_prompt(17, engine.model_config.vocab_size, seed=17)

@@ -224,6 +224,18 @@ def test_phimoe_configs_baton_cannot_serve_are_refused_by_name(model_copy):
             load_model_config(model_copy)
 
 
+def test_opt_layouts_baton_cannot_serve_are_refused_by_name(model_copy):
+    # opt-350m's: norms after each block, embeddings projected in and out of the hidden size.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg.update(architectures=["OPTForCausalLM"], ffn_dim=cfg["intermediate_size"], activation_function="relu")
+    for refused, named in (({"do_layer_norm_before": False}, "norms after each block"),
+                           ({"word_embed_proj_dim": 16}, "word_embed_proj_dim 16"),
+                           ({"activation_function": "gelu"}, "unsupported hidden_act 'gelu'")):
+        (model_copy / "config.json").write_text(json.dumps({**cfg, **refused}))
+        with pytest.raises(ModelConfigError, match=named):
+            load_model_config(model_copy)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
