@@ -26,6 +26,7 @@ from engine.architectures import (
     GEMMAS,
     GLM4,
     GLMS,
+    GPT2,
     GPTNEOX,
     GRANITES,
     HELIUM,
@@ -161,6 +162,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = kimi_linear_keys(cfg)
     if arch == OPT:
         cfg = _opt_keys(cfg, path)
+    if arch == GPT2:
+        cfg = _gpt2_keys(cfg, path)
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
         cfg = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base"), **cfg}
     if arch in (CWM, APERTUS) and not (cfg.get("rope_parameters") or cfg.get("rope_scaling") or cfg.get("rope_theta")):
@@ -180,6 +183,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == OPT:  # its MLP's (fc1, the activation, fc2)
         supported_act = "relu"
+    if arch == GPT2:  # "gelu_new": GELU's tanh approximation
+        act = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
+        supported_act = "gelu_pytorch_tanh"
     if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh", "gelu_fast": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = act if act in ("gelu", "gelu_pytorch_tanh") else "gelu"
@@ -285,7 +291,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
-                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, SMOLLM3, *ERNIE45S, *COHERES, *LFM2S)))),
+                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, GPT2, SMOLLM3, *ERNIE45S, *COHERES,
+                                          *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
@@ -306,7 +313,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX))),
@@ -405,7 +412,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
-    if arch == PHI:  # everywhere
+    if arch in (PHI, GPT2):  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
     if arch == OPT:  # everywhere by enable_bias
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("enable_bias", True)))
@@ -447,6 +454,21 @@ def _opt_keys(cfg: dict, path: Path) -> dict:
                                "out of the hidden size, opt-350m's) is not supported")
     return {**cfg, "intermediate_size": cfg["ffn_dim"], "hidden_act": cfg.get("activation_function", "relu"),
             "num_key_value_heads": cfg["num_attention_heads"]}  # (every head its own k and v)
+
+
+def _gpt2_keys(cfg: dict, path: Path) -> dict:
+    """GPT-2's config.json read by the usual names (n_embd, n_head, n_layer, n_positions, n_inner: four times the width
+    where null; its layer norms' layer_norm_epsilon); ModelConfigError for its options Baton does not serve."""
+    if cfg.get("scale_attn_by_inverse_layer_idx") or not cfg.get("scale_attn_weights", True):
+        raise ModelConfigError(f"{path}: GPT-2's attention scaled otherwise than by head_dim ** -0.5 "
+                               "(scale_attn_weights, scale_attn_by_inverse_layer_idx) is not supported")
+    hidden = int(cfg.get("n_embd", 768))
+    return {**cfg, "hidden_size": hidden, "num_attention_heads": cfg.get("n_head", 12),
+            "num_key_value_heads": cfg.get("n_head", 12), "num_hidden_layers": cfg.get("n_layer", 12),
+            "max_position_embeddings": cfg.get("n_positions", 1024),
+            "intermediate_size": cfg.get("n_inner") or 4 * hidden,
+            "hidden_act": cfg.get("activation_function", "gelu_new"),
+            "rms_norm_eps": cfg.get("layer_norm_epsilon", 1e-5)}
 
 
 def _granite_multipliers(cfg: dict, arch: str) -> dict:

@@ -130,6 +130,11 @@ class ModelRunner:
             # Saved as the bare model (Qwen3-Embedding's checkpoints are): read by the causal LM's names.
             stored_names = {f"model.{name}": name for name in files}
             files = {model_name: files[name] for model_name, name in stored_names.items()}
+        elif getattr(self.model, "bare_model_prefix", None) and "wte.weight" in files:
+            # GPT-2's releases hold its bare model (`wte`, `h.0...`): read under the causal LM's prefix.
+            prefix = self.model.bare_model_prefix
+            stored_names = {prefix + name: name for name in files}
+            files = {model_name: files[name] for model_name, name in stored_names.items()}
         names = self.model.checkpoint_names()
         fp8 = self.model_config.fp8_weights
         scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []

@@ -1,7 +1,11 @@
-"""Meta's OPT (OPTForCausalLM: opt-125m to opt-66b but opt-350m's post-norm layout) over paged KV: Llama's layers with
-layer norms that have a bias (engine/models/layer_norm_llama.py), an MLP without a gate (fc1, ReLU, fc2), biases
-everywhere by `enable_bias`, and no RoPE: a learnt embedding of each position (offset by 2, as OPT's table keeps two
-rows before position 0) is added to the token's before the first layer.
+"""Decoders with learnt positions instead of RoPE, over paged KV: Llama's layers with layer norms that have a bias
+(engine/models/layer_norm_llama.py), an MLP without a gate, biases everywhere, and a learnt embedding of each position
+added to the token's before the first layer.
+
+- Meta's OPT (OPTForCausalLM: opt-125m to opt-66b but opt-350m's post-norm layout): fc1, ReLU, fc2; biases by
+  `enable_bias`; its positions' table offset by 2 (two rows before position 0).
+- OpenAI's GPT-2 (GPT2LMHeadModel): q, k and v in one projection (`c_attn`), GELU (tanh); its projections stored
+  transposed (Conv1D's [in, out]), transposed as they load.
 """
 from __future__ import annotations
 
@@ -28,16 +32,19 @@ OPT_RENAMED = (("model.decoder.final_layer_norm.", "model.norm."),
 
 
 class OPTForCausalLM(Jais2ForCausalLM):
+    renames = OPT_RENAMED  # its names against Llama's
+    position_offset = POSITION_OFFSET
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
-        self.position_embed = empty_param(config.max_position_embeddings + POSITION_OFFSET, config.hidden_size,
+        self.position_embed = empty_param(config.max_position_embeddings + self.position_offset, config.hidden_size,
                                           dtype=dtype)
 
     def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return h + F.embedding(positions + POSITION_OFFSET, self.position_embed)
+        return h + F.embedding(positions + self.position_offset, self.position_embed)
 
     def checkpoint_names(self) -> list[str]:
-        return [renamed(name, OPT_RENAMED, back=True)
+        return [renamed(name, self.renames, back=True)
                 for name in [*super().checkpoint_names(), "model.embed_positions.weight"]]
 
     def is_unused_tensor(self, name: str) -> bool:
@@ -45,12 +52,42 @@ class OPTForCausalLM(Jais2ForCausalLM):
         return (name == "lm_head.weight" and self.config.tie_word_embeddings) or super().is_unused_tensor(name)
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, OPT_RENAMED), tensor) for name, tensor in tensors)
+        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
 
     def lora_target(self, module: str) -> Target | None:
-        return super().lora_target(renamed(module + ".", OPT_RENAMED).removesuffix("."))
+        return super().lora_target(renamed(module + ".", self.renames).removesuffix("."))
 
     def _target(self, name: str) -> torch.Tensor:
         if name == "model.embed_positions.weight":
             return self.position_embed.data
         return super()._target(name)
+
+
+# GPT-2's names against Llama's.
+GPT2_RENAMED = (("transformer.wte.", "model.embed_tokens."), ("transformer.wpe.", "model.embed_positions."),
+                ("transformer.ln_f.", "model.norm."), ("transformer.h.", "model.layers."),
+                (".attn.c_attn.", ".self_attn.qkv_proj."), (".attn.c_proj.", ".self_attn.o_proj."),
+                (".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_layernorm."),
+                (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")  # older checkpoints' masks, saved beside the weights
+
+
+class GPT2LMHeadModel(OPTForCausalLM):
+    renames = GPT2_RENAMED
+    position_offset = 0
+    bare_model_prefix = "transformer."  # where its releases' bare names (`wte`, `h.0...`) lie in the causal LM's
+
+    def is_unused_tensor(self, name: str) -> bool:
+        return name.endswith(GPT2_BUFFERS) or super().is_unused_tensor(name)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}.self_attn."
+        return [p + f"{proj}.{kind}" for proj in ("qkv_proj", "o_proj") for kind in ("weight", "bias")]
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if name.endswith("_proj.weight"):  # Conv1D's [in, out]
+            tensor = tensor.t()
+        if ".self_attn.qkv_proj." in name:
+            attn = self.layers[int(name.split(".")[2])].attn
+            return (attn.qkv_weight if name.endswith("weight") else attn.qkv_bias).data, tensor
+        return super()._placed(name, tensor)

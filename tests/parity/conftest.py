@@ -361,6 +361,9 @@ TINY_MODELS = {
     "phi": ("PhiConfig", dict(pad_token_id=0), {}),
     # Meta's OPT: learnt positions (offset by 2), layer norms with biases, fc1/ReLU/fc2, biases everywhere, tied.
     "opt": ("OPTConfig", dict(ffn_dim=160, pad_token_id=1), {}),
+    # OpenAI's GPT-2: learnt positions, layer norms with biases, q/k/v fused (stored transposed, as every projection),
+    # GELU (tanh), tied.
+    "gpt2": ("GPT2Config", dict(n_inner=160, pad_token_id=0), {}),
     # GPT-NeoX (Pythia): attention and an MLP of exact GELU without a gate side by side, each from its own layer norm,
     # q, k and v fused a head at a time, RoPE over a quarter of each head; and sequential blocks.
     "gpt-neox": ("GPTNeoXConfig", dict(pad_token_id=0), {}),

@@ -205,6 +205,18 @@ def test_a_pythia_checkpoint_as_released_reads_its_older_config_names_and_leaves
     _check_logits(model_dir)
 
 
+def test_a_gpt2_checkpoint_as_released_holds_its_bare_model_and_its_masks(tiny_model_dirs, tmp_path):
+    """GPT-2's releases hold the bare model's tensors (`wte`, `h.0.attn.c_attn`, ...) and each layer's attention mask
+    buffers beside them: read under the causal LM's names, the masks left, the logits are transformers'."""
+    model_dir = shutil.copytree(tiny_model_dirs["gpt2"], tmp_path / "gpt2")
+    tensors = {name.removeprefix("transformer."): tensor
+               for name, tensor in load_file(model_dir / "model.safetensors").items() if name != "lm_head.weight"}
+    for layer in range(2):
+        tensors |= {f"h.{layer}.attn.bias": torch.ones(1, 1, 8, 8), f"h.{layer}.attn.masked_bias": torch.tensor(-1e4)}
+    save_file(tensors, model_dir / "model.safetensors")
+    _check_logits(model_dir)
+
+
 @pytest.mark.skipif(not SHARED, reason="../shared/models is not present")
 @pytest.mark.parametrize("model_dir", SHARED, ids=lambda p: p.name)
 def test_shared_models_logits(model_dir):

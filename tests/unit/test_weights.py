@@ -236,6 +236,25 @@ def test_opt_layouts_baton_cannot_serve_are_refused_by_name(model_copy):
             load_model_config(model_copy)
 
 
+def test_a_gpt2_config_is_read_by_its_own_names(model_copy):
+    # n_embd, n_head, n_layer, n_positions; n_inner four times the width where null; an attention scaled otherwise
+    # than by head_dim ** -0.5 refused by name.
+    cfg = json.loads((model_copy / "config.json").read_text())
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "intermediate_size",
+                "max_position_embeddings", "hidden_act", "tie_word_embeddings"):
+        cfg.pop(key, None)
+    cfg.update(architectures=["GPT2LMHeadModel"], n_embd=64, n_head=4, n_layer=3, n_positions=256, n_inner=None,
+               activation_function="gelu_new")
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    config = load_model_config(model_copy)
+    assert (config.hidden_size, config.num_heads, config.num_kv_heads, config.num_layers) == (64, 4, 4, 3)
+    assert (config.intermediate_size, config.max_position_embeddings, config.tie_word_embeddings) == (256, 256, True)
+    assert (config.hidden_act, config.mlp_gated, config.rope_layers) == ("gelu_pytorch_tanh", False, frozenset())
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "scale_attn_by_inverse_layer_idx": True}))
+    with pytest.raises(ModelConfigError, match="scale_attn_by_inverse_layer_idx"):
+        load_model_config(model_copy)
+
+
 def test_a_gemma2_config_is_read_as_transformers_reads_it(model_copy):
     # As Gemma 2 2B's hub config has it: no layer types (every other layer windowed, the first too),
     # one RoPE; soft caps given, or transformers' 50 and 30 when absent, or off when null.
