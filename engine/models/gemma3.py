@@ -1,6 +1,6 @@
 """Gemma 2's and Gemma 3's text decoders (Gemma2ForCausalLM, Gemma3ForCausalLM) over paged KV:
-Llama's attention and MLP, arranged and scaled Gemma's way. Gemma's first (GemmaForCausalLM) has Llama's two norms
-a layer, scaled and its embeddings scaled as here.
+Llama's attention and MLP, arranged and scaled Gemma's way. Gemma 1's (GemmaForCausalLM) are Llama's layers, two
+norms each, its norms and embeddings scaled as here.
 
 - Four norms a layer: after attention and after the MLP as well as before each.
 - Norms scale by 1 + weight: the 1 is added as the weights load (in float32, as transformers
