@@ -47,6 +47,7 @@ PHI = "PhiForCausalLM"  # Phi-1, 1.5, 2: attention beside an ungated MLP from on
 GPTNEOX = "GPTNeoXForCausalLM"  # Pythia, Dolly: attention beside an ungated MLP, each from its own layer norm
 OPT = "OPTForCausalLM"  # Meta's OPT: layer norms, an ungated ReLU MLP, learnt positions (engine/models/opt.py)
 GPT2 = "GPT2LMHeadModel"  # OpenAI's GPT-2: the same with GELU (tanh), q/k/v fused, projections stored transposed
+GPT_BIGCODE = "GPTBigCodeForCausalLM"  # StarCoder 1, SantaCoder: GPT-2's with one k and v head
 # What transformers gives Apertus where config.json leaves it out: a Llama 3 RoPE of theta 1.2e7.
 APERTUS_DEFAULTS = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
                                         "high_freq_factor": 4.0, "low_freq_factor": 1.0,
@@ -71,7 +72,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
-                           APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2)
+                           APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
+                           GPT_BIGCODE)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -100,8 +102,8 @@ QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE, APERTUS)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
-           PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM, APERTUS, *COHERES,
-           OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
+           PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
+           APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings

@@ -16,6 +16,7 @@ from engine.architectures import (
     GEMMAS,
     GLMS,
     GPT2,
+    GPT_BIGCODE,
     GRANITES,
     HELIUM,
     MINISTRAL3,
@@ -112,8 +113,9 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
         return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
-    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, OPT, GPT2) or cfg.get("position_embedding_type") == "nope"
-    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, OPT, GPT2):  # (OPT's, GPT-2's: learnt)
+    learnt = (OPT, GPT2, GPT_BIGCODE)  # their positions learnt instead
+    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt) or cfg.get("position_embedding_type") == "nope"
+    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt):
         return frozenset()  # NoPE
     if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))

@@ -27,6 +27,7 @@ from engine.architectures import (
     GLM4,
     GLMS,
     GPT2,
+    GPT_BIGCODE,
     GPTNEOX,
     GRANITES,
     HELIUM,
@@ -162,8 +163,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = kimi_linear_keys(cfg)
     if arch == OPT:
         cfg = _opt_keys(cfg, path)
-    if arch == GPT2:
+    if arch in (GPT2, GPT_BIGCODE):
         cfg = _gpt2_keys(cfg, path)
+    if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
+        cfg = {**cfg, "num_key_value_heads": 1}
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
         cfg = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base"), **cfg}
     if arch in (CWM, APERTUS) and not (cfg.get("rope_parameters") or cfg.get("rope_scaling") or cfg.get("rope_theta")):
@@ -183,7 +186,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == OPT:  # its MLP's (fc1, the activation, fc2)
         supported_act = "relu"
-    if arch == GPT2:  # "gelu_new": GELU's tanh approximation
+    if arch in (GPT2, GPT_BIGCODE):  # "gelu_new": GELU's tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = "gelu_pytorch_tanh"
     if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
@@ -291,8 +294,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
-                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, GPT2, SMOLLM3, *ERNIE45S, *COHERES,
-                                          *LFM2S)))),
+                "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, GPT2, GPT_BIGCODE, SMOLLM3, *ERNIE45S,
+                                          *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
@@ -313,7 +316,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX))),
@@ -412,7 +415,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
-    if arch in (PHI, GPT2):  # everywhere
+    if arch in (PHI, GPT2, GPT_BIGCODE):  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
     if arch == OPT:  # everywhere by enable_bias
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("enable_bias", True)))

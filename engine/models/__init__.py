@@ -34,7 +34,7 @@ from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.nemotron_h_mtp import NemotronHMTP
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.olmo_hybrid import OlmoHybridForCausalLM
-from engine.models.opt import GPT2LMHeadModel, OPTForCausalLM
+from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, OPTForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
@@ -81,6 +81,7 @@ MODEL_REGISTRY = {
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,  # q, k and v fused a head at a time, GPT-NeoX's names
     "OPTForCausalLM": OPTForCausalLM,  # learnt positions, OPT's names (engine/models/opt.py)
     "GPT2LMHeadModel": GPT2LMHeadModel,  # learnt positions, GPT-2's names and transposed projections
+    "GPTBigCodeForCausalLM": GPTBigCodeForCausalLM,  # GPT-2's names, Linear's projections, one k and v head
     "PhiForCausalLM": PhiForCausalLM,  # attention beside an ungated MLP from one layer norm, Phi-2's names
     "StableLmForCausalLM": StableLmForCausalLM,  # layer norms with biases, q/k layer-normed a head, parallel blocks
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says

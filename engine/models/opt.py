@@ -6,6 +6,8 @@ added to the token's before the first layer.
   `enable_bias`; its positions' table offset by 2 (two rows before position 0).
 - OpenAI's GPT-2 (GPT2LMHeadModel): q, k and v in one projection (`c_attn`), GELU (tanh); its projections stored
   transposed (Conv1D's [in, out]), transposed as they load.
+- BigCode's GPTBigCode (GPTBigCodeForCausalLM: StarCoder 1, SantaCoder, WizardCoder): GPT-2's names, its projections
+  stored as Linear's; one k and v head for all q heads (`multi_query`), or every head's q, k and v in turn.
 """
 from __future__ import annotations
 
@@ -76,6 +78,7 @@ class GPT2LMHeadModel(OPTForCausalLM):
     renames = GPT2_RENAMED
     position_offset = 0
     bare_model_prefix = "transformer."  # where its releases' bare names (`wte`, `h.0...`) lie in the causal LM's
+    stores_transposed = True  # its projections as Conv1D's, [in, out]
 
     def is_unused_tensor(self, name: str) -> bool:
         return name.endswith(GPT2_BUFFERS) or super().is_unused_tensor(name)
@@ -85,9 +88,21 @@ class GPT2LMHeadModel(OPTForCausalLM):
         return [p + f"{proj}.{kind}" for proj in ("qkv_proj", "o_proj") for kind in ("weight", "bias")]
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if name.endswith("_proj.weight"):  # Conv1D's [in, out]
+        if self.stores_transposed and name.endswith("_proj.weight"):
             tensor = tensor.t()
         if ".self_attn.qkv_proj." in name:
             attn = self.layers[int(name.split(".")[2])].attn
             return (attn.qkv_weight if name.endswith("weight") else attn.qkv_bias).data, tensor
+        return super()._placed(name, tensor)
+
+
+class GPTBigCodeForCausalLM(GPT2LMHeadModel):
+    stores_transposed = False
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        if ".self_attn.qkv_proj." in name and cfg.num_kv_heads == cfg.num_heads:
+            # [heads, (q, k, v), head_dim, ...] -> every q row, then every k's, then every v's
+            heads = tensor.view(cfg.num_heads, 3, cfg.head_dim, *tensor.shape[1:])
+            tensor = heads.transpose(0, 1).reshape(tensor.shape)
         return super()._placed(name, tensor)

@@ -364,6 +364,10 @@ TINY_MODELS = {
     # OpenAI's GPT-2: learnt positions, layer norms with biases, q/k/v fused (stored transposed, as every projection),
     # GELU (tanh), tied.
     "gpt2": ("GPT2Config", dict(n_inner=160, pad_token_id=0), {}),
+    # BigCode's GPTBigCode (StarCoder 1): GPT-2's with its projections stored as Linear's, one k and v head for all
+    # (multi_query), or each head's q, k and v in turn.
+    "gpt-bigcode": ("GPTBigCodeConfig", dict(n_inner=160, pad_token_id=0), {}),
+    "gpt-bigcode-mha": ("GPTBigCodeConfig", dict(n_inner=160, multi_query=False, pad_token_id=0), {}),
     # GPT-NeoX (Pythia): attention and an MLP of exact GELU without a gate side by side, each from its own layer norm,
     # q, k and v fused a head at a time, RoPE over a quarter of each head; and sequential blocks.
     "gpt-neox": ("GPTNeoXConfig", dict(pad_token_id=0), {}),
