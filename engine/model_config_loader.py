@@ -168,7 +168,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
-        cfg = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base"), **cfg}
+        older = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base")}
+        cfg = {**{key: value for key, value in older.items() if value is not None}, **cfg}
     if arch in (CWM, APERTUS) and not (cfg.get("rope_parameters") or cfg.get("rope_scaling") or cfg.get("rope_theta")):
         cfg = {**(CWM_DEFAULTS if arch == CWM else APERTUS_DEFAULTS), **cfg}
     if arch == CWM and cfg.get("eos_token_id") is None:
