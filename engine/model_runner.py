@@ -39,7 +39,7 @@ from engine.tensor_parallel import (
 )
 from engine.tensor_parallel_workers import RankArgs, RankWorkers, StepInputs
 from engine.vision.image_encoders import image_encoder
-from engine.weights import check_every_tensor_is_read, iter_tensors
+from engine.weights import check_every_tensor_is_read, iter_tensors, renamed
 from kernels.registry import select_kernels
 
 # Prompt rows whose logits are made at once when a prompt's logprobs are asked for: a chunk's worth
@@ -135,6 +135,10 @@ class ModelRunner:
             prefix = self.model.bare_model_prefix
             stored_names = {prefix + name: name for name in files}
             files = {model_name: files[name] for model_name, name in stored_names.items()}
+        renames = getattr(self.model, "renames", ())  # its names against Llama's, as the model reads them
+        if renames:
+            stored_names = {renamed(name, renames): (stored_names or {}).get(name, name) for name in files}
+            files = {renamed(name, renames): path for name, path in files.items()}
         names = self.model.checkpoint_names()
         fp8 = self.model_config.fp8_weights
         scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []

@@ -38,14 +38,12 @@ from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
-from engine.models.granite import MOE_SWA_RENAMED, GraniteForCausalLM
+from engine.models.granite import GraniteForCausalLM
 from engine.models.layer_norm_llama import Jais2ForCausalLM, Starcoder2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
-from engine.moe_config import GRANITE_SWAS
-from engine.weights import renamed
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
 REDUCE_TIMEOUT = datetime.timedelta(minutes=5)
@@ -64,7 +62,6 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
 FUSED_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
 INTERLEAVED_GATE_UP = frozenset({"GptOssForCausalLM"})
-GRANITE_MOE_SWA = GRANITE_SWAS[1]
 # MLA's q_b_proj and kv_b_proj hold each head's rows in turn.
 ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks", "q_b_proj",
                        "kv_b_proj", "c_fc"})
@@ -152,8 +149,6 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
         rows = tensor[rank * share:(rank + 1) * share]
         return torch.cat((rows, rows.new_zeros(share - rows.shape[0], rows.shape[1]))) if rows.shape[0] < share \
             else rows
-    if config.architecture == GRANITE_MOE_SWA:  # transformers 5's names for Granite's fused experts, laid out alike
-        name = renamed(name, MOE_SWA_RENAMED)
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
         return tensor

@@ -49,9 +49,9 @@ def iter_tensors(files: dict[str, Path], names: list[str],
                 yield name, f.get_tensor(stored)
 
 
-def renamed(name: str, fragments: tuple[tuple[str, str], ...], back: bool = False) -> str:
+def renamed(name: str, fragments: tuple[tuple[str, str], ...]) -> str:
     """A checkpoint's tensor name read as Baton's model names it: each (theirs, ours) of `fragments` replaced in turn
-    (the more particular first); `back`: ours back into theirs."""
+    (the more particular first)."""
     for theirs, ours in fragments:
-        name = name.replace(ours, theirs) if back else name.replace(theirs, ours)
+        name = name.replace(theirs, ours)
     return name

@@ -19,7 +19,8 @@ from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
 XIELU = ("alpha_p", "alpha_n", "beta", "eps")
-NORMS = {"attention_layernorm": "input_norm", "feedforward_layernorm": "post_attention_norm"}
+APERTUS_RENAMED = ((".attention_layernorm.", ".input_layernorm."),
+                   (".feedforward_layernorm.", ".post_attention_layernorm."))
 
 
 class XieluMLP(MLP):
@@ -37,13 +38,12 @@ class XieluMLP(MLP):
 
 
 class ApertusForCausalLM(LlamaForCausalLM):
+    renames = APERTUS_RENAMED
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         decoder = DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
         decoder.mlp = XieluMLP(self.config, self.kernels, dtype)
         return decoder
-
-    def _norm_names(self) -> tuple[str, ...]:
-        return tuple(NORMS)
 
     def _mlp_names(self, layer: int) -> list[str]:
         return [*super()._mlp_names(layer), *(f"model.layers.{layer}.mlp.act_fn.{name}" for name in XIELU)]
@@ -55,8 +55,6 @@ class ApertusForCausalLM(LlamaForCausalLM):
 
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".")
-        if len(parts) == 5 and parts[3] in NORMS:
-            return getattr(self.layers[int(parts[2])], NORMS[parts[3]]).data
         if len(parts) == 6 and parts[3:5] == ["mlp", "act_fn"]:
             return getattr(self.layers[int(parts[2])].mlp, parts[5]).data
         return super()._target(name)

@@ -59,8 +59,8 @@ class FalconH1ForCausalLM(BambaForCausalLM):  # (Bamba's names, and its Mamba-2 
                  "self_attn.k_proj.bias": mup.key, "self_attn.v_proj.weight": mup.attention_in,
                  "self_attn.o_proj.weight": mup.attention_out, "self_attn.o_proj.bias": mup.attention_out,
                  "mamba.out_proj.weight": mup.ssm_out, "mamba.out_proj.bias": mup.ssm_out,
-                 "feed_forward.gate_proj.weight": mup.mlp_gate, "feed_forward.gate_proj.bias": mup.mlp_gate,
-                 "feed_forward.down_proj.weight": mup.mlp_down, "feed_forward.down_proj.bias": mup.mlp_down}.get(leaf)
+                 "mlp.gate_proj.weight": mup.mlp_gate, "mlp.gate_proj.bias": mup.mlp_gate,
+                 "mlp.down_proj.weight": mup.mlp_down, "mlp.down_proj.bias": mup.mlp_down}.get(leaf)
         if scale is not None:
             return tensor * scale
         if leaf.startswith("mamba.in_proj."):

@@ -4,8 +4,6 @@ each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep
 (AttentionMetadata.recurrent). LoRA adapters are refused for it."""
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 from engine.attention_metadata import AttentionMetadata
@@ -13,19 +11,9 @@ from engine.lora import LoRAError, Target
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import KVCache
 from engine.prompt_embeds import GivenEmbeddings
-from engine.weights import renamed
 
 
 class HybridForward(LlamaForCausalLM):
-    # A checkpoint's names against Llama's, where they differ (engine/weights.renamed: LFM2's, the Bamba family's).
-    renames: tuple[tuple[str, str], ...] = ()
-
-    def checkpoint_names(self) -> list[str]:
-        return [renamed(name, self.renames, back=True) for name in super().checkpoint_names()]
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
-
     def lora_target(self, module: str) -> Target | None:
         if self.config.state_shape is not None:
             raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} with recurrent layers yet")

@@ -19,8 +19,6 @@ and v by `use_qkv_bias`, RoPE over part of each head, q and k layer-normed a hea
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,10 +29,10 @@ from engine.models.cohere import CohereAttention
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import Attention, DecoderLayer
 from engine.models.parameters import empty_param
-from engine.weights import renamed
 from kernels.registry import Kernels
 
 MLP_NAMES = {"c_fc": "up_proj", "c_proj": "down_proj"}  # its MLP's projections as Llama's names them
+STARCODER2_RENAMED = tuple((f".mlp.{theirs}.", f".mlp.{ours}.") for theirs, ours in MLP_NAMES.items())
 
 
 class LayerNormDecoderLayer(DecoderLayer):
@@ -85,19 +83,10 @@ class Jais2ForCausalLM(LlamaForCausalLM):
 
 
 class Starcoder2ForCausalLM(Jais2ForCausalLM):
-    def _mlp_names(self, layer: int) -> list[str]:
-        return [f"model.layers.{layer}.mlp.{proj}.{kind}" for proj in MLP_NAMES for kind in ("weight", "bias")
-                if kind == "weight" or self.config.mlp_bias]
+    renames = STARCODER2_RENAMED
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         return super()._lora_rows(layer, place, MLP_NAMES.get(proj, proj) if place == "mlp" else proj)
-
-    def _target(self, name: str) -> torch.Tensor:
-        parts = name.split(".")
-        if len(parts) == 6 and parts[3] == "mlp" and parts[4] in MLP_NAMES:
-            parts[4] = MLP_NAMES[parts[4]]
-            return super()._target(".".join(parts))
-        return super()._target(name)
 
 
 class PhimoeForCausalLM(Jais2ForCausalLM):
@@ -146,17 +135,13 @@ PHI_PROJECTIONS = {"dense": "o_proj", "fc1": "up_proj", "fc2": "down_proj"}
 
 
 class PhiForCausalLM(Jais2ForCausalLM):
+    renames = PHI_RENAMED
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return ParallelLayerNormDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
 
     def _norm_names(self) -> tuple[str, ...]:
         return ("input_layernorm",)
-
-    def checkpoint_names(self) -> list[str]:
-        return [renamed(name, PHI_RENAMED, back=True) for name in super().checkpoint_names()]
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, PHI_RENAMED), tensor) for name, tensor in tensors)
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         return super()._lora_rows(layer, place, PHI_PROJECTIONS.get(proj, proj))
@@ -183,18 +168,14 @@ NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_fr
 
 
 class GPTNeoXForCausalLM(Jais2ForCausalLM):
+    renames = NEOX_RENAMED
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         kind = ParallelTwoNormLayer if self.config.parallel_residual else LayerNormDecoderLayer
         return kind(self.config, self.kernels, dtype, self._window(layer))
 
-    def checkpoint_names(self) -> list[str]:
-        return [renamed(name, NEOX_RENAMED, back=True) for name in super().checkpoint_names()]
-
     def is_unused_tensor(self, name: str) -> bool:
         return name.endswith(NEOX_BUFFERS) or super().is_unused_tensor(name)
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, NEOX_RENAMED), tensor) for name, tensor in tensors)
 
     def _attention_names(self, layer: int) -> list[str]:
         p = f"model.layers.{layer}.self_attn."

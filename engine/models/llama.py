@@ -259,6 +259,10 @@ class LlamaForCausalLM(nn.Module):
             names += self._attention_names(i) + self._mlp_names(i) + [p + f"{x}.weight" for x in self._norm_names()]
         return names
 
+    # A checkpoint's names against Llama's, where they differ: (theirs, ours) fragments each name is read with, the
+    # more particular first (engine/weights.renamed; the runner reads the checkpoint so: ModelRunner._load_shard).
+    renames: tuple[tuple[str, str], ...] = ()
+
     # Checkpoints of models trained to predict several tokens (GLM-4.5, DeepSeek-V3) carry layers past
     # the model's, which only speculative decoding reads; transformers leaves them unread too.
     has_mtp_layers = False

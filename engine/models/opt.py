@@ -11,8 +11,6 @@ added to the token's before the first layer.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 
@@ -34,7 +32,7 @@ OPT_RENAMED = (("model.decoder.final_layer_norm.", "model.norm."),
 
 
 class OPTForCausalLM(Jais2ForCausalLM):
-    renames = OPT_RENAMED  # its names against Llama's
+    renames = OPT_RENAMED
     position_offset = POSITION_OFFSET
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
@@ -46,15 +44,11 @@ class OPTForCausalLM(Jais2ForCausalLM):
         return h + F.embedding(positions + self.position_offset, self.position_embed)
 
     def checkpoint_names(self) -> list[str]:
-        return [renamed(name, self.renames, back=True)
-                for name in [*super().checkpoint_names(), "model.embed_positions.weight"]]
+        return [*super().checkpoint_names(), "model.embed_positions.weight"]
 
     def is_unused_tensor(self, name: str) -> bool:
         # Some releases save the LM head beside the embeddings it is tied to.
         return (name == "lm_head.weight" and self.config.tie_word_embeddings) or super().is_unused_tensor(name)
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((renamed(name, self.renames), tensor) for name, tensor in tensors)
 
     def lora_target(self, module: str) -> Target | None:
         return super().lora_target(renamed(module + ".", self.renames).removesuffix("."))
