@@ -77,7 +77,12 @@ def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_len
                   reference_dir: Path | None = None, **options) -> None:
     """`reference_dir`: the checkpoint transformers reads, when it is not `model_dir` itself."""
     engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens, **options)
-    hf = _hf_model(reference_dir or model_dir)
+    _engine_logits_match(engine, reference_dir or model_dir, prompt_lengths)
+    engine.close()
+
+
+def _engine_logits_match(engine: LLMEngine, reference_dir: Path, prompt_lengths=PROMPT_LENGTHS) -> None:
+    hf = _hf_model(reference_dir)
     vocab = engine.model_config.vocab_size
     for n in prompt_lengths:
         prompt = _random_prompt(n, vocab, seed=n)
@@ -85,10 +90,9 @@ def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_len
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0, -1].float()
         diff = (ours - ref).abs().max().item()
-        assert diff < 1e-4, f"{model_dir.name}: prompt of {n} tokens, max |logit diff| {diff}"
+        assert diff < 1e-4, f"{reference_dir.name}: prompt of {n} tokens, max |logit diff| {diff}"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-    engine.close()
 
 
 def _mixed_prompts(vocab: int) -> list[list[int]]:
@@ -115,6 +119,11 @@ def _hf_greedy(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
 def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64,
                   reference_dir: Path | None = None, **options) -> None:
     engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens, **options)
+    _engine_greedy_matches(engine, reference_dir or model_dir, max_new_tokens)
+    engine.close()
+
+
+def _engine_greedy_matches(engine: LLMEngine, reference_dir: Path, max_new_tokens: int = 64) -> None:
     prompts = _mixed_prompts(engine.model_config.vocab_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     # Request 2 goes first so that its prefix blocks are cached when 3 and 7 arrive.
@@ -135,11 +144,10 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
         assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-    engine.close()
-    refs = _hf_greedy(reference_dir or model_dir, max_new_tokens)
+    refs = _hf_greedy(reference_dir, max_new_tokens)
     for i, prompt in enumerate(prompts):
         assert results[f"r{i}"] == refs[i], \
-            f"{model_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
+            f"{reference_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
@@ -182,8 +190,11 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
 def test_a_model_split_across_two_ranks_matches_transformers(tiny_model_dirs, name):
     """Each rank computes its heads and MLP width in its own process, rank 0 samples: the logits and the
     greedy tokens (chunked, batched, a shared prefix served from the cache) are transformers'."""
-    _check_logits(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
-    _check_greedy(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
+    # One engine for both: starting its rank's process is most of the test's time.
+    engine = _engine(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=2)
+    _engine_logits_match(engine, tiny_model_dirs[name])
+    _engine_greedy_matches(engine, tiny_model_dirs[name])
+    engine.close()
 
 
 def test_a_pythia_checkpoint_as_released_reads_its_older_config_names_and_leaves_its_buffers(tiny_model_dirs, tmp_path):
