@@ -28,6 +28,7 @@ from engine.moe_config import (
     PHIMOE,
     QWEN_MOES,
 )
+from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUANS
 from engine.short_conv_config import LFM2S
 
@@ -73,7 +74,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
-                           GPT_BIGCODE)
+                           GPT_BIGCODE, QWEN4_EXP)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,

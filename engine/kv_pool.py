@@ -30,7 +30,7 @@ SharedTensorFactory = Callable[[tuple[int, ...], torch.dtype, str], tuple[torch.
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one block across all layers, K and V."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_kv_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+    return 2 * config.num_kv_layers * config.page_kv_heads * block_size * config.head_dim * itemsize
 
 
 def num_state_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -102,7 +102,7 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dty
 
 def pool_shape(config: ModelConfig, num_blocks: int, block_size: int, extra_layers: int = 0) -> tuple[int, ...]:
     """`[L, 2, Hkv, N, bs, D]`: a KVPool tensor's (`extra_layers` past the model's: an EAGLE head's)."""
-    return config.num_kv_layers + extra_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim
+    return config.num_kv_layers + extra_layers, 2, config.page_kv_heads, num_blocks, block_size, config.head_dim
 
 
 class KVPool:

@@ -33,6 +33,7 @@ class LinearAttention:
     fused_projections: bool  # Qwen3-Next's in_proj_qkvz and in_proj_ba, grouped by key head; else Qwen3.5's four
     beta_scale: float = 1.0  # OLMo Hybrid's 2 (allow_neg_eigval): each token's write strength in (0, 2)
     output_norm_eps: float | None = None  # the output norm's own (OLMo Hybrid's 1e-5); None: the model's
+    output_gate: str = "silu"  # what gates the normed output by z: SiLU, or a sigmoid (Qwen4-Exp's option)
 
     @property
     def linear_layers(self) -> tuple[int, ...]:

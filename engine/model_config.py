@@ -17,6 +17,7 @@ from engine.mamba_config import Mamba2Layout
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
 from engine.multimodal import MultimodalCheckpoint
+from engine.qwen4_exp_config import Qwen4ExpLayout
 from engine.short_conv_config import ShortConvLayout
 from engine.state_shape import StateShape
 from engine.vision.vision_config import VisionConfig
@@ -108,6 +109,8 @@ class ModelConfig:
     short_conv: ShortConvLayout | None = None
     mup: MupMultipliers | None = None  # Falcon-H1's muP multipliers (engine/falcon_h1_config.py)
     mamba1: Mamba1Layout | None = None  # Jamba's Mamba-1 layers (engine/mamba1_config.py), as linear_attention
+    # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
+    qwen4_exp: Qwen4ExpLayout | None = None
 
     @property
     def pooling(self) -> str:
@@ -136,6 +139,11 @@ class ModelConfig:
     def kv_places(self) -> dict[int, int] | None:
         """A hybrid model's attention layers' layers of the pages; None for a model without recurrent layers."""
         return self._recurrent.kv_places if self._recurrent is not None else None
+
+    @property
+    def page_kv_heads(self) -> int:
+        """The heads a layer's pages hold a token: its KV heads, and Qwen4-Exp's indexer's key as one more."""
+        return self.num_kv_heads + (self.qwen4_exp is not None)
 
     @property
     def q_size(self) -> int:

@@ -2,6 +2,7 @@
 or refused with a `ModelConfigError` that names what Baton does not serve."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -98,6 +99,7 @@ from engine.moe_config import (
 )
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
+from engine.qwen4_exp_config import QWEN4_EXP, qwen4_exp_layer_types, qwen4_exp_output_gate, read_qwen4_exp
 from engine.rope_config import (
     HUNYUANS,
     PHI3,
@@ -175,10 +177,14 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == CWM and cfg.get("eos_token_id") is None:
         cfg = {**cfg, "eos_token_id": CWM_DEFAULTS["eos_token_id"]}
     linear_attention = None
-    if arch in (*HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID):
+    if arch == QWEN4_EXP:
+        cfg = {**cfg, "layer_types": qwen4_exp_layer_types(cfg)}
+    if arch in (*HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID, QWEN4_EXP):
         try:
             linear_attention = read_kimi_linear(cfg) if arch == KIMI_LINEAR else read_olmo_hybrid(cfg) \
                 if arch == OLMO_HYBRID else read_linear_attention(cfg, arch)
+            if arch == QWEN4_EXP:
+                linear_attention = dataclasses.replace(linear_attention, output_gate=qwen4_exp_output_gate(cfg))
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
@@ -218,8 +224,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                               0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, BAMBA, STABLELM, PHI,
-                                       GPTNEOX):
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA, STABLELM,
+                                       PHI, GPTNEOX):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -276,6 +282,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         if gemma4 is not None:  # its pages' heads, which hold either kind of layer's
             num_kv_heads, head_dim = gemma4.page_heads, gemma4.page_head_dim
             rotary_dim = head_dim
+        qwen4_exp = read_qwen4_exp(cfg, head_dim, rotary_dim) if arch == QWEN4_EXP else None
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -299,7 +306,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                                           *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
-            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, *LFM2S)
+            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in HUNYUANS else
             "head_layer_norm" if (arch == COHERE and cfg.get("use_qk_norm"))
@@ -339,6 +346,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             short_conv=short_conv,
             mup=mup,
             mamba1=mamba1,
+            qwen4_exp=qwen4_exp,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:
@@ -395,6 +403,8 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
         return "intermediate_size_mlp"
     if arch == GRANITE_HYBRID and not int(cfg.get("num_local_experts") or 0):
         return "shared_intermediate_size"
+    if "intermediate_size" not in cfg and "moe_intermediate_size" in cfg:  # experts alone (Qwen4-Exp's): unused
+        return "moe_intermediate_size"
     return "intermediate_size"
 
 

@@ -8,6 +8,7 @@ from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
+from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUAN_MOE, PHIMOE
 from engine.short_conv_config import LFM2_MOE
 
@@ -88,18 +89,20 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                         weighs_experts_in_float32=True)
-    elif arch in (*QWEN_MOES, QWEN3_NEXT, QWEN3_5_MOE) and (cfg.get("num_experts") or cfg.get("num_local_experts")):
+    elif arch in (*QWEN_MOES, QWEN3_NEXT, QWEN3_5_MOE, QWEN4_EXP) and (cfg.get("num_experts")
+                                                                     or cfg.get("num_local_experts")):
         # Qwen's own configs name the count num_experts; transformers 5 saves it as num_local_experts.
         step, only_mlp = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
         # Qwen2-MoE's one shared expert, weighed by a gate of its own; Qwen3-Next's and Qwen3.5's too.
-        is_qwen2 = arch in ("Qwen2MoeForCausalLM", QWEN3_NEXT, QWEN3_5_MOE)
+        is_qwen2 = arch in ("Qwen2MoeForCausalLM", QWEN3_NEXT, QWEN3_5_MOE, QWEN4_EXP)
         moe = MoEConfig(num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts")),
                         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]),
                         shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]) if is_qwen2 else 0,
                         shared_expert_gated=is_qwen2,
                         # Qwen3.5-MoE's router renormalizes whatever config.json says; Qwen3-Next's by default.
-                        norm_topk_prob=arch == QWEN3_5_MOE or bool(cfg.get("norm_topk_prob", arch == QWEN3_NEXT)),
+                        norm_topk_prob=arch == QWEN3_5_MOE or bool(cfg.get("norm_topk_prob",
+                                                                           arch in (QWEN3_NEXT, QWEN4_EXP))),
                         dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step),
                         fused_experts=cfg.get("model_type") == "qwen3_vl_moe_text")
     elif arch in _GROUPED_DEFAULTS:

@@ -3,8 +3,8 @@
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
-(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B), Gemma 4 and Kimi K2.5 are
-released so.
+(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B), Gemma 4, Kimi K2.5, Qwen3.5 and
+Qwen4-Exp are released so.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
+from engine.qwen4_exp_config import QWEN4_EXP
 from engine.vision.vision_config import (
     VisionConfig,
     gemma3_vision_config,
@@ -138,6 +139,11 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, QWEN3_5_MOE),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_5_vision_config, interleaved_mrope=True),
+    # Qwen4-Exp as released: its text model (engine/models/qwen4_exp.py); its images not yet.
+    "Qwen4ExpForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, QWEN4_EXP),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual."), interleaved_mrope=True),
 }
 
 

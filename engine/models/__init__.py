@@ -38,6 +38,7 @@ from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, OPTForCaus
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
+from engine.models.qwen4_exp import Qwen4ExpForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -73,6 +74,8 @@ MODEL_REGISTRY = {
     "OlmoHybridForCausalLM": OlmoHybridForCausalLM,  # Gated DeltaNet beside OLMo 3's attention (olmo_hybrid.py)
     "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
+    # Qwen3.5's layers with hyper-connections and block-indexed attention (engine/models/qwen4_exp.py)
+    "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate

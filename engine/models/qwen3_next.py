@@ -104,7 +104,8 @@ class GatedDeltaNet(nn.Module):
 
         meta.recurrent.advance(out, states, lambda row: meta.recurrent.kept_layer(row, self.index)[1], step, run)
         normed = F.rms_norm(out, (la.value_head_dim,), eps=self.eps).to(x.dtype) * self.norm
-        gated = normed.float() * F.silu(z.float().view(normed.shape))
+        gate = torch.sigmoid if la.output_gate == "sigmoid" else F.silu
+        gated = normed.float() * gate(z.float().view(normed.shape))
         return self.linear(gated.to(x.dtype).view(num_tokens, la.value_size), self.out_weight)
 
     def _convolved(self, mixed: torch.Tensor, windows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

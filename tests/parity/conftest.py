@@ -237,6 +237,14 @@ TINY_MODELS = {
     "qwen3.5-moe": ("Qwen3_5MoeTextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS,
                                                  pad_token_id=0,
                                                  layer_types=["linear_attention", "full_attention"] * 2), {}),
+    # Qwen4-Exp: Qwen3.5-MoE's layers, four residual streams mixed by hyper-connections; each attention layer's
+    # query over the 4 blocks of 8 tokens its indexer scores best and the tokens after them (the 300-token prompts
+    # see 37 blocks), RoPE over half a head and the indexer's head alike; Gated DeltaNet's output gated by a sigmoid.
+    "qwen4-exp": ("Qwen4ExpTextConfig", dict(
+        num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS, pad_token_id=0, hc_count=4, hc_lowrank=16,
+        layer_types=["linear_attention", "full_attention"] * 2, indexer_n_heads=4, indexer_kv_heads=1,
+        indexer_head_dim=16, indexer_budget=32, indexer_compress_ratio=8, output_gate_type="sigmoid",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), {}),
     # Qwen3-Next: projections grouped by key head (in_proj_qkvz, in_proj_ba), full layers by interval, a dense layer.
     "qwen3-next": ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS,
                                            full_attention_interval=2, mlp_only_layers=[2], pad_token_id=0), {}),

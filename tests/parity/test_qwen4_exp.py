@@ -1,0 +1,113 @@
+"""Qwen4-Exp's config as Baton reads it and what it refuses of it; where its indexer's keys are kept. Its logits and
+greedy tokens against transformers are test_transformers_parity.py's, its states' test_hybrid_models.py's."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.kv_pool import kv_block_bytes
+from engine.linear_attention_config import FULL, LINEAR
+from engine.model_config_loader import ModelConfigError, load_model_config
+from engine.sampling_params import SamplingParams
+from engine.speculative import SpeculativeConfig
+from tests.parity.conftest import COMMON, TINY_MODELS, greedy_outputs, transformers
+from tests.parity.test_transformers_parity import _check_last_logits, _engine, _random_prompt
+
+
+def _with_config(tiny_model_dirs, tmp_path, changes: dict, removed: tuple[str, ...] = ()):
+    model_dir = shutil.copytree(tiny_model_dirs["qwen4-exp"], tmp_path / "qwen4-exp")
+    config = {**json.loads((model_dir / "config.json").read_text()), **changes}
+    for key in removed:
+        del config[key]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+def test_its_attention_layers_read_as_transformers_reads_them(tiny_model_dirs, tmp_path):
+    """transformers saves its attention layers as `indexed_attention`, its releases name them `full_attention`; without
+    layer_types every fourth layer attends."""
+    saved_dir = tiny_model_dirs["qwen4-exp"]
+    assert json.loads((saved_dir / "config.json").read_text())["layer_types"][1] == "indexed_attention"
+    saved = load_model_config(saved_dir).linear_attention
+    assert saved.layer_types == (LINEAR, FULL) * 2
+    released = _with_config(tiny_model_dirs, tmp_path / "released", {"layer_types": ["linear_attention",
+                                                                                      "full_attention"] * 2})
+    assert load_model_config(released).linear_attention == saved
+    defaults = _with_config(tiny_model_dirs, tmp_path / "defaults", {"num_hidden_layers": 8}, ("layer_types",))
+    assert load_model_config(defaults).linear_attention.kv_places == {3: 0, 7: 1}
+
+
+def test_its_pages_keep_each_tokens_indexer_key_as_one_more_head(tiny_model_dirs):
+    """2 KV heads and the indexer's key a token in each attention layer's pages, so a cached prefix and a handed-over
+    prompt carry it (test_hybrid_models.py checks both against transformers)."""
+    engine = _engine(tiny_model_dirs["qwen4-exp"])
+    config = engine.model_config
+    assert (config.num_kv_heads, config.page_kv_heads) == (2, 3)
+    assert engine.runner.kv_pool.tensor.shape[2] == 3
+    assert kv_block_bytes(config, 16, engine.runner.kv_pool.tensor.dtype) == 2 * 2 * 3 * 16 * 16 * 4
+    engine.add_request("r", _random_prompt(40, 512, seed=40), SamplingParams(max_tokens=2), prefill_only=True)
+    next(out for step in iter(engine.step, None) for out in step if out.finished)
+    blocks = engine.held_block_ids("r")[:3]  # the prompt's (its states' follow)
+    pages = engine.runner.kv_pool.tensor[:, :, :, blocks]  # [L, 2, H, 3 pages, bs, D]: no V beside the key
+    assert (pages[:, 0, 2].flatten(1, 2)[:, :40] != 0).all() and (pages[:, 1, 2] == 0).all()
+    engine.release("r")
+    engine.close()
+
+
+@pytest.mark.parametrize("changes, removed, refused", [
+    ({"ple_layer_ids": [1]}, (), "per-layer n-gram embeddings"),
+    ({}, ("indexer_budget",), "indexer_budget missing"),
+    ({"indexer_kv_heads": 2}, (), "one key head"),
+    ({"indexer_budget": 20}, (), "multiple of indexer_compress_ratio"),
+    ({"indexer_head_dim": 32}, (), "wider than an attention head"),
+    ({"indexer_head_dim": 4}, (), "more than the indexer's head"),
+    ({"output_gate_type": "gelu"}, (), "SiLU or a sigmoid"),
+    ({"hc_count": 1}, (), "at least two streams"),
+])
+def test_what_it_cannot_serve_is_refused_by_name(tiny_model_dirs, tmp_path, changes, removed, refused):
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(_with_config(tiny_model_dirs, tmp_path, changes, removed))
+
+
+def test_a_prompt_longer_than_its_budget_attends_to_fewer_tokens_than_it_sees(tiny_model_dirs, tmp_path):
+    """With a budget past the prompt every query attends to every token before it: the tokens differ."""
+    prompt = _random_prompt(300, 512, seed=300)
+    tokens = {}
+    for name, model_dir in (("sparse", tiny_model_dirs["qwen4-exp"]),
+                            ("dense", _with_config(tiny_model_dirs, tmp_path, {"indexer_budget": 512}))):
+        engine = _engine(model_dir)
+        tokens[name] = greedy_outputs(engine, {"r": (prompt, {})}, 16)["r"]
+        engine.close()
+    assert tokens["sparse"] != tokens["dense"]
+
+
+def test_its_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_layer_unread(tmp_path):
+    """Qwen4-Exp as released: a Qwen4ExpForConditionalGeneration, its text model under `model.language_model.`, its
+    vision tower under `model.visual.` (its images not served yet), its MTP layer under `mtp.`."""
+    text = transformers.Qwen4ExpTextConfig(**{**COMMON, **TINY_MODELS["qwen4-exp"][1]})
+    vision = transformers.Qwen4ExpVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                               out_hidden_size=64)
+    torch.manual_seed(4)
+    model = transformers.Qwen4ExpForConditionalGeneration(transformers.Qwen4ExpConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert any(name.startswith("model.visual.") for name in tensors)
+    save_file({**tensors, "mtp.fc.weight": torch.zeros(64, 128)}, tmp_path / "model.safetensors")
+    engine = _engine(tmp_path, max_num_batched_tokens=32)
+    assert engine.model_config.architecture == "Qwen4ExpForCausalLM" and engine.model_config.vision is None
+    _check_last_logits(engine, model)
+    engine.close()
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (dict(tensor_parallel_size=2), "tensor parallelism splits"),
+    (dict(speculative=SpeculativeConfig(method="mtp", num_speculative_tokens=1)), "multi-token"),
+])
+def test_what_it_cannot_do_yet_is_refused_by_name(tiny_model_dirs, overrides, refused):
+    with pytest.raises(ValueError, match=refused):
+        _engine(tiny_model_dirs["qwen4-exp"], **overrides)
