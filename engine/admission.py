@@ -123,6 +123,9 @@ def check_prompt_embeds(engine: LLMEngine, num_prompt_tokens: int, sampling_para
     layout = engine.model_config.gemma4
     if layout is not None and layout.per_layer_width:
         raise ValueError("a prompt given as embeddings has no tokens to look up Gemma 4's per-layer embeddings by")
+    qwen4_exp = engine.model_config.qwen4_exp
+    if qwen4_exp is not None and qwen4_exp.ngrams is not None:
+        raise ValueError("a prompt given as embeddings has no tokens to look up Qwen4-Exp's n-gram embeddings by")
     if not is_withheld and not bool(torch.isfinite(prompt_embeds).all()):
         raise ValueError("prompt_embeds holds a value that is not finite (inf or NaN)")
 

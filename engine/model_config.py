@@ -133,7 +133,12 @@ class ModelConfig:
     @property
     def state_shape(self) -> StateShape | None:
         """What each sequence keeps for its recurrent layers (a hybrid model's); None for a model without them."""
-        return self._recurrent.state_shape if self._recurrent is not None else None
+        if self._recurrent is None:
+            return None
+        shape = self._recurrent.state_shape
+        if self.qwen4_exp is not None and self.qwen4_exp.ngrams is not None:  # its n-gram embeddings' besides
+            return self.qwen4_exp.ngrams.with_states(shape, self.hidden_size, self.qwen4_exp.num_streams)
+        return shape
 
     @property
     def kv_places(self) -> dict[int, int] | None:

@@ -282,7 +282,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         if gemma4 is not None:  # its pages' heads, which hold either kind of layer's
             num_kv_heads, head_dim = gemma4.page_heads, gemma4.page_head_dim
             rotary_dim = head_dim
-        qwen4_exp = read_qwen4_exp(cfg, head_dim, rotary_dim) if arch == QWEN4_EXP else None
+        qwen4_exp = read_qwen4_exp(cfg, head_dim, rotary_dim, linear_attention.layer_types) \
+            if arch == QWEN4_EXP else None
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,

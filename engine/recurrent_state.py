@@ -85,6 +85,14 @@ class RecurrentStates:
         """`layer` of the states `row` keeps along its run: [len(cuts), C, K-1] and [len(cuts), H, Dk, Dv]."""
         return self._split(self.kept[row], index)
 
+    def side(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `index`-th side layer's convolution windows [B, C, W] and last token ids [B, P] (StateShape's)."""
+        return self._split_side(self.rows, index)
+
+    def kept_side(self, row: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`side` of the states `row` keeps along its run: [len(cuts), C, W] and [len(cuts), P]."""
+        return self._split_side(self.kept[row], index)
+
     def runs(self, row: int) -> list[tuple[int, int, int | None]]:
         """Row `row`'s tokens as runs (start, end, which kept states follow it; None for the last)."""
         start, end = self.spans[row]
@@ -97,6 +105,13 @@ class RecurrentStates:
         conv = rows[:, start:start + s.conv_floats].view(num_rows, s.conv_dim, s.conv_width)
         recurrent = rows[:, start + s.conv_floats:start + s.layer_floats]
         return conv, recurrent.view(num_rows, s.num_heads, s.key_dim, s.value_dim)
+
+    def _split_side(self, rows: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s, num_rows = self.shape, rows.shape[0]
+        start = s.num_layers * s.layer_floats + index * s.side_floats
+        conv_end = start + s.side_conv_dim * s.side_conv_width
+        conv = rows[:, start:conv_end].view(num_rows, s.side_conv_dim, s.side_conv_width)
+        return conv, rows[:, conv_end:conv_end + s.side_tokens]
 
 
 class StatePages:

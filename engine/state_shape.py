@@ -19,6 +19,12 @@ class StateShape:
     num_heads: int
     key_dim: int
     value_dim: int
+    # After them, for each of `side_layers` (Qwen4-Exp's per-layer n-gram embeddings), a convolution's last inputs
+    # [side_conv_dim, side_conv_width] and the sequence's last `side_tokens` token ids.
+    side_layers: int = 0
+    side_conv_dim: int = 0
+    side_conv_width: int = 0
+    side_tokens: int = 0
 
     @property
     def conv_floats(self) -> int:
@@ -29,8 +35,12 @@ class StateShape:
         return self.conv_floats + self.num_heads * self.key_dim * self.value_dim
 
     @property
+    def side_floats(self) -> int:
+        return self.side_conv_dim * self.side_conv_width + self.side_tokens
+
+    @property
     def nbytes(self) -> int:
-        return self.num_layers * self.layer_floats * 4
+        return (self.num_layers * self.layer_floats + self.side_layers * self.side_floats) * 4
 
     def num_pages(self, page_bytes: int) -> int:
         return math.ceil(self.nbytes / page_bytes)

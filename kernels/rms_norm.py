@@ -14,3 +14,9 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
+
+
+def rms_norm_scaled_in_float32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] normed along D and scaled by float32 `weight` (broadcast over x) in float32, then cast back: as
+    transformers' Qwen3.5-style norms scale by 1 + weight, whatever the weights' dtype (Qwen4-Exp's)."""
+    return (F.rms_norm(x.float(), (x.shape[-1],), None, eps) * weight).to(x.dtype)

@@ -1,6 +1,6 @@
 """Qwen4-Exp (Qwen4ExpForCausalLM): Qwen3.5's Gated DeltaNet and gated attention layers (engine/models/qwen3_next.py),
-each followed by experts, with hyper-connections for a residual and block-indexed attention
-(engine/qwen4_exp_config.py, kernels/block_sparse_attention.py).
+each followed by experts, with hyper-connections for a residual, block-indexed attention and per-layer n-gram
+embeddings (engine/qwen4_exp_config.py, kernels/block_sparse_attention.py, engine/models/ngram_embedding.py).
 
 Its norms scale by 1 + weight, as Qwen3.5's; the hyper-connections' and the indexer's keep that sum in float32, as
 transformers computes it, whatever the weights' dtype.
@@ -18,27 +18,24 @@ from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.llama_layers import KVCache
 from engine.models.moe import SparseMoE
+from engine.models.ngram_embedding import BUFFERS as NGRAM_BUFFERS, PerLayerNGrams
 from engine.models.parameters import empty_param
 from engine.models.qwen3_next import GatedAttention, GatedDeltaNet, Qwen3NextForCausalLM
 from engine.prompt_embeds import GivenEmbeddings
 from engine.qwen4_exp_config import BlockIndexer
 from kernels.block_sparse_attention import block_choice, chosen_attention, gathered_pages, pooled_block_keys
 from kernels.registry import Kernels
+from kernels.rms_norm import rms_norm_scaled_in_float32 as normed
 
 # Norms stored as offsets from 1 that Qwen3.5 has not (its own are qwen3_next.OFFSET_NORMS).
-OFFSET_NORMS = ("hc_norm.weight", "indexer.q_layernorm.weight", "indexer.k_layernorm.weight")
+OFFSET_NORMS = ("hc_norm.weight", "indexer.q_layernorm.weight", "indexer.k_layernorm.weight", "ple.norm_key.weight",
+                "ple.norm_query.weight", "ple.norm_conv.weight")
 MIXES = {"attn_hyper_connection": "attn_mix", "mlp_hyper_connection": "mlp_mix"}
 MIX_WEIGHTS = {"hc_norm": "norm", "input_mix_weight_down": "down", "input_mix_weight_up": "up",
                "block_inject_weight": "inject"}
 INDEXER_WEIGHTS = {"index_qk_proj": "index_weight", "q_layernorm": "index_q_norm", "k_layernorm": "index_k_norm"}
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos and sin by position
-
-
-def normed(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., D] RMS-normed along D in float32 and scaled by `weight` (float32, broadcast over x), as transformers
-    norms it."""
-    return (F.rms_norm(x.float(), (x.shape[-1],), None, eps) * weight).to(x.dtype)
 
 
 class HyperConnection(nn.Module):
@@ -143,9 +140,14 @@ class Qwen4ExpDecoderLayer(nn.Module):
         self.mlp = SparseMoE(config, kernels, dtype)
         self.attn_mix = HyperConnection(config, kernels, dtype, injects=True)
         self.mlp_mix = HyperConnection(config, kernels, dtype, injects=True)
+        ngrams = config.qwen4_exp.ngrams
+        self.ngrams = PerLayerNGrams(config, kernels, dtype, ngrams.layers.index(layer)) \
+            if ngrams is not None and layer in ngrams.layers else None
 
     def forward(self, streams: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None,
-                meta: AttentionMetadata, tables: RopeTables) -> torch.Tensor:
+                meta: AttentionMetadata, tables: RopeTables, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.ngrams is not None:
+            streams = streams + self.ngrams(streams, input_ids, meta)
         x, weights = self.attn_mix(streams)
         out = self.attn(x, meta) if self.is_linear else self.attn(x, cos, sin, kv_cache, meta, tables)
         streams = injected(streams, out, weights)
@@ -170,15 +172,21 @@ class Qwen4ExpForCausalLM(Qwen3NextForCausalLM):
         streams = h.repeat(1, self.config.qwen4_exp.num_streams)
         places, tables = self.config.kv_places, (self.rope_cos, self.rope_sin)
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self._ropes(positions))):
-            streams = layer(streams, cos, sin, kv_caches[places[i]] if i in places else None, meta, tables)
+            streams = layer(streams, cos, sin, kv_caches[places[i]] if i in places else None, meta, tables, input_ids)
         return self.mixer(streams)[0]
 
     def checkpoint_names(self) -> list[str]:
         names = [name for name in super().checkpoint_names() if name != "model.norm.weight"]
         names += [f"model.hyper_connection_mixer.{x}.weight" for x in MIX_WEIGHTS if x != "block_inject_weight"]
-        for i in range(self.config.num_layers):
+        for i, layer in enumerate(self.layers):
             names += [f"model.layers.{i}.{mix}.{x}.weight" for mix in MIXES for x in MIX_WEIGHTS if x != "hc_norm"]
+            if layer.ngrams is not None:
+                names += layer.ngrams.checkpoint_names(f"model.layers.{i}.ple.")
         return names
+
+    def is_unused_tensor(self, name: str) -> bool:
+        # What transformers keeps beside the n-gram tables (their multipliers, sizes, offsets), made from the config.
+        return name.endswith(NGRAM_BUFFERS) or super().is_unused_tensor(name)
 
     def _norm_names(self) -> tuple[str, ...]:
         return tuple(f"{mix}.hc_norm" for mix in MIXES)
@@ -193,12 +201,19 @@ class Qwen4ExpForCausalLM(Qwen3NextForCausalLM):
         super().load_weights((name, tensor.float() + 1.0 if name.endswith(OFFSET_NORMS) else tensor)
                              for name, tensor in tensors)
 
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if name.endswith(".ple.conv1d.weight"):  # [C, 1, K]
+            tensor = tensor.squeeze(1)
+        return super()._placed(name, tensor)
+
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".")
         if parts[1] == "hyper_connection_mixer":
             return getattr(self.mixer, MIX_WEIGHTS[parts[2]]).data
         if len(parts) > 4 and parts[3] in MIXES:
             return getattr(getattr(self.layers[int(parts[2])], MIXES[parts[3]]), MIX_WEIGHTS[parts[4]]).data
+        if len(parts) > 4 and parts[3] == "ple":
+            return self.layers[int(parts[2])].ngrams.target(".".join(parts[4:]))
         if len(parts) > 5 and parts[3:5] == ["self_attn", "indexer"]:
             return getattr(self.layers[int(parts[2])].attn, INDEXER_WEIGHTS[parts[5]]).data
         return super()._target(name)

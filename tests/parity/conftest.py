@@ -245,6 +245,15 @@ TINY_MODELS = {
         layer_types=["linear_attention", "full_attention"] * 2, indexer_n_heads=4, indexer_kv_heads=1,
         indexer_head_dim=16, indexer_budget=32, indexer_compress_ratio=8, output_gate_type="sigmoid",
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), {}),
+    # And its per-layer n-gram embeddings before the first and second linear-attention layers: bigrams and trigrams, 2
+    # heads each, into tables of primes above 96 (stored in 4 shards), a dilated convolution over 9 tokens.
+    "qwen4-exp-ngrams": ("Qwen4ExpTextConfig", dict(
+        num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS, pad_token_id=0, hc_count=4, hc_lowrank=16,
+        layer_types=["linear_attention", "full_attention"] * 2, indexer_n_heads=4, indexer_kv_heads=1,
+        indexer_head_dim=16, indexer_budget=32, indexer_compress_ratio=8, ple_layer_ids=[1, 3], ple_embed_dim=64,
+        ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=97, make_ngram_vocab_size_divisible_by=8,
+        split_ngram_parts=4, ple_conv_kernel_size=4, seed=7,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), {}),
     # Qwen3-Next: projections grouped by key head (in_proj_qkvz, in_proj_ba), full layers by interval, a dense layer.
     "qwen3-next": ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, **LINEAR_HEADS, **HYBRID_EXPERTS,
                                            full_attention_interval=2, mlp_only_layers=[2], pad_token_id=0), {}),
@@ -458,8 +467,9 @@ def make_tiny_model(path: Path, name: str) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for pname, p in model.named_parameters():
+            # (Qwen4-Exp's n-gram convolution starts at zeros)
             if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D", ".alpha_p",
-                                                  ".alpha_n")):
+                                                  ".alpha_n", "ple.conv1d.weight")):
                 p.add_(torch.randn_like(p) * 0.2)
         # A router's learnt bias (GLM's, LFM2-MoE's), Gemma 4's layer scalars and xIELU's beta (Apertus's) are buffers,
         # at init zeros, ones and one half.

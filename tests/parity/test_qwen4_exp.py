@@ -15,7 +15,13 @@ from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from tests.parity.conftest import COMMON, TINY_MODELS, greedy_outputs, transformers
-from tests.parity.test_transformers_parity import _check_last_logits, _engine, _random_prompt
+from tests.parity.test_transformers_parity import (
+    _check_last_logits,
+    _engine,
+    _hf_model,
+    _prefill_logits,
+    _random_prompt,
+)
 
 
 def _with_config(tiny_model_dirs, tmp_path, changes: dict, removed: tuple[str, ...] = ()):
@@ -59,7 +65,10 @@ def test_its_pages_keep_each_tokens_indexer_key_as_one_more_head(tiny_model_dirs
 
 
 @pytest.mark.parametrize("changes, removed, refused", [
-    ({"ple_layer_ids": [1]}, (), "per-layer n-gram embeddings"),
+    ({"ple_layer_ids": [2]}, (), "on linear-attention layers only, got layers \\[2\\]"),
+    ({"ple_layer_ids": [5]}, (), "count layers from 1 to 4"),
+    ({"ple_layer_ids": [1], "ple_embed_dim": 60, "heads_per_ngram": 8}, (), "positive multiple of the n-gram heads"),
+    ({"ple_layer_ids": [1], "eos_token_id": None}, (), "need eos_token_id"),
     ({}, ("indexer_budget",), "indexer_budget missing"),
     ({"indexer_kv_heads": 2}, (), "one key head"),
     ({"indexer_budget": 20}, (), "multiple of indexer_compress_ratio"),
@@ -111,3 +120,38 @@ def test_its_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_layer_u
 def test_what_it_cannot_do_yet_is_refused_by_name(tiny_model_dirs, overrides, refused):
     with pytest.raises(ValueError, match=refused):
         _engine(tiny_model_dirs["qwen4-exp"], **overrides)
+
+
+@pytest.mark.parametrize("budget", [512, 7])
+def test_n_grams_stop_at_an_eos_token_as_transformers_stops_them(tiny_model_dirs, budget):
+    """Prompts with EOS tokens inside (one first, two together, one last) in one chunk and in chunks of 7 (an EOS
+    at a chunk's edge): their n-grams read EOS in place of every token at or before one, and the logits and greedy
+    tokens are transformers' (pages of 4 tokens, so that chunks of 7 may be asked for)."""
+    model_dir = tiny_model_dirs["qwen4-exp-ngrams"]
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    prompts = [_random_prompt(40, 512, seed=i) for i in range(3)]
+    prompts[0][0] = prompts[0][13] = prompts[0][14] = prompts[0][-1] = eos
+    prompts[1][6] = prompts[1][20] = eos
+    prompts[2][-2] = eos
+    hf = _hf_model(model_dir)
+    engine = _engine(model_dir, max_num_batched_tokens=budget, block_size=4)
+    for prompt in prompts:
+        with torch.no_grad():
+            expected = hf(torch.tensor([prompt])).logits[0, -1]
+        assert (_prefill_logits(engine, prompt) - expected).abs().max().item() < 1e-4
+    outputs = greedy_outputs(engine, {f"r{i}": (p, {}) for i, p in enumerate(prompts)}, 12)
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            generated = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+        assert outputs[f"r{i}"] == generated[0, len(prompt):].tolist(), i
+    engine.close()
+
+
+def test_a_prompt_given_as_embeddings_is_refused_where_n_grams_need_its_tokens(tiny_model_dirs):
+    engine = _engine(tiny_model_dirs["qwen4-exp-ngrams"])
+    with pytest.raises(ValueError, match="no tokens to look up Qwen4-Exp's n-gram embeddings"):
+        engine.add_request("r", [0] * 4, SamplingParams(max_tokens=2), prompt_embeds=torch.zeros(4, 64))
+    engine.close()
+    engine = _engine(tiny_model_dirs["qwen4-exp"])  # without them, embeddings serve
+    greedy_outputs(engine, {"r": ([0] * 4, {"prompt_embeds": torch.randn(4, 64)})}, 2)
+    engine.close()
