@@ -73,6 +73,7 @@ from engine.linear_attention_config import (
     read_linear_attention,
     read_olmo_hybrid,
 )
+from engine.longcat_flash_config import LONGCAT_FLASH, longcat_flash_keys
 from engine.mamba1_config import JAMBA, read_jamba
 from engine.mamba_config import (
     BAMBA,
@@ -163,6 +164,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
+    if arch == LONGCAT_FLASH:
+        try:
+            cfg = longcat_flash_keys(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     if arch == OPT:
         cfg = _opt_keys(cfg, path)
     if arch in (GPT2, GPT_BIGCODE):

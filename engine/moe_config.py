@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
+from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
@@ -74,6 +75,9 @@ class MoEConfig:
     choice_bias: bool = False
     # Nemotron 3's: the routed experts compute in a narrower width, projected into it and back; 0: none.
     latent_size: int = 0
+    # LongCat-Flash's: experts past the real ones that compute nothing (a token routed to one gets its input back,
+    # weighed as any expert's output); 0: none.
+    identity_experts: int = 0
     # "sparsemixer" (Phi-3.5-MoE's, at inference): the best expert, then the best of the rest, each weighed by the
     # softmax of the logits within `jitter_eps` (relatively, twice it) of its own.
     jitter_eps: float = 0.0
@@ -105,6 +109,13 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                                                                            arch in (QWEN3_NEXT, QWEN4_EXP))),
                         dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step),
                         fused_experts=cfg.get("model_type") == "qwen3_vl_moe_text")
+    elif arch == LONGCAT_FLASH:  # softmax scores chosen by score plus a learnt bias, weighed by the score, in float32
+        moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]), choice_bias=True,
+                        router_in_float32=True, weighs_experts_in_float32=True,
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 6.0)),
+                        identity_experts=int(cfg.get("zero_expert_num", 256) or 0),
+                        dense_layers=frozenset(range(num_layers)))  # its sublayers' MLPs: the experts stand beside
     elif arch in _GROUPED_DEFAULTS:
         inter = int(cfg["moe_intermediate_size"])
         defaults = _GROUPED_DEFAULTS[arch]

@@ -28,6 +28,7 @@ from engine.models.layer_norm_llama import (
 from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
+from engine.models.longcat_flash import LongcatFlashForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.nemotron_h import NemotronHForCausalLM
@@ -76,6 +77,8 @@ MODEL_REGISTRY = {
     "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
     # Qwen3.5's layers with hyper-connections and block-indexed attention (engine/models/qwen4_exp.py)
     "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
+    # DeepSeek-V3's layers a pair, experts beside each pair (engine/models/longcat_flash.py)
+    "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate

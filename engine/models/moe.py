@@ -1,4 +1,4 @@
-"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, DeepSeek, Llama 4, Ernie 4.5): each
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, DeepSeek, Llama 4, Ernie 4.5, LongCat): each
 token's top-k experts by its router, and the shared experts every token passes through (Qwen2-MoE's
 weighed by a gate of their own, the others' not). engine/moe_config.py says how a model routes.
 
@@ -29,11 +29,12 @@ class SparseMoE(nn.Module):
         self.linear = kernels.linear  # (the routers keep F.linear: their choices are discrete, their rows few)
         self.moe = moe = config.moe
         num_experts, inter, hidden = moe.num_experts, moe.moe_intermediate_size, config.hidden_size
+        routed = num_experts + moe.identity_experts  # what the router scores
         # DeepSeek and GLM keep their routers in float32.
-        self.router_weight = empty_param(num_experts, hidden, dtype=torch.float32 if moe.router_in_float32 else dtype)
+        self.router_weight = empty_param(routed, hidden, dtype=torch.float32 if moe.router_in_float32 else dtype)
         # GLM's and DeepSeek-V3's correction bias, in float32; gpt-oss's router's own bias.
-        self.router_bias = (empty_param(num_experts, dtype=torch.float32) if moe.scoring == "sigmoid" or moe.choice_bias
-                            else empty_param(num_experts, dtype=dtype) if moe.has_biases else None)
+        self.router_bias = (empty_param(routed, dtype=torch.float32) if moe.scoring == "sigmoid" or moe.choice_bias
+                            else empty_param(routed, dtype=dtype) if moe.has_biases else None)
         self.gate_up_bias = empty_param(num_experts, 2 * inter, dtype=dtype) if moe.has_biases else None
         self.down_bias = empty_param(num_experts, hidden, dtype=dtype) if moe.has_biases else None
         self.gate_up_weight = empty_param(num_experts, 2 * inter, hidden, dtype=dtype)  # each expert's slices filled
@@ -51,6 +52,9 @@ class SparseMoE(nn.Module):
             tokens, slot = torch.where(experts == expert)
             weight = weights[tokens, slot, None]
             expert_in = x[tokens] * weight if self.moe.weighs_inputs else x[tokens]
+            if expert >= self.moe.num_experts:  # one that computes nothing (LongCat-Flash's)
+                out.index_add_(0, tokens, (expert_in * weight).to(x.dtype))
+                continue
             has_bias = self.gate_up_bias is not None
             gate, up = self.linear(expert_in, self.gate_up_weight[expert],
                                    self.gate_up_bias[expert] if has_bias else None).chunk(2, dim=-1)

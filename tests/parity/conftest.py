@@ -98,6 +98,16 @@ TINY_MODELS = {
         num_hidden_layers=3, pad_token_id=0,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
+    # LongCat-Flash: 2 layers of two latent-attention sublayers each (q and the latent scaled by sqrt(hidden / rank),
+    # YaRN's mscale on the scores; head_dim its RoPE's), 4 real experts and 2 that compute nothing beside each pair,
+    # 2 a token by softmax score plus a learnt bias.
+    "longcat-flash": ("LongcatFlashConfig", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        head_dim=8, num_key_value_heads=4, num_hidden_layers=4, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+        expert_ffn_hidden_size=48, routed_scaling_factor=2.0, pad_token_id=0,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 256, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "beta_fast": 32, "beta_slow": 1}), {}),
     # DeepSeek-V3.2: V3's model, each query attending to the 8 earlier tokens its indexer (16 heads of 16, RoPE over
     # the first 8 of each) scores best (DSA). (With few heads, a query whose heads all weigh negatively scores many
     # tokens exactly 0, and which of them is chosen is the sort's whim: transformers' and ours may differ.)
