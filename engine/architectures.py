@@ -43,6 +43,7 @@ STARCODER2 = "Starcoder2ForCausalLM"  # Mistral's attention, layer norms with bi
 JAIS2 = "Jais2ForCausalLM"  # Llama's attention, layer norms with biases, Arcee's MLP
 CWM = "CwmForCausalLM"  # Meta's Code World Model: Llama with three windowed layers in four
 APERTUS = "ApertusForCausalLM"  # Swiss AI's: Llama with q/k norms and an xIELU MLP without a gate
+NANOCHAT = "NanoChatForCausalLM"  # Karpathy's nanochat: norms without weights, RoPE turned the other way
 HELIUM = "HeliumForCausalLM"  # Kyutai's Helium: Llama with RoPE's pairs side by side, biases on q, k and v
 STABLELM = "StableLmForCausalLM"  # StableLM 2 and 3B: Llama with layer norms, RoPE over a quarter of each head
 PHI = "PhiForCausalLM"  # Phi-1, 1.5, 2: attention beside an ungated MLP from one layer norm, biases everywhere
@@ -75,7 +76,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
-                           GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH)
+                           GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -111,6 +112,6 @@ EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_L
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
-                  AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS, PHIMOE)
+                  AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS, PHIMOE, NANOCHAT)
 # Mistral's sliding window, where config.json gives one.
 MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2, PHIMOE)

@@ -35,6 +35,7 @@ from engine.architectures import (
     JAIS2,
     MIMO,
     MLA_MODELS,
+    NANOCHAT,
     OPT,
     PHI,
     PROJECTION_NORMED,
@@ -209,17 +210,19 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
-    if arch in (ARCEE, JAIS2):  # its MLP's: up, squared ReLU, down (transformers' default for it)
+    if arch in (ARCEE, JAIS2, NANOCHAT):  # its MLP's: up, squared ReLU, down (transformers' default for it)
         act, supported_act = cfg.get("hidden_act") or "relu2", "relu2"
     if arch == APERTUS:  # its MLP's: up, xIELU (engine/models/apertus.py), down
         act, supported_act = cfg.get("hidden_act") or "xielu", "xielu"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
     softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
+    if arch == NANOCHAT:  # its logits capped at 15 unless it says (transformers' default); its attention's not
+        softcaps = {"attn_logit_softcapping": None, "final_logit_softcapping": cfg.get("final_logit_softcapping", 15.0)}
     if arch == GEMMA4:  # its attention scores are not capped (transformers reads no such setting for it)
         softcaps["attn_logit_softcapping"] = None
     for name, cap in softcaps.items():
-        if cap is not None and arch not in (*GEMMAS, GEMMA4):
+        if cap is not None and arch not in (*GEMMAS, GEMMA4, NANOCHAT):
             raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
@@ -315,7 +318,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
-            "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in HUNYUANS else
+            "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in (*HUNYUANS, NANOCHAT) else
             "head_layer_norm" if (arch == COHERE and cfg.get("use_qk_norm"))
             or (arch == STABLELM and cfg.get("qk_layernorm")) else None,
             moe=read_moe_config(cfg, arch),
@@ -331,7 +334,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, NANOCHAT),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX))),

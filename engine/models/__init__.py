@@ -31,6 +31,7 @@ from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.longcat_flash import LongcatFlashForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
+from engine.models.nanochat import NanoChatForCausalLM
 from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.nemotron_h_mtp import NemotronHMTP
 from engine.models.olmo2 import Olmo2ForCausalLM
@@ -79,6 +80,7 @@ MODEL_REGISTRY = {
     "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
     # DeepSeek-V3's layers a pair, experts beside each pair (engine/models/longcat_flash.py)
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
+    "NanoChatForCausalLM": NanoChatForCausalLM,  # norms without weights, RoPE the other way (engine/models/nanochat.py)
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate

@@ -108,6 +108,9 @@ TINY_MODELS = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 256, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "beta_fast": 32, "beta_slow": 1}), {}),
+    # nanochat: norms without weights (the embeddings' too), q and k normed after RoPE turning the other way, squared
+    # ReLU without a gate, logits capped at 15.
+    "nanochat": ("NanoChatConfig", dict(hidden_act="relu2"), {}),
     # DeepSeek-V3.2: V3's model, each query attending to the 8 earlier tokens its indexer (16 heads of 16, RoPE over
     # the first 8 of each) scores best (DSA). (With few heads, a query whose heads all weigh negatively scores many
     # tokens exactly 0, and which of them is chosen is the sort's whim: transformers' and ours may differ.)

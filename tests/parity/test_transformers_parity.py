@@ -216,6 +216,15 @@ def test_a_pythia_checkpoint_as_released_reads_its_older_config_names_and_leaves
     _check_logits(model_dir)
 
 
+@pytest.mark.parametrize("given, cap", [({}, 15.0), ({"final_logit_softcapping": None}, None)])
+def test_nanochats_logits_are_capped_at_15_unless_its_config_says(tiny_model_dirs, tmp_path, given, cap):
+    model_dir = shutil.copytree(tiny_model_dirs["nanochat"], tmp_path / "nanochat")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["final_logit_softcapping"]
+    (model_dir / "config.json").write_text(json.dumps({**config, **given}))
+    assert load_model_config(model_dir).final_logit_softcapping == cap
+
+
 def test_a_gpt2_checkpoint_as_released_holds_its_bare_model_and_its_masks(tiny_model_dirs, tmp_path):
     """GPT-2's releases hold the bare model's tensors (`wte`, `h.0.attn.c_attn`, ...) and each layer's attention mask
     buffers beside them: read under the causal LM's names, the masks left, the logits are transformers'."""
