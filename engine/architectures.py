@@ -7,6 +7,7 @@ from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBR
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import BAMBA, FALCON_H1, NEMOTRON_H
+from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import GLM_MOE_DSA, SPARSE_MLA
 from engine.moe_config import (
     AFMOE,
@@ -76,7 +77,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
-                           GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT)
+                           GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,

@@ -14,6 +14,7 @@ from engine.int4_weights import Int4Weights
 from engine.linear_attention_config import LinearAttention
 from engine.mamba1_config import Mamba1Layout
 from engine.mamba_config import Mamba2Layout
+from engine.minimax_m3_config import BlockSparseIndexer
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
 from engine.multimodal import MultimodalCheckpoint
@@ -111,6 +112,7 @@ class ModelConfig:
     mamba1: Mamba1Layout | None = None  # Jamba's Mamba-1 layers (engine/mamba1_config.py), as linear_attention
     # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
     qwen4_exp: Qwen4ExpLayout | None = None
+    minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)
 
     @property
     def pooling(self) -> str:
@@ -147,8 +149,9 @@ class ModelConfig:
 
     @property
     def page_kv_heads(self) -> int:
-        """The heads a layer's pages hold a token: its KV heads, and Qwen4-Exp's indexer's key as one more."""
-        return self.num_kv_heads + (self.qwen4_exp is not None)
+        """The heads a layer's pages hold a token: its KV heads, and Qwen4-Exp's or MiniMax-M3's indexer's key as one
+        more."""
+        return self.num_kv_heads + (self.qwen4_exp is not None or self.minimax_m3 is not None)
 
     @property
     def q_size(self) -> int:

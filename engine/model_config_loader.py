@@ -85,6 +85,7 @@ from engine.mamba_config import (
     read_mamba2,
     read_nemotron_h,
 )
+from engine.minimax_m3_config import MINIMAX_M3, minimax_m3_keys, read_block_sparse_indexer
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
 from engine.moe_config import (
@@ -165,9 +166,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
-    if arch == LONGCAT_FLASH:
+    if arch in (LONGCAT_FLASH, MINIMAX_M3):
         try:
-            cfg = longcat_flash_keys(cfg)
+            cfg = longcat_flash_keys(cfg) if arch == LONGCAT_FLASH else minimax_m3_keys(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == OPT:
@@ -233,8 +234,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                               0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA, STABLELM,
-                                       PHI, GPTNEOX):
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
+                                       STABLELM, PHI, GPTNEOX):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -293,6 +294,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             rotary_dim = head_dim
         qwen4_exp = read_qwen4_exp(cfg, head_dim, rotary_dim, linear_attention.layer_types) \
             if arch == QWEN4_EXP else None
+        minimax_m3 = read_block_sparse_indexer(cfg, num_kv_heads, head_dim, rotary_dim) if arch == MINIMAX_M3 else None
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -316,7 +318,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                                           *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
-            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, *LFM2S)
+            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, MINIMAX_M3, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in (*HUNYUANS, NANOCHAT) else
             "head_layer_norm" if (arch == COHERE and cfg.get("use_qk_norm"))
@@ -357,6 +359,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mup=mup,
             mamba1=mamba1,
             qwen4_exp=qwen4_exp,
+            minimax_m3=minimax_m3,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:

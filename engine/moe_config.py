@@ -8,6 +8,7 @@ from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
+from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUAN_MOE, PHIMOE
@@ -109,6 +110,17 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                                                                            arch in (QWEN3_NEXT, QWEN4_EXP))),
                         dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp or (i + 1) % step),
                         fused_experts=cfg.get("model_type") == "qwen3_vl_moe_text")
+    elif arch == MINIMAX_M3:  # M2's routing, scaled, beside shared experts; clamped GLUs; dense layers by name
+        moe = MoEConfig(num_experts=int(cfg.get("num_local_experts", 128)),
+                        num_experts_per_tok=int(cfg.get("num_experts_per_tok", 4)),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]), norm_topk_prob=True,
+                        weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 2.0)),
+                        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+                        shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size", 3072)),
+                        fused_experts=True,
+                        dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
     elif arch == LONGCAT_FLASH:  # softmax scores chosen by score plus a learnt bias, weighed by the score, in float32
         moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]), choice_bias=True,

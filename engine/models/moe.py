@@ -58,12 +58,15 @@ class SparseMoE(nn.Module):
             has_bias = self.gate_up_bias is not None
             gate, up = self.linear(expert_in, self.gate_up_weight[expert],
                                    self.gate_up_bias[expert] if has_bias else None).chunk(2, dim=-1)
-            gated = F.silu(gate) * up if self.moe.swiglu_limit is None else self._clamped_glu(gate, up)
+            gated = F.silu(gate) * up if self.moe.swiglu_limit is None else \
+                clamped_glu(gate, up, self.moe.swiglu_limit, self.moe.swiglu_alpha)
             expert_out = self.linear(gated, self.down_weight[expert], self.down_bias[expert] if has_bias else None)
             out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
         if self.shared_down_weight is not None:
             gate, up = self.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
-            shared_out = self.linear(F.silu(gate) * up, self.shared_down_weight)
+            gated = F.silu(gate) * up if self.moe.swiglu_limit is None else \
+                clamped_glu(gate, up, self.moe.swiglu_limit, self.moe.swiglu_alpha)  # (MiniMax-M3's)
+            shared_out = self.linear(gated, self.shared_down_weight)
             if self.shared_weight_gate is not None:
                 shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
             out = out + shared_out
@@ -115,12 +118,6 @@ class SparseMoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * moe.routed_scaling_factor, experts
 
-    def _clamped_glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        # gpt-oss's: gate clamped from above, up both ways, gated by gate * sigmoid(alpha * gate) plus up's own.
-        limit = self.moe.swiglu_limit
-        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-        return (up + 1) * gate * torch.sigmoid(gate * self.moe.swiglu_alpha)
-
     def weight_slice(self, expert: int, proj: str) -> torch.Tensor:
         """Where a checkpoint's `proj` ("gate", "up" or "down") of `expert` goes."""
         inter = self.moe.moe_intermediate_size
@@ -135,8 +132,17 @@ class SparseMoE(nn.Module):
             return self.shared_weight_gate.data
         if proj == "down":
             return self.shared_down_weight.data
+        if proj == "gate_up":  # stored fused (MiniMax-M3's)
+            return self.shared_gate_up_weight.data
         inter = self.moe.shared_expert_intermediate_size
         return self.shared_gate_up_weight.data[:inter] if proj == "gate" else self.shared_gate_up_weight.data[inter:]
+
+
+def clamped_glu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's (and MiniMax-M3's) GLU: gate clamped from above, up both ways, gated by gate * sigmoid(alpha * gate)
+    plus up's own."""
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
 
 
 def sparse_mixer(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,9 @@ each change the greedy tokens.
 """
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,16 @@ TINY_MODELS = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 256, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "beta_fast": 32, "beta_slow": 1}), {}),
+    # MiniMax-M3's text model: a dense layer then experts (2 of 4 a token beside a shared one, clamped GLUs), Gemma's
+    # norms; its second and fourth layers block-sparse, each KV head's group of a query over the 3 blocks of 8 keys
+    # whose best key its indexer head scores best, the query's own block among them (the 300-token prompts see 38).
+    "minimax-m3": ("MiniMaxM3VLTextConfig", dict(
+        intermediate_size=48, num_hidden_layers=4, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        dense_intermediate_size=96, shared_intermediate_size=40, routed_scaling_factor=2.0, index_n_heads=2,
+        index_head_dim=16, index_block_size=8, index_topk_blocks=3, index_local_blocks=1,
+        layer_types=["full_attention", "minimax_m3_sparse"] * 2, mlp_layer_types=["dense"] + ["sparse"] * 3,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        swiglu_limit=2.0), {}),
     # nanochat: norms without weights (the embeddings' too), q and k normed after RoPE turning the other way, squared
     # ReLU without a gate, logits capped at 15.
     "nanochat": ("NanoChatConfig", dict(hidden_act="relu2"), {}),
@@ -504,6 +516,16 @@ def make_tiny_model(path: Path, name: str) -> Path:
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
     return {name: make_tiny_model(root / name, name) for name in TINY_MODELS}
+
+
+def copied_with_config(model_dir: Path, into: Path, changes: dict, removed: tuple[str, ...] = ()) -> Path:
+    """A copy of tiny model `model_dir` in `into`, its config.json given `changes` and without the keys `removed`."""
+    copy = Path(shutil.copytree(model_dir, into / model_dir.name))
+    config = {**json.loads((copy / "config.json").read_text()), **changes}
+    for key in removed:
+        config.pop(key, None)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
 
 
 def shared_model_dirs() -> list[Path]:

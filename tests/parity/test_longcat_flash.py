@@ -3,25 +3,18 @@ tokens against transformers are test_transformers_parity.py's (TINY_MODELS["long
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.lora import LoRAError
 from engine.model_config_loader import ModelConfigError, load_model_config
-from tests.lora_adapters import make_adapter
-from tests.parity.test_transformers_parity import _check_logits, _engine, _hf_model
+from tests.parity.conftest import copied_with_config
+from tests.parity.test_transformers_parity import _check_logits
 
 
 def _copy(tiny_model_dirs, tmp_path, changes: dict | None = None, removed: tuple[str, ...] = ()):
-    model_dir = shutil.copytree(tiny_model_dirs["longcat-flash"], tmp_path / "longcat")
-    config = {**json.loads((model_dir / "config.json").read_text()), **(changes or {})}
-    for key in removed:
-        config.pop(key, None)
-    (model_dir / "config.json").write_text(json.dumps(config))
-    return model_dir
+    return copied_with_config(tiny_model_dirs["longcat-flash"], tmp_path, changes or {}, removed)
 
 
 def test_its_layers_are_read_as_two_sublayers_each_with_experts_that_compute_nothing(tiny_model_dirs):
@@ -51,11 +44,3 @@ def test_the_projections_transformers_saves_for_experts_that_compute_nothing_and
 def test_what_it_cannot_serve_is_refused_by_name(tiny_model_dirs, tmp_path, changes, refused):
     with pytest.raises(ModelConfigError, match=refused):
         load_model_config(_copy(tiny_model_dirs, tmp_path, changes))
-
-
-def test_a_lora_adapter_is_refused_by_name(tiny_model_dirs, tmp_path):
-    model_dir = tiny_model_dirs["longcat-flash"]
-    make_adapter(tmp_path / "adapter", _hf_model(model_dir), ["mlps.0.down_proj"], rank=2, alpha=4.0, rslora=False,
-                 seed=0)
-    with pytest.raises(LoRAError, match="not supported for LongCat-Flash"):
-        _engine(model_dir, lora_modules=(("tuned", str(tmp_path / "adapter")),))

@@ -140,6 +140,17 @@ def test_an_adapter_on_a_multimodal_models_language_model(tmp_path):
     engine.close()
 
 
+@pytest.mark.parametrize("name, target, family", [("longcat-flash", "mlps.0.down_proj", "LongCat-Flash"),
+                                                  ("minimax-m3", "self_attn.q_proj", "MiniMax-M3")])
+def test_an_adapter_on_a_model_that_serves_none_yet_is_refused_by_name(tiny_model_dirs, tmp_path, name, target,
+                                                                        family):
+    model_dir = tiny_model_dirs[name]
+    make_adapter(tmp_path / "adapter", _hf_model(model_dir), [target], rank=2, alpha=4.0, rslora=False, seed=0)
+    with pytest.raises(LoRAError, match=f"not supported for {family}"):
+        LLMEngine(EngineConfig(model=str(model_dir), dtype="float32",
+                               lora_modules=(("tuned", str(tmp_path / "adapter")),)))
+
+
 def test_a_batch_mixing_adapters_decodes_each_as_its_model_and_shares_no_cached_prefix(served):
     engine, merged, _ = served
     vocab = engine.model_config.vocab_size

@@ -3,7 +3,6 @@ greedy tokens against transformers are test_transformers_parity.py's, its states
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from engine.linear_attention_config import FULL, LINEAR
 from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
-from tests.parity.conftest import COMMON, TINY_MODELS, greedy_outputs, transformers
+from tests.parity.conftest import COMMON, TINY_MODELS, copied_with_config, greedy_outputs, transformers
 from tests.parity.test_transformers_parity import (
     _check_last_logits,
     _engine,
@@ -25,12 +24,7 @@ from tests.parity.test_transformers_parity import (
 
 
 def _with_config(tiny_model_dirs, tmp_path, changes: dict, removed: tuple[str, ...] = ()):
-    model_dir = shutil.copytree(tiny_model_dirs["qwen4-exp"], tmp_path / "qwen4-exp")
-    config = {**json.loads((model_dir / "config.json").read_text()), **changes}
-    for key in removed:
-        del config[key]
-    (model_dir / "config.json").write_text(json.dumps(config))
-    return model_dir
+    return copied_with_config(tiny_model_dirs["qwen4-exp"], tmp_path, changes, removed)
 
 
 def test_its_attention_layers_read_as_transformers_reads_them(tiny_model_dirs, tmp_path):

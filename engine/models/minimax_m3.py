@@ -1,0 +1,136 @@
+"""MiniMax-M3's text model (MiniMaxM3VLForCausalLM; engine/minimax_m3_config.py): Llama's layers with Gemma's norms
+(1 + weight, added as they load; its indexer's kept in float32, as transformers computes them), clamped GLUs in its
+dense MLPs and experts, and block-sparse attention (kernels/block_sparse_attention.py) in its sparse layers.
+
+Every layer's pages hold one more KV head, the indexer's key of each token (its sparse layers' only; the full
+layers attend over the others, as any layer does)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRAError, Target
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache
+from engine.models.moe import clamped_glu
+from engine.models.parameters import empty_param
+from kernels.block_sparse_attention import best_key_block_choice, chosen_attention, gathered_pages
+from kernels.registry import Kernels
+from kernels.rms_norm import rms_norm_scaled_in_float32
+
+INDEXER_WEIGHTS = {"q_proj": "index_q_weight", "k_proj": "index_k_weight", "q_norm": "index_q_norm",
+                   "k_norm": "index_k_norm"}
+
+
+class ClampedGluMLP(MLP):
+    """A dense MLP gated as its experts are (gate_up_proj fused: gate's rows, then up's)."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+        super().__init__(config, kernels, dtype)
+        self.limit, self.alpha = config.moe.swiglu_limit, config.moe.swiglu_alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.linear(clamped_glu(gate, up, self.limit, self.alpha), self.down_weight)
+
+
+class FullAttention(Attention):
+    """A full layer's attention, over its pages' KV heads (the last head, the sparse layers' indexer keys, left)."""
+
+    def forward(self, x, cos, sin, kv_cache, meta):
+        heads = self.config.num_kv_heads
+        return super().forward(x, cos, sin, (kv_cache[0][:heads], kv_cache[1][:heads]), meta)
+
+
+class BlockSparseAttention(Attention):
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        self.indexer = indexer = config.minimax_m3
+        self.index_q_weight = empty_param(indexer.num_heads * indexer.head_dim, config.hidden_size, dtype=dtype)
+        self.index_k_weight = empty_param(indexer.head_dim, config.hidden_size, dtype=dtype)
+        self.index_q_norm = empty_param(indexer.head_dim, dtype=torch.float32)
+        self.index_k_norm = empty_param(indexer.head_dim, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        cfg, ops, indexer, num_tokens = self.config, self.kernels, self.indexer, x.shape[0]
+        q, k, v = self._qkv(x)
+        q, k = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps), ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q, k = ops.apply_rope(q, k, cos, sin)
+        index_q = rms_norm_scaled_in_float32(ops.linear(x, self.index_q_weight).view(num_tokens, indexer.num_heads, -1),
+                                             self.index_q_norm, cfg.rms_norm_eps)
+        index_k = rms_norm_scaled_in_float32(ops.linear(x, self.index_k_weight).view(num_tokens, 1, -1),
+                                             self.index_k_norm, cfg.rms_norm_eps)
+        index_q, index_k = ops.apply_rope(index_q, index_k, cos, sin)
+        # The pages' last head holds the indexer's key where k's would be.
+        page_k = torch.cat((k, F.pad(index_k, (0, cfg.head_dim - indexer.head_dim))), dim=1)
+        page_v = torch.cat((v, v.new_zeros(num_tokens, 1, cfg.head_dim)), dim=1)
+        ops.write_kv(page_k, page_v, *kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        for row in range(meta.num_decode_tokens):
+            out[row:row + 1] = self._attend(q[row:row + 1], index_q[row:row + 1], kv_cache,
+                                            meta.decode_block_tables[row], int(meta.decode_context_lens[row]) - 1)
+        for chunk in meta.prefills:
+            s, e = chunk.start, chunk.end
+            out[s:e] = self._attend(q[s:e], index_q[s:e], kv_cache, chunk.block_table, chunk.context_len)
+        return self._output(out)
+
+    def _attend(self, q: torch.Tensor, index_q: torch.Tensor, kv_cache: KVCache, block_table: torch.Tensor,
+                context_len: int) -> torch.Tensor:
+        """One sequence's n new tokens after `context_len` others, each head over the keys its KV head's indexer
+        head chose: q [n, H, D], index_q [n, Hi, Di] → [n, H, D]."""
+        cfg, indexer, k_cache = self.config, self.indexer, kv_cache[0]
+        total = context_len + q.shape[0]
+        blocks = block_table[:math.ceil(total / k_cache.shape[2])]
+        keys = gathered_pages(k_cache, blocks, total).to(q.dtype)
+        values = gathered_pages(kv_cache[1], blocks, total)[:cfg.num_kv_heads].to(q.dtype)
+        scores = torch.matmul(index_q.float().transpose(0, 1), keys[cfg.num_kv_heads, :, :indexer.head_dim].float().t())
+        allowed = best_key_block_choice(scores, context_len, indexer.block_size, indexer.num_chosen_blocks,
+                                        indexer.num_local_blocks)
+        allowed = allowed.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, dim=0)  # [H, n, L]
+        return chosen_attention(q, keys[:cfg.num_kv_heads], values, allowed, self.scale)
+
+
+class MiniMaxM3ForCausalLM(LlamaForCausalLM):
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        attention = BlockSparseAttention if layer in self.config.minimax_m3.sparse_layers else FullAttention
+        made = DecoderLayer(self.config, self.kernels, dtype, None, self._is_sparse(layer), attention=attention)
+        if not self._is_sparse(layer):
+            made.mlp = ClampedGluMLP(self.config, self.kernels, dtype)
+        return made
+
+    def _attention_names(self, layer: int) -> list[str]:
+        names = super()._attention_names(layer)
+        if layer in self.config.minimax_m3.sparse_layers:
+            names += [f"model.layers.{layer}.self_attn.indexer.{x}.weight" for x in INDEXER_WEIGHTS]
+        return names
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}.mlp."
+        if not self._is_sparse(layer):
+            return [p + "gate_up_proj.weight", p + "down_proj.weight"]
+        return [p + "gate.weight", p + "gate.e_score_correction_bias", p + "experts.gate_up_proj",
+                p + "experts.down_proj", p + "shared_experts.gate_up_proj.weight",
+                p + "shared_experts.down_proj.weight"]
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights((name, tensor.float() + 1.0 if name.endswith("norm.weight") else tensor)
+                             for name, tensor in tensors)
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".")
+        if len(parts) > 5 and parts[3:5] == ["self_attn", "indexer"]:
+            return getattr(self.layers[int(parts[2])].attn, INDEXER_WEIGHTS[parts[5]]).data
+        if len(parts) > 4 and parts[3:5] == ["mlp", "gate_up_proj"]:
+            return self.layers[int(parts[2])].mlp.gate_up_weight.data
+        return super()._target(name)
+
+    def lora_target(self, module: str) -> Target | None:
+        raise LoRAError("LoRA adapters are not supported for MiniMax-M3 yet")
+
