@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
+from engine.minimax_m3_config import MINIMAX_M3
 from engine.qwen4_exp_config import QWEN4_EXP
 from engine.vision.vision_config import (
     VisionConfig,
@@ -139,6 +140,13 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, QWEN3_5_MOE),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_5_vision_config, interleaved_mrope=True),
+    # MiniMax-M3 as released: its text model (engine/models/minimax_m3.py) by MiniMax's names; its images not yet.
+    "MiniMaxM3SparseForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, MINIMAX_M3),
+        text_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                       ("model.language_model.", "model.")),
+        vision_prefixes=("vision_tower.", "multi_modal_projector.", "patch_merge_mlp.", "model.vision_tower.",
+                         "model.multi_modal_projector.")),
     # Qwen4-Exp as released: its text model (engine/models/qwen4_exp.py); its images not yet.
     "Qwen4ExpForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=functools.partial(_named, QWEN4_EXP),

@@ -98,6 +98,11 @@ class BlockSparseAttention(Attention):
 
 
 class MiniMaxM3ForCausalLM(LlamaForCausalLM):
+    # MiniMax's names as released (MiniMaxM3SparseForConditionalGeneration) against transformers': its experts' as
+    # Mixtral's (w1, w3, w2), its shared experts' and dense MLPs' gate and up apart.
+    renames = (("block_sparse_moe.", "mlp."), *((f"self_attn.index_{x}.", f"self_attn.indexer.{x}.")
+                                                for x in INDEXER_WEIGHTS))
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         attention = BlockSparseAttention if layer in self.config.minimax_m3.sparse_layers else FullAttention
         made = DecoderLayer(self.config, self.kernels, dtype, None, self._is_sparse(layer), attention=attention)
@@ -113,6 +118,12 @@ class MiniMaxM3ForCausalLM(LlamaForCausalLM):
 
     def _mlp_names(self, layer: int) -> list[str]:
         p = f"model.layers.{layer}.mlp."
+        if self.config.multimodal is not None:  # as released
+            if not self._is_sparse(layer):
+                return super()._mlp_names(layer)
+            return [p + "gate.weight", p + "e_score_correction_bias"] + [
+                p + f"experts.{e}.{w}.weight" for e in range(self.config.moe.num_experts) for w in ("w1", "w2", "w3")
+            ] + [p + f"shared_experts.{x}_proj.weight" for x in ("gate", "up", "down")]
         if not self._is_sparse(layer):
             return [p + "gate_up_proj.weight", p + "down_proj.weight"]
         return [p + "gate.weight", p + "gate.e_score_correction_bias", p + "experts.gate_up_proj",

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from engine.model_config_loader import ModelConfigError, load_model_config
-from tests.parity.conftest import copied_with_config, decoded_from_handed_over_pages
-from tests.parity.test_transformers_parity import _engine, _hf_model, _random_prompt
+from tests.parity.conftest import (
+    COMMON,
+    TINY_MODELS,
+    copied_with_config,
+    decoded_from_handed_over_pages,
+    transformers,
+)
+from tests.parity.test_transformers_parity import _check_last_logits, _engine, _hf_model, _random_prompt
 
 
 def _copy(tiny_model_dirs, tmp_path, changes: dict, removed: tuple[str, ...] = ()):
@@ -59,3 +66,27 @@ def test_a_decode_engine_continues_from_the_pages_and_indexer_keys_prefill_hande
 def test_a_split_across_ranks_is_refused_by_name(tiny_model_dirs):
     with pytest.raises(ValueError, match="tensor parallelism splits"):
         _engine(tiny_model_dirs["minimax-m3"], tensor_parallel_size=2)
+
+
+def test_its_checkpoint_as_released_serves_its_text_model_by_minimaxs_names(tmp_path):
+    """MiniMax-M3 as released (a MiniMaxM3SparseForConditionalGeneration, as transformers saves it too): its text model
+    under `language_model.`, its experts Mixtral's w1/w2/w3 under `block_sparse_moe.`, gate and up apart, the
+    indexer's tensors `self_attn.index_*`, its vision tower and projectors beside (its images not served yet)."""
+    text = transformers.MiniMaxM3VLTextConfig(**{**COMMON, **TINY_MODELS["minimax-m3"][1]})
+    vision = transformers.MiniMaxM3VLVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                  num_attention_heads=2, image_size=56)
+    torch.manual_seed(3)
+    model = transformers.MiniMaxM3SparseForConditionalGeneration(transformers.MiniMaxM3VLConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
+    with torch.no_grad():  # its norms' weights (1 + weight) and the router's bias start at zeros
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight" in tensors
+    assert "language_model.model.layers.1.self_attn.index_q_proj.weight" in tensors
+    engine = _engine(tmp_path, max_num_batched_tokens=32)
+    assert engine.model_config.architecture == "MiniMaxM3VLForCausalLM" and engine.model_config.vision is None
+    _check_last_logits(engine, model)
+    engine.close()
