@@ -54,7 +54,10 @@ class PerLayerNGrams(nn.Module):
         self.register_buffer("head_offsets", torch.tensor([sum(sizes[:i]) for i in range(len(sizes))]),
                              persistent=False)
         self.register_buffer("multipliers", torch.tensor(ngrams.multipliers(index)), persistent=False)
-        self.tables = empty_param(ngrams.num_rows(index), ngrams.head_dim, dtype=dtype)
+        # In host memory whatever the model's device (transformers keeps them off the device too: the released
+        # model's are about 90 GiB), neither a parameter nor a buffer, so that nothing moves them there; a step looks
+        # its tokens' rows up here and takes those alone to the device.
+        self.tables = torch.empty(ngrams.num_rows(index), ngrams.head_dim, dtype=dtype, device="cpu")
         self.key_weight = empty_param(width, ngrams.embed_dim, dtype=dtype)
         self.value_weight = empty_param(config.hidden_size, ngrams.embed_dim, dtype=dtype)
         self.key_norm = empty_param(width, dtype=torch.float32)  # 1 + the checkpoint's, as the model's other norms
@@ -74,7 +77,8 @@ class PerLayerNGrams(nn.Module):
 
     def forward(self, streams: torch.Tensor, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """What it adds to the streams [T, n * H] before its layer."""
-        embeddings = F.embedding(self._table_rows(input_ids, meta), self.tables).flatten(-2)  # [T, E]
+        rows = self._table_rows(input_ids, meta).cpu()
+        embeddings = F.embedding(rows, self.tables).flatten(-2).to(streams.device)  # [T, E]
         n, width = self.num_streams, self.hidden_size
         keys = normed(self.linear(embeddings, self.key_weight).unflatten(-1, (n, width)), self.key_norm.view(n, -1),
                       self.eps)
@@ -129,7 +133,7 @@ class PerLayerNGrams(nn.Module):
         """Where its checkpoint tensor `name` (after `ple.`) goes."""
         if name.startswith(TABLES):
             shard = int(name.removeprefix(TABLES).split(".")[0])
-            return self.tables.data[shard * self.rows_a_shard:(shard + 1) * self.rows_a_shard]
+            return self.tables[shard * self.rows_a_shard:(shard + 1) * self.rows_a_shard]
         return getattr(self, WEIGHTS[name.split(".")[0]]).data
 
     def checkpoint_names(self, prefix: str) -> list[str]:

@@ -11,8 +11,10 @@ from safetensors.torch import load_file, save_file
 from engine.kv_pool import kv_block_bytes
 from engine.linear_attention_config import FULL, LINEAR
 from engine.model_config_loader import ModelConfigError, load_model_config
+from engine.models.ngram_embedding import PerLayerNGrams
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
+from kernels.registry import select_kernels
 from tests.parity.conftest import COMMON, TINY_MODELS, copied_with_config, greedy_outputs, transformers
 from tests.parity.test_transformers_parity import (
     _check_last_logits,
@@ -149,3 +151,14 @@ def test_a_prompt_given_as_embeddings_is_refused_where_n_grams_need_its_tokens(t
     engine = _engine(tiny_model_dirs["qwen4-exp"])  # without them, embeddings serve
     greedy_outputs(engine, {"r": ([0] * 4, {"prompt_embeds": torch.randn(4, 64)})}, 2)
     engine.close()
+
+
+def test_its_n_gram_tables_stay_in_host_memory_wherever_the_model_is(tiny_model_dirs):
+    """Made on any device (here meta, where nothing is allocated), its tables are the host's, and no parameter or
+    buffer: moving the model leaves them where they are."""
+    config = load_model_config(tiny_model_dirs["qwen4-exp-ngrams"])
+    with torch.device("meta"):
+        layer = PerLayerNGrams(config, select_kernels("cpu"), torch.float32, 0)
+    assert layer.tables.device.type == "cpu" and layer.tables.shape == (408, 16)
+    assert all(p.device.type == "meta" for p in layer.parameters())
+    assert not any(t is layer.tables for t in (*layer.parameters(), *layer.buffers()))
