@@ -124,6 +124,13 @@ def with_mtp_layer(model_dir, target_dir, seed: int = 0):
     for name, t in list(tensors.items()):
         if name.startswith(f"model.layers.{last}."):
             tensors[name.replace(f"model.layers.{last}.", f"model.layers.{mtp}.", 1)] = like(t)
+    # GLM-5's last layers share an earlier one's indexer; its MTP layer has one of its own, shaped as that one.
+    indexed = sorted(int(name.split(".")[2]) for name in tensors if ".self_attn.indexer." in name)
+    if indexed and indexed[-1] not in (last, mtp):
+        p = f"model.layers.{indexed[-1]}.self_attn.indexer."
+        for name, t in list(tensors.items()):
+            if name.startswith(p):
+                tensors[name.replace(f"model.layers.{indexed[-1]}.", f"model.layers.{mtp}.", 1)] = like(t)
     p = f"model.layers.{mtp}."
     norm = tensors["model.norm.weight"]
     tensors |= {p + "enorm.weight": like(norm), p + "hnorm.weight": like(norm),

@@ -1,5 +1,5 @@
-"""Multi-token prediction layers as draft heads: the layer past the last that DeepSeek-V3 (R1, V3.1),
-GLM-4.5/4.6 and GLM-4.7-Flash checkpoints carry, trained to predict the token after next (vLLM's
+"""Multi-token prediction layers as draft heads: the layer past the last that DeepSeek-V3 (R1, V3.1, V3.2),
+GLM-4.5/4.6, GLM-4.7-Flash and GLM-5 (its layer with an indexer of its own) checkpoints carry, trained to predict the token after next (vLLM's
 `{"method": "mtp"}`, once `deepseek_mtp`; engine/eagle.py drafts with it as with an EAGLE head).
 
 At position q the layer reads the token at q + 1 and the target's last hidden state at q (normed), each
@@ -135,7 +135,8 @@ class Glm4MoeMTP(_MultiTokenPredictor, Glm4MoeForCausalLM):
 # The target architectures whose checkpoints carry MTP layers, and the head each makes.
 MTP_HEADS = {"DeepseekV3ForCausalLM": "DeepseekV3MTP", "DeepseekV32ForCausalLM": "DeepseekV3MTP",  # (its indexer too)
              "Glm4MoeForCausalLM": "Glm4MoeMTP",
-             "Glm4MoeLiteForCausalLM": "DeepseekV3MTP"}  # GLM-4.7-Flash's: DeepSeek-V3's kind of layer
+             "Glm4MoeLiteForCausalLM": "DeepseekV3MTP",  # GLM-4.7-Flash's: DeepSeek-V3's kind of layer
+             "GlmMoeDsaForCausalLM": "DeepseekV3MTP"}  # GLM-5's: V3.2's, its indexer of its own
 
 
 def mtp_head_config(target: ModelConfig, mtp_layer: int) -> ModelConfig:

@@ -19,7 +19,7 @@ from tests.draft_models import with_mtp_layer
 from tests.unit.test_draft_model import _run
 from tests.unit.test_speculative import assert_same_outputs
 
-MODELS = ["deepseek-v3", "deepseek-v3.2", "glm4-moe", "glm4-moe-lite"]
+MODELS = ["deepseek-v3", "deepseek-v3.2", "glm4-moe", "glm4-moe-lite", "glm5"]
 MTP = SpeculativeConfig.from_dict({"method": "deepseek_mtp", "num_speculative_tokens": 3})
 PROMPTS = [[5, 6, 7, 8] * 30, list(range(10, 60)), [9] * 5]  # the tiny models' vocabulary: 512 tokens
 PARAMS = [
@@ -63,6 +63,7 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as deepseek_v32
     from transformers.models.glm4_moe import modeling_glm4_moe as glm
     from transformers.models.glm4_moe_lite import modeling_glm4_moe_lite as glm_lite
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm_dsa
 
     config = AutoConfig.from_pretrained(model_dir)
     config._attn_implementation = "eager"
@@ -71,10 +72,14 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
         out = target(torch.tensor([prompt]), output_hidden_states=True)
     modeling, prefix = {"deepseek_v3": (deepseek, "DeepseekV3"), "deepseek_v32": (deepseek_v32, "DeepseekV32"),
                         "glm4_moe": (glm, "Glm4Moe"),
-                        "glm4_moe_lite": (glm_lite, "Glm4MoeLite")}[config.model_type]
-    if config.model_type in ("glm4_moe_lite", "deepseek_v32"):  # its layer types name the model's layers, not the
-        # MTP layer past them
+                        "glm4_moe_lite": (glm_lite, "Glm4MoeLite"),
+                        "glm_moe_dsa": (glm_dsa, "GlmMoeDsa")}[config.model_type]
+    if config.model_type in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):  # its layer types name the model's
+        # layers, not the MTP layer past them (GLM-5's with an indexer of its own)
         config.mlp_layer_types = [*config.mlp_layer_types, "sparse"]
+        if config.model_type == "glm_moe_dsa":
+            config.indexer_types = [*config.indexer_types, "full"]
+            config.layer_types = [*config.layer_types, config.layer_types[-1]]
     mtp = config.num_hidden_layers
     tensors = {name.removeprefix(f"model.layers.{mtp}."): t for name, t in load_file(
         model_dir / "model.safetensors").items() if name.startswith(f"model.layers.{mtp}.")}
@@ -105,7 +110,8 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
             x = (x @ tensors["eh_proj.weight"].T)[None]
             positions = torch.arange(n)[None]
             mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-            output = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope(x, positions))[0]
+            output = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope(x, positions))
+            output = (output[0] if isinstance(output, tuple) else output)[0]  # (GLM-5's returns the indexer's choice)
             logits = rms(output[-1], tensors["shared_head.norm.weight"]) @ tensors["shared_head.head.weight"].T
             token = int(logits.argmax())
             drafts.append(token)
