@@ -1,6 +1,7 @@
 """Multi-token prediction layers as draft heads: the layer past the last that DeepSeek-V3 (R1, V3.1, V3.2),
-GLM-4.5/4.6, GLM-4.7-Flash and GLM-5 (its layer with an indexer of its own) checkpoints carry, trained to predict the token after next (vLLM's
-`{"method": "mtp"}`, once `deepseek_mtp`; engine/eagle.py drafts with it as with an EAGLE head).
+GLM-4.5/4.6, GLM-4.7-Flash and GLM-5 (its layer with an indexer of its own) checkpoints carry, trained to predict the
+token after next (vLLM's `{"method": "mtp"}`, once `deepseek_mtp`; engine/eagle.py drafts with it as with an EAGLE
+head).
 
 At position q the layer reads the token at q + 1 and the target's last hidden state at q (normed), each
 normed again (`enorm`, `hnorm`), joined by `eh_proj`, through one decoder layer of the target's own kind
