@@ -44,6 +44,7 @@ STARCODER2 = "Starcoder2ForCausalLM"  # Mistral's attention, layer norms with bi
 JAIS2 = "Jais2ForCausalLM"  # Llama's attention, layer norms with biases, Arcee's MLP
 CWM = "CwmForCausalLM"  # Meta's Code World Model: Llama with three windowed layers in four
 APERTUS = "ApertusForCausalLM"  # Swiss AI's: Llama with q/k norms and an xIELU MLP without a gate
+MINICPM3 = "MiniCPM3ForCausalLM"  # openbmb's MiniCPM3: DeepSeek-V2's latent attention, MiniCPM's scalings
 NANOCHAT = "NanoChatForCausalLM"  # Karpathy's nanochat: norms without weights, RoPE turned the other way
 HELIUM = "HeliumForCausalLM"  # Kyutai's Helium: Llama with RoPE's pairs side by side, biases on q, k and v
 STABLELM = "StableLmForCausalLM"  # StableLM 2 and 3B: Llama with layer norms, RoPE over a quarter of each head
@@ -77,9 +78,9 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
-                           GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3)
+                           GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3)
 # Multi-head latent attention's (engine/models/mla.py).
-MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH)
+MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).
@@ -107,7 +108,8 @@ QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, A
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
-           APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH)
+           APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
+           MINICPM3)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings

@@ -45,7 +45,9 @@ class MLAConfig:
 def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     q_lora_rank = cfg.get("q_lora_rank")
     # DeepSeek-V2 turns its RoPE dimensions as complex numbers, pairs side by side: V3's interleaving.
-    interleaved = True if arch == "DeepseekV2ForCausalLM" else bool(cfg.get("rope_interleave", True))
+    # MiniCPM3's pairs lie half a part apart, as Llama's.
+    interleaved = True if arch == "DeepseekV2ForCausalLM" else False if arch == "MiniCPM3ForCausalLM" else \
+        bool(cfg.get("rope_interleave", True))
     index = {}
     if arch in SPARSE_MLA:
         index = dict(index_heads=int(cfg.get("index_n_heads", 64 if arch == DEEPSEEK_V32 else 32)),
@@ -57,9 +59,11 @@ def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
         if index["index_head_dim"] < int(cfg["qk_rope_head_dim"]) or index["index_topk"] < 1:
             raise ValueError(f"index_head_dim {index['index_head_dim']} must hold qk_rope_head_dim "
                              f"{cfg['qk_rope_head_dim']}, and index_topk ({index['index_topk']}) be positive")
+    # (MiniCPM3's v heads, where it leaves them out: its width's share)
+    v_head_dim = int(cfg.get("v_head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
     return MLAConfig(q_lora_rank=int(q_lora_rank) if q_lora_rank else None, kv_lora_rank=int(cfg["kv_lora_rank"]),
                      qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                     v_head_dim=int(cfg["v_head_dim"]), rope_interleave=interleaved, **index)
+                     v_head_dim=v_head_dim, rope_interleave=interleaved, **index)
 
 
 def _shared_index_layers(cfg: dict) -> frozenset[int]:

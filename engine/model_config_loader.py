@@ -34,6 +34,7 @@ from engine.architectures import (
     HELIUM,
     JAIS2,
     MIMO,
+    MINICPM3,
     MLA_MODELS,
     NANOCHAT,
     OPT,
@@ -315,7 +316,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Absent, transformers' default for the architecture: Gemma's embedding is its LM head.
             tie_word_embeddings=is_bare or bool(cfg.get("tie_word_embeddings", cfg.get(
                 "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, GPT2, GPT_BIGCODE, SMOLLM3, *ERNIE45S,
-                                          *COHERES, *LFM2S)))),
+                                          MINICPM3, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, MINIMAX_M3, *LFM2S)
@@ -503,6 +504,12 @@ def _granite_multipliers(cfg: dict, arch: str) -> dict:
     if arch == AFMOE:  # Trinity's muP: its embeddings times sqrt(hidden_size), where mup_enabled
         return dict.fromkeys(names, 1.0) | (
             {"embedding_multiplier": int(cfg["hidden_size"]) ** 0.5} if cfg.get("mup_enabled") else {})
+    if arch == MINICPM3:  # MiniCPM's, transformers' defaults (MiniCPM3-4B's) where config.json leaves them out
+        depth, base = cfg.get("scale_depth", 1.4), cfg.get("dim_model_base", 256)
+        layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+        return {"embedding_multiplier": float(cfg.get("scale_emb", 12)),
+                "residual_multiplier": 1.0 if depth is None else float(depth) / layers ** 0.5,
+                "logits_scaling": 1.0 if base is None else hidden / float(base)}
     if arch not in GRANITES:
         return dict.fromkeys(names, 1.0)
     return {name: float(cfg.get(name, 1.0)) for name in names}

@@ -29,6 +29,7 @@ from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.longcat_flash import LongcatFlashForCausalLM
+from engine.models.minicpm3 import MiniCPM3ForCausalLM
 from engine.models.minimax_m3 import MiniMaxM3ForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
@@ -82,6 +83,7 @@ MODEL_REGISTRY = {
     # DeepSeek-V3's layers a pair, experts beside each pair (engine/models/longcat_flash.py)
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
+    "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,  # latent attention, MiniCPM's scalings (engine/models/minicpm3.py)
     "NanoChatForCausalLM": NanoChatForCausalLM,  # norms without weights, RoPE the other way (engine/models/nanochat.py)
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale

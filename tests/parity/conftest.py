@@ -120,6 +120,11 @@ TINY_MODELS = {
         layer_types=["full_attention", "minimax_m3_sparse"] * 2, mlp_layer_types=["dense"] + ["sparse"] * 3,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         swiglu_limit=2.0), {}),
+    # MiniCPM3: DeepSeek-V2's latent attention (RoPE's pairs half apart) before dense MLPs, embeddings times 12, each
+    # block's output times 1.4 / sqrt(layers), logits divided by hidden_size / 16; its LM head the embeddings.
+    "minicpm3": ("MiniCPM3Config", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        num_key_value_heads=4, dim_model_base=16, pad_token_id=0), {}),
     # nanochat: norms without weights (the embeddings' too), q and k normed after RoPE turning the other way, squared
     # ReLU without a gate, logits capped at 15.
     "nanochat": ("NanoChatConfig", dict(hidden_act="relu2"), {}),

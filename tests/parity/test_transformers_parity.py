@@ -22,6 +22,7 @@ from tests.parity.conftest import (
     ENGINE_OPTIONS,
     LONGROPE_ORIGINAL_CONTEXT,
     TINY_MODELS,
+    copied_with_config,
     shared_model_dirs,
     transformers,
 )
@@ -223,6 +224,17 @@ def test_nanochats_logits_are_capped_at_15_unless_its_config_says(tiny_model_dir
     del config["final_logit_softcapping"]
     (model_dir / "config.json").write_text(json.dumps({**config, **given}))
     assert load_model_config(model_dir).final_logit_softcapping == cap
+
+
+@pytest.mark.parametrize("given, removed, multipliers", [
+    ({}, ("scale_emb", "scale_depth", "dim_model_base"), (12.0, 1.4 / 2 ** 0.5, 64 / 256)),  # (MiniCPM3-4B's)
+    ({"scale_emb": 3, "scale_depth": None, "dim_model_base": None}, (), (3.0, 1.0, 1.0)),
+])
+def test_minicpm3s_scalings_read_as_transformers_reads_them(tiny_model_dirs, tmp_path, given, removed, multipliers):
+    model_dir = copied_with_config(tiny_model_dirs["minicpm3"], tmp_path, given, removed)
+    config = load_model_config(model_dir)
+    assert (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling) == pytest.approx(
+        multipliers)
 
 
 def test_a_gpt2_checkpoint_as_released_holds_its_bare_model_and_its_masks(tiny_model_dirs, tmp_path):
