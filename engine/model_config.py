@@ -97,6 +97,7 @@ class ModelConfig:
     mlp_gated: bool = True  # False: the dense MLP is up, the activation, down (Arcee's, StarCoder 2's), no gate
     lm_head_bias: bool = False  # a bias added to the logits (Phi-3.5-MoE's lm_head_bias)
     parallel_residual: bool = False  # attention and the MLP side by side from one norm (StableLM's option)
+    parallel_norms: int = 1  # ... from that one norm, or each from its own (2: Falcon-40B's; GPT-NeoX's always)
     eagle: EagleConfig | None = None  # an EAGLE draft head's (engine/eagle_config.py); None: a model of its own
     # Gemma 4's layers of two head shapes and KV shared (engine/gemma4_config.py): num_kv_heads and head_dim are then
     # its pages', which hold every layer's heads.

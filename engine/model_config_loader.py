@@ -62,6 +62,7 @@ from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
 from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
+from engine.falcon_config import FALCON, falcon_keys, falcon_norms
 from engine.falcon_h1_config import read_mup
 from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
@@ -178,6 +179,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
+    if arch == FALCON:
+        try:
+            cfg = falcon_keys(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
         older = {"partial_rotary_factor": cfg.get("rotary_pct"), "rope_theta": cfg.get("rotary_emb_base")}
         cfg = {**{key: value for key, value in older.items() if value is not None}, **cfg}
@@ -205,6 +211,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch in (GPT2, GPT_BIGCODE):  # "gelu_new": GELU's tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = "gelu_pytorch_tanh"
+    if arch == FALCON:  # its MLP's exact GELU
+        supported_act = "gelu"
     if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh", "gelu_fast": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = act if act in ("gelu", "gelu_pytorch_tanh") else "gelu"
@@ -337,10 +345,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, NANOCHAT),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, NANOCHAT,
+                                   FALCON),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
-                                                                                             arch == GPTNEOX))),
+                                                                                             arch == GPTNEOX)))
+            or (arch == FALCON and falcon_norms(cfg) > 0),
+            parallel_norms=falcon_norms(cfg) if arch == FALCON and falcon_norms(cfg) else 1,
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
             mla=mla,
             **{name: None if cap is None else float(cap) for name, cap in softcaps.items()},
@@ -425,7 +436,8 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
-        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else "rms_norm_eps"
+        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else \
+        "layer_norm_epsilon" if arch == FALCON else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -442,6 +454,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch in (PHI, GPT2, GPT_BIGCODE):  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
+    if arch == FALCON:  # everywhere by bias (off unless it says), but its layer norms' always
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("bias", False)))
     if arch == OPT:  # everywhere by enable_bias
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("enable_bias", True)))
     if arch == GPTNEOX:  # on its attention by attention_bias (on unless it says), always on its MLP

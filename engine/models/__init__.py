@@ -18,6 +18,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.layer_norm_llama import (
+    FalconForCausalLM,
     GPTNeoXForCausalLM,
     Jais2ForCausalLM,
     PhiForCausalLM,
@@ -83,6 +84,7 @@ MODEL_REGISTRY = {
     # DeepSeek-V3's layers a pair, experts beside each pair (engine/models/longcat_flash.py)
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
+    "FalconForCausalLM": FalconForCausalLM,  # layer norms, an ungated GELU MLP beside attention (layer_norm_llama.py)
     "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,  # latent attention, MiniCPM's scalings (engine/models/minicpm3.py)
     "NanoChatForCausalLM": NanoChatForCausalLM,  # norms without weights, RoPE the other way (engine/models/nanochat.py)
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says

@@ -189,3 +189,41 @@ class GPTNeoXForCausalLM(Jais2ForCausalLM):
             heads = tensor.view(self.config.num_heads, 3, self.config.head_dim, *tensor.shape[1:])
             return target.data, heads.transpose(0, 1).reshape(tensor.shape)
         return super()._placed(name, tensor)
+
+
+# Falcon's names against Llama's.
+FALCON_RENAMED = (("transformer.word_embeddings.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+                  ("transformer.h.", "model.layers."), (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
+                  (".self_attention.dense.", ".self_attn.o_proj."), (".mlp.dense_h_to_4h.", ".mlp.up_proj."),
+                  (".mlp.dense_4h_to_h.", ".mlp.down_proj."), (".ln_attn.", ".input_layernorm."),
+                  (".ln_mlp.", ".post_attention_layernorm."))
+
+
+class FalconForCausalLM(GPTNeoXForCausalLM):
+    """(engine/falcon_config.py) q, k and v fused: 40B's and 180B's a group of q heads and their k and v head at a
+    time, 7B's every q head then the one k and v, the others' each head's three in turn (as GPT-NeoX's)."""
+
+    renames = FALCON_RENAMED
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        cfg = self.config
+        kind = LayerNormDecoderLayer if not cfg.parallel_residual else \
+            ParallelTwoNormLayer if cfg.parallel_norms == 2 else ParallelLayerNormDecoderLayer
+        return kind(cfg, self.kernels, dtype, self._window(layer))
+
+    def _norm_names(self) -> tuple[str, ...]:
+        cfg = self.config
+        return ("input_layernorm",) if cfg.parallel_residual and cfg.parallel_norms == 1 else super()._norm_names()
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        if ".self_attn.qkv_proj." not in name or cfg.num_kv_heads == cfg.num_heads:
+            return super()._placed(name, tensor)
+        attn = self.layers[int(name.split(".")[2])].attn
+        target = attn.qkv_weight if name.endswith("weight") else attn.qkv_bias
+        if cfg.num_kv_heads == 1:  # every q head, then k, then v: as Llama's
+            return target.data, tensor
+        per_group = cfg.num_heads // cfg.num_kv_heads
+        groups = tensor.view(cfg.num_kv_heads, per_group + 2, cfg.head_dim, *tensor.shape[1:])
+        q, k, v = groups.split([per_group, 1, 1], dim=1)
+        return target.data, torch.cat([part.reshape(-1, *tensor.shape[1:]) for part in (q, k, v)])

@@ -125,6 +125,12 @@ TINY_MODELS = {
     "minicpm3": ("MiniCPM3Config", dict(
         q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
         num_key_value_heads=4, dim_model_base=16, pad_token_id=0), {}),
+    # Falcon-40B's and 180B's layout: attention (2 KV heads, each a group's q heads, k and v fused a group at a time)
+    # beside an ungated GELU MLP, each from a layer norm of its own; and Falcon-7B's: one k and v head, both from one
+    # norm, biases on.
+    "falcon": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=160,
+                                    tie_word_embeddings=False), {}),
+    "falcon-7b": ("FalconConfig", dict(multi_query=True, parallel_attn=True, ffn_hidden_size=160, bias=True), {}),
     # nanochat: norms without weights (the embeddings' too), q and k normed after RoPE turning the other way, squared
     # ReLU without a gate, logits capped at 15.
     "nanochat": ("NanoChatConfig", dict(hidden_act="relu2"), {}),

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from engine.batch import ScheduledBatch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model_config_loader import load_model_config
+from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.cuda import DEVICES
@@ -235,6 +235,24 @@ def test_minicpm3s_scalings_read_as_transformers_reads_them(tiny_model_dirs, tmp
     config = load_model_config(model_dir)
     assert (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling) == pytest.approx(
         multipliers)
+
+
+@pytest.mark.parametrize("changes, refused", [({"alibi": True}, "ALiBi"),
+                                             ({"parallel_attn": False}, "without parallel_attn")])
+def test_falcons_layouts_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, changes, refused):
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(copied_with_config(tiny_model_dirs["falcon"], tmp_path, changes))
+
+
+def test_falcons_older_config_names_read_as_its_own(tiny_model_dirs, tmp_path):
+    """RefinedWeb's releases name its heads n_head and n_head_kv, its layers n_layer; ffn_hidden_size left out is 4
+    times the hidden size."""
+    saved = load_model_config(tiny_model_dirs["falcon"])
+    older = copied_with_config(tiny_model_dirs["falcon"], tmp_path, {"n_head": 4, "n_head_kv": 2, "n_layer": 2},
+                               ("num_attention_heads", "num_kv_heads", "num_hidden_layers", "ffn_hidden_size"))
+    config = load_model_config(older)
+    assert (config.num_heads, config.num_kv_heads, config.num_layers) == (saved.num_heads, 2, saved.num_layers)
+    assert config.intermediate_size == 4 * config.hidden_size
 
 
 def test_a_gpt2_checkpoint_as_released_holds_its_bare_model_and_its_masks(tiny_model_dirs, tmp_path):
