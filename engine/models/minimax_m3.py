@@ -10,12 +10,12 @@ import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
+from engine.models.index_key_pages import by_sequence, write_with_index_keys
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache
 from engine.models.moe import clamped_glu
@@ -68,18 +68,9 @@ class BlockSparseAttention(Attention):
         index_k = rms_norm_scaled_in_float32(ops.linear(x, self.index_k_weight).view(num_tokens, 1, -1),
                                              self.index_k_norm, cfg.rms_norm_eps)
         index_q, index_k = ops.apply_rope(index_q, index_k, cos, sin)
-        # The pages' last head holds the indexer's key where k's would be.
-        page_k = torch.cat((k, F.pad(index_k, (0, cfg.head_dim - indexer.head_dim))), dim=1)
-        page_v = torch.cat((v, v.new_zeros(num_tokens, 1, cfg.head_dim)), dim=1)
-        ops.write_kv(page_k, page_v, *kv_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
-        for row in range(meta.num_decode_tokens):
-            out[row:row + 1] = self._attend(q[row:row + 1], index_q[row:row + 1], kv_cache,
-                                            meta.decode_block_tables[row], int(meta.decode_context_lens[row]) - 1)
-        for chunk in meta.prefills:
-            s, e = chunk.start, chunk.end
-            out[s:e] = self._attend(q[s:e], index_q[s:e], kv_cache, chunk.block_table, chunk.context_len)
-        return self._output(out)
+        write_with_index_keys(ops, k, v, index_k.squeeze(1), kv_cache, meta)
+        return self._output(by_sequence(q, index_q, meta, lambda rows, index_rows, blocks, context_len: self._attend(
+            rows, index_rows, kv_cache, blocks, context_len)))
 
     def _attend(self, q: torch.Tensor, index_q: torch.Tensor, kv_cache: KVCache, block_table: torch.Tensor,
                 context_len: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
+from engine.models.index_key_pages import by_sequence, write_with_index_keys
 from engine.models.llama_layers import KVCache
 from engine.models.moe import SparseMoE
 from engine.models.ngram_embedding import BUFFERS as NGRAM_BUFFERS, PerLayerNGrams
@@ -90,19 +91,10 @@ class IndexedAttention(GatedAttention):
         index_q = normed(index_q.view(num_tokens, indexer.num_heads, indexer.head_dim), self.index_q_norm,
                          cfg.rms_norm_eps)
         index_q = ops.apply_rope(index_q, index_q[:, :0], cos, sin)[0]
-        # The pages' last head holds the indexer's key (unturned, as transformers keeps it) where k's would be.
-        page_k = torch.cat((k, F.pad(index_k, (0, cfg.head_dim - indexer.head_dim)).unsqueeze(1)), dim=1)
-        page_v = torch.cat((v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), v.new_zeros(num_tokens, 1,
-                                                                                             cfg.head_dim)), dim=1)
-        ops.write_kv(page_k, page_v, *kv_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
-        for row in range(meta.num_decode_tokens):
-            out[row:row + 1] = self._attend(q[row:row + 1], index_q[row:row + 1], kv_cache,
-                                            meta.decode_block_tables[row], int(meta.decode_context_lens[row]) - 1,
-                                            tables)
-        for chunk in meta.prefills:
-            s, e = chunk.start, chunk.end
-            out[s:e] = self._attend(q[s:e], index_q[s:e], kv_cache, chunk.block_table, chunk.context_len, tables)
+        # (the indexer's key kept unturned, as transformers keeps it)
+        write_with_index_keys(ops, k, v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), index_k, kv_cache, meta)
+        out = by_sequence(q, index_q, meta, lambda rows, index_rows, blocks, context_len: self._attend(
+            rows, index_rows, kv_cache, blocks, context_len, tables))
         gated = out.reshape(num_tokens, cfg.q_size) * torch.sigmoid(gate.reshape(num_tokens, cfg.q_size))
         return self._output(gated)
 

@@ -206,23 +206,28 @@ def test_preempted_sequences_compute_their_states_again(tiny_model_dirs, name, n
     engine.close()
 
 
-def test_qwen3_5s_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_layer_unread(tmp_path):
-    """Qwen3.5 as released (every size a Qwen3_5ForConditionalGeneration: its text model under
-    `model.language_model.`, its vision tower under `model.visual.`, its MTP layer under `mtp.`)."""
+@pytest.mark.parametrize("name, prefix, seed, serves_images", [("qwen3.5", "Qwen3_5", 35, True),
+                                                               ("qwen4-exp", "Qwen4Exp", 4, False)])
+def test_a_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_layer_unread(tmp_path, name, prefix, seed,
+                                                                                    serves_images):
+    """Qwen3.5 and Qwen4-Exp as released (a ...ForConditionalGeneration: its text model under
+    `model.language_model.`, its vision tower under `model.visual.`, its MTP layer under `mtp.`); Qwen4-Exp's images
+    not served yet."""
     from safetensors.torch import load_file, save_file
 
-    text = transformers.Qwen3_5TextConfig(**{**COMMON, **TINY_MODELS["qwen3.5"][1]})
-    vision = transformers.Qwen3_5VisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                              out_hidden_size=64)
-    torch.manual_seed(35)
-    model = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(
+    text = getattr(transformers, f"{prefix}TextConfig")(**{**COMMON, **TINY_MODELS[name][1]})
+    vision = getattr(transformers, f"{prefix}VisionConfig")(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                           out_hidden_size=64)
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(getattr(transformers, f"{prefix}Config")(
         text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
     model.save_pretrained(tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
     assert any(name.startswith("model.visual.") for name in tensors)
     save_file({**tensors, "mtp.fc.weight": torch.zeros(64, 128)}, tmp_path / "model.safetensors")
     engine = _engine(tmp_path, max_num_batched_tokens=32)
-    assert engine.model_config.architecture == "Qwen3_5ForCausalLM"
+    assert engine.model_config.architecture == f"{prefix}ForCausalLM"
+    assert (engine.model_config.vision is not None) == serves_images
     _check_last_logits(engine, model)
     engine.close()
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from engine.kv_pool import kv_block_bytes
 from engine.linear_attention_config import FULL, LINEAR
@@ -15,9 +14,8 @@ from engine.models.ngram_embedding import PerLayerNGrams
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from kernels.registry import select_kernels
-from tests.parity.conftest import COMMON, TINY_MODELS, copied_with_config, greedy_outputs, transformers
+from tests.parity.conftest import copied_with_config, greedy_outputs
 from tests.parity.test_transformers_parity import (
-    _check_last_logits,
     _engine,
     _hf_model,
     _prefill_logits,
@@ -88,25 +86,6 @@ def test_a_prompt_longer_than_its_budget_attends_to_fewer_tokens_than_it_sees(ti
         tokens[name] = greedy_outputs(engine, {"r": (prompt, {})}, 16)["r"]
         engine.close()
     assert tokens["sparse"] != tokens["dense"]
-
-
-def test_its_multimodal_checkpoint_serves_its_text_model_leaving_its_mtp_layer_unread(tmp_path):
-    """Qwen4-Exp as released: a Qwen4ExpForConditionalGeneration, its text model under `model.language_model.`, its
-    vision tower under `model.visual.` (its images not served yet), its MTP layer under `mtp.`."""
-    text = transformers.Qwen4ExpTextConfig(**{**COMMON, **TINY_MODELS["qwen4-exp"][1]})
-    vision = transformers.Qwen4ExpVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                               out_hidden_size=64)
-    torch.manual_seed(4)
-    model = transformers.Qwen4ExpForConditionalGeneration(transformers.Qwen4ExpConfig(
-        text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
-    model.save_pretrained(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    assert any(name.startswith("model.visual.") for name in tensors)
-    save_file({**tensors, "mtp.fc.weight": torch.zeros(64, 128)}, tmp_path / "model.safetensors")
-    engine = _engine(tmp_path, max_num_batched_tokens=32)
-    assert engine.model_config.architecture == "Qwen4ExpForCausalLM" and engine.model_config.vision is None
-    _check_last_logits(engine, model)
-    engine.close()
 
 
 @pytest.mark.parametrize("overrides, refused", [
