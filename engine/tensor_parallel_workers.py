@@ -79,6 +79,17 @@ class RankError(RuntimeError):
     """A rank failed to start, to load its weights or to map the KV pool, or exited."""
 
 
+def rank_command(pipe_fd: int) -> list[str]:
+    """The command line of a rank's process, told what to do over `pipe_fd`."""
+    return [sys.executable, "-m", "engine.tensor_parallel_workers", str(pipe_fd)]
+
+
+def start_rank_process(pipe_fd: int, env: dict[str, str]) -> subprocess.Popen:
+    """A rank's process, `pipe_fd` inherited. One function so that the tests can start ranks as forks of a Python
+    that has imported torch already (tests/services/preloaded_python.py)."""
+    return subprocess.Popen(rank_command(pipe_fd), pass_fds=(pipe_fd,), env=env)
+
+
 class RankWorkers:
     """Ranks 1..size-1, from rank 0's side: started at once (each loads its own weights while rank 0 loads
     its), then told what to do."""
@@ -93,8 +104,7 @@ class RankWorkers:
         env = {**os.environ, "PYTHONPATH": python_path}
         for rank in range(1, size):
             ours, theirs = multiprocessing.Pipe()
-            process = subprocess.Popen([sys.executable, "-m", "engine.tensor_parallel_workers", str(theirs.fileno())],
-                                       pass_fds=(theirs.fileno(),), env=env)
+            process = start_rank_process(theirs.fileno(), env)
             theirs.close()
             ours.send((rank, size, store_port, args))
             self._pipes.append(ours)

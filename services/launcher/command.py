@@ -133,6 +133,7 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
     ValueError for flags that cannot run."""
     check_vllm_flags(args)
     import asyncio
+    import dataclasses
 
     from services.launcher.mesh import Mesh
     from services.launcher.specs import MeshConfig
@@ -152,7 +153,9 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         max_model_len=args.max_model_len, hf_overrides=args.hf_overrides,
                         otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None,
-                        gpu_memory_utilization=args.gpu_memory_utilization, num_gpus=visible_gpu_count())
+                        gpu_memory_utilization=args.gpu_memory_utilization)
+    # Counted once the flags are checked: counting imports torch, a second before a refusal could answer.
+    config = dataclasses.replace(config, num_gpus=visible_gpu_count())
 
     async def run() -> int:
         return await Mesh(config).run()

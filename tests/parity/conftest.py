@@ -15,6 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine import tensor_parallel_workers
+from tests.services.preloaded_python import spawn
+
 transformers = pytest.importorskip("transformers")
 
 SHARED_MODELS = Path(__file__).resolve().parents[3] / "shared" / "models"
@@ -32,7 +35,7 @@ COMMON = dict(
     eos_token_id=2,
 )
 
-LONGROPE_ORIGINAL_CONTEXT = 512  # past the longest generic prompt and its output (300 + 64)
+LONGROPE_ORIGINAL_CONTEXT = 512  # past the longest generic prompt and its output (300 + 32)
 
 # Gated DeltaNet's heads in the tiny hybrid models (Qwen3.5, Qwen3-Next), and their experts.
 LINEAR_HEADS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8)
@@ -527,6 +530,17 @@ def make_tiny_model(path: Path, name: str) -> Path:
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
     return {name: make_tiny_model(root / name, name) for name in TINY_MODELS}
+
+
+@pytest.fixture
+def forked_ranks(monkeypatch) -> None:
+    """Ranks 1.. of a split model forked from the tests' preloaded Python: a rank's own process spends a second of
+    CPU importing torch, and the parity tests split some hundred models. (Tests of the ranks' processes themselves,
+    test_tensor_parallel.py's, start them as the engine does.)"""
+    def start(pipe_fd: int, env: dict[str, str]):
+        return spawn(tensor_parallel_workers.rank_command(pipe_fd), env=env, pass_fds=(pipe_fd,), inherit_output=True)
+
+    monkeypatch.setattr(tensor_parallel_workers, "start_rank_process", start)
 
 
 def copied_with_config(model_dir: Path, into: Path, changes: dict, removed: tuple[str, ...] = ()) -> Path:

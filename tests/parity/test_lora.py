@@ -20,6 +20,8 @@ from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
 from tests.parity.conftest import transformers
 from tests.parity.test_transformers_parity import _hf_model, _random_prompt
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dirs, tmp_path_factory):

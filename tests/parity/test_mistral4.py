@@ -12,6 +12,8 @@ import torch
 from tests.parity.conftest import transformers
 from tests.parity.test_transformers_parity import _engine, _mixed_prompts, _prefill_logits, _random_prompt
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 TEXT = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
             vocab_size=512, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
             n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,

@@ -19,6 +19,8 @@ from tests.draft_models import with_mtp_layer
 from tests.unit.test_draft_model import _run
 from tests.unit.test_speculative import assert_same_outputs
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 MODELS = ["deepseek-v3", "deepseek-v3.2", "glm4-moe", "glm4-moe-lite", "glm5"]
 MTP = SpeculativeConfig.from_dict({"method": "deepseek_mtp", "num_speculative_tokens": 3})
 PROMPTS = [[5, 6, 7, 8] * 30, list(range(10, 60)), [9] * 5]  # the tiny models' vocabulary: 512 tokens

@@ -30,6 +30,8 @@ from tests.parity.images import (
     saved_qwen_vl,
 )
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 IMAGE, VISION_START, VISION_END = 500, 498, 499
 PIXELS_PER_TOKEN = 8  # patches of 4 pixels, merged 2x2
 MAX_NEW_TOKENS = 8

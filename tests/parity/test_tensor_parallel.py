@@ -135,6 +135,7 @@ def test_a_rank_that_dies_fails_the_next_step_instead_of_hanging(tiny_model_dirs
     engine.close()
 
 
+@pytest.mark.usefixtures("forked_ranks")  # (the tests above check the ranks' own processes)
 def test_weights_read_again_reach_every_rank(tiny_model_dirs, tmp_path):
     """update_weights on a split model: each rank reads its share of the new checkpoint (one whose every
     tensor differs), and the tokens are those of an unsplit engine on it."""
@@ -156,6 +157,7 @@ def test_weights_read_again_reach_every_rank(tiny_model_dirs, tmp_path):
     assert after == greedy_outputs(unsplit, PROMPTS, 12) != before
 
 
+@pytest.mark.usefixtures("forked_ranks")  # (the tests above check the ranks' own processes)
 @pytest.mark.parametrize("options", [
     {"speculative": SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})},
     {"kv_cache_dtype": "fp8"},
@@ -179,6 +181,7 @@ def test_a_split_model_decodes_as_the_unsplit_one_with_the_engines_other_setting
         assert max(abs(split[t] - unsplit[t]) for t in split) < 1e-4
 
 
+@pytest.mark.usefixtures("forked_ranks")  # (the tests above check the ranks' own processes)
 def test_the_vocabulary_is_split_across_the_ranks_even_where_it_does_not_divide(tmp_path):
     """Each rank holds a run of the embeddings' and LM head's token rows (vLLM's VocabParallelEmbedding and
     ParallelLMHead), the last padded: 1021 tokens in two runs of 511. The greedy tokens, and the logprobs of a
@@ -202,6 +205,7 @@ def test_the_vocabulary_is_split_across_the_ranks_even_where_it_does_not_divide(
         assert max(abs(split[t] - unsplit[t]) for t in split) < 1e-4
 
 
+@pytest.mark.usefixtures("forked_ranks")  # (the tests above check the ranks' own processes)
 def test_an_eagle_head_sharing_the_targets_embeddings_does_not_draft_for_a_split_target(tiny_demo_model, tmp_path):
     head = eagle_head(tiny_demo_model, tmp_path / "head", "eagle")
     with pytest.raises(ValueError, match="does not draft for a target split across tensor-parallel ranks"):

@@ -27,7 +27,12 @@ from tests.parity.conftest import (
     transformers,
 )
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 PROMPT_LENGTHS = (1, 17, 300)
+# Every mixed prompt's decode crosses a page boundary within this many tokens, and the 17- and 45-token prompts'
+# a 48-token sliding window; transformers' reference greedy runs are most of these tests' time, so no more.
+GREEDY_NEW_TOKENS = 32
 SHARED = shared_model_dirs()
 
 
@@ -117,14 +122,14 @@ def _hf_greedy(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
     return refs
 
 
-def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = 64,
+def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: int = GREEDY_NEW_TOKENS,
                   reference_dir: Path | None = None, **options) -> None:
     engine = _engine(model_dir, max_num_batched_tokens=max_num_batched_tokens, **options)
     _engine_greedy_matches(engine, reference_dir or model_dir, max_new_tokens)
     engine.close()
 
 
-def _engine_greedy_matches(engine: LLMEngine, reference_dir: Path, max_new_tokens: int = 64) -> None:
+def _engine_greedy_matches(engine: LLMEngine, reference_dir: Path, max_new_tokens: int = GREEDY_NEW_TOKENS) -> None:
     prompts = _mixed_prompts(engine.model_config.vocab_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     # Request 2 goes first so that its prefix blocks are cached when 3 and 7 arrive.

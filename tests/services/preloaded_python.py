@@ -16,13 +16,15 @@ environment as they load (GOMP_SPINCOUNT, GRPC_EXPERIMENTS: here as every servic
 unforked too: `baton up` and its tests start `python -m services.<name>` as ever.
 
 Protocol: the test process holds one end of a seqpacket socket pair; per spawn it sends the command (JSON)
-with the child's stdout, stderr and exit-status pipes' write ends (SCM_RIGHTS), and reads the
+with the child's stdout, stderr and exit-status pipes' write ends and any file descriptors passed to it
+(SCM_RIGHTS; the child finds those at their numbers in the test process), and reads the
 child's pid back; this process writes the child's exit code (as Popen's returncode) into its
 status pipe once it has reaped it. End of file on the socket: the tests are done; this process
 exits (its children, if any are left, go on as `Popen` children would).
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import importlib
 import io
@@ -40,13 +42,16 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("tokenizer", "prefill", "decode", "kvstore", "gateway")
+# What runs forked besides the services: a tensor-parallel rank (engine/tensor_parallel_workers.py).
+FORKABLE_MODULES = frozenset({*(f"services.{name}" for name in SERVICES), "engine.tensor_parallel_workers"})
+MAX_PASSED_FDS = 4
 _MAX_COMMAND_BYTES = 1 << 17  # a seqpacket message: the command line and environment
 
 
 class ForkedProcess:
     """The part of `subprocess.Popen` the tests use, for a child of the preloaded Python."""
 
-    def __init__(self, args: list[str], pid: int, stdout: io.TextIOWrapper, stderr: io.TextIOWrapper,
+    def __init__(self, args: list[str], pid: int, stdout: io.TextIOWrapper | None, stderr: io.TextIOWrapper | None,
                  status_fd: int):
         self.args = args
         self.pid = pid
@@ -106,25 +111,30 @@ class PreloadedPython:
                                      pass_fds=[theirs.fileno()])
         theirs.close()
 
-    def spawn(self, args: list[str], cwd: Path, env: dict[str, str]) -> ForkedProcess:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+    def spawn(self, args: list[str], cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...] = (),
+              inherit_output: bool = False) -> ForkedProcess:
+        if inherit_output:  # this process's stdout and stderr, as Popen's children without pipes get them
+            (out_r, out_w), (err_r, err_w) = (None, os.dup(1)), (None, os.dup(2))
+        else:
+            (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         status_r, status_w = os.pipe()
-        command = json.dumps({"args": args[1:], "cwd": str(cwd), "env": env}).encode()
+        command = json.dumps({"args": args[1:], "cwd": str(cwd), "env": env, "pass_fds": list(pass_fds)}).encode()
         try:
             with self._lock:
-                socket.send_fds(self._socket, [command], [out_w, err_w, status_w])
+                socket.send_fds(self._socket, [command], [out_w, err_w, status_w, *pass_fds])
                 reply = self._socket.recv(16)
             if not reply:
                 raise RuntimeError(f"the preloaded Python exited ({self.proc.wait()})")
         except BaseException:
             for fd in (out_r, err_r, status_r):
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             raise
         finally:
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
-        return ForkedProcess(args, int(reply), open(out_r, encoding="utf-8"), open(err_r, encoding="utf-8"), status_r)
+        return ForkedProcess(args, int(reply), out_r and open(out_r, encoding="utf-8"),
+                             err_r and open(err_r, encoding="utf-8"), status_r)
 
 
 _preloaded: PreloadedPython | None = None
@@ -132,10 +142,11 @@ _preloaded_lock = threading.Lock()
 
 
 def forkable(args: list[str]) -> bool:
-    """`python -m services.<name> ...` or `python -c CODE ...`: what the preloaded Python runs (where
-    the kernel gives process file descriptors, Linux 5.4 and later, by which it waits for its children)."""
+    """`python -m services.<name> ...`, a tensor-parallel rank or `python -c CODE ...`: what the preloaded Python
+    runs (where the kernel gives process file descriptors, Linux 5.4 and later, by which it waits for its
+    children)."""
     return len(args) >= 3 and args[0] == sys.executable and _has_pidfds() and (
-        args[1] == "-c" or (args[1] == "-m" and args[2] in {f"services.{name}" for name in SERVICES}))
+        args[1] == "-c" or (args[1] == "-m" and args[2] in FORKABLE_MODULES))
 
 
 @functools.cache
@@ -147,17 +158,22 @@ def _has_pidfds() -> bool:
     return hasattr(os, "P_PIDFD")
 
 
-def spawn(args: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None):
-    """`subprocess.Popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=True)`, forked from the
-    preloaded Python where it runs the command (else started so)."""
+def spawn(args: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+          inherit_output: bool = False):
+    """`subprocess.Popen(args, cwd=cwd, env=env, pass_fds=pass_fds, stdout=PIPE, stderr=PIPE, text=True)` (without
+    the pipes where `inherit_output`), forked from the preloaded Python where it runs the command (else started
+    so)."""
     global _preloaded
+    if len(pass_fds) > MAX_PASSED_FDS:
+        raise ValueError(f"at most {MAX_PASSED_FDS} file descriptors pass to a forked child, not {len(pass_fds)}")
     if not forkable(args):
-        return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pipe = None if inherit_output else subprocess.PIPE
+        return subprocess.Popen(args, cwd=cwd, env=env, pass_fds=pass_fds, stdout=pipe, stderr=pipe, text=True)
     with _preloaded_lock:
         if _preloaded is None or _preloaded.proc.poll() is not None:
             _preloaded = PreloadedPython()
         preloaded = _preloaded
-    return preloaded.spawn(args, cwd, dict(os.environ if env is None else env))
+    return preloaded.spawn(args, cwd, dict(os.environ if env is None else env), pass_fds, inherit_output)
 
 
 # The preloaded process's side.
@@ -170,11 +186,11 @@ def _serve(control: socket.socket) -> dict | None:
         while True:
             for key, _ in selector.select():
                 if key.fileobj is control:
-                    message, fds, _, _ = socket.recv_fds(control, _MAX_COMMAND_BYTES, 3)
+                    message, fds, _, _ = socket.recv_fds(control, _MAX_COMMAND_BYTES, 3 + MAX_PASSED_FDS)
                     if not message:
                         return None
                     command = json.loads(message)
-                    out_w, err_w, status_w = fds
+                    out_w, err_w, status_w, *passed = fds
                     sys.stdout.flush()
                     sys.stderr.flush()
                     pid = os.fork()
@@ -186,9 +202,10 @@ def _serve(control: socket.socket) -> dict | None:
                         os.dup2(err_w, 2)
                         os.close(out_w)
                         os.close(err_w)
+                        _place_passed_fds(passed, command["pass_fds"])
                         return command
-                    os.close(out_w)
-                    os.close(err_w)
+                    for fd in (out_w, err_w, *passed):
+                        os.close(fd)
                     pidfd = os.pidfd_open(pid)
                     status_fds[pidfd] = status_w
                     selector.register(pidfd, selectors.EVENT_READ)
@@ -202,6 +219,18 @@ def _serve(control: socket.socket) -> dict | None:
                     os.close(pidfd)
                     os.write(status_w, str(returncode).encode())
                     os.close(status_w)
+
+
+def _place_passed_fds(received: list[int], numbers: list[int]) -> None:
+    """Each received file descriptor at the number it had in the test process, as Popen's pass_fds keeps them (the
+    child is told its number). Moved above every wanted number first, so that none is overwritten before it moves."""
+    above = max(numbers, default=0) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in received]
+    for fd in received:
+        os.close(fd)
+    for fd, number in zip(moved, numbers, strict=True):
+        os.dup2(fd, number)
+        os.close(fd)
 
 
 def _run(command: dict, grpc_env, openmp_env) -> None:

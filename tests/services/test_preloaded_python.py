@@ -2,6 +2,7 @@
 command as a fresh `python` process would, and report its end as `subprocess.Popen` does."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -51,3 +52,21 @@ def test_other_commands_start_as_plain_processes():
     assert isinstance(done, subprocess.Popen) and done.wait(timeout=60) == 0
     done.stdout.close()
     done.stderr.close()
+
+
+def test_passed_descriptors_are_at_their_numbers_and_output_is_inherited(capfd):
+    """As Popen's pass_fds: a tensor-parallel rank is told its pipe's number (tests/parity/conftest.py's
+    forked_ranks)."""
+    pipes = [os.pipe() for _ in range(3)]
+    write_ends = tuple(w for _, w in reversed(pipes))
+    code = ("import os, sys\n"
+            "for fd in map(int, sys.argv[1:]):\n"
+            "    os.write(fd, str(fd).encode())\n"
+            "print('on our stdout', flush=True)\n")
+    forked = spawn([sys.executable, "-c", code, *map(str, write_ends)], pass_fds=write_ends, inherit_output=True)
+    assert forked.stdout is None and forked.wait(timeout=30) == 0
+    for r, w in pipes:
+        os.close(w)
+        assert os.read(r, 64) == str(w).encode()
+        os.close(r)
+    assert "on our stdout" in capfd.readouterr().out
