@@ -34,6 +34,7 @@ from engine.mla_config import MLAConfig
 from engine.moe_config import AFMOE, DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
+from engine.step3p7_config import STEP3P7
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
             scale *= yarn_temperature(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
         return scale
-    if arch in GEMMAS:
+    if arch in (*GEMMAS, STEP3P7):
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
     if arch == GEMMA4:  # its q and k normed per head set the scores' size
         return 1.0
@@ -89,7 +90,7 @@ def layer_rope_thetas(cfg: dict, arch: str) -> tuple[float | None, float | None]
 def local_rope_theta(cfg: dict, arch: str) -> float | None:
     if arch in GRANITE_SWAS:
         return layer_rope_thetas(cfg, arch)[1]
-    if arch not in (GEMMA3, OLMO3, LFM3):
+    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7):
         return None
     params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
@@ -153,7 +154,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -177,7 +178,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM,
+                    STEP3P7):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

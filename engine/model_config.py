@@ -21,6 +21,7 @@ from engine.multimodal import MultimodalCheckpoint
 from engine.qwen4_exp_config import Qwen4ExpLayout
 from engine.short_conv_config import ShortConvLayout
 from engine.state_shape import StateShape
+from engine.step3p7_config import Step3p7Layout
 from engine.vision.vision_config import VisionConfig
 
 
@@ -114,6 +115,8 @@ class ModelConfig:
     # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
     qwen4_exp: Qwen4ExpLayout | None = None
     minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)
+    # Step-3.7's sliding layers' heads and RoPE, its gate's shape, its GLUs' clamps (engine/step3p7_config.py)
+    step3p7: Step3p7Layout | None = None
 
     @property
     def pooling(self) -> str:

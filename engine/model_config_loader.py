@@ -115,6 +115,7 @@ from engine.rope_config import (
     rope_theta_of,
 )
 from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, LFM3, lfm2_intermediate_size, read_short_conv
+from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
 
 
 class ModelConfigError(ValueError):
@@ -168,9 +169,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
-    if arch in (LONGCAT_FLASH, MINIMAX_M3):
+    if arch in (LONGCAT_FLASH, MINIMAX_M3, STEP3P7):
         try:
-            cfg = longcat_flash_keys(cfg) if arch == LONGCAT_FLASH else minimax_m3_keys(cfg)
+            cfg = {LONGCAT_FLASH: longcat_flash_keys, MINIMAX_M3: minimax_m3_keys, STEP3P7: step3p7_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == OPT:
@@ -244,7 +245,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
-                                       STABLELM, PHI, GPTNEOX):
+                                       STABLELM, PHI, GPTNEOX, STEP3P7):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -304,6 +305,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         qwen4_exp = read_qwen4_exp(cfg, head_dim, rotary_dim, linear_attention.layer_types) \
             if arch == QWEN4_EXP else None
         minimax_m3 = read_block_sparse_indexer(cfg, num_kv_heads, head_dim, rotary_dim) if arch == MINIMAX_M3 else None
+        step3p7 = read_step3p7_layout(cfg, head_dim) if arch == STEP3P7 else None
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -372,6 +374,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mamba1=mamba1,
             qwen4_exp=qwen4_exp,
             minimax_m3=minimax_m3,
+            step3p7=step3p7,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
         )
     except KeyError as e:

@@ -13,6 +13,7 @@ from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUAN_MOE, PHIMOE
 from engine.short_conv_config import LFM2_MOE
+from engine.step3p7_config import STEP3P7
 
 QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -120,6 +121,13 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
                         shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size", 3072)),
                         fused_experts=True,
+                        dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
+    elif arch == STEP3P7:  # sigmoid scores plus a learnt bias, renormalized, scaled; a shared expert; dense by name
+        moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]), norm_topk_prob=True,
+                        weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
+                        routed_scaling_factor=float(cfg.get("moe_router_scaling_factor") or 1.0),
+                        shared_expert_intermediate_size=int(cfg["share_expert_dim"]),
                         dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
     elif arch == LONGCAT_FLASH:  # softmax scores chosen by score plus a learnt bias, weighed by the score, in float32
         moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),

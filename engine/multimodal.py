@@ -3,8 +3,8 @@
 
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
-(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B), Gemma 4, Kimi K2.5, Qwen3.5 and
-Qwen4-Exp are released so.
+(Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B), Gemma 4, Kimi K2.5, Qwen3.5,
+Qwen4-Exp and Step-3.7 (its text model at the top level) are released so.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.qwen4_exp_config import QWEN4_EXP
+from engine.step3p7_config import STEP3P7, TEXT_DEFAULTS as STEP3P7_TEXT_DEFAULTS
 from engine.vision.vision_config import (
     VisionConfig,
     gemma3_vision_config,
@@ -152,6 +153,14 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, QWEN4_EXP),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), interleaved_mrope=True),
+    # Step-3.7 as released: its text model (engine/models/step3p7.py) by StepFun's names, at the top level; its images
+    # not yet.
+    "Step3p7ForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, STEP3P7),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("vision_model.", "vit_large_projector.", "model.vision_model.",
+                         "model.multi_modal_projector."),
+        text_defaults=STEP3P7_TEXT_DEFAULTS),
 }
 
 

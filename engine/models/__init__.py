@@ -44,6 +44,7 @@ from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
 from engine.models.qwen4_exp import Qwen4ExpForCausalLM
+from engine.models.step3p7 import Step3p7ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -84,6 +85,7 @@ MODEL_REGISTRY = {
     # DeepSeek-V3's layers a pair, experts beside each pair (engine/models/longcat_flash.py)
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
+    "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
     "FalconForCausalLM": FalconForCausalLM,  # layer norms, an ungated GELU MLP beside attention (layer_norm_llama.py)
     "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,  # latent attention, MiniCPM's scalings (engine/models/minicpm3.py)
     "NanoChatForCausalLM": NanoChatForCausalLM,  # norms without weights, RoPE the other way (engine/models/nanochat.py)

@@ -216,14 +216,16 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None = None,
-                 is_sparse: bool = False, attention: type[nn.Module] = Attention) -> None:
+                 is_sparse: bool = False, attention: type[nn.Module] = Attention, mlp: nn.Module | None = None) -> None:
+        """`mlp`: a model's own MLP or experts for the layer; None: Llama's."""
         super().__init__()
         self.eps = config.rms_norm_eps
         self.rms_norm = kernels.rms_norm
         self.input_norm = empty_param(config.hidden_size, dtype=dtype)
         self.post_attention_norm = empty_param(config.hidden_size, dtype=dtype)
         self.attn = attention(config, kernels, dtype, sliding_window)
-        self.mlp = SparseMoE(config, kernels, dtype) if is_sparse else MLP(config, kernels, dtype)
+        self.mlp = mlp if mlp is not None else SparseMoE(config, kernels, dtype) if is_sparse else \
+            MLP(config, kernels, dtype)
 
     def forward(self, h, cos, sin, kv_cache, meta):
         h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), cos, sin, kv_cache, meta)

@@ -58,19 +58,23 @@ class SparseMoE(nn.Module):
             has_bias = self.gate_up_bias is not None
             gate, up = self.linear(expert_in, self.gate_up_weight[expert],
                                    self.gate_up_bias[expert] if has_bias else None).chunk(2, dim=-1)
-            gated = F.silu(gate) * up if self.moe.swiglu_limit is None else \
-                clamped_glu(gate, up, self.moe.swiglu_limit, self.moe.swiglu_alpha)
+            gated = self._glu(gate, up, is_shared=False)
             expert_out = self.linear(gated, self.down_weight[expert], self.down_bias[expert] if has_bias else None)
             out.index_add_(0, tokens, (expert_out if self.moe.weighs_inputs else expert_out * weight).to(x.dtype))
         if self.shared_down_weight is not None:
             gate, up = self.linear(x, self.shared_gate_up_weight).chunk(2, dim=-1)
-            gated = F.silu(gate) * up if self.moe.swiglu_limit is None else \
-                clamped_glu(gate, up, self.moe.swiglu_limit, self.moe.swiglu_alpha)  # (MiniMax-M3's)
-            shared_out = self.linear(gated, self.shared_down_weight)
+            shared_out = self.linear(self._glu(gate, up, is_shared=True), self.shared_down_weight)
             if self.shared_weight_gate is not None:
                 shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
             out = out + shared_out
         return out if self.rank_sum is None else self.rank_sum(out)
+
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor, is_shared: bool) -> torch.Tensor:
+        """An expert's gated activation, a routed one's or (`is_shared`) the shared experts': SiLU's, or clamped
+        (gpt-oss's; MiniMax-M3's shared experts' too)."""
+        if self.moe.swiglu_limit is None:
+            return F.silu(gate) * up
+        return clamped_glu(gate, up, self.moe.swiglu_limit, self.moe.swiglu_alpha)
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe

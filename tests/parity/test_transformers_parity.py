@@ -130,6 +130,15 @@ def _check_greedy(model_dir: Path, max_num_batched_tokens: int, max_new_tokens: 
 
 
 def _engine_greedy_matches(engine: LLMEngine, reference_dir: Path, max_new_tokens: int = GREEDY_NEW_TOKENS) -> None:
+    results = _mixed_greedy(engine, max_new_tokens)
+    refs = _hf_greedy(reference_dir, max_new_tokens)
+    for i, (result, ref) in enumerate(zip(results, refs, strict=True)):
+        assert result == ref, f"{reference_dir.name}: request {i} ({len(ref)} tokens) diverges from transformers"
+
+
+def _mixed_greedy(engine: LLMEngine, max_new_tokens: int = GREEDY_NEW_TOKENS) -> list[list[int]]:
+    """The engine's greedy continuation of each mixed prompt, batched, request 2's prefix served from the cache to
+    3 and 7; every page free after."""
     prompts = _mixed_prompts(engine.model_config.vocab_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     # Request 2 goes first so that its prefix blocks are cached when 3 and 7 arrive.
@@ -150,10 +159,7 @@ def _engine_greedy_matches(engine: LLMEngine, reference_dir: Path, max_new_token
         assert engine.block_manager.num_prefix_hit_tokens >= 2 * 32, "the shared prefix was not served from the cache"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-    refs = _hf_greedy(reference_dir, max_new_tokens)
-    for i, prompt in enumerate(prompts):
-        assert results[f"r{i}"] == refs[i], \
-            f"{reference_dir.name}: request {i} ({len(prompt)} tokens) diverges from transformers"
+    return [results[f"r{i}"] for i in range(len(prompts))]
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
