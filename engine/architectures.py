@@ -37,6 +37,10 @@ from engine.short_conv_config import LFM2S
 from engine.step3p7_config import STEP3P7
 
 MINISTRAL3 = "Ministral3ForCausalLM"
+VAULTGEMMA = "VaultGemmaForCausalLM"  # Gemma 2's attention in layers of two norms
+OLMO = "OlmoForCausalLM"  # OLMo 1: layer norms without weights, q/k/v clipped
+NEMOTRON = "NemotronForCausalLM"  # Nemotron-4, Minitron: layer norms scaled by 1 + weight, squared ReLU
+MINISTRAL = "MinistralForCausalLM"  # Ministral 8B: Mistral's layers, each windowed or not as layer_types says
 SEED_OSS, ERNIE45 = "SeedOssForCausalLM", "Ernie4_5ForCausalLM"
 GLM, GLM4 = "GlmForCausalLM", "Glm4ForCausalLM"  # glm-4-9b-chat-hf; GLM-4-0414
 GLMS = (GLM, GLM4)
@@ -81,7 +85,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
-                           STEP3P7)
+                           STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -96,7 +100,7 @@ SEQUENCE_CLASSIFIERS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
                         "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
                         "Qwen3ForSequenceClassification": "Qwen3ForCausalLM"}
 GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
-GEMMAS = (GEMMA2, GEMMA3)
+GEMMAS = (GEMMA2, GEMMA3, VAULTGEMMA)
 OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 # q and k RMS-normed over their whole projections (ModelConfig.qk_norm "projection").
 PROJECTION_NORMED = (*OLMOS, MINIMAX_M2, OLMOE, FLEX_OLMO, OLMO_HYBRID)
@@ -112,12 +116,12 @@ QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, A
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
            APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
-           MINICPM3, FALCON)
+           MINICPM3, FALCON, OLMO, NEMOTRON)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
-                  AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS, PHIMOE, NANOCHAT)
+                  AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS, PHIMOE, NANOCHAT, OLMO, NEMOTRON)
 # Mistral's sliding window, where config.json gives one.
 MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2, PHIMOE)

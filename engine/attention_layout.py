@@ -19,12 +19,14 @@ from engine.architectures import (
     GPT_BIGCODE,
     GRANITES,
     HELIUM,
+    MINISTRAL,
     MINISTRAL3,
     MISTRAL_SLIDING,
     OLMO3,
     OPT,
     QWENS,
     SMOLLM3,
+    VAULTGEMMA,
 )
 from engine.gemma4_config import GEMMA4
 from engine.linear_attention_config import KIMI_LINEAR
@@ -166,6 +168,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window", 8192) or None
     if arch == AFMOE:
         return cfg.get("sliding_window", 1024)
+    if arch == MINISTRAL:  # absent, transformers' default
+        return cfg.get("sliding_window", 4096)
     if arch == SMOLLM3:
         return cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     if arch == DOTS1:  # absent, transformers' default, for the layers from max_window_layers on (if any)
@@ -179,11 +183,13 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM,
-                    STEP3P7):
+                    STEP3P7, MINISTRAL):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
         return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    if arch == MINISTRAL:  # transformers': every layer, where there is a window
+        return frozenset(range(num_layers))
     if arch == DOTS1:  # transformers': windowed from max_window_layers on, where there is a window
         first = int(cfg.get("max_window_layers", 62))
         return frozenset(range(first, num_layers)) if cfg.get("sliding_window", 4096) is not None else frozenset()
@@ -201,6 +207,6 @@ def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(range(num_layers)) - rope_layers(cfg, arch)
     # Older configs: every `sliding_window_pattern`-th layer attends over everything (Gemma 2's every
     # other, OLMo 3's every fourth).
-    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2, COHERE2: 4}[arch]
+    default_pattern = {GEMMA2: 2, GEMMA3: 6, OLMO3: 4, GPT_OSS: 2, COHERE2: 4, VAULTGEMMA: 2}[arch]
     pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern)
     return frozenset(i for i in range(num_layers) if (i + 1) % pattern)

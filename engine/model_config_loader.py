@@ -37,6 +37,8 @@ from engine.architectures import (
     MINICPM3,
     MLA_MODELS,
     NANOCHAT,
+    NEMOTRON,
+    OLMO,
     OPT,
     PHI,
     PROJECTION_NORMED,
@@ -47,6 +49,7 @@ from engine.architectures import (
     STABLELM,
     STARCODER2,
     SUPPORTED_ARCHITECTURES,
+    VAULTGEMMA,
 )
 from engine.attention_layout import (
     attention_scale,
@@ -221,13 +224,14 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
-    if arch in (ARCEE, JAIS2, NANOCHAT):  # its MLP's: up, squared ReLU, down (transformers' default for it)
+    if arch in (ARCEE, JAIS2, NANOCHAT, NEMOTRON):  # its MLP's: up, squared ReLU, down (transformers' default for it)
         act, supported_act = cfg.get("hidden_act") or "relu2", "relu2"
     if arch == APERTUS:  # its MLP's: up, xIELU (engine/models/apertus.py), down
         act, supported_act = cfg.get("hidden_act") or "xielu", "xielu"
     if act != supported_act:
         raise ModelConfigError(f"{path}: unsupported hidden_act {act!r} for {arch} (only {supported_act})")
-    softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch == GEMMA2 else None) for name in GEMMA2_SOFTCAPS}
+    softcaps = {name: cfg.get(name, GEMMA2_SOFTCAPS[name] if arch in (GEMMA2, VAULTGEMMA) else None)
+                for name in GEMMA2_SOFTCAPS}
     if arch == NANOCHAT:  # its logits capped at 15 unless it says (transformers' default); its attention's not
         softcaps = {"attn_logit_softcapping": None, "final_logit_softcapping": cfg.get("final_logit_softcapping", 15.0)}
     if arch == GEMMA4:  # its attention scores are not capped (transformers reads no such setting for it)
@@ -240,12 +244,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
     partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
-        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI) else
+        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI, NEMOTRON) else
                               0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
-                                       STABLELM, PHI, GPTNEOX, STEP3P7):
+                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -284,8 +288,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             cfg = {**cfg, "num_hidden_layers": len(mamba.layer_types)}
     if arch == PHI and cfg.get("qk_layernorm"):
         raise ModelConfigError(f"{path}: qk_layernorm is not supported for {arch} (no released Phi sets it)")
-    if cfg.get("clip_qkv") is not None:  # OLMoE's and DBRX's option, which their releases leave off
-        raise ModelConfigError(f"{path}: clip_qkv is not supported")
+    if cfg.get("clip_qkv") is not None and arch != OLMO:  # OLMoE's and DBRX's option, which their releases leave off
+        raise ModelConfigError(f"{path}: clip_qkv is not supported for {arch} (OLMo's only)")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -347,8 +351,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_tokens=head_tokens,
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
-            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, NANOCHAT,
-                                   FALCON),
+            mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, NEMOTRON, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE,
+                                   NANOCHAT, FALCON),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX)))
@@ -376,6 +380,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             minimax_m3=minimax_m3,
             step3p7=step3p7,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
+            clip_qkv=float(cfg["clip_qkv"]) if arch == OLMO and cfg.get("clip_qkv") is not None else None,
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
@@ -438,6 +443,7 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
 
 def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
+        "norm_eps" if arch == NEMOTRON else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
         "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else \
         "layer_norm_epsilon" if arch == FALCON else "rms_norm_eps"
@@ -482,7 +488,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
         or (arch in (*ATTENTION_BIAS, GLM4_MOE, *MLA_MODELS) and attention),
         o_bias=arch in (*ATTENTION_BIAS, *MLA_MODELS) and attention,
-        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3, ARCEE, JAIS2)
+        mlp_bias=arch in ("LlamaForCausalLM", "GraniteForCausalLM", SMOLLM3, ARCEE, JAIS2, NEMOTRON)
         and bool(cfg.get("mlp_bias")))
 
 

@@ -9,7 +9,7 @@ from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
-from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM
+from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
@@ -35,8 +35,10 @@ from engine.models.minimax_m3 import MiniMaxM3ForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.nanochat import NanoChatForCausalLM
+from engine.models.nemotron import NemotronForCausalLM
 from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.nemotron_h_mtp import NemotronHMTP
+from engine.models.olmo import OlmoForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.olmo_hybrid import OlmoHybridForCausalLM
 from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, OPTForCausalLM
@@ -51,6 +53,9 @@ from engine.models.step3p7 import Step3p7ForCausalLM
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MinistralForCausalLM": LlamaForCausalLM,  # its layers windowed or not by layer_types
+    "OlmoForCausalLM": OlmoForCausalLM,  # layer norms without weights, q/k/v clipped (engine/models/olmo.py)
+    "NemotronForCausalLM": NemotronForCausalLM,  # layer norms scaled by 1 + weight, squared ReLU (nemotron.py)
     "MixtralForCausalLM": LlamaForCausalLM,
     "SeedOssForCausalLM": LlamaForCausalLM,  # biases as its ModelConfig says
     "Ernie4_5ForCausalLM": LlamaForCausalLM,  # biases, and RoPE pairs side by side, as its ModelConfig says
@@ -91,6 +96,7 @@ MODEL_REGISTRY = {
     "NanoChatForCausalLM": NanoChatForCausalLM,  # norms without weights, RoPE the other way (engine/models/nanochat.py)
     "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2, attention and MLP blocks, as its ModelConfig's mamba says
     "GemmaForCausalLM": GemmaForCausalLM,  # Llama's layers, Gemma's norms and embedding scale
+    "VaultGemmaForCausalLM": VaultGemmaForCausalLM,  # Gemma 1's layers, Gemma 2's attention
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,  # layer norms with biases, an MLP without a gate
     "Jais2ForCausalLM": Jais2ForCausalLM,  # layer norms with biases, Arcee's MLP
     "PhimoeForCausalLM": PhimoeForCausalLM,  # layer norms with biases, Mixtral's experts by SparseMixer

@@ -1,6 +1,6 @@
 """Gemma 2's and Gemma 3's text decoders (Gemma2ForCausalLM, Gemma3ForCausalLM) over paged KV:
 Llama's attention and MLP, arranged and scaled Gemma's way. Gemma 1's (GemmaForCausalLM) are Llama's layers, two
-norms each, its norms and embeddings scaled as here.
+norms each, its norms and embeddings scaled as here; VaultGemma's too, with Gemma 2's attention.
 
 - Four norms a layer: after attention and after the MLP as well as before each.
 - Norms scale by 1 + weight: the 1 is added as the weights load (in float32, as transformers
@@ -91,3 +91,17 @@ class GemmaForCausalLM(Gemma3ForCausalLM):
 
     def _norm_names(self) -> tuple[str, ...]:
         return LlamaForCausalLM._norm_names(self)
+
+
+class VaultGemmaForCausalLM(GemmaForCausalLM):
+    """Gemma 2's attention (soft caps, every other layer windowed) in Gemma 1's layers of two norms, the second named
+    as Gemma 2's norm before the MLP."""
+
+    def _norm_names(self) -> tuple[str, ...]:
+        return "input_layernorm", "pre_feedforward_layernorm"
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".")
+        if len(parts) > 3 and parts[3] == "pre_feedforward_layernorm":
+            return self.layers[int(parts[2])].post_attention_norm.data
+        return super()._target(name)

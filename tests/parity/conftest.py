@@ -67,6 +67,9 @@ TINY_MODELS = {
     ),
     "mistral-sharded": ("MistralConfig", dict(sliding_window=None), {"max_shard_size": "100KB"}),
     "mistral-window": ("MistralConfig", dict(sliding_window=48), {}),
+    # Ministral 8B: windowed layers beside full ones, as layer_types says.
+    "ministral": ("MinistralConfig", dict(sliding_window=48, layer_types=["sliding_attention", "full_attention"],
+                                         head_dim=16), {}),
     "qwen2-bias": ("Qwen2Config", dict(tie_word_embeddings=False), {}),
     # Llama's optional biases: attention_bias on q, k, v and o; mlp_bias on gate, up and down.
     "llama-biases": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True), {}),
@@ -442,6 +445,15 @@ TINY_MODELS = {
     # soft-capped (caps low enough here to bend the tiny model's scores and logits).
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,
                                     attn_logit_softcapping=3.0, final_logit_softcapping=2.0), {}),
+    # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
+    "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
+    # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each
+    # head (its default), biases on attention and the MLP.
+    "nemotron": ("NemotronConfig", dict(attention_bias=True, mlp_bias=True), {}),
+    # VaultGemma: Gemma 2's attention (windows every other layer, soft caps) in layers of two norms.
+    "vaultgemma": ("VaultGemmaConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
+                                            num_hidden_layers=3, attn_logit_softcapping=3.0,
+                                            final_logit_softcapping=2.0), {}),
     # Granite's four scalings, away from 1 (and the attention's from head_dim ** -0.5) to count.
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.2,
                                       logits_scaling=3.0, attention_bias=True), {}),

@@ -186,7 +186,8 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # and 3's norms over whole q and k projections (their squares summed across the ranks), DeepSeek's multi-head
 # latent attention (heads split, the latent whole: q through a latent or one projection, interleaved RoPE),
 # MiniMax-M2's experts by sigmoid score beside whole-projection q/k norms, Seed-OSS's and Ernie 4.5's biases (Ernie's
-# RoPE pairs side by side, reordered within each rank's heads), Command R+'s per-head q/k layer norms split by heads.
+# RoPE pairs side by side, reordered within each rank's heads), Command R+'s per-head q/k layer norms split by heads,
+# OLMo's q, k and v clipped a rank's share at a time.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
@@ -194,8 +195,9 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "minimax-m2", "glm4-moe-lite",
                 "seed-oss", "ernie4.5", "ernie4.5-moe", "hunyuan", "glm", "glm4", "exaone4", "olmoe", "cohere",
                 "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe", "granite-swa",
-                "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma",
-                "starcoder2", "jais2", "cwm", "apertus", "helium")  # (phimoe's LM head bias: not split yet)
+                "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma", "vaultgemma",
+                "starcoder2", "jais2", "cwm", "apertus", "helium", "ministral", "olmo",
+                "nemotron")  # (phimoe's LM head bias: not split yet)
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -253,6 +255,12 @@ def test_minicpm3s_scalings_read_as_transformers_reads_them(tiny_model_dirs, tmp
 def test_falcons_layouts_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, changes, refused):
     with pytest.raises(ModelConfigError, match=refused):
         load_model_config(copied_with_config(tiny_model_dirs["falcon"], tmp_path, changes))
+
+
+def test_clip_qkv_is_read_for_olmo_and_refused_where_transformers_would_clip_otherwise(tiny_model_dirs, tmp_path):
+    assert load_model_config(copied_with_config(tiny_model_dirs["olmo"], tmp_path, {"clip_qkv": 8.0})).clip_qkv == 8.0
+    with pytest.raises(ModelConfigError, match="clip_qkv is not supported for OlmoeForCausalLM"):
+        load_model_config(copied_with_config(tiny_model_dirs["olmoe"], tmp_path, {"clip_qkv": 8.0}))
 
 
 def test_falcons_older_config_names_read_as_its_own(tiny_model_dirs, tmp_path):
