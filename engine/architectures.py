@@ -30,6 +30,7 @@ from engine.moe_config import (
     OLMOE,
     PHIMOE,
     QWEN_MOES,
+    SOLAR_OPEN,
 )
 from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUANS
@@ -85,7 +86,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
-                           STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON)
+                           STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,

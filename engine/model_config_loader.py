@@ -46,6 +46,7 @@ from engine.architectures import (
     SEED_OSS,
     SEQUENCE_CLASSIFIERS,
     SMOLLM3,
+    SOLAR_OPEN,
     STABLELM,
     STARCODER2,
     SUPPORTED_ARCHITECTURES,
@@ -472,7 +473,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=attention, o_bias=attention, mlp_bias=True)
     if arch == STABLELM:  # on q, k and v by use_qkv_bias alone
         return dict(qkv_bias=bool(cfg.get("use_qkv_bias")), o_bias=False, mlp_bias=False)
-    if arch == HELIUM:  # on q, k and v by attention_bias; its o has none
+    if arch in (HELIUM, SOLAR_OPEN):  # on q, k and v by attention_bias; its o has none
         return dict(qkv_bias=bool(cfg.get("attention_bias")), o_bias=False, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == STARCODER2:  # one switch for them all, on unless it says
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias", True)))

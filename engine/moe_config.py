@@ -19,6 +19,7 @@ QWEN_MOES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GLM4_MOE, DEEPSEEK_V2, DEEPSEEK_V3 = "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 GLM4_MOE_LITE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: DeepSeek-V3's latent attention and routing
 DOTS1 = "Dots1ForCausalLM"  # rednote's dots.llm1: Qwen3's attention, DeepSeek-V3's experts and routing
+SOLAR_OPEN = "SolarOpenForCausalLM"  # Upstage's Solar Open: Llama's attention, GLM-4.5's experts in every layer
 EXAONE_MOE = "ExaoneMoeForCausalLM"  # K-EXAONE: EXAONE 4.0's attention in pre-norm layers, DeepSeek-V3's experts
 LLAMA4, GPT_OSS = "Llama4ForCausalLM", "GptOssForCausalLM"
 MINIMAX_M2 = "MiniMaxM2ForCausalLM"
@@ -39,7 +40,8 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      KIMI_LINEAR: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446),
                      GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8),
                      DOTS1: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
-                     EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5)}
+                     EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5),
+                     SOLAR_OPEN: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0)}
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ MODEL_REGISTRY = {
     "ExaoneMoeForCausalLM": LlamaForCausalLM,  # EXAONE 4.0's attention before its norms, experts as DeepSeek-V3's
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "SolarOpenForCausalLM": LlamaForCausalLM,  # GLM-4.5's experts in every layer, Llama's attention
     "GlmForCausalLM": GlmForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
     "Cohere2ForCausalLM": CohereForCausalLM,  # with sliding-window layers, RoPE in those only, as its ModelConfig says

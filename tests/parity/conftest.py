@@ -445,6 +445,11 @@ TINY_MODELS = {
     # soft-capped (caps low enough here to bend the tiny model's scores and logits).
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, num_hidden_layers=3,
                                     attn_logit_softcapping=3.0, final_logit_softcapping=2.0), {}),
+    # Upstage's Solar Open: GLM-4.5's routing (2 of 4 experts by sigmoid score plus a bias) and a shared expert in every
+    # layer, Llama's attention with biases on q, k and v alone.
+    "solar-open": ("SolarOpenConfig", dict(moe_intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2,
+                                           n_shared_experts=1, head_dim=16, attention_bias=True,
+                                           routed_scaling_factor=1.5), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each
