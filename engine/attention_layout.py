@@ -28,6 +28,7 @@ from engine.architectures import (
     SMOLLM3,
     VAULTGEMMA,
 )
+from engine.bloom_config import BLOOM
 from engine.gemma4_config import GEMMA4
 from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
@@ -116,7 +117,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
         return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
-    learnt = (OPT, GPT2, GPT_BIGCODE)  # their positions learnt instead
+    learnt = (OPT, GPT2, GPT_BIGCODE, BLOOM)  # their positions learnt instead, or ALiBi's
     nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt) or cfg.get("position_embedding_type") == "nope"
     if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt):
         return frozenset()  # NoPE

@@ -62,6 +62,7 @@ from engine.attention_layout import (
     sliding_layers,
     sliding_window,
 )
+from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
@@ -184,9 +185,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch == FALCON:
+    if arch in (FALCON, BLOOM):
         try:
-            cfg = falcon_keys(cfg)
+            cfg = falcon_keys(cfg) if arch == FALCON else bloom_keys(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -208,7 +209,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2, PHI) else "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2, PHI, BLOOM) else "silu"
     if arch == PHI and act == "gelu_new":  # Phi's name of GELU's tanh approximation, the same numbers
         act = "gelu_pytorch_tanh"
     if arch == OPT:  # its MLP's (fc1, the activation, fc2)
@@ -353,7 +354,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
             mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, NEMOTRON, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE,
-                                   NANOCHAT, FALCON),
+                                   NANOCHAT, FALCON, BLOOM),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX)))
@@ -382,6 +383,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             step3p7=step3p7,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
             clip_qkv=float(cfg["clip_qkv"]) if arch == OLMO and cfg.get("clip_qkv") is not None else None,
+            alibi_scale=1.0 if arch == BLOOM else None,
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
@@ -447,7 +449,7 @@ def _eps_key(arch: str) -> str:
         "norm_eps" if arch == NEMOTRON else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
         "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else \
-        "layer_norm_epsilon" if arch == FALCON else "rms_norm_eps"
+        "layer_norm_epsilon" if arch in (FALCON, BLOOM) else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -463,6 +465,8 @@ def _biases(cfg: dict, arch: str) -> dict:
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch in (PHI, GPT2, GPT_BIGCODE):  # everywhere
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
+    if arch == BLOOM:  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
     if arch == FALCON:  # everywhere by bias (off unless it says), but its layer norms' always
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("bias", False)))

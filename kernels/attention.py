@@ -5,8 +5,10 @@ whatever the pages hold (an fp8 cache is cast up as it is read),
 and handle grouped-query attention, causal masking with a cached prefix, an
 optional sliding window (Mistral) or attention within fixed chunks of positions (Llama 4's
 chunked layers: a token attends to the earlier tokens of its own chunk), optional logit
-soft-capping (Gemma 2), and optional attention sinks (gpt-oss: a learnt logit per q head that
-takes its share of the softmax and attends to nothing). A head wider than the pages' (Gemma 4's full
+soft-capping (Gemma 2), optional attention sinks (gpt-oss: a learnt logit per q head that
+takes its share of the softmax and attends to nothing), and optional ALiBi (BLOOM: each q head's
+scores plus its slope times the key's position, as transformers adds it; under the softmax, the same
+as the distance back from the query). A head wider than the pages' (Gemma 4's full
 layers') spans `head_parts` of their heads, side by side: page heads 2h and 2h + 1 hold head h's halves.
 """
 from __future__ import annotations
@@ -30,8 +32,9 @@ def prefill_attention_torch(
     sinks: torch.Tensor | None = None,
     bidirectional: tuple[tuple[int, int], ...] = (),
     head_parts: int = 1,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One sequence's chunk of `n` new tokens after `context_len` cached ones. `sinks`: [Hq].
+    """One sequence's chunk of `n` new tokens after `context_len` cached ones. `sinks`, `alibi_slopes`: [Hq].
     `bidirectional`: spans of positions [start, end) whose tokens attend to each other whatever their
     order (an image's, in Gemma 3), within any sliding window; the chunk holds each one's end.
 
@@ -46,7 +49,8 @@ def prefill_attention_torch(
     # ones a path several times slower.
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     if (k is not None and context_len == 0 and (sliding_window is None or n <= sliding_window) and softcap is None
-            and (chunk_size is None or n <= chunk_size) and sinks is None and not bidirectional):
+            and (chunk_size is None or n <= chunk_size) and sinks is None and not bidirectional
+            and alibi_slopes is None):
         out = F.scaled_dot_product_attention(
             qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
             is_causal=True, scale=scale, enable_gqa=True,
@@ -65,10 +69,12 @@ def prefill_attention_torch(
         mask &= k_pos > q_pos - sliding_window
     if chunk_size is not None:
         mask &= k_pos // chunk_size == q_pos // chunk_size
-    if softcap is not None or sinks is not None:  # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's q heads
+    if softcap is not None or sinks is not None or alibi_slopes is not None:
+        # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's q heads
         sink_logits = None if sinks is None else sinks.view(num_kv_heads, -1, 1, 1)
+        bias = None if alibi_slopes is None else alibi_slopes.view(num_kv_heads, -1, 1, 1) * k_pos
         out = _written_out_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
-                                     mask, scale, softcap, sink_logits)
+                                     mask, scale, softcap, sink_logits, bias)
         return out.flatten(0, 1).transpose(0, 1)
     out = F.scaled_dot_product_attention(
         qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
@@ -88,8 +94,9 @@ def decode_attention_torch(
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
     head_parts: int = 1,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One new token per sequence over its pages. `sinks`: [Hq].
+    """One new token per sequence over its pages. `sinks`, `alibi_slopes`: [Hq].
 
     q: [B, Hq, D]; k_cache, v_cache: [Hkv * head_parts, N, bs, D / head_parts]; block_tables: [B, max_blocks]
     int64 (padding may be any valid block id: it is masked); context_lens: [B] int64, counting the new token.
@@ -110,9 +117,10 @@ def decode_attention_torch(
         mask &= k_pos >= (context_lens - sliding_window).unsqueeze(1)
     if chunk_size is not None:  # from the first position of the chunk the new token is in
         mask &= k_pos >= ((context_lens - 1) // chunk_size * chunk_size).unsqueeze(1)
-    if softcap is not None or sinks is not None:
+    if softcap is not None or sinks is not None or alibi_slopes is not None:
         sink_logits = None if sinks is None else sinks.view(num_kv_heads, 1, group, 1)
-        out = _written_out_attention(qh, keys, values, mask[None, :, None, :], scale, softcap, sink_logits)
+        bias = None if alibi_slopes is None else alibi_slopes.view(num_kv_heads, 1, group, 1) * k_pos
+        out = _written_out_attention(qh, keys, values, mask[None, :, None, :], scale, softcap, sink_logits, bias)
     else:
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
     # Contiguous, as callers view it: CUDA's fused kernels lay their output out by query position.
@@ -129,11 +137,15 @@ def _gathered(cache: torch.Tensor, blocks: torch.Tensor, head_parts: int) -> tor
 
 
 def _written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                           scale: float, softcap: float | None, sink_logits: torch.Tensor | None) -> torch.Tensor:
+                           scale: float, softcap: float | None, sink_logits: torch.Tensor | None,
+                           bias: torch.Tensor | None = None) -> torch.Tensor:
     # What no fused SDPA kernel does, written out as transformers' eager attention computes it (softmax
     # in float32): Gemma 2's scores pass through softcap * tanh(score / softcap) before the mask;
-    # gpt-oss's sink logit joins each row's softmax as one more column, which attends to nothing.
+    # gpt-oss's sink logit joins each row's softmax as one more column, which attends to nothing; ALiBi's `bias`
+    # is added to the scores.
     scores = (q @ keys.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))

@@ -85,15 +85,16 @@ def decode_attention_cpu(
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
     head_parts: int = 1,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as `decode_attention_torch`; float32 (pages too) on CPU without soft-capping, chunks, sinks
-    or heads wider than the pages', otherwise it defers to it."""
+    """Same contract as `decode_attention_torch`; float32 (pages too) on CPU without soft-capping, chunks, sinks,
+    ALiBi or heads wider than the pages', otherwise it defers to it."""
     lib = load_library()
     if (lib is None or q.dtype != torch.float32 or k_cache.dtype != torch.float32 or q.device.type != "cpu"
             or not k_cache.is_contiguous() or softcap is not None or chunk_size is not None or sinks is not None
-            or head_parts != 1):
+            or head_parts != 1 or alibi_slopes is not None):
         return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, softcap,
-                                      chunk_size, sinks, head_parts)
+                                      chunk_size, sinks, head_parts, alibi_slopes)
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_blocks, block_size, _ = k_cache.shape
     q = q.contiguous()

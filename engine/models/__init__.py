@@ -18,6 +18,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.layer_norm_llama import (
+    BloomForCausalLM,
     FalconForCausalLM,
     GPTNeoXForCausalLM,
     Jais2ForCausalLM,
@@ -91,6 +92,7 @@ MODEL_REGISTRY = {
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
+    "BloomForCausalLM": BloomForCausalLM,  # GPT-NeoX's fused heads, ALiBi, its embeddings layer-normed
     "FalconForCausalLM": FalconForCausalLM,  # layer norms, an ungated GELU MLP beside attention (layer_norm_llama.py)
     "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,  # latent attention, MiniCPM's scalings (engine/models/minicpm3.py)
     "NanoChatForCausalLM": NanoChatForCausalLM,  # norms without weights, RoPE the other way (engine/models/nanochat.py)

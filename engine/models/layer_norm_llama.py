@@ -227,3 +227,33 @@ class FalconForCausalLM(GPTNeoXForCausalLM):
         groups = tensor.view(cfg.num_kv_heads, per_group + 2, cfg.head_dim, *tensor.shape[1:])
         q, k, v = groups.split([per_group, 1, 1], dim=1)
         return target.data, torch.cat([part.reshape(-1, *tensor.shape[1:]) for part in (q, k, v)])
+
+
+# BLOOM's names against Llama's (q, k and v fused each head's three in turn, as GPT-NeoX's).
+BLOOM_RENAMED = (("transformer.word_embeddings_layernorm.", "model.embed_norm."),
+                 ("transformer.word_embeddings.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+                 ("transformer.h.", "model.layers."), (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
+                 (".self_attention.dense.", ".self_attn.o_proj."), (".mlp.dense_h_to_4h.", ".mlp.up_proj."),
+                 (".mlp.dense_4h_to_h.", ".mlp.down_proj."))
+
+
+class BloomForCausalLM(GPTNeoXForCausalLM):
+    """BLOOM: GPT-NeoX's fused heads in layers one after the other, ALiBi for positions, its embeddings layer-normed."""
+
+    renames = BLOOM_RENAMED
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__(config, kernels, dtype, max_positions)
+        self.embed_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.embed_norm_bias = empty_param(config.hidden_size, dtype=dtype)
+
+    def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(h, (h.shape[-1],), self.embed_norm, self.embed_norm_bias, self.config.rms_norm_eps)
+
+    def checkpoint_names(self) -> list[str]:
+        return [*super().checkpoint_names(), "model.embed_norm.weight", "model.embed_norm.bias"]
+
+    def _target(self, name: str) -> torch.Tensor:
+        if name.startswith("model.embed_norm."):
+            return (self.embed_norm if name.endswith("weight") else self.embed_norm_bias).data
+        return super()._target(name)

@@ -14,6 +14,7 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRAHook
 from engine.model_config import ModelConfig, QTemperature
+from engine.models.alibi import alibi_slopes
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
@@ -26,8 +27,8 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, ap
 def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     kv_cache: KVCache, meta: AttentionMetadata, scale: float, sliding_window: int | None,
                     softcap: float | None, chunk_size: int | None = None,
-                    sinks: torch.Tensor | None = None, head_parts: int = 1, bidirectional: bool = True
-                    ) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, head_parts: int = 1, bidirectional: bool = True,
+                    alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """The step's new k and v written into their pages, then each token's attention over its
     sequence's pages: q [T, Hq, D], k and v [T, Hkv, D] → [T, Hq, D] (decode rows first). k and v None:
     the pages hold them already (another layer's, which this one shares: Gemma 4's). `head_parts`: of
@@ -41,18 +42,18 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: to
     num_decode, num_tokens = meta.num_decode_tokens, q.shape[0]
     if num_decode == num_tokens:
         return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                    sliding_window, softcap, chunk_size, sinks, head_parts)
+                                    sliding_window, softcap, chunk_size, sinks, head_parts, alibi_slopes)
     out = torch.empty_like(q)
     if num_decode:
         out[:num_decode] = ops.decode_attention(q[:num_decode], k_cache, v_cache, meta.decode_block_tables,
                                                 meta.decode_context_lens, scale, sliding_window, softcap, chunk_size,
-                                                sinks, head_parts)
+                                                sinks, head_parts, alibi_slopes)
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end
         out[s:e] = ops.prefill_attention(q[s:e], *((None, None) if k is None else (k[s:e], v[s:e])),
                                          k_cache, v_cache, chunk.block_table, chunk.context_len, scale,
                                          sliding_window, softcap, chunk_size, sinks,
-                                         chunk.bidirectional if bidirectional else (), head_parts)
+                                         chunk.bidirectional if bidirectional else (), head_parts, alibi_slopes)
     return out
 
 
@@ -93,6 +94,9 @@ class Attention(nn.Module):
         self.q_norm = empty_param(q_norm_size, dtype=dtype) if config.qk_norm else None
         self.k_norm = empty_param(k_norm_size, dtype=dtype) if config.qk_norm else None
         self.sinks = empty_param(config.num_heads, dtype=dtype) if config.attention_sinks else None  # gpt-oss's
+        # BLOOM's and Falcon-RW's positions: each head's slope (times the softmax's scale where Falcon scales them).
+        self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads) * config.alibi_scale
+                             if config.alibi_scale is not None else None, persistent=False)
 
     def forward(
         self,
@@ -113,7 +117,7 @@ class Attention(nn.Module):
         if cfg.q_temperature is not None and cfg.q_temperature.layers is None:  # Ministral 3's
             q = q_temperature(q, cfg.q_temperature, meta.positions)
         return self._output(paged_attention(ops, q, k, v, kv_cache, meta, self.scale, self.sliding_window,
-                                            self.softcap, sinks=self.sinks))
+                                            self.softcap, sinks=self.sinks, alibi_slopes=self.alibi_slopes))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k and v [T, Hkv, D]: projected (with the step's LoRA deltas), the whole

@@ -450,6 +450,9 @@ TINY_MODELS = {
     "solar-open": ("SolarOpenConfig", dict(moe_intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2,
                                            n_shared_experts=1, head_dim=16, attention_bias=True,
                                            routed_scaling_factor=1.5), {}),
+    # BLOOM: ALiBi for positions (6 heads: past the nearest power of two, the slopes of 8's every other one), GPT-NeoX's
+    # fused heads in sequential layers, its embeddings layer-normed, biases everywhere; its LM head the embeddings.
+    "bloom": ("BloomConfig", dict(num_attention_heads=6, hidden_size=96), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

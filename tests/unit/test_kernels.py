@@ -293,17 +293,45 @@ def test_attention_sinks_take_their_share_of_each_softmax_and_attend_to_nothing(
                             sinks[:, None, None].expand(-1, q.shape[0], 1)), dim=-1)
         return torch.einsum("hnl,lhd->nhd", scores.softmax(-1)[..., :-1], values)
 
+    _check_against_dense(q, k, v, k_cache, v_cache, blocks, context_len, with_sinks, sinks=sinks)
+
+
+def _check_against_dense(q, k, v, k_cache, v_cache, blocks, context_len, dense, **option):
+    """Prefill (whole, after a cached prefix, within a window) and decode (torch's and the CPU kernel's) with `option`
+    against `dense(q, length, positions, window)`."""
+    n = q.shape[0]
     for context, window in ((0, None), (context_len, None), (context_len, 3)):
         out = prefill_attention_torch(q, k[context:context + n], v[context:context + n], k_cache, v_cache,
-                                      torch.tensor(blocks), context, D**-0.5, window, sinks=sinks)
-        torch.testing.assert_close(out, with_sinks(q, context + n, torch.arange(context, context + n), window),
+                                      torch.tensor(blocks), context, D**-0.5, window, **option)
+        torch.testing.assert_close(out, dense(q, context + n, torch.arange(context, context + n), window),
                                    atol=1e-5, rtol=1e-5)
     lengths = torch.tensor([context_len + n, 3])
     for decode in (decode_attention_torch, select_kernels("cpu").decode_attention):
-        out = decode(q[:2], k_cache, v_cache, torch.tensor([blocks] * 2), lengths, D**-0.5, sinks=sinks)
+        out = decode(q[:2], k_cache, v_cache, torch.tensor([blocks] * 2), lengths, D**-0.5, **option)
         for i, length in enumerate(lengths.tolist()):
-            torch.testing.assert_close(out[i:i + 1], with_sinks(q[i:i + 1], length, torch.tensor([length - 1])),
+            torch.testing.assert_close(out[i:i + 1], dense(q[i:i + 1], length, torch.tensor([length - 1])),
                                        atol=1e-5, rtol=1e-5)
+
+
+def test_alibi_adds_each_heads_slope_times_the_distance_back_to_each_key():
+    """BLOOM's and MPT's ALiBi, as the distance from the query (what transformers' slope times the key's position
+    comes to under a softmax), with a cached prefix and a window, in prefill and decode."""
+    gen = torch.Generator().manual_seed(10)
+    blocks, context_len, n = [7, 3, 11, 0], 6, 5
+    k_cache, v_cache, k, v = paged(context_len + n, blocks, gen)
+    q, slopes = torch.randn(n, HQ, D, generator=gen), torch.rand(HQ, generator=gen)
+
+    def with_alibi(q, length, positions, window=None):
+        group = HQ // HKV
+        keys, values = k[:length].repeat_interleave(group, dim=1), v[:length].repeat_interleave(group, dim=1)
+        distance = (torch.arange(length)[None, :] - positions[:, None]).float()  # [n, L], <= 0 where allowed
+        scores = torch.einsum("nhd,lhd->hnl", q, keys) / math.sqrt(D) + slopes[:, None, None] * distance
+        allowed = distance <= 0
+        if window is not None:
+            allowed &= distance > -window
+        return torch.einsum("hnl,lhd->nhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), values)
+
+    _check_against_dense(q, k, v, k_cache, v_cache, blocks, context_len, with_alibi, alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, THIN_ROWS, THIN_ROWS + 1])
