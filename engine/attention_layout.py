@@ -35,6 +35,7 @@ from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
 from engine.mla_config import MLAConfig
 from engine.moe_config import AFMOE, DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
+from engine.mpt_config import MPT
 from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
 from engine.step3p7_config import STEP3P7
@@ -61,6 +62,8 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return scale
     if arch in (*GEMMAS, STEP3P7):
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    if arch == MPT:  # its attn_config's, where it gives one
+        return float(cfg.get("softmax_scale") or head_dim ** -0.5)
     if arch == GEMMA4:  # its q and k normed per head set the scores' size
         return 1.0
     if arch in GRANITES:  # absent, transformers' default: 1, not head_dim ** -0.5
@@ -117,7 +120,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
         return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
-    learnt = (OPT, GPT2, GPT_BIGCODE, BLOOM)  # their positions learnt instead, or ALiBi's
+    learnt = (OPT, GPT2, GPT_BIGCODE, BLOOM, MPT)  # their positions learnt instead, or ALiBi's
     nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt) or cfg.get("position_embedding_type") == "nope"
     if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt):
         return frozenset()  # NoPE

@@ -107,6 +107,7 @@ from engine.moe_config import (
     MoEConfig,
     read_moe_config,
 )
+from engine.mpt_config import MPT, mpt_keys
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
 from engine.qwen4_exp_config import QWEN4_EXP, qwen4_exp_layer_types, qwen4_exp_output_gate, read_qwen4_exp
@@ -185,9 +186,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM):
+    if arch in (FALCON, BLOOM, MPT):
         try:
-            cfg = falcon_keys(cfg) if arch == FALCON else bloom_keys(cfg)
+            cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -217,7 +218,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch in (GPT2, GPT_BIGCODE):  # "gelu_new": GELU's tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = "gelu_pytorch_tanh"
-    if arch == FALCON:  # its MLP's exact GELU
+    if arch in (FALCON, MPT):  # its MLP's exact GELU
         supported_act = "gelu"
     if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh", "gelu_fast": "gelu_pytorch_tanh"}.get(act, act)
@@ -290,8 +291,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             cfg = {**cfg, "num_hidden_layers": len(mamba.layer_types)}
     if arch == PHI and cfg.get("qk_layernorm"):
         raise ModelConfigError(f"{path}: qk_layernorm is not supported for {arch} (no released Phi sets it)")
-    if cfg.get("clip_qkv") is not None and arch != OLMO:  # OLMoE's and DBRX's option, which their releases leave off
-        raise ModelConfigError(f"{path}: clip_qkv is not supported for {arch} (OLMo's only)")
+    if cfg.get("clip_qkv") is not None and arch not in (OLMO, MPT):  # OLMoE's and DBRX's: their releases leave it off
+        raise ModelConfigError(f"{path}: clip_qkv is not supported for {arch} (OLMo's and MPT's only)")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -354,7 +355,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
             mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, NEMOTRON, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE,
-                                   NANOCHAT, FALCON, BLOOM),
+                                   NANOCHAT, FALCON, BLOOM, MPT),
             lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
                                                                                              arch == GPTNEOX)))
@@ -382,8 +383,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             minimax_m3=minimax_m3,
             step3p7=step3p7,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
-            clip_qkv=float(cfg["clip_qkv"]) if arch == OLMO and cfg.get("clip_qkv") is not None else None,
-            alibi_scale=1.0 if arch == BLOOM else None,
+            clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT) and cfg.get("clip_qkv") is not None else None,
+            alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
@@ -449,7 +450,7 @@ def _eps_key(arch: str) -> str:
         "norm_eps" if arch == NEMOTRON else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
         "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else \
-        "layer_norm_epsilon" if arch in (FALCON, BLOOM) else "rms_norm_eps"
+        "layer_norm_epsilon" if arch in (FALCON, BLOOM, MPT) else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -466,8 +467,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch in (PHI, GPT2, GPT_BIGCODE):  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
-    if arch == BLOOM:  # everywhere
-        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
+    if arch in (BLOOM, MPT):  # everywhere (MPT: nowhere, whatever no_bias says, as transformers reads it)
+        return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), arch == BLOOM)
     if arch == FALCON:  # everywhere by bias (off unless it says), but its layer norms' always
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("bias", False)))
     if arch == OPT:  # everywhere by enable_bias

@@ -34,6 +34,7 @@ from engine.models.longcat_flash import LongcatFlashForCausalLM
 from engine.models.minicpm3 import MiniCPM3ForCausalLM
 from engine.models.minimax_m3 import MiniMaxM3ForCausalLM
 from engine.models.modernbert import ModernBertModel
+from engine.models.mpt import MptForCausalLM
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.nanochat import NanoChatForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
@@ -92,6 +93,7 @@ MODEL_REGISTRY = {
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
+    "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)
     "BloomForCausalLM": BloomForCausalLM,  # GPT-NeoX's fused heads, ALiBi, its embeddings layer-normed
     "FalconForCausalLM": FalconForCausalLM,  # layer norms, an ungated GELU MLP beside attention (layer_norm_llama.py)
     "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,  # latent attention, MiniCPM's scalings (engine/models/minicpm3.py)

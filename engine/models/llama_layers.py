@@ -94,9 +94,8 @@ class Attention(nn.Module):
         self.q_norm = empty_param(q_norm_size, dtype=dtype) if config.qk_norm else None
         self.k_norm = empty_param(k_norm_size, dtype=dtype) if config.qk_norm else None
         self.sinks = empty_param(config.num_heads, dtype=dtype) if config.attention_sinks else None  # gpt-oss's
-        # BLOOM's and Falcon-RW's positions: each head's slope (times the softmax's scale where Falcon scales them).
-        self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads) * config.alibi_scale
-                             if config.alibi_scale is not None else None, persistent=False)
+        self.register_buffer("alibi_slopes", alibi_slopes(config.alibi, config.num_heads)
+                             if config.alibi is not None else None, persistent=False)
 
     def forward(
         self,

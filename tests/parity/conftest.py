@@ -453,6 +453,9 @@ TINY_MODELS = {
     # BLOOM: ALiBi for positions (6 heads: past the nearest power of two, the slopes of 8's every other one), GPT-NeoX's
     # fused heads in sequential layers, its embeddings layer-normed, biases everywhere; its LM head the embeddings.
     "bloom": ("BloomConfig", dict(num_attention_heads=6, hidden_size=96), {}),
+    # MPT: ALiBi by MPT's slopes (6 heads: of 8's, the odd ones first), q, k and v fused and clipped, layer norms
+    # without biases, no biases anywhere, an exact-GELU MLP; its LM head the embeddings.
+    "mpt": ("MptConfig", dict(hidden_size=96, num_attention_heads=6, attn_config={"clip_qkv": 1.5}), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -255,6 +256,19 @@ def test_minicpm3s_scalings_read_as_transformers_reads_them(tiny_model_dirs, tmp
 def test_falcons_layouts_it_does_not_serve_are_refused_by_name(tiny_model_dirs, tmp_path, changes, refused):
     with pytest.raises(ModelConfigError, match=refused):
         load_model_config(copied_with_config(tiny_model_dirs["falcon"], tmp_path, changes))
+
+
+@pytest.mark.parametrize("name, changes, refused", [
+    ("mpt", {"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max=16"),
+    ("mpt", {"attn_config": {"qk_ln": True}}, "qk_ln=True"),
+    ("mpt", {"attn_config": {"attn_type": "multiquery_attention"}}, "attn_type='multiquery_attention'"),
+    ("mpt", {"logit_scale": 0.5}, "logit_scale"),
+    ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+])
+def test_alibi_models_layouts_transformers_computes_otherwise_are_refused_by_name(tiny_model_dirs, tmp_path, name,
+                                                                                  changes, refused):
+    with pytest.raises(ModelConfigError, match=re.escape(refused)):
+        load_model_config(copied_with_config(tiny_model_dirs[name], tmp_path, changes))
 
 
 def test_clip_qkv_is_read_for_olmo_and_refused_where_transformers_would_clip_otherwise(tiny_model_dirs, tmp_path):
