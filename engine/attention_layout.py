@@ -30,6 +30,8 @@ from engine.architectures import (
 )
 from engine.bloom_config import BLOOM
 from engine.gemma4_config import GEMMA4
+from engine.gpt_neo_config import GPT_NEO
+from engine.gptj_config import GPTJ
 from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
@@ -62,6 +64,8 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return scale
     if arch in (*GEMMAS, STEP3P7):
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    if arch == GPT_NEO:  # its scores unscaled
+        return 1.0
     if arch == MPT:  # its attn_config's, where it gives one
         return float(cfg.get("softmax_scale") or head_dim ** -0.5)
     if arch == GEMMA4:  # its q and k normed per head set the scores' size
@@ -120,7 +124,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
         return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
-    learnt = (OPT, GPT2, GPT_BIGCODE, BLOOM, MPT)  # their positions learnt instead, or ALiBi's
+    learnt = (OPT, GPT2, GPT_BIGCODE, GPT_NEO, BLOOM, MPT)  # their positions learnt instead, or ALiBi's
     nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt) or cfg.get("position_embedding_type") == "nope"
     if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt):
         return frozenset()  # NoPE
@@ -135,7 +139,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
 def llama4_attention(cfg: dict, arch: str) -> dict:
     if arch != LLAMA4:  # Ernie 4.5's, GLM-4's and Cohere's q and k hold RoPE's pairs side by side too
         return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False,
-                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES, HELIUM))
+                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES, HELIUM, GPTJ))
     with_rope = rope_layers(cfg, arch)
     chunk = cfg.get("attention_chunk_size")
     types = cfg.get("layer_types") or ["chunked_attention" if i in with_rope and chunk else "full_attention"
@@ -160,7 +164,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -187,7 +191,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM,
-                    STEP3P7, MINISTRAL):
+                    STEP3P7, MINISTRAL, GPT_NEO):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

@@ -71,6 +71,8 @@ from engine.falcon_config import FALCON, falcon_keys, falcon_norms
 from engine.falcon_h1_config import read_mup
 from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
+from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
+from engine.gptj_config import GPTJ, gptj_keys
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import (
     HYBRID_LINEAR,
@@ -186,9 +188,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO):
         try:
-            cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys}[arch](cfg)
+            cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys,
+                   GPT_NEO: gpt_neo_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -215,7 +218,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == OPT:  # its MLP's (fc1, the activation, fc2)
         supported_act = "relu"
-    if arch in (GPT2, GPT_BIGCODE):  # "gelu_new": GELU's tanh approximation
+    if arch in (GPT2, GPT_BIGCODE, GPTJ, GPT_NEO):  # "gelu_new": GELU's tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = "gelu_pytorch_tanh"
     if arch in (FALCON, MPT):  # its MLP's exact GELU
@@ -252,7 +255,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
-                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON):
+                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -355,10 +358,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
             mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, NEMOTRON, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE,
-                                   NANOCHAT, FALCON, BLOOM, MPT),
-            lm_head_bias=arch == PHI or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
-            parallel_residual=arch == PHI or (arch in (STABLELM, GPTNEOX) and bool(cfg.get("use_parallel_residual",
-                                                                                             arch == GPTNEOX)))
+                                   NANOCHAT, FALCON, BLOOM, MPT, GPTJ, GPT_NEO),
+            lm_head_bias=arch in (PHI, GPTJ) or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
+            parallel_residual=arch in (PHI, GPTJ) or (arch in (STABLELM, GPTNEOX) and bool(
+                cfg.get("use_parallel_residual", arch == GPTNEOX)))
             or (arch == FALCON and falcon_norms(cfg) > 0),
             parallel_norms=falcon_norms(cfg) if arch == FALCON and falcon_norms(cfg) else 1,
             attention_scale=attention_scale(cfg, arch, head_dim, mla, scaling),
@@ -450,7 +453,7 @@ def _eps_key(arch: str) -> str:
         "norm_eps" if arch == NEMOTRON else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
         "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else \
-        "layer_norm_epsilon" if arch in (FALCON, BLOOM, MPT) else "rms_norm_eps"
+        "layer_norm_epsilon" if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO) else "rms_norm_eps"
 
 
 def _default_eps(arch: str) -> float:
@@ -467,6 +470,10 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
     if arch in (PHI, GPT2, GPT_BIGCODE):  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
+    if arch == GPTJ:  # on its MLP alone (and its LM head)
+        return dict(qkv_bias=False, o_bias=False, mlp_bias=True)
+    if arch == GPT_NEO:  # on o and its MLP
+        return dict(qkv_bias=False, o_bias=True, mlp_bias=True)
     if arch in (BLOOM, MPT):  # everywhere (MPT: nowhere, whatever no_bias says, as transformers reads it)
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), arch == BLOOM)
     if arch == FALCON:  # everywhere by bias (off unless it says), but its layer norms' always

@@ -20,6 +20,7 @@ from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.layer_norm_llama import (
     BloomForCausalLM,
     FalconForCausalLM,
+    GPTJForCausalLM,
     GPTNeoXForCausalLM,
     Jais2ForCausalLM,
     PhiForCausalLM,
@@ -43,7 +44,7 @@ from engine.models.nemotron_h_mtp import NemotronHMTP
 from engine.models.olmo import OlmoForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.olmo_hybrid import OlmoHybridForCausalLM
-from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, OPTForCausalLM
+from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, GPTNeoForCausalLM, OPTForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
@@ -94,6 +95,8 @@ MODEL_REGISTRY = {
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)
+    "GPTNeoForCausalLM": GPTNeoForCausalLM,  # GPT-2's layers, q/k/v apart, unscaled scores, local layers (opt.py)
+    "GPTJForCausalLM": GPTJForCausalLM,  # Phi-2's layers, RoPE's pairs side by side over part of a head
     "BloomForCausalLM": BloomForCausalLM,  # GPT-NeoX's fused heads, ALiBi, its embeddings layer-normed
     "FalconForCausalLM": FalconForCausalLM,  # layer norms, an ungated GELU MLP beside attention (layer_norm_llama.py)
     "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,  # latent attention, MiniCPM's scalings (engine/models/minicpm3.py)

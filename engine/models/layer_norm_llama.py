@@ -147,6 +147,20 @@ class PhiForCausalLM(Jais2ForCausalLM):
         return super()._lora_rows(layer, place, PHI_PROJECTIONS.get(proj, proj))
 
 
+# GPT-J's names against Llama's.
+GPTJ_RENAMED = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+                ("transformer.h.", "model.layers."), (".ln_1.", ".input_layernorm."),
+                (".attn.out_proj.", ".self_attn.o_proj."), (".attn.", ".self_attn."), (".mlp.fc_in.", ".mlp.up_proj."),
+                (".mlp.fc_out.", ".mlp.down_proj."))
+
+
+class GPTJForCausalLM(PhiForCausalLM):
+    """GPT-J: Phi-2's layers (attention beside an ungated tanh-GELU MLP from one layer norm, its LM head's bias) with
+    RoPE's pairs side by side over its first `rotary_dim` dimensions a head, no biases on attention."""
+
+    renames = GPTJ_RENAMED
+
+
 class ParallelTwoNormLayer(LayerNormDecoderLayer):
     """Attention and the MLP side by side, each from a layer norm of its own, both added to the residual."""
 

@@ -8,6 +8,8 @@ added to the token's before the first layer.
   transposed (Conv1D's [in, out]), transposed as they load.
 - BigCode's GPTBigCode (GPTBigCodeForCausalLM: StarCoder 1, SantaCoder, WizardCoder): GPT-2's names, its projections
   stored as Linear's; one k and v head for all q heads (`multi_query`), or every head's q, k and v in turn.
+- EleutherAI's GPT-Neo (GPTNeoForCausalLM): GPT-2's layers with q, k and v apart and without biases, its scores not
+  scaled (ModelConfig.attention_scale 1), every other layer (as `attention_types` says) over a sliding window.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.layer_norm_llama import Jais2ForCausalLM
+from engine.models.llama import LlamaForCausalLM
 from engine.models.parameters import empty_param
 from engine.weights import renamed
 from kernels.registry import Kernels
@@ -100,3 +103,20 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
             heads = tensor.view(cfg.num_heads, 3, cfg.head_dim, *tensor.shape[1:])
             tensor = heads.transpose(0, 1).reshape(tensor.shape)
         return super()._placed(name, tensor)
+
+
+# GPT-Neo's names against Llama's, where they are not GPT-2's.
+GPT_NEO_RENAMED = ((".attn.attention.out_proj.", ".self_attn.o_proj."), (".attn.attention.", ".self_attn."),
+                   *GPT2_RENAMED)
+GPT_NEO_BUFFERS = (".attn.attention.bias", ".attn.attention.masked_bias")  # older checkpoints' masks
+
+
+class GPTNeoForCausalLM(GPT2LMHeadModel):
+    renames = GPT_NEO_RENAMED
+    stores_transposed = False
+
+    def is_unused_tensor(self, name: str) -> bool:
+        return name.endswith(GPT_NEO_BUFFERS) or super().is_unused_tensor(name)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        return LlamaForCausalLM._attention_names(self, layer)  # q, k and v apart, o's bias

@@ -456,6 +456,11 @@ TINY_MODELS = {
     # MPT: ALiBi by MPT's slopes (6 heads: of 8's, the odd ones first), q, k and v fused and clipped, layer norms
     # without biases, no biases anywhere, an exact-GELU MLP; its LM head the embeddings.
     "mpt": ("MptConfig", dict(hidden_size=96, num_attention_heads=6, attn_config={"clip_qkv": 1.5}), {}),
+    # GPT-J: attention beside an ungated tanh-GELU MLP from one layer norm, RoPE's pairs side by side over the first 8
+    # of each head's 16 dimensions, biases on the MLP and the LM head alone.
+    "gptj": ("GPTJConfig", dict(rotary_dim=8), {}),
+    # GPT-Neo: GPT-2's layers with q, k and v apart, unscaled scores, every other layer over a window of 16 positions.
+    "gpt-neo": ("GPTNeoConfig", dict(attention_types=[[["global", "local"], 1]], window_size=16), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

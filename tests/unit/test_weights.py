@@ -25,9 +25,9 @@ def load(model_dir):
 
 def test_unsupported_architecture_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["architectures"] = ["BloomForCausalLM"]
+    cfg["architectures"] = ["RwkvForCausalLM"]
     (model_copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match=r"config\.json: unsupported architecture .*BloomForCausalLM"):
+    with pytest.raises(ModelConfigError, match=r"config\.json: unsupported architecture .*RwkvForCausalLM"):
         load_model_config(model_copy)
 
 
