@@ -3,6 +3,7 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.bloom_config import BLOOM
+from engine.dbrx_config import DBRX
 from engine.falcon_config import FALCON
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
@@ -90,7 +91,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
-                           STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO)
+                           STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
@@ -121,7 +122,7 @@ QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, A
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
            APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
-           MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO)
+           MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings

@@ -66,6 +66,7 @@ from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
 from engine.config import stored_dtype
+from engine.dbrx_config import DBRX, dbrx_keys
 from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
 from engine.falcon_config import FALCON, falcon_keys, falcon_norms
 from engine.falcon_h1_config import read_mup
@@ -188,10 +189,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX):
         try:
-            cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys,
-                   GPT_NEO: gpt_neo_keys}[arch](cfg)
+            cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
+                   DBRX: dbrx_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -294,8 +295,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             cfg = {**cfg, "num_hidden_layers": len(mamba.layer_types)}
     if arch == PHI and cfg.get("qk_layernorm"):
         raise ModelConfigError(f"{path}: qk_layernorm is not supported for {arch} (no released Phi sets it)")
-    if cfg.get("clip_qkv") is not None and arch not in (OLMO, MPT):  # OLMoE's and DBRX's: their releases leave it off
-        raise ModelConfigError(f"{path}: clip_qkv is not supported for {arch} (OLMo's and MPT's only)")
+    if cfg.get("clip_qkv") is not None and arch not in (OLMO, MPT, DBRX):  # OLMoE's: its releases leave it off
+        raise ModelConfigError(f"{path}: clip_qkv is not supported for {arch} (OLMo's, MPT's and DBRX's only)")
     if cfg.get("use_bidirectional_attention") and arch != GEMMA4:
         raise ModelConfigError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     try:
@@ -386,7 +387,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             minimax_m3=minimax_m3,
             step3p7=step3p7,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
-            clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT) and cfg.get("clip_qkv") is not None else None,
+            clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT, DBRX) and cfg.get("clip_qkv") is not None else None,
             alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,
         )
     except KeyError as e:
@@ -474,7 +475,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=False, o_bias=False, mlp_bias=True)
     if arch == GPT_NEO:  # on o and its MLP
         return dict(qkv_bias=False, o_bias=True, mlp_bias=True)
-    if arch in (BLOOM, MPT):  # everywhere (MPT: nowhere, whatever no_bias says, as transformers reads it)
+    if arch in (BLOOM, MPT, DBRX):  # everywhere (MPT: nowhere, whatever no_bias says, as transformers reads it)
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), arch == BLOOM)
     if arch == FALCON:  # everywhere by bias (off unless it says), but its layer norms' always
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("bias", False)))

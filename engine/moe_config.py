@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.dbrx_config import DBRX
 from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA, jamba_expert_layers
@@ -124,6 +125,10 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size", 3072)),
                         fused_experts=True,
                         dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
+    elif arch == DBRX:  # softmax over every expert, the top-k renormalized (moe_normalize_expert_weights 1)
+        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        norm_topk_prob=bool(cfg["norm_topk_prob"]))
     elif arch == STEP3P7:  # sigmoid scores plus a learnt bias, renormalized, scaled; a shared expert; dense by name
         moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]), norm_topk_prob=True,

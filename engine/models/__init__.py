@@ -35,7 +35,7 @@ from engine.models.longcat_flash import LongcatFlashForCausalLM
 from engine.models.minicpm3 import MiniCPM3ForCausalLM
 from engine.models.minimax_m3 import MiniMaxM3ForCausalLM
 from engine.models.modernbert import ModernBertModel
-from engine.models.mpt import MptForCausalLM
+from engine.models.mpt import DbrxForCausalLM, MptForCausalLM
 from engine.models.mtp import DeepseekV3MTP, Glm4MoeMTP
 from engine.models.nanochat import NanoChatForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
@@ -94,6 +94,7 @@ MODEL_REGISTRY = {
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
+    "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)
     "GPTNeoForCausalLM": GPTNeoForCausalLM,  # GPT-2's layers, q/k/v apart, unscaled scores, local layers (opt.py)
     "GPTJForCausalLM": GPTJForCausalLM,  # Phi-2's layers, RoPE's pairs side by side over part of a head

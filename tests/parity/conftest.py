@@ -461,6 +461,9 @@ TINY_MODELS = {
     "gptj": ("GPTJConfig", dict(rotary_dim=8), {}),
     # GPT-Neo: GPT-2's layers with q, k and v apart, unscaled scores, every other layer over a window of 16 positions.
     "gpt-neo": ("GPTNeoConfig", dict(attention_types=[[["global", "local"], 1]], window_size=16), {}),
+    # DBRX: MPT's layers with RoPE, GQA (2 KV heads), q/k/v clipped, and 2 of 4 experts by softmax, renormalized.
+    "dbrx": ("DbrxConfig", dict(d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 1.5, "rope_theta": 10000.0},
+                                ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2}), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

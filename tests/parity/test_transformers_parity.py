@@ -271,6 +271,19 @@ def test_alibi_models_layouts_transformers_computes_otherwise_are_refused_by_nam
         load_model_config(copied_with_config(tiny_model_dirs[name], tmp_path, changes))
 
 
+def test_dbrxs_released_config_turns_by_its_attn_configs_theta_and_other_norms_of_its_experts_are_refused(
+        tiny_model_dirs, tmp_path):
+    """As released, RoPE's theta lies in attn_config alone (DBRX's 500000); transformers 5 saves it at the top level."""
+    released = copied_with_config(tiny_model_dirs["dbrx"], tmp_path / "released", {"attn_config": {
+        "kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 500000}}, removed=("rope_parameters",))
+    config = load_model_config(released)
+    assert (config.rope_theta, config.clip_qkv, config.num_kv_heads) == (500000.0, 8.0, 2)
+    assert load_model_config(tiny_model_dirs["dbrx"]).rope_theta == 10000.0
+    with pytest.raises(ModelConfigError, match="moe_normalize_expert_weights 2"):
+        load_model_config(copied_with_config(tiny_model_dirs["dbrx"], tmp_path / "p2", {"ffn_config": {
+            "ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2, "moe_normalize_expert_weights": 2}}))
+
+
 def test_clip_qkv_is_read_for_olmo_and_refused_where_transformers_would_clip_otherwise(tiny_model_dirs, tmp_path):
     assert load_model_config(copied_with_config(tiny_model_dirs["olmo"], tmp_path, {"clip_qkv": 8.0})).clip_qkv == 8.0
     with pytest.raises(ModelConfigError, match="clip_qkv is not supported for OlmoeForCausalLM"):
