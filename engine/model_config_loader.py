@@ -74,6 +74,7 @@ from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
 from engine.gptj_config import GPTJ, gptj_keys
+from engine.hy_v3_config import HY_V3, hy_v3_keys
 from engine.int4_weights import int4_weights
 from engine.linear_attention_config import (
     HYBRID_LINEAR,
@@ -189,10 +190,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
-                   DBRX: dbrx_keys}[arch](cfg)
+                   DBRX: dbrx_keys, HY_V3: hy_v3_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base

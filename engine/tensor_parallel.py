@@ -39,6 +39,7 @@ from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
+from engine.models.hy_v3 import HYV3ForCausalLM
 from engine.models.layer_norm_llama import Jais2ForCausalLM, Starcoder2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
@@ -59,7 +60,7 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
                 GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM, AfmoeForCausalLM, GemmaForCausalLM,
                 VaultGemmaForCausalLM, Starcoder2ForCausalLM, Jais2ForCausalLM, ApertusForCausalLM, OlmoForCausalLM,
-                NemotronForCausalLM)
+                NemotronForCausalLM, HYV3ForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -85,7 +86,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
-                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma so far, not {config.architecture}")
+                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3 so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

@@ -464,6 +464,10 @@ TINY_MODELS = {
     # DBRX: MPT's layers with RoPE, GQA (2 KV heads), q/k/v clipped, and 2 of 4 experts by softmax, renormalized.
     "dbrx": ("DbrxConfig", dict(d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 1.5, "rope_theta": 10000.0},
                                 ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2}), {}),
+    # Tencent's Hy3: q and k normed a head, a dense first layer, then 2 of 4 experts by sigmoid score plus a bias,
+    # renormalized and scaled, beside a shared expert.
+    "hy-v3": ("HYV3Config", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+                                 moe_intermediate_size=48, max_position_embeddings=1024), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each
