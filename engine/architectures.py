@@ -45,6 +45,7 @@ from engine.step3p7_config import STEP3P7
 
 MINISTRAL3 = "Ministral3ForCausalLM"
 VAULTGEMMA = "VaultGemmaForCausalLM"  # Gemma 2's attention in layers of two norms
+YOUTU = "YoutuForCausalLM"  # Tencent's Youtu-LLM: DeepSeek-V3's latent attention before dense MLPs
 OLMO = "OlmoForCausalLM"  # OLMo 1: layer norms without weights, q/k/v clipped
 NEMOTRON = "NemotronForCausalLM"  # Nemotron-4, Minitron: layer norms scaled by 1 + weight, squared ReLU
 MINISTRAL = "MinistralForCausalLM"  # Ministral 8B: Mistral's layers, each windowed or not as layer_types says
@@ -93,9 +94,10 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
-                           HY_V3)
+                           HY_V3, YOUTU)
 # Multi-head latent attention's (engine/models/mla.py).
-MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3)
+MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
+              YOUTU)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).

@@ -142,6 +142,7 @@ MODEL_REGISTRY = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "YoutuForCausalLM": DeepseekV3ForCausalLM,  # its latent attention, dense MLPs in every layer
     "DeepseekV32ForCausalLM": DeepseekV3ForCausalLM,  # its latent attention sparse, as its MLAConfig says (DSA)
     "GlmMoeDsaForCausalLM": DeepseekV3ForCausalLM,  # GLM-5: V3.2's, some layers sharing another's choice
     "Glm4MoeLiteForCausalLM": DeepseekV3ForCausalLM,  # GLM-4.7-Flash, its dense layers by its MoEConfig

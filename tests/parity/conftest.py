@@ -468,6 +468,10 @@ TINY_MODELS = {
     # renormalized and scaled, beside a shared expert.
     "hy-v3": ("HYV3Config", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
                                  moe_intermediate_size=48, max_position_embeddings=1024), {}),
+    # Tencent's Youtu-LLM: DeepSeek-V3's latent attention (q through a latent, RoPE's pairs side by side) before a dense
+    # MLP in every layer.
+    "youtu": ("YoutuConfig", dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                  v_head_dim=20, num_key_value_heads=4), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each
