@@ -476,7 +476,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=False, o_bias=False, mlp_bias=True)
     if arch == GPT_NEO:  # on o and its MLP
         return dict(qkv_bias=False, o_bias=True, mlp_bias=True)
-    if arch in (BLOOM, MPT, DBRX):  # everywhere (MPT: nowhere, whatever no_bias says, as transformers reads it)
+    if arch in (BLOOM, MPT, DBRX):  # BLOOM's everywhere; MPT's (whatever no_bias says, as transformers reads them)
+        # and DBRX's nowhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), arch == BLOOM)
     if arch == FALCON:  # everywhere by bias (off unless it says), but its layer norms' always
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("bias", False)))
