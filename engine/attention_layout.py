@@ -32,6 +32,7 @@ from engine.bloom_config import BLOOM
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
+from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
@@ -100,7 +101,7 @@ def layer_rope_thetas(cfg: dict, arch: str) -> tuple[float | None, float | None]
 def local_rope_theta(cfg: dict, arch: str) -> float | None:
     if arch in GRANITE_SWAS:
         return layer_rope_thetas(cfg, arch)[1]
-    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7):
+    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7, LAGUNA):
         return None
     params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
@@ -108,6 +109,12 @@ def local_rope_theta(cfg: dict, arch: str) -> float | None:
     # Absent, Gemma 3's is rope_local_base_freq; OLMo 3's the model's theta, unscaled.
     unset = cfg.get("rope_local_base_freq", 10000.0) if arch == GEMMA3 else full_rope_theta(cfg)
     return float(params.get("rope_theta", unset))
+
+
+def local_rotary_dim(cfg: dict, head_dim: int) -> int:
+    """The dimensions of a head the sliding-window layers' own RoPE turns, by their type's partial_rotary_factor
+    (Step-3.7's, Laguna's)."""
+    return int(head_dim * float(rope_parameters(cfg, "sliding_attention").get("partial_rotary_factor", 1.0)))
 
 
 def full_rope_theta(cfg: dict) -> float:
@@ -164,7 +171,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -191,7 +198,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM,
-                    STEP3P7, MINISTRAL, GPT_NEO):
+                    STEP3P7, MINISTRAL, GPT_NEO, LAGUNA):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

@@ -11,6 +11,7 @@ from engine.falcon_h1_config import MupMultipliers
 from engine.fp8_weights import Fp8Weights
 from engine.gemma4_config import Gemma4Layout
 from engine.int4_weights import Int4Weights
+from engine.laguna_config import LagunaLayout
 from engine.linear_attention_config import LinearAttention
 from engine.mamba1_config import Mamba1Layout
 from engine.mamba_config import Mamba2Layout
@@ -119,6 +120,11 @@ class ModelConfig:
     minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)
     # Step-3.7's sliding layers' heads and RoPE, its gate's shape, its GLUs' clamps (engine/step3p7_config.py)
     step3p7: Step3p7Layout | None = None
+    # Each layer's q heads where they differ from num_heads (Step-3.7's sliding layers', Laguna's); None: num_heads.
+    layer_num_heads: tuple[int, ...] | None = None
+    # The dimensions of a head the sliding-window layers' own RoPE turns where not rotary_dim (Step-3.7's, Laguna's).
+    local_rotary_dim: int | None = None
+    laguna: LagunaLayout | None = None  # Laguna's attention gate (engine/laguna_config.py)
 
     @property
     def pooling(self) -> str:

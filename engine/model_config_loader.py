@@ -57,6 +57,7 @@ from engine.attention_layout import (
     layer_rope_thetas,
     llama4_attention,
     local_rope_theta,
+    local_rotary_dim,
     q_temperature,
     rope_layers,
     sliding_layers,
@@ -76,6 +77,7 @@ from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
 from engine.gptj_config import GPTJ, gptj_keys
 from engine.hy_v3_config import HY_V3, hy_v3_keys
 from engine.int4_weights import int4_weights
+from engine.laguna_config import LAGUNA, laguna_keys, read_laguna_layout
 from engine.linear_attention_config import (
     HYBRID_LINEAR,
     KIMI_LINEAR,
@@ -190,10 +192,10 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
-                   DBRX: dbrx_keys, HY_V3: hy_v3_keys}[arch](cfg)
+                   DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -257,7 +259,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
-                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ):
+                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ, LAGUNA):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -317,7 +319,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         qwen4_exp = read_qwen4_exp(cfg, head_dim, rotary_dim, linear_attention.layer_types) \
             if arch == QWEN4_EXP else None
         minimax_m3 = read_block_sparse_indexer(cfg, num_kv_heads, head_dim, rotary_dim) if arch == MINIMAX_M3 else None
-        step3p7 = read_step3p7_layout(cfg, head_dim) if arch == STEP3P7 else None
+        step3p7 = read_step3p7_layout(cfg) if arch == STEP3P7 else None
+        per_layer = arch in (STEP3P7, LAGUNA)  # their layers' own q heads, their sliding layers' own RoPE width
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -387,6 +390,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             qwen4_exp=qwen4_exp,
             minimax_m3=minimax_m3,
             step3p7=step3p7,
+            layer_num_heads=tuple(cfg["num_attention_heads_per_layer"]) if per_layer else None,
+            local_rotary_dim=local_rotary_dim(cfg, head_dim) if per_layer else None,
+            laguna=read_laguna_layout(cfg) if arch == LAGUNA else None,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
             clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT, DBRX) and cfg.get("clip_qkv") is not None else None,
             alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,

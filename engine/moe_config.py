@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.dbrx_config import DBRX
 from engine.hy_v3_config import HY_V3
+from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA, jamba_expert_layers
@@ -85,6 +86,8 @@ class MoEConfig:
     # LongCat-Flash's: experts past the real ones that compute nothing (a token routed to one gets its input back,
     # weighed as any expert's output); 0: none.
     identity_experts: int = 0
+    # Laguna's: the router's logits soft-capped, cap * tanh(logit / cap), before their sigmoid; None: not.
+    router_logit_softcap: float | None = None
     # "sparsemixer" (Phi-3.5-MoE's, at inference): the best expert, then the best of the rest, each weighed by the
     # softmax of the logits within `jitter_eps` (relatively, twice it) of its own.
     jitter_eps: float = 0.0
@@ -126,6 +129,15 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
                         shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size", 3072)),
                         fused_experts=True,
+                        dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
+    elif arch == LAGUNA:  # sigmoid scores of the soft-capped logits plus a bias, renormalized, scaled; a shared expert
+        cap = float(cfg.get("moe_router_logit_softcapping") or 0.0)
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]),
+                        norm_topk_prob=True, weighs_experts_in_float32=True, router_in_float32=True,
+                        scoring="sigmoid", routed_scaling_factor=float(cfg.get("moe_routed_scaling_factor", 1.0)),
+                        router_logit_softcap=cap if cap > 0 else None,
                         dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
     elif arch == DBRX:  # softmax over every expert, the top-k renormalized (moe_normalize_expert_weights 1)
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),

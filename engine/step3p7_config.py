@@ -36,15 +36,14 @@ PER_LAYER_LISTS = ("layer_types", "mlp_layer_types", "swiglu_limits", "swiglu_li
 
 @dataclass(frozen=True)
 class Step3p7Layout:
-    sliding_num_heads: int  # the sliding-window layers' q heads (the full ones': ModelConfig.num_heads)
-    local_rotary_dim: int  # the dimensions of a head the sliding-window layers' RoPE turns
     swiglu_limits: tuple[float | None, ...]  # each layer's experts' clamp; None: none
     shared_swiglu_limits: tuple[float | None, ...]  # each layer's shared expert's and dense MLP's
 
 
 def step3p7_keys(cfg: dict) -> dict:
     """`cfg` (text_config over the wrapper's keys) with transformers' names, its per-layer lists cut to its layers, its
-    RoPE by layer type in `rope_parameters` (the full layers' scaled) and its MLPs' kinds in `mlp_layer_types`.
+    RoPE by layer type in `rope_parameters` (the full layers' scaled), its MLPs' kinds in `mlp_layer_types` and its
+    layers' q heads in `num_attention_heads_per_layer` (Laguna's name of them).
     ValueError for a layout transformers would refuse or compute otherwise."""
     cfg = {**TEXT_DEFAULTS, **{ALIASES.get(key, key): value for key, value in cfg.items()}}
     num_layers = int(cfg["num_hidden_layers"])
@@ -65,7 +64,12 @@ def step3p7_keys(cfg: dict) -> dict:
     if len(mlp_types) != num_layers or not set(mlp_types) <= {"dense", "sparse"}:
         raise ValueError(f"mlp_layer_types must name 'dense' or 'sparse' for each of {num_layers} layers")
     cfg.pop("partial_rotary_factor", None)  # each layer type's own, in rope_parameters
-    return {**cfg, "layer_types": layer_types, "mlp_layer_types": mlp_types, "rope_scaling": None,
+    other = cfg.get("attention_other_setting") or {}
+    heads = int(cfg["num_attention_heads"])
+    sliding_heads = int(cfg.get("num_sliding_attention_heads") or other.get("num_attention_heads") or heads)
+    return {**cfg, "layer_types": layer_types,
+            "num_attention_heads_per_layer": [sliding_heads if kind == SLIDING else heads for kind in layer_types],
+            "mlp_layer_types": mlp_types, "rope_scaling": None,
             "rope_parameters": _ropes(cfg, layer_types), "hidden_act": "silu",
             "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar") or cfg["head_dim"]}
 
@@ -89,11 +93,10 @@ def _ropes(cfg: dict, layer_types: list[str]) -> dict:
     return ropes
 
 
-def read_step3p7_layout(cfg: dict, head_dim: int) -> Step3p7Layout:
+def read_step3p7_layout(cfg: dict) -> Step3p7Layout:
     """`cfg` as step3p7_keys gives it. ValueError for settings Baton does not serve."""
-    num_layers, num_heads = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    num_layers = int(cfg["num_hidden_layers"])
     other = cfg.get("attention_other_setting") or {}
-    sliding_heads = cfg.get("num_sliding_attention_heads") or other.get("num_attention_heads") or num_heads
     if int(other.get("num_attention_groups", cfg["num_key_value_heads"])) != int(cfg["num_key_value_heads"]):
         # transformers reads the sliding layers' q heads from it alone
         raise ValueError("attention_other_setting's num_attention_groups unlike num_attention_groups is not supported "
@@ -109,8 +112,6 @@ def read_step3p7_layout(cfg: dict, head_dim: int) -> Step3p7Layout:
     if gating not in (True, "per-head"):  # transformers' attention breaks on its gate of an element
         raise ValueError(f"gating {gating!r} is not supported: attention's output gated a head at a time only")
     return Step3p7Layout(
-        sliding_num_heads=int(sliding_heads),
-        local_rotary_dim=int(head_dim * float(local.get("partial_rotary_factor", 1.0))),
         swiglu_limits=_limits(cfg.get("swiglu_limits"), num_layers),
         shared_swiglu_limits=_limits(cfg.get("swiglu_limits_shared"), num_layers))
 

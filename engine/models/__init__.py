@@ -18,6 +18,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.hy_v3 import HYV3ForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
+from engine.models.laguna import LagunaForCausalLM
 from engine.models.layer_norm_llama import (
     BloomForCausalLM,
     FalconForCausalLM,
@@ -95,6 +96,7 @@ MODEL_REGISTRY = {
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
+    "LagunaForCausalLM": LagunaForCausalLM,  # a layer's own q heads, softplus gates, capped router (laguna.py)
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)

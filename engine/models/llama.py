@@ -6,6 +6,7 @@ are engine/models/llama_layers.py's; this module stacks them and names their wei
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ class LlamaForCausalLM(nn.Module):
             self.register_buffer("mrope_kinds", mrope_kinds(config.mrope_section, config.mrope_interleaved),
                                  persistent=False)
         self._register_ropes(max_positions)
-        self._has_one_rope = (config.local_rope_theta is None
+        self._has_one_rope = (config.local_rope_theta is None and config.local_rotary_dim is None
                               and config.rope_layers == frozenset(range(config.num_layers)))
 
     def _register_ropes(self, max_positions: int) -> None:
@@ -87,7 +88,8 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if config.local_rope_theta is not None:  # the sliding-window layers' own, unscaled
-            cos, sin = build_rope_cache(config.rotary_dim, max_positions, config.local_rope_theta, None)
+            cos, sin = build_rope_cache(config.local_rotary_dim or config.rotary_dim, max_positions,
+                                        config.local_rope_theta, None)
             self.register_buffer("local_rope_cos", cos, persistent=False)
             self.register_buffer("local_rope_sin", sin, persistent=False)
 
@@ -237,7 +239,17 @@ class LlamaForCausalLM(nn.Module):
         return vocabulary.rank_sum(whole)[:, :vocabulary.size]
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        return DecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
+        return DecoderLayer(self._layer_config(layer), self.kernels, dtype, self._window(layer), self._is_sparse(layer))
+
+    def _layer_config(self, layer: int) -> ModelConfig:
+        """The config layer `layer` computes by: the model's, with the layer's own q heads and, in a sliding-window
+        layer, its RoPE's width, where the model gives them (ModelConfig.layer_num_heads, local_rotary_dim)."""
+        cfg, changes = self.config, {}
+        if cfg.layer_num_heads is not None:
+            changes["num_heads"] = cfg.layer_num_heads[layer]
+        if cfg.local_rotary_dim is not None and layer in cfg.sliding_layers:
+            changes["rotary_dim"] = cfg.local_rotary_dim
+        return dataclasses.replace(cfg, **changes) if changes else cfg
 
     def _window(self, layer: int) -> int | None:
         return self.config.sliding_window if layer in self.config.sliding_layers else None
@@ -353,6 +365,8 @@ class LlamaForCausalLM(nn.Module):
         layer = self.layers[int(parts[2])]
         module, leaf = parts[3], ".".join(parts[4:])
         q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        if cfg.layer_num_heads is not None:  # the layer's own q heads
+            q = cfg.layer_num_heads[int(parts[2])] * cfg.head_dim
         qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
         if module == "self_attn":
             if parts[4] == "sinks":

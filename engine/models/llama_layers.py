@@ -167,11 +167,15 @@ class GatedOutputAttention(Attention):
         self._gates: torch.Tensor | None = None  # the step's, while its attention runs
 
     def forward(self, x, cos, sin, kv_cache, meta):
-        self._gates = torch.sigmoid(self.kernels.linear(x, self.g_weight))
+        self._gates = self._gate(self.kernels.linear(x, self.g_weight))
         try:
             return super().forward(x, cos, sin, kv_cache, meta)
         finally:
             self._gates = None
+
+    @staticmethod
+    def _gate(projected: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(projected)
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         heads = out.view(out.shape[0], self.config.num_heads, -1)

@@ -110,7 +110,10 @@ class SparseMoE(nn.Module):
         # GLM-4.5's and DeepSeek-V3's: experts chosen by sigmoid score plus the correction bias, only
         # within the best groups (a group scored by its best two); weighted by the score alone.
         moe = self.moe
-        scores = F.linear(x.float(), self.router_weight).sigmoid()  # [T, E]
+        logits = F.linear(x.float(), self.router_weight)  # [T, E]
+        if moe.router_logit_softcap is not None:
+            logits = torch.tanh(logits / moe.router_logit_softcap) * moe.router_logit_softcap
+        scores = logits.sigmoid()
         for_choice = scores + self.router_bias
         grouped = for_choice.view(-1, moe.num_groups, moe.num_experts // moe.num_groups)
         best_groups = grouped.topk(2, dim=-1)[0].sum(dim=-1).topk(moe.topk_groups, dim=-1, sorted=False)[1]

@@ -7,7 +7,6 @@ Read by StepFun's names as released: each layer's experts stacked a projection a
 [E, inter, hidden]), its router's bias `moe.router_bias`, its shared expert `share_expert`."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 
 import torch
@@ -20,7 +19,6 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, DecoderLayer, GatedOutputAttention
 from engine.models.moe import SparseMoE
 from kernels.registry import Kernels
-from kernels.rotary import build_rope_cache
 
 # Each layer's stacked experts' projections against the halves of Baton's fused gate/up and its down.
 STACKED_EXPERTS = ("gate_proj", "up_proj", "down_proj")
@@ -58,18 +56,8 @@ class Step3p7ForCausalLM(LlamaForCausalLM):
                (".moe.", ".mlp.experts."), (".share_expert.", ".mlp.shared_experts."))
     has_mtp_layers = True  # released with num_nextn_predict_layers after its own (transformers leaves them unread too)
 
-    def _register_ropes(self, max_positions: int) -> None:
-        super()._register_ropes(max_positions)
-        # The sliding-window layers' own table (always: it turns its own part of a head), unscaled.
-        config = self.config
-        cos, sin = build_rope_cache(config.step3p7.local_rotary_dim, max_positions, config.local_rope_theta, None)
-        self.register_buffer("local_rope_cos", cos, persistent=False)
-        self.register_buffer("local_rope_sin", sin, persistent=False)
-
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        config, step = self.config, self.config.step3p7
-        if layer in config.sliding_layers:  # heads of its own, and its RoPE's part of them
-            config = dataclasses.replace(config, num_heads=step.sliding_num_heads, rotary_dim=step.local_rotary_dim)
+        config, step = self._layer_config(layer), self.config.step3p7
         limit, shared_limit = step.swiglu_limits[layer], step.shared_swiglu_limits[layer]
         mlp = (ClampedSparseMoE(config, self.kernels, dtype, limit, shared_limit) if self._is_sparse(layer)
                else ClampedMLP(config, self.kernels, dtype, shared_limit))
@@ -98,11 +86,6 @@ class Step3p7ForCausalLM(LlamaForCausalLM):
         place, proj = ".".join(parts[3:5]), parts[5] if parts[4] == "experts" else parts[4]
         if place == "self_attn.g_proj":
             return layer.attn.g_weight.data
-        if place in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):  # by the layer's own heads
-            attn = layer.attn.config
-            rows = {"q_proj": (0, attn.q_size), "k_proj": (attn.q_size, attn.q_size + attn.kv_size),
-                    "v_proj": (attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size)}[parts[4]]
-            return layer.attn.qkv_weight.data[slice(*rows)]
         if place == "mlp.experts" and proj in STACKED_EXPERTS:  # every expert's at once
             inter = self.config.moe.moe_intermediate_size
             if proj == "down_proj":

@@ -472,6 +472,15 @@ TINY_MODELS = {
     # MLP in every layer.
     "youtu": ("YoutuConfig", dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
                                   v_head_dim=20, num_key_value_heads=4), {}),
+    # Laguna: each layer's own q heads (8, 4, 8), full and sliding layers with RoPEs of their own (half a head at
+    # 500000, a whole one at 10000), attention gated by softplus a head at a time (and an element at a time), a dense
+    # first layer, then 2 of 4 experts by sigmoid score of soft-capped logits plus a bias, scaled, beside a shared one.
+    **{name: ("LagunaConfig", dict(
+        head_dim=16, num_hidden_layers=3, num_attention_heads_per_layer=[8, 4, 8], sliding_window=48,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, shared_expert_intermediate_size=40, moe_router_logit_softcapping=3.0,
+        moe_routed_scaling_factor=scale, gating=gating), {})
+       for name, gating, scale in (("laguna", True, 2.0), ("laguna-element-gates", "per-element", 1.5))},
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

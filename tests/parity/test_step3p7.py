@@ -128,8 +128,7 @@ def test_the_released_configs_names_read_as_transformers_reads_them(step3p7, tmp
     released = _released(step3p7, tmp_path)
     ours, theirs = load_model_config(released), load_model_config(step3p7)
     assert ours == theirs
-    assert (ours.num_heads, ours.step3p7.sliding_num_heads, ours.rotary_dim, ours.step3p7.local_rotary_dim) == \
-        (4, 8, 8, 16)
+    assert (ours.layer_num_heads, ours.rotary_dim, ours.local_rotary_dim) == ((8, 4, 8, 4), 8, 16)
     assert ours.moe.dense_layers == {0} and ours.step3p7.swiglu_limits == (None, None, 0.4, None)
     engine = _engine(released)
     _check_logits(engine, step3p7)
