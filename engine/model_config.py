@@ -118,7 +118,7 @@ class ModelConfig:
     # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
     qwen4_exp: Qwen4ExpLayout | None = None
     minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)
-    # Step-3.7's sliding layers' heads and RoPE, its gate's shape, its GLUs' clamps (engine/step3p7_config.py)
+    # Step-3.7's GLU clamps, each layer's (engine/step3p7_config.py)
     step3p7: Step3p7Layout | None = None
     # Each layer's q heads where they differ from num_heads (Step-3.7's sliding layers', Laguna's); None: num_heads.
     layer_num_heads: tuple[int, ...] | None = None

@@ -33,8 +33,3 @@ class LagunaForCausalLM(LlamaForCausalLM):
 
     def _attention_names(self, layer: int) -> list[str]:
         return [*super()._attention_names(layer), f"model.layers.{layer}.self_attn.g_proj.weight"]
-
-    def _target(self, name: str) -> torch.Tensor:
-        if name.endswith(".self_attn.g_proj.weight"):
-            return self.layers[int(name.split(".")[2])].attn.g_weight.data
-        return super()._target(name)

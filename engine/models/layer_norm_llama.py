@@ -15,7 +15,7 @@ head; GPT-NeoX (GPTNeoXForCausalLM: Pythia, Dolly) has an MLP without a gate (`d
 a time, RoPE over part of each head; and StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k
 and v by `use_qkv_bias`, RoPE over part of each head, q and k layer-normed a head by weights of its own
 (`qk_layernorm`, as Command R+'s: engine/models/cohere.py), and attention and the MLP side by side from the one norm
-(`use_parallel_residual`).
+(`use_parallel_residual`). Falcon, BLOOM and GPT-J are here too, each at its class.
 """
 from __future__ import annotations
 

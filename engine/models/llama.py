@@ -374,6 +374,8 @@ class LlamaForCausalLM(nn.Module):
             proj, kind = parts[4], parts[5]
             if proj == "o_proj":
                 return (layer.attn.o_weight if kind == "weight" else layer.attn.o_bias).data
+            if proj == "g_proj":  # a gated attention's gate (GatedOutputAttention's: Step-3.7's, Laguna's)
+                return layer.attn.g_weight.data
             if proj in ("q_norm", "k_norm", "query_layernorm", "key_layernorm"):
                 return (layer.attn.q_norm if proj in ("q_norm", "query_layernorm") else layer.attn.k_norm).data
             lo, hi = qkv_rows[proj]

@@ -79,20 +79,13 @@ class Step3p7ForCausalLM(LlamaForCausalLM):
                              for name, tensor in tensors)
 
     def _target(self, name: str) -> torch.Tensor:
-        parts = name.split(".")
-        if len(parts) < 6 or parts[:2] != ["model", "layers"]:
+        parts = name.split(".")  # model.layers.N.mlp.experts.PROJ.weight: every expert's at once
+        if len(parts) != 7 or parts[3:5] != ["mlp", "experts"] or parts[5] not in STACKED_EXPERTS:
             return super()._target(name)
-        layer = self.layers[int(parts[2])]
-        place, proj = ".".join(parts[3:5]), parts[5] if parts[4] == "experts" else parts[4]
-        if place == "self_attn.g_proj":
-            return layer.attn.g_weight.data
-        if place == "mlp.experts" and proj in STACKED_EXPERTS:  # every expert's at once
-            inter = self.config.moe.moe_intermediate_size
-            if proj == "down_proj":
-                return layer.mlp.down_weight.data
-            return layer.mlp.gate_up_weight.data[:, :inter] if proj == "gate_proj" else \
-                layer.mlp.gate_up_weight.data[:, inter:]
-        return super()._target(name)
+        mlp, inter = self.layers[int(parts[2])].mlp, self.config.moe.moe_intermediate_size
+        if parts[5] == "down_proj":
+            return mlp.down_weight.data
+        return mlp.gate_up_weight.data[:, :inter] if parts[5] == "gate_proj" else mlp.gate_up_weight.data[:, inter:]
 
     def lora_target(self, module: str) -> Target | None:
         raise LoRAError("LoRA adapters are not supported for Step-3.7 yet")
