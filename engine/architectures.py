@@ -14,6 +14,7 @@ from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBR
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import BAMBA, FALCON_H1, NEMOTRON_H
+from engine.mellum_config import MELLUM
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import GLM_MOE_DSA, SPARSE_MLA
 from engine.moe_config import (
@@ -95,7 +96,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
-                           HY_V3, YOUTU, LAGUNA)
+                           HY_V3, YOUTU, LAGUNA, MELLUM)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
               YOUTU)
@@ -123,7 +124,7 @@ GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE, APERTUS, STEP3P7, HY_V3,
-           LAGUNA)
+           LAGUNA, MELLUM)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,

@@ -98,6 +98,7 @@ from engine.mamba_config import (
     read_mamba2,
     read_nemotron_h,
 )
+from engine.mellum_config import MELLUM, mellum_keys
 from engine.minimax_m3_config import MINIMAX_M3, minimax_m3_keys, read_block_sparse_indexer
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
@@ -192,10 +193,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
-                   DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys}[arch](cfg)
+                   DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
+                   MELLUM: mellum_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base

@@ -11,6 +11,7 @@ from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
+from engine.mellum_config import MELLUM
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.qwen4_exp_config import QWEN4_EXP
@@ -138,6 +139,11 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         norm_topk_prob=True, weighs_experts_in_float32=True, router_in_float32=True,
                         scoring="sigmoid", routed_scaling_factor=float(cfg.get("moe_routed_scaling_factor", 1.0)),
                         router_logit_softcap=cap if cap > 0 else None,
+                        dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
+    elif arch == MELLUM:  # Qwen3-MoE's routing, in the layers mlp_layer_types calls sparse
+        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        norm_topk_prob=bool(cfg["norm_topk_prob"]),
                         dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
     elif arch == DBRX:  # softmax over every expert, the top-k renormalized (moe_normalize_expert_weights 1)
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),

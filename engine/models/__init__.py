@@ -97,6 +97,7 @@ MODEL_REGISTRY = {
     "MiniMaxM3VLForCausalLM": MiniMaxM3ForCausalLM,  # block-sparse attention, clamped GLUs (models/minimax_m3.py)
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
     "LagunaForCausalLM": LagunaForCausalLM,  # a layer's own q heads, softplus gates, capped router (laguna.py)
+    "MellumForCausalLM": LlamaForCausalLM,  # Qwen3-MoE's layers, windows and a RoPE a layer type (mellum_config.py)
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)

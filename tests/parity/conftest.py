@@ -481,6 +481,15 @@ TINY_MODELS = {
         moe_intermediate_size=48, shared_expert_intermediate_size=40, moe_router_logit_softcapping=3.0,
         moe_routed_scaling_factor=scale, gating=gating), {})
        for name, gating, scale in (("laguna", True, 2.0), ("laguna-element-gates", "per-element", 1.5))},
+    # JetBrains' Mellum 2: Qwen3-MoE's attention in full and sliding layers with RoPEs of their own (half a head at
+    # 500000 and 10000), a dense first layer, then 2 of 4 experts by softmax, not renormalized.
+    "mellum": ("MellumConfig", dict(
+        head_dim=16, num_hidden_layers=3, sliding_window=48, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, norm_topk_prob=False,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

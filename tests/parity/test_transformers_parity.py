@@ -198,7 +198,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe", "granite-swa",
                 "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma", "vaultgemma",
                 "starcoder2", "jais2", "cwm", "apertus", "helium", "ministral", "olmo",
-                "nemotron", "solar-open", "hy-v3", "youtu")  # (phimoe's LM head bias: not split yet)
+                "nemotron", "solar-open", "hy-v3", "youtu", "mellum")  # (phimoe's LM head bias: not split yet)
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -455,6 +455,27 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, reference_dir=source)
+
+
+def test_mellums_mtp_layer_is_left_unread_and_a_partial_rope_refused(tiny_model_dirs, tmp_path):
+    """Mellum 2's checkpoints carry an MTP layer under `mtp.`, which transformers leaves unread too; a
+    partial_rotary_factor is refused by name, since transformers' Mellum fails on it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.model_config_loader import ModelConfigError, load_model_config
+
+    model_dir = shutil.copytree(tiny_model_dirs["mellum"], tmp_path / "mellum")
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({**tensors, "mtp.layers.0.input_layernorm.weight": torch.ones(64),
+               "mtp.eh_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
+    _check_logits(model_dir, reference_dir=tiny_model_dirs["mellum"], prompt_lengths=(17,))
+    config = json.loads((model_dir / "config.json").read_text())
+    config["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 0.5
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelConfigError, match="partial_rotary_factor in Mellum's rope_parameters is not supported"):
+        load_model_config(model_dir)
 
 
 @pytest.mark.parametrize("layer_types, refused", [
