@@ -40,6 +40,7 @@ from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.hy_v3 import HYV3ForCausalLM
+from engine.models.laguna import LagunaForCausalLM
 from engine.models.layer_norm_llama import Jais2ForCausalLM, Starcoder2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
@@ -47,6 +48,7 @@ from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo import OlmoForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
+from engine.models.step3p7 import Step3p7ForCausalLM
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
 REDUCE_TIMEOUT = datetime.timedelta(minutes=5)
@@ -60,15 +62,15 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
                 GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM, AfmoeForCausalLM, GemmaForCausalLM,
                 VaultGemmaForCausalLM, Starcoder2ForCausalLM, Jais2ForCausalLM, ApertusForCausalLM, OlmoForCausalLM,
-                NemotronForCausalLM, HYV3ForCausalLM)
+                NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM)
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
 FUSED_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
 INTERLEAVED_GATE_UP = frozenset({"GptOssForCausalLM"})
-# MLA's q_b_proj and kv_b_proj hold each head's rows in turn.
+# MLA's q_b_proj and kv_b_proj hold each head's rows in turn, a gated attention's g_proj each head's gate (or gates).
 ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks", "q_b_proj",
-                       "kv_b_proj", "c_fc"})
+                       "kv_b_proj", "c_fc", "g_proj"})
 PROJECTION_NORMS = frozenset({"q_norm", "k_norm"})  # where a model norms whole projections (OLMo 2's), not heads
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2", "c_proj"})
 VOCABULARY_ROWS = frozenset({"model.embed_tokens.weight", "lm_head.weight"})  # split by token
@@ -86,7 +88,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
-                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3 so far, not {config.architecture}")
+                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7 so far, not "
+                         f"{config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),
@@ -101,6 +104,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
               "shared_expert_intermediate_size": config.moe.shared_expert_intermediate_size}
     if config.mla is not None:
         del widths["num_kv_heads"]  # MLA's one latent row a token serves every head: whole on each rank
+    for layer, heads in enumerate(config.layer_num_heads or ()):
+        widths[f"layer {layer}'s num_heads"] = heads
     for name, width in widths.items():
         if width % size:
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
@@ -130,8 +135,10 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     # MLA's pages hold one latent row a token for every head (num_kv_heads 1): whole on every rank.
     num_kv_heads = config.num_kv_heads if config.mla is not None else config.num_kv_heads // size
     vocab_size = vocabulary_share(config, size) if size > 1 and splits_vocabulary(config) else config.vocab_size
+    layer_num_heads = None if config.layer_num_heads is None else tuple(n // size for n in config.layer_num_heads)
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
-                               intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size)
+                               intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size,
+                               layer_num_heads=layer_num_heads)
 
 
 def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
@@ -166,6 +173,8 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
         if parts[-1].startswith("gate_up") and config.architecture not in INTERLEAVED_GATE_UP:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
+    if parts[-3] == "experts" and tensor.dim() == 3:  # stacked a projection at a time (Step-3.7's) [E, out, in]
+        return _share(tensor, 2 if parts[-2] in COLUMN_SPLIT else 1, rank, size)
     if parts[-2] in ("input_linear", "output_linear"):  # Granite MoE's fused experts [E, ...] and shared MLP
         dim = tensor.dim() - (2 if parts[-2] == "input_linear" else 1)  # along their width
         if parts[-2] == "input_linear":  # gate, then up

@@ -211,14 +211,16 @@ class MLP(nn.Module):
         if self.lora is not None:
             self.lora.add("gate_up", x, gate_up)
         if self.is_gated:
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            h = self.activation(gate) * up
+            h = self._glu(*gate_up.split(self.intermediate_size, dim=-1))
         else:
             h = self.activation(gate_up)
         out = self.linear(h, self.down_weight, self.down_bias)
         if self.lora is not None:
             out = self.lora.add("down", h, out)
         return out if self.rank_sum is None else self.rank_sum(out)
+
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self.activation(gate) * up
 
 
 class DecoderLayer(nn.Module):

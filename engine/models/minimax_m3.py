@@ -35,9 +35,8 @@ class ClampedGluMLP(MLP):
         super().__init__(config, kernels, dtype)
         self.limit, self.alpha = config.moe.swiglu_limit, config.moe.swiglu_alpha
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return self.linear(clamped_glu(gate, up, self.limit, self.alpha), self.down_weight)
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return clamped_glu(gate, up, self.limit, self.alpha)
 
 
 class FullAttention(Attention):

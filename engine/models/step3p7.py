@@ -36,9 +36,8 @@ class ClampedMLP(MLP):
         super().__init__(config, kernels, dtype)
         self.limit = limit
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
-        return self.linear(clamped_silu_glu(gate, up, self.limit), self.down_weight)
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return clamped_silu_glu(gate, up, self.limit)
 
 
 class ClampedSparseMoE(SparseMoE):

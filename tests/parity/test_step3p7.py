@@ -159,10 +159,14 @@ def test_what_it_cannot_serve_is_refused_by_name(step3p7, tmp_path, changes, ref
         load_model_config(_with_text(step3p7, tmp_path, changes))
 
 
-def test_adapters_and_a_split_across_ranks_are_refused_by_name(step3p7):
-    with pytest.raises(ValueError, match="tensor parallelism splits"):
-        _engine(step3p7, tensor_parallel_size=2)
-    engine = _engine(step3p7)
+@pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+def test_a_split_across_two_ranks_is_transformers_and_adapters_are_refused_by_name(step3p7):
+    """Each rank its share of every layer's own q heads, gates, stacked experts and shared expert."""
+    engine = _engine(step3p7, max_num_batched_tokens=32, tensor_parallel_size=2)
+    _check_logits(engine, step3p7)
+    results = _mixed_greedy(engine)
+    for i, prompt in enumerate(_mixed_prompts(512)):
+        assert results[i] == _hf_greedy(step3p7, prompt, len(results[i])), f"request {i} ({len(prompt)} tokens)"
     with pytest.raises(LoRAError, match="Step-3.7"):
         engine.runner.model.lora_target("model.layers.0.self_attn.q_proj")
     engine.close()

@@ -3,6 +3,7 @@ processes and KV pool coming and going with the engine, a rank that dies, weight
 computes transformers' logits and tokens is test_transformers_parity.py's."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -64,6 +65,14 @@ def test_what_a_split_model_does_not_serve_yet_is_refused(tiny_model_dirs):
         check_shardable(config, 2, "cuda:0")
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         _engine(tiny_model_dirs["llama-gqa-untied"], 0)
+
+
+def test_a_model_whose_layers_have_their_own_q_heads_is_split_only_where_each_layers_divide(tiny_model_dirs):
+    """Laguna's layers each have their own q heads: every layer's count must split, not only the model's."""
+    config = dataclasses.replace(load_model_config(tiny_model_dirs["laguna"]), num_kv_heads=4)
+    check_shardable(config, 4, "cpu")
+    with pytest.raises(ValueError, match=r"must divide the model's layer 1's num_heads \(6\)"):
+        check_shardable(dataclasses.replace(config, layer_num_heads=(8, 6, 8)), 4, "cpu")
 
 
 def _anonymous_bytes(pid: int) -> int:

@@ -198,7 +198,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "cohere2", "granite-moe-shared", "granite4", "dots1", "hunyuan-moe", "exaone-moe", "granite-swa",
                 "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma", "vaultgemma",
                 "starcoder2", "jais2", "cwm", "apertus", "helium", "ministral", "olmo",
-                "nemotron", "solar-open", "hy-v3", "youtu", "mellum")  # (phimoe's LM head bias: not split yet)
+                "nemotron", "solar-open", "hy-v3", "youtu", "mellum", "laguna",
+                "laguna-element-gates")  # (phimoe's LM head bias: not split yet)
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
