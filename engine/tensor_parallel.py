@@ -41,12 +41,22 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.hy_v3 import HYV3ForCausalLM
 from engine.models.laguna import LagunaForCausalLM
-from engine.models.layer_norm_llama import Jais2ForCausalLM, Starcoder2ForCausalLM
+from engine.models.layer_norm_llama import (
+    BloomForCausalLM,
+    GPTJForCausalLM,
+    GPTNeoXForCausalLM,
+    Jais2ForCausalLM,
+    PhiForCausalLM,
+    PhimoeForCausalLM,
+    Starcoder2ForCausalLM,
+)
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
+from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS, DbrxForCausalLM, MptForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo import OlmoForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.opt import GPTNeoForCausalLM, OPTForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.step3p7 import Step3p7ForCausalLM
 
@@ -62,7 +72,11 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
                 GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM, AfmoeForCausalLM, GemmaForCausalLM,
                 VaultGemmaForCausalLM, Starcoder2ForCausalLM, Jais2ForCausalLM, ApertusForCausalLM, OlmoForCausalLM,
-                NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM)
+                NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM, GPTNeoXForCausalLM,
+                BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
+                PhimoeForCausalLM, DbrxForCausalLM)
+# q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's): a rank's run of rows is its heads' all three.
+HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM"})
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -73,7 +87,7 @@ ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1
                        "kv_b_proj", "c_fc", "g_proj"})
 PROJECTION_NORMS = frozenset({"q_norm", "k_norm"})  # where a model norms whole projections (OLMo 2's), not heads
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2", "c_proj"})
-VOCABULARY_ROWS = frozenset({"model.embed_tokens.weight", "lm_head.weight"})  # split by token
+VOCABULARY_ROWS = frozenset({"model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"})  # split by token
 
 
 def check_shardable(config: ModelConfig, size: int, device: str) -> None:
@@ -88,7 +102,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
                          f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
-                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7 so far, not "
+                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
+                         f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX so far, not "
                          f"{config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
@@ -158,7 +173,7 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
     if name in VOCABULARY_ROWS and size > 1 and splits_vocabulary(config):
         share = vocabulary_share(config, size)
         rows = tensor[rank * share:(rank + 1) * share]
-        return torch.cat((rows, rows.new_zeros(share - rows.shape[0], rows.shape[1]))) if rows.shape[0] < share \
+        return torch.cat((rows, rows.new_zeros(share - rows.shape[0], *rows.shape[1:]))) if rows.shape[0] < share \
             else rows
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
@@ -173,6 +188,9 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
         if parts[-1].startswith("gate_up") and config.architecture not in INTERLEAVED_GATE_UP:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
+    if parts[-2] == "experts" and parts[-1] in DBRX_STACKED_EXPERTS:  # [E * width, hidden] each, down's too
+        experts = tensor.view(config.moe.num_experts, -1, tensor.shape[-1])
+        return _share(experts, 1, rank, size).reshape(-1, tensor.shape[-1])
     if parts[-3] == "experts" and tensor.dim() == 3:  # stacked a projection at a time (Step-3.7's) [E, out, in]
         return _share(tensor, 2 if parts[-2] in COLUMN_SPLIT else 1, rank, size)
     if parts[-2] in ("input_linear", "output_linear"):  # Granite MoE's fused experts [E, ...] and shared MLP
@@ -181,6 +199,8 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
     proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
+    if proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV:
+        return _share(tensor, 0, rank, size)
     # q's and k's norms over whole projections (OLMo 2's) or of each head's own weights (Command R+'s): by heads.
     if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm in ("projection", "head_layer_norm")):
         return _share(tensor, 0, rank, size)
@@ -200,7 +220,7 @@ def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfi
     `config`: B's share of the rows of a projection split by rows, A's share of the columns of one split by
     columns (its delta then summed across the ranks with the projection's), as the base weights are split."""
     proj = module.split(".")[-1]
-    if proj in ROW_SPLIT:
+    if proj in ROW_SPLIT or (proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV):
         return a, _share(b, 0, rank, size)
     if proj in COLUMN_SPLIT:
         return _share(a, 1, rank, size), b

@@ -61,8 +61,8 @@ class Jais2ForCausalLM(LlamaForCausalLM):
     def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(h, (h.shape[-1],), self.norm, self.norm_bias, self.config.rms_norm_eps)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)
+    def _lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super()._lm_head_logits(hidden)
         return logits if self.lm_head_bias is None else logits + self.lm_head_bias
 
     def checkpoint_names(self) -> list[str]:

@@ -20,6 +20,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
 from engine.mellum_config import MELLUM
 from engine.model_config import ModelConfig
+from engine.models.alibi import alibi_slopes
 from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache, RankSum
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
@@ -154,9 +155,14 @@ class LlamaForCausalLM(nn.Module):
         """Ends every layer's attention and MLP in `rank_sum`: this model holds rank `rank` of `num_ranks`' share
         of their heads and width (engine/tensor_parallel.py), and of the rows of a vocabulary of `vocab_size`
         tokens where it is split with them (None: whole)."""
+        # ALiBi's slopes are the whole model's heads': a rank's are its run of them
+        slopes = None if self.config.alibi is None else \
+            alibi_slopes(self.config.alibi, self.config.num_heads * num_ranks).chunk(num_ranks)[rank]
         for layer in self.layers:
             layer.attn.rank_sum = layer.mlp.rank_sum = rank_sum
             layer.attn.num_ranks = num_ranks
+            if slopes is not None:
+                layer.attn.alibi_slopes = slopes.to(layer.attn.alibi_slopes)
         if vocab_size is not None:
             self.vocabulary = VocabularyShare(rank * self.embed.shape[0], vocab_size, num_ranks, rank_sum)
 
@@ -231,13 +237,17 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] → logits [N, V] in float32 for the sampler. Where the vocabulary is split, every rank
         makes its run of columns and they are summed into the whole on each (every rank calls this in turn)."""
-        logits = self.kernels.linear(hidden, self.lm_head).float()
+        logits = self._lm_head_logits(hidden)
         if self.vocabulary is None:
             return logits
         vocabulary = self.vocabulary
         whole = logits.new_zeros(logits.shape[0], self.lm_head.shape[0] * vocabulary.num_ranks)
         whole[:, vocabulary.start:vocabulary.start + logits.shape[1]] = logits
         return vocabulary.rank_sum(whole)[:, :vocabulary.size]
+
+    def _lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's run of the logits' columns (all of them where the vocabulary is whole), in float32."""
+        return self.kernels.linear(hidden, self.lm_head).float()
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return DecoderLayer(self._layer_config(layer), self.kernels, dtype, self._window(layer), self._is_sparse(layer))

@@ -199,7 +199,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "granite-moe-swa", "arcee", "flex-olmo", "afmoe", "gemma", "vaultgemma",
                 "starcoder2", "jais2", "cwm", "apertus", "helium", "ministral", "olmo",
                 "nemotron", "solar-open", "hy-v3", "youtu", "mellum", "laguna",
-                "laguna-element-gates")  # (phimoe's LM head bias: not split yet)
+                "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
+                "gpt-neo", "phi", "gptj", "phimoe", "dbrx")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
