@@ -43,11 +43,13 @@ from engine.models.hy_v3 import HYV3ForCausalLM
 from engine.models.laguna import LagunaForCausalLM
 from engine.models.layer_norm_llama import (
     BloomForCausalLM,
+    FalconForCausalLM,
     GPTJForCausalLM,
     GPTNeoXForCausalLM,
     Jais2ForCausalLM,
     PhiForCausalLM,
     PhimoeForCausalLM,
+    StableLmForCausalLM,
     Starcoder2ForCausalLM,
 )
 from engine.models.llama import LlamaForCausalLM
@@ -56,7 +58,7 @@ from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS, DbrxForCa
 from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo import OlmoForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
-from engine.models.opt import GPTNeoForCausalLM, OPTForCausalLM
+from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, GPTNeoForCausalLM, OPTForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.step3p7 import Step3p7ForCausalLM
 
@@ -74,9 +76,13 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 VaultGemmaForCausalLM, Starcoder2ForCausalLM, Jais2ForCausalLM, ApertusForCausalLM, OlmoForCausalLM,
                 NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM, GPTNeoXForCausalLM,
                 BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
-                PhimoeForCausalLM, DbrxForCausalLM)
-# q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's): a rank's run of rows is its heads' all three.
-HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM"})
+                PhimoeForCausalLM, DbrxForCausalLM, FalconForCausalLM, GPT2LMHeadModel, GPTBigCodeForCausalLM,
+                StableLmForCausalLM)
+# q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's, GPTBigCode's without multi_query; Falcon's, or
+# a group of q heads and their k and v head at a time): a rank's run of rows is its heads' all three.
+HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM"})
+# Projections stored transposed, [in, out] (GPT-2's Conv1D's): split as their transpose is.
+STORED_TRANSPOSED = frozenset({"GPT2LMHeadModel"})
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
 # an expert's width, as released ([E, in, out]); None: down's bias. Gate and up lie one after the other along it, or
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
@@ -103,11 +109,15 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
                          f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
-                         f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX so far, not "
+                         f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM so far, "
+                         f"not "
                          f"{config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),
+        # (its checkpoints name each head's weights of them: norms.{head})
+        ("StableLM's q and k layer-normed a head", config.architecture == "StableLmForCausalLM"
+         and config.qk_norm is not None),
         # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.
         ("experts stored fused as wide as the hidden size", config.moe.fused_experts and config.hidden_size in (
             config.moe.moe_intermediate_size, 2 * config.moe.moe_intermediate_size)),
@@ -178,6 +188,14 @@ def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank:
     parts = name.split(".")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or size == 1:
         return tensor
+    if config.architecture in STORED_TRANSPOSED and tensor.dim() == 2:
+        return _layer_shard(name, tensor.t(), config, rank, size).t()
+    return _layer_shard(name, tensor, config, rank, size)
+
+
+def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int, size: int) -> torch.Tensor:
+    """checkpoint_shard's of a tensor of the layers', stored as Linear's are ([out, in])."""
+    parts = name.split(".")
     if parts[-2] == "experts" and parts[-1] in FUSED_EXPERTS:
         dim = FUSED_EXPERTS[parts[-1]]
         if dim is None:  # down's bias

@@ -51,6 +51,8 @@ def _pool_files(pid: int) -> list[str]:
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
     ("deepseek-v3", 3, "must divide the model's num_heads (4)"),  # MLA's one latent row is not split
     ("encoder", 2, "Llama family"),
+    ("stablelm-parallel", 2, "StableLM's q and k layer-normed a head"),
+    ("gpt-bigcode", 2, "must divide the model's num_kv_heads (1)"),  # multi_query's one k and v head
 ])
 def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_starts(tiny_model_dirs, tmp_path, name, size,
                                                                              refusal):
