@@ -54,7 +54,9 @@ from engine.models.layer_norm_llama import (
 )
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
+from engine.models.minicpm3 import MiniCPM3ForCausalLM
 from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS, DbrxForCausalLM, MptForCausalLM
+from engine.models.nanochat import NanoChatForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo import OlmoForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
@@ -77,7 +79,7 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM, GPTNeoXForCausalLM,
                 BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
                 PhimoeForCausalLM, DbrxForCausalLM, FalconForCausalLM, GPT2LMHeadModel, GPTBigCodeForCausalLM,
-                StableLmForCausalLM)
+                StableLmForCausalLM, MiniCPM3ForCausalLM, NanoChatForCausalLM)
 # q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's, GPTBigCode's without multi_query; Falcon's, or
 # a group of q heads and their k and v head at a time): a rank's run of rows is its heads' all three.
 HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM"})
@@ -109,9 +111,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
                          f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
-                         f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM so far, "
-                         f"not "
-                         f"{config.architecture}")
+                         f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM, MiniCPM3, "
+                         f"nanochat so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

@@ -200,7 +200,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "starcoder2", "jais2", "cwm", "apertus", "helium", "ministral", "olmo",
                 "nemotron", "solar-open", "hy-v3", "youtu", "mellum", "laguna",
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
-                "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm")
+                "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
+                "minicpm3", "nanochat")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
