@@ -37,6 +37,7 @@ from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
 from engine.mamba_config import NEMOTRON_H
 from engine.mellum_config import MELLUM
+from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.mla_config import MLAConfig
 from engine.moe_config import AFMOE, DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
 from engine.mpt_config import MPT
@@ -102,7 +103,7 @@ def layer_rope_thetas(cfg: dict, arch: str) -> tuple[float | None, float | None]
 def local_rope_theta(cfg: dict, arch: str) -> float | None:
     if arch in GRANITE_SWAS:
         return layer_rope_thetas(cfg, arch)[1]
-    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7, LAGUNA, MELLUM):
+    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7, LAGUNA, MELLUM, MIMO_V2_FLASH):
         return None
     params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
@@ -172,7 +173,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -199,7 +200,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM,
-                    STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM):
+                    STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

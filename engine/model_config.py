@@ -15,6 +15,7 @@ from engine.laguna_config import LagunaLayout
 from engine.linear_attention_config import LinearAttention
 from engine.mamba1_config import Mamba1Layout
 from engine.mamba_config import Mamba2Layout
+from engine.mimo_v2_flash_config import MiMoV2FlashLayout
 from engine.minimax_m3_config import BlockSparseIndexer
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
@@ -125,6 +126,8 @@ class ModelConfig:
     # The dimensions of a head the sliding-window layers' own RoPE turns where not rotary_dim (Step-3.7's, Laguna's).
     local_rotary_dim: int | None = None
     laguna: LagunaLayout | None = None  # Laguna's attention gate (engine/laguna_config.py)
+    # MiMo-V2-Flash's narrower v heads and its full layers' KV heads (engine/mimo_v2_flash_config.py)
+    mimo_v2_flash: MiMoV2FlashLayout | None = None
 
     @property
     def pooling(self) -> str:

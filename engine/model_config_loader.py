@@ -99,6 +99,7 @@ from engine.mamba_config import (
     read_nemotron_h,
 )
 from engine.mellum_config import MELLUM, mellum_keys
+from engine.mimo_v2_flash_config import MIMO_V2_FLASH, mimo_v2_flash_keys, read_mimo_v2_flash_layout
 from engine.minimax_m3_config import MINIMAX_M3, minimax_m3_keys, read_block_sparse_indexer
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
@@ -193,11 +194,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
-                   MELLUM: mellum_keys}[arch](cfg)
+                   MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -261,7 +262,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
-                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ, LAGUNA):
+                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ, LAGUNA,
+                                       MIMO_V2_FLASH):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -322,7 +324,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             if arch == QWEN4_EXP else None
         minimax_m3 = read_block_sparse_indexer(cfg, num_kv_heads, head_dim, rotary_dim) if arch == MINIMAX_M3 else None
         step3p7 = read_step3p7_layout(cfg) if arch == STEP3P7 else None
-        per_layer = arch in (STEP3P7, LAGUNA)  # their layers' own q heads, their sliding layers' own RoPE width
+        # their layers' own q heads, their sliding layers' own RoPE width
+        per_layer = arch in (STEP3P7, LAGUNA, MIMO_V2_FLASH)
         config = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
@@ -395,6 +398,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             layer_num_heads=tuple(cfg["num_attention_heads_per_layer"]) if per_layer else None,
             local_rotary_dim=local_rotary_dim(cfg, head_dim) if per_layer else None,
             laguna=read_laguna_layout(cfg) if arch == LAGUNA else None,
+            mimo_v2_flash=read_mimo_v2_flash_layout(cfg) if arch == MIMO_V2_FLASH else None,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
             clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT, DBRX) and cfg.get("clip_qkv") is not None else None,
             alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,

@@ -12,6 +12,7 @@ from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mellum_config import MELLUM
+from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.qwen4_exp_config import QWEN4_EXP
@@ -46,7 +47,8 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      DOTS1: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
                      EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5),
                      SOLAR_OPEN: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
-                     HY_V3: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.826)}
+                     HY_V3: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.826),
+                     MIMO_V2_FLASH: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0)}
 
 
 @dataclass(frozen=True)

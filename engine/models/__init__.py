@@ -34,6 +34,7 @@ from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.longcat_flash import LongcatFlashForCausalLM
+from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from engine.models.minicpm3 import MiniCPM3ForCausalLM
 from engine.models.minimax_m3 import MiniMaxM3ForCausalLM
 from engine.models.modernbert import ModernBertModel
@@ -98,6 +99,7 @@ MODEL_REGISTRY = {
     "Step3p7ForCausalLM": Step3p7ForCausalLM,  # gated attention, sliding layers' own heads, clamps a layer (step3p7.py)
     "LagunaForCausalLM": LagunaForCausalLM,  # a layer's own q heads, softplus gates, capped router (laguna.py)
     "MellumForCausalLM": LlamaForCausalLM,  # Qwen3-MoE's layers, windows and a RoPE a layer type (mellum_config.py)
+    "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,  # narrower v heads, more KV heads in its windows
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)

@@ -19,6 +19,7 @@ from engine.architectures import MIMO, MIXTRAL_NAMED
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRABatch, LoRAHook, Target
 from engine.mellum_config import MELLUM
+from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.model_config import ModelConfig
 from engine.models.alibi import alibi_slopes
 from engine.models.llama_layers import MLP, Attention, DecoderLayer, KVCache, RankSum
@@ -35,7 +36,7 @@ FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # Qwen3-VL-MoE's 
 MIXTRAL_EXPERT_PROJS = {"w1": "gate", "w3": "up", "w2": "down"}
 # Checkpoints carrying multi-token prediction blocks beside the model, by the prefix of their tensors' names: left
 # unread, as transformers (Ernie 4.5's, Mellum's) and vLLM's model (MiMo's) leave them.
-MTP_BLOCKS = {ERNIE45_MOE: "model.mtp", MIMO: "model.mtp_layers.", MELLUM: "mtp."}
+MTP_BLOCKS = {ERNIE45_MOE: "model.mtp", MIMO: "model.mtp_layers.", MELLUM: "mtp.", MIMO_V2_FLASH: "model.mtp."}
 # q's and k's norms, as most checkpoints name them and as HunYuan's (whose norms follow RoPE) do.
 QK_NORM_NAMES = {False: ("q_norm", "k_norm"), True: ("query_layernorm", "key_layernorm")}
 # What RoPE turns: q's and k's rows, which a model storing each pair side by side (ModelConfig.rope_interleaved)

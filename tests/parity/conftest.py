@@ -490,6 +490,17 @@ TINY_MODELS = {
         mlp_layer_types=["dense", "sparse", "sparse"],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}), {}),
+    # Xiaomi's MiMo-V2-Flash: a full layer (2 KV heads) then sliding ones (4 KV heads, a sink a head), q and k heads 24
+    # wide and v heads 16 (values scaled), RoPE over a third of each head at a theta a layer type, a dense first MLP,
+    # then 2 of 4 experts by sigmoid score plus a bias, scaled.
+    "mimo-v2-flash": ("MiMoV2FlashConfig", dict(
+        num_attention_heads=8, num_key_value_heads=2, head_dim=24, v_head_dim=16, num_hidden_layers=3,
+        sliding_window=48, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+        routed_scaling_factor=1.5, attention_value_scale=0.6,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0,
+                                            "partial_rotary_factor": 0.334},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.334}}), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

@@ -460,6 +460,34 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     _check_logits(model_dir, reference_dir=source)
 
 
+def test_mimo_v2_flashs_release_reads_as_transformers_reads_it(tiny_model_dirs, tmp_path):
+    """MiMo-V2-Flash's pages hold its sliding layers' KV heads (twice a full layer's), head_dim wide; its release's
+    SGLang-style `sliding_window_size` (the window less the query) and MTP layers (`model.mtp.`, which transformers
+    leaves unread too) read as transformers reads them; attention biases, which no release has, are refused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.model_config_loader import ModelConfigError, load_model_config
+
+    source = tiny_model_dirs["mimo-v2-flash"]
+    loaded = load_model_config(source)
+    assert (loaded.num_kv_heads, loaded.head_dim, loaded.mimo_v2_flash.full_kv_heads) == (4, 24, 2)
+    assert (loaded.rotary_dim, loaded.local_rotary_dim, loaded.sliding_layers) == (8, 8, {1, 2})
+    model_dir = shutil.copytree(source, tmp_path / "mimo-v2-flash")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["sliding_window"]
+    (model_dir / "config.json").write_text(json.dumps({**config, "sliding_window_size": 47}))
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({**tensors, "model.mtp.layers.0.input_layernorm.weight": torch.ones(64),
+               "model.mtp.layers.0.eh_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
+    assert load_model_config(model_dir).sliding_window == 48
+    _check_logits(model_dir, reference_dir=source, prompt_lengths=(300,))
+    (model_dir / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
+    with pytest.raises(ModelConfigError, match="attention_bias is not supported for MiMo-V2-Flash"):
+        load_model_config(model_dir)
+
+
 def test_mellums_mtp_layer_is_left_unread_and_a_partial_rope_refused(tiny_model_dirs, tmp_path):
     """Mellum 2's checkpoints carry an MTP layer under `mtp.`, which transformers leaves unread too; a
     partial_rotary_factor is refused by name, since transformers' Mellum fails on it."""
