@@ -3,6 +3,7 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.bloom_config import BLOOM
+from engine.cohere2_moe_config import COHERE2_MOE
 from engine.dbrx_config import DBRX
 from engine.falcon_config import FALCON
 from engine.gemma4_config import GEMMA4
@@ -83,7 +84,7 @@ GEMMA = "GemmaForCausalLM"  # Gemma (1), CodeGemma: Llama's layers, Gemma's norm
 EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike
 MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
 COHERE, COHERE2 = "CohereForCausalLM", "Cohere2ForCausalLM"  # Command R and R+; Command R7B and A
-COHERES = (COHERE, COHERE2)
+COHERES = (COHERE, COHERE2, COHERE2_MOE)
 ERNIE45S = (ERNIE45, ERNIE45_MOE)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
@@ -97,7 +98,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
-                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH)
+                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
               YOUTU)

@@ -29,6 +29,7 @@ from engine.architectures import (
     VAULTGEMMA,
 )
 from engine.bloom_config import BLOOM
+from engine.cohere2_moe_config import COHERE2_MOE, dense_rope_layers
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
@@ -127,6 +128,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch == AFMOE:  # its sliding-window layers alone
         return sliding_layers(cfg, arch)
+    if arch == COHERE2_MOE:  # its sliding-window layers, and its dense ones where it says
+        return sliding_layers(cfg, arch) | dense_rope_layers(cfg)
     if arch == COHERE2 or (arch in EXAONES and sliding_window(cfg, arch) is not None):  # full layers without RoPE
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
@@ -177,7 +180,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
-    if arch in (*EXAONES, COHERE2):  # absent, transformers' default
+    if arch in (*EXAONES, COHERE2, COHERE2_MOE):  # absent, transformers' default
         return cfg.get("sliding_window", 4096)
     if arch in GRANITE_SWAS:
         return cfg.get("sliding_window", 128)
@@ -199,8 +202,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, LFM3, DOTS1, *GRANITE_SWAS, AFMOE, CWM,
-                    STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH):
+    if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, COHERE2_MOE, LFM3, DOTS1, *GRANITE_SWAS, AFMOE,
+                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

@@ -66,6 +66,7 @@ from engine.attention_layout import (
 from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
+from engine.cohere2_moe_config import COHERE2_MOE, cohere2_moe_keys, read_cohere2_moe_layout
 from engine.config import stored_dtype
 from engine.dbrx_config import DBRX, dbrx_keys
 from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
@@ -194,11 +195,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
-                   MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys}[arch](cfg)
+                   MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -399,6 +400,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             local_rotary_dim=local_rotary_dim(cfg, head_dim) if per_layer else None,
             laguna=read_laguna_layout(cfg) if arch == LAGUNA else None,
             mimo_v2_flash=read_mimo_v2_flash_layout(cfg) if arch == MIMO_V2_FLASH else None,
+            cohere2_moe=read_cohere2_moe_layout(cfg) if arch == COHERE2_MOE else None,
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
             clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT, DBRX) and cfg.get("clip_qkv") is not None else None,
             alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,
@@ -457,6 +459,8 @@ def _mlp_width_key(cfg: dict, arch: str) -> str:
         return "intermediate_size_mlp"
     if arch == GRANITE_HYBRID and not int(cfg.get("num_local_experts") or 0):
         return "shared_intermediate_size"
+    if arch == COHERE2_MOE:  # its dense prefix's; its experts' and shared ones' intermediate_size
+        return "prefix_dense_intermediate_size"
     if "intermediate_size" not in cfg and "moe_intermediate_size" in cfg:  # experts alone (Qwen4-Exp's): unused
         return "moe_intermediate_size"
     return "intermediate_size"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
 from engine.hy_v3_config import HY_V3
 from engine.laguna_config import LAGUNA
@@ -67,7 +68,8 @@ class MoEConfig:
     # DeepSeek-V3): sigmoid scores, chosen by score plus a learnt correction bias. Either chooses among
     # the `topk_groups` best of `num_groups` groups of experts (a group scored by its best expert under
     # softmax, its best two under sigmoid), and weighs an expert by its score times `routed_scaling_factor`.
-    # "sigmoid_of_top_k" (Llama 4): the top-k router logits, each expert weighed by its logit's sigmoid.
+    # "sigmoid_of_top_k" (Llama 4): the top-k router logits, each expert weighed by its logit's sigmoid (renormalized
+    # where norm_topk_prob says: Command A MoE's).
     scoring: str = "softmax"
     weighs_inputs: bool = False  # Llama 4 weighs each expert's input, not its output
     # gpt-oss's: "softmax_of_top_k" scoring (the top-k router logits softmaxed among themselves), a
@@ -94,6 +96,7 @@ class MoEConfig:
     # "sparsemixer" (Phi-3.5-MoE's, at inference): the best expert, then the best of the rest, each weighed by the
     # softmax of the logits within `jitter_eps` (relatively, twice it) of its own.
     jitter_eps: float = 0.0
+    shared_expert_average: bool = False  # Command A MoE's: the routed experts' output and the shared ones' averaged
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -146,6 +149,15 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]),
                         norm_topk_prob=bool(cfg["norm_topk_prob"]),
+                        dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
+    elif arch == COHERE2_MOE:  # the top-k router logits softmaxed or sigmoided; shared experts summed or averaged
+        inter, scoring = int(cfg["intermediate_size"]), SCORINGS[cfg.get("expert_selection_fn", "softmax")]
+        moe = MoEConfig(num_experts=int(cfg.get("num_experts", 8)),
+                        num_experts_per_tok=int(cfg.get("num_experts_per_tok", 2)), moe_intermediate_size=inter,
+                        shared_expert_intermediate_size=inter * int(cfg.get("num_shared_experts", 0)),
+                        scoring=scoring, norm_topk_prob=scoring == "sigmoid_of_top_k" and bool(
+                            cfg.get("norm_topk_prob", True)),
+                        shared_expert_average=cfg.get("shared_expert_combination_strategy", "average") == "average",
                         dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
     elif arch == DBRX:  # softmax over every expert, the top-k renormalized (moe_normalize_expert_weights 1)
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),

@@ -7,8 +7,12 @@
 - Command R7B's and A's full-attention layers turn nothing by RoPE (ModelConfig.rope_layers: its sliding-window
   layers only).
 - Logits are scaled by `logit_scale`.
+- Command A MoE (Cohere2MoeForCausalLM): a dense prefix then experts beside shared ones (engine/models/moe.py), its
+  norms RMS norms where its config says.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +21,7 @@ from torch import nn
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM, rope_order
 from engine.models.llama_layers import MLP, Attention
+from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
@@ -37,23 +42,28 @@ class CohereAttention(Attention):
 
 
 class CohereDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 is_sparse: bool = False) -> None:
         super().__init__()
         self.eps = config.rms_norm_eps
         self.input_norm = empty_param(config.hidden_size, dtype=dtype)
         self.attn = CohereAttention(config, kernels, dtype, sliding_window)
-        self.mlp = MLP(config, kernels, dtype)
+        self.mlp = SparseMoE(config, kernels, dtype) if is_sparse else MLP(config, kernels, dtype)
+        rms_norms = config.cohere2_moe is not None and config.cohere2_moe.rms_norms
+        self.norm = partial(kernels.rms_norm, eps=self.eps) if rms_norms else partial(layer_norm, eps=self.eps)
 
     def forward(self, h, cos, sin, kv_cache, meta):
-        x = layer_norm(h, self.input_norm, self.eps)
+        x = self.norm(h, self.input_norm)
         return h + self.attn(x, cos, sin, kv_cache, meta) + self.mlp(x)
 
 
 class CohereForCausalLM(LlamaForCausalLM):
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        return CohereDecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+        return CohereDecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
 
     def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        if self.config.cohere2_moe is not None and self.config.cohere2_moe.rms_norms:
+            return self.kernels.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return layer_norm(h, self.norm, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

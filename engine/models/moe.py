@@ -66,7 +66,7 @@ class SparseMoE(nn.Module):
             shared_out = self.linear(self._glu(gate, up, is_shared=True), self.shared_down_weight)
             if self.shared_weight_gate is not None:
                 shared_out = torch.sigmoid(F.linear(x, self.shared_weight_gate)) * shared_out
-            out = out + shared_out
+            out = (out + shared_out) / 2 if self.moe.shared_expert_average else out + shared_out
         return out if self.rank_sum is None else self.rank_sum(out)
 
     def _glu(self, gate: torch.Tensor, up: torch.Tensor, is_shared: bool) -> torch.Tensor:
@@ -88,7 +88,10 @@ class SparseMoE(nn.Module):
             return sparse_mixer(F.linear(x, self.router_weight), moe.jitter_eps)
         if moe.scoring == "sigmoid_of_top_k":  # Llama 4's
             top, experts = torch.topk(F.linear(x, self.router_weight), moe.num_experts_per_tok, dim=-1)
-            return top.float().sigmoid().to(x.dtype), experts
+            weights = top.float().sigmoid()
+            if moe.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            return weights.to(x.dtype), experts
         logits = F.linear(x.float() if moe.router_in_float32 else x, self.router_weight)
         probs = F.softmax(logits.float(), dim=-1)  # [T, E]
         if moe.num_groups > 1:  # DeepSeek-V2's group_limited_greedy: the best groups by their best expert

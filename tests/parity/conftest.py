@@ -501,6 +501,19 @@ TINY_MODELS = {
                                             "partial_rotary_factor": 0.334},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 0.334}}), {}),
+    # Command A MoE: Command A's layers (windows in three of four, RoPE in those and the dense first layer) with RMS
+    # norms, then 2 of 4 experts by the softmax of their logits (or their sigmoids, renormalized) beside a shared
+    # expert, averaged (or summed).
+    **{name: ("Cohere2MoeConfig", dict(
+        head_dim=16, num_hidden_layers=5, sliding_window=48, num_experts=4, num_experts_per_tok=2,
+        intermediate_size=48, prefix_dense_intermediate_size=96, num_shared_experts=1,
+        mlp_layer_types=["dense"] + ["sparse"] * 4,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"], **extra), {})
+       for name, extra in (("cohere2-moe", dict(rms_norm_eps=1e-5)),
+                           ("cohere2-moe-sigmoid", dict(expert_selection_fn="sigmoid", rms_norm_eps=None,
+                                                        shared_expert_combination_strategy="sum",
+                                                        logit_scale=0.5)))},
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

@@ -201,7 +201,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "nemotron", "solar-open", "hy-v3", "youtu", "mellum", "laguna",
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
-                "minicpm3", "nanochat")
+                "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -458,6 +458,22 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, reference_dir=source)
+
+
+def test_command_a_moes_config_without_layer_lists_reads_as_transformers_reads_it(tiny_model_dirs, tmp_path):
+    """Without layer_types and mlp_layer_types, `first_k_dense_replace` dense layers (windowed by their own pattern)
+    then the sliding_window_pattern's; a scoring transformers does not compute is refused by name."""
+    from engine.model_config_loader import ModelConfigError, load_model_config
+
+    model_dir = copied_with_config(tiny_model_dirs["cohere2-moe"], tmp_path, {"first_k_dense_replace": 1,
+                                                                             "prefix_dense_sliding_window_pattern": 2},
+                                   removed=("layer_types", "mlp_layer_types"))
+    loaded = load_model_config(model_dir)
+    assert (loaded.sliding_layers, loaded.moe.dense_layers, loaded.rope_layers) == ({0, 1, 2, 3}, {0}, {0, 1, 2, 3})
+    _check_logits(model_dir, prompt_lengths=(300,))
+    copied = copied_with_config(model_dir, tmp_path / "relu", {"expert_selection_fn": "relu"})
+    with pytest.raises(ModelConfigError, match="expert_selection_fn 'relu' is not one transformers computes"):
+        load_model_config(copied)
 
 
 def test_mimo_v2_flashs_release_reads_as_transformers_reads_it(tiny_model_dirs, tmp_path):
