@@ -42,6 +42,7 @@ from engine.moe_config import (
     SOLAR_OPEN,
 )
 from engine.mpt_config import MPT
+from engine.persimmon_config import PERSIMMON
 from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUANS
 from engine.short_conv_config import LFM2S
@@ -98,7 +99,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
-                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE)
+                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
               YOUTU)
@@ -131,7 +132,7 @@ QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, A
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
            APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
-           MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH)
+           MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH, PERSIMMON)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings

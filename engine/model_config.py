@@ -51,7 +51,8 @@ class ModelConfig:
     mlp_bias: bool  # biases on gate, up and down (Llama's mlp_bias)
     # q and k RMS-normed before RoPE: "head", each head's (Qwen3, Gemma 3); "projection", the whole
     # q and k projections' (OLMo 2); "head_after_rope": each head's after RoPE (HunYuan's); "head_layer_norm":
-    # each head layer-normed by weights of its own (Command R+'s); None: not.
+    # each head layer-normed by weights of its own (Command R+'s); "head_shared_layer_norm": each head layer-normed by
+    # one LayerNorm's weight and bias (Persimmon's); None: not.
     qk_norm: str | None
     moe: MoEConfig  # its mixture of experts (engine/moe_config.py); one of no experts for a dense model
     mla: MLAConfig | None  # DeepSeek-V3's multi-head latent attention (engine/mla_config.py); None: not MLA

@@ -119,6 +119,7 @@ from engine.moe_config import (
 from engine.mpt_config import MPT, mpt_keys
 from engine.multimodal import MULTIMODAL, text_config
 from engine.mxfp4_weights import is_mxfp4
+from engine.persimmon_config import PERSIMMON
 from engine.qwen4_exp_config import QWEN4_EXP, qwen4_exp_layer_types, qwen4_exp_output_gate, read_qwen4_exp
 from engine.rope_config import (
     HUNYUANS,
@@ -238,7 +239,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
-    if arch in (ARCEE, JAIS2, NANOCHAT, NEMOTRON):  # its MLP's: up, squared ReLU, down (transformers' default for it)
+    if arch in (ARCEE, JAIS2, NANOCHAT, NEMOTRON, PERSIMMON):  # up, squared ReLU, down: transformers' default for it
         act, supported_act = cfg.get("hidden_act") or "relu2", "relu2"
     if arch == APERTUS:  # its MLP's: up, xIELU (engine/models/apertus.py), down
         act, supported_act = cfg.get("hidden_act") or "xielu", "xielu"
@@ -258,13 +259,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
     partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
-        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI, NEMOTRON) else
+        partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI, NEMOTRON, PERSIMMON) else
                               0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
                                        STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ, LAGUNA,
-                                       MIMO_V2_FLASH):
+                                       MIMO_V2_FLASH, PERSIMMON):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
@@ -310,8 +311,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     try:
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
-        # (GPT-NeoX's heads are every one q's, k's and v's, whatever num_key_value_heads says)
-        num_kv_heads = num_heads if arch == GPTNEOX else int(cfg.get("num_key_value_heads") or num_heads)
+        # (GPT-NeoX's and Persimmon's heads are every one q's, k's and v's, whatever num_key_value_heads says)
+        num_kv_heads = num_heads if arch in (GPTNEOX, PERSIMMON) else int(cfg.get("num_key_value_heads") or num_heads)
         # Cohere 2's is its width's share whatever config.json says (transformers sets it so).
         head_dim = hidden // num_heads if arch == COHERE2 else int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
@@ -354,7 +355,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in (*HUNYUANS, NANOCHAT) else
             "head_layer_norm" if (arch == COHERE and cfg.get("use_qk_norm"))
-            or (arch == STABLELM and cfg.get("qk_layernorm")) else None,
+            or (arch == STABLELM and cfg.get("qk_layernorm")) else
+            "head_shared_layer_norm" if arch == PERSIMMON and cfg.get("qk_layernorm", True) else None,
             moe=read_moe_config(cfg, arch),
             sliding_window=sliding_window(cfg, arch),
             sliding_layers=sliding_layers(cfg, arch) if gemma4 is None else
@@ -369,7 +371,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             classifier_difference=bool(cfg.get("is_original_qwen3_reranker")),
             hidden_act=act,
             mlp_gated=arch not in (ARCEE, STARCODER2, JAIS2, NEMOTRON, APERTUS, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE,
-                                   NANOCHAT, FALCON, BLOOM, MPT, GPTJ, GPT_NEO),
+                                   NANOCHAT, FALCON, BLOOM, MPT, GPTJ, GPT_NEO, PERSIMMON),
             lm_head_bias=arch in (PHI, GPTJ) or (arch == PHIMOE and bool(cfg.get("lm_head_bias"))),
             parallel_residual=arch in (PHI, GPTJ) or (arch in (STABLELM, GPTNEOX) and bool(
                 cfg.get("use_parallel_residual", arch == GPTNEOX)))
@@ -470,7 +472,7 @@ def _eps_key(arch: str) -> str:
     return "layer_norm_eps" if arch in COHERES else "layer_norm_epsilon" if arch == NEMOTRON_H else \
         "norm_eps" if arch == NEMOTRON else \
         "norm_eps" if arch in LFM2S else "norm_epsilon" if arch == STARCODER2 else \
-        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX) else \
+        "layer_norm_eps" if arch in (JAIS2, STABLELM, PHI, GPTNEOX, PERSIMMON) else \
         "layer_norm_epsilon" if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO) else "rms_norm_eps"
 
 
@@ -486,7 +488,7 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias")))
     if arch in GLMS:  # on q, k and v unless it says
         return dict(qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, mlp_bias=False)
-    if arch in (PHI, GPT2, GPT_BIGCODE):  # everywhere
+    if arch in (PHI, GPT2, GPT_BIGCODE, PERSIMMON):  # everywhere
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), True)
     if arch == GPTJ:  # on its MLP alone (and its LM head)
         return dict(qkv_bias=False, o_bias=False, mlp_bias=True)

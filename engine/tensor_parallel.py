@@ -47,6 +47,7 @@ from engine.models.layer_norm_llama import (
     GPTJForCausalLM,
     GPTNeoXForCausalLM,
     Jais2ForCausalLM,
+    PersimmonForCausalLM,
     PhiForCausalLM,
     PhimoeForCausalLM,
     StableLmForCausalLM,
@@ -79,10 +80,11 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM, GPTNeoXForCausalLM,
                 BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
                 PhimoeForCausalLM, DbrxForCausalLM, FalconForCausalLM, GPT2LMHeadModel, GPTBigCodeForCausalLM,
-                StableLmForCausalLM, MiniCPM3ForCausalLM, NanoChatForCausalLM)
+                StableLmForCausalLM, MiniCPM3ForCausalLM, NanoChatForCausalLM, PersimmonForCausalLM)
 # q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's, GPTBigCode's without multi_query; Falcon's, or
 # a group of q heads and their k and v head at a time): a rank's run of rows is its heads' all three.
-HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM"})
+HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM",
+                             "PersimmonForCausalLM"})
 # Projections stored transposed, [in, out] (GPT-2's Conv1D's): split as their transpose is.
 STORED_TRANSPOSED = frozenset({"GPT2LMHeadModel"})
 # Experts stored fused for every expert (gpt-oss's, Llama 4's, Qwen3-VL-MoE's): the dimension of each that runs along
@@ -112,7 +114,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
                          f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
                          f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM, MiniCPM3, "
-                         f"nanochat so far, not {config.architecture}")
+                         f"nanochat, Persimmon so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

@@ -25,6 +25,7 @@ from engine.models.layer_norm_llama import (
     GPTJForCausalLM,
     GPTNeoXForCausalLM,
     Jais2ForCausalLM,
+    PersimmonForCausalLM,
     PhiForCausalLM,
     PhimoeForCausalLM,
     StableLmForCausalLM,
@@ -100,6 +101,7 @@ MODEL_REGISTRY = {
     "LagunaForCausalLM": LagunaForCausalLM,  # a layer's own q heads, softplus gates, capped router (laguna.py)
     "MellumForCausalLM": LlamaForCausalLM,  # Qwen3-MoE's layers, windows and a RoPE a layer type (mellum_config.py)
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,  # narrower v heads, more KV heads in its windows
+    "PersimmonForCausalLM": PersimmonForCausalLM,  # GPT-NeoX's fused heads, q/k layer-normed (layer_norm_llama.py)
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)

@@ -15,7 +15,7 @@ head; GPT-NeoX (GPTNeoXForCausalLM: Pythia, Dolly) has an MLP without a gate (`d
 a time, RoPE over part of each head; and StableLM (StableLmForCausalLM) before Llama's gated MLP, with biases on q, k
 and v by `use_qkv_bias`, RoPE over part of each head, q and k layer-normed a head by weights of its own
 (`qk_layernorm`, as Command R+'s: engine/models/cohere.py), and attention and the MLP side by side from the one norm
-(`use_parallel_residual`). Falcon, BLOOM and GPT-J are here too, each at its class.
+(`use_parallel_residual`). Falcon, BLOOM, GPT-J and Persimmon are here too, each at its class.
 """
 from __future__ import annotations
 
@@ -203,6 +203,48 @@ class GPTNeoXForCausalLM(Jais2ForCausalLM):
             heads = tensor.view(self.config.num_heads, 3, self.config.head_dim, *tensor.shape[1:])
             return target.data, heads.transpose(0, 1).reshape(tensor.shape)
         return super()._placed(name, tensor)
+
+
+# Persimmon's names against Llama's (q, k and v fused each head's three in turn, as GPT-NeoX's).
+PERSIMMON_RENAMED = (("model.final_layernorm.", "model.norm."), (".self_attn.query_key_value.", ".self_attn.qkv_proj."),
+                     (".self_attn.dense.", ".self_attn.o_proj."), (".mlp.dense_h_to_4h.", ".mlp.up_proj."),
+                     (".mlp.dense_4h_to_h.", ".mlp.down_proj."), (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+                     (".self_attn.k_layernorm.", ".self_attn.k_norm."))
+
+
+class SharedLayerNormQkAttention(Attention):
+    """q and k layer-normed a head by one LayerNorm's weight and bias for every head (Persimmon's), before RoPE."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None) -> None:
+        super().__init__(config, kernels, dtype, sliding_window)
+        if config.qk_norm is not None:
+            self.q_norm, self.k_norm = (empty_param(config.head_dim, dtype=dtype) for _ in range(2))
+            self.q_norm_bias, self.k_norm_bias = (empty_param(config.head_dim, dtype=dtype) for _ in range(2))
+
+    def _projection_norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, num_tokens, width = self.config, q.shape[0], (self.config.head_dim,)
+        q = F.layer_norm(q.view(num_tokens, -1, cfg.head_dim), width, self.q_norm, self.q_norm_bias, cfg.rms_norm_eps)
+        k = F.layer_norm(k.view(num_tokens, -1, cfg.head_dim), width, self.k_norm, self.k_norm_bias, cfg.rms_norm_eps)
+        return q.flatten(1), k.flatten(1)
+
+
+class PersimmonForCausalLM(GPTNeoXForCausalLM):
+    renames = PERSIMMON_RENAMED
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return LayerNormDecoderLayer(self.config, self.kernels, dtype, self._window(layer),
+                                     attention=SharedLayerNormQkAttention)
+
+    def _attention_names(self, layer: int) -> list[str]:
+        p = f"model.layers.{layer}.self_attn."
+        norms = [p + f"{norm}.{kind}" for norm in ("q_norm", "k_norm") for kind in ("weight", "bias")]
+        return super()._attention_names(layer) + (norms if self.config.qk_norm else [])
+
+    def _target(self, name: str) -> torch.Tensor:
+        if name.endswith(("self_attn.q_norm.bias", "self_attn.k_norm.bias")):
+            attn = self.layers[int(name.split(".")[2])].attn
+            return (attn.q_norm_bias if ".q_norm." in name else attn.k_norm_bias).data
+        return super()._target(name)
 
 
 # Falcon's names against Llama's.

@@ -514,6 +514,9 @@ TINY_MODELS = {
                            ("cohere2-moe-sigmoid", dict(expert_selection_fn="sigmoid", rms_norm_eps=None,
                                                         shared_expert_combination_strategy="sum",
                                                         logit_scale=0.5)))},
+    # Adept's Persimmon: GPT-NeoX's fused heads in layers one after the other, q and k layer-normed a head by one
+    # LayerNorm, RoPE over half of each head, an ungated MLP of squared ReLU, biases everywhere.
+    "persimmon": ("PersimmonConfig", dict(pad_token_id=0), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

@@ -201,7 +201,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "nemotron", "solar-open", "hy-v3", "youtu", "mellum", "laguna",
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
-                "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid")
+                "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
+                "persimmon")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
