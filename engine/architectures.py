@@ -10,6 +10,7 @@ from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
 from engine.hy_v3_config import HY_V3
+from engine.hyperclovax_config import HYPERCLOVAX
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID
 from engine.longcat_flash_config import LONGCAT_FLASH
@@ -99,7 +100,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
-                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON)
+                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
               YOUTU)
@@ -135,7 +136,8 @@ EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_L
            MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH, PERSIMMON)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
-GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0])  # Granite's four scalings
+# Granite's four scalings (HyperCLOVA X's its own way round: attention_layout.py, model_config_loader.py)
+GRANITES = ("GraniteForCausalLM", *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], HYPERCLOVAX)
 ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMAS, *GRANITES,
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
                   AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS, PHIMOE, NANOCHAT, OLMO, NEMOTRON, HY_V3)

@@ -33,6 +33,7 @@ from engine.cohere2_moe_config import COHERE2_MOE, dense_rope_layers
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
+from engine.hyperclovax_config import HYPERCLOVAX
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
@@ -74,6 +75,8 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return float(cfg.get("softmax_scale") or head_dim ** -0.5)
     if arch == GEMMA4:  # its q and k normed per head set the scores' size
         return 1.0
+    if arch == HYPERCLOVAX:  # null or absent, head_dim ** -0.5
+        return float(cfg.get("attention_multiplier") or head_dim ** -0.5)
     if arch in GRANITES:  # absent, transformers' default: 1, not head_dim ** -0.5
         return float(cfg.get("attention_multiplier", 1.0))
     return head_dim ** -0.5

@@ -100,6 +100,7 @@ class ModelConfig:
     mrope_interleaved: bool = False  # the sections interleaved over a head's frequencies (Qwen3-VL's), not in turn
     logit_scale: float = 1.0  # Cohere's: logits multiplied by it
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to ±it as they are projected; None: not
+    block_post_norms: bool = False  # each block's output RMS-normed before it joins the residual (HyperCLOVA X's)
     alibi: str | None = None  # BLOOM's and MPT's positions: ALiBi, by "bloom"'s or "mpt"'s slopes; None: not
     mlp_gated: bool = True  # False: the dense MLP is up, the activation, down (Arcee's, StarCoder 2's), no gate
     lm_head_bias: bool = False  # a bias added to the logits (Phi-3.5-MoE's lm_head_bias)

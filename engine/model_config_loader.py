@@ -77,6 +77,7 @@ from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layou
 from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
 from engine.gptj_config import GPTJ, gptj_keys
 from engine.hy_v3_config import HY_V3, hy_v3_keys
+from engine.hyperclovax_config import HYPERCLOVAX
 from engine.int4_weights import int4_weights
 from engine.laguna_config import LAGUNA, laguna_keys, read_laguna_layout
 from engine.linear_attention_config import (
@@ -406,6 +407,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
             clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT, DBRX) and cfg.get("clip_qkv") is not None else None,
             alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,
+            block_post_norms=arch == HYPERCLOVAX and bool(cfg.get("use_post_norm", True)),
         )
     except KeyError as e:
         raise ModelConfigError(f"{path}: missing field {e.args[0]!r}") from e
@@ -569,7 +571,10 @@ def _granite_multipliers(cfg: dict, arch: str) -> dict:
                 "logits_scaling": 1.0 if base is None else hidden / float(base)}
     if arch not in GRANITES:
         return dict.fromkeys(names, 1.0)
-    return {name: float(cfg.get(name, 1.0)) for name in names}
+    multipliers = {name: float(cfg.get(name, 1.0)) for name in names}
+    if arch == HYPERCLOVAX:  # its logits multiplied by logits_scaling, where Granite's are divided
+        multipliers["logits_scaling"] = 1.0 / multipliers["logits_scaling"]
+    return multipliers
 
 
 def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:

@@ -128,6 +128,7 @@ MODEL_REGISTRY = {
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "HyperCLOVAXForCausalLM": GraniteForCausalLM,  # Granite's scalings, its logits', its blocks' norms
     "GraniteMoeForCausalLM": GraniteForCausalLM,  # with experts (and a shared MLP), as its MoEConfig says
     "GraniteMoeSharedForCausalLM": GraniteForCausalLM,
     "GraniteSWAForCausalLM": GraniteForCausalLM,  # with windows, sinks and RoPE a layer, as its ModelConfig says

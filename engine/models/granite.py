@@ -16,6 +16,7 @@ from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, DecoderLayer
 from engine.models.mamba2 import Mamba2Mixer
+from engine.models.parameters import empty_param
 from engine.moe_config import GRANITE_HYBRID, GRANITE_SWAS
 from kernels.registry import Kernels
 
@@ -32,6 +33,22 @@ class GraniteDecoderLayer(DecoderLayer):
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)) * scale
 
 
+class PeriNormGraniteLayer(GraniteDecoderLayer):
+    """HyperCLOVA X's Peri-LN: each block's output RMS-normed too, before it is scaled into the residual."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
+                 is_sparse: bool) -> None:
+        super().__init__(config, kernels, dtype, sliding_window, is_sparse)
+        self.attn_out_norm = empty_param(config.hidden_size, dtype=dtype)
+        self.mlp_out_norm = empty_param(config.hidden_size, dtype=dtype)
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        scale, norm, eps = self.residual_multiplier, self.rms_norm, self.eps
+        attended = self.attn(norm(h, self.input_norm, eps), cos, sin, kv_cache, meta)
+        h = h + norm(attended, self.attn_out_norm, eps) * scale
+        return h + norm(self.mlp(norm(h, self.post_attention_norm, eps)), self.mlp_out_norm, eps) * scale
+
+
 class GraniteMambaLayer(GraniteDecoderLayer):
     """Granite 4.0-H's Mamba-2 layer in place of attention; `index`: its place among the Mamba-2 layers."""
 
@@ -44,6 +61,9 @@ class GraniteMambaLayer(GraniteDecoderLayer):
         h = h + self.attn(self.rms_norm(h, self.input_norm, self.eps), meta) * scale
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)) * scale
 
+
+# HyperCLOVA X's norms of its blocks' outputs, by their places in GraniteDecoderLayer.
+POST_BLOCK_NORMS = {"post_norm1": "attn_out_norm", "post_norm2": "mlp_out_norm"}
 
 # The MoE's tensors, by where they go in SparseMoE.
 MOE_TENSORS = {"block_sparse_moe.input_linear.weight": "gate_up_weight",
@@ -68,7 +88,8 @@ class GraniteForCausalLM(HybridForward):
         if mamba is not None and layer in mamba.mamba_layers:
             return GraniteMambaLayer(self.config, self.kernels, dtype, self._is_sparse(layer),
                                      mamba.mamba_layers.index(layer))
-        return GraniteDecoderLayer(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
+        kind = PeriNormGraniteLayer if self.config.block_post_norms else GraniteDecoderLayer
+        return kind(self.config, self.kernels, dtype, self._window(layer), self._is_sparse(layer))
 
     def _attention_names(self, layer: int) -> list[str]:
         mamba = self.config.mamba
@@ -91,6 +112,8 @@ class GraniteForCausalLM(HybridForward):
 
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".", 3)
+        if len(parts) == 4 and parts[3].removesuffix(".weight") in POST_BLOCK_NORMS:
+            return getattr(self.layers[int(parts[2])], POST_BLOCK_NORMS[parts[3].removesuffix(".weight")]).data
         if len(parts) == 4 and parts[3].startswith("mamba."):
             return self.layers[int(parts[2])].attn.tensor(parts[3].removeprefix("mamba."))
         if len(parts) == 4 and parts[3] in MOE_TENSORS:
@@ -99,6 +122,9 @@ class GraniteForCausalLM(HybridForward):
                 return (mlp.gate_up_weight if "input_linear" in parts[3] else mlp.down_weight).data
             return getattr(mlp, MOE_TENSORS[parts[3]]).data
         return super()._target(name)
+
+    def _norm_names(self) -> tuple[str, ...]:
+        return (*super()._norm_names(), *POST_BLOCK_NORMS) if self.config.block_post_norms else super()._norm_names()
 
     def _scaled_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return h * self.config.embedding_multiplier

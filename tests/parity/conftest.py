@@ -517,6 +517,9 @@ TINY_MODELS = {
     # Adept's Persimmon: GPT-NeoX's fused heads in layers one after the other, q and k layer-normed a head by one
     # LayerNorm, RoPE over half of each head, an ungated MLP of squared ReLU, biases everywhere.
     "persimmon": ("PersimmonConfig", dict(pad_token_id=0), {}),
+    # NAVER's HyperCLOVA X SEED: Granite's scalings (logits multiplied), each block's output RMS-normed (Peri-LN).
+    "hyperclovax": ("HyperCLOVAXConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4, logits_scaling=3.0,
+                                              attention_multiplier=0.2, pad_token_id=0), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

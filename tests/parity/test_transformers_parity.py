@@ -202,7 +202,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
-                "persimmon")
+                "persimmon", "hyperclovax")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -459,6 +459,15 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, reference_dir=source)
+
+
+def test_hyperclovaxs_attention_multiplier_null_scales_by_head_dim(tiny_model_dirs, tmp_path):
+    """HyperCLOVA X's attention_multiplier null (or absent) is head_dim ** -0.5 there, where Granite's absent is 1."""
+    from engine.model_config_loader import load_model_config
+
+    model_dir = copied_with_config(tiny_model_dirs["hyperclovax"], tmp_path, {"attention_multiplier": None})
+    assert load_model_config(model_dir).attention_scale == pytest.approx(16 ** -0.5)
+    _check_logits(model_dir, prompt_lengths=(17,))
 
 
 def test_command_a_moes_config_without_layer_lists_reads_as_transformers_reads_it(tiny_model_dirs, tmp_path):
