@@ -11,6 +11,7 @@ from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
 from engine.hy_v3_config import HY_V3
 from engine.hyperclovax_config import HYPERCLOVAX
+from engine.kolibri1_config import KOLIBRI1
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID
 from engine.longcat_flash_config import LONGCAT_FLASH
@@ -83,7 +84,7 @@ CWM_DEFAULTS = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1_000_0
                                     "original_max_position_embeddings": 8192},
                 "eos_token_id": [128001, 128008, 128009]}
 GEMMA = "GemmaForCausalLM"  # Gemma (1), CodeGemma: Llama's layers, Gemma's norms and embedding scale
-EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike
+EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike (Kolibri-1's too: attention_layout.py)
 MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
 COHERE, COHERE2 = "CohereForCausalLM", "Cohere2ForCausalLM"  # Command R and R+; Command R7B and A
 COHERES = (COHERE, COHERE2, COHERE2_MOE)
@@ -100,7 +101,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
-                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX)
+                           HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
+                           KOLIBRI1)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
               YOUTU)
@@ -128,7 +130,7 @@ GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE, APERTUS, STEP3P7, HY_V3,
-           LAGUNA, MELLUM)
+           LAGUNA, MELLUM, KOLIBRI1)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,

@@ -34,6 +34,7 @@ from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
 from engine.hyperclovax_config import HYPERCLOVAX
+from engine.kolibri1_config import KOLIBRI1
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import JAMBA
@@ -133,7 +134,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return sliding_layers(cfg, arch)
     if arch == COHERE2_MOE:  # its sliding-window layers, and its dense ones where it says
         return sliding_layers(cfg, arch) | dense_rope_layers(cfg)
-    if arch == COHERE2 or (arch in EXAONES and sliding_window(cfg, arch) is not None):  # full layers without RoPE
+    if arch == COHERE2 or (arch in (*EXAONES, KOLIBRI1) and sliding_window(cfg, arch) is not None):  # full: NoPE
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
@@ -179,7 +180,8 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH,
+                KOLIBRI1):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -206,7 +208,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, COHERE2_MOE, LFM3, DOTS1, *GRANITE_SWAS, AFMOE,
-                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH):
+                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

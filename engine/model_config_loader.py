@@ -79,6 +79,7 @@ from engine.gptj_config import GPTJ, gptj_keys
 from engine.hy_v3_config import HY_V3, hy_v3_keys
 from engine.hyperclovax_config import HYPERCLOVAX
 from engine.int4_weights import int4_weights
+from engine.kolibri1_config import KOLIBRI1, kolibri1_keys
 from engine.laguna_config import LAGUNA, laguna_keys, read_laguna_layout
 from engine.linear_attention_config import (
     HYBRID_LINEAR,
@@ -197,11 +198,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
-                   MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys}[arch](cfg)
+                   MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
+                   KOLIBRI1: kolibri1_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
 from engine.hy_v3_config import HY_V3
+from engine.kolibri1_config import KOLIBRI1
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
 from engine.longcat_flash_config import LONGCAT_FLASH
@@ -97,6 +98,8 @@ class MoEConfig:
     # softmax of the logits within `jitter_eps` (relatively, twice it) of its own.
     jitter_eps: float = 0.0
     shared_expert_average: bool = False  # Command A MoE's: the routed experts' output and the shared ones' averaged
+    # Kolibri-1's "sigmoid" routing: experts chosen by router logit plus the bias, not by sigmoid score plus it.
+    choice_by_logits: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -159,6 +162,12 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                             cfg.get("norm_topk_prob", True)),
                         shared_expert_average=cfg.get("shared_expert_combination_strategy", "average") == "average",
                         dense_layers=frozenset(i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "dense"))
+    elif arch == KOLIBRI1:  # by logit plus a bias, weighed by the logits' sigmoids; a shared expert in every layer
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]),
+                        norm_topk_prob=bool(cfg["norm_topk_prob"]), weighs_experts_in_float32=True,
+                        router_in_float32=True, scoring="sigmoid", choice_by_logits=True)
     elif arch == DBRX:  # softmax over every expert, the top-k renormalized (moe_normalize_expert_weights 1)
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]),

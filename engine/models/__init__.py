@@ -11,7 +11,7 @@ from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
-from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM
+from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
@@ -129,6 +129,7 @@ MODEL_REGISTRY = {
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "HyperCLOVAXForCausalLM": GraniteForCausalLM,  # Granite's scalings, its logits', its blocks' norms
+    "Kolibri1ForCausalLM": Kolibri1ForCausalLM,  # GLM-4-0414's layers, EXAONE 4's attention, experts (glm4.py)
     "GraniteMoeForCausalLM": GraniteForCausalLM,  # with experts (and a shared MLP), as its MoEConfig says
     "GraniteMoeSharedForCausalLM": GraniteForCausalLM,
     "GraniteSWAForCausalLM": GraniteForCausalLM,  # with windows, sinks and RoPE a layer, as its ModelConfig says

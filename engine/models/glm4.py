@@ -2,7 +2,8 @@
 whose checkpoints store gate and up fused (`mlp.gate_up_proj`), with biases on q, k and v, RoPE over part of each
 head with its pairs side by side (ModelConfig.rope_interleaved); GLM-4-0414's layers norm the attention's and the
 MLP's outputs too, as Gemma's do (`post_self_attn_layernorm`, `post_mlp_layernorm`; its `post_attention_layernorm`
-norms the MLP's input)."""
+norms the MLP's input). Kolibri-1 (Kolibri1ForCausalLM: engine/kolibri1_config.py) has GLM-4-0414's layers around
+EXAONE 4's attention and experts in every layer, its MLP's names Llama's."""
 from __future__ import annotations
 
 import torch
@@ -27,9 +28,12 @@ class GlmForCausalLM(LlamaForCausalLM):
         return super()._target(name)
 
 
-class Glm4ForCausalLM(GlmForCausalLM):
+class SandwichNormLayers(LlamaForCausalLM):
+    """Layers of GLM-4-0414's norms: attention and the MLP each between two (Gemma3DecoderLayer)."""
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
-        return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer))
+        return Gemma3DecoderLayer(self.config, self.kernels, dtype, self._window(layer),
+                                  is_sparse=self._is_sparse(layer))
 
     def _norm_names(self) -> tuple[str, ...]:
         return tuple(SANDWICH_NORMS)
@@ -39,3 +43,15 @@ class Glm4ForCausalLM(GlmForCausalLM):
         if len(parts) > 3 and parts[1] == "layers" and parts[3] in SANDWICH_NORMS:
             return getattr(self.layers[int(parts[2])], SANDWICH_NORMS[parts[3]]).data
         return super()._target(name)
+
+
+class Glm4ForCausalLM(SandwichNormLayers, GlmForCausalLM):
+    pass
+
+# Kolibri-1's names as released against transformers'.
+KOLIBRI1_RENAMED = ((".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
+                    (".post_attn_norm.", ".post_self_attn_layernorm."), (".post_ffn_norm.", ".post_mlp_layernorm."))
+
+
+class Kolibri1ForCausalLM(SandwichNormLayers):
+    renames = KOLIBRI1_RENAMED

@@ -117,7 +117,7 @@ class SparseMoE(nn.Module):
         if moe.router_logit_softcap is not None:
             logits = torch.tanh(logits / moe.router_logit_softcap) * moe.router_logit_softcap
         scores = logits.sigmoid()
-        for_choice = scores + self.router_bias
+        for_choice = (logits if moe.choice_by_logits else scores) + self.router_bias
         grouped = for_choice.view(-1, moe.num_groups, moe.num_experts // moe.num_groups)
         best_groups = grouped.topk(2, dim=-1)[0].sum(dim=-1).topk(moe.topk_groups, dim=-1, sorted=False)[1]
         in_best = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)

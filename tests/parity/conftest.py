@@ -520,6 +520,11 @@ TINY_MODELS = {
     # NAVER's HyperCLOVA X SEED: Granite's scalings (logits multiplied), each block's output RMS-normed (Peri-LN).
     "hyperclovax": ("HyperCLOVAXConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4, logits_scaling=3.0,
                                               attention_multiplier=0.2, pad_token_id=0), {}),
+    # Aleph Alpha's Kolibri-1: EXAONE 4's attention (RoPE in the sliding layers alone; the fifth full) in GLM-4-0414's
+    # layers, 2 of 4 experts by router logit plus a bias, weighed by their sigmoids renormalized, beside a shared one.
+    "kolibri1": ("Kolibri1Config", dict(head_dim=16, num_hidden_layers=5, sliding_window=48, num_experts=4,
+                                        num_experts_per_tok=2, moe_intermediate_size=48,
+                                        shared_expert_intermediate_size=40, norm_topk_prob=True), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each
