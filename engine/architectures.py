@@ -6,6 +6,7 @@ from engine.bloom_config import BLOOM
 from engine.cohere2_moe_config import COHERE2_MOE
 from engine.dbrx_config import DBRX
 from engine.falcon_config import FALCON
+from engine.flint_config import FLINT
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
@@ -102,7 +103,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
-                           KOLIBRI1)
+                           KOLIBRI1, FLINT)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
               YOUTU)
@@ -130,7 +131,7 @@ GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30
 # Qwen's layers may alternate full and sliding-window attention (use_sliding_window); Baton has one window for all.
 QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *QWEN_MOES, MIMO)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, AFMOE, APERTUS, STEP3P7, HY_V3,
-           LAGUNA, MELLUM, KOLIBRI1)
+           LAGUNA, MELLUM, KOLIBRI1, FLINT)
 # Where config.json leaves rms_norm_eps out, transformers' default for these is 1e-5, for the others 1e-6.
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,

@@ -30,6 +30,7 @@ from engine.architectures import (
 )
 from engine.bloom_config import BLOOM
 from engine.cohere2_moe_config import COHERE2_MOE, dense_rope_layers
+from engine.flint_config import FLINT
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
@@ -134,7 +135,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return sliding_layers(cfg, arch)
     if arch == COHERE2_MOE:  # its sliding-window layers, and its dense ones where it says
         return sliding_layers(cfg, arch) | dense_rope_layers(cfg)
-    if arch == COHERE2 or (arch in (*EXAONES, KOLIBRI1) and sliding_window(cfg, arch) is not None):  # full: NoPE
+    # full layers without RoPE
+    if arch in (COHERE2, FLINT) or (arch in (*EXAONES, KOLIBRI1) and sliding_window(cfg, arch) is not None):
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
@@ -181,7 +183,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
     if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH,
-                KOLIBRI1):
+                KOLIBRI1, FLINT):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -208,7 +210,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, COHERE2_MOE, LFM3, DOTS1, *GRANITE_SWAS, AFMOE,
-                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1):
+                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1, FLINT):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

@@ -72,6 +72,7 @@ from engine.dbrx_config import DBRX, dbrx_keys
 from engine.encoder_config import ENCODERS, read_encoder_config, sentence_transformers_pooling
 from engine.falcon_config import FALCON, falcon_keys, falcon_norms
 from engine.falcon_h1_config import read_mup
+from engine.flint_config import FLINT, flint_keys
 from engine.fp8_weights import fp8_weights
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
@@ -198,12 +199,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         cfg = _gpt2_keys(cfg, path)
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
-    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1):
+    if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1,
+                FLINT):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
                    MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
-                   KOLIBRI1: kolibri1_keys}[arch](cfg)
+                   KOLIBRI1: kolibri1_keys, FLINT: flint_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -353,7 +355,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                 "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, GPT2, GPT_BIGCODE, SMOLLM3, *ERNIE45S,
                                           MINICPM3, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
-            attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS),  # Granite SWA's, an extra logit a head as gpt-oss's
+            # Granite SWA's and Flint's, an extra logit a head as gpt-oss's
+            attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS, FLINT),
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, MINIMAX_M3, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in (*HUNYUANS, NANOCHAT) else

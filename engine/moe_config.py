@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
+from engine.flint_config import FLINT
 from engine.hy_v3_config import HY_V3
 from engine.kolibri1_config import KOLIBRI1
 from engine.laguna_config import LAGUNA
@@ -168,6 +169,14 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]),
                         norm_topk_prob=bool(cfg["norm_topk_prob"]), weighs_experts_in_float32=True,
                         router_in_float32=True, scoring="sigmoid", choice_by_logits=True)
+    elif arch == FLINT:  # the sigmoids of the top-k logits, renormalized; an ungated shared expert; dense by name
+        only_mlp = set(cfg["mlp_only_layers"])
+        moe = MoEConfig(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"]),
+                        norm_topk_prob=bool(cfg["norm_topk_prob"]), scoring="sigmoid_of_top_k",
+                        router_in_float32=True, weighs_experts_in_float32=True,
+                        dense_layers=frozenset(i for i in range(num_layers) if i in only_mlp))
     elif arch == DBRX:  # softmax over every expert, the top-k renormalized (moe_normalize_expert_weights 1)
         moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["moe_intermediate_size"]),

@@ -9,6 +9,7 @@ from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
+from engine.models.flint import FlintForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
@@ -130,6 +131,7 @@ MODEL_REGISTRY = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "HyperCLOVAXForCausalLM": GraniteForCausalLM,  # Granite's scalings, its logits', its blocks' norms
     "Kolibri1ForCausalLM": Kolibri1ForCausalLM,  # GLM-4-0414's layers, EXAONE 4's attention, experts (glm4.py)
+    "FlintForCausalLM": FlintForCausalLM,  # Qwen3-MoE's attention with sinks, sigmoid experts (flint.py)
     "GraniteMoeForCausalLM": GraniteForCausalLM,  # with experts (and a shared MLP), as its MoEConfig says
     "GraniteMoeSharedForCausalLM": GraniteForCausalLM,
     "GraniteSWAForCausalLM": GraniteForCausalLM,  # with windows, sinks and RoPE a layer, as its ModelConfig says

@@ -87,11 +87,12 @@ class SparseMoE(nn.Module):
         if moe.scoring == "sparsemixer":
             return sparse_mixer(F.linear(x, self.router_weight), moe.jitter_eps)
         if moe.scoring == "sigmoid_of_top_k":  # Llama 4's
-            top, experts = torch.topk(F.linear(x, self.router_weight), moe.num_experts_per_tok, dim=-1)
+            logits = F.linear(x.float() if moe.router_in_float32 else x, self.router_weight)
+            top, experts = torch.topk(logits, moe.num_experts_per_tok, dim=-1)
             weights = top.float().sigmoid()
             if moe.norm_topk_prob:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
-            return weights.to(x.dtype), experts
+            return (weights if moe.weighs_experts_in_float32 else weights.to(x.dtype)), experts
         logits = F.linear(x.float() if moe.router_in_float32 else x, self.router_weight)
         probs = F.softmax(logits.float(), dim=-1)  # [T, E]
         if moe.num_groups > 1:  # DeepSeek-V2's group_limited_greedy: the best groups by their best expert

@@ -525,6 +525,12 @@ TINY_MODELS = {
     "kolibri1": ("Kolibri1Config", dict(head_dim=16, num_hidden_layers=5, sliding_window=48, num_experts=4,
                                         num_experts_per_tok=2, moe_intermediate_size=48,
                                         shared_expert_intermediate_size=40, norm_topk_prob=True), {}),
+    # Recursive's Flint: Qwen3-MoE's attention with a sink a head, full layers (the first two, the second from there on
+    # every fourth, the last) beside windowed ones, dense first two MLPs, then 2 of 4 experts by the sigmoids of their
+    # logits, renormalized, beside an ungated shared expert.
+    "flint": ("FlintConfig", dict(head_dim=16, num_hidden_layers=6, sliding_window=48, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=40,
+                                  pad_token_id=0), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each
