@@ -139,7 +139,8 @@ class ModelRunner:
         if renames:
             stored_names = {renamed(name, renames): (stored_names or {}).get(name, name) for name in files}
             files = {renamed(name, renames): path for name, path in files.items()}
-        names = self.model.checkpoint_names()
+        # (a tensor a release may lack is filled in its place: A.X K1's router without its correction bias)
+        names = [name for name in self.model.checkpoint_names() if name in files or not self.model.fill_absent(name)]
         fp8 = self.model_config.fp8_weights
         scale_names = [n + fp8.scale_suffix for n in names if n + fp8.scale_suffix in files] if fp8 else []
         if self.model_config.mxfp4_weights:  # read as their blocks, their scales beside them

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.axk1_config import AXK1
 from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
 from engine.flint_config import FLINT
@@ -51,6 +52,7 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5),
                      SOLAR_OPEN: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
                      HY_V3: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.826),
+                     AXK1: dict(n_group=8, topk_group=4, first_k_dense_replace=1, routed_scaling_factor=2.5),
                      MIMO_V2_FLASH: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0)}
 
 

@@ -33,7 +33,7 @@ from engine.models import MODEL_REGISTRY
 from engine.models.afmoe import AfmoeForCausalLM
 from engine.models.apertus import ApertusForCausalLM
 from engine.models.cohere import CohereForCausalLM
-from engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from engine.models.deepseek_v3 import AXK1ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.flint import FlintForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
@@ -82,7 +82,7 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
                 PhimoeForCausalLM, DbrxForCausalLM, FalconForCausalLM, GPT2LMHeadModel, GPTBigCodeForCausalLM,
                 StableLmForCausalLM, MiniCPM3ForCausalLM, NanoChatForCausalLM, PersimmonForCausalLM,
-                Kolibri1ForCausalLM, FlintForCausalLM)
+                Kolibri1ForCausalLM, FlintForCausalLM, AXK1ForCausalLM)
 # q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's, GPTBigCode's without multi_query; Falcon's, or
 # a group of q heads and their k and v head at a time): a rank's run of rows is its heads' all three.
 HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM",
@@ -116,7 +116,7 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
                          f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
                          f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM, MiniCPM3, "
-                         f"nanochat, Persimmon, Kolibri-1, Flint so far, not {config.architecture}")
+                         f"nanochat, Persimmon, Kolibri-1, Flint, A.X K1 so far, not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

@@ -291,6 +291,11 @@ class LlamaForCausalLM(nn.Module):
     # the model's, which only speculative decoding reads; transformers leaves them unread too.
     has_mtp_layers = False
 
+    def fill_absent(self, name: str) -> bool:
+        """Fills tensor `name`, which the checkpoint lacks, where the model computes as its releases do without it
+        (True); False where it must be there."""
+        return False
+
     def is_unused_tensor(self, name: str) -> bool:
         """A checkpoint tensor this model does not read, which is not a sign of a setting it ignores."""
         parts = name.split(".")

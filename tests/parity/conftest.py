@@ -531,6 +531,12 @@ TINY_MODELS = {
     "flint": ("FlintConfig", dict(head_dim=16, num_hidden_layers=6, sliding_window=48, num_experts=4,
                                   num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=40,
                                   pad_token_id=0), {}),
+    # SK Telecom's A.X K1: DeepSeek-V3 (latent attention with q through a latent; 2 of 8 experts in the best 2 of 4
+    # groups) with its experts' output RMS-normed, a dense first layer.
+    "axk1": ("AXK1Config", dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+                                num_key_value_heads=4, moe_intermediate_size=48, n_routed_experts=8,
+                                num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+                                mlp_layer_types=["dense", "sparse"]), {}),
     # OLMo 1: layer norms without weights; q, k and v clipped where the tiny random projections reach past 1.
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), {}),
     # Nemotron: layer norms with biases scaling by 1 + weight, squared ReLU without a gate, RoPE over half of each

@@ -202,7 +202,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
-                "persimmon", "hyperclovax", "kolibri1", "flint")
+                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -459,6 +459,24 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, reference_dir=source)
+
+
+def test_axk1s_release_without_a_router_bias_routes_as_transformers_does(tiny_model_dirs, tmp_path):
+    """A.X K1's releases hold no router correction bias (transformers routes with zeros) and hold the experts' output
+    norm in the dense layers too, which compute without it; older configs give first_k_dense_replace."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model_dir = shutil.copytree(tiny_model_dirs["axk1"], tmp_path / "axk1")
+    tensors = load_file(model_dir / "model.safetensors")
+    assert tensors["model.layers.1.mlp.gate.e_score_correction_bias"].any()
+    kept = {name: t for name, t in tensors.items() if not name.endswith("e_score_correction_bias")}
+    save_file({**kept, "model.layers.0.post_mlp_layernorm.weight": torch.ones(64)}, model_dir / "model.safetensors")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["mlp_layer_types"]
+    (model_dir / "config.json").write_text(json.dumps({**config, "first_k_dense_replace": 1}))
+    _check_logits(model_dir)
 
 
 def test_hyperclovaxs_attention_multiplier_null_scales_by_head_dim(tiny_model_dirs, tmp_path):
