@@ -181,10 +181,10 @@ def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
 
 def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int, size: int) -> torch.Tensor:
     """Rank `rank`'s part of checkpoint tensor `name` of the whole model `config`: its share of the rows (q, k, v,
-    gate and up, each expert's and the shared experts' too; Phi-3's fused q/k/v and gate/up each part's) or of
-    the columns (o, down), its run of the vocabulary's rows (embeddings, LM head), or the whole tensor (norms,
-    routers). A bias added after the sum across ranks is rank 0's alone (the others' zeros), or it would be added
-    `size` times."""
+    gate and up, each expert's and the shared experts' too; Phi-3's fused q/k/v and gate/up each part's, q/k/v fused a
+    head at a time its heads') or of the columns (o, down), its run of the vocabulary's rows (embeddings, LM head and
+    its bias), or the whole tensor (norms, routers); GPT-2's transposed projections as their transpose. A bias added
+    after the sum across ranks is rank 0's alone (the others' zeros), or it would be added `size` times."""
     if name in VOCABULARY_ROWS and size > 1 and splits_vocabulary(config):
         share = vocabulary_share(config, size)
         rows = tensor[rank * share:(rank + 1) * share]
