@@ -48,6 +48,7 @@ class SandwichNormLayers(LlamaForCausalLM):
 class Glm4ForCausalLM(SandwichNormLayers, GlmForCausalLM):
     pass
 
+
 # Kolibri-1's names as released against transformers'.
 KOLIBRI1_RENAMED = ((".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
                     (".post_attn_norm.", ".post_self_attn_layernorm."), (".post_ffn_norm.", ".post_mlp_layernorm."))

@@ -62,7 +62,7 @@ class GraniteMambaLayer(GraniteDecoderLayer):
         return h + self.mlp(self.rms_norm(h, self.post_attention_norm, self.eps)) * scale
 
 
-# HyperCLOVA X's norms of its blocks' outputs, by their places in GraniteDecoderLayer.
+# HyperCLOVA X's norms of its blocks' outputs, by their places in PeriNormGraniteLayer.
 POST_BLOCK_NORMS = {"post_norm1": "attn_out_norm", "post_norm2": "mlp_out_norm"}
 
 # The MoE's tensors, by where they go in SparseMoE.
