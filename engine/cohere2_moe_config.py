@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.layer_lists import check_layer_lists
+
 COHERE2_MOE = "Cohere2MoeForCausalLM"
 SCORINGS = {"softmax": "softmax_of_top_k", "sigmoid": "sigmoid_of_top_k"}  # MoEConfig.scoring's names of them
 
@@ -29,8 +31,7 @@ def cohere2_moe_keys(cfg: dict) -> dict:
         "sliding_attention" if (i + 1) % dense_pattern else "full_attention" for i in range(dense)] + [
         "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers - dense)]
     mlp_types = cfg.get("mlp_layer_types") or ["dense" if i < dense else "sparse" for i in range(layers)]
-    if len(layer_types) != layers or len(mlp_types) != layers:
-        raise ValueError(f"layer_types and mlp_layer_types need one entry for each of {layers} layers")
+    check_layer_lists(layers, layer_types=layer_types, mlp_layer_types=mlp_types)
     if cfg.get("expert_selection_fn", "softmax") not in SCORINGS:
         raise ValueError(f"expert_selection_fn {cfg['expert_selection_fn']!r} is not one transformers computes "
                          "('softmax' or 'sigmoid')")

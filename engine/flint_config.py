@@ -5,6 +5,8 @@ first two, every fourth from the second, the last) beside sliding-window ones, d
 ungated shared expert. Its model is the Llama family's."""
 from __future__ import annotations
 
+from engine.layer_lists import check_layer_lists
+
 FLINT = "FlintForCausalLM"
 # transformers' FlintConfig defaults for what a config.json may leave out.
 DEFAULTS = dict(head_dim=128, sliding_window=513, num_experts=256, num_experts_per_tok=6, moe_intermediate_size=512,
@@ -16,8 +18,7 @@ def flint_keys(cfg: dict) -> dict:
     layers = int(cfg["num_hidden_layers"])
     layer_types = cfg.get("layer_types") or ["full_attention" if i < 2 or i % 4 == 1 or i == layers - 1
                                              else "sliding_attention" for i in range(layers)]
-    if len(layer_types) != layers:
-        raise ValueError(f"layer_types needs one entry for each of {layers} layers")
+    check_layer_lists(layers, layer_types=layer_types)
     if cfg.get("attention_bias"):
         raise ValueError("attention_bias is not supported for Flint (transformers' has none)")
     return {**cfg, "layer_types": layer_types, "num_experts": int(cfg.get("num_local_experts") or cfg["num_experts"])}

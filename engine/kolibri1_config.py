@@ -5,6 +5,8 @@ a learnt bias and weighed by the chosen logits' sigmoids (renormalized by `norm_
 Its model is engine/models/glm4.py's Kolibri1ForCausalLM."""
 from __future__ import annotations
 
+from engine.layer_lists import check_layer_lists
+
 KOLIBRI1 = "Kolibri1ForCausalLM"
 # transformers' Kolibri1Config defaults for what a config.json may leave out.
 DEFAULTS = dict(head_dim=128, sliding_window=513, num_experts=384, num_experts_per_tok=6, moe_intermediate_size=512,
@@ -16,7 +18,6 @@ def kolibri1_keys(cfg: dict) -> dict:
     layers = int(cfg["num_hidden_layers"])
     layer_types = cfg.get("layer_types") or ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
                                              for i in range(layers)]
-    if len(layer_types) != layers:
-        raise ValueError(f"layer_types needs one entry for each of {layers} layers")
+    check_layer_lists(layers, layer_types=layer_types)
     return {**cfg, "layer_types": layer_types,
             "num_experts": int(cfg.get("num_local_experts") or cfg["num_experts"])}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.layer_lists import check_layer_lists
+
 LAGUNA = "LagunaForCausalLM"
 ROPE_DEFAULTS = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
@@ -29,8 +31,7 @@ def laguna_keys(cfg: dict) -> dict:
     layers, heads = int(cfg["num_hidden_layers"]), int(cfg.get("num_attention_heads", 48))
     per_layer = cfg.get("num_attention_heads_per_layer") or [heads] * layers
     layer_types = cfg.get("layer_types") or ["full_attention"] * layers
-    if len(per_layer) != layers or len(layer_types) != layers:
-        raise ValueError(f"num_attention_heads_per_layer and layer_types need one entry for each of {layers} layers")
+    check_layer_lists(layers, num_attention_heads_per_layer=per_layer, layer_types=layer_types)
     gating = cfg.get("gating", True)
     if gating not in (True, "per-head", "per-element"):
         raise ValueError(f"gating {gating!r} is not one transformers reads (true, 'per-head' or 'per-element')")

@@ -4,6 +4,8 @@ layer's MLP dense or Qwen3-MoE's experts (`mlp_layer_types`: softmax over every 
 `norm_topk_prob`). Its model is the Llama family's; its MTP layer (`mtp.*`) is left unread."""
 from __future__ import annotations
 
+from engine.layer_lists import check_layer_lists
+
 MELLUM = "MellumForCausalLM"
 # transformers' MellumConfig defaults for what a config.json may leave out.
 DEFAULTS = dict(num_attention_heads=32, num_key_value_heads=4, head_dim=128, sliding_window=1024, num_local_experts=64,
@@ -17,8 +19,7 @@ def mellum_keys(cfg: dict) -> dict:
     layers = int(cfg["num_hidden_layers"])
     layer_types = cfg.get("layer_types") or ["full_attention"] * layers
     mlp_types = cfg.get("mlp_layer_types") or ["sparse"] * layers
-    if len(layer_types) != layers or len(mlp_types) != layers:
-        raise ValueError(f"layer_types and mlp_layer_types need one entry for each of {layers} layers")
+    check_layer_lists(layers, layer_types=layer_types, mlp_layer_types=mlp_types)
     rope = cfg.get("rope_parameters") or ROPE_DEFAULTS
     if any(float((rope.get(kind) or {}).get("partial_rotary_factor", 1.0)) != 1.0 for kind in ROPE_DEFAULTS):
         # transformers' Mellum builds RoPE a layer type that narrow, then turns whole heads by it and fails

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.layer_lists import check_layer_lists
+
 MIMO_V2_FLASH = "MiMoV2FlashForCausalLM"
 ROPE_DEFAULTS = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
                  "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
@@ -31,8 +33,7 @@ def mimo_v2_flash_keys(cfg: dict) -> dict:
     layer_types = cfg.get("layer_types") or ["full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
                                              for i in range(layers)]
     mlp_types = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
-    if len(layer_types) != layers or len(mlp_types) != layers:
-        raise ValueError(f"layer_types and mlp_layer_types need one entry for each of {layers} layers")
+    check_layer_lists(layers, layer_types=layer_types, mlp_layer_types=mlp_types)
     if cfg.get("attention_bias"):
         raise ValueError("attention_bias is not supported for MiMo-V2-Flash (its releases have none)")
     if int(cfg["v_head_dim"]) > int(cfg["head_dim"]):
