@@ -22,7 +22,7 @@ DEFAULTS = dict(num_attention_heads=64, num_key_value_heads=4, head_dim=192, v_h
 class MiMoV2FlashLayout:
     v_head_dim: int  # each v head's width (q's and k's: head_dim); widened with zeros in the pages
     value_scale: float  # v's projection scaled by it
-    full_kv_heads: int  # a full layer's KV heads, the first of its pages' (a sliding layer's: all, twice as many)
+    full_kv_heads: int  # a full layer's KV heads, every other one of its pages' (a sliding layer's: all, twice as many)
 
 
 def mimo_v2_flash_keys(cfg: dict) -> dict:

@@ -56,6 +56,7 @@ from engine.models.layer_norm_llama import (
 )
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
+from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from engine.models.minicpm3 import MiniCPM3ForCausalLM
 from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS, DbrxForCausalLM, MptForCausalLM
 from engine.models.nanochat import NanoChatForCausalLM
@@ -82,7 +83,7 @@ SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3For
                 BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
                 PhimoeForCausalLM, DbrxForCausalLM, FalconForCausalLM, GPT2LMHeadModel, GPTBigCodeForCausalLM,
                 StableLmForCausalLM, MiniCPM3ForCausalLM, NanoChatForCausalLM, PersimmonForCausalLM,
-                Kolibri1ForCausalLM, FlintForCausalLM, AXK1ForCausalLM)
+                Kolibri1ForCausalLM, FlintForCausalLM, AXK1ForCausalLM, MiMoV2FlashForCausalLM)
 # q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's, GPTBigCode's without multi_query; Falcon's, or
 # a group of q heads and their k and v head at a time): a rank's run of rows is its heads' all three.
 HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM",
@@ -116,7 +117,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
                          f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
                          f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
                          f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM, MiniCPM3, "
-                         f"nanochat, Persimmon, Kolibri-1, Flint, A.X K1 so far, not {config.architecture}")
+                         f"nanochat, Persimmon, Kolibri-1, Flint, A.X K1, MiMo-V2-Flash so far, "
+                         f"not {config.architecture}")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),
@@ -132,6 +134,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     widths = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
               "intermediate_size": config.intermediate_size, "moe_intermediate_size": config.moe.moe_intermediate_size,
               "shared_expert_intermediate_size": config.moe.shared_expert_intermediate_size}
+    if config.mimo_v2_flash is not None:
+        widths["full layers' num_kv_heads"] = config.mimo_v2_flash.full_kv_heads
     if config.mla is not None:
         del widths["num_kv_heads"]  # MLA's one latent row a token serves every head: whole on each rank
     for layer, heads in enumerate(config.layer_num_heads or ()):
@@ -166,9 +170,11 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     num_kv_heads = config.num_kv_heads if config.mla is not None else config.num_kv_heads // size
     vocab_size = vocabulary_share(config, size) if size > 1 and splits_vocabulary(config) else config.vocab_size
     layer_num_heads = None if config.layer_num_heads is None else tuple(n // size for n in config.layer_num_heads)
+    mimo_v2_flash = config.mimo_v2_flash and dataclasses.replace(
+        config.mimo_v2_flash, full_kv_heads=config.mimo_v2_flash.full_kv_heads // size)
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
                                intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size,
-                               layer_num_heads=layer_num_heads)
+                               layer_num_heads=layer_num_heads, mimo_v2_flash=mimo_v2_flash)
 
 
 def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:

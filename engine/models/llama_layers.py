@@ -147,11 +147,15 @@ class Attention(nn.Module):
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """Attention's output [T, Hq, D] through o_proj (with the step's LoRA delta): [T, hidden]."""
-        attended = out.view(out.shape[0], self.config.q_size)
+        attended = self._attended(out)
         projected = self.kernels.linear(attended, self.o_weight, self.o_bias)
         if self.lora is not None:
             projected = self.lora.add("o", attended, projected)
         return projected if self.rank_sum is None else self.rank_sum(projected)
+
+    def _attended(self, out: torch.Tensor) -> torch.Tensor:
+        """o_proj's input [T, in] of attention's output [T, Hq, D]."""
+        return out.view(out.shape[0], self.config.q_size)
 
 
 class GatedOutputAttention(Attention):

@@ -2,8 +2,10 @@
 than q's and k's, its sliding-window layers with twice the full layers' KV heads and a sink a head, RoPE over part of
 each head at a theta a layer type, and DeepSeek-V3's routing without shared experts.
 
-The pages hold a sliding layer's KV heads, `head_dim` wide: a full layer writes and reads the first of them, and every
-v head is widened with zeros to `head_dim` in them (attention over zeros gives zeros, dropped before o_proj)."""
+The pages hold a sliding layer's KV heads, `head_dim` wide: a full layer writes and reads every other one of them (every
+`ratio`-th, as many as it has), so that a rank's run of the pages' heads holds its share of a full layer's heads too and
+split and whole workers' pages are alike; every v head is widened with zeros to `head_dim` in them (attention over
+zeros gives zeros, dropped before o_proj)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.lora import LoRAError, Target
+from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import Attention, DecoderLayer
@@ -29,18 +31,20 @@ class NarrowValueAttention(Attention):
         self.o_weight = empty_param(config.hidden_size, config.num_heads * self.v_head_dim, dtype=dtype)
 
     def forward(self, x, cos, sin, kv_cache, meta):
-        heads = self.config.num_kv_heads  # a full layer's: the first of the pages'
-        return super().forward(x, cos, sin, (kv_cache[0][:heads], kv_cache[1][:heads]), meta)
+        stride = kv_cache[0].shape[0] // self.config.num_kv_heads  # a full layer's heads: every stride-th of the pages'
+        return super().forward(x, cos, sin, (kv_cache[0][::stride], kv_cache[1][::stride]), meta)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, num_tokens = self.config, x.shape[0]
-        q, k, v = self.kernels.linear(x, self.qkv_weight).split([cfg.q_size, cfg.kv_size, self.v_size], dim=-1)
+        qkv = self.kernels.linear(x, self.qkv_weight)
+        if self.lora is not None:
+            self.lora.add("qkv", x, qkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, self.v_size], dim=-1)
         v = F.pad(v.view(num_tokens, cfg.num_kv_heads, self.v_head_dim), (0, cfg.head_dim - self.v_head_dim))
         return q.view(num_tokens, cfg.num_heads, cfg.head_dim), k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), v
 
-    def _output(self, out: torch.Tensor) -> torch.Tensor:
-        attended = out[..., :self.v_head_dim].reshape(out.shape[0], -1)
-        return self.kernels.linear(attended, self.o_weight)
+    def _attended(self, out: torch.Tensor) -> torch.Tensor:
+        return out[..., :self.v_head_dim].reshape(out.shape[0], -1)
 
 
 class MiMoV2FlashForCausalLM(LlamaForCausalLM):
@@ -62,13 +66,17 @@ class MiMoV2FlashForCausalLM(LlamaForCausalLM):
         names = [p + f"{x}_proj.weight" for x in "qkvo"]
         return names + [p + "sinks"] if layer in self.config.sliding_layers else names
 
+    def _qkv_rows(self, layer: int) -> dict[str, tuple[int, int]]:
+        """Where q's, k's and v's projections lie in layer `layer`'s fused one: its own KV heads, v's narrower."""
+        attn = self.layers[layer].attn
+        q, kv = attn.config.q_size, attn.config.kv_size
+        return {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + kv + attn.v_size)}
+
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".")
         if len(parts) == 6 and parts[3] == "self_attn" and parts[4] in ("q_proj", "k_proj", "v_proj"):
-            attn = self.layers[int(parts[2])].attn
-            q, kv = attn.config.q_size, attn.config.kv_size
-            lo, hi = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + kv + attn.v_size)}[parts[4]]
-            return attn.qkv_weight.data[lo:hi]
+            lo, hi = self._qkv_rows(int(parts[2]))[parts[4]]
+            return self.layers[int(parts[2])].attn.qkv_weight.data[lo:hi]
         return super()._target(name)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,5 +84,13 @@ class MiMoV2FlashForCausalLM(LlamaForCausalLM):
             tensor = tensor * self.config.mimo_v2_flash.value_scale
         return super()._placed(name, tensor)
 
-    def lora_target(self, module: str) -> Target | None:
-        raise LoRAError("LoRA adapters are not supported for MiMo-V2-Flash yet")
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        rows = self._qkv_rows(layer)
+        if place == "self_attn" and proj in rows:
+            return layer, "qkv", *rows[proj]
+        return None if place == "self_attn" and proj == "qkv_proj" else super()._lora_rows(layer, place, proj)
+
+    def lora_matrices(self, module: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if module.endswith("self_attn.v_proj"):  # inside v's projection, scaled with it
+            b = b * self.config.mimo_v2_flash.value_scale
+        return super().lora_matrices(module, a, b)

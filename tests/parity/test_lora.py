@@ -96,14 +96,17 @@ def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs,
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["gemma4-e", "gemma4-k-eq-v"])
-def test_an_adapter_on_gemma4s_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name):
+@pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
+                                        ("mimo-v2-flash", 2)])
+def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
-    values are keys, MLPs twice as wide in the sharing layers; an adapter on every projection each has."""
+    values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
+    ones' KV heads, its v heads are narrower than k's and scaled, and only its first MLP is dense. An adapter on every
+    projection each has (`size`: the model split across that many ranks)."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     merged = make_adapter(tmp_path / "all", base, ALL_PROJECTIONS, 4, 8.0, False, seed=5)
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64,
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=size,
                                     lora_modules=(("all", str(tmp_path / "all")),)))
     for n in (17, 40):
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)

@@ -53,6 +53,7 @@ def _pool_files(pid: int) -> list[str]:
     ("encoder", 2, "Llama family"),
     ("stablelm-parallel", 2, "StableLM's q and k layer-normed a head"),
     ("gpt-bigcode", 2, "must divide the model's num_kv_heads (1)"),  # multi_query's one k and v head
+    ("mimo-v2-flash", 4, "must divide the model's full layers' num_kv_heads (2)"),  # (its pages hold 4)
 ])
 def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_starts(tiny_model_dirs, tmp_path, name, size,
                                                                              refusal):
@@ -75,6 +76,20 @@ def test_a_model_whose_layers_have_their_own_q_heads_is_split_only_where_each_la
     check_shardable(config, 4, "cpu")
     with pytest.raises(ValueError, match=r"must divide the model's layer 1's num_heads \(6\)"):
         check_shardable(dataclasses.replace(config, layer_num_heads=(8, 6, 8)), 4, "cpu")
+
+
+def test_a_split_mimo_v2_flash_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs):
+    """MiMo-V2-Flash's full layers have half the pages' KV heads: each writes every other one of them, so that a
+    rank's run of the pages' heads holds its share of a full layer's too, and a split worker's pages can be handed to
+    an unsplit one (and back) as they are."""
+    pools = {}
+    for size in (1, 2):
+        engine = _engine(tiny_model_dirs["mimo-v2-flash"], size)
+        run_all(engine, {"a": (list(range(3, 70)), SamplingParams(max_tokens=1, temperature=0.0))})
+        pools[size] = engine.runner.kv_pool.tensor.clone()
+        engine.close()
+    assert pools[1].abs().sum() > 0
+    torch.testing.assert_close(pools[2], pools[1], atol=1e-5, rtol=1e-4)
 
 
 def _anonymous_bytes(pid: int) -> int:

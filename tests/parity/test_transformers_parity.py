@@ -202,7 +202,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
-                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1")
+                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
