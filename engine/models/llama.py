@@ -181,11 +181,10 @@ class LlamaForCausalLM(nn.Module):
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         """`lora_target` of `place`'s (self_attn, mlp) projection `proj` of `layer`."""
-        cfg = self.config
-        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        cfg, inter = self.config, self.config.intermediate_size
         if place == "self_attn":
-            rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
-                    "qkv_proj": (0, q + 2 * kv)}
+            rows = self._qkv_rows(layer)
+            rows["qkv_proj"] = (0, rows["v_proj"][1])
             if proj == "o_proj":
                 return layer, "o", 0, cfg.hidden_size
             return (layer, "qkv", *rows[proj]) if proj in rows else None
@@ -196,6 +195,13 @@ class LlamaForCausalLM(nn.Module):
                 return layer, "down", 0, cfg.hidden_size
             return (layer, "gate_up", *rows[proj]) if proj in rows else None
         return None
+
+    def _qkv_rows(self, layer: int) -> dict[str, tuple[int, int]]:
+        """Where q's, k's and v's projections lie in layer `layer`'s fused one: its own q heads where the model gives
+        each layer its own (ModelConfig.layer_num_heads)."""
+        cfg = self.config
+        q = cfg.q_size if cfg.layer_num_heads is None else cfg.layer_num_heads[layer] * cfg.head_dim
+        return {"q_proj": (0, q), "k_proj": (q, q + cfg.kv_size), "v_proj": (q + cfg.kv_size, q + 2 * cfg.kv_size)}
 
     def lora_matrices(self, module: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """An adapter's A and B on projection `module` as this model holds the projection: q's and k's B rows
@@ -381,10 +387,7 @@ class LlamaForCausalLM(nn.Module):
         parts = name.split(".")
         layer = self.layers[int(parts[2])]
         module, leaf = parts[3], ".".join(parts[4:])
-        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-        if cfg.layer_num_heads is not None:  # the layer's own q heads
-            q = cfg.layer_num_heads[int(parts[2])] * cfg.head_dim
-        qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+        inter = cfg.intermediate_size
         if module == "self_attn":
             if parts[4] == "sinks":
                 return layer.attn.sinks.data
@@ -395,7 +398,7 @@ class LlamaForCausalLM(nn.Module):
                 return layer.attn.g_weight.data
             if proj in ("q_norm", "k_norm", "query_layernorm", "key_layernorm"):
                 return (layer.attn.q_norm if proj in ("q_norm", "query_layernorm") else layer.attn.k_norm).data
-            lo, hi = qkv_rows[proj]
+            lo, hi = self._qkv_rows(int(parts[2]))[proj]
             return (layer.attn.qkv_weight if kind == "weight" else layer.attn.qkv_bias).data[lo:hi]
         if module in ("mlp", "block_sparse_moe") and isinstance(layer.mlp, SparseMoE):
             if parts[4] == "e_score_correction_bias":  # beside the router (MiniMax-M2's)

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import Attention, DecoderLayer
@@ -72,23 +71,10 @@ class MiMoV2FlashForCausalLM(LlamaForCausalLM):
         q, kv = attn.config.q_size, attn.config.kv_size
         return {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + kv + attn.v_size)}
 
-    def _target(self, name: str) -> torch.Tensor:
-        parts = name.split(".")
-        if len(parts) == 6 and parts[3] == "self_attn" and parts[4] in ("q_proj", "k_proj", "v_proj"):
-            lo, hi = self._qkv_rows(int(parts[2]))[parts[4]]
-            return self.layers[int(parts[2])].attn.qkv_weight.data[lo:hi]
-        return super()._target(name)
-
     def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name.endswith(".self_attn.v_proj.weight"):  # its values scaled, as transformers scales v's projection
             tensor = tensor * self.config.mimo_v2_flash.value_scale
         return super()._placed(name, tensor)
-
-    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
-        rows = self._qkv_rows(layer)
-        if place == "self_attn" and proj in rows:
-            return layer, "qkv", *rows[proj]
-        return None if place == "self_attn" and proj == "qkv_proj" else super()._lora_rows(layer, place, proj)
 
     def lora_matrices(self, module: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if module.endswith("self_attn.v_proj"):  # inside v's projection, scaled with it

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, DecoderLayer, GatedOutputAttention
@@ -85,6 +84,3 @@ class Step3p7ForCausalLM(LlamaForCausalLM):
         if parts[5] == "down_proj":
             return mlp.down_weight.data
         return mlp.gate_up_weight.data[:, :inter] if parts[5] == "gate_proj" else mlp.gate_up_weight.data[:, inter:]
-
-    def lora_target(self, module: str) -> Target | None:
-        raise LoRAError("LoRA adapters are not supported for Step-3.7 yet")

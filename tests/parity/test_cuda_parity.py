@@ -11,8 +11,8 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.cuda import needs_cuda
 from tests.parity.conftest import TINY_MODELS
-from tests.parity.test_lora import _last_logits, served  # noqa: F401  (served: the adapters, a fixture)
-from tests.parity.test_transformers_parity import _check_greedy, _check_logits, _random_prompt
+from tests.parity.test_lora import served  # noqa: F401  (the adapters, a fixture)
+from tests.parity.test_transformers_parity import _check_greedy, _check_logits, _prefill_logits, _random_prompt
 
 pytestmark = needs_cuda
 
@@ -43,5 +43,5 @@ def test_adapters_on_cuda_give_transformers_logits_with_their_deltas_merged(serv
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():
             ref = merged[lora_name](torch.tensor([prompt])).logits[0, -1]
-        diff = (_last_logits(engine, prompt, lora_name).cpu() - ref).abs().max().item()
+        diff = (_prefill_logits(engine, prompt, lora_name) - ref).abs().max().item()
         assert diff < 1e-4, f"adapter {lora_name}: prompt of {n} tokens, max |logit diff| {diff}"

@@ -15,10 +15,9 @@ from engine.llm_engine import LLMEngine
 from engine.lora import LoRAError
 from engine.lora_manager import LoRAConflictError
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
 from tests.parity.conftest import transformers
-from tests.parity.test_transformers_parity import _hf_model, _random_prompt
+from tests.parity.test_transformers_parity import _hf_model, _prefill_logits, _random_prompt
 
 pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
 
@@ -38,21 +37,6 @@ def served(tiny_model_dirs, tmp_path_factory):
     return engine, merged, root
 
 
-def _last_logits(engine: LLMEngine, prompt: list[int], lora_name: str | None) -> torch.Tensor:
-    seq = Sequence("logits", prompt, SamplingParams(max_tokens=1, lora_name=lora_name), engine.config.block_size)
-    engine.block_manager.allocate(seq)
-    from engine.batch import ScheduledBatch
-
-    logits = None
-    while seq.num_computed_tokens < seq.num_tokens:
-        batch = ScheduledBatch()
-        batch.add(seq, min(engine.config.max_num_batched_tokens, seq.num_uncomputed_tokens))
-        _, logits = engine.runner.forward(batch)
-        seq.num_computed_tokens += batch.num_new_tokens[0]
-    engine.block_manager.free(seq)
-    return logits[0]
-
-
 @pytest.mark.parametrize("lora_name", [None, "tuned", "qv"])
 def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lora_name):
     engine, merged, _ = served
@@ -60,13 +44,13 @@ def test_each_adapter_gives_transformers_logits_with_its_delta_merged(served, lo
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():
             ref = merged[lora_name](torch.tensor([prompt])).logits[0, -1]
-        diff = (_last_logits(engine, prompt, lora_name) - ref).abs().max().item()
+        diff = (_prefill_logits(engine, prompt, lora_name) - ref).abs().max().item()
         assert diff < 1e-4, f"adapter {lora_name}: prompt of {n} tokens, max |logit diff| {diff}"
     others = {name: merged[name] for name in merged if name != lora_name}
     prompt = _random_prompt(17, engine.model_config.vocab_size, seed=17)
+    ours = _prefill_logits(engine, prompt, lora_name)
     with torch.no_grad():  # and the adapters differ enough for this to tell them apart
-        assert all((other(torch.tensor([prompt])).logits[0, -1] - _last_logits(engine, prompt, lora_name)).abs().max()
-                   > 1e-2 for other in others.values())
+        assert all((other(torch.tensor([prompt])).logits[0, -1] - ours).abs().max() > 1e-2 for other in others.values())
 
 
 UNGATED_TARGETS = {"arcee": ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "mlp.down_proj"),
@@ -92,17 +76,18 @@ def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs,
     prompt = _random_prompt(17, engine.model_config.vocab_size, seed=17)
     with torch.no_grad():
         ref = merged(torch.tensor([prompt])).logits[0, -1]
-    assert (_last_logits(engine, prompt, "adapter") - ref).abs().max().item() < 1e-4
+    assert (_prefill_logits(engine, prompt, "adapter") - ref).abs().max().item() < 1e-4
     engine.close()
 
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
-                                        ("mimo-v2-flash", 2)])
+                                        ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
-    ones' KV heads, its v heads are narrower than k's and scaled, and only its first MLP is dense. An adapter on every
-    projection each has (`size`: the model split across that many ranks)."""
+    ones' KV heads, its v heads are narrower than k's and scaled, and only its first MLP is dense; Laguna's layers
+    each have their own q heads. An adapter on every projection each has (`size`: the model split across that many
+    ranks)."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     merged = make_adapter(tmp_path / "all", base, ALL_PROJECTIONS, 4, 8.0, False, seed=5)
@@ -112,7 +97,7 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():
             ref = merged(torch.tensor([prompt])).logits[0, -1]
-        assert (_last_logits(engine, prompt, "all") - ref).abs().max().item() < 1e-4
+        assert (_prefill_logits(engine, prompt, "all") - ref).abs().max().item() < 1e-4
     engine.close()
 
 
@@ -132,7 +117,7 @@ def test_an_adapter_on_a_multimodal_models_language_model(tmp_path):
     prompt = _random_prompt(40, engine.model_config.vocab_size, seed=40)
     with torch.no_grad():
         ref = merged(input_ids=torch.tensor([prompt])).logits[0, -1]
-    assert (_last_logits(engine, prompt, "text") - ref).abs().max().item() < 1e-4
+    assert (_prefill_logits(engine, prompt, "text") - ref).abs().max().item() < 1e-4
     tower = tmp_path / "tower"
     tower.mkdir()
     (tower / "adapter_config.json").write_text((tmp_path / "text" / "adapter_config.json").read_text())
@@ -361,7 +346,7 @@ def test_a_model_split_across_ranks_serves_adapters_as_transformers_merges_them(
         prompt = _random_prompt(100, vocab, seed=5)  # chunked by the budget of 64
         with torch.no_grad():
             ref = merged[name](torch.tensor([prompt])).logits[0, -1]
-        assert (_last_logits(engine, prompt, name) - ref).abs().max().item() < 1e-4, name
+        assert (_prefill_logits(engine, prompt, name) - ref).abs().max().item() < 1e-4, name
     prompt = _random_prompt(30, vocab, seed=6)
 
     def greedy(*names: str | None) -> dict[str, list[int]]:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.lora import LoRAError
 from engine.model_config_loader import ModelConfigError, load_model_config
+from tests.lora_adapters import ALL_PROJECTIONS, make_adapter
 from tests.parity.conftest import COMMON, transformers
 from tests.parity.test_transformers_parity import (
     PROMPT_LENGTHS,
@@ -160,13 +160,23 @@ def test_what_it_cannot_serve_is_refused_by_name(step3p7, tmp_path, changes, ref
 
 
 @pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
-def test_a_split_across_two_ranks_is_transformers_and_adapters_are_refused_by_name(step3p7):
-    """Each rank its share of every layer's own q heads, gates, stacked experts and shared expert."""
-    engine = _engine(step3p7, max_num_batched_tokens=32, tensor_parallel_size=2)
-    _check_logits(engine, step3p7)
-    results = _mixed_greedy(engine)
-    for i, prompt in enumerate(_mixed_prompts(512)):
-        assert results[i] == _hf_greedy(step3p7, prompt, len(results[i])), f"request {i} ({len(prompt)} tokens)"
-    with pytest.raises(LoRAError, match="Step-3.7"):
-        engine.runner.model.lora_target("model.layers.0.self_attn.q_proj")
+@pytest.mark.parametrize("size", [1, 2])
+def test_an_adapter_computes_as_its_merged_model_whole_and_split_across_two_ranks(step3p7, tmp_path, size):
+    """Each rank its share of every layer's own q heads, gates, stacked experts and shared expert; an adapter on
+    every attention and dense MLP projection (a sliding layer's q twice as wide as a full one's) named as PEFT names
+    the multimodal model's, beside the base model."""
+    merged = make_adapter(tmp_path / "adapter", _hf(step3p7), ALL_PROJECTIONS, 4, 8.0, False, seed=3,
+                          layers="model.language_model.layers")
+    engine = _engine(step3p7, max_num_batched_tokens=32, tensor_parallel_size=size,
+                     lora_modules=(("tuned", str(tmp_path / "adapter")),))
+    if size == 2:
+        _check_logits(engine, step3p7)
+        results = _mixed_greedy(engine)
+        for i, prompt in enumerate(_mixed_prompts(512)):
+            assert results[i] == _hf_greedy(step3p7, prompt, len(results[i])), f"request {i} ({len(prompt)} tokens)"
+    for n in (17, 40):
+        prompt = _random_prompt(n, 512, seed=n)
+        with torch.no_grad():
+            ref = merged(input_ids=torch.tensor([prompt])).logits[0, -1]
+        assert (_prefill_logits(engine, prompt, "tuned") - ref).abs().max().item() < 1e-4
     engine.close()

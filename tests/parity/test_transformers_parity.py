@@ -56,9 +56,10 @@ def _engine(model_dir: Path, **overrides) -> LLMEngine:
     return LLMEngine(EngineConfig(**{**cfg, **overrides}))
 
 
-def _prefill_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
-    """Last-position logits of one prompt, through the paged path (chunked by the budget)."""
-    seq = Sequence("logits", prompt, SamplingParams(max_tokens=1), engine.config.block_size)
+def _prefill_logits(engine: LLMEngine, prompt: list[int], lora_name: str | None = None) -> torch.Tensor:
+    """Last-position logits of one prompt (under LoRA adapter `lora_name`), through the paged path (chunked by the
+    budget)."""
+    seq = Sequence("logits", prompt, SamplingParams(max_tokens=1, lora_name=lora_name), engine.config.block_size)
     engine.block_manager.allocate(seq)
     budget = engine.config.max_num_batched_tokens
     logits = None
