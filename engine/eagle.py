@@ -31,9 +31,11 @@ from engine.eagle_config import EagleConfig
 from engine.kv_pool import KVPool
 from engine.linear_attention_config import HYBRID_LINEAR
 from engine.mamba_config import NEMOTRON_H
+from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
+from engine.models.mimo_v2_flash_mtp import mimo_v2_flash_mtp_config
 from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
 from engine.models.nemotron_h_mtp import nemotron_h_mtp_config
 from engine.models.qwen3_next_mtp import qwen3_next_mtp_config
@@ -86,16 +88,19 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
     return dataclasses.replace(config, architecture=HEAD_ARCHITECTURES[method], eagle=eagle)
 
 
-def load_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
+def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = False) -> ModelConfig:
     """The multi-token prediction layer in `model_dir`'s checkpoint (the target's own, or a copy) as a head
-    drafting for `target`; ValueError where it has none Baton reads."""
+    drafting for `target` (`split_target`: split across tensor-parallel ranks, each holding a share of its embeddings
+    and LM head); ValueError where it has none Baton reads."""
     if target.architecture in HYBRID_LINEAR:
         return _qwen3_next_mtp_config(model_dir, target)
     if target.architecture == NEMOTRON_H:
         return _nemotron_h_mtp_config(model_dir, target)
+    if target.architecture == MIMO_V2_FLASH:
+        return _mimo_v2_flash_mtp_config(model_dir, target, split_target)
     if target.architecture not in MTP_HEADS:
         raise ValueError(f"{target.architecture} checkpoints carry no multi-token prediction layer Baton reads "
-                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR, NEMOTRON_H])} do)")
+                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR, NEMOTRON_H, MIMO_V2_FLASH])} do)")
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     num_mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
     if num_mtp_layers != 1:
@@ -138,6 +143,15 @@ def _nemotron_h_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
                          "leave it out")
     return nemotron_h_mtp_config(target, list(raw.get("mtp_layers_block_type") or
                                               raw.get("mtp_hybrid_override_pattern") or ""))
+
+
+def _mimo_v2_flash_mtp_config(model_dir: str, target: ModelConfig, split_target: bool) -> ModelConfig:
+    """MiMo-V2-Flash's first MTP layer (engine/models/mimo_v2_flash_mtp.py), its tensors under `model.mtp.layers.0.`;
+    the checkpoint's others are left unread, as vLLM leaves them."""
+    if "model.mtp.layers.0.eh_proj.weight" not in checkpoint_files(model_dir):
+        raise ValueError(f"{model_dir}: the checkpoint has no MTP layer (model.mtp.layers.0.eh_proj.weight); some "
+                         "releases leave it out")
+    return mimo_v2_flash_mtp_config(target, reads_vocabulary=split_target)
 
 
 @dataclass(eq=False)
@@ -241,7 +255,8 @@ class EagleDrafter(DraftModel):
                  dtype: torch.dtype, device: str, max_positions: int, reads_served_checkpoint: bool = False) -> None:
         """ValueError for a head that cannot draft for `target`'s model. `reads_served_checkpoint`: `model_dir` is
         the checkpoint the target serves (an MTP layer's), whose weight updates it reads too."""
-        config = load_mtp_config(model_dir, target.model_config) if method == "mtp" else \
+        config = load_mtp_config(model_dir, target.model_config, target.model.vocabulary is not None) \
+            if method == "mtp" else \
             load_head_config(model_dir, method, target.model_config)
         self._masks_first = config.eagle.masks_first  # the first position's embedding: engine/models/mtp.py
         self.reads_served_checkpoint = reads_served_checkpoint

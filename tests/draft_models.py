@@ -229,6 +229,38 @@ def with_nemotron_h_mtp_layer(model_dir, target_dir, seed: int = 0):
     return target_dir
 
 
+def with_mimo_v2_flash_mtp_layers(model_dir, target_dir, seed: int = 0):
+    """A copy of a MiMo-V2-Flash checkpoint with the multi-token prediction layers its releases carry under
+    `model.mtp.layers.` (two here, num_nextn_predict_layers 2), by the release's names: each a sliding-window
+    attention shaped as the model's sliding layers' (`attention_sink_bias` its sinks) and a dense MLP shaped as its
+    first layer's (`pre_mlp_layernorm` before it), random, with `enorm`, `hnorm`, `eh_proj` and `final_layernorm`."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    (target_dir / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 2}))
+    tensors = load_file(target_dir / "model.safetensors")
+    sliding = config["layer_types"].index("sliding_attention")
+    dense = config["mlp_layer_types"].index("dense")
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config["hidden_size"]
+    like = random_like(generator)
+    norm = tensors["model.norm.weight"]
+    for mtp in ("model.mtp.layers.0.", "model.mtp.layers.1."):
+        for name, t in list(tensors.items()):
+            if name.startswith((f"model.layers.{sliding}.self_attn.", f"model.layers.{sliding}.input_layernorm.")):
+                stored = name.replace(".self_attn.sinks", ".self_attn.attention_sink_bias")
+                tensors[stored.replace(f"model.layers.{sliding}.", mtp, 1)] = like(t)
+            elif name.startswith((f"model.layers.{dense}.mlp.", f"model.layers.{dense}.post_attention_layernorm.")):
+                stored = name.replace(".post_attention_layernorm.", ".pre_mlp_layernorm.")
+                tensors[stored.replace(f"model.layers.{dense}.", mtp, 1)] = like(t)
+        tensors |= {mtp + "enorm.weight": like(norm), mtp + "hnorm.weight": like(norm),
+                    mtp + "eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=generator) / hidden,
+                    mtp + "final_layernorm.weight": like(norm)}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir
+
+
 def random_like(generator):
     """A random tensor shaped as the one it is given: a vector (a norm, a bias) about its mean, a matrix scaled by
     its inputs' count."""

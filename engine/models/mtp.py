@@ -44,8 +44,17 @@ class JoinedInputs:
         self.fc_weight = empty_param(hidden, 2 * hidden, dtype=dtype)
 
     def share(self, target) -> None:
-        """Compute with the target's embeddings and LM head (the very tensors: a weight update reaches both)."""
-        self.embed, self.lm_head = target.embed, target.lm_head
+        """Compute with the target's embeddings and LM head (the very tensors: a weight update reaches both), unless
+        it has read them whole from the checkpoint (EagleConfig.has_embeddings: a target split across ranks holds a
+        share of each)."""
+        if not self.config.eagle.has_embeddings:
+            self.embed, self.lm_head = target.embed, target.lm_head
+
+    def _vocabulary_names(self) -> list[str]:
+        """The target's embeddings and LM head, where the head reads them whole."""
+        if not self.config.eagle.has_embeddings:
+            return []
+        return ["model.embed_tokens.weight", *([] if self.config.tie_word_embeddings else ["lm_head.weight"])]
 
     def combine(self, features: torch.Tensor) -> torch.Tensor:
         return features  # the target's last hidden states, as they are

@@ -28,7 +28,7 @@ from tests.draft_models import (
 )
 from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs
 from tests.parity.test_hybrid_models import _greedy
-from tests.parity.test_mtp import PARAMS, PROMPTS, _first_drafts
+from tests.parity.test_mtp import PARAMS, PROMPTS, _first_drafts, causal_mask, greedy_drafts
 from tests.parity.test_transformers_parity import _mixed_prompts
 from tests.unit.test_draft_model import _run
 from tests.unit.test_speculative import assert_same_outputs
@@ -89,23 +89,15 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
         return module
 
     embedding_norm, hidden_norm, final_norm = norm("pre_fc_norm_embedding"), norm("pre_fc_norm_hidden"), norm("norm")
-    tokens = prompt[1:] + [first]
-    drafts = []
-    with torch.no_grad():
-        for _ in range(num_drafts):
-            n = len(tokens)
-            x = torch.cat((embedding_norm(target.model.embed_tokens(torch.tensor(tokens))), hidden_norm(features)),
-                          dim=-1)
-            x = (x @ tensors["fc.weight"].T)[None]
-            positions = torch.arange(n)[None]
-            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-            output = final_norm(layer(x, attention_mask=mask, position_ids=positions,
-                                      position_embeddings=rope(x, positions))[0])
-            token = int(target.lm_head(output[-1]).argmax())
-            drafts.append(token)
-            tokens.append(token)
-            features = torch.cat((features, output[-1:]))
-    return drafts
+
+    def through(tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        x = torch.cat((embedding_norm(target.model.embed_tokens(torch.tensor(tokens))), hidden_norm(features)), dim=-1)
+        x = (x @ tensors["fc.weight"].T)[None]
+        positions = torch.arange(len(tokens))[None]
+        return final_norm(layer(x, attention_mask=causal_mask(len(tokens)), position_ids=positions,
+                                position_embeddings=rope(x, positions))[0])
+
+    return greedy_drafts(prompt[1:] + [first], features, num_drafts, through, target.lm_head)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -321,23 +313,15 @@ def _nemotron_reference_drafts(model_dir, prompt: list[int], num_drafts: int) ->
     def rms(x, weight):
         return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.layer_norm_epsilon)
 
-    tokens = prompt[1:] + [first]
-    drafts = []
-    with torch.no_grad():
-        for _ in range(num_drafts):
-            n = len(tokens)
-            embedded = target.get_input_embeddings()(torch.tensor(tokens))
-            x = torch.cat((rms(embedded, tensors["0.enorm.weight"]), rms(features, tensors["0.hnorm.weight"])), dim=-1)
-            x = (x @ tensors["0.eh_proj.weight"].T)[None]
-            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-            for block in blocks:
-                x = block(x, attention_mask=mask)
-            output = rms(x[0], tensors["1.final_layernorm.weight"])
-            token = int(target.lm_head(output[-1]).argmax())
-            drafts.append(token)
-            tokens.append(token)
-            features = torch.cat((features, output[-1:]))
-    return drafts
+    def through(tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        embedded = target.get_input_embeddings()(torch.tensor(tokens))
+        x = torch.cat((rms(embedded, tensors["0.enorm.weight"]), rms(features, tensors["0.hnorm.weight"])), dim=-1)
+        x = (x @ tensors["0.eh_proj.weight"].T)[None]
+        for block in blocks:
+            x = block(x, attention_mask=causal_mask(len(tokens)))
+        return rms(x[0], tensors["1.final_layernorm.weight"])
+
+    return greedy_drafts(prompt[1:] + [first], features, num_drafts, through, target.lm_head)
 
 
 @pytest.mark.parametrize("length", [37, 3])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -54,6 +55,27 @@ def test_a_target_split_across_ranks_drafts_with_its_mtp_layer_on_rank_0(mtp_mod
     assert scheduler.drafting.num_draft_tokens > 0
 
 
+def greedy_drafts(tokens: list[int], features: torch.Tensor, num_drafts: int,
+                  through: Callable[[list[int], torch.Tensor], torch.Tensor],
+                  logits_of: Callable[[torch.Tensor], torch.Tensor]) -> list[int]:
+    """An MTP layer's greedy drafts, chained as vLLM chains them: `through(tokens, features)` is the layer's output
+    [n, hidden] at each position, from the token after it and the hidden state there; its last row makes the draft
+    (`logits_of`) and is the next draft's hidden state."""
+    drafts = []
+    with torch.no_grad():
+        for _ in range(num_drafts):
+            output = through(tokens, features)
+            token = int(logits_of(output[-1]).argmax())
+            drafts.append(token)
+            tokens = [*tokens, token]
+            features = torch.cat((features, output[-1:]))
+    return drafts
+
+
+def causal_mask(n: int) -> torch.Tensor:
+    return torch.full((n, n), float("-inf")).triu(1)[None, None]
+
+
 def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int]:
     """The MTP layer's greedy drafts after the prompt and the target's first token, as vLLM's layer computes them,
     with transformers' decoder layer of the model (its attention, experts and RoPE) and transformers' hidden states
@@ -100,26 +122,21 @@ def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
         return weight * x
 
+    def through(tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        embedded = tensors["embed_tokens.weight"][torch.tensor(tokens)].clone()
+        embedded[0] = 0.0  # position 0
+        x = torch.cat((rms(embedded, tensors["enorm.weight"]), rms(features, tensors["hnorm.weight"])), dim=-1)
+        x = (x @ tensors["eh_proj.weight"].T)[None]
+        positions = torch.arange(len(tokens))[None]
+        output = layer(x, attention_mask=causal_mask(len(tokens)), position_ids=positions,
+                       position_embeddings=rope(x, positions))
+        return (output[0] if isinstance(output, tuple) else output)[0]  # (GLM-5's returns the indexer's choice)
+
+    def logits_of(last: torch.Tensor) -> torch.Tensor:
+        return rms(last, tensors["shared_head.norm.weight"]) @ tensors["shared_head.head.weight"].T
+
     features = out.hidden_states[-1][0]  # the target's last hidden states, normed
-    tokens = prompt[1:] + [int(out.logits[0, -1].argmax())]
-    drafts = []
-    with torch.no_grad():
-        for _ in range(num_drafts):
-            n = len(tokens)
-            embedded = tensors["embed_tokens.weight"][torch.tensor(tokens)].clone()
-            embedded[0] = 0.0  # position 0
-            x = torch.cat((rms(embedded, tensors["enorm.weight"]), rms(features, tensors["hnorm.weight"])), dim=-1)
-            x = (x @ tensors["eh_proj.weight"].T)[None]
-            positions = torch.arange(n)[None]
-            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-            output = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope(x, positions))
-            output = (output[0] if isinstance(output, tuple) else output)[0]  # (GLM-5's returns the indexer's choice)
-            logits = rms(output[-1], tensors["shared_head.norm.weight"]) @ tensors["shared_head.head.weight"].T
-            token = int(logits.argmax())
-            drafts.append(token)
-            tokens.append(token)
-            features = torch.cat((features, output[-1:]))
-    return drafts
+    return greedy_drafts(prompt[1:] + [int(out.logits[0, -1].argmax())], features, num_drafts, through, logits_of)
 
 
 @pytest.mark.parametrize("name", MODELS)
