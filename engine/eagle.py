@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from engine.architectures import MIMO
 from engine.batch import ScheduledBatch
 from engine.checkpoint import checkpoint_files
 from engine.draft_model import DraftModel, DraftSequence, last_rows
@@ -35,6 +36,7 @@ from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
+from engine.models.mimo_mtp import mimo_mtp_config
 from engine.models.mimo_v2_flash_mtp import mimo_v2_flash_mtp_config
 from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
 from engine.models.nemotron_h_mtp import nemotron_h_mtp_config
@@ -88,6 +90,12 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
     return dataclasses.replace(config, architecture=HEAD_ARCHITECTURES[method], eagle=eagle)
 
 
+# Targets whose checkpoints hold MTP layers under a prefix of their own (Baton drafts with the first): the first's
+# joining projection, and the head's config of the target's (and whether the head reads the embeddings and LM head).
+PREFIXED_MTP_LAYERS = {MIMO_V2_FLASH: ("model.mtp.layers.0.eh_proj.weight", mimo_v2_flash_mtp_config),
+                       MIMO: ("model.mtp_layers.0.input_proj.weight", mimo_mtp_config)}
+
+
 def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = False) -> ModelConfig:
     """The multi-token prediction layer in `model_dir`'s checkpoint (the target's own, or a copy) as a head
     drafting for `target` (`split_target`: split across tensor-parallel ranks, each holding a share of its embeddings
@@ -96,11 +104,14 @@ def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = Fa
         return _qwen3_next_mtp_config(model_dir, target)
     if target.architecture == NEMOTRON_H:
         return _nemotron_h_mtp_config(model_dir, target)
-    if target.architecture == MIMO_V2_FLASH:
-        return _mimo_v2_flash_mtp_config(model_dir, target, split_target)
+    if target.architecture in PREFIXED_MTP_LAYERS:
+        projection, config_of = PREFIXED_MTP_LAYERS[target.architecture]
+        if projection not in checkpoint_files(model_dir):
+            raise ValueError(f"{model_dir}: the checkpoint has no MTP layer ({projection}); some releases leave it out")
+        return config_of(target, split_target)
     if target.architecture not in MTP_HEADS:
         raise ValueError(f"{target.architecture} checkpoints carry no multi-token prediction layer Baton reads "
-                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR, NEMOTRON_H, MIMO_V2_FLASH])} do)")
+                         f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR, NEMOTRON_H, *PREFIXED_MTP_LAYERS])} do)")
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     num_mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
     if num_mtp_layers != 1:
@@ -143,15 +154,6 @@ def _nemotron_h_mtp_config(model_dir: str, target: ModelConfig) -> ModelConfig:
                          "leave it out")
     return nemotron_h_mtp_config(target, list(raw.get("mtp_layers_block_type") or
                                               raw.get("mtp_hybrid_override_pattern") or ""))
-
-
-def _mimo_v2_flash_mtp_config(model_dir: str, target: ModelConfig, split_target: bool) -> ModelConfig:
-    """MiMo-V2-Flash's first MTP layer (engine/models/mimo_v2_flash_mtp.py), its tensors under `model.mtp.layers.0.`;
-    the checkpoint's others are left unread, as vLLM leaves them."""
-    if "model.mtp.layers.0.eh_proj.weight" not in checkpoint_files(model_dir):
-        raise ValueError(f"{model_dir}: the checkpoint has no MTP layer (model.mtp.layers.0.eh_proj.weight); some "
-                         "releases leave it out")
-    return mimo_v2_flash_mtp_config(target, reads_vocabulary=split_target)
 
 
 @dataclass(eq=False)

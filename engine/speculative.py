@@ -26,7 +26,7 @@ METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3"})  # those that draft with a model directory
 # vLLM's older names of its "mtp" method, one a model family
 MTP_ALIASES = frozenset({"deepseek_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "qwen3_next_mtp", "qwen3_5_mtp",
-                         "nemotron_h_mtp"})
+                         "nemotron_h_mtp", "mimo_mtp"})
 
 
 @dataclass(frozen=True)

@@ -261,6 +261,32 @@ def with_mimo_v2_flash_mtp_layers(model_dir, target_dir, seed: int = 0):
     return target_dir
 
 
+def with_mimo_mtp_layers(model_dir, target_dir, seed: int = 0):
+    """A copy of a Qwen2 checkpoint as Xiaomi MiMo's releases lay theirs out (MiMoForCausalLM), with the multi-token
+    prediction layers they carry under `model.mtp_layers.` (two here, num_nextn_predict_layers 2): each a Qwen2
+    decoder layer shaped as the model's last, random, with `token_layernorm`, `hidden_layernorm`, `input_proj` and
+    `final_layernorm`."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    (target_dir / "config.json").write_text(json.dumps({**config, "architectures": ["MiMoForCausalLM"],
+                                                       "model_type": "mimo", "num_nextn_predict_layers": 2}))
+    tensors = load_file(target_dir / "model.safetensors")
+    last = f"model.layers.{config['num_hidden_layers'] - 1}."
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config["hidden_size"]
+    like = random_like(generator)
+    norm = tensors["model.norm.weight"]
+    for mtp in ("model.mtp_layers.0.", "model.mtp_layers.1."):
+        tensors |= {name.replace(last, mtp, 1): like(t) for name, t in list(tensors.items()) if name.startswith(last)}
+        tensors |= {mtp + "token_layernorm.weight": like(norm), mtp + "hidden_layernorm.weight": like(norm),
+                    mtp + "input_proj.weight": torch.randn(hidden, 2 * hidden, generator=generator) / hidden,
+                    mtp + "final_layernorm.weight": like(norm)}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir
+
+
 def random_like(generator):
     """A random tensor shaped as the one it is given: a vector (a norm, a bias) about its mean, a matrix scaled by
     its inputs' count."""

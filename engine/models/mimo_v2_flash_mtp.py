@@ -11,56 +11,26 @@ holding a share of them); no position's embedding is zeroed.
 """
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable
-
 import torch
 
-from engine.attention_metadata import AttentionMetadata
-from engine.eagle_config import EagleConfig
 from engine.model_config import ModelConfig
-from engine.models.llama_layers import KVCache
 from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
-from engine.models.mtp import JoinedInputs, read_own
-from engine.prompt_embeds import GivenEmbeddings
-
-PREFIX = "model.mtp.layers.0."
+from engine.models.mtp import LayerUnderPrefix, joined_head_config
 
 
-class MiMoV2FlashMTP(JoinedInputs, MiMoV2FlashForCausalLM):
+class MiMoV2FlashMTP(LayerUnderPrefix, MiMoV2FlashForCausalLM):
+    layer_prefix = "model.mtp.layers.0."
     renames = (*MiMoV2FlashForCausalLM.renames, (".pre_mlp_layernorm.", ".post_attention_layernorm."))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
-        cos, sin = next(iter(self._ropes(positions)))
-        return self._final_norm(self.layers[0](self.joined(input_ids, given), cos, sin, kv_caches[0], meta))
 
     def _is_sparse(self, layer: int) -> bool:
         return False  # its MLP is dense, intermediate_size wide, wherever the model's first is not
 
     def _own_names(self) -> dict[str, torch.Tensor]:
-        return {PREFIX + "enorm.weight": self.embedding_norm, PREFIX + "hnorm.weight": self.hidden_norm,
-                PREFIX + "eh_proj.weight": self.fc_weight, PREFIX + "final_layernorm.weight": self.norm}
-
-    def checkpoint_names(self) -> list[str]:
-        layer = [PREFIX + name.removeprefix("model.layers.0.") for name in super().checkpoint_names()
-                 if name.startswith("model.layers.0.")]
-        return [*self._own_names(), *self._vocabulary_names(), *layer]
-
-    def is_unused_tensor(self, name: str) -> bool:
-        return not name.startswith(PREFIX)  # the target's own tensors, and the MTP layers past the first
-
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((name.replace(PREFIX, "model.layers.0.", 1), tensor)
-                             for name, tensor in read_own(tensors, self._own_names()))
+        p = self.layer_prefix
+        return {p + "enorm.weight": self.embedding_norm, p + "hnorm.weight": self.hidden_norm,
+                p + "eh_proj.weight": self.fc_weight, p + "final_layernorm.weight": self.norm}
 
 
 def mimo_v2_flash_mtp_config(target: ModelConfig, reads_vocabulary: bool = False) -> ModelConfig:
-    """The head's ModelConfig: the target's, of its one sliding-window layer; `reads_vocabulary`: its embeddings and
-    LM head read from the checkpoint rather than shared with the target."""
-    return dataclasses.replace(target, architecture="MiMoV2FlashMTP", num_layers=1, rope_layers=frozenset({0}),
-                               sliding_layers=frozenset({0}), layer_num_heads=None,
-                               # (one table until share, the target's, unless it reads them)
-                               tie_word_embeddings=target.tie_word_embeddings if reads_vocabulary else True,
-                               eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size,
-                                                 has_embeddings=reads_vocabulary, has_lm_head=reads_vocabulary))
+    """The head's ModelConfig: the target's, of its one sliding-window layer."""
+    return joined_head_config(target, "MiMoV2FlashMTP", reads_vocabulary, sliding_layers=frozenset({0}))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +34,11 @@ MASKED = -1  # the input id of a position whose embedding the layer zeroes
 
 class JoinedInputs:
     """An MTP layer's first step (mixed in before the model class whose layers it runs): the next token's embedding
-    and the target's hidden state, each RMS-normed, joined by a projection; its drafts greedy. Its embeddings and
-    LM head are the target's unless `share` is told otherwise."""
+    and the target's hidden state, each RMS-normed, joined by a projection (the embedding's half first, or the hidden
+    state's: `hidden_first`); its drafts greedy. Its embeddings and LM head are the target's unless `share` is told
+    otherwise."""
+
+    hidden_first: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
@@ -61,12 +65,14 @@ class JoinedInputs:
 
     def joined(self, input_ids: torch.Tensor, given: GivenEmbeddings | None) -> torch.Tensor:
         eps, norm = self.config.rms_norm_eps, self.kernels.rms_norm
-        return self.kernels.linear(torch.cat((norm(self._embedded(input_ids), self.embedding_norm, eps),
-                                              norm(features_of(given, input_ids), self.hidden_norm, eps)), dim=-1),
-                                   self.fc_weight)
+        parts = (norm(self._embedded(input_ids), self.embedding_norm, eps),
+                 norm(features_of(given, input_ids), self.hidden_norm, eps))
+        return self.kernels.linear(torch.cat(parts[::-1] if self.hidden_first else parts, dim=-1), self.fc_weight)
 
     def _embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed)
+        """The embeddings of `input_ids`, zeros where an id is MASKED (EagleConfig.masks_first's first position)."""
+        embedded = F.embedding(input_ids.clamp(min=0), self.embed)
+        return embedded.masked_fill((input_ids == MASKED).unsqueeze(-1), 0.0)
 
     def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.compute_logits(hidden).argmax(dim=-1)
@@ -85,10 +91,6 @@ class _MultiTokenPredictor(JoinedInputs):
 
     def share(self, target) -> None:
         """Its embeddings and head are its own (the checkpoint's copies)."""
-
-    def _embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embedded = F.embedding(input_ids.clamp(min=0), self.embed)
-        return embedded.masked_fill((input_ids == MASKED).unsqueeze(-1), 0.0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
@@ -118,6 +120,49 @@ class _MultiTokenPredictor(JoinedInputs):
         prefix = f"model.layers.{self._checkpoint_layer}."
         super().load_weights(("model.layers.0." + name.removeprefix(prefix), tensor)
                              for name, tensor in read_own(tensors, self._own_names()))
+
+
+class LayerUnderPrefix(JoinedInputs):
+    """A JoinedInputs head whose one decoder layer the checkpoint holds under `layer_prefix` (by the model's own
+    names of a layer's tensors past it, and as the model's `renames` read them), its own tensors by `_own_names`;
+    the output normed by the model's final norm (the head's own) makes the logits and is the next draft's hidden
+    state."""
+
+    layer_prefix: ClassVar[str]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[KVCache], given: GivenEmbeddings | None = None) -> torch.Tensor:
+        cos, sin = next(iter(self._ropes(positions)))
+        return self._final_norm(self.layers[0](self.joined(input_ids, given), cos, sin, kv_caches[0], meta))
+
+    def _own_names(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def checkpoint_names(self) -> list[str]:
+        layer = [self.layer_prefix + name.removeprefix("model.layers.0.") for name in super().checkpoint_names()
+                 if name.startswith("model.layers.0.")]
+        return [*self._own_names(), *self._vocabulary_names(), *layer]
+
+    def is_unused_tensor(self, name: str) -> bool:
+        return not name.startswith(self.layer_prefix)  # the target's own tensors, and MTP layers past the first
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights((name.replace(self.layer_prefix, "model.layers.0.", 1), tensor)
+                             for name, tensor in read_own(tensors, self._own_names()))
+
+
+def joined_head_config(target: ModelConfig, architecture: str, reads_vocabulary: bool, masks_first: bool = False,
+                       **changes) -> ModelConfig:
+    """A LayerUnderPrefix head's ModelConfig: the target's, of one layer (`changes` past that); `reads_vocabulary`:
+    its embeddings and LM head read from the checkpoint rather than shared with the target (a target split across
+    ranks holds a share of each)."""
+    return dataclasses.replace(target, architecture=architecture, num_layers=1, rope_layers=frozenset({0}),
+                               layer_num_heads=None,
+                               # (one table until share, the target's, unless it reads them)
+                               tie_word_embeddings=target.tie_word_embeddings if reads_vocabulary else True,
+                               eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size,
+                                                 has_embeddings=reads_vocabulary, has_lm_head=reads_vocabulary,
+                                                 masks_first=masks_first), **changes)
 
 
 def read_own(tensors: Iterable[tuple[str, torch.Tensor]], own: dict[str, torch.Tensor],
