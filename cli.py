@@ -91,7 +91,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--hf-overrides", metavar="JSON", help="config.json keys replaced, as vLLM's --hf-overrides")
     gen.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                      help="split the model's heads and MLP width across N processes on this host, as vLLM's "
-                          "(the Llama family's dense models, on the CPU) (default 1)")
+                          "(the models README.md's Tensor parallelism lists, on the CPU) (default 1)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (prompt_token_ids, token_ids, text, finish_reason) "
                           "instead of streaming text")

@@ -12,9 +12,10 @@ latent attention (DeepSeek's) splits its heads' q and up-projections of the late
 token for every head, is computed and written whole by every rank, as vLLM's ranks each hold it whole (and
 DeepSeek-V3.2's indexer with it: each rank chooses the same tokens).
 
-This module says what a rank holds: its model's shape (`shard_config`), its slice of each
-checkpoint tensor (`checkpoint_shard`) and of each LoRA adapter (`lora_shard`), and the sum across
-ranks (`RankGroup`). The processes that run the ranks are engine/tensor_parallel_workers.py's.
+Which models it splits each model class says (`splits_across_ranks`). This module says what a rank holds: its
+model's shape (`shard_config`), its slice of each checkpoint tensor (`checkpoint_shard`) and of each LoRA adapter
+(`lora_shard`), and the sum across ranks (`RankGroup`). The processes that run the ranks are
+engine/tensor_parallel_workers.py's.
 """
 from __future__ import annotations
 
@@ -30,42 +31,7 @@ import torch.distributed as dist
 from engine import shared_memory_sum
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
-from engine.models.afmoe import AfmoeForCausalLM
-from engine.models.apertus import ApertusForCausalLM
-from engine.models.cohere import CohereForCausalLM
-from engine.models.deepseek_v3 import AXK1ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
-from engine.models.flint import FlintForCausalLM
-from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
-from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
-from engine.models.glm4_moe import Glm4MoeForCausalLM
-from engine.models.gpt_oss import GptOssForCausalLM
-from engine.models.granite import GraniteForCausalLM
-from engine.models.hy_v3 import HYV3ForCausalLM
-from engine.models.laguna import LagunaForCausalLM
-from engine.models.layer_norm_llama import (
-    BloomForCausalLM,
-    FalconForCausalLM,
-    GPTJForCausalLM,
-    GPTNeoXForCausalLM,
-    Jais2ForCausalLM,
-    PersimmonForCausalLM,
-    PhiForCausalLM,
-    PhimoeForCausalLM,
-    StableLmForCausalLM,
-    Starcoder2ForCausalLM,
-)
-from engine.models.llama import LlamaForCausalLM
-from engine.models.llama4 import Llama4ForCausalLM
-from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
-from engine.models.minicpm3 import MiniCPM3ForCausalLM
-from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS, DbrxForCausalLM, MptForCausalLM
-from engine.models.nanochat import NanoChatForCausalLM
-from engine.models.nemotron import NemotronForCausalLM
-from engine.models.olmo import OlmoForCausalLM
-from engine.models.olmo2 import Olmo2ForCausalLM
-from engine.models.opt import GPT2LMHeadModel, GPTBigCodeForCausalLM, GPTNeoForCausalLM, OPTForCausalLM
-from engine.models.phi3 import Phi3ForCausalLM
-from engine.models.step3p7 import Step3p7ForCausalLM
+from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS
 
 # A step's sum waits on the slowest rank's layer; a rank that died closes its connection before this.
 REDUCE_TIMEOUT = datetime.timedelta(minutes=5)
@@ -73,17 +39,6 @@ SHARED_DIR = "/dev/shm"
 SUMS_FILE_KEY = "shared-memory-sums"
 
 
-# Models whose layers are llama_layers.py's Attention and MLP (or mla.py's attention, moe.py's experts), by their
-# classes.
-SPLIT_MODELS = (LlamaForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, Phi3ForCausalLM, Glm4MoeForCausalLM,
-                GptOssForCausalLM, Llama4ForCausalLM, Olmo2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM,
-                GlmForCausalLM, Glm4ForCausalLM, CohereForCausalLM, AfmoeForCausalLM, GemmaForCausalLM,
-                VaultGemmaForCausalLM, Starcoder2ForCausalLM, Jais2ForCausalLM, ApertusForCausalLM, OlmoForCausalLM,
-                NemotronForCausalLM, HYV3ForCausalLM, LagunaForCausalLM, Step3p7ForCausalLM, GPTNeoXForCausalLM,
-                BloomForCausalLM, MptForCausalLM, OPTForCausalLM, GPTNeoForCausalLM, PhiForCausalLM, GPTJForCausalLM,
-                PhimoeForCausalLM, DbrxForCausalLM, FalconForCausalLM, GPT2LMHeadModel, GPTBigCodeForCausalLM,
-                StableLmForCausalLM, MiniCPM3ForCausalLM, NanoChatForCausalLM, PersimmonForCausalLM,
-                Kolibri1ForCausalLM, FlintForCausalLM, AXK1ForCausalLM, MiMoV2FlashForCausalLM)
 # q, k and v fused each head's three in turn (GPT-NeoX's, BLOOM's, GPTBigCode's without multi_query; Falcon's, or
 # a group of q heads and their k and v head at a time): a rank's run of rows is its heads' all three.
 HEADS_FUSED_QKV = frozenset({"GPTNeoXForCausalLM", "BloomForCausalLM", "GPTBigCodeForCausalLM", "FalconForCausalLM",
@@ -111,14 +66,9 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         return
     if not device.startswith("cpu"):
         raise ValueError("tensor parallelism runs on the CPU only so far (its ranks share one host's KV pool)")
-    if MODEL_REGISTRY.get(config.architecture) not in SPLIT_MODELS:
-        raise ValueError(f"tensor parallelism splits the Llama family (Llama, Mistral, Mixtral, Qwen2, Qwen3 and their "
-                         f"MoEs, SmolLM3, Ministral 3), Gemma 1 to 3, StarCoder 2, Jais 2, Granite, Phi-3, GLM-4.5, "
-                         f"gpt-oss, Llama 4, OLMo 2 and 3, DeepSeek V2, V3 and V3.2, MiniMax-M2, GLM-4, Command R and "
-                         f"Trinity, Apertus, OLMo, Nemotron, VaultGemma, Hy3, Laguna, Step-3.7, GPT-NeoX, BLOOM, MPT, "
-                         f"OPT, GPT-Neo, Phi, GPT-J, Phi-3.5-MoE, DBRX, Falcon, GPT-2, GPTBigCode, StableLM, MiniCPM3, "
-                         f"nanochat, Persimmon, Kolibri-1, Flint, A.X K1, MiMo-V2-Flash so far, "
-                         f"not {config.architecture}")
+    if not getattr(MODEL_REGISTRY.get(config.architecture), "splits_across_ranks", False):
+        raise ValueError(f"tensor parallelism does not split {config.architecture} yet (README.md's Tensor "
+                         "parallelism lists the models it splits)")
     unsupported = [what for what, present in (
         ("encoders", config.encoder is not None),
         ("recurrent layers (Mamba's, linear attention's, short convolutions)", config.state_shape is not None),

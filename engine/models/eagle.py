@@ -67,6 +67,7 @@ class EagleLlamaForCausalLM(LlamaForCausalLM):
     """EAGLE-1's head. Its checkpoint names tensors as a bare model does (`fc.weight`, `layers.0.mlp...`)."""
 
     reads_bare_names = True
+    splits_across_ranks = False  # (a head drafts whole)
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         # The target's embeddings and LM head serve it (`share`): none of its own is made.
@@ -126,6 +127,7 @@ class Eagle3LlamaForCausalLM(LlamaForCausalLM):
     """EAGLE-3's head. Its checkpoint names its first layer `midlayer.` (or `layers.0.`: EagleConfig says)."""
 
     reads_bare_names = True
+    splits_across_ranks = False
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         eagle = config.eagle

@@ -152,6 +152,8 @@ class Gemma4DecoderLayer(nn.Module):
 
 
 class Gemma4ForCausalLM(LlamaForCausalLM):
+    splits_across_ranks = False  # (layers of their own shapes, some sharing another's KV)
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         layout = config.gemma4

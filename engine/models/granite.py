@@ -79,6 +79,8 @@ MOE_SWA_RENAMED = (("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.i
 
 
 class GraniteForCausalLM(HybridForward):
+    splits_across_ranks = True  # but with Mamba layers (tensor_parallel.check_shardable refuses recurrent layers)
+
     @property
     def renames(self) -> tuple[tuple[str, str], ...]:
         return MOE_SWA_RENAMED if self.config.architecture == GRANITE_SWAS[1] else ()

@@ -14,6 +14,8 @@ from engine.prompt_embeds import GivenEmbeddings
 
 
 class HybridForward(LlamaForCausalLM):
+    splits_across_ranks = False  # (its recurrent layers' states are whole)
+
     def lora_target(self, module: str) -> Target | None:
         if self.config.state_shape is not None:
             raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} with recurrent layers yet")

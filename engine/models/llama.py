@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -296,6 +297,10 @@ class LlamaForCausalLM(nn.Module):
     # Checkpoints of models trained to predict several tokens (GLM-4.5, DeepSeek-V3) carry layers past
     # the model's, which only speculative decoding reads; transformers leaves them unread too.
     has_mtp_layers = False
+    # Whether engine/tensor_parallel.py splits it across ranks: its layers are llama_layers.py's Attention and MLP (or
+    # mla.py's attention, moe.py's experts), each of its models split in the parity tests. A model of layers of its
+    # own says False.
+    splits_across_ranks: ClassVar[bool] = True
 
     def fill_absent(self, name: str) -> bool:
         """Fills tensor `name`, which the checkpoint lacks, where the model computes as its releases do without it

@@ -28,6 +28,8 @@ SUBLAYER_MODULES = {"mlps": "mlp", "input_layernorm": "input_layernorm",
 
 
 class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
+    splits_across_ranks = False  # (its shortcut-connected experts and zero experts)
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         self.experts = nn.ModuleList(SparseMoE(config, kernels, dtype) for _ in range(config.num_layers // 2))

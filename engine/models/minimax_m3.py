@@ -88,6 +88,7 @@ class BlockSparseAttention(Attention):
 
 
 class MiniMaxM3ForCausalLM(LlamaForCausalLM):
+    splits_across_ranks = False  # (its indexer's key kept in the pages as one more head)
     # MiniMax's names as released (MiniMaxM3SparseForConditionalGeneration) against transformers': its experts' as
     # Mixtral's (w1, w3, w2), its shared experts' and dense MLPs' gate and up apart.
     renames = (("block_sparse_moe.", "mlp."), *((f"self_attn.index_{x}.", f"self_attn.indexer.{x}.")

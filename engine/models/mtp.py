@@ -39,6 +39,7 @@ class JoinedInputs:
     otherwise."""
 
     hidden_first: ClassVar[bool] = False
+    splits_across_ranks = False  # (it drafts beside a split target, whole on rank 0)
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)

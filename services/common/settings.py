@@ -214,8 +214,8 @@ def add_seed_flag(parser: argparse.ArgumentParser) -> None:
 def add_tensor_parallel_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=env_int(env, ENV_TENSOR_PARALLEL_SIZE, 1),
                         metavar="N", help="split the model's heads and MLP width across N processes on this host, "
-                                          "as vLLM's (the Llama family's dense models, on the CPU so far) "
-                                          f"(${ENV_TENSOR_PARALLEL_SIZE}; default 1)")
+                                          "as vLLM's (the models README.md's Tensor parallelism lists, on the CPU "
+                                          f"so far) (${ENV_TENSOR_PARALLEL_SIZE}; default 1)")
 
 
 def check_tensor_parallel_size(size: int) -> None:

@@ -122,7 +122,8 @@ PASSED_FLAGS = (
     PassedFlag("--max-logprobs", EVERY, "the most top logprobs a request may ask for per token; -1: any", type=int),
     PassedFlag("--logprobs-mode", WORKERS, "what reported logprobs are of (raw_logprobs, processed_logprobs, ...)"),
     PassedFlag("--tensor-parallel-size", WORKERS, "each worker's model split across N processes on its host (the "
-               "Llama family's dense models, on the CPU so far)", type=int, aliases=("-tp", "--tp-size", "--tp")),
+               "models README.md's Tensor parallelism lists, on the CPU so far)", type=int,
+               aliases=("-tp", "--tp-size", "--tp")),
 )
 
 

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
 from engine.speculative import SpeculativeConfig
 from tests.draft_models import with_mimo_mtp_layers, with_mimo_v2_flash_mtp_layers
 from tests.parity.test_mtp import PARAMS, PROMPTS, _first_drafts, causal_mask, greedy_drafts
@@ -172,3 +173,28 @@ def test_a_checkpoint_without_its_mtp_layers_is_refused(tiny_model_dirs, tmp_pat
         (model_dir / "config.json").write_text(json.dumps({**config, "architectures": ["MiMoForCausalLM"]}))
     with pytest.raises(ValueError, match=rf"the checkpoint has no MTP layer \({projection}\)"):
         LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=32, speculative=MTP))
+
+
+def test_a_split_prefill_engines_pages_decode_in_an_unsplit_engine_as_in_one(mtp_models):
+    """MiMo-V2-Flash's full layers' KV heads every other one of the pages' and the MTP layer's KV past the model's, as
+    a prefill engine split in two writes them: an unsplit decode engine decodes from them the tokens, and takes the
+    drafts each step, of one unsplit engine doing both."""
+    from tests.parity.conftest import decoded_from_handed_over_pages
+    from tests.parity.test_transformers_parity import _mixed_prompts
+
+    model_dir = mtp_models["mimo-v2-flash"]
+    prefill, decode, one = (LLMEngine(EngineConfig(
+        model=str(model_dir), num_kv_blocks=128, max_num_batched_tokens=32, speculative=MTP, tensor_parallel_size=size,
+        per_request_spec_decode_metrics="detailed")) for size in (2, 1, 1))
+    prompts = _mixed_prompts(512)[1:4]
+    outputs = decoded_from_handed_over_pages(prefill, decode, {f"r{i}": (p, 16, {}, {}) for i, p in enumerate(prompts)})
+    for i, prompt in enumerate(prompts):
+        one.add_request(f"r{i}", prompt, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    one_outputs = {}
+    while one.has_unfinished_requests():
+        one_outputs |= {out.request_id: out for out in one.step() if out.finished}
+    for i in range(3):
+        assert outputs[f"r{i}"].token_ids == one_outputs[f"r{i}"].token_ids
+        assert outputs[f"r{i}"].spec_decode.per_step == one_outputs[f"r{i}"].spec_decode.per_step
+    for engine in (prefill, decode, one):
+        engine.close()

@@ -50,7 +50,8 @@ def _pool_files(pid: int) -> list[str]:
     ("llama-linear-rope-bf16", 2, "must divide the model's num_kv_heads (1)"),
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
     ("deepseek-v3", 3, "must divide the model's num_heads (4)"),  # MLA's one latent row is not split
-    ("encoder", 2, "Llama family"),
+    ("encoder", 2, "does not split BertModel yet"),
+    ("gemma4-e", 2, "does not split Gemma4ForCausalLM yet"),  # (a Llama of its own layers)
     ("stablelm-parallel", 2, "StableLM's q and k layer-normed a head"),
     ("gpt-bigcode", 2, "must divide the model's num_kv_heads (1)"),  # multi_query's one k and v head
     ("mimo-v2-flash", 4, "must divide the model's full layers' num_kv_heads (2)"),  # (its pages hold 4)
