@@ -32,10 +32,12 @@ from engine.eagle_config import EagleConfig
 from engine.kv_pool import KVPool
 from engine.linear_attention_config import HYBRID_LINEAR
 from engine.mamba_config import NEMOTRON_H
+from engine.mellum_config import MELLUM
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 from engine.model_runner import ModelRunner
+from engine.models.mellum_mtp import mellum_mtp_config
 from engine.models.mimo_mtp import mimo_mtp_config
 from engine.models.mimo_v2_flash_mtp import mimo_v2_flash_mtp_config
 from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
@@ -91,9 +93,11 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
 
 
 # Targets whose checkpoints hold MTP layers under a prefix of their own (Baton drafts with the first): the first's
-# joining projection, and the head's config of the target's (and whether the head reads the embeddings and LM head).
+# joining projection, and the head's config of config.json's keys and the target's (and whether the head reads the
+# embeddings and LM head).
 PREFIXED_MTP_LAYERS = {MIMO_V2_FLASH: ("model.mtp.layers.0.eh_proj.weight", mimo_v2_flash_mtp_config),
-                       MIMO: ("model.mtp_layers.0.input_proj.weight", mimo_mtp_config)}
+                       MIMO: ("model.mtp_layers.0.input_proj.weight", mimo_mtp_config),
+                       MELLUM: ("mtp.fc.weight", mellum_mtp_config)}
 
 
 def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = False) -> ModelConfig:
@@ -108,7 +112,7 @@ def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = Fa
         projection, config_of = PREFIXED_MTP_LAYERS[target.architecture]
         if projection not in checkpoint_files(model_dir):
             raise ValueError(f"{model_dir}: the checkpoint has no MTP layer ({projection}); some releases leave it out")
-        return config_of(target, split_target)
+        return config_of(json.loads((Path(model_dir) / "config.json").read_text()), target, split_target)
     if target.architecture not in MTP_HEADS:
         raise ValueError(f"{target.architecture} checkpoints carry no multi-token prediction layer Baton reads "
                          f"(those of {', '.join([*MTP_HEADS, *HYBRID_LINEAR, NEMOTRON_H, *PREFIXED_MTP_LAYERS])} do)")

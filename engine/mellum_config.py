@@ -1,7 +1,7 @@
 """JetBrains' Mellum 2 (MellumForCausalLM) config.json read as transformers reads it: Qwen3-MoE's attention (q and k
 normed a head) in full and sliding-window layers (`layer_types`) with a RoPE theta a layer type, as Laguna's, and each
 layer's MLP dense or Qwen3-MoE's experts (`mlp_layer_types`: softmax over every expert, the top k renormalized by
-`norm_topk_prob`). Its model is the Llama family's; its MTP layer (`mtp.*`) is left unread."""
+`norm_topk_prob`). Its model is the Llama family's; its MTP layer (`mtp.*`) drafts (engine/models/mellum_mtp.py)."""
 from __future__ import annotations
 
 from engine.layer_lists import check_layer_lists

@@ -287,6 +287,37 @@ def with_mimo_mtp_layers(model_dir, target_dir, seed: int = 0):
     return target_dir
 
 
+def with_mellum_mtp_layer(model_dir, target_dir, attention: str = "sliding_attention", mlp: str = "sparse",
+                           seed: int = 0):
+    """A copy of a Mellum 2 checkpoint with the multi-token prediction layer its releases carry under `mtp.` (one,
+    of the kinds `mtp_layer_types` and `mtp_mlp_layer_types` name): its attention shaped as the model's first layer
+    of kind `attention`, its MLP as its first of kind `mlp`, random, beside `fc`, `pre_fc_norm_embedding`,
+    `pre_fc_norm_hidden` and `norm`."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    mtp = {"num_nextn_predict_layers": 1, "mtp_layer_types": [attention], "mtp_mlp_layer_types": [mlp]}
+    (target_dir / "config.json").write_text(json.dumps({**config, **mtp}))
+    tensors = load_file(target_dir / "model.safetensors")
+    attention_layer = f"model.layers.{config['layer_types'].index(attention)}."
+    mlp_layer = f"model.layers.{config['mlp_layer_types'].index(mlp)}."
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config["hidden_size"]
+    like = random_like(generator)
+    for name, t in list(tensors.items()):
+        if name.startswith((attention_layer + "self_attn.", attention_layer + "input_layernorm.")):
+            tensors[name.replace(attention_layer, "mtp.layers.0.", 1)] = like(t)
+        elif name.startswith((mlp_layer + "mlp.", mlp_layer + "post_attention_layernorm.")):
+            tensors[name.replace(mlp_layer, "mtp.layers.0.", 1)] = like(t)
+    norm = tensors["model.norm.weight"]
+    tensors |= {"mtp.fc.weight": torch.randn(hidden, 2 * hidden, generator=generator) / hidden,
+                "mtp.pre_fc_norm_embedding.weight": like(norm), "mtp.pre_fc_norm_hidden.weight": like(norm),
+                "mtp.norm.weight": like(norm)}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors")
+    return target_dir
+
+
 def random_like(generator):
     """A random tensor shaped as the one it is given: a vector (a norm, a bias) about its mean, a matrix scaled by
     its inputs' count."""

@@ -36,6 +36,7 @@ from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.longcat_flash import LongcatFlashForCausalLM
+from engine.models.mellum_mtp import MellumMTP
 from engine.models.mimo_mtp import MiMoMTP
 from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from engine.models.mimo_v2_flash_mtp import MiMoV2FlashMTP
@@ -174,6 +175,7 @@ MODEL_REGISTRY = {
     "NemotronHMTP": NemotronHMTP,  # Nemotron 3's (engine/models/nemotron_h_mtp.py)
     "MiMoV2FlashMTP": MiMoV2FlashMTP,  # MiMo-V2-Flash's (engine/models/mimo_v2_flash_mtp.py)
     "MiMoMTP": MiMoMTP,  # Xiaomi MiMo's (engine/models/mimo_mtp.py)
+    "MellumMTP": MellumMTP,  # Mellum 2's (engine/models/mellum_mtp.py)
     # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
     "BertModel": BertModel,
     "RobertaModel": BertModel,

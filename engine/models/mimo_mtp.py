@@ -27,6 +27,7 @@ class MiMoMTP(LayerUnderPrefix, LlamaForCausalLM):
                 p + "input_proj.weight": self.fc_weight, p + "final_layernorm.weight": self.norm}
 
 
-def mimo_mtp_config(target: ModelConfig, reads_vocabulary: bool = False) -> ModelConfig:
-    """The head's ModelConfig: the target's, of its one layer (a full-attention one)."""
+def mimo_mtp_config(raw: dict, target: ModelConfig, reads_vocabulary: bool = False) -> ModelConfig:
+    """The head's ModelConfig: the target's, of its one layer (a full-attention one; config.json's `raw` says no
+    more)."""
     return joined_head_config(target, "MiMoMTP", reads_vocabulary, masks_first=True, sliding_layers=frozenset())

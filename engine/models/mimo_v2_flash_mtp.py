@@ -31,6 +31,6 @@ class MiMoV2FlashMTP(LayerUnderPrefix, MiMoV2FlashForCausalLM):
                 p + "eh_proj.weight": self.fc_weight, p + "final_layernorm.weight": self.norm}
 
 
-def mimo_v2_flash_mtp_config(target: ModelConfig, reads_vocabulary: bool = False) -> ModelConfig:
-    """The head's ModelConfig: the target's, of its one sliding-window layer."""
+def mimo_v2_flash_mtp_config(raw: dict, target: ModelConfig, reads_vocabulary: bool = False) -> ModelConfig:
+    """The head's ModelConfig: the target's, of its one sliding-window layer (config.json's `raw` says no more)."""
     return joined_head_config(target, "MiMoV2FlashMTP", reads_vocabulary, sliding_layers=frozenset({0}))
