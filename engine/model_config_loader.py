@@ -134,6 +134,7 @@ from engine.rope_config import (
     rope_scaling,
     rope_theta_of,
 )
+from engine.sarvam_config import READ_AS as SARVAM_READ_AS, sarvam_architecture, sarvam_keys
 from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, LFM3, lfm2_intermediate_size, read_short_conv
 from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
 
@@ -153,11 +154,15 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []
-    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS, *ENCODERS)
+    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS, *ENCODERS, *SARVAM_READ_AS)
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ModelConfigError(
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(known)}")
+    # Sarvam's models are read as the models whose keys and layers theirs are, and served as their own
+    sarvam = sarvam_architecture(cfg, arch)
+    if sarvam is not None:
+        cfg, arch = sarvam_keys(cfg, sarvam), SARVAM_READ_AS[sarvam]
     if arch in ENCODERS:
         return _encoder_model_config(cfg, arch, model_dir)
     try:
@@ -335,7 +340,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         # their layers' own q heads, their sliding layers' own RoPE width
         per_layer = arch in (STEP3P7, LAGUNA, MIMO_V2_FLASH)
         config = ModelConfig(
-            architecture=arch,
+            architecture=sarvam or arch,
             hidden_size=hidden,
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=num_heads,

@@ -13,7 +13,7 @@ from engine.models.flint import FlintForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
-from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.glm4_moe import Glm4MoeForCausalLM, SarvamMoEForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.hy_v3 import HYV3ForCausalLM
@@ -150,6 +150,7 @@ MODEL_REGISTRY = {
     "ExaoneMoeForCausalLM": LlamaForCausalLM,  # EXAONE 4.0's attention before its norms, experts as DeepSeek-V3's
     "SmolLM3ForCausalLM": LlamaForCausalLM,  # with NoPE layers, as its ModelConfig says
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "SarvamMoEForCausalLM": SarvamMoEForCausalLM,  # Sarvam-30B: GLM-4.5's, by its own names (engine/sarvam_config.py)
     "SolarOpenForCausalLM": LlamaForCausalLM,  # GLM-4.5's experts in every layer, Llama's attention
     "GlmForCausalLM": GlmForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
@@ -158,6 +159,7 @@ MODEL_REGISTRY = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "SarvamMLAForCausalLM": DeepseekV3ForCausalLM,  # Sarvam-105B (engine/sarvam_config.py)
     "YoutuForCausalLM": DeepseekV3ForCausalLM,  # its latent attention, dense MLPs in every layer
     "DeepseekV32ForCausalLM": DeepseekV3ForCausalLM,  # its latent attention sparse, as its MLAConfig says (DSA)
     "GlmMoeDsaForCausalLM": DeepseekV3ForCausalLM,  # GLM-5: V3.2's, some layers sharing another's choice

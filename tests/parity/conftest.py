@@ -90,6 +90,17 @@ TINY_MODELS = {
                                        n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
                                        first_k_dense_replace=1, use_qk_norm=True, attention_bias=True,
                                        num_hidden_layers=3, pad_token_id=0), {}),
+    # Sarvam-30B: GLM-4.5's model with RoPE over whole heads (theta 8e6), q and k normed a head, its checkpoint's
+    # q/k/v fused and its tensors named its own way (as transformers saves it); Sarvam-105B: DeepSeek-V3's.
+    "sarvam-moe": ("SarvamMoEConfig", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                                           n_shared_experts=1, routed_scaling_factor=2.5, first_k_dense_replace=1,
+                                           head_dim=16, num_hidden_layers=3, pad_token_id=0), {}),
+    "sarvam-mla": ("SarvamMLAConfig", dict(
+        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_shared_experts=1, routed_scaling_factor=2.5, first_k_dense_replace=1, num_hidden_layers=3, pad_token_id=0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "mscale": 1.0,
+                      "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
     # dots.llm1: Qwen3's attention (q/k normed per head, biases here), the first layer dense, then experts routed
     # as DeepSeek-V3's in groups beside a shared one; layers from max_window_layers on windowed.
     "dots1": ("Dots1Config", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,

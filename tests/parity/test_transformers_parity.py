@@ -1,6 +1,7 @@
 """Baton's forward against `transformers` on the same weights: logits and greedy tokens."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -203,7 +204,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
-                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash")
+                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -460,6 +461,32 @@ def test_mimos_checkpoint_serves_qwen2s_model_leaving_its_mtp_layers_unread(tiny
     save_file({**tensors, "model.mtp_layers.0.input_layernorm.weight": torch.ones(64),
                "model.mtp_layers.0.input_proj.weight": torch.zeros(64, 128)}, model_dir / "model.safetensors")
     _check_logits(model_dir, reference_dir=source)
+
+
+@pytest.mark.parametrize("name", ["sarvam-moe", "sarvam-mla"])
+def test_sarvams_released_configs_read_as_transformers_reads_them(tiny_model_dirs, tmp_path, name):
+    """Sarvam-30B's and Sarvam-105B's configs as released (for their remote code): their own architectures, the
+    experts' counts and q/k/v biases by their names, RoPE's theta at the top level (Sarvam-30B's over whole heads
+    where nothing says, unlike GLM-4.5's), Sarvam-105B's head_dim of vLLM's MLA and its YaRN named deepseek_yarn."""
+    model_dir = shutil.copytree(tiny_model_dirs[name], tmp_path / name)
+    config = json.loads((model_dir / "config.json").read_text())
+    names = {"n_routed_experts": "num_experts", "n_shared_experts": "num_shared_experts"}
+    released = {names.get(key, key): value for key, value in config.items() if key != "rope_parameters"}
+    rope = config["rope_parameters"]
+    released["rope_theta"] = rope["rope_theta"]
+    if name == "sarvam-moe":
+        released = {**{k: v for k, v in released.items() if k != "attention_bias"}, "use_qkv_bias": False,
+                    "architectures": ["SarvamMoEForCausalLM"]}
+    else:
+        yarn = {key: value for key, value in rope.items() if key not in ("rope_theta", "rope_type")}
+        released |= {"architectures": ["SarvamMLAForCausalLM"], "rope_scaling": {**yarn, "type": "deepseek_yarn"},
+                     "head_dim": config["kv_lora_rank"] + config["qk_rope_head_dim"]}
+    (model_dir / "config.json").write_text(json.dumps(released))
+    loaded, saved = load_model_config(model_dir), load_model_config(tiny_model_dirs[name])
+    assert dataclasses.replace(loaded, rope_scaling=None) == dataclasses.replace(saved, rope_scaling=None)
+    assert {k: v for k, v in (loaded.rope_scaling or {}).items() if k != "rope_theta"} == \
+        {k: v for k, v in (saved.rope_scaling or {}).items() if k != "rope_theta"}  # (the theta given apart)
+    _check_logits(model_dir, reference_dir=tiny_model_dirs[name], prompt_lengths=(300,))
 
 
 def test_axk1s_release_without_a_router_bias_routes_as_transformers_does(tiny_model_dirs, tmp_path):
