@@ -129,6 +129,9 @@ class ModelConfig:
     # The dimensions of a head the sliding-window layers' own RoPE turns where not rotary_dim (Step-3.7's, Laguna's).
     local_rotary_dim: int | None = None
     laguna: LagunaLayout | None = None  # Laguna's attention gate (engine/laguna_config.py)
+    # An LM head pruned to the vocabulary's first rows (Apertus 1.5's: engine/apertus1p5_config.py): the logits' columns
+    # past them are -inf, those tokens input alone. None: a row a token.
+    output_vocab_size: int | None = None
     # MiMo-V2-Flash's narrower v heads and its full layers' KV heads (engine/mimo_v2_flash_config.py)
     mimo_v2_flash: MiMoV2FlashLayout | None = None
     cohere2_moe: Cohere2MoeLayout | None = None  # Command A MoE's norms and shared experts' sum

@@ -3,11 +3,13 @@ or refused with a `ModelConfigError` that names what Baton does not serve."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.apertus1p5_config import APERTUS1P5_TEXT, READ_AS as APERTUS1P5_READ_AS, apertus1p5_keys
 from engine.architectures import (
     APERTUS,
     APERTUS_DEFAULTS,
@@ -138,6 +140,10 @@ from engine.sarvam_config import READ_AS as SARVAM_READ_AS, sarvam_architecture,
 from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, LFM3, lfm2_intermediate_size, read_short_conv
 from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
 
+READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS}  # a model's architecture: that whose config keys and layers it has
+READ_AS_KEYS = {**{arch: functools.partial(sarvam_keys, arch=arch) for arch in SARVAM_READ_AS},
+                APERTUS1P5_TEXT: apertus1p5_keys}
+
 
 class ModelConfigError(ValueError):
     pass
@@ -154,15 +160,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}: invalid JSON: {e}") from e
     archs = cfg.get("architectures") or []
-    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS, *ENCODERS, *SARVAM_READ_AS)
+    known = (*SUPPORTED_ARCHITECTURES, *MULTIMODAL, *BARE_MODELS, *SEQUENCE_CLASSIFIERS, *ENCODERS, *READ_AS)
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ModelConfigError(
             f"{path}: unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(known)}")
-    # Sarvam's models are read as the models whose keys and layers theirs are, and served as their own
-    sarvam = sarvam_architecture(cfg, arch)
-    if sarvam is not None:
-        cfg, arch = sarvam_keys(cfg, sarvam), SARVAM_READ_AS[sarvam]
     if arch in ENCODERS:
         return _encoder_model_config(cfg, arch, model_dir)
     try:
@@ -182,9 +184,16 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             cfg, arch = text_config(cfg, arch)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in (*SUPPORTED_ARCHITECTURES, *READ_AS):
             raise ModelConfigError(f"{path}: the text model of {archs[0]} is not one Baton serves "
                                    f"(model_type {cfg.get('model_type')!r})")
+    # Models read as others whose keys and layers theirs are (Sarvam's, Apertus 1.5's), and served as their own
+    served_as = sarvam_architecture(cfg, arch) or (arch if arch in READ_AS else None)
+    if served_as is not None:
+        try:
+            cfg, arch = READ_AS_KEYS[served_as](cfg), READ_AS[served_as]
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     gemma4 = None
     if arch == GEMMA4:
         cfg = {**GEMMA4_TEXT_DEFAULTS, **cfg}
@@ -340,7 +349,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         # their layers' own q heads, their sliding layers' own RoPE width
         per_layer = arch in (STEP3P7, LAGUNA, MIMO_V2_FLASH)
         config = ModelConfig(
-            architecture=sarvam or arch,
+            architecture=served_as or arch,
             hidden_size=hidden,
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=num_heads,
@@ -350,6 +359,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
             intermediate_size=lfm2_intermediate_size(cfg) if arch == LFM2 else int(cfg[_mlp_width_key(cfg, arch)]),
             vocab_size=int(cfg["vocab_size"]),
+            output_vocab_size=int(cfg["output_vocab_size"]) if served_as == APERTUS1P5_TEXT
+            and cfg.get("output_vocab_size") not in (None, cfg["vocab_size"]) else None,
             rms_norm_eps=float(cfg.get(_eps_key(arch), _default_eps(arch))),
             rope_theta=layer_rope_thetas(cfg, arch)[0] or rope_theta_of(cfg, arch, head_dim),
             rope_scaling=scaling,

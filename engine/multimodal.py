@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.apertus1p5_config import APERTUS1P5_TEXT
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
 from engine.minimax_m3_config import MINIMAX_M3
@@ -153,6 +154,12 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, QWEN4_EXP),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), interleaved_mrope=True),
+    # Apertus 1.5 as released: its text model, its LM head pruned (engine/apertus1p5_config.py); its images' and audio's
+    # tokenizers (codes of its vocabulary) not yet.
+    "Apertus1p5ForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, APERTUS1P5_TEXT),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("model.vision_tokenizer.", "model.audio_tokenizer.")),
     # Step-3.7 as released: its text model (engine/models/step3p7.py) by StepFun's names, at the top level; its images
     # not yet.
     "Step3p7ForConditionalGeneration": MultimodalCheckpoint(

@@ -78,6 +78,7 @@ MODEL_REGISTRY = {
     "HeliumForCausalLM": LlamaForCausalLM,  # RoPE's pairs side by side, as its ModelConfig says
     "CwmForCausalLM": LlamaForCausalLM,  # with its windowed layers, as its ModelConfig says
     "ApertusForCausalLM": ApertusForCausalLM,  # an xIELU MLP without a gate (engine/models/apertus.py)
+    "Apertus1p5TextForCausalLM": ApertusForCausalLM,  # Apertus 1.5's, its LM head pruned (engine/apertus1p5_config.py)
     "ArceeForCausalLM": LlamaForCausalLM,  # its MLP without a gate, by its ModelConfig's hidden_act
     "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread
     "Qwen2MoeForCausalLM": LlamaForCausalLM,

@@ -246,12 +246,14 @@ class LlamaForCausalLM(nn.Module):
         """hidden: [N, H] → logits [N, V] in float32 for the sampler. Where the vocabulary is split, every rank
         makes its run of columns and they are summed into the whole on each (every rank calls this in turn)."""
         logits = self._lm_head_logits(hidden)
-        if self.vocabulary is None:
-            return logits
-        vocabulary = self.vocabulary
-        whole = logits.new_zeros(logits.shape[0], self.lm_head.shape[0] * vocabulary.num_ranks)
-        whole[:, vocabulary.start:vocabulary.start + logits.shape[1]] = logits
-        return vocabulary.rank_sum(whole)[:, :vocabulary.size]
+        if self.vocabulary is not None:
+            vocabulary = self.vocabulary
+            whole = logits.new_zeros(logits.shape[0], self.lm_head.shape[0] * vocabulary.num_ranks)
+            whole[:, vocabulary.start:vocabulary.start + logits.shape[1]] = logits
+            logits = vocabulary.rank_sum(whole)[:, :vocabulary.size]
+        if self.config.output_vocab_size is not None:  # a pruned head's rows past its own: zeros, never a token
+            logits[:, self.config.output_vocab_size:] = float("-inf")
+        return logits
 
     def _lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's run of the logits' columns (all of them where the vocabulary is whole), in float32."""
@@ -373,6 +375,8 @@ class LlamaForCausalLM(nn.Module):
         """Where checkpoint tensor `name` goes, and the tensor as it goes there (a model that stores
         some tensors otherwise reorders or transposes them here)."""
         target = self._target(name)
+        if name == "lm_head.weight" and self.config.output_vocab_size is not None:  # a pruned head: its first rows
+            target = target[:tensor.shape[0]]
         if name.endswith(FUSED_EXPERTS) and tensor.shape != target.shape:  # [E, in, out], as released
             tensor = tensor.transpose(1, 2)
         if self.config.rope_interleaved and name.endswith(ROPE_TURNED):

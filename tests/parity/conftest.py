@@ -418,6 +418,9 @@ TINY_MODELS = {
     "starcoder2": ("Starcoder2Config", dict(sliding_window=16, pad_token_id=0), {}),
     # Swiss AI's Apertus: q and k normed per head, an MLP of xIELU (its four numbers a layer noisy here) without a gate.
     "apertus": ("ApertusConfig", dict(head_dim=16, attention_bias=True, pad_token_id=0), {}),
+    # Apertus 1.5's text model: its LM head pruned to the vocabulary's first 400 rows (the rest, image and audio
+    # tokens, input alone).
+    "apertus1p5": ("Apertus1p5TextConfig", dict(head_dim=16, output_vocab_size=400, pad_token_id=0), {}),
     # Phi-3.5-MoE: layer norms with biases, biases on attention and the LM head, two of four experts a token by
     # SparseMixer (its jitter wide enough here to weigh both by the softmax of more than one logit), LongRoPE scaled by
     # its mscale (served within its original context: the short factors).

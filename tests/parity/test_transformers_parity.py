@@ -79,7 +79,9 @@ def _check_last_logits(engine: LLMEngine, model) -> None:
         prompt = _random_prompt(n, engine.model_config.vocab_size, seed=n)
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([prompt])).logits[0, -1]
-        assert (_prefill_logits(engine, prompt) - ref).abs().max().item() < 1e-4, n
+        ours = _prefill_logits(engine, prompt)
+        assert torch.isneginf(ours[ref.shape[0]:]).all()  # a pruned LM head's tokens (Apertus 1.5's): never drawn
+        assert (ours[:ref.shape[0]] - ref).abs().max().item() < 1e-4, n
 
 
 def _check_logits(model_dir: Path, max_num_batched_tokens: int = 512, prompt_lengths=PROMPT_LENGTHS,
@@ -98,7 +100,8 @@ def _engine_logits_match(engine: LLMEngine, reference_dir: Path, prompt_lengths=
         ours = _prefill_logits(engine, prompt)
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0, -1].float()
-        diff = (ours - ref).abs().max().item()
+        assert torch.isneginf(ours[ref.shape[0]:]).all()  # a pruned LM head's tokens (Apertus 1.5's): never drawn
+        diff = (ours[:ref.shape[0]] - ref).abs().max().item()
         assert diff < 1e-4, f"{reference_dir.name}: prompt of {n} tokens, max |logit diff| {diff}"
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
@@ -204,7 +207,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "laguna-element-gates", "gpt-neox", "gpt-neox-sequential", "bloom", "mpt", "opt",
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
-                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla")
+                "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla",
+                "apertus1p5")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -487,6 +491,35 @@ def test_sarvams_released_configs_read_as_transformers_reads_them(tiny_model_dir
     assert {k: v for k, v in (loaded.rope_scaling or {}).items() if k != "rope_theta"} == \
         {k: v for k, v in (saved.rope_scaling or {}).items() if k != "rope_theta"}  # (the theta given apart)
     _check_logits(model_dir, reference_dir=tiny_model_dirs[name], prompt_lengths=(300,))
+
+
+def test_apertus_1_5s_release_serves_its_text_model_leaving_its_tokenizers_unread(tmp_path):
+    """Apertus1p5ForConditionalGeneration as transformers saves it: its text model under `model.language_model.`, its
+    LM head pruned to the text's rows, its image and audio tokenizers (codes of its vocabulary) left unread; a text
+    prompt's logits are transformers', the pruned rows' -inf."""
+    text = {**COMMON, "head_dim": 16, "output_vocab_size": 400, "pad_token_id": 0}
+    vision = dict(codebook_size=32, embed_dim=32, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
+                  num_res_blocks=1, attn_resolutions=[], resolution=32, spatial_scale_factor=2)
+    audio = dict(model_type="wavtokenizer_encoder", num_filters=4, upsampling_ratios=[2, 2], hidden_size=32,
+                 codebook_size=32, codebook_dim=32, decoder_hidden_size=32, decoder_intermediate_size=32,
+                 decoder_num_layers=1, decoder_attention_num_groups=4, num_lstm_layers=1)
+    config = transformers.Apertus1p5Config(text_config=text, vision_config=vision, audio_config=audio,
+                                           image_token_id=300, audio_token_id=301, image_token_offset=400,
+                                           audio_token_offset=432)
+    torch.manual_seed(15)
+    model = transformers.Apertus1p5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("language_model" in name or name.startswith("lm_head")) and p.dim() > 1:
+                p.normal_(0.0, 0.2)
+            elif "language_model" in name:  # its norms
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(tmp_path / "apertus1p5")
+    engine = _engine(tmp_path / "apertus1p5")
+    assert (engine.model_config.architecture, engine.model_config.output_vocab_size) == ("Apertus1p5TextForCausalLM",
+                                                                                        400)
+    _check_last_logits(engine, model)
+    engine.close()
 
 
 def test_axk1s_release_without_a_router_bias_routes_as_transformers_does(tiny_model_dirs, tmp_path):
