@@ -25,6 +25,9 @@ class MLAConfig:
     index_rope_interleave: bool = False  # the indexer's RoPE pairs side by side (GLM-5's), not half a part apart
     # Layers without an indexer of their own, attending to the tokens the last layer with one chose (GLM-5's "shared").
     shared_index_layers: frozenset[int] = frozenset()
+    # q's up-projection gives each head's q and then its output gate, from q's normed latent and the latent itself
+    # (A.X K2's): the sigmoid of the gate weighs the head's output before o_proj.
+    output_gate: bool = False
 
     @property
     def qk_head_dim(self) -> int:

@@ -132,6 +132,9 @@ class ModelConfig:
     # An LM head pruned to the vocabulary's first rows (Apertus 1.5's: engine/apertus1p5_config.py): the logits' columns
     # past them are -inf, those tokens input alone. None: a row a token.
     output_vocab_size: int | None = None
+    # Norms whose output is weighed by the sigmoid of a low-rank MLP of it, that MLP's width (A.X K2's:
+    # engine/axk2_config.py). None: plain norms.
+    gated_norm_rank: int | None = None
     # MiMo-V2-Flash's narrower v heads and its full layers' KV heads (engine/mimo_v2_flash_config.py)
     mimo_v2_flash: MiMoV2FlashLayout | None = None
     cohere2_moe: Cohere2MoeLayout | None = None  # Command A MoE's norms and shared experts' sum

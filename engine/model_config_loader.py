@@ -66,6 +66,7 @@ from engine.attention_layout import (
     sliding_window,
 )
 from engine.axk1_config import AXK1, axk1_keys
+from engine.axk2_config import AXK2, READ_AS as AXK2_READ_AS, axk2_keys
 from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
@@ -140,9 +141,10 @@ from engine.sarvam_config import READ_AS as SARVAM_READ_AS, sarvam_architecture,
 from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, LFM3, lfm2_intermediate_size, read_short_conv
 from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
 
-READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS}  # a model's architecture: that whose config keys and layers it has
+# A model's architecture: that whose config keys and layers it has
+READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS, **AXK2_READ_AS}
 READ_AS_KEYS = {**{arch: functools.partial(sarvam_keys, arch=arch) for arch in SARVAM_READ_AS},
-                APERTUS1P5_TEXT: apertus1p5_keys}
+                APERTUS1P5_TEXT: apertus1p5_keys, AXK2: axk2_keys}
 
 
 class ModelConfigError(ValueError):
@@ -337,6 +339,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         head_dim = hidden // num_heads if arch == COHERE2 else int(cfg.get("head_dim") or hidden // num_heads)
         rotary_dim = int(head_dim * partial)
         mla = read_mla_config(cfg, arch) if arch in MLA_MODELS else None
+        if served_as == AXK2:
+            mla = dataclasses.replace(mla, output_gate=True)
         if mla is not None:  # the pages hold the latent, one row a token for every head (kernels/mla_attention.py)
             num_kv_heads, head_dim, rotary_dim = 1, mla.page_head_dim, mla.qk_rope_head_dim
         if gemma4 is not None:  # its pages' heads, which hold either kind of layer's
@@ -359,6 +363,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             # Llama 4's dense layers' own; its experts' is intermediate_size (MoEConfig).
             intermediate_size=lfm2_intermediate_size(cfg) if arch == LFM2 else int(cfg[_mlp_width_key(cfg, arch)]),
             vocab_size=int(cfg["vocab_size"]),
+            gated_norm_rank=int(cfg["gated_norm_rank"]) if served_as == AXK2 else None,
             output_vocab_size=int(cfg["output_vocab_size"]) if served_as == APERTUS1P5_TEXT
             and cfg.get("output_vocab_size") not in (None, cfg["vocab_size"]) else None,
             rms_norm_eps=float(cfg.get(_eps_key(arch), _default_eps(arch))),

@@ -6,7 +6,7 @@ from engine.models.apertus import ApertusForCausalLM
 from engine.models.bamba import BambaForCausalLM
 from engine.models.bert import BertModel
 from engine.models.cohere import CohereForCausalLM
-from engine.models.deepseek_v3 import AXK1ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from engine.models.deepseek_v3 import AXK1ForCausalLM, AXK2ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
 from engine.models.flint import FlintForCausalLM
@@ -137,6 +137,7 @@ MODEL_REGISTRY = {
     "Kolibri1ForCausalLM": Kolibri1ForCausalLM,  # GLM-4-0414's layers, EXAONE 4's attention, experts (glm4.py)
     "FlintForCausalLM": FlintForCausalLM,  # Qwen3-MoE's attention with sinks, sigmoid experts (flint.py)
     "AXK1ForCausalLM": AXK1ForCausalLM,  # DeepSeek-V3 with its experts' output normed (deepseek_v3.py)
+    "AXK2ForCausalLM": AXK2ForCausalLM,  # DeepSeek-V3.2 with gated heads and norms (deepseek_v3.py)
     "GraniteMoeForCausalLM": GraniteForCausalLM,  # with experts (and a shared MLP), as its MoEConfig says
     "GraniteMoeSharedForCausalLM": GraniteForCausalLM,
     "GraniteSWAForCausalLM": GraniteForCausalLM,  # with windows, sinks and RoPE a layer, as its ModelConfig says

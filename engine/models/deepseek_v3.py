@@ -3,13 +3,14 @@
 dense MLPs in the first layers and experts after them beside shared experts, routed as
 engine/moe_config.py reads (V3 as GLM-4.5: sigmoid scores within groups; V2 by softmax); V3's
 multi-token-prediction layers left unread. SK Telecom's A.X K1 (AXK1ForCausalLM) is V3 with its experts' output
-RMS-normed."""
+RMS-normed; its A.X K2 (AXK2ForCausalLM) V3.2 with gated heads and norms."""
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.lora import Target
@@ -86,6 +87,65 @@ class AXK1ForCausalLM(DeepseekV3ForCausalLM):
         parts = name.split(".")
         if len(parts) == 5 and parts[3] == "post_mlp_layernorm":
             return self.layers[int(parts[2])].mlp.out_norm.data
+        return super()._target(name)
+
+
+class NormGate(nn.Module):
+    """A norm's output weighed by the sigmoid of a low-rank MLP of it (A.X K2's: `W_down`, SiLU, `W_up`)."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear = kernels.linear
+        self.down_weight = empty_param(config.gated_norm_rank, config.hidden_size, dtype=dtype)
+        self.up_weight = empty_param(config.hidden_size, config.gated_norm_rank, dtype=dtype)
+
+    def forward(self, normed: torch.Tensor) -> torch.Tensor:
+        gate = self.linear(F.silu(self.linear(normed, self.down_weight)), self.up_weight)
+        return (normed * torch.sigmoid(gate.float())).to(normed.dtype)
+
+
+class GatedNormLayer(DecoderLayer):
+    """A decoder layer whose norm before attention, and before the MLP where `gates_mlp_input`, is gated (NormGate)."""
+
+    def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, gates_mlp_input: bool,
+                 **layer) -> None:
+        super().__init__(config, kernels, dtype, **layer)
+        self.input_gate = NormGate(config, kernels, dtype)
+        self.post_attention_gate = NormGate(config, kernels, dtype) if gates_mlp_input else None
+
+    def forward(self, h, cos, sin, kv_cache, meta):
+        h = h + self.attn(self.input_gate(self.rms_norm(h, self.input_norm, self.eps)), cos, sin, kv_cache, meta)
+        normed = self.rms_norm(h, self.post_attention_norm, self.eps)
+        return h + self.mlp(normed if self.post_attention_gate is None else self.post_attention_gate(normed))
+
+
+class AXK2ForCausalLM(DeepseekV3ForCausalLM):
+    """SK Telecom's A.X K2 (engine/axk2_config.py): DeepSeek-V3.2's model, each head's output gated (MLAConfig.
+    output_gate), its norms before attention, and before the experts, gated by a low-rank MLP of their output."""
+
+    renames = ((".input_layernorm.norm.", ".input_layernorm."),
+               (".post_attention_layernorm.norm.", ".post_attention_layernorm."))
+
+    def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
+        return GatedNormLayer(self.config, self.kernels, dtype, self._is_sparse(layer), sliding_window=None,
+                              is_sparse=self._is_sparse(layer), attention=MLAttention)
+
+    def _gate_names(self, layer: int, norm: str) -> list[str]:
+        return [f"model.layers.{layer}.{norm}.{weight}.weight" for weight in ("W_down", "W_up")]
+
+    def _attention_names(self, layer: int) -> list[str]:
+        return super()._attention_names(layer) + self._gate_names(layer, "input_layernorm")
+
+    def _mlp_names(self, layer: int) -> list[str]:
+        names = super()._mlp_names(layer)
+        return names + self._gate_names(layer, "post_attention_layernorm") if self._is_sparse(layer) else names
+
+    def _target(self, name: str) -> torch.Tensor:
+        parts = name.split(".")
+        if len(parts) == 6 and parts[4] in ("W_down", "W_up"):
+            layer = self.layers[int(parts[2])]
+            gate = layer.input_gate if parts[3] == "input_layernorm" else layer.post_attention_gate
+            return (gate.down_weight if parts[4] == "W_down" else gate.up_weight).data
         return super()._target(name)
 
 

@@ -66,7 +66,11 @@ class MLAttention(nn.Module):
             self.q_a_weight = empty_param(mla.q_lora_rank, hidden, dtype=dtype)
             self.q_a_bias = empty_param(mla.q_lora_rank, dtype=dtype) if config.qkv_bias else None
             self.q_a_norm = empty_param(mla.q_lora_rank, dtype=dtype)
-            self.q_b_weight = empty_param(q_size, mla.q_lora_rank, dtype=dtype)
+            if mla.output_gate:  # each head's q, then its gate, from [q's normed latent | the latent]
+                self.q_b_weight = empty_param(heads * (mla.qk_head_dim + mla.v_head_dim), 2 * mla.q_lora_rank,
+                                              dtype=dtype)
+            else:
+                self.q_b_weight = empty_param(q_size, mla.q_lora_rank, dtype=dtype)
         self.kv_a_weight = empty_param(mla.kv_lora_rank + mla.qk_rope_head_dim, hidden, dtype=dtype)
         self.kv_a_bias = empty_param(mla.kv_lora_rank + mla.qk_rope_head_dim, dtype=dtype) if config.qkv_bias else None
         self.kv_a_norm = empty_param(mla.kv_lora_rank, dtype=dtype)
@@ -89,12 +93,18 @@ class MLAttention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         cfg, mla, ops = self.config, self.mla, self.kernels
         num_tokens, heads, rope, nope = x.shape[0], cfg.num_heads, mla.qk_rope_head_dim, mla.qk_nope_head_dim
+        gates = None  # A.X K2's, each head's output's
         if mla.q_lora_rank is None:
             q = ops.linear(x, self.q_weight)
         else:
-            q_latent = ops.rms_norm(ops.linear(x, self.q_a_weight, self.q_a_bias), self.q_a_norm, cfg.rms_norm_eps)
-            q = ops.linear(q_latent, self.q_b_weight)
-        q_nope, q_rope = q.view(num_tokens, heads, mla.qk_head_dim).split([nope, rope], dim=-1)
+            q_raw = ops.linear(x, self.q_a_weight, self.q_a_bias)
+            q_latent = ops.rms_norm(q_raw, self.q_a_norm, cfg.rms_norm_eps)
+            if mla.output_gate:
+                q, gates = ops.linear(torch.cat((q_latent, q_raw), dim=-1), self.q_b_weight).view(
+                    num_tokens, heads, mla.qk_head_dim + mla.v_head_dim).split([mla.qk_head_dim, mla.v_head_dim], -1)
+            else:
+                q = ops.linear(q_latent, self.q_b_weight)
+        q_nope, q_rope = q.reshape(num_tokens, heads, mla.qk_head_dim).split([nope, rope], dim=-1)
         latent, k_rope = ops.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
         latent = ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps)
         if cos is not None:  # (Kimi-Linear's layers have no positions: their RoPE part of k is still shared)
@@ -124,6 +134,8 @@ class MLAttention(nn.Module):
             if self.has_indexer:
                 index = index_queries[s:e], index_weights[s:e]
             out[s:e] = self._prefill(q_nope[s:e], q_rope[s:e], rows[s:e], kv_cache, chunk, meta, index)
+        if gates is not None:
+            out = (out * torch.sigmoid(gates.float())).to(out.dtype)
         projected = ops.linear(out.view(num_tokens, heads * mla.v_head_dim), self.o_weight, self.o_bias)
         return projected if self.rank_sum is None else self.rank_sum(projected)
 
@@ -234,8 +246,9 @@ class MLAttention(nn.Module):
         rows = torch.arange(tensor.shape[0])
         if name.startswith("kv_a"):
             starts = [mla.kv_lora_rank]
-        else:
-            starts = [h * mla.qk_head_dim + mla.qk_nope_head_dim for h in range(self.config.num_heads)]
+        else:  # (a head's rows: its q, then its output gate's where it has one)
+            width = mla.qk_head_dim + (mla.v_head_dim if mla.output_gate and name == "q_b_proj.weight" else 0)
+            starts = [h * width + mla.qk_nope_head_dim for h in range(self.config.num_heads)]
         for start in starts:
             rows[start:start + rope] = start + order
         return tensor[rows]

@@ -161,6 +161,17 @@ TINY_MODELS = {
         num_hidden_layers=3, pad_token_id=0, index_topk=8, index_head_dim=16, index_n_heads=16,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
+    # A.X K2: V3.2's sparse attention with each head's output gated (q's up-projection fused with the gates, reading
+    # q's normed latent and the latent) and norms gated by a low-rank MLP of their output; routed in one group (A.X K2
+    # Light's) or in groups, the first layer dense.
+    **{name: ("AXK2Config", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        n_shared_experts=1, routed_scaling_factor=2.5, first_k_dense_replace=1, num_hidden_layers=3, pad_token_id=0,
+        index_topk=8, index_head_dim=16, index_n_heads=16, gated_norm_rank=8, **groups,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                      "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {})
+       for name, groups in (("axk2", {}), ("axk2-grouped", dict(n_group=4, topk_group=2)))},
     # GLM-5 (GlmMoeDsa): V3.2's sparse attention, its indexer's RoPE pairs side by side, layers 2 and 3 attending to the
     # tokens layer 1's indexer chose; routed in one group. (Its rms_norm_eps 1e-6: transformers norms q's and kv's
     # latents with 1e-6 whatever it says, vLLM and Baton with it.)

@@ -208,7 +208,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
                 "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla",
-                "apertus1p5")
+                "apertus1p5", "axk2", "axk2-grouped")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -520,6 +520,17 @@ def test_apertus_1_5s_release_serves_its_text_model_leaving_its_tokenizers_unrea
                                                                                         400)
     _check_last_logits(engine, model)
     engine.close()
+
+
+def test_axk2s_released_config_reads_as_transformers_reads_it(tiny_model_dirs, tmp_path):
+    """A.X K2's released configs give its dense layers by first_k_dense_replace and moe_layer_freq (transformers writes
+    mlp_layer_types) and A.X K2 Light's leave the routing groups out (one group); half a grouping is refused."""
+    released = copied_with_config(tiny_model_dirs["axk2"], tmp_path, {"first_k_dense_replace": 1, "moe_layer_freq": 1},
+                                  removed=("mlp_layer_types", "n_group", "topk_group"))
+    assert load_model_config(released) == load_model_config(tiny_model_dirs["axk2"])
+    halved = copied_with_config(tiny_model_dirs["axk2"], tmp_path / "halved", {"n_group": 4, "topk_group": None})
+    with pytest.raises(ModelConfigError, match="n_group and topk_group must be given together"):
+        load_model_config(halved)
 
 
 def test_axk1s_release_without_a_router_bias_routes_as_transformers_does(tiny_model_dirs, tmp_path):
