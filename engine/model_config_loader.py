@@ -189,7 +189,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         if arch not in (*SUPPORTED_ARCHITECTURES, *READ_AS):
             raise ModelConfigError(f"{path}: the text model of {archs[0]} is not one Baton serves "
                                    f"(model_type {cfg.get('model_type')!r})")
-    # Models read as others whose keys and layers theirs are (Sarvam's, Apertus 1.5's), and served as their own
+    # Models read as others whose keys and layers theirs are (Sarvam's, Apertus 1.5's, A.X K2's), served as their own
     served_as = sarvam_architecture(cfg, arch) or (arch if arch in READ_AS else None)
     if served_as is not None:
         try:

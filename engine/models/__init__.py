@@ -80,7 +80,7 @@ MODEL_REGISTRY = {
     "ApertusForCausalLM": ApertusForCausalLM,  # an xIELU MLP without a gate (engine/models/apertus.py)
     "Apertus1p5TextForCausalLM": ApertusForCausalLM,  # Apertus 1.5's, its LM head pruned (engine/apertus1p5_config.py)
     "ArceeForCausalLM": LlamaForCausalLM,  # its MLP without a gate, by its ModelConfig's hidden_act
-    "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread
+    "MiMoForCausalLM": LlamaForCausalLM,  # Qwen2's, its MTP layers left unread but as drafts (mimo_mtp.py)
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,

@@ -8,6 +8,10 @@ normed again (`enorm`, `hnorm`), joined by `eh_proj`, through one decoder layer 
 (multi-head latent attention and experts for DeepSeek); its output, normed by `shared_head.norm`, makes logits
 through `shared_head.head`, and is itself the next draft's hidden state. The first position's embedding is
 zeroed, as vLLM's layer zeroes it (the head is handed the token id MASKED there).
+
+The pieces other models' MTP layers share are here too: JoinedInputs (the joining of an embedding and a hidden
+state), LayerUnderPrefix (one layer under a prefix of the checkpoint's own: MiMo's, MiMo-V2-Flash's, Mellum 2's) and
+the config of such a head (`joined_head_config`).
 """
 from __future__ import annotations
 
