@@ -89,14 +89,18 @@ GEMMA = "GemmaForCausalLM"  # Gemma (1), CodeGemma: Llama's layers, Gemma's norm
 EXAONES = (EXAONE4, EXAONE_MOE)  # their attention alike (Kolibri-1's too: attention_layout.py)
 MIMO = "MiMoForCausalLM"  # Xiaomi MiMo: Qwen2's model, its multi-token prediction layers (model.mtp_layers) beside
 COHERE, COHERE2 = "CohereForCausalLM", "Cohere2ForCausalLM"  # Command R and R+; Command R7B and A
-COHERES = (COHERE, COHERE2, COHERE2_MOE)
+# Cohere's North (Cohere Compass)'s text model: Cohere2's layers with RoPE's pairs half a head apart, a theta a layer
+# type and no RoPE in a type without one, logits unscaled where logit_scale is null
+COHERE_COMPASS = "CohereCompassForCausalLM"
+COHERES = (COHERE, COHERE2, COHERE2_MOE, COHERE_COMPASS)
 ERNIE45S = (ERNIE45, ERNIE45_MOE)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
                            "Olmo3ForCausalLM", "SmolLM3ForCausalLM", GLM4_MOE, DEEPSEEK_V2,
                            DEEPSEEK_V3, LLAMA4, MINISTRAL3, GPT_OSS, GEMMA4, MINIMAX_M2, GLM4_MOE_LITE, SEED_OSS,
-                           ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, OLMOE, MIMO, MISTRAL4,
+                           ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, COHERE_COMPASS,
+                           OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
                            *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,

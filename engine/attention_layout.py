@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from engine.architectures import (
     COHERE2,
+    COHERE_COMPASS,
     COHERES,
     CWM,
     ERNIE45S,
@@ -45,7 +46,7 @@ from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.mla_config import MLAConfig
 from engine.moe_config import AFMOE, DOTS1, GPT_OSS, GRANITE_HYBRID, GRANITE_SWAS, LLAMA4, MISTRAL4
 from engine.mpt_config import MPT
-from engine.rope_config import rope_parameters, rope_theta, yarn_temperature
+from engine.rope_config import LAYER_TYPES, rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
 from engine.step3p7_config import STEP3P7
 
@@ -109,7 +110,7 @@ def layer_rope_thetas(cfg: dict, arch: str) -> tuple[float | None, float | None]
 def local_rope_theta(cfg: dict, arch: str) -> float | None:
     if arch in GRANITE_SWAS:
         return layer_rope_thetas(cfg, arch)[1]
-    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7, LAGUNA, MELLUM, MIMO_V2_FLASH):
+    if arch not in (GEMMA3, OLMO3, LFM3, STEP3P7, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE_COMPASS):
         return None
     params = rope_parameters(cfg, "sliding_attention")
     if params.get("rope_type", "default") != "default":
@@ -138,6 +139,10 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     # full layers without RoPE
     if arch in (COHERE2, FLINT) or (arch in (*EXAONES, KOLIBRI1) and sliding_window(cfg, arch) is not None):
         return sliding_layers(cfg, arch) if sliding_window(cfg, arch) is not None else frozenset()
+    if arch == COHERE_COMPASS:  # the layers of a type with RoPE parameters (a type's null: no RoPE)
+        types = cfg.get("layer_types") or ["full_attention"] * num_layers
+        nested = any(t in (cfg.get("rope_parameters") or {}) for t in LAYER_TYPES)
+        return frozenset(i for i, t in enumerate(types) if not nested or cfg["rope_parameters"].get(t))
     if arch == LFM3:  # its attention layers alone (a convolution reads no positions)
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
@@ -157,7 +162,7 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
 def llama4_attention(cfg: dict, arch: str) -> dict:
     if arch != LLAMA4:  # Ernie 4.5's, GLM-4's and Cohere's q and k hold RoPE's pairs side by side too
         return dict(attention_chunk_size=None, chunked_layers=frozenset(), qk_l2_norm=False,
-                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES, HELIUM, GPTJ))
+                    rope_interleaved=arch in (*ERNIE45S, *GLMS, *COHERES, HELIUM, GPTJ) and arch != COHERE_COMPASS)
     with_rope = rope_layers(cfg, arch)
     chunk = cfg.get("attention_chunk_size")
     types = cfg.get("layer_types") or ["chunked_attention" if i in with_rope and chunk else "full_attention"
@@ -187,7 +192,7 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
-    if arch in (*EXAONES, COHERE2, COHERE2_MOE):  # absent, transformers' default
+    if arch in (*EXAONES, COHERE2, COHERE2_MOE, COHERE_COMPASS):  # absent, transformers' default
         return cfg.get("sliding_window", 4096)
     if arch in GRANITE_SWAS:
         return cfg.get("sliding_window", 128)
@@ -210,13 +215,15 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, COHERE2_MOE, LFM3, DOTS1, *GRANITE_SWAS, AFMOE,
-                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1, FLINT):
+                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1, FLINT, COHERE_COMPASS):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:
         return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
     if arch == MINISTRAL:  # transformers': every layer, where there is a window
         return frozenset(range(num_layers))
+    if arch == COHERE_COMPASS:  # transformers': every layer full
+        return frozenset()
     if arch == DOTS1:  # transformers': windowed from max_window_layers on, where there is a window
         first = int(cfg.get("max_window_layers", 62))
         return frozenset(range(first, num_layers)) if cfg.get("sliding_window", 4096) is not None else frozenset()

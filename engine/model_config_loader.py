@@ -18,6 +18,7 @@ from engine.architectures import (
     BARE_MODELS,
     COHERE,
     COHERE2,
+    COHERE_COMPASS,
     COHERES,
     CWM,
     CWM_DEFAULTS,
@@ -431,7 +432,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             laguna=read_laguna_layout(cfg) if arch == LAGUNA else None,
             mimo_v2_flash=read_mimo_v2_flash_layout(cfg) if arch == MIMO_V2_FLASH else None,
             cohere2_moe=read_cohere2_moe_layout(cfg) if arch == COHERE2_MOE else None,
-            logit_scale=float(cfg.get("logit_scale", 0.0625)) if arch in COHERES else 1.0,
+            logit_scale=_logit_scale(cfg, arch),
             clip_qkv=float(cfg["clip_qkv"]) if arch in (OLMO, MPT, DBRX) and cfg.get("clip_qkv") is not None else None,
             alibi="bloom" if arch == BLOOM else "mpt" if arch == MPT else None,
             block_post_norms=arch == HYPERCLOVAX and bool(cfg.get("use_post_norm", True)),
@@ -616,3 +617,11 @@ def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def _logit_scale(cfg: dict, arch: str) -> float:
+    """Cohere's logits' scale: config.json's, else transformers' default (North's: none)."""
+    if arch not in COHERES:
+        return 1.0
+    given = cfg.get("logit_scale", None if arch == COHERE_COMPASS else 0.0625)
+    return 1.0 if given is None else float(given)

@@ -158,6 +158,7 @@ MODEL_REGISTRY = {
     "CohereForCausalLM": CohereForCausalLM,
     "Cohere2ForCausalLM": CohereForCausalLM,  # with sliding-window layers, RoPE in those only, as its ModelConfig says
     "Cohere2MoeForCausalLM": CohereForCausalLM,  # Command A MoE: experts beside shared ones (cohere.py)
+    "CohereCompassForCausalLM": CohereForCausalLM,  # North's text model, as its ModelConfig says
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,

@@ -526,6 +526,15 @@ TINY_MODELS = {
                                             "partial_rotary_factor": 0.334},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 0.334}}), {}),
+    # North's text model (Cohere Compass): Cohere2's parallel layers and windows with RoPE's pairs half a head apart
+    # (Qwen3-VL's multimodal RoPE, a text's positions alike), RoPE in the sliding layers alone (the full type's null),
+    # logits scaled.
+    "cohere-compass": ("CohereCompassTextConfig", dict(
+        num_hidden_layers=4, sliding_window=48, head_dim=16, logit_scale=0.5, pad_token_id=0,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "mrope_section": [4, 2, 2], "mrope_interleaved": True},
+                         "full_attention": None}), {}),
     # Command A MoE: Command A's layers (windows in three of four, RoPE in those and the dense first layer) with RMS
     # norms, then 2 of 4 experts by the softmax of their logits (or their sigmoids, renormalized) beside a shared
     # expert, averaged (or summed).
