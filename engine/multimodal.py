@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.apertus1p5_config import APERTUS1P5_TEXT
+from engine.architectures import COHERE_COMPASS
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
 from engine.minimax_m3_config import MINIMAX_M3
@@ -154,6 +155,12 @@ MULTIMODAL = {
         text_architecture=functools.partial(_named, QWEN4_EXP),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("visual.", "model.visual."), interleaved_mrope=True),
+    # Cohere's North (Cohere Compass): its text model Command A's with Qwen3-VL's interleaved multimodal RoPE in the
+    # layers with RoPE, Qwen3-VL's tower and DeepStack.
+    "CohereCompassForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, COHERE_COMPASS),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("visual.", "model.visual."), vision_config=qwen3_vl_vision_config, interleaved_mrope=True),
     # Apertus 1.5 as released: its text model, its LM head pruned (engine/apertus1p5_config.py); its images' and audio's
     # tokenizers (codes of its vocabulary) not yet.
     "Apertus1p5ForConditionalGeneration": MultimodalCheckpoint(

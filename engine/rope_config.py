@@ -114,8 +114,9 @@ def context_dependent_rope(cfg: dict, arch: str, max_model_len: int | None) -> s
 
 def mrope_section(cfg: dict) -> tuple[int, ...] | None:
     """Multimodal RoPE's (Qwen2.5-VL's) split of a head's frequencies between a token's time, height and width
-    positions, in numbers of frequencies; None for a model with one position a token."""
-    scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
+    positions, in numbers of frequencies; None for a model with one position a token. (North's full layers have no
+    RoPE: its sliding layers' parameters say.)"""
+    scaling = _multimodal_rope(cfg)
     section = scaling.get("mrope_section")
     return tuple(int(n) for n in section) if section else None
 
@@ -123,5 +124,9 @@ def mrope_section(cfg: dict) -> tuple[int, ...] | None:
 def mrope_interleaved(cfg: dict) -> bool:
     """Whether multimodal RoPE's sections interleave over a head's frequencies (Qwen3-VL's: time, height, width,
     time, ...) rather than follow one another (Qwen2.5-VL's)."""
-    scaling = cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention") or {}
-    return bool(scaling.get("mrope_interleaved"))
+    return bool(_multimodal_rope(cfg).get("mrope_interleaved"))
+
+
+def _multimodal_rope(cfg: dict) -> dict:
+    return (cfg.get("rope_scaling") or rope_parameters(cfg, "full_attention")
+            or rope_parameters(cfg, "sliding_attention") or {})

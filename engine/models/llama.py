@@ -215,13 +215,12 @@ class LlamaForCausalLM(nn.Module):
         """Each layer's cos and sin at `positions` ([T, D] each): the model's, the sliding-window
         layers' own where they have one (Gemma 3, OLMo 3), None for a layer without RoPE (SmolLM3).
         `positions` [3, T]: multimodal RoPE's time, height and width positions, each turning its section."""
-        if positions.dim() == 2:
-            return itertools.repeat((self._mrope(self.rope_cos, positions), self._mrope(self.rope_sin, positions)))
-        full = self.rope_cos[positions], self.rope_sin[positions]
+        def at(table: torch.Tensor) -> torch.Tensor:
+            return self._mrope(table, positions) if positions.dim() == 2 else table[positions]
+        full = at(self.rope_cos), at(self.rope_sin)
         if self._has_one_rope:
             return itertools.repeat(full)
-        local = ((self.local_rope_cos[positions], self.local_rope_sin[positions])
-                 if self.config.local_rope_theta is not None else full)
+        local = (at(self.local_rope_cos), at(self.local_rope_sin)) if self.config.local_rope_theta is not None else full
         return [(None, None) if i not in self.config.rope_layers else local if layer.attn.sliding_window is not None
                 else full for i, layer in enumerate(self.layers)]
 

@@ -16,9 +16,12 @@ from typing import Any, NamedTuple
 
 QWEN_IMAGE_TOKEN, QWEN_VIDEO_TOKEN = "<|image_pad|>", "<|video_pad|>"
 QWEN_VISION_START, QWEN_VISION_END = "<|vision_start|>", "<|vision_end|>"
-# Whose images and videos are served, by model_type.
-QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
-TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")  # whose frame pairs each go after their time
+# Whose images and videos are served, by model_type (North's by Qwen3-VL's processor, under marks of its own).
+QWEN_VIDEOS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "cohere_compass")
+# whose frame pairs each go after their time
+TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "cohere_compass")
+# CohereCompassProcessor's marks: image, video, vision start and end
+NORTH_MARKS = ("<|IMAGE_PAD|>", "<|VIDEO_PAD|>", "<|VISION_START|>", "<|VISION_END|>")
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 # Llama4Processor's, by the names processor_config.json gives them.
 LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
@@ -98,6 +101,8 @@ class ImageRunTokens:
     # Qwen3-VL's: the template's video between its vision marks made a run of each frame pair, between marks of its
     # own, after its time ("<1.5 seconds>"), as Qwen3VLProcessor writes it.
     timed: bool = False
+    vision_start: str = QWEN_VISION_START
+    vision_end: str = QWEN_VISION_END
 
     def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
         """`text` with the mark of each image (and video), of `image_sizes` as its processor resized it, made its
@@ -105,7 +110,7 @@ class ImageRunTokens:
         mark (or the converse)."""
         if not self.video:
             return _each_image(text, self.token, image_sizes, num_images, self._run)
-        video_mark = QWEN_VISION_START + self.video + QWEN_VISION_END if self.timed else self.video
+        video_mark = self.vision_start + self.video + self.vision_end if self.timed else self.video
         marks = re.compile(f"{re.escape(self.token)}|{re.escape(video_mark)}")
         found = marks.findall(text)
         if len(found) != num_images:
@@ -127,7 +132,7 @@ class ImageRunTokens:
         if len(size.times) != pairs:
             raise ValueError(f"a video of {pairs} frame pair(s) needs each one's time, got {len(size.times)}")
         run = self.video * self._squares(size.height, size.width)
-        return "".join(f"<{time:.1f} seconds>{QWEN_VISION_START}{run}{QWEN_VISION_END}" for time in size.times)
+        return "".join(f"<{time:.1f} seconds>{self.vision_start}{run}{self.vision_end}" for time in size.times)
 
     def _run(self, height: int, width: int, frames: int = 0) -> str:
         if frames:
@@ -238,8 +243,10 @@ def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[s
     if model_config.get("model_type") in QWEN_VIDEOS:
         vision = model_config.get("vision_config") or {}
         step = int(vision.get("patch_size", 14)) * int(vision.get("spatial_merge_size", 2))
-        return ImageRunTokens(QWEN_IMAGE_TOKEN, step, QWEN_VIDEO_TOKEN, int(vision.get("temporal_patch_size", 2)),
-                              timed=model_config["model_type"] in TIMED_VIDEOS)
+        image, video, start, end = NORTH_MARKS if model_config["model_type"] == "cohere_compass" else (
+            QWEN_IMAGE_TOKEN, QWEN_VIDEO_TOKEN, QWEN_VISION_START, QWEN_VISION_END)
+        return ImageRunTokens(image, step, video, int(vision.get("temporal_patch_size", 2)),
+                              timed=model_config["model_type"] in TIMED_VIDEOS, vision_start=start, vision_end=end)
     if processor_config.get("processor_class") != "PixtralProcessor" and model_config.get("model_type") != "mistral3":
         return None
     tokens = {name: processor_config.get(name) or default for name, default in PIXTRAL_TOKENS.items()}

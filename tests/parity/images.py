@@ -36,11 +36,19 @@ QWEN3_VL_MOE_TEXT = dict(QWEN3_VL_TEXT, num_experts=4, num_experts_per_tok=2, mo
 # Qwen2-VL's: its tower's width embed_dim, its rows' hidden_size.
 QWEN2_VL_VISION = dict(embed_dim=32, hidden_size=64, depth=4, num_heads=4, mlp_ratio=2, patch_size=4,
                        spatial_merge_size=2, temporal_patch_size=2)
+# North's (Cohere Compass's): its text model Command A's (RoPE in its sliding layers alone, here with Qwen3-VL's
+# interleaved multimodal RoPE; the window shorter than a prompt with images), Qwen3-VL's tower and DeepStack.
+COMPASS_TEXT = dict(QWEN2_5_VL_TEXT, num_hidden_layers=3, head_dim=16, sliding_window=32, logit_scale=0.5,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                           "mrope_interleaved": True, "rope_theta": 10000.0},
+                                     "full_attention": None})
 QWEN_VL = {  # config class, model class, tiny text and vision settings
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", QWEN2_5_VL_TEXT, QWEN2_VL_VISION),
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", QWEN2_5_VL_TEXT, QWEN2_5_VL_VISION),
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", QWEN3_VL_TEXT, QWEN3_VL_VISION),
     "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", QWEN3_VL_MOE_TEXT, QWEN3_VL_VISION),
+    "cohere_compass": ("CohereCompassConfig", "CohereCompassForConditionalGeneration", COMPASS_TEXT, QWEN3_VL_VISION),
 }
 # Qwen3.5's: its hybrid text model (Gated DeltaNet layers between full-attention ones, a quarter of each 32-wide head
 # turned by multimodal RoPE, interleaved whatever the config says), Qwen3-VL's tower without DeepStack.

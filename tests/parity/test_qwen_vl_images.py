@@ -1,5 +1,6 @@
-"""Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE against transformers' Qwen2_5_VLForConditionalGeneration,
-Qwen3VLForConditionalGeneration and Qwen3VLMoeForConditionalGeneration on the same weights: their text models with
+"""Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and Cohere's North against transformers' Qwen2_5_VLForConditionalGeneration,
+Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration and CohereCompassForConditionalGeneration on the
+same weights (North's text model Command A's, its full layers without RoPE): their text models with
 multimodal RoPE (a text token's three positions one; Qwen3-VL's sections interleaved; Qwen3-VL-MoE's experts
 fused, as released or as transformers 5 saves them), and their images: the tower and patch merger's rows in place
 of each image's run of tokens (Qwen2.5-VL's windowed tower; Qwen3-VL's with learnt positions resampled to the

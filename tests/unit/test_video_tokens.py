@@ -59,3 +59,13 @@ def test_qwen3_5s_image_mark_is_a_run_of_a_token_a_square(model_type):
     """Qwen3.5's processor (Qwen3-VL's): a token for each 32-pixel square of the resized image."""
     config = {"model_type": model_type, "vision_config": {"patch_size": 16, "spatial_merge_size": 2}}
     assert read_image_tokens({}, {}, config).expanded(f"a {IMAGE} b", [ImageSize(64, 96)], 1) == f"a {IMAGE * 6} b"
+
+
+def test_norths_marks_are_its_own_and_its_videos_timed_as_qwen3_vls():
+    """CohereCompassProcessor's (Qwen3VLProcessor's, under marks of its own)."""
+    tokens = read_image_tokens({}, {}, {**QWEN2_VL, "model_type": "cohere_compass"})
+    image, video, start, end = "<|IMAGE_PAD|>", "<|VIDEO_PAD|>", "<|VISION_START|>", "<|VISION_END|>"
+    text = f"a {start}{video}{end} b {start}{image}{end}"
+    sizes = [ImageSize(28, 56, frames=2, times=(0.5,)), ImageSize(28, 56)]
+    assert tokens.expanded(text, sizes, 2) == f"a <0.5 seconds>{start}{video * 2}{end} b {start}{image * 2}{end}"
+
