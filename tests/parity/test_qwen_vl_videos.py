@@ -3,8 +3,8 @@ Qwen2_5_VLForConditionalGeneration and Qwen3VLForConditionalGeneration on the sa
 at a time by the tower (a pair's patches spanning both frames, each pair attending within itself), its rows one run of
 video tokens placed by multimodal RoPE with its frame pairs one time position apart (Qwen2-VL's) or tokens_per_second
 a second apart (Qwen2.5-VL's, by the video's frames a second); Qwen3-VL's (and Qwen3.5's, without DeepStack, in its
-hybrid text model) a run a frame pair, each after its time in text and placed as an image is, DeepStack's rows added
-at them; beside images in the same prompt; features, greedy
+hybrid text model; and Cohere's North's, in its Command A text model) a run a frame pair, each after its time in text
+and placed as an image is, DeepStack's rows added at them; beside images in the same prompt; features, greedy
 tokens and logprobs, in one chunk or many; decoded from handed-over pages without its pixels."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ FPS = 4.0  # Qwen2.5-VL's pairs then 2 / 4 s x 2 tokens a second = one time posi
 VIDEOS = [(4, 32, 48), (6, 24, 16)]
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "cohere_compass"])
 def qwen_vl(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     times = {"tokens_per_second": 2} if request.param == "qwen2_5_vl" else {}
@@ -78,7 +78,7 @@ def _prompt(seed: int, items: list[ImageInput], timed: bool = False) -> list[int
 
 
 def _timed(model) -> bool:
-    return "Qwen3" in type(model).__name__
+    return type(model).__name__.startswith(("Qwen3", "CohereCompass"))  # (North's processor is Qwen3-VL's)
 
 
 def _hf_video_inputs(videos: list[ImageInput], with_times: bool) -> dict:
