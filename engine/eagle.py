@@ -43,7 +43,9 @@ from engine.models.mimo_v2_flash_mtp import mimo_v2_flash_mtp_config
 from engine.models.mtp import MASKED, MTP_HEADS, mtp_head_config
 from engine.models.nemotron_h_mtp import nemotron_h_mtp_config
 from engine.models.qwen3_next_mtp import qwen3_next_mtp_config
+from engine.models.step3p7_mtp import step3p7_mtp_config
 from engine.sequence import Sequence
+from engine.step3p7_config import STEP3P7
 
 HEAD_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
 
@@ -93,11 +95,12 @@ def load_head_config(model_dir: str, method: str, target: ModelConfig) -> ModelC
 
 
 # Targets whose checkpoints hold MTP layers under a prefix of their own (Baton drafts with the first): the first's
-# joining projection, and the head's config of config.json's keys and the target's (and whether the head reads the
-# embeddings and LM head).
+# joining projection (`{layer}`: the target's layer count), and the head's config of config.json's keys and the
+# target's (and whether the head reads the embeddings and LM head).
 PREFIXED_MTP_LAYERS = {MIMO_V2_FLASH: ("model.mtp.layers.0.eh_proj.weight", mimo_v2_flash_mtp_config),
                        MIMO: ("model.mtp_layers.0.input_proj.weight", mimo_mtp_config),
-                       MELLUM: ("mtp.fc.weight", mellum_mtp_config)}
+                       MELLUM: ("mtp.fc.weight", mellum_mtp_config),
+                       STEP3P7: ("model.layers.{layer}.eh_proj.weight", step3p7_mtp_config)}
 
 
 def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = False) -> ModelConfig:
@@ -110,6 +113,7 @@ def load_mtp_config(model_dir: str, target: ModelConfig, split_target: bool = Fa
         return _nemotron_h_mtp_config(model_dir, target)
     if target.architecture in PREFIXED_MTP_LAYERS:
         projection, config_of = PREFIXED_MTP_LAYERS[target.architecture]
+        projection = projection.format(layer=target.num_layers)
         if projection not in checkpoint_files(model_dir):
             raise ValueError(f"{model_dir}: the checkpoint has no MTP layer ({projection}); some releases leave it out")
         return config_of(json.loads((Path(model_dir) / "config.json").read_text()), target, split_target)

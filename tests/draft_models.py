@@ -318,6 +318,41 @@ def with_mellum_mtp_layer(model_dir, target_dir, attention: str = "sliding_atten
     return target_dir
 
 
+def with_step3p7_mtp_layer(model_dir, target_dir, attention: str = "full_attention", mlp: str = "dense",
+                            seed: int = 0):
+    """A copy of a Step-3.7 checkpoint with an MTP layer past its own (`model.layers.{N}.`, of the kinds its config's
+    `mtp_layer_types` and `mtp_mlp_layer_types` name, as transformers saves them): its attention shaped as the
+    model's first layer of kind `attention`, its MLP as its first of kind `mlp`, random, beside `enorm`, `hnorm`,
+    `eh_proj`, `shared_head.norm` and a random `shared_head.output` (which transformers leaves unread)."""
+    import torch
+
+    shutil.copytree(model_dir, target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    text = config["text_config"]
+    text |= {"num_nextn_predict_layers": 1, "mtp_layer_types": [attention], "mtp_mlp_layer_types": [mlp]}
+    (target_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(target_dir / "model.safetensors")
+    mtp = f"model.layers.{text['num_hidden_layers']}."
+    attention_layer = f"model.layers.{text['layer_types'].index(attention)}."
+    mlp_layer = f"model.layers.{text['mlp_layer_types'].index(mlp)}."
+    generator = torch.Generator().manual_seed(seed)
+    like = random_like(generator)
+    for name, t in list(tensors.items()):
+        if name.startswith((attention_layer + "self_attn.", attention_layer + "input_layernorm.")):
+            tensors[name.replace(attention_layer, mtp, 1)] = like(t)
+        elif name.startswith(tuple(mlp_layer + part for part in
+                                   ("mlp.", "moe.", "share_expert.", "post_attention_layernorm."))):
+            tensors[name.replace(mlp_layer, mtp, 1)] = like(t)
+    norm, hidden = tensors["model.norm.weight"], text["hidden_size"]
+    tensors |= {mtp + "eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=generator) / hidden,
+                mtp + "enorm.weight": like(norm), mtp + "hnorm.weight": like(norm),
+                mtp + "shared_head.norm.weight": like(norm),
+                mtp + "shared_head.output.weight": like(tensors["lm_head.weight"])}
+    save_file({name: t.contiguous().clone() for name, t in tensors.items()}, target_dir / "model.safetensors",
+              metadata={"format": "pt"})
+    return target_dir
+
+
 def random_like(generator):
     """A random tensor shaped as the one it is given: a vector (a norm, a bias) about its mean, a matrix scaled by
     its inputs' count."""

@@ -58,6 +58,7 @@ from engine.models.qwen3_next import Qwen3NextForCausalLM
 from engine.models.qwen3_next_mtp import Qwen3NextMTP
 from engine.models.qwen4_exp import Qwen4ExpForCausalLM
 from engine.models.step3p7 import Step3p7ForCausalLM
+from engine.models.step3p7_mtp import Step3p7MTP
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -181,6 +182,7 @@ MODEL_REGISTRY = {
     "MiMoV2FlashMTP": MiMoV2FlashMTP,  # MiMo-V2-Flash's (engine/models/mimo_v2_flash_mtp.py)
     "MiMoMTP": MiMoMTP,  # Xiaomi MiMo's (engine/models/mimo_mtp.py)
     "MellumMTP": MellumMTP,  # Mellum 2's (engine/models/mellum_mtp.py)
+    "Step3p7MTP": Step3p7MTP,  # Step-3.7's (engine/models/step3p7_mtp.py)
     # Encoders, for embeddings (engine/encoder_config.py): RoBERTa's are BERT's with positions offset.
     "BertModel": BertModel,
     "RobertaModel": BertModel,

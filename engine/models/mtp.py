@@ -157,17 +157,17 @@ class LayerUnderPrefix(JoinedInputs):
 
 
 def joined_head_config(target: ModelConfig, architecture: str, reads_vocabulary: bool, masks_first: bool = False,
-                       **changes) -> ModelConfig:
+                       mtp_layer: int = 0, **changes) -> ModelConfig:
     """A LayerUnderPrefix head's ModelConfig: the target's, of one layer (`changes` past that); `reads_vocabulary`:
     its embeddings and LM head read from the checkpoint rather than shared with the target (a target split across
     ranks holds a share of each)."""
-    return dataclasses.replace(target, architecture=architecture, num_layers=1, rope_layers=frozenset({0}),
-                               layer_num_heads=None,
-                               # (one table until share, the target's, unless it reads them)
-                               tie_word_embeddings=target.tie_word_embeddings if reads_vocabulary else True,
-                               eagle=EagleConfig("mtp", target.vocab_size, target.hidden_size,
-                                                 has_embeddings=reads_vocabulary, has_lm_head=reads_vocabulary,
-                                                 masks_first=masks_first), **changes)
+    return dataclasses.replace(target, **{
+        "architecture": architecture, "num_layers": 1, "rope_layers": frozenset({0}), "layer_num_heads": None,
+        # (one table until share, the target's, unless it reads them)
+        "tie_word_embeddings": target.tie_word_embeddings if reads_vocabulary else True,
+        "eagle": EagleConfig("mtp", target.vocab_size, target.hidden_size, has_embeddings=reads_vocabulary,
+                             has_lm_head=reads_vocabulary, masks_first=masks_first, mtp_layer=mtp_layer),
+        **changes})
 
 
 def read_own(tensors: Iterable[tuple[str, torch.Tensor]], own: dict[str, torch.Tensor],

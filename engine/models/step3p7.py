@@ -52,7 +52,7 @@ class ClampedSparseMoE(SparseMoE):
 class Step3p7ForCausalLM(LlamaForCausalLM):
     renames = ((".moe.gate.weight", ".mlp.gate.weight"), (".moe.router_bias", ".mlp.gate.e_score_correction_bias"),
                (".moe.", ".mlp.experts."), (".share_expert.", ".mlp.shared_experts."))
-    has_mtp_layers = True  # released with num_nextn_predict_layers after its own (transformers leaves them unread too)
+    has_mtp_layers = True  # released with num_nextn_predict_layers past its own: the first drafts (step3p7_mtp.py)
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         config, step = self._layer_config(layer), self.config.step3p7

@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.speculative import SpeculativeConfig
 from tests.draft_models import with_mellum_mtp_layer
-from tests.parity.test_mtp import PARAMS, PROMPTS, _first_drafts, greedy_drafts
+from tests.parity.test_mtp import PARAMS, PROMPTS, check_first_drafts, mtp_model_drafts
 from tests.unit.test_draft_model import _run
 from tests.unit.test_speculative import assert_same_outputs
 
@@ -32,35 +32,14 @@ def mtp_models(tiny_model_dirs, tmp_path_factory):
             for kinds in KINDS}
 
 
-def _reference_drafts(model_dir, prompt: list[int], num_drafts: int) -> list[int]:
-    """transformers' MtpModel of the checkpoint: its layer over the target's last hidden states and the tokens one
-    ahead (the mask and RoPE of its layer's kind), each draft its logits' greedy pick, its output the next draft's
-    hidden state."""
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_layers import MtpModel
-
-    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    mtp = MtpModel.from_pretrained(target).eval()
-    with torch.no_grad():
-        features = target.model(torch.tensor([prompt])).last_hidden_state[0]
-        first = int(target.lm_head(features[-1]).argmax())
-
-    def through(tokens: list[int], features: torch.Tensor) -> torch.Tensor:
-        return mtp.forward_layer(0, features[None], torch.arange(len(tokens))[None], None,
-                                 input_ids=torch.tensor([tokens]))[0]
-
-    return greedy_drafts(prompt[1:] + [first], features, num_drafts, through, mtp._project_to_logits)
-
-
 @pytest.mark.parametrize("kinds", KINDS)
 @pytest.mark.parametrize("length", [37, 3, 70])  # 70: past the window of 48
 def test_the_mtp_layers_drafts_are_transformers_mtp_models(mtp_models, kinds, length):
+    from transformers import AutoModelForCausalLM
+
     prompt = [(13 * j) % 400 + 5 for j in range(length)]
-    engine = LLMEngine(EngineConfig(model=str(mtp_models[kinds]), num_kv_blocks=64, max_num_batched_tokens=16,
-                                    speculative=MTP))
-    assert engine.runner.kv_pool.tensor.shape[0] == engine.model_config.num_layers + 1  # its layer's KV in the pages
-    assert _first_drafts(engine, prompt) == _reference_drafts(mtp_models[kinds], prompt, 3)
-    engine.close()
+    target = AutoModelForCausalLM.from_pretrained(mtp_models[kinds], dtype=torch.float32).eval()
+    check_first_drafts(mtp_models[kinds], prompt, mtp_model_drafts(target, prompt, 3))
 
 
 @pytest.mark.parametrize("size", [1, 2])

@@ -72,6 +72,35 @@ def greedy_drafts(tokens: list[int], features: torch.Tensor, num_drafts: int,
     return drafts
 
 
+def mtp_model_drafts(target, prompt: list[int], num_drafts: int) -> list[int]:
+    """transformers' own MtpModel (`generate(use_mtp=True)`'s) of the checkpoint `target` (a transformers model) was
+    read from: its first layer over the target's last hidden states and the tokens one ahead (the mask and RoPE of
+    the layer's kind), each draft its logits' greedy pick, its output the next draft's hidden state."""
+    from transformers.modeling_layers import MtpModel
+
+    mtp = MtpModel.from_pretrained(target).eval()
+    with torch.no_grad():
+        features = target.model(input_ids=torch.tensor([prompt])).last_hidden_state[0]
+        first = int(target.lm_head(features[-1]).argmax())
+
+    def through(tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        return mtp.forward_layer(0, features[None], torch.arange(len(tokens))[None], None,
+                                 input_ids=torch.tensor([tokens]))[0]
+
+    return greedy_drafts(prompt[1:] + [first], features, num_drafts, through, mtp._project_to_logits)
+
+
+def check_first_drafts(model_dir, prompt: list[int], reference: list[int]) -> None:
+    """The checkpoint's MTP layer, `{"method": "mtp"}`, keeps its KV in the target's pages and drafts `reference`
+    after `prompt` (prefilled in chunks of 16) and the target's first token."""
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, max_num_batched_tokens=16,
+                                    speculative=SpeculativeConfig.from_dict({"method": "mtp",
+                                                                             "num_speculative_tokens": 3})))
+    assert engine.runner.kv_pool.tensor.shape[0] == engine.model_config.num_layers + 1
+    assert _first_drafts(engine, prompt) == reference
+    engine.close()
+
+
 def causal_mask(n: int) -> torch.Tensor:
     return torch.full((n, n), float("-inf")).triu(1)[None, None]
 
