@@ -13,6 +13,7 @@ step are RankGroup's (engine/tensor_parallel.py).
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 import multiprocessing
@@ -302,3 +303,10 @@ def _serve_steps(runner: ModelRunner, pipe: Connection) -> None:
 
 if __name__ == "__main__":
     _serve_rank(Connection(int(sys.argv[1])))
+    # The interpreter's own teardown of torch and the model's modules would take most of a second more, and has
+    # nothing of this process's to finish: ended here once its exit handlers have run, as multiprocessing ends its
+    # children.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
