@@ -30,6 +30,7 @@ from engine.vision.vision_config import (
     qwen2_vl_vision_config,
     qwen3_5_vision_config,
     qwen3_vl_vision_config,
+    step3p7_vision_config,
 )
 
 
@@ -168,13 +169,13 @@ MULTIMODAL = {
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("model.vision_tokenizer.", "model.audio_tokenizer.")),
     # Step-3.7 as released: its text model (engine/models/step3p7.py) by StepFun's names, at the top level; its images
-    # not yet.
+    # by its own tower (engine/vision/step3p7_images.py).
     "Step3p7ForConditionalGeneration": MultimodalCheckpoint(
         text_architecture=functools.partial(_named, STEP3P7),
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("vision_model.", "vit_large_projector.", "model.vision_model.",
                          "model.multi_modal_projector."),
-        text_defaults=STEP3P7_TEXT_DEFAULTS),
+        text_defaults=STEP3P7_TEXT_DEFAULTS, vision_config=step3p7_vision_config),
 }
 
 

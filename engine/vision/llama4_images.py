@@ -54,7 +54,7 @@ class Llama4ImageEncoder(nn.Module):
         self.class_embedding = empty_param(hidden, dtype=dtype)
         self.positions = empty_param(config.patches_per_side ** 2 + 1, hidden, dtype=dtype)
         self.pre_norm_weight, self.pre_norm_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
-        self.layers = nn.ModuleList(EncoderLayer(config, dtype, gelu_approximate="none")
+        self.layers = nn.ModuleList(EncoderLayer(config, dtype, activation="gelu")
                                     for _ in range(config.num_layers))
         self.post_norm_weight, self.post_norm_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
         self.adapter1_weight = empty_param(config.projector_input_dim, config.intermediate_size, dtype=dtype)

@@ -4,6 +4,7 @@ layers of full attention and a tanh-GELU MLP, a final LayerNorm. (Its pooling he
 projectors that follow take every patch.)"""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -20,14 +21,27 @@ SIGLIP_LAYER_NAMES = ("layer_norm1", "layer_norm2", "self_attn.out_proj")
 LLAMA4_LAYER_NAMES = ("input_layernorm", "post_attention_layernorm", "self_attn.o_proj")
 
 
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+# The MLPs' activations, by transformers' names.
+ACTIVATIONS = {"gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"), "gelu": F.gelu,
+               "quick_gelu": quick_gelu}
+
+
 class EncoderLayer(nn.Module):
     """A pre-norm layer of full attention and a GELU MLP, biases everywhere: SigLIP's (GELU's tanh
-    approximation); Llama 4's tower's too (exact GELU, its q and k turned by 2D RoPE)."""
+    approximation); Llama 4's tower's too (exact GELU, its q and k turned by 2D RoPE); Step-3.7's (quick GELU, each
+    branch's output scaled by a learnt vector: `layer_scales`)."""
 
-    def __init__(self, config: VisionConfig, dtype: torch.dtype, gelu_approximate: str = "tanh") -> None:
+    def __init__(self, config: VisionConfig, dtype: torch.dtype, activation: str = "gelu_pytorch_tanh",
+                 layer_scales: bool = False) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.num_heads, self.eps, self.gelu_approximate = config.num_heads, config.layer_norm_eps, gelu_approximate
+        self.num_heads, self.eps, self.activation = config.num_heads, config.layer_norm_eps, ACTIVATIONS[activation]
+        self.scale1 = empty_param(hidden, dtype=dtype) if layer_scales else None
+        self.scale2 = empty_param(hidden, dtype=dtype) if layer_scales else None
         self.norm1_weight, self.norm1_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
         self.norm2_weight, self.norm2_bias = empty_param(hidden, dtype=dtype), empty_param(hidden, dtype=dtype)
         self.qkv_weight = empty_param(3 * hidden, hidden, dtype=dtype)
@@ -54,11 +68,12 @@ class EncoderLayer(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if turned is not None:
             q, k = turned(q), turned(k)
-        attended = F.scaled_dot_product_attention(q, k, v)
-        h = h + F.linear(attended.transpose(1, 2).flatten(2), self.out_weight, self.out_bias)
+        attended = F.linear(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2), self.out_weight,
+                            self.out_bias)
+        h = h + (attended if self.scale1 is None else attended * self.scale1)
         x = F.layer_norm(h, (hidden,), self.norm2_weight, self.norm2_bias, self.eps)
-        x = F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias), approximate=self.gelu_approximate)
-        return h + F.linear(x, self.fc2_weight, self.fc2_bias)
+        x = F.linear(self.activation(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+        return h + (x if self.scale2 is None else x * self.scale2)
 
 
 class SiglipVisionTower(nn.Module):

@@ -8,6 +8,7 @@ from typing import Any
 GEMMA3, PIXTRAL, QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "gemma3", "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 LLAMA4 = "llama4"
 GEMMA4 = "gemma4"
+STEP3P7 = "step3p7"
 # Images of any size in whole squares, one run of tokens, placed by multimodal RoPE.
 QWENS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
@@ -19,7 +20,9 @@ class VisionConfig:
     # learnt positions resampled to the image, its rows placed so and added to the text model's first layers' too;
     # QWEN2_VL: Qwen2-VL's, Qwen3-VL's without those (engine/vision/qwen3_vl_images.py); LLAMA4: Llama 4's tower over
     # square tiles of a fixed size, each tile's patches pixel-shuffled 2x2 into its rows; GEMMA4: Gemma 4's tower over
-    # an image of any size in whole squares of spatial_merge_size x spatial_merge_size patches, each averaged to a row.
+    # an image of any size in whole squares of spatial_merge_size x spatial_merge_size patches, each averaged to a row;
+    # STEP3P7: Step-3.7's tower over square views (an image's global one, its local crops), learnt positions resampled
+    # to each, its patch grid downsampled 4x4 into rows by two strided convolutions.
     family: str
     hidden_size: int
     intermediate_size: int
@@ -101,7 +104,7 @@ class VisionConfig:
         tile followed by another image, its global tile, a run of its own)."""
         if self.family == GEMMA3:
             return 1, self.tokens_per_image
-        if self.family == GEMMA4:  # one run, a row a square of patches
+        if self.family in (GEMMA4, STEP3P7):  # one run, a row a square of patches
             return 1, (height // self.pixels_per_row) * (width // self.pixels_per_row)
         if self.family == LLAMA4:
             return (height // self.image_size) * (width // self.image_size), self.tokens_per_image
@@ -126,7 +129,7 @@ class VisionConfig:
             most = self.num_position_embeddings * self.patch_size  # a patch's learnt positions go no further
             return None if 0 < height <= most and 0 < width <= most and not height % step and not width % step else \
                 f"must have sides of whole multiples of {step} pixels, at most {most}"
-        if self.family in QWENS:
+        if self.family in (*QWENS, STEP3P7):
             return None if height > 0 and width > 0 and not height % step and not width % step else \
                 f"must have sides of whole multiples of {step} pixels"
         most = -(-self.image_size // step) * step  # the processor rounds a side up to a whole row's pixels
@@ -376,4 +379,40 @@ def llama4_vision_config(cfg: dict[str, Any]) -> VisionConfig:
                          "equal (the adapter's second layer and the projector take the first's output)")
     if (config.hidden_size // config.num_heads) % 4:
         raise ValueError("vision_config's head size must be a multiple of 4 (2D RoPE)")
+    return config
+
+
+# Step3p7VisionConfig's and Step3p7Config's, where config.json leaves them out (the released config's older names of
+# its width, depth, heads and layer scales read too).
+STEP3P7_VISION_DEFAULTS = {"hidden_size": 1536, "num_hidden_layers": 47, "num_attention_heads": 16, "num_channels": 3,
+                           "image_size": 728, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+                           "mlp_ratio": 8960 / 1536}
+STEP3P7_VISION_ALIASES = {"width": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads"}
+STEP3P7_IMAGE_TOKEN = 151_679
+
+
+def step3p7_vision_config(cfg: dict[str, Any]) -> VisionConfig:
+    """Step-3.7's (Step3p7ForConditionalGeneration's config.json): a tower over square views of an image (a global
+    one of image_size pixels, local crops of the image processor's patch_size), each patch's learnt position
+    resampled to the view, 2D RoPE, LayerNorm layers whose branches are scaled by learnt layer scales, its patch grid
+    downsampled by two 3x3 convolutions of stride 2 into a row per 4x4 patches, then projected. ValueError for
+    settings not served."""
+    given = cfg.get("vision_config") or {}
+    vision = {**STEP3P7_VISION_DEFAULTS, **{STEP3P7_VISION_ALIASES.get(k, k): v for k, v in given.items()}}
+    rope = vision.get("rope_parameters") or {}
+    hidden = int(vision["hidden_size"])
+    config = VisionConfig(
+        family=STEP3P7, hidden_size=hidden, intermediate_size=int(hidden * float(vision["mlp_ratio"])),
+        num_layers=int(vision["num_hidden_layers"]), num_heads=int(vision["num_attention_heads"]),
+        image_size=int(vision["image_size"]), patch_size=int(vision["patch_size"]),
+        layer_norm_eps=float(vision["layer_norm_eps"]), hidden_act=vision["hidden_act"],
+        image_token_id=int(cfg.get("image_token_id", STEP3P7_IMAGE_TOKEN)), num_channels=int(vision["num_channels"]),
+        spatial_merge_size=4, rope_theta=float(rope.get("rope_theta", 10_000.0)),
+        projector_bias=bool(cfg.get("projector_bias", False)))
+    if rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"vision_config's rope_type {rope['rope_type']!r} is not served (axial only)")
+    if config.hidden_act != "quick_gelu":
+        raise ValueError(f"vision_config.hidden_act {config.hidden_act!r} is not served (quick_gelu only)")
+    if (hidden // config.num_heads) % 4 or hidden % config.num_heads:
+        raise ValueError("vision_config's head size must be a whole multiple of 4 (2D RoPE, each axis half a head)")
     return config
