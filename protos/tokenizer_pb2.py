@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/tokenizer.proto\x12\x12\x62\x61ton.tokenizer.v1\x1a\x13protos/common.proto\"M\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"#\n\x0e\x45ncodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xeb\x02\n\x18\x41pplyChatTemplateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.baton.common.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12\x1e\n\x16\x63ontinue_final_message\x18\x04 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x05 \x01(\t\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x15\n\rchat_template\x18\x07 \x01(\t\x12\x16\n\x0e\x64ocuments_json\x18\x08 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\t \x01(\x08\x12\x16\n\x0e\x63ontent_format\x18\n \x01(\t\x12\x32\n\x0bimage_sizes\x18\x0b \x03(\x0b\x32\x1d.baton.tokenizer.v1.ImageSize\"b\n\tImageSize\x12\x0e\n\x06height\x18\x01 \x01(\r\x12\r\n\x05width\x18\x02 \x01(\r\x12\x11\n\tnum_crops\x18\x03 \x01(\r\x12\x0e\n\x06\x66rames\x18\x04 \x01(\r\x12\x13\n\x0b\x66rame_times\x18\x05 \x03(\x01\"<\n\x19\x41pplyChatTemplateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"S\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"\x1e\n\x0e\x44\x65\x63odeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"l\n\x13\x43heckContextRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x17\n\nmax_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_max_tokens\"`\n\x14\x43heckContextResponse\x12\x0c\n\x04\x66its\x18\x01 \x01(\x08\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t2\x82\x03\n\tTokenizer\x12O\n\x06\x45ncode\x12!.baton.tokenizer.v1.EncodeRequest\x1a\".baton.tokenizer.v1.EncodeResponse\x12p\n\x11\x41pplyChatTemplate\x12,.baton.tokenizer.v1.ApplyChatTemplateRequest\x1a-.baton.tokenizer.v1.ApplyChatTemplateResponse\x12O\n\x06\x44\x65\x63ode\x12!.baton.tokenizer.v1.DecodeRequest\x1a\".baton.tokenizer.v1.DecodeResponse\x12\x61\n\x0c\x43heckContext\x12\'.baton.tokenizer.v1.CheckContextRequest\x1a(.baton.tokenizer.v1.CheckContextResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/tokenizer.proto\x12\x12\x62\x61ton.tokenizer.v1\x1a\x13protos/common.proto\"M\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"#\n\x0e\x45ncodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xeb\x02\n\x18\x41pplyChatTemplateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.baton.common.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12\x1e\n\x16\x63ontinue_final_message\x18\x04 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x05 \x01(\t\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x15\n\rchat_template\x18\x07 \x01(\t\x12\x16\n\x0e\x64ocuments_json\x18\x08 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\t \x01(\x08\x12\x16\n\x0e\x63ontent_format\x18\n \x01(\t\x12\x32\n\x0bimage_sizes\x18\x0b \x03(\x0b\x32\x1d.baton.tokenizer.v1.ImageSize\"s\n\tImageSize\x12\x0e\n\x06height\x18\x01 \x01(\r\x12\r\n\x05width\x18\x02 \x01(\r\x12\x11\n\tnum_crops\x18\x03 \x01(\r\x12\x0e\n\x06\x66rames\x18\x04 \x01(\r\x12\x13\n\x0b\x66rame_times\x18\x05 \x03(\x01\x12\x0f\n\x07\x63olumns\x18\x06 \x01(\r\"<\n\x19\x41pplyChatTemplateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"S\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"\x1e\n\x0e\x44\x65\x63odeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"l\n\x13\x43heckContextRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x17\n\nmax_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_max_tokens\"`\n\x14\x43heckContextResponse\x12\x0c\n\x04\x66its\x18\x01 \x01(\x08\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t2\x82\x03\n\tTokenizer\x12O\n\x06\x45ncode\x12!.baton.tokenizer.v1.EncodeRequest\x1a\".baton.tokenizer.v1.EncodeResponse\x12p\n\x11\x41pplyChatTemplate\x12,.baton.tokenizer.v1.ApplyChatTemplateRequest\x1a-.baton.tokenizer.v1.ApplyChatTemplateResponse\x12O\n\x06\x44\x65\x63ode\x12!.baton.tokenizer.v1.DecodeRequest\x1a\".baton.tokenizer.v1.DecodeResponse\x12\x61\n\x0c\x43heckContext\x12\'.baton.tokenizer.v1.CheckContextRequest\x1a(.baton.tokenizer.v1.CheckContextResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,17 +39,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=184
   _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=547
   _globals['_IMAGESIZE']._serialized_start=549
-  _globals['_IMAGESIZE']._serialized_end=647
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=649
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=709
-  _globals['_DECODEREQUEST']._serialized_start=711
-  _globals['_DECODEREQUEST']._serialized_end=794
-  _globals['_DECODERESPONSE']._serialized_start=796
-  _globals['_DECODERESPONSE']._serialized_end=826
-  _globals['_CHECKCONTEXTREQUEST']._serialized_start=828
-  _globals['_CHECKCONTEXTREQUEST']._serialized_end=936
-  _globals['_CHECKCONTEXTRESPONSE']._serialized_start=938
-  _globals['_CHECKCONTEXTRESPONSE']._serialized_end=1034
-  _globals['_TOKENIZER']._serialized_start=1037
-  _globals['_TOKENIZER']._serialized_end=1423
+  _globals['_IMAGESIZE']._serialized_end=664
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=666
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=726
+  _globals['_DECODEREQUEST']._serialized_start=728
+  _globals['_DECODEREQUEST']._serialized_end=811
+  _globals['_DECODERESPONSE']._serialized_start=813
+  _globals['_DECODERESPONSE']._serialized_end=843
+  _globals['_CHECKCONTEXTREQUEST']._serialized_start=845
+  _globals['_CHECKCONTEXTREQUEST']._serialized_end=953
+  _globals['_CHECKCONTEXTRESPONSE']._serialized_start=955
+  _globals['_CHECKCONTEXTRESPONSE']._serialized_end=1051
+  _globals['_TOKENIZER']._serialized_start=1054
+  _globals['_TOKENIZER']._serialized_end=1440
 # @@protoc_insertion_point(module_scope)

@@ -50,18 +50,20 @@ class ApplyChatTemplateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents_json: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., content_format: _Optional[str] = ..., image_sizes: _Optional[_Iterable[_Union[ImageSize, _Mapping]]] = ...) -> None: ...
 
 class ImageSize(_message.Message):
-    __slots__ = ("height", "width", "num_crops", "frames", "frame_times")
+    __slots__ = ("height", "width", "num_crops", "frames", "frame_times", "columns")
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     NUM_CROPS_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     FRAME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     height: int
     width: int
     num_crops: int
     frames: int
     frame_times: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, height: _Optional[int] = ..., width: _Optional[int] = ..., num_crops: _Optional[int] = ..., frames: _Optional[int] = ..., frame_times: _Optional[_Iterable[float]] = ...) -> None: ...
+    columns: int
+    def __init__(self, height: _Optional[int] = ..., width: _Optional[int] = ..., num_crops: _Optional[int] = ..., frames: _Optional[int] = ..., frame_times: _Optional[_Iterable[float]] = ..., columns: _Optional[int] = ...) -> None: ...
 
 class ApplyChatTemplateResponse(_message.Message):
     __slots__ = ("token_ids", "text")

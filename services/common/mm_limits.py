@@ -56,12 +56,13 @@ def _limits(text: str) -> dict:
 
 # What --mm-processor-kwargs may set: Qwen-VL's pixel bounds, any processor's size (Pixtral's longest_edge), Gemma
 # 3's pan-and-scan (a switch, and the rest positive integers but its ratio, a positive number), Llama 4's tiles
-# (max_patches, and the switch resize_to_max_canvas), Gemma 4's budget of tokens an image (max_soft_tokens), and
-# Qwen-VL's video processor's sampling (VIDEO_KWARGS).
+# (max_patches, and the switch resize_to_max_canvas), Gemma 4's budget of tokens an image (max_soft_tokens), Step-3.7's
+# longest side an image is scaled down to before it is cut (max_image_size), and Qwen-VL's video processor's sampling
+# (VIDEO_KWARGS).
 VIDEO_KWARGS = ("fps", "do_sample_frames")
 PROCESSOR_KWARGS = ("min_pixels", "max_pixels", "size", "do_pan_and_scan", "pan_and_scan_min_crop_size",
                     "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate", "max_patches",
-                    "resize_to_max_canvas", "max_soft_tokens", *VIDEO_KWARGS)
+                    "resize_to_max_canvas", "max_soft_tokens", "max_image_size", *VIDEO_KWARGS)
 SWITCHES = ("do_pan_and_scan", "resize_to_max_canvas", "do_sample_frames")
 NUMBERS = ("pan_and_scan_min_ratio_to_activate", "fps")
 
@@ -72,7 +73,8 @@ def add_mm_processor_kwargs_flag(parser: argparse.ArgumentParser) -> None:
                              "'{\"max_pixels\": N}' (and min_pixels) bounds an image's tokens, '{\"size\": "
                              "{\"longest_edge\": N}}' Pixtral's, '{\"do_pan_and_scan\": true}' has Gemma 3 read "
                              "crops of an image far from square beside it, '{\"max_soft_tokens\": N}' sets Gemma 4's "
-                             "tokens an image, '{\"fps\": N}' samples Qwen-VL's videos at N frames a second")
+                             "tokens an image, '{\"max_image_size\": N}' Step-3.7's longest side before it is cut, "
+                             "'{\"fps\": N}' samples Qwen-VL's videos at N frames a second")
 
 
 def add_media_io_kwargs_flag(parser: argparse.ArgumentParser) -> None:

@@ -84,6 +84,7 @@ class ProcessedImage:
     rgb: bytes
     crops: tuple[ProcessedImage, ...] = ()
     times: tuple[float, ...] = ()  # a video's frame pairs' times, in seconds (Qwen3-VL's prompt writes them)
+    columns: int = 0  # Step-3.7's: its local crops a row (it the first of them, its global view its last crop)
 
     @classmethod
     def of(cls, rgb: bytes, shape: tuple[int, int, int], rescale_factor: float, mean: Sequence[float],
@@ -102,7 +103,7 @@ class ProcessedImage:
     @property
     def size(self) -> ImageSize:
         """Its size as resized, its crops' count and a video's frames: how many tokens it takes in a prompt."""
-        return ImageSize(self.meta.height, self.meta.width, len(self.crops), self.meta.frames, self.times)
+        return ImageSize(self.meta.height, self.meta.width, len(self.crops), self.meta.frames, self.times, self.columns)
 
     @property
     def with_crops(self) -> tuple[ProcessedImage, ...]:

@@ -3,7 +3,8 @@ mm_processor_kwargs over them), and an image made by them as transformers' proce
 (PIL's resampling, as transformers' PIL processors do) to the processor's size (Gemma 3's, with its pan-and-scan
 crops where it is on), or to at most its longest edge in whole tokens' pixels (Mistral 3's Pixtral processor), or
 to whole tokens within pixel bounds (Qwen-VL's), or to the most patches within a budget in whole squares of them
-(Gemma 4's); or into a canvas of tiles (Llama 4's, torchvision's resampling).
+(Gemma 4's); or into a canvas of tiles (Llama 4's, torchvision's resampling); or into a global view and local crops
+(Step-3.7's, torchvision's resampling).
 The workers get it so, with the processor's rescale factor, mean and std, which the engine normalizes it by when
 it encodes it (engine/prompt_images.py's ImageInput)."""
 from __future__ import annotations
@@ -24,6 +25,7 @@ from services.gateway.given_embeddings import ProcessedImage
 from services.gateway.llama4_tiles import MOST_TILES, TileCanvas
 from services.gateway.pan_and_scan import KWARGS as PAN_AND_SCAN_KWARGS, PanAndScan
 from services.gateway.patch_budget import PatchBudget
+from services.gateway.step3p7_views import LocalCrops
 from services.tokenizer.image_tokens import pixtral_pixels_per_token
 
 
@@ -50,6 +52,7 @@ class ImageProcessing:
     pan_and_scan: PanAndScan | None = None  # None: a processor that makes no crops (only Gemma 3's does)
     tiles: TileCanvas | None = None
     patch_budget: PatchBudget | None = None  # Gemma 4's: to the most patches within its budget, its aspect kept
+    local_crops: LocalCrops | None = None  # Step-3.7's: a global view of `height`, and local crops where it makes them
     background: tuple[int, int, int] = (255, 255, 255)  # what transparency shows (vLLM's rgba_background_color)
 
     @classmethod
@@ -98,6 +101,12 @@ class ImageProcessing:
                        **settings).with_kwargs(overrides or {})
         if "height" not in size or "width" not in size:
             raise ValueError(f"{path}: size must give height and width, or longest_edge, got {size}")
+        if str(config.get("image_processor_type", "")).startswith("Step3p7"):
+            crops = LocalCrops(int(size["height"]), int(config.get("patch_size", 504)),
+                               int(config.get("max_image_size", 3024)))
+            if size["height"] != size["width"]:
+                raise ValueError(f"{path}: a global view must be square, got {size}")
+            return cls(height=crops.size, width=crops.size, local_crops=crops, **settings).with_kwargs(overrides or {})
         if "max_patches" in config or str(config.get("image_processor_type", "")).startswith("Llama4"):
             if size["height"] != size["width"]:
                 raise ValueError(f"{path}: a tile must be square, got {size}")
@@ -132,6 +141,10 @@ class ImageProcessing:
             unknown = set(size) - {"longest_edge"} | pixel_bounds | cropping | tiling
             edge = size.get("longest_edge", self.longest_edge)
             changes = {"longest_edge": edge, "height": edge, "width": edge}
+        elif self.local_crops is not None:  # Step-3.7's: its tokens' counts are the saved sizes' (the tokenizer's)
+            unknown = set(kwargs) - {"max_image_size"}
+            changes = {"local_crops": replace(self.local_crops, max_image_size=int(kwargs["max_image_size"]))
+                       } if "max_image_size" in kwargs and not unknown else {}
         elif self.tiles is not None:  # Llama 4's
             unknown = set(size) | pixel_bounds | cropping
             if kwargs.get("max_patches", 0) > MOST_TILES:  # its canvases are listed, and one allocated, per image
@@ -183,6 +196,14 @@ class ImageProcessing:
         they would take more than `most_bytes` (a request's settings may ask a huge resize, canvas or hundreds of
         crops)."""
         image = rgb(image, self.background)
+        if self.local_crops is not None:
+            plan = self.local_crops.plan(image.height, image.width)
+            num_bytes = (self.height * self.width + plan.columns * plan.rows * self.local_crops.patch_size ** 2) * 3
+            _check_bytes(f"an image with its {plan.columns * plan.rows} local crops", num_bytes, most_bytes,
+                         "send a smaller one")
+            crops, global_view, columns = self.local_crops.views(image)
+            first, *rest = [self._of(view) for view in (*crops, global_view)]
+            return replace(first, crops=tuple(view.as_crop() for view in rest), columns=columns) if rest else first
         if self.tiles is not None:
             height, width = self.tiles.canvas_of(image.height, image.width)
             num_bytes = (height * width + (self.height * self.width if (height, width) != (self.height, self.width)

@@ -74,13 +74,13 @@ class TileCanvas:
         canvas = canvas or self.canvas_of(image.height, image.width)
         height, width = self.resized_size(image.height, image.width, canvas)
         whole = torch.zeros(canvas[0], canvas[1], 3, dtype=torch.uint8)  # the padding black, as the processor's
-        whole[:height, :width] = _resized(torch, pixels, height, width)
+        whole[:height, :width] = torchvision_resized(torch, pixels, height, width)
         if canvas == (self.tile_size, self.tile_size):
             return whole.numpy(), None
-        return whole.numpy(), _resized(torch, pixels, self.tile_size, self.tile_size).numpy()
+        return whole.numpy(), torchvision_resized(torch, pixels, self.tile_size, self.tile_size).numpy()
 
 
-def _resized(torch, pixels, height: int, width: int):
+def torchvision_resized(torch, pixels, height: int, width: int):
     """uint8 [height, width, 3] of `pixels` (uint8 [1, 3, H, W]): torchvision's antialiased bilinear resize of a
     uint8 image on the CPU, torch's own uint8 kernel (none where the size is the same)."""
     if tuple(pixels.shape[2:]) != (height, width):

@@ -44,7 +44,8 @@ def chat_template_request(request_id: str, messages: Sequence[dict[str, Any]], o
         if options.documents is not None else "", add_special_tokens=options.add_special_tokens,
         content_format=options.content_format,
         image_sizes=[tokenizer_pb2.ImageSize(height=size.height, width=size.width, num_crops=size.num_crops,
-                                             frames=size.frames, frame_times=size.times) for size in image_sizes])
+                                             frames=size.frames, frame_times=size.times, columns=size.columns)
+                     for size in image_sizes])
 
 
 def _chat_message(m: common_pb2.ChatMessage) -> dict[str, Any]:

@@ -24,6 +24,8 @@ TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "cohere_co
 NORTH_MARKS = ("<|IMAGE_PAD|>", "<|VIDEO_PAD|>", "<|VISION_START|>", "<|VISION_END|>")
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 # Llama4Processor's, by the names processor_config.json gives them.
+# Step3p7Processor's: an image's mark and each of its tokens, its local crops' marks and newline, its global view's.
+STEP3P7_MARKS = ("<im_patch>", "<patch_start>", "<patch_end>", "<patch_newline>", "<im_start>", "<im_end>")
 LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
                  "end_of_image_token": "<|image_end|>", "patch_token": "<|patch|>",
                  "tile_x_separator_token": "<|tile_x_separator|>", "tile_y_separator_token": "<|tile_y_separator|>"}
@@ -38,6 +40,7 @@ class ImageSize(NamedTuple):
     num_crops: int = 0
     frames: int = 0  # a video's; 0 for an image
     times: tuple[float, ...] = ()  # a video's frame pairs' times in seconds (Qwen3-VL writes them)
+    columns: int = 0  # Step-3.7's: its local crops a row (its crops are those, then its global view)
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,46 @@ class SquareRunTokens:
         return f"{self.begin}{self.token * squares}{self.end}"
 
 
+@dataclass(frozen=True)
+class LocalViewTokens:
+    """Step-3.7's: an image's tokens a run a local crop between patch marks, row by row, each row but the last ended
+    by a newline mark, then its global view's run between image marks."""
+
+    token: str  # the template's mark of an image, and each of its tokens' placeholder: "<im_patch>"
+    patch_start: str  # "<patch_start>"
+    patch_end: str  # "<patch_end>"
+    newline: str  # "<patch_newline>"
+    begin: str  # "<im_start>"
+    end: str  # "<im_end>"
+    global_tokens: int  # a global view's run
+    local_tokens: int  # a local crop's
+
+    def expanded(self, text: str, image_sizes: Sequence[ImageSize] | None, num_images: int) -> str:
+        """`text` with the mark of each image made its crops' and global view's tokens, as Step3p7Processor writes
+        them, its crops and their columns as `image_sizes` give them (an image with crops is the first of them, its
+        global view the last crop); ValueError without a mark and a size for each of `num_images`."""
+        _check_sizes(image_sizes, num_images)
+        _check_marks(text, self.token, num_images)
+        pieces = text.split(self.token)
+        return pieces[0] + "".join(self._views(size) + after
+                                   for size, after in zip(image_sizes, pieces[1:], strict=True))
+
+    def _views(self, size: ImageSize) -> str:
+        crops = size.num_crops  # its first local crop is the image, its global view a crop
+        if crops and (not size.columns or crops % size.columns):
+            raise ValueError(f"an image of {crops} local crops needs their columns, got {size.columns}")
+        local = f"{self.patch_start}{self.token * self.local_tokens}{self.patch_end}"
+        rows = crops // size.columns if crops else 0
+        views = "".join(local + (self.newline if col == size.columns - 1 and row < rows - 1 else "")
+                        for row in range(rows) for col in range(size.columns))
+        return f"{views}{self.begin}{self.token * self.global_tokens}{self.end}"
+
+
+# How a model's prompt holds an image, one of the above.
+PromptImageTokens = (ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | SquareRunTokens
+                     | LocalViewTokens)
+
+
 def _each_image(text: str, mark: str, image_sizes: Sequence[ImageSize] | None, num_images: int,
                 tokens_of: Callable[[int, int], str], takes_crops: bool = False) -> str:
     """`text` with each image's `mark`, in turn, made `tokens_of` its (height, width); ValueError without a mark
@@ -222,16 +265,18 @@ def _check_marks(text: str, mark: str, num_images: int) -> None:
 
 def read_image_tokens(tokenizer_config: dict[str, Any], processor_config: dict[str, Any],
                       model_config: dict[str, Any]
-                      ) -> ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | SquareRunTokens | None:
+                      ) -> PromptImageTokens | None:
     """Gemma 3's from tokenizer_config.json's boi/image/eoi tokens (top-level or among its extra special
     tokens) and processor_config.json's image_seq_length (or config.json's mm_tokens_per_image); Gemma 4's from the
     same tokens and its image processor's patch and pooling kernel; Mistral 3's
     from processor_config.json (PixtralProcessor's tokens, patch size and spatial merge; config.json's where
     it has none); Qwen-VL's from config.json; Llama 4's from processor_config.json's tokens, patch size and pixel
-    shuffle ratio (Llama4Processor's defaults where it has none) and config.json's tile size; None for a model
-    without them."""
+    shuffle ratio (Llama4Processor's defaults where it has none) and config.json's tile size; Step-3.7's from its
+    image processor's sizes (Step3p7Processor's marks); None for a model without them."""
     if model_config.get("model_type") == "llama4":
         return _llama4_tokens(processor_config, model_config)
+    if model_config.get("model_type") == "step3p7":
+        return _step3p7_tokens(processor_config)
     extra = tokenizer_config.get("extra_special_tokens")
     named = {**(extra if isinstance(extra, dict) else {}), **tokenizer_config}
     marks = [named.get(name) for name in ("boi_token", "image_token", "eoi_token")]
@@ -284,3 +329,15 @@ def _llama4_tokens(processor_config: dict[str, Any], model_config: dict[str, Any
     # As Llama4Processor counts them: a tile's patches, fewer by the pixel shuffle's 1 / ratio^2.
     per_tile = (tile // patch) * (tile // patch) // round(1 / ratio ** 2)
     return TiledImageTokens(*tokens, tile_size=tile, tokens_per_tile=per_tile)
+
+
+def _step3p7_tokens(processor_config: dict[str, Any]) -> LocalViewTokens:
+    """A view's tokens: its side over the tower's patch times its downsampling's stride, squared, as Step3p7Processor
+    counts them, for the global view (the image processor's size) and a local crop (its patch_size); the image
+    processor's settings as transformers 5 saves them in processor_config.json, Step3p7ImageProcessor's defaults
+    where it has none."""
+    image = processor_config.get("image_processor") or processor_config
+    stride = int(image.get("vision_patch_size") or 14) * int(image.get("downsampler_stride") or 4)
+    side = int((image.get("size") or {}).get("height") or 728)
+    local = int(image.get("patch_size") or 504)
+    return LocalViewTokens(*STEP3P7_MARKS, global_tokens=(side // stride) ** 2, local_tokens=(local // stride) ** 2)

@@ -22,15 +22,7 @@ from tokenizers import Tokenizer
 from engine.encoder_config import position_offset
 from services.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from services.tokenizer.content_format import num_media_parts
-from services.tokenizer.image_tokens import (
-    ImageGridTokens,
-    ImageRunTokens,
-    ImageSize,
-    ImageTokens,
-    SquareRunTokens,
-    TiledImageTokens,
-    read_image_tokens,
-)
+from services.tokenizer.image_tokens import ImageRunTokens, ImageSize, PromptImageTokens, read_image_tokens
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), as strings, when set.
@@ -65,7 +57,7 @@ class ModelTokenizer:
         chat_templates: Mapping[str, str] | None = None,
         eos_token_ids: Sequence[int] = (),
         max_model_len: int | None = None,
-        image_tokens: ImageTokens | ImageGridTokens | ImageRunTokens | TiledImageTokens | SquareRunTokens | None = None,
+        image_tokens: PromptImageTokens | None = None,
     ):
         self.tokenizer = tokenizer
         self.special_tokens = dict(special_tokens or {})

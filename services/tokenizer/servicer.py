@@ -65,7 +65,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 tokenizer.apply_chat_template, tools=tools, continue_final_message=request.continue_final_message,
                 documents=documents, chat_template=request.chat_template or None,
                 add_special_tokens=request.add_special_tokens, content_format=request.content_format or "auto",
-                image_sizes=[ImageSize(size.height, size.width, size.num_crops, size.frames, tuple(size.frame_times))
+                image_sizes=[ImageSize(size.height, size.width, size.num_crops, size.frames, tuple(size.frame_times),
+                                      size.columns)
                              for size in request.image_sizes],
                 **kwargs), messages, request.add_generation_prompt)
         except ValueError as e:  # ChatTemplateError among them: a template's refusal

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -49,6 +50,27 @@ def rendering_mesh(model_dir):
     gateway renders none itself)."""
     return running_mesh(model_dir, num_prefill=1, num_decode=1, worker_args=("--dtype", "float32"),
                         gateway_args=("--local-prefill-max-tokens", "0", "--local-tokenize-max-chars", "0"))
+
+
+def image_limited_mesh(model_dir, limit: int):
+    """A mesh of one prefill and one decode worker in float32, each taking at most `limit` images a prompt, whose
+    gateway sends every prompt to a prefill worker."""
+    return running_mesh(model_dir, num_prefill=1, num_decode=1,
+                        worker_args=("--dtype", "float32", "--limit-mm-per-prompt", json.dumps({"image": limit})),
+                        gateway_args=("--local-prefill-max-tokens", "0"))
+
+
+def greedy_logprobs(last_logits: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor
+                    ) -> tuple[list[int], list[torch.Tensor]]:
+    """MAX_TOKENS greedy tokens after prompt `ids` [1, n], each the argmax of `last_logits` (the model's last
+    position's logits of the ids so far), and the logprobs each was drawn from."""
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            logits = last_logits(torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1))
+            tokens.append(int(logits.argmax()))
+            logprobs.append(torch.log_softmax(logits, dim=-1))
+    return tokens, logprobs
 
 
 def random_image(seed: int, size: tuple[int, int]) -> Image.Image:

@@ -19,10 +19,12 @@ from tests.services.gateway.image_chats import (
     assert_same_reply,
     data_url,
     greedy_chat,
+    greedy_logprobs,
+    image_limited_mesh,
     random_image,
     word_level_tokenizer,
 )
-from tests.services.gateway.mesh import GatewayProcess, running_mesh
+from tests.services.gateway.mesh import GatewayProcess
 
 SPECIALS = {"<|begin_of_text|>": 0, "<|eot|>": 1, "<|header_start|>": 2, "<|header_end|>": 3, "<pad>": 4,
             "<|patch|>": 500, "<|image_start|>": 501, "<|image_end|>": 502, "<|image|>": 503,
@@ -57,9 +59,7 @@ def llama4_vlm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mesh(llama4_vlm):
     """Workers taking at most 2 images a prompt: a tiled image's global tile goes with it, not counted."""
-    with running_mesh(llama4_vlm[0], num_prefill=1, num_decode=1,
-                      worker_args=("--dtype", "float32", "--limit-mm-per-prompt", '{"image": 2}'),
-                      gateway_args=("--local-prefill-max-tokens", "0")) as mesh:
+    with image_limited_mesh(llama4_vlm[0], 2) as mesh:
         yield mesh
 
 
@@ -91,13 +91,7 @@ def _transformers_greedy(llama4_vlm, content: list[dict]) -> tuple[list[int], li
                       for tile in (whole, global_tile) if tile is not None]
         pixels += [split_to_tiles(normalized[0][None], rows, cols)[0], *(p[None] for p in normalized[1:])]
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
-            logits = hf_logits(model, current, torch.cat(pixels).float())[0, -1]
-            tokens.append(int(logits.argmax()))
-            logprobs.append(torch.log_softmax(logits, dim=-1))
+    tokens, logprobs = greedy_logprobs(lambda current: hf_logits(model, current, torch.cat(pixels).float())[0, -1], ids)
     return tokens, logprobs, ids.shape[1]
 
 
