@@ -85,11 +85,13 @@ def _image_tokens(columns: int, rows: int) -> list[int]:
     return [*crops, IMAGE_START, *[IMAGE_TOKEN] * (GLOBAL // 56) ** 2, IMAGE_END]
 
 
-@pytest.mark.parametrize("budget", [512, 16])
-def test_greedy_tokens_with_images_match_transformers(step3p7, budget):
+@pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+@pytest.mark.parametrize("budget, size", [(512, 1), (16, 1), (16, 2)])
+def test_greedy_tokens_with_images_match_transformers(step3p7, budget, size):
     """A prompt with an image of 2x2 local crops beside its global view and one of its global view alone:
     transformers' greedy tokens (its generate given the pixels) on the same token ids and pixels, in one step or in
-    chunks of 16 tokens (the second image's run split across steps)."""
+    chunks of 16 tokens (the second image's run split across steps), and split across two ranks (rank 0 encoding
+    the images)."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.prompt_images import ImageInput
@@ -106,8 +108,9 @@ def test_greedy_tokens_with_images_match_transformers(step3p7, budget):
     prompt = [1, 7, 8, 20, 21, 22, 23, 24, 25, *_image_tokens(2, 2), 9, 10, *_image_tokens(0, 0), 11, 12, 13]
     assert prompt[31:35] == [IMAGE_TOKEN] * 4  # (its second image's run across the chunks' boundary at 32)
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", num_kv_blocks=64,
-                                    max_num_batched_tokens=budget))
+                                    max_num_batched_tokens=budget, tensor_parallel_size=size))
     ours = greedy_outputs(engine, {"r": (prompt, {"images": [*crops, first, second]})}, MAX_NEW_TOKENS)["r"]
+    engine.close()
     with torch.no_grad():
         out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                              pixel_values=torch.stack([first.pixels(), second.pixels()]),
