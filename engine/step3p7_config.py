@@ -56,22 +56,35 @@ def step3p7_keys(cfg: dict) -> dict:
         raise ValueError(f"layer_types must name {FULL!r} or {SLIDING!r} for each of {num_layers} layers")
     mlp_types = cfg.get("mlp_layer_types")
     if mlp_types is None:
-        experts = cfg.get("moe_layers_enum")
-        if isinstance(experts, str):
-            experts = [item for item in experts.split(",") if item.strip()]
-        chosen = {int(i) for i in experts} if experts is not None else set(range(3, num_layers))
+        chosen = expert_layers(cfg)
+        chosen = set(range(3, num_layers)) if chosen is None else chosen
         mlp_types = ["sparse" if i in chosen else "dense" for i in range(num_layers)]
     if len(mlp_types) != num_layers or not set(mlp_types) <= {"dense", "sparse"}:
         raise ValueError(f"mlp_layer_types must name 'dense' or 'sparse' for each of {num_layers} layers")
     cfg.pop("partial_rotary_factor", None)  # each layer type's own, in rope_parameters
-    other = cfg.get("attention_other_setting") or {}
     heads = int(cfg["num_attention_heads"])
-    sliding_heads = int(cfg.get("num_sliding_attention_heads") or other.get("num_attention_heads") or heads)
+    sliding_heads = sliding_layer_heads(cfg, heads)
     return {**cfg, "layer_types": layer_types,
             "num_attention_heads_per_layer": [sliding_heads if kind == SLIDING else heads for kind in layer_types],
             "mlp_layer_types": mlp_types, "rope_scaling": None,
             "rope_parameters": _ropes(cfg, layer_types), "hidden_act": "silu",
             "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar") or cfg["head_dim"]}
+
+
+def expert_layers(cfg: dict) -> set[int] | None:
+    """The layers the released config's `moe_layers_enum` (a list, or a string of comma-separated indices) gives
+    experts; None where it has none."""
+    experts = cfg.get("moe_layers_enum")
+    if isinstance(experts, str):
+        experts = [item for item in experts.split(",") if item.strip()]
+    return None if experts is None else {int(i) for i in experts}
+
+
+def sliding_layer_heads(cfg: dict, heads: int) -> int:
+    """A sliding-window layer's q heads: `num_sliding_attention_heads` (released: `attention_other_setting`'s), else
+    `heads`, the full layers'."""
+    other = cfg.get("attention_other_setting") or {}
+    return int(cfg.get("num_sliding_attention_heads") or other.get("num_attention_heads") or heads)
 
 
 def _ropes(cfg: dict, layer_types: list[str]) -> dict:

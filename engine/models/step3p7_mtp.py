@@ -24,7 +24,7 @@ from engine.model_config import ModelConfig
 from engine.models.mtp import LayerUnderPrefix, joined_head_config
 from engine.models.step3p7 import Step3p7ForCausalLM
 from engine.multimodal import text_config
-from engine.step3p7_config import ALIASES, FULL, SLIDING, Step3p7Layout
+from engine.step3p7_config import ALIASES, FULL, SLIDING, Step3p7Layout, expert_layers, sliding_layer_heads
 
 WRAPPER = "Step3p7ForConditionalGeneration"
 
@@ -56,18 +56,12 @@ def step3p7_mtp_config(raw: dict, target: ModelConfig, reads_vocabulary: bool = 
     layer = target.num_layers
     if int(text.get("num_nextn_predict_layers") or 0) < 1:
         raise ValueError("config.json's num_nextn_predict_layers is 0: the checkpoint names no MTP layer")
-    experts = text.get("moe_layers_enum")
-    if isinstance(experts, str):
-        experts = [item for item in experts.split(",") if item.strip()]
     attention = _first_mtp_entry(text, "layer_types", layer, FULL)
-    mlp = _first_mtp_entry(text, "mlp_layer_types", layer,
-                           "sparse" if experts is not None and layer in {int(i) for i in experts} else "dense")
+    has_experts = layer in (expert_layers(text) or ())
+    mlp = _first_mtp_entry(text, "mlp_layer_types", layer, "sparse" if has_experts else "dense")
     if attention not in (FULL, SLIDING) or mlp not in ("sparse", "dense"):
         raise ValueError(f"an MTP layer of kinds {attention!r} and {mlp!r} is not supported")
-    other = text.get("attention_other_setting") or {}
-    heads = target.num_heads
-    if attention == SLIDING:
-        heads = int(text.get("num_sliding_attention_heads") or other.get("num_attention_heads") or heads)
+    heads = sliding_layer_heads(text, target.num_heads) if attention == SLIDING else target.num_heads
     moe = dataclasses.replace(target.moe, dense_layers=frozenset() if mlp == "sparse" else frozenset({0}))
     limits = Step3p7Layout(swiglu_limits=(_limit(text.get("swiglu_limits"), layer),),
                            shared_swiglu_limits=(_limit(text.get("swiglu_limits_shared"), layer),))

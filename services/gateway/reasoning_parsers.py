@@ -11,6 +11,8 @@ how the served model does it, as vLLM's `--reasoning-parser` does:
   when `chat_template_kwargs` has `thinking` true, with `</think>` otherwise: vLLM's reads R1's way
   or not at all by that same switch);
 - `seed_oss` (Seed-OSS): as `qwen3`, between `<seed:think>` and `</seed:think>`;
+- `step3p5` (Step-3.5 and 3.7, whose template always opens the thinking): as `deepseek_r1`, the thinking's
+  trailing whitespace dropped (the model closes it with `\n</think>\n`), as vLLM's reads it;
 - `openai_gptoss` (gpt-oss): no tags but harmony's channels, read by harmony.py; a guided reply
   thinks freely and is guided from the token after `<|channel|>final<|message|>`, where the
   tokenizer has `<|channel|>` and `<|message|>` as tokens (gpt-oss's does), else from the first token
@@ -36,7 +38,9 @@ from dataclasses import dataclass
 from services.gateway.call_text import begun_tag_length
 from services.gateway.harmony import CHANNEL as HARMONY_CHANNEL, MESSAGE as HARMONY_MESSAGE, HarmonyReasoning
 
-PARSERS = ("deepseek_r1", "qwen3", "glm45", "deepseek_v3", "seed_oss", "openai_gptoss")
+PARSERS = ("deepseek_r1", "qwen3", "glm45", "deepseek_v3", "seed_oss", "step3p5", "openai_gptoss")
+# Those that drop the thinking's trailing whitespace.
+STRIPPED = ("step3p5",)
 HARMONY = "openai_gptoss"
 # SGLang's names (its --reasoning-parser) for the parsers above that read as its own do: its
 # `qwen3-thinking` and `step3` read thinking from the first token, as `deepseek_r1` does, its
@@ -81,7 +85,7 @@ def starts_thinking(parser: str, prompt_tail: str, is_guided_from_start: bool) -
     tags = tags_of(parser)
     if is_guided_from_start or tags.prompt_closes(prompt_tail):
         return None
-    if parser == "deepseek_r1" or tags.prompt_opens(prompt_tail):
+    if parser in ("deepseek_r1", "step3p5") or tags.prompt_opens(prompt_tail):
         return True
     return None
 
@@ -92,6 +96,7 @@ class StreamedReasoning:
 
     is_thinking: bool | None  # None: undecided, the text may still open a think block
     tags: ThinkTags = THINK
+    strips_whitespace: bool = False  # the thinking's trailing whitespace dropped (held back until text follows it)
     has_thought: bool = False  # some of the text was thinking (a reply with none has no `reasoning`)
     _held: str = ""
     _is_at_start: bool = True  # a `<think>` here opens the thinking (or, begun already, is dropped)
@@ -116,21 +121,26 @@ class StreamedReasoning:
         end = text.find(end_tag)
         if end == -1:
             keep = begun_tag_length(text, end_tag)
+            if self.strips_whitespace:
+                keep = len(text) - len(text[:len(text) - keep].rstrip())
             self._held = text[len(text) - keep:]
             return text[:len(text) - keep], ""
         self.is_thinking = False
-        return text[:end], text[end + len(end_tag):]
+        thought = text[:end].rstrip() if self.strips_whitespace else text[:end]
+        return thought, text[end + len(end_tag):]
 
     def finish(self) -> tuple[str, str]:
         """(thinking, answer) still held: a tag never completed is text."""
         held, self._held = self._held, ""
-        return (held, "") if self.is_thinking else ("", held)
+        if not self.is_thinking:
+            return "", held
+        return (held.rstrip() if self.strips_whitespace else held), ""
 
 
 def separated(parser: str, text: str) -> tuple[str, str]:
     """A whole reply's (thinking, answer) under `parser`, read as a chat reply is with its prompt unknown."""
     stream = HarmonyReasoning() if parser == HARMONY else StreamedReasoning(starts_thinking(parser, "", False),
-                                                                            tags_of(parser))
+                                                                            tags_of(parser), parser in STRIPPED)
     thought, answer = stream.add(text)
     more_thought, more_answer = stream.finish()
     return thought + more_thought, answer + more_answer
@@ -158,7 +168,7 @@ class ReasoningReader:
         """What splits one reply to `prompt_token_ids` as it streams."""
         if self.parser == HARMONY:
             return HarmonyReasoning()
-        return StreamedReasoning(self.start(prompt_token_ids), tags_of(self.parser))
+        return StreamedReasoning(self.start(prompt_token_ids), tags_of(self.parser), self.parser in STRIPPED)
 
     def guide_after(self, prompt_token_ids: Sequence[int]) -> tuple[int, ...] | None:
         """The tokens a guided reply's guide waits for: the end of its thinking. None: the guide holds

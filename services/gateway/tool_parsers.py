@@ -89,9 +89,14 @@ SGLANG_NAMES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json", "
                 "minimax-m2": "minimax_m2"}
 
 
+# vLLM's names of a model's parser (its --tool-call-parser) whose calls are one of the syntaxes above: Step-3.5's and
+# 3.7's are Qwen3-Coder's XML.
+VLLM_NAMES = {"step3p5": "qwen3_coder"}
+
+
 def parser_named(name: str) -> str:
     """The parser `name` names, by vLLM's name or SGLang's (one neither knows, as it is)."""
-    return SGLANG_NAMES.get(name, name)
+    return VLLM_NAMES.get(name) or SGLANG_NAMES.get(name, name)
 
 
 def syntax_for(parser: str, tools: list[dict[str, Any]] | None) -> ToolCallSyntax:

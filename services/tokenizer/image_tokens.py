@@ -23,9 +23,9 @@ TIMED_VIDEOS = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "cohere_co
 # CohereCompassProcessor's marks: image, video, vision start and end
 NORTH_MARKS = ("<|IMAGE_PAD|>", "<|VIDEO_PAD|>", "<|VISION_START|>", "<|VISION_END|>")
 PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
-# Llama4Processor's, by the names processor_config.json gives them.
 # Step3p7Processor's: an image's mark and each of its tokens, its local crops' marks and newline, its global view's.
 STEP3P7_MARKS = ("<im_patch>", "<patch_start>", "<patch_end>", "<patch_newline>", "<im_start>", "<im_end>")
+# Llama4Processor's, by the names processor_config.json gives them.
 LLAMA4_TOKENS = {"image_token": "<|image|>", "start_of_image_token": "<|image_start|>",
                  "end_of_image_token": "<|image_end|>", "patch_token": "<|patch|>",
                  "tile_x_separator_token": "<|tile_x_separator|>", "tile_y_separator_token": "<|tile_y_separator|>"}

@@ -99,7 +99,11 @@ class ModelTokenizer:
                 raise ValueError(f"max_model_len={max_model_len} must be in [1, {context}] for {model_path}")
             context = max_model_len
         templates = {"default": chat_template} if chat_template is not None else _chat_templates(path, tok_config)
-        image_tokens = read_image_tokens(tok_config, _read_json(path / "processor_config.json"), model_config)
+        processor = _read_json(path / "processor_config.json")
+        if "image_processor" not in processor and (path / "preprocessor_config.json").is_file():
+            # (as released: the image processor's settings in a file of their own, as the gateway reads them)
+            processor["image_processor"] = _read_json(path / "preprocessor_config.json")
+        image_tokens = read_image_tokens(tok_config, processor, model_config)
         return cls(tokenizer, special_tokens=special_tokens, chat_templates=templates,
                    eos_token_ids=eos_ids, max_model_len=context, image_tokens=image_tokens)
 

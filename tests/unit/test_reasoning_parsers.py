@@ -117,6 +117,28 @@ def test_a_stream_cut_anywhere_sends_what_the_whole_reply_gives(text, start, rea
         assert answer == (content or ""), (cuts, sent)
 
 
+# Step-3.5's and 3.7's replies (their template opens the thinking): (text, reasoning, content), trailing whitespace
+# of the thinking dropped, whatever follows it.
+STEP3P5_CASES = [
+    ("Sum it up.\n</think>\nIt is 4.", "Sum it up.", "\nIt is 4."),
+    ("Sum  it \n \n</think>", "Sum  it", ""),
+    ("a \n b\n", "a \n b", None),  # cut short while thinking
+    ("<think>a\n</think>b", "a", "b"),
+    ("\n</think>b \n", "", "b \n"),
+]
+
+
+@pytest.mark.parametrize("text, reasoning, content", STEP3P5_CASES)
+def test_step3p5s_thinking_drops_its_trailing_whitespace_however_the_stream_is_cut(text, reasoning, content):
+    assert starts_thinking("step3p5", "", False) is True
+    for cuts in [(i,) for i in range(len(text) + 1)] + [(i, j) for i in range(len(text)) for j in range(i, len(text))]:
+        stream = ReasoningReader("step3p5", decode=lambda ids: "").stream([])
+        pieces = [text[a:b] for a, b in zip((0, *cuts), (*cuts, len(text)))]
+        sent = [stream.add(piece) for piece in pieces] + [stream.finish()]
+        assert "".join(t for t, _ in sent) == reasoning, (cuts, sent)
+        assert "".join(a for _, a in sent) == (content or ""), (cuts, sent)
+
+
 def test_a_stream_holds_back_only_what_may_still_be_a_tag():
     stream = StreamedReasoning(True)
     assert stream.add("Thinking </th") == ("Thinking ", "")

@@ -85,6 +85,8 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
               "--decode", "127.0.0.1:3"]
     assert GatewayConfig.from_args(common, {}).tool_call_parser is None
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_TOOL_CALL_PARSER": "hermes"}).tool_call_parser == "hermes"
+    step = GatewayConfig.from_args([*common, "--tool-call-parser", "step3p5", "--reasoning-parser", "step3p5"], {})
+    assert (step.tool_call_parser, step.reasoning_parser) == ("qwen3_coder", "step3p5")  # (vLLM's names for Step's)
     with pytest.raises(ConfigError,
                        match="--tool-call-parser must be one of hermes, llama3_json, pythonic, mistral, qwen3_coder, "
                              "glm45, deepseek_v3, deepseek_v31, kimi_k2, granite, phi4_mini_json, openai, seed_oss, "

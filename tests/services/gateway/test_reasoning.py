@@ -100,7 +100,7 @@ def test_the_parser_is_named_by_flag_or_environment_and_checked(tiny_demo_model)
     assert GatewayConfig.from_args(common, {"BATON_GATEWAY_REASONING_PARSER": "deepseek_r1"}
                                    ).reasoning_parser == "deepseek_r1"
     with pytest.raises(ConfigError, match="--reasoning-parser must be one of deepseek_r1, qwen3, glm45, "
-                                          "deepseek_v3, seed_oss, openai_gptoss, got 'granite'"):
+                                          "deepseek_v3, seed_oss, step3p5, openai_gptoss, got 'granite'"):
         GatewayConfig.from_args([*common, "--reasoning-parser", "granite"], {})
     # gpt-oss's calls are harmony messages: their parser brings the reasoning parser that reads them.
     assert GatewayConfig.from_args([*common, "--tool-call-parser", "openai"], {}).reasoning_parser == "openai_gptoss"

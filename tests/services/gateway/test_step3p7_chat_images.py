@@ -38,7 +38,7 @@ MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.2757
 
 @pytest.fixture(scope="module")
 def step3p7_vlm(tmp_path_factory):
-    """The model, its tokenizer and template, and its image processor's settings as transformers saves them."""
+    """The model, its tokenizer and template, and its image processor's settings."""
     model = tiny_step3p7(62, eos_token_id=2, pad_token_id=0, bos_token_id=1, max_position_embeddings=4096)
     path = tmp_path_factory.mktemp("step3p7-vlm")
     model.save_pretrained(path)
@@ -51,8 +51,8 @@ def step3p7_vlm(tmp_path_factory):
         "image_processor_type": "Step3p7ImageProcessor", "processor_class": "Step3p7Processor",
         "size": {"height": GLOBAL, "width": GLOBAL}, "patch_size": LOCAL, "max_image_size": 3024,
         "image_mean": MEAN, "image_std": STD, "rescale_factor": 1 / 255, "resample": 2}))
-    (path / "processor_config.json").write_text(json.dumps({"processor_class": "Step3p7Processor", "image_processor": {
-        "size": {"height": GLOBAL, "width": GLOBAL}, "patch_size": LOCAL}}))
+    # (as released: the image processor's sizes, which the prompt's runs depend on, in preprocessor_config.json alone)
+    (path / "processor_config.json").write_text(json.dumps({"processor_class": "Step3p7Processor"}))
     return path, model, tokenizer
 
 
