@@ -16,7 +16,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
-from engine.models.llama_layers import KVCache
+from engine.models.llama_layers import KVCache, RankSum
 from engine.models.moe import SparseMoE
 from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
@@ -28,7 +28,6 @@ SUBLAYER_MODULES = {"mlps": "mlp", "input_layernorm": "input_layernorm",
 
 
 class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
-    splits_across_ranks = False  # (its shortcut-connected experts and zero experts)
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
@@ -51,6 +50,13 @@ class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
             shortcut = experts(x)
             h = second(h + first.mlp(x), cos, sin, kv_caches[2 * pair + 1], meta) + shortcut
         return self._final_norm(h)
+
+    def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int, rank: int, vocab_size: int | None) -> None:
+        """Its sublayers' as DeepSeek-V3's, and each pair's experts' too: the tokens its experts that compute
+        nothing hand on added on rank 0 alone."""
+        super().sum_across_ranks(rank_sum, num_ranks, rank, vocab_size)
+        for experts in self.experts:
+            experts.rank_sum, experts.adds_identity = rank_sum, rank == 0
 
     def checkpoint_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]

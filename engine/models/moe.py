@@ -23,6 +23,9 @@ class SparseMoE(nn.Module):
     # Set by a model split across ranks (engine/tensor_parallel.py): each expert's output made from this rank's
     # share of its width, summed across the ranks.
     rank_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # ... and whether this rank adds the tokens the experts that compute nothing hand on as they are: rank 0's alone,
+    # or the sum across the ranks would add them once a rank.
+    adds_identity: bool = True
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype) -> None:
         super().__init__()
@@ -53,7 +56,8 @@ class SparseMoE(nn.Module):
             weight = weights[tokens, slot, None]
             expert_in = x[tokens] * weight if self.moe.weighs_inputs else x[tokens]
             if expert >= self.moe.num_experts:  # one that computes nothing (LongCat-Flash's)
-                out.index_add_(0, tokens, (expert_in * weight).to(x.dtype))
+                if self.adds_identity:
+                    out.index_add_(0, tokens, (expert_in * weight).to(x.dtype))
                 continue
             has_bias = self.gate_up_bias is not None
             gate, up = self.linear(expert_in, self.gate_up_weight[expert],

@@ -208,7 +208,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
                 "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla",
-                "apertus1p5", "axk2", "axk2-grouped", "cohere-compass")
+                "apertus1p5", "axk2", "axk2-grouped", "cohere-compass", "longcat-flash")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
