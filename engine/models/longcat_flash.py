@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
-from engine.lora import LoRAError, Target
+from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.llama_layers import KVCache, RankSum
@@ -111,4 +111,10 @@ class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
         target.data.copy_(tensor)
 
     def lora_target(self, module: str) -> Target | None:
-        raise LoRAError("LoRA adapters are not supported for LongCat-Flash yet")
+        """Adapters on its sublayers' dense MLPs (`model.layers.P.mlps.K.`: sublayer 2P + K's); those on its latent
+        attention or its experts are not served, as DeepSeek-V3's are not."""
+        parts = module.split(".")
+        if len(parts) != 6 or parts[:2] != ["model", "layers"] or parts[3] != "mlps" or not parts[2].isdigit() \
+                or parts[4] not in ("0", "1"):
+            return None
+        return super().lora_target(f"model.layers.{2 * int(parts[2]) + int(parts[4])}.mlp.{parts[5]}")

@@ -80,17 +80,23 @@ def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs,
     engine.close()
 
 
+# LongCat-Flash's layers hold two sublayers' dense MLPs.
+LONGCAT_MLPS = tuple(f"mlps.{k}.{x}_proj" for k in (0, 1) for x in ("gate", "up", "down"))
+
+
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
-                                        ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2)])
+                                        ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2), ("longcat-flash", 1),
+                                        ("longcat-flash", 2)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
     ones' KV heads, its v heads are narrower than k's and scaled, and only its first MLP is dense; Laguna's layers
-    each have their own q heads. An adapter on every projection each has (`size`: the model split across that many
-    ranks)."""
+    each have their own q heads; LongCat-Flash's two sublayers' MLPs each. An adapter on every projection each has
+    that Baton serves adapters on (`size`: the model split across that many ranks)."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
-    merged = make_adapter(tmp_path / "all", base, ALL_PROJECTIONS, 4, 8.0, False, seed=5)
+    merged = make_adapter(tmp_path / "all", base, LONGCAT_MLPS if name == "longcat-flash" else ALL_PROJECTIONS, 4,
+                          8.0, False, seed=5)
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=size,
                                     lora_modules=(("all", str(tmp_path / "all")),)))
     for n in (17, 40):
@@ -130,13 +136,14 @@ def test_an_adapter_on_a_multimodal_models_language_model(tmp_path):
     engine.close()
 
 
-@pytest.mark.parametrize("name, target, family", [("longcat-flash", "mlps.0.down_proj", "LongCat-Flash"),
-                                                  ("minimax-m3", "self_attn.q_proj", "MiniMax-M3")])
-def test_an_adapter_on_a_model_that_serves_none_yet_is_refused_by_name(tiny_model_dirs, tmp_path, name, target,
-                                                                        family):
+@pytest.mark.parametrize("name, target, refusal", [
+    ("longcat-flash", "self_attn.0.q_b_proj", r"LoRA on 'model.layers.0.self_attn.0.q_b_proj' is not served"),
+    ("minimax-m3", "self_attn.q_proj", "not supported for MiniMax-M3")])
+def test_an_adapter_on_projections_a_model_does_not_serve_is_refused_by_name(tiny_model_dirs, tmp_path, name, target,
+                                                                               refusal):
     model_dir = tiny_model_dirs[name]
     make_adapter(tmp_path / "adapter", _hf_model(model_dir), [target], rank=2, alpha=4.0, rslora=False, seed=0)
-    with pytest.raises(LoRAError, match=f"not supported for {family}"):
+    with pytest.raises(LoRAError, match=refusal):
         LLMEngine(EngineConfig(model=str(model_dir), dtype="float32",
                                lora_modules=(("tuned", str(tmp_path / "adapter")),)))
 
