@@ -25,7 +25,10 @@ def make_adapter(where: Path, base, targets, rank: int, alpha: float, rslora: bo
     for i, layer in enumerate(merged.get_submodule(layers)):
         for target in targets:
             parent, _, leaf = target.rpartition(".")  # (OPT's fc1 and fc2 lie directly under a layer)
-            linear = getattr(layer.get_submodule(parent), leaf, None)
+            try:
+                linear = getattr(layer.get_submodule(parent), leaf, None)
+            except AttributeError:  # a layer without the module (MiniMax-M3's full layers have no indexer)
+                continue
             if linear is None:
                 continue
             a = torch.randn(rank, linear.in_features, generator=g) * 0.3

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
-from engine.lora import LoRAError, Target
 from engine.model_config import ModelConfig
 from engine.models.index_key_pages import by_sequence, write_with_index_keys
 from engine.models.llama import LlamaForCausalLM
@@ -132,7 +131,4 @@ class MiniMaxM3ForCausalLM(LlamaForCausalLM):
         if len(parts) > 4 and parts[3:5] == ["mlp", "gate_up_proj"]:
             return self.layers[int(parts[2])].mlp.gate_up_weight.data
         return super()._target(name)
-
-    def lora_target(self, module: str) -> Target | None:
-        raise LoRAError("LoRA adapters are not supported for MiniMax-M3 yet")
 

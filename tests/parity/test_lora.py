@@ -80,23 +80,25 @@ def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs,
     engine.close()
 
 
-# LongCat-Flash's layers hold two sublayers' dense MLPs.
-LONGCAT_MLPS = tuple(f"mlps.{k}.{x}_proj" for k in (0, 1) for x in ("gate", "up", "down"))
+# The projections of layers of their own names: LongCat-Flash's two sublayers' dense MLPs, MiniMax-M3's dense MLPs'
+# gate and up fused.
+OWN_PROJECTIONS = {"longcat-flash": tuple(f"mlps.{k}.{x}_proj" for k in (0, 1) for x in ("gate", "up", "down")),
+                   "minimax-m3": (*(f"self_attn.{x}_proj" for x in "qkvo"), "mlp.gate_up_proj", "mlp.down_proj")}
 
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
                                         ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2), ("longcat-flash", 1),
-                                        ("longcat-flash", 2)])
+                                        ("longcat-flash", 2), ("minimax-m3", 1)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
     ones' KV heads, its v heads are narrower than k's and scaled, and only its first MLP is dense; Laguna's layers
-    each have their own q heads; LongCat-Flash's two sublayers' MLPs each. An adapter on every projection each has
+    each have their own q heads; LongCat-Flash's two sublayers' MLPs each; MiniMax-M3's block-sparse attention (its
+    indexer's projections not adapted) and dense MLPs' gate and up fused. An adapter on every projection each has
     that Baton serves adapters on (`size`: the model split across that many ranks)."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
-    merged = make_adapter(tmp_path / "all", base, LONGCAT_MLPS if name == "longcat-flash" else ALL_PROJECTIONS, 4,
-                          8.0, False, seed=5)
+    merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5)
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=size,
                                     lora_modules=(("all", str(tmp_path / "all")),)))
     for n in (17, 40):
@@ -138,7 +140,7 @@ def test_an_adapter_on_a_multimodal_models_language_model(tmp_path):
 
 @pytest.mark.parametrize("name, target, refusal", [
     ("longcat-flash", "self_attn.0.q_b_proj", r"LoRA on 'model.layers.0.self_attn.0.q_b_proj' is not served"),
-    ("minimax-m3", "self_attn.q_proj", "not supported for MiniMax-M3")])
+    ("minimax-m3", "self_attn.indexer.q_proj", r"LoRA on 'model.layers.1.self_attn.indexer.q_proj' is not served")])
 def test_an_adapter_on_projections_a_model_does_not_serve_is_refused_by_name(tiny_model_dirs, tmp_path, name, target,
                                                                                refusal):
     model_dir = tiny_model_dirs[name]
