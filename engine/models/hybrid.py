@@ -1,8 +1,11 @@
 """A hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's, Nemotron-H's, LFM2's, Falcon-H1's, Bamba's, Jamba's,
 Kimi-Linear's, OLMo Hybrid's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
-(AttentionMetadata.recurrent). LoRA adapters are refused for it."""
+(AttentionMetadata.recurrent). LoRA adapters are refused for it, but for those whose recurrent layers serve them
+(Qwen3-Next's and Qwen3.5's: engine/models/qwen3_next.py)."""
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 
@@ -15,9 +18,10 @@ from engine.prompt_embeds import GivenEmbeddings
 
 class HybridForward(LlamaForCausalLM):
     splits_across_ranks = False  # (its recurrent layers' states are whole)
+    serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served (Qwen3-Next's)
 
     def lora_target(self, module: str) -> Target | None:
-        if self.config.state_shape is not None:
+        if self.config.state_shape is not None and not self.serves_loras:
             raise LoRAError(f"LoRA adapters are not supported for {self.config.architecture} with recurrent layers yet")
         return super().lora_target(module)
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRAHook, Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, Attention, KVCache, paged_attention
@@ -48,6 +49,8 @@ class GatedAttention(Attention):
                 meta: AttentionMetadata) -> torch.Tensor:
         cfg, ops, num_tokens = self.config, self.kernels, x.shape[0]
         qkv = ops.linear(x, self.qkv_weight)
+        if self.lora is not None:
+            self.lora.add("qkv", x, qkv)
         q_gate, k, v = qkv.split([2 * cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q, gate = q_gate.view(num_tokens, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
         q = ops.rms_norm(q.contiguous(), self.q_norm, cfg.rms_norm_eps)
@@ -61,6 +64,8 @@ class GatedAttention(Attention):
 
 class GatedDeltaNet(nn.Module):
     """A linear-attention layer; `index`: its place among the model's linear-attention layers (its states')."""
+
+    lora: LoRAHook | None = None  # the step's adapters on its projections in ("in") and out, where it serves them
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
@@ -79,8 +84,10 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         la, num_tokens = self.layout, x.shape[0]
         windows, states = meta.recurrent.layer(self.index)
-        mixed, z, b, a = self.linear(x, self.in_weight).split(
-            [la.conv_dim, la.value_size, la.num_value_heads, la.num_value_heads], dim=-1)
+        projected = self.linear(x, self.in_weight)
+        if self.lora is not None:
+            self.lora.add("in", x, projected)
+        mixed, z, b, a = projected.split([la.conv_dim, la.value_size, la.num_value_heads, la.num_value_heads], dim=-1)
         convolved = self._convolved(mixed, windows, meta)
         q, k, v = convolved.split([la.key_size, la.key_size, la.value_size], dim=-1)
         repeats = la.num_value_heads // la.num_key_heads  # each key head serves that many value heads, in turn
@@ -105,8 +112,9 @@ class GatedDeltaNet(nn.Module):
         meta.recurrent.advance(out, states, lambda row: meta.recurrent.kept_layer(row, self.index)[1], step, run)
         normed = F.rms_norm(out, (la.value_head_dim,), eps=self.eps).to(x.dtype) * self.norm
         gate = torch.sigmoid if la.output_gate == "sigmoid" else F.silu
-        gated = normed.float() * gate(z.float().view(normed.shape))
-        return self.linear(gated.to(x.dtype).view(num_tokens, la.value_size), self.out_weight)
+        gated = (normed.float() * gate(z.float().view(normed.shape))).to(x.dtype).view(num_tokens, la.value_size)
+        out = self.linear(gated, self.out_weight)
+        return out if self.lora is None else self.lora.add("out", gated, out)
 
     def _convolved(self, mixed: torch.Tensor, windows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q, k and v through the causal convolution, each sequence continuing from its window, and SiLU."""
@@ -137,8 +145,51 @@ class HybridDecoderLayer(nn.Module):
 
 
 class Qwen3NextForCausalLM(HybridForward):
+    serves_loras = True  # on its attention, its linear attention's projections in and out, its dense MLPs
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return HybridDecoderLayer(self.config, self.kernels, dtype, layer)
+
+    def serve_loras(self) -> None:
+        if self.has_loras:
+            return
+        super().serve_loras()
+        for i, layer in enumerate(self.layers):
+            if layer.is_linear:
+                layer.attn.lora = LoRAHook(self.lora_batch, i)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        hidden = self.config.hidden_size
+        if place == "self_attn":  # q's rows each head's q, then its gate
+            if proj == "o_proj":
+                return layer, "o", 0, hidden
+            return (layer, "qkv", *self._attention_rows()[proj]) if proj in self._attention_rows() else None
+        if place == "linear_attn":
+            if proj == "out_proj":
+                return layer, "out", 0, hidden
+            return (layer, "in", *self._in_rows()[proj]) if proj in self._in_rows() else None
+        return super()._lora_rows(layer, place, proj)
+
+    def lora_matrices(self, module: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen3-Next's fused projections' B rows grouped by key head in the checkpoint, in Qwen3.5's order as its
+        weights' are."""
+        projection = module.rsplit(".", 1)[-1]
+        if ".linear_attn.in_proj_" in module and self.config.linear_attention.fused_projections:
+            b = self._ungrouped(projection, b)
+        return super().lora_matrices(module, a, b)
+
+    def _attention_rows(self) -> dict[str, tuple[int, int]]:
+        """Where q's (its gates beside), k's and v's projections lie in a full-attention layer's fused one."""
+        q, kv = 2 * self.config.q_size, self.config.kv_size
+        return {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+
+    def _in_rows(self) -> dict[str, tuple[int, int]]:
+        """Where each projection into a linear-attention layer lies in its fused one (q, k, v; z; b; a)."""
+        la = self.config.linear_attention
+        inner, heads = la.conv_dim + la.value_size, la.num_value_heads
+        return {"in_proj_qkvz": (0, inner), "in_proj_qkv": (0, la.conv_dim), "in_proj_z": (la.conv_dim, inner),
+                "in_proj_ba": (inner, inner + 2 * heads), "in_proj_b": (inner, inner + heads),
+                "in_proj_a": (inner + heads, inner + 2 * heads)}
 
     def is_unused_tensor(self, name: str) -> bool:
         # Its multi-token prediction layer (mtp.*), which transformers leaves unread too.
@@ -176,27 +227,18 @@ class Qwen3NextForCausalLM(HybridForward):
         return torch.cat([part.reshape(-1, tensor.shape[-1]) for part in grouped])
 
     def _target(self, name: str) -> torch.Tensor:
-        cfg = self.config
         parts = name.split(".")
         if len(parts) < 5 or parts[3] not in ("linear_attn", "self_attn"):
             return super()._target(name)
         layer = self.layers[int(parts[2])]
         if parts[3] == "self_attn":
-            q = 2 * cfg.q_size
-            rows = {"q_proj": (0, q), "k_proj": (q, q + cfg.kv_size), "v_proj": (q + cfg.kv_size, q + 2 * cfg.kv_size)}
-            if parts[4] in rows:
-                lo, hi = rows[parts[4]]
+            if parts[4] in self._attention_rows():
+                lo, hi = self._attention_rows()[parts[4]]
                 return layer.attn.qkv_weight.data[lo:hi]
             return super()._target(name)
-        la, attn = cfg.linear_attention, layer.attn
-        leaf = parts[4]
+        attn, leaf = layer.attn, parts[4]
         if leaf.startswith("in_proj_"):
-            inner = la.conv_dim + la.value_size
-            rows = {"in_proj_qkvz": (0, inner), "in_proj_qkv": (0, la.conv_dim), "in_proj_z": (la.conv_dim, inner),
-                    "in_proj_ba": (inner, inner + 2 * la.num_value_heads),
-                    "in_proj_b": (inner, inner + la.num_value_heads),
-                    "in_proj_a": (inner + la.num_value_heads, inner + 2 * la.num_value_heads)}
-            lo, hi = rows[leaf]
+            lo, hi = self._in_rows()[leaf]
             return attn.in_weight.data[lo:hi]
         named = {"conv1d": attn.conv_weight, "norm": attn.norm, "out_proj": attn.out_weight, "dt_bias": attn.dt_bias,
                  "A_log": attn.a_log}
