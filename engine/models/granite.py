@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, DecoderLayer
@@ -80,6 +81,7 @@ MOE_SWA_RENAMED = (("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.i
 
 class GraniteForCausalLM(HybridForward):
     splits_across_ranks = True  # but with Mamba layers (tensor_parallel.check_shardable refuses recurrent layers)
+    serves_loras = True  # on its attention, its Mamba-2 layers' projections in and out, its dense (shared) MLPs
 
     @property
     def renames(self) -> tuple[tuple[str, str], ...]:
@@ -124,6 +126,17 @@ class GraniteForCausalLM(HybridForward):
                 return (mlp.gate_up_weight if "input_linear" in parts[3] else mlp.down_weight).data
             return getattr(mlp, MOE_TENSORS[parts[3]]).data
         return super()._target(name)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        mamba = self.layers[layer].attn
+        if place == "mamba" and isinstance(mamba, Mamba2Mixer):
+            rows = {"in_proj": (layer, "in", 0, mamba.in_weight.shape[0]),
+                    "out_proj": (layer, "out", 0, self.config.hidden_size)}
+            return rows.get(proj)
+        if place == "shared_mlp" and isinstance(self.layers[layer].mlp, MLP):  # 4.0-H's dense MLP, gate and up fused
+            return super()._lora_rows(layer, "mlp", {"input_linear": "gate_up_proj",
+                                                     "output_linear": "down_proj"}.get(proj, ""))
+        return super()._lora_rows(layer, place, proj)
 
     def _norm_names(self) -> tuple[str, ...]:
         return (*super()._norm_names(), *POST_BLOCK_NORMS) if self.config.block_post_norms else super()._norm_names()

@@ -2,7 +2,7 @@
 Kimi-Linear's, OLMo Hybrid's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
 (AttentionMetadata.recurrent). LoRA adapters are refused for it, but for those whose recurrent layers serve them
-(Qwen3-Next's and Qwen3.5's: engine/models/qwen3_next.py)."""
+(Qwen3-Next's and Qwen3.5's: engine/models/qwen3_next.py; Granite 4.0-H's: engine/models/granite.py)."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from engine.attention_metadata import AttentionMetadata
-from engine.lora import LoRAError, Target
+from engine.lora import LoRAError, LoRAHook, Target
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import KVCache
 from engine.prompt_embeds import GivenEmbeddings
@@ -19,6 +19,16 @@ from engine.prompt_embeds import GivenEmbeddings
 class HybridForward(LlamaForCausalLM):
     splits_across_ranks = False  # (its recurrent layers' states are whole)
     serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served (Qwen3-Next's)
+
+    def serve_loras(self) -> None:
+        """Hooks its recurrent layers' projections (those that take adapters: `takes_lora`) too."""
+        if self.has_loras:
+            return
+        super().serve_loras()
+        for i, layer in enumerate(self.layers):
+            for module in layer.modules():
+                if getattr(type(module), "takes_lora", False):
+                    module.lora = LoRAHook(self.lora_batch, i)
 
     def lora_target(self, module: str) -> Target | None:
         if self.config.state_shape is not None and not self.serves_loras:

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRAHook
 from engine.mamba_config import NO_NORM, NORM_BEFORE_GATE
 from engine.model_config import ModelConfig
 from engine.models.parameters import empty_param
@@ -24,6 +25,9 @@ TENSORS = {"in_proj.weight": "in_weight", "in_proj.bias": "in_bias", "conv1d.wei
 
 class Mamba2Mixer(nn.Module):
     """`index`: its place among the model's Mamba-2 layers (its states')."""
+
+    takes_lora = True  # the step's adapters on its projections in ("in") and out, where its model serves them
+    lora: LoRAHook | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
@@ -53,8 +57,10 @@ class Mamba2Mixer(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         m, batch, num_tokens = self.layout, meta.recurrent, x.shape[0]
         windows, states = batch.layer(self.index)
-        z, xbc, dt = self.linear(x, self.in_weight, self.in_bias).split(
-            [m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
+        projected = self.linear(x, self.in_weight, self.in_bias)
+        if self.lora is not None:
+            self.lora.add("in", x, projected)
+        z, xbc, dt = projected.split([m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
         convolved = torch.empty_like(xbc)
         batch.advance(convolved, windows, lambda row: batch.kept_layer(row, self.index)[0],
                       lambda tokens, before: conv_step(xbc[tokens], before, self.conv_weight, self.conv_bias),
@@ -88,9 +94,13 @@ class Mamba2Mixer(nn.Module):
         y = (y + self.d.float()[:, None] * xs.float()).view(num_tokens, m.intermediate_size)
         gate = F.silu(z.float())
         if m.gated_norm == NO_NORM:
-            return self.linear((y * gate).to(x.dtype), self.out_weight, self.out_bias)
+            return self._out((y * gate).to(x.dtype))
         grouped = (y if m.gated_norm == NORM_BEFORE_GATE else y * gate).view(num_tokens, m.num_groups, -1)
         normed = self.norm * F.rms_norm(grouped, (grouped.shape[-1],), eps=self.eps).view(num_tokens, -1).to(x.dtype)
         if m.gated_norm == NORM_BEFORE_GATE:
             normed = (normed.float() * gate).to(x.dtype)
-        return self.linear(normed, self.out_weight, self.out_bias)
+        return self._out(normed)
+
+    def _out(self, y: torch.Tensor) -> torch.Tensor:
+        out = self.linear(y, self.out_weight, self.out_bias)
+        return out if self.lora is None else self.lora.add("out", y, out)

@@ -65,7 +65,8 @@ class GatedAttention(Attention):
 class GatedDeltaNet(nn.Module):
     """A linear-attention layer; `index`: its place among the model's linear-attention layers (its states')."""
 
-    lora: LoRAHook | None = None  # the step's adapters on its projections in ("in") and out, where it serves them
+    takes_lora = True  # the step's adapters on its projections in ("in") and out, where its model serves them
+    lora: LoRAHook | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
@@ -149,14 +150,6 @@ class Qwen3NextForCausalLM(HybridForward):
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return HybridDecoderLayer(self.config, self.kernels, dtype, layer)
-
-    def serve_loras(self) -> None:
-        if self.has_loras:
-            return
-        super().serve_loras()
-        for i, layer in enumerate(self.layers):
-            if layer.is_linear:
-                layer.attn.lora = LoRAHook(self.lora_batch, i)
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         hidden = self.config.hidden_size
