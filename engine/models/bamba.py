@@ -7,11 +7,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP
 from engine.models.mamba2 import Mamba2Mixer
 from engine.models.parameters import empty_param
+from engine.weights import renamed
 from kernels.registry import Kernels
 
 # Bamba's names and Llama's, each way.
@@ -38,6 +40,7 @@ class BambaForCausalLM(HybridForward):
     Llama's by `renames`.)"""
 
     renames = RENAMED
+    serves_loras = True  # on its attention, its Mamba-2 layers' projections in and out, its MLPs
 
     @property
     def _mamba_layers(self) -> tuple[int, ...]:
@@ -57,6 +60,9 @@ class BambaForCausalLM(HybridForward):
         if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]
             tensor = tensor.squeeze(1)
         return super()._placed(name, tensor)
+
+    def lora_target(self, module: str) -> Target | None:
+        return super().lora_target(renamed(module + ".", self.renames).removesuffix("."))  # (its MLPs' feed_forward)
 
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".", 4)

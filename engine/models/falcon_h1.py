@@ -40,6 +40,8 @@ class ParallelLayer(nn.Module):
 
 
 class FalconH1ForCausalLM(BambaForCausalLM):  # (Bamba's names, and its Mamba-2 layers' tensors)
+    serves_loras = False  # (its muP multipliers on its projections' parts not yet applied to adapters)
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return ParallelLayer(self.config, self.kernels, dtype, layer)
 

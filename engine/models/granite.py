@@ -128,11 +128,6 @@ class GraniteForCausalLM(HybridForward):
         return super()._target(name)
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
-        mamba = self.layers[layer].attn
-        if place == "mamba" and isinstance(mamba, Mamba2Mixer):
-            rows = {"in_proj": (layer, "in", 0, mamba.in_weight.shape[0]),
-                    "out_proj": (layer, "out", 0, self.config.hidden_size)}
-            return rows.get(proj)
         if place == "shared_mlp" and isinstance(self.layers[layer].mlp, MLP):  # 4.0-H's dense MLP, gate and up fused
             return super()._lora_rows(layer, "mlp", {"input_linear": "gate_up_proj",
                                                      "output_linear": "down_proj"}.get(proj, ""))

@@ -2,7 +2,7 @@
 Kimi-Linear's, OLMo Hybrid's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
 (AttentionMetadata.recurrent). LoRA adapters are refused for it, but for those whose recurrent layers serve them
-(Qwen3-Next's and Qwen3.5's: engine/models/qwen3_next.py; Granite 4.0-H's: engine/models/granite.py)."""
+(Qwen3-Next's and Qwen3.5's: engine/models/qwen3_next.py; Granite 4.0-H's and Bamba's Mamba-2 layers')."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -12,7 +12,8 @@ import torch
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRAError, LoRAHook, Target
 from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import KVCache
+from engine.models.llama_layers import MLP, Attention, KVCache
+from engine.models.mamba2 import Mamba2Mixer
 from engine.prompt_embeds import GivenEmbeddings
 
 
@@ -21,14 +22,23 @@ class HybridForward(LlamaForCausalLM):
     serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served (Qwen3-Next's)
 
     def serve_loras(self) -> None:
-        """Hooks its recurrent layers' projections (those that take adapters: `takes_lora`) too."""
+        """Hooks every attention and dense MLP projection of its layers (whatever their attributes' names: Bamba's
+        Mamba-2 layers hold theirs as `mamba`) and its recurrent layers' that take adapters (`takes_lora`)."""
         if self.has_loras:
             return
-        super().serve_loras()
         for i, layer in enumerate(self.layers):
             for module in layer.modules():
-                if getattr(type(module), "takes_lora", False):
+                if isinstance(module, (Attention, MLP)) or getattr(type(module), "takes_lora", False):
                     module.lora = LoRAHook(self.lora_batch, i)
+        self.has_loras = True
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        """Its Mamba-2 layers' projections in and out (`mamba.in_proj`, `mamba.out_proj`) besides a Llama layer's."""
+        mixer = getattr(self.layers[layer], "mamba", None) or getattr(self.layers[layer], "attn", None)
+        if place == "mamba" and isinstance(mixer, Mamba2Mixer):
+            return {"in_proj": (layer, "in", 0, mixer.in_weight.shape[0]),
+                    "out_proj": (layer, "out", 0, self.config.hidden_size)}.get(proj)
+        return super()._lora_rows(layer, place, proj)
 
     def lora_target(self, module: str) -> Target | None:
         if self.config.state_shape is not None and not self.serves_loras:

@@ -104,6 +104,7 @@ class MambaDecoderLayer(nn.Module):
 
 
 class JambaForCausalLM(BambaForCausalLM):  # (its checkpoint read as Bamba's is, by its own names)
+    serves_loras = False  # (its Mamba-1 layers take none yet)
     renames = RENAMED
 
     @property

@@ -81,7 +81,8 @@ def test_an_adapter_on_a_model_whose_projections_load_otherwise(tiny_model_dirs,
 
 
 # The projections of layers of their own names: LongCat-Flash's two sublayers' dense MLPs, MiniMax-M3's dense MLPs'
-# gate and up fused, Qwen3.5's and Qwen3-Next's linear attention's, Granite 4.0-H's Mamba-2 layers' and dense MLPs'.
+# gate and up fused, Qwen3.5's and Qwen3-Next's linear attention's, Granite 4.0-H's and Bamba's Mamba-2 layers'
+# and MLPs'.
 OWN_PROJECTIONS = {
     "longcat-flash": tuple(f"mlps.{k}.{x}_proj" for k in (0, 1) for x in ("gate", "up", "down")),
     "minimax-m3": (*(f"self_attn.{x}_proj" for x in "qkvo"), "mlp.gate_up_proj", "mlp.down_proj"),
@@ -89,13 +90,15 @@ OWN_PROJECTIONS = {
                 *(f"linear_attn.{x}" for x in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"))),
     "qwen3-next": (*ALL_PROJECTIONS, *(f"linear_attn.{x}" for x in ("in_proj_qkvz", "in_proj_ba", "out_proj"))),
     "granite4-h": (*(f"self_attn.{x}_proj" for x in "qkvo"), "mamba.in_proj", "mamba.out_proj",
-                   "shared_mlp.input_linear", "shared_mlp.output_linear")}
+                   "shared_mlp.input_linear", "shared_mlp.output_linear"),
+    "bamba": (*(f"self_attn.{x}_proj" for x in "qkvo"), "mamba.in_proj", "mamba.out_proj",
+              *(f"feed_forward.{x}_proj" for x in ("gate", "up", "down")))}
 
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
                                         ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2), ("longcat-flash", 1),
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
-                                        ("granite4-h", 1)])
+                                        ("granite4-h", 1), ("bamba", 1)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
@@ -104,8 +107,8 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
     indexer's projections not adapted) and dense MLPs' gate and up fused; Qwen3.5's and Qwen3-Next's gated attention
     (q's rows each head's q and gate) and linear attention's projections in (Qwen3-Next's fused and grouped by key
     head) and out; Granite 4.0-H's Mamba-2 layers' projections in and out and its dense MLP under the shared MLP's
-    names (gate and up fused). An adapter on every projection each has that Baton serves adapters on (`size`: the
-    model split across that many ranks)."""
+    names (gate and up fused); Bamba's Mamba-2 layers' and MLPs (`feed_forward`). An adapter on every projection
+    each has that Baton serves adapters on (`size`: the model split across that many ranks)."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5)
