@@ -34,7 +34,8 @@ class HybridForward(LlamaForCausalLM):
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         """Its Mamba-2 layers' projections in and out (`mamba.in_proj`, `mamba.out_proj`) besides a Llama layer's."""
-        mixer = getattr(self.layers[layer], "mamba", None) or getattr(self.layers[layer], "attn", None)
+        block = self.layers[layer]
+        mixer = getattr(block, "mamba", None) or getattr(block, "attn", None) or getattr(block, "mixer", None)
         if place == "mamba" and isinstance(mixer, Mamba2Mixer):
             return {"in_proj": (layer, "in", 0, mixer.in_weight.shape[0]),
                     "out_proj": (layer, "out", 0, self.config.hidden_size)}.get(proj)

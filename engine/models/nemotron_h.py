@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.lora import LoRAHook, Target
 from engine.mamba_config import ATTENTION, MAMBA, MOE
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
@@ -21,6 +22,9 @@ from kernels.registry import Kernels
 
 
 class SquaredReLUMLP(nn.Module):
+    takes_lora = True  # the step's adapters on its projections up and down, where its model serves them
+    lora: LoRAHook | None = None
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, width: int | None = None) -> None:
         super().__init__()
         self.linear = kernels.linear
@@ -31,8 +35,12 @@ class SquaredReLUMLP(nn.Module):
         self.down_bias = empty_param(config.hidden_size, dtype=dtype) if config.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(F.relu(self.linear(x, self.up_weight, self.up_bias)).square(), self.down_weight,
-                           self.down_bias)
+        up = self.linear(x, self.up_weight, self.up_bias)
+        if self.lora is not None:
+            self.lora.add("up", x, up)
+        activated = F.relu(up).square()
+        out = self.linear(activated, self.down_weight, self.down_bias)
+        return out if self.lora is None else self.lora.add("down", activated, out)
 
 
 class SquaredReLUExperts(nn.Module):
@@ -91,8 +99,25 @@ class NemotronHBlock(nn.Module):
 
 
 class NemotronHForCausalLM(HybridForward):
+    serves_loras = True  # on its attention, Mamba-2 and dense MLP blocks' mixers (not its experts)
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return NemotronHBlock(self.config, self.kernels, dtype, layer)
+
+    def lora_target(self, module: str) -> Target | None:
+        """`model.layers.N.mixer.PROJ` (`backbone.` as released), a Mamba-2 block's, an attention block's or a dense
+        MLP block's projection by the block's kind."""
+        return super().lora_target("model." + module.removeprefix("backbone.") if module.startswith("backbone.")
+                                   else module)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        block = self.layers[layer]
+        if place != "mixer" or block.kind == MOE:
+            return None
+        if block.kind in (MAMBA, ATTENTION):
+            return super()._lora_rows(layer, "mamba" if block.kind == MAMBA else "self_attn", proj)
+        return {"up_proj": (layer, "up", 0, block.mixer.up_weight.shape[0]),
+                "down_proj": (layer, "down", 0, self.config.hidden_size)}.get(proj)
 
     def is_unused_tensor(self, name: str) -> bool:
         # Nemotron 3's multi-token prediction layer (mtp.*: engine/models/nemotron_h_mtp.py), which transformers leaves
