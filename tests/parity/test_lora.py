@@ -122,6 +122,15 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
         with torch.no_grad():
             ref = merged(torch.tensor([prompt])).logits[0, -1]
         assert (_prefill_logits(engine, prompt, "all") - ref).abs().max().item() < 1e-4
+    # Decoded under the adapter too (a recurrent layer's step by step): transformers' greedy tokens of the merged model.
+    prompt = _random_prompt(23, engine.model_config.vocab_size, seed=23)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, lora_name="all"))
+    tokens = []
+    while engine.has_unfinished_requests():
+        tokens = next((out.token_ids for out in engine.step() if out.finished), tokens)
+    with torch.no_grad():
+        expected = merged.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert tokens == expected[0, len(prompt):].tolist()
     engine.close()
 
 
