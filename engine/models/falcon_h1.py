@@ -5,7 +5,8 @@ layers have pages, its Mamba-2 layers keep states (engine/models/hybrid.py, engi
 Its muP multipliers (engine/falcon_h1_config.py) are folded into the weights as they load: attention's input into
 q, k and v, k's into k, attention's output into o; the Mamba-2 layer's input into its projection, whose z, x, B, C
 and dt rows take their own, its output into out_proj; the MLP's into gate and down. The embeddings are scaled as
-they are read, the logits as they are made. Checkpoint names are read as Llama's where the layers are.
+they are read, the logits as they are made; a LoRA adapter's B rows as its projection's weight rows. Checkpoint names
+are read as Llama's where the layers are.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import MLP, Attention
 from engine.models.mamba2 import Mamba2Mixer
 from engine.models.parameters import empty_param
+from engine.weights import renamed
 from kernels.registry import Kernels
 
 
@@ -40,8 +42,6 @@ class ParallelLayer(nn.Module):
 
 
 class FalconH1ForCausalLM(BambaForCausalLM):  # (Bamba's names, and its Mamba-2 layers' tensors)
-    serves_loras = False  # (its muP multipliers on its projections' parts not yet applied to adapters)
-
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return ParallelLayer(self.config, self.kernels, dtype, layer)
 
@@ -69,6 +69,12 @@ class FalconH1ForCausalLM(BambaForCausalLM):  # (Bamba's names, and its Mamba-2 
             rows = self._in_proj_rows(tensor)
             return (tensor * mup.ssm_in if is_weight else tensor) * rows.view(-1, *([1] * (tensor.dim() - 1)))
         return tensor
+
+    def lora_matrices(self, module: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """An adapter's B rows times the multipliers its projection's weight rows take, as they load: its delta
+        scaled as the projection's output is."""
+        a, b = super().lora_matrices(module, a, b)
+        return a, self._scaled(renamed(module + ".", self.renames) + "weight", b)
 
     def _in_proj_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """Each row of the Mamba-2 projection's multiplier: z's, x's, B's, C's and dt's, in turn."""
