@@ -16,11 +16,13 @@ import torch
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRAHook, Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.llama_layers import MLP, Attention, GatedOutputAttention
 from engine.models.moe import SparseMoE
 from engine.models.parameters import empty_param
+from engine.weights import renamed
 from kernels.causal_conv import conv_run, conv_step
 from kernels.registry import Kernels
 
@@ -35,6 +37,9 @@ RENAMED = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_atten
 class ShortConv(nn.Module):
     """A convolution layer's operator; `index`: its place among the model's convolution layers (its states')."""
 
+    takes_lora = True  # the step's adapters on its projections in ("in") and out, where its model serves them
+    lora: LoRAHook | None = None
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
         self.linear, self.index = kernels.linear, index
@@ -47,7 +52,10 @@ class ShortConv(nn.Module):
             if layout.conv_bias else (None, None, None))
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        b, c, inputs = self.linear(x, self.in_weight, self.in_bias).chunk(3, dim=-1)
+        projected = self.linear(x, self.in_weight, self.in_bias)
+        if self.lora is not None:
+            self.lora.add("in", x, projected)
+        b, c, inputs = projected.chunk(3, dim=-1)
         gated = b * inputs
         windows, _ = meta.recurrent.layer(self.index)
         out = torch.empty_like(gated)
@@ -56,7 +64,9 @@ class ShortConv(nn.Module):
                                                                 self.conv_bias),
                                lambda start, end, window: conv_run(gated[start:end], window, self.conv_weight,
                                                                    self.conv_bias))
-        return self.linear(c * out, self.out_weight, self.out_bias)
+        y = c * out
+        projected = self.linear(y, self.out_weight, self.out_bias)
+        return projected if self.lora is None else self.lora.add("out", y, projected)
 
     def tensor(self, leaf: str) -> torch.Tensor:
         """Where `conv.<leaf>` goes."""
@@ -85,6 +95,7 @@ class ConvDecoderLayer(nn.Module):
 
 class Lfm2ForCausalLM(HybridForward):
     renames = RENAMED
+    serves_loras = True  # on its attention, its convolution layers' projections in and out, its dense MLPs
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         conv_layers = self.config.short_conv.conv_layers
@@ -107,6 +118,15 @@ class Lfm2ForCausalLM(HybridForward):
         if len(parts) == 5 and parts[3] == "conv":
             return self.layers[int(parts[2])].conv.tensor(parts[4])
         return super()._target(name)
+
+    def lora_target(self, module: str) -> Target | None:
+        return super().lora_target(renamed(module + ".", self.renames).removesuffix("."))  # (LFM2's names)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        if place == "conv" and layer in self.config.short_conv.conv_layers:
+            hidden = self.config.hidden_size
+            return {"in_proj": (layer, "in", 0, 3 * hidden), "out_proj": (layer, "out", 0, hidden)}.get(proj)
+        return super()._lora_rows(layer, place, proj)
 
 
 # LFM3's names and Llama's: its attention's are Llama's (q_norm, k_norm, o_proj; its gate gate_proj).
@@ -150,6 +170,7 @@ class Lfm3ForCausalLM(Lfm2ForCausalLM):
     operator's and MLP's output normed (engine/short_conv_config.py's flags)."""
 
     renames = LFM3_RENAMED
+    serves_loras = False  # (its attention's gates and sandwich norms not yet checked with adapters)
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         config, conv_layers = self.config, self.config.short_conv.conv_layers
