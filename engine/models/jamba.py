@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import LoRAHook, Target
 from engine.model_config import ModelConfig
 from engine.models.bamba import BambaForCausalLM
 from engine.models.llama_layers import MLP
@@ -35,6 +36,9 @@ TENSORS = {"in_proj.weight": "in_weight", "in_proj.bias": "in_bias", "conv1d.wei
 
 class Mamba1Mixer(nn.Module):
     """`index`: its place among the model's Mamba layers (its states')."""
+
+    takes_lora = True  # the step's adapters on its projections (in, x, dt, out), where its model serves them
+    lora: LoRAHook | None = None
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
@@ -66,14 +70,14 @@ class Mamba1Mixer(nn.Module):
         m, batch = self.layout, meta.recurrent
         windows, states = batch.layer(self.index)
         states = states[:, 0]  # [B, channels, state_size]: the one head it keeps
-        xs, gate = self.linear(x, self.in_weight, self.in_bias).chunk(2, dim=-1)
+        xs, gate = self._projected("in", x, self.in_weight, self.in_bias).chunk(2, dim=-1)
         convolved = torch.empty_like(xs)
         batch.advance(convolved, windows, lambda row: batch.kept_layer(row, self.index)[0],
                       lambda tokens, before: conv_step(xs[tokens], before, self.conv_weight, self.conv_bias),
                       lambda start, end, window: conv_run(xs[start:end], window, self.conv_weight, self.conv_bias))
         xs = F.silu(convolved)
-        dt, b, c = self.linear(xs, self.x_weight).split([m.dt_rank, m.state_size, m.state_size], dim=-1)
-        dt = self.linear(self.rms_norm(dt, self.dt_norm, self.eps), self.dt_weight)
+        dt, b, c = self._projected("x", xs, self.x_weight).split([m.dt_rank, m.state_size, m.state_size], dim=-1)
+        dt = self._projected("dt", self.rms_norm(dt, self.dt_norm, self.eps), self.dt_weight)
         dt = F.softplus(dt.float() + self.dt_bias.float())
         b, c = (self.rms_norm(t, norm, self.eps).float() for t, norm in ((b, self.b_norm), (c, self.c_norm)))
         a, inputs = -self.a_log.float().exp(), xs.float()
@@ -86,7 +90,13 @@ class Mamba1Mixer(nn.Module):
                       lambda tokens, before: scan.step(inputs[tokens], dt[tokens], a, b[tokens], c[tokens], before),
                       run)
         y = (y + self.d.float() * inputs) * F.silu(gate.float())
-        return self.linear(y.to(x.dtype), self.out_weight, self.out_bias)
+        return self._projected("out", y.to(x.dtype), self.out_weight, self.out_bias)
+
+    def _projected(self, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """`x` through projection `group` (in, x, dt, out), with the step's adapters' deltas on it."""
+        out = self.linear(x, weight, bias)
+        return out if self.lora is None else self.lora.add(group, x, out)
 
 
 class MambaDecoderLayer(nn.Module):
@@ -104,8 +114,15 @@ class MambaDecoderLayer(nn.Module):
 
 
 class JambaForCausalLM(BambaForCausalLM):  # (its checkpoint read as Bamba's is, by its own names)
-    serves_loras = False  # (its Mamba-1 layers take none yet)
     renames = RENAMED
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        mixer = getattr(self.layers[layer], "mamba", None)
+        if place == "mamba" and isinstance(mixer, Mamba1Mixer):
+            groups = {"in_proj": "in", "x_proj": "x", "dt_proj": "dt", "out_proj": "out"}
+            weight = getattr(mixer, f"{groups.get(proj, '')}_weight", None)
+            return None if weight is None else (layer, groups[proj], 0, weight.shape[0])
+        return super()._lora_rows(layer, place, proj)
 
     @property
     def _mamba_layers(self) -> tuple[int, ...]:

@@ -97,14 +97,17 @@ OWN_PROJECTIONS = {
     "falcon-h1": (*(f"self_attn.{x}_proj" for x in "qkvo"), "mamba.in_proj", "mamba.out_proj",
                   *(f"feed_forward.{x}_proj" for x in ("gate", "up", "down"))),
     "lfm2": (*(f"self_attn.{x}_proj" for x in ("q", "k", "v", "out")), "conv.in_proj", "conv.out_proj",
-             *(f"feed_forward.{x}" for x in ("w1", "w3", "w2")))}
+             *(f"feed_forward.{x}" for x in ("w1", "w3", "w2"))),
+    "jamba": (*(f"self_attn.{x}_proj" for x in "qkvo"), *(f"mamba.{x}_proj" for x in ("in", "x", "dt", "out")),
+              *(f"feed_forward.{x}_proj" for x in ("gate", "up", "down")))}
 
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
                                         ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2), ("longcat-flash", 1),
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
                                         ("granite4-h", 1), ("bamba", 1),
-                                        ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1)])
+                                        ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1),
+                                        ("jamba", 1)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
@@ -115,8 +118,9 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
     head) and out; Granite 4.0-H's Mamba-2 layers' projections in and out and its dense MLP under the shared MLP's
     names (gate and up fused); Bamba's Mamba-2 layers' and MLPs (`feed_forward`); Nemotron-H's blocks' mixers, each
     by its kind; Falcon-H1's, each delta scaled by its projection's muP multipliers; LFM2's convolution layers'
-    projections in and out, by LFM2's names. An adapter on every projection each has that Baton serves adapters on
-    (`size`: the model split across that many ranks), prefilled and decoded."""
+    projections in and out, by LFM2's names; Jamba's Mamba-1 layers' four projections. An adapter on every
+    projection each has that Baton serves adapters on (`size`: the model split across that many ranks), prefilled
+    and decoded."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5)
