@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from engine.lora import Target
 from engine.models.hybrid import HybridForward
 from engine.models.olmo2 import Olmo2DecoderLayer
 from engine.models.qwen3_next import HybridDecoderLayer
@@ -29,6 +30,8 @@ LAYER_NORMS = {True: ("attention_layer_norm", "feedforward_layer_norm"),  # by w
 
 
 class OlmoHybridForCausalLM(HybridForward):
+    serves_loras = True  # on its attention, its linear attention's projections (each apart) and its dense MLPs
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         if self._is_linear(layer):
             return HybridDecoderLayer(self.config, self.kernels, dtype, layer)
@@ -84,11 +87,24 @@ class OlmoHybridForCausalLM(HybridForward):
             return getattr(layer, norms[parts[3]]).data
         if parts[3] != "linear_attn":
             return super()._target(name)
-        la, attn = self.config.linear_attention, layer.attn
-        ends = (la.key_size, 2 * la.key_size, la.conv_dim, la.conv_dim + la.value_size,
-                la.conv_dim + la.value_size + la.num_value_heads, la.conv_dim + la.value_size + 2 * la.num_value_heads)
-        if parts[4] in LINEAR_PROJECTIONS:  # in_weight's rows: q, k, v (convolved), gate, b, a
-            i = LINEAR_PROJECTIONS.index(parts[4])
-            return attn.in_weight.data[(ends[i - 1] if i else 0):ends[i]]
+        attn = layer.attn
+        if parts[4] in LINEAR_PROJECTIONS:
+            lo, hi = self._linear_rows()[parts[4]]
+            return attn.in_weight.data[lo:hi]
         return {"conv1d": attn.conv_weight, "o_norm": attn.norm, "o_proj": attn.out_weight, "dt_bias": attn.dt_bias,
                 "A_log": attn.a_log}[parts[4]].data
+
+    def _linear_rows(self) -> dict[str, tuple[int, int]]:
+        """Where each projection into a linear-attention layer lies in its fused one: q, k, v (convolved), gate, b,
+        a."""
+        la = self.config.linear_attention
+        ends = (la.key_size, 2 * la.key_size, la.conv_dim, la.conv_dim + la.value_size,
+                la.conv_dim + la.value_size + la.num_value_heads, la.conv_dim + la.value_size + 2 * la.num_value_heads)
+        return {proj: (ends[i - 1] if i else 0, ends[i]) for i, proj in enumerate(LINEAR_PROJECTIONS)}
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        if place == "linear_attn" and self._is_linear(layer):
+            if proj == "o_proj":
+                return layer, "out", 0, self.config.hidden_size
+            return (layer, "in", *self._linear_rows()[proj]) if proj in LINEAR_PROJECTIONS else None
+        return super()._lora_rows(layer, place, proj)

@@ -99,7 +99,8 @@ OWN_PROJECTIONS = {
     "lfm2": (*(f"self_attn.{x}_proj" for x in ("q", "k", "v", "out")), "conv.in_proj", "conv.out_proj",
              *(f"feed_forward.{x}" for x in ("w1", "w3", "w2"))),
     "jamba": (*(f"self_attn.{x}_proj" for x in "qkvo"), *(f"mamba.{x}_proj" for x in ("in", "x", "dt", "out")),
-              *(f"feed_forward.{x}_proj" for x in ("gate", "up", "down")))}
+              *(f"feed_forward.{x}_proj" for x in ("gate", "up", "down"))),
+    "olmo-hybrid": (*ALL_PROJECTIONS, *(f"linear_attn.{x}_proj" for x in ("q", "k", "v", "g", "b", "a", "o")))}
 
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
@@ -107,7 +108,7 @@ OWN_PROJECTIONS = {
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
                                         ("granite4-h", 1), ("bamba", 1),
                                         ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1),
-                                        ("jamba", 1)])
+                                        ("jamba", 1), ("olmo-hybrid", 1)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
@@ -118,9 +119,9 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
     head) and out; Granite 4.0-H's Mamba-2 layers' projections in and out and its dense MLP under the shared MLP's
     names (gate and up fused); Bamba's Mamba-2 layers' and MLPs (`feed_forward`); Nemotron-H's blocks' mixers, each
     by its kind; Falcon-H1's, each delta scaled by its projection's muP multipliers; LFM2's convolution layers'
-    projections in and out, by LFM2's names; Jamba's Mamba-1 layers' four projections. An adapter on every
-    projection each has that Baton serves adapters on (`size`: the model split across that many ranks), prefilled
-    and decoded."""
+    projections in and out, by LFM2's names; Jamba's Mamba-1 layers' four projections; OLMo Hybrid's linear
+    attention's projections, each apart. An adapter on every projection each has that Baton serves adapters on
+    (`size`: the model split across that many ranks), prefilled and decoded."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5)
