@@ -1,8 +1,8 @@
 """A hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's, Nemotron-H's, LFM2's, Falcon-H1's, Bamba's, Jamba's,
 Kimi-Linear's, OLMo Hybrid's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
-(AttentionMetadata.recurrent). LoRA adapters are refused for it, but for those whose recurrent layers serve them
-(Qwen3-Next's and Qwen3.5's: engine/models/qwen3_next.py; Granite 4.0-H's and Bamba's Mamba-2 layers')."""
+(AttentionMetadata.recurrent). Its LoRA adapters are served on its recurrent layers' projections too where it says
+so (`serves_loras`: all but LFM3's and Kimi-Linear's), refused by name otherwise."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -19,7 +19,7 @@ from engine.prompt_embeds import GivenEmbeddings
 
 class HybridForward(LlamaForCausalLM):
     splits_across_ranks = False  # (its recurrent layers' states are whole)
-    serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served (Qwen3-Next's)
+    serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served
 
     def serve_loras(self) -> None:
         """Hooks every attention and dense MLP projection of its layers (whatever their attributes' names: Bamba's
