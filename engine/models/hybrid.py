@@ -2,7 +2,7 @@
 Kimi-Linear's, OLMo Hybrid's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
 (AttentionMetadata.recurrent). Its LoRA adapters are served on its recurrent layers' projections too where it says
-so (`serves_loras`: all but LFM3's and Kimi-Linear's), refused by name otherwise."""
+so (`serves_loras`: all but LFM3's, Kimi-Linear's and Qwen4-Exp's), refused by name otherwise."""
 from __future__ import annotations
 
 from typing import ClassVar

@@ -148,6 +148,8 @@ class Qwen4ExpDecoderLayer(nn.Module):
 
 
 class Qwen4ExpForCausalLM(Qwen3NextForCausalLM):
+    serves_loras = False  # (its hyper-connections and indexed attention not yet checked with adapters)
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         self.norm = None  # the last mix of the streams ends it

@@ -242,7 +242,7 @@ def test_what_a_hybrid_model_cannot_do_yet_is_refused_by_name(tiny_model_dirs, n
         LLMEngine(EngineConfig(model=str(tiny_model_dirs[name]), dtype="float32", **overrides))
 
 
-@pytest.mark.parametrize("name, target", [("kimi-linear", "self_attn.q_proj")])
+@pytest.mark.parametrize("name, target", [("kimi-linear", "self_attn.q_proj"), ("qwen4-exp", "linear_attn.out_proj")])
 def test_a_lora_adapter_for_a_hybrid_model_is_refused_by_name(tiny_model_dirs, tmp_path, name, target):
     model_dir = tiny_model_dirs[name]
     make_adapter(tmp_path / "adapter", _hf_model(model_dir), [target], rank=2, alpha=4.0, rslora=False, seed=0)
