@@ -60,13 +60,13 @@ def image_limited_mesh(model_dir, limit: int):
                         gateway_args=("--local-prefill-max-tokens", "0"))
 
 
-def greedy_logprobs(last_logits: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor
-                    ) -> tuple[list[int], list[torch.Tensor]]:
-    """MAX_TOKENS greedy tokens after prompt `ids` [1, n], each the argmax of `last_logits` (the model's last
+def greedy_logprobs(last_logits: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor,
+                    max_tokens: int = MAX_TOKENS) -> tuple[list[int], list[torch.Tensor]]:
+    """`max_tokens` greedy tokens after prompt `ids` [1, n], each the argmax of `last_logits` (the model's last
     position's logits of the ids so far), and the logprobs each was drawn from."""
     tokens, logprobs = [], []
     with torch.no_grad():
-        for _ in range(MAX_TOKENS):
+        for _ in range(max_tokens):
             logits = last_logits(torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1))
             tokens.append(int(logits.argmax()))
             logprobs.append(torch.log_softmax(logits, dim=-1))

@@ -10,10 +10,10 @@ import torch
 
 from tests.parity.conftest import transformers
 from tests.services.gateway.image_chats import (
-    MAX_TOKENS,
     assert_same_reply,
     data_url,
     greedy_chat,
+    greedy_logprobs,
     random_image,
     rendering_mesh,
     word_level_tokenizer,
@@ -76,16 +76,9 @@ def _transformers_greedy(gemma4_vlm, content: list[dict], images) -> tuple[list[
     runs = [f"<|image>{'<|image|>' * int(n)}<image|>" for n in pixels["num_soft_tokens_per_image"]]
     ids = tokenizer("".join(p + r for p, r in zip(pieces, [*runs, ""])), add_special_tokens=False,
                     return_tensors="pt")["input_ids"]
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
-            logits = model(input_ids=current, pixel_values=pixels["pixel_values"],
-                           image_position_ids=pixels["image_position_ids"],
-                           mm_token_type_ids=(current == IMAGE_TOKEN).long()).logits
-            tokens.append(int(logits[0, -1].argmax()))
-            logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
-    return tokens, logprobs
+    return greedy_logprobs(lambda current: model(
+        input_ids=current, pixel_values=pixels["pixel_values"], image_position_ids=pixels["image_position_ids"],
+        mm_token_type_ids=(current == IMAGE_TOKEN).long()).logits[0, -1], ids)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from tests.services.gateway.image_chats import (
     data_url,
     greedy_chat,
     greedy_chat_by_a_local_gateway,
+    greedy_logprobs,
     random_image,
     word_level_tokenizer,
 )
@@ -114,14 +115,8 @@ def _transformers_greedy(mistral3_vlm, content: list[dict]) -> tuple[list[int], 
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
     ids = tokenizer(_expanded(text, inputs["image_sizes"].tolist()), add_special_tokens=False,
                     return_tensors="pt")["input_ids"]
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
-            logits = model(input_ids=current, pixel_values=inputs["pixel_values"],
-                           image_sizes=inputs["image_sizes"]).logits
-            tokens.append(int(logits[0, -1].argmax()))
-            logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
+    tokens, logprobs = greedy_logprobs(lambda current: model(
+        input_ids=current, pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"]).logits[0, -1], ids)
     return tokens, logprobs, ids.shape[1]
 
 

@@ -25,6 +25,7 @@ from tests.services.gateway.image_chats import (
     data_url,
     greedy_chat,
     greedy_chat_by_a_local_gateway,
+    greedy_logprobs,
     qwen_vl_tokenizer,
     random_image,
     rendering_mesh,
@@ -90,16 +91,13 @@ def _transformers_greedy(qwen_vlm, content: list[dict], max_tokens: int = MAX_TO
                                          add_generation_prompt=True)
     ids = tokenizer(_expanded(text, inputs["image_grid_thw"].tolist()), add_special_tokens=False,
                     return_tensors="pt")["input_ids"]
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
-            logits = model(input_ids=current, pixel_values=inputs["pixel_values"],
-                           image_grid_thw=inputs["image_grid_thw"],
-                           mm_token_type_ids=(current == MARKS[IMAGE]).int()).logits
-            logits[0, -1, MARKS[IMAGE]] += logit_bias
-            tokens.append(int(logits[0, -1].argmax()))
-            logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
+    def last_logits(current: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=current, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                       mm_token_type_ids=(current == MARKS[IMAGE]).int()).logits[0, -1]
+        logits[MARKS[IMAGE]] += logit_bias
+        return logits
+
+    tokens, logprobs = greedy_logprobs(last_logits, ids, max_tokens)
     return tokens, logprobs, ids.shape[1]
 
 

@@ -25,13 +25,13 @@ from protos import gateway_pb2
 from tests.parity.conftest import transformers
 from tests.parity.images import patchified_video, saved_qwen_vl
 from tests.services.gateway.image_chats import (
-    MAX_TOKENS,
     assert_same_reply,
     data_url,
     encoded_video,
     greedy_chat,
     greedy_chat_by_a_local_gateway,
     greedy_grpc_chat,
+    greedy_logprobs,
     qwen_vl_tokenizer,
     random_image,
     rendering_mesh,
@@ -130,14 +130,9 @@ def _transformers_greedy(qwen_vlm, content: list[dict]) -> tuple[list[int], list
         text = pieces[0] + "".join(mark * (t * h * w // 4) + after for after in pieces[1:]
                                    for t, h, w in [next(grids[mark])])
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            current = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
-            kinds = (current == MARKS[IMAGE]).int() + 2 * (current == MARKS[VIDEO]).int()
-            logits = model(input_ids=current, mm_token_type_ids=kinds, **inputs).logits
-            tokens.append(int(logits[0, -1].argmax()))
-            logprobs.append(torch.log_softmax(logits[0, -1], dim=-1))
+    tokens, logprobs = greedy_logprobs(lambda current: model(
+        input_ids=current, mm_token_type_ids=(current == MARKS[IMAGE]).int() + 2 * (current == MARKS[VIDEO]).int(),
+        **inputs).logits[0, -1], ids)
     return tokens, logprobs, ids.shape[1]
 
 
