@@ -36,6 +36,7 @@ EXPERT_NORMS = {"post_feedforward_layernorm_1": "post_mlp_norm", "pre_feedforwar
 
 
 class Gemma4Attention(nn.Module):
+    takes_lora = True  # (each layer of its own shape)
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, heads: Gemma4Heads,
@@ -219,14 +220,6 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         if self.final_softcap is None:
             return logits
         return torch.tanh(logits / self.final_softcap) * self.final_softcap
-
-    def serve_loras(self) -> None:
-        """Its MLPs' projections hooked as any model's, and its attention's (each layer of its own shape)."""
-        if self.has_loras:
-            return
-        super().serve_loras()
-        for i, layer in enumerate(self.layers):
-            layer.attn.lora = LoRAHook(self.lora_batch, i)
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         """Its layers' own rows of the fused q/k/v (no k or v in a layer sharing another's KV; no v where values are

@@ -10,9 +10,9 @@ from typing import ClassVar
 import torch
 
 from engine.attention_metadata import AttentionMetadata
-from engine.lora import LoRAError, LoRAHook, Target
+from engine.lora import LoRAError, Target
 from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import MLP, Attention, KVCache
+from engine.models.llama_layers import KVCache
 from engine.models.mamba2 import Mamba2Mixer
 from engine.prompt_embeds import GivenEmbeddings
 
@@ -20,17 +20,6 @@ from engine.prompt_embeds import GivenEmbeddings
 class HybridForward(LlamaForCausalLM):
     splits_across_ranks = False  # (its recurrent layers' states are whole)
     serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served
-
-    def serve_loras(self) -> None:
-        """Hooks every attention and dense MLP projection of its layers (whatever their attributes' names: Bamba's
-        Mamba-2 layers hold theirs as `mamba`) and its recurrent layers' that take adapters (`takes_lora`)."""
-        if self.has_loras:
-            return
-        for i, layer in enumerate(self.layers):
-            for module in layer.modules():
-                if isinstance(module, (Attention, MLP)) or getattr(type(module), "takes_lora", False):
-                    module.lora = LoRAHook(self.lora_batch, i)
-        self.has_loras = True
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         """Its Mamba-2 layers' projections in and out (`mamba.in_proj`, `mamba.out_proj`) besides a Llama layer's."""

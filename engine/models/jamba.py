@@ -119,9 +119,8 @@ class JambaForCausalLM(BambaForCausalLM):  # (its checkpoint read as Bamba's is,
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         mixer = getattr(self.layers[layer], "mamba", None)
         if place == "mamba" and isinstance(mixer, Mamba1Mixer):
-            groups = {"in_proj": "in", "x_proj": "x", "dt_proj": "dt", "out_proj": "out"}
-            weight = getattr(mixer, f"{groups.get(proj, '')}_weight", None)
-            return None if weight is None else (layer, groups[proj], 0, weight.shape[0])
+            group = {"in_proj": "in", "x_proj": "x", "dt_proj": "dt", "out_proj": "out"}.get(proj)
+            return None if group is None else (layer, group, 0, getattr(mixer, f"{group}_weight").shape[0])
         return super()._lora_rows(layer, place, proj)
 
     @property

@@ -143,13 +143,14 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def serve_loras(self) -> None:
-        """Hooks every attention and dense MLP projection to the step's LoRA adapters (a model serving
-        none keeps projections without them)."""
+        """Hooks every attention and dense MLP projection of its layers to the step's LoRA adapters, and every other
+        module of theirs that takes them (`takes_lora`: Gemma 4's attention, a hybrid's recurrent layers'), whatever
+        the layer calls it (a model serving none keeps projections without them)."""
         if self.has_loras:
             return
         for i, layer in enumerate(self.layers):
-            for module in (layer.attn, layer.mlp):
-                if isinstance(module, (Attention, MLP)):
+            for module in layer.modules():
+                if isinstance(module, (Attention, MLP)) or getattr(type(module), "takes_lora", False):
                     module.lora = LoRAHook(self.lora_batch, i)
         self.has_loras = True
 

@@ -12,6 +12,8 @@ from functools import cached_property
 import numpy as np
 from PIL import Image
 
+from services.gateway.torchvision_resize import torchvision_resized
+
 MOST_TILES = 256  # a request's max_patches at most (Llama 4's processor's default is 16)
 
 
@@ -79,11 +81,3 @@ class TileCanvas:
             return whole.numpy(), None
         return whole.numpy(), torchvision_resized(torch, pixels, self.tile_size, self.tile_size).numpy()
 
-
-def torchvision_resized(torch, pixels, height: int, width: int):
-    """uint8 [height, width, 3] of `pixels` (uint8 [1, 3, H, W]): torchvision's antialiased bilinear resize of a
-    uint8 image on the CPU, torch's own uint8 kernel (none where the size is the same)."""
-    if tuple(pixels.shape[2:]) != (height, width):
-        pixels = torch.nn.functional.interpolate(pixels, size=[height, width], mode="bilinear", align_corners=False,
-                                                 antialias=True)
-    return pixels[0].permute(1, 2, 0)

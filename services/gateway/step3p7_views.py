@@ -1,8 +1,8 @@
 """Step-3.7's image processor (transformers' Step3p7ImageProcessor): an image's global view, squeezed to one square of
 the processor's size, and local crops of it where it is larger than that square or far from square: the image resized
 to a grid of windows (a window's side fitted to its aspect, each side snapped to whole windows) and each window
-squeezed to a square of patch_size. Resized as torchvision resizes a uint8 tensor (antialiased bilinear, as
-llama4_tiles.py does): torch is imported only by a gateway serving Step-3.7's images."""
+squeezed to a square of patch_size. Resized as torchvision resizes a uint8 tensor (torchvision_resize.py): torch is
+imported only by a gateway serving Step-3.7's images."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from services.gateway.llama4_tiles import torchvision_resized
+from services.gateway.torchvision_resize import torchvision_resized
 
 
 @dataclass(frozen=True)
