@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.hy_v4_config import HY_V4
+
 DEEPSEEK_V32 = "DeepseekV32ForCausalLM"  # DeepSeek-V3.2: V3's model, its attention sparse (DSA)
 GLM_MOE_DSA = "GlmMoeDsaForCausalLM"  # GLM-5: V3.2's, its indexer's RoPE pairs side by side, some layers sharing
-SPARSE_MLA = (DEEPSEEK_V32, GLM_MOE_DSA)
+SPARSE_MLA = (DEEPSEEK_V32, GLM_MOE_DSA, HY_V4)
 
 
 @dataclass(frozen=True)
@@ -23,11 +25,16 @@ class MLAConfig:
     index_head_dim: int = 0
     index_topk: int = 0
     index_rope_interleave: bool = False  # the indexer's RoPE pairs side by side (GLM-5's), not half a part apart
+    index_rope_last: bool = False  # RoPE turns the indexer's heads' last qk_rope_head_dim (Hy4's), not their first
+    index_norm_eps: float = 1e-6  # its keys' layer norm's
     # Layers without an indexer of their own, attending to the tokens the last layer with one chose (GLM-5's "shared").
     shared_index_layers: frozenset[int] = frozenset()
     # q's up-projection gives each head's q and then its output gate, from q's normed latent and the latent itself
     # (A.X K2's): the sigmoid of the gate weighs the head's output before o_proj.
     output_gate: bool = False
+    # Each head's output weighed by the sigmoid of a projection of the layer's input of its own (Hy4's `gate_proj`).
+    gate_projection: bool = False
+    latent_norm_eps: float | None = None  # q's and kv's latents' norms' where not rms_norm_eps (Hy4's: transformers')
 
     @property
     def qk_head_dim(self) -> int:
@@ -49,14 +56,16 @@ def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     q_lora_rank = cfg.get("q_lora_rank")
     # DeepSeek-V2 turns its RoPE dimensions as complex numbers, pairs side by side: V3's interleaving.
     # MiniCPM3's pairs lie half a part apart, as Llama's.
-    interleaved = True if arch == "DeepseekV2ForCausalLM" else False if arch == "MiniCPM3ForCausalLM" else \
+    # Hy4's pairs half apart too, whatever config.json says (transformers turns them so).
+    interleaved = True if arch == "DeepseekV2ForCausalLM" else False if arch in ("MiniCPM3ForCausalLM", HY_V4) else \
         bool(cfg.get("rope_interleave", True))
     index = {}
     if arch in SPARSE_MLA:
         index = dict(index_heads=int(cfg.get("index_n_heads", 64 if arch == DEEPSEEK_V32 else 32)),
                      index_head_dim=int(cfg.get("index_head_dim", 128)), index_topk=int(cfg.get("index_topk", 2048)),
-                     index_rope_interleave=arch == GLM_MOE_DSA,
-                     shared_index_layers=_shared_index_layers(cfg) if arch == GLM_MOE_DSA else frozenset())
+                     index_rope_interleave=arch == GLM_MOE_DSA, index_rope_last=arch == HY_V4,
+                     index_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)) if arch == HY_V4 else 1e-6,
+                     shared_index_layers=_shared_index_layers(cfg) if arch in (GLM_MOE_DSA, HY_V4) else frozenset())
         if not q_lora_rank:
             raise ValueError("DeepSeek-V3.2's indexer reads q's low-rank latent: q_lora_rank is needed")
         if index["index_head_dim"] < int(cfg["qk_rope_head_dim"]) or index["index_topk"] < 1:
@@ -66,11 +75,12 @@ def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     v_head_dim = int(cfg.get("v_head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
     return MLAConfig(q_lora_rank=int(q_lora_rank) if q_lora_rank else None, kv_lora_rank=int(cfg["kv_lora_rank"]),
                      qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                     v_head_dim=v_head_dim, rope_interleave=interleaved, **index)
+                     v_head_dim=v_head_dim, rope_interleave=interleaved, gate_projection=arch == HY_V4,
+                     latent_norm_eps=1e-6 if arch == HY_V4 else None, **index)
 
 
 def _shared_index_layers(cfg: dict) -> frozenset[int]:
-    """GLM-5's layers that reuse the last full layer's choice, as transformers reads them: config.json's
+    """GLM-5's (and Hy4's) layers that reuse the last full layer's choice, as transformers reads them: config.json's
     `indexer_types` ("full" or "shared" a layer), else `index_topk_pattern` ("F"/"S"), else every
     `index_topk_freq`-th layer full from `index_skip_topk_offset` - 1 on (and the layers before it)."""
     num_layers = int(cfg["num_hidden_layers"])

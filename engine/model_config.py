@@ -11,6 +11,7 @@ from engine.encoder_config import EncoderConfig
 from engine.falcon_h1_config import MupMultipliers
 from engine.fp8_weights import Fp8Weights
 from engine.gemma4_config import Gemma4Layout
+from engine.hy_v4_config import HyperConnections
 from engine.int4_weights import Int4Weights
 from engine.laguna_config import LagunaLayout
 from engine.linear_attention_config import LinearAttention
@@ -122,6 +123,8 @@ class ModelConfig:
     # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
     qwen4_exp: Qwen4ExpLayout | None = None
     minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)
+    # Hy4's hyper-connections and its experts' GLU clamp (engine/hy_v4_config.py)
+    hyper_connections: HyperConnections | None = None
     # Step-3.7's GLU clamps, each layer's (engine/step3p7_config.py)
     step3p7: Step3p7Layout | None = None
     # Each layer's q heads where they differ from num_heads (Step-3.7's sliding layers', Laguna's); None: num_heads.

@@ -83,6 +83,7 @@ from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layou
 from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
 from engine.gptj_config import GPTJ, gptj_keys
 from engine.hy_v3_config import HY_V3, hy_v3_keys
+from engine.hy_v4_config import HY_V4, hy_v4_keys, read_hyper_connections
 from engine.hyperclovax_config import HYPERCLOVAX
 from engine.int4_weights import int4_weights
 from engine.kolibri1_config import KOLIBRI1, kolibri1_keys
@@ -218,12 +219,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
     if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1,
-                FLINT, AXK1):
+                FLINT, AXK1, HY_V4):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
                    MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
-                   KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys}[arch](cfg)
+                   KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys, HY_V4: hy_v4_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -351,6 +352,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             if arch == QWEN4_EXP else None
         minimax_m3 = read_block_sparse_indexer(cfg, num_kv_heads, head_dim, rotary_dim) if arch == MINIMAX_M3 else None
         step3p7 = read_step3p7_layout(cfg) if arch == STEP3P7 else None
+        hyper_connections = read_hyper_connections(cfg) if arch == HY_V4 else None
         # their layers' own q heads, their sliding layers' own RoPE width
         per_layer = arch in (STEP3P7, LAGUNA, MIMO_V2_FLASH)
         config = ModelConfig(
@@ -378,8 +380,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                 "tie_embedding", arch in (*GEMMAS, GEMMA, STARCODER2, OPT, GPT2, GPT_BIGCODE, SMOLLM3, *ERNIE45S,
                                           MINICPM3, *COHERES, *LFM2S)))),
             **_biases(cfg, arch),
-            # Granite SWA's and Flint's, an extra logit a head as gpt-oss's
-            attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS, FLINT),
+            # Granite SWA's, Flint's and Hy4's, an extra logit a head as gpt-oss's
+            attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS, FLINT, HY_V4),
             qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, MINIMAX_M3, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in (*HUNYUANS, NANOCHAT) else
@@ -427,6 +429,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             qwen4_exp=qwen4_exp,
             minimax_m3=minimax_m3,
             step3p7=step3p7,
+            hyper_connections=hyper_connections,
             layer_num_heads=tuple(cfg["num_attention_heads_per_layer"]) if per_layer else None,
             local_rotary_dim=local_rotary_dim(cfg, head_dim) if per_layer else None,
             laguna=read_laguna_layout(cfg) if arch == LAGUNA else None,

@@ -9,6 +9,7 @@ from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
 from engine.flint_config import FLINT
 from engine.hy_v3_config import HY_V3
+from engine.hy_v4_config import HY_V4
 from engine.kolibri1_config import KOLIBRI1
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR, QWEN3_5_MOE, QWEN3_NEXT
@@ -52,6 +53,7 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5),
                      SOLAR_OPEN: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
                      HY_V3: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.826),
+                     HY_V4: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.827),
                      AXK1: dict(n_group=8, topk_group=4, first_k_dense_replace=1, routed_scaling_factor=2.5),
                      MIMO_V2_FLASH: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0)}
 
@@ -211,7 +213,8 @@ def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
                         weighs_experts_in_float32=True, router_in_float32=True, scoring="sigmoid",
                         num_groups=int(given["n_group"]),
                         topk_groups=int(given["topk_group"]),
-                        routed_scaling_factor=float(given["routed_scaling_factor"]))
+                        routed_scaling_factor=float(given["routed_scaling_factor"]),
+                        fused_experts=arch == HY_V4)  # (Hy4's as transformers 5 saves them)
     elif arch == NEMOTRON_H and int(cfg.get("n_routed_experts") or 0):  # Nemotron 3: routed as DeepSeek-V3
         kinds = cfg.get("layers_block_type") or cfg.get("layer_types") or list(cfg.get("hybrid_override_pattern") or "")
         moe = MoEConfig(num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),

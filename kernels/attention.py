@@ -73,7 +73,7 @@ def prefill_attention_torch(
         # [Hkv, g, n, D] against [Hkv, 1, total, D]: each kv head's q heads
         sink_logits = None if sinks is None else sinks.view(num_kv_heads, -1, 1, 1)
         bias = None if alibi_slopes is None else alibi_slopes.view(num_kv_heads, -1, 1, 1) * k_pos
-        out = _written_out_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
+        out = written_out_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
                                      mask, scale, softcap, sink_logits, bias)
         return out.flatten(0, 1).transpose(0, 1)
     out = F.scaled_dot_product_attention(
@@ -120,7 +120,7 @@ def decode_attention_torch(
     if softcap is not None or sinks is not None or alibi_slopes is not None:
         sink_logits = None if sinks is None else sinks.view(num_kv_heads, 1, group, 1)
         bias = None if alibi_slopes is None else alibi_slopes.view(num_kv_heads, 1, group, 1) * k_pos
-        out = _written_out_attention(qh, keys, values, mask[None, :, None, :], scale, softcap, sink_logits, bias)
+        out = written_out_attention(qh, keys, values, mask[None, :, None, :], scale, softcap, sink_logits, bias)
     else:
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[None, :, None, :], scale=scale)
     # Contiguous, as callers view it: CUDA's fused kernels lay their output out by query position.
@@ -136,7 +136,7 @@ def _gathered(cache: torch.Tensor, blocks: torch.Tensor, head_parts: int) -> tor
     return parts.transpose(1, 2).reshape(parts.shape[0], parts.shape[2], -1)
 
 
-def _written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+def written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                            scale: float, softcap: float | None, sink_logits: torch.Tensor | None,
                            bias: torch.Tensor | None = None) -> torch.Tensor:
     # What no fused SDPA kernel does, written out as transformers' eager attention computes it (softmax

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.attention import written_out_attention
 from kernels.kv_cache import write_kv_torch
 
 
@@ -52,33 +53,39 @@ def mla_decode_attention_torch(q_rope: torch.Tensor, q_latent: torch.Tensor, k_c
 
 
 def latent_decode_attention(q_rope: torch.Tensor, q_latent: torch.Tensor, rows: torch.Tensor, allowed: torch.Tensor,
-                            scale: float) -> torch.Tensor:
+                            scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`mla_decode_attention_torch` over each sequence's rows read already ([B, L, >= rope + rank]), each query
-    attending to the rows `allowed` says ([B, L] bool: its context, or the tokens DSA chose in it)."""
+    attending to the rows `allowed` says ([B, L] bool: its context, or the tokens DSA chose in it). `sinks` [H]: a
+    learnt logit a head that takes its share of the softmax and attends to nothing (Hy4's)."""
     rope, rank = q_rope.shape[-1], q_latent.shape[-1]
     rows = rows[..., :rope + rank]
     # Every head reads the same row: the heads stand as one sequence's queries against it.
     q = torch.cat((q_rope, q_latent), dim=-1).unsqueeze(1)  # [B, 1, H, R]
-    out = F.scaled_dot_product_attention(q, rows.unsqueeze(1), rows[..., rope:].unsqueeze(1),
-                                         attn_mask=allowed[:, None, None, :], scale=scale)
-    return out.squeeze(1)
+    keys, values, mask = rows.unsqueeze(1), rows[..., rope:].unsqueeze(1), allowed[:, None, None, :]
+    if sinks is not None:
+        return written_out_attention(q, keys, values, mask, scale, None, sinks.view(1, 1, -1, 1)).squeeze(1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale).squeeze(1)
 
 
 def causal_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
-                           scale: float, allowed: torch.Tensor | None = None) -> torch.Tensor:
+                           scale: float, allowed: torch.Tensor | None = None, sinks: torch.Tensor | None = None
+                           ) -> torch.Tensor:
     """n new tokens after `context_len` others: q [n, H, Dqk], k [context_len + n, H, Dqk],
     v [context_len + n, H, Dv] → [n, H, Dv]. `allowed` ([n, context_len + n] bool): the keys each query may
-    attend to within its causal context (DSA's choice); None: all of them."""
+    attend to within its causal context (DSA's choice); None: all of them. `sinks` [H]: as latent_decode_attention's."""
     total = k.shape[0]
     # A leading batch dim of 1: 4-D inputs take torch's fused CPU kernel.
     qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    if context_len == 0 and allowed is None:
+    if context_len == 0 and allowed is None and sinks is None:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
     else:
         q_pos = torch.arange(context_len, total, device=q.device).unsqueeze(1)  # [n, 1]
         mask = torch.arange(total, device=q.device).unsqueeze(0) <= q_pos  # [n, total]
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask if allowed is None else mask & allowed,
-                                             scale=scale)
+        mask = mask if allowed is None else mask & allowed
+        if sinks is None:
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        else:
+            out = written_out_attention(qh, kh, vh, mask, scale, None, sinks.view(1, -1, 1, 1))
     return out[0].transpose(0, 1)
 
 

@@ -17,6 +17,7 @@ from engine.models.glm4_moe import Glm4MoeForCausalLM, SarvamMoEForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.hy_v3 import HYV3ForCausalLM
+from engine.models.hy_v4 import HYV4ForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.laguna import LagunaForCausalLM
@@ -109,6 +110,7 @@ MODEL_REGISTRY = {
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,  # narrower v heads, more KV heads in its windows
     "PersimmonForCausalLM": PersimmonForCausalLM,  # GPT-NeoX's fused heads, q/k layer-normed (layer_norm_llama.py)
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
+    "HYV4ForCausalLM": HYV4ForCausalLM,  # V3.2's sparse MLA, gated heads, sinks, hyper-connections (hy_v4.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)
     "GPTNeoForCausalLM": GPTNeoForCausalLM,  # GPT-2's layers, q/k/v apart, unscaled scores, local layers (opt.py)

@@ -13,7 +13,9 @@ reordered as they load so that the usual pairing, half a part apart, is the same
 DeepSeek-V3.2's sparse attention (DSA): an indexer beside it scores every earlier token for each query (its own
 small heads' ReLU'd dot products with a key a token, weighed by the query's heads' weights and summed), and the query
 attends to the `index_topk` best alone. The indexer's key is a third part of each token's row in the pages, so it
-moves, is cached and handed over with the rest.
+moves, is cached and handed over with the rest. Hy4's (engine/models/hy_v4.py) turns its indexer's heads' last
+dimensions by RoPE, gates each head's output by a projection of the layer's input and adds a sink logit a head to each
+softmax.
 """
 from __future__ import annotations
 
@@ -77,6 +79,8 @@ class MLAttention(nn.Module):
         self.kv_b_weight = empty_param(heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, dtype=dtype)
         self.o_weight = empty_param(hidden, heads * mla.v_head_dim, dtype=dtype)
         self.o_bias = empty_param(hidden, dtype=dtype) if config.o_bias else None
+        self.gate_weight = empty_param(heads * mla.v_head_dim, hidden, dtype=dtype) if mla.gate_projection else None
+        self.sinks = empty_param(heads, dtype=dtype) if config.attention_sinks else None  # (Hy4's)
         self.has_indexer = bool(mla.index_topk) and not shares_choice
         if self.has_indexer:  # DeepSeek-V3.2's indexer (DSA): whole on every rank, as the latent is
             self.index_q_weight = empty_param(mla.index_heads * mla.index_head_dim, mla.q_lora_rank, dtype=dtype)
@@ -93,12 +97,14 @@ class MLAttention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         cfg, mla, ops = self.config, self.mla, self.kernels
         num_tokens, heads, rope, nope = x.shape[0], cfg.num_heads, mla.qk_rope_head_dim, mla.qk_nope_head_dim
-        gates = None  # A.X K2's, each head's output's
+        gates = None  # A.X K2's and Hy4's, each head's output's
+        if self.gate_weight is not None:
+            gates = ops.linear(x, self.gate_weight).view(num_tokens, heads, mla.v_head_dim)
         if mla.q_lora_rank is None:
             q = ops.linear(x, self.q_weight)
         else:
             q_raw = ops.linear(x, self.q_a_weight, self.q_a_bias)
-            q_latent = ops.rms_norm(q_raw, self.q_a_norm, cfg.rms_norm_eps)
+            q_latent = ops.rms_norm(q_raw, self.q_a_norm, mla.latent_norm_eps or cfg.rms_norm_eps)
             if mla.output_gate:
                 q, gates = ops.linear(torch.cat((q_latent, q_raw), dim=-1), self.q_b_weight).view(
                     num_tokens, heads, mla.qk_head_dim + mla.v_head_dim).split([mla.qk_head_dim, mla.v_head_dim], -1)
@@ -106,7 +112,7 @@ class MLAttention(nn.Module):
                 q = ops.linear(q_latent, self.q_b_weight)
         q_nope, q_rope = q.reshape(num_tokens, heads, mla.qk_head_dim).split([nope, rope], dim=-1)
         latent, k_rope = ops.linear(x, self.kv_a_weight, self.kv_a_bias).split([mla.kv_lora_rank, rope], dim=-1)
-        latent = ops.rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps)
+        latent = ops.rms_norm(latent, self.kv_a_norm, mla.latent_norm_eps or cfg.rms_norm_eps)
         if cos is not None:  # (Kimi-Linear's layers have no positions: their RoPE part of k is still shared)
             q_rope, k_rope = ops.apply_rope(q_rope, k_rope.unsqueeze(1), cos, sin)
         else:
@@ -149,16 +155,19 @@ class MLAttention(nn.Module):
     def _indexer(self, x: torch.Tensor, q_latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """DSA's queries [T, Hi, D] (from q's latent), their heads' weights [T, Hi] and keys [T, D] (layer-normed),
-        the first qk_rope_head_dim of each turned by RoPE, pairs half apart (unlike MLA's own)."""
+        the first qk_rope_head_dim of each (Hy4's: the last) turned by RoPE, pairs half apart (unlike MLA's own)."""
         mla, ops, rope = self.mla, self.kernels, self.mla.qk_rope_head_dim
         queries = ops.linear(q_latent, self.index_q_weight).view(x.shape[0], mla.index_heads, mla.index_head_dim)
         keys = F.layer_norm(ops.linear(x, self.index_k_weight), (mla.index_head_dim,), self.index_k_norm,
-                            self.index_k_norm_bias, eps=1e-6).unsqueeze(1)
+                            self.index_k_norm_bias, eps=mla.index_norm_eps).unsqueeze(1)
         if mla.index_rope_interleave:  # pairs side by side: the even dimensions, then the odd, are pairs half apart
             queries, keys = queries[..., self.index_order], keys[..., self.index_order]
-        turned_q, turned_k = ops.apply_rope(queries[..., :rope].contiguous(), keys[..., :rope].contiguous(), cos, sin)
-        queries = torch.cat((turned_q, queries[..., rope:]), dim=-1)
-        keys = torch.cat((turned_k, keys[..., rope:]), dim=-1).squeeze(1)
+        start = mla.index_head_dim - rope if mla.index_rope_last else 0
+        turned = slice(start, start + rope)
+        turned_q, turned_k = ops.apply_rope(queries[..., turned].contiguous(), keys[..., turned].contiguous(), cos, sin)
+        queries, keys = queries.clone(), keys.clone()
+        queries[..., turned], keys[..., turned] = turned_q, turned_k
+        keys = keys.squeeze(1)
         weights = ops.linear(x, self.index_head_weights).float() * mla.index_heads ** -0.5
         return queries, weights, keys
 
@@ -191,7 +200,7 @@ class MLAttention(nn.Module):
             if index is not None:
                 index = index[0].unsqueeze(1), index[1].unsqueeze(1)
             chosen = self._chosen(meta, "decode", index, rows, visible)
-            attended = latent_decode_attention(q_rope, q_absorbed, rows, chosen.squeeze(1), self.scale)
+            attended = latent_decode_attention(q_rope, q_absorbed, rows, chosen.squeeze(1), self.scale, self.sinks)
         return torch.einsum("bhr,hvr->bhv", attended, to_v)
 
     def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, rows: torch.Tensor, kv_cache: KVCache,
@@ -215,7 +224,7 @@ class MLAttention(nn.Module):
             visible = positions.unsqueeze(0) <= positions[total - num_new:].unsqueeze(1)  # [n, total]
             chosen = self._chosen(meta, chunk.start, index, rows, visible)
         return causal_attention_torch(torch.cat((q_rope, q_nope), dim=-1), k, v, chunk.context_len, self.scale,
-                                      chosen)
+                                      chosen, self.sinks)
 
     def _context_rows(self, kv_cache: KVCache, chunk: PrefillChunk, num_new: int) -> torch.Tensor:
         """The cached rows of a chunk's sequence up to its last new token: [context_len + num_new, R]."""
@@ -230,7 +239,8 @@ class MLAttention(nn.Module):
                    "q_a_layernorm.weight": "q_a_norm", "q_b_proj.weight": "q_b_weight",
                    "kv_a_proj_with_mqa.weight": "kv_a_weight", "kv_a_proj_with_mqa.bias": "kv_a_bias",
                    "kv_a_layernorm.weight": "kv_a_norm", "kv_b_proj.weight": "kv_b_weight",
-                   "o_proj.weight": "o_weight", "o_proj.bias": "o_bias", **INDEXER_TENSORS}
+                   "o_proj.weight": "o_weight", "o_proj.bias": "o_bias", "gate_proj.weight": "gate_weight",
+                   "sinks": "sinks", **INDEXER_TENSORS}
         target = getattr(self, targets[name]).data
         if target.shape != tensor.shape:
             raise ValueError(f"tensor self_attn.{name!r} has shape {tuple(tensor.shape)}, "
@@ -262,5 +272,7 @@ class MLAttention(nn.Module):
         names += ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"]
         names += ["kv_a_proj_with_mqa.bias"] if self.kv_a_bias is not None else []
         names += ["o_proj.bias"] if self.o_bias is not None else []
+        names += ["gate_proj.weight"] if self.gate_weight is not None else []
+        names += ["sinks"] if self.sinks is not None else []
         names += list(INDEXER_TENSORS) if self.has_indexer else []
         return [prefix + name for name in names]

@@ -180,6 +180,15 @@ TINY_MODELS = {
         num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         n_shared_experts=1, routed_scaling_factor=2.5, first_k_dense_replace=1, num_hidden_layers=4, pad_token_id=0,
         index_topk=8, index_head_dim=16, index_n_heads=16, indexer_types=["full", "full", "shared", "shared"]), {}),
+    # Hy4 (HYV4): V3.2's sparse attention, the indexer's RoPE over the last 8 of each head, layers 2 and 3 attending to
+    # the tokens layer 1's indexer chose; each head's output gated, a sink logit a head; the first layer dense, then
+    # experts routed in one group, their GLUs clamped to 1.5; three hyper-connected streams (their weights at least
+    # 0.05, written at most 1.5). (rms_norm_eps its default, 1e-5: its latents' norms take 1e-6 whatever it says.)
+    "hy-v4": ("HYV4Config", dict(
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, num_hidden_layers=4, pad_token_id=0,
+        index_topk=8, index_head_dim=16, index_n_heads=16, indexer_types=["full", "full", "shared", "shared"],
+        swiglu_limit=1.5, hc_mult=3, hc_eps=0.05, hc_magnitude=1.5), {}),
     # GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's latent attention and routing in one group, scaled by 1.8, its
     # dense layers named by mlp_layer_types (here the first two).
     "glm4-moe-lite": ("Glm4MoeLiteConfig", dict(
@@ -645,8 +654,10 @@ def make_tiny_model(path: Path, name: str) -> Path:
     with torch.no_grad():
         for pname, p in model.named_parameters():
             # (Qwen4-Exp's n-gram convolution starts at zeros)
+            # (Hy4's sinks and hyper-connections' scales and biases start at constants)
             if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D", ".alpha_p",
-                                                  ".alpha_n", "ple.conv1d.weight")):
+                                                  ".alpha_n", "ple.conv1d.weight", "self_attn.sinks", "hc.scale",
+                                                  "hc.base", "hc_head.hc_scale", "hc_head.hc_base")):
                 p.add_(torch.randn_like(p) * 0.2)
         # A router's learnt bias (GLM's, LFM2-MoE's), Gemma 4's layer scalars and xIELU's beta (Apertus's) are buffers,
         # at init zeros, ones and one half.

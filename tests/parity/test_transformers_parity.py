@@ -193,7 +193,7 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # latent attention (heads split, the latent whole: q through a latent or one projection, interleaved RoPE),
 # MiniMax-M2's experts by sigmoid score beside whole-projection q/k norms, Seed-OSS's and Ernie 4.5's biases (Ernie's
 # RoPE pairs side by side, reordered within each rank's heads), Command R+'s per-head q/k layer norms split by heads,
-# OLMo's q, k and v clipped a rank's share at a time.
+# OLMo's q, k and v clipped a rank's share at a time, Hy4's gated heads and sinks (its hyper-connections whole).
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
@@ -208,7 +208,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
                 "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla",
-                "apertus1p5", "axk2", "axk2-grouped", "cohere-compass", "longcat-flash")
+                "apertus1p5", "axk2", "axk2-grouped", "cohere-compass", "longcat-flash", "hy-v4")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
@@ -701,6 +701,37 @@ def test_glm5s_layers_sharing_an_indexers_choice_are_transformers(given):
     expected = transformers.GlmMoeDsaConfig(**cfg).indexer_types
     assert read_mla_config(cfg, GLM_MOE_DSA).shared_index_layers == \
         {i for i, kind in enumerate(expected) if kind == "shared"}
+
+
+@pytest.mark.parametrize("num_layers", [4, 11])
+def test_hy4s_layers_and_settings_its_config_leaves_out_are_transformers_defaults(tiny_model_dirs, tmp_path,
+                                                                                 num_layers):
+    """Which of Hy4's layers share an indexer's choice and which MLPs are dense, its routing's scale, its clamp (0:
+    none) and hyper-connections, where config.json leaves them out: as transformers' HYV4Config defaults them."""
+    from engine.hy_v4_config import HyperConnections
+
+    removed = ("indexer_types", "mlp_layer_types", "layer_types", "routed_scaling_factor", "hc_mult", "hc_eps",
+               "hc_magnitude")
+    model_dir = copied_with_config(tiny_model_dirs["hy-v4"], tmp_path, {"num_hidden_layers": num_layers,
+                                                                        "swiglu_limit": 0.0}, removed)
+    expected = transformers.HYV4Config(**json.loads((model_dir / "config.json").read_text()))
+    config = load_model_config(model_dir)
+    assert config.mla.shared_index_layers == {i for i, kind in enumerate(expected.indexer_types) if kind == "shared"}
+    assert config.moe.dense_layers == {i for i, kind in enumerate(expected.mlp_layer_types) if kind == "dense"}
+    assert config.moe.routed_scaling_factor == expected.routed_scaling_factor
+    assert config.hyper_connections == HyperConnections(expected.hc_mult, expected.hc_magnitude, expected.hc_eps, None)
+
+
+def test_a_hy4_checkpoint_by_transformers_module_names_is_read_alike(tiny_model_dirs, tmp_path):
+    """transformers saves Hy4 by its releases' names (`hc_pre.hc_attn_layer.hc_fn`, `learnable_sink_param`,
+    `linear_gate`); a checkpoint saved by transformers' modules' own (`attn_hc.fn`, `sinks`, `gate_proj`,
+    `hc_head.hc_fn`) gives the same logits."""
+    released = tiny_model_dirs["hy-v4"]
+    model_dir = Path(shutil.copytree(released, tmp_path / "hy4"))
+    save_file({name: t.contiguous() for name, t in _hf_model(released).state_dict().items()},
+              model_dir / "model.safetensors", metadata={"format": "pt"})
+    assert "model.hc_head.hc_fn" in load_file(model_dir / "model.safetensors")
+    _check_logits(model_dir, prompt_lengths=(17,), reference_dir=released)
 
 
 @pytest.mark.parametrize("device", DEVICES)
