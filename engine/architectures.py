@@ -3,6 +3,7 @@ config.json leaves to transformers' defaults for it."""
 from __future__ import annotations
 
 from engine.axk1_config import AXK1
+from engine.bailing_hybrid_config import BAILING_HYBRID
 from engine.bloom_config import BLOOM
 from engine.cohere2_moe_config import COHERE2_MOE
 from engine.dbrx_config import DBRX
@@ -103,7 +104,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            ERNIE45, ERNIE45_MOE, *HUNYUANS, GLM, GLM4, *EXAONES, COHERE, COHERE2, COHERE_COMPASS,
                            OLMOE, MIMO, MISTRAL4,
                            *GRANITE_MOES, GRANITE_HYBRID, GRANITE_SWAS[0], *HYBRID_LINEAR, NEMOTRON_H, *LFM2S,
-                           *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, DOTS1, ARCEE,
+                           *SPARSE_MLA, FALCON_H1, BAMBA, JAMBA, KIMI_LINEAR, BAILING_HYBRID, DOTS1, ARCEE,
                            FLEX_OLMO, AFMOE, STARCODER2, GEMMA, OLMO_HYBRID, JAIS2, CWM,
                            APERTUS, HELIUM, PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2,
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
@@ -111,8 +112,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
                            KOLIBRI1, FLINT, AXK1)
 # Multi-head latent attention's (engine/models/mla.py).
-MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, LONGCAT_FLASH, MINICPM3,
-              YOUTU, AXK1)
+MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, BAILING_HYBRID,
+              LONGCAT_FLASH, MINICPM3, YOUTU, AXK1)
 # Checkpoints of the bare model, without its LM head, as embedding models are saved (e5-mistral,
 # gte-Qwen2): served as the causal LM with its input embeddings for a head (only embeddings are asked
 # of them; their tensors are read without the `model.` prefix: model_runner.py).

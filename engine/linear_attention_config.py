@@ -34,6 +34,9 @@ class LinearAttention:
     beta_scale: float = 1.0  # OLMo Hybrid's 2 (allow_neg_eigval): each token's write strength in (0, 2)
     output_norm_eps: float | None = None  # the output norm's own (OLMo Hybrid's 1e-5); None: the model's
     output_gate: str = "silu"  # what gates the normed output by z: SiLU, or a sigmoid (Qwen4-Exp's option)
+    # KDA's forget gate (Kimi-Linear's, Ling 3's): its log bounded below by this through a sigmoid (Ling 3's
+    # kda_safe_gate); None: -exp(A_log) softplus, unbounded.
+    forget_gate_bound: float | None = None
 
     @property
     def linear_layers(self) -> tuple[int, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.bailing_hybrid_config import BAILING_HYBRID
 from engine.hy_v4_config import HY_V4
 
 DEEPSEEK_V32 = "DeepseekV32ForCausalLM"  # DeepSeek-V3.2: V3's model, its attention sparse (DSA)
@@ -32,8 +33,9 @@ class MLAConfig:
     # q's up-projection gives each head's q and then its output gate, from q's normed latent and the latent itself
     # (A.X K2's): the sigmoid of the gate weighs the head's output before o_proj.
     output_gate: bool = False
-    # Each head's output weighed by the sigmoid of a projection of the layer's input of its own (Hy4's `gate_proj`).
-    gate_projection: bool = False
+    # Each head's output weighed by the sigmoid of a projection of the layer's input of its own (`gate_proj`), this
+    # many numbers a head: Hy4's v_head_dim (one a dimension), Ling 3's one (the head's whole); 0: none.
+    head_gate_width: int = 0
     latent_norm_eps: float | None = None  # q's and kv's latents' norms' where not rms_norm_eps (Hy4's: transformers')
 
     @property
@@ -75,7 +77,8 @@ def read_mla_config(cfg: dict, arch: str) -> MLAConfig:
     v_head_dim = int(cfg.get("v_head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
     return MLAConfig(q_lora_rank=int(q_lora_rank) if q_lora_rank else None, kv_lora_rank=int(cfg["kv_lora_rank"]),
                      qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                     v_head_dim=v_head_dim, rope_interleave=interleaved, gate_projection=arch == HY_V4,
+                     v_head_dim=v_head_dim, rope_interleave=interleaved,
+                     head_gate_width=v_head_dim if arch == HY_V4 else 1 if arch == BAILING_HYBRID else 0,
                      latent_norm_eps=1e-6 if arch == HY_V4 else None, **index)
 
 

@@ -68,6 +68,7 @@ from engine.attention_layout import (
 )
 from engine.axk1_config import AXK1, axk1_keys
 from engine.axk2_config import AXK2, READ_AS as AXK2_READ_AS, axk2_keys
+from engine.bailing_hybrid_config import BAILING_HYBRID, bailing_hybrid_keys, forget_gate_bound
 from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
@@ -207,6 +208,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
         cfg = kimi_linear_keys(cfg)
+    if arch == BAILING_HYBRID:
+        cfg = bailing_hybrid_keys(cfg)
     if arch in (LONGCAT_FLASH, MINIMAX_M3, STEP3P7):
         try:
             cfg = {LONGCAT_FLASH: longcat_flash_keys, MINIMAX_M3: minimax_m3_keys, STEP3P7: step3p7_keys}[arch](cfg)
@@ -237,12 +240,14 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     linear_attention = None
     if arch == QWEN4_EXP:
         cfg = {**cfg, "layer_types": qwen4_exp_layer_types(cfg)}
-    if arch in (*HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID, QWEN4_EXP):
+    if arch in (*HYBRID_LINEAR, KIMI_LINEAR, BAILING_HYBRID, OLMO_HYBRID, QWEN4_EXP):
         try:
-            linear_attention = read_kimi_linear(cfg) if arch == KIMI_LINEAR else read_olmo_hybrid(cfg) \
-                if arch == OLMO_HYBRID else read_linear_attention(cfg, arch)
+            linear_attention = read_kimi_linear(cfg) if arch in (KIMI_LINEAR, BAILING_HYBRID) else \
+                read_olmo_hybrid(cfg) if arch == OLMO_HYBRID else read_linear_attention(cfg, arch)
             if arch == QWEN4_EXP:
                 linear_attention = dataclasses.replace(linear_attention, output_gate=qwen4_exp_output_gate(cfg))
+            if arch == BAILING_HYBRID:
+                linear_attention = dataclasses.replace(linear_attention, forget_gate_bound=forget_gate_bound(cfg))
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"

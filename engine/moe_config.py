@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.axk1_config import AXK1
+from engine.bailing_hybrid_config import BAILING_HYBRID
 from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
 from engine.flint_config import FLINT
@@ -48,6 +49,7 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      DEEPSEEK_V32: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      GLM_MOE_DSA: dict(n_group=1, topk_group=1, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      KIMI_LINEAR: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446),
+                     BAILING_HYBRID: dict(n_group=8, topk_group=4, first_k_dense_replace=2, routed_scaling_factor=2.5),
                      GLM4_MOE_LITE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.8),
                      DOTS1: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
                      EXAONE_MOE: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5),

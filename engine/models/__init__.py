@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from engine.models.afmoe import AfmoeForCausalLM
 from engine.models.apertus import ApertusForCausalLM
+from engine.models.bailing_hybrid import BailingHybridForCausalLM
 from engine.models.bamba import BambaForCausalLM
 from engine.models.bert import BertModel
 from engine.models.cohere import CohereForCausalLM
@@ -90,6 +91,7 @@ MODEL_REGISTRY = {
     # Hybrids of Gated DeltaNet and full attention, as their ModelConfig's linear_attention lays them out.
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,  # KDA and latent attention (engine/models/kimi_linear.py)
+    "BailingHybridForCausalLM": BailingHybridForCausalLM,  # Ling 3: Kimi-Linear's, full KDA gates, gated MLA heads
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)
     "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)
     "FalconH1ForCausalLM": FalconH1ForCausalLM,  # attention and Mamba-2 side by side (engine/models/falcon_h1.py)

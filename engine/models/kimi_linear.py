@@ -13,6 +13,7 @@ theirs under `block_sparse_moe.` (Mixtral's w1, w2 and w3, the shared experts be
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,8 @@ class KimiDeltaAttention(nn.Module):
     """`index`: its place among the model's KDA layers (its states'). Called as any attention layer is (positions and
     pages unread)."""
 
+    tensors = TENSORS  # its own tensors as its checkpoints name them (under `self_attn.`), by its attributes
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sliding_window: int | None,
                  index: int) -> None:
         super().__init__()
@@ -48,15 +51,25 @@ class KimiDeltaAttention(nn.Module):
         hidden, width, heads, head_dim = config.hidden_size, la.key_size, la.num_key_heads, la.key_head_dim
         self.qkv_weight = empty_param(3 * width, hidden, dtype=dtype)
         self.conv_weight = empty_param(3 * width, la.conv_kernel, dtype=dtype)
-        self.f_a_weight = empty_param(head_dim, hidden, dtype=dtype)
-        self.f_b_weight = empty_param(width, head_dim, dtype=dtype)
         self.dt_bias = empty_param(width, dtype=torch.float32)
         self.a_log = empty_param(heads, dtype=torch.float32)
         self.b_weight = empty_param(heads, hidden, dtype=dtype)
-        self.g_a_weight = empty_param(head_dim, hidden, dtype=dtype)
-        self.g_b_weight = empty_param(width, head_dim, dtype=dtype)
         self.o_norm = empty_param(head_dim, dtype=dtype)
         self.o_weight = empty_param(hidden, width, dtype=dtype)
+        self._make_gates(hidden, width, head_dim, dtype)
+
+    def _make_gates(self, hidden: int, width: int, head_dim: int, dtype: torch.dtype) -> None:
+        """The forget gate's and output gate's projections: low-rank, through a head's width."""
+        self.f_a_weight = empty_param(head_dim, hidden, dtype=dtype)
+        self.f_b_weight = empty_param(width, head_dim, dtype=dtype)
+        self.g_a_weight = empty_param(head_dim, hidden, dtype=dtype)
+        self.g_b_weight = empty_param(width, head_dim, dtype=dtype)
+
+    def _forget_gate_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.linear(x, self.f_a_weight), self.f_b_weight)
+
+    def _output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.linear(x, self.g_a_weight), self.g_b_weight)
 
     def forward(self, x: torch.Tensor, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         la, batch, num_tokens = self.layout, meta.recurrent, x.shape[0]
@@ -69,8 +82,9 @@ class KimiDeltaAttention(nn.Module):
         shape = (num_tokens, la.num_key_heads, la.key_head_dim)
         q, k, v = (t.float().reshape(shape) for t in F.silu(convolved).chunk(3, dim=-1))
         q, k = rule.l2_normed(q) * la.key_head_dim ** -0.5, rule.l2_normed(k)
-        gate_in = self.linear(self.linear(x, self.f_a_weight), self.f_b_weight).float() + self.dt_bias
-        g = (-self.a_log.float().exp()[:, None] * F.softplus(gate_in.view(shape)))
+        gate_in = (self._forget_gate_input(x).float() + self.dt_bias).view(shape)
+        rates, bound = self.a_log.float().exp()[:, None], la.forget_gate_bound
+        g = -rates * F.softplus(gate_in) if bound is None else bound * torch.sigmoid(rates * gate_in)
         beta = torch.sigmoid(self.linear(x, self.b_weight).float())
         out = torch.empty(shape, dtype=torch.float32, device=x.device)
 
@@ -80,20 +94,20 @@ class KimiDeltaAttention(nn.Module):
         batch.advance(out, states, lambda row: batch.kept_layer(row, self.index)[1],
                       lambda tokens, before: kda.step(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
                                                       before), run)
-        gate = self.linear(self.linear(x, self.g_a_weight), self.g_b_weight).float().view(shape)
+        gate = self._output_gate(x).float().view(shape)
         normed = F.rms_norm(out, (la.key_head_dim,), self.o_norm.float(), eps=self.eps) * torch.sigmoid(gate)
         return self.linear(normed.to(x.dtype).view(num_tokens, -1), self.o_weight)
 
     def checkpoint_names(self, prefix: str) -> list[str]:
         return [prefix + name for name in (*(f"{p}_proj.weight" for p in PROJECTIONS),
-                                           *(f"{p}_conv1d.weight" for p in PROJECTIONS), *TENSORS)]
+                                           *(f"{p}_conv1d.weight" for p in PROJECTIONS), *self.tensors)]
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         """Copies checkpoint tensor `name` (its name within `self_attn`) into place."""
         width = self.layout.key_size
         projection = name.split("_", 1)[0]
-        if name in TENSORS:
-            target = getattr(self, TENSORS[name]).data
+        if name in self.tensors:
+            target = getattr(self, self.tensors[name]).data
             tensor = tensor.reshape(target.shape) if name == "A_log" else tensor  # stored [1, 1, H, 1]
         elif name.endswith("_conv1d.weight"):  # [C, 1, K], one of q's, k's and v's
             start = PROJECTIONS.index(projection) * width
@@ -108,11 +122,13 @@ class KimiDeltaAttention(nn.Module):
 
 
 class KimiLinearForCausalLM(HybridForward, DeepseekV3ForCausalLM):
+    delta_attention: ClassVar[type[KimiDeltaAttention]] = KimiDeltaAttention  # its KDA layers'
+
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         linear_layers = self.config.linear_attention.linear_layers
         if layer not in linear_layers:
             return super()._make_layer(layer, dtype)  # MLA (DeepSeek-V3's)
-        kda_layer = functools.partial(KimiDeltaAttention, index=linear_layers.index(layer))
+        kda_layer = functools.partial(self.delta_attention, index=linear_layers.index(layer))
         return DecoderLayer(self.config, self.kernels, dtype, None, self._is_sparse(layer), attention=kda_layer)
 
     def _mlp_names(self, layer: int) -> list[str]:

@@ -79,7 +79,8 @@ class MLAttention(nn.Module):
         self.kv_b_weight = empty_param(heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, dtype=dtype)
         self.o_weight = empty_param(hidden, heads * mla.v_head_dim, dtype=dtype)
         self.o_bias = empty_param(hidden, dtype=dtype) if config.o_bias else None
-        self.gate_weight = empty_param(heads * mla.v_head_dim, hidden, dtype=dtype) if mla.gate_projection else None
+        self.gate_weight = empty_param(heads * mla.head_gate_width, hidden, dtype=dtype) if mla.head_gate_width \
+            else None
         self.sinks = empty_param(heads, dtype=dtype) if config.attention_sinks else None  # (Hy4's)
         self.has_indexer = bool(mla.index_topk) and not shares_choice
         if self.has_indexer:  # DeepSeek-V3.2's indexer (DSA): whole on every rank, as the latent is
@@ -97,9 +98,9 @@ class MLAttention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         cfg, mla, ops = self.config, self.mla, self.kernels
         num_tokens, heads, rope, nope = x.shape[0], cfg.num_heads, mla.qk_rope_head_dim, mla.qk_nope_head_dim
-        gates = None  # A.X K2's and Hy4's, each head's output's
+        gates = None  # A.X K2's, Hy4's and Ling 3's, each head's output's
         if self.gate_weight is not None:
-            gates = ops.linear(x, self.gate_weight).view(num_tokens, heads, mla.v_head_dim)
+            gates = ops.linear(x, self.gate_weight).view(num_tokens, heads, mla.head_gate_width)
         if mla.q_lora_rank is None:
             q = ops.linear(x, self.q_weight)
         else:

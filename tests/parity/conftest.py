@@ -380,6 +380,15 @@ TINY_MODELS = {
         # transformers saves a dense layer's MLP under block_sparse_moe (its renaming undone blindly); the release,
         # as vLLM reads it, under mlp.
         {"renamed": ((r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj."),)}),
+    # Ling 3 (BailingHybrid): KDA layers (4 heads of 16) whose forget gate's log is bounded below by -3 through a
+    # sigmoid, between latent-attention layers with YaRN and interleaved RoPE pairs, a gate a head; DeepSeek-V3's
+    # experts, 2 of 8 in the best of 2 groups, after the first, dense, layer.
+    "bailing-hybrid": ("BailingHybridConfig", dict(
+        num_hidden_layers=4, layer_group_size=2, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=20, num_key_value_heads=4, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=48, n_group=2, topk_group=1, first_k_dense_replace=1, kda_lower_bound=-3.0,
+        pad_token_id=0, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
     # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
     # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
     "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,

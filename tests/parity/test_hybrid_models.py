@@ -21,6 +21,7 @@ from tests.parity.conftest import COMMON, LINEAR_HEADS, TINY_MODELS, decoded_fro
 from tests.parity.test_transformers_parity import (
     _check_greedy,
     _check_last_logits,
+    _check_logits,
     _engine,
     _hf_model,
     _mixed_prompts,
@@ -31,7 +32,7 @@ from tests.parity.test_transformers_parity import (
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
            "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear",
-           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams")
+           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -127,7 +128,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
 
 
 @pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
-                                  "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams"])
+                                  "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -261,6 +262,39 @@ def test_a_layout_not_of_linear_and_full_attention_layers_is_refused(tiny_model_
     (model_dir / "config.json").write_text(json.dumps({**config, "layer_types": layer_types}))
     with pytest.raises(ModelConfigError, match=refused):
         load_model_config(model_dir)
+
+
+def test_ling3s_forget_gate_unbounded_where_its_config_says_is_transformers(tiny_model_dirs, tmp_path):
+    """kda_safe_gate false: Ling 3's KDA forget gate's log is Kimi-Linear's, -exp(A_log) softplus(...), unbounded."""
+    model_dir = shutil.copytree(tiny_model_dirs["bailing-hybrid"], tmp_path / "ling")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "kda_safe_gate": False}))
+    assert load_model_config(model_dir).linear_attention.forget_gate_bound is None
+    _check_logits(model_dir, prompt_lengths=(17, 300))
+
+
+@pytest.mark.parametrize("given", [{}, {"layer_group_size": 3, "first_k_dense_replace": 3}])
+def test_ling3s_config_as_released_lays_its_layers_out_as_transformers_does(tmp_path, given):
+    """Ling 3's config.json as released: by Ling's names, its KDA heads' width its `head_dim`, no layer types (the
+    last of every `layer_group_size` layers latent attention, the first `first_k_dense_replace` MLPs dense)."""
+    cfg = {"architectures": ["BailingHybridForCausalLM"], "model_type": "bailing_hybrid", "vocab_size": 512,
+           "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 7, "num_attention_heads": 4,
+           "head_dim": 16, "kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 20,
+           "num_experts": 8, "num_experts_per_token": 2, "num_expert_group": 2, "num_shared_experts": 1,
+           "topk_group": 1, "moe_intermediate_size": 48, "model_max_length": 4096, "kda_lower_bound": -4.0,
+           "pad_token_id": 0, "eos_token_id": 2, **given}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    expected = transformers.BailingHybridConfig(**cfg)
+    config = load_model_config(tmp_path)
+    layout = config.linear_attention
+    assert layout.layer_types == tuple(expected.layer_types)
+    assert (layout.num_key_heads, layout.key_head_dim, layout.conv_kernel) == (expected.linear_num_heads,
+                                                                               expected.linear_head_dim, 4)
+    assert layout.forget_gate_bound == -4.0
+    assert config.moe.dense_layers == {i for i, kind in enumerate(expected.mlp_layer_types) if kind == "dense"}
+    assert (config.moe.num_experts, config.moe.num_experts_per_tok, config.moe.num_groups, config.moe.topk_groups,
+            config.moe.routed_scaling_factor) == (8, 2, 2, expected.topk_group, expected.routed_scaling_factor)
+    assert config.max_position_embeddings == 4096 and config.rope_theta == expected.rope_parameters["rope_theta"]
 
 
 def test_qwen3_nexts_layers_default_to_one_full_attention_layer_in_four(tiny_model_dirs, tmp_path):
