@@ -23,6 +23,7 @@ from engine.mamba1_config import JAMBA
 from engine.mamba_config import BAMBA, FALCON_H1, NEMOTRON_H
 from engine.mellum_config import MELLUM
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH
+from engine.minimax_config import MINIMAX
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import GLM_MOE_DSA, SPARSE_MLA
 from engine.moe_config import (
@@ -110,7 +111,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
-                           KOLIBRI1, FLINT, AXK1)
+                           KOLIBRI1, FLINT, AXK1, MINIMAX)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, BAILING_HYBRID,
               LONGCAT_FLASH, MINICPM3, YOUTU, AXK1)
@@ -131,7 +132,7 @@ OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 # q and k RMS-normed over their whole projections (ModelConfig.qk_norm "projection").
 PROJECTION_NORMED = (*OLMOS, MINIMAX_M2, OLMOE, FLEX_OLMO, OLMO_HYBRID)
 # Mixtral's names for their experts (`block_sparse_moe.experts.{e}.w1`), as released and as transformers 5 saves them.
-MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2, PHIMOE)
+MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2, PHIMOE, MINIMAX)
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
@@ -143,7 +144,8 @@ QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3, *EXAONES, DOTS1, A
 EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_LITE, *ERNIE45S, *HUNYUANS, *EXAONES,
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
            APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
-           MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH, PERSIMMON, HY_V4)
+           MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH, PERSIMMON, HY_V4,
+           MINIMAX)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 # Granite's four scalings (HyperCLOVA X's its own way round: attention_layout.py, model_config_loader.py)
@@ -152,4 +154,5 @@ ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                    *OLMOS, SMOLLM3, LLAMA4, GPT_OSS, *HUNYUANS, *COHERES, OLMOE, DOTS1, ARCEE, FLEX_OLMO,
                   AFMOE, GEMMA, OLMO_HYBRID, JAIS2, APERTUS, PHIMOE, NANOCHAT, OLMO, NEMOTRON, HY_V3)
 # Mistral's sliding window, where config.json gives one.
-MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2, PHIMOE)
+MISTRAL_SLIDING = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", MINISTRAL3, STARCODER2, PHIMOE,
+                   MINIMAX)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from engine.layer_kinds import FULL, LINEAR, LinearAndFullLayers
 from engine.state_shape import StateShape
 
 QWEN3_NEXT = "Qwen3NextForCausalLM"
@@ -19,11 +20,10 @@ QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
 HYBRID_LINEAR = (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE)
 KIMI_LINEAR = "KimiLinearForCausalLM"  # Kimi Delta Attention (engine/models/kimi_linear.py) beside MLA
 OLMO_HYBRID = "OlmoHybridForCausalLM"  # Gated DeltaNet layers beside OLMo 3's attention (engine/models/olmo_hybrid.py)
-LINEAR, FULL = "linear_attention", "full_attention"
 
 
 @dataclass(frozen=True)
-class LinearAttention:
+class LinearAttention(LinearAndFullLayers):
     layer_types: tuple[str, ...]  # LINEAR or FULL, a layer
     num_key_heads: int
     num_value_heads: int  # a multiple of the key heads: each key head serves that many value heads in turn
@@ -37,16 +37,6 @@ class LinearAttention:
     # KDA's forget gate (Kimi-Linear's, Ling 3's): its log bounded below by this through a sigmoid (Ling 3's
     # kda_safe_gate); None: -exp(A_log) softplus, unbounded.
     forget_gate_bound: float | None = None
-
-    @property
-    def linear_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(self.layer_types) if kind == LINEAR)
-
-    @property
-    def kv_places(self) -> dict[int, int]:
-        """Each full-attention layer's layer of the pages."""
-        full = (i for i, kind in enumerate(self.layer_types) if kind == FULL)
-        return {layer: place for place, layer in enumerate(full)}
 
     @property
     def key_size(self) -> int:

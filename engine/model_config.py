@@ -18,6 +18,7 @@ from engine.linear_attention_config import LinearAttention
 from engine.mamba1_config import Mamba1Layout
 from engine.mamba_config import Mamba2Layout
 from engine.mimo_v2_flash_config import MiMoV2FlashLayout
+from engine.minimax_config import MiniMaxLayout
 from engine.minimax_m3_config import BlockSparseIndexer
 from engine.mla_config import MLAConfig
 from engine.moe_config import MoEConfig
@@ -120,6 +121,8 @@ class ModelConfig:
     short_conv: ShortConvLayout | None = None
     mup: MupMultipliers | None = None  # Falcon-H1's muP multipliers (engine/falcon_h1_config.py)
     mamba1: Mamba1Layout | None = None  # Jamba's Mamba-1 layers (engine/mamba1_config.py), as linear_attention
+    # MiniMax-Text-01's lightning attention layers and residual factors (engine/minimax_config.py), as linear_attention
+    minimax: MiniMaxLayout | None = None
     # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
     qwen4_exp: Qwen4ExpLayout | None = None
     minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)
@@ -157,8 +160,8 @@ class ModelConfig:
         return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
 
     @property
-    def _recurrent(self) -> LinearAttention | Mamba2Layout | ShortConvLayout | Mamba1Layout | None:
-        return self.linear_attention or self.mamba or self.short_conv or self.mamba1
+    def _recurrent(self) -> LinearAttention | Mamba2Layout | ShortConvLayout | Mamba1Layout | MiniMaxLayout | None:
+        return self.linear_attention or self.mamba or self.short_conv or self.mamba1 or self.minimax
 
     @property
     def state_shape(self) -> StateShape | None:

@@ -111,6 +111,7 @@ from engine.mamba_config import (
 )
 from engine.mellum_config import MELLUM, mellum_keys
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH, mimo_v2_flash_keys, read_mimo_v2_flash_layout
+from engine.minimax_config import MINIMAX, read_minimax
 from engine.minimax_m3_config import MINIMAX_M3, minimax_m3_keys, read_block_sparse_indexer
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
@@ -306,6 +307,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if section is not None and sum(section) * 2 != rotated:
         raise ModelConfigError(f"{path}: mrope_section {list(section)} must split the frequencies RoPE turns "
                                f"({rotated // 2} a head)")
+    minimax = None
+    if arch == MINIMAX:
+        try:
+            minimax = read_minimax(cfg)
+        except ValueError as e:
+            raise ModelConfigError(f"{path}: {e}") from None
     mamba1 = None
     if arch == JAMBA:
         try:
@@ -431,6 +438,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             short_conv=short_conv,
             mup=mup,
             mamba1=mamba1,
+            minimax=minimax,
             qwen4_exp=qwen4_exp,
             minimax_m3=minimax_m3,
             step3p7=step3p7,

@@ -19,6 +19,7 @@ from engine.mamba1_config import JAMBA, jamba_expert_layers
 from engine.mamba_config import NEMOTRON_H
 from engine.mellum_config import MELLUM
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH
+from engine.minimax_config import MINIMAX
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import DEEPSEEK_V32, GLM_MOE_DSA
 from engine.qwen4_exp_config import QWEN4_EXP
@@ -115,8 +116,9 @@ class MoEConfig:
 def read_moe_config(cfg: dict, arch: str) -> MoEConfig:
     """KeyError for a field the architecture needs; ValueError for values that cannot route."""
     num_layers = int(cfg["num_hidden_layers"])
-    if arch == "MixtralForCausalLM":
-        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+    if arch in ("MixtralForCausalLM", MINIMAX):
+        moe = MoEConfig(num_experts=int(cfg.get("num_local_experts") or cfg["num_experts"]),
+                        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                         moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                         weighs_experts_in_float32=True)
     elif arch in (*QWEN_MOES, QWEN3_NEXT, QWEN3_5_MOE, QWEN4_EXP) and (cfg.get("num_experts")

@@ -43,6 +43,7 @@ from engine.models.mimo_mtp import MiMoMTP
 from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from engine.models.mimo_v2_flash_mtp import MiMoV2FlashMTP
 from engine.models.minicpm3 import MiniCPM3ForCausalLM
+from engine.models.minimax import MiniMaxForCausalLM
 from engine.models.minimax_m3 import MiniMaxM3ForCausalLM
 from engine.models.modernbert import ModernBertModel
 from engine.models.mpt import DbrxForCausalLM, MptForCausalLM
@@ -91,6 +92,7 @@ MODEL_REGISTRY = {
     # Hybrids of Gated DeltaNet and full attention, as their ModelConfig's linear_attention lays them out.
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,  # KDA and latent attention (engine/models/kimi_linear.py)
+    "MiniMaxForCausalLM": MiniMaxForCausalLM,  # MiniMax-Text-01/M1: lightning attention layers (models/minimax.py)
     "BailingHybridForCausalLM": BailingHybridForCausalLM,  # Ling 3: Kimi-Linear's, full KDA gates, gated MLA heads
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)
     "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)

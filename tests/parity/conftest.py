@@ -389,6 +389,12 @@ TINY_MODELS = {
         moe_intermediate_size=48, n_group=2, topk_group=1, first_k_dense_replace=1, kda_lower_bound=-3.0,
         pad_token_id=0, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}), {}),
+    # MiniMax-Text-01 (MiniMax): lightning attention layers (4 heads of 16) in runs of 8 tokens between attention
+    # layers, every layer's MLP 2 of 4 experts; each block's normed input and output weighed by factors of its kind.
+    "minimax": ("MiniMaxConfig", dict(
+        num_hidden_layers=4, head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=48,
+        block_size=8, full_attn_alpha_factor=1.5, full_attn_beta_factor=0.75, linear_attn_alpha_factor=0.5,
+        linear_attn_beta_factor=1.25, mlp_alpha_factor=1.25, mlp_beta_factor=0.5, pad_token_id=0), {}),
     # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
     # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
     "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,

@@ -32,7 +32,7 @@ from tests.parity.test_transformers_parity import (
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
            "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear",
-           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid")
+           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid", "minimax")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -82,7 +82,8 @@ def test_prompts_continue_from_a_cached_prefix_where_its_states_were_kept(tiny_m
     engine.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2", "falcon-h1", "jamba", "kimi-linear"])
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-next", "granite4-h", "lfm2", "falcon-h1", "jamba", "kimi-linear",
+                                  "minimax"])
 def test_a_prompt_computed_in_one_chunk_keeps_its_states_every_interval_for_prompts_sharing_its_prefix(
         tiny_model_dirs, name):
     """A 300-token prompt in one chunk keeps its states every 64 tokens (the run cut there): a prompt sharing its
@@ -128,7 +129,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
 
 
 @pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
-                                  "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid"])
+                                  "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid", "minimax"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -295,6 +296,27 @@ def test_ling3s_config_as_released_lays_its_layers_out_as_transformers_does(tmp_
     assert (config.moe.num_experts, config.moe.num_experts_per_tok, config.moe.num_groups, config.moe.topk_groups,
             config.moe.routed_scaling_factor) == (8, 2, 2, expected.topk_group, expected.routed_scaling_factor)
     assert config.max_position_embeddings == 4096 and config.rope_theta == expected.rope_parameters["rope_theta"]
+
+
+@pytest.mark.parametrize("changes, linear_layers, refused", [
+    ({"num_hidden_layers": 5}, (1, 3), None),  # transformers' default: every other layer, from the first, softmax's
+    ({"layer_types": ["linear_attention"] * 4}, None, "at least one 'full_attention'"),
+    ({"block_size": 0}, None, "block_size must be positive"),
+])
+def test_minimaxs_layers_default_as_transformers_and_what_it_cannot_serve_is_refused(tiny_model_dirs, tmp_path,
+                                                                                     changes, linear_layers, refused):
+    model_dir = shutil.copytree(tiny_model_dirs["minimax"], tmp_path / "minimax")
+    config = {key: value for key, value in json.loads((model_dir / "config.json").read_text()).items()
+              if key != "layer_types"}
+    (model_dir / "config.json").write_text(json.dumps({**config, **changes}))
+    if refused is not None:
+        with pytest.raises(ModelConfigError, match=refused):
+            load_model_config(model_dir)
+        return
+    expected = transformers.MiniMaxConfig(**{**config, **changes}).layer_types
+    layout = load_model_config(model_dir).minimax
+    assert layout.linear_layers == linear_layers == tuple(i for i, kind in enumerate(expected)
+                                                          if kind == "linear_attention")
 
 
 def test_qwen3_nexts_layers_default_to_one_full_attention_layer_in_four(tiny_model_dirs, tmp_path):
