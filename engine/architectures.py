@@ -54,6 +54,7 @@ from engine.qwen4_exp_config import QWEN4_EXP
 from engine.rope_config import HUNYUANS
 from engine.short_conv_config import LFM2S
 from engine.step3p7_config import STEP3P7
+from engine.zamba2_config import ZAMBA2
 
 MINISTRAL3 = "Ministral3ForCausalLM"
 VAULTGEMMA = "VaultGemmaForCausalLM"  # Gemma 2's attention in layers of two norms
@@ -111,7 +112,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
-                           KOLIBRI1, FLINT, AXK1, MINIMAX)
+                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, BAILING_HYBRID,
               LONGCAT_FLASH, MINICPM3, YOUTU, AXK1)
@@ -145,7 +146,7 @@ EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_L
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
            APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
            MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH, PERSIMMON, HY_V4,
-           MINIMAX)
+           MINIMAX, ZAMBA2)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 # Granite's four scalings (HyperCLOVA X's its own way round: attention_layout.py, model_config_loader.py)

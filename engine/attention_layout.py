@@ -49,6 +49,7 @@ from engine.mpt_config import MPT
 from engine.rope_config import LAYER_TYPES, rope_parameters, rope_theta, yarn_temperature
 from engine.short_conv_config import LFM3
 from engine.step3p7_config import STEP3P7
+from engine.zamba2_config import ZAMBA2
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return scale
     if arch in (*GEMMAS, STEP3P7):
         return float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    if arch == ZAMBA2:  # its heads read twice the hidden size, scaled as half as wide
+        return (head_dim / 2) ** -0.5
     if arch == GPT_NEO:  # its scores unscaled
         return 1.0
     if arch == MPT:  # its attn_config's, where it gives one
@@ -147,6 +150,8 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
         return frozenset(i for i, kind in enumerate(cfg["layer_types"]) if kind != "conv")
     if arch in GRANITE_SWAS and cfg.get("layer_rope_theta") is not None:  # theta 0: NoPE
         return frozenset(i for i, theta in enumerate(cfg["layer_rope_theta"]) if theta)
+    if arch == ZAMBA2:  # its shared blocks' RoPE where use_mem_rope says
+        return frozenset(range(num_layers)) if cfg.get("use_mem_rope") else frozenset()
     learnt = (OPT, GPT2, GPT_BIGCODE, GPT_NEO, BLOOM, MPT)  # their positions learnt instead, or ALiBi's
     nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt) or cfg.get("position_embedding_type") == "nope"
     if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, *learnt):

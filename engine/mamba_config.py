@@ -38,6 +38,7 @@ class Mamba2Layout:
     dt_limit: tuple[float, float]  # each token's dt clamped to it
     out_proj_bias: bool | None = None  # None: as proj_bias (Falcon-H1's projectors_bias is a switch of its own)
     gated_norm: str = NORM_AFTER_GATE
+    norm_eps: float | None = None  # the gated norm's own (Zamba2's 1e-5); None: the model's rms_norm_eps
 
     @property
     def mamba_layers(self) -> tuple[int, ...]:
@@ -95,7 +96,7 @@ def read_mamba2(cfg: dict) -> Mamba2Layout | None:
     low, high = cfg.get("time_step_limit") or (0.0, float("inf"))
     return Mamba2Layout(kinds, num_heads, head_dim, int(cfg.get("mamba_d_state", 256)), num_groups,
                         int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
-                        bool(cfg.get("mamba_proj_bias", False)), (_number(low), _number(high)))
+                        bool(cfg.get("mamba_proj_bias", False)), (json_number(low), json_number(high)))
 
 
 def read_nemotron_h(cfg: dict) -> Mamba2Layout:
@@ -118,10 +119,10 @@ def read_nemotron_h(cfg: dict) -> Mamba2Layout:
                         int(cfg.get("conv_kernel", cfg.get("mamba_d_conv", 4))),
                         bool(cfg.get("use_conv_bias", cfg.get("mamba_conv_bias", True))),
                         bool(cfg.get("use_bias", False)),
-                        (_number(cfg.get("time_step_min", cfg.get("mamba_dt_min", 0.001))), float("inf")))
+                        (json_number(cfg.get("time_step_min", cfg.get("mamba_dt_min", 0.001))), float("inf")))
 
 
-def _number(value) -> float:
+def json_number(value) -> float:
     """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
     return float(value["__float__"] if isinstance(value, dict) else value)
 
@@ -143,7 +144,7 @@ def read_falcon_h1(cfg: dict) -> Mamba2Layout:
         NORM_BEFORE_GATE if cfg.get("mamba_norm_before_gate", True) else NORM_AFTER_GATE
     return Mamba2Layout((PARALLEL,) * num_layers, num_heads, head_dim, int(cfg.get("mamba_d_state", 256)), num_groups,
                         int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
-                        bool(cfg.get("mamba_proj_bias", False)), (_number(low), _number(high)),
+                        bool(cfg.get("mamba_proj_bias", False)), (json_number(low), json_number(high)),
                         out_proj_bias=bool(cfg.get("projectors_bias", False)), gated_norm=norm)
 
 

@@ -28,6 +28,7 @@ from engine.short_conv_config import ShortConvLayout
 from engine.state_shape import StateShape
 from engine.step3p7_config import Step3p7Layout
 from engine.vision.vision_config import VisionConfig
+from engine.zamba2_config import SharedBlocks
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class ModelConfig:
     mamba1: Mamba1Layout | None = None  # Jamba's Mamba-1 layers (engine/mamba1_config.py), as linear_attention
     # MiniMax-Text-01's lightning attention layers and residual factors (engine/minimax_config.py), as linear_attention
     minimax: MiniMaxLayout | None = None
+    zamba2: SharedBlocks | None = None  # Zamba2's shared transformer blocks (engine/zamba2_config.py), beside its mamba
     # Qwen4-Exp's hyper-connections and block indexer (engine/qwen4_exp_config.py), beside its linear_attention.
     qwen4_exp: Qwen4ExpLayout | None = None
     minimax_m3: BlockSparseIndexer | None = None  # MiniMax-M3's sparse layers' indexer (engine/minimax_m3_config.py)

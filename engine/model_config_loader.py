@@ -144,6 +144,7 @@ from engine.rope_config import (
 from engine.sarvam_config import READ_AS as SARVAM_READ_AS, sarvam_architecture, sarvam_keys
 from engine.short_conv_config import LFM2, LFM2_MOE, LFM2S, LFM3, lfm2_intermediate_size, read_short_conv
 from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
+from engine.zamba2_config import ZAMBA2, read_zamba2, zamba2_keys
 
 # A model's architecture: that whose config keys and layers it has
 READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS, **AXK2_READ_AS}
@@ -223,12 +224,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
     if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1,
-                FLINT, AXK1, HY_V4):
+                FLINT, AXK1, HY_V4, ZAMBA2):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
                    MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
-                   KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys, HY_V4: hy_v4_keys}[arch](cfg)
+                   KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys, HY_V4: hy_v4_keys,
+                   ZAMBA2: zamba2_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -260,7 +262,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch in (GPT2, GPT_BIGCODE, GPTJ, GPT_NEO):  # "gelu_new": GELU's tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
         supported_act = "gelu_pytorch_tanh"
-    if arch in (FALCON, MPT):  # its MLP's exact GELU
+    if arch in (FALCON, MPT, ZAMBA2):  # its MLP's exact GELU (Zamba2's gating it)
         supported_act = "gelu"
     if arch == GPTNEOX:  # its MLP's GELU, exact (Pythia's), or with the tanh approximation
         act = {"gelu_new": "gelu_pytorch_tanh", "gelu_fast": "gelu_pytorch_tanh"}.get(act, act)
@@ -328,11 +330,14 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             short_conv = read_short_conv(cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
-    mamba = mup = None
-    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1, BAMBA):
+    mamba = mup = zamba2 = None
+    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1, BAMBA, ZAMBA2):
         try:
-            mamba = {GRANITE_HYBRID: read_mamba2, NEMOTRON_H: read_nemotron_h, FALCON_H1: read_falcon_h1,
-                     BAMBA: read_bamba}[arch](cfg)
+            if arch == ZAMBA2:
+                mamba, zamba2 = read_zamba2(cfg)
+            else:
+                mamba = {GRANITE_HYBRID: read_mamba2, NEMOTRON_H: read_nemotron_h, FALCON_H1: read_falcon_h1,
+                         BAMBA: read_bamba}[arch](cfg)
             mup = read_mup(cfg) if arch == FALCON_H1 else None
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
@@ -435,6 +440,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             gemma4=gemma4,
             linear_attention=linear_attention,
             mamba=mamba,
+            zamba2=zamba2,
             short_conv=short_conv,
             mup=mup,
             mamba1=mamba1,
@@ -556,6 +562,8 @@ def _biases(cfg: dict, arch: str) -> dict:
         return dict(qkv_bias=bool(cfg.get("attention_bias")), o_bias=False, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch == STARCODER2:  # one switch for them all, on unless it says
         return dict.fromkeys(("qkv_bias", "o_bias", "mlp_bias"), bool(cfg.get("use_bias", True)))
+    if arch == ZAMBA2:  # its MLP's by add_bias_linear (zamba2_keys), its attention's none
+        return dict(qkv_bias=False, o_bias=False, mlp_bias=bool(cfg.get("mlp_bias")))
     if arch in (FALCON_H1, BAMBA, LFM3):
         attention = bool(cfg.get("attention_bias"))
         return dict(qkv_bias=attention, o_bias=attention, mlp_bias=bool(cfg.get("mlp_bias")))

@@ -41,6 +41,9 @@ class RecurrentStates:
     # goes on from), and the states there, [len(offsets), rows' width].
     cuts: dict[int, tuple[int, ...]] = field(default_factory=dict)
     kept: dict[int, torch.Tensor] = field(default_factory=dict)
+    # By token of the step, whether it is its sequence's prompt's ([T] bool): a Mamba-2 layer clamps those tokens'
+    # steps, as transformers' scan over a prompt does, and not a decoded token's (engine/models/mamba2.py).
+    prompt_tokens: torch.Tensor | None = None
     # Worked out once a step, for every layer's `advance`: the rows of one token and nothing kept (computed together)
     # and their tokens, slices where they lead both (a step's decodes, as a rule), else indices (None: no such rows);
     # the other rows, computed run by run.
@@ -128,16 +131,18 @@ class StatePages:
         self._pages = pool.view(torch.float32).movedim(3, 0)
 
     def read(self, page_ids: list[list[int]], fresh: list[bool], spans: tuple[tuple[int, int], ...],
-             cuts: dict[int, tuple[int, ...]] | None = None) -> RecurrentStates:
+             cuts: dict[int, tuple[int, ...]] | None = None, prompt_tokens: list[bool] | None = None
+             ) -> RecurrentStates:
         """The states in each row's pages; zeros for a `fresh` row (a sequence at its start: its pages hold
-        another's old bytes). `spans`, `cuts`: RecurrentStates'."""
+        another's old bytes). `spans`, `cuts`, `prompt_tokens`: RecurrentStates'."""
         ids = torch.tensor(page_ids, dtype=torch.int64, device=self._pages.device).view(len(page_ids), -1)
         rows = self._pages[ids.flatten()].view(len(page_ids), -1)
         if any(fresh):
             rows[torch.tensor(fresh, device=rows.device)] = 0.0
         cuts = {row: offsets for row, offsets in (cuts or {}).items() if offsets}
         kept = {row: rows.new_empty(len(offsets), rows.shape[1]) for row, offsets in cuts.items()}
-        return RecurrentStates(self.shape, rows, ids, spans, cuts, kept)
+        prompt = None if prompt_tokens is None else torch.tensor(prompt_tokens, device=rows.device)
+        return RecurrentStates(self.shape, rows, ids, spans, cuts, kept, prompt)
 
     def write(self, states: RecurrentStates) -> None:
         ids = states.page_ids.flatten()
@@ -165,9 +170,10 @@ def step_states(pages: StatePages, seq_rows: SeqRows, snapshot_interval: int | N
         elif snapshot_interval is not None and n > 1:
             start = seq.num_computed_tokens
             cuts[row] = tuple(range(snapshot_interval - start % snapshot_interval, n, snapshot_interval))
+    in_prompt = [seq.num_computed_tokens + i < seq.num_prompt_tokens for seq, _, n in seq_rows for i in range(n)]
     states = pages.read([seq.state_blocks for seq, _, _ in seq_rows],
                         [seq.num_computed_tokens == 0 for seq, _, _ in seq_rows],
-                        tuple((first, first + n) for _, first, n in seq_rows), cuts)
+                        tuple((first, first + n) for _, first, n in seq_rows), cuts, in_prompt)
     for row, (seq, _, _) in enumerate(seq_rows):
         if seq.restored_state is not None:
             states.rows[row] = seq.restored_state

@@ -62,6 +62,7 @@ from engine.models.qwen3_next_mtp import Qwen3NextMTP
 from engine.models.qwen4_exp import Qwen4ExpForCausalLM
 from engine.models.step3p7 import Step3p7ForCausalLM
 from engine.models.step3p7_mtp import Step3p7MTP
+from engine.models.zamba2 import Zamba2ForCausalLM
 
 # Mistral, Qwen2 and Qwen3 are Llama with a sliding window, q/k/v biases or q/k norms, Mixtral and the Qwen MoEs
 # Llama with experts for MLPs; ModelConfig carries them.
@@ -93,6 +94,7 @@ MODEL_REGISTRY = {
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,  # KDA and latent attention (engine/models/kimi_linear.py)
     "MiniMaxForCausalLM": MiniMaxForCausalLM,  # MiniMax-Text-01/M1: lightning attention layers (models/minimax.py)
+    "Zamba2ForCausalLM": Zamba2ForCausalLM,  # Mamba-2 layers, shared transformer blocks (engine/models/zamba2.py)
     "BailingHybridForCausalLM": BailingHybridForCausalLM,  # Ling 3: Kimi-Linear's, full KDA gates, gated MLA heads
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)
     "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)

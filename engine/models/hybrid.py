@@ -1,9 +1,9 @@
 """A hybrid model (Qwen3-Next's, Qwen3.5's, Granite 4.0-H's, Nemotron-H's, LFM2's, Falcon-H1's, Bamba's, Jamba's,
-Kimi-Linear's, Ling 3's, OLMo Hybrid's, MiniMax-Text-01's): only its attention layers have pages,
+Kimi-Linear's, Ling 3's, OLMo Hybrid's, MiniMax-Text-01's, Zamba2's): only its attention layers have pages,
 each at its place in the pool (ModelConfig.kv_places); its recurrent layers keep states instead
 (AttentionMetadata.recurrent). Its LoRA adapters are served on its recurrent layers' projections too where it says
-so (`serves_loras`: all but LFM3's, Kimi-Linear's, Ling 3's, MiniMax-Text-01's and Qwen4-Exp's), refused by name
-otherwise."""
+so (`serves_loras`: all but LFM3's, Kimi-Linear's, Ling 3's, MiniMax-Text-01's, Zamba2's and Qwen4-Exp's), refused
+by name otherwise."""
 from __future__ import annotations
 
 from typing import ClassVar

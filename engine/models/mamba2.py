@@ -31,8 +31,8 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
-        self.linear, self.eps, self.index = kernels.linear, config.rms_norm_eps, index
         self.layout = m = config.mamba
+        self.linear, self.eps, self.index = kernels.linear, m.norm_eps or config.rms_norm_eps, index
         width = m.intermediate_size + m.conv_dim + m.num_heads  # z, then x, B and C (the convolved), then dt
         self.in_weight = empty_param(width, config.hidden_size, dtype=dtype)
         self.in_bias = empty_param(width, dtype=dtype) if m.proj_bias else None
@@ -70,13 +70,11 @@ class Mamba2Mixer(nn.Module):
         xs = xs.view(num_tokens, m.num_heads, m.head_dim)
         per_group = m.num_heads // m.num_groups  # each group's B and C serve that many heads, in turn
         b, c = (t.view(num_tokens, m.num_groups, m.state_size).repeat_interleave(per_group, dim=1) for t in (b, c))
-        # A prompt chunk's steps clamped to dt_limit, a decoded token's not, as transformers' and mamba_ssm's scans do.
+        # A prompt token's steps clamped to dt_limit (a prompt of one token's, or a chunk's last, too), a decoded
+        # token's not, as transformers' and mamba_ssm's scans over a prompt and steps after it do.
         dt = F.softplus(dt + self.dt_bias)
-        if meta.prefills and m.dt_limit != (0.0, float("inf")):
-            prompt = torch.zeros(num_tokens, 1, dtype=torch.bool, device=x.device)
-            for chunk in meta.prefills:
-                prompt[chunk.start:chunk.end] = True
-            dt = torch.where(prompt, dt.clamp(*m.dt_limit), dt)
+        if m.dt_limit != (0.0, float("inf")) and bool(batch.prompt_tokens.any()):
+            dt = torch.where(batch.prompt_tokens[:, None], dt.clamp(*m.dt_limit), dt)
         a = -self.a_log.float().exp()
         y = torch.empty(num_tokens, m.num_heads, m.head_dim, dtype=torch.float32, device=x.device)
 

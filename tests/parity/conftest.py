@@ -395,6 +395,21 @@ TINY_MODELS = {
         num_hidden_layers=4, head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=48,
         block_size=8, full_attn_alpha_factor=1.5, full_attn_beta_factor=0.75, linear_attn_alpha_factor=0.5,
         linear_attn_beta_factor=1.25, mlp_alpha_factor=1.25, mlp_beta_factor=0.5, pad_token_id=0), {}),
+    # Zamba2: Mamba-2 layers (4 heads of 32, 2 groups, states of 16), three of them hybrid: two shared blocks in turn
+    # (attention over the input beside the embeddings, heads of 32, RoPE; gated GELU MLP), each application with
+    # adapters of rank 8 of its own. (Weights of std 0.1: its shared blocks' outputs, added to the Mamba-2 layers'
+    # inputs, make float32's own error near the tests' bound at 0.2.)
+    "zamba2": ("Zamba2Config", dict(
+        num_hidden_layers=6, layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid", "mamba"],
+        num_key_value_heads=4, n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, num_mem_blocks=2,
+        use_shared_attention_adapter=True, adapter_rank=8, intermediate_size=96, use_mem_rope=True, pad_token_id=0,
+        initializer_range=0.1), {}),
+    # Zamba2 with one shared block and adapters on its MLP alone, no RoPE; untied, as transformers reads it each
+    # hybrid layer runs a block of its own.
+    "zamba2-plain": ("Zamba2Config", dict(
+        num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], num_key_value_heads=2,
+        n_mamba_heads=4, mamba_d_state=16, intermediate_size=96, adapter_rank=8, tie_word_embeddings=False,
+        pad_token_id=0, initializer_range=0.1), {}),
     # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
     # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
     "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,

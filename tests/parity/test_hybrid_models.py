@@ -32,7 +32,7 @@ from tests.parity.test_transformers_parity import (
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
            "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear",
-           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid", "minimax")
+           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid", "minimax", "zamba2")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -129,7 +129,8 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
 
 
 @pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
-                                  "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid", "minimax"])
+                                  "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid", "minimax",
+                                  "zamba2"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
@@ -319,6 +320,19 @@ def test_minimaxs_layers_default_as_transformers_and_what_it_cannot_serve_is_ref
                                                           if kind == "linear_attention")
 
 
+@pytest.mark.parametrize("changes, refused", [
+    ({"layers_block_type": ["mamba"] * 6}, "without hybrid layers is not supported"),
+    ({"num_key_value_heads": 2}, "adapters need as many k and v heads as q heads"),
+    ({"layers_block_type": ["mamba", "attention"] * 3}, "must name a Mamba-2 or hybrid layer"),
+])
+def test_zamba2_layouts_it_cannot_serve_are_refused_by_name(tiny_model_dirs, tmp_path, changes, refused):
+    model_dir = shutil.copytree(tiny_model_dirs["zamba2"], tmp_path / "zamba2")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(model_dir)
+
+
 def test_qwen3_nexts_layers_default_to_one_full_attention_layer_in_four(tiny_model_dirs, tmp_path):
     model_dir = shutil.copytree(tiny_model_dirs["qwen3-next"], tmp_path / "next")
     config = json.loads((model_dir / "config.json").read_text())
@@ -378,13 +392,14 @@ def test_nemotron_hs_layers_it_does_not_serve_are_refused_by_name(tiny_model_dir
 def test_a_mamba_layers_steps_are_clamped_in_prompts_and_not_in_decoded_tokens(tiny_model_dirs, tmp_path):
     """With dt_bias far below zero every step's dt falls under Nemotron-H's time_step_min: transformers clamps a
     prompt's (its chunked scan) and not a decoded token's (its one-token update), and so does every step here,
-    decoded tokens beside prompt chunks too."""
+    decoded tokens beside prompt chunks too, and a prompt's token computed alone: a prompt of one, a chunk's last."""
     from safetensors.torch import load_file, save_file
 
     model_dir = shutil.copytree(tiny_model_dirs["nemotron-h"], tmp_path / "slow")
     tensors = load_file(model_dir / "model.safetensors")
     save_file({name: torch.full_like(t, -10.0) if name.endswith("mixer.dt_bias") else t
                for name, t in tensors.items()}, model_dir / "model.safetensors")
+    _check_logits(model_dir, max_num_batched_tokens=32, prompt_lengths=(1, 33))
     _check_greedy(model_dir, max_num_batched_tokens=32)
 
 
