@@ -29,6 +29,7 @@ from engine.architectures import (
     SMOLLM3,
     VAULTGEMMA,
 )
+from engine.beam_config import BEAM
 from engine.bloom_config import BLOOM
 from engine.cohere2_moe_config import COHERE2_MOE, dense_rope_layers
 from engine.flint_config import FLINT
@@ -62,6 +63,8 @@ class QTemperature:
     scale: float
     offset: int
     layers: frozenset[int] | None  # None: every layer
+    # Beam's scalable softmax instead: q scaled by (1 + (position + offset) / floor_scale) ** scale, no floor taken.
+    power: bool = False
 
 
 def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, scaling: dict | None) -> float:
@@ -135,7 +138,7 @@ def full_rope_theta(cfg: dict) -> float:
 
 def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
-    if arch == AFMOE:  # its sliding-window layers alone
+    if arch in (AFMOE, BEAM):  # its sliding-window layers alone
         return sliding_layers(cfg, arch)
     if arch == COHERE2_MOE:  # its sliding-window layers, and its dense ones where it says
         return sliding_layers(cfg, arch) | dense_rope_layers(cfg)
@@ -183,6 +186,9 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
         nope_layers = frozenset(range(int(cfg["num_hidden_layers"]))) - rope_layers(cfg, arch)
         return QTemperature(floor_scale=float(cfg.get("floor_scale", 8192)), scale=float(cfg.get("attn_scale", 0.1)),
                             offset=1, layers=nope_layers)
+    if arch == BEAM:  # its full layers', which have no RoPE
+        full = frozenset(range(int(cfg["num_hidden_layers"]))) - rope_layers(cfg, arch)
+        return QTemperature(floor_scale=2048.0, scale=0.1, offset=1, layers=full, power=True)
     beta = rope_parameters(cfg, "full_attention").get("llama_4_scaling_beta")
     if arch in (MINISTRAL3, MISTRAL4) and beta is not None:
         original = rope_parameters(cfg, "full_attention").get("original_max_position_embeddings")
@@ -193,7 +199,7 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
     if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH,
-                KOLIBRI1, FLINT):
+                KOLIBRI1, FLINT, BEAM):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)
@@ -220,7 +226,8 @@ def sliding_window(cfg: dict, arch: str) -> int | None:
 def sliding_layers(cfg: dict, arch: str) -> frozenset[int]:
     num_layers = int(cfg["num_hidden_layers"])
     if arch not in (*GEMMAS, OLMO3, SMOLLM3, GPT_OSS, *EXAONES, COHERE2, COHERE2_MOE, LFM3, DOTS1, *GRANITE_SWAS, AFMOE,
-                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1, FLINT, COHERE_COMPASS):
+                    CWM, STEP3P7, MINISTRAL, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH, KOLIBRI1, FLINT, COHERE_COMPASS,
+                    BEAM):
         return frozenset(range(num_layers))
     types = cfg.get("layer_types")
     if types:

@@ -69,6 +69,7 @@ from engine.attention_layout import (
 from engine.axk1_config import AXK1, axk1_keys
 from engine.axk2_config import AXK2, READ_AS as AXK2_READ_AS, axk2_keys
 from engine.bailing_hybrid_config import BAILING_HYBRID, bailing_hybrid_keys, forget_gate_bound
+from engine.beam_config import BEAM, beam_keys
 from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
@@ -224,13 +225,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
     if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1,
-                FLINT, AXK1, HY_V4, ZAMBA2):
+                FLINT, AXK1, HY_V4, ZAMBA2, BEAM):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
                    MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
                    KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys, HY_V4: hy_v4_keys,
-                   ZAMBA2: zamba2_keys}[arch](cfg)
+                   ZAMBA2: zamba2_keys, BEAM: beam_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -284,8 +285,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GEMMA4:  # its attention scores are not capped (transformers reads no such setting for it)
         softcaps["attn_logit_softcapping"] = None
     for name, cap in softcaps.items():
-        if cap is not None and arch not in (*GEMMAS, GEMMA4, NANOCHAT):
-            raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's only)")
+        beams = arch == BEAM and name == "final_logit_softcapping"  # (Beam's logits capped too)
+        if cap is not None and arch not in (*GEMMAS, GEMMA4, NANOCHAT) and not beams:
+            raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's and Beam's only)")
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.axk1_config import AXK1
 from engine.bailing_hybrid_config import BAILING_HYBRID
+from engine.beam_config import BEAM
 from engine.cohere2_moe_config import COHERE2_MOE, SCORINGS
 from engine.dbrx_config import DBRX
 from engine.flint_config import FLINT
@@ -57,6 +58,7 @@ _GROUPED_DEFAULTS = {GLM4_MOE: dict(n_group=1, topk_group=1, first_k_dense_repla
                      SOLAR_OPEN: dict(n_group=1, topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.0),
                      HY_V3: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.826),
                      HY_V4: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.827),
+                     BEAM: dict(n_group=8, topk_group=4, first_k_dense_replace=3, routed_scaling_factor=2.5),
                      AXK1: dict(n_group=8, topk_group=4, first_k_dense_replace=1, routed_scaling_factor=2.5),
                      MIMO_V2_FLASH: dict(n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0)}
 

@@ -50,9 +50,10 @@ STORED_TRANSPOSED = frozenset({"GPT2LMHeadModel"})
 # interleaved column by column (INTERLEAVED_GATE_UP: a rank's run of columns is then its share of both).
 FUSED_EXPERTS = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}
 INTERLEAVED_GATE_UP = frozenset({"GptOssForCausalLM"})
-# MLA's q_b_proj and kv_b_proj hold each head's rows in turn, a gated attention's g_proj each head's gate (or gates).
+# MLA's q_b_proj and kv_b_proj hold each head's rows in turn, a gated attention's g_proj each head's gate (or gates),
+# Beam's gate_bias a number a head.
 ROW_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "sinks", "q_b_proj",
-                       "kv_b_proj", "c_fc", "g_proj"})
+                       "kv_b_proj", "c_fc", "g_proj", "gate_bias"})
 PROJECTION_NORMS = frozenset({"q_norm", "k_norm"})  # where a model norms whole projections (OLMo 2's), not heads
 COLUMN_SPLIT = frozenset({"o_proj", "down_proj", "w2", "c_proj"})
 VOCABULARY_ROWS = frozenset({"model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"})  # split by token
@@ -177,7 +178,7 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
         if parts[-2] == "input_linear":  # gate, then up
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
-    proj = parts[-1] if parts[-1] == "sinks" else parts[-2]
+    proj = parts[-1] if parts[-1] in ("sinks", "gate_bias") else parts[-2]
     if proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV:
         return _share(tensor, 0, rank, size)
     # q's and k's norms over whole projections (OLMo 2's) or of each head's own weights (Command R+'s): by heads.

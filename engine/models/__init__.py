@@ -5,6 +5,7 @@ from engine.models.afmoe import AfmoeForCausalLM
 from engine.models.apertus import ApertusForCausalLM
 from engine.models.bailing_hybrid import BailingHybridForCausalLM
 from engine.models.bamba import BambaForCausalLM
+from engine.models.beam import BeamForCausalLM
 from engine.models.bert import BertModel
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import AXK1ForCausalLM, AXK2ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
@@ -117,6 +118,7 @@ MODEL_REGISTRY = {
     "PersimmonForCausalLM": PersimmonForCausalLM,  # GPT-NeoX's fused heads, q/k layer-normed (layer_norm_llama.py)
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
     "HYV4ForCausalLM": HYV4ForCausalLM,  # V3.2's sparse MLA, gated heads, sinks, hyper-connections (hy_v4.py)
+    "BeamForCausalLM": BeamForCausalLM,  # gated heads, NoPE full layers, depth-weighed residuals (models/beam.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)
     "GPTNeoForCausalLM": GPTNeoForCausalLM,  # GPT-2's layers, q/k/v apart, unscaled scores, local layers (opt.py)

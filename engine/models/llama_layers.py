@@ -60,7 +60,10 @@ def paged_attention(ops: Kernels, q: torch.Tensor, k: torch.Tensor | None, v: to
 def q_temperature(q: torch.Tensor, temperature: QTemperature, positions: torch.Tensor) -> torch.Tensor:
     """q [T, H, D] scaled by each token's attention temperature at its position (positions [T])."""
     t = temperature
-    scales = torch.log1p(torch.floor((positions.float() + t.offset) / t.floor_scale)) * t.scale + 1.0  # [T]
+    if t.power:
+        scales = (1.0 + (positions.float() + t.offset) / t.floor_scale) ** t.scale
+    else:
+        scales = torch.log1p(torch.floor((positions.float() + t.offset) / t.floor_scale)) * t.scale + 1.0  # [T]
     return (q * scales[:, None, None]).to(q.dtype)
 
 

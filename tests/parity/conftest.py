@@ -189,6 +189,14 @@ TINY_MODELS = {
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, num_hidden_layers=4, pad_token_id=0,
         index_topk=8, index_head_dim=16, index_n_heads=16, indexer_types=["full", "full", "shared", "shared"],
         swiglu_limit=1.5, hc_mult=3, hc_eps=0.05, hc_magnitude=1.5), {}),
+    # Beam: q and k normed a head, each head's output gated element by element (its gate biased a head); sliding
+    # windows (16) with RoPE in three layers of four, the fourth without RoPE, its q scaled by position; four norms a
+    # layer and depth-weighed residuals; the first layer dense, then 2 of 8 experts in the best of 2 groups; logits
+    # capped at 30.
+    "beam": ("BeamConfig", dict(
+        head_dim=16, num_hidden_layers=4, sliding_window=16, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=48, n_group=2, topk_group=1, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        layer_types=["sliding_attention"] * 3 + ["full_attention"], pad_token_id=0), {}),
     # GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's latent attention and routing in one group, scaled by 1.8, its
     # dense layers named by mlp_layer_types (here the first two).
     "glm4-moe-lite": ("Glm4MoeLiteConfig", dict(
@@ -687,6 +695,7 @@ def make_tiny_model(path: Path, name: str) -> Path:
             # (Hy4's sinks and hyper-connections' scales and biases start at constants)
             if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D", ".alpha_p",
                                                   ".alpha_n", "ple.conv1d.weight", "self_attn.sinks", "hc.scale",
+                                                  "self_attn.gate_bias",
                                                   "hc.base", "hc_head.hc_scale", "hc_head.hc_base")):
                 p.add_(torch.randn_like(p) * 0.2)
         # A router's learnt bias (GLM's, LFM2-MoE's), Gemma 4's layer scalars and xIELU's beta (Apertus's) are buffers,
