@@ -10,6 +10,7 @@ from engine.cohere2_moe_config import COHERE2_MOE
 from engine.dbrx_config import DBRX
 from engine.falcon_config import FALCON
 from engine.flint_config import FLINT
+from engine.gemma3n_config import GEMMA3N
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
@@ -113,7 +114,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
-                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2, BEAM)
+                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2, BEAM, GEMMA3N)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, BAILING_HYBRID,
               LONGCAT_FLASH, MINICPM3, YOUTU, AXK1)

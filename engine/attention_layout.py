@@ -33,6 +33,7 @@ from engine.beam_config import BEAM
 from engine.bloom_config import BLOOM
 from engine.cohere2_moe_config import COHERE2_MOE, dense_rope_layers
 from engine.flint_config import FLINT
+from engine.gemma3n_config import GEMMA3N
 from engine.gemma4_config import GEMMA4
 from engine.gpt_neo_config import GPT_NEO
 from engine.gptj_config import GPTJ
@@ -82,7 +83,7 @@ def attention_scale(cfg: dict, arch: str, head_dim: int, mla: MLAConfig | None, 
         return 1.0
     if arch == MPT:  # its attn_config's, where it gives one
         return float(cfg.get("softmax_scale") or head_dim ** -0.5)
-    if arch == GEMMA4:  # its q and k normed per head set the scores' size
+    if arch in (GEMMA4, GEMMA3N):  # its q and k normed per head set the scores' size
         return 1.0
     if arch == HYPERCLOVAX:  # null or absent, head_dim ** -0.5
         return float(cfg.get("attention_multiplier") or head_dim ** -0.5)
@@ -198,8 +199,8 @@ def q_temperature(cfg: dict, arch: str) -> QTemperature | None:
 
 
 def sliding_window(cfg: dict, arch: str) -> int | None:
-    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM, MIMO_V2_FLASH,
-                KOLIBRI1, FLINT, BEAM):
+    if arch in (*MISTRAL_SLIDING, *GEMMAS, GEMMA4, GEMMA3N, OLMO3, GPT_OSS, STEP3P7, GPT_NEO, LAGUNA, MELLUM,
+                MIMO_V2_FLASH, KOLIBRI1, FLINT, BEAM):
         return cfg.get("sliding_window")
     if arch == LFM3:
         return cfg.get("sliding_window", 256)

@@ -81,17 +81,19 @@ class Gemma4Layout:
         return layer < self.first_sharing_layer
 
 
-def read_gemma4_layout(cfg: dict) -> Gemma4Layout:
-    """ValueError for what Baton does not compute of it."""
+def read_gemma4_layout(cfg: dict, forces_last_full: bool = True) -> Gemma4Layout:
+    """ValueError for what Baton does not compute of it. `forces_last_full`: the last layer full whatever
+    layer_types says, as transformers' Gemma 4 makes it (its Gemma 3n does not)."""
     if cfg.get("attention_bias"):
-        raise ValueError(f"attention_bias is not supported for {GEMMA4} (its layers have no biases here)")
+        raise ValueError("attention_bias is not supported for Gemma 4 and 3n (their layers have no biases here)")
     if cfg.get("use_bidirectional_attention") not in (None, "vision"):  # "vision": an image's tokens only
         raise ValueError("use_bidirectional_attention 'all' is not supported (a decoder attends causally)")
     num_layers = int(cfg["num_hidden_layers"])
     types = list(cfg.get("layer_types") or [SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)])
     if len(types) != num_layers or not set(types) <= {SLIDING, FULL}:
         raise ValueError(f"layer_types must name {num_layers} layers, each {SLIDING!r} or {FULL!r}")
-    types[-1] = FULL  # as transformers forces it
+    if forces_last_full:
+        types[-1] = FULL
     head_dim, kv_heads = int(cfg["head_dim"]), int(cfg["num_key_value_heads"])
     full_dim, full_kv_heads = _full_layer_heads(cfg, types, head_dim, kv_heads)
     values_are_keys = bool(cfg.get("attention_k_eq_v"))

@@ -10,6 +10,7 @@ from engine.eagle_config import EagleConfig
 from engine.encoder_config import EncoderConfig
 from engine.falcon_h1_config import MupMultipliers
 from engine.fp8_weights import Fp8Weights
+from engine.gemma3n_config import AltUp
 from engine.gemma4_config import Gemma4Layout
 from engine.hy_v4_config import HyperConnections
 from engine.int4_weights import Int4Weights
@@ -113,6 +114,7 @@ class ModelConfig:
     # Gemma 4's layers of two head shapes and KV shared (engine/gemma4_config.py): num_kv_heads and head_dim are then
     # its pages', which hold every layer's heads.
     gemma4: Gemma4Layout | None = None
+    altup: AltUp | None = None  # Gemma 3n's AltUp streams, LAuReL and per-layer MLPs (engine/gemma3n_config.py)
     # A hybrid model's linear-attention layers (engine/linear_attention_config.py): they hold no pages, but a
     # recurrent state a sequence.
     linear_attention: LinearAttention | None = None

@@ -81,6 +81,7 @@ from engine.falcon_config import FALCON, falcon_keys, falcon_norms
 from engine.falcon_h1_config import read_mup
 from engine.flint_config import FLINT, flint_keys
 from engine.fp8_weights import fp8_weights
+from engine.gemma3n_config import GEMMA3N, gemma3n_keys, read_altup
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
 from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
 from engine.gptj_config import GPTJ, gptj_keys
@@ -202,11 +203,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             cfg, arch = READ_AS_KEYS[served_as](cfg), READ_AS[served_as]
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
-    gemma4 = None
-    if arch == GEMMA4:
-        cfg = {**GEMMA4_TEXT_DEFAULTS, **cfg}
+    gemma4 = altup = None
+    if arch in (GEMMA4, GEMMA3N):
+        cfg = {**GEMMA4_TEXT_DEFAULTS, **cfg} if arch == GEMMA4 else gemma3n_keys(cfg)
         try:
-            gemma4 = read_gemma4_layout(cfg)
+            gemma4 = read_gemma4_layout(cfg, forces_last_full=arch == GEMMA4)
+            altup = read_altup(cfg) if arch == GEMMA3N else None
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == KIMI_LINEAR:
@@ -255,7 +257,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA, STARCODER2, PHI, BLOOM) else "silu"
+    supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA3N, GEMMA, STARCODER2, PHI, BLOOM) else "silu"
     if arch == PHI and act == "gelu_new":  # Phi's name of GELU's tanh approximation, the same numbers
         act = "gelu_pytorch_tanh"
     if arch == OPT:  # its MLP's (fc1, the activation, fc2)
@@ -282,17 +284,17 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                 for name in GEMMA2_SOFTCAPS}
     if arch == NANOCHAT:  # its logits capped at 15 unless it says (transformers' default); its attention's not
         softcaps = {"attn_logit_softcapping": None, "final_logit_softcapping": cfg.get("final_logit_softcapping", 15.0)}
-    if arch == GEMMA4:  # its attention scores are not capped (transformers reads no such setting for it)
+    if arch in (GEMMA4, GEMMA3N):  # its attention scores are not capped (transformers reads no such setting for it)
         softcaps["attn_logit_softcapping"] = None
     for name, cap in softcaps.items():
         beams = arch == BEAM and name == "final_logit_softcapping"  # (Beam's logits capped too)
-        if cap is not None and arch not in (*GEMMAS, GEMMA4, NANOCHAT) and not beams:
+        if cap is not None and arch not in (*GEMMAS, GEMMA4, GEMMA3N, NANOCHAT) and not beams:
             raise ModelConfigError(f"{path}: {name} is not supported for {arch} (Gemma's and Beam's only)")
         if cap is not None and not float(cap) > 0:
             raise ModelConfigError(f"{path}: {name} must be positive, got {cap}")
     # Gemma 4's full layers turn part of a head by a RoPE of their own (engine/gemma4_config.py); latent attention
     # turns its qk_rope_head_dim (Mistral 4's config gives that as a part of its whole q/k head).
-    partial = 1.0 if arch in (GEMMA4, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
+    partial = 1.0 if arch in (GEMMA4, GEMMA3N, *MLA_MODELS, LFM3) else 0.5 if arch == BAMBA else \
         partial_rotary_factor(cfg, 0.5 if arch in (GLM4_MOE, *GLMS, PHI, NEMOTRON, PERSIMMON) else
                               0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
@@ -303,7 +305,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")
     try:
-        scaling = None if arch == GEMMA4 else rope_scaling(cfg, arch)
+        scaling = None if arch in (GEMMA4, GEMMA3N) else rope_scaling(cfg, arch)
     except ValueError as e:
         raise ModelConfigError(f"{path}: {e}") from None
     section = mrope_section(cfg)
@@ -401,7 +403,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             **_biases(cfg, arch),
             # Granite SWA's, Flint's and Hy4's, an extra logit a head as gpt-oss's
             attention_sinks=arch in (GPT_OSS, *GRANITE_SWAS, FLINT, HY_V4),
-            qk_norm="head" if arch in (*QK_NORM, GEMMA4, *HYBRID_LINEAR, QWEN4_EXP, MINIMAX_M3, *LFM2S)
+            qk_norm="head" if arch in (*QK_NORM, GEMMA4, GEMMA3N, *HYBRID_LINEAR, QWEN4_EXP, MINIMAX_M3, *LFM2S)
             or (arch == GLM4_MOE and cfg.get("use_qk_norm")) else
             "projection" if arch in PROJECTION_NORMED else "head_after_rope" if arch in (*HUNYUANS, NANOCHAT) else
             "head_layer_norm" if (arch == COHERE and cfg.get("use_qk_norm"))
@@ -440,6 +442,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             mrope_section=section,
             mrope_interleaved=mrope_interleaved(cfg) or (multimodal is not None and multimodal.interleaved_mrope),
             gemma4=gemma4,
+            altup=altup,
             linear_attention=linear_attention,
             mamba=mamba,
             zamba2=zamba2,

@@ -4,7 +4,7 @@
 Their config.json nests the text model's settings in `text_config`; their tensors hold the text model
 under a prefix, beside a vision model and a projector left unread. Llama 4 (Scout, Maverick), Mistral 3
 (Mistral Small 3.1/3.2, Magistral Small, Ministral 3), Gemma 3 (4B, 12B, 27B), Gemma 4, Kimi K2.5, Qwen3.5,
-Qwen4-Exp and Step-3.7 (its text model at the top level) are released so.
+Qwen4-Exp, Gemma 3n and Step-3.7 (its text model at the top level) are released so.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.apertus1p5_config import APERTUS1P5_TEXT
 from engine.architectures import COHERE_COMPASS
+from engine.gemma3n_config import GEMMA3N, GEMMA3N_TEXT_DEFAULTS
 from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
 from engine.minimax_m3_config import MINIMAX_M3
@@ -101,6 +102,13 @@ MULTIMODAL = {
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
         text_defaults=GEMMA4_TEXT_DEFAULTS, vision_config=gemma4_vision_config),
+    # Gemma 3n (E2B, E4B) as released and as transformers 5 saves it: its text model served, its MobileNet-V5 image
+    # and audio encoders not yet (left unread).
+    "Gemma3nForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, GEMMA3N),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
+        text_defaults=GEMMA3N_TEXT_DEFAULTS),
     # Kimi K2.5 as released (remote code's name; its text model DeepSeek-V3's, `kimi_k2`) and as transformers 5 names
     # it: its text model served, its MoonViT tower not yet.
     **dict.fromkeys(("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), MultimodalCheckpoint(

@@ -13,6 +13,7 @@ from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
 from engine.models.flint import FlintForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
+from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM, SarvamMoEForCausalLM
@@ -119,6 +120,7 @@ MODEL_REGISTRY = {
     "HYV3ForCausalLM": HYV3ForCausalLM,  # Llama's layers, per-head q/k norms, GLM-4.5's routing (hy_v3.py)
     "HYV4ForCausalLM": HYV4ForCausalLM,  # V3.2's sparse MLA, gated heads, sinks, hyper-connections (hy_v4.py)
     "BeamForCausalLM": BeamForCausalLM,  # gated heads, NoPE full layers, depth-weighed residuals (models/beam.py)
+    "Gemma3nForCausalLM": Gemma3nForCausalLM,  # Gemma 4's attention and PLE, AltUp streams (models/gemma3n.py)
     "DbrxForCausalLM": DbrxForCausalLM,  # MPT's layers with RoPE, GQA and stacked experts (engine/models/mpt.py)
     "MptForCausalLM": MptForCausalLM,  # ALiBi (MPT's slopes), fused q/k/v clipped, no biases (engine/models/mpt.py)
     "GPTNeoForCausalLM": GPTNeoForCausalLM,  # GPT-2's layers, q/k/v apart, unscaled scores, local layers (opt.py)

@@ -197,6 +197,14 @@ TINY_MODELS = {
         head_dim=16, num_hidden_layers=4, sliding_window=16, num_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=48, n_group=2, topk_group=1, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
         layer_types=["sliding_attention"] * 3 + ["full_attention"], pad_token_id=0), {}),
+    # Gemma 3n: four AltUp streams, LAuReL of rank 8, per-layer embeddings (8 wide, a table of 256 rows: tokens past it
+    # take its first), sliding windows (16) in four layers of six, the last two layers sharing their kinds' KV, each
+    # layer's MLP of its own width, the first two's gates sparse.
+    "gemma3n": ("Gemma3nTextConfig", dict(
+        num_hidden_layers=6, head_dim=16, intermediate_size=[96, 128, 96, 128, 96, 128], sliding_window=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=256, laurel_rank=8,
+        activation_sparsity_pattern=[0.95, 0.5, 0.0, 0.0, 0.0, 0.0], pad_token_id=0), {}),
     # GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's latent attention and routing in one group, scaled by 1.8, its
     # dense layers named by mlp_layer_types (here the first two).
     "glm4-moe-lite": ("Glm4MoeLiteConfig", dict(
@@ -695,7 +703,7 @@ def make_tiny_model(path: Path, name: str) -> Path:
             # (Hy4's sinks and hyper-connections' scales and biases start at constants)
             if "norm" in pname or pname.endswith(("bias", "router.scale", "per_expert_scale", ".D", ".alpha_p",
                                                   ".alpha_n", "ple.conv1d.weight", "self_attn.sinks", "hc.scale",
-                                                  "self_attn.gate_bias",
+                                                  "self_attn.gate_bias", "correct_output_scale",
                                                   "hc.base", "hc_head.hc_scale", "hc_head.hc_base")):
                 p.add_(torch.randn_like(p) * 0.2)
         # A router's learnt bias (GLM's, LFM2-MoE's), Gemma 4's layer scalars and xIELU's beta (Apertus's) are buffers,

@@ -68,10 +68,11 @@ def test_its_multimodal_checkpoint_serves_its_text_model(tmp_path):
         engine.close()
 
 
-def test_a_prompt_prefilled_by_one_engine_decodes_from_its_pages_as_colocated(tiny_model_dirs):
+@pytest.mark.parametrize("name", ["gemma4-e", "gemma3n"])
+def test_a_prompt_prefilled_by_one_engine_decodes_from_its_pages_as_colocated(tiny_model_dirs, name):
     """As a decode worker serves a prefill worker's prompt: the pages copied whole carry every layer computing KV,
-    and the layers sharing theirs read them there."""
-    model_dir = tiny_model_dirs["gemma4-e"]
+    and the layers sharing theirs read them there (Gemma 3n's too)."""
+    model_dir = tiny_model_dirs[name]
     prompts = {f"r{n}": _random_prompt(n, 512, seed=n) for n in (5, 40, 130)}
     colocated = _engine(model_dir)
     expected = greedy_outputs(colocated, {rid: (prompt, {}) for rid, prompt in prompts.items()}, max_tokens=24)
