@@ -159,8 +159,8 @@ class ModelConfig:
     def num_kv_layers(self) -> int:
         """The layers whose K and V the pages hold: all but those attending over an earlier layer's (Gemma 4's) and
         linear-attention layers (Qwen3-Next's, Qwen3.5's)."""
-        if self.kv_places is not None:
-            return len(self.kv_places)
+        if self.kv_places is not None:  # (one for a model of recurrent layers alone: its pages hold the states)
+            return len(self.kv_places) or 1
         return self.gemma4.num_kv_layers if self.gemma4 is not None else self.num_layers
 
     @property

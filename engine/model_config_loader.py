@@ -101,7 +101,7 @@ from engine.linear_attention_config import (
     read_olmo_hybrid,
 )
 from engine.longcat_flash_config import LONGCAT_FLASH, longcat_flash_keys
-from engine.mamba1_config import JAMBA, read_jamba
+from engine.mamba1_config import FALCON_MAMBA, JAMBA, MAMBA_LM, mamba_keys, read_jamba, read_mamba
 from engine.mamba_config import (
     BAMBA,
     FALCON_H1,
@@ -227,13 +227,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
     if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1,
-                FLINT, AXK1, HY_V4, ZAMBA2, BEAM):
+                FLINT, AXK1, HY_V4, ZAMBA2, BEAM, MAMBA_LM, FALCON_MAMBA):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
                    MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
                    KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys, HY_V4: hy_v4_keys,
-                   ZAMBA2: zamba2_keys, BEAM: beam_keys}[arch](cfg)
+                   ZAMBA2: zamba2_keys, BEAM: beam_keys, MAMBA_LM: mamba_keys, FALCON_MAMBA: mamba_keys}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -320,9 +320,9 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     mamba1 = None
-    if arch == JAMBA:
+    if arch in (JAMBA, MAMBA_LM, FALCON_MAMBA):
         try:
-            mamba1 = read_jamba(cfg)
+            mamba1 = read_jamba(cfg) if arch == JAMBA else read_mamba(cfg, arch)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     short_conv = None

@@ -40,6 +40,7 @@ from engine.models.lfm2 import Lfm2ForCausalLM, Lfm3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.longcat_flash import LongcatFlashForCausalLM
+from engine.models.mamba import MambaForCausalLM
 from engine.models.mellum_mtp import MellumMTP
 from engine.models.mimo_mtp import MiMoMTP
 from engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
@@ -99,6 +100,8 @@ MODEL_REGISTRY = {
     "Zamba2ForCausalLM": Zamba2ForCausalLM,  # Mamba-2 layers, shared transformer blocks (engine/models/zamba2.py)
     "BailingHybridForCausalLM": BailingHybridForCausalLM,  # Ling 3: Kimi-Linear's, full KDA gates, gated MLA heads
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)
+    "MambaForCausalLM": MambaForCausalLM,  # Mamba-1 layers alone (engine/models/mamba.py)
+    "FalconMambaForCausalLM": MambaForCausalLM,  # and Falcon-Mamba's, dt, B and C normed without weights
     "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)
     "FalconH1ForCausalLM": FalconH1ForCausalLM,  # attention and Mamba-2 side by side (engine/models/falcon_h1.py)
     "Lfm2ForCausalLM": Lfm2ForCausalLM,  # LFM2's convolutions between attention layers (engine/models/lfm2.py)

@@ -21,6 +21,13 @@ from engine.prompt_embeds import GivenEmbeddings
 class HybridForward(LlamaForCausalLM):
     splits_across_ranks = False  # (its recurrent layers' states are whole)
     serves_loras: ClassVar[bool] = False  # whether adapters on a model with recurrent layers are served
+    # Names ending so are depthwise convolutions' weights stored [C, 1, K], kept [C, K].
+    stored_convolutions: ClassVar[tuple[str, ...]] = ()
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.stored_convolutions and name.endswith(self.stored_convolutions):
+            tensor = tensor.squeeze(1)
+        return super()._placed(name, tensor)
 
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         """Its Mamba-2 layers' projections in and out (`mamba.in_proj`, `mamba.out_proj`) besides a Llama layer's."""

@@ -14,6 +14,7 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.lora import LoRAHook, Target
+from engine.mamba1_config import UNNORMED, WEIGHTED
 from engine.model_config import ModelConfig
 from engine.models.bamba import BambaForCausalLM
 from engine.models.llama_layers import MLP
@@ -42,7 +43,7 @@ class Mamba1Mixer(nn.Module):
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int) -> None:
         super().__init__()
-        self.linear, self.rms_norm, self.eps, self.index = kernels.linear, kernels.rms_norm, config.rms_norm_eps, index
+        self.linear, self.rms_norm, self.index = kernels.linear, kernels.rms_norm, index
         self.layout = m = config.mamba1
         hidden, channels, state = config.hidden_size, m.channels, m.state_size
         self.in_weight = empty_param(2 * channels, hidden, dtype=dtype)  # x, then the gate z
@@ -56,9 +57,11 @@ class Mamba1Mixer(nn.Module):
         self.d = empty_param(channels, dtype=dtype)
         self.out_weight = empty_param(hidden, channels, dtype=dtype)
         self.out_bias = empty_param(hidden, dtype=dtype) if m.proj_bias else None
-        self.dt_norm = empty_param(m.dt_rank, dtype=dtype)
-        self.b_norm = empty_param(state, dtype=dtype)
-        self.c_norm = empty_param(state, dtype=dtype)
+        weighted = m.bcdt_norms == WEIGHTED
+        self.dt_norm = empty_param(m.dt_rank, dtype=dtype) if weighted else None
+        self.b_norm = empty_param(state, dtype=dtype) if weighted else None
+        self.c_norm = empty_param(state, dtype=dtype) if weighted else None
+        self.norm_eps = m.norm_eps or config.rms_norm_eps
 
     def tensor_names(self) -> list[str]:
         return [name for name, attr in TENSORS.items() if getattr(self, attr) is not None]
@@ -77,9 +80,9 @@ class Mamba1Mixer(nn.Module):
                       lambda start, end, window: conv_run(xs[start:end], window, self.conv_weight, self.conv_bias))
         xs = F.silu(convolved)
         dt, b, c = self._projected("x", xs, self.x_weight).split([m.dt_rank, m.state_size, m.state_size], dim=-1)
-        dt = self._projected("dt", self.rms_norm(dt, self.dt_norm, self.eps), self.dt_weight)
+        dt = self._projected("dt", self._normed(dt, self.dt_norm), self.dt_weight)
         dt = F.softplus(dt.float() + self.dt_bias.float())
-        b, c = (self.rms_norm(t, norm, self.eps).float() for t, norm in ((b, self.b_norm), (c, self.c_norm)))
+        b, c = (self._normed(t, norm).float() for t, norm in ((b, self.b_norm), (c, self.c_norm)))
         a, inputs = -self.a_log.float().exp(), xs.float()
         y = torch.empty(xs.shape, dtype=torch.float32, device=x.device)
 
@@ -91,6 +94,14 @@ class Mamba1Mixer(nn.Module):
                       run)
         y = (y + self.d.float() * inputs) * F.silu(gate.float())
         return self._projected("out", y.to(x.dtype), self.out_weight, self.out_bias)
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """dt's low rank, B or C RMS-normed as the model norms them (by `weight`, without one, or not)."""
+        if self.layout.bcdt_norms == UNNORMED:
+            return x
+        if weight is None:
+            return F.rms_norm(x.float(), (x.shape[-1],), eps=self.norm_eps).type_as(x)
+        return self.rms_norm(x, weight, self.norm_eps)
 
     def _projected(self, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                    ) -> torch.Tensor:

@@ -121,6 +121,7 @@ class Zamba2ForCausalLM(HybridForward):
     # A hybrid layer's Mamba-2 layer and its norm under `mamba_decoder.`, read as a Mamba-2 layer's are.
     renames = (("model.final_layernorm.", "model.norm."), (".mamba_decoder.", "."))
     serves_loras = False  # (its shared blocks' adapters are its own; LoRA on them not yet checked)
+    stored_convolutions = (".mamba.conv1d.weight",)
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         shared = self.config.zamba2
@@ -174,11 +175,6 @@ class Zamba2ForCausalLM(HybridForward):
         application = next((int(name.split(list_name + ".")[1].split(".")[0]) for list_name in ADAPTER_LISTS.values()
                             if list_name + "." in name), None)
         return application is not None and application % shared.num_blocks != firsts.index(int(parts[2]))
-
-    def _placed(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if name.endswith(".mamba.conv1d.weight"):  # [C, 1, K]
-            tensor = tensor.squeeze(1)
-        return super()._placed(name, tensor)
 
     def _target(self, name: str) -> torch.Tensor:
         parts = name.split(".")

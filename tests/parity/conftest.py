@@ -426,6 +426,11 @@ TINY_MODELS = {
         num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], num_key_value_heads=2,
         n_mamba_heads=4, mamba_d_state=16, intermediate_size=96, adapter_rank=8, tie_word_embeddings=False,
         pad_token_id=0, initializer_range=0.1), {}),
+    # Mamba: Mamba-1 layers alone (160 channels, intermediate_size's; states of 16, dt through a rank of 4);
+    # Falcon-Mamba's with dt, B and C normed without weights (their eps 0.1), untied. Their pages hold the states alone.
+    "mamba": ("MambaConfig", dict(num_hidden_layers=3, state_size=16, pad_token_id=0), {}),
+    "falcon-mamba": ("FalconMambaConfig", dict(num_hidden_layers=3, state_size=16, pad_token_id=0,
+                                               tie_word_embeddings=False, mixer_rms_eps=0.1), {}),
     # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
     # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
     "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,

@@ -32,7 +32,8 @@ from tests.parity.test_transformers_parity import (
 
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
            "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear",
-           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid", "minimax", "zamba2")
+           "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid", "minimax", "zamba2", "mamba",
+           "falcon-mamba")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -58,6 +59,16 @@ def test_a_sequence_holds_its_states_pages_beside_its_tokens_and_gives_them_back
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    engine.close()
+
+
+def test_a_model_of_mamba_layers_alone_keeps_its_states_in_one_pool_layer_no_layer_attends_over(tiny_model_dirs):
+    """Mamba's pages hold no layer's KV: its pool's one layer, one narrow head, holds the sequences' states (3 layers'
+    convolution windows, 160 channels x 3, and states, 160 x 16: 36,480 bytes in pages of 4 tokens, 2,048 bytes)."""
+    engine = _engine(tiny_model_dirs["mamba"], block_size=4)
+    assert engine.model_config.kv_places == {}
+    assert tuple(engine.runner.kv_pool.tensor.shape[:3]) == (1, 2, 1)
+    assert engine.block_manager.num_state_blocks == -(-3 * (160 * 3 + 160 * 16) * 4 // (2 * 4 * 64 * 4)) == 18
     engine.close()
 
 
@@ -130,7 +141,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
 
 @pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
                                   "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid", "minimax",
-                                  "zamba2"])
+                                  "zamba2", "falcon-mamba"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
