@@ -22,7 +22,7 @@ from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import HYBRID_LINEAR, KIMI_LINEAR, OLMO_HYBRID
 from engine.longcat_flash_config import LONGCAT_FLASH
 from engine.mamba1_config import FALCON_MAMBA, JAMBA, MAMBA_LM
-from engine.mamba_config import BAMBA, FALCON_H1, NEMOTRON_H
+from engine.mamba_config import BAMBA, FALCON_H1, MAMBA2_LM, NEMOTRON_H
 from engine.mellum_config import MELLUM
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.minimax_config import MINIMAX
@@ -114,7 +114,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
-                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2, BEAM, GEMMA3N, MAMBA_LM, FALCON_MAMBA)
+                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2, BEAM, GEMMA3N, MAMBA_LM, FALCON_MAMBA, MAMBA2_LM)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, BAILING_HYBRID,
               LONGCAT_FLASH, MINICPM3, YOUTU, AXK1)

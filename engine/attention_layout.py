@@ -42,7 +42,7 @@ from engine.kolibri1_config import KOLIBRI1
 from engine.laguna_config import LAGUNA
 from engine.linear_attention_config import KIMI_LINEAR
 from engine.mamba1_config import FALCON_MAMBA, JAMBA, MAMBA_LM
-from engine.mamba_config import NEMOTRON_H
+from engine.mamba_config import MAMBA2_LM, NEMOTRON_H
 from engine.mellum_config import MELLUM
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH
 from engine.mla_config import MLAConfig
@@ -157,9 +157,10 @@ def rope_layers(cfg: dict, arch: str) -> frozenset[int]:
     if arch == ZAMBA2:  # its shared blocks' RoPE where use_mem_rope says
         return frozenset(range(num_layers)) if cfg.get("use_mem_rope") else frozenset()
     learnt = (OPT, GPT2, GPT_BIGCODE, GPT_NEO, BLOOM, MPT)  # their positions learnt instead, or ALiBi's
-    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, MAMBA_LM, FALCON_MAMBA, *learnt) or \
+    pure_recurrent = (MAMBA_LM, FALCON_MAMBA, MAMBA2_LM)
+    nope = arch in (NEMOTRON_H, JAMBA, KIMI_LINEAR, *pure_recurrent, *learnt) or \
         cfg.get("position_embedding_type") == "nope"
-    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, MAMBA_LM, FALCON_MAMBA, *learnt):
+    if nope and arch in (GRANITE_HYBRID, NEMOTRON_H, JAMBA, KIMI_LINEAR, *pure_recurrent, *learnt):
         return frozenset()  # NoPE
     if arch not in (SMOLLM3, LLAMA4):
         return frozenset(range(num_layers))

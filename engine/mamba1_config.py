@@ -70,16 +70,17 @@ def read_jamba(cfg: dict) -> Mamba1Layout:
                         bool(cfg.get("mamba_proj_bias", False)))
 
 
-def mamba_keys(cfg: dict) -> dict:
-    """A pure Mamba config.json by the names ModelConfig reads (transformers' MambaConfig defaults where it leaves
-    them out): one page head of STATE_PAGE_WIDTH a token, no positions to bound the context but the one given."""
+def mamba_keys(cfg: dict, ties_embeddings: bool = True) -> dict:
+    """A pure Mamba (or Mamba-2: `ties_embeddings` False, its default) config.json by the names ModelConfig reads
+    (transformers' MambaConfig defaults where it leaves them out): one page head of STATE_PAGE_WIDTH a token, no
+    positions to bound the context but the one given."""
     hidden = int(cfg.get("hidden_size", 768))
     return {**cfg, "hidden_size": hidden, "num_attention_heads": 1, "num_key_value_heads": 1,
-            "head_dim": STATE_PAGE_WIDTH,
+            "head_dim": STATE_PAGE_WIDTH, "ssm_head_dim": cfg.get("head_dim", 64),  # (Mamba-2's head_dim its heads')
             "intermediate_size": int(cfg.get("intermediate_size") or int(cfg.get("expand", 2)) * hidden),
             "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)),
             "max_position_embeddings": int(cfg.get("max_position_embeddings") or 32_768),
-            "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
+            "tie_word_embeddings": cfg.get("tie_word_embeddings", ties_embeddings),
             "vocab_size": int(cfg.get("vocab_size", 50280)), "num_hidden_layers": int(cfg.get("num_hidden_layers", 32))}
 
 

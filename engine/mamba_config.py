@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.state_shape import StateShape
 
 NEMOTRON_H = "NemotronHForCausalLM"
+MAMBA2_LM = "Mamba2ForCausalLM"  # Mamba-2's layers alone (Mamba-Codestral), its pages the states' (mamba1_config.py)
 FALCON_H1 = "FalconH1ForCausalLM"
 BAMBA = "BambaForCausalLM"
 # PARALLEL: a layer of attention and Mamba-2 side by side, on the same input (Falcon-H1's).
@@ -97,6 +98,23 @@ def read_mamba2(cfg: dict) -> Mamba2Layout | None:
     return Mamba2Layout(kinds, num_heads, head_dim, int(cfg.get("mamba_d_state", 256)), num_groups,
                         int(cfg.get("mamba_d_conv", 4)), bool(cfg.get("mamba_conv_bias", True)),
                         bool(cfg.get("mamba_proj_bias", False)), (json_number(low), json_number(high)))
+
+
+def read_mamba2_lm(cfg: dict) -> Mamba2Layout:
+    """Mamba-2's layers alone (Mamba2ForCausalLM: Mamba-Codestral; `cfg` as mamba1_config.mamba_keys gives it), its
+    gated norm in `n_groups` groups.
+    ValueError where its heads do not make its width."""
+    intermediate = int(cfg.get("expand", 2)) * int(cfg["hidden_size"])
+    num_heads, head_dim = int(cfg.get("num_heads", 128)), int(cfg["ssm_head_dim"])
+    if num_heads * head_dim != intermediate:
+        raise ValueError(f"num_heads {num_heads} x head_dim {head_dim} must be expand x hidden_size ({intermediate})")
+    num_groups = int(cfg.get("n_groups", 8))
+    if num_heads % num_groups:
+        raise ValueError(f"n_groups {num_groups} must divide num_heads {num_heads}")
+    low, high = cfg.get("time_step_limit") or (0.0, float("inf"))
+    return Mamba2Layout((MAMBA,) * int(cfg["num_hidden_layers"]), num_heads, head_dim, int(cfg.get("state_size", 128)),
+                        num_groups, int(cfg.get("conv_kernel", 4)), bool(cfg.get("use_conv_bias", True)),
+                        bool(cfg.get("use_bias", False)), (json_number(low), json_number(high)))
 
 
 def read_nemotron_h(cfg: dict) -> Mamba2Layout:

@@ -105,10 +105,12 @@ from engine.mamba1_config import FALCON_MAMBA, JAMBA, MAMBA_LM, mamba_keys, read
 from engine.mamba_config import (
     BAMBA,
     FALCON_H1,
+    MAMBA2_LM,
     NEMOTRON_H,
     read_bamba,
     read_falcon_h1,
     read_mamba2,
+    read_mamba2_lm,
     read_nemotron_h,
 )
 from engine.mellum_config import MELLUM, mellum_keys
@@ -227,13 +229,14 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
     if arch == GPT_BIGCODE and cfg.get("multi_query", True):  # one k and v head for all
         cfg = {**cfg, "num_key_value_heads": 1}
     if arch in (FALCON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, KOLIBRI1,
-                FLINT, AXK1, HY_V4, ZAMBA2, BEAM, MAMBA_LM, FALCON_MAMBA):
+                FLINT, AXK1, HY_V4, ZAMBA2, BEAM, MAMBA_LM, FALCON_MAMBA, MAMBA2_LM):
         try:
             cfg = {FALCON: falcon_keys, BLOOM: bloom_keys, MPT: mpt_keys, GPTJ: gptj_keys, GPT_NEO: gpt_neo_keys,
                    DBRX: dbrx_keys, HY_V3: hy_v3_keys, LAGUNA: laguna_keys,
                    MELLUM: mellum_keys, MIMO_V2_FLASH: mimo_v2_flash_keys, COHERE2_MOE: cohere2_moe_keys,
                    KOLIBRI1: kolibri1_keys, FLINT: flint_keys, AXK1: axk1_keys, HY_V4: hy_v4_keys,
-                   ZAMBA2: zamba2_keys, BEAM: beam_keys, MAMBA_LM: mamba_keys, FALCON_MAMBA: mamba_keys}[arch](cfg)
+                   ZAMBA2: zamba2_keys, BEAM: beam_keys, MAMBA_LM: mamba_keys, FALCON_MAMBA: mamba_keys,
+                   MAMBA2_LM: functools.partial(mamba_keys, ties_embeddings=False)}[arch](cfg)
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     if arch == GPTNEOX:  # older configs' (Pythia's) names of RoPE's part of a head and its base
@@ -335,13 +338,13 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
     mamba = mup = zamba2 = None
-    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1, BAMBA, ZAMBA2):
+    if arch in (GRANITE_HYBRID, NEMOTRON_H, FALCON_H1, BAMBA, ZAMBA2, MAMBA2_LM):
         try:
             if arch == ZAMBA2:
                 mamba, zamba2 = read_zamba2(cfg)
             else:
                 mamba = {GRANITE_HYBRID: read_mamba2, NEMOTRON_H: read_nemotron_h, FALCON_H1: read_falcon_h1,
-                         BAMBA: read_bamba}[arch](cfg)
+                         BAMBA: read_bamba, MAMBA2_LM: read_mamba2_lm}[arch](cfg)
             mup = read_mup(cfg) if arch == FALCON_H1 else None
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None

@@ -102,6 +102,7 @@ MODEL_REGISTRY = {
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)
     "MambaForCausalLM": MambaForCausalLM,  # Mamba-1 layers alone (engine/models/mamba.py)
     "FalconMambaForCausalLM": MambaForCausalLM,  # and Falcon-Mamba's, dt, B and C normed without weights
+    "Mamba2ForCausalLM": MambaForCausalLM,  # Mamba-2 layers alone (Mamba-Codestral)
     "BambaForCausalLM": BambaForCausalLM,  # Mamba-2 layers between attention layers (engine/models/bamba.py)
     "FalconH1ForCausalLM": FalconH1ForCausalLM,  # attention and Mamba-2 side by side (engine/models/falcon_h1.py)
     "Lfm2ForCausalLM": Lfm2ForCausalLM,  # LFM2's convolutions between attention layers (engine/models/lfm2.py)

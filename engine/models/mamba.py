@@ -1,8 +1,9 @@
-"""Models of Mamba-1 layers alone (engine/mamba1_config.py): state-spaces' Mamba (MambaForCausalLM) and TII's
-Falcon-Mamba (FalconMambaForCausalLM, its dt, B and C RMS-normed without weights). Each layer adds its Mamba-1
-layer's output (engine/models/jamba.py's Mixer) on its RMS-normed input to the residual; a final norm, the LM head
-(tied unless the config says). Their checkpoints name the model `backbone.` (read as `model.`: engine/model_runner.py),
-its embeddings `embeddings`, its final norm `norm_f`, each layer's mixer `mixer` and its norm `norm`.
+"""Models of Mamba layers alone: state-spaces' Mamba (MambaForCausalLM) and TII's Falcon-Mamba (FalconMambaForCausalLM,
+its dt, B and C RMS-normed without weights) of Mamba-1 layers (engine/mamba1_config.py, engine/models/jamba.py's
+Mixer), Mamba-Codestral (Mamba2ForCausalLM) of Mamba-2 layers (engine/models/mamba2.py). Each layer adds its Mamba
+layer's output on its RMS-normed input to the residual; a final norm, the LM head (tied where the config says). Their
+checkpoints name the model `backbone.` (read as `model.`: engine/model_runner.py), its embeddings `embeddings`, its
+final norm `norm_f`, each layer's mixer `mixer` and its norm `norm`.
 
 The pages hold no layer's KV: the pool's one layer (ModelConfig.num_kv_layers) holds the sequences' states.
 """
@@ -15,6 +16,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
 from engine.models.jamba import Mamba1Mixer
+from engine.models.mamba2 import Mamba2Mixer
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
 
@@ -26,7 +28,8 @@ class MambaLayer(nn.Module):
         super().__init__()
         self.rms_norm, self.eps = kernels.rms_norm, config.rms_norm_eps
         self.norm = empty_param(config.hidden_size, dtype=dtype)
-        self.mamba = Mamba1Mixer(config, kernels, dtype, layer)
+        self.mamba = Mamba1Mixer(config, kernels, dtype, layer) if config.mamba1 is not None else \
+            Mamba2Mixer(config, kernels, dtype, layer)
 
     def forward(self, h, cos, sin, kv_cache, meta: AttentionMetadata):
         return h + self.mamba(self.rms_norm(h, self.norm, self.eps), meta)

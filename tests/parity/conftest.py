@@ -431,6 +431,10 @@ TINY_MODELS = {
     "mamba": ("MambaConfig", dict(num_hidden_layers=3, state_size=16, pad_token_id=0), {}),
     "falcon-mamba": ("FalconMambaConfig", dict(num_hidden_layers=3, state_size=16, pad_token_id=0,
                                                tie_word_embeddings=False, mixer_rms_eps=0.1), {}),
+    # Mamba-2 (Mamba-Codestral's): Mamba-2 layers alone, 4 heads of 32 in 2 groups, states of 16, the gated norm in
+    # its groups; its steps clamped from below in prompts.
+    "mamba2": ("Mamba2Config", dict(num_hidden_layers=3, num_heads=4, head_dim=32, n_groups=2, state_size=16,
+                                    time_step_limit=(0.05, float("inf")), pad_token_id=0), {}),
     # Jamba: Mamba-1 layers (128 channels, states of 16, dt through a rank of 4) between attention layers without RoPE
     # (every 4th from the 2nd), 2 of 4 experts by softmax in every other layer.
     "jamba": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4,

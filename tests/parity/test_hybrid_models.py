@@ -33,7 +33,7 @@ from tests.parity.test_transformers_parity import (
 HYBRIDS = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "granite4-h", "granite4-h-moe", "nemotron-h", "nemotron-h-moe",
            "lfm2", "lfm2-moe", "lfm3", "falcon-h1", "falcon-h1-unnormed", "bamba", "jamba", "kimi-linear",
            "olmo-hybrid", "qwen4-exp", "qwen4-exp-ngrams", "bailing-hybrid", "minimax", "zamba2", "mamba",
-           "falcon-mamba")
+           "falcon-mamba", "mamba2")
 
 
 def _greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -141,7 +141,7 @@ def test_a_conversations_next_turn_continues_from_the_states_its_last_turn_left(
 
 @pytest.mark.parametrize("name", ["qwen3-next", "granite4-h", "nemotron-h", "lfm2", "falcon-h1", "jamba",
                                   "kimi-linear", "olmo-hybrid", "qwen4-exp-ngrams", "bailing-hybrid", "minimax",
-                                  "zamba2", "falcon-mamba"])
+                                  "zamba2", "falcon-mamba", "mamba2"])
 def test_a_decode_engine_continues_from_the_pages_and_states_prefill_handed_over(tiny_model_dirs, name):
     model_dir = tiny_model_dirs[name]
     prefill = _engine(model_dir, block_size=4, max_num_batched_tokens=32)  # the prompts in several chunks
