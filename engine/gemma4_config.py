@@ -30,6 +30,9 @@ GEMMA4_TEXT_DEFAULTS = {"vocab_size": 262_144, "hidden_size": 2304, "intermediat
                         "rms_norm_eps": 1e-6, "sliding_window": 512, "tie_word_embeddings": True,
                         "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256,
                         "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1}
+# Gemma 4 unified (Gemma4UnifiedForCausalLM, google/gemma-4-12B-it's text model): Gemma 4's layers without per-layer
+# embeddings or experts, read as Gemma 4's with its own defaults.
+GEMMA4_UNIFIED = "Gemma4UnifiedForCausalLM"
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
                 FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
@@ -79,6 +82,13 @@ class Gemma4Layout:
 
     def computes_kv(self, layer: int) -> bool:
         return layer < self.first_sharing_layer
+
+
+def gemma4_unified_keys(cfg: dict) -> dict:
+    """Gemma 4 unified's config.json as Gemma 4's: Gemma4UnifiedTextConfig's defaults where they differ (a window of
+    1024, a context of 262,144), no per-layer embeddings, no experts."""
+    return {**GEMMA4_TEXT_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262_144, **cfg,
+            "hidden_size_per_layer_input": 0, "enable_moe_block": False}
 
 
 def read_gemma4_layout(cfg: dict, forces_last_full: bool = True) -> Gemma4Layout:

@@ -82,7 +82,13 @@ from engine.falcon_h1_config import read_mup
 from engine.flint_config import FLINT, flint_keys
 from engine.fp8_weights import fp8_weights
 from engine.gemma3n_config import GEMMA3N, gemma3n_keys, read_altup
-from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, read_gemma4_layout
+from engine.gemma4_config import (
+    GEMMA4,
+    GEMMA4_TEXT_DEFAULTS,
+    GEMMA4_UNIFIED,
+    gemma4_unified_keys,
+    read_gemma4_layout,
+)
 from engine.gpt_neo_config import GPT_NEO, gpt_neo_keys
 from engine.gptj_config import GPTJ, gptj_keys
 from engine.hy_v3_config import HY_V3, hy_v3_keys
@@ -151,9 +157,9 @@ from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
 from engine.zamba2_config import ZAMBA2, read_zamba2, zamba2_keys
 
 # A model's architecture: that whose config keys and layers it has
-READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS, **AXK2_READ_AS}
+READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS, **AXK2_READ_AS, GEMMA4_UNIFIED: GEMMA4}
 READ_AS_KEYS = {**{arch: functools.partial(sarvam_keys, arch=arch) for arch in SARVAM_READ_AS},
-                APERTUS1P5_TEXT: apertus1p5_keys, AXK2: axk2_keys}
+                APERTUS1P5_TEXT: apertus1p5_keys, AXK2: axk2_keys, GEMMA4_UNIFIED: gemma4_unified_keys}
 
 
 class ModelConfigError(ValueError):

@@ -16,7 +16,7 @@ from typing import Any
 from engine.apertus1p5_config import APERTUS1P5_TEXT
 from engine.architectures import COHERE_COMPASS
 from engine.gemma3n_config import GEMMA3N, GEMMA3N_TEXT_DEFAULTS
-from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS
+from engine.gemma4_config import GEMMA4, GEMMA4_TEXT_DEFAULTS, GEMMA4_UNIFIED
 from engine.linear_attention_config import QWEN3_5, QWEN3_5_MOE
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.qwen4_exp_config import QWEN4_EXP
@@ -109,6 +109,12 @@ MULTIMODAL = {
         text_prefixes=(("model.language_model.", "model."),),
         vision_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
         text_defaults=GEMMA3N_TEXT_DEFAULTS),
+    # Gemma 4 unified (google/gemma-4-12B-it) as transformers 5 saves it: its text model served, its image and audio
+    # embedders not yet (left unread).
+    "Gemma4UnifiedForConditionalGeneration": MultimodalCheckpoint(
+        text_architecture=functools.partial(_named, GEMMA4_UNIFIED),
+        text_prefixes=(("model.language_model.", "model."),),
+        vision_prefixes=("model.embed_vision.", "model.embed_audio.")),
     # Kimi K2.5 as released (remote code's name; its text model DeepSeek-V3's, `kimi_k2`) and as transformers 5 names
     # it: its text model served, its MoonViT tower not yet.
     **dict.fromkeys(("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), MultimodalCheckpoint(

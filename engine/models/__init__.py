@@ -148,6 +148,7 @@ MODEL_REGISTRY = {
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out
+    "Gemma4UnifiedForCausalLM": Gemma4ForCausalLM,  # Gemma 4 unified's: no per-layer embeddings, no experts
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "HyperCLOVAXForCausalLM": GraniteForCausalLM,  # Granite's scalings, its logits', its blocks' norms

@@ -205,6 +205,10 @@ TINY_MODELS = {
         layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
         hidden_size_per_layer_input=8, vocab_size_per_layer_input=256, laurel_rank=8,
         activation_sparsity_pattern=[0.95, 0.5, 0.0, 0.0, 0.0, 0.0], pad_token_id=0), {}),
+    # Gemma 4 unified (its 12B's text model): Gemma 4's layers (full ones of heads twice as wide) without per-layer
+    # embeddings or experts; windows of 16.
+    "gemma4-unified": ("Gemma4UnifiedTextConfig", dict(
+        num_hidden_layers=4, head_dim=16, global_head_dim=32, sliding_window=16, pad_token_id=0), {}),
     # GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's latent attention and routing in one group, scaled by 1.8, its
     # dense layers named by mlp_layer_types (here the first two).
     "glm4-moe-lite": ("Glm4MoeLiteConfig", dict(

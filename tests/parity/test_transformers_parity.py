@@ -704,22 +704,29 @@ def test_glm5s_layers_sharing_an_indexers_choice_are_transformers(given):
         {i for i, kind in enumerate(expected) if kind == "shared"}
 
 
-def test_gemma3n_as_released_serves_its_text_model_leaving_its_encoders_unread(tiny_model_dirs, tmp_path):
-    """Gemma 3n as released (Gemma3nForConditionalGeneration: the text model's settings in text_config, its tensors
-    under `model.language_model.`, image and audio encoders beside them): its text model's logits are
-    Gemma3nForCausalLM's on the same weights."""
-    text_dir = tiny_model_dirs["gemma3n"]
-    model_dir = Path(shutil.copytree(text_dir, tmp_path / "gemma3n-released"))
+@pytest.mark.parametrize("name, architecture, model_type, text_architecture, encoders", [
+    ("gemma3n", "Gemma3nForConditionalGeneration", "gemma3n", "Gemma3nForCausalLM",
+     ("model.vision_tower.timm_model.conv_stem.weight", "model.embed_audio.embedding.weight")),
+    ("gemma4-unified", "Gemma4UnifiedForConditionalGeneration", "gemma4_unified", "Gemma4UnifiedForCausalLM",
+     ("model.embed_vision.patch_dense.weight", "model.embed_audio.embedding_projection.weight")),
+])
+def test_a_multimodal_release_serves_its_text_model_leaving_its_encoders_unread(tiny_model_dirs, tmp_path, name,
+                                                                                architecture, model_type,
+                                                                                text_architecture, encoders):
+    """Gemma 3n and Gemma 4 unified as released (the text model's settings in text_config, its tensors under
+    `model.language_model.`, image and audio encoders beside them): the text model's logits are its causal LM's on
+    the same weights."""
+    text_dir = tiny_model_dirs[name]
+    model_dir = Path(shutil.copytree(text_dir, tmp_path / "released"))
     text_config = json.loads((text_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({
-        "architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n",
-        "text_config": {**text_config, "model_type": "gemma3n_text"}, "vision_config": {}, "audio_config": {}}))
+        "architectures": [architecture], "model_type": model_type, "text_config": text_config,
+        "vision_config": {}, "audio_config": {}}))
     tensors = {name.replace("model.", "model.language_model.", 1): t
                for name, t in load_file(text_dir / "model.safetensors").items()}
-    tensors |= {"model.vision_tower.timm_model.conv_stem.weight": torch.ones(4, 3, 3, 3),
-                "model.embed_audio.embedding.weight": torch.ones(8, 4)}
+    tensors |= {encoder: torch.ones(4, 4) for encoder in encoders}
     save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
-    assert load_model_config(model_dir).architecture == "Gemma3nForCausalLM"
+    assert load_model_config(model_dir).architecture == text_architecture
     _check_logits(model_dir, prompt_lengths=(17,), reference_dir=text_dir)
 
 
