@@ -99,21 +99,20 @@ class Zamba2Layer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, layer: int,
                  block: SharedBlock | None) -> None:
         super().__init__()
-        self.rms_norm, self.eps = kernels.rms_norm, config.rms_norm_eps
+        self.rms_norm, self.eps, self.linear = kernels.rms_norm, config.rms_norm_eps, kernels.linear
         self.input_norm = empty_param(config.hidden_size, dtype=dtype)
         self.mamba = Mamba2Mixer(config, kernels, dtype, layer)
         self._block = (block,)  # (the model holds the blocks: a tuple keeps this layer from registering one again)
         if block is not None:
-            self.linear = empty_param(config.hidden_size, config.hidden_size, dtype=dtype)
+            self.block_projection = empty_param(config.hidden_size, config.hidden_size, dtype=dtype)  # `linear`
             self.adapters = Adapters(config, dtype, kernels.linear)
-        self.kernels_linear = kernels.linear
 
     def forward(self, h: torch.Tensor, embedded: torch.Tensor, cos, sin, kv_cache: KVCache | None,
                 meta: AttentionMetadata) -> torch.Tensor:
         block = self._block[0]
         x = h
         if block is not None:
-            x = h + self.kernels_linear(block(h, embedded, cos, sin, kv_cache, meta, self.adapters), self.linear)
+            x = h + self.linear(block(h, embedded, cos, sin, kv_cache, meta, self.adapters), self.block_projection)
         return h + self.mamba(self.rms_norm(x, self.input_norm, self.eps), meta)
 
 
@@ -186,7 +185,7 @@ class Zamba2ForCausalLM(HybridForward):
         if parts[3] == "mamba":
             return layer.mamba.tensor(".".join(parts[4:]))
         if parts[3] == "linear":
-            return layer.linear.data
+            return layer.block_projection.data
         return self._shared_target(int(parts[2]), ".".join(parts[4:]))
 
     def _shared_target(self, layer: int, leaf: str) -> torch.Tensor:
