@@ -41,8 +41,9 @@ class RecurrentStates:
     # goes on from), and the states there, [len(offsets), rows' width].
     cuts: dict[int, tuple[int, ...]] = field(default_factory=dict)
     kept: dict[int, torch.Tensor] = field(default_factory=dict)
-    # By token of the step, whether it is its sequence's prompt's ([T] bool): a Mamba-2 layer clamps those tokens'
-    # steps, as transformers' scan over a prompt does, and not a decoded token's (engine/models/mamba2.py).
+    # By token of the step, whether it is its sequence's prompt's ([T] bool; None where none is): a Mamba-2 layer
+    # clamps those tokens' steps, as transformers' scan over a prompt does, and not a decoded token's
+    # (engine/models/mamba2.py).
     prompt_tokens: torch.Tensor | None = None
     # Worked out once a step, for every layer's `advance`: the rows of one token and nothing kept (computed together)
     # and their tokens, slices where they lead both (a step's decodes, as a rule), else indices (None: no such rows);
@@ -141,7 +142,7 @@ class StatePages:
             rows[torch.tensor(fresh, device=rows.device)] = 0.0
         cuts = {row: offsets for row, offsets in (cuts or {}).items() if offsets}
         kept = {row: rows.new_empty(len(offsets), rows.shape[1]) for row, offsets in cuts.items()}
-        prompt = None if prompt_tokens is None else torch.tensor(prompt_tokens, device=rows.device)
+        prompt = torch.tensor(prompt_tokens, device=rows.device) if prompt_tokens and any(prompt_tokens) else None
         return RecurrentStates(self.shape, rows, ids, spans, cuts, kept, prompt)
 
     def write(self, states: RecurrentStates) -> None:

@@ -74,7 +74,7 @@ def prefill_attention_torch(
         sink_logits = None if sinks is None else sinks.view(num_kv_heads, -1, 1, 1)
         bias = None if alibi_slopes is None else alibi_slopes.view(num_kv_heads, -1, 1, 1) * k_pos
         out = written_out_attention(qh[0].unflatten(0, (num_kv_heads, -1)), keys.unsqueeze(1), values.unsqueeze(1),
-                                     mask, scale, softcap, sink_logits, bias)
+                                    mask, scale, softcap, sink_logits, bias)
         return out.flatten(0, 1).transpose(0, 1)
     out = F.scaled_dot_product_attention(
         qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
@@ -137,8 +137,8 @@ def _gathered(cache: torch.Tensor, blocks: torch.Tensor, head_parts: int) -> tor
 
 
 def written_out_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                           scale: float, softcap: float | None, sink_logits: torch.Tensor | None,
-                           bias: torch.Tensor | None = None) -> torch.Tensor:
+                          scale: float, softcap: float | None, sink_logits: torch.Tensor | None,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
     # What no fused SDPA kernel does, written out as transformers' eager attention computes it (softmax
     # in float32): Gemma 2's scores pass through softcap * tanh(score / softcap) before the mask;
     # gpt-oss's sink logit joins each row's softmax as one more column, which attends to nothing; ALiBi's `bias`

@@ -73,7 +73,7 @@ class Mamba2Mixer(nn.Module):
         # A prompt token's steps clamped to dt_limit (a prompt of one token's, or a chunk's last, too), a decoded
         # token's not, as transformers' and mamba_ssm's scans over a prompt and steps after it do.
         dt = F.softplus(dt + self.dt_bias)
-        if m.dt_limit != (0.0, float("inf")) and bool(batch.prompt_tokens.any()):
+        if m.dt_limit != (0.0, float("inf")) and batch.prompt_tokens is not None:
             dt = torch.where(batch.prompt_tokens[:, None], dt.clamp(*m.dt_limit), dt)
         a = -self.a_log.float().exp()
         y = torch.empty(num_tokens, m.num_heads, m.head_dim, dtype=torch.float32, device=x.device)
