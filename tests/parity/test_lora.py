@@ -108,7 +108,7 @@ OWN_PROJECTIONS = {
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
                                         ("granite4-h", 1), ("bamba", 1),
                                         ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1),
-                                        ("jamba", 1), ("olmo-hybrid", 1)])
+                                        ("jamba", 1), ("olmo-hybrid", 1), ("gemma3n", 1), ("beam", 1), ("beam", 2)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
@@ -120,8 +120,9 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
     names (gate and up fused); Bamba's Mamba-2 layers' and MLPs (`feed_forward`); Nemotron-H's blocks' mixers, each
     by its kind; Falcon-H1's, each delta scaled by its projection's muP multipliers; LFM2's convolution layers'
     projections in and out, by LFM2's names; Jamba's Mamba-1 layers' four projections; OLMo Hybrid's linear
-    attention's projections, each apart. An adapter on every projection each has that Baton serves adapters on
-    (`size`: the model split across that many ranks), prefilled and decoded."""
+    attention's projections, each apart; Gemma 3n's Gemma 4 attention under AltUp and its MLPs each of its own width;
+    Beam's gated attention. An adapter on every projection each has that Baton serves adapters on (`size`: the model
+    split across that many ranks), prefilled and decoded."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
     merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5)
