@@ -110,6 +110,12 @@ class Mamba1Mixer(nn.Module):
         return out if self.lora is None else self.lora.add(group, x, out)
 
 
+def mamba1_lora_rows(mixer: Mamba1Mixer, layer: int, proj: str) -> Target | None:
+    """Where an adapter on a Mamba-1 layer's projection `proj` (in_proj, x_proj, dt_proj, out_proj) adds."""
+    group = {"in_proj": "in", "x_proj": "x", "dt_proj": "dt", "out_proj": "out"}.get(proj)
+    return None if group is None else (layer, group, 0, getattr(mixer, f"{group}_weight").shape[0])
+
+
 class MambaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, index: int, is_sparse: bool) -> None:
         super().__init__()
@@ -130,8 +136,7 @@ class JambaForCausalLM(BambaForCausalLM):  # (its checkpoint read as Bamba's is,
     def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
         mixer = getattr(self.layers[layer], "mamba", None)
         if place == "mamba" and isinstance(mixer, Mamba1Mixer):
-            group = {"in_proj": "in", "x_proj": "x", "dt_proj": "dt", "out_proj": "out"}.get(proj)
-            return None if group is None else (layer, group, 0, getattr(mixer, f"{group}_weight").shape[0])
+            return mamba1_lora_rows(mixer, layer, proj)
         return super()._lora_rows(layer, place, proj)
 
     @property

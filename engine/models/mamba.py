@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.lora import Target
 from engine.model_config import ModelConfig
 from engine.models.hybrid import HybridForward
-from engine.models.jamba import Mamba1Mixer
+from engine.models.jamba import Mamba1Mixer, mamba1_lora_rows
 from engine.models.mamba2 import Mamba2Mixer
 from engine.models.parameters import empty_param
 from kernels.registry import Kernels
@@ -37,11 +38,22 @@ class MambaLayer(nn.Module):
 
 class MambaForCausalLM(HybridForward):
     renames = RENAMED
-    serves_loras = False  # (adapters on a pure Mamba model not yet checked)
+    serves_loras = True  # on its mixers' projections (their checkpoints' `backbone.layers.N.mixer.*` names)
     stored_convolutions = (".mamba.conv1d.weight",)
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return MambaLayer(self.config, self.kernels, dtype, layer)
+
+    def lora_target(self, module: str) -> Target | None:
+        return super().lora_target("model." + module.removeprefix("backbone.") if module.startswith("backbone.")
+                                   else module)
+
+    def _lora_rows(self, layer: int, place: str, proj: str) -> Target | None:
+        mixer = self.layers[layer].mamba
+        if place != "mixer":
+            return None
+        return mamba1_lora_rows(mixer, layer, proj) if isinstance(mixer, Mamba1Mixer) else \
+            super()._lora_rows(layer, "mamba", proj)
 
     def checkpoint_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]

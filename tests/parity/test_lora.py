@@ -100,7 +100,11 @@ OWN_PROJECTIONS = {
              *(f"feed_forward.{x}" for x in ("w1", "w3", "w2"))),
     "jamba": (*(f"self_attn.{x}_proj" for x in "qkvo"), *(f"mamba.{x}_proj" for x in ("in", "x", "dt", "out")),
               *(f"feed_forward.{x}_proj" for x in ("gate", "up", "down"))),
-    "olmo-hybrid": (*ALL_PROJECTIONS, *(f"linear_attn.{x}_proj" for x in ("q", "k", "v", "g", "b", "a", "o")))}
+    "olmo-hybrid": (*ALL_PROJECTIONS, *(f"linear_attn.{x}_proj" for x in ("q", "k", "v", "g", "b", "a", "o"))),
+    "mamba": tuple(f"mixer.{x}_proj" for x in ("in", "x", "dt", "out")),
+    "mamba2": ("mixer.in_proj", "mixer.out_proj")}
+# Where transformers' model holds its layers, where not under `model.` (pure Mamba's, as released: `backbone.`).
+ADAPTED_LAYERS = {"mamba": "backbone.layers", "mamba2": "backbone.layers"}
 
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
@@ -108,7 +112,8 @@ OWN_PROJECTIONS = {
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
                                         ("granite4-h", 1), ("bamba", 1),
                                         ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1),
-                                        ("jamba", 1), ("olmo-hybrid", 1), ("gemma3n", 1), ("beam", 1), ("beam", 2)])
+                                        ("jamba", 1), ("olmo-hybrid", 1), ("gemma3n", 1), ("beam", 1), ("beam", 2),
+                                        ("mamba", 1), ("mamba2", 1)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding
@@ -121,11 +126,12 @@ def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, nam
     by its kind; Falcon-H1's, each delta scaled by its projection's muP multipliers; LFM2's convolution layers'
     projections in and out, by LFM2's names; Jamba's Mamba-1 layers' four projections; OLMo Hybrid's linear
     attention's projections, each apart; Gemma 3n's Gemma 4 attention under AltUp and its MLPs each of its own width;
-    Beam's gated attention. An adapter on every projection each has that Baton serves adapters on (`size`: the model
-    split across that many ranks), prefilled and decoded."""
+    Beam's gated attention; pure Mamba's and Mamba-2's mixers (`backbone.` names). An adapter on every projection
+    each has that Baton serves adapters on (`size`: the model split across that many ranks), prefilled and decoded."""
     model_dir = tiny_model_dirs[name]
     base = _hf_model(model_dir)
-    merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5)
+    merged = make_adapter(tmp_path / "all", base, OWN_PROJECTIONS.get(name, ALL_PROJECTIONS), 4, 8.0, False, seed=5,
+                          layers=ADAPTED_LAYERS.get(name, "model.layers"))
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=size,
                                     lora_modules=(("all", str(tmp_path / "all")),)))
     for n in (17, 40):
