@@ -9,7 +9,7 @@ from __future__ import annotations
 BAILING_HYBRID = "BailingHybridForCausalLM"
 # transformers' BailingHybridConfig defaults where they differ from DeepSeek-V3's, by DeepSeek-V3's names.
 DEFAULTS = dict(vocab_size=157184, hidden_size=2560, intermediate_size=6144, moe_intermediate_size=768,
-                num_hidden_layers=42, num_attention_heads=32, n_routed_experts=512, n_group=8, topk_group=4,
+                num_hidden_layers=42, num_attention_heads=32, n_routed_experts=512,
                 first_k_dense_replace=2, rms_norm_eps=1e-6, max_position_embeddings=262144, q_lora_rank=None,
                 rope_theta=6_000_000.0, tie_word_embeddings=False)
 # Ling's names for settings DeepSeek-V3 names otherwise.

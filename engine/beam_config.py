@@ -22,7 +22,6 @@ def beam_keys(cfg: dict) -> dict:
     return {**cfg, "layer_types": kinds, "sliding_window": cfg.get("sliding_window", 512),
             "mlp_layer_types": cfg.get("mlp_layer_types") or ["dense" if i < min(3, layers) else "sparse"
                                                               for i in range(layers)],
-            "n_routed_experts": cfg.get("num_experts", 256), "n_group": cfg.get("n_group", 8),
-            "topk_group": cfg.get("topk_group", 4), "routed_scaling_factor": cfg.get("routed_scaling_factor", 2.5),
-            "n_shared_experts": 0, "final_logit_softcapping": cfg.get("final_logit_softcapping", 30.0),
+            "n_routed_experts": cfg.get("num_experts", 256), "n_shared_experts": 0,
+            "final_logit_softcapping": cfg.get("final_logit_softcapping", 30.0),
             "rope_parameters": sliding_rope or {"rope_type": "default", "rope_theta": 10000.0}}

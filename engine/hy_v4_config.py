@@ -25,8 +25,7 @@ def hy_v4_keys(cfg: dict) -> dict:
     return {**cfg, "mlp_layer_types": cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1),
             "indexer_types": cfg.get("indexer_types") or ["full" if i == 0 or (i - 1) % 4 == 0 else "shared"
                                                           for i in range(layers)],
-            "index_n_heads": cfg.get("index_n_heads", 16), "routed_scaling_factor": cfg.get("routed_scaling_factor",
-                                                                                            2.827)}
+            "index_n_heads": cfg.get("index_n_heads", 16)}
 
 
 def read_hyper_connections(cfg: dict) -> HyperConnections:

@@ -142,7 +142,7 @@ class StatePages:
             rows[torch.tensor(fresh, device=rows.device)] = 0.0
         cuts = {row: offsets for row, offsets in (cuts or {}).items() if offsets}
         kept = {row: rows.new_empty(len(offsets), rows.shape[1]) for row, offsets in cuts.items()}
-        prompt = torch.tensor(prompt_tokens, device=rows.device) if prompt_tokens and any(prompt_tokens) else None
+        prompt = None if prompt_tokens is None else torch.tensor(prompt_tokens, device=rows.device)
         return RecurrentStates(self.shape, rows, ids, spans, cuts, kept, prompt)
 
     def write(self, states: RecurrentStates) -> None:
@@ -171,10 +171,12 @@ def step_states(pages: StatePages, seq_rows: SeqRows, snapshot_interval: int | N
         elif snapshot_interval is not None and n > 1:
             start = seq.num_computed_tokens
             cuts[row] = tuple(range(snapshot_interval - start % snapshot_interval, n, snapshot_interval))
-    in_prompt = [seq.num_computed_tokens + i < seq.num_prompt_tokens for seq, _, n in seq_rows for i in range(n)]
+    in_prompt = [min(max(seq.num_prompt_tokens - seq.num_computed_tokens, 0), n) for seq, _, n in seq_rows]
+    prompt_tokens = [t for k, (_, _, n) in zip(in_prompt, seq_rows) for t in ([True] * k + [False] * (n - k))] \
+        if any(in_prompt) else None
     states = pages.read([seq.state_blocks for seq, _, _ in seq_rows],
                         [seq.num_computed_tokens == 0 for seq, _, _ in seq_rows],
-                        tuple((first, first + n) for _, first, n in seq_rows), cuts, in_prompt)
+                        tuple((first, first + n) for _, first, n in seq_rows), cuts, prompt_tokens)
     for row, (seq, _, _) in enumerate(seq_rows):
         if seq.restored_state is not None:
             states.rows[row] = seq.restored_state

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
-from engine.gemma4_config import FULL, SLIDING
 from engine.model_config import ModelConfig
 from engine.models.gemma4 import NORMS, Gemma4Attention, Gemma4ForCausalLM
 from engine.models.llama_layers import ACTIVATIONS, MLP, KVCache
@@ -128,8 +127,7 @@ class Gemma3nForCausalLM(Gemma4ForCausalLM):
         ids = input_ids.masked_fill(input_ids >= self.layout.per_layer_vocab_size, 0)
         per_layer = self._per_layer_inputs(ids, h)
         streams = torch.stack([h, *(self._rescaled(self.kernels.linear(h, w), h) for w in self.altup_projections)])
-        ropes = {SLIDING: (self.sliding_rope_cos[positions], self.sliding_rope_sin[positions]),
-                 FULL: (self.full_rope_cos[positions], self.full_rope_sin[positions])}
+        ropes = self._kinds_ropes(positions)
         for i, layer in enumerate(self.layers):
             cos, sin = ropes[self.layout.layer_types[i]]
             streams = layer(streams, per_layer[:, i], cos, sin, kv_caches[self.layout.kv_places[i][0]], meta)

@@ -191,8 +191,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         if self.layout.per_layer_width:  # an image's rows take the padding token's rows of the per-layer table
             ids = input_ids if given is None else input_ids.index_fill(0, given.rows, self.layout.pad_token_id)
             per_layer = self._per_layer_inputs(ids, h)
-        ropes = {SLIDING: (self.sliding_rope_cos[positions], self.sliding_rope_sin[positions]),
-                 FULL: (self.full_rope_cos[positions], self.full_rope_sin[positions])}
+        ropes = self._kinds_ropes(positions)
         captured = []
         for i, layer in enumerate(self.layers):
             if i in self.captured_layers:
@@ -203,6 +202,11 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         if captured:
             self.captured = torch.cat(captured, dim=-1)
         return self._final_norm(h)
+
+    def _kinds_ropes(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each kind of layer's cos and sin at the step's positions."""
+        return {SLIDING: (self.sliding_rope_cos[positions], self.sliding_rope_sin[positions]),
+                FULL: (self.full_rope_cos[positions], self.full_rope_sin[positions])}
 
     def _per_layer_inputs(self, input_ids: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         """[T, layers, width]: each token's row of the per-layer table (scaled by sqrt(width)) and the projection
