@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from engine import shared_memory_sum
+from engine.gemma4_config import Gemma4Layout
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS
@@ -77,8 +78,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         ("StableLM's q and k layer-normed a head", config.architecture == "StableLmForCausalLM"
          and config.qk_norm is not None),
         # Stored either way round, [E, in, out] or [E, out, in], their width's dimension is told by its size alone.
-        ("experts stored fused as wide as the hidden size", config.moe.fused_experts and config.hidden_size in (
-            config.moe.moe_intermediate_size, 2 * config.moe.moe_intermediate_size)),
+        ("experts stored fused as wide as the hidden size", _fused_expert_width(config) is not None
+         and config.hidden_size in (_fused_expert_width(config), 2 * _fused_expert_width(config))),
     ) if present]
     if unsupported:
         raise ValueError(f"tensor parallelism does not split models with {', '.join(unsupported)} yet")
@@ -89,6 +90,12 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
         widths["full layers' num_kv_heads"] = config.mimo_v2_flash.full_kv_heads
     if config.mla is not None:
         del widths["num_kv_heads"]  # MLA's one latent row a token serves every head: whole on each rank
+    if config.gemma4 is not None:  # its pages' heads hold both kinds of layer's (split each kind's)
+        del widths["num_kv_heads"]
+        widths |= {"sliding layers' num_kv_heads": config.gemma4.sliding.num_kv_heads,
+                   "full layers' num_kv_heads": config.gemma4.full.num_kv_heads}
+        if config.gemma4.experts is not None:
+            widths["moe_intermediate_size"] = config.gemma4.experts.width
     for layer, heads in enumerate(config.layer_num_heads or ()):
         widths[f"layer {layer}'s num_heads"] = heads
     for name, width in widths.items():
@@ -117,20 +124,37 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     vocabulary's rows."""
     moe = dataclasses.replace(config.moe, moe_intermediate_size=config.moe.moe_intermediate_size // size,
                               shared_expert_intermediate_size=config.moe.shared_expert_intermediate_size // size)
-    # MLA's pages hold one latent row a token for every head (num_kv_heads 1): whole on every rank.
-    num_kv_heads = config.num_kv_heads if config.mla is not None else config.num_kv_heads // size
+    # MLA's pages hold one latent row a token for every head (num_kv_heads 1), Gemma 4's each layer's heads in a
+    # place of their own (a rank's are its run of them there): whole on every rank.
+    num_kv_heads = config.num_kv_heads if whole_pages(config) else config.num_kv_heads // size
     vocab_size = vocabulary_share(config, size) if size > 1 and splits_vocabulary(config) else config.vocab_size
     layer_num_heads = None if config.layer_num_heads is None else tuple(n // size for n in config.layer_num_heads)
     mimo_v2_flash = config.mimo_v2_flash and dataclasses.replace(
         config.mimo_v2_flash, full_kv_heads=config.mimo_v2_flash.full_kv_heads // size)
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
                                intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size,
-                               layer_num_heads=layer_num_heads, mimo_v2_flash=mimo_v2_flash)
+                               layer_num_heads=layer_num_heads, mimo_v2_flash=mimo_v2_flash,
+                               gemma4=config.gemma4 and _gemma4_share(config.gemma4, size))
+
+
+def _gemma4_share(layout: Gemma4Layout, size: int) -> Gemma4Layout:
+    """A rank's share of Gemma 4's layers: each kind's KV heads and the experts' width. Its pages stay whole, each
+    layer's place in them too (the model finds its rank's run of heads there: `Gemma4ForCausalLM.sum_across_ranks`)."""
+    experts = layout.experts and dataclasses.replace(layout.experts, width=layout.experts.width // size)
+    return dataclasses.replace(
+        layout, sliding=dataclasses.replace(layout.sliding, num_kv_heads=layout.sliding.num_kv_heads // size),
+        full=dataclasses.replace(layout.full, num_kv_heads=layout.full.num_kv_heads // size), experts=experts)
+
+
+def whole_pages(config: ModelConfig) -> bool:
+    """Whether every rank of a split model computes in its pages' every head (each choosing its own among them)."""
+    return config.mla is not None or config.gemma4 is not None
 
 
 def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
-    """The KV heads of every page that rank `rank` of `size` computes with: MLA's latent rows are every rank's."""
-    if config.mla is not None or size == 1:
+    """The KV heads of every page that rank `rank` of `size` computes with: MLA's latent rows are every rank's,
+    and Gemma 4's pages whole on each (each layer's heads lying in their own place)."""
+    if whole_pages(config) or size == 1:
         return slice(None)
     heads = config.num_kv_heads // size
     return slice(rank * heads, (rank + 1) * heads)
@@ -162,8 +186,9 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
         dim = FUSED_EXPERTS[parts[-1]]
         if dim is None:  # down's bias
             return tensor if rank == 0 else torch.zeros_like(tensor)
-        if config.moe.fused_experts:  # Qwen3-VL-MoE's, stored either way round: the dimension its width's size says
-            width = config.moe.moe_intermediate_size * (2 if parts[-1].startswith("gate_up") else 1)
+        if _fused_expert_width(config) is not None:  # Qwen3-VL-MoE's, stored either way round, or Gemma 4's
+            # [E, out, in]: the dimension its width's size says
+            width = _fused_expert_width(config) * (2 if parts[-1].startswith("gate_up") else 1)
             dim = _expert_width_dim(name, tensor, width)
         if parts[-1].startswith("gate_up") and config.architecture not in INTERLEAVED_GATE_UP:
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
@@ -208,6 +233,13 @@ def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfi
     if fused is not None:
         return a, torch.cat([_share(part, 0, rank, size) for part in b.split(fused)])
     return a, b
+
+
+def _fused_expert_width(config: ModelConfig) -> int | None:
+    """The width of each expert of a model whose fused experts are not stored as gpt-oss's ([E, in, out])."""
+    if config.gemma4 is not None:
+        return config.gemma4.experts and config.gemma4.experts.width
+    return config.moe.moe_intermediate_size if config.moe.fused_experts else None
 
 
 def _expert_width_dim(name: str, tensor: torch.Tensor, width: int) -> int:

@@ -107,6 +107,8 @@ class Gemma3nDecoderLayer(nn.Module):
 
 
 class Gemma3nForCausalLM(Gemma4ForCausalLM):
+    splits_across_ranks = False  # (its sparse gates' cutoffs are statistics of each MLP's whole width)
+
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         others = config.altup.streams - 1

@@ -9,6 +9,8 @@
   weighed by its router's renormalized softmax times its learnt scale); the two outputs normed and summed.
 - Per-layer embeddings: after its MLP block, a layer gates its own slice of them by a GELU of a
   projection of its output, projects the product back to the hidden size, norms it and adds it.
+- Split across ranks, each holds its share of every layer's heads and of the MLP's and experts' widths; the
+  per-layer embeddings are whole on each (every rank adds the same), and the pages whole too.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from engine.gemma4_config import FULL, SLIDING, Gemma4Experts, Gemma4Heads
 from engine.lora import LoRAHook, Target
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import ACTIVATIONS, MLP, KVCache, paged_attention
+from engine.models.llama_layers import ACTIVATIONS, MLP, KVCache, RankSum, paged_attention
 from engine.models.parameters import empty_param
 from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
@@ -38,6 +40,7 @@ EXPERT_NORMS = {"post_feedforward_layernorm_1": "post_mlp_norm", "pre_feedforwar
 class Gemma4Attention(nn.Module):
     takes_lora = True  # (each layer of its own shape)
     lora: LoRAHook | None = None  # set by the model: adds the step's LoRA deltas to q, k, v and o
+    rank_sum: RankSum | None = None  # set where the model is split: sums o's output across the ranks
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, heads: Gemma4Heads,
                  sliding_window: int | None, computes_kv: bool, first_page_head: int) -> None:
@@ -76,11 +79,15 @@ class Gemma4Attention(nn.Module):
                               bidirectional=self.sliding_window is not None)
         attended = out.view(num_tokens, self.q_size)
         projected = ops.linear(attended, self.o_weight)
-        return projected if self.lora is None else self.lora.add("o", attended, projected)
+        if self.lora is not None:
+            projected = self.lora.add("o", attended, projected)
+        return projected if self.rank_sum is None else self.rank_sum(projected)
 
 
 class Gemma4MoE(nn.Module):
     """The experts beside a layer's MLP, and their router."""
+
+    rank_sum: RankSum | None = None  # set where the model is split: sums the experts' outputs across the ranks
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, experts: Gemma4Experts) -> None:
         super().__init__()
@@ -108,7 +115,7 @@ class Gemma4MoE(nn.Module):
             gate, up = self.linear(x[tokens], self.gate_up_weight[expert]).chunk(2, dim=-1)
             made = self.linear(self.activation(gate) * up, self.down_weight[expert])
             out.index_add_(0, tokens, (made * weights[tokens, slot, None]).to(x.dtype))
-        return out
+        return out if self.rank_sum is None else self.rank_sum(out)
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -153,7 +160,7 @@ class Gemma4DecoderLayer(nn.Module):
 
 
 class Gemma4ForCausalLM(LlamaForCausalLM):
-    splits_across_ranks = False  # (layers of their own shapes, some sharing another's KV)
+    splits_across_ranks = True
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
@@ -166,6 +173,17 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             self.per_layer_embed = empty_param(layout.per_layer_vocab_size, width, dtype=dtype)
             self.per_layer_model_projection = empty_param(width, config.hidden_size, dtype=dtype)
             self.per_layer_projection_norm = empty_param(layout.per_layer_width, dtype=dtype)
+
+    def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int, rank: int, vocab_size: int | None) -> None:
+        """Also its experts' sums, and each layer's run of heads where the layer's KV lies in the whole pages:
+        the rank's share of them, in rank order."""
+        super().sum_across_ranks(rank_sum, num_ranks, rank, vocab_size)
+        for layer in self.layers:
+            if getattr(layer, "moe", None) is not None:
+                layer.moe.rank_sum = rank_sum
+            heads = layer.attn.page_heads
+            share = heads.stop - heads.start
+            layer.attn.page_heads = slice(heads.start + rank * share, heads.stop + rank * share)
 
     def _register_ropes(self, max_positions: int) -> None:
         """Its two kinds of layer's own tables (no table of the model's one RoPE)."""

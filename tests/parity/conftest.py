@@ -484,10 +484,11 @@ TINY_MODELS = {
         head_dim=16, global_head_dim=32, num_hidden_layers=3, sliding_window=16, hidden_size_per_layer_input=0,
         attention_k_eq_v=True, num_global_key_value_heads=1, final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "full_attention", "full_attention"], pad_token_id=0), {}),
-    # Gemma 4 as its mixture of experts (26B-A4B) is made: beside each layer's MLP, 2 of 4 experts a token.
+    # Gemma 4 as its mixture of experts (26B-A4B) is made: beside each layer's MLP, 2 of 4 experts a token; its full
+    # layers' values their keys, of two KV heads (so it splits in two).
     "gemma4-moe": ("Gemma4TextConfig", dict(
         head_dim=16, global_head_dim=32, num_hidden_layers=3, sliding_window=16, hidden_size_per_layer_input=0,
-        attention_k_eq_v=True, num_global_key_value_heads=1, final_logit_softcapping=30.0, enable_moe_block=True,
+        attention_k_eq_v=True, num_global_key_value_heads=2, final_logit_softcapping=30.0, enable_moe_block=True,
         num_experts=4, top_k_experts=2, moe_intermediate_size=48,
         layer_types=["sliding_attention", "full_attention", "full_attention"], pad_token_id=0), {}),
     # Gemma (1): Llama's layers with Gemma's norms (1 + weight), GELU (tanh) as its releases' legacy "gelu" names it,

@@ -9,8 +9,6 @@ import shutil
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.model_config_loader import ModelConfigError, load_model_config
 from engine.sampling_params import SamplingParams
 from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs, transformers
@@ -91,8 +89,6 @@ def test_what_it_refuses(tiny_model_dirs, tmp_path):
     with pytest.raises(ValueError, match="per-layer embeddings"):
         engine.add_request("embeds", [5, 6, 7], SamplingParams(max_tokens=4), prompt_embeds=torch.zeros(3, 64))
     engine.close()
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2))
     base = json.loads((model_dir / "config.json").read_text())
     for change, reason in (({"enable_moe_block": True, "num_experts": 4}, "needs num_experts, top_k_experts"),
                            ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 5,

@@ -107,13 +107,15 @@ def _engine(path, **options) -> LLMEngine:
                                      "max_num_batched_tokens": 512, **options}))
 
 
-@pytest.mark.parametrize("budget", [512, 16])  # 16: chunks ending inside a run are cut back to before it
-def test_greedy_tokens_with_images_are_transformers(gemma4_with_images, budget):
+# 16: chunks ending inside a run are cut back to before it; size 2: the text model split across two ranks (the image
+# encoder rank 0's, whole)
+@pytest.mark.parametrize(("budget", "size"), [(512, 1), (16, 1), (16, 2)])
+def test_greedy_tokens_with_images_are_transformers(gemma4_with_images, budget, size):
     path, model = gemma4_with_images
     images = _images(1)
     prompt = _prompt(2, images)
     token_prompt = _prompt(3, [])
-    engine = _engine(path, max_num_batched_tokens=budget)
+    engine = _engine(path, max_num_batched_tokens=budget, tensor_parallel_size=size)
     results = greedy_outputs(engine, {"images": (prompt, {"images": images}), "text": (token_prompt, {})},
                              MAX_NEW_TOKENS)
     engine.close()

@@ -107,7 +107,7 @@ OWN_PROJECTIONS = {
 ADAPTED_LAYERS = {"mamba": "backbone.layers", "mamba2": "backbone.layers"}
 
 
-@pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
+@pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-e", 2), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
                                         ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2), ("longcat-flash", 1),
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
                                         ("granite4-h", 1), ("bamba", 1),

@@ -51,7 +51,8 @@ def _pool_files(pid: int) -> list[str]:
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
     ("deepseek-v3", 3, "must divide the model's num_heads (4)"),  # MLA's one latent row is not split
     ("encoder", 2, "does not split BertModel yet"),
-    ("gemma4-e", 2, "does not split Gemma4ForCausalLM yet"),  # (a Llama of its own layers)
+    ("gemma3n", 2, "does not split Gemma3nForCausalLM yet"),  # (its sparse gates' statistics of whole MLPs)
+    ("gemma4-k-eq-v", 2, "must divide the model's full layers' num_kv_heads (1)"),  # (its sliding layers' are 2)
     ("stablelm-parallel", 2, "StableLM's q and k layer-normed a head"),
     ("gpt-bigcode", 2, "must divide the model's num_kv_heads (1)"),  # multi_query's one k and v head
     ("mimo-v2-flash", 4, "must divide the model's full layers' num_kv_heads (2)"),  # (its pages hold 4)
@@ -79,13 +80,15 @@ def test_a_model_whose_layers_have_their_own_q_heads_is_split_only_where_each_la
         check_shardable(dataclasses.replace(config, layer_num_heads=(8, 6, 8)), 4, "cpu")
 
 
-def test_a_split_mimo_v2_flash_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs):
+@pytest.mark.parametrize("name", ["mimo-v2-flash", "gemma4-e"])
+def test_a_split_model_of_layers_of_two_head_shapes_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs, name):
     """MiMo-V2-Flash's full layers have half the pages' KV heads: each writes every other one of them, so that a
-    rank's run of the pages' heads holds its share of a full layer's too, and a split worker's pages can be handed to
-    an unsplit one (and back) as they are."""
+    rank's run of the pages' heads holds its share of a full layer's too. Gemma 4's pages hold two sliding layers'
+    heads where a full layer's lie: each rank writes its share of each layer's in that layer's place. Either way a split
+    worker's pages can be handed to an unsplit one (and back) as they are."""
     pools = {}
     for size in (1, 2):
-        engine = _engine(tiny_model_dirs["mimo-v2-flash"], size)
+        engine = _engine(tiny_model_dirs[name], size)
         run_all(engine, {"a": (list(range(3, 70)), SamplingParams(max_tokens=1, temperature=0.0))})
         pools[size] = engine.runner.kv_pool.tensor.clone()
         engine.close()

@@ -194,7 +194,9 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # MiniMax-M2's experts by sigmoid score beside whole-projection q/k norms, Seed-OSS's and Ernie 4.5's biases (Ernie's
 # RoPE pairs side by side, reordered within each rank's heads), Command R+'s per-head q/k layer norms split by heads,
 # OLMo's q, k and v clipped a rank's share at a time, Hy4's gated heads and sinks (its hyper-connections whole), Beam's
-# gates' biases a head.
+# gates' biases a head, Gemma 4's layers of two head shapes in whole pages (two sliding layers' heads in one pool layer,
+# a rank's share of each layer's where that layer's lie), KV-sharing layers, per-layer embeddings whole, experts [E,
+# out, in] beside the MLP.
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
@@ -209,7 +211,8 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "gpt-neo", "phi", "gptj", "phimoe", "dbrx", "falcon", "gpt2", "gpt-bigcode-mha", "stablelm",
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
                 "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla",
-                "apertus1p5", "axk2", "axk2-grouped", "cohere-compass", "longcat-flash", "hy-v4", "beam")
+                "apertus1p5", "axk2", "axk2-grouped", "cohere-compass", "longcat-flash", "hy-v4", "beam", "gemma4-e",
+                "gemma4-moe", "gemma4-unified")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
