@@ -88,6 +88,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
               "shared_expert_intermediate_size": config.moe.shared_expert_intermediate_size}
     if config.mimo_v2_flash is not None:
         widths["full layers' num_kv_heads"] = config.mimo_v2_flash.full_kv_heads
+    if config.minimax_m3 is not None:  # one a KV head
+        widths["indexer's num_heads"] = config.minimax_m3.num_heads
     if config.mla is not None:
         del widths["num_kv_heads"]  # MLA's one latent row a token serves every head: whole on each rank
     if config.gemma4 is not None:  # its pages' heads hold both kinds of layer's (split each kind's)
@@ -126,7 +128,10 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
                               shared_expert_intermediate_size=config.moe.shared_expert_intermediate_size // size)
     # MLA's pages hold one latent row a token for every head (num_kv_heads 1), Gemma 4's each layer's heads in a
     # place of their own (a rank's are its run of them there): whole on every rank.
-    num_kv_heads = config.num_kv_heads if whole_pages(config) else config.num_kv_heads // size
+    num_kv_heads = config.num_kv_heads if config.mla is not None or config.gemma4 is not None else \
+        config.num_kv_heads // size
+    minimax_m3 = config.minimax_m3 and dataclasses.replace(config.minimax_m3,
+                                                           num_heads=config.minimax_m3.num_heads // size)
     vocab_size = vocabulary_share(config, size) if size > 1 and splits_vocabulary(config) else config.vocab_size
     layer_num_heads = None if config.layer_num_heads is None else tuple(n // size for n in config.layer_num_heads)
     mimo_v2_flash = config.mimo_v2_flash and dataclasses.replace(
@@ -134,7 +139,7 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
                                intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size,
                                layer_num_heads=layer_num_heads, mimo_v2_flash=mimo_v2_flash,
-                               gemma4=config.gemma4 and _gemma4_share(config.gemma4, size))
+                               gemma4=config.gemma4 and _gemma4_share(config.gemma4, size), minimax_m3=minimax_m3)
 
 
 def _gemma4_share(layout: Gemma4Layout, size: int) -> Gemma4Layout:
@@ -148,12 +153,13 @@ def _gemma4_share(layout: Gemma4Layout, size: int) -> Gemma4Layout:
 
 def whole_pages(config: ModelConfig) -> bool:
     """Whether every rank of a split model computes in its pages' every head (each choosing its own among them)."""
-    return config.mla is not None or config.gemma4 is not None
+    return config.mla is not None or config.gemma4 is not None or config.minimax_m3 is not None
 
 
 def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
     """The KV heads of every page that rank `rank` of `size` computes with: MLA's latent rows are every rank's,
-    and Gemma 4's pages whole on each (each layer's heads lying in their own place)."""
+    Gemma 4's pages whole on each (each layer's heads lying in their own place), and MiniMax-M3's (its indexer's key
+    head after every rank's KV heads)."""
     if whole_pages(config) or size == 1:
         return slice(None)
     heads = config.num_kv_heads // size
@@ -203,6 +209,8 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
         if parts[-2] == "input_linear":  # gate, then up
             return torch.cat([_share(half, dim, rank, size) for half in tensor.chunk(2, dim=dim)], dim=dim)
         return _share(tensor, dim, rank, size)
+    if parts[-3] == "indexer" and parts[-2] != "q_proj":  # MiniMax-M3's key projection: one head, every rank's
+        return tensor
     proj = parts[-1] if parts[-1] in ("sinks", "gate_bias") else parts[-2]
     if proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV:
         return _share(tensor, 0, rank, size)
@@ -213,7 +221,7 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
         if parts[-1] == "bias":
             return tensor if rank == 0 else torch.zeros_like(tensor)
         return _share(tensor, 1, rank, size)
-    fused = _fused_parts(proj, config)
+    fused = _fused_parts(proj, config, tensor)
     if fused is not None:
         return torch.cat([_share(part, 0, rank, size) for part in tensor.split(fused)])
     return tensor
@@ -229,7 +237,7 @@ def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfi
         return a, _share(b, 0, rank, size)
     if proj in COLUMN_SPLIT:
         return _share(a, 1, rank, size), b
-    fused = _fused_parts(proj, config)
+    fused = _fused_parts(proj, config, b)
     if fused is not None:
         return a, torch.cat([_share(part, 0, rank, size) for part in b.split(fused)])
     return a, b
@@ -251,10 +259,12 @@ def _expert_width_dim(name: str, tensor: torch.Tensor, width: int) -> int:
     return dims[0]
 
 
-def _fused_parts(proj: str, config: ModelConfig) -> tuple[int, ...] | None:
-    """The rows of each projection fused in `proj` (Phi-3's q/k/v and gate/up), each split on its own."""
-    return {"qkv_proj": (config.q_size, config.kv_size, config.kv_size),
-            "gate_up_proj": (config.intermediate_size, config.intermediate_size)}.get(proj)
+def _fused_parts(proj: str, config: ModelConfig, tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The rows of each projection fused in `tensor`, projection `proj`'s (Phi-3's q/k/v; gate/up, a dense MLP's or
+    shared experts' of their own width), each split on its own."""
+    if proj == "gate_up_proj":
+        return tensor.shape[0] // 2, tensor.shape[0] // 2
+    return (config.q_size, config.kv_size, config.kv_size) if proj == "qkv_proj" else None
 
 
 def _share(tensor: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:

@@ -14,13 +14,20 @@ from kernels.registry import Kernels
 
 
 def write_with_index_keys(ops: Kernels, k: torch.Tensor, v: torch.Tensor, index_k: torch.Tensor, kv_cache: KVCache,
-                          meta: AttentionMetadata) -> None:
+                          meta: AttentionMetadata, kv_heads: slice | None = None,
+                          index_head: int | None = None) -> None:
     """k, v [T, Hkv, D] and the indexer's keys [T, Di] into the step's slots: the pages' last head holds the key
-    (zero-padded to D) where k's would be, and no v."""
+    (zero-padded to D) where k's would be, and no v. `kv_heads`, `index_head`: where they lie in the pages, where
+    those are not theirs alone (a rank's share of a split model's heads, engine/models/minimax_m3.py)."""
     num_tokens, head_dim = k.shape[0], k.shape[-1]
     page_k = torch.cat((k, F.pad(index_k, (0, head_dim - index_k.shape[-1])).unsqueeze(1)), dim=1)
     page_v = torch.cat((v, v.new_zeros(num_tokens, 1, head_dim)), dim=1)
-    ops.write_kv(page_k, page_v, *kv_cache, meta.slot_mapping)
+    if kv_heads is None or kv_heads == slice(0, index_head):  # the pages' heads all its own
+        ops.write_kv(page_k, page_v, *kv_cache, meta.slot_mapping)
+        return
+    ops.write_kv(k, v, kv_cache[0][kv_heads], kv_cache[1][kv_heads], meta.slot_mapping)
+    index = slice(index_head, index_head + 1)
+    ops.write_kv(page_k[:, -1:], page_v[:, -1:], kv_cache[0][index], kv_cache[1][index], meta.slot_mapping)
 
 
 # attend(q rows, index q rows, the sequence's block table, its tokens before these) → the rows' attention output

@@ -109,8 +109,8 @@ ADAPTED_LAYERS = {"mamba": "backbone.layers", "mamba2": "backbone.layers"}
 
 @pytest.mark.parametrize("name, size", [("gemma4-e", 1), ("gemma4-e", 2), ("gemma4-k-eq-v", 1), ("mimo-v2-flash", 1),
                                         ("mimo-v2-flash", 2), ("laguna", 1), ("laguna", 2), ("longcat-flash", 1),
-                                        ("longcat-flash", 2), ("minimax-m3", 1), ("qwen3.5", 1), ("qwen3-next", 1),
-                                        ("granite4-h", 1), ("bamba", 1),
+                                        ("longcat-flash", 2), ("minimax-m3", 1), ("minimax-m3", 2), ("qwen3.5", 1),
+                                        ("qwen3-next", 1), ("granite4-h", 1), ("bamba", 1),
                                         ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1),
                                         ("jamba", 1), ("olmo-hybrid", 1), ("gemma3n", 1), ("beam", 1), ("beam", 2),
                                         ("mamba", 1), ("mamba2", 1)])

@@ -63,11 +63,6 @@ def test_a_decode_engine_continues_from_the_pages_and_indexer_keys_prefill_hande
     decode.close()
 
 
-def test_a_split_across_ranks_is_refused_by_name(tiny_model_dirs):
-    with pytest.raises(ValueError, match="tensor parallelism does not split MiniMaxM3VLForCausalLM yet"):
-        _engine(tiny_model_dirs["minimax-m3"], tensor_parallel_size=2)
-
-
 def test_its_checkpoint_as_released_serves_its_text_model_by_minimaxs_names(tmp_path):
     """MiniMax-M3 as released (a MiniMaxM3SparseForConditionalGeneration, as transformers saves it too): its text model
     under `language_model.`, its experts Mixtral's w1/w2/w3 under `block_sparse_moe.`, gate and up apart, the
@@ -86,7 +81,8 @@ def test_its_checkpoint_as_released_serves_its_text_model_by_minimaxs_names(tmp_
     tensors = load_file(tmp_path / "model.safetensors")
     assert "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight" in tensors
     assert "language_model.model.layers.1.self_attn.index_q_proj.weight" in tensors
-    engine = _engine(tmp_path, max_num_batched_tokens=32)
-    assert engine.model_config.architecture == "MiniMaxM3VLForCausalLM" and engine.model_config.vision is None
-    _check_last_logits(engine, model)
-    engine.close()
+    for size in (1, 2):  # whole, and split across two ranks (its experts and indexer by their released names)
+        engine = _engine(tmp_path, max_num_batched_tokens=32, tensor_parallel_size=size)
+        assert engine.model_config.architecture == "MiniMaxM3VLForCausalLM" and engine.model_config.vision is None
+        _check_last_logits(engine, model)
+        engine.close()

@@ -80,11 +80,12 @@ def test_a_model_whose_layers_have_their_own_q_heads_is_split_only_where_each_la
         check_shardable(dataclasses.replace(config, layer_num_heads=(8, 6, 8)), 4, "cpu")
 
 
-@pytest.mark.parametrize("name", ["mimo-v2-flash", "gemma4-e"])
-def test_a_split_model_of_layers_of_two_head_shapes_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs, name):
+@pytest.mark.parametrize("name", ["mimo-v2-flash", "gemma4-e", "minimax-m3"])
+def test_a_split_model_of_pages_laid_out_its_own_way_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs, name):
     """MiMo-V2-Flash's full layers have half the pages' KV heads: each writes every other one of them, so that a
     rank's run of the pages' heads holds its share of a full layer's too. Gemma 4's pages hold two sliding layers'
-    heads where a full layer's lie: each rank writes its share of each layer's in that layer's place. Either way a split
+    heads where a full layer's lie: each rank writes its share of each layer's in that layer's place. MiniMax-M3's
+    hold its indexer's key after the KV heads: each rank writes its KV heads and the key alike. Either way a split
     worker's pages can be handed to an unsplit one (and back) as they are."""
     pools = {}
     for size in (1, 2):
