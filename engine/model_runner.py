@@ -76,7 +76,8 @@ class ModelRunner:
             self._finalizer = weakref.finalize(self, self.rank_workers.close)
         arch = MODEL_REGISTRY[model_config.architecture]
         with torch.device(device):
-            self.model = arch(shard_config(model_config, tensor_parallel_size), self.kernels, dtype, max_positions)
+            shard = shard_config(model_config, rank, tensor_parallel_size)
+            self.model = arch(shard, self.kernels, dtype, max_positions)
             # What turns a request's images into rows of the prompt (a multimodal checkpoint's, where served).
             self.image_encoder = image_encoder(model_config.vision, model_config.hidden_size, dtype) \
                 if model_config.vision is not None and loads_image_encoder else None

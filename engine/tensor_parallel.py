@@ -2,7 +2,8 @@
 Megatron-LM splits them. Each rank holds its share of the attention heads (q, k and v by rows,
 o_proj by columns) and of the MLP's inner width (gate and up by rows, down by columns; each expert's
 alike); the projections back to the hidden size end in a sum across ranks, so every rank holds the
-whole hidden state between layers. Norms and routers are whole on every rank; the embeddings and the LM head
+whole hidden state between layers (where the ranks outnumber the KV heads, each holds the one its q heads attend
+over, as vLLM replicates them). Norms and routers are whole on every rank; the embeddings and the LM head
 are split by vocabulary, as vLLM's VocabParallelEmbedding and ParallelLMHead are: each rank holds a run of
 token rows (the last padded with zeros), a token's embedding comes from the rank holding its row (the others
 add zeros), and each rank's logits fill its run of columns of the whole (the others add zeros). A model whose
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from engine import shared_memory_sum
-from engine.gemma4_config import Gemma4Layout
+from engine.gemma4_config import FULL, SLIDING, Gemma4Layout
 from engine.model_config import ModelConfig
 from engine.models import MODEL_REGISTRY
 from engine.models.mpt import STACKED_EXPERTS as DBRX_STACKED_EXPERTS
@@ -83,19 +84,18 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     ) if present]
     if unsupported:
         raise ValueError(f"tensor parallelism does not split models with {', '.join(unsupported)} yet")
-    widths = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
-              "intermediate_size": config.intermediate_size, "moe_intermediate_size": config.moe.moe_intermediate_size,
+    widths = {"num_heads": config.num_heads, "intermediate_size": config.intermediate_size,
+              "moe_intermediate_size": config.moe.moe_intermediate_size,
               "shared_expert_intermediate_size": config.moe.shared_expert_intermediate_size}
+    # MLA's one latent row a token serves every head: whole on each rank.
+    kv_widths = {} if config.mla is not None else {"num_kv_heads": config.num_kv_heads}
     if config.mimo_v2_flash is not None:
-        widths["full layers' num_kv_heads"] = config.mimo_v2_flash.full_kv_heads
+        kv_widths["full layers' num_kv_heads"] = config.mimo_v2_flash.full_kv_heads
     if config.minimax_m3 is not None:  # one a KV head
         widths["indexer's num_heads"] = config.minimax_m3.num_heads
-    if config.mla is not None:
-        del widths["num_kv_heads"]  # MLA's one latent row a token serves every head: whole on each rank
     if config.gemma4 is not None:  # its pages' heads hold both kinds of layer's (split each kind's)
-        del widths["num_kv_heads"]
-        widths |= {"sliding layers' num_kv_heads": config.gemma4.sliding.num_kv_heads,
-                   "full layers' num_kv_heads": config.gemma4.full.num_kv_heads}
+        kv_widths = {"sliding layers' num_kv_heads": config.gemma4.sliding.num_kv_heads,
+                     "full layers' num_kv_heads": config.gemma4.full.num_kv_heads}
         if config.gemma4.experts is not None:
             widths["moe_intermediate_size"] = config.gemma4.experts.width
     for layer, heads in enumerate(config.layer_num_heads or ()):
@@ -103,6 +103,27 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     for name, width in widths.items():
         if width % size:
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
+    replicates = replicates_kv_heads(config)
+    for name, width in kv_widths.items():
+        if width % size and (size % width or not replicates):
+            raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})"
+                             + (" or be a multiple of it" if replicates else ""))
+
+
+def replicates_kv_heads(config: ModelConfig) -> bool:
+    """Whether ranks outnumbering a model's KV heads may each compute with one of them (as vLLM replicates them):
+    not where q, k and v are fused a head at a time, where k's norm spans the whole projection or holds each head's
+    own weights (summed or split across the ranks), nor where the pages' heads lie otherwise (MiMo-V2-Flash's,
+    MiniMax-M3's)."""
+    return (config.architecture not in HEADS_FUSED_QKV | STORED_TRANSPOSED
+            and config.qk_norm not in ("projection", "head_layer_norm")
+            and config.mimo_v2_flash is None and config.minimax_m3 is None)
+
+
+def kv_heads_share(heads: int, rank: int, size: int) -> tuple[int, int]:
+    """Rank `rank`'s of a layer's `heads` KV heads, (first, how many): its run of them, or where the ranks outnumber
+    them, the one it computes with (as do `size // heads - 1` other ranks, each writing the same numbers)."""
+    return rank * heads // size, max(heads // size, 1)
 
 
 def splits_vocabulary(config: ModelConfig) -> bool:
@@ -121,15 +142,15 @@ def vocabulary_share(config: ModelConfig, size: int) -> int:
     return -(-config.vocab_size // size)
 
 
-def shard_config(config: ModelConfig, size: int) -> ModelConfig:
-    """The model one rank of `size` runs: its share of the heads, of the MLPs' and experts' widths and of the
+def shard_config(config: ModelConfig, rank: int, size: int) -> ModelConfig:
+    """The model rank `rank` of `size` runs: its share of the heads, of the MLPs' and experts' widths and of the
     vocabulary's rows."""
     moe = dataclasses.replace(config.moe, moe_intermediate_size=config.moe.moe_intermediate_size // size,
                               shared_expert_intermediate_size=config.moe.shared_expert_intermediate_size // size)
     # MLA's pages hold one latent row a token for every head (num_kv_heads 1), Gemma 4's each layer's heads in a
     # place of their own (a rank's are its run of them there): whole on every rank.
     num_kv_heads = config.num_kv_heads if config.mla is not None or config.gemma4 is not None else \
-        config.num_kv_heads // size
+        kv_heads_share(config.num_kv_heads, rank, size)[1]
     minimax_m3 = config.minimax_m3 and dataclasses.replace(config.minimax_m3,
                                                            num_heads=config.minimax_m3.num_heads // size)
     vocab_size = vocabulary_share(config, size) if size > 1 and splits_vocabulary(config) else config.vocab_size
@@ -139,16 +160,19 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=num_kv_heads,
                                intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size,
                                layer_num_heads=layer_num_heads, mimo_v2_flash=mimo_v2_flash,
-                               gemma4=config.gemma4 and _gemma4_share(config.gemma4, size), minimax_m3=minimax_m3)
+                               gemma4=config.gemma4 and _gemma4_share(config.gemma4, rank, size),
+                               minimax_m3=minimax_m3)
 
 
-def _gemma4_share(layout: Gemma4Layout, size: int) -> Gemma4Layout:
-    """A rank's share of Gemma 4's layers: each kind's KV heads and the experts' width. Its pages stay whole, each
-    layer's place in them too (the model finds its rank's run of heads there: `Gemma4ForCausalLM.sum_across_ranks`)."""
+def _gemma4_share(layout: Gemma4Layout, rank: int, size: int) -> Gemma4Layout:
+    """Rank `rank`'s share of Gemma 4's layers: each kind's KV heads, where each layer's lie in the whole pages (its
+    run of the layer's heads there), and the experts' width."""
+    kinds = {kind: dataclasses.replace(heads, num_kv_heads=kv_heads_share(heads.num_kv_heads, rank, size)[1])
+             for kind, heads in ((SLIDING, layout.sliding), (FULL, layout.full))}
+    places = tuple((pool_layer, first + kv_heads_share(layout.heads(layer).num_kv_heads, rank, size)[0]
+                    * layout.heads(layer).page_parts) for layer, (pool_layer, first) in enumerate(layout.kv_places))
     experts = layout.experts and dataclasses.replace(layout.experts, width=layout.experts.width // size)
-    return dataclasses.replace(
-        layout, sliding=dataclasses.replace(layout.sliding, num_kv_heads=layout.sliding.num_kv_heads // size),
-        full=dataclasses.replace(layout.full, num_kv_heads=layout.full.num_kv_heads // size), experts=experts)
+    return dataclasses.replace(layout, sliding=kinds[SLIDING], full=kinds[FULL], kv_places=places, experts=experts)
 
 
 def whole_pages(config: ModelConfig) -> bool:
@@ -162,8 +186,8 @@ def rank_heads(config: ModelConfig, rank: int, size: int) -> slice:
     head after every rank's KV heads)."""
     if whole_pages(config) or size == 1:
         return slice(None)
-    heads = config.num_kv_heads // size
-    return slice(rank * heads, (rank + 1) * heads)
+    first, count = kv_heads_share(config.num_kv_heads, rank, size)
+    return slice(first, first + count)
 
 
 def checkpoint_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int, size: int) -> torch.Tensor:
@@ -214,6 +238,8 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
     proj = parts[-1] if parts[-1] in ("sinks", "gate_bias") else parts[-2]
     if proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV:
         return _share(tensor, 0, rank, size)
+    if proj in ("k_proj", "v_proj") and replicates_kv_heads(config):
+        return _kv_share(tensor, _layer_kv_heads(config, name), rank, size)
     # q's and k's norms over whole projections (OLMo 2's) or of each head's own weights (Command R+'s): by heads.
     if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm in ("projection", "head_layer_norm")):
         return _share(tensor, 0, rank, size)
@@ -223,7 +249,7 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
         return _share(tensor, 1, rank, size)
     fused = _fused_parts(proj, config, tensor)
     if fused is not None:
-        return torch.cat([_share(part, 0, rank, size) for part in tensor.split(fused)])
+        return torch.cat(_fused_shares(proj, tensor.split(fused), config, rank, size))
     return tensor
 
 
@@ -233,14 +259,41 @@ def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfi
     `config`: B's share of the rows of a projection split by rows, A's share of the columns of one split by
     columns (its delta then summed across the ranks with the projection's), as the base weights are split."""
     proj = module.split(".")[-1]
+    if proj in ("k_proj", "v_proj") and replicates_kv_heads(config):
+        return a, _kv_share(b, _layer_kv_heads(config, module), rank, size)
     if proj in ROW_SPLIT or (proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV):
         return a, _share(b, 0, rank, size)
     if proj in COLUMN_SPLIT:
         return _share(a, 1, rank, size), b
     fused = _fused_parts(proj, config, b)
     if fused is not None:
-        return a, torch.cat([_share(part, 0, rank, size) for part in b.split(fused)])
+        return a, torch.cat(_fused_shares(proj, b.split(fused), config, rank, size))
     return a, b
+
+
+def _fused_shares(proj: str, parts: tuple[torch.Tensor, ...], config: ModelConfig, rank: int, size: int
+                  ) -> list[torch.Tensor]:
+    """Rank `rank`'s rows of each part of a fused projection (`_fused_parts`'): its share of each, of fused q/k/v's k
+    and v its KV heads'."""
+    if proj == "qkv_proj" and replicates_kv_heads(config):
+        q, k, v = parts
+        return [_share(q, 0, rank, size), *(_kv_share(x, config.num_kv_heads, rank, size) for x in (k, v))]
+    return [_share(part, 0, rank, size) for part in parts]
+
+
+def _layer_kv_heads(config: ModelConfig, name: str) -> int:
+    """The KV heads of the layer whose tensor (or LoRA module) `name` is (`...layers.N...`)."""
+    if config.gemma4 is None:
+        return config.num_kv_heads
+    names = name.split(".")
+    return config.gemma4.heads(int(names[names.index("layers") + 1])).num_kv_heads
+
+
+def _kv_share(tensor: torch.Tensor, heads: int, rank: int, size: int) -> torch.Tensor:
+    """Rank `rank`'s rows of a k or v projection (or its bias) of `heads` heads: `kv_heads_share`'s heads."""
+    first, count = kv_heads_share(heads, rank, size)
+    rows = tensor.shape[0] // heads
+    return tensor.narrow(0, first * rows, count * rows)
 
 
 def _fused_expert_width(config: ModelConfig) -> int | None:

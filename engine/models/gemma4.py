@@ -175,15 +175,12 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             self.per_layer_projection_norm = empty_param(layout.per_layer_width, dtype=dtype)
 
     def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int, rank: int, vocab_size: int | None) -> None:
-        """Also its experts' sums, and each layer's run of heads where the layer's KV lies in the whole pages:
-        the rank's share of them, in rank order."""
+        """Also its experts' sums. (Where each layer's share of the KV heads lies in the whole pages its layout says:
+        engine/tensor_parallel.py's `shard_config`.)"""
         super().sum_across_ranks(rank_sum, num_ranks, rank, vocab_size)
         for layer in self.layers:
             if getattr(layer, "moe", None) is not None:
                 layer.moe.rank_sum = rank_sum
-            heads = layer.attn.page_heads
-            share = heads.stop - heads.start
-            layer.attn.page_heads = slice(heads.start + rank * share, heads.stop + rank * share)
 
     def _register_ropes(self, max_positions: int) -> None:
         """Its two kinds of layer's own tables (no table of the model's one RoPE)."""

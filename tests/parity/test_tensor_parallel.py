@@ -28,6 +28,7 @@ from engine.tensor_parallel_workers import RankError
 from tests.draft_models import eagle_head
 from tests.encoder_models import make_encoder
 from tests.parity.conftest import greedy_outputs
+from tests.parity.test_transformers_parity import _engine as parity_engine, _engine_greedy_matches, _engine_logits_match
 from tests.services.test_baton_up import is_alive, wait_all_dead
 from tests.unit.test_engine import assert_pool_clean, run_all
 from tests.unit.test_memory_release import resident_bytes
@@ -47,12 +48,10 @@ def _pool_files(pid: int) -> list[str]:
 
 
 @pytest.mark.parametrize(("name", "size", "refusal"), [
-    ("llama-linear-rope-bf16", 2, "must divide the model's num_kv_heads (1)"),
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
     ("deepseek-v3", 3, "must divide the model's num_heads (4)"),  # MLA's one latent row is not split
     ("encoder", 2, "does not split BertModel yet"),
     ("gemma3n", 2, "does not split Gemma3nForCausalLM yet"),  # (its sparse gates' statistics of whole MLPs)
-    ("gemma4-k-eq-v", 2, "must divide the model's full layers' num_kv_heads (1)"),  # (its sliding layers' are 2)
     ("stablelm-parallel", 2, "StableLM's q and k layer-normed a head"),
     ("gpt-bigcode", 2, "must divide the model's num_kv_heads (1)"),  # multi_query's one k and v head
     ("mimo-v2-flash", 4, "must divide the model's full layers' num_kv_heads (2)"),  # (its pages hold 4)
@@ -80,13 +79,14 @@ def test_a_model_whose_layers_have_their_own_q_heads_is_split_only_where_each_la
         check_shardable(dataclasses.replace(config, layer_num_heads=(8, 6, 8)), 4, "cpu")
 
 
-@pytest.mark.parametrize("name", ["mimo-v2-flash", "gemma4-e", "minimax-m3"])
+@pytest.mark.parametrize("name", ["mimo-v2-flash", "gemma4-e", "minimax-m3", "gemma4-k-eq-v"])
 def test_a_split_model_of_pages_laid_out_its_own_way_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs, name):
     """MiMo-V2-Flash's full layers have half the pages' KV heads: each writes every other one of them, so that a
     rank's run of the pages' heads holds its share of a full layer's too. Gemma 4's pages hold two sliding layers'
     heads where a full layer's lie: each rank writes its share of each layer's in that layer's place. MiniMax-M3's
-    hold its indexer's key after the KV heads: each rank writes its KV heads and the key alike. Either way a split
-    worker's pages can be handed to an unsplit one (and back) as they are."""
+    hold its indexer's key after the KV heads: each rank writes its KV heads and the key alike. Gemma 4 31B's full
+    layers (here) have fewer KV heads than there are ranks: each rank writes the one it computes with, as the others
+    sharing it do. Either way a split worker's pages can be handed to an unsplit one (and back) as they are."""
     pools = {}
     for size in (1, 2):
         engine = _engine(tiny_model_dirs[name], size)
@@ -95,6 +95,30 @@ def test_a_split_model_of_pages_laid_out_its_own_way_writes_the_pages_an_unsplit
         engine.close()
     assert pools[1].abs().sum() > 0
     torch.testing.assert_close(pools[2], pools[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("name", "size"), [("llama-linear-rope-bf16", 2), ("llama-gqa-untied", 4), ("phi3", 4),
+                                             ("gemma4-k-eq-v", 2)])
+def test_ranks_outnumbering_the_kv_heads_each_compute_with_one_of_them(tiny_model_dirs, name, size):
+    """As vLLM replicates KV heads where the ranks outnumber them: each rank holds its share of the q heads and the one
+    KV head they attend over (one KV head for two ranks; two for four, Phi-3's of its fused q/k/v too; Gemma 4's full
+    layers' one, its sliding layers' two split): the logits and greedy tokens are transformers'."""
+    engine = parity_engine(tiny_model_dirs[name], max_num_batched_tokens=32, tensor_parallel_size=size)
+    assert engine.runner.model.config.num_kv_heads == 1 or name.startswith("gemma4")
+    _engine_logits_match(engine, tiny_model_dirs[name])
+    _engine_greedy_matches(engine, tiny_model_dirs[name])
+    engine.close()
+
+
+def test_kv_heads_are_replicated_only_where_a_rank_can_hold_one_of_them_whole(tiny_model_dirs):
+    """Not where a rank's q, k and v are fused a head at a time (GPT-BigCode's multi_query), nor where the ranks'
+    count is no multiple of the heads'."""
+    with pytest.raises(ValueError, match=r"must divide the model's num_kv_heads \(1\)$"):
+        _engine(tiny_model_dirs["gpt-bigcode"], 2)
+    config = dataclasses.replace(load_model_config(tiny_model_dirs["llama-gqa-untied"]), num_heads=6, num_kv_heads=2,
+                                 intermediate_size=162)
+    with pytest.raises(ValueError, match=r"must divide the model's num_kv_heads \(2\) or be a multiple of it"):
+        check_shardable(config, 3, "cpu")
 
 
 def _anonymous_bytes(pid: int) -> int:
