@@ -25,7 +25,7 @@ from engine.mamba1_config import FALCON_MAMBA, JAMBA, MAMBA_LM
 from engine.mamba_config import BAMBA, FALCON_H1, MAMBA2_LM, NEMOTRON_H
 from engine.mellum_config import MELLUM
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH
-from engine.minimax_config import MINIMAX
+from engine.minimax_config import MINIMAX, MINIMAX_RELEASES
 from engine.minimax_m3_config import MINIMAX_M3
 from engine.mla_config import GLM_MOE_DSA, SPARSE_MLA
 from engine.moe_config import (
@@ -135,7 +135,7 @@ OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 # q and k RMS-normed over their whole projections (ModelConfig.qk_norm "projection").
 PROJECTION_NORMED = (*OLMOS, MINIMAX_M2, OLMOE, FLEX_OLMO, OLMO_HYBRID)
 # Mixtral's names for their experts (`block_sparse_moe.experts.{e}.w1`), as released and as transformers 5 saves them.
-MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2, PHIMOE, MINIMAX)
+MIXTRAL_NAMED = ("MixtralForCausalLM", MINIMAX_M2, PHIMOE, MINIMAX, *MINIMAX_RELEASES)
 SMOLLM3, OLMO3 = "SmolLM3ForCausalLM", "Olmo3ForCausalLM"
 # Absent from config.json, transformers' Gemma 2 caps attention and final logits; a null turns a cap off.
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}

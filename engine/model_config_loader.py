@@ -121,7 +121,7 @@ from engine.mamba_config import (
 )
 from engine.mellum_config import MELLUM, mellum_keys
 from engine.mimo_v2_flash_config import MIMO_V2_FLASH, mimo_v2_flash_keys, read_mimo_v2_flash_layout
-from engine.minimax_config import MINIMAX, read_minimax
+from engine.minimax_config import MINIMAX, MINIMAX_RELEASES, minimax_release_keys, read_minimax
 from engine.minimax_m3_config import MINIMAX_M3, minimax_m3_keys, read_block_sparse_indexer
 from engine.mla_config import read_mla_config
 from engine.model_config import ModelConfig
@@ -157,9 +157,11 @@ from engine.step3p7_config import STEP3P7, read_step3p7_layout, step3p7_keys
 from engine.zamba2_config import ZAMBA2, read_zamba2, zamba2_keys
 
 # A model's architecture: that whose config keys and layers it has
-READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS, **AXK2_READ_AS, GEMMA4_UNIFIED: GEMMA4}
+READ_AS = {**SARVAM_READ_AS, **APERTUS1P5_READ_AS, **AXK2_READ_AS, GEMMA4_UNIFIED: GEMMA4,
+           **dict.fromkeys(MINIMAX_RELEASES, MINIMAX)}
 READ_AS_KEYS = {**{arch: functools.partial(sarvam_keys, arch=arch) for arch in SARVAM_READ_AS},
-                APERTUS1P5_TEXT: apertus1p5_keys, AXK2: axk2_keys, GEMMA4_UNIFIED: gemma4_unified_keys}
+                APERTUS1P5_TEXT: apertus1p5_keys, AXK2: axk2_keys, GEMMA4_UNIFIED: gemma4_unified_keys,
+                **dict.fromkeys(MINIMAX_RELEASES, minimax_release_keys)}
 
 
 class ModelConfigError(ValueError):
@@ -308,8 +310,8 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                               0.25 if arch in (STABLELM, GPTNEOX) else 1.0)
     if arch == MINIMAX_M2 and cfg.get("rotary_dim"):  # as released: the dimensions turned, not their part
         partial = int(cfg["rotary_dim"]) / int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, *GLMS, *HYBRID_LINEAR, QWEN4_EXP, BAMBA,
-                                       STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ, LAGUNA,
+    if partial != 1.0 and arch not in (PHI3, GLM4_MOE, MINIMAX_M2, MINIMAX_M3, MINIMAX, *GLMS, *HYBRID_LINEAR,
+                                       QWEN4_EXP, BAMBA, STABLELM, PHI, GPTNEOX, STEP3P7, NEMOTRON, GPTJ, LAGUNA,
                                        MIMO_V2_FLASH, PERSIMMON):
         raise ModelConfigError(f"{path}: partial_rotary_factor {partial} is not supported for {arch} "
                                f"(Phi-3's, GLM-4's, GLM-4.5's, MiniMax-M2's, Qwen3-Next's and Qwen3.5's only)")

@@ -97,6 +97,8 @@ MODEL_REGISTRY = {
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,  # KDA and latent attention (engine/models/kimi_linear.py)
     "MiniMaxForCausalLM": MiniMaxForCausalLM,  # MiniMax-Text-01/M1: lightning attention layers (models/minimax.py)
+    "MiniMaxText01ForCausalLM": MiniMaxForCausalLM,  # ... as released, their config.json their own code's
+    "MiniMaxM1ForCausalLM": MiniMaxForCausalLM,
     "Zamba2ForCausalLM": Zamba2ForCausalLM,  # Mamba-2 layers, shared transformer blocks (engine/models/zamba2.py)
     "BailingHybridForCausalLM": BailingHybridForCausalLM,  # Ling 3: Kimi-Linear's, full KDA gates, gated MLA heads
     "JambaForCausalLM": JambaForCausalLM,  # Mamba-1 layers between attention layers (engine/models/jamba.py)

@@ -457,3 +457,69 @@ def test_falcon_h1s_mamba_output_normed_before_its_gate_is_transformers(tiny_mod
     engine = _engine(model_dir, max_num_batched_tokens=32)
     _check_last_logits(engine, _hf_model(model_dir))
     engine.close()
+
+
+def _minimax_as_released(model_dir, tmp_path, **changes):
+    """The tiny MiniMax checkpoint with its config.json as MiniMax-M1's release writes it (for its own modeling code):
+    `attn_type_list`, `layernorm_*_alpha`/`_beta`, `postnorm`, `rotary_dim`, its RoPE base at the top."""
+    released_dir = shutil.copytree(model_dir, tmp_path / "released")
+    config = json.loads((released_dir / "config.json").read_text())
+    released = {key: value for key, value in config.items() if key not in ("layer_types", "rope_parameters")
+                and not key.endswith(("_alpha_factor", "_beta_factor"))}
+    for kind, name in (("full_attn", "full_attention"), ("linear_attn", "linear_attention"), ("mlp", "mlp")):
+        released |= {f"layernorm_{name}_alpha": config[f"{kind}_alpha_factor"],
+                     f"layernorm_{name}_beta": config[f"{kind}_beta_factor"]}
+    released |= {"architectures": ["MiniMaxM1ForCausalLM"], "model_type": "minimax_m1", "postnorm": True,
+                 "attn_type_list": [int(kind == "full_attention") for kind in config["layer_types"]],
+                 "rotary_dim": config["head_dim"], "rope_theta": config["rope_parameters"]["rope_theta"],
+                 "shared_intermediate_size": 0, "shared_moe_mode": "sigmoid", **changes}
+    (released_dir / "config.json").write_text(json.dumps(released))
+    return released_dir
+
+
+def test_minimax_as_released_for_its_own_code_is_read_as_transformers_reads_its_hf_checkpoint(tiny_model_dirs,
+                                                                                             tmp_path):
+    """The same tensors under MiniMax-M1's own config.json (every head turned whole by RoPE here): transformers'
+    logits and greedy tokens of the `-hf` form of it."""
+    released = _minimax_as_released(tiny_model_dirs["minimax"], tmp_path)
+    config = load_model_config(released)
+    assert config.architecture == "MiniMaxM1ForCausalLM" and config.minimax.linear_layers == (1, 3)
+    assert config.minimax.full_factors == (1.5, 0.75) and config.minimax.mlp_factors == (1.25, 0.5)
+    _check_logits(released, max_num_batched_tokens=32, reference_dir=tiny_model_dirs["minimax"])
+    _check_greedy(released, max_num_batched_tokens=32, reference_dir=tiny_model_dirs["minimax"])
+
+
+def test_minimax_as_released_turns_the_first_rotary_dim_dimensions_of_each_head(tiny_model_dirs, tmp_path,
+                                                                                monkeypatch):
+    """Its releases turn 64 of a head's 128 dimensions (`rotary_dim`), as their own code and vLLM do: the first ones,
+    by rotating their halves, at the rates of a head that wide. transformers' MiniMax turns whole heads; its model made
+    to turn the first half of each, as MiniMax's code does, is the reference."""
+    from transformers.models.minimax import modeling_minimax
+
+    released = _minimax_as_released(tiny_model_dirs["minimax"], tmp_path, rotary_dim=8)  # of 16
+
+    def partly_turned(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin, turned = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), cos.shape[-1]
+        return tuple(torch.cat((x[..., :turned] * cos + modeling_minimax.rotate_half(x[..., :turned]) * sin,
+                                x[..., turned:]), dim=-1) for x in (q, k))
+
+    monkeypatch.setattr(modeling_minimax, "apply_rotary_pos_emb", partly_turned)
+    model = _hf_model(tiny_model_dirs["minimax"])
+    theta = json.loads((released / "config.json").read_text())["rope_theta"]
+    model.model.rotary_emb.inv_freq = 1.0 / theta ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+    engine = _engine(released, max_num_batched_tokens=32)
+    assert engine.model_config.rotary_dim == 8
+    _check_last_logits(engine, model)
+    engine.close()
+
+
+@pytest.mark.parametrize("changes, refused", [
+    ({"postnorm": False}, "postnorm false"),
+    ({"shared_intermediate_size": 32}, "shared experts"),
+    ({"num_local_experts": [4, 4, 4, 4]}, "a list"),
+    ({"attn_type_list": [1, 2, 1, 0]}, "must hold 0"),
+])
+def test_what_minimaxs_own_code_computes_and_transformers_does_not_is_refused_by_name(tiny_model_dirs, tmp_path,
+                                                                                       changes, refused):
+    with pytest.raises(ModelConfigError, match=refused):
+        load_model_config(_minimax_as_released(tiny_model_dirs["minimax"], tmp_path, **changes))
