@@ -71,6 +71,7 @@ EXAONE4 = "Exaone4ForCausalLM"
 ARCEE = "ArceeForCausalLM"  # Arcee's AFM: Llama with an MLP of squared ReLU and no gate
 STARCODER2 = "Starcoder2ForCausalLM"  # Mistral's attention, layer norms with biases, an MLP without a gate
 JAIS2 = "Jais2ForCausalLM"  # Llama's attention, layer norms with biases, Arcee's MLP
+BITNET = "BitNetForCausalLM"  # BitNet b1.58: Llama's layers with sub-norms and squared ReLU (engine/models/bitnet.py)
 CWM = "CwmForCausalLM"  # Meta's Code World Model: Llama with three windowed layers in four
 APERTUS = "ApertusForCausalLM"  # Swiss AI's: Llama with q/k norms and an xIELU MLP without a gate
 MINICPM3 = "MiniCPM3ForCausalLM"  # openbmb's MiniCPM3: DeepSeek-V2's latent attention, MiniCPM's scalings
@@ -114,7 +115,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
                            GPT_BIGCODE, QWEN4_EXP, LONGCAT_FLASH, NANOCHAT, MINIMAX_M3, MINICPM3, FALCON,
                            STEP3P7, MINISTRAL, VAULTGEMMA, OLMO, NEMOTRON, SOLAR_OPEN, BLOOM, MPT, GPTJ, GPT_NEO, DBRX,
                            HY_V3, YOUTU, LAGUNA, MELLUM, MIMO_V2_FLASH, COHERE2_MOE, PERSIMMON, HYPERCLOVAX,
-                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2, BEAM, GEMMA3N, MAMBA_LM, FALCON_MAMBA, MAMBA2_LM)
+                           KOLIBRI1, FLINT, AXK1, MINIMAX, ZAMBA2, BEAM, GEMMA3N, MAMBA_LM, FALCON_MAMBA, MAMBA2_LM,
+                           BITNET)
 # Multi-head latent attention's (engine/models/mla.py).
 MLA_MODELS = (DEEPSEEK_V2, DEEPSEEK_V3, GLM4_MOE_LITE, MISTRAL4, *SPARSE_MLA, KIMI_LINEAR, BAILING_HYBRID,
               LONGCAT_FLASH, MINICPM3, YOUTU, AXK1)
@@ -148,7 +150,7 @@ EPS_1E5 = ("MixtralForCausalLM", "Phi3ForCausalLM", *OLMOS, GLM4_MOE, GLM4_MOE_L
            PHIMOE, STABLELM, PHI, GPTNEOX, OPT, GPT2, GPT_BIGCODE, *GRANITE_SWAS, ARCEE, AFMOE, STARCODER2, CWM,
            APERTUS, *COHERES, OLMOE, NEMOTRON_H, *LFM2S, GLM_MOE_DSA, FALCON_H1, BAMBA, KIMI_LINEAR, LONGCAT_FLASH,
            MINICPM3, FALCON, OLMO, NEMOTRON, BLOOM, MPT, GPTJ, GPT_NEO, DBRX, HY_V3, MIMO_V2_FLASH, PERSIMMON, HY_V4,
-           MINIMAX, ZAMBA2)
+           MINIMAX, ZAMBA2, BITNET)
 # Where config.json's attention_bias puts biases on q, k, v and o (Mistral's, Mixtral's and Phi-3's
 # layers have none whatever it says; Qwen2's q, k and v always have one, its o never).
 # Granite's four scalings (HyperCLOVA X's its own way round: attention_layout.py, model_config_loader.py)

@@ -31,8 +31,8 @@ def fp8_weights(config: dict) -> Fp8Weights | None:
     if not quantization:
         return None
     method = quantization.get("quant_method")
-    if method in ("mxfp4", "gptq", "awq") or quantization.get("format") == "pack-quantized":
-        return None  # not FP8: engine/mxfp4_weights.py, engine/int4_weights.py
+    if method in ("mxfp4", "gptq", "awq", "bitnet") or quantization.get("format") == "pack-quantized":
+        return None  # not FP8: engine/mxfp4_weights.py, engine/int4_weights.py, engine/bitnet_weights.py
     if method == "fp8":
         block = quantization.get("weight_block_size")
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(n, int) and n > 0 for n in block)):
@@ -45,8 +45,8 @@ def fp8_weights(config: dict) -> Fp8Weights | None:
         _check_compressed_tensors(quantization)
         return Fp8Weights("_scale", None)
     raise ValueError(f"quantization {method!r} is not supported (FP8 weights, with block scales or as "
-                     f"compressed-tensors, MXFP4 ones, 4-bit GPTQ and AWQ ones and compressed-tensors' "
-                     f"pack-quantized integer ones are)")
+                     f"compressed-tensors, MXFP4 ones, 4-bit GPTQ and AWQ ones, compressed-tensors' "
+                     f"pack-quantized integer ones and BitNet's ternary ones are)")
 
 
 def _check_compressed_tensors(quantization: dict) -> None:

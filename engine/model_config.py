@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.attention_layout import QTemperature
+from engine.bitnet_weights import BitNetWeights
 from engine.cohere2_moe_config import Cohere2MoeLayout
 from engine.eagle_config import EagleConfig
 from engine.encoder_config import EncoderConfig
@@ -148,6 +149,7 @@ class ModelConfig:
     # MiMo-V2-Flash's narrower v heads and its full layers' KV heads (engine/mimo_v2_flash_config.py)
     mimo_v2_flash: MiMoV2FlashLayout | None = None
     cohere2_moe: Cohere2MoeLayout | None = None  # Command A MoE's norms and shared experts' sum
+    bitnet: BitNetWeights | None = None  # BitNet's ternary weights and 8-bit inputs (engine/bitnet_weights.py)
 
     @property
     def pooling(self) -> str:

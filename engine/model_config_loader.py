@@ -16,6 +16,7 @@ from engine.architectures import (
     ARCEE,
     ATTENTION_BIAS,
     BARE_MODELS,
+    BITNET,
     COHERE,
     COHERE2,
     COHERE_COMPASS,
@@ -70,6 +71,7 @@ from engine.axk1_config import AXK1, axk1_keys
 from engine.axk2_config import AXK2, READ_AS as AXK2_READ_AS, axk2_keys
 from engine.bailing_hybrid_config import BAILING_HYBRID, bailing_hybrid_keys, forget_gate_bound
 from engine.beam_config import BEAM, beam_keys
+from engine.bitnet_weights import bitnet_weights
 from engine.bloom_config import BLOOM, bloom_keys
 from engine.checkpoint import read_model_config
 from engine.classifier_config import classifier_labels, classifier_tokens
@@ -267,6 +269,12 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
                 linear_attention = dataclasses.replace(linear_attention, forget_gate_bound=forget_gate_bound(cfg))
         except ValueError as e:
             raise ModelConfigError(f"{path}: {e}") from None
+    try:
+        bitnet = bitnet_weights(cfg)
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
+    if bitnet is not None and arch != BITNET:
+        raise ModelConfigError(f"{path}: BitNet's ternary weights are read for {BITNET} only, not {arch}")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     supported_act = "gelu_pytorch_tanh" if arch in (*GEMMAS, GEMMA4, GEMMA3N, GEMMA, STARCODER2, PHI, BLOOM) else "silu"
     if arch == PHI and act == "gelu_new":  # Phi's name of GELU's tanh approximation, the same numbers
@@ -285,7 +293,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         act = "gelu_pytorch_tanh"
     if arch == NEMOTRON_H:  # its MLPs' (up, squared ReLU, down); its Mamba-2 layers' SiLU is their own
         act, supported_act = cfg.get("mlp_hidden_act", "relu2"), "relu2"
-    if arch in (ARCEE, JAIS2, NANOCHAT, NEMOTRON, PERSIMMON):  # up, squared ReLU, down: transformers' default for it
+    if arch in (ARCEE, JAIS2, NANOCHAT, NEMOTRON, PERSIMMON, BITNET):  # squared ReLU: transformers' default for it
         act, supported_act = cfg.get("hidden_act") or "relu2", "relu2"
     if arch == APERTUS:  # its MLP's: up, xIELU (engine/models/apertus.py), down
         act, supported_act = cfg.get("hidden_act") or "xielu", "xielu"
@@ -448,6 +456,7 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
             fp8_weights=fp8_weights(cfg),
             mxfp4_weights=is_mxfp4(cfg),
             int4_weights=int4_weights(cfg),
+            bitnet=bitnet,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(model_dir, cfg),
             mrope_section=section,

@@ -7,6 +7,7 @@ from engine.models.bailing_hybrid import BailingHybridForCausalLM
 from engine.models.bamba import BambaForCausalLM
 from engine.models.beam import BeamForCausalLM
 from engine.models.bert import BertModel
+from engine.models.bitnet import BitNetForCausalLM
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek_v3 import AXK1ForCausalLM, AXK2ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM
@@ -96,6 +97,7 @@ MODEL_REGISTRY = {
     # Hybrids of Gated DeltaNet and full attention, as their ModelConfig's linear_attention lays them out.
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,  # KDA and latent attention (engine/models/kimi_linear.py)
+    "BitNetForCausalLM": BitNetForCausalLM,  # BitNet b1.58: sub-norms, ternary weights, 8-bit inputs (models/bitnet.py)
     "MiniMaxForCausalLM": MiniMaxForCausalLM,  # MiniMax-Text-01/M1: lightning attention layers (models/minimax.py)
     "MiniMaxText01ForCausalLM": MiniMaxForCausalLM,  # ... as released, their config.json their own code's
     "MiniMaxM1ForCausalLM": MiniMaxForCausalLM,

@@ -151,6 +151,9 @@ TINY_MODELS = {
     # nanochat: norms without weights (the embeddings' too), q and k normed after RoPE turning the other way, squared
     # ReLU without a gate, logits capped at 15.
     "nanochat": ("NanoChatConfig", dict(hidden_act="relu2"), {}),
+    # BitNet b1.58 (its "-bf16" master weights, no quantization_config): norms before o_proj and down_proj, squared
+    # ReLU. Its ternary checkpoints: tests/parity/test_bitnet.py.
+    "bitnet": ("BitNetConfig", dict(pad_token_id=0), {}),
     # DeepSeek-V3.2: V3's model, each query attending to the 8 earlier tokens its indexer (16 heads of 16, RoPE over
     # the first 8 of each) scores best (DSA). (With few heads, a query whose heads all weigh negatively scores many
     # tokens exactly 0, and which of them is chosen is the sort's whim: transformers' and ours may differ.)
