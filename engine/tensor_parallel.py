@@ -100,6 +100,8 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
             widths["moe_intermediate_size"] = config.gemma4.experts.width
     for layer, heads in enumerate(config.layer_num_heads or ()):
         widths[f"layer {layer}'s num_heads"] = heads
+    for layer, width in enumerate(config.altup.widths if config.altup is not None else ()):  # Gemma 3n's MLPs
+        widths[f"layer {layer}'s intermediate_size"] = width
     for name, width in widths.items():
         if width % size:
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
@@ -161,6 +163,8 @@ def shard_config(config: ModelConfig, rank: int, size: int) -> ModelConfig:
                                intermediate_size=config.intermediate_size // size, moe=moe, vocab_size=vocab_size,
                                layer_num_heads=layer_num_heads, mimo_v2_flash=mimo_v2_flash,
                                gemma4=config.gemma4 and _gemma4_share(config.gemma4, rank, size),
+                               altup=config.altup and dataclasses.replace(
+                                   config.altup, widths=tuple(width // size for width in config.altup.widths)),
                                minimax_m3=minimax_m3)
 
 

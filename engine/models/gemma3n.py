@@ -21,7 +21,7 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.gemma4 import NORMS, Gemma4Attention, Gemma4ForCausalLM
-from engine.models.llama_layers import ACTIVATIONS, MLP, KVCache
+from engine.models.llama_layers import ACTIVATIONS, MLP, KVCache, RankSum
 from engine.models.parameters import empty_param
 from engine.prompt_embeds import GivenEmbeddings
 from kernels.registry import Kernels
@@ -35,7 +35,10 @@ ALTUP = {"altup.correct_output_scale": "correct_output_scale", "altup.correction
 
 class SparseGateMLP(MLP):
     """Gemma 3n's MLP: where `sparsity` > 0, the gate keeps only what lies above its mean plus its deviation times
-    the standard normal's `sparsity` quantile (shifted down by that cutoff, the rest zeros)."""
+    the standard normal's `sparsity` quantile (shifted down by that cutoff, the rest zeros). Split across ranks, each
+    holding a share of the gate's width, the mean and the deviation are the whole gate's: its sums across the ranks."""
+
+    num_ranks = 1
 
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, sparsity: float) -> None:
         super().__init__(config, kernels, dtype)
@@ -44,10 +47,17 @@ class SparseGateMLP(MLP):
 
     def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if self.std_multiplier is not None:
-            cutoff = gate.mean(dim=-1, keepdim=True) + gate.std(dim=-1, keepdim=True, unbiased=False) * \
-                self.std_multiplier
-            gate = F.relu(gate - cutoff)
+            gate = F.relu(gate - self._cutoff(gate))
         return self.activation(gate) * up
+
+    def _cutoff(self, gate: torch.Tensor) -> torch.Tensor:
+        if self.rank_sum is None:
+            return gate.mean(dim=-1, keepdim=True) + gate.std(dim=-1, keepdim=True, unbiased=False) * \
+                self.std_multiplier
+        width = gate.shape[-1] * self.num_ranks
+        mean = self.rank_sum(gate.sum(dim=-1, keepdim=True)) / width
+        deviation = (self.rank_sum((gate - mean).pow(2).sum(dim=-1, keepdim=True)) / width).sqrt()
+        return mean + deviation * self.std_multiplier
 
 
 class Gemma3nDecoderLayer(nn.Module):
@@ -107,8 +117,6 @@ class Gemma3nDecoderLayer(nn.Module):
 
 
 class Gemma3nForCausalLM(Gemma4ForCausalLM):
-    splits_across_ranks = False  # (its sparse gates' cutoffs are statistics of each MLP's whole width)
-
     def __init__(self, config: ModelConfig, kernels: Kernels, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, kernels, dtype, max_positions)
         others = config.altup.streams - 1
@@ -116,6 +124,12 @@ class Gemma3nForCausalLM(Gemma4ForCausalLM):
                                                           dtype=dtype), requires_grad=False)
         self.altup_unembed_projections = nn.Parameter(torch.empty(others, config.hidden_size, config.hidden_size,
                                                                   dtype=dtype), requires_grad=False)
+
+    def sum_across_ranks(self, rank_sum: RankSum, num_ranks: int, rank: int, vocab_size: int | None) -> None:
+        """Also its MLPs' gates' statistics (each rank holding a share of their widths)."""
+        super().sum_across_ranks(rank_sum, num_ranks, rank, vocab_size)
+        for layer in self.layers:
+            layer.mlp.num_ranks = num_ranks
 
     def _make_layer(self, layer: int, dtype: torch.dtype) -> nn.Module:
         return Gemma3nDecoderLayer(self.config, self.kernels, dtype, layer, self._window(layer))

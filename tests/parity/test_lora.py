@@ -112,8 +112,8 @@ ADAPTED_LAYERS = {"mamba": "backbone.layers", "mamba2": "backbone.layers"}
                                         ("longcat-flash", 2), ("minimax-m3", 1), ("minimax-m3", 2), ("qwen3.5", 1),
                                         ("qwen3-next", 1), ("granite4-h", 1), ("bamba", 1),
                                         ("nemotron-h", 1), ("falcon-h1", 1), ("lfm2", 1),
-                                        ("jamba", 1), ("olmo-hybrid", 1), ("gemma3n", 1), ("beam", 1), ("beam", 2),
-                                        ("mamba", 1), ("mamba2", 1)])
+                                        ("jamba", 1), ("olmo-hybrid", 1), ("gemma3n", 1), ("gemma3n", 2), ("beam", 1),
+                                        ("beam", 2), ("mamba", 1), ("mamba2", 1)])
 def test_an_adapter_on_layers_of_their_own_shapes(tiny_model_dirs, tmp_path, name, size):
     """Gemma 4's layers differ: wider full-attention heads, no k or v where a layer shares another's KV, no v where
     values are keys, MLPs twice as wide in the sharing layers; MiMo-V2-Flash's full layers have half the sliding

@@ -51,7 +51,6 @@ def _pool_files(pid: int) -> list[str]:
     ("llama-gqa-untied", 3, "must divide the model's num_heads (4)"),
     ("deepseek-v3", 3, "must divide the model's num_heads (4)"),  # MLA's one latent row is not split
     ("encoder", 2, "does not split BertModel yet"),
-    ("gemma3n", 2, "does not split Gemma3nForCausalLM yet"),  # (its sparse gates' statistics of whole MLPs)
     ("stablelm-parallel", 2, "StableLM's q and k layer-normed a head"),
     ("gpt-bigcode", 2, "must divide the model's num_kv_heads (1)"),  # multi_query's one k and v head
     ("mimo-v2-flash", 4, "must divide the model's full layers' num_kv_heads (2)"),  # (its pages hold 4)

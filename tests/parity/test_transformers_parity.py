@@ -196,7 +196,8 @@ def test_greedy_batch_matches_transformers(tiny_model_dirs, name, budget):
 # OLMo's q, k and v clipped a rank's share at a time, Hy4's gated heads and sinks (its hyper-connections whole), Beam's
 # gates' biases a head, Gemma 4's layers of two head shapes in whole pages (two sliding layers' heads in one pool layer,
 # a rank's share of each layer's where that layer's lie), KV-sharing layers, per-layer embeddings whole, experts [E,
-# out, in] beside the MLP, MiniMax-M3's block-sparse attention (a rank's share of the indexer's heads, its key whole).
+# out, in] beside the MLP, MiniMax-M3's block-sparse attention (a rank's share of the indexer's heads, its key whole),
+# Gemma 3n's AltUp streams whole and its sparse gates' mean and deviation over the whole width (summed across ranks).
 SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-bias", "qwen3-qk-norm",
                 "mistral-window", "ministral3", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe",
                 "gemma2", "gemma3", "granite", "phi3", "phi4-mini-longrope", "gpt-oss", "llama4", "olmo2", "olmo3",
@@ -212,7 +213,7 @@ SPLIT_MODELS = ("llama-gqa-untied", "llama3-rope-tied", "llama-biases", "qwen2-b
                 "minicpm3", "nanochat", "cohere2-moe", "cohere2-moe-sigmoid",
                 "persimmon", "hyperclovax", "kolibri1", "flint", "axk1", "mimo-v2-flash", "sarvam-moe", "sarvam-mla",
                 "apertus1p5", "axk2", "axk2-grouped", "cohere-compass", "longcat-flash", "hy-v4", "beam", "gemma4-e",
-                "gemma4-moe", "gemma4-unified", "minimax-m3")
+                "gemma4-moe", "gemma4-unified", "minimax-m3", "gemma3n")
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
